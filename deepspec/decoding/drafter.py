@@ -1,0 +1,85 @@
+"""The drafter contract: how any draft (prompt lookup, Eagle3, DFlash, DSpark, ...) plugs into the engine.
+
+A drafter guesses the tokens that follow each sequence's last committed token; the engine verifies them with
+one target pass. The drafter keeps its own per-slot state (history, small KV cache) and is told, through
+`extend`, exactly which tokens became committed and the target features that produced them, so the engine
+never needs to know what kind of draft it drives.
+
+Lifecycle of one sequence in slot s:
+
+    reset(s, first_token)                       # new sequence; first_token = prompt[0]
+    extend([s], prompt[1:] + [y0], features)    # after prefill: y0 is the target's first generated token
+    loop:
+        propose([s, ...], k, sampling)          # -> Proposal(tokens [B, k], num_tokens [B], probs | None)
+        extend([s, ...], committed, features)   # accepted drafts + the target's own next token
+    release(s)
+
+`features[b, j]` is the target's feature vector (the concatenated outputs of `feature_layers`) at the position
+just *before* `tokens[b, j]`, i.e. the hidden state whose logits predicted that token. Eagle3 pairs them exactly
+like that; prompt lookup ignores them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Proposal:
+    #: [B, k] draft tokens, right-padded with any valid id past num_tokens
+    tokens: torch.Tensor
+    #: [B] how many of each row's tokens are real drafts (0..k)
+    num_tokens: torch.Tensor
+    #: [B, k, V] the distribution each draft token was drawn from, for rejection sampling; None = the drafts are
+    #: deterministic (one-hot q), as for prompt lookup or argmax drafting
+    probs: torch.Tensor | None = None
+
+
+@dataclass
+class DraftSampling:
+    """How the rows of one propose call are being sampled; drafts may ignore it and stay deterministic."""
+
+    #: [B] temperature per row, 0 = greedy
+    temperature: torch.Tensor
+    #: one generator per row (None = global RNG), so seeded requests stay reproducible
+    generators: list[torch.Generator | None]
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool((self.temperature == 0).all())
+
+
+class Drafter(ABC):
+    """Base class for drafts; subclasses are named after their strategy (PromptLookupDrafter, Eagle3Drafter)."""
+
+    #: target layers whose residual outputs this drafter consumes; empty = it needs no target features
+    feature_layers: tuple[int, ...] = ()
+    #: registry name, reported in metrics and benchmark tables
+    name: str = "drafter"
+
+    def bind(self, target, max_batch_size: int, max_seq_len: int) -> None:
+        """Allocate per-slot state once, before the first request (called by the engine)."""
+
+    @abstractmethod
+    def reset(self, slot: int, first_token: int) -> None:
+        """Start a new sequence in `slot` whose first token is `first_token` (prompt[0])."""
+
+    @abstractmethod
+    def extend(
+        self,
+        slots: list[int],
+        tokens: torch.Tensor,  # [B, m] newly committed tokens, right-padded
+        num_tokens: torch.Tensor,  # [B] valid entries per row (>= 1)
+        features: torch.Tensor | None,  # [B, m, F] target features before each token, or None
+    ) -> None:
+        """Record committed tokens (and the target features that predicted them)."""
+
+    @abstractmethod
+    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        """Guess up to k tokens that follow each slot's last committed token."""
+
+    def release(self, slot: int) -> None:
+        """Forget the sequence in `slot` (finished or aborted)."""

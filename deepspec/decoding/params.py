@@ -1,0 +1,85 @@
+"""The contract between a caller and the engine: what a request asks for and what each step returns.
+
+No behaviour lives here beyond validating input at the boundary, so bad requests fail with a message that
+names the field and the allowed range.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    #: maximum number of generated tokens (the prompt is not counted); must be >= 1
+    max_tokens: int = 128
+    #: 0 = greedy (argmax); > 0 scales logits before sampling
+    temperature: float = 0.0
+    #: keep only the k most likely tokens; 0 = off
+    top_k: int = 0
+    #: nucleus sampling mass in (0, 1]; 1 = off
+    top_p: float = 1.0
+    #: per-request RNG seed; None draws from the engine's generator
+    seed: int | None = None
+    #: generation stops when the text contains one of these (the stop string is not returned)
+    stop: tuple[str, ...] = ()
+    #: extra token ids that end generation (the target's EOS is always one unless ignore_eos)
+    stop_token_ids: tuple[int, ...] = ()
+    #: keep generating past EOS until max_tokens (benchmarks)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class StepOutput:
+    """What one engine step produced for one request."""
+
+    request_id: str
+    #: tokens committed this step (accepted drafts + the target's own token), already cut at a stop
+    new_token_ids: list[int]
+    #: text of those tokens, as safe to stream (incomplete UTF-8 is held back until it completes)
+    new_text: str
+    finished: bool = False
+    #: "stop" (EOS or stop string), "length" (max_tokens or context full), "abort"
+    finish_reason: str | None = None
+    #: draft tokens proposed for this request in this step (0 without a drafter)
+    num_draft_tokens: int = 0
+    #: of those, how many the target accepted
+    num_accepted_tokens: int = 0
+
+
+@dataclass
+class GenerationResult:
+    """A whole request's outcome, as `SpecEngine.generate` returns it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    #: speculative rounds (target verify passes) this request took
+    num_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    #: accepted_per_position[i] = rounds in which draft slot i was accepted
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens committed per target pass (accepted drafts + 1), the paper's tau."""
+        return (self.num_accepted_tokens + self.num_steps) / max(self.num_steps, 1)
