@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 EXTRAS ?= serve,train,loadtest,test
 
-.PHONY: venv serve test test-fast bench bench-deps system-deps clean
+.PHONY: protos venv serve test test-fast bench bench-deps system-deps clean
 
 venv: $(VENV)/.installed
 
@@ -40,3 +40,7 @@ bench: bench-deps
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# Regenerate the committed gRPC stubs after editing service/protos/**/*.proto.
+protos: venv
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. service/protos/deepspec/v1/completions.proto
