@@ -1,0 +1,183 @@
+{{/*
+Chart name, truncated to the 63 characters a label value allows.
+Usage: {{ include "deepspec.name" . }}
+*/}}
+{{- define "deepspec.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Resource-name prefix: `<release>-<chart>`, or the release name alone when it already contains the chart name.
+Usage: {{ include "deepspec.fullname" . }}
+*/}}
+{{- define "deepspec.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of one component's resources, e.g. `deepspec-gateway`.
+Usage: {{ include "deepspec.componentName" (dict "ctx" . "component" "gateway") }}
+*/}}
+{{- define "deepspec.componentName" -}}
+{{- printf "%s-%s" (include "deepspec.fullname" .ctx | trunc 54 | trimSuffix "-") .component }}
+{{- end }}
+
+{{/*
+Chart label value: `<name>-<version>`.
+Usage: {{ include "deepspec.chart" . }}
+*/}}
+{{- define "deepspec.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every resource: the selector labels plus chart, version, part-of, managed-by and `commonLabels`.
+Usage: {{ include "deepspec.labels" (dict "ctx" . "component" "gateway") }}
+*/}}
+{{- define "deepspec.labels" -}}
+helm.sh/chart: {{ include "deepspec.chart" .ctx }}
+{{ include "deepspec.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: deepspec
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels: name, instance and component. Never change them: a Deployment's selector is immutable.
+Usage: {{ include "deepspec.selectorLabels" (dict "ctx" . "component" "worker") }}
+*/}}
+{{- define "deepspec.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "deepspec.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+ServiceAccount the pods run as.
+Usage: {{ include "deepspec.serviceAccountName" . }}
+*/}}
+{{- define "deepspec.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "deepspec.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "Value 'serviceAccount.name' must be defined when serviceAccount.create is false !" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image reference `<repository>:<tag>`, the tag defaulting to the chart's appVersion.
+Usage: {{ include "deepspec.image" (dict "ctx" . "image" .Values.gateway.image) }}
+*/}}
+{{- define "deepspec.image" -}}
+{{- printf "%s:%s" (required "Value 'image.repository' must be defined !" .image.repository) (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/*
+Worker image: `worker.image.repository`, or the GPU/CPU image picked by `worker.device`.
+Usage: {{ include "deepspec.workerImage" . }}
+*/}}
+{{- define "deepspec.workerImage" -}}
+{{- $repository := .Values.worker.image.repository | default (printf "ghcr.io/deepspec/worker-%s" (ternary "gpu" "cpu" (eq .Values.worker.device "cuda"))) }}
+{{- include "deepspec.image" (dict "ctx" . "image" (dict "repository" $repository "tag" .Values.worker.image.tag)) }}
+{{- end }}
+
+{{/*
+Weights dtype: `model.dtype`, or bfloat16 on cuda and float32 on cpu.
+Usage: {{ include "deepspec.dtype" . }}
+*/}}
+{{- define "deepspec.dtype" -}}
+{{- .Values.model.dtype | default (ternary "bfloat16" "float32" (eq .Values.worker.device "cuda")) }}
+{{- end }}
+
+{{/*
+Export format for the init container: `worker.engines.export.format`, or triton-repo / tensorrt-llm / onnx.
+Usage: {{ include "deepspec.exportFormat" . }}
+*/}}
+{{- define "deepspec.exportFormat" -}}
+{{- if .Values.worker.engines.export.format }}
+{{- .Values.worker.engines.export.format }}
+{{- else if eq .Values.worker.runtime "triton" }}
+{{- "triton-repo" }}
+{{- else if eq .Values.worker.device "cuda" }}
+{{- "tensorrt-llm" }}
+{{- else }}
+{{- "onnx" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Worker discovery address for `--workers`: DNS of the headless worker Service and its gRPC port.
+Usage: {{ include "deepspec.workersAddress" . }}
+*/}}
+{{- define "deepspec.workersAddress" -}}
+{{- printf "dns://%s.%s.svc.%s:%d" (include "deepspec.componentName" (dict "ctx" . "component" "worker")) .Release.Namespace .Values.clusterDomain (int .Values.worker.grpcPort) }}
+{{- end }}
+
+{{/*
+Name of the API-key Secret: `apiKeys.existingSecret` or the chart's own.
+Usage: {{ include "deepspec.apiKeysSecretName" . }}
+*/}}
+{{- define "deepspec.apiKeysSecretName" -}}
+{{- .Values.apiKeys.existingSecret | default (include "deepspec.componentName" (dict "ctx" . "component" "api-keys")) }}
+{{- end }}
+
+{{/*
+Whether the Prometheus Operator objects render: enabled, and the CRDs exist or `monitoring.skipWithoutCRDs` is off.
+Usage: {{ if include "deepspec.monitoringCRDs" . }}
+*/}}
+{{- define "deepspec.monitoringCRDs" -}}
+{{- if or (not .Values.monitoring.skipWithoutCRDs) (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{- end }}
+{{- end }}
+
+{{/*
+Writable scratch volumes every container needs under a read-only root filesystem.
+Usage: {{- include "deepspec.scratchVolumes" . | nindent 8 }}
+*/}}
+{{- define "deepspec.scratchVolumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 1Gi
+- name: cache
+  emptyDir:
+    sizeLimit: 20Gi
+{{- end }}
+
+{{/*
+Mounts and environment matching deepspec.scratchVolumes: caches (Hugging Face, ~/.cache/deepspec) go to /cache.
+Usage: {{- include "deepspec.scratchMounts" . | nindent 12 }}
+*/}}
+{{- define "deepspec.scratchMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: cache
+  mountPath: /cache
+{{- end }}
+
+{{/*
+Environment that points caches at the writable /cache mount and keeps Python from writing bytecode.
+Usage: {{- include "deepspec.scratchEnv" . | nindent 12 }}
+*/}}
+{{- define "deepspec.scratchEnv" -}}
+- name: HOME
+  value: /cache
+- name: XDG_CACHE_HOME
+  value: /cache
+- name: HF_HOME
+  value: /cache/huggingface
+- name: PYTHONDONTWRITEBYTECODE
+  value: "1"
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end }}
