@@ -37,3 +37,129 @@ SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL = "deepspec:spec_decode_num_accept
 SPEC_DECODE_ACCEPTANCE_LENGTH = "deepspec:spec_decode_acceptance_length"  # histogram, bonus token included
 
 ALL_METRIC_NAMES = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and v.startswith("deepspec:"))
+
+# Routing state on the gateway, label `worker` (no vLLM equivalent).
+GATEWAY_NUM_REQUESTS_OUTSTANDING = "deepspec:gateway_num_requests_outstanding"  # sent to a worker, not finished
+GATEWAY_WORKER_HEALTHY = "deepspec:gateway_worker_healthy"  # 1 = admitted, 0 = ejected
+GATEWAY_RETRIES_TOTAL = "deepspec:gateway_retries_total"  # a request moved to another worker before its first token
+
+ALL_METRIC_NAMES = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and v.startswith("deepspec:"))
+
+# ---------------------------------------------------------------------------------------------------------------
+# prometheus_client objects. Each process part (worker, gateway) registers into its own CollectorRegistry, so the
+# embedded default can host both in one process and tests can build as many as they like.
+
+#: latency buckets (seconds): fine below 10 ms for engine steps and gateway overhead, up to minutes for long requests
+LATENCY_BUCKETS_SECONDS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+#: tokens committed per verify round (accepted drafts + the bonus token)
+ACCEPTANCE_LENGTH_BUCKETS = tuple(float(i) for i in range(1, 17))
+
+
+class _LatencyMetrics:
+    """Histograms and counters that both the worker and the gateway export (the gateway adds `worker`)."""
+
+    def __init__(self, registry, labels: tuple[str, ...]):
+        from prometheus_client import Counter, Histogram
+
+        def hist(name, doc):
+            return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS_SECONDS, registry=registry)
+
+        self.time_to_first_token = hist(TIME_TO_FIRST_TOKEN_SECONDS, "Time from request arrival to its first token.")
+        self.inter_token_latency = hist(INTER_TOKEN_LATENCY_SECONDS, "Time between consecutive streamed chunks.")
+        self.time_per_output_token = hist(
+            TIME_PER_OUTPUT_TOKEN_SECONDS, "Per request: (e2e - ttft) / (output tokens - 1)."
+        )
+        self.e2e_request_latency = hist(E2E_REQUEST_LATENCY_SECONDS, "Time from request arrival to its last token.")
+        self.prompt_tokens = Counter(PROMPT_TOKENS_TOTAL, "Prompt tokens processed.", labels, registry=registry)
+        self.generation_tokens = Counter(GENERATION_TOKENS_TOTAL, "Tokens generated.", labels, registry=registry)
+        self.request_success = Counter(
+            REQUEST_SUCCESS_TOTAL, "Finished requests by status (finish reason or error kind).",
+            (*labels, "status"), registry=registry,
+        )  # fmt: skip
+        self.spec_decode_num_draft_tokens = Counter(
+            SPEC_DECODE_NUM_DRAFT_TOKENS_TOTAL, "Draft tokens proposed.", labels, registry=registry
+        )
+        self.spec_decode_num_accepted_tokens = Counter(
+            SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL, "Draft tokens accepted by the target.", labels, registry=registry
+        )
+        self.spec_decode_num_drafts = Counter(
+            SPEC_DECODE_NUM_DRAFTS_TOTAL, "Verify rounds that checked at least one draft token.", labels,
+            registry=registry,
+        )  # fmt: skip
+
+    def observe_request(self, labels: tuple[str, ...], *, status: str, arrival: float, first_token: float | None,
+                        finished: float, num_prompt_tokens: int, num_output_tokens: int) -> None:  # fmt: skip
+        """Record one finished request; times are `time.perf_counter()` stamps (no clock inside)."""
+        self.request_success.labels(*labels, status).inc()
+        self.prompt_tokens.labels(*labels).inc(num_prompt_tokens)
+        self.generation_tokens.labels(*labels).inc(num_output_tokens)
+        if first_token is None:
+            return
+        self.e2e_request_latency.labels(*labels).observe(finished - arrival)
+        if num_output_tokens > 1:
+            self.time_per_output_token.labels(*labels).observe((finished - first_token) / (num_output_tokens - 1))
+
+
+class WorkerMetrics(_LatencyMetrics):
+    """The worker's metrics, label `model`. Serve with `prometheus_client.start_http_server(port, registry=...)`."""
+
+    def __init__(self, model: str, registry=None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        super().__init__(self.registry, ("model",))
+        self.model = model
+        self.request_queue_time = Histogram(
+            REQUEST_QUEUE_TIME_SECONDS, "Time a request waited for a batch slot.", ("model",),
+            buckets=LATENCY_BUCKETS_SECONDS, registry=self.registry,
+        )  # fmt: skip
+        self.num_requests_running = Gauge(
+            NUM_REQUESTS_RUNNING, "Requests in the running batch.", ("model",), registry=self.registry
+        )
+        self.num_requests_waiting = Gauge(
+            NUM_REQUESTS_WAITING, "Requests queued for a batch slot.", ("model",), registry=self.registry
+        )
+        self.spec_decode_num_accepted_tokens_per_pos = Counter(
+            SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL, "Verify rounds in which draft position `position` was accepted.",
+            ("model", "position"), registry=self.registry,
+        )  # fmt: skip
+        self.spec_decode_acceptance_length = Histogram(
+            SPEC_DECODE_ACCEPTANCE_LENGTH, "Tokens committed per verify round with drafts (accepted + bonus).",
+            ("model",), buckets=ACCEPTANCE_LENGTH_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+
+    def observe_spec_round(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """One verify round of one request: positions 0..accepted-1 were accepted (accepted drafts are a prefix)."""
+        if num_draft_tokens <= 0:
+            return
+        self.spec_decode_num_drafts.labels(self.model).inc()
+        self.spec_decode_num_draft_tokens.labels(self.model).inc(num_draft_tokens)
+        self.spec_decode_num_accepted_tokens.labels(self.model).inc(num_accepted_tokens)
+        for position in range(num_accepted_tokens):
+            self.spec_decode_num_accepted_tokens_per_pos.labels(self.model, str(position)).inc()
+        self.spec_decode_acceptance_length.labels(self.model).observe(1 + num_accepted_tokens)
+
+
+class GatewayMetrics(_LatencyMetrics):
+    """The gateway's copies, labels `model` and `worker`, plus its routing state. One process serves them."""
+
+    def __init__(self, registry=None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        super().__init__(self.registry, ("model", "worker"))
+        self.num_requests_outstanding = Gauge(
+            GATEWAY_NUM_REQUESTS_OUTSTANDING, "Requests sent to a worker and not finished.", ("worker",),
+            registry=self.registry,
+        )  # fmt: skip
+        self.worker_healthy = Gauge(
+            GATEWAY_WORKER_HEALTHY, "1 while the worker is admitted to routing, 0 while ejected.", ("worker",),
+            registry=self.registry,
+        )  # fmt: skip
+        self.retries = Counter(
+            GATEWAY_RETRIES_TOTAL, "Requests retried on another worker before their first token.", ("worker",),
+            registry=self.registry,
+        )  # fmt: skip

@@ -1,0 +1,154 @@
+"""`python -m service [worker|gateway]` — the inference service's command line.
+
+Deliberately limited to parsing flags into settings and running the process lifecycle; the work lives in
+`service.worker`, `service.gateway` and `service.embedded`.
+
+    python -m service                                   # embedded default: gateway :8000/:50051 + in-process worker
+    python -m service worker --target smollm2-135m --draft auto --port 8001 --metrics-port 8002
+    python -m service worker --target stub --port 8001  # fast fake engine: tests and the gateway-overhead benchmark
+    python -m service gateway --workers localhost:8001 --http-port 8000 --grpc-port 50051
+    python -m service gateway --workers dns://deepspec-worker-headless:8001 --api-keys-file /etc/deepspec/keys
+    curl localhost:8000/v1/completions -H 'content-type: application/json' \\
+         -d '{"model": "smollm2-135m", "prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+
+def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--target", default="smollm2-135m",
+                   help="target alias, HF directory or GGUF file (default smollm2-135m; 'stub' = fast fake engine)")
+    g.add_argument("--draft", default="auto",
+                   help="draft directory, 'prompt-lookup', 'none' (target only) or 'auto' (best shipped draft; default)")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(default cpu)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype (default float32)")
+    g = p.add_argument_group("batching")
+    g.add_argument("--max-batch-size", type=int, default=8, help="sequences per engine step (default 8)")
+    g.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting for a slot before 'busy' (gateway: 429) (default 64; 0 = no queue)")
+    g.add_argument("--max-seq-len", type=int, default=2048, help="context cap in tokens, prompt + output (default 2048)")
+    g.add_argument("--num-speculative-tokens", type=int, default=7, help="draft tokens per verify round (default 7)")
+    g.add_argument("--stub-step-ms", type=float, default=0.0, help="stub engine only: simulated step time, ms (default 0)")
+    if not embedded:
+        g = p.add_argument_group("serving")
+        g.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
+        g.add_argument("--port", type=int, default=8001, help="KServe v2 gRPC port (default 8001; 0 = any free)")
+        g.add_argument("--metrics-port", type=int, default=8002,
+                       help="Prometheus /metrics HTTP port (default 8002; 0 = any free; -1 = off)")
+        g.add_argument("--drain-timeout-s", type=float, default=30.0,
+                       help="seconds to finish in-flight requests after SIGTERM (default 30)")
+
+
+def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
+    g = p.add_argument_group("gateway")
+    if not embedded:
+        g.add_argument("--workers", required=True,
+                       help="comma-separated host:port list, or dns://<headless-service>:<port> (re-resolved every 5 s)")
+    g.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
+    g.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API + /health + /metrics (default 8000)")
+    g.add_argument("--grpc-port", type=int, default=50051, help="deepspec.v1 gRPC API (default 50051; -1 = off)")
+    g.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="seconds to finish in-flight requests after SIGTERM; readiness turns false first (default 30)")
+    g.add_argument("--api-keys-file", default=None,
+                   help="file with one API key per line (also $DEEPSPEC_API_KEYS, comma-separated); unset = no auth")
+    g.add_argument("--request-timeout-s", type=float, default=600.0, help="whole-request limit, seconds (default 600)")
+    g.add_argument("--health-interval-s", type=float, default=2.0, help="seconds between worker probes (default 2)")
+    g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+                   help="larger request bodies get 413 (default 4194304 = 4 MiB)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m service", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    sub = parser.add_subparsers(dest="command")
+    _add_worker_flags(sub.add_parser("worker", help="host one engine behind KServe v2 gRPC"))
+    _add_gateway_flags(sub.add_parser("gateway", help="OpenAI HTTP + gRPC API routing to workers"))
+    embedded = sub.add_parser("embedded", help="gateway + one in-process worker (the default without a subcommand)")
+    _add_gateway_flags(embedded, embedded=True)
+    _add_worker_flags(embedded, embedded=True)
+    embedded.add_argument("--worker-port", type=int, default=0, help="in-process worker's gRPC port (default 0 = any free)")
+    embedded.add_argument("--metrics-port", type=int, default=8002, help="worker /metrics HTTP port (default 8002; -1 = off)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--log-level"):
+        argv = ["embedded", *argv]
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["embedded", *argv])
+    from service.logging import configure_logging
+
+    configure_logging(args.log_level)
+    from pydantic import ValidationError
+
+    try:
+        if args.command == "worker":
+            from service.settings import WorkerSettings
+
+            settings = WorkerSettings(**_pick(args, WorkerSettings))
+            return _run(_serve_worker(settings))
+        from service.settings import GatewaySettings, WorkerSettings
+
+        gateway_settings = GatewaySettings(**_pick(args, GatewaySettings))
+        if args.command == "gateway":
+            from service.gateway.app import serve_gateway
+
+            return _run(serve_gateway(gateway_settings))
+        worker_settings = WorkerSettings(**{**_pick(args, WorkerSettings), "port": args.worker_port, "host": "127.0.0.1"})
+        from service.embedded import serve_embedded
+
+        return _run(serve_embedded(gateway_settings, worker_settings))
+    except ValidationError as e:
+        parser.error("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" for err in e.errors()))
+    return 2
+
+
+def _pick(args: argparse.Namespace, model) -> dict:
+    return {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
+
+
+def _run(coro) -> int:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+async def _serve_worker(settings) -> int:
+    from service.worker.server import WorkerService
+
+    worker = WorkerService(settings)
+    stop = install_stop_signals()
+    await worker.start()
+    await stop.wait()
+    logging.getLogger("service").info("SIGTERM: draining for up to %.0f s", settings.drain_timeout_s)
+    await worker.drain()
+    return 0
+
+
+def install_stop_signals() -> asyncio.Event:
+    """SIGTERM / SIGINT set the returned event (a second SIGINT exits at once)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(sig):
+        if stop.is_set() and sig == signal.SIGINT:
+            raise SystemExit(130)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    return stop

@@ -1,0 +1,102 @@
+"""Typed settings for the worker and the gateway: one model each, unknown keys rejected.
+
+The CLI fills these from flags; every field can also come from the environment (`DEEPSPEC_WORKER_PORT=8001`,
+`DEEPSPEC_GATEWAY_HTTP_PORT=8000`, and `DEEPSPEC_API_KEYS` for the keys). `get_*_settings` are the cached getters
+the apps read; tests pass instances instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_TARGET = "smollm2-135m"
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DEEPSPEC_WORKER_", extra="forbid")
+
+    #: target alias, HF directory or GGUF file; "stub" = the fast fake engine (tests, overhead benchmark)
+    target: str = DEFAULT_TARGET
+    #: draft directory, "prompt-lookup", "none" (target only) or "auto" (best shipped draft)
+    draft: str = "auto"
+    host: str = "0.0.0.0"
+    #: KServe v2 gRPC port (0 = pick a free one)
+    port: int = Field(8001, ge=0, le=65535)
+    #: Prometheus /metrics HTTP port (0 = pick a free one, -1 = off)
+    metrics_port: int = Field(8002, ge=-1, le=65535)
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    #: sequences decoded together in one engine step
+    max_batch_size: int = Field(8, ge=1)
+    #: requests waiting for a batch slot before new ones get RESOURCE_EXHAUSTED (the gateway's 429)
+    max_queue: int = Field(64, ge=0)
+    #: context length cap, tokens (prompt + max_tokens); the target's own limit applies too
+    max_seq_len: int = Field(2048, ge=16)
+    #: draft tokens proposed per verify round
+    num_speculative_tokens: int = Field(7, ge=1, le=32)
+    #: seconds to finish in-flight requests after SIGTERM
+    drain_timeout_s: float = Field(30.0, ge=0)
+    #: stub engine only: simulated step time, milliseconds
+    stub_step_ms: float = Field(0.0, ge=0)
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DEEPSPEC_GATEWAY_", extra="forbid", populate_by_name=True)
+
+    #: "host:port,host:port" or "dns://name:port" (a headless Service, re-resolved every `dns_refresh_s`)
+    workers: str = ""
+    host: str = "0.0.0.0"
+    http_port: int = Field(8000, ge=0, le=65535)
+    #: 0 = pick a free one, -1 = no gRPC API
+    grpc_port: int = Field(50051, ge=-1, le=65535)
+    #: seconds to finish in-flight requests after SIGTERM (readiness turns false first)
+    drain_timeout_s: float = Field(30.0, ge=0)
+    #: file with one API key per line; keys also come from $DEEPSPEC_API_KEYS (comma-separated)
+    api_keys_file: Path | None = None
+    api_keys: str = Field("", validation_alias=AliasChoices("DEEPSPEC_API_KEYS", "api_keys"))
+    #: whole-request limit, seconds (queueing + generation)
+    request_timeout_s: float = Field(600.0, gt=0)
+    #: seconds between ServerReady probes of each worker
+    health_interval_s: float = Field(2.0, gt=0)
+    #: consecutive failed probes before a worker is ejected (a refused connection ejects at once)
+    unhealthy_threshold: int = Field(2, ge=1)
+    dns_refresh_s: float = Field(5.0, gt=0)
+    #: request bodies above this many bytes get 413
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    #: tries per request across workers (before the first token only)
+    max_attempts: int = Field(3, ge=1)
+    #: seconds a 429 asks the client to wait (Retry-After)
+    retry_after_s: int = Field(1, ge=1)
+
+    @field_validator("workers")
+    @classmethod
+    def _check_workers(cls, value: str) -> str:
+        if value.startswith("dns://"):
+            host, _, port = value.removeprefix("dns://").rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"expected dns://<name>:<port>, got {value!r}")
+            return value
+        for address in filter(None, (a.strip() for a in value.split(","))):
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"expected host:port, got {address!r} in --workers")
+        return value
+
+    @model_validator(mode="after")
+    def _check_keys_file(self):
+        if self.api_keys_file is not None and not self.api_keys_file.is_file():
+            raise ValueError(f"--api-keys-file {self.api_keys_file} does not exist or is not a file")
+        return self
+
+    def load_api_keys(self) -> frozenset[str]:
+        """Keys from the env var and the file (blank lines and '#' comments skipped); empty = auth off."""
+        keys = {k.strip() for k in self.api_keys.split(",") if k.strip()}
+        if self.api_keys_file is not None:
+            for line in self.api_keys_file.read_text().splitlines():
+                if line.strip() and not line.lstrip().startswith("#"):
+                    keys.add(line.strip())
+        return frozenset(keys)

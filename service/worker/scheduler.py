@@ -1,0 +1,271 @@
+"""Continuous batching: one engine thread steps the engine; asyncio callers submit requests and read their outputs.
+
+The engine is blocking, CPU-bound and not thread-safe, so exactly one thread (`deepspec-engine`) touches it. Between
+two steps that thread drains a command queue (add / abort), admits waiting requests into free batch slots, and then
+runs one `engine.step()`; requests therefore join and leave the running batch at step boundaries. Waiting requests
+are bounded by `max_queue`: beyond that `generate` raises `QueueFullError` at once (the gateway retries elsewhere or
+answers 429). Outputs go back to the caller's event loop with one `call_soon_threadsafe` per step.
+
+A caller that stops iterating (client gone, stream closed, task cancelled) sends an abort, which frees the slot
+before the next step. Worker-side metrics (queue time, TTFT, inter-token latency, spec-decode counters, running and
+waiting gauges) are observed here, where the step outputs are produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from deepspec.decoding.params import SamplingParams, StepOutput
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """Every batch slot is busy and the waiting queue is full."""
+
+
+class SchedulerClosedError(RuntimeError):
+    """The worker is draining or stopped and takes no new requests."""
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: float
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+    first_token: float | None = None
+    last_token: float | None = None
+    num_output_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_spec_steps: int = 0
+    #: set by the engine thread once the request left the engine (finished, failed or aborted)
+    done: bool = field(default=False)
+
+
+@dataclass
+class RequestStats:
+    """Cumulative per-request numbers sent with every streamed response."""
+
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_spec_steps: int
+
+
+class Scheduler:
+    def __init__(self, engine, metrics, max_queue: int = 64):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: deque[_Request] = deque()
+        self._running: dict[str, _Request] = {}
+        self._num_waiting = 0  # submitted, not yet admitted; guarded by _lock (read by callers)
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.accepting = True
+
+    # -- caller side (event loop) ---------------------------------------------------------------------------------
+
+    @property
+    def num_outstanding(self) -> int:
+        with self._lock:
+            return self._num_waiting + len(self._running)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       arrival: float | None = None) -> AsyncIterator[tuple[StepOutput, RequestStats]]:  # fmt: skip
+        """Yield (step output, cumulative stats) until the request finishes; ValueError for bad input."""
+        if not self.accepting:
+            raise SchedulerClosedError("the worker is shutting down")
+        with self._lock:
+            if self._num_waiting >= self.max_queue:
+                raise QueueFullError(
+                    f"the batch is full and {self._num_waiting} requests are waiting (--max-queue {self.max_queue}); "
+                    "retry later"
+                )
+            self._num_waiting += 1
+        request = _Request(
+            request_id=f"r{next(self._ids)}", prompt_token_ids=prompt_token_ids, params=params,
+            arrival=arrival if arrival is not None else time.perf_counter(), loop=asyncio.get_running_loop(),
+            outputs=asyncio.Queue(),
+        )  # fmt: skip
+        self._commands.put(("add", request))
+        finished = False
+        try:
+            while True:
+                item = await request.outputs.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item[0].finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._commands.put(("abort", request))
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    def start(self, warmup_prompt_token_ids: list[int] | None = None) -> threading.Event:
+        """Start the engine thread; the returned event is set after the warm-up step (readiness)."""
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(warmup_prompt_token_ids, ready), name="deepspec-engine", daemon=True
+        )
+        self._thread.start()
+        return ready
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.accepting = False
+        self._stop.set()
+        self._commands.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # -- engine thread ---------------------------------------------------------------------------------------------
+
+    def _run(self, warmup_prompt_token_ids, ready: threading.Event) -> None:
+        if warmup_prompt_token_ids:
+            t0 = time.perf_counter()
+            self.engine.add_request("warmup", warmup_prompt_token_ids, SamplingParams(max_tokens=2, ignore_eos=True))
+            while self.engine.has_unfinished():
+                self.engine.step()
+            logger.info("warm-up done in %.2f s", time.perf_counter() - t0)
+        ready.set()
+        while not self._stop.is_set():
+            self._drain_commands(block=not self.engine.has_unfinished() and not self._waiting)
+            self._admit()
+            self._update_gauges()
+            if self.engine.has_unfinished():
+                self._step()
+        for request in [*self._waiting, *self._running.values()]:
+            self._deliver([(request, SchedulerClosedError("the worker stopped"))])
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            command, request = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if command == "add":
+                self._waiting.append(request)
+            elif command == "abort" and not request.done:
+                if request in self._waiting:
+                    self._waiting.remove(request)
+                    with self._lock:
+                        self._num_waiting -= 1
+                elif self._running.pop(request.request_id, None) is not None:
+                    self.engine.abort(request.request_id)
+                request.done = True
+                self._observe_finished(request, "abort")
+            try:
+                command, request = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _admit(self) -> None:
+        failed = []
+        while self._waiting and self.engine.num_free_slots > 0:
+            request = self._waiting.popleft()
+            try:
+                self.engine.add_request(request.request_id, request.prompt_token_ids, request.params)
+            except ValueError as e:  # bad input the boundary could not see (e.g. context length)
+                request.done = True
+                failed.append((request, e))
+                self._observe_finished(request, "invalid_request")
+            else:
+                self._running[request.request_id] = request
+                self.metrics.request_queue_time.labels(self.metrics.model).observe(
+                    time.perf_counter() - request.arrival
+                )
+            finally:
+                with self._lock:
+                    self._num_waiting -= 1
+        if failed:
+            self._deliver(failed)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # the engine is broken for this batch: fail its requests, keep the worker alive
+            logger.exception("engine step failed")
+            failed = []
+            for request in self._running.values():
+                self.engine.abort(request.request_id)
+                request.done = True
+                self._observe_finished(request, "error")
+                failed.append((request, RuntimeError(f"engine step failed: {e}")))
+            self._running.clear()
+            self._deliver(failed)
+            return
+        now = time.perf_counter()
+        m, model = self.metrics, self.metrics.model
+        items = []
+        for out in outputs:
+            request = self._running.get(out.request_id)
+            if request is None:  # aborted while the step ran
+                continue
+            if request.first_token is None:
+                request.first_token = now
+                m.time_to_first_token.labels(model).observe(now - request.arrival)
+            else:
+                m.inter_token_latency.labels(model).observe(now - request.last_token)
+            request.last_token = now
+            request.num_output_tokens += len(out.new_token_ids)
+            request.num_draft_tokens += out.num_draft_tokens
+            request.num_accepted_tokens += out.num_accepted_tokens
+            if out.num_draft_tokens > 0:
+                request.num_spec_steps += 1
+                m.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens)
+            if out.finished:
+                del self._running[out.request_id]
+                request.done = True
+                self._observe_finished(request, out.finish_reason or "stop")
+            stats = RequestStats(len(request.prompt_token_ids), request.num_output_tokens, request.num_draft_tokens,
+                                 request.num_accepted_tokens, request.num_spec_steps)  # fmt: skip
+            items.append((request, (out, stats)))
+        self._deliver(items)
+
+    def _observe_finished(self, request: _Request, status: str) -> None:
+        num_prompt = len(request.prompt_token_ids) if request.first_token is not None else 0
+        self.metrics.observe_request(
+            (self.metrics.model,), status=status, arrival=request.arrival, first_token=request.first_token,
+            finished=time.perf_counter(), num_prompt_tokens=num_prompt, num_output_tokens=request.num_output_tokens,
+        )  # fmt: skip
+
+    def _update_gauges(self) -> None:
+        self.metrics.num_requests_running.labels(self.metrics.model).set(self.engine.num_running)
+        self.metrics.num_requests_waiting.labels(self.metrics.model).set(len(self._waiting))
+
+    @staticmethod
+    def _deliver(items: list[tuple[_Request, object]]) -> None:
+        """Hand outputs to their callers' loops: one thread hop per loop per step, not per request."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for request, item in items:
+            by_loop.setdefault(request.loop, []).append((request.outputs, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # that loop is closed: its callers are gone
+                pass
+
+
+def _put_all(batch) -> None:
+    for outputs, item in batch:
+        outputs.put_nowait(item)

@@ -1,0 +1,332 @@
+"""The worker: one engine behind the KServe v2 gRPC protocol (the servicer and stubs that ship in tritonclient).
+
+`WorkerService` owns the lifecycle: the gRPC server answers ServerLive at once, loads weights in a thread, runs one
+warm-up step, and only then turns ServerReady / ModelReady / grpc.health.v1 to SERVING. `drain()` turns readiness
+false first, refuses new requests with UNAVAILABLE (the gateway retries elsewhere), waits for in-flight requests,
+then stops. Tensor names and conventions: `service/protocol.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from deepspec.decoding.params import SamplingParams
+from service import protocol as p
+from service.metrics import WorkerMetrics
+from service.settings import WorkerSettings
+from service.worker import tensors
+from service.worker.engine import LoadedEngine, load_engine
+from service.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
+
+logger = logging.getLogger(__name__)
+
+_SERVER_NAME = "deepspec-worker"
+#: prompts longer than this are tokenized off the event loop
+_TOKENIZE_INLINE_MAX_CHARS = 4096
+
+
+class RequestError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: WorkerService):
+        self.service = service
+
+    # -- health and metadata --------------------------------------------------------------------------------------
+
+    async def ServerLive(self, request, context):
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return service_pb2.ServerReadyResponse(ready=self.service.ready)
+
+    async def ModelReady(self, request, context):
+        return service_pb2.ModelReadyResponse(ready=self.service.ready and request.name == self.service.model_name)
+
+    async def ServerMetadata(self, request, context):
+        return service_pb2.ServerMetadataResponse(name=_SERVER_NAME, version="1", extensions=["streaming"])
+
+    async def RepositoryIndex(self, request, context):
+        state = "READY" if self.service.ready else "LOADING"
+        return service_pb2.RepositoryIndexResponse(
+            models=[service_pb2.RepositoryIndexResponse.ModelIndex(name=self.service.model_name, version="1", state=state)]
+        )
+
+    async def ModelMetadata(self, request, context):
+        await self._check_model(request.name, context)
+        t = service_pb2.ModelMetadataResponse.TensorMetadata
+        return service_pb2.ModelMetadataResponse(
+            name=self.service.model_name, versions=["1"], platform="deepspec",
+            inputs=[t(name=n, datatype=d, shape=s) for n, d, s in _INPUTS],
+            outputs=[t(name=n, datatype=d, shape=s) for n, d, s in _OUTPUTS],
+        )  # fmt: skip
+
+    async def ModelConfig(self, request, context):
+        await self._check_model(request.name, context)
+        mc = model_config_pb2
+        config = mc.ModelConfig(
+            name=self.service.model_name, platform="deepspec", max_batch_size=0,
+            model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
+            input=[mc.ModelInput(name=n, data_type=_DTYPE[d], dims=s, optional=n != p.TEXT_INPUT) for n, d, s in _INPUTS],
+            output=[mc.ModelOutput(name=n, data_type=_DTYPE[d], dims=s) for n, d, s in _OUTPUTS],
+        )  # fmt: skip
+        config.parameters[p.MAX_SEQ_LEN_PARAM].string_value = str(self.service.loaded.max_seq_len if self.service.loaded else 0)
+        config.parameters[p.DRAFTER_PARAM].string_value = self.service.loaded.drafter_name if self.service.loaded else ""
+        return service_pb2.ModelConfigResponse(config=config)
+
+    async def _check_model(self, name: str, context) -> None:
+        if name != self.service.model_name:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}; served: [{self.service.model_name!r}]")
+
+    # -- inference ------------------------------------------------------------------------------------------------
+
+    async def ModelInfer(self, request, context):
+        arrival = time.perf_counter()
+        try:
+            prompt_ids, params, stream = await self.service.parse(request)
+            if stream:
+                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "stream=true needs ModelStreamInfer")
+            text, last = [], None
+            async for out, stats in self.service.scheduler.generate(prompt_ids, params, arrival):
+                text.append(out.new_text)
+                last = (out, stats)
+        except RequestError as e:
+            await context.abort(e.code, e.message)
+        except Exception as e:
+            code, message = _status_of(e)
+            await context.abort(code, message)
+        return _response(request, "".join(text), *last)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Decoupled streaming: any number of requests per stream, each answered by one response per step."""
+        responses: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def read_requests():
+            async for request in request_iterator:
+                task = asyncio.create_task(self._stream_one(request, responses))
+                tasks.add(task)
+                task.add_done_callback(lambda t: (tasks.discard(t), responses.put_nowait(None)))
+
+        reader = asyncio.create_task(read_requests())
+        try:
+            while True:
+                # The stream ends when the client half-closed and every request finished.
+                if reader.done() and not tasks and responses.empty():
+                    break
+                getter = asyncio.ensure_future(responses.get())
+                await asyncio.wait({getter, reader} if not reader.done() else {getter},
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if not getter.done():
+                    getter.cancel()
+                    continue
+                item = getter.result()
+                if item is not None:
+                    yield item
+            if reader.exception() is not None and not isinstance(reader.exception(), asyncio.CancelledError):
+                raise reader.exception()
+        finally:  # client cancelled or stream failed: abort everything still running (frees the slots)
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    async def _stream_one(self, request, responses: asyncio.Queue) -> None:
+        arrival = time.perf_counter()
+        try:
+            prompt_ids, params, stream = await self.service.parse(request)
+            text = []
+            async for out, stats in self.service.scheduler.generate(prompt_ids, params, arrival):
+                if stream:
+                    responses.put_nowait(service_pb2.ModelStreamInferResponse(
+                        infer_response=_response(request, out.new_text, out, stats)))  # fmt: skip
+                else:
+                    text.append(out.new_text)
+                    if out.finished:
+                        responses.put_nowait(service_pb2.ModelStreamInferResponse(
+                            infer_response=_response(request, "".join(text), out, stats)))  # fmt: skip
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            code, message = (e.code, e.message) if isinstance(e, RequestError) else _status_of(e)
+            responses.put_nowait(service_pb2.ModelStreamInferResponse(
+                error_message=p.encode_stream_error(code.name, message),
+                infer_response=service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id),
+            ))  # fmt: skip
+
+
+def _status_of(e: Exception) -> tuple[grpc.StatusCode, str]:
+    if isinstance(e, RequestError):
+        return e.code, e.message
+    if isinstance(e, ValueError):  # SamplingParams, tensors, and the engine's add_request validation
+        return grpc.StatusCode.INVALID_ARGUMENT, str(e)
+    if isinstance(e, QueueFullError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
+    if isinstance(e, SchedulerClosedError):
+        return grpc.StatusCode.UNAVAILABLE, str(e)
+    logger.exception("request failed")
+    return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
+
+
+def _response(request, text: str, out, stats) -> service_pb2.ModelInferResponse:
+    response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
+    tensors.add_output(response, p.TEXT_OUTPUT, text)
+    tensors.add_output(response, p.NUM_DRAFT_TOKENS, stats.num_draft_tokens)
+    tensors.add_output(response, p.NUM_ACCEPTED_TOKENS, stats.num_accepted_tokens)
+    tensors.add_output(response, p.EXTRA_NUM_PROMPT_TOKENS, stats.num_prompt_tokens)
+    tensors.add_output(response, p.EXTRA_NUM_OUTPUT_TOKENS, stats.num_output_tokens)
+    tensors.add_output(response, p.EXTRA_NUM_SPEC_STEPS, stats.num_spec_steps)
+    if out.finished:
+        tensors.add_output(response, p.EXTRA_FINISH_REASON, out.finish_reason or "stop")
+    tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, out.finished)
+    return response
+
+
+_INPUTS = [
+    (p.TEXT_INPUT, "BYTES", [1, 1]), (p.MAX_TOKENS, "INT32", [1, 1]), (p.STREAM, "BOOL", [1, 1]),
+    (p.TEMPERATURE, "FP32", [1, 1]), (p.TOP_K, "INT32", [1, 1]), (p.TOP_P, "FP32", [1, 1]),
+    (p.SEED, "UINT64", [1, 1]), (p.STOP_WORDS, "BYTES", [1, -1]), (p.END_ID, "INT32", [1, 1]),
+    (p.EXTRA_MESSAGES_JSON, "BYTES", [1, 1]), (p.EXTRA_IGNORE_EOS, "BOOL", [1, 1]),
+]  # fmt: skip
+_OUTPUTS = [
+    (p.TEXT_OUTPUT, "BYTES", [1, 1]), (p.NUM_DRAFT_TOKENS, "INT32", [1, 1]), (p.NUM_ACCEPTED_TOKENS, "INT32", [1, 1]),
+    (p.EXTRA_NUM_PROMPT_TOKENS, "INT32", [1, 1]), (p.EXTRA_NUM_OUTPUT_TOKENS, "INT32", [1, 1]),
+    (p.EXTRA_NUM_SPEC_STEPS, "INT32", [1, 1]), (p.EXTRA_FINISH_REASON, "BYTES", [1, 1]),
+]  # fmt: skip
+_DTYPE = {
+    "BYTES": model_config_pb2.TYPE_STRING, "INT32": model_config_pb2.TYPE_INT32, "BOOL": model_config_pb2.TYPE_BOOL,
+    "FP32": model_config_pb2.TYPE_FP32, "UINT64": model_config_pb2.TYPE_UINT64,
+}  # fmt: skip
+
+
+class WorkerService:
+    """One engine, its scheduler, the KServe v2 + health gRPC server and the /metrics HTTP server."""
+
+    def __init__(self, settings: WorkerSettings, loaded: LoadedEngine | None = None):
+        self.settings = settings
+        self.loaded = loaded
+        self.ready = False
+        self.scheduler: Scheduler | None = None
+        self.metrics: WorkerMetrics | None = None
+        self.model_name = ""
+        self.port = settings.port
+        self.metrics_port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self._metrics_server = None
+
+    async def start(self) -> None:
+        """Serve at once (ServerLive); load, warm up, then turn ready. Returns when ready."""
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self._server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        if self.port == 0:
+            raise RuntimeError(f"cannot bind the worker's gRPC port {self.settings.host}:{self.settings.port}")
+        await self._server.start()
+        t0 = time.perf_counter()
+        if self.loaded is None:
+            self.loaded = await asyncio.to_thread(load_engine, self.settings)
+        self.model_name = self.loaded.target.name
+        self.metrics = WorkerMetrics(self.model_name)
+        if self.settings.metrics_port >= 0:
+            from prometheus_client import start_http_server
+
+            self._metrics_server, _ = start_http_server(self.settings.metrics_port, self.settings.host,
+                                                        registry=self.metrics.registry)  # fmt: skip
+            self.metrics_port = self._metrics_server.server_port
+        self.scheduler = Scheduler(self.loaded.engine, self.metrics, max_queue=self.settings.max_queue)
+        warmed_up = self.scheduler.start(warmup_prompt_token_ids=self.loaded.target.encode("Hello"))
+        await asyncio.to_thread(warmed_up.wait)
+        self.ready = True
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        logger.info("worker ready: model %s, drafter %s, gRPC :%d, metrics :%s (%.1f s)", self.model_name,
+                    self.loaded.drafter_name, self.port, self.metrics_port, time.perf_counter() - t0)  # fmt: skip
+
+    async def parse(self, request) -> tuple[list[int], SamplingParams, bool]:
+        """A ModelInferRequest -> (prompt token ids, sampling params, stream); RequestError on bad input."""
+        if not self.ready or self.scheduler is None or not self.scheduler.accepting:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, "the worker is not ready (loading or shutting down)")
+        if request.model_name and request.model_name != self.model_name:
+            raise RequestError(grpc.StatusCode.NOT_FOUND,
+                               f"unknown model {request.model_name!r}; served: [{self.model_name!r}]")  # fmt: skip
+        try:
+            values = tensors.read_inputs(request)
+            text = tensors.scalar(values, p.TEXT_INPUT, str, "")
+            messages_json = tensors.scalar(values, p.EXTRA_MESSAGES_JSON, str)
+            end_id = tensors.scalar(values, p.END_ID, int)
+            params = SamplingParams(
+                max_tokens=tensors.scalar(values, p.MAX_TOKENS, int, 128),
+                temperature=tensors.scalar(values, p.TEMPERATURE, float, 0.0),
+                top_k=tensors.scalar(values, p.TOP_K, int, 0),
+                top_p=tensors.scalar(values, p.TOP_P, float, 1.0),
+                seed=tensors.scalar(values, p.SEED, int),
+                stop=tuple(tensors.strings(values, p.STOP_WORDS)),
+                stop_token_ids=() if end_id is None or end_id < 0 else (end_id,),
+                ignore_eos=tensors.scalar(values, p.EXTRA_IGNORE_EOS, bool, False),
+            )
+            stream = tensors.scalar(values, p.STREAM, bool, False)
+            target = self.loaded.target
+            if messages_json is not None:
+                messages = _parse_messages(messages_json)
+                prompt_ids = target.encode_chat(messages)
+            elif len(text) > _TOKENIZE_INLINE_MAX_CHARS:
+                prompt_ids = await asyncio.to_thread(target.encode, text)
+            else:
+                prompt_ids = target.encode(text)
+        except ValueError as e:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if not prompt_ids:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty: send at least one token")
+        max_seq_len = self.loaded.max_seq_len
+        if len(prompt_ids) + params.max_tokens > max_seq_len:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, (
+                f"this model's maximum context length is {max_seq_len} tokens; the prompt has {len(prompt_ids)} "
+                f"tokens and max_tokens is {params.max_tokens}: shorten the prompt or lower max_tokens"))  # fmt: skip
+        return prompt_ids, params, stream
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Readiness false first, refuse new requests, wait for in-flight ones (up to the grace period), stop."""
+        timeout_s = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        self.ready = False
+        await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.scheduler is not None:
+            self.scheduler.accepting = False
+            deadline = time.monotonic() + timeout_s
+            while self.scheduler.num_outstanding and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        await self.stop()
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+        if self.scheduler is not None:
+            await asyncio.to_thread(self.scheduler.stop)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+
+
+def _parse_messages(messages_json: str) -> list[dict]:
+    try:
+        messages = json.loads(messages_json)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"messages_json is not valid JSON: {e}") from None
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError('each message must be {"role": str, "content": str}')
+    return messages
