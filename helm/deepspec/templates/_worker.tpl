@@ -220,7 +220,7 @@ spec:
         {{- if $enginesVolume }}
         - name: engines
           mountPath: {{ $w.engines.mountPath }}
-          readOnly: {{ eq $w.engines.source "pvc" }}
+          readOnly: true
         {{- end }}
         - name: tmp
           mountPath: /tmp
