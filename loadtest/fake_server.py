@@ -52,6 +52,9 @@ class _Counters:
     accepted: int = 0
     per_pos: dict[int, int] = field(default_factory=dict)
     requests: int = 0
+    in_flight: int = 0
+    #: most completion requests handled at once: shows whether a client capped its own concurrency
+    max_in_flight: int = 0
 
 
 class FakeOpenAIServer:
@@ -125,6 +128,15 @@ class FakeOpenAIServer:
         return True
 
     async def _complete(self, chat: bool, req: dict, w: asyncio.StreamWriter) -> bool:
+        c = self.counters
+        c.in_flight += 1
+        c.max_in_flight = max(c.max_in_flight, c.in_flight)
+        try:
+            return await self._complete_one(chat, req, w)
+        finally:
+            c.in_flight -= 1
+
+    async def _complete_one(self, chat: bool, req: dict, w: asyncio.StreamWriter) -> bool:
         t_recv = time.perf_counter()
         cfg = self.config
         prompt = req["messages"][-1]["content"] if chat else req["prompt"]
