@@ -266,8 +266,19 @@ class WorkerService:
             text = tensors.scalar(values, p.TEXT_INPUT, str, "")
             messages_json = tensors.scalar(values, p.EXTRA_MESSAGES_JSON, str)
             end_id = tensors.scalar(values, p.END_ID, int)
+            max_tokens = tensors.scalar(values, p.MAX_TOKENS, int)
+            stream = tensors.scalar(values, p.STREAM, bool, False)
+            target = self.loaded.target
+            if messages_json is not None:
+                prompt_ids = target.encode_chat(_parse_messages(messages_json))
+            elif len(text) > _TOKENIZE_INLINE_MAX_CHARS:
+                prompt_ids = await asyncio.to_thread(target.encode, text)
+            else:
+                prompt_ids = target.encode(text)
+            if max_tokens is None:  # absent = as many as fit (vLLM's default for chat)
+                max_tokens = max(1, self.loaded.max_seq_len - len(prompt_ids))
             params = SamplingParams(
-                max_tokens=tensors.scalar(values, p.MAX_TOKENS, int, 128),
+                max_tokens=max_tokens,
                 temperature=tensors.scalar(values, p.TEMPERATURE, float, 0.0),
                 top_k=tensors.scalar(values, p.TOP_K, int, 0),
                 top_p=tensors.scalar(values, p.TOP_P, float, 1.0),
@@ -276,15 +287,6 @@ class WorkerService:
                 stop_token_ids=() if end_id is None or end_id < 0 else (end_id,),
                 ignore_eos=tensors.scalar(values, p.EXTRA_IGNORE_EOS, bool, False),
             )
-            stream = tensors.scalar(values, p.STREAM, bool, False)
-            target = self.loaded.target
-            if messages_json is not None:
-                messages = _parse_messages(messages_json)
-                prompt_ids = target.encode_chat(messages)
-            elif len(text) > _TOKENIZE_INLINE_MAX_CHARS:
-                prompt_ids = await asyncio.to_thread(target.encode, text)
-            else:
-                prompt_ids = target.encode(text)
         except ValueError as e:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         if not prompt_ids:

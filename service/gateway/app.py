@@ -1,0 +1,189 @@
+"""The gateway process: FastAPI app factory, the state it shares with the gRPC API, and the serving lifecycle.
+
+`create_app` only wires routers, error handlers and the guard middleware; the state (metrics, worker pool,
+dispatcher) is built in `lifespan` unless the caller passes one in (`serve_gateway` does, to share it with the
+gRPC server). One process per gateway replica: the routing state (outstanding counts, health) must be shared by
+every request, so the gateway scales by replicas behind a Service, not by uvicorn workers — and Prometheus
+multiprocess mode is therefore not needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from service.gateway.dispatch import Dispatcher
+from service.gateway.errors import AuthenticationError, PayloadTooLargeError, error_response, install_error_handlers
+from service.gateway.routers import chat, completions, health, models
+from service.gateway.routing import WorkerPool
+from service.metrics import GatewayMetrics
+from service.settings import GatewaySettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    metrics: GatewayMetrics
+    pool: WorkerPool
+    dispatcher: Dispatcher
+    api_keys: frozenset[str]
+
+    @classmethod
+    def build(cls, settings: GatewaySettings) -> GatewayState:
+        metrics = GatewayMetrics()
+        pool = WorkerPool(settings.workers, metrics, health_interval_s=settings.health_interval_s,
+                          unhealthy_threshold=settings.unhealthy_threshold, dns_refresh_s=settings.dns_refresh_s)  # fmt: skip
+        dispatcher = Dispatcher(pool, metrics, request_timeout_s=settings.request_timeout_s,
+                                max_attempts=settings.max_attempts, retry_after_s=settings.retry_after_s)  # fmt: skip
+        return cls(settings, metrics, pool, dispatcher, settings.load_api_keys())
+
+    def check_api_key(self, authorization: str | None) -> None:
+        """Raise AuthenticationError unless `Authorization: Bearer <key>` holds a configured key (no keys = open)."""
+        if not self.api_keys:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        if not any(hmac.compare_digest(token.strip().encode(), key.encode()) for key in self.api_keys):
+            raise AuthenticationError("incorrect API key provided", code="invalid_api_key")
+
+
+class GuardMiddleware:
+    """Pure ASGI: API keys and the body-size limit on /v1/*, before any JSON parsing (so 401/413 come first)."""
+
+    def __init__(self, app, get_state):
+        self.app, self.get_state = app, get_state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            return await self.app(scope, receive, send)
+        state: GatewayState = self.get_state()
+        headers = dict(scope["headers"])
+        try:
+            state.check_api_key(headers.get(b"authorization", b"").decode("latin-1"))
+        except AuthenticationError as e:
+            return await error_response(e)(scope, receive, send)
+        if scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        limit = state.settings.max_body_bytes
+        too_large = PayloadTooLargeError(f"the request body exceeds {limit} bytes", code="request_too_large")
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await error_response(too_large)(scope, receive, send)
+        body, more = [], True
+        size = 0
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            size += len(message.get("body", b""))
+            if size > limit:
+                return await error_response(too_large)(scope, receive, send)
+            body.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def create_app(settings: GatewaySettings | None = None, state: GatewayState | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        owned = state is None
+        app.state.gateway = GatewayState.build(settings or GatewaySettings()) if owned else state
+        if owned:
+            await app.state.gateway.pool.start()
+        yield
+        if owned:
+            await app.state.gateway.pool.stop()
+
+    app = FastAPI(title="DeepSpec gateway", version="1", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    for module in (completions, chat, models, health):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    app.add_middleware(GuardMiddleware, get_state=lambda: app.state.gateway)
+    return app
+
+
+class _Server:
+    """uvicorn without its own signal handling: the gateway drains on SIGTERM itself (readiness first)."""
+
+    def __init__(self, app, host: str, port: int):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
+                                http="httptools", timeout_graceful_shutdown=5, timeout_keep_alive=30)  # fmt: skip
+        self.server = Server(config)
+
+    async def serve(self) -> None:
+        await self.server.serve()
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+
+async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = None, on_ready=None) -> int:
+    """Run HTTP + gRPC until `stop` (default: SIGTERM/SIGINT), then drain and exit."""
+    from service.cli import install_stop_signals
+    from service.gateway.grpc_api import start_grpc_server
+
+    stop = stop or install_stop_signals()
+    state = GatewayState.build(settings)
+    await state.pool.start()
+    http = _Server(create_app(state=state), settings.host, settings.http_port)
+    http_task = asyncio.create_task(http.serve())
+    while not http.server.started:
+        if http_task.done():
+            await http_task
+            return 1
+        await asyncio.sleep(0.02)
+    grpc_server = grpc_port = None
+    if settings.grpc_port >= 0:
+        grpc_server, grpc_port = await start_grpc_server(state, settings.host, settings.grpc_port)
+    logger.info("gateway listening", extra={"fields": {
+        "msg": "gateway listening", "http": f"http://{_display(settings.host)}:{http.port}/v1",
+        "grpc": None if grpc_port is None else f"{_display(settings.host)}:{grpc_port}",
+        "metrics": f"http://{_display(settings.host)}:{http.port}/metrics", "workers": settings.workers,
+        "auth": bool(state.api_keys)}})  # fmt: skip
+    if on_ready is not None:
+        on_ready(http.port, grpc_port)
+    await stop.wait()
+    logger.info("stopping: readiness false, draining %d in-flight requests for up to %.0f s",
+                len(state.dispatcher.inflight), settings.drain_timeout_s)  # fmt: skip
+    if grpc_server is not None:
+        await grpc_server.set_not_serving()
+    await state.dispatcher.drain(settings.drain_timeout_s)
+    for task in list(state.dispatcher.inflight.values()):
+        task.cancel()
+    http.server.should_exit = True
+    if grpc_server is not None:
+        await grpc_server.stop(1.0)
+    await http_task
+    await state.pool.stop()
+    return 0
+
+
+def _display(host: str) -> str:
+    return "localhost" if host in ("0.0.0.0", "::", "") else host
+
+

@@ -1,0 +1,54 @@
+"""Shared pieces of the routers: the gateway state, client-disconnect handling, and SSE framing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.gateway.dispatch import Dispatcher
+
+
+def get_dispatcher(request: Request) -> Dispatcher:
+    return request.app.state.gateway.dispatcher
+
+
+DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before the response was ready; its worker call has been cancelled."""
+
+
+async def until_disconnect(request: Request, awaitable):
+    """Await `awaitable`, cancelling it (and so the worker's sequence) if the client disconnects first."""
+    work = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    raise ClientDisconnected
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # Once the body is read, uvicorn's receive() blocks until the connection closes.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -1,0 +1,168 @@
+"""One request's trip through the gateway, shared by the HTTP and gRPC APIs: pick a worker, stream, account.
+
+`Dispatcher.generate` yields `Chunk`s from a worker. Before the first chunk it may move the request to another
+worker (the worker was saturated, unreachable or failed); after it, a failure is the caller's error (HTTP turns it
+into an error event inside the SSE stream). Cancelling the consuming task (client disconnect, gRPC cancel, `Abort`)
+closes the worker call, which aborts the sequence and frees its batch slot. Metrics and the request log line are
+written here, once per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from service.gateway import errors
+from service.gateway.routing import WorkerPool
+from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
+from service.logging import log_request
+
+#: worker statuses that mean "this worker cannot take it now; another may" (retried before the first token)
+_RETRYABLE = {"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "UNKNOWN", "CANCELLED", "NOT_FOUND"}
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class Dispatcher:
+    def __init__(self, pool: WorkerPool, metrics, *, request_timeout_s: float = 600.0, max_attempts: int = 3,
+                 retry_after_s: int = 1):  # fmt: skip
+        self.pool = pool
+        self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+        self.max_attempts = max_attempts
+        self.retry_after_s = retry_after_s
+        self.draining = False
+        #: request id -> the task consuming it (for deepspec.v1.Completions/Abort)
+        self.inflight: dict[str, asyncio.Task] = {}
+
+    @property
+    def ready(self) -> bool:
+        return not self.draining and self.pool.has_healthy
+
+    def resolve_model(self, requested: str | None) -> tuple[str, int]:
+        """The served model a request names (or the only one when it names none) and its context length."""
+        models = self.pool.models()
+        if not models:
+            raise errors.ServiceUnavailableError("no worker is ready yet; retry shortly", retry_after_s=self.retry_after_s)
+        if not requested:
+            if len(models) == 1:
+                return next(iter(models.items()))
+            raise errors.BadRequestError(f"several models are served, name one of {sorted(models)}", param="model")
+        if requested not in models:
+            raise errors.NotFoundError(f"the model {requested!r} does not exist; served models: {sorted(models)}",
+                                       param="model", code="model_not_found")  # fmt: skip
+        return requested, models[requested]
+
+    async def generate(self, req: GenerationRequest, api: str) -> AsyncIterator[Chunk]:
+        if self.draining:
+            raise errors.ServiceUnavailableError("the gateway is shutting down", retry_after_s=self.retry_after_s)
+        task = asyncio.current_task()
+        if req.request_id in self.inflight:
+            raise errors.BadRequestError(f"request id {req.request_id!r} is already running", param="request_id")
+        self.inflight[req.request_id] = task
+        arrival = time.perf_counter()
+        first = last = None
+        chunk = Chunk("")
+        worker: str | None = None
+        status = "abort"
+        error_text = None
+        try:
+            tried: set[str] = set()
+            saturated = False
+            for attempt in range(self.max_attempts):
+                endpoint = self.pool.pick(req.model, tried)
+                if endpoint is None:
+                    break
+                worker = endpoint.address
+                tried.add(worker)
+                try:
+                    with self.pool.track(endpoint):
+                        async for chunk in endpoint.client.generate(req, self.request_timeout_s):
+                            now = time.perf_counter()
+                            if first is None:
+                                first = now
+                                self.metrics.time_to_first_token.labels(req.model, worker).observe(now - arrival)
+                            else:
+                                self.metrics.inter_token_latency.labels(req.model, worker).observe(now - last)
+                            last = now
+                            yield chunk
+                    status = chunk.finish_reason or "stop"
+                    return
+                except WorkerError as e:
+                    if first is not None or e.status in ("INVALID_ARGUMENT", "DEADLINE_EXCEEDED") or (
+                        e.status not in _RETRYABLE
+                    ):
+                        raise _to_service_error(e, started=first is not None) from None
+                    saturated |= e.status == "RESOURCE_EXHAUSTED"
+                    if e.status in ("UNAVAILABLE", "INTERNAL", "UNKNOWN"):
+                        self.pool.eject(endpoint, e.message)
+                    self.metrics.retries.labels(worker).inc()
+            if saturated:
+                raise errors.RateLimitError("every worker is saturated; retry after the Retry-After delay",
+                                            code="server_busy", retry_after_s=self.retry_after_s)  # fmt: skip
+            raise errors.ServiceUnavailableError(f"no ready worker serves {req.model!r}",
+                                                 code="no_worker", retry_after_s=self.retry_after_s)  # fmt: skip
+        except errors.ServiceError as e:
+            status, error_text = e.status, e.message
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "abort"
+            raise
+        except Exception as e:
+            status, error_text = "internal_error", f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            self.inflight.pop(req.request_id, None)
+            finished = time.perf_counter()
+            labels = (req.model, worker or "none")
+            self.metrics.observe_request(
+                labels, status=status, arrival=arrival, first_token=first, finished=finished,
+                num_prompt_tokens=chunk.num_prompt_tokens, num_output_tokens=chunk.num_output_tokens,
+            )  # fmt: skip
+            if chunk.num_draft_tokens:
+                self.metrics.spec_decode_num_draft_tokens.labels(*labels).inc(chunk.num_draft_tokens)
+                self.metrics.spec_decode_num_accepted_tokens.labels(*labels).inc(chunk.num_accepted_tokens)
+                self.metrics.spec_decode_num_drafts.labels(*labels).inc(chunk.num_spec_steps)
+            log_request(
+                request_id=req.request_id, api=api, model=req.model, worker=worker, status=status,
+                num_prompt_tokens=chunk.num_prompt_tokens, num_output_tokens=chunk.num_output_tokens,
+                ttft_s=None if first is None else first - arrival, duration_s=finished - arrival,
+                num_draft_tokens=chunk.num_draft_tokens, num_accepted_tokens=chunk.num_accepted_tokens,
+                num_spec_steps=chunk.num_spec_steps, error=error_text,
+            )  # fmt: skip
+
+    async def complete(self, req: GenerationRequest, api: str) -> tuple[str, Chunk]:
+        """Run a request to the end: (whole text, last chunk with the usage)."""
+        parts, last = [], Chunk("")
+        async for last in self.generate(req, api):
+            parts.append(last.text)
+        return "".join(parts), last
+
+    def abort(self, request_id: str) -> bool:
+        task = self.inflight.get(request_id)
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests, then wait up to `timeout_s` for in-flight ones."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+
+def _to_service_error(e: WorkerError, started: bool) -> errors.ServiceError:
+    if e.status == "INVALID_ARGUMENT":
+        code = "context_length_exceeded" if "context length" in e.message else None
+        return errors.BadRequestError(e.message, code=code)
+    if e.status == "DEADLINE_EXCEEDED":
+        return errors.TimeoutError_("the request ran past the gateway's request timeout", code="timeout")
+    if started:
+        return errors.ServiceUnavailableError(f"the worker failed mid-generation: {e.message}", code="worker_failed")
+    return errors.ServiceError(f"worker error: {e.message}", code="worker_error")

@@ -1,0 +1,72 @@
+"""POST /v1/completions — OpenAI text completions, whole or as SSE."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from service.gateway.dependencies import (SSE_DONE, SSE_HEADERS, ClientDisconnected, DispatcherDep, sse,
+                                          until_disconnect)  # fmt: skip
+from service.gateway.dispatch import new_request_id
+from service.gateway.errors import ServiceError
+from service.gateway.schemas import CompletionRequest
+from service.gateway.worker_client import Chunk, GenerationRequest
+
+router = APIRouter()
+
+
+def usage(chunk: Chunk) -> dict:
+    return {"prompt_tokens": chunk.num_prompt_tokens, "completion_tokens": chunk.num_output_tokens,
+            "total_tokens": chunk.num_prompt_tokens + chunk.num_output_tokens}  # fmt: skip
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request, dispatcher: DispatcherDep):
+    model, _ = dispatcher.resolve_model(body.model)
+    req = GenerationRequest(request_id=new_request_id("cmpl"), model=model, prompt=body.prompt_text,
+                            max_tokens=body.max_tokens, **body.sampling())  # fmt: skip
+    created = int(time.time())
+    if not body.stream:
+        try:
+            text, last = await until_disconnect(request, dispatcher.complete(req, "completions"))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        return JSONResponse({
+            "id": req.request_id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
+            "usage": usage(last),
+        })  # fmt: skip
+
+    chunks = dispatcher.generate(req, "completions")
+    try:  # errors before the first token are plain HTTP errors (400, 429, 503), not stream events
+        first = await until_disconnect(request, anext(chunks))
+    except ClientDisconnected:
+        return Response(status_code=499)
+
+    def frame(chunk: Chunk) -> bytes:
+        payload = {"id": req.request_id, "object": "text_completion", "created": created, "model": model,
+                   "choices": [{"index": 0, "text": chunk.text, "logprobs": None, "finish_reason": chunk.finish_reason}]}  # fmt: skip
+        if body.include_usage:
+            payload["usage"] = None
+        return sse(payload)
+
+    async def events():
+        last = first
+        try:
+            yield frame(first)
+            async for last in chunks:
+                yield frame(last)
+        except ServiceError as e:  # failed after streaming started: an error event inside the stream
+            yield sse(e.body())
+            yield SSE_DONE
+            return
+        finally:
+            await chunks.aclose()
+        if body.include_usage:
+            yield sse({"id": req.request_id, "object": "text_completion", "created": created, "model": model,
+                       "choices": [], "usage": usage(last)})  # fmt: skip
+        yield SSE_DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

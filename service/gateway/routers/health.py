@@ -1,0 +1,28 @@
+"""Probes and metrics, open without an API key: /health/live, /health/ready, /metrics."""
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.gateway.dependencies import DispatcherDep
+
+router = APIRouter()
+
+
+@router.get("/health/live")
+async def live():
+    return {"status": "ok"}
+
+
+@router.get("/health/ready")
+async def ready(dispatcher: DispatcherDep):
+    """200 while at least one worker is admitted and the gateway is not draining."""
+    if dispatcher.ready:
+        return {"status": "ready", "workers": sum(e.healthy for e in dispatcher.pool.endpoints.values())}
+    reason = "draining" if dispatcher.draining else "no ready worker"
+    return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    return Response(generate_latest(request.app.state.gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)

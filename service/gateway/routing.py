@@ -1,0 +1,184 @@
+"""Which worker serves a request: discovery, active health checks with ejection, and least-outstanding P2C.
+
+- Discovery: a static `host:port` list, or `dns://name:port` (a Kubernetes headless Service) re-resolved every
+  `dns_refresh_s`; addresses that appear are probed before they get traffic, addresses that vanish are dropped and
+  their channel closed once their last request ends.
+- Health: every `health_interval_s` each worker gets a `ServerReady` probe. `unhealthy_threshold` failures in a row
+  (or one refused connection, or a request that fails with UNAVAILABLE) eject it; one good probe re-admits it.
+- Choice: power of two choices over admitted workers serving the model, pick the one with fewer outstanding
+  requests (Mitzenmacher; production-stack's least-loaded router without a global scan).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+from dataclasses import dataclass, field
+
+import grpc
+
+from service.gateway.worker_client import WorkerClient
+
+logger = logging.getLogger(__name__)
+
+_PROBE_TIMEOUT_S = 1.0
+
+
+@dataclass(eq=False)
+class Endpoint:
+    address: str
+    client: WorkerClient
+    outstanding: int = 0
+    healthy: bool = False
+    consecutive_failures: int = 0
+    #: model name -> context length (0 = unknown)
+    models: dict[str, int] = field(default_factory=dict)
+
+
+class WorkerPool:
+    def __init__(self, workers: str, metrics, health_interval_s: float = 2.0, unhealthy_threshold: int = 2,
+                 dns_refresh_s: float = 5.0, rng: random.Random | None = None):  # fmt: skip
+        self.spec = workers
+        self.metrics = metrics
+        self.health_interval_s = health_interval_s
+        self.unhealthy_threshold = unhealthy_threshold
+        self.dns_refresh_s = dns_refresh_s
+        self.endpoints: dict[str, Endpoint] = {}
+        self._rng = rng or random.Random()
+        self._tasks: list[asyncio.Task] = []
+        self._changed = asyncio.Event()
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.spec.startswith("dns://"):
+            await self._resolve_dns()
+            self._tasks.append(asyncio.create_task(self._dns_loop()))
+        else:
+            for address in filter(None, (a.strip() for a in self.spec.split(","))):
+                self._add(address)
+        await self.probe_all()
+        self._tasks.append(asyncio.create_task(self._health_loop()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(e.client.close() for e in self.endpoints.values()), return_exceptions=True)
+
+    # -- routing ------------------------------------------------------------------------------------------------
+
+    @property
+    def has_healthy(self) -> bool:
+        return any(e.healthy for e in self.endpoints.values())
+
+    def models(self) -> dict[str, int]:
+        """Every model an admitted worker serves -> its smallest known context length."""
+        merged: dict[str, int] = {}
+        for endpoint in self.endpoints.values():
+            if endpoint.healthy:
+                for name, n in endpoint.models.items():
+                    known = merged.get(name)
+                    merged[name] = n if known is None else min(known, n) if known and n else known or n
+        return merged
+
+    def pick(self, model: str, exclude: set[str] = frozenset()) -> Endpoint | None:
+        candidates = [e for e in self.endpoints.values()
+                      if e.healthy and model in e.models and e.address not in exclude]  # fmt: skip
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        a, b = self._rng.sample(candidates, 2)
+        return a if a.outstanding <= b.outstanding else b
+
+    @contextlib.contextmanager
+    def track(self, endpoint: Endpoint):
+        """Count a request as outstanding on `endpoint` for the duration of the block."""
+        endpoint.outstanding += 1
+        gauge = self.metrics.num_requests_outstanding.labels(endpoint.address)
+        gauge.inc()
+        try:
+            yield endpoint
+        finally:
+            endpoint.outstanding -= 1
+            gauge.dec()
+
+    def eject(self, endpoint: Endpoint, reason: str) -> None:
+        if endpoint.healthy:
+            logger.warning("ejecting worker %s: %s", endpoint.address, reason)
+        endpoint.healthy = False
+        self.metrics.worker_healthy.labels(endpoint.address).set(0)
+
+    # -- health and discovery ----------------------------------------------------------------------------------
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(e) for e in list(self.endpoints.values())))
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        try:
+            ready = await endpoint.client.is_ready(_PROBE_TIMEOUT_S)
+            if ready and not endpoint.healthy:
+                endpoint.models = await endpoint.client.model_info(_PROBE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            ready = False
+            if e.code() == grpc.StatusCode.UNAVAILABLE:  # refused / reset: no point waiting for a second probe
+                endpoint.consecutive_failures = self.unhealthy_threshold
+        if ready and endpoint.models:
+            endpoint.consecutive_failures = 0
+            if not endpoint.healthy:
+                logger.info("admitting worker %s (models %s)", endpoint.address, sorted(endpoint.models))
+                endpoint.healthy = True
+                self.metrics.worker_healthy.labels(endpoint.address).set(1)
+                self._changed.set()
+            return
+        endpoint.consecutive_failures += 1
+        if endpoint.consecutive_failures >= self.unhealthy_threshold or not endpoint.healthy:
+            self.eject(endpoint, "not ready" if not ready else "serves no model")
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self.probe_all()
+
+    async def _dns_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.dns_refresh_s)
+            await self._resolve_dns()
+            await asyncio.gather(*(self._probe(e) for e in self.endpoints.values() if not e.healthy))
+
+    async def _resolve_dns(self) -> None:
+        host, _, port = self.spec.removeprefix("dns://").rpartition(":")
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except OSError as e:
+            logger.warning("cannot resolve %s: %s (keeping %d known workers)", host, e, len(self.endpoints))
+            return
+        addresses = {f"[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{port}" for info in infos}
+        for address in addresses - self.endpoints.keys():
+            self._add(address)
+        for address in self.endpoints.keys() - addresses:
+            endpoint = self.endpoints.pop(address)
+            logger.info("worker %s left DNS", address)
+            self.metrics.worker_healthy.remove(address) if address in _label_values(self.metrics.worker_healthy) else None
+            asyncio.create_task(self._close_when_idle(endpoint))
+
+    def _add(self, address: str) -> None:
+        self.endpoints[address] = Endpoint(address, WorkerClient(address))
+        self.metrics.worker_healthy.labels(address).set(0)
+
+    @staticmethod
+    async def _close_when_idle(endpoint: Endpoint) -> None:
+        while endpoint.outstanding:
+            await asyncio.sleep(1.0)
+        await endpoint.client.close()
+
+
+def _label_values(metric) -> set[str]:
+    return {labels[0] for labels in metric._metrics}

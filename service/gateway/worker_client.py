@@ -1,0 +1,168 @@
+"""One worker, seen from the gateway: a shared gRPC channel and the KServe v2 stubs that ship in tritonclient.
+
+Every generation goes through `ModelStreamInfer` (also non-streaming HTTP requests), so the gateway sees the first
+token (retry is only allowed before it), measures TTFT and inter-chunk latency itself, and cancels the worker's
+sequence by cancelling the call. A gRPC deadline bounds each call. Errors surface as `WorkerError(status, message)`
+with `status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from service import protocol as p
+
+_CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+
+
+@dataclass
+class GenerationRequest:
+    """What the gateway asks a worker for; either `prompt` (raw text) or `messages` (chat, rendered by the worker)."""
+
+    request_id: str
+    model: str
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    #: None = as many as fit in the context
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class Chunk:
+    """One worker response: new text plus the request's cumulative counts."""
+
+    text: str
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_spec_steps: int = 0
+    finish_reason: str | None = None
+    final: bool = False
+
+
+class WorkerError(Exception):
+    def __init__(self, status: str, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status, self.message = status, message
+
+
+def build_infer_request(req: GenerationRequest) -> service_pb2.ModelInferRequest:
+    """The TensorRT-LLM ensemble's inputs, as raw [1, 1] tensors (stop_words [1, n])."""
+    request = service_pb2.ModelInferRequest(model_name=req.model, id=req.request_id)
+    raw = request.raw_input_contents
+
+    def add(name: str, datatype: str, payload: bytes, n: int = 1) -> None:
+        request.inputs.add(name=name, datatype=datatype, shape=[1, n])
+        raw.append(payload)
+
+    def add_bytes(name: str, items: list[str]) -> None:
+        encoded = [s.encode("utf-8") for s in items]
+        add(name, "BYTES", b"".join(struct.pack("<I", len(b)) + b for b in encoded), len(encoded))
+
+    add_bytes(p.TEXT_INPUT, [req.prompt or ""])
+    if req.messages is not None:
+        add_bytes(p.EXTRA_MESSAGES_JSON, [json.dumps(req.messages, ensure_ascii=False)])
+    if req.max_tokens is not None:
+        add(p.MAX_TOKENS, "INT32", struct.pack("<i", req.max_tokens))
+    add(p.STREAM, "BOOL", b"\x01")
+    add(p.TEMPERATURE, "FP32", struct.pack("<f", req.temperature))
+    add(p.TOP_P, "FP32", struct.pack("<f", req.top_p))
+    add(p.TOP_K, "INT32", struct.pack("<i", req.top_k))
+    if req.seed is not None:
+        add(p.SEED, "UINT64", struct.pack("<Q", req.seed))
+    if req.stop:
+        add_bytes(p.STOP_WORDS, req.stop)
+    if req.ignore_eos:
+        add(p.EXTRA_IGNORE_EOS, "BOOL", b"\x01")
+    return request
+
+
+def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
+    values: dict[str, object] = {}
+    raw = response.raw_output_contents
+    for i, out in enumerate(response.outputs):
+        if raw:
+            data = raw[i]
+            if out.datatype == "BYTES":
+                values[out.name] = data[4 : 4 + struct.unpack_from("<I", data)[0]].decode("utf-8", "replace") if data else ""
+            elif out.datatype == "INT32" and len(data) >= 4:
+                values[out.name] = struct.unpack_from("<i", data)[0]
+        elif out.datatype == "BYTES" and out.contents.bytes_contents:
+            values[out.name] = out.contents.bytes_contents[0].decode("utf-8", "replace")
+        elif out.datatype == "INT32" and out.contents.int_contents:
+            values[out.name] = out.contents.int_contents[0]
+    final = response.parameters[p.FINAL_RESPONSE_PARAM].bool_param if p.FINAL_RESPONSE_PARAM in response.parameters else False
+    return Chunk(
+        text=values.get(p.TEXT_OUTPUT, ""), num_prompt_tokens=values.get(p.EXTRA_NUM_PROMPT_TOKENS, 0),
+        num_output_tokens=values.get(p.EXTRA_NUM_OUTPUT_TOKENS, 0), num_draft_tokens=values.get(p.NUM_DRAFT_TOKENS, 0),
+        num_accepted_tokens=values.get(p.NUM_ACCEPTED_TOKENS, 0), num_spec_steps=values.get(p.EXTRA_NUM_SPEC_STEPS, 0),
+        finish_reason=values.get(p.EXTRA_FINISH_REASON) or None, final=final,
+    )  # fmt: skip
+
+
+class WorkerClient:
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+
+    async def is_ready(self, timeout_s: float) -> bool:
+        response = await self.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=timeout_s)
+        return response.ready
+
+    async def model_info(self, timeout_s: float) -> dict[str, int]:
+        """Ready models served by this worker -> their context length (0 if the worker does not say)."""
+        index = await self.stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True), timeout=timeout_s)
+        models = {}
+        for model in index.models:
+            if model.state and model.state != "READY":
+                continue
+            max_seq_len = 0
+            try:
+                config = await self.stub.ModelConfig(service_pb2.ModelConfigRequest(name=model.name), timeout=timeout_s)
+                max_seq_len = int(config.config.parameters[p.MAX_SEQ_LEN_PARAM].string_value or 0)
+            except (grpc.RpcError, ValueError, KeyError):
+                pass
+            models[model.name] = max_seq_len
+        return models
+
+    async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+        """Stream one request; closing the iterator (or cancelling its task) cancels the call and the sequence."""
+        call = self.stub.ModelStreamInfer(iter([build_infer_request(req)]), timeout=timeout_s)
+        try:
+            async for response in call:
+                if response.error_message:
+                    raise WorkerError(*p.decode_stream_error(response.error_message))
+                chunk = parse_response(response.infer_response)
+                yield chunk
+                if chunk.final:
+                    return
+            raise WorkerError("UNAVAILABLE", "the worker closed the stream before the final response")
+        except grpc.aio.AioRpcError as e:
+            raise WorkerError(e.code().name, e.details() or e.code().name) from None
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        await self.channel.close()
