@@ -14,6 +14,8 @@ Failures become `grpc_<status>` error kinds (`grpc_unavailable` when the server 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import math
 import time
@@ -24,6 +26,7 @@ from loadtest.records import RequestInput, RequestOutput
 from service.protos.deepspec.v1 import completions_pb2, completions_pb2_grpc
 
 STREAMS_PER_CHANNEL = 64
+CONNECT_TIMEOUT_S = 2.0
 
 
 class GrpcClient:
@@ -43,6 +46,10 @@ class GrpcClient:
         options = [("grpc.use_local_subchannel_pool", 1)]
         self._channels = [grpc.aio.insecure_channel(self.address, options=options) for _ in range(self.num_channels)]
         self._stubs = itertools.cycle([completions_pb2_grpc.CompletionsStub(c) for c in self._channels])
+        # connect now, so the first requests' TTFT is not the TCP + HTTP/2 handshake; a server that is down is
+        # not an error here: its requests will fail as grpc_unavailable and be counted.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(c.channel_ready() for c in self._channels)), CONNECT_TIMEOUT_S)
 
     async def aclose(self) -> None:
         for c in self._channels:

@@ -91,7 +91,9 @@ def test_status_codes_become_error_kinds():
     assert not out.success and out.error_kind == "grpc_resource_exhausted" and out.error == "queue full"
 
 
-def test_server_down_is_unavailable():
+def test_server_down_is_unavailable(monkeypatch):
+    monkeypatch.setattr("loadtest.clients.grpc.CONNECT_TIMEOUT_S", 0.2)
+
     async def go():
         async with GrpcClient(f"127.0.0.1:{free_port()}", model=None, timeout_s=5) as c:
             return await c.send(RequestInput("a"))
