@@ -82,7 +82,8 @@ spec:
   {{- with $w.runtimeClassName }}
   runtimeClassName: {{ . }}
   {{- end }}
-  terminationGracePeriodSeconds: {{ $w.terminationGracePeriodSeconds }}
+  # Drain must end before the kubelet's SIGKILL.
+  terminationGracePeriodSeconds: {{ add $w.drainTimeoutSeconds 15 }}
   securityContext:
     {{- toYaml .Values.podSecurityContext | nindent 4 }}
   {{- if eq $w.engines.source "export" }}
@@ -150,6 +151,10 @@ spec:
         - --device=$(DEEPSPEC_DEVICE)
         - --dtype=$(DEEPSPEC_DTYPE)
         - --max-batch-size=$(DEEPSPEC_MAX_BATCH_SIZE)
+        - --num-speculative-tokens=$(DEEPSPEC_NUM_SPECULATIVE_TOKENS)
+        - --max-seq-len=$(DEEPSPEC_MAX_SEQ_LEN)
+        - --max-queue=$(DEEPSPEC_MAX_QUEUE)
+        - --drain-timeout-s={{ $w.drainTimeoutSeconds }}
         {{- if ne $w.engines.source "none" }}
         - --engine-dir=$(DEEPSPEC_ENGINE_DIR)
         {{- end }}
