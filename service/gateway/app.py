@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from service.gateway.dispatch import Dispatcher
-from service.gateway.errors import AuthenticationError, PayloadTooLargeError, error_response, install_error_handlers
+from service.gateway.errors import (AuthenticationError, BadRequestError, PayloadTooLargeError, error_response,
+                                    install_error_handlers)  # fmt: skip
 from service.gateway.routers import chat, completions, health, models
 from service.gateway.routing import WorkerPool
 from service.metrics import GatewayMetrics
@@ -88,13 +89,22 @@ class GuardMiddleware:
                 return await error_response(too_large)(scope, receive, send)
             body.append(message.get("body", b""))
             more = message.get("more_body", False)
+        payload = b"".join(body)
+        try:
+            payload.decode("utf-8")
+        except UnicodeDecodeError as e:
+            error = BadRequestError(f"the body is not valid UTF-8 (byte {e.start}): send JSON encoded as UTF-8")
+            return await error_response(error)(scope, receive, send)
+        # OpenAI parses the body as JSON whatever the content type says; so does the gateway.
+        scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                 + [(b"content-type", b"application/json")]}  # fmt: skip
         replayed = False
 
         async def replay():
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(body), "more_body": False}
+                return {"type": "http.request", "body": payload, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)

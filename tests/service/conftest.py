@@ -1,0 +1,135 @@
+"""Real servers for the service tests: `python -m service worker|gateway` processes on free ports.
+
+Like vLLM's `RemoteOpenAIServer`: pick a free port, start the process, poll its health, fail with its log if it
+dies, terminate it on exit. Most tests use the stub engine (`--target stub`), which starts in about a second.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], log_path: Path, env: dict | None = None):
+        self.args, self.log_path = args, log_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ServerProcess:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "service", *self.args], cwd=REPO, env=self.env,
+                                     stdout=self._log, stderr=subprocess.STDOUT)  # fmt: skip
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_until(self, check, timeout_s: float = 60.0, what: str = "ready") -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"server exited with {self.proc.returncode} before {what}:\n{self.log()[-4000:]}")
+            try:
+                if check():
+                    return
+            except Exception:
+                pass
+            time.sleep(0.1)
+        pytest.fail(f"server not {what} after {timeout_s} s:\n{self.log()[-4000:]}")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+class Worker(ServerProcess):
+    def __init__(self, tmp: Path, *extra: str, port: int | None = None, name: str = "worker"):
+        self.port = port or free_port()
+        self.metrics_port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        super().__init__(["worker", "--target", "stub", "--host", "127.0.0.1", "--port", str(self.port),
+                          "--metrics-port", str(self.metrics_port), "--drain-timeout-s", "2", *extra],
+                         tmp / f"{name}-{self.port}.log")  # fmt: skip
+
+    def wait_ready(self, timeout_s: float = 60.0) -> Worker:
+        import tritonclient.grpc as triton
+
+        client = triton.InferenceServerClient(self.address)
+        self.wait_until(lambda: client.is_server_ready(client_timeout=1), timeout_s)
+        client.close()
+        return self
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics").text
+
+
+class Gateway(ServerProcess):
+    def __init__(self, tmp: Path, workers: str, *extra: str, env: dict | None = None):
+        self.http_port, self.grpc_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        super().__init__(["gateway", "--workers", workers, "--host", "127.0.0.1", "--http-port", str(self.http_port),
+                          "--grpc-port", str(self.grpc_port), "--drain-timeout-s", "5", "--health-interval-s", "0.3",
+                          *extra], tmp / f"gateway-{self.http_port}.log", env)  # fmt: skip
+
+    def wait_ready(self, timeout_s: float = 60.0) -> Gateway:
+        self.wait_until(lambda: httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200, timeout_s)
+        return self
+
+
+def metric_value(text: str, name: str, **labels) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (Prometheus text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+@pytest.fixture(scope="module")
+def stub_worker(tmp_path_factory):
+    worker = Worker(tmp_path_factory.mktemp("worker"), "--stub-step-ms", "1").start()
+    try:
+        yield worker.wait_ready()
+    finally:
+        worker.terminate()
+
+
+@pytest.fixture(scope="module")
+def gateway(stub_worker, tmp_path_factory):
+    gw = Gateway(tmp_path_factory.mktemp("gateway"), stub_worker.address).start()
+    try:
+        yield gw.wait_ready()
+    finally:
+        gw.terminate()

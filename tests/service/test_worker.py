@@ -1,0 +1,162 @@
+"""`tritonclient.grpc` against a real worker process (stub engine): infer, stream_infer, metadata, errors, slots."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
+
+from service.worker.stub_engine import STUB_TEXT
+from tests.service.conftest import Worker, metric_value
+
+pytestmark = pytest.mark.integration
+
+
+def inputs(prompt: str | bytes = "Hello", max_tokens: int = 20, stream: bool | None = None, **extra):
+    def tensor(name, array, dtype):
+        t = triton.InferInput(name, list(array.shape), dtype)
+        t.set_data_from_numpy(array)
+        return t
+
+    raw = prompt if isinstance(prompt, bytes) else prompt.encode()
+    out = [tensor("text_input", np.array([[raw]], dtype=object), "BYTES"),
+           tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32")]  # fmt: skip
+    if stream is not None:
+        out.append(tensor("stream", np.array([[stream]], dtype=bool), "BOOL"))
+    if "stop_words" in extra:
+        out.append(tensor("stop_words", np.array([[s.encode() for s in extra["stop_words"]]], dtype=object), "BYTES"))
+    if "temperature" in extra:
+        out.append(tensor("temperature", np.array([[extra["temperature"]]], dtype=np.float32), "FP32"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def client(stub_worker):
+    c = triton.InferenceServerClient(stub_worker.address)
+    yield c
+    c.close()
+
+
+def test_metadata_and_config(client):
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("stub")
+    meta = client.get_model_metadata("stub", as_json=True)
+    names = {t["name"] for t in meta["inputs"]}
+    assert {"text_input", "max_tokens", "stream", "temperature", "top_k", "top_p", "seed", "stop_words", "end_id"} <= names
+    assert {"text_output", "num_draft_tokens", "num_accepted_tokens"} <= {t["name"] for t in meta["outputs"]}
+    config = client.get_model_config("stub", as_json=True)["config"]
+    assert config["model_transaction_policy"]["decoupled"] is True
+    assert config["parameters"]["max_seq_len"]["string_value"] == "2048"
+
+
+def test_infer_returns_text_and_exact_counts(client):
+    result = client.infer("stub", inputs("Hello", max_tokens=20))
+    assert result.as_numpy("text_output")[0][0].decode() == STUB_TEXT[:20]
+    assert result.as_numpy("num_prompt_tokens")[0][0] == 5  # byte-level stub tokenizer
+    assert result.as_numpy("num_output_tokens")[0][0] == 20
+    assert result.as_numpy("finish_reason")[0][0] == b"length"
+    assert result.as_numpy("num_accepted_tokens")[0][0] <= result.as_numpy("num_draft_tokens")[0][0]
+
+
+def test_stop_words_cut_the_text(client):
+    result = client.infer("stub", inputs("Hi", max_tokens=40, stop_words=["fox"]))
+    assert result.as_numpy("text_output")[0][0].decode() == "The quick brown "
+    assert result.as_numpy("finish_reason")[0][0] == b"stop"
+
+
+def test_stream_infer_streams_deltas_and_flags_the_final_response(client):
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer("stub", inputs("Hello", max_tokens=30, stream=True), request_id="s1")
+        texts = []
+        while True:
+            result, error = responses.get(timeout=10)
+            assert error is None, error
+            texts.append(result.as_numpy("text_output")[0][0].decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+    assert len(texts) > 3  # several steps, each a chunk
+    assert "".join(texts) == STUB_TEXT[:30]
+    assert result.as_numpy("num_output_tokens")[0][0] == 30
+    assert result.get_response().id == "s1"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (dict(prompt=""), "prompt is empty"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=5000), "maximum context length"),
+        (dict(prompt=b"\xff\xfe"), "UTF-8"),
+        (dict(temperature=-1.0), "temperature"),
+    ],
+)
+def test_bad_input_is_invalid_argument(client, args, message):
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("stub", inputs(**args))
+    assert "INVALID_ARGUMENT" in str(info.value.status()) and message in info.value.message()
+    assert client.infer("stub", inputs("ok", max_tokens=3)).as_numpy("text_output")[0][0] == b"The"
+
+
+def test_unknown_model_is_not_found(client):
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("nope", inputs())
+    assert "NOT_FOUND" in str(info.value.status())
+
+
+def test_closed_stream_frees_the_slot(tmp_path):
+    """A client that goes away mid-stream: the worker aborts the sequence and the running gauge drops to 0."""
+    worker = Worker(tmp_path, "--stub-step-ms", "20", "--max-batch-size", "1").start().wait_ready()
+    try:
+        client = triton.InferenceServerClient(worker.address)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer("stub", inputs("Hello", max_tokens=2000, stream=True))
+        responses.get(timeout=10)
+        assert metric_value(worker.metrics(), "deepspec:num_requests_running") == 1
+        client.stop_stream(cancel_requests=True)
+        deadline = time.monotonic() + 5
+        while metric_value(worker.metrics(), "deepspec:num_requests_running") != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = worker.metrics()
+        assert metric_value(text, "deepspec:num_requests_running") == 0
+        assert metric_value(text, "deepspec:request_success_total", status="abort") == 1
+        # the single slot is free again: a new request completes at once
+        assert client.infer("stub", inputs("x", max_tokens=2)).as_numpy("num_output_tokens")[0][0] == 2
+        client.close()
+    finally:
+        worker.terminate()
+
+
+def test_full_queue_is_resource_exhausted(tmp_path):
+    worker = Worker(tmp_path, "--stub-step-ms", "20", "--max-batch-size", "1", "--max-queue", "0").start().wait_ready()
+    try:
+        client = triton.InferenceServerClient(worker.address)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer("stub", inputs("Hello", max_tokens=200, stream=True))
+        responses.get(timeout=10)  # the one slot is taken
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("stub", inputs("x", max_tokens=2))
+        assert "RESOURCE_EXHAUSTED" in str(info.value.status())
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    finally:
+        worker.terminate()
+
+
+def test_worker_metrics_cover_every_worker_name(stub_worker, client):
+    from service import metrics
+
+    client.infer("stub", inputs("Hello", max_tokens=20))
+    text = stub_worker.metrics()
+    worker_names = set(metrics.ALL_METRIC_NAMES) - {n for n in metrics.ALL_METRIC_NAMES if ":gateway_" in n}
+    for name in worker_names:
+        assert name in text, name
+    assert metric_value(text, "deepspec:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
