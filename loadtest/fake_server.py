@@ -172,6 +172,8 @@ class FakeOpenAIServer:
         for i, text in enumerate(chunks):
             if i and cfg.itl_s:
                 await asyncio.sleep(cfg.itl_s)
+            if w.is_closing():  # the client went away mid-stream
+                return False
             if fault == "malformed" and i == len(chunks) // 2:
                 _chunk(w, b"data: {this is not json\n\n")
                 continue
