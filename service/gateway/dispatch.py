@@ -38,6 +38,7 @@ class Dispatcher:
         self.draining = False
         #: request id -> the task consuming it (for deepspec.v1.Completions/Abort)
         self.inflight: dict[str, asyncio.Task] = {}
+        self._aborted: set[str] = set()
 
     @property
     def ready(self) -> bool:
@@ -90,6 +91,7 @@ class Dispatcher:
                                 self.metrics.inter_token_latency.labels(req.model, worker).observe(now - last)
                             last = now
                             yield chunk
+                            self.inflight[req.request_id] = asyncio.current_task()  # the consumer may change tasks
                     status = chunk.finish_reason or "stop"
                     return
                 except WorkerError as e:
@@ -111,12 +113,17 @@ class Dispatcher:
             raise
         except (asyncio.CancelledError, GeneratorExit):
             status = "abort"
+            if req.request_id in self._aborted:  # Abort(id): end the call with a clear error, not a bare cancel
+                asyncio.current_task().uncancel()
+                error_text = "aborted by an Abort call"
+                raise errors.RequestAbortedError(f"request {req.request_id} was aborted", code="aborted") from None
             raise
         except Exception as e:
             status, error_text = "internal_error", f"{type(e).__name__}: {e}"
             raise
         finally:
             self.inflight.pop(req.request_id, None)
+            self._aborted.discard(req.request_id)
             finished = time.perf_counter()
             labels = (req.model, worker or "none")
             self.metrics.observe_request(
@@ -146,6 +153,7 @@ class Dispatcher:
         task = self.inflight.get(request_id)
         if task is None:
             return False
+        self._aborted.add(request_id)
         task.cancel()
         return True
 

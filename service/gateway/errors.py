@@ -61,6 +61,12 @@ class ServiceUnavailableError(ServiceError):
     http_status, type, grpc_status = 503, "service_unavailable", grpc.StatusCode.UNAVAILABLE
 
 
+class RequestAbortedError(ServiceError):
+    """Ended by an explicit Abort call (the client closing its own stream needs no answer)."""
+
+    http_status, type, grpc_status = 499, "aborted", grpc.StatusCode.CANCELLED
+
+
 class TimeoutError_(ServiceError):
     http_status, type, grpc_status = 504, "timeout", grpc.StatusCode.DEADLINE_EXCEEDED
 

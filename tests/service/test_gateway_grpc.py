@@ -1,0 +1,103 @@
+"""The generated grpcio client (service/protos) against the gateway's gRPC API; reflection; health."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from service.protos.deepspec.v1 import completions_pb2 as pb
+from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+from service.worker.stub_engine import STUB_TEXT
+from tests.service.conftest import Gateway, Worker, metric_value
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def channel(gateway):
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as ch:
+        yield ch
+
+
+def test_complete(channel):
+    response = pb_grpc.CompletionsStub(channel).Complete(pb.CompletionRequest(prompt="Hello", max_tokens=20))
+    assert response.text == STUB_TEXT[:20] and response.finish_reason == "length" and response.model == "stub"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.total_tokens) == (5, 20, 25)
+    assert response.usage.num_accepted_tokens <= response.usage.num_draft_tokens
+
+
+def test_complete_stream_with_messages(channel):
+    request = pb.CompletionRequest(messages=[pb.ChatMessage(role="user", content="Hi")], max_tokens=30)
+    chunks = list(pb_grpc.CompletionsStub(channel).CompleteStream(request))
+    assert len(chunks) > 3 and "".join(c.text for c in chunks) == STUB_TEXT[:30]
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 30
+    assert chunks[-1].usage.prompt_tokens == len("<|user|>Hi\n<|assistant|>")
+
+
+def test_errors_map_to_status_codes(channel):
+    stub = pb_grpc.CompletionsStub(channel)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Complete(pb.CompletionRequest(prompt="x", max_tokens=100_000))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "context length" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Complete(pb.CompletionRequest(prompt="x", model="nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Complete(pb.CompletionRequest())
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_reflection_lists_the_service(channel):
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"deepspec.v1.Completions", "grpc.health.v1.Health"} <= names
+
+
+def test_health_is_serving(channel):
+    stub = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "deepspec.v1.Completions"):
+        assert stub.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_cancel_and_abort_free_the_worker_slot(tmp_path):
+    """Closing a gRPC stream or calling Abort cancels the worker's sequence."""
+    worker = Worker(tmp_path, "--stub-step-ms", "20", "--max-batch-size", "2").start().wait_ready()
+    gw = Gateway(tmp_path, worker.address).start().wait_ready()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch:
+            stub = pb_grpc.CompletionsStub(ch)
+            call = stub.CompleteStream(pb.CompletionRequest(prompt="Hi", max_tokens=1500))
+            next(call)
+            victim_errors = []
+
+            def victim():
+                try:
+                    list(stub.CompleteStream(pb.CompletionRequest(request_id="victim", prompt="Hi", max_tokens=1500)))
+                except grpc.RpcError as e:
+                    victim_errors.append(e)
+
+            thread = threading.Thread(target=victim)
+            thread.start()
+            deadline = time.monotonic() + 5
+            while metric_value(worker.metrics(), "deepspec:num_requests_running") < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert metric_value(worker.metrics(), "deepspec:num_requests_running") == 2
+            call.cancel()
+            assert stub.Abort(pb.AbortRequest(request_id="victim")).found
+            thread.join(5)
+            assert victim_errors[0].code() == grpc.StatusCode.CANCELLED and "aborted" in victim_errors[0].details()
+            assert not stub.Abort(pb.AbortRequest(request_id="victim")).found
+            deadline = time.monotonic() + 5
+            while metric_value(worker.metrics(), "deepspec:num_requests_running") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert metric_value(worker.metrics(), "deepspec:num_requests_running") == 0
+            assert metric_value(worker.metrics(), "deepspec:request_success_total", status="abort") == 2
+    finally:
+        gw.terminate()
+        worker.terminate()
