@@ -3,10 +3,13 @@
     python helm/tools/dashboards.py            # rewrite the JSON files
     python helm/tools/dashboards.py --check    # exit 1 when the committed JSON is stale (tests run this)
 
-Every query reads the gateway's copies of the metrics in service/metrics.py: they carry a `worker` label and exist
-for both worker runtimes (a stock Triton worker exports none of ours). The `worker` variable's "All" value is `.+`,
-so the workers' own unlabelled series are never added on top. Grafana's `$__rate_interval` keeps rates valid at
-any scrape interval. Standard library only, so the chart can be regenerated from any checkout.
+Two sources, both named in service/metrics.py:
+- the gateway's copies (`GW`): per request, labels `model` and `worker`, for every worker runtime. The `worker`
+  variable's "All" value is `.+`, so the workers' own unlabelled copies of the same names are never added on top;
+- the workers' own series (`WK`): scheduler state, queue time, per-position acceptance and the acceptance-length
+  histogram, which only the engine sees. `worker=""` keeps the gateway's copies out; `instance` tells the workers
+  apart. A stock Triton worker exports none of these, so those panels stay empty with `worker.runtime=triton`.
+Grafana's `$__rate_interval` keeps rates valid at any scrape interval. Standard library only.
 """
 
 from __future__ import annotations
@@ -18,23 +21,25 @@ from pathlib import Path
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "deepspec" / "dashboards"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'namespace=~"$namespace", model=~"$model", worker=~"$worker"'
+GW = 'namespace=~"$namespace", model=~"$model", worker=~"$worker"'
+WK = 'namespace=~"$namespace", model=~"$model", instance=~"$instance", worker=""'
+ROUTING = 'namespace=~"$namespace", worker=~"$worker"'  # the gateway's routing state has no `model`
 RATE = "$__rate_interval"
 OK_STATUS = "stop|length"  # finish reasons; every other `status` is an error kind
 ERRORS = f'status!~"{OK_STATUS}"'
 QUANTILES = (0.5, 0.9, 0.99)
 
 
-def rate(metric: str, extra: str = "") -> str:
+def rate(metric: str, extra: str = "", sel: str = GW) -> str:
     """`rate(metric{selector}[$__rate_interval])`."""
-    selector = SEL + (", " + extra if extra else "")
+    selector = sel + (", " + extra if extra else "")
     return f"rate({metric}{{{selector}}}[{RATE}])"
 
 
-def quantile(q: float, histogram: str, by: str = "") -> str:
-    """p-quantile of a `deepspec:*_seconds` histogram, optionally kept apart per label."""
+def quantile(q: float, histogram: str, by: str = "", sel: str = GW) -> str:
+    """p-quantile of a histogram, optionally kept apart per label."""
     keep = f"le, {by}" if by else "le"
-    return f"histogram_quantile({q}, sum by ({keep}) ({rate(histogram + '_bucket')}))"
+    return f"histogram_quantile({q}, sum by ({keep}) ({rate(histogram + '_bucket', sel=sel)}))"
 
 
 def target(expr: str, legend: str, ref: str = "A", **extra) -> dict:
@@ -56,8 +61,8 @@ def panel(title: str, targets: list[dict], unit: str, *, kind: str = "timeseries
             "gridPos": {"w": w, "h": h}}
 
 
-def latency_panel(title: str, histogram: str, description: str) -> dict:
-    return panel(title, [target(quantile(q, histogram), f"p{round(q * 100)}") for q in QUANTILES], "s",
+def latency_panel(title: str, histogram: str, description: str, sel: str = GW) -> dict:
+    return panel(title, [target(quantile(q, histogram, sel=sel), f"p{round(q * 100)}") for q in QUANTILES], "s",
                  description=description)
 
 
@@ -78,8 +83,11 @@ def variables() -> list[dict]:
          "current": {}, "hide": 0},
         query_var("namespace", "Namespace", f"label_values({series}, namespace)", ".*"),
         query_var("model", "Model", f'label_values({series}{{namespace=~"$namespace"}}, model)', ".*"),
-        query_var("worker", "Worker", f'label_values({series}{{namespace=~"$namespace", model=~"$model"}}, worker)',
-                  ".+"),
+        query_var("worker", "Worker (as the gateway routes)",
+                  f'label_values({series}{{namespace=~"$namespace", model=~"$model"}}, worker)', ".+"),
+        query_var("instance", "Worker metrics endpoint",
+                  'label_values(deepspec:num_requests_running{namespace=~"$namespace", model=~"$model"}, instance)',
+                  ".*"),
     ]
 
 
@@ -128,16 +136,25 @@ def overview() -> dict:
                       "Arrival to last token."),
         row("Queue"),
         latency_panel("Queue time", "deepspec:request_queue_time_seconds",
-                      "Time a request waited for a batch slot."),
+                      "Time a request waited for a batch slot (workers' own series).", sel=WK),
         panel("Requests running and waiting", [
-            target(f"sum(deepspec:num_requests_running{{{SEL}}})", "running"),
-            target(f"sum(deepspec:num_requests_waiting{{{SEL}}})", "waiting"),
-        ], "short", description="Running: in a worker's batch. Waiting: queued for a slot."),
+            target(f"sum(deepspec:num_requests_running{{{WK}}})", "running"),
+            target(f"sum(deepspec:num_requests_waiting{{{WK}}})", "waiting"),
+        ], "short", description="Running: in a worker's batch. Waiting: queued for a slot (workers' own series)."),
         row("Tokens"),
         panel("Tokens per second", [
             target(f"sum({rate('deepspec:prompt_tokens_total')})", "prompt (in)"),
             target(f"sum({rate('deepspec:generation_tokens_total')})", "generated (out)"),
         ], "short", description="Prompt tokens read and tokens generated per second.", w=24),
+        row("Routing"),
+        panel("Healthy workers", [target(
+            f"count(max by (worker) (deepspec:gateway_worker_healthy{{{ROUTING}}}) == 1)", "admitted")], "short",
+              kind="stat", w=6, description="Workers the gateway routes to (ejected ones are excluded)."),
+        panel("Outstanding requests", [target(
+            f"sum(deepspec:gateway_num_requests_outstanding{{{ROUTING}}})", "outstanding")], "short", w=9,
+              description="Requests sent to a worker and not finished."),
+        panel("Retries", [target(f"sum({rate('deepspec:gateway_retries_total', sel=ROUTING)})", "retries/s")],
+              "reqps", w=9, description="Requests moved to another worker before their first token."),
     ])
 
 
@@ -145,7 +162,8 @@ def spec_decode() -> dict:
     accepted = rate("deepspec:spec_decode_num_accepted_tokens_total")
     drafts = rate("deepspec:spec_decode_num_drafts_total")
     draft_tokens = rate("deepspec:spec_decode_num_draft_tokens_total")
-    per_pos = rate("deepspec:spec_decode_num_accepted_tokens_per_pos_total")
+    per_pos = rate("deepspec:spec_decode_num_accepted_tokens_per_pos_total", sel=WK)
+    worker_drafts = rate("deepspec:spec_decode_num_drafts_total", sel=WK)
     return dashboard("deepspec-spec-decode", "DeepSpec / Speculative decoding",
                      "How much of each draft the target accepts, and what that buys.", [
         panel("Acceptance rate", [target(f"sum by (model) ({accepted}) / sum by (model) ({draft_tokens})",
@@ -156,7 +174,7 @@ def spec_decode() -> dict:
               description="Tokens per verify step, bonus token included: 1 + accepted / drafts. "
                           "1.0 means the draft never helps."),
         panel("Acceptance by draft position", [
-            target(f"sum by (position) ({per_pos}) / ignoring(position) group_left() sum({drafts})",
+            target(f"sum by (position) ({per_pos}) / ignoring(position) group_left() sum({worker_drafts})",
                    "position {{position}}"),
         ], "percentunit", kind="bargauge",
               description="Share of drafts whose token at each position was accepted; it can only fall "
@@ -167,38 +185,50 @@ def spec_decode() -> dict:
             target(f"sum({drafts})", "drafts (verify steps)"),
         ], "short", description="Draft tokens the drafter proposed and the target accepted, per second."),
         panel("Acceptance length percentiles", [
-            target(quantile(q, "deepspec:spec_decode_acceptance_length"), f"p{round(q * 100)}") for q in QUANTILES
+            target(quantile(q, "deepspec:spec_decode_acceptance_length", sel=WK), f"p{round(q * 100)}")
+            for q in QUANTILES
         ], "short", description="Tokens emitted per verify step, bonus token included."),
         panel("Acceptance length distribution", [
-            target(f"sum by (le) ({rate('deepspec:spec_decode_acceptance_length_bucket')})", "{{le}}",
+            target(f"sum by (le) ({rate('deepspec:spec_decode_acceptance_length_bucket', sel=WK)})", "{{le}}",
                    format="heatmap"),
         ], "short", kind="heatmap", description="Histogram of tokens emitted per verify step."),
     ])
 
 
 def workers() -> dict:
-    by = "worker"
+    def per_worker(title: str, expr: str, unit: str, description: str = "") -> dict:
+        return panel(title, [target(expr, "{{worker}}")], unit, description=description)
+
+    def per_instance(title: str, expr: str, unit: str, description: str = "") -> dict:
+        return panel(title, [target(expr, "{{instance}}")], unit, description=description)
+
+    requests = "deepspec:request_success_total"
     return dashboard("deepspec-workers", "DeepSpec / Workers",
-                     "One line per worker, as the gateway sees it; pick workers with the `worker` variable.", [
-        panel("Request rate per worker", [target(f"sum by (worker) ({rate('deepspec:request_success_total')})",
-                                                 "{{worker}}")], "reqps"),
-        panel("Error ratio per worker", [target(
-            f"sum by (worker) ({rate('deepspec:request_success_total', ERRORS)})"
-            f" / sum by (worker) ({rate('deepspec:request_success_total')})", "{{worker}}")], "percentunit"),
-        panel("p99 time to first token per worker", [
-            target(quantile(0.99, "deepspec:time_to_first_token_seconds", by), "{{worker}}")], "s"),
-        panel("p99 time per output token per worker", [
-            target(quantile(0.99, "deepspec:time_per_output_token_seconds", by), "{{worker}}")], "s"),
-        panel("Running per worker", [target(f"sum by (worker) (deepspec:num_requests_running{{{SEL}}})",
-                                            "{{worker}}")], "short"),
-        panel("Waiting per worker", [target(f"sum by (worker) (deepspec:num_requests_waiting{{{SEL}}})",
-                                            "{{worker}}")], "short"),
-        panel("Generated tokens per second per worker", [
-            target(f"sum by (worker) ({rate('deepspec:generation_tokens_total')})", "{{worker}}")], "short"),
-        panel("Acceptance rate per worker", [target(
-            f"sum by (worker) ({rate('deepspec:spec_decode_num_accepted_tokens_total')})"
-            f" / sum by (worker) ({rate('deepspec:spec_decode_num_draft_tokens_total')})", "{{worker}}")],
-              "percentunit"),
+                     "Per worker: as the gateway routes to it (`worker`) and from its own metrics (`instance`).", [
+        row("As the gateway sees each worker"),
+        per_worker("Request rate per worker", f"sum by (worker) ({rate(requests)})", "reqps"),
+        per_worker("Error ratio per worker",
+                   f"sum by (worker) ({rate(requests, ERRORS)}) / sum by (worker) ({rate(requests)})", "percentunit"),
+        per_worker("p99 time to first token per worker",
+                   quantile(0.99, "deepspec:time_to_first_token_seconds", "worker"), "s"),
+        per_worker("p99 time per output token per worker",
+                   quantile(0.99, "deepspec:time_per_output_token_seconds", "worker"), "s"),
+        per_worker("Generated tokens per second per worker",
+                   f"sum by (worker) ({rate('deepspec:generation_tokens_total')})", "short"),
+        per_worker("Acceptance rate per worker",
+                   f"sum by (worker) ({rate('deepspec:spec_decode_num_accepted_tokens_total')})"
+                   f" / sum by (worker) ({rate('deepspec:spec_decode_num_draft_tokens_total')})", "percentunit"),
+        per_worker("Outstanding requests per worker",
+                   f"sum by (worker) (deepspec:gateway_num_requests_outstanding{{{ROUTING}}})", "short"),
+        per_worker("Admitted to routing", f"min by (worker) (deepspec:gateway_worker_healthy{{{ROUTING}}})", "bool",
+                   "1 while the gateway routes to the worker, 0 while its health checks eject it."),
+        per_worker("Retries away from each worker",
+                   f"sum by (worker) ({rate('deepspec:gateway_retries_total', sel=ROUTING)})", "reqps"),
+        row("From each worker's own metrics"),
+        per_instance("Running per worker", f"sum by (instance) (deepspec:num_requests_running{{{WK}}})", "short"),
+        per_instance("Waiting per worker", f"sum by (instance) (deepspec:num_requests_waiting{{{WK}}})", "short"),
+        per_instance("p99 queue time per worker",
+                     quantile(0.99, "deepspec:request_queue_time_seconds", "instance", sel=WK), "s"),
     ])
 
 

@@ -204,7 +204,7 @@ def test_hpa_scales_on_cpu_and_optionally_on_a_prometheus_adapter_metric():
     assert "replicas" not in workload(render(), "gateway")["spec"]  # the HPA owns the replica count
     hpa = one(render(VALUE_SETS["endpointslices"]), "HorizontalPodAutoscaler")
     pods_metric = hpa["spec"]["metrics"][1]["pods"]
-    assert pods_metric["metric"]["name"] == "deepspec_num_requests_running"
+    assert pods_metric["metric"]["name"] == "deepspec_gateway_num_requests_outstanding"
     assert ":" not in pods_metric["metric"]["name"]
     docs = render(VALUE_SETS["no-auth-no-hpa"])
     assert not find(docs, "HorizontalPodAutoscaler") and workload(docs, "gateway")["spec"]["replicas"] == 2
