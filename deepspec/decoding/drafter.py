@@ -14,6 +14,9 @@ Lifecycle of one sequence in slot s:
         extend([s, ...], committed, features)   # accepted drafts + the target's own next token
     release(s)
 
+The engine keeps running sequences in slots 0..n-1 so that a batched forward reads its caches as views; when a
+sequence leaves, the last one is moved into the hole and the drafter hears `move_slot(src, dst)`.
+
 `features[b, j]` is the target's feature vector (the concatenated outputs of `feature_layers`) at the position
 just *before* `tokens[b, j]`, i.e. the hidden state whose logits predicted that token. Eagle3 pairs them exactly
 like that; prompt lookup ignores them.
@@ -80,6 +83,10 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         """Guess up to k tokens that follow each slot's last committed token."""
+
+    @abstractmethod
+    def move_slot(self, src: int, dst: int) -> None:
+        """The sequence in slot src now lives in slot dst (the engine keeps running sequences in 0..n-1)."""
 
     def release(self, slot: int) -> None:
         """Forget the sequence in `slot` (finished or aborted)."""

@@ -78,6 +78,8 @@ class GenerationResult:
     num_accepted_tokens: int = 0
     #: accepted_per_position[i] = rounds in which draft slot i was accepted
     accepted_per_position: list[int] = field(default_factory=list)
+    #: proposed_per_position[i] = rounds in which draft slot i was proposed (survival = accepted / proposed)
+    proposed_per_position: list[int] = field(default_factory=list)
 
     @property
     def acceptance_length(self) -> float:

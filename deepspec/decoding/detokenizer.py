@@ -1,0 +1,66 @@
+"""Incremental detokenization and stop strings, with work bounded per step (not by the output length).
+
+Tokens are decoded in a short sliding window (after vLLM's prefix/read offsets): the text of the window minus
+the text of its already-emitted part is the new text. A trailing U+FFFD means a multi-byte character is still
+incomplete, so it is held back until the next token completes it.
+"""
+
+from __future__ import annotations
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self._max_stop_len = max((len(s) for s in stop), default=0)
+        self.token_ids: list[int] = []
+        self.text = ""  # emitted text so far
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._held = ""  # tail withheld because it may be the start of a stop string
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, new_ids: list[int]) -> tuple[str, int | None]:
+        """Append tokens → (text safe to emit now, index in new_ids after which a stop string completed)."""
+        emitted = []
+        for i, token in enumerate(new_ids):
+            self.token_ids.append(token)
+            prefix = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+            full = self._decode(self.token_ids[self._prefix_offset :])
+            if full.endswith("\ufffd") or len(full) <= len(prefix):
+                continue
+            piece = full[len(prefix) :]
+            self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+            if not self.stop:
+                emitted.append(piece)
+                continue
+            pending = self._held + piece
+            cut = _find_stop(pending, self.stop)
+            if cut is not None:
+                emitted.append(pending[:cut])
+                self._held = ""
+                out = "".join(emitted)
+                self.text += out
+                return out, i
+            # keep back the longest tail that could still grow into a stop string
+            keep = min(len(pending), self._max_stop_len - 1)
+            while keep and not any(s.startswith(pending[len(pending) - keep :]) for s in self.stop):
+                keep -= 1
+            emitted.append(pending[: len(pending) - keep])
+            self._held = pending[len(pending) - keep :]
+        out = "".join(emitted)
+        self.text += out
+        return out, None
+
+    def flush(self) -> str:
+        """At the end of generation, release whatever was withheld."""
+        out, self._held = self._held, ""
+        self.text += out
+        return out
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None

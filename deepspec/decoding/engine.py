@@ -1,0 +1,364 @@
+"""The speculative decoding engine: prefill → (propose → verify → accept → stream) until each request stops.
+
+`SpecEngine.step()` is one scheduler iteration over every running sequence: newly added requests are prefilled
+(emitting their first token), then all running rows take one batched round — the drafter proposes up to k
+tokens per row, the target scores [last token, drafts] in a single forward, each row accepts its own number of
+drafts and commits one more token of the target's. With no drafter the same loop is the target-only baseline.
+
+Requests may join (`add_request`) and leave (finish, `abort`) between steps: continuous batching. The engine is
+not thread-safe; a server drives it from one thread. It knows the tokenizer only to detokenize incrementally
+and to honour stop strings.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from deepspec.decoding.detokenizer import IncrementalDetokenizer
+from deepspec.decoding.drafter import DraftSampling, Drafter
+from deepspec.decoding.kv_cache import KVCache
+from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
+from deepspec.decoding.sampling import sample, sampling_probs
+from deepspec.decoding.verify import greedy_verify, rejection_verify_row
+
+
+class EngineFullError(RuntimeError):
+    """Every slot is taken; retry after a request finishes (servers answer 429 / queue it)."""
+
+
+@dataclass
+class _Sequence:
+    request_id: str
+    params: SamplingParams
+    prompt: list[int]
+    slot: int
+    generator: torch.Generator
+    detokenizer: IncrementalDetokenizer
+    stop_ids: frozenset[int]
+    keep_result: bool = False
+    output: list[int] = field(default_factory=list)
+    #: positions of this sequence already in the KV cache; `pending` is committed but not yet fed
+    cache_len: int = 0
+    pending: int = -1
+    prefilled: bool = False
+    finish_reason: str | None = None
+    num_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    proposed_per_position: list[int] = field(default_factory=list)
+
+
+class SpecEngine:
+    def __init__(
+        self,
+        target,
+        drafter: Drafter | None = None,
+        *,
+        max_batch_size: int = 8,
+        max_seq_len: int = 2048,
+        num_speculative_tokens: int = 7,
+        prefill_chunk_size: int = 512,
+        seed: int = 0,
+    ):
+        if max_batch_size < 1 or num_speculative_tokens < 0 or max_seq_len < 2:
+            raise ValueError("need max_batch_size >= 1, num_speculative_tokens >= 0 and max_seq_len >= 2")
+        self.target = target
+        self.drafter = drafter
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = min(max_seq_len, target.max_seq_len)
+        self.num_speculative_tokens = num_speculative_tokens if drafter is not None else 0
+        self.prefill_chunk_size = prefill_chunk_size
+        self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
+        # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
+        self.cache = KVCache(target.spec, max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1,
+                             target.dtype, target.device)
+        if drafter is not None:
+            drafter.bind(target, max_batch_size, self.max_seq_len)
+        self._rng = torch.Generator().manual_seed(seed)
+        self._eos = frozenset(target.eos_token_ids)
+        self._running: list[_Sequence] = []  # index == slot
+        self._by_id: dict[str, _Sequence] = {}
+        self._finished: dict[str, _Sequence] = {}  # only requests added with keep_result=True
+
+    # ---- admission ---------------------------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.max_batch_size - len(self._running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._running)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError with a message a user can act on; called by add_request and by servers early."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt is empty: send at least one token")
+        vocab = self.target.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if n >= self.max_seq_len:
+            raise ValueError(f"prompt has {n} tokens but the context window is {self.max_seq_len} tokens")
+        if n + params.max_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the context window of "
+                f"{self.max_seq_len} tokens; lower max_tokens to at most {self.max_seq_len - n}"
+            )
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    keep_result: bool = False) -> None:
+        """Queue a request for the next step; keep_result=True keeps its record for `pop_result`."""
+        if request_id in self._by_id:
+            raise ValueError(f"request id '{request_id}' is already running")
+        prompt = list(prompt_token_ids)
+        self.validate(prompt, params)
+        if self.num_free_slots == 0:
+            raise EngineFullError(f"all {self.max_batch_size} slots are busy")
+        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
+        seq = _Sequence(
+            request_id=request_id,
+            params=params,
+            prompt=prompt,
+            slot=len(self._running),
+            generator=torch.Generator().manual_seed(seed),
+            detokenizer=IncrementalDetokenizer(self.target.tokenizer, params.stop),
+            stop_ids=stop_ids,
+            keep_result=keep_result,
+        )
+        self._running.append(seq)
+        self._by_id[request_id] = seq
+
+    def abort(self, request_id: str) -> bool:
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return False
+        seq.finish_reason = "abort"
+        self._release([seq])
+        return True
+
+    # ---- one scheduler iteration -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        outputs: dict[str, StepOutput] = {}
+        for seq in [s for s in self._running if not s.prefilled]:
+            outputs[seq.request_id] = self._prefill(seq)
+        self._release([s for s in self._running if s.finish_reason])
+        if self._running:
+            for out in self._decode_round():
+                if out.request_id in outputs:
+                    _merge(outputs[out.request_id], out)
+                else:
+                    outputs[out.request_id] = out
+            self._release([s for s in self._running if s.finish_reason])
+        return list(outputs.values())
+
+    def _prefill(self, seq: _Sequence) -> StepOutput:
+        prompt = torch.tensor([seq.prompt], dtype=torch.long, device=self.target.device)
+        view = self.cache.rows(seq.slot, 1)
+        n = prompt.shape[1]
+        features = []
+        for a in range(0, n, self.prefill_chunk_size):
+            b = min(a + self.prefill_chunk_size, n)
+            out = self.target.forward(prompt[:, a:b], torch.tensor([a], device=prompt.device), view,
+                                      feature_layers=self.feature_layers, logits="last" if b == n else "none",
+                                      max_start=a)
+            if out.features is not None:
+                features.append(out.features)
+        logits = out.logits[0, -1]
+        p = seq.params
+        if p.greedy:
+            first = int(logits.argmax())
+        else:
+            probs = sampling_probs(logits[None, None], torch.tensor([p.temperature]), torch.tensor([p.top_k]),
+                                   torch.tensor([p.top_p]))[0, 0]
+            first = sample(probs, seq.generator)
+        seq.prefilled, seq.cache_len, seq.pending = True, n, first
+        if self.drafter is not None:
+            self.drafter.reset(seq.slot, seq.prompt[0])
+            tokens = torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long)
+            self.drafter.extend([seq.slot], tokens, torch.tensor([n]), torch.cat(features, 1) if features else None)
+        return self._commit(seq, [first])
+
+    def _draft_caps(self) -> list[int]:
+        """Per row, how many drafts can still be useful: the round commits accepted + 1 tokens."""
+        return [
+            max(0, min(self.num_speculative_tokens,
+                       s.params.max_tokens - len(s.output) - 1,
+                       self.max_seq_len - s.cache_len - 1))
+            for s in self._running
+        ]
+
+    def _decode_round(self) -> list[StepOutput]:
+        seqs = self._running
+        B = len(seqs)
+        device = self.target.device
+        slots = list(range(B))
+        pending = torch.tensor([[s.pending] for s in seqs], dtype=torch.long)
+        caps = self._draft_caps()
+        draft_tokens = torch.zeros(B, 0, dtype=torch.long)
+        num_drafts = torch.zeros(B, dtype=torch.long)
+        draft_probs = None
+        if self.drafter is not None and max(caps) > 0:
+            sampling = DraftSampling(torch.tensor([s.params.temperature for s in seqs]), [s.generator for s in seqs])
+            proposal = self.drafter.propose(slots, max(caps), sampling)
+            num_drafts = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
+            k = int(num_drafts.max())
+            draft_tokens = proposal.tokens[:, :k].cpu()
+            draft_probs = proposal.probs[:, :k] if proposal.probs is not None and k else None
+        k = draft_tokens.shape[1]
+        inputs = torch.cat([pending, draft_tokens], dim=1).to(device)
+        start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
+        out = self.target.forward(inputs, start, self.cache.rows(0, B), feature_layers=self.feature_layers,
+                                  logits="all", max_start=max(s.cache_len for s in seqs))
+        logits = out.logits  # [B, k+1, V]
+
+        accepted = [0] * B
+        next_tokens = [0] * B
+        greedy_rows = [i for i, s in enumerate(seqs) if s.params.greedy]
+        if greedy_rows:
+            argmax = logits.argmax(dim=-1).cpu()  # [B, k+1]
+            n_acc = greedy_verify(draft_tokens, num_drafts, argmax).tolist()
+            argmax_list = argmax.tolist()
+            for i in greedy_rows:
+                accepted[i] = n_acc[i]
+                next_tokens[i] = argmax_list[i][n_acc[i]]
+        sampled_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if sampled_rows:
+            rows = torch.tensor(sampled_rows)
+            params = [seqs[i].params for i in sampled_rows]
+            probs = sampling_probs(logits[rows].float().cpu(), torch.tensor([p.temperature for p in params]),
+                                   torch.tensor([p.top_k for p in params]), torch.tensor([p.top_p for p in params]))
+            for j, i in enumerate(sampled_rows):
+                n = int(num_drafts[i])
+                q = draft_probs[i, :n].float().cpu() if draft_probs is not None else None
+                accepted[i], next_tokens[i] = rejection_verify_row(
+                    draft_tokens[i, :n].tolist(), probs[j, : n + 1], q, seqs[i].generator)
+
+        drafts = draft_tokens.tolist()
+        num_list = num_drafts.tolist()
+        results, extend_rows, committed_rows = [], [], []
+        for i, seq in enumerate(seqs):
+            n = accepted[i]
+            committed = drafts[i][:n] + [next_tokens[i]]
+            seq.cache_len += 1 + n
+            seq.pending = next_tokens[i]
+            seq.num_steps += 1
+            _count_positions(seq, num_list[i], n)
+            out_i = self._commit(seq, committed)
+            out_i.num_draft_tokens, out_i.num_accepted_tokens = num_list[i], n
+            results.append(out_i)
+            if not seq.finish_reason:
+                extend_rows.append(i)
+                committed_rows.append(committed)
+        if self.drafter is not None and extend_rows:
+            width = max(len(c) for c in committed_rows)
+            tokens = torch.tensor([c + [0] * (width - len(c)) for c in committed_rows], dtype=torch.long)
+            num = torch.tensor([len(c) for c in committed_rows])
+            feats = out.features[torch.tensor(extend_rows), :width] if out.features is not None else None
+            self.drafter.extend(extend_rows, tokens, num, feats)
+        return results
+
+    # ---- bookkeeping -------------------------------------------------------------------------------------------
+    def _commit(self, seq: _Sequence, tokens: list[int]) -> StepOutput:
+        """Append committed tokens up to the first stop condition; return what to stream."""
+        kept = []
+        for token in tokens:
+            if token in seq.stop_ids:
+                seq.finish_reason = "stop"
+                break
+            kept.append(token)
+            if len(seq.output) + len(kept) >= seq.params.max_tokens:
+                seq.finish_reason = "length"
+                break
+        text, stop_at = seq.detokenizer.add(kept)
+        if stop_at is not None:
+            kept = kept[: stop_at + 1]
+            seq.finish_reason = "stop"
+        seq.output.extend(kept)
+        if not seq.finish_reason and seq.cache_len + 1 >= self.max_seq_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason and stop_at is None:
+            text += seq.detokenizer.flush()
+        return StepOutput(seq.request_id, kept, text, seq.finish_reason is not None, seq.finish_reason)
+
+    def _release(self, finished: list[_Sequence]) -> None:
+        for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
+            last = len(self._running) - 1
+            if self.drafter is not None:
+                self.drafter.release(seq.slot)
+            if seq.slot != last:
+                moved = self._running[last]
+                self.cache.move_slot(last, seq.slot, moved.cache_len)
+                if self.drafter is not None and moved.prefilled:
+                    self.drafter.move_slot(last, seq.slot)
+                moved.slot = seq.slot
+                self._running[seq.slot] = moved
+            self._running.pop()
+            del self._by_id[seq.request_id]
+            if seq.keep_result:
+                self._finished[seq.request_id] = seq
+
+    # ---- convenience -------------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 on_output=None) -> list[GenerationResult]:
+        """Run prompts to completion with continuous batching; `on_output(StepOutput)` streams each chunk."""
+        all_params = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"gen-{next(_ids)}" for _ in prompts]
+        for prompt, p in zip(prompts, all_params):
+            self.validate(prompt, p)
+        queue = list(zip(ids, prompts, all_params))
+        while queue or self._running:
+            while queue and self.num_free_slots:
+                self.add_request(*queue.pop(0), keep_result=True)
+            for out in self.step():
+                if on_output is not None:
+                    on_output(out)
+        return [self.pop_result(i) for i in ids]
+
+    def pop_result(self, request_id: str) -> GenerationResult:
+        """The finished request's full record (tokens, text, acceptance statistics)."""
+        seq = self._finished.pop(request_id)
+        return GenerationResult(
+            request_id=request_id,
+            prompt_token_ids=seq.prompt,
+            token_ids=seq.output,
+            text=seq.detokenizer.text,
+            finish_reason=seq.finish_reason,
+            num_steps=seq.num_steps,
+            num_draft_tokens=seq.num_draft_tokens,
+            num_accepted_tokens=seq.num_accepted_tokens,
+            accepted_per_position=seq.accepted_per_position,
+            proposed_per_position=seq.proposed_per_position,
+        )
+
+
+_ids = itertools.count()
+
+
+def _count_positions(seq: _Sequence, num_drafts: int, num_accepted: int) -> None:
+    seq.num_draft_tokens += num_drafts
+    seq.num_accepted_tokens += num_accepted
+    grow = num_drafts - len(seq.proposed_per_position)
+    if grow > 0:
+        seq.proposed_per_position.extend([0] * grow)
+        seq.accepted_per_position.extend([0] * grow)
+    for i in range(num_drafts):
+        seq.proposed_per_position[i] += 1
+    for i in range(num_accepted):
+        seq.accepted_per_position[i] += 1
+
+
+def _merge(into: StepOutput, more: StepOutput) -> None:
+    into.new_token_ids.extend(more.new_token_ids)
+    into.new_text += more.new_text
+    into.finished, into.finish_reason = more.finished, more.finish_reason
+    into.num_draft_tokens += more.num_draft_tokens
+    into.num_accepted_tokens += more.num_accepted_tokens

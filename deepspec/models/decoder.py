@@ -1,0 +1,280 @@
+"""A lean decoder forward for the target, built for speculative decoding on CPU and GPU.
+
+Why not the Hugging Face forward: at SmolLM2 size its per-step Python overhead costs several times the math,
+and speculative decoding needs things it does not offer cheaply — a preallocated cache shared by many
+sequences where rollback is moving a length pointer, per-row positions in one batched verify pass, logits for
+only the positions that are sampled, and the residual outputs of chosen layers for the draft. The weights are
+the Hugging Face model's own; `tests/models/test_decoder.py` checks the logits against the HF forward.
+
+Cache layout (see deepspec/decoding/kv_cache.py): k, v are [num_layers, num_slots, num_kv_heads, max_seq_len,
+head_dim]; the rows of a forward are slots 0..B-1, and row b writes its T new entries at positions
+start[b] .. start[b]+T-1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepspec.models.arch import ArchSpec
+
+
+@dataclass
+class DecoderOutput:
+    #: [B, T', V] float32 logits for the requested positions (T' = T, or 1 for "last")
+    logits: torch.Tensor | None
+    #: [B, T, len(feature_layers) * H] residual outputs of the requested layers, or None
+    features: torch.Tensor | None
+    #: [B, T, H] final post-norm hidden state (what the head reads), when asked for
+    final_hidden: torch.Tensor | None = None
+
+
+class _Layer(nn.Module):
+    def __init__(self, spec: ArchSpec, index: int):
+        super().__init__()
+        H, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
+        self.wqkv = nn.Parameter(torch.empty(qkv, H), requires_grad=False)
+        self.bqkv = nn.Parameter(torch.empty(qkv), requires_grad=False) if spec.qkv_bias else None
+        self.wo = nn.Parameter(torch.empty(H, spec.q_size), requires_grad=False)
+        self.w_gate_up = nn.Parameter(torch.empty(2 * spec.intermediate_size, H), requires_grad=False)
+        self.w_down = nn.Parameter(torch.empty(H, spec.intermediate_size), requires_grad=False)
+        self.attn_norm = nn.Parameter(torch.empty(H), requires_grad=False)
+        self.mlp_norm = nn.Parameter(torch.empty(H), requires_grad=False)
+        if spec.sandwich_norms:
+            self.post_attn_norm = nn.Parameter(torch.empty(H), requires_grad=False)
+            self.post_mlp_norm = nn.Parameter(torch.empty(H), requires_grad=False)
+        if spec.qk_norm:
+            self.q_norm = nn.Parameter(torch.empty(spec.head_dim), requires_grad=False)
+            self.k_norm = nn.Parameter(torch.empty(spec.head_dim), requires_grad=False)
+        self.window = spec.sliding_windows[index] if spec.sliding_windows else 0
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope_tables(theta: float, head_dim: int, max_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)) / scale
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class Decoder(nn.Module):
+    """Embedding → N decoder layers → norm → head, with an external KV cache."""
+
+    def __init__(self, spec: ArchSpec, max_positions: int):
+        super().__init__()
+        self.spec = spec
+        self.embed = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size), requires_grad=False)
+        self.layers = nn.ModuleList(_Layer(spec, i) for i in range(spec.num_layers))
+        self.final_norm = nn.Parameter(torch.empty(spec.hidden_size), requires_grad=False)
+        self.head = self.embed if spec.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed), requires_grad=False)
+        self.max_positions = max_positions
+        cos, sin = _rope_tables(spec.rope_theta, spec.head_dim, max_positions, spec.rope_scaling_factor)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        if spec.rope_local_theta:
+            cos_l, sin_l = _rope_tables(spec.rope_local_theta, spec.head_dim, max_positions, 1.0)
+            self.register_buffer("rope_cos_local", cos_l, persistent=False)
+            self.register_buffer("rope_sin_local", sin_l, persistent=False)
+        self.embed_scale = math.sqrt(spec.hidden_size) if spec.gemma_norms else 1.0
+
+    # ---- weights ---------------------------------------------------------------------------------------------
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        """Copy a Hugging Face causal-LM state dict in, fusing q/k/v and gate/up into single matmuls."""
+        state = {_strip_prefix(k): v for k, v in state.items()}
+        spec = self.spec
+
+        def norm(name: str) -> torch.Tensor:
+            w = state[name].float()
+            # Gemma stores (w - 1) and multiplies by (1 + w) in float32; keep the norm weights in fp32 there
+            return (w + 1.0) if spec.gemma_norms else w.to(dtype)
+
+        def mat(name: str) -> torch.Tensor:
+            return state[name].to(dtype)
+
+        with torch.no_grad():
+            self.embed.data = mat("embed_tokens.weight").contiguous()
+            for i, layer in enumerate(self.layers):
+                p = f"layers.{i}."
+                a = p + "self_attn."
+                layer.wqkv.data = torch.cat([mat(a + "q_proj.weight"), mat(a + "k_proj.weight"), mat(a + "v_proj.weight")])
+                if layer.bqkv is not None:
+                    layer.bqkv.data = torch.cat([mat(a + "q_proj.bias"), mat(a + "k_proj.bias"), mat(a + "v_proj.bias")])
+                layer.wo.data = mat(a + "o_proj.weight")
+                layer.w_gate_up.data = torch.cat([mat(p + "mlp.gate_proj.weight"), mat(p + "mlp.up_proj.weight")])
+                layer.w_down.data = mat(p + "mlp.down_proj.weight")
+                layer.attn_norm.data = norm(p + "input_layernorm.weight")
+                if spec.sandwich_norms:
+                    layer.post_attn_norm.data = norm(p + "post_attention_layernorm.weight")
+                    layer.mlp_norm.data = norm(p + "pre_feedforward_layernorm.weight")
+                    layer.post_mlp_norm.data = norm(p + "post_feedforward_layernorm.weight")
+                else:
+                    layer.mlp_norm.data = norm(p + "post_attention_layernorm.weight")
+                if spec.qk_norm:
+                    layer.q_norm.data = norm(a + "q_norm.weight")
+                    layer.k_norm.data = norm(a + "k_norm.weight")
+            self.final_norm.data = norm("norm.weight")
+            if spec.tie_word_embeddings or "lm_head.weight" not in state:
+                self.head = self.embed
+            else:
+                self.head.data = mat("lm_head.weight").contiguous()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    # ---- forward ---------------------------------------------------------------------------------------------
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.spec.gemma_norms:
+            return F.rms_norm(x.float(), (x.shape[-1],), w, self.spec.rms_norm_eps).to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), w, self.spec.rms_norm_eps)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(tokens, self.embed)
+        if self.embed_scale != 1.0:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return x
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Post-norm hidden [.., H] → float32 logits [.., V]."""
+        return F.linear(hidden, self.head).float()
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] int64
+        start: torch.Tensor,  # [B] int64: position of tokens[:, 0] (= the row's cache length)
+        cache=None,  # KVCache or None (then the T tokens are the whole context)
+        *,
+        feature_layers: tuple[int, ...] = (),
+        logits: str = "all",  # "all" | "last" | "none"
+        return_final_hidden: bool = False,
+        max_start: int | None = None,  # max(start), when the caller knows it (saves a device sync)
+    ) -> DecoderOutput:
+        spec = self.spec
+        B, T = tokens.shape
+        device = tokens.device
+        offsets = torch.arange(T, device=device)
+        positions = start[:, None] + offsets[None, :]  # [B, T]
+        if max_start is None:
+            max_start = int(start.max()) if cache is not None else 0
+        num_keys = max_start + T if cache is not None else T
+        if num_keys > self.max_positions:
+            raise ValueError(f"sequence of {num_keys} tokens exceeds the context window of {self.max_positions}")
+
+        cos = self.rope_cos[positions].unsqueeze(1).to(self.dtype)  # [B, 1, T, hd]
+        sin = self.rope_sin[positions].unsqueeze(1).to(self.dtype)
+        if spec.rope_local_theta:
+            cos_l = self.rope_cos_local[positions].unsqueeze(1).to(self.dtype)
+            sin_l = self.rope_sin_local[positions].unsqueeze(1).to(self.dtype)
+
+        # One mask per window size, shared by all layers: key j is visible to query (b, t) iff j <= start[b] + t
+        # (and within the sliding window). None = everything visible; CAUSAL = plain causal over the T tokens.
+        query_pos = positions if cache is not None else offsets[None, :].expand(B, T)
+        key_pos = torch.arange(num_keys, device=device)
+        masks: dict[int, torch.Tensor | str | None] = {}
+        for window in set(spec.sliding_windows or (0,)):
+            if cache is None and (window == 0 or T <= window):
+                masks[window] = _CAUSAL
+            elif T == 1 and B == 1 and (window == 0 or num_keys <= window):
+                masks[window] = None
+            else:
+                visible = key_pos[None, None, :] <= query_pos[:, :, None]
+                if window:
+                    visible = visible & (key_pos[None, None, :] > query_pos[:, :, None] - window)
+                masks[window] = visible.unsqueeze(1)  # [B, 1, T, K]
+
+        if cache is not None:
+            rows = torch.arange(B, device=device)[:, None, None]
+            heads = torch.arange(spec.num_kv_heads, device=device)[None, :, None]
+            write_index = (rows, heads, positions[:, None, :])  # broadcast to [B, nkv, T]
+
+        x = self.embed_tokens(tokens)
+        captured = []
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.attn_norm)
+            qkv = F.linear(h, layer.wqkv, layer.bqkv)
+            q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+            q = q.view(B, T, spec.num_heads, spec.head_dim).transpose(1, 2)  # [B, nh, T, hd]
+            k = k.view(B, T, spec.num_kv_heads, spec.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
+            v = v.view(B, T, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+            if spec.qk_norm:
+                q = self._norm(q, layer.q_norm)
+                k = self._norm(k, layer.k_norm)
+            c, s = (cos_l, sin_l) if layer.window and spec.rope_local_theta else (cos, sin)
+            q = q * c + _rotate_half(q) * s
+            k = k * c + _rotate_half(k) * s
+            if cache is not None:
+                cache.k[i].index_put_(write_index, k)
+                cache.v[i].index_put_(write_index, v)
+                k = cache.k[i, :B, :, :num_keys]  # [B, nkv, K, hd] view, no copy
+                v = cache.v[i, :B, :, :num_keys]
+            mask = masks[layer.window]
+            if mask is _CAUSAL:
+                attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=spec.attn_scale, enable_gqa=True)
+            elif T <= _SMALL_QUERY:
+                attn = _grouped_attention(q, k, v, mask, spec.attn_scale)
+            else:
+                attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.attn_scale, enable_gqa=True)
+            attn = F.linear(attn.transpose(1, 2).reshape(B, T, spec.q_size), layer.wo)
+            if spec.sandwich_norms:
+                attn = self._norm(attn, layer.post_attn_norm)
+            x = x + attn
+            h = self._norm(x, layer.mlp_norm)
+            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+            act = F.gelu(gate, approximate="tanh") if spec.activation == "gelu_tanh" else F.silu(gate)
+            mlp = F.linear(act * up, layer.w_down)
+            if spec.sandwich_norms:
+                mlp = self._norm(mlp, layer.post_mlp_norm)
+            x = x + mlp
+            if i in feature_layers:
+                captured.append(x)
+
+        features = None
+        if feature_layers:
+            order = sorted(feature_layers)
+            features = torch.cat([captured[order.index(i)] for i in feature_layers], dim=-1)
+        if logits == "none" and not return_final_hidden:
+            return DecoderOutput(None, features)
+        if logits == "last" and not return_final_hidden:
+            x = x[:, -1:]
+        hidden = self._norm(x, self.final_norm)
+        out_logits = None
+        if logits != "none":
+            out_logits = self.lm_head(hidden[:, -1:] if logits == "last" else hidden)
+        return DecoderOutput(out_logits, features, hidden if return_final_hidden else None)
+
+
+_CAUSAL = "causal"
+#: decode and verify blocks up to this many queries use the two-matmul attention below
+_SMALL_QUERY = 32
+
+
+def _grouped_attention(q, k, v, mask, scale: float) -> torch.Tensor:
+    """Attention for a few queries against a cache view, as two batched matmuls.
+
+    PyTorch's CPU flash kernel spends milliseconds per call on 1-8 queries against a strided cache view; here
+    the query heads that share a KV head are stacked into one matrix instead (no repeat of k/v).
+    q: [B, nh, T, hd]; k, v: [B, nkv, K, hd]; mask: [B, 1, T, K] bool or None → [B, nh, T, hd].
+    """
+    B, nh, T, hd = q.shape
+    nkv, K = k.shape[1], k.shape[2]
+    g = nh // nkv
+    scores = torch.matmul(q.reshape(B, nkv, g * T, hd), k.transpose(-1, -2)).float() * scale  # [B, nkv, g*T, K]
+    if mask is not None:
+        scores = scores.view(B, nkv, g, T, K).masked_fill(~mask[:, :, None], float("-inf")).view(B, nkv, g * T, K)
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).view(B, nh, T, hd)
+
+
+def _strip_prefix(name: str) -> str:
+    for prefix in ("model.language_model.", "language_model.model.", "model."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name

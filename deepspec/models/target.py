@@ -1,0 +1,107 @@
+"""The target model as the engine and the trainers see it: tokenizer + lean decoder + identity.
+
+`forward` returns logits and the residual outputs of the layers a draft asks for. The fingerprint names what a
+draft depends on (family, sizes, tokenizer), so a draft trained on one target refuses to load on another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from deepspec.models.arch import ArchSpec
+from deepspec.models.decoder import Decoder, DecoderOutput
+
+
+@dataclass
+class Target:
+    name: str
+    #: directory holding config.json, *.safetensors and the tokenizer
+    path: Path
+    config: object  # transformers.PretrainedConfig
+    spec: ArchSpec
+    model: Decoder
+    tokenizer: object  # transformers.PreTrainedTokenizerBase
+    max_seq_len: int
+    eos_token_ids: tuple[int, ...]
+    _hf_model: object = field(default=None, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    # ---- text --------------------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Render messages with the target's chat template (generation prompt added) and tokenize."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"target '{self.name}' has no chat template; send a plain prompt instead")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    # ---- model -------------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T]
+        start: torch.Tensor,  # [B] first position of each row
+        cache=None,
+        *,
+        feature_layers: tuple[int, ...] = (),
+        logits: str = "all",
+        return_final_hidden: bool = False,
+        max_start: int | None = None,
+    ) -> DecoderOutput:
+        return self.model(
+            tokens,
+            start,
+            cache,
+            feature_layers=feature_layers,
+            logits=logits,
+            return_final_hidden=return_final_hidden,
+            max_start=max_start,
+        )
+
+    def default_feature_layers(self, count: int = 5) -> tuple[int, ...]:
+        """`count` layers evenly spaced from layer 1, never the last (ALGORITHMS.md, shared ground)."""
+        last = self.spec.num_layers - 2
+        if count == 1:
+            return (last,)
+        return tuple(round(1 + i * (last - 1) / (count - 1)) for i in range(count))
+
+    def fingerprint(self) -> dict:
+        """What a draft depends on; stored in draft checkpoints and compared on load."""
+        tok_file = self.path / "tokenizer.json"
+        digest = hashlib.sha256(tok_file.read_bytes() if tok_file.exists() else json.dumps(
+            sorted(self.tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
+        return {
+            "architecture": self.spec.family,
+            "hidden_size": self.spec.hidden_size,
+            "num_layers": self.spec.num_layers,
+            "vocab_size": self.spec.vocab_size,
+            "tokenizer_hash": digest,
+        }
+
+    def hf_model(self):
+        """The Hugging Face model on the same weights (reference forward for tests and generic training)."""
+        if self._hf_model is None:
+            from transformers import AutoModelForCausalLM
+
+            self._hf_model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).eval()
+        return self._hf_model

@@ -1,0 +1,138 @@
+"""Resolve a target spec (alias, GGUF file or Hugging Face directory) into a loaded `Target`.
+
+GGUF files are dequantized once by transformers and the result is cached as safetensors + tokenizer under
+`~/.cache/deepspec/targets/`, so every later load reads plain tensors in seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from deepspec.models.aliases import ALIASES, DEFAULT_TARGET
+from deepspec.models.arch import arch_spec_from_config
+from deepspec.models.decoder import Decoder
+from deepspec.models.target import Target
+from deepspec.paths import cache_dir
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype '{dtype}'; choose one of {sorted(DTYPES)}") from None
+
+
+def resolve_target_dir(spec: str) -> tuple[str, Path]:
+    """Alias | *.gguf | HF directory → (display name, directory with config.json + safetensors)."""
+    if spec in ALIASES:
+        return spec, _materialize_gguf(ALIASES[spec].locate())
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        return path.stem, _materialize_gguf(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return path.name, path
+    raise ValueError(
+        f"unknown target '{spec}': pass an alias ({', '.join(ALIASES)}; default {DEFAULT_TARGET}), "
+        "a .gguf file, or a Hugging Face model directory"
+    )
+
+
+def _materialize_gguf(gguf: Path) -> Path:
+    stat = gguf.stat()
+    out = cache_dir() / "targets" / f"{gguf.stem}-{stat.st_size:x}"
+    if (out / "config.json").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        _save_dequantized(model, tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out)  # atomic: a concurrent loader either sees the whole directory or none
+    except OSError:
+        if not (out / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _save_dequantized(model, out: Path) -> None:
+    """save_pretrained refuses GGUF-quantized models; the dequantized tensors are plain, so write them directly."""
+    import json
+
+    from safetensors.torch import save_file
+
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(out)
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(f))
+        return state
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+
+
+def load_target(
+    spec: str = DEFAULT_TARGET,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    max_seq_len: int | None = None,
+) -> Target:
+    """Load a target for decoding; `max_seq_len` caps the context (default: the model's own)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device '{device}' requested but no CUDA GPU is visible to torch; use --device cpu")
+    name, path = resolve_target_dir(spec)
+    config = AutoConfig.from_pretrained(path)
+    arch = arch_spec_from_config(config)
+    limit = min(max_seq_len or arch.max_position_embeddings, arch.max_position_embeddings)
+    model = Decoder(arch, max_positions=limit)
+    model.load_hf_state_dict(_read_state_dict(path), torch_dtype)
+    model = model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = config.eos_token_id if not hasattr(config, "text_config") else config.text_config.eos_token_id
+    eos_ids = {*([eos] if isinstance(eos, int) else (eos or [])), tokenizer.eos_token_id}
+    try:
+        from transformers import GenerationConfig
+
+        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
+        eos_ids |= {*([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))}
+    except OSError:
+        pass
+    eos_ids.discard(None)
+    return Target(name, path, config, arch, model, tokenizer, limit, tuple(sorted(eos_ids)))
