@@ -163,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(args.compare)
     if args.fake_server:
         return _fake_server(args, parser)
-    return _benchmark(args, parser)
+    try:
+        return _benchmark(args, parser)
+    except KeyboardInterrupt:  # the second Ctrl-C: quit without a report
+        print("aborted", file=sys.stderr)
+        return 130
 
 
 def _compare(paths: list[str]) -> int:
