@@ -44,3 +44,19 @@ clean:
 # Regenerate the committed gRPC stubs after editing service/protos/**/*.proto.
 protos: venv
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. service/protos/deepspec/v1/completions.proto
+
+# Container images from docker/ (needs a Docker engine; the tests lint the Dockerfiles with hadolint instead).
+#   make docker-build IMAGE_PREFIX=ghcr.io/deepspec/ IMAGE_TAG=0.1.0
+IMAGE_PREFIX ?= ghcr.io/deepspec/
+IMAGE_TAG    ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGES       ?= gateway worker-cpu worker-gpu
+.PHONY: docker-build
+docker-build:
+	@docker info >/dev/null 2>&1 || { echo "docker-build: no Docker engine reachable (docker info failed)" >&2; exit 1; }
+	@for image in $(IMAGES); do \
+	  echo "building $(IMAGE_PREFIX)$$image:$(IMAGE_TAG)"; \
+	  docker build -f docker/$$image.Dockerfile -t $(IMAGE_PREFIX)$$image:$(IMAGE_TAG) \
+	    --build-arg VERSION=$(IMAGE_TAG) \
+	    --build-arg REVISION=$$(git rev-parse HEAD) \
+	    --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) . || exit 1; \
+	done

@@ -176,6 +176,8 @@ Usage: {{- include "deepspec.scratchEnv" . | nindent 12 }}
   value: /cache
 - name: HF_HOME
   value: /cache/huggingface
+- name: DEEPSPEC_CACHE_DIR
+  value: /cache/deepspec
 - name: PYTHONDONTWRITEBYTECODE
   value: "1"
 - name: PYTHONUNBUFFERED

