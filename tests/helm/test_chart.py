@@ -210,6 +210,13 @@ def test_hpa_scales_on_cpu_and_optionally_on_a_prometheus_adapter_metric():
     assert not find(docs, "HorizontalPodAutoscaler") and workload(docs, "gateway")["spec"]["replicas"] == 2
 
 
+def test_gateway_pdb_never_blocks_node_drains():
+    assert one(render(), "PodDisruptionBudget", "gateway")["spec"]["minAvailable"] == 1
+    single = {"gateway": {"replicaCount": 1, "autoscaling": {"enabled": False}}}
+    assert not find(render(single), "PodDisruptionBudget")
+    assert not find(render({"gateway": {"autoscaling": {"minReplicas": 1}}}), "PodDisruptionBudget")
+
+
 def test_api_keys_come_from_a_secret_that_survives_upgrades():
     docs = render({"apiKeys": {"keys": ["sk-a", "sk-b"]}})
     secret = one(docs, "Secret")
