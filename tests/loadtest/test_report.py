@@ -63,3 +63,4 @@ def test_summary_text_and_sweep():
         assert needle in text
     doc = sweep_report([rep, rep], "request_rate")
     assert doc["sweep_over"] == "request_rate" and len(doc["runs"]) == 2
+
