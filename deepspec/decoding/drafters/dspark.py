@@ -1,0 +1,49 @@
+"""DSpark drafting: the DFlash block forward, then a left-to-right Markov walk with confidence truncation.
+
+Slot k's logits are U_k + W2·W1[x_{k-1}] (x_{-1} = the anchor); each draft is drawn from that exact softmax, so
+rejection sampling stays lossless. The confidence head estimates P(slot k accepted | earlier accepted); the
+block stops at the first slot whose survival Π c drops below `confidence_threshold` (always ≥ 1 draft), so weak
+tails are never sent to verification — which matters when verification is not free (batched serving, GPUs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepspec.decoding.drafter import DraftSampling, Proposal
+from deepspec.decoding.drafters.dflash import DFlashDrafter
+from deepspec.decoding.drafters.neural import pack, pick_tokens
+
+
+class DSparkDrafter(DFlashDrafter):
+    name = "dspark"
+
+    def __init__(self, model, confidence_threshold: float | None = None):
+        super().__init__(model)
+        #: survival threshold of dynamic truncation; 0 = never truncate
+        self.confidence_threshold = model.cfg.confidence_threshold if confidence_threshold is None \
+            else confidence_threshold
+
+    @torch.inference_mode()
+    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        hidden, base = self._block_hidden(slots)
+        want_probs = not sampling.all_greedy
+        prev = self.anchor[slots].to(hidden.device)
+        survival = torch.ones(len(slots), device=hidden.device)
+        num = torch.zeros(len(slots), dtype=torch.long, device=hidden.device)
+        alive = torch.ones(len(slots), dtype=torch.bool, device=hidden.device)
+        tokens, probs = [], [] if want_probs else None
+        for j in range(min(k, self.cfg.block_size)):
+            logits, conf = self.model.step_logits(hidden[:, j], base[:, j], prev)
+            ids, p = pick_tokens(logits, sampling, self.model, want_probs)
+            survival = survival * self.model.calibrated(conf, j)
+            # a row keeps drafting while its survival stays above the threshold (its first draft is always kept)
+            alive = alive & ((survival >= self.confidence_threshold) | (j == 0))
+            num += alive.long()
+            tokens.append(ids)
+            if want_probs:
+                probs.append(p)
+            prev = ids
+            if not bool(alive.any()):
+                break
+        return pack(tokens, probs, k, num.cpu())

@@ -1,0 +1,87 @@
+"""Draft architectures (Eagle3, DFlash, DSpark), their registry, checkpoints, and the shipped drafts.
+
+Importing this package registers a checkpoint loader with the engine's drafter registry, so
+`build_drafter("<draft dir>", target)` and `build_drafter("auto", target)` work.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from deepspec.models.drafts.checkpoint import (
+    DraftCheckpointError,
+    DraftTargetMismatchError,
+    check_target,
+    load_draft,
+    read_draft_config,
+    save_draft,
+)
+from deepspec.models.drafts.config import ALGORITHMS, DraftConfig
+from deepspec.models.drafts.registry import available_drafts, build_draft, register_draft, resolve_draft
+
+__all__ = [
+    "ALGORITHMS", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError", "available_drafts",
+    "best_shipped_draft", "build_draft", "check_target", "load_draft", "load_drafter", "read_draft_config",
+    "register_draft", "resolve_draft", "save_draft", "shipped_drafts",
+]
+
+
+def load_drafter(path: str | Path, target, **options):
+    """A draft checkpoint directory → the engine-side Drafter of its algorithm."""
+    from deepspec.decoding.drafters.dflash import DFlashDrafter
+    from deepspec.decoding.drafters.dspark import DSparkDrafter
+    from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
+
+    model = load_draft(path, target)
+    cls = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}[model.cfg.algo]
+    return cls(model, **options)
+
+
+def shipped_drafts_dir() -> Path:
+    from deepspec.paths import repo_root
+
+    return repo_root() / "drafts"
+
+
+def shipped_drafts(target, root: Path | None = None) -> list[tuple[Path, float]]:
+    """(directory, score) of every draft under drafts/ that fits this target; score = mean greedy τ in eval.json
+    (0 when not evaluated). Drafts for other targets are skipped silently."""
+    found = []
+    root = root or shipped_drafts_dir()
+    if not root.is_dir():
+        return found
+    have = target.fingerprint()
+    for config in sorted(root.glob("*/config.json")):
+        try:
+            cfg = read_draft_config(config.parent)
+        except DraftCheckpointError:
+            continue
+        if cfg.target != have:
+            continue
+        found.append((config.parent, _score(config.parent / "eval.json")))
+    return found
+
+
+def _score(eval_file: Path) -> float:
+    try:
+        report = json.loads(eval_file.read_text())
+        taus = [d["acceptance_length"] for d in report["results"] if d.get("temperature", 0) == 0]
+        return sum(taus) / len(taus) if taus else 0.0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def best_shipped_draft(target, root: Path | None = None) -> Path | None:
+    """The shipped draft for this target with the highest measured greedy acceptance length, or None."""
+    found = shipped_drafts(target, root)
+    return max(found, key=lambda item: item[1])[0] if found else None
+
+
+def _register_loader() -> None:
+    from deepspec.decoding.registry import register_checkpoint_loader
+
+    register_checkpoint_loader(load_drafter)
+
+
+_register_loader()

@@ -1,0 +1,126 @@
+"""The draft configuration: one dataclass for all three algorithms, written to config.json beside the weights.
+
+Sizes derive from the target (`DraftConfig.for_target`), so the same recipe works for Llama/SmolLM2, Qwen2/3 and
+Gemma3 targets; the target fingerprint travels with it so a draft refuses a target it was not trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+ALGORITHMS = ("eagle3", "dflash", "dspark")
+
+
+@dataclass
+class DraftConfig:
+    #: eagle3 | dflash | dspark
+    algo: str
+    #: target family (llama, qwen2, qwen3, gemma3_text): decides qk-norm, qkv bias and MLP activation
+    family: str
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    #: full target vocabulary size (the frozen embedding/head rows)
+    vocab_size: int
+    #: target layers whose residual outputs are concatenated into the draft's input feature (5 by default)
+    feature_layers: tuple[int, ...]
+    #: draft decoder layers (eagle3: 1; dflash/dspark: 2-3 on small targets, 5 in DeepSpec)
+    num_layers: int = 1
+    #: block size / TTT unroll length γ
+    block_size: int = 7
+    #: 0 = the full vocabulary; else the size of the reduced draft vocabulary (vocab_map.safetensors)
+    draft_vocab_size: int = 0
+    #: dspark: rank r of the Markov head (DeepSpec 256; 64 for small targets)
+    markov_rank: int = 64
+    #: dspark: default survival threshold of dynamic truncation (stop where Π c < threshold)
+    confidence_threshold: float = 0.1
+    #: dspark: per-position temperature of the confidence logits (1 = uncalibrated); fitted by eval
+    confidence_temperature: tuple[float, ...] = ()
+    #: dflash/dspark block layout: slot j predicts x[a+1+j] from [anchor, MASK × (γ-1)]
+    block_layout: str = "anchor-first"
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    activation: str = "silu"
+    #: target fingerprint (architecture, hidden_size, num_layers, vocab_size, tokenizer_hash)
+    target: dict = field(default_factory=dict)
+
+    @property
+    def feature_size(self) -> int:
+        return len(self.feature_layers) * self.hidden_size
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def out_vocab_size(self) -> int:
+        return self.draft_vocab_size or self.vocab_size
+
+    @classmethod
+    def for_target(cls, target, algo: str, **overrides) -> "DraftConfig":
+        if algo not in ALGORITHMS:
+            raise ValueError(f"unknown draft algorithm '{algo}'; available: {list(ALGORITHMS)}")
+        spec = target.spec
+        num_layers = overrides.pop("num_layers", None) or (1 if algo == "eagle3" else 2)
+        feature_layers = tuple(overrides.pop("feature_layers", None) or target.default_feature_layers(5))
+        cfg = cls(
+            algo=algo,
+            family=spec.family,
+            hidden_size=spec.hidden_size,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            intermediate_size=spec.intermediate_size,
+            rms_norm_eps=spec.rms_norm_eps,
+            rope_theta=spec.rope_theta,
+            vocab_size=spec.vocab_size,
+            feature_layers=feature_layers,
+            num_layers=num_layers,
+            qk_norm=spec.qk_norm,
+            qkv_bias=spec.qkv_bias,
+            activation=spec.activation,
+            target=target.fingerprint(),
+        )
+        for key, value in overrides.items():
+            if not hasattr(cfg, key):
+                raise ValueError(f"unknown draft setting '{key}'; known: {[f.name for f in fields(cls)]}")
+            setattr(cfg, key, value)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.algo not in ALGORITHMS:
+            raise ValueError(f"unknown draft algorithm '{self.algo}'; available: {list(ALGORITHMS)}")
+        if self.num_layers < 1 or self.block_size < 1:
+            raise ValueError("num_layers and block_size must be >= 1")
+        if not 0 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [0, {self.vocab_size}], got {self.draft_vocab_size}")
+        if self.block_layout != "anchor-first":
+            raise ValueError(f"unsupported block layout '{self.block_layout}' (this engine runs 'anchor-first')")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["feature_layers"] = list(self.feature_layers)
+        d["confidence_temperature"] = list(self.confidence_temperature)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DraftConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"draft config has unknown keys {unknown}; written by a newer DeepSpec?")
+        d = dict(d)
+        d["feature_layers"] = tuple(d.get("feature_layers", ()))
+        d["confidence_temperature"] = tuple(d.get("confidence_temperature", ()))
+        cfg = cls(**d)
+        cfg.validate()
+        return cfg
