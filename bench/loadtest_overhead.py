@@ -224,11 +224,14 @@ def main(argv: list[str] | None = None) -> int:
             if proc.is_alive():
                 proc.kill()
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], (int, float)) and runs[0][k] is not None}
-        rows.append({"scenario": name, **runs[0], **med, "repeats": runs})
+        # the least disturbed repeat: on a shared machine noise only adds, so the minimum is the tool's own cost.
+        best = min(runs, key=lambda r: r["overhead_p50_ms"])
+        rows.append({"scenario": name, **runs[0], **med, "best_overhead_p50_ms": best["overhead_p50_ms"],
+                     "best_achieved_req_per_s": best["achieved_req_per_s"], "repeats": runs})
         print(f"done: {name}", file=sys.stderr)
 
     cols = [("scenario", "scenario", "{}"), ("achieved_req_per_s", "req/s", "{:.0f}"), ("overhead_p50_ms", "overhead p50 ms", "{:.3f}"),
-            ("overhead_p99_ms", "p99 ms", "{:.3f}"), ("ttft_overhead_p50_ms", "TTFT ovh p50 ms", "{:.3f}"),
+            ("overhead_p99_ms", "p99 ms", "{:.3f}"), ("best_overhead_p50_ms", "best p50 ms", "{:.3f}"), ("ttft_overhead_p50_ms", "TTFT ovh p50 ms", "{:.3f}"),
             ("cpu_per_request_us", "CPU/req us", "{:.0f}"), ("client_cpu_utilization", "client CPU", "{:.0%}"),
             ("client_runqueue_wait_fraction", "CPU stolen", "{:.0%}"),
             ("failed", "failed", "{:.0f}")]
@@ -239,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, ((k, h, f), w) in enumerate(zip(cols, widths))))
     for r in rows:
         print("  ".join(f.format(r[k]).ljust(w) if i == 0 else f.format(r[k]).rjust(w) for i, ((k, h, f), w) in enumerate(zip(cols, widths))))
-    best = rows[0]
-    verdict = best["achieved_req_per_s"] >= 475 and best["overhead_p50_ms"] <= 1.0 and best["client_cpu_utilization"] < 1.0
+    head = rows[0]  # Poisson 500/s, medians
+    verdict = (head["achieved_req_per_s"] >= 0.95 * 500 and head["overhead_p50_ms"] <= 1.0
+               and head["client_cpu_utilization"] < 1.0)
     print(f"target (>= 500 req/s on one core, p50 overhead <= 1 ms): {'met' if verdict else 'NOT met'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,7 @@ def test_run_writes_a_report_with_spec_decode_and_goodput(fake_server_thread, tm
 
 def test_sweep_and_compare(fake_server_thread, tmp_path, capsys):
     with fake_server_thread(FakeServerConfig(ttft_s=0.005)) as srv:
-        for name, tpc in (("a", 1), ("b", 1)):
+        for name in ("a", "b"):
             rc = main(["--base-url", srv.url, *RANDOM, "--max-concurrency", "1,4", "--num-prompts", "8",
                        "--result-file", str(tmp_path / f"{name}.json"), "--plot", str(tmp_path / "p")])
             assert rc == 0

@@ -1,7 +1,6 @@
 """The live progress line shows the runner's counters."""
 
 
-
 def test_live_line_renders_progress():
     from rich.console import Console
 
