@@ -163,3 +163,40 @@ class GatewayMetrics(_LatencyMetrics):
             GATEWAY_RETRIES_TOTAL, "Requests retried on another worker before their first token.", ("worker",),
             registry=self.registry,
         )  # fmt: skip
+
+
+def exposition(registry) -> tuple[bytes, str]:
+    """The registry in the Prometheus text format 0.0.4, whatever the scraper asks for.
+
+    prometheus_client's OpenMetrics negotiation escapes `:` to `_` (deepspec_time_to_first_token_seconds), which
+    would break every dashboard and alert; the classic text format keeps the names as written above.
+    """
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry), "text/plain; version=0.0.4; charset=utf-8"
+
+
+def start_metrics_server(registry, host: str, port: int):
+    """Serve GET /metrics on a daemon thread; returns the server (`.server_port`, `.shutdown()`)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.split("?")[0] not in ("/metrics", "/"):
+                self.send_error(404, "only /metrics here")
+                return
+            body, content_type = exposition(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # scrapes are not worth a log line each
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

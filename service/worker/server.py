@@ -20,7 +20,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from deepspec.decoding.params import SamplingParams
 from service import protocol as p
-from service.metrics import WorkerMetrics
+from service.metrics import WorkerMetrics, start_metrics_server
 from service.settings import WorkerSettings
 from service.worker import tensors
 from service.worker.engine import LoadedEngine, load_engine
@@ -241,10 +241,8 @@ class WorkerService:
         self.model_name = self.loaded.target.name
         self.metrics = WorkerMetrics(self.model_name)
         if self.settings.metrics_port >= 0:
-            from prometheus_client import start_http_server
-
-            self._metrics_server, _ = start_http_server(self.settings.metrics_port, self.settings.host,
-                                                        registry=self.metrics.registry)  # fmt: skip
+            self._metrics_server = start_metrics_server(self.metrics.registry, self.settings.host,
+                                                        self.settings.metrics_port)  # fmt: skip
             self.metrics_port = self._metrics_server.server_port
         self.scheduler = Scheduler(self.loaded.engine, self.metrics, max_queue=self.settings.max_queue)
         warmed_up = self.scheduler.start(warmup_prompt_token_ids=self.loaded.target.encode("Hello"))

@@ -2,9 +2,9 @@
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.gateway.dependencies import DispatcherDep
+from service.metrics import exposition
 
 router = APIRouter()
 
@@ -25,4 +25,5 @@ async def ready(dispatcher: DispatcherDep):
 
 @router.get("/metrics")
 async def metrics(request: Request):
-    return Response(generate_latest(request.app.state.gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    body, content_type = exposition(request.app.state.gateway.metrics.registry)
+    return Response(body, headers={"Content-Type": content_type})
