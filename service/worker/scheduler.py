@@ -154,6 +154,7 @@ class Scheduler:
             self._update_gauges()
             if self.engine.has_unfinished():
                 self._step()
+                self._update_gauges()  # before blocking for commands, so an idle worker reads 0
         for request in [*self._waiting, *self._running.values()]:
             self._deliver([(request, SchedulerClosedError("the worker stopped"))])
 

@@ -1,0 +1,142 @@
+"""In-memory units: tensor round trips, P2C routing, the scheduler over the stub engine, the CLI's help."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2
+
+from deepspec.decoding.params import SamplingParams
+from service import protocol as p
+from service.gateway.routing import Endpoint, WorkerPool
+from service.gateway.worker_client import GenerationRequest, build_infer_request, parse_response
+from service.metrics import GatewayMetrics, WorkerMetrics
+from service.worker import tensors
+from service.worker.scheduler import QueueFullError, Scheduler
+from service.worker.stub_engine import STUB_TEXT, StubEngine, StubTarget
+
+
+def test_gateway_request_reads_back_in_the_worker():
+    req = GenerationRequest("r1", "m", prompt="héllo", max_tokens=7, temperature=0.5, top_k=3, seed=2**63, stop=["a", "bc"])
+    values = tensors.read_inputs(build_infer_request(req))
+    assert tensors.scalar(values, p.TEXT_INPUT, str) == "héllo"
+    assert tensors.scalar(values, p.MAX_TOKENS, int) == 7
+    assert tensors.scalar(values, p.TEMPERATURE, float) == 0.5
+    assert tensors.scalar(values, p.SEED, int) == 2**63
+    assert tensors.strings(values, p.STOP_WORDS) == ["a", "bc"]
+    assert tensors.scalar(values, p.STREAM, bool) is True
+
+
+def test_tritonclient_typed_contents_are_read_too():
+    """A client that fills `contents` instead of raw bytes (e.g. KServe's reference clients)."""
+    request = service_pb2.ModelInferRequest()
+    t = request.inputs.add(name=p.MAX_TOKENS, datatype="INT32", shape=[1, 1])
+    t.contents.int_contents.append(9)
+    assert tensors.scalar(tensors.read_inputs(request), p.MAX_TOKENS, int) == 9
+
+
+def test_worker_response_parses_in_the_gateway_and_in_tritonclient():
+    response = service_pb2.ModelInferResponse(model_name="m", id="x")
+    tensors.add_output(response, p.TEXT_OUTPUT, "ab€")
+    tensors.add_output(response, p.EXTRA_NUM_OUTPUT_TOKENS, 3)
+    tensors.add_output(response, p.EXTRA_FINISH_REASON, "stop")
+    tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, True)
+    chunk = parse_response(response)
+    assert (chunk.text, chunk.num_output_tokens, chunk.finish_reason, chunk.final) == ("ab€", 3, "stop", True)
+    result = triton.InferResult(response)
+    assert result.as_numpy(p.TEXT_OUTPUT)[0][0].decode() == "ab€"
+    assert result.as_numpy(p.EXTRA_NUM_OUTPUT_TOKENS).dtype == np.int32
+
+
+def test_truncated_bytes_tensor_is_a_clear_error():
+    with pytest.raises(tensors.TensorError, match="truncated"):
+        tensors.deserialize_bytes(b"\x05\x00\x00\x00ab")
+
+
+def test_stream_error_prefix_round_trip():
+    assert p.decode_stream_error(p.encode_stream_error("RESOURCE_EXHAUSTED", "busy: x")) == ("RESOURCE_EXHAUSTED", "busy: x")
+    assert p.decode_stream_error("some Triton error") == ("INTERNAL", "some Triton error")
+
+
+def _pool(outstanding: list[int]) -> WorkerPool:
+    pool = WorkerPool("", GatewayMetrics(), rng=random.Random(0))
+    for i, n in enumerate(outstanding):
+        pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", client=None, outstanding=n, healthy=True, models={"m": 2048})
+    return pool
+
+
+def test_p2c_never_picks_the_busier_of_its_two_samples():
+    """With loads 0 and 100 the idle worker always wins; with three workers the busiest is never chosen."""
+    assert {_pool([0, 100]).pick("m").address for _ in range(50)} == {"w0"}
+    pool = _pool([0, 5, 100])
+    picks = [pool.pick("m").address for _ in range(300)]
+    assert "w2" not in picks and picks.count("w0") > picks.count("w1")
+
+
+def test_pick_skips_ejected_tried_and_other_models():
+    pool = _pool([0, 0, 0])
+    pool.endpoints["w0"].healthy = False
+    pool.endpoints["w1"].models = {"other": 0}
+    assert pool.pick("m").address == "w2"
+    assert pool.pick("m", exclude={"w2"}) is None
+    assert pool.models() == {"m": 2048, "other": 0}
+
+
+async def _collect(scheduler: Scheduler, prompt: list[int], params: SamplingParams):
+    return [out async for out in scheduler.generate(prompt, params)]
+
+
+def test_scheduler_batches_requests_that_join_and_leave():
+    async def main():
+        engine = StubEngine(StubTarget(), "d", max_batch_size=2, num_speculative_tokens=3)
+        metrics = WorkerMetrics("stub")
+        scheduler = Scheduler(engine, metrics, max_queue=8)
+        scheduler.start().wait()
+        try:
+            results = await asyncio.gather(*(_collect(scheduler, [1, 2], SamplingParams(max_tokens=n)) for n in (5, 30, 12)))
+        finally:
+            scheduler.stop()
+        for outputs, n in zip(results, (5, 30, 12)):
+            out, stats = outputs[-1]
+            assert out.finished and stats.num_output_tokens == n
+            assert "".join(o.new_text for o, _ in outputs) == STUB_TEXT[:n]
+        assert metrics.request_success.labels("stub", "length")._value.get() == 3
+        assert metrics.num_requests_running.labels("stub")._value.get() == 0
+
+    asyncio.run(main())
+
+
+def test_scheduler_queue_bound_and_abort():
+    async def main():
+        engine = StubEngine(StubTarget(), None, max_batch_size=1, step_delay_s=0.005)
+        scheduler = Scheduler(engine, WorkerMetrics("stub"), max_queue=1)
+        scheduler.start().wait()
+        try:
+            first = scheduler.generate([1], SamplingParams(max_tokens=1000))
+            await anext(first)  # running
+            second = asyncio.ensure_future(_collect(scheduler, [1], SamplingParams(max_tokens=3)))  # waiting
+            await asyncio.sleep(0.05)
+            with pytest.raises(QueueFullError):
+                await anext(scheduler.generate([1], SamplingParams(max_tokens=3)))
+            await first.aclose()  # abort frees the slot: the waiting one runs
+            outputs = await asyncio.wait_for(second, 5)
+            assert outputs[-1][1].num_output_tokens == 3
+            assert engine.num_running == 0
+        finally:
+            scheduler.stop()
+
+    asyncio.run(main())
+
+
+def test_cli_help_is_instant_and_names_units():
+    out = subprocess.run([sys.executable, "-m", "service", "worker", "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "--max-queue" in out.stdout and "seconds" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "service", "gateway", "--workers", "nonsense"],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert out.returncode == 2 and "host:port" in out.stderr
