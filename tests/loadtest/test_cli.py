@@ -99,14 +99,16 @@ def test_ctrl_c_writes_a_partial_report(tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "loadtest", "--fake-server", f"127.0.0.1:{port}", "--fake-ttft-ms", "50",
                                "--fake-itl-ms", "20"], cwd=REPO, env=env, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 10
-        while subprocess.run([sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 0.2)"],
-                             capture_output=True).returncode and time.time() < deadline:
+        deadline = time.time() + 30
+        while _served_chunks(port) is None and time.time() < deadline:
             time.sleep(0.1)
         tester = subprocess.Popen([sys.executable, "-m", "loadtest", "--base-url", f"http://127.0.0.1:{port}", *RANDOM,
                                    "--max-concurrency", "4", "--num-prompts", "100000", "--result-file", str(tmp_path / "r.json")],
                                   cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
-        time.sleep(2.0)
+        # interrupt only once requests are being answered (the server's counters move), however slow the start.
+        deadline = time.time() + 30
+        while (_served_chunks(port) or 0) < 100 and time.time() < deadline:
+            time.sleep(0.1)
         tester.send_signal(signal.SIGINT)
         out, _ = tester.communicate(timeout=20)
     finally:
@@ -116,3 +118,16 @@ def test_ctrl_c_writes_a_partial_report(tmp_path):
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["interrupted"] and 0 < rep["completed"] < 100000 and rep["failed"] == 0 and rep["num_cancelled"] == 4
     assert "Interrupted" in out
+
+
+def _served_chunks(port: int) -> float | None:
+    """Chunks the fake server has streamed so far (its drafts counter); None while it is not up."""
+    import urllib.request
+
+    from loadtest.spec_stats import parse_counters
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+            return parse_counters(r.read().decode()).num_drafts
+    except OSError:
+        return None

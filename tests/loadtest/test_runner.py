@@ -33,8 +33,8 @@ def test_closed_loop_keeps_exactly_n_in_flight_and_warmup_is_excluded():
     assert counters.requests == 45  # the server saw the warm-up ...
     assert len(res.run.outputs) == 40 and all(o.success for o in res.run.outputs)  # ... the report does not
     assert res.run.max_concurrent_requests == 8 and counters.max_in_flight == 8
-    # 40 requests, 8 at a time, ~20 ms each: about 5 rounds.
-    assert 0.09 < res.run.duration_s < 0.5
+    # 40 requests, 8 at a time, >= 20 ms each: at least 5 rounds (the upper bound allows for a busy machine).
+    assert 0.1 <= res.run.duration_s < 2.0
     # warm-up happened before the first scrape: the diff covers the 40 measured requests only.
     assert res.spec_decode.num_drafts == 40 * 4
 
@@ -47,8 +47,8 @@ def test_open_loop_poisson_rate_and_request_count():
 
     run = asyncio.run(go())
     assert len(run.outputs) == 60 and all(o.success for o in run.outputs)
-    # 59 exponential gaps of mean 10 ms: ~0.59 s, and 5 standard deviations (~0.38 s) either way are enough.
-    assert 0.25 < run.duration_s < 1.2
+    # 59 exponential gaps of mean 10 ms: ~0.59 s; 5 standard deviations (~0.38 s) below, a busy machine above.
+    assert 0.2 < run.duration_s < 2.5
     starts = sorted(o.start_time for o in run.outputs)
     assert starts[-1] - starts[0] == pytest.approx(run.duration_s, abs=0.05)
 
@@ -89,7 +89,7 @@ def test_stop_returns_a_partial_run_and_cancels_in_flight():
                 return run, time.perf_counter() - t, progress
 
     run, wall, progress = asyncio.run(go())
-    assert run.interrupted and wall < 1.0
+    assert run.interrupted and wall < 3.0
     assert run.num_cancelled == 4  # the four in flight at the stop
     assert 4 <= len(run.outputs) < 1000 and all(o.success for o in run.outputs)
     assert progress.completed == len(run.outputs) and progress.in_flight == 0
