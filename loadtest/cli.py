@@ -1,4 +1,4 @@
-"""`python -m loadtest`: load-test an OpenAI-compatible server or DeepSpec's gRPC API.
+r"""`python -m loadtest`: load-test an OpenAI-compatible server or DeepSpec's gRPC API.
 
 Runbook (the server is the embedded DeepSpec service, `python -m service`, unless said otherwise):
 
@@ -9,8 +9,8 @@ Runbook (the server is the embedded DeepSpec service, `python -m service`, unles
   python -m loadtest --request-rate 4 --duration 60 --slo ttft=500,tpot=50 --plot plots/
 
   # bursty arrivals (gamma, burstiness 0.5), random prompts of ~512 tokens, exactly 128 output tokens each
-  python -m loadtest --request-rate 8 --burstiness 0.5 --dataset-name random \
-      --random-input-len 512 --random-output-len 128 --ignore-eos --num-prompts 500
+  python -m loadtest --request-rate 8 --burstiness 0.5 --dataset-name random --random-input-len 512 \
+      --random-output-len 128 --ignore-eos --num-prompts 500
 
   # sweep: one command, one report with a run per rate (or --max-concurrency 1,4,16,64)
   python -m loadtest --request-rate 1,2,4,8,16 --num-prompts 200 --result-file sweep.json --plot plots/
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "GET /v1/models; empty for gRPC = the served model)")
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
     g.add_argument("--no-stream", action="store_true", help="ask for whole responses; TTFT then equals e2e latency")
-    g.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds (default: %(default)s)")
+    g.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per-request limit in seconds (default: %(default)s)")
     g.add_argument("--metrics-url", default=None, help="Prometheus text for spec-decode counters (default: "
                    "BASE_URL/metrics; 'off' to skip)")
 
