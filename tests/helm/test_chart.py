@@ -257,7 +257,7 @@ def test_helm_test_pod_sends_one_completion():
     assert "secretKeyRef" in env["DEEPSPEC_API_KEYS"]["valueFrom"]
     script = c["args"][0]
     compile(script, "helm-test", "exec")  # the inline script is valid Python
-    assert "/v1/completions" in script and "Authorization" in script
+    assert "/v1/models" in script and "/v1/completions" in script and "Authorization" in script
     assert pod["spec"]["restartPolicy"] == "Never"
 
 

@@ -1,10 +1,12 @@
-"""A real Prometheus (Debian's `prometheus`) scrapes a gateway and a worker and answers every dashboard query.
+"""A real Prometheus (Debian's `prometheus`) scrapes DeepSpec and answers every dashboard query.
 
-The gateway and worker here are their real metric objects (`service.metrics.GatewayMetrics` / `WorkerMetrics`),
-served the way the gateway's `/metrics` route serves them (`generate_latest`, text format) and fed synthetic traffic
-by a thread, so the label sets, histogram buckets and counter suffixes Prometheus sees are exactly the service's.
-Both are scraped every second under the job names the chart's ServiceMonitors produce. A real stub worker
-(`python -m service worker --target stub`) is scraped beside them, to check that names survive its own endpoint.
+Two sources, told apart by the `namespace` label Prometheus attaches (the dashboards' `$namespace` variable):
+- `inference`: the service's own metric objects (`service.metrics.GatewayMetrics` / `WorkerMetrics`) served the way
+  the gateway's `/metrics` route serves them and fed synthetic traffic by a thread: every panel, with every label
+  value the dashboards split by (several workers, positions, statuses);
+- `live`: the running service itself, `python -m service worker --target stub` behind `python -m service gateway`,
+  with completions sent through the gateway's OpenAI API (skipped when this checkout's service cannot start).
+Scrapes run every second under the job names the chart's ServiceMonitors produce.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import http.server
 import json
 import math
+import os
 import random
 import socket
 import subprocess
@@ -95,20 +98,62 @@ def _serve(registry) -> http.server.ThreadingHTTPServer:
     return server
 
 
-def _start_stub_worker(metrics_port: int) -> subprocess.Popen | None:
-    """The real worker on its fake engine; None when this checkout's worker cannot start."""
-    process = subprocess.Popen([sys.executable, "-m", "service", "worker", "--target", "stub", "--port", "0",
-                                "--metrics-port", str(metrics_port), "--host", "127.0.0.1", "--drain-timeout-s", "0"],
-                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=1).close()
-            return process
-        except OSError:
+API_KEY = "sk-live-test"
+
+
+class LiveService:
+    """A stub worker and a real gateway in front of it, as `helm install` wires them, on free local ports."""
+
+    def __init__(self, log_dir):
+        self.grpc_port, self.metrics_port, self.http_port = _free_port(), _free_port(), _free_port()
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        self.logs = [open(log_dir / name, "w") for name in ("worker.log", "gateway.log")]
+        common = [sys.executable, "-m", "service"]
+        self.processes = [
+            subprocess.Popen([*common, "worker", "--target", "stub", "--host", "127.0.0.1", "--port",
+                              str(self.grpc_port), "--metrics-port", str(self.metrics_port), "--drain-timeout-s", "0",
+                              "--stub-step-ms", "2"], cwd=REPO, stdout=self.logs[0], stderr=subprocess.STDOUT),
+            subprocess.Popen([*common, "gateway", "--workers", f"127.0.0.1:{self.grpc_port}", "--host", "127.0.0.1",
+                              "--http-port", str(self.http_port), "--grpc-port", "-1", "--drain-timeout-s", "0",
+                              "--health-interval-s", "0.5"], cwd=REPO, stdout=self.logs[1], stderr=subprocess.STDOUT,
+                             env={**os.environ, "DEEPSPEC_API_KEYS": API_KEY}),
+        ]
+
+    def wait_ready(self, timeout_s: float = 45) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and all(p.poll() is None for p in self.processes):
+            try:
+                with urllib.request.urlopen(f"{self.url}/health/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return True
+            except OSError:
+                pass
             time.sleep(0.3)
-    _stop(process)
-    return None
+        return False
+
+    def complete(self, prompt: str, stream: bool) -> None:
+        body = json.dumps({"model": "stub", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                           "stream": stream}).encode()
+        request = urllib.request.Request(f"{self.url}/v1/completions", body, {
+            "Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+
+    def traffic(self, stop: threading.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                self.complete(f"request {n}: the quick brown fox", stream=n % 2 == 1)
+            except OSError:
+                pass
+            n += 1
+            stop.wait(0.05)
+
+    def close(self) -> None:
+        for process in self.processes:
+            _stop(process)
+        for log in self.logs:
+            log.close()
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -120,25 +165,38 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
+class Scrape:
+    """What the tests get: Prometheus' URL and the live service, if it runs."""
+
+    def __init__(self, url: str, live: LiveService | None):
+        self.url, self.live = url, live
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
     binary = require_tool("prometheus")
+    tmp = tmp_path_factory.mktemp("prometheus")
     gateway, worker = GatewayMetrics(), WorkerMetrics(MODEL)
     servers = [_serve(m.registry) for m in (gateway, worker)]
     stop = threading.Event()
-    feeder = threading.Thread(target=_traffic, args=(gateway, worker, stop), daemon=True)
-    feeder.start()
-    stub_port = _free_port()
-    stub = _start_stub_worker(stub_port)
+    threads = [threading.Thread(target=_traffic, args=(gateway, worker, stop), daemon=True)]
+    live = LiveService(tmp)
+    if live.wait_ready():
+        threads.append(threading.Thread(target=live.traffic, args=(stop,), daemon=True))
+    else:
+        live.close()
+        live = None
+    for thread in threads:
+        thread.start()
 
-    tmp = tmp_path_factory.mktemp("prometheus")
-    jobs = {f"{RELEASE}-gateway": servers[0].server_port, f"{RELEASE}-worker": servers[1].server_port}
-    if stub is not None:
-        jobs["stub-worker"] = stub_port
+    targets = {f"{RELEASE}-gateway": (servers[0].server_port, NAMESPACE),
+               f"{RELEASE}-worker": (servers[1].server_port, NAMESPACE)}
+    if live is not None:
+        targets |= {"live-gateway": (live.http_port, "live"), "live-worker": (live.metrics_port, "live")}
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
               "scrape_configs": [{"job_name": job, "static_configs": [
-                  {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": NAMESPACE}}]}
-                  for job, port in jobs.items()]}
+                  {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}]}
+                  for job, (port, namespace) in targets.items()]}
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = _free_port()
     log = open(tmp / "prometheus.log", "w")
@@ -160,14 +218,15 @@ def prometheus(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail("prometheus did not become ready in 30 s")
             time.sleep(0.2)
-        yield url, stub is not None
+        yield Scrape(url, live)
     finally:
         _stop(process)
         log.close()
-        if stub is not None:
-            _stop(stub)
         stop.set()
-        feeder.join(timeout=5)
+        for thread in threads:
+            thread.join(timeout=35)
+        if live is not None:
+            live.close()
         for server in servers:
             server.shutdown()
             server.server_close()
@@ -186,21 +245,31 @@ def _values(body: dict) -> list[float]:
     return [float(sample["value"][1]) for sample in body["data"]["result"]]
 
 
-def test_every_dashboard_query_returns_data(prometheus):
-    prometheus, _ = prometheus
-    boards = dashboards()
-    pending = {(d, title, substitute(expr, boards[d], RATE_WINDOW)) for d, title, expr in dashboard_queries()}
-    answers: dict = {}
-    deadline = time.monotonic() + 45
+def _wait_for_data(url: str, queries: set[tuple[str, str, str]], timeout_s: float) -> tuple[dict, set]:
+    """Poll each query until it returns finite samples; (answers, queries still without data)."""
+    pending, answers = set(queries), {}
+    deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         for item in sorted(pending):
-            body = query(prometheus, item[2])
+            body = query(url, item[2])
             assert body["status"] == "success", f"{item[0]} / {item[1]}: {body.get('error')}"
             values = _values(body)
             if values and all(math.isfinite(v) for v in values):
                 answers[item] = values
                 pending.discard(item)
-        time.sleep(1)
+        if pending:
+            time.sleep(1)
+    return answers, pending
+
+
+def _queries(namespace: str) -> set[tuple[str, str, str]]:
+    boards = dashboards()
+    return {(d, title, substitute(expr, boards[d], RATE_WINDOW).replace('namespace=~".*"', f'namespace="{namespace}"'))
+            for d, title, expr in dashboard_queries()}
+
+
+def test_every_dashboard_query_returns_data(prometheus):
+    answers, pending = _wait_for_data(prometheus.url, _queries(NAMESPACE), 45)
     assert not pending, "queries without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(pending))
     by_title = {title: values for (_, title, _), values in answers.items()}
     # Sanity of what the panels show, given the synthetic traffic.
@@ -212,36 +281,64 @@ def test_every_dashboard_query_returns_data(prometheus):
     assert by_title["Healthy workers"] == [len(WORKERS)]
 
 
+def test_dashboards_show_the_running_service(prometheus):
+    """The gateway's panels fill from the real service; so do the workers' own once their names survive the scrape."""
+    if prometheus.live is None:
+        pytest.skip("the service (stub worker + gateway) did not start in this checkout")
+    # Error and retry panels have no series until something fails, and the stub never does.
+    queries = {q for q in _queries("live") if "Error ratio" not in q[1] and "Retries" not in q[1]}
+    answers, pending = _wait_for_data(prometheus.url, queries, 45)
+    assert not pending, "panels without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(pending))
+    by_title = {title: values for (_, title, _), values in answers.items()}
+    assert by_title["Healthy workers"] == [1]
+    assert 0 <= by_title["Acceptance rate"][0] <= 1
+    assert by_title["Acceptance by draft position"]  # the worker's own series (`worker=""`) arrive too
+
+
+def test_helm_test_script_passes_against_the_running_gateway(prometheus):
+    """The `helm test` pod's script, taken from the rendered chart, run against the real gateway."""
+    if prometheus.live is None:
+        pytest.skip("the service (stub worker + gateway) did not start in this checkout")
+    from tests.helm.conftest import one, render
+
+    pod = one(render(), "Pod")
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env |= {"DEEPSPEC_URL": prometheus.live.url, "DEEPSPEC_API_KEYS": API_KEY}
+    result = subprocess.run([sys.executable, "-c", container["args"][0]], env={**os.environ, **env},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "completion:" in result.stdout
+    wrong_key = subprocess.run([sys.executable, "-c", container["args"][0]],
+                               env={**os.environ, **env, "DEEPSPEC_API_KEYS": "sk-wrong"},
+                               capture_output=True, text=True, timeout=60)
+    assert wrong_key.returncode != 0  # the gateway enforces the key the pod reads from the Secret
+
+
 def test_every_alert_expression_evaluates(prometheus):
-    prometheus, _ = prometheus
     for alert, expr in rule_exprs():
-        body = query(prometheus, expr)
+        body = query(prometheus.url, expr)
         assert body["status"] == "success", f"{alert}: {body.get('error')}"
 
 
 def test_a_broken_query_is_reported(prometheus):
     """The checks above would notice a parse error: Prometheus answers it with status error."""
-    prometheus, _ = prometheus
-    body = query(prometheus, "sum by (le (rate(deepspec:time_to_first_token_seconds_bucket[5m]))")
+    body = query(prometheus.url, "sum by (le (rate(deepspec:time_to_first_token_seconds_bucket[5m]))")
     assert body["status"] == "error" and body["errorType"] == "bad_data"
 
 
 def test_the_real_worker_endpoint_keeps_deepspec_names(prometheus):
-    """Prometheus 2.x asks for OpenMetrics first; prometheus_client's OpenMetrics writer (what
-    `start_http_server` answers with) turns `deepspec:x` into `deepspec_x` in sample lines, and every dashboard and
-    alert would then miss the worker's series. The gateway's route always sends the text format and is safe."""
-    prometheus, stub_running = prometheus
-    if not stub_running:
-        pytest.skip("`python -m service worker --target stub` did not start in this checkout")
+    """Prometheus 2.x asks for OpenMetrics first, and prometheus_client's OpenMetrics writer turns `deepspec:x` into
+    `deepspec_x` in sample lines: every dashboard and alert would miss such series. The service must keep answering
+    with the classic text format."""
+    if prometheus.live is None:
+        pytest.skip("the service (stub worker + gateway) did not start in this checkout")
     names: set[str] = set()
     deadline = time.monotonic() + 30
     while not names and time.monotonic() < deadline:
-        body = query(prometheus, 'count by (__name__) ({job="stub-worker", __name__=~"deepspec.*"})')
+        body = query(prometheus.url, 'count by (__name__) ({job="live-worker", __name__=~"deepspec.*"})')
         names = {sample["metric"]["__name__"] for sample in body["data"]["result"]}
         time.sleep(0.5)
-    assert names, "Prometheus stored nothing from the stub worker"
-    if not any(name.startswith("deepspec:") for name in names):
-        pytest.xfail("the worker's /metrics (prometheus_client.start_http_server) answers Prometheus 2.x's "
-                     f"OpenMetrics request with escaped names: {sorted(names)[:3]}...; serve generate_latest "
-                     "(text format) as the gateway does")
-    assert all(name.startswith("deepspec:") for name in names), sorted(names)
+    assert names, "Prometheus stored nothing from the worker"
+    escaped = sorted(name for name in names if not name.startswith("deepspec:"))
+    assert not escaped, f"the worker's /metrics escaped names for Prometheus: {escaped[:3]}..."
