@@ -67,11 +67,13 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO; request lines are INFO)")
     sub = parser.add_subparsers(dest="command")
-    _add_worker_flags(sub.add_parser("worker", help="host one engine behind KServe v2 gRPC"))
-    _add_gateway_flags(sub.add_parser("gateway", help="OpenAI HTTP + gRPC API routing to workers"))
-    embedded = sub.add_parser("embedded", help="gateway + one in-process worker (the default without a subcommand)")
+    _add_worker_flags(sub.add_parser("worker", parents=[common], help="host one engine behind KServe v2 gRPC"))
+    _add_gateway_flags(sub.add_parser("gateway", parents=[common], help="OpenAI HTTP + gRPC API routing to workers"))
+    embedded = sub.add_parser("embedded", parents=[common],
+                              help="gateway + one in-process worker (the default without a subcommand)")
     _add_gateway_flags(embedded, embedded=True)
     _add_worker_flags(embedded, embedded=True)
     embedded.add_argument("--worker-port", type=int, default=0, help="in-process worker's gRPC port (default 0 = any free)")
@@ -82,11 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--log-level"):
-        argv = ["embedded", *argv]
+    if not argv or argv[0] not in ("worker", "gateway", "embedded", "-h", "--help"):
+        argv = ["embedded", *argv]  # `python -m service [flags]` = the embedded default
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["embedded", *argv])
     from service.logging import configure_logging
 
     configure_logging(args.log_level)

@@ -11,7 +11,7 @@ from fastapi import Depends, Request
 from service.gateway.dispatch import Dispatcher
 
 
-def get_dispatcher(request: Request) -> Dispatcher:
+async def get_dispatcher(request: Request) -> Dispatcher:  # async: a sync dependency would hop to a thread
     return request.app.state.gateway.dispatcher
 
 

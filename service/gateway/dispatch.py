@@ -58,7 +58,8 @@ class Dispatcher:
                                        param="model", code="model_not_found")  # fmt: skip
         return requested, models[requested]
 
-    async def generate(self, req: GenerationRequest, api: str) -> AsyncIterator[Chunk]:
+    async def generate(self, req: GenerationRequest, api: str, unary: bool = False) -> AsyncIterator[Chunk]:
+        """Stream `req` from a worker; `unary=True` (non-streaming APIs) uses one ModelInfer call instead."""
         if self.draining:
             raise errors.ServiceUnavailableError("the gateway is shutting down", retry_after_s=self.retry_after_s)
         task = asyncio.current_task()
@@ -82,9 +83,12 @@ class Dispatcher:
                 tried.add(worker)
                 try:
                     with self.pool.track(endpoint):
-                        async for chunk in endpoint.client.generate(req, self.request_timeout_s):
+                        call = endpoint.client.infer if unary else endpoint.client.generate
+                        async for chunk in call(req, self.request_timeout_s):
                             now = time.perf_counter()
-                            if first is None:
+                            if unary:  # the worker's histograms have TTFT and inter-token latency for these
+                                first = now
+                            elif first is None:
                                 first = now
                                 self.metrics.time_to_first_token.labels(req.model, worker).observe(now - arrival)
                             else:
@@ -145,7 +149,7 @@ class Dispatcher:
     async def complete(self, req: GenerationRequest, api: str) -> tuple[str, Chunk]:
         """Run a request to the end: (whole text, last chunk with the usage)."""
         parts, last = [], Chunk("")
-        async for last in self.generate(req, api):
+        async for last in self.generate(req, api, unary=True):
             parts.append(last.text)
         return "".join(parts), last
 

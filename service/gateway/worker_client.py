@@ -67,7 +67,7 @@ class WorkerError(Exception):
         self.status, self.message = status, message
 
 
-def build_infer_request(req: GenerationRequest) -> service_pb2.ModelInferRequest:
+def build_infer_request(req: GenerationRequest, stream: bool = True) -> service_pb2.ModelInferRequest:
     """The TensorRT-LLM ensemble's inputs, as raw [1, 1] tensors (stop_words [1, n])."""
     request = service_pb2.ModelInferRequest(model_name=req.model, id=req.request_id)
     raw = request.raw_input_contents
@@ -85,7 +85,7 @@ def build_infer_request(req: GenerationRequest) -> service_pb2.ModelInferRequest
         add_bytes(p.EXTRA_MESSAGES_JSON, [json.dumps(req.messages, ensure_ascii=False)])
     if req.max_tokens is not None:
         add(p.MAX_TOKENS, "INT32", struct.pack("<i", req.max_tokens))
-    add(p.STREAM, "BOOL", b"\x01")
+    add(p.STREAM, "BOOL", b"\x01" if stream else b"\x00")
     add(p.TEMPERATURE, "FP32", struct.pack("<f", req.temperature))
     add(p.TOP_P, "FP32", struct.pack("<f", req.top_p))
     add(p.TOP_K, "INT32", struct.pack("<i", req.top_k))
@@ -163,6 +163,16 @@ class WorkerClient:
             raise WorkerError(e.code().name, e.details() or e.code().name) from None
         finally:
             call.cancel()
+
+    async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+        """Non-streaming requests: one unary ModelInfer (cheaper than a stream), yielded as a single final chunk."""
+        try:
+            response = await self.stub.ModelInfer(build_infer_request(req, stream=False), timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise WorkerError(e.code().name, e.details() or e.code().name) from None
+        chunk = parse_response(response)
+        chunk.final = True
+        yield chunk
 
     async def close(self) -> None:
         await self.channel.close()
