@@ -52,7 +52,7 @@ Usage: {{- include "deepspec.worker.podTemplate" . | nindent 4 }}
 {{- $cuda := eq $w.device "cuda" }}
 {{- $enginesVolume := include "deepspec.worker.enginesVolume" . }}
 {{- $perReplica := $w.perReplicaVolume.enabled }}
-{{- $configMap := include "deepspec.componentName" (dict "ctx" . "component" "model") }}
+{{- $configMap := include "deepspec.componentName" (dict "ctx" . "component" "model") -}}
 metadata:
   labels:
     {{- include "deepspec.labels" $ctx | nindent 4 }}
