@@ -33,6 +33,8 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
     g.add_argument("--max-batch-size", type=int, default=8, help="sequences per engine step (default 8)")
     g.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting for a slot before 'busy' (gateway: 429) (default 64; 0 = no queue)")
+    g.add_argument("--max-prefill-tokens-per-step", type=int, default=512,
+                   help="prompt tokens prefilled per engine step at most; a burst then streams in waves (default 512)")
     g.add_argument("--max-seq-len", type=int, default=2048, help="context cap in tokens, prompt + output (default 2048)")
     g.add_argument("--num-speculative-tokens", type=int, default=7, help="draft tokens per verify round (default 7)")
     g.add_argument("--stub-step-ms", type=float, default=0.0, help="stub engine only: simulated step time, ms (default 0)")

@@ -34,6 +34,8 @@ class WorkerSettings(BaseSettings):
     max_batch_size: int = Field(8, ge=1)
     #: requests waiting for a batch slot before new ones get RESOURCE_EXHAUSTED (the gateway's 429)
     max_queue: int = Field(64, ge=0)
+    #: prompt tokens prefilled per engine step at most (one request always fits): lower = smoother TTFT under bursts
+    max_prefill_tokens_per_step: int = Field(512, ge=1)
     #: context length cap, tokens (prompt + max_tokens); the target's own limit applies too
     max_seq_len: int = Field(2048, ge=16)
     #: draft tokens proposed per verify round

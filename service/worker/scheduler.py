@@ -66,10 +66,11 @@ class RequestStats:
 
 
 class Scheduler:
-    def __init__(self, engine, metrics, max_queue: int = 64):
+    def __init__(self, engine, metrics, max_queue: int = 64, max_prefill_tokens_per_step: int = 512):
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
+        self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[_Request] = deque()
         self._running: dict[str, _Request] = {}
@@ -181,8 +182,15 @@ class Scheduler:
                 return
 
     def _admit(self) -> None:
+        """Fill free slots, but prefill at most `max_prefill_tokens_per_step` prompt tokens per step (at least one
+        request): a burst of arrivals then gets its first tokens in waves instead of all after every prefill."""
         failed = []
+        num_prefill_tokens = 0
         while self._waiting and self.engine.num_free_slots > 0:
+            num_tokens = len(self._waiting[0].prompt_token_ids)
+            if num_prefill_tokens and num_prefill_tokens + num_tokens > self.max_prefill_tokens_per_step:
+                break
+            num_prefill_tokens += num_tokens
             request = self._waiting.popleft()
             try:
                 self.engine.add_request(request.request_id, request.prompt_token_ids, request.params)

@@ -244,7 +244,8 @@ class WorkerService:
             self._metrics_server = start_metrics_server(self.metrics.registry, self.settings.host,
                                                         self.settings.metrics_port)  # fmt: skip
             self.metrics_port = self._metrics_server.server_port
-        self.scheduler = Scheduler(self.loaded.engine, self.metrics, max_queue=self.settings.max_queue)
+        self.scheduler = Scheduler(self.loaded.engine, self.metrics, max_queue=self.settings.max_queue,
+                                   max_prefill_tokens_per_step=self.settings.max_prefill_tokens_per_step)  # fmt: skip
         warmed_up = self.scheduler.start(warmup_prompt_token_ids=self.loaded.target.encode("Hello"))
         await asyncio.to_thread(warmed_up.wait)
         self.ready = True

