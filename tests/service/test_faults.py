@@ -157,3 +157,32 @@ def test_sigterm_drains_in_flight_requests(tmp_path):
     finally:
         gw.terminate()
         worker.terminate()
+
+
+def test_request_timeout_is_504_or_an_error_event(tmp_path):
+    worker = Worker(tmp_path, "--stub-step-ms", "20").start().wait_ready()
+    gw = Gateway(tmp_path, worker.address, "--request-timeout-s", "0.5").start().wait_ready()
+    try:
+        t0 = time.monotonic()
+        response = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 1500}, timeout=10)
+        assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
+        assert time.monotonic() - t0 < 3
+        with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
+                          json={"prompt": "x", "max_tokens": 1500, "stream": True}) as r:  # fmt: skip
+            lines = [line for line in r.iter_lines() if line]
+        assert '"timeout"' in lines[-2] and lines[-1] == "data: [DONE]"
+        wait_for(lambda: running(worker) == 0, 5)
+    finally:
+        gw.terminate()
+        worker.terminate()
+
+
+def test_dns_discovery(tmp_path):
+    worker = Worker(tmp_path).start().wait_ready()
+    gw = Gateway(tmp_path, f"dns://localhost:{worker.port}").start().wait_ready()
+    try:
+        r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "The"
+    finally:
+        gw.terminate()
+        worker.terminate()

@@ -63,7 +63,7 @@ def test_prometheus_scrapes_both_and_computes_ttft_quantiles(prometheus, gateway
     results = []
     while time.monotonic() < deadline:
         for _ in range(3):
-            httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 8})
+            httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 8, "stream": True})
         results = [r for r in query(prometheus, ttft) if r["value"][1] not in ("NaN", "+Inf")]
         if {r["metric"]["job"] for r in results} == {"gateway", "worker"}:
             break
