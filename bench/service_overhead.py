@@ -14,7 +14,8 @@ machine load:
   HTTP stream   the same with "stream": true, read line by line to `data: [DONE]`
   gRPC          deepspec.v1.Completions/Complete on the gateway
 
-added p50 = p50(path) - p50(direct), likewise p99. Target: HTTP p50 added <= 2 ms, p99 added <= 10 ms.
+added p50 = p50(path) - p50(direct of the same kind), likewise p99; percentiles are the median over --blocks
+blocks, so one burst of load from other processes does not decide the result. Target: HTTP p50 added <= 2 ms, p99 added <= 10 ms.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import argparse
 import http.client as http_client
 import json
+import os
+import statistics
 import sys
 import time
 
@@ -43,7 +46,8 @@ PROMPT = "def fibonacci(n):"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=500, help="requests per path (default 500)")
+    parser.add_argument("--requests", type=int, default=600, help="requests per path (default 600)")
+    parser.add_argument("--blocks", type=int, default=3, help="report the median of per-block percentiles (default 3)")
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
 
@@ -103,29 +107,37 @@ def main(argv: list[str] | None = None) -> int:
         for fn in paths.values():  # warm up connections and code paths
             for _ in range(30):
                 fn()
-        samples: dict[str, list[float]] = {name: [] for name in paths}
-        for _ in range(args.requests):
-            for name, fn in paths.items():
-                t0 = time.perf_counter()
-                fn()
-                samples[name].append((time.perf_counter() - t0) * 1000)
+        blocks: list[dict[str, list[float]]] = []
+        for _ in range(args.blocks):
+            samples: dict[str, list[float]] = {name: [] for name in paths}
+            for _ in range(args.requests // args.blocks):
+                for name, fn in paths.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    samples[name].append((time.perf_counter() - t0) * 1000)
+            blocks.append(samples)
     finally:
         gateway.stop()
         worker.stop()
 
+    def stat(name: str, q: float) -> float:  # median over blocks: one burst of load from other processes is one block
+        return statistics.median(pct(b[name], q) for b in blocks)
+
     rows, report = [], {"requests_per_path": args.requests, "max_tokens": MAX_TOKENS, "paths": {}}
-    for name, values in samples.items():
-        p50, p99 = pct(values, 50), pct(values, 99)
+    report["load_average_1m"] = os.getloadavg()[0]
+    for name in paths:
+        p50, p99 = stat(name, 50), stat(name, 99)
         entry = {"p50_ms": p50, "p99_ms": p99}
         if name in baseline:
-            entry["added_p50_ms"] = p50 - pct(samples[baseline[name]], 50)
-            entry["added_p99_ms"] = p99 - pct(samples[baseline[name]], 99)
+            entry["added_p50_ms"] = p50 - stat(baseline[name], 50)
+            entry["added_p99_ms"] = p99 - stat(baseline[name], 99)
         rows.append([name, p50, p99, entry.get("added_p50_ms", ""), entry.get("added_p99_ms", "")])
         report["paths"][name] = entry
     print(table(["path", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"], rows))
     http = report["paths"]["gateway HTTP"]
     http_ok = http["added_p50_ms"] <= 2 and http["added_p99_ms"] <= 10
-    print(f"\ntarget (HTTP: added p50 <= 2 ms, p99 <= 10 ms): {'met' if http_ok else 'NOT met'}")
+    print(f"\ntarget (HTTP: added p50 <= 2 ms, p99 <= 10 ms): {'met' if http_ok else 'NOT met'}"
+          f"  [load average {report['load_average_1m']:.1f} on {os.cpu_count()} CPUs]")
     (RESULTS / "service_overhead.json").write_text(json.dumps(report, indent=2))
     return 0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proc.stop()
         wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
+        report.setdefault("load_average_1m", {})[kind] = os.getloadavg()[0]
         tokens = sum(r["tokens"] for r in results)
         ttfts = [r["ttft_s"] for r in results]
         report["servers"][kind] = {"output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[k, v["output_tokens"], v["wall_s"], v["output_tok_per_s"], v["ttft_p50_s"], v["ttft_p90_s"]]
             for k, v in servers.items()]  # fmt: skip
     print(table(["server", "output tokens", "wall s", "output tok/s", "TTFT p50 s", "TTFT p90 s"], rows))
+    print(f"load average after each run (other processes share the {os.cpu_count()} CPUs): {report['load_average_1m']}")
     if "deepspec-draft" in servers:
         draft = servers["deepspec-draft"]
         for other, target in (("deepspec-none", 1.8), ("llama-cpp", 1.5)):
