@@ -316,7 +316,7 @@ class WorkerService:
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+            await asyncio.to_thread(self._metrics_server.shutdown)  # waits out serve_forever's poll interval
             self._metrics_server.server_close()
 
 
