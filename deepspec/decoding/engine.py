@@ -148,8 +148,9 @@ class SpecEngine:
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         outputs: dict[str, StepOutput] = {}
-        for seq in [s for s in self._running if not s.prefilled]:
-            outputs[seq.request_id] = self._prefill(seq)
+        for group in self._prefill_groups():
+            for out in self._prefill(group):
+                outputs[out.request_id] = out
         self._release([s for s in self._running if s.finish_reason])
         if self._running:
             for out in self._decode_round():
@@ -160,32 +161,60 @@ class SpecEngine:
             self._release([s for s in self._running if s.finish_reason])
         return list(outputs.values())
 
-    def _prefill(self, seq: _Sequence) -> StepOutput:
-        prompt = torch.tensor([seq.prompt], dtype=torch.long, device=self.target.device)
-        view = self.cache.rows(seq.slot, 1)
-        n = prompt.shape[1]
-        features = []
-        for a in range(0, n, self.prefill_chunk_size):
-            b = min(a + self.prefill_chunk_size, n)
-            out = self.target.forward(prompt[:, a:b], torch.tensor([a], device=prompt.device), view,
-                                      feature_layers=self.feature_layers, logits="last" if b == n else "none",
+    def _prefill_groups(self) -> list[list[_Sequence]]:
+        """New sequences in runs of adjacent slots (normally one run: new requests are appended at the end)."""
+        groups: list[list[_Sequence]] = []
+        for seq in self._running:
+            if seq.prefilled:
+                continue
+            if groups and groups[-1][-1].slot == seq.slot - 1:
+                groups[-1].append(seq)
+            else:
+                groups.append([seq])
+        return groups
+
+    def _prefill(self, seqs: list[_Sequence]) -> list[StepOutput]:
+        """Prefill new sequences in one batch (right-padded, chunked) and sample each one's first token."""
+        device = self.target.device
+        lengths = [len(s.prompt) for s in seqs]
+        width = max(lengths)
+        prompts = torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs], dtype=torch.long,
+                               device=device)
+        last = torch.tensor(lengths, device=device) - 1
+        view = self.cache.rows(seqs[0].slot, len(seqs))
+        features, logits = [], torch.empty(len(seqs), self.target.vocab_size, device=device)
+        for a in range(0, width, self.prefill_chunk_size):
+            b = min(a + self.prefill_chunk_size, width)
+            ends_here = (last >= a) & (last < b)
+            out = self.target.forward(prompts[:, a:b], torch.full((len(seqs),), a, device=device), view,
+                                      feature_layers=self.feature_layers,
+                                      logits=(last - a).clamp(0, b - a - 1) if bool(ends_here.any()) else "none",
                                       max_start=a)
+            if out.logits is not None:
+                logits[ends_here] = out.logits[ends_here, 0]
             if out.features is not None:
                 features.append(out.features)
-        logits = out.logits[0, -1]
+        feats = torch.cat(features, 1) if features else None
+        outputs = []
+        for row, seq in enumerate(seqs):
+            first = self._first_token(seq, logits[row])
+            n = lengths[row]
+            seq.prefilled, seq.cache_len, seq.pending = True, n, first
+            if self.drafter is not None:
+                self.drafter.reset(seq.slot, seq.prompt[0])
+                tokens = torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long)
+                self.drafter.extend([seq.slot], tokens, torch.tensor([n]),
+                                    feats[row : row + 1, :n] if feats is not None else None)
+            outputs.append(self._commit(seq, [first]))
+        return outputs
+
+    def _first_token(self, seq: _Sequence, logits: torch.Tensor) -> int:
         p = seq.params
         if p.greedy:
-            first = int(logits.argmax())
-        else:
-            probs = sampling_probs(logits[None, None], torch.tensor([p.temperature]), torch.tensor([p.top_k]),
-                                   torch.tensor([p.top_p]))[0, 0]
-            first = sample(probs, seq.generator)
-        seq.prefilled, seq.cache_len, seq.pending = True, n, first
-        if self.drafter is not None:
-            self.drafter.reset(seq.slot, seq.prompt[0])
-            tokens = torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long)
-            self.drafter.extend([seq.slot], tokens, torch.tensor([n]), torch.cat(features, 1) if features else None)
-        return self._commit(seq, [first])
+            return int(logits.argmax())
+        probs = sampling_probs(logits[None, None].float().cpu(), torch.tensor([p.temperature]),
+                               torch.tensor([p.top_k]), torch.tensor([p.top_p]))[0, 0]
+        return sample(probs, seq.generator)
 
     def _draft_caps(self) -> list[int]:
         """Per row, how many drafts can still be useful: the round commits accepted + 1 tokens."""

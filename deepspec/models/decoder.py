@@ -153,7 +153,7 @@ class Decoder(nn.Module):
         cache=None,  # KVCache or None (then the T tokens are the whole context)
         *,
         feature_layers: tuple[int, ...] = (),
-        logits: str = "all",  # "all" | "last" | "none"
+        logits: str | torch.Tensor = "all",  # "all" | "last" | "none" | [B] one position per row
         return_final_hidden: bool = False,
         max_start: int | None = None,  # max(start), when the caller knows it (saves a device sync)
     ) -> DecoderOutput:
@@ -240,9 +240,12 @@ class Decoder(nn.Module):
         if feature_layers:
             order = sorted(feature_layers)
             features = torch.cat([captured[order.index(i)] for i in feature_layers], dim=-1)
-        if logits == "none" and not return_final_hidden:
+        if isinstance(logits, torch.Tensor):  # one chosen position per row (batched prefill of uneven prompts)
+            x = x[torch.arange(B, device=device), logits].unsqueeze(1)
+            logits = "all"
+        elif logits == "none" and not return_final_hidden:
             return DecoderOutput(None, features)
-        if logits == "last" and not return_final_hidden:
+        elif logits == "last" and not return_final_hidden:
             x = x[:, -1:]
         hidden = self._norm(x, self.final_norm)
         out_logits = None

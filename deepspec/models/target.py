@@ -79,11 +79,10 @@ class Target:
         )
 
     def default_feature_layers(self, count: int = 5) -> tuple[int, ...]:
-        """`count` layers evenly spaced from layer 1, never the last (ALGORITHMS.md, shared ground)."""
-        last = self.spec.num_layers - 2
-        if count == 1:
-            return (last,)
-        return tuple(round(1 + i * (last - 1) / (count - 1)) for i in range(count))
+        """`count` layers from layer 1 at an even stride, never the last (ALGORITHMS.md: Qwen3-36 → 1,9,17,25,33)."""
+        last_allowed = self.spec.num_layers - 2
+        stride = max(1, (self.spec.num_layers - 2) // max(count - 1, 1))
+        return tuple(min(1 + i * stride, last_allowed) for i in range(count))
 
     def fingerprint(self) -> dict:
         """What a draft depends on; stored in draft checkpoints and compared on load."""

@@ -1,0 +1,216 @@
+"""Batch-1 greedy decoding benchmark: Hugging Face generate vs our engine, with and without drafts.
+
+Every method decodes the same prompts (N each from humaneval, gsm8k and mbpp, chat template, greedy, fixed
+number of new tokens) in ONE run, so ratios compare like with like on this machine at this moment:
+
+    hf-generate            transformers generate (the baseline every ratio divides by)
+    hf-prompt-lookup       transformers generate(prompt_lookup_num_tokens=...)
+    llama.cpp              llama-cpp-python plain decoding on the same GGUF (the CPU peer; `make bench-deps`)
+    engine                 our target-only engine
+    engine+<drafter>       our engine with prompt lookup and every shipped draft under drafts/
+
+Runbook:
+    make bench                                            # defaults below, bf16
+    python -m bench.decode --num-prompts 2 --max-tokens 32    # a quick smoke run
+    python -m bench.decode --dtype float32 --drafters prompt-lookup
+
+Reports tokens/s per dataset (total tokens ÷ total time, and the median over prompts), mean acceptance length,
+the ratio to hf-generate and to our target-only engine, and how many outputs are token-identical to our
+target-only engine. Writes bench/results/decode-<dtype>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+DATASETS = ("humaneval", "gsm8k", "mbpp")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and activations")
+    p.add_argument("--num-prompts", type=int, default=5, help="prompts per dataset (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft block / depth k (default: 7)")
+    p.add_argument("--drafters", default="prompt-lookup,shipped",
+                   help="comma list: prompt-lookup, shipped (every draft under drafts/), or checkpoint dirs")
+    p.add_argument("--skip", default="", help="comma list of methods to skip, e.g. hf-prompt-lookup,llama.cpp")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default: bench/results/decode-<dtype>.json)")
+    return p.parse_args(argv)
+
+
+def load_prompts(target, n: int) -> dict[str, list[list[int]]]:
+    from deepspec.paths import datasets_dir
+
+    prompts = {}
+    for name in DATASETS:
+        with (datasets_dir() / "eval" / f"{name}.jsonl").open() as f:
+            turns = [json.loads(line)["turns"][0] for _, line in zip(range(n), f)]
+        prompts[name] = [target.encode_chat([{"role": "user", "content": t}]) for t in turns]
+    return prompts
+
+
+def run_engine(target, drafter, prompts, max_tokens, k):
+    """Decode each prompt alone (batch 1) → per prompt (tokens, seconds, tau)."""
+    from deepspec.decoding import SamplingParams, SpecEngine
+
+    engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    engine.generate([prompts[0][:16]], SamplingParams(max_tokens=8))  # warm-up
+    rows = []
+    for ids in prompts:
+        t = time.perf_counter()
+        result = engine.generate([ids], params)[0]
+        rows.append((result.token_ids, time.perf_counter() - t, result.acceptance_length))
+    return rows
+
+
+def run_hf(target, prompts, max_tokens, prompt_lookup: int | None):
+    import torch
+
+    model = target.hf_model()
+    kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                  pad_token_id=target.eos_token_ids[0])
+    if prompt_lookup:
+        kwargs["prompt_lookup_num_tokens"] = prompt_lookup
+    rows = []
+    with torch.inference_mode():
+        model.generate(torch.tensor([prompts[0][:16]]), max_new_tokens=4, do_sample=False,
+                       pad_token_id=target.eos_token_ids[0])
+        for ids in prompts:
+            t = time.perf_counter()
+            out = model.generate(torch.tensor([ids]), **kwargs)
+            rows.append((out[0, len(ids):].tolist(), time.perf_counter() - t, None))
+    return rows
+
+
+def run_llama_cpp(target_spec, prompts, max_tokens):
+    from llama_cpp import Llama
+
+    from deepspec.models.aliases import ALIASES
+
+    gguf = ALIASES[target_spec].locate() if target_spec in ALIASES else Path(target_spec)
+    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=2, verbose=False)
+    llm.reset()
+    list(llm.generate(prompts[0][:16], temp=0.0))[:1]
+    rows = []
+    for ids in prompts:
+        llm.reset()
+        t = time.perf_counter()
+        tokens = []
+        for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            tokens.append(token)
+            if len(tokens) >= max_tokens:
+                break
+        rows.append((tokens, time.perf_counter() - t, None))
+    return rows
+
+
+def summarize(rows_by_dataset, reference_by_dataset):
+    out = {}
+    for name, rows in rows_by_dataset.items():
+        tokens = sum(len(r[0]) for r in rows)
+        seconds = sum(r[1] for r in rows)
+        taus = [r[2] for r in rows if r[2] is not None]
+        ref = reference_by_dataset.get(name)
+        identical = sum(r[0] == ref_row[0] for r, ref_row in zip(rows, ref)) if ref else None
+        out[name] = {
+            "tokens": tokens,
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 2),
+            "median_tokens_per_s": round(statistics.median(len(r[0]) / r[1] for r in rows), 2),
+            "acceptance_length": round(statistics.mean(taus), 3) if taus else None,
+            "identical_to_engine": f"{identical}/{len(rows)}" if identical is not None else None,
+        }
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from deepspec.decoding import build_drafter
+    from deepspec.models import load_target
+
+    console = Console(stderr=True)
+    skip = set(filter(None, args.skip.split(",")))
+    target = load_target(args.target, dtype=args.dtype)
+    prompts = load_prompts(target, args.num_prompts)
+    methods: dict[str, object] = {}
+
+    def timed(name, fn):
+        if name in skip:
+            return
+        console.log(f"running {name}")
+        methods[name] = {ds: fn(ps) for ds, ps in prompts.items()}
+
+    timed("engine", lambda ps: run_engine(target, None, ps, args.max_tokens, args.num_speculative_tokens))
+    drafter_specs = []
+    for spec in filter(None, args.drafters.split(",")):
+        if spec == "shipped":
+            from deepspec.paths import repo_root
+
+            drafter_specs += [str(d) for d in sorted((repo_root() / "drafts").glob("*")) if (d / "config.json").is_file()]
+        else:
+            drafter_specs.append(spec)
+    for spec in drafter_specs:
+        try:
+            drafter = build_drafter(spec, target)
+        except (ValueError, FileNotFoundError) as e:
+            console.log(f"[yellow]skipping drafter {spec}: {e}")
+            continue
+        timed(f"engine+{Path(spec).name}",
+              lambda ps, d=drafter: run_engine(target, d, ps, args.max_tokens, args.num_speculative_tokens))
+    timed("hf-generate", lambda ps: run_hf(target, ps, args.max_tokens, None))
+    timed("hf-prompt-lookup", lambda ps: run_hf(target, ps, args.max_tokens, 10))
+    try:
+        import llama_cpp  # noqa: F401
+
+        timed("llama.cpp", lambda ps: run_llama_cpp(args.target, ps, args.max_tokens))
+    except ImportError:
+        console.log("[yellow]llama-cpp-python not installed (make bench-deps): skipping the llama.cpp peer")
+
+    reference = methods.get("engine", {})
+    summary = {name: summarize(rows, reference) for name, rows in methods.items()}
+    table = Table(title=f"batch-1 greedy decode, {args.dtype}, {args.max_tokens} new tokens, "
+                        f"{args.num_prompts} prompts/dataset, torch threads {torch.get_num_threads()}")
+    table.add_column("method")
+    for ds in DATASETS:
+        table.add_column(f"{ds} tok/s (median)", justify="right")
+        table.add_column("tau", justify="right")
+        table.add_column("x HF", justify="right")
+        table.add_column("x engine", justify="right")
+    table.add_column("identical", justify="right")
+    for name, per_ds in summary.items():
+        cells = []
+        for ds in DATASETS:
+            r = per_ds[ds]
+            base = summary.get("hf-generate", {}).get(ds)
+            eng = summary.get("engine", {}).get(ds)
+            r["x_hf_generate"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2) if base else None
+            r["x_engine"] = round(r["tokens_per_s"] / eng["tokens_per_s"], 2) if eng else None
+            cells += [f"{r['tokens_per_s']:.1f} ({r['median_tokens_per_s']:.1f})",
+                      f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
+                      f"{r['x_hf_generate']:.2f}" if r["x_hf_generate"] else "-",
+                      f"{r['x_engine']:.2f}" if r["x_engine"] else "-"]
+        identical = [per_ds[ds]["identical_to_engine"] for ds in DATASETS]
+        table.add_row(name, *cells, " ".join(i or "-" for i in identical))
+    Console().print(table)
+    out = args.out or Path(__file__).parent / "results" / f"decode-{args.dtype}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": summary}, indent=2))
+    console.log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""Engine behaviour on a tiny random target: exactness of greedy speculation, batching, stops, bad input."""
+
+import pytest
+import torch
+
+from deepspec.decoding import EngineFullError, SamplingParams, SpecEngine
+from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from deepspec.decoding.drafters.random import RandomDrafter
+from tests.conftest import make_tiny_target
+
+PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8, 9, 10, 4, 5], [3], [7, 7, 7, 7, 7, 7], [2, 11, 2, 11, 2], [9, 8, 7]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_target(eos=False, temperature=4.0)[0]
+
+
+def _run(target, drafter, prompts, max_batch_size, **params):
+    engine = SpecEngine(target, drafter, max_batch_size=max_batch_size, max_seq_len=128, num_speculative_tokens=4)
+    return engine.generate(prompts, SamplingParams(max_tokens=24, **params))
+
+
+def test_greedy_speculation_is_token_identical_to_target_only(target):
+    reference = [r.token_ids for r in _run(target, None, PROMPTS, 1)]
+    for drafter in (PromptLookupDrafter(min_ngram=1, max_ngram=3), RandomDrafter(16, seed=1)):
+        for batch in (1, 3, 8):  # 3 < len(PROMPTS): requests join and leave mid-run (slot compaction)
+            got = [r.token_ids for r in _run(target, drafter, PROMPTS, batch)]
+            assert got == reference, (drafter.name, batch)
+
+
+def test_uneven_acceptance_in_one_batch_is_counted_per_row(target):
+    results = _run(target, PromptLookupDrafter(min_ngram=1, max_ngram=3), PROMPTS, 8)
+    accepted = [r.num_accepted_tokens for r in results]
+    assert len(set(accepted)) > 1  # rows really accepted different amounts in shared rounds
+    for r in results:
+        assert len(r.token_ids) == 24
+        assert r.num_steps + r.num_accepted_tokens == 24 - 1  # the first token comes from prefill
+        assert sum(r.accepted_per_position) == r.num_accepted_tokens
+        assert all(a <= p for a, p in zip(r.accepted_per_position, r.proposed_per_position))
+
+
+def test_streamed_chunks_reassemble_the_result(target):
+    chunks: dict[str, list[int]] = {}
+    engine = SpecEngine(target, RandomDrafter(16), max_batch_size=2, max_seq_len=128, num_speculative_tokens=3)
+    results = engine.generate(PROMPTS[:3], SamplingParams(max_tokens=10),
+                              on_output=lambda o: chunks.setdefault(o.request_id, []).extend(o.new_token_ids))
+    for r in results:
+        assert chunks[r.request_id] == r.token_ids
+
+
+def test_eos_stops_and_is_not_returned():
+    target = make_tiny_target(eos=True, temperature=4.0)[0]
+    eos = target.eos_token_ids[0]
+    free = _run(make_tiny_target(eos=False, temperature=4.0)[0], None, PROMPTS, 8)
+    stopped = _run(target, PromptLookupDrafter(1, 3), PROMPTS, 8)
+    for f, s in zip(free, stopped):
+        if eos in f.token_ids:
+            assert s.token_ids == f.token_ids[: f.token_ids.index(eos)] and s.finish_reason == "stop"
+        else:
+            assert s.token_ids == f.token_ids and s.finish_reason == "length"
+
+
+def test_stop_string_truncates_output(target):
+    free = _run(target, None, PROMPTS[:1], 1)[0]
+    stop = free.text[5:7]
+    cut = _run(target, RandomDrafter(16), PROMPTS[:1], 1, stop=(stop,))[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == free.text[: free.text.index(stop)]
+
+
+def test_abort_frees_the_slot(target):
+    engine = SpecEngine(target, None, max_batch_size=1, max_seq_len=128)
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=50))
+    with pytest.raises(EngineFullError):
+        engine.add_request("b", [1, 2, 3], SamplingParams(max_tokens=50))
+    engine.step()
+    assert engine.abort("a") and engine.num_free_slots == 1 and not engine.abort("a")
+    engine.add_request("b", [1, 2, 3], SamplingParams(max_tokens=2))
+    outs = engine.step()
+    assert outs[0].request_id == "b" and outs[0].finished
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: SamplingParams(max_tokens=0), "max_tokens"),
+        (lambda: SamplingParams(max_tokens=-3), "max_tokens"),
+        (lambda: SamplingParams(temperature=-0.1), "temperature"),
+        (lambda: SamplingParams(top_p=0.0), "top_p"),
+        (lambda: SamplingParams(top_k=-1), "top_k"),
+        (lambda: SamplingParams(stop=("",)), "stop"),
+    ],
+)
+def test_bad_sampling_params_are_refused(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize(
+    "prompt, max_tokens, message",
+    [
+        ([], 4, "prompt is empty"),
+        (list(range(10)) * 13, 4, "context window"),
+        ([1, 2], 200, "lower max_tokens to at most 126"),
+        ([1, 99], 4, "token ids"),
+    ],
+)
+def test_bad_requests_are_refused(target, prompt, max_tokens, message):
+    engine = SpecEngine(target, None, max_batch_size=1, max_seq_len=128)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request("x", prompt, SamplingParams(max_tokens=max_tokens))
+    assert engine.num_free_slots == 1

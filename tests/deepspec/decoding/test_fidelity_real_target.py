@@ -1,0 +1,59 @@
+"""Lossless speculation on the real default target (fp32): every drafter reproduces target-only greedy output.
+
+20 prompts from the eval sets; the reference is target-only greedy at batch size 1. The speculative runs use
+batches of 4, so rows accept different numbers of drafts in the same verify pass, finish at different times,
+and slots are compacted mid-run.
+"""
+
+import pytest
+
+from deepspec.decoding import SamplingParams, SpecEngine
+from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from deepspec.decoding.drafters.random import RandomDrafter
+from tests.conftest import eval_prompts
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(smollm2):
+    prompts = eval_prompts("humaneval", 7) + eval_prompts("gsm8k", 7) + eval_prompts("mbpp", 6)
+    return [smollm2.encode_chat([{"role": "user", "content": p}]) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2, prompt_ids):
+    engine = SpecEngine(smollm2, None, max_batch_size=1, max_seq_len=1024)
+    return [r.token_ids for r in engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))]
+
+
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "random"])
+def test_greedy_output_identical_with_any_drafter(smollm2, prompt_ids, reference, drafter_name):
+    drafter = PromptLookupDrafter() if drafter_name == "prompt-lookup" else RandomDrafter(smollm2.vocab_size, seed=0)
+    engine = SpecEngine(smollm2, drafter, max_batch_size=4, max_seq_len=1024, num_speculative_tokens=5)
+    results = engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))
+    mismatched = [i for i, (r, ref) in enumerate(zip(results, reference)) if r.token_ids != ref]
+    assert not mismatched, f"prompts {mismatched} differ from target-only greedy"
+    if drafter_name == "prompt-lookup":
+        assert sum(r.num_accepted_tokens for r in results) > 0
+
+
+def test_engine_matches_hugging_face_generate(smollm2, prompt_ids, reference):
+    import torch
+
+    hf = smollm2.hf_model()
+    for ids, ref in list(zip(prompt_ids, reference))[:3]:
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                          eos_token_id=list(smollm2.eos_token_ids), pad_token_id=smollm2.eos_token_ids[0])
+        generated = out[0, len(ids):].tolist()
+        generated = [t for t in generated if t not in smollm2.eos_token_ids]
+        assert generated == ref
+
+
+def test_stop_string_on_real_text(smollm2, prompt_ids, reference):
+    full = smollm2.decode(reference[0])
+    assert "\n" in full
+    engine = SpecEngine(smollm2, PromptLookupDrafter(), max_batch_size=1, max_seq_len=1024)
+    result = engine.generate([prompt_ids[0]], SamplingParams(max_tokens=MAX_TOKENS, stop=("\n",)))[0]
+    assert result.finish_reason == "stop" and result.text == full[: full.index("\n")]
