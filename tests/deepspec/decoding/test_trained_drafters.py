@@ -1,0 +1,76 @@
+"""Eagle3, DFlash and DSpark drafters in the engine: lossless greedy output, sampling runs, batching and slot
+moves, truncation, and the build_drafter(dir) path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepspec.decoding.drafter import DraftSampling
+from deepspec.decoding.engine import SpecEngine
+from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.registry import build_drafter
+from deepspec.models.drafts import load_drafter, save_draft
+from tests.training.helpers import tiny_draft, tiny_target
+
+ALGOS = ["eagle3", "dflash", "dspark"]
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def _drafter(target, algo, tmp_path, **kw):
+    path = save_draft(tiny_draft(target, algo, draft_vocab_size=48), tmp_path / algo)
+    return load_drafter(path, target, **kw)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_greedy_output_identical_to_target_only(target, algo, tmp_path):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    base = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(PROMPTS, params)
+    # batch 2 < 4 prompts: requests finish and slots move while others run
+    engine = SpecEngine(target, _drafter(target, algo, tmp_path), max_batch_size=2, max_seq_len=128,
+                        num_speculative_tokens=4)
+    spec = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in base]
+    assert all(r.num_draft_tokens > 0 for r in spec)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_sampling_is_seeded_and_returns_exact_probs(target, algo, tmp_path):
+    engine = SpecEngine(target, _drafter(target, algo, tmp_path), max_batch_size=4, max_seq_len=128,
+                        num_speculative_tokens=4)
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
+    a = engine.generate(PROMPTS, params)
+    b = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    drafter = engine.drafter
+    drafter.reset(0, 1)
+    drafter.extend([0], torch.tensor([[2, 3]]), torch.tensor([2]), torch.randn(1, 2, drafter.cfg.feature_size))
+    prop = drafter.propose([0], 4, DraftSampling(torch.tensor([1.0]), [torch.Generator().manual_seed(0)]))
+    n = int(prop.num_tokens[0])
+    assert prop.probs.shape == (1, 4, target.vocab_size) and n >= 1
+    assert torch.allclose(prop.probs[0, :n].sum(-1), torch.ones(n))
+    # every proposed token has positive probability under the q it was drawn from, and lies in the draft vocab
+    q = prop.probs[0, :n].gather(-1, prop.tokens[0, :n, None])
+    assert (q > 0).all() and bool(torch.isin(prop.tokens, drafter.model.d2t).all())
+
+
+def test_dspark_truncates_on_low_confidence(target, tmp_path):
+    drafter = _drafter(target, "dspark", tmp_path, confidence_threshold=0.99)
+    with torch.no_grad():
+        drafter.model.confidence.bias.fill_(-5.0)  # c ≈ 0.007 everywhere: only the first slot survives
+    drafter.bind(target, 2, 64)
+    drafter.reset(0, 1)
+    drafter.extend([0], torch.tensor([[2, 3]]), torch.tensor([2]), torch.randn(1, 2, drafter.cfg.feature_size))
+    prop = drafter.propose([0], 4, DraftSampling(torch.tensor([0.0]), [None]))
+    assert prop.num_tokens.tolist() == [1]
+
+
+def test_build_drafter_loads_checkpoint_dirs(target, tmp_path):
+    path = save_draft(tiny_draft(target, "dflash"), tmp_path / "d")
+    drafter = build_drafter(str(path), target)
+    assert drafter.name == "dflash" and drafter.feature_layers == (0, 1, 2)

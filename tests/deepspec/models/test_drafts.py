@@ -1,0 +1,110 @@
+"""Draft architectures: sizing from the target, registry, checkpoint round trip, refusal of the wrong target,
+and clear errors for corrupt checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deepspec.models.drafts import (
+    DraftCheckpointError,
+    DraftConfig,
+    DraftTargetMismatchError,
+    available_drafts,
+    best_shipped_draft,
+    load_draft,
+    resolve_draft,
+    save_draft,
+)
+from tests.training.helpers import tiny_draft, tiny_target
+
+ALGOS = ["eagle3", "dflash", "dspark"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def _logits(draft):
+    torch.manual_seed(1)
+    F = torch.randn(1, 10, draft.cfg.feature_size)
+    x = torch.randint(draft.cfg.vocab_size, (1, 10))
+    if draft.cfg.algo == "eagle3":
+        return torch.stack(draft.ttt_forward(F, x, 3))
+    hidden = draft.train_forward(F, x, torch.tensor([[2, 5]]))
+    return draft.head(hidden)
+
+
+def test_registry_lists_and_rejects():
+    assert available_drafts() == ["dflash", "dspark", "eagle3"]
+    with pytest.raises(KeyError, match="available"):
+        resolve_draft("medusa")
+    with pytest.raises(ValueError, match="unknown draft algorithm"):
+        DraftConfig.for_target(tiny_target(), "medusa")
+
+
+def test_sized_from_target(target):
+    cfg = DraftConfig.for_target(target, "eagle3")
+    assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (32, 4, 2, 8)
+    assert cfg.intermediate_size == target.spec.intermediate_size and cfg.num_layers == 1
+    assert DraftConfig.for_target(target, "dflash").num_layers == 2
+    assert cfg.target == target.fingerprint()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_save_load_identical_logits(target, algo, tmp_path):
+    draft = tiny_draft(target, algo, draft_vocab_size=24).eval()
+    draft.set_vocab(torch.arange(0, 48, 2))
+    path = save_draft(draft, tmp_path / algo)
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors", "vocab_map.safetensors"]
+    loaded = load_draft(path, target)
+    assert torch.equal(loaded.d2t, draft.d2t)
+    with torch.no_grad():
+        assert torch.equal(_logits(draft), _logits(loaded))
+
+
+def test_bf16_storage_halves_size(target, tmp_path):
+    draft = tiny_draft(target, "dflash")
+    a = save_draft(draft, tmp_path / "fp32") / "model.safetensors"
+    b = save_draft(draft, tmp_path / "bf16", storage_dtype="bfloat16") / "model.safetensors"
+    assert b.stat().st_size < 0.6 * a.stat().st_size
+    assert load_draft(b.parent, target).fc.weight.dtype == torch.float32
+
+
+def test_wrong_target_names_the_mismatch(target, tmp_path):
+    path = save_draft(tiny_draft(target, "eagle3"), tmp_path / "d")
+    other = tiny_target(vocab_size=80)
+    with pytest.raises(DraftTargetMismatchError, match="vocab_size: draft was trained on 64, target has 80"):
+        load_draft(path, other)
+
+
+def test_corrupt_checkpoints_fail_clearly(target, tmp_path):
+    path = save_draft(tiny_draft(target, "dspark"), tmp_path / "d")
+    with pytest.raises(DraftCheckpointError, match="config.json is missing"):
+        load_draft(tmp_path / "nothing", target)
+    weights = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(DraftCheckpointError, match="corrupt or truncated"):
+        load_draft(path, target)
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(DraftCheckpointError, match="not valid JSON"):
+        load_draft(path, target)
+    cfg = json.loads(json.dumps(DraftConfig.for_target(target, "eagle3").to_dict()))
+    cfg["num_layers"] = 3
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "model.safetensors").write_bytes(weights)
+    with pytest.raises(DraftCheckpointError, match="do not fit"):
+        load_draft(path, target)
+
+
+def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
+    for name, tau in [("a", 2.0), ("b", 3.5), ("c", 3.0)]:
+        d = save_draft(tiny_draft(target, "eagle3"), tmp_path / name)
+        (d / "eval.json").write_text(json.dumps({"results": [
+            {"dataset": "x", "temperature": 0.0, "acceptance_length": tau},
+            {"dataset": "x", "temperature": 1.0, "acceptance_length": 9.0}]}))
+    assert best_shipped_draft(target, tmp_path).name == "b"
+    assert best_shipped_draft(tiny_target(vocab_size=80), tmp_path) is None

@@ -1,0 +1,1 @@
+"""`python -m training prepare|train|eval`: regenerate data with the target, train drafts, measure them."""

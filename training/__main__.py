@@ -1,0 +1,158 @@
+"""`python -m training prepare|train|eval` — data regeneration, draft training, acceptance/speedup evaluation.
+
+This file only parses arguments and runs the stage; the work lives in prepare.py, trainer.py, evaluate.py.
+
+Runbook (default target SmolLM2-135M-Instruct, CPU):
+
+    # 1. regenerate answers with the target (our engine; or --endpoint http://127.0.0.1:8081 for llama.cpp/vLLM)
+    python -m training prepare --inputs ../shared/datasets/train/gsm8k_train.jsonl \\
+        ../shared/datasets/train/codealpaca.jsonl --limit-per-file 300 --out training/data/smollm2-regen.jsonl
+    # 2. train (online target features; tiny CPU run shown — see training/configs/ for the shipped recipes)
+    python -m training train --algo eagle3 --data training/data/smollm2-regen.jsonl --out runs/eagle3 \\
+        optim.max_steps=200
+    python -m training train -c training/configs/smollm2-135m-dspark-online.yaml --resume
+    torchrun --nproc-per-node 2 -m training train --algo dflash ... dist.backend=gloo
+    # 3. evaluate: τ, verify rate, per-position survival, speedup vs target-only; eval.json + eval.md + PNG
+    python -m training eval --draft drafts/smollm2-135m-eagle3 --datasets humaneval,gsm8k,mbpp --num-prompts 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _add_prepare(sub) -> None:
+    p = sub.add_parser("prepare", help="regenerate assistant turns with the target (engine or OpenAI endpoint)",
+                       description="Prompts jsonl ({\"turns\": [...]}) → conversations answered by the target. "
+                       "Resumable: re-running skips rows already in --out; failures go to <out>.failures.jsonl.")
+    p.add_argument("--inputs", nargs="+", required=True, type=Path,
+                   help="prompt files, one JSON object per line with a 'turns' list of user messages "
+                        "(e.g. ../shared/datasets/train/gsm8k_train.jsonl); never the eval sets")
+    p.add_argument("--out", required=True, type=Path, help="output jsonl (appended to; rows keyed by file:line)")
+    p.add_argument("--limit-per-file", type=int, default=None,
+                   help="rows drawn at random per input file (default: all; 300 ≈ 10 min on llama.cpp CPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the row draw and of sampling (default 0)")
+    p.add_argument("--max-tokens", type=int, default=384,
+                   help="max generated tokens per assistant turn (default 384; gsm8k answers ≈ 150-250)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default; what a greedy-serving draft should match), 0.7-1.0 for diversity")
+    p.add_argument("--target", default="smollm2-135m",
+                   help="target alias, .gguf file or HF directory (default smollm2-135m); used by the engine "
+                        "backend and always for the tokenizer-independent row ids")
+    p.add_argument("--dtype", default="float32", help="target dtype for the engine backend (float32|bfloat16)")
+    p.add_argument("--device", default="cpu", help="engine backend device (cpu, cuda)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="rows per batch: engine slots, or concurrent requests to --endpoint (default 8)")
+    p.add_argument("--endpoint", default=None,
+                   help="OpenAI-compatible server base URL (e.g. http://127.0.0.1:8081); default: our own engine")
+    p.add_argument("--model", default="default", help="model name sent to --endpoint (default 'default')")
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train an eagle3 | dflash | dspark draft against a target",
+                       description="Train a draft. Settings come from defaults < -c config file(s) < flags < "
+                       "dotted overrides (e.g. optim.lr=3e-4 model.num_layers=2), all validated by one schema "
+                       "(training/config.py; unknown keys are errors). Prints the resolved config first.")
+    p.add_argument("-c", "--config", action="append", type=Path, default=[],
+                   help="YAML or JSON config file; may repeat (later files win)")
+    p.add_argument("--algo", choices=["eagle3", "dflash", "dspark"], help="draft algorithm (model.algo)")
+    p.add_argument("--target", help="target alias, .gguf or HF directory (target.name; default smollm2-135m)")
+    p.add_argument("--data", nargs="+", type=Path, help="regenerated conversations jsonl (data.paths)")
+    p.add_argument("--out", type=Path, help="output directory: checkpoints + final draft (output_dir)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="offline mode: cache only the needed target hidden states here (size printed first); "
+                        "default: online features (the frozen target runs inside the loop, nothing on disk)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --out bit-for-bit (optimizer, scheduler, RNG, "
+                        "data position)")
+    p.add_argument("--plan", action="store_true", help="print the resolved config and sizes, train nothing")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides, e.g. optim.max_steps=500 optim.lr=5e-4 data.max_len=512 "
+                        "model.draft_vocab_size=8192 precision=bf16")
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="acceptance length, verify rate, survival and speedup vs target-only",
+                       description="Runs target-only and draft decoding on the same prompts in one process; "
+                       "writes eval.json, eval.md and acceptance.png into --out (default: the draft directory).")
+    p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF dir (default smollm2-135m)")
+    p.add_argument("--draft", required=True,
+                   help="draft checkpoint directory, or a built-in drafter name (prompt-lookup, auto)")
+    p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
+                   help="comma-separated eval sets from ../shared/datasets/eval (default humaneval,gsm8k,mbpp)")
+    p.add_argument("--num-prompts", type=int, default=10, help="first N prompts of each dataset (default 10)")
+    p.add_argument("--max-tokens", type=int, default=128, help="generated tokens per prompt (default 128)")
+    p.add_argument("--temperatures", default="0,1.0",
+                   help="comma-separated temperatures; 0 = greedy (default '0,1.0'); speedup is timed per value")
+    p.add_argument("--num-speculative-tokens", type=int, default=7, help="block / depth γ (default 7)")
+    p.add_argument("--batch-size", type=int, default=1, help="engine batch size (default 1: latency)")
+    p.add_argument("--dtype", default="float32", help="target dtype (float32 default; bf16 on GPU)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out", type=Path, default=None, help="report directory (default: the draft directory)")
+    p.add_argument("--no-check-identical", action="store_true",
+                   help="skip asserting greedy draft output == target-only output token for token")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m training", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_prepare(sub)
+    _add_train(sub)
+    _add_eval(sub)
+    return parser
+
+
+def _run_prepare(args, parser) -> int:
+    from training.prepare import PrepareStats, endpoint_backend, engine_backend, read_prompts, regenerate
+    from training.progress import Progress
+
+    if args.max_tokens < 1 or args.batch_size < 1:
+        parser.error("--max-tokens and --batch-size must be >= 1")
+    stats = PrepareStats()
+    rows = read_prompts(args.inputs, args.limit_per_file, args.seed, stats)
+    if stats.num_malformed:
+        print(f"skipped {stats.num_malformed} malformed prompt lines (need a non-empty 'turns' list of strings)",
+              file=sys.stderr)
+    if args.endpoint:
+        generate = endpoint_backend(args.endpoint, args.model, args.max_tokens, args.temperature, args.batch_size)
+        backend = f"endpoint {args.endpoint}"
+    else:
+        from deepspec.models import load_target
+
+        target = load_target(args.target, dtype=args.dtype, device=args.device)
+        generate = engine_backend(target, args.max_tokens, args.temperature, args.batch_size, args.seed)
+        backend = f"engine ({target.name}, batch {args.batch_size})"
+    print(f"regenerating {len(rows)} rows with {backend} → {args.out}", file=sys.stderr)
+    with Progress(len(rows), "prepare") as progress:
+        from training.prepare import finished_ids
+
+        progress.advance(len({r.id for r in rows} & finished_ids(args.out)))
+        regenerate(rows, generate, args.out, args.batch_size, stats,
+                   on_batch=lambda n, tok: progress.advance(n, tokens=tok, failed=stats.num_failed))
+    print(json.dumps({"done": stats.num_done, "skipped_finished": stats.num_skipped, "failed": stats.num_failed,
+                      "malformed": stats.num_malformed, "generated_tokens": stats.num_tokens,
+                      "tokens_per_second": round(progress.tokens_per_second, 1)}))
+    return 1 if stats.num_failed and not stats.num_done else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        return _run_prepare(args, parser)
+    if args.command == "train":
+        from training.trainer import run_train_cli
+
+        return run_train_cli(args, parser)
+    from training.evaluate import run_eval_cli
+
+    return run_eval_cli(args, parser)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""The training configuration: one strict pydantic model per section; files and dotted overrides go through the
+same validation (`python -m training train -c run.yaml optim.lr=1e-4`). Unknown keys are errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TargetSection(StrictModel):
+    #: alias (smollm2-135m), .gguf file, or Hugging Face model directory
+    name: str = "smollm2-135m"
+    #: float32 on CPU; bfloat16 on GPU halves memory and feature bandwidth
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    #: cpu, cuda (with torchrun each rank takes cuda:<local_rank>)
+    device: str = "cpu"
+
+
+class ModelSection(StrictModel):
+    #: eagle3 | dflash | dspark
+    algo: Literal["eagle3", "dflash", "dspark"] = "eagle3"
+    #: draft decoder layers; None = 1 for eagle3, 2 for dflash/dspark (DeepSpec uses 5 on 4B targets)
+    num_layers: int | None = Field(None, ge=1, le=16)
+    #: block size / TTT unroll γ (7 = what serving verifies)
+    block_size: int = Field(7, ge=1, le=32)
+    #: reduced draft vocabulary: top-N tokens of the training answers (0 = full vocabulary)
+    draft_vocab_size: int = Field(8192, ge=0)
+    #: dspark Markov head rank r (DeepSpec 256; 64 for small targets)
+    markov_rank: int = Field(64, ge=1)
+    #: target layers feeding the draft; None = 5 evenly spaced, never the last
+    feature_layers: list[int] | None = None
+
+
+class DataSection(StrictModel):
+    #: regenerated conversations (`python -m training prepare`), or pre-tokenized {"input_ids", "loss_mask"} rows
+    paths: list[Path] = []
+    #: tokens per training sequence (longer conversations are truncated); 512-2048
+    max_len: int = Field(1024, ge=8)
+    #: dflash/dspark: anchors (blocks) packed per sequence and forward (DeepSpec 512; 32-128 on CPU)
+    num_anchors: int = Field(64, ge=1)
+    #: sequences per micro-batch (right-padded)
+    batch_size: int = Field(1, ge=1)
+
+
+class OptimSection(StrictModel):
+    #: AdamW peak learning rate
+    lr: float = Field(5e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    #: linear warmup steps, then cosine decay to min_lr_ratio · lr at max_steps
+    warmup_steps: int = Field(20, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    #: optimizer steps (each = grad_accum micro-batches)
+    max_steps: int = Field(1000, ge=1)
+    #: micro-batches per optimizer step
+    grad_accum: int = Field(1, ge=1)
+    #: gradient clipping max norm (0 = off)
+    clip_norm: float = Field(1.0, ge=0)
+    #: stop early (and save) after this many minutes of training; None = run max_steps
+    max_minutes: float | None = Field(None, gt=0)
+
+
+class DistSection(StrictModel):
+    #: torch.distributed backend under torchrun: auto = nccl on GPU, gloo on CPU
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    #: shard parameters/optimizer with FSDP instead of DDP (large drafts on many GPUs)
+    fsdp: bool = False
+
+
+class TrainConfig(StrictModel):
+    target: TargetSection = TargetSection()
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    optim: OptimSection = OptimSection()
+    dist: DistSection = DistSection()
+    #: where checkpoints/ and the final draft (config.json, model.safetensors, ...) go
+    output_dir: Path = Path("runs/draft")
+    #: offline mode: cache only the needed target hidden states here; None = online (target in the loop)
+    cache_dir: Path | None = None
+    #: seed of init, data order and anchor sampling
+    seed: int = 0
+    #: auto = fp32 on CPU, bf16 autocast on GPU
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    #: save a resumable checkpoint every N optimizer steps (0 = only at the end)
+    save_every: int = Field(100, ge=0)
+    #: keep only the newest N step checkpoints
+    keep_checkpoints: int = Field(2, ge=1)
+    #: final draft weights storage: bfloat16 halves the shipped size
+    save_dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if self.model.draft_vocab_size and self.model.draft_vocab_size < 16:
+            raise ValueError("model.draft_vocab_size must be 0 (full vocabulary) or >= 16")
+        return self
+
+
+def _parse_value(text: str):
+    """Dotted override values are YAML scalars/lists: 3e-4, true, [1, 8, 15], null, runs/x."""
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def read_config_file(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    text = path.read_text()
+    if path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config file must hold a mapping of sections (target, model, data, optim, ...)")
+    return data
+
+
+def apply_override(data: dict, item: str) -> dict:
+    if "=" not in item:
+        raise ValueError(f"override '{item}' must look like section.key=value (e.g. optim.lr=3e-4)")
+    key, value = item.split("=", 1)
+    node: dict = {}
+    cur = node
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        cur[part] = {}
+        cur = cur[part]
+    cur[parts[-1]] = _parse_value(value)
+    return _deep_merge(data, node)
+
+
+def load_config(files: list[Path] = (), flags: dict | None = None, overrides: list[str] = ()) -> TrainConfig:
+    """defaults < files (in order) < flags (dotted keys) < overrides; validated once at the end."""
+    data: dict = {}
+    for f in files:
+        data = _deep_merge(data, read_config_file(Path(f)))
+    for key, value in (flags or {}).items():
+        if value is not None:
+            data = apply_override(data, f"{key}={json.dumps(value) if not isinstance(value, str) else value}")
+    for item in overrides:
+        data = apply_override(data, item)
+    return TrainConfig.model_validate(data)

@@ -1,0 +1,182 @@
+"""Training data: conversations → token ids with an assistant-only loss mask; the reduced draft vocabulary; a
+deterministic, resumable (and rank-sharded) order of sequences.
+
+Rows are either regenerated conversations (`{"conversations": [{"role", "content"}, ...]}`, what `prepare`
+writes) or pre-tokenized `{"input_ids": [...], "loss_mask": [...]}`. Malformed lines are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Sequence:
+    input_ids: list[int]
+    #: 1 where the token belongs to an assistant turn (the loss is taken there only)
+    loss_mask: list[int]
+
+
+@dataclass
+class DataStats:
+    num_rows: int = 0
+    num_malformed: int = 0
+    num_empty: int = 0
+    num_tokens: int = 0
+    num_loss_tokens: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], max_len: int) -> Sequence:
+    """Token ids of the chat-templated conversation; loss_mask = 1 on assistant content and its end token.
+
+    Each message is tokenized as the text its template adds to the previous prefix (chat templates such as
+    ChatML separate turns with special tokens, so segment-wise tokenization equals whole-text tokenization)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    prev = ""
+
+    def add(text: str, value: int) -> None:
+        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids.extend(seg)
+        mask.extend([value] * len(seg))
+
+    for i, msg in enumerate(messages):
+        if msg["role"] == "assistant":
+            prompt = render(tokenizer, messages[:i], add_generation_prompt=True)
+            if not prompt.startswith(prev):
+                raise ValueError("the chat template does not render prefixes consistently")
+            add(prompt[len(prev):], 0)
+            prev = prompt
+        text = render(tokenizer, messages[: i + 1])
+        if not text.startswith(prev):
+            raise ValueError("the chat template does not render prefixes consistently")
+        add(text[len(prev):], 1 if msg["role"] == "assistant" else 0)
+        prev = text
+    return Sequence(ids[:max_len], mask[:max_len])
+
+
+def _valid_messages(obj) -> list[dict] | None:
+    conv = obj.get("conversations") if isinstance(obj, dict) else None
+    if not isinstance(conv, list) or not conv:
+        return None
+    for m in conv:
+        if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                and isinstance(m.get("content"), str)):
+            return None
+    return conv if any(m["role"] == "assistant" and m["content"] for m in conv) else None
+
+
+def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats | None = None) -> list[Sequence]:
+    """Read and tokenize every usable row; raises ValueError when nothing usable is left."""
+    stats = stats if stats is not None else DataStats()
+    out: list[Sequence] = []
+    if not paths:
+        raise ValueError("no training data: pass --data <file.jsonl> (written by `python -m training prepare`)")
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"training data not found: {path}")
+        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            stats.num_rows += 1
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                stats.num_malformed += 1
+                stats.problems.append(f"{path}:{line_no}: not JSON")
+                continue
+            if isinstance(obj, dict) and "input_ids" in obj:
+                ids, mask = obj.get("input_ids"), obj.get("loss_mask")
+                if not (isinstance(ids, list) and isinstance(mask, list) and len(ids) == len(mask)
+                        and all(isinstance(t, int) for t in ids)):
+                    stats.num_malformed += 1
+                    stats.problems.append(f"{path}:{line_no}: input_ids/loss_mask missing or of different lengths")
+                    continue
+                seq = Sequence(ids[:max_len], [int(bool(m)) for m in mask[:max_len]])
+            else:
+                messages = _valid_messages(obj)
+                if messages is None:
+                    stats.num_malformed += 1
+                    stats.problems.append(f"{path}:{line_no}: need 'conversations' with an assistant turn")
+                    continue
+                seq = tokenize_conversation(tokenizer, messages, max_len)
+            if sum(seq.loss_mask[1:]) == 0:
+                stats.num_empty += 1
+                continue
+            stats.num_tokens += len(seq.input_ids)
+            stats.num_loss_tokens += sum(seq.loss_mask)
+            out.append(seq)
+    if not out:
+        raise ValueError(f"no usable training rows in {', '.join(map(str, paths))} ({stats.num_malformed} malformed,"
+                         f" {stats.num_empty} without assistant tokens)")
+    return out
+
+
+def build_draft_vocab(sequences: list[Sequence], size: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The `size` most frequent assistant tokens (plus `always`, e.g. EOS), as sorted target ids [size]."""
+    counts = Counter()
+    for seq in sequences:
+        counts.update(t for t, m in zip(seq.input_ids, seq.loss_mask) if m)
+    chosen = [t for t in always if 0 <= t < vocab_size]
+    for token, _ in counts.most_common():
+        if len(chosen) >= size:
+            break
+        if token not in chosen:
+            chosen.append(token)
+    filler = (t for t in range(vocab_size) if t not in set(chosen))  # rare: fewer distinct tokens than size
+    while len(chosen) < size:
+        chosen.append(next(filler))
+    return torch.tensor(sorted(chosen[:size]), dtype=torch.long)
+
+
+class SequenceOrder:
+    """Epoch-wise shuffled order of sequence indices, sharded over ranks; `state()`/`load_state()` make a resumed
+    run see exactly the batches the uninterrupted one would have."""
+
+    def __init__(self, num: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.num, self.batch_size, self.seed = num, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.position = 0, 0
+
+    def _indices(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1000003 + self.epoch)
+        perm = torch.randperm(self.num, generator=g).tolist()
+        usable = len(perm) - len(perm) % self.world_size if len(perm) >= self.world_size else len(perm)
+        return perm[:usable][self.rank :: self.world_size] or perm
+
+    def next_batch(self) -> list[int]:
+        idx = self._indices()
+        if self.position >= len(idx):
+            self.epoch, self.position = self.epoch + 1, 0
+            idx = self._indices()
+        batch = idx[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
+        return batch
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def collate(sequences: list[Sequence], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad → tokens [B, T], loss_mask [B, T] (padding has mask 0; causal attention never looks right)."""
+    T = max(len(s.input_ids) for s in sequences)
+    tokens = torch.full((len(sequences), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), T, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        tokens[i, : len(s.input_ids)] = torch.tensor(s.input_ids)
+        mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask)
+    return tokens, mask

@@ -1,0 +1,168 @@
+"""The losses of ALGORITHMS.md, with the index bookkeeping (label shifting, anchors, valid prefixes) kept in small
+functions the tests check on hand-built examples.
+
+Target distributions are never stored: they are `lm_head(final_hidden)` of the frozen target, computed here over
+the full vocabulary and gathered onto the draft vocabulary (mass outside it counts as unmatchable).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+#: Eagle3 per-step decay of the TTT loss
+EAGLE3_STEP_DECAY = 0.8
+#: DFlash/DSpark per-slot weight w_j = exp(-j / BLOCK_DECAY)
+BLOCK_DECAY = 4.0
+#: DSpark: 0.1·CE + 0.9·L1 + 1.0·BCE
+DSPARK_WEIGHTS = (0.1, 0.9, 1.0)
+
+
+def target_probs(target, final_hidden: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """final_hidden [.., H] → the target's softmax over the full vocabulary, gathered at d2t: [.., N]."""
+    with torch.no_grad():
+        logits = target.model.lm_head(final_hidden)
+        return torch.softmax(logits, dim=-1).index_select(-1, d2t)
+
+
+# ---- Eagle3 ---------------------------------------------------------------------------------------------------
+def eagle3_valid(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
+    """[B, T] → [B, T]: index t of TTT step k is trained iff the token it predicts, x[t+2+k], exists and is an
+    assistant token (step k at t feeds x[t+1+k] and predicts the target distribution at position t+1+k)."""
+    B, T = loss_mask.shape
+    valid = torch.zeros_like(loss_mask, dtype=torch.bool)
+    shift = 2 + step
+    if shift < T:
+        valid[:, : T - shift] = loss_mask[:, shift:].bool()
+    return valid
+
+
+def eagle3_loss(model, target, features, final_hidden, tokens, loss_mask) -> tuple[torch.Tensor, dict]:
+    """Σ_k 0.8^k · soft-CE(target probs at t+1+k, draft step-k logits at t), mean over valid positions."""
+    γ = model.cfg.block_size
+    T = tokens.shape[1]
+    logits = model.ttt_forward(features, tokens, γ)
+    total = features.new_zeros((), dtype=torch.float32)
+    metrics = {}
+    for k, step_logits in enumerate(logits):
+        valid = eagle3_valid(loss_mask, k)
+        if not bool(valid.any()):
+            continue
+        shift = 1 + k
+        q = final_hidden[:, shift:]  # position t+1+k for t = 0..T-2-k
+        p_t = target_probs(target, q[valid[:, : T - shift]], model.d2t)  # [n, N]
+        log_q = F.log_softmax(step_logits[:, : T - shift][valid[:, : T - shift]], dim=-1)
+        ce = -(p_t * log_q).sum(-1).mean()
+        total = total + EAGLE3_STEP_DECAY**k * ce
+        metrics[f"acc{k}"] = float((log_q.argmax(-1) == p_t.argmax(-1)).float().mean())
+    return total, metrics
+
+
+# ---- DFlash / DSpark ------------------------------------------------------------------------------------------
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random anchor positions a (1 <= a, x[a+1] an assistant token), without replacement per row.
+
+    Returns anchors [B, A] and anchor_valid [B, A] (rows with fewer candidates repeat one, marked invalid)."""
+    B, T = loss_mask.shape
+    anchors = torch.zeros(B, num_anchors, dtype=torch.long)
+    valid = torch.zeros(B, num_anchors, dtype=torch.bool)
+    for b in range(B):
+        cand = torch.nonzero(loss_mask[b, 2:].bool().cpu()).flatten() + 1  # a with x[a+1] assistant, a >= 1
+        if cand.numel() == 0:
+            continue
+        pick = cand[torch.randperm(cand.numel(), generator=generator)[:num_anchors]].sort().values
+        anchors[b, : pick.numel()] = pick
+        anchors[b, pick.numel():] = pick[0]
+        valid[b, : pick.numel()] = True
+    return anchors.to(loss_mask.device), valid.to(loss_mask.device)
+
+
+def block_targets(tokens: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor,
+                  block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Labels of anchor-first blocks: slot j of the block at a predicts x[a+1+j].
+
+    Returns labels [B, A, γ], prev [B, A, γ] = x[a+j] (the Markov head's x_{j-1}; x_{-1} = the anchor) and valid
+    [B, A, γ] = the contiguous prefix of slots whose label exists and is an assistant token."""
+    B, T = tokens.shape
+    j = torch.arange(block_size, device=tokens.device)
+    pos = anchors[:, :, None] + 1 + j  # [B, A, γ]
+    inside = pos < T
+    safe = pos.clamp(max=T - 1)
+    labels = tokens.gather(1, safe.flatten(1)).view_as(pos)
+    prev = tokens.gather(1, (safe - 1).flatten(1)).view_as(pos)
+    ok = inside & loss_mask.gather(1, safe.flatten(1)).view_as(pos).bool() & anchor_valid[:, :, None]
+    valid = torch.cumprod(ok.long(), dim=-1).bool()
+    return labels, prev, valid
+
+
+def slot_weights(block_size: int, device=None) -> torch.Tensor:
+    return torch.exp(-torch.arange(block_size, device=device, dtype=torch.float32) / BLOCK_DECAY)
+
+
+def _block_common(model, features, tokens, loss_mask, generator, num_anchors):
+    anchors, anchor_valid = sample_anchors(loss_mask, num_anchors, generator)
+    labels, prev, valid = block_targets(tokens, loss_mask, anchors, anchor_valid, model.cfg.block_size)
+    hidden = model.train_forward(features, tokens, anchors)  # [B, A, γ, H]
+    weights = slot_weights(model.cfg.block_size, features.device) * valid.float()  # [B, A, γ]
+    return anchors, labels, prev, valid, hidden, weights
+
+
+def _hard_ce(logits, labels, model, weights):
+    draft_labels = model.t2d[labels]
+    in_vocab = draft_labels < model.cfg.out_vocab_size
+    ce = F.cross_entropy(logits.flatten(0, -2), draft_labels.clamp(max=model.cfg.out_vocab_size - 1).flatten(),
+                         reduction="none").view_as(labels)
+    w = weights * in_vocab.float()
+    return (ce * w).sum() / w.sum().clamp(min=1e-6), w
+
+
+def dflash_loss(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
+    """Position-weighted CE (w_j = exp(-j/4)) over the valid prefix of each block."""
+    anchors, labels, prev, valid, hidden, weights = _block_common(model, features, tokens, loss_mask, generator,
+                                                                  num_anchors)
+    logits = model.head(hidden)
+    loss, _ = _hard_ce(logits, labels, model, weights)
+    metrics = _block_metrics(logits, labels, model, valid)
+    return loss, metrics
+
+
+def dspark_loss(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
+    """0.1·CE + 0.9·L1(p_d, p_t) + 1.0·BCE(confidence, 1 - ½‖p_d - p_t‖₁), each weighted by w_j and validity."""
+    anchors, labels, prev, valid, hidden, weights = _block_common(model, features, tokens, loss_mask, generator,
+                                                                  num_anchors)
+    γ = model.cfg.block_size
+    logits, conf = model.step_logits(hidden, model.head(hidden), prev)
+    ce, _ = _hard_ce(logits, labels, model, weights)
+    # target distribution at position a+j (it predicts x[a+1+j]), full-vocabulary softmax gathered on d2t
+    pos = (anchors[:, :, None] + torch.arange(γ, device=anchors.device)).clamp(max=tokens.shape[1] - 1)
+    sel = valid
+    q_hidden = final_hidden.gather(1, pos.flatten(1)[..., None].expand(-1, -1, final_hidden.shape[-1]))
+    q_hidden = q_hidden.view(*pos.shape, -1)[sel]  # [n, H]
+    p_t = target_probs(target, q_hidden, model.d2t)  # [n, N]
+    p_d = torch.softmax(logits[sel], dim=-1)
+    outside = (1 - p_t.sum(-1)).clamp(min=0)  # target mass the draft vocabulary cannot cover
+    l1 = (p_d - p_t).abs().sum(-1) + outside  # ‖p_d − p_t‖₁ over the full vocabulary
+    w = weights[sel]
+    norm = w.sum().clamp(min=1e-6)
+    accept = (1 - 0.5 * l1).detach().clamp(0, 1)
+    bce = F.binary_cross_entropy_with_logits(conf[sel], accept, reduction="none")
+    a, b, c = DSPARK_WEIGHTS
+    loss = a * ce + b * (l1 * w).sum() / norm + c * (bce * w).sum() / norm
+    metrics = _block_metrics(logits, labels, model, valid)
+    metrics["accept_rate"] = float((accept * w).sum() / norm)
+    return loss, metrics
+
+
+def _block_metrics(logits, labels, model, valid) -> dict:
+    pred = model.to_target_ids(logits.argmax(-1))
+    hit = (pred == labels) & valid
+    # expected accepted length of greedy drafting on these blocks: contiguous correct prefix
+    run = torch.cumprod(hit.long(), dim=-1).sum(-1).float()
+    blocks = valid[..., 0]
+    return {"acc0": float(hit[..., 0].sum() / blocks.sum().clamp(min=1)),
+            "tau": 1 + float(run[blocks].mean()) if bool(blocks.any()) else math.nan}
+
+
+LOSSES = {"eagle3": None, "dflash": dflash_loss, "dspark": dspark_loss}
