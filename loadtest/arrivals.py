@@ -33,7 +33,8 @@ class LoadPoint:
     """One point of load: the offered rate and/or the concurrency limit.
 
     rate=inf with max_concurrency=N is a closed loop of N; a finite rate with max_concurrency=N is an open loop
-    whose in-flight requests are capped at N (extra arrivals wait, which the measured TTFT includes).
+    whose in-flight requests are capped at N. Arrivals over the cap wait in the client, and, as in `vllm bench
+    serve`, that wait is not part of their latency: each request's clock starts when it is sent.
     """
 
     request_rate: float = math.inf
