@@ -40,7 +40,7 @@ CONCURRENCY = 8
 MAX_TOKENS = 128
 
 
-def start(kind: str, port: int) -> tuple[Proc, str]:
+def start(kind: str, port: int, extra: list[str]) -> tuple[Proc, str]:
     if kind == "llama-cpp":
         proc = Proc([sys.executable, "-m", "llama_cpp.server", "--model", str(GGUF), "--n_threads", "2",
                      "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)], "throughput-llama-cpp")  # fmt: skip
@@ -48,7 +48,7 @@ def start(kind: str, port: int) -> tuple[Proc, str]:
         return proc, "SmolLM2-135M-Instruct"
     draft = "auto" if kind == "deepspec-draft" else "none"
     proc = service("--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "-1", "--metrics-port", "-1",
-                   "--draft", draft, "--log-level", "WARNING", name=f"throughput-{kind}")  # fmt: skip
+                   "--draft", draft, "--log-level", "WARNING", *extra, name=f"throughput-{kind}")  # fmt: skip
     proc.wait_http(f"http://127.0.0.1:{port}/health/ready", 600)
     return proc, "smollm2-135m"
 
@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-per-client", type=int, default=2, help="prompts each of the 8 clients sends (default 2)")
     parser.add_argument("--only", action="append", choices=["deepspec-draft", "deepspec-none", "llama-cpp"],
                         help="run only these servers (repeatable; default all three)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=0,
+                        help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)")
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = DATASET.read_text().splitlines()
@@ -110,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in args.only or ["deepspec-draft", "deepspec-none", "llama-cpp"]:
         port = free_port()
         print(f"starting {kind} ...", flush=True)
-        proc, model = start(kind, port)
+        extra = ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
+        proc, model = start(kind, port, extra)
         try:
             results = asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts))
         finally:
