@@ -7,7 +7,6 @@ it over gRPC like to any other worker, so the embedded default exercises the pro
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from service.settings import GatewaySettings, WorkerSettings

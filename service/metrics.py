@@ -36,13 +36,12 @@ SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL = "deepspec:spec_decode_num_accepted_token
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL = "deepspec:spec_decode_num_accepted_tokens_per_pos_total"  # label `position`
 SPEC_DECODE_ACCEPTANCE_LENGTH = "deepspec:spec_decode_acceptance_length"  # histogram, bonus token included
 
-ALL_METRIC_NAMES = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and v.startswith("deepspec:"))
-
 # Routing state on the gateway, label `worker` (no vLLM equivalent).
 GATEWAY_NUM_REQUESTS_OUTSTANDING = "deepspec:gateway_num_requests_outstanding"  # sent to a worker, not finished
 GATEWAY_WORKER_HEALTHY = "deepspec:gateway_worker_healthy"  # 1 = admitted, 0 = ejected
 GATEWAY_RETRIES_TOTAL = "deepspec:gateway_retries_total"  # a request moved to another worker before its first token
 
+#: every name above, for tests and the chart's dashboards check
 ALL_METRIC_NAMES = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and v.startswith("deepspec:"))
 
 # ---------------------------------------------------------------------------------------------------------------

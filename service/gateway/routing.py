@@ -166,7 +166,8 @@ class WorkerPool:
         for address in self.endpoints.keys() - addresses:
             endpoint = self.endpoints.pop(address)
             logger.info("worker %s left DNS", address)
-            self.metrics.worker_healthy.remove(address) if address in _label_values(self.metrics.worker_healthy) else None
+            with contextlib.suppress(KeyError):  # a vanished worker leaves no stale series behind
+                self.metrics.worker_healthy.remove(address)
             asyncio.create_task(self._close_when_idle(endpoint))
 
     def _add(self, address: str) -> None:
@@ -178,7 +179,3 @@ class WorkerPool:
         while endpoint.outstanding:
             await asyncio.sleep(1.0)
         await endpoint.client.close()
-
-
-def _label_values(metric) -> set[str]:
-    return {labels[0] for labels in metric._metrics}

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.service.conftest import REPO, ServerProcess, free_port, metric_value
+from tests.service.conftest import ServerProcess, free_port, metric_value
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
