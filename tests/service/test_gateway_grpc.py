@@ -74,6 +74,11 @@ def test_cancel_and_abort_free_the_worker_slot(tmp_path):
             stub = pb_grpc.CompletionsStub(ch)
             call = stub.CompleteStream(pb.CompletionRequest(prompt="Hi", max_tokens=1500))
             next(call)
+            unary = stub.Complete.future(pb.CompletionRequest(prompt="Hi", max_tokens=1500))  # whole, then cancelled
+            deadline = time.monotonic() + 5
+            while metric_value(worker.metrics(), "deepspec:num_requests_running") < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            unary.cancel()
             victim_errors = []
 
             def victim():
@@ -97,7 +102,7 @@ def test_cancel_and_abort_free_the_worker_slot(tmp_path):
             while metric_value(worker.metrics(), "deepspec:num_requests_running") and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert metric_value(worker.metrics(), "deepspec:num_requests_running") == 0
-            assert metric_value(worker.metrics(), "deepspec:request_success_total", status="abort") == 2
+            assert metric_value(worker.metrics(), "deepspec:request_success_total", status="abort") == 3
     finally:
         gw.terminate()
         worker.terminate()

@@ -160,3 +160,32 @@ def test_worker_metrics_cover_every_worker_name(stub_worker, client):
     for name in worker_names:
         assert name in text, name
     assert metric_value(text, "deepspec:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
+
+
+def test_sigterm_drains_the_worker(tmp_path):
+    """SIGTERM: ServerReady turns false at once, the running stream still finishes, the process exits 0."""
+    worker = Worker(tmp_path, "--stub-step-ms", "10").start().wait_ready()
+    try:
+        client = triton.InferenceServerClient(worker.address)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer("stub", inputs("Hello", max_tokens=300, stream=True))
+        responses.get(timeout=10)
+        worker.proc.send_signal(15)
+        deadline = time.monotonic() + 5
+        while client.is_server_ready() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not client.is_server_ready()
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("stub", inputs("x", max_tokens=2))
+        assert "UNAVAILABLE" in str(info.value.status())
+        while True:
+            result, error = responses.get(timeout=10)
+            assert error is None
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        assert result.as_numpy("num_output_tokens")[0][0] == 300
+        client.stop_stream()
+        assert worker.proc.wait(10) == 0
+    finally:
+        worker.terminate()
