@@ -134,7 +134,12 @@ async def _serve_worker(settings) -> int:
 
     worker = WorkerService(settings)
     stop = install_stop_signals()
-    await worker.start()
+    try:
+        await worker.start()
+    except (ValueError, OSError, RuntimeError) as e:  # bad target/draft, missing file, port in use
+        logging.getLogger("service").error("the worker failed to start: %s", e)
+        await worker.stop()
+        return 1
     await stop.wait()
     logging.getLogger("service").info("SIGTERM: draining for up to %.0f s", settings.drain_timeout_s)
     await worker.drain()

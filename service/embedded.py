@@ -15,24 +15,49 @@ logger = logging.getLogger(__name__)
 
 
 async def serve_embedded(gateway_settings: GatewaySettings, worker_settings: WorkerSettings) -> int:
+    import asyncio
+
     from service.cli import install_stop_signals
     from service.gateway.app import serve_gateway
     from service.worker.server import WorkerService
 
     stop = install_stop_signals()
     worker = WorkerService(worker_settings)
-    await worker.start()
+    await worker.bind()  # the port is known now; weights load while the gateway already answers /health/live
+    loading = asyncio.create_task(worker.load())
     gateway_settings = gateway_settings.model_copy(update={"workers": f"127.0.0.1:{worker.port}"})
+    host = "localhost" if gateway_settings.host in ("0.0.0.0", "::") else gateway_settings.host
+    urls: dict[str, object] = {}
 
-    def on_ready(http_port: int, grpc_port: int | None) -> None:
-        host = "localhost" if gateway_settings.host in ("0.0.0.0", "::") else gateway_settings.host
-        logger.info(
-            "DeepSpec is serving %s (drafter %s): OpenAI API http://%s:%d/v1 · gRPC %s:%s · metrics "
-            "http://%s:%d/metrics (gateway), http://%s:%s/metrics (worker)", worker.model_name,
-            worker.loaded.drafter_name, host, http_port, host, grpc_port, host, http_port, host, worker.metrics_port,
-        )  # fmt: skip
+    def announce() -> None:
+        """Log the URLs once both the gateway listens and the worker is warm (either may come first)."""
+        if urls and loading.done() and not loading.cancelled() and loading.exception() is None:
+            logger.info(
+                "DeepSpec is serving %s (drafter %s): OpenAI API %s/v1 · gRPC %s · metrics %s/metrics (gateway), "
+                "http://%s:%s/metrics (worker)", worker.model_name, worker.loaded.drafter_name, urls["http"],
+                urls["grpc"], urls["http"], host, worker.metrics_port,
+            )  # fmt: skip
 
+    def on_gateway_up(http_port: int, grpc_port: int | None) -> None:
+        urls.update(http=f"http://{host}:{http_port}", grpc=None if grpc_port is None else f"{host}:{grpc_port}")
+        if not loading.done():
+            logger.info("gateway up at %s/v1 (gRPC %s); loading %s, /health/ready turns 200 once it is warm",
+                        urls["http"], urls["grpc"], worker_settings.target)  # fmt: skip
+        announce()
+
+    def on_loaded(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("the worker failed to load %s: %s", worker_settings.target, task.exception())
+            stop.set()
+            return
+        announce()
+
+    loading.add_done_callback(on_loaded)
     try:
-        return await serve_gateway(gateway_settings, stop=stop, on_ready=on_ready)
+        code = await serve_gateway(gateway_settings, stop=stop, on_ready=on_gateway_up)
     finally:
+        loading.cancel()
         await worker.drain(timeout_s=1.0)
+    if not loading.cancelled() and loading.done() and loading.exception() is not None:
+        return 1
+    return code

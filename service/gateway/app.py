@@ -163,8 +163,11 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
     http = _Server(create_app(state=state), settings.host, settings.http_port)
     http_task = asyncio.create_task(http.serve())
     while not http.server.started:
-        if http_task.done():
-            await http_task
+        if http_task.done():  # uvicorn exits (SystemExit) when it cannot bind; it has logged why
+            with contextlib.suppress(BaseException):
+                http_task.result()
+            logger.error("the HTTP server did not start on %s:%d (port in use?)", settings.host, settings.http_port)
+            await state.pool.stop()
             return 1
         await asyncio.sleep(0.02)
     grpc_server = grpc_port = None

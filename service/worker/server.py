@@ -227,6 +227,11 @@ class WorkerService:
 
     async def start(self) -> None:
         """Serve at once (ServerLive); load, warm up, then turn ready. Returns when ready."""
+        await self.bind()
+        await self.load()
+
+    async def bind(self) -> None:
+        """Start the gRPC server (live, not ready); `self.port` is the bound port afterwards."""
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -235,6 +240,9 @@ class WorkerService:
         if self.port == 0:
             raise RuntimeError(f"cannot bind the worker's gRPC port {self.settings.host}:{self.settings.port}")
         await self._server.start()
+
+    async def load(self) -> None:
+        """Load weights (in a thread), start the engine thread, run the warm-up step, turn ready."""
         t0 = time.perf_counter()
         if self.loaded is None:
             self.loaded = await asyncio.to_thread(load_engine, self.settings)
