@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         tokens = sum(r["tokens"] for r in results)
         ttfts = [r["ttft_s"] for r in results]
         report["servers"][kind] = {"output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
-                                   "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90)}  # fmt: skip
+                                   "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
+                                   "ttfts_s": sorted(round(t, 3) for t in ttfts)}  # fmt: skip
         print(f"  {kind}: {tokens / wall:.1f} tok/s, p50 TTFT {pct(ttfts, 50):.2f} s", flush=True)
 
     servers = report["servers"]
