@@ -26,11 +26,13 @@ system-deps:
 serve: venv
 	$(PY) -m service
 
+# One intra-op thread per process: the suite runs servers and clients side by side on 2 cores, where
+# OpenMP's spinning worker threads would slow every forward ~10x. Benchmarks keep torch's default.
 test: venv system-deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS)
 
 bench-deps: venv
 	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PIP) install -q 'llama-cpp-python>=0.3'
