@@ -40,20 +40,25 @@ def eagle3_valid(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
 
 
 def eagle3_loss(model, target, features, final_hidden, tokens, loss_mask) -> tuple[torch.Tensor, dict]:
-    """Σ_k 0.8^k · soft-CE(target probs at t+1+k, draft step-k logits at t), mean over valid positions."""
+    """Σ_k 0.8^k · soft-CE(target probs at t+1+k, draft step-k logits at t), mean over valid positions.
+
+    The target distribution at each position is computed once and shared by all steps (step k reads it shifted
+    by k): the frozen head over the full vocabulary is the most expensive matmul of the whole loss."""
     γ = model.cfg.block_size
     T = tokens.shape[1]
     logits = model.ttt_forward(features, tokens, γ)
+    needed = torch.zeros_like(loss_mask, dtype=torch.bool)
+    needed[:, 1:-1] = loss_mask[:, 2:].bool()  # position q is used iff x[q+1] is an assistant token
+    p_all = torch.zeros(*tokens.shape, model.cfg.out_vocab_size, device=features.device)
+    p_all[needed] = target_probs(target, final_hidden[needed], model.d2t)
     total = features.new_zeros((), dtype=torch.float32)
     metrics = {}
     for k, step_logits in enumerate(logits):
-        valid = eagle3_valid(loss_mask, k)
+        valid = eagle3_valid(loss_mask, k)[:, : T - 1 - k]
         if not bool(valid.any()):
             continue
-        shift = 1 + k
-        q = final_hidden[:, shift:]  # position t+1+k for t = 0..T-2-k
-        p_t = target_probs(target, q[valid[:, : T - shift]], model.d2t)  # [n, N]
-        log_q = F.log_softmax(step_logits[:, : T - shift][valid[:, : T - shift]], dim=-1)
+        p_t = p_all[:, 1 + k :][valid]  # position t+1+k for index t
+        log_q = F.log_softmax(step_logits[:, : T - 1 - k][valid], dim=-1)
         ce = -(p_t * log_q).sum(-1).mean()
         total = total + EAGLE3_STEP_DECAY**k * ce
         metrics[f"acc{k}"] = float((log_q.argmax(-1) == p_t.argmax(-1)).float().mean())

@@ -1,0 +1,78 @@
+"""prepare: prompt parsing, resumability, failure side file, and the OpenAI-endpoint backend against a fake
+server (no network)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from training.__main__ import main
+from training.prepare import PrepareStats, read_prompts, regenerate
+
+
+def _prompts(path, n=4):
+    lines = [json.dumps({"turns": [f"q{i}"]}) for i in range(n)] + ["{broken", json.dumps({"turns": []})]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_malformed_prompts_are_counted(tmp_path):
+    stats = PrepareStats()
+    rows = read_prompts([_prompts(tmp_path / "p.jsonl")], None, 0, stats)
+    assert [r.id for r in rows] == [f"p:{i}" for i in range(1, 5)] and stats.num_malformed == 2
+    with pytest.raises(FileNotFoundError):
+        read_prompts([tmp_path / "missing.jsonl"], None, 0, stats)
+
+
+def test_resumable_and_failures_logged(tmp_path):
+    rows = read_prompts([_prompts(tmp_path / "p.jsonl")], None, 0, PrepareStats())
+    calls = []
+
+    def flaky(batch):
+        calls.append(len(batch))
+        return [RuntimeError("boom") if m[-1]["content"] == "q2" else (f"answer to {m[-1]['content']}", 3)
+                for m in batch]
+
+    out = tmp_path / "out.jsonl"
+    stats = regenerate(rows, flaky, out, 2, PrepareStats())
+    assert stats.num_done == 3 and stats.num_failed == 1
+    assert "boom" in (tmp_path / "out.jsonl.failures.jsonl").read_text()
+    stats = regenerate(rows, lambda b: [("ok", 1)] * len(b), out, 2, PrepareStats())
+    assert stats.num_skipped == 3 and stats.num_done == 1  # only the failed row is redone
+    convs = [json.loads(line)["conversations"] for line in out.read_text().splitlines()]
+    assert all(c[-1]["role"] == "assistant" for c in convs) and len(convs) == 4
+
+
+class _FakeOpenAI(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = "echo: " + body["messages"][-1]["content"]
+        payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}],
+                              "usage": {"completion_tokens": 2}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_cli_with_endpoint(tmp_path, capsys):
+    server = HTTPServer(("127.0.0.1", 0), _FakeOpenAI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "regen.jsonl"
+        args = ["prepare", "--inputs", str(_prompts(tmp_path / "p.jsonl")), "--out", str(out), "--endpoint",
+                f"http://127.0.0.1:{server.server_port}", "--batch-size", "2"]
+        assert main(args) == 0
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert rows[0]["conversations"][1]["content"] == "echo: q0"
+        assert main(args) == 0  # resumable: nothing left to do
+        assert '"skipped_finished": 4' in capsys.readouterr().out
+    finally:
+        server.shutdown()

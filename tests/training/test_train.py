@@ -1,0 +1,121 @@
+"""The train stage end to end on a tiny Hugging Face target: config validation, bad data, offline cache, bit-for-bit
+resume, and a 2-process gloo (DDP) run under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.__main__ import main
+from training.config import TrainConfig, load_config
+from training.trainer import train
+from tests.training.helpers import tiny_hf_target_dir, write_conversations
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    target_dir = tiny_hf_target_dir(root / "target")
+    data = write_conversations(root / "data.jsonl", rows=6)
+    return root, target_dir, data
+
+
+def _cfg(setup, out, algo="dspark", **optim) -> TrainConfig:
+    root, target_dir, data = setup
+    return TrainConfig.model_validate({
+        "target": {"name": str(target_dir)},
+        "model": {"algo": algo, "block_size": 4, "draft_vocab_size": 32, "feature_layers": [0, 1, 2]},
+        "data": {"paths": [str(data)], "max_len": 64, "num_anchors": 8},
+        "optim": {"max_steps": 4, "lr": 1e-3, "warmup_steps": 1, "grad_accum": 2, **optim},
+        "output_dir": str(out), "save_every": 2})
+
+
+def test_config_rejects_unknown_keys_and_merges_overrides(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("model:\n  algo: dflash\noptim:\n  lr: 1.0e-4\n")
+    cfg = load_config([f], {"model.algo": None}, ["optim.lr=3e-4", "model.feature_layers=[1, 2]"])
+    assert cfg.model.algo == "dflash" and cfg.optim.lr == 3e-4 and cfg.model.feature_layers == [1, 2]
+    with pytest.raises(Exception, match="Extra inputs are not permitted"):
+        load_config([], {}, ["optim.learning_rate=1"])
+    with pytest.raises(Exception, match="algo"):
+        load_config([], {}, ["model.algo=medusa"])
+
+
+def test_cli_errors_are_clear(setup, tmp_path, capsys):
+    root, target_dir, data = setup
+    with pytest.raises(SystemExit):
+        main(["train", "--algo", "medusa"])
+    assert "invalid choice: 'medusa'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--algo", "eagle3", "optim.lr"])
+    assert "section.key=value" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    code = main(["train", "--algo", "eagle3", "--target", str(target_dir), "--data", str(empty), "--out",
+                 str(tmp_path / "o")])
+    assert code == 2 and "no usable training rows" in capsys.readouterr().err
+
+
+def test_malformed_lines_are_skipped_with_a_count(setup, tmp_path):
+    root, target_dir, data = setup
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(data.read_text() + "{not json\n" + json.dumps({"conversations": [{"role": "user"}]}) + "\n")
+    cfg = _cfg(setup, tmp_path / "out", "eagle3", max_steps=1)
+    cfg.data.paths = [mixed]
+    lines = []
+    train(cfg, show_progress=False, log=lines.append)
+    assert any("skipped 2 malformed rows" in line for line in lines)
+
+
+def test_losses_fall_and_resume_is_bit_for_bit(setup, tmp_path):
+    full = train(_cfg(setup, tmp_path / "full"), show_progress=False)
+    assert full["steps"] == 4
+    log = [json.loads(line) for line in (tmp_path / "full" / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["loss"] < log[0]["loss"]
+    train(_cfg(setup, tmp_path / "split"), show_progress=False, stop_at_step=2)
+    assert (tmp_path / "split" / "checkpoints" / "step_0000002").is_dir()
+    resumed = train(_cfg(setup, tmp_path / "split"), resume=True, show_progress=False)
+    assert resumed["steps"] == 4
+    a = load_file(tmp_path / "full" / "model.safetensors")
+    b = load_file(tmp_path / "split" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_offline_cache_matches_online(setup, tmp_path):
+    online = train(_cfg(setup, tmp_path / "on", "eagle3", max_steps=2), show_progress=False)
+    cfg = _cfg(setup, tmp_path / "off", "eagle3", max_steps=2)
+    cfg.cache_dir = tmp_path / "cache"
+    lines = []
+    offline = train(cfg, show_progress=False, log=lines.append)
+    assert any("offline cache: writing" in line for line in lines)
+    assert abs(online["last"]["loss"] - offline["last"]["loss"]) < 1e-4
+    assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+def test_two_process_gloo_ddp(setup, tmp_path):
+    root, target_dir, data = setup
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), "-m", "training", "train", "--algo", "dflash", "--target", str(target_dir),
+           "--data", str(data), "--out", str(tmp_path / "ddp"), "model.block_size=4", "model.draft_vocab_size=32",
+           "model.feature_layers=[0,1,2]", "data.max_len=64", "data.num_anchors=8", "optim.max_steps=2",
+           "dist.backend=gloo"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and summary["steps"] == 2
+    assert (tmp_path / "ddp" / "model.safetensors").is_file()

@@ -1,0 +1,188 @@
+"""Evaluation of a draft against its target: acceptance length τ, verify rate, per-position survival, and the
+wall-clock speedup over target-only decoding — both measured in the same process on the same prompts.
+
+Writes eval.json (machine-readable; `best_shipped_draft` ranks drafts by its greedy τ), eval.md (a table) and
+acceptance.png (per-position survival). Greedy runs also check that the draft's output is token-for-token the
+target-only output (lossless verification in fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class EvalResult:
+    dataset: str
+    temperature: float
+    num_prompts: int
+    acceptance_length: float
+    verify_rate: float
+    survival: list[float]
+    tokens_per_second: float
+    baseline_tokens_per_second: float
+    speedup: float
+    num_generated_tokens: int
+    identical_to_target: bool | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def load_eval_prompts(name: str, count: int) -> list[str]:
+    from deepspec.paths import datasets_dir
+
+    path = datasets_dir() / "eval" / f"{name}.jsonl"
+    if not path.is_file():
+        available = sorted(p.stem for p in (datasets_dir() / "eval").glob("*.jsonl"))
+        raise FileNotFoundError(f"eval dataset '{name}' not found at {path}; available: {available}")
+    prompts = []
+    with path.open() as f:
+        for line in f:
+            if len(prompts) >= count:
+                break
+            prompts.append(json.loads(line)["turns"][0])
+    return prompts
+
+
+def _run(engine, prompts, params) -> tuple[list, float]:
+    start = time.perf_counter()
+    results = [engine.generate([p], params)[0] for p in prompts] if engine.max_batch_size == 1 else \
+        engine.generate(prompts, params)
+    return results, time.perf_counter() - start
+
+
+def summarize(results) -> tuple[float, float, list[float]]:
+    steps = sum(r.num_steps for r in results)
+    accepted = sum(r.num_accepted_tokens for r in results)
+    drafted = sum(r.num_draft_tokens for r in results)
+    width = max((len(r.proposed_per_position) for r in results), default=0)
+    acc = [sum(r.accepted_per_position[i] for r in results if i < len(r.accepted_per_position)) for i in range(width)]
+    prop = [sum(r.proposed_per_position[i] for r in results if i < len(r.proposed_per_position)) for i in range(width)]
+    tau = (accepted + steps) / max(steps, 1)
+    verify_rate = (accepted + steps) / max(drafted + steps, 1)
+    return tau, verify_rate, [a / p if p else 0.0 for a, p in zip(acc, prop)]
+
+
+def evaluate(target, drafter, datasets: list[str], num_prompts: int, max_tokens: int, temperatures: list[float],
+             num_speculative_tokens: int = 7, batch_size: int = 1, check_identical: bool = True,
+             on_result=None) -> list[EvalResult]:
+    from deepspec.decoding.engine import SpecEngine
+    from deepspec.decoding.params import SamplingParams
+
+    max_seq_len = 2048
+    base = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)
+    spec = SpecEngine(target, drafter, max_batch_size=batch_size, max_seq_len=max_seq_len,
+                      num_speculative_tokens=num_speculative_tokens)
+    warm = [target.encode_chat([{"role": "user", "content": "Hi"}])]
+    for engine in (base, spec):  # first calls pay one-off allocation costs; keep them out of the timing
+        engine.generate(warm, SamplingParams(max_tokens=8))
+    out = []
+    for name in datasets:
+        prompts = [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
+        for temperature in temperatures:
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0, ignore_eos=False)
+            base_results, base_s = _run(base, prompts, params)
+            spec_results, spec_s = _run(spec, prompts, params)
+            n_base = sum(len(r.token_ids) for r in base_results)
+            n_spec = sum(len(r.token_ids) for r in spec_results)
+            tau, verify_rate, survival = summarize(spec_results)
+            identical = None
+            if temperature == 0 and check_identical:
+                identical = all(a.token_ids == b.token_ids for a, b in zip(base_results, spec_results))
+            result = EvalResult(name, temperature, len(prompts), round(tau, 4), round(verify_rate, 4),
+                                [round(s, 4) for s in survival], round(n_spec / spec_s, 2),
+                                round(n_base / base_s, 2), round((n_spec / spec_s) / (n_base / base_s), 3), n_spec,
+                                identical)
+            out.append(result)
+            if on_result is not None:
+                on_result(result)
+    return out
+
+
+def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {**meta, "results": [asdict(r) for r in results]}
+    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"# {meta.get('draft', 'draft')} on {meta.get('target', 'target')}", "",
+             "| dataset | temp | τ | verify rate | draft tok/s | target-only tok/s | speedup | identical |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        same = "" if r.identical_to_target is None else ("yes" if r.identical_to_target else "**NO**")
+        lines.append(f"| {r.dataset} | {r.temperature:g} | {r.acceptance_length:.2f} | {r.verify_rate:.2f} | "
+                     f"{r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | {r.speedup:.2f}x | {same} |")
+    lines += ["", f"Settings: {json.dumps(meta.get('settings', {}))}", ""]
+    (out_dir / "eval.md").write_text("\n".join(lines))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in results:
+            ax.plot(range(1, len(r.survival) + 1), r.survival, marker="o",
+                    label=f"{r.dataset} T={r.temperature:g} (τ={r.acceptance_length:.2f})")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("survival (accepted | proposed, earlier accepted)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title(f"{meta.get('draft', 'draft')}: per-position acceptance")
+        fig.tight_layout()
+        fig.savefig(out_dir / "acceptance.png", dpi=100)
+        plt.close(fig)
+    except ImportError:
+        pass  # matplotlib is in the `train` extra; the JSON and markdown reports are still written
+    return report
+
+
+def run_eval_cli(args, parser) -> int:
+    import sys
+
+    from deepspec.decoding.registry import build_drafter
+    from deepspec.models import load_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
+    except ValueError:
+        parser.error(f"--temperatures must be comma-separated numbers, got '{args.temperatures}'")
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not datasets or args.num_prompts < 1 or args.max_tokens < 1:
+        parser.error("need at least one dataset, --num-prompts >= 1 and --max-tokens >= 1")
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    try:
+        drafter = build_drafter(args.draft, target)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if drafter is None:
+        parser.error("--draft none has nothing to evaluate")
+    out_dir = args.out or (Path(args.draft) if Path(args.draft).is_dir() else Path("runs") / f"eval-{args.draft}")
+
+    def show(r: EvalResult) -> None:
+        same = "" if r.identical_to_target is None else f" identical={r.identical_to_target}"
+        print(f"{r.dataset:10s} T={r.temperature:g} τ={r.acceptance_length:.2f} verify={r.verify_rate:.2f} "
+              f"{r.tokens_per_second:.1f} vs {r.baseline_tokens_per_second:.1f} tok/s → {r.speedup:.2f}x{same}",
+              file=sys.stderr, flush=True)
+
+    results = evaluate(target, drafter, datasets, args.num_prompts, args.max_tokens, temperatures,
+                       args.num_speculative_tokens, args.batch_size, not args.no_check_identical, on_result=show)
+    meta = {"target": target.name, "draft": Path(args.draft).name, "algo": getattr(drafter, "name", args.draft),
+            "settings": {"num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
+                         "num_speculative_tokens": args.num_speculative_tokens, "batch_size": args.batch_size,
+                         "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),
+                         "machine": platform.machine(), "torch": torch.__version__}}
+    write_reports(results, out_dir, meta)
+    print((out_dir / "eval.md").read_text())
+    bad = [r for r in results if r.identical_to_target is False]
+    if bad:
+        print(f"error: greedy output differs from target-only on {[r.dataset for r in bad]}", file=sys.stderr)
+        return 1
+    return 0
