@@ -275,7 +275,7 @@ def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     import asyncio
 
-    from loadtest.report import format_summary, point_report, sweep_report
+    from loadtest.report import format_summary, format_sweep_table, point_report, sweep_report
 
     model = args.model
     if model is None and args.backend != "grpc":
@@ -305,6 +305,9 @@ def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     reports = [point_report(r, meta=meta, slo=slo, percentiles=percentiles, detailed=args.save_detailed) for r in results]
     for r in reports:
         print(format_summary(r, percentiles))
+    if sweep_over and len(reports) > 1:
+        print(f"Sweep over {sweep_over}:")
+        print(format_sweep_table(reports, sweep_over))
     if args.result_file and reports:
         import json
         from pathlib import Path

@@ -155,3 +155,27 @@ def format_summary(rep: dict, percentiles: Sequence[float] = (90, 99)) -> str:
         rows.append(f"not available ({rep.get('spec_decode_note') or 'no counters'})")
     rows.append("=" * w)
     return "\n".join(rows)
+
+
+def format_sweep_table(reports: Sequence[dict], sweep_over: str) -> str:
+    """One line per load point, for reading a sweep at a glance (throughput and the latencies that saturate)."""
+    cols = [
+        (sweep_over, sweep_over.replace("_", " "), "{}"),
+        ("completed", "ok", "{}"),
+        ("failed", "failed", "{}"),
+        ("request_throughput", "req/s", "{:.2f}"),
+        ("request_goodput", "goodput", "{:.2f}"),
+        ("output_throughput", "tok/s", "{:.1f}"),
+        ("median_ttft_ms", "TTFT p50 ms", "{:.1f}"),
+        ("p99_ttft_ms", "TTFT p99 ms", "{:.1f}"),
+        ("median_tpot_ms", "TPOT p50 ms", "{:.2f}"),
+        ("p99_tpot_ms", "TPOT p99 ms", "{:.2f}"),
+    ]
+    cols = [c for c in cols if all(c[0] in r for r in reports)]
+
+    def cell(r: dict, key: str, fmt: str) -> str:
+        return "-" if r[key] is None else fmt.format(r[key])
+
+    table = [[h for _, h, _ in cols]] + [[cell(r, k, f) for k, _, f in cols] for r in reports]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in table)

@@ -55,7 +55,7 @@ def test_sweep_and_compare(fake_server_thread, tmp_path, capsys):
     doc = json.loads((tmp_path / "a.json").read_text())
     assert doc["sweep_over"] == "max_concurrency" and [r["max_concurrency"] for r in doc["runs"]] == [1, 4]
     assert (tmp_path / "p" / "throughput_vs_load.png").exists()
-    capsys.readouterr()
+    assert "Sweep over max_concurrency:" in capsys.readouterr().out
     assert main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     out = capsys.readouterr().out
     assert "B/A" in out and "request throughput" in out

@@ -5,7 +5,7 @@ import math
 
 from loadtest.arrivals import LoadPoint
 from loadtest.records import RequestOutput
-from loadtest.report import DETAILED_FIELDS, format_summary, point_report, sweep_report
+from loadtest.report import DETAILED_FIELDS, format_summary, format_sweep_table, point_report, sweep_report
 from loadtest.runner import PointResult, RunResult
 from loadtest.spec_stats import SpecDecodeStats
 
@@ -64,3 +64,10 @@ def test_summary_text_and_sweep():
     doc = sweep_report([rep, rep], "request_rate")
     assert doc["sweep_over"] == "request_rate" and len(doc["runs"]) == 2
 
+
+
+def test_sweep_table_has_a_line_per_point():
+    reps = [point_report(result(), meta=META, slo={"ttft": 150}), point_report(result(), meta=META)]
+    lines = format_sweep_table(reps, "request_rate").splitlines()
+    assert len(lines) == 3 and "req/s" in lines[0] and "TTFT p99 ms" in lines[0]
+    assert lines[2].split()[4] == "-"  # no SLO on the second point: no goodput
