@@ -79,8 +79,9 @@ def _add_eval(sub) -> None:
                        description="Runs target-only and draft decoding on the same prompts in one process; "
                        "writes eval.json, eval.md and acceptance.png into --out (default: the draft directory).")
     p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF dir (default smollm2-135m)")
-    p.add_argument("--draft", required=True,
-                   help="draft checkpoint directory, or a built-in drafter name (prompt-lookup, auto)")
+    p.add_argument("--draft", required=True, nargs="+",
+                   help="one or more draft checkpoint directories or built-in drafter names (prompt-lookup, auto); "
+                        "several share one target-only baseline per dataset and temperature")
     p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
                    help="comma-separated eval sets from ../shared/datasets/eval (default humaneval,gsm8k,mbpp)")
     p.add_argument("--num-prompts", type=int, default=10, help="first N prompts of each dataset (default 10)")

@@ -68,39 +68,42 @@ def summarize(results) -> tuple[float, float, list[float]]:
     return tau, verify_rate, [a / p if p else 0.0 for a, p in zip(acc, prop)]
 
 
-def evaluate(target, drafter, datasets: list[str], num_prompts: int, max_tokens: int, temperatures: list[float],
-             num_speculative_tokens: int = 7, batch_size: int = 1, check_identical: bool = True,
-             on_result=None) -> list[EvalResult]:
+def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_tokens: int,
+             temperatures: list[float], num_speculative_tokens: int = 7, batch_size: int = 1,
+             check_identical: bool = True, on_result=None) -> dict[str, list[EvalResult]]:
+    """drafters: name → Drafter. Target-only runs once per (dataset, temperature) and every draft is timed right
+    after it on the same prompts, so each speedup compares runs minutes apart on the same machine state."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
 
     max_seq_len = 2048
     base = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)
-    spec = SpecEngine(target, drafter, max_batch_size=batch_size, max_seq_len=max_seq_len,
-                      num_speculative_tokens=num_speculative_tokens)
+    engines = {name: SpecEngine(target, d, max_batch_size=batch_size, max_seq_len=max_seq_len,
+                                num_speculative_tokens=num_speculative_tokens) for name, d in drafters.items()}
     warm = [target.encode_chat([{"role": "user", "content": "Hi"}])]
-    for engine in (base, spec):  # first calls pay one-off allocation costs; keep them out of the timing
+    for engine in (base, *engines.values()):  # first calls pay one-off allocation costs; keep them out of timing
         engine.generate(warm, SamplingParams(max_tokens=8))
-    out = []
+    out: dict[str, list[EvalResult]] = {name: [] for name in drafters}
     for name in datasets:
         prompts = [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
         for temperature in temperatures:
-            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0, ignore_eos=False)
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0)
             base_results, base_s = _run(base, prompts, params)
-            spec_results, spec_s = _run(spec, prompts, params)
             n_base = sum(len(r.token_ids) for r in base_results)
-            n_spec = sum(len(r.token_ids) for r in spec_results)
-            tau, verify_rate, survival = summarize(spec_results)
-            identical = None
-            if temperature == 0 and check_identical:
-                identical = all(a.token_ids == b.token_ids for a, b in zip(base_results, spec_results))
-            result = EvalResult(name, temperature, len(prompts), round(tau, 4), round(verify_rate, 4),
-                                [round(s, 4) for s in survival], round(n_spec / spec_s, 2),
-                                round(n_base / base_s, 2), round((n_spec / spec_s) / (n_base / base_s), 3), n_spec,
-                                identical)
-            out.append(result)
-            if on_result is not None:
-                on_result(result)
+            for draft_name, engine in engines.items():
+                spec_results, spec_s = _run(engine, prompts, params)
+                n_spec = sum(len(r.token_ids) for r in spec_results)
+                tau, verify_rate, survival = summarize(spec_results)
+                identical = None
+                if temperature == 0 and check_identical:
+                    identical = all(a.token_ids == b.token_ids for a, b in zip(base_results, spec_results))
+                result = EvalResult(name, temperature, len(prompts), round(tau, 4), round(verify_rate, 4),
+                                    [round(x, 4) for x in survival], round(n_spec / spec_s, 2),
+                                    round(n_base / base_s, 2), round((n_spec / spec_s) / (n_base / base_s), 3),
+                                    n_spec, identical)
+                out[draft_name].append(result)
+                if on_result is not None:
+                    on_result(draft_name, result)
     return out
 
 
@@ -156,33 +159,42 @@ def run_eval_cli(args, parser) -> int:
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not datasets or args.num_prompts < 1 or args.max_tokens < 1:
         parser.error("need at least one dataset, --num-prompts >= 1 and --max-tokens >= 1")
+    if args.out is not None and len(args.draft) > 1:
+        parser.error("--out takes one draft; with several, each report goes into its draft directory")
     target = load_target(args.target, dtype=args.dtype, device=args.device)
-    try:
-        drafter = build_drafter(args.draft, target)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if drafter is None:
-        parser.error("--draft none has nothing to evaluate")
-    out_dir = args.out or (Path(args.draft) if Path(args.draft).is_dir() else Path("runs") / f"eval-{args.draft}")
+    drafters = {}
+    for spec in args.draft:
+        try:
+            drafter = build_drafter(spec, target)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if drafter is None:
+            parser.error("--draft none has nothing to evaluate")
+        drafters[spec] = drafter
 
-    def show(r: EvalResult) -> None:
+    def show(draft: str, r: EvalResult) -> None:
         same = "" if r.identical_to_target is None else f" identical={r.identical_to_target}"
-        print(f"{r.dataset:10s} T={r.temperature:g} τ={r.acceptance_length:.2f} verify={r.verify_rate:.2f} "
-              f"{r.tokens_per_second:.1f} vs {r.baseline_tokens_per_second:.1f} tok/s → {r.speedup:.2f}x{same}",
-              file=sys.stderr, flush=True)
+        print(f"{Path(draft).name:24s} {r.dataset:10s} T={r.temperature:g} τ={r.acceptance_length:.2f} "
+              f"verify={r.verify_rate:.2f} {r.tokens_per_second:.1f} vs {r.baseline_tokens_per_second:.1f} tok/s "
+              f"→ {r.speedup:.2f}x{same}", file=sys.stderr, flush=True)
 
-    results = evaluate(target, drafter, datasets, args.num_prompts, args.max_tokens, temperatures,
+    results = evaluate(target, drafters, datasets, args.num_prompts, args.max_tokens, temperatures,
                        args.num_speculative_tokens, args.batch_size, not args.no_check_identical, on_result=show)
-    meta = {"target": target.name, "draft": Path(args.draft).name, "algo": getattr(drafter, "name", args.draft),
-            "settings": {"num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
-                         "num_speculative_tokens": args.num_speculative_tokens, "batch_size": args.batch_size,
-                         "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),
-                         "machine": platform.machine(), "torch": torch.__version__}}
-    write_reports(results, out_dir, meta)
-    print((out_dir / "eval.md").read_text())
-    bad = [r for r in results if r.identical_to_target is False]
-    if bad:
-        print(f"error: greedy output differs from target-only on {[r.dataset for r in bad]}", file=sys.stderr)
-        return 1
-    return 0
+    settings = {"datasets": datasets, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
+                "temperatures": temperatures, "num_speculative_tokens": args.num_speculative_tokens,
+                "batch_size": args.batch_size, "dtype": args.dtype, "device": args.device,
+                "threads": torch.get_num_threads(), "machine": platform.machine(), "torch": torch.__version__}
+    failed = False
+    for spec, drafter in drafters.items():
+        is_dir = Path(spec).is_dir()
+        out_dir = args.out or (Path(spec) if is_dir else Path("runs") / f"eval-{spec}")
+        meta = {"target": target.name, "draft": Path(spec).name, "algo": getattr(drafter, "name", spec),
+                "settings": settings}
+        write_reports(results[spec], out_dir, meta)
+        print((out_dir / "eval.md").read_text())
+        bad = [r.dataset for r in results[spec] if r.identical_to_target is False]
+        if bad:
+            failed = True
+            print(f"error: {spec}: greedy output differs from target-only on {bad}", file=sys.stderr)
+    return 1 if failed else 0

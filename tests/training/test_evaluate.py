@@ -1,0 +1,52 @@
+"""eval: reports (eval.json, eval.md, acceptance.png), identity with target-only under greedy, shared baseline
+for several drafts, and the metric arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deepspec.decoding.params import GenerationResult
+from deepspec.models import load_target
+from deepspec.models.drafts import save_draft
+from tests.training.helpers import tiny_draft, tiny_hf_target_dir
+from training.__main__ import main
+from training.evaluate import summarize
+
+
+def test_summarize_counts_bonus_and_survival():
+    r = GenerationResult("a", [1], num_steps=4, num_draft_tokens=12, num_accepted_tokens=6,
+                         accepted_per_position=[3, 2, 1], proposed_per_position=[4, 4, 4])
+    tau, verify_rate, survival = summarize([r])
+    assert tau == (6 + 4) / 4 and verify_rate == 10 / 16
+    assert survival == [0.75, 0.5, 0.25]
+
+
+def test_eval_cli_writes_reports(tmp_path, monkeypatch):
+    target_dir = tiny_hf_target_dir(tmp_path / "target")
+    target = load_target(str(target_dir))
+    drafts = [save_draft(tiny_draft(target, algo, feature_layers=(0, 1, 2), block_size=4), tmp_path / algo)
+              for algo in ("eagle3", "dspark")]
+    (tmp_path / "data" / "eval").mkdir(parents=True)
+    (tmp_path / "data" / "eval" / "toy.jsonl").write_text(
+        "\n".join(json.dumps({"turns": [q]}) for q in ["add 1 and 2", "say hi"]) + "\n")
+    monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
+    code = main(["eval", "--target", str(target_dir), "--draft", *map(str, drafts), "--datasets", "toy",
+                 "--num-prompts", "2", "--max-tokens", "8", "--num-speculative-tokens", "4"])
+    assert code == 0
+    for d in drafts:
+        report = json.loads((d / "eval.json").read_text())
+        assert [(r["dataset"], r["temperature"]) for r in report["results"]] == [("toy", 0.0), ("toy", 1.0)]
+        greedy = report["results"][0]
+        assert greedy["identical_to_target"] is True and greedy["acceptance_length"] >= 1.0
+        assert (d / "eval.md").is_file() and (d / "acceptance.png").stat().st_size > 1000
+
+
+def test_eval_rejects_unknown_dataset(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path))
+    (tmp_path / "eval").mkdir()
+    target_dir = tiny_hf_target_dir(tmp_path / "target")
+    with pytest.raises(FileNotFoundError, match="eval dataset 'nope' not found"):
+        main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup", "--datasets", "nope",
+              "--out", str(tmp_path / "o")])
