@@ -62,6 +62,7 @@ class SpecEngine:
         max_seq_len: int = 2048,
         num_speculative_tokens: int = 7,
         prefill_chunk_size: int = 512,
+        max_verify_tokens: int = 32,
         seed: int = 0,
     ):
         if max_batch_size < 1 or num_speculative_tokens < 0 or max_seq_len < 2:
@@ -72,6 +73,9 @@ class SpecEngine:
         self.max_seq_len = min(max_seq_len, target.max_seq_len)
         self.num_speculative_tokens = num_speculative_tokens if drafter is not None else 0
         self.prefill_chunk_size = prefill_chunk_size
+        #: tokens one verify pass may score across all rows; past it a batched forward stops being memory-bound on
+        #: CPU and every extra draft slot costs real time, so large batches draft shorter blocks
+        self.max_verify_tokens = max_verify_tokens
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
         self.cache = KVCache(target.spec, max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1,
@@ -217,9 +221,10 @@ class SpecEngine:
         return sample(probs, seq.generator)
 
     def _draft_caps(self) -> list[int]:
-        """Per row, how many drafts can still be useful: the round commits accepted + 1 tokens."""
+        """Per row, how many drafts are worth verifying: within the row's budget and the step's token budget."""
+        per_row_budget = max(0, self.max_verify_tokens // max(len(self._running), 1) - 1)
         return [
-            max(0, min(self.num_speculative_tokens,
+            max(0, min(self.num_speculative_tokens, per_row_budget,
                        s.params.max_tokens - len(s.output) - 1,
                        self.max_seq_len - s.cache_len - 1))
             for s in self._running

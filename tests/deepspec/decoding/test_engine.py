@@ -40,6 +40,15 @@ def test_uneven_acceptance_in_one_batch_is_counted_per_row(target):
         assert all(a <= p for a, p in zip(r.accepted_per_position, r.proposed_per_position))
 
 
+def test_verify_budget_shortens_blocks_of_large_batches(target):
+    engine = SpecEngine(target, RandomDrafter(16), max_batch_size=6, max_seq_len=128, num_speculative_tokens=4,
+                        max_verify_tokens=12)
+    outputs = []
+    engine.generate(PROMPTS, SamplingParams(max_tokens=8), on_output=outputs.append)
+    assert max(o.num_draft_tokens for o in outputs) <= 12 // 6 - 1
+    assert sum(o.num_draft_tokens for o in outputs) > 0
+
+
 def test_streamed_chunks_reassemble_the_result(target):
     chunks: dict[str, list[int]] = {}
     engine = SpecEngine(target, RandomDrafter(16), max_batch_size=2, max_seq_len=128, num_speculative_tokens=3)

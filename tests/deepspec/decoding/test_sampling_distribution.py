@@ -45,10 +45,12 @@ def _exact_joint(target, params: SamplingParams) -> dict[tuple, float]:
 
 
 def _p_value(target, drafter, params: SamplingParams) -> float:
-    engine = SpecEngine(target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=3)
+    engine = SpecEngine(target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=3,
+                        max_verify_tokens=64 * 4)
     runs = [SamplingParams(max_tokens=3, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                            seed=i) for i in range(N)]
     results = engine.generate([PROMPT] * N, runs)
+    assert sum(r.num_draft_tokens for r in results) > N // 4  # speculation really happened
     counts = {cell: 0 for cell in itertools.product(range(VOCAB), repeat=3)}
     for r in results:
         counts[tuple(r.token_ids)] += 1

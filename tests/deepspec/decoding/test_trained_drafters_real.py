@@ -1,0 +1,35 @@
+"""The shipped drafts on the real default target: greedy output token-identical to target-only on real
+prompts, and `auto` picks a shipped draft."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepspec.decoding.engine import SpecEngine
+from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.registry import build_drafter
+from deepspec.models.drafts import shipped_drafts
+from tests.conftest import eval_prompts
+
+pytestmark = pytest.mark.slow
+
+
+def test_shipped_drafts_are_lossless_on_real_prompts(smollm2):
+    drafts = shipped_drafts(smollm2)
+    if not drafts:
+        pytest.skip("no shipped drafts under drafts/")
+    prompts = [smollm2.encode_chat([{"role": "user", "content": p}])
+               for p in eval_prompts("humaneval", 1) + eval_prompts("gsm8k", 1)]
+    params = SamplingParams(max_tokens=24)
+    base = SpecEngine(smollm2, None, max_batch_size=2, max_seq_len=1024).generate(prompts, params)
+    for path, _ in drafts:
+        engine = SpecEngine(smollm2, build_drafter(str(path), smollm2), max_batch_size=2, max_seq_len=1024)
+        spec = engine.generate(prompts, params)
+        assert [r.token_ids for r in spec] == [r.token_ids for r in base], path.name
+        assert sum(r.num_accepted_tokens for r in spec) > 0, f"{path.name} never had a draft accepted"
+
+
+def test_auto_uses_a_shipped_draft(smollm2):
+    if not shipped_drafts(smollm2):
+        pytest.skip("no shipped drafts under drafts/")
+    assert build_drafter("auto", smollm2).name in ("eagle3", "dflash", "dspark")
