@@ -124,6 +124,7 @@ def load_target(
     model = Decoder(arch, max_positions=limit)
     model.load_hf_state_dict(_read_state_dict(path), torch_dtype)
     model = model.to(device).eval()
+    model.prepack()
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = config.eos_token_id if not hasattr(config, "text_config") else config.text_config.eos_token_id
     eos_ids = {*([eos] if isinstance(eos, int) else (eos or [])), tokenizer.eos_token_id}

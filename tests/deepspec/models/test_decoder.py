@@ -67,3 +67,19 @@ def test_context_window_is_enforced():
     target, _ = make_tiny_target()
     with pytest.raises(ValueError, match="context window"):
         target.forward(torch.zeros(1, 300, dtype=torch.long), torch.tensor([0]))
+
+
+def test_prepacked_bf16_weights_give_the_same_logits():
+    target, hf = make_tiny_target(hidden=64)
+    from deepspec.models.decoder import Decoder
+
+    plain = Decoder(target.spec, max_positions=256)
+    plain.load_hf_state_dict(hf.state_dict(), torch.bfloat16)
+    packed = Decoder(target.spec, max_positions=256)
+    packed.load_hf_state_dict(hf.state_dict(), torch.bfloat16)
+    if not packed.prepack():
+        pytest.skip("this torch build has no oneDNN bf16 linear")
+    tokens = torch.randint(0, 16, (2, 9))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(tokens, torch.zeros(2, dtype=torch.long)).logits,
+                                   plain(tokens, torch.zeros(2, dtype=torch.long)).logits, atol=0, rtol=0)
