@@ -63,16 +63,19 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, packed) ->
     return F.linear(x, w, b)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x, hd/2) * [-sin1, sin2] (same bits,
+    two ops fewer). x: [B, T, heads, hd]; cos, sin_signed: [B, T, 1, hd]."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def _rope_tables(theta: float, head_dim: int, max_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)) / scale
     angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
     emb = torch.cat((angles, angles), dim=-1)
-    return emb.cos(), emb.sin()
+    sin = emb.sin()
+    half = head_dim // 2
+    return emb.cos(), torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded into sin
 
 
 class Decoder(nn.Module):
@@ -158,6 +161,9 @@ class Decoder(nn.Module):
         return self.embed.dtype
 
     # ---- forward ---------------------------------------------------------------------------------------------
+    def _rope_at(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return cos[positions].unsqueeze(2).to(self.dtype), sin[positions].unsqueeze(2).to(self.dtype)
+
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.spec.gemma_norms:
             return F.rms_norm(x.float(), (x.shape[-1],), w, self.spec.rms_norm_eps).to(x.dtype)
@@ -195,11 +201,8 @@ class Decoder(nn.Module):
         if num_keys > self.max_positions:
             raise ValueError(f"sequence of {num_keys} tokens exceeds the context window of {self.max_positions}")
 
-        cos = self.rope_cos[positions].unsqueeze(1).to(self.dtype)  # [B, 1, T, hd]
-        sin = self.rope_sin[positions].unsqueeze(1).to(self.dtype)
-        if spec.rope_local_theta:
-            cos_l = self.rope_cos_local[positions].unsqueeze(1).to(self.dtype)
-            sin_l = self.rope_sin_local[positions].unsqueeze(1).to(self.dtype)
+        rope = self._rope_at(positions, self.rope_cos, self.rope_sin)  # ([B, T, 1, hd], [B, T, 1, hd])
+        rope_local = self._rope_at(positions, self.rope_cos_local, self.rope_sin_local) if spec.rope_local_theta else rope
 
         # One mask per window size, shared by all layers: key j is visible to query (b, t) iff j <= start[b] + t
         # (and within the sliding window). None = everything visible; CAUSAL = plain causal over the T tokens.
@@ -228,16 +231,17 @@ class Decoder(nn.Module):
             h = self._norm(x, layer.attn_norm)
             packed = layer.packed
             qkv = _linear(h, layer.wqkv, layer.bqkv, packed.get("wqkv"))
-            q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-            q = q.view(B, T, spec.num_heads, spec.head_dim).transpose(1, 2)  # [B, nh, T, hd]
-            k = k.view(B, T, spec.num_kv_heads, spec.head_dim).transpose(1, 2)  # [B, nkv, T, hd]
-            v = v.view(B, T, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+            cos, sin = rope_local if layer.window else rope
+            nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+            v = qkv[..., spec.q_size + spec.kv_size :].view(B, T, nkv, hd).transpose(1, 2)  # [B, nkv, T, hd]
             if spec.qk_norm:
-                q = self._norm(q, layer.q_norm)
-                k = self._norm(k, layer.k_norm)
-            c, s = (cos_l, sin_l) if layer.window and spec.rope_local_theta else (cos, sin)
-            q = q * c + _rotate_half(q) * s
-            k = k * c + _rotate_half(k) * s
+                q = self._norm(qkv[..., : spec.q_size].view(B, T, nh, hd), layer.q_norm)
+                k = self._norm(qkv[..., spec.q_size : spec.q_size + spec.kv_size].view(B, T, nkv, hd), layer.k_norm)
+                q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+            else:  # q and k heads side by side: one RoPE pass for both
+                qk = _apply_rope(qkv[..., : spec.q_size + spec.kv_size].view(B, T, nh + nkv, hd), cos, sin)
+                q, k = qk[:, :, :nh], qk[:, :, nh:]
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, nh, T, hd], [B, nkv, T, hd]
             if cache is not None:
                 cache.k[i].index_put_(write_index, k)
                 cache.v[i].index_put_(write_index, v)
