@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 EXTRAS ?= serve,train,loadtest,test,gemma
 
-.PHONY: protos venv serve test test-fast bench bench-deps system-deps clean
+.PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-deps system-deps clean
 
 venv: $(VENV)/.installed
 
@@ -37,8 +37,18 @@ test-fast: venv
 bench-deps: venv
 	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PIP) install -q 'llama-cpp-python>=0.3'
 
-bench: bench-deps
+# `make bench` runs every benchmark in turn (~25 min on 2 idle cores); each also runs alone.
+bench: bench-decode bench-service bench-loadtest
+
+bench-decode: bench-deps
 	$(PY) -m bench.decode $(BENCH_ARGS)
+
+bench-service: bench-deps
+	$(PY) -m bench.service_overhead
+	$(PY) -m bench.service_throughput
+
+bench-loadtest: venv
+	$(PY) -m bench.loadtest_overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
