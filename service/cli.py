@@ -8,6 +8,8 @@ Deliberately limited to parsing flags into settings and running the process life
     python -m service worker --target stub --port 8001  # fast fake engine: tests and the gateway-overhead benchmark
     python -m service gateway --workers localhost:8001 --http-port 8000 --grpc-port 50051
     python -m service gateway --workers dns://deepspec-worker-headless:8001 --api-keys-file /etc/deepspec/keys
+    python -m service gateway --workers k8s://deepspec-worker:grpc     # in a pod: watch the Service's EndpointSlices
+    python -m service worker --engine-dir /engines/engine --port 8001  # target + draft from its manifest.json
     curl localhost:8000/v1/completions -H 'content-type: application/json' \\
          -d '{"model": "smollm2-135m", "prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}'
 """
@@ -52,7 +54,15 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
     g = p.add_argument_group("gateway")
     if not embedded:
         g.add_argument("--workers", required=True,
-                       help="comma-separated host:port list, or dns://<headless-service>:<port> (re-resolved every 5 s)")
+                       help="comma-separated host:port list, dns://<headless-service>:<port> (re-resolved every 5 s), "
+                            "or k8s://<service>[.<namespace>]:<port-name|number> (its EndpointSlices, watched)")
+        g.add_argument("--discovery", choices=["static", "dns", "endpointslices"], default=None,
+                       help="how --workers is found (default: implied by its scheme; with this flag the scheme may be "
+                            "left out). endpointslices watches the Kubernetes API from the pod: needs list/watch on "
+                            "endpointslices; namespace from k8s://<service>.<namespace>, else $POD_NAMESPACE")
+        g.add_argument("--k8s-api-url", default=None,
+                       help="Kubernetes API base URL for --discovery endpointslices "
+                            "(default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
     g.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
     g.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API + /health + /metrics (default 8000)")
     g.add_argument("--grpc-port", type=int, default=50051, help="deepspec.v1 gRPC API (default 50051; -1 = off)")
@@ -112,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return _run(serve_embedded(gateway_settings, worker_settings))
     except ValidationError as e:
-        parser.error("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" for err in e.errors()))
+        parser.error("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" if err["loc"]
+                               else err["msg"].removeprefix("Value error, ") for err in e.errors()))  # fmt: skip
     return 2
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_TARGET = "smollm2-135m"
@@ -49,8 +49,13 @@ class WorkerSettings(BaseSettings):
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DEEPSPEC_GATEWAY_", extra="forbid", populate_by_name=True)
 
-    #: "host:port,host:port" or "dns://name:port" (a headless Service, re-resolved every `dns_refresh_s`)
+    #: "host:port,host:port", "dns://name:port" (a headless Service, re-resolved every `dns_refresh_s`) or
+    #: "k8s://service[.namespace]:port-name-or-number" (its EndpointSlices, watched through the Kubernetes API)
     workers: str = ""
+    #: how `workers` is found; None = implied by its scheme (dns:// -> dns, k8s:// -> endpointslices, else static)
+    discovery: Literal["static", "dns", "endpointslices"] | None = None
+    #: Kubernetes API base URL for endpointslices discovery ("" = in-cluster: $KUBERNETES_SERVICE_HOST/_PORT)
+    k8s_api_url: str = ""
     host: str = "0.0.0.0"
     http_port: int = Field(8000, ge=0, le=65535)
     #: 0 = pick a free one, -1 = no gRPC API
@@ -74,19 +79,33 @@ class GatewaySettings(BaseSettings):
     #: seconds a 429 asks the client to wait (Retry-After)
     retry_after_s: int = Field(1, ge=1)
 
-    @field_validator("workers")
-    @classmethod
-    def _check_workers(cls, value: str) -> str:
-        if value.startswith("dns://"):
-            host, _, port = value.removeprefix("dns://").rpartition(":")
+    @model_validator(mode="after")
+    def _check_workers(self):
+        """`--discovery` and the `--workers` scheme must agree; an explicit discovery may leave the scheme out."""
+        schemes = {"dns": "dns://", "endpointslices": "k8s://"}
+        implied = "dns" if self.workers.startswith("dns://") else "endpointslices" if self.workers.startswith("k8s://") else "static"
+        if self.discovery is None:
+            self.discovery = implied
+        elif implied == "static" and self.discovery != "static":
+            self.workers = schemes[self.discovery] + self.workers
+        elif implied != self.discovery:
+            raise ValueError(f"--discovery {self.discovery} does not match --workers {self.workers!r} "
+                             f"(which implies {implied}); drop one of them")  # fmt: skip
+        if self.discovery == "static":
+            for address in filter(None, (a.strip() for a in self.workers.split(","))):
+                host, _, port = address.rpartition(":")
+                if not host or not port.isdigit():
+                    raise ValueError(f"expected host:port, got {address!r} in --workers")
+        elif self.discovery == "dns":
+            host, _, port = self.workers.removeprefix("dns://").rpartition(":")
             if not host or not port.isdigit():
-                raise ValueError(f"expected dns://<name>:<port>, got {value!r}")
-            return value
-        for address in filter(None, (a.strip() for a in value.split(","))):
-            host, _, port = address.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"expected host:port, got {address!r} in --workers")
-        return value
+                raise ValueError(f"expected dns://<name>:<port>, got {self.workers!r}")
+        else:
+            from service.gateway.discovery_k8s import KubeAPI, ServiceRef
+
+            ref = ServiceRef.parse(self.workers)
+            KubeAPI.in_cluster(url=self.k8s_api_url, namespace=ref.namespace or "")  # no API or namespace: fail now
+        return self
 
     @model_validator(mode="after")
     def _check_keys_file(self):

@@ -40,7 +40,8 @@ class GatewayState:
     def build(cls, settings: GatewaySettings) -> GatewayState:
         metrics = GatewayMetrics()
         pool = WorkerPool(settings.workers, metrics, health_interval_s=settings.health_interval_s,
-                          unhealthy_threshold=settings.unhealthy_threshold, dns_refresh_s=settings.dns_refresh_s)  # fmt: skip
+                          unhealthy_threshold=settings.unhealthy_threshold, dns_refresh_s=settings.dns_refresh_s,
+                          k8s_api_url=settings.k8s_api_url)  # fmt: skip
         dispatcher = Dispatcher(pool, metrics, request_timeout_s=settings.request_timeout_s,
                                 max_attempts=settings.max_attempts, retry_after_s=settings.retry_after_s)  # fmt: skip
         return cls(settings, metrics, pool, dispatcher, settings.load_api_keys())

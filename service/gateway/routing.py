@@ -1,8 +1,9 @@
 """Which worker serves a request: discovery, active health checks with ejection, and least-outstanding P2C.
 
-- Discovery: a static `host:port` list, or `dns://name:port` (a Kubernetes headless Service) re-resolved every
-  `dns_refresh_s`; addresses that appear are probed before they get traffic, addresses that vanish are dropped and
-  their channel closed once their last request ends.
+- Discovery (`discovery_for`): a static `host:port` list, `dns://name:port` (a Kubernetes headless Service)
+  re-resolved every `dns_refresh_s`, or `k8s://service[.namespace]:port` whose EndpointSlices are watched through the
+  Kubernetes API (`discovery_k8s.py`). Both dynamic sources feed `set_addresses`: addresses that appear are probed
+  before they get traffic, addresses that vanish are dropped and their channel closed once their last request ends.
 - Health: every `health_interval_s` each worker gets a `ServerReady` probe. `unhealthy_threshold` failures in a row
   (or one refused connection, or a request that fails with UNAVAILABLE) eject it; one good probe re-admits it.
 - Choice: power of two choices over admitted workers serving the model, pick the one with fewer outstanding
@@ -17,6 +18,7 @@ import logging
 import random
 import socket
 from dataclasses import dataclass, field
+from typing import Literal
 
 import grpc
 
@@ -25,6 +27,13 @@ from service.gateway.worker_client import WorkerClient
 logger = logging.getLogger(__name__)
 
 _PROBE_TIMEOUT_S = 1.0
+
+Discovery = Literal["static", "dns", "endpointslices"]
+
+
+def discovery_for(workers: str) -> Discovery:
+    """The discovery a `--workers` value implies: `dns://` -> dns, `k8s://` -> endpointslices, else static."""
+    return "dns" if workers.startswith("dns://") else "endpointslices" if workers.startswith("k8s://") else "static"
 
 
 @dataclass(eq=False)
@@ -40,8 +49,11 @@ class Endpoint:
 
 class WorkerPool:
     def __init__(self, workers: str, metrics, health_interval_s: float = 2.0, unhealthy_threshold: int = 2,
-                 dns_refresh_s: float = 5.0, rng: random.Random | None = None):  # fmt: skip
+                 dns_refresh_s: float = 5.0, rng: random.Random | None = None, k8s_api_url: str = ""):  # fmt: skip
         self.spec = workers
+        self.discovery = discovery_for(workers)
+        #: Kubernetes API base URL for endpointslices discovery ("" = the pod's in-cluster config)
+        self.k8s_api_url = k8s_api_url
         self.metrics = metrics
         self.health_interval_s = health_interval_s
         self.unhealthy_threshold = unhealthy_threshold
@@ -54,9 +66,16 @@ class WorkerPool:
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.spec.startswith("dns://"):
+        if self.discovery == "dns":
             await self._resolve_dns()
             self._tasks.append(asyncio.create_task(self._dns_loop()))
+        elif self.discovery == "endpointslices":
+            from service.gateway.discovery_k8s import EndpointSliceWatcher, KubeAPI, ServiceRef
+
+            ref = ServiceRef.parse(self.spec)
+            api = KubeAPI.in_cluster(url=self.k8s_api_url, namespace=ref.namespace or "")
+            watcher = EndpointSliceWatcher(api, ref, on_change=self._on_endpointslices)
+            self._tasks.append(asyncio.create_task(watcher.run()))  # the pool fills as the first list answers
         else:
             for address in filter(None, (a.strip() for a in self.spec.split(","))):
                 self._add(address)
@@ -116,6 +135,9 @@ class WorkerPool:
     async def probe_all(self) -> None:
         await asyncio.gather(*(self._probe(e) for e in list(self.endpoints.values())))
 
+    async def _probe_each(self, endpoints: list[Endpoint]) -> None:
+        await asyncio.gather(*(self._probe(e) for e in endpoints))
+
     async def _probe(self, endpoint: Endpoint) -> None:
         try:
             ready = await endpoint.client.is_ready(_PROBE_TIMEOUT_S)
@@ -161,18 +183,30 @@ class WorkerPool:
             logger.warning("cannot resolve %s: %s (keeping %d known workers)", host, e, len(self.endpoints))
             return
         addresses = {f"[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{port}" for info in infos}
-        for address in addresses - self.endpoints.keys():
-            self._add(address)
+        self.set_addresses(addresses, source="DNS")
+
+    def _on_endpointslices(self, addresses: set[str]) -> None:
+        added = self.set_addresses(addresses, source="the EndpointSlices")
+        if added:  # probe now rather than at the next health tick: a new pod gets traffic within a probe
+            task = asyncio.create_task(self._probe_each(added))
+            self._tasks.append(task)
+            task.add_done_callback(self._tasks.remove)
+
+    def set_addresses(self, addresses: set[str], source: str) -> list[Endpoint]:
+        """Make the pool hold exactly `addresses` (new ones unadmitted until probed); returns the new endpoints."""
+        added = [self._add(address) for address in sorted(addresses - self.endpoints.keys())]
         for address in self.endpoints.keys() - addresses:
             endpoint = self.endpoints.pop(address)
-            logger.info("worker %s left DNS", address)
+            logger.info("worker %s left %s", address, source)
             with contextlib.suppress(KeyError):  # a vanished worker leaves no stale series behind
                 self.metrics.worker_healthy.remove(address)
             asyncio.create_task(self._close_when_idle(endpoint))
+        return added
 
-    def _add(self, address: str) -> None:
-        self.endpoints[address] = Endpoint(address, WorkerClient(address))
+    def _add(self, address: str) -> Endpoint:
+        endpoint = self.endpoints[address] = Endpoint(address, WorkerClient(address))
         self.metrics.worker_healthy.labels(address).set(0)
+        return endpoint
 
     @staticmethod
     async def _close_when_idle(endpoint: Endpoint) -> None:

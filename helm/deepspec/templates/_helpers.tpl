@@ -118,11 +118,17 @@ Usage: {{ include "deepspec.exportFormat" . }}
 {{- end }}
 
 {{/*
-Worker discovery address for `--workers`: DNS of the headless worker Service and its gRPC port.
+Worker discovery address for `--workers`: DNS of the headless worker Service and its gRPC port, or with
+`gateway.discovery=endpointslices` the Service and its port name, whose EndpointSlices the gateway watches.
 Usage: {{ include "deepspec.workersAddress" . }}
 */}}
 {{- define "deepspec.workersAddress" -}}
-{{- printf "dns://%s.%s.svc.%s:%d" (include "deepspec.componentName" (dict "ctx" . "component" "worker")) .Release.Namespace .Values.clusterDomain (int .Values.worker.grpcPort) }}
+{{- $svc := include "deepspec.componentName" (dict "ctx" . "component" "worker") }}
+{{- if eq .Values.gateway.discovery "endpointslices" }}
+{{- printf "k8s://%s.%s:grpc" $svc .Release.Namespace }}
+{{- else }}
+{{- printf "dns://%s.%s.svc.%s:%d" $svc .Release.Namespace .Values.clusterDomain (int .Values.worker.grpcPort) }}
+{{- end }}
 {{- end }}
 
 {{/*
