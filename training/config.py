@@ -15,63 +15,42 @@ class StrictModel(BaseModel):
 
 
 class TargetSection(StrictModel):
-    #: alias (smollm2-135m), .gguf file, or Hugging Face model directory
-    name: str = "smollm2-135m"
-    #: float32 on CPU; bfloat16 on GPU halves memory and feature bandwidth
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    #: cpu, cuda (with torchrun each rank takes cuda:<local_rank>)
-    device: str = "cpu"
+    name: str = Field("smollm2-135m", description="alias (smollm2-135m), .gguf file, or Hugging Face model directory")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="float32 on CPU; bfloat16 on GPU halves memory and feature bandwidth")
+    device: str = Field("cpu", description="cpu, cuda (with torchrun each rank takes cuda:<local_rank>)")
 
 
 class ModelSection(StrictModel):
-    #: eagle3 | dflash | dspark
-    algo: Literal["eagle3", "dflash", "dspark"] = "eagle3"
-    #: draft decoder layers; None = 1 for eagle3, 2 for dflash/dspark (DeepSpec uses 5 on 4B targets)
-    num_layers: int | None = Field(None, ge=1, le=16)
-    #: block size / TTT unroll γ (7 = what serving verifies)
-    block_size: int = Field(7, ge=1, le=32)
-    #: reduced draft vocabulary: top-N tokens of the training answers (0 = full vocabulary)
-    draft_vocab_size: int = Field(8192, ge=0)
-    #: dspark Markov head rank r (DeepSpec 256; 64 for small targets)
-    markov_rank: int = Field(64, ge=1)
-    #: target layers feeding the draft; None = 5 evenly spaced, never the last
-    feature_layers: list[int] | None = None
+    algo: Literal["eagle3", "dflash", "dspark"] = Field("eagle3", description="eagle3 | dflash | dspark")
+    num_layers: int | None = Field(None, ge=1, le=16, description="draft decoder layers; None = 1 for eagle3, 2 for dflash/dspark (DeepSpec uses 5 on 4B targets)")
+    block_size: int = Field(7, ge=1, le=32, description="block size / TTT unroll γ (7 = what serving verifies)")
+    draft_vocab_size: int = Field(8192, ge=0, description="reduced draft vocabulary: top-N tokens of the training answers (0 = full vocabulary)")
+    markov_rank: int = Field(64, ge=1, description="dspark Markov head rank r (DeepSpec 256; 64 for small targets)")
+    feature_layers: list[int] | None = Field(None, description="target layers feeding the draft; None = 5 evenly spaced, never the last")
 
 
 class DataSection(StrictModel):
-    #: regenerated conversations (`python -m training prepare`), or pre-tokenized {"input_ids", "loss_mask"} rows
-    paths: list[Path] = []
-    #: tokens per training sequence (longer conversations are truncated); 512-2048
-    max_len: int = Field(1024, ge=8)
-    #: dflash/dspark: anchors (blocks) packed per sequence and forward (DeepSpec 512; 32-128 on CPU)
-    num_anchors: int = Field(64, ge=1)
-    #: sequences per micro-batch (right-padded)
-    batch_size: int = Field(1, ge=1)
+    paths: list[Path] = Field([], description="regenerated conversations (`python -m training prepare`), or pre-tokenized {'input_ids', 'loss_mask'} rows")
+    max_len: int = Field(1024, ge=8, description="tokens per training sequence (longer conversations are truncated); 512-2048")
+    num_anchors: int = Field(64, ge=1, description="dflash/dspark: anchors (blocks) packed per sequence and forward (DeepSpec 512; 32-128 on CPU)")
+    batch_size: int = Field(1, ge=1, description="sequences per micro-batch (right-padded)")
 
 
 class OptimSection(StrictModel):
-    #: AdamW peak learning rate
-    lr: float = Field(5e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    #: linear warmup steps, then cosine decay to min_lr_ratio · lr at max_steps
-    warmup_steps: int = Field(20, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    #: optimizer steps (each = grad_accum micro-batches)
-    max_steps: int = Field(1000, ge=1)
-    #: micro-batches per optimizer step
-    grad_accum: int = Field(1, ge=1)
-    #: gradient clipping max norm (0 = off)
-    clip_norm: float = Field(1.0, ge=0)
-    #: stop early (and save) after this many minutes of training; None = run max_steps
-    max_minutes: float | None = Field(None, gt=0)
+    lr: float = Field(5e-4, gt=0, description="AdamW peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay (0-0.1)")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    warmup_steps: int = Field(20, ge=0, description="linear warmup steps, then cosine decay to min_lr_ratio · lr at max_steps")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate as a fraction of lr")
+    max_steps: int = Field(1000, ge=1, description="optimizer steps (each = grad_accum micro-batches)")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    clip_norm: float = Field(1.0, ge=0, description="gradient clipping max norm (0 = off)")
+    max_minutes: float | None = Field(None, gt=0, description="stop early (and save) after this many minutes of training; None = run max_steps")
 
 
 class DistSection(StrictModel):
-    #: torch.distributed backend under torchrun: auto = nccl on GPU, gloo on CPU
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    #: shard parameters/optimizer with FSDP instead of DDP (large drafts on many GPUs)
-    fsdp: bool = False
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend under torchrun: auto = nccl on GPU, gloo on CPU")
+    fsdp: bool = Field(False, description="shard parameters/optimizer with FSDP instead of DDP (large drafts on many GPUs)")
 
 
 class TrainConfig(StrictModel):
@@ -80,20 +59,13 @@ class TrainConfig(StrictModel):
     data: DataSection = DataSection()
     optim: OptimSection = OptimSection()
     dist: DistSection = DistSection()
-    #: where checkpoints/ and the final draft (config.json, model.safetensors, ...) go
-    output_dir: Path = Path("runs/draft")
-    #: offline mode: cache only the needed target hidden states here; None = online (target in the loop)
-    cache_dir: Path | None = None
-    #: seed of init, data order and anchor sampling
-    seed: int = 0
-    #: auto = fp32 on CPU, bf16 autocast on GPU
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    #: save a resumable checkpoint every N optimizer steps (0 = only at the end)
-    save_every: int = Field(100, ge=0)
-    #: keep only the newest N step checkpoints
-    keep_checkpoints: int = Field(2, ge=1)
-    #: final draft weights storage: bfloat16 halves the shipped size
-    save_dtype: Literal["float32", "bfloat16"] = "float32"
+    output_dir: Path = Field(Path("runs/draft"), description="where checkpoints/ and the final draft (config.json, model.safetensors, ...) go")
+    cache_dir: Path | None = Field(None, description="offline mode: cache only the needed target hidden states here; None = online (target in the loop)")
+    seed: int = Field(0, description="seed of init, data order and anchor sampling")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = fp32 on CPU, bf16 autocast on GPU")
+    save_every: int = Field(100, ge=0, description="save a resumable checkpoint every N optimizer steps (0 = only at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="keep only the newest N step checkpoints")
+    save_dtype: Literal["float32", "bfloat16"] = Field("float32", description="final draft weights storage: bfloat16 halves the shipped size")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
@@ -156,3 +128,20 @@ def load_config(files: list[Path] = (), flags: dict | None = None, overrides: li
     for item in overrides:
         data = apply_override(data, item)
     return TrainConfig.model_validate(data)
+
+
+def describe_config() -> str:
+    """Every config key with its type, default and meaning — the `train --help` epilog."""
+    lines = ["config keys (YAML/JSON sections or dotted overrides):"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = f.default if not isinstance(f.default, Path) else str(f.default)
+            lines.append(f"  {prefix}{name} = {default!r}: {f.description or ''}")
+
+    walk(TrainConfig, "")
+    return "\n".join(lines)
