@@ -25,12 +25,16 @@ import sys
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--target", default="smollm2-135m",
+    # target, draft and dtype default to None here so that settings can tell a flag from the --engine-dir manifest
+    g.add_argument("--target", default=None,
                    help="target alias, HF directory or GGUF file (default smollm2-135m; 'stub' = fast fake engine)")
-    g.add_argument("--draft", default="auto",
+    g.add_argument("--draft", default=None,
                    help="draft directory, 'prompt-lookup', 'none' (target only) or 'auto' (best shipped draft; default)")
+    g.add_argument("--engine-dir", default=None,
+                   help="engine directory from `python -m export` (format pytorch): target, draft and dtype come from "
+                        "its manifest.json; --target/--draft/--dtype given as well win")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(default cpu)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype (default float32)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights dtype (default float32)")
     g = p.add_argument_group("batching")
     g.add_argument("--max-batch-size", type=int, default=8, help="sequences per engine step (default 8)")
     g.add_argument("--max-queue", type=int, default=64,

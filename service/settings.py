@@ -23,6 +23,8 @@ class WorkerSettings(BaseSettings):
     target: str = DEFAULT_TARGET
     #: draft directory, "prompt-lookup", "none" (target only) or "auto" (best shipped draft)
     draft: str = "auto"
+    #: `python -m export` output; its manifest.json sets target, draft and dtype where they are not given explicitly
+    engine_dir: Path | None = None
     host: str = "0.0.0.0"
     #: KServe v2 gRPC port (0 = pick a free one)
     port: int = Field(8001, ge=0, le=65535)
@@ -44,6 +46,16 @@ class WorkerSettings(BaseSettings):
     drain_timeout_s: float = Field(30.0, ge=0)
     #: stub engine only: simulated step time, milliseconds
     stub_step_ms: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _apply_engine_dir(self):
+        if self.engine_dir is not None:
+            from service.worker.engine_dir import read_engine_dir
+
+            for name, value in read_engine_dir(self.engine_dir).worker_fields().items():
+                if name not in self.model_fields_set:  # a flag (or env var) beats the manifest
+                    setattr(self, name, value)
+        return self
 
 
 class GatewaySettings(BaseSettings):

@@ -195,7 +195,8 @@ def test_endpointslices_discovery_gets_a_role_to_watch_them():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}]
     spec = workload(docs, "gateway")["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == sa["metadata"]["name"] and spec["automountServiceAccountToken"] is True
-    assert "--discovery=endpointslices" in container(spec, "gateway")["args"]
+    args = container(spec, "gateway")["args"]
+    assert "--discovery=endpointslices" in args and f"--workers=k8s://{WORKER_SVC}.{NAMESPACE}:grpc" in args
 
 
 def test_hpa_scales_on_cpu_and_optionally_on_a_prometheus_adapter_metric():
@@ -375,6 +376,7 @@ def test_engines_from_a_pvc_are_mounted_read_only_and_kept_on_uninstall():
 def test_engines_baked_into_the_image_need_no_volume():
     _, spec, worker, _ = _worker(VALUE_SETS["engines-in-image"])
     assert "--engine-dir=$(DEEPSPEC_ENGINE_DIR)" in worker["args"]
+    assert not any(a.startswith(("--target", "--draft")) for a in worker["args"])  # the manifest names them
     assert "engines" not in {v["name"] for v in spec["volumes"]} and "initContainers" not in spec
 
 
@@ -449,9 +451,6 @@ def test_every_resource_carries_the_standard_labels():
 
 # --- The chart's command lines against the service's real CLI ----------------------------------------------
 
-_CONTRACT_FLAGS_PENDING = ("--engine-dir", "--discovery")  # in the service contract, not yet in service/cli.py
-
-
 def _command_lines(values: dict) -> list[list[str]]:
     """`python -m service ...` argument lists of the gateway and worker, `$(VAR)` expanded from the ConfigMap."""
     docs = render(values)
@@ -480,8 +479,6 @@ def test_command_lines_parse_with_the_service_cli(name):
         assert not any("$(" in a for a in args), args
         known = {opt for action in subcommands[args[0]]._actions for opt in action.option_strings}
         unknown = sorted({a.split("=")[0] for a in args[1:] if a.startswith("--")} - known)
-        if unknown and set(unknown) <= set(_CONTRACT_FLAGS_PENDING):
-            pytest.xfail(f"service/cli.py has no {unknown} yet (in the service contract)")
         assert not unknown, f"flags service/cli.py does not know: {unknown}"
         parsed = parser.parse_args(args)  # SystemExit on a bad value
         assert parsed.command == args[0]

@@ -144,8 +144,10 @@ spec:
       command: ["python", "-m", "service", "worker"]
       # $(VAR) is expanded by Kubernetes from the ConfigMap below.
       args:
+        {{- if eq $w.engines.source "none" }}
         - --target=$(DEEPSPEC_TARGET)
         - --draft=$(DEEPSPEC_DRAFT)
+        {{- end }}
         - --port={{ $w.grpcPort }}
         - --metrics-port={{ $w.metricsPort }}
         - --device=$(DEEPSPEC_DEVICE)
@@ -156,6 +158,7 @@ spec:
         - --max-queue=$(DEEPSPEC_MAX_QUEUE)
         - --drain-timeout-s={{ $w.drainTimeoutSeconds }}
         {{- if ne $w.engines.source "none" }}
+        # Target and draft come from the engine's manifest.json (flags would override it).
         - --engine-dir=$(DEEPSPEC_ENGINE_DIR)
         {{- end }}
         {{- with $w.extraArgs }}

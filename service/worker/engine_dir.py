@@ -1,0 +1,97 @@
+"""Read an engine directory (`python -m export --out DIR`) into the worker's target, draft and dtype.
+
+`DIR/manifest.json` holds at least:
+
+    {"format": "pytorch", "target": "smollm2-135m", "draft": "draft", "dtype": "bfloat16"}
+
+- `format`: `pytorch` (alias `deepspec`) is what this worker runs. `onnx`, `tensorrt-llm` and `triton-repo` are
+  refused with the way out: they run on other runtimes (a TensorRT-LLM engine under a stock Triton server).
+- `target`: an alias (`smollm2-135m`), a path relative to DIR, or an absolute path.
+- `draft`: `none`, `prompt-lookup`, `auto`, or a draft checkpoint directory relative to DIR (or absolute).
+- `dtype`: the weights dtype the worker loads (`float32` or `bfloat16`).
+
+Flags given on the command line win over the manifest (`WorkerSettings` applies only fields not set otherwise).
+Every problem is an `EngineDirError` (a ValueError) that names the file and the fix; nothing here loads weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+#: formats this worker serves: the PyTorch engine over the target and draft the manifest names
+PYTORCH_FORMATS = ("pytorch", "deepspec")
+#: formats other runtimes serve -> how to run them instead
+OTHER_RUNTIMES = {
+    "onnx": "an ONNX Runtime engine; this worker runs the PyTorch engine: export with --format pytorch",
+    "tensorrt-llm": "a TensorRT-LLM engine; run it under Triton (Helm: worker.runtime=triton)",
+    "triton-repo": "a Triton model repository; serve it with tritonserver (Helm: worker.runtime=triton)",
+}
+DTYPES = ("float32", "bfloat16")
+_DRAFT_KEYWORDS = ("none", "prompt-lookup", "auto")
+
+
+class EngineDirError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineManifest:
+    format: str
+    #: alias, or an absolute path (relative ones are resolved against the engine dir)
+    target: str
+    #: "none", "prompt-lookup", "auto", or an absolute draft directory
+    draft: str
+    dtype: str
+
+    def worker_fields(self) -> dict[str, str]:
+        """The `WorkerSettings` fields this engine sets (unless a flag already did)."""
+        return {"target": self.target, "draft": self.draft, "dtype": self.dtype}
+
+
+def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
+    """Validate DIR/manifest.json and resolve its paths; raise EngineDirError saying what is wrong."""
+    root = Path(engine_dir)
+    if not root.is_dir():
+        raise EngineDirError(f"--engine-dir {root}: no such directory (write one with python -m export --out {root})")
+    path = root / MANIFEST
+    if not path.is_file():
+        raise EngineDirError(f"--engine-dir {root}: no {MANIFEST} (an unfinished export? run python -m export again)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EngineDirError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise EngineDirError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    missing = [k for k in ("format", "target") if not isinstance(manifest.get(k), str) or not manifest[k]]
+    if missing:
+        raise EngineDirError(f"{path}: missing or empty {', '.join(missing)} (expected strings)")
+    fmt = manifest["format"]
+    if fmt in OTHER_RUNTIMES:
+        raise EngineDirError(f"{root} holds {OTHER_RUNTIMES[fmt]}")
+    if fmt not in PYTORCH_FORMATS:
+        raise EngineDirError(f"{path}: unknown format {fmt!r} (known: {', '.join([*PYTORCH_FORMATS, *OTHER_RUNTIMES])})")
+    draft, dtype = manifest.get("draft", "none"), manifest.get("dtype", "float32")
+    if not isinstance(draft, str) or not draft:
+        raise EngineDirError(f"{path}: draft must be none, prompt-lookup, auto or a directory, got {draft!r}")
+    if dtype not in DTYPES:
+        raise EngineDirError(f"{path}: dtype {dtype!r} is not one the worker loads ({', '.join(DTYPES)})")
+    target = _resolve(root, manifest["target"], path, "target", is_path=_looks_like_path(manifest["target"]))
+    draft = draft if draft in _DRAFT_KEYWORDS else _resolve(root, draft, path, "draft", is_path=True)
+    return EngineManifest(fmt, target, draft, dtype)
+
+
+def _looks_like_path(value: str) -> bool:
+    return "/" in value or value.startswith(".") or value.endswith(".gguf")
+
+
+def _resolve(root: Path, value: str, manifest: Path, key: str, is_path: bool) -> str:
+    """An existing path relative to the engine dir (or absolute) -> absolute; else an alias (targets only)."""
+    candidate = Path(value) if Path(value).is_absolute() else root / value
+    if candidate.exists():
+        return str(candidate.resolve())
+    if is_path:
+        raise EngineDirError(f"{manifest}: {key} {value!r} does not exist (looked for {candidate})")
+    return value  # an alias such as smollm2-135m: load_target resolves it
