@@ -23,7 +23,7 @@ def test_headless_run_against_the_fake_server(fake_server_thread, tmp_path):
         env = dict(os.environ, PYTHONPATH=str(REPO), LOADTEST_MAX_TOKENS="8")
         proc = subprocess.run(
             [sys.executable, "-m", "locust", "-f", "loadtest/locustfile.py", "--host", srv.url, "--headless", "-u", "4",
-             "-r", "4", "-t", "3s", "--csv", str(tmp_path / "run"), "--only-summary", "ChatUser", "CompletionsUser"],
+             "-r", "4", "-t", "3s", "--stop-timeout", "5", "--csv", str(tmp_path / "run"), "--only-summary", "ChatUser", "CompletionsUser"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
         )
     assert proc.returncode == 0, proc.stderr[-2000:]

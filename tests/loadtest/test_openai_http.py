@@ -107,11 +107,28 @@ def test_stream_without_done_or_finish_reason_is_incomplete():
     assert out.error_kind == "incomplete_stream" and out.generated_text == "hi"
 
 
+class BarrierServer(FakeOpenAIServer):
+    """Holds every completion until `n` are in flight at once (or 10 s pass), however slowly the client sends."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(FakeServerConfig())
+        self.n, self.all_in = n, asyncio.Event()
+
+    async def _complete_one(self, chat, req, w):
+        if self.counters.in_flight >= self.n:
+            self.all_in.set()
+        try:
+            await asyncio.wait_for(self.all_in.wait(), 10)
+        except asyncio.TimeoutError:
+            pass
+        return await super()._complete_one(chat, req, w)
+
+
 def test_pool_is_not_capped_at_100():
     """150 requests at once reach the server at once: aiohttp's default pool limit (100) is not in the way."""
 
     async def go():
-        async with FakeOpenAIServer(FakeServerConfig(ttft_s=0.3)) as srv:
+        async with BarrierServer(150) as srv:
             async with OpenAIHttpClient(srv.url, chat=False, model=None, pool_size=150) as c:
                 outs = await asyncio.gather(*(c.send(RequestInput(f"{i} x", max_tokens=2)) for i in range(150)))
             return outs, srv.counters.max_in_flight
