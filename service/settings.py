@@ -95,7 +95,7 @@ class GatewaySettings(BaseSettings):
     def _check_workers(self):
         """`--discovery` and the `--workers` scheme must agree; an explicit discovery may leave the scheme out."""
         schemes = {"dns": "dns://", "endpointslices": "k8s://"}
-        implied = "dns" if self.workers.startswith("dns://") else "endpointslices" if self.workers.startswith("k8s://") else "static"
+        implied = next((d for d, scheme in schemes.items() if self.workers.startswith(scheme)), "static")
         if self.discovery is None:
             self.discovery = implied
         elif implied == "static" and self.discovery != "static":

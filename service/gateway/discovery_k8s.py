@@ -74,16 +74,16 @@ class KubeAPI:
         if not url:
             host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
             if not host:
-                raise ValueError("--discovery endpointslices needs the Kubernetes API: KUBERNETES_SERVICE_HOST is unset "
-                                 "(not in a pod?); pass --k8s-api-url (or $DEEPSPEC_GATEWAY_K8S_API_URL)")  # fmt: skip
+                raise ValueError("--discovery endpointslices needs the Kubernetes API: KUBERNETES_SERVICE_HOST is "
+                                 "unset (not in a pod?); pass --k8s-api-url (or $DEEPSPEC_GATEWAY_K8S_API_URL)")
             url = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
         if not namespace:
             namespace = os.environ.get("POD_NAMESPACE", "")
         if not namespace and (sa_dir / "namespace").is_file():
             namespace = (sa_dir / "namespace").read_text().strip()
         if not namespace:
-            raise ValueError(f"no namespace for the worker Service: not in --workers k8s://<service>.<namespace>:<port>, "
-                             f"$POD_NAMESPACE or {sa_dir / 'namespace'}")  # fmt: skip
+            raise ValueError(f"no namespace for the worker Service: not in --workers k8s://<service>.<namespace>:"
+                             f"<port>, $POD_NAMESPACE or {sa_dir / 'namespace'}")
         token, ca = sa_dir / "token", sa_dir / "ca.crt"
         return cls(url.rstrip("/"), namespace, token if token.is_file() else None, ca if ca.is_file() else None)
 

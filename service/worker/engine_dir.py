@@ -72,7 +72,8 @@ def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
     if fmt in OTHER_RUNTIMES:
         raise EngineDirError(f"{root} holds {OTHER_RUNTIMES[fmt]}")
     if fmt not in PYTORCH_FORMATS:
-        raise EngineDirError(f"{path}: unknown format {fmt!r} (known: {', '.join([*PYTORCH_FORMATS, *OTHER_RUNTIMES])})")
+        known = ", ".join([*PYTORCH_FORMATS, *OTHER_RUNTIMES])
+        raise EngineDirError(f"{path}: unknown format {fmt!r} (known: {known})")
     draft, dtype = manifest.get("draft", "none"), manifest.get("dtype", "float32")
     if not isinstance(draft, str) or not draft:
         raise EngineDirError(f"{path}: draft must be none, prompt-lookup, auto or a directory, got {draft!r}")

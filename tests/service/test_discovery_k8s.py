@@ -34,7 +34,8 @@ def endpoint_slice(name: str, ready: dict[str, bool | None], port: int = 8001, p
     """An EndpointSlice of the worker Service; `ready` maps each pod IP to conditions.ready (None = absent)."""
     return {"metadata": {"name": name, "namespace": NAMESPACE, "labels": {SERVICE_NAME_LABEL: SERVICE}},
             "addressType": address_type, "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [ip], "conditions": {} if r is None else {"ready": r}} for ip, r in ready.items()]}  # fmt: skip
+            "endpoints": [{"addresses": [ip], "conditions": {} if r is None else {"ready": r}}
+                          for ip, r in ready.items()]}  # fmt: skip
 
 
 class FakeKubeAPI:

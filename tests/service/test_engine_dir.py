@@ -1,4 +1,4 @@
-"""`--engine-dir`: manifest.json -> target, draft, dtype; the formats other runtimes serve and broken dirs are refused."""
+"""`--engine-dir`: manifest.json -> target, draft, dtype; other runtimes' formats and broken dirs are refused."""
 
 from __future__ import annotations
 
