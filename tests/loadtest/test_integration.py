@@ -1,31 +1,47 @@
-"""A few requests against the real embedded DeepSpec service.
+"""A few requests against the real embedded DeepSpec service (`python -m service`, the default target and draft).
 
-Set DEEPSPEC_LOADTEST_URL (e.g. http://127.0.0.1:8000) to a running `python -m service`, and optionally
-DEEPSPEC_LOADTEST_GRPC (e.g. 127.0.0.1:50051) for the gRPC API. Without them these tests skip.
+The service is started by the fixture on free ports; set DEEPSPEC_LOADTEST_URL (and DEEPSPEC_LOADTEST_GRPC) to
+aim at one that is already running instead.
 """
 
 import json
 import os
 
+import httpx
 import pytest
 
 from loadtest.cli import main
+from tests.service.conftest import ServerProcess, free_port
 
-URL = os.environ.get("DEEPSPEC_LOADTEST_URL")
-GRPC = os.environ.get("DEEPSPEC_LOADTEST_GRPC")
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not URL, reason="set DEEPSPEC_LOADTEST_URL to a running DeepSpec service (python -m service)"),
-]
 
-COMMON = ["--num-prompts", "4", "--max-concurrency", "2", "--num-warmups", "1", "--max-tokens", "16", "--quiet",
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """(HTTP base URL, gRPC address) of a running service."""
+    if os.environ.get("DEEPSPEC_LOADTEST_URL"):
+        yield os.environ["DEEPSPEC_LOADTEST_URL"], os.environ.get("DEEPSPEC_LOADTEST_GRPC")
+        return
+    http_port, grpc_port = free_port(), free_port()
+    server = ServerProcess(["embedded", "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port",
+                            str(grpc_port), "--metrics-port", "-1"],
+                           tmp_path_factory.mktemp("service") / "embedded.log").start()
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        server.wait_until(lambda: httpx.get(f"{url}/health/ready", timeout=2).status_code == 200, 600)
+        yield url, f"127.0.0.1:{grpc_port}"
+    finally:
+        server.terminate()
+
+
+COMMON = ["--ignore-eos", "--num-prompts", "4", "--max-concurrency", "2", "--num-warmups", "1", "--max-tokens", "16", "--quiet",
           "--timeout", "300"]
 
 
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])
-def test_http_against_the_embedded_service(backend, tmp_path):
-    rc = main(["--base-url", URL, "--backend", backend, *COMMON, "--result-file", str(tmp_path / "r.json")])
+def test_http_against_the_embedded_service(service, backend, tmp_path):
+    url, _ = service
+    rc = main(["--base-url", url, "--backend", backend, *COMMON, "--result-file", str(tmp_path / "r.json")])
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0 and rep["completed"] == 4 and rep["failed"] == 0, rep["errors_by_kind"]
     assert rep["total_output_tokens"] > 0 and rep["mean_ttft_ms"] > 0
@@ -33,8 +49,10 @@ def test_http_against_the_embedded_service(backend, tmp_path):
         assert rep["spec_decode"]["acceptance_length"] is None or rep["spec_decode"]["acceptance_length"] >= 1.0
 
 
-@pytest.mark.skipif(not GRPC, reason="set DEEPSPEC_LOADTEST_GRPC to the service's gRPC address (host:port)")
-def test_grpc_against_the_embedded_service(tmp_path):
-    rc = main(["--base-url", URL, "--backend", "grpc", "--grpc-address", GRPC, *COMMON, "--result-file", str(tmp_path / "r.json")])
+def test_grpc_against_the_embedded_service(service, tmp_path):
+    url, grpc_address = service
+    if grpc_address is None:
+        pytest.skip("DEEPSPEC_LOADTEST_URL is set without DEEPSPEC_LOADTEST_GRPC")
+    rc = main(["--base-url", url, "--backend", "grpc", "--grpc-address", grpc_address, *COMMON, "--result-file", str(tmp_path / "r.json")])
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0 and rep["completed"] == 4 and rep["failed"] == 0, rep["errors_by_kind"]
