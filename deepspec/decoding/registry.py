@@ -1,7 +1,9 @@
 """Drafters by name: the one place that turns a CLI string into a Drafter.
 
-Built-in names: `none` (target-only), `prompt-lookup`, `random` (tests), `auto` (the best shipped draft for
-this target under drafts/, else prompt lookup), or a path to a draft checkpoint directory.
+Built-in names: `none` (target-only), `prompt-lookup`, `random` (tests), `auto`, or a path to a draft
+checkpoint directory. `auto` takes the shipped draft (drafts/) for this target with the highest measured greedy
+acceptance length, when that reaches AUTO_MIN_ACCEPTANCE_LENGTH; below it a trained draft costs more than it wins
+against prompt lookup, which needs no training, so `auto` falls back to prompt lookup.
 """
 
 from __future__ import annotations
@@ -44,14 +46,19 @@ def _import_draft_models() -> None:
         pass
 
 
+#: mean greedy tau (eval.json) a shipped draft needs before `auto` prefers it to prompt lookup
+AUTO_MIN_ACCEPTANCE_LENGTH = 2.0
+
+
 def best_shipped_draft(target) -> Path | None:
-    """The shipped draft for this target with the highest measured acceptance length (its eval.json)."""
+    """The shipped draft `auto` should use for this target, or None (then prompt lookup)."""
     _import_draft_models()
     try:
-        from deepspec.models.drafts import best_shipped_draft as best
+        from deepspec.models.drafts import shipped_drafts
     except ImportError:
         return None
-    return best(target)
+    scored = [(score, path) for path, score in shipped_drafts(target) if score >= AUTO_MIN_ACCEPTANCE_LENGTH]
+    return max(scored)[1] if scored else None
 
 
 def build_drafter(spec: str | None, target, **options) -> Drafter | None:

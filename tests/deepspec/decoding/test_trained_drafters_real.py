@@ -8,7 +8,7 @@ import pytest
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import build_drafter
-from deepspec.models.drafts import shipped_drafts
+from deepspec.models.drafts import read_draft_config, shipped_drafts
 from tests.conftest import eval_prompts
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,12 @@ def test_shipped_drafts_are_lossless_on_real_prompts(smollm2):
         assert sum(r.num_accepted_tokens for r in spec) > 0, f"{path.name} never had a draft accepted"
 
 
-def test_auto_uses_a_shipped_draft(smollm2):
-    if not shipped_drafts(smollm2):
-        pytest.skip("no shipped drafts under drafts/")
-    assert build_drafter("auto", smollm2).name in ("eagle3", "dflash", "dspark")
+def test_auto_uses_the_best_shipped_draft_or_prompt_lookup(smollm2):
+    from deepspec.decoding.registry import AUTO_MIN_ACCEPTANCE_LENGTH, best_shipped_draft
+    from deepspec.models.drafts import shipped_drafts
+
+    best = best_shipped_draft(smollm2)
+    good_enough = [p for p, tau in shipped_drafts(smollm2) if tau >= AUTO_MIN_ACCEPTANCE_LENGTH]
+    assert (best is None) == (not good_enough)
+    expected = read_draft_config(best).algo if best else "prompt-lookup"
+    assert build_drafter("auto", smollm2).name == expected
