@@ -76,3 +76,22 @@ def test_cli_with_endpoint(tmp_path, capsys):
         assert '"skipped_finished": 4' in capsys.readouterr().out
     finally:
         server.shutdown()
+
+
+def test_engine_backend_matches_target_greedy(tmp_path):
+    """The default backend: our engine with continuous batching, answers = the target's own greedy output."""
+    from deepspec.decoding.engine import SpecEngine
+    from deepspec.decoding.params import SamplingParams
+    from deepspec.models import load_target
+    from tests.training.helpers import tiny_hf_target_dir
+    from training.prepare import engine_backend
+
+    target = load_target(str(tiny_hf_target_dir(tmp_path / "target")))
+    rows = read_prompts([_prompts(tmp_path / "p.jsonl", n=3)], None, 0, PrepareStats())
+    out = tmp_path / "out.jsonl"
+    regenerate(rows, engine_backend(target, 6, 0.0, 2, 0), out, 2, PrepareStats())
+    got = [json.loads(line)["conversations"][1]["content"] for line in out.read_text().splitlines()]
+    engine = SpecEngine(target, None, max_batch_size=1, max_seq_len=256)
+    want = [engine.generate([target.encode_chat([{"role": "user", "content": f"q{i}"}])],
+                            SamplingParams(max_tokens=6))[0].text for i in range(3)]
+    assert got == want

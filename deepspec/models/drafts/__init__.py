@@ -63,18 +63,29 @@ def shipped_drafts(target, root: Path | None = None) -> list[tuple[Path, float]]
     return found
 
 
-def _score(eval_file: Path) -> float:
+def _greedy_results(eval_file: Path) -> list[dict]:
     try:
         report = json.loads(eval_file.read_text())
-        taus = [d["acceptance_length"] for d in report["results"] if d.get("temperature", 0) == 0]
-        return sum(taus) / len(taus) if taus else 0.0
+        return [d for d in report["results"] if d.get("temperature", 0) == 0]
     except (OSError, ValueError, KeyError, TypeError):
-        return 0.0
+        return []
+
+
+def _score(eval_file: Path) -> float:
+    taus = [d["acceptance_length"] for d in _greedy_results(eval_file) if "acceptance_length" in d]
+    return sum(taus) / len(taus) if taus else 0.0
+
+
+def _slows_down(eval_file: Path) -> bool:
+    """True when eval.json measured the draft slower than target-only (mean greedy speedup < 1)."""
+    speedups = [d["speedup"] for d in _greedy_results(eval_file) if d.get("speedup") is not None]
+    return bool(speedups) and sum(speedups) / len(speedups) < 1.0
 
 
 def best_shipped_draft(target, root: Path | None = None) -> Path | None:
-    """The shipped draft for this target with the highest measured greedy acceptance length, or None."""
-    found = shipped_drafts(target, root)
+    """The shipped draft for this target with the highest measured greedy acceptance length, among those not
+    measured slower than target-only decoding; None when there is none (the engine then uses prompt lookup)."""
+    found = [(path, score) for path, score in shipped_drafts(target, root) if not _slows_down(path / "eval.json")]
     return max(found, key=lambda item: item[1])[0] if found else None
 
 

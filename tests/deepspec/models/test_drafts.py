@@ -108,3 +108,7 @@ def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
             {"dataset": "x", "temperature": 1.0, "acceptance_length": 9.0}]}))
     assert best_shipped_draft(target, tmp_path).name == "b"
     assert best_shipped_draft(tiny_target(vocab_size=80), tmp_path) is None
+    # a draft measured slower than target-only is never the default, whatever its τ
+    (tmp_path / "b" / "eval.json").write_text(json.dumps({"results": [
+        {"dataset": "x", "temperature": 0.0, "acceptance_length": 3.5, "speedup": 0.8}]}))
+    assert best_shipped_draft(target, tmp_path).name == "c"
