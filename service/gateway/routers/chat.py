@@ -5,14 +5,12 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from service.gateway.dependencies import (SSE_DONE, SSE_HEADERS, ClientDisconnected, DispatcherDep, sse,
-                                          until_disconnect)  # fmt: skip
+from service.gateway.dependencies import ClientDisconnected, DispatcherDep, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
-from service.gateway.errors import ServiceError
-from service.gateway.routers.completions import usage
 from service.gateway.schemas import ChatCompletionRequest
+from service.gateway.streaming import sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest
 
 router = APIRouter()
@@ -49,22 +47,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
             payload["usage"] = None
         return sse(payload)
 
-    async def events():
-        last: Chunk = first
-        try:
-            yield frame({"role": "assistant", "content": ""})
-            yield frame({"content": first.text}, first.finish_reason)
-            async for last in chunks:
-                yield frame({"content": last.text} if last.text or not last.finish_reason else {}, last.finish_reason)
-        except ServiceError as e:
-            yield sse(e.body())
-            yield SSE_DONE
-            return
-        finally:
-            await chunks.aclose()
-        if body.include_usage:
-            yield sse({"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [], "usage": usage(last)})  # fmt: skip
-        yield SSE_DONE
+    def opening(first: Chunk) -> list[bytes]:
+        return [frame({"role": "assistant", "content": ""}), frame({"content": first.text}, first.finish_reason)]
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    def later(chunk: Chunk) -> bytes:
+        return frame({"content": chunk.text} if chunk.text or not chunk.finish_reason else {}, chunk.finish_reason)
+
+    def usage_event(last: Chunk) -> bytes:
+        return sse({"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [], "usage": usage(last)})  # fmt: skip
+
+    return sse_response(first, chunks, opening, later, usage_event if body.include_usage else None)

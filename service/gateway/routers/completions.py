@@ -5,21 +5,15 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from service.gateway.dependencies import (SSE_DONE, SSE_HEADERS, ClientDisconnected, DispatcherDep, sse,
-                                          until_disconnect)  # fmt: skip
+from service.gateway.dependencies import ClientDisconnected, DispatcherDep, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
-from service.gateway.errors import ServiceError
 from service.gateway.schemas import CompletionRequest
+from service.gateway.streaming import sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest
 
 router = APIRouter()
-
-
-def usage(chunk: Chunk) -> dict:
-    return {"prompt_tokens": chunk.num_prompt_tokens, "completion_tokens": chunk.num_output_tokens,
-            "total_tokens": chunk.num_prompt_tokens + chunk.num_output_tokens}  # fmt: skip
 
 
 @router.post("/v1/completions")
@@ -52,21 +46,8 @@ async def create_completion(body: CompletionRequest, request: Request, dispatche
             payload["usage"] = None
         return sse(payload)
 
-    async def events():
-        last = first
-        try:
-            yield frame(first)
-            async for last in chunks:
-                yield frame(last)
-        except ServiceError as e:  # failed after streaming started: an error event inside the stream
-            yield sse(e.body())
-            yield SSE_DONE
-            return
-        finally:
-            await chunks.aclose()
-        if body.include_usage:
-            yield sse({"id": req.request_id, "object": "text_completion", "created": created, "model": model,
-                       "choices": [], "usage": usage(last)})  # fmt: skip
-        yield SSE_DONE
+    def usage_event(last: Chunk) -> bytes:
+        return sse({"id": req.request_id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [], "usage": usage(last)})  # fmt: skip
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return sse_response(first, chunks, lambda c: [frame(c)], frame, usage_event if body.include_usage else None)

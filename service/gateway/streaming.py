@@ -1,0 +1,48 @@
+"""The SSE stream shared by /v1/completions and /v1/chat/completions.
+
+OpenAI's framing: one `data:` event per chunk, an optional usage-only chunk (`stream_options.include_usage`), then
+`data: [DONE]`. A failure after the first token can no longer change the status code, so it becomes an error
+event inside the stream. The routers only say how a chunk is framed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from fastapi.responses import StreamingResponse
+
+from service.gateway.dependencies import SSE_DONE, SSE_HEADERS, sse
+from service.gateway.errors import ServiceError
+from service.gateway.worker_client import Chunk
+
+
+def usage(chunk: Chunk) -> dict:
+    return {"prompt_tokens": chunk.num_prompt_tokens, "completion_tokens": chunk.num_output_tokens,
+            "total_tokens": chunk.num_prompt_tokens + chunk.num_output_tokens}  # fmt: skip
+
+
+def sse_response(
+    first: Chunk,
+    chunks: AsyncIterator[Chunk],
+    opening: Callable[[Chunk], list[bytes]],  # the events for the first chunk
+    frame: Callable[[Chunk], bytes],  # the event for every later chunk
+    usage_event: Callable[[Chunk], bytes] | None,  # the usage-only event, when the client asked for it
+) -> StreamingResponse:
+    async def events():
+        last = first
+        try:
+            for event in opening(first):
+                yield event
+            async for last in chunks:
+                yield frame(last)
+        except ServiceError as e:
+            yield sse(e.body())
+            yield SSE_DONE
+            return
+        finally:
+            await chunks.aclose()
+        if usage_event is not None:
+            yield usage_event(last)
+        yield SSE_DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
