@@ -34,7 +34,7 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                    help="engine directory from `python -m export` (format pytorch): target, draft and dtype come from "
                         "its manifest.json; --target/--draft/--dtype given as well win")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(default cpu)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights dtype (default float32)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights dtype (default bfloat16: ~2x faster decoding than float32 on CPU)")
     g = p.add_argument_group("batching")
     g.add_argument("--max-batch-size", type=int, default=8, help="sequences per engine step (default 8)")
     g.add_argument("--max-queue", type=int, default=64,

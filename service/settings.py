@@ -31,7 +31,7 @@ class WorkerSettings(BaseSettings):
     #: Prometheus /metrics HTTP port (0 = pick a free one, -1 = off)
     metrics_port: int = Field(8002, ge=-1, le=65535)
     device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 decodes ~2x faster on CPU (prepacked oneDNN matmuls)
     #: sequences decoded together in one engine step
     max_batch_size: int = Field(8, ge=1)
     #: requests waiting for a batch slot before new ones get RESOURCE_EXHAUSTED (the gateway's 429)

@@ -321,7 +321,7 @@ def test_cpu_worker_requests_no_gpu():
     assert "nvidia.com/gpu" not in text
     assert "tolerations" not in spec
     assert worker["image"] == "ghcr.io/deepspec/worker-cpu:0.1.0"
-    assert config["DEEPSPEC_DEVICE"] == "cpu" and config["DEEPSPEC_DTYPE"] == "float32"
+    assert config["DEEPSPEC_DEVICE"] == "cpu" and config["DEEPSPEC_DTYPE"] == "bfloat16"
 
 
 def test_export_init_container_builds_the_engine_before_the_worker():

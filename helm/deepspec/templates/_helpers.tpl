@@ -94,11 +94,11 @@ Usage: {{ include "deepspec.workerImage" . }}
 {{- end }}
 
 {{/*
-Weights dtype: `model.dtype`, or bfloat16 on cuda and float32 on cpu.
+Weights dtype: `model.dtype`, or bfloat16 (the worker's default on cpu and cuda alike).
 Usage: {{ include "deepspec.dtype" . }}
 */}}
 {{- define "deepspec.dtype" -}}
-{{- .Values.model.dtype | default (ternary "bfloat16" "float32" (eq .Values.worker.device "cuda")) }}
+{{- .Values.model.dtype | default "bfloat16" }}
 {{- end }}
 
 {{/*
