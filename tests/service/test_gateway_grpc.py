@@ -21,6 +21,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def channel(gateway):
     with grpc.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as ch:
+        # /health/ready (what the gateway fixture waits for) can answer a moment before the gRPC port listens
+        grpc.channel_ready_future(ch).result(timeout=30)
         yield ch
 
 
