@@ -79,7 +79,7 @@ class SpecEngine:
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
         self.cache = KVCache(target.spec, max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1,
-                             target.dtype, target.device)
+                             target.model.attention_dtype, target.device)
         if drafter is not None:
             drafter.bind(target, max_batch_size, self.max_seq_len)
         self._rng = torch.Generator().manual_seed(seed)
