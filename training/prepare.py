@@ -137,6 +137,10 @@ def engine_backend(target, max_tokens: int, temperature: float, batch_size: int,
     return generate
 
 
+#: rows handed to the backend per call, per slot; the output file is appended once per call
+ROWS_PER_SLOT = 4
+
+
 def regenerate(rows: list[PromptRow], generate: Generate, output: Path, batch_size: int,
                stats: PrepareStats, on_batch: Callable[[int, int], None] | None = None) -> PrepareStats:
     """Regenerate every turn of every row not yet in `output`; multi-turn rows are replayed turn by turn."""
@@ -146,7 +150,9 @@ def regenerate(rows: list[PromptRow], generate: Generate, output: Path, batch_si
     todo = [r for r in rows if r.id not in done]
     stats.num_skipped = len(rows) - len(todo)
     with output.open("a") as out_f, failures.open("a") as fail_f:
-        for batch in _chunks(todo, batch_size):
+        # hand the backend several rows per slot: it refills a slot the moment a row finishes (continuous batching,
+        # or a thread pool for --endpoint), so short answers never leave slots idle waiting for the longest one
+        for batch in _chunks(todo, batch_size * ROWS_PER_SLOT):
             convs = [[] for _ in batch]
             alive = list(range(len(batch)))
             tokens = 0

@@ -130,7 +130,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
 
     if cfg.cache_dir is not None:
         source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers)
-        if not source.is_complete(len(sequences)):
+        if not source.is_complete(sequences):
             size = estimate_cache_bytes(stats.num_tokens, dcfg.hidden_size, len(dcfg.feature_layers), target.dtype)
             log(f"offline cache: writing ~{size / 2**30:.2f} GiB of target hidden states to {cfg.cache_dir}")
             if dist.is_main:

@@ -99,6 +99,31 @@ def test_offline_cache_matches_online(setup, tmp_path):
     assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 6
 
 
+def test_offline_cache_recomputes_only_stale_files(setup, tmp_path):
+    """Editing the data must never train on features of the old text: changed sequences are recomputed, the
+    unchanged ones are kept, and the cache is complete only for the data it was built from."""
+    from training.data import Sequence
+    from training.features import OfflineFeatures
+    from deepspec.models import load_target
+
+    target = load_target(str(setup[1]), dtype="float32")
+    cache = OfflineFeatures(tmp_path / "cache", target, (0, 1))
+    seqs = [Sequence([1, 2, 3, 4], [0, 1, 1, 1]), Sequence([5, 6, 7], [0, 1, 1])]
+    cache.build(seqs)
+    assert cache.is_complete(seqs)
+    kept = (tmp_path / "cache" / "0.safetensors").stat().st_mtime_ns
+    edited = [seqs[0], Sequence([5, 6, 8, 9, 10], [0, 1, 1, 1, 1])]
+    assert not cache.is_complete(edited)
+    cache.build(edited)
+    assert cache.is_complete(edited)
+    assert (tmp_path / "cache" / "0.safetensors").stat().st_mtime_ns == kept
+    features, final = cache([1], torch.tensor([edited[1].input_ids]))
+    fresh = OfflineFeatures(tmp_path / "fresh", target, (0, 1))
+    fresh.build([edited[1]])
+    expect, expect_final = fresh([0], torch.tensor([edited[1].input_ids]))
+    assert torch.equal(features, expect) and torch.equal(final, expect_final)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
