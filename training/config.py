@@ -27,6 +27,7 @@ class ModelSection(StrictModel):
     draft_vocab_size: int = Field(8192, ge=0, description="reduced draft vocabulary: top-N tokens of the training answers (0 = full vocabulary)")
     markov_rank: int = Field(64, ge=1, description="dspark Markov head rank r (DeepSpec 256; 64 for small targets)")
     feature_layers: list[int] | None = Field(None, description="target layers feeding the draft; None = 5 evenly spaced, never the last")
+    calibration_sequences: int = Field(32, ge=0, description="dspark: last rows of the data held out of training to fit the per-slot confidence temperatures (at most 10% of the rows; 0 = uncalibrated)")
 
 
 class DataSection(StrictModel):

@@ -133,13 +133,12 @@ def dflash_loss(model, target, features, final_hidden, tokens, loss_mask, genera
     return loss, metrics
 
 
-def dspark_loss(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
-    """0.1·CE + 0.9·L1(p_d, p_t) + 1.0·BCE(confidence, 1 - ½‖p_d - p_t‖₁), each weighted by w_j and validity."""
+def _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors) -> dict:
+    """Everything DSpark's loss and its confidence calibration read, over the valid slots of sampled blocks."""
     anchors, labels, prev, valid, hidden, weights = _block_common(model, features, tokens, loss_mask, generator,
                                                                   num_anchors)
     γ = model.cfg.block_size
     logits, conf = model.step_logits(hidden, model.head(hidden), prev)
-    ce, _ = _hard_ce(logits, labels, model, weights)
     # target distribution at position a+j (it predicts x[a+1+j]), full-vocabulary softmax gathered on d2t
     pos = (anchors[:, :, None] + torch.arange(γ, device=anchors.device)).clamp(max=tokens.shape[1] - 1)
     sel = valid
@@ -149,15 +148,31 @@ def dspark_loss(model, target, features, final_hidden, tokens, loss_mask, genera
     p_d = torch.softmax(logits[sel], dim=-1)
     outside = (1 - p_t.sum(-1)).clamp(min=0)  # target mass the draft vocabulary cannot cover
     l1 = (p_d - p_t).abs().sum(-1) + outside  # ‖p_d − p_t‖₁ over the full vocabulary
-    w = weights[sel]
+    slot = torch.arange(γ, device=anchors.device).expand_as(valid)[sel]
+    return {"logits": logits, "labels": labels, "valid": valid, "weights": weights, "l1": l1, "conf": conf[sel],
+            "accept": (1 - 0.5 * l1).detach().clamp(0, 1), "slot": slot}
+
+
+def dspark_loss(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
+    """0.1·CE + 0.9·L1(p_d, p_t) + 1.0·BCE(confidence, 1 - ½‖p_d - p_t‖₁), each weighted by w_j and validity."""
+    t = _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors)
+    ce, _ = _hard_ce(t["logits"], t["labels"], model, t["weights"])
+    w = t["weights"][t["valid"]]
     norm = w.sum().clamp(min=1e-6)
-    accept = (1 - 0.5 * l1).detach().clamp(0, 1)
-    bce = F.binary_cross_entropy_with_logits(conf[sel], accept, reduction="none")
+    bce = F.binary_cross_entropy_with_logits(t["conf"], t["accept"], reduction="none")
     a, b, c = DSPARK_WEIGHTS
-    loss = a * ce + b * (l1 * w).sum() / norm + c * (bce * w).sum() / norm
-    metrics = _block_metrics(logits, labels, model, valid)
-    metrics["accept_rate"] = float((accept * w).sum() / norm)
+    loss = a * ce + b * (t["l1"] * w).sum() / norm + c * (bce * w).sum() / norm
+    metrics = _block_metrics(t["logits"], t["labels"], model, t["valid"])
+    metrics["accept_rate"] = float((t["accept"] * w).sum() / norm)
     return loss, metrics
+
+
+@torch.no_grad()
+def dspark_confidence_samples(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
+    """(confidence logits [n], acceptance probabilities 1 − ½‖p_d − p_t‖₁ [n], slot index [n]) of every valid
+    block slot: the pairs `training.calibration` fits the per-slot temperatures on."""
+    t = _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors)
+    return t["conf"], t["accept"], t["slot"]
 
 
 def _block_metrics(logits, labels, model, valid) -> dict:

@@ -115,6 +115,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
     log(f"{len(sequences)} sequences, {stats.num_tokens:,} tokens ({stats.num_loss_tokens:,} assistant)")
 
     m = cfg.model
+    # DSpark holds out the last rows to calibrate its confidence head on text it never trained on
+    num_calibration = min(m.calibration_sequences, len(sequences) // 10) if m.algo == "dspark" else 0
+    num_train = len(sequences) - num_calibration
     dcfg = DraftConfig.for_target(
         target, m.algo, num_layers=m.num_layers, block_size=m.block_size,
         draft_vocab_size=min(m.draft_vocab_size, target.vocab_size), markov_rank=m.markov_rank,
@@ -122,7 +125,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
     torch.manual_seed(cfg.seed)
     draft = build_draft(dcfg)
     if dcfg.draft_vocab_size:
-        draft.set_vocab(build_draft_vocab(sequences, dcfg.draft_vocab_size, target.vocab_size, target.eos_token_ids))
+        draft.set_vocab(build_draft_vocab(sequences[:num_train], dcfg.draft_vocab_size, target.vocab_size, target.eos_token_ids))
     draft = draft.to(dist.device).attach(target)
     num_params = sum(p.numel() for p in draft.parameters())
     log(f"{m.algo} draft: {num_params / 1e6:.2f}M trainable parameters, vocab {dcfg.out_vocab_size}, "
@@ -145,7 +148,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
     optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   weight_decay=cfg.optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    order = SequenceOrder(len(sequences), cfg.data.batch_size, cfg.seed, dist.rank, dist.world_size)
+    order = SequenceOrder(num_train, cfg.data.batch_size, cfg.seed, dist.rank, dist.world_size)
     step, tokens_seen = 0, 0
 
     if resume:
@@ -266,9 +269,17 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                "tokens_per_second": round((tokens_seen - start_tokens) / max(elapsed, 1e-9), 1),
                "seconds": round(elapsed, 1), "peak_rss_bytes": peak_rss_bytes(), "num_params": num_params,
                "world_size": dist.world_size, "last": last_metrics, "num_sequences": len(sequences),
-               "num_tokens": stats.num_tokens}
+               "num_calibration_sequences": num_calibration, "num_tokens": stats.num_tokens}
     if dist.is_main:
         if stopped != "interrupted":
+            if num_calibration:
+                from training.calibration import calibrate_confidence
+
+                temps, summary["calibration"] = calibrate_confidence(
+                    draft, target, source, sequences, list(range(num_train, len(sequences))),
+                    cfg.data.num_anchors, cfg.seed)
+                draft.cfg.confidence_temperature = tuple(temps)
+                log(f"confidence calibrated on {num_calibration} held-out sequences: per-slot T {temps}")
             save_draft(draft, out, storage_dtype=cfg.save_dtype)
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
         log_file.close()

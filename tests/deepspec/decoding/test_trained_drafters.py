@@ -70,6 +70,25 @@ def test_dspark_truncates_on_low_confidence(target, tmp_path):
     assert prop.num_tokens.tolist() == [1]
 
 
+def test_dspark_truncation_uses_the_calibrated_slot_temperatures(target, tmp_path):
+    """Confidence logit +1 everywhere: σ(1) ≈ 0.73 keeps two slots above survival 0.5; a calibrated T = 8 on slot 0
+    (σ(1/8) ≈ 0.53) drops survival below 0.5 at slot 1 already."""
+    drafter = _drafter(target, "dspark", tmp_path, confidence_threshold=0.5)
+    with torch.no_grad():
+        drafter.model.confidence.weight.zero_()
+        drafter.model.confidence.bias.fill_(1.0)
+    drafter.bind(target, 2, 64)
+
+    def num_proposed() -> int:
+        drafter.reset(0, 1)
+        drafter.extend([0], torch.tensor([[2, 3]]), torch.tensor([2]), torch.randn(1, 2, drafter.cfg.feature_size))
+        return int(drafter.propose([0], 4, DraftSampling(torch.tensor([0.0]), [None])).num_tokens[0])
+
+    assert num_proposed() == 2  # survival 0.73, 0.53, 0.39
+    drafter.model.cfg.confidence_temperature = (8.0, 1.0, 1.0, 1.0)
+    assert num_proposed() == 1  # survival 0.53, 0.39
+
+
 def test_build_drafter_loads_checkpoint_dirs(target, tmp_path):
     path = save_draft(tiny_draft(target, "dflash"), tmp_path / "d")
     drafter = build_drafter(str(path), target)
