@@ -39,6 +39,9 @@ class Proposal:
     #: [B, k, V] the distribution each draft token was drawn from, for rejection sampling; None = the drafts are
     #: deterministic (one-hot q), as for prompt lookup or argmax drafting
     probs: torch.Tensor | None = None
+    #: [B, k] the drafter's estimate of P(draft j and every draft before it accepted), 0 past num_tokens; lets
+    #: the engine verify only as deep as pays (deepspec/decoding/verify_budget.py); None = no estimate
+    survival: torch.Tensor | None = None
 
 
 @dataclass
@@ -62,6 +65,9 @@ class Drafter(ABC):
     feature_layers: tuple[int, ...] = ()
     #: registry name, reported in metrics and benchmark tables
     name: str = "drafter"
+    #: whether proposals carry `survival` estimates (then the engine times verify passes once at start and
+    #: verifies only as deep as pays, see deepspec/decoding/verify_budget.py)
+    estimates_survival: bool = False
 
     def bind(self, target, max_batch_size: int, max_seq_len: int) -> None:
         """Allocate per-slot state once, before the first request (called by the engine)."""

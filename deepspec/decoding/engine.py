@@ -13,6 +13,7 @@ and to honour stop strings.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,7 @@ from deepspec.decoding.kv_cache import KVCache
 from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.sampling import sample, sampling_probs
 from deepspec.decoding.verify import greedy_verify, rejection_verify_row
+from deepspec.decoding.verify_budget import StepTimeModel, best_depth
 
 
 class EngineFullError(RuntimeError):
@@ -63,6 +65,7 @@ class SpecEngine:
         num_speculative_tokens: int = 7,
         prefill_chunk_size: int = 512,
         max_verify_tokens: int = 32,
+        verify_budget: bool = True,
         seed: int = 0,
     ):
         if max_batch_size < 1 or num_speculative_tokens < 0 or max_seq_len < 2:
@@ -82,6 +85,10 @@ class SpecEngine:
                              target.model.attention_dtype, target.device)
         if drafter is not None:
             drafter.bind(target, max_batch_size, self.max_seq_len)
+        #: verify-pass cost model for drafters that estimate their survival (None = verify every capped draft)
+        self.step_time: StepTimeModel | None = None
+        if drafter is not None and verify_budget and drafter.estimates_survival and self.num_speculative_tokens:
+            self.step_time = self._probe_step_time()
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[_Sequence] = []  # index == slot
@@ -244,6 +251,10 @@ class SpecEngine:
             sampling = DraftSampling(torch.tensor([s.params.temperature for s in seqs]), [s.generator for s in seqs])
             proposal = self.drafter.propose(slots, max(caps), sampling)
             num_drafts = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
+            if self.step_time is not None and proposal.survival is not None:
+                width = proposal.survival.shape[1]
+                survival = proposal.survival * (torch.arange(width)[None, :] < num_drafts[:, None])
+                num_drafts = num_drafts.clamp(max=best_depth(survival, self.step_time))
             k = int(num_drafts.max())
             draft_tokens = proposal.tokens[:, :k].cpu()
             draft_probs = proposal.probs[:, :k] if proposal.probs is not None and k else None
@@ -299,6 +310,29 @@ class SpecEngine:
             feats = out.features[torch.tensor(extend_rows), :width] if out.features is not None else None
             self.drafter.extend(extend_rows, tokens, num, feats)
         return results
+
+    def _probe_step_time(self) -> StepTimeModel:
+        """Time verify-shaped passes of 1 .. max_verify_tokens tokens on slot 0 while no request runs yet (what
+        they write there is overwritten by the first prefill); the fastest of two runs per size."""
+        device = self.target.device
+        view = self.cache.rows(0, 1)
+        sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, self.max_verify_tokens)
+                        if n <= min(self.max_verify_tokens, self.max_seq_len - 1)} | {1, 2})
+
+        def run(n: int) -> float:
+            tokens = torch.zeros(1, n, dtype=torch.long, device=device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            self.target.forward(tokens, torch.zeros(1, dtype=torch.long, device=device), view,
+                                feature_layers=self.feature_layers, logits="all", max_start=0)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - t0
+
+        with torch.inference_mode():
+            run(sizes[-1])  # one-time kernel setup stays out of the timings
+            return StepTimeModel([(n, min(run(n), run(n))) for n in sizes])
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
     def _commit(self, seq: _Sequence, tokens: list[int]) -> StepOutput:

@@ -39,4 +39,6 @@ def load_engine(settings) -> LoadedEngine:
                         num_speculative_tokens=settings.num_speculative_tokens)  # fmt: skip
     drafter_name = "none" if drafter is None else getattr(drafter, "name", type(drafter).__name__)
     logger.info("loaded target %s with drafter %s (context %d tokens)", target.name, drafter_name, max_seq_len)
+    if engine.step_time is not None:
+        logger.info("verification budget on: probed %s", engine.step_time)
     return LoadedEngine(target, engine, drafter_name, max_seq_len)

@@ -17,6 +17,7 @@ from deepspec.decoding.drafters.neural import pack, pick_tokens
 
 class DSparkDrafter(DFlashDrafter):
     name = "dspark"
+    estimates_survival = True
 
     def __init__(self, model, confidence_threshold: float | None = None):
         super().__init__(model)
@@ -32,7 +33,7 @@ class DSparkDrafter(DFlashDrafter):
         survival = torch.ones(len(slots), device=hidden.device)
         num = torch.zeros(len(slots), dtype=torch.long, device=hidden.device)
         alive = torch.ones(len(slots), dtype=torch.bool, device=hidden.device)
-        tokens, probs = [], [] if want_probs else None
+        tokens, probs, survivals = [], [] if want_probs else None, []
         for j in range(min(k, self.cfg.block_size)):
             logits, conf = self.model.step_logits(hidden[:, j], base[:, j], prev)
             ids, p = pick_tokens(logits, sampling, self.model, want_probs)
@@ -41,9 +42,10 @@ class DSparkDrafter(DFlashDrafter):
             alive = alive & ((survival >= self.confidence_threshold) | (j == 0))
             num += alive.long()
             tokens.append(ids)
+            survivals.append(survival)
             if want_probs:
                 probs.append(p)
             prev = ids
             if not bool(alive.any()):
                 break
-        return pack(tokens, probs, k, num.cpu())
+        return pack(tokens, probs, k, num.cpu(), survivals)

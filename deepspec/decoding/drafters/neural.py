@@ -50,8 +50,9 @@ def pick_tokens(logits: torch.Tensor, sampling: DraftSampling, model, want_probs
     return model.to_target_ids(ids), probs
 
 
-def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, num: torch.Tensor) -> Proposal:
-    """Stack per-slot columns into a Proposal of width k (pad with the last column / zero probs)."""
+def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, num: torch.Tensor,
+         survival: list[torch.Tensor] | None = None) -> Proposal:
+    """Stack per-slot columns into a Proposal of width k (pad with the last column / zero probs / zero survival)."""
     cols = tokens[:k]
     while len(cols) < k:
         cols.append(cols[-1])
@@ -62,4 +63,10 @@ def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, n
         while len(p) < k:
             p.append(torch.zeros_like(p[-1]))
         out_probs = torch.stack(p, dim=1)
-    return Proposal(out_tokens, num.clamp(max=k).cpu(), out_probs)
+    out_survival = None
+    if survival is not None:
+        out_survival = torch.zeros(len(num), k)
+        width = min(len(survival), k)
+        out_survival[:, :width] = torch.stack(survival[:width], dim=1).float().cpu()
+        out_survival[torch.arange(k)[None, :] >= num.clamp(max=k).cpu()[:, None]] = 0.0
+    return Proposal(out_tokens, num.clamp(max=k).cpu(), out_probs, out_survival)

@@ -1,0 +1,76 @@
+"""The throughput-aware verification budget: the step-time fit, the depth choice on hand-computed cases, and the
+engine verifying only as deep as the model says pays — with output still identical to target-only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepspec.decoding.engine import SpecEngine
+from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.verify_budget import StepTimeModel, best_depth
+from deepspec.models.drafts import load_drafter, save_draft
+from tests.training.helpers import tiny_draft, tiny_target
+
+
+def _model(intercept_ms: float, slope_ms: float) -> StepTimeModel:
+    return StepTimeModel([(1, (intercept_ms + slope_ms) / 1e3), (9, (intercept_ms + 9 * slope_ms) / 1e3)])
+
+
+def test_step_time_model_fits_a_line_and_needs_two_sizes():
+    m = StepTimeModel([(1, 0.031), (8, 0.038), (16, 0.046), (32, 0.062)])
+    assert m.intercept == pytest.approx(0.030, abs=1e-3) and m.slope == pytest.approx(0.001, abs=1e-4)
+    with pytest.raises(ValueError, match="two or more"):
+        StepTimeModel([(4, 0.01), (4, 0.02)])
+
+
+def test_best_depth_trades_expected_tokens_against_step_time():
+    survival = torch.tensor([[0.9, 0.8, 0.1, 0.05]])
+    # 30 ms + 1 ms/token: (1+Σs)/t = 1/31, 1.9/32, 2.7/33, 2.8/34, 2.85/35 → depth 3
+    assert best_depth(survival, _model(30, 1)) == 3
+    # 30 ms + 10 ms/token: 1/40, 1.9/50, 2.7/60, 2.8/70 → depth 2
+    assert best_depth(survival, _model(30, 10)) == 2
+    # rows share the depth (they are padded to it): a second row with nothing to verify doubles what depth costs
+    # 2/50, 2.9/70, 3.7/90 → depth 1; and with a cheaper fixed cost 2/30, 2.9/50 → depth 0
+    assert best_depth(torch.cat([survival, torch.zeros(1, 4)]), _model(30, 10)) == 1
+    assert best_depth(torch.cat([survival, torch.zeros(1, 4)]), _model(10, 10)) == 0
+    assert best_depth(torch.ones(2, 7), _model(30, 0)) == 7
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def _dspark_engine(target, tmp_path, **kw) -> SpecEngine:
+    drafter = load_drafter(save_draft(tiny_draft(target, "dspark", draft_vocab_size=48), tmp_path / "d"), target,
+                           confidence_threshold=0.0)
+    with torch.no_grad():  # c = σ(0) = 0.5 on every slot: survival 0.5, 0.25, ...
+        drafter.model.confidence.weight.zero_()
+        drafter.model.confidence.bias.zero_()
+    return SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=4, **kw)
+
+
+def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
+    prompts, params = [[1, 2, 3], [4, 5, 6, 7]], SamplingParams(max_tokens=12, ignore_eos=True)
+    reference = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(prompts, params)
+
+    engine = _dspark_engine(target, tmp_path)
+    assert engine.step_time is not None and engine.step_time.intercept > 0  # probed at start
+    engine.step_time = _model(1, 0)  # extra tokens are free: verify every draft
+    free = engine.generate(prompts, params)
+    engine.step_time = _model(1, 1000)  # cost ∝ tokens: a slot surviving with p < 1 never pays
+    costly = engine.generate(prompts, params)
+
+    assert [r.token_ids for r in free] == [r.token_ids for r in reference]
+    assert [r.token_ids for r in costly] == [r.token_ids for r in reference]
+    assert all(r.num_draft_tokens >= r.num_steps for r in free)  # ≥ 1 draft every round
+    assert all(r.num_draft_tokens == 0 for r in costly)
+
+
+def test_budget_can_be_switched_off_and_needs_survival_estimates(target, tmp_path):
+    assert _dspark_engine(target, tmp_path, verify_budget=False).step_time is None
+    from deepspec.decoding.registry import build_drafter
+
+    pl = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
+    assert pl.step_time is None
