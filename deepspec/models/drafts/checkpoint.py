@@ -112,4 +112,5 @@ def load_draft(path: str | Path, target=None, *, device=None, dtype: torch.dtype
     model = model.to(device=device or (target.device if target is not None else "cpu"), dtype=target_dtype)
     if target is not None:
         model.attach(target)
+        model.prepack()
     return model.eval()

@@ -67,9 +67,13 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q [B, nh, T, hd], k/v [B, nkv, K, hd], mask [B, 1, T, K] bool (True = visible) → [B, T, H]."""
         B, _, T, _ = q.shape
+        dtype = q.dtype
+        if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and not torch.is_grad_enabled():
+            # CPU inference: bf16 attention kernels are several times slower than fp32 ones (see Decoder.attention_dtype)
+            q, k, v = q.float(), k.float(), v.float()
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.cfg.head_dim**-0.5,
                                              enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.cfg.q_size))
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.cfg.q_size).to(dtype))
 
 
 class MLP(nn.Module):
@@ -99,6 +103,7 @@ class DraftModel(nn.Module):
         self.register_buffer("t2d", torch.arange(cfg.vocab_size).clamp(max=n), persistent=False)
         self._embed: torch.Tensor | None = None
         self._head: torch.Tensor | None = None
+        self._head_packed: torch.Tensor | None = None  # see prepack
         self._embed_scale = 1.0
 
     # ---- the target's frozen parts ---------------------------------------------------------------------------
@@ -124,6 +129,7 @@ class DraftModel(nn.Module):
         self.t2d = t2d.to(self.t2d.device)
         if self._embed is not None:
             self._head = self._head_full[self.d2t.to(self._head_full.device)].contiguous()
+            self._head_packed = None
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if self._embed is None:
@@ -133,7 +139,24 @@ class DraftModel(nn.Module):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Post-norm hidden [.., H] → logits over the draft vocabulary [.., N] (float32)."""
+        if self._head_packed is not None and not torch.is_grad_enabled():
+            return torch.ops.mkldnn._linear_pointwise(hidden.to(self._head.dtype), self._head_packed, None, "none",
+                                                      [], "").float()
         return F.linear(hidden.to(self._head.dtype), self._head).float()
+
+    def prepack(self) -> bool:
+        """For inference on CPU in bf16: reorder every linear weight (and the borrowed head) once for oneDNN, the
+        way the target's Decoder.prepack does — F.linear would reorder them on every call. Returns whether it did."""
+        if self._head is None or self._head.device.type != "cpu" or self._head.dtype != torch.bfloat16 \
+                or not torch.backends.mkldnn.is_available():
+            return False
+        try:
+            self._head_packed = torch.ops.mkldnn._reorder_linear_weight(self._head, 1)
+            _swap_linears(self)
+        except (RuntimeError, AttributeError):  # a torch build without these ops: stay on F.linear
+            self._head_packed = None
+            return False
+        return True
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.d2t[draft_ids]
@@ -148,3 +171,21 @@ class DraftModel(nn.Module):
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items()}
+
+
+class PackedLinear(nn.Linear):
+    """An nn.Linear (same parameters, same state-dict keys) that runs inference on a oneDNN-reordered weight."""
+
+    packed: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return super().forward(x)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def _swap_linears(module: nn.Module) -> None:
+    for child in module.modules():
+        if type(child) is nn.Linear:
+            child.packed = torch.ops.mkldnn._reorder_linear_weight(child.weight.data, 1)
+            child.__class__ = PackedLinear

@@ -30,7 +30,7 @@ def target():
 
 def _logits(draft):
     torch.manual_seed(1)
-    F = torch.randn(1, 10, draft.cfg.feature_size)
+    F = torch.randn(1, 10, draft.cfg.feature_size).to(draft.fc.weight.dtype)
     x = torch.randint(draft.cfg.vocab_size, (1, 10))
     if draft.cfg.algo == "eagle3":
         return torch.stack(draft.ttt_forward(F, x, 3))
@@ -64,6 +64,28 @@ def test_save_load_identical_logits(target, algo, tmp_path):
     assert torch.equal(loaded.d2t, draft.d2t)
     with torch.no_grad():
         assert torch.equal(_logits(draft), _logits(loaded))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_bf16_cpu_drafts_prepack_without_changing_logits(algo, tmp_path):
+    """A draft loaded against a bf16 CPU target runs its linears and head on oneDNN-packed weights at inference
+    (several times faster at drafting shapes); the logits are the plain bf16 F.linear ones."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
+    target = tiny_target()
+    target.model.to(torch.bfloat16)
+    path = save_draft(tiny_draft(target, algo, draft_vocab_size=24), tmp_path / algo)
+    packed = load_draft(path, target)
+    assert packed._head_packed is not None and any(type(m).__name__ == "PackedLinear" for m in packed.modules())
+    assert set(packed.state_dict()) == set(load_draft(path, target).state_dict())  # same checkpoint keys
+    plain = load_draft(path, target)
+    plain._head_packed = None
+    for m in plain.modules():
+        if type(m).__name__ == "PackedLinear":
+            m.__class__ = torch.nn.Linear
+    with torch.no_grad():
+        a, b = _logits(packed), _logits(plain)
+    assert a.dtype == b.dtype and torch.allclose(a, b, atol=2e-2, rtol=2e-2)
 
 
 def test_bf16_storage_halves_size(target, tmp_path):
