@@ -54,11 +54,10 @@ def best_shipped_draft(target) -> Path | None:
     """The shipped draft `auto` should use for this target, or None (then prompt lookup)."""
     _import_draft_models()
     try:
-        from deepspec.models.drafts import shipped_drafts
+        from deepspec.models.drafts import best_shipped_draft as best
     except ImportError:
         return None
-    scored = [(score, path) for path, score in shipped_drafts(target) if score >= AUTO_MIN_ACCEPTANCE_LENGTH]
-    return max(scored)[1] if scored else None
+    return best(target, min_acceptance_length=AUTO_MIN_ACCEPTANCE_LENGTH)
 
 
 def build_drafter(spec: str | None, target, **options) -> Drafter | None:

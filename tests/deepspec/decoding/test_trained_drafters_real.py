@@ -31,10 +31,11 @@ def test_shipped_drafts_are_lossless_on_real_prompts(smollm2):
 
 def test_auto_uses_the_best_shipped_draft_or_prompt_lookup(smollm2):
     from deepspec.decoding.registry import AUTO_MIN_ACCEPTANCE_LENGTH, best_shipped_draft
-    from deepspec.models.drafts import shipped_drafts
+    from deepspec.models.drafts import _slows_down, shipped_drafts
 
     best = best_shipped_draft(smollm2)
-    good_enough = [p for p, tau in shipped_drafts(smollm2) if tau >= AUTO_MIN_ACCEPTANCE_LENGTH]
+    good_enough = [p for p, tau in shipped_drafts(smollm2) if tau >= AUTO_MIN_ACCEPTANCE_LENGTH
+                   and not _slows_down(p / "eval.json")]
     assert (best is None) == (not good_enough)
     expected = read_draft_config(best).algo if best else "prompt-lookup"
     assert build_drafter("auto", smollm2).name == expected

@@ -134,3 +134,5 @@ def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
     (tmp_path / "b" / "eval.json").write_text(json.dumps({"results": [
         {"dataset": "x", "temperature": 0.0, "acceptance_length": 3.5, "speedup": 0.8}]}))
     assert best_shipped_draft(target, tmp_path).name == "c"
+    # `auto`'s floor on τ: below it no draft qualifies
+    assert best_shipped_draft(target, tmp_path, min_acceptance_length=3.1) is None
