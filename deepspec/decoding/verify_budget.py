@@ -31,7 +31,8 @@ class StepTimeModel:
         self.slope = max(slope, 0.0)  # noise must never make extra tokens look free *and* negative
         self.intercept = max(float(t_mean) - self.slope * float(n_mean), 1e-6)
 
-    def predict(self, num_tokens: int) -> float:
+    def predict(self, num_tokens):
+        """Seconds for a pass over num_tokens (an int, or a tensor of counts)."""
         return self.intercept + self.slope * num_tokens
 
     def __repr__(self) -> str:
@@ -44,5 +45,5 @@ def best_depth(survival: torch.Tensor, model: StepTimeModel) -> int:
     B, k = survival.shape
     gain = torch.cat([torch.zeros(1, dtype=torch.float64), survival.double().sum(0).cumsum(0)])  # [k+1]
     depths = torch.arange(k + 1, dtype=torch.float64)
-    throughput = (B + gain) / (model.intercept + model.slope * B * (depths + 1))
+    throughput = (B + gain) / model.predict(B * (depths + 1))
     return int(throughput.argmax())

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepspec.models.decoder import attention_dtype_for
 from deepspec.models.drafts.config import DraftConfig
 
 
@@ -68,9 +69,9 @@ class Attention(nn.Module):
         """q [B, nh, T, hd], k/v [B, nkv, K, hd], mask [B, 1, T, K] bool (True = visible) → [B, T, H]."""
         B, _, T, _ = q.shape
         dtype = q.dtype
-        if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and not torch.is_grad_enabled():
-            # CPU inference: bf16 attention kernels are several times slower than fp32 ones (see Decoder.attention_dtype)
-            q, k, v = q.float(), k.float(), v.float()
+        if not torch.is_grad_enabled():  # inference: the target's attention dtype rule (fp32 on CPU for bf16)
+            math_dtype = attention_dtype_for(dtype, q.device)
+            q, k, v = q.to(math_dtype), k.to(math_dtype), v.to(math_dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.cfg.head_dim**-0.5,
                                              enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.cfg.q_size).to(dtype))
