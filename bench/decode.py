@@ -6,17 +6,19 @@ number of new tokens) in ONE run, so ratios compare like with like on this machi
     hf-generate            transformers generate (the baseline every ratio divides by)
     hf-prompt-lookup       transformers generate(prompt_lookup_num_tokens=...)
     llama.cpp              llama-cpp-python plain decoding on the same GGUF (the CPU peer; `make bench-deps`)
-    engine                 our target-only engine
+    engine                 our target-only engine (dense weights in --dtype)
     engine+<drafter>       our engine with prompt lookup and every shipped draft under drafts/
+    engine-q4[+<drafter>]  the same with the GGUF's own 4-bit matmul weights (--quantization gguf; bf16 only)
 
 Runbook:
     make bench                                            # defaults below, bf16
     python -m bench.decode --num-prompts 2 --max-tokens 32    # a quick smoke run
     python -m bench.decode --dtype float32 --drafters prompt-lookup
+    python -m bench.decode --quantizations gguf --skip hf-prompt-lookup   # only the 4-bit engine rows
 
 Reports tokens/s per dataset (total tokens ÷ total time, and the median over prompts), mean acceptance length,
-the ratio to hf-generate and to our target-only engine, and how many outputs are token-identical to our
-target-only engine. Writes bench/results/decode-<dtype>.json.
+the ratio to hf-generate and to our target-only engine with the same weights, and how many outputs are
+token-identical to that engine. Writes bench/results/decode-<dtype>.json.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import time
 from pathlib import Path
 
 DATASETS = ("humaneval", "gsm8k", "mbpp")
+#: the row name of the target-only engine for each --quantizations value
+ENGINE_LABELS = {"none": "engine", "gguf": "engine-q4"}
 
 
 def parse_args(argv):
@@ -41,6 +45,9 @@ def parse_args(argv):
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft block / depth k (default: 7)")
     p.add_argument("--drafters", default="prompt-lookup,shipped",
                    help="comma list: prompt-lookup, shipped (every draft under drafts/), or checkpoint dirs")
+    p.add_argument("--quantizations", default=None,
+                   help="comma list of target weight formats to run the engine rows with: none (dense --dtype), gguf "
+                        "(4-bit GGUF weights; bf16 only). Default: none,gguf in bfloat16, none in float32")
     p.add_argument("--skip", default="", help="comma list of methods to skip, e.g. hf-prompt-lookup,llama.cpp")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: bench/results/decode-<dtype>.json)")
     return p.parse_args(argv)
@@ -152,6 +159,7 @@ def main(argv=None) -> int:
 
     console = Console(stderr=True)
     skip = set(filter(None, args.skip.split(",")))
+    quantizations = (args.quantizations or ("none,gguf" if args.dtype == "bfloat16" else "none")).split(",")
     target = load_target(args.target, dtype=args.dtype)
     prompts = load_prompts(target, args.num_prompts)
     methods: dict[str, object] = {}
@@ -162,7 +170,6 @@ def main(argv=None) -> int:
         console.log(f"running {name}")
         methods[name] = {ds: fn(ps) for ds, ps in prompts.items()}
 
-    timed("engine", lambda ps: run_engine(target, None, ps, args.max_tokens, args.num_speculative_tokens))
     drafter_specs = []
     for spec in filter(None, args.drafters.split(",")):
         if spec == "shipped":
@@ -171,14 +178,19 @@ def main(argv=None) -> int:
             drafter_specs += [str(d) for d in sorted((repo_root() / "drafts").glob("*")) if (d / "config.json").is_file()]
         else:
             drafter_specs.append(spec)
-    for spec in drafter_specs:
-        try:
-            drafter = build_drafter(spec, target)
-        except (ValueError, FileNotFoundError) as e:
-            console.log(f"[yellow]skipping drafter {spec}: {e}")
-            continue
-        timed(f"engine+{Path(spec).name}",
-              lambda ps, d=drafter: run_engine(target, d, ps, args.max_tokens, args.num_speculative_tokens))
+    for quantization in quantizations:
+        engine_target = target if quantization == "none" else load_target(args.target, dtype=args.dtype,
+                                                                           quantization=quantization)
+        prefix = ENGINE_LABELS[quantization]
+        timed(prefix, lambda ps, t=engine_target: run_engine(t, None, ps, args.max_tokens, args.num_speculative_tokens))
+        for spec in drafter_specs:
+            try:
+                drafter = build_drafter(spec, engine_target)
+            except (ValueError, FileNotFoundError) as e:
+                console.log(f"[yellow]skipping drafter {spec}: {e}")
+                continue
+            timed(f"{prefix}+{Path(spec).name}", lambda ps, t=engine_target, d=drafter: run_engine(
+                t, d, ps, args.max_tokens, args.num_speculative_tokens))
     timed("hf-generate", lambda ps: run_hf(target, ps, args.max_tokens, None))
     timed("hf-prompt-lookup", lambda ps: run_hf(target, ps, args.max_tokens, 10))
     try:
@@ -188,9 +200,10 @@ def main(argv=None) -> int:
     except ImportError:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): skipping the llama.cpp peer")
 
-    # identical-output rate: our drafts against our target-only engine, HF prompt lookup against HF generate
+    # identical-output rate: our drafts against our target-only engine with the same weights, HF prompt lookup
+    # against HF generate
     def reference_for(name):
-        return methods.get("hf-generate", {}) if name.startswith("hf-") else methods.get("engine", {})
+        return methods.get("hf-generate", {}) if name.startswith("hf-") else methods.get(name.split("+")[0], {})
 
     summary = {name: summarize(rows, reference_for(name)) for name, rows in methods.items()}
     table = Table(title=f"batch-1 greedy decode, {args.dtype}, {args.max_tokens} new tokens, "
@@ -201,14 +214,14 @@ def main(argv=None) -> int:
         for ds in DATASETS:
             r = per_ds[ds]
             base = summary.get("hf-generate", {}).get(ds)
-            eng = summary.get("engine", {}).get(ds)
+            eng = summary.get(name.split("+")[0] if name.startswith("engine") else "engine", {}).get(ds)
             r["x_hf_generate"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2) if base else None
             r["x_engine"] = round(r["tokens_per_s"] / eng["tokens_per_s"], 2) if eng else None
             table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
                           f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
                           f"{r['x_hf_generate']:.2f}" if r["x_hf_generate"] else "-",
                           f"{r['x_engine']:.2f}" if r["x_engine"] else "-",
-                          r["identical_to_reference"] if name not in ("engine", "hf-generate") else "ref")
+                          "ref" if name in (*ENGINE_LABELS.values(), "hf-generate") else r["identical_to_reference"])
         table.add_section()
     Console(width=120).print(table)
     out = args.out or Path(__file__).parent / "results" / f"decode-{args.dtype}.json"

@@ -58,5 +58,5 @@ EXPOSE 8001 8002
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "/usr/local/bin/deepspec-healthcheck", "grpc://127.0.0.1:8001"]
 ENTRYPOINT ["python", "-m", "service"]
-CMD ["worker", "--target", "smollm2-135m", "--draft", "auto", "--device", "cpu", "--dtype", "float32", \
+CMD ["worker", "--target", "smollm2-135m", "--draft", "auto", "--device", "cpu", "--dtype", "bfloat16", "--quantization", "auto", \
      "--port", "8001", "--metrics-port", "8002"]

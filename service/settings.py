@@ -32,6 +32,9 @@ class WorkerSettings(BaseSettings):
     metrics_port: int = Field(8002, ge=-1, le=65535)
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 decodes ~2x faster on CPU (prepacked oneDNN matmuls)
+    #: "gguf" = keep a GGUF target's 4-bit matmul weights (CPU, bf16: ~2x faster batch-1 decode); "auto" = gguf
+    #: where it applies, else "none" (dense weights in `dtype`)
+    quantization: Literal["auto", "none", "gguf"] = "auto"
     #: sequences decoded together in one engine step
     max_batch_size: int = Field(8, ge=1)
     #: requests waiting for a batch slot before new ones get RESOURCE_EXHAUSTED (the gateway's 429)

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepspec.models.arch import ArchSpec
+from deepspec.models.gguf_int4 import Int4Blocks
+from deepspec.models.packed_linear import Int4Weight, int4_supported, linear as _linear, onednn_pack, onednn_pays
 
 
 @dataclass
@@ -51,16 +53,8 @@ class _Layer(nn.Module):
             self.q_norm = nn.Parameter(torch.empty(spec.head_dim), requires_grad=False)
             self.k_norm = nn.Parameter(torch.empty(spec.head_dim), requires_grad=False)
         self.window = spec.sliding_windows[index] if spec.sliding_windows else 0
-        #: oneDNN-reordered copies of the weights (see Decoder.prepack); empty = plain F.linear
-        self.packed: dict[str, torch.Tensor] = {}
-
-
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, packed) -> torch.Tensor:
-    """F.linear, or oneDNN's kernel on a weight reordered once at load time (CPU bf16: ~2x at decode shapes,
-    because F.linear reorders the weight on every call). Same kernel, same results; no autograd through it."""
-    if packed is not None and not (x.requires_grad and torch.is_grad_enabled()):
-        return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
-    return F.linear(x, w, b)
+        #: packed copies of the matmul weights (see Decoder.prepack, Decoder.use_int4); empty = plain F.linear
+        self.packed: dict[str, object] = {}
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -107,20 +101,34 @@ class Decoder(nn.Module):
         self.packed_head = None
 
     def prepack(self) -> bool:
-        """Reorder the matmul weights once for oneDNN where that pays (CPU, bf16); returns whether it did."""
-        if self.embed.device.type != "cpu" or self.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        """Reorder the dense matmul weights once for oneDNN where that pays (CPU, bf16); returns whether it did."""
+        if not onednn_pays(self.head):
             return False
-        try:
-            for layer in self.layers:
-                for name in ("wqkv", "wo", "w_gate_up", "w_down"):
-                    layer.packed[name] = torch.ops.mkldnn._reorder_linear_weight(getattr(layer, name).data, 1)
-            self.packed_head = torch.ops.mkldnn._reorder_linear_weight(self.head.data, 1)
-        except (RuntimeError, AttributeError):  # a torch build without these ops: stay on F.linear
-            for layer in self.layers:
-                layer.packed.clear()
-            self.packed_head = None
-            return False
+        for layer in self.layers:
+            for name in _LINEARS:
+                if name not in layer.packed:
+                    layer.packed[name] = onednn_pack(getattr(layer, name).data)
+        self.packed_head = onednn_pack(self.head.data)
         return True
+
+    def use_int4(self, blocks: dict[str, Int4Blocks]) -> int:
+        """Run the layer matmuls whose weights `blocks` holds (Hugging Face names, as int4_weights returns them)
+        on their 4-bit blocks; wide inputs keep the dense weight (see Int4Weight). Returns how many went 4-bit."""
+        if not int4_supported(self.embed.device):
+            raise RuntimeError(f"4-bit GGUF weights run on CPU only (this model is on {self.embed.device}); "
+                               "load it without quantization on a GPU")
+        blocks = {_strip_prefix(k): v for k, v in blocks.items()}
+        count = 0
+        for i, layer in enumerate(self.layers):
+            for name, parts in _hf_linear_names(i).items():
+                if all(p in blocks for p in parts):
+                    dense = onednn_pack(getattr(layer, name).data)
+                    try:
+                        layer.packed[name] = Int4Weight(Int4Blocks.cat([blocks[p] for p in parts]), self.dtype, dense)
+                    except RuntimeError:  # a shape the int4 kernel cannot take (it wants N % 16 == 0): stays dense
+                        continue
+                    count += 1
+        return count
 
     # ---- weights ---------------------------------------------------------------------------------------------
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
@@ -141,12 +149,10 @@ class Decoder(nn.Module):
             for i, layer in enumerate(self.layers):
                 p = f"layers.{i}."
                 a = p + "self_attn."
-                layer.wqkv.data = torch.cat([mat(a + "q_proj.weight"), mat(a + "k_proj.weight"), mat(a + "v_proj.weight")])
+                for name, parts in _hf_linear_names(i).items():
+                    getattr(layer, name).data = torch.cat([mat(part) for part in parts])
                 if layer.bqkv is not None:
                     layer.bqkv.data = torch.cat([mat(a + "q_proj.bias"), mat(a + "k_proj.bias"), mat(a + "v_proj.bias")])
-                layer.wo.data = mat(a + "o_proj.weight")
-                layer.w_gate_up.data = torch.cat([mat(p + "mlp.gate_proj.weight"), mat(p + "mlp.up_proj.weight")])
-                layer.w_down.data = mat(p + "mlp.down_proj.weight")
                 layer.attn_norm.data = norm(p + "input_layernorm.weight")
                 if spec.sandwich_norms:
                     layer.post_attn_norm.data = norm(p + "post_attention_layernorm.weight")
@@ -332,6 +338,20 @@ def _grouped_attention(q, k, v, mask, scale: float) -> torch.Tensor:
         scores = scores.view(B, nkv, g, T, K).masked_fill(~mask[:, :, None], float("-inf")).view(B, nkv, g * T, K)
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     return torch.matmul(probs, v).view(B, nh, T, hd)
+
+
+_LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+def _hf_linear_names(i: int) -> dict[str, list[str]]:
+    """Each fused layer matmul → the Hugging Face weights (prefix stripped) stacked along the output dim into it."""
+    p, a = f"layers.{i}.", f"layers.{i}.self_attn."
+    return {
+        "wqkv": [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
+        "wo": [a + "o_proj.weight"],
+        "w_gate_up": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+        "w_down": [p + "mlp.down_proj.weight"],
+    }
 
 
 def _strip_prefix(name: str) -> str:

@@ -28,6 +28,8 @@ class Target:
     tokenizer: object  # transformers.PreTrainedTokenizerBase
     max_seq_len: int
     eos_token_ids: tuple[int, ...]
+    #: "none" (dense weights in `dtype`) or "gguf" (4-bit GGUF matmul weights; see target_loader.QUANTIZATIONS)
+    quantization: str = "none"
     _hf_model: object = field(default=None, repr=False)
 
     @property

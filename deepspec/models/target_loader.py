@@ -1,7 +1,8 @@
 """Resolve a target spec (alias, GGUF file or Hugging Face directory) into a loaded `Target`.
 
 GGUF files are dequantized once by transformers and the result is cached as safetensors + tokenizer under
-`~/.cache/deepspec/targets/`, so every later load reads plain tensors in seconds.
+`~/.cache/deepspec/targets/`, so every later load reads plain tensors in seconds. With `quantization="gguf"` the
+matmuls whose GGUF weights are 4-bit keep them 4-bit (deepspec/models/gguf_int4.py); the rest stays dense.
 """
 
 from __future__ import annotations
@@ -31,19 +32,25 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype '{dtype}'; choose one of {sorted(DTYPES)}") from None
 
 
-def resolve_target_dir(spec: str) -> tuple[str, Path]:
-    """Alias | *.gguf | HF directory → (display name, directory with config.json + safetensors)."""
+#: --quantization choices: "none" = dense weights in --dtype; "gguf" = the GGUF's own 4-bit weights (CPU, bf16);
+#: "auto" = gguf where it applies (a GGUF target on CPU in bf16), else none
+QUANTIZATIONS = ("none", "gguf", "auto")
+
+
+def resolve_target_dir(spec: str) -> tuple[str, Path, Path | None]:
+    """Alias | *.gguf | HF directory → (display name, directory with config.json + safetensors, GGUF or None)."""
     if spec in ALIASES:
-        return spec, _materialize_gguf(ALIASES[spec].locate())
+        gguf = ALIASES[spec].locate()
+        return spec, _materialize_gguf(gguf), gguf
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
-        return path.stem, _materialize_gguf(path)
+        return path.stem, _materialize_gguf(path), path
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
-        return path.name, path
+        return path.name, path, None
     raise ValueError(
         f"unknown target '{spec}': pass an alias ({', '.join(ALIASES)}; default {DEFAULT_TARGET}), "
         "a .gguf file, or a Hugging Face model directory"
@@ -110,20 +117,44 @@ def load_target(
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
     max_seq_len: int | None = None,
+    quantization: str | None = None,
 ) -> Target:
-    """Load a target for decoding; `max_seq_len` caps the context (default: the model's own)."""
+    """Load a target for decoding; `max_seq_len` caps the context (default: the model's own); `quantization`
+    is one of QUANTIZATIONS (default "none")."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from deepspec.models.gguf_int4 import cached_int4_weights
+    from deepspec.models.packed_linear import int4_supported
+
     torch_dtype = parse_dtype(dtype)
+    quantization = quantization or "none"
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization '{quantization}'; choose one of {', '.join(QUANTIZATIONS)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device '{device}' requested but no CUDA GPU is visible to torch; use --device cpu")
-    name, path = resolve_target_dir(spec)
+    if quantization == "gguf" and not int4_supported(device):
+        raise ValueError(f"quantization 'gguf' runs 4-bit matmuls on CPU only, not on '{device}'; "
+                         "use --quantization none there")
+    if quantization == "gguf" and torch_dtype != torch.bfloat16:
+        raise ValueError("quantization 'gguf' needs --dtype bfloat16: torch's int4 CPU kernel is fast only for bf16 "
+                         "activations (float32 runs ~10x slower than dense)")
+    name, path, gguf = resolve_target_dir(spec)
+    if quantization == "auto":
+        quantization = "gguf" if gguf is not None and int4_supported(device) and torch_dtype == torch.bfloat16 \
+            else "none"
+    if quantization == "gguf" and gguf is None:
+        raise ValueError(f"quantization 'gguf' needs a GGUF target (an alias or a .gguf file); '{spec}' is a "
+                         "Hugging Face directory")
     config = AutoConfig.from_pretrained(path)
     arch = arch_spec_from_config(config)
     limit = min(max_seq_len or arch.max_position_embeddings, arch.max_position_embeddings)
     model = Decoder(arch, max_positions=limit)
-    model.load_hf_state_dict(_read_state_dict(path), torch_dtype)
+    state = _read_state_dict(path)
+    model.load_hf_state_dict(state, torch_dtype)
     model = model.to(device).eval()
+    if quantization == "gguf" and model.use_int4(cached_int4_weights(gguf, path, state)) == 0:
+        raise ValueError(f"{gguf.name} has no 4-bit (Q4_0, Q4_1, Q4_K) matmul weights; use --quantization none")
+    del state
     model.prepack()
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = config.eos_token_id if not hasattr(config, "text_config") else config.text_config.eos_token_id
@@ -136,4 +167,4 @@ def load_target(
     except OSError:
         pass
     eos_ids.discard(None)
-    return Target(name, path, config, arch, model, tokenizer, limit, tuple(sorted(eos_ids)))
+    return Target(name, path, config, arch, model, tokenizer, limit, tuple(sorted(eos_ids)), quantization)

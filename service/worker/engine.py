@@ -32,13 +32,15 @@ def load_engine(settings) -> LoadedEngine:
     from deepspec.decoding import SpecEngine, build_drafter
     from deepspec.models import load_target
 
-    target = load_target(settings.target, dtype=settings.dtype, device=settings.device)
+    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
+                         quantization=settings.quantization)
     drafter = build_drafter(settings.draft, target)
     max_seq_len = min(settings.max_seq_len, target.max_seq_len)
     engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,
                         num_speculative_tokens=settings.num_speculative_tokens)  # fmt: skip
     drafter_name = "none" if drafter is None else getattr(drafter, "name", type(drafter).__name__)
-    logger.info("loaded target %s with drafter %s (context %d tokens)", target.name, drafter_name, max_seq_len)
+    logger.info("loaded target %s (quantization %s) with drafter %s (context %d tokens)", target.name,
+                target.quantization, drafter_name, max_seq_len)
     if engine.step_time is not None:
         logger.info("verification budget on: probed %s", engine.step_time)
     return LoadedEngine(target, engine, drafter_name, max_seq_len)

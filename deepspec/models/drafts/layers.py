@@ -13,6 +13,7 @@ from torch import nn
 
 from deepspec.models.decoder import attention_dtype_for
 from deepspec.models.drafts.config import DraftConfig
+from deepspec.models.packed_linear import OneDNNWeight, linear, onednn_pack, onednn_pays
 
 
 class RMSNorm(nn.Module):
@@ -104,7 +105,7 @@ class DraftModel(nn.Module):
         self.register_buffer("t2d", torch.arange(cfg.vocab_size).clamp(max=n), persistent=False)
         self._embed: torch.Tensor | None = None
         self._head: torch.Tensor | None = None
-        self._head_packed: torch.Tensor | None = None  # see prepack
+        self._head_packed: OneDNNWeight | None = None  # see prepack
         self._embed_scale = 1.0
 
     # ---- the target's frozen parts ---------------------------------------------------------------------------
@@ -140,23 +141,18 @@ class DraftModel(nn.Module):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Post-norm hidden [.., H] → logits over the draft vocabulary [.., N] (float32)."""
-        if self._head_packed is not None and not torch.is_grad_enabled():
-            return torch.ops.mkldnn._linear_pointwise(hidden.to(self._head.dtype), self._head_packed, None, "none",
-                                                      [], "").float()
-        return F.linear(hidden.to(self._head.dtype), self._head).float()
+        return linear(hidden.to(self._head.dtype), self._head, None, self._head_packed).float()
 
     def prepack(self) -> bool:
         """For inference on CPU in bf16: reorder every linear weight (and the borrowed head) once for oneDNN, the
         way the target's Decoder.prepack does — F.linear would reorder them on every call. Returns whether it did."""
-        if self._head is None or self._head.device.type != "cpu" or self._head.dtype != torch.bfloat16 \
-                or not torch.backends.mkldnn.is_available():
+        if self._head is None or not onednn_pays(self._head):
             return False
-        try:
-            self._head_packed = torch.ops.mkldnn._reorder_linear_weight(self._head, 1)
-            _swap_linears(self)
-        except (RuntimeError, AttributeError):  # a torch build without these ops: stay on F.linear
-            self._head_packed = None
-            return False
+        self._head_packed = onednn_pack(self._head)
+        for child in self.modules():
+            if type(child) is nn.Linear:
+                child.packed = onednn_pack(child.weight.data)
+                child.__class__ = PackedLinear
         return True
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -177,16 +173,7 @@ class DraftModel(nn.Module):
 class PackedLinear(nn.Linear):
     """An nn.Linear (same parameters, same state-dict keys) that runs inference on a oneDNN-reordered weight."""
 
-    packed: torch.Tensor
+    packed: OneDNNWeight | None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():
-            return super().forward(x)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
-def _swap_linears(module: nn.Module) -> None:
-    for child in module.modules():
-        if type(child) is nn.Linear:
-            child.packed = torch.ops.mkldnn._reorder_linear_weight(child.weight.data, 1)
-            child.__class__ = PackedLinear
+        return linear(x, self.weight, self.bias, self.packed)

@@ -152,6 +152,7 @@ spec:
         - --metrics-port={{ $w.metricsPort }}
         - --device=$(DEEPSPEC_DEVICE)
         - --dtype=$(DEEPSPEC_DTYPE)
+        - --quantization=$(DEEPSPEC_QUANTIZATION)
         - --max-batch-size=$(DEEPSPEC_MAX_BATCH_SIZE)
         - --num-speculative-tokens=$(DEEPSPEC_NUM_SPECULATIVE_TOKENS)
         - --max-seq-len=$(DEEPSPEC_MAX_SEQ_LEN)
