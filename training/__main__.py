@@ -94,6 +94,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="block / depth γ (default 7)")
     p.add_argument("--batch-size", type=int, default=1, help="engine batch size (default 1: latency)")
     p.add_argument("--dtype", default="float32", help="target dtype (float32 default; bf16 on GPU)")
+    p.add_argument("--quantization", default="none", choices=["none", "gguf", "auto"],
+                   help="target weights: none (dense in --dtype; default), gguf (the GGUF's own 4-bit matmul "
+                        "weights; CPU, bfloat16), auto (gguf where it applies)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default: the draft directory)")

@@ -161,7 +161,7 @@ def run_eval_cli(args, parser) -> int:
         parser.error("need at least one dataset, --num-prompts >= 1 and --max-tokens >= 1")
     if args.out is not None and len(args.draft) > 1:
         parser.error("--out takes one draft; with several, each report goes into its draft directory")
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target(args.target, dtype=args.dtype, device=args.device, quantization=args.quantization)
     drafters = {}
     for spec in args.draft:
         try:
@@ -184,6 +184,7 @@ def run_eval_cli(args, parser) -> int:
     settings = {"datasets": datasets, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
                 "temperatures": temperatures, "num_speculative_tokens": args.num_speculative_tokens,
                 "batch_size": args.batch_size, "dtype": args.dtype, "device": args.device,
+                "quantization": target.quantization,
                 "threads": torch.get_num_threads(), "machine": platform.machine(), "torch": torch.__version__}
     failed = False
     for spec, drafter in drafters.items():

@@ -140,3 +140,23 @@ def test_cli_help_is_instant_and_names_units():
     out = subprocess.run([sys.executable, "-m", "service", "gateway", "--workers", "nonsense"],
                          capture_output=True, text=True, timeout=30)  # fmt: skip
     assert out.returncode == 2 and "host:port" in out.stderr
+
+
+def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
+    import deepspec.models
+    from service.settings import WorkerSettings
+    from service.worker.engine import load_engine
+
+    seen = {}
+
+    def fake_load_target(spec, **kwargs):
+        seen.update(kwargs, spec=spec)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(deepspec.models, "load_target", fake_load_target)
+    with pytest.raises(RuntimeError, match="stop here"):
+        load_engine(WorkerSettings(target="smollm2-135m", dtype="bfloat16", quantization="gguf"))
+    assert seen == {"spec": "smollm2-135m", "dtype": "bfloat16", "device": "cpu", "quantization": "gguf"}
+    assert WorkerSettings().quantization == "auto"
+    with pytest.raises(ValueError, match="quantization"):
+        WorkerSettings(quantization="int8")
