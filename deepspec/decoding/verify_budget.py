@@ -8,8 +8,9 @@ maximizes modelled throughput
     (rows + Σ_rows Σ_{j<d} survival[row, j]) / t(rows · (d + 1))
 
 where t(n) is the step time of a verify pass over n tokens. This is the "hardware-aware verification budget"
-of the DSpark paper, which DeepSpec's code does not have. The step-time model is a least-squares line fitted
-on probe passes the engine times once when it starts, on the hardware it runs on; it is not refitted while
+of the DSpark paper, which DeepSpec's code does not have. The engine times probe passes once, when it starts, on the
+hardware it runs on. t(n) interpolates those probes piecewise-linearly, not with one fitted line: with 4-bit
+weights a pass switches kernels at 8 rows (packed_linear.Int4Weight), so t(n) has a knee. It is not refitted while
 serving, so a given batch of seeded requests drafts the same way every time.
 """
 
@@ -19,24 +20,35 @@ import torch
 
 
 class StepTimeModel:
-    """t(n) = intercept + slope · n seconds for a verify pass over n tokens."""
+    """t(n) seconds for a verify pass over n tokens: the probe timings joined piecewise-linearly, made
+    non-decreasing (a wider pass never costs less; a noisy probe must not make extra tokens look free), held flat
+    below the first probe and extended along the last segment's slope beyond the last one."""
 
     def __init__(self, samples: list[tuple[int, float]]):
-        if len({n for n, _ in samples}) < 2:
+        fastest: dict[int, float] = {}
+        for n, t in samples:
+            fastest[int(n)] = min(t, fastest.get(int(n), float("inf")))
+        if len(fastest) < 2:
             raise ValueError("a step-time model needs timings at two or more token counts")
-        n = torch.tensor([float(s[0]) for s in samples], dtype=torch.float64)
-        t = torch.tensor([s[1] for s in samples], dtype=torch.float64)
-        n_mean, t_mean = n.mean(), t.mean()
-        slope = float(((n - n_mean) * (t - t_mean)).sum() / ((n - n_mean) ** 2).sum())
-        self.slope = max(slope, 0.0)  # noise must never make extra tokens look free *and* negative
-        self.intercept = max(float(t_mean) - self.slope * float(n_mean), 1e-6)
+        sizes = sorted(fastest)
+        self.sizes = torch.tensor(sizes, dtype=torch.float64)
+        self.times = torch.tensor([fastest[n] for n in sizes], dtype=torch.float64).clamp(min=1e-6).cummax(0).values
+        self.tail_slope = float((self.times[-1] - self.times[-2]) / (self.sizes[-1] - self.sizes[-2]))
 
     def predict(self, num_tokens):
         """Seconds for a pass over num_tokens (an int, or a tensor of counts)."""
-        return self.intercept + self.slope * num_tokens
+        n = torch.as_tensor(num_tokens, dtype=torch.float64)
+        last = len(self.sizes) - 2
+        segment = (torch.searchsorted(self.sizes, n.clamp(min=self.sizes[0]), right=True) - 1).clamp(0, last)
+        n0, n1 = self.sizes[segment], self.sizes[segment + 1]
+        t0, t1 = self.times[segment], self.times[segment + 1]
+        inside = t0 + (t1 - t0) * (n.clamp(self.sizes[0], self.sizes[-1]) - n0) / (n1 - n0)
+        t = torch.where(n > self.sizes[-1], self.times[-1] + self.tail_slope * (n - self.sizes[-1]), inside)
+        return float(t) if t.dim() == 0 else t
 
     def __repr__(self) -> str:
-        return f"StepTimeModel(t(n) = {self.intercept * 1e3:.2f} ms + {self.slope * 1e3:.3f} ms · n)"
+        points = ", ".join(f"{int(n)}: {t * 1e3:.1f}" for n, t in zip(self.sizes.tolist(), self.times.tolist()))
+        return f"StepTimeModel(ms by tokens {{{points}}})"
 
 
 def best_depth(survival: torch.Tensor, model: StepTimeModel) -> int:

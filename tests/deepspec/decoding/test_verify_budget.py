@@ -17,9 +17,15 @@ def _model(intercept_ms: float, slope_ms: float) -> StepTimeModel:
     return StepTimeModel([(1, (intercept_ms + slope_ms) / 1e3), (9, (intercept_ms + 9 * slope_ms) / 1e3)])
 
 
-def test_step_time_model_fits_a_line_and_needs_two_sizes():
-    m = StepTimeModel([(1, 0.031), (8, 0.038), (16, 0.046), (32, 0.062)])
-    assert m.intercept == pytest.approx(0.030, abs=1e-3) and m.slope == pytest.approx(0.001, abs=1e-4)
+def test_step_time_model_interpolates_the_probes_and_needs_two_sizes():
+    # a knee at 8 tokens (4-bit kernel below, dense above), a noisy 4-token probe, and 2 runs at 16 tokens
+    m = StepTimeModel([(1, 0.010), (4, 0.009), (8, 0.020), (16, 0.024), (16, 0.023), (32, 0.031)])
+    assert m.predict(1) == pytest.approx(0.010) and m.predict(0) == pytest.approx(0.010)  # flat below the probes
+    assert m.predict(4) == pytest.approx(0.010)  # never cheaper than a narrower pass
+    assert m.predict(6) == pytest.approx(0.015)  # halfway between 4 (10 ms) and 8 (20 ms)
+    assert m.predict(16) == pytest.approx(0.023)  # the fastest of repeated probes
+    assert m.predict(48) == pytest.approx(0.031 + 16 * 0.008 / 16)  # the last segment's slope carries on
+    torch.testing.assert_close(m.predict(torch.tensor([6, 16])), torch.tensor([0.015, 0.023], dtype=torch.float64))
     with pytest.raises(ValueError, match="two or more"):
         StepTimeModel([(4, 0.01), (4, 0.02)])
 
@@ -56,7 +62,7 @@ def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
     reference = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(prompts, params)
 
     engine = _dspark_engine(target, tmp_path)
-    assert engine.step_time is not None and engine.step_time.intercept > 0  # probed at start
+    assert engine.step_time is not None and engine.step_time.predict(1) > 0  # probed at start
     engine.step_time = _model(1, 0)  # extra tokens are free: verify every draft
     free = engine.generate(prompts, params)
     engine.step_time = _model(1, 1000)  # cost ∝ tokens: a slot surviving with p < 1 never pays

@@ -48,10 +48,11 @@ def test_weights_are_matched_by_content_through_row_permutations(tmp_path):
     raws = {f"blk.{i}.attn_q.weight": quantize(rng.standard_normal((8, 64), np.float32), q4_1) for i in range(2)}
     raws["blk.0.ffn_down.weight"] = quantize(rng.standard_normal((4, 64), np.float32), GGMLQuantizationType.Q4_0)
     gguf = tmp_path / "tiny.gguf"
-    _write_gguf(gguf, {n: (r, GGMLQuantizationType.Q4_0 if "ffn" in n else q4_1) for n, r in raws.items()})
+    types = {n: q4_1 if "attn" in n else GGMLQuantizationType.Q4_0 for n in raws}
+    _write_gguf(gguf, {n: (r, types[n]) for n, r in raws.items()})
 
     perm = torch.tensor([1, 0, 3, 2, 5, 4, 7, 6])  # like llama.cpp's q/k row interleave, undone by transformers
-    dense = {n: torch.from_numpy(dequantize(r, q4_1 if "attn" in n else GGMLQuantizationType.Q4_0)) for n, r in raws.items()}
+    dense = {n: torch.from_numpy(dequantize(r, types[n])) for n, r in raws.items()}
     state = {
         # the two same-shape tensors in the opposite order to the file, so a shape-only match would swap them
         "model.layers.0.self_attn.q_proj.weight": dense["blk.1.attn_q.weight"][perm],
