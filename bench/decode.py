@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 DATASETS = ("humaneval", "gsm8k", "mbpp")
+#: every method first decodes this many tokens of the dataset's first prompt, untimed: the first timed prompt
+#: then runs on warm caches and allocator pools like the ones after it
+WARMUP_TOKENS = 32
 #: the row name of the target-only engine for each --quantizations value
 ENGINE_LABELS = {"none": "engine", "gguf": "engine-q4"}
 
@@ -70,7 +73,7 @@ def run_engine(target, drafter, prompts, max_tokens, k):
 
     engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    engine.generate([prompts[0][:16]], SamplingParams(max_tokens=8))  # warm-up
+    engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))  # warm-up
     rows = []
     for ids in prompts:
         t = time.perf_counter()
@@ -89,7 +92,7 @@ def run_hf(target, prompts, max_tokens, prompt_lookup: int | None):
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup
     rows = []
     with torch.inference_mode():
-        model.generate(torch.tensor([prompts[0][:16]]), max_new_tokens=4, do_sample=False,
+        model.generate(torch.tensor([prompts[0]]), max_new_tokens=WARMUP_TOKENS, do_sample=False,
                        pad_token_id=target.eos_token_ids[0])
         for ids in prompts:
             t = time.perf_counter()
@@ -114,7 +117,7 @@ def run_llama_cpp(target_spec, prompts, max_tokens):
                 break
         return tokens
 
-    greedy(prompts[0][:16], 4)  # warm-up
+    greedy(prompts[0], WARMUP_TOKENS)  # warm-up
     rows = []
     for ids in prompts:
         t = time.perf_counter()
