@@ -40,7 +40,8 @@ class Proposal:
     #: deterministic (one-hot q), as for prompt lookup or argmax drafting
     probs: torch.Tensor | None = None
     #: [B, k] the drafter's estimate of P(draft j and every draft before it accepted), 0 past num_tokens; lets
-    #: the engine verify only as deep as pays (deepspec/decoding/verify_budget.py); None = no estimate
+    #: the engine verify only as deep as pays (deepspec/decoding/verify_budget.py); None = the engine estimates
+    #: it from each sequence's acceptance record
     survival: torch.Tensor | None = None
 
 
@@ -65,9 +66,6 @@ class Drafter(ABC):
     feature_layers: tuple[int, ...] = ()
     #: registry name, reported in metrics and benchmark tables
     name: str = "drafter"
-    #: whether proposals carry `survival` estimates (then the engine times verify passes once at start and
-    #: verifies only as deep as pays, see deepspec/decoding/verify_budget.py)
-    estimates_survival: bool = False
 
     def bind(self, target, max_batch_size: int, max_seq_len: int) -> None:
         """Allocate per-slot state once, before the first request (called by the engine)."""

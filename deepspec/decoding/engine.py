@@ -24,7 +24,7 @@ from deepspec.decoding.kv_cache import KVCache
 from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.sampling import sample, sampling_probs
 from deepspec.decoding.verify import greedy_verify, rejection_verify_row
-from deepspec.decoding.verify_budget import StepTimeModel, best_depth
+from deepspec.decoding.verify_budget import StepTimeModel, best_depth, observed_survival
 
 
 class EngineFullError(RuntimeError):
@@ -85,9 +85,10 @@ class SpecEngine:
                              target.model.attention_dtype, target.device)
         if drafter is not None:
             drafter.bind(target, max_batch_size, self.max_seq_len)
-        #: verify-pass cost model for drafters that estimate their survival (None = verify every capped draft)
+        #: verify-pass cost model of the verification budget (None = verify every capped draft); drafters that do
+        #: not estimate their survival are budgeted on each sequence's own acceptance record
         self.step_time: StepTimeModel | None = None
-        if drafter is not None and verify_budget and drafter.estimates_survival and self.num_speculative_tokens:
+        if drafter is not None and verify_budget and self.num_speculative_tokens:
             self.step_time = self._probe_step_time()
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
@@ -251,9 +252,13 @@ class SpecEngine:
             sampling = DraftSampling(torch.tensor([s.params.temperature for s in seqs]), [s.generator for s in seqs])
             proposal = self.drafter.propose(slots, max(caps), sampling)
             num_drafts = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
-            if self.step_time is not None and proposal.survival is not None:
-                width = proposal.survival.shape[1]
-                survival = proposal.survival * (torch.arange(width)[None, :] < num_drafts[:, None])
+            if self.step_time is not None:
+                survival = proposal.survival
+                if survival is None:
+                    survival = observed_survival([(s.proposed_per_position, s.accepted_per_position) for s in seqs],
+                                                 proposal.tokens.shape[1])
+                width = survival.shape[1]
+                survival = survival.cpu() * (torch.arange(width)[None, :] < num_drafts[:, None])
                 num_drafts = num_drafts.clamp(max=best_depth(survival, self.step_time))
             k = int(num_drafts.max())
             draft_tokens = proposal.tokens[:, :k].cpu()

@@ -7,7 +7,8 @@ maximizes modelled throughput
 
     (rows + Σ_rows Σ_{j<d} survival[row, j]) / t(rows · (d + 1))
 
-where t(n) is the step time of a verify pass over n tokens. This is the "hardware-aware verification budget"
+where t(n) is the step time of a verify pass over n tokens. A drafter that does not estimate survival (prompt
+lookup) gets each sequence's own record instead (`observed_survival`), so speculation stops where it does not pay. This is the "hardware-aware verification budget"
 of the DSpark paper, which DeepSpec's code does not have. The engine times probe passes once, when it starts, on the
 hardware it runs on. t(n) interpolates those probes piecewise-linearly, not with one fitted line: with 4-bit
 weights a pass switches kernels at 8 rows (packed_linear.Int4Weight), so t(n) has a knee. It is not refitted while
@@ -59,3 +60,28 @@ def best_depth(survival: torch.Tensor, model: StepTimeModel) -> int:
     depths = torch.arange(k + 1, dtype=torch.float64)
     throughput = (B + gain) / model.predict(B * (depths + 1))
     return int(throughput.argmax())
+
+
+#: prior survival of each further draft slot for a sequence with no record yet: optimistic, so a new sequence
+#: drafts until its own record says drafting does not pay
+PRIOR_SLOT_SURVIVAL = 0.7
+#: how many rounds of evidence the prior counts as
+PRIOR_ROUNDS = 4.0
+
+
+def observed_survival(records: list[tuple[list[int], list[int]]], width: int) -> torch.Tensor:
+    """Survival for drafters that give none: per sequence, (proposed_per_position, accepted_per_position) — the
+    rounds in which slot j was drafted and in which it was accepted — → [B, width] estimates of P(slot j and all
+    before it accepted), shrunk toward PRIOR_SLOT_SURVIVAL ** (j + 1) and non-increasing in j.
+
+    A sequence whose record drives the depth to 0 stops being measured. It then decodes target-only, which is what
+    the record said pays."""
+    prior = PRIOR_SLOT_SURVIVAL ** torch.arange(1, width + 1, dtype=torch.float64)
+    proposed = torch.zeros(len(records), width, dtype=torch.float64)
+    accepted = torch.zeros(len(records), width, dtype=torch.float64)
+    for i, (p, a) in enumerate(records):
+        n = min(width, len(p))
+        proposed[i, :n] = torch.tensor(p[:n], dtype=torch.float64)
+        accepted[i, :n] = torch.tensor(a[:n], dtype=torch.float64)
+    estimate = (accepted + PRIOR_ROUNDS * prior) / (proposed + PRIOR_ROUNDS)
+    return estimate.cummin(dim=1).values

@@ -17,7 +17,6 @@ from deepspec.decoding.drafters.neural import pack, pick_tokens
 
 class DSparkDrafter(DFlashDrafter):
     name = "dspark"
-    estimates_survival = True
 
     def __init__(self, model, confidence_threshold: float | None = None):
         super().__init__(model)

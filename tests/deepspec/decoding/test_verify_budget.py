@@ -8,7 +8,7 @@ import torch
 
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
-from deepspec.decoding.verify_budget import StepTimeModel, best_depth
+from deepspec.decoding.verify_budget import StepTimeModel, best_depth, observed_survival
 from deepspec.models.drafts import load_drafter, save_draft
 from tests.training.helpers import tiny_draft, tiny_target
 
@@ -74,9 +74,37 @@ def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
     assert all(r.num_draft_tokens == 0 for r in costly)
 
 
-def test_budget_can_be_switched_off_and_needs_survival_estimates(target, tmp_path):
-    assert _dspark_engine(target, tmp_path, verify_budget=False).step_time is None
+def test_budget_can_be_switched_off_and_covers_drafters_without_estimates(target):
     from deepspec.decoding.registry import build_drafter
 
     pl = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
-    assert pl.step_time is None
+    assert pl.step_time is not None
+    off = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
+                     verify_budget=False)
+    assert off.step_time is None
+    assert SpecEngine(target, None, max_batch_size=1, max_seq_len=64).step_time is None
+
+
+def test_observed_survival_starts_at_the_prior_and_follows_the_record():
+    fresh = observed_survival([([], [])], 3)
+    torch.testing.assert_close(fresh, torch.tensor([[0.7, 0.49, 0.343]], dtype=torch.float64))
+    # 16 rounds proposing 2 slots: slot 0 accepted 12 times, slot 1 never → (12 + 4·0.7) / 20, then (0 + 4·0.49) / 20
+    record = observed_survival([([16, 16], [12, 0])], 3)
+    torch.testing.assert_close(record[0, :2], torch.tensor([14.8 / 20, 1.96 / 20], dtype=torch.float64))
+    assert record[0, 2] <= record[0, 1]  # non-increasing: slot 2 never beats slot 1
+
+
+def test_prompt_lookup_stops_drafting_where_its_record_says_it_does_not_pay(target):
+    """Costly extra tokens: prompt lookup's optimistic prior gives way to its record and the engine verifies
+    nothing more, with output still identical to target-only."""
+    from deepspec.decoding.registry import build_drafter
+
+    prompts, params = [[1, 2, 3, 1, 2, 3, 1, 2]], SamplingParams(max_tokens=24, ignore_eos=True)
+    reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(prompts, params)
+    engine = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=128)
+    engine.step_time = _model(1, 1000)
+    costly = engine.generate(prompts, params)
+    engine.step_time = _model(1, 0)
+    free = engine.generate(prompts, params)
+    assert [r.token_ids for r in costly] == [r.token_ids for r in free] == [r.token_ids for r in reference]
+    assert costly[0].num_draft_tokens == 0 and free[0].num_draft_tokens > 0
