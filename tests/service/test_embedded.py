@@ -39,6 +39,7 @@ def test_embedded_default_serves_the_default_target_with_a_draft(embedded):
     assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens <= 24
     log = server.log()
     assert "OpenAI API http://" in log and '"event": "request"' in log  # URLs logged; one JSON line per request
+    assert "(quantization gguf)" in log  # the default runs the GGUF's own 4-bit weights (--quantization auto)
     worker_metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
     assert metric_value(worker_metrics, "deepspec:spec_decode_num_draft_tokens_total") > 0  # the draft is on
 
