@@ -203,10 +203,15 @@ def main(argv=None) -> int:
     except ImportError:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): skipping the llama.cpp peer")
 
-    # identical-output rate: our drafts against our target-only engine with the same weights, HF prompt lookup
-    # against HF generate
+    def engine_for(name):
+        """The target-only engine row a method is compared with: the one with the same weights for our drafts,
+        the dense engine for the peers (HF, llama.cpp)."""
+        return name.split("+")[0] if name.startswith("engine") else "engine"
+
+    # identical-output rate: our drafts and llama.cpp against our target-only engine, HF prompt lookup against
+    # HF generate
     def reference_for(name):
-        return methods.get("hf-generate", {}) if name.startswith("hf-") else methods.get(name.split("+")[0], {})
+        return methods.get("hf-generate" if name.startswith("hf-") else engine_for(name), {})
 
     summary = {name: summarize(rows, reference_for(name)) for name, rows in methods.items()}
     table = Table(title=f"batch-1 greedy decode, {args.dtype}, {args.max_tokens} new tokens, "
@@ -217,7 +222,7 @@ def main(argv=None) -> int:
         for ds in DATASETS:
             r = per_ds[ds]
             base = summary.get("hf-generate", {}).get(ds)
-            eng = summary.get(name.split("+")[0] if name.startswith("engine") else "engine", {}).get(ds)
+            eng = summary.get(engine_for(name), {}).get(ds)
             r["x_hf_generate"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2) if base else None
             r["x_engine"] = round(r["tokens_per_s"] / eng["tokens_per_s"], 2) if eng else None
             table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
