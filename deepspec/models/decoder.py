@@ -109,7 +109,7 @@ class Decoder(nn.Module):
                 if name not in layer.packed:
                     layer.packed[name] = onednn_pack(getattr(layer, name).data)
         self.packed_head = onednn_pack(self.head.data)
-        return True
+        return self.packed_head is not None
 
     def use_int4(self, blocks: dict[str, Int4Blocks]) -> int:
         """Run the layer matmuls whose weights `blocks` holds (Hugging Face names, as int4_weights returns them)

@@ -111,6 +111,18 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
 
 
+def _int4_blocker(device: str, dtype: torch.dtype) -> str | None:
+    """Why quantization 'gguf' cannot run on this device and dtype, or None when it can."""
+    from deepspec.models.packed_linear import int4_supported
+
+    if not int4_supported(device):
+        return f"quantization 'gguf' runs 4-bit matmuls on CPU only, not on '{device}'; use --quantization none there"
+    if dtype != torch.bfloat16:
+        return ("quantization 'gguf' needs --dtype bfloat16: torch's int4 CPU kernel is fast only for bf16 "
+                "activations (float32 runs ~10x slower than dense)")
+    return None
+
+
 def load_target(
     spec: str = DEFAULT_TARGET,
     *,
@@ -124,7 +136,6 @@ def load_target(
     from transformers import AutoConfig, AutoTokenizer
 
     from deepspec.models.gguf_int4 import cached_int4_weights
-    from deepspec.models.packed_linear import int4_supported
 
     torch_dtype = parse_dtype(dtype)
     quantization = quantization or "none"
@@ -132,16 +143,12 @@ def load_target(
         raise ValueError(f"unknown quantization '{quantization}'; choose one of {', '.join(QUANTIZATIONS)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device '{device}' requested but no CUDA GPU is visible to torch; use --device cpu")
-    if quantization == "gguf" and not int4_supported(device):
-        raise ValueError(f"quantization 'gguf' runs 4-bit matmuls on CPU only, not on '{device}'; "
-                         "use --quantization none there")
-    if quantization == "gguf" and torch_dtype != torch.bfloat16:
-        raise ValueError("quantization 'gguf' needs --dtype bfloat16: torch's int4 CPU kernel is fast only for bf16 "
-                         "activations (float32 runs ~10x slower than dense)")
+    int4_blocker = _int4_blocker(device, torch_dtype)
+    if quantization == "gguf" and int4_blocker:
+        raise ValueError(int4_blocker)
     name, path, gguf = resolve_target_dir(spec)
     if quantization == "auto":
-        quantization = "gguf" if gguf is not None and int4_supported(device) and torch_dtype == torch.bfloat16 \
-            else "none"
+        quantization = "gguf" if gguf is not None and not int4_blocker else "none"
     if quantization == "gguf" and gguf is None:
         raise ValueError(f"quantization 'gguf' needs a GGUF target (an alias or a .gguf file); '{spec}' is a "
                          "Hugging Face directory")

@@ -153,7 +153,7 @@ class DraftModel(nn.Module):
             if type(child) is nn.Linear:
                 child.packed = onednn_pack(child.weight.data)
                 child.__class__ = PackedLinear
-        return True
+        return self._head_packed is not None
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.d2t[draft_ids]
