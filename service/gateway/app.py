@@ -161,6 +161,15 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
     stop = stop or install_stop_signals()
     state = GatewayState.build(settings)
     await state.pool.start()
+    # gRPC listens before HTTP: once /health/ready answers, both APIs accept connections.
+    grpc_server = grpc_port = None
+    if settings.grpc_port >= 0:
+        try:
+            grpc_server, grpc_port = await start_grpc_server(state, settings.host, settings.grpc_port)
+        except RuntimeError as exc:
+            logger.error("%s (port in use?)", exc)
+            await state.pool.stop()
+            return 1
     http = _Server(create_app(state=state), settings.host, settings.http_port)
     http_task = asyncio.create_task(http.serve())
     while not http.server.started:
@@ -168,12 +177,11 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
             with contextlib.suppress(BaseException):
                 http_task.result()
             logger.error("the HTTP server did not start on %s:%d (port in use?)", settings.host, settings.http_port)
+            if grpc_server is not None:
+                await grpc_server.stop(0)
             await state.pool.stop()
             return 1
         await asyncio.sleep(0.02)
-    grpc_server = grpc_port = None
-    if settings.grpc_port >= 0:
-        grpc_server, grpc_port = await start_grpc_server(state, settings.host, settings.grpc_port)
     logger.info("gateway listening", extra={"fields": {
         "msg": "gateway listening", "http": f"http://{_display(settings.host)}:{http.port}/v1",
         "grpc": None if grpc_port is None else f"{_display(settings.host)}:{grpc_port}",

@@ -122,7 +122,10 @@ async def start_grpc_server(state, host: str, port: int) -> tuple[GrpcGateway, i
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:  # grpcio raises on a taken port, older releases returned 0
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
     if bound == 0:
         raise RuntimeError(f"cannot bind the gateway's gRPC port {host}:{port}")
     await server.start()

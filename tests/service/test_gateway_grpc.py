@@ -20,9 +20,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def channel(gateway):
+    # no wait for the channel: once /health/ready answers (what the fixture waits for), gRPC listens too
     with grpc.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as ch:
-        # /health/ready (what the gateway fixture waits for) can answer a moment before the gRPC port listens
-        grpc.channel_ready_future(ch).result(timeout=30)
         yield ch
 
 
@@ -108,3 +107,18 @@ def test_cancel_and_abort_free_the_worker_slot(tmp_path):
     finally:
         gw.terminate()
         worker.terminate()
+
+
+def test_taken_grpc_port_exits_non_zero_with_the_reason(stub_worker, tmp_path):
+    """A port clash is a start-up failure with a message, not a gateway that serves HTTP and silently lacks gRPC."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        gw = Gateway(tmp_path, stub_worker.address)
+        gw.args[gw.args.index("--grpc-port") + 1] = str(taken.getsockname()[1])
+        gw.start()
+        assert gw.proc.wait(60) == 1
+    gw.terminate()
+    assert "cannot bind the gateway's gRPC port" in gw.log()
