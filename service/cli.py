@@ -22,6 +22,8 @@ import logging
 import signal
 import sys
 
+from deepspec.models.quantization import QUANTIZATIONS
+
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
     g = p.add_argument_group("model")
@@ -35,7 +37,7 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                         "its manifest.json; --target/--draft/--dtype given as well win")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(default cpu)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights dtype (default bfloat16: ~2x faster decoding than float32 on CPU)")
-    g.add_argument("--quantization", choices=["auto", "none", "gguf"], default="auto",
+    g.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                    help="gguf: keep a GGUF target's own 4-bit matmul weights (CPU, bf16; ~2x faster batch-1 decode); "
                         "none: dense weights in --dtype; auto (default): gguf where it applies, else none")
     g = p.add_argument_group("batching")

@@ -13,7 +13,9 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_TARGET = "smollm2-135m"
+from deepspec.models.aliases import DEFAULT_TARGET
+from deepspec.models.quantization import Quantization
+
 
 
 class WorkerSettings(BaseSettings):
@@ -34,7 +36,7 @@ class WorkerSettings(BaseSettings):
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 decodes ~2x faster on CPU (prepacked oneDNN matmuls)
     #: "gguf" = keep a GGUF target's 4-bit matmul weights (CPU, bf16: ~2x faster batch-1 decode); "auto" = gguf
     #: where it applies, else "none" (dense weights in `dtype`)
-    quantization: Literal["auto", "none", "gguf"] = "auto"
+    quantization: Quantization = "auto"
     #: sequences decoded together in one engine step
     max_batch_size: int = Field(8, ge=1)
     #: requests waiting for a batch slot before new ones get RESOURCE_EXHAUSTED (the gateway's 429)

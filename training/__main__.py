@@ -23,6 +23,8 @@ import json
 import sys
 from pathlib import Path
 
+from deepspec.models.quantization import QUANTIZATIONS
+
 
 def _add_prepare(sub) -> None:
     p = sub.add_parser("prepare", help="regenerate assistant turns with the target (engine or OpenAI endpoint)",
@@ -94,7 +96,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="block / depth γ (default 7)")
     p.add_argument("--batch-size", type=int, default=1, help="engine batch size (default 1: latency)")
     p.add_argument("--dtype", default="float32", help="target dtype (float32 default; bf16 on GPU)")
-    p.add_argument("--quantization", default="none", choices=["none", "gguf", "auto"],
+    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
                    help="target weights: none (dense in --dtype; default), gguf (the GGUF's own 4-bit matmul "
                         "weights; CPU, bfloat16), auto (gguf where it applies)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")

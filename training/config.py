@@ -51,7 +51,7 @@ class OptimSection(StrictModel):
 
 class DistSection(StrictModel):
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend under torchrun: auto = nccl on GPU, gloo on CPU")
-    fsdp: bool = Field(False, description="shard parameters/optimizer with FSDP instead of DDP (large drafts on many GPUs)")
+    fsdp: bool = Field(False, description="shard parameters and AdamW state with FSDP (fully_shard) instead of replicating them with DDP: drafts too large for one device; runs on gloo (CPU) and nccl")
 
 
 class TrainConfig(StrictModel):

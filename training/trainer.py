@@ -23,6 +23,7 @@ from torch import nn
 from training.config import TrainConfig
 from training.data import DataStats, SequenceOrder, build_draft_vocab, collate, load_sequences
 from training.losses import dflash_loss, dspark_loss, eagle3_loss
+from training.parallel import Parallel
 
 
 class DraftObjective(nn.Module):
@@ -145,36 +146,32 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
 
     anchor_gen = torch.Generator().manual_seed(cfg.seed * 7919 + dist.rank)
     objective = DraftObjective(draft, target, cfg.data.num_anchors, anchor_gen)
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                  weight_decay=cfg.optim.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     order = SequenceOrder(num_train, cfg.data.batch_size, cfg.seed, dist.rank, dist.world_size)
     step, tokens_seen = 0, 0
-
+    state = None
     if resume:
         ckpt = latest_checkpoint(out)
         if ckpt is None:
             log(f"--resume: no checkpoint under {out / 'checkpoints'}; starting from scratch")
         else:
             state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-            draft.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            order.load_state(state["order"][dist.rank] if dist.rank < len(state["order"]) else state["order"][0])
-            anchor_gen.set_state(state["anchor_rng"][dist.rank] if dist.rank < len(state["anchor_rng"])
-                                 else state["anchor_rng"][0])
-            torch.set_rng_state(state["torch_rng"])
-            step, tokens_seen = state["step"], state["tokens_seen"]
-            log(f"resumed from {ckpt} at step {step}")
+            draft.load_state_dict(state["model"])  # whole weights, before FSDP shards them
 
-    wrapped = objective
-    if dist.world_size > 1:
-        if cfg.dist.fsdp:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    parallel = Parallel(objective, dist.world_size, cfg.dist.fsdp)
+    # built after sharding: under FSDP the optimizer steps this rank's shards
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                  weight_decay=cfg.optim.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    if state is not None:
+        parallel.load_optimizer_state(optimizer, state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        order.load_state(state["order"][dist.rank] if dist.rank < len(state["order"]) else state["order"][0])
+        anchor_gen.set_state(state["anchor_rng"][dist.rank] if dist.rank < len(state["anchor_rng"])
+                             else state["anchor_rng"][0])
+        torch.set_rng_state(state["torch_rng"])
+        step, tokens_seen = state["step"], state["tokens_seen"]
+        log(f"resumed from {ckpt} at step {step}")
 
-            wrapped = FSDP(objective, use_orig_params=True)
-        else:
-            wrapped = nn.parallel.DistributedDataParallel(objective)
     use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and dist.device.startswith("cuda"))
 
     def gather(values: list) -> list:
@@ -186,6 +183,19 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
 
     saved_step = [step]  # a resumed run starts at a saved step
 
+    def whole_draft():
+        """The draft with whole weights: itself, or under FSDP an unsharded twin on rank 0 (None elsewhere)."""
+        if not parallel.fsdp:
+            return draft
+        state = parallel.full_state(draft)
+        if not dist.is_main:
+            return None
+        twin = build_draft(dcfg)
+        if dcfg.draft_vocab_size:
+            twin.set_vocab(draft.d2t.cpu())
+        twin.load_state_dict(state)
+        return twin.to(dist.device).attach(target)
+
     def save_checkpoint() -> None:
         saved_step[0] = step
         orders = [None] * dist.world_size
@@ -195,13 +205,15 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
             torch.distributed.all_gather_object(rngs, anchor_gen.get_state())
         else:
             orders, rngs = [order.state()], [anchor_gen.get_state()]
+        optimizer_state = parallel.optimizer_state(optimizer)  # collective under FSDP
+        whole = whole_draft()  # collective under FSDP
         if not dist.is_main:
             return
         path = out / "checkpoints" / f"step_{step:07d}"
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        save_draft(draft, tmp)
-        torch.save({"model": draft.state_dict(), "optimizer": optimizer.state_dict(),
+        save_draft(whole, tmp)
+        torch.save({"model": whole.state_dict(), "optimizer": optimizer_state,
                     "scheduler": scheduler.state_dict(), "order": orders, "anchor_rng": rngs,
                     "torch_rng": torch.get_rng_state(), "step": step, "tokens_seen": tokens_seen,
                     "config": cfg.model_dump(mode="json")}, tmp / "trainer_state.pt")
@@ -235,19 +247,15 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                 features, final = source(idx, tokens)
                 tokens, mask = tokens.to(dist.device), mask.to(dist.device)
                 sync = micro == cfg.optim.grad_accum - 1 or dist.world_size == 1
-                ctx = wrapped.no_sync() if (not sync and hasattr(wrapped, "no_sync")) else _null()
-                with ctx, torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
-                    loss, metrics = wrapped(features.float() if not use_bf16 else features, final, tokens, mask)
+                with parallel.sync_gradients(sync), torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
+                    loss, metrics = parallel(features.float() if not use_bf16 else features, final, tokens, mask)
                     (loss / cfg.optim.grad_accum).backward()
                 losses.append(float(loss.detach()))
                 micro_tokens += int(tokens.numel())
                 for k, v in metrics.items():
                     metric_sums[k] = metric_sums.get(k, 0.0) + v / cfg.optim.grad_accum
-            if cfg.optim.clip_norm:
-                if hasattr(wrapped, "clip_grad_norm_"):
-                    wrapped.clip_grad_norm_(cfg.optim.clip_norm)
-                else:
-                    torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.optim.clip_norm)
+            if cfg.optim.clip_norm:  # FSDP's sharded gradients included: the norm is over whole tensors
+                torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.optim.clip_norm)
             optimizer.step()
             scheduler.step()
             step += 1
@@ -270,29 +278,22 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                "seconds": round(elapsed, 1), "peak_rss_bytes": peak_rss_bytes(), "num_params": num_params,
                "world_size": dist.world_size, "last": last_metrics, "num_sequences": len(sequences),
                "num_calibration_sequences": num_calibration, "num_tokens": stats.num_tokens}
+    whole = whole_draft() if stopped != "interrupted" else None
     if dist.is_main:
-        if stopped != "interrupted":
+        if whole is not None:
             if num_calibration:
                 from training.calibration import calibrate_confidence
 
                 temps, summary["calibration"] = calibrate_confidence(
-                    draft, target, source, sequences, list(range(num_train, len(sequences))),
+                    whole, target, source, sequences, list(range(num_train, len(sequences))),
                     cfg.data.num_anchors, cfg.seed)
-                draft.cfg.confidence_temperature = tuple(temps)
+                whole.cfg.confidence_temperature = tuple(temps)
                 log(f"confidence calibrated on {num_calibration} held-out sequences: per-slot T {temps}")
-            save_draft(draft, out, storage_dtype=cfg.save_dtype)
+            save_draft(whole, out, storage_dtype=cfg.save_dtype)
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
         log_file.close()
     dist.barrier()
     return summary
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def run_train_cli(args, parser) -> int:

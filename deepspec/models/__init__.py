@@ -1,7 +1,26 @@
-"""Targets (HF dir, GGUF or alias) and, with the training issue, draft architectures."""
+"""Targets (HF dir, GGUF or alias) and draft architectures.
 
-from deepspec.models.aliases import ALIASES, DEFAULT_TARGET
-from deepspec.models.target import Target
-from deepspec.models.target_loader import load_target, parse_dtype
+The names below load lazily, so torch-free parts (aliases, quantization) can be imported by the service CLI
+without pulling torch in at parse time.
+"""
 
-__all__ = ["ALIASES", "DEFAULT_TARGET", "Target", "load_target", "parse_dtype"]
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "ALIASES": "deepspec.models.aliases",
+    "DEFAULT_TARGET": "deepspec.models.aliases",
+    "QUANTIZATIONS": "deepspec.models.quantization",
+    "Target": "deepspec.models.target",
+    "load_target": "deepspec.models.target_loader",
+    "parse_dtype": "deepspec.models.target_loader",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'deepspec.models' has no attribute '{name}'")
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -122,11 +122,12 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             for name, parts in _hf_linear_names(i).items():
                 if all(p in blocks for p in parts):
-                    dense = onednn_pack(getattr(layer, name).data)
                     try:
-                        layer.packed[name] = Int4Weight(Int4Blocks.cat([blocks[p] for p in parts]), self.dtype, dense)
+                        weight = Int4Weight(Int4Blocks.cat([blocks[p] for p in parts]), self.dtype)
                     except RuntimeError:  # a shape the int4 kernel cannot take (it wants N % 16 == 0): stays dense
                         continue
+                    weight.dense = onednn_pack(getattr(layer, name).data)
+                    layer.packed[name] = weight
                     count += 1
         return count
 
@@ -244,10 +245,15 @@ class Decoder(nn.Module):
                 masks[window] = visible.unsqueeze(1)  # [B, 1, T, K]
 
         single_row = cache is not None and B == 1  # batch-1 decode: write the cache by slicing, no index tensors
-        if cache is not None and not single_row:
-            rows = torch.arange(B, device=device)[:, None, None]
-            heads = torch.arange(spec.num_kv_heads, device=device)[None, :, None]
-            write_index = (rows, heads, positions[:, None, :])  # broadcast to [B, nkv, T]
+        if cache is not None:
+            # views of all layers at once, so each layer indexes one dimension (per-op overhead rules batch-1 decode)
+            k_read, v_read = cache.k[:, :B, :, :num_keys], cache.v[:, :B, :, :num_keys]  # [L, B, nkv, K, hd]
+            if single_row:
+                k_write, v_write = k_read[:, 0, :, max_start:], v_read[:, 0, :, max_start:]  # [L, nkv, T, hd]
+            else:
+                rows = torch.arange(B, device=device)[:, None, None]
+                heads = torch.arange(spec.num_kv_heads, device=device)[None, :, None]
+                write_index = (rows, heads, positions[:, None, :])  # broadcast to [B, nkv, T]
 
         attn_dtype = cache.k.dtype if cache is not None else self.attention_dtype
         nh, nkv, hd, q_size, kv_size = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.q_size, spec.kv_size
@@ -268,14 +274,13 @@ class Decoder(nn.Module):
                 q, k = qk[:, :, :nh], qk[:, :, nh:]
             q, k = q.transpose(1, 2).to(attn_dtype), k.transpose(1, 2)  # [B, nh, T, hd], [B, nkv, T, hd]
             if single_row:  # copy_ converts to the cache dtype on the way
-                cache.k[i, 0, :, max_start : max_start + T].copy_(k[0])
-                cache.v[i, 0, :, max_start : max_start + T].copy_(v[0])
+                k_write[i].copy_(k[0])
+                v_write[i].copy_(v[0])
             elif cache is not None:
                 cache.k[i].index_put_(write_index, k.to(attn_dtype))
                 cache.v[i].index_put_(write_index, v.to(attn_dtype))
             if cache is not None:
-                k = cache.k[i, :B, :, :num_keys]  # [B, nkv, K, hd] view, no copy
-                v = cache.v[i, :B, :, :num_keys]
+                k, v = k_read[i], v_read[i]  # [B, nkv, K, hd] views, no copy
             else:
                 k, v = k.to(attn_dtype), v.to(attn_dtype)
             mask = masks[layer.window]

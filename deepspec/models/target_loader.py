@@ -16,6 +16,7 @@ import torch
 from deepspec.models.aliases import ALIASES, DEFAULT_TARGET
 from deepspec.models.arch import arch_spec_from_config
 from deepspec.models.decoder import Decoder
+from deepspec.models.quantization import QUANTIZATIONS
 from deepspec.models.target import Target
 from deepspec.paths import cache_dir
 
@@ -30,11 +31,6 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return DTYPES[dtype]
     except KeyError:
         raise ValueError(f"unknown dtype '{dtype}'; choose one of {sorted(DTYPES)}") from None
-
-
-#: --quantization choices: "none" = dense weights in --dtype; "gguf" = the GGUF's own 4-bit weights (CPU, bf16);
-#: "auto" = gguf where it applies (a GGUF target on CPU in bf16), else none
-QUANTIZATIONS = ("none", "gguf", "auto")
 
 
 def resolve_target_dir(spec: str) -> tuple[str, Path, Path | None]:
