@@ -22,7 +22,7 @@ import logging
 import signal
 import sys
 
-from deepspec.models.quantization import QUANTIZATIONS
+from service.settings import QUANTIZATIONS
 
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:

@@ -8,14 +8,16 @@ the apps read; tests pass instances instead.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from deepspec.models.aliases import DEFAULT_TARGET
-from deepspec.models.quantization import Quantization
-
+# The gateway image ships service/ without the deepspec library, so these mirror deepspec.models.aliases and
+# deepspec.models.quantization; tests/service/test_units.py checks that they agree.
+DEFAULT_TARGET = "smollm2-135m"
+Quantization = Literal["auto", "none", "gguf"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 
 class WorkerSettings(BaseSettings):

@@ -160,3 +160,13 @@ def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
     assert WorkerSettings().quantization == "auto"
     with pytest.raises(ValueError, match="quantization"):
         WorkerSettings(quantization="int8")
+
+
+def test_service_constants_mirror_the_library():
+    """The gateway image has no deepspec library, so the service keeps its own copies of these; they must agree."""
+    from deepspec.models.aliases import DEFAULT_TARGET
+    from deepspec.models.quantization import QUANTIZATIONS
+    from service import settings
+
+    assert settings.DEFAULT_TARGET == DEFAULT_TARGET
+    assert set(settings.QUANTIZATIONS) == set(QUANTIZATIONS)
