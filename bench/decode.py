@@ -1,7 +1,9 @@
 """Batch-1 greedy decoding benchmark: Hugging Face generate vs our engine, with and without drafts.
 
 Every method decodes the same prompts (N each from humaneval, gsm8k and mbpp, chat template, greedy, fixed
-number of new tokens) in ONE run, so ratios compare like with like on this machine at this moment:
+number of new tokens) in ONE run, interleaved: each prompt is decoded by every method in turn before the next
+prompt starts. This VM's speed drifts by ±30% over minutes; run one method after another and a ratio measures
+the drift as much as the methods. Interleaved, every method sees the same machine phases:
 
     hf-generate            transformers generate (the baseline every ratio divides by)
     hf-prompt-lookup       transformers generate(prompt_lookup_num_tokens=...)
@@ -31,8 +33,8 @@ import time
 from pathlib import Path
 
 DATASETS = ("humaneval", "gsm8k", "mbpp")
-#: every method first decodes this many tokens of the dataset's first prompt, untimed: the first timed prompt
-#: then runs on warm caches and allocator pools like the ones after it
+#: every method first decodes this many tokens of the first prompt, untimed: its first timed prompt then runs
+#: on warm allocator pools and caches like the ones after it
 WARMUP_TOKENS = 32
 #: the row name of the target-only engine for each --quantizations value
 ENGINE_LABELS = {"none": "engine", "gguf": "engine-q4"}
@@ -67,22 +69,26 @@ def load_prompts(target, n: int) -> dict[str, list[list[int]]]:
     return prompts
 
 
-def run_engine(target, drafter, prompts, max_tokens, k):
-    """Decode each prompt alone (batch 1) → per prompt (tokens, seconds, tau)."""
+# Each method is a decoder: built (and warmed up) once, then called per prompt → (tokens, seconds, tau or None).
+
+
+def engine_decoder(target, drafter, max_tokens, k, warmup_ids):
+    """Our engine at batch 1, with `drafter` or target-only (None)."""
     from deepspec.decoding import SamplingParams, SpecEngine
 
     engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))  # warm-up
-    rows = []
-    for ids in prompts:
+    engine.generate([warmup_ids], SamplingParams(max_tokens=WARMUP_TOKENS))
+
+    def decode(ids):
         t = time.perf_counter()
         result = engine.generate([ids], params)[0]
-        rows.append((result.token_ids, time.perf_counter() - t, result.acceptance_length))
-    return rows
+        return result.token_ids, time.perf_counter() - t, result.acceptance_length
+
+    return decode
 
 
-def run_hf(target, prompts, max_tokens, prompt_lookup: int | None):
+def hf_decoder(target, max_tokens, prompt_lookup: int | None, warmup_ids):
     import torch
 
     model = target.hf_model()
@@ -90,18 +96,20 @@ def run_hf(target, prompts, max_tokens, prompt_lookup: int | None):
                   pad_token_id=target.eos_token_ids[0])
     if prompt_lookup:
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup
-    rows = []
     with torch.inference_mode():
-        model.generate(torch.tensor([prompts[0]]), max_new_tokens=WARMUP_TOKENS, do_sample=False,
+        model.generate(torch.tensor([warmup_ids]), max_new_tokens=WARMUP_TOKENS, do_sample=False,
                        pad_token_id=target.eos_token_ids[0])
-        for ids in prompts:
+
+    def decode(ids):
+        with torch.inference_mode():
             t = time.perf_counter()
             out = model.generate(torch.tensor([ids]), **kwargs)
-            rows.append((out[0, len(ids):].tolist(), time.perf_counter() - t, None))
-    return rows
+            return out[0, len(ids):].tolist(), time.perf_counter() - t, None
+
+    return decode
 
 
-def run_llama_cpp(target_spec, prompts, max_tokens):
+def llama_cpp_decoder(target_spec, max_tokens, warmup_ids):
     from llama_cpp import Llama
 
     from deepspec.models.aliases import ALIASES
@@ -117,13 +125,14 @@ def run_llama_cpp(target_spec, prompts, max_tokens):
                 break
         return tokens
 
-    greedy(prompts[0], WARMUP_TOKENS)  # warm-up
-    rows = []
-    for ids in prompts:
+    greedy(warmup_ids, WARMUP_TOKENS)
+
+    def decode(ids):
         t = time.perf_counter()
         tokens = greedy(ids, max_tokens)
-        rows.append((tokens, time.perf_counter() - t, None))
-    return rows
+        return tokens, time.perf_counter() - t, None
+
+    return decode
 
 
 def torch_threads() -> int:
@@ -165,13 +174,14 @@ def main(argv=None) -> int:
     quantizations = (args.quantizations or ("none,gguf" if args.dtype == "bfloat16" else "none")).split(",")
     target = load_target(args.target, dtype=args.dtype)
     prompts = load_prompts(target, args.num_prompts)
-    methods: dict[str, object] = {}
+    warmup_ids = prompts[DATASETS[0]][0]
+    decoders: dict[str, object] = {}
 
-    def timed(name, fn):
+    def add(name, build):
         if name in skip:
             return
-        console.log(f"running {name}")
-        methods[name] = {ds: fn(ps) for ds, ps in prompts.items()}
+        console.log(f"loading and warming up {name}")
+        decoders[name] = build()
 
     drafter_specs = []
     for spec in filter(None, args.drafters.split(",")):
@@ -185,23 +195,31 @@ def main(argv=None) -> int:
         engine_target = target if quantization == "none" else load_target(args.target, dtype=args.dtype,
                                                                            quantization=quantization)
         prefix = ENGINE_LABELS[quantization]
-        timed(prefix, lambda ps, t=engine_target: run_engine(t, None, ps, args.max_tokens, args.num_speculative_tokens))
+        add(prefix, lambda t=engine_target: engine_decoder(t, None, args.max_tokens, args.num_speculative_tokens,
+                                                          warmup_ids))
         for spec in drafter_specs:
             try:
                 drafter = build_drafter(spec, engine_target)
             except (ValueError, FileNotFoundError) as e:
                 console.log(f"[yellow]skipping drafter {spec}: {e}")
                 continue
-            timed(f"{prefix}+{Path(spec).name}", lambda ps, t=engine_target, d=drafter: run_engine(
-                t, d, ps, args.max_tokens, args.num_speculative_tokens))
-    timed("hf-generate", lambda ps: run_hf(target, ps, args.max_tokens, None))
-    timed("hf-prompt-lookup", lambda ps: run_hf(target, ps, args.max_tokens, 10))
+            add(f"{prefix}+{Path(spec).name}", lambda t=engine_target, d=drafter: engine_decoder(
+                t, d, args.max_tokens, args.num_speculative_tokens, warmup_ids))
+    add("hf-generate", lambda: hf_decoder(target, args.max_tokens, None, warmup_ids))
+    add("hf-prompt-lookup", lambda: hf_decoder(target, args.max_tokens, 10, warmup_ids))
     try:
         import llama_cpp  # noqa: F401
 
-        timed("llama.cpp", lambda ps: run_llama_cpp(args.target, ps, args.max_tokens))
+        add("llama.cpp", lambda: llama_cpp_decoder(args.target, args.max_tokens, warmup_ids))
     except ImportError:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): skipping the llama.cpp peer")
+
+    methods: dict[str, dict[str, list]] = {name: {ds: [] for ds in DATASETS} for name in decoders}
+    for ds in DATASETS:
+        for i, ids in enumerate(prompts[ds]):
+            console.log(f"{ds} prompt {i + 1}/{len(prompts[ds])}: {len(decoders)} methods in turn")
+            for name, decode in decoders.items():
+                methods[name][ds].append(decode(ids))
 
     def engine_for(name):
         """The target-only engine row a method is compared with: the one with the same weights for our drafts,
