@@ -190,7 +190,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
         state = parallel.full_state(draft)
         if not dist.is_main:
             return None
-        twin = build_draft(dcfg)
+        with torch.random.fork_rng(devices=[]):  # the twin's throwaway init must not move training's RNG
+            twin = build_draft(dcfg)
         if dcfg.draft_vocab_size:
             twin.set_vocab(draft.d2t.cpu())
         twin.load_state_dict(state)
