@@ -1,7 +1,7 @@
 """Serving throughput on CPU: DeepSpec with its draft vs DeepSpec target-only vs llama-cpp-python's OpenAI server.
 
-    python -m bench.service_throughput                # ~4 min; prints a table, writes bench/results/service_throughput.json
-    python -m bench.service_throughput --requests-per-client 1 --only deepspec-draft   # a quick look
+    python -m bench.service_throughput                # ~5 min; prints a table, writes bench/results/service_throughput.json
+    python -m bench.service_throughput --rounds 1 --requests-per-client 1 --only deepspec-draft   # a quick look
 
 Workload: 8 concurrent streaming chat clients (closed loop), each sending `--requests-per-client` HumanEval prompts
 (../shared/datasets/eval/humaneval.jsonl) with max_tokens 128 and temperature 0, against
@@ -14,6 +14,10 @@ Workload: 8 concurrent streaming chat clients (closed loop), each sending `--req
 output tok/s = completion tokens (usage when the server reports it, else streamed chunks) / wall time from the
 first request sent to the last one finished. TTFT = request sent -> first content chunk. Targets: draft >= 1.8x
 none and >= 1.5x llama-cpp in tok/s; draft p50 TTFT <= 1 s.
+
+The servers take turns over `--rounds` rounds, in reversed order every other round, and each reports the median
+of its rounds (TTFT percentiles pool every request). This VM's speed drifts over minutes; in a single pass, the
+server that happens to run in a slow phase looks slower than it is.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -101,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-per-client", type=int, default=2, help="prompts each of the 8 clients sends (default 2)")
     parser.add_argument("--only", action="append", choices=["deepspec-draft", "deepspec-none", "llama-cpp"],
                         help="run only these servers (repeatable; default all three)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="times each server runs the workload, in alternating order (default 2)")
     parser.add_argument("--num-speculative-tokens", type=int, default=0,
                         help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)")
     args = parser.parse_args(argv)
@@ -108,30 +115,40 @@ def main(argv: list[str] | None = None) -> int:
     lines = DATASET.read_text().splitlines()
     prompts = [json.loads(line)["turns"][0] for line in lines[: CONCURRENCY * args.requests_per_client]]
 
-    report = {"concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS, "num_requests": len(prompts), "servers": {}}
-    for kind in args.only or ["deepspec-draft", "deepspec-none", "llama-cpp"]:
-        port = free_port()
-        print(f"starting {kind} ...", flush=True)
-        extra = ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
-        proc, model = start(kind, port, extra)
-        try:
-            results = asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts))
-        finally:
-            proc.stop()
-        wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
-        report.setdefault("load_average_1m", {})[kind] = os.getloadavg()[0]
-        tokens = sum(r["tokens"] for r in results)
-        ttfts = [r["ttft_s"] for r in results]
-        report["servers"][kind] = {"output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
-                                   "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
-                                   "ttfts_s": sorted(round(t, 3) for t in ttfts)}  # fmt: skip
-        print(f"  {kind}: {tokens / wall:.1f} tok/s, p50 TTFT {pct(ttfts, 50):.2f} s", flush=True)
+    report = {"concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS, "num_requests": len(prompts),
+              "rounds": args.rounds, "servers": {}}  # fmt: skip
+    kinds = args.only or ["deepspec-draft", "deepspec-none", "llama-cpp"]
+    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    for round_index in range(args.rounds):
+        for kind in kinds if round_index % 2 == 0 else kinds[::-1]:
+            port = free_port()
+            print(f"round {round_index + 1}/{args.rounds}: starting {kind} ...", flush=True)
+            extra = ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
+            proc, model = start(kind, port, extra)
+            try:
+                results = asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts))
+            finally:
+                proc.stop()
+            wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
+            tokens = sum(r["tokens"] for r in results)
+            runs[kind].append({"output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
+                               "ttfts_s": [r["ttft_s"] for r in results], "load_average_1m": os.getloadavg()[0]})
+            print(f"  {kind}: {tokens / wall:.1f} tok/s", flush=True)
+
+    for kind, kind_runs in runs.items():
+        ttfts = [t for run in kind_runs for t in run["ttfts_s"]]
+        report["servers"][kind] = {
+            "output_tok_per_s": statistics.median(run["output_tok_per_s"] for run in kind_runs),
+            "rounds_tok_per_s": [round(run["output_tok_per_s"], 2) for run in kind_runs],
+            "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
+            "ttfts_s": sorted(round(t, 3) for t in ttfts),
+            "load_average_1m": [round(run["load_average_1m"], 2) for run in kind_runs]}  # fmt: skip
 
     servers = report["servers"]
-    rows = [[k, v["output_tokens"], v["wall_s"], v["output_tok_per_s"], v["ttft_p50_s"], v["ttft_p90_s"]]
-            for k, v in servers.items()]  # fmt: skip
-    print(table(["server", "output tokens", "wall s", "output tok/s", "TTFT p50 s", "TTFT p90 s"], rows))
-    print(f"load average after each run (other processes share the {os.cpu_count()} CPUs): {report['load_average_1m']}")
+    rows = [[k, ", ".join(f"{t:.1f}" for t in v["rounds_tok_per_s"]), v["output_tok_per_s"], v["ttft_p50_s"],
+             v["ttft_p90_s"], ", ".join(str(x) for x in v["load_average_1m"])] for k, v in servers.items()]  # fmt: skip
+    print(table(["server", "tok/s per round", "median tok/s", "TTFT p50 s", "TTFT p90 s", "load avg after"], rows))
+    print(f"load average: other processes share the {os.cpu_count()} CPUs")
     if "deepspec-draft" in servers:
         draft = servers["deepspec-draft"]
         for other, target in (("deepspec-none", 1.8), ("llama-cpp", 1.5)):
