@@ -22,7 +22,7 @@ import logging
 import signal
 import sys
 
-from service.settings import QUANTIZATIONS
+from service.settings import QUANTIZATIONS, GatewaySettings, WorkerSettings
 
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
@@ -115,12 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "worker":
-            from service.settings import WorkerSettings
-
             settings = WorkerSettings(**_pick(args, WorkerSettings))
             return _run(_serve_worker(settings))
-        from service.settings import GatewaySettings, WorkerSettings
-
         gateway_settings = GatewaySettings(**_pick(args, GatewaySettings))
         if args.command == "gateway":
             from service.gateway.app import serve_gateway

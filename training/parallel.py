@@ -17,7 +17,6 @@ from torch import nn
 
 class Parallel:
     def __init__(self, objective: nn.Module, world_size: int, fsdp: bool):
-        self.objective = objective
         self.fsdp = fsdp and world_size > 1
         if self.fsdp:
             from torch.distributed.fsdp import fully_shard

@@ -8,11 +8,12 @@ maximizes modelled throughput
     (rows + Σ_rows Σ_{j<d} survival[row, j]) / t(rows · (d + 1))
 
 where t(n) is the step time of a verify pass over n tokens. A drafter that does not estimate survival (prompt
-lookup) gets each sequence's own record instead (`observed_survival`), so speculation stops where it does not pay. This is the "hardware-aware verification budget"
-of the DSpark paper, which DeepSpec's code does not have. The engine times probe passes once, when it starts, on the
-hardware it runs on. t(n) interpolates those probes piecewise-linearly, not with one fitted line: with 4-bit
-weights a pass switches kernels at 8 rows (packed_linear.Int4Weight), so t(n) has a knee. It is not refitted while
-serving, so a given batch of seeded requests drafts the same way every time.
+lookup) gets each sequence's own record instead (`observed_survival`), so speculation stops where it does not
+pay. This is the "hardware-aware verification budget" of the DSpark paper, which DeepSpec's code does not have.
+The engine times probe passes once, when it starts, on the hardware it runs on. t(n) interpolates those probes
+piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches kernels at 8 rows
+(packed_linear.Int4Weight), so t(n) has a knee. It is not refitted while serving, so a given batch of seeded
+requests drafts the same way every time.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Targets (HF dir, GGUF or alias) and draft architectures.
 
-The names below load lazily, so torch-free parts (aliases, quantization) can be imported by the service CLI
-without pulling torch in at parse time.
+The names below load lazily, so the torch-free parts (aliases, quantization) can be imported by a command line
+(`training`'s `--quantization` choices) without pulling torch in at parse time.
 """
 
 from __future__ import annotations

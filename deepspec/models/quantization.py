@@ -1,6 +1,7 @@
-"""How a target's matmul weights are held: the one list the loader, the service and the training CLI share.
+"""How a target's matmul weights are held: the one list the loader and the training CLI share (the service,
+whose gateway image ships without this library, mirrors it in service/settings.py, checked by a test).
 
-Torch-free on purpose: the service CLI validates `--quantization` before it imports torch.
+Torch-free on purpose: the training CLI offers the choices before it imports torch.
 """
 
 from typing import Literal, get_args
