@@ -140,7 +140,7 @@ def _run_prepare(args, parser) -> int:
     with Progress(len(rows), "prepare") as progress:
         from training.prepare import finished_ids
 
-        progress.advance(len({r.id for r in rows} & finished_ids(args.out)))
+        progress.resume_from(len({r.id for r in rows} & finished_ids(args.out)))
         regenerate(rows, generate, args.out, args.batch_size, stats,
                    on_batch=lambda n, tok: progress.advance(n, tokens=tok, failed=stats.num_failed))
     print(json.dumps({"done": stats.num_done, "skipped_finished": stats.num_skipped, "failed": stats.num_failed,

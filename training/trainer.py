@@ -232,7 +232,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
     last_metrics: dict = {}
     stopped = "max_steps"
     with Progress(cfg.optim.max_steps, f"train {m.algo}", enabled=show_progress and dist.is_main) as progress:
-        progress.advance(step)
+        progress.resume_from(step)
         while step < cfg.optim.max_steps:
             if stop_at_step is not None and step >= stop_at_step:
                 stopped = "interrupted"
