@@ -70,6 +70,9 @@ def _add_train(sub) -> None:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="offline mode: cache only the needed target hidden states here (size printed first); "
                         "default: online features (the frozen target runs inside the loop, nothing on disk)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="fine-tune this draft checkpoint (init_from) instead of starting from random weights: "
+                        "more data for a shipped draft without training it again from scratch")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --out bit-for-bit (optimizer, scheduler, RNG, "
                         "data position)")

@@ -61,6 +61,7 @@ class TrainConfig(StrictModel):
     optim: OptimSection = OptimSection()
     dist: DistSection = DistSection()
     output_dir: Path = Field(Path("runs/draft"), description="where checkpoints/ and the final draft (config.json, model.safetensors, ...) go")
+    init_from: Path | None = Field(None, description="fine-tune an existing draft checkpoint (e.g. drafts/smollm2-135m-dflash) instead of a fresh init: its weights, vocabulary and sizes replace model.num_layers/block_size/draft_vocab_size/...; model.algo must match")
     cache_dir: Path | None = Field(None, description="offline mode: cache only the needed target hidden states here; None = online (target in the loop)")
     seed: int = Field(0, description="seed of init, data order and anchor sampling")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = fp32 on CPU, bf16 autocast on GPU")

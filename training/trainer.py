@@ -89,6 +89,19 @@ class _Dist:
             torch.distributed.barrier()
 
 
+def initial_draft(cfg: TrainConfig, target):
+    """The draft named by `init_from`, to fine-tune on more data: its weights, vocabulary and sizes are kept, so
+    it must be of the configured algorithm and trained for this target."""
+    from deepspec.models.drafts import check_target, load_draft, read_draft_config
+
+    path = Path(cfg.init_from)
+    init_cfg = read_draft_config(path)
+    if init_cfg.algo != cfg.model.algo:
+        raise ValueError(f"init_from {path} is a {init_cfg.algo} draft, but model.algo is {cfg.model.algo}")
+    check_target(init_cfg, target, where=f"init_from draft {path}")
+    return load_draft(path, dtype=torch.float32).train()
+
+
 def latest_checkpoint(output_dir: Path) -> Path | None:
     ckpts = sorted((output_dir / "checkpoints").glob("step_*"))
     ckpts = [c for c in ckpts if (c / "trainer_state.pt").is_file()]
@@ -119,14 +132,20 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
     # DSpark holds out the last rows to calibrate its confidence head on text it never trained on
     num_calibration = min(m.calibration_sequences, len(sequences) // 10) if m.algo == "dspark" else 0
     num_train = len(sequences) - num_calibration
-    dcfg = DraftConfig.for_target(
-        target, m.algo, num_layers=m.num_layers, block_size=m.block_size,
-        draft_vocab_size=min(m.draft_vocab_size, target.vocab_size), markov_rank=m.markov_rank,
-        feature_layers=tuple(m.feature_layers) if m.feature_layers else None)
     torch.manual_seed(cfg.seed)
-    draft = build_draft(dcfg)
-    if dcfg.draft_vocab_size:
-        draft.set_vocab(build_draft_vocab(sequences[:num_train], dcfg.draft_vocab_size, target.vocab_size, target.eos_token_ids))
+    if cfg.init_from is not None:
+        draft = initial_draft(cfg, target)
+        dcfg = draft.cfg
+        log(f"starting from the weights and vocabulary of {cfg.init_from}")
+    else:
+        dcfg = DraftConfig.for_target(
+            target, m.algo, num_layers=m.num_layers, block_size=m.block_size,
+            draft_vocab_size=min(m.draft_vocab_size, target.vocab_size), markov_rank=m.markov_rank,
+            feature_layers=tuple(m.feature_layers) if m.feature_layers else None)
+        draft = build_draft(dcfg)
+        if dcfg.draft_vocab_size:
+            draft.set_vocab(build_draft_vocab(sequences[:num_train], dcfg.draft_vocab_size, target.vocab_size,
+                                              target.eos_token_ids))
     draft = draft.to(dist.device).attach(target)
     num_params = sum(p.numel() for p in draft.parameters())
     log(f"{m.algo} draft: {num_params / 1e6:.2f}M trainable parameters, vocab {dcfg.out_vocab_size}, "
@@ -305,7 +324,8 @@ def run_train_cli(args, parser) -> int:
     flags = {"model.algo": args.algo, "target.name": args.target,
              "data.paths": [str(p) for p in args.data] if args.data else None,
              "output_dir": str(args.out) if args.out else None,
-             "cache_dir": str(args.cache_dir) if args.cache_dir else None}
+             "cache_dir": str(args.cache_dir) if args.cache_dir else None,
+             "init_from": str(args.init_from) if args.init_from else None}
     try:
         cfg = load_config(args.config, flags, args.overrides)
     except ValidationError as exc:

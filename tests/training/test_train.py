@@ -88,6 +88,27 @@ def test_losses_fall_and_resume_is_bit_for_bit(setup, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_init_from_fine_tunes_a_trained_draft(setup, tmp_path):
+    train(_cfg(setup, tmp_path / "first", "dflash", max_steps=2), show_progress=False)
+    first = load_file(tmp_path / "first" / "model.safetensors")
+    # a step with a vanishing learning rate must leave the loaded weights where the first run left them
+    cfg = _cfg(setup, tmp_path / "more", "dflash", max_steps=1, lr=1e-20, warmup_steps=0)
+    cfg.init_from = tmp_path / "first"
+    cfg.model.block_size = 3  # the checkpoint's sizes win over model.*
+    lines = []
+    train(cfg, show_progress=False, log=lines.append)
+    assert any("starting from the weights and vocabulary of" in line for line in lines)
+    more = load_file(tmp_path / "more" / "model.safetensors")
+    assert more.keys() == first.keys() and all(torch.allclose(more[k], first[k]) for k in first)
+    assert torch.equal(load_file(tmp_path / "more" / "vocab_map.safetensors")["d2t"],
+                       load_file(tmp_path / "first" / "vocab_map.safetensors")["d2t"])
+    assert json.loads((tmp_path / "more" / "config.json").read_text())["block_size"] == 4
+    wrong = _cfg(setup, tmp_path / "wrong", "eagle3", max_steps=1)
+    wrong.init_from = tmp_path / "first"
+    with pytest.raises(ValueError, match="is a dflash draft, but model.algo is eagle3"):
+        train(wrong, show_progress=False)
+
+
 def test_offline_cache_matches_online(setup, tmp_path):
     online = train(_cfg(setup, tmp_path / "on", "eagle3", max_steps=2), show_progress=False)
     cfg = _cfg(setup, tmp_path / "off", "eagle3", max_steps=2)
