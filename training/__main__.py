@@ -1,6 +1,8 @@
-"""`python -m training prepare|train|eval` — data regeneration, draft training, acceptance/speedup evaluation.
+"""`python -m training prepare|train|corpus|eval` — data regeneration, draft training, the corpus-lookup index,
+acceptance/speedup evaluation.
 
-This file only parses arguments and runs the stage; the work lives in prepare.py, trainer.py, evaluate.py.
+This file only parses arguments and runs the stage; the work lives in prepare.py, trainer.py, corpus.py,
+evaluate.py.
 
 Runbook (default target SmolLM2-135M-Instruct, CPU):
 
@@ -10,8 +12,10 @@ Runbook (default target SmolLM2-135M-Instruct, CPU):
     # 2. train (online target features; tiny CPU run shown — see training/configs/ for the shipped recipes)
     python -m training train --algo eagle3 --data training/data/smollm2-regen.jsonl --out runs/eagle3 \\
         optim.max_steps=200
-    python -m training train -c training/configs/smollm2-135m-dspark-online.yaml --resume
+    python -m training train -c training/configs/smollm2-135m-dspark-offline.yaml --resume
     torchrun --nproc-per-node 2 -m training train --algo dflash ... dist.backend=gloo
+    # 2b. or index the answers for corpus lookup (no training step; drafts what the target wrote elsewhere)
+    python -m training corpus --data training/data/smollm2-regen.jsonl --out runs/corpus
     # 3. evaluate: τ, verify rate, per-position survival, speedup vs target-only; eval.json + eval.md + PNG
     python -m training eval --draft drafts/smollm2-135m-eagle3 --datasets humaneval,gsm8k,mbpp --num-prompts 10
 """
@@ -82,6 +86,38 @@ def _add_train(sub) -> None:
                         "model.draft_vocab_size=8192 precision=bf16")
 
 
+def _add_corpus(sub) -> None:
+    p = sub.add_parser("corpus", help="index the target's regenerated answers for the corpus-lookup drafter",
+                       description="Builds a corpus-lookup draft directory (config.json + corpus.safetensors): a "
+                       "suffix index over the assistant turns of regenerated conversations. The engine drafts "
+                       "from it what the target wrote after the same words elsewhere, after prompt lookup. "
+                       "Evaluate it like any draft: python -m training eval --draft OUT.")
+    p.add_argument("--data", nargs="+", required=True, type=Path,
+                   help="regenerated conversations jsonl (`python -m training prepare`); never the eval sets")
+    p.add_argument("--out", required=True, type=Path, help="draft directory to write (e.g. drafts/smollm2-135m-corpus)")
+    p.add_argument("--target", default="smollm2-135m",
+                   help="target alias, .gguf or HF directory whose tokenizer and fingerprint the index takes")
+    p.add_argument("--max-match", type=int, default=12,
+                   help="longest context suffix matched against the corpus, in tokens (default 12)")
+
+
+def _run_corpus(args, parser) -> int:
+    from deepspec.models import load_target
+    from training.corpus import build_corpus
+
+    if args.max_match < 1:
+        parser.error("--max-match must be >= 1")
+    target = load_target(args.target)
+    try:
+        summary = build_corpus(args.data, target, args.out, max_match=args.max_match,
+                               log=lambda line: print(line, file=sys.stderr, flush=True))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="acceptance length, verify rate, survival and speedup vs target-only",
                        description="Runs target-only and draft decoding on the same prompts in one process; "
@@ -115,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_prepare(sub)
     _add_train(sub)
+    _add_corpus(sub)
     _add_eval(sub)
     return parser
 
@@ -161,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         from training.trainer import run_train_cli
 
         return run_train_cli(args, parser)
+    if args.command == "corpus":
+        return _run_corpus(args, parser)
     from training.evaluate import run_eval_cli
 
     return run_eval_cli(args, parser)

@@ -1,5 +1,8 @@
 """Draft architectures (Eagle3, DFlash, DSpark), their registry, checkpoints, and the shipped drafts.
 
+A draft directory may also hold a corpus-lookup index (deepspec/decoding/drafters/corpus_lookup.py): no weights,
+the same config.json header (algo, target fingerprint), so `auto` ranks it with the neural drafts by eval.json.
+
 Importing this package registers a checkpoint loader with the engine's drafter registry, so
 `build_drafter("<draft dir>", target)` and `build_drafter("auto", target)` work.
 """
@@ -14,6 +17,7 @@ from deepspec.models.drafts.checkpoint import (
     DraftTargetMismatchError,
     check_target,
     load_draft,
+    read_checkpoint_header,
     read_draft_config,
     save_draft,
 )
@@ -22,17 +26,26 @@ from deepspec.models.drafts.registry import available_drafts, build_draft, regis
 
 __all__ = [
     "ALGORITHMS", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError", "available_drafts",
-    "best_shipped_draft", "build_draft", "check_target", "load_draft", "load_drafter", "read_draft_config",
-    "register_draft", "resolve_draft", "save_draft", "shipped_drafts",
+    "best_shipped_draft", "build_draft", "check_target", "load_draft", "load_drafter", "read_checkpoint_header",
+    "read_draft_config", "register_draft", "resolve_draft", "save_draft", "shipped_drafts",
 ]
 
 
 def load_drafter(path: str | Path, target, **options):
     """A draft checkpoint directory → the engine-side Drafter of its algorithm."""
+    from deepspec.decoding.drafters import corpus_lookup
     from deepspec.decoding.drafters.dflash import DFlashDrafter
     from deepspec.decoding.drafters.dspark import DSparkDrafter
     from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
 
+    header = read_checkpoint_header(path)
+    if header["algo"] == corpus_lookup.ALGO:
+        check_target(header.get("target", {}), target, where=f"corpus {path}")
+        try:
+            index = corpus_lookup.load_corpus_index(path, int(header["max_match"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DraftCheckpointError(str(exc)) from None
+        return corpus_lookup.CorpusLookupDrafter(index, **options)
     model = load_draft(path, target)
     cls = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}[model.cfg.algo]
     return cls(model, **options)
@@ -54,10 +67,10 @@ def shipped_drafts(target, root: Path | None = None) -> list[tuple[Path, float]]
     have = target.fingerprint()
     for config in sorted(root.glob("*/config.json")):
         try:
-            cfg = read_draft_config(config.parent)
+            header = read_checkpoint_header(config.parent)
         except DraftCheckpointError:
             continue
-        if cfg.target != have:
+        if header.get("target") != have:
             continue
         found.append((config.parent, _score(config.parent / "eval.json")))
     return found

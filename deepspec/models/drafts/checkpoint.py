@@ -44,7 +44,8 @@ def save_draft(model, path: str | Path, storage_dtype: str = "float32", extra: d
     return path
 
 
-def read_draft_config(path: str | Path) -> DraftConfig:
+def read_checkpoint_header(path: str | Path) -> dict:
+    """config.json of any draft directory (neural or corpus lookup) as a dict with at least 'algo'."""
     path = Path(path)
     file = path / "config.json"
     if not file.is_file():
@@ -55,6 +56,13 @@ def read_draft_config(path: str | Path) -> DraftConfig:
         raise DraftCheckpointError(f"{file} is not valid JSON ({exc}); re-export or re-train the draft") from None
     if not isinstance(raw, dict) or "algo" not in raw:
         raise DraftCheckpointError(f"{file} is not a draft config (no 'algo' key)")
+    return raw
+
+
+def read_draft_config(path: str | Path) -> DraftConfig:
+    path = Path(path)
+    file = path / "config.json"
+    raw = read_checkpoint_header(path)
     version = raw.get("format_version", FORMAT_VERSION)
     if version > FORMAT_VERSION:
         raise DraftCheckpointError(f"{file} has format_version {version}; this DeepSpec reads <= {FORMAT_VERSION}")
@@ -66,9 +74,10 @@ def read_draft_config(path: str | Path) -> DraftConfig:
         raise DraftCheckpointError(f"{file}: {exc}") from None
 
 
-def check_target(cfg: DraftConfig, target, where: str = "draft") -> None:
-    """Raise DraftTargetMismatchError naming every fingerprint field that differs."""
-    want, have = cfg.target, target.fingerprint()
+def check_target(cfg: DraftConfig | dict, target, where: str = "draft") -> None:
+    """Raise DraftTargetMismatchError naming every fingerprint field that differs (`cfg`: a DraftConfig or the
+    fingerprint dict a corpus-lookup config.json holds)."""
+    want, have = (cfg if isinstance(cfg, dict) else cfg.target), target.fingerprint()
     diffs = [f"{k}: draft was trained on {want.get(k)!r}, target has {have.get(k)!r}"
              for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
     if diffs:

@@ -7,9 +7,10 @@ and slots are compacted mid-run.
 
 import pytest
 
-from deepspec.decoding import SamplingParams, SpecEngine
+from deepspec.decoding import SamplingParams, SpecEngine, build_drafter
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
+from deepspec.paths import repo_root
 from tests.conftest import eval_prompts
 
 pytestmark = pytest.mark.slow
@@ -28,14 +29,22 @@ def reference(smollm2, prompt_ids):
     return [r.token_ids for r in engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))]
 
 
-@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "random"])
+def _drafter(name: str, target):
+    if name == "prompt-lookup":
+        return PromptLookupDrafter()
+    if name == "corpus-lookup":  # the shipped index of the target's own answers
+        return build_drafter(str(repo_root() / "drafts" / "smollm2-135m-corpus"), target)
+    return RandomDrafter(target.vocab_size, seed=0)
+
+
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "corpus-lookup", "random"])
 def test_greedy_output_identical_with_any_drafter(smollm2, prompt_ids, reference, drafter_name):
-    drafter = PromptLookupDrafter() if drafter_name == "prompt-lookup" else RandomDrafter(smollm2.vocab_size, seed=0)
+    drafter = _drafter(drafter_name, smollm2)
     engine = SpecEngine(smollm2, drafter, max_batch_size=4, max_seq_len=1024, num_speculative_tokens=5)
     results = engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))
     mismatched = [i for i, (r, ref) in enumerate(zip(results, reference)) if r.token_ids != ref]
     assert not mismatched, f"prompts {mismatched} differ from target-only greedy"
-    if drafter_name == "prompt-lookup":
+    if drafter_name != "random":
         assert sum(r.num_accepted_tokens for r in results) > 0
 
 

@@ -1,0 +1,83 @@
+"""Corpus lookup: prompt lookup first, then what the target itself wrote after the same words in other answers.
+
+Prompt lookup only finds text the sequence already holds. A small target answers alike across prompts ("Let's
+break this down step by step", `def`, `return`, the closing of a code fence), so its own earlier answers — the
+conversations `python -m training prepare` regenerated — predict much of what prompt lookup cannot. The corpus is
+searched through a SuffixIndex (longest suffix match, most frequent continuation); nothing is trained and drafting
+costs well under a millisecond, which is what makes it pay on a CPU where a neural draft's own forward does not.
+
+The index is static: served outputs are never added, so one user's text never drafts another's.
+
+A corpus-lookup "draft" is a checkpoint directory like the neural ones: config.json (algo `corpus-lookup`, the
+target fingerprint, sizes) and corpus.safetensors (`tokens`, `suffix_array`); `python -m training corpus` builds it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deepspec.decoding.drafter import DraftSampling, Proposal
+from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from deepspec.decoding.drafters.suffix_index import SuffixIndex
+
+ALGO = "corpus-lookup"
+CORPUS_FILE = "corpus.safetensors"
+
+
+class CorpusLookupDrafter(PromptLookupDrafter):
+    name = ALGO
+
+    def __init__(self, index: SuffixIndex, min_ngram: int = 2, max_ngram: int = 4, min_corpus_match: int = 1):
+        super().__init__(min_ngram, max_ngram)
+        if min_corpus_match < 1:
+            raise ValueError(f"min_corpus_match must be >= 1, got {min_corpus_match}")
+        self.index = index
+        self.min_corpus_match = min_corpus_match
+
+    def _corpus_draft(self, context: list[int], k: int) -> list[int]:
+        matched, positions = self.index.longest_match(context)
+        if matched < self.min_corpus_match:
+            return []
+        return self.index.continuation(positions, k)[0]
+
+    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        tokens = torch.zeros(len(slots), k, dtype=torch.long)
+        num_tokens = torch.zeros(len(slots), dtype=torch.long)
+        for row, slot in enumerate(slots):
+            history = self._slots[slot]
+            # in-context matches first: measured better than taking whichever match is longer
+            draft = history.propose(k) or self._corpus_draft(history.tokens, k)
+            if draft:
+                tokens[row, : len(draft)] = torch.tensor(draft)
+                num_tokens[row] = len(draft)
+        return Proposal(tokens, num_tokens, None)
+
+
+def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, extra: dict | None = None) -> Path:
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({"tokens": index.tokens, "suffix_array": index._sa.astype(np.int32)}, str(path / CORPUS_FILE))
+    config = {"algo": ALGO, "max_match": index.max_match, "num_tokens": len(index), "target": target_fingerprint,
+              **(extra or {})}
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def load_corpus_index(path: str | Path, max_match: int) -> SuffixIndex:
+    """Read corpus.safetensors; a missing, truncated or inconsistent file raises ValueError naming it."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    file = Path(path) / CORPUS_FILE
+    try:
+        arrays = load_file(str(file))
+        return SuffixIndex(arrays["tokens"], arrays["suffix_array"], max_match)
+    except (SafetensorError, OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"{file}: cannot read the corpus index ({exc}); rebuild it with "
+                         "`python -m training corpus`") from None

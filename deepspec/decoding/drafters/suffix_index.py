@@ -1,0 +1,95 @@
+"""A suffix array over target-written text: where did the current context's longest suffix occur before, and what
+did the target most often write next?
+
+The corpus is the target's own answers (`python -m training prepare`), one token array with a SEPARATOR after each
+answer. Matching works on the *reversed* corpus: the context read backwards from its last token is a prefix of
+reversed suffixes, so one left-to-right narrowing of a sorted range finds the longest match in one pass, however
+long it is (REST, arXiv 2311.08252, matches forwards and retries shorter suffixes instead). From the matched
+occurrences the continuation is a greedy walk: the most frequent next token, keep the occurrences that agree,
+repeat (the greedy path of SuffixDecoding's tree, arXiv 2411.04975).
+
+Memory is three int32 arrays of the corpus length (1.5M tokens ≈ 18 MB). Lookups are numpy gathers over the
+matched range only; the first token uses a presorted column, so a lookup never touches the whole corpus.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: ends every answer in the corpus; never a token id, so no match or continuation crosses it
+SEPARATOR = -1
+#: pads the reversed corpus past its end so every suffix has `max_match` readable tokens
+_PAD = -2
+
+
+def build_suffix_array(tokens: np.ndarray, max_match: int) -> np.ndarray:
+    """Order of the reversed corpus's suffixes by their first `max_match` tokens ([N] int32).
+
+    Ties beyond `max_match` keep corpus order (lexsort is stable), so building is deterministic."""
+    reversed_tokens = np.concatenate([tokens[::-1], np.full(max_match, _PAD, dtype=np.int32)])
+    n = len(tokens)
+    keys = [reversed_tokens[d : d + n] for d in range(max_match - 1, -1, -1)]  # lexsort: last key is primary
+    return np.lexsort(keys).astype(np.int32)
+
+
+class SuffixIndex:
+    def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray, max_match: int):
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        if tokens.ndim != 1 or suffix_array.shape != tokens.shape:
+            raise ValueError(f"suffix array of shape {tuple(suffix_array.shape)} does not index "
+                             f"{tokens.shape[0]} tokens")
+        if max_match < 1:
+            raise ValueError(f"max_match must be >= 1, got {max_match}")
+        self.tokens = tokens
+        self.max_match = max_match
+        self._sa = np.ascontiguousarray(suffix_array, dtype=np.int64)
+        self._reversed = np.concatenate([tokens[::-1], np.full(max_match, _PAD, dtype=np.int32)])
+        self._first = self._reversed[self._sa]  # the sorted first column: the first narrowing is a binary search
+        if len(self._first) > 1 and np.any(self._first[1:] < self._first[:-1]):
+            raise ValueError("suffix array is not sorted for this corpus (corrupt or built from other tokens)")
+
+    @classmethod
+    def build(cls, tokens: np.ndarray, max_match: int = 12) -> "SuffixIndex":
+        tokens = np.asarray(tokens, dtype=np.int32)
+        return cls(tokens, build_suffix_array(tokens, max_match), max_match)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def longest_match(self, context: list[int]) -> tuple[int, np.ndarray]:
+        """(m, positions): the longest m <= max_match such that context[-m:] occurs in the corpus, and the corpus
+        index right after each occurrence ([count] int64; empty with m = 0)."""
+        lo, hi, matched = 0, len(self._sa), 0
+        for depth, token in enumerate(reversed(context[-self.max_match :])):
+            # suffixes in [lo, hi) share their first `depth` tokens, so their next column is sorted too
+            column = self._first[lo:hi] if depth == 0 else self._reversed[self._sa[lo:hi] + depth]
+            new_lo = lo + int(np.searchsorted(column, token, "left"))
+            new_hi = lo + int(np.searchsorted(column, token, "right"))
+            if new_lo >= new_hi:
+                break
+            lo, hi, matched = new_lo, new_hi, depth + 1
+        if matched == 0:
+            return 0, np.empty(0, dtype=np.int64)
+        # reversed index i holds original index n-1-i (the context's last token); what follows it is at n-i
+        return matched, len(self.tokens) - self._sa[lo:hi]
+
+    def continuation(self, positions: np.ndarray, k: int) -> tuple[list[int], list[float]]:
+        """Greedy walk from the occurrences `positions`: up to k tokens, each the most frequent next token among
+        the occurrences that agreed so far, with the fraction of them that agreed (a frequency estimate of its
+        conditional acceptance)."""
+        tokens, agreement = [], []
+        for _ in range(k):
+            if positions.size == 0:
+                break
+            positions = positions[positions < len(self.tokens)]
+            following = self.tokens[positions]
+            following_real = following[following != SEPARATOR]
+            if following_real.size == 0:
+                break
+            values, counts = np.unique(following_real, return_counts=True)
+            best = int(np.argmax(counts))  # ties: the smallest token id, so drafts are deterministic
+            token = int(values[best])
+            tokens.append(token)
+            agreement.append(float(counts[best]) / following.size)
+            positions = positions[following == token] + 1
+        return tokens, agreement

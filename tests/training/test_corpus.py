@@ -1,0 +1,73 @@
+"""`python -m training corpus`: regenerated answers → a corpus-lookup draft the engine loads and drafts from."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from deepspec.decoding.drafter import DraftSampling
+from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
+from deepspec.decoding.drafters.suffix_index import SEPARATOR
+from deepspec.decoding.registry import build_drafter
+from deepspec.models import load_target
+from training.__main__ import main
+from training.corpus import assistant_spans
+from training.data import Sequence
+from tests.training.helpers import tiny_hf_target_dir
+
+
+def test_assistant_spans_are_the_masked_runs():
+    seq = Sequence([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 1, 0, 0, 1, 0, 1])
+    assert assistant_spans(seq) == [[2, 3], [6], [8]]
+
+
+def test_cli_builds_a_draft_the_engine_drafts_from(tmp_path, capsys):
+    target_dir = tiny_hf_target_dir(tmp_path / "target")
+    data = tmp_path / "regen.jsonl"
+    answers = ["def add(a, b):\n    return a + b", "The answer is 42."]
+    rows = [{"id": f"r{i}", "conversations": [{"role": "user", "content": f"question {i}"},
+                                               {"role": "assistant", "content": a}]}
+            for i, a in enumerate(answers)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n{broken\n")
+    out = tmp_path / "corpus"
+    assert main(["corpus", "--data", str(data), "--out", str(out), "--target", str(target_dir),
+                 "--max-match", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "skipped 1 malformed rows" in captured.err
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["num_conversations"] == 2
+
+    target = load_target(str(target_dir))
+    drafter = build_drafter(str(out), target)
+    assert isinstance(drafter, CorpusLookupDrafter)
+    tokens = drafter.index.tokens
+    # each answer once, with the end-of-turn token the target wrote (and the template's newline after it, masked
+    # like training masks it), then a separator; no user text
+    end_of_turn = target.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    spans = np.split(tokens, np.flatnonzero(tokens == SEPARATOR) + 1)[:-1]
+    assert len(spans) == len(answers)
+    for answer, span in zip(answers, spans):
+        want = target.tokenizer(answer, add_special_tokens=False)["input_ids"] + [end_of_turn]
+        assert span[: len(want)].tolist() == want and span[-1] == SEPARATOR and len(span) <= len(want) + 2
+    assert summary["num_tokens"] == len(tokens)
+
+    # a sequence that has just written "return a" drafts the rest of the first answer
+    history = target.tokenizer("x = 1\nreturn a", add_special_tokens=False)["input_ids"]
+    drafter.reset(0, history[0])
+    drafter.extend([0], torch.tensor([history[1:]]), torch.tensor([len(history) - 1]), None)
+    proposal = drafter.propose([0], 4, DraftSampling(torch.zeros(1), [None]))
+    assert proposal.tokens[0, : int(proposal.num_tokens[0])].tolist() == \
+        target.tokenizer(" + b", add_special_tokens=False)["input_ids"]
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    target_dir = tiny_hf_target_dir(tmp_path / "target")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["corpus", "--data", str(empty), "--out", str(tmp_path / "o"), "--target", str(target_dir)]) == 2
+    assert "no usable training rows" in capsys.readouterr().err
+    assert main(["corpus", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o"),
+                 "--target", str(target_dir)]) == 2
+    assert "training data not found" in capsys.readouterr().err
