@@ -99,17 +99,20 @@ def _add_corpus(sub) -> None:
                    help="target alias, .gguf or HF directory whose tokenizer and fingerprint the index takes")
     p.add_argument("--max-match", type=int, default=12,
                    help="longest context suffix matched against the corpus, in tokens (default 12)")
+    p.add_argument("--min-match", type=int, default=1,
+                   help="shortest suffix match the drafter drafts from (default 1; 2 drafts less but more "
+                        "precisely, which pays where verifying is expensive, e.g. large batches)")
 
 
 def _run_corpus(args, parser) -> int:
     from deepspec.models import load_target
     from training.corpus import build_corpus
 
-    if args.max_match < 1:
-        parser.error("--max-match must be >= 1")
+    if not 1 <= args.min_match <= args.max_match:
+        parser.error("need 1 <= --min-match <= --max-match")
     target = load_target(args.target)
     try:
-        summary = build_corpus(args.data, target, args.out, max_match=args.max_match,
+        summary = build_corpus(args.data, target, args.out, max_match=args.max_match, min_match=args.min_match,
                                log=lambda line: print(line, file=sys.stderr, flush=True))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

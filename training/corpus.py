@@ -40,8 +40,8 @@ def corpus_tokens(sequences: list[Sequence]) -> np.ndarray:
     return np.asarray(out, dtype=np.int32)
 
 
-def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, max_len: int = 4096,
-                 log=None) -> dict:
+def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, min_match: int = 1,
+                 max_len: int = 4096, log=None) -> dict:
     """Tokenize, index and save; returns the summary also written into config.json."""
     from deepspec.decoding.drafters.corpus_lookup import save_corpus
     from deepspec.decoding.drafters.suffix_index import SuffixIndex
@@ -56,5 +56,6 @@ def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, m
     index = SuffixIndex.build(tokens, max_match)
     summary = {"num_conversations": len(sequences), "num_malformed": stats.num_malformed,
                "data": [str(p) for p in paths]}
-    save_corpus(out, index, target.fingerprint(), extra=summary)
-    return {**summary, "num_tokens": len(index), "max_match": max_match, "out": str(out)}
+    save_corpus(out, index, target.fingerprint(), min_corpus_match=min_match, extra=summary)
+    return {**summary, "num_tokens": len(index), "max_match": max_match, "min_corpus_match": min_match,
+            "out": str(out)}

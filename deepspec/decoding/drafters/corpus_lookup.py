@@ -57,14 +57,16 @@ class CorpusLookupDrafter(PromptLookupDrafter):
         return Proposal(tokens, num_tokens, None)
 
 
-def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, extra: dict | None = None) -> Path:
+def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, *, min_corpus_match: int = 1,
+                extra: dict | None = None) -> Path:
+    """Write a corpus-lookup draft directory; `min_corpus_match` becomes the drafter's default."""
     from safetensors.numpy import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    save_file({"tokens": index.tokens, "suffix_array": index._sa.astype(np.int32)}, str(path / CORPUS_FILE))
-    config = {"algo": ALGO, "max_match": index.max_match, "num_tokens": len(index), "target": target_fingerprint,
-              **(extra or {})}
+    save_file({"tokens": index.tokens, "suffix_array": index.suffix_array}, str(path / CORPUS_FILE))
+    config = {"algo": ALGO, "max_match": index.max_match, "min_corpus_match": min_corpus_match,
+              "num_tokens": len(index), "target": target_fingerprint, **(extra or {})}
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
 

@@ -43,6 +43,9 @@ class SuffixIndex:
         self.tokens = tokens
         self.max_match = max_match
         self._sa = np.ascontiguousarray(suffix_array, dtype=np.int64)
+        n = len(tokens)
+        if n and (self._sa.min() < 0 or self._sa.max() >= n or np.bincount(self._sa, minlength=n).max() != 1):
+            raise ValueError(f"suffix array is not a permutation of the {n} corpus positions")
         self._reversed = np.concatenate([tokens[::-1], np.full(max_match, _PAD, dtype=np.int32)])
         self._first = self._reversed[self._sa]  # the sorted first column: the first narrowing is a binary search
         if len(self._first) > 1 and np.any(self._first[1:] < self._first[:-1]):
@@ -52,6 +55,11 @@ class SuffixIndex:
     def build(cls, tokens: np.ndarray, max_match: int = 12) -> "SuffixIndex":
         tokens = np.asarray(tokens, dtype=np.int32)
         return cls(tokens, build_suffix_array(tokens, max_match), max_match)
+
+    @property
+    def suffix_array(self) -> np.ndarray:
+        """[N] int32, what build_suffix_array returned (for saving beside the tokens)."""
+        return self._sa.astype(np.int32)
 
     def __len__(self) -> int:
         return len(self.tokens)

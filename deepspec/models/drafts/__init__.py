@@ -45,6 +45,7 @@ def load_drafter(path: str | Path, target, **options):
             index = corpus_lookup.load_corpus_index(path, int(header["max_match"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise DraftCheckpointError(str(exc)) from None
+        options.setdefault("min_corpus_match", int(header.get("min_corpus_match", 1)))
         return corpus_lookup.CorpusLookupDrafter(index, **options)
     model = load_draft(path, target)
     cls = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}[model.cfg.algo]

@@ -56,6 +56,8 @@ def test_an_index_built_for_other_tokens_is_refused():
     tokens = np.array([3, 1, 2, S], dtype=np.int32)
     with pytest.raises(ValueError, match="not sorted"):
         SuffixIndex(tokens, np.arange(4, dtype=np.int32), max_match=2)
+    with pytest.raises(ValueError, match="not a permutation"):
+        SuffixIndex(tokens, np.array([3, 2, 2, 0], dtype=np.int32), max_match=2)
     with pytest.raises(ValueError, match="does not index"):
         SuffixIndex(tokens, np.arange(3, dtype=np.int32), max_match=2)
 
@@ -76,6 +78,18 @@ def test_prompt_lookup_comes_first_then_the_corpus():
     assert p.num_tokens.tolist() == [3] and p.tokens[0, :3].tolist() == [40, 41, 42]
     nothing = _drafter(corpus, [9, 8, 77])
     assert nothing.propose([0], 5, GREEDY).num_tokens.tolist() == [0]
+
+
+def test_min_corpus_match_skips_short_matches(tmp_path):
+    corpus = [1, 2, 3, 40, 41, S]
+    history = [9, 8, 3]  # only "3" occurs in the corpus
+    assert _drafter(corpus, history).propose([0], 2, GREEDY).tokens[0].tolist() == [40, 41]
+    strict = _drafter(corpus, history)
+    strict.min_corpus_match = 2
+    assert strict.propose([0], 2, GREEDY).num_tokens.tolist() == [0]
+    # the shipped default travels in config.json
+    path = save_corpus(tmp_path / "c", SuffixIndex.build(np.array(corpus), 4), FINGERPRINT, min_corpus_match=2)
+    assert build_drafter(str(path), StubTarget(FINGERPRINT)).min_corpus_match == 2
 
 
 class StubTarget:
