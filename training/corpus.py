@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from training.data import DataStats, Sequence, load_sequences
 
@@ -40,10 +41,56 @@ def corpus_tokens(sequences: list[Sequence]) -> np.ndarray:
     return np.asarray(out, dtype=np.int32)
 
 
+def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: float = 0.5,
+                            prior_weight: float = 2.0) -> dict[str, list[float]]:
+    """Replay greedy decoding of held-out answers with `drafter` (a CorpusLookupDrafter): the regenerated answer
+    *is* the target's greedy output, so a draft token is accepted iff it equals the answer's next token. Returns
+    source → [k] P(slot j accepted | every slot before it accepted), shrunk toward `prior` by `prior_weight`
+    pseudo-counts so a rarely seen source does not read as certain."""
+    reached: dict[str, np.ndarray] = {}
+    accepted: dict[str, np.ndarray] = {}
+    for sequence in sequences:
+        for start, answer in _answers(sequence):
+            context = sequence.input_ids[:start]
+            drafter.reset(0, context[0])
+            if len(context) > 1:
+                drafter.extend([0], torch.tensor([context[1:]]), torch.tensor([len(context) - 1]), None)
+            position = 0
+            while position < len(answer):
+                draft, source = drafter.draft(0, k)
+                num_accepted = 0
+                while (num_accepted < len(draft) and position + num_accepted < len(answer)
+                       and draft[num_accepted] == answer[position + num_accepted]):
+                    num_accepted += 1
+                if draft:
+                    reached.setdefault(source, np.zeros(k))[: min(num_accepted + 1, len(draft))] += 1
+                    accepted.setdefault(source, np.zeros(k))[:num_accepted] += 1
+                committed = answer[position : position + num_accepted + 1]
+                drafter.extend([0], torch.tensor([committed]), torch.tensor([len(committed)]), None)
+                position += len(committed)
+    drafter.release(0)
+    return {source: ((accepted[source] + prior * prior_weight) / (reached[source] + prior_weight)).round(4).tolist()
+            for source in sorted(reached)}
+
+
+def _answers(sequence: Sequence) -> list[tuple[int, list[int]]]:
+    """(index where an assistant span starts, its tokens) for each answer of a conversation."""
+    out, start = [], None
+    for i, is_assistant in enumerate(sequence.loss_mask + [0]):
+        if is_assistant and start is None:
+            start = i
+        elif not is_assistant and start is not None:
+            if start > 0:
+                out.append((start, sequence.input_ids[start:i]))
+            start = None
+    return out
+
+
 def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, min_match: int = 1,
-                 max_len: int = 4096, log=None) -> dict:
-    """Tokenize, index and save; returns the summary also written into config.json."""
-    from deepspec.decoding.drafters.corpus_lookup import save_corpus
+                 num_held_out: int = 100, num_speculative_tokens: int = 7, max_len: int = 4096, log=None) -> dict:
+    """Tokenize, index all but the last `num_held_out` conversations, measure the drafter's per-source slot
+    acceptance on those, and save; returns the summary also written into config.json."""
+    from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
     from deepspec.decoding.drafters.suffix_index import SuffixIndex
 
     log = log or (lambda line: None)
@@ -51,11 +98,20 @@ def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, m
     sequences = load_sequences(paths, target.tokenizer, max_len, stats)
     if stats.num_malformed:
         log(f"skipped {stats.num_malformed} malformed rows (first: {stats.problems[0]})")
-    tokens = corpus_tokens(sequences)
-    log(f"indexing {len(tokens):,} tokens from {len(sequences)} conversations (max match {max_match})")
+    num_held_out = min(num_held_out, len(sequences) // 10)
+    indexed, held_out = sequences[: len(sequences) - num_held_out], sequences[len(sequences) - num_held_out :]
+    tokens = corpus_tokens(indexed)
+    log(f"indexing {len(tokens):,} tokens from {len(indexed)} conversations (max match {max_match})")
     index = SuffixIndex.build(tokens, max_match)
-    summary = {"num_conversations": len(sequences), "num_malformed": stats.num_malformed,
+    slot_acceptance = {}
+    if held_out:
+        drafter = CorpusLookupDrafter(index, min_corpus_match=min_match)
+        slot_acceptance = measure_slot_acceptance(drafter, held_out, num_speculative_tokens)
+        log(f"slot acceptance measured on {len(held_out)} held-out conversations: "
+            + "; ".join(f"{k} {v[0]:.2f}" for k, v in slot_acceptance.items()))
+    summary = {"num_conversations": len(indexed), "num_held_out": len(held_out), "num_malformed": stats.num_malformed,
                "data": [str(p) for p in paths]}
-    save_corpus(out, index, target.fingerprint(), min_corpus_match=min_match, extra=summary)
+    save_corpus(out, index, target.fingerprint(), min_corpus_match=min_match, slot_acceptance=slot_acceptance,
+                extra=summary)
     return {**summary, "num_tokens": len(index), "max_match": max_match, "min_corpus_match": min_match,
             "out": str(out)}

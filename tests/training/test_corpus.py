@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from deepspec.decoding.drafter import DraftSampling
@@ -21,6 +22,19 @@ from tests.training.helpers import tiny_hf_target_dir
 def test_assistant_spans_are_the_masked_runs():
     seq = Sequence([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 1, 0, 0, 1, 0, 1])
     assert assistant_spans(seq) == [[2, 3], [6], [8]]
+
+
+def test_slot_acceptance_replays_greedy_decoding_of_held_out_answers():
+    from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
+    from deepspec.decoding.drafters.suffix_index import SuffixIndex
+    from training.corpus import measure_slot_acceptance
+
+    drafter = CorpusLookupDrafter(SuffixIndex.build(np.array([1, 2, 3, 4, 5, SEPARATOR]), max_match=4))
+    held_out = Sequence([9, 1, 2, 3, 4, 7], [0, 1, 1, 1, 1, 1])
+    table = measure_slot_acceptance(drafter, [held_out], k=4, prior=0.5, prior_weight=2.0)
+    # after "9" nothing matches, the target writes 1; after "1" the corpus drafts 2 3 4 5 and the answer goes
+    # 2 3 4 7: slots 0-2 accepted, slot 3 reached and rejected
+    assert table == {"corpus_1": pytest.approx([2 / 3, 2 / 3, 2 / 3, 1 / 3], abs=1e-4)}
 
 
 def test_cli_builds_a_draft_the_engine_drafts_from(tmp_path, capsys):

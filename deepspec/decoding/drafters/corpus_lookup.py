@@ -28,37 +28,64 @@ ALGO = "corpus-lookup"
 CORPUS_FILE = "corpus.safetensors"
 
 
+#: source of a draft from the sequence's own context
+PROMPT_LOOKUP_SOURCE = "prompt_lookup"
+#: corpus matches of this many tokens or more share one acceptance record
+MAX_MATCH_BUCKET = 6
+
+
+def corpus_source(matched: int) -> str:
+    """The acceptance-table key of a corpus draft whose context matched `matched` tokens."""
+    return f"corpus_{min(matched, MAX_MATCH_BUCKET)}"
+
+
 class CorpusLookupDrafter(PromptLookupDrafter):
     name = ALGO
 
-    def __init__(self, index: SuffixIndex, min_ngram: int = 2, max_ngram: int = 4, min_corpus_match: int = 1):
+    def __init__(self, index: SuffixIndex, min_ngram: int = 2, max_ngram: int = 4, min_corpus_match: int = 1,
+                 slot_acceptance: dict[str, list[float]] | None = None):
         super().__init__(min_ngram, max_ngram)
         if min_corpus_match < 1:
             raise ValueError(f"min_corpus_match must be >= 1, got {min_corpus_match}")
         self.index = index
         self.min_corpus_match = min_corpus_match
+        #: source → P(slot j accepted | slots before it accepted), measured on held-out answers when the corpus
+        #: was built (training/corpus.py); turns each draft into the survival estimate the verify budget wants
+        self.slot_acceptance = slot_acceptance or {}
 
-    def _corpus_draft(self, context: list[int], k: int) -> list[int]:
-        matched, positions = self.index.longest_match(context)
+    def draft(self, slot: int, k: int) -> tuple[list[int], str]:
+        """Up to k tokens for one sequence and where they came from (PROMPT_LOOKUP_SOURCE or corpus_source(m))."""
+        history = self._slots[slot]
+        # in-context matches first: measured better than taking whichever match is longer
+        tokens = history.propose(k)
+        if tokens:
+            return tokens, PROMPT_LOOKUP_SOURCE
+        matched, positions = self.index.longest_match(history.tokens)
         if matched < self.min_corpus_match:
-            return []
-        return self.index.continuation(positions, k)[0]
+            return [], corpus_source(matched)
+        return self.index.continuation(positions, k)[0], corpus_source(matched)
 
     def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         tokens = torch.zeros(len(slots), k, dtype=torch.long)
         num_tokens = torch.zeros(len(slots), dtype=torch.long)
+        survival = torch.zeros(len(slots), k) if self.slot_acceptance else None
         for row, slot in enumerate(slots):
-            history = self._slots[slot]
-            # in-context matches first: measured better than taking whichever match is longer
-            draft = history.propose(k) or self._corpus_draft(history.tokens, k)
-            if draft:
-                tokens[row, : len(draft)] = torch.tensor(draft)
-                num_tokens[row] = len(draft)
-        return Proposal(tokens, num_tokens, None)
+            draft, source = self.draft(slot, k)
+            if not draft:
+                continue
+            tokens[row, : len(draft)] = torch.tensor(draft)
+            num_tokens[row] = len(draft)
+            if survival is not None:
+                rates = self.slot_acceptance.get(source)
+                if rates is None or len(rates) < len(draft):
+                    survival = None  # a source the table never saw: the engine's per-sequence record decides
+                else:
+                    survival[row, : len(draft)] = torch.tensor(rates[: len(draft)]).cumprod(0)
+        return Proposal(tokens, num_tokens, None, survival)
 
 
 def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, *, min_corpus_match: int = 1,
-                extra: dict | None = None) -> Path:
+                slot_acceptance: dict[str, list[float]] | None = None, extra: dict | None = None) -> Path:
     """Write a corpus-lookup draft directory; `min_corpus_match` becomes the drafter's default."""
     from safetensors.numpy import save_file
 
@@ -66,7 +93,8 @@ def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, 
     path.mkdir(parents=True, exist_ok=True)
     save_file({"tokens": index.tokens, "suffix_array": index.suffix_array}, str(path / CORPUS_FILE))
     config = {"algo": ALGO, "max_match": index.max_match, "min_corpus_match": min_corpus_match,
-              "num_tokens": len(index), "target": target_fingerprint, **(extra or {})}
+              "num_tokens": len(index), "target": target_fingerprint, "slot_acceptance": slot_acceptance or {},
+              **(extra or {})}
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
 

@@ -46,6 +46,7 @@ def load_drafter(path: str | Path, target, **options):
         except (KeyError, TypeError, ValueError) as exc:
             raise DraftCheckpointError(str(exc)) from None
         options.setdefault("min_corpus_match", int(header.get("min_corpus_match", 1)))
+        options.setdefault("slot_acceptance", header.get("slot_acceptance"))
         return corpus_lookup.CorpusLookupDrafter(index, **options)
     model = load_draft(path, target)
     cls = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}[model.cfg.algo]

@@ -80,6 +80,17 @@ def test_prompt_lookup_comes_first_then_the_corpus():
     assert nothing.propose([0], 5, GREEDY).num_tokens.tolist() == [0]
 
 
+def test_survival_comes_from_the_measured_table_of_each_draft_source():
+    corpus = [1, 2, 3, 40, 41, 42, S]
+    d = _drafter(corpus, [9, 8, 1, 2, 3])  # corpus match of 3 tokens
+    d.slot_acceptance = {"corpus_3": [0.5, 0.8, 0.5, 0.1], "prompt_lookup": [0.9] * 4}
+    p = d.propose([0], 4, GREEDY)
+    assert p.num_tokens.tolist() == [3]
+    assert p.survival[0].tolist() == pytest.approx([0.5, 0.4, 0.2, 0.0])
+    d.slot_acceptance = {"prompt_lookup": [0.9] * 4}  # never measured corpus_3: the engine's record decides
+    assert d.propose([0], 4, GREEDY).survival is None
+
+
 def test_min_corpus_match_skips_short_matches(tmp_path):
     corpus = [1, 2, 3, 40, 41, S]
     history = [9, 8, 3]  # only "3" occurs in the corpus
