@@ -52,6 +52,9 @@ def _add_prepare(sub) -> None:
     p.add_argument("--device", default="cpu", help="engine backend device (cpu, cuda)")
     p.add_argument("--batch-size", type=int, default=8,
                    help="rows per batch: engine slots, or concurrent requests to --endpoint (default 8)")
+    p.add_argument("--max-seq-len", type=int, default=2048,
+                   help="engine backend: tokens of context per slot, prompt and answer together (default 2048; "
+                        "sizes the KV cache, longer conversations are logged as failures)")
     p.add_argument("--endpoint", default=None,
                    help="OpenAI-compatible server base URL (e.g. http://127.0.0.1:8081); default: our own engine")
     p.add_argument("--model", default="default", help="model name sent to --endpoint (default 'default')")
@@ -165,6 +168,8 @@ def _run_prepare(args, parser) -> int:
 
     if args.max_tokens < 1 or args.batch_size < 1:
         parser.error("--max-tokens and --batch-size must be >= 1")
+    if args.max_seq_len <= args.max_tokens:
+        parser.error("--max-seq-len must exceed --max-tokens (it holds the prompt and the answer)")
     stats = PrepareStats()
     rows = read_prompts(args.inputs, args.limit_per_file, args.seed, stats)
     if stats.num_malformed:
@@ -177,7 +182,8 @@ def _run_prepare(args, parser) -> int:
         from deepspec.models import load_target
 
         target = load_target(args.target, dtype=args.dtype, device=args.device)
-        generate = engine_backend(target, args.max_tokens, args.temperature, args.batch_size, args.seed)
+        generate = engine_backend(target, args.max_tokens, args.temperature, args.batch_size, args.seed,
+                                  args.max_seq_len)
         backend = f"engine ({target.name}, batch {args.batch_size})"
     print(f"regenerating {len(rows)} rows with {backend} → {args.out}", file=sys.stderr)
     with Progress(len(rows), "prepare") as progress:

@@ -113,11 +113,15 @@ def endpoint_backend(url: str, model: str, max_tokens: int, temperature: float, 
     return generate
 
 
-def engine_backend(target, max_tokens: int, temperature: float, batch_size: int, seed: int) -> Generate:
+def engine_backend(target, max_tokens: int, temperature: float, batch_size: int, seed: int,
+                   max_seq_len: int = 2048) -> Generate:
+    """Our engine with continuous batching. The KV cache holds batch_size × max_seq_len positions: the target's
+    whole window (8k for SmolLM2) at 24 slots would pin ~5 GB for answers of a few hundred tokens. A longer
+    conversation fails with the engine's message and is logged to the failures file."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
 
-    engine = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=target.max_seq_len)
+    engine = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=min(max_seq_len, target.max_seq_len))
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
 
     def generate(batch: list[list[dict]]) -> list[tuple[str, int] | Exception]:

@@ -95,3 +95,12 @@ def test_engine_backend_matches_target_greedy(tmp_path):
     want = [engine.generate([target.encode_chat([{"role": "user", "content": f"q{i}"}])],
                             SamplingParams(max_tokens=6))[0].text for i in range(3)]
     assert got == want
+
+    # a conversation longer than the engine's window is logged as a failure, not lost silently
+    stats = PrepareStats()
+    short = tmp_path / "short.jsonl"
+    regenerate(rows, engine_backend(target, 6, 0.0, 2, 0, max_seq_len=8), short, 2, stats)
+    assert stats.num_failed == 3
+    assert not short.exists() or short.read_text() == ""
+    failures = (tmp_path / "short.jsonl.failures.jsonl").read_text()
+    assert "context window is 8 tokens" in failures
