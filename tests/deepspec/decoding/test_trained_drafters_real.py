@@ -1,5 +1,5 @@
-"""The shipped drafts on the real default target: greedy output token-identical to target-only on real
-prompts, and `auto` picks a shipped draft."""
+"""The shipped drafts (neural and corpus lookup) on the real default target: greedy output token-identical to
+target-only on real prompts, and `auto` picks a shipped draft."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import build_drafter
-from deepspec.models.drafts import read_draft_config, shipped_drafts
+from deepspec.models.drafts import read_checkpoint_header, shipped_drafts
 from tests.conftest import eval_prompts
 
 pytestmark = pytest.mark.slow
@@ -37,5 +37,5 @@ def test_auto_uses_the_best_shipped_draft_or_prompt_lookup(smollm2):
     good_enough = [p for p, tau in shipped_drafts(smollm2) if tau >= AUTO_MIN_ACCEPTANCE_LENGTH
                    and not _slows_down(p / "eval.json")]
     assert (best is None) == (not good_enough)
-    expected = read_draft_config(best).algo if best else "prompt-lookup"
+    expected = read_checkpoint_header(best)["algo"] if best else "prompt-lookup"
     assert build_drafter("auto", smollm2).name == expected
