@@ -2,7 +2,8 @@
 
 No gradient step: the "training" of corpus lookup is choosing its text. Only assistant tokens go in (what the
 target wrote, including its end-of-turn token), one SEPARATOR after each answer, tokenized exactly as `train`
-tokenizes them. The eval sets never go in: `prepare` refuses nothing, so pass it training prompts only.
+tokenizes them. Like a trained draft's, its data must come from training prompts: an index of answers to the eval
+prompts would draft the benchmark's own text.
 """
 
 from __future__ import annotations
@@ -15,17 +16,15 @@ import torch
 from training.data import DataStats, Sequence, load_sequences
 
 
-def assistant_spans(sequence: Sequence) -> list[list[int]]:
-    """The maximal runs of loss-masked (assistant) tokens of one conversation, in order."""
-    spans, current = [], []
-    for token, is_assistant in zip(sequence.input_ids, sequence.loss_mask):
-        if is_assistant:
-            current.append(token)
-        elif current:
-            spans.append(current)
-            current = []
-    if current:
-        spans.append(current)
+def answer_spans(sequence: Sequence) -> list[tuple[int, list[int]]]:
+    """(start index, tokens) of each maximal run of loss-masked (assistant) tokens of one conversation, in order."""
+    spans, start = [], None
+    for i, is_assistant in enumerate([*sequence.loss_mask, 0]):
+        if is_assistant and start is None:
+            start = i
+        elif not is_assistant and start is not None:
+            spans.append((start, sequence.input_ids[start:i]))
+            start = None
     return spans
 
 
@@ -35,7 +34,7 @@ def corpus_tokens(sequences: list[Sequence]) -> np.ndarray:
 
     out: list[int] = []
     for sequence in sequences:
-        for span in assistant_spans(sequence):
+        for _, span in answer_spans(sequence):
             out.extend(span)
             out.append(SEPARATOR)
     return np.asarray(out, dtype=np.int32)
@@ -50,7 +49,9 @@ def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: f
     reached: dict[str, np.ndarray] = {}
     accepted: dict[str, np.ndarray] = {}
     for sequence in sequences:
-        for start, answer in _answers(sequence):
+        for start, answer in answer_spans(sequence):
+            if start == 0:
+                continue  # nothing to draft from
             context = sequence.input_ids[:start]
             drafter.reset(0, context[0])
             if len(context) > 1:
@@ -71,19 +72,6 @@ def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: f
     drafter.release(0)
     return {source: ((accepted[source] + prior * prior_weight) / (reached[source] + prior_weight)).round(4).tolist()
             for source in sorted(reached)}
-
-
-def _answers(sequence: Sequence) -> list[tuple[int, list[int]]]:
-    """(index where an assistant span starts, its tokens) for each answer of a conversation."""
-    out, start = [], None
-    for i, is_assistant in enumerate(sequence.loss_mask + [0]):
-        if is_assistant and start is None:
-            start = i
-        elif not is_assistant and start is not None:
-            if start > 0:
-                out.append((start, sequence.input_ids[start:i]))
-            start = None
-    return out
 
 
 def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, min_match: int = 1,

@@ -14,14 +14,14 @@ from deepspec.decoding.drafters.suffix_index import SEPARATOR
 from deepspec.decoding.registry import build_drafter
 from deepspec.models import load_target
 from training.__main__ import main
-from training.corpus import assistant_spans
+from training.corpus import answer_spans
 from training.data import Sequence
 from tests.training.helpers import tiny_hf_target_dir
 
 
-def test_assistant_spans_are_the_masked_runs():
+def test_answer_spans_are_the_masked_runs():
     seq = Sequence([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 1, 0, 0, 1, 0, 1])
-    assert assistant_spans(seq) == [[2, 3], [6], [8]]
+    assert answer_spans(seq) == [(1, [2, 3]), (5, [6]), (7, [8])]
 
 
 def test_slot_acceptance_replays_greedy_decoding_of_held_out_answers():

@@ -24,10 +24,9 @@ from deepspec.decoding.drafter import DraftSampling, Proposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.suffix_index import SuffixIndex
 
+#: `algo` in config.json of a corpus-lookup draft directory
 ALGO = "corpus-lookup"
 CORPUS_FILE = "corpus.safetensors"
-
-
 #: source of a draft from the sequence's own context
 PROMPT_LOOKUP_SOURCE = "prompt_lookup"
 #: corpus matches of this many tokens or more share one acceptance record
