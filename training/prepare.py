@@ -121,7 +121,7 @@ def engine_backend(target, max_tokens: int, temperature: float, batch_size: int,
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
 
-    engine = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=min(max_seq_len, target.max_seq_len))
+    engine = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)  # clamped to the target's
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
 
     def generate(batch: list[list[dict]]) -> list[tuple[str, int] | Exception]:

@@ -92,14 +92,14 @@ class _Dist:
 def initial_draft(cfg: TrainConfig, target):
     """The draft named by `init_from`, to fine-tune on more data: its weights, vocabulary and sizes are kept, so
     it must be of the configured algorithm and trained for this target."""
-    from deepspec.models.drafts import check_target, load_draft, read_draft_config
+    from deepspec.models.drafts import check_target, load_draft
 
     path = Path(cfg.init_from)
-    init_cfg = read_draft_config(path)
-    if init_cfg.algo != cfg.model.algo:
-        raise ValueError(f"init_from {path} is a {init_cfg.algo} draft, but model.algo is {cfg.model.algo}")
-    check_target(init_cfg, target, where=f"init_from draft {path}")
-    return load_draft(path, dtype=torch.float32).train()
+    draft = load_draft(path, dtype=torch.float32)  # no target: attaching would also prepack it for inference
+    if draft.cfg.algo != cfg.model.algo:
+        raise ValueError(f"init_from {path} is a {draft.cfg.algo} draft, but model.algo is {cfg.model.algo}")
+    check_target(draft.cfg, target, where=f"init_from draft {path}")
+    return draft.train()
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:

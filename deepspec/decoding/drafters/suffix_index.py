@@ -24,11 +24,15 @@ _PAD = -2
 MAX_OCCURRENCES = 2048
 
 
+def _reversed_padded(tokens: np.ndarray, max_match: int) -> np.ndarray:
+    return np.concatenate([tokens[::-1], np.full(max_match, _PAD, dtype=np.int32)])
+
+
 def build_suffix_array(tokens: np.ndarray, max_match: int) -> np.ndarray:
     """Order of the reversed corpus's suffixes by their first `max_match` tokens ([N] int32).
 
     Ties beyond `max_match` keep corpus order (lexsort is stable), so building is deterministic."""
-    reversed_tokens = np.concatenate([tokens[::-1], np.full(max_match, _PAD, dtype=np.int32)])
+    reversed_tokens = _reversed_padded(tokens, max_match)
     n = len(tokens)
     keys = [reversed_tokens[d : d + n] for d in range(max_match - 1, -1, -1)]  # lexsort: last key is primary
     return np.lexsort(keys).astype(np.int32)
@@ -48,7 +52,7 @@ class SuffixIndex:
         n = len(tokens)
         if n and (self._sa.min() < 0 or self._sa.max() >= n or np.bincount(self._sa, minlength=n).max() != 1):
             raise ValueError(f"suffix array is not a permutation of the {n} corpus positions")
-        self._reversed = np.concatenate([tokens[::-1], np.full(max_match, _PAD, dtype=np.int32)])
+        self._reversed = _reversed_padded(tokens, max_match)
         self._first = self._reversed[self._sa]  # the sorted first column: the first narrowing is a binary search
         if len(self._first) > 1 and np.any(self._first[1:] < self._first[:-1]):
             raise ValueError("suffix array is not sorted for this corpus (corrupt or built from other tokens)")
