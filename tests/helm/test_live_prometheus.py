@@ -5,7 +5,8 @@ Two sources, told apart by the `namespace` label Prometheus attaches (the dashbo
   the gateway's `/metrics` route serves them and fed synthetic traffic by a thread: every panel, with every label
   value the dashboards split by (several workers, positions, statuses);
 - `live`: the running service itself, `python -m service worker --target stub` behind `python -m service gateway`,
-  with completions sent through the gateway's OpenAI API (skipped when this checkout's service cannot start).
+  with completions sent through the gateway's OpenAI API. When it cannot start, its tests fail on CI (`CI` set)
+  and are skipped elsewhere.
 Scrapes run every second under the job names the chart's ServiceMonitors produce.
 """
 
@@ -16,7 +17,6 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -31,18 +31,13 @@ import yaml
 from service.metrics import GatewayMetrics, WorkerMetrics
 from tests.helm.conftest import NAMESPACE, RELEASE, REPO, require_tool
 from tests.helm.promql import dashboard_queries, dashboards, rule_exprs, substitute
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
 MODEL = "smollm2-135m"
 WORKERS = ("10.0.0.7:8001", "10.0.0.8:8001")
 RATE_WINDOW = "10s"  # Grafana would send $__rate_interval = 4 x the 1 s scrape interval at least
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, stop: threading.Event) -> None:
@@ -105,8 +100,9 @@ class LiveService:
     """A stub worker and a real gateway in front of it, as `helm install` wires them, on free local ports."""
 
     def __init__(self, log_dir):
-        self.grpc_port, self.metrics_port, self.http_port = _free_port(), _free_port(), _free_port()
+        self.grpc_port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
+        self.log_dir = log_dir
         self.logs = [open(log_dir / name, "w") for name in ("worker.log", "gateway.log")]
         common = [sys.executable, "-m", "service"]
         self.processes = [
@@ -130,6 +126,10 @@ class LiveService:
                 pass
             time.sleep(0.3)
         return False
+
+    def log_tail(self) -> str:
+        return "\n".join(f"--- {name}\n{(self.log_dir / name).read_text(errors='replace')[-2000:]}"
+                         for name in ("worker.log", "gateway.log"))
 
     def complete(self, prompt: str, stream: bool) -> None:
         body = json.dumps({"model": "stub", "prompt": prompt, "max_tokens": 16, "temperature": 0,
@@ -166,10 +166,20 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 class Scrape:
-    """What the tests get: Prometheus' URL and the live service, if it runs."""
+    """What the tests get: Prometheus' URL and the live service, if it runs (else why it did not)."""
 
-    def __init__(self, url: str, live: LiveService | None):
-        self.url, self.live = url, live
+    def __init__(self, url: str, live: LiveService | None, live_failure: str = ""):
+        self.url, self._live, self.live_failure = url, live, live_failure
+
+    @property
+    def live(self) -> LiveService:
+        """The running service; a failure on CI (where `make test` must be able to start it), a skip elsewhere."""
+        if self._live is None:
+            message = f"the service (stub worker + gateway) did not start in this checkout:\n{self.live_failure}"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        return self._live
 
 
 @pytest.fixture(scope="module")
@@ -180,12 +190,12 @@ def prometheus(tmp_path_factory):
     servers = [_serve(m.registry) for m in (gateway, worker)]
     stop = threading.Event()
     threads = [threading.Thread(target=_traffic, args=(gateway, worker, stop), daemon=True)]
-    live = LiveService(tmp)
+    live, live_failure = LiveService(tmp), ""
     if live.wait_ready():
         threads.append(threading.Thread(target=live.traffic, args=(stop,), daemon=True))
     else:
         live.close()
-        live = None
+        live, live_failure = None, live.log_tail()
     for thread in threads:
         thread.start()
 
@@ -198,7 +208,7 @@ def prometheus(tmp_path_factory):
                   {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}]}
                   for job, (port, namespace) in targets.items()]}
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = open(tmp / "prometheus.log", "w")
     process = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
@@ -218,7 +228,7 @@ def prometheus(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail("prometheus did not become ready in 30 s")
             time.sleep(0.2)
-        yield Scrape(url, live)
+        yield Scrape(url, live, live_failure)
     finally:
         _stop(process)
         log.close()
@@ -283,8 +293,7 @@ def test_every_dashboard_query_returns_data(prometheus):
 
 def test_dashboards_show_the_running_service(prometheus):
     """The gateway's panels fill from the real service; so do the workers' own once their names survive the scrape."""
-    if prometheus.live is None:
-        pytest.skip("the service (stub worker + gateway) did not start in this checkout")
+    assert prometheus.live.processes  # the running service (a failure on CI, a skip elsewhere, when absent)
     # Error and retry panels have no series until something fails, and the stub never does.
     queries = {q for q in _queries("live") if "Error ratio" not in q[1] and "Retries" not in q[1]}
     answers, pending = _wait_for_data(prometheus.url, queries, 45)
@@ -297,8 +306,7 @@ def test_dashboards_show_the_running_service(prometheus):
 
 def test_helm_test_script_passes_against_the_running_gateway(prometheus):
     """The `helm test` pod's script, taken from the rendered chart, run against the real gateway."""
-    if prometheus.live is None:
-        pytest.skip("the service (stub worker + gateway) did not start in this checkout")
+    assert prometheus.live.processes  # the running service (a failure on CI, a skip elsewhere, when absent)
     from tests.helm.conftest import one, render
 
     pod = one(render(), "Pod")
@@ -331,8 +339,7 @@ def test_the_real_worker_endpoint_keeps_deepspec_names(prometheus):
     """Prometheus 2.x asks for OpenMetrics first, and prometheus_client's OpenMetrics writer turns `deepspec:x` into
     `deepspec_x` in sample lines: every dashboard and alert would miss such series. The service must keep answering
     with the classic text format."""
-    if prometheus.live is None:
-        pytest.skip("the service (stub worker + gateway) did not start in this checkout")
+    assert prometheus.live.processes  # the running service (a failure on CI, a skip elsewhere, when absent)
     names: set[str] = set()
     deadline = time.monotonic() + 30
     while not names and time.monotonic() < deadline:
@@ -342,3 +349,13 @@ def test_the_real_worker_endpoint_keeps_deepspec_names(prometheus):
     assert names, "Prometheus stored nothing from the worker"
     escaped = sorted(name for name in names if not name.startswith("deepspec:"))
     assert not escaped, f"the worker's /metrics escaped names for Prometheus: {escaped[:3]}..."
+
+
+def test_a_service_that_did_not_start_fails_on_ci_and_skips_elsewhere(monkeypatch):
+    scrape = Scrape("http://127.0.0.1:9", None, "--- gateway.log\nthe HTTP server did not start")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="did not start"):
+        scrape.live  # noqa: B018
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        scrape.live  # noqa: B018

@@ -1,4 +1,4 @@
-"""Test servers: the fake OpenAI server on a background thread, and free ports.
+"""Test servers: the fake OpenAI server on a background thread.
 
 Tests are plain functions that call `asyncio.run(...)` (no pytest-asyncio needed); a server that must outlive one
 `asyncio.run` (CLI tests, where `main()` runs its own loop) lives on a thread via `threaded_fake_server`.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from collections.abc import Iterator
 
@@ -38,10 +37,3 @@ def threaded_fake_server(config: FakeServerConfig | None = None) -> Iterator[Fak
     finally:
         loop.call_soon_threadsafe(loop.stop)
         t.join(10)
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound and released): a "server down" address, or one to start a server on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -13,7 +13,7 @@ import pytest
 from loadtest.cli import main
 from loadtest.fake_server import FakeServerConfig
 
-from .servers import free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RANDOM = ["--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "6", "--quiet"]

@@ -10,7 +10,7 @@ from loadtest.records import RequestInput
 from service.protos.deepspec.v1 import completions_pb2 as pb
 from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 
-from .servers import free_port
+from tests.ports import free_port
 
 TTFT, ITL = 0.040, 0.010
 

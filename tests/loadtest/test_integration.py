@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from loadtest.cli import main
-from tests.service.conftest import ServerProcess, free_port
+from tests.ports import free_port
+from tests.service.conftest import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from loadtest.clients.openai_http import OpenAIHttpClient, fetch_model_ids
 from loadtest.fake_server import FakeOpenAIServer, FakeServerConfig
 from loadtest.records import RequestInput
 
-from .servers import free_port
+from tests.ports import free_port
 
 TTFT, ITL = 0.050, 0.010
 # Lower bounds are strict (the client cannot see a chunk before the server sleeps and sends it); upper bounds

@@ -11,7 +11,7 @@ from loadtest.fake_server import FakeOpenAIServer, FakeServerConfig
 from loadtest.runner import Progress, run_load, run_point
 from loadtest.workload import random_requests
 
-from .servers import free_port
+from tests.ports import free_port
 
 
 def reqs(output_len=4):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,22 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A port nothing listens on, never the same one twice in this test run (two back-to-back calls may otherwise
-    get the same port from the kernel, and a gateway given it for HTTP and gRPC cannot start)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
 
 
 class ServerProcess:

@@ -24,7 +24,8 @@ from service.gateway.discovery_k8s import SERVICE_NAME_LABEL, KubeAPI, ServiceRe
 from service.gateway.routing import WorkerPool, discovery_for
 from service.metrics import GatewayMetrics
 from service.settings import GatewaySettings
-from tests.service.conftest import Gateway, Worker, free_port
+from tests.ports import free_port
+from tests.service.conftest import Gateway, Worker
 
 NAMESPACE, SERVICE = "test-ns", "deepspec-worker"
 

@@ -6,7 +6,8 @@ import httpx
 import openai
 import pytest
 
-from tests.service.conftest import ServerProcess, free_port, metric_value
+from tests.ports import free_port
+from tests.service.conftest import ServerProcess, metric_value
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

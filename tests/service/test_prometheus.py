@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.service.conftest import free_port
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.integration,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ from safetensors.torch import load_file
 from training.__main__ import main
 from training.config import TrainConfig, load_config
 from training.trainer import train
+from tests.ports import free_port
 from tests.training.helpers import tiny_hf_target_dir, write_conversations
 
 
@@ -145,16 +145,10 @@ def test_offline_cache_recomputes_only_stale_files(setup, tmp_path):
     assert torch.equal(features, expect) and torch.equal(final, expect_final)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(setup, out: Path, *overrides: str, resume: bool = False) -> dict:
     root, target_dir, data = setup
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(_free_port()), "-m", "training", "train", "--algo", "dflash", "--target", str(target_dir),
+           str(free_port()), "-m", "training", "train", "--algo", "dflash", "--target", str(target_dir),
            "--data", str(data), "--out", str(out), "model.block_size=4", "model.draft_vocab_size=32",
            "model.feature_layers=[0,1,2]", "data.max_len=64", "data.num_anchors=8", "dist.backend=gloo",
            # a constant learning rate, so a run stopped at step 2 and resumed to 3 follows the same schedule
