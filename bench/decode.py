@@ -7,7 +7,8 @@ the drift as much as the methods. Interleaved, every method sees the same machin
 
     hf-generate            transformers generate (the baseline every ratio divides by)
     hf-prompt-lookup       transformers generate(prompt_lookup_num_tokens=...)
-    llama.cpp              llama-cpp-python plain decoding on the same GGUF (the CPU peer; `make bench-deps`)
+    llama.cpp              llama-cpp-python plain decoding on the same GGUF (the CPU peer; `make bench-deps`), in a
+                           process of its own: if it crashes, its row says "crashed: signal N" and the rest goes on
     engine                 our target-only engine (dense weights in --dtype)
     engine+<drafter>       our engine with prompt lookup and every shipped draft under drafts/
     engine-q4[+<drafter>]  the same with the GGUF's own 4-bit matmul weights (--quantization gguf; bf16 only)
@@ -26,11 +27,14 @@ token-identical to that engine. Writes bench/results/decode-<dtype>.json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from bench.isolated import IsolatedDecoder, PeerFailed
 
 DATASETS = ("humaneval", "gsm8k", "mbpp")
 #: every method first decodes this many tokens of the first prompt, untimed: its first timed prompt then runs
@@ -59,11 +63,11 @@ def parse_args(argv):
 
 
 def load_prompts(target, n: int) -> dict[str, list[list[int]]]:
-    from deepspec.paths import datasets_dir
+    from deepspec.paths import eval_dataset
 
     prompts = {}
     for name in DATASETS:
-        with (datasets_dir() / "eval" / f"{name}.jsonl").open() as f:
+        with eval_dataset(name).open() as f:
             turns = [json.loads(line)["turns"][0] for _, line in zip(range(n), f)]
         prompts[name] = [target.encode_chat([{"role": "user", "content": t}]) for t in turns]
     return prompts
@@ -109,13 +113,12 @@ def hf_decoder(target, max_tokens, prompt_lookup: int | None, warmup_ids):
     return decode
 
 
-def llama_cpp_decoder(target_spec, max_tokens, warmup_ids):
+def llama_cpp_decoder(gguf: str, max_tokens, warmup_ids, n_threads: int):
+    """llama-cpp-python's plain greedy decoding of the same GGUF. Built in a child process (`IsolatedDecoder`):
+    llama.cpp is native code, and a build for the wrong CPU dies with SIGILL, which must cost this row only."""
     from llama_cpp import Llama
 
-    from deepspec.models.aliases import ALIASES
-
-    gguf = ALIASES[target_spec].locate() if target_spec in ALIASES else Path(target_spec)
-    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=torch_threads(), verbose=False)
+    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=n_threads, verbose=False)
 
     def greedy(ids, n):
         tokens = []
@@ -135,10 +138,31 @@ def llama_cpp_decoder(target_spec, max_tokens, warmup_ids):
     return decode
 
 
-def torch_threads() -> int:
-    import torch
+def gguf_file(target_spec: str) -> Path:
+    """The GGUF file behind a target alias (or the path itself), for the peers that read GGUF directly."""
+    from deepspec.models.aliases import ALIASES
 
-    return torch.get_num_threads()
+    return ALIASES[target_spec].locate() if target_spec in ALIASES else Path(target_spec)
+
+
+def run_interleaved(decoders: dict, prompts: dict[str, list[list[int]]], log) -> tuple[dict, dict[str, str]]:
+    """Every prompt decoded by every method in turn → (rows[method][dataset], status of each method that failed).
+
+    A method whose process dies (`PeerFailed`) leaves the rotation and the results: a row measured on part of the
+    prompts would not compare with the others. The remaining methods go on."""
+    failed: dict[str, str] = {}
+    rows = {name: {ds: [] for ds in prompts} for name in decoders}
+    for ds, ds_prompts in prompts.items():
+        for i, ids in enumerate(ds_prompts):
+            live = [name for name in decoders if name not in failed]
+            log(f"{ds} prompt {i + 1}/{len(ds_prompts)}: {len(live)} methods in turn")
+            for name in live:
+                try:
+                    rows[name][ds].append(decoders[name](ids))
+                except PeerFailed as e:
+                    log(f"[red]{name} {e}: its row is left out, the other methods go on")
+                    failed[name] = str(e)
+    return {name: r for name, r in rows.items() if name not in failed}, failed
 
 
 def summarize(rows_by_dataset, reference_by_dataset):
@@ -177,11 +201,17 @@ def main(argv=None) -> int:
     warmup_ids = prompts[DATASETS[0]][0]
     decoders: dict[str, object] = {}
 
+    failed_to_start: dict[str, str] = {}
+
     def add(name, build):
         if name in skip:
             return
         console.log(f"loading and warming up {name}")
-        decoders[name] = build()
+        try:
+            decoders[name] = build()
+        except PeerFailed as e:
+            console.log(f"[red]{name} {e}: its row is left out, the other methods go on")
+            failed_to_start[name] = str(e)
 
     drafter_specs = []
     for spec in filter(None, args.drafters.split(",")):
@@ -207,19 +237,15 @@ def main(argv=None) -> int:
                 t, d, args.max_tokens, args.num_speculative_tokens, warmup_ids))
     add("hf-generate", lambda: hf_decoder(target, args.max_tokens, None, warmup_ids))
     add("hf-prompt-lookup", lambda: hf_decoder(target, args.max_tokens, 10, warmup_ids))
-    try:
-        import llama_cpp  # noqa: F401
-
-        add("llama.cpp", lambda: llama_cpp_decoder(args.target, args.max_tokens, warmup_ids))
-    except ImportError:
+    # found, not imported: importing a wrongly built llama.cpp may already die; only its own process may try
+    if importlib.util.find_spec("llama_cpp") is not None:
+        add("llama.cpp", lambda: IsolatedDecoder(llama_cpp_decoder, str(gguf_file(args.target)), args.max_tokens,
+                                                 warmup_ids, torch.get_num_threads(), threads=torch.get_num_threads()))
+    else:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): skipping the llama.cpp peer")
 
-    methods: dict[str, dict[str, list]] = {name: {ds: [] for ds in DATASETS} for name in decoders}
-    for ds in DATASETS:
-        for i, ids in enumerate(prompts[ds]):
-            console.log(f"{ds} prompt {i + 1}/{len(prompts[ds])}: {len(decoders)} methods in turn")
-            for name, decode in decoders.items():
-                methods[name][ds].append(decode(ids))
+    methods, failed = run_interleaved(decoders, prompts, console.log)
+    failed = {**failed_to_start, **failed}
 
     def engine_for(name):
         """The target-only engine row a method is compared with: the one with the same weights for our drafts,
@@ -249,7 +275,13 @@ def main(argv=None) -> int:
                           f"{r['x_engine']:.2f}" if r["x_engine"] else "-",
                           "ref" if name in (*ENGINE_LABELS.values(), "hf-generate") else r["identical_to_reference"])
         table.add_section()
+    for name, status in failed.items():
+        table.add_row(name, status, *["-"] * 6)
+        summary[name] = {"status": status}
     Console(width=120).print(table)
+    for decoder in decoders.values():
+        if isinstance(decoder, IsolatedDecoder):
+            decoder.close()
     out = args.out or Path(__file__).parent / "results" / f"decode-{args.dtype}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": summary}, indent=2))

@@ -45,6 +45,7 @@ if str(REPO) not in sys.path:
 from loadtest.arrivals import LoadPoint  # noqa: E402
 from loadtest.clients.openai_http import OpenAIHttpClient  # noqa: E402
 from loadtest.fake_server import FakeOpenAIServer, FakeServerConfig  # noqa: E402
+from loadtest.metrics import percentile  # noqa: E402
 from loadtest.records import RequestInput, RequestOutput  # noqa: E402
 from loadtest.runner import run_load  # noqa: E402
 from loadtest.workload import random_requests  # noqa: E402
@@ -173,7 +174,10 @@ def _measure(conn, client_cls, url, point, num_requests, seed) -> dict:
         overhead.append(o.e2e_s - (t_last - t_recv))
         send.append(t_recv - o.start_time)
         ttft_over.append(o.ttft_s - (t_first - t_recv))
-    q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1] * 1000 if len(xs) > 1 else float("nan")  # noqa: E731
+
+    def q(xs, p):  # milliseconds
+        return percentile(xs, p) * 1000
+
     return {
         "offered_req_per_s": None if point.request_rate == float("inf") else point.request_rate,
         "max_concurrency": point.max_concurrency,

@@ -1,4 +1,6 @@
-"""Helpers the service benchmarks share: start/stop server processes on free ports, percentiles, tables."""
+"""Helpers the service benchmarks share: start/stop server processes on free ports, tables.
+
+Percentiles come from `loadtest.metrics.percentile`, the one the load-test report uses."""
 
 from __future__ import annotations
 
@@ -61,13 +63,6 @@ class Proc:
 
 def service(*args: str, name: str) -> Proc:
     return Proc([sys.executable, "-m", "service", *args], name)
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 def table(headers: list[str], rows: list[list]) -> str:

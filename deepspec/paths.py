@@ -1,4 +1,5 @@
-"""Where heavy, re-creatable things live: `~/.cache/deepspec`, or `$DEEPSPEC_CACHE_DIR`."""
+"""Where things live: heavy, re-creatable files in `~/.cache/deepspec` (or `$DEEPSPEC_CACHE_DIR`); the prompt sets
+in the checkout's `datasets/` (or `$DEEPSPEC_DATASETS_DIR`)."""
 
 import os
 from pathlib import Path
@@ -12,11 +13,20 @@ def cache_dir() -> Path:
 
 
 def repo_root() -> Path:
-    """The checkout this package runs from (drafts/, bench/ and the datasets beside it)."""
+    """The checkout this package runs from (drafts/, bench/ and datasets/ beside it)."""
     return Path(__file__).resolve().parent.parent
 
 
 def datasets_dir() -> Path:
-    """`../shared/datasets` beside the checkout, or `$DEEPSPEC_DATASETS_DIR`."""
+    """The prompt sets, `eval/*.jsonl` and `train/*.jsonl` (datasets/README.md names their sources and licences).
+
+    `<checkout>/datasets`, shipped with the repository; DEEPSPEC_DATASETS_DIR points at another folder with the
+    same layout (tests use it to serve small fakes)."""
     override = os.environ.get("DEEPSPEC_DATASETS_DIR")
-    return Path(override) if override else repo_root().parent / "shared" / "datasets"
+    return Path(override) if override else repo_root() / "datasets"
+
+
+def eval_dataset(name: str) -> Path:
+    """`<datasets>/eval/<name>.jsonl`, a benchmark prompt set such as `humaneval` (never trained on)."""
+    return datasets_dir() / "eval" / f"{name}.jsonl"
+

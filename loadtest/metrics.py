@@ -61,11 +61,20 @@ def meets_slo(out: RequestOutput, slo: dict[str, float]) -> bool:
     return True
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The `q`-th percentile (0 <= q <= 100) of `values`, NaN when there are none.
+
+    Linear interpolation between the closest ranks (numpy's default, as `vllm bench serve`). The one percentile of
+    the project: the load-test report and the benchmarks under bench/ both use it, so their p50/p99 agree."""
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
 def summarize(values_s: Sequence[float], name: str, percentiles: Sequence[float]) -> dict[str, float]:
     """mean/median/std/pXX in milliseconds under vLLM's keys (`mean_ttft_ms`, `p99_ttft_ms`, ...).
 
-    Percentiles use linear interpolation (numpy's default, as vLLM). An empty input gives zeros, not NaN, so
-    the JSON stays valid."""
+    An empty input gives zeros, not NaN, so the JSON stays valid."""
     arr = np.asarray(values_s, dtype=np.float64) * 1000.0
     out = {
         f"mean_{name}_ms": float(arr.mean()) if arr.size else 0.0,
@@ -73,7 +82,7 @@ def summarize(values_s: Sequence[float], name: str, percentiles: Sequence[float]
         f"std_{name}_ms": float(arr.std()) if arr.size else 0.0,
     }
     for p in percentiles:
-        out[f"p{p:g}_{name}_ms"] = float(np.percentile(arr, p)) if arr.size else 0.0
+        out[f"p{p:g}_{name}_ms"] = percentile(arr, p) if arr.size else 0.0
     return out
 
 

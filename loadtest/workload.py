@@ -3,7 +3,7 @@
 Both produce `RequestInput`s and cycle when a run asks for more requests than there are prompts, so a run is
 bounded by `--num-prompts` / `--duration`, never by the dataset.
 
-Eval datasets: every `*.jsonl` in a directory (default `<repo>/../shared/datasets/eval`) or one file. Only the
+Eval datasets: every `*.jsonl` in a directory (default the repository's `datasets/eval`) or one file. Only the
 first turn of each record is used, as a single user message: later turns need the model's own earlier replies.
 
 Random workload: prompts of `input_len` words drawn from a list of common English words that are one token each
@@ -20,10 +20,12 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from deepspec.paths import datasets_dir
 from loadtest.records import RequestInput
 
-#: `<repo>/../shared/datasets/eval`, resolved from this file so it works from any working directory.
-DEFAULT_EVAL_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "eval"
+#: the repository's eval prompt sets (`datasets/eval`, or `$DEEPSPEC_DATASETS_DIR/eval`), found from the package
+#: so it works from any working directory.
+DEFAULT_EVAL_DIR = datasets_dir() / "eval"
 
 _WORDS = (
     "the of and to in is that it was for on are as with his they at be this from have or by one had not but what "

@@ -2,7 +2,9 @@
 
 import pytest
 
-from loadtest.metrics import compute_metrics, meets_slo, parse_slo, summarize
+import math
+
+from loadtest.metrics import compute_metrics, meets_slo, parse_slo, percentile, summarize
 from loadtest.records import RequestOutput
 
 
@@ -28,6 +30,23 @@ def test_summary_keys_and_values_in_ms():
     assert s["p50_ttft_ms"] == pytest.approx(2.5)
     assert s["p99_ttft_ms"] == pytest.approx(3.97)  # linear interpolation: 3 + 0.97 * (4 - 3)
     assert summarize([], "itl", [99]) == {"mean_itl_ms": 0.0, "median_itl_ms": 0.0, "std_itl_ms": 0.0, "p99_itl_ms": 0.0}
+
+
+def test_percentile_interpolates_between_ranks_and_is_nan_when_empty():
+    assert percentile([4, 1, 3, 2], 50) == pytest.approx(2.5)
+    assert percentile([1, 2, 3, 4], 99) == pytest.approx(3.97)
+    assert percentile([1, 2, 3, 4], 0) == 1 and percentile([1, 2, 3, 4], 100) == 4
+    assert percentile([7.0], 90) == 7.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_bench_and_loadtest_share_one_percentile():
+    """bench/ imports the load-test's percentile instead of keeping its own (a second one drifted before)."""
+    import bench.loadtest_overhead
+    import bench.service_throughput
+
+    assert bench.service_throughput.percentile is percentile and bench.loadtest_overhead.percentile is percentile
+    assert not hasattr(bench.service_common, "pct")
 
 
 def test_throughput_goodput_and_errors():

@@ -1,19 +1,19 @@
-"""Workloads: eval jsonl files (the shared ones and bad ones) and the random-word prompts."""
+"""Workloads: eval jsonl files (the shipped ones and bad ones) and the random-word prompts."""
 
 import itertools
 import json
 
 import pytest
 
+from deepspec.paths import repo_root
 from loadtest.workload import DEFAULT_EVAL_DIR, dataset_requests, load_turns, random_requests
 
 
-def test_default_dir_is_the_shared_eval_datasets():
-    assert DEFAULT_EVAL_DIR.parts[-3:] == ("shared", "datasets", "eval")
-    if not DEFAULT_EVAL_DIR.is_dir():
-        pytest.skip(f"{DEFAULT_EVAL_DIR} is not laid out beside the repo here")
+def test_default_dir_is_the_repositorys_eval_datasets():
+    """The default workload ships with the checkout: no folder outside the repository is needed."""
+    assert DEFAULT_EVAL_DIR == repo_root() / "datasets" / "eval"
     prompts = load_turns(DEFAULT_EVAL_DIR)
-    assert len(prompts) > 100 and all(isinstance(p, str) and p for p in prompts)
+    assert len(prompts) == 1319 + 164 + 162 + 500 + 257 and all(isinstance(p, str) and p for p in prompts)
 
 
 def test_first_turn_of_each_record_and_file_or_dir(tmp_path):
