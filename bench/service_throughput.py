@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
+from bench.isolated import describe_exit  # noqa: E402
 from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
 from deepspec.paths import eval_dataset  # noqa: E402
 from loadtest.metrics import percentile  # noqa: E402
@@ -44,22 +46,32 @@ from loadtest.metrics import percentile  # noqa: E402
 DATASET = eval_dataset("humaneval")
 CONCURRENCY = 8
 MAX_TOKENS = 128
+#: servers that are not ours: one that dies costs its own row, not the run
+PEERS = ("llama-cpp",)
 
 
-def start(kind: str, port: int, extra: list[str]) -> tuple[Proc, str]:
+def peer_status(proc: Proc, error: Exception) -> str:
+    """`crashed: signal 4 (SIGILL)` when the server process died, else the error that stopped its round."""
+    try:  # a dropped connection can arrive a moment before the process is reaped
+        code = proc.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        code = None
+    return describe_exit(code) if code is not None else f"failed: {type(error).__name__}: {str(error)[:200]}"
+
+
+def start(kind: str, port: int, extra: list[str]) -> tuple[Proc, str, str]:
+    """Start a server → (process, model name, readiness URL); the caller waits for it."""
     if kind == "llama-cpp":
         from deepspec.models.aliases import ALIASES  # the same GGUF file our engine dequantizes
 
         gguf = ALIASES["smollm2-135m"].locate()
         proc = Proc([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", "2",
                      "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)], "throughput-llama-cpp")  # fmt: skip
-        proc.wait_http(f"http://127.0.0.1:{port}/v1/models", 300)
-        return proc, "SmolLM2-135M-Instruct"
+        return proc, "SmolLM2-135M-Instruct", f"http://127.0.0.1:{port}/v1/models"
     draft = "auto" if kind == "deepspec-draft" else "none"
     proc = service("--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "-1", "--metrics-port", "-1",
                    "--draft", draft, "--log-level", "WARNING", *extra, name=f"throughput-{kind}")  # fmt: skip
-    proc.wait_http(f"http://127.0.0.1:{port}/health/ready", 600)
-    return proc, "smollm2-135m"
+    return proc, "smollm2-135m", f"http://127.0.0.1:{port}/health/ready"
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str) -> dict:
@@ -123,14 +135,27 @@ def main(argv: list[str] | None = None) -> int:
               "rounds": args.rounds, "servers": {}}  # fmt: skip
     kinds = args.only or ["deepspec-draft", "deepspec-none", "llama-cpp"]
     runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    failed: dict[str, str] = {}
     for round_index in range(args.rounds):
         for kind in kinds if round_index % 2 == 0 else kinds[::-1]:
+            if kind in failed:
+                continue
             port = free_port()
             print(f"round {round_index + 1}/{args.rounds}: starting {kind} ...", flush=True)
             extra = ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
-            proc, model = start(kind, port, extra)
+            proc, model, ready_url = start(kind, port, extra)
             try:
+                proc.wait_http(ready_url, 600)
                 results = asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts))
+            except (RuntimeError, TimeoutError, httpx.HTTPError) as e:
+                # a peer's server is a process of its own: if it dies (a llama.cpp built for another CPU gets
+                # SIGILL), its row says so and the other servers still run; our own servers failing stops the run
+                if kind not in PEERS:
+                    raise
+                failed[kind] = peer_status(proc, e)
+                print(f"  {kind}: {failed[kind]}; its row is left out", flush=True)
+                runs.pop(kind, None)
+                continue
             finally:
                 proc.stop()
             wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
@@ -151,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     servers = report["servers"]
     rows = [[k, ", ".join(f"{t:.1f}" for t in v["rounds_tok_per_s"]), v["output_tok_per_s"], v["ttft_p50_s"],
              v["ttft_p90_s"], ", ".join(str(x) for x in v["load_average_1m"])] for k, v in servers.items()]  # fmt: skip
+    rows += [[kind, status, "-", "-", "-", "-"] for kind, status in failed.items()]
+    report["failed"] = failed
     print(table(["server", "tok/s per round", "median tok/s", "TTFT p50 s", "TTFT p90 s", "load avg after"], rows))
     print(f"load average: other processes share the {os.cpu_count()} CPUs")
     if "deepspec-draft" in servers:
