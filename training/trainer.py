@@ -141,11 +141,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
         dcfg = DraftConfig.for_target(
             target, m.algo, num_layers=m.num_layers, block_size=m.block_size,
             draft_vocab_size=min(m.draft_vocab_size, target.vocab_size), markov_rank=m.markov_rank,
-            feature_layers=tuple(m.feature_layers) if m.feature_layers else None)
+            feature_layers=tuple(m.feature_layers) if m.feature_layers else None, layout=m.layout)
         draft = build_draft(dcfg)
         if dcfg.draft_vocab_size:
             draft.set_vocab(build_draft_vocab(sequences[:num_train], dcfg.draft_vocab_size, target.vocab_size,
                                               target.eos_token_ids))
+        draft = draft.to(dist.device).attach(target)
+        draft.init_from_target()
     draft = draft.to(dist.device).attach(target)
     num_params = sum(p.numel() for p in draft.parameters())
     log(f"{m.algo} draft: {num_params / 1e6:.2f}M trainable parameters, vocab {dcfg.out_vocab_size}, "

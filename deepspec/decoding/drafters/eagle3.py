@@ -55,7 +55,7 @@ class Eagle3Drafter(NeuralDrafter):
         position = self.length[slots].to(device)[:, None]
         tokens, probs = [], [] if want_probs else None
         for step in range(k):
-            logits = self.model.head(self.model.final_norm(h[:, 0]))
+            logits = self.model.logits(h[:, 0])
             ids, p = pick_tokens(logits, sampling, self.model, want_probs)
             tokens.append(ids)
             if want_probs:

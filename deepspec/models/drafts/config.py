@@ -9,6 +9,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 ALGORITHMS = ("eagle3", "dflash", "dspark")
+#: how an Eagle3 draft names and holds its tensors: "deepspec" (the shipped drafts: flat names, the target's frozen
+#: head) or "canonical" (the EAGLE-3 layout SGLang, vLLM and TensorRT-LLM load; see Eagle3Draft)
+EAGLE3_LAYOUTS = ("deepspec", "canonical")
+
+
+def canonical_feature_layers(num_target_layers: int) -> tuple[int, ...]:
+    """The 3 captured layers every EAGLE-3 engine uses by default, as our `feature_layers` ids ("output of layer
+    i", i.e. Hugging Face `hidden_states[i + 1]`): {1, L//2 - 1, L - 4}. vLLM and SGLang write the same tensors as
+    (2, L//2, L - 3) ("entering layer i" = `hidden_states[i]`); SmolLM2-135M (L = 30): ours (1, 14, 26)."""
+    L = num_target_layers
+    layers = (1, L // 2 - 1, L - 4)
+    if L < 8:
+        raise ValueError(f"the engines' default EAGLE-3 layers need a target of >= 8 layers (this one has {L}); "
+                         "pass feature_layers explicitly")
+    return layers
 
 
 @dataclass
@@ -45,6 +60,11 @@ class DraftConfig:
     qk_norm: bool = False
     qkv_bias: bool = False
     activation: str = "silu"
+    #: eagle3 tensor layout, one of EAGLE3_LAYOUTS ("canonical" = Llama-style layer, own lm_head, 3 features)
+    layout: str = "deepspec"
+    #: eagle3: the layer's residual is hidden_norm(h) instead of h (speculators' flag; the engines' EAGLE-3 and our
+    #: drafts use false)
+    norm_before_residual: bool = False
     #: target fingerprint (architecture, hidden_size, num_layers, vocab_size, tokenizer_hash)
     target: dict = field(default_factory=dict)
 
@@ -70,7 +90,9 @@ class DraftConfig:
             raise ValueError(f"unknown draft algorithm '{algo}'; available: {list(ALGORITHMS)}")
         spec = target.spec
         num_layers = overrides.pop("num_layers", None) or (1 if algo == "eagle3" else 2)
-        feature_layers = tuple(overrides.pop("feature_layers", None) or target.default_feature_layers(5))
+        canonical = overrides.get("layout") == "canonical"
+        feature_layers = tuple(overrides.pop("feature_layers", None) or (
+            canonical_feature_layers(spec.num_layers) if canonical else target.default_feature_layers(5)))
         cfg = cls(
             algo=algo,
             family=spec.family,
@@ -89,6 +111,8 @@ class DraftConfig:
             activation=spec.activation,
             target=target.fingerprint(),
         )
+        if canonical:  # a Llama-style layer whatever the target family: what every engine's EAGLE-3 loader builds
+            cfg.qk_norm, cfg.qkv_bias, cfg.activation = False, False, "silu"
         for key, value in overrides.items():
             if not hasattr(cfg, key):
                 raise ValueError(f"unknown draft setting '{key}'; known: {[f.name for f in fields(cls)]}")
@@ -105,6 +129,17 @@ class DraftConfig:
             raise ValueError(f"draft_vocab_size must be in [0, {self.vocab_size}], got {self.draft_vocab_size}")
         if self.block_layout != "anchor-first":
             raise ValueError(f"unsupported block layout '{self.block_layout}' (this engine runs 'anchor-first')")
+        if self.layout not in EAGLE3_LAYOUTS:
+            raise ValueError(f"unknown eagle3 layout '{self.layout}'; available: {list(EAGLE3_LAYOUTS)}")
+        if self.layout == "canonical":
+            if self.algo != "eagle3":
+                raise ValueError(f"layout 'canonical' is an eagle3 layout; {self.algo} drafts use 'deepspec'")
+            if len(self.feature_layers) != 3:
+                raise ValueError(f"the canonical EAGLE-3 layout takes 3 captured layers (fc: 3*H -> H), got "
+                                 f"{list(self.feature_layers)}")
+            if self.num_layers != 1 or self.qk_norm or self.qkv_bias or self.activation != "silu":
+                raise ValueError("the canonical EAGLE-3 layout is one Llama-style layer: num_layers 1, no q/k-norm, "
+                                 "no qkv bias, silu MLP")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -133,6 +133,9 @@ class DraftModel(nn.Module):
             self._head = self._head_full[self.d2t.to(self._head_full.device)].contiguous()
             self._head_packed = None
 
+    def init_from_target(self) -> None:
+        """Seed trained tensors that start from the target's (after set_vocab and attach); most drafts have none."""
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if self._embed is None:
             raise RuntimeError("draft is not attached to a target: call draft.attach(target) first")

@@ -136,3 +136,84 @@ def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
     assert best_shipped_draft(target, tmp_path).name == "c"
     # `auto`'s floor on τ: below it no draft qualifies
     assert best_shipped_draft(target, tmp_path, min_acceptance_length=3.1) is None
+
+
+# ---- the canonical EAGLE-3 layout (what SGLang, vLLM and TensorRT-LLM load) ------------------------------------
+def _canonical_keys(H, I, q, kv, N, V):
+    return {
+        "fc.weight": (H, 3 * H),
+        "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * H), "midlayer.self_attn.k_proj.weight": (kv, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * H), "midlayer.self_attn.o_proj.weight": (H, q),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "midlayer.mlp.gate_proj.weight": (I, H), "midlayer.mlp.up_proj.weight": (I, H),
+        "midlayer.mlp.down_proj.weight": (H, I),
+        "norm.weight": (H,), "lm_head.weight": (N, H), "d2t": (N,), "t2d": (V,),
+    }
+
+
+def test_canonical_eagle3_state_dict_is_exactly_the_engines_names(target):
+    draft = tiny_draft(target, "eagle3", layout="canonical", draft_vocab_size=24)
+    d2t = torch.arange(0, 48, 2)
+    draft.set_vocab(d2t)
+    state = draft.state_dict()
+    spec = target.spec
+    want = _canonical_keys(spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size, 24, spec.vocab_size)
+    assert {k: tuple(v.shape) for k, v in state.items()} == want
+    # the engines' vocabulary encoding: target id = i + d2t[i]; t2d marks the draft's tokens
+    assert state["d2t"].dtype == torch.int64 and torch.equal(state["d2t"] + torch.arange(24), d2t)
+    assert state["t2d"].dtype == torch.bool and state["t2d"].sum() == 24 and bool(state["t2d"][d2t].all())
+
+
+def test_canonical_eagle3_round_trips_and_starts_from_the_target_head(target, tmp_path):
+    draft = tiny_draft(target, "eagle3", layout="canonical", draft_vocab_size=24).eval()
+    draft.set_vocab(torch.arange(0, 48, 2))
+    draft.attach(target).init_from_target()
+    assert torch.equal(draft.lm_head.weight, target.model.head[draft.d2t])
+    torch.nn.init.normal_(draft.lm_head.weight)  # trained: no longer the target's rows
+    loaded = load_draft(save_draft(draft, tmp_path / "c"), target)
+    assert torch.equal(loaded.d2t, draft.d2t) and torch.equal(loaded.t2d, draft.t2d)
+    with torch.no_grad():
+        assert torch.equal(_logits(draft), _logits(loaded))
+
+
+def test_canonical_and_deepspec_layouts_compute_the_same_function(target):
+    """Same tensors under the other names (and the target head as lm_head) → the same logits: the layouts differ
+    in naming and storage only."""
+    ours = tiny_draft(target, "eagle3", draft_vocab_size=24).eval()
+    ours.set_vocab(torch.arange(0, 48, 2))
+    canon = tiny_draft(target, "eagle3", layout="canonical", draft_vocab_size=24).eval()
+    canon.set_vocab(torch.arange(0, 48, 2))
+    canon.attach(target).init_from_target()
+    rename = {"embed_norm": "midlayer.input_layernorm", "hidden_norm": "midlayer.hidden_norm",
+              "attn": "midlayer.self_attn", "mlp_norm": "midlayer.post_attention_layernorm", "mlp": "midlayer.mlp",
+              "final_norm": "norm", "fc": "fc"}
+    state = {rename[k.split(".")[0]] + k[len(k.split(".")[0]):]: v for k, v in ours.state_dict().items()}
+    canon.load_state_dict({**canon.state_dict(), **state})
+    with torch.no_grad():
+        assert torch.equal(_logits(ours), _logits(canon))
+
+
+def test_norm_before_residual_changes_the_residual_only_when_set(target):
+    a = tiny_draft(target, "eagle3").eval()
+    b = tiny_draft(target, "eagle3", norm_before_residual=True).eval()
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(_logits(a), _logits(b))
+
+
+def test_canonical_layout_defaults_and_refusals(target):
+    from deepspec.models.drafts.config import canonical_feature_layers
+
+    assert canonical_feature_layers(30) == (1, 14, 26)  # SmolLM2-135M; = hidden_states (2, 15, 27)
+    assert canonical_feature_layers(36) == (1, 17, 32)
+    with pytest.raises(ValueError, match=">= 8 layers"):
+        DraftConfig.for_target(target, "eagle3", layout="canonical")  # the tiny target has 4
+    with pytest.raises(ValueError, match="3 captured layers"):
+        DraftConfig.for_target(target, "eagle3", layout="canonical", feature_layers=(0, 1, 2, 3))
+    with pytest.raises(ValueError, match="eagle3 layout"):
+        DraftConfig.for_target(target, "dflash", layout="canonical", feature_layers=(0, 1, 2))
+    with pytest.raises(ValueError, match="unknown eagle3 layout"):
+        DraftConfig.for_target(target, "eagle3", layout="sglang")
+    cfg = DraftConfig.for_target(target, "eagle3", layout="canonical", feature_layers=(0, 1, 2))
+    assert (cfg.qk_norm, cfg.qkv_bias, cfg.activation, cfg.norm_before_residual) == (False, False, "silu", False)
