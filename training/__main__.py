@@ -7,8 +7,8 @@ evaluate.py.
 Runbook (default target SmolLM2-135M-Instruct, CPU):
 
     # 1. regenerate answers with the target (our engine; or --endpoint http://127.0.0.1:8081 for llama.cpp/vLLM)
-    python -m training prepare --inputs ../shared/datasets/train/gsm8k_train.jsonl \\
-        ../shared/datasets/train/codealpaca.jsonl --limit-per-file 300 --out training/data/smollm2-regen.jsonl
+    python -m training prepare --inputs datasets/train/gsm8k_train.jsonl \\
+        datasets/train/codealpaca.jsonl --limit-per-file 300 --out training/data/smollm2-regen.jsonl
     # 2. train (online target features; tiny CPU run shown — see training/configs/ for the shipped recipes)
     python -m training train --algo eagle3 --data training/data/smollm2-regen.jsonl --out runs/eagle3 \\
         optim.max_steps=200
@@ -36,7 +36,7 @@ def _add_prepare(sub) -> None:
                        "Resumable: re-running skips rows already in --out; failures go to <out>.failures.jsonl.")
     p.add_argument("--inputs", nargs="+", required=True, type=Path,
                    help="prompt files, one JSON object per line with a 'turns' list of user messages "
-                        "(e.g. ../shared/datasets/train/gsm8k_train.jsonl); never the eval sets")
+                        "(e.g. datasets/train/gsm8k_train.jsonl); never the eval sets")
     p.add_argument("--out", required=True, type=Path, help="output jsonl (appended to; rows keyed by file:line)")
     p.add_argument("--limit-per-file", type=int, default=None,
                    help="rows drawn at random per input file (default: all; 300 ≈ 10 min on llama.cpp CPU)")
@@ -133,7 +133,7 @@ def _add_eval(sub) -> None:
                    help="one or more draft checkpoint directories or built-in drafter names (prompt-lookup, auto); "
                         "several share one target-only baseline per dataset and temperature")
     p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
-                   help="comma-separated eval sets from ../shared/datasets/eval (default humaneval,gsm8k,mbpp)")
+                   help="comma-separated eval sets from datasets/eval (default humaneval,gsm8k,mbpp)")
     p.add_argument("--num-prompts", type=int, default=10, help="first N prompts of each dataset (default 10)")
     p.add_argument("--max-tokens", type=int, default=128, help="generated tokens per prompt (default 128)")
     p.add_argument("--temperatures", default="0,1.0",

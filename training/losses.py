@@ -1,5 +1,5 @@
-"""The losses of ALGORITHMS.md, with the index bookkeeping (label shifting, anchors, valid prefixes) kept in small
-functions the tests check on hand-built examples.
+"""The losses of docs/ALGORITHMS.md, with the index bookkeeping (label shifting, anchors, valid prefixes) kept in
+small functions the tests check on hand-built examples.
 
 Target distributions are never stored: they are `lm_head(final_hidden)` of the frozen target, computed here over
 the full vocabulary and gathered onto the draft vocabulary (mass outside it counts as unmatchable).
