@@ -24,12 +24,12 @@ class CharTokenizer:
 
 def make_tiny_target(vocab_size: int = 16, hidden: int = 32, layers: int = 2, seed: int = 0, eos: bool = True,
                      temperature: float = 1.0):
-    """A random-init Llama built by transformers, run by our Decoder; returns (Target, hf_model)."""
+    """A random-init Llama built by transformers, run by our Decoder; returns (DecoderTarget, hf_model)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from deepspec.models.arch import arch_spec_from_config
     from deepspec.models.decoder import Decoder
-    from deepspec.models.target import Target
+    from deepspec.models.decoder_target import DecoderTarget
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -43,7 +43,7 @@ def make_tiny_target(vocab_size: int = 16, hidden: int = 32, layers: int = 2, se
     model.load_hf_state_dict(hf.state_dict(), torch.float32)
     tokenizer = CharTokenizer(vocab_size)
     eos_ids = (tokenizer.eos_token_id,) if eos else ()
-    return Target("tiny", Path("."), config, spec, model.eval(), tokenizer, 256, eos_ids), hf
+    return DecoderTarget("tiny", Path("."), config, spec, model.eval(), tokenizer, 256, eos_ids), hf
 
 
 @pytest.fixture(scope="session")

@@ -20,11 +20,11 @@ import torch
 
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.drafter import DraftSampling, Drafter
-from deepspec.decoding.kv_cache import KVCache
 from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.sampling import sample, sampling_probs
 from deepspec.decoding.verify import greedy_verify, rejection_verify_row
 from deepspec.decoding.verify_budget import StepTimeModel, best_depth, observed_survival
+from deepspec.models.target import Target
 
 
 class EngineFullError(RuntimeError):
@@ -57,7 +57,7 @@ class _Sequence:
 class SpecEngine:
     def __init__(
         self,
-        target,
+        target: Target,
         drafter: Drafter | None = None,
         *,
         max_batch_size: int = 8,
@@ -81,8 +81,7 @@ class SpecEngine:
         self.max_verify_tokens = max_verify_tokens
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
-        self.cache = KVCache(target.spec, max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1,
-                             target.model.attention_dtype, target.device)
+        self.cache = target.new_cache(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1)
         if drafter is not None:
             drafter.bind(target, max_batch_size, self.max_seq_len)
         #: verify-pass cost model of the verification budget (None = verify every capped draft); drafters that do

@@ -1,4 +1,8 @@
-"""Targets (HF dir, GGUF or alias) and draft architectures.
+"""Targets (HF dir, GGUF or alias) and draft architectures: the model layer, which imports nothing from
+`deepspec.decoding` (the engine and its drafter registry sit above it).
+
+`Target` is the protocol every backend implements (deepspec/models/target.py); `load_target` returns the PyTorch
+`DecoderTarget`.
 
 The names below load lazily, so the torch-free parts (aliases, quantization) can be imported by a command line
 (`training`'s `--quantization` choices) without pulling torch in at parse time.
@@ -12,7 +16,10 @@ _LAZY = {
     "ALIASES": "deepspec.models.aliases",
     "DEFAULT_TARGET": "deepspec.models.aliases",
     "QUANTIZATIONS": "deepspec.models.quantization",
+    "DecoderTarget": "deepspec.models.decoder_target",
+    "SlotCache": "deepspec.models.target",
     "Target": "deepspec.models.target",
+    "TargetEmbeddings": "deepspec.models.target",
     "load_target": "deepspec.models.target_loader",
     "parse_dtype": "deepspec.models.target_loader",
 }

@@ -6,7 +6,7 @@ sequences where rollback is moving a length pointer, per-row positions in one ba
 only the positions that are sampled, and the residual outputs of chosen layers for the draft. The weights are
 the Hugging Face model's own; `tests/models/test_decoder.py` checks the logits against the HF forward.
 
-Cache layout (see deepspec/decoding/kv_cache.py): k, v are [num_layers, num_slots, num_kv_heads, max_seq_len,
+Cache layout (see deepspec/models/kv_cache.py): k, v are [num_layers, num_slots, num_kv_heads, max_seq_len,
 head_dim]; the rows of a forward are slots 0..B-1, and row b writes its T new entries at positions
 start[b] .. start[b]+T-1.
 """

@@ -1,4 +1,5 @@
-"""The target model as the engine and the trainers see it: tokenizer + lean decoder + identity.
+"""`DecoderTarget`: the `Target` (deepspec/models/target.py) that `load_target` returns — a Hugging Face tokenizer
+plus the lean PyTorch decoder (deepspec/models/decoder.py) over the model's own weights.
 
 `forward` returns logits and the residual outputs of the layers a draft asks for. The fingerprint names what a
 draft depends on (family, sizes, tokenizer), so a draft trained on one target refuses to load on another.
@@ -15,10 +16,12 @@ import torch
 
 from deepspec.models.arch import ArchSpec
 from deepspec.models.decoder import Decoder, DecoderOutput
+from deepspec.models.kv_cache import KVCache
+from deepspec.models.target import TargetEmbeddings
 
 
 @dataclass
-class Target:
+class DecoderTarget:
     name: str
     #: directory holding config.json, *.safetensors and the tokenizer
     path: Path
@@ -39,6 +42,10 @@ class Target:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.dtype
+
+    @property
+    def attention_dtype(self) -> torch.dtype:
+        return self.model.attention_dtype
 
     @property
     def vocab_size(self) -> int:
@@ -80,8 +87,19 @@ class Target:
             max_start=max_start,
         )
 
+    def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        return KVCache(self.spec, num_slots, max_seq_len, self.attention_dtype, self.device)
+
+    def lm_head(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(final_hidden)
+
+    def embeddings(self) -> TargetEmbeddings:
+        m = self.model
+        return TargetEmbeddings(m.embed.detach(), float(m.embed_scale), m.head.detach())
+
     def default_feature_layers(self, count: int = 5) -> tuple[int, ...]:
-        """`count` layers from layer 1 at an even stride, never the last (ALGORITHMS.md: Qwen3-36 → 1,9,17,25,33)."""
+        """`count` layers from layer 1 at an even stride, never the last (a 36-layer Qwen3 → 1, 9, 17, 25, 33):
+        low, middle and high features, as Eagle3 and DFlash read them."""
         last_allowed = self.spec.num_layers - 2
         stride = max(1, (self.spec.num_layers - 2) // max(count - 1, 1))
         return tuple(min(1 + i * stride, last_allowed) for i in range(count))

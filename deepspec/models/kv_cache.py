@@ -1,4 +1,4 @@
-"""Preallocated KV cache shared by all sequences of an engine.
+"""Preallocated KV cache shared by all sequences of an engine; the `SlotCache` a `DecoderTarget` allocates.
 
 One row ("slot") per running sequence. The engine keeps running sequences in slots 0..n-1, so a batched
 forward reads `k[:, :n]` as a view. Verification writes k+1 positions past a row's length; rejecting drafts is
@@ -13,6 +13,8 @@ from deepspec.models.arch import ArchSpec
 
 
 class KVCache:
+    """k, v: [num_layers, num_slots, num_kv_heads, max_seq_len, head_dim] in the target's attention dtype."""
+
     def __init__(self, spec: ArchSpec, num_slots: int, max_seq_len: int, dtype: torch.dtype, device="cpu"):
         shape = (spec.num_layers, num_slots, spec.num_kv_heads, max_seq_len, spec.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)

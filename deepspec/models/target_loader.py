@@ -1,4 +1,4 @@
-"""Resolve a target spec (alias, GGUF file or Hugging Face directory) into a loaded `Target`.
+"""Resolve a target spec (alias, GGUF file or Hugging Face directory) into a loaded `DecoderTarget`.
 
 GGUF files are dequantized once by transformers and the result is cached as safetensors + tokenizer under
 `~/.cache/deepspec/targets/`, so every later load reads plain tensors in seconds. With `quantization="gguf"` the
@@ -17,7 +17,7 @@ from deepspec.models.aliases import ALIASES, DEFAULT_TARGET
 from deepspec.models.arch import arch_spec_from_config
 from deepspec.models.decoder import Decoder
 from deepspec.models.quantization import QUANTIZATIONS
-from deepspec.models.target import Target
+from deepspec.models.decoder_target import DecoderTarget
 from deepspec.paths import cache_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -126,7 +126,7 @@ def load_target(
     device: str = "cpu",
     max_seq_len: int | None = None,
     quantization: str | None = None,
-) -> Target:
+) -> DecoderTarget:
     """Load a target for decoding; `max_seq_len` caps the context (default: the model's own); `quantization`
     is one of QUANTIZATIONS (default "none")."""
     from transformers import AutoConfig, AutoTokenizer
@@ -170,4 +170,4 @@ def load_target(
     except OSError:
         pass
     eos_ids.discard(None)
-    return Target(name, path, config, arch, model, tokenizer, limit, tuple(sorted(eos_ids)), quantization)
+    return DecoderTarget(name, path, config, arch, model, tokenizer, limit, tuple(sorted(eos_ids)), quantization)

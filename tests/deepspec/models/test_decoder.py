@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from deepspec.decoding.kv_cache import KVCache
+from deepspec.models.kv_cache import KVCache
 from tests.conftest import make_tiny_target
 
 

@@ -1,0 +1,55 @@
+"""DecoderTarget satisfies the Target protocol, and the members the engine relies on behave as the contract says."""
+
+import torch
+
+from deepspec.models import DecoderTarget, SlotCache, Target, TargetEmbeddings
+from tests.conftest import make_tiny_target
+
+
+def test_decoder_target_is_a_target(tiny_target):
+    target, _ = tiny_target
+    assert isinstance(target, DecoderTarget) and isinstance(target, Target)
+
+
+def test_an_object_missing_a_member_is_not_a_target():
+    class NoCache:  # everything but new_cache
+        name, spec, max_seq_len, eos_token_ids, quantization, tokenizer = "x", None, 8, (), "none", None
+        vocab_size, device, dtype, attention_dtype = 4, torch.device("cpu"), torch.float32, torch.float32
+
+        def fingerprint(self): ...
+        def encode(self, text): ...
+        def encode_chat(self, messages): ...
+        def decode(self, ids): ...
+        def forward(self, *a, **k): ...
+        def lm_head(self, h): ...
+        def embeddings(self): ...
+        def default_feature_layers(self, count=5): ...
+
+    assert not isinstance(NoCache(), Target)
+
+
+def test_new_cache_is_a_slot_cache_in_the_attention_dtype(tiny_target):
+    target, _ = tiny_target
+    cache = target.new_cache(3, 32)
+    assert isinstance(cache, SlotCache)
+    assert cache.k.dtype == target.attention_dtype and cache.k.shape[1] == 3 and cache.k.shape[3] == 32
+
+
+def test_forward_shapes_and_lm_head_match_the_contract(tiny_target):
+    target, _ = tiny_target
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    out = target.forward(tokens, torch.zeros(2, dtype=torch.long), target.new_cache(2, 16).rows(0, 2),
+                         feature_layers=(0, 1), logits="all", return_final_hidden=True, max_start=0)
+    H = target.spec.hidden_size
+    assert out.logits.shape == (2, 3, target.vocab_size) and out.logits.dtype == torch.float32
+    assert out.features.shape == (2, 3, 2 * H) and out.final_hidden.shape == (2, 3, H)
+    torch.testing.assert_close(target.lm_head(out.final_hidden), out.logits)
+
+
+def test_embeddings_are_the_decoders_frozen_tensors():
+    target, hf = make_tiny_target(seed=3)
+    emb = target.embeddings()
+    assert isinstance(emb, TargetEmbeddings) and emb.embed_scale == 1.0
+    torch.testing.assert_close(emb.embed, hf.model.embed_tokens.weight)
+    torch.testing.assert_close(emb.head, hf.lm_head.weight)
+    assert not emb.embed.requires_grad
