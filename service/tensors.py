@@ -1,8 +1,9 @@
-"""KServe v2 tensor (de)serialisation for the few small tensors the worker protocol uses.
+"""KServe v2 tensors, encoded and decoded in one place for both ends: the gateway's requests and the worker's
+responses.
 
-Reads both encodings a client may send (`raw_input_contents`, which tritonclient uses, and the typed `contents`
-fields) and writes `raw_output_contents`, which `tritonclient`'s `InferResult.as_numpy` and a stock Triton both
-use. BYTES elements are serialised as Triton does: a 4-byte little-endian length, then the bytes.
+Reads both encodings a peer may send (`raw_*_contents`, which tritonclient and a stock Triton use, and the typed
+`contents` fields of KServe's reference clients) and writes the raw one. BYTES elements are serialised as Triton does:
+a 4-byte little-endian length, then the bytes; numbers as little-endian arrays. Every tensor here is [1, n].
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 _NUMPY = {
-    "BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT32": np.uint32, "UINT64": np.uint64,
-    "FP32": np.float32, "FP64": np.float64,
+    "BOOL": np.dtype("?"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"), "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
 }  # fmt: skip
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT32": "int_contents", "INT64": "int64_contents", "UINT32": "uint_contents",
@@ -23,7 +24,7 @@ _CONTENTS_FIELD = {
 
 
 class TensorError(ValueError):
-    """A malformed or mistyped input tensor (the client's fault: INVALID_ARGUMENT)."""
+    """A malformed or mistyped tensor (the sender's fault: INVALID_ARGUMENT)."""
 
 
 def deserialize_bytes(raw: bytes) -> list[bytes]:
@@ -44,16 +45,34 @@ def serialize_bytes(items: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(b)) + b for b in items)
 
 
-def read_inputs(request: service_pb2.ModelInferRequest) -> dict[str, list]:
-    """Every input as a flat Python list (BYTES stay `bytes`), keyed by tensor name."""
+def encode(datatype: str, values: list) -> bytes:
+    """Raw contents of a tensor holding `values` (`str` elements of a BYTES tensor are written as UTF-8)."""
+    if datatype == "BYTES":
+        return serialize_bytes([v.encode("utf-8") if isinstance(v, str) else v for v in values])
+    return np.asarray(values, dtype=_NUMPY[datatype]).tobytes()
+
+
+def add_input(request: service_pb2.ModelInferRequest, name: str, datatype: str, values: list) -> None:
+    """Append one [1, len(values)] input, raw-encoded."""
+    request.inputs.add(name=name, datatype=datatype, shape=[1, len(values)])
+    request.raw_input_contents.append(encode(datatype, values))
+
+
+def add_output(response: service_pb2.ModelInferResponse, name: str, value) -> None:
+    """Append one [1, 1] output: `str` as BYTES, `int` as INT32."""
+    datatype = "BYTES" if isinstance(value, str) else "INT32"
+    response.outputs.add(name=name, datatype=datatype, shape=[1, 1])
+    response.raw_output_contents.append(encode(datatype, [value]))
+
+
+def _read(tensors, raw) -> dict[str, list]:
     values: dict[str, list] = {}
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise TensorError(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
-    for i, tensor in enumerate(request.inputs):
+    if raw and len(raw) != len(tensors):
+        raise TensorError(f"{len(raw)} raw contents for {len(tensors)} tensors")
+    for i, tensor in enumerate(tensors):
         dtype = tensor.datatype
         if dtype not in _CONTENTS_FIELD:
-            raise TensorError(f"input {tensor.name!r}: unsupported datatype {dtype}")
+            raise TensorError(f"tensor {tensor.name!r}: unsupported datatype {dtype}")
         if raw:
             if dtype == "BYTES":
                 values[tensor.name] = deserialize_bytes(raw[i])
@@ -61,27 +80,37 @@ def read_inputs(request: service_pb2.ModelInferRequest) -> dict[str, list]:
                 try:
                     values[tensor.name] = np.frombuffer(raw[i], dtype=_NUMPY[dtype]).tolist()
                 except ValueError as e:
-                    raise TensorError(f"input {tensor.name!r}: {e}") from None
+                    raise TensorError(f"tensor {tensor.name!r}: {e}") from None
         else:
             values[tensor.name] = list(getattr(tensor.contents, _CONTENTS_FIELD[dtype]))
     return values
 
 
+def read_inputs(request: service_pb2.ModelInferRequest) -> dict[str, list]:
+    """Every input as a flat Python list (BYTES stay `bytes`), keyed by tensor name."""
+    return _read(request.inputs, request.raw_input_contents)
+
+
+def read_outputs(response: service_pb2.ModelInferResponse) -> dict[str, list]:
+    """Every output as a flat Python list (BYTES stay `bytes`), keyed by tensor name."""
+    return _read(response.outputs, response.raw_output_contents)
+
+
 def scalar(values: dict[str, list], name: str, kind: type, default=None):
-    """The single element of input `name` converted to `kind`, or `default` when absent."""
+    """The single element of tensor `name` converted to `kind`, or `default` when absent."""
     items = values.get(name)
     if not items:
         return default
     if len(items) != 1:
-        raise TensorError(f"input {name!r} must hold one element, got {len(items)}")
+        raise TensorError(f"tensor {name!r} must hold one element, got {len(items)}")
     item = items[0]
     if kind is str:
         try:
             return item.decode("utf-8") if isinstance(item, bytes) else str(item)
         except UnicodeDecodeError:
-            raise TensorError(f"input {name!r} is not valid UTF-8") from None
+            raise TensorError(f"tensor {name!r} is not valid UTF-8") from None
     if isinstance(item, bytes):
-        raise TensorError(f"input {name!r} must be numeric, got BYTES")
+        raise TensorError(f"tensor {name!r} must be numeric, got BYTES")
     return kind(item)
 
 
@@ -89,18 +118,7 @@ def strings(values: dict[str, list], name: str) -> list[str]:
     try:
         return [b.decode("utf-8") if isinstance(b, bytes) else str(b) for b in values.get(name, [])]
     except UnicodeDecodeError:
-        raise TensorError(f"input {name!r} is not valid UTF-8") from None
-
-
-def add_output(response: service_pb2.ModelInferResponse, name: str, value) -> None:
-    """Append one [1, 1] output: `str` as BYTES, `int` as INT32."""
-    out = response.outputs.add(name=name, shape=[1, 1])
-    if isinstance(value, str):
-        out.datatype = "BYTES"
-        response.raw_output_contents.append(serialize_bytes([value.encode("utf-8")]))
-    else:
-        out.datatype = "INT32"
-        response.raw_output_contents.append(struct.pack("<i", value))
+        raise TensorError(f"tensor {name!r} is not valid UTF-8") from None
 
 
 def set_bool_param(response: service_pb2.ModelInferResponse, name: str, value: bool) -> None:

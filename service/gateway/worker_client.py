@@ -1,15 +1,15 @@
 """One worker, seen from the gateway: a shared gRPC channel and the KServe v2 stubs that ship in tritonclient.
 
-Every generation goes through `ModelStreamInfer` (also non-streaming HTTP requests), so the gateway sees the first
-token (retry is only allowed before it), measures TTFT and inter-chunk latency itself, and cancels the worker's
-sequence by cancelling the call. A gRPC deadline bounds each call. Errors surface as `WorkerError(status, message)`
+Streaming requests go through `ModelStreamInfer`, so the gateway sees the first token (retry is only allowed before
+it), measures TTFT and inter-chunk latency itself, and cancels the worker's sequence by cancelling the call.
+Non-streaming requests use one unary `ModelInfer` (cheaper; the worker's own histograms time them). A gRPC deadline
+bounds each call. Tensors are encoded and decoded by `service.tensors`, the codec the worker uses too. Errors surface as `WorkerError(status, message)`
 with `status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -17,6 +17,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service import protocol as p
+from service import tensors
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -70,54 +71,40 @@ class WorkerError(Exception):
 def build_infer_request(req: GenerationRequest, stream: bool = True) -> service_pb2.ModelInferRequest:
     """The TensorRT-LLM ensemble's inputs, as raw [1, 1] tensors (stop_words [1, n])."""
     request = service_pb2.ModelInferRequest(model_name=req.model, id=req.request_id)
-    raw = request.raw_input_contents
-
-    def add(name: str, datatype: str, payload: bytes, n: int = 1) -> None:
-        request.inputs.add(name=name, datatype=datatype, shape=[1, n])
-        raw.append(payload)
-
-    def add_bytes(name: str, items: list[str]) -> None:
-        encoded = [s.encode("utf-8") for s in items]
-        add(name, "BYTES", b"".join(struct.pack("<I", len(b)) + b for b in encoded), len(encoded))
-
-    add_bytes(p.TEXT_INPUT, [req.prompt or ""])
+    add = tensors.add_input
+    add(request, p.TEXT_INPUT, "BYTES", [req.prompt or ""])
     if req.messages is not None:
-        add_bytes(p.EXTRA_MESSAGES_JSON, [json.dumps(req.messages, ensure_ascii=False)])
+        add(request, p.EXTRA_MESSAGES_JSON, "BYTES", [json.dumps(req.messages, ensure_ascii=False)])
     if req.max_tokens is not None:
-        add(p.MAX_TOKENS, "INT32", struct.pack("<i", req.max_tokens))
-    add(p.STREAM, "BOOL", b"\x01" if stream else b"\x00")
-    add(p.TEMPERATURE, "FP32", struct.pack("<f", req.temperature))
-    add(p.TOP_P, "FP32", struct.pack("<f", req.top_p))
-    add(p.TOP_K, "INT32", struct.pack("<i", req.top_k))
+        add(request, p.MAX_TOKENS, "INT32", [req.max_tokens])
+    add(request, p.STREAM, "BOOL", [stream])
+    add(request, p.TEMPERATURE, "FP32", [req.temperature])
+    add(request, p.TOP_P, "FP32", [req.top_p])
+    add(request, p.TOP_K, "INT32", [req.top_k])
     if req.seed is not None:
-        add(p.SEED, "UINT64", struct.pack("<Q", req.seed))
+        add(request, p.SEED, "UINT64", [req.seed])
     if req.stop:
-        add_bytes(p.STOP_WORDS, req.stop)
+        add(request, p.STOP_WORDS, "BYTES", req.stop)
     if req.ignore_eos:
-        add(p.EXTRA_IGNORE_EOS, "BOOL", b"\x01")
+        add(request, p.EXTRA_IGNORE_EOS, "BOOL", [True])
     return request
 
 
 def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
-    values: dict[str, object] = {}
-    raw = response.raw_output_contents
-    for i, out in enumerate(response.outputs):
-        if raw:
-            data = raw[i]
-            if out.datatype == "BYTES":
-                values[out.name] = data[4 : 4 + struct.unpack_from("<I", data)[0]].decode("utf-8", "replace") if data else ""
-            elif out.datatype == "INT32" and len(data) >= 4:
-                values[out.name] = struct.unpack_from("<i", data)[0]
-        elif out.datatype == "BYTES" and out.contents.bytes_contents:
-            values[out.name] = out.contents.bytes_contents[0].decode("utf-8", "replace")
-        elif out.datatype == "INT32" and out.contents.int_contents:
-            values[out.name] = out.contents.int_contents[0]
+    """A worker response as a Chunk; `tensors.TensorError` when it is malformed. Outputs a stock Triton does not
+    send count as 0."""
+    values = tensors.read_outputs(response)
+    text = values.get(p.TEXT_OUTPUT) or [b""]
     final = response.parameters[p.FINAL_RESPONSE_PARAM].bool_param if p.FINAL_RESPONSE_PARAM in response.parameters else False
+
+    def count(name: str) -> int:
+        return tensors.scalar(values, name, int, 0)
+
     return Chunk(
-        text=values.get(p.TEXT_OUTPUT, ""), num_prompt_tokens=values.get(p.EXTRA_NUM_PROMPT_TOKENS, 0),
-        num_output_tokens=values.get(p.EXTRA_NUM_OUTPUT_TOKENS, 0), num_draft_tokens=values.get(p.NUM_DRAFT_TOKENS, 0),
-        num_accepted_tokens=values.get(p.NUM_ACCEPTED_TOKENS, 0), num_spec_steps=values.get(p.EXTRA_NUM_SPEC_STEPS, 0),
-        finish_reason=values.get(p.EXTRA_FINISH_REASON) or None, final=final,
+        text=text[0].decode("utf-8", "replace"), num_prompt_tokens=count(p.EXTRA_NUM_PROMPT_TOKENS),
+        num_output_tokens=count(p.EXTRA_NUM_OUTPUT_TOKENS), num_draft_tokens=count(p.NUM_DRAFT_TOKENS),
+        num_accepted_tokens=count(p.NUM_ACCEPTED_TOKENS), num_spec_steps=count(p.EXTRA_NUM_SPEC_STEPS),
+        finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final,
     )  # fmt: skip
 
 

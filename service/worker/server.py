@@ -20,9 +20,9 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from deepspec.decoding.params import SamplingParams
 from service import protocol as p
+from service import tensors
 from service.metrics import WorkerMetrics, start_metrics_server
 from service.settings import WorkerSettings
-from service.worker import tensors
 from service.worker.engine import LoadedEngine, load_engine
 from service.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 

@@ -17,7 +17,7 @@ from service import protocol as p
 from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.worker_client import GenerationRequest, build_infer_request, parse_response
 from service.metrics import GatewayMetrics, WorkerMetrics
-from service.worker import tensors
+from service import tensors
 from service.worker.scheduler import QueueFullError, Scheduler
 from service.worker.stub_engine import STUB_TEXT, StubEngine, StubTarget
 
@@ -52,6 +52,29 @@ def test_worker_response_parses_in_the_gateway_and_in_tritonclient():
     result = triton.InferResult(response)
     assert result.as_numpy(p.TEXT_OUTPUT)[0][0].decode() == "ab€"
     assert result.as_numpy(p.EXTRA_NUM_OUTPUT_TOKENS).dtype == np.int32
+
+
+def test_gateway_reads_a_response_with_typed_contents():
+    """A stock Triton may answer in the typed `contents` fields, without DeepSpec's extra outputs."""
+    response = service_pb2.ModelInferResponse(model_name="m", id="x")
+    out = response.outputs.add(name=p.TEXT_OUTPUT, datatype="BYTES", shape=[1, 1])
+    out.contents.bytes_contents.append("déjà".encode())
+    out = response.outputs.add(name=p.NUM_DRAFT_TOKENS, datatype="INT32", shape=[1, 1])
+    out.contents.int_contents.append(4)
+    chunk = parse_response(response)
+    assert (chunk.text, chunk.num_draft_tokens, chunk.num_output_tokens, chunk.finish_reason) == ("déjà", 4, 0, None)
+
+
+def test_one_codec_encodes_every_datatype_the_protocol_uses():
+    request = service_pb2.ModelInferRequest()
+    for name, datatype, values in [("s", "BYTES", ["a", "€"]), ("i", "INT32", [-5]), ("b", "BOOL", [True]),
+                                   ("f", "FP32", [0.25]), ("u", "UINT64", [2**64 - 1])]:  # fmt: skip
+        tensors.add_input(request, name, datatype, values)
+    values = tensors.read_inputs(request)
+    assert tensors.strings(values, "s") == ["a", "€"]
+    assert [tensors.scalar(values, n, k) for n, k in [("i", int), ("b", bool), ("f", float), ("u", int)]] == [
+        -5, True, 0.25, 2**64 - 1]  # fmt: skip
+    assert [list(t.shape) for t in request.inputs] == [[1, 2], [1, 1], [1, 1], [1, 1], [1, 1]]
 
 
 def test_truncated_bytes_tensor_is_a_clear_error():
