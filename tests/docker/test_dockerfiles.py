@@ -175,7 +175,8 @@ def test_dockerignore_keeps_the_code_and_drops_the_rest():
                  "docker/requirements.py", "drafts/smollm2-135m-eagle3/config.json"):
         assert not ignored(kept, patterns), kept
     for dropped in (".git/HEAD", ".venv/bin/python", "tests/helm/test_chart.py", "service/__pycache__/cli.pyc",
-                    "helm/deepspec/values.yaml", "docker/gateway.Dockerfile", "deepspec.egg-info/PKG-INFO"):
+                    "helm/deepspec/values.yaml", "docker/gateway.Dockerfile", "deepspec.egg-info/PKG-INFO",
+                    "datasets/eval/humaneval.jsonl", "docs/ALGORITHMS.md"):
         assert ignored(dropped, patterns), dropped
 
 
