@@ -3,9 +3,18 @@
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 from deepspec.decoding.engine import EngineFullError, SpecEngine
 from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
-from deepspec.decoding.registry import available_drafters, build_drafter, register_checkpoint_loader, register_drafter
+from deepspec.decoding.registry import (
+    available_drafters,
+    build_drafter,
+    load_checkpoint_drafter,
+    register_checkpoint_algo,
+    register_drafter,
+    resolve_checkpoint_algo,
+    resolve_drafter,
+)
 
 __all__ = [
     "DraftSampling", "Drafter", "EngineFullError", "GenerationResult", "Proposal", "SamplingParams", "SpecEngine",
-    "StepOutput", "available_drafters", "build_drafter", "register_checkpoint_loader", "register_drafter",
+    "StepOutput", "available_drafters", "build_drafter", "load_checkpoint_drafter", "register_checkpoint_algo",
+    "register_drafter", "resolve_checkpoint_algo", "resolve_drafter",
 ]

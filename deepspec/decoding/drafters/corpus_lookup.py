@@ -98,6 +98,21 @@ def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, 
     return path
 
 
+def load_drafter(path: Path, header: dict, target, **options) -> CorpusLookupDrafter:
+    """The registry's loader for `corpus-lookup` directories: check the target fingerprint, read the index, and take
+    min_corpus_match and the slot-acceptance table from config.json unless `options` set them."""
+    from deepspec.models.drafts import DraftCheckpointError, check_target
+
+    check_target(header.get("target", {}), target, where=f"corpus {path}")
+    try:
+        index = load_corpus_index(path, int(header["max_match"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DraftCheckpointError(str(exc)) from None
+    options.setdefault("min_corpus_match", int(header.get("min_corpus_match", 1)))
+    options.setdefault("slot_acceptance", header.get("slot_acceptance"))
+    return CorpusLookupDrafter(index, **options)
+
+
 def load_corpus_index(path: str | Path, max_match: int) -> SuffixIndex:
     """Read corpus.safetensors; a missing, truncated or inconsistent file raises ValueError naming it."""
     from safetensors import SafetensorError

@@ -5,6 +5,8 @@ engine slot, so `move_slot` is one row copy.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
@@ -29,6 +31,18 @@ class NeuralDrafter(Drafter):
         p = next(self.model.parameters())
         shape = (num_slots, self.cfg.num_kv_heads, max_len + CACHE_SLACK, self.cfg.head_dim)
         return torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device)
+
+
+def checkpoint_loader(cls: type[NeuralDrafter]):
+    """The registry's loader for draft directories of cls.name: read the weights (checked against the target's
+    fingerprint, attached to its embedding and head), then wrap them in `cls`."""
+
+    def load(path: Path, header: dict, target, **options) -> NeuralDrafter:
+        from deepspec.models.drafts import load_draft
+
+        return cls(load_draft(path, target), **options)
+
+    return load
 
 
 def pick_tokens(logits: torch.Tensor, sampling: DraftSampling, model, want_probs: bool):

@@ -1,10 +1,9 @@
 """Draft architectures (Eagle3, DFlash, DSpark), their registry, checkpoints, and the shipped drafts.
 
-A draft directory may also hold a corpus-lookup index (deepspec/decoding/drafters/corpus_lookup.py): no weights,
-the same config.json header (algo, target fingerprint), so `auto` ranks it with the neural drafts by eval.json.
-
-Importing this package registers a checkpoint loader with the engine's drafter registry, so
-`build_drafter("<draft dir>", target)` and `build_drafter("auto", target)` work.
+This package reads and writes draft *directories*; turning one into the engine's Drafter is the job of the
+drafter registry in deepspec.decoding (`build_drafter("<draft dir>" | "auto", target)`), which sits above this layer:
+nothing here imports deepspec.decoding. A draft directory may also hold a corpus-lookup index (no weights, the same
+config.json header: algo, target fingerprint), so `shipped_drafts` ranks it with the neural drafts by eval.json.
 """
 
 from __future__ import annotations
@@ -26,31 +25,9 @@ from deepspec.models.drafts.registry import available_drafts, build_draft, regis
 
 __all__ = [
     "ALGORITHMS", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError", "available_drafts",
-    "best_shipped_draft", "build_draft", "check_target", "load_draft", "load_drafter", "read_checkpoint_header",
+    "best_shipped_draft", "build_draft", "check_target", "load_draft", "read_checkpoint_header",
     "read_draft_config", "register_draft", "resolve_draft", "save_draft", "shipped_drafts",
 ]
-
-
-def load_drafter(path: str | Path, target, **options):
-    """A draft checkpoint directory → the engine-side Drafter of its algorithm."""
-    from deepspec.decoding.drafters import corpus_lookup
-    from deepspec.decoding.drafters.dflash import DFlashDrafter
-    from deepspec.decoding.drafters.dspark import DSparkDrafter
-    from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
-
-    header = read_checkpoint_header(path)
-    if header["algo"] == corpus_lookup.ALGO:
-        check_target(header.get("target", {}), target, where=f"corpus {path}")
-        try:
-            index = corpus_lookup.load_corpus_index(path, int(header["max_match"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DraftCheckpointError(str(exc)) from None
-        options.setdefault("min_corpus_match", int(header.get("min_corpus_match", 1)))
-        options.setdefault("slot_acceptance", header.get("slot_acceptance"))
-        return corpus_lookup.CorpusLookupDrafter(index, **options)
-    model = load_draft(path, target)
-    cls = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}[model.cfg.algo]
-    return cls(model, **options)
 
 
 def shipped_drafts_dir() -> Path:
@@ -105,11 +82,3 @@ def best_shipped_draft(target, root: Path | None = None, min_acceptance_length: 
              if score >= min_acceptance_length and not _slows_down(path / "eval.json")]
     return max(found, key=lambda item: item[1])[0] if found else None
 
-
-def _register_loader() -> None:
-    from deepspec.decoding.registry import register_checkpoint_loader
-
-    register_checkpoint_loader(load_drafter)
-
-
-_register_loader()

@@ -9,8 +9,8 @@ import torch
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
-from deepspec.decoding.registry import build_drafter
-from deepspec.models.drafts import load_drafter, save_draft
+from deepspec.decoding.registry import build_drafter, load_checkpoint_drafter
+from deepspec.models.drafts import save_draft
 from tests.training.helpers import tiny_draft, tiny_target
 
 ALGOS = ["eagle3", "dflash", "dspark"]
@@ -24,7 +24,7 @@ def target():
 
 def _drafter(target, algo, tmp_path, **kw):
     path = save_draft(tiny_draft(target, algo, draft_vocab_size=48), tmp_path / algo)
-    return load_drafter(path, target, **kw)
+    return load_checkpoint_drafter(path, target, **kw)
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -8,8 +8,9 @@ import torch
 
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.decoding.verify_budget import StepTimeModel, best_depth, observed_survival
-from deepspec.models.drafts import load_drafter, save_draft
+from deepspec.models.drafts import save_draft
 from tests.training.helpers import tiny_draft, tiny_target
 
 
@@ -49,8 +50,8 @@ def target():
 
 
 def _dspark_engine(target, tmp_path, **kw) -> SpecEngine:
-    drafter = load_drafter(save_draft(tiny_draft(target, "dspark", draft_vocab_size=48), tmp_path / "d"), target,
-                           confidence_threshold=0.0)
+    path = save_draft(tiny_draft(target, "dspark", draft_vocab_size=48), tmp_path / "d")
+    drafter = load_checkpoint_drafter(path, target, confidence_threshold=0.0)
     with torch.no_grad():  # c = σ(0) = 0.5 on every slot: survival 0.5, 0.25, ...
         drafter.model.confidence.weight.zero_()
         drafter.model.confidence.bias.zero_()

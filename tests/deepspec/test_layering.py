@@ -1,0 +1,57 @@
+"""The model layer never imports the decoding layer: deepspec.models sits below deepspec.decoding, whose drafter
+registry maps names and draft directories to Drafters (an import the other way would bring back the cycle)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import deepspec
+
+MODELS = Path(deepspec.__file__).parent / "models"
+
+
+def test_importing_every_models_module_loads_no_decoding_module():
+    modules = sorted(".".join(p.relative_to(MODELS.parent.parent).with_suffix("").parts)
+                     for p in MODELS.rglob("*.py"))
+    modules = [m.removesuffix(".__init__") for m in modules]
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "import deepspec.models as dm\n"
+            "for name in dm.__all__: getattr(dm, name)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('deepspec.decoding')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+            found.append((node.lineno, str(node.args[0].value)))
+    return found
+
+
+def test_no_models_source_imports_deepspec_decoding():
+    offenders = []
+    for path in sorted(MODELS.rglob("*.py")):
+        for line, module in _imported_modules(ast.parse(path.read_text(), str(path))):
+            if module == "deepspec.decoding" or module.startswith("deepspec.decoding."):
+                offenders.append(f"{path.relative_to(MODELS.parent.parent)}:{line} imports {module}")
+    assert not offenders, offenders
+
+
+def test_the_ast_walk_sees_lazy_and_dynamic_imports():  # negative control: the check above can fail
+    tree = ast.parse("def f():\n    from deepspec.decoding.registry import x\n"
+                     "import importlib\nimportlib.import_module('deepspec.decoding.engine')\n"
+                     "from deepspec import decoding\n")
+    modules = [m for _, m in _imported_modules(tree)]
+    assert {"deepspec.decoding.registry", "deepspec.decoding.engine", "deepspec.decoding"} <= set(modules)
