@@ -1,0 +1,82 @@
+"""The functions callers use: `torch.ops.deepspec.*` in eager, torch.compile and torch.export; custom ONNX
+nodes while `torch.onnx.export(..., dynamo=True)` traces them.
+
+Shapes and dtypes (B rows, k draft slots, N tree nodes, V vocabulary; every count and id int64):
+
+    greedy_accept(draft_tokens [B,k], num_draft_tokens [B], target_logits [B,k+1,V] float)
+        -> num_accepted [B], next_token [B]
+    rejection_sample(draft_tokens [B,k], num_draft_tokens [B], target_logits [B,k+1,V] float,
+                     draft_probs [B,k,V] float | None, temperature [B] f32, top_k [B], top_p [B] f32, seeds [B])
+        -> num_accepted [B], next_token [B]
+    process_logits(logits [B,T,V] float, temperature [B] f32, top_k [B], top_p [B] f32) -> probs [B,T,V] f32
+    tree_accept(tree_tokens [B,N], parents [B,N], num_nodes [B], target_logits [B,N,V] float,
+                draft_probs [B,N,V] float | None, temperature [B] f32, top_k [B], top_p [B] f32, seeds [B])
+        -> num_accepted [B], next_token [B], path [B,N]
+    compact_kv(cache [L,B,H,S,D], start [B], path [B,N], num_accepted [B]) -> cache (updated in place)
+    confidence_truncate(confidence [B,k] float, num_draft_tokens [B], threshold) -> num_kept [B], survival [B,k]
+
+Semantics are documented on the reference implementations in plugins/reference/.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import plugins.library  # noqa: F401 - registers torch.ops.deepspec.*
+
+_ops = torch.ops.deepspec
+
+
+def _exporting() -> bool:
+    return torch.onnx.is_in_onnx_export()
+
+
+def greedy_accept(draft_tokens, num_draft_tokens, target_logits):
+    if _exporting():
+        from plugins.onnx_ops import symbolic
+        return symbolic("greedy_accept", [draft_tokens, num_draft_tokens, target_logits], B=draft_tokens.shape[0])
+    return _ops.greedy_accept(draft_tokens, num_draft_tokens, target_logits)
+
+
+def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds):
+    if _exporting():
+        from plugins.onnx_ops import absent, symbolic
+        q = absent() if draft_probs is None else draft_probs
+        return symbolic("rejection_sample", [draft_tokens, num_draft_tokens, target_logits, q, temperature, top_k,
+                                             top_p, seeds], B=draft_tokens.shape[0])
+    return _ops.rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k,
+                                 top_p, seeds)
+
+
+def process_logits(logits, temperature, top_k, top_p):
+    if _exporting():
+        from plugins.onnx_ops import symbolic
+        return symbolic("process_logits", [logits, temperature, top_k, top_p], shape=logits.shape)[0]
+    return _ops.process_logits(logits, temperature, top_k, top_p)
+
+
+def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds):
+    if _exporting():
+        from plugins.onnx_ops import absent, symbolic
+        q = absent() if draft_probs is None else draft_probs
+        return symbolic("tree_accept", [tree_tokens, parents, num_nodes, target_logits, q, temperature, top_k,
+                                        top_p, seeds], B=tree_tokens.shape[0], shape=tree_tokens.shape)
+    return _ops.tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p,
+                            seeds)
+
+
+def compact_kv(cache, start, path, num_accepted):
+    """In place in eager; an ONNX graph has no in-place update, so there the node returns the new cache."""
+    if _exporting():
+        from plugins.onnx_ops import symbolic
+        return symbolic("compact_kv", [cache, start, path, num_accepted], shape=cache.shape, dtype=cache.dtype)[0]
+    _ops.compact_kv(cache, start, path, num_accepted)
+    return cache
+
+
+def confidence_truncate(confidence, num_draft_tokens, threshold: float):
+    if _exporting():
+        from plugins.onnx_ops import symbolic
+        return symbolic("confidence_truncate", [confidence, num_draft_tokens], B=confidence.shape[0],
+                        shape=confidence.shape, attrs={"threshold": float(threshold)})
+    return _ops.confidence_truncate(confidence, num_draft_tokens, float(threshold))

@@ -1,0 +1,40 @@
+"""Counter-based uniforms: the same bits from a row's seed on CPU and in the Triton kernels.
+
+An op that samples takes one int64 seed per row and draws its j-th uniform as a hash of (seed, j), so a row's
+result depends on its own seed only (not on batch composition or launch order) and the CPU reference and the
+GPU kernel draw identical numbers. The hash is Wellons' `lowbias32` mixer on 32-bit words; the engine draws a
+fresh seed per row per step from the request's generator, so seeded requests stay reproducible.
+
+Counters: the acceptance test of draft slot (or tree node) j uses counter 2j, the recovered or bonus token
+sampled at slot j uses 2j + 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+MIX_A, MIX_B = 0x7FEB352D, 0x846CA68B
+#: the golden-ratio step and an odd offset spread consecutive counters before mixing
+COUNTER_STEP, COUNTER_OFFSET = 0x9E3779B9, 0x632BE5AB
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on uint32 values held in int64 (products wrap; the low 32 bits stay exact)."""
+    x = x ^ (x >> 16)
+    x = (x * MIX_A) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * MIX_B) & MASK32
+    return x ^ (x >> 16)
+
+
+def seed_key(seeds: torch.Tensor) -> torch.Tensor:
+    """[B] int64 seeds → [B] 32-bit keys (both halves of the seed matter)."""
+    return mix32(mix32(seeds & MASK32) ^ ((seeds >> 32) & MASK32))
+
+
+def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """[B] seeds, [B, n] int64 counters → [B, n] float32 uniforms in [0, 1 - 2^-24] (24 random bits)."""
+    key = seed_key(seeds.long())[:, None]
+    spread = mix32((counters.long() * COUNTER_STEP + COUNTER_OFFSET) & MASK32)
+    return (mix32(key ^ spread) >> 8).to(torch.float32) * (1.0 / (1 << 24))

@@ -1,0 +1,74 @@
+"""The ops as ONNX custom nodes: exported by torch.onnx, run by ONNX Runtime, equal to the torch ops."""
+
+import numpy as np
+import pytest
+import torch
+
+import plugins
+from plugins import onnx_ops
+from plugins.schema import ONNX_DOMAIN, OPS, TRT_ATTRIBUTES
+
+ort = pytest.importorskip("onnxruntime")
+
+
+class Verify(torch.nn.Module):
+    """Every op in one graph, as a target's verify graph would call them."""
+
+    def forward(self, drafts, num, logits, q, T, tk, tp, seeds, tokens, parents, num_nodes, tree_logits, cache,
+                start, confidence):
+        a, b = plugins.greedy_accept(drafts, num, logits)
+        c, d = plugins.rejection_sample(drafts, num, logits, q, T, tk, tp, seeds)
+        e, f = plugins.rejection_sample(drafts, num, logits, None, T, tk, tp, seeds)
+        probs = plugins.process_logits(logits, T, tk, tp)
+        g, h, path = plugins.tree_accept(tokens, parents, num_nodes, tree_logits, None, T, tk, tp, seeds)
+        cache = plugins.compact_kv(cache, start, path, g)
+        kept, survival = plugins.confidence_truncate(confidence, num, 0.4)
+        return a, b, c, d, e, f, probs, g, h, path, cache, kept, survival
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    B, k, V, N = 4, 3, 12, 5
+    logits = torch.randn(B, k + 1, V, generator=g) * 2
+    drafts = logits[:, :k].argmax(-1)
+    drafts[1, 1] = (drafts[1, 1] + 1) % V
+    q = torch.softmax(torch.randn(B, k, V, generator=g), -1)
+    T = torch.tensor([0.0, 1.0, 0.7, 1.2])
+    tk, tp = torch.tensor([0, 0, 5, 3]), torch.tensor([1.0, 0.9, 1.0, 0.8])
+    seeds = torch.tensor([1, 2, 3, 4])
+    parents = torch.tensor([[-1, 0, 0, 1, 2]] * B)
+    tree_logits = torch.randn(B, N, V, generator=g)
+    tokens = torch.randint(V, (B, N), generator=g)
+    tokens[:, 1] = tree_logits[:, 0].argmax(-1)
+    cache = torch.randn(2, B, 2, 16, 4, generator=g)
+    return (drafts, torch.tensor([3, 3, 1, 0]), logits, q, T, tk, tp, seeds, tokens, parents,
+            torch.tensor([5, 3, 1, 5]), tree_logits, cache, torch.tensor([2, 0, 5, 11]),
+            torch.rand(B, k, generator=g))
+
+
+@pytest.fixture(scope="module")
+def exported():
+    return torch.onnx.export(Verify().eval(), _inputs(), dynamo=True, verbose=False).model_proto
+
+
+def test_every_op_is_one_custom_node_with_the_tensorrt_binding_attributes(exported):
+    custom = [n for n in exported.graph.node if n.domain == ONNX_DOMAIN]
+    assert sorted({n.op_type for n in custom}) == sorted(OPS)
+    for node in custom:
+        attrs = {a.name: a for a in node.attribute}
+        assert attrs["plugin_namespace"].s.decode() == TRT_ATTRIBUTES["plugin_namespace"]
+        assert attrs["plugin_version"].s.decode() == TRT_ATTRIBUTES["plugin_version"]
+        assert attrs["aot"].i == 1
+        assert len(node.output) == len(OPS[node.op_type])
+
+
+def test_onnx_runtime_runs_the_graph_and_equals_the_torch_ops(exported):
+    session = ort.InferenceSession(exported.SerializeToString(), onnx_ops.session_options(),
+                                   providers=["CPUExecutionProvider"])
+    args = _inputs()
+    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
+    got = session.run(None, feeds)
+    want = Verify()(*[a.clone() for a in args])
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-7)

@@ -1,0 +1,183 @@
+"""The CPU reference ops (torch.ops.deepspec.* on CPU): exact results for greedy, distributions for sampling."""
+
+import pytest
+import torch
+
+import plugins
+from plugins import reference
+from tests.plugins.oracles import accept_everything, sorted_filter_probs, step_p_values
+
+
+def logits_with_argmax(argmax: list[list[int]], V: int) -> torch.Tensor:
+    """[B, T, V] logits whose argmax at each position is the given token (vLLM's create_logits_tensor)."""
+    x = torch.zeros(len(argmax), len(argmax[0]), V)
+    x.scatter_(2, torch.tensor(argmax)[..., None], 5.0)
+    return x
+
+
+def sampling(B, temperature=1.0, top_k=0, top_p=1.0, seed=0):
+    return (torch.full((B,), temperature), torch.full((B,), top_k, dtype=torch.long), torch.full((B,), top_p),
+            torch.arange(B, dtype=torch.long) + seed)
+
+
+# ---- logits processing -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.9), (1.3, 50, 0.6),
+                                                     (1.0, 1, 1.0), (0.5, 0, 0.05), (1.0, 200, 0.999)])
+def test_process_logits_matches_the_sort_based_filter(temperature, top_k, top_p):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 4, 200, generator=g) * 3
+    T, tk, tp, _ = sampling(3, temperature, top_k, top_p)
+    got = plugins.process_logits(logits, T, tk, tp)
+    torch.testing.assert_close(got, sorted_filter_probs(logits, T, tk, tp), atol=1e-6, rtol=1e-5)
+
+
+def test_process_logits_rows_have_their_own_parameters_and_greedy_rows_are_one_hot():
+    logits = torch.log(torch.tensor([[[0.5, 0.3, 0.15, 0.05]]])).expand(3, 1, 4).contiguous()
+    p = plugins.process_logits(logits, torch.tensor([1.0, 1.0, 0.0]), torch.tensor([2, 0, 0]),
+                               torch.tensor([1.0, 0.6, 1.0]))
+    torch.testing.assert_close(p[0, 0], torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    torch.testing.assert_close(p[1, 0], torch.tensor([0.625, 0.375, 0.0, 0.0]))  # 0.5 < 0.6: 0.3 crosses it
+    assert p[2, 0].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_top_p_keeps_every_token_tied_at_the_cut():
+    logits = torch.log(torch.tensor([[[0.4, 0.2, 0.2, 0.2]]]))
+    p = plugins.process_logits(logits, torch.tensor([1.0]), torch.tensor([0]), torch.tensor([0.5]))
+    assert (p[0, 0] > 0).all()
+
+
+def test_top_p_on_a_flat_vocabulary_of_one_value():
+    logits = torch.zeros(1, 1, 1000)
+    p = plugins.process_logits(logits, torch.tensor([1.0]), torch.tensor([0]), torch.tensor([0.3]))
+    torch.testing.assert_close(p, torch.full((1, 1, 1000), 1e-3))
+
+
+# ---- greedy_accept ---------------------------------------------------------------------------------------------
+def test_greedy_accepts_the_longest_matching_prefix_per_row():
+    drafts = torch.tensor([[5, 6, 7], [5, 9, 7], [1, 2, 3], [5, 6, 7]])
+    logits = logits_with_argmax([[5, 6, 7, 8], [5, 6, 7, 8], [4, 2, 3, 8], [5, 6, 7, 8]], 10)
+    num, nxt = plugins.greedy_accept(drafts, torch.tensor([3, 3, 3, 2]), logits)
+    assert num.tolist() == [3, 1, 0, 2]  # all, one, nothing, capped by the row's draft count
+    assert nxt.tolist() == [8, 6, 4, 7]
+
+
+def test_greedy_with_no_drafts_and_a_vocabulary_of_one():
+    num, nxt = plugins.greedy_accept(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, dtype=torch.long),
+                                     torch.randn(2, 1, 7))
+    assert num.tolist() == [0, 0]
+    num, nxt = plugins.greedy_accept(torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 1]), torch.randn(2, 4, 1))
+    assert num.tolist() == [3, 1] and nxt.tolist() == [0, 0]
+
+
+def test_greedy_ties_go_to_the_lowest_token_id_like_argmax():
+    logits = torch.zeros(1, 2, 5)
+    logits[0, :, 2] = logits[0, :, 4] = 1.0
+    num, nxt = plugins.greedy_accept(torch.tensor([[4]]), torch.tensor([1]), logits)
+    assert num.tolist() == [0] and nxt.tolist() == [2]
+
+
+# ---- rejection_sample ------------------------------------------------------------------------------------------
+def test_rejection_sample_on_greedy_rows_is_greedy_accept():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 4, 9, generator=g)
+    drafts = logits[:, :3].argmax(-1)
+    drafts[1, 1] = (drafts[1, 1] + 1) % 9
+    drafts[2, 0] = (drafts[2, 0] + 1) % 9
+    num = torch.tensor([3, 3, 3, 1, 0, 2])
+    T, tk, tp, seeds = sampling(6, temperature=0.0)
+    got = plugins.rejection_sample(drafts, num, logits, None, T, tk, tp, seeds)
+    want = plugins.greedy_accept(drafts, num, logits)
+    assert [x.tolist() for x in got] == [x.tolist() for x in want]
+
+
+def test_rejection_sample_is_reproducible_per_row_seed_whatever_the_batch():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 5, 30, generator=g)
+    drafts = torch.randint(30, (8, 4), generator=g)
+    num = torch.tensor([4, 3, 2, 1, 0, 4, 4, 4])
+    T, tk, tp, seeds = sampling(8, top_k=10, top_p=0.9)
+    a = plugins.rejection_sample(drafts, num, logits, None, T, tk, tp, seeds)
+    b = plugins.rejection_sample(drafts[2:5], num[2:5], logits[2:5], None, T[2:5], tk[2:5], tp[2:5], seeds[2:5])
+    assert a[0][2:5].tolist() == b[0].tolist() and a[1][2:5].tolist() == b[1].tolist()
+    c = plugins.rejection_sample(drafts, num, logits, None, T, tk, tp, seeds + 1)
+    assert a[1].tolist() != c[1].tolist()
+
+
+def test_a_target_certain_of_the_draft_accepts_it():
+    logits = torch.log(torch.tensor([[[1e-9, 1.0, 1e-9], [1e-9, 1e-9, 1.0]]]))
+    q = torch.tensor([[[0.5, 0.5, 0.0]]])
+    num, nxt = plugins.rejection_sample(torch.tensor([[1]]), torch.tensor([1]), logits, q, *sampling(1))
+    assert num.tolist() == [1] and nxt.tolist() == [2]
+
+
+def test_the_recovered_token_never_is_the_rejected_draft():
+    # the target never emits token 0 (top-k 2 cuts it): a draft of 0 is always rejected, the recovered token is 1 or 2
+    logits = torch.log(torch.tensor([[[0.1, 0.3, 0.6], [1 / 3, 1 / 3, 1 / 3]]])).expand(50, 2, 3).contiguous()
+    T, tk, tp, seeds = sampling(50, top_k=2)
+    num, nxt = plugins.rejection_sample(torch.zeros(50, 1, dtype=torch.long), torch.ones(50, dtype=torch.long),
+                                        logits, None, T, tk, tp, seeds)
+    assert num.tolist() == [0] * 50 and set(nxt.tolist()) == {1, 2}
+
+
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "one-hot-q"])
+@pytest.mark.parametrize("filters", [dict(), dict(top_k=4, top_p=0.8, temperature=0.8)], ids=["plain", "filtered"])
+def test_rejection_sample_commits_the_target_distribution(with_q, filters):
+    p0, p1 = step_p_values(reference.rejection_sample, with_q=with_q, **filters)
+    assert p0 > 1e-3 and p1 > 1e-3
+
+
+def test_the_distribution_check_rejects_a_verifier_that_accepts_everything():
+    p0, _ = step_p_values(accept_everything, with_q=True)
+    assert p0 < 1e-3
+
+
+# ---- confidence_truncate ---------------------------------------------------------------------------------------
+def test_confidence_truncate_cuts_before_the_first_weak_slot():
+    conf = torch.tensor([[0.9, 0.9, 0.5, 0.9], [0.4, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    num, survival = plugins.confidence_truncate(conf, torch.tensor([4, 4, 2]), 0.5)
+    assert num.tolist() == [2, 0, 2]
+    torch.testing.assert_close(survival[0], torch.tensor([0.9, 0.81, 0.0, 0.0]))
+    assert survival[1].tolist() == [0.0] * 4
+
+
+# ---- bad inputs ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case,message", [
+    ("counts", r"num_draft_tokens must be in \[0, 2\]"),
+    ("shape", "k\\+1 = 3 positions"),
+    ("dtype", "draft_tokens must be torch.int64"),
+    ("token", r"token ids in \[0, 5\)"),
+    ("q", "draft_probs must be \\[B, k, V\\]"),
+    ("top_p", r"top_p must be in \(0, 1\]"),
+    ("batch", "batch sizes"),
+])
+def test_bad_inputs_fail_with_a_message_naming_the_input(case, message):
+    drafts, num, logits = torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 1]), torch.randn(2, 3, 5)
+    q = None
+    T, tk, tp, seeds = sampling(2)
+    if case == "counts":
+        num = torch.tensor([3, 1])
+    elif case == "shape":
+        logits = torch.randn(2, 2, 5)
+    elif case == "dtype":
+        drafts = drafts.int()
+    elif case == "token":
+        drafts = torch.tensor([[0, 5], [1, 1]])
+    elif case == "q":
+        q = torch.rand(2, 3, 5)
+    elif case == "top_p":
+        tp = torch.tensor([1.0, 0.0])
+    elif case == "batch":
+        seeds = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(ValueError, match=message):
+        plugins.rejection_sample(drafts, num, logits, q, T, tk, tp, seeds)
+
+
+def test_ops_trace_through_torch_export():
+    class Verify(torch.nn.Module):
+        def forward(self, drafts, num, logits, T, tk, tp, seeds):
+            return plugins.rejection_sample(drafts, num, logits, None, T, tk, tp, seeds)
+
+    args = (torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 1]), torch.randn(2, 3, 5), *sampling(2))
+    program = torch.export.export(Verify(), args)
+    assert "deepspec.rejection_sample" in str(program.graph)
+    assert [x.tolist() for x in program.module()(*args)] == [x.tolist() for x in Verify()(*args)]
