@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from service.settings import QUANTIZATIONS, GatewaySettings, WorkerSettings
+from service.signals import install_stop_signals
 
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
@@ -160,18 +160,3 @@ async def _serve_worker(settings) -> int:
     logging.getLogger("service").info("SIGTERM: draining for up to %.0f s", settings.drain_timeout_s)
     await worker.drain()
     return 0
-
-
-def install_stop_signals() -> asyncio.Event:
-    """SIGTERM / SIGINT set the returned event (a second SIGINT exits at once)."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_signal(sig):
-        if stop.is_set() and sig == signal.SIGINT:
-            raise SystemExit(130)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    return stop

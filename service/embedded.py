@@ -17,8 +17,8 @@ logger = logging.getLogger(__name__)
 async def serve_embedded(gateway_settings: GatewaySettings, worker_settings: WorkerSettings) -> int:
     import asyncio
 
-    from service.cli import install_stop_signals
     from service.gateway.app import serve_gateway
+    from service.signals import install_stop_signals
     from service.worker.server import WorkerService
 
     stop = install_stop_signals()

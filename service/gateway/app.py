@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import logging
 from dataclasses import dataclass
@@ -46,15 +47,19 @@ class GatewayState:
                                 max_attempts=settings.max_attempts, retry_after_s=settings.retry_after_s)  # fmt: skip
         return cls(settings, metrics, pool, dispatcher, settings.load_api_keys())
 
-    def check_api_key(self, authorization: str | None) -> None:
-        """Raise AuthenticationError unless `Authorization: Bearer <key>` holds a configured key (no keys = open)."""
+    def check_api_key(self, authorization: str | None) -> str | None:
+        """The caller's identity (a digest of its key) when `Authorization: Bearer <key>` holds a configured key;
+        None when no keys are configured (auth off: every caller is the same anonymous one). The identity owns the
+        requests it sends (`Dispatcher`); AuthenticationError for a missing or wrong key."""
         if not self.api_keys:
-            return
+            return None
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        if not any(hmac.compare_digest(token.strip().encode(), key.encode()) for key in self.api_keys):
+        matches = [key for key in self.api_keys if hmac.compare_digest(token.strip().encode(), key.encode())]
+        if not matches:
             raise AuthenticationError("incorrect API key provided", code="invalid_api_key")
+        return hashlib.sha256(matches[0].encode()).hexdigest()[:16]
 
 
 class GuardMiddleware:
@@ -69,9 +74,10 @@ class GuardMiddleware:
         state: GatewayState = self.get_state()
         headers = dict(scope["headers"])
         try:
-            state.check_api_key(headers.get(b"authorization", b"").decode("latin-1"))
+            caller = state.check_api_key(headers.get(b"authorization", b"").decode("latin-1"))
         except AuthenticationError as e:
             return await error_response(e)(scope, receive, send)
+        scope = {**scope, "state": {**scope.get("state", {}), "caller": caller}}  # read by dependencies.get_caller
         if scope["method"] != "POST":
             return await self.app(scope, receive, send)
         limit = state.settings.max_body_bytes
@@ -155,8 +161,8 @@ class _Server:
 
 async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = None, on_ready=None) -> int:
     """Run HTTP + gRPC until `stop` (default: SIGTERM/SIGINT), then drain and exit."""
-    from service.cli import install_stop_signals
     from service.gateway.grpc_api import start_grpc_server
+    from service.signals import install_stop_signals
 
     stop = stop or install_stop_signals()
     state = GatewayState.build(settings)
@@ -195,8 +201,7 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
     if grpc_server is not None:
         await grpc_server.set_not_serving()
     await state.dispatcher.drain(settings.drain_timeout_s)
-    for task in list(state.dispatcher.inflight.values()):
-        task.cancel()
+    state.dispatcher.cut(f"the gateway shut down and its drain timeout ({settings.drain_timeout_s:g} s) ran out")
     http.server.should_exit = True
     if grpc_server is not None:
         await grpc_server.stop(1.0)

@@ -1,4 +1,4 @@
-"""Shared pieces of the routers: the gateway state, client-disconnect handling, and SSE framing."""
+"""Shared pieces of the routers: the gateway state, the caller, client-disconnect handling, and SSE framing."""
 
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ async def get_dispatcher(request: Request) -> Dispatcher:  # async: a sync depen
 
 
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
+
+
+async def get_caller(request: Request) -> str | None:
+    """Who sent the request: the identity of its API key, as `GuardMiddleware` found it (None with auth off)."""
+    return request.scope.get("state", {}).get("caller")
+
+
+CallerDep = Annotated[str | None, Depends(get_caller)]
 
 
 class ClientDisconnected(Exception):

@@ -2,8 +2,10 @@
 
 `Dispatcher.generate` yields `Chunk`s from a worker. Before the first chunk it may move the request to another
 worker (the worker was saturated, unreachable or failed); after it, a failure is the caller's error (HTTP turns it
-into an error event inside the SSE stream). Cancelling the consuming task (client disconnect, gRPC cancel, `Abort`)
-closes the worker call, which aborts the sequence and frees its batch slot. Metrics and the request log line are
+into an error event inside the SSE stream). Cancelling the consuming task (client disconnect, gRPC cancel, `Abort`,
+the end of the drain timeout) closes the worker call, which aborts the sequence and frees its batch slot; `Abort` and
+`cut` also say why, as the error the request then ends with. Requests belong to their caller (the API key that sent
+them): request ids are per caller, and `Abort` reaches only the caller's own. Metrics and the request log line are
 written here, once per request.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import AsyncIterator
 
 from service.gateway import errors
 from service.gateway.routing import WorkerPool
+from service.gateway.validation import check_prompt_size
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
 from service.logging import log_request
 
@@ -36,9 +39,10 @@ class Dispatcher:
         self.max_attempts = max_attempts
         self.retry_after_s = retry_after_s
         self.draining = False
-        #: request id -> the task consuming it (for deepspec.v1.Completions/Abort)
-        self.inflight: dict[str, asyncio.Task] = {}
-        self._aborted: set[str] = set()
+        #: (caller, request id) -> the task consuming it (for deepspec.v1.Completions/Abort)
+        self.inflight: dict[tuple[str | None, str], asyncio.Task] = {}
+        #: requests cancelled on purpose -> the error each ends with instead of a bare cancellation
+        self._interrupted: dict[tuple[str | None, str], errors.ServiceError] = {}
 
     @property
     def ready(self) -> bool:
@@ -58,14 +62,19 @@ class Dispatcher:
                                        param="model", code="model_not_found")  # fmt: skip
         return requested, models[requested]
 
-    async def generate(self, req: GenerationRequest, api: str, unary: bool = False) -> AsyncIterator[Chunk]:
-        """Stream `req` from a worker; `unary=True` (non-streaming APIs) uses one ModelInfer call instead."""
+    async def generate(self, req: GenerationRequest, api: str, unary: bool = False,
+                       caller: str | None = None) -> AsyncIterator[Chunk]:  # fmt: skip
+        """Stream `req` from a worker for `caller` (None = auth off); `unary=True` (non-streaming APIs) uses one
+        ModelInfer call instead."""
         if self.draining:
             raise errors.ServiceUnavailableError("the gateway is shutting down", retry_after_s=self.retry_after_s)
+        num_chars = len(req.prompt or "") + sum(len(m["content"]) for m in req.messages or ())
+        check_prompt_size(num_chars, self.pool.models().get(req.model, 0))
         task = asyncio.current_task()
-        if req.request_id in self.inflight:
+        key = (caller, req.request_id)
+        if key in self.inflight:
             raise errors.BadRequestError(f"request id {req.request_id!r} is already running", param="request_id")
-        self.inflight[req.request_id] = task
+        self.inflight[key] = task
         arrival = time.perf_counter()
         first = last = None
         chunk = Chunk("")
@@ -95,7 +104,7 @@ class Dispatcher:
                                 self.metrics.inter_token_latency.labels(req.model, worker).observe(now - last)
                             last = now
                             yield chunk
-                            self.inflight[req.request_id] = asyncio.current_task()  # the consumer may change tasks
+                            self.inflight[key] = asyncio.current_task()  # the consumer may change tasks
                     status = chunk.finish_reason or "stop"
                     return
                 except WorkerError as e:
@@ -117,17 +126,18 @@ class Dispatcher:
             raise
         except (asyncio.CancelledError, GeneratorExit):
             status = "abort"
-            if req.request_id in self._aborted:  # Abort(id): end the call with a clear error, not a bare cancel
+            interrupted = self._interrupted.pop(key, None)
+            if interrupted is not None:  # Abort or cut: end the call with that error, not a bare cancellation
                 asyncio.current_task().uncancel()
-                error_text = "aborted by an Abort call"
-                raise errors.RequestAbortedError(f"request {req.request_id} was aborted", code="aborted") from None
+                error_text = interrupted.message
+                raise interrupted from None
             raise
         except Exception as e:
             status, error_text = "internal_error", f"{type(e).__name__}: {e}"
             raise
         finally:
-            self.inflight.pop(req.request_id, None)
-            self._aborted.discard(req.request_id)
+            self.inflight.pop(key, None)
+            self._interrupted.pop(key, None)
             finished = time.perf_counter()
             labels = (req.model, worker or "none")
             self.metrics.observe_request(
@@ -146,18 +156,30 @@ class Dispatcher:
                 num_spec_steps=chunk.num_spec_steps, error=error_text,
             )  # fmt: skip
 
-    async def complete(self, req: GenerationRequest, api: str) -> tuple[str, Chunk]:
+    async def complete(self, req: GenerationRequest, api: str, caller: str | None = None) -> tuple[str, Chunk]:
         """Run a request to the end: (whole text, last chunk with the usage)."""
         parts, last = [], Chunk("")
-        async for last in self.generate(req, api, unary=True):
+        async for last in self.generate(req, api, unary=True, caller=caller):
             parts.append(last.text)
         return "".join(parts), last
 
-    def abort(self, request_id: str) -> bool:
-        task = self.inflight.get(request_id)
+    def abort(self, request_id: str, caller: str | None = None) -> bool:
+        """Cancel `caller`'s request `request_id`; False when the caller has no such request running."""
+        error = errors.RequestAbortedError(f"request {request_id} was aborted", code="aborted")
+        return self._interrupt((caller, request_id), error)
+
+    def cut(self, reason: str) -> int:
+        """End every request still running with the error a failed worker gives (HTTP streams: an error event, then
+        `[DONE]`); returns how many."""
+        return sum(self._interrupt(key, errors.ServiceUnavailableError(f"the request was cut short: {reason}",
+                                                                       code="worker_failed"))  # fmt: skip
+                   for key in list(self.inflight))
+
+    def _interrupt(self, key: tuple[str | None, str], error: errors.ServiceError) -> bool:
+        task = self.inflight.get(key)
         if task is None:
             return False
-        self._aborted.add(request_id)
+        self._interrupted[key] = error
         task.cancel()
         return True
 

@@ -3,19 +3,26 @@
 `{"error": {"message", "type", "param", "code"}}` with the status codes OpenAI and vLLM use: 400 bad input (wrong
 types included, as both do, rather than FastAPI's 422), 401 bad API key, 404 unknown model or route, 413 body too
 large, 429 every worker saturated (with Retry-After), 503 no worker ready or shutting down, 504 request timeout.
+The OpenAPI document says the same: routes list their errors with `responses(...)` and `install_error_handlers`
+drops the 422 FastAPI documents on every route with a body.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
+
+#: pydantic names union members in an error's loc by their type; those are not field names
+_TYPE_TAG = re.compile(r"[\[\-]|^(str|int|float|bool|list|dict)$")
 
 
 class ServiceError(Exception):
@@ -71,32 +78,79 @@ class TimeoutError_(ServiceError):
     http_status, type, grpc_status = 504, "timeout", grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error envelope, the body of every error response."""
+
+    error: ErrorDetail
+
+
+_MEANING = {
+    400: "bad input: wrong type, out of range, unsupported field, or too long for the model's context",
+    401: "missing or wrong API key", 404: "unknown model", 413: "the request body is too large",
+    429: "every worker is saturated: retry after Retry-After seconds", 500: "internal error",
+    503: "no worker is ready, or the gateway is shutting down (Retry-After)", 504: "the request timed out",
+}  # fmt: skip
+
+
+def responses(*statuses: int) -> dict[int, dict]:
+    """The OpenAPI `responses` of a route that can answer these error statuses (500 always)."""
+    return {status: {"model": ErrorBody, "description": _MEANING[status]} for status in sorted({*statuses, 500})}
+
+
 def error_response(error: ServiceError) -> JSONResponse:
     headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
     return JSONResponse(error.body(), status_code=error.http_status, headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """(message, param) for pydantic errors, HTTP's or gRPC's: the first five as `field: reason`, the first field as
+    the param."""
     if not errors:
         return "invalid request", None
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    parts = [f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}" for e in errors[:5]]
-    return "; ".join(parts), param
+    param = _field(first)
+    return "; ".join(f"{_field(e) or 'body'}: {e.get('msg')}" for e in errors[:5]), param
+
+
+def _field(error: dict) -> str | None:
+    """`messages.0.content` from a pydantic loc, without the union members' type tags (`function-after[...]`, `str`)."""
+    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+    return ".".join(part for part in loc if not _TYPE_TAG.search(part)) or None
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error with OpenAI's envelope, and say so in /openapi.json (400 where FastAPI would write 422)."""
+    generate_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = generate_openapi()
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError):
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc.errors())
         return error_response(BadRequestError(message, param=param))
 
     @app.exception_handler(StarletteHTTPException)

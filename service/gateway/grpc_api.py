@@ -1,9 +1,11 @@
 """The gateway's public gRPC API (`deepspec.v1.Completions`), with grpc.health.v1 and server reflection.
 
-Same path as HTTP (`Dispatcher`), same errors mapped to status codes (`ServiceError.grpc_status`). A cancelled call
-(client gone, deadline) cancels the handler, which closes the worker stream and frees the slot; `Abort` does the
-same for a request id. API keys, when configured, are read from the `authorization: Bearer <key>` metadata.
-Health reports SERVING for "" and the service name while the gateway is ready.
+Same path as HTTP (`Dispatcher`), same validation (each request goes through the HTTP API's pydantic schemas, so
+both refuse the same inputs with the same messages), same errors mapped to status codes (`ServiceError.grpc_status`).
+A request that is not a valid protobuf is INVALID_ARGUMENT, not grpcio's default UNKNOWN. A cancelled call (client
+gone, deadline) cancels the handler, which closes the worker stream and frees the slot; `Abort` does the same for
+one of the caller's own request ids. API keys, when configured, are read from the `authorization: Bearer <key>`
+metadata. Health reports SERVING for "" and the service name while the gateway is ready.
 """
 
 from __future__ import annotations
@@ -12,18 +14,24 @@ import asyncio
 import contextlib
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from pydantic import ValidationError
 
 from service.gateway.dispatch import new_request_id
-from service.gateway.errors import BadRequestError, ServiceError
+from service.gateway.errors import BadRequestError, ServiceError, validation_message
+from service.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from service.gateway.validation import check_request_id
 from service.gateway.worker_client import Chunk, GenerationRequest
 from service.protos.deepspec.v1 import completions_pb2 as pb
-from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Completions"].full_name
-_MAX_INT32 = 2**31 - 1
+_SERVICE = pb.DESCRIPTOR.services_by_name["Completions"]
+SERVICE_NAME = _SERVICE.full_name
+#: gRPC's defaults where a field is unset (HTTP's differ: OpenAI's temperature 1, max_tokens 16)
+_DEFAULT_MAX_TOKENS = 128
+_DEFAULT_TEMPERATURE = 0.0
 
 
 def _usage(chunk: Chunk) -> pb.Usage:
@@ -32,38 +40,68 @@ def _usage(chunk: Chunk) -> pb.Usage:
                     num_draft_tokens=chunk.num_draft_tokens, num_accepted_tokens=chunk.num_accepted_tokens)  # fmt: skip
 
 
-class CompletionsServicer(pb_grpc.CompletionsServicer):
+class _Malformed:
+    """What the deserializer hands a handler for bytes that are not a valid message (grpcio would say UNKNOWN)."""
+
+    def __init__(self, name: str, error: Exception):
+        self.message = f"the request is not a valid {name} protobuf: {error}"
+
+
+def _lenient(message_class):
+    def parse(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except DecodeError as e:
+            return _Malformed(message_class.DESCRIPTOR.full_name, e)
+
+    return parse
+
+
+def to_generation_request(request: pb.CompletionRequest, model: str) -> GenerationRequest:
+    """A CompletionRequest validated by the HTTP API's schemas; BadRequestError with their message otherwise."""
+    if bool(request.prompt) == bool(request.messages):
+        raise BadRequestError("send exactly one of prompt or messages", param="prompt")
+    request_id = check_request_id(request.request_id) if request.request_id else new_request_id("grpc")
+    fields = {
+        "model": request.model or None, "stop": list(request.stop) or None, "ignore_eos": request.ignore_eos,
+        "user": request.user or None,
+        "max_tokens": request.max_tokens if request.HasField("max_tokens") else _DEFAULT_MAX_TOKENS,
+        "temperature": request.temperature if request.HasField("temperature") else _DEFAULT_TEMPERATURE,
+        **{name: getattr(request, name) for name in ("top_p", "top_k", "seed") if request.HasField(name)},
+    }  # fmt: skip
+    try:
+        if request.messages:
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            body = ChatCompletionRequest.model_validate({**fields, "messages": messages})
+            return GenerationRequest(request_id=request_id, model=model, messages=body.messages_dicts(),
+                                     max_tokens=body.max_tokens, **body.sampling())  # fmt: skip
+        body = CompletionRequest.model_validate({**fields, "prompt": request.prompt})
+        return GenerationRequest(request_id=request_id, model=model, prompt=body.prompt_text,
+                                 max_tokens=body.max_tokens, **body.sampling())  # fmt: skip
+    except ValidationError as e:
+        message, param = validation_message(e.errors())
+        raise BadRequestError(message, param=param) from None
+
+
+class CompletionsServicer:
     def __init__(self, state):
         self.state = state
 
-    def _request(self, request: pb.CompletionRequest, context) -> GenerationRequest:
-        metadata = dict(context.invocation_metadata() or ())
-        self.state.check_api_key(metadata.get("authorization"))
+    def _caller(self, context) -> str | None:
+        return self.state.check_api_key(dict(context.invocation_metadata() or ()).get("authorization"))
+
+    def _start(self, request, context) -> tuple[GenerationRequest, str | None]:
+        """(the worker request, the caller); a ServiceError for a bad key, model or input."""
+        caller = self._caller(context)
+        if isinstance(request, _Malformed):
+            raise BadRequestError(request.message)
         model, _ = self.state.dispatcher.resolve_model(request.model)
-        if bool(request.prompt) == bool(request.messages):
-            raise BadRequestError("send exactly one of prompt or messages", param="prompt")
-        max_tokens = request.max_tokens if request.HasField("max_tokens") else 128
-        if not 1 <= max_tokens <= _MAX_INT32:
-            raise BadRequestError(f"max_tokens must be in [1, {_MAX_INT32}], got {max_tokens}", param="max_tokens")
-        temperature = request.temperature if request.HasField("temperature") else 0.0
-        top_p = request.top_p if request.HasField("top_p") else 1.0
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise BadRequestError("temperature must be >= 0 and top_p in (0, 1]", param="temperature")
-        if any(not m.role or m.role not in ("system", "developer", "user", "assistant") for m in request.messages):
-            raise BadRequestError("message roles are system, developer, user or assistant", param="messages")
-        return GenerationRequest(
-            request_id=request.request_id or new_request_id("grpc"), model=model, prompt=request.prompt or None,
-            messages=[{"role": m.role, "content": m.content} for m in request.messages] or None,
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-            top_k=min(request.top_k, _MAX_INT32) if request.HasField("top_k") else 0,
-            seed=request.seed if request.HasField("seed") else None, stop=list(request.stop),
-            ignore_eos=request.ignore_eos,
-        )  # fmt: skip
+        return to_generation_request(request, model), caller
 
     async def Complete(self, request, context):
         try:
-            req = self._request(request, context)
-            text, last = await self.state.dispatcher.complete(req, "grpc")
+            req, caller = self._start(request, context)
+            text, last = await self.state.dispatcher.complete(req, "grpc", caller=caller)
         except ServiceError as e:
             await context.abort(e.grpc_status, e.message)
         return pb.CompletionResponse(id=req.request_id, model=req.model, text=text,
@@ -71,8 +109,8 @@ class CompletionsServicer(pb_grpc.CompletionsServicer):
 
     async def CompleteStream(self, request, context):
         try:
-            req = self._request(request, context)
-            async for chunk in self.state.dispatcher.generate(req, "grpc"):
+            req, caller = self._start(request, context)
+            async for chunk in self.state.dispatcher.generate(req, "grpc", caller=caller):
                 out = pb.CompletionChunk(id=req.request_id, text=chunk.text)
                 if chunk.final:
                     out.finish_reason = chunk.finish_reason or ""
@@ -82,8 +120,25 @@ class CompletionsServicer(pb_grpc.CompletionsServicer):
             await context.abort(e.grpc_status, e.message)
 
     async def Abort(self, request, context):
-        self.state.check_api_key(dict(context.invocation_metadata() or ()).get("authorization"))
-        return pb.AbortResponse(found=self.state.dispatcher.abort(request.request_id))
+        """Cancel one of the caller's own running requests; `found` is false for anyone else's."""
+        try:
+            caller = self._caller(context)
+            if isinstance(request, _Malformed):
+                raise BadRequestError(request.message)
+        except ServiceError as e:
+            await context.abort(e.grpc_status, e.message)
+        return pb.AbortResponse(found=self.state.dispatcher.abort(request.request_id, caller))
+
+
+def _method_handlers(servicer: CompletionsServicer) -> dict[str, grpc.RpcMethodHandler]:
+    """The generated `add_CompletionsServicer_to_server`, but with `_lenient` request parsing."""
+    handlers = {}
+    for method in _SERVICE.methods:
+        request_class, response_class = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=_lenient(request_class),
+                                     response_serializer=response_class.SerializeToString)  # fmt: skip
+    return handlers
 
 
 class GrpcGateway:
@@ -116,7 +171,9 @@ class GrpcGateway:
 
 async def start_grpc_server(state, host: str, port: int) -> tuple[GrpcGateway, int]:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_CompletionsServicer_to_server(CompletionsServicer(state), server)
+    handlers = _method_handlers(CompletionsServicer(state))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(

@@ -3,7 +3,7 @@
 Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Fields OpenAI defines that DeepSpec does not implement are
 accepted only at their neutral value (n=1, logprobs off, echo off, penalties 0), and rejected otherwise with a
 message naming the field; unknown fields are ignored, as OpenAI and vLLM do. `top_k` and `ignore_eos` are vLLM's
-extensions.
+extensions. Field types and limits come from `validation.py`; the gRPC API validates through these models too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-_MAX_INT32 = 2**31 - 1
+from service.gateway.validation import (MaxTokens, Name, Seed, StopString, StopStrings, Temperature, Text, TopK,
+                                        TopP)  # fmt: skip
 
 
 class StreamOptions(BaseModel):
@@ -23,17 +24,17 @@ class StreamOptions(BaseModel):
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    model: str | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    model: Name | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     #: vLLM extension; -1 or 0 = off
-    top_k: int | None = Field(None, ge=-1, le=_MAX_INT32)
-    seed: int | None = Field(None, ge=0, lt=2**64)
-    stop: str | list[str] | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
+    stop: StopString | StopStrings | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Name | None = None
     #: vLLM extension: keep generating past EOS (benchmarks)
     ignore_eos: bool = False
     presence_penalty: float | None = None
@@ -48,10 +49,6 @@ class _SamplingFields(BaseModel):
             raise ValueError("presence_penalty and frequency_penalty are not supported (leave them 0)")
         if self.logprobs:
             raise ValueError("logprobs are not supported")
-        if isinstance(self.stop, list) and (len(self.stop) > 16 or any(not s for s in self.stop)):
-            raise ValueError("stop takes up to 16 non-empty strings")
-        if self.stop == "":
-            raise ValueError("stop must be non-empty")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
@@ -73,9 +70,9 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str]
+    prompt: Text | list[Text]
     #: OpenAI's default for completions is 16
-    max_tokens: int | None = Field(16, ge=1, le=_MAX_INT32)
+    max_tokens: MaxTokens | None = 16
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -96,13 +93,13 @@ class CompletionRequest(_SamplingFields):
 class TextPart(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -111,8 +108,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     #: None = as many as fit in the context (vLLM's default), decided by the worker
-    max_tokens: int | None = Field(None, ge=1, le=_MAX_INT32)
-    max_completion_tokens: int | None = Field(None, ge=1, le=_MAX_INT32)
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
 
     def messages_dicts(self) -> list[dict]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]

@@ -12,8 +12,16 @@ from collections.abc import AsyncIterator, Callable
 from fastapi.responses import StreamingResponse
 
 from service.gateway.dependencies import SSE_DONE, SSE_HEADERS, sse
-from service.gateway.errors import ServiceError
+from service.gateway.errors import ServiceError, responses
 from service.gateway.worker_client import Chunk
+
+
+#: OpenAPI responses of a route that answers JSON, or SSE when the body says `"stream": true`
+GENERATION_RESPONSES = {
+    200: {"description": "the completion (JSON), or its chunks as server-sent events ending in `data: [DONE]`",
+          "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}}},
+    **responses(400, 401, 404, 413, 429, 503, 504),
+}  # fmt: skip
 
 
 def usage(chunk: Chunk) -> dict:

@@ -122,3 +122,93 @@ def test_taken_grpc_port_exits_non_zero_with_the_reason(stub_worker, tmp_path):
         assert gw.proc.wait(60) == 1
     gw.terminate()
     assert "cannot bind the gateway's gRPC port" in gw.log()
+
+
+# The same inputs through both APIs: HTTP's 400 message is gRPC's INVALID_ARGUMENT details, word for word.
+SAME_LIMITS = [
+    ("NaN temperature", {"temperature": float("nan")}),
+    ("infinite temperature", {"temperature": float("inf")}),
+    ("1e30 temperature", {"temperature": 1e30}),
+    ("top_p 0", {"top_p": 0.0}),
+    ("top_p above 1", {"top_p": 1.5}),
+    ("max_tokens 0", {"max_tokens": 0}),
+    ("top_k beyond int32", {"top_k": 2**31}),
+    ("100,000 stop strings", {"stop": ["a"] * 100_000}),
+    ("a 3 MB stop string", {"stop": ["s" * 3_000_000]}),
+    ("an empty stop string", {"stop": [""]}),
+]
+
+
+@pytest.mark.parametrize("fields", [c[1] for c in SAME_LIMITS], ids=[c[0] for c in SAME_LIMITS])
+def test_grpc_refuses_what_http_refuses_with_the_same_message(channel, gateway, fields):
+    import json
+
+    import httpx
+
+    response = httpx.post(f"{gateway.url}/v1/completions", content=json.dumps({"prompt": "x", **fields}),
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert response.status_code == 400, response.text
+    with pytest.raises(grpc.RpcError) as info:
+        pb_grpc.CompletionsStub(channel).Complete(pb.CompletionRequest(prompt="x", **fields), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == response.json()["error"]["message"]
+
+
+def test_grpc_refuses_bad_request_ids_roles_and_text(channel):
+    stub = pb_grpc.CompletionsStub(channel)
+    for request, words in [
+        (pb.CompletionRequest(prompt="x", request_id="r" * 1_000_000), "request_id"),
+        (pb.CompletionRequest(prompt="x", request_id="has space"), "request_id"),
+        (pb.CompletionRequest(messages=[pb.ChatMessage(role="tool", content="x")]), "messages.0.role"),
+        (pb.CompletionRequest(prompt="x", messages=[pb.ChatMessage(role="user", content="x")]), "exactly one"),
+        (pb.CompletionRequest(prompt="x" * (2048 * 128 + 1)), "characters"),
+    ]:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Complete(request, timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in info.value.details(), words
+
+
+def test_a_malformed_protobuf_is_invalid_argument(channel):
+    for method in ("Complete", "CompleteStream", "Abort"):
+        path = f"/deepspec.v1.Completions/{method}"
+        call = channel.unary_stream(path) if method == "CompleteStream" else channel.unary_unary(path)
+        with pytest.raises(grpc.RpcError) as info:
+            result = call(b"\x0a\xff\xff\xff", timeout=10)  # field 1, a length running past the end
+            list(result) if method == "CompleteStream" else None
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        assert "not a valid deepspec.v1" in info.value.details()
+    assert pb_grpc.CompletionsStub(channel).Complete(pb.CompletionRequest(prompt="ok", max_tokens=2)).text == "Th"
+
+
+def test_abort_needs_a_key_and_reaches_only_the_callers_own_requests(tmp_path):
+    worker = Worker(tmp_path, "--stub-step-ms", "50").start().wait_ready()
+    gw = Gateway(tmp_path, worker.address, env={"DEEPSPEC_API_KEYS": "key-a,key-b"}).start().wait_ready()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch:
+            stub = pb_grpc.CompletionsStub(ch)
+
+            def as_(key):
+                return (("authorization", f"Bearer {key}"),)
+
+            for metadata in ((), as_("wrong")):
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.Abort(pb.AbortRequest(request_id="r1"), metadata=metadata)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            a = stub.CompleteStream(pb.CompletionRequest(request_id="r1", prompt="Hi", max_tokens=2000), metadata=as_("key-a"))
+            next(a)
+            # request ids are per caller: b may use "r1" too, and b's Abort does not reach a's "r1"
+            b = stub.CompleteStream(pb.CompletionRequest(request_id="r1", prompt="Hi", max_tokens=2000), metadata=as_("key-b"))
+            next(b)
+            assert stub.Abort(pb.AbortRequest(request_id="r1"), metadata=as_("key-b")).found
+            with pytest.raises(grpc.RpcError) as info:
+                list(b)
+            assert info.value.code() == grpc.StatusCode.CANCELLED
+            assert not stub.Abort(pb.AbortRequest(request_id="r1"), metadata=as_("key-b")).found
+            assert next(a).text  # a's request still runs
+            assert stub.Abort(pb.AbortRequest(request_id="r1"), metadata=as_("key-a")).found
+            with pytest.raises(grpc.RpcError):
+                list(a)
+    finally:
+        gw.terminate()
+        worker.terminate()
+    assert "Traceback" not in gw.log()

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from service.gateway.validation import MAX_CHARS_PER_TOKEN
 from service.worker.stub_engine import STUB_TEXT
 from tests.service.conftest import Gateway, metric_value
 
@@ -92,6 +93,14 @@ BAD_REQUESTS = [
     ("10 MB body", json.dumps({"prompt": "x" * 10_000_000}).encode(), 413, "exceeds"),
     ("invalid UTF-8", b'{"prompt": "\xff\xfe", "max_tokens": 3}', 400, "UTF-8"),
     ("missing prompt", b'{"max_tokens": 3}', 400, "prompt"),
+    ("lone surrogate in the prompt", b'{"prompt": "hi\\ud800", "max_tokens": 2}', 400, "lone surrogate"),
+    ("lone surrogate in a stop string", b'{"prompt": "hi", "stop": ["a\\udfff"]}', 400, "stop"),
+    ("NaN temperature", b'{"prompt": "x", "temperature": NaN}', 400, "finite number"),
+    ("infinite top_p", b'{"prompt": "x", "top_p": Infinity}', 400, "finite number"),
+    ("17 stop strings", json.dumps({"prompt": "x", "stop": ["a"] * 17}).encode(), 400, "at most 16 items"),
+    ("3 MB stop string", json.dumps({"prompt": "x", "stop": ["s" * 3_000_000]}).encode(), 400, "at most 1024"),
+    # the stub's context is 2,048 tokens: at most 2,048 x 128 characters, refused before any worker tokenizes it
+    ("3.9 MB prompt", json.dumps({"prompt": "x" * 3_900_000, "max_tokens": 2}).encode(), 400, "3900000 characters"),
 ]
 
 
@@ -103,6 +112,27 @@ def test_bad_input_gets_a_clear_4xx_and_the_next_request_works(gateway, client, 
     assert set(error) == {"message", "type", "param", "code"}
     assert message in error["message"], error
     assert client.completions.create(model="stub", prompt="ok", max_tokens=3).choices[0].text == "The"
+
+
+def test_a_lone_surrogate_in_a_chat_message_is_a_400(gateway):
+    body = b'{"messages": [{"role": "user", "content": "hi \\ud83d"}], "max_tokens": 2}'
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", content=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "messages.0.content"
+    assert "lone surrogate" in response.json()["error"]["message"]
+
+
+def test_an_oversized_prompt_is_refused_by_its_length_before_any_tokenizing(gateway):
+    """One character over context x MAX_CHARS_PER_TOKEN is the gateway's 400, counted in characters (the worker would
+    count tokens); messages count together. One character under goes on to the worker, which counts tokens."""
+    limit = 2048 * MAX_CHARS_PER_TOKEN
+    for path, body in [("/v1/completions", {"prompt": "x" * (limit + 1)}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * (limit // 2)}] * 3})]:
+        response = httpx.post(f"{gateway.url}{path}", json={**body, "max_tokens": 1})
+        assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+        assert "characters" in response.json()["error"]["message"]
+    response = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "x" * limit, "max_tokens": 1})
+    assert response.status_code == 400 and "characters" not in response.json()["error"]["message"], response.text
 
 
 def test_openai_client_raises_typed_errors(client):

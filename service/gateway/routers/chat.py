@@ -7,24 +7,24 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.gateway.dependencies import ClientDisconnected, DispatcherDep, sse, until_disconnect
+from service.gateway.dependencies import CallerDep, ClientDisconnected, DispatcherDep, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.schemas import ChatCompletionRequest
-from service.gateway.streaming import sse_response, usage
+from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, dispatcher: DispatcherDep):
+@router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep):
     model, _ = dispatcher.resolve_model(body.model)
     req = GenerationRequest(request_id=new_request_id("chatcmpl"), model=model, messages=body.messages_dicts(),
                             max_tokens=body.max_completion_tokens or body.max_tokens, **body.sampling())  # fmt: skip
     created = int(time.time())
     if not body.stream:
         try:
-            text, last = await until_disconnect(request, dispatcher.complete(req, "chat"))
+            text, last = await until_disconnect(request, dispatcher.complete(req, "chat", caller))
         except ClientDisconnected:
             return Response(status_code=499)
         return JSONResponse({
@@ -34,7 +34,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
             "usage": usage(last),
         })  # fmt: skip
 
-    chunks = dispatcher.generate(req, "chat")
+    chunks = dispatcher.generate(req, "chat", caller=caller)
     try:
         first = await until_disconnect(request, anext(chunks))
     except ClientDisconnected:

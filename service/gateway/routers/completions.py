@@ -7,24 +7,24 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.gateway.dependencies import ClientDisconnected, DispatcherDep, sse, until_disconnect
+from service.gateway.dependencies import CallerDep, ClientDisconnected, DispatcherDep, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.schemas import CompletionRequest
-from service.gateway.streaming import sse_response, usage
+from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest
 
 router = APIRouter()
 
 
-@router.post("/v1/completions")
-async def create_completion(body: CompletionRequest, request: Request, dispatcher: DispatcherDep):
+@router.post("/v1/completions", responses=GENERATION_RESPONSES)
+async def create_completion(body: CompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep):
     model, _ = dispatcher.resolve_model(body.model)
     req = GenerationRequest(request_id=new_request_id("cmpl"), model=model, prompt=body.prompt_text,
                             max_tokens=body.max_tokens, **body.sampling())  # fmt: skip
     created = int(time.time())
     if not body.stream:
         try:
-            text, last = await until_disconnect(request, dispatcher.complete(req, "completions"))
+            text, last = await until_disconnect(request, dispatcher.complete(req, "completions", caller))
         except ClientDisconnected:
             return Response(status_code=499)
         return JSONResponse({
@@ -33,7 +33,7 @@ async def create_completion(body: CompletionRequest, request: Request, dispatche
             "usage": usage(last),
         })  # fmt: skip
 
-    chunks = dispatcher.generate(req, "completions")
+    chunks = dispatcher.generate(req, "completions", caller=caller)
     try:  # errors before the first token are plain HTTP errors (400, 429, 503), not stream events
         first = await until_disconnect(request, anext(chunks))
     except ClientDisconnected:

@@ -3,11 +3,12 @@
 from fastapi import APIRouter
 
 from service.gateway.dependencies import DispatcherDep
+from service.gateway.errors import responses
 
 router = APIRouter()
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=responses(401))
 async def list_models(dispatcher: DispatcherDep):
     return {
         "object": "list",

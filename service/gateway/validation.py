@@ -1,0 +1,76 @@
+"""Input limits of the gateway, one set for both APIs: the OpenAI HTTP schemas (`schemas.py`) are built from these
+types, and the gRPC API (`grpc_api.py`) validates its requests through those same schemas, so the two refuse the
+same things with the same messages.
+
+This is input sanity only (types, ranges, sizes, encodings). Whether a prompt fits the model's context is the
+engine's to say (it knows the exact token count), except for one cheap bound checked here before anything is
+tokenized: `check_prompt_size`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
+
+from service.gateway.errors import BadRequestError
+
+MAX_INT32 = 2**31 - 1
+#: stop strings per request (OpenAI allows 4; vLLM has no limit)
+MAX_STOP_STRINGS = 16
+#: characters per stop string: the detokenizer rescans this much text after every token
+MAX_STOP_CHARS = 1024
+#: characters of a caller-chosen request id (gRPC): it appears in logs and in Abort
+MAX_REQUEST_ID_CHARS = 128
+#: characters of short identifiers (model, user)
+MAX_NAME_CHARS = 256
+#: An upper bound on the characters one token decodes to. The longest token of the default target's vocabulary
+#: (SmolLM2, 49,152 tokens) is 81 characters (a newline and 80 spaces); 128 leaves room for other vocabularies.
+#: A prompt longer than `context length x MAX_CHARS_PER_TOKEN` characters cannot fit, whatever it says, so it is
+#: refused before a worker spends time and memory tokenizing it.
+MAX_CHARS_PER_TOKEN = 128
+
+
+def _unicode(text: str) -> str:
+    """JSON's `\\ud800` escapes decode to lone surrogates, which no tokenizer (or UTF-8 encoder) accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the text is not valid Unicode: a lone surrogate escape at character {e.start}") from None
+    return text
+
+
+#: any text the gateway forwards: a prompt, a message, a stop string
+Text = Annotated[str, AfterValidator(_unicode)]
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_unicode)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), AfterValidator(_unicode)]
+StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
+Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+#: vLLM extension; -1 or 0 = off
+TopK = Annotated[int, Field(ge=-1, le=MAX_INT32)]
+Seed = Annotated[int, Field(ge=0, lt=2**64)]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32)]
+#: printable ASCII without spaces: it is written into log lines as is
+RequestId = Annotated[str, Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[!-~]+$")]
+
+_REQUEST_ID = TypeAdapter(RequestId)
+
+
+def check_request_id(request_id: str) -> str:
+    try:
+        return _REQUEST_ID.validate_python(request_id)
+    except ValidationError as e:
+        raise BadRequestError(f"request_id: {e.errors()[0]['msg']} (printable ASCII, no spaces, at most "
+                              f"{MAX_REQUEST_ID_CHARS} characters)", param="request_id") from None  # fmt: skip
+
+
+def check_prompt_size(num_chars: int, context_len: int) -> None:
+    """Refuse a prompt that cannot fit `context_len` tokens by its length alone (0 = context unknown: no bound)."""
+    limit = context_len * MAX_CHARS_PER_TOKEN
+    if context_len > 0 and num_chars > limit:
+        raise BadRequestError(
+            f"the prompt has {num_chars} characters, more than this model's maximum context length of {context_len} "
+            f"tokens can hold (at most {limit} characters at {MAX_CHARS_PER_TOKEN} per token): shorten the prompt",
+            param="prompt", code="context_length_exceeded",
+        )  # fmt: skip
