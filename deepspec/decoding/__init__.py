@@ -12,9 +12,11 @@ from deepspec.decoding.registry import (
     resolve_checkpoint_algo,
     resolve_drafter,
 )
+from deepspec.decoding.validation import RequestError, RequestErrorCode
 
 __all__ = [
-    "DraftSampling", "Drafter", "EngineFullError", "GenerationResult", "Proposal", "SamplingParams", "SpecEngine",
+    "DraftSampling", "Drafter", "EngineFullError", "GenerationResult", "Proposal", "RequestError", "RequestErrorCode",
+    "SamplingParams", "SpecEngine",
     "StepOutput", "available_drafters", "build_drafter", "load_checkpoint_drafter", "register_checkpoint_algo",
     "register_drafter", "resolve_checkpoint_algo", "resolve_drafter",
 ]

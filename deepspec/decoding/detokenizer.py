@@ -3,14 +3,18 @@
 Tokens are decoded in a short sliding window (after vLLM's prefix/read offsets): the text of the window minus
 the text of its already-emitted part is the new text. A trailing U+FFFD means a multi-byte character is still
 incomplete, so it is held back until the next token completes it.
+
+It needs only the target's `decode(ids) -> str` (special tokens skipped), which must depend on `ids` alone.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
-        self.tokenizer = tokenizer
+    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...] = ()):
+        self._decode = decode
         self.stop = stop
         self._max_stop_len = max((len(s) for s in stop), default=0)
         self.token_ids: list[int] = []
@@ -18,9 +22,6 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = 0
         self._held = ""  # tail withheld because it may be the start of a stop string
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def add(self, new_ids: list[int]) -> tuple[str, int | None]:
         """Append tokens → (text safe to emit now, index in new_ids after which a stop string completed)."""

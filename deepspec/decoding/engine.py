@@ -6,8 +6,9 @@ tokens per row, the target scores [last token, drafts] in a single forward, each
 drafts and commits one more token of the target's. With no drafter the same loop is the target-only baseline.
 
 Requests may join (`add_request`) and leave (finish, `abort`) between steps: continuous batching. The engine is
-not thread-safe; a server drives it from one thread. It knows the tokenizer only to detokenize incrementally
-and to honour stop strings.
+not thread-safe; a server drives it from one thread (only `validate` may be called from others). It decodes text only
+through `target.decode`, to detokenize incrementally and to honour stop strings. Bad requests raise `RequestError`
+with a typed code (deepspec/decoding/validation.py), checked here once for every server.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.drafter import DraftSampling, Drafter
 from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.sampling import sample, sampling_probs
+from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
 from deepspec.decoding.verify import greedy_verify, rejection_verify_row
 from deepspec.decoding.verify_budget import StepTimeModel, best_depth, observed_survival
 from deepspec.models.target import Target
@@ -108,26 +110,15 @@ class SpecEngine:
         return bool(self._running)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError with a message a user can act on; called by add_request and by servers early."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("prompt is empty: send at least one token")
-        vocab = self.target.vocab_size
-        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if n >= self.max_seq_len:
-            raise ValueError(f"prompt has {n} tokens but the context window is {self.max_seq_len} tokens")
-        if n + params.max_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the context window of "
-                f"{self.max_seq_len} tokens; lower max_tokens to at most {self.max_seq_len - n}"
-            )
+        """Raise RequestError (a ValueError with a RequestErrorCode) unless the request fits this engine; called by
+        add_request, and by servers before they queue a request. Reads only fixed settings: safe from any thread."""
+        validate_request(prompt_token_ids, params, max_seq_len=self.max_seq_len, vocab_size=self.target.vocab_size)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     keep_result: bool = False) -> None:
         """Queue a request for the next step; keep_result=True keeps its record for `pop_result`."""
         if request_id in self._by_id:
-            raise ValueError(f"request id '{request_id}' is already running")
+            raise RequestError(RequestErrorCode.REQUEST_ID_IN_USE, f"request id '{request_id}' is already running")
         prompt = list(prompt_token_ids)
         self.validate(prompt, params)
         if self.num_free_slots == 0:
@@ -140,7 +131,7 @@ class SpecEngine:
             prompt=prompt,
             slot=len(self._running),
             generator=torch.Generator().manual_seed(seed),
-            detokenizer=IncrementalDetokenizer(self.target.tokenizer, params.stop),
+            detokenizer=IncrementalDetokenizer(self.target.decode, params.stop),
             stop_ids=stop_ids,
             keep_result=keep_result,
         )

@@ -1,10 +1,14 @@
 """The contract between a caller and the engine: what a request asks for and what each step returns.
 
-No behaviour lives here beyond validating input at the boundary, so bad requests fail with a message that
-names the field and the allowed range.
+No behaviour lives here beyond validating input at the boundary, so bad requests fail with a `RequestError` whose
+message names the field and the allowed range.
 """
 
+import math
+import numbers
 from dataclasses import dataclass, field
+
+from deepspec.decoding.validation import RequestError, RequestErrorCode
 
 
 @dataclass(frozen=True)
@@ -27,18 +31,20 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise RequestError(RequestErrorCode.MAX_TOKENS_INVALID,
+                               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, numbers.Real) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            raise _sampling_error(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise _sampling_error(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:  # also refuses NaN
+            raise _sampling_error(f"top_p must be in (0, 1], got {self.top_p!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+            raise _sampling_error("stop strings must be non-empty")
 
     @property
     def greedy(self) -> bool:
@@ -85,3 +91,7 @@ class GenerationResult:
     def acceptance_length(self) -> float:
         """Mean tokens committed per target pass (accepted drafts + 1), the paper's tau."""
         return (self.num_accepted_tokens + self.num_steps) / max(self.num_steps, 1)
+
+
+def _sampling_error(message: str) -> RequestError:
+    return RequestError(RequestErrorCode.SAMPLING_INVALID, message)

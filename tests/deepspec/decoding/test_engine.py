@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from deepspec.decoding import EngineFullError, SamplingParams, SpecEngine
+from deepspec.decoding import EngineFullError, RequestError, RequestErrorCode, SamplingParams, SpecEngine
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
 from tests.conftest import make_tiny_target
@@ -92,32 +92,52 @@ def test_abort_frees_the_slot(target):
 
 
 @pytest.mark.parametrize(
-    "make, message",
+    "make, code, message",
     [
-        (lambda: SamplingParams(max_tokens=0), "max_tokens"),
-        (lambda: SamplingParams(max_tokens=-3), "max_tokens"),
-        (lambda: SamplingParams(temperature=-0.1), "temperature"),
-        (lambda: SamplingParams(top_p=0.0), "top_p"),
-        (lambda: SamplingParams(top_k=-1), "top_k"),
-        (lambda: SamplingParams(stop=("",)), "stop"),
+        (lambda: SamplingParams(max_tokens=0), RequestErrorCode.MAX_TOKENS_INVALID, "max_tokens"),
+        (lambda: SamplingParams(max_tokens=-3), RequestErrorCode.MAX_TOKENS_INVALID, "max_tokens"),
+        (lambda: SamplingParams(max_tokens=True), RequestErrorCode.MAX_TOKENS_INVALID, "max_tokens"),
+        (lambda: SamplingParams(temperature=-0.1), RequestErrorCode.SAMPLING_INVALID, "temperature"),
+        (lambda: SamplingParams(temperature=float("nan")), RequestErrorCode.SAMPLING_INVALID, "temperature"),
+        (lambda: SamplingParams(temperature=float("inf")), RequestErrorCode.SAMPLING_INVALID, "temperature"),
+        (lambda: SamplingParams(top_p=0.0), RequestErrorCode.SAMPLING_INVALID, "top_p"),
+        (lambda: SamplingParams(top_p=float("nan")), RequestErrorCode.SAMPLING_INVALID, "top_p"),
+        (lambda: SamplingParams(top_k=-1), RequestErrorCode.SAMPLING_INVALID, "top_k"),
+        (lambda: SamplingParams(stop=("",)), RequestErrorCode.SAMPLING_INVALID, "stop"),
     ],
 )
-def test_bad_sampling_params_are_refused(make, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_sampling_params_are_refused_with_a_code(make, code, message):
+    with pytest.raises(RequestError, match=message) as info:
         make()
+    assert info.value.code is code and isinstance(info.value, ValueError)
 
 
 @pytest.mark.parametrize(
-    "prompt, max_tokens, message",
+    "prompt, max_tokens, code, message",
     [
-        ([], 4, "prompt is empty"),
-        (list(range(10)) * 13, 4, "context window"),
-        ([1, 2], 200, "lower max_tokens to at most 126"),
-        ([1, 99], 4, "token ids"),
+        ([], 4, RequestErrorCode.PROMPT_EMPTY, "prompt is empty"),
+        (list(range(10)) * 13, 4, RequestErrorCode.CONTEXT_TOO_LONG, "maximum context length is 128 tokens and the prompt"),
+        ([1, 2], 200, RequestErrorCode.CONTEXT_TOO_LONG, "lower max_tokens to at most 126"),
+        ([1, 2], 126, None, None),  # exactly fills the window: accepted
+        ([1, 99], 4, RequestErrorCode.PROMPT_TOKEN_INVALID, "token ids"),
+        ([1, 2.0], 4, RequestErrorCode.PROMPT_TOKEN_INVALID, "token ids"),
     ],
 )
-def test_bad_requests_are_refused(target, prompt, max_tokens, message):
+def test_bad_requests_are_refused_with_a_code(target, prompt, max_tokens, code, message):
     engine = SpecEngine(target, None, max_batch_size=1, max_seq_len=128)
-    with pytest.raises(ValueError, match=message):
+    if code is None:
         engine.add_request("x", prompt, SamplingParams(max_tokens=max_tokens))
+        assert engine.num_free_slots == 0
+        return
+    with pytest.raises(RequestError, match=message) as info:
+        engine.add_request("x", prompt, SamplingParams(max_tokens=max_tokens))
+    assert info.value.code is code
     assert engine.num_free_slots == 1
+
+
+def test_a_running_request_id_is_refused_with_a_code(target):
+    engine = SpecEngine(target, None, max_batch_size=2, max_seq_len=128)
+    engine.add_request("a", [1, 2], SamplingParams(max_tokens=4))
+    with pytest.raises(RequestError) as info:
+        engine.add_request("a", [3], SamplingParams(max_tokens=4))
+    assert info.value.code is RequestErrorCode.REQUEST_ID_IN_USE and engine.num_running == 1
