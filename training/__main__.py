@@ -13,6 +13,9 @@ Runbook (default target SmolLM2-135M-Instruct, CPU):
     python -m training train --algo eagle3 --data training/data/smollm2-regen.jsonl --out runs/eagle3 \\
         optim.max_steps=200
     python -m training train -c training/configs/smollm2-135m-dspark-offline.yaml --resume
+    # 2a. or distil from the target over any text: no prepare step (features + soft labels in one prefill)
+    python -m training train --algo eagle3 --labels target --data datasets/train/gsm8k_train.jsonl \
+        --out runs/eagle3-distill optim.max_steps=200
     torchrun --nproc-per-node 2 -m training train --algo dflash ... dist.backend=gloo
     # 2b. or index the answers for corpus lookup (no training step; drafts what the target wrote elsewhere)
     python -m training corpus --data training/data/smollm2-regen.jsonl --out runs/corpus
@@ -72,7 +75,13 @@ def _add_train(sub) -> None:
                    help="YAML or JSON config file; may repeat (later files win)")
     p.add_argument("--algo", choices=["eagle3", "dflash", "dspark"], help="draft algorithm (model.algo)")
     p.add_argument("--target", help="target alias, .gguf or HF directory (target.name; default smollm2-135m)")
-    p.add_argument("--data", nargs="+", type=Path, help="regenerated conversations jsonl (data.paths)")
+    p.add_argument("--data", nargs="+", type=Path,
+                   help="regenerated conversations jsonl (data.paths); with --labels target any text rows too, "
+                        "e.g. datasets/train/gsm8k_train.jsonl")
+    p.add_argument("--labels", choices=["regen", "target"], default=None,
+                   help="data.labels: regen (default) = learn the answers `prepare` had the target write; target = "
+                        "distil the target's own next-token distribution over any text (one prefill gives "
+                        "features and top-k soft labels; KL per draft slot; no regeneration)")
     p.add_argument("--out", type=Path, help="output directory: checkpoints + final draft (output_dir)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="offline mode: cache only the needed target hidden states here (size printed first); "

@@ -32,7 +32,9 @@ class ModelSection(StrictModel):
 
 
 class DataSection(StrictModel):
-    paths: list[Path] = Field([], description="regenerated conversations (`python -m training prepare`), or pre-tokenized {'input_ids', 'loss_mask'} rows")
+    paths: list[Path] = Field([], description="regenerated conversations (`python -m training prepare`), or pre-tokenized {'input_ids', 'loss_mask'} rows; with labels=target also {'text'} and {'turns'} rows (datasets/train/*.jsonl)")
+    labels: Literal["regen", "target"] = Field("regen", description="regen: learn the target-written answers of `prepare` (soft target distribution for eagle3, next token for dflash/dspark CE); target: distil the target's own distribution over any text, labels and features from one prefill (KL per draft slot)")
+    label_top_k: int = Field(32, ge=0, description="labels=target: keep the target's top-k draft-vocabulary probabilities per token (0 = the whole draft vocabulary; 32 keeps 256 bytes per token)")
     max_len: int = Field(1024, ge=8, description="tokens per training sequence (longer conversations are truncated); 512-2048")
     num_anchors: int = Field(64, ge=1, description="dflash/dspark: anchors (blocks) packed per sequence and forward (DeepSpec 512; 32-128 on CPU)")
     batch_size: int = Field(1, ge=1, description="sequences per micro-batch (right-padded)")

@@ -3,6 +3,9 @@ deterministic, resumable (and rank-sharded) order of sequences.
 
 Rows are either regenerated conversations (`{"conversations": [{"role", "content"}, ...]}`, what `prepare`
 writes) or pre-tokenized `{"input_ids": [...], "loss_mask": [...]}`. Malformed lines are skipped and counted.
+Under `--labels target` (labels from the target's forward, any text will do) two more kinds are text:
+`{"text": "..."}` (tokenized as is) and prompt rows `{"turns": ["...", ...]}` (datasets/train: each turn a user
+message through the chat template); both train on every token.
 """
 
 from __future__ import annotations
@@ -76,8 +79,24 @@ def _valid_messages(obj) -> list[dict] | None:
     return conv if any(m["role"] == "assistant" and m["content"] for m in conv) else None
 
 
-def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats | None = None) -> list[Sequence]:
-    """Read and tokenize every usable row; raises ValueError when nothing usable is left."""
+def text_sequence(tokenizer, obj, max_len: int) -> Sequence | None:
+    """A `{"text"}` or `{"turns"}` row as a sequence trained on every token; None when it is neither."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("text"), str) and obj["text"]:
+        text = obj["text"]
+    elif isinstance(obj.get("turns"), list) and obj["turns"] and all(isinstance(t, str) for t in obj["turns"]):
+        text = render(tokenizer, [{"role": "user", "content": t} for t in obj["turns"]])
+    else:
+        return None
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_len]
+    return Sequence(ids, [1] * len(ids))
+
+
+def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats | None = None,
+                   text_rows: bool = False) -> list[Sequence]:
+    """Read and tokenize every usable row; raises ValueError when nothing usable is left. `text_rows` also takes
+    `{"text"}` and `{"turns"}` rows (for `--labels target`: the target labels them itself)."""
     stats = stats if stats is not None else DataStats()
     out: list[Sequence] = []
     if not paths:
@@ -104,6 +123,14 @@ def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats 
                     stats.problems.append(f"{path}:{line_no}: input_ids/loss_mask missing or of different lengths")
                     continue
                 seq = Sequence(ids[:max_len], [int(bool(m)) for m in mask[:max_len]])
+            elif isinstance(obj, dict) and ("text" in obj or "turns" in obj) and "conversations" not in obj:
+                seq = text_sequence(tokenizer, obj, max_len) if text_rows else None
+                if seq is None:
+                    stats.num_malformed += 1
+                    stats.problems.append(f"{path}:{line_no}: " + (
+                        "'text' must be a non-empty string, 'turns' a list of strings" if text_rows else
+                        "a text row has no target-written answer to learn: train it with --labels target"))
+                    continue
             else:
                 messages = _valid_messages(obj)
                 if messages is None:
@@ -118,8 +145,9 @@ def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats 
             stats.num_loss_tokens += sum(seq.loss_mask)
             out.append(seq)
     if not out:
+        first = f"; first: {stats.problems[0]}" if stats.problems else ""
         raise ValueError(f"no usable training rows in {', '.join(map(str, paths))} ({stats.num_malformed} malformed,"
-                         f" {stats.num_empty} without assistant tokens)")
+                         f" {stats.num_empty} without assistant tokens{first})")
     return out
 
 

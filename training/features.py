@@ -1,9 +1,10 @@
 """Where the target's hidden states come from during training.
 
 - Online (default): the frozen target runs inside the loop on each batch — nothing on disk, any dataset size.
-- Offline (`--cache-dir`): one pass writes only what the draft needs per token (the 5 feature layers and the
+- Offline (`--cache-dir`): one pass writes only what the draft needs per token (the feature layers and the
   final post-norm hidden state; target logits are recomputed from the latter by the frozen head), then every epoch
   and every algorithm with the same feature layers reads it back. `estimate_cache_bytes` is printed first.
+  Under `--labels target` the final hidden state is replaced by the top-k soft labels (training/distill.py).
 """
 
 from __future__ import annotations
@@ -38,15 +39,40 @@ def estimate_cache_bytes(num_tokens: int, hidden_size: int, num_feature_layers: 
 
 
 class OfflineFeatures:
-    """Per-sequence safetensors files `<cache_dir>/<i>.safetensors` plus meta.json (layers, target fingerprint)."""
+    """Per-sequence safetensors files `<cache_dir>/<i>.safetensors` plus meta.json (layers, target fingerprint,
+    and for soft labels their top k and vocabulary map)."""
 
-    def __init__(self, cache_dir: Path, target, feature_layers: tuple[int, ...]):
+    def __init__(self, cache_dir: Path, target, feature_layers: tuple[int, ...], distill=None):
         self.dir, self.target, self.feature_layers = Path(cache_dir), target, tuple(feature_layers)
+        #: a training.distill.DistillFeatures: cache its soft labels instead of the final hidden state
+        self.distill = distill
 
     def meta(self, sequences) -> dict:
         data = hashlib.sha1("".join(token_digest(s.input_ids) for s in sequences).encode()).hexdigest()[:16]
-        return {"feature_layers": list(self.feature_layers), "target": self.target.fingerprint(),
+        meta = {"feature_layers": list(self.feature_layers), "target": self.target.fingerprint(),
                 "num_sequences": len(sequences), "data": data}
+        if self.distill is not None:
+            meta["labels"] = self.meta_labels()
+        return meta
+
+    def _kind(self) -> str:
+        """Tag of what a file holds beside the features, so a file of the other kind is recomputed."""
+        labels = self.meta_labels()
+        return "" if labels is None else f"/labels:{labels['top_k']}:{labels['d2t']}"
+
+    def meta_labels(self) -> dict | None:
+        if self.distill is None:
+            return None
+        return {"top_k": self.distill.top_k, "d2t": token_digest(self.distill.d2t.tolist())}
+
+    def _tensors(self, index: int, input_ids: list[int]) -> dict[str, torch.Tensor]:
+        """What one sequence's file holds."""
+        if self.distill is None:
+            features, final = OnlineFeatures(self.target, self.feature_layers)([index], torch.tensor([input_ids]))
+            return {"features": features[0].contiguous(), "final_hidden": final[0].contiguous()}
+        features, labels = self.distill([index], torch.tensor([input_ids]))
+        return {"features": features[0].contiguous(), "label_probs": labels.probs[0].contiguous(),
+                "label_ids": labels.ids[0].to(torch.int32).contiguous()}  # int32: N < 2^31, half the bytes
 
     def is_complete(self, sequences) -> bool:
         meta = self.dir / "meta.json"
@@ -71,29 +97,32 @@ class OfflineFeatures:
 
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "meta.json").unlink(missing_ok=True)
-        online = OnlineFeatures(self.target, self.feature_layers)
         for i, seq in enumerate(sequences):
             path = self.dir / f"{i}.safetensors"
-            digest = token_digest(seq.input_ids)
+            digest = token_digest(seq.input_ids) + self._kind()
             if not self._is_current(path, digest):
-                features, final = online([i], torch.tensor([seq.input_ids]))
                 tmp = path.with_suffix(".tmp")
-                save_file({"features": features[0].contiguous(), "final_hidden": final[0].contiguous()}, tmp,
-                          metadata={"tokens": digest})
+                save_file(self._tensors(i, seq.input_ids), tmp, metadata={"tokens": digest})
                 tmp.rename(path)
             if on_sequence is not None:
                 on_sequence(len(seq.input_ids))
         (self.dir / "meta.json").write_text(json.dumps(self.meta(sequences)))
 
-    def __call__(self, indices: list[int], tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, indices: list[int], tokens: torch.Tensor):
+        """tokens [B, T] → features [B, T, nH] and final_hidden [B, T, H] or SoftLabels [B, T, k], right-padded."""
         from safetensors.torch import load_file
 
+        from training.distill import SoftLabels
+
         B, T = tokens.shape
-        feats, finals = [], []
-        for i in indices:
-            d = load_file(self.dir / f"{i}.safetensors")
-            pad = T - d["features"].shape[0]
-            feats.append(torch.nn.functional.pad(d["features"], (0, 0, 0, pad)))
-            finals.append(torch.nn.functional.pad(d["final_hidden"], (0, 0, 0, pad)))
+        rows = [load_file(self.dir / f"{i}.safetensors") for i in indices]
+
+        def stacked(key: str) -> torch.Tensor:
+            pad = [T - d[key].shape[0] for d in rows]
+            return torch.stack([torch.nn.functional.pad(d[key], (0, 0, 0, n)) for d, n in zip(rows, pad)])
+
         device = self.target.device
-        return torch.stack(feats).to(device), torch.stack(finals).to(device)
+        if self.distill is None:
+            return stacked("features").to(device), stacked("final_hidden").to(device)
+        labels = SoftLabels(stacked("label_probs"), stacked("label_ids").long())
+        return stacked("features").to(device), labels.to(device)

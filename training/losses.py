@@ -1,8 +1,12 @@
 """The losses of docs/ALGORITHMS.md, with the index bookkeeping (label shifting, anchors, valid prefixes) kept in
 small functions the tests check on hand-built examples.
 
-Target distributions are never stored: they are `lm_head(final_hidden)` of the frozen target, computed here over
-the full vocabulary and gathered onto the draft vocabulary (mass outside it counts as unmatchable).
+Two label sources (`train --labels`):
+- regen (default): target distributions are never stored: they are `lm_head(final_hidden)` of the frozen target,
+  computed here over the full vocabulary and gathered onto the draft vocabulary (mass outside it counts as
+  unmatchable); DFlash's and DSpark's CE read the (target-written) next tokens.
+- target: top-k `SoftLabels` from the target's forward over any text (training/distill.py); every draft slot
+  trains on the KL to the target's distribution at its position (`*_distill_loss`, DSpark's terms).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from training.distill import SoftLabels, kl_to_labels, l1_to_labels
 
 #: Eagle3 per-step decay of the TTT loss
 EAGLE3_STEP_DECAY = 0.8
@@ -62,6 +68,26 @@ def eagle3_loss(model, target, features, final_hidden, tokens, loss_mask) -> tup
         ce = -(p_t * log_q).sum(-1).mean()
         total = total + EAGLE3_STEP_DECAY**k * ce
         metrics[f"acc{k}"] = float((log_q.argmax(-1) == p_t.argmax(-1)).float().mean())
+    return total, metrics
+
+
+def eagle3_distill_loss(model, labels: SoftLabels, features, tokens, loss_mask) -> tuple[torch.Tensor, dict]:
+    """Σ_k 0.8^k · KL(target distribution at t+1+k ‖ draft step-k at t), mean over the same valid indices as
+    `eagle3_loss`; labels [B, T, k] hold the target's distribution at each position."""
+    γ = model.cfg.block_size
+    T = tokens.shape[1]
+    logits = model.ttt_forward(features, tokens, γ)
+    total = features.new_zeros((), dtype=torch.float32)
+    metrics = {}
+    for k, step_logits in enumerate(logits):
+        valid = eagle3_valid(loss_mask, k)[:, : T - 1 - k]
+        if not bool(valid.any()):
+            continue
+        p_t = labels[:, 1 + k :][valid]  # the distribution at position t+1+k for index t
+        log_q = F.log_softmax(step_logits[:, : T - 1 - k][valid], dim=-1)
+        total = total + EAGLE3_STEP_DECAY**k * kl_to_labels(p_t, log_q).mean()
+        top = p_t.ids.gather(-1, p_t.probs.argmax(-1, keepdim=True))[:, 0]
+        metrics[f"acc{k}"] = float((log_q.argmax(-1) == top).float().mean())
     return total, metrics
 
 
@@ -133,32 +159,67 @@ def dflash_loss(model, target, features, final_hidden, tokens, loss_mask, genera
     return loss, metrics
 
 
+def dflash_distill_loss(model, labels: SoftLabels, features, tokens, loss_mask, generator, num_anchors):
+    """Position-weighted (w_j = exp(-j/4)) KL(target distribution at a+j ‖ draft slot j) over the valid prefix of
+    each block (slot j predicts x[a+1+j], the token after position a+j)."""
+    anchors, _, _, valid, hidden, weights = _block_common(model, features, tokens, loss_mask, generator, num_anchors)
+    logits = model.head(hidden)  # [B, A, γ, N]
+    p_t = labels.gather_positions(_block_positions(anchors, model.cfg.block_size, tokens.shape[1]))[valid]
+    log_q = F.log_softmax(logits[valid], dim=-1)
+    w = weights[valid]
+    loss = (kl_to_labels(p_t, log_q) * w).sum() / w.sum().clamp(min=1e-6)
+    top = p_t.ids.gather(-1, p_t.probs.argmax(-1, keepdim=True))[:, 0]
+    hit = torch.zeros_like(valid)
+    hit[valid] = log_q.argmax(-1) == top
+    run = torch.cumprod(hit.long(), dim=-1).sum(-1).float()
+    blocks = valid[..., 0]
+    return loss, {"acc0": float(hit[..., 0].sum() / blocks.sum().clamp(min=1)),
+                  "tau": 1 + float(run[blocks].mean()) if bool(blocks.any()) else math.nan}
+
+
+def _block_positions(anchors: torch.Tensor, block_size: int, T: int) -> torch.Tensor:
+    """anchors [B, A] → [B, A, γ]: position a+j, whose target distribution slot j predicts (clamped inside T)."""
+    return (anchors[:, :, None] + torch.arange(block_size, device=anchors.device)).clamp(max=T - 1)
+
+
 def _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors) -> dict:
-    """Everything DSpark's loss and its confidence calibration read, over the valid slots of sampled blocks."""
+    """Everything DSpark's loss and its confidence calibration read, over the valid slots of sampled blocks.
+
+    `final_hidden` is the target's final hidden state [B, T, H] (regen) or its SoftLabels [B, T, k] (target)."""
     anchors, labels, prev, valid, hidden, weights = _block_common(model, features, tokens, loss_mask, generator,
                                                                   num_anchors)
     γ = model.cfg.block_size
     logits, conf = model.step_logits(hidden, model.head(hidden), prev)
     # target distribution at position a+j (it predicts x[a+1+j]), full-vocabulary softmax gathered on d2t
-    pos = (anchors[:, :, None] + torch.arange(γ, device=anchors.device)).clamp(max=tokens.shape[1] - 1)
+    pos = _block_positions(anchors, γ, tokens.shape[1])
     sel = valid
-    q_hidden = final_hidden.gather(1, pos.flatten(1)[..., None].expand(-1, -1, final_hidden.shape[-1]))
-    q_hidden = q_hidden.view(*pos.shape, -1)[sel]  # [n, H]
-    p_t = target_probs(target, q_hidden, model.d2t)  # [n, N]
     p_d = torch.softmax(logits[sel], dim=-1)
-    outside = (1 - p_t.sum(-1)).clamp(min=0)  # target mass the draft vocabulary cannot cover
-    l1 = (p_d - p_t).abs().sum(-1) + outside  # ‖p_d − p_t‖₁ over the full vocabulary
+    soft = None
+    if isinstance(final_hidden, SoftLabels):
+        soft = final_hidden.gather_positions(pos)[sel]  # [n, k]
+        l1 = l1_to_labels(soft, p_d)
+    else:
+        q_hidden = final_hidden.gather(1, pos.flatten(1)[..., None].expand(-1, -1, final_hidden.shape[-1]))
+        q_hidden = q_hidden.view(*pos.shape, -1)[sel]  # [n, H]
+        p_t = target_probs(target, q_hidden, model.d2t)  # [n, N]
+        outside = (1 - p_t.sum(-1)).clamp(min=0)  # target mass the draft vocabulary cannot cover
+        l1 = (p_d - p_t).abs().sum(-1) + outside  # ‖p_d − p_t‖₁ over the full vocabulary
     slot = torch.arange(γ, device=anchors.device).expand_as(valid)[sel]
     return {"logits": logits, "labels": labels, "valid": valid, "weights": weights, "l1": l1, "conf": conf[sel],
-            "accept": (1 - 0.5 * l1).detach().clamp(0, 1), "slot": slot}
+            "accept": (1 - 0.5 * l1).detach().clamp(0, 1), "slot": slot, "soft": soft}
 
 
 def dspark_loss(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
-    """0.1·CE + 0.9·L1(p_d, p_t) + 1.0·BCE(confidence, 1 - ½‖p_d - p_t‖₁), each weighted by w_j and validity."""
+    """0.1·CE + 0.9·L1(p_d, p_t) + 1.0·BCE(confidence, 1 - ½‖p_d - p_t‖₁), each weighted by w_j and validity.
+
+    With SoftLabels (`--labels target`) the CE on the next token becomes the KL to the target's distribution."""
     t = _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors)
-    ce, _ = _hard_ce(t["logits"], t["labels"], model, t["weights"])
     w = t["weights"][t["valid"]]
     norm = w.sum().clamp(min=1e-6)
+    if t["soft"] is not None:
+        ce = (kl_to_labels(t["soft"], F.log_softmax(t["logits"][t["valid"]], dim=-1)) * w).sum() / norm
+    else:
+        ce, _ = _hard_ce(t["logits"], t["labels"], model, t["weights"])
     bce = F.binary_cross_entropy_with_logits(t["conf"], t["accept"], reduction="none")
     a, b, c = DSPARK_WEIGHTS
     loss = a * ce + b * (t["l1"] * w).sum() / norm + c * (bce * w).sum() / norm

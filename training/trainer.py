@@ -1,4 +1,4 @@
-"""The training loop shared by the three algorithms: frozen target → features → draft loss → AdamW.
+"""The training loop shared by the three algorithms: frozen target → features (+ labels) → draft loss → AdamW.
 
 One optimizer step = `grad_accum` micro-batches; warmup + cosine schedule; clipping; checkpoints every
 `save_every` steps hold everything a bit-for-bit resume needs (weights, optimizer, scheduler, torch RNG, anchor
@@ -22,27 +22,34 @@ from torch import nn
 
 from training.config import TrainConfig
 from training.data import DataStats, SequenceOrder, build_draft_vocab, collate, load_sequences
-from training.losses import dflash_loss, dspark_loss, eagle3_loss
+from training.losses import dflash_distill_loss, dflash_loss, dspark_loss, eagle3_distill_loss, eagle3_loss
 from training.parallel import Parallel
 
 
 class DraftObjective(nn.Module):
     """draft + its loss as one module, so DDP/FSDP see a single forward per micro-batch."""
 
-    def __init__(self, draft, target, num_anchors: int, anchor_generator: torch.Generator):
+    def __init__(self, draft, target, num_anchors: int, anchor_generator: torch.Generator, labels: str = "regen"):
         super().__init__()
         self.draft = draft
         self.target = target  # a dataclass, not a module: its frozen weights stay out of the optimizer and DDP
         self.num_anchors = num_anchors
         self.anchor_generator = anchor_generator
+        self.labels = labels
 
-    def forward(self, features, final_hidden, tokens, loss_mask):
-        algo = self.draft.cfg.algo
-        if algo == "eagle3":
-            loss, metrics = eagle3_loss(self.draft, self.target, features, final_hidden, tokens, loss_mask)
-        else:
+    def forward(self, features, labels, tokens, loss_mask):
+        """labels: the target's final hidden state [B, T, H] (regen) or its SoftLabels [B, T, k] (target)."""
+        algo, distill = self.draft.cfg.algo, self.labels == "target"
+        if algo == "eagle3" and distill:
+            loss, metrics = eagle3_distill_loss(self.draft, labels, features, tokens, loss_mask)
+        elif algo == "eagle3":
+            loss, metrics = eagle3_loss(self.draft, self.target, features, labels, tokens, loss_mask)
+        elif algo == "dflash" and distill:
+            loss, metrics = dflash_distill_loss(self.draft, labels, features, tokens, loss_mask,
+                                                self.anchor_generator, self.num_anchors)
+        else:  # dspark reads either kind of label (training/losses.py _dspark_terms)
             fn = dflash_loss if algo == "dflash" else dspark_loss
-            loss, metrics = fn(self.draft, self.target, features, final_hidden, tokens, loss_mask,
+            loss, metrics = fn(self.draft, self.target, features, labels, tokens, loss_mask,
                                self.anchor_generator, self.num_anchors)
         # every parameter takes part in every step (DDP needs that), even on a batch with nothing to learn
         loss = loss + 0.0 * sum(p.sum() for p in self.draft.parameters())
@@ -108,214 +115,306 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
-          stop_at_step: int | None = None, log=None) -> dict:
-    """Train one draft; returns a summary dict (also written to <output_dir>/train_summary.json).
+class Trainer:
+    """One training run, step by step: `run()` = load data → build the draft → feature source → (resume) →
+    optimizer → the step loop → the final draft and summary. State lives on the instance, so every step is a
+    method that reads and writes it in the open.
 
     `stop_at_step` ends the run early as if interrupted (tests of --resume); `log(str)` receives status lines."""
-    from deepspec.models import load_target
-    from deepspec.models.drafts import DraftConfig, build_draft, save_draft
-    from training.features import OfflineFeatures, OnlineFeatures, estimate_cache_bytes
-    from training.progress import Progress
 
-    log = log or (lambda s: None)
-    dist = _Dist(cfg)
-    out = Path(cfg.output_dir)
-    target = load_target(cfg.target.name, dtype=cfg.target.dtype, device=dist.device)
-    stats = DataStats()
-    sequences = load_sequences(cfg.data.paths, target.tokenizer, cfg.data.max_len, stats)
-    if stats.num_malformed:
-        log(f"skipped {stats.num_malformed} malformed rows (first: {stats.problems[0]})")
-    log(f"{len(sequences)} sequences, {stats.num_tokens:,} tokens ({stats.num_loss_tokens:,} assistant)")
+    def __init__(self, cfg: TrainConfig, *, show_progress: bool = True, log=None):
+        self.cfg, self.show_progress = cfg, show_progress
+        self.log = log or (lambda s: None)
+        self.dist = _Dist(cfg)
+        self.out = Path(cfg.output_dir)
+        self.step, self.tokens_seen = 0, 0
+        self.saved_step = 0  # the step of the newest checkpoint on disk (a resumed run starts at one)
+        self.last_metrics: dict = {}
 
-    m = cfg.model
-    # DSpark holds out the last rows to calibrate its confidence head on text it never trained on
-    num_calibration = min(m.calibration_sequences, len(sequences) // 10) if m.algo == "dspark" else 0
-    num_train = len(sequences) - num_calibration
-    torch.manual_seed(cfg.seed)
-    if cfg.init_from is not None:
-        draft = initial_draft(cfg, target)
-        dcfg = draft.cfg
-        log(f"starting from the weights and vocabulary of {cfg.init_from}")
-    else:
-        dcfg = DraftConfig.for_target(
-            target, m.algo, num_layers=m.num_layers, block_size=m.block_size,
-            draft_vocab_size=min(m.draft_vocab_size, target.vocab_size), markov_rank=m.markov_rank,
-            feature_layers=tuple(m.feature_layers) if m.feature_layers else None, layout=m.layout)
-        draft = build_draft(dcfg)
-        if dcfg.draft_vocab_size:
-            draft.set_vocab(build_draft_vocab(sequences[:num_train], dcfg.draft_vocab_size, target.vocab_size,
-                                              target.eos_token_ids))
-        draft = draft.to(dist.device).attach(target)
-        draft.init_from_target()
-    draft = draft.to(dist.device).attach(target)
-    num_params = sum(p.numel() for p in draft.parameters())
-    log(f"{m.algo} draft: {num_params / 1e6:.2f}M trainable parameters, vocab {dcfg.out_vocab_size}, "
-        f"layers {dcfg.num_layers}, γ {dcfg.block_size}, features {list(dcfg.feature_layers)}")
+    # ---- the run ---------------------------------------------------------------------------------------------
+    def run(self, *, resume: bool = False, stop_at_step: int | None = None) -> dict:
+        self.load_data()
+        self.build_draft()
+        self.build_feature_source()
+        state = self.read_checkpoint() if resume else None
+        self.build_optimizer()
+        if state is not None:
+            self.restore(state)
+        self.write_run_config()
+        start = time.perf_counter()
+        start_tokens = self.tokens_seen
+        stopped = self.loop(start, stop_at_step)
+        elapsed = time.perf_counter() - start
+        if self.saved_step != self.step:
+            self.save_checkpoint()
+        return self.finish(stopped, elapsed, self.tokens_seen - start_tokens)
 
-    if cfg.cache_dir is not None:
-        source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers)
-        if not source.is_complete(sequences):
-            size = estimate_cache_bytes(stats.num_tokens, dcfg.hidden_size, len(dcfg.feature_layers), target.dtype)
-            log(f"offline cache: writing ~{size / 2**30:.2f} GiB of target hidden states to {cfg.cache_dir}")
-            if dist.is_main:
-                with Progress(len(sequences), "cache", enabled=show_progress) as p:
-                    source.build(sequences, on_sequence=lambda n: p.advance(1, tokens=n))
-            dist.barrier()
-    else:
-        source = OnlineFeatures(target, dcfg.feature_layers)
+    # ---- setup -----------------------------------------------------------------------------------------------
+    def load_data(self) -> None:
+        from deepspec.models import load_target
 
-    anchor_gen = torch.Generator().manual_seed(cfg.seed * 7919 + dist.rank)
-    objective = DraftObjective(draft, target, cfg.data.num_anchors, anchor_gen)
-    order = SequenceOrder(num_train, cfg.data.batch_size, cfg.seed, dist.rank, dist.world_size)
-    step, tokens_seen = 0, 0
-    state = None
-    if resume:
-        ckpt = latest_checkpoint(out)
-        if ckpt is None:
-            log(f"--resume: no checkpoint under {out / 'checkpoints'}; starting from scratch")
+        cfg = self.cfg
+        self.target = load_target(cfg.target.name, dtype=cfg.target.dtype, device=self.dist.device)
+        self.stats = DataStats()
+        self.sequences = load_sequences(cfg.data.paths, self.target.tokenizer, cfg.data.max_len, self.stats,
+                                        text_rows=cfg.data.labels == "target")
+        if self.stats.num_malformed:
+            self.log(f"skipped {self.stats.num_malformed} malformed rows (first: {self.stats.problems[0]})")
+        self.log(f"{len(self.sequences)} sequences, {self.stats.num_tokens:,} tokens "
+                 f"({self.stats.num_loss_tokens:,} trained on), labels: {cfg.data.labels}")
+        # DSpark holds out the last rows to calibrate its confidence head on text it never trained on
+        self.num_calibration = (min(cfg.model.calibration_sequences, len(self.sequences) // 10)
+                                if cfg.model.algo == "dspark" else 0)
+        self.num_train = len(self.sequences) - self.num_calibration
+
+    def build_draft(self) -> None:
+        """A fresh draft sized from the target (with its reduced vocabulary), or the `init_from` one."""
+        from deepspec.models.drafts import DraftConfig, build_draft
+
+        cfg, m, target = self.cfg, self.cfg.model, self.target
+        torch.manual_seed(cfg.seed)
+        if cfg.init_from is not None:
+            draft = initial_draft(cfg, target).to(self.dist.device).attach(target)
+            self.log(f"starting from the weights and vocabulary of {cfg.init_from}")
         else:
-            state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-            draft.load_state_dict(state["model"])  # whole weights, before FSDP shards them
+            dcfg = DraftConfig.for_target(
+                target, m.algo, num_layers=m.num_layers, block_size=m.block_size,
+                draft_vocab_size=min(m.draft_vocab_size, target.vocab_size), markov_rank=m.markov_rank,
+                feature_layers=tuple(m.feature_layers) if m.feature_layers else None, layout=m.layout)
+            draft = build_draft(dcfg)
+            if dcfg.draft_vocab_size:
+                draft.set_vocab(build_draft_vocab(self.sequences[: self.num_train], dcfg.draft_vocab_size,
+                                                  target.vocab_size, target.eos_token_ids))
+            draft = draft.to(self.dist.device).attach(target)
+            draft.init_from_target()
+        self.draft, self.dcfg = draft, draft.cfg
+        self.num_params = sum(p.numel() for p in draft.parameters())
+        self.log(f"{m.algo} draft: {self.num_params / 1e6:.2f}M trainable parameters, vocab {self.dcfg.out_vocab_size}, "
+                 f"layers {self.dcfg.num_layers}, γ {self.dcfg.block_size}, features {list(self.dcfg.feature_layers)}")
 
-    parallel = Parallel(objective, dist.world_size, cfg.dist.fsdp)
-    # built after sharding: under FSDP the optimizer steps this rank's shards
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                  weight_decay=cfg.optim.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    if state is not None:
-        parallel.load_optimizer_state(optimizer, state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        order.load_state(state["order"][dist.rank] if dist.rank < len(state["order"]) else state["order"][0])
-        anchor_gen.set_state(state["anchor_rng"][dist.rank] if dist.rank < len(state["anchor_rng"])
-                             else state["anchor_rng"][0])
+    def build_feature_source(self) -> None:
+        """What each batch reads from the frozen target: online (in the loop) or the offline cache; with
+        labels=target the second output is SoftLabels instead of the final hidden state."""
+        from training.distill import DistillFeatures
+        from training.features import OfflineFeatures, OnlineFeatures, estimate_cache_bytes
+        from training.progress import Progress
+
+        cfg, dcfg, target = self.cfg, self.dcfg, self.target
+        distill = (DistillFeatures(target, dcfg.feature_layers, self.draft.d2t, cfg.data.label_top_k)
+                   if cfg.data.labels == "target" else None)
+        if cfg.cache_dir is None:
+            self.source = distill or OnlineFeatures(target, dcfg.feature_layers)
+            return
+        self.source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers, distill=distill)
+        if not self.source.is_complete(self.sequences):
+            size = estimate_cache_bytes(self.stats.num_tokens, dcfg.hidden_size, len(dcfg.feature_layers),
+                                        target.dtype)
+            self.log(f"offline cache: writing ~{size / 2**30:.2f} GiB of target hidden states to {cfg.cache_dir}")
+            if self.dist.is_main:
+                with Progress(len(self.sequences), "cache", enabled=self.show_progress) as p:
+                    self.source.build(self.sequences, on_sequence=lambda n: p.advance(1, tokens=n))
+            self.dist.barrier()
+
+    def read_checkpoint(self) -> dict | None:
+        """The newest checkpoint's trainer state, its whole weights loaded into the draft (before FSDP shards
+        them); None (and a fresh start) when there is none."""
+        ckpt = latest_checkpoint(self.out)
+        if ckpt is None:
+            self.log(f"--resume: no checkpoint under {self.out / 'checkpoints'}; starting from scratch")
+            return None
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        self.draft.load_state_dict(state["model"])
+        self.log(f"resuming from {ckpt}")
+        return state
+
+    def build_optimizer(self) -> None:
+        cfg = self.cfg
+        self.anchor_gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.dist.rank)
+        self.objective = DraftObjective(self.draft, self.target, cfg.data.num_anchors, self.anchor_gen,
+                                        labels=cfg.data.labels)
+        self.order = SequenceOrder(self.num_train, cfg.data.batch_size, cfg.seed, self.dist.rank,
+                                   self.dist.world_size)
+        self.parallel = Parallel(self.objective, self.dist.world_size, cfg.dist.fsdp)
+        # built after sharding: under FSDP the optimizer steps this rank's shards
+        self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                           weight_decay=cfg.optim.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.dist.device.startswith("cuda"))
+
+    def restore(self, state: dict) -> None:
+        """Optimizer, scheduler, data position and RNGs of a checkpoint (each rank its own, or rank 0's)."""
+        rank = self.dist.rank
+        self.parallel.load_optimizer_state(self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.order.load_state(state["order"][rank] if rank < len(state["order"]) else state["order"][0])
+        rngs = state["anchor_rng"]
+        self.anchor_gen.set_state(rngs[rank] if rank < len(rngs) else rngs[0])
         torch.set_rng_state(state["torch_rng"])
-        step, tokens_seen = state["step"], state["tokens_seen"]
-        log(f"resumed from {ckpt} at step {step}")
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.saved_step = self.step
+        self.log(f"resumed at step {self.step}")
 
-    use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and dist.device.startswith("cuda"))
+    def write_run_config(self) -> None:
+        if self.dist.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "train_config.json").write_text(json.dumps(self.cfg.model_dump(mode="json"), indent=2))
 
-    def gather(values: list) -> list:
-        if dist.world_size == 1:
+    # ---- training --------------------------------------------------------------------------------------------
+    def loop(self, start: float, stop_at_step: int | None) -> str:
+        """Optimizer steps until max_steps, the time budget or `stop_at_step`; returns why it stopped."""
+        from training.progress import Progress
+
+        cfg = self.cfg
+        log_file = (self.out / "train_log.jsonl").open("a") if self.dist.is_main else None
+        try:
+            with Progress(cfg.optim.max_steps, f"train {cfg.model.algo}",
+                          enabled=self.show_progress and self.dist.is_main) as progress:
+                progress.resume_from(self.step)
+                while self.step < cfg.optim.max_steps:
+                    if stop_at_step is not None and self.step >= stop_at_step:
+                        return "interrupted"
+                    if cfg.optim.max_minutes and time.perf_counter() - start > cfg.optim.max_minutes * 60:
+                        return "time budget"
+                    num_tokens = self.train_step()
+                    self.report(progress, log_file, num_tokens, time.perf_counter() - start)
+                    if cfg.save_every and self.step % cfg.save_every == 0:
+                        self.save_checkpoint()
+            return "max_steps"
+        finally:
+            if log_file is not None:
+                log_file.close()
+
+    def train_step(self) -> int:
+        """One optimizer step over grad_accum micro-batches; sets last_metrics, returns the tokens it read."""
+        cfg, dist = self.cfg, self.dist
+        accum = cfg.optim.grad_accum
+        self.optimizer.zero_grad(set_to_none=True)
+        losses, num_tokens, metric_sums = [], 0, {}
+        for micro in range(accum):
+            idx = self.order.next_batch()
+            tokens, mask = collate([self.sequences[i] for i in idx])
+            features, labels = self.source(idx, tokens)
+            tokens, mask = tokens.to(dist.device), mask.to(dist.device)
+            sync = micro == accum - 1 or dist.world_size == 1
+            with self.parallel.sync_gradients(sync), torch.autocast("cuda", dtype=torch.bfloat16,
+                                                                    enabled=self.use_bf16):
+                loss, metrics = self.parallel(features if self.use_bf16 else features.float(), labels, tokens, mask)
+                (loss / accum).backward()
+            losses.append(float(loss.detach()))
+            num_tokens += int(tokens.numel())
+            for k, v in metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0.0) + v / accum
+        if cfg.optim.clip_norm:  # FSDP's sharded gradients included: the norm is over whole tensors
+            torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.optim.clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.tokens_seen += num_tokens * dist.world_size
+        loss_value, *rest = self.gather([sum(losses) / len(losses), *metric_sums.values()])
+        self.last_metrics = {"loss": loss_value, **dict(zip(metric_sums, rest))}
+        return num_tokens * dist.world_size
+
+    def gather(self, values: list[float]) -> list[float]:
+        """The mean of `values` over ranks."""
+        if self.dist.world_size == 1:
             return values
         t = torch.tensor(values, dtype=torch.float64)
         torch.distributed.all_reduce(t)
-        return (t / dist.world_size).tolist()
+        return (t / self.dist.world_size).tolist()
 
-    saved_step = [step]  # a resumed run starts at a saved step
+    def report(self, progress, log_file, num_tokens: int, seconds: float) -> None:
+        metrics = self.last_metrics
+        progress.advance(1, tokens=num_tokens, loss=round(metrics["loss"], 4),
+                         **{k: round(v, 3) for k, v in metrics.items() if k in ("acc0", "tau")})
+        if log_file is not None:
+            log_file.write(json.dumps({"step": self.step, "lr": self.scheduler.get_last_lr()[0],
+                                       "tokens": self.tokens_seen, "seconds": round(seconds, 2), **metrics}) + "\n")
+            log_file.flush()
 
-    def whole_draft():
-        """The draft with whole weights: itself, or under FSDP an unsharded twin on rank 0 (None elsewhere)."""
-        if not parallel.fsdp:
-            return draft
-        state = parallel.full_state(draft)
-        if not dist.is_main:
+    # ---- saving ----------------------------------------------------------------------------------------------
+    def whole_draft(self):
+        """The draft with whole weights: itself, or under FSDP an unsharded twin on rank 0 (None elsewhere).
+        Collective under FSDP."""
+        from deepspec.models.drafts import build_draft
+
+        if not self.parallel.fsdp:
+            return self.draft
+        state = self.parallel.full_state(self.draft)
+        if not self.dist.is_main:
             return None
         with torch.random.fork_rng(devices=[]):  # the twin's throwaway init must not move training's RNG
-            twin = build_draft(dcfg)
-        if dcfg.draft_vocab_size:
-            twin.set_vocab(draft.d2t.cpu())
+            twin = build_draft(self.dcfg)
+        if self.dcfg.draft_vocab_size:
+            twin.set_vocab(self.draft.d2t.cpu())
         twin.load_state_dict(state)
-        return twin.to(dist.device).attach(target)
+        return twin.to(self.dist.device).attach(self.target)
 
-    def save_checkpoint() -> None:
-        saved_step[0] = step
-        orders = [None] * dist.world_size
-        rngs = [None] * dist.world_size
+    def save_checkpoint(self) -> None:
+        """Everything a bit-for-bit resume needs, under checkpoints/step_N (written aside, then renamed)."""
+        from deepspec.models.drafts import save_draft
+
+        dist, cfg = self.dist, self.cfg
+        self.saved_step = self.step
         if dist.world_size > 1:
-            torch.distributed.all_gather_object(orders, order.state())
-            torch.distributed.all_gather_object(rngs, anchor_gen.get_state())
+            orders, rngs = [None] * dist.world_size, [None] * dist.world_size
+            torch.distributed.all_gather_object(orders, self.order.state())
+            torch.distributed.all_gather_object(rngs, self.anchor_gen.get_state())
         else:
-            orders, rngs = [order.state()], [anchor_gen.get_state()]
-        optimizer_state = parallel.optimizer_state(optimizer)  # collective under FSDP
-        whole = whole_draft()  # collective under FSDP
+            orders, rngs = [self.order.state()], [self.anchor_gen.get_state()]
+        optimizer_state = self.parallel.optimizer_state(self.optimizer)  # collective under FSDP
+        whole = self.whole_draft()  # collective under FSDP
         if not dist.is_main:
             return
-        path = out / "checkpoints" / f"step_{step:07d}"
+        path = self.out / "checkpoints" / f"step_{self.step:07d}"
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         save_draft(whole, tmp)
         torch.save({"model": whole.state_dict(), "optimizer": optimizer_state,
-                    "scheduler": scheduler.state_dict(), "order": orders, "anchor_rng": rngs,
-                    "torch_rng": torch.get_rng_state(), "step": step, "tokens_seen": tokens_seen,
+                    "scheduler": self.scheduler.state_dict(), "order": orders, "anchor_rng": rngs,
+                    "torch_rng": torch.get_rng_state(), "step": self.step, "tokens_seen": self.tokens_seen,
                     "config": cfg.model_dump(mode="json")}, tmp / "trainer_state.pt")
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
-        for old in sorted((out / "checkpoints").glob("step_*"))[: -cfg.keep_checkpoints]:
+        for old in sorted((self.out / "checkpoints").glob("step_*"))[: -cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
 
-    if dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "train_config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
-    log_file = (out / "train_log.jsonl").open("a") if dist.is_main else None
-    start = time.perf_counter()
-    start_tokens = tokens_seen
-    last_metrics: dict = {}
-    stopped = "max_steps"
-    with Progress(cfg.optim.max_steps, f"train {m.algo}", enabled=show_progress and dist.is_main) as progress:
-        progress.resume_from(step)
-        while step < cfg.optim.max_steps:
-            if stop_at_step is not None and step >= stop_at_step:
-                stopped = "interrupted"
-                break
-            if cfg.optim.max_minutes and time.perf_counter() - start > cfg.optim.max_minutes * 60:
-                stopped = "time budget"
-                break
-            optimizer.zero_grad(set_to_none=True)
-            losses, micro_tokens, metric_sums = [], 0, {}
-            for micro in range(cfg.optim.grad_accum):
-                idx = order.next_batch()
-                tokens, mask = collate([sequences[i] for i in idx])
-                features, final = source(idx, tokens)
-                tokens, mask = tokens.to(dist.device), mask.to(dist.device)
-                sync = micro == cfg.optim.grad_accum - 1 or dist.world_size == 1
-                with parallel.sync_gradients(sync), torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
-                    loss, metrics = parallel(features.float() if not use_bf16 else features, final, tokens, mask)
-                    (loss / cfg.optim.grad_accum).backward()
-                losses.append(float(loss.detach()))
-                micro_tokens += int(tokens.numel())
-                for k, v in metrics.items():
-                    metric_sums[k] = metric_sums.get(k, 0.0) + v / cfg.optim.grad_accum
-            if cfg.optim.clip_norm:  # FSDP's sharded gradients included: the norm is over whole tensors
-                torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.optim.clip_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            tokens_seen += micro_tokens * dist.world_size
-            loss_value, *rest = gather([sum(losses) / len(losses), *metric_sums.values()])
-            last_metrics = {"loss": loss_value, **dict(zip(metric_sums, rest))}
-            progress.advance(1, tokens=micro_tokens * dist.world_size, loss=round(loss_value, 4),
-                             **{k: round(v, 3) for k, v in last_metrics.items() if k in ("acc0", "tau")})
-            if log_file is not None:
-                log_file.write(json.dumps({"step": step, "lr": scheduler.get_last_lr()[0], "tokens": tokens_seen,
-                                           "seconds": round(time.perf_counter() - start, 2), **last_metrics}) + "\n")
-                log_file.flush()
-            if cfg.save_every and step % cfg.save_every == 0:
-                save_checkpoint()
-    elapsed = time.perf_counter() - start
-    if saved_step[0] != step:
-        save_checkpoint()
-    summary = {"algo": m.algo, "steps": step, "stopped": stopped, "tokens_seen": tokens_seen,
-               "tokens_per_second": round((tokens_seen - start_tokens) / max(elapsed, 1e-9), 1),
-               "seconds": round(elapsed, 1), "peak_rss_bytes": peak_rss_bytes(), "num_params": num_params,
-               "world_size": dist.world_size, "last": last_metrics, "num_sequences": len(sequences),
-               "num_calibration_sequences": num_calibration, "num_tokens": stats.num_tokens}
-    whole = whole_draft() if stopped != "interrupted" else None
-    if dist.is_main:
-        if whole is not None:
-            if num_calibration:
-                from training.calibration import calibrate_confidence
+    def finish(self, stopped: str, elapsed: float, new_tokens: int) -> dict:
+        """The summary; unless interrupted, the final draft (DSpark: calibrated first) in output_dir."""
+        from deepspec.models.drafts import save_draft
 
-                temps, summary["calibration"] = calibrate_confidence(
-                    whole, target, source, sequences, list(range(num_train, len(sequences))),
-                    cfg.data.num_anchors, cfg.seed)
-                whole.cfg.confidence_temperature = tuple(temps)
-                log(f"confidence calibrated on {num_calibration} held-out sequences: per-slot T {temps}")
-            save_draft(whole, out, storage_dtype=cfg.save_dtype)
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
-        log_file.close()
-    dist.barrier()
-    return summary
+        cfg = self.cfg
+        summary = {"algo": cfg.model.algo, "labels": cfg.data.labels, "steps": self.step, "stopped": stopped,
+                   "tokens_seen": self.tokens_seen, "tokens_per_second": round(new_tokens / max(elapsed, 1e-9), 1),
+                   "seconds": round(elapsed, 1), "peak_rss_bytes": peak_rss_bytes(), "num_params": self.num_params,
+                   "world_size": self.dist.world_size, "last": self.last_metrics,
+                   "num_sequences": len(self.sequences), "num_calibration_sequences": self.num_calibration,
+                   "num_tokens": self.stats.num_tokens}
+        whole = self.whole_draft() if stopped != "interrupted" else None
+        if self.dist.is_main:
+            if whole is not None:
+                if self.num_calibration:
+                    summary["calibration"] = self.calibrate(whole)
+                save_draft(whole, self.out, storage_dtype=cfg.save_dtype)
+            (self.out / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        self.dist.barrier()
+        return summary
+
+    def calibrate(self, whole) -> list[dict]:
+        """DSpark: fit the per-slot confidence temperatures on the held-out rows; returns the report."""
+        from training.calibration import calibrate_confidence
+
+        temps, report = calibrate_confidence(
+            whole, self.target, self.source, self.sequences, list(range(self.num_train, len(self.sequences))),
+            self.cfg.data.num_anchors, self.cfg.seed)
+        whole.cfg.confidence_temperature = tuple(temps)
+        self.log(f"confidence calibrated on {self.num_calibration} held-out sequences: per-slot T {temps}")
+        return report
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
+          stop_at_step: int | None = None, log=None) -> dict:
+    """Train one draft; returns a summary dict (also written to <output_dir>/train_summary.json)."""
+    return Trainer(cfg, show_progress=show_progress, log=log).run(resume=resume, stop_at_step=stop_at_step)
 
 
 def run_train_cli(args, parser) -> int:
@@ -325,6 +424,7 @@ def run_train_cli(args, parser) -> int:
 
     flags = {"model.algo": args.algo, "target.name": args.target,
              "data.paths": [str(p) for p in args.data] if args.data else None,
+             "data.labels": args.labels,
              "output_dir": str(args.out) if args.out else None,
              "cache_dir": str(args.cache_dir) if args.cache_dir else None,
              "init_from": str(args.init_from) if args.init_from else None}
