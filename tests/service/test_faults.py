@@ -186,3 +186,42 @@ def test_dns_discovery(tmp_path):
     finally:
         gw.terminate()
         worker.terminate()
+
+
+def test_drain_timeout_cuts_streams_with_the_worker_failure_error(tmp_path):
+    """Streams still running when the drain timeout runs out end as if their worker had failed: HTTP gets the same
+    error event (then `[DONE]`), gRPC the same status, each saying why."""
+    import json
+    import signal
+
+    import grpc
+
+    from service.gateway.dispatch import _to_service_error
+    from service.gateway.worker_client import WorkerError
+    from service.protos.deepspec.v1 import completions_pb2 as pb
+    from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+
+    worker_failed = _to_service_error(WorkerError("UNAVAILABLE", "killed"), started=True)
+    worker = Worker(tmp_path, "--stub-step-ms", "20").start().wait_ready()
+    gw = Gateway(tmp_path, worker.address, "--drain-timeout-s", "1").start().wait_ready()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel, httpx.stream(
+            "POST", f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 2000, "stream": True}, timeout=30
+        ) as response:  # fmt: skip
+            call = pb_grpc.CompletionsStub(channel).CompleteStream(pb.CompletionRequest(prompt="x", max_tokens=2000))
+            next(call)
+            lines = response.iter_lines()
+            next(lines)
+            gw.proc.send_signal(signal.SIGTERM)
+            events = [line for line in lines if line]
+            with pytest.raises(grpc.RpcError) as info:
+                list(call)
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert (error["type"], error["code"]) == (worker_failed.type, worker_failed.code)
+        assert "drain timeout (1 s) ran out" in error["message"]
+        assert info.value.code() == worker_failed.grpc_status and "drain timeout" in info.value.details()
+        assert gw.proc.wait(15) == 0
+    finally:
+        gw.terminate()
+        worker.terminate()
