@@ -34,8 +34,14 @@ class OnlineFeatures:
         return out.features, out.final_hidden
 
 
-def estimate_cache_bytes(num_tokens: int, hidden_size: int, num_feature_layers: int, dtype: torch.dtype) -> int:
-    return num_tokens * hidden_size * (num_feature_layers + 1) * torch.tensor([], dtype=dtype).element_size()
+def estimate_cache_bytes(num_tokens: int, hidden_size: int, num_feature_layers: int, dtype: torch.dtype,
+                         label_top_k: int | None = None) -> int:
+    """Cache size: the features plus the final hidden state, or with `label_top_k` (labels=target) the top-k
+    labels (float32 probability + int32 id per kept token)."""
+    element = torch.tensor([], dtype=dtype).element_size()
+    if label_top_k is None:
+        return num_tokens * hidden_size * (num_feature_layers + 1) * element
+    return num_tokens * (hidden_size * num_feature_layers * element + label_top_k * 8)
 
 
 class OfflineFeatures:

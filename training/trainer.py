@@ -207,9 +207,11 @@ class Trainer:
             return
         self.source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers, distill=distill)
         if not self.source.is_complete(self.sequences):
+            top_k = (cfg.data.label_top_k or dcfg.out_vocab_size) if distill is not None else None
             size = estimate_cache_bytes(self.stats.num_tokens, dcfg.hidden_size, len(dcfg.feature_layers),
-                                        target.dtype)
-            self.log(f"offline cache: writing ~{size / 2**30:.2f} GiB of target hidden states to {cfg.cache_dir}")
+                                        target.dtype, label_top_k=top_k)
+            what = "target hidden states" if distill is None else f"target features and top-{top_k} labels"
+            self.log(f"offline cache: writing ~{size / 2**30:.2f} GiB of {what} to {cfg.cache_dir}")
             if self.dist.is_main:
                 with Progress(len(self.sequences), "cache", enabled=self.show_progress) as p:
                     self.source.build(self.sequences, on_sequence=lambda n: p.advance(1, tokens=n))

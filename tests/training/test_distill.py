@@ -150,3 +150,22 @@ def test_text_rows_need_labels_target_and_the_cli_flag_sets_them(hf, tmp_path, c
     code = main(["train", "--algo", "eagle3", "--labels", "target", "--target", str(target_dir), "--data",
                  str(data), "--out", str(tmp_path / "o"), "--plan"])
     assert code == 0 and '"labels": "target"' in capsys.readouterr().err
+
+
+def test_offline_label_cache_trains_like_online(hf, tmp_path):
+    target_dir, _, _ = hf
+    data = _text_rows(tmp_path / "text.jsonl", rows=2)
+
+    def cfg(out, cache=None):
+        return TrainConfig.model_validate({
+            "target": {"name": str(target_dir)},
+            "model": {"algo": "eagle3", "block_size": 3, "draft_vocab_size": 48, "feature_layers": [0, 1, 2]},
+            "data": {"paths": [str(data)], "max_len": 48, "labels": "target", "label_top_k": 8},
+            "optim": {"max_steps": 3, "lr": 1e-3, "warmup_steps": 1},
+            "output_dir": str(out), "save_every": 0, "cache_dir": cache})
+
+    online = train(cfg(tmp_path / "on"), show_progress=False)
+    lines = []
+    offline = train(cfg(tmp_path / "off", str(tmp_path / "cache")), show_progress=False, log=lines.append)
+    assert any("top-8 labels" in line for line in lines)
+    assert abs(online["last"]["loss"] - offline["last"]["loss"]) < 1e-4
