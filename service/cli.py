@@ -83,6 +83,12 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
     g.add_argument("--health-interval-s", type=float, default=2.0, help="seconds between worker probes (default 2)")
     g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                    help="larger request bodies get 413 (default 4194304 = 4 MiB)")
+    if not embedded:  # embedded's --metrics-port is its worker's
+        g.add_argument("--metrics-port", type=int, default=None,
+                       help="serve /metrics on this port only, not on the HTTP API port (default: on --http-port)")
+        g.add_argument("--ready-without-workers", action="store_true", default=None,
+                       help="keep /health/ready at 200 while no worker is admitted; completions then answer "
+                            "503 + Retry-After (Kubernetes: a worker outage keeps the gateways in their Service)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             settings = WorkerSettings(**_pick(args, WorkerSettings))
             return _run(_serve_worker(settings))
-        gateway_settings = GatewaySettings(**_pick(args, GatewaySettings))
+        gateway_args = _pick(args, GatewaySettings)
+        if args.command == "embedded":
+            gateway_args.pop("metrics_port", None)  # the in-process worker's flag
+        gateway_settings = GatewaySettings(**gateway_args)
         if args.command == "gateway":
             from service.gateway.app import serve_gateway
 

@@ -97,6 +97,11 @@ class GatewaySettings(BaseSettings):
     max_attempts: int = Field(3, ge=1)
     #: seconds a 429 asks the client to wait (Retry-After)
     retry_after_s: int = Field(1, ge=1)
+    #: Prometheus /metrics on its own port, away from the API and its Ingress (0 = any free; -1 = on the HTTP port)
+    metrics_port: int = Field(-1, ge=-1, le=65535)
+    #: keep /health/ready at 200 while no worker is admitted (completions answer 503 + Retry-After): a worker
+    #: outage then leaves every gateway in its Service instead of taking the whole API off the network
+    ready_without_workers: bool = False
 
     @model_validator(mode="after")
     def _check_workers(self):
@@ -137,6 +142,6 @@ class GatewaySettings(BaseSettings):
         keys = {k.strip() for k in self.api_keys.split(",") if k.strip()}
         if self.api_keys_file is not None:
             for line in self.api_keys_file.read_text().splitlines():
-                if line.strip() and not line.lstrip().startswith("#"):
-                    keys.add(line.strip())
+                if line.strip() and not line.lstrip().startswith("#"):  # a line may hold several, comma-separated
+                    keys.update(k.strip() for k in line.split(",") if k.strip())
         return frozenset(keys)

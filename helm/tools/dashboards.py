@@ -8,7 +8,10 @@ Two sources, both named in service/metrics.py:
   variable's "All" value is `.+`, so the workers' own unlabelled copies of the same names are never added on top;
 - the workers' own series (`WK`): scheduler state, queue time, per-position acceptance and the acceptance-length
   histogram, which only the engine sees. `worker=""` keeps the gateway's copies out; `instance` tells the workers
-  apart. A stock Triton worker exports none of these, so those panels stay empty with `worker.runtime=triton`.
+  apart. A stock Triton worker exports none of these: its own queue and batch gauges (`nv_inference_*`,
+  `nv_trt_llm_*`) sit next to ours in the queue and batch panels;
+- the cluster's exporters, when present: kube-state-metrics (container restarts) and NVIDIA's DCGM exporter (GPU
+  utilisation and memory, per worker pod).
 Grafana's `$__rate_interval` keeps rates valid at any scrape interval. Standard library only.
 """
 
@@ -25,8 +28,13 @@ GW = 'namespace=~"$namespace", model=~"$model", worker=~"$worker"'
 WK = 'namespace=~"$namespace", model=~"$model", instance=~"$instance", worker=""'
 ROUTING = 'namespace=~"$namespace", worker=~"$worker"'  # the gateway's routing state has no `model`
 RATE = "$__rate_interval"
-OK_STATUS = "stop|length"  # finish reasons; every other `status` is an error kind
-ERRORS = f'status!~"{OK_STATUS}"'
+# `status` values that are the server's fault (the chart's errorStatusRegex default); 4xx, aborts and 429 are not.
+SERVER_ERRORS = "internal_error|worker_error|worker_failed|no_worker|service_unavailable|timeout"
+ERRORS = f'status=~"{SERVER_ERRORS}"'
+# What a client sees as "come back later": 429 (every worker saturated) and 503 (no worker, shutting down).
+REJECTED = {"429": "server_busy", "503": "no_worker|service_unavailable|worker_failed"}
+CONTAINERS = 'namespace=~"$namespace", container=~"gateway|worker|export-engine"'  # kube-state-metrics
+GPU_PODS = 'namespace=~"$namespace", pod=~".+-worker-.+"'  # DCGM exporter, with its pod mapping on
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -88,6 +96,9 @@ def variables() -> list[dict]:
         query_var("instance", "Worker metrics endpoint",
                   'label_values(deepspec:num_requests_running{namespace=~"$namespace", model=~"$model"}, instance)',
                   ".*"),
+        {"name": "max_batch_size", "label": "Max batch size (model.maxBatchSize)", "type": "textbox",
+         "query": "16", "current": {"text": "16", "value": "16"}, "hide": 0,
+         "description": "Batch slots per worker, for the batch utilization panels: the chart's model.maxBatchSize."},
     ]
 
 
@@ -124,7 +135,17 @@ def overview() -> dict:
         panel("Request rate by status", [target(f"sum by (status) ({rate(requests)})", "{{status}}")], "reqps",
               description="Finished requests per second by finish reason or error kind.", stack=True),
         panel("Error ratio", [target(f"sum({rate(requests, ERRORS)}) / sum({rate(requests)})", "errors")],
-              "percentunit", description=f"Share of requests whose status is not {OK_STATUS}."),
+              "percentunit", description="Share of requests that end in a server error (5xx, worker failure); "
+                                         "client errors, aborts and 429 are not counted."),
+        panel("429 and 503 per second", [
+            target(f"sum({rate(requests, f'status=~{chr(34)}{statuses}{chr(34)}')})", code)
+            for code, statuses in REJECTED.items()
+        ], "reqps", description="Requests turned away: 429 = every worker's queue full (scale the workers); "
+                                "503 = no worker ready, or a gateway shutting down."),
+        panel("Container restarts", [target(
+            f"sum by (pod) (increase(kube_pod_container_status_restarts_total{{{CONTAINERS}}}[1h]))", "{{pod}}")],
+              "short", description="Restarts in the last hour per pod (kube-state-metrics): OOM kills, failed "
+                                   "liveness probes, crashes."),
         row("Latency"),
         latency_panel("Time to first token", "deepspec:time_to_first_token_seconds",
                       "Request arrival to first streamed token (queueing and prefill)."),
@@ -140,7 +161,16 @@ def overview() -> dict:
         panel("Requests running and waiting", [
             target(f"sum(deepspec:num_requests_running{{{WK}}})", "running"),
             target(f"sum(deepspec:num_requests_waiting{{{WK}}})", "waiting"),
-        ], "short", description="Running: in a worker's batch. Waiting: queued for a slot (workers' own series)."),
+            target(f'sum(nv_trt_llm_request_metrics{{namespace=~"$namespace", request_type="active"}})',
+                   "running (triton)"),
+            target(f'sum(nv_inference_pending_request_count{{namespace=~"$namespace"}})', "waiting (triton)"),
+        ], "short", description="Running: in a worker's batch. Waiting: queued for a slot (workers' own series; "
+                                "Triton workers' gauges with worker.runtime=triton)."),
+        panel("Batch utilization", [
+            target(f"sum(deepspec:num_requests_running{{{WK}}}) / (count(deepspec:num_requests_running{{{WK}}})"
+                   " * $max_batch_size)", "deepspec"),
+        ], "percentunit", description="Busy batch slots: running / (workers x max batch size). Near 1 the queue "
+                                      "grows; worker.autoscaling targets it."),
         row("Tokens"),
         panel("Tokens per second", [
             target(f"sum({rate('deepspec:prompt_tokens_total')})", "prompt (in)"),
@@ -229,6 +259,15 @@ def workers() -> dict:
         per_instance("Waiting per worker", f"sum by (instance) (deepspec:num_requests_waiting{{{WK}}})", "short"),
         per_instance("p99 queue time per worker",
                      quantile(0.99, "deepspec:request_queue_time_seconds", "instance", sel=WK), "s"),
+        per_instance("Batch utilization per worker",
+                     f"sum by (instance) (deepspec:num_requests_running{{{WK}}}) / $max_batch_size", "percentunit"),
+        row("GPUs (NVIDIA DCGM exporter, when installed)"),
+        panel("GPU utilization", [target(f"avg by (pod, gpu) (DCGM_FI_DEV_GPU_UTIL{{{GPU_PODS}}}) / 100",
+                                         "{{pod}} gpu {{gpu}}")], "percentunit",
+              description="Share of time a kernel ran, per GPU of each worker pod."),
+        panel("GPU memory used", [target(f"avg by (pod, gpu) (DCGM_FI_DEV_FB_USED{{{GPU_PODS}}}) * 1048576",
+                                         "{{pod}} gpu {{gpu}}")], "bytes",
+              description="Frame-buffer memory in use per GPU (weights, KV cache, activations)."),
     ])
 
 

@@ -166,6 +166,15 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
 
     stop = stop or install_stop_signals()
     state = GatewayState.build(settings)
+    metrics_server = None
+    if settings.metrics_port >= 0:  # its own port: scraped inside the cluster, never routed by the API's Ingress
+        from service.metrics import start_metrics_server
+
+        try:
+            metrics_server = start_metrics_server(state.metrics.registry, settings.host, settings.metrics_port)
+        except OSError as exc:
+            logger.error("the metrics server did not start on %s:%d: %s", settings.host, settings.metrics_port, exc)
+            return 1
     await state.pool.start()
     # gRPC listens before HTTP: once /health/ready answers, both APIs accept connections.
     grpc_server = grpc_port = None
@@ -191,7 +200,8 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
     logger.info("gateway listening", extra={"fields": {
         "msg": "gateway listening", "http": f"http://{_display(settings.host)}:{http.port}/v1",
         "grpc": None if grpc_port is None else f"{_display(settings.host)}:{grpc_port}",
-        "metrics": f"http://{_display(settings.host)}:{http.port}/metrics", "workers": settings.workers,
+        "metrics": f"http://{_display(settings.host)}:{http.port if metrics_server is None else metrics_server.server_port}"
+                   "/metrics", "workers": settings.workers,
         "auth": bool(state.api_keys)}})  # fmt: skip
     if on_ready is not None:
         on_ready(http.port, grpc_port)
@@ -207,6 +217,8 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
         await grpc_server.stop(1.0)
     await http_task
     await state.pool.stop()
+    if metrics_server is not None:
+        metrics_server.shutdown()
     return 0
 
 

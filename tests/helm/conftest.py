@@ -42,7 +42,28 @@ VALUE_SETS: dict[str, dict] = {
     "no-auth-no-hpa": {**_CRDS, "apiKeys": {"enabled": False}, "gateway": {"autoscaling": {"enabled": False}}},
     "monitoring-off": {"monitoring": {"podAnnotations": False, "serviceMonitor": {"enabled": False},
                                       "prometheusRule": {"enabled": False}, "dashboards": {"enabled": False}}},
+    # Production profiles, read as an operator would: every knob issue-16-style production needs, turned on.
+    "prod-triton-pvc": {**_CRDS,
+                        "apiKeys": {"generate": False, "existingSecret": "deepspec-api-keys"},
+                        "worker": {"runtime": "triton", "device": "cuda", "engines": {"source": "pvc"},
+                                   "gpu": {"count": 2, "architectures": ["hopper"]},
+                                   "triton": {"tensorParallel": 2},
+                                   "modelCache": {"type": "pvc", "size": "200Gi"},
+                                   "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+                                   "nodeSelector": {"nvidia.com/gpu.present": "true"}},
+                        "ingress": {"enabled": True, "className": "nginx"}},
+    "prod-export-sts": {**_CRDS,
+                        "apiKeys": {"generate": False, "keys": ["sk-prod-1", "sk-prod-2"]},
+                        "worker": {"device": "cuda", "engines": {"source": "export"},
+                                   "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd", "size": "100Gi"},
+                                   "extraEnv": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+                                       "name": "hf-token", "key": "token"}}}],
+                                   "autoscaling": {"enabled": True}},
+                        "gateway": {"discovery": "endpointslices"}},
 }
+
+#: the default and the two production profiles: checkov and the CRD checks run on these
+PROFILES = ("default", "prod-triton-pvc", "prod-export-sts")
 
 
 @functools.lru_cache(maxsize=1)

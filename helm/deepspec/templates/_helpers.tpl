@@ -148,7 +148,8 @@ Usage: {{ if include "deepspec.monitoringCRDs" . }}
 {{- end }}
 
 {{/*
-Writable scratch volumes every container needs under a read-only root filesystem.
+Writable scratch volumes the gateway needs under a read-only root filesystem (it loads no model: small caches).
+Their sizes add up to `deepspec.gatewayEphemeralStorage`.
 Usage: {{- include "deepspec.scratchVolumes" . | nindent 8 }}
 */}}
 {{- define "deepspec.scratchVolumes" -}}
@@ -157,7 +158,46 @@ Usage: {{- include "deepspec.scratchVolumes" . | nindent 8 }}
     sizeLimit: 1Gi
 - name: cache
   emptyDir:
-    sizeLimit: 20Gi
+    sizeLimit: 1Gi
+{{- end }}
+
+{{/*
+Ephemeral storage the gateway's scratch volumes may fill (requested, so the scheduler counts it).
+Usage: {{ include "deepspec.gatewayEphemeralStorage" . }}
+*/}}
+{{- define "deepspec.gatewayEphemeralStorage" -}}
+2Gi
+{{- end }}
+
+{{/*
+A Kubernetes quantity in Mi: "20Gi" -> 20480. Only binary units (Mi, Gi, Ti), which is what sizes here use.
+Usage: {{ include "deepspec.mebibytes" "20Gi" }}
+*/}}
+{{- define "deepspec.mebibytes" -}}
+{{- $q := toString . }}
+{{- if hasSuffix "Ti" $q }}{{ mul (trimSuffix "Ti" $q | int) 1048576 }}
+{{- else if hasSuffix "Gi" $q }}{{ mul (trimSuffix "Gi" $q | int) 1024 }}
+{{- else if hasSuffix "Mi" $q }}{{ trimSuffix "Mi" $q | int }}
+{{- else }}{{ fail (printf "size %q: write it in Mi, Gi or Ti (e.g. 20Gi)" $q) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Whether pods carry `prometheus.io/*` scrape annotations: asked for, and no ServiceMonitor scrapes them already
+(two scrape paths would double every series).
+Usage: {{ if include "deepspec.scrapeAnnotations" . }}
+*/}}
+{{- define "deepspec.scrapeAnnotations" -}}
+{{- if and .Values.monitoring.podAnnotations (not (and .Values.monitoring.serviceMonitor.enabled (include "deepspec.monitoringCRDs" .))) }}true{{- end }}
+{{- end }}
+
+{{/*
+Seconds a pod needs from "terminating" to exit: the preStop sleep, the drain, and 15 s for the process to close
+its servers. terminationGracePeriodSeconds is derived from it, so the kubelet never kills a drain.
+Usage: {{ include "deepspec.gracePeriod" (dict "preStop" 10 "drain" 300) }}
+*/}}
+{{- define "deepspec.gracePeriod" -}}
+{{- add (int .preStop) (int .drain) 15 }}
 {{- end }}
 
 {{/*

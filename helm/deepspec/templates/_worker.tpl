@@ -15,16 +15,66 @@ Usage: {{- include "deepspec.worker.validate" . }}
 {{- if and (eq $w.engines.source "pvc") $w.perReplicaVolume.enabled }}
 {{- fail "worker.engines.source=pvc mounts one shared claim; use worker.engines.source=export with worker.perReplicaVolume.enabled for a claim per replica" }}
 {{- end }}
+{{- if and (eq $w.modelCache.type "pvc") $w.perReplicaVolume.enabled (ne $w.engines.source "export") }}
+{{- fail "worker.perReplicaVolume.enabled already puts /cache on each replica's own claim: drop worker.modelCache.type=pvc, or use worker.engines.source=export" }}
+{{- end }}
+{{- $world := int (mul (int $w.triton.tensorParallel) (int $w.triton.pipelineParallel)) }}
+{{- if and (eq $w.runtime "triton") (gt $world (int $w.gpu.count)) }}
+{{- fail (printf "worker.triton.tensorParallel x pipelineParallel = %d ranks, one GPU each: raise worker.gpu.count (%d) to %d" $world (int $w.gpu.count) $world) }}
+{{- end }}
+{{- if and $w.gpu.architectures (ne $w.device "cuda") }}
+{{- fail "worker.gpu.architectures pins GPU nodes: it needs worker.device=cuda" }}
+{{- end }}
+{{- if and $w.gpu.architectures (($w.affinity | default dict).nodeAffinity) }}
+{{- fail "worker.gpu.architectures writes the node affinity itself: drop worker.affinity.nodeAffinity or worker.gpu.architectures" }}
+{{- end }}
+{{- if and $w.rollout.progressDeadlineSeconds (lt (int $w.rollout.progressDeadlineSeconds) (int $w.startupBudgetSeconds)) }}
+{{- fail (printf "worker.rollout.progressDeadlineSeconds (%d) is shorter than worker.startupBudgetSeconds (%d): every slow start would fail the rollout; raise it or set 0 to derive it" (int $w.rollout.progressDeadlineSeconds) (int $w.startupBudgetSeconds)) }}
+{{- end }}
+{{- if lt (int .Values.gateway.drainTimeoutSeconds) (int $w.drainTimeoutSeconds) }}
+{{- fail (printf "gateway.drainTimeoutSeconds (%d) must be at least worker.drainTimeoutSeconds (%d): a gateway would cut streams its draining worker still finishes" (int .Values.gateway.drainTimeoutSeconds) (int $w.drainTimeoutSeconds)) }}
+{{- end }}
+{{- if and $w.autoscaling.enabled (gt (int $w.autoscaling.minReplicas) (int $w.autoscaling.maxReplicas)) }}
+{{- fail (printf "worker.autoscaling.minReplicas (%d) must not exceed maxReplicas (%d)" (int $w.autoscaling.minReplicas) (int $w.autoscaling.maxReplicas)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Rollout deadline: `worker.rollout.progressDeadlineSeconds`, or the startup budget plus 10 minutes for scheduling,
+image pulls and the export init container.
+Usage: {{ include "deepspec.worker.progressDeadline" . }}
+*/}}
+{{- define "deepspec.worker.progressDeadline" -}}
+{{- .Values.worker.rollout.progressDeadlineSeconds | default (add .Values.worker.startupBudgetSeconds 600) }}
+{{- end }}
+
+{{/*
+Ephemeral storage a worker pod's emptyDir volumes may fill, in Mi: /tmp, the model cache when it is an emptyDir,
+and exported engines when they land in an emptyDir (/dev/shm is memory, not disk).
+Usage: {{ include "deepspec.worker.ephemeralStorage" . }}
+*/}}
+{{- define "deepspec.worker.ephemeralStorage" -}}
+{{- $w := .Values.worker }}
+{{- $perReplica := $w.perReplicaVolume.enabled }}
+{{- $mi := 1024 }}
+{{- if and (eq $w.modelCache.type "emptyDir") (not (and $perReplica (ne $w.engines.source "export"))) }}
+{{- $mi = add $mi (include "deepspec.mebibytes" $w.modelCache.size) }}
+{{- end }}
+{{- if and (eq $w.engines.source "export") (not $perReplica) }}
+{{- $mi = add $mi (include "deepspec.mebibytes" $w.engines.emptyDirSizeLimit) }}
+{{- end }}
+{{- printf "%dMi" (int $mi) }}
 {{- end }}
 
 {{/*
 Container resources: `worker.resources` plus `worker.gpu.count` GPUs on cuda (requests and limits must match
-for extended resources).
+for extended resources) and the ephemeral storage of the pod's emptyDirs (unless set explicitly).
 Usage: {{- include "deepspec.worker.resources" (dict "ctx" . "resources" .Values.worker.resources) | nindent 12 }}
 */}}
 {{- define "deepspec.worker.resources" -}}
 {{- $res := deepCopy .resources }}
 {{- $w := .ctx.Values.worker }}
+{{- $_ := set $res "requests" (merge ($res.requests | default dict) (dict "ephemeral-storage" (include "deepspec.worker.ephemeralStorage" .ctx))) }}
 {{- if eq $w.device "cuda" }}
 {{- $gpu := dict $w.gpu.resourceName (int $w.gpu.count) }}
 {{- $_ := set $res "requests" (merge (deepCopy $gpu) ($res.requests | default dict)) }}
@@ -61,7 +111,7 @@ metadata:
     {{- end }}
   annotations:
     checksum/config: {{ include (print $.Template.BasePath "/configmap-model.yaml") . | sha256sum }}
-    {{- if .Values.monitoring.podAnnotations }}
+    {{- if include "deepspec.scrapeAnnotations" . }}
     prometheus.io/scrape: "true"
     prometheus.io/port: {{ $w.metricsPort | quote }}
     prometheus.io/path: /metrics
@@ -82,8 +132,8 @@ spec:
   {{- with $w.runtimeClassName }}
   runtimeClassName: {{ . }}
   {{- end }}
-  # Drain must end before the kubelet's SIGKILL.
-  terminationGracePeriodSeconds: {{ add $w.drainTimeoutSeconds 15 }}
+  # preStop sleep + drain + 15 s: the kubelet's SIGKILL never lands inside a drain.
+  terminationGracePeriodSeconds: {{ include "deepspec.gracePeriod" (dict "preStop" $w.preStopSleepSeconds "drain" $w.drainTimeoutSeconds) }}
   securityContext:
     {{- toYaml .Values.podSecurityContext | nindent 4 }}
   {{- if eq $w.engines.source "export" }}
@@ -109,6 +159,9 @@ spec:
             name: {{ $configMap }}
       env:
         {{- include "deepspec.scratchEnv" . | nindent 8 }}
+        {{- with $w.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       resources:
         {{- include "deepspec.worker.resources" (dict "ctx" . "resources" $w.engines.export.resources) | nindent 8 }}
       securityContext:
@@ -127,17 +180,41 @@ spec:
       {{- if $triton }}
       image: {{ include "deepspec.image" (dict "ctx" . "image" $w.triton.image) }}
       imagePullPolicy: {{ $w.triton.image.pullPolicy }}
+      {{- $world := int (mul (int $w.triton.tensorParallel) (int $w.triton.pipelineParallel)) }}
+      {{- $server := list "--model-repository=$(DEEPSPEC_TRITON_MODEL_REPOSITORY)" (printf "--http-port=%d" (int $w.triton.httpPort)) (printf "--grpc-port=%d" (int $w.grpcPort)) (printf "--metrics-port=%d" (int $w.metricsPort)) "--allow-metrics=true" "--exit-on-error=true" (printf "--exit-timeout-secs=%d" (int $w.drainTimeoutSeconds)) }}
+      {{- if eq $world 1 }}
       command: ["tritonserver"]
       args:
-        - --model-repository=$(DEEPSPEC_TRITON_MODEL_REPOSITORY)
-        - --http-port={{ $w.triton.httpPort }}
-        - --grpc-port={{ $w.grpcPort }}
-        - --metrics-port={{ $w.metricsPort }}
-        - --allow-metrics=true
-        - --exit-on-error=true
+        {{- toYaml $server | nindent 8 }}
         {{- with $w.extraArgs }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+      {{- else }}
+      # One tritonserver per rank under mpirun (world size = tensorParallel x pipelineParallel), as TensorRT-LLM's
+      # launch_triton_server.py starts them: rank 0 serves the API and every model, the others load only the
+      # tensorrt_llm model and follow rank 0 (leader mode); each rank has its own Python-backend shm prefix.
+      command: ["mpirun"]
+      args:
+        {{- range $rank := until $world }}
+        - -n
+        - "1"
+        - tritonserver
+        {{- toYaml $server | nindent 8 }}
+        - --disable-auto-complete-config
+        - --backend-config=python,shm-region-prefix-name=prefix{{ $rank }}_
+        {{- if gt $rank 0 }}
+        - --model-control-mode=explicit
+        - --load-model=tensorrt_llm
+        {{- else }}
+        {{- with $w.extraArgs }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- end }}
+        {{- if lt $rank (sub $world 1) }}
+        - ":"
+        {{- end }}
+        {{- end }}
+      {{- end }}
       {{- else }}
       image: {{ include "deepspec.workerImage" . }}
       imagePullPolicy: {{ $w.image.pullPolicy }}
@@ -174,6 +251,11 @@ spec:
         {{- with $w.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+      # Keep serving while endpoints and the gateways' discovery catch up with "terminating"; SIGTERM (drain) after.
+      lifecycle:
+        preStop:
+          exec:
+            command: ["sleep", "{{ $w.preStopSleepSeconds }}"]
       ports:
         - name: grpc
           containerPort: {{ $w.grpcPort }}
@@ -245,8 +327,13 @@ spec:
         sizeLimit: 1Gi
     {{- if not (and $perReplica (ne $w.engines.source "export")) }}
     - name: cache
+      {{- if eq $w.modelCache.type "pvc" }}
+      persistentVolumeClaim:
+        claimName: {{ $w.modelCache.pvc.existingClaim | default (include "deepspec.componentName" (dict "ctx" . "component" "model-cache")) }}
+      {{- else }}
       emptyDir:
-        sizeLimit: 20Gi
+        sizeLimit: {{ $w.modelCache.size }}
+      {{- end }}
     {{- end }}
     {{- if $w.shm.enabled }}
     - name: shm
@@ -276,12 +363,30 @@ spec:
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $w.affinity }}
+  {{- $affinity := deepCopy ($w.affinity | default dict) }}
+  {{- if $w.gpu.architectures }}
+  {{- /* Prebuilt TensorRT-LLM engines run only on the GPU architecture they were built for. */}}
+  {{- $term := dict "matchExpressions" (list (dict "key" $w.gpu.architectureLabel "operator" "In" "values" $w.gpu.architectures)) }}
+  {{- $_ := set $affinity "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" (list $term))) }}
+  {{- end }}
+  {{- with $affinity }}
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $w.topologySpreadConstraints }}
   topologySpreadConstraints:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- if $w.topologySpreadConstraints }}
+    {{- toYaml $w.topologySpreadConstraints | nindent 4 }}
+    {{- else }}
+    {{- /* A node or a zone going away takes at most its share of the workers; ScheduleAnyway, because a GPU
+           cluster rarely has a free GPU in every zone. matchLabelKeys: spread each revision on its own. */}}
+    {{- range $key := list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
+    - maxSkew: 1
+      topologyKey: {{ $key }}
+      whenUnsatisfiable: ScheduleAnyway
+      labelSelector:
+        matchLabels:
+          {{- include "deepspec.selectorLabels" $ctx | nindent 10 }}
+      matchLabelKeys: [{{ ternary "controller-revision-hash" "pod-template-hash" $perReplica }}]
+    {{- end }}
+    {{- end }}
 {{- end }}

@@ -15,15 +15,19 @@ async def live():
 
 
 @router.get("/health/ready")
-async def ready(dispatcher: DispatcherDep):
-    """200 while at least one worker is admitted and the gateway is not draining."""
-    if dispatcher.ready:
-        return {"status": "ready", "workers": sum(e.healthy for e in dispatcher.pool.endpoints.values())}
+async def ready(request: Request, dispatcher: DispatcherDep):
+    """200 while at least one worker is admitted and the gateway is not draining; with `ready_without_workers`
+    200 until draining, so clients get 503 + Retry-After from every gateway instead of no gateway at all."""
+    workers = sum(e.healthy for e in dispatcher.pool.endpoints.values())
+    if dispatcher.ready or (not dispatcher.draining and request.app.state.gateway.settings.ready_without_workers):
+        return {"status": "ready", "workers": workers}
     reason = "draining" if dispatcher.draining else "no ready worker"
     return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
 
 
 @router.get("/metrics")
 async def metrics(request: Request):
+    if request.app.state.gateway.settings.metrics_port >= 0:  # served on its own port, never next to the API
+        return JSONResponse({"detail": "Not Found"}, status_code=404)
     body, content_type = exposition(request.app.state.gateway.metrics.registry)
     return Response(body, headers={"Content-Type": content_type})
