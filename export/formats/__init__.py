@@ -1,0 +1,1 @@
+"""One module per --format, each exposing `FORMAT` (export/job.py); registered in export/registry.py."""

@@ -1,0 +1,58 @@
+"""The contract between the CLI and a format: what to export (`ExportJob`) and how a format writes it
+(`ExportFormat`). No behaviour lives here.
+
+A format's `write(job, out, progress)` fills the empty directory `out` (a scratch directory that the CLI renames
+to `--out` once everything is written) and returns the manifest fields of its own (`engine`, `draft`, ...); the
+CLI adds the common ones (export/manifest.py) and the sha256 of every file. It raises `ExportError` for input it
+cannot honour before writing anything large.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from export.progress import Progress
+    from export.sources import DraftSource, TargetSource
+
+#: draft values that name no directory: the worker's own drafters
+DRAFT_KEYWORDS = ("none", "prompt-lookup", "auto")
+
+
+@dataclass
+class ExportJob:
+    target: TargetSource
+    #: the --draft value as given (a keyword or a path)
+    draft_spec: str
+    #: the resolved draft directory, or None for none/prompt-lookup
+    draft: DraftSource | None
+    #: float32 | bfloat16 | float16
+    dtype: str
+    #: tensor-parallel ranks (TensorRT-LLM checkpoint shards, engine tensor_parallel_size)
+    tp: int = 1
+    #: draft tokens per verify step written into the launch snippets
+    num_speculative_tokens: int = 3
+    #: run the engine build where its toolchain is present (tensorrt-llm)
+    build: bool = False
+    #: anything a format wants from the command line that the others do not
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    #: the --format value
+    name: str
+    #: the engine that loads the output, one line (for --help, the manifest and the README)
+    engine: str
+    #: write(job, out, progress) -> manifest fields of this format
+    write: Callable[[ExportJob, Path, "Progress"], dict]
+    #: dtypes this format can write; the first is the default
+    dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
+    #: check(job): raise ExportError for input this format refuses; runs before anything is written
+    check: Callable[[ExportJob], None] | None = None
+    #: True when the format needs a trained neural draft (eagle3 / dflash / dspark) rather than a worker drafter
+    needs_neural_draft: bool = True
+    #: target families this format takes (deepspec.models.arch family names)
+    families: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")

@@ -1,0 +1,60 @@
+"""Each engine's own launch snippet for an export, written into the output (`launch/`) and its README.md.
+
+The commands name the target by the Hugging Face directory the export read (for an alias, the dequantized copy in
+DeepSpec's cache): on the serving host, replace it with that host's copy of the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+_ALGORITHMS = {"eagle3": ("eagle3", "EAGLE3", "Eagle3"), "dflash": ("dflash", "DFLASH", "DFlash"),
+               "dspark": ("dspark", "DSPARK", "DSpark")}
+
+
+def vllm_speculative_config(algo: str, draft_dir: str, k: int) -> dict:
+    return {"method": _ALGORITHMS[algo][0], "model": draft_dir, "num_speculative_tokens": k}
+
+
+def vllm_command(job, draft_dir: str) -> str:
+    spec = json.dumps(vllm_speculative_config(job.draft.algo, draft_dir, job.num_speculative_tokens))
+    return (f"vllm serve {shlex.quote(str(job.target.path))} --tensor-parallel-size {job.tp} "
+            f"--dtype {job.dtype} --speculative-config {shlex.quote(spec)}")
+
+
+def sglang_command(job, draft_dir: str) -> str:
+    k = job.num_speculative_tokens
+    return (f"python -m sglang.launch_server --model-path {shlex.quote(str(job.target.path))} --tp {job.tp} "
+            f"--dtype {job.dtype} --speculative-algorithm {_ALGORITHMS[job.draft.algo][1]} "
+            f"--speculative-draft-model-path {shlex.quote(draft_dir)} --speculative-num-steps {k} "
+            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+
+
+def trtllm_llm_args(job, draft_dir: str | None, model: str) -> dict:
+    """The LLM-API kwargs (`trtllm-serve MODEL --config cfg.yaml`, Triton's model.yaml): backend pytorch."""
+    args = {"backend": "pytorch", "tensor_parallel_size": job.tp, "dtype": job.dtype}
+    if draft_dir is not None:
+        args["speculative_config"] = {"decoding_type": _ALGORITHMS[job.draft.algo][2],
+                                      "max_draft_len": job.num_speculative_tokens,
+                                      "speculative_model": draft_dir}
+        if job.draft.algo == "eagle3":
+            args["speculative_config"]["eagle3_one_model"] = True
+    return args
+
+
+def write_script(path: Path, command: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n# Written by python -m export; run from the export directory.\nset -e\n"
+                    f'cd "$(dirname "$0")/.."\n{command} "$@"\n')
+    path.chmod(0o755)
+
+
+def write_readme(out: Path, title: str, intro: str, sections: dict[str, str]) -> None:
+    text = [f"# {title}", "", intro, ""]
+    for heading, body in sections.items():
+        text += [f"## {heading}", "", body.rstrip(), ""]
+    text += ["## Files", "", "`manifest.json` lists every file with its sha256, the target's fingerprint, the draft and "
+             "the captured layers (as Hugging Face `hidden_states` indices).", ""]
+    (out / "README.md").write_text("\n".join(text))
