@@ -30,7 +30,7 @@ import yaml
 
 from service.metrics import GatewayMetrics, WorkerMetrics
 from tests.helm.conftest import NAMESPACE, RELEASE, REPO, require_tool
-from tests.helm.promql import dashboard_queries, dashboards, rule_exprs, substitute
+from tests.helm.promql import EXTERNAL_METRICS, dashboard_queries, dashboards, metric_names, rule_exprs, substitute
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -40,14 +40,46 @@ WORKERS = ("10.0.0.7:8001", "10.0.0.8:8001")
 RATE_WINDOW = "10s"  # Grafana would send $__rate_interval = 4 x the 1 s scrape interval at least
 
 
-def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, stop: threading.Event) -> None:
+class Exporters:
+    """What the cluster's exporters would serve next to DeepSpec, for the panels and alerts that read them:
+    kube-state-metrics (restarts), NVIDIA's DCGM exporter (GPUs, with its pod mapping) and a Triton worker."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        pod = {"namespace": NAMESPACE, "pod": f"{RELEASE}-worker-5c6b7-x2x9z"}
+        self.restarts = Counter("kube_pod_container_status_restarts", "restarts", ("namespace", "pod", "container"),
+                                registry=self.registry).labels(**pod, container="worker")
+        self.gpu_util = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%)", ("namespace", "pod", "gpu"),
+                              registry=self.registry).labels(**pod, gpu="0")
+        self.fb_used = Gauge("DCGM_FI_DEV_FB_USED", "framebuffer used (MiB)", ("namespace", "pod", "gpu"),
+                             registry=self.registry).labels(**pod, gpu="0")
+        triton = {"namespace": NAMESPACE, "model": "ensemble"}
+        self.pending = Gauge("nv_inference_pending_request_count", "pending", ("namespace", "model"),
+                             registry=self.registry).labels(**triton)
+        self.active = Gauge("nv_trt_llm_request_metrics", "requests", ("namespace", "model", "request_type"),
+                            registry=self.registry).labels(**triton, request_type="active")
+
+    def step(self, rng: random.Random) -> None:
+        if rng.random() < 0.01:
+            self.restarts.inc()
+        self.gpu_util.set(rng.uniform(40, 95))
+        self.fb_used.set(rng.uniform(30_000, 70_000))
+        self.pending.set(rng.randint(0, 4))
+        self.active.set(rng.randint(1, 8))
+
+
+def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, exporters: Exporters, stop: threading.Event) -> None:
     """A few hundred requests a second, spread over two workers, with drafts mostly accepted."""
     rng = random.Random(0)
     while not stop.is_set():
         now = time.perf_counter()
         for name in WORKERS:
             labels = (MODEL, name)
-            status = rng.choices(["stop", "length", "error"], weights=[80, 15, 5])[0]
+            # finish reasons, a server error (5xx), a 429 and a 503: every status panel has a series
+            status = rng.choices(["stop", "length", "worker_error", "server_busy", "no_worker"],
+                                 weights=[80, 15, 3, 1, 1])[0]
             ttft = rng.uniform(0.02, 0.4)
             gateway.time_to_first_token.labels(*labels).observe(ttft)
             gateway.inter_token_latency.labels(*labels).observe(rng.uniform(0.005, 0.05))
@@ -69,6 +101,7 @@ def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, stop: threading.Eve
         worker.observe_spec_round(num_draft_tokens=7, num_accepted_tokens=rng.randint(0, 7))
         worker.num_requests_running.labels(MODEL).set(rng.randint(1, 8))
         worker.num_requests_waiting.labels(MODEL).set(rng.randint(0, 4))
+        exporters.step(rng)
         stop.wait(0.02)
 
 
@@ -101,6 +134,7 @@ class LiveService:
 
     def __init__(self, log_dir):
         self.grpc_port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
+        self.gateway_metrics_port = free_port()  # the chart serves the gateway's /metrics on its own port
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.log_dir = log_dir
         self.logs = [open(log_dir / name, "w") for name in ("worker.log", "gateway.log")]
@@ -111,6 +145,7 @@ class LiveService:
                               "--stub-step-ms", "2"], cwd=REPO, stdout=self.logs[0], stderr=subprocess.STDOUT),
             subprocess.Popen([*common, "gateway", "--workers", f"127.0.0.1:{self.grpc_port}", "--host", "127.0.0.1",
                               "--http-port", str(self.http_port), "--grpc-port", "-1", "--drain-timeout-s", "0",
+                              "--metrics-port", str(self.gateway_metrics_port),
                               "--health-interval-s", "0.5"], cwd=REPO, stdout=self.logs[1], stderr=subprocess.STDOUT,
                              env={**os.environ, "DEEPSPEC_API_KEYS": API_KEY}),
         ]
@@ -186,10 +221,10 @@ class Scrape:
 def prometheus(tmp_path_factory):
     binary = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
-    gateway, worker = GatewayMetrics(), WorkerMetrics(MODEL)
-    servers = [_serve(m.registry) for m in (gateway, worker)]
+    gateway, worker, exporters = GatewayMetrics(), WorkerMetrics(MODEL), Exporters()
+    servers = [_serve(m.registry) for m in (gateway, worker, exporters)]
     stop = threading.Event()
-    threads = [threading.Thread(target=_traffic, args=(gateway, worker, stop), daemon=True)]
+    threads = [threading.Thread(target=_traffic, args=(gateway, worker, exporters, stop), daemon=True)]
     live, live_failure = LiveService(tmp), ""
     if live.wait_ready():
         threads.append(threading.Thread(target=live.traffic, args=(stop,), daemon=True))
@@ -200,11 +235,12 @@ def prometheus(tmp_path_factory):
         thread.start()
 
     targets = {f"{RELEASE}-gateway": (servers[0].server_port, NAMESPACE),
-               f"{RELEASE}-worker": (servers[1].server_port, NAMESPACE)}
+               f"{RELEASE}-worker": (servers[1].server_port, NAMESPACE),
+               "exporters": (servers[2].server_port, NAMESPACE)}
     if live is not None:
-        targets |= {"live-gateway": (live.http_port, "live"), "live-worker": (live.metrics_port, "live")}
+        targets |= {"live-gateway": (live.gateway_metrics_port, "live"), "live-worker": (live.metrics_port, "live")}
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "scrape_configs": [{"job_name": job, "static_configs": [
+              "scrape_configs": [{"job_name": job, "honor_labels": job == "exporters", "static_configs": [
                   {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}]}
                   for job, (port, namespace) in targets.items()]}
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -294,8 +330,10 @@ def test_every_dashboard_query_returns_data(prometheus):
 def test_dashboards_show_the_running_service(prometheus):
     """The gateway's panels fill from the real service; so do the workers' own once their names survive the scrape."""
     assert prometheus.live.processes  # the running service (a failure on CI, a skip elsewhere, when absent)
-    # Error and retry panels have no series until something fails, and the stub never does.
-    queries = {q for q in _queries("live") if "Error ratio" not in q[1] and "Retries" not in q[1]}
+    # Error, retry and 429/503 panels have no series until something fails, and the stub never does; the
+    # cluster exporters' series (GPUs, restarts, Triton) are not the service's.
+    queries = {q for q in _queries("live") if not any(t in q[1] for t in ("Error ratio", "Retries", "429"))
+               and not metric_names(q[2]) & set(EXTERNAL_METRICS)}
     answers, pending = _wait_for_data(prometheus.url, queries, 45)
     assert not pending, "panels without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(pending))
     by_title = {title: values for (_, title, _), values in answers.items()}
