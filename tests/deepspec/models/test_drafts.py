@@ -184,14 +184,7 @@ def test_canonical_and_deepspec_layouts_compute_the_same_function(target):
     in naming and storage only."""
     ours = tiny_draft(target, "eagle3", draft_vocab_size=24).eval()
     ours.set_vocab(torch.arange(0, 48, 2))
-    canon = tiny_draft(target, "eagle3", layout="canonical", draft_vocab_size=24).eval()
-    canon.set_vocab(torch.arange(0, 48, 2))
-    canon.attach(target).init_from_target()
-    rename = {"embed_norm": "midlayer.input_layernorm", "hidden_norm": "midlayer.hidden_norm",
-              "attn": "midlayer.self_attn", "mlp_norm": "midlayer.post_attention_layernorm", "mlp": "midlayer.mlp",
-              "final_norm": "norm", "fc": "fc"}
-    state = {rename[k.split(".")[0]] + k[len(k.split(".")[0]):]: v for k, v in ours.state_dict().items()}
-    canon.load_state_dict({**canon.state_dict(), **state})
+    canon = _as_canonical(target, ours).eval()
     with torch.no_grad():
         assert torch.equal(_logits(ours), _logits(canon))
 
@@ -219,3 +212,38 @@ def test_canonical_layout_defaults_and_refusals(target):
         DraftConfig.for_target(target, "eagle3", layout="sglang")
     cfg = DraftConfig.for_target(target, "eagle3", layout="canonical", feature_layers=(0, 1, 2))
     assert (cfg.qk_norm, cfg.qkv_bias, cfg.activation, cfg.norm_before_residual) == (False, False, "silu", False)
+
+
+def _as_canonical(target, ours):
+    """The canonical draft holding `ours`' tensors under the engines' names (lm_head = the target's rows)."""
+    canon = tiny_draft(target, "eagle3", layout="canonical", draft_vocab_size=ours.cfg.draft_vocab_size)
+    canon.set_vocab(ours.d2t)
+    canon.attach(target).init_from_target()
+    rename = {"embed_norm": "midlayer.input_layernorm", "hidden_norm": "midlayer.hidden_norm",
+              "attn": "midlayer.self_attn", "mlp_norm": "midlayer.post_attention_layernorm", "mlp": "midlayer.mlp",
+              "final_norm": "norm", "fc": "fc"}
+    state = {rename[k.split(".")[0]] + k[len(k.split(".")[0]):]: v for k, v in ours.state_dict().items()}
+    canon.load_state_dict({**canon.state_dict(), **state})
+    return canon
+
+
+def test_canonical_eagle3_drafts_in_the_engine_exactly_like_ours(target, tmp_path):
+    """Through the engine's Eagle3 drafter (per-slot KV cache, not the training forward) the canonical layout
+    proposes the same tokens as our layout with the same tensors: same output, same acceptance counts."""
+    from deepspec.decoding.engine import SpecEngine
+    from deepspec.decoding.params import SamplingParams
+    from deepspec.decoding.registry import load_checkpoint_drafter
+
+    ours = tiny_draft(target, "eagle3", draft_vocab_size=48)
+    ours.set_vocab(torch.arange(0, 48))
+    prompts, params = [[1, 2, 3], [4, 5, 6, 7, 8], [9]], SamplingParams(max_tokens=20, ignore_eos=True)
+    base = SpecEngine(target, None, max_batch_size=2, max_seq_len=96).generate(prompts, params)
+    results = []
+    for name, draft in [("ours", ours), ("canonical", _as_canonical(target, ours))]:
+        drafter = load_checkpoint_drafter(save_draft(draft, tmp_path / name), target)
+        engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=96, num_speculative_tokens=4)
+        results.append(engine.generate(prompts, params))
+    for spec in results:
+        assert [r.token_ids for r in spec] == [r.token_ids for r in base]
+    assert [r.num_accepted_tokens for r in results[0]] == [r.num_accepted_tokens for r in results[1]]
+    assert sum(r.num_draft_tokens for r in results[1]) > 0
