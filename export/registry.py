@@ -49,6 +49,8 @@ def available_formats() -> list[str]:
 def resolve_format(name: str) -> ExportFormat:
     if name not in available_formats():
         raise ExportError(f"unknown format {name!r}; available: {', '.join(available_formats())}")
-    fmt = importlib.import_module(FORMAT_MODULES[name]).FORMAT
+    fmt = getattr(importlib.import_module(FORMAT_MODULES[name]), "FORMAT", None)
+    if fmt is None:
+        raise ExportError(f"format {name!r} is not available in this install ({FORMAT_MODULES[name]} defines no FORMAT)")
     assert fmt.name == name, f"{FORMAT_MODULES[name]}.FORMAT is named {fmt.name!r}, registered as {name!r}"
     return fmt
