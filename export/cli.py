@@ -87,6 +87,7 @@ def run(args: argparse.Namespace, progress=None) -> str:
     fmt = resolve_format(args.format)
     check_out(args.out, args.force)
     job = make_job(fmt, args)
+    job.options["final_out"] = args.out  # where the output will live once renamed (for absolute paths inside it)
     progress = progress or Progress()
     with progress, staged(args.out, args.force) as scratch:
         fields = fmt.write(job, scratch, progress)
