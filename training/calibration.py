@@ -58,8 +58,9 @@ def calibrate_confidence(draft, target, features_source, sequences, indices: lis
     for i in indices:
         tokens = torch.tensor([sequences[i].input_ids], device=device)
         mask = torch.tensor([sequences[i].loss_mask], device=device)
-        features, final = features_source([i], tokens)
-        c, a, s = dspark_confidence_samples(draft, target, features.float(), final.float(), tokens, mask,
+        features, labels = features_source([i], tokens)  # final hidden state [1, T, H] or SoftLabels
+        labels = labels.float() if isinstance(labels, torch.Tensor) else labels
+        c, a, s = dspark_confidence_samples(draft, target, features.float(), labels, tokens, mask,
                                             generator, num_anchors)
         confs.append(c.cpu())
         accepts.append(a.cpu())

@@ -125,14 +125,15 @@ def test_kl_loss_falls_on_text_rows(hf, tmp_path, algo):
     data = _text_rows(tmp_path / "text.jsonl")
     cfg = TrainConfig.model_validate({
         "target": {"name": str(target_dir)},
-        "model": {"algo": algo, "block_size": 3, "draft_vocab_size": 48, "feature_layers": [0, 1, 2],
-                  "calibration_sequences": 0},
+        "model": {"algo": algo, "block_size": 3, "draft_vocab_size": 48, "feature_layers": [0, 1, 2]},
         "data": {"paths": [str(data)], "max_len": 48, "labels": "target", "label_top_k": 8, "num_anchors": 8},
         "optim": {"max_steps": 12, "lr": 3e-3, "warmup_steps": 1},
         "output_dir": str(tmp_path / "out"), "save_every": 0})
     lines = []
     summary = train(cfg, show_progress=False, log=lines.append)
     assert summary["labels"] == "target" and any("12 sequences" in line for line in lines)
+    if algo == "dspark":  # the held-out row calibrates the confidence head on the same soft labels
+        assert summary["num_calibration_sequences"] == 1 and len(summary["calibration"]) == 3
     losses = [json.loads(line)["loss"] for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
     assert len(losses) == 12 and all(v >= 0 for v in losses)
     # dspark's sum also holds the confidence head's BCE, which moves slower than the KL and L1
