@@ -139,7 +139,8 @@ spec:
   {{- if eq $w.engines.source "export" }}
   initContainers:
     # Exports the engine once; with a per-replica volume a restarted pod finds the manifest and skips it.
-    # The export writes to a scratch dir and renames it, so an interrupted export is never mistaken for a done one.
+    # python -m export writes a scratch dir beside --out and renames it at the end, so an interrupted export is
+    # never mistaken for a done one (--force replaces a directory without a manifest; *.partial is an older chart's).
     - name: export-engine
       image: {{ include "deepspec.workerImage" . }}
       imagePullPolicy: {{ $w.image.pullPolicy }}
@@ -152,8 +153,7 @@ spec:
           fi
           rm -rf "$out.partial"
           python -m export --target "$DEEPSPEC_TARGET" --draft "$DEEPSPEC_DRAFT" \
-            --format "$DEEPSPEC_EXPORT_FORMAT" --out "$out.partial" {{- range $w.engines.export.extraArgs }} {{ . | quote }}{{ end }}
-          mv "$out.partial" "$out"
+            --format "$DEEPSPEC_EXPORT_FORMAT" --out "$out" --force {{- range $w.engines.export.extraArgs }} {{ . | quote }}{{ end }}
       envFrom:
         - configMapRef:
             name: {{ $configMap }}
