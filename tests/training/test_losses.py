@@ -105,3 +105,50 @@ def test_losses_decrease_within_seconds():
         losses = _train_losses(algo, 40)
         first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
         assert last < 0.8 * first, (algo, first, last)
+
+
+def _dense_labels_case(algo: str):
+    """A draft, its target's features and final hidden state, and the same target distributions as dense
+    SoftLabels over the whole draft vocabulary (what --labels target computes with label_top_k = 0)."""
+    from training.distill import soft_labels
+
+    target = tiny_target()
+    draft = tiny_draft(target, algo, draft_vocab_size=40)
+    draft.set_vocab(torch.arange(3, 43))
+    draft.attach(target)
+    seqs = torch.tensor(target_sequences(target, 2, 16))
+    mask = torch.ones_like(seqs)
+    mask[:, :3] = 0
+    out = target.forward(seqs, torch.zeros(2, dtype=torch.long), feature_layers=(0, 1, 2), logits="all",
+                         return_final_hidden=True)
+    return target, draft, seqs, mask, out, soft_labels(out.logits, draft.d2t, top_k=0)
+
+
+def _grads(draft, loss):
+    draft.zero_grad()
+    loss.backward()
+    return [p.grad.clone() for p in draft.parameters() if p.grad is not None]
+
+
+def test_eagle3_distill_loss_trains_exactly_like_the_soft_ce_on_the_same_distributions():
+    """Dense labels from the same forward: KL = soft-CE + Σ p log p̂, a constant, so the gradients are equal —
+    step k at t reads the distribution at t+1+k in both losses (the shift the regen loss is tested for)."""
+    from training.losses import eagle3_distill_loss, eagle3_loss
+
+    target, draft, seqs, mask, out, labels = _dense_labels_case("eagle3")
+    regen, _ = eagle3_loss(draft, target, out.features, out.final_hidden, seqs, mask)
+    distill, _ = eagle3_distill_loss(draft, labels, out.features, seqs, mask)
+    a, b = _grads(draft, regen), _grads(draft, distill)
+    assert len(a) == len(b) > 0 and all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a, b))
+    assert distill.item() < regen.item()  # the entropy part is gone: a KL, not a cross-entropy
+
+
+def test_dspark_l1_and_acceptance_are_the_same_from_dense_labels():
+    from training.losses import _dspark_terms
+
+    target, draft, seqs, mask, out, labels = _dense_labels_case("dspark")
+    regen = _dspark_terms(draft, target, out.features, out.final_hidden, seqs, mask,
+                          torch.Generator().manual_seed(0), 6)
+    distill = _dspark_terms(draft, target, out.features, labels, seqs, mask, torch.Generator().manual_seed(0), 6)
+    assert torch.allclose(regen["l1"], distill["l1"], atol=1e-5)
+    assert torch.allclose(regen["accept"], distill["accept"], atol=1e-5)
