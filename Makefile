@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-EXTRAS ?= serve,train,loadtest,test,gemma,plugins
+EXTRAS ?= serve,train,loadtest,test,gemma,plugins,export
 
 .PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-deps system-deps clean
 

@@ -1,0 +1,293 @@
+"""`OnnxTarget`: the `Target` contract (deepspec/models/target.py) served by ONNX Runtime from an exported graph.
+
+`python -m export --format onnx` writes the target's decoder as one graph (`target.onnx`, see export/onnx/graph.py
+for its inputs and outputs) beside the tokenizer, the Hugging Face config and `onnx.json`. This class runs that graph
+under the unchanged `SpecEngine`: same scheduler, drafters and metrics as the PyTorch decoder.
+
+The KV cache is ours (`OnnxSlotCache`, the engine's layout [layers, slots, kv heads, positions, head_dim]); each
+layer's rows are bound to the graph's past and present inputs and outputs at the same address (IOBinding), so
+attention appends to the cache in place and a step never copies the context. ONNX Runtime's attention kernel takes
+several new tokens after a past only one row at a time; such batches run row by row (decode steps and first
+prompt chunks stay batched).
+
+Limits: CPU only, float32 activations (the int4 graph keeps 4-bit weights and float32 activations).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deepspec.models.arch import ArchSpec, arch_spec_from_config
+from deepspec.models.decoder import DecoderOutput
+
+#: graph metadata beside the graph: which file, which captured layers, how the weights are stored
+META_FILE = "onnx.json"
+
+
+class OnnxSlotCache:
+    """Preallocated per-slot KV cache; `rows` hands out views, `move_slot` compacts (the engine's contract)."""
+
+    def __init__(self, spec: ArchSpec, num_slots: int, max_seq_len: int):
+        shape = (spec.num_layers, num_slots, spec.num_kv_heads, max_seq_len, spec.head_dim)
+        self.k = torch.zeros(shape, dtype=torch.float32)
+        self.v = torch.zeros(shape, dtype=torch.float32)
+        self.num_slots, self.max_seq_len = num_slots, max_seq_len
+
+    def rows(self, first: int, count: int) -> "OnnxSlotCache._Rows":
+        return OnnxSlotCache._Rows(self.k[:, first : first + count], self.v[:, first : first + count])
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        self.k[:, dst, :, :length].copy_(self.k[:, src, :, :length])
+        self.v[:, dst, :, :length].copy_(self.v[:, src, :, :length])
+
+    @dataclass
+    class _Rows:
+        k: torch.Tensor  # [L, B, nkv, S, hd]: layer i's rows k[i] are contiguous
+        v: torch.Tensor
+
+
+@dataclass
+class _Embeddings:
+    embed: torch.Tensor
+    embed_scale: float
+    head: torch.Tensor
+
+
+class OnnxTarget:
+    """A target whose forward is an ONNX Runtime session over `<engine dir>/target.onnx`."""
+
+    def __init__(self, name: str, path: Path, spec: ArchSpec, tokenizer, session, meta: dict, max_seq_len: int,
+                 eos_token_ids: tuple[int, ...]):
+        self.name = name
+        self.path = path
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.session = session
+        self.meta = meta
+        self.max_seq_len = max_seq_len
+        self.eos_token_ids = eos_token_ids
+        self.quantization = meta.get("quantization", "none")
+        self.feature_layers = tuple(meta.get("feature_layers", ()))
+        self._embeddings: _Embeddings | None = None
+
+    # ---- identity ------------------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def attention_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def model(self):
+        """What code written against the PyTorch target reads from `target.model` (the attention dtype, and the
+        embedding and head a neural draft borrows)."""
+        return _ModelView(self)
+
+    def fingerprint(self) -> dict:
+        """Same fields and values as the PyTorch target's, from the tokenizer file exported beside the graph."""
+        tok_file = self.path / "tokenizer.json"
+        digest = hashlib.sha256(tok_file.read_bytes() if tok_file.exists() else json.dumps(
+            sorted(self.tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
+        return {"architecture": self.spec.family, "hidden_size": self.spec.hidden_size,
+                "num_layers": self.spec.num_layers, "vocab_size": self.spec.vocab_size, "tokenizer_hash": digest}
+
+    def default_feature_layers(self, count: int = 5) -> tuple[int, ...]:
+        last_allowed = self.spec.num_layers - 2
+        stride = max(1, (self.spec.num_layers - 2) // max(count - 1, 1))
+        return tuple(min(1 + i * stride, last_allowed) for i in range(count))
+
+    # ---- text ----------------------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"target '{self.name}' has no chat template; send a plain prompt instead")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    # ---- model ---------------------------------------------------------------------------------------------------
+    def new_cache(self, num_slots: int, max_seq_len: int) -> OnnxSlotCache:
+        return OnnxSlotCache(self.spec, num_slots, max_seq_len)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] long
+        start: torch.Tensor,  # [B] long
+        cache=None,  # OnnxSlotCache.rows(first, B), or None (tokens are the whole context)
+        *,
+        feature_layers: tuple[int, ...] = (),
+        logits: str | torch.Tensor = "all",
+        return_final_hidden: bool = False,
+        max_start: int | None = None,
+    ) -> DecoderOutput:
+        if return_final_hidden:
+            raise NotImplementedError("the ONNX target returns logits and features, not the final hidden state; "
+                                      "train drafts against the PyTorch target")
+        missing = [i for i in feature_layers if i not in self.feature_layers]
+        if missing:
+            raise ValueError(f"the ONNX graph outputs the residuals of layers {list(self.feature_layers)}, not "
+                             f"{missing}: export it with the draft that reads them (python -m export --draft ...)")
+        B, T = tokens.shape
+        if cache is None:  # a whole context at once: a scratch cache just big enough
+            cache, start = self.new_cache(B, T).rows(0, B), torch.zeros(B, dtype=torch.long)
+        starts = start.tolist()
+        if max(starts) + T > self.max_seq_len:
+            raise ValueError(f"sequence of {max(starts) + T} tokens exceeds the context window of {self.max_seq_len}")
+        index = _logits_index(logits, B, T)
+        if T > 1 and B > 1 and max(starts) > 0:  # see the module docstring: multi-token steps after a past, per row
+            parts = [self._run(tokens[b : b + 1], starts[b : b + 1], cache, b, None if index is None else index[b : b + 1])
+                     for b in range(B)]
+            out_logits = torch.cat([p[0] for p in parts]) if index is not None else None
+            features = torch.cat([p[1] for p in parts]) if parts[0][1] is not None else None
+        else:
+            out_logits, features = self._run(tokens, starts, cache, 0, index)
+        if features is not None and tuple(feature_layers) != self.feature_layers:
+            H = self.spec.hidden_size
+            features = torch.cat([features[..., self.feature_layers.index(i) * H:][..., :H] for i in feature_layers],
+                                 dim=-1) if feature_layers else None
+        return DecoderOutput(out_logits, features if feature_layers else None)
+
+    def _run(self, tokens: torch.Tensor, starts: list[int], cache, first_row: int, index: np.ndarray | None):
+        """One session run over rows first_row .. first_row+B-1 of `cache`; returns (logits, features) tensors."""
+        import onnxruntime as ort
+
+        B, T = tokens.shape
+        binding = self.session.io_binding()
+        feeds = {
+            "input_ids": np.ascontiguousarray(tokens.numpy(), dtype=np.int64),
+            "seqlens_k": np.array([s + T - 1 for s in starts], dtype=np.int32),
+            "total_sequence_length": np.array(max(starts) + T, dtype=np.int32),
+            "logits_index": index if index is not None else np.zeros((B, 0), dtype=np.int64),
+        }
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_output("logits", "cpu")  # get_outputs() lists outputs in binding order: these two first
+        if self.feature_layers:
+            binding.bind_output("features", "cpu")
+        for i in range(self.spec.num_layers):
+            for kind, buffer in (("key", cache.k[i]), ("value", cache.v[i])):
+                rows = buffer[first_row : first_row + B]  # [B, nkv, S, hd], contiguous: slots are outer
+                assert rows.is_contiguous() and rows.dtype == torch.float32
+                shape = list(rows.shape)
+                binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, rows.data_ptr())
+                binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, rows.data_ptr())
+        self.session.run_with_iobinding(binding, ort.RunOptions())
+        outs = binding.get_outputs()
+        logits = torch.from_numpy(outs[0].numpy()) if index is not None else None
+        features = torch.from_numpy(outs[1].numpy()) if self.feature_layers else None
+        return logits, features
+
+    def lm_head(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        head = self.embeddings().head
+        return (final_hidden.float() @ head.T).float()
+
+    def embeddings(self) -> _Embeddings:
+        """The fp32 embedding (and head, when untied) read straight from the graph's external weights file."""
+        if self._embeddings is None:
+            embed = _read_initializer(self.path / self.meta["graph"], "embed.weight")
+            head = embed if self.meta.get("tied", True) else _read_initializer(
+                self.path / self.meta["graph"], "lm_head.weight_t").T
+            self._embeddings = _Embeddings(embed, float(self.meta.get("embed_scale", 1.0)), head)
+        return self._embeddings
+
+
+class _ModelView:
+    """`target.model` for code that predates the Target protocol: attention dtype, embedding and head."""
+
+    def __init__(self, target: OnnxTarget):
+        self._target = target
+        self.attention_dtype = torch.float32
+
+    @property
+    def embed(self) -> torch.Tensor:
+        return self._target.embeddings().embed
+
+    @property
+    def head(self) -> torch.Tensor:
+        return self._target.embeddings().head
+
+    @property
+    def embed_scale(self) -> float:
+        return self._target.embeddings().embed_scale
+
+
+def _logits_index(logits, B: int, T: int) -> np.ndarray | None:
+    """The engine's `logits` argument → the graph's logits_index [B, N] (None = no logits)."""
+    if isinstance(logits, torch.Tensor):
+        return logits.reshape(B, 1).to(torch.int64).numpy().copy()
+    if logits == "all":
+        return np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)).copy()
+    if logits == "last":
+        return np.full((B, 1), T - 1, dtype=np.int64)
+    if logits == "none":
+        return None
+    raise ValueError(f"logits must be 'all', 'last', 'none' or a [B] tensor, got {logits!r}")
+
+
+def _read_initializer(graph: Path, name: str) -> torch.Tensor:
+    """An externally stored initializer as a tensor, without loading the rest of the weights."""
+    import onnx
+
+    model = onnx.load(graph, load_external_data=False)
+    tensor = next(t for t in model.graph.initializer if t.name == name)
+    info = {e.key: e.value for e in tensor.external_data}
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    count = int(np.prod(tensor.dims))
+    data = np.fromfile(graph.parent / info["location"], dtype=dtype, count=count, offset=int(info.get("offset", 0)))
+    return torch.from_numpy(data.reshape(tuple(tensor.dims)))
+
+
+def session_options(num_threads: int):
+    """Intra-op threads = the engine's thread count, sequential execution, every graph optimization on."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = num_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, num_threads: int | None = None,
+                     name: str | None = None) -> OnnxTarget:
+    """Open an exported ONNX target directory (graph, onnx.json, config.json, tokenizer) on CPU."""
+    import onnxruntime as ort
+    from transformers import AutoConfig, AutoTokenizer
+
+    root = Path(engine_dir)
+    meta_file = root / META_FILE
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{root} holds no {META_FILE}: not an ONNX target export (python -m export "
+                                "--format onnx)")
+    meta = json.loads(meta_file.read_text())
+    config = AutoConfig.from_pretrained(root)
+    spec = arch_spec_from_config(config)
+    limit = min(max_seq_len or meta["max_positions"], meta["max_positions"])
+    threads = num_threads or torch.get_num_threads()
+    session = ort.InferenceSession(str(root / meta["graph"]), sess_options=session_options(threads),
+                                   providers=["CPUExecutionProvider"])
+    tokenizer = AutoTokenizer.from_pretrained(root)
+    return OnnxTarget(name or meta.get("target_name", root.name), root, spec, tokenizer, session, meta, limit,
+                      tuple(meta["eos_token_ids"]))

@@ -1,0 +1,44 @@
+"""`--format onnx`: the target as an ONNX Runtime graph (fp32, or 4-bit MatMulNBits weights) plus its draft, served
+by DeepSpec's worker through ONNX Runtime (`python -m service worker --engine-dir DIR`).
+
+    python -m export --format onnx --out engines/onnx                       # fp32 graph + the best shipped draft
+    python -m export --format onnx --quantization int4 --out engines/onnx4  # 4-bit weights (block 32)
+
+`export_onnx` (export/onnx/exporter.py) does the work and is callable without the CLI; the graph itself is
+described in export/onnx/graph.py, the runtime side in deepspec/models/onnx_target.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from export.job import ExportFormat, ExportJob
+from export.onnx.exporter import QUANTIZATIONS, export_onnx
+from export.onnx.graph import SUPPORTED_FAMILIES
+
+__all__ = ["FORMAT", "QUANTIZATIONS", "export_onnx"]
+
+
+def write(job: ExportJob, out: Path, progress) -> dict:
+    from deepspec.models import load_target
+
+    quantization = job.options.get("quantization") or "none"
+    target = load_target(job.target.spec, dtype="float32")
+    draft = str(job.draft.path) if job.draft is not None else job.draft_spec
+    with progress.task(f"writing the ONNX graph ({quantization})", total=target.spec.num_layers) as advance:
+        meta = export_onnx(target, draft, out, "float32", quantization, advance)
+    return {
+        "draft": meta["draft"]["path"],
+        "onnx": {"graph": meta["graph"], "quantization": quantization, "feature_layers": meta["feature_layers"]},
+        "launch": {"deepspec": "python -m service worker --engine-dir DIR  (ONNX Runtime, CPU)"},
+    }
+
+
+FORMAT = ExportFormat(
+    name="onnx",
+    engine="ONNX Runtime in DeepSpec's worker (python -m service worker --engine-dir DIR), CPU",
+    write=write,
+    dtypes=("float32",),
+    needs_neural_draft=False,
+    families=SUPPORTED_FAMILIES,
+)

@@ -1,0 +1,103 @@
+"""`--format onnx`: the target as an ONNX Runtime graph beside everything the worker needs to serve it.
+
+Output directory (what `load_onnx_target` and `python -m service worker --engine-dir DIR` read):
+
+    target.onnx, target.onnx.data   the decoder (export/onnx/graph.py), fp32 or 4-bit weights
+    onnx.json                       graph file, quantization, captured layers (hs ids = layer + 1), eos ids, limits
+    config.json, tokenizer*, generation_config.json   the target's own, so the fingerprint matches its drafts
+    draft/                          the draft directory, copied (neural drafts, corpus lookup), when there is one
+    draft.onnx                      a neural draft's step as a graph (export/onnx/draft_graph.py), when it has one
+
+The verification op (plugins) is not inside the target graph: the engine verifies drafts of every kind, sampled
+ones included, in Python on the graph's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+#: files of the target directory copied next to the graph (tokenizer and config; never the weights)
+_TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
+                 "added_tokens.json")
+QUANTIZATIONS = ("none", "int4")
+
+
+def resolve_draft_dir(draft, target) -> Path | None:
+    """A draft spec (None, 'none', 'prompt-lookup', 'auto', or a directory) → its directory, or None."""
+    if draft in (None, "", "none", "prompt-lookup"):
+        return None
+    if draft == "auto":
+        from deepspec.models.drafts import best_shipped_draft
+
+        from deepspec.decoding.registry import AUTO_MIN_ACCEPTANCE_LENGTH
+
+        return best_shipped_draft(target, min_acceptance_length=AUTO_MIN_ACCEPTANCE_LENGTH)
+    path = Path(draft)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"draft {path}: no config.json (expected a draft directory from python -m training)")
+    return path
+
+
+def draft_feature_layers(draft_dir: Path | None) -> tuple[int, ...]:
+    """The target layers whose residual outputs the draft reads (none for lookup drafts)."""
+    if draft_dir is None:
+        return ()
+    header = json.loads((draft_dir / "config.json").read_text())
+    return tuple(int(i) for i in header.get("feature_layers", ()))
+
+
+def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quant: str = "none",
+                advance=lambda n=1: None) -> dict:
+    """Write the ONNX export of `target` (a loaded fp32 target or a target spec) and `draft` into out_dir (which must
+    exist and be empty); returns what the manifest records about it (graph, quantization, draft, layers).
+    `advance()` ticks once per decoder layer written."""
+    from deepspec.models.drafts import check_target, read_checkpoint_header
+    from export.onnx.graph import build_target_graph, check_supported
+
+    if dtype not in ("float32", "fp32"):
+        raise ValueError(f"the ONNX graph runs float32 activations; --dtype {dtype} is not exported "
+                         "(use --quant int4 for 4-bit weights)")
+    if quant not in QUANTIZATIONS:
+        raise ValueError(f"unknown ONNX quantization {quant!r}; choose one of {', '.join(QUANTIZATIONS)}")
+    if isinstance(target, str):
+        from deepspec.models import load_target
+
+        target = load_target(target, dtype="float32")
+    if target.dtype.is_floating_point and str(target.dtype) != "torch.float32":
+        raise ValueError("export the ONNX graph from the float32 target (load_target(..., dtype='float32'))")
+    check_supported(target.spec)
+    out = Path(out_dir)
+    draft_dir = resolve_draft_dir(draft, target)
+    header = None
+    if draft_dir is not None:
+        header = read_checkpoint_header(draft_dir)
+        check_target(header.get("target", {}), target, where=f"draft {draft_dir}")
+    layers = draft_feature_layers(draft_dir)
+    graph_name = "target.onnx"
+    build_target_graph(target.model, layers, out, quant, graph_name, advance)
+    for name in _TARGET_FILES:
+        if (Path(target.path) / name).is_file():
+            shutil.copy2(Path(target.path) / name, out / name)
+    meta = {
+        "graph": graph_name,
+        "target_name": target.name,
+        "quantization": quant,
+        "feature_layers": list(layers),
+        #: the same layers as Hugging Face output_hidden_states indices (hs[i + 1] is the output of layer i)
+        "feature_hs_ids": [i + 1 for i in layers],
+        "max_positions": int(target.model.max_positions),
+        "eos_token_ids": list(target.eos_token_ids),
+        "tied": target.model.head is target.model.embed,
+        "embed_scale": float(target.model.embed_scale),
+        "fingerprint": target.fingerprint(),
+    }
+    if draft_dir is not None:
+        shutil.copytree(draft_dir, out / "draft", ignore=shutil.ignore_patterns("reports", "__pycache__"))
+        meta["draft"] = {"path": "draft", "algo": header["algo"]}
+    else:
+        meta["draft"] = {"path": draft if draft in ("prompt-lookup",) else "none", "algo": None}
+    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta

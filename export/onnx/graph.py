@@ -1,0 +1,260 @@
+"""The target's decoder as one ONNX graph that ONNX Runtime runs for prefill and for multi-token verification.
+
+Written node by node with `onnx.helper` from our lean decoder's weights (deepspec/models/decoder.py) rather than
+traced: the graph computes what `Decoder.forward` computes, with the KV cache shaped the way the engine keeps it.
+
+Inputs (B rows, T new tokens per row, S cache positions per slot, N logit positions per row):
+
+    input_ids             int64 [B, T]
+    seqlens_k             int32 [B]        start[b] + T - 1: the last position row b holds after this step
+    total_sequence_length int32 []         max(start) + T
+    logits_index          int64 [B, N]     positions (0..T-1) of each row whose logits to return; N = T for
+                                           verification, 1 for the last prompt token, 0 for a prefill chunk
+    past_key.{i}          float [B, nkv, S, hd]   layer i's cache rows (the engine's slots)
+    past_value.{i}        float [B, nkv, S, hd]
+
+Outputs:
+
+    logits                float [B, N, V]
+    features              float [B, T, len(feature_layers) * H]   residual outputs of the draft's layers
+    present_key.{i}       float [B, nkv, S, hd]   = past_key.{i} with the T new entries written at start[b]..
+    present_value.{i}
+
+Attention is ONNX Runtime's `com.microsoft.GroupQueryAttention` with RoPE inside: bound to the same buffer as
+its past input (IOBinding), its present output is the cache itself, updated in place: no copy of the context per
+step, which at a few hundred tokens would cost as much as the 4-bit matmuls of a decode step. The kernel takes
+several new tokens after a past only at B = 1; the runtime (deepspec/models/onnx_target.py) splits such a batch
+into rows.
+
+Linear layers are MatMul on fp32 weights, or `com.microsoft.MatMulNBits` (4-bit blocks of 32, one scale and
+zero point per block) for `quantization="int4"`. Weights go to one external data file as they are produced,
+so the export never holds a second copy of the model in protobuf.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from deepspec.models.arch import ArchSpec
+
+#: ONNX default-domain opset and the Microsoft contrib domain (GroupQueryAttention, MatMulNBits)
+OPSET = 21
+MS_DOMAIN = "com.microsoft"
+#: weights per 4-bit block (the GGUF Q4 block size)
+INT4_BLOCK = 32
+#: families whose layers this graph describes; Gemma3 (sliding windows, two RoPE bases, sandwich norms) is not
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class UnsupportedTarget(ValueError):
+    """The target's family has parts this graph does not describe."""
+
+
+class _Weights:
+    """Appends initializers to one external data file as they are made (aligned), returning slim TensorProtos."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = path.open("wb")
+        self.offset = 0
+        self.initializers: list[onnx.TensorProto] = []
+
+    def add(self, name: str, array: np.ndarray) -> str:
+        array = np.ascontiguousarray(array)
+        if array.nbytes < 256:  # small constants stay inline
+            tensor = onnx.numpy_helper.from_array(array, name)
+        else:
+            tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                                 dims=array.shape)
+            pad = (-self.offset) % 64
+            self.file.write(b"\0" * pad)
+            self.offset += pad
+            self.file.write(array.tobytes())
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", self.path.name), ("offset", str(self.offset)),
+                               ("length", str(array.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            self.offset += array.nbytes
+        self.initializers.append(tensor)
+        return name
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _Builder:
+    def __init__(self, weights: _Weights):
+        self.w = weights
+        self.nodes: list[onnx.NodeProto] = []
+        self._count = 0
+
+    def op(self, op_type: str, inputs: list[str], num_outputs: int = 1, outputs: list[str] | None = None,
+           domain: str = "", **attrs) -> str | list[str]:
+        self._count += 1
+        outs = outputs or [f"{op_type.lower()}_{self._count}_{j}" for j in range(num_outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"{op_type}_{self._count}", domain=domain,
+                                           **attrs))
+        return outs[0] if len(outs) == 1 else outs
+
+    def const(self, name: str, value) -> str:
+        return self.w.add(name, np.asarray(value))
+
+    def rms_norm(self, x: str, weight: np.ndarray, eps: float, name: str) -> str:
+        """x / sqrt(mean(x²) + eps) * w over the last axis: the pattern ORT fuses into SimplifiedLayerNormalization."""
+        w = self.w.add(name, weight.astype(np.float32))
+        sq = self.op("Pow", [x, self.const(f"{name}.two", np.float32(2.0))])
+        mean = self.op("ReduceMean", [sq, self.const(f"{name}.axes", np.array([-1], np.int64))], keepdims=1)
+        rms = self.op("Sqrt", [self.op("Add", [mean, self.const(f"{name}.eps", np.float32(eps))])])
+        return self.op("Mul", [self.op("Div", [x, rms]), w])
+
+    def linear(self, x: str, weight: np.ndarray, name: str, quantization: str, bias: np.ndarray | None = None) -> str:
+        """x [.., K] @ weight[N, K]ᵀ (+ bias): MatMul on fp32, or MatMulNBits on 4-bit blocks."""
+        N, K = weight.shape
+        if quantization == "int4" and K % INT4_BLOCK == 0:
+            packed, scales, zeros = quantize_int4(weight)
+            inputs = [x, self.w.add(f"{name}.qweight", packed), self.w.add(f"{name}.scales", scales),
+                      self.w.add(f"{name}.zero_points", zeros)]
+            if bias is not None:
+                inputs += ["", self.w.add(f"{name}.bias", bias.astype(np.float32))]  # g_idx unused
+            return self.op("MatMulNBits", inputs, domain=MS_DOMAIN, K=K, N=N, bits=4, block_size=INT4_BLOCK,
+                           accuracy_level=4)
+        y = self.op("MatMul", [x, self.w.add(f"{name}.weight_t", weight.T.astype(np.float32))])
+        if bias is not None:
+            y = self.op("Add", [y, self.w.add(f"{name}.bias", bias.astype(np.float32))])
+        return y
+
+
+def quantize_int4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """weight [N, K] float → MatMulNBits' (packed [N, K/32, 16] uint8, scales [N·K/32] float32, zero points
+    [N·ceil(K/32/2)] uint8): asymmetric round-to-nearest per block of 32, ONNX Runtime's own packing kernel."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    N, K = weight.shape
+    blocks = K // INT4_BLOCK
+    packed = np.zeros((N, blocks, INT4_BLOCK // 2), dtype=np.uint8)
+    scales = np.zeros((N, blocks), dtype=np.float32)
+    zeros = np.zeros((N, (blocks + 1) // 2), dtype=np.uint8)
+    quantize_matmul_4bits(packed, np.ascontiguousarray(weight.T, dtype=np.float32), scales, zeros, INT4_BLOCK, N, K,
+                          False)
+    return packed, scales.reshape(-1), zeros.reshape(-1)
+
+
+def check_supported(spec: ArchSpec) -> None:
+    if spec.family not in SUPPORTED_FAMILIES or spec.sliding_windows or spec.sandwich_norms or spec.gemma_norms:
+        raise UnsupportedTarget(
+            f"the ONNX export describes {', '.join(SUPPORTED_FAMILIES)} decoders; '{spec.family}' needs sliding-window "
+            "layers, two RoPE bases and sandwich norms it does not have yet: export it with --format pytorch")
+    if spec.head_dim % 16:
+        raise UnsupportedTarget(f"ONNX Runtime's GroupQueryAttention needs head_dim % 16 == 0 (this target: "
+                                f"{spec.head_dim})")
+
+
+def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, quantization: str = "none",
+                       graph_name: str = "target.onnx", advance=lambda n=1: None) -> Path:
+    """Write `graph_name` (+ its `.data` weights) for a `Decoder` into out_dir; returns the graph's path.
+    `advance()` is called once per decoder layer written (a progress bar)."""
+    spec: ArchSpec = model.spec
+    check_supported(spec)
+    if quantization not in ("none", "int4"):
+        raise ValueError(f"unknown ONNX quantization {quantization!r}; choose none or int4")
+    weights = _Weights(out_dir / f"{graph_name}.data")
+    g = _Builder(weights)
+    H, nh, nkv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+    q_size, kv_size, inter, eps = spec.q_size, spec.kv_size, spec.intermediate_size, spec.rms_norm_eps
+    np_ = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
+
+    half = hd // 2
+    cos = weights.add("rope.cos", np_(model.rope_cos)[:, :half])  # [max_positions, hd/2]
+    sin = weights.add("rope.sin", -np_(model.rope_sin)[:, :half])  # sign of rotate_half is folded in our table
+    embed = weights.add("embed.weight", np_(model.embed))
+    x = g.op("Gather", [embed, "input_ids"])  # [B, T, H]
+    if model.embed_scale != 1.0:
+        x = g.op("Mul", [x, g.const("embed.scale", np.float32(model.embed_scale))])
+    if spec.qk_norm:
+        shape_q = g.const("shape.q", np.array([0, 0, nh, hd], np.int64))
+        shape_kv = g.const("shape.kv", np.array([0, 0, nkv, hd], np.int64))
+        shape_flat_q = g.const("shape.flat_q", np.array([0, 0, q_size], np.int64))
+        shape_flat_kv = g.const("shape.flat_kv", np.array([0, 0, kv_size], np.int64))
+    split_qkv = g.const("split.qkv", np.array([q_size, kv_size, kv_size], np.int64))
+    split_mlp = g.const("split.mlp", np.array([inter, inter], np.int64))
+
+    captured: dict[int, str] = {}
+    outputs_kv = []
+    for i, layer in enumerate(model.layers):
+        p = f"layers.{i}"
+        h = g.rms_norm(x, np_(layer.attn_norm), eps, f"{p}.attn_norm")
+        bias = np_(layer.bqkv) if layer.bqkv is not None else None
+        qkv = g.linear(h, np_(layer.wqkv), f"{p}.qkv", quantization, bias)
+        q, k, v = g.op("Split", [qkv, split_qkv], num_outputs=3, axis=-1)
+        if spec.qk_norm:  # per-head RMSNorm before RoPE (Qwen3)
+            q = g.op("Reshape", [g.rms_norm(g.op("Reshape", [q, shape_q]), np_(layer.q_norm), eps, f"{p}.q_norm"),
+                                 shape_flat_q])
+            k = g.op("Reshape", [g.rms_norm(g.op("Reshape", [k, shape_kv]), np_(layer.k_norm), eps, f"{p}.k_norm"),
+                                 shape_flat_kv])
+        present = [f"present_key.{i}", f"present_value.{i}"]
+        attn = g.op("GroupQueryAttention",
+                    [q, k, v, f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length", cos, sin],
+                    outputs=[f"{p}.attn", *present], domain=MS_DOMAIN, num_heads=nh, kv_num_heads=nkv,
+                    scale=float(spec.attn_scale), do_rotary=1, rotary_interleaved=0)[0]
+        outputs_kv += present
+        x = g.op("Add", [x, g.linear(attn, np_(layer.wo), f"{p}.o", quantization)])
+        h = g.rms_norm(x, np_(layer.mlp_norm), eps, f"{p}.mlp_norm")
+        gate, up = g.op("Split", [g.linear(h, np_(layer.w_gate_up), f"{p}.gate_up", quantization), split_mlp],
+                        num_outputs=2, axis=-1)
+        if spec.activation == "gelu_tanh":
+            act = g.op("Gelu", [gate], approximate="tanh")
+        else:
+            act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
+        x = g.op("Add", [x, g.linear(g.op("Mul", [act, up]), np_(layer.w_down), f"{p}.down", quantization)])
+        if i in feature_layers:
+            captured[i] = x
+        advance(1)
+
+    # logits only where asked: gather the rows' chosen positions before the norm and the head
+    index = g.op("Expand", [g.op("Unsqueeze", ["logits_index", g.const("axes.last", np.array([-1], np.int64))]),
+                            g.op("Concat", [g.op("Shape", ["logits_index"]),
+                                            g.const("shape.hidden", np.array([H], np.int64))], axis=0)])
+    picked = g.op("GatherElements", [x, index], axis=1)  # [B, N, H]
+    hidden = g.rms_norm(picked, np_(model.final_norm), eps, "final_norm")
+    tied = model.head is model.embed
+    if quantization == "int4":  # the head is the widest matmul of a small model: 4-bit too
+        g.linear(hidden, np_(model.head), "lm_head", quantization)
+        g.nodes[-1].output[0] = "logits"
+    elif tied:  # Gemm with transB reads the embedding itself: no transposed copy of a [V, H] table
+        flat = g.op("Reshape", [hidden, g.const("shape.rows", np.array([-1, H], np.int64))])
+        rows = g.op("Gemm", [flat, embed], transB=1)
+        g.op("Reshape", [rows, g.op("Concat", [g.op("Shape", ["logits_index"]),
+                                               g.const("shape.vocab", np.array([spec.vocab_size], np.int64))],
+                                    axis=0)], outputs=["logits"], allowzero=1)  # N may be 0: no logits
+    else:
+        g.op("MatMul", [hidden, weights.add("lm_head.weight_t", np_(model.head).T)], outputs=["logits"])
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "N", spec.vocab_size])]
+    if feature_layers:
+        g.op("Concat", [captured[i] for i in feature_layers], outputs=["features"], axis=-1)
+        outputs.append(helper.make_tensor_value_info("features", TensorProto.FLOAT,
+                                                     ["B", "T", len(feature_layers) * H]))
+    cache_dims = ["B", nkv, "S", hd]
+    outputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, cache_dims) for name in outputs_kv]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["B", "T"]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["B", "N"]),
+    ]
+    for i in range(spec.num_layers):
+        inputs += [helper.make_tensor_value_info(f"past_{kind}.{i}", TensorProto.FLOAT, cache_dims)
+                   for kind in ("key", "value")]
+    weights.close()
+    graph = helper.make_graph(g.nodes, "deepspec_target", inputs, outputs, initializer=weights.initializers)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                         helper.make_opsetid(MS_DOMAIN, 1)],
+                                   producer_name="deepspec-export")
+    onnx_model.ir_version = 10
+    path = out_dir / graph_name
+    onnx.save_model(onnx_model, path)
+    return path

@@ -1,0 +1,173 @@
+"""The ONNX export (export/onnx/) and its ONNX Runtime target (deepspec/models/onnx_target.py).
+
+Unit tests build a tiny random Llama (head_dim 16: ONNX Runtime's attention kernel wants multiples of 16) and
+check the graph against our PyTorch decoder on every kind of step the engine takes: prefill chunks, batched
+decode, uneven multi-token verification, chosen logit positions. Slow tests export the real default target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from deepspec.decoding import SamplingParams, SpecEngine, build_drafter  # noqa: E402
+from deepspec.models.onnx_target import OnnxTarget, load_onnx_target, session_options  # noqa: E402
+from export.onnx.exporter import export_onnx  # noqa: E402
+from export.onnx.graph import UnsupportedTarget, build_target_graph, check_supported  # noqa: E402
+from tests.conftest import CharTokenizer  # noqa: E402
+
+VOCAB = 64
+
+
+def _tiny_decoder(family: str = "llama", seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from deepspec.models.arch import arch_spec_from_config
+    from deepspec.models.decoder import Decoder
+
+    torch.manual_seed(seed)
+    sizes = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128)
+    if family == "qwen3":
+        config = Qwen3Config(**sizes, head_dim=16, tie_word_embeddings=False)
+        hf = Qwen3ForCausalLM(config).eval()
+    else:
+        config = LlamaConfig(**sizes, tie_word_embeddings=True)
+        hf = LlamaForCausalLM(config).eval()
+    spec = arch_spec_from_config(config)
+    model = Decoder(spec, max_positions=128)
+    model.load_hf_state_dict(hf.state_dict(), torch.float32)
+    return config, model.eval()
+
+
+def _onnx_target(tmp_path: Path, family: str = "llama", quantization: str = "none", layers=(0, 2)):
+    config, model = _tiny_decoder(family)
+    build_target_graph(model, layers, tmp_path, quantization)
+    meta = {"graph": "target.onnx", "feature_layers": list(layers), "max_positions": 128, "quantization": quantization,
+            "eos_token_ids": [VOCAB - 1], "tied": model.head is model.embed}
+    session = ort.InferenceSession(str(tmp_path / "target.onnx"), session_options(1))
+    target = OnnxTarget("tiny", tmp_path, model.spec, CharTokenizer(VOCAB), session, meta, 128, (VOCAB - 1,))
+    return target, model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_graph_matches_decoder_on_every_kind_of_step(tmp_path, family):
+    from deepspec.models.kv_cache import KVCache
+
+    target, model = _onnx_target(tmp_path, family)
+    ref, ours = KVCache(model.spec, 3, 64, torch.float32), target.new_cache(3, 64)
+    tokens = torch.randint(0, VOCAB, (3, 12))
+
+    def check(x, start, logits, layers=(0, 2)):
+        want = model(x, start, ref.rows(0, 3), feature_layers=layers, logits=logits)
+        got = target.forward(x, start, ours.rows(0, 3), feature_layers=layers, logits=logits)
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-5)
+        if layers:
+            torch.testing.assert_close(got.features, want.features, atol=1e-5, rtol=1e-5)
+
+    check(tokens[:, :5], torch.zeros(3, dtype=torch.long), torch.tensor([4, 2, 3]))  # batched first prefill chunk
+    check(tokens[:, 5:8], torch.full((3,), 5), "none")  # a later chunk: rows run one by one
+    check(tokens[:, 8:9], torch.full((3,), 8), "all", layers=(2,))  # batched decode step, one captured layer
+    check(tokens[:, 9:12], torch.tensor([9, 7, 8]), "all")  # verification at uneven lengths
+    check(tokens[:, :1], torch.tensor([12, 10, 11]), "last", layers=())
+    torch.testing.assert_close(ours.k[:, :, :, :12], ref.k[:, :, :, :12], atol=1e-5, rtol=1e-5)
+
+
+def test_engine_on_onnx_target_decodes_what_the_pytorch_engine_decodes(tmp_path):
+    from deepspec.models.decoder_target import DecoderTarget
+
+    target, model = _onnx_target(tmp_path)
+    reference = DecoderTarget("tiny", tmp_path, None, model.spec, model, CharTokenizer(VOCAB), 128, (VOCAB - 1,))
+    prompts = [torch.randint(0, VOCAB, (n,)).tolist() for n in (5, 9, 3, 7)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    for drafter in ("none", "random"):
+        want = SpecEngine(reference, build_drafter(drafter, reference), max_batch_size=3, max_seq_len=64,
+                          verify_budget=False).generate(prompts, params)
+        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64,
+                         verify_budget=False).generate(prompts, params)
+        assert [r.token_ids for r in got] == [r.token_ids for r in want]
+
+
+def test_int4_graph_uses_matmulnbits_and_stays_close(tmp_path):
+    target, model = _onnx_target(tmp_path, quantization="int4", layers=())
+    graph = onnx.load(tmp_path / "target.onnx", load_external_data=False)
+    ops = [n.op_type for n in graph.graph.node]
+    assert ops.count("MatMulNBits") == 4 * 3 + 1  # qkv, o, gate_up, down per layer + the head
+    assert "MatMul" not in ops
+    tokens = torch.randint(0, VOCAB, (1, 16))
+    want = model(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
+    got = target.forward(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert cos > 0.98
+
+
+def test_missing_feature_layers_are_refused_with_the_fix(tmp_path):
+    target, _ = _onnx_target(tmp_path, layers=(1,))
+    with pytest.raises(ValueError, match=r"export it with the draft"):
+        target.forward(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                       feature_layers=(0,))
+
+
+def test_families_the_graph_cannot_describe_are_refused():
+    from deepspec.models.arch import ArchSpec
+
+    gemma = ArchSpec("gemma3_text", 64, 64, 2, 4, 1, 16, 128, 1e-6, 1e4, True, 128, qk_norm=True,
+                     gemma_norms=True, sandwich_norms=True, sliding_windows=(512, 0))
+    with pytest.raises(UnsupportedTarget, match="gemma3_text.*--format pytorch"):
+        check_supported(gemma)
+
+
+def test_quantize_int4_round_trips_within_one_step():
+    from export.onnx.graph import INT4_BLOCK, quantize_int4
+
+    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    packed, scales, zeros = quantize_int4(w)
+    codes = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(8, 64).astype(np.float32)
+    zp = np.stack([zeros & 0x0F, zeros >> 4], axis=-1).reshape(8, -1)[:, : 64 // INT4_BLOCK].astype(np.float32)
+    scale = scales.reshape(8, -1)
+    back = (codes - np.repeat(zp, INT4_BLOCK, axis=1)) * np.repeat(scale, INT4_BLOCK, axis=1)
+    assert np.all(np.abs(back - w) <= np.repeat(scale, INT4_BLOCK, axis=1) * 0.5 + 1e-6)
+
+
+# ---- the real default target -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_onnx(tmp_path_factory, smollm2):
+    out = tmp_path_factory.mktemp("onnx-fp32")
+    export_onnx(smollm2, "none", out, "float32", "none")
+    return out
+
+
+@pytest.mark.slow
+def test_fp32_onnx_engine_is_token_identical_to_the_pytorch_engine_on_20_eval_prompts(smollm2, smollm2_onnx):
+    from tests.conftest import eval_prompts
+
+    texts = [t for name in ("humaneval", "gsm8k", "mbpp", "math500") for t in eval_prompts(name, 5)]
+    prompts = [smollm2.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    params = SamplingParams(max_tokens=32)
+    target = load_onnx_target(smollm2_onnx, max_seq_len=1024)
+    assert target.fingerprint() == smollm2.fingerprint()
+    want = SpecEngine(smollm2, None, max_batch_size=4, max_seq_len=1024).generate(prompts, params)
+    got = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=4, max_seq_len=1024,
+                     verify_budget=False).generate(prompts, params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+
+
+@pytest.mark.slow
+def test_int4_export_of_the_default_target_decodes_sensibly(tmp_path, smollm2):
+    export_onnx(smollm2, "none", tmp_path, "float32", "int4")
+    meta = json.loads((tmp_path / "onnx.json").read_text())
+    assert meta["quantization"] == "int4"
+    target = load_onnx_target(tmp_path, max_seq_len=512)
+    prompt = target.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    result = SpecEngine(target, None, max_batch_size=1, max_seq_len=512).generate([prompt], SamplingParams(
+        max_tokens=16))[0]
+    assert "Paris" in result.text
