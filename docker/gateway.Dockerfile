@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1.7
-# DeepSpec gateway: OpenAI-compatible HTTP (:8000) and gRPC (:50051) API in front of KServe v2 workers.
+# DeepSpec gateway: OpenAI-compatible HTTP (:8000) and gRPC (:50051) API in front of KServe v2 workers, with its
+# Prometheus /metrics on a port of its own (:8002), away from the API and any Ingress in front of it.
 # No torch and no model code: the gateway only routes. Build from the repository root:
 #
 #   docker build -f docker/gateway.Dockerfile -t ghcr.io/deepspec/gateway:0.1.0 .
@@ -48,8 +49,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     HOME=/cache
 WORKDIR /app
 USER 10001:10001
-EXPOSE 8000 50051
+EXPOSE 8000 50051 8002
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "/usr/local/bin/deepspec-healthcheck", "http://127.0.0.1:8000/health/live"]
 ENTRYPOINT ["python", "-m", "service"]
-CMD ["gateway", "--workers", "dns://deepspec-worker:8001", "--http-port", "8000", "--grpc-port", "50051"]
+CMD ["gateway", "--workers", "dns://deepspec-worker:8001", "--http-port", "8000", "--grpc-port", "50051", "--metrics-port", "8002"]

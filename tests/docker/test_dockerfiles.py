@@ -195,7 +195,23 @@ def test_default_command_parses_with_the_service_cli(dockerfile):
         assert (args.port, args.metrics_port) == (8001, 8002)
         assert args.device == ("cuda" if "gpu" in dockerfile.name else "cpu")
     else:
-        assert (args.http_port, args.grpc_port) == (8000, 50051)
+        assert (args.http_port, args.grpc_port, args.metrics_port) == (8000, 50051, 8002)
+
+
+@pytest.mark.parametrize("dockerfile, component", [("gateway.Dockerfile", "gateway"), ("worker-cpu.Dockerfile", "worker"),
+                                                   ("worker-gpu.Dockerfile", "worker")])
+def test_images_expose_the_ports_the_chart_uses(dockerfile, component):
+    """The chart's container ports (API, gRPC, metrics) are the image's EXPOSEd ones. The preStop hook execs the
+    `sleep` binary (coreutils, in the Debian slim and Triton Ubuntu bases alike), not a shell builtin."""
+    pytest.importorskip("helm_python")
+    from tests.helm.conftest import container, render, workload
+
+    final = dict(stages(REPO / "docker" / dockerfile)[-1])
+    exposed = {int(p.split("/")[0]) for p in final["EXPOSE"].split()}
+    values = {"worker": {"device": "cuda" if "gpu" in dockerfile else "cpu"}}
+    c = container(workload(render(values), component)["spec"]["template"]["spec"], component)
+    assert {p["containerPort"] for p in c["ports"]} == exposed
+    assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
 
 
 def test_gateway_image_holds_everything_the_gateway_imports():
