@@ -4,8 +4,10 @@
 
     {"format": "pytorch", "target": "smollm2-135m", "draft": "draft", "dtype": "bfloat16"}
 
-- `format`: `pytorch` (alias `deepspec`) is what this worker runs. `onnx`, `tensorrt-llm` and `triton-repo` are
-  refused with the way out: they run on other runtimes (a TensorRT-LLM engine under a stock Triton server).
+- `format`: `pytorch` (alias `deepspec`) is what this worker runs; `onnx` it runs through ONNX Runtime (the graph
+  in DIR is the target, float32 activations). `tensorrt-llm`, `triton-repo`, `vllm` and `sglang` are refused with the way out: they run on other runtimes (a TensorRT-LLM engine under a stock Triton
+  server, a draft under vLLM or SGLang). The manifest's other fields (fingerprint, files with sha256, captured
+  layers) are export/manifest.py's; this reader needs only the four below.
 - `target`: an alias (`smollm2-135m`), a path relative to DIR, or an absolute path.
 - `draft`: `none`, `prompt-lookup`, `auto`, or a draft checkpoint directory relative to DIR (or absolute).
 - `dtype`: the weights dtype the worker loads (`float32` or `bfloat16`).
@@ -23,11 +25,14 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 #: formats this worker serves: the PyTorch engine over the target and draft the manifest names
 PYTORCH_FORMATS = ("pytorch", "deepspec")
+#: formats this worker serves through ONNX Runtime: the target is the engine dir's own graph (deepspec.models.onnx_target)
+ONNX_FORMATS = ("onnx",)
 #: formats other runtimes serve -> how to run them instead
 OTHER_RUNTIMES = {
-    "onnx": "an ONNX Runtime engine; this worker runs the PyTorch engine: export with --format pytorch",
     "tensorrt-llm": "a TensorRT-LLM engine; run it under Triton (Helm: worker.runtime=triton)",
     "triton-repo": "a Triton model repository; serve it with tritonserver (Helm: worker.runtime=triton)",
+    "vllm": "a draft for vLLM; serve it with the vllm serve command in its README.md (launch/vllm.sh)",
+    "sglang": "a draft for SGLang; serve it with the launch flags in its README.md (launch/sglang.sh)",
 }
 DTYPES = ("float32", "bfloat16")
 _DRAFT_KEYWORDS = ("none", "prompt-lookup", "auto")
@@ -71,8 +76,8 @@ def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
     fmt = manifest["format"]
     if fmt in OTHER_RUNTIMES:
         raise EngineDirError(f"{root} holds {OTHER_RUNTIMES[fmt]}")
-    if fmt not in PYTORCH_FORMATS:
-        known = ", ".join([*PYTORCH_FORMATS, *OTHER_RUNTIMES])
+    if fmt not in PYTORCH_FORMATS + ONNX_FORMATS:
+        known = ", ".join([*PYTORCH_FORMATS, *ONNX_FORMATS, *OTHER_RUNTIMES])
         raise EngineDirError(f"{path}: unknown format {fmt!r} (known: {known})")
     draft, dtype = manifest.get("draft", "none"), manifest.get("dtype", "float32")
     if not isinstance(draft, str) or not draft:
@@ -80,6 +85,8 @@ def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
     if dtype not in DTYPES:
         raise EngineDirError(f"{path}: dtype {dtype!r} is not one the worker loads ({', '.join(DTYPES)})")
     target = _resolve(root, manifest["target"], path, "target", is_path=_looks_like_path(manifest["target"]))
+    if fmt in ONNX_FORMATS:  # the graph in DIR is the target; it runs float32 activations
+        target, dtype = str(root.resolve()), "float32"
     draft = draft if draft in _DRAFT_KEYWORDS else _resolve(root, draft, path, "draft", is_path=True)
     return EngineManifest(fmt, target, draft, dtype)
 

@@ -147,3 +147,15 @@ def test_a_failure_while_writing_leaves_nothing(tmp_path, targets, drafts, monke
         run_export("--target", targets["llama"], "--draft", drafts["llama", "eagle3"], "--format", "vllm",
                    "--out", tmp_path / "out")
     _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("fmt, says", [("vllm", "vllm serve"), ("sglang", "launch/sglang.sh"),
+                                       ("tensorrt-llm", "worker.runtime=triton")])  # fmt: skip
+def test_the_worker_refuses_other_engines_exports_with_the_way_out(tmp_path, targets, drafts, fmt, says):
+    from service.worker.engine_dir import EngineDirError
+
+    out = tmp_path / "out"
+    assert run_export("--target", targets["llama"], "--draft", drafts["llama", "eagle3"], "--format", fmt,
+                      "--out", out).returncode == 0
+    with pytest.raises(EngineDirError, match=says):
+        read_engine_dir(out)
