@@ -22,9 +22,8 @@ import torch
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.drafter import DraftSampling, Drafter
 from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
-from deepspec.decoding.sampling import sample, sampling_probs
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
-from deepspec.decoding.verify import greedy_verify, rejection_verify_row
+from deepspec.decoding.verify import RowSampling, sample_next, verify
 from deepspec.decoding.verify_budget import StepTimeModel, best_depth, observed_survival
 from deepspec.models.target import Target
 
@@ -214,9 +213,7 @@ class SpecEngine:
         p = seq.params
         if p.greedy:
             return int(logits.argmax())
-        probs = sampling_probs(logits[None, None].float().cpu(), torch.tensor([p.temperature]),
-                               torch.tensor([p.top_k]), torch.tensor([p.top_p]))[0, 0]
-        return sample(probs, seq.generator)
+        return int(sample_next(logits[None], RowSampling.draw([p], [seq.generator], logits.device))[0])
 
     def _draft_caps(self) -> list[int]:
         """Per row, how many drafts are worth verifying: within the row's budget and the step's token budget."""
@@ -260,27 +257,12 @@ class SpecEngine:
                                   logits="all", max_start=max(s.cache_len for s in seqs))
         logits = out.logits  # [B, k+1, V]
 
-        accepted = [0] * B
-        next_tokens = [0] * B
-        greedy_rows = [i for i, s in enumerate(seqs) if s.params.greedy]
-        if greedy_rows:
-            argmax = logits.argmax(dim=-1).cpu()  # [B, k+1]
-            n_acc = greedy_verify(draft_tokens, num_drafts, argmax).tolist()
-            argmax_list = argmax.tolist()
-            for i in greedy_rows:
-                accepted[i] = n_acc[i]
-                next_tokens[i] = argmax_list[i][n_acc[i]]
-        sampled_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if sampled_rows:
-            rows = torch.tensor(sampled_rows)
-            params = [seqs[i].params for i in sampled_rows]
-            probs = sampling_probs(logits[rows].float().cpu(), torch.tensor([p.temperature for p in params]),
-                                   torch.tensor([p.top_k for p in params]), torch.tensor([p.top_p for p in params]))
-            for j, i in enumerate(sampled_rows):
-                n = int(num_drafts[i])
-                q = draft_probs[i, :n].float().cpu() if draft_probs is not None else None
-                accepted[i], next_tokens[i] = rejection_verify_row(
-                    draft_tokens[i, :n].tolist(), probs[j, : n + 1], q, seqs[i].generator)
+        # every row in one batched op (torch.ops.deepspec.*): greedy rows get exactly the target's argmax
+        sampling = None
+        if not all(s.params.greedy for s in seqs):
+            sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], logits.device)
+        num_accepted, next_token = verify(draft_tokens, num_drafts, logits, draft_probs, sampling)
+        accepted, next_tokens = num_accepted.tolist(), next_token.tolist()
 
         drafts = draft_tokens.tolist()
         num_list = num_drafts.tolist()

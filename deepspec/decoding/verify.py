@@ -4,51 +4,67 @@ Words used throughout (after vLLM's rejection_sampler, arXiv 2211.17192): *accep
 verification; the *recovered* token replaces the first rejected draft (sampled from the residual
 normalize(max(0, p - q))); the *bonus* token follows a fully accepted block (sampled from p). Each round commits
 accepted + 1 tokens, so the output distribution is exactly the target's.
+
+The work happens in the batched ops of `plugins` (torch.ops.deepspec.*: vectorized torch on CPU, Triton kernels
+on CUDA); this module turns a batch of requests into their inputs. Randomness is counter-based: each row gets a
+fresh seed per step, drawn from its request's generator, so a seeded request replays exactly.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+import plugins
+from deepspec.decoding.params import SamplingParams
 
-def greedy_verify(
-    draft_tokens: torch.Tensor,  # [B, k]
-    num_draft_tokens: torch.Tensor,  # [B]
-    target_argmax: torch.Tensor,  # [B, k+1]
+
+@dataclass
+class RowSampling:
+    """Per-row sampling parameters of one verify step, as the ops take them."""
+
+    temperature: torch.Tensor  # [B] float32, 0 = greedy row
+    top_k: torch.Tensor  # [B] int64, 0 = off
+    top_p: torch.Tensor  # [B] float32, 1 = off
+    seeds: torch.Tensor  # [B] int64, fresh for every step
+
+    @classmethod
+    def draw(cls, params: list[SamplingParams], generators: list[torch.Generator | None],
+             device: torch.device | str = "cpu") -> "RowSampling":
+        seeds = [int(torch.randint(2**62, (1,), generator=g)) for g in generators]
+        return cls(torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+                   torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+                   torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+                   torch.tensor(seeds, dtype=torch.int64, device=device))
+
+
+def verify(
+    draft_tokens: torch.Tensor,  # [B, k] int64
+    num_draft_tokens: torch.Tensor,  # [B] int64, real drafts per row (0..k)
+    target_logits: torch.Tensor,  # [B, k+1, V] the target's logits at [last token, drafts]
+    draft_probs: torch.Tensor | None,  # [B, k, V] the q each draft was drawn from; None = deterministic drafts
+    sampling: RowSampling | None,  # None = every row greedy
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """→ (num_accepted [B], next_token [B]) on the logits' device; greedy rows are exactly target argmax."""
+    device = target_logits.device
+    draft_tokens, num_draft_tokens = draft_tokens.to(device), num_draft_tokens.to(device)
+    # drafters pad past num_draft_tokens with anything; the ops check every id, so padding becomes token 0
+    padding = torch.arange(draft_tokens.shape[1], device=device)[None, :] >= num_draft_tokens[:, None]
+    draft_tokens = draft_tokens.masked_fill(padding, 0)
+    if sampling is None:
+        return plugins.greedy_accept(draft_tokens, num_draft_tokens, target_logits)
+    if draft_probs is not None:
+        draft_probs = draft_probs.to(device)
+    return plugins.rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs,
+                                    sampling.temperature, sampling.top_k, sampling.top_p, sampling.seeds)
+
+
+def sample_next(
+    logits: torch.Tensor,  # [B, V] the target's logits after each row's last token
+    sampling: RowSampling,
 ) -> torch.Tensor:
-    """[B] number of accepted drafts: the longest prefix where the draft equals the target's argmax."""
-    k = draft_tokens.shape[1]
-    if k == 0:
-        return torch.zeros(draft_tokens.shape[0], dtype=torch.long)
-    in_range = torch.arange(k)[None, :] < num_draft_tokens[:, None]
-    match = (draft_tokens == target_argmax[:, :k]) & in_range
-    return match.long().cumprod(dim=1).sum(dim=1)
-
-
-def rejection_verify_row(
-    draft_tokens: list[int],  # the row's real drafts (length n <= k)
-    target_probs: torch.Tensor,  # [n+1, V] processed target distribution p at each slot
-    draft_probs: torch.Tensor | None,  # [n, V] distribution q each draft was drawn from; None = one-hot
-    generator: torch.Generator | None,
-) -> tuple[int, int]:
-    """Leviathan/Chen rejection rule for one row → (accepted count, recovered-or-bonus token)."""
-    n = len(draft_tokens)
-    uniforms = torch.rand(n, generator=generator).tolist() if n else []
-    for j, token in enumerate(draft_tokens):
-        p = float(target_probs[j, token])
-        q = 1.0 if draft_probs is None else float(draft_probs[j, token])
-        # q >= p: accept with probability p/q; q < p: always accept
-        if q > 0 and uniforms[j] < min(1.0, p / q):
-            continue
-        if draft_probs is None:
-            residual = target_probs[j].clone()
-            residual[token] = 0.0
-        else:
-            residual = (target_probs[j] - draft_probs[j]).clamp_(min=0.0)
-        total = float(residual.sum())
-        if total <= 0.0:  # p == q exactly: rejection had probability 0, fall back to p
-            residual, total = target_probs[j], 1.0
-        recovered = int(torch.multinomial(residual / total, 1, generator=generator))
-        return j, recovered
-    bonus = int(torch.multinomial(target_probs[n], 1, generator=generator))
-    return n, bonus
+    """[B] one token per row from the processed target distribution (a verify step with no drafts)."""
+    B = logits.shape[0]
+    no_drafts = torch.zeros(B, 0, dtype=torch.int64, device=logits.device)
+    return verify(no_drafts, torch.zeros(B, dtype=torch.int64), logits[:, None], None, sampling)[1]

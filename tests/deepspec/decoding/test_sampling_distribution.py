@@ -74,8 +74,12 @@ def test_filtered_sampling_matches_filtered_target(target):
 
 
 def test_the_check_rejects_a_verifier_that_accepts_everything(target, monkeypatch):
-    def accept_all(drafts, target_probs, draft_probs, generator):
-        return len(drafts), int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator))
+    real_verify = engine_module.verify
 
-    monkeypatch.setattr(engine_module, "rejection_verify_row", accept_all)
+    def accept_all(drafts, num_drafts, logits, draft_probs, sampling):
+        after_block = logits[torch.arange(logits.shape[0]), num_drafts][:, None]
+        bonus = real_verify(drafts[:, :0], torch.zeros_like(num_drafts), after_block, None, sampling)[1]
+        return num_drafts, bonus
+
+    monkeypatch.setattr(engine_module, "verify", accept_all)
     assert _p_value(target, RandomDrafter(VOCAB, seed=7, sample_probs=True), SamplingParams(temperature=1.0)) < 1e-3

@@ -1,0 +1,119 @@
+"""Ahead-of-time compilation of every Triton kernel to PTX and cubin, without a GPU.
+
+`triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32))` runs Triton's
+whole pipeline on the CPU (ptxas ships in the triton wheel). A build writes, per kernel variant and arch,
+`<kernel>[-<variant>].sm<arch>.ptx` and `.cubin`, plus `index.json`: kernel, variant, arch, entry name (the PTX
+`.entry`), signature, constexprs, num_warps and shared memory: what a TensorRT AOT plugin or a CUDA-driver
+loader needs to launch it. sm_90 is emitted as sm_90a (runs on Hopper only). The signature's API is that of the
+triton version pinned in the `plugins` extra.
+
+Launch contract (all kernels): grid (B, 1, 1) with one program per row (process_logits: B*T; compact_kv:
+(B, L*H)), block (32 * num_warps, 1, 1), the arguments in signature order.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: vocabulary chunk the AOT kernels stream in; any V works, this only sets the tile
+AOT_BLOCK_V = 1024
+#: most tree nodes an AOT tree kernel accepts (the JIT path sizes it per call)
+AOT_MAX_NODES = 64
+#: most draft slots an AOT confidence_truncate accepts
+AOT_MAX_SLOTS = 32
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    kernel: str  # function name in plugins.kernels.chain / tree
+    module: str
+    variant: str
+    signature: dict
+    constexprs: dict = field(default_factory=dict)
+    num_warps: int = 4
+
+    @property
+    def stem(self) -> str:
+        return self.kernel + (f"-{self.variant}" if self.variant else "")
+
+
+def _ptrs(**names) -> dict:
+    return {n: f"*{t}" for n, t in names.items()}
+
+
+def kernel_specs() -> list[KernelSpec]:
+    chain, tree = "plugins.kernels.chain", "plugins.kernels.tree"
+    bv = {"BLOCK_V": AOT_BLOCK_V}
+    specs = [
+        KernelSpec("greedy_accept_kernel", chain, "", {
+            **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32", out_num_ptr="i64", out_next_ptr="i64"),
+            "K": "i32", "V": "i32", "BLOCK_V": "constexpr"}, bv),
+        KernelSpec("process_logits_kernel", chain, "", {
+            **_ptrs(logits_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", out_ptr="fp32"),
+            "T_LEN": "i32", "V": "i32", "BLOCK_V": "constexpr"}, bv),
+        KernelSpec("tree_accept_greedy_kernel", tree, "", {
+            **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32", out_num_ptr="i64",
+                    out_next_ptr="i64", out_path_ptr="i64"),
+            "N": "i32", "V": "i32", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr"},
+            {"BLOCK_N": AOT_MAX_NODES, **bv}),
+        KernelSpec("compact_kv_kernel", tree, "", {
+            **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
+            "H": "i32", "N": "i32", "stride_l": "i64", "stride_b": "i64", "stride_h": "i64", "stride_s": "i64",
+            "D": "i32", "BLOCK_D": "constexpr"}, {"BLOCK_D": 128}),
+        KernelSpec("confidence_truncate_kernel", chain, "", {
+            **_ptrs(conf_ptr="fp32", num_ptr="i64", out_num_ptr="i64", out_surv_ptr="fp32"),
+            "K": "i32", "threshold": "fp32", "BLOCK_K": "constexpr"}, {"BLOCK_K": AOT_MAX_SLOTS}),
+    ]
+    for has_q in (False, True):
+        specs.append(KernelSpec("rejection_sample_kernel", chain, "q" if has_q else "one_hot_q", {
+            **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32", temp_ptr="fp32",
+                    topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64", out_num_ptr="i64", out_next_ptr="i64"),
+            "K": "i32", "V": "i32", "HAS_Q": "constexpr", "BLOCK_V": "constexpr"}, {"HAS_Q": has_q, **bv}))
+    return specs
+
+
+def compile_kernel(spec: KernelSpec, arch: int):
+    """→ triton's CompiledKernel of one spec for sm_<arch> (no GPU needed)."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(spec.module), spec.kernel)
+    source = ASTSource(fn=fn, signature=spec.signature, constexprs=spec.constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": spec.num_warps})
+
+
+def _build_one(args) -> dict:
+    spec, arch, out = args
+    compiled = compile_kernel(spec, arch)
+    stem = f"{spec.stem}.sm{arch}"
+    (out / f"{stem}.ptx").write_text(compiled.asm["ptx"])
+    (out / f"{stem}.cubin").write_bytes(compiled.asm["cubin"])
+    return {"kernel": spec.kernel, "variant": spec.variant, "arch": arch, "entry": compiled.metadata.name,
+            "signature": spec.signature, "constexprs": spec.constexprs,
+            "num_warps": compiled.metadata.num_warps, "shared_bytes": compiled.metadata.shared,
+            "ptx": f"{stem}.ptx", "cubin": f"{stem}.cubin"}
+
+
+def build(archs: list[int], out: Path, jobs: int = 2, on_done=None) -> dict:
+    """Compile every kernel for every arch into `out`; returns (and writes) the index. `on_done(entry)` reports
+    progress."""
+    out.mkdir(parents=True, exist_ok=True)
+    work = [(spec, arch, out) for arch in archs for spec in kernel_specs()]
+    entries = []
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for entry in pool.map(_build_one, work):
+            entries.append(entry)
+            if on_done is not None:
+                on_done(entry)
+    import triton
+
+    index = {"triton": triton.__version__, "block_v": AOT_BLOCK_V, "kernels": entries,
+             "specs": [asdict(s) for s in kernel_specs()]}
+    (out / "index.json").write_text(json.dumps(index, indent=2))
+    return index

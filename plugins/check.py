@@ -1,0 +1,95 @@
+"""`python -m plugins check`: every op's Triton kernel against the CPU reference on a CUDA device, with timings.
+
+Cases are random batches at serving sizes plus the edges (nothing accepted, everything accepted, k = 0, V = 1,
+argmax ties, filters on and off, one-node and fully branching trees). Greedy outputs must be equal; sampled
+outputs too, because both implementations draw the same counter-based uniforms (a handful of rows may differ
+where float rounding moves a uniform across a boundary, so up to 1% of rows is tolerated there).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+class NoCudaError(RuntimeError):
+    """`check` needs a CUDA device."""
+
+
+@dataclass
+class CaseResult:
+    op: str
+    case: str
+    ok: bool
+    detail: str
+    kernel_ms: float
+    reference_ms: float
+
+
+def _time(fn, device) -> tuple[object, float]:
+    out = fn()
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        out = fn()
+    torch.cuda.synchronize(device)
+    return out, (time.perf_counter() - t0) / 5 * 1e3
+
+
+def _cases(device):
+    g = torch.Generator().manual_seed(0)
+    for B, k, V in ((8, 7, 49152), (3, 0, 100), (4, 3, 1), (64, 4, 32000)):
+        logits = torch.randn(B, k + 1, V, generator=g) * 3
+        drafts = logits[:, :k].argmax(-1) if k else torch.zeros(B, 0, dtype=torch.long)
+        if k:
+            drafts[: B // 2, k // 2] = (drafts[: B // 2, k // 2] + 1) % max(V, 1)
+        num = torch.randint(0, k + 1, (B,), generator=g)
+        q = torch.softmax(torch.randn(B, k, V, generator=g), -1)
+        temp = torch.rand(B, generator=g) + 0.3
+        temp[0] = 0.0
+        top_k = torch.where(torch.rand(B, generator=g) < 0.5, torch.randint(1, 64, (B,), generator=g), 0)
+        top_p = torch.where(torch.rand(B, generator=g) < 0.5, torch.rand(B, generator=g) * 0.9 + 0.05, 1.0)
+        seeds = torch.randint(2**62, (B,), generator=g)
+        to = lambda *xs: [x.to(device) for x in xs]  # noqa: E731
+        name = f"B{B} k{k} V{V}"
+        yield "greedy_accept", name, to(drafts, num, logits), True
+        yield "rejection_sample", name, to(drafts, num, logits) + [None] + to(temp, top_k, top_p, seeds), False
+        yield "rejection_sample", name + " q", to(drafts, num, logits, q, temp, top_k, top_p, seeds), False
+        yield "process_logits", name, to(logits, temp, top_k, top_p), False
+    tokens = torch.tensor([[0, 0, 1, 2, 3, 1], [0, 5, 0, 0, 0, 0]])
+    parents = torch.tensor([[-1, 0, 0, 0, 3, 4], [-1, 0, 0, 0, 0, 0]])
+    yield "tree_accept", "greedy trees", to(tokens, parents, torch.tensor([6, 1]), torch.randn(2, 6, 8, generator=g)) + [
+        None] + to(torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.arange(2)), True
+    yield "confidence_truncate", "B8 k7", to(torch.rand(8, 7, generator=g), torch.full((8,), 7)) + [0.3], True
+
+
+def run_checks(device: str = "cuda") -> list[CaseResult]:
+    if not torch.cuda.is_available():
+        raise NoCudaError("plugins check needs a CUDA GPU: torch.cuda.is_available() is False "
+                          "(torch " + torch.__version__ + "); run it on a machine with an NVIDIA GPU and triton")
+    from plugins import reference
+    from plugins.kernels import launch
+
+    dev = torch.device(device)
+    results = []
+    for op, case, args, exact in _cases(dev):
+        got, kernel_ms = _time(lambda: getattr(launch, op)(*args), dev)
+        want, reference_ms = _time(lambda: getattr(reference, op)(*args), dev)
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        ok, detail = True, "equal"
+        for g_, w_ in zip(got, want):
+            if g_.is_floating_point():
+                err = float((g_ - w_).abs().max()) if g_.numel() else 0.0
+                ok &= err < 1e-4
+                detail = f"max abs err {err:.2e}"
+            elif not exact and g_.dim() == 1:
+                mismatch = float((g_ != w_).float().mean())
+                ok &= mismatch <= 0.01
+                detail = f"{mismatch:.1%} rows differ"
+            else:
+                ok &= bool(torch.equal(g_, w_))
+        results.append(CaseResult(op, case, ok, detail, kernel_ms, reference_ms))
+    return results

@@ -1,0 +1,93 @@
+"""Launchers: allocate outputs, pick block sizes and grids, run the kernels. Tensors may be on CUDA, or on CPU
+under TRITON_INTERPRET=1 (how the tests run them). Inputs are checked by plugins.library before they get here."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from plugins import reference
+from plugins.kernels.chain import (
+    confidence_truncate_kernel,
+    greedy_accept_kernel,
+    process_logits_kernel,
+    rejection_sample_kernel,
+)
+from plugins.kernels.tree import compact_kv_kernel, tree_accept_greedy_kernel
+
+MAX_BLOCK_V = 4096
+
+
+def block_v(V: int) -> int:
+    return min(triton.next_power_of_2(max(V, 1)), MAX_BLOCK_V)
+
+
+def warps(V: int) -> int:
+    return 8 if block_v(V) >= 2048 else 4
+
+
+def greedy_accept(draft_tokens, num_draft_tokens, target_logits):
+    B, k = draft_tokens.shape
+    V = target_logits.shape[-1]
+    out_num = torch.empty(B, dtype=torch.int64, device=draft_tokens.device)
+    out_next = torch.empty_like(out_num)
+    greedy_accept_kernel[(B,)](draft_tokens.contiguous(), num_draft_tokens.contiguous(), target_logits.contiguous(),
+                               out_num, out_next, k, V, BLOCK_V=block_v(V), num_warps=warps(V))
+    return out_num, out_next
+
+
+def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds):
+    B, k = draft_tokens.shape
+    V = target_logits.shape[-1]
+    out_num = torch.empty(B, dtype=torch.int64, device=draft_tokens.device)
+    out_next = torch.empty_like(out_num)
+    q = draft_probs.contiguous() if draft_probs is not None else target_logits  # never read without HAS_Q
+    rejection_sample_kernel[(B,)](draft_tokens.contiguous(), num_draft_tokens.contiguous(),
+                                  target_logits.contiguous(), q, temperature.contiguous(), top_k.contiguous(),
+                                  top_p.contiguous(), seeds.contiguous(), out_num, out_next, k, V,
+                                  HAS_Q=draft_probs is not None, BLOCK_V=block_v(V), num_warps=warps(V))
+    return out_num, out_next
+
+
+def process_logits(logits, temperature, top_k, top_p):
+    B, T, V = logits.shape
+    out = torch.empty(B, T, V, dtype=torch.float32, device=logits.device)
+    if B * T:
+        process_logits_kernel[(B * T,)](logits.contiguous(), temperature.contiguous(), top_k.contiguous(),
+                                        top_p.contiguous(), out, T, V, BLOCK_V=block_v(V), num_warps=warps(V))
+    return out
+
+
+def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds):
+    if bool((temperature > 0).any()):  # the sampled walk runs as the reference on this device
+        return reference.tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k,
+                                     top_p, seeds)
+    B, N = tree_tokens.shape
+    V = target_logits.shape[-1]
+    out_num = torch.empty(B, dtype=torch.int64, device=tree_tokens.device)
+    out_next = torch.empty_like(out_num)
+    out_path = torch.empty(B, N, dtype=torch.int64, device=tree_tokens.device)
+    tree_accept_greedy_kernel[(B,)](tree_tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(),
+                                    target_logits.contiguous(), out_num, out_next, out_path, N, V,
+                                    BLOCK_N=triton.next_power_of_2(N), BLOCK_V=block_v(V), num_warps=warps(V))
+    return out_num, out_next, out_path
+
+
+def compact_kv(cache, start, path, num_accepted):
+    L, B, H, S, D = cache.shape
+    if cache.stride(4) != 1:
+        raise ValueError("deepspec::compact_kv: the cache's last dim (head_dim) must be contiguous")
+    compact_kv_kernel[(B, L * H)](cache, start.contiguous(), path.contiguous(), num_accepted.contiguous(), H,
+                                  path.shape[1], cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
+                                  D, BLOCK_D=triton.next_power_of_2(D))
+
+
+def confidence_truncate(confidence, num_draft_tokens, threshold):
+    B, k = confidence.shape
+    out_num = torch.empty(B, dtype=torch.int64, device=confidence.device)
+    out_surv = torch.empty(B, k, dtype=torch.float32, device=confidence.device)
+    if k == 0:
+        return out_num.zero_(), out_surv
+    confidence_truncate_kernel[(B,)](confidence.contiguous(), num_draft_tokens.contiguous(), out_num, out_surv, k,
+                                     float(threshold), BLOCK_K=triton.next_power_of_2(k))
+    return out_num, out_surv

@@ -1,0 +1,120 @@
+"""Every Triton kernel under TRITON_INTERPRET=1 (on CPU) against the CPU reference: the same inputs, the same
+seeds, the same outputs. Sizes stay tiny: the interpreter runs each program in Python."""
+
+import os
+
+import pytest
+import torch
+
+os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated: before plugins.kernels is imported
+triton = pytest.importorskip("triton")
+triton.knobs.runtime.interpret = True  # in case triton was imported (and read the variable) earlier
+
+from plugins import reference  # noqa: E402
+from plugins.kernels import launch  # noqa: E402
+from tests.plugins.oracles import step_p_values  # noqa: E402
+
+
+def _same(got, want):
+    for g, w in zip(got, want):
+        assert g.tolist() == w.tolist()
+
+
+def _case(B=5, k=3, V=37, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, k + 1, V, generator=g) * 2
+    drafts = logits[:, :k].argmax(-1)
+    if k >= 2:
+        drafts[1, 1] = (drafts[1, 1] + 1) % V  # row 1 rejects at slot 1, row 2 has one draft, row 3 none
+        drafts[4, 0] = (drafts[4, 0] + 1) % V  # row 4 rejects at once
+    num = torch.tensor([k, k, min(k, 1), 0, k])[:B]
+    return drafts, num, logits
+
+
+def test_greedy_accept_edges():
+    _same(launch.greedy_accept(*_case()), reference.greedy_accept(*_case()))
+    drafts, num, logits = _case(k=0)
+    _same(launch.greedy_accept(drafts, num, logits), reference.greedy_accept(drafts, num, logits))
+    logits = torch.zeros(2, 3, 6)
+    logits[:, :, 1] = logits[:, :, 4] = 1.0  # ties: the lowest id
+    args = (torch.tensor([[1, 4], [1, 1]]), torch.tensor([2, 2]), logits)
+    _same(launch.greedy_accept(*args), reference.greedy_accept(*args))
+    args = (torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 1]), torch.randn(2, 3, 1))  # V = 1
+    _same(launch.greedy_accept(*args), reference.greedy_accept(*args))
+
+
+def test_greedy_accept_over_several_vocabulary_blocks(monkeypatch):
+    monkeypatch.setattr(launch, "MAX_BLOCK_V", 16)
+    _same(launch.greedy_accept(*_case(V=50)), reference.greedy_accept(*_case(V=50)))
+
+
+def _sampling(B, temperature, top_k, top_p):
+    return (torch.tensor(temperature, dtype=torch.float32), torch.tensor(top_k), torch.tensor(top_p, dtype=torch.float32),
+            torch.arange(B, dtype=torch.long) * 7919)
+
+
+@pytest.mark.parametrize("with_q", [False, True], ids=["one-hot-q", "q"])
+def test_rejection_sample_equals_the_reference(with_q):
+    drafts, num, logits = _case()
+    q = torch.softmax(torch.randn(5, 3, 37, generator=torch.Generator().manual_seed(1)), -1) if with_q else None
+    # greedy, plain, top-k, top-p, both
+    sampling = _sampling(5, [0.0, 1.0, 0.7, 1.0, 1.3], [0, 0, 5, 0, 8], [1.0, 1.0, 1.0, 0.8, 0.9])
+    _same(launch.rejection_sample(drafts, num, logits, q, *sampling),
+          reference.rejection_sample(drafts, num, logits, q, *sampling))
+
+
+def test_rejection_sample_all_accepted_with_eos_inside_and_one_token_vocabulary():
+    V = 8
+    logits = torch.full((2, 4, V), -4.0)
+    logits[:, :, 2] = 4.0  # the target is nearly sure of token 2 (say EOS) at every slot
+    drafts = torch.full((2, 3), 2)
+    sampling = _sampling(2, [1.0, 1.0], [0, 0], [1.0, 1.0])
+    got = launch.rejection_sample(drafts, torch.tensor([3, 2]), logits, None, *sampling)
+    _same(got, reference.rejection_sample(drafts, torch.tensor([3, 2]), logits, None, *sampling))
+    args = (torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 1]), torch.randn(2, 3, 1), None,
+            *_sampling(2, [1.0, 0.5], [0, 0], [1.0, 0.5]))
+    _same(launch.rejection_sample(*args), reference.rejection_sample(*args))
+
+
+def test_rejection_sample_kernel_commits_the_target_distribution():
+    # small (the interpreter runs each row in Python): the kernel equals the reference above, whose own
+    # distribution test has the full size and a negative control
+    p0, _ = step_p_values(launch.rejection_sample, rows=300, V=4, k=1, with_q=True)
+    assert p0 > 1e-3
+
+
+def test_process_logits_equals_the_reference():
+    logits = torch.randn(3, 2, 29, generator=torch.Generator().manual_seed(2)) * 2
+    sampling = _sampling(3, [0.0, 0.8, 1.1], [0, 4, 10], [1.0, 1.0, 0.7])[:3]
+    torch.testing.assert_close(launch.process_logits(logits, *sampling), reference.process_logits(logits, *sampling))
+
+
+def test_confidence_truncate_equals_the_reference():
+    conf = torch.tensor([[0.9, 0.9, 0.5, 0.9], [0.4, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    num = torch.tensor([4, 4, 2])
+    got, want = launch.confidence_truncate(conf, num, 0.5), reference.confidence_truncate(conf, num, 0.5)
+    assert got[0].tolist() == want[0].tolist()
+    torch.testing.assert_close(got[1], want[1])
+
+
+def test_greedy_tree_accept_equals_the_reference():
+    V = 6  # full branching under the root, a chain under its right child, one row that is a single node
+    tokens = torch.tensor([[0, 0, 1, 2, 3, 4, 5, 1, 2], [0, 3, 1, 1, 0, 0, 0, 0, 0]])
+    parents = torch.tensor([[-1, 0, 0, 0, 0, 0, 0, 4, 7], [-1, 0, 1, 2, 0, 0, 0, 0, 0]])
+    logits = torch.randn(2, 9, V, generator=torch.Generator().manual_seed(4))
+    logits[0, 0, 3], logits[0, 4, 1], logits[0, 7, 5] = 9.0, 9.0, 9.0  # root wants 3 (node 4), then 1 (node 7)
+    num_nodes = torch.tensor([9, 1])
+    sampling = _sampling(2, [0.0, 0.0], [0, 0], [1.0, 1.0])
+    got = launch.tree_accept(tokens, parents, num_nodes, logits, None, *sampling)
+    _same(got, reference.tree_accept(tokens, parents, num_nodes, logits, None, *sampling))
+    assert got[0].tolist() == [2, 0]
+
+
+def test_compact_kv_equals_the_reference():
+    cache = torch.randn(2, 3, 2, 12, 4)
+    start, path, num = torch.tensor([2, 0, 5]), torch.tensor([[0, 3, 5, -1], [0, 1, 2, 3], [0, -1, -1, -1]]), \
+        torch.tensor([2, 3, 0])
+    want = cache.clone()
+    reference.compact_kv(want, start, path, num)
+    launch.compact_kv(cache, start, path, num)
+    assert torch.equal(cache, want)
