@@ -4,6 +4,7 @@ resources and selectors that matter asserted on the rendered objects."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 
 import kubernetes_validate
@@ -13,6 +14,10 @@ from helm_python.errors import HelmError
 
 from tests.helm.conftest import (CHART_DIR, NAMESPACE, RELEASE, VALUE_SETS, container, find, manifests, one,
                                  pod_specs, render, render_files, workload)
+
+# kubernetes-validate re-reads and re-parses a schema file (and each one it $refs) for every object: ~4 s per value set
+# and version. The files never change, so parse each once.
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(kubernetes_validate.utils.schema_contents)
 
 KUBE_VERSIONS = ("1.30.0", "1.33.0")  # oldest still-supported minor we target, and a current one
 CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject"}  # CRDs: test_crds.py

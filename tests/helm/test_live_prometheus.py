@@ -334,7 +334,7 @@ def test_dashboards_show_the_running_service(prometheus):
     # cluster exporters' series (GPUs, restarts, Triton) are not the service's.
     queries = {q for q in _queries("live") if not any(t in q[1] for t in ("Error ratio", "Retries", "429"))
                and not metric_names(q[2]) & set(EXTERNAL_METRICS)}
-    answers, pending = _wait_for_data(prometheus.url, queries, 45)
+    answers, pending = _wait_for_data(prometheus.url, queries, 90)  # 2 shared cores: be patient
     assert not pending, "panels without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(pending))
     by_title = {title: values for (_, title, _), values in answers.items()}
     assert by_title["Healthy workers"] == [1]
