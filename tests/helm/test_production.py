@@ -198,6 +198,11 @@ def test_gateway_network_policy_keeps_metrics_to_the_scrapers():
     peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]
     api, _ = one(render({"networkPolicy": {"apiFrom": peers}}), "NetworkPolicy", "gateway")["spec"]["ingress"]
     assert api["from"] == peers
+    # The helm test pod only calls out: a policy with no ingress rule lets nothing in.
+    test_policy = one(docs, "NetworkPolicy", "test")
+    pod_labels = one(docs, "Pod")["metadata"]["labels"]
+    assert all(pod_labels[k] == v for k, v in test_policy["spec"]["podSelector"]["matchLabels"].items())
+    assert test_policy["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in test_policy["spec"]
     assert not find(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy")
 
 
@@ -232,6 +237,13 @@ def test_ephemeral_storage_requests_cover_the_emptydirs(name):
                    if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory")
         for c in spec["containers"] + spec.get("initContainers", []):
             assert _mebibytes(c["resources"]["requests"]["ephemeral-storage"]) >= disk, (component, c["name"])
+
+
+def test_sizes_in_other_units_fail_with_the_unit_to_use():
+    with pytest.raises(HelmError, match='size "500G": write it in Mi, Gi or Ti'):
+        render_files({"worker": {"modelCache": {"size": "500G"}}})
+    request = container(_pod(render({"worker": {"modelCache": {"size": "1Ti"}}}), "worker")["spec"], "worker")
+    assert request["resources"]["requests"]["ephemeral-storage"] == f"{1024 + 1024 * 1024}Mi"  # /tmp + the cache
 
 
 def test_extra_env_reaches_the_export_init_container():
