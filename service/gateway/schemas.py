@@ -8,12 +8,15 @@ extensions. Field types and limits come from `validation.py`; the gRPC API valid
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.gateway.validation import (MaxTokens, Name, Seed, StopString, StopStrings, Temperature, Text, TopK,
-                                        TopP)  # fmt: skip
+from service.gateway.validation import (Integer, MaxTokens, Name, OnePrompt, Prompt, Seed, StopString, StopStrings,
+                                        Temperature, Text, TopK, TopP, neutral_only)  # fmt: skip
+
+
+_MIN_NORMAL_FP32 = 1.1754943508222875e-38
 
 
 class StreamOptions(BaseModel):
@@ -31,15 +34,15 @@ class _SamplingFields(BaseModel):
     top_k: TopK | None = None
     seed: Seed | None = None
     stop: StopString | StopStrings | None = None
-    n: int = 1
+    n: Annotated[int, Integer, neutral_only(1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Name | None = None
     #: vLLM extension: keep generating past EOS (benchmarks)
     ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logprobs: bool | int | None = None
+    presence_penalty: Annotated[float | None, neutral_only(0, None)] = None
+    frequency_penalty: Annotated[float | None, neutral_only(0, None)] = None
+    logprobs: Annotated[bool | int | None, neutral_only(False, 0, None)] = None
 
     @model_validator(mode="after")
     def _check_unsupported(self):
@@ -61,7 +64,8 @@ class _SamplingFields(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return {
             "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
+            # FP32 on the wire: a top_p below float32's smallest normal would reach the worker as 0, which it refuses
+            "top_p": 1.0 if self.top_p is None else max(self.top_p, _MIN_NORMAL_FP32),
             "top_k": max(self.top_k or 0, 0),
             "seed": self.seed,
             "stop": stop,
@@ -70,12 +74,12 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Text | list[Text]
+    prompt: Prompt | OnePrompt
     #: OpenAI's default for completions is 16
     max_tokens: MaxTokens | None = 16
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: Annotated[bool, neutral_only(False)] = False
+    suffix: Annotated[str | None, neutral_only("", None)] = None
+    best_of: Annotated[int | None, Integer, neutral_only(1, None)] = None
 
     @model_validator(mode="after")
     def _check_prompt(self):

@@ -19,7 +19,9 @@ from service.gateway.worker_client import Chunk
 #: OpenAPI responses of a route that answers JSON, or SSE when the body says `"stream": true`
 GENERATION_RESPONSES = {
     200: {"description": "the completion (JSON), or its chunks as server-sent events ending in `data: [DONE]`",
-          "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}}},
+          "content": {"application/json": {}, "text/event-stream": {"schema": {  # one server-sent event
+              "type": "object", "required": ["data"],
+              "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE] last"}}}}}},
     **responses(400, 401, 404, 413, 429, 503, 504),
 }  # fmt: skip
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from service.gateway.errors import BadRequestError
 
@@ -40,21 +40,39 @@ def _unicode(text: str) -> str:
     return text
 
 
+def _json_integer(value):
+    """JSON Schema's integer is a number without a fraction: 3 and 3.0, never "3" or true (the models are strict)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: an integer as JSON Schema (and so the OpenAPI document) defines it
+Integer = BeforeValidator(_json_integer)
+
 #: any text the gateway forwards: a prompt, a message, a stop string
 Text = Annotated[str, AfterValidator(_unicode)]
+#: a completion prompt: the worker needs at least one token
+Prompt = Annotated[str, Field(min_length=1), AfterValidator(_unicode)]
+#: a batch of prompts, of which DeepSpec takes exactly one (the schema says so; `schemas.py` says why if not)
+OnePrompt = Annotated[list[Prompt], WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1},
+                                                    "minItems": 1, "maxItems": 1})]  # fmt: skip
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_unicode)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), AfterValidator(_unicode)]
 StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 #: vLLM extension; -1 or 0 = off
-TopK = Annotated[int, Field(ge=-1, le=MAX_INT32)]
-Seed = Annotated[int, Field(ge=0, lt=2**64)]
-MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32)]
+TopK = Annotated[int, Field(ge=-1, le=MAX_INT32), Integer]
+Seed = Annotated[int, Field(ge=0, lt=2**64), Integer]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32), Integer]
 #: printable ASCII without spaces: it is written into log lines as is
 RequestId = Annotated[str, Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[!-~]+$")]
 
 _REQUEST_ID = TypeAdapter(RequestId)
+
+
+def neutral_only(*values) -> WithJsonSchema:
+    """The JSON schema of an OpenAI field DeepSpec does not implement: only its neutral values are accepted."""
+    return WithJsonSchema({"enum": list(values), "description": "not supported: only the neutral value is accepted"})
 
 
 def check_request_id(request_id: str) -> str:

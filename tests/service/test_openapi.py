@@ -1,0 +1,66 @@
+"""The gateway answers as its /openapi.json says: schemathesis, bounded, against a gateway in front of a stub worker.
+
+Hypothesis draws a few dozen requests per operation from the document, valid bodies and invalid ones, sends them and
+checks every answer with schemathesis' checks: no 5xx, every status and content type documented (400, not FastAPI's
+422), every JSON body matching its schema, invalid input refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+
+pytestmark = pytest.mark.integration
+
+#: examples per operation and generation mode: enough to reach every field, bounded to keep this test near a minute
+MAX_EXAMPLES = 15
+#: what a schema cannot say: prompt + max_tokens must fit the served model's context (the stub's: 2,048 tokens)
+MAX_TOKENS = 64
+
+
+def within_the_model(case):
+    """A schema-valid request the served model can also hold: max_tokens capped (and set, where chat would default
+    to the whole context), and stream_options (which OpenAI allows only with `"stream": true`, a rule between two
+    fields) sent with streaming on."""
+    if isinstance(case.body, dict):
+        if "max_tokens" not in case.body and "max_completion_tokens" not in case.body:
+            case.body["max_tokens"] = MAX_TOKENS
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = case.body.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):  # JSON's 2352.0 is an integer too
+                case.body[name] = min(value, MAX_TOKENS)
+        if case.body.get("stream_options") is not None:
+            case.body["stream"] = True
+    return case
+
+
+@pytest.fixture(scope="module")
+def openapi_schema(gateway):
+    return schemathesis.openapi.from_url(f"{gateway.url}/openapi.json")
+
+
+def test_the_document_says_400_where_the_gateway_answers_400(openapi_schema):
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = openapi_schema.raw_schema["paths"][path]["post"]["responses"]
+        assert "400" in responses and "422" not in responses
+        assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)
+def test_the_gateway_answers_as_its_openapi_document_says(openapi_schema, mode):
+    operations = [result.ok() for result in openapi_schema.get_all_operations()]
+    assert {op.path for op in operations} >= {"/v1/completions", "/v1/chat/completions", "/v1/models"}
+    for operation in operations:
+        if mode == GenerationMode.NEGATIVE and not len(operation.body):
+            continue  # nothing to get wrong in a GET without parameters
+        strategy = operation.as_strategy(generation_mode=mode)
+
+        @given(case=strategy.map(within_the_model) if mode == GenerationMode.POSITIVE else strategy)
+        @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        def check(case):
+            case.call_and_validate(timeout=30)
+
+        check()
