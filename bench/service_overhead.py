@@ -1,4 +1,4 @@
-"""Gateway overhead: added latency per request versus calling the worker directly, with the fast stub engine.
+"""Gateway overhead: added latency per request versus calling the worker directly, with the weightless stub target.
 
     python -m bench.service_overhead                  # ~1 min; prints a table, writes bench/results/service_overhead.json
     python -m bench.service_overhead --requests 200   # shorter

@@ -5,7 +5,7 @@ Deliberately limited to parsing flags into settings and running the process life
 
     python -m service                                   # embedded default: gateway :8000/:50051 + in-process worker
     python -m service worker --target smollm2-135m --draft auto --port 8001 --metrics-port 8002
-    python -m service worker --target stub --port 8001  # fast fake engine: tests and the gateway-overhead benchmark
+    python -m service worker --target stub --port 8001  # the stub target: tests and the gateway-overhead benchmark
     python -m service gateway --workers localhost:8001 --http-port 8000 --grpc-port 50051
     python -m service gateway --workers dns://deepspec-worker-headless:8001 --api-keys-file /etc/deepspec/keys
     python -m service gateway --workers k8s://deepspec-worker:grpc     # in a pod: watch the Service's EndpointSlices
@@ -29,7 +29,7 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
     g = p.add_argument_group("model")
     # target, draft and dtype default to None here so that settings can tell a flag from the --engine-dir manifest
     g.add_argument("--target", default=None,
-                   help="target alias, HF directory or GGUF file (default smollm2-135m; 'stub' = fast fake engine)")
+                   help="target alias, HF directory or GGUF file (default smollm2-135m; 'stub' = weightless test target)")
     g.add_argument("--draft", default=None,
                    help="draft directory, 'prompt-lookup', 'none' (target only) or 'auto' (best shipped draft; default)")
     g.add_argument("--engine-dir", default=None,
@@ -48,7 +48,7 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                    help="prompt tokens prefilled per engine step at most; a burst then streams in waves (default 512)")
     g.add_argument("--max-seq-len", type=int, default=2048, help="context cap in tokens, prompt + output (default 2048)")
     g.add_argument("--num-speculative-tokens", type=int, default=7, help="draft tokens per verify round (default 7)")
-    g.add_argument("--stub-step-ms", type=float, default=0.0, help="stub engine only: simulated step time, ms (default 0)")
+    g.add_argument("--stub-step-ms", type=float, default=0.0, help="stub target only: sleep per forward, ms (default 0)")
     if not embedded:
         g = p.add_argument_group("serving")
         g.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")

@@ -12,6 +12,8 @@ import logging
 import sys
 import time
 
+from service.protocol import RequestStats
+
 _request_logger = logging.getLogger("service.requests")
 
 
@@ -40,17 +42,17 @@ def configure_logging(level: str = "INFO") -> None:
     logging.getLogger("uvicorn.access").disabled = True  # the request line below replaces it
 
 
-def log_request(*, request_id: str, api: str, model: str, worker: str | None, status: str, num_prompt_tokens: int,
-                num_output_tokens: int, ttft_s: float | None, duration_s: float, num_draft_tokens: int = 0,
-                num_accepted_tokens: int = 0, num_spec_steps: int = 0, error: str | None = None) -> None:  # fmt: skip
+def log_request(*, request_id: str, api: str, model: str, worker: str | None, status: str, stats: RequestStats,
+                ttft_s: float | None, duration_s: float, error: str | None = None) -> None:  # fmt: skip
     if not _request_logger.isEnabledFor(logging.INFO):
         return
+    tau = stats.acceptance_length
     fields = {
         "event": "request", "id": request_id, "api": api, "model": model, "worker": worker, "status": status,
-        "prompt_tokens": num_prompt_tokens, "completion_tokens": num_output_tokens,
+        "prompt_tokens": stats.num_prompt_tokens, "completion_tokens": stats.num_output_tokens,
         "ttft_s": None if ttft_s is None else round(ttft_s, 4), "duration_s": round(duration_s, 4),
-        "draft_tokens": num_draft_tokens, "accepted_tokens": num_accepted_tokens,
-        "acceptance_length": round((num_accepted_tokens + num_spec_steps) / num_spec_steps, 3) if num_spec_steps else None,
+        "draft_tokens": stats.num_draft_tokens, "accepted_tokens": stats.num_accepted_tokens,
+        "acceptance_length": None if tau is None else round(tau, 3),
     }  # fmt: skip
     if error:
         fields["error"] = error

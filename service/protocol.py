@@ -12,9 +12,22 @@ Errors: `ModelInfer` fails with a gRPC status; a stream reports `error_message =
 STATUS is a `grpc.StatusCode` name (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, `UNAVAILABLE`, `INTERNAL`), so the
 gateway can tell bad input (400) from a full queue (retry elsewhere / 429). A message without a known prefix is
 treated as `INTERNAL`.
+
+Error codes: a refusal by the engine's validation (deepspec/decoding/validation.py `RequestErrorCode`) also carries
+its code, a short string such as `context_length_exceeded`, in a structured field, never inside the message:
+`ModelInfer` sends it as the trailing metadata `ERROR_CODE_METADATA`; a stream sets the parameter `ERROR_CODE_PARAM`
+on the error response's `infer_response`. The gateway returns it as the OpenAI error body's `code`. Both fields are
+optional: a stock Triton sends neither, and the gateway then has a status but no code. The strings are listed in
+`ERROR_CODES` (the gateway image has no deepspec library; a test checks they mirror `RequestErrorCode`).
+
+Statistics: `RequestStats` is the one record of a request's counts, built by the worker's scheduler from the engine's
+step outputs, written to the output tensors named in `STATS_OUTPUTS`, and read back by the gateway for usage,
+metrics and the request log.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # Inputs (Triton TensorRT-LLM ensemble names), shape [1, 1] except stop_words [1, n].
 TEXT_INPUT = "text_input"  # BYTES, UTF-8 prompt text (rendered; may be empty when EXTRA_MESSAGES_JSON is sent)
@@ -61,3 +74,44 @@ def decode_stream_error(error_message: str) -> tuple[str, str]:
     if sep and head in STATUS_PREFIXES:
         return head, rest
     return "INTERNAL", error_message
+
+#: ModelInfer trailing metadata key carrying the engine's error code (gRPC metadata keys are lower case)
+ERROR_CODE_METADATA = "deepspec-error-code"
+#: parameter of a stream's error `infer_response` carrying the engine's error code
+ERROR_CODE_PARAM = "error_code"
+#: the codes the engine's validation may send (values of deepspec.decoding.validation.RequestErrorCode)
+ERROR_CODES = ("prompt_empty", "prompt_token_invalid", "context_length_exceeded", "max_tokens_invalid",
+               "sampling_invalid", "request_id_in_use")
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """A request's cumulative counts so far; every streamed response carries them, so the last one is the usage."""
+
+    #: exact prompt length after tokenization / chat template
+    num_prompt_tokens: int = 0
+    #: tokens generated so far
+    num_output_tokens: int = 0
+    #: draft tokens proposed for this request (0 without a drafter)
+    num_draft_tokens: int = 0
+    #: of those, accepted by the target
+    num_accepted_tokens: int = 0
+    #: verify rounds that had drafts
+    num_spec_steps: int = 0
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Mean tokens committed per drafted round (accepted + 1), the paper's tau; None before any draft."""
+        if not self.num_spec_steps:
+            return None
+        return (self.num_accepted_tokens + self.num_spec_steps) / self.num_spec_steps
+
+
+#: RequestStats field -> the INT32 output tensor carrying it
+STATS_OUTPUTS = {
+    "num_prompt_tokens": EXTRA_NUM_PROMPT_TOKENS,
+    "num_output_tokens": EXTRA_NUM_OUTPUT_TOKENS,
+    "num_draft_tokens": NUM_DRAFT_TOKENS,
+    "num_accepted_tokens": NUM_ACCEPTED_TOKENS,
+    "num_spec_steps": EXTRA_NUM_SPEC_STEPS,
+}

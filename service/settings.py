@@ -23,7 +23,7 @@ QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DEEPSPEC_WORKER_", extra="forbid")
 
-    #: target alias, HF directory or GGUF file; "stub" = the fast fake engine (tests, overhead benchmark)
+    #: target alias, HF directory or GGUF file; "stub" = a weightless test target (tests, overhead benchmark)
     target: str = DEFAULT_TARGET
     #: draft directory, "prompt-lookup", "none" (target only) or "auto" (best shipped draft)
     draft: str = "auto"
@@ -51,7 +51,7 @@ class WorkerSettings(BaseSettings):
     num_speculative_tokens: int = Field(7, ge=1, le=32)
     #: seconds to finish in-flight requests after SIGTERM
     drain_timeout_s: float = Field(30.0, ge=0)
-    #: stub engine only: simulated step time, milliseconds
+    #: stub target only: simulated time per forward, milliseconds
     stub_step_ms: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")

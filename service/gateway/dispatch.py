@@ -140,20 +140,18 @@ class Dispatcher:
             self._interrupted.pop(key, None)
             finished = time.perf_counter()
             labels = (req.model, worker or "none")
+            stats = chunk.stats
             self.metrics.observe_request(
                 labels, status=status, arrival=arrival, first_token=first, finished=finished,
-                num_prompt_tokens=chunk.num_prompt_tokens, num_output_tokens=chunk.num_output_tokens,
+                num_prompt_tokens=stats.num_prompt_tokens, num_output_tokens=stats.num_output_tokens,
             )  # fmt: skip
-            if chunk.num_draft_tokens:
-                self.metrics.spec_decode_num_draft_tokens.labels(*labels).inc(chunk.num_draft_tokens)
-                self.metrics.spec_decode_num_accepted_tokens.labels(*labels).inc(chunk.num_accepted_tokens)
-                self.metrics.spec_decode_num_drafts.labels(*labels).inc(chunk.num_spec_steps)
+            if stats.num_draft_tokens:
+                self.metrics.spec_decode_num_draft_tokens.labels(*labels).inc(stats.num_draft_tokens)
+                self.metrics.spec_decode_num_accepted_tokens.labels(*labels).inc(stats.num_accepted_tokens)
+                self.metrics.spec_decode_num_drafts.labels(*labels).inc(stats.num_spec_steps)
             log_request(
-                request_id=req.request_id, api=api, model=req.model, worker=worker, status=status,
-                num_prompt_tokens=chunk.num_prompt_tokens, num_output_tokens=chunk.num_output_tokens,
-                ttft_s=None if first is None else first - arrival, duration_s=finished - arrival,
-                num_draft_tokens=chunk.num_draft_tokens, num_accepted_tokens=chunk.num_accepted_tokens,
-                num_spec_steps=chunk.num_spec_steps, error=error_text,
+                request_id=req.request_id, api=api, model=req.model, worker=worker, status=status, stats=stats,
+                ttft_s=None if first is None else first - arrival, duration_s=finished - arrival, error=error_text,
             )  # fmt: skip
 
     async def complete(self, req: GenerationRequest, api: str, caller: str | None = None) -> tuple[str, Chunk]:
@@ -192,9 +190,8 @@ class Dispatcher:
 
 
 def _to_service_error(e: WorkerError, started: bool) -> errors.ServiceError:
-    if e.status == "INVALID_ARGUMENT":
-        code = "context_length_exceeded" if "context length" in e.message else None
-        return errors.BadRequestError(e.message, code=code)
+    if e.status == "INVALID_ARGUMENT":  # the worker's engine refused the content: its code is the error body's
+        return errors.BadRequestError(e.message, code=e.code)
     if e.status == "DEADLINE_EXCEEDED":
         return errors.TimeoutError_("the request ran past the gateway's request timeout", code="timeout")
     if started:

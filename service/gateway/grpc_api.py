@@ -35,9 +35,10 @@ _DEFAULT_TEMPERATURE = 0.0
 
 
 def _usage(chunk: Chunk) -> pb.Usage:
-    return pb.Usage(prompt_tokens=chunk.num_prompt_tokens, completion_tokens=chunk.num_output_tokens,
-                    total_tokens=chunk.num_prompt_tokens + chunk.num_output_tokens,
-                    num_draft_tokens=chunk.num_draft_tokens, num_accepted_tokens=chunk.num_accepted_tokens)  # fmt: skip
+    s = chunk.stats
+    return pb.Usage(prompt_tokens=s.num_prompt_tokens, completion_tokens=s.num_output_tokens,
+                    total_tokens=s.num_prompt_tokens + s.num_output_tokens,
+                    num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens)  # fmt: skip
 
 
 class _Malformed:

@@ -27,8 +27,9 @@ GENERATION_RESPONSES = {
 
 
 def usage(chunk: Chunk) -> dict:
-    return {"prompt_tokens": chunk.num_prompt_tokens, "completion_tokens": chunk.num_output_tokens,
-            "total_tokens": chunk.num_prompt_tokens + chunk.num_output_tokens}  # fmt: skip
+    s = chunk.stats
+    return {"prompt_tokens": s.num_prompt_tokens, "completion_tokens": s.num_output_tokens,
+            "total_tokens": s.num_prompt_tokens + s.num_output_tokens}  # fmt: skip
 
 
 def sse_response(

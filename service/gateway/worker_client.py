@@ -53,19 +53,18 @@ class Chunk:
     """One worker response: new text plus the request's cumulative counts."""
 
     text: str
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_spec_steps: int = 0
+    stats: p.RequestStats = field(default_factory=p.RequestStats)
     finish_reason: str | None = None
     final: bool = False
 
 
 class WorkerError(Exception):
-    def __init__(self, status: str, message: str):
+    """A failed worker call: `status` a grpc.StatusCode name; `code` the engine's error code (service/protocol.py
+    ERROR_CODES) when the worker refused the request's content, else None."""
+
+    def __init__(self, status: str, message: str, code: str | None = None):
         super().__init__(f"{status}: {message}")
-        self.status, self.message = status, message
+        self.status, self.message, self.code = status, message, code
 
 
 def build_infer_request(req: GenerationRequest, stream: bool = True) -> service_pb2.ModelInferRequest:
@@ -97,15 +96,20 @@ def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
     text = values.get(p.TEXT_OUTPUT) or [b""]
     final = response.parameters[p.FINAL_RESPONSE_PARAM].bool_param if p.FINAL_RESPONSE_PARAM in response.parameters else False
 
-    def count(name: str) -> int:
-        return tensors.scalar(values, name, int, 0)
+    stats = p.RequestStats(**{field: tensors.scalar(values, name, int, 0) for field, name in p.STATS_OUTPUTS.items()})
+    return Chunk(text=text[0].decode("utf-8", "replace"), stats=stats,
+                 finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final)  # fmt: skip
 
-    return Chunk(
-        text=text[0].decode("utf-8", "replace"), num_prompt_tokens=count(p.EXTRA_NUM_PROMPT_TOKENS),
-        num_output_tokens=count(p.EXTRA_NUM_OUTPUT_TOKENS), num_draft_tokens=count(p.NUM_DRAFT_TOKENS),
-        num_accepted_tokens=count(p.NUM_ACCEPTED_TOKENS), num_spec_steps=count(p.EXTRA_NUM_SPEC_STEPS),
-        finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final,
-    )  # fmt: skip
+
+def _stream_error_code(response: service_pb2.ModelInferResponse) -> str | None:
+    if p.ERROR_CODE_PARAM not in response.parameters:  # a stock Triton, or a refusal without a code
+        return None
+    return response.parameters[p.ERROR_CODE_PARAM].string_param or None
+
+
+def _rpc_error(e: grpc.aio.AioRpcError) -> WorkerError:
+    code = dict(e.trailing_metadata() or ()).get(p.ERROR_CODE_METADATA)
+    return WorkerError(e.code().name, e.details() or e.code().name, code if isinstance(code, str) else None)
 
 
 class WorkerClient:
@@ -140,14 +144,15 @@ class WorkerClient:
         try:
             async for response in call:
                 if response.error_message:
-                    raise WorkerError(*p.decode_stream_error(response.error_message))
+                    status, message = p.decode_stream_error(response.error_message)
+                    raise WorkerError(status, message, _stream_error_code(response.infer_response))
                 chunk = parse_response(response.infer_response)
                 yield chunk
                 if chunk.final:
                     return
             raise WorkerError("UNAVAILABLE", "the worker closed the stream before the final response")
         except grpc.aio.AioRpcError as e:
-            raise WorkerError(e.code().name, e.details() or e.code().name) from None
+            raise _rpc_error(e) from None
         finally:
             call.cancel()
 
@@ -156,7 +161,7 @@ class WorkerClient:
         try:
             response = await self.stub.ModelInfer(build_infer_request(req, stream=False), timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
-            raise WorkerError(e.code().name, e.details() or e.code().name) from None
+            raise _rpc_error(e) from None
         chunk = parse_response(response)
         chunk.final = True
         yield chunk

@@ -1,17 +1,21 @@
-"""Build the engine a worker hosts: the real `deepspec` SpecEngine, or the stub (`--target stub`) for tests/benchmarks."""
+"""Build the engine a worker hosts: the real `deepspec` SpecEngine over the target the settings name, or over the
+stub target (`--target stub`: service/worker/stub_target.py) for tests and the gateway-overhead benchmark."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
+from deepspec.decoding import SpecEngine
+from deepspec.models import Target
+
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class LoadedEngine:
-    target: object
-    engine: object
+    target: Target
+    engine: SpecEngine
     #: the drafter's registry name, "none" without one
     drafter_name: str
     max_seq_len: int
@@ -20,16 +24,8 @@ class LoadedEngine:
 def load_engine(settings) -> LoadedEngine:
     """Load weights and build the engine (blocking: seconds for the default target on CPU)."""
     if settings.target == "stub":
-        from service.worker.stub_engine import StubEngine, StubTarget
-
-        target = StubTarget(max_seq_len=settings.max_seq_len)
-        drafter = None if settings.draft == "none" else "stub-drafter"
-        engine = StubEngine(target, drafter, max_batch_size=settings.max_batch_size,
-                            max_seq_len=settings.max_seq_len, num_speculative_tokens=settings.num_speculative_tokens,
-                            step_delay_s=settings.stub_step_ms / 1000)  # fmt: skip
-        return LoadedEngine(target, engine, "none" if drafter is None else drafter, engine.max_seq_len)
-
-    from deepspec.decoding import SpecEngine, build_drafter
+        return _load_stub(settings)
+    from deepspec.decoding import build_drafter
     from deepspec.models import load_target
 
     target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
@@ -44,3 +40,20 @@ def load_engine(settings) -> LoadedEngine:
     if engine.step_time is not None:
         logger.info("verification budget on: probed %s", engine.step_time)
     return LoadedEngine(target, engine, drafter_name, max_seq_len)
+
+
+def _load_stub(settings) -> LoadedEngine:
+    """The stub target under the real engine. `--draft none` runs target-only, `prompt-lookup` / `random` the real
+    drafters, anything else (the default `auto`) the stub's own drafter, whose acceptance cycles 0..k. The verify
+    budget is off: it would time the stub, whose step time means nothing."""
+    from deepspec.decoding import build_drafter
+    from service.worker.stub_target import StubDrafter, StubTarget
+
+    target = StubTarget(max_seq_len=settings.max_seq_len, step_delay_s=settings.stub_step_ms / 1000)
+    if settings.draft in ("none", "prompt-lookup", "random"):
+        drafter = build_drafter(settings.draft, target)
+    else:
+        drafter = StubDrafter()
+    engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
+                        num_speculative_tokens=settings.num_speculative_tokens, verify_budget=False)  # fmt: skip
+    return LoadedEngine(target, engine, "none" if drafter is None else drafter.name, engine.max_seq_len)

@@ -21,9 +21,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from deepspec.decoding.params import SamplingParams, StepOutput
+from service.protocol import RequestStats
 
 logger = logging.getLogger(__name__)
 
@@ -46,23 +47,10 @@ class _Request:
     outputs: asyncio.Queue
     first_token: float | None = None
     last_token: float | None = None
-    num_output_tokens: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_spec_steps: int = 0
+    #: cumulative counts, replaced (frozen) after each step that produced output for this request
+    stats: RequestStats = field(default_factory=RequestStats)
     #: set by the engine thread once the request left the engine (finished, failed or aborted)
     done: bool = field(default=False)
-
-
-@dataclass
-class RequestStats:
-    """Cumulative per-request numbers sent with every streamed response."""
-
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    num_spec_steps: int
 
 
 class Scheduler:
@@ -90,9 +78,11 @@ class Scheduler:
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        arrival: float | None = None) -> AsyncIterator[tuple[StepOutput, RequestStats]]:  # fmt: skip
-        """Yield (step output, cumulative stats) until the request finishes; ValueError for bad input."""
+        """Yield (step output, cumulative stats) until the request finishes. Bad input raises the engine's
+        RequestError here, before the request queues (the engine's validate reads only fixed settings)."""
         if not self.accepting:
             raise SchedulerClosedError("the worker is shutting down")
+        self.engine.validate(prompt_token_ids, params)
         with self._lock:
             if self._num_waiting >= self.max_queue:
                 raise QueueFullError(
@@ -103,7 +93,7 @@ class Scheduler:
         request = _Request(
             request_id=f"r{next(self._ids)}", prompt_token_ids=prompt_token_ids, params=params,
             arrival=arrival if arrival is not None else time.perf_counter(), loop=asyncio.get_running_loop(),
-            outputs=asyncio.Queue(),
+            outputs=asyncio.Queue(), stats=RequestStats(num_prompt_tokens=len(prompt_token_ids)),
         )  # fmt: skip
         self._commands.put(("add", request))
         finished = False
@@ -194,7 +184,7 @@ class Scheduler:
             request = self._waiting.popleft()
             try:
                 self.engine.add_request(request.request_id, request.prompt_token_ids, request.params)
-            except ValueError as e:  # bad input the boundary could not see (e.g. context length)
+            except ValueError as e:  # the engine's RequestError (validated at submit; a request id clash here)
                 request.done = True
                 failed.append((request, e))
                 self._observe_finished(request, "invalid_request")
@@ -236,26 +226,28 @@ class Scheduler:
             else:
                 m.inter_token_latency.labels(model).observe(now - request.last_token)
             request.last_token = now
-            request.num_output_tokens += len(out.new_token_ids)
-            request.num_draft_tokens += out.num_draft_tokens
-            request.num_accepted_tokens += out.num_accepted_tokens
+            stats = request.stats
+            request.stats = stats = replace(
+                stats, num_output_tokens=stats.num_output_tokens + len(out.new_token_ids),
+                num_draft_tokens=stats.num_draft_tokens + out.num_draft_tokens,
+                num_accepted_tokens=stats.num_accepted_tokens + out.num_accepted_tokens,
+                num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0),
+            )  # fmt: skip
             if out.num_draft_tokens > 0:
-                request.num_spec_steps += 1
                 m.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens)
             if out.finished:
                 del self._running[out.request_id]
                 request.done = True
                 self._observe_finished(request, out.finish_reason or "stop")
-            stats = RequestStats(len(request.prompt_token_ids), request.num_output_tokens, request.num_draft_tokens,
-                                 request.num_accepted_tokens, request.num_spec_steps)  # fmt: skip
             items.append((request, (out, stats)))
         self._deliver(items)
 
     def _observe_finished(self, request: _Request, status: str) -> None:
-        num_prompt = len(request.prompt_token_ids) if request.first_token is not None else 0
+        num_prompt = request.stats.num_prompt_tokens if request.first_token is not None else 0
         self.metrics.observe_request(
             (self.metrics.model,), status=status, arrival=request.arrival, first_token=request.first_token,
-            finished=time.perf_counter(), num_prompt_tokens=num_prompt, num_output_tokens=request.num_output_tokens,
+            finished=time.perf_counter(), num_prompt_tokens=num_prompt,
+            num_output_tokens=request.stats.num_output_tokens,
         )  # fmt: skip
 
     def _update_gauges(self) -> None:

@@ -18,7 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.params import SamplingParams, StepOutput
+from deepspec.decoding.validation import RequestError
 from service import protocol as p
 from service import tensors
 from service.metrics import WorkerMetrics, start_metrics_server
@@ -33,10 +34,12 @@ _SERVER_NAME = "deepspec-worker"
 _TOKENIZE_INLINE_MAX_CHARS = 4096
 
 
-class RequestError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
+class WorkerRefusal(Exception):
+    """A refusal decided by the worker itself (not ready, unknown model, unreadable tensors): a status, no code."""
+
+    def __init__(self, status: grpc.StatusCode, message: str):
         super().__init__(message)
-        self.code, self.message = code, message
+        self.status, self.message = status, message
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -96,16 +99,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             prompt_ids, params, stream = await self.service.parse(request)
             if stream:
-                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "stream=true needs ModelStreamInfer")
+                raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, "stream=true needs ModelStreamInfer")
             text, last = [], None
             async for out, stats in self.service.scheduler.generate(prompt_ids, params, arrival):
                 text.append(out.new_text)
                 last = (out, stats)
-        except RequestError as e:
-            await context.abort(e.code, e.message)
         except Exception as e:
-            code, message = _status_of(e)
-            await context.abort(code, message)
+            status, message, error_code = _status_of(e)
+            if error_code is not None:
+                context.set_trailing_metadata(((p.ERROR_CODE_METADATA, error_code),))
+            await context.abort(status, message)
         return _response(request, "".join(text), *last)
 
     async def ModelStreamInfer(self, request_iterator, context):
@@ -158,34 +161,35 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            code, message = (e.code, e.message) if isinstance(e, RequestError) else _status_of(e)
+            status, message, error_code = _status_of(e)
+            error = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+            if error_code is not None:
+                error.parameters[p.ERROR_CODE_PARAM].string_param = error_code
             responses.put_nowait(service_pb2.ModelStreamInferResponse(
-                error_message=p.encode_stream_error(code.name, message),
-                infer_response=service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id),
-            ))  # fmt: skip
+                error_message=p.encode_stream_error(status.name, message), infer_response=error))  # fmt: skip
 
 
-def _status_of(e: Exception) -> tuple[grpc.StatusCode, str]:
-    if isinstance(e, RequestError):
-        return e.code, e.message
-    if isinstance(e, ValueError):  # SamplingParams, tensors, and the engine's add_request validation
-        return grpc.StatusCode.INVALID_ARGUMENT, str(e)
+def _status_of(e: Exception) -> tuple[grpc.StatusCode, str, str | None]:
+    """The one map from a failure to (gRPC status, message, engine error code or None); see service/protocol.py."""
+    if isinstance(e, WorkerRefusal):
+        return e.status, e.message, None
+    if isinstance(e, RequestError):  # the engine's validation: bad input with a typed code
+        return grpc.StatusCode.INVALID_ARGUMENT, e.message, e.code.value
+    if isinstance(e, ValueError):  # tensors, messages JSON, a target without a chat template
+        return grpc.StatusCode.INVALID_ARGUMENT, str(e), None
     if isinstance(e, QueueFullError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), None
     if isinstance(e, SchedulerClosedError):
-        return grpc.StatusCode.UNAVAILABLE, str(e)
+        return grpc.StatusCode.UNAVAILABLE, str(e), None
     logger.exception("request failed")
-    return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
+    return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}", None
 
 
-def _response(request, text: str, out, stats) -> service_pb2.ModelInferResponse:
+def _response(request, text: str, out: StepOutput, stats: p.RequestStats) -> service_pb2.ModelInferResponse:
     response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
     tensors.add_output(response, p.TEXT_OUTPUT, text)
-    tensors.add_output(response, p.NUM_DRAFT_TOKENS, stats.num_draft_tokens)
-    tensors.add_output(response, p.NUM_ACCEPTED_TOKENS, stats.num_accepted_tokens)
-    tensors.add_output(response, p.EXTRA_NUM_PROMPT_TOKENS, stats.num_prompt_tokens)
-    tensors.add_output(response, p.EXTRA_NUM_OUTPUT_TOKENS, stats.num_output_tokens)
-    tensors.add_output(response, p.EXTRA_NUM_SPEC_STEPS, stats.num_spec_steps)
+    for field_name, tensor_name in p.STATS_OUTPUTS.items():
+        tensors.add_output(response, tensor_name, getattr(stats, field_name))
     if out.finished:
         tensors.add_output(response, p.EXTRA_FINISH_REASON, out.finish_reason or "stop")
     tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, out.finished)
@@ -262,12 +266,14 @@ class WorkerService:
                     self.loaded.drafter_name, self.port, self.metrics_port, time.perf_counter() - t0)  # fmt: skip
 
     async def parse(self, request) -> tuple[list[int], SamplingParams, bool]:
-        """A ModelInferRequest -> (prompt token ids, sampling params, stream); RequestError on bad input."""
+        """A ModelInferRequest -> (prompt token ids, sampling params, stream); WorkerRefusal for unreadable input,
+        RequestError (from SamplingParams) for out-of-range parameters. The prompt is checked against the context by
+        the engine's validation when the scheduler takes the request."""
         if not self.ready or self.scheduler is None or not self.scheduler.accepting:
-            raise RequestError(grpc.StatusCode.UNAVAILABLE, "the worker is not ready (loading or shutting down)")
+            raise WorkerRefusal(grpc.StatusCode.UNAVAILABLE, "the worker is not ready (loading or shutting down)")
         if request.model_name and request.model_name != self.model_name:
-            raise RequestError(grpc.StatusCode.NOT_FOUND,
-                               f"unknown model {request.model_name!r}; served: [{self.model_name!r}]")  # fmt: skip
+            raise WorkerRefusal(grpc.StatusCode.NOT_FOUND,
+                                f"unknown model {request.model_name!r}; served: [{self.model_name!r}]")  # fmt: skip
         try:
             values = tensors.read_inputs(request)
             text = tensors.scalar(values, p.TEXT_INPUT, str, "")
@@ -294,15 +300,10 @@ class WorkerService:
                 stop_token_ids=() if end_id is None or end_id < 0 else (end_id,),
                 ignore_eos=tensors.scalar(values, p.EXTRA_IGNORE_EOS, bool, False),
             )
+        except RequestError:
+            raise
         except ValueError as e:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        if not prompt_ids:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty: send at least one token")
-        max_seq_len = self.loaded.max_seq_len
-        if len(prompt_ids) + params.max_tokens > max_seq_len:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, (
-                f"this model's maximum context length is {max_seq_len} tokens; the prompt has {len(prompt_ids)} "
-                f"tokens and max_tokens is {params.max_tokens}: shorten the prompt or lower max_tokens"))  # fmt: skip
+            raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         return prompt_ids, params, stream
 
     async def drain(self, timeout_s: float | None = None) -> None:

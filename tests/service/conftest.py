@@ -1,7 +1,7 @@
 """Real servers for the service tests: `python -m service worker|gateway` processes on free ports.
 
 Like vLLM's `RemoteOpenAIServer`: pick a free port, start the process, poll its health, fail with its log if it
-dies, terminate it on exit. Most tests use the stub engine (`--target stub`), which starts in about a second.
+dies, terminate it on exit. Most tests use the stub target under the real engine (`--target stub`), which starts in about a second.
 """
 
 from __future__ import annotations

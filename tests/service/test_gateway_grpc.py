@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service.protos.deepspec.v1 import completions_pb2 as pb
 from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
-from service.worker.stub_engine import STUB_TEXT
+from service.worker.stub_target import STUB_TEXT
 from tests.service.conftest import Gateway, Worker, metric_value
 
 pytestmark = pytest.mark.integration

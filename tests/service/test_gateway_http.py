@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from service.gateway.validation import MAX_CHARS_PER_TOKEN
-from service.worker.stub_engine import STUB_TEXT
+from service.worker.stub_target import STUB_TEXT
 from tests.service.conftest import Gateway, metric_value
 
 pytestmark = pytest.mark.integration

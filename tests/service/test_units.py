@@ -1,4 +1,5 @@
-"""In-memory units: tensor round trips, P2C routing, the scheduler over the stub engine, the CLI's help."""
+"""In-memory units: tensor round trips, P2C routing, the scheduler over the real engine and the stub target, the CLI's
+help."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.grpc import service_pb2
 
+from deepspec.decoding import RequestError, RequestErrorCode, SpecEngine
 from deepspec.decoding.params import SamplingParams
 from service import protocol as p
 from service.gateway.routing import Endpoint, WorkerPool
@@ -19,7 +21,7 @@ from service.gateway.worker_client import GenerationRequest, build_infer_request
 from service.metrics import GatewayMetrics, WorkerMetrics
 from service import tensors
 from service.worker.scheduler import QueueFullError, Scheduler
-from service.worker.stub_engine import STUB_TEXT, StubEngine, StubTarget
+from service.worker.stub_target import STUB_TEXT, StubDrafter, StubTarget
 
 
 def test_gateway_request_reads_back_in_the_worker():
@@ -48,7 +50,7 @@ def test_worker_response_parses_in_the_gateway_and_in_tritonclient():
     tensors.add_output(response, p.EXTRA_FINISH_REASON, "stop")
     tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, True)
     chunk = parse_response(response)
-    assert (chunk.text, chunk.num_output_tokens, chunk.finish_reason, chunk.final) == ("ab€", 3, "stop", True)
+    assert (chunk.text, chunk.stats.num_output_tokens, chunk.finish_reason, chunk.final) == ("ab€", 3, "stop", True)
     result = triton.InferResult(response)
     assert result.as_numpy(p.TEXT_OUTPUT)[0][0].decode() == "ab€"
     assert result.as_numpy(p.EXTRA_NUM_OUTPUT_TOKENS).dtype == np.int32
@@ -62,7 +64,8 @@ def test_gateway_reads_a_response_with_typed_contents():
     out = response.outputs.add(name=p.NUM_DRAFT_TOKENS, datatype="INT32", shape=[1, 1])
     out.contents.int_contents.append(4)
     chunk = parse_response(response)
-    assert (chunk.text, chunk.num_draft_tokens, chunk.num_output_tokens, chunk.finish_reason) == ("déjà", 4, 0, None)
+    stats = chunk.stats
+    assert (chunk.text, stats.num_draft_tokens, stats.num_output_tokens, chunk.finish_reason) == ("déjà", 4, 0, None)
 
 
 def test_one_codec_encodes_every_datatype_the_protocol_uses():
@@ -117,7 +120,8 @@ async def _collect(scheduler: Scheduler, prompt: list[int], params: SamplingPara
 
 def test_scheduler_batches_requests_that_join_and_leave():
     async def main():
-        engine = StubEngine(StubTarget(), "d", max_batch_size=2, num_speculative_tokens=3)
+        engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=2, num_speculative_tokens=3,
+                            verify_budget=False)
         metrics = WorkerMetrics("stub")
         scheduler = Scheduler(engine, metrics, max_queue=8)
         scheduler.start().wait()
@@ -127,8 +131,9 @@ def test_scheduler_batches_requests_that_join_and_leave():
             scheduler.stop()
         for outputs, n in zip(results, (5, 30, 12)):
             out, stats = outputs[-1]
-            assert out.finished and stats.num_output_tokens == n
+            assert out.finished and stats.num_output_tokens == n and stats.num_prompt_tokens == 2
             assert "".join(o.new_text for o, _ in outputs) == STUB_TEXT[:n]
+            assert stats.num_draft_tokens > 0 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
         assert metrics.request_success.labels("stub", "length")._value.get() == 3
         assert metrics.num_requests_running.labels("stub")._value.get() == 0
 
@@ -137,7 +142,7 @@ def test_scheduler_batches_requests_that_join_and_leave():
 
 def test_scheduler_queue_bound_and_abort():
     async def main():
-        engine = StubEngine(StubTarget(), None, max_batch_size=1, step_delay_s=0.005)
+        engine = SpecEngine(StubTarget(step_delay_s=0.005), None, max_batch_size=1)
         scheduler = Scheduler(engine, WorkerMetrics("stub"), max_queue=1)
         scheduler.start().wait()
         try:
@@ -193,3 +198,38 @@ def test_service_constants_mirror_the_library():
 
     assert settings.DEFAULT_TARGET == DEFAULT_TARGET
     assert set(settings.QUANTIZATIONS) == set(QUANTIZATIONS)
+
+
+def test_the_engines_error_code_travels_structured_to_the_openai_body():
+    """Worker side: the status map attaches the engine's code; gateway side: the client reads it back from the stream
+    parameter and the dispatcher puts it in the error body, whatever the message says."""
+    from deepspec.decoding.validation import RequestError as EngineRequestError
+    from service.gateway.dispatch import _to_service_error
+    from service.gateway.worker_client import WorkerError, _stream_error_code
+    from service.worker.server import _status_of
+
+    status, message, code = _status_of(EngineRequestError(RequestErrorCode.CONTEXT_TOO_LONG, "no words to match"))
+    assert (status.name, message, code) == ("INVALID_ARGUMENT", "no words to match", "context_length_exceeded")
+    assert _status_of(ValueError("messages must be a non-empty list"))[2] is None
+    response = service_pb2.ModelInferResponse()
+    assert _stream_error_code(response) is None  # a stock Triton sends no code
+    response.parameters[p.ERROR_CODE_PARAM].string_param = code
+    assert _stream_error_code(response) == "context_length_exceeded"
+    error = _to_service_error(WorkerError("INVALID_ARGUMENT", "no words to match", code), started=False)
+    assert error.http_status == 400 and error.body()["error"]["code"] == "context_length_exceeded"
+    # the message alone decides nothing: "context length" in a message without a code is no code
+    assert _to_service_error(WorkerError("INVALID_ARGUMENT", "context length"), started=False).code is None
+    with pytest.raises(RequestError) as info:
+        SamplingParams(max_tokens=0)
+    assert info.value.code is RequestErrorCode.MAX_TOKENS_INVALID
+
+
+def test_worker_response_stats_round_trip_through_the_protocol():
+    from deepspec.decoding.params import StepOutput
+    from service.worker.server import _response
+
+    stats = p.RequestStats(num_prompt_tokens=5, num_output_tokens=9, num_draft_tokens=14, num_accepted_tokens=6,
+                           num_spec_steps=3)
+    request = service_pb2.ModelInferRequest(model_name="m", id="r")
+    chunk = parse_response(_response(request, "abc", StepOutput("r", [1], "abc", True, "length"), stats))
+    assert chunk.stats == stats and chunk.stats.acceptance_length == 3.0 and chunk.finish_reason == "length"

@@ -1,4 +1,5 @@
-"""`tritonclient.grpc` against a real worker process (stub engine): infer, stream_infer, metadata, errors, slots."""
+"""`tritonclient.grpc` against a real worker process (the real engine over the stub target): infer, stream_infer,
+metadata, errors and their codes, slots."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from service.worker.stub_engine import STUB_TEXT
+from service import protocol as p
+from service.worker.stub_target import STUB_TEXT
 from tests.service.conftest import Worker, metric_value
 
 pytestmark = pytest.mark.integration
@@ -102,6 +104,52 @@ def test_bad_input_is_invalid_argument(client, args, message):
         client.infer("stub", inputs(**args))
     assert "INVALID_ARGUMENT" in str(info.value.status()) and message in info.value.message()
     assert client.infer("stub", inputs("ok", max_tokens=3)).as_numpy("text_output")[0][0] == b"The"
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (dict(prompt=""), "prompt_empty"),
+        (dict(max_tokens=0), "max_tokens_invalid"),
+        (dict(max_tokens=5000), "context_length_exceeded"),
+        (dict(prompt="x" * 2048, max_tokens=1), "context_length_exceeded"),
+        (dict(temperature=float("nan")), "sampling_invalid"),
+    ],
+)
+def test_engine_refusals_carry_their_code_in_unary_metadata_and_in_streams(stub_worker, args, code):
+    """The engine's RequestErrorCode reaches the client in the structured fields service/protocol.py names."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    assert code in p.ERROR_CODES
+    request = service_pb2.ModelInferRequest(model_name="stub", id="e1")
+    for t in inputs(**args):
+        request.inputs.append(t._get_tensor())
+        request.raw_input_contents.append(t._get_content())
+    with grpc.insecure_channel(stub_worker.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert dict(info.value.trailing_metadata())[p.ERROR_CODE_METADATA] == code
+        (response,) = list(stub.ModelStreamInfer(iter([request]), timeout=10))
+        assert response.error_message.startswith("INVALID_ARGUMENT: ")
+        assert response.infer_response.parameters[p.ERROR_CODE_PARAM].string_param == code
+
+
+def test_unreadable_input_is_invalid_argument_without_a_code(stub_worker):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="stub", id="e2")
+    for t in inputs(prompt=b"\xff\xfe"):
+        request.inputs.append(t._get_tensor())
+        request.raw_input_contents.append(t._get_content())
+    with grpc.insecure_channel(stub_worker.address) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in info.value.details()
+    assert p.ERROR_CODE_METADATA not in dict(info.value.trailing_metadata() or ())
 
 
 def test_unknown_model_is_not_found(client):

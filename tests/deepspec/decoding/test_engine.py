@@ -116,7 +116,7 @@ def test_bad_sampling_params_are_refused_with_a_code(make, code, message):
     "prompt, max_tokens, code, message",
     [
         ([], 4, RequestErrorCode.PROMPT_EMPTY, "prompt is empty"),
-        (list(range(10)) * 13, 4, RequestErrorCode.CONTEXT_TOO_LONG, "maximum context length is 128 tokens and the prompt"),
+        (list(range(10)) * 13, 4, RequestErrorCode.CONTEXT_TOO_LONG, "context length is 128 tokens and the prompt"),
         ([1, 2], 200, RequestErrorCode.CONTEXT_TOO_LONG, "lower max_tokens to at most 126"),
         ([1, 2], 126, None, None),  # exactly fills the window: accepted
         ([1, 99], 4, RequestErrorCode.PROMPT_TOKEN_INVALID, "token ids"),
