@@ -270,6 +270,11 @@ def session_options(num_threads: int):
     return options
 
 
+def is_onnx_export(path: str | Path) -> bool:
+    """True for a directory written by `python -m export --format onnx` (it holds onnx.json)."""
+    return (Path(path) / META_FILE).is_file()
+
+
 def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, num_threads: int | None = None,
                      name: str | None = None) -> OnnxTarget:
     """Open an exported ONNX target directory (graph, onnx.json, config.json, tokenizer) on CPU."""

@@ -3,13 +3,13 @@
 Output directory (what `load_onnx_target` and `python -m service worker --engine-dir DIR` read):
 
     target.onnx, target.onnx.data   the decoder (export/onnx/graph.py), fp32 or 4-bit weights
+    target_verify.onnx              the same graph ending in the plugins' greedy_accept node (same weights file)
     onnx.json                       graph file, quantization, captured layers (hs ids = layer + 1), eos ids, limits
     config.json, tokenizer*, generation_config.json   the target's own, so the fingerprint matches its drafts
     draft/                          the draft directory, copied (neural drafts, corpus lookup), when there is one
-    draft.onnx                      a neural draft's step as a graph (export/onnx/draft_graph.py), when it has one
 
-The verification op (plugins) is not inside the target graph: the engine verifies drafts of every kind, sampled
-ones included, in Python on the graph's logits.
+The worker runs target.onnx and verifies on its logits with the plugins ops (greedy and sampled rows alike);
+target_verify.onnx is the verification-terminated graph for runtimes that verify inside the graph.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ _TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
                  "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
                  "added_tokens.json")
 QUANTIZATIONS = ("none", "int4")
+#: the target graph ending in the plugins' greedy_accept node (same weights file)
+VERIFY_GRAPH = "target_verify.onnx"
 
 
 def resolve_draft_dir(draft, target) -> Path | None:
@@ -55,7 +57,7 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     exist and be empty); returns what the manifest records about it (graph, quantization, draft, layers).
     `advance()` ticks once per decoder layer written."""
     from deepspec.models.drafts import check_target, read_checkpoint_header
-    from export.onnx.graph import build_target_graph, check_supported
+    from export.onnx.graph import build_target_graph, build_verify_graph, check_supported
 
     if dtype not in ("float32", "fp32"):
         raise ValueError(f"the ONNX graph runs float32 activations; --dtype {dtype} is not exported "
@@ -78,11 +80,13 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     layers = draft_feature_layers(draft_dir)
     graph_name = "target.onnx"
     build_target_graph(target.model, layers, out, quant, graph_name, advance)
+    build_verify_graph(out, graph_name, VERIFY_GRAPH)
     for name in _TARGET_FILES:
         if (Path(target.path) / name).is_file():
             shutil.copy2(Path(target.path) / name, out / name)
     meta = {
         "graph": graph_name,
+        "verify_graph": VERIFY_GRAPH,
         "target_name": target.name,
         "quantization": quant,
         "feature_layers": list(layers),

@@ -258,3 +258,33 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
     path = out_dir / graph_name
     onnx.save_model(onnx_model, path)
     return path
+
+
+def build_verify_graph(out_dir: Path, graph_name: str = "target.onnx", verify_name: str = "target_verify.onnx") -> Path:
+    """The target graph ending in verification: input_ids = [last committed token, drafts], and the plugins'
+    `greedy_accept` custom node turns the logits into (num_accepted [B], next_token [B]).
+
+    It shares the target's weights file (same external-data location), so it costs a few hundred KB on disk. ONNX
+    Runtime runs the node through onnxruntime-extensions (plugins/onnx_ops.py); TensorRT binds it to the plugin
+    named by the node's attributes."""
+    from plugins.schema import ONNX_DOMAIN, ONNX_DOMAIN_VERSION, TRT_ATTRIBUTES
+
+    model = onnx.load(out_dir / graph_name, load_external_data=False)
+    graph = model.graph
+    starts, ends, axes = "verify.starts", "verify.ends", "verify.axes"
+    graph.initializer.extend([onnx.numpy_helper.from_array(np.array([1], np.int64), starts),
+                              onnx.numpy_helper.from_array(np.array([np.iinfo(np.int64).max], np.int64), ends),
+                              onnx.numpy_helper.from_array(np.array([1], np.int64), axes)])
+    graph.node.extend([
+        helper.make_node("Slice", ["input_ids", starts, ends, axes], ["draft_tokens"], name="verify_drafts"),
+        helper.make_node("greedy_accept", ["draft_tokens", "num_draft_tokens", "logits"],
+                         ["num_accepted", "next_token"], name="verify_greedy_accept", domain=ONNX_DOMAIN,
+                         **TRT_ATTRIBUTES),
+    ])
+    graph.input.append(helper.make_tensor_value_info("num_draft_tokens", TensorProto.INT64, ["B"]))
+    graph.output.extend([helper.make_tensor_value_info(name, TensorProto.INT64, ["B"])
+                         for name in ("num_accepted", "next_token")])
+    model.opset_import.append(helper.make_opsetid(ONNX_DOMAIN, ONNX_DOMAIN_VERSION))
+    path = out_dir / verify_name
+    onnx.save_model(model, path)
+    return path

@@ -28,8 +28,13 @@ def load_engine(settings) -> LoadedEngine:
     from deepspec.decoding import build_drafter
     from deepspec.models import load_target
 
-    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
-                         quantization=settings.quantization)
+    from deepspec.models.onnx_target import is_onnx_export, load_onnx_target
+
+    if is_onnx_export(settings.target):  # python -m export --format onnx: the graph under ONNX Runtime, CPU
+        target = load_onnx_target(settings.target, max_seq_len=settings.max_seq_len)
+    else:
+        target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
+                             quantization=settings.quantization)
     drafter = build_drafter(settings.draft, target)
     max_seq_len = min(settings.max_seq_len, target.max_seq_len)
     engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,

@@ -171,3 +171,62 @@ def test_int4_export_of_the_default_target_decodes_sensibly(tmp_path, smollm2):
     result = SpecEngine(target, None, max_batch_size=1, max_seq_len=512).generate([prompt], SamplingParams(
         max_tokens=16))[0]
     assert "Paris" in result.text
+
+
+def test_verify_graph_ends_in_the_plugins_greedy_accept_node(tmp_path):
+    pytest.importorskip("onnxruntime_extensions")
+    from plugins.onnx_ops import session_options as plugin_options
+
+    from export.onnx.graph import build_verify_graph
+
+    target, model = _onnx_target(tmp_path, layers=())
+    build_verify_graph(tmp_path)
+    graph = onnx.load(tmp_path / "target_verify.onnx", load_external_data=False)
+    node = graph.graph.node[-1]
+    assert (node.op_type, node.domain) == ("greedy_accept", "ai.onnx.contrib")
+    assert {a.name for a in node.attribute} >= {"plugin_namespace", "plugin_version", "aot"}
+    options = plugin_options()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(tmp_path / "target_verify.onnx"), options)
+    B, k, S = 2, 4, 32
+    cache = target.new_cache(B, S)
+    tokens = torch.randint(0, VOCAB, (B, k + 1))
+    num_drafts = torch.tensor([4, 2])
+    feeds = {"input_ids": tokens.numpy(), "seqlens_k": np.full(B, k, np.int32),
+             "total_sequence_length": np.array(k + 1, np.int32),
+             "logits_index": np.broadcast_to(np.arange(k + 1), (B, k + 1)).copy(),
+             "num_draft_tokens": num_drafts.numpy()}
+    for i in range(model.spec.num_layers):
+        feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = cache.k[i].numpy(), cache.v[i].numpy()
+    logits, num_accepted, next_token = session.run(["logits", "num_accepted", "next_token"], feeds)
+    argmax = torch.from_numpy(logits).argmax(-1)  # [B, k+1]
+    for b in range(B):  # accepted = drafts matching the target's argmax up to the first miss, within num_drafts
+        matches = (tokens[b, 1:] == argmax[b, :k]).tolist()[: int(num_drafts[b])] + [False]
+        accepted = matches.index(False)
+        assert (num_accepted[b], next_token[b]) == (accepted, int(argmax[b, accepted]))
+
+
+def test_verify_graph_accepts_the_targets_own_argmax(tmp_path):
+    """A negative control for the test above: drafts equal to the argmax must all be accepted."""
+    pytest.importorskip("onnxruntime_extensions")
+    from plugins.onnx_ops import session_options as plugin_options
+
+    from export.onnx.graph import build_verify_graph
+
+    target, model = _onnx_target(tmp_path, layers=())
+    build_verify_graph(tmp_path)
+    session = ort.InferenceSession(str(tmp_path / "target_verify.onnx"), plugin_options())
+    k = 3
+    tokens = torch.randint(0, VOCAB, (1, 1))
+    start = torch.zeros(1, dtype=torch.long)
+    for _ in range(k):  # greedy-decode k tokens with the PyTorch decoder: they are the drafts
+        step = model(tokens, start, None, logits="last").logits.argmax(-1)
+        tokens = torch.cat([tokens, step], dim=1)
+    cache = target.new_cache(1, 16)
+    feeds = {"input_ids": tokens.numpy(), "seqlens_k": np.array([k], np.int32),
+             "total_sequence_length": np.array(k + 1, np.int32), "logits_index": np.arange(k + 1)[None],
+             "num_draft_tokens": np.array([k])}
+    for i in range(model.spec.num_layers):
+        feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = cache.k[i].numpy(), cache.v[i].numpy()
+    (num_accepted,) = session.run(["num_accepted"], feeds)
+    assert num_accepted.tolist() == [k]
