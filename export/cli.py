@@ -95,6 +95,8 @@ def run(args: argparse.Namespace, progress=None) -> str:
     job = make_job(fmt, args)
     job.options["final_out"] = args.out  # where the output will live once renamed (for absolute paths inside it)
     job.options["quantization"] = args.quantization
+    for warning in job.options.get("warnings", []):
+        print(f"python -m export: warning: {warning}", file=sys.stderr)
     progress = progress or Progress()
     with progress, staged(args.out, args.force) as scratch:
         fields = fmt.write(job, scratch, progress)
@@ -122,4 +124,6 @@ def _common_fields(fmt, job) -> dict:
         "dtype": job.dtype,
         "captured_layers_hs": list(hs_from_feature_layers(draft.cfg.feature_layers)) if draft and draft.cfg else [],
     }
+    if job.options.get("warnings"):
+        fields["warnings"] = job.options["warnings"]
     return fields

@@ -55,6 +55,14 @@ def _auto(fmt: ExportFormat, job: ExportJob) -> ExportJob:
         except ExportError as e:
             reasons.append(f"{path.name}: {e}")
     why = "; ".join(reasons) or "none is shipped"
+    if not fmt.needs_neural_draft:  # the engine runs the target alone: degrade, loudly (the CLI prints it)
+        job.draft, job.draft_spec = None, "none"
+        job.options.setdefault("warnings", []).append(
+            f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name}; exporting the target "
+            f"alone ({why})")
+        if fmt.check is not None:
+            fmt.check(job)
+        return job
     raise ExportError(f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name} ({why}); pass a "
                       "draft directory" + ("" if fmt.needs_neural_draft else ", or --draft none for the target alone"))
 

@@ -159,3 +159,23 @@ def test_the_worker_refuses_other_engines_exports_with_the_way_out(tmp_path, tar
                       "--out", out).returncode == 0
     with pytest.raises(EngineDirError, match=says):
         read_engine_dir(out)
+
+
+def test_auto_without_a_fitting_shipped_draft(tmp_path, targets, drafts, monkeypatch):
+    """A target-only engine degrades loudly to the target alone; a draft-only format refuses."""
+    import deepspec.models.drafts as shipped
+
+    five = tmp_path / "five"
+    from tests.export.conftest import write_draft
+
+    write_draft(five, targets["llama"], "eagle3", feature_layers=(0, 1, 2, 3, 4))
+    monkeypatch.setattr(shipped, "shipped_drafts", lambda target, root=None: [(five, 2.0)])
+    result = run_export("--target", targets["llama"], "--format", "tensorrt-llm", "--out", tmp_path / "trt")
+    assert result.returncode == 0, result.stderr
+    assert "warning: --draft auto: no shipped draft" in result.stderr and "captures 5" in result.stderr
+    manifest = json.loads((tmp_path / "trt" / "manifest.json").read_text())
+    assert manifest["draft"] == "none" and manifest["algorithm"] is None and manifest["warnings"]
+    _fails(run_export("--target", targets["llama"], "--format", "sglang", "--out", tmp_path / "out"),
+           "--draft auto: no shipped draft", "captures 5")
+    result = run_export("--target", targets["llama"], "--format", "vllm", "--out", tmp_path / "vllm")
+    assert result.returncode == 0 and json.loads((tmp_path / "vllm" / "manifest.json").read_text())["algorithm"] == "eagle3"
