@@ -29,7 +29,7 @@ DSPARK_WEIGHTS = (0.1, 0.9, 1.0)
 def target_probs(target, final_hidden: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     """final_hidden [.., H] → the target's softmax over the full vocabulary, gathered at d2t: [.., N]."""
     with torch.no_grad():
-        logits = target.model.lm_head(final_hidden)
+        logits = target.lm_head(final_hidden)
         return torch.softmax(logits, dim=-1).index_select(-1, d2t)
 
 

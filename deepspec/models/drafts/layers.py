@@ -110,11 +110,11 @@ class DraftModel(nn.Module):
 
     # ---- the target's frozen parts ---------------------------------------------------------------------------
     def attach(self, target) -> "DraftModel":
-        """Borrow the target's embedding and head (and move to its device); call after set_vocab."""
-        m = target.model
-        self._embed = m.embed.detach()
-        self._embed_scale = float(m.embed_scale)
-        self._head_full = m.head.detach()
+        """Borrow the target's embedding and head (`Target.embeddings()`, on its device); call after set_vocab."""
+        frozen = target.embeddings()
+        self._embed = frozen.embed
+        self._embed_scale = frozen.embed_scale
+        self._head_full = frozen.head
         self._head = self._head_full[self.d2t.to(self._head_full.device)].contiguous()
         return self
 
