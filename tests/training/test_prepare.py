@@ -103,4 +103,4 @@ def test_engine_backend_matches_target_greedy(tmp_path):
     assert stats.num_failed == 3
     assert not short.exists() or short.read_text() == ""
     failures = (tmp_path / "short.jsonl.failures.jsonl").read_text()
-    assert "context window is 8 tokens" in failures
+    assert "maximum context length is 8 tokens" in failures
