@@ -45,50 +45,52 @@ def eagle3_valid(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
     return valid
 
 
+def _eagle3_unrolled_loss(model, features, tokens, loss_mask, step_loss) -> tuple[torch.Tensor, dict]:
+    """Σ_k 0.8^k · step_loss over the valid indices of TTT step k, and the per-step top-1 agreement.
+
+    `step_loss(k, valid [B, T-1-k], log_q [n, N])` → (mean loss, the target's most likely draft token [n]) for the
+    distribution at position t+1+k of each valid index t."""
+    T = tokens.shape[1]
+    logits = model.ttt_forward(features, tokens, model.cfg.block_size)
+    total = features.new_zeros((), dtype=torch.float32)
+    metrics = {}
+    for k, step_logits in enumerate(logits):
+        valid = eagle3_valid(loss_mask, k)[:, : T - 1 - k]
+        if not bool(valid.any()):
+            continue
+        log_q = F.log_softmax(step_logits[:, : T - 1 - k][valid], dim=-1)
+        loss, best = step_loss(k, valid, log_q)
+        total = total + EAGLE3_STEP_DECAY**k * loss
+        metrics[f"acc{k}"] = float((log_q.argmax(-1) == best).float().mean())
+    return total, metrics
+
+
 def eagle3_loss(model, target, features, final_hidden, tokens, loss_mask) -> tuple[torch.Tensor, dict]:
     """Σ_k 0.8^k · soft-CE(target probs at t+1+k, draft step-k logits at t), mean over valid positions.
 
     The target distribution at each position is computed once and shared by all steps (step k reads it shifted
     by k): the frozen head over the full vocabulary is the most expensive matmul of the whole loss."""
-    γ = model.cfg.block_size
-    T = tokens.shape[1]
-    logits = model.ttt_forward(features, tokens, γ)
     needed = torch.zeros_like(loss_mask, dtype=torch.bool)
     needed[:, 1:-1] = loss_mask[:, 2:].bool()  # position q is used iff x[q+1] is an assistant token
     p_all = torch.zeros(*tokens.shape, model.cfg.out_vocab_size, device=features.device)
     p_all[needed] = target_probs(target, final_hidden[needed], model.d2t)
-    total = features.new_zeros((), dtype=torch.float32)
-    metrics = {}
-    for k, step_logits in enumerate(logits):
-        valid = eagle3_valid(loss_mask, k)[:, : T - 1 - k]
-        if not bool(valid.any()):
-            continue
+
+    def soft_ce(k, valid, log_q):
         p_t = p_all[:, 1 + k :][valid]  # position t+1+k for index t
-        log_q = F.log_softmax(step_logits[:, : T - 1 - k][valid], dim=-1)
-        ce = -(p_t * log_q).sum(-1).mean()
-        total = total + EAGLE3_STEP_DECAY**k * ce
-        metrics[f"acc{k}"] = float((log_q.argmax(-1) == p_t.argmax(-1)).float().mean())
-    return total, metrics
+        return -(p_t * log_q).sum(-1).mean(), p_t.argmax(-1)
+
+    return _eagle3_unrolled_loss(model, features, tokens, loss_mask, soft_ce)
 
 
 def eagle3_distill_loss(model, labels: SoftLabels, features, tokens, loss_mask) -> tuple[torch.Tensor, dict]:
     """Σ_k 0.8^k · KL(target distribution at t+1+k ‖ draft step-k at t), mean over the same valid indices as
     `eagle3_loss`; labels [B, T, k] hold the target's distribution at each position."""
-    γ = model.cfg.block_size
-    T = tokens.shape[1]
-    logits = model.ttt_forward(features, tokens, γ)
-    total = features.new_zeros((), dtype=torch.float32)
-    metrics = {}
-    for k, step_logits in enumerate(logits):
-        valid = eagle3_valid(loss_mask, k)[:, : T - 1 - k]
-        if not bool(valid.any()):
-            continue
+
+    def kl(k, valid, log_q):
         p_t = labels[:, 1 + k :][valid]  # the distribution at position t+1+k for index t
-        log_q = F.log_softmax(step_logits[:, : T - 1 - k][valid], dim=-1)
-        total = total + EAGLE3_STEP_DECAY**k * kl_to_labels(p_t, log_q).mean()
-        top = p_t.ids.gather(-1, p_t.probs.argmax(-1, keepdim=True))[:, 0]
-        metrics[f"acc{k}"] = float((log_q.argmax(-1) == top).float().mean())
-    return total, metrics
+        return kl_to_labels(p_t, log_q).mean(), p_t.ids.gather(-1, p_t.probs.argmax(-1, keepdim=True))[:, 0]
+
+    return _eagle3_unrolled_loss(model, features, tokens, loss_mask, kl)
 
 
 # ---- DFlash / DSpark ------------------------------------------------------------------------------------------
