@@ -367,7 +367,7 @@ def test_export_init_container_builds_the_engine_before_the_worker():
     init = container(spec, "export-engine")
     script = init["args"][0]
     assert "python -m export" in script and '--format "$DEEPSPEC_EXPORT_FORMAT"' in script
-    assert config["DEEPSPEC_EXPORT_FORMAT"] == "onnx"
+    assert config["DEEPSPEC_EXPORT_FORMAT"] == "pytorch"  # what the deepspec worker serves
     assert "--engine-dir=$(DEEPSPEC_ENGINE_DIR)" in worker["args"]
     engines = next(v for v in spec["volumes"] if v["name"] == "engines")
     assert "emptyDir" in engines

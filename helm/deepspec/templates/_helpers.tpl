@@ -102,7 +102,7 @@ Usage: {{ include "deepspec.dtype" . }}
 {{- end }}
 
 {{/*
-Export format for the init container: `worker.engines.export.format`, or triton-repo / tensorrt-llm / onnx.
+Export format for the init container: `worker.engines.export.format`, or triton-repo (triton runtime) / pytorch.
 Usage: {{ include "deepspec.exportFormat" . }}
 */}}
 {{- define "deepspec.exportFormat" -}}
@@ -110,10 +110,8 @@ Usage: {{ include "deepspec.exportFormat" . }}
 {{- .Values.worker.engines.export.format }}
 {{- else if eq .Values.worker.runtime "triton" }}
 {{- "triton-repo" }}
-{{- else if eq .Values.worker.device "cuda" }}
-{{- "tensorrt-llm" }}
 {{- else }}
-{{- "onnx" }}
+{{- "pytorch" }}
 {{- end }}
 {{- end }}
 
