@@ -17,6 +17,8 @@ Runbook (default target SmolLM2-135M-Instruct, CPU):
     python -m training train --algo eagle3 --labels target --data datasets/train/gsm8k_train.jsonl \
         --out runs/eagle3-distill optim.max_steps=200
     torchrun --nproc-per-node 2 -m training train --algo dflash ... dist.backend=gloo
+    # the Eagle3 layout SGLang / vLLM / TensorRT-LLM load (then python -m export)
+    python -m training train -c training/configs/smollm2-135m-eagle3-canonical.yaml
     # 2b. or index the answers for corpus lookup (no training step; drafts what the target wrote elsewhere)
     python -m training corpus --data training/data/smollm2-regen.jsonl --out runs/corpus
     # 3. evaluate: τ, verify rate, per-position survival, speedup vs target-only; eval.json + eval.md + PNG
