@@ -45,7 +45,7 @@ bench-deps: venv
 	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PIP) install -q 'llama-cpp-python>=0.3'
 
 # `make bench` runs every benchmark in turn (~25 min on 2 idle cores); each also runs alone.
-bench: bench-decode bench-service bench-loadtest
+bench: bench-decode bench-service bench-loadtest bench-verify
 
 bench-decode: bench-deps
 	$(PY) -m bench.decode $(BENCH_ARGS)
@@ -56,6 +56,10 @@ bench-service: bench-deps
 
 bench-loadtest: venv
 	$(PY) -m bench.loadtest_overhead
+
+# one verification step, the pre-plugins path against the plugins ops (CPU, ~1 min)
+bench-verify: venv
+	$(PY) -m bench.verify
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -18,12 +18,23 @@ def greedy_accept(
     num_draft_tokens: torch.Tensor,  # [B] int64 in [0, k]
     target_logits: torch.Tensor,  # [B, k+1, V] float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """→ (num_accepted [B], next_token [B]): the longest prefix equal to the target's argmax, then its argmax."""
-    k = draft_tokens.shape[1]
-    argmax = target_logits.argmax(dim=-1)  # [B, k+1]; ties go to the lowest id, like target-only decoding
-    match = (draft_tokens == argmax[:, :k]) & (torch.arange(k)[None, :] < num_draft_tokens[:, None])
-    num_accepted = match.long().cumprod(dim=1).sum(dim=1)
-    return num_accepted, argmax.gather(1, num_accepted[:, None]).squeeze(1)
+    """→ (num_accepted [B], next_token [B]): the longest prefix equal to the target's argmax, then its argmax.
+
+    Slot by slot over the rows still accepting (like the kernel): a row's argmax is taken only up to its first
+    mismatch, so weak drafts cost one pass over the vocabulary instead of k + 1. Ties go to the lowest id, like
+    target-only decoding.
+    """
+    B, k = draft_tokens.shape
+    num_accepted = torch.zeros(B, dtype=torch.long, device=draft_tokens.device)
+    alive = (num_draft_tokens > 0).nonzero().squeeze(1)
+    for j in range(k):
+        if not alive.numel():
+            break
+        ok = draft_tokens[alive, j] == target_logits[alive, j].argmax(dim=-1)
+        num_accepted[alive] += ok.long()
+        alive = alive[ok & (num_draft_tokens[alive] > j + 1)]
+    next_token = target_logits[torch.arange(B, device=draft_tokens.device), num_accepted].argmax(dim=-1)
+    return num_accepted, next_token
 
 
 def sample_index(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -51,55 +62,58 @@ def rejection_sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """→ (num_accepted [B], next_token [B]), next_token being the recovered or the bonus token."""
     B, k = draft_tokens.shape
-    V = target_logits.shape[-1]
-    rows = lambda x: x.repeat_interleave(k + 1)  # noqa: E731 - per-row parameters for each slot
-    z = scale(target_logits.reshape(B * (k + 1), V), rows(temperature))
-    proc = process(z, rows(top_k), rows(top_p))
-    slots = torch.arange(k)
     greedy = temperature <= 0
-    any_greedy = bool(greedy.any())
-    argmax = z.view(B, k + 1, V).argmax(dim=-1) if any_greedy else None  # [B, k+1]
-
-    # acceptance of every draft at once: u < p(x) / q(x); a q of 0 never accepts
-    ends = torch.arange(B * (k + 1)).view(B, k + 1)[:, :k]  # flat row of each draft slot
-    p_draft = torch.zeros(B, k)
-    if k:
-        z_draft = z.view(B, k + 1, V)[:, :k].gather(2, draft_tokens[..., None]).squeeze(2)
-        p_draft = torch.exp(z_draft - proc.zmax[ends]) / proc.mass[ends]
-        p_draft = torch.where(z_draft >= proc.tau[ends], p_draft, torch.zeros_like(p_draft))
+    scale_by = torch.where(greedy, torch.ones_like(temperature), temperature)
+    u = uniforms(seeds, (2 * torch.arange(k, device=draft_tokens.device))[None, :].expand(B, k))
     if draft_probs is None:
-        q_draft = torch.ones_like(p_draft)
+        q_draft = torch.ones(B, k, device=draft_tokens.device)
     else:
         q_draft = draft_probs.gather(2, draft_tokens[..., None]).squeeze(2).to(torch.float32)
-    u = uniforms(seeds, (2 * slots)[None, :].expand(B, k))
-    ratio = torch.where(q_draft > 0, p_draft / q_draft.clamp(min=torch.finfo(torch.float32).tiny),
-                        torch.zeros_like(p_draft))
-    accept = u < ratio
-    if any_greedy:
-        accept = torch.where(greedy[:, None], draft_tokens == argmax[:, :k], accept)
-    accept &= slots[None, :] < num_draft_tokens[:, None]
-    num_accepted = accept.long().cumprod(dim=1).sum(dim=1)
+
+    # slot by slot over the rows still accepting: a row's distribution is processed only up to its first
+    # rejection, so a step costs (accepted + 1) passes over the vocabulary per row, not k + 1
+    num_accepted = torch.zeros(B, dtype=torch.long, device=draft_tokens.device)
+    alive = (num_draft_tokens > 0).nonzero().squeeze(1)
+    for j in range(k):
+        if not alive.numel():
+            break
+        z = scale(target_logits[alive, j], scale_by[alive])
+        token = draft_tokens[alive, j]
+        row_greedy = greedy[alive]
+        if bool(row_greedy.all()):
+            ok = token == z.argmax(dim=-1)
+        else:
+            p = process(z, top_k[alive], top_p[alive]).probs_at(token[:, None]).squeeze(1)
+            q = q_draft[alive, j]
+            # accept with probability min(1, p / q); a q of 0 never accepts
+            ratio = torch.where(q > 0, p / q.clamp(min=torch.finfo(torch.float32).tiny), torch.zeros_like(p))
+            ok = u[alive, j] < ratio
+            if bool(row_greedy.any()):
+                ok = torch.where(row_greedy, token == z.argmax(dim=-1), ok)
+        num_accepted[alive] += ok.long()
+        alive = alive[ok & (num_draft_tokens[alive] > j + 1)]
 
     # one distribution per row at the first rejected slot (recovered) or after the block (bonus)
-    at = torch.arange(B) * (k + 1) + num_accepted
-    z_at = z[at]
-    p_at = torch.exp(z_at - proc.zmax[at, None]).masked_fill_(z_at < proc.tau[at, None], 0.0)
-    p_at.div_(proc.mass[at, None])
+    z_at = scale(target_logits[torch.arange(B, device=draft_tokens.device), num_accepted], scale_by)
+    proc = process(z_at, top_k, top_p)
     rejected = num_accepted < num_draft_tokens
-    weights = p_at
-    if bool(rejected.any()):
-        slot = num_accepted.clamp(max=max(k - 1, 0))
-        if draft_probs is None:
-            token = draft_tokens.gather(1, slot[:, None]) if k else torch.zeros(B, 1, dtype=torch.long)
-            residual = p_at.scatter(1, token, 0.0)
-        else:
-            residual = (p_at - draft_probs[torch.arange(B), slot].to(torch.float32)).clamp_(min=0.0)
+    slot = num_accepted.clamp(max=max(k - 1, 0))
+    if draft_probs is None or not bool(rejected.any()):
+        # sampling needs no normalization; with a one-hot q the residual is p without the rejected draft (never
+        # empty: a draft holding all of p's mass is always accepted)
+        weights = proc.weights()
+        if k and bool(rejected.any()):
+            rows = rejected.nonzero().squeeze(1)
+            weights[rows, draft_tokens[rows, slot[rows]]] = 0.0
+    else:
+        p_at = proc.probs()
+        residual = (p_at - draft_probs[torch.arange(B, device=draft_tokens.device), slot].to(torch.float32)).clamp_(min=0.0)
         # p == q exactly leaves no residual; rejection then had probability 0, so p itself is the fallback
         usable = rejected & (residual.sum(dim=-1) > 0)
         weights = torch.where(usable[:, None], residual, p_at)
     next_token = sample_index(weights, uniforms(seeds, (2 * num_accepted + 1)[:, None]).squeeze(1))
-    if any_greedy:
-        next_token = torch.where(greedy, argmax.gather(1, num_accepted[:, None]).squeeze(1), next_token)
+    if bool(greedy.any()):
+        next_token = torch.where(greedy, z_at.argmax(dim=-1), next_token)
     return num_accepted, next_token
 
 
@@ -114,7 +128,7 @@ def confidence_truncate(
     """
     k = confidence.shape[1]
     survival = confidence.to(torch.float32).cumprod(dim=1)
-    keep = (survival >= threshold) & (torch.arange(k)[None, :] < num_draft_tokens[:, None])
+    keep = (survival >= threshold) & (torch.arange(k, device=confidence.device)[None, :] < num_draft_tokens[:, None])
     num_kept = keep.long().cumprod(dim=1).sum(dim=1)
-    survival = survival * (torch.arange(k)[None, :] < num_kept[:, None])
+    survival = survival * (torch.arange(k, device=confidence.device)[None, :] < num_kept[:, None])
     return num_kept, survival

@@ -34,6 +34,8 @@ class Processed:
     zmax: torch.Tensor  # [R]
     tau: torch.Tensor  # [R] keep z >= tau
     mass: torch.Tensor  # [R] sum of exp(z - zmax) over the kept tokens
+    #: [R, V] exp(z - zmax) when process() already computed it for every row (handed over by weights())
+    e: torch.Tensor | None = None
 
     def probs_at(self, tokens: torch.Tensor) -> torch.Tensor:
         """[R, n] token ids → [R, n] processed probabilities of those tokens."""
@@ -41,16 +43,25 @@ class Processed:
         p = torch.exp(zt - self.zmax[:, None]) / self.mass[:, None]
         return torch.where(zt >= self.tau[:, None], p, torch.zeros_like(p))
 
+    def weights(self) -> torch.Tensor:
+        """[R, V] unnormalized p (exp(z - zmax) on the kept tokens, 0 elsewhere), a tensor the caller owns."""
+        e, self.e = self.e, None
+        if e is None:
+            e = torch.exp(self.z - self.zmax[:, None])
+        if bool(torch.isfinite(self.tau).any()):
+            e.masked_fill_(self.z < self.tau[:, None], 0.0)
+        return e
+
     def probs(self) -> torch.Tensor:
         """[R, V] the full processed distribution."""
-        p = torch.exp(self.z - self.zmax[:, None])
-        p = p.masked_fill_(self.z < self.tau[:, None], 0.0)
-        return p.div_(self.mass[:, None])
+        return self.weights().div_(self.mass[:, None])
 
 
 def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """[R, V] logits / [R] temperature → float32 z; greedy rows (T <= 0) are scaled by 1."""
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(torch.float32)
+    if bool((t == 1).all()):  # nothing to scale: callers never write into z
+        return logits.to(torch.float32)
     return logits.to(torch.float32) / t[:, None]
 
 
@@ -65,10 +76,12 @@ def process(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> Proces
         vals = _rows(z, k_rows).topk(int(kk.max()), dim=-1).values
         tau[k_rows] = vals.gather(1, (kk - 1)[:, None]).squeeze(1)
     mass = torch.empty(R, dtype=torch.float32, device=z.device)
+    e_all = None
     p_rows = (top_p < 1).nonzero().squeeze(1)
     if p_rows.numel():
-        tau_p, mass_p = _top_p(_rows(z, p_rows), zmax[p_rows], tau[p_rows], top_p[p_rows])
+        tau_p, mass_p, e = _top_p(_rows(z, p_rows), zmax[p_rows], tau[p_rows], top_p[p_rows])
         tau[p_rows], mass[p_rows] = tau_p, mass_p
+        e_all = e if p_rows.numel() == R else None
     rest = (top_p >= 1).nonzero().squeeze(1)
     if rest.numel():
         zr, zmax_r, tau_r = _rows(z, rest), zmax[rest], tau[rest]
@@ -76,7 +89,8 @@ def process(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> Proces
         if bool(torch.isfinite(tau_r).any()):
             e.masked_fill_(zr < tau_r[:, None], 0.0)
         mass[rest] = e.sum(dim=-1)
-    return Processed(z, zmax, tau, mass)
+        e_all = e if rest.numel() == R else None
+    return Processed(z, zmax, tau, mass, e_all)
 
 
 def _rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -109,7 +123,7 @@ def _top_p(z: torch.Tensor, zmax: torch.Tensor, tau_k: torch.Tensor, top_p: torc
     at = (cum_c < target[:, None]).sum(dim=-1).clamp_(max=n - 1)
     tau = vals.gather(1, at[:, None]).squeeze(1)
     mass = before + (ev * (vals >= tau[:, None])).sum(dim=-1)
-    return tau, mass.to(torch.float32)
+    return tau, mass.to(torch.float32), e
 
 
 def process_logits(

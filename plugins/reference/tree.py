@@ -39,21 +39,21 @@ def tree_accept(
     """→ (num_accepted [B], next_token [B], path [B, N]): path[b, j] is the accepted node at depth j
     (path[b, 0] = 0) for j <= num_accepted[b], and -1 after."""
     B, N, V = target_logits.shape
-    ar = torch.arange(B)
-    valid = torch.arange(N)[None, :] < num_nodes[:, None]
+    ar = torch.arange(B, device=tree_tokens.device)
+    valid = torch.arange(N, device=tree_tokens.device)[None, :] < num_nodes[:, None]
     parent = parents.clamp(min=0)
     greedy = temperature <= 0
     z = scale(target_logits.reshape(B * N, V), temperature.repeat_interleave(N))
 
-    num_accepted = torch.zeros(B, dtype=torch.long)
-    next_token = torch.zeros(B, dtype=torch.long)
-    path = torch.full((B, N), -1, dtype=torch.long)
+    num_accepted = torch.zeros(B, dtype=torch.long, device=tree_tokens.device)
+    next_token = torch.zeros(B, dtype=torch.long, device=tree_tokens.device)
+    path = torch.full((B, N), -1, dtype=torch.long, device=tree_tokens.device)
     path[:, 0] = 0
     if bool(greedy.any()):
         argmax = z.view(B, N, V).argmax(dim=-1)  # [B, N]
         match = (tree_tokens == argmax.gather(1, parent)) & valid
-        accepted = torch.zeros(B, N, dtype=torch.bool)
-        depth = torch.zeros(B, N, dtype=torch.long)
+        accepted = torch.zeros(B, N, dtype=torch.bool, device=tree_tokens.device)
+        depth = torch.zeros(B, N, dtype=torch.long, device=tree_tokens.device)
         accepted[:, 0] = True
         for i in range(1, N):  # over nodes, vectorized over rows: a parent is always settled first
             accepted[:, i] = match[:, i] & accepted[ar, parent[:, i]]
@@ -76,8 +76,8 @@ def tree_accept(
 def _path_to(node: torch.Tensor, depth: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
     """[B] end nodes and their depths → [B, N] node index per depth, -1 past the end."""
     B, N = parent.shape
-    path = torch.full((B, N), -1, dtype=torch.long)
-    ar = torch.arange(B)
+    path = torch.full((B, N), -1, dtype=torch.long, device=node.device)
+    ar = torch.arange(B, device=node.device)
     cur, d = node.clone(), depth.clone()
     for _ in range(N):
         live = d >= 0
@@ -90,13 +90,13 @@ def _path_to(node: torch.Tensor, depth: torch.Tensor, parent: torch.Tensor) -> t
 def _sampled_walk(tokens, parents, valid, z, draft_probs, top_k, top_p, seeds, B, N, V):
     proc = process(z, top_k.repeat_interleave(N), top_p.repeat_interleave(N))
     probs = proc.probs().view(B, N, V)
-    ar = torch.arange(B)
-    cur = torch.zeros(B, dtype=torch.long)
-    depth = torch.zeros(B, dtype=torch.long)
-    path = torch.full((B, N), -1, dtype=torch.long)
+    ar = torch.arange(B, device=tokens.device)
+    cur = torch.zeros(B, dtype=torch.long, device=tokens.device)
+    depth = torch.zeros(B, dtype=torch.long, device=tokens.device)
+    path = torch.full((B, N), -1, dtype=torch.long, device=tokens.device)
     path[:, 0] = 0
     residual = probs[:, 0].clone()  # r: what the current node's next token is drawn from
-    u = uniforms(seeds, 2 * torch.arange(N)[None, :].expand(B, N))
+    u = uniforms(seeds, 2 * torch.arange(N, device=tokens.device)[None, :].expand(B, N))
     for i in range(1, N):
         child = valid[:, i] & (parents[:, i] == cur)
         token = tokens[:, i]
@@ -128,7 +128,7 @@ def compact_kv(
     """Move the accepted nodes' entries to start + depth: cache[:, b, :, start + j] = cache[:, b, :, start +
     path[b, j]] for 1 <= j <= num_accepted[b]; every source is read before any destination is written."""
     N = path.shape[1]
-    depth = torch.arange(N)[None, :]
+    depth = torch.arange(N, device=cache.device)[None, :]
     src = start[:, None] + path.clamp(min=0)
     dst = start[:, None] + depth
     moves = (depth <= num_accepted[:, None]) & (path >= 0) & (src != dst)
