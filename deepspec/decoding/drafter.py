@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from deepspec.models.target import Target
+
 
 @dataclass
 class Proposal:
@@ -67,7 +69,7 @@ class Drafter(ABC):
     #: registry name, reported in metrics and benchmark tables
     name: str = "drafter"
 
-    def bind(self, target, max_batch_size: int, max_seq_len: int) -> None:
+    def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
         """Allocate per-slot state once, before the first request (called by the engine)."""
 
     @abstractmethod

@@ -23,6 +23,7 @@ import torch
 from deepspec.decoding.drafter import DraftSampling, Proposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.suffix_index import SuffixIndex
+from deepspec.models.target import Target
 
 #: `algo` in config.json of a corpus-lookup draft directory
 ALGO = "corpus-lookup"
@@ -98,7 +99,7 @@ def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, 
     return path
 
 
-def load_drafter(path: Path, header: dict, target, **options) -> CorpusLookupDrafter:
+def load_drafter(path: Path, header: dict, target: Target, **options) -> CorpusLookupDrafter:
     """The registry's loader for `corpus-lookup` directories: check the target fingerprint, read the index, and take
     min_corpus_match and the slot-acceptance table from config.json unless `options` set them."""
     from deepspec.models.drafts import DraftCheckpointError, check_target

@@ -11,12 +11,13 @@ import torch
 
 from deepspec.decoding.drafter import DraftSampling, Proposal
 from deepspec.decoding.drafters.neural import NeuralDrafter, pack, pick_tokens
+from deepspec.models.target import Target
 
 
 class DFlashDrafter(NeuralDrafter):
     name = "dflash"
 
-    def bind(self, target, max_batch_size: int, max_seq_len: int) -> None:
+    def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
         self._check_target(target)
         self.caches = [self._new_cache(max_batch_size, max_seq_len) for _ in range(self.cfg.num_layers)]
         self.ctx_len = torch.zeros(max_batch_size, dtype=torch.long)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.models.target import Target
 
 #: cache positions past max_seq_len: drafts of a row near its limit still have somewhere to go
 CACHE_SLACK = 64
@@ -22,7 +23,7 @@ class NeuralDrafter(Drafter):
         self.feature_layers = tuple(model.cfg.feature_layers)
         self.max_batch_size = 0
 
-    def _check_target(self, target) -> None:
+    def _check_target(self, target: Target) -> None:
         from deepspec.models.drafts.checkpoint import check_target
 
         check_target(self.cfg, target, where=f"{self.name} draft")
@@ -37,7 +38,7 @@ def checkpoint_loader(cls: type[NeuralDrafter]):
     """The registry's loader for draft directories of cls.name: read the weights (checked against the target's
     fingerprint, attached to its embedding and head), then wrap them in `cls`."""
 
-    def load(path: Path, header: dict, target, **options) -> NeuralDrafter:
+    def load(path: Path, header: dict, target: Target, **options) -> NeuralDrafter:
         from deepspec.models.drafts import load_draft
 
         return cls(load_draft(path, target), **options)
