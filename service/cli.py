@@ -21,11 +21,15 @@ import asyncio
 import logging
 import sys
 
-from service.settings import QUANTIZATIONS, GatewaySettings, WorkerSettings
 from service.signals import install_stop_signals
+
+#: the subcommands; each one's settings (and, for a worker, the deepspec library) are imported only when it runs
+COMMANDS = ("worker", "gateway", "embedded")
 
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
+    from service.worker.settings import QUANTIZATIONS
+
     g = p.add_argument_group("model")
     # target, draft and dtype default to None here so that settings can tell a flag from the --engine-dir manifest
     g.add_argument("--target", default=None,
@@ -91,36 +95,49 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
                             "503 + Retry-After (Kubernetes: a worker outage keeps the gateways in their Service)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParser:
+    """Every subcommand, with the flags of those in `commands` (the gateway image, which has no deepspec library,
+    builds only the gateway's)."""
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO; request lines are INFO)")
     sub = parser.add_subparsers(dest="command")
-    _add_worker_flags(sub.add_parser("worker", parents=[common], help="host one engine behind KServe v2 gRPC"))
-    _add_gateway_flags(sub.add_parser("gateway", parents=[common], help="OpenAI HTTP + gRPC API routing to workers"))
+    worker = sub.add_parser("worker", parents=[common], help="host one engine behind KServe v2 gRPC")
+    gateway = sub.add_parser("gateway", parents=[common], help="OpenAI HTTP + gRPC API routing to workers")
     embedded = sub.add_parser("embedded", parents=[common],
                               help="gateway + one in-process worker (the default without a subcommand)")
-    _add_gateway_flags(embedded, embedded=True)
-    _add_worker_flags(embedded, embedded=True)
-    embedded.add_argument("--worker-port", type=int, default=0, help="in-process worker's gRPC port (default 0 = any free)")
-    embedded.add_argument("--metrics-port", type=int, default=8002, help="worker /metrics HTTP port (default 8002; -1 = off)")
+    if "worker" in commands:
+        _add_worker_flags(worker)
+    if "gateway" in commands:
+        _add_gateway_flags(gateway)
+    if "embedded" in commands:
+        _add_gateway_flags(embedded, embedded=True)
+        _add_worker_flags(embedded, embedded=True)
+        embedded.add_argument("--worker-port", type=int, default=0,
+                              help="in-process worker's gRPC port (default 0 = any free)")
+        embedded.add_argument("--metrics-port", type=int, default=8002,
+                              help="worker /metrics HTTP port (default 8002; -1 = off)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    if not argv or argv[0] not in ("worker", "gateway", "embedded", "-h", "--help"):
+    if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         argv = ["embedded", *argv]  # `python -m service [flags]` = the embedded default
+    parser = build_parser(commands=tuple(argv[:1]))
     args = parser.parse_args(argv)
     from service.logging import configure_logging
 
     configure_logging(args.log_level)
     from pydantic import ValidationError
 
+    from service.gateway.settings import GatewaySettings
+
     try:
         if args.command == "worker":
+            from service.worker.settings import WorkerSettings
+
             settings = WorkerSettings(**_pick(args, WorkerSettings))
             return _run(_serve_worker(settings))
         gateway_args = _pick(args, GatewaySettings)
@@ -131,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             from service.gateway.app import serve_gateway
 
             return _run(serve_gateway(gateway_settings))
+        from service.worker.settings import WorkerSettings
+
         worker_settings = WorkerSettings(**{**_pick(args, WorkerSettings), "port": args.worker_port, "host": "127.0.0.1"})
         from service.embedded import serve_embedded
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from service.settings import GatewaySettings, WorkerSettings
+from service.gateway.settings import GatewaySettings
+from service.worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 

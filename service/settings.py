@@ -1,147 +1,23 @@
-"""Typed settings for the worker and the gateway: one model each, unknown keys rejected.
+"""What every service process is configured with; the worker's and the gateway's own settings extend it.
 
-The CLI fills these from flags; every field can also come from the environment (`DEEPSPEC_WORKER_PORT=8001`,
-`DEEPSPEC_GATEWAY_HTTP_PORT=8000`, and `DEEPSPEC_API_KEYS` for the keys). `get_*_settings` are the cached getters
-the apps read; tests pass instances instead.
+`service.worker.settings.WorkerSettings` and `service.gateway.settings.GatewaySettings` are one typed model each,
+unknown keys rejected. The CLI fills them from flags; every field can also come from the environment
+(`DEEPSPEC_WORKER_PORT=8001`, `DEEPSPEC_GATEWAY_HTTP_PORT=8000`, and `DEEPSPEC_API_KEYS` for the keys). The apps take
+an instance (`WorkerService(settings)`, `serve_gateway(settings)`, `create_app(settings)`), and tests pass their own.
+The two live apart because they ship apart: the gateway image has no deepspec library, the worker's settings read
+its defaults from it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal, get_args
-
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# The gateway image ships service/ without the deepspec library, so these mirror deepspec.models.aliases and
-# deepspec.models.quantization; tests/service/test_units.py checks that they agree.
-DEFAULT_TARGET = "smollm2-135m"
-Quantization = Literal["auto", "none", "gguf"]
-QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(extra="forbid")
 
-class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DEEPSPEC_WORKER_", extra="forbid")
-
-    #: target alias, HF directory or GGUF file; "stub" = a weightless test target (tests, overhead benchmark)
-    target: str = DEFAULT_TARGET
-    #: draft directory, "prompt-lookup", "none" (target only) or "auto" (best shipped draft)
-    draft: str = "auto"
-    #: `python -m export` output; its manifest.json sets target, draft and dtype where they are not given explicitly
-    engine_dir: Path | None = None
+    #: bind address
     host: str = "0.0.0.0"
-    #: KServe v2 gRPC port (0 = pick a free one)
-    port: int = Field(8001, ge=0, le=65535)
-    #: Prometheus /metrics HTTP port (0 = pick a free one, -1 = off)
-    metrics_port: int = Field(8002, ge=-1, le=65535)
-    device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 decodes ~2x faster on CPU (prepacked oneDNN matmuls)
-    #: "gguf" = keep a GGUF target's 4-bit matmul weights (CPU, bf16: ~2x faster batch-1 decode); "auto" = gguf
-    #: where it applies, else "none" (dense weights in `dtype`)
-    quantization: Quantization = "auto"
-    #: sequences decoded together in one engine step
-    max_batch_size: int = Field(8, ge=1)
-    #: requests waiting for a batch slot before new ones get RESOURCE_EXHAUSTED (the gateway's 429)
-    max_queue: int = Field(64, ge=0)
-    #: prompt tokens prefilled per engine step at most (one request always fits): lower = smoother TTFT under bursts
-    max_prefill_tokens_per_step: int = Field(512, ge=1)
-    #: context length cap, tokens (prompt + max_tokens); the target's own limit applies too
-    max_seq_len: int = Field(2048, ge=16)
-    #: draft tokens proposed per verify round
-    num_speculative_tokens: int = Field(7, ge=1, le=32)
-    #: seconds to finish in-flight requests after SIGTERM
-    drain_timeout_s: float = Field(30.0, ge=0)
-    #: stub target only: simulated time per forward, milliseconds
-    stub_step_ms: float = Field(0.0, ge=0)
-
-    @model_validator(mode="after")
-    def _apply_engine_dir(self):
-        if self.engine_dir is not None:
-            from service.worker.engine_dir import read_engine_dir
-
-            for name, value in read_engine_dir(self.engine_dir).worker_fields().items():
-                if name not in self.model_fields_set:  # a flag (or env var) beats the manifest
-                    setattr(self, name, value)
-        return self
-
-
-class GatewaySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DEEPSPEC_GATEWAY_", extra="forbid", populate_by_name=True)
-
-    #: "host:port,host:port", "dns://name:port" (a headless Service, re-resolved every `dns_refresh_s`) or
-    #: "k8s://service[.namespace]:port-name-or-number" (its EndpointSlices, watched through the Kubernetes API)
-    workers: str = ""
-    #: how `workers` is found; None = implied by its scheme (dns:// -> dns, k8s:// -> endpointslices, else static)
-    discovery: Literal["static", "dns", "endpointslices"] | None = None
-    #: Kubernetes API base URL for endpointslices discovery ("" = in-cluster: $KUBERNETES_SERVICE_HOST/_PORT)
-    k8s_api_url: str = ""
-    host: str = "0.0.0.0"
-    http_port: int = Field(8000, ge=0, le=65535)
-    #: 0 = pick a free one, -1 = no gRPC API
-    grpc_port: int = Field(50051, ge=-1, le=65535)
     #: seconds to finish in-flight requests after SIGTERM (readiness turns false first)
     drain_timeout_s: float = Field(30.0, ge=0)
-    #: file with one API key per line; keys also come from $DEEPSPEC_API_KEYS (comma-separated)
-    api_keys_file: Path | None = None
-    api_keys: str = Field("", validation_alias=AliasChoices("DEEPSPEC_API_KEYS", "api_keys"))
-    #: whole-request limit, seconds (queueing + generation)
-    request_timeout_s: float = Field(600.0, gt=0)
-    #: seconds between ServerReady probes of each worker
-    health_interval_s: float = Field(2.0, gt=0)
-    #: consecutive failed probes before a worker is ejected (a refused connection ejects at once)
-    unhealthy_threshold: int = Field(2, ge=1)
-    dns_refresh_s: float = Field(5.0, gt=0)
-    #: request bodies above this many bytes get 413
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    #: tries per request across workers (before the first token only)
-    max_attempts: int = Field(3, ge=1)
-    #: seconds a 429 asks the client to wait (Retry-After)
-    retry_after_s: int = Field(1, ge=1)
-    #: Prometheus /metrics on its own port, away from the API and its Ingress (0 = any free; -1 = on the HTTP port)
-    metrics_port: int = Field(-1, ge=-1, le=65535)
-    #: keep /health/ready at 200 while no worker is admitted (completions answer 503 + Retry-After): a worker
-    #: outage then leaves every gateway in its Service instead of taking the whole API off the network
-    ready_without_workers: bool = False
-
-    @model_validator(mode="after")
-    def _check_workers(self):
-        """`--discovery` and the `--workers` scheme must agree; an explicit discovery may leave the scheme out."""
-        schemes = {"dns": "dns://", "endpointslices": "k8s://"}
-        implied = next((d for d, scheme in schemes.items() if self.workers.startswith(scheme)), "static")
-        if self.discovery is None:
-            self.discovery = implied
-        elif implied == "static" and self.discovery != "static":
-            self.workers = schemes[self.discovery] + self.workers
-        elif implied != self.discovery:
-            raise ValueError(f"--discovery {self.discovery} does not match --workers {self.workers!r} "
-                             f"(which implies {implied}); drop one of them")  # fmt: skip
-        if self.discovery == "static":
-            for address in filter(None, (a.strip() for a in self.workers.split(","))):
-                host, _, port = address.rpartition(":")
-                if not host or not port.isdigit():
-                    raise ValueError(f"expected host:port, got {address!r} in --workers")
-        elif self.discovery == "dns":
-            host, _, port = self.workers.removeprefix("dns://").rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"expected dns://<name>:<port>, got {self.workers!r}")
-        else:
-            from service.gateway.discovery_k8s import KubeAPI, ServiceRef
-
-            ref = ServiceRef.parse(self.workers)
-            KubeAPI.in_cluster(url=self.k8s_api_url, namespace=ref.namespace or "")  # no API or namespace: fail now
-        return self
-
-    @model_validator(mode="after")
-    def _check_keys_file(self):
-        if self.api_keys_file is not None and not self.api_keys_file.is_file():
-            raise ValueError(f"--api-keys-file {self.api_keys_file} does not exist or is not a file")
-        return self
-
-    def load_api_keys(self) -> frozenset[str]:
-        """Keys from the env var and the file (blank lines and '#' comments skipped); empty = auth off."""
-        keys = {k.strip() for k in self.api_keys.split(",") if k.strip()}
-        if self.api_keys_file is not None:
-            for line in self.api_keys_file.read_text().splitlines():
-                if line.strip() and not line.lstrip().startswith("#"):  # a line may hold several, comma-separated
-                    keys.update(k.strip() for k in line.split(",") if k.strip())
-        return frozenset(keys)

@@ -2,8 +2,8 @@
 
 Why: the confidence head learns P(slot accepted | earlier slots accepted) in-sample, so on new text it is
 over-confident, and truncation compares the *product* Π σ(c_k) with a threshold — per-slot errors compound down
-the block. Temperature scaling σ(c_k / T_k) per slot is the paper's calibration (DeepSpec's code has none). It is
-fitted here on rows the draft never trained on, never on the eval sets, by minimizing the same binary
+the block. Temperature scaling σ(c_k / T_k) per slot is the paper's calibration (the reference implementation has
+none). It is fitted here on rows the draft never trained on, never on the eval sets, by minimizing the same binary
 cross-entropy the head trains with, toward the acceptance probability 1 − ½‖p_d − p_t‖₁.
 """
 

@@ -9,7 +9,8 @@ maximizes modelled throughput
 
 where t(n) is the step time of a verify pass over n tokens. A drafter that does not estimate survival (prompt
 lookup) gets each sequence's own record instead (`observed_survival`), so speculation stops where it does not
-pay. This is the "hardware-aware verification budget" of the DSpark paper, which DeepSpec's code does not have.
+pay. This is the "hardware-aware verification budget" of the DSpark paper, which the reference implementation
+(DeepSeek's DeepSpec repository, docs/ALGORITHMS.md) does not have.
 The engine times probe passes once, when it starts, on the hardware it runs on. t(n) interpolates those probes
 piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches kernels at 8 rows
 (packed_linear.Int4Weight), so t(n) has a knee. It is not refitted while serving, so a given batch of seeded

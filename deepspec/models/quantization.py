@@ -1,5 +1,5 @@
-"""How a target's matmul weights are held: the one list the loader and the training CLI share (the service,
-whose gateway image ships without this library, mirrors it in service/settings.py, checked by a test).
+"""How a target's matmul weights are held: the one list the loader, the training CLI and the worker's settings
+(service/worker/settings.py) share.
 
 Torch-free on purpose: the training CLI offers the choices before it imports torch.
 """

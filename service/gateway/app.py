@@ -24,7 +24,7 @@ from service.gateway.errors import (AuthenticationError, BadRequestError, Payloa
 from service.gateway.routers import chat, completions, health, models
 from service.gateway.routing import WorkerPool
 from service.metrics import GatewayMetrics
-from service.settings import GatewaySettings
+from service.gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 Streaming requests go through `ModelStreamInfer`, so the gateway sees the first token (retry is only allowed before
 it), measures TTFT and inter-chunk latency itself, and cancels the worker's sequence by cancelling the call.
 Non-streaming requests use one unary `ModelInfer` (cheaper; the worker's own histograms time them). A gRPC deadline
-bounds each call. Tensors are encoded and decoded by `service.tensors`, the codec the worker uses too. Errors surface as `WorkerError(status, message)`
-with `status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
+bounds each call. Tensors are encoded and decoded by `service.tensors`, the codec the worker uses too. Errors
+surface as `WorkerError(status, message)` with `status` a grpc.StatusCode name, whether they came as a stream
+`error_message` or as an RPC status.
 """
 
 from __future__ import annotations

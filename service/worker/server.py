@@ -23,7 +23,7 @@ from deepspec.decoding.validation import RequestError
 from service import protocol as p
 from service import tensors
 from service.metrics import WorkerMetrics, start_metrics_server
-from service.settings import WorkerSettings
+from service.worker.settings import WorkerSettings
 from service.worker.engine import LoadedEngine, load_engine
 from service.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
 

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from service.gateway.discovery_k8s import SERVICE_NAME_LABEL, KubeAPI, ServiceRef, ready_addresses
 from service.gateway.routing import WorkerPool, discovery_for
 from service.metrics import GatewayMetrics
-from service.settings import GatewaySettings
+from service.gateway.settings import GatewaySettings
 from tests.ports import free_port
 from tests.service.conftest import Gateway, Worker
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from service.settings import WorkerSettings
+from service.worker.settings import WorkerSettings
 from service.worker.engine_dir import EngineDirError, EngineManifest, read_engine_dir
 from tests.service.conftest import REPO, Worker
 

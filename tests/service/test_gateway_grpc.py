@@ -194,10 +194,11 @@ def test_abort_needs_a_key_and_reaches_only_the_callers_own_requests(tmp_path):
                 with pytest.raises(grpc.RpcError) as info:
                     stub.Abort(pb.AbortRequest(request_id="r1"), metadata=metadata)
                 assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            a = stub.CompleteStream(pb.CompletionRequest(request_id="r1", prompt="Hi", max_tokens=2000), metadata=as_("key-a"))
+            long = pb.CompletionRequest(request_id="r1", prompt="Hi", max_tokens=2000)
+            a = stub.CompleteStream(long, metadata=as_("key-a"))
             next(a)
             # request ids are per caller: b may use "r1" too, and b's Abort does not reach a's "r1"
-            b = stub.CompleteStream(pb.CompletionRequest(request_id="r1", prompt="Hi", max_tokens=2000), metadata=as_("key-b"))
+            b = stub.CompleteStream(long, metadata=as_("key-b"))
             next(b)
             assert stub.Abort(pb.AbortRequest(request_id="r1"), metadata=as_("key-b")).found
             with pytest.raises(grpc.RpcError) as info:

@@ -7,6 +7,7 @@ import asyncio
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,7 +173,7 @@ def test_cli_help_is_instant_and_names_units():
 
 def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
     import deepspec.models
-    from service.settings import WorkerSettings
+    from service.worker.settings import WorkerSettings
     from service.worker.engine import load_engine
 
     seen = {}
@@ -190,14 +191,34 @@ def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
         WorkerSettings(quantization="int8")
 
 
-def test_service_constants_mirror_the_library():
-    """The gateway image has no deepspec library, so the service keeps its own copies of these; they must agree."""
+def test_worker_and_gateway_settings_live_apart():
+    """The worker's defaults are the library's own (no copies); the gateway's settings need no library at all, and
+    the fields both have come from one base."""
     from deepspec.models.aliases import DEFAULT_TARGET
     from deepspec.models.quantization import QUANTIZATIONS
-    from service import settings
+    from service.gateway.settings import GatewaySettings
+    from service.settings import ServiceSettings
+    from service.worker.settings import WorkerSettings
 
-    assert settings.DEFAULT_TARGET == DEFAULT_TARGET
-    assert set(settings.QUANTIZATIONS) == set(QUANTIZATIONS)
+    assert WorkerSettings().target == DEFAULT_TARGET
+    assert WorkerSettings.model_fields["quantization"].annotation.__args__ == QUANTIZATIONS
+    assert issubclass(WorkerSettings, ServiceSettings) and issubclass(GatewaySettings, ServiceSettings)
+    for cls in (WorkerSettings, GatewaySettings):  # declared once, in the base
+        assert not set(ServiceSettings.model_fields) & set(cls.__annotations__), cls
+    result = subprocess.run([sys.executable, "-c", _NO_DEEPSPEC + "import service.gateway.settings, service.cli\n"
+                             "service.cli.build_parser(('gateway',)).parse_args(['gateway', '--workers', 'w:1'])"],
+                            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+#: blocks the deepspec library, as in the gateway image
+_NO_DEEPSPEC = """import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "deepspec":
+            raise ImportError("no deepspec in the gateway image: " + name)
+sys.meta_path.insert(0, Block())
+"""
 
 
 def test_the_engines_error_code_travels_structured_to_the_openai_body():

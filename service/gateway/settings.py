@@ -1,0 +1,92 @@
+"""The gateway's settings: workers to route to, its two APIs, keys and limits (see `service.settings` for how they
+are filled). Nothing here needs the deepspec library: the gateway image does not have it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from service.settings import ServiceSettings
+
+
+class GatewaySettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="DEEPSPEC_GATEWAY_", extra="forbid", populate_by_name=True)
+
+    #: "host:port,host:port", "dns://name:port" (a headless Service, re-resolved every `dns_refresh_s`) or
+    #: "k8s://service[.namespace]:port-name-or-number" (its EndpointSlices, watched through the Kubernetes API)
+    workers: str = ""
+    #: how `workers` is found; None = implied by its scheme (dns:// -> dns, k8s:// -> endpointslices, else static)
+    discovery: Literal["static", "dns", "endpointslices"] | None = None
+    #: Kubernetes API base URL for endpointslices discovery ("" = in-cluster: $KUBERNETES_SERVICE_HOST/_PORT)
+    k8s_api_url: str = ""
+    http_port: int = Field(8000, ge=0, le=65535)
+    #: 0 = pick a free one, -1 = no gRPC API
+    grpc_port: int = Field(50051, ge=-1, le=65535)
+    #: file with one API key per line; keys also come from $DEEPSPEC_API_KEYS (comma-separated)
+    api_keys_file: Path | None = None
+    api_keys: str = Field("", validation_alias=AliasChoices("DEEPSPEC_API_KEYS", "api_keys"))
+    #: whole-request limit, seconds (queueing + generation)
+    request_timeout_s: float = Field(600.0, gt=0)
+    #: seconds between ServerReady probes of each worker
+    health_interval_s: float = Field(2.0, gt=0)
+    #: consecutive failed probes before a worker is ejected (a refused connection ejects at once)
+    unhealthy_threshold: int = Field(2, ge=1)
+    dns_refresh_s: float = Field(5.0, gt=0)
+    #: request bodies above this many bytes get 413
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    #: tries per request across workers (before the first token only)
+    max_attempts: int = Field(3, ge=1)
+    #: seconds a 429 asks the client to wait (Retry-After)
+    retry_after_s: int = Field(1, ge=1)
+    #: Prometheus /metrics on its own port, away from the API and its Ingress (0 = any free; -1 = on the HTTP port)
+    metrics_port: int = Field(-1, ge=-1, le=65535)
+    #: keep /health/ready at 200 while no worker is admitted (completions answer 503 + Retry-After): a worker
+    #: outage then leaves every gateway in its Service instead of taking the whole API off the network
+    ready_without_workers: bool = False
+
+    @model_validator(mode="after")
+    def _check_workers(self):
+        """`--discovery` and the `--workers` scheme must agree; an explicit discovery may leave the scheme out."""
+        schemes = {"dns": "dns://", "endpointslices": "k8s://"}
+        implied = next((d for d, scheme in schemes.items() if self.workers.startswith(scheme)), "static")
+        if self.discovery is None:
+            self.discovery = implied
+        elif implied == "static" and self.discovery != "static":
+            self.workers = schemes[self.discovery] + self.workers
+        elif implied != self.discovery:
+            raise ValueError(f"--discovery {self.discovery} does not match --workers {self.workers!r} "
+                             f"(which implies {implied}); drop one of them")  # fmt: skip
+        if self.discovery == "static":
+            for address in filter(None, (a.strip() for a in self.workers.split(","))):
+                host, _, port = address.rpartition(":")
+                if not host or not port.isdigit():
+                    raise ValueError(f"expected host:port, got {address!r} in --workers")
+        elif self.discovery == "dns":
+            host, _, port = self.workers.removeprefix("dns://").rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"expected dns://<name>:<port>, got {self.workers!r}")
+        else:
+            from service.gateway.discovery_k8s import KubeAPI, ServiceRef
+
+            ref = ServiceRef.parse(self.workers)
+            KubeAPI.in_cluster(url=self.k8s_api_url, namespace=ref.namespace or "")  # no API or namespace: fail now
+        return self
+
+    @model_validator(mode="after")
+    def _check_keys_file(self):
+        if self.api_keys_file is not None and not self.api_keys_file.is_file():
+            raise ValueError(f"--api-keys-file {self.api_keys_file} does not exist or is not a file")
+        return self
+
+    def load_api_keys(self) -> frozenset[str]:
+        """Keys from the env var and the file (blank lines and '#' comments skipped); empty = auth off."""
+        keys = {k.strip() for k in self.api_keys.split(",") if k.strip()}
+        if self.api_keys_file is not None:
+            for line in self.api_keys_file.read_text().splitlines():
+                if line.strip() and not line.lstrip().startswith("#"):  # a line may hold several, comma-separated
+                    keys.update(k.strip() for k in line.split(",") if k.strip())
+        return frozenset(keys)
