@@ -21,6 +21,7 @@ def test_every_recipe_validates_and_is_named_model_algo_mode(path):
     model, algo, mode = path.stem.rsplit("-", 2)
     assert (model, algo) == (cfg.target.name, cfg.model.algo)
     assert (mode == "canonical") == (cfg.model.layout == "canonical")
+    assert (mode == "distill") == (cfg.data.labels == "target")
 
 
 def test_canonical_recipe_is_the_engines_layout():
