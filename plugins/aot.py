@@ -8,7 +8,8 @@ loader needs to launch it. sm_90 is emitted as sm_90a (runs on Hopper only). The
 triton version pinned in the `plugins` extra.
 
 Launch contract (all kernels): grid (B, 1, 1) with one program per row (process_logits: B*T; compact_kv:
-(B, L*H)), block (32 * num_warps, 1, 1), the arguments in signature order.
+(B, L*H)), block (32 * num_warps, 1, 1), the arguments in signature order: input pointers, integer scalars, output
+pointers, which is the order a TensorRT AOT plugin launches them in.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from pathlib import Path
 AOT_BLOCK_V = 1024
 #: most tree nodes an AOT tree kernel accepts (the JIT path sizes it per call)
 AOT_MAX_NODES = 64
-#: most draft slots an AOT confidence_truncate accepts
+#: most draft slots an AOT confidence_truncate accepts, and the survival threshold baked into its build (TensorRT
+#: passes only integer scalars, so plugins.tensorrt compiles the node's own threshold in)
 AOT_MAX_SLOTS = 32
+AOT_THRESHOLD = 0.5
 
 
 @dataclass(frozen=True)
@@ -49,29 +52,31 @@ def kernel_specs() -> list[KernelSpec]:
     bv = {"BLOCK_V": AOT_BLOCK_V}
     specs = [
         KernelSpec("greedy_accept_kernel", chain, "", {
-            **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32", out_num_ptr="i64", out_next_ptr="i64"),
-            "K": "i32", "V": "i32", "BLOCK_V": "constexpr"}, bv),
+            **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32"), "K": "i32", "V": "i32",
+            **_ptrs(out_num_ptr="i64", out_next_ptr="i64"), "BLOCK_V": "constexpr"}, bv),
         KernelSpec("process_logits_kernel", chain, "", {
-            **_ptrs(logits_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", out_ptr="fp32"),
-            "T_LEN": "i32", "V": "i32", "BLOCK_V": "constexpr"}, bv),
+            **_ptrs(logits_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32"), "T_LEN": "i32", "V": "i32",
+            **_ptrs(out_ptr="fp32"), "BLOCK_V": "constexpr"}, bv),
         KernelSpec("tree_accept_greedy_kernel", tree, "", {
-            **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32", out_num_ptr="i64",
-                    out_next_ptr="i64", out_path_ptr="i64"),
-            "N": "i32", "V": "i32", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr"},
+            **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32",
+                    temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "N": "i32", "V": "i32",
+            **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
+            "BLOCK_N": "constexpr", "BLOCK_V": "constexpr"},
             {"BLOCK_N": AOT_MAX_NODES, **bv}),
         KernelSpec("compact_kv_kernel", tree, "", {
             **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
             "H": "i32", "N": "i32", "stride_l": "i64", "stride_b": "i64", "stride_h": "i64", "stride_s": "i64",
             "D": "i32", "BLOCK_D": "constexpr"}, {"BLOCK_D": 128}),
         KernelSpec("confidence_truncate_kernel", chain, "", {
-            **_ptrs(conf_ptr="fp32", num_ptr="i64", out_num_ptr="i64", out_surv_ptr="fp32"),
-            "K": "i32", "threshold": "fp32", "BLOCK_K": "constexpr"}, {"BLOCK_K": AOT_MAX_SLOTS}),
+            **_ptrs(conf_ptr="fp32", num_ptr="i64"), "K": "i32", **_ptrs(out_num_ptr="i64", out_surv_ptr="fp32"),
+            "THRESHOLD": "constexpr", "BLOCK_K": "constexpr"}, {"THRESHOLD": AOT_THRESHOLD, "BLOCK_K": AOT_MAX_SLOTS}),
     ]
     for has_q in (False, True):
         specs.append(KernelSpec("rejection_sample_kernel", chain, "q" if has_q else "one_hot_q", {
             **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32", temp_ptr="fp32",
-                    topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64", out_num_ptr="i64", out_next_ptr="i64"),
-            "K": "i32", "V": "i32", "HAS_Q": "constexpr", "BLOCK_V": "constexpr"}, {"HAS_Q": has_q, **bv}))
+                    topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "K": "i32", "V": "i32",
+            **_ptrs(out_num_ptr="i64", out_next_ptr="i64"), "HAS_Q": "constexpr", "BLOCK_V": "constexpr"},
+            {"HAS_Q": has_q, **bv}))
     return specs
 
 

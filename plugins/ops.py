@@ -43,7 +43,8 @@ def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs,
         from plugins.onnx_ops import absent, symbolic
         q = absent() if draft_probs is None else draft_probs
         return symbolic("rejection_sample", [draft_tokens, num_draft_tokens, target_logits, q, temperature, top_k,
-                                             top_p, seeds], B=draft_tokens.shape[0])
+                                             top_p, seeds], B=draft_tokens.shape[0],
+                        attrs={"has_draft_probs": int(draft_probs is not None)})
     return _ops.rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k,
                                  top_p, seeds)
 
@@ -60,7 +61,8 @@ def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, tem
         from plugins.onnx_ops import absent, symbolic
         q = absent() if draft_probs is None else draft_probs
         return symbolic("tree_accept", [tree_tokens, parents, num_nodes, target_logits, q, temperature, top_k,
-                                        top_p, seeds], B=tree_tokens.shape[0], shape=tree_tokens.shape)
+                                        top_p, seeds], B=tree_tokens.shape[0], shape=tree_tokens.shape,
+                        attrs={"has_draft_probs": int(draft_probs is not None)})
     return _ops.tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p,
                             seeds)
 

@@ -1,6 +1,7 @@
 """Triton kernels of the chain ops: one program per row, walking its draft slots in order.
 
-A row stops at its first rejection, so a step costs (accepted + 1) passes over the vocabulary per row instead of
+Parameters come in TensorRT's AOT order: input pointers, then integer scalars, then output pointers (constexprs
+last). A row stops at its first rejection, so a step costs (accepted + 1) passes over the vocabulary per row instead of
 k + 1; nothing returns to the host until the two [B] outputs are read. Semantics: plugins/reference/accept.py.
 """
 
@@ -11,7 +12,7 @@ from plugins.kernels.common import float_key, prob_of, row_max, sample_slot, see
 
 
 @triton.jit
-def greedy_accept_kernel(draft_ptr, num_ptr, logits_ptr, out_num_ptr, out_next_ptr, K, V, BLOCK_V: tl.constexpr):
+def greedy_accept_kernel(draft_ptr, num_ptr, logits_ptr, K, V, out_num_ptr, out_next_ptr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(num_ptr + b), 0), K)
     row = logits_ptr + b * (K + 1) * V
@@ -31,8 +32,8 @@ def greedy_accept_kernel(draft_ptr, num_ptr, logits_ptr, out_num_ptr, out_next_p
 
 
 @triton.jit
-def rejection_sample_kernel(draft_ptr, num_ptr, logits_ptr, q_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr,
-                            out_num_ptr, out_next_ptr, K, V, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
+def rejection_sample_kernel(draft_ptr, num_ptr, logits_ptr, q_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, K, V,
+                            out_num_ptr, out_next_ptr, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(num_ptr + b), 0), K)
     T = tl.load(temp_ptr + b)
@@ -74,7 +75,7 @@ def rejection_sample_kernel(draft_ptr, num_ptr, logits_ptr, q_ptr, temp_ptr, top
 
 
 @triton.jit
-def process_logits_kernel(logits_ptr, temp_ptr, topk_ptr, topp_ptr, out_ptr, T_LEN, V, BLOCK_V: tl.constexpr):
+def process_logits_kernel(logits_ptr, temp_ptr, topk_ptr, topp_ptr, T_LEN, V, out_ptr, BLOCK_V: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)  # one (row, position) per program
     b = r // T_LEN
     T = tl.load(temp_ptr + b)
@@ -91,13 +92,14 @@ def process_logits_kernel(logits_ptr, temp_ptr, topk_ptr, topp_ptr, out_ptr, T_L
 
 
 @triton.jit
-def confidence_truncate_kernel(conf_ptr, num_ptr, out_num_ptr, out_surv_ptr, K, threshold, BLOCK_K: tl.constexpr):
+def confidence_truncate_kernel(conf_ptr, num_ptr, K, out_num_ptr, out_surv_ptr, THRESHOLD: tl.constexpr,
+                               BLOCK_K: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(num_ptr + b), 0), K)
     offs = tl.arange(0, BLOCK_K)
     c = tl.load(conf_ptr + b * K + offs, mask=offs < K, other=1.0).to(tl.float32)
     survival = tl.cumprod(c, axis=0)
-    weak = ((survival < threshold) | (offs >= n)) & (offs < K)
+    weak = ((survival < THRESHOLD) | (offs >= n)) & (offs < K)
     kept = tl.min(tl.where(weak, offs, K), axis=0)
     kept = tl.minimum(kept, n)
     tl.store(out_num_ptr + b, kept.to(tl.int64))

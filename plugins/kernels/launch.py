@@ -32,7 +32,7 @@ def greedy_accept(draft_tokens, num_draft_tokens, target_logits):
     out_num = torch.empty(B, dtype=torch.int64, device=draft_tokens.device)
     out_next = torch.empty_like(out_num)
     greedy_accept_kernel[(B,)](draft_tokens.contiguous(), num_draft_tokens.contiguous(), target_logits.contiguous(),
-                               out_num, out_next, k, V, BLOCK_V=block_v(V), num_warps=warps(V))
+                               k, V, out_num, out_next, BLOCK_V=block_v(V), num_warps=warps(V))
     return out_num, out_next
 
 
@@ -44,7 +44,7 @@ def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs,
     q = draft_probs.contiguous() if draft_probs is not None else target_logits  # never read without HAS_Q
     rejection_sample_kernel[(B,)](draft_tokens.contiguous(), num_draft_tokens.contiguous(),
                                   target_logits.contiguous(), q, temperature.contiguous(), top_k.contiguous(),
-                                  top_p.contiguous(), seeds.contiguous(), out_num, out_next, k, V,
+                                  top_p.contiguous(), seeds.contiguous(), k, V, out_num, out_next,
                                   HAS_Q=draft_probs is not None, BLOCK_V=block_v(V), num_warps=warps(V))
     return out_num, out_next
 
@@ -54,7 +54,7 @@ def process_logits(logits, temperature, top_k, top_p):
     out = torch.empty(B, T, V, dtype=torch.float32, device=logits.device)
     if B * T:
         process_logits_kernel[(B * T,)](logits.contiguous(), temperature.contiguous(), top_k.contiguous(),
-                                        top_p.contiguous(), out, T, V, BLOCK_V=block_v(V), num_warps=warps(V))
+                                        top_p.contiguous(), T, V, out, BLOCK_V=block_v(V), num_warps=warps(V))
     return out
 
 
@@ -68,7 +68,8 @@ def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, tem
     out_next = torch.empty_like(out_num)
     out_path = torch.empty(B, N, dtype=torch.int64, device=tree_tokens.device)
     tree_accept_greedy_kernel[(B,)](tree_tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(),
-                                    target_logits.contiguous(), out_num, out_next, out_path, N, V,
+                                    target_logits.contiguous(), target_logits, temperature, top_k, top_p, seeds, N, V,
+                                    out_num, out_next, out_path,
                                     BLOCK_N=triton.next_power_of_2(N), BLOCK_V=block_v(V), num_warps=warps(V))
     return out_num, out_next, out_path
 
@@ -88,6 +89,6 @@ def confidence_truncate(confidence, num_draft_tokens, threshold):
     out_surv = torch.empty(B, k, dtype=torch.float32, device=confidence.device)
     if k == 0:
         return out_num.zero_(), out_surv
-    confidence_truncate_kernel[(B,)](confidence.contiguous(), num_draft_tokens.contiguous(), out_num, out_surv, k,
-                                     float(threshold), BLOCK_K=triton.next_power_of_2(k))
+    confidence_truncate_kernel[(B,)](confidence.contiguous(), num_draft_tokens.contiguous(), k, out_num, out_surv,
+                                     THRESHOLD=float(threshold), BLOCK_K=triton.next_power_of_2(k))
     return out_num, out_surv

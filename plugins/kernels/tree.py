@@ -11,8 +11,10 @@ from plugins.kernels.common import row_max
 
 
 @triton.jit
-def tree_accept_greedy_kernel(tokens_ptr, parents_ptr, num_ptr, logits_ptr, out_num_ptr, out_next_ptr, out_path_ptr,
-                              N, V, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+def tree_accept_greedy_kernel(tokens_ptr, parents_ptr, num_ptr, logits_ptr, q_ptr, temp_ptr, topk_ptr, topp_ptr,
+                              seed_ptr, N, V, out_num_ptr, out_next_ptr, out_path_ptr, BLOCK_N: tl.constexpr,
+                              BLOCK_V: tl.constexpr):
+    # q, temperature, top_k, top_p and seeds are the op's inputs (TensorRT passes every input); greedy ignores them
     b = tl.program_id(0).to(tl.int64)
     nn = tl.minimum(tl.maximum(tl.load(num_ptr + b), 1), N)
     idx = tl.arange(0, BLOCK_N)

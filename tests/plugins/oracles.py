@@ -45,6 +45,8 @@ def step_p_values(rejection_sample, *, rows=4000, V=6, k=2, with_q=True, top_k=0
     seeds = torch.randint(2**62, (rows,), generator=g)
     accepted, next_token = rejection_sample(drafts, num, logits, draft_probs, T, tk, tp, seeds)
     first = torch.where(accepted > 0, drafts[:, 0], next_token)
+    if k < 2:
+        return _p_value(first, p[0]), 1.0
     second = torch.where(accepted > 1, drafts[:, 1], next_token)[accepted > 0]
     return _p_value(first, p[0]), _p_value(second, p[1])
 

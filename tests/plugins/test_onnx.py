@@ -60,6 +60,23 @@ def test_every_op_is_one_custom_node_with_the_tensorrt_binding_attributes(export
         assert attrs["plugin_version"].s.decode() == TRT_ATTRIBUTES["plugin_version"]
         assert attrs["aot"].i == 1
         assert len(node.output) == len(OPS[node.op_type])
+        if node.op_type in ("rejection_sample", "tree_accept"):  # picks the plugin's kernel variant
+            assert attrs["has_draft_probs"].i in (0, 1)
+        if node.op_type == "confidence_truncate":
+            assert attrs["threshold"].f == pytest.approx(0.4)
+    has_q = sorted(a.i for n in custom if n.op_type == "rejection_sample" for a in n.attribute
+                   if a.name == "has_draft_probs")
+    assert has_q == [0, 1]
+
+
+def test_tensorrt_plugins_say_what_is_missing_without_tensorrt():
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"plugins.tensorrt needs TensorRT >= 10.9"):
+            import plugins.tensorrt  # noqa: F401
+    else:
+        import plugins.tensorrt  # noqa: F401 - registers the plugins where TensorRT exists
 
 
 def test_onnx_runtime_runs_the_graph_and_equals_the_torch_ops(exported):

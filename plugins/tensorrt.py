@@ -1,0 +1,139 @@
+"""Every op as a TensorRT Python plugin (`tensorrt.plugin`, TensorRT >= 10.9) with an ahead-of-time Triton kernel.
+
+`@trtp.register("deepspec::<op>")` gives output shapes and dtypes from the input descriptors; `@trtp.aot_impl`
+compiles the op's Triton kernel for the building GPU (plugins.aot.compile_kernel) and returns its entry name, PTX,
+launch parameters (grid = one program per row, block = 32 * num_warps, shared memory) and the integer scalars it
+takes (sizes read from the shape expressions). Kernel parameters are ordered input pointers, scalars, output
+pointers: the order TensorRT launches an AOT kernel with. The ONNX nodes that plugins.ops exports carry
+`plugin_namespace="deepspec"`, `plugin_version="1"`, `aot=1`, so TensorRT's ONNX parser binds them here:
+
+    import plugins.tensorrt   # registers the plugins; then parse the ONNX graph with trt.OnnxParser as usual
+
+Limits: `tree_accept` runs its greedy kernel (temperature 0 rows; the sampled tree walk needs a residual buffer the
+AOT kernel does not have); `compact_kv` is not a plugin (a TensorRT graph has no in-place update; KV compaction
+belongs to the runtime's KV manager). Importing this module without TensorRT raises ImportError saying so.
+"""
+
+from __future__ import annotations
+
+try:
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+except ImportError as exc:  # the one place that needs TensorRT: say what is missing and how to get it
+    raise ImportError(
+        "plugins.tensorrt needs TensorRT >= 10.9 with its Python plugin API (tensorrt.plugin), which is not "
+        f"importable here ({exc}); install it on a machine with an NVIDIA GPU (pip install tensorrt), or run the "
+        "ops through PyTorch or ONNX Runtime instead") from exc
+
+from plugins.aot import AOT_BLOCK_V, AOT_MAX_NODES, KernelSpec, compile_kernel, kernel_specs
+from plugins.schema import TRT_NAMESPACE
+
+_I64 = trt.int64
+
+
+def _ids(B) -> "trtp.TensorDesc":
+    return trtp.from_shape_expr((B,), dtype=_I64)
+
+
+def _spec(kernel: str, variant: str = "", **constexprs) -> KernelSpec:
+    spec = next(s for s in kernel_specs() if s.kernel == kernel and s.variant == variant)
+    return KernelSpec(spec.kernel, spec.module, spec.variant, spec.signature, {**spec.constexprs, **constexprs},
+                      spec.num_warps)
+
+
+def _aot(spec: KernelSpec, grid, scalars: list):
+    """(entry name, PTX, launch params, scalar args) of one kernel compiled for the GPU TensorRT builds on."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    compiled = compile_kernel(spec, major * 10 + minor)
+    launch = trtp.KernelLaunchParams()
+    launch.grid_x = grid
+    launch.block_x = compiled.metadata.num_warps * 32
+    launch.shared_mem = compiled.metadata.shared
+    extra = trtp.SymIntExprs(len(scalars))
+    for i, value in enumerate(scalars):
+        extra[i] = trtp.SymInt32(value)
+    return compiled.metadata.name, compiled.asm["ptx"], launch, extra
+
+
+# ---- greedy_accept ---------------------------------------------------------------------------------------------
+@trtp.register(f"{TRT_NAMESPACE}::greedy_accept")
+def greedy_accept_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
+                       target_logits: trtp.TensorDesc) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+    B = draft_tokens.shape_expr[0]
+    return _ids(B), _ids(B)
+
+
+@trtp.aot_impl(f"{TRT_NAMESPACE}::greedy_accept")
+def greedy_accept_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
+                      target_logits: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int):
+    return _aot(_spec("greedy_accept_kernel"), draft_tokens.shape_expr[0],
+                [draft_tokens.shape_expr[1], target_logits.shape_expr[2]])
+
+
+# ---- rejection_sample ------------------------------------------------------------------------------------------
+@trtp.register(f"{TRT_NAMESPACE}::rejection_sample")
+def rejection_sample_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
+                          target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
+                          top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
+                          has_draft_probs: int) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+    B = draft_tokens.shape_expr[0]
+    return _ids(B), _ids(B)
+
+
+@trtp.aot_impl(f"{TRT_NAMESPACE}::rejection_sample")
+def rejection_sample_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
+                         target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
+                         top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: int,
+                         outputs: tuple[trtp.TensorDesc], tactic: int):
+    variant = "q" if has_draft_probs else "one_hot_q"
+    return _aot(_spec("rejection_sample_kernel", variant), draft_tokens.shape_expr[0],
+                [draft_tokens.shape_expr[1], target_logits.shape_expr[2]])
+
+
+# ---- process_logits --------------------------------------------------------------------------------------------
+@trtp.register(f"{TRT_NAMESPACE}::process_logits")
+def process_logits_desc(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, top_k: trtp.TensorDesc,
+                        top_p: trtp.TensorDesc) -> trtp.TensorDesc:
+    return logits.like()
+
+
+@trtp.aot_impl(f"{TRT_NAMESPACE}::process_logits")
+def process_logits_aot(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, top_k: trtp.TensorDesc,
+                       top_p: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int):
+    B, T, V = logits.shape_expr[0], logits.shape_expr[1], logits.shape_expr[2]
+    return _aot(_spec("process_logits_kernel"), B * T, [T, V])
+
+
+# ---- tree_accept (greedy) --------------------------------------------------------------------------------------
+@trtp.register(f"{TRT_NAMESPACE}::tree_accept")
+def tree_accept_desc(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_nodes: trtp.TensorDesc,
+                     target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
+                     top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
+                     has_draft_probs: int) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
+    B = tree_tokens.shape_expr[0]
+    return _ids(B), _ids(B), tree_tokens.like()
+
+
+@trtp.aot_impl(f"{TRT_NAMESPACE}::tree_accept")
+def tree_accept_aot(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_nodes: trtp.TensorDesc,
+                    target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
+                    top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: int,
+                    outputs: tuple[trtp.TensorDesc], tactic: int):
+    return _aot(_spec("tree_accept_greedy_kernel", BLOCK_N=AOT_MAX_NODES, BLOCK_V=AOT_BLOCK_V),
+                tree_tokens.shape_expr[0], [tree_tokens.shape_expr[1], target_logits.shape_expr[2]])
+
+
+# ---- confidence_truncate ---------------------------------------------------------------------------------------
+@trtp.register(f"{TRT_NAMESPACE}::confidence_truncate")
+def confidence_truncate_desc(confidence: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
+                             threshold: float) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+    return _ids(confidence.shape_expr[0]), confidence.like()
+
+
+@trtp.aot_impl(f"{TRT_NAMESPACE}::confidence_truncate")
+def confidence_truncate_aot(confidence: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc, threshold: float,
+                            outputs: tuple[trtp.TensorDesc], tactic: int):
+    return _aot(_spec("confidence_truncate_kernel", THRESHOLD=float(threshold)), confidence.shape_expr[0],
+                [confidence.shape_expr[1]])
