@@ -37,7 +37,7 @@ def _auto(fmt: ExportFormat, job: ExportJob) -> ExportJob:
     """The best-scoring shipped draft for the target that the format accepts (neural formats skip corpus indexes)."""
     from deepspec.models.drafts import best_shipped_draft, shipped_drafts
 
-    if not fmt.needs_neural_draft and fmt.name == "pytorch":
+    if not fmt.needs_neural_draft and fmt.name in ("pytorch", "onnx"):  # formats the worker serves
         best = best_shipped_draft(job.target)  # the same choice the worker's --draft auto makes
         job.draft_spec = str(best) if best else "prompt-lookup"
         job.draft = open_draft(best, job.target) if best else None

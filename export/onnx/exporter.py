@@ -7,6 +7,8 @@ Output directory (what `load_onnx_target` and `python -m service worker --engine
     onnx.json                       graph file, quantization, captured layers (hs ids = layer + 1), eos ids, limits
     config.json, tokenizer*, generation_config.json   the target's own, so the fingerprint matches its drafts
     draft/                          the draft directory, copied (neural drafts, corpus lookup), when there is one
+    draft_fc.onnx, draft_step.onnx  an Eagle3 draft's graphs (export/onnx/draft_graph.py); the worker runs drafts
+                                    in PyTorch from draft/, on the features the target graph outputs
 
 The worker runs target.onnx and verifies on its logits with the plugins ops (greedy and sampled rows alike);
 target_verify.onnx is the verification-terminated graph for runtimes that verify inside the graph.
@@ -101,6 +103,12 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     if draft_dir is not None:
         shutil.copytree(draft_dir, out / "draft", ignore=shutil.ignore_patterns("reports", "__pycache__"))
         meta["draft"] = {"path": "draft", "algo": header["algo"]}
+        if header["algo"] == "eagle3":
+            from deepspec.models.drafts import load_draft
+            from export.onnx.draft_graph import build_eagle3_graphs
+
+            graphs = build_eagle3_graphs(load_draft(draft_dir, target), out, int(target.model.max_positions))
+            meta["draft"]["graphs"] = [p.name for p in graphs]
     else:
         meta["draft"] = {"path": draft if draft in ("prompt-lookup",) else "none", "algo": None}
     (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -147,12 +147,13 @@ def smollm2_onnx(tmp_path_factory, smollm2):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # two engines over 20 prompts in fp32: minutes on 2 shared cores
 def test_fp32_onnx_engine_is_token_identical_to_the_pytorch_engine_on_20_eval_prompts(smollm2, smollm2_onnx):
     from tests.conftest import eval_prompts
 
     texts = [t for name in ("humaneval", "gsm8k", "mbpp", "math500") for t in eval_prompts(name, 5)]
     prompts = [smollm2.encode_chat([{"role": "user", "content": t}]) for t in texts]
-    params = SamplingParams(max_tokens=32)
+    params = SamplingParams(max_tokens=24)
     target = load_onnx_target(smollm2_onnx, max_seq_len=1024)
     assert target.fingerprint() == smollm2.fingerprint()
     want = SpecEngine(smollm2, None, max_batch_size=4, max_seq_len=1024).generate(prompts, params)
@@ -230,3 +231,50 @@ def test_verify_graph_accepts_the_targets_own_argmax(tmp_path):
         feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = cache.k[i].numpy(), cache.v[i].numpy()
     (num_accepted,) = session.run(["num_accepted"], feeds)
     assert num_accepted.tolist() == [k]
+
+
+@pytest.mark.parametrize("layout", ["deepspec", "canonical"])
+def test_eagle3_draft_graphs_match_cached_step(tmp_path, layout):
+    from deepspec.models.decoder_target import DecoderTarget
+    from deepspec.models.drafts import DraftConfig, build_draft
+    from export.onnx.draft_graph import build_eagle3_graphs
+
+    _, model = _tiny_decoder()
+    (tmp_path / "tokenizer.json").write_text("{}")  # the fingerprint hashes this file
+    target = DecoderTarget("tiny", tmp_path, None, model.spec, model, CharTokenizer(VOCAB), 128, (VOCAB - 1,))
+    torch.manual_seed(1)
+    draft = build_draft(DraftConfig.for_target(target, "eagle3", feature_layers=(0, 1, 2), layout=layout)).eval()
+    draft.attach(target)
+    build_eagle3_graphs(draft, tmp_path, max_positions=128)
+    fc = ort.InferenceSession(str(tmp_path / "draft_fc.onnx"), session_options(1))
+    step = ort.InferenceSession(str(tmp_path / "draft_step.onnx"), session_options(1))
+    B, S, cfg = 2, 16, draft.cfg
+    shape = (B, cfg.num_kv_heads, S, cfg.head_dim)
+    ref_k, ref_v = torch.zeros(shape), torch.zeros(shape)
+    ours_k, ours_v = torch.zeros(shape), torch.zeros(shape)
+    features = torch.randn(B, 3, cfg.feature_size)
+    tokens = torch.randint(0, VOCAB, (B, 4))
+    rows = torch.arange(B)
+    with torch.no_grad():
+        h = draft.fc(features)
+        (got_h,) = fc.run(None, {"features": features.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got_h), h, atol=1e-5, rtol=1e-5)
+        for a, b in ((0, 3), (3, 4)):  # three committed pairs, then one drafting step from the last output
+            positions = torch.arange(a, b)[None].expand(B, -1)
+            want = draft.cached_step(h, tokens[:, a:b], positions, ref_k, ref_v, rows)
+            binding = step.io_binding()
+            for name, value in (("hidden", h.numpy()), ("input_ids", tokens[:, a:b].numpy()),
+                                ("seqlens_k", np.full(B, b - 1, np.int32)), ("total_sequence_length", np.array(b, np.int32))):
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            for name in ("hidden_out", "logits", "token_ids"):  # outputs come back in binding order
+                binding.bind_output(name, "cpu")
+            for kind, buf in (("key", ours_k), ("value", ours_v)):
+                binding.bind_input(f"past_{kind}", "cpu", 0, np.float32, list(shape), buf.data_ptr())
+                binding.bind_output(f"present_{kind}", "cpu", 0, np.float32, list(shape), buf.data_ptr())
+            step.run_with_iobinding(binding)
+            got_h, got_logits, got_ids = (torch.from_numpy(o.numpy()) for o in binding.get_outputs()[:3])
+            torch.testing.assert_close(got_h, want, atol=1e-5, rtol=1e-5)
+            want_logits = draft.logits(want)
+            torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
+            assert torch.equal(got_ids, draft.to_target_ids(want_logits.argmax(-1)))
+            h = want[:, -1:]

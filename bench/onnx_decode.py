@@ -1,0 +1,193 @@
+"""ONNX Runtime rows of the batch-1 greedy decode benchmark, its int4 verify-step curve, and the export's cost.
+
+Three parts, one run:
+
+1. Export: `python -m export --format onnx` (fp32) and `--quantization int4` of the target with the default draft,
+   each in its own process: wall time and peak RSS (the budget is 2 min and 4 GB on 2 cores).
+2. Decode, interleaved prompt by prompt like bench/decode.py (this VM drifts by tens of percent over minutes):
+
+       onnx                 the fp32 graph, target only
+       onnx-int4            the 4-bit graph (MatMulNBits), target only
+       onnx-int4+<draft>    the same with the export's draft (the default: the best shipped draft)
+       llama.cpp            llama-cpp-python on the same GGUF (`make bench-deps`), the CPU peer every ratio divides by
+       engine-q4            our PyTorch engine on the GGUF's own 4-bit weights (bf16), the peer when llama.cpp is absent
+
+3. Verify-step curve: one forward of T = 1, 2, 4, 8, 16, 32 tokens after a 256-token context at batch 1, int4
+   graph, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
+   are read once per step either way): the aim is T=8 ≤ 1.3x and T=32 ≤ 1.6x.
+
+ONNX Runtime runs with intra-op threads = torch's thread count (set OMP_NUM_THREADS / --threads), sequential
+execution, all graph optimizations, no spinning.
+
+    python -m bench.onnx_decode                                   # 5 prompts per set, 128 new tokens
+    python -m bench.onnx_decode --num-prompts 2 --max-tokens 32   # a quick smoke run
+
+Writes bench/results/onnx-decode.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.decode import (DATASETS, engine_decoder, gguf_file, llama_cpp_decoder, load_prompts, run_interleaved,
+                          summarize)
+from bench.isolated import IsolatedDecoder, PeerFailed
+
+REPO = Path(__file__).resolve().parent.parent
+STEP_SIZES = (1, 2, 4, 8, 16, 32)
+STEP_CONTEXT = 256
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench.onnx_decode", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m", help="alias or GGUF (default: %(default)s)")
+    p.add_argument("--draft", default="auto", help="draft exported with the graphs (default: %(default)s)")
+    p.add_argument("--num-prompts", type=int, default=5, help="prompts per dataset (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft depth k (default: 7)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
+    p.add_argument("--step-repeats", type=int, default=15, help="timed runs per verify size (default: 15)")
+    p.add_argument("--skip", default="", help="comma list of rows to skip (onnx, engine-q4, llama.cpp, ...)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "onnx-decode.json")
+    return p.parse_args(argv)
+
+
+def export(target: str, draft: str, out: Path, quantization: str) -> dict:
+    """Run the export CLI in a child process; its wall time and peak RSS (this process's other children are done)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "export", "--format", "onnx", "--target", target, "--draft", draft,
+                             "--quantization", quantization, "--out", str(out), "--force"],
+                            cwd=REPO, capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if result.returncode != 0:
+        raise SystemExit(f"export failed: {result.stderr.strip()[-2000:]}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"seconds": round(seconds, 1), "peak_rss_mb": round(max(peak, before) / 1024, 1),
+            "bytes": sum(f.stat().st_size for f in out.rglob("*") if f.is_file())}
+
+
+def step_curve(target, repeats: int) -> dict:
+    """Median seconds of a batch-1 forward of T tokens after STEP_CONTEXT tokens of context, per T."""
+    import torch
+
+    cache = target.new_cache(1, STEP_CONTEXT + max(STEP_SIZES) + 1)
+    view = cache.rows(0, 1)
+    context = torch.randint(0, target.vocab_size, (1, STEP_CONTEXT))
+    target.forward(context, torch.zeros(1, dtype=torch.long), view, logits="last", max_start=0)
+    start = torch.tensor([STEP_CONTEXT])
+    times = {}
+    for n in STEP_SIZES:
+        tokens = torch.randint(0, target.vocab_size, (1, n))
+        target.forward(tokens, start, view, logits="all", max_start=STEP_CONTEXT)  # warm
+        runs = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            target.forward(tokens, start, view, logits="all", max_start=STEP_CONTEXT)
+            runs.append(time.perf_counter() - t)
+        times[n] = statistics.median(runs)
+    return {str(n): {"ms": round(s * 1000, 2), "x_one_token": round(s / times[1], 2)} for n, s in times.items()}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from deepspec.decoding import build_drafter
+    from deepspec.models import load_target
+    from deepspec.models.onnx_target import load_onnx_target
+
+    console = Console(stderr=True)
+    skip = set(filter(None, args.skip.split(",")))
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    work = Path(tempfile.mkdtemp(prefix="onnx-bench-"))
+    exports = {}
+    for quantization in ("none", "int4"):
+        console.log(f"exporting the {quantization} graph")
+        exports[quantization] = export(args.target, args.draft, work / quantization, quantization)
+    console.log(f"exports: {exports}")
+
+    reference = load_target(args.target, dtype="float32")
+    prompts = load_prompts(reference, args.num_prompts)
+    warmup_ids = prompts[DATASETS[0]][0]
+    decoders = {}
+
+    def add(name, build):
+        if name in skip:
+            return
+        console.log(f"loading and warming up {name}")
+        try:
+            decoders[name] = build()
+        except PeerFailed as e:
+            console.log(f"[red]{name} {e}: its row is left out")
+
+    fp32 = load_onnx_target(work / "none", max_seq_len=2048, num_threads=threads)
+    int4 = load_onnx_target(work / "int4", max_seq_len=2048, num_threads=threads)
+    k = args.num_speculative_tokens
+    add("onnx", lambda: engine_decoder(fp32, None, args.max_tokens, k, warmup_ids))
+    add("onnx-int4", lambda: engine_decoder(int4, None, args.max_tokens, k, warmup_ids))
+    draft_dir = work / "int4" / "draft"
+    if draft_dir.is_dir():
+        drafter = build_drafter(str(draft_dir), int4)
+        add(f"onnx-int4+{drafter.name}", lambda: engine_decoder(int4, drafter, args.max_tokens, k, warmup_ids))
+    if importlib.util.find_spec("llama_cpp") is not None:  # in a process of its own (bench/isolated.py)
+        add("llama.cpp", lambda: IsolatedDecoder(llama_cpp_decoder, str(gguf_file(args.target)), args.max_tokens,
+                                                 warmup_ids, threads, threads=threads))
+    else:
+        console.log("[yellow]llama-cpp-python not installed (make bench-deps): engine-q4 is the peer")
+    if "llama.cpp" not in decoders:
+        q4 = load_target(args.target, dtype="bfloat16", quantization="gguf")
+        add("engine-q4", lambda: engine_decoder(q4, None, args.max_tokens, k, warmup_ids))
+    peer = "llama.cpp" if "llama.cpp" in decoders else "engine-q4"
+
+    rows, failed = run_interleaved(decoders, prompts, console.log)
+    for decoder in decoders.values():
+        if isinstance(decoder, IsolatedDecoder):
+            decoder.close()
+    summary = {name: summarize(r, rows.get("onnx", {})) for name, r in rows.items()}
+    table = Table(title=f"batch-1 greedy decode through ONNX Runtime, {args.max_tokens} new tokens, "
+                        f"{args.num_prompts} prompts/dataset, {threads} threads; ratios to {peer}")
+    for col in ("method", "dataset", "tok/s", "median tok/s", "tau", f"x {peer}", "identical to onnx"):
+        table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
+    for name, per_ds in summary.items():
+        for ds in DATASETS:
+            r = per_ds[ds]
+            base = summary.get(peer, {}).get(ds)
+            r[f"x_{peer}"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2) if base else None
+            table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
+                          f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
+                          f"{r[f'x_{peer}']:.2f}" if r[f"x_{peer}"] else "-", r["identical_to_reference"] or "-")
+        table.add_section()
+    Console(width=120).print(table)
+
+    console.log("verify-step curve (int4 graph, batch 1)")
+    curve = step_curve(int4, args.step_repeats)
+    steps = Table(title=f"int4 verify step after {STEP_CONTEXT} tokens, batch 1 (median of {args.step_repeats})")
+    for col in ("tokens", "ms", "x 1 token"):
+        steps.add_column(col, justify="right")
+    for n, r in curve.items():
+        steps.add_row(n, f"{r['ms']:.2f}", f"{r['x_one_token']:.2f}")
+    Console(width=120).print(steps)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "threads": threads,
+                                    "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve},
+                                   indent=2) + "\n")
+    console.log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
