@@ -41,11 +41,25 @@ test: venv system-deps
 test-fast: venv
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS)
 
-bench-deps: venv
-	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PIP) install -q 'llama-cpp-python>=0.3'
+# Everything the benchmarks import: the serve, loadtest, plugins and export extras, and llama-cpp-python with its
+# `server` extra (the CPU peer of bench.decode and bench.service_throughput). pip compiles llama.cpp from source
+# (minutes); by default for the build machine's CPU, and a wheel built on a Xeon with AMX died with SIGILL elsewhere,
+# so we build for a portable AVX2 baseline. If that build fails (no AVX2, not x86), llama.cpp's default build follows.
+# --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back an earlier native build.
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+bench-deps: $(VENV)/.bench-installed
+
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PIP) install -q -e '.[serve,loadtest,plugins,export]'
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3' || \
+	  { echo "bench-deps: the portable llama.cpp build failed; trying llama.cpp's default build" >&2; \
+	    $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3'; }
+	$(PIP) install -q 'llama-cpp-python[server]>=0.3'
+	$(PY) -c "import llama_cpp.server.app, sse_starlette, starlette_context, uvloop, aiohttp, tritonclient.grpc, rich"
+	touch $@
 
 # `make bench` runs every benchmark in turn (~25 min on 2 idle cores); each also runs alone.
-bench: bench-decode bench-onnx bench-service bench-loadtest
+bench: bench-decode bench-onnx bench-service bench-loadtest bench-verify
 
 bench-decode: bench-deps
 	$(PY) -m bench.decode $(BENCH_ARGS)
@@ -60,6 +74,10 @@ bench-service: bench-deps
 
 bench-loadtest: venv
 	$(PY) -m bench.loadtest_overhead
+
+# one verification step, the pre-plugins path against the plugins ops (CPU, ~1 min)
+bench-verify: venv
+	$(PY) -m bench.verify
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
