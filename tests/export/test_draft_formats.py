@@ -167,3 +167,23 @@ def test_block_drafts_layout(tmp_path, targets, drafts, algo, engine):
         outside = torch.ones(128, dtype=torch.bool)
         outside[d2t] = False
         assert torch.equal(w1[outside], inside[-1:].expand(int(outside.sum()), -1))
+
+
+@pytest.mark.slow
+def test_shipped_eagle3_for_vllm_on_the_default_target(tmp_path):
+    """The shipped draft (5 captured layers, deepspec layout) through the real speculators loader on SmolLM2."""
+    from deepspec.models import load_target
+    from deepspec.paths import repo_root
+
+    draft_dir = repo_root() / "drafts" / "smollm2-135m-eagle3"
+    out = tmp_path / "vllm"
+    export_ok("--draft", draft_dir, "--format", "vllm", "--dtype", "float32", "--out", out)
+    target = load_target("smollm2-135m")
+    layers = draft_feature_layers(draft_dir)
+    tokens = torch.tensor([target.encode("def fibonacci(n):\n    if n < 2:\n        return n")])
+    features = target.forward(tokens, torch.zeros(1, dtype=torch.long), feature_layers=layers).features
+    shifted = torch.cat([tokens[:, 1:], torch.zeros(1, 1, dtype=torch.long)], dim=1)
+    ours, _, _ = _our_logits(draft_dir, "smollm2-135m", features, tokens)
+    theirs, model = _speculators_logits(out / "draft", target.path, features, shifted)
+    assert model.config.eagle_aux_hidden_state_layer_ids == [2, 9, 16, 23, 29]
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=2e-4)
