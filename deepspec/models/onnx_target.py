@@ -25,6 +25,7 @@ import torch
 
 from deepspec.models.arch import ArchSpec, arch_spec_from_config
 from deepspec.models.decoder import DecoderOutput
+from deepspec.models.target import TargetEmbeddings
 
 #: graph metadata beside the graph: which file, which captured layers, how the weights are stored
 META_FILE = "onnx.json"
@@ -52,13 +53,6 @@ class OnnxSlotCache:
         v: torch.Tensor
 
 
-@dataclass
-class _Embeddings:
-    embed: torch.Tensor
-    embed_scale: float
-    head: torch.Tensor
-
-
 class OnnxTarget:
     """A target whose forward is an ONNX Runtime session over `<engine dir>/target.onnx`."""
 
@@ -74,7 +68,7 @@ class OnnxTarget:
         self.eos_token_ids = eos_token_ids
         self.quantization = meta.get("quantization", "none")
         self.feature_layers = tuple(meta.get("feature_layers", ()))
-        self._embeddings: _Embeddings | None = None
+        self._embeddings: TargetEmbeddings | None = None
 
     # ---- identity ------------------------------------------------------------------------------------------------
     @property
@@ -92,12 +86,6 @@ class OnnxTarget:
     @property
     def attention_dtype(self) -> torch.dtype:
         return torch.float32
-
-    @property
-    def model(self):
-        """What code written against the PyTorch target reads from `target.model` (the attention dtype, and the
-        embedding and head a neural draft borrows)."""
-        return _ModelView(self)
 
     def fingerprint(self) -> dict:
         """Same fields and values as the PyTorch target's, from the tokenizer file exported beside the graph."""
@@ -201,34 +189,14 @@ class OnnxTarget:
         head = self.embeddings().head
         return (final_hidden.float() @ head.T).float()
 
-    def embeddings(self) -> _Embeddings:
+    def embeddings(self) -> TargetEmbeddings:
         """The fp32 embedding (and head, when untied) read straight from the graph's external weights file."""
         if self._embeddings is None:
             embed = _read_initializer(self.path / self.meta["graph"], "embed.weight")
             head = embed if self.meta.get("tied", True) else _read_initializer(
                 self.path / self.meta["graph"], "lm_head.weight_t").T
-            self._embeddings = _Embeddings(embed, float(self.meta.get("embed_scale", 1.0)), head)
+            self._embeddings = TargetEmbeddings(embed, float(self.meta.get("embed_scale", 1.0)), head)
         return self._embeddings
-
-
-class _ModelView:
-    """`target.model` for code that predates the Target protocol: attention dtype, embedding and head."""
-
-    def __init__(self, target: OnnxTarget):
-        self._target = target
-        self.attention_dtype = torch.float32
-
-    @property
-    def embed(self) -> torch.Tensor:
-        return self._target.embeddings().embed
-
-    @property
-    def head(self) -> torch.Tensor:
-        return self._target.embeddings().head
-
-    @property
-    def embed_scale(self) -> float:
-        return self._target.embeddings().embed_scale
 
 
 def _logits_index(logits, B: int, T: int) -> np.ndarray | None:

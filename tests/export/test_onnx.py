@@ -61,7 +61,10 @@ def _onnx_target(tmp_path: Path, family: str = "llama", quantization: str = "non
 def test_graph_matches_decoder_on_every_kind_of_step(tmp_path, family):
     from deepspec.models.kv_cache import KVCache
 
+    from deepspec.models import Target
+
     target, model = _onnx_target(tmp_path, family)
+    assert isinstance(target, Target)
     ref, ours = KVCache(model.spec, 3, 64, torch.float32), target.new_cache(3, 64)
     tokens = torch.randint(0, VOCAB, (3, 12))
 
@@ -84,6 +87,8 @@ def test_engine_on_onnx_target_decodes_what_the_pytorch_engine_decodes(tmp_path)
     from deepspec.models.decoder_target import DecoderTarget
 
     target, model = _onnx_target(tmp_path)
+    frozen = target.embeddings()  # read back from the graph's weights file, for neural drafts
+    assert torch.equal(frozen.embed, model.embed) and frozen.head is frozen.embed
     reference = DecoderTarget("tiny", tmp_path, None, model.spec, model, CharTokenizer(VOCAB), 128, (VOCAB - 1,))
     prompts = [torch.randint(0, VOCAB, (n,)).tolist() for n in (5, 9, 3, 7)]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
