@@ -111,3 +111,21 @@ def test_qwen3_eagle3_draft_with_qk_norm_is_refused(tmp_path, targets, drafts):
     result = run_export("--target", targets["qwen3"], "--draft", drafts["qwen3", "eagle3"], "--format",
                         "tensorrt-llm", "--out", tmp_path / "o")
     assert result.returncode == 2 and "tensorrt-llm cannot load" in result.stderr and "q/k-norm" in result.stderr
+
+
+def test_build_runs_build_sh_where_the_toolchain_is_present(tmp_path, targets, monkeypatch):
+    """Where tensorrt_llm and a GPU exist, --build runs the written build.sh in the output (faked here: the script
+    stands in for trtllm-build) and the manifest names the engine directory."""
+    from export.formats import tensorrt_llm
+
+    monkeypatch.setattr(tensorrt_llm, "build_blockers", lambda: [])
+    monkeypatch.setattr(tensorrt_llm, "build_script",
+                        lambda job: "#!/bin/sh\nset -e\ntest -f checkpoint/rank0.safetensors\nmkdir engine\n")
+    out = _export(tmp_path, targets["llama"], "--draft", "none", "--build")
+    assert (out / "engine").is_dir()
+    assert json.loads((out / "manifest.json").read_text())["engine_dir"] == "engine"
+    monkeypatch.setattr(tensorrt_llm, "build_script", lambda job: "#!/bin/sh\necho no GPU after all >&2\nexit 3\n")
+    result = run_export("--target", targets["llama"], "--draft", "none", "--format", "tensorrt-llm", "--build",
+                        "--out", tmp_path / "failed")
+    assert result.returncode == 2 and "build.sh failed (3): no GPU after all" in result.stderr
+    assert not (tmp_path / "failed").exists()
