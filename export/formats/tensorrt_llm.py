@@ -25,10 +25,13 @@ from export.drafts.writers import DTYPES, check_draft, write_draft
 from export.errors import ExportError
 from export.job import ExportFormat, ExportJob
 from export.trtllm_checkpoint import ARCHITECTURES, check_sizes, checkpoint_config, rank_tensors
+from plugins.schema import TRT_NAMESPACE
 
 ENGINE = "tensorrt-llm"
-#: TensorRT plugin names of DeepSpec's verification ops (plugins/README.md): registered by `import plugins.tensorrt`
-PLUGIN_OPS = ("deepspec::greedy_accept", "deepspec::rejection_sample", "deepspec::tree_accept")
+#: TensorRT plugins of DeepSpec's verification ops (plugins/README.md, plugins/tensorrt.py): registered by
+#: `import plugins.tensorrt`, which compiles each op's Triton kernel ahead of time for the building GPU
+PLUGIN_OPS = tuple(f"{TRT_NAMESPACE}::{op}" for op in ("greedy_accept", "rejection_sample", "process_logits",
+                                                       "tree_accept", "confidence_truncate"))
 
 
 def build_blockers() -> list[str]:

@@ -81,6 +81,7 @@ def test_draft_serve_yaml_and_build_script(tmp_path, targets, drafts):
     build = (out / "build.sh").read_text()
     assert "--speculative_decoding_mode draft_tokens_external --max_draft_len 4" in build
     assert "import plugins.tensorrt" in build and "python -m plugins build" in build
+    assert "deepspec::greedy_accept" in build and "deepspec::rejection_sample" in build
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["engine_layer_ids"] == {"tensorrt-llm": [1, 2, 3]} and manifest["captured_layers_hs"] == [2, 3, 4]
 
