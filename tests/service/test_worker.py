@@ -237,3 +237,14 @@ def test_sigterm_drains_the_worker(tmp_path):
         assert worker.proc.wait(10) == 0
     finally:
         worker.terminate()
+
+
+def test_the_engines_code_reaches_the_openai_error_body(gateway):
+    """End to end: the engine refuses prompt + max_tokens past the window; the gateway's 400 carries its code (read
+    from the worker's structured field, not from the message)."""
+    import httpx
+
+    response = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "x" * 2000, "max_tokens": 100}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "lower max_tokens to at most 48" in error["message"]
