@@ -26,14 +26,21 @@ def greedy_accept(
     """
     B, k = draft_tokens.shape
     num_accepted = torch.zeros(B, dtype=torch.long, device=draft_tokens.device)
+    next_token = torch.zeros(B, dtype=torch.long, device=draft_tokens.device)
+    settled = torch.zeros(B, dtype=torch.bool, device=draft_tokens.device)
     alive = (num_draft_tokens > 0).nonzero().squeeze(1)
     for j in range(k):
         if not alive.numel():
             break
-        ok = draft_tokens[alive, j] == target_logits[alive, j].argmax(dim=-1)
+        argmax = target_logits[alive, j].argmax(dim=-1)
+        ok = draft_tokens[alive, j] == argmax
         num_accepted[alive] += ok.long()
+        # a mismatch settles the row: the target's own token is the argmax just taken
+        next_token[alive[~ok]], settled[alive[~ok]] = argmax[~ok], True
         alive = alive[ok & (num_draft_tokens[alive] > j + 1)]
-    next_token = target_logits[torch.arange(B, device=draft_tokens.device), num_accepted].argmax(dim=-1)
+    rest = (~settled).nonzero().squeeze(1)  # no drafts, or every draft accepted: the argmax after the block
+    if rest.numel():
+        next_token[rest] = target_logits[rest, num_accepted[rest]].argmax(dim=-1)
     return num_accepted, next_token
 
 
