@@ -41,7 +41,7 @@ def test_aliases_keywords_and_absolute_paths_pass_through(tmp_path):
         assert read_engine_dir(d).draft == draft
 
 
-@pytest.mark.parametrize("fmt, says", [("onnx", "export with --format pytorch"),
+@pytest.mark.parametrize("fmt, says", [("vllm", "vllm serve"), ("sglang", "launch/sglang.sh"),
                                        ("tensorrt-llm", "worker.runtime=triton"),
                                        ("triton-repo", "tritonserver")])  # fmt: skip
 def test_engines_for_other_runtimes_are_refused_with_the_way_out(tmp_path, fmt, says):
