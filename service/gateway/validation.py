@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from service.gateway.errors import BadRequestError
 
@@ -31,13 +31,18 @@ MAX_NAME_CHARS = 256
 MAX_CHARS_PER_TOKEN = 128
 
 
-def _unicode(text: str) -> str:
-    """JSON's `\\ud800` escapes decode to lone surrogates, which no tokenizer (or UTF-8 encoder) accepts."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"the text is not valid Unicode: a lone surrogate escape at character {e.start}") from None
+def _unicode(text):
+    """JSON's `\\ud800` escapes decode to lone surrogates, which no tokenizer (or UTF-8 encoder) accepts. Checked
+    before pydantic's own string validation, so every text field refuses them with this message."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the text is not valid Unicode: a lone surrogate escape at character {e.start}") from None
     return text
+
+
+Unicode = BeforeValidator(_unicode)
 
 
 def _json_integer(value):
@@ -49,14 +54,14 @@ def _json_integer(value):
 Integer = BeforeValidator(_json_integer)
 
 #: any text the gateway forwards: a prompt, a message, a stop string
-Text = Annotated[str, AfterValidator(_unicode)]
+Text = Annotated[str, Unicode]
 #: a completion prompt: the worker needs at least one token
-Prompt = Annotated[str, Field(min_length=1), AfterValidator(_unicode)]
+Prompt = Annotated[str, Field(min_length=1), Unicode]
 #: a batch of prompts, of which DeepSpec takes exactly one (the schema says so; `schemas.py` says why if not)
 OnePrompt = Annotated[list[Prompt], WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1},
                                                     "minItems": 1, "maxItems": 1})]  # fmt: skip
-Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_unicode)]
-StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), AfterValidator(_unicode)]
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), Unicode]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), Unicode]
 StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
