@@ -1,0 +1,45 @@
+"""The drafter registry: named drafters and draft-directory algorithms, unknown names answered with the valid ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deepspec.decoding import registry
+from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from deepspec.models.drafts import DraftCheckpointError
+
+
+class _Target:
+    vocab_size = 16
+    name = "t"
+
+
+def test_builtins_are_registered_explicitly():
+    assert registry.available_drafters() == [
+        "none", "auto", "prompt-lookup", "random", "<draft dir: corpus-lookup|dflash|dspark|eagle3>"]
+    assert registry.build_drafter("none", _Target()) is None
+    assert isinstance(registry.build_drafter("prompt-lookup", _Target(), min_ngram=1), PromptLookupDrafter)
+    assert registry.build_drafter("random", _Target()).vocab_size == 16
+
+
+def test_unknown_names_list_the_valid_ones(tmp_path):
+    with pytest.raises(KeyError, match=r"unknown drafter 'nope'; available: \['none', 'auto', 'prompt-lookup'"):
+        registry.resolve_drafter("nope")
+    with pytest.raises(ValueError, match="unknown drafter 'nope'; available: none, auto, prompt-lookup"):
+        registry.build_drafter("nope", _Target())
+    with pytest.raises(KeyError, match=r"this engine loads \['corpus-lookup', 'dflash', 'dspark', 'eagle3'\]"):
+        registry.resolve_checkpoint_algo("medusa")
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "medusa"}))
+    with pytest.raises(DraftCheckpointError, match="unknown draft algorithm 'medusa'"):
+        registry.build_drafter(str(tmp_path), _Target())
+
+
+def test_register_and_resolve_a_new_drafter(monkeypatch):
+    monkeypatch.setattr(registry, "_DRAFTERS", dict(registry._DRAFTERS))  # undone after the test
+    registry.register_drafter("ngram-3", lambda target, **kw: PromptLookupDrafter(3, 3))
+    assert "ngram-3" in registry.available_drafters()
+    assert registry.build_drafter("ngram-3", _Target()).min_ngram == 3
+    with pytest.raises(ValueError, match="reserved"):
+        registry.register_drafter("auto", lambda target: None)
