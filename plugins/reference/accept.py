@@ -78,8 +78,14 @@ def rejection_sample(
         q_draft = draft_probs.gather(2, draft_tokens[..., None]).squeeze(2).to(torch.float32)
 
     # slot by slot over the rows still accepting: a row's distribution is processed only up to its first
-    # rejection, so a step costs (accepted + 1) passes over the vocabulary per row, not k + 1
-    num_accepted = torch.zeros(B, dtype=torch.long, device=draft_tokens.device)
+    # rejection, so a step costs (accepted + 1) passes over the vocabulary per row, not k + 1; a rejected row keeps
+    # the distribution it was rejected on, which is the one its recovered token is drawn from
+    dev, V = draft_tokens.device, target_logits.shape[-1]
+    num_accepted = torch.zeros(B, dtype=torch.long, device=dev)
+    settled = torch.zeros(B, dtype=torch.bool, device=dev)
+    w_at = torch.ones(B, V, device=dev)  # unnormalized p at each row's last slot
+    mass_at = torch.ones(B, device=dev)
+    argmax_at = torch.zeros(B, dtype=torch.long, device=dev)
     alive = (num_draft_tokens > 0).nonzero().squeeze(1)
     for j in range(k):
         if not alive.numel():
@@ -87,40 +93,55 @@ def rejection_sample(
         z = scale(target_logits[alive, j], scale_by[alive])
         token = draft_tokens[alive, j]
         row_greedy = greedy[alive]
+        proc, argmax = None, None
+        if bool(row_greedy.any()):
+            argmax = z.argmax(dim=-1)
         if bool(row_greedy.all()):
-            ok = token == z.argmax(dim=-1)
+            ok = token == argmax
         else:
-            p = process(z, top_k[alive], top_p[alive]).probs_at(token[:, None]).squeeze(1)
+            proc = process(z, top_k[alive], top_p[alive])
+            p = proc.probs_at(token[:, None]).squeeze(1)
             q = q_draft[alive, j]
             # accept with probability min(1, p / q); a q of 0 never accepts
             ratio = torch.where(q > 0, p / q.clamp(min=torch.finfo(torch.float32).tiny), torch.zeros_like(p))
             ok = u[alive, j] < ratio
-            if bool(row_greedy.any()):
-                ok = torch.where(row_greedy, token == z.argmax(dim=-1), ok)
+            if argmax is not None:
+                ok = torch.where(row_greedy, token == argmax, ok)
         num_accepted[alive] += ok.long()
+        if not bool(ok.all()):
+            rows = alive[~ok]
+            settled[rows] = True
+            if argmax is not None:
+                argmax_at[rows] = argmax[~ok]
+            if proc is not None:
+                w_at[rows], mass_at[rows] = proc.weights()[~ok], proc.mass[~ok]
         alive = alive[ok & (num_draft_tokens[alive] > j + 1)]
+    rest = (~settled).nonzero().squeeze(1)  # no drafts or all accepted: the bonus slot after the block
+    if rest.numel():
+        z = scale(target_logits[rest, num_accepted[rest]], scale_by[rest])
+        proc = process(z, top_k[rest], top_p[rest])
+        w_at[rest], mass_at[rest] = proc.weights(), proc.mass
+        if bool(greedy.any()):
+            argmax_at[rest] = z.argmax(dim=-1)
 
-    # one distribution per row at the first rejected slot (recovered) or after the block (bonus)
-    z_at = scale(target_logits[torch.arange(B, device=draft_tokens.device), num_accepted], scale_by)
-    proc = process(z_at, top_k, top_p)
-    rejected = num_accepted < num_draft_tokens
+    rejected = settled
     slot = num_accepted.clamp(max=max(k - 1, 0))
     if draft_probs is None or not bool(rejected.any()):
         # sampling needs no normalization; with a one-hot q the residual is p without the rejected draft (never
         # empty: a draft holding all of p's mass is always accepted)
-        weights = proc.weights()
+        weights = w_at
         if k and bool(rejected.any()):
             rows = rejected.nonzero().squeeze(1)
             weights[rows, draft_tokens[rows, slot[rows]]] = 0.0
     else:
-        p_at = proc.probs()
-        residual = (p_at - draft_probs[torch.arange(B, device=draft_tokens.device), slot].to(torch.float32)).clamp_(min=0.0)
+        p_at = w_at / mass_at[:, None]
+        residual = (p_at - draft_probs[torch.arange(B, device=dev), slot].to(torch.float32)).clamp_(min=0.0)
         # p == q exactly leaves no residual; rejection then had probability 0, so p itself is the fallback
         usable = rejected & (residual.sum(dim=-1) > 0)
         weights = torch.where(usable[:, None], residual, p_at)
     next_token = sample_index(weights, uniforms(seeds, (2 * num_accepted + 1)[:, None]).squeeze(1))
     if bool(greedy.any()):
-        next_token = torch.where(greedy, z_at.argmax(dim=-1), next_token)
+        next_token = torch.where(greedy, argmax_at, next_token)
     return num_accepted, next_token
 
 
