@@ -32,7 +32,7 @@ def greedy_accept(
     for j in range(k):
         if not alive.numel():
             break
-        argmax = target_logits[alive, j].argmax(dim=-1)
+        argmax = _slot(target_logits, alive, j).argmax(dim=-1)
         ok = draft_tokens[alive, j] == argmax
         num_accepted[alive] += ok.long()
         # a mismatch settles the row: the target's own token is the argmax just taken
@@ -42,6 +42,11 @@ def greedy_accept(
     if rest.numel():
         next_token[rest] = target_logits[rest, num_accepted[rest]].argmax(dim=-1)
     return num_accepted, next_token
+
+
+def _slot(target_logits: torch.Tensor, rows: torch.Tensor, j: int) -> torch.Tensor:
+    """[len(rows), V] logits of slot j: a view while every row is still in (gathering copies the rows)."""
+    return target_logits[:, j] if rows.numel() == target_logits.shape[0] else target_logits[rows, j]
 
 
 def sample_index(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -90,7 +95,7 @@ def rejection_sample(
     for j in range(k):
         if not alive.numel():
             break
-        z = scale(target_logits[alive, j], scale_by[alive])
+        z = scale(_slot(target_logits, alive, j), scale_by[alive])
         token = draft_tokens[alive, j]
         row_greedy = greedy[alive]
         proc, argmax = None, None
