@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.isolated import IsolatedDecoder, PeerFailed
+from bench.isolated import IsolatedDecoder, MethodTable, PeerFailed
 
 DATASETS = ("humaneval", "gsm8k", "mbpp")
 #: every method first decodes this many tokens of the first prompt, untimed: its first timed prompt then runs
@@ -199,19 +199,8 @@ def main(argv=None) -> int:
     target = load_target(args.target, dtype=args.dtype)
     prompts = load_prompts(target, args.num_prompts)
     warmup_ids = prompts[DATASETS[0]][0]
-    decoders: dict[str, object] = {}
-
-    failed_to_start: dict[str, str] = {}
-
-    def add(name, build):
-        if name in skip:
-            return
-        console.log(f"loading and warming up {name}")
-        try:
-            decoders[name] = build()
-        except PeerFailed as e:
-            console.log(f"[red]{name} {e}: its row is left out, the other methods go on")
-            failed_to_start[name] = str(e)
+    table = MethodTable(console.log, skip)
+    decoders, failed_to_start, add = table.decoders, table.failed_to_start, table.add
 
     drafter_specs = []
     for spec in filter(None, args.drafters.split(",")):

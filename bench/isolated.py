@@ -127,3 +127,23 @@ class IsolatedDecoder:
                 self.process.kill()
                 self.process.join(5)
         self._conn.close()
+
+
+class MethodTable:
+    """The decoders one benchmark compares, by row name. `add` builds and warms one up; a peer that dies while
+    starting (`PeerFailed`) costs its row only, recorded in `failed_to_start` with the reason."""
+
+    def __init__(self, log: Callable[[str], None], skip: set[str] = frozenset()):
+        self.log, self.skip = log, skip
+        self.decoders: dict[str, object] = {}
+        self.failed_to_start: dict[str, str] = {}
+
+    def add(self, name: str, build: Callable[[], object]) -> None:
+        if name in self.skip:
+            return
+        self.log(f"loading and warming up {name}")
+        try:
+            self.decoders[name] = build()
+        except PeerFailed as e:
+            self.log(f"[red]{name} {e}: its row is left out, the other methods go on")
+            self.failed_to_start[name] = str(e)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from bench.decode import (DATASETS, engine_decoder, gguf_file, llama_cpp_decoder, load_prompts, run_interleaved,
                           summarize)
-from bench.isolated import IsolatedDecoder, PeerFailed
+from bench.isolated import IsolatedDecoder, MethodTable
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_SIZES = (1, 2, 4, 8, 16, 32)
@@ -123,16 +123,8 @@ def main(argv=None) -> int:
     reference = load_target(args.target, dtype="float32")
     prompts = load_prompts(reference, args.num_prompts)
     warmup_ids = prompts[DATASETS[0]][0]
-    decoders = {}
-
-    def add(name, build):
-        if name in skip:
-            return
-        console.log(f"loading and warming up {name}")
-        try:
-            decoders[name] = build()
-        except PeerFailed as e:
-            console.log(f"[red]{name} {e}: its row is left out")
+    table = MethodTable(console.log, skip)
+    decoders, add = table.decoders, table.add
 
     fp32 = load_onnx_target(work / "none", max_seq_len=2048, num_threads=threads)
     int4 = load_onnx_target(work / "int4", max_seq_len=2048, num_threads=threads)

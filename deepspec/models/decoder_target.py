@@ -7,8 +7,6 @@ draft depends on (family, sizes, tokenizer), so a draft trained on one target re
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,12 +14,13 @@ import torch
 
 from deepspec.models.arch import ArchSpec
 from deepspec.models.decoder import Decoder, DecoderOutput
+from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.kv_cache import KVCache
 from deepspec.models.target import TargetEmbeddings
 
 
 @dataclass
-class DecoderTarget:
+class DecoderTarget(HFTextTarget):
     name: str
     #: directory holding config.json, *.safetensors and the tokenizer
     path: Path
@@ -46,24 +45,6 @@ class DecoderTarget:
     @property
     def attention_dtype(self) -> torch.dtype:
         return self.model.attention_dtype
-
-    @property
-    def vocab_size(self) -> int:
-        return self.spec.vocab_size
-
-    # ---- text --------------------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """Render messages with the target's chat template (generation prompt added) and tokenize."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"target '{self.name}' has no chat template; send a plain prompt instead")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     # ---- model -------------------------------------------------------------------------------------------------
     def forward(
@@ -96,26 +77,6 @@ class DecoderTarget:
     def embeddings(self) -> TargetEmbeddings:
         m = self.model
         return TargetEmbeddings(m.embed.detach(), float(m.embed_scale), m.head.detach())
-
-    def default_feature_layers(self, count: int = 5) -> tuple[int, ...]:
-        """`count` layers from layer 1 at an even stride, never the last (a 36-layer Qwen3 → 1, 9, 17, 25, 33):
-        low, middle and high features, as Eagle3 and DFlash read them."""
-        last_allowed = self.spec.num_layers - 2
-        stride = max(1, (self.spec.num_layers - 2) // max(count - 1, 1))
-        return tuple(min(1 + i * stride, last_allowed) for i in range(count))
-
-    def fingerprint(self) -> dict:
-        """What a draft depends on; stored in draft checkpoints and compared on load."""
-        tok_file = self.path / "tokenizer.json"
-        digest = hashlib.sha256(tok_file.read_bytes() if tok_file.exists() else json.dumps(
-            sorted(self.tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
-        return {
-            "architecture": self.spec.family,
-            "hidden_size": self.spec.hidden_size,
-            "num_layers": self.spec.num_layers,
-            "vocab_size": self.spec.vocab_size,
-            "tokenizer_hash": digest,
-        }
 
     def hf_model(self):
         """The Hugging Face model on the same weights (reference forward for tests and generic training)."""

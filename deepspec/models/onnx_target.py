@@ -15,7 +15,6 @@ Limits: CPU only, float32 activations (the int4 graph keeps 4-bit weights and fl
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 from deepspec.models.arch import ArchSpec, arch_spec_from_config
 from deepspec.models.decoder import DecoderOutput
+from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.target import TargetEmbeddings
 
 #: graph metadata beside the graph: which file, which captured layers, how the weights are stored
@@ -53,7 +53,7 @@ class OnnxSlotCache:
         v: torch.Tensor
 
 
-class OnnxTarget:
+class OnnxTarget(HFTextTarget):
     """A target whose forward is an ONNX Runtime session over `<engine dir>/target.onnx`."""
 
     def __init__(self, name: str, path: Path, spec: ArchSpec, tokenizer, session, meta: dict, max_seq_len: int,
@@ -70,11 +70,6 @@ class OnnxTarget:
         self.feature_layers = tuple(meta.get("feature_layers", ()))
         self._embeddings: TargetEmbeddings | None = None
 
-    # ---- identity ------------------------------------------------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.spec.vocab_size
-
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
@@ -86,32 +81,6 @@ class OnnxTarget:
     @property
     def attention_dtype(self) -> torch.dtype:
         return torch.float32
-
-    def fingerprint(self) -> dict:
-        """Same fields and values as the PyTorch target's, from the tokenizer file exported beside the graph."""
-        tok_file = self.path / "tokenizer.json"
-        digest = hashlib.sha256(tok_file.read_bytes() if tok_file.exists() else json.dumps(
-            sorted(self.tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
-        return {"architecture": self.spec.family, "hidden_size": self.spec.hidden_size,
-                "num_layers": self.spec.num_layers, "vocab_size": self.spec.vocab_size, "tokenizer_hash": digest}
-
-    def default_feature_layers(self, count: int = 5) -> tuple[int, ...]:
-        last_allowed = self.spec.num_layers - 2
-        stride = max(1, (self.spec.num_layers - 2) // max(count - 1, 1))
-        return tuple(min(1 + i * stride, last_allowed) for i in range(count))
-
-    # ---- text ----------------------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"target '{self.name}' has no chat template; send a plain prompt instead")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     # ---- model ---------------------------------------------------------------------------------------------------
     def new_cache(self, num_slots: int, max_seq_len: int) -> OnnxSlotCache:

@@ -5,19 +5,13 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
+from bench.verify import old_sampling_probs
+
 
 def sorted_filter_probs(logits, temperature, top_k, top_p):
-    """[B, T, V] → p by sorting (the pre-plugins implementation): top-k then the top-p prefix, softmax."""
-    V = logits.shape[-1]
-    scaled = logits / temperature[:, None, None]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(V)
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))
-    remove = rank[None, None, :] >= k[:, None, None]
-    probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
-    remove = remove | ((probs.cumsum(dim=-1) - probs) >= top_p[:, None, None])
-    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    return torch.softmax(torch.empty_like(scaled).scatter_(-1, order, sorted_logits), dim=-1)
+    """[B, T, V] → p by sorting: top-k then the top-p prefix, softmax. The engine's pre-plugins filter, which
+    bench/verify.py keeps as its old path, so the benchmark and the tests compare against the same oracle."""
+    return old_sampling_probs(logits, temperature, top_k, top_p)
 
 
 def step_p_values(rejection_sample, *, rows=4000, V=6, k=2, with_q=True, top_k=0, top_p=1.0, temperature=1.0,
