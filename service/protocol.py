@@ -75,6 +75,18 @@ def decode_stream_error(error_message: str) -> tuple[str, str]:
         return head, rest
     return "INTERNAL", error_message
 
+#: An upper bound on the characters one token decodes to. The longest token of the default target's vocabulary
+#: (SmolLM2, 49,152 tokens) is 81 characters (a newline and 80 spaces); 128 leaves room for other vocabularies.
+#: A prompt longer than `context length x MAX_CHARS_PER_TOKEN` characters cannot fit, whatever it says, so it is
+#: refused by the gateway and again by the worker (which a client may call directly) before anything tokenizes it.
+MAX_CHARS_PER_TOKEN = 128
+
+
+def max_prompt_chars(context_len: int) -> int:
+    """The longest prompt, in characters, that could still fit `context_len` tokens."""
+    return context_len * MAX_CHARS_PER_TOKEN
+
+
 #: ModelInfer trailing metadata key carrying the engine's error code (gRPC metadata keys are lower case)
 ERROR_CODE_METADATA = "deepspec-error-code"
 #: parameter of a stream's error `infer_response` carrying the engine's error code

@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from service.gateway.errors import BadRequestError
+from service.protocol import MAX_CHARS_PER_TOKEN, max_prompt_chars
 
 MAX_INT32 = 2**31 - 1
 #: stop strings per request (OpenAI allows 4; vLLM has no limit)
@@ -24,11 +25,6 @@ MAX_STOP_CHARS = 1024
 MAX_REQUEST_ID_CHARS = 128
 #: characters of short identifiers (model, user)
 MAX_NAME_CHARS = 256
-#: An upper bound on the characters one token decodes to. The longest token of the default target's vocabulary
-#: (SmolLM2, 49,152 tokens) is 81 characters (a newline and 80 spaces); 128 leaves room for other vocabularies.
-#: A prompt longer than `context length x MAX_CHARS_PER_TOKEN` characters cannot fit, whatever it says, so it is
-#: refused before a worker spends time and memory tokenizing it.
-MAX_CHARS_PER_TOKEN = 128
 
 
 def _unicode(text):
@@ -90,7 +86,7 @@ def check_request_id(request_id: str) -> str:
 
 def check_prompt_size(num_chars: int, context_len: int) -> None:
     """Refuse a prompt that cannot fit `context_len` tokens by its length alone (0 = context unknown: no bound)."""
-    limit = context_len * MAX_CHARS_PER_TOKEN
+    limit = max_prompt_chars(context_len)
     if context_len > 0 and num_chars > limit:
         raise BadRequestError(
             f"the prompt has {num_chars} characters, more than this model's maximum context length of {context_len} "

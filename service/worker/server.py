@@ -19,7 +19,7 @@ from grpc_health.v1._async import HealthServicer
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from deepspec.decoding.params import SamplingParams, StepOutput
-from deepspec.decoding.validation import RequestError
+from deepspec.decoding.validation import RequestError, RequestErrorCode
 from service import protocol as p
 from service import tensors
 from service.metrics import WorkerMetrics, start_metrics_server
@@ -282,6 +282,11 @@ class WorkerService:
             max_tokens = tensors.scalar(values, p.MAX_TOKENS, int)
             stream = tensors.scalar(values, p.STREAM, bool, False)
             target = self.loaded.target
+            num_chars = len(text) if messages_json is None else len(messages_json)
+            if num_chars > p.max_prompt_chars(self.loaded.max_seq_len):  # before tokenizing, so floods cost nothing
+                raise RequestError(RequestErrorCode.CONTEXT_TOO_LONG,
+                                   f"the prompt has {num_chars} characters, more than this model's maximum context "
+                                   f"length of {self.loaded.max_seq_len} tokens can hold: shorten the prompt")
             if messages_json is not None:
                 prompt_ids = target.encode_chat(_parse_messages(messages_json))
             elif len(text) > _TOKENIZE_INLINE_MAX_CHARS:

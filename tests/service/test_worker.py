@@ -137,6 +137,19 @@ def test_engine_refusals_carry_their_code_in_unary_metadata_and_in_streams(stub_
         assert response.infer_response.parameters[p.ERROR_CODE_PARAM].string_param == code
 
 
+def test_a_prompt_too_long_to_fit_is_refused_by_its_length_before_tokenizing(client):
+    """A client calling the worker directly gets the gateway's character bound too: the refusal names characters,
+    which only the pre-tokenizer check counts, and one character under the bound is tokenized (and refused by the
+    engine in tokens)."""
+    limit = p.max_prompt_chars(2048)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("stub", inputs("x" * (limit + 1), max_tokens=1))
+    assert "INVALID_ARGUMENT" in str(info.value.status()) and f"{limit + 1} characters" in info.value.message()
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("stub", inputs("x" * limit, max_tokens=1))
+    assert "characters" not in info.value.message() and "tokens" in info.value.message()
+
+
 def test_unreadable_input_is_invalid_argument_without_a_code(stub_worker):
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
