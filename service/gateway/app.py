@@ -28,6 +28,10 @@ from service.gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
+#: seconds the requests cut at the end of the drain get to write their error before the servers stop (within the
+#: chart's 15 s of slack past preStop + drain in terminationGracePeriodSeconds)
+CUT_GRACE_S = 3.0
+
 
 @dataclass
 class GatewayState:
@@ -212,9 +216,12 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
         await grpc_server.set_not_serving()
     await state.dispatcher.drain(settings.drain_timeout_s)
     state.dispatcher.cut(f"the gateway shut down and its drain timeout ({settings.drain_timeout_s:g} s) ran out")
+    # the cut requests still have to write their error (an SSE event, a gRPC status): stopping the servers first
+    # would end them with a bare "Cancelling all calls" instead
+    await state.dispatcher.drain(CUT_GRACE_S)
     http.server.should_exit = True
     if grpc_server is not None:
-        await grpc_server.stop(1.0)
+        await grpc_server.stop(CUT_GRACE_S)
     await http_task
     await state.pool.stop()
     if metrics_server is not None:
