@@ -42,7 +42,7 @@ def check_sizes(arch, tp: int) -> None:
         raise ExportError(f"tensorrt-llm: --tp {tp} must divide the MLP size {arch.intermediate_size}")
 
 
-def checkpoint_config(arch, hf_config: dict, dtype: str, tp: int) -> dict:
+def checkpoint_config(arch, dtype: str, tp: int) -> dict:
     config = {
         "architecture": ARCHITECTURES[arch.family],
         "dtype": dtype,

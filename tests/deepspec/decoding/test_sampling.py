@@ -1,6 +1,6 @@
 import torch
 
-from deepspec.decoding.sampling import sampling_probs
+from plugins import process_logits as sampling_probs
 
 
 def test_top_k_keeps_k_tokens_per_row():

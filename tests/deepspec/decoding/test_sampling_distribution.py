@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding import engine as engine_module
 from deepspec.decoding.drafters.random import RandomDrafter
-from deepspec.decoding.sampling import sampling_probs
+from plugins import process_logits as sampling_probs
 from tests.conftest import make_tiny_target
 
 VOCAB, PROMPT, N = 5, [1, 2, 3], 3000
