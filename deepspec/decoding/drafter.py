@@ -20,6 +20,21 @@ sequence leaves, the last one is moved into the hole and the drafter hears `move
 `features[b, j]` is the target's feature vector (the concatenated outputs of `feature_layers`) at the position
 just *before* `tokens[b, j]`, i.e. the hidden state whose logits predicted that token. Eagle3 pairs them exactly
 like that; prompt lookup ignores them.
+
+Chains and trees. A proposal is a token tree: `tokens[b, i]` is node i, and `parents[b, i]` the node it follows
+(-1 = the row's last committed token, the root; otherwise an earlier node, `parents[b, i] < i`, so the nodes are in
+topological order). `parents=None` is the chain `[-1, 0, 1, ...]`, what every drafter proposed before trees. The
+target scores all nodes in one forward with tree attention (each node sees the committed context and its own
+ancestors; its position is the committed length + its depth), the longest accepted root-to-leaf path is
+committed, and the drafter hears it through `extend` exactly as for a chain. Siblings are tried in index order,
+so put the likelier child first. `k` in `propose` is the node budget per row: a chain spends it on depth, a tree
+spreads it over branches. A target that cannot run tree attention gets the chain of first children.
+
+`probs[b, i]` is the distribution node i's token was drawn from, given its parent (siblings drawn from one
+distribution share it): sampled verification accepts node i by p/q. Only a token actually *sampled* from q may
+carry q; a token chosen deterministically (argmax, top-k siblings, the most frequent continuation) is one-hot,
+which `probs=None` (or a one-hot row) says. `survival[b, i]` estimates P(node i and all its ancestors accepted);
+the verification budget keeps the nodes with the highest survival, cut so that every kept node's parent is kept.
 """
 
 from __future__ import annotations
@@ -34,17 +49,24 @@ from deepspec.models.target import Target
 
 @dataclass
 class Proposal:
-    #: [B, k] draft tokens, right-padded with any valid id past num_tokens
+    #: [B, k] draft tokens (tree nodes), right-padded with any valid id past num_tokens
     tokens: torch.Tensor
-    #: [B] how many of each row's tokens are real drafts (0..k)
+    #: [B] how many of each row's nodes are real drafts (0..k)
     num_tokens: torch.Tensor
     #: [B, k, V] the distribution each draft token was drawn from, for rejection sampling; None = the drafts are
     #: deterministic (one-hot q), as for prompt lookup or argmax drafting
     probs: torch.Tensor | None = None
-    #: [B, k] the drafter's estimate of P(draft j and every draft before it accepted), 0 past num_tokens; lets
-    #: the engine verify only as deep as pays (deepspec/decoding/verify_budget.py); None = the engine estimates
-    #: it from each sequence's acceptance record
+    #: [B, k] the drafter's estimate of P(node j and all its ancestors accepted), 0 past num_tokens; lets the
+    #: engine verify only as much as pays (deepspec/decoding/verify_budget.py); None = the engine estimates it
+    #: from each sequence's acceptance record
     survival: torch.Tensor | None = None
+    #: [B, k] int64 parent of each node: -1 = the root (last committed token), else an earlier node index;
+    #: None = a chain (node j follows node j-1). Entries past num_tokens are ignored.
+    parents: torch.Tensor | None = None
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
 
 
 @dataclass
@@ -88,7 +110,7 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
-        """Guess up to k tokens that follow each slot's last committed token."""
+        """Guess up to k tokens (a chain, or a tree of k nodes) that follow each slot's last committed token."""
 
     @abstractmethod
     def move_slot(self, src: int, dst: int) -> None:
