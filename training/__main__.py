@@ -162,6 +162,31 @@ def _add_eval(sub) -> None:
                    help="skip asserting greedy draft output == target-only output token for token")
 
 
+def _add_curve(sub) -> None:
+    p = sub.add_parser("curve", help="τ against tokens seen: measure a training run's newest checkpoint, plot, fit",
+                       description="Decodes the run's newest checkpoint with the engine (greedy, γ 7, batch 1) on a "
+                       "fixed subset (first 4 prompts of humaneval, gsm8k, mbpp; 128 tokens) and appends (step, "
+                       "tokens seen, τ per set) to --record. --every-minutes repeats until the run writes its "
+                       "train_summary.json. --plot draws the record with the shipped drafts and corpus lookup.")
+    p.add_argument("--record", required=True, type=Path, help="JSON record of the curve (created, then appended)")
+    p.add_argument("--run", type=Path, default=None, help="training run directory (output_dir) to measure")
+    p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF dir (default smollm2-135m)")
+    p.add_argument("--every-minutes", type=float, default=None,
+                   help="keep measuring each new checkpoint, at most this often, until the run finishes")
+    p.add_argument("--plot", type=Path, default=None, help="write the τ-vs-tokens PNG here (after measuring)")
+    p.add_argument("--references", nargs="*", default=[], metavar="DIR=TOKENS",
+                   help="shipped drafts drawn as points: a draft directory (its eval.json greedy τ) and the "
+                        "tokens it was trained on, e.g. drafts/smollm2-135m-eagle3=451000")
+    p.add_argument("--goal", type=Path, default=None,
+                   help="the draft to beat (e.g. drafts/smollm2-135m-corpus): its eval.json greedy τ per set is "
+                        "drawn dashed and the fit is solved for the tokens that reach its mean")
+    p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
+                   help="comma-separated eval sets (default humaneval,gsm8k,mbpp); keep them fixed for one record")
+    p.add_argument("--num-prompts", type=int, default=4, help="first N prompts of each set (default 4)")
+    p.add_argument("--max-tokens", type=int, default=128, help="generated tokens per prompt (default 128)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_corpus(sub)
     _add_eval(sub)
+    _add_curve(sub)
     return parser
 
 
@@ -220,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_train_cli(args, parser)
     if args.command == "corpus":
         return _run_corpus(args, parser)
+    if args.command == "curve":
+        from training.curve import run_curve_cli
+
+        return run_curve_cli(args, parser)
     from training.evaluate import run_eval_cli
 
     return run_eval_cli(args, parser)

@@ -13,6 +13,7 @@ import math
 import os
 import resource
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -130,6 +131,8 @@ class Trainer:
         self.step, self.tokens_seen = 0, 0
         self.saved_step = 0  # the step of the newest checkpoint on disk (a resumed run starts at one)
         self.last_metrics: dict = {}
+        #: set (e.g. by a SIGTERM handler) to end the run after the current step, checkpoint saved
+        self.stop_requested = False
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self, *, resume: bool = False, stop_at_step: int | None = None) -> dict:
@@ -275,6 +278,8 @@ class Trainer:
                 while self.step < cfg.optim.max_steps:
                     if stop_at_step is not None and self.step >= stop_at_step:
                         return "interrupted"
+                    if self.stop_requested:
+                        return "signal"
                     if cfg.optim.max_minutes and time.perf_counter() - start > cfg.optim.max_minutes * 60:
                         return "time budget"
                     num_tokens = self.train_step()
@@ -414,9 +419,26 @@ class Trainer:
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
-          stop_at_step: int | None = None, log=None) -> dict:
-    """Train one draft; returns a summary dict (also written to <output_dir>/train_summary.json)."""
-    return Trainer(cfg, show_progress=show_progress, log=log).run(resume=resume, stop_at_step=stop_at_step)
+          stop_at_step: int | None = None, log=None, stop_on_signals: bool = False) -> dict:
+    """Train one draft; returns a summary dict (also written to <output_dir>/train_summary.json).
+
+    stop_on_signals: SIGTERM / SIGINT end the run after the current step, checkpoint and final draft saved, so a
+    long run stopped at the end of a session resumes with --resume where it stopped."""
+    trainer = Trainer(cfg, show_progress=show_progress, log=log)
+    if stop_on_signals:
+        install_stop_handlers(trainer)
+    return trainer.run(resume=resume, stop_at_step=stop_at_step)
+
+
+def install_stop_handlers(trainer: Trainer) -> None:
+    """SIGTERM and SIGINT ask `trainer` to stop after its current optimizer step (a second signal is not
+    special: the step finishes, then the checkpoint is written)."""
+    def request_stop(signum, frame) -> None:
+        trainer.stop_requested = True
+        trainer.log(f"signal {signal.Signals(signum).name}: stopping after this step, checkpoint saved")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, request_stop)
 
 
 def run_train_cli(args, parser) -> int:
@@ -449,7 +471,7 @@ def run_train_cli(args, parser) -> int:
             print(line, file=sys.stderr, flush=True)
 
     try:
-        summary = train(cfg, resume=args.resume, log=log)
+        summary = train(cfg, resume=args.resume, log=log, stop_on_signals=True)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
