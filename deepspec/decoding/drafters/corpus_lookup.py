@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from deepspec.decoding.drafter import DraftSampling, Proposal
+from deepspec.decoding.drafters.corpus_tree import (PROMPT_LOOKUP_SOURCE, NodeAcceptance, TreeBuilder,
+                                                    corpus_source)
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.suffix_index import SuffixIndex
 from deepspec.models.target import Target
@@ -28,30 +29,36 @@ from deepspec.models.target import Target
 #: `algo` in config.json of a corpus-lookup draft directory
 ALGO = "corpus-lookup"
 CORPUS_FILE = "corpus.safetensors"
-#: source of a draft from the sequence's own context
-PROMPT_LOOKUP_SOURCE = "prompt_lookup"
-#: corpus matches of this many tokens or more share one acceptance record
-MAX_MATCH_BUCKET = 6
-
-
-def corpus_source(matched: int) -> str:
-    """The acceptance-table key of a corpus draft whose context matched `matched` tokens."""
-    return f"corpus_{min(matched, MAX_MATCH_BUCKET)}"
 
 
 class CorpusLookupDrafter(PromptLookupDrafter):
-    name = ALGO
+    """Chains (`tree=False`: prompt lookup, else the corpus's greedy continuation) or trees (corpus_tree.py).
+
+    `sampled`: rows sampled at temperature > 0 draw their corpus children from the continuation frequencies and
+    carry them as q (False: deterministic top-frequency children, one-hot q, for every row). `max_fallbacks`:
+    shorter corpus matches that may add root children besides the longest one."""
 
     def __init__(self, index: SuffixIndex, min_ngram: int = 2, max_ngram: int = 4, min_corpus_match: int = 1,
-                 slot_acceptance: dict[str, list[float]] | None = None):
+                 slot_acceptance: dict[str, list[float]] | None = None, node_acceptance: dict | None = None,
+                 tree: bool = False, sampled: bool = False, max_fallbacks: int = 1, min_freq: float = 0.0,
+                 vocab_size: int | None = None):
         super().__init__(min_ngram, max_ngram)
         if min_corpus_match < 1:
             raise ValueError(f"min_corpus_match must be >= 1, got {min_corpus_match}")
+        if max_fallbacks < 0:
+            raise ValueError(f"max_fallbacks must be >= 0, got {max_fallbacks}")
         self.index = index
         self.min_corpus_match = min_corpus_match
         #: source → P(slot j accepted | slots before it accepted), measured on held-out answers when the corpus
         #: was built (training/corpus.py); turns each draft into the survival estimate the verify budget wants
         self.slot_acceptance = slot_acceptance or {}
+        #: per-node acceptance of tree children (corpus_tree.NodeAcceptance), measured the same way
+        self.acceptance = NodeAcceptance(node_acceptance, self.slot_acceptance)
+        self.tree, self.sampled, self.max_fallbacks, self.min_freq = tree, sampled, max_fallbacks, min_freq
+        self.vocab_size = vocab_size
+
+    def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
+        self.vocab_size = target.vocab_size
 
     def draft(self, slot: int, k: int) -> tuple[list[int], str]:
         """Up to k tokens for one sequence and where they came from (PROMPT_LOOKUP_SOURCE or corpus_source(m))."""
@@ -65,7 +72,18 @@ class CorpusLookupDrafter(PromptLookupDrafter):
             return [], corpus_source(matched)
         return self.index.continuation(positions, k)[0], corpus_source(matched)
 
+    def draft_tree(self, slot: int, k: int, sampled: bool = False,
+                   generator: torch.Generator | None = None) -> TreeBuilder:
+        """A tree of up to k nodes for one sequence (corpus_tree.TreeBuilder, nodes in topological order)."""
+        history = self._slots[slot]
+        levels = self.index.matches(history.tokens, self.min_corpus_match)[: 1 + self.max_fallbacks]
+        builder = TreeBuilder(self.index, self.acceptance, k, sampled=sampled, generator=generator,
+                              min_freq=self.min_freq)
+        return builder.build(history.propose(k), levels)
+
     def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        if self.tree:
+            return self._propose_trees(slots, k, sampling)
         tokens = torch.zeros(len(slots), k, dtype=torch.long)
         num_tokens = torch.zeros(len(slots), dtype=torch.long)
         survival = torch.zeros(len(slots), k) if self.slot_acceptance else None
@@ -82,6 +100,36 @@ class CorpusLookupDrafter(PromptLookupDrafter):
                 else:
                     survival[row, : len(draft)] = torch.tensor(rates[: len(draft)]).cumprod(0)
         return Proposal(tokens, num_tokens, None, survival)
+
+    def _propose_trees(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        B = len(slots)
+        tokens = torch.zeros(B, k, dtype=torch.long)
+        parents = torch.full((B, k), -1, dtype=torch.long)
+        survival = torch.zeros(B, k)
+        num_tokens = torch.zeros(B, dtype=torch.long)
+        trees = []
+        for row, slot in enumerate(slots):
+            sampled = self.sampled and float(sampling.temperature[row]) > 0
+            tree = self.draft_tree(slot, k, sampled, sampling.generators[row] if sampled else None)
+            n = len(tree.nodes)
+            num_tokens[row] = n
+            if n:
+                tokens[row, :n] = torch.tensor(tree.tokens())
+                parents[row, :n] = torch.tensor(tree.parents())
+                survival[row, :n] = torch.tensor(tree.survival())
+            trees.append(tree)
+        probs = None
+        if any(node.q is not None for tree in trees for node in tree.nodes):
+            # unbound (tests): wide enough for every id the corpus and these trees hold
+            vocab = self.vocab_size or max([int(self.index.tokens.max()) + 1] + [int(tokens.max()) + 1])
+            probs = torch.zeros(B, k, vocab)
+            for row, tree in enumerate(trees):
+                for i, node in enumerate(tree.nodes):
+                    if node.q is None:
+                        probs[row, i, node.token] = 1.0
+                    else:
+                        probs[row, i, torch.from_numpy(node.q[0])] = torch.from_numpy(node.q[1]).float()
+        return Proposal(tokens, num_tokens, probs, survival, parents)
 
 
 def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, *, min_corpus_match: int = 1,
@@ -111,6 +159,10 @@ def load_drafter(path: Path, header: dict, target: Target, **options) -> CorpusL
         raise DraftCheckpointError(str(exc)) from None
     options.setdefault("min_corpus_match", int(header.get("min_corpus_match", 1)))
     options.setdefault("slot_acceptance", header.get("slot_acceptance"))
+    options.setdefault("node_acceptance", header.get("node_acceptance"))
+    for key in ("tree", "sampled", "max_fallbacks"):
+        if key in header.get("drafting", {}):
+            options.setdefault(key, header["drafting"][key])
     return CorpusLookupDrafter(index, **options)
 
 

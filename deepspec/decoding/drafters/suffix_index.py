@@ -73,7 +73,15 @@ class SuffixIndex:
     def longest_match(self, context: list[int]) -> tuple[int, np.ndarray]:
         """(m, positions): the longest m <= max_match such that context[-m:] occurs in the corpus, and the corpus
         index right after each occurrence ([count] int64; empty with m = 0)."""
-        lo, hi, matched = 0, len(self._sa), 0
+        levels = self.matches(context)
+        return levels[0] if levels else (0, np.empty(0, dtype=np.int64))
+
+    def matches(self, context: list[int], min_match: int = 1) -> list[tuple[int, np.ndarray]]:
+        """Every match length m >= min_match of the context's suffix, longest first, as (m, positions) like
+        `longest_match`; a shorter m is listed only where it has more occurrences than the longer one (it then
+        adds continuations the longer match never saw). The narrowing computes them all in one pass."""
+        lo, hi = 0, len(self._sa)
+        ranges: list[tuple[int, int, int]] = []
         for depth, token in enumerate(reversed(context[-self.max_match :])):
             # suffixes in [lo, hi) share their first `depth` tokens, so their next column is sorted too
             column = self._first[lo:hi] if depth == 0 else self._reversed[self._sa[lo:hi] + depth]
@@ -81,11 +89,36 @@ class SuffixIndex:
             new_hi = lo + int(np.searchsorted(column, token, "right"))
             if new_lo >= new_hi:
                 break
-            lo, hi, matched = new_lo, new_hi, depth + 1
-        if matched == 0:
-            return 0, np.empty(0, dtype=np.int64)
-        # reversed index i holds original index n-1-i (the context's last token); what follows it is at n-i
-        return matched, len(self.tokens) - self._sa[lo:hi]
+            lo, hi = new_lo, new_hi
+            ranges.append((depth + 1, lo, hi))
+        out, count = [], 0
+        for matched, lo, hi in reversed(ranges):
+            if matched < min_match or hi - lo == count:
+                continue
+            count = hi - lo
+            # reversed index i holds original index n-1-i (the context's last token); what follows it is at n-i
+            out.append((matched, len(self.tokens) - self._sa[lo:hi]))
+        return out
+
+    def next_tokens(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """What follows the occurrences `positions`: (tokens, counts) most frequent first (ties: smaller id first)
+        and the number of occurrences voted (answers that end there count, as continuations no draft can match)."""
+        if positions.size > MAX_OCCURRENCES:  # a one-token match of "\n" has ~10^4: an even sample votes as well
+            positions = positions[:: -(-positions.size // MAX_OCCURRENCES)]
+        total = int(positions.size)
+        positions = positions[positions < len(self.tokens)]
+        following = self.tokens[positions]
+        following = following[following != SEPARATOR]
+        if following.size == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), total
+        tokens, counts = np.unique(following, return_counts=True)
+        order = np.lexsort((tokens, -counts))
+        return tokens[order].astype(np.int64), counts[order].astype(np.int64), total
+
+    def advance(self, positions: np.ndarray, token: int) -> np.ndarray:
+        """The occurrences among `positions` that continue with `token`, moved past it."""
+        positions = positions[positions < len(self.tokens)]
+        return positions[self.tokens[positions] == token] + 1
 
     def continuation(self, positions: np.ndarray, k: int) -> tuple[list[int], list[float]]:
         """Greedy walk from the occurrences `positions`: up to k tokens, each the most frequent next token among
