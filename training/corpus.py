@@ -74,10 +74,65 @@ def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: f
             for source in sorted(reached)}
 
 
+def _replay(sequences: list[Sequence]):
+    """(context, answer) of every assistant turn that has a context to draft from."""
+    for sequence in sequences:
+        for start, answer in answer_spans(sequence):
+            if start > 0:
+                yield sequence.input_ids[:start], answer
+
+
+def measure_node_acceptance(drafter, sequences: list[Sequence], k: int, prior_weight: float = 2.0) -> dict:
+    """Replay greedy decoding of held-out answers with `drafter`'s trees (a CorpusLookupDrafter, deterministic
+    children) of up to k nodes: a node is reached when its parent was accepted, and accepted when its token is the
+    answer's next one. Returns corpus source → [depth][support][freq bin] P(accepted | reached) (the layout of
+    corpus_tree.NodeAcceptance), each cell shrunk toward its bin's frequency by `prior_weight` pseudo-counts and made
+    non-decreasing in frequency, so the most frequent continuation stays the first child."""
+    from deepspec.decoding.drafters.corpus_tree import (FREQ_BINS, MAX_DEPTH_BUCKET, SUPPORT_EDGES, depth_bin,
+                                                        freq_bin, support_bin)
+
+    shape = (MAX_DEPTH_BUCKET, len(SUPPORT_EDGES), FREQ_BINS)
+    reached: dict[str, np.ndarray] = {}
+    accepted: dict[str, np.ndarray] = {}
+    for context, answer in _replay(sequences):
+        drafter.reset(0, context[0])
+        if len(context) > 1:
+            drafter.extend([0], torch.tensor([context[1:]]), torch.tensor([len(context) - 1]), None)
+        position = 0
+        while position < len(answer):
+            tree = drafter.draft_tree(0, k)
+            accepted_nodes = {-1}  # the root, then every accepted node (siblings hold distinct tokens: one path)
+            for i, node in enumerate(tree.nodes):
+                if node.parent not in accepted_nodes:
+                    continue  # never reached: its parent was rejected
+                at = position + node.depth - 1
+                hit = at < len(answer) and node.token == answer[at]
+                key, depth, *rest = node.feature
+                if rest:
+                    support, f = rest
+                    cell = (depth_bin(depth), support_bin(support), freq_bin(f))
+                    reached.setdefault(key, np.zeros(shape))[cell] += 1
+                    accepted.setdefault(key, np.zeros(shape))[cell] += hit
+                if hit:
+                    accepted_nodes.add(i)
+            path = accepted_nodes
+            committed = answer[position : position + len(path)]
+            drafter.extend([0], torch.tensor([committed]), torch.tensor([len(committed)]), None)
+            position += len(committed)
+    drafter.release(0)
+    centers = (np.arange(FREQ_BINS) + 0.5) / FREQ_BINS
+    return {key: np.maximum.accumulate((accepted[key] + prior_weight * centers) / (reached[key] + prior_weight),
+                                       axis=-1).round(4).tolist()
+            for key in sorted(reached)}
+
+
 def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, min_match: int = 1,
-                 num_held_out: int = 100, num_speculative_tokens: int = 7, max_len: int = 4096, log=None) -> dict:
+                 num_held_out: int = 100, num_speculative_tokens: int = 7, tree_nodes: int = 16, max_len: int = 4096,
+                 drafting: dict | None = None, log=None) -> dict:
     """Tokenize, index all but the last `num_held_out` conversations, measure the drafter's per-source slot
-    acceptance on those, and save; returns the summary also written into config.json."""
+    acceptance (chains of `num_speculative_tokens`) and tree-node acceptance (trees of `tree_nodes`) on those, and
+    save; `drafting` (tree, sampled, max_fallbacks) becomes the drafter's defaults. Returns the summary also written
+    into config.json."""
     from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
     from deepspec.decoding.drafters.suffix_index import SuffixIndex
 
@@ -91,15 +146,20 @@ def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, m
     tokens = corpus_tokens(indexed)
     log(f"indexing {len(tokens):,} tokens from {len(indexed)} conversations (max match {max_match})")
     index = SuffixIndex.build(tokens, max_match)
-    slot_acceptance = {}
+    slot_acceptance, node_acceptance = {}, {}
     if held_out:
         drafter = CorpusLookupDrafter(index, min_corpus_match=min_match)
         slot_acceptance = measure_slot_acceptance(drafter, held_out, num_speculative_tokens)
         log(f"slot acceptance measured on {len(held_out)} held-out conversations: "
             + "; ".join(f"{k} {v[0]:.2f}" for k, v in slot_acceptance.items()))
+        drafter = CorpusLookupDrafter(index, min_corpus_match=min_match, slot_acceptance=slot_acceptance, tree=True)
+        node_acceptance = measure_node_acceptance(drafter, held_out, tree_nodes)
+        log(f"tree-node acceptance measured for {', '.join(node_acceptance)}")
     summary = {"num_conversations": len(indexed), "num_held_out": len(held_out), "num_malformed": stats.num_malformed,
-               "data": [str(p) for p in paths]}
+               "data": [str(p) for p in paths], "node_acceptance": node_acceptance,
+               "drafting": {"tree": True, "sampled": False, "max_fallbacks": 1, **(drafting or {})}}
     save_corpus(out, index, target.fingerprint(), min_corpus_match=min_match, slot_acceptance=slot_acceptance,
                 extra=summary)
+    summary = {key: value for key, value in summary.items() if key != "node_acceptance"}
     return {**summary, "num_tokens": len(index), "max_match": max_match, "min_corpus_match": min_match,
             "out": str(out)}

@@ -37,6 +37,28 @@ def test_slot_acceptance_replays_greedy_decoding_of_held_out_answers():
     assert table == {"corpus_1": pytest.approx([2 / 3, 2 / 3, 2 / 3, 1 / 3], abs=1e-4)}
 
 
+def test_node_acceptance_replays_trees_over_held_out_answers():
+    from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
+    from deepspec.decoding.drafters.corpus_tree import NodeAcceptance
+    from deepspec.decoding.drafters.suffix_index import SuffixIndex
+    from training.corpus import measure_node_acceptance
+
+    S = SEPARATOR
+    drafter = CorpusLookupDrafter(SuffixIndex.build(np.array([1, 2, 3, 4, S, 1, 2, 5, 6, S]), max_match=4), tree=True)
+    held_out = Sequence([9, 1, 2, 3, 4, 7], [0, 0, 1, 1, 1, 1])
+    table = measure_node_acceptance(drafter, [held_out], k=16, prior_weight=2.0)
+    # after "9 1" the tree is 2 → {3 → 4, 5 → 6}; the answer 2 3 4 7 accepts 2 (depth 1, two occurrences agree),
+    # then 3 of {3, 5} (depth 2, 1/2 each), then 4 (depth 3, one occurrence); 6 is never reached
+    assert list(table) == ["corpus_1"]
+    cells = np.array(table["corpus_1"])
+    assert cells[0, 1, 9] == pytest.approx((1 + 2 * 0.95) / 3, abs=1e-4)
+    assert cells[1, 1, 5] == pytest.approx((1 + 2 * 0.55) / 4, abs=1e-4)
+    assert cells[2, 0, 9] == pytest.approx((1 + 2 * 0.95) / 3, abs=1e-4)
+    assert cells[4, 2, 3] == pytest.approx(0.35)  # never reached: its frequency
+    assert (np.diff(cells, axis=-1) >= 0).all()  # the most frequent child stays first
+    NodeAcceptance(table)  # the layout the drafter reads
+
+
 def test_cli_builds_a_draft_the_engine_drafts_from(tmp_path, capsys):
     target_dir = tiny_hf_target_dir(tmp_path / "target")
     data = tmp_path / "regen.jsonl"
