@@ -142,7 +142,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF dir (default smollm2-135m)")
     p.add_argument("--draft", required=True, nargs="+",
                    help="one or more draft checkpoint directories or built-in drafter names (prompt-lookup, auto); "
-                        "several share one target-only baseline per dataset and temperature")
+                        "several share one target-only baseline per dataset and temperature. Drafting options "
+                        "follow a colon, so a tree sits next to its chain: drafts/smollm2-135m-corpus:tree=false "
+                        "drafts/smollm2-135m-corpus:tree=true (an optioned draft reports under runs/eval/<label>)")
     p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
                    help="comma-separated eval sets from datasets/eval (default humaneval,gsm8k,mbpp)")
     p.add_argument("--num-prompts", type=int, default=10, help="first N prompts of each dataset (default 10)")
@@ -158,6 +160,8 @@ def _add_eval(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default: the draft directory)")
+    p.add_argument("--compare", type=Path, default=None,
+                   help="also write every draft's rows side by side (τ, verify tokens per step, speedup) here")
     p.add_argument("--no-check-identical", action="store_true",
                    help="skip asserting greedy draft output == target-only output token for token")
 

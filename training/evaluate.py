@@ -30,6 +30,10 @@ class EvalResult:
     speedup: float
     num_generated_tokens: int
     identical_to_target: bool | None = None
+    #: mean tokens each verify pass scored (the pending token + the chain's drafts or the tree's nodes)
+    verify_tokens_per_step: float | None = None
+    #: the draft proposed token trees (a chain otherwise)
+    tree: bool = False
     extra: dict = field(default_factory=dict)
 
 
@@ -68,6 +72,16 @@ def summarize(results) -> tuple[float, float, list[float]]:
     return tau, verify_rate, [a / p if p else 0.0 for a, p in zip(acc, prop)]
 
 
+def verify_tokens_per_step(results) -> float:
+    """Mean tokens scored per verify pass: what a tree spends for its τ (a chain of d drafts scores 1 + d).
+    From the engine's own count where it keeps one, else 1 + drafts per step."""
+    steps = sum(r.num_steps for r in results)
+    counted = sum(getattr(r, "num_verify_tokens", 0) or 0 for r in results)
+    if not counted:
+        counted = sum(r.num_draft_tokens for r in results) + steps
+    return counted / max(steps, 1)
+
+
 def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_tokens: int,
              temperatures: list[float], num_speculative_tokens: int = 7, batch_size: int = 1,
              check_identical: bool = True, on_result=None) -> dict[str, list[EvalResult]]:
@@ -75,6 +89,7 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
     after it on the same prompts, so each speedup compares runs minutes apart on the same machine state."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
+    from training.draft_specs import is_tree_drafter
 
     max_seq_len = 2048
     base = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)
@@ -100,7 +115,9 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
                 result = EvalResult(name, temperature, len(prompts), round(tau, 4), round(verify_rate, 4),
                                     [round(x, 4) for x in survival], round(n_spec / spec_s, 2),
                                     round(n_base / base_s, 2), round((n_spec / spec_s) / (n_base / base_s), 3),
-                                    n_spec, identical)
+                                    n_spec, identical,
+                                    verify_tokens_per_step=round(verify_tokens_per_step(spec_results), 3),
+                                    tree=is_tree_drafter(engine.drafter))
                 out[draft_name].append(result)
                 if on_result is not None:
                     on_result(draft_name, result)
@@ -112,11 +129,12 @@ def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
     report = {**meta, "results": [asdict(r) for r in results]}
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# {meta.get('draft', 'draft')} on {meta.get('target', 'target')}", "",
-             "| dataset | temp | τ | verify rate | draft tok/s | target-only tok/s | speedup | identical |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| dataset | temp | τ | verify tok/step | verify rate | draft tok/s | target-only tok/s | speedup | identical |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         same = "" if r.identical_to_target is None else ("yes" if r.identical_to_target else "**NO**")
-        lines.append(f"| {r.dataset} | {r.temperature:g} | {r.acceptance_length:.2f} | {r.verify_rate:.2f} | "
+        vps = "" if r.verify_tokens_per_step is None else f"{r.verify_tokens_per_step:.2f}"
+        lines.append(f"| {r.dataset} | {r.temperature:g} | {r.acceptance_length:.2f} | {vps} | {r.verify_rate:.2f} | "
                      f"{r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | {r.speedup:.2f}x | {same} |")
     lines += ["", f"Settings: {json.dumps(meta.get('settings', {}))}", ""]
     (out_dir / "eval.md").write_text("\n".join(lines))
@@ -144,11 +162,34 @@ def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
     return report
 
 
+def comparison_table(results: dict[str, list[EvalResult]]) -> str:
+    """Every draft's rows side by side (markdown): trees next to chains, τ against what each verify pass cost."""
+    lines = ["| draft | shape | dataset | temp | τ | verify tok/step | speedup |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, rows in results.items():
+        for r in rows:
+            vps = "" if r.verify_tokens_per_step is None else f"{r.verify_tokens_per_step:.2f}"
+            lines.append(f"| {name} | {'tree' if r.tree else 'chain'} | {r.dataset} | {r.temperature:g} | "
+                         f"{r.acceptance_length:.2f} | {vps} | {r.speedup:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def report_dir(spec, out: Path | None) -> Path:
+    """Where one draft's eval.json goes: --out, else a plain draft directory itself (what `auto` reads), else
+    runs/eval/<label> (a registered name, or a directory with options: its chain's eval.json stays as it was)."""
+    if out is not None:
+        return out
+    if not spec.options and Path(spec.base).is_dir():
+        return Path(spec.base)
+    safe = "".join(c if c.isalnum() or c in "-_.=,[]" else "_" for c in spec.label)
+    return Path("runs") / "eval" / safe
+
+
 def run_eval_cli(args, parser) -> int:
     import sys
 
     from deepspec.decoding.registry import build_drafter
     from deepspec.models import load_target
+    from training.draft_specs import parse_draft_spec
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -162,16 +203,22 @@ def run_eval_cli(args, parser) -> int:
     if args.out is not None and len(args.draft) > 1:
         parser.error("--out takes one draft; with several, each report goes into its draft directory")
     target = load_target(args.target, dtype=args.dtype, device=args.device, quantization=args.quantization)
-    drafters = {}
-    for spec in args.draft:
+    drafters, specs = {}, {}
+    for text in args.draft:
         try:
-            drafter = build_drafter(spec, target)
+            spec = parse_draft_spec(text)
+            drafter = build_drafter(spec.base, target, **spec.options)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except TypeError as exc:  # an option this drafter does not take
+            print(f"error: {text}: {exc}", file=sys.stderr)
+            return 2
         if drafter is None:
             parser.error("--draft none has nothing to evaluate")
-        drafters[spec] = drafter
+        if spec.label in drafters:
+            parser.error(f"--draft {text} is given twice")
+        drafters[spec.label], specs[spec.label] = drafter, spec
 
     def show(draft: str, r: EvalResult) -> None:
         same = "" if r.identical_to_target is None else f" identical={r.identical_to_target}"
@@ -187,15 +234,21 @@ def run_eval_cli(args, parser) -> int:
                 "quantization": target.quantization,
                 "threads": torch.get_num_threads(), "machine": platform.machine(), "torch": torch.__version__}
     failed = False
-    for spec, drafter in drafters.items():
-        is_dir = Path(spec).is_dir()
-        out_dir = args.out or (Path(spec) if is_dir else Path("runs") / f"eval-{spec}")
-        meta = {"target": target.name, "draft": Path(spec).name, "algo": getattr(drafter, "name", spec),
-                "settings": settings}
-        write_reports(results[spec], out_dir, meta)
+    for label, drafter in drafters.items():
+        spec = specs[label]
+        out_dir = report_dir(spec, args.out)
+        meta = {"target": target.name, "draft": label, "algo": getattr(drafter, "name", spec.base),
+                "options": spec.options, "settings": settings}
+        write_reports(results[label], out_dir, meta)
         print((out_dir / "eval.md").read_text())
-        bad = [r.dataset for r in results[spec] if r.identical_to_target is False]
+        bad = [r.dataset for r in results[label] if r.identical_to_target is False]
         if bad:
             failed = True
-            print(f"error: {spec}: greedy output differs from target-only on {bad}", file=sys.stderr)
+            print(f"error: {label}: greedy output differs from target-only on {bad}", file=sys.stderr)
+    table = comparison_table(results)
+    if len(drafters) > 1:
+        print(table)
+    if args.compare is not None:
+        args.compare.parent.mkdir(parents=True, exist_ok=True)
+        args.compare.write_text(f"# drafts on {target.name}\n\nSettings: {json.dumps(settings)}\n\n{table}")
     return 1 if failed else 0

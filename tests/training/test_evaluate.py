@@ -50,3 +50,51 @@ def test_eval_rejects_unknown_dataset(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="eval dataset 'nope' not found"):
         main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup", "--datasets", "nope",
               "--out", str(tmp_path / "o")])
+
+
+def test_verify_tokens_per_step_prefers_the_engines_count():
+    from types import SimpleNamespace
+
+    from training.evaluate import verify_tokens_per_step
+
+    tree = SimpleNamespace(num_steps=4, num_draft_tokens=40, num_verify_tokens=44)
+    assert verify_tokens_per_step([tree]) == 11.0
+    old = SimpleNamespace(num_steps=4, num_draft_tokens=12)  # an engine that keeps no verify count
+    assert verify_tokens_per_step([old]) == 4.0
+
+
+def test_draft_specs_carry_options_and_labels(tmp_path):
+    from training.draft_specs import parse_draft_spec, tree_variants
+
+    spec = parse_draft_spec("prompt-lookup:max_ngram=3,mode=fast,tree=true")
+    assert spec.base == "prompt-lookup" and spec.options == {"max_ngram": 3, "mode": "fast", "tree": True}
+    assert spec.label == 'prompt-lookup[max_ngram=3,mode="fast",tree=true]'
+    assert parse_draft_spec(str(tmp_path)).label == tmp_path.name
+    with pytest.raises(ValueError, match="not key=value"):
+        parse_draft_spec("prompt-lookup:tree")
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "corpus-lookup"}))
+    assert [v.options for v in tree_variants(str(tmp_path))] == [{"tree": False}, {"tree": True}]
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "dflash"}))
+    assert tree_variants(str(tmp_path)) == []
+
+
+def test_eval_reports_option_variants_side_by_side(tmp_path, monkeypatch, capsys):
+    target_dir = tiny_hf_target_dir(tmp_path / "target")
+    (tmp_path / "data" / "eval").mkdir(parents=True)
+    (tmp_path / "data" / "eval" / "toy.jsonl").write_text(json.dumps({"turns": ["add 1 and 2 and 1 and 2"]}) + "\n")
+    monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    compare = tmp_path / "compare.md"
+    code = main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup", "prompt-lookup:max_ngram=2",
+                 "--datasets", "toy", "--num-prompts", "1", "--max-tokens", "8", "--temperatures", "0",
+                 "--compare", str(compare)])
+    assert code == 0
+    rows = [line for line in compare.read_text().splitlines() if line.startswith("| prompt-lookup")]
+    assert [r.split(" | ")[0] for r in rows] == ["| prompt-lookup", "| prompt-lookup[max_ngram=2]"]
+    assert all(" | chain | toy | 0 | " in r for r in rows)
+    report = json.loads((tmp_path / "runs" / "eval" / "prompt-lookup[max_ngram=2]" / "eval.json").read_text())
+    (result,) = report["results"]
+    assert report["options"] == {"max_ngram": 2} and result["tree"] is False
+    assert result["verify_tokens_per_step"] >= 1.0
+    assert main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup:bogus=1", "--datasets", "toy"]) == 2
+    assert "prompt-lookup:bogus=1" in capsys.readouterr().err
