@@ -21,6 +21,12 @@ execution, all graph optimizations, no spinning.
 
     python -m bench.onnx_decode                                   # 5 prompts per set, 128 new tokens
     python -m bench.onnx_decode --num-prompts 2 --max-tokens 32   # a quick smoke run
+    python -m bench.onnx_decode --designs                         # compare graph/session designs (below)
+
+`--designs` compares ways of building and running the int4 graph back to back in one process: each design's
+verify-step curve (T = 1 is the target-only decode step) is timed in interleaved rounds, medians reported, with
+llama.cpp's own step curve on the same GGUF (logits for every position, as verification needs) as the peer.
+The designs are `DESIGNS` below; writes bench/results/onnx-designs.json.
 
 Writes bench/results/onnx-decode.json.
 """
@@ -47,6 +53,16 @@ STEP_SIZES = (1, 2, 4, 8, 16, 32)
 STEP_CONTEXT = 256
 
 
+#: --designs: name -> (build_target_graph options, session options); "b32-fused" is what the export writes
+DESIGNS = {
+    "b32-plain": ({"block_size": 32, "fused": False}, {"spinning": False}),
+    "b32-fused": ({"block_size": 32, "fused": True}, {"spinning": False}),
+    "b32-fused-spin": ({"block_size": 32, "fused": True}, {"spinning": True}),
+    "b64-fused": ({"block_size": 64, "fused": True}, {"spinning": False}),
+    "b128-fused": ({"block_size": 128, "fused": True}, {"spinning": False}),
+}
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m bench.onnx_decode", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,7 +74,10 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     p.add_argument("--step-repeats", type=int, default=15, help="timed runs per verify size (default: 15)")
     p.add_argument("--skip", default="", help="comma list of rows to skip (onnx, engine-q4, llama.cpp, ...)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "onnx-decode.json")
+    p.add_argument("--designs", action="store_true", help="compare int4 graph/session designs (DESIGNS) instead")
+    p.add_argument("--rounds", type=int, default=9, help="--designs: interleaved timing rounds (default: 9)")
+    p.add_argument("--out", type=Path, default=None, help="results JSON (default: bench/results/onnx-decode.json, "
+                                                            "onnx-designs.json with --designs)")
     return p.parse_args(argv)
 
 
@@ -77,26 +96,122 @@ def export(target: str, draft: str, out: Path, quantization: str) -> dict:
             "bytes": sum(f.stat().st_size for f in out.rglob("*") if f.is_file())}
 
 
-def step_curve(target, repeats: int) -> dict:
-    """Median seconds of a batch-1 forward of T tokens after STEP_CONTEXT tokens of context, per T."""
+def step_timer(target):
+    """A function n -> seconds of one batch-1 forward of n tokens (logits at every position) after STEP_CONTEXT
+    tokens of context; the context is prefilled once and every step overwrites the same cache positions."""
     import torch
 
     cache = target.new_cache(1, STEP_CONTEXT + max(STEP_SIZES) + 1)
     view = cache.rows(0, 1)
-    context = torch.randint(0, target.vocab_size, (1, STEP_CONTEXT))
+    context = torch.randint(0, target.vocab_size, (1, STEP_CONTEXT), generator=torch.Generator().manual_seed(0))
     target.forward(context, torch.zeros(1, dtype=torch.long), view, logits="last", max_start=0)
     start = torch.tensor([STEP_CONTEXT])
-    times = {}
+    steps = {n: torch.randint(0, target.vocab_size, (1, n)) for n in STEP_SIZES}
+
+    def timed(n: int) -> float:
+        t = time.perf_counter()
+        target.forward(steps[n], start, view, logits="all", max_start=STEP_CONTEXT)
+        return time.perf_counter() - t
+
     for n in STEP_SIZES:
-        tokens = torch.randint(0, target.vocab_size, (1, n))
-        target.forward(tokens, start, view, logits="all", max_start=STEP_CONTEXT)  # warm
-        runs = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            target.forward(tokens, start, view, logits="all", max_start=STEP_CONTEXT)
-            runs.append(time.perf_counter() - t)
-        times[n] = statistics.median(runs)
+        timed(n)  # warm
+    return timed
+
+
+def curve_summary(times: dict[int, float]) -> dict:
     return {str(n): {"ms": round(s * 1000, 2), "x_one_token": round(s / times[1], 2)} for n, s in times.items()}
+
+
+def step_curve(target, repeats: int) -> dict:
+    """Median seconds of a batch-1 forward of T tokens after STEP_CONTEXT tokens of context, per T."""
+    timed = step_timer(target)
+    return curve_summary({n: statistics.median(timed(n) for _ in range(repeats)) for n in STEP_SIZES})
+
+
+def llama_cpp_stepper(gguf: str, n_threads: int):
+    """llama.cpp's verify step (built in a child process, bench/isolated.py): a message [n] → one eval of n tokens
+    after STEP_CONTEXT tokens, logits for every position (logits_all, as verification needs), timed in the child."""
+    import random
+
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=STEP_CONTEXT + max(STEP_SIZES) + 8, n_threads=n_threads, logits_all=True,
+                verbose=False)
+    rng = random.Random(0)
+    llm.eval([rng.randrange(1000, 20000) for _ in range(STEP_CONTEXT)])
+    steps = {n: [rng.randrange(1000, 20000) for _ in range(n)] for n in STEP_SIZES}
+
+    def step(message):
+        llm.n_tokens = STEP_CONTEXT  # eval() drops the cache entries after n_tokens first
+        t = time.perf_counter()
+        llm.eval(steps[int(message[0])])
+        return [], time.perf_counter() - t, None
+
+    for n in STEP_SIZES:
+        step([n])
+    return step
+
+
+def compare_designs(args, console) -> dict:
+    """Build the int4 graph once per design from the same fp32 target, then time every design's step curve in
+    interleaved rounds (design by design within a round, so drift hits all alike); medians per design and T."""
+    import onnxruntime as ort
+    import torch
+    from rich.table import Table
+
+    from deepspec.models import load_target
+    from deepspec.models.onnx_target import OnnxTarget, session_options
+    from export.onnx.graph import build_target_graph
+
+    threads = args.threads or torch.get_num_threads()
+    reference = load_target(args.target, dtype="float32")
+    work = Path(tempfile.mkdtemp(prefix="onnx-designs-"))
+    graphs, timers = {}, {}
+    for name, (graph_options, run_options) in DESIGNS.items():
+        key = tuple(sorted(graph_options.items()))
+        if key not in graphs:
+            out = work / f"graph{len(graphs)}"
+            out.mkdir()
+            console.log(f"building the int4 graph {graph_options}")
+            graphs[key] = build_target_graph(reference.model, (), out, "int4", **graph_options)
+        session = ort.InferenceSession(str(graphs[key]), sess_options=session_options(threads, **run_options),
+                                       providers=["CPUExecutionProvider"])
+        meta = {"graph": graphs[key].name, "quantization": "int4", "feature_layers": [],
+                "max_positions": int(reference.model.max_positions), "tied": True}
+        target = OnnxTarget(name, graphs[key].parent, reference.spec, reference.tokenizer, session, meta,
+                            STEP_CONTEXT + max(STEP_SIZES) + 1, tuple(reference.eos_token_ids))
+        timers[name] = step_timer(target)
+    peer = None
+    if importlib.util.find_spec("llama_cpp") is not None and "llama.cpp" not in args.skip.split(","):
+        peer = IsolatedDecoder(llama_cpp_stepper, str(gguf_file(args.target)), threads, threads=threads)
+        timers["llama.cpp"] = lambda n: peer([n])[1]
+    runs = {name: {n: [] for n in STEP_SIZES} for name in timers}
+    for r in range(args.rounds):
+        console.log(f"round {r + 1}/{args.rounds}")
+        for name, timed in timers.items():
+            for n in STEP_SIZES:
+                runs[name][n].append(timed(n))
+    if peer is not None:
+        peer.close()
+    results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in runs.items()}
+    table = Table(title=f"int4 verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median ms of "
+                        f"{args.rounds} interleaved rounds (x = this design's 1-token step)")
+    table.add_column("design")
+    for n in STEP_SIZES:
+        table.add_column(f"T={n}", justify="right")
+    if "llama.cpp" in results:
+        table.add_column("T=1 x llama.cpp", justify="right")
+    for name, curve in results.items():
+        cells = [f"{curve[str(n)]['ms']:.1f}" + (f" ({curve[str(n)]['x_one_token']:.2f}x)" if n > 1 else "")
+                 for n in STEP_SIZES]
+        if "llama.cpp" in results:
+            cells.append(f"{results['llama.cpp']['1']['ms'] / curve['1']['ms']:.2f}")
+        table.add_row(name, *cells)
+    from rich.console import Console
+
+    Console(width=160).print(table)
+    return {"threads": threads, "rounds": args.rounds, "context": STEP_CONTEXT,
+            "designs": {name: {"graph": g, "session": s} for name, (g, s) in DESIGNS.items()}, "results": results}
 
 
 def main(argv=None) -> int:
@@ -110,6 +225,15 @@ def main(argv=None) -> int:
     from deepspec.models.onnx_target import load_onnx_target
 
     console = Console(stderr=True)
+    if args.designs:
+        torch.set_num_threads(args.threads or torch.get_num_threads())
+        out = args.out or REPO / "bench" / "results" / "onnx-designs.json"
+        result = compare_designs(args, console)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        console.log(f"wrote {out}")
+        return 0
+    args.out = args.out or REPO / "bench" / "results" / "onnx-decode.json"
     skip = set(filter(None, args.skip.split(",")))
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)

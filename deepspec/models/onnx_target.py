@@ -10,12 +10,16 @@ attention appends to the cache in place and a step never copies the context. ONN
 several new tokens after a past only one row at a time; such batches run row by row (decode steps and first
 prompt chunks stay batched).
 
+A neural draft exported with the target runs through its own graphs (deepspec/decoding/drafters/onnx_graphs.py,
+`build_onnx_drafter`), on the features this graph outputs.
+
 Limits: CPU only, float32 activations (the int4 graph keeps 4-bit weights and float32 activations).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,8 +198,13 @@ def _read_initializer(graph: Path, name: str) -> torch.Tensor:
     return torch.from_numpy(data.reshape(tuple(tensor.dims)))
 
 
-def session_options(num_threads: int):
-    """Intra-op threads = the engine's thread count, sequential execution, every graph optimization on."""
+def session_options(num_threads: int, spinning: bool = False):
+    """Intra-op threads = the engine's thread count, sequential execution, every graph optimization on.
+
+    spinning: let idle intra-op threads spin between kernels instead of sleeping. A decode step is ~300 small
+    kernels, so waking sleeping threads costs; but a spinning thread takes a core from everything else on the
+    machine (the scheduler's own thread, other processes), which is why it is off unless asked for
+    (`DEEPSPEC_ORT_SPINNING=1`; bench.onnx_decode --designs measures both)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -203,7 +212,7 @@ def session_options(num_threads: int):
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return options
 
 
@@ -213,8 +222,9 @@ def is_onnx_export(path: str | Path) -> bool:
 
 
 def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, num_threads: int | None = None,
-                     name: str | None = None) -> OnnxTarget:
-    """Open an exported ONNX target directory (graph, onnx.json, config.json, tokenizer) on CPU."""
+                     name: str | None = None, spinning: bool | None = None) -> OnnxTarget:
+    """Open an exported ONNX target directory (graph, onnx.json, config.json, tokenizer) on CPU.
+    spinning: see `session_options`; None = the DEEPSPEC_ORT_SPINNING environment variable (default off)."""
     import onnxruntime as ort
     from transformers import AutoConfig, AutoTokenizer
 
@@ -228,7 +238,9 @@ def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, 
     spec = arch_spec_from_config(config)
     limit = min(max_seq_len or meta["max_positions"], meta["max_positions"])
     threads = num_threads or torch.get_num_threads()
-    session = ort.InferenceSession(str(root / meta["graph"]), sess_options=session_options(threads),
+    if spinning is None:
+        spinning = os.environ.get("DEEPSPEC_ORT_SPINNING", "0") not in ("", "0", "false", "no")
+    session = ort.InferenceSession(str(root / meta["graph"]), sess_options=session_options(threads, spinning),
                                    providers=["CPUExecutionProvider"])
     tokenizer = AutoTokenizer.from_pretrained(root)
     return OnnxTarget(name or meta.get("target_name", root.name), root, spec, tokenizer, session, meta, limit,

@@ -7,8 +7,8 @@ Output directory (what `load_onnx_target` and `python -m service worker --engine
     onnx.json                       graph file, quantization, captured layers (hs ids = layer + 1), eos ids, limits
     config.json, tokenizer*, generation_config.json   the target's own, so the fingerprint matches its drafts
     draft/                          the draft directory, copied (neural drafts, corpus lookup), when there is one
-    draft_fc.onnx, draft_step.onnx  an Eagle3 draft's graphs (export/onnx/draft_graph.py); the worker runs drafts
-                                    in PyTorch from draft/, on the features the target graph outputs
+    draft_onnx/                     a neural draft's graphs (export/onnx/draft_graph.py: Eagle3, DFlash, DSpark);
+                                    the worker runs the draft through them (deepspec/decoding/drafters/onnx_graphs.py)
 
 The worker runs target.onnx and verifies on its logits with the plugins ops (greedy and sampled rows alike);
 target_verify.onnx is the verification-terminated graph for runtimes that verify inside the graph.
@@ -27,6 +27,8 @@ _TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
 QUANTIZATIONS = ("none", "int4")
 #: the target graph ending in the plugins' greedy_accept node (same weights file)
 VERIFY_GRAPH = "target_verify.onnx"
+#: where a neural draft's graphs go (export/onnx/draft_graph.py)
+DRAFT_GRAPH_DIR = "draft_onnx"
 
 
 def resolve_draft_dir(draft, target) -> Path | None:
@@ -58,6 +60,9 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     """Write the ONNX export of `target` (a loaded fp32 target or a target spec) and `draft` into out_dir (which must
     exist and be empty); returns what the manifest records about it (graph, quantization, draft, layers).
     `advance()` ticks once per decoder layer written."""
+    import torch
+
+    from deepspec.decoding.drafters.onnx_graphs import DRAFT_GRAPHS
     from deepspec.models.drafts import check_target, read_checkpoint_header
     from export.onnx.graph import build_target_graph, build_verify_graph, check_supported
 
@@ -103,11 +108,13 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     if draft_dir is not None:
         shutil.copytree(draft_dir, out / "draft", ignore=shutil.ignore_patterns("reports", "__pycache__"))
         meta["draft"] = {"path": "draft", "algo": header["algo"]}
-        if header["algo"] == "eagle3":
+        if header["algo"] in DRAFT_GRAPHS:  # neural drafts: their forward passes as graphs too
             from deepspec.models.drafts import load_draft
-            from export.onnx.draft_graph import build_eagle3_graphs
+            from export.onnx.draft_graph import build_draft_graphs
 
-            graphs = build_eagle3_graphs(load_draft(draft_dir, target), out, int(target.model.max_positions))
+            (out / DRAFT_GRAPH_DIR).mkdir()
+            graphs = build_draft_graphs(load_draft(draft_dir, target, dtype=torch.float32), out / DRAFT_GRAPH_DIR)
+            meta["draft"]["graphs_dir"] = DRAFT_GRAPH_DIR
             meta["draft"]["graphs"] = [p.name for p in graphs]
     else:
         meta["draft"] = {"path": draft if draft in ("prompt-lookup",) else "none", "algo": None}

@@ -44,8 +44,10 @@ from deepspec.models.arch import ArchSpec
 #: ONNX default-domain opset and the Microsoft contrib domain (GroupQueryAttention, MatMulNBits)
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
-#: weights per 4-bit block (the GGUF Q4 block size)
+#: weights per 4-bit block (the GGUF Q4 block size); see DESIGN.md "ONNX speed" for the measured alternatives
 INT4_BLOCK = 32
+#: block sizes MatMulNBits' CPU kernels take
+INT4_BLOCKS = (16, 32, 64, 128, 256)
 #: families whose layers this graph describes; Gemma3 (sliding windows, two RoPE bases, sandwich norms) is not
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -88,8 +90,9 @@ class _Weights:
 
 
 class _Builder:
-    def __init__(self, weights: _Weights):
+    def __init__(self, weights: _Weights, block_size: int = INT4_BLOCK):
         self.w = weights
+        self.block_size = block_size
         self.nodes: list[onnx.NodeProto] = []
         self._count = 0
 
@@ -112,16 +115,34 @@ class _Builder:
         rms = self.op("Sqrt", [self.op("Add", [mean, self.const(f"{name}.eps", np.float32(eps))])])
         return self.op("Mul", [self.op("Div", [x, rms]), w])
 
+    def simplified_norm(self, x: str, weight: np.ndarray, eps: float, name: str) -> str:
+        """RMSNorm as ONNX Runtime's SimplifiedLayerNormalization node (one kernel, float32 statistics)."""
+        w = self.w.add(name, weight.astype(np.float32))
+        return self.op("SimplifiedLayerNormalization", [x, w], axis=-1, epsilon=float(eps), stash_type=1)
+
+    def skip_norm(self, x: str, delta: str, weight: np.ndarray, eps: float, name: str) -> tuple[str, str]:
+        """(RMSNorm(x + delta), x + delta) in one SkipSimplifiedLayerNormalization: the residual add and the next
+        norm share a pass over the row (and a kernel launch, which is most of a decode step's small ops)."""
+        w = self.w.add(name, weight.astype(np.float32))
+        self._count += 1
+        outs = [f"{name}.out", "", "", f"{name}.sum"]
+        self.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, delta, w], outs,
+                                           name=f"SkipSimplifiedLayerNormalization_{self._count}", domain=MS_DOMAIN,
+                                           epsilon=float(eps)))
+        return outs[0], outs[3]
+
     def linear(self, x: str, weight: np.ndarray, name: str, quantization: str, bias: np.ndarray | None = None) -> str:
-        """x [.., K] @ weight[N, K]ᵀ (+ bias): MatMul on fp32, or MatMulNBits on 4-bit blocks."""
+        """x [.., K] @ weight[N, K]ᵀ (+ bias): MatMul on fp32, or MatMulNBits on 4-bit blocks (the last block of a
+        row zero-padded when K is not a multiple of the block size)."""
         N, K = weight.shape
-        if quantization == "int4" and K % INT4_BLOCK == 0:
-            packed, scales, zeros = quantize_int4(weight)
+        if quantization == "int4":
+            packed, scales, zeros = quantize_int4(weight, self.block_size)
             inputs = [x, self.w.add(f"{name}.qweight", packed), self.w.add(f"{name}.scales", scales),
                       self.w.add(f"{name}.zero_points", zeros)]
             if bias is not None:
                 inputs += ["", self.w.add(f"{name}.bias", bias.astype(np.float32))]  # g_idx unused
-            return self.op("MatMulNBits", inputs, domain=MS_DOMAIN, K=K, N=N, bits=4, block_size=INT4_BLOCK,
+            # accuracy_level 4: activations quantized to int8 per block, the int8 dot-product kernels
+            return self.op("MatMulNBits", inputs, domain=MS_DOMAIN, K=K, N=N, bits=4, block_size=self.block_size,
                            accuracy_level=4)
         y = self.op("MatMul", [x, self.w.add(f"{name}.weight_t", weight.T.astype(np.float32))])
         if bias is not None:
@@ -129,9 +150,10 @@ class _Builder:
         return y
 
 
-def quantize_int4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """weight [N, K] float → MatMulNBits' (packed [N, K/32, 16] uint8, scales [N·K/32] float32, zero points
-    [N·ceil(K/32/2)] uint8): asymmetric round-to-nearest per block of 32, ONNX Runtime's own packing kernel.
+def quantize_int4(weight: np.ndarray, block_size: int = INT4_BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """weight [N, K] float → MatMulNBits' (packed [N, nb, block/2] uint8, scales [N·nb] float32, zero points
+    [N·ceil(nb/2)] uint8), nb = ceil(K / block): asymmetric round-to-nearest per block, ONNX Runtime's own packing
+    kernel (which zero-pads a short last block).
 
     Why not the GGUF's own blocks: Q4_1's per-block offset is not an integer zero point, and MatMulNBits with float
     zero points leaves its int8 kernel for a path ~100x slower at batch 1 (measured: 26 ms vs 0.1 ms for a
@@ -139,12 +161,14 @@ def quantize_int4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     at most half a step per weight."""
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
+    if block_size not in INT4_BLOCKS:
+        raise ValueError(f"int4 block size must be one of {INT4_BLOCKS}, got {block_size}")
     N, K = weight.shape
-    blocks = K // INT4_BLOCK
-    packed = np.zeros((N, blocks, INT4_BLOCK // 2), dtype=np.uint8)
+    blocks = -(-K // block_size)
+    packed = np.zeros((N, blocks, block_size // 2), dtype=np.uint8)
     scales = np.zeros((N, blocks), dtype=np.float32)
     zeros = np.zeros((N, (blocks + 1) // 2), dtype=np.uint8)
-    quantize_matmul_4bits(packed, np.ascontiguousarray(weight.T, dtype=np.float32), scales, zeros, INT4_BLOCK, N, K,
+    quantize_matmul_4bits(packed, np.ascontiguousarray(weight.T, dtype=np.float32), scales, zeros, block_size, N, K,
                           False)
     return packed, scales.reshape(-1), zeros.reshape(-1)
 
@@ -160,15 +184,20 @@ def check_supported(spec: ArchSpec) -> None:
 
 
 def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, quantization: str = "none",
-                       graph_name: str = "target.onnx", advance=lambda n=1: None) -> Path:
+                       graph_name: str = "target.onnx", advance=lambda n=1: None, *, block_size: int = INT4_BLOCK,
+                       fused: bool = True) -> Path:
     """Write `graph_name` (+ its `.data` weights) for a `Decoder` into out_dir; returns the graph's path.
-    `advance()` is called once per decoder layer written (a progress bar)."""
+    `advance()` is called once per decoder layer written (a progress bar).
+
+    block_size: weights per 4-bit block (int4 only). fused: emit ONNX Runtime's fused nodes directly
+    (SkipSimplifiedLayerNormalization for residual add + RMSNorm, packed q|k|v into GroupQueryAttention) instead of
+    the plain-op pattern; fewer kernel launches per decode step, same numbers (bench.onnx_decode --designs)."""
     spec: ArchSpec = model.spec
     check_supported(spec)
     if quantization not in ("none", "int4"):
         raise ValueError(f"unknown ONNX quantization {quantization!r}; choose none or int4")
     weights = _Weights(out_dir / f"{graph_name}.data")
-    g = _Builder(weights)
+    g = _Builder(weights, block_size)
     H, nh, nkv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
     q_size, kv_size, inter, eps = spec.q_size, spec.kv_size, spec.intermediate_size, spec.rms_norm_eps
     np_ = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
@@ -185,21 +214,54 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
         shape_kv = g.const("shape.kv", np.array([0, 0, nkv, hd], np.int64))
         shape_flat_q = g.const("shape.flat_q", np.array([0, 0, q_size], np.int64))
         shape_flat_kv = g.const("shape.flat_kv", np.array([0, 0, kv_size], np.int64))
-    split_qkv = g.const("split.qkv", np.array([q_size, kv_size, kv_size], np.int64))
+    packed_qkv = fused and not spec.qk_norm  # GroupQueryAttention splits a packed q|k|v itself
+    if not packed_qkv:
+        split_qkv = g.const("split.qkv", np.array([q_size, kv_size, kv_size], np.int64))
     split_mlp = g.const("split.mlp", np.array([inter, inter], np.int64))
 
+    # The residual stream is x = residual + delta; `delta` is None once they have been summed into `residual`.
+    # Fused: each norm is a SkipSimplifiedLayerNormalization that adds the pending delta and normalizes in one node.
+    residual, delta = x, None
+
+    def norm(weight: np.ndarray, name: str) -> str:
+        nonlocal residual, delta
+        if delta is None:
+            return g.simplified_norm(residual, weight, eps, name) if fused else g.rms_norm(residual, weight, eps, name)
+        if fused:
+            out, residual = g.skip_norm(residual, delta, weight, eps, name)
+        else:
+            residual = g.op("Add", [residual, delta])
+            out = g.rms_norm(residual, weight, eps, name)
+        delta = None
+        return out
+
+    def settle() -> str:
+        """The residual stream as one tensor (adds a pending delta)."""
+        nonlocal residual, delta
+        if delta is not None:
+            residual, delta = g.op("Add", [residual, delta]), None
+        return residual
+
     captured: dict[int, str] = {}
+    pending_capture: list[int] = []  # layers whose output is the next norm's input sum
     outputs_kv = []
     for i, layer in enumerate(model.layers):
         p = f"layers.{i}"
-        h = g.rms_norm(x, np_(layer.attn_norm), eps, f"{p}.attn_norm")
+        h = norm(np_(layer.attn_norm), f"{p}.attn_norm")
+        for j in pending_capture:
+            captured[j] = residual
+        pending_capture = []
         bias = np_(layer.bqkv) if layer.bqkv is not None else None
         qkv = g.linear(h, np_(layer.wqkv), f"{p}.qkv", quantization, bias)
-        q, k, v = g.op("Split", [qkv, split_qkv], num_outputs=3, axis=-1)
+        if packed_qkv:
+            q, k, v = qkv, "", ""
+        else:
+            q, k, v = g.op("Split", [qkv, split_qkv], num_outputs=3, axis=-1)
         if spec.qk_norm:  # per-head RMSNorm before RoPE (Qwen3)
-            q = g.op("Reshape", [g.rms_norm(g.op("Reshape", [q, shape_q]), np_(layer.q_norm), eps, f"{p}.q_norm"),
+            q_norm = g.simplified_norm if fused else g.rms_norm
+            q = g.op("Reshape", [q_norm(g.op("Reshape", [q, shape_q]), np_(layer.q_norm), eps, f"{p}.q_norm"),
                                  shape_flat_q])
-            k = g.op("Reshape", [g.rms_norm(g.op("Reshape", [k, shape_kv]), np_(layer.k_norm), eps, f"{p}.k_norm"),
+            k = g.op("Reshape", [q_norm(g.op("Reshape", [k, shape_kv]), np_(layer.k_norm), eps, f"{p}.k_norm"),
                                  shape_flat_kv])
         present = [f"present_key.{i}", f"present_value.{i}"]
         attn = g.op("GroupQueryAttention",
@@ -207,25 +269,28 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
                     outputs=[f"{p}.attn", *present], domain=MS_DOMAIN, num_heads=nh, kv_num_heads=nkv,
                     scale=float(spec.attn_scale), do_rotary=1, rotary_interleaved=0)[0]
         outputs_kv += present
-        x = g.op("Add", [x, g.linear(attn, np_(layer.wo), f"{p}.o", quantization)])
-        h = g.rms_norm(x, np_(layer.mlp_norm), eps, f"{p}.mlp_norm")
+        delta = g.linear(attn, np_(layer.wo), f"{p}.o", quantization)
+        h = norm(np_(layer.mlp_norm), f"{p}.mlp_norm")
         gate, up = g.op("Split", [g.linear(h, np_(layer.w_gate_up), f"{p}.gate_up", quantization), split_mlp],
                         num_outputs=2, axis=-1)
         if spec.activation == "gelu_tanh":
             act = g.op("Gelu", [gate], approximate="tanh")
         else:
             act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
-        x = g.op("Add", [x, g.linear(g.op("Mul", [act, up]), np_(layer.w_down), f"{p}.down", quantization)])
+        delta = g.linear(g.op("Mul", [act, up]), np_(layer.w_down), f"{p}.down", quantization)
         if i in feature_layers:
-            captured[i] = x
+            pending_capture.append(i)
         advance(1)
+    x = settle()
+    for j in pending_capture:
+        captured[j] = x
 
     # logits only where asked: gather the rows' chosen positions before the norm and the head
     index = g.op("Expand", [g.op("Unsqueeze", ["logits_index", g.const("axes.last", np.array([-1], np.int64))]),
                             g.op("Concat", [g.op("Shape", ["logits_index"]),
                                             g.const("shape.hidden", np.array([H], np.int64))], axis=0)])
     picked = g.op("GatherElements", [x, index], axis=1)  # [B, N, H]
-    hidden = g.rms_norm(picked, np_(model.final_norm), eps, "final_norm")
+    hidden = (g.simplified_norm if fused else g.rms_norm)(picked, np_(model.final_norm), eps, "final_norm")
     tied = model.head is model.embed
     if quantization == "int4":  # the head is the widest matmul of a small model: 4-bit too
         g.linear(hidden, np_(model.head), "lm_head", quantization)

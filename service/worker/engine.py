@@ -31,11 +31,14 @@ def load_engine(settings) -> LoadedEngine:
     from deepspec.models.onnx_target import is_onnx_export, load_onnx_target
 
     if is_onnx_export(settings.target):  # python -m export --format onnx: the graph under ONNX Runtime, CPU
+        from deepspec.decoding.drafters.onnx_graphs import build_onnx_drafter
+
         target = load_onnx_target(settings.target, max_seq_len=settings.max_seq_len)
+        drafter = build_onnx_drafter(settings.draft, target)  # the export's neural draft runs through its graphs
     else:
         target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
                              quantization=settings.quantization)
-    drafter = build_drafter(settings.draft, target)
+        drafter = build_drafter(settings.draft, target)
     max_seq_len = min(settings.max_seq_len, target.max_seq_len)
     engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,
                         num_speculative_tokens=settings.num_speculative_tokens)  # fmt: skip

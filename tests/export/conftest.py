@@ -37,8 +37,9 @@ def _config(family: str, vocab_size: int, eos: int):
     raise ValueError(family)
 
 
-def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool = False) -> Path:
-    """A loadable HF directory: random weights of `family` and a character tokenizer (vocab 128)."""
+def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool = False, **config) -> Path:
+    """A loadable HF directory: random weights of `family` and a character tokenizer (vocab 128); `config` overrides
+    sizes (hidden_size=64 gives head_dim 16, what ONNX Runtime's attention kernel takes)."""
     from tokenizers import Tokenizer, models
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -49,8 +50,11 @@ def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool
     vocab.update({f"<extra_{i}>": len(vocab) + i for i in range(128 - len(vocab))})
     fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
                                    unk_token="<unk>", eos_token="<|im_end|>")
-    config = _config(family, 128, vocab["<|im_end|>"])
-    config.tie_word_embeddings = tied
+    hf_config = _config(family, 128, vocab["<|im_end|>"])
+    hf_config.tie_word_embeddings = tied
+    for key, value in config.items():
+        setattr(hf_config, key, value)
+    config = hf_config
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(path)

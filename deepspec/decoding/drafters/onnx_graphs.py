@@ -1,0 +1,170 @@
+"""Neural drafters whose forward passes run as ONNX Runtime graphs (`python -m export --format onnx` writes them).
+
+The drafters themselves are the PyTorch ones (Eagle3Drafter, DFlashDrafter, DSparkDrafter): chains, trees, DSpark's
+Markov walk, the per-slot caches and `move_slot` stay exactly theirs. What changes is the model they call:
+`OnnxDraftModel` answers the model methods a drafter uses (`fc`, `cached_step`, `logits` for Eagle3; `context`,
+`context_kv`, `block_input`, `blocks`, `head`, `step_logits` for DFlash/DSpark) by running the graphs of
+export/onnx/draft_graph.py, and hands everything else (config, vocabulary maps, `calibrated`, `scatter_probs`) to
+the PyTorch module it was loaded with, whose weights are then never multiplied.
+
+Two calls are fused in the graphs and so in this stand-in: DFlash's `context(F)` returns F unchanged and
+`context_kv` runs fc + norm + the per-layer k/v in one graph; `block_input(anchors)` returns the anchors and
+`blocks` embeds them inside the block graph, whose logits `head` then returns for that same hidden tensor.
+
+    drafter = build_onnx_drafter(draft_dir, onnx_target)   # the ONNX drafter when the export has the graphs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: graph files per draft algorithm (export/onnx/draft_graph.py writes them, in this order)
+DRAFT_GRAPHS = {
+    "eagle3": ("eagle3_fc.onnx", "eagle3_step.onnx", "eagle3_head.onnx"),
+    "dflash": ("dflash_context.onnx", "dflash_block.onnx"),
+    "dspark": ("dflash_context.onnx", "dflash_block.onnx", "dspark_markov.onnx"),
+}
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().cpu().numpy())
+
+
+class OnnxDraftModel:
+    """Stands in for a PyTorch draft module inside its drafter; the compute runs in ONNX Runtime sessions."""
+
+    def __init__(self, model: torch.nn.Module, graph_dir: Path, num_threads: int | None = None):
+        import onnxruntime as ort
+
+        from deepspec.models.onnx_target import session_options
+
+        self._model = model.float().eval()
+        self.cfg = model.cfg
+        names = DRAFT_GRAPHS.get(self.cfg.algo)
+        if names is None:
+            raise ValueError(f"no ONNX graphs for {self.cfg.algo} drafts")
+        missing = [n for n in names if not (Path(graph_dir) / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{graph_dir}: missing {', '.join(missing)} (export again with python -m export "
+                                    "--format onnx)")
+        options = session_options(num_threads or torch.get_num_threads())
+        self.sessions = {Path(n).stem: ort.InferenceSession(str(Path(graph_dir) / n), sess_options=options,
+                                                            providers=["CPUExecutionProvider"]) for n in names}
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, logits) of the last block run
+
+    def __getattr__(self, name: str):  # config, vocabulary maps, calibrated, scatter_probs, parameters, ...
+        return getattr(self.__dict__["_model"], name)
+
+    def _run(self, graph: str, feeds: dict[str, np.ndarray]) -> list[torch.Tensor]:
+        return [torch.from_numpy(o) for o in self.sessions[graph].run(None, feeds)]
+
+    # ---- Eagle3 ------------------------------------------------------------------------------------------------
+    def fc(self, features: torch.Tensor) -> torch.Tensor:
+        """features [B, T, F] → fc(F) [B, T, H]."""
+        return self._run("eagle3_fc", {"features": _np(features.float())})[0]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden [.., H] → logits [.., N]."""
+        flat = h.float().reshape(1, -1, h.shape[-1])
+        return self._run("eagle3_head", {"hidden": _np(flat)})[0].reshape(*h.shape[:-1], -1)
+
+    def cached_step(self, h, tokens, positions, cache_k, cache_v, rows, cache_index=None, visible=None):
+        """Eagle3Draft.cached_step: the graph attends over the rows' first K entries with the new pairs written in;
+        the new entries are written into the drafter's cache here."""
+        where = positions if cache_index is None else cache_index
+        if visible is None:
+            num_keys = int(positions.max()) + 1
+            visible = torch.arange(num_keys)[None, None, :] <= positions[:, :, None]
+        num_keys = visible.shape[-1]
+        out, k, v = self._run("eagle3_step", {
+            "hidden": _np(h.float()), "input_ids": _np(tokens.long()), "positions": _np(positions.long()),
+            "cache_key": _np(cache_k[rows, :, :num_keys]), "cache_value": _np(cache_v[rows, :, :num_keys]),
+            "write_index": _np(where.long()), "visible": _np(visible.bool())})
+        heads = torch.arange(self.cfg.num_kv_heads)[None, :, None]
+        index = (rows[:, None, None], heads, where[:, None, :])
+        cache_k.index_put_(index, k.to(cache_k.dtype))
+        cache_v.index_put_(index, v.to(cache_v.dtype))
+        return out
+
+    # ---- DFlash / DSpark ---------------------------------------------------------------------------------------
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """Fused into `context_kv` (one graph): the features pass through."""
+        return features
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """features [B, T, F] at positions [B, T] → per draft layer (k, v) [B, nkv, T, hd]."""
+        outs = self._run("dflash_context", {"features": _np(features.float()), "positions": _np(positions.long())})
+        return [(outs[2 * i], outs[2 * i + 1]) for i in range(self.cfg.num_layers)]
+
+    def block_input(self, anchors: torch.Tensor) -> torch.Tensor:
+        """Fused into `blocks` (the block graph embeds its anchor): anchors [B, 1] pass through."""
+        if anchors.shape[1] != 1:
+            raise ValueError("the ONNX block graph drafts one block per row")
+        return anchors
+
+    def blocks(self, anchors, block_pos, ctx_kv, mask) -> torch.Tensor:
+        """anchors [B, 1], block_pos [B, γ], ctx_kv per layer [B, nkv, K, hd], mask [B, 1, γ, K+γ] → hidden [B, γ, H]
+        (post-norm); the block's logits are kept for `head`."""
+        feeds = {"anchor": _np(anchors[:, 0].long()), "positions": _np(block_pos.long()), "visible": _np(mask[:, 0])}
+        for i, (k, v) in enumerate(ctx_kv):
+            feeds[f"context_key.{i}"], feeds[f"context_value.{i}"] = _np(k.float()), _np(v.float())
+        hidden, logits = self._run("dflash_block", feeds)
+        self._last = (hidden, logits)
+        return hidden
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits the block graph computed with `hidden`."""
+        if self._last is None or hidden is not self._last[0]:
+            raise RuntimeError("the ONNX draft's head returns the block graph's logits: call blocks() first")
+        return self._last[1]
+
+    def step_logits(self, hidden: torch.Tensor, base_logits: torch.Tensor, prev_tokens: torch.Tensor):
+        """DSparkDraft.step_logits through dspark_markov: (logits [.., N], confidence logit [..])."""
+        lead = prev_tokens.shape
+        feeds = {"hidden": _np(hidden.float().reshape(1, -1, hidden.shape[-1])),
+                 "base_logits": _np(base_logits.float().reshape(1, -1, base_logits.shape[-1])),
+                 "prev_tokens": _np(prev_tokens.long().reshape(1, -1))}
+        logits, conf = self._run("dspark_markov", feeds)
+        return logits.reshape(*lead, -1), conf.reshape(lead)
+
+
+def draft_graph_dir(draft_dir: str | Path, target) -> Path | None:
+    """Where the ONNX graphs of `draft_dir` are, when `target` is an ONNX export that wrote them for this draft."""
+    meta = getattr(target, "meta", None)
+    if not isinstance(meta, dict):
+        return None
+    draft = meta.get("draft") or {}
+    graphs = draft.get("graphs_dir")
+    if not graphs or not draft.get("path"):
+        return None
+    root = Path(target.path)
+    if Path(draft_dir).resolve() != (root / draft["path"]).resolve():
+        return None
+    return root / graphs
+
+
+def build_onnx_drafter(spec: str | None, target, **options):
+    """`build_drafter`, except that a neural draft the ONNX export wrote graphs for runs through them."""
+    from deepspec.decoding.registry import build_drafter, resolve_checkpoint_algo
+    from deepspec.models.drafts import load_draft, read_checkpoint_header
+
+    if spec in (None, "", "none") or spec in ("auto", "prompt-lookup", "random"):
+        return build_drafter(spec, target, **options)
+    path = Path(spec).expanduser()
+    graphs = draft_graph_dir(path, target) if path.is_dir() else None
+    if graphs is None:
+        return build_drafter(spec, target, **options)
+    header = read_checkpoint_header(path)
+    if header.get("algo") not in DRAFT_GRAPHS:
+        return build_drafter(spec, target, **options)
+    from deepspec.decoding.drafters.dflash import DFlashDrafter
+    from deepspec.decoding.drafters.dspark import DSparkDrafter
+    from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
+
+    resolve_checkpoint_algo(header["algo"])  # a registered algorithm (clear error otherwise)
+    cls = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}[header["algo"]]
+    model = OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs)
+    return cls(model, **options)

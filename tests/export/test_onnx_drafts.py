@@ -1,0 +1,165 @@
+"""The neural drafts as ONNX graphs (export/onnx/draft_graph.py) run by their own drafters through `OnnxDraftModel`
+(deepspec/decoding/drafters/onnx_graphs.py): every proposal equals the PyTorch draft's, for chains, trees and sampled
+rows, after the same committed context; an onnx export with a neural draft serves it through the graphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from deepspec.decoding.drafter import DraftSampling  # noqa: E402
+from deepspec.decoding.drafters.dflash import DFlashDrafter  # noqa: E402
+from deepspec.decoding.drafters.dspark import DSparkDrafter  # noqa: E402
+from deepspec.decoding.drafters.eagle3 import Eagle3Drafter  # noqa: E402
+from deepspec.decoding.drafters.onnx_graphs import (DRAFT_GRAPHS, OnnxDraftModel, build_onnx_drafter,  # noqa: E402
+                                                    draft_graph_dir)
+from export.onnx.draft_graph import build_draft_graphs  # noqa: E402
+from tests.export.conftest import write_draft, write_hf_target  # noqa: E402
+
+DRAFTERS = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}
+#: ONNX Runtime's GroupQueryAttention (the target graph) wants head_dim % 16 == 0
+HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return write_hf_target(tmp_path_factory.mktemp("t") / "llama", "llama", **HD16)
+
+
+def _pair(tmp_path: Path, target_dir: Path, algo: str, tree: int = 0, **draft_options):
+    """(PyTorch drafter, ONNX drafter) of the same random draft, both bound to the PyTorch target."""
+    from deepspec.models import load_target
+    from deepspec.models.drafts import load_draft
+
+    target = load_target(str(target_dir), dtype="float32")
+    path = write_draft(tmp_path / algo, target_dir, algo, **draft_options)
+    model = load_draft(path, target, dtype=torch.float32)
+    graphs = tmp_path / "graphs"
+    graphs.mkdir()
+    written = build_draft_graphs(model, graphs)
+    assert [p.name for p in written] == list(DRAFT_GRAPHS[algo])
+    options = {"tree_branches": tree} if tree else {}
+    ref = DRAFTERS[algo](model, **options)
+    ours = DRAFTERS[algo](OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs, num_threads=1),
+                          **options)
+    for d in (ref, ours):
+        d.bind(target, max_batch_size=3, max_seq_len=64)
+    return target, ref, ours
+
+
+def _same(a, b, probs: bool = False) -> None:
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(a.num_tokens, b.num_tokens)
+    for name in ("parents", "survival") + (("probs",) if probs else ()):
+        x, y = getattr(a, name, None), getattr(b, name, None)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            torch.testing.assert_close(x.float(), y.float(), atol=1e-4, rtol=1e-4)
+
+
+def _drive(target, ref, ours, k: int = 4, sampled: bool = False) -> int:
+    """Feed both drafters the same committed context in uneven chunks and compare every proposal; returns how many
+    proposals were compared."""
+    torch.manual_seed(3)
+    slots = [0, 2]
+    F = target.spec.hidden_size * len(ref.feature_layers)
+    for d in (ref, ours):
+        for s in slots:
+            d.reset(s, 5)
+    compared = 0
+    for m, num in ((6, [6, 4]), (3, [1, 3]), (2, [2, 2])):
+        tokens = torch.randint(0, target.vocab_size, (2, m))
+        features = torch.randn(2, m, F)
+        for d in (ref, ours):
+            d.extend(slots, tokens, torch.tensor(num), features)
+        temps = torch.tensor([0.0, 1.0]) if sampled else torch.zeros(2)
+        proposals = []
+        for d in (ref, ours):
+            gens = [torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)]
+            proposals.append(d.propose(slots, k, DraftSampling(temps, gens)))
+        _same(*proposals, probs=sampled)
+        compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("algo", ["eagle3", "dflash", "dspark"])
+def test_onnx_draft_proposes_what_the_pytorch_draft_proposes(tmp_path, target_dir, algo):
+    target, ref, ours = _pair(tmp_path, target_dir, algo)
+    assert _drive(target, ref, ours) == 3
+
+
+@pytest.mark.parametrize("algo", ["eagle3", "dspark"])
+def test_onnx_draft_trees_and_sampled_rows_match(tmp_path, target_dir, algo):
+    target, ref, ours = _pair(tmp_path, target_dir, algo, tree=2)
+    _drive(target, ref, ours, k=5)
+    target, ref, ours = _pair(tmp_path / "sampled", target_dir, algo)
+    _drive(target, ref, ours, sampled=True)
+
+
+def test_canonical_eagle3_layout_matches_too(tmp_path, target_dir):
+    target, ref, ours = _pair(tmp_path, target_dir, "eagle3", layout="canonical")
+    _drive(target, ref, ours)
+
+
+def test_move_slot_keeps_the_onnx_drafters_cache(tmp_path, target_dir):
+    """The cache is the drafter's own tensor: compaction (move_slot) moves what the graphs wrote."""
+    target, ref, ours = _pair(tmp_path, target_dir, "dflash")
+    _drive(target, ref, ours)
+    for d in (ref, ours):
+        d.move_slot(2, 1)
+    greedy = DraftSampling(torch.zeros(1), [None])
+    _same(ref.propose([1], 4, greedy), ours.propose([1], 4, greedy))
+
+
+def test_missing_graph_files_name_the_fix(tmp_path, target_dir):
+    from deepspec.models import load_target
+    from deepspec.models.drafts import load_draft
+
+    target = load_target(str(target_dir), dtype="float32")
+    path = write_draft(tmp_path / "d", target_dir, "dspark")
+    with pytest.raises(FileNotFoundError, match="dflash_context.onnx.*python -m export --format onnx"):
+        OnnxDraftModel(load_draft(path, target), tmp_path)
+
+
+def test_head_without_a_block_run_is_refused(tmp_path, target_dir):
+    _, _, ours = _pair(tmp_path, target_dir, "dflash")
+    with pytest.raises(RuntimeError, match="call blocks"):
+        ours.model.head(torch.zeros(1, 4, 64))
+
+
+@pytest.mark.parametrize("algo", ["dspark", "eagle3"])
+def test_onnx_export_serves_its_neural_draft_through_the_graphs(tmp_path, target_dir, algo):
+    """export_onnx writes draft_onnx/; the worker's drafter builder picks it for the export's own draft, and the
+    engine on the ONNX target + ONNX draft decodes the PyTorch engine's tokens with the same acceptance."""
+    from deepspec.decoding import SamplingParams, SpecEngine, build_drafter
+    from deepspec.models import load_target
+    from deepspec.models.onnx_target import load_onnx_target
+    from export.onnx.exporter import export_onnx
+
+    draft = write_draft(tmp_path / "draft", target_dir, algo)
+    out = tmp_path / "onnx"
+    out.mkdir()
+    meta = export_onnx(load_target(str(target_dir), dtype="float32"), str(draft), out)
+    assert meta["draft"]["graphs"] == list(DRAFT_GRAPHS[algo])
+    onnx_target = load_onnx_target(out, num_threads=1)
+    assert draft_graph_dir(out / "draft", onnx_target) == out / "draft_onnx"
+    assert draft_graph_dir(draft, onnx_target) is None  # another draft directory: its PyTorch drafter
+    drafter = build_onnx_drafter(str(out / "draft"), onnx_target)
+    assert isinstance(drafter.model, OnnxDraftModel)
+    assert not isinstance(build_onnx_drafter(str(draft), onnx_target).model, OnnxDraftModel)
+    assert build_onnx_drafter("none", onnx_target) is None
+
+    reference = load_target(str(target_dir), dtype="float32")
+    prompts = [[1, 40, 41, 42, 43], [1, 50, 51]]
+
+    def run(target, d):
+        engine = SpecEngine(target, d, max_batch_size=2, max_seq_len=64, num_speculative_tokens=3,
+                            verify_budget=False)
+        return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
+
+    assert run(onnx_target, drafter) == run(reference, build_drafter(str(draft), reference))
