@@ -11,6 +11,8 @@ the drift as much as the methods. Interleaved, every method sees the same machin
                            process of its own: if it crashes, its row says "crashed: signal N" and the rest goes on
     engine                 our target-only engine (dense weights in --dtype)
     engine+<drafter>       our engine with prompt lookup and every shipped draft under drafts/
+    engine+<draft>[tree]   the default draft's other shape (--trees): its token tree next to its chain, or its
+                           chain next to its tree, so the table shows what a tree buys per verify pass
     engine-q4[+<drafter>]  the same with the GGUF's own 4-bit matmul weights (--quantization gguf; bf16 only)
 
 Runbook:
@@ -20,7 +22,7 @@ Runbook:
     python -m bench.decode --quantizations gguf --skip hf-prompt-lookup   # only the 4-bit engine rows
 
 Reports tokens/s per dataset (total tokens ÷ total time, and the median over prompts), mean acceptance length,
-the ratio to hf-generate and to our target-only engine with the same weights, and how many outputs are
+the tokens each verify pass scored (1 + a chain's drafts or a tree's nodes) with the draft's shape, the ratio to hf-generate and to our target-only engine with the same weights, and how many outputs are
 token-identical to that engine. Writes bench/results/decode-<dtype>.json.
 """
 
@@ -54,6 +56,9 @@ def parse_args(argv):
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft block / depth k (default: 7)")
     p.add_argument("--drafters", default="prompt-lookup,shipped",
                    help="comma list: prompt-lookup, shipped (every draft under drafts/), or checkpoint dirs")
+    p.add_argument("--trees", default="default", choices=["default", "all", "none"],
+                   help="add the other shape (tree or chain) of the default draft (`auto`'s pick; default), of "
+                        "every draft that has one, or of none")
     p.add_argument("--quantizations", default=None,
                    help="comma list of target weight formats to run the engine rows with: none (dense --dtype), gguf "
                         "(4-bit GGUF weights; bf16 only). Default: none,gguf in bfloat16, none in float32")
@@ -73,12 +78,14 @@ def load_prompts(target, n: int) -> dict[str, list[list[int]]]:
     return prompts
 
 
-# Each method is a decoder: built (and warmed up) once, then called per prompt → (tokens, seconds, tau or None).
+# Each method is a decoder: built (and warmed up) once, then called per prompt → (tokens, seconds, tau or None,
+# verify tokens per step or None).
 
 
 def engine_decoder(target, drafter, max_tokens, k, warmup_ids):
     """Our engine at batch 1, with `drafter` or target-only (None)."""
     from deepspec.decoding import SamplingParams, SpecEngine
+    from training.evaluate import verify_tokens_per_step
 
     engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -87,9 +94,28 @@ def engine_decoder(target, drafter, max_tokens, k, warmup_ids):
     def decode(ids):
         t = time.perf_counter()
         result = engine.generate([ids], params)[0]
-        return result.token_ids, time.perf_counter() - t, result.acceptance_length
+        seconds = time.perf_counter() - t
+        vps = verify_tokens_per_step([result]) if drafter is not None else None
+        return result.token_ids, seconds, result.acceptance_length, vps
 
     return decode
+
+
+def shape_variants(spec: str, drafter, target, build) -> list[tuple[str, object]]:
+    """The other shape of a draft directory: [(row suffix "[tree]" or "[chain]", drafter)], or [] when the
+    algorithm drafts no trees or this build of its drafter takes no tree option (a clear log line, no row)."""
+    from training.draft_specs import is_tree_drafter, tree_variants
+
+    out = []
+    for variant in tree_variants(spec):
+        try:
+            other = build(variant.base, target, **variant.options)
+        except (TypeError, ValueError) as e:
+            print(f"no {variant.label} row: {e}", file=sys.stderr)
+            continue
+        if is_tree_drafter(other) != is_tree_drafter(drafter):
+            out.append((f"[{'tree' if is_tree_drafter(other) else 'chain'}]", other))
+    return out
 
 
 def hf_decoder(target, max_tokens, prompt_lookup: int | None, warmup_ids):
@@ -171,6 +197,7 @@ def summarize(rows_by_dataset, reference_by_dataset):
         tokens = sum(len(r[0]) for r in rows)
         seconds = sum(r[1] for r in rows)
         taus = [r[2] for r in rows if r[2] is not None]
+        widths = [r[3] for r in rows if len(r) > 3 and r[3] is not None]
         ref = reference_by_dataset.get(name)
         identical = sum(r[0] == ref_row[0] for r, ref_row in zip(rows, ref)) if ref else None
         out[name] = {
@@ -179,6 +206,7 @@ def summarize(rows_by_dataset, reference_by_dataset):
             "tokens_per_s": round(tokens / seconds, 2),
             "median_tokens_per_s": round(statistics.median(len(r[0]) / r[1] for r in rows), 2),
             "acceptance_length": round(statistics.mean(taus), 3) if taus else None,
+            "verify_tokens_per_step": round(statistics.mean(widths), 3) if widths else None,
             "identical_to_reference": f"{identical}/{len(rows)}" if identical is not None else None,
         }
     return out
@@ -192,6 +220,7 @@ def main(argv=None) -> int:
 
     from deepspec.decoding import build_drafter
     from deepspec.models import load_target
+    from training.draft_specs import is_tree_drafter
 
     console = Console(stderr=True)
     skip = set(filter(None, args.skip.split(",")))
@@ -202,6 +231,13 @@ def main(argv=None) -> int:
     table = MethodTable(console.log, skip)
     decoders, failed_to_start, add = table.decoders, table.failed_to_start, table.add
 
+    default_draft = None
+    if args.trees == "default":
+        from deepspec.decoding.registry import best_shipped_draft
+
+        found = best_shipped_draft(target)
+        default_draft = found.resolve() if found else None
+    shapes: dict[str, str] = {}  # row name → "tree" | "chain" for the rows that draft
     drafter_specs = []
     for spec in filter(None, args.drafters.split(",")):
         if spec == "shipped":
@@ -222,8 +258,14 @@ def main(argv=None) -> int:
             except (ValueError, FileNotFoundError) as e:
                 console.log(f"[yellow]skipping drafter {spec}: {e}")
                 continue
-            add(f"{prefix}+{Path(spec).name}", lambda t=engine_target, d=drafter: engine_decoder(
-                t, d, args.max_tokens, args.num_speculative_tokens, warmup_ids))
+            rows = [(f"{prefix}+{Path(spec).name}", drafter)]
+            if args.trees == "all" or (default_draft is not None and Path(spec).resolve() == default_draft):
+                rows += [(f"{prefix}+{Path(spec).name}{suffix}", other)
+                         for suffix, other in shape_variants(spec, drafter, engine_target, build_drafter)]
+            for row, d in rows:
+                shapes[row] = "tree" if is_tree_drafter(d) else "chain"
+                add(row, lambda t=engine_target, d=d: engine_decoder(
+                    t, d, args.max_tokens, args.num_speculative_tokens, warmup_ids))
     add("hf-generate", lambda: hf_decoder(target, args.max_tokens, None, warmup_ids))
     add("hf-prompt-lookup", lambda: hf_decoder(target, args.max_tokens, 10, warmup_ids))
     # found, not imported: importing a wrongly built llama.cpp may already die; only its own process may try
@@ -249,7 +291,8 @@ def main(argv=None) -> int:
     summary = {name: summarize(rows, reference_for(name)) for name, rows in methods.items()}
     table = Table(title=f"batch-1 greedy decode, {args.dtype}, {args.max_tokens} new tokens, "
                         f"{args.num_prompts} prompts/dataset, torch threads {torch.get_num_threads()}")
-    for col in ("method", "dataset", "tok/s", "median tok/s", "tau", "x HF generate", "x engine", "identical"):
+    for col in ("method", "dataset", "tok/s", "median tok/s", "tau", "verify tok/step", "x HF generate", "x engine",
+                "identical"):
         table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
     for name, per_ds in summary.items():
         for ds in DATASETS:
@@ -258,14 +301,16 @@ def main(argv=None) -> int:
             eng = summary.get(engine_for(name), {}).get(ds)
             r["x_hf_generate"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2) if base else None
             r["x_engine"] = round(r["tokens_per_s"] / eng["tokens_per_s"], 2) if eng else None
+            r["shape"] = shapes.get(name)
             table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
                           f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
+                          f"{r['verify_tokens_per_step']:.2f} {r['shape']}" if r["verify_tokens_per_step"] else "-",
                           f"{r['x_hf_generate']:.2f}" if r["x_hf_generate"] else "-",
                           f"{r['x_engine']:.2f}" if r["x_engine"] else "-",
                           "ref" if name in (*ENGINE_LABELS.values(), "hf-generate") else r["identical_to_reference"])
         table.add_section()
     for name, status in failed.items():
-        table.add_row(name, status, *["-"] * 6)
+        table.add_row(name, status, *["-"] * 7)
         summary[name] = {"status": status}
     Console(width=120).print(table)
     for decoder in decoders.values():

@@ -1,0 +1,61 @@
+"""bench.decode: tree rows next to chain rows (the default draft's other shape), and verify tokens per step in
+the results, on a tiny target with the peers skipped."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from bench.decode import main, shape_variants, summarize
+from tests.training.helpers import tiny_hf_target_dir
+
+
+def test_shape_variants_add_only_the_other_shape(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "corpus-lookup"}))
+    built = []
+
+    def build(base, target, **options):
+        built.append(options)
+        return SimpleNamespace(tree=options["tree"])
+
+    rows = shape_variants(str(tmp_path), SimpleNamespace(tree=False), None, build)
+    assert built == [{"tree": False}, {"tree": True}]
+    assert [(suffix, d.tree) for suffix, d in rows] == [("[tree]", True)]
+    rows = shape_variants(str(tmp_path), SimpleNamespace(tree=True), None, build)
+    assert [suffix for suffix, _ in rows] == ["[chain]"]
+
+
+def test_shape_variants_skip_a_drafter_without_tree_options(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "eagle3"}))
+
+    def build(base, target, **options):
+        raise TypeError("__init__() got an unexpected keyword argument 'tree_branches'")
+
+    assert shape_variants(str(tmp_path), SimpleNamespace(tree=None), None, build) == []
+    assert "tree_branches" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "dflash"}))
+    assert shape_variants(str(tmp_path), SimpleNamespace(tree=None), None, build) == []
+
+
+def test_summarize_reports_verify_tokens_per_step():
+    rows = {"d": [([1, 2], 1.0, 2.0, 6.0), ([3], 1.0, 1.0, 4.0)], "peer": [([1, 2], 0.5, None)]}
+    out = summarize(rows, {})
+    assert out["d"]["verify_tokens_per_step"] == 5.0 and out["d"]["acceptance_length"] == 1.5
+    assert out["peer"]["verify_tokens_per_step"] is None
+
+
+def test_bench_rows_carry_shape_and_verify_width(tmp_path, monkeypatch):
+    target_dir = tiny_hf_target_dir(tmp_path / "target")
+    (tmp_path / "data" / "eval").mkdir(parents=True)
+    for name in ("humaneval", "gsm8k", "mbpp"):
+        (tmp_path / "data" / "eval" / f"{name}.jsonl").write_text(json.dumps({"turns": ["add 1 and 2 and 1"]}) + "\n")
+    monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
+    out = tmp_path / "decode.json"
+    code = main(["--target", str(target_dir), "--dtype", "float32", "--num-prompts", "1", "--max-tokens", "6",
+                 "--drafters", "prompt-lookup", "--trees", "default", "--skip", "hf-generate,hf-prompt-lookup,llama.cpp",
+                 "--out", str(out)])
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    row = results["engine+prompt-lookup"]["gsm8k"]
+    assert row["shape"] == "chain" and row["verify_tokens_per_step"] >= 1.0
+    assert results["engine"]["gsm8k"]["verify_tokens_per_step"] is None
