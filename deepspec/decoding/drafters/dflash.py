@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from deepspec.decoding.drafter import DraftSampling, Proposal
-from deepspec.decoding.drafters.neural import NeuralDrafter, pack, pick_tokens
+from deepspec.decoding.drafters.neural import NeuralDrafter, grow_tree, pack, pick_tokens
 from deepspec.models.target import Target
 
 
@@ -66,6 +66,8 @@ class DFlashDrafter(NeuralDrafter):
 
     @torch.inference_mode()
     def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        if self.tree is not None:
+            return self._propose_tree(slots, k, sampling)
         hidden, logits = self._block_hidden(slots)
         want_probs = not sampling.all_greedy
         tokens, probs = [], [] if want_probs else None
@@ -76,6 +78,17 @@ class DFlashDrafter(NeuralDrafter):
                 probs.append(p)
         num = torch.full((len(slots),), len(tokens), dtype=torch.long)
         return pack(tokens, probs, k, num)
+
+    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        """The block's slots are independent distributions, so every node at depth d has the same candidate
+        children (the top tokens of slot d): the tree costs the one block forward and some bookkeeping."""
+        _, logits = self._block_hidden(slots)
+
+        def expand(depth, tokens, parent_slot):
+            width = 1 if tokens is None else tokens.shape[1]
+            return logits[:, depth, None].expand(-1, width, -1), None
+
+        return grow_tree(expand, min(self.cfg.block_size, k), k, self.tree, sampling, self.model)
 
     def move_slot(self, src: int, dst: int) -> None:
         n = int(self.ctx_len[src])

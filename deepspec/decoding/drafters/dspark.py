@@ -12,20 +12,22 @@ import torch
 
 from deepspec.decoding.drafter import DraftSampling, Proposal
 from deepspec.decoding.drafters.dflash import DFlashDrafter
-from deepspec.decoding.drafters.neural import pack, pick_tokens
+from deepspec.decoding.drafters.neural import grow_tree, pack, pick_tokens
 
 
 class DSparkDrafter(DFlashDrafter):
     name = "dspark"
 
-    def __init__(self, model, confidence_threshold: float | None = None):
-        super().__init__(model)
+    def __init__(self, model, confidence_threshold: float | None = None, **tree_options):
+        super().__init__(model, **tree_options)
         #: survival threshold of dynamic truncation; 0 = never truncate
         self.confidence_threshold = model.cfg.confidence_threshold if confidence_threshold is None \
             else confidence_threshold
 
     @torch.inference_mode()
     def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        if self.tree is not None:
+            return self._propose_tree(slots, k, sampling)
         hidden, base = self._block_hidden(slots)
         want_probs = not sampling.all_greedy
         prev = self.anchor[slots].to(hidden.device)
@@ -48,3 +50,19 @@ class DSparkDrafter(DFlashDrafter):
             if not bool(alive.any()):
                 break
         return pack(tokens, probs, k, num.cpu(), survivals)
+
+    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        """Slot d's distribution depends on the previous token only through the rank-r Markov term, so each
+        expanded node's children cost one small product on top of the one block forward; survival is the
+        calibrated confidence product, and the confidence threshold drops the nodes below it."""
+        hidden, base = self._block_hidden(slots)
+        anchor = self.anchor[slots].to(hidden.device)[:, None]
+
+        def expand(depth, tokens, parent_slot):
+            prev = anchor if tokens is None else tokens.to(hidden.device)
+            w = prev.shape[1]
+            return self.model.step_logits(hidden[:, depth, None].expand(-1, w, -1),
+                                          base[:, depth, None].expand(-1, w, -1), prev)
+
+        return grow_tree(expand, min(self.cfg.block_size, k), k, self.tree, sampling, self.model,
+                         calibrate=self.model.calibrated, threshold=self.confidence_threshold)

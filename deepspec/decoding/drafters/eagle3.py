@@ -10,12 +10,22 @@ from __future__ import annotations
 import torch
 
 from deepspec.decoding.drafter import DraftSampling, Proposal
-from deepspec.decoding.drafters.neural import NeuralDrafter, pack, pick_tokens
+from deepspec.decoding.drafters.neural import CACHE_SLACK, NeuralDrafter, grow_tree, pack, pick_tokens
 from deepspec.models.target import Target
 
 
 class Eagle3Drafter(NeuralDrafter):
     name = "eagle3"
+
+    def __init__(self, model, tree_depth: int = 6, **tree_options):
+        """tree_depth: how deep a tree grows (one draft forward per depth); chains grow k deep."""
+        super().__init__(model, **tree_options)
+        if tree_depth < 1:
+            raise ValueError(f"tree_depth must be >= 1, got {tree_depth}")
+        if self.tree is not None and self.tree.width * tree_depth > CACHE_SLACK:
+            raise ValueError(f"an eagle3 tree of width {self.tree.width} and depth {tree_depth} needs "
+                             f"{self.tree.width * tree_depth} speculative cache entries; at most {CACHE_SLACK}")
+        self.tree_depth = tree_depth
 
     def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
         self._check_target(target)
@@ -49,6 +59,8 @@ class Eagle3Drafter(NeuralDrafter):
 
     @torch.inference_mode()
     def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        if self.tree is not None:
+            return self._propose_tree(slots, k, sampling)
         device = self.last_h.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)
         want_probs = not sampling.all_greedy
@@ -65,6 +77,42 @@ class Eagle3Drafter(NeuralDrafter):
                 h = self.model.cached_step(h, ids[:, None], position + step, self.cache_k, self.cache_v, rows)
         num = torch.tensor([k if self.has_pair[s] else 0 for s in slots], dtype=torch.long)
         return pack(tokens, probs, k, num)
+
+    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        """EAGLE-2's tree: each depth feeds its `width` expanded nodes in one forward. Node j of depth d pairs its
+        parent's output h with its token at RoPE position length + d - 1 (where a chain would put it), is written
+        to its own cache entry past the committed ones (length + (d-1)·width + j) and sees the committed entries,
+        its ancestors' and its own. `extend` overwrites those entries as it does a chain's."""
+        device = self.last_h.device
+        rows = torch.tensor(slots, dtype=torch.long, device=device)
+        length = self.length[slots].to(device)
+        B = len(slots)
+        state = {"h": self.last_h[rows][:, None], "ancestors": torch.zeros(B, 1, 0, dtype=torch.bool, device=device)}
+
+        def expand(depth, tokens, parent_slot):
+            if tokens is None:
+                return self.model.logits(state["h"]), None
+            w = tokens.shape[1]
+            parent_slot = parent_slot.to(device)
+            gather = parent_slot[:, :, None]
+            h = state["h"].gather(1, gather.expand(-1, -1, state["h"].shape[-1]))  # [B, w, H]
+            prior = state["ancestors"].gather(1, gather.expand(-1, -1, state["ancestors"].shape[-1]))
+            own = torch.eye(w, dtype=torch.bool, device=device)[None].expand(B, -1, -1)
+            ancestors = torch.cat([prior, own], dim=-1)  # [B, w, S] over the speculative entries so far
+            num_spec = ancestors.shape[-1]
+            entries = length[:, None] + torch.arange(num_spec, device=device)  # [B, S] cache entry of each
+            num_keys = int(length.max()) + num_spec
+            visible = torch.arange(num_keys, device=device)[None, None, :] < length[:, None, None]
+            visible = visible.expand(-1, w, -1).clone().scatter_(2, entries[:, None, :].expand(-1, w, -1), ancestors)
+            positions = (length + depth - 1)[:, None].expand(-1, w)
+            out = self.model.cached_step(h, tokens.to(device), positions, self.cache_k, self.cache_v, rows,
+                                         cache_index=entries[:, -w:], visible=visible)
+            state["h"], state["ancestors"] = out, ancestors
+            return self.model.logits(out), None
+
+        proposal = grow_tree(expand, min(self.tree_depth, k), k, self.tree, sampling, self.model)
+        proposal.num_tokens = proposal.num_tokens * torch.tensor([self.has_pair[s] for s in slots], dtype=torch.long)
+        return proposal
 
     def move_slot(self, src: int, dst: int) -> None:
         n = int(self.length[src])

@@ -5,7 +5,9 @@ engine slot, so `move_slot` is one row copy.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -17,11 +19,14 @@ CACHE_SLACK = 64
 
 
 class NeuralDrafter(Drafter):
-    def __init__(self, model):
+    def __init__(self, model, tree_branches: int = 0, tree_width: int | None = None):
+        """tree_branches = 0: propose a chain; >= 1: a tree (TreeShape) with that many children per expanded node
+        and `tree_width` (default: tree_branches) nodes expanded per depth."""
         self.model = model
         self.cfg = model.cfg
         self.feature_layers = tuple(model.cfg.feature_layers)
         self.max_batch_size = 0
+        self.tree = TreeShape(tree_branches, tree_width or tree_branches) if tree_branches else None
 
     def _check_target(self, target: Target) -> None:
         from deepspec.models.drafts.checkpoint import check_target
@@ -85,3 +90,138 @@ def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, n
         out_survival[:, :width] = torch.stack(survival[:width], dim=1).float().cpu()
         out_survival[torch.arange(k)[None, :] >= num.clamp(max=k).cpu()[:, None]] = 0.0
     return Proposal(out_tokens, num.clamp(max=k).cpu(), out_probs, out_survival)
+
+
+# ---- token trees (EAGLE-2's dynamic tree, arXiv 2406.16858) -------------------------------------------------------
+#: Expander(depth, tokens [B, w], parent_slot [B, w]) → (logits [B, w, N], confidence logits [B, w] | None): the
+#: draft distribution over the children of each frontier node at `depth` (depth 0 = the root alone, w = 1, tokens
+#: and parent_slot None); parent_slot[b, j] is the node's parent's place in the previous frontier.
+Expander = Callable[[int, torch.Tensor | None, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass
+class TreeShape:
+    """How wide a draft tree grows: `branches` children per expanded node, `width` nodes expanded per depth."""
+
+    branches: int = 4
+    width: int = 4
+
+    def __post_init__(self):
+        if self.branches < 1 or self.width < 1:
+            raise ValueError(f"tree branches and width must be >= 1, got {self.branches} and {self.width}")
+
+
+@dataclass
+class _Node:
+    token: int  # draft-vocabulary id
+    parent: int  # candidate index, -1 = root
+    depth: int  # 1 = child of the root
+    survival: float
+    q: torch.Tensor | None  # [N] draft-vocab distribution the token was sampled from; None = chosen (one-hot)
+
+
+def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampling: DraftSampling, model,
+              calibrate: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+              threshold: float = 0.0) -> Proposal:
+    """Grow each row's tree depth by depth and keep its k best nodes.
+
+    Every expanded node gets `branches` children: the top tokens of its draft distribution (softmax at the row's
+    temperature; at T = 1 for greedy rows). In a sampled row the first child is instead *drawn* from that
+    distribution and carries it as q; its siblings stay deterministic (one-hot q) and skip the drawn token.
+    Survival: without `calibrate` the cumulative draft probability (EAGLE-2; a drawn child counts as the top one,
+    whose place it takes); with it (DSpark) the first child gets parent · c (the calibrated confidence that the
+    step is accepted) and the others share parent · (1 - c) in proportion to their probability — so a node never
+    outlives its parent and siblings never outlive it together. The `width` likeliest candidates of each depth
+    are expanded next (one draft call per depth); finally the k candidates with the highest survival are kept
+    (a parent always outranks its child, so the kept set is a tree), nodes under `threshold` dropped (the root's
+    first child always kept), and numbered depth by depth, siblings likelier first."""
+    logits, conf = expand(0, None, None)
+    B = logits.shape[0]
+    temps = sampling.temperature.tolist()
+    nodes: list[list[_Node]] = [[] for _ in range(B)]
+    frontier = [[-1] for _ in range(B)]  # candidate index per expanded node (-1 = root)
+    for depth in range(1, max_depth + 1):
+        w = logits.shape[1]
+        safe = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32)
+        probs = torch.softmax(logits.float() / safe[:, None, None], dim=-1)  # [B, w, N]
+        top_p, top_i = probs.topk(min(shape.branches + 1, probs.shape[-1]), dim=-1)
+        c = calibrate(conf, depth - 1).tolist() if (calibrate is not None and conf is not None) else None
+        top_p, top_i = top_p.tolist(), top_i.tolist()
+        for b in range(B):
+            for j in range(w):
+                parent = frontier[b][j]
+                parent_surv = 1.0 if parent < 0 else nodes[b][parent].survival
+                children = [(t, p, None) for t, p in zip(top_i[b][j], top_p[b][j])]
+                if temps[b] > 0:
+                    drawn = int(torch.multinomial(probs[b, j], 1, generator=sampling.generators[b])[0])
+                    children = [(drawn, float(probs[b, j, drawn]), probs[b, j])] + \
+                        [ch for ch in children if ch[0] != drawn]
+                children = children[: shape.branches]
+                first_p = children[0][1]
+                for i, (token, p, q) in enumerate(children):
+                    if c is None:
+                        surv = parent_surv * (top_p[b][j][0] if q is not None else p)
+                    elif i == 0:
+                        surv = parent_surv * c[b][j]
+                    else:
+                        surv = parent_surv * (1.0 - c[b][j]) * p / max(1.0 - first_p, 1e-9)
+                    nodes[b].append(_Node(token, parent, depth, min(surv, parent_surv), q))
+        if depth == max_depth:
+            break
+        # expand the `width` likeliest nodes of this depth (every row has as many: width <= candidates)
+        expanded = frontier
+        frontier = []
+        for b in range(B):
+            at_depth = [i for i, n in enumerate(nodes[b]) if n.depth == depth]
+            at_depth.sort(key=lambda i: -nodes[b][i].survival)  # stable: creation order breaks ties
+            frontier.append(at_depth[: shape.width])
+        w_next = min(len(f) for f in frontier)
+        frontier = [f[:w_next] for f in frontier]
+        tokens = torch.tensor([[nodes[b][i].token for i in f] for b, f in enumerate(frontier)], dtype=torch.long)
+        parent_slot = torch.tensor([[expanded[b].index(nodes[b][i].parent) for i in f] for b, f in enumerate(frontier)],
+                                   dtype=torch.long)
+        logits, conf = expand(depth, model.to_target_ids(tokens.to(model.d2t.device)), parent_slot)
+    return _select(nodes, k, threshold, model, any(t > 0 for t in temps))
+
+
+def _select(nodes: list[list[_Node]], k: int, threshold: float, model, with_probs: bool) -> Proposal:
+    """Keep each row's k highest-survival candidates (parents before children) → a Proposal in target ids."""
+    B = len(nodes)
+    tokens = torch.zeros(B, k, dtype=torch.long)
+    parents = torch.full((B, k), -1, dtype=torch.long)
+    survival = torch.zeros(B, k)
+    num = torch.zeros(B, dtype=torch.long)
+    qs: list[list[torch.Tensor | None]] = []
+    for b, row in enumerate(nodes):
+        order = sorted(range(len(row)), key=lambda i: -row[i].survival)
+        kept: list[int] = []
+        chosen = set()
+        for i in order:
+            if len(kept) == k:
+                break
+            n = row[i]
+            if (n.parent < 0 or n.parent in chosen) and (n.survival >= threshold or not kept):
+                kept.append(i)
+                chosen.add(i)
+        kept.sort(key=lambda i: row[i].depth)  # stable: siblings stay likelier first
+        index = {old: new for new, old in enumerate(kept)}
+        for new, old in enumerate(kept):
+            n = row[old]
+            tokens[b, new] = n.token
+            parents[b, new] = -1 if n.parent < 0 else index[n.parent]
+            survival[b, new] = n.survival
+        num[b] = len(kept)
+        qs.append([row[old].q for old in kept])
+    tokens = model.to_target_ids(tokens.to(model.d2t.device)).cpu()
+    probs = None
+    if with_probs:
+        V = model.cfg.vocab_size
+        probs = torch.zeros(B, k, V)
+        for b in range(B):
+            for j in range(k):
+                q = qs[b][j] if j < len(qs[b]) else None
+                if q is not None:
+                    probs[b, j] = model.scatter_probs(q.float().cpu()[None])[0]
+                elif j < int(num[b]):
+                    probs[b, j, tokens[b, j]] = 1.0
+    return Proposal(tokens, num, probs, survival, parents)

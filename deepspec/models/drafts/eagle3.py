@@ -164,24 +164,32 @@ class Eagle3Draft(DraftModel):
         self,
         h: torch.Tensor,  # [B, m, H] pre-norm hidden (fc(F) for committed pairs, the last output for drafts)
         tokens: torch.Tensor,  # [B, m] the token paired with each h
-        positions: torch.Tensor,  # [B, m] position of each pair
+        positions: torch.Tensor,  # [B, m] RoPE position of each pair
         cache_k: torch.Tensor,  # [S, nkv, L, hd] the draft's KV cache (rows = engine slots)
         cache_v: torch.Tensor,
         rows: torch.Tensor,  # [B] cache rows (engine slots)
+        cache_index: torch.Tensor | None = None,  # [B, m] cache entry each pair is written to; None = positions
+        visible: torch.Tensor | None = None,  # [B, m, K] bool: cache entries 0..K-1 each pair sees; None = causal
     ) -> torch.Tensor:
-        """Write the m pairs' k/v at their positions, attend causally over the cache, return h' [B, m, H]."""
+        """Write the m pairs' k/v, attend over the cache, return h' [B, m, H].
+
+        A chain writes each pair at its position and attends causally. A draft tree feeds siblings that share a
+        position, so it writes them to distinct entries past the committed ones (`cache_index`) and lets each
+        see only the committed entries, its ancestors and itself (`visible`)."""
         x = self._layer_input(h, tokens)
         attn_mod = self._parts[2]
         q = attn_mod.query(x, positions)
         k, v = attn_mod.key_value(x, positions)
-        B, m = tokens.shape
+        where = positions if cache_index is None else cache_index
         heads = torch.arange(self.cfg.num_kv_heads, device=h.device)[None, :, None]
-        index = (rows[:, None, None], heads, positions[:, None, :])
+        index = (rows[:, None, None], heads, where[:, None, :])
         cache_k.index_put_(index, k)
         cache_v.index_put_(index, v)
-        num_keys = int(positions.max()) + 1
+        if visible is None:
+            num_keys = int(positions.max()) + 1
+            visible = torch.arange(num_keys, device=h.device)[None, None, :] <= positions[:, :, None]  # [B, m, K]
+        num_keys = visible.shape[-1]
         keys, vals = cache_k[rows, :, :num_keys], cache_v[rows, :, :num_keys]
-        visible = torch.arange(num_keys, device=h.device)[None, None, :] <= positions[:, :, None]  # [B, m, K]
         return self._finish(h, attn_mod.attend(q, keys, vals, visible[:, None]))
 
 

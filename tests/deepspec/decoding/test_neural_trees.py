@@ -1,0 +1,227 @@
+"""Token trees from the neural drafts (EAGLE-2's dynamic tree): shape, topological parents, q rows, survival that
+never exceeds the parent's, Eagle3's tree attention against a chain fed the same path, greedy output identical to
+target-only, and a chi-square on the first token a sampled tree commits (with a negative control)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepspec.decoding.drafter import DraftSampling
+from deepspec.decoding.drafters.neural import TreeShape
+from deepspec.decoding.engine import SpecEngine
+from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.registry import load_checkpoint_drafter
+from deepspec.models.drafts import save_draft
+from plugins.reference.tree import tree_accept
+from tests.training.helpers import tiny_draft, tiny_target
+
+ALGOS = ["eagle3", "dflash", "dspark"]
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def _drafter(target, algo, tmp_path, **kw):
+    path = save_draft(tiny_draft(target, algo, draft_vocab_size=48), tmp_path / algo)
+    return load_checkpoint_drafter(path, target, **kw)
+
+
+def _bound(target, algo, tmp_path, slots=2, **kw):
+    drafter = _drafter(target, algo, tmp_path, **kw)
+    drafter.bind(target, slots, 64)
+    torch.manual_seed(1)
+    for s in range(slots):
+        drafter.reset(s, 1)
+        drafter.extend([s], torch.tensor([[2 + s, 3, 4]]), torch.tensor([3]),
+                       torch.randn(1, 3, drafter.cfg.feature_size))
+    return drafter
+
+
+def _check_tree(prop, k):
+    B = prop.tokens.shape[0]
+    assert prop.tokens.shape == (B, k) and prop.parents.shape == (B, k) and prop.survival.shape == (B, k)
+    for b in range(B):
+        n = int(prop.num_tokens[b])
+        assert 1 <= n <= k
+        parents = prop.parents[b, :n].tolist()
+        surv = prop.survival[b, :n]
+        assert parents[0] == -1
+        for i, p in enumerate(parents):
+            assert -1 <= p < i  # topological
+            bound = 1.0 if p < 0 else float(surv[p])
+            assert 0 < float(surv[i]) <= bound + 1e-6  # never outlives its parent
+        # siblings together never outlive their parent
+        for p in set(parents):
+            kids = [i for i, q in enumerate(parents) if q == p]
+            assert float(surv[kids].sum()) <= (1.0 if p < 0 else float(surv[p])) + 1e-5
+        assert (prop.survival[b, n:] == 0).all()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_greedy_tree_shape_parents_and_survival(target, algo, tmp_path):
+    drafter = _bound(target, algo, tmp_path, tree_branches=3, confidence_threshold=0.0) if algo == "dspark" \
+        else _bound(target, algo, tmp_path, tree_branches=3)
+    prop = drafter.propose([0, 1], 10, DraftSampling(torch.tensor([0.0, 0.0]), [None, None]))
+    assert prop.is_tree and prop.probs is None
+    _check_tree(prop, 10)
+    assert prop.num_tokens.tolist() == [10, 10]
+    assert bool(torch.isin(prop.tokens, drafter.model.d2t).all())
+    # siblings differ, and a branching of 3 gives the root 3 children
+    for b in range(2):
+        parents = prop.parents[b].tolist()
+        assert parents.count(-1) == 3
+        for p in set(parents):
+            kids = [int(prop.tokens[b, i]) for i, q in enumerate(parents) if q == p]
+            assert len(kids) == len(set(kids))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_greedy_tree_first_children_follow_the_draft_argmax(target, algo, tmp_path):
+    """The root's first child is the chain's first draft; with branches = width = 1 the tree is the chain."""
+    chain = _bound(target, algo, tmp_path / "c", confidence_threshold=0.0) if algo == "dspark" \
+        else _bound(target, algo, tmp_path / "c")
+    kw = {"confidence_threshold": 0.0} if algo == "dspark" else {}
+    line = _bound(target, algo, tmp_path / "t", tree_branches=1, **kw)
+    greedy = DraftSampling(torch.tensor([0.0, 0.0]), [None, None])
+    a, b = chain.propose([0, 1], 4, greedy), line.propose([0, 1], 4, greedy)
+    assert torch.equal(a.tokens, b.tokens)
+    assert b.parents.tolist() == [[-1, 0, 1, 2]] * 2
+
+
+def test_eagle3_tree_attention_matches_a_chain_fed_the_same_path(target, tmp_path):
+    """Every expanded node's first child must be the argmax after feeding its root path as a chain: the node's
+    cache entry, RoPE position and ancestor mask are right (a sibling leaking into the mask changes it)."""
+    drafter = _bound(target, "eagle3", tmp_path, tree_branches=3, tree_depth=4)
+    cache = (drafter.cache_k.clone(), drafter.cache_v.clone())
+    prop = drafter.propose([0, 1], 16, DraftSampling(torch.tensor([0.0, 0.0]), [None, None]))
+    model = drafter.model
+    checked = 0
+    for b in range(2):
+        n = int(prop.num_tokens[b])
+        parents = prop.parents[b, :n].tolist()
+        for node in range(n):
+            kids = [i for i, p in enumerate(parents) if p == node]
+            if not kids:
+                continue
+            path = [node]
+            while parents[path[0]] >= 0:
+                path.insert(0, parents[path[0]])
+            ck, cv = cache[0].clone(), cache[1].clone()
+            rows = torch.tensor([b])
+            h = drafter.last_h[b][None, None]
+            length = int(drafter.length[b])
+            for depth, i in enumerate(path):
+                h = model.cached_step(h, prop.tokens[b, i].view(1, 1), torch.tensor([[length + depth]]), ck, cv, rows)
+            best = model.to_target_ids(model.logits(h[:, 0]).argmax(-1))
+            assert int(prop.tokens[b, kids[0]]) == int(best[0])
+            checked += 1
+    assert checked >= 4
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_sampled_tree_carries_q_on_drawn_nodes_only(target, algo, tmp_path):
+    kw = {"confidence_threshold": 0.0} if algo == "dspark" else {}
+    drafter = _bound(target, algo, tmp_path, tree_branches=3, **kw)
+    sampling = DraftSampling(torch.tensor([1.0, 0.0]), [torch.Generator().manual_seed(0), None])
+    prop = drafter.propose([0, 1], 10, sampling)
+    _check_tree(prop, 10)
+    V = target.vocab_size
+    assert prop.probs.shape == (2, 10, V)
+    for b in range(2):
+        n = int(prop.num_tokens[b])
+        rows = prop.probs[b, :n]
+        assert torch.allclose(rows.sum(-1), torch.ones(n))
+        assert (rows.gather(-1, prop.tokens[b, :n, None]) > 0).all()
+        one_hot = (rows.max(-1).values == 1.0)
+        parents = prop.parents[b, :n].tolist()
+        first_children = {parents.index(p) for p in set(parents)}
+        if b == 1:  # greedy row: every node chosen, so every q is one-hot
+            assert one_hot.all()
+        else:  # sampled row: exactly the first child of each expanded node is drawn (a softmax over the vocab)
+            for i in range(n):
+                assert bool(one_hot[i]) == (i not in first_children)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_greedy_tree_output_identical_to_target_only(target, algo, tmp_path):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    base = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(PROMPTS, params)
+    drafter = _drafter(target, algo, tmp_path, tree_branches=2)
+    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=6,
+                        verify_budget=False)
+    spec = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in base]
+    assert all(r.num_draft_tokens > 0 for r in spec)
+
+
+def _first_token_counts(drafter, target_logits, rounds: int, rows: int, honest: bool) -> torch.Tensor:
+    """Run tree_accept on fresh draws of the drafter's sampled tree (`rows` slots holding the same context, so one
+    call draws `rows` independent trees); count the first committed token. Dishonest: the chosen (top-k) siblings
+    claim the q their drawn sibling came from, as if they had been sampled."""
+    V = target_logits.shape[-1]
+    counts = torch.zeros(V)
+    slots = list(range(rows))
+    gens = [torch.Generator().manual_seed(10_000 + r) for r in slots]
+    for t in range(rounds):
+        prop = drafter.propose(slots, 6, DraftSampling(torch.ones(rows), gens))
+        n = prop.num_tokens
+        tokens = torch.cat([torch.zeros(rows, 1, dtype=torch.long), prop.tokens], dim=1)
+        parents = torch.cat([torch.full((rows, 1), -1), torch.where(prop.parents < 0, 0, prop.parents + 1)], 1)
+        q = prop.probs.clone()
+        if not honest:
+            for b in range(rows):
+                plist = prop.parents[b, : int(n[b])].tolist()
+                for i, par in enumerate(plist):
+                    q[b, i] = q[b, plist.index(par)]
+        probs = torch.cat([torch.zeros(rows, 1, V), q], dim=1)
+        num, nxt, path = tree_accept(tokens, parents, n + 1, target_logits.expand(rows, -1, -1), probs,
+                                     torch.ones(rows), torch.zeros(rows, dtype=torch.long), torch.ones(rows),
+                                     torch.arange(rows) + rows * t + (0 if honest else 7_777_777))
+        first = torch.where(num >= 1, tokens.gather(1, path[:, 1:2].clamp(min=0))[:, 0], nxt)
+        counts += torch.bincount(first, minlength=V).float()
+    return counts
+
+
+@pytest.mark.slow
+def test_sampled_neural_tree_is_lossless_chi_square(target, tmp_path):
+    """The first committed token of a sampled DFlash tree (drawn first child + deterministic siblings) follows the
+    target's distribution; siblings chosen by top-k that claim their drawn sibling's q are caught."""
+    rows = 500
+    drafter = _drafter(target, "dflash", tmp_path, tree_branches=3)
+    drafter.bind(target, rows, 64)
+    block = drafter._block_hidden
+    # an untrained draft is nearly uniform; sharpen it so q differs from one-hot and from the target alike
+    drafter._block_hidden = lambda slots: (lambda h, u: (h, 4.0 * u))(*block(slots))
+    features = torch.randn(1, 3, drafter.cfg.feature_size, generator=torch.Generator().manual_seed(1))
+    for s in range(rows):
+        drafter.reset(s, 1)
+    drafter.extend(list(range(rows)), torch.tensor([[2, 3, 4]]).expand(rows, -1), torch.full((rows,), 3),
+                   features.expand(rows, -1, -1))
+    V = target.vocab_size
+    target_logits = torch.randn(1, 7, V, generator=torch.Generator().manual_seed(2)) * 1.5
+    p = torch.softmax(target_logits[0, 0], -1)
+    rounds = 4
+    expected = p * rounds * rows
+    keep = expected >= 5
+    dof = int(keep.sum())  # kept categories + the lumped rest, minus one
+    # chi-square critical value at p = 0.001 (Wilson-Hilferty approximation)
+    critical = dof * (1 - 2 / (9 * dof) + 3.09 * (2 / (9 * dof)) ** 0.5) ** 3
+
+    def chi2(counts):
+        observed = torch.cat([counts[keep], counts[~keep].sum()[None]])
+        wanted = torch.cat([expected[keep], expected[~keep].sum()[None]])
+        return float(((observed - wanted) ** 2 / wanted.clamp(min=1e-9)).sum())
+
+    assert chi2(_first_token_counts(drafter, target_logits, rounds, rows, honest=True)) < critical
+    assert chi2(_first_token_counts(drafter, target_logits, rounds, rows, honest=False)) > critical
+
+
+def test_tree_options_are_checked(target, tmp_path):
+    with pytest.raises(ValueError, match="branches and width"):
+        TreeShape(0, 2)
+    with pytest.raises(ValueError, match="speculative cache entries"):
+        _drafter(target, "eagle3", tmp_path, tree_branches=16, tree_depth=8)
