@@ -144,7 +144,7 @@ def test_sampled_rows_draw_children_without_replacement_and_carry_q():
 # -- exactness: trees verified by plugins.tree_accept sample from the target's distribution ----------------------
 
 VOCAB = 10
-N = 3000
+N = 1500
 
 
 def _target_logits(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
@@ -160,9 +160,9 @@ def _target_logits(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     return logits, p1, p2 / p2.sum(-1, keepdim=True)
 
 
-def _committed_pairs(drafter: CorpusLookupDrafter, k: int, probs_override=None) -> tuple[np.ndarray, list]:
-    """Propose N seeded trees for the same context, verify them in one tree_accept batch; → the first committed
-    token of each trial and the second one where the first was a drafted node."""
+def _first_committed(drafter: CorpusLookupDrafter, k: int, probs_override=None) -> tuple[np.ndarray, list]:
+    """Propose N seeded trees for the same context and verify them in one tree_accept batch → the first committed
+    token of each trial (an accepted root child, or the token drawn after all were rejected) and the target's p1."""
     proposals = [drafter.propose([0], k, _sampled(seed)) for seed in range(N)]
     width = k + 1
     tokens = torch.zeros(N, width, dtype=torch.long)
@@ -198,7 +198,7 @@ def _p_value(first: np.ndarray, p1: np.ndarray) -> float:
 def test_corpus_trees_verified_at_temperature_one_sample_the_target(sampled):
     corpus = [1, 2, 3, 6, S] * 5 + [1, 2, 4, 8, S] * 3 + [1, 2, 5, S] * 2 + [1, 2, 7, S] * 2
     d = _drafter([9, 1, 2], corpus=corpus, sampled=sampled, vocab_size=VOCAB)
-    first, p1 = _committed_pairs(d, 4)
+    first, p1 = _first_committed(d, 4)
     assert _p_value(first, p1) > 1e-3
 
 
@@ -212,5 +212,5 @@ def test_the_check_rejects_trees_whose_tokens_were_not_drawn_from_their_q():
         probs[:, 1] = q
         return probs
 
-    first, p1 = _committed_pairs(d, 1, claim_sampled)
+    first, p1 = _first_committed(d, 1, claim_sampled)
     assert _p_value(first, p1) < 1e-3
