@@ -188,6 +188,11 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
         grid = [min(xs) * (hi / min(xs)) ** (i / 40) for i in range(41)]
         ax.plot(grid, [fit.tau_at(x) for x in grid], color="gray", linestyle=":",
                 label=f"fit of the mean: τ = {fit.a:.2f} + {fit.b:.2f}·log10(tokens)")
+    markers = iter("sD^v<>")
+    for name, series in data.get("history", {}).items():  # earlier drafts measured at 2+ training lengths
+        mean = [sum(p["tau"].values()) / len(p["tau"]) for p in series["points"]]
+        ax.plot([p["tokens_seen"] for p in series["points"]], mean, marker=next(markers, "s"), color="black",
+                linestyle="-.", linewidth=1, alpha=0.6, label=f"{name} (mean τ)")
     for name, ref in (references or {}).items():
         for s, tau in ref["tau"].items():
             ax.scatter([ref["tokens_seen"]], [tau], marker="x", color=colors.get(s, "black"))
@@ -256,8 +261,17 @@ def parse_reference(spec: str, datasets=DEFAULT_DATASETS) -> tuple[str, dict]:
 
 
 def summarize_fit(data: dict, goal_tau: dict[str, float] | None) -> dict | None:
-    """The log fit of the record's mean τ and, with a goal, the tokens it would take to reach the goal's mean."""
-    points = data["points"]
+    """The log fit of the record's mean τ and, with a goal, the tokens it would take to reach the goal's mean;
+    under "history", the same for each earlier draft series the record holds."""
+    out = _fit_points(data["points"], goal_tau)
+    history = {name: _fit_points(series["points"], goal_tau) for name, series in data.get("history", {}).items()}
+    history = {k: v for k, v in history.items() if v is not None}
+    if out is None and not history:
+        return None
+    return {**(out or {}), **({"history": history} if history else {})}
+
+
+def _fit_points(points: list[dict], goal_tau: dict[str, float] | None) -> dict | None:
     xs = [p["tokens_seen"] for p in points]
     if len(points) < 2 or len(set(xs)) < 2:
         return None

@@ -134,3 +134,17 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint(run, tmp_path):
     assert latest_checkpoint(tmp_path / "sig").name == "step_0000001"
     resumed = train(cfg, resume=True, show_progress=False)
     assert resumed["steps"] == 4 and resumed["stopped"] == "max_steps"
+
+
+def test_history_series_are_fitted_and_drawn(tmp_path):
+    from training.curve import plot_curve, summarize_fit
+
+    data = {"draft": "d", "points": [{"step": 1, "tokens_seen": 1000, "tau": {"a": 1.0, "b": 1.2}}],
+            "history": {"old": {"points": [{"tokens_seen": 1e4, "tau": {"a": 1.2, "b": 1.4}},
+                                           {"tokens_seen": 1e5, "tau": {"a": 1.4, "b": 1.6}}]}}}
+    fit = summarize_fit(data, {"a": 2.2, "b": 2.4})
+    old = fit["history"]["old"]
+    assert old["b_per_decade"] == pytest.approx(0.2) and old["tokens_to_goal"] == pytest.approx(1e9, rel=1e-2)
+    assert "a" not in fit  # one point of the run itself: no fit of its own yet
+    plot_curve(data, tmp_path / "c.png", goal={"a": 2.2, "b": 2.4})
+    assert (tmp_path / "c.png").stat().st_size > 1000
