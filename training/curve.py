@@ -347,5 +347,18 @@ def run_curve_cli(args, parser) -> int:
         if goal:
             data["goal"] = {"draft": Path(args.goal).name, "tau": goal}
         args.record.write_text(json.dumps(data, indent=2) + "\n")
+    print(markdown_table(data))
     print(json.dumps({"points": len(data["points"]), "fit": fit}))
     return 0
+
+
+def markdown_table(data: dict) -> str:
+    """The record's points as the table drafts/README.md shows: step, tokens seen, τ per set and their mean."""
+    points = data["points"]
+    sets = list(points[0]["tau"]) if points else []
+    lines = ["| step | tokens seen | " + " | ".join(f"τ {s}" for s in sets) + " | mean τ |",
+             "| --- | --- | " + " | ".join("---" for _ in sets) + " | --- |"]
+    for p in points:
+        lines.append(f"| {p['step']} | {p['tokens_seen']:,} | " + " | ".join(f"{p['tau'][s]:.2f}" for s in sets)
+                     + f" | {mean_tau(p):.2f} |")
+    return "\n".join(lines)

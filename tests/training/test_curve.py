@@ -148,3 +148,11 @@ def test_history_series_are_fitted_and_drawn(tmp_path):
     assert "a" not in fit  # one point of the run itself: no fit of its own yet
     plot_curve(data, tmp_path / "c.png", goal={"a": 2.2, "b": 2.4})
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_markdown_table_lists_points_with_their_mean():
+    from training.curve import markdown_table
+
+    table = markdown_table({"points": [{"step": 5, "tokens_seen": 12345, "tau": {"a": 1.0, "b": 2.0}}]})
+    assert table.splitlines()[0] == "| step | tokens seen | τ a | τ b | mean τ |"
+    assert table.splitlines()[2] == "| 5 | 12,345 | 1.00 | 2.00 | 1.50 |"
