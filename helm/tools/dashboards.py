@@ -17,10 +17,12 @@ Grafana's `$__rate_interval` keeps rates valid at any scrape interval. Standard 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, whether run or loaded by path
+from regenerate import regenerate  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "deepspec" / "dashboards"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -274,28 +276,13 @@ def workers() -> dict:
 DASHBOARDS = {"deepspec-overview": overview, "deepspec-spec-decode": spec_decode, "deepspec-workers": workers}
 
 
-def render() -> dict[str, str]:
-    """File name -> JSON text of every dashboard."""
-    return {f"{name}.json": json.dumps(build(), indent=2) + "\n" for name, build in DASHBOARDS.items()}
+def render() -> dict[Path, str]:
+    """Path -> JSON text of every dashboard."""
+    return {OUT_DIR / f"{name}.json": json.dumps(build(), indent=2) + "\n" for name, build in DASHBOARDS.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed JSON differs")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, text in render().items():
-        path = OUT_DIR / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            path.write_text(text)
-            print(f"wrote {path}")
-    if stale:
-        print("stale dashboards (run python helm/tools/dashboards.py):", *stale, sep="\n  ", file=sys.stderr)
-        return 1
-    return 0
+    return regenerate(render, argv, __doc__.splitlines()[0], "helm/tools/dashboards.py")
 
 
 if __name__ == "__main__":

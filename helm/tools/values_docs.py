@@ -14,7 +14,6 @@ type, and `# @schema <key>: <yaml>` lines add or override JSON-schema keywords (
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -22,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, whether run or loaded by path
+from regenerate import regenerate  # noqa: E402
 
 CHART = Path(__file__).resolve().parents[1] / "deepspec"
 BEGIN, END = "<!-- values-table:begin -->", "<!-- values-table:end -->"
@@ -152,21 +154,7 @@ def render() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed files differ")
-    args = parser.parse_args(argv)
-    stale = []
-    for path, text in render().items():
-        if args.check:
-            if path.read_text() != text:
-                stale.append(str(path))
-        else:
-            path.write_text(text)
-            print(f"wrote {path}")
-    if stale:
-        print("stale (run python helm/tools/values_docs.py):", *stale, sep="\n  ", file=sys.stderr)
-        return 1
-    return 0
+    return regenerate(render, argv, __doc__.splitlines()[0], "helm/tools/values_docs.py")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,16 @@ _TYPE_TAG = re.compile(r"[\[\-]|^(str|int|float|bool|list|dict)$")
 
 
 class ServiceError(Exception):
+    """An error with its HTTP status, OpenAI error type and gRPC status. A subclass names all three in its class
+    line (`class X(ServiceError, http=..., kind=..., grpc_status=...)`), so each kind is declared once."""
+
     http_status = 500
     type = "internal_error"
     grpc_status = grpc.StatusCode.INTERNAL
+
+    def __init_subclass__(cls, *, http: int, kind: str, grpc_status: grpc.StatusCode, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.http_status, cls.type, cls.grpc_status = http, kind, grpc_status
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  retry_after_s: int | None = None):  # fmt: skip
@@ -44,38 +51,39 @@ class ServiceError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-class BadRequestError(ServiceError):
-    http_status, type, grpc_status = 400, "invalid_request_error", grpc.StatusCode.INVALID_ARGUMENT
+_INVALID, _CODE = "invalid_request_error", grpc.StatusCode
 
 
-class AuthenticationError(ServiceError):
-    http_status, type, grpc_status = 401, "invalid_request_error", grpc.StatusCode.UNAUTHENTICATED
+class BadRequestError(ServiceError, http=400, kind=_INVALID, grpc_status=_CODE.INVALID_ARGUMENT):
+    """Bad input: wrong type, out of range, unsupported field, too long for the context."""
 
 
-class NotFoundError(ServiceError):
-    http_status, type, grpc_status = 404, "invalid_request_error", grpc.StatusCode.NOT_FOUND
+class AuthenticationError(ServiceError, http=401, kind=_INVALID, grpc_status=_CODE.UNAUTHENTICATED):
+    """A missing or wrong API key."""
 
 
-class PayloadTooLargeError(ServiceError):
-    http_status, type, grpc_status = 413, "invalid_request_error", grpc.StatusCode.INVALID_ARGUMENT
+class NotFoundError(ServiceError, http=404, kind=_INVALID, grpc_status=_CODE.NOT_FOUND):
+    """An unknown model or route."""
 
 
-class RateLimitError(ServiceError):
-    http_status, type, grpc_status = 429, "rate_limit_error", grpc.StatusCode.RESOURCE_EXHAUSTED
+class PayloadTooLargeError(ServiceError, http=413, kind=_INVALID, grpc_status=_CODE.INVALID_ARGUMENT):
+    """A request body over the gateway's limit."""
 
 
-class ServiceUnavailableError(ServiceError):
-    http_status, type, grpc_status = 503, "service_unavailable", grpc.StatusCode.UNAVAILABLE
+class RateLimitError(ServiceError, http=429, kind="rate_limit_error", grpc_status=_CODE.RESOURCE_EXHAUSTED):
+    """Every worker is saturated; carries Retry-After."""
 
 
-class RequestAbortedError(ServiceError):
+class ServiceUnavailableError(ServiceError, http=503, kind="service_unavailable", grpc_status=_CODE.UNAVAILABLE):
+    """No worker is ready, or the gateway is shutting down."""
+
+
+class RequestAbortedError(ServiceError, http=499, kind="aborted", grpc_status=_CODE.CANCELLED):
     """Ended by an explicit Abort call (the client closing its own stream needs no answer)."""
 
-    http_status, type, grpc_status = 499, "aborted", grpc.StatusCode.CANCELLED
 
-
-class TimeoutError_(ServiceError):
-    http_status, type, grpc_status = 504, "timeout", grpc.StatusCode.DEADLINE_EXCEEDED
+class TimeoutError_(ServiceError, http=504, kind="timeout", grpc_status=_CODE.DEADLINE_EXCEEDED):
+    """The request ran past its timeout."""
 
 
 class ErrorDetail(BaseModel):
