@@ -6,8 +6,8 @@ Two layouts, one directory:
   the chart's `worker.runtime: triton` points at): `tensorrt_llm/config.pbtxt` (Python backend, decoupled streaming)
   and `tensorrt_llm/1/model.yaml` (LLM kwargs: the target copied into `tensorrt_llm/1/target/`, backend pytorch,
   tensor_parallel_size, `speculative_config` naming the EAGLE-3 draft in `tensorrt_llm/1/draft/`, triton_config).
-  Its `model.py` is TensorRT-LLM's own (`triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`, shipped in the
-  Triton TensorRT-LLM image); `OUT/README.md` says where to copy it from.
+  Its `model.py` is ours (export/triton/llmapi_model.py): Triton's Python backend around `tensorrt_llm.LLM`, streaming
+  text and reporting each request's acceptance counters.
 - `tensorrt_llm/1/engine-repo/` is the <= 1.2 ensemble repository (`preprocessing`, `tensorrt_llm` on the
   `tensorrtllm` backend, `postprocessing`, `ensemble`) for an engine built by `--format tensorrt-llm`'s build.sh;
   serve it with `tritonserver --model-repository=OUT/tensorrt_llm/1/engine-repo`.
@@ -25,6 +25,7 @@ import yaml
 from export import snippets
 from export.drafts.writers import check_draft, write_draft
 from export.errors import ExportError
+from export.triton import LLMAPI_MODEL_PY
 from export.job import ExportFormat, ExportJob
 from export.trtllm_checkpoint import ARCHITECTURES, check_sizes
 
@@ -141,18 +142,20 @@ def write(job: ExportJob, out: Path, progress) -> dict:
            **snippets.trtllm_llm_args(job, draft_dir, ""),
            "triton_config": {"max_batch_size": 0, "decoupled": True}}
     (version / "model.yaml").write_text(yaml.safe_dump(llm, sort_keys=False))
+    shutil.copy2(LLMAPI_MODEL_PY, version / "model.py")
     for name, text in ensemble_configs(job).items():
         (version / ENSEMBLE_DIR / name / "1").mkdir(parents=True)
         (version / ENSEMBLE_DIR / name / "config.pbtxt").write_text(text)
     serve = "tritonserver --model-repository=OUT"
     snippets.write_readme(out, "Triton model repository (TensorRT-LLM)", f"Target `{job.target.spec}`, draft "
                           f"`{job.draft.path.name if job.draft else 'none'}`, tp {job.tp}, {job.dtype}.", {
-                              "Serve": f"```sh\n{serve}\n```\n\nThe `{MODEL}` model is TensorRT-LLM's LLM-API Python "
-                              "model: copy its `model.py` from TensorRT-LLM's "
-                              f"`triton_backend/all_models/llmapi/tensorrt_llm/1/` into `{MODEL}/1/` unless your "
-                              "Triton image provides it. `model.yaml` holds the LLM options, `speculative_config` "
-                              "included; responses carry `acceptance_rate`, `total_accepted_draft_tokens` and "
-                              "`total_draft_tokens`.",
+                              "Serve": f"```sh\n{serve}\n```\n\nThe `{MODEL}` model is a Python-backend model "
+                              f"(`{MODEL}/1/model.py`) around TensorRT-LLM's LLM API: it needs a Triton image with "
+                              "TensorRT-LLM installed. `model.yaml` holds the LLM options, `speculative_config` "
+                              "included. Inputs: `text_input`, optional `max_tokens`, `temperature`, `top_p`, `top_k`, "
+                              "`streaming`, `seed`; responses carry `text_output` (a delta per response when "
+                              "streaming), `finish_reason`, and on the last one `acceptance_rate`, "
+                              "`total_accepted_draft_tokens` and `total_draft_tokens`.",
                               "TensorRT-LLM <= 1.2 engines": f"`{MODEL}/1/{ENSEMBLE_DIR}/` is the preprocessing / tensorrt_llm / "
                               "postprocessing / ensemble layout: build the engine with `--format tensorrt-llm`'s "
                               "build.sh, then fill `${engine_dir}` and `${tokenizer_dir}` in the config.pbtxt files "
