@@ -9,8 +9,25 @@ from dataclasses import dataclass
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
+class AttentionWidths:
+    """q/k/v projection widths from `num_heads`, `num_kv_heads` and `head_dim`: shared by the target's ArchSpec and
+    the draft's DraftConfig, whose attention layers are built the same way."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
 @dataclass(frozen=True)
-class ArchSpec:
+class ArchSpec(AttentionWidths):
     family: str
     vocab_size: int
     hidden_size: int
@@ -41,14 +58,6 @@ class ArchSpec:
     rope_local_theta: float = 0.0
     #: linear RoPE scaling factor on full-attention layers (1 = none)
     rope_scaling_factor: float = 1.0
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
 
 
 def _rope_params(config) -> tuple[float, dict]:

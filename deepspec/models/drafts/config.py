@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from deepspec.models.arch import AttentionWidths
+
 ALGORITHMS = ("eagle3", "dflash", "dspark")
 #: how an Eagle3 draft names and holds its tensors: "deepspec" (the shipped drafts: flat names, the target's frozen
 #: head) or "canonical" (the EAGLE-3 layout SGLang, vLLM and TensorRT-LLM load; see Eagle3Draft)
@@ -27,7 +29,7 @@ def canonical_feature_layers(num_target_layers: int) -> tuple[int, ...]:
 
 
 @dataclass
-class DraftConfig:
+class DraftConfig(AttentionWidths):
     #: eagle3 | dflash | dspark
     algo: str
     #: target family (llama, qwen2, qwen3, gemma3_text): decides qk-norm, qkv bias and MLP activation
@@ -71,14 +73,6 @@ class DraftConfig:
     @property
     def feature_size(self) -> int:
         return len(self.feature_layers) * self.hidden_size
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
 
     @property
     def out_vocab_size(self) -> int:
