@@ -4,7 +4,8 @@ Two tables, both filled explicitly below (no module registers itself on import):
 
 - named drafters, `register_drafter(name, factory)`: `prompt-lookup`, `random` (tests); factory(target, **options);
 - draft directories by the `algo` of their config.json, `register_checkpoint_algo(algo, loader)`: `eagle3`,
-  `dflash`, `dspark` (trained weights, read by deepspec.models.drafts) and `corpus-lookup` (an index);
+  `dflash`, `dspark` (trained weights, read by deepspec.models.drafts), `corpus-lookup` (an index) and `hybrid`
+  (a corpus and a neural draft directory, drafters/hybrid.py);
   loader(path, header, target, **options).
 
 `build_drafter(spec, target)` also knows `none` (target-only: no drafter) and `auto`: the shipped draft (drafts/) for
@@ -99,7 +100,7 @@ def build_drafter(spec: str | None, target: Target, **options) -> Drafter | None
 
 
 def _register_builtins() -> None:
-    from deepspec.decoding.drafters import corpus_lookup, neural
+    from deepspec.decoding.drafters import corpus_lookup, hybrid, neural
     from deepspec.decoding.drafters.dflash import DFlashDrafter
     from deepspec.decoding.drafters.dspark import DSparkDrafter
     from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
@@ -111,6 +112,7 @@ def _register_builtins() -> None:
     for cls in (Eagle3Drafter, DFlashDrafter, DSparkDrafter):
         register_checkpoint_algo(cls.name, neural.checkpoint_loader(cls))
     register_checkpoint_algo(corpus_lookup.ALGO, corpus_lookup.load_drafter)
+    register_checkpoint_algo(hybrid.ALGO, hybrid.load_drafter)
 
 
 _register_builtins()

@@ -1,0 +1,149 @@
+"""The hybrid drafter: corpus lookup on rows whose match is strong, the neural draft elsewhere (or both trees
+merged under one root), loaded from a draft directory naming its parts; greedy output identical to target-only."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from deepspec.decoding.drafter import DraftSampling
+from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
+from deepspec.decoding.drafters.hybrid import HybridDrafter, _merge, save_hybrid
+from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
+from deepspec.decoding.engine import SpecEngine
+from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.registry import build_drafter
+from deepspec.models.drafts import DraftCheckpointError, save_draft
+from tests.training.helpers import target_sequences, tiny_draft, tiny_target
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def parts(target, tmp_path_factory):
+    """(corpus dir, neural dir): the corpus holds the target's own greedy answers to the first two prompts, so
+    those rows match it long; the neural part is an untrained DSpark."""
+    root = tmp_path_factory.mktemp("parts")
+    answers = []
+    for prompt in PROMPTS[:2]:
+        tokens = torch.tensor([prompt])
+        while tokens.shape[1] < len(prompt) + 30:
+            out = target.forward(tokens, torch.zeros(1, dtype=torch.long), logits="last")
+            tokens = torch.cat([tokens, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        answers += tokens[0].tolist() + [SEPARATOR]
+    answers += sum((s + [SEPARATOR] for s in target_sequences(target, 3, 20, seed=4)), [])
+    corpus = save_corpus(root / "corpus", SuffixIndex.build(np.array(answers), max_match=8), target.fingerprint())
+    neural = save_draft(tiny_draft(target, "dspark", draft_vocab_size=48), root / "dspark")
+    return corpus, neural
+
+
+def _hybrid_dir(parts, tmp_path, **kw):
+    corpus, neural = parts
+    return save_hybrid(corpus.parent / f"hybrid-{tmp_path.name}", corpus, neural, **kw)  # a sibling of its parts
+
+
+def test_hybrid_directory_names_its_parts_and_loads_them(target, parts, tmp_path):
+    path = _hybrid_dir(parts, tmp_path, min_match=3, neural_options={"tree_branches": 2})
+    config = json.loads((path / "config.json").read_text())
+    assert config["algo"] == "hybrid" and config["corpus"] == "../corpus" and config["neural"] == "../dspark"
+    assert config["target"] == target.fingerprint()
+    drafter = build_drafter(str(path), target)
+    assert isinstance(drafter, HybridDrafter) and drafter.min_match == 3 and drafter.mode == "switch"
+    assert isinstance(drafter.corpus, CorpusLookupDrafter) and drafter.neural.name == "dspark"
+    assert drafter.neural.tree is not None and drafter.neural.tree.branches == 2
+    assert drafter.feature_layers == drafter.neural.feature_layers and drafter.tree
+    # build options override the directory's
+    other = build_drafter(str(path), target, mode="merge", neural_options={"tree_branches": 0})
+    assert other.mode == "merge" and other.neural.tree is None
+
+
+def test_hybrid_directory_errors_name_the_problem(target, parts, tmp_path):
+    path = _hybrid_dir(parts, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "neural": "../missing"}))
+    with pytest.raises(DraftCheckpointError, match="neural part .*missing is not a draft directory"):
+        build_drafter(str(path), target)
+    (path / "config.json").write_text(json.dumps({**config, "mode": "vote"}))
+    with pytest.raises(DraftCheckpointError, match="hybrid mode must be one of"):
+        build_drafter(str(path), target)
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "corpus"}))
+    with pytest.raises(DraftCheckpointError, match="names its 'corpus' draft directory"):
+        build_drafter(str(path), target)
+    # the corpus part must be a corpus: a neural draft there is refused
+    (path / "config.json").write_text(json.dumps({**config, "corpus": config["neural"]}))
+    with pytest.raises(DraftCheckpointError, match="must be a corpus-lookup drafter"):
+        build_drafter(str(path), target)
+
+
+def _fed(drafter, target, histories):
+    drafter.bind(target, len(histories), 128)
+    for s, h in enumerate(histories):
+        drafter.reset(s, h[0])
+        drafter.extend([s], torch.tensor([h[1:]]), torch.tensor([len(h) - 1]),
+                       torch.randn(1, len(h) - 1, drafter.neural.cfg.feature_size))
+    return drafter
+
+
+def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(target, parts, tmp_path):
+    drafter = build_drafter(str(_hybrid_dir(parts, tmp_path, min_match=3)), target)
+    corpus_index = drafter.corpus.index
+    strong_history = corpus_index.tokens[:8].tolist()  # the first answer's opening: a long corpus match
+    weak_history = [60, 61, 62, 63]  # never in the corpus
+    _fed(drafter, target, [strong_history, weak_history])
+    assert drafter.strong(0) and not drafter.strong(1)
+    greedy = DraftSampling(torch.zeros(2), [None, None])
+    prop = drafter.propose([0, 1], 4, greedy)
+    corpus_prop = drafter.corpus.propose([0, 1], 4, greedy)
+    neural_prop = drafter.neural.propose([0, 1], 4, greedy)
+    n0, n1 = int(prop.num_tokens[0]), int(prop.num_tokens[1])
+    assert prop.tokens[0, :n0].tolist() == corpus_prop.tokens[0, :n0].tolist() and n0 == int(corpus_prop.num_tokens[0])
+    assert prop.tokens[1, :n1].tolist() == neural_prop.tokens[1, :n1].tolist() and n1 >= 1
+    # every row strong: the neural draft is never asked
+    calls = []
+    drafter.neural.propose = lambda *a, **k: calls.append(a)
+    drafter.propose([0], 4, DraftSampling(torch.zeros(1), [None]))
+    assert calls == [] and drafter.rows_drafted["corpus"] >= 2
+
+
+def test_merge_joins_both_trees_under_one_root():
+    corpus = ([5, 6, 7], [-1, 0, 1], [0.9, 0.8, 0.4], None)  # a chain
+    neural = ([5, 9, 8, 6], [-1, -1, 0, 0], [0.5, 0.3, 0.2, 0.1], None)  # 5 and 5→6 repeat the corpus
+    tokens, parents, survival, q = _merge(corpus, neural, 5)
+    assert tokens == [5, 6, 7, 9, 8] and parents == [-1, 0, 1, -1, 0]
+    assert survival == [0.9, 0.8, 0.4, 0.3, 0.2] and q is None
+    # a smaller budget keeps the likeliest nodes, parents first
+    tokens, parents, survival, _ = _merge(corpus, neural, 3)
+    assert tokens == [5, 6, 7] and parents == [-1, 0, 1]
+    tokens, parents, _, _ = _merge(([5, 6], [-1, 0], [0.9, 0.15], None), neural, 3)
+    assert tokens == [5, 9, 8] and parents == [-1, -1, 0]  # 5→6 (0.15) loses to 9 (0.3) and 5→8 (0.2)
+
+
+@pytest.mark.parametrize("mode", ["switch", "merge"])
+def test_hybrid_greedy_output_identical_to_target_only(target, parts, tmp_path, mode):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    base = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(PROMPTS, params)
+    path = _hybrid_dir(parts, tmp_path, min_match=3, mode=mode, neural_options={"tree_branches": 2})
+    drafter = build_drafter(str(path), target)
+    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=6,
+                        verify_budget=False)
+    spec = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in base]
+    assert drafter.rows_drafted["corpus"] > 0 and drafter.rows_drafted["neural" if mode == "switch" else "merged"] > 0
+
+
+def test_hybrid_sampling_is_seeded(target, parts, tmp_path):
+    path = _hybrid_dir(parts, tmp_path, min_match=3, neural_options={"tree_branches": 2})
+    engine = SpecEngine(target, build_drafter(str(path), target), max_batch_size=4, max_seq_len=128,
+                        num_speculative_tokens=6)
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
+    a = engine.generate(PROMPTS, params)
+    b = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
