@@ -26,6 +26,9 @@ AOT_MAX_NODES = 64
 #: most draft slots an AOT confidence_truncate accepts, and the survival threshold baked into its build (TensorRT
 #: passes only integer scalars, so plugins.tensorrt compiles the node's own threshold in)
 AOT_MAX_SLOTS = 32
+#: the out-of-place compact_kv's tile: positions x head_dim elements (any S and head_dim work)
+AOT_BLOCK_S = 16
+AOT_BLOCK_D = 64
 AOT_THRESHOLD = 0.5
 
 
@@ -57,16 +60,14 @@ def kernel_specs() -> list[KernelSpec]:
         KernelSpec("process_logits_kernel", chain, "", {
             **_ptrs(logits_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32"), "T_LEN": "i32", "V": "i32",
             **_ptrs(out_ptr="fp32"), "BLOCK_V": "constexpr"}, bv),
-        KernelSpec("tree_accept_greedy_kernel", tree, "", {
-            **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32",
-                    temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "N": "i32", "V": "i32",
-            **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
-            "BLOCK_N": "constexpr", "BLOCK_V": "constexpr"},
-            {"BLOCK_N": AOT_MAX_NODES, **bv}),
         KernelSpec("compact_kv_kernel", tree, "", {
             **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
             "H": "i32", "N": "i32", "stride_l": "i64", "stride_b": "i64", "stride_h": "i64", "stride_s": "i64",
             "D": "i32", "BLOCK_D": "constexpr"}, {"BLOCK_D": 128}),
+        KernelSpec("compact_kv_out_kernel", tree, "", {
+            **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
+            "B": "i32", "H": "i32", "S": "i32", "N": "i32", "D": "i32", **_ptrs(out_ptr="fp32"),
+            "BLOCK_S": "constexpr", "BLOCK_D": "constexpr"}, {"BLOCK_S": AOT_BLOCK_S, "BLOCK_D": AOT_BLOCK_D}),
         KernelSpec("confidence_truncate_kernel", chain, "", {
             **_ptrs(conf_ptr="fp32", num_ptr="i64"), "K": "i32", **_ptrs(out_num_ptr="i64", out_surv_ptr="fp32"),
             "THRESHOLD": "constexpr", "BLOCK_K": "constexpr"}, {"THRESHOLD": AOT_THRESHOLD, "BLOCK_K": AOT_MAX_SLOTS}),
@@ -77,6 +78,12 @@ def kernel_specs() -> list[KernelSpec]:
                     topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "K": "i32", "V": "i32",
             **_ptrs(out_num_ptr="i64", out_next_ptr="i64"), "HAS_Q": "constexpr", "BLOCK_V": "constexpr"},
             {"HAS_Q": has_q, **bv}))
+        specs.append(KernelSpec("tree_accept_kernel", tree, "q" if has_q else "one_hot_q", {
+            **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32",
+                    temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "N": "i32", "V": "i32",
+            **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
+            "HAS_Q": "constexpr", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr"},
+            {"HAS_Q": has_q, "BLOCK_N": AOT_MAX_NODES, **bv}))
     return specs
 
 

@@ -21,6 +21,17 @@ TRT_VERSION = "1"
 #: (op_type = plugin name; `aot` selects the ahead-of-time implementation, i.e. our Triton PTX)
 TRT_ATTRIBUTES = {"plugin_namespace": TRT_NAMESPACE, "plugin_version": TRT_VERSION, "aot": 1}
 
+#: op name → the node attributes its TensorRT plugin declares (besides TRT_ATTRIBUTES, which the parser consumes):
+#: the ONNX export writes exactly these, and plugins/tensorrt.py's `register` functions take exactly these
+PLUGIN_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "greedy_accept": (),
+    "rejection_sample": ("has_draft_probs",),
+    "process_logits": (),
+    "tree_accept": ("has_draft_probs",),
+    "compact_kv": (),
+    "confidence_truncate": ("threshold",),
+}
+
 #: op name → its outputs, in order
 OPS: dict[str, tuple[str, ...]] = {
     "greedy_accept": ("num_accepted", "next_token"),

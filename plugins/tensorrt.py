@@ -9,9 +9,9 @@ pointers: the order TensorRT launches an AOT kernel with. The ONNX nodes that pl
 
     import plugins.tensorrt   # registers the plugins; then parse the ONNX graph with trt.OnnxParser as usual
 
-Limits: `tree_accept` runs its greedy kernel (temperature 0 rows; the sampled tree walk needs a residual buffer the
-AOT kernel does not have); `compact_kv` is not a plugin (a TensorRT graph has no in-place update; KV compaction
-belongs to the runtime's KV manager). Importing this module without TensorRT raises ImportError saying so.
+`tree_accept` runs greedy and sampled rows in one kernel (variant by `has_draft_probs`). `compact_kv` is the
+out-of-place kernel: a TensorRT graph has no in-place update, so the plugin writes a new cache tensor (ONNX's
+semantics of the node). Importing this module without TensorRT raises ImportError saying so.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _spec(kernel: str, variant: str = "", **constexprs) -> KernelSpec:
                       spec.num_warps)
 
 
-def _aot(spec: KernelSpec, grid, scalars: list):
+def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1):
     """(entry name, PTX, launch params, scalar args) of one kernel compiled for the GPU TensorRT builds on."""
     import torch
 
@@ -49,6 +49,7 @@ def _aot(spec: KernelSpec, grid, scalars: list):
     compiled = compile_kernel(spec, major * 10 + minor)
     launch = trtp.KernelLaunchParams()
     launch.grid_x = grid
+    launch.grid_y = grid_y
     launch.block_x = compiled.metadata.num_warps * 32
     launch.shared_mem = compiled.metadata.shared
     extra = trtp.SymIntExprs(len(scalars))
@@ -106,7 +107,7 @@ def process_logits_aot(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, to
     return _aot(_spec("process_logits_kernel"), B * T, [T, V])
 
 
-# ---- tree_accept (greedy) --------------------------------------------------------------------------------------
+# ---- tree_accept ----------------------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::tree_accept")
 def tree_accept_desc(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_nodes: trtp.TensorDesc,
                      target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
@@ -121,8 +122,23 @@ def tree_accept_aot(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_
                     target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
                     top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: int,
                     outputs: tuple[trtp.TensorDesc], tactic: int):
-    return _aot(_spec("tree_accept_greedy_kernel", BLOCK_N=AOT_MAX_NODES, BLOCK_V=AOT_BLOCK_V),
+    variant = "q" if has_draft_probs else "one_hot_q"
+    return _aot(_spec("tree_accept_kernel", variant, BLOCK_N=AOT_MAX_NODES, BLOCK_V=AOT_BLOCK_V),
                 tree_tokens.shape_expr[0], [tree_tokens.shape_expr[1], target_logits.shape_expr[2]])
+
+
+# ---- compact_kv (out of place) ---------------------------------------------------------------------------------
+@trtp.register(f"{TRT_NAMESPACE}::compact_kv")
+def compact_kv_desc(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.TensorDesc,
+                    num_accepted: trtp.TensorDesc) -> trtp.TensorDesc:
+    return cache.like()
+
+
+@trtp.aot_impl(f"{TRT_NAMESPACE}::compact_kv")
+def compact_kv_aot(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.TensorDesc,
+                   num_accepted: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int):
+    L, B, H, S, D = (cache.shape_expr[i] for i in range(5))
+    return _aot(_spec("compact_kv_out_kernel"), B, [B, H, S, path.shape_expr[1], D], grid_y=L * H)
 
 
 # ---- confidence_truncate ---------------------------------------------------------------------------------------

@@ -6,14 +6,13 @@ from __future__ import annotations
 import torch
 import triton
 
-from plugins import reference
 from plugins.kernels.chain import (
     confidence_truncate_kernel,
     greedy_accept_kernel,
     process_logits_kernel,
     rejection_sample_kernel,
 )
-from plugins.kernels.tree import compact_kv_kernel, tree_accept_greedy_kernel
+from plugins.kernels.tree import compact_kv_kernel, compact_kv_out_kernel, tree_accept_kernel
 
 MAX_BLOCK_V = 4096
 
@@ -59,18 +58,17 @@ def process_logits(logits, temperature, top_k, top_p):
 
 
 def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds):
-    if bool((temperature > 0).any()):  # the sampled walk runs as the reference on this device
-        return reference.tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k,
-                                     top_p, seeds)
     B, N = tree_tokens.shape
     V = target_logits.shape[-1]
     out_num = torch.empty(B, dtype=torch.int64, device=tree_tokens.device)
     out_next = torch.empty_like(out_num)
     out_path = torch.empty(B, N, dtype=torch.int64, device=tree_tokens.device)
-    tree_accept_greedy_kernel[(B,)](tree_tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(),
-                                    target_logits.contiguous(), target_logits, temperature, top_k, top_p, seeds, N, V,
-                                    out_num, out_next, out_path,
-                                    BLOCK_N=triton.next_power_of_2(N), BLOCK_V=block_v(V), num_warps=warps(V))
+    logits = target_logits.contiguous()
+    q = draft_probs.contiguous() if draft_probs is not None else logits  # never read without HAS_Q
+    tree_accept_kernel[(B,)](tree_tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(), logits, q,
+                             temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), seeds.contiguous(), N,
+                             V, out_num, out_next, out_path, HAS_Q=draft_probs is not None,
+                             BLOCK_N=triton.next_power_of_2(N), BLOCK_V=block_v(V), num_warps=warps(V))
     return out_num, out_next, out_path
 
 
@@ -81,6 +79,18 @@ def compact_kv(cache, start, path, num_accepted):
     compact_kv_kernel[(B, L * H)](cache, start.contiguous(), path.contiguous(), num_accepted.contiguous(), H,
                                   path.shape[1], cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
                                   D, BLOCK_D=triton.next_power_of_2(D))
+
+
+def compact_kv_out(cache, start, path, num_accepted):
+    """The out-of-place compact_kv (the TensorRT plugin's kernel): → a new cache, `cache` untouched."""
+    L, B, H, S, D = cache.shape
+    cache = cache.contiguous()
+    out = torch.empty_like(cache)
+    if cache.numel():
+        compact_kv_out_kernel[(B, L * H)](cache, start.contiguous(), path.contiguous(), num_accepted.contiguous(), B,
+                                          H, S, path.shape[1], D, out, BLOCK_S=16,
+                                          BLOCK_D=min(triton.next_power_of_2(D), 64))
+    return out
 
 
 def confidence_truncate(confidence, num_draft_tokens, threshold):

@@ -110,6 +110,83 @@ def test_greedy_tree_accept_equals_the_reference():
     assert got[0].tolist() == [2, 0]
 
 
+def _random_trees(B, N, V, seed, with_q):
+    """Random topological trees (parents[i] < i), uneven num_nodes, greedy and sampled rows with every filter."""
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, N)])
+                           for _ in range(B)])
+    logits = torch.randn(B, N, V, generator=g) * 2
+    q = torch.softmax(torch.randn(B, N, V, generator=g) * 2, -1) if with_q else None
+    tokens = torch.randint(V, (B, N), generator=g) if q is None else \
+        torch.multinomial(q.view(B * N, V), 1, generator=g).view(B, N)
+    tokens[:, 1] = logits[:, 0].argmax(-1)  # the first child is often accepted, so walks go deep
+    num_nodes = torch.randint(1, N + 1, (B,), generator=g)
+    num_nodes[0] = N
+    T = torch.tensor([0.0, 1.0, 0.7, 1.0, 1.3, 1.0, 2.0, 0.5])[:B]
+    top_k = torch.tensor([0, 0, 3, 0, 4, 0, 0, 2])[:B]
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.8, 0.9, 1.0, 0.6, 1.0])[:B]
+    return tokens, parents, num_nodes, logits, q, T, top_k, top_p, torch.arange(B, dtype=torch.long) * 7919 + seed
+
+
+@pytest.mark.parametrize("with_q, seed", [(False, 0), (True, 1)], ids=["one-hot-q", "q"])
+def test_sampled_tree_accept_equals_the_reference(with_q, seed):
+    args = _random_trees(8, 7, 9, seed, with_q)
+    _same(launch.tree_accept(*args), reference.tree_accept(*args))
+
+
+@pytest.mark.parametrize("with_q", [False, True], ids=["one-hot-q", "q"])
+def test_sampled_tree_walk_through_full_branching_replays_every_residual(with_q):
+    V = 5  # the root's children are the whole vocabulary, so a walk rejects several siblings before one holds
+    B, N = 8, 1 + V + 2
+    tokens = torch.tensor([[0] + list(range(V)) + [1, 2]] * B)
+    parents = torch.tensor([[-1] + [0] * V + [3, 3]] * B)
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(B, N, V, generator=g)
+    logits[:, 0, 3] += 2.0  # most mass on a later sibling: the walk gets there after rejecting 0, 1, 2
+    q = torch.softmax(torch.randn(B, N, V, generator=g), -1) if with_q else None
+    args = (tokens, parents, torch.full((B,), N), logits, q, torch.ones(B), torch.zeros(B, dtype=torch.long),
+            torch.ones(B), torch.arange(B, dtype=torch.long) * 31 + 3)
+    got = launch.tree_accept(*args)
+    _same(got, reference.tree_accept(*args))
+    assert int((got[2][:, 1] > 1).sum()) > 0, "no row accepted a sibling after rejecting an earlier one"
+
+
+def test_sampled_tree_edges_one_node_one_token_vocabulary_and_zeros_in_q():
+    sampled = (torch.ones(2), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.tensor([4, 9]))
+    one_node = (torch.tensor([[5], [2]]), torch.tensor([[-1], [-1]]), torch.tensor([1, 1]), torch.randn(2, 1, 7))
+    for q in (None, torch.softmax(torch.randn(2, 1, 7), -1)):
+        got = launch.tree_accept(*one_node, q, *sampled)
+        _same(got, reference.tree_accept(*one_node, q, *sampled))
+        assert got[0].tolist() == [0, 0] and got[2].tolist() == [[0], [0]]
+    v1 = (torch.zeros(2, 4, dtype=torch.long), torch.tensor([[-1, 0, 1, 1]] * 2), torch.tensor([4, 3]),
+          torch.randn(2, 4, 1))
+    for q in (None, torch.ones(2, 4, 1)):
+        got = launch.tree_accept(*v1, q, *sampled)
+        _same(got, reference.tree_accept(*v1, q, *sampled))
+        assert got[0].tolist() == [2, 2] and got[1].tolist() == [0, 0]  # V = 1: every draft is the only token
+    # q with zeros: a child whose own q is 0 at its token is never accepted; zeros elsewhere shape the residual
+    V = 6
+    logits = torch.zeros(2, 4, V)
+    logits[:, 0, 2] = 3.0
+    q = torch.zeros(2, 4, V)
+    q[:, 1, 2] = 0.0
+    q[:, 1, 0] = 1.0  # node 1 (token 2) has q(2) = 0: rejected, and its q takes nothing from the target's token 2
+    q[:, 2, 2], q[:, 2, 4] = 0.5, 0.5
+    q[:, 3, :] = 1.0 / V
+    tokens = torch.tensor([[0, 2, 2, 4], [0, 2, 4, 2]])
+    parents = torch.tensor([[-1, 0, 0, 0]] * 2)
+    args = (tokens, parents, torch.tensor([4, 4]), logits, q, *sampled)
+    got = launch.tree_accept(*args)
+    _same(got, reference.tree_accept(*args))
+    assert got[2][:, 1].tolist() != [1, 1]
+
+
+def test_tree_accept_over_several_vocabulary_blocks(monkeypatch):
+    monkeypatch.setattr(launch, "MAX_BLOCK_V", 16)
+    args = _random_trees(4, 6, 40, 3, True)
+    _same(launch.tree_accept(*args), reference.tree_accept(*args))
+
+
 def test_compact_kv_equals_the_reference():
     cache = torch.randn(2, 3, 2, 12, 4)
     start, path, num = torch.tensor([2, 0, 5]), torch.tensor([[0, 3, 5, -1], [0, 1, 2, 3], [0, -1, -1, -1]]), \
@@ -118,3 +195,16 @@ def test_compact_kv_equals_the_reference():
     reference.compact_kv(want, start, path, num)
     launch.compact_kv(cache, start, path, num)
     assert torch.equal(cache, want)
+
+
+@pytest.mark.parametrize("D", [3, 80], ids=["small-head", "head-over-two-tiles"])
+def test_out_of_place_compact_kv_equals_the_reference_and_leaves_its_input(D):
+    cache = torch.randn(2, 3, 2, 37, D)  # S spans several BLOCK_S tiles; D is not a power of two
+    start, path, num = torch.tensor([2, 0, 30]), torch.tensor([[0, 3, 5, -1], [0, 1, 2, 3], [0, 2, 3, -1]]), \
+        torch.tensor([2, 3, 2])
+    before = cache.clone()
+    want = cache.clone()
+    reference.compact_kv(want, start, path, num)
+    got = launch.compact_kv_out(cache, start, path, num)
+    assert torch.equal(got, want) and torch.equal(cache, before)
+

@@ -6,7 +6,10 @@ import torch
 
 import plugins
 from plugins import onnx_ops
-from plugins.schema import ONNX_DOMAIN, OPS, TRT_ATTRIBUTES
+import ast
+from pathlib import Path
+
+from plugins.schema import ONNX_DOMAIN, OPS, PLUGIN_ATTRIBUTES, TRT_ATTRIBUTES, TRT_NAMESPACE
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -67,6 +70,36 @@ def test_every_op_is_one_custom_node_with_the_tensorrt_binding_attributes(export
     has_q = sorted(a.i for n in custom if n.op_type == "rejection_sample" for a in n.attribute
                    if a.name == "has_draft_probs")
     assert has_q == [0, 1]
+
+
+def _tensorrt_registrations() -> dict[str, tuple[list[str], list[str]]]:
+    """plugins/tensorrt.py read as source (TensorRT need not be importable): plugin name → (its tensor inputs, its
+    attributes) as its `@trtp.register` function declares them, for the plugins that also have an `aot_impl`."""
+    tree = ast.parse((Path(plugins.__file__).parent / "tensorrt.py").read_text())
+    found: dict[str, dict] = {}
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        for deco in fn.decorator_list:
+            if isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.args:
+                name = ast.unparse(deco.args[0]).strip("f'\"").replace("{TRT_NAMESPACE}", TRT_NAMESPACE)
+                found.setdefault(name, {})[deco.func.attr] = fn
+    out = {}
+    for name, fns in found.items():
+        if "register" in fns and "aot_impl" in fns:
+            args = fns["register"].args.args
+            tensors = [a.arg for a in args if ast.unparse(a.annotation) == "trtp.TensorDesc"]
+            out[name] = (tensors, [a.arg for a in args if a.arg not in tensors])
+    return out
+
+
+def test_every_exported_node_binds_to_a_tensorrt_plugin_with_its_inputs_and_attributes(exported):
+    plugins_by_name = _tensorrt_registrations()
+    assert sorted(plugins_by_name) == sorted(f"{TRT_NAMESPACE}::{op}" for op in OPS)
+    for node in (n for n in exported.graph.node if n.domain == ONNX_DOMAIN):
+        attrs = {a.name: a for a in node.attribute}
+        tensors, attributes = plugins_by_name[f"{attrs['plugin_namespace'].s.decode()}::{node.op_type}"]
+        assert len(node.input) == len(tensors), node.op_type
+        assert attributes == list(PLUGIN_ATTRIBUTES[node.op_type]), node.op_type
+        assert set(attrs) == set(TRT_ATTRIBUTES) | set(PLUGIN_ATTRIBUTES[node.op_type]), node.op_type
 
 
 def test_tensorrt_plugins_say_what_is_missing_without_tensorrt():
