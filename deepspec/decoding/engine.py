@@ -5,6 +5,12 @@
 tokens per row, the target scores [last token, drafts] in a single forward, each row accepts its own number of
 drafts and commits one more token of the target's. With no drafter the same loop is the target-only baseline.
 
+A drafter may propose a token tree instead of a chain (deepspec/decoding/drafter.py): the target then scores the
+root and every node in one forward with tree attention, `tree_accept` picks each row's accepted root-to-node path,
+and `compact_kv` moves that path's KV entries next to the committed prefix (deepspec/decoding/tree.py). A target
+without tree attention verifies each tree's chain of first children. `num_speculative_tokens` is the node budget
+per row either way: the depth of a chain, the size of a tree.
+
 Requests may join (`add_request`) and leave (finish, `abort`) between steps: continuous batching. The engine is
 not thread-safe; a server drives it from one thread (only `validate` may be called from others). It decodes text only
 through `target.decode`, to detokenize incrementally and to honour stop strings. Bad requests raise `RequestError`
@@ -20,12 +26,15 @@ from dataclasses import dataclass, field
 import torch
 
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
-from deepspec.decoding.drafter import DraftSampling, Drafter
-from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
+from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.params import AcceptanceStats, GenerationResult, SamplingParams, StepOutput
+from deepspec.decoding.tree import (first_children, keep_nodes, monotone_survival, node_depths,
+                                    tree_survival_from_record, with_root)
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
-from deepspec.decoding.verify import RowSampling, sample_next, verify
-from deepspec.decoding.verify_budget import StepTimeModel, best_depth, observed_survival
+from deepspec.decoding.verify import RowSampling, sample_next, verify, verify_tree
+from deepspec.decoding.verify_budget import StepTimeModel, best_depth, best_nodes, observed_survival
 from deepspec.models.target import Target
+from deepspec.models.tree_attention import check_parents
 
 
 class EngineFullError(RuntimeError):
@@ -48,11 +57,7 @@ class _Sequence:
     pending: int = -1
     prefilled: bool = False
     finish_reason: str | None = None
-    num_steps: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    proposed_per_position: list[int] = field(default_factory=list)
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
 
 
 class SpecEngine:
@@ -75,12 +80,15 @@ class SpecEngine:
         self.drafter = drafter
         self.max_batch_size = max_batch_size
         self.max_seq_len = min(max_seq_len, target.max_seq_len)
+        #: drafts verified per row and round at most: chain slots, or tree nodes (the cache slack below fits them)
         self.num_speculative_tokens = num_speculative_tokens if drafter is not None else 0
         self.prefill_chunk_size = prefill_chunk_size
         #: tokens one verify pass may score across all rows; past it a batched forward stops being memory-bound on
         #: CPU and every extra draft slot costs real time, so large batches draft shorter blocks
         self.max_verify_tokens = max_verify_tokens
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
+        #: token trees are verified in one pass with tree attention; otherwise as each tree's chain of first children
+        self.tree_attention = bool(getattr(target, "supports_tree_attention", False))
         # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
         self.cache = target.new_cache(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1)
         if drafter is not None:
@@ -238,12 +246,16 @@ class SpecEngine:
         if self.drafter is not None and max(caps) > 0:
             sampling = DraftSampling(torch.tensor([s.params.temperature for s in seqs]), [s.generator for s in seqs])
             proposal = self.drafter.propose(slots, max(caps), sampling)
+            if proposal.is_tree and not self.tree_attention:
+                proposal = first_children(proposal)
+            if proposal.is_tree:
+                return self._tree_round(proposal, caps, pending)
             num_drafts = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
             if self.step_time is not None:
                 survival = proposal.survival
                 if survival is None:
-                    survival = observed_survival([(s.proposed_per_position, s.accepted_per_position) for s in seqs],
-                                                 proposal.tokens.shape[1])
+                    survival = observed_survival([(s.stats.proposed_per_position, s.stats.accepted_per_position)
+                                                  for s in seqs], proposal.tokens.shape[1])
                 width = survival.shape[1]
                 survival = survival.cpu() * (torch.arange(width)[None, :] < num_drafts[:, None])
                 num_drafts = num_drafts.clamp(max=best_depth(survival, self.step_time))
@@ -263,28 +275,93 @@ class SpecEngine:
             sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], logits.device)
         num_accepted, next_token = verify(draft_tokens, num_drafts, logits, draft_probs, sampling)
         accepted, next_tokens = num_accepted.tolist(), next_token.tolist()
-
         drafts = draft_tokens.tolist()
+        committed = [drafts[i][: accepted[i]] + [next_tokens[i]] for i in range(B)]
         num_list = num_drafts.tolist()
+        return self._finish_round(committed, accepted, num_list, [None] * B, out.features)
+
+    def _tree_round(self, proposal: Proposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
+        """One round over a token tree: the budget keeps each row's likeliest nodes, the target scores root +
+        nodes with tree attention, tree_accept picks each row's accepted path and compact_kv moves its KV entries
+        next to the committed prefix."""
+        seqs = self._running
+        B = len(seqs)
+        device = self.target.device
+        num = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
+        parents = proposal.parents.cpu().long()
+        try:
+            check_parents(with_root(parents, num))
+        except ValueError as exc:
+            raise ValueError(f"drafter '{self.drafter.name}' proposed a malformed tree: {exc}") from None
+        survival = proposal.survival.cpu() if proposal.survival is not None else None
+        proposal = Proposal(proposal.tokens.cpu(), num, proposal.probs, survival, parents)
+        if self.step_time is not None:
+            proposal = self._budget_tree(proposal)
+        num = proposal.num_tokens
+        k = int(num.max())
+        tree_parents = with_root(proposal.parents[:, :k], num)  # [B, 1+k]
+        inputs = torch.cat([pending, proposal.tokens[:, :k]], dim=1)
+        start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
+        out = self.target.forward(inputs.to(device), start, self.cache.rows(0, B), feature_layers=self.feature_layers,
+                                  logits="all", max_start=max(s.cache_len for s in seqs),
+                                  tree_parents=tree_parents.to(device))
+        sampling = None
+        if not all(s.params.greedy for s in seqs):
+            sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], out.logits.device)
+        q = None
+        if proposal.probs is not None and k:
+            probs = proposal.probs[:, :k].to(out.logits.device)
+            q = torch.cat([probs.new_zeros(B, 1, probs.shape[2]), probs], dim=1)
+        num_accepted, next_token, path = verify_tree(inputs, tree_parents, num + 1, out.logits, q, sampling)
+        self.cache.keep_path(start, path, num_accepted)
+
+        accepted, next_tokens, paths = num_accepted.tolist(), next_token.tolist(), path.tolist()
+        rows = inputs.tolist()
+        committed = [[rows[i][node] for node in paths[i][1 : accepted[i] + 1]] + [next_tokens[i]] for i in range(B)]
+        depth = node_depths(proposal.parents[:, :k], num) if k else torch.zeros(B, 0, dtype=torch.long)
+        live = torch.arange(k)[None, :] < num[:, None]
+        max_depth = torch.where(live, depth, torch.zeros_like(depth)).amax(1).tolist() if k else [0] * B
+        features = out.features
+        if features is not None:  # features[b, j] = the feature at the node before committed token j
+            features = features.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, features.shape[2]))
+        return self._finish_round(committed, accepted, num.tolist(), max_depth, features)
+
+    def _budget_tree(self, proposal: Proposal) -> Proposal:
+        """Keep each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens the step-time
+        model says pay best (verify_budget.best_nodes). A tree over budget is cut, never refused: the kept nodes
+        are ancestor-closed because survival is made non-increasing along paths first."""
+        seqs = self._running
+        parents, num = proposal.parents, proposal.num_tokens
+        k = proposal.tokens.shape[1]
+        survival = proposal.survival
+        if survival is None:
+            records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in seqs]
+            survival = tree_survival_from_record(observed_survival(records, max(k, 1)), parents, num)
+        keep = best_nodes(monotone_survival(survival, parents, num), self.step_time)
+        return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
+
+    def _finish_round(self, committed: list[list[int]], accepted: list[int], num_drafts: list[int],
+                      depths: list[int | None], features: torch.Tensor | None) -> list[StepOutput]:
+        """Commit each row's accepted drafts + next token, record the round, and tell the drafter; features
+        [B, >= len(committed[b]), F] are aligned with the committed tokens (the feature before each one)."""
         results, extend_rows, committed_rows = [], [], []
-        for i, seq in enumerate(seqs):
+        for i, seq in enumerate(self._running):
             n = accepted[i]
-            committed = drafts[i][:n] + [next_tokens[i]]
             seq.cache_len += 1 + n
-            seq.pending = next_tokens[i]
-            seq.num_steps += 1
-            _count_positions(seq, num_list[i], n)
-            out_i = self._commit(seq, committed)
-            out_i.num_draft_tokens, out_i.num_accepted_tokens = num_list[i], n
+            seq.pending = committed[i][-1]
+            seq.stats.record(num_drafts[i], n, depths[i])
+            out_i = self._commit(seq, committed[i])
+            out_i.num_draft_tokens, out_i.num_accepted_tokens = num_drafts[i], n
+            out_i.num_verify_tokens = 1 + num_drafts[i]
             results.append(out_i)
             if not seq.finish_reason:
                 extend_rows.append(i)
-                committed_rows.append(committed)
+                committed_rows.append(committed[i])
         if self.drafter is not None and extend_rows:
             width = max(len(c) for c in committed_rows)
             tokens = torch.tensor([c + [0] * (width - len(c)) for c in committed_rows], dtype=torch.long)
             num = torch.tensor([len(c) for c in committed_rows])
-            feats = out.features[torch.tensor(extend_rows), :width] if out.features is not None else None
+            feats = features[torch.tensor(extend_rows), :width] if features is not None else None
             self.drafter.extend(extend_rows, tokens, num, feats)
         return results
 
@@ -371,34 +448,11 @@ class SpecEngine:
     def pop_result(self, request_id: str) -> GenerationResult:
         """The finished request's full record (tokens, text, acceptance statistics)."""
         seq = self._finished.pop(request_id)
-        return GenerationResult(
-            request_id=request_id,
-            prompt_token_ids=seq.prompt,
-            token_ids=seq.output,
-            text=seq.detokenizer.text,
-            finish_reason=seq.finish_reason,
-            num_steps=seq.num_steps,
-            num_draft_tokens=seq.num_draft_tokens,
-            num_accepted_tokens=seq.num_accepted_tokens,
-            accepted_per_position=seq.accepted_per_position,
-            proposed_per_position=seq.proposed_per_position,
-        )
+        return GenerationResult(request_id=request_id, prompt_token_ids=seq.prompt, token_ids=seq.output,
+                                text=seq.detokenizer.text, finish_reason=seq.finish_reason, **vars(seq.stats))
 
 
 _ids = itertools.count()
-
-
-def _count_positions(seq: _Sequence, num_drafts: int, num_accepted: int) -> None:
-    seq.num_draft_tokens += num_drafts
-    seq.num_accepted_tokens += num_accepted
-    grow = num_drafts - len(seq.proposed_per_position)
-    if grow > 0:
-        seq.proposed_per_position.extend([0] * grow)
-        seq.accepted_per_position.extend([0] * grow)
-    for i in range(num_drafts):
-        seq.proposed_per_position[i] += 1
-    for i in range(num_accepted):
-        seq.accepted_per_position[i] += 1
 
 
 def _merge(into: StepOutput, more: StepOutput) -> None:
@@ -407,3 +461,4 @@ def _merge(into: StepOutput, more: StepOutput) -> None:
     into.finished, into.finish_reason = more.finished, more.finish_reason
     into.num_draft_tokens += more.num_draft_tokens
     into.num_accepted_tokens += more.num_accepted_tokens
+    into.num_verify_tokens += more.num_verify_tokens

@@ -67,30 +67,66 @@ class StepOutput:
     num_draft_tokens: int = 0
     #: of those, how many the target accepted
     num_accepted_tokens: int = 0
+    #: tokens scored for this request in this step's verify pass (its pending token + its drafts; 0 at prefill)
+    num_verify_tokens: int = 0
+
+
+@dataclass(kw_only=True)
+class AcceptanceStats:
+    """A request's speculation counters: the engine keeps one per running sequence and hands it back in the
+    request's `GenerationResult`. Positions count depth: slot j of a chain, the nodes at depth j + 1 of a tree."""
+
+    #: speculative rounds (target verify passes) this request took
+    num_steps: int = 0
+    #: draft tokens (chain slots or tree nodes) verified, over all rounds
+    num_draft_tokens: int = 0
+    #: of those, how many the target accepted (a tree's accepted path length)
+    num_accepted_tokens: int = 0
+    #: tokens this request fed the verify passes (its pending token + its drafts, each round)
+    num_verify_tokens: int = 0
+    #: accepted_per_position[i] = rounds in which draft position i was accepted
+    accepted_per_position: list[int] = field(default_factory=list)
+    #: proposed_per_position[i] = rounds in which draft position i was proposed (survival = accepted / proposed)
+    proposed_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_drafts: int, num_accepted: int, depth: int | None = None) -> None:
+        """One verify round: num_drafts drafts (nodes) reaching `depth` (None = a chain, depth = num_drafts), of
+        which the first num_accepted positions were accepted."""
+        depth = num_drafts if depth is None else depth
+        self.num_steps += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        self.num_verify_tokens += 1 + num_drafts
+        grow = depth - len(self.proposed_per_position)
+        if grow > 0:
+            self.proposed_per_position.extend([0] * grow)
+            self.accepted_per_position.extend([0] * grow)
+        for i in range(depth):
+            self.proposed_per_position[i] += 1
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens committed per target pass (accepted drafts + 1), the paper's tau."""
+        return (self.num_accepted_tokens + self.num_steps) / max(self.num_steps, 1)
+
+    @property
+    def verify_tokens_per_step(self) -> float:
+        """Mean tokens scored per target pass for this request (1 + chain length or tree nodes)."""
+        return self.num_verify_tokens / max(self.num_steps, 1)
 
 
 @dataclass
-class GenerationResult:
-    """A whole request's outcome, as `SpecEngine.generate` returns it."""
+class GenerationResult(AcceptanceStats):
+    """A whole request's outcome, as `SpecEngine.generate` returns it: its tokens and text, and its
+    `AcceptanceStats` (num_steps, num_draft_tokens, ... as keyword arguments and attributes)."""
 
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
-    #: speculative rounds (target verify passes) this request took
-    num_steps: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    #: accepted_per_position[i] = rounds in which draft slot i was accepted
-    accepted_per_position: list[int] = field(default_factory=list)
-    #: proposed_per_position[i] = rounds in which draft slot i was proposed (survival = accepted / proposed)
-    proposed_per_position: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_length(self) -> float:
-        """Mean tokens committed per target pass (accepted drafts + 1), the paper's tau."""
-        return (self.num_accepted_tokens + self.num_steps) / max(self.num_steps, 1)
 
 
 def _sampling_error(message: str) -> RequestError:

@@ -60,6 +60,33 @@ def verify(
                                     sampling.temperature, sampling.top_k, sampling.top_p, sampling.seeds)
 
 
+def verify_tree(
+    tree_tokens: torch.Tensor,  # [B, N] int64: column 0 the root (the row's pending token), then the nodes
+    parents: torch.Tensor,  # [B, N] int64: -1 at the root, parents[b, i] < i after it
+    num_nodes: torch.Tensor,  # [B] int64 in [1, N], the root included
+    target_logits: torch.Tensor,  # [B, N, V] the target's logits after each node (tree attention)
+    draft_probs: torch.Tensor | None,  # [B, N, V] the q each node was drawn from (column 0 unused); None = one-hot
+    sampling: RowSampling | None,  # None = every row greedy
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """→ (num_accepted [B], next_token [B], path [B, N]) on the logits' device: the accepted root-to-node path
+    (path[b, j] = node at depth j, -1 past num_accepted) of each row; greedy rows take the first deepest path the
+    target's argmax agrees with, sampled rows SpecInfer's multi-step walk (plugins/reference/tree.py)."""
+    device = target_logits.device
+    B, N = tree_tokens.shape
+    tree_tokens, parents, num_nodes = tree_tokens.to(device), parents.to(device), num_nodes.to(device)
+    padding = torch.arange(N, device=device)[None, :] >= num_nodes[:, None]
+    tree_tokens = tree_tokens.masked_fill(padding, 0)
+    if sampling is None:
+        sampling = RowSampling(torch.zeros(B, dtype=torch.float32, device=device),
+                               torch.zeros(B, dtype=torch.int64, device=device),
+                               torch.ones(B, dtype=torch.float32, device=device),
+                               torch.zeros(B, dtype=torch.int64, device=device))
+    if draft_probs is not None:
+        draft_probs = draft_probs.to(device)
+    return plugins.tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, sampling.temperature,
+                               sampling.top_k, sampling.top_p, sampling.seeds)
+
+
 def sample_next(
     logits: torch.Tensor,  # [B, V] the target's logits after each row's last token
     sampling: RowSampling,

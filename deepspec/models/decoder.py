@@ -8,7 +8,9 @@ the Hugging Face model's own; `tests/models/test_decoder.py` checks the logits a
 
 Cache layout (see deepspec/models/kv_cache.py): k, v are [num_layers, num_slots, num_kv_heads, max_seq_len,
 head_dim]; the rows of a forward are slots 0..B-1, and row b writes its T new entries at positions
-start[b] .. start[b]+T-1.
+start[b] .. start[b]+T-1. With `tree_parents` the T tokens are a token tree instead of a chain: same writes, but
+each node attends only the committed keys and its own ancestors, at position start + depth
+(deepspec/models/tree_attention.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import nn
 from deepspec.models.arch import ArchSpec
 from deepspec.models.gguf_int4 import Int4Blocks
 from deepspec.models.packed_linear import Int4Weight, int4_supported, linear as _linear, onednn_pack, onednn_pays
+from deepspec.models.tree_attention import ancestors, check_parents, depths, tree_visibility
 
 
 @dataclass
@@ -213,20 +216,28 @@ class Decoder(nn.Module):
         logits: str | torch.Tensor = "all",  # "all" | "last" | "none" | [B] one position per row
         return_final_hidden: bool = False,
         max_start: int | None = None,  # max(start), when the caller knows it (saves a device sync)
+        tree_parents: torch.Tensor | None = None,  # [B, T] int64 token tree (deepspec/models/tree_attention.py)
     ) -> DecoderOutput:
         spec = self.spec
         B, T = tokens.shape
         device = tokens.device
         offsets = torch.arange(T, device=device)
-        positions = start[:, None] + offsets[None, :]  # [B, T]
+        positions = start[:, None] + offsets[None, :]  # [B, T]: where the new entries are written
         if max_start is None:
             max_start = int(start.max()) if cache is not None else 0
         num_keys = max_start + T if cache is not None else T
         if num_keys > self.max_positions:
             raise ValueError(f"sequence of {num_keys} tokens exceeds the context window of {self.max_positions}")
 
-        rope = self._rope_at(positions, self.rope_cos, self.rope_sin)  # ([B, T, 1, hd], [B, T, 1, hd])
-        rope_local = self._rope_at(positions, self.rope_cos_local, self.rope_sin_local) if spec.rope_local_theta else rope
+        rope_positions = positions
+        if tree_parents is not None:  # a node sits at its root's position + its depth, whatever its index
+            check_parents(tree_parents)
+            ancestry = ancestors(tree_parents)
+            depth = depths(ancestry)
+            rope_positions = start[:, None] + depth
+        rope = self._rope_at(rope_positions, self.rope_cos, self.rope_sin)  # ([B, T, 1, hd], [B, T, 1, hd])
+        rope_local = (self._rope_at(rope_positions, self.rope_cos_local, self.rope_sin_local)
+                      if spec.rope_local_theta else rope)
 
         # One mask per window size, shared by all layers: key j is visible to query (b, t) iff j <= start[b] + t
         # (and within the sliding window). None = everything visible; CAUSAL = plain causal over the T tokens.
@@ -234,7 +245,10 @@ class Decoder(nn.Module):
         key_pos = torch.arange(num_keys, device=device)
         masks: dict[int, torch.Tensor | str | None] = {}
         for window in set(spec.sliding_windows or (0,)):
-            if cache is None and (window == 0 or T <= window):
+            if tree_parents is not None:
+                base = start if cache is not None else torch.zeros_like(start)
+                masks[window] = tree_visibility(ancestry, depth, base, num_keys, window).unsqueeze(1)
+            elif cache is None and (window == 0 or T <= window):
                 masks[window] = _CAUSAL
             elif T == 1 and B == 1 and (window == 0 or num_keys <= window):
                 masks[window] = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -33,6 +34,8 @@ class DecoderTarget(HFTextTarget):
     #: "none" (dense weights in `dtype`) or "gguf" (4-bit GGUF matmul weights; see target_loader.QUANTIZATIONS)
     quantization: str = "none"
     _hf_model: object = field(default=None, repr=False)
+    #: the decoder scores token trees in one pass (tree_parents) and its KVCache compacts them (keep_path)
+    supports_tree_attention: ClassVar[bool] = True
 
     @property
     def device(self) -> torch.device:
@@ -57,6 +60,7 @@ class DecoderTarget(HFTextTarget):
         logits: str = "all",
         return_final_hidden: bool = False,
         max_start: int | None = None,
+        tree_parents: torch.Tensor | None = None,
     ) -> DecoderOutput:
         return self.model(
             tokens,
@@ -66,6 +70,7 @@ class DecoderTarget(HFTextTarget):
             logits=logits,
             return_final_hidden=return_final_hidden,
             max_start=max_start,
+            tree_parents=tree_parents,
         )
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:

@@ -3,12 +3,15 @@
 One row ("slot") per running sequence. The engine keeps running sequences in slots 0..n-1, so a batched
 forward reads `k[:, :n]` as a view. Verification writes k+1 positions past a row's length; rejecting drafts is
 just not advancing that length (the stale entries are overwritten next round), so rollback costs nothing.
+A verified token tree is the exception: its accepted path is scattered over the node positions, and `keep_path`
+moves it next to the committed prefix before the length advances.
 """
 
 from __future__ import annotations
 
 import torch
 
+import plugins
 from deepspec.models.arch import ArchSpec
 
 
@@ -30,6 +33,15 @@ class KVCache:
         """Copy the first `length` positions of slot src into slot dst (compaction when a sequence leaves)."""
         self.k[:, dst, :, :length].copy_(self.k[:, src, :, :length])
         self.v[:, dst, :, :length].copy_(self.v[:, src, :, :length])
+
+    def keep_path(self, start: torch.Tensor, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """After a tree verify pass over slots 0..B-1: move each row's accepted nodes to consecutive positions,
+        entry start[b] + path[b, j] → start[b] + j for 1 <= j <= num_accepted[b] (the compact_kv op).
+
+        start [B] int64: each row's root position; path [B, N] int64 and num_accepted [B] from tree_accept."""
+        B = start.shape[0]
+        plugins.compact_kv(self.k[:, :B], start, path, num_accepted)
+        plugins.compact_kv(self.v[:, :B], start, path, num_accepted)
 
     @property
     def nbytes(self) -> int:

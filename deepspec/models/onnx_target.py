@@ -72,6 +72,8 @@ class OnnxTarget(HFTextTarget):
         self.eos_token_ids = eos_token_ids
         self.quantization = meta.get("quantization", "none")
         self.feature_layers = tuple(meta.get("feature_layers", ()))
+        #: the exported graph is causal over its T new tokens: token trees are verified as chains of first children
+        self.supports_tree_attention = False
         self._embeddings: TargetEmbeddings | None = None
 
     @property

@@ -45,7 +45,14 @@ Model
   - `feature_layers`: indices of layers whose residual outputs are concatenated into `features` [B, T, L·H]
     (in the weights dtype), the hidden states a draft consumes; () → None;
   - `return_final_hidden`: also return `final_hidden` [B, T, H], the post-norm state `lm_head` reads;
-  - `max_start`: an upper bound of start (host int), so a backend can size attention without a device sync.
+  - `max_start`: an upper bound of start (host int), so a backend can size attention without a device sync;
+  - `tree_parents` [B, T] long, only where `supports_tree_attention`: the T tokens are a token tree, column 0 the
+    root (the row's pending token, parents[b, 0] = -1) and parents[b, i] in [0, i) after it; node i is written at
+    start[b] + i, sits at RoPE position start[b] + depth(i) and attends the keys 0 .. start[b]-1 and its own
+    ancestors-or-self (deepspec/models/tree_attention.py). None = the ordinary causal chain.
+- `supports_tree_attention: bool` — whether `forward` takes `tree_parents` and the cache from `new_cache` has
+  `keep_path(start [B], path [B, N], num_accepted [B])`, which moves each row's accepted tree path to consecutive
+  positions after its root (the compact_kv op). False: the engine verifies the chain of each tree's first children.
 - `lm_head(final_hidden [.., H]) -> [.., V]` — the head alone (training computes target distributions with it).
 - `embeddings() -> TargetEmbeddings` — the frozen input embedding and head a neural draft borrows.
 - `default_feature_layers(count=5) -> tuple[int, ...]` — `count` layers a draft should read by default.
@@ -98,6 +105,7 @@ class Target(Protocol):
     eos_token_ids: tuple[int, ...]
     quantization: str
     tokenizer: object
+    supports_tree_attention: bool
 
     @property
     def vocab_size(self) -> int: ...
@@ -131,6 +139,7 @@ class Target(Protocol):
         logits: str | torch.Tensor = "all",
         return_final_hidden: bool = False,
         max_start: int | None = None,
+        tree_parents: torch.Tensor | None = None,  # [B, T] long, only where supports_tree_attention
     ) -> DecoderOutput: ...
 
     def lm_head(self, final_hidden: torch.Tensor) -> torch.Tensor: ...  # [.., H] -> [.., V]

@@ -61,6 +61,8 @@ class StubTarget:
     eos_token_ids = (EOS_TOKEN_ID,)
     quantization = "none"
     tokenizer = None
+    #: forward is a chain automaton; token trees reach it as chains of first children
+    supports_tree_attention = False
     device = torch.device("cpu")
     dtype = attention_dtype = torch.float32
     vocab_size = VOCAB_SIZE
