@@ -54,9 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "in launch snippets (default 1)")
     g.add_argument("--num-speculative-tokens", type=int, default=3,
                    help="draft tokens per verify step written into the launch snippets (default 3; 1-16)")
-    g.add_argument("--quantization", choices=("none", "int4"), default="none",
-                   help="onnx: matmul weights as float32 (none, default) or 4-bit blocks of 32 run by ONNX Runtime's "
-                        "MatMulNBits (int4: ~3x smaller, faster batch-1 decode on CPU)")
+    g.add_argument("--quantization", choices=("none", "int4", "int8"), default="none",
+                   help="onnx: matmul weights as float32 (none, default), 4-bit blocks of 32 run by ONNX Runtime's "
+                        "MatMulNBits (int4: ~3x smaller, faster batch-1 decode on CPU), or int8 per channel run by "
+                        "DynamicQuantizeMatMul (int8: 2x int4's size, cheaper multi-token verify steps)")
     g.add_argument("--build", action="store_true",
                    help="tensorrt-llm: also run build.sh (trtllm-build) here; needs tensorrt_llm and a CUDA GPU, "
                         "else exit 2 naming what is missing and the commands to run on a GPU host")

@@ -24,7 +24,7 @@ from pathlib import Path
 _TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
                  "added_tokens.json")
-QUANTIZATIONS = ("none", "int4")
+QUANTIZATIONS = ("none", "int4", "int8")
 #: the target graph ending in the plugins' greedy_accept node (same weights file)
 VERIFY_GRAPH = "target_verify.onnx"
 #: where a neural draft's graphs go (export/onnx/draft_graph.py)

@@ -26,9 +26,13 @@ step, which at a few hundred tokens would cost as much as the 4-bit matmuls of a
 several new tokens after a past only at B = 1; the runtime (deepspec/models/onnx_target.py) splits such a batch
 into rows.
 
-Linear layers are MatMul on fp32 weights, or `com.microsoft.MatMulNBits` (4-bit blocks of 32, one scale and
-zero point per block) for `quantization="int4"`. Weights go to one external data file as they are produced,
-so the export never holds a second copy of the model in protobuf.
+Linear layers are MatMul on fp32 weights, `com.microsoft.MatMulNBits` (4-bit blocks, one scale and zero point per
+block, int8 activations: accuracy_level 4) for `quantization="int4"`, or `com.microsoft.DynamicQuantizeMatMul`
+(int8 weights per output channel, activations quantized per call) for `quantization="int8"`. With `fused` (the
+default) the graph is written in ONNX Runtime's fused ops: SkipSimplifiedLayerNormalization adds the residual and
+normalizes in one node, GroupQueryAttention reads the packed q|k|v projection, so a decode step launches ~10 kernels
+per layer instead of ~13 (export/DESIGN.md, "ONNX Runtime", has the measurements). Weights go to one external data
+file as they are produced, so the export never holds a second copy of the model in protobuf.
 """
 
 from __future__ import annotations
@@ -90,9 +94,10 @@ class _Weights:
 
 
 class _Builder:
-    def __init__(self, weights: _Weights, block_size: int = INT4_BLOCK):
+    def __init__(self, weights: _Weights, block_size: int = INT4_BLOCK, accuracy_level: int = 4):
         self.w = weights
         self.block_size = block_size
+        self.accuracy_level = accuracy_level
         self.nodes: list[onnx.NodeProto] = []
         self._count = 0
 
@@ -135,15 +140,21 @@ class _Builder:
         """x [.., K] @ weight[N, K]ᵀ (+ bias): MatMul on fp32, or MatMulNBits on 4-bit blocks (the last block of a
         row zero-padded when K is not a multiple of the block size)."""
         N, K = weight.shape
+        if quantization == "int8":  # per-output-channel symmetric int8, activations quantized per call (uint8)
+            qweight, scales = quantize_int8(weight)
+            inputs = [x, self.w.add(f"{name}.qweight_t", qweight.T), self.w.add(f"{name}.scales", scales)]
+            if bias is not None:
+                inputs += ["", self.w.add(f"{name}.bias", bias.astype(np.float32))]
+            return self.op("DynamicQuantizeMatMul", inputs, domain=MS_DOMAIN)
         if quantization == "int4":
             packed, scales, zeros = quantize_int4(weight, self.block_size)
             inputs = [x, self.w.add(f"{name}.qweight", packed), self.w.add(f"{name}.scales", scales),
                       self.w.add(f"{name}.zero_points", zeros)]
             if bias is not None:
                 inputs += ["", self.w.add(f"{name}.bias", bias.astype(np.float32))]  # g_idx unused
-            # accuracy_level 4: activations quantized to int8 per block, the int8 dot-product kernels
+            # accuracy_level 4: activations quantized to int8 per block, the int8 dot-product kernels (0: float)
             return self.op("MatMulNBits", inputs, domain=MS_DOMAIN, K=K, N=N, bits=4, block_size=self.block_size,
-                           accuracy_level=4)
+                           accuracy_level=self.accuracy_level)
         y = self.op("MatMul", [x, self.w.add(f"{name}.weight_t", weight.T.astype(np.float32))])
         if bias is not None:
             y = self.op("Add", [y, self.w.add(f"{name}.bias", bias.astype(np.float32))])
@@ -173,6 +184,13 @@ def quantize_int4(weight: np.ndarray, block_size: int = INT4_BLOCK) -> tuple[np.
     return packed, scales.reshape(-1), zeros.reshape(-1)
 
 
+def quantize_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """weight [N, K] float → (int8 [N, K], scale [N] float32): symmetric round-to-nearest per output channel."""
+    scale = np.abs(weight).max(axis=1).astype(np.float32) / 127.0
+    scale[scale == 0] = 1.0
+    return np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8), scale
+
+
 def check_supported(spec: ArchSpec) -> None:
     if spec.family not in SUPPORTED_FAMILIES or spec.sliding_windows or spec.sandwich_norms or spec.gemma_norms:
         raise UnsupportedTarget(
@@ -185,19 +203,20 @@ def check_supported(spec: ArchSpec) -> None:
 
 def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, quantization: str = "none",
                        graph_name: str = "target.onnx", advance=lambda n=1: None, *, block_size: int = INT4_BLOCK,
-                       fused: bool = True) -> Path:
+                       fused: bool = True, accuracy_level: int = 4) -> Path:
     """Write `graph_name` (+ its `.data` weights) for a `Decoder` into out_dir; returns the graph's path.
     `advance()` is called once per decoder layer written (a progress bar).
 
-    block_size: weights per 4-bit block (int4 only). fused: emit ONNX Runtime's fused nodes directly
+    block_size: weights per 4-bit block (int4 only); accuracy_level: MatMulNBits' compute type (4 = int8
+    activations, 0 = float). fused: emit ONNX Runtime's fused nodes directly
     (SkipSimplifiedLayerNormalization for residual add + RMSNorm, packed q|k|v into GroupQueryAttention) instead of
     the plain-op pattern; fewer kernel launches per decode step, same numbers (bench.onnx_decode --designs)."""
     spec: ArchSpec = model.spec
     check_supported(spec)
-    if quantization not in ("none", "int4"):
-        raise ValueError(f"unknown ONNX quantization {quantization!r}; choose none or int4")
+    if quantization not in ("none", "int4", "int8"):
+        raise ValueError(f"unknown ONNX quantization {quantization!r}; choose none, int4 or int8")
     weights = _Weights(out_dir / f"{graph_name}.data")
-    g = _Builder(weights, block_size)
+    g = _Builder(weights, block_size, accuracy_level)
     H, nh, nkv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
     q_size, kv_size, inter, eps = spec.q_size, spec.kv_size, spec.intermediate_size, spec.rms_norm_eps
     np_ = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
@@ -292,7 +311,7 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
     picked = g.op("GatherElements", [x, index], axis=1)  # [B, N, H]
     hidden = (g.simplified_norm if fused else g.rms_norm)(picked, np_(model.final_norm), eps, "final_norm")
     tied = model.head is model.embed
-    if quantization == "int4":  # the head is the widest matmul of a small model: 4-bit too
+    if quantization in ("int4", "int8"):  # the head is the widest matmul of a small model: quantized too
         g.linear(hidden, np_(model.head), "lm_head", quantization)
         g.nodes[-1].output[0] = "logits"
     elif tied:  # Gemm with transB reads the embedding itself: no transposed copy of a [V, H] table

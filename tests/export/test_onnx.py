@@ -100,17 +100,59 @@ def test_engine_on_onnx_target_decodes_what_the_pytorch_engine_decodes(tmp_path)
         assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 
-def test_int4_graph_uses_matmulnbits_and_stays_close(tmp_path):
-    target, model = _onnx_target(tmp_path, quantization="int4", layers=())
+@pytest.mark.parametrize("quantization, op", [("int4", "MatMulNBits"), ("int8", "DynamicQuantizeMatMul")])
+def test_quantized_graphs_use_their_kernel_and_stay_close(tmp_path, quantization, op):
+    target, model = _onnx_target(tmp_path, quantization=quantization, layers=())
     graph = onnx.load(tmp_path / "target.onnx", load_external_data=False)
     ops = [n.op_type for n in graph.graph.node]
-    assert ops.count("MatMulNBits") == 4 * 3 + 1  # qkv, o, gate_up, down per layer + the head
+    assert ops.count(op) == 4 * 3 + 1  # qkv, o, gate_up, down per layer + the head
     assert "MatMul" not in ops
     tokens = torch.randint(0, VOCAB, (1, 16))
     want = model(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
     got = target.forward(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
     cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert cos > 0.98
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fused_graph_computes_the_plain_graph_with_fewer_nodes(tmp_path, family):
+    """SkipSimplifiedLayerNormalization and packed-QKV attention are a rewrite, not an approximation; the captured
+    features (read off the fused nodes' sum outputs) stay the residual stream's."""
+    _, model = _tiny_decoder(family)
+    counts, outs = {}, {}
+    tokens = torch.randint(0, VOCAB, (2, 7))
+    for fused in (False, True):
+        out = tmp_path / str(fused)
+        out.mkdir()
+        build_target_graph(model, (0, 1, 2), out, fused=fused)
+        counts[fused] = len(onnx.load(out / "target.onnx", load_external_data=False).graph.node)
+        meta = {"graph": "target.onnx", "feature_layers": [0, 1, 2], "max_positions": 128, "tied": True}
+        target = OnnxTarget("tiny", out, model.spec, CharTokenizer(VOCAB),
+                            ort.InferenceSession(str(out / "target.onnx"), session_options(1)), meta, 128, (VOCAB - 1,))
+        outs[fused] = target.forward(tokens, torch.zeros(2, dtype=torch.long), None, feature_layers=(0, 1, 2))
+    assert counts[True] < counts[False]
+    torch.testing.assert_close(outs[True].logits, outs[False].logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[True].features, outs[False].features, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 128])  # 128 > K = 64: one zero-padded block per row
+def test_int4_block_sizes_pad_short_rows_and_stay_close(tmp_path, block_size):
+    _, model = _tiny_decoder()
+    build_target_graph(model, (), tmp_path, "int4", block_size=block_size)
+    graph = onnx.load(tmp_path / "target.onnx", load_external_data=False)
+    assert {a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "block_size"} == {block_size}
+    meta = {"graph": "target.onnx", "feature_layers": [], "max_positions": 128, "tied": True}
+    target = OnnxTarget("tiny", tmp_path, model.spec, CharTokenizer(VOCAB),
+                        ort.InferenceSession(str(tmp_path / "target.onnx"), session_options(1)), meta, 128, (VOCAB - 1,))
+    tokens = torch.randint(0, VOCAB, (1, 16))
+    want = model(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
+    got = target.forward(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.97
+    from export.onnx.graph import quantize_int4
+
+    with pytest.raises(ValueError, match="block size must be one of"):
+        quantize_int4(np.zeros((4, 64), np.float32), 48)
 
 
 def test_missing_feature_layers_are_refused_with_the_fix(tmp_path):
