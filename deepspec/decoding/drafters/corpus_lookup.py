@@ -15,6 +15,7 @@ target fingerprint, sizes) and corpus.safetensors (`tokens`, `suffix_array`); `p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -143,8 +144,14 @@ def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, 
     config = {"algo": ALGO, "max_match": index.max_match, "min_corpus_match": min_corpus_match,
               "num_tokens": len(index), "target": target_fingerprint, "slot_acceptance": slot_acceptance or {},
               **(extra or {})}
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (path / "config.json").write_text(_dumps(config) + "\n")
     return path
+
+
+def _dumps(config: dict) -> str:
+    """Indented JSON whose lists of numbers (the acceptance tables) stay on one line each."""
+    text = json.dumps(config, indent=2)
+    return re.sub(r"\[[\d.eE+\-,\s]*\]", lambda m: json.dumps(json.loads(m.group(0))), text)
 
 
 def load_drafter(path: Path, header: dict, target: Target, **options) -> CorpusLookupDrafter:
