@@ -35,11 +35,14 @@ serve: venv
 
 # One intra-op thread per process: the suite runs servers and clients side by side on 2 cores, where
 # OpenMP's spinning worker threads would slow every forward ~10x. Benchmarks keep torch's default.
+# TEST_WORKERS processes (pytest-xdist) share the tests, a whole file each (--dist loadfile) so a module's fixtures
+# (a loaded model, a started server) are built once; TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: venv system-deps
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: venv
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not integration" $(PYTEST_ARGS)
 
 # Everything the benchmarks import: the serve, loadtest, plugins and export extras, and llama-cpp-python with its
 # `server` extra (the CPU peer of bench.decode and bench.service_throughput). pip compiles llama.cpp from source

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,19 @@ def make_tiny_target(vocab_size: int = 16, hidden: int = 32, layers: int = 2, se
     tokenizer = CharTokenizer(vocab_size)
     eos_ids = (tokenizer.eos_token_id,) if eos else ()
     return DecoderTarget("tiny", Path("."), config, spec, model.eval(), tokenizer, 256, eos_ids), hf
+
+
+def pytest_runtest_logreport(report):
+    """With DEEPSPEC_TEST_TIMINGS=<file>, append one line per test phase as it ends (`seconds outcome when nodeid`,
+    each xdist worker included): a run cut short by a timeout still says which tests were slow or failed."""
+    path = os.environ.get("DEEPSPEC_TEST_TIMINGS")
+    if hasattr(report, "node"):  # under xdist, the controller's copy of a worker's report: the worker wrote it
+        return
+    if path and (report.when == "call" or report.outcome != "passed" or report.duration > 1.0):
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(path, "a") as f:
+            f.write(f"{report.duration:9.2f} {report.outcome:8} {report.when:8} {worker:5} {time.strftime('%H:%M:%S')} "
+                    f"{report.nodeid}\n")
 
 
 @pytest.fixture(scope="session")
