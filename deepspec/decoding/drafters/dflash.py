@@ -3,6 +3,9 @@
 Per slot the drafter caches each draft layer's k/v of the context C = norm(fc(F)) at positions 0..a-1 (a = the
 anchor's position = number of committed tokens minus one); the anchor is the last committed token. Nothing is
 speculative in that cache, so there is nothing to roll back: `extend` just appends.
+
+With `tree_branches` set, the same one forward also yields a token tree (neural.grow_tree): each slot's top tokens
+become the children of every expanded node of the depth before.
 """
 
 from __future__ import annotations

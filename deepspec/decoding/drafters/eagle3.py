@@ -3,6 +3,9 @@
 The cache holds one entry per committed pair (F[p-1], x[p]) at position p-1. `propose` drafts from the last
 committed pair's output; its speculative entries are simply overwritten when `extend` re-feeds the committed
 tokens with the *target's* features from the verify pass (crop to the committed length + re-extend).
+
+With `tree_branches` set it proposes EAGLE-2's dynamic tree instead (`_propose_tree`, neural.grow_tree): one
+forward per depth over that depth's expanded nodes, with tree attention inside this same cache.
 """
 
 from __future__ import annotations
