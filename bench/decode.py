@@ -293,7 +293,8 @@ def main(argv=None) -> int:
                         f"{args.num_prompts} prompts/dataset, torch threads {torch.get_num_threads()}")
     for col in ("method", "dataset", "tok/s", "median tok/s", "tau", "verify tok/step", "x HF generate", "x engine",
                 "identical"):
-        table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
+        table.add_column(col, justify="left" if col in ("method", "dataset") else "right",
+                         overflow="fold" if col == "method" else "ellipsis")  # "+draft[tree]" must stay readable
     for name, per_ds in summary.items():
         for ds in DATASETS:
             r = per_ds[ds]
