@@ -19,6 +19,7 @@ from pathlib import Path
 TREE_OPTIONS: dict[str, tuple[dict, dict]] = {
     "corpus-lookup": ({"tree": False}, {"tree": True}),
     "eagle3": ({"tree_branches": 0}, {"tree_branches": 4}),
+    "dflash": ({"tree_branches": 0}, {"tree_branches": 4}),
     "dspark": ({"tree_branches": 0}, {"tree_branches": 4}),
 }
 

@@ -33,7 +33,7 @@ def test_shape_variants_skip_a_drafter_without_tree_options(tmp_path, capsys):
 
     assert shape_variants(str(tmp_path), SimpleNamespace(tree=None), None, build) == []
     assert "tree_branches" in capsys.readouterr().err
-    (tmp_path / "config.json").write_text(json.dumps({"algo": "dflash"}))
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "medusa"}))
     assert shape_variants(str(tmp_path), SimpleNamespace(tree=None), None, build) == []
 
 

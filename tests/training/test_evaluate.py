@@ -74,7 +74,7 @@ def test_draft_specs_carry_options_and_labels(tmp_path):
         parse_draft_spec("prompt-lookup:tree")
     (tmp_path / "config.json").write_text(json.dumps({"algo": "corpus-lookup"}))
     assert [v.options for v in tree_variants(str(tmp_path))] == [{"tree": False}, {"tree": True}]
-    (tmp_path / "config.json").write_text(json.dumps({"algo": "dflash"}))
+    (tmp_path / "config.json").write_text(json.dumps({"algo": "medusa"}))
     assert tree_variants(str(tmp_path)) == []
 
 
