@@ -8,12 +8,15 @@ Three parts, one run:
 
        onnx                 the fp32 graph, target only
        onnx-int4            the 4-bit graph (MatMulNBits), target only
-       onnx-int4+<draft>    the same with the export's draft (the default: the best shipped draft)
+       onnx-int4+<draft>    the same with the export's draft (the default: the best shipped draft; a neural draft
+                            runs through its own ONNX graphs)
+       onnx-int8, onnx-int8+<draft>   int8 weights per channel (DynamicQuantizeMatMul): cheaper multi-token verify
+                            steps than MatMulNBits' on AVX2 CPUs (--skip onnx-int8 leaves both out)
        llama.cpp            llama-cpp-python on the same GGUF (`make bench-deps`), the CPU peer every ratio divides by
        engine-q4            our PyTorch engine on the GGUF's own 4-bit weights (bf16), the peer when llama.cpp is absent
 
 3. Verify-step curve: one forward of T = 1, 2, 4, 8, 16, 32 tokens after a 256-token context at batch 1, int4
-   graph, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
+   and int8 graphs, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
    are read once per step either way): the aim is T=8 ≤ 1.3x and T=32 ≤ 1.6x.
 
 ONNX Runtime runs with intra-op threads = torch's thread count (set OMP_NUM_THREADS / --threads), sequential
@@ -24,9 +27,8 @@ execution, all graph optimizations, no spinning.
     python -m bench.onnx_decode --designs                         # compare graph/session designs (below)
 
 `--designs` compares ways of building and running the int4 graph back to back in one process: each design's
-verify-step curve (T = 1 is the target-only decode step) is timed in interleaved rounds, medians reported, with
-llama.cpp's own step curve on the same GGUF (logits for every position, as verification needs) as the peer.
-The designs are `DESIGNS` below; writes bench/results/onnx-designs.json.
+verify-step curve (T = 1 is the target-only decode step) is timed in interleaved rounds, medians of wall and CPU
+time reported. The designs are `DESIGNS` below; writes bench/results/onnx-designs.json.
 
 Writes bench/results/onnx-decode.json.
 """
@@ -56,10 +58,12 @@ STEP_CONTEXT = 256
 #: --designs: name -> (build_target_graph options, session options); "b32-fused" is what the export writes
 DESIGNS = {
     "b32-plain": ({"block_size": 32, "fused": False}, {"spinning": False}),
+    "b32-fused-acc0": ({"block_size": 32, "fused": True, "accuracy_level": 0}, {"spinning": False}),
     "b32-fused": ({"block_size": 32, "fused": True}, {"spinning": False}),
     "b32-fused-spin": ({"block_size": 32, "fused": True}, {"spinning": True}),
     "b64-fused": ({"block_size": 64, "fused": True}, {"spinning": False}),
     "b128-fused": ({"block_size": 128, "fused": True}, {"spinning": False}),
+    "int8-fused": ({"quantization": "int8", "fused": True}, {"spinning": False}),
 }
 
 
@@ -74,7 +78,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     p.add_argument("--step-repeats", type=int, default=15, help="timed runs per verify size (default: 15)")
     p.add_argument("--skip", default="", help="comma list of rows to skip (onnx, engine-q4, llama.cpp, ...)")
-    p.add_argument("--designs", action="store_true", help="compare int4 graph/session designs (DESIGNS) instead")
+    p.add_argument("--designs", nargs="?", const="all", default=None,
+                   help="compare graph/session designs instead: all of DESIGNS, or a comma list of their names")
     p.add_argument("--rounds", type=int, default=9, help="--designs: interleaved timing rounds (default: 9)")
     p.add_argument("--out", type=Path, default=None, help="results JSON (default: bench/results/onnx-decode.json, "
                                                             "onnx-designs.json with --designs)")
@@ -113,6 +118,14 @@ def step_timer(target):
         target.forward(steps[n], start, view, logits="all", max_start=STEP_CONTEXT)
         return time.perf_counter() - t
 
+    def timed_cpu(n: int) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of this process: every intra-op thread's work, not its waits for a core)."""
+        c, t = time.process_time(), time.perf_counter()
+        target.forward(steps[n], start, view, logits="all", max_start=STEP_CONTEXT)
+        return time.perf_counter() - t, time.process_time() - c
+
+    timed.with_cpu = timed_cpu
+
     for n in STEP_SIZES:
         timed(n)  # warm
     return timed
@@ -128,33 +141,11 @@ def step_curve(target, repeats: int) -> dict:
     return curve_summary({n: statistics.median(timed(n) for _ in range(repeats)) for n in STEP_SIZES})
 
 
-def llama_cpp_stepper(gguf: str, n_threads: int):
-    """llama.cpp's verify step (built in a child process, bench/isolated.py): a message [n] → one eval of n tokens
-    after STEP_CONTEXT tokens, logits for every position (logits_all, as verification needs), timed in the child."""
-    import random
-
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=gguf, n_ctx=STEP_CONTEXT + max(STEP_SIZES) + 8, n_threads=n_threads, logits_all=True,
-                verbose=False)
-    rng = random.Random(0)
-    llm.eval([rng.randrange(1000, 20000) for _ in range(STEP_CONTEXT)])
-    steps = {n: [rng.randrange(1000, 20000) for _ in range(n)] for n in STEP_SIZES}
-
-    def step(message):
-        llm.n_tokens = STEP_CONTEXT  # eval() drops the cache entries after n_tokens first
-        t = time.perf_counter()
-        llm.eval(steps[int(message[0])])
-        return [], time.perf_counter() - t, None
-
-    for n in STEP_SIZES:
-        step([n])
-    return step
-
-
 def compare_designs(args, console) -> dict:
     """Build the int4 graph once per design from the same fp32 target, then time every design's step curve in
-    interleaved rounds (design by design within a round, so drift hits all alike); medians per design and T."""
+    interleaved rounds (design by design within a round, so drift hits all alike); medians per design and T, of
+    wall time and of the process's CPU time. On a shared machine the CPU time is the steadier comparison of the
+    work a design does (spinning designs burn CPU while waiting, so only their wall time means anything)."""
     import onnxruntime as ort
     import torch
     from rich.table import Table
@@ -167,51 +158,48 @@ def compare_designs(args, console) -> dict:
     reference = load_target(args.target, dtype="float32")
     work = Path(tempfile.mkdtemp(prefix="onnx-designs-"))
     graphs, timers = {}, {}
-    for name, (graph_options, run_options) in DESIGNS.items():
+    chosen = DESIGNS if args.designs == "all" else {n: DESIGNS[n] for n in args.designs.split(",")}
+    for name, (graph_options, run_options) in chosen.items():
         key = tuple(sorted(graph_options.items()))
         if key not in graphs:
             out = work / f"graph{len(graphs)}"
             out.mkdir()
-            console.log(f"building the int4 graph {graph_options}")
-            graphs[key] = build_target_graph(reference.model, (), out, "int4", **graph_options)
+            console.log(f"building the graph {graph_options}")
+            options = dict(graph_options)
+            graphs[key] = build_target_graph(reference.model, (), out, options.pop("quantization", "int4"), **options)
         session = ort.InferenceSession(str(graphs[key]), sess_options=session_options(threads, **run_options),
                                        providers=["CPUExecutionProvider"])
-        meta = {"graph": graphs[key].name, "quantization": "int4", "feature_layers": [],
+        meta = {"graph": graphs[key].name, "quantization": graph_options.get("quantization", "int4"), "feature_layers": [],
                 "max_positions": int(reference.model.max_positions), "tied": True}
         target = OnnxTarget(name, graphs[key].parent, reference.spec, reference.tokenizer, session, meta,
                             STEP_CONTEXT + max(STEP_SIZES) + 1, tuple(reference.eos_token_ids))
         timers[name] = step_timer(target)
-    peer = None
-    if importlib.util.find_spec("llama_cpp") is not None and "llama.cpp" not in args.skip.split(","):
-        peer = IsolatedDecoder(llama_cpp_stepper, str(gguf_file(args.target)), threads, threads=threads)
-        timers["llama.cpp"] = lambda n: peer([n])[1]
     runs = {name: {n: [] for n in STEP_SIZES} for name in timers}
+    cpu = {name: {n: [] for n in STEP_SIZES} for name in timers}
     for r in range(args.rounds):
         console.log(f"round {r + 1}/{args.rounds}")
         for name, timed in timers.items():
             for n in STEP_SIZES:
-                runs[name][n].append(timed(n))
-    if peer is not None:
-        peer.close()
+                wall, used = timed.with_cpu(n)
+                runs[name][n].append(wall)
+                cpu[name][n].append(used)
     results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in runs.items()}
-    table = Table(title=f"int4 verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median ms of "
-                        f"{args.rounds} interleaved rounds (x = this design's 1-token step)")
+    cpu_results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in cpu.items()}
+    table = Table(title=f"int4 verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median wall ms / "
+                        f"CPU ms of {args.rounds} interleaved rounds (x = this design's 1-token step, wall)")
     table.add_column("design")
     for n in STEP_SIZES:
         table.add_column(f"T={n}", justify="right")
-    if "llama.cpp" in results:
-        table.add_column("T=1 x llama.cpp", justify="right")
     for name, curve in results.items():
-        cells = [f"{curve[str(n)]['ms']:.1f}" + (f" ({curve[str(n)]['x_one_token']:.2f}x)" if n > 1 else "")
-                 for n in STEP_SIZES]
-        if "llama.cpp" in results:
-            cells.append(f"{results['llama.cpp']['1']['ms'] / curve['1']['ms']:.2f}")
+        cells = [f"{curve[str(n)]['ms']:.1f} / {cpu_results[name][str(n)]['ms']:.1f}"
+                 + (f" ({curve[str(n)]['x_one_token']:.2f}x)" if n > 1 else "") for n in STEP_SIZES]
         table.add_row(name, *cells)
     from rich.console import Console
 
     Console(width=160).print(table)
     return {"threads": threads, "rounds": args.rounds, "context": STEP_CONTEXT,
-            "designs": {name: {"graph": g, "session": s} for name, (g, s) in DESIGNS.items()}, "results": results}
+            "designs": {name: {"graph": g, "session": s} for name, (g, s) in chosen.items()}, "results": results,
+            "cpu_results": cpu_results}
 
 
 def main(argv=None) -> int:
@@ -220,7 +208,7 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from deepspec.decoding import build_drafter
+    from deepspec.decoding.drafters.onnx_graphs import build_onnx_drafter
     from deepspec.models import load_target
     from deepspec.models.onnx_target import load_onnx_target
 
@@ -239,7 +227,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
     work = Path(tempfile.mkdtemp(prefix="onnx-bench-"))
     exports = {}
-    for quantization in ("none", "int4"):
+    quantizations = ["none", "int4"] + (["int8"] if "onnx-int8" not in skip else [])
+    for quantization in quantizations:
         console.log(f"exporting the {quantization} graph")
         exports[quantization] = export(args.target, args.draft, work / quantization, quantization)
     console.log(f"exports: {exports}")
@@ -255,10 +244,15 @@ def main(argv=None) -> int:
     k = args.num_speculative_tokens
     add("onnx", lambda: engine_decoder(fp32, None, args.max_tokens, k, warmup_ids))
     add("onnx-int4", lambda: engine_decoder(int4, None, args.max_tokens, k, warmup_ids))
-    draft_dir = work / "int4" / "draft"
-    if draft_dir.is_dir():
-        drafter = build_drafter(str(draft_dir), int4)
-        add(f"onnx-int4+{drafter.name}", lambda: engine_decoder(int4, drafter, args.max_tokens, k, warmup_ids))
+    int8 = load_onnx_target(work / "int8", max_seq_len=2048, num_threads=threads) if "int8" in exports else None
+    if int8 is not None:
+        add("onnx-int8", lambda: engine_decoder(int8, None, args.max_tokens, k, warmup_ids))
+    for name, target in (("onnx-int4", int4), ("onnx-int8", int8)):
+        draft_dir = work / name.removeprefix("onnx-") / "draft"
+        if target is not None and draft_dir.is_dir():  # the export's draft (neural ones through their graphs)
+            drafter = build_onnx_drafter(str(draft_dir), target)
+            add(f"{name}+{drafter.name}",
+                lambda target=target, drafter=drafter: engine_decoder(target, drafter, args.max_tokens, k, warmup_ids))
     if importlib.util.find_spec("llama_cpp") is not None:  # in a process of its own (bench/isolated.py)
         add("llama.cpp", lambda: IsolatedDecoder(llama_cpp_decoder, str(gguf_file(args.target)), args.max_tokens,
                                                  warmup_ids, threads, threads=threads))
@@ -289,17 +283,22 @@ def main(argv=None) -> int:
         table.add_section()
     Console(width=120).print(table)
 
-    console.log("verify-step curve (int4 graph, batch 1)")
-    curve = step_curve(int4, args.step_repeats)
-    steps = Table(title=f"int4 verify step after {STEP_CONTEXT} tokens, batch 1 (median of {args.step_repeats})")
-    for col in ("tokens", "ms", "x 1 token"):
-        steps.add_column(col, justify="right")
-    for n, r in curve.items():
-        steps.add_row(n, f"{r['ms']:.2f}", f"{r['x_one_token']:.2f}")
+    console.log("verify-step curves (batch 1)")
+    curves = {q: step_curve(t, args.step_repeats) for q, t in (("int4", int4), ("int8", int8)) if t is not None}
+    curve = curves["int4"]
+    steps = Table(title=f"verify step after {STEP_CONTEXT} tokens, batch 1 (median of {args.step_repeats})")
+    steps.add_column("tokens", justify="right")
+    for q in curves:
+        steps.add_column(f"{q} ms", justify="right")
+        steps.add_column(f"{q} x 1 token", justify="right")
+    for n in curve:
+        steps.add_row(n, *[cell for q in curves for cell in (f"{curves[q][n]['ms']:.2f}",
+                                                             f"{curves[q][n]['x_one_token']:.2f}")])
     Console(width=120).print(steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "threads": threads,
-                                    "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve},
+                                    "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve,
+                                    "verify_step_int8": curves.get("int8")},
                                    indent=2) + "\n")
     console.log(f"wrote {args.out}")
     return 0

@@ -3,9 +3,11 @@ by DeepSpec's worker through ONNX Runtime (`python -m service worker --engine-di
 
     python -m export --format onnx --out engines/onnx                       # fp32 graph + the best shipped draft
     python -m export --format onnx --quantization int4 --out engines/onnx4  # 4-bit weights (block 32)
+    python -m export --format onnx --quantization int8 --out engines/onnx8  # int8 weights per channel
 
 `export_onnx` (export/onnx/exporter.py) does the work and is callable without the CLI; the graph itself is
-described in export/onnx/graph.py, the runtime side in deepspec/models/onnx_target.py.
+described in export/onnx/graph.py, a neural draft's graphs in export/onnx/draft_graph.py, the runtime side in
+deepspec/models/onnx_target.py and deepspec/decoding/drafters/onnx_graphs.py.
 """
 
 from __future__ import annotations

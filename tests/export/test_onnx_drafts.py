@@ -163,3 +163,30 @@ def test_onnx_export_serves_its_neural_draft_through_the_graphs(tmp_path, target
         return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
 
     assert run(onnx_target, drafter) == run(reference, build_drafter(str(draft), reference))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m-eagle3", "smollm2-135m-dflash", "smollm2-135m-dspark"])
+def test_shipped_drafts_propose_the_same_through_their_graphs(tmp_path, smollm2, name):
+    """The shipped neural drafts, on the real target's features of a real prompt: ONNX proposals = PyTorch's."""
+    from deepspec.models.drafts import load_draft
+    from tests.export.conftest import REPO
+
+    path = REPO / "drafts" / name
+    model = load_draft(path, smollm2, dtype=torch.float32)
+    build_draft_graphs(model, tmp_path)
+    ref = DRAFTERS[model.cfg.algo](model)
+    ours = DRAFTERS[model.cfg.algo](OnnxDraftModel(load_draft(path, smollm2, dtype=torch.float32), tmp_path,
+                                                   num_threads=2))
+    ids = smollm2.tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
+    tokens = torch.tensor([ids])
+    out = smollm2.forward(tokens, torch.zeros(1, dtype=torch.long), None, feature_layers=ref.feature_layers)
+    greedy = DraftSampling(torch.zeros(1), [None])
+    for d in (ref, ours):
+        d.bind(smollm2, max_batch_size=1, max_seq_len=128)
+        d.reset(0, ids[0])
+    n = len(ids)
+    for done, cut in ((0, n - 4), (n - 4, n - 1), (n - 1, n)):  # commit in three chunks, proposing after each
+        for d in (ref, ours):
+            d.extend([0], tokens[:, done:cut], torch.tensor([cut - done]), out.features[:, done:cut])
+        _same(ref.propose([0], 5, greedy), ours.propose([0], 5, greedy))
