@@ -176,7 +176,7 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
     points = data["points"]
     sets = list(points[0]["tau"]) if points else list(goal or {})
     colors = dict(zip(sets, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 5))
     xs = [p["tokens_seen"] for p in points]
     for name in sets:
         ax.plot(xs, [p["tau"][name] for p in points], marker="o", color=colors.get(name), label=f"{name}")
@@ -189,10 +189,21 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
         ax.plot(grid, [fit.tau_at(x) for x in grid], color="gray", linestyle=":",
                 label=f"fit of the mean: τ = {fit.a:.2f} + {fit.b:.2f}·log10(tokens)")
     markers = iter("sD^v<>")
+    goal_mean = sum(goal.values()) / len(goal) if goal else None
     for name, series in data.get("history", {}).items():  # earlier drafts measured at 2+ training lengths
-        mean = [sum(p["tau"].values()) / len(p["tau"]) for p in series["points"]]
-        ax.plot([p["tokens_seen"] for p in series["points"]], mean, marker=next(markers, "s"), color="black",
-                linestyle="-.", linewidth=1, alpha=0.6, label=f"{name} (mean τ)")
+        hx = [p["tokens_seen"] for p in series["points"]]
+        mean = [mean_tau(p) for p in series["points"]]
+        ax.plot(hx, mean, marker=next(markers, "s"), color="black", linestyle="-.", linewidth=1, alpha=0.6,
+                label=f"{name} (mean τ)")
+        if goal_mean is not None and len(set(hx)) >= 2:  # its log-line carried on to corpus lookup's mean
+            fit = fit_log_tokens(hx, mean)
+            end = min(fit.tokens_for(goal_mean), 1e10)
+            if end > max(hx):
+                ax.plot([max(hx), end], [fit.tau_at(max(hx)), fit.tau_at(end)], color="black", linestyle=":",
+                        linewidth=0.8, alpha=0.5)
+    if goal_mean is not None:
+        ax.axhline(goal_mean, color="black", linestyle="--", linewidth=0.8, alpha=0.5,
+                   label=f"corpus lookup, mean τ {goal_mean:.2f}")
     for name, ref in (references or {}).items():
         for s, tau in ref["tau"].items():
             ax.scatter([ref["tokens_seen"]], [tau], marker="x", color=colors.get(s, "black"))
@@ -204,7 +215,7 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
     ax.grid(alpha=0.3, which="both")
     ax.set_title(f"{data.get('draft', 'draft')}: τ vs tokens (dashed: corpus lookup, x: shipped drafts)",
                  fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     Path(out_png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
