@@ -19,6 +19,9 @@ import pytest
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+#: how long a server may take to start: a stub worker is up in seconds on an idle machine, but its first import of
+#: torch's compiler stack (the verify ops) takes minutes on cores shared with other jobs. Only a failure waits it out.
+STARTUP_TIMEOUT_S = 300.0
 
 
 class ServerProcess:
@@ -36,7 +39,7 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_until(self, check, timeout_s: float = 60.0, what: str = "ready") -> None:
+    def wait_until(self, check, timeout_s: float = STARTUP_TIMEOUT_S, what: str = "ready") -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -75,7 +78,7 @@ class Worker(ServerProcess):
                           "--metrics-port", str(self.metrics_port), "--drain-timeout-s", "2", *extra],
                          tmp / f"{name}-{self.port}.log")  # fmt: skip
 
-    def wait_ready(self, timeout_s: float = 60.0) -> Worker:
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Worker:
         import tritonclient.grpc as triton
 
         client = triton.InferenceServerClient(self.address)
@@ -95,7 +98,7 @@ class Gateway(ServerProcess):
                           "--grpc-port", str(self.grpc_port), "--drain-timeout-s", "5", "--health-interval-s", "0.3",
                           *extra], tmp / f"gateway-{self.http_port}.log", env)  # fmt: skip
 
-    def wait_ready(self, timeout_s: float = 60.0) -> Gateway:
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Gateway:
         self.wait_until(lambda: httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200, timeout_s)
         return self
 
