@@ -8,8 +8,14 @@ costs well under a millisecond, which is what makes it pay on a CPU where a neur
 
 The index is static: served outputs are never added, so one user's text never drafts another's.
 
+With `tree=True` it proposes token trees instead of one chain (corpus_tree.py): where the target's answers
+disagree on what comes next, it drafts each likely branch, ranked by calibrated acceptance estimates, and prompt
+lookup's chain is one branch of that tree.
+
 A corpus-lookup "draft" is a checkpoint directory like the neural ones: config.json (algo `corpus-lookup`, the
-target fingerprint, sizes) and corpus.safetensors (`tokens`, `suffix_array`); `python -m training corpus` builds it.
+target fingerprint, sizes, the acceptance tables measured at build time — `slot_acceptance` for chains,
+`node_acceptance` for trees — and `drafting`, the drafter's default options) and corpus.safetensors (`tokens`,
+`suffix_array`); `python -m training corpus` builds it. A directory without the newer keys still loads (chains).
 """
 
 from __future__ import annotations
@@ -156,7 +162,7 @@ def _dumps(config: dict) -> str:
 
 def load_drafter(path: Path, header: dict, target: Target, **options) -> CorpusLookupDrafter:
     """The registry's loader for `corpus-lookup` directories: check the target fingerprint, read the index, and take
-    min_corpus_match and the slot-acceptance table from config.json unless `options` set them."""
+    min_corpus_match, the acceptance tables and the `drafting` defaults from config.json unless `options` set them."""
     from deepspec.models.drafts import DraftCheckpointError, check_target
 
     check_target(header.get("target", {}), target, where=f"corpus {path}")
@@ -167,6 +173,11 @@ def load_drafter(path: Path, header: dict, target: Target, **options) -> CorpusL
     options.setdefault("min_corpus_match", int(header.get("min_corpus_match", 1)))
     options.setdefault("slot_acceptance", header.get("slot_acceptance"))
     options.setdefault("node_acceptance", header.get("node_acceptance"))
+    try:
+        NodeAcceptance(options["node_acceptance"])
+    except (TypeError, ValueError) as exc:
+        raise DraftCheckpointError(f"{path / 'config.json'}: {exc}; rebuild it with `python -m training corpus`") \
+            from None
     for key in ("tree", "sampled", "max_fallbacks"):
         if key in header.get("drafting", {}):
             options.setdefault(key, header["drafting"][key])

@@ -135,6 +135,22 @@ def test_checkpoint_round_trip_mismatch_corruption_and_auto_choice(tmp_path):
     _eval_json(path, tau=2.4, speedup=0.9)  # measured slower than target-only: auto must not take it
     assert best_shipped_draft(StubTarget(FINGERPRINT), tmp_path / "drafts", min_acceptance_length=2.0) is None
 
+    # a directory from before trees (no node table, no drafting defaults) drafts chains; the defaults travel
+    assert drafter.tree is False and drafter.acceptance.tables == {}
+    config = json.loads((path / "config.json").read_text())
+    table = np.full((8, 4, 10), 0.5).tolist()
+    config.update(node_acceptance={"corpus_2": table}, drafting={"tree": True, "sampled": True})
+    (path / "config.json").write_text(json.dumps(config))
+    drafter = build_drafter(str(path), StubTarget(FINGERPRINT))
+    assert drafter.tree and drafter.sampled and drafter.acceptance.corpus("corpus_2", 1, 5, 0.9) == 0.5
+    assert build_drafter(str(path), StubTarget(FINGERPRINT), tree=False).tree is False
+    config["node_acceptance"] = {"corpus_2": [[0.5]]}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftCheckpointError, match="node acceptance table corpus_2 has shape"):
+        build_drafter(str(path), StubTarget(FINGERPRINT))
+    config.pop("node_acceptance")
+    (path / "config.json").write_text(json.dumps(config))
+
     data = (path / CORPUS_FILE).read_bytes()
     (path / CORPUS_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(DraftCheckpointError, match="cannot read the corpus index"):
