@@ -87,15 +87,20 @@ def _path_to(node: torch.Tensor, depth: torch.Tensor, parent: torch.Tensor) -> t
     return path
 
 
+def _node_probs(z, rows, i, top_k, top_p):
+    """[len(rows), V] processed p after node i of the given rows. Only nodes a walk reaches are processed (the root
+    and each accepted node): processing every node of every tree cost more than the rest of a sampled step."""
+    return process(z[rows, i], top_k[rows], top_p[rows]).probs()
+
+
 def _sampled_walk(tokens, parents, valid, z, draft_probs, top_k, top_p, seeds, B, N, V):
-    proc = process(z, top_k.repeat_interleave(N), top_p.repeat_interleave(N))
-    probs = proc.probs().view(B, N, V)
+    z = z.view(B, N, V)
     ar = torch.arange(B, device=tokens.device)
     cur = torch.zeros(B, dtype=torch.long, device=tokens.device)
     depth = torch.zeros(B, dtype=torch.long, device=tokens.device)
     path = torch.full((B, N), -1, dtype=torch.long, device=tokens.device)
     path[:, 0] = 0
-    residual = probs[:, 0].clone()  # r: what the current node's next token is drawn from
+    residual = _node_probs(z, ar, 0, top_k, top_p)  # r: what the current node's next token is drawn from
     u = uniforms(seeds, 2 * torch.arange(N, device=tokens.device)[None, :].expand(B, N))
     for i in range(1, N):
         child = valid[:, i] & (parents[:, i] == cur)
@@ -105,16 +110,18 @@ def _sampled_walk(tokens, parents, valid, z, draft_probs, top_k, top_p, seeds, B
         q_x = torch.ones_like(p_x) if q is None else q[ar, token]
         accept = child & (q_x > 0) & (u[:, i] * q_x < p_x)
         reject = child & ~accept
-        if bool(reject.any()):
-            left = residual.scatter(1, token[:, None], 0.0) if q is None else (residual - q).clamp_(min=0.0)
+        if bool(reject.any()):  # only the rejecting rows' residuals change
+            rows = reject.nonzero().squeeze(1)
+            r = residual[rows]
+            left = r.scatter(1, token[rows, None], 0.0) if q is None else (r - q[rows]).clamp_(min=0.0)
             total = left.sum(dim=-1, keepdim=True)
-            update = reject & (total.squeeze(1) > 0)
-            residual = torch.where(update[:, None], left / total.clamp(min=1e-30), residual)
+            residual[rows] = torch.where(total > 0, left / total.clamp(min=1e-30), r)
         if bool(accept.any()):
             cur = torch.where(accept, torch.full_like(cur, i), cur)
             depth = depth + accept.long()
             path[ar[accept], depth[accept]] = i
-            residual = torch.where(accept[:, None], probs[:, i], residual)
+            rows = accept.nonzero().squeeze(1)
+            residual[rows] = _node_probs(z, rows, i, top_k, top_p)
     next_token = sample_index(residual, uniforms(seeds, (2 * cur + 1)[:, None]).squeeze(1))
     return depth, next_token, path
 
