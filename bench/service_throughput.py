@@ -1,10 +1,12 @@
 """Serving throughput on CPU: DeepSpec with its draft vs DeepSpec target-only vs llama-cpp-python's OpenAI server.
 
-    python -m bench.service_throughput                # ~5 min; prints a table, writes bench/results/service_throughput.json
+    python -m bench.service_throughput                # ~8 min; prints a table, writes bench/results/service_throughput.json
     python -m bench.service_throughput --rounds 1 --requests-per-client 1 --only deepspec-draft   # a quick look
+    python -m bench.service_throughput --temperature 0 --temperature 1 --top-p 0.9   # sampled rows with nucleus
 
 Workload: 8 concurrent streaming chat clients (closed loop), each sending `--requests-per-client` HumanEval prompts
-(datasets/eval/humaneval.jsonl) with max_tokens 128 and temperature 0, against
+(datasets/eval/humaneval.jsonl) with max_tokens 128 at each `--temperature` (default 0 and 1; top-p `--top-p` on
+the sampled ones), against
 
   deepspec-draft   `python -m service` (embedded default: smollm2-135m, draft auto = best shipped draft)
   deepspec-none    the same with `--draft none` (plain target decoding, same batching)
@@ -12,8 +14,11 @@ Workload: 8 concurrent streaming chat clients (closed loop), each sending `--req
                    (it serves one request at a time; the others wait)
 
 output tok/s = completion tokens (usage when the server reports it, else streamed chunks) / wall time from the
-first request sent to the last one finished. TTFT = request sent -> first content chunk. Targets: draft >= 1.8x
-none and >= 1.5x llama-cpp in tok/s; draft p50 TTFT <= 1 s.
+first request sent to the last one finished. TTFT = request sent -> first content chunk. Targets (greedy rows):
+draft >= 1.8x none and >= 1.5x llama-cpp in tok/s; draft p50 TTFT <= 1 s. Sampled rows: each deepspec server at
+temperature 1 within 15% of its own greedy tok/s (sampled verification and its logits processing must not cost a
+step much more than the argmax rule). Greedy rows are named by the server, sampled ones `<server> T=<t>`; a deepspec
+server runs every temperature on one start, the peer only the first temperature.
 
 The servers take turns over `--rounds` rounds, in reversed order every other round, and each reports the median
 of its rounds (TTFT percentiles pool every request). This VM's speed drifts over minutes; in a single pass, the
@@ -74,9 +79,57 @@ def start(kind: str, port: int, extra: list[str]) -> tuple[Proc, str, str]:
     return proc, "smollm2-135m", f"http://127.0.0.1:{port}/health/ready"
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str) -> dict:
+#: the sampled rows must stay within this fraction of their server's greedy tok/s
+SAMPLED_TARGET = 0.85
+
+
+def row_name(kind: str, temperature: float, top_p: float) -> str:
+    """The report row of one server at one temperature: the bare server name for greedy."""
+    if temperature <= 0:
+        return kind
+    return f"{kind} T={temperature:g}" + (f" top-p={top_p:g}" if top_p < 1 else "")
+
+
+def sampled_vs_greedy(servers: dict, kinds: list[str], temperatures: list[float], top_p: float) -> dict:
+    """{sampled row: {greedy, ratio, target}} for every server that has a greedy row and sampled rows."""
+    out = {}
+    for kind in kinds:
+        if kind not in servers:
+            continue
+        for t in temperatures:
+            name = row_name(kind, t, top_p)
+            if t > 0 and name in servers:
+                ratio = servers[name]["output_tok_per_s"] / servers[kind]["output_tok_per_s"]
+                out[name] = {"greedy": kind, "ratio": ratio, "target": SAMPLED_TARGET}
+    return out
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--temperature takes a number >= 0, got {text!r}")
+    if not 0 <= value <= 2:
+        raise argparse.ArgumentTypeError(f"--temperature must be in [0, 2], got {text!r}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--top-p takes a number in (0, 1], got {text!r}")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"--top-p must be in (0, 1], got {text!r}")
+    return value
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, temperature: float = 0.0,
+                      top_p: float = 1.0) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    if temperature > 0 and top_p < 1:
+        body["top_p"] = top_p
     sent = time.perf_counter()
     first = None
     chunks = 0
@@ -101,7 +154,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     return {"sent": sent, "ttft_s": (first or done) - sent, "done": done, "tokens": tokens}
 
 
-async def run_load(url: str, model: str, prompts: list[str]) -> list[dict]:
+async def run_load(url: str, model: str, prompts: list[str], temperature: float = 0.0, top_p: float = 1.0) -> list[dict]:
     queue: asyncio.Queue = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
@@ -109,10 +162,10 @@ async def run_load(url: str, model: str, prompts: list[str]) -> list[dict]:
 
     async def client_loop(client):
         while not queue.empty():
-            results.append(await one_request(client, url, model, queue.get_nowait()))
+            results.append(await one_request(client, url, model, queue.get_nowait(), temperature, top_p))
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=32)) as client:
-        await one_request(client, url, model, "Say hi.")  # warm-up, not measured
+        await one_request(client, url, model, "Say hi.", temperature, top_p)  # warm-up, not measured
         await asyncio.gather(*(client_loop(client) for _ in range(CONCURRENCY)))
     return results
 
@@ -126,27 +179,34 @@ def main(argv: list[str] | None = None) -> int:
                         help="times each server runs the workload, in alternating order (default 2)")
     parser.add_argument("--num-speculative-tokens", type=int, default=0,
                         help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)")
+    parser.add_argument("--temperature", type=_temperature, action="append",
+                        help="sampling temperature of a workload (repeatable; default 0 and 1; 0 = greedy)")
+    parser.add_argument("--top-p", type=_top_p, default=1.0, help="top-p of the sampled workloads (default 1 = off)")
     args = parser.parse_args(argv)
+    temperatures = list(dict.fromkeys(args.temperature or [0.0, 1.0]))
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = DATASET.read_text().splitlines()
     prompts = [json.loads(line)["turns"][0] for line in lines[: CONCURRENCY * args.requests_per_client]]
 
     report = {"concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS, "num_requests": len(prompts),
-              "rounds": args.rounds, "servers": {}}  # fmt: skip
+              "rounds": args.rounds, "temperatures": temperatures, "top_p": args.top_p, "servers": {}}  # fmt: skip
     kinds = args.only or ["deepspec-draft", "deepspec-none", "llama-cpp"]
-    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    runs: dict[str, list[dict]] = {}
     failed: dict[str, str] = {}
     for round_index in range(args.rounds):
         for kind in kinds if round_index % 2 == 0 else kinds[::-1]:
             if kind in failed:
                 continue
+            temps = temperatures[:1] if kind in PEERS else temperatures
+            temps = temps if round_index % 2 == 0 else temps[::-1]
             port = free_port()
             print(f"round {round_index + 1}/{args.rounds}: starting {kind} ...", flush=True)
             extra = ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
             proc, model, ready_url = start(kind, port, extra)
             try:
                 proc.wait_http(ready_url, 600)
-                results = asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts))
+                measured = {t: asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts, t, args.top_p))
+                            for t in temps}
             except (RuntimeError, TimeoutError, httpx.HTTPError) as e:
                 # a peer's server is a process of its own: if it dies (a llama.cpp built for another CPU gets
                 # SIGILL), its row says so and the other servers still run; our own servers failing stops the run
@@ -154,31 +214,42 @@ def main(argv: list[str] | None = None) -> int:
                     raise
                 failed[kind] = peer_status(proc, e)
                 print(f"  {kind}: {failed[kind]}; its row is left out", flush=True)
-                runs.pop(kind, None)
+                for t in temps:
+                    runs.pop(row_name(kind, t, args.top_p), None)
                 continue
             finally:
                 proc.stop()
-            wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
-            tokens = sum(r["tokens"] for r in results)
-            runs[kind].append({"output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
-                               "ttfts_s": [r["ttft_s"] for r in results], "load_average_1m": os.getloadavg()[0]})
-            print(f"  {kind}: {tokens / wall:.1f} tok/s", flush=True)
+            for t in temperatures:
+                if t not in measured:
+                    continue
+                results = measured[t]
+                name = row_name(kind, t, args.top_p)
+                wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
+                tokens = sum(r["tokens"] for r in results)
+                runs.setdefault(name, []).append({
+                    "output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
+                    "ttfts_s": [r["ttft_s"] for r in results], "load_average_1m": os.getloadavg()[0]})  # fmt: skip
+                print(f"  {name}: {tokens / wall:.1f} tok/s", flush=True)
 
-    for kind, kind_runs in runs.items():
-        ttfts = [t for run in kind_runs for t in run["ttfts_s"]]
-        report["servers"][kind] = {
-            "output_tok_per_s": statistics.median(run["output_tok_per_s"] for run in kind_runs),
-            "rounds_tok_per_s": [round(run["output_tok_per_s"], 2) for run in kind_runs],
+    for name, name_runs in runs.items():
+        ttfts = [t for run in name_runs for t in run["ttfts_s"]]
+        report["servers"][name] = {
+            "output_tok_per_s": statistics.median(run["output_tok_per_s"] for run in name_runs),
+            "rounds_tok_per_s": [round(run["output_tok_per_s"], 2) for run in name_runs],
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),
             "ttfts_s": sorted(round(t, 3) for t in ttfts),
-            "load_average_1m": [round(run["load_average_1m"], 2) for run in kind_runs]}  # fmt: skip
+            "load_average_1m": [round(run["load_average_1m"], 2) for run in name_runs]}  # fmt: skip
 
     servers = report["servers"]
-    rows = [[k, ", ".join(f"{t:.1f}" for t in v["rounds_tok_per_s"]), v["output_tok_per_s"], v["ttft_p50_s"],
-             v["ttft_p90_s"], ", ".join(str(x) for x in v["load_average_1m"])] for k, v in servers.items()]  # fmt: skip
-    rows += [[kind, status, "-", "-", "-", "-"] for kind, status in failed.items()]
+    sampled = sampled_vs_greedy(servers, kinds, temperatures, args.top_p)
+    report["sampled_vs_greedy"] = sampled
+    rows = [[k, ", ".join(f"{t:.1f}" for t in v["rounds_tok_per_s"]), v["output_tok_per_s"],
+             f"{sampled[k]['ratio']:.2f}x" if k in sampled else "-", v["ttft_p50_s"], v["ttft_p90_s"],
+             ", ".join(str(x) for x in v["load_average_1m"])] for k, v in servers.items()]  # fmt: skip
+    rows += [[kind, status, "-", "-", "-", "-", "-"] for kind, status in failed.items()]
     report["failed"] = failed
-    print(table(["server", "tok/s per round", "median tok/s", "TTFT p50 s", "TTFT p90 s", "load avg after"], rows))
+    print(table(["server", "tok/s per round", "median tok/s", "vs greedy", "TTFT p50 s", "TTFT p90 s",
+                 "load avg after"], rows))
     print(f"load average: other processes share the {os.cpu_count()} CPUs")
     if "deepspec-draft" in servers:
         draft = servers["deepspec-draft"]
@@ -188,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                 report[f"speedup_vs_{other}"] = ratio
                 print(f"draft vs {other}: {ratio:.2f}x (target >= {target}x)")
         print(f"draft p50 TTFT: {draft['ttft_p50_s']:.2f} s (target <= 1 s)")
+    for name, row in sampled.items():
+        print(f"{name} vs {row['greedy']}: {row['ratio']:.2f}x of greedy tok/s (target >= {row['target']:.2f}x)")
     (RESULTS / "service_throughput.json").write_text(json.dumps(report, indent=2))
     return 0
 
