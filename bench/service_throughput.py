@@ -1,6 +1,6 @@
 """Serving throughput on CPU: DeepSpec with its draft vs DeepSpec target-only vs llama-cpp-python's OpenAI server.
 
-    python -m bench.service_throughput                # ~8 min; prints a table, writes bench/results/service_throughput.json
+    python -m bench.service_throughput        # ~8 min; prints a table, writes bench/results/service_throughput.json
     python -m bench.service_throughput --rounds 1 --requests-per-client 1 --only deepspec-draft   # a quick look
     python -m bench.service_throughput --temperature 0 --temperature 1 --top-p 0.9   # sampled rows with nucleus
 
@@ -154,7 +154,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     return {"sent": sent, "ttft_s": (first or done) - sent, "done": done, "tokens": tokens}
 
 
-async def run_load(url: str, model: str, prompts: list[str], temperature: float = 0.0, top_p: float = 1.0) -> list[dict]:
+async def run_load(url: str, model: str, prompts: list[str], temperature: float = 0.0,
+                   top_p: float = 1.0) -> list[dict]:
     queue: asyncio.Queue = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)

@@ -79,7 +79,8 @@ def _cases(device):
         top_p = torch.where(torch.rand(B, generator=g) < 0.5, torch.rand(B, generator=g) * 0.9 + 0.05, 1.0)
         seeds = torch.randint(2**62, (B,), generator=g)
         name = f"B{B} N{N} V{V}"
-        yield "tree_accept", name, to(tokens, parents, num_nodes, logits) + [None] + to(temp, top_k, top_p, seeds), False
+        sampling = to(temp, top_k, top_p, seeds)
+        yield "tree_accept", name, to(tokens, parents, num_nodes, logits) + [None] + sampling, False
         yield "tree_accept", name + " q", to(tokens, parents, num_nodes, logits, q, temp, top_k, top_p, seeds), False
     cache = torch.randn(4, 8, 8, 256, 64, generator=g)
     start = torch.randint(0, 256 - 16, (8,), generator=g)
