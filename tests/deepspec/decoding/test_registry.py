@@ -18,7 +18,7 @@ class _Target:
 
 def test_builtins_are_registered_explicitly():
     assert registry.available_drafters() == [
-        "none", "auto", "prompt-lookup", "random", "<draft dir: corpus-lookup|dflash|dspark|eagle3>"]
+        "none", "auto", "prompt-lookup", "random", "<draft dir: corpus-lookup|dflash|dspark|eagle3|hybrid>"]
     assert registry.build_drafter("none", _Target()) is None
     assert isinstance(registry.build_drafter("prompt-lookup", _Target(), min_ngram=1), PromptLookupDrafter)
     assert registry.build_drafter("random", _Target()).vocab_size == 16
@@ -29,7 +29,8 @@ def test_unknown_names_list_the_valid_ones(tmp_path):
         registry.resolve_drafter("nope")
     with pytest.raises(ValueError, match="unknown drafter 'nope'; available: none, auto, prompt-lookup"):
         registry.build_drafter("nope", _Target())
-    with pytest.raises(KeyError, match=r"this engine loads \['corpus-lookup', 'dflash', 'dspark', 'eagle3'\]"):
+    loads = r"this engine loads \['corpus-lookup', 'dflash', 'dspark', 'eagle3', 'hybrid'\]"
+    with pytest.raises(KeyError, match=loads):
         registry.resolve_checkpoint_algo("medusa")
     (tmp_path / "config.json").write_text(json.dumps({"algo": "medusa"}))
     with pytest.raises(DraftCheckpointError, match="unknown draft algorithm 'medusa'"):
