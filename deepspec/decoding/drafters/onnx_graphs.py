@@ -56,7 +56,10 @@ class OnnxDraftModel:
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, logits) of the last block run
 
     def __getattr__(self, name: str):  # config, vocabulary maps, calibrated, scatter_probs, parameters, ...
-        return getattr(self.__dict__["_model"], name)
+        model = self.__dict__.get("_model")
+        if model is None:
+            raise AttributeError(name)
+        return getattr(model, name)
 
     def _run(self, graph: str, feeds: dict[str, np.ndarray]) -> list[torch.Tensor]:
         return [torch.from_numpy(o) for o in self.sessions[graph].run(None, feeds)]
