@@ -304,7 +304,7 @@ class SpecEngine:
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
         out = self.target.forward(inputs.to(device), start, self.cache.rows(0, B), feature_layers=self.feature_layers,
                                   logits="all", max_start=max(s.cache_len for s in seqs),
-                                  tree_parents=tree_parents.to(device))
+                                  tree_parents=tree_parents.to(device) if k else None)  # a lone root: causal
         sampling = None
         if not all(s.params.greedy for s in seqs):
             sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], out.logits.device)

@@ -9,7 +9,9 @@ maximizes modelled throughput
 
 where t(n) is the step time of a verify pass over n tokens. A drafter that does not estimate survival (prompt
 lookup) gets each sequence's own record instead (`observed_survival`), so speculation stops where it does not
-pay. This is the "hardware-aware verification budget" of the DSpark paper, which the reference implementation
+pay. Token trees are budgeted the same way over nodes instead of depth (`best_nodes`): each row keeps its w
+nodes of highest survival, which is ancestor-closed once survival never grows from parent to child. This is the
+"hardware-aware verification budget" of the DSpark paper, which the reference implementation
 (DeepSeek's DeepSpec repository, docs/ALGORITHMS.md) does not have.
 The engine times probe passes once, when it starts, on the hardware it runs on. t(n) interpolates those probes
 piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches kernels at 8 rows

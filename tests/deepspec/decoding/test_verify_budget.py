@@ -9,7 +9,8 @@ import torch
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import load_checkpoint_drafter
-from deepspec.decoding.verify_budget import StepTimeModel, best_depth, observed_survival
+from deepspec.decoding.tree import monotone_survival
+from deepspec.decoding.verify_budget import StepTimeModel, best_depth, best_nodes, observed_survival
 from deepspec.models.drafts import save_draft
 from tests.training.helpers import tiny_draft, tiny_target
 
@@ -42,6 +43,23 @@ def test_best_depth_trades_expected_tokens_against_step_time():
     assert best_depth(torch.cat([survival, torch.zeros(1, 4)]), _model(30, 10)) == 1
     assert best_depth(torch.cat([survival, torch.zeros(1, 4)]), _model(10, 10)) == 0
     assert best_depth(torch.ones(2, 7), _model(30, 0)) == 7
+
+
+def test_best_nodes_keeps_each_rows_likeliest_ancestor_closed_nodes():
+    # nodes 0, 1 follow the root, 2 follows 0, 3 follows 2, 4 follows 1
+    parents, num = torch.tensor([[-1, -1, 0, 2, 1]]), torch.tensor([5])
+    survival = monotone_survival(torch.tensor([[0.9, 0.5, 0.85, 0.4, 0.1]]), parents, num)
+    # 30 ms + 10 ms/token, sorted survival 0.9, 0.85, 0.5, 0.4, 0.1: (1+Σ)/t = 1/40, 1.9/50, 2.75/60, 3.25/70,
+    # 3.65/80, 3.75/90 → 3 nodes: 0, 2 (the likelier path) and 1
+    assert best_nodes(survival, _model(30, 10)).tolist() == [[True, True, True, False, False]]
+    assert best_nodes(survival, _model(1, 0)).all()  # free tokens: the whole tree
+    assert not best_nodes(survival, _model(1, 1000)).any()  # costly ones: none, the root alone is verified
+    # a parent and its child of equal survival: the parent is kept first, so the kept set stays a tree
+    # (the step time jumps after 3 tokens: 2 nodes pay, 3 do not)
+    knee = StepTimeModel([(1, 0.010), (3, 0.010), (4, 0.040)])
+    tie = torch.tensor([[0.5, 0.5, 0.6, 0.05]])
+    tie = monotone_survival(tie, torch.tensor([[-1, 0, -1, 2]]), torch.tensor([4]))
+    assert best_nodes(tie, knee).tolist() == [[True, False, True, False]]
 
 
 @pytest.fixture(scope="module")
