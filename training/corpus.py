@@ -157,7 +157,7 @@ def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, m
         log(f"tree-node acceptance measured for {', '.join(node_acceptance)}")
     summary = {"num_conversations": len(indexed), "num_held_out": len(held_out), "num_malformed": stats.num_malformed,
                "data": [str(p) for p in paths], "node_acceptance": node_acceptance,
-               "drafting": {"tree": True, "sampled": False, "max_fallbacks": 1, **(drafting or {})}}
+               "drafting": {"tree": False, "sampled": False, "max_fallbacks": 1, **(drafting or {})}}
     save_corpus(out, index, target.fingerprint(), min_corpus_match=min_match, slot_acceptance=slot_acceptance,
                 extra=summary)
     summary = {key: value for key, value in summary.items() if key != "node_acceptance"}
