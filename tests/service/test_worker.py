@@ -36,6 +36,16 @@ def inputs(prompt: str | bytes = "Hello", max_tokens: int = 20, stream: bool | N
     return out
 
 
+def stream_started(worker: Worker, max_tokens: int) -> tuple[triton.InferenceServerClient, queue.Queue]:
+    """A client with one stream running on `worker`: its first response has arrived (so the request holds a slot)."""
+    client = triton.InferenceServerClient(worker.address)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("stub", inputs("Hello", max_tokens=max_tokens, stream=True))
+    responses.get(timeout=60)  # seconds on an idle machine; the budget only matters on cores shared with other jobs
+    return client, responses
+
+
 @pytest.fixture(scope="module")
 def client(stub_worker):
     c = triton.InferenceServerClient(stub_worker.address)
@@ -175,11 +185,7 @@ def test_closed_stream_frees_the_slot(tmp_path):
     """A client that goes away mid-stream: the worker aborts the sequence and the running gauge drops to 0."""
     worker = Worker(tmp_path, "--stub-step-ms", "20", "--max-batch-size", "1").start().wait_ready()
     try:
-        client = triton.InferenceServerClient(worker.address)
-        responses: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer("stub", inputs("Hello", max_tokens=2000, stream=True))
-        responses.get(timeout=10)
+        client, responses = stream_started(worker, 2000)
         assert metric_value(worker.metrics(), "deepspec:num_requests_running") == 1
         client.stop_stream(cancel_requests=True)
         deadline = time.monotonic() + 5
@@ -198,11 +204,7 @@ def test_closed_stream_frees_the_slot(tmp_path):
 def test_full_queue_is_resource_exhausted(tmp_path):
     worker = Worker(tmp_path, "--stub-step-ms", "20", "--max-batch-size", "1", "--max-queue", "0").start().wait_ready()
     try:
-        client = triton.InferenceServerClient(worker.address)
-        responses: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer("stub", inputs("Hello", max_tokens=200, stream=True))
-        responses.get(timeout=10)  # the one slot is taken
+        client, responses = stream_started(worker, 200)  # the one slot is taken
         with pytest.raises(InferenceServerException) as info:
             client.infer("stub", inputs("x", max_tokens=2))
         assert "RESOURCE_EXHAUSTED" in str(info.value.status())
@@ -227,11 +229,7 @@ def test_sigterm_drains_the_worker(tmp_path):
     """SIGTERM: ServerReady turns false at once, the running stream still finishes, the process exits 0."""
     worker = Worker(tmp_path, "--stub-step-ms", "10").start().wait_ready()
     try:
-        client = triton.InferenceServerClient(worker.address)
-        responses: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer("stub", inputs("Hello", max_tokens=300, stream=True))
-        responses.get(timeout=10)
+        client, responses = stream_started(worker, 300)
         worker.proc.send_signal(15)
         deadline = time.monotonic() + 5
         while client.is_server_ready() and time.monotonic() < deadline:
