@@ -2,12 +2,16 @@
 
 20 prompts from the eval sets; the reference is target-only greedy at batch size 1. The speculative runs use
 batches of 4, so rows accept different numbers of drafts in the same verify pass, finish at different times,
-and slots are compacted mid-run.
+and slots are compacted mid-run. Two tree drafters go through tree attention and KV compaction: random trees,
+and prompt lookup's chain with a wrong sibling listed before every right token, so every accepted path leaves
+the first children and its KV entries must move.
 """
 
 import pytest
+import torch
 
 from deepspec.decoding import SamplingParams, SpecEngine, build_drafter
+from deepspec.decoding.drafter import Drafter, Proposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
 from deepspec.paths import repo_root
@@ -29,22 +33,58 @@ def reference(smollm2, prompt_ids):
     return [r.token_ids for r in engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))]
 
 
+class _Decoyed(Drafter):
+    """A chain drafter's proposal as a tree: before each of its tokens, a sibling with a different token."""
+
+    name = "decoyed"
+
+    def __init__(self, inner: Drafter, vocab_size: int):
+        self.inner, self.vocab_size = inner, vocab_size
+
+    def reset(self, slot, first_token):
+        self.inner.reset(slot, first_token)
+
+    def extend(self, slots, tokens, num_tokens, features):
+        self.inner.extend(slots, tokens, num_tokens, features)
+
+    def move_slot(self, src, dst):
+        self.inner.move_slot(src, dst)
+
+    def release(self, slot):
+        self.inner.release(slot)
+
+    def propose(self, slots, k, sampling) -> Proposal:
+        chain = self.inner.propose(slots, max(k // 2, 1), sampling)
+        B, n = chain.tokens.shape
+        tokens = torch.stack([(chain.tokens + 1) % self.vocab_size, chain.tokens], dim=2).view(B, 2 * n)
+        right = torch.arange(n) * 2 + 1  # node of the j-th chain token; its parent is the (j-1)-th one
+        parents = torch.cat([torch.tensor([-1]), right[:-1]]).repeat_interleave(2).expand(B, 2 * n).clone()
+        return Proposal(tokens[:, :k], (2 * chain.num_tokens).clamp(max=k), parents=parents[:, :k])
+
+
 def _drafter(name: str, target):
     if name == "prompt-lookup":
         return PromptLookupDrafter()
+    if name == "random-tree":
+        return RandomDrafter(target.vocab_size, seed=0, tree=True)
+    if name == "lookup-tree":
+        return _Decoyed(PromptLookupDrafter(), target.vocab_size)
     if name == "corpus-lookup":  # the shipped index of the target's own answers
         return build_drafter(str(repo_root() / "drafts" / "smollm2-135m-corpus"), target)
     return RandomDrafter(target.vocab_size, seed=0)
 
 
-@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "corpus-lookup", "random"])
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "corpus-lookup", "random", "random-tree", "lookup-tree"])
 def test_greedy_output_identical_with_any_drafter(smollm2, prompt_ids, reference, drafter_name):
     drafter = _drafter(drafter_name, smollm2)
-    engine = SpecEngine(smollm2, drafter, max_batch_size=4, max_seq_len=1024, num_speculative_tokens=5)
+    tree = drafter_name.endswith("-tree")
+    # trees verified in full (no budget), so the shapes the drafter proposes are the shapes checked
+    engine = SpecEngine(smollm2, drafter, max_batch_size=4, max_seq_len=1024, num_speculative_tokens=10 if tree else 5,
+                        verify_budget=not tree)
     results = engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))
     mismatched = [i for i, (r, ref) in enumerate(zip(results, reference)) if r.token_ids != ref]
     assert not mismatched, f"prompts {mismatched} differ from target-only greedy"
-    if drafter_name != "random":
+    if not drafter_name.startswith("random"):
         assert sum(r.num_accepted_tokens for r in results) > 0
 
 
