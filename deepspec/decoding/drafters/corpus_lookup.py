@@ -45,6 +45,8 @@ class CorpusLookupDrafter(PromptLookupDrafter):
     carry them as q (False: deterministic top-frequency children, one-hot q, for every row). `max_fallbacks`:
     shorter corpus matches that may add root children besides the longest one."""
 
+    name = ALGO
+
     def __init__(self, index: SuffixIndex, min_ngram: int = 2, max_ngram: int = 4, min_corpus_match: int = 1,
                  slot_acceptance: dict[str, list[float]] | None = None, node_acceptance: dict | None = None,
                  tree: bool = False, sampled: bool = False, max_fallbacks: int = 1, min_freq: float = 0.0,
