@@ -33,6 +33,14 @@ def check_draft(engine: str, job) -> None:
         block.check(engine, draft, job.target)
 
 
+def write_draft_dir(engine: str, job, out: Path, progress) -> dict:
+    """The draft-only formats' one step: `write_draft` into out/draft under its progress bar."""
+    with progress.task(f"{engine} draft", total=1) as advance:
+        fields = write_draft(engine, job, out / "draft")
+        advance(1)
+    return fields
+
+
 def write_draft(engine: str, job, dest: Path) -> dict:
     from safetensors.torch import save_file
 

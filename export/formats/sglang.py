@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from export import snippets
-from export.drafts.writers import check_draft, write_draft
+from export.drafts.writers import check_draft, write_draft_dir
 from export.job import ExportFormat, ExportJob
 
 ENGINE = "sglang"
@@ -21,9 +21,7 @@ def check(job: ExportJob) -> None:
 
 
 def write(job: ExportJob, out: Path, progress) -> dict:
-    with progress.task("sglang draft", total=1) as advance:
-        fields = write_draft(ENGINE, job, out / "draft")
-        advance(1)
+    fields = write_draft_dir(ENGINE, job, out, progress)
     command = snippets.sglang_command(job, "draft")
     snippets.write_script(out / "launch" / "sglang.sh", command)
     snippets.write_readme(out, f"{job.draft.algo} draft for SGLang",

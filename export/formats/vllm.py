@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from export import snippets
-from export.drafts.writers import check_draft, write_draft
+from export.drafts.writers import check_draft, write_draft_dir
 from export.job import ExportFormat, ExportJob
 
 ENGINE = "vllm"
@@ -22,9 +22,7 @@ def check(job: ExportJob) -> None:
 
 
 def write(job: ExportJob, out: Path, progress) -> dict:
-    with progress.task("vllm draft", total=1) as advance:
-        fields = write_draft(ENGINE, job, out / "draft")
-        advance(1)
+    fields = write_draft_dir(ENGINE, job, out, progress)
     spec = snippets.vllm_speculative_config(job.draft.algo, "draft", job.num_speculative_tokens)
     (out / "launch").mkdir()
     (out / "launch" / "vllm-speculative-config.json").write_text(json.dumps(spec, indent=2) + "\n")
