@@ -10,15 +10,14 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
 from scipy.stats import chisquare
 
 from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding.drafters import corpus_tree
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
-from plugins import process_logits
 from tests.conftest import make_tiny_target
+from tests.deepspec.decoding.exact_joint import exact_joint
 
 VOCAB, PROMPT, N = 5, [1, 2, 3], 2000
 
@@ -37,23 +36,6 @@ def _drafter(sampled: bool) -> CorpusLookupDrafter:
                                max_fallbacks=1)
 
 
-def _exact_joint(target) -> dict[tuple, float]:
-    def probs(ctx):
-        logits = target.forward(torch.tensor([ctx]), torch.tensor([0])).logits[:, -1:]
-        return process_logits(logits, torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1.0]))[0, 0]
-
-    joint = {}
-    with torch.no_grad():
-        p1 = probs(PROMPT)
-        for a in range(VOCAB):
-            p2 = probs(PROMPT + [a])
-            for b in range(VOCAB):
-                p3 = probs(PROMPT + [a, b])
-                for c in range(VOCAB):
-                    joint[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
-    return joint
-
-
 def _p_value(target, drafter) -> float:
     engine = SpecEngine(target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=6,
                         max_verify_tokens=64 * 7, verify_budget=False)
@@ -62,7 +44,7 @@ def _p_value(target, drafter) -> float:
     counts = {cell: 0 for cell in itertools.product(range(VOCAB), repeat=3)}
     for r in results:
         counts[tuple(r.token_ids)] += 1
-    joint = _exact_joint(target)
+    joint = exact_joint(target, PROMPT, VOCAB)
     cells = [c for c in counts if joint[c] * N >= 5]  # pool the rare cells into one
     observed = [counts[c] for c in cells] + [N - sum(counts[c] for c in cells)]
     expected = [joint[c] * N for c in cells] + [N - sum(joint[c] * N for c in cells)]

@@ -11,23 +11,10 @@ from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.neural import TreeShape
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
-from deepspec.decoding.registry import load_checkpoint_drafter
-from deepspec.models.drafts import save_draft
 from plugins.reference.tree import tree_accept
-from tests.training.helpers import tiny_draft, tiny_target
 
-ALGOS = ["eagle3", "dflash", "dspark"]
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13]]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-def _drafter(target, algo, tmp_path, **kw):
-    path = save_draft(tiny_draft(target, algo, draft_vocab_size=48), tmp_path / algo)
-    return load_checkpoint_drafter(path, target, **kw)
+# the same tiny target, drafts and prompts as the chain tests (the `target` fixture comes with them)
+from tests.deepspec.decoding.test_trained_drafters import ALGOS, PROMPTS, _drafter, target  # noqa: E402, F401
 
 
 def _bound(target, algo, tmp_path, slots=2, **kw):

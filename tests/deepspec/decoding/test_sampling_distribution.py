@@ -16,8 +16,8 @@ from scipy.stats import chisquare
 from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding import engine as engine_module
 from deepspec.decoding.drafters.random import RandomDrafter
-from plugins import process_logits as sampling_probs
 from tests.conftest import make_tiny_target
+from tests.deepspec.decoding.exact_joint import exact_joint
 
 VOCAB, PROMPT, N = 5, [1, 2, 3], 3000
 
@@ -28,21 +28,7 @@ def target():
 
 
 def _exact_joint(target, params: SamplingParams) -> dict[tuple, float]:
-    def probs(ctx):
-        logits = target.forward(torch.tensor([ctx]), torch.tensor([0])).logits[:, -1:]
-        return sampling_probs(logits, torch.tensor([params.temperature]), torch.tensor([params.top_k]),
-                              torch.tensor([params.top_p]))[0, 0]
-
-    joint = {}
-    with torch.no_grad():
-        p1 = probs(PROMPT)
-        for a in range(VOCAB):
-            p2 = probs(PROMPT + [a])
-            for b in range(VOCAB):
-                p3 = probs(PROMPT + [a, b])
-                for c in range(VOCAB):
-                    joint[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
-    return joint
+    return exact_joint(target, PROMPT, VOCAB, params.temperature, params.top_k, params.top_p)
 
 
 def _p_value(target, drafter, params: SamplingParams) -> float:
