@@ -22,6 +22,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -57,23 +58,25 @@ class OnnxSlotCache:
         v: torch.Tensor
 
 
+@dataclass(eq=False, repr=False)  # a target is compared and hashed by identity, and its repr stays short
 class OnnxTarget(HFTextTarget):
     """A target whose forward is an ONNX Runtime session over `<engine dir>/target.onnx`."""
 
-    def __init__(self, name: str, path: Path, spec: ArchSpec, tokenizer, session, meta: dict, max_seq_len: int,
-                 eos_token_ids: tuple[int, ...]):
-        self.name = name
-        self.path = path
-        self.spec = spec
-        self.tokenizer = tokenizer
-        self.session = session
-        self.meta = meta
-        self.max_seq_len = max_seq_len
-        self.eos_token_ids = eos_token_ids
-        self.quantization = meta.get("quantization", "none")
-        self.feature_layers = tuple(meta.get("feature_layers", ()))
-        #: the exported graph is causal over its T new tokens: token trees are verified as chains of first children
-        self.supports_tree_attention = False
+    name: str
+    path: Path
+    spec: ArchSpec
+    tokenizer: object  # transformers.PreTrainedTokenizerBase
+    session: object  # onnxruntime.InferenceSession
+    meta: dict  # onnx.json
+    max_seq_len: int
+    eos_token_ids: tuple[int, ...]
+
+    #: the exported graph is causal over its T new tokens: token trees are verified as chains of first children
+    supports_tree_attention: ClassVar[bool] = False
+
+    def __post_init__(self):
+        self.quantization = self.meta.get("quantization", "none")
+        self.feature_layers = tuple(self.meta.get("feature_layers", ()))
         self._embeddings: TargetEmbeddings | None = None
 
     @property
