@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -104,24 +105,24 @@ def sampled_vs_greedy(servers: dict, kinds: list[str], temperatures: list[float]
     return out
 
 
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--temperature takes a number >= 0, got {text!r}")
-    if not 0 <= value <= 2:
-        raise argparse.ArgumentTypeError(f"--temperature must be in [0, 2], got {text!r}")
-    return value
+def _number_option(option: str, expected: str, interval: str, inside: Callable[[float], bool]):
+    """An argparse `type` for a float option, refusing with the option's own words: "`option` takes `expected`"
+    for text that is no number, "`option` must be in `interval`" for a number outside it."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} takes {expected}, got {text!r}")
+        if not inside(value):
+            raise argparse.ArgumentTypeError(f"{option} must be in {interval}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _top_p(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--top-p takes a number in (0, 1], got {text!r}")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"--top-p must be in (0, 1], got {text!r}")
-    return value
+_temperature = _number_option("--temperature", "a number >= 0", "[0, 2]", lambda value: 0 <= value <= 2)
+_top_p = _number_option("--top-p", "a number in (0, 1]", "(0, 1]", lambda value: 0 < value <= 1)
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, temperature: float = 0.0,
