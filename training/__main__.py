@@ -135,20 +135,29 @@ def _run_corpus(args, parser) -> int:
     return 0
 
 
+def _add_eval_workload(p, *, num_prompts: int, datasets_note: str = "") -> None:
+    """The options `eval` and `curve` share: which target decodes how much of which eval sets, on how many threads.
+
+    One definition, so a curve point is measured on the workload `eval` would name the same way."""
+    p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF dir (default smollm2-135m)")
+    p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
+                   help=f"comma-separated eval sets from datasets/eval (default humaneval,gsm8k,mbpp){datasets_note}")
+    p.add_argument("--num-prompts", type=int, default=num_prompts,
+                   help=f"first N prompts of each dataset (default {num_prompts})")
+    p.add_argument("--max-tokens", type=int, default=128, help="generated tokens per prompt (default 128)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="acceptance length, verify rate, survival and speedup vs target-only",
                        description="Runs target-only and draft decoding on the same prompts in one process; "
                        "writes eval.json, eval.md and acceptance.png into --out (default: the draft directory).")
-    p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF dir (default smollm2-135m)")
     p.add_argument("--draft", required=True, nargs="+",
                    help="one or more draft checkpoint directories or built-in drafter names (prompt-lookup, auto); "
                         "several share one target-only baseline per dataset and temperature. Drafting options "
                         "follow a colon, so a tree sits next to its chain: drafts/smollm2-135m-corpus:tree=false "
                         "drafts/smollm2-135m-corpus:tree=true (an optioned draft reports under runs/eval/<label>)")
-    p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
-                   help="comma-separated eval sets from datasets/eval (default humaneval,gsm8k,mbpp)")
-    p.add_argument("--num-prompts", type=int, default=10, help="first N prompts of each dataset (default 10)")
-    p.add_argument("--max-tokens", type=int, default=128, help="generated tokens per prompt (default 128)")
+    _add_eval_workload(p, num_prompts=10)
     p.add_argument("--temperatures", default="0,1.0",
                    help="comma-separated temperatures; 0 = greedy (default '0,1.0'); speedup is timed per value")
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="block / depth γ (default 7)")
@@ -158,7 +167,6 @@ def _add_eval(sub) -> None:
                    help="target weights: none (dense in --dtype; default), gguf (the GGUF's own 4-bit matmul "
                         "weights; CPU, bfloat16), auto (gguf where it applies)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default: the draft directory)")
     p.add_argument("--compare", type=Path, default=None,
                    help="also write every draft's rows side by side (τ, verify tokens per step, speedup) here")
@@ -174,7 +182,7 @@ def _add_curve(sub) -> None:
                        "train_summary.json. --plot draws the record with the shipped drafts and corpus lookup.")
     p.add_argument("--record", required=True, type=Path, help="JSON record of the curve (created, then appended)")
     p.add_argument("--run", type=Path, default=None, help="training run directory (output_dir) to measure")
-    p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF dir (default smollm2-135m)")
+    _add_eval_workload(p, num_prompts=4, datasets_note="; keep them fixed for one record")
     p.add_argument("--every-minutes", type=float, default=None,
                    help="keep measuring each new checkpoint, at most this often, until the run finishes")
     p.add_argument("--plot", type=Path, default=None, help="write the τ-vs-tokens PNG here (after measuring)")
@@ -184,11 +192,6 @@ def _add_curve(sub) -> None:
     p.add_argument("--goal", type=Path, default=None,
                    help="the draft to beat (e.g. drafts/smollm2-135m-corpus): its eval.json greedy τ per set is "
                         "drawn dashed and the fit is solved for the tokens that reach its mean")
-    p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
-                   help="comma-separated eval sets (default humaneval,gsm8k,mbpp); keep them fixed for one record")
-    p.add_argument("--num-prompts", type=int, default=4, help="first N prompts of each set (default 4)")
-    p.add_argument("--max-tokens", type=int, default=128, help="generated tokens per prompt (default 128)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def build_parser() -> argparse.ArgumentParser:
