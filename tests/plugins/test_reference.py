@@ -15,6 +15,17 @@ def logits_with_argmax(argmax: list[list[int]], V: int) -> torch.Tensor:
     return x
 
 
+def argmax_drafts_missing_at(B: int, k: int, V: int, misses: list[tuple[int, int]]):
+    """Seeded [B, k+1, V] logits and [B, k] drafts equal to their argmax except at each (row, position) in `misses`,
+    where the draft is the next token id: greedy acceptance keeps a row's drafts up to its first miss."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(B, k + 1, V, generator=g)
+    drafts = logits[:, :k].argmax(-1)
+    for row, position in misses:
+        drafts[row, position] = (drafts[row, position] + 1) % V
+    return logits, drafts
+
+
 def sampling(B, temperature=1.0, top_k=0, top_p=1.0, seed=0):
     return (torch.full((B,), temperature), torch.full((B,), top_k, dtype=torch.long), torch.full((B,), top_p),
             torch.arange(B, dtype=torch.long) + seed)
@@ -78,11 +89,7 @@ def test_greedy_ties_go_to_the_lowest_token_id_like_argmax():
 
 # ---- rejection_sample ------------------------------------------------------------------------------------------
 def test_rejection_sample_on_greedy_rows_is_greedy_accept():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(6, 4, 9, generator=g)
-    drafts = logits[:, :3].argmax(-1)
-    drafts[1, 1] = (drafts[1, 1] + 1) % 9
-    drafts[2, 0] = (drafts[2, 0] + 1) % 9
+    logits, drafts = argmax_drafts_missing_at(6, 3, 9, misses=[(1, 1), (2, 0)])
     num = torch.tensor([3, 3, 3, 1, 0, 2])
     T, tk, tp, seeds = sampling(6, temperature=0.0)
     got = plugins.rejection_sample(drafts, num, logits, None, T, tk, tp, seeds)

@@ -5,7 +5,7 @@ import torch
 
 import plugins
 from tests.plugins.oracles import _p_value, sorted_filter_probs
-from tests.plugins.test_reference import logits_with_argmax, sampling
+from tests.plugins.test_reference import argmax_drafts_missing_at, logits_with_argmax, sampling
 
 
 def greedy_tree(tokens, parents, num_nodes, logits):
@@ -15,11 +15,7 @@ def greedy_tree(tokens, parents, num_nodes, logits):
 
 
 def test_a_chain_tree_is_greedy_accept():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(5, 4, 11, generator=g)
-    drafts = logits[:, :3].argmax(-1)
-    drafts[1, 2] = (drafts[1, 2] + 1) % 11
-    drafts[2, 0] = (drafts[2, 0] + 1) % 11
+    logits, drafts = argmax_drafts_missing_at(5, 3, 11, misses=[(1, 2), (2, 0)])
     num = torch.tensor([3, 3, 3, 1, 0])
     tokens = torch.cat([torch.zeros(5, 1, dtype=torch.long), drafts], 1)
     parents = torch.tensor([[-1, 0, 1, 2]] * 5)
