@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from service.gateway.dispatch import Dispatcher
+from service.gateway.errors import ClientDisconnected
 
 
 async def get_dispatcher(request: Request) -> Dispatcher:  # async: a sync dependency would hop to a thread
@@ -24,10 +25,6 @@ async def get_caller(request: Request) -> str | None:
 
 
 CallerDep = Annotated[str | None, Depends(get_caller)]
-
-
-class ClientDisconnected(Exception):
-    """The HTTP client went away before the response was ready; its worker call has been cancelled."""
 
 
 async def until_disconnect(request: Request, awaitable):

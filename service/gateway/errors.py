@@ -2,7 +2,8 @@
 
 `{"error": {"message", "type", "param", "code"}}` with the status codes OpenAI and vLLM use: 400 bad input (wrong
 types included, as both do, rather than FastAPI's 422), 401 bad API key, 404 unknown model or route, 413 body too
-large, 429 every worker saturated (with Retry-After), 503 no worker ready or shutting down, 504 request timeout.
+large, 429 every worker saturated (with Retry-After), 503 no worker ready or shutting down, 504 request timeout;
+499 without a body when the client hung up before the answer (`ClientDisconnected`).
 The OpenAPI document says the same: routes list their errors with `responses(...)` and `install_error_handlers`
 drops the 422 FastAPI documents on every route with a body.
 """
@@ -15,7 +16,7 @@ import re
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -23,6 +24,11 @@ logger = logging.getLogger(__name__)
 
 #: pydantic names union members in an error's loc by their type; those are not field names
 _TYPE_TAG = re.compile(r"[\[\-]|^(str|int|float|bool|list|dict)$")
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before the response was ready; its worker call has been cancelled. Answered 499
+    (nginx's "client closed request") with no body: nobody is left to read one, the status is for logs and metrics."""
 
 
 class ServiceError(Exception):
@@ -155,6 +161,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError):
         return error_response(exc)
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_disconnected(request: Request, exc: ClientDisconnected):
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

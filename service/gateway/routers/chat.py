@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
-from service.gateway.dependencies import CallerDep, ClientDisconnected, DispatcherDep, sse, until_disconnect
+from service.gateway.dependencies import CallerDep, DispatcherDep, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.schemas import ChatCompletionRequest
 from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
@@ -23,10 +23,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
                             max_tokens=body.max_completion_tokens or body.max_tokens, **body.sampling())  # fmt: skip
     created = int(time.time())
     if not body.stream:
-        try:
-            text, last = await until_disconnect(request, dispatcher.complete(req, "chat", caller))
-        except ClientDisconnected:
-            return Response(status_code=499)
+        text, last = await until_disconnect(request, dispatcher.complete(req, "chat", caller))
         return JSONResponse({
             "id": req.request_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
@@ -35,10 +32,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
         })  # fmt: skip
 
     chunks = dispatcher.generate(req, "chat", caller=caller)
-    try:
-        first = await until_disconnect(request, anext(chunks))
-    except ClientDisconnected:
-        return Response(status_code=499)
+    first = await until_disconnect(request, anext(chunks))
 
     def frame(delta: dict, finish_reason: str | None = None) -> bytes:
         payload = {"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": model,

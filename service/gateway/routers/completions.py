@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
-from service.gateway.dependencies import CallerDep, ClientDisconnected, DispatcherDep, sse, until_disconnect
+from service.gateway.dependencies import CallerDep, DispatcherDep, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.schemas import CompletionRequest
 from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
@@ -23,10 +23,7 @@ async def create_completion(body: CompletionRequest, request: Request, dispatche
                             max_tokens=body.max_tokens, **body.sampling())  # fmt: skip
     created = int(time.time())
     if not body.stream:
-        try:
-            text, last = await until_disconnect(request, dispatcher.complete(req, "completions", caller))
-        except ClientDisconnected:
-            return Response(status_code=499)
+        text, last = await until_disconnect(request, dispatcher.complete(req, "completions", caller))
         return JSONResponse({
             "id": req.request_id, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
@@ -34,10 +31,8 @@ async def create_completion(body: CompletionRequest, request: Request, dispatche
         })  # fmt: skip
 
     chunks = dispatcher.generate(req, "completions", caller=caller)
-    try:  # errors before the first token are plain HTTP errors (400, 429, 503), not stream events
-        first = await until_disconnect(request, anext(chunks))
-    except ClientDisconnected:
-        return Response(status_code=499)
+    # errors before the first token are plain HTTP errors (400, 429, 503), not stream events
+    first = await until_disconnect(request, anext(chunks))
 
     def frame(chunk: Chunk) -> bytes:
         payload = {"id": req.request_id, "object": "text_completion", "created": created, "model": model,
