@@ -92,7 +92,7 @@ def _server_main(conn, ttft_s: float, itl_s: float) -> None:
                 srv.timings = []
             else:
                 break
-        await srv.stop()
+        await srv.aclose()
 
     uvloop.run(serve())
 

@@ -23,6 +23,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from loadtest.lifecycle import AsyncResource
+
 FAULTS = ("429", "500", "malformed", "drop")
 
 
@@ -57,7 +59,7 @@ class _Counters:
     max_in_flight: int = 0
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(AsyncResource):
     """`async with FakeOpenAIServer(cfg) as srv:` serves on 127.0.0.1:`srv.port` (0 = a free port)."""
 
     def __init__(self, config: FakeServerConfig | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -76,20 +78,13 @@ class FakeOpenAIServer:
         self._server = await asyncio.start_server(self._handle, self.host, self.port, backlog=4096)
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         if self._server is not None:
             self._server.close()
             for w in list(self._writers):  # Server.close_clients() is Python 3.13+
                 w.transport.abort()
             await self._server.wait_closed()
             self._server = None
-
-    async def __aenter__(self) -> "FakeOpenAIServer":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)

@@ -22,6 +22,7 @@ import time
 
 import grpc
 
+from loadtest.lifecycle import AsyncResource
 from loadtest.records import RequestInput, RequestOutput
 from service.protos.deepspec.v1 import completions_pb2, completions_pb2_grpc
 
@@ -29,7 +30,7 @@ STREAMS_PER_CHANNEL = 64
 CONNECT_TIMEOUT_S = 2.0
 
 
-class GrpcClient:
+class GrpcClient(AsyncResource):
     def __init__(
         self, address: str, *, model: str | None, stream: bool = True, pool_size: int = 0, timeout_s: float = 600.0
     ) -> None:
@@ -55,13 +56,6 @@ class GrpcClient:
         for c in self._channels:
             await c.close()
         self._channels = []
-
-    async def __aenter__(self) -> "GrpcClient":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def build_request(self, req: RequestInput) -> completions_pb2.CompletionRequest:
         msg = completions_pb2.CompletionRequest(model=self.model, ignore_eos=req.ignore_eos)

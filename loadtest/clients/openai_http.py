@@ -22,13 +22,14 @@ import time
 
 import aiohttp
 
+from loadtest.lifecycle import AsyncResource
 from loadtest.records import RequestInput, RequestOutput
 
 _MAX_ERROR_BODY = 500
 _decode = json.JSONDecoder().decode
 
 
-class OpenAIHttpClient:
+class OpenAIHttpClient(AsyncResource):
     def __init__(
         self,
         base_url: str,
@@ -67,13 +68,6 @@ class OpenAIHttpClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    async def __aenter__(self) -> "OpenAIHttpClient":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def build_body(self, req: RequestInput) -> dict:
         body: dict = {}

@@ -26,7 +26,7 @@ def threaded_fake_server(config: FakeServerConfig | None = None) -> Iterator[Fak
         loop.run_until_complete(srv.start())
         ready.set()
         loop.run_forever()
-        loop.run_until_complete(srv.stop())
+        loop.run_until_complete(srv.aclose())
         loop.close()
 
     t = threading.Thread(target=serve, daemon=True)
