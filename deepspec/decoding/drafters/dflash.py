@@ -30,10 +30,7 @@ class DFlashDrafter(NeuralDrafter):
         self.ctx_len[slot] = 0
         self.anchor[slot] = first_token
 
-    @torch.inference_mode()
-    def extend(self, slots, tokens, num_tokens, features) -> None:
-        if features is None:
-            raise ValueError(f"the {self.name} drafter needs target features: the engine must capture feature_layers")
+    def _extend(self, slots, tokens, num_tokens, features) -> None:
         k0 = self.caches[0][0]
         device = k0.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)
@@ -67,10 +64,7 @@ class DFlashDrafter(NeuralDrafter):
         hidden = self.model.blocks(block_h, block_pos, ctx_kv, mask)
         return hidden, self.model.head(hidden)
 
-    @torch.inference_mode()
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
-        if self.tree is not None:
-            return self._propose_tree(slots, k, sampling)
+    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         hidden, logits = self._block_hidden(slots)
         want_probs = not sampling.all_greedy
         tokens, probs = [], [] if want_probs else None

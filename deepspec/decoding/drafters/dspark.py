@@ -24,10 +24,7 @@ class DSparkDrafter(DFlashDrafter):
         self.confidence_threshold = model.cfg.confidence_threshold if confidence_threshold is None \
             else confidence_threshold
 
-    @torch.inference_mode()
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
-        if self.tree is not None:
-            return self._propose_tree(slots, k, sampling)
+    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         hidden, base = self._block_hidden(slots)
         want_probs = not sampling.all_greedy
         prev = self.anchor[slots].to(hidden.device)

@@ -43,10 +43,7 @@ class Eagle3Drafter(NeuralDrafter):
         self.length[slot] = 0
         self.has_pair[slot] = False
 
-    @torch.inference_mode()
-    def extend(self, slots, tokens, num_tokens, features) -> None:
-        if features is None:
-            raise ValueError("the eagle3 drafter needs target features: the engine must capture feature_layers")
+    def _extend(self, slots, tokens, num_tokens, features) -> None:
         device = self.last_h.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)
         m = tokens.shape[1]
@@ -60,10 +57,7 @@ class Eagle3Drafter(NeuralDrafter):
             self.length[slot] += int(num_tokens[row])
             self.has_pair[slot] = True
 
-    @torch.inference_mode()
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
-        if self.tree is not None:
-            return self._propose_tree(slots, k, sampling)
+    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         device = self.last_h.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)
         want_probs = not sampling.all_greedy

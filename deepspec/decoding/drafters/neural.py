@@ -38,6 +38,33 @@ class NeuralDrafter(Drafter):
         shape = (num_slots, self.cfg.num_kv_heads, max_len + CACHE_SLACK, self.cfg.head_dim)
         return torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device)
 
+    # The engine's two per-round calls, the same for every neural draft: a trained draft reads the target's features
+    # (refused without them), and it grows a chain or, with `tree_branches` set, a token tree. Each drafter writes
+    # the three steps below.
+    @torch.inference_mode()
+    def extend(self, slots, tokens, num_tokens, features) -> None:
+        if features is None:
+            raise ValueError(f"the {self.name} drafter needs target features: the engine must capture feature_layers")
+        self._extend(slots, tokens, num_tokens, features)
+
+    @torch.inference_mode()
+    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        if self.tree is not None:
+            return self._propose_tree(slots, k, sampling)
+        return self._propose_chain(slots, k, sampling)
+
+    def _extend(self, slots: list[int], tokens: torch.Tensor, num_tokens: torch.Tensor, features: torch.Tensor) -> None:
+        """Record the committed tokens and the target features before them (features is never None here)."""
+        raise NotImplementedError
+
+    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        """Up to k draft tokens in a row per slot."""
+        raise NotImplementedError
+
+    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        """A token tree of up to k nodes per slot, shaped by `self.tree`."""
+        raise NotImplementedError
+
 
 def checkpoint_loader(cls: type[NeuralDrafter]):
     """The registry's loader for draft directories of cls.name: read the weights (checked against the target's
