@@ -114,6 +114,31 @@ def test_quantized_graphs_use_their_kernel_and_stay_close(tmp_path, quantization
     assert cos > 0.98
 
 
+def test_int8_matmul_does_not_saturate_on_large_activations():
+    """DynamicQuantizeMatMul as the int8 graph writes it, fed what saturated it on an AVX2 CPU without VNNI (uint8
+    activations near 255 times weights at full int8 range overflow VPMADDUBSW's 16-bit pair sums): the real target
+    then decoded gibberish. Weights on 7 bits keep every pair sum in range, so the product stays the float one."""
+    from onnx import TensorProto, helper
+
+    from export.onnx.graph import MS_DOMAIN, quantize_int8
+
+    rng = np.random.default_rng(0)
+    weight = rng.uniform(0.5, 1.0, (8, 64)).astype(np.float32)  # one sign per row: products add up, never cancel
+    weight[:, 0] = 1.0
+    x = rng.uniform(0.9, 1.0, (4, 64)).astype(np.float32)
+    x[:, 0] = 0.0  # activation range [0, 1]: most values quantize to 250-255
+    qweight, scales = quantize_int8(weight)
+    assert np.abs(qweight).max() <= 63
+    node = helper.make_node("DynamicQuantizeMatMul", ["x", "w", "s"], ["y"], domain=MS_DOMAIN)
+    graph = helper.make_graph([node], "int8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor("w", TensorProto.INT8, [64, 8], qweight.T.flatten().tolist()),
+                               helper.make_tensor("s", TensorProto.FLOAT, [8], scales.tolist())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x @ weight.T, rtol=0.02)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_fused_graph_computes_the_plain_graph_with_fewer_nodes(tmp_path, family):
     """SkipSimplifiedLayerNormalization and packed-QKV attention are a rewrite, not an approximation; the captured
