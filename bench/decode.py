@@ -200,6 +200,8 @@ def summarize(rows_by_dataset, reference_by_dataset):
         widths = [r[3] for r in rows if len(r) > 3 and r[3] is not None]
         ref = reference_by_dataset.get(name)
         identical = sum(r[0] == ref_row[0] for r, ref_row in zip(rows, ref)) if ref else None
+        # how far a non-identical output follows the reference (a quantized graph drifts late; a broken one at once)
+        prefix = statistics.median(_common_prefix(r[0], ref_row[0]) for r, ref_row in zip(rows, ref)) if ref else None
         out[name] = {
             "tokens": tokens,
             "seconds": round(seconds, 3),
@@ -208,8 +210,14 @@ def summarize(rows_by_dataset, reference_by_dataset):
             "acceptance_length": round(statistics.mean(taus), 3) if taus else None,
             "verify_tokens_per_step": round(statistics.mean(widths), 3) if widths else None,
             "identical_to_reference": f"{identical}/{len(rows)}" if identical is not None else None,
+            "median_common_prefix": prefix,
         }
     return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Tokens a and b share before they first differ."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,9 @@ Three parts, one run:
        llama.cpp            llama-cpp-python on the same GGUF (`make bench-deps`), the CPU peer every ratio divides by
        engine-q4            our PyTorch engine on the GGUF's own 4-bit weights (bf16), the peer when llama.cpp is absent
 
+   Each row says how many outputs equal the fp32 graph's and, as "same first tokens", the median length of the
+   prefix they share with it: quantized graphs drift late, a broken one (gibberish) at the first token.
+
 3. Verify-step curve: one forward of T = 1, 2, 4, 8, 16, 32 tokens after a 256-token context at batch 1, int4
    and int8 graphs, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
    are read once per step either way): the aim is T=8 ≤ 1.3x and T=32 ≤ 1.6x.
@@ -270,7 +273,8 @@ def main(argv=None) -> int:
     summary = {name: summarize(r, rows.get("onnx", {})) for name, r in rows.items()}
     table = Table(title=f"batch-1 greedy decode through ONNX Runtime, {args.max_tokens} new tokens, "
                         f"{args.num_prompts} prompts/dataset, {threads} threads; ratios to {peer}")
-    for col in ("method", "dataset", "tok/s", "median tok/s", "tau", f"x {peer}", "identical to onnx"):
+    for col in ("method", "dataset", "tok/s", "median tok/s", "tau", f"x {peer}", "identical to onnx",
+                "same first tokens"):
         table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
     for name, per_ds in summary.items():
         for ds in DATASETS:
@@ -279,7 +283,8 @@ def main(argv=None) -> int:
             r[f"x_{peer}"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2) if base else None
             table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
                           f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
-                          f"{r[f'x_{peer}']:.2f}" if r[f"x_{peer}"] else "-", r["identical_to_reference"] or "-")
+                          f"{r[f'x_{peer}']:.2f}" if r[f"x_{peer}"] else "-", r["identical_to_reference"] or "-",
+                          "-" if r["median_common_prefix"] is None else f"{r['median_common_prefix']:g}")
         table.add_section()
     Console(width=120).print(table)
 

@@ -44,6 +44,16 @@ def test_summarize_reports_verify_tokens_per_step():
     assert out["peer"]["verify_tokens_per_step"] is None
 
 
+def test_summarize_says_how_far_outputs_follow_the_reference():
+    """A drifting (quantized) output shares a long prefix with the reference, a broken one almost none: the column
+    that would have flagged an int8 graph decoding gibberish while its 'identical' count read 0/5 like int4's."""
+    ref = [([1, 2, 3, 4], 1.0, None), ([5, 6, 7], 1.0, None), ([8, 9], 1.0, None)]
+    drift = summarize({"ds": [([1, 2, 3, 0], 1.0, None), ([5, 6, 7], 1.0, None), ([8, 0], 1.0, None)]}, {"ds": ref})
+    broken = summarize({"ds": [([0, 2, 3, 4], 1.0, None), ([5, 0, 7], 1.0, None), ([0], 1.0, None)]}, {"ds": ref})
+    assert drift["ds"]["identical_to_reference"] == "1/3" and drift["ds"]["median_common_prefix"] == 3
+    assert broken["ds"]["identical_to_reference"] == "0/3" and broken["ds"]["median_common_prefix"] == 0
+
+
 def test_bench_rows_carry_shape_and_verify_width(tmp_path, monkeypatch):
     target_dir = tiny_hf_target_dir(tmp_path / "target")
     (tmp_path / "data" / "eval").mkdir(parents=True)
