@@ -83,6 +83,28 @@ def test_graph_matches_decoder_on_every_kind_of_step(tmp_path, family):
     torch.testing.assert_close(ours.k[:, :, :, :12], ref.k[:, :, :, :12], atol=1e-5, rtol=1e-5)
 
 
+def test_kept_bindings_follow_their_cache_and_rows(tmp_path):
+    """The target keeps one IOBinding per cache and row range: two caches and two row ranges used in turn each get
+    their own context (a binding bound to the wrong buffers would attend to the other cache's keys)."""
+    from deepspec.models.onnx_target import MAX_BINDINGS
+
+    target, model = _onnx_target(tmp_path)
+    tokens = torch.randint(0, VOCAB, (2, 6))
+    caches = [target.new_cache(2, 32), target.new_cache(2, 32)]
+    for i, cache in enumerate(caches):  # a different 4-token context per cache and per row
+        for row in range(2):
+            target.forward(tokens[row : row + 1, i : i + 4], torch.zeros(1, dtype=torch.long), cache.rows(row, 1))
+    for i, cache in enumerate(caches):
+        for row in range(2):
+            got = target.forward(tokens[row : row + 1, 4:5], torch.full((1,), 4), cache.rows(row, 1), logits="last")
+            context = torch.cat([tokens[row : row + 1, i : i + 4], tokens[row : row + 1, 4:5]], dim=1)
+            want = model(context, torch.zeros(1, dtype=torch.long), None, logits="last").logits
+            torch.testing.assert_close(got.logits, want, atol=1e-5, rtol=1e-5)
+    for n in range(MAX_BINDINGS + 3):  # scratch caches come and go: the kept bindings stay bounded
+        target.forward(tokens[:, : 1 + n % 5], torch.zeros(2, dtype=torch.long), None)
+    assert len(target._bindings) <= MAX_BINDINGS
+
+
 def test_engine_on_onnx_target_decodes_what_the_pytorch_engine_decodes(tmp_path):
     from deepspec.models.decoder_target import DecoderTarget
 
