@@ -27,7 +27,10 @@ def _brute_force_match(tokens: list[int], context: list[int], max_match: int) ->
     return 0, set()
 
 
-def test_longest_match_agrees_with_brute_force():
+@pytest.mark.parametrize("gather_limit", [0, 10**9], ids=["bisect", "gather"])
+def test_longest_match_agrees_with_brute_force(monkeypatch, gather_limit):
+    """Both ways of narrowing a matched range (bisection for wide ranges, a gathered column for narrow ones)."""
+    monkeypatch.setattr("deepspec.decoding.drafters.suffix_index._GATHER_LIMIT", gather_limit)
     rng = random.Random(0)
     tokens = []
     for _ in range(40):
