@@ -98,7 +98,6 @@ class SpecEngine:
         self.step_time: StepTimeModel | None = None
         if drafter is not None and verify_budget and self.num_speculative_tokens:
             self.step_time = self._probe_step_time()
-        self._warm_up_verification()
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[_Sequence] = []  # index == slot
@@ -365,14 +364,6 @@ class SpecEngine:
             feats = features[torch.tensor(extend_rows), :width] if features is not None else None
             self.drafter.extend(extend_rows, tokens, num, feats)
         return results
-
-    def _warm_up_verification(self) -> None:
-        """Call the verification op once on a one-draft dummy batch. Its first call imports torch's custom-op and
-        compiler machinery (seconds, minutes on a loaded machine); target-only greedy steps skip the op, so without
-        this the first request with drafts or sampling, not the engine's start, would pay for it."""
-        device = self.target.device
-        verify(torch.zeros(1, 1, dtype=torch.long, device=device), torch.ones(1, dtype=torch.long, device=device),
-               torch.zeros(1, 2, 2, device=device), None, None)
 
     def _probe_step_time(self) -> StepTimeModel:
         """Time verify-shaped passes of 1 .. max_verify_tokens tokens on slot 0 while no request runs yet (what

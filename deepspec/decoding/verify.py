@@ -48,9 +48,6 @@ def verify(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """→ (num_accepted [B], next_token [B]) on the logits' device; greedy rows are exactly target argmax."""
     device = target_logits.device
-    if sampling is None and draft_tokens.shape[1] == 0:  # target-only greedy: the op's checks and dispatch cost
-        B = target_logits.shape[0]                       # ~1 ms a step at batch 1, more than this argmax
-        return torch.zeros(B, dtype=torch.long, device=device), target_logits[:, 0].argmax(dim=-1)
     draft_tokens, num_draft_tokens = draft_tokens.to(device), num_draft_tokens.to(device)
     # drafters pad past num_draft_tokens with anything; the ops check every id, so padding becomes token 0
     padding = torch.arange(draft_tokens.shape[1], device=device)[None, :] >= num_draft_tokens[:, None]

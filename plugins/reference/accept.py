@@ -26,6 +26,8 @@ def greedy_accept(
     """
     B, k = draft_tokens.shape
     num_accepted = torch.zeros(B, dtype=torch.long, device=draft_tokens.device)
+    if k == 0:  # target-only decoding, every step of it: the argmax alone (the general path costs ~2x at batch 1)
+        return num_accepted, target_logits[:, 0].argmax(dim=-1)
     next_token = torch.zeros(B, dtype=torch.long, device=draft_tokens.device)
     settled = torch.zeros(B, dtype=torch.bool, device=draft_tokens.device)
     alive = (num_draft_tokens > 0).nonzero().squeeze(1)
