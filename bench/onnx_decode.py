@@ -20,7 +20,10 @@ Three parts, one run:
 
 3. Verify-step curve: one forward of T = 1, 2, 4, 8, 16, 32 tokens after a 256-token context at batch 1, int4
    and int8 graphs, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
-   are read once per step either way): the aim is T=8 ≤ 1.3x and T=32 ≤ 1.6x.
+   are read once per step either way): the aim is T=8 ≤ 1.3x and T=32 ≤ 1.6x. llama.cpp's own curve on the same
+   GGUF (one `llama_decode` of T tokens, logits at every position, in its own process) and our PyTorch engine's
+   (dense bf16, and the GGUF's 4-bit weights) sit beside them: whether any kernel on this CPU keeps a multi-token
+   step near a one-token one.
 
 ONNX Runtime runs with intra-op threads = torch's thread count (set OMP_NUM_THREADS / --threads), sequential
 execution, all graph optimizations, no spinning.
@@ -51,7 +54,7 @@ from pathlib import Path
 
 from bench.decode import (DATASETS, engine_decoder, gguf_file, llama_cpp_decoder, load_prompts, run_interleaved,
                           summarize)
-from bench.isolated import IsolatedDecoder, MethodTable
+from bench.isolated import IsolatedDecoder, MethodTable, PeerFailed
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_SIZES = (1, 2, 4, 8, 16, 32)
@@ -132,6 +135,47 @@ def step_timer(target):
     for n in STEP_SIZES:
         timed(n)  # warm
     return timed
+
+
+def llama_cpp_step_timer(gguf: str, threads: int):
+    """llama.cpp's side of the verify-step curve, built in a child process (bench/isolated.py): `[n]` → one
+    batch-1 `llama_decode` of n tokens after STEP_CONTEXT tokens of context, with logits at every position as a
+    verify step needs (seconds). Same GGUF, same threads: whether llama.cpp's own 4-bit kernels keep a multi-token
+    step near a 1-token one on this CPU, which is what the ONNX curve is measured against."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=STEP_CONTEXT + 2 * max(STEP_SIZES), n_batch=max(STEP_SIZES), n_threads=threads,
+                logits_all=True, verbose=False)
+    rng = np.random.default_rng(0)
+    llm.eval(rng.integers(0, llm.n_vocab(), STEP_CONTEXT).tolist())
+    steps = {n: rng.integers(0, llm.n_vocab(), n).tolist() for n in STEP_SIZES}
+
+    def timed(ids):
+        llm.n_tokens = STEP_CONTEXT  # the next eval overwrites the same cache positions
+        t = time.perf_counter()
+        llm.eval(steps[ids[0]])
+        return [], time.perf_counter() - t, None
+
+    for n in STEP_SIZES:
+        timed([n])  # warm
+    return timed
+
+
+def llama_cpp_step_curve(gguf: str, threads: int, repeats: int) -> dict | None:
+    """llama.cpp's verify-step curve (median of repeats), or None when the peer is missing or dies."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    try:
+        timed = IsolatedDecoder(llama_cpp_step_timer, gguf, threads, threads=threads)
+    except PeerFailed:
+        return None
+    try:
+        return curve_summary({n: statistics.median(timed([n])[1] for _ in range(repeats)) for n in STEP_SIZES})
+    except PeerFailed:
+        return None
+    finally:
+        timed.close()
 
 
 def curve_summary(times: dict[int, float]) -> dict:
@@ -291,19 +335,29 @@ def main(argv=None) -> int:
     console.log("verify-step curves (batch 1)")
     curves = {q: step_curve(t, args.step_repeats) for q, t in (("int4", int4), ("int8", int8)) if t is not None}
     curve = curves["int4"]
-    steps = Table(title=f"verify step after {STEP_CONTEXT} tokens, batch 1 (median of {args.step_repeats})")
-    steps.add_column("tokens", justify="right")
-    for q in curves:
-        steps.add_column(f"{q} ms", justify="right")
-        steps.add_column(f"{q} x 1 token", justify="right")
-    for n in curve:
-        steps.add_row(n, *[cell for q in curves for cell in (f"{curves[q][n]['ms']:.2f}",
-                                                             f"{curves[q][n]['x_one_token']:.2f}")])
-    Console(width=120).print(steps)
+    if "llama.cpp" not in skip and (peer_curve := llama_cpp_step_curve(str(gguf_file(args.target)), threads,
+                                                                        args.step_repeats)) is not None:
+        curves["llama.cpp"] = peer_curve
+    # our PyTorch engine's targets on the same weights: dense bf16 (the bench.decode `engine` row) and the GGUF's
+    # 4-bit weights (`engine-q4`), so the table says which multi-token steps this CPU keeps cheap
+    for name, dtype, quantization in (("engine-bf16", "bfloat16", "none"), ("engine-q4", "bfloat16", "gguf")):
+        curves[name] = step_curve(load_target(args.target, dtype=dtype, quantization=quantization), args.step_repeats)
+    steps = Table(title=f"verify step of T tokens after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median ms "
+                        f"of {args.step_repeats} (x = the same method's 1-token step)")
+    steps.add_column("method")
+    for n in STEP_SIZES:
+        steps.add_column(f"T={n}", justify="right")
+    for name, per_t in curves.items():
+        cells = [f"{per_t[str(n)]['ms']:.1f}" + (f" ({per_t[str(n)]['x_one_token']:.2f}x)" if n > 1 else "")
+                 for n in STEP_SIZES]
+        steps.add_row(name, *cells)
+    Console(width=140).print(steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "threads": threads,
                                     "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve,
-                                    "verify_step_int8": curves.get("int8")},
+                                    "verify_step_int8": curves.get("int8"),
+                                    "verify_step_llama_cpp": curves.get("llama.cpp"),
+                                    "verify_step_engine": {n: curves[n] for n in ("engine-bf16", "engine-q4")}},
                                    indent=2) + "\n")
     console.log(f"wrote {args.out}")
     return 0

@@ -160,7 +160,12 @@ def _add_eval(sub) -> None:
     _add_eval_workload(p, num_prompts=10)
     p.add_argument("--temperatures", default="0,1.0",
                    help="comma-separated temperatures; 0 = greedy (default '0,1.0'); speedup is timed per value")
-    p.add_argument("--num-speculative-tokens", type=int, default=7, help="block / depth γ (default 7)")
+    p.add_argument("--num-speculative-tokens", type=int, default=7,
+                   help="block / depth γ, or a tree's node count (default 7)")
+    p.add_argument("--verify-all", action="store_true",
+                   help="verify every drafted token or tree node (vLLM's fixed num_speculative_tokens) instead of "
+                        "what the verify budget finds pays on this machine: the draft's full τ, at the speed that "
+                        "costs")
     p.add_argument("--batch-size", type=int, default=1, help="engine batch size (default 1: latency)")
     p.add_argument("--dtype", default="float32", help="target dtype (float32 default; bf16 on GPU)")
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,

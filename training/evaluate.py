@@ -84,9 +84,13 @@ def verify_tokens_per_step(results) -> float:
 
 def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_tokens: int,
              temperatures: list[float], num_speculative_tokens: int = 7, batch_size: int = 1,
-             check_identical: bool = True, on_result=None) -> dict[str, list[EvalResult]]:
+             check_identical: bool = True, on_result=None, verify_budget: bool = True) -> dict[str, list[EvalResult]]:
     """drafters: name → Drafter. Target-only runs once per (dataset, temperature) and every draft is timed right
-    after it on the same prompts, so each speedup compares runs minutes apart on the same machine state."""
+    after it on the same prompts, so each speedup compares runs minutes apart on the same machine state.
+
+    verify_budget=False verifies every token or node a draft proposes (up to num_speculative_tokens), as vLLM's
+    fixed `num_speculative_tokens` does: τ is then the draft's own acceptance, not cut to what pays on this
+    machine's step time (deepspec/decoding/verify_budget.py), and the speedup says what that costs."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
     from training.draft_specs import is_tree_drafter
@@ -94,7 +98,8 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
     max_seq_len = 2048
     base = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)
     engines = {name: SpecEngine(target, d, max_batch_size=batch_size, max_seq_len=max_seq_len,
-                                num_speculative_tokens=num_speculative_tokens) for name, d in drafters.items()}
+                                num_speculative_tokens=num_speculative_tokens, verify_budget=verify_budget)
+               for name, d in drafters.items()}
     warm = [target.encode_chat([{"role": "user", "content": "Hi"}])]
     for engine in (base, *engines.values()):  # first calls pay one-off allocation costs; keep them out of timing
         engine.generate(warm, SamplingParams(max_tokens=8))
@@ -227,9 +232,11 @@ def run_eval_cli(args, parser) -> int:
               f"→ {r.speedup:.2f}x{same}", file=sys.stderr, flush=True)
 
     results = evaluate(target, drafters, datasets, args.num_prompts, args.max_tokens, temperatures,
-                       args.num_speculative_tokens, args.batch_size, not args.no_check_identical, on_result=show)
+                       args.num_speculative_tokens, args.batch_size, not args.no_check_identical, on_result=show,
+                       verify_budget=not args.verify_all)
     settings = {"datasets": datasets, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
                 "temperatures": temperatures, "num_speculative_tokens": args.num_speculative_tokens,
+                "verify_budget": not args.verify_all,
                 "batch_size": args.batch_size, "dtype": args.dtype, "device": args.device,
                 "quantization": target.quantization,
                 "threads": torch.get_num_threads(), "machine": platform.machine(), "torch": torch.__version__}

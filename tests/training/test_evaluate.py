@@ -98,3 +98,29 @@ def test_eval_reports_option_variants_side_by_side(tmp_path, monkeypatch, capsys
     assert result["verify_tokens_per_step"] >= 1.0
     assert main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup:bogus=1", "--datasets", "toy"]) == 2
     assert "prompt-lookup:bogus=1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verify_all", [False, True])
+def test_eval_verify_all_turns_the_verify_budget_off(tmp_path, monkeypatch, verify_all):
+    import deepspec.decoding.engine as engine_module
+
+    built = []
+
+    class Recording(engine_module.SpecEngine):
+        def __init__(self, target, drafter, **kwargs):
+            super().__init__(target, drafter, **kwargs)
+            if drafter is not None:
+                built.append(self.step_time is not None)
+
+    monkeypatch.setattr(engine_module, "SpecEngine", Recording)
+    target_dir = tiny_hf_target_dir(tmp_path / "target")
+    (tmp_path / "data" / "eval").mkdir(parents=True)
+    (tmp_path / "data" / "eval" / "toy.jsonl").write_text(json.dumps({"turns": ["add 1 and 2 and 1 and 2"]}) + "\n")
+    monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
+    out = tmp_path / "report"
+    code = main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup", "--datasets", "toy",
+                 "--num-prompts", "1", "--max-tokens", "8", "--temperatures", "0", "--out", str(out),
+                 *(["--verify-all"] if verify_all else [])])
+    assert code == 0
+    assert built == [not verify_all]
+    assert json.loads((out / "eval.json").read_text())["settings"]["verify_budget"] is (not verify_all)

@@ -1,10 +1,11 @@
 """Lossless speculation on the real default target (fp32): every drafter reproduces target-only greedy output.
 
-20 prompts from the eval sets; the reference is target-only greedy at batch size 1. The speculative runs use
-batches of 4, so rows accept different numbers of drafts in the same verify pass, finish at different times,
-and slots are compacted mid-run. Two tree drafters go through tree attention and KV compaction: random trees,
-and prompt lookup's chain with a wrong sibling listed before every right token, so every accepted path leaves
-the first children and its KV entries must move.
+20 prompts from the eval sets; the reference is target-only greedy decoding of all 20 in one batch (one weight
+read per step instead of twenty: seconds instead of two minutes of fp32 on one core), tied to Hugging Face's
+batch-1 `generate` on the first three prompts. The speculative runs use batches of 4, so rows accept different
+numbers of drafts in the same verify pass, finish at different times, and slots are compacted mid-run. Two tree
+drafters go through tree attention and KV compaction: random trees, and prompt lookup's chain with a wrong sibling
+listed before every right token, so every accepted path leaves the first children and its KV entries must move.
 """
 
 import pytest
@@ -29,7 +30,7 @@ def prompt_ids(smollm2):
 
 @pytest.fixture(scope="module")
 def reference(smollm2, prompt_ids):
-    engine = SpecEngine(smollm2, None, max_batch_size=1, max_seq_len=1024)
+    engine = SpecEngine(smollm2, None, max_batch_size=len(prompt_ids), max_seq_len=1024)
     return [r.token_ids for r in engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))]
 
 
@@ -78,13 +79,18 @@ def _drafter(name: str, target):
 def test_greedy_output_identical_with_any_drafter(smollm2, prompt_ids, reference, drafter_name):
     drafter = _drafter(drafter_name, smollm2)
     tree = drafter_name.endswith("-tree")
-    # trees verified in full (no budget), so the shapes the drafter proposes are the shapes checked
-    engine = SpecEngine(smollm2, drafter, max_batch_size=4, max_seq_len=1024, num_speculative_tokens=10 if tree else 5,
+    # trees verified in full (no budget), so the shapes the drafter proposes are the shapes checked. Random drafts
+    # are nearly all rejected, every step alike: a short chain and a 6-node tree over the first half of each answer
+    # reach every rejection path at a third of the compute
+    randomized = drafter_name.startswith("random")
+    width = {"random": 3, "random-tree": 6}.get(drafter_name, 10 if tree else 5)
+    max_tokens = MAX_TOKENS // 2 if randomized else MAX_TOKENS
+    engine = SpecEngine(smollm2, drafter, max_batch_size=4, max_seq_len=1024, num_speculative_tokens=width,
                         verify_budget=not tree)
-    results = engine.generate(prompt_ids, SamplingParams(max_tokens=MAX_TOKENS))
-    mismatched = [i for i, (r, ref) in enumerate(zip(results, reference)) if r.token_ids != ref]
+    results = engine.generate(prompt_ids, SamplingParams(max_tokens=max_tokens))
+    mismatched = [i for i, (r, ref) in enumerate(zip(results, reference)) if r.token_ids != ref[:max_tokens]]
     assert not mismatched, f"prompts {mismatched} differ from target-only greedy"
-    if not drafter_name.startswith("random"):
+    if not randomized:
         assert sum(r.num_accepted_tokens for r in results) > 0
 
 
