@@ -182,6 +182,24 @@ def curve_summary(times: dict[int, float]) -> dict:
     return {str(n): {"ms": round(s * 1000, 2), "x_one_token": round(s / times[1], 2)} for n, s in times.items()}
 
 
+def curve_table(title: str, curves: dict[str, dict], cpu: dict[str, dict] | None = None):
+    """A rich table of step curves: a row per method (or design), a column per T; each cell the median ms, the CPU
+    ms where `cpu` gives them, and the ratio to that method's own 1-token step."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("method")
+    for n in STEP_SIZES:
+        table.add_column(f"T={n}", justify="right")
+    for name, curve in curves.items():
+        cells = []
+        for n in STEP_SIZES:
+            cell = f"{curve[str(n)]['ms']:.1f}" + (f" / {cpu[name][str(n)]['ms']:.1f}" if cpu else "")
+            cells.append(cell + (f" ({curve[str(n)]['x_one_token']:.2f}x)" if n > 1 else ""))
+        table.add_row(name, *cells)
+    return table
+
+
 def step_curve(target, repeats: int) -> dict:
     """Median seconds of a batch-1 forward of T tokens after STEP_CONTEXT tokens of context, per T."""
     timed = step_timer(target)
@@ -195,7 +213,6 @@ def compare_designs(args, console) -> dict:
     work a design does (spinning designs burn CPU while waiting, so only their wall time means anything)."""
     import onnxruntime as ort
     import torch
-    from rich.table import Table
 
     from deepspec.models import load_target
     from deepspec.models.onnx_target import OnnxTarget, session_options
@@ -232,15 +249,9 @@ def compare_designs(args, console) -> dict:
                 cpu[name][n].append(used)
     results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in runs.items()}
     cpu_results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in cpu.items()}
-    table = Table(title=f"int4 verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median wall ms / "
-                        f"CPU ms of {args.rounds} interleaved rounds (x = this design's 1-token step, wall)")
-    table.add_column("design")
-    for n in STEP_SIZES:
-        table.add_column(f"T={n}", justify="right")
-    for name, curve in results.items():
-        cells = [f"{curve[str(n)]['ms']:.1f} / {cpu_results[name][str(n)]['ms']:.1f}"
-                 + (f" ({curve[str(n)]['x_one_token']:.2f}x)" if n > 1 else "") for n in STEP_SIZES]
-        table.add_row(name, *cells)
+    table = curve_table(f"int4 verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median wall ms / "
+                        f"CPU ms of {args.rounds} interleaved rounds (x = this design's 1-token step, wall)",
+                        results, cpu_results)
     from rich.console import Console
 
     Console(width=160).print(table)
@@ -342,16 +353,9 @@ def main(argv=None) -> int:
     # 4-bit weights (`engine-q4`), so the table says which multi-token steps this CPU keeps cheap
     for name, dtype, quantization in (("engine-bf16", "bfloat16", "none"), ("engine-q4", "bfloat16", "gguf")):
         curves[name] = step_curve(load_target(args.target, dtype=dtype, quantization=quantization), args.step_repeats)
-    steps = Table(title=f"verify step of T tokens after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median ms "
-                        f"of {args.step_repeats} (x = the same method's 1-token step)")
-    steps.add_column("method")
-    for n in STEP_SIZES:
-        steps.add_column(f"T={n}", justify="right")
-    for name, per_t in curves.items():
-        cells = [f"{per_t[str(n)]['ms']:.1f}" + (f" ({per_t[str(n)]['x_one_token']:.2f}x)" if n > 1 else "")
-                 for n in STEP_SIZES]
-        steps.add_row(name, *cells)
-    Console(width=140).print(steps)
+    Console(width=140).print(curve_table(f"verify step of T tokens after {STEP_CONTEXT} tokens, batch 1, {threads} "
+                                         f"threads: median ms of {args.step_repeats} (x = the same method's 1-token "
+                                         "step)", curves))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "threads": threads,
                                     "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve,
