@@ -1,4 +1,4 @@
-"""`torch.ops.deepspec.*`: each op a torch.library custom op with a CPU, a CUDA and a fake implementation.
+"""`torch.ops.deepspec.*`: each op a torch.library op with a CPU, a CUDA and a fake implementation.
 
 - CPU (and any device without a kernel): the vectorized torch reference in plugins/reference/.
 - CUDA: the Triton kernels of plugins/kernels/ (one launch per op); without triton installed the reference runs
@@ -17,6 +17,33 @@ from plugins import checks, reference
 
 _NS = "deepspec"
 _warned = False
+_LIB = torch.library.Library(_NS, "DEF")
+
+
+class _CustomOp:
+    """`torch.library.custom_op`'s registration surface (`register_kernel`, `register_fake`) on the plain Library
+    API. custom_op wraps every kernel in `torch._disable_dynamo`, whose first call imports torch._dynamo: 2.5 s at
+    the first verification in every process (each worker start, each CLI run, each test process). The ops need
+    none of it: eager calls dispatch straight to the kernel, and torch.compile / torch.export trace the fake."""
+
+    def __init__(self, fn, mutates_args: tuple[str, ...]):
+        self.name = fn.__name__
+        _LIB.define(self.name + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        _LIB.impl(self.name, fn, "CompositeExplicitAutograd")  # every device without a kernel of its own
+
+    def register_kernel(self, device: str):
+        def register(fn):
+            _LIB.impl(self.name, fn, {"cuda": "CUDA", "cpu": "CPU"}[device])
+            return fn
+        return register
+
+    def register_fake(self, fn):
+        torch.library.register_fake(f"{_NS}::{self.name}", fn, lib=_LIB)
+        return fn
+
+
+def _custom_op(mutates_args: tuple[str, ...] = ()):
+    return lambda fn: _CustomOp(fn, mutates_args)
 
 
 def _triton():
@@ -38,7 +65,7 @@ def _i64(B: int, like: Tensor) -> Tensor:
 
 
 # ---- greedy_accept ---------------------------------------------------------------------------------------------
-@torch.library.custom_op(f"{_NS}::greedy_accept", mutates_args=())
+@_custom_op(mutates_args=())
 def greedy_accept(draft_tokens: Tensor, num_draft_tokens: Tensor, target_logits: Tensor) -> tuple[Tensor, Tensor]:
     checks.chain("greedy_accept", draft_tokens, num_draft_tokens, target_logits)
     return reference.greedy_accept(draft_tokens, num_draft_tokens, target_logits)
@@ -61,7 +88,7 @@ def _(draft_tokens, num_draft_tokens, target_logits):
 
 
 # ---- rejection_sample ------------------------------------------------------------------------------------------
-@torch.library.custom_op(f"{_NS}::rejection_sample", mutates_args=())
+@_custom_op(mutates_args=())
 def rejection_sample(draft_tokens: Tensor, num_draft_tokens: Tensor, target_logits: Tensor,
                      draft_probs: Tensor | None, temperature: Tensor, top_k: Tensor, top_p: Tensor,
                      seeds: Tensor) -> tuple[Tensor, Tensor]:
@@ -91,7 +118,7 @@ def _check_rejection(draft_tokens, num_draft_tokens, target_logits, draft_probs,
 
 
 # ---- process_logits --------------------------------------------------------------------------------------------
-@torch.library.custom_op(f"{_NS}::process_logits", mutates_args=())
+@_custom_op(mutates_args=())
 def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     _check_process(logits, temperature, top_k, top_p)
     return reference.process_logits(logits, temperature, top_k, top_p)
@@ -115,7 +142,7 @@ def _check_process(logits, temperature, top_k, top_p):
 
 
 # ---- tree_accept -----------------------------------------------------------------------------------------------
-@torch.library.custom_op(f"{_NS}::tree_accept", mutates_args=())
+@_custom_op(mutates_args=())
 def tree_accept(tree_tokens: Tensor, parents: Tensor, num_nodes: Tensor, target_logits: Tensor,
                 draft_probs: Tensor | None, temperature: Tensor, top_k: Tensor, top_p: Tensor,
                 seeds: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -144,7 +171,7 @@ def _check_tree(tree_tokens, parents, num_nodes, target_logits, draft_probs, tem
 
 
 # ---- compact_kv ------------------------------------------------------------------------------------------------
-@torch.library.custom_op(f"{_NS}::compact_kv", mutates_args=("cache",))
+@_custom_op(mutates_args=("cache",))
 def compact_kv(cache: Tensor, start: Tensor, path: Tensor, num_accepted: Tensor) -> None:
     _check_compact(cache, start, path, num_accepted)
     reference.compact_kv(cache, start, path, num_accepted)
@@ -175,7 +202,7 @@ def _check_compact(cache, start, path, num_accepted):
 
 
 # ---- confidence_truncate ---------------------------------------------------------------------------------------
-@torch.library.custom_op(f"{_NS}::confidence_truncate", mutates_args=())
+@_custom_op(mutates_args=())
 def confidence_truncate(confidence: Tensor, num_draft_tokens: Tensor, threshold: float) -> tuple[Tensor, Tensor]:
     _check_truncate(confidence, num_draft_tokens)
     return reference.confidence_truncate(confidence, num_draft_tokens, threshold)
