@@ -67,7 +67,8 @@ bench: bench-decode bench-onnx bench-service bench-loadtest bench-verify
 bench-decode: bench-deps
 	$(PY) -m bench.decode $(BENCH_ARGS)
 
-# ONNX Runtime rows (fp32, int4, int4 + default draft) against llama.cpp, the int4 verify-step curve, export cost
+# ONNX Runtime rows (fp32, int4, int8, each quantized graph + default draft) against llama.cpp; the verify-step
+# curves of the int4 and int8 graphs, llama.cpp and our PyTorch engine (bf16, 4-bit); export cost
 bench-onnx: bench-deps
 	$(PY) -m bench.onnx_decode $(BENCH_ARGS)
 
