@@ -53,11 +53,19 @@ def load_eval_prompts(name: str, count: int) -> list[str]:
     return prompts
 
 
-def _run(engine, prompts, params) -> tuple[list, float]:
-    start = time.perf_counter()
-    results = [engine.generate([p], params)[0] for p in prompts] if engine.max_batch_size == 1 else \
-        engine.generate(prompts, params)
-    return results, time.perf_counter() - start
+def _run(engine, prompts, params, progress=None, **fields) -> tuple[list, float]:
+    """Decode every prompt (one at a time at batch size 1, else all together) → (results, seconds of decoding).
+    The progress display advances per prompt, outside the timed decodes."""
+    seconds, results = 0.0, []
+    batches = [[p] for p in prompts] if engine.max_batch_size == 1 else [prompts]
+    for batch in batches:
+        start = time.perf_counter()
+        done = engine.generate(batch, params)
+        seconds += time.perf_counter() - start
+        results.extend(done)
+        if progress is not None:
+            progress.advance(len(batch), tokens=sum(len(r.token_ids) for r in done), **fields)
+    return results, seconds
 
 
 def summarize(results) -> tuple[float, float, list[float]]:
@@ -84,7 +92,8 @@ def verify_tokens_per_step(results) -> float:
 
 def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_tokens: int,
              temperatures: list[float], num_speculative_tokens: int = 7, batch_size: int = 1,
-             check_identical: bool = True, on_result=None, verify_budget: bool = True) -> dict[str, list[EvalResult]]:
+             check_identical: bool = True, on_result=None, verify_budget: bool = True,
+             show_progress: bool = True) -> dict[str, list[EvalResult]]:
     """drafters: name → Drafter. Target-only runs once per (dataset, temperature) and every draft is timed right
     after it on the same prompts, so each speedup compares runs minutes apart on the same machine state.
 
@@ -93,7 +102,7 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
     machine's step time (deepspec/decoding/verify_budget.py), and the speedup says what that costs."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
-    from training.draft_specs import is_tree_drafter
+    from training.progress import Progress
 
     max_seq_len = 2048
     base = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)
@@ -104,29 +113,43 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
     for engine in (base, *engines.values()):  # first calls pay one-off allocation costs; keep them out of timing
         engine.generate(warm, SamplingParams(max_tokens=8))
     out: dict[str, list[EvalResult]] = {name: [] for name in drafters}
-    for name in datasets:
-        prompts = [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
-        for temperature in temperatures:
-            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0)
-            base_results, base_s = _run(base, prompts, params)
-            n_base = sum(len(r.token_ids) for r in base_results)
-            for draft_name, engine in engines.items():
-                spec_results, spec_s = _run(engine, prompts, params)
-                n_spec = sum(len(r.token_ids) for r in spec_results)
-                tau, verify_rate, survival = summarize(spec_results)
-                identical = None
-                if temperature == 0 and check_identical:
-                    identical = all(a.token_ids == b.token_ids for a, b in zip(base_results, spec_results))
-                result = EvalResult(name, temperature, len(prompts), round(tau, 4), round(verify_rate, 4),
-                                    [round(x, 4) for x in survival], round(n_spec / spec_s, 2),
-                                    round(n_base / base_s, 2), round((n_spec / spec_s) / (n_base / base_s), 3),
-                                    n_spec, identical,
-                                    verify_tokens_per_step=round(verify_tokens_per_step(spec_results), 3),
-                                    tree=is_tree_drafter(engine.drafter))
-                out[draft_name].append(result)
-                if on_result is not None:
-                    on_result(draft_name, result)
+    sets = {name: [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
+            for name in datasets}
+    total = sum(len(p) for p in sets.values()) * len(temperatures) * (1 + len(engines))
+    with Progress(total, "eval", enabled=show_progress) as progress:
+        for name, prompts in sets.items():
+            for temperature in temperatures:
+                _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_identical, out,
+                              on_result, progress)
     return out
+
+
+def _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_identical, out, on_result,
+                  progress) -> None:
+    """One (dataset, temperature): target-only, then each draft right after it on the same prompts."""
+    from deepspec.decoding.params import SamplingParams
+    from training.draft_specs import is_tree_drafter
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0)
+    where = {"set": name, "T": temperature}
+    base_results, base_s = _run(base, prompts, params, progress, **where, method="target-only")
+    n_base = sum(len(r.token_ids) for r in base_results)
+    for draft_name, engine in engines.items():
+        spec_results, spec_s = _run(engine, prompts, params, progress, **where, method=Path(draft_name).name)
+        n_spec = sum(len(r.token_ids) for r in spec_results)
+        tau, verify_rate, survival = summarize(spec_results)
+        identical = None
+        if temperature == 0 and check_identical:
+            identical = all(a.token_ids == b.token_ids for a, b in zip(base_results, spec_results))
+        result = EvalResult(name, temperature, len(prompts), round(tau, 4), round(verify_rate, 4),
+                            [round(x, 4) for x in survival], round(n_spec / spec_s, 2),
+                            round(n_base / base_s, 2), round((n_spec / spec_s) / (n_base / base_s), 3),
+                            n_spec, identical,
+                            verify_tokens_per_step=round(verify_tokens_per_step(spec_results), 3),
+                            tree=is_tree_drafter(engine.drafter))
+        out[draft_name].append(result)
+        if on_result is not None:
+            on_result(draft_name, result)
 
 
 def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:

@@ -89,6 +89,7 @@ def test_eval_reports_option_variants_side_by_side(tmp_path, monkeypatch, capsys
                  "--datasets", "toy", "--num-prompts", "1", "--max-tokens", "8", "--temperatures", "0",
                  "--compare", str(compare)])
     assert code == 0
+    assert "[eval] 3/3 " in capsys.readouterr().err  # one prompt, decoded target-only and by each of the two drafts
     rows = [line for line in compare.read_text().splitlines() if line.startswith("| prompt-lookup")]
     assert [r.split(" | ")[0] for r in rows] == ["| prompt-lookup", "| prompt-lookup[max_ngram=2]"]
     assert all(" | chain | toy | 0 | " in r for r in rows)
