@@ -164,9 +164,9 @@ class OnnxTarget(HFTextTarget):
 
     def _binding(self, cache, first_row: int, B: int):
         """The IOBinding of rows first_row .. first_row+B-1 of `cache`: every layer's past/present K and V bound to
-        the cache's own buffers (in place); _run binds logits and features to fresh tensors per run. Binding 4·L buffers through
-        Python cost ~1.5 ms of a ~17 ms int4 decode step, and they are the same buffers step after step, so a
-        binding is built once per (buffers, rows) and only the four small inputs are rebound per run."""
+        the cache's own buffers (in place); _run binds logits and features to fresh tensors per run. Binding 4·L
+        buffers through Python cost ~1.5 ms of a ~17 ms int4 decode step, and they are the same buffers step after
+        step, so a binding is built once per (buffers, rows) and only the four small inputs are rebound per run."""
         # addresses, shapes and strides of both buffers fix every bound address; a freed scratch cache whose memory
         # comes back with the same key has the same rows
         key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape), cache.k.stride(), cache.v.stride(),
@@ -181,7 +181,7 @@ class OnnxTarget(HFTextTarget):
                     shape = list(rows.shape)
                     binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, rows.data_ptr())
                     binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, rows.data_ptr())
-        self._bindings[key] = binding  # most recently used last; a scratch cache's address may come back: same rows
+        self._bindings[key] = binding  # most recently used last
         while len(self._bindings) > MAX_BINDINGS:
             self._bindings.pop(next(iter(self._bindings)))
         return binding
