@@ -119,14 +119,17 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
     with Progress(total, "eval", enabled=show_progress) as progress:
         for name, prompts in sets.items():
             for temperature in temperatures:
-                _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_identical, out,
-                              on_result, progress)
+                for draft_name, result in _evaluate_set(name, prompts, temperature, base, engines, max_tokens,
+                                                        check_identical, progress):
+                    out[draft_name].append(result)
+                    if on_result is not None:
+                        on_result(draft_name, result)
     return out
 
 
-def _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_identical, out, on_result,
-                  progress) -> None:
-    """One (dataset, temperature): target-only, then each draft right after it on the same prompts."""
+def _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_identical, progress):
+    """One (dataset, temperature): target-only, then each draft right after it on the same prompts; yields
+    (draft name, EvalResult) as each draft finishes."""
     from deepspec.decoding.params import SamplingParams
     from training.draft_specs import is_tree_drafter
 
@@ -147,9 +150,7 @@ def _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_i
                             n_spec, identical,
                             verify_tokens_per_step=round(verify_tokens_per_step(spec_results), 3),
                             tree=is_tree_drafter(engine.drafter))
-        out[draft_name].append(result)
-        if on_result is not None:
-            on_result(draft_name, result)
+        yield draft_name, result
 
 
 def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
