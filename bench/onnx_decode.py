@@ -42,6 +42,7 @@ Writes bench/results/onnx-decode.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import resource
@@ -316,9 +317,13 @@ def main(argv=None) -> int:
                                                  warmup_ids, threads, threads=threads))
     else:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): engine-q4 is the peer")
+    # our PyTorch engine's targets on the same weights, loaded once: the dense bf16 one (bench.decode's `engine`)
+    # and the GGUF's 4-bit one, the decode peer when llama.cpp is absent; both get a verify-step curve below
+    engines = {"engine-bf16": lambda: load_target(args.target, dtype="bfloat16", quantization="none"),
+               "engine-q4": lambda: load_target(args.target, dtype="bfloat16", quantization="gguf")}
+    engines = {name: functools.cache(load) for name, load in engines.items()}
     if "llama.cpp" not in decoders:
-        q4 = load_target(args.target, dtype="bfloat16", quantization="gguf")
-        add("engine-q4", lambda: engine_decoder(q4, None, args.max_tokens, k, warmup_ids))
+        add("engine-q4", lambda: engine_decoder(engines["engine-q4"](), None, args.max_tokens, k, warmup_ids))
     peer = "llama.cpp" if "llama.cpp" in decoders else "engine-q4"
 
     rows, failed = run_interleaved(decoders, prompts, console.log)
@@ -349,10 +354,8 @@ def main(argv=None) -> int:
     if "llama.cpp" not in skip and (peer_curve := llama_cpp_step_curve(str(gguf_file(args.target)), threads,
                                                                         args.step_repeats)) is not None:
         curves["llama.cpp"] = peer_curve
-    # our PyTorch engine's targets on the same weights: dense bf16 (the bench.decode `engine` row) and the GGUF's
-    # 4-bit weights (`engine-q4`), so the table says which multi-token steps this CPU keeps cheap
-    for name, dtype, quantization in (("engine-bf16", "bfloat16", "none"), ("engine-q4", "bfloat16", "gguf")):
-        curves[name] = step_curve(load_target(args.target, dtype=dtype, quantization=quantization), args.step_repeats)
+    for name, load in engines.items():  # so the table says which multi-token steps this CPU keeps cheap
+        curves[name] = step_curve(load(), args.step_repeats)
     Console(width=140).print(curve_table(f"verify step of T tokens after {STEP_CONTEXT} tokens, batch 1, {threads} "
                                          f"threads: median ms of {args.step_repeats} (x = the same method's 1-token "
                                          "step)", curves))
@@ -361,7 +364,7 @@ def main(argv=None) -> int:
                                     "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve,
                                     "verify_step_int8": curves.get("int8"),
                                     "verify_step_llama_cpp": curves.get("llama.cpp"),
-                                    "verify_step_engine": {n: curves[n] for n in ("engine-bf16", "engine-q4")}},
+                                    "verify_step_engine": {n: curves[n] for n in engines}},
                                    indent=2) + "\n")
     console.log(f"wrote {args.out}")
     return 0
