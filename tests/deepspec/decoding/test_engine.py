@@ -6,6 +6,7 @@ import torch
 from deepspec.decoding import EngineFullError, RequestError, RequestErrorCode, SamplingParams, SpecEngine
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
+from deepspec.decoding.engine import split_padded_batch
 from tests.conftest import make_tiny_target
 
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8, 9, 10, 4, 5], [3], [7, 7, 7, 7, 7, 7], [2, 11, 2, 11, 2], [9, 8, 7]]
@@ -48,6 +49,30 @@ def test_verify_budget_shortens_blocks_of_large_batches(target):
     engine.generate(PROMPTS, SamplingParams(max_tokens=8), on_output=outputs.append)
     assert max(o.num_draft_tokens for o in outputs) <= 12 // 6 - 1
     assert sum(o.num_draft_tokens for o in outputs) > 0
+
+
+@pytest.mark.parametrize("lengths, runs", [
+    ([449] + [100] * 19, [(0, 1), (1, 20)]),  # one long prompt gets its own forward
+    ([100] * 5, [(0, 5)]),  # equal prompts stay one batch
+    ([40, 5, 40, 30], [(0, 4)]),  # padding 45 tokens is cheaper than another forward
+    ([], []),
+])
+def test_prefill_batches_are_cut_where_padding_costs_more_than_a_forward(lengths, runs):
+    assert split_padded_batch(lengths, forward_cost=32) == runs
+
+
+def test_mixed_prompt_lengths_prefill_in_separate_forwards_with_unchanged_output(target):
+    long = list(range(1, 15)) * 6  # 84 tokens: padding the three short prompts to it costs more than a forward
+    prompts = [long] + PROMPTS[:3]
+    widths = []
+    forward = target.forward
+    target.forward = lambda tokens, *a, **k: widths.append(tokens.shape) or forward(tokens, *a, **k)
+    try:
+        batched = [r.token_ids for r in _run(target, None, prompts, 4)]
+    finally:
+        del target.forward
+    assert widths[:2] == [(1, 84), (3, 9)]  # the prefill: the long prompt alone, then the short ones together
+    assert batched == [r.token_ids for p in prompts for r in _run(target, None, [p], 1)]
 
 
 def test_streamed_chunks_reassemble_the_result(target):
