@@ -20,7 +20,7 @@ from deepspec.models.kv_cache import KVCache
 from deepspec.models.target import TargetEmbeddings
 
 
-@dataclass
+@dataclass(eq=False)  # a target is compared and hashed by identity (engines key per-target measurements on it)
 class DecoderTarget(HFTextTarget):
     name: str
     #: directory holding config.json, *.safetensors and the tokenizer

@@ -93,6 +93,20 @@ def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
     assert all(r.num_draft_tokens == 0 for r in costly)
 
 
+def test_the_verify_pass_is_timed_once_per_target_and_shape(monkeypatch):
+    from deepspec.decoding.registry import build_drafter
+
+    timed = []
+    time_passes = SpecEngine._time_verify_passes
+    monkeypatch.setattr(SpecEngine, "_time_verify_passes", lambda self, sizes: timed.append(sizes) or time_passes(
+        self, sizes))
+    target = tiny_target()  # a fresh target: nothing measured on it yet
+    engines = [SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
+                          max_verify_tokens=m) for m in (32, 32, 8)]
+    assert engines[0].step_time is engines[1].step_time is not engines[2].step_time
+    assert timed == [(1, 2, 4, 8, 16, 32), (1, 2, 4, 8)]
+
+
 def test_budget_can_be_switched_off_and_covers_drafters_without_estimates(target):
     from deepspec.decoding.registry import build_drafter
 
