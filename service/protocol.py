@@ -27,7 +27,7 @@ metrics and the request log.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 # Inputs (Triton TensorRT-LLM ensemble names), shape [1, 1] except stop_words [1, n].
 TEXT_INPUT = "text_input"  # BYTES, UTF-8 prompt text (rendered; may be empty when EXTRA_MESSAGES_JSON is sent)
@@ -96,20 +96,25 @@ ERROR_CODES = ("prompt_empty", "prompt_token_invalid", "context_length_exceeded"
                "sampling_invalid", "request_id_in_use")
 
 
+def _sent_in(output: str):
+    """A count of `RequestStats`, sent in the INT32 output tensor `output` of every response."""
+    return field(default=0, metadata={"output": output})
+
+
 @dataclass(frozen=True)
 class RequestStats:
     """A request's cumulative counts so far; every streamed response carries them, so the last one is the usage."""
 
     #: exact prompt length after tokenization / chat template
-    num_prompt_tokens: int = 0
+    num_prompt_tokens: int = _sent_in(EXTRA_NUM_PROMPT_TOKENS)
     #: tokens generated so far
-    num_output_tokens: int = 0
+    num_output_tokens: int = _sent_in(EXTRA_NUM_OUTPUT_TOKENS)
     #: draft tokens proposed for this request (0 without a drafter)
-    num_draft_tokens: int = 0
+    num_draft_tokens: int = _sent_in(NUM_DRAFT_TOKENS)
     #: of those, accepted by the target
-    num_accepted_tokens: int = 0
+    num_accepted_tokens: int = _sent_in(NUM_ACCEPTED_TOKENS)
     #: verify rounds that had drafts
-    num_spec_steps: int = 0
+    num_spec_steps: int = _sent_in(EXTRA_NUM_SPEC_STEPS)
 
     @property
     def acceptance_length(self) -> float | None:
@@ -120,10 +125,4 @@ class RequestStats:
 
 
 #: RequestStats field -> the INT32 output tensor carrying it
-STATS_OUTPUTS = {
-    "num_prompt_tokens": EXTRA_NUM_PROMPT_TOKENS,
-    "num_output_tokens": EXTRA_NUM_OUTPUT_TOKENS,
-    "num_draft_tokens": NUM_DRAFT_TOKENS,
-    "num_accepted_tokens": NUM_ACCEPTED_TOKENS,
-    "num_spec_steps": EXTRA_NUM_SPEC_STEPS,
-}
+STATS_OUTPUTS = {f.name: f.metadata["output"] for f in fields(RequestStats)}
