@@ -58,6 +58,13 @@ def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1):
     return compiled.metadata.name, compiled.asm["ptx"], launch, extra
 
 
+def _sampled_accept(kernel: str, has_draft_probs: int, drafts, target_logits, **constexprs):
+    """An accept kernel that samples (rejection_sample, tree_accept): the variant reading the drafter's q when the
+    node has them, else the one-hot one; one program per row, sized by the drafts' width and the vocabulary."""
+    spec = _spec(kernel, "q" if has_draft_probs else "one_hot_q", **constexprs)
+    return _aot(spec, drafts.shape_expr[0], [drafts.shape_expr[1], target_logits.shape_expr[2]])
+
+
 # ---- greedy_accept ---------------------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::greedy_accept")
 def greedy_accept_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
@@ -88,9 +95,7 @@ def rejection_sample_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.T
                          target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
                          top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: int,
                          outputs: tuple[trtp.TensorDesc], tactic: int):
-    variant = "q" if has_draft_probs else "one_hot_q"
-    return _aot(_spec("rejection_sample_kernel", variant), draft_tokens.shape_expr[0],
-                [draft_tokens.shape_expr[1], target_logits.shape_expr[2]])
+    return _sampled_accept("rejection_sample_kernel", has_draft_probs, draft_tokens, target_logits)
 
 
 # ---- process_logits --------------------------------------------------------------------------------------------
@@ -122,9 +127,8 @@ def tree_accept_aot(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_
                     target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
                     top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: int,
                     outputs: tuple[trtp.TensorDesc], tactic: int):
-    variant = "q" if has_draft_probs else "one_hot_q"
-    return _aot(_spec("tree_accept_kernel", variant, BLOCK_N=AOT_MAX_NODES, BLOCK_V=AOT_BLOCK_V),
-                tree_tokens.shape_expr[0], [tree_tokens.shape_expr[1], target_logits.shape_expr[2]])
+    return _sampled_accept("tree_accept_kernel", has_draft_probs, tree_tokens, target_logits,
+                           BLOCK_N=AOT_MAX_NODES, BLOCK_V=AOT_BLOCK_V)
 
 
 # ---- compact_kv (out of place) ---------------------------------------------------------------------------------
