@@ -40,7 +40,7 @@ def test_worker_killed_mid_stream(tmp_path):
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
     try:
         wait_for(lambda: healthy(gw, a) == 1 and healthy(gw, b) == 1)
-        streams = [client.completions.create(model="stub", prompt="Hi", max_tokens=1000, stream=True) for _ in range(4)]
+        streams = [client.completions.create(model="stub", prompt="Hi", max_tokens=300, stream=True) for _ in range(4)]
         for s in streams:
             next(iter(s))
         victims = a if running(a) > 0 else b
