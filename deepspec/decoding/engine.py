@@ -467,8 +467,8 @@ _ids = itertools.count()
 _STEP_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: what one more prefill forward costs, in padded tokens: its fixed part (reading every weight once, ~40 ms for the
-#: default target in fp32 on one CPU core) against ~6 ms per prompt token. Dearer forwards (a GPU's launch and weight
-#: read against near-free extra tokens) only make the cuts rarer, never wrong.
+#: default target in fp32 on one CPU core) against ~6 ms per prompt token. On a GPU the fixed part weighs more and a
+#: padded token less, so this bound cuts more often than the optimum there: at worst one more small forward per cut.
 PREFILL_FORWARD_COST_TOKENS = 32
 
 
