@@ -41,7 +41,7 @@ TEST_WORKERS ?= 2
 test: venv system-deps
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-test-fast: venv
+test-fast: venv system-deps
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not integration" $(PYTEST_ARGS)
 
 # Everything the benchmarks import: the serve, loadtest, plugins and export extras, and llama-cpp-python with its

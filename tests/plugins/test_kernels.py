@@ -16,6 +16,7 @@ from tests.plugins.oracles import step_p_values  # noqa: E402
 
 
 def _same(got, want):
+    assert len(got) == len(want), f"{len(got)} outputs, the reference has {len(want)}"
     for g, w in zip(got, want):
         assert g.tolist() == w.tolist()
 

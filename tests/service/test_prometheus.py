@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 
@@ -10,17 +9,16 @@ import httpx
 import pytest
 
 from tests.ports import free_port
+from tests.tools import require_tool
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus binary (make system-deps)"),
-]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def prometheus(gateway, stub_worker, tmp_path):
     port = free_port()
     config = tmp_path / "prometheus.yml"
+    binary = require_tool("prometheus", how="`make system-deps` installs it from Debian")
     config.write_text(f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
@@ -30,7 +28,7 @@ scrape_configs:
     static_configs: [{{targets: ["127.0.0.1:{stub_worker.metrics_port}"]}}]
 """)
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"),
     )  # fmt: skip
