@@ -129,13 +129,12 @@ class DraftSource:
         return self.cfg is not None
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """model.safetensors in float32 (bf16 storage is upcast: every format casts to its own dtype)."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        """model.safetensors in float32 (bf16 and int8 storage are upcast: every format casts to its own dtype)."""
+        from deepspec.models.drafts import DraftCheckpointError, read_draft_weights
 
         try:
-            state = load_file(self.path / "model.safetensors")
-        except (SafetensorError, OSError) as e:
+            state = read_draft_weights(self.path)
+        except DraftCheckpointError as e:
             raise ExportError(f"draft {self.path}: cannot read model.safetensors ({e})") from None
         return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 

@@ -12,21 +12,23 @@ import json
 from pathlib import Path
 
 from deepspec.models.drafts.checkpoint import (
+    STORAGE_DTYPES,
     DraftCheckpointError,
     DraftTargetMismatchError,
     check_target,
     load_draft,
     read_checkpoint_header,
     read_draft_config,
+    read_draft_weights,
     save_draft,
 )
 from deepspec.models.drafts.config import ALGORITHMS, DraftConfig
 from deepspec.models.drafts.registry import available_drafts, build_draft, register_draft, resolve_draft
 
 __all__ = [
-    "ALGORITHMS", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError", "available_drafts",
-    "best_shipped_draft", "build_draft", "check_target", "load_draft", "read_checkpoint_header",
-    "read_draft_config", "register_draft", "resolve_draft", "save_draft", "shipped_drafts",
+    "ALGORITHMS", "STORAGE_DTYPES", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError",
+    "available_drafts", "best_shipped_draft", "build_draft", "check_target", "load_draft", "read_checkpoint_header",
+    "read_draft_config", "read_draft_weights", "register_draft", "resolve_draft", "save_draft", "shipped_drafts",
 ]
 
 
