@@ -32,15 +32,28 @@ def sglang_command(job, draft_dir: str) -> str:
             f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
 
 
+def trtllm_speculative_config(job, draft_dir: str) -> dict:
+    """TensorRT-LLM's `speculative_config` (llmapi/llm_args.py: `Eagle3DecodingConfig` / `EagleDecodingConfig`, a
+    pydantic model that forbids unknown keys). The draft is named by `speculative_model_dir`: the field's name in
+    the 1.x releases, still accepted as an alias of `speculative_model` on main. `eagle3_layers_to_capture` is
+    always written ("output of layer" ids): TensorRT-LLM reads the captured layers from here, not from the draft's
+    config.json, and falls back to {1, L//2-1, L-4} without it."""
+    from export.layer_ids import engine_layer_ids, hs_from_feature_layers
+
+    spec = {"decoding_type": _ALGORITHMS[job.draft.algo][2], "max_draft_len": job.num_speculative_tokens,
+            "speculative_model_dir": draft_dir}
+    if job.draft.algo == "eagle3":
+        spec["eagle3_one_model"] = True
+        spec["eagle3_layers_to_capture"] = engine_layer_ids("tensorrt-llm",
+                                                            hs_from_feature_layers(job.draft.cfg.feature_layers))
+    return spec
+
+
 def trtllm_llm_args(job, draft_dir: str | None, model: str) -> dict:
     """The LLM-API kwargs (`trtllm-serve MODEL --config cfg.yaml`, Triton's model.yaml): backend pytorch."""
     args = {"backend": "pytorch", "tensor_parallel_size": job.tp, "dtype": job.dtype}
     if draft_dir is not None:
-        args["speculative_config"] = {"decoding_type": _ALGORITHMS[job.draft.algo][2],
-                                      "max_draft_len": job.num_speculative_tokens,
-                                      "speculative_model": draft_dir}
-        if job.draft.algo == "eagle3":
-            args["speculative_config"]["eagle3_one_model"] = True
+        args["speculative_config"] = trtllm_speculative_config(job, draft_dir)
     return args
 
 

@@ -42,10 +42,20 @@ def check_sizes(arch, tp: int) -> None:
         raise ExportError(f"tensorrt-llm: --tp {tp} must divide the MLP size {arch.intermediate_size}")
 
 
-def checkpoint_config(arch, dtype: str, tp: int) -> dict:
+#: TensorRT-LLM's Qwen decoder layer reads `config.seq_length` (the logn-attention length), which no config class
+#: defines; its `QWenConfig.from_hugging_face` falls back to this when the HF config has none
+QWEN_SEQ_LENGTH = 8192
+
+
+def checkpoint_config(arch, dtype: str, tp: int, hf_config: dict | None = None) -> dict:
+    """config.json of the checkpoint. Every key whose TensorRT-LLM default (LLaMAConfig / QWenConfig /
+    PretrainedConfig) differs from what this target needs is written: QWenConfig defaults `attn_bias` to True,
+    which would make the builder ask a Qwen3 checkpoint for `attention.qkv.bias` tensors it does not have."""
+    hf_config = hf_config or {}
     config = {
         "architecture": ARCHITECTURES[arch.family],
         "dtype": dtype,
+        "logits_dtype": "float32",
         "vocab_size": arch.vocab_size,
         "hidden_size": arch.hidden_size,
         "num_hidden_layers": arch.num_layers,
@@ -57,18 +67,19 @@ def checkpoint_config(arch, dtype: str, tp: int) -> dict:
         "norm_epsilon": arch.rms_norm_eps,
         "position_embedding_type": "rope_gpt_neox",
         "rotary_base": arch.rope_theta,
+        "rotary_scaling": None,  # open_target refuses RoPE scaling the engine does not run
         "max_position_embeddings": arch.max_position_embeddings,
         "tie_word_embeddings": arch.tie_word_embeddings,
+        "attn_bias": bool(arch.qkv_bias),
+        "mlp_bias": False,
+        "qk_layernorm": bool(arch.qk_norm),
         "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1},
         "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
     }
     if arch.family in ("qwen2", "qwen3"):
-        config["qwen_type"] = arch.family
-    if arch.qk_norm:
-        config["qk_layernorm"] = True
-    if arch.qkv_bias:
-        config["bias"] = False
-        config["attn_bias"] = True
+        config["qwen_type"] = arch.family  # the Qwen model keys q/k-norm and the MLP size off it
+        config["seq_length"] = int(hf_config.get("seq_length") or QWEN_SEQ_LENGTH)
+        config["use_logn_attn"] = False
     return config
 
 

@@ -67,7 +67,7 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     arch, dtype = job.target.arch, DTYPES[job.dtype]
     ckpt = out / "checkpoint"
     ckpt.mkdir()
-    config = checkpoint_config(arch, job.dtype, job.tp)
+    config = checkpoint_config(arch, job.dtype, job.tp, job.target.config)
     (ckpt / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     with progress.task(f"TensorRT-LLM checkpoint, {job.tp} rank(s)", total=job.tp) as advance:
         for rank in range(job.tp):

@@ -102,7 +102,7 @@ def test_sglang_key_filter_drops_nothing(tmp_path, targets, drafts, canonical_ll
     assert dropped == []
     assert loaded == sglang_parameters(config) - {"model.embed_tokens.weight"}  # the embedding is the target's
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["tie_word_embeddings"] is False
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]  # hs indices, first is not 1
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # SGLang adds 1: hs 2, 3, 4
     launch = (out / "launch" / "sglang.sh").read_text()
     assert "--speculative-algorithm EAGLE3" in launch and "--speculative-draft-model-path draft" in launch
 

@@ -1,4 +1,9 @@
-"""Captured layers: DeepSpec feature_layers -> hs indices -> each engine's ids, and back."""
+"""Captured layers: DeepSpec feature_layers -> hs indices -> each engine's ids, and back.
+
+Each engine's rule is replayed below as a few lines of that engine's own capture code (cited per test), run on a
+toy residual stream whose values are the hs indices themselves: what the replay captures for the ids we write must
+be the hs indices we meant.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,45 @@ from export.layer_ids import (
 )
 
 
+def _stream(num_layers: int) -> list[int]:
+    """hs[k] for k in 0..L: the toy residual stream, hs[k] == k."""
+    return list(range(num_layers + 1))
+
+
+def vllm_capture(aux_layer_ids, num_layers: int) -> list[int]:
+    """vllm-project/vllm vllm/model_executor/models/llama.py: `set_aux_hidden_state_layers` stores the ids as given,
+    and `LlamaModel.forward` appends `hidden_states + residual` before calling layer idx (`for idx, layer in
+    enumerate(...): if idx in self.aux_hidden_state_layers: aux_hidden_states.append(...)`; then `layer(...)`)."""
+    hs, captured = _stream(num_layers), []
+    for idx in range(num_layers):
+        if idx in tuple(aux_layer_ids):
+            captured.append(hs[idx])  # the stream entering layer idx
+    return captured
+
+
+def sglang_capture(layer_ids, num_layers: int) -> list[int]:
+    """sgl-project/sglang python/sglang/srt/models/llama.py `LlamaForCausalLM.set_eagle3_layers_to_capture`:
+    `layers_to_capture = [val + 1 for val in layer_ids]` (default `[2, L // 2, L - 3]` when None), and
+    `LlamaModel.forward` captures `hidden_states + residual` before running layer i when `i in
+    self.layers_to_capture`. The ids come from the draft's `eagle_config.eagle_aux_hidden_state_layer_ids`
+    (python/sglang/srt/speculative/eagle_worker.py)."""
+    to_capture = [2, num_layers // 2, num_layers - 3] if layer_ids is None else [v + 1 for v in layer_ids]
+    hs, captured = _stream(num_layers), []
+    for i in range(num_layers):
+        if i in to_capture:
+            captured.append(hs[i])
+    return captured
+
+
+def tensorrt_llm_capture(layers_to_capture, num_layers: int) -> list[int]:
+    """NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/eagle3.py `Eagle3OneModelSpecMetadata`: `__post_init__`
+    defaults to (1, L // 2 - 1, L - 4) and sorts given ids; the decoder calls `maybe_capture_hidden_states(layer_id,
+    hidden_states, residual)` after layer `layer_id`, saving `hidden_states + residual`: the layer's output."""
+    layers = (1, num_layers // 2 - 1, num_layers - 4) if layers_to_capture is None else sorted(layers_to_capture)
+    hs = _stream(num_layers)
+    return [hs[layer_id + 1] for layer_id in range(num_layers) if layer_id in layers]
+
+
 def test_feature_layers_are_outputs_of_layers():
     # our feature layer i is the residual stream after decoder layer i = Hugging Face hidden_states[i + 1]
     assert hs_from_feature_layers((1, 14, 26)) == (2, 15, 27)
@@ -21,26 +65,41 @@ def test_feature_layers_are_outputs_of_layers():
 @pytest.mark.parametrize("L", [30, 32, 36])
 def test_every_engine_default_names_the_same_tensors(L):
     hs = default_eagle3_hs(L)
+    assert vllm_capture((2, L // 2, L - 3), L) == list(hs)  # vLLM get_eagle3_aux_hidden_state_layers
+    assert sglang_capture(None, L) == list(hs)
+    assert tensorrt_llm_capture(None, L) == list(hs)
     assert engine_layer_ids("vllm", hs) == [2, L // 2, L - 3]
-    assert engine_layer_ids("sglang", hs) == [2, L // 2, L - 3]
+    assert engine_layer_ids("sglang", hs) == [1, L // 2 - 1, L - 4]
     assert engine_layer_ids("tensorrt-llm", hs) == [1, L // 2 - 1, L - 4]
     assert engine_layer_ids("dflash", hs) == [1, L // 2 - 1, L - 4]
 
 
+@pytest.mark.parametrize("hs", [(2, 15, 27), (2, 9, 16, 23, 29), (3, 4, 5), (1, 15, 27)])
+def test_each_engine_captures_the_layers_we_write(hs):
+    L = 30
+    assert vllm_capture(engine_layer_ids("vllm", hs), L) == list(hs)
+    assert sglang_capture(engine_layer_ids("sglang", hs), L) == list(hs)
+    assert tensorrt_llm_capture(set(engine_layer_ids("tensorrt-llm", hs)), L) == list(hs)
+
+
+def test_sglang_ids_written_as_hs_indices_would_read_one_layer_late():
+    """Negative control of the replay: SGLang's +1 shifts ids written in vLLM's numbering by one layer."""
+    assert sglang_capture(engine_layer_ids("vllm", (2, 15, 27)), 30) == [3, 16, 28]
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tensorrt-llm", "dflash"])
-@pytest.mark.parametrize("hs", [(2, 15, 27), (2, 9, 16, 23, 29), (3, 4, 5)])
+@pytest.mark.parametrize("hs", [(2, 15, 27), (2, 9, 16, 23, 29), (3, 4, 5), (1, 15, 27)])
 def test_round_trip(engine, hs):
     assert hs_from_engine_ids(engine, engine_layer_ids(engine, hs)) == list(hs)
-
-
-def test_sglang_shift_makes_hs1_first_unwritable():
-    # SGLang adds one to every id when the first is 1: hs[1] first would silently become hs[2]
-    assert hs_from_engine_ids("sglang", [1, 15, 27]) == [2, 16, 28]
-    with pytest.raises(ExportError, match="sglang cannot load"):
-        engine_layer_ids("sglang", (1, 15, 27))
-    assert engine_layer_ids("vllm", (1, 15, 27)) == [1, 15, 27]
 
 
 def test_embedding_output_is_refused():
     with pytest.raises(ExportError, match="hs\\[0\\]"):
         engine_layer_ids("vllm", (0, 3))
+    with pytest.raises(ExportError, match="hs\\[0\\]"):
+        engine_layer_ids("sglang", (0, 3))
+
+
+def test_unknown_engine():
+    with pytest.raises(ValueError, match="unknown engine 'mlc'"):
+        engine_layer_ids("mlc", (2, 3))

@@ -11,7 +11,7 @@ import yaml
 from safetensors.torch import load_file
 
 from export.trtllm_checkpoint import to_hf
-from tests.export.conftest import run_export
+from tests.export.conftest import run_export, write_draft
 
 
 def _export(tmp_path, target, *extra):
@@ -45,6 +45,99 @@ def test_checkpoint_maps_back_to_every_target_tensor_bit_for_bit(tmp_path, targe
         assert torch.equal(back[name], tensor), name
 
 
+#: What TensorRT-LLM assumes for a key config.json leaves out, per `architecture`, read from its config classes:
+#: tensorrt_llm/models/modeling_utils.py `PretrainedConfig.__init__` (hidden_act 'gelu', norm_epsilon 1e-5,
+#: position_embedding_type learned_absolute, qk_layernorm False, logits_dtype float32), plus
+#: tensorrt_llm/models/llama/config.py `LLaMAConfig.__init__` (attn_bias False, mlp_bias False, rotary_base 10000.0,
+#: rotary_scaling None, residual_mlp False, the *_multiplier 1.0) and tensorrt_llm/models/qwen/config.py
+#: `QWenConfig.__init__` (attn_bias **True**, mlp_bias False, rotary_base 10000.0, rotary_scaling None,
+#: use_logn_attn False). `PretrainedConfig.from_dict` picks the class by `architecture` (MODEL_MAP) and passes the
+#: dict as keyword arguments, so these defaults are what a missing key becomes.
+_BASE_DEFAULTS = {"hidden_act": "gelu", "norm_epsilon": 1e-5, "position_embedding_type": "learned_absolute",
+                  "qk_layernorm": False, "logits_dtype": "float32"}
+TRTLLM_DEFAULTS = {
+    "LlamaForCausalLM": {**_BASE_DEFAULTS, "attn_bias": False, "mlp_bias": False, "rotary_base": 10000.0,
+                         "rotary_scaling": None, "residual_mlp": False, "embedding_multiplier": 1.0,
+                         "attention_multiplier": 1.0, "residual_multiplier": 1.0, "output_multiplier_scale": 1.0},
+    "Qwen2ForCausalLM": {**_BASE_DEFAULTS, "attn_bias": True, "mlp_bias": False, "rotary_base": 10000.0,
+                         "rotary_scaling": None, "use_logn_attn": False},
+}
+TRTLLM_DEFAULTS["Qwen3ForCausalLM"] = TRTLLM_DEFAULTS["Qwen2ForCausalLM"]
+#: attributes the model classes read that no config class defines (no default: an AttributeError at build time):
+#: tensorrt_llm/models/qwen/model.py `QWenDecoderLayer.__init__` reads config.qwen_type and config.seq_length
+TRTLLM_REQUIRED = {"LlamaForCausalLM": (), "Qwen2ForCausalLM": ("qwen_type", "seq_length"),
+                   "Qwen3ForCausalLM": ("qwen_type", "seq_length")}
+
+
+def _what_the_target_needs(target_dir) -> dict:
+    """The values TensorRT-LLM must see for this Hugging Face target, read from its config and weights."""
+    hf_config = json.loads((target_dir / "config.json").read_text())
+    hf = load_file(target_dir / "model.safetensors")
+    return {"attn_bias": "model.layers.0.self_attn.q_proj.bias" in hf,
+            "mlp_bias": "model.layers.0.mlp.gate_proj.bias" in hf,
+            "rotary_base": float(hf_config.get("rope_theta") or hf_config["rope_parameters"]["rope_theta"]),
+            "rotary_scaling": None, "hidden_act": hf_config["hidden_act"],
+            "norm_epsilon": hf_config["rms_norm_eps"], "position_embedding_type": "rope_gpt_neox",
+            "logits_dtype": "float32", "tie_word_embeddings": hf_config["tie_word_embeddings"]}
+
+
+def _effective_qk_norm(config: dict) -> bool:
+    """Whether the builder gives attention q/k-norm: the Qwen model derives it from qwen_type
+    (tensorrt_llm/models/qwen/model.py `QWenDecoderLayer`: `qk_layernorm = config.qwen_type in ('qwen3',
+    'qwen3_moe')`); Llama reads PretrainedConfig.qk_layernorm."""
+    if config["architecture"].startswith("Qwen"):
+        return config.get("qwen_type") in ("qwen3", "qwen3_moe")
+    return bool(config.get("qk_layernorm", False))
+
+
+def _tensors_the_builder_requires(config: dict) -> set[str]:
+    """The parameter names `PretrainedModel.load` (tensorrt_llm/models/modeling_utils.py) requires of a rank file
+    for this config: Attention(bias=attn_bias, qk_layernorm), GatedMLP(fc, gate, proj; bias=mlp_bias), RmsNorms,
+    lm_head."""
+    names = {"transformer.vocab_embedding.weight", "transformer.ln_f.weight", "lm_head.weight"}
+    for i in range(config["num_hidden_layers"]):
+        layer = f"transformer.layers.{i}."
+        names |= {layer + n for n in ("input_layernorm.weight", "post_layernorm.weight", "attention.qkv.weight",
+                                       "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
+                                       "mlp.proj.weight")}
+        if config["attn_bias"]:
+            names.add(layer + "attention.qkv.bias")
+        if config["mlp_bias"]:
+            names |= {layer + f"mlp.{n}.bias" for n in ("fc", "gate", "proj")}
+        if _effective_qk_norm(config):
+            names |= {layer + "attention.q_layernorm.weight", layer + "attention.k_layernorm.weight"}
+    return names
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_every_key_whose_tensorrt_llm_default_is_wrong_for_the_target_is_written(tmp_path, targets, family):
+    """config.json read the way TensorRT-LLM reads it (its class defaults under our keys) describes the target, and
+    the rank file holds exactly the tensors that config makes the builder require."""
+    out = _export(tmp_path, targets[family], "--draft", "none")
+    ours = json.loads((out / "checkpoint" / "config.json").read_text())
+    effective = {**TRTLLM_DEFAULTS[ours["architecture"]], **ours}
+    for key, want in _what_the_target_needs(targets[family]).items():
+        assert effective[key] == want, key
+    assert _effective_qk_norm(effective) == (family == "qwen3")
+    for key in TRTLLM_REQUIRED[ours["architecture"]]:
+        assert key in ours, key
+    if family in ("qwen2", "qwen3"):
+        assert ours["qwen_type"] == family  # "qwen" would halve the MLP size (QWenDecoderLayer)
+    rank0 = load_file(out / "checkpoint" / "rank0.safetensors")
+    assert set(rank0) == _tensors_the_builder_requires(effective)
+
+
+def test_a_config_without_attn_bias_makes_qwen3_ask_for_biases_it_lacks(tmp_path, targets):
+    """Negative control of the check above: the QWenConfig default, applied to a Qwen3 config.json that leaves
+    attn_bias out, requires attention.qkv.bias tensors the checkpoint does not hold."""
+    out = _export(tmp_path, targets["qwen3"], "--draft", "none")
+    ours = json.loads((out / "checkpoint" / "config.json").read_text())
+    del ours["attn_bias"]
+    missing = _tensors_the_builder_requires({**TRTLLM_DEFAULTS[ours["architecture"]], **ours}) - set(
+        load_file(out / "checkpoint" / "rank0.safetensors"))
+    assert missing and all(name.endswith("attention.qkv.bias") for name in missing)
+
+
 def test_tp2_shards_concatenate_to_the_whole(tmp_path, targets):
     whole = load_file(_export(tmp_path / "1", targets["llama"], "--draft", "none") / "checkpoint" / "rank0.safetensors")
     out = _export(tmp_path / "2", targets["llama"], "--draft", "none", "--tp", "2")
@@ -73,8 +166,11 @@ def test_draft_serve_yaml_and_build_script(tmp_path, targets, drafts):
     out = _export(tmp_path, targets["llama"], "--draft", drafts["llama", "eagle3"], "--num-speculative-tokens", "4")
     serve = yaml.safe_load((out / "trtllm-serve.yaml").read_text())
     assert serve["backend"] == "pytorch"
-    assert serve["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 4, "speculative_model": "draft",
-                                           "eagle3_one_model": True}
+    assert serve["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 4,
+                                           "speculative_model_dir": "draft", "eagle3_one_model": True,
+                                           "eagle3_layers_to_capture": [1, 2, 3]}
+    spec = TensorRTLLMEagle3Config.model_validate(serve["speculative_config"])
+    assert spec.speculative_model == "draft" and spec.eagle3_layers_to_capture == {1, 2, 3}
     draft = json.loads((out / "draft" / "config.json").read_text())
     assert draft["eagle_config"]["eagle3_layers_to_capture"] == [1, 2, 3]  # "output of layer" = our feature layers
     assert "midlayer.self_attn.q_proj.weight" in load_file(out / "draft" / "model.safetensors")
@@ -84,6 +180,45 @@ def test_draft_serve_yaml_and_build_script(tmp_path, targets, drafts):
     assert "deepspec::greedy_accept" in build and "deepspec::rejection_sample" in build
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["engine_layer_ids"] == {"tensorrt-llm": [1, 2, 3]} and manifest["captured_layers_hs"] == [2, 3, 4]
+
+
+def _trtllm_eagle3_config():
+    """The fields of TensorRT-LLM's EAGLE-3 speculative_config as its pydantic models declare them
+    (tensorrt_llm/llmapi/llm_args.py: `DecodingBaseConfig(StrictBaseModel)` — unknown keys are errors —
+    `max_draft_len`, `speculative_model` with `validation_alias=AliasChoices("speculative_model",
+    "speculative_model_dir")` on main, `speculative_model_dir` alone in the 1.x releases; `EagleDecodingConfig`
+    `eagle3_one_model: bool = True`, `eagle3_layers_to_capture: Optional[Set[int]] = None`; `Eagle3DecodingConfig`
+    `decoding_type: Literal["Eagle3"]`). tensorrt_llm does not install here, so the model is rebuilt from those
+    declarations."""
+    from typing import Literal, Optional
+
+    from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+    class Eagle3Config(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        decoding_type: Literal["Eagle3"] = "Eagle3"
+        max_draft_len: Optional[int] = None
+        speculative_model: Optional[str] = Field(
+            default=None, validation_alias=AliasChoices("speculative_model", "speculative_model_dir"))
+        eagle3_one_model: Optional[bool] = True
+        eagle3_layers_to_capture: Optional[set[int]] = None
+
+    return Eagle3Config
+
+
+TensorRTLLMEagle3Config = _trtllm_eagle3_config()
+
+
+def test_serve_yaml_carries_non_default_captured_layers(tmp_path, targets):
+    """A draft trained on other layers than TensorRT-LLM's default {1, L//2-1, L-4} must say so in the YAML: the
+    engine reads the layers from `eagle3_layers_to_capture` only (_torch/speculative/eagle3.py
+    `Eagle3OneModelSpecMetadata.__post_init__`), and a missing key silently captures the defaults."""
+    draft = write_draft(tmp_path / "d", targets["llama"], "eagle3", layout="canonical", feature_layers=(0, 2, 4))
+    out = _export(tmp_path, targets["llama"], "--draft", draft)
+    spec = TensorRTLLMEagle3Config.model_validate(
+        yaml.safe_load((out / "trtllm-serve.yaml").read_text())["speculative_config"])
+    assert spec.eagle3_layers_to_capture == {0, 2, 4} != {1, 6 // 2 - 1, 6 - 4}
+    assert spec.speculative_model == "draft" and spec.max_draft_len == 3
 
 
 def test_build_without_tensorrt_llm_names_what_is_missing(tmp_path, targets):

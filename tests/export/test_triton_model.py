@@ -115,7 +115,7 @@ class _LLM:
 class _DecodingBaseConfig:
     @staticmethod
     def from_dict(d):
-        return ("decoding-config", d["decoding_type"], d["max_draft_len"], d["speculative_model"])
+        return ("decoding-config", d["decoding_type"], d["max_draft_len"], d["speculative_model_dir"])
 
 
 @pytest.fixture()
@@ -180,7 +180,7 @@ def test_llm_is_built_from_model_yaml_with_its_speculative_config(repo, model):
     (llm,) = _LLM.instances
     options = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert llm.kwargs["model"] == options["model"] and "triton_config" not in llm.kwargs
-    assert llm.kwargs["speculative_config"] == ("decoding-config", "Eagle3", 4, options["speculative_config"]["speculative_model"])
+    assert llm.kwargs["speculative_config"] == ("decoding-config", "Eagle3", 4, options["speculative_config"]["speculative_model_dir"])
 
 
 def test_streaming_sends_deltas_then_the_counters(model):
