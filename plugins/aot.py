@@ -21,15 +21,30 @@ from pathlib import Path
 
 #: vocabulary chunk the AOT kernels stream in; any V works, this only sets the tile
 AOT_BLOCK_V = 1024
-#: most tree nodes an AOT tree kernel accepts (the JIT path sizes it per call)
-AOT_MAX_NODES = 64
-#: most draft slots an AOT confidence_truncate accepts, and the survival threshold baked into its build (TensorRT
-#: passes only integer scalars, so plugins.tensorrt compiles the node's own threshold in)
-AOT_MAX_SLOTS = 32
+#: tree sizes (nodes, the root included) the AOT tree kernels are built for: the kernel holds a tree in registers
+#: of BLOCK_N lanes, so each size is its own kernel and a plugin takes the smallest that holds its largest tree.
+#: The engine drafts `num_speculative_tokens` nodes plus the root: the service allows 32, `training eval
+#: --verify-all` more. A larger tree is refused (aot_block), never cut. The JIT path sizes BLOCK_N per call.
+AOT_NODE_BLOCKS = (16, 64, 256)
+#: draft-slot counts the AOT confidence_truncate is built for (BLOCK_K lanes), chosen and refused the same way
+AOT_SLOT_BLOCKS = (16, 64, 256)
+#: the survival threshold the index's confidence_truncate is built with (TensorRT passes only integer scalars, so
+#: plugins.tensorrt compiles each node's own threshold in)
+AOT_THRESHOLD = 0.5
 #: the out-of-place compact_kv's tile: positions x head_dim elements (any S and head_dim work)
 AOT_BLOCK_S = 16
 AOT_BLOCK_D = 64
-AOT_THRESHOLD = 0.5
+
+
+def aot_block(size: int, blocks: tuple[int, ...], op: str, unit: str) -> int:
+    """The smallest of `blocks` that holds `size` lanes (tree nodes, draft slots) of `op`; a larger size raises
+    ValueError, since a kernel built for fewer lanes would ignore the rest."""
+    fitting = [b for b in blocks if b >= size]
+    if not fitting:
+        raise ValueError(f"{op}: {size} {unit} are more than the {max(blocks)} its ahead-of-time kernels are built "
+                         f"for (plugins.aot); build the engine's optimization profile for at most {max(blocks)}, "
+                         "draft fewer speculative tokens, or add a larger block to plugins.aot")
+    return min(fitting)
 
 
 @dataclass(frozen=True)
@@ -68,22 +83,24 @@ def kernel_specs() -> list[KernelSpec]:
             **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
             "B": "i32", "H": "i32", "S": "i32", "N": "i32", "D": "i32", **_ptrs(out_ptr="fp32"),
             "BLOCK_S": "constexpr", "BLOCK_D": "constexpr"}, {"BLOCK_S": AOT_BLOCK_S, "BLOCK_D": AOT_BLOCK_D}),
-        KernelSpec("confidence_truncate_kernel", chain, "", {
-            **_ptrs(conf_ptr="fp32", num_ptr="i64"), "K": "i32", **_ptrs(out_num_ptr="i64", out_surv_ptr="fp32"),
-            "THRESHOLD": "constexpr", "BLOCK_K": "constexpr"}, {"THRESHOLD": AOT_THRESHOLD, "BLOCK_K": AOT_MAX_SLOTS}),
     ]
+    for block_k in AOT_SLOT_BLOCKS:
+        specs.append(KernelSpec("confidence_truncate_kernel", chain, f"k{block_k}", {
+            **_ptrs(conf_ptr="fp32", num_ptr="i64"), "K": "i32", **_ptrs(out_num_ptr="i64", out_surv_ptr="fp32"),
+            "THRESHOLD": "constexpr", "BLOCK_K": "constexpr"}, {"THRESHOLD": AOT_THRESHOLD, "BLOCK_K": block_k}))
     for has_q in (False, True):
         specs.append(KernelSpec("rejection_sample_kernel", chain, "q" if has_q else "one_hot_q", {
             **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32", temp_ptr="fp32",
                     topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "K": "i32", "V": "i32",
             **_ptrs(out_num_ptr="i64", out_next_ptr="i64"), "HAS_Q": "constexpr", "BLOCK_V": "constexpr"},
             {"HAS_Q": has_q, **bv}))
-        specs.append(KernelSpec("tree_accept_kernel", tree, "q" if has_q else "one_hot_q", {
-            **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32",
-                    temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "N": "i32", "V": "i32",
-            **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
-            "HAS_Q": "constexpr", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr"},
-            {"HAS_Q": has_q, "BLOCK_N": AOT_MAX_NODES, **bv}))
+        for block_n in AOT_NODE_BLOCKS:
+            specs.append(KernelSpec("tree_accept_kernel", tree, ("q" if has_q else "one_hot_q") + f"-n{block_n}", {
+                **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32",
+                        temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "N": "i32", "V": "i32",
+                **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
+                "HAS_Q": "constexpr", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr"},
+                {"HAS_Q": has_q, "BLOCK_N": block_n, **bv}))
     return specs
 
 

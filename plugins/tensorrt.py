@@ -9,12 +9,17 @@ pointers: the order TensorRT launches an AOT kernel with. The ONNX nodes that pl
 
     import plugins.tensorrt   # registers the plugins; then parse the ONNX graph with trt.OnnxParser as usual
 
-`tree_accept` runs greedy and sampled rows in one kernel (variant by `has_draft_probs`). `compact_kv` is the
-out-of-place kernel: a TensorRT graph has no in-place update, so the plugin writes a new cache tensor (ONNX's
-semantics of the node). Importing this module without TensorRT raises ImportError saying so.
-"""
+`tree_accept` runs greedy and sampled rows in one kernel (variant by `has_draft_probs`), built for the smallest
+of plugins.aot.AOT_NODE_BLOCKS that holds the largest tree of the engine's optimization profile; `confidence_truncate`
+likewise for its draft slots. A larger tree is refused when the engine is built. `compact_kv` is the out-of-place
+kernel: a TensorRT graph has no in-place update, so the plugin writes a new cache tensor (ONNX's semantics of the
+node). Importing this module without TensorRT raises ImportError saying so.
 
-from __future__ import annotations
+TensorRT validates these functions by their annotations, as classes (`issubclass(annotation, TensorDesc)`), and
+requires a return annotation on every `register` and `aot_impl`: this module must not use
+`from __future__ import annotations`, which would turn them into strings. tests/plugins/test_tensorrt.py runs the
+registrations through TensorRT's own frontend.
+"""
 
 try:
     import tensorrt as trt
@@ -25,14 +30,42 @@ except ImportError as exc:  # the one place that needs TensorRT: say what is mis
         f"importable here ({exc}); install it on a machine with an NVIDIA GPU (pip install tensorrt), or run the "
         "ops through PyTorch or ONNX Runtime instead") from exc
 
-from plugins.aot import AOT_BLOCK_V, AOT_MAX_NODES, KernelSpec, compile_kernel, kernel_specs
+import numpy as np
+import numpy.typing as npt
+
+from plugins.aot import AOT_NODE_BLOCKS, AOT_SLOT_BLOCKS, KernelSpec, aot_block, compile_kernel, kernel_specs
 from plugins.schema import TRT_NAMESPACE
 
 _I64 = trt.int64
 
+#: what an aot_impl returns, spelled as TensorRT's validation requires: (entry name, PTX, launch, integer scalars)
+AOTKernel = tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]
 
-def _ids(B) -> "trtp.TensorDesc":
+
+#: node attributes, typed as one-element arrays: TensorRT 10.x makes a builtin-typed attribute (`int`, `float`) a
+#: scalar with int(array) / float(array), which numpy 2.4 refuses for the 1-d array a plugin field holds; an
+#: array-typed attribute is kept as an array (`astype`), in every TensorRT version
+IntAttr = npt.NDArray[np.int64]
+FloatAttr = npt.NDArray[np.float32]
+
+
+def _scalar(attr: np.ndarray) -> int | float:
+    """The value of a one-element attribute array."""
+    values = np.asarray(attr).reshape(-1)
+    if values.size != 1:
+        raise ValueError(f"a deepspec plugin attribute holds one value, got {values.size}: {values.tolist()}")
+    return values.item()
+
+
+def _ids(B) -> trtp.TensorDesc:
     return trtp.from_shape_expr((B,), dtype=_I64)
+
+
+def _max_extent(desc: trtp.TensorDesc, dim: int) -> int:
+    """The largest size dimension `dim` of an input takes: its size, or the optimization profile's upper bound
+    where the engine leaves it dynamic (-1)."""
+    size = desc.shape[dim]
+    return desc.shape.max[dim] if size < 0 else size
 
 
 def _spec(kernel: str, variant: str = "", **constexprs) -> KernelSpec:
@@ -41,7 +74,7 @@ def _spec(kernel: str, variant: str = "", **constexprs) -> KernelSpec:
                       spec.num_warps)
 
 
-def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1):
+def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1) -> AOTKernel:
     """(entry name, PTX, launch params, scalar args) of one kernel compiled for the GPU TensorRT builds on."""
     import torch
 
@@ -58,10 +91,11 @@ def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1):
     return compiled.metadata.name, compiled.asm["ptx"], launch, extra
 
 
-def _sampled_accept(kernel: str, has_draft_probs: int, drafts, target_logits, **constexprs):
+def _sampled_accept(kernel: str, has_draft_probs: IntAttr, drafts, target_logits, size_variant: str = "") -> AOTKernel:
     """An accept kernel that samples (rejection_sample, tree_accept): the variant reading the drafter's q when the
-    node has them, else the one-hot one; one program per row, sized by the drafts' width and the vocabulary."""
-    spec = _spec(kernel, "q" if has_draft_probs else "one_hot_q", **constexprs)
+    node has them, else the one-hot one (and the tree size's, `-n<BLOCK_N>`); one program per row, sized by the
+    drafts' width and the vocabulary."""
+    spec = _spec(kernel, ("q" if _scalar(has_draft_probs) else "one_hot_q") + size_variant)
     return _aot(spec, drafts.shape_expr[0], [drafts.shape_expr[1], target_logits.shape_expr[2]])
 
 
@@ -75,7 +109,7 @@ def greedy_accept_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.Ten
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::greedy_accept")
 def greedy_accept_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
-                      target_logits: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int):
+                      target_logits: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     return _aot(_spec("greedy_accept_kernel"), draft_tokens.shape_expr[0],
                 [draft_tokens.shape_expr[1], target_logits.shape_expr[2]])
 
@@ -85,7 +119,7 @@ def greedy_accept_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.Tens
 def rejection_sample_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
                           target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
                           top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
-                          has_draft_probs: int) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+                          has_draft_probs: IntAttr) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
     B = draft_tokens.shape_expr[0]
     return _ids(B), _ids(B)
 
@@ -93,8 +127,8 @@ def rejection_sample_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.
 @trtp.aot_impl(f"{TRT_NAMESPACE}::rejection_sample")
 def rejection_sample_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
                          target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
-                         top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: int,
-                         outputs: tuple[trtp.TensorDesc], tactic: int):
+                         top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: IntAttr,
+                         outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     return _sampled_accept("rejection_sample_kernel", has_draft_probs, draft_tokens, target_logits)
 
 
@@ -107,7 +141,7 @@ def process_logits_desc(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, t
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::process_logits")
 def process_logits_aot(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, top_k: trtp.TensorDesc,
-                       top_p: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int):
+                       top_p: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     B, T, V = logits.shape_expr[0], logits.shape_expr[1], logits.shape_expr[2]
     return _aot(_spec("process_logits_kernel"), B * T, [T, V])
 
@@ -117,7 +151,7 @@ def process_logits_aot(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, to
 def tree_accept_desc(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_nodes: trtp.TensorDesc,
                      target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
                      top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
-                     has_draft_probs: int) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
+                     has_draft_probs: IntAttr) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
     B = tree_tokens.shape_expr[0]
     return _ids(B), _ids(B), tree_tokens.like()
 
@@ -125,10 +159,11 @@ def tree_accept_desc(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num
 @trtp.aot_impl(f"{TRT_NAMESPACE}::tree_accept")
 def tree_accept_aot(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_nodes: trtp.TensorDesc,
                     target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
-                    top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: int,
-                    outputs: tuple[trtp.TensorDesc], tactic: int):
-    return _sampled_accept("tree_accept_kernel", has_draft_probs, tree_tokens, target_logits,
-                           BLOCK_N=AOT_MAX_NODES, BLOCK_V=AOT_BLOCK_V)
+                    top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: IntAttr,
+                    outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
+    block_n = aot_block(_max_extent(tree_tokens, 1), AOT_NODE_BLOCKS, f"{TRT_NAMESPACE}::tree_accept",
+                        "tree nodes (num_speculative_tokens + the root)")
+    return _sampled_accept("tree_accept_kernel", has_draft_probs, tree_tokens, target_logits, f"-n{block_n}")
 
 
 # ---- compact_kv (out of place) ---------------------------------------------------------------------------------
@@ -140,7 +175,7 @@ def compact_kv_desc(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.T
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::compact_kv")
 def compact_kv_aot(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.TensorDesc,
-                   num_accepted: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int):
+                   num_accepted: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     L, B, H, S, D = (cache.shape_expr[i] for i in range(5))
     return _aot(_spec("compact_kv_out_kernel"), B, [B, H, S, path.shape_expr[1], D], grid_y=L * H)
 
@@ -148,12 +183,14 @@ def compact_kv_aot(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.Te
 # ---- confidence_truncate ---------------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::confidence_truncate")
 def confidence_truncate_desc(confidence: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
-                             threshold: float) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+                             threshold: FloatAttr) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
     return _ids(confidence.shape_expr[0]), confidence.like()
 
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::confidence_truncate")
-def confidence_truncate_aot(confidence: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc, threshold: float,
-                            outputs: tuple[trtp.TensorDesc], tactic: int):
-    return _aot(_spec("confidence_truncate_kernel", THRESHOLD=float(threshold)), confidence.shape_expr[0],
-                [confidence.shape_expr[1]])
+def confidence_truncate_aot(confidence: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc, threshold: FloatAttr,
+                            outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
+    block_k = aot_block(_max_extent(confidence, 1), AOT_SLOT_BLOCKS, f"{TRT_NAMESPACE}::confidence_truncate",
+                        "draft slots (num_speculative_tokens)")
+    return _aot(_spec("confidence_truncate_kernel", f"k{block_k}", THRESHOLD=float(_scalar(threshold))),
+                confidence.shape_expr[0], [confidence.shape_expr[1]])

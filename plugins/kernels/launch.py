@@ -57,7 +57,10 @@ def process_logits(logits, temperature, top_k, top_p):
     return out
 
 
-def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds):
+def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds,
+                block_n: int | None = None):
+    """`block_n` sets the kernel's tree lanes (BLOCK_N, default the next power of two of N): the ahead-of-time
+    build compiles a few sizes (plugins.aot.AOT_NODE_BLOCKS), and tests run those exact variants here."""
     B, N = tree_tokens.shape
     V = target_logits.shape[-1]
     out_num = torch.empty(B, dtype=torch.int64, device=tree_tokens.device)
@@ -68,7 +71,7 @@ def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, tem
     tree_accept_kernel[(B,)](tree_tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(), logits, q,
                              temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), seeds.contiguous(), N,
                              V, out_num, out_next, out_path, HAS_Q=draft_probs is not None,
-                             BLOCK_N=triton.next_power_of_2(N), BLOCK_V=block_v(V), num_warps=warps(V))
+                             BLOCK_N=block_n or triton.next_power_of_2(N), BLOCK_V=block_v(V), num_warps=warps(V))
     return out_num, out_next, out_path
 
 
@@ -93,12 +96,14 @@ def compact_kv_out(cache, start, path, num_accepted):
     return out
 
 
-def confidence_truncate(confidence, num_draft_tokens, threshold):
+def confidence_truncate(confidence, num_draft_tokens, threshold, block_k: int | None = None):
+    """`block_k` sets the kernel's slot lanes (BLOCK_K, default the next power of two of k), as tree_accept's
+    `block_n` does."""
     B, k = confidence.shape
     out_num = torch.empty(B, dtype=torch.int64, device=confidence.device)
     out_surv = torch.empty(B, k, dtype=torch.float32, device=confidence.device)
     if k == 0:
         return out_num.zero_(), out_surv
     confidence_truncate_kernel[(B,)](confidence.contiguous(), num_draft_tokens.contiguous(), k, out_num, out_surv,
-                                     THRESHOLD=float(threshold), BLOCK_K=triton.next_power_of_2(k))
+                                     THRESHOLD=float(threshold), BLOCK_K=block_k or triton.next_power_of_2(k))
     return out_num, out_surv

@@ -38,6 +38,19 @@ def test_build_for_sm90_writes_ptx_whose_entries_match_the_index(tmp_path):
         assert entry["arch"] == 90 and entry["num_warps"] >= 1 and entry["shared_bytes"] >= 0
         assert list(entry["signature"]) == list(next(s.signature for s in kernel_specs()
                                                      if s.kernel == entry["kernel"] and s.variant == entry["variant"]))
+        assert _ptx_params(ptx, entry["entry"])[:len(_launched(entry["signature"]))] == _launched(entry["signature"])
+
+
+def _launched(signature: dict) -> list[str]:
+    """The parameters a launch passes, in signature order: 64 bits per pointer and i64, 32 per i32 (constexprs are
+    compiled in). TensorRT passes an AOT kernel its input pointers, i32 scalars and output pointers; triton may
+    append parameters of its own after them."""
+    return ["b64" if t.startswith("*") or t == "i64" else "b32" for t in signature.values() if t != "constexpr"]
+
+
+def _ptx_params(ptx: str, entry: str) -> list[str]:
+    params = re.search(rf"\.entry {re.escape(entry)}\((.*?)\)", ptx, re.S).group(1)
+    return ["b64" if width == "64" else "b32" for width in re.findall(r"\.param \.[ubs](64|32)", params)]
 
 
 def test_build_refuses_a_bad_arch_list(tmp_path):
