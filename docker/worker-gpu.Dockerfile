@@ -7,9 +7,12 @@
 #   docker run --rm --gpus all -p 8001:8001 -p 8002:8002 ghcr.io/deepspec/worker-gpu:0.1.0
 #
 # torch and tensorrt_llm come from the base image (built against each other); the venv sees them through
-# --system-site-packages and never reinstalls torch. Pin the base by digest in release builds:
-#   --build-arg TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3@sha256:<digest>
-ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3
+# --system-site-packages and never reinstalls torch. The base is docker/images.py PINNED (TensorRT-LLM 1.2.1,
+# TensorRT 10.14, CUDA 13.1: what each tag carries and why this one, docker/README.md); the chart's
+# worker.triton.image names the same tag, so engines built here load in its Triton. Pin it by digest in release
+# builds:
+#   --build-arg TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3@sha256:<digest>
+ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
 
 FROM ${TRITON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \

@@ -1,0 +1,231 @@
+"""docker/images.py: the Triton + TensorRT-LLM tag table, what DeepSpec needs from the image, and the pin.
+
+Every reference to NVIDIA's Triton image anywhere in the repository (Dockerfiles, chart values and rendered
+templates, export launch snippets, docs) must name a tag of the table that meets every requirement, and it must be the
+pinned one: the worker-gpu image builds engines with its TensorRT-LLM and the chart's Triton serves them, and a
+TensorRT engine loads only in the TensorRT it was built with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from packaging.version import InvalidVersion, Version
+
+REPO = Path(__file__).resolve().parents[2]
+#: `tritonserver:<yy.mm>...`, the tag ending where an image reference does (digest, quote, space, backtick)
+REFERENCE = re.compile(r"tritonserver:(\d{2}\.\d{2}[A-Za-z0-9._-]*)")
+#: folders of data, not code or docs: prompt sets and generated answers mention no images
+SKIPPED = ("datasets/", "training/data/")
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+images = _load("deepspec_images", REPO / "docker" / "images.py")
+images_docs = _load("images_docs", REPO / "helm" / "tools" / "images_docs.py")
+
+
+def repository_files() -> list[Path]:
+    """Tracked and new (not ignored) files: what a commit of this tree holds."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    return [REPO / p for p in out if p and not p.startswith(SKIPPED) and (REPO / p).is_file()]
+
+
+def text_references(paths: list[Path], root: Path = REPO) -> list[tuple[str, str]]:
+    """(`file:line`, tag) of every `tritonserver:<tag>` in the files' text, files named relative to `root`."""
+    found = []
+    for path in paths:
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            found += [(f"{path.relative_to(root)}:{number}", m.group(1)) for m in REFERENCE.finditer(line)]
+    return found
+
+
+def values_references(values_file: Path) -> list[tuple[str, str]]:
+    """(`file: key`, tag) of every `{repository: nvcr.io/nvidia/tritonserver, tag: ...}` in a values file: the chart
+    splits an image into two keys, so no `tritonserver:<tag>` string appears there."""
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if node.get("repository") == images.REPOSITORY:
+                found.append((f"{values_file.relative_to(REPO)}: {'.'.join(path)}.tag", str(node.get("tag"))))
+            for key, value in node.items():
+                walk(value, path + [str(key)])
+
+    walk(yaml.safe_load(values_file.read_text()), [])
+    return found
+
+
+def problems(references: list[tuple[str, str]]) -> list[str]:
+    """Why each reference is wrong, naming where it is (empty: every one names the pinned, sufficient tag)."""
+    out = []
+    for where, tag in references:
+        try:
+            image = images.by_tag(tag)
+        except KeyError as missing:
+            out.append(f"{where}: {missing.args[0]}")
+            continue
+        out += [f"{where}: {line}" for line in images.unmet(image)]
+        if image.release != images.PINNED:
+            out.append(f"{where}: {image.tag} is not the pinned {images.pinned().tag} (docker/images.py PINNED): the "
+                       "worker image and the chart's Triton must be one release to load each other's engines")
+    return out
+
+
+# --- the table ----------------------------------------------------------------------------------------------
+
+
+def test_table_rows_are_unique_releases_newest_first_with_parseable_versions():
+    releases = [i.release for i in images.IMAGES]
+    assert len(set(releases)) == len(releases)
+    assert releases == sorted(releases, key=lambda r: tuple(map(int, r.split("."))), reverse=True)
+    for image in images.IMAGES:
+        assert re.fullmatch(r"\d{2}\.\d{2}", image.release), image
+        for component in images.COMPONENTS + ("min_driver",):
+            Version(getattr(image, component))  # raises InvalidVersion on a typo
+
+
+def test_requirements_name_known_components_and_versions():
+    assert len({r.name for r in images.REQUIREMENTS}) == len(images.REQUIREMENTS)
+    for r in images.REQUIREMENTS:
+        assert r.component in images.COMPONENTS, r.name
+        assert r.min_version or r.below_version, r.name
+        for bound in (r.min_version, r.below_version):
+            if bound is not None:
+                Version(bound)
+        assert r.needed_by and r.source, r.name
+
+
+def test_each_requirement_is_still_used_where_it_says():
+    """A requirement holds the pin back only while the code that needs it exists: when its use is gone, drop it."""
+    for r in images.REQUIREMENTS:
+        path, text = r.used_in
+        assert text in (REPO / path).read_text(), f"{r.name}: {path} no longer contains {text!r}"
+
+
+def test_by_tag_accepts_a_release_or_a_tag_and_names_the_known_tags():
+    assert images.by_tag("26.07") == images.by_tag("26.07-trtllm-python-py3") == images.pinned()
+    with pytest.raises(KeyError, match="26.07-trtllm-python-py3"):
+        images.by_tag("24.01-trtllm-python-py3")
+    with pytest.raises(KeyError):
+        images.by_tag("26.07-py3")  # the plain flavour has no TensorRT-LLM
+
+
+def test_version_bounds_compare_as_versions_not_strings():
+    [aot] = [r for r in images.REQUIREMENTS if r.name == "tensorrt-aot-plugins"]
+    assert aot.met_by(SimpleNamespace(tensorrt="10.14.1.48"))  # "10.14" < "10.9" as strings
+    assert not aot.met_by(SimpleNamespace(tensorrt="10.8.0.43"))
+    with pytest.raises(InvalidVersion):
+        Version("25.01-trtllm")
+
+
+# --- what the export needs, and the pin -----------------------------------------------------------------------
+
+
+def test_the_pinned_release_meets_every_requirement():
+    assert images.unmet(images.pinned()) == []
+
+
+def test_the_pin_is_the_newest_release_that_meets_every_requirement():
+    sufficient = [i.release for i in images.IMAGES if not images.unmet(i)]
+    assert sufficient and images.PINNED == sufficient[0]
+
+
+def test_the_release_the_issue_named_misses_what_the_export_uses():
+    """25.01 (TensorRT-LLM 0.17, TensorRT 10.8) has no tensorrt.plugin.aot_impl and no EAGLE-3 config; 25.12
+    (TensorRT-LLM 1.1.0) has the AOT plugins but not `decoding_type: Eagle3`."""
+    old = {line.split(":", 1)[0] for line in images.unmet(images.by_tag("25.01"))}
+    assert {"tensorrt-aot-plugins", "llmapi-eagle3-layers", "llmapi-decoding-type-eagle3"} <= old
+    assert {line.split(":", 1)[0] for line in images.unmet(images.by_tag("25.12"))} == {"llmapi-decoding-type-eagle3"}
+
+
+#: the `decoding_type` values TensorRT-LLM 1.1's `DecodingBaseConfig.from_dict` dispatches on
+#: (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, release/1.1); anything else raises
+#: `ValueError("Invalid decoding type: ...")`
+TRTLLM_1_1_DECODING_TYPES = {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState",
+                             "UserProvided", "AUTO"}
+
+
+def test_the_exported_speculative_config_needs_tensorrt_llm_1_2():
+    """What export/snippets.py writes into trtllm-serve.yaml and the Triton model.yaml is refused by TensorRT-LLM 1.1
+    (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py `DecodingBaseConfig.from_dict`; `Eagle3` arrived with
+    PR #10124, first released in 1.2), so the requirement that excludes every 1.1 image is real, not a
+    preference. Should the export go back to a type 1.1 knows, this fails and the bound can be lowered."""
+    from export.snippets import trtllm_llm_args
+
+    draft = SimpleNamespace(algo="eagle3", cfg=SimpleNamespace(feature_layers=(1, 14, 27)))
+    job = SimpleNamespace(tp=1, dtype="bfloat16", num_speculative_tokens=4, draft=draft)
+    spec = trtllm_llm_args(job, "draft", "target")["speculative_config"]
+    assert spec["decoding_type"] not in TRTLLM_1_1_DECODING_TYPES
+    [requirement] = [r for r in images.REQUIREMENTS if r.name == "llmapi-decoding-type-eagle3"]
+    assert Version(requirement.min_version) >= Version("1.2")
+
+
+# --- every reference in the repository ------------------------------------------------------------------------
+
+
+def test_every_triton_image_reference_in_the_repository_names_the_pinned_tag():
+    references = text_references(repository_files()) + values_references(REPO / "helm" / "deepspec" / "values.yaml")
+    where = {w.split(":")[0] for w, _ in references}
+    # the two places an image is pinned; the scan must see both, or it proves nothing
+    assert {"docker/worker-gpu.Dockerfile", "helm/deepspec/values.yaml"} <= where, sorted(where)
+    assert problems(references) == []
+
+
+def test_a_reference_to_an_old_or_unknown_tag_fails_naming_the_file(tmp_path):
+    """Negative control for the scan: an older tag and an unlisted one, each reported with its file and line."""
+    old, unknown = "25.01-" + images.FLAVOUR, "27.01-" + images.FLAVOUR
+    snippet = tmp_path / "export" / "launch.md"
+    snippet.parent.mkdir()
+    snippet.write_text(f"docker run {images.REPOSITORY}:{old}\nFROM {images.REPOSITORY}:{unknown}@sha256:abc\n")
+    messages = problems(text_references([snippet, tmp_path / "missing.md"], root=tmp_path))
+    assert any(m.startswith("export/launch.md:1:") and "tensorrt-aot-plugins" in m for m in messages), messages
+    assert any(m.startswith("export/launch.md:1:") and "not the pinned" in m for m in messages), messages
+    assert any(m.startswith("export/launch.md:2:") and "not in docker/images.py" in m for m in messages), messages
+
+
+def test_values_scan_finds_the_split_repository_and_tag():
+    values = REPO / "helm" / "deepspec" / "values.yaml"
+    [(where, tag)] = values_references(values)
+    assert where == "helm/deepspec/values.yaml: worker.triton.image.tag" and tag == images.pinned().tag
+
+
+def test_every_rendered_triton_container_runs_the_pinned_image():
+    """The chart's templates, not only its values: each value set the chart promises renders the pinned image
+    wherever it runs Triton."""
+    pytest.importorskip("helm_python")
+    from tests.helm.conftest import VALUE_SETS, pod_specs, render
+
+    seen = 0
+    for name, values in VALUE_SETS.items():
+        for pod, spec in pod_specs(render(values)):
+            for c in spec["containers"] + spec.get("initContainers", []):
+                if images.REPOSITORY in c["image"]:
+                    seen += 1
+                    assert c["image"] == images.pinned().reference, f"{name}: {pod}/{c['name']} runs {c['image']}"
+    assert seen, "no value set runs Triton: the check above proved nothing"
+
+
+def test_generated_image_tables_are_current():
+    assert images_docs.main(["--check"]) == 0, "run python helm/tools/images_docs.py"
+    docker_readme = (REPO / "docker" / "README.md").read_text()
+    assert images.pinned().reference in docker_readme
+    assert all(f"`{i.tag}`" in docker_readme for i in images.IMAGES)
