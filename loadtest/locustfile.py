@@ -11,7 +11,7 @@ gevent greenlets and is several times costlier per request than `python -m loadt
 TPOT/ITL, goodput, spec-decode statistics and rates above a few hundred requests/s.
 
 Settings (environment): LOADTEST_MODEL (default: first of /v1/models), LOADTEST_MAX_TOKENS (default 128),
-LOADTEST_DATASET (a .jsonl file or directory; default the repository's datasets/eval), LOADTEST_GRPC (host:port).
+LOADTEST_DATASET (a .jsonl file or directory; default loadtest/prompts), LOADTEST_GRPC (host:port).
 """
 
 from __future__ import annotations

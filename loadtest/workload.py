@@ -3,8 +3,11 @@
 Both produce `RequestInput`s and cycle when a run asks for more requests than there are prompts, so a run is
 bounded by `--num-prompts` / `--duration`, never by the dataset.
 
-Eval datasets: every `*.jsonl` in a directory (default the repository's `datasets/eval`) or one file. Only the
-first turn of each record is used, as a single user message: later turns need the model's own earlier replies.
+Eval datasets: every `*.jsonl` in a directory or one file. Only the first turn of each record is used, as a single
+user message: later turns need the model's own earlier replies. The default is the load tester's own
+`loadtest/prompts/`: the first 64 prompts of each of the repository's eval sets (GSM8K, MATH-500, HumanEval,
+MBPP, LBPP; sources and licences in `loadtest/prompts/README.md`), shipped inside the package so a load test needs
+neither the deepspec library nor the checkout's `datasets/`. Pass `--dataset-path datasets/eval` for every prompt.
 
 Random workload: prompts of `input_len` words drawn from a list of common English words that are one token each
 in the usual BPE vocabularies (GPT-2, Llama, Qwen, SmolLM), so the prompt length in tokens is close to, not
@@ -20,12 +23,10 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from deepspec.paths import datasets_dir
 from loadtest.records import RequestInput
 
-#: the repository's eval prompt sets (`datasets/eval`, or `$DEEPSPEC_DATASETS_DIR/eval`), found from the package
-#: so it works from any working directory.
-DEFAULT_EVAL_DIR = datasets_dir() / "eval"
+#: the load tester's own prompt sets, found from the package so it works from any working directory
+DEFAULT_EVAL_DIR = Path(__file__).resolve().parent / "prompts"
 
 _WORDS = (
     "the of and to in is that it was for on are as with his they at be this from have or by one had not but what "

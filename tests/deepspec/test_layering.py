@@ -1,5 +1,12 @@
-"""The model layer never imports the decoding layer: deepspec.models sits below deepspec.decoding, whose drafter
-registry maps names and draft directories to Drafters (an import the other way would bring back the cycle)."""
+"""The layers import downward only.
+
+- The model layer never imports the decoding layer: deepspec.models sits below deepspec.decoding, whose drafter
+  registry maps names and draft directories to Drafters (an import the other way would bring back the cycle).
+- The verification ops (plugins/) sit below the engine, which calls them (deepspec/decoding/verify.py): plugins/
+  imports neither the engine nor a stage. A run of the engine through the kernels is bench/gpu_check's job.
+- The load tester (loadtest/) sees a server only through its public API (HTTP, the gRPC protos under service/) and
+  reads its own data: it imports nothing of the deepspec library.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,9 @@ from pathlib import Path
 import deepspec
 
 MODELS = Path(deepspec.__file__).parent / "models"
+ROOT = MODELS.parent.parent
+#: what plugins/ must not import: the engine that calls it, and every stage above the library
+ABOVE_PLUGINS = ("deepspec.decoding", "service", "training", "export", "loadtest", "bench")
 
 
 def test_importing_every_models_module_loads_no_decoding_module():
@@ -40,13 +50,39 @@ def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def test_no_models_source_imports_deepspec_decoding():
+def _is_under(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _offenders(folder: Path, forbidden: tuple[str, ...]) -> list[str]:
+    """`path:line imports module` for every import (lazy and dynamic ones included) of a forbidden package."""
     offenders = []
-    for path in sorted(MODELS.rglob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         for line, module in _imported_modules(ast.parse(path.read_text(), str(path))):
-            if module == "deepspec.decoding" or module.startswith("deepspec.decoding."):
-                offenders.append(f"{path.relative_to(MODELS.parent.parent)}:{line} imports {module}")
+            if _is_under(module, forbidden):
+                offenders.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    return offenders
+
+
+def test_no_models_source_imports_deepspec_decoding():
+    offenders = _offenders(MODELS, ("deepspec.decoding",))
     assert not offenders, offenders
+
+
+def test_no_plugins_source_imports_the_engine_or_a_stage():
+    offenders = _offenders(ROOT / "plugins", ABOVE_PLUGINS)
+    assert not offenders, offenders
+
+
+def test_no_loadtest_source_imports_the_library():
+    offenders = _offenders(ROOT / "loadtest", ("deepspec",))
+    assert not offenders, offenders
+
+
+def test_the_package_match_is_by_dotted_prefix():  # negative control: the gRPC protos of the public API are allowed
+    assert _is_under("deepspec.paths", ("deepspec",)) and _is_under("deepspec", ("deepspec",))
+    assert not _is_under("service.protos.deepspec.v1", ("deepspec",)) and not _is_under("deepspecx", ("deepspec",))
+    assert _is_under("deepspec.decoding.engine", ABOVE_PLUGINS) and not _is_under("deepspec.models", ABOVE_PLUGINS)
 
 
 def test_the_ast_walk_sees_lazy_and_dynamic_imports():  # negative control: the check above can fail

@@ -9,11 +9,15 @@ from deepspec.paths import repo_root
 from loadtest.workload import DEFAULT_EVAL_DIR, dataset_requests, load_turns, random_requests
 
 
-def test_default_dir_is_the_repositorys_eval_datasets():
-    """The default workload ships with the checkout: no folder outside the repository is needed."""
-    assert DEFAULT_EVAL_DIR == repo_root() / "datasets" / "eval"
+def test_default_prompts_ship_inside_the_loadtest_package():
+    """The default workload is the load tester's own data (no deepspec library, no datasets/ folder needed): the
+    first 64 records of each eval set, unchanged."""
+    assert DEFAULT_EVAL_DIR == repo_root() / "loadtest" / "prompts"
     prompts = load_turns(DEFAULT_EVAL_DIR)
-    assert len(prompts) == 1319 + 164 + 162 + 500 + 257 and all(isinstance(p, str) and p for p in prompts)
+    assert len(prompts) == 5 * 64 and all(isinstance(p, str) and p for p in prompts)
+    for sample in sorted(DEFAULT_EVAL_DIR.glob("*.jsonl")):
+        full = (repo_root() / "datasets" / "eval" / sample.name).read_text().splitlines()
+        assert sample.read_text().splitlines() == full[:64], f"{sample.name} is not the first 64 records of the eval set"
 
 
 def test_first_turn_of_each_record_and_file_or_dir(tmp_path):
