@@ -209,3 +209,53 @@ def test_out_of_place_compact_kv_equals_the_reference_and_leaves_its_input(D):
     got = launch.compact_kv_out(cache, start, path, num)
     assert torch.equal(got, want) and torch.equal(cache, before)
 
+
+
+# ---- the kernels as the ahead-of-time build sizes them (plugins.aot) -------------------------------------------
+def _deep_trees(N, V=7):
+    """Row 0 a greedy chain of N nodes that the target accepts to its end (the deepest walk there is), row 1 a
+    random sampled tree."""
+    tokens, parents, num_nodes, logits, q, T, top_k, top_p, seeds = _random_trees(2, N, V, 5, False)
+    parents[0] = torch.arange(N) - 1
+    tokens[0, 1:] = logits[0, :-1].argmax(-1)
+    num_nodes[:] = N
+    return tokens, parents, num_nodes, logits, q, T, top_k, top_p, seeds
+
+
+def _aot_lanes(size, blocks):
+    from plugins.aot import aot_block
+
+    return aot_block(size, blocks, "test", "lanes")
+
+
+@pytest.mark.parametrize("num_nodes", [64, 65])
+def test_tree_accept_built_for_its_aot_size_equals_the_reference(num_nodes):
+    """The kernel with the lanes the AOT build gives a tree of num_nodes (64 lanes at 64 nodes, the next size at
+    65): the chain row is accepted to its last node, as in the reference."""
+    from plugins.aot import AOT_NODE_BLOCKS
+
+    args = _deep_trees(num_nodes)
+    got = launch.tree_accept(*args, block_n=_aot_lanes(num_nodes, AOT_NODE_BLOCKS))
+    _same(got, reference.tree_accept(*args))
+    assert int(got[0][0]) == num_nodes - 1
+
+
+def test_a_tree_kernel_with_fewer_lanes_than_nodes_is_wrong():
+    """Negative control, and why a plugin refuses a tree larger than its largest build: 64 lanes on a 65-node chain
+    never see the last node."""
+    args = _deep_trees(65)
+    assert int(reference.tree_accept(*args)[0][0]) == 64
+    assert int(launch.tree_accept(*args, block_n=64)[0][0]) != 64
+
+
+@pytest.mark.parametrize("num_slots", [16, 17])
+def test_confidence_truncate_built_for_its_aot_size_equals_the_reference(num_slots):
+    from plugins.aot import AOT_SLOT_BLOCKS
+
+    conf = torch.ones(2, num_slots)
+    conf[1, -1] = 0.1  # row 1 cuts at its last slot
+    num = torch.full((2,), num_slots)
+    got = launch.confidence_truncate(conf, num, 0.5, block_k=_aot_lanes(num_slots, AOT_SLOT_BLOCKS))
+    want = reference.confidence_truncate(conf, num, 0.5)
+    assert got[0].tolist() == want[0].tolist() == [num_slots, num_slots - 1]
+    torch.testing.assert_close(got[1], want[1])

@@ -259,7 +259,7 @@ def _standin(package_path: list[str]) -> types.ModuleType:
     registry = _PluginRegistry()
     module.get_plugin_registry = lambda: registry
     module.__path__ = package_path
-    module.__version__ = "10.13.3.9"
+    module.__version__ = "10.14.1.48"
     return module
 
 
