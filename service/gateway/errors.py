@@ -132,7 +132,15 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
     param = _field(first)
-    return "; ".join(f"{_field(e) or 'body'}: {e.get('msg')}" for e in errors[:5]), param
+    return "; ".join(f"{_field(e) or 'body'}: {_reason(e)}" for e in errors[:5]), param
+
+
+def _reason(error: dict) -> str:
+    if error.get("type") == "extra_forbidden":
+        return "unrecognized request argument: DeepSpec does not implement this field (remove it)"
+    if error.get("type") == "too_long" and _field(error) == "tools":
+        return "tool calls are not supported (send no tools)"
+    return str(error.get("msg"))
 
 
 def _field(error: dict) -> str | None:

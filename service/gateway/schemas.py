@@ -1,9 +1,11 @@
 """OpenAI request bodies the gateway accepts (pydantic, strict types) and their mapping to a worker request.
 
-Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Fields OpenAI defines that DeepSpec does not implement are
-accepted only at their neutral value (n=1, logprobs off, echo off, penalties 0), and rejected otherwise with a
-message naming the field; unknown fields are ignored, as OpenAI and vLLM do. `top_k` and `ignore_eos` are vLLM's
-extensions. Field types and limits come from `validation.py`; the gRPC API validates through these models too.
+Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Nothing is silently ignored: fields OpenAI defines that DeepSpec
+does not implement (n, logprobs, echo, penalties, response_format, tools, logit_bias, ...) are accepted only at
+their neutral value and refused otherwise with a message naming the field, and an unknown field is a 400 naming it
+(OpenAI answers "Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for JSON
+output would get free text). `top_k` and `ignore_eos` are vLLM's extensions. Field types and limits come from
+`validation.py`; the gRPC API validates through these models too.
 """
 
 from __future__ import annotations
@@ -19,13 +21,23 @@ from service.gateway.validation import (Integer, MaxTokens, Name, OnePrompt, Pro
 _MIN_NORMAL_FP32 = 1.1754943508222875e-38
 
 
+#: every request object: strict types, unknown fields refused
+_STRICT = ConfigDict(strict=True, extra="forbid")
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = _STRICT
     include_usage: bool = False
 
 
+class ResponseFormat(BaseModel):
+    """Only the neutral `{"type": "text"}`: constrained decoding is not implemented, so JSON modes are refused."""
+    model_config = _STRICT
+    type: Literal["text"]
+
+
 class _SamplingFields(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = _STRICT
 
     model: Name | None = None
     temperature: Temperature | None = None
@@ -43,9 +55,13 @@ class _SamplingFields(BaseModel):
     presence_penalty: Annotated[float | None, neutral_only(0, None)] = None
     frequency_penalty: Annotated[float | None, neutral_only(0, None)] = None
     logprobs: Annotated[bool | int | None, neutral_only(False, 0, None)] = None
+    logit_bias: Annotated[dict[str, float] | None, neutral_only({}, None)] = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self):
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported (leave it out)")
         if self.n != 1:
             raise ValueError("n must be 1: DeepSpec returns one choice per request (send n requests instead)")
         if self.presence_penalty or self.frequency_penalty:
@@ -95,13 +111,13 @@ class CompletionRequest(_SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = _STRICT
     type: Literal["text"]
     text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | list[TextPart]
 
@@ -114,6 +130,17 @@ class ChatCompletionRequest(_SamplingFields):
     #: None = as many as fit in the context (vLLM's default), decided by the worker
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
+    top_logprobs: Annotated[int | None, Integer, neutral_only(0, None)] = None
+    #: tool calls are not implemented: only "no tools" is accepted
+    tools: Annotated[list | None, Field(max_length=0), neutral_only([], None)] = None
+    tool_choice: Annotated[Literal["none"] | None, neutral_only("none", None)] = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _check_unsupported_chat(self):
+        if self.top_logprobs:
+            raise ValueError("top_logprobs is not supported (leave it out)")
+        return self
 
     def messages_dicts(self) -> list[dict]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]

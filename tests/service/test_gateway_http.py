@@ -101,6 +101,23 @@ BAD_REQUESTS = [
     ("3 MB stop string", json.dumps({"prompt": "x", "stop": ["s" * 3_000_000]}).encode(), 400, "at most 1024"),
     # the stub's context is 2,048 tokens: at most 2,048 x 128 characters, refused before any worker tokenizes it
     ("3.9 MB prompt", json.dumps({"prompt": "x" * 3_900_000, "max_tokens": 2}).encode(), 400, "3900000 characters"),
+    # nothing is silently ignored: an unknown field, or a known one away from its neutral value, is a 400 naming it
+    ("unknown field", json.dumps({"prompt": "x", "min_tokens": 4}).encode(), 400, "min_tokens: unrecognized"),
+    ("JSON mode", json.dumps({"prompt": "x", "response_format": {"type": "json_object"}}).encode(), 400,
+     "response_format.type"),
+    ("logit_bias", json.dumps({"prompt": "x", "logit_bias": {"42": 5}}).encode(), 400, "logit_bias is not supported"),
+]
+
+#: chat requests the server cannot honour: tool calls, JSON output, logprobs, unknown fields (also inside a message)
+BAD_CHAT_REQUESTS = [
+    ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools: tool calls"),
+    ("tool_choice", {"tool_choice": "required"}, "tool_choice"),
+    ("json_schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}},
+     "response_format"),
+    ("top_logprobs", {"top_logprobs": 3}, "top_logprobs is not supported"),
+    ("unknown field", {"guided_json": {"type": "object"}}, "guided_json: unrecognized request argument"),
+    ("unknown message field", {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
+     "messages.0.tool_calls: unrecognized"),
 ]
 
 
@@ -112,6 +129,22 @@ def test_bad_input_gets_a_clear_4xx_and_the_next_request_works(gateway, client, 
     assert set(error) == {"message", "type", "param", "code"}
     assert message in error["message"], error
     assert client.completions.create(model="stub", prompt="ok", max_tokens=3).choices[0].text == "The"
+
+
+@pytest.mark.parametrize(("extra", "message"), [b[1:] for b in BAD_CHAT_REQUESTS], ids=[b[0] for b in BAD_CHAT_REQUESTS])
+def test_chat_fields_the_server_cannot_honour_are_a_400_naming_them(gateway, extra, message):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"], response.json()
+
+
+def test_neutral_values_of_unimplemented_fields_are_accepted(client):
+    """What clients send by default (no tools, text output, no logprobs) must not be refused."""
+    reply = client.chat.completions.create(
+        model="stub", messages=[{"role": "user", "content": "hi"}], max_tokens=2, response_format={"type": "text"},
+        tools=[], tool_choice="none", logprobs=False, top_logprobs=0, logit_bias={}, n=1)
+    assert reply.choices[0].message.content
 
 
 def test_a_lone_surrogate_in_a_chat_message_is_a_400(gateway):
