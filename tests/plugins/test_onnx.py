@@ -6,10 +6,8 @@ import torch
 
 import plugins
 from plugins import onnx_ops
-import ast
-from pathlib import Path
-
 from plugins.schema import ONNX_DOMAIN, OPS, PLUGIN_ATTRIBUTES, TRT_ATTRIBUTES, TRT_NAMESPACE
+from tests.plugins.trt_standin import tensorrt_plugin
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -73,22 +71,14 @@ def test_every_op_is_one_custom_node_with_the_tensorrt_binding_attributes(export
 
 
 def _tensorrt_registrations() -> dict[str, tuple[list[str], list[str]]]:
-    """plugins/tensorrt.py read as source (TensorRT need not be importable): plugin name → (its tensor inputs, its
-    attributes) as its `@trtp.register` function declares them, for the plugins that also have an `aot_impl`."""
-    tree = ast.parse((Path(plugins.__file__).parent / "tensorrt.py").read_text())
-    found: dict[str, dict] = {}
-    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
-        for deco in fn.decorator_list:
-            if isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.args:
-                name = ast.unparse(deco.args[0]).strip("f'\"").replace("{TRT_NAMESPACE}", TRT_NAMESPACE)
-                found.setdefault(name, {})[deco.func.attr] = fn
-    out = {}
-    for name, fns in found.items():
-        if "register" in fns and "aot_impl" in fns:
-            args = fns["register"].args.args
-            tensors = [a.arg for a in args if ast.unparse(a.annotation) == "trtp.TensorDesc"]
-            out[name] = (tensors, [a.arg for a in args if a.arg not in tensors])
-    return out
+    """plugin id → (its tensor inputs, its attributes), as TensorRT's own frontend parsed plugins/tensorrt.py's
+    `@trtp.register` functions (tests/plugins/trt_standin.py), for the plugins that also have an `aot_impl`."""
+    with tensorrt_plugin():
+        import plugins.tensorrt  # noqa: F401 - registers every plugin
+        from tensorrt.plugin._lib import QDP_REGISTRY
+
+        return {pid: (list(d.input_tensor_names), list(d.input_attrs)) for pid, d in QDP_REGISTRY.items()
+                if d.aot_impl_func is not None}
 
 
 def test_every_exported_node_binds_to_a_tensorrt_plugin_with_its_inputs_and_attributes(exported):
