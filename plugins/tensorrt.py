@@ -41,7 +41,6 @@ _I64 = trt.int64
 #: what an aot_impl returns, spelled as TensorRT's validation requires: (entry name, PTX, launch, integer scalars)
 AOTKernel = tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]
 
-
 #: node attributes, typed as one-element arrays: TensorRT 10.x makes a builtin-typed attribute (`int`, `float`) a
 #: scalar with int(array) / float(array), which numpy 2.4 refuses for the 1-d array a plugin field holds; an
 #: array-typed attribute is kept as an array (`astype`), in every TensorRT version
@@ -127,8 +126,8 @@ def rejection_sample_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.
 @trtp.aot_impl(f"{TRT_NAMESPACE}::rejection_sample")
 def rejection_sample_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
                          target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
-                         top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: IntAttr,
-                         outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
+                         top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
+                         has_draft_probs: IntAttr, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     return _sampled_accept("rejection_sample_kernel", has_draft_probs, draft_tokens, target_logits)
 
 

@@ -53,11 +53,12 @@ def compiled(trt_plugins, monkeypatch):
 
 
 def test_every_op_registers_through_tensorrts_validation(trt_plugins):
-    """NVIDIA/TensorRT tensorrt/plugin/_validate.py: `_parse_register_inputs` takes each parameter's annotation as a
-    class (`issubclass(param.annotation, TensorDesc)`: a postponed, string annotation raises TypeError),
-    `_parse_register_return` counts the outputs from the return annotation, and `_validate_aot_impl` requires the
-    (tensors, attributes, outputs, tactic) schema and a return annotation of (str | bytes, str | bytes,
-    KernelLaunchParams, SymExprs). The decorators ran them when plugins.tensorrt was imported."""
+    """NVIDIA/TensorRT python/packaging/bindings_wheel/tensorrt/plugin/_validate.py: `_parse_register_inputs` takes
+    each parameter's annotation as a class (`issubclass(param.annotation, TensorDesc)`: a postponed, string
+    annotation raises TypeError), `_parse_register_return` counts the outputs from the return annotation, and
+    `_validate_aot_impl` requires the (tensors, attributes, outputs, tactic) schema and a return annotation of
+    (str | bytes, str | bytes, KernelLaunchParams, SymExprs). The decorators ran them when plugins.tensorrt was
+    imported."""
     registered = {pid: d for pid, d in trt_plugins.registry.items() if pid.startswith(f"{TRT_NAMESPACE}::")}
     assert sorted(registered) == sorted(f"{TRT_NAMESPACE}::{op}" for op in OPS)
     for op, outputs in OPS.items():
@@ -140,11 +141,13 @@ def _eager(op, inputs, attrs):
 
 @pytest.mark.parametrize("case", list(_cases()))
 def test_the_builder_gets_each_ops_shapes_launch_and_scalars(trt_plugins, compiled, case):
-    """What TensorRT's builder takes from an AOT plugin (NVIDIA/TensorRT tensorrt/plugin/_plugin_class.py,
-    `_TemplateAOTPlugin.get_launch_params`: the aot_impl's grid, block, shared memory and its SymInt32 extra
-    arguments, which TensorRT passes between the input and the output pointers): output shapes and dtypes equal
-    the torch op's, one program per row, and the scalars are the kernel's integer parameters in its signature's
-    order, between as many pointers as the plugin has inputs and outputs."""
+    """What TensorRT's builder takes from an AOT plugin (NVIDIA/TensorRT python/packaging/bindings_wheel/tensorrt/
+    plugin/_plugin_class.py, `_TemplateAOTPlugin.get_launch_params`: the aot_impl's grid, block, shared memory and
+    its SymInt32 extra arguments, which TensorRT passes between the input and the output pointers): output shapes
+    and dtypes equal the torch op's, one program per row, and the scalars are the kernel's integer parameters in
+    its signature's order, between as many pointers as the plugin has inputs and outputs. The plugin is made from
+    the node's attributes as one-element arrays (`_lib.py`, `_TemplatePluginCreator.create_plugin`: an `int` /
+    `float` annotation there means `int(array)`, which this numpy refuses)."""
     op = case.split()[0]
     inputs, attrs, grid, scalars = _cases()[case]
     built = _build(trt_plugins.trt, op, inputs, attrs)
