@@ -3,11 +3,12 @@
 Two layouts, one directory:
 
 - the repository root is TensorRT-LLM's LLM-API model (what `tritonserver --model-repository=OUT` serves, and what
-  the chart's `worker.runtime: triton` points at): `tensorrt_llm/config.pbtxt` (Python backend, decoupled streaming)
-  and `tensorrt_llm/1/model.yaml` (LLM kwargs: the target copied into `tensorrt_llm/1/target/`, backend pytorch,
-  tensor_parallel_size, `speculative_config` naming the EAGLE-3 draft in `tensorrt_llm/1/draft/`, triton_config).
-  Its `model.py` is ours (export/triton/llmapi_model.py): Triton's Python backend around `tensorrt_llm.LLM`, streaming
-  text and reporting each request's acceptance counters.
+  the chart's `worker.runtime: triton` points at): `tensorrt_llm/config.pbtxt` (Python backend, decoupled streaming,
+  the inputs and outputs of `service/gateway/triton_contract.py`: upstream's LLM-API names plus our optional
+  additions) and `tensorrt_llm/1/model.yaml` (LLM kwargs: the target copied into `tensorrt_llm/1/target/`, backend
+  pytorch, tensor_parallel_size, `speculative_config` naming the EAGLE-3 draft in `tensorrt_llm/1/draft/`,
+  triton_config). Its `model.py` is ours (export/triton/llmapi_model.py, with the contract copied beside it):
+  Triton's Python backend around `tensorrt_llm.LLM`, streaming text and reporting each request's counts.
 - `tensorrt_llm/1/engine-repo/` is the <= 1.2 ensemble repository (`preprocessing`, `tensorrt_llm` on the
   `tensorrtllm` backend, `postprocessing`, `ensemble`) for an engine built by `--format tensorrt-llm`'s build.sh;
   serve it with `tritonserver --model-repository=OUT/tensorrt_llm/1/engine-repo`.
@@ -25,9 +26,10 @@ import yaml
 from export import snippets
 from export.drafts.writers import check_draft, write_draft
 from export.errors import ExportError
-from export.triton import LLMAPI_MODEL_PY
+from export.triton import CONTRACT_PY, LLMAPI_MODEL_PY
 from export.job import ExportFormat, ExportJob
 from export.trtllm_checkpoint import ARCHITECTURES, check_sizes
+from service.gateway import triton_contract as contract
 
 ENGINE = "triton-repo"
 MODEL = "tensorrt_llm"
@@ -51,64 +53,102 @@ def _tensor(name: str, dtype: str, dims: str = "[ 1 ]", optional: bool = False) 
             + ("\n    optional: true" if optional else "") + "\n  }")
 
 
+def _spec(spec: contract.TensorSpec, is_input: bool = True) -> str:
+    """One contract tensor as config.pbtxt writes it (outputs carry no `optional`)."""
+    dims = "[ " + ", ".join(str(d) for d in spec.dims) + " ]"
+    return _tensor(spec.name, contract.CONFIG_DATATYPE[spec.datatype], dims, optional=is_input and spec.optional)
+
+
 def _io(kind: str, tensors: list[str]) -> str:
     return f"{kind} [\n" + ",\n".join(tensors) + "\n]\n"
 
 
-LLMAPI_INPUTS = [_tensor("text_input", "TYPE_STRING"), _tensor("max_tokens", "TYPE_INT32", optional=True),
-                 _tensor("temperature", "TYPE_FP32", optional=True), _tensor("top_p", "TYPE_FP32", optional=True),
-                 _tensor("top_k", "TYPE_INT32", optional=True), _tensor("streaming", "TYPE_BOOL", optional=True),
-                 _tensor("seed", "TYPE_UINT64", optional=True)]
-LLMAPI_OUTPUTS = [_tensor("text_output", "TYPE_STRING", "[ -1 ]"), _tensor("finish_reason", "TYPE_STRING", "[ -1 ]"),
-                  _tensor("acceptance_rate", "TYPE_FP32"), _tensor("total_accepted_draft_tokens", "TYPE_INT32"),
-                  _tensor("total_draft_tokens", "TYPE_INT32")]
+def _parameters(values: dict[str, str]) -> str:
+    return "".join(f'parameters {{\n  key: "{k}"\n  value: {{ string_value: "{v}" }}\n}}\n' for k, v in values.items())
 
 
 def llmapi_config_pbtxt(job: ExportJob) -> str:
+    """The LLM-API model: the contract's inputs and outputs, unbatched (`max_batch_size: 0`: a request is one
+    prompt), decoupled (one request, a stream of responses)."""
     return (f'name: "{MODEL}"\nbackend: "python"\nmax_batch_size: 0\n'
             "model_transaction_policy {\n  decoupled: true\n}\n"
-            + _io("input", LLMAPI_INPUTS) + _io("output", LLMAPI_OUTPUTS)
+            + _io("input", [_spec(s) for s in contract.LLMAPI_INPUTS])
+            + _io("output", [_spec(s, is_input=False) for s in contract.LLMAPI_OUTPUTS])
             + "instance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n")
 
 
+#: the preprocessing model's tensors that upstream's model.py reads in initialize() (their data_type) or execute()
+_PRE_INPUTS = [("QUERY", "TYPE_STRING", "[ 1 ]", False), ("DECODER_QUERY", "TYPE_STRING", "[ 1 ]", True),
+               ("REQUEST_OUTPUT_LEN", "TYPE_INT32", "[ 1 ]", False), ("BAD_WORDS_DICT", "TYPE_STRING", "[ -1 ]", True),
+               ("STOP_WORDS_DICT", "TYPE_STRING", "[ -1 ]", True),
+               ("EMBEDDING_BIAS_WORDS", "TYPE_STRING", "[ -1 ]", True),
+               ("EMBEDDING_BIAS_WEIGHTS", "TYPE_FP32", "[ -1 ]", True), ("END_ID", "TYPE_INT32", "[ 1 ]", True),
+               ("PAD_ID", "TYPE_INT32", "[ 1 ]", True), ("PROMPT_TABLE_EXTRA_ID", "TYPE_UINT64", "[ 1 ]", True)]
+_PRE_OUTPUTS = [("INPUT_ID", "TYPE_INT32", "[ -1 ]"), ("REQUEST_INPUT_LEN", "TYPE_INT32", "[ 1 ]"),
+                ("DECODER_INPUT_ID", "TYPE_INT32", "[ -1 ]"), ("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", "[ 1 ]"),
+                ("BAD_WORDS_IDS", "TYPE_INT32", "[ 2, -1 ]"), ("STOP_WORDS_IDS", "TYPE_INT32", "[ 2, -1 ]"),
+                ("EMBEDDING_BIAS", "TYPE_FP32", "[ -1 ]"), ("REQUEST_OUTPUT_LEN", "TYPE_INT32", "[ -1 ]"),
+                ("OUT_END_ID", "TYPE_INT32", "[ 1 ]"), ("OUT_PAD_ID", "TYPE_INT32", "[ 1 ]"),
+                ("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", "[ -1 ]"),
+                ("PIXEL_VALUES", "TYPE_FP16", "[ -1, -1, -1, -1 ]"), ("IMAGE_SIZES", "TYPE_INT64", "[ -1, 2 ]")]
+#: the engine model's inputs the ensemble feeds (upstream's names and dims), then its outputs
+_ENGINE_INPUTS = [("input_ids", "TYPE_INT32", "[ -1 ]", False), ("input_lengths", "TYPE_INT32", "[ 1 ]", False),
+                  ("request_output_len", "TYPE_INT32", "[ 1 ]", False), ("end_id", "TYPE_INT32", "[ 1 ]", True),
+                  ("pad_id", "TYPE_INT32", "[ 1 ]", True), ("stop_words_list", "TYPE_INT32", "[ 2, -1 ]", True),
+                  ("bad_words_list", "TYPE_INT32", "[ 2, -1 ]", True), ("embedding_bias", "TYPE_FP32", "[ -1 ]", True),
+                  ("temperature", "TYPE_FP32", "[ 1 ]", True), ("runtime_top_k", "TYPE_INT32", "[ 1 ]", True),
+                  ("runtime_top_p", "TYPE_FP32", "[ 1 ]", True), ("seed", "TYPE_UINT64", "[ 1 ]", True),
+                  ("streaming", "TYPE_BOOL", "[ 1 ]", True), ("return_perf_metrics", "TYPE_BOOL", "[ 1 ]", True),
+                  ("return_num_input_tokens", "TYPE_BOOL", "[ 1 ]", True),
+                  ("return_num_output_tokens", "TYPE_BOOL", "[ 1 ]", True),
+                  ("draft_input_ids", "TYPE_INT32", "[ -1 ]", True)]
+_ENGINE_OUTPUTS = [("output_ids", "TYPE_INT32", "[ -1, -1 ]"), ("sequence_length", "TYPE_INT32", "[ -1 ]"),
+                   *((s.name, contract.CONFIG_DATATYPE[s.datatype], "[ 1 ]") for s in contract.ENSEMBLE_OUTPUTS
+                     if s.name != contract.TEXT_OUTPUT)]
+
+
 def ensemble_configs(job: ExportJob) -> dict[str, str]:
-    """The <= 1.2 ensemble: model name -> config.pbtxt."""
+    """The <= 1.2 ensemble: model name -> config.pbtxt. Preprocessing and postprocessing are upstream's Python
+    models: their config declares every parameter, input and output those model.py files read, and the ensemble
+    maps `end_id` through preprocessing (which falls back to the tokenizer's) into the engine."""
     tokenizer = "${tokenizer_dir}"
-    text_in, ids = _tensor("text_input", "TYPE_STRING", "[ 1 ]"), _tensor("input_ids", "TYPE_INT32", "[ -1 ]")
     pre = (f'name: "preprocessing"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
-           + _io("input", [_tensor("QUERY", "TYPE_STRING"), _tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32")])
-           + _io("output", [_tensor("INPUT_ID", "TYPE_INT32", "[ -1 ]"), _tensor("REQUEST_INPUT_LEN", "TYPE_INT32"),
-                            _tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32")])
-           + f'parameters {{\n  key: "tokenizer_dir"\n  value: {{ string_value: "{tokenizer}" }}\n}}\n')
+           + _io("input", [_tensor(*t) for t in _PRE_INPUTS]) + _io("output", [_tensor(*t) for t in _PRE_OUTPUTS])
+           + _parameters({"tokenizer_dir": tokenizer, "add_special_tokens": "true", "multimodal_model_path": "",
+                          "gpt_model_path": "${engine_dir}", "max_num_images": "", "hf_model_path": ""}))
     engine = (f'name: "tensorrt_llm"\nbackend: "tensorrtllm"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
               "model_transaction_policy {\n  decoupled: true\n}\n"
-              + _io("input", [ids, _tensor("input_lengths", "TYPE_INT32"),
-                              _tensor("request_output_len", "TYPE_INT32"),
-                              _tensor("draft_input_ids", "TYPE_INT32", "[ -1 ]", optional=True)])
-              + _io("output", [_tensor("output_ids", "TYPE_INT32", "[ -1, -1 ]"),
-                               _tensor("sequence_length", "TYPE_INT32", "[ -1 ]")])
-              + 'parameters {\n  key: "gpt_model_path"\n  value: { string_value: "${engine_dir}" }\n}\n'
-              + 'parameters {\n  key: "batching_strategy"\n  value: { string_value: "inflight_fused_batching" }\n}\n'
-              + f'parameters {{\n  key: "max_draft_len"\n  value: {{ string_value: "{job.num_speculative_tokens}" }}\n}}\n')
+              + _io("input", [_tensor(*t) for t in _ENGINE_INPUTS]) + _io("output", [_tensor(*t) for t in _ENGINE_OUTPUTS])
+              + _parameters({"gpt_model_path": "${engine_dir}", "gpt_model_type": "inflight_fused_batching",
+                             "max_beam_width": "1", "max_draft_len": str(job.num_speculative_tokens)}))
     post = (f'name: "postprocessing"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
             + _io("input", [_tensor("TOKENS_BATCH", "TYPE_INT32", "[ -1, -1 ]"),
                             _tensor("SEQUENCE_LENGTH", "TYPE_INT32", "[ -1 ]")])
             + _io("output", [_tensor("OUTPUT", "TYPE_STRING", "[ -1 ]")])
-            + f'parameters {{\n  key: "tokenizer_dir"\n  value: {{ string_value: "{tokenizer}" }}\n}}\n')
+            + _parameters({"tokenizer_dir": tokenizer, "skip_special_tokens": "true"}))
     ensemble = (f'name: "ensemble"\nplatform: "ensemble"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
-                + _io("input", [text_in, _tensor("max_tokens", "TYPE_INT32")])
-                + _io("output", [_tensor("text_output", "TYPE_STRING", "[ -1 ]")])
+                + _io("input", [_spec(s) for s in contract.ENSEMBLE_INPUTS])
+                + _io("output", [_spec(s, is_input=False) for s in contract.ENSEMBLE_OUTPUTS])
                 + "ensemble_scheduling {\n"
-                + _step("preprocessing", {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens"},
+                + _step("preprocessing", {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens",
+                                          "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id"},
                         {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
-                         "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN"})
+                         "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+                         "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"})
                 + ",\n"
                 + _step("tensorrt_llm", {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
-                                         "request_output_len": "_REQUEST_OUTPUT_LEN"},
-                        {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"})
+                                         "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID",
+                                         "pad_id": "_PREPROCESSOR_PAD_ID", "stop_words_list": "_STOP_WORDS_IDS",
+                                         "temperature": "temperature", "runtime_top_k": "top_k",
+                                         "runtime_top_p": "top_p", "seed": "seed", "streaming": "stream",
+                                         "return_perf_metrics": "return_perf_metrics",
+                                         "return_num_input_tokens": "return_num_input_tokens",
+                                         "return_num_output_tokens": "return_num_output_tokens"},
+                        {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH",
+                         **{s.name: s.name for s in contract.ENSEMBLE_OUTPUTS if s.name != contract.TEXT_OUTPUT}})
                 + ",\n"
                 + _step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
-                        {"OUTPUT": "text_output"})
+                        {"OUTPUT": contract.TEXT_OUTPUT})
                 + "\n}\n")
     return {"preprocessing": pre, "tensorrt_llm": engine, "postprocessing": post, "ensemble": ensemble}
 
@@ -143,6 +183,7 @@ def write(job: ExportJob, out: Path, progress) -> dict:
            "triton_config": {"max_batch_size": 0, "decoupled": True}}
     (version / "model.yaml").write_text(yaml.safe_dump(llm, sort_keys=False))
     shutil.copy2(LLMAPI_MODEL_PY, version / "model.py")
+    shutil.copy2(CONTRACT_PY, version / CONTRACT_PY.name)
     for name, text in ensemble_configs(job).items():
         (version / ENSEMBLE_DIR / name / "1").mkdir(parents=True)
         (version / ENSEMBLE_DIR / name / "config.pbtxt").write_text(text)
@@ -152,10 +193,13 @@ def write(job: ExportJob, out: Path, progress) -> dict:
                               "Serve": f"```sh\n{serve}\n```\n\nThe `{MODEL}` model is a Python-backend model "
                               f"(`{MODEL}/1/model.py`) around TensorRT-LLM's LLM API: it needs a Triton image with "
                               "TensorRT-LLM installed. `model.yaml` holds the LLM options, `speculative_config` "
-                              "included. Inputs: `text_input`, optional `max_tokens`, `temperature`, `top_p`, `top_k`, "
-                              "`streaming`, `seed`; responses carry `text_output` (a delta per response when "
-                              "streaming), `finish_reason`, and on the last one `acceptance_rate`, "
-                              "`total_accepted_draft_tokens` and `total_draft_tokens`.",
+                              "included. Inputs are the stock LLM-API model's: `text_input`, optional `streaming` and "
+                              "`sampling_param_{max_tokens,temperature,top_p,top_k,seed,stop}`, plus `messages_json` "
+                              "(chat, rendered with the target's template) and `ignore_eos`; responses carry "
+                              "`text_output` (a delta per response when streaming), `finish_reason`, "
+                              "`num_input_tokens`, `num_output_tokens`, `acceptance_rate`, "
+                              "`total_accepted_draft_tokens` and `total_draft_tokens`. Decoupled: use the streaming "
+                              "gRPC (`ModelStreamInfer`) or `/generate_stream`, also without streaming.",
                               "TensorRT-LLM <= 1.2 engines": f"`{MODEL}/1/{ENSEMBLE_DIR}/` is the preprocessing / tensorrt_llm / "
                               "postprocessing / ensemble layout: build the engine with `--format tensorrt-llm`'s "
                               "build.sh, then fill `${engine_dir}` and `${tokenizer_dir}` in the config.pbtxt files "

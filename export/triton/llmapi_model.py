@@ -1,25 +1,34 @@
 """Triton Python-backend model serving TensorRT-LLM's LLM API with speculative decoding (`tensorrt_llm/1/model.py`).
 
 `python -m export --format triton-repo` copies this file next to `model.yaml` (the LLM options, `speculative_config`
-included) and `config.pbtxt` (decoupled: one request, a stream of responses). On a Triton + TensorRT-LLM image:
+included), `triton_contract.py` (the tensor names, shared with the gateway) and `config.pbtxt` (decoupled: one
+request, a stream of responses). On a Triton + TensorRT-LLM image:
 
     tritonserver --model-repository=OUT
 
-Per request, inputs (all [1]; only `text_input` is required): text_input (string), max_tokens (int32), temperature,
-top_p (fp32), top_k (int32), streaming (bool), seed (uint64). Responses: `text_output` (the new text: a delta per
-response when streaming, else the whole completion once), `finish_reason` ("" until the last response), and the
-speculative-decoding counters of the request on the last one: `acceptance_rate`, `total_accepted_draft_tokens`,
-`total_draft_tokens`. A bad request gets one error response; the model keeps serving the others.
+Inputs are the stock LLM-API model's (`text_input`, `streaming`, `sampling_param_*`, `stop`) plus two optional
+additions: `messages_json` (chat messages, rendered with the target's chat template) and `ignore_eos`. Responses:
+`text_output` (the new text: a delta per response when streaming, else the whole completion once), `finish_reason`
+("" until the last response) and the request's counts so far: `num_input_tokens`, `num_output_tokens`,
+`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`. A bad request gets one error response; the
+model keeps serving the others. A request the client cancels (`request.is_cancelled()`, polled every
+`triton_config.cancellation_check_period_ms`) is aborted in the LLM and ends with a CANCELLED error.
+
+Tensor parallelism: under `mpirun -n N ... trtllm-llmapi-launch tritonserver` every rank loads this model. Rank 0
+builds the LLM over the MPI world (an `MpiCommSession` on COMM_WORLD) and serves; the other ranks turn into its MPI
+workers (`MPICommExecutor`) and never serve. With one rank the LLM starts its own workers.
 
 The LLM runs its own event loop on a thread: `execute` only hands requests to it and returns (decoupled mode), so a
-long generation never blocks the next request. Neither `tensorrt_llm` nor `triton_python_backend_utils` is imported
-before `initialize`: the file imports anywhere (tests run it with stand-ins for both).
+long generation never blocks the next request. Neither `tensorrt_llm`, `mpi4py` nor `triton_python_backend_utils` is
+imported before `initialize`: the file imports anywhere (tests run it with stand-ins for all three).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -29,28 +38,54 @@ import numpy as np
 TRITON_KEYS = ("triton_config",)
 #: what max_tokens is when a request leaves it out
 DEFAULT_MAX_TOKENS = 128
-#: optional request inputs -> (SamplingParams field, numpy cast, valid?)
-SAMPLING_INPUTS = {
+#: how often a running request's cancellation is checked when model.yaml does not say
+DEFAULT_CANCELLATION_CHECK_PERIOD_MS = 100
+#: role -> (SamplingParams field, cast, valid?) of the optional one-value inputs
+SAMPLING_ROLES = {
     "max_tokens": ("max_tokens", int, lambda v: v >= 1),
     "temperature": ("temperature", float, lambda v: v >= 0.0),
     "top_p": ("top_p", float, lambda v: 0.0 < v <= 1.0),
     "top_k": ("top_k", int, lambda v: v >= 0),
     "seed": ("seed", int, lambda v: v >= 0),
+    "ignore_eos": ("ignore_eos", bool, lambda v: True),
 }
+
+
+def load_contract():
+    """The Triton contract: the copy the exporter puts beside this file, else the repository's own module."""
+    path = Path(__file__).with_name("triton_contract.py")
+    if not path.is_file():
+        from service.gateway import triton_contract
+
+        return triton_contract
+    spec = importlib.util.spec_from_file_location("triton_contract", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up while they are built
+    spec.loader.exec_module(module)
+    return module
+
+
+contract = load_contract()
+NAMES = contract.LLMAPI_NAMES
 
 
 class BadRequest(ValueError):
     """A request this model refuses; its message goes back to the client as the response's error."""
 
 
-def load_llm_args(model_yaml: Path) -> dict:
-    """model.yaml → LLM(**kwargs): Triton's keys dropped, `speculative_config` turned into TensorRT-LLM's config
-    object (its `DecodingBaseConfig.from_dict` picks the class from `decoding_type`)."""
+def read_model_yaml(model_yaml: Path) -> dict:
     import yaml
 
     args = yaml.safe_load(Path(model_yaml).read_text()) or {}
     if not isinstance(args, dict) or "model" not in args:
         raise ValueError(f"{model_yaml}: expected a mapping with at least `model` (the LLM options)")
+    return args
+
+
+def load_llm_args(model_yaml: Path) -> dict:
+    """model.yaml → LLM(**kwargs): Triton's keys dropped, `speculative_config` turned into TensorRT-LLM's config
+    object (its `DecodingBaseConfig.from_dict` picks the class from `decoding_type`)."""
+    args = read_model_yaml(model_yaml)
     for key in TRITON_KEYS:
         args.pop(key, None)
     spec = args.get("speculative_config")
@@ -61,44 +96,70 @@ def load_llm_args(model_yaml: Path) -> dict:
     return args
 
 
-def _scalar(pb_utils, request, name: str):
+def world_size_of(llm_args: dict) -> int:
+    """The ranks model.yaml's LLM runs on: tensor_parallel_size x pipeline_parallel_size."""
+    return int(llm_args.get("tensor_parallel_size", 1) or 1) * int(llm_args.get("pipeline_parallel_size", 1) or 1)
+
+
+def _values(pb_utils, request, name: str):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
+    return None if tensor is None else np.asarray(tensor.as_numpy()).reshape(-1)
+
+
+def _scalar(pb_utils, request, name: str):
+    values = _values(pb_utils, request, name)
+    if values is None:
         return None
-    values = np.asarray(tensor.as_numpy()).reshape(-1)
     if values.size != 1:
         raise BadRequest(f"{name} must hold one value, got {values.size}")
     return values[0]
 
 
-def read_request(pb_utils, request) -> tuple[str, dict, bool]:
-    """A Triton request → (prompt, SamplingParams kwargs, streaming); BadRequest names what is wrong."""
-    raw = _scalar(pb_utils, request, "text_input")
-    if raw is None:
-        raise BadRequest("text_input is required")
+def _text(raw, name: str) -> str:
     try:
-        prompt = raw.decode("utf-8") if isinstance(raw, (bytes, np.bytes_)) else str(raw)
+        return raw.decode("utf-8") if isinstance(raw, (bytes, np.bytes_)) else str(raw)
     except UnicodeDecodeError:
-        raise BadRequest("text_input is not valid UTF-8") from None
-    if not prompt:
-        raise BadRequest("text_input is empty")
+        raise BadRequest(f"{name} is not valid UTF-8") from None
+
+
+def read_request(pb_utils, request) -> tuple[str | None, list | None, dict, bool]:
+    """A Triton request → (prompt, chat messages or None, SamplingParams kwargs, streaming); BadRequest names what
+    is wrong. `text_input` is [n] (upstream's dims): its first element is the prompt."""
+    texts = _values(pb_utils, request, NAMES["prompt"])
+    if texts is None or texts.size == 0:
+        raise BadRequest(f"{NAMES['prompt']} is required")
+    prompt = _text(texts[0], NAMES["prompt"])
+    messages = None
+    raw_messages = _scalar(pb_utils, request, NAMES["messages"])
+    if raw_messages is not None:
+        try:
+            messages = json.loads(_text(raw_messages, NAMES["messages"]))
+        except json.JSONDecodeError as e:
+            raise BadRequest(f"{NAMES['messages']} is not JSON: {e}") from None
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest(f"{NAMES['messages']} must be a non-empty JSON list of messages")
+    elif not prompt:
+        raise BadRequest(f"{NAMES['prompt']} is empty")
     sampling = {"max_tokens": DEFAULT_MAX_TOKENS}
-    for name, (field, cast, valid) in SAMPLING_INPUTS.items():
-        value = _scalar(pb_utils, request, name)
+    for role, (field, cast, valid) in SAMPLING_ROLES.items():
+        value = _scalar(pb_utils, request, NAMES[role])
         if value is None:
             continue
         value = cast(value)
         if not valid(value):
-            raise BadRequest(f"{name} {value} is out of range")
+            raise BadRequest(f"{NAMES[role]} {value} is out of range")
         sampling[field] = value
-    streaming = _scalar(pb_utils, request, "streaming")
-    return prompt, sampling, bool(streaming) if streaming is not None else False
+    stop = _values(pb_utils, request, NAMES["stop"])
+    if stop is not None and stop.size:
+        sampling["stop"] = [_text(s, NAMES["stop"]) for s in stop]
+    streaming = _scalar(pb_utils, request, NAMES["stream"])
+    return prompt, messages, sampling, bool(streaming) if streaming is not None else False
 
 
-def speculative_counters(output) -> tuple[float, int, int]:
-    """(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens) of a finished request; zeros without a
+def speculative_counters(completion) -> tuple[float, int, int]:
+    """(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens) of a request so far; zeros without a
     draft (TensorRT-LLM reports them in request_perf_metrics.speculative_decoding)."""
-    metrics = getattr(output, "request_perf_metrics", None)
+    metrics = getattr(completion, "request_perf_metrics", None)
     spec = getattr(metrics, "speculative_decoding", None)
     if spec is None:
         return 0.0, 0, 0
@@ -111,15 +172,41 @@ class TritonPythonModel:
 
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
-        from tensorrt_llm import LLM, SamplingParams
+        from tensorrt_llm._utils import global_mpi_rank, global_mpi_size
 
         self.pb_utils = pb_utils
-        self.sampling_params = SamplingParams
+        self.llm = self.loop = None
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise ValueError("this model streams: its config.pbtxt needs model_transaction_policy { decoupled: true }")
-        version_dir = Path(args["model_repository"]) / str(args["model_version"])
-        self.llm = LLM(**load_llm_args(version_dir / "model.yaml"))
+        model_yaml = Path(args["model_repository"]) / str(args["model_version"]) / "model.yaml"
+        self.rank, num_ranks = global_mpi_rank(), global_mpi_size()
+        if self.rank != 0:  # a follower: lend this rank to the leader's LLM until it shuts down
+            from mpi4py.futures import MPICommExecutor
+            from mpi4py.MPI import COMM_WORLD
+
+            with MPICommExecutor(COMM_WORLD) as executor:
+                if executor is not None:
+                    raise RuntimeError(f"rank {self.rank} of the MPI world must not lead it")
+            return
+        llm_args = load_llm_args(model_yaml)
+        if num_ranks > 1:
+            if world_size_of(llm_args) != num_ranks:
+                raise ValueError(f"{model_yaml} asks for {world_size_of(llm_args)} ranks (tensor_parallel_size x "
+                                 f"pipeline_parallel_size), mpirun started {num_ranks}: make them agree")
+            from mpi4py.MPI import COMM_WORLD
+            from tensorrt_llm.llmapi import MpiCommSession
+
+            llm_args["_mpi_session"] = MpiCommSession(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())
+        triton_config = read_model_yaml(model_yaml).get("triton_config") or {}
+        self.cancellation_check_period_s = float(triton_config.get(
+            "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS)) / 1000.0  # fmt: skip
+        from tensorrt_llm import LLM, SamplingParams
+
+        self.sampling_params = SamplingParams
+        self.llm = LLM(**llm_args)
+        #: Triton request id -> the LLM results running for it (what a `stop` request aborts)
+        self.running: dict[str, set] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="llmapi-loop", daemon=True)
         self.thread.start()
@@ -133,44 +220,98 @@ class TritonPythonModel:
         pb = self.pb_utils
         sender = request.get_response_sender()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        request_id = request.request_id()
+        cancelled = asyncio.Event()
+        watcher = result = None
         try:
-            prompt, sampling, streaming = read_request(pb, request)
+            if _scalar(pb, request, contract.STOP_REQUEST):
+                self._stop(request_id, sender)
+                return
+            prompt, messages, sampling, streaming = read_request(pb, request)
+            if messages is not None:
+                prompt = self.llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             params = self.sampling_params(**sampling, return_perf_metrics=True)
             result = self.llm.generate_async(prompt, params, streaming=streaming)
-            if streaming:  # one response per step; the last one carries the finish reason and the counters
-                last = None
-                async for out in result:
-                    if last is not None:
-                        sender.send(self._response(last.outputs[0].text_diff, "", None))
-                    last = out
-                if last is None:
-                    raise RuntimeError("the LLM returned no output")
+            self.running.setdefault(request_id, set()).add(result)
+            watcher = asyncio.ensure_future(self._watch(request, result, cancelled))
+            if streaming:
+                await self._stream(result, sender, cancelled)
             else:
-                last = await result.aresult()
-            completion = last.outputs[0]
-            text = completion.text_diff if streaming else completion.text
-            sender.send(self._response(text, str(completion.finish_reason or "stop"), speculative_counters(completion)),
-                        flags=final)
+                out = await result.aresult()
+                if not cancelled.is_set():
+                    sender.send(self._response(out, out.outputs[0].text), flags=final)
+            if cancelled.is_set():
+                self._send_cancelled(sender)
         except BadRequest as e:
             sender.send(pb.InferenceResponse(error=pb.TritonError(f"bad request: {e}")), flags=final)
         except Exception as e:  # noqa: BLE001 - one request's failure is its own error response
-            sender.send(pb.InferenceResponse(error=pb.TritonError(f"{type(e).__name__}: {e}")), flags=final)
+            if cancelled.is_set():
+                self._send_cancelled(sender)
+            else:
+                sender.send(pb.InferenceResponse(error=pb.TritonError(f"{type(e).__name__}: {e}")), flags=final)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if result is not None:
+                self.running.get(request_id, set()).discard(result)
+                if not self.running.get(request_id, True):
+                    del self.running[request_id]
 
-    def _response(self, text: str, finish_reason: str, counters: tuple[float, int, int] | None):
+    async def _stream(self, result, sender, cancelled: asyncio.Event) -> None:
+        """One response per step, each sent in its own iteration: TensorRT-LLM's GenerationResult is one object
+        that every step mutates in place, so a response built from it later would carry a later step's text."""
+        final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        async for out in result:
+            if cancelled.is_set():
+                return
+            sender.send(self._response(out, out.outputs[0].text_diff), flags=final if out.finished else 0)
+            if out.finished:
+                return
+        if not cancelled.is_set():  # the iteration ended without a finished step: close the stream
+            sender.send(None, flags=final)
+
+    async def _watch(self, request, result, cancelled: asyncio.Event) -> None:
+        """Abort `result` once Triton says its client cancelled the request."""
+        while not cancelled.is_set():
+            await asyncio.sleep(self.cancellation_check_period_s)
+            if request.is_cancelled():
+                cancelled.set()
+                result.abort()
+
+    def _stop(self, request_id: str, sender) -> None:
+        """A `stop: true` request: abort every generation running under its request id."""
         pb = self.pb_utils
-        rate, accepted, drafted = counters or (0.0, 0, 0)
-        tensors = [pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object)),
-                   pb.Tensor("finish_reason", np.array([finish_reason.encode("utf-8")], dtype=object)),
-                   pb.Tensor("acceptance_rate", np.array([rate], dtype=np.float32)),
-                   pb.Tensor("total_accepted_draft_tokens", np.array([accepted], dtype=np.int32)),
-                   pb.Tensor("total_draft_tokens", np.array([drafted], dtype=np.int32))]
+        if not request_id:
+            sender.send(pb.InferenceResponse(error=pb.TritonError("a stop request needs the request id to stop")),
+                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+            return
+        for result in self.running.pop(request_id, set()):
+            result.abort()
+        self._send_cancelled(sender)
+
+    def _send_cancelled(self, sender) -> None:
+        pb = self.pb_utils
+        sender.send(pb.InferenceResponse(error=pb.TritonError("Request cancelled by client", pb.TritonError.CANCELLED)),
+                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+
+    def _response(self, out, text: str):
+        """One response: `text`, the finish reason once finished, and the request's counts so far."""
+        pb = self.pb_utils
+        completion = out.outputs[0]
+        finish_reason = str(completion.finish_reason or "stop") if out.finished else ""
+        rate, accepted, drafted = speculative_counters(completion)
+        counts = {contract.NUM_INPUT_TOKENS: len(getattr(out, "prompt_token_ids", None) or ()),
+                  contract.NUM_OUTPUT_TOKENS: len(getattr(completion, "token_ids", None) or ()),
+                  contract.TOTAL_ACCEPTED_DRAFT_TOKENS: accepted, contract.TOTAL_DRAFT_TOKENS: drafted}
+        tensors = [pb.Tensor(contract.TEXT_OUTPUT, np.array([text.encode("utf-8")], dtype=object)),
+                   pb.Tensor(contract.FINISH_REASON, np.array([finish_reason.encode("utf-8")], dtype=object)),
+                   pb.Tensor(contract.ACCEPTANCE_RATE, np.array([rate], dtype=np.float32)),
+                   *(pb.Tensor(name, np.array([n], dtype=np.int32)) for name, n in counts.items())]
         return pb.InferenceResponse(output_tensors=tensors)
 
     def finalize(self) -> None:
-        llm = getattr(self, "llm", None)
-        if llm is not None:
-            llm.shutdown()
-        loop = getattr(self, "loop", None)
-        if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
+        if self.llm is not None:
+            self.llm.shutdown()
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)

@@ -1,16 +1,18 @@
 """One worker, seen from the gateway: a shared gRPC channel and the KServe v2 stubs that ship in tritonclient.
 
-Streaming requests go through `ModelStreamInfer`, so the gateway sees the first token (retry is only allowed before
-it), measures TTFT and inter-chunk latency itself, and cancels the worker's sequence by cancelling the call.
-Non-streaming requests use one unary `ModelInfer` (cheaper; the worker's own histograms time them). A gRPC deadline
-bounds each call. Tensors are encoded and decoded by `service.tensors`, the codec the worker uses too. Errors
-surface as `WorkerError(status, message)` with `status` a grpc.StatusCode name, whether they came as a stream
-`error_message` or as an RPC status.
+Each served model's ModelConfig is read once (`service/gateway/signature.py`), and every request is built for it:
+only inputs it declares, in its dialect (DeepSpec's worker and Triton's ensemble, or the LLM-API model), shaped as
+its dims and batch dimension ask. Streaming requests go through `ModelStreamInfer`, so the gateway sees the first
+token (retry is only allowed before it), measures TTFT and inter-chunk latency itself, and cancels the worker's
+sequence by cancelling the call. Non-streaming requests use one unary `ModelInfer` where the model allows it, and
+the streaming RPC with streaming off on a decoupled model, which Triton answers on that RPC only. A gRPC deadline
+bounds each call. Tensors are decoded by `service.tensors`, the codec the worker uses too; the counts are read under
+DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as `WorkerError(status, message)` with
+`status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -19,6 +21,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service import protocol as p
 from service import tensors
+from service.gateway import triton_contract as c
+from service.gateway.signature import DEEPSPEC_WORKER, ModelSignature, SignatureError, build_request
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -68,36 +72,38 @@ class WorkerError(Exception):
         self.status, self.message, self.code = status, message, code
 
 
-def build_infer_request(req: GenerationRequest, stream: bool = True) -> service_pb2.ModelInferRequest:
-    """The TensorRT-LLM ensemble's inputs, as raw [1, 1] tensors (stop_words [1, n])."""
-    request = service_pb2.ModelInferRequest(model_name=req.model, id=req.request_id)
-    add = tensors.add_input
-    add(request, p.TEXT_INPUT, "BYTES", [req.prompt or ""])
-    if req.messages is not None:
-        add(request, p.EXTRA_MESSAGES_JSON, "BYTES", [json.dumps(req.messages, ensure_ascii=False)])
-    if req.max_tokens is not None:
-        add(request, p.MAX_TOKENS, "INT32", [req.max_tokens])
-    add(request, p.STREAM, "BOOL", [stream])
-    add(request, p.TEMPERATURE, "FP32", [req.temperature])
-    add(request, p.TOP_P, "FP32", [req.top_p])
-    add(request, p.TOP_K, "INT32", [req.top_k])
-    if req.seed is not None:
-        add(request, p.SEED, "UINT64", [req.seed])
-    if req.stop:
-        add(request, p.STOP_WORDS, "BYTES", req.stop)
-    if req.ignore_eos:
-        add(request, p.EXTRA_IGNORE_EOS, "BOOL", [True])
-    return request
+def build_infer_request(req: GenerationRequest, stream: bool = True,
+                        signature: ModelSignature = DEEPSPEC_WORKER) -> service_pb2.ModelInferRequest:  # fmt: skip
+    """The request `signature`'s model accepts (default: DeepSpec's worker, [1, n] tensors); `WorkerError`
+    INVALID_ARGUMENT when the model cannot take it."""
+    try:
+        return build_request(req, stream, signature)
+    except SignatureError as e:
+        raise WorkerError("INVALID_ARGUMENT", str(e)) from None
+
+
+#: RequestStats field -> the outputs that may carry it: DeepSpec's name first, then Triton's
+_STATS_NAMES = {field: (name, *alias) for field, name in p.STATS_OUTPUTS.items() for alias in [{
+    "num_prompt_tokens": (c.NUM_INPUT_TOKENS,), "num_output_tokens": (c.NUM_OUTPUT_TOKENS,),
+    "num_draft_tokens": (c.TOTAL_DRAFT_TOKENS,), "num_accepted_tokens": (c.TOTAL_ACCEPTED_DRAFT_TOKENS,),
+}.get(field, ())]}  # fmt: skip
+
+
+def _count(values: dict[str, list], names: tuple[str, ...]) -> int:
+    for name in names:
+        if values.get(name):
+            return tensors.scalar(values, name, int, 0)
+    return 0
 
 
 def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
-    """A worker response as a Chunk; `tensors.TensorError` when it is malformed. Outputs a stock Triton does not
-    send count as 0."""
+    """A worker response as a Chunk; `tensors.TensorError` when it is malformed. Counts a model does not send read
+    as 0."""
     values = tensors.read_outputs(response)
     text = values.get(p.TEXT_OUTPUT) or [b""]
     final = response.parameters[p.FINAL_RESPONSE_PARAM].bool_param if p.FINAL_RESPONSE_PARAM in response.parameters else False
 
-    stats = p.RequestStats(**{field: tensors.scalar(values, name, int, 0) for field, name in p.STATS_OUTPUTS.items()})
+    stats = p.RequestStats(**{field: _count(values, names) for field, names in _STATS_NAMES.items()})
     return Chunk(text=text[0].decode("utf-8", "replace"), stats=stats,
                  finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final)  # fmt: skip
 
@@ -118,13 +124,16 @@ class WorkerClient:
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        #: served model -> what it accepts, from its ModelConfig
+        self.signatures: dict[str, ModelSignature] = {}
 
     async def is_ready(self, timeout_s: float) -> bool:
         response = await self.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=timeout_s)
         return response.ready
 
     async def model_info(self, timeout_s: float) -> dict[str, int]:
-        """Ready models served by this worker -> their context length (0 if the worker does not say)."""
+        """Ready models served by this worker -> their context length (0 if the worker does not say); keeps each
+        model's signature for the requests to come."""
         index = await self.stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True), timeout=timeout_s)
         models = {}
         for model in index.models:
@@ -133,15 +142,52 @@ class WorkerClient:
             max_seq_len = 0
             try:
                 config = await self.stub.ModelConfig(service_pb2.ModelConfigRequest(name=model.name), timeout=timeout_s)
+                self.signatures[model.name] = ModelSignature.from_config(config.config)
                 max_seq_len = int(config.config.parameters[p.MAX_SEQ_LEN_PARAM].string_value or 0)
             except (grpc.RpcError, ValueError, KeyError):
                 pass
             models[model.name] = max_seq_len
         return models
 
+    async def signature(self, model: str, timeout_s: float) -> ModelSignature:
+        """`model`'s signature, read from its ModelConfig the first time; DeepSpec's worker's when the worker has no
+        ModelConfig RPC."""
+        if model not in self.signatures:
+            try:
+                config = await self.stub.ModelConfig(service_pb2.ModelConfigRequest(name=model), timeout=timeout_s)
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise _rpc_error(e) from None
+                return DEEPSPEC_WORKER
+            self.signatures[model] = ModelSignature.from_config(config.config)
+        return self.signatures[model]
+
     async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
         """Stream one request; closing the iterator (or cancelling its task) cancels the call and the sequence."""
-        call = self.stub.ModelStreamInfer(iter([build_infer_request(req)]), timeout=timeout_s)
+        signature = await self.signature(req.model, timeout_s)
+        async for chunk in self._stream(build_infer_request(req, True, signature), timeout_s):
+            yield chunk
+
+    async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+        """Non-streaming requests, yielded as a single final chunk: one unary ModelInfer (cheaper than a stream), or
+        the streaming RPC with streaming off where the model is decoupled (Triton refuses ModelInfer there)."""
+        signature = await self.signature(req.model, timeout_s)
+        request = build_infer_request(req, False, signature)
+        if signature.decoupled:
+            text, chunk = [], Chunk("")
+            async for chunk in self._stream(request, timeout_s):
+                text.append(chunk.text)
+            chunk.text = "".join(text)
+        else:
+            try:
+                chunk = parse_response(await self.stub.ModelInfer(request, timeout=timeout_s))
+            except grpc.aio.AioRpcError as e:
+                raise _rpc_error(e) from None
+        chunk.final = True
+        yield chunk
+
+    async def _stream(self, request: service_pb2.ModelInferRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+        call = self.stub.ModelStreamInfer(iter([request]), timeout=timeout_s)
         try:
             async for response in call:
                 if response.error_message:
@@ -156,16 +202,6 @@ class WorkerClient:
             raise _rpc_error(e) from None
         finally:
             call.cancel()
-
-    async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
-        """Non-streaming requests: one unary ModelInfer (cheaper than a stream), yielded as a single final chunk."""
-        try:
-            response = await self.stub.ModelInfer(build_infer_request(req, stream=False), timeout=timeout_s)
-        except grpc.aio.AioRpcError as e:
-            raise _rpc_error(e) from None
-        chunk = parse_response(response)
-        chunk.final = True
-        yield chunk
 
     async def close(self) -> None:
         await self.channel.close()

@@ -1,0 +1,126 @@
+"""What a served model accepts, read from its ModelConfig, and the KServe v2 request a generation becomes for it.
+
+Triton checks every request against the model's config.pbtxt before the model sees it: an input the config does not
+declare is refused, a shape must be the declared `dims` (with `-1` any length) behind one leading batch dimension
+when `max_batch_size > 0` and without it when `max_batch_size` is 0, a required input must be present, and a
+decoupled model answers only the streaming RPC. So the gateway reads each model's config once (`ModelSignature`)
+and builds requests that pass those rules, in the dialect the model declares (`service/gateway/triton_contract.py`:
+the LLM-API model's `sampling_param_*` names, or the ensemble's, which DeepSpec's worker speaks too).
+
+A request that needs an input the model does not declare (chat messages on a model without `messages_json`, stop
+strings, `ignore_eos`) is refused with `SignatureError` naming the model and the input, instead of being sent and
+refused by Triton or silently changing meaning. Request flags that only ask for outputs are sent when declared.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+from service import tensors
+from service.gateway import triton_contract as c
+
+#: roles a model may leave out without changing what the request means
+_SKIPPABLE = frozenset(c.FLAGS) | {"stream"}
+
+
+class SignatureError(ValueError):
+    """The request needs an input the model does not declare, or does not fit a declared shape."""
+
+
+@dataclass(frozen=True)
+class InputSlot:
+    #: KServe v2 datatype
+    datatype: str
+    #: as config.pbtxt declares them, without the batch dimension
+    dims: tuple[int, ...]
+    optional: bool
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """The inputs one model declares, its batch dimension and whether it streams (decoupled)."""
+
+    inputs: dict[str, InputSlot]
+    max_batch_size: int
+    decoupled: bool
+
+    @classmethod
+    def from_config(cls, config: model_config_pb2.ModelConfig) -> ModelSignature:
+        def datatype(data_type: int) -> str:
+            name = model_config_pb2.DataType.Name(data_type)
+            return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
+
+        inputs = {i.name: InputSlot(datatype(i.data_type), tuple(i.dims), i.optional) for i in config.input}
+        return cls(inputs, config.max_batch_size, config.model_transaction_policy.decoupled)
+
+    @property
+    def names(self) -> dict[str, str | None]:
+        """Role -> input name in this model's dialect."""
+        return c.LLMAPI_NAMES if c.LLMAPI_MARKER in self.inputs else c.ENSEMBLE_NAMES
+
+    def shape(self, name: str, num_values: int) -> list[int]:
+        """The shape Triton accepts for `num_values` values of input `name`."""
+        dims = self.inputs[name].dims
+        if sum(d == -1 for d in dims) > 1 or any(d != -1 and d != 1 for d in dims[:-1]):
+            raise SignatureError(f"input {name!r} has dims {list(dims)}: one value list per request is all this "
+                                 "gateway sends")  # fmt: skip
+        shape = list(dims)
+        if shape and shape[-1] == -1:
+            shape[-1] = num_values
+        elif num_values != (shape[-1] if shape else 1):
+            raise SignatureError(f"input {name!r} takes {shape[-1] if shape else 1} value(s) (dims {list(dims)}), "
+                                 f"the request has {num_values}")  # fmt: skip
+        return [1] + shape if self.max_batch_size > 0 else shape
+
+
+def _worker_slot(role: str) -> InputSlot:
+    return InputSlot(c.ROLE_DATATYPES[role], (1, -1) if role in c.LIST_ROLES else (1, 1), role != "prompt")
+
+
+#: DeepSpec's worker as its ModelConfig describes it (ensemble names and additions, [1, n] tensors); what a request
+#: is built for when a worker's config is unknown. Not decoupled here: the worker answers unary ModelInfer too.
+DEEPSPEC_WORKER = ModelSignature(
+    inputs={name: _worker_slot(role) for role, name in c.ENSEMBLE_NAMES.items() if name and role not in c.FLAGS},
+    max_batch_size=0, decoupled=False)  # fmt: skip
+
+
+def request_values(req, stream: bool) -> dict[str, list | None]:
+    """Role -> the values a GenerationRequest sends for it (None: nothing to send)."""
+    return {
+        "prompt": [req.prompt or ""],
+        "messages": None if req.messages is None else [json.dumps(req.messages, ensure_ascii=False)],
+        "max_tokens": None if req.max_tokens is None else [req.max_tokens],
+        "stream": [stream],
+        "temperature": [req.temperature], "top_p": [req.top_p], "top_k": [req.top_k],
+        "seed": None if req.seed is None else [req.seed],
+        "stop": list(req.stop) or None,
+        "ignore_eos": [True] if req.ignore_eos else None,
+        **{flag: [True] for flag in c.FLAGS},
+    }  # fmt: skip
+
+
+def build_request(req, stream: bool, signature: ModelSignature) -> service_pb2.ModelInferRequest:
+    """The ModelInferRequest for `req` that `signature`'s model accepts; SignatureError when there is none."""
+    request = service_pb2.ModelInferRequest(model_name=req.model, id=req.request_id)
+    names, sent = signature.names, set()
+    for role, values in request_values(req, stream).items():
+        name = names.get(role)
+        if values is None or (role in _SKIPPABLE and name not in signature.inputs):
+            continue
+        if name not in signature.inputs:
+            raise SignatureError(f"model {req.model!r} declares no input for {role.replace('_', ' ')} "
+                                 f"({name or 'none in its dialect'}): send the request without it")  # fmt: skip
+        slot = signature.inputs[name]
+        request.inputs.add(name=name, datatype=slot.datatype, shape=signature.shape(name, len(values)))
+        request.raw_input_contents.append(tensors.encode(slot.datatype, values))
+        sent.add(name)
+    missing = [name for name, slot in signature.inputs.items() if not slot.optional and name not in sent]
+    if missing:
+        raise SignatureError(f"model {req.model!r} requires {missing}: set them on the request (max_tokens has no "
+                             "default on this model)")  # fmt: skip
+    if signature.decoupled:  # a final flag sent without a response still ends the stream
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+    return request

@@ -1,0 +1,120 @@
+"""The Triton contract: tensor names, datatypes and dims of the models a gateway talks to on the Triton runtime.
+
+Contract only, no behaviour, no imports beyond the standard library: `export/formats/triton_repo.py` writes the
+config.pbtxt files from these tables, `service/gateway/worker_client.py` builds its requests from them, and the
+exporter copies this file next to the LLM-API model's `model.py`, which reads its inputs by the same names.
+
+Two stock models of TensorRT-LLM's Triton backend, one dialect each:
+
+- the LLM-API model (`tensorrt_llm`, Python backend, `max_batch_size: 0`): `text_input` [-1], `streaming`, the
+  sampling parameters as `sampling_param_<name>`, request flags `sampling_param_return_perf_metrics` and
+  `return_finish_reason`; the speculative-decoding counters come back as `acceptance_rate`,
+  `total_accepted_draft_tokens`, `total_draft_tokens`.
+- the <= 1.2 ensemble (`ensemble`, `max_batch_size` > 0, so every tensor gets a leading batch dimension of 1):
+  `text_input`, `max_tokens`, `stream`, `temperature`, `top_k`, `top_p`, `seed`, `stop_words`, `end_id`, the flags
+  `return_perf_metrics`, `return_num_input_tokens`, `return_num_output_tokens`; outputs as above plus
+  `num_input_tokens` and `num_output_tokens`. DeepSpec's own worker speaks this dialect too.
+
+DeepSpec additions are optional inputs and extra outputs a stock model simply does not declare: `messages_json`
+(chat messages the model renders with its chat template) and `ignore_eos`; the LLM-API model we export also sends
+`num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact. A gateway only sends an input
+the model's config declares; a request that needs an undeclared one is refused with a clear message.
+
+Streaming: `text_output` carries the new text of each response (a delta), every count is cumulative, and the last
+response carries `finish_reason`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as config.pbtxt declares it."""
+
+    name: str
+    #: KServe v2 datatype (BYTES, BOOL, INT32, INT64, UINT64, FP32); config.pbtxt writes it as TYPE_<...>
+    datatype: str
+    #: per request, without the batch dimension; -1 = any length
+    dims: tuple[int, ...] = (1,)
+    optional: bool = True
+
+
+#: KServe v2 datatype -> config.pbtxt data_type
+CONFIG_DATATYPE = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64",
+                   "UINT64": "TYPE_UINT64", "FP32": "TYPE_FP32"}
+
+#: what a gateway request asks for -> the input carrying it, per dialect (None: the dialect has no such input)
+ROLES = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
+         "ignore_eos")
+#: request flags that only ask for outputs: sent when declared, skipped silently when not
+FLAGS = ("return_perf_metrics", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
+
+LLMAPI_NAMES = {
+    "prompt": "text_input", "messages": "messages_json", "max_tokens": "sampling_param_max_tokens",
+    "stream": "streaming", "temperature": "sampling_param_temperature", "top_p": "sampling_param_top_p",
+    "top_k": "sampling_param_top_k", "seed": "sampling_param_seed", "stop": "sampling_param_stop",
+    "end_id": None, "ignore_eos": "ignore_eos",
+    "return_perf_metrics": "sampling_param_return_perf_metrics", "return_finish_reason": "return_finish_reason",
+    "return_num_input_tokens": None, "return_num_output_tokens": None,
+}  # fmt: skip
+ENSEMBLE_NAMES = {
+    "prompt": "text_input", "messages": "messages_json", "max_tokens": "max_tokens", "stream": "stream",
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop_words",
+    "end_id": "end_id", "ignore_eos": "ignore_eos",
+    "return_perf_metrics": "return_perf_metrics", "return_finish_reason": None,
+    "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
+}  # fmt: skip
+#: the input only the LLM-API dialect declares: how a gateway tells the two apart from a model's config
+LLMAPI_MARKER = LLMAPI_NAMES["max_tokens"]
+
+#: roles whose tensor holds a list (BYTES [-1]); every other role is one value
+LIST_ROLES = ("stop",)
+ROLE_DATATYPES = {
+    "prompt": "BYTES", "messages": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
+    "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop": "BYTES", "end_id": "INT32", "ignore_eos": "BOOL",
+    "return_perf_metrics": "BOOL", "return_finish_reason": "BOOL", "return_num_input_tokens": "BOOL",
+    "return_num_output_tokens": "BOOL",
+}  # fmt: skip
+
+# Outputs (both dialects).
+TEXT_OUTPUT = "text_output"  # BYTES: new text (stream) or the whole completion
+FINISH_REASON = "finish_reason"  # BYTES: "" until the last response, then "stop" | "length" | "cancelled"
+ACCEPTANCE_RATE = "acceptance_rate"  # FP32
+TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"  # INT32, cumulative
+TOTAL_DRAFT_TOKENS = "total_draft_tokens"  # INT32, cumulative
+NUM_INPUT_TOKENS = "num_input_tokens"  # INT32: the prompt's tokens after the chat template
+NUM_OUTPUT_TOKENS = "num_output_tokens"  # INT32, cumulative
+
+#: the LLM-API model's only stop input that is not a sampling parameter: `stop: true` cancels the request id
+STOP_REQUEST = "stop"
+
+
+def _inputs(names: dict[str, str | None], required: tuple[str, ...],
+            prompt_dims: tuple[int, ...]) -> tuple[TensorSpec, ...]:
+    """The inputs a dialect declares: one per role it names, lists [-1], scalars [1]."""
+    return tuple(TensorSpec(name, ROLE_DATATYPES[role],
+                            (-1,) if role in LIST_ROLES else prompt_dims if role == "prompt" else (1,),
+                            optional=role not in required)
+                 for role, name in names.items() if name is not None)
+
+
+#: the LLM-API model's inputs: upstream's names and dims (text_input [-1]), our `messages_json` and `ignore_eos`
+LLMAPI_INPUTS = _inputs(LLMAPI_NAMES, ("prompt",), (-1,)) + (TensorSpec(STOP_REQUEST, "BOOL"),)
+LLMAPI_OUTPUTS = (
+    TensorSpec(TEXT_OUTPUT, "BYTES", (-1,)), TensorSpec(FINISH_REASON, "BYTES", (-1,)),
+    TensorSpec(ACCEPTANCE_RATE, "FP32"), TensorSpec(TOTAL_ACCEPTED_DRAFT_TOKENS, "INT32"),
+    TensorSpec(TOTAL_DRAFT_TOKENS, "INT32"), TensorSpec(NUM_INPUT_TOKENS, "INT32"),
+    TensorSpec(NUM_OUTPUT_TOKENS, "INT32"),
+)  # fmt: skip
+
+#: the ensemble's inputs a gateway may send, as upstream's ensemble declares them (text_input and max_tokens
+#: required); DeepSpec's additions are left out: the ensemble's preprocessing model is upstream's and reads neither
+ENSEMBLE_INPUTS = _inputs({role: name for role, name in ENSEMBLE_NAMES.items() if role not in ("messages", "ignore_eos")},
+                          ("prompt", "max_tokens"), (1,))
+ENSEMBLE_OUTPUTS = (
+    TensorSpec(TEXT_OUTPUT, "BYTES", (-1,)), TensorSpec(ACCEPTANCE_RATE, "FP32"),
+    TensorSpec(TOTAL_ACCEPTED_DRAFT_TOKENS, "INT32"), TensorSpec(TOTAL_DRAFT_TOKENS, "INT32"),
+    TensorSpec(NUM_INPUT_TOKENS, "INT32"), TensorSpec(NUM_OUTPUT_TOKENS, "INT32"),
+)  # fmt: skip

@@ -1,0 +1,191 @@
+"""The Triton contract end to end: the real gateway (OpenAI HTTP API, worker pool, dispatcher, worker client) in front
+of an in-process Triton (tests/kserve_triton.py) that loads the config.pbtxt `python -m export --format triton-repo`
+writes, refuses what Triton refuses, and runs the exported model.py over a scripted TensorRT-LLM.
+
+Triton's rules come from triton-inference-server/server src/grpc/infer_handler.cc (ModelInferHandler::Execute:
+"ModelInfer RPC doesn't support models with decoupled transaction policy") and triton-inference-server/core
+src/infer_request.cc (InferenceRequest::Normalize: undeclared inputs, shapes against dims and max_batch_size); the
+model's inputs and outputs are the stock LLM-API model's (NVIDIA/TensorRT-LLM
+triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt and 1/helpers.py get_sampling_params_from_request)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import grpc
+import httpx
+import pytest
+
+from service.gateway import triton_contract as c
+from service.gateway.app import GatewayState, create_app
+from service.gateway.settings import GatewaySettings
+from service.gateway.signature import ModelSignature
+from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
+from tests.export.conftest import run_export, write_hf_target
+from tests.kserve_triton import (ACCEPTED_PER_STEP, DRAFTED_PER_STEP, WORDS, KServeTriton, ScriptedLLM,
+                                 fakes_installed, parse_config)
+
+MODEL = "tensorrt_llm"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("triton-contract")
+    out = root / "repo"
+    result = run_export("--target", write_hf_target(root / "target", "llama"), "--format", "triton-repo", "--out", out)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@contextlib.asynccontextmanager
+async def triton_and_gateway(repo):
+    with fakes_installed():
+        triton = KServeTriton(repo)
+        port = await triton.start()
+        state = GatewayState.build(GatewaySettings(workers=f"127.0.0.1:{port}", grpc_port=-1, health_interval_s=0.05))
+        await state.pool.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not state.dispatcher.ready:
+                assert time.monotonic() < deadline, "the gateway never admitted the Triton worker"
+                await asyncio.sleep(0.02)
+            app = create_app(state=state)
+            app.state.gateway = state  # what the lifespan sets; httpx's ASGI transport does not run it
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=20) as client:
+                yield client, triton, state
+        finally:
+            await state.pool.stop()
+            await triton.stop()
+
+
+def _run(repo, scenario):
+    async def main():
+        async with triton_and_gateway(repo) as (client, triton, state):
+            return await scenario(client, triton, state)
+
+    return asyncio.run(main())
+
+
+def _counter(state, name: str) -> float:
+    return sum(s.value for m in state.metrics.registry.collect() if m.name == name for s in m.samples
+               if s.name.endswith("_total"))
+
+
+def test_non_streaming_completion_reaches_the_decoupled_model_with_usage_and_acceptance(repo):
+    async def scenario(client, triton, state):
+        response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hello", "max_tokens": 3})
+        return response, triton.requests, _counter(state, "deepspec:spec_decode_num_draft_tokens"), \
+            _counter(state, "deepspec:spec_decode_num_accepted_tokens")
+
+    response, requests, drafted, accepted = _run(repo, scenario)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["choices"][0]["text"] == "".join(WORDS[:3]) and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": len("hello"), "completion_tokens": 3, "total_tokens": len("hello") + 3}
+    assert (drafted, accepted) == (3 * DRAFTED_PER_STEP, 3 * ACCEPTED_PER_STEP)
+    (request,) = requests
+    assert request._inputs[c.LLMAPI_NAMES["stream"]].tolist() == [False]
+
+
+def test_streaming_completion_sends_every_step_once(repo):
+    async def scenario(client, triton, state):
+        payload = {"model": MODEL, "prompt": "hello", "max_tokens": 4, "stream": True,
+                   "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/completions", json=payload) as response:
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        return response.status_code, lines
+
+    status, lines = _run(repo, scenario)
+    assert status == 200
+    events = [json.loads(line.removeprefix("data: ")) for line in lines if line != "data: [DONE]"]
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == "".join(WORDS[:4])
+    assert events[-1]["usage"]["completion_tokens"] == 4 and events[-1]["usage"]["prompt_tokens"] == len("hello")
+
+
+def test_chat_messages_travel_as_messages_json_and_the_model_renders_them(repo):
+    async def scenario(client, triton, state):
+        response = await client.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": ["zz"]})
+        return response, triton.requests
+
+    response, requests = _run(repo, scenario)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "".join(WORDS[:2])
+    (request,) = requests
+    assert json.loads(request._inputs["messages_json"][0]) == [{"role": "user", "content": "hi"}]
+    assert request._inputs["sampling_param_stop"].tolist() == [b"zz"]
+
+
+def test_a_client_that_disconnects_cancels_the_request_in_the_model(repo):
+    async def scenario(client, triton, state):
+        worker = WorkerClient(f"127.0.0.1:{triton.port}")
+        stream = worker.generate(GenerationRequest("r-cancel", MODEL, prompt="slow", max_tokens=None), 10)
+        await anext(stream)
+        await stream.aclose()  # what a disconnecting client does to the gateway's call
+        (request,) = triton.requests
+        model, deadline = triton.models[MODEL], time.monotonic() + 5
+        while not request.is_cancelled() or model.running:  # Triton flags it; the model's watcher aborts it
+            assert time.monotonic() < deadline, "the model never aborted the cancelled request"
+            await asyncio.sleep(0.01)
+        await worker.close()
+        return ScriptedLLM.instances[0].calls
+
+    (call,) = _run(repo, scenario)
+    assert call[0] == "slow" and call[2]  # streamed, then aborted (the scripted LLM would run forever)
+
+
+def test_the_fake_triton_refuses_what_triton_refuses(repo):
+    """Negative controls: the rules the gateway is tested against do bite."""
+    from tritonclient.grpc import service_pb2
+
+    from service.gateway.signature import DEEPSPEC_WORKER
+
+    async def scenario(client, triton, state):
+        worker = WorkerClient(f"127.0.0.1:{triton.port}")
+        req = GenerationRequest("r1", MODEL, prompt="hello", max_tokens=2)
+        errors = []
+        try:  # the old non-streaming call: unary ModelInfer
+            await worker.stub.ModelInfer(_as_worker(req, stream=False))
+        except grpc.aio.AioRpcError as e:
+            errors.append(e.details())
+        for inputs in ([("text_input", [1]), ("stream", [1])],  # the ensemble's name for streaming
+                       [("text_input", [1, 1])]):  # the old [1, 1] shape on a model with max_batch_size 0
+            request = service_pb2.ModelInferRequest(model_name=MODEL, id="r2")
+            for name, shape in inputs:
+                request.inputs.add(name=name, datatype="BYTES" if name == "text_input" else "BOOL", shape=shape)
+                request.raw_input_contents.append(b"\x01\x00\x00\x00a" if name == "text_input" else b"\x01")
+            async for response in worker.stub.ModelStreamInfer(iter([request])):
+                errors.append(response.error_message)
+        await worker.close()
+        return errors
+
+    def _as_worker(req, stream):
+        from service.gateway.signature import build_request
+
+        return build_request(req, stream, DEEPSPEC_WORKER)
+
+    unary, unknown, shape = _run(repo, scenario)
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in unary
+    assert "unexpected inference input 'stream'" in unknown
+    assert "unexpected shape for input 'text_input' for model 'tensorrt_llm'. Expected [-1], got [1, 1]" in shape
+
+
+def test_a_request_the_model_cannot_take_is_refused_by_the_gateway_with_the_input_named(repo):
+    config = parse_config(repo / MODEL / "config.pbtxt")
+    stock = ModelSignature.from_config(config)
+    del config.input[[i.name for i in config.input].index("messages_json")]
+
+    async def scenario(client, triton, state):
+        worker = WorkerClient("127.0.0.1:1")
+        worker.signatures[MODEL] = ModelSignature.from_config(config)  # a stock LLM-API model: no messages_json
+        with pytest.raises(WorkerError, match="messages_json") as refused:
+            await anext(worker.infer(GenerationRequest("r", MODEL, messages=[{"role": "user", "content": "x"}]), 5))
+        await worker.close()
+        return refused.value.status
+
+    assert stock.decoupled and stock.max_batch_size == 0
+    assert asyncio.run(scenario(None, None, None)) == "INVALID_ARGUMENT"
