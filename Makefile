@@ -83,6 +83,26 @@ bench-loadtest: venv
 bench-verify: venv
 	$(PY) -m bench.verify
 
+# On a machine with one NVIDIA GPU (≤ 8 min): kernels vs reference, the engine with every drafter, training steps, the
+# ONNX export (bench/gpu_check/__init__.py). It runs on that machine's own Python (GPU_PYTHON, with torch), offline:
+# this package is installed with --no-deps from the checkout (if the machine's setuptools cannot, it runs from the
+# checkout as is). What that Python lacks (pydantic & co.) comes from .whl/, which `make gpu-wheels` fills here.
+#   make gpu-check GPU_PYTHON=/opt/torch/.venv/bin/python3 GPU_CHECK_ARGS="--out $OUT/gpu_check.json"
+GPU_PYTHON     ?= python3
+GPU_CHECK_ARGS ?=
+GPU_WHEELS     ?= pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+                  typing-extensions==4.16.0
+.PHONY: gpu-check gpu-wheels
+gpu-check:
+	$(GPU_PYTHON) -m pip install -q --no-deps --no-index --no-build-isolation -e . || \
+	  echo "gpu-check: pip could not install the package offline; running it from the checkout" >&2
+	$(GPU_PYTHON) -m bench.gpu_check $(GPU_CHECK_ARGS)
+
+# py3.12 manylinux x86_64 wheels of GPU_WHEELS into .whl/ (gitignored), for a GPU machine without network
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
