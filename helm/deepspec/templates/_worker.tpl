@@ -191,13 +191,15 @@ spec:
         {{- end }}
       {{- else }}
       # One tritonserver per rank under mpirun (world size = tensorParallel x pipelineParallel), as TensorRT-LLM's
-      # launch_triton_server.py starts them: rank 0 serves the API and every model, the others load only the
-      # tensorrt_llm model and follow rank 0 (leader mode); each rank has its own Python-backend shm prefix.
+      # launch_triton_server.py --trtllm_llmapi_launch starts them: each through trtllm-llmapi-launch (the LLM-API
+      # mode), rank 0 serves the API and builds the LLM over the MPI world, the others load only the tensorrt_llm
+      # model, whose model.py turns them into rank 0's MPI workers; each rank has its own Python-backend shm prefix.
       command: ["mpirun"]
       args:
         {{- range $rank := until $world }}
         - -n
         - "1"
+        - trtllm-llmapi-launch
         - tritonserver
         {{- toYaml $server | nindent 8 }}
         - --disable-auto-complete-config
