@@ -1,6 +1,6 @@
 """Command line of the plugins package.
 
-    python -m plugins build --arch 90 --out build/plugins         # CI: sm_90 PTX + cubin + index.json (~30 s)
+    python -m plugins build --arch 90 --out build/plugins         # CI: sm_90 PTX + cubin + index.json (~1 min)
     python -m plugins build --arch 80,89,90 --out build/plugins   # every arch we ship
     python -m plugins check                                        # on a GPU: Triton kernels vs the reference
 """
