@@ -1,0 +1,329 @@
+"""A CUDA device made of CPU tensors, for catching device mix-ups on a machine without a GPU.
+
+`fake_cuda()` is a context manager under which `device="cuda"` works on a CPU-only build: a tensor created on (or
+moved to) cuda is a `FakeCudaTensor`, a wrapper subclass that reports `device == cuda:0` and holds a CPU tensor with
+the real values, so the code under test computes exactly what it would on the CPU (argmax, `.tolist()` and `int()`
+read real numbers; FakeTensorMode cannot do that, it only tracks shapes). Every op runs on the inner CPU tensors,
+after the device rules CUDA enforces have been checked; breaking one raises the RuntimeError CUDA would:
+
+- tensors of one op share a device; a 0-dim CPU tensor may join a CUDA op as a scalar (TensorIterator's rule, as
+  `FakeTensor._find_common_device` in torch/_subclasses/fake_tensor.py implements it), and nothing else may;
+- `copy_` and `.to()` cross devices; the indices of `index` / `index_put_` (`x[idx]`, `x[idx] = v`) may stay on
+  the CPU for a CUDA tensor, but never the other way round (aten/src/ATen/native/TensorAdvancedIndexing.cpp);
+- a generator draws only for tensors of its own device type (`torch.multinomial`, `torch.rand`, `torch.randint`,
+  `exponential_`, ...): at::check_generator in aten/src/ATen/core/DistributionsHelper.h;
+- `torch.Generator(device="cuda")` makes a `FakeCudaGenerator` (a CPU generator that says it lives on cuda:0).
+
+What the fake cannot see: kernels (the Triton verification kernels run as their CPU reference here), streams and
+asynchronous execution, memory. It sees only where each tensor lives, which is what a device mix-up is about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+_aten = torch.ops.aten
+_RealGenerator = torch.Generator
+
+#: ops that read one device and write another (a device-to-device copy)
+_CROSS_DEVICE_OPS = {_aten.copy_.default, _aten._to_copy.default, _aten.lift_fresh.default}
+#: ops whose index tensors may be CPU tensors for a CUDA `self`: (self, indices, [values, ...])
+_INDEX_OPS = {_aten.index.Tensor, _aten.index_put_.default, _aten.index_put.default,
+              _aten._index_put_impl_.default, _aten._unsafe_index.Tensor, _aten._unsafe_index_put.default}
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A tensor on cuda:0 whose values live in the CPU tensor `cpu_value` (same shape, strides and dtype)."""
+
+    cpu_value: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor):
+        assert inner.device.type == "cpu" and not isinstance(inner, FakeCudaTensor)
+        return torch.Tensor._make_wrapper_subclass(cls, inner.size(), strides=inner.stride(),
+                                                   storage_offset=inner.storage_offset(), dtype=inner.dtype,
+                                                   device=CUDA, requires_grad=inner.requires_grad)
+
+    def __init__(self, inner: torch.Tensor):
+        self.cpu_value = inner
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _run(func, args, kwargs or {})
+
+    # Python-level methods that never reach the dispatcher on a subclass, or that would open a CUDA device guard
+    def tolist(self):
+        return self.cpu_value.tolist()
+
+    def __getitem__(self, index):
+        return _getitem(self, index)
+
+    def __setitem__(self, index, value) -> None:
+        _setitem(self, index, value)
+
+    def __repr__(self) -> str:
+        return f"FakeCudaTensor({self.cpu_value!r})"
+
+
+def _wrap(inner: torch.Tensor) -> FakeCudaTensor:
+    """A wrapper made outside inference mode: a view of a parameter taken under inference_mode shares the
+    parameter's version counter, which an inference tensor cannot."""
+    with torch.inference_mode(False):
+        return FakeCudaTensor(inner)
+
+
+class FakeCudaGenerator(_RealGenerator):
+    """What `torch.Generator(device="cuda")` makes under fake_cuda: a CPU generator that says it lives on cuda:0."""
+
+    @property
+    def device(self) -> torch.device:
+        return CUDA
+
+
+class _GeneratorMeta(type(_RealGenerator)):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, _RealGenerator)
+
+
+class _Generator(_RealGenerator, metaclass=_GeneratorMeta):
+    """Stands in for torch.Generator under fake_cuda: `device="cuda"` gives a FakeCudaGenerator."""
+
+    def __new__(cls, device="cpu"):
+        if torch.device(device).type == "cuda":
+            return FakeCudaGenerator()
+        return _RealGenerator(device)
+
+
+def device_of(t: torch.Tensor) -> torch.device:
+    return CUDA if isinstance(t, FakeCudaTensor) else t.device
+
+
+def to_fake_cuda(t: torch.Tensor) -> FakeCudaTensor:
+    """A copy of CPU tensor t on the fake cuda device."""
+    return _wrap(t.detach().clone())
+
+
+def _unwrap(x):
+    return x.cpu_value if isinstance(x, FakeCudaTensor) else x
+
+
+def _mismatch(func, a: torch.device, b: torch.device, what: str = "") -> RuntimeError:
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
+                        f"{b}! ({what or 'in'} {func})")
+
+
+def _is_cpu_scalar(t: torch.Tensor) -> bool:
+    return device_of(t).type == "cpu" and t.dim() == 0
+
+
+def common_device(func, tensors: list[torch.Tensor]) -> torch.device | None:
+    """The device an op over `tensors` runs on; RuntimeError where CUDA refuses the mix (a CPU 0-dim tensor is a
+    scalar and defers to the other device, as in FakeTensor._find_common_device)."""
+    device, from_scalar = None, False
+    for t in tensors:
+        d, scalar = device_of(t), _is_cpu_scalar(t)
+        if device is None or (from_scalar and not scalar):
+            device, from_scalar = d, scalar
+        elif d != device and not scalar:
+            raise _mismatch(func, device, d)
+    return device
+
+
+def _check_index_op(func, args) -> torch.device:
+    self_ = args[0]
+    device = device_of(self_)
+    for index in args[1]:
+        if isinstance(index, torch.Tensor) and device_of(index) not in (device, CPU):
+            raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
+                               f"({device}), got an index on {device_of(index)} ({func})")
+    rest = [a for a in args[2:] if isinstance(a, torch.Tensor)]
+    common_device(func, [self_, *rest])
+    return device
+
+
+def _run(func, args, kwargs):
+    """Run one aten op on the inner CPU tensors after CUDA's device rules; wrap outputs that live on cuda."""
+    flat, _ = tree_flatten((args, kwargs))
+    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    requested = kwargs.get("device")
+    if func in _INDEX_OPS:
+        device = _check_index_op(func, args)
+    elif func in _CROSS_DEVICE_OPS:
+        device = device_of(args[0])
+    else:
+        device = common_device(func, tensors)
+    if requested is not None:
+        device = torch.device(requested)
+        if device.type == "cuda":
+            kwargs = {**kwargs, "device": CPU}
+    if device is None:
+        device = CPU
+    inner_args, inner_kwargs = tree_map(_unwrap, (args, kwargs))
+    out = func(*inner_args, **inner_kwargs)
+    outer_of = {id(_unwrap(t)): t for t in tensors}  # an in-place op returns its argument, not a new tensor
+
+    def wrap(o):
+        if not isinstance(o, torch.Tensor):
+            return o
+        if id(o) in outer_of:
+            return outer_of[id(o)]
+        return _wrap(o) if device.type == "cuda" else o
+
+    return tree_map(wrap, out)
+
+
+def _index_tensors(index) -> list[torch.Tensor]:
+    items = index if isinstance(index, tuple) else (index,)
+    found = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            found.extend(t for t in item if isinstance(t, torch.Tensor))
+    return found
+
+
+def _check_indices(self_: torch.Tensor, index) -> None:
+    device = device_of(self_)
+    for t in _index_tensors(index):
+        if device_of(t) not in (device, CPU):
+            raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
+                               f"({device}), got an index on {device_of(t)}")
+
+
+def _getitem(self_: FakeCudaTensor, index):
+    _check_indices(self_, index)
+    return _wrap(self_.cpu_value[tree_map(_unwrap, index)])
+
+
+def _setitem(self_: FakeCudaTensor, index, value) -> None:
+    _check_indices(self_, index)
+    advanced = bool(_index_tensors(index))  # index_put_: values on self's device (or a CPU scalar); else copy_
+    if advanced and isinstance(value, torch.Tensor) and not _is_cpu_scalar(value) and device_of(value) != CUDA:
+        raise _mismatch("index_put_", CUDA, device_of(value), "values of")
+    self_.cpu_value[tree_map(_unwrap, index)] = _unwrap(value)
+
+
+def _generators(args, kwargs) -> list[torch.Generator]:
+    flat, _ = tree_flatten((args, kwargs))
+    return [g for g in flat if isinstance(g, _RealGenerator)]
+
+
+def _to(self_: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """Tensor.to with its device moves done here: CPU → fake cuda wraps a copy, fake cuda → CPU unwraps one."""
+    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    src = device_of(self_)
+    dst = src if device is None else torch.device(device)
+    if dst.type == "cuda" and dst.index is None:
+        dst = CUDA
+    inner = _unwrap(self_)
+    kw = {"dtype": dtype} if dtype is not None else {}
+    if memory_format is not None:
+        kw["memory_format"] = memory_format
+    moved = inner.to(CPU, **kw)
+    if src == dst:
+        return self_ if moved is inner else (_wrap(moved) if dst.type == "cuda" else moved)
+    if moved is inner:
+        moved = moved.clone()
+    return _wrap(moved) if dst.type == "cuda" else moved
+
+
+#: Tensor methods that read values to the host; on a subclass they would open a CUDA device guard
+_HOST_READS = {torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.__index__,
+               torch.Tensor.__complex__, torch.Tensor.item, torch.Tensor.tolist}
+#: Tensor methods whose Python binding opens a CUDA device guard before dispatching: run on the CPU values
+_GUARDED = {torch.Tensor.__invert__, torch.Tensor.nonzero, torch.Tensor.split, torch.Tensor.new_tensor,
+            torch.Tensor.new, torch.Tensor.resize_as_}
+
+
+def _on_cpu_values(func, args, kwargs):
+    """func over the CPU values of its fake cuda arguments (devices checked first); tensors come back on cuda."""
+    common_device(func, [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)])
+    out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    return tree_map(lambda o: _wrap(o) if isinstance(o, torch.Tensor) else o, out)
+
+
+class _FakeCudaFunctions(TorchFunctionMode):
+    """Torch-function level: factories on cuda, device moves, indexing (which would open a CUDA device guard) and
+    the generator rule (the dispatcher sees a fresh wrapper of each generator, this level the caller's object)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        generators = _generators(args, kwargs)
+        if generators:
+            self._check_generators(func, args, kwargs, generators)
+        if func is torch.Tensor.to:
+            return _to(*args, **kwargs)
+        if func is torch.Tensor.cuda:
+            return _to(args[0], CUDA)
+        if func is torch.Tensor.cpu:
+            return _to(args[0], CPU)
+        if func in _HOST_READS and isinstance(args[0], FakeCudaTensor):  # a device-to-host read of real values
+            return func(args[0].cpu_value, *args[1:], **kwargs)
+        if func in _GUARDED and isinstance(args[0], FakeCudaTensor):
+            return _on_cpu_values(func, args, kwargs)
+        if func is torch.Tensor.__getitem__ and isinstance(args[0], FakeCudaTensor):
+            return _getitem(*args)
+        if func is torch.Tensor.__setitem__ and isinstance(args[0], FakeCudaTensor):
+            return _setitem(*args)
+        if func is torch.Tensor.copy_ and isinstance(args[0], FakeCudaTensor):  # copies cross devices
+            args[0].cpu_value.copy_(_unwrap(args[1]), *args[2:], **kwargs)
+            return args[0]
+        requested = kwargs.get("device")
+        if requested is not None and torch.device(requested).type == "cuda" and func is not torch._C._nn._parse_to:
+            out = func(*args, **{**kwargs, "device": CPU})
+            return tree_map(lambda o: _wrap(o) if isinstance(o, torch.Tensor) and
+                            not isinstance(o, FakeCudaTensor) else o, out)
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _check_generators(func, args, kwargs, generators: list[torch.Generator]) -> None:
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if kwargs.get("device") is not None:
+            device = torch.device(kwargs["device"])
+        elif tensors:
+            device = device_of(tensors[0])
+        else:
+            device = CPU
+        for g in generators:
+            if g.device.type != device.type:
+                raise RuntimeError(f"Expected a '{device.type}' device type for generator but found "
+                                   f"'{g.device.type}' ({getattr(func, '__name__', func)})")
+
+
+class _FakeCudaOps(TorchDispatchMode):
+    """Dispatcher level: every op on any tensor, so plain CPU tensors meeting fake cuda ones are checked too."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return _run(func, args, kwargs or {})
+
+
+@contextlib.contextmanager
+def fake_cuda() -> Iterator[None]:
+    """Make `cuda` a device of CPU tensors until exit (see the module docstring); not thread-safe."""
+    patches = [(torch, "Generator", _Generator), (torch.cuda, "_lazy_init", lambda: None),
+               (torch.cuda, "synchronize", lambda device=None: None)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, value in patches:
+        setattr(obj, name, value)
+    # nn.Module.to("cuda") must put a new Parameter around each moved tensor: `param.data = moved` would graft the
+    # wrapper's TensorImpl under a plain Parameter
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        with _FakeCudaFunctions(), _FakeCudaOps():
+            yield
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+        for obj, name, value in saved:
+            setattr(obj, name, value)
