@@ -54,5 +54,8 @@ class ExportFormat:
     check: Callable[[ExportJob], None] | None = None
     #: True when the format needs a trained neural draft (eagle3 / dflash / dspark) rather than a worker drafter
     needs_neural_draft: bool = True
+    #: True when DeepSpec's worker serves the output: `--draft auto` then ranks the shipped drafts as the worker's
+    #: own `--draft auto` does (not measured slower than target-only) and falls back to prompt lookup
+    serves_in_worker: bool = False
     #: target families this format takes (deepspec.models.arch family names)
     families: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")

@@ -1,5 +1,12 @@
 """Command-line values -> an `ExportJob`: open the target, pick the draft (`auto` = the best shipped draft this
-format can take), settle the dtype, and run the format's own refusals, all before anything is written."""
+format can take), settle the dtype, and run the format's own refusals, all before anything is written.
+
+`--draft auto` walks the shipped drafts for the target best first (mean greedy acceptance length in eval.json) and
+takes the first one the format accepts, so every format exports from the default command: the worker's formats
+rank them as the worker's own `--draft auto` does and fall back to prompt lookup; an engine that runs the target
+alone (TensorRT-LLM, Triton) falls back to that with a warning; a draft-only format (vLLM, SGLang) stops, naming
+each shipped draft and why the engine cannot load it.
+"""
 
 from __future__ import annotations
 
@@ -22,49 +29,58 @@ def make_job(fmt: ExportFormat, args) -> ExportJob:
         return _auto(fmt, job)
     if args.draft not in DRAFT_KEYWORDS:
         job.draft = open_draft(args.draft, target)
-        if fmt.needs_neural_draft and not job.draft.is_neural:
-            raise ExportError(f"format {fmt.name} needs a trained eagle3, dflash or dspark draft; {args.draft} is a "
-                              f"{job.draft.algo} index, which only DeepSpec's worker runs (--format pytorch)")
     elif fmt.needs_neural_draft:
         raise ExportError(f"format {fmt.name} exports a trained draft; --draft {args.draft} leaves nothing to export "
                           "(pass a draft directory from python -m training)")
-    if fmt.check is not None:
-        fmt.check(job)
+    _check(fmt, job)
     return job
 
 
-def _auto(fmt: ExportFormat, job: ExportJob) -> ExportJob:
-    """The best-scoring shipped draft for the target that the format accepts (neural formats skip corpus indexes)."""
-    from deepspec.models.drafts import best_shipped_draft, shipped_drafts
+def _check(fmt: ExportFormat, job: ExportJob) -> None:
+    """Every refusal of `fmt` for this job's draft (ExportError naming the engine and the reason)."""
+    if job.draft is not None and fmt.needs_neural_draft and not job.draft.is_neural:
+        raise ExportError(f"format {fmt.name} needs a trained eagle3, dflash or dspark draft; {job.draft.path.name} "
+                          f"is {job.draft.kind}, which only DeepSpec's worker runs (--format pytorch)")
+    if fmt.check is not None:
+        fmt.check(job)
 
-    if not fmt.needs_neural_draft and fmt.name in ("pytorch", "onnx"):  # formats the worker serves
-        best = best_shipped_draft(job.target)  # the same choice the worker's --draft auto makes
-        job.draft_spec = str(best) if best else "prompt-lookup"
-        job.draft = open_draft(best, job.target) if best else None
-        return job
+
+def _ranked(fmt: ExportFormat, target: TargetSource) -> list:
+    from deepspec.models.drafts import ranked_shipped_drafts, shipped_drafts
+
+    if fmt.serves_in_worker:  # the same order the worker's --draft auto picks from
+        return ranked_shipped_drafts(target)
+    return [path for path, _ in sorted(shipped_drafts(target), key=lambda item: -item[1])]
+
+
+def _auto(fmt: ExportFormat, job: ExportJob) -> ExportJob:
+    """The best-scoring shipped draft for the target that the format accepts."""
     reasons = []
-    for path, _score in sorted(shipped_drafts(job.target), key=lambda item: -item[1]):
-        draft = open_draft(path, job.target)
-        if not draft.is_neural:
-            continue
-        job.draft, job.draft_spec = draft, str(path)
+    for path in _ranked(fmt, job.target):
         try:
-            if fmt.check is not None:
-                fmt.check(job)
+            job.draft, job.draft_spec = open_draft(path, job.target), str(path)
+            _check(fmt, job)
             return job
         except ExportError as e:
             reasons.append(f"{path.name}: {e}")
+    job.draft = None
     why = "; ".join(reasons) or "none is shipped"
-    if not fmt.needs_neural_draft:  # the engine runs the target alone: degrade, loudly (the CLI prints it)
-        job.draft, job.draft_spec = None, "none"
+    if fmt.serves_in_worker:  # what the worker's --draft auto runs when no shipped draft qualifies
+        job.draft_spec = "prompt-lookup"
+    elif not fmt.needs_neural_draft:  # the engine runs the target alone: degrade, loudly (the CLI prints it)
+        job.draft_spec = "none"
         job.options.setdefault("warnings", []).append(
             f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name}; exporting the target "
             f"alone ({why})")
-        if fmt.check is not None:
-            fmt.check(job)
-        return job
-    raise ExportError(f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name} ({why}); pass a "
-                      "draft directory" + ("" if fmt.needs_neural_draft else ", or --draft none for the target alone"))
+    else:
+        raise ExportError(f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name} ({why}); "
+                          "pass a draft directory")
+    if reasons and fmt.serves_in_worker:
+        job.options.setdefault("warnings", []).append(
+            f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name}; exporting prompt lookup "
+            f"({why})")
+    _check(fmt, job)
+    return job
 
 
 __all__ = ["make_job", "DraftSource", "TargetSource"]

@@ -117,8 +117,10 @@ class DraftSource:
     path: Path
     #: config.json as written by training (algo, sizes, feature_layers, target fingerprint)
     header: dict
-    #: deepspec.models.drafts.DraftConfig for neural drafts, None for a corpus-lookup index
+    #: deepspec.models.drafts.DraftConfig for neural drafts, None for a corpus-lookup index or a hybrid
     cfg: object | None
+    #: a hybrid's parts ("corpus", "neural"), each opened and checked like a draft of its own
+    parts: dict[str, "DraftSource"] = field(default_factory=dict)
 
     @property
     def algo(self) -> str:
@@ -127,6 +129,15 @@ class DraftSource:
     @property
     def is_neural(self) -> bool:
         return self.cfg is not None
+
+    @property
+    def kind(self) -> str:
+        """What the draft is, for messages: 'a corpus-lookup index', 'a hybrid (...)', 'an eagle3 draft'."""
+        if self.algo == HYBRID:
+            return f"a hybrid ({self.parts['corpus'].algo} + a {self.parts['neural'].algo} draft)"
+        if not self.is_neural:
+            return f"a {self.algo} index"
+        return f"an {self.algo} draft" if self.algo[0] in "aeiou" else f"a {self.algo} draft"
 
     def weights(self) -> dict[str, torch.Tensor]:
         """model.safetensors in float32 (bf16 and int8 storage are upcast: every format casts to its own dtype)."""
@@ -150,10 +161,18 @@ class DraftSource:
         return sorted(p for p in self.path.iterdir() if p.is_file())
 
 
+#: `algo` of a hybrid draft directory (deepspec/decoding/drafters/hybrid.py): a config.json naming a corpus-lookup
+#: and a neural draft directory, relative to itself
+HYBRID = "hybrid"
+#: `algo` of a corpus-lookup index
+CORPUS_LOOKUP = "corpus-lookup"
+
+
 def open_draft(path: str | Path, target: TargetSource) -> DraftSource:
     """Read and check a draft directory against the target; ExportError for a missing file, a broken config or a
     draft trained for another target."""
     from deepspec.models.drafts import (
+        ALGORITHMS,
         DraftCheckpointError,
         DraftTargetMismatchError,
         check_target,
@@ -168,10 +187,15 @@ def open_draft(path: str | Path, target: TargetSource) -> DraftSource:
     try:
         header = read_checkpoint_header(path)
         check_target(header.get("target", {}), target, where=f"draft {path}")
-        if header["algo"] == "corpus-lookup":
+        if header["algo"] == CORPUS_LOOKUP:
             if not (path / "corpus.safetensors").is_file():
                 raise ExportError(f"draft {path}: corpus.safetensors is missing")
             return DraftSource(path, header, None)
+        if header["algo"] == HYBRID:
+            return DraftSource(path, header, None, _hybrid_parts(path, header, target))
+        if header["algo"] not in ALGORITHMS:
+            raise ExportError(f"draft {path}: algo {header['algo']!r} is not one this DeepSpec exports (one of "
+                              f"{', '.join((*ALGORITHMS, CORPUS_LOOKUP, HYBRID))})")
         cfg = read_draft_config(path)
     except (DraftCheckpointError, DraftTargetMismatchError) as e:
         raise ExportError(str(e)) from None
@@ -181,3 +205,18 @@ def open_draft(path: str | Path, target: TargetSource) -> DraftSource:
         raise ExportError(f"draft {path}: config says draft_vocab_size={cfg.draft_vocab_size} but "
                           "vocab_map.safetensors is missing")
     return DraftSource(path, header, cfg)
+
+
+def _hybrid_parts(path: Path, header: dict, target: TargetSource) -> dict[str, DraftSource]:
+    """A hybrid's two parts, opened relative to its directory (as deepspec/decoding/drafters/hybrid.py loads them)."""
+    parts = {}
+    for part, want_neural in (("corpus", False), ("neural", True)):
+        where = header.get(part)
+        if not isinstance(where, str):
+            raise ExportError(f"draft {path}: a hybrid's config.json names its {part!r} draft directory")
+        source = open_draft((path / where).resolve(), target)
+        if source.is_neural != want_neural or source.algo == HYBRID:
+            raise ExportError(f"draft {path}: its {part} part {where} is {source.kind}")
+        parts[part] = source
+    return parts
+

@@ -23,8 +23,8 @@ def check_draft(engine: str, job) -> None:
     if draft is None:
         return
     if not draft.is_neural:
-        raise ExportError(f"{engine} cannot load {draft.path.name}: a {draft.algo} index runs only in DeepSpec's "
-                          "worker (--format pytorch)")
+        raise ExportError(f"{engine} cannot load {draft.path.name}: {draft.kind} runs only in DeepSpec's worker "
+                          "(--format pytorch)")
     hs = hs_from_feature_layers(draft.cfg.feature_layers)
     if draft.algo == "eagle3":
         eagle3.check(engine, draft, job.target, hs)

@@ -1,16 +1,16 @@
 """`--format pytorch`: what DeepSpec's worker runs (`python -m service worker --engine-dir DIR`).
 
-The output is the manifest plus a copy of the draft directory (`draft/`), so the engine directory is pinned and
-self-contained: the worker reads target, draft and dtype from manifest.json (service/worker/engine_dir.py). The
+The output is the manifest plus a copy of the draft directory (`draft/`; a hybrid's two parts inside it, see
+export/drafts/copy.py), so the engine directory is pinned and self-contained: the worker reads target, draft and dtype from manifest.json (service/worker/engine_dir.py). The
 target stays a reference (alias or absolute path): the worker loads it, dequantizing an alias's GGUF once into its
 cache. No GPU, no conversion: this is the chart's default export on CPU.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
+from export.drafts.copy import copy_draft
 from export.job import ExportFormat, ExportJob
 
 WORKER_DTYPES = ("bfloat16", "float32")
@@ -20,12 +20,7 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     fields = {"launch": {"deepspec": "python -m service worker --engine-dir DIR"}}
     if job.draft is None:
         return {**fields, "draft": job.draft_spec}
-    files = job.draft.files()
-    (out / "draft").mkdir()
-    with progress.task("copying the draft", total=len(files)) as advance:
-        for f in files:
-            shutil.copy2(f, out / "draft" / f.name)
-            advance(1)
+    copy_draft(job.draft, out / "draft", progress)
     return {**fields, "draft": "draft"}
 
 
@@ -35,4 +30,5 @@ FORMAT = ExportFormat(
     write=write,
     dtypes=WORKER_DTYPES,
     needs_neural_draft=False,
+    serves_in_worker=True,
 )

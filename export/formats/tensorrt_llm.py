@@ -51,9 +51,9 @@ def build_blockers() -> list[str]:
 
 def check(job: ExportJob) -> None:
     check_sizes(job.target.arch, job.tp)
-    if job.draft is not None and job.draft.algo != "eagle3":
+    if job.draft is not None and job.draft.is_neural and job.draft.algo != "eagle3":
         raise ExportError(f"{ENGINE}: DeepSpec exports EAGLE-3 drafts for TensorRT-LLM; {job.draft.path.name} is "
-                          f"{job.draft.algo} (export it for vllm or sglang)")
+                          f"{job.draft.kind} (export it for vllm or sglang)")
     check_draft(ENGINE, job)
     if job.build and (missing := build_blockers()):
         raise ExportError(f"--build: {'; '.join(missing)}. Export without --build here, then on a GPU host with "

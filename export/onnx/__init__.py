@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from export.errors import ExportError
 from export.job import ExportFormat, ExportJob
 from export.onnx.exporter import QUANTIZATIONS, export_onnx
 from export.onnx.graph import SUPPORTED_FAMILIES
@@ -36,11 +37,29 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     }
 
 
+def check(job: ExportJob) -> None:
+    """What the ONNX export refuses, before anything is written: a target its graph does not describe (one line,
+    not a traceback from the middle of the export), and a hybrid draft."""
+    from export.onnx.graph import UnsupportedTarget, check_supported
+    from export.sources import HYBRID
+
+    try:
+        check_supported(job.target.arch)
+    except UnsupportedTarget as e:
+        raise ExportError(f"onnx cannot take {job.target.spec}: {e}") from None
+    if job.draft is not None and job.draft.algo == HYBRID:
+        raise ExportError(f"onnx cannot take {job.draft.path.name}: the ONNX export runs one draft directory beside "
+                          f"its graph, and {job.draft.path.name} is {job.draft.kind}; export one of its parts "
+                          f"(--draft {job.draft.parts['neural'].path}), or the hybrid with --format pytorch")
+
+
 FORMAT = ExportFormat(
     name="onnx",
     engine="ONNX Runtime in DeepSpec's worker (python -m service worker --engine-dir DIR), CPU",
     write=write,
     dtypes=("float32",),
+    check=check,
     needs_neural_draft=False,
+    serves_in_worker=True,
     families=SUPPORTED_FAMILIES,
 )

@@ -179,3 +179,10 @@ def test_auto_without_a_fitting_shipped_draft(tmp_path, targets, drafts, monkeyp
            "--draft auto: no shipped draft", "captures 5")
     result = run_export("--target", targets["llama"], "--format", "vllm", "--out", tmp_path / "vllm")
     assert result.returncode == 0 and json.loads((tmp_path / "vllm" / "manifest.json").read_text())["algorithm"] == "eagle3"
+
+
+def test_a_target_the_onnx_graph_cannot_describe_is_one_line(tmp_path, targets):
+    """head_dim 8: ONNX Runtime's GroupQueryAttention refuses it; the export says so before writing anything."""
+    _fails(run_export("--target", targets["llama"], "--draft", "none", "--format", "onnx", "--out", tmp_path / "out"),
+           "onnx cannot take", "head_dim % 16 == 0 (this target: 8)")
+    _nothing_written(tmp_path)

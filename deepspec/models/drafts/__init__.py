@@ -76,11 +76,18 @@ def _slows_down(eval_file: Path) -> bool:
     return bool(speedups) and sum(speedups) / len(speedups) < 1.0
 
 
+def ranked_shipped_drafts(target, root: Path | None = None, min_acceptance_length: float = 0.0) -> list[Path]:
+    """The shipped drafts `best_shipped_draft` chooses among, best first: those reaching `min_acceptance_length`
+    and not measured slower than target-only decoding, by measured greedy acceptance length (an export walks
+    this list for the best one its engine can load)."""
+    found = [(path, score) for path, score in shipped_drafts(target, root)
+             if score >= min_acceptance_length and not _slows_down(path / "eval.json")]
+    return [path for path, _ in sorted(found, key=lambda item: -item[1])]
+
+
 def best_shipped_draft(target, root: Path | None = None, min_acceptance_length: float = 0.0) -> Path | None:
     """The shipped draft for this target with the highest measured greedy acceptance length, among those reaching
     `min_acceptance_length` and not measured slower than target-only decoding; None when there is none (the
     engine then uses prompt lookup)."""
-    found = [(path, score) for path, score in shipped_drafts(target, root)
-             if score >= min_acceptance_length and not _slows_down(path / "eval.json")]
-    return max(found, key=lambda item: item[1])[0] if found else None
-
+    ranked = ranked_shipped_drafts(target, root, min_acceptance_length)
+    return ranked[0] if ranked else None
