@@ -134,7 +134,7 @@ class DraftSource:
     def kind(self) -> str:
         """What the draft is, for messages: 'a corpus-lookup index', 'a hybrid (...)', 'an eagle3 draft'."""
         if self.algo == HYBRID:
-            return f"a hybrid ({self.parts['corpus'].algo} + a {self.parts['neural'].algo} draft)"
+            return f"a hybrid ({self.parts['corpus'].algo} + {self.parts['neural'].kind})"
         if not self.is_neural:
             return f"a {self.algo} index"
         return f"an {self.algo} draft" if self.algo[0] in "aeiou" else f"a {self.algo} draft"

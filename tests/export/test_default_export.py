@@ -110,7 +110,7 @@ def test_without_a_canonical_eagle3_each_engine_says_why_each_draft_does_not_fit
     assert result.returncode == 0, result.stderr
     warning = result.stderr
     assert "warning: --draft auto: no shipped draft" in warning and "exporting the target alone" in warning
-    assert "hybrid: tensorrt-llm cannot load hybrid: a hybrid (corpus-lookup + a eagle3 draft)" in warning
+    assert "hybrid: tensorrt-llm cannot load hybrid: a hybrid (corpus-lookup + an eagle3 draft)" in warning
     assert "corpus: tensorrt-llm cannot load corpus: a corpus-lookup index" in warning
     assert "dflash: tensorrt-llm: DeepSpec exports EAGLE-3 drafts for TensorRT-LLM; dflash is a dflash draft" in warning
     assert "eagle3: tensorrt-llm cannot load" in warning and "captures 5" in warning
@@ -120,7 +120,7 @@ def test_without_a_canonical_eagle3_each_engine_says_why_each_draft_does_not_fit
 def test_an_explicit_hybrid_for_a_draft_only_engine_names_what_it_is(tmp_path, defaults):
     result = run_export("--draft", defaults / "hybrid", "--format", "vllm", "--out", tmp_path / "o")
     assert result.returncode == 2
-    assert "is a hybrid (corpus-lookup + a eagle3 draft), which only DeepSpec's worker runs" in result.stderr
+    assert "is a hybrid (corpus-lookup + an eagle3 draft), which only DeepSpec's worker runs" in result.stderr
 
 
 @pytest.mark.slow
@@ -140,3 +140,13 @@ def test_the_real_default_command_resolves_for_every_format(fmt):
         assert job.draft.path.parent.name == "drafts"
     else:
         assert job.draft_spec in ("none", "prompt-lookup")
+
+
+def test_a_hybrid_whose_part_is_missing_names_it(tmp_path, defaults):
+    import shutil
+
+    lonely = tmp_path / "hybrid"
+    lonely.mkdir()
+    shutil.copy(defaults / "hybrid" / "config.json", lonely / "config.json")  # "../corpus" is not beside it here
+    result = run_export("--draft", lonely, "--format", "pytorch", "--out", tmp_path / "o")
+    assert result.returncode == 2 and "corpus: no such directory" in result.stderr, result.stderr
