@@ -46,6 +46,8 @@ class ModelSignature:
     inputs: dict[str, InputSlot]
     max_batch_size: int
     decoupled: bool
+    #: unary ModelInfer answered: Triton refuses it on a decoupled model; DeepSpec's worker answers both RPCs
+    unary: bool
 
     @classmethod
     def from_config(cls, config: model_config_pb2.ModelConfig) -> ModelSignature:
@@ -54,7 +56,8 @@ class ModelSignature:
             return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
 
         inputs = {i.name: InputSlot(datatype(i.data_type), tuple(i.dims), i.optional) for i in config.input}
-        return cls(inputs, config.max_batch_size, config.model_transaction_policy.decoupled)
+        decoupled = config.model_transaction_policy.decoupled
+        return cls(inputs, config.max_batch_size, decoupled, unary=not decoupled or config.platform == DEEPSPEC_PLATFORM)
 
     @property
     def names(self) -> dict[str, str | None]:
@@ -76,15 +79,19 @@ class ModelSignature:
         return [1] + shape if self.max_batch_size > 0 else shape
 
 
+#: the `platform` DeepSpec's worker reports in its ModelConfig
+DEEPSPEC_PLATFORM = "deepspec"
+
+
 def _worker_slot(role: str) -> InputSlot:
     return InputSlot(c.ROLE_DATATYPES[role], (1, -1) if role in c.LIST_ROLES else (1, 1), role != "prompt")
 
 
 #: DeepSpec's worker as its ModelConfig describes it (ensemble names and additions, [1, n] tensors); what a request
-#: is built for when a worker's config is unknown. Not decoupled here: the worker answers unary ModelInfer too.
+#: is built for when a worker's config is unknown
 DEEPSPEC_WORKER = ModelSignature(
     inputs={name: _worker_slot(role) for role, name in c.ENSEMBLE_NAMES.items() if name and role not in c.FLAGS},
-    max_batch_size=0, decoupled=False)  # fmt: skip
+    max_batch_size=0, decoupled=True, unary=True)  # fmt: skip
 
 
 def request_values(req, stream: bool) -> dict[str, list | None]:

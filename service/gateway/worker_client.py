@@ -4,8 +4,9 @@ Each served model's ModelConfig is read once (`service/gateway/signature.py`), a
 only inputs it declares, in its dialect (DeepSpec's worker and Triton's ensemble, or the LLM-API model), shaped as
 its dims and batch dimension ask. Streaming requests go through `ModelStreamInfer`, so the gateway sees the first
 token (retry is only allowed before it), measures TTFT and inter-chunk latency itself, and cancels the worker's
-sequence by cancelling the call. Non-streaming requests use one unary `ModelInfer` where the model allows it, and
-the streaming RPC with streaming off on a decoupled model, which Triton answers on that RPC only. A gRPC deadline
+sequence by cancelling the call. Non-streaming requests use one unary `ModelInfer` where the model allows it
+(DeepSpec's worker, a non-decoupled model), and the streaming RPC with streaming off on a decoupled Triton model,
+which Triton answers on that RPC only. A gRPC deadline
 bounds each call. Tensors are decoded by `service.tensors`, the codec the worker uses too; the counts are read under
 DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as `WorkerError(status, message)` with
 `status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
@@ -173,7 +174,7 @@ class WorkerClient:
         the streaming RPC with streaming off where the model is decoupled (Triton refuses ModelInfer there)."""
         signature = await self.signature(req.model, timeout_s)
         request = build_infer_request(req, False, signature)
-        if signature.decoupled:
+        if not signature.unary:
             text, chunk = [], Chunk("")
             async for chunk in self._stream(request, timeout_s):
                 text.append(chunk.text)

@@ -187,5 +187,9 @@ def test_a_request_the_model_cannot_take_is_refused_by_the_gateway_with_the_inpu
         await worker.close()
         return refused.value.status
 
-    assert stock.decoupled and stock.max_batch_size == 0
+    assert stock.decoupled and not stock.unary and stock.max_batch_size == 0
+    ours = type(config)()
+    ours.CopyFrom(config)
+    ours.platform = "deepspec"  # DeepSpec's worker says decoupled too, and answers ModelInfer as well
+    assert ModelSignature.from_config(ours).unary
     assert asyncio.run(scenario(None, None, None)) == "INVALID_ARGUMENT"
