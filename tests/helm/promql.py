@@ -3,10 +3,24 @@ the metric names each one reads."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 
-from tests.helm.conftest import CHART_DIR, VALUE_SETS, one, render
+from tests.helm.conftest import CHART_DIR, REPO, VALUE_SETS, one, render
+
+
+def tool(name: str):
+    """A helm/tools module, loaded by path as the chart's generators run."""
+    spec = importlib.util.spec_from_file_location(f"helm_tools_{name}", REPO / "helm" / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+engine_metrics = tool("engine_metrics")
 
 # Series that are not DeepSpec's but that a rule or panel may read, and who exports them.
 EXTERNAL_METRICS = {
@@ -42,8 +56,19 @@ def prometheus_rule(values: dict | None = None) -> dict:
     return one(render(values if values is not None else VALUE_SETS["gpu"]), "PrometheusRule")["spec"]
 
 
-def rule_exprs() -> list[tuple[str, str]]:
-    return [(r["alert"], r["expr"]) for g in prometheus_rule()["groups"] for r in g["rules"]]
+def rule_exprs(values: dict | None = None) -> list[tuple[str, str]]:
+    """(alert or recorded name, expr) of every rule."""
+    return [(r.get("alert") or r["record"], r["expr"]) for g in prometheus_rule(values)["groups"] for r in g["rules"]]
+
+
+def engine_series() -> set[str]:
+    """Every engine series the recording rules read, histograms with their `_bucket` suffix."""
+    names = set()
+    for signals in engine_metrics.RUNTIMES.values():
+        for signal, source in signals.items():
+            histogram = engine_metrics.SIGNALS[signal][0] == "histogram"
+            names.add(source.metric + ("_bucket" if histogram else ""))
+    return names
 
 
 def dashboards() -> dict[str, dict]:
@@ -64,3 +89,48 @@ def substitute(expr: str, dashboard: dict, rate_interval: str = "1m") -> str:
         elif var["type"] == "textbox":
             expr = expr.replace(f"${var['name']}", var["query"])
     return expr.replace("$__rate_interval", rate_interval)
+
+
+# --- Recorded engine /metrics ---------------------------------------------------------------------------------
+
+FIXTURES = REPO / "tests" / "helm" / "fixtures" / "engines"
+#: runtime -> scrape job -> the recorded `/metrics` text that job serves. A Triton worker sits behind the DeepSpec
+#: gateway, whose per-request copies carry what Triton's own metrics lack.
+FIXTURE_JOBS = {
+    "deepspec": {"worker": "deepspec.worker.prom"},
+    "triton": {"worker": "triton.worker.prom", "gateway": "deepspec.gateway.prom"},
+    "vllm": {"worker": "vllm.worker.prom"},
+    "sglang": {"worker": "sglang.worker.prom"},
+    "trtllm-serve": {"worker": "trtllm-serve.worker.prom"},
+}
+
+
+def fixture_samples(path_name: str) -> list[tuple[str, dict, float, bool]]:
+    """(name, labels, value, cumulative) of every sample in a recorded `/metrics` file, parsed with prometheus_client's
+    own text parser (so a malformed fixture fails here). `_created` timestamps are left out."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = []
+    for family in text_string_to_metric_families((FIXTURES / path_name).read_text()):
+        cumulative = family.type in ("counter", "histogram")
+        for s in family.samples:
+            if not s.name.endswith("_created"):
+                samples.append((s.name, dict(s.labels), s.value, cumulative))
+    return samples
+
+
+def exposition(samples: list[tuple[str, dict, float, bool]], scale: float) -> str:
+    """The samples in the text format with every counter and bucket multiplied by `scale`: served with a growing
+    scale, the recorded file behaves like a live engine whose traffic never changes shape."""
+    lines = []
+    for name, labels, value, cumulative in samples:
+        text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines.append(f"{name}{{{text}}} {value * scale if cumulative else value}")
+    return "\n".join(lines) + "\n"
+
+
+def fill_selectors(expr: str, release: str, namespace: str) -> str:
+    """An engines.yaml expression with its job placeholders filled in as the chart's PrometheusRule fills them."""
+    job = lambda component: f'job="{release}-{component}", namespace="{namespace}"'  # noqa: E731
+    return (expr.replace(engine_metrics.WORKER, job("worker")).replace(engine_metrics.GATEWAY, job("gateway"))
+            .replace(engine_metrics.OWN, f'job=~"{release}-(gateway|worker)", namespace="{namespace}"'))
