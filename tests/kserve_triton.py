@@ -188,7 +188,8 @@ class ScriptedLLM:
 class DecodingBaseConfig:
     @staticmethod
     def from_dict(d):
-        return ("decoding-config", d["decoding_type"], d["max_draft_len"], d.get("speculative_model_dir", d.get("speculative_model")))
+        draft = d.get("speculative_model_dir", d.get("speculative_model"))
+        return ("decoding-config", d["decoding_type"], d["max_draft_len"], draft)
 
 
 class FakeMPI:

@@ -118,7 +118,8 @@ def ensemble_configs(job: ExportJob) -> dict[str, str]:
                           "gpt_model_path": "${engine_dir}", "max_num_images": "", "hf_model_path": ""}))
     engine = (f'name: "tensorrt_llm"\nbackend: "tensorrtllm"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
               "model_transaction_policy {\n  decoupled: true\n}\n"
-              + _io("input", [_tensor(*t) for t in _ENGINE_INPUTS]) + _io("output", [_tensor(*t) for t in _ENGINE_OUTPUTS])
+              + _io("input", [_tensor(*t) for t in _ENGINE_INPUTS])
+              + _io("output", [_tensor(*t) for t in _ENGINE_OUTPUTS])
               + _parameters({"gpt_model_path": "${engine_dir}", "gpt_model_type": "inflight_fused_batching",
                              "max_beam_width": "1", "max_draft_len": str(job.num_speculative_tokens)}))
     post = (f'name: "postprocessing"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'

@@ -163,8 +163,8 @@ def speculative_counters(completion) -> tuple[float, int, int]:
     spec = getattr(metrics, "speculative_decoding", None)
     if spec is None:
         return 0.0, 0, 0
-    return (float(getattr(spec, "acceptance_rate", 0.0) or 0.0), int(getattr(spec, "total_accepted_draft_tokens", 0) or 0),
-            int(getattr(spec, "total_draft_tokens", 0) or 0))
+    return (float(getattr(spec, "acceptance_rate", 0.0) or 0.0),
+            int(getattr(spec, "total_accepted_draft_tokens", 0) or 0), int(getattr(spec, "total_draft_tokens", 0) or 0))
 
 
 class TritonPythonModel:

@@ -57,7 +57,8 @@ class ModelSignature:
 
         inputs = {i.name: InputSlot(datatype(i.data_type), tuple(i.dims), i.optional) for i in config.input}
         decoupled = config.model_transaction_policy.decoupled
-        return cls(inputs, config.max_batch_size, decoupled, unary=not decoupled or config.platform == DEEPSPEC_PLATFORM)
+        unary = not decoupled or config.platform == DEEPSPEC_PLATFORM
+        return cls(inputs, config.max_batch_size, decoupled, unary)
 
     @property
     def names(self) -> dict[str, str | None]:

@@ -111,8 +111,8 @@ LLMAPI_OUTPUTS = (
 
 #: the ensemble's inputs a gateway may send, as upstream's ensemble declares them (text_input and max_tokens
 #: required); DeepSpec's additions are left out: the ensemble's preprocessing model is upstream's and reads neither
-ENSEMBLE_INPUTS = _inputs({role: name for role, name in ENSEMBLE_NAMES.items() if role not in ("messages", "ignore_eos")},
-                          ("prompt", "max_tokens"), (1,))
+ENSEMBLE_INPUTS = _inputs({role: name for role, name in ENSEMBLE_NAMES.items()
+                           if role not in ("messages", "ignore_eos")}, ("prompt", "max_tokens"), (1,))
 ENSEMBLE_OUTPUTS = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (-1,)), TensorSpec(ACCEPTANCE_RATE, "FP32"),
     TensorSpec(TOTAL_ACCEPTED_DRAFT_TOKENS, "INT32"), TensorSpec(TOTAL_DRAFT_TOKENS, "INT32"),

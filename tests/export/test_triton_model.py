@@ -82,7 +82,8 @@ def test_llm_is_built_on_rank_0_over_the_mpi_world_with_its_speculative_config(r
     options = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert llm.kwargs["model"] == options["model"] and "triton_config" not in llm.kwargs
     assert llm.kwargs["tensor_parallel_size"] == 2 and llm.kwargs["_mpi_session"] == ("mpi-session", 2)
-    assert llm.kwargs["speculative_config"] == ("decoding-config", "Eagle3", 4, options["speculative_config"]["speculative_model_dir"])
+    draft = options["speculative_config"]["speculative_model_dir"]
+    assert llm.kwargs["speculative_config"] == ("decoding-config", "Eagle3", 4, draft)
 
 
 def test_other_ranks_serve_the_leader_and_build_no_llm(repo):
