@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; GPU {environment['gpu']['name']}" if "gpu" in environment else ""))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     try:
-        t0 = time.perf_counter()
         target_dir = write_target_dir(workdir / "target", sizes.target)
         results = [PartResult("setup", OK, time.perf_counter() - t0,
                               detail=f"random {sizes.name} target ({sizes.target['num_hidden_layers']} layers, "
@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                       *(["--quick"] if args.quick else [])]
         context = _context(args, workdir, target_dir)
         for name in args.parts:
-            results.append(run_part(name, context, child_argv, in_process=args.in_process))
+            results.append(run_part(name, context, child_argv, in_process=args.in_process,
+                                    deadline=t0 + sizes.total_seconds))
             print(f"part {name}: {results[-1].status} in {results[-1].seconds:.1f} s", flush=True)
     finally:
         if args.workdir is None:

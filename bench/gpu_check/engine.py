@@ -162,6 +162,9 @@ def drafter_row(run: EngineRun, label: str, build) -> Row:
     steps = sum(r.num_steps for r in greedy)
     if steps:
         metrics["acceptance_length"] = round((sum(r.num_accepted_tokens for r in greedy) + steps) / steps, 3)
+    metrics["draft_tokens"] = sum(r.num_draft_tokens for r in greedy)
+    if not metrics["draft_tokens"]:
+        problems.append("the drafter proposed nothing, so nothing was verified")
     if on_cuda:
         metrics["launches"] = dict(launches)
         if not any(launches[op] for op in ("greedy_accept", "tree_accept")):

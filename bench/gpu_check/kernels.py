@@ -13,6 +13,9 @@ import time
 
 from bench.gpu_check.report import FAIL, OK, SKIPPED, Row
 
+#: processes compiling kernels at once
+MAX_COMPILE_WORKERS = 8
+
 
 def _arch(device: str) -> int:
     import torch
@@ -23,24 +26,41 @@ def _arch(device: str) -> int:
     return 90  # no GPU: compile for Hopper, which needs only the CPU
 
 
+def compile_one(spec, arch: int) -> tuple[str, float]:
+    """→ (error or "", seconds) of compiling one kernel spec for sm_<arch>; runs in a worker process."""
+    from plugins.aot import compile_kernel
+
+    t0 = time.perf_counter()
+    try:
+        compile_kernel(spec, arch)
+    except Exception as exc:  # one kernel a triton version cannot build must not hide the others
+        first_line = str(exc).splitlines()[0][:160] if str(exc) else ""
+        return f"{type(exc).__name__}: {first_line}", time.perf_counter() - t0
+    return "", time.perf_counter() - t0
+
+
 def compile_rows(device: str, max_compiles: int | None) -> list[Row]:
+    """Every kernel spec compiled in parallel (one process per core, up to MAX_COMPILE_WORKERS): ~3 s each."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
     import triton
 
-    from plugins.aot import compile_kernel, kernel_specs
+    from plugins.aot import kernel_specs
 
     arch = _arch(device)
-    rows = []
-    for spec in kernel_specs()[:max_compiles]:
-        t0 = time.perf_counter()
-        try:
-            compile_kernel(spec, arch)
-        except Exception as exc:  # one kernel a triton version cannot build must not hide the others
-            rows.append(Row(f"compile {spec.stem}", FAIL, f"triton {triton.__version__} sm_{arch}: "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"))
-            continue
-        rows.append(Row(f"compile {spec.stem}", OK, f"triton {triton.__version__} sm_{arch}",
-                        {"compile_s": round(time.perf_counter() - t0, 2)}))
-    return rows
+    specs = kernel_specs()[:max_compiles]
+    workers = max(1, min(MAX_COMPILE_WORKERS, len(specs), os.cpu_count() or 1))
+    if workers == 1:
+        outcomes = [compile_one(spec, arch) for spec in specs]
+    else:
+        # spawned, not forked: this process has a CUDA context by now, which a forked child must not inherit
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            outcomes = list(pool.map(compile_one, specs, [arch] * len(specs)))
+    where = f"triton {triton.__version__} sm_{arch}"
+    return [Row(f"compile {spec.stem}", FAIL if error else OK, f"{where}: {error}" if error else where,
+                {} if error else {"compile_s": round(seconds, 2)}) for spec, (error, seconds) in zip(specs, outcomes)]
 
 
 def reference_rows(device: str) -> list[Row]:

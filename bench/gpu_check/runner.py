@@ -51,15 +51,20 @@ def child_command(name: str, argv_for_child: list[str], rows_file: Path) -> list
 
 
 def run_part(name: str, context: Context, argv_for_child: list[str], *, in_process: bool = False,
-             command: list[str] | None = None, log=print) -> PartResult:
-    """One part → its result. In a child process (`command`, default `child_command`) unless `in_process`, where
-    the part shares this process (a CPU run: no CUDA context to poison, and no second import of torch)."""
+             command: list[str] | None = None, deadline: float = float("inf"), log=print) -> PartResult:
+    """One part → its result. In a child process (`command`, default `child_command`), killed at its budget plus
+    GRACE_SECONDS or at `deadline` (time.perf_counter()) if sooner, unless `in_process`: then the part shares this
+    process (a CPU run: no CUDA context to poison, and no second import of torch)."""
     missing = missing_modules(PART_MODULES[name])
     if missing:
         return PartResult(name, SKIPPED, 0.0, detail=f"missing modules: {', '.join(missing)} ({WHEELS_HINT})")
+    time_left = deadline - time.perf_counter()
+    if time_left <= 0:
+        return PartResult(name, SKIPPED, 0.0, detail="the check's total time budget is spent")
     rows_file = context.workdir / f"rows-{name}.json"
     rows_file.unlink(missing_ok=True)
     budget_seconds = context.sizes.budget_seconds[name]
+    timeout_seconds = min(budget_seconds + GRACE_SECONDS, time_left)
     t0 = time.perf_counter()
     log(f"part {name}: running (budget {budget_seconds:.0f} s{', in this process' if in_process else ''})")
     if in_process:
@@ -68,12 +73,12 @@ def run_part(name: str, context: Context, argv_for_child: list[str], *, in_proce
         return PartResult(name, part_status(rows), time.perf_counter() - t0, rows)
     try:
         proc = subprocess.run(command or child_command(name, argv_for_child, rows_file), capture_output=True,
-                              text=True, timeout=budget_seconds + GRACE_SECONDS)
+                              text=True, timeout=timeout_seconds)
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stderr or b"")[-500:]
         tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
         return PartResult(name, FAIL, time.perf_counter() - t0,
-                          detail=f"killed after {budget_seconds + GRACE_SECONDS:.0f} s; stderr tail: {tail!r}")
+                          detail=f"killed after {timeout_seconds:.0f} s; stderr tail: {tail!r}")
     seconds = time.perf_counter() - t0
     if not rows_file.is_file():
         return PartResult(name, FAIL, seconds,

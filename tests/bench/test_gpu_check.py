@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def test_every_drafter_chain_and_tree_decodes_greedy_identical_to_target_only(qu
     for label in DRAFTERS:
         assert rows[label]["status"] == OK and rows[label]["detail"] == "greedy identical to target-only", rows[label]
         assert rows[label]["metrics"]["bf16_tok_s"] > 0 and rows[label]["metrics"]["acceptance_length"] >= 1
+        assert rows[label]["metrics"]["draft_tokens"] > 0  # drafts were proposed and verified
     # the corpus indexes the reference answers: its drafts are accepted, so the accept path really ran
     assert rows["corpus chain"]["metrics"]["acceptance_length"] > 1.5
     assert rows["hf-generate fp32 greedy"]["detail"] == "identical to our target-only"
@@ -115,6 +117,8 @@ def test_a_crashed_or_hung_part_fails_alone_with_the_reason(tmp_path, monkeypatc
     hung = runner.run_part("kernels", _context(tmp_path, budget=1), [], command=[
         sys.executable, "-c", "import time; time.sleep(60)"], log=lambda line: None)
     assert hung.status == FAIL and hung.detail.startswith("killed after 1 s")
+    late = runner.run_part("kernels", _context(tmp_path), [], deadline=time.perf_counter(), log=lambda line: None)
+    assert late.status == SKIPPED and "total time budget" in late.detail
 
 
 def test_a_part_whose_module_is_missing_is_skipped_with_the_fix(tmp_path, monkeypatch):
