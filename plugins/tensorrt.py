@@ -73,9 +73,28 @@ def _spec(kernel: str, variant: str = "", **constexprs) -> KernelSpec:
                       spec.num_warps)
 
 
-def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1) -> AOTKernel:
-    """(entry name, PTX, launch params, scalar args) of one kernel compiled for the GPU TensorRT builds on."""
+#: the element types the kernels are compiled for (plugins.aot signatures), as TensorRT names them
+_KERNEL_DTYPES = {"*fp32": trt.float32, "*i64": trt.int64}
+
+
+def _check_input_dtypes(spec: KernelSpec, inputs) -> None:
+    """Refuse inputs whose element type is not the one the kernel reads: a kernel built for fp32 logits would
+    read bf16 or fp16 logits as garbage, silently. The inputs are the first pointers of the signature."""
+    pointers = [(name, kind) for name, kind in spec.signature.items() if kind.startswith("*")]
+    assert len(inputs) <= len(pointers), (spec.stem, len(inputs))
+    for (name, want), desc in zip(pointers, inputs):
+        if desc.dtype != _KERNEL_DTYPES[want]:
+            raise ValueError(f"{TRT_NAMESPACE}::{spec.kernel}: input {name.removesuffix('_ptr')} is {desc.dtype}, "
+                             f"but the ahead-of-time kernel reads {want[1:]}; cast it to {want[1:]} in the network "
+                             "before the node")
+
+
+def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1, inputs=()) -> AOTKernel:
+    """(entry name, PTX, launch params, scalar args) of one kernel compiled for the GPU TensorRT builds on, after
+    checking the `inputs` descriptors' element types against the kernel's."""
     import torch
+
+    _check_input_dtypes(spec, inputs)
 
     major, minor = torch.cuda.get_device_capability()
     compiled = compile_kernel(spec, major * 10 + minor)
@@ -90,12 +109,13 @@ def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1) -> AOTKernel:
     return compiled.metadata.name, compiled.asm["ptx"], launch, extra
 
 
-def _sampled_accept(kernel: str, has_draft_probs: IntAttr, drafts, target_logits, size_variant: str = "") -> AOTKernel:
+def _sampled_accept(kernel: str, has_draft_probs: IntAttr, drafts, target_logits, inputs, size_variant: str = ""
+                    ) -> AOTKernel:
     """An accept kernel that samples (rejection_sample, tree_accept): the variant reading the drafter's q when the
     node has them, else the one-hot one (and the tree size's, `-n<BLOCK_N>`); one program per row, sized by the
     drafts' width and the vocabulary."""
     spec = _spec(kernel, ("q" if _scalar(has_draft_probs) else "one_hot_q") + size_variant)
-    return _aot(spec, drafts.shape_expr[0], [drafts.shape_expr[1], target_logits.shape_expr[2]])
+    return _aot(spec, drafts.shape_expr[0], [drafts.shape_expr[1], target_logits.shape_expr[2]], inputs=inputs)
 
 
 # ---- greedy_accept ---------------------------------------------------------------------------------------------
@@ -110,7 +130,8 @@ def greedy_accept_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.Ten
 def greedy_accept_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
                       target_logits: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     return _aot(_spec("greedy_accept_kernel"), draft_tokens.shape_expr[0],
-                [draft_tokens.shape_expr[1], target_logits.shape_expr[2]])
+                [draft_tokens.shape_expr[1], target_logits.shape_expr[2]],
+                inputs=(draft_tokens, num_draft_tokens, target_logits))
 
 
 # ---- rejection_sample ------------------------------------------------------------------------------------------
@@ -128,7 +149,8 @@ def rejection_sample_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.T
                          target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
                          top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
                          has_draft_probs: IntAttr, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
-    return _sampled_accept("rejection_sample_kernel", has_draft_probs, draft_tokens, target_logits)
+    return _sampled_accept("rejection_sample_kernel", has_draft_probs, draft_tokens, target_logits,
+                           (draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds))
 
 
 # ---- process_logits --------------------------------------------------------------------------------------------
@@ -142,7 +164,7 @@ def process_logits_desc(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, t
 def process_logits_aot(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, top_k: trtp.TensorDesc,
                        top_p: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     B, T, V = logits.shape_expr[0], logits.shape_expr[1], logits.shape_expr[2]
-    return _aot(_spec("process_logits_kernel"), B * T, [T, V])
+    return _aot(_spec("process_logits_kernel"), B * T, [T, V], inputs=(logits, temperature, top_k, top_p))
 
 
 # ---- tree_accept ----------------------------------------------------------------------------------------------
@@ -162,7 +184,8 @@ def tree_accept_aot(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_
                     outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     block_n = aot_block(_max_extent(tree_tokens, 1), AOT_NODE_BLOCKS, f"{TRT_NAMESPACE}::tree_accept",
                         "tree nodes (num_speculative_tokens + the root)")
-    return _sampled_accept("tree_accept_kernel", has_draft_probs, tree_tokens, target_logits, f"-n{block_n}")
+    inputs = (tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds)
+    return _sampled_accept("tree_accept_kernel", has_draft_probs, tree_tokens, target_logits, inputs, f"-n{block_n}")
 
 
 # ---- compact_kv (out of place) ---------------------------------------------------------------------------------
@@ -176,7 +199,8 @@ def compact_kv_desc(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.T
 def compact_kv_aot(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.TensorDesc,
                    num_accepted: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
     L, B, H, S, D = (cache.shape_expr[i] for i in range(5))
-    return _aot(_spec("compact_kv_out_kernel"), B, [B, H, S, path.shape_expr[1], D], grid_y=L * H)
+    return _aot(_spec("compact_kv_out_kernel"), B, [B, H, S, path.shape_expr[1], D], grid_y=L * H,
+                inputs=(cache, start, path, num_accepted))
 
 
 # ---- confidence_truncate ---------------------------------------------------------------------------------------
@@ -192,4 +216,4 @@ def confidence_truncate_aot(confidence: trtp.TensorDesc, num_draft_tokens: trtp.
     block_k = aot_block(_max_extent(confidence, 1), AOT_SLOT_BLOCKS, f"{TRT_NAMESPACE}::confidence_truncate",
                         "draft slots (num_speculative_tokens)")
     return _aot(_spec("confidence_truncate_kernel", f"k{block_k}", THRESHOLD=float(_scalar(threshold))),
-                confidence.shape_expr[0], [confidence.shape_expr[1]])
+                confidence.shape_expr[0], [confidence.shape_expr[1]], inputs=(confidence, num_draft_tokens))

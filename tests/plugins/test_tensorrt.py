@@ -116,7 +116,8 @@ def _cases():
 
 
 def _trt_dtype(trt, tensor):
-    return {torch.float32: trt.DataType.FLOAT, torch.int64: trt.DataType.INT64}[tensor.dtype]
+    return {torch.float32: trt.DataType.FLOAT, torch.int64: trt.DataType.INT64, torch.bfloat16: trt.DataType.BF16,
+            torch.float16: trt.DataType.HALF}[tensor.dtype]
 
 
 def _build(trt, op, inputs, attrs, **dynamic):
@@ -215,3 +216,18 @@ def test_more_draft_slots_than_every_compiled_size_are_refused(trt_plugins, comp
         _build(trt_plugins.trt, "confidence_truncate", [_f32(1, too_many), torch.ones(1, dtype=torch.long)],
                {"threshold": 0.5})
     assert compiled == []
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_float_inputs_are_refused_not_misread(trt_plugins, compiled, case, dtype):
+    """Every kernel is compiled for fp32 floats (plugins.aot signatures): a bf16 or fp16 tensor handed to it would
+    be read as fp32 bits. TensorRT passes the network's tensors as they are (the descriptors' `dtype`,
+    NVIDIA/TensorRT python/packaging/bindings_wheel/tensorrt/plugin/_tensor.py `TensorDesc.dtype`), so the plugin
+    must refuse them when the engine is built. Each op's first float input is made half precision in turn."""
+    op = case.split()[0]
+    inputs, attrs, _, _ = _cases()[case]
+    first_float = next(i for i, t in enumerate(inputs) if t.is_floating_point() and t.numel())
+    inputs = [t.to(dtype) if i == first_float else t for i, t in enumerate(inputs)]
+    with pytest.raises(ValueError, match=r"the ahead-of-time kernel reads fp32"):
+        _build(trt_plugins.trt, op, inputs, attrs)
