@@ -17,7 +17,7 @@ def test_default_prompts_ship_inside_the_loadtest_package():
     assert len(prompts) == 5 * 64 and all(isinstance(p, str) and p for p in prompts)
     for sample in sorted(DEFAULT_EVAL_DIR.glob("*.jsonl")):
         full = (repo_root() / "datasets" / "eval" / sample.name).read_text().splitlines()
-        assert sample.read_text().splitlines() == full[:64], f"{sample.name} is not the first 64 records of the eval set"
+        assert sample.read_text().splitlines() == full[:64], f"{sample.name}: not the first 64 records of its eval set"
 
 
 def test_first_turn_of_each_record_and_file_or_dir(tmp_path):
