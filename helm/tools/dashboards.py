@@ -1,18 +1,22 @@
-"""Generate the chart's Grafana dashboards (helm/deepspec/dashboards/*.json) from one description.
+"""Generate the chart's Grafana dashboards (helm/deepspec/dashboards/*.json) from one description, with Grafana's
+own typed SDK (`grafana-foundation-sdk`): every panel, query and variable is built by its builder, so a field the
+dashboard model does not have is an error here rather than a panel Grafana silently drops.
 
     python helm/tools/dashboards.py            # rewrite the JSON files
     python helm/tools/dashboards.py --check    # exit 1 when the committed JSON is stale (tests run this)
 
-Two sources, both named in service/metrics.py:
+Sources, all named in service/metrics.py or helm/tools/engine_metrics.py:
 - the gateway's copies (`GW`): per request, labels `model` and `worker`, for every worker runtime. The `worker`
   variable's "All" value is `.+`, so the workers' own unlabelled copies of the same names are never added on top;
 - the workers' own series (`WK`): scheduler state, queue time, per-position acceptance and the acceptance-length
   histogram, which only the engine sees. `worker=""` keeps the gateway's copies out; `instance` tells the workers
   apart. A stock Triton worker exports none of these: its own queue and batch gauges (`nv_inference_*`,
   `nv_trt_llm_*`) sit next to ours in the queue and batch panels;
+- the engine's own metrics under shared names (`deepspec_engine:*`, recorded by the chart's PrometheusRule from
+  whatever `worker.runtime` exports): the Engine dashboard, the same panels for every runtime;
 - the cluster's exporters, when present: kube-state-metrics (container restarts) and NVIDIA's DCGM exporter (GPU
   utilisation and memory, per worker pod).
-Grafana's `$__rate_interval` keeps rates valid at any scrape interval. Standard library only.
+Grafana's `$__rate_interval` keeps rates valid at any scrape interval.
 """
 
 from __future__ import annotations
@@ -21,11 +25,19 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, whether run or loaded by path
+from grafana_foundation_sdk.builders import bargauge, common as common_builders, dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as models
+from grafana_foundation_sdk.models import prometheus as prometheus_models
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, whether run or loaded by path
+from engine_metrics import PREFIX as ENGINE, WINDOW  # noqa: E402
 from regenerate import regenerate  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "deepspec" / "dashboards"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 GW = 'namespace=~"$namespace", model=~"$model", worker=~"$worker"'
 WK = 'namespace=~"$namespace", model=~"$model", instance=~"$instance", worker=""'
 ROUTING = 'namespace=~"$namespace", worker=~"$worker"'  # the gateway's routing state has no `model`
@@ -38,6 +50,8 @@ REJECTED = {"429": "server_busy", "503": "no_worker|service_unavailable|worker_f
 CONTAINERS = 'namespace=~"$namespace", container=~"gateway|worker|export-engine"'  # kube-state-metrics
 GPU_PODS = 'namespace=~"$namespace", pod=~".+-worker-.+"'  # DCGM exporter, with its pod mapping on
 QUANTILES = (0.5, 0.9, 0.99)
+EN = 'namespace=~"$namespace", model=~"$model"'  # the engine's recorded copies
+PANELS = {"timeseries": timeseries.Panel, "stat": stat.Panel, "bargauge": bargauge.Panel, "heatmap": heatmap.Panel}
 
 
 def rate(metric: str, extra: str = "", sel: str = GW) -> str:
@@ -52,23 +66,32 @@ def quantile(q: float, histogram: str, by: str = "", sel: str = GW) -> str:
     return f"histogram_quantile({q}, sum by ({keep}) ({rate(histogram + '_bucket', sel=sel)}))"
 
 
-def target(expr: str, legend: str, ref: str = "A", **extra) -> dict:
-    return {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref, **extra}
+def target(expr: str, legend: str, *, heatmap_format: bool = False) -> prometheus.Dataquery:
+    query = prometheus.Dataquery().expr(expr).legend_format(legend).datasource(DATASOURCE)
+    return query.format(prometheus_models.PromQueryFormat.HEATMAP) if heatmap_format else query
 
 
-def panel(title: str, targets: list[dict], unit: str, *, kind: str = "timeseries", description: str = "",
-          w: int = 12, h: int = 8, stack: bool = False) -> dict:
+def panel(title: str, targets: list[prometheus.Dataquery], unit: str, *, kind: str = "timeseries",
+          description: str = "", w: int = 12, h: int = 8, stack: bool = False):
+    """A panel of `kind` with its queries lettered A, B, ... and the chart's legend and tooltip conventions."""
+    built = PANELS[kind]().title(title).description(description).datasource(DATASOURCE).unit(unit).span(w).height(h)
     for i, t in enumerate(targets):
-        t["refId"] = chr(ord("A") + i)
-    defaults: dict = {"unit": unit}
-    if kind == "timeseries":
-        defaults["custom"] = {"fillOpacity": 10, "lineWidth": 1, "showPoints": "never",
-                              "stacking": {"mode": "normal" if stack else "none", "group": "A"}}
-    return {"type": kind, "title": title, "description": description, "datasource": DATASOURCE,
-            "targets": targets, "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                        "tooltip": {"mode": "multi", "sort": "desc"}},
-            "gridPos": {"w": w, "h": h}}
+        built.with_target(t.ref_id(chr(ord("A") + i)))
+    if kind == "bargauge":
+        built.display_mode(common.BarGaugeDisplayMode.GRADIENT).orientation(common.VizOrientation.HORIZONTAL)
+    elif kind == "stat":
+        built.color_mode(common.BigValueColorMode.VALUE).orientation(common.VizOrientation.AUTO)
+    elif kind == "heatmap":
+        built.calculate(False)
+    elif kind == "timeseries":
+        stacking = common_builders.StackingConfig().mode(
+            common.StackingMode.NORMAL if stack else common.StackingMode.NONE).group("A")
+        built.fill_opacity(10).line_width(1).show_points(common.VisibilityMode.NEVER).stacking(stacking)
+        built.legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.LIST)
+                     .placement(common.LegendPlacement.BOTTOM).show_legend(True))
+        built.tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
+                      .sort(common.SortOrder.DESCENDING))
+    return built
 
 
 def latency_panel(title: str, histogram: str, description: str, sel: str = GW) -> dict:
@@ -76,58 +99,50 @@ def latency_panel(title: str, histogram: str, description: str, sel: str = GW) -
                  description=description)
 
 
-def row(title: str) -> dict:
-    return {"type": "row", "title": title, "collapsed": False, "panels": [], "gridPos": {"w": 24, "h": 1}}
+def row(title: str) -> dashboard_builders.Row:
+    return dashboard_builders.Row(title)
 
 
-def variables() -> list[dict]:
-    def query_var(name: str, label: str, query: str, all_value: str) -> dict:
-        return {"name": name, "label": label, "type": "query", "datasource": DATASOURCE,
-                "query": {"query": query, "refId": name}, "definition": query, "refresh": 2, "sort": 1,
-                "multi": True, "includeAll": True, "allValue": all_value,
-                "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
+def variables(series: str = "deepspec:e2e_request_latency_seconds_count",
+              running: str = "deepspec:num_requests_running") -> list:
+    """Data source, namespace, model, worker, instance and batch size; `series` and `running` are the series the
+    namespace/model and instance choices are read from."""
+    def query_var(name: str, label: str, query: str, all_value: str) -> dashboard_builders.QueryVariable:
+        return (dashboard_builders.QueryVariable(name).label(label).datasource(DATASOURCE)
+                .query({"query": query, "refId": name})
+                .refresh(models.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(models.VariableSort.ALPHABETICAL_ASC)
+                .multi(True).include_all(True).all_value(all_value)
+                .current(models.VariableOption(selected=True, text=["All"], value=["$__all"])))
 
-    series = "deepspec:e2e_request_latency_seconds_count"
     return [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0},
+        dashboard_builders.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         query_var("namespace", "Namespace", f"label_values({series}, namespace)", ".*"),
         query_var("model", "Model", f'label_values({series}{{namespace=~"$namespace"}}, model)', ".*"),
         query_var("worker", "Worker (as the gateway routes)",
                   f'label_values({series}{{namespace=~"$namespace", model=~"$model"}}, worker)', ".+"),
         query_var("instance", "Worker metrics endpoint",
-                  'label_values(deepspec:num_requests_running{namespace=~"$namespace", model=~"$model"}, instance)',
-                  ".*"),
-        {"name": "max_batch_size", "label": "Max batch size (model.maxBatchSize)", "type": "textbox",
-         "query": "16", "current": {"text": "16", "value": "16"}, "hide": 0,
-         "description": "Batch slots per worker, for the batch utilization panels: the chart's model.maxBatchSize."},
+                  f'label_values({running}{{namespace=~"$namespace", model=~"$model"}}, instance)', ".*"),
+        dashboard_builders.TextBoxVariable("max_batch_size").label("Max batch size (model.maxBatchSize)")
+        .default_value("16").current(models.VariableOption(text="16", value="16"))
+        .description("Batch slots per worker, for the batch utilization panels: the chart's model.maxBatchSize."),
     ]
 
 
-def layout(panels: list[dict]) -> list[dict]:
-    """Flow panels left to right, top to bottom, and number them."""
-    x = y = row_h = 0
+def dashboard(uid: str, title: str, description: str, panels: list, variable_list: list | None = None) -> dict:
+    """The dashboard as Grafana's JSON model; panels are numbered in order and flow left to right, top to bottom
+    (the SDK's own layout)."""
+    board = (dashboard_builders.Dashboard(title).uid(uid).description(description).tags(["deepspec"]).editable()
+             .tooltip(models.DashboardCursorSync.CROSSHAIR).version(1).refresh("30s").time("now-1h", "now")
+             .timezone("browser").variables(variable_list or variables())
+             .link(dashboard_builders.DashboardLink("DeepSpec").type(models.DashboardLinkType.DASHBOARDS)
+                   .tags(["deepspec"]).as_dropdown(True)))
     for i, p in enumerate(panels, start=1):
-        p["id"] = i
-        pos = p["gridPos"]
-        if x + pos["w"] > 24:
-            x, y = 0, y + row_h
-            row_h = 0
-        pos["x"], pos["y"] = x, y
-        x += pos["w"]
-        row_h = max(row_h, pos["h"])
-    return panels
-
-
-def dashboard(uid: str, title: str, description: str, panels: list[dict]) -> dict:
-    return {
-        "uid": uid, "title": title, "description": description, "tags": ["deepspec"],
-        "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1, "refresh": "30s",
-        "time": {"from": "now-1h", "to": "now"}, "timezone": "browser",
-        "templating": {"list": variables()}, "annotations": {"list": []},
-        "links": [{"type": "dashboards", "tags": ["deepspec"], "asDropdown": True, "title": "DeepSpec"}],
-        "panels": layout(panels),
-    }
+        p.id(i)
+        if isinstance(p, dashboard_builders.Row):
+            board.with_row(p)
+        else:
+            board.with_panel(p)
+    return json.loads(json.dumps(board.build(), cls=JSONEncoder))
 
 
 def overview() -> dict:
@@ -222,7 +237,7 @@ def spec_decode() -> dict:
         ], "short", description="Tokens emitted per verify step, bonus token included."),
         panel("Acceptance length distribution", [
             target(f"sum by (le) ({rate('deepspec:spec_decode_acceptance_length_bucket', sel=WK)})", "{{le}}",
-                   format="heatmap"),
+                   heatmap_format=True),
         ], "short", kind="heatmap", description="Histogram of tokens emitted per verify step."),
     ])
 
@@ -273,7 +288,51 @@ def workers() -> dict:
     ])
 
 
-DASHBOARDS = {"deepspec-overview": overview, "deepspec-spec-decode": spec_decode, "deepspec-workers": workers}
+def engine() -> dict:
+    """The same panels for every `worker.runtime`: the engine's own metrics, recorded under shared names by the
+    chart's PrometheusRule (helm/tools/engine_metrics.py says which series of each engine feeds which)."""
+    def series(name: str) -> str:
+        return f"{ENGINE}{name}{{{EN}}}"
+
+    def engine_latency(title: str, histogram: str, description: str) -> object:
+        return panel(title, [
+            target(f"histogram_quantile({q}, sum by (le) (rate({series(histogram + '_bucket')}[{RATE}])))",
+                   f"p{round(q * 100)}") for q in QUANTILES], "s", description=description, w=8)
+
+    return dashboard("deepspec-engine", "DeepSpec / Engine (any runtime)",
+                     "The serving engine's own metrics (DeepSpec, Triton, vLLM, SGLang, TensorRT-LLM) under one set "
+                     "of names: the panels read the same whatever worker.runtime is.", [
+        row("Speculative decoding"),
+        panel("Engine acceptance rate", [target(
+            f"avg by (model) ({series(f'spec_decode_acceptance_rate:rate{WINDOW}')})", "{{model}}")],
+              "percentunit", w=8, description=f"Accepted / proposed draft tokens over {WINDOW}, from the "
+                                               "engine's counters (SGLang: its own running ratio)."),
+        panel("Engine mean acceptance length", [target(
+            f"avg by (model) ({series(f'spec_decode_mean_acceptance_length:rate{WINDOW}')})", "{{model}}")],
+              "short", w=8, description="Tokens per verify round, bonus token included: 1 + accepted / drafts "
+                                        "(SGLang and TensorRT-LLM without per-request stats: the engine's mean)."),
+        panel("Engine requests by outcome", [target(
+            f"sum by (status) (rate({series('request_success_total')}[{RATE}]))", "{{status}}")],
+              "reqps", w=8, stack=True, description="Finished requests per second by the engine's finish reason "
+                                                    "(SGLang counts them without one: `finished`)."),
+        row("Latency, as the engine measures it"),
+        engine_latency("Engine time to first token", "time_to_first_token_seconds",
+                       "Arrival at the engine to its first output token."),
+        engine_latency("Engine time per output token", "time_per_output_token_seconds",
+                       "Decode time per output token after the first."),
+        engine_latency("Engine end-to-end latency", "e2e_request_latency_seconds",
+                       "Arrival at the engine to its last token."),
+        row("Scheduler"),
+        panel("Engine requests waiting and running", [
+            target(f"sum by (model) ({series('num_requests_waiting')})", "waiting {{model}}"),
+            target(f"sum by (model) ({series('num_requests_running')})", "running {{model}}"),
+        ], "short", w=24, description="Waiting: queued for a batch slot (what worker.autoscaling scales on). "
+                                      "Running: in the batch."),
+    ], variables(f"{ENGINE}num_requests_running", f"{ENGINE}num_requests_running"))
+
+
+DASHBOARDS = {"deepspec-overview": overview, "deepspec-spec-decode": spec_decode, "deepspec-workers": workers,
+              "deepspec-engine": engine}
 
 
 def render() -> dict[Path, str]:

@@ -417,3 +417,46 @@ def test_the_chart_renders_the_selected_runtimes_rules_and_triggers(values):
     entry = engine_metrics.table()[runtime]
     assert triggers[0]["metadata"]["query"] == f"sum({fill_selectors(entry['waiting'], RELEASE, NAMESPACE)})"
     assert triggers[1]["metadata"]["query"].startswith(f"sum({fill_selectors(entry['running'], RELEASE, NAMESPACE)})")
+
+
+def _fields_the_model_drops(board: dict) -> list[str]:
+    """Paths of fields (or values) Grafana's dashboard model (grafana-foundation-sdk) does not keep when it reads
+    `board`: a misspelt or unknown field, a value of the wrong type."""
+    import json
+
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    back = json.loads(json.dumps(Dashboard.from_json(board), cls=JSONEncoder))
+    dropped = []
+
+    def walk(ours, theirs, path):
+        if isinstance(ours, dict):
+            for key, value in ours.items():
+                if not isinstance(theirs, dict) or key not in theirs:
+                    dropped.append(f"{path}/{key}")
+                else:
+                    walk(value, theirs[key], f"{path}/{key}")
+        elif isinstance(ours, list):
+            if not isinstance(theirs, list) or len(theirs) != len(ours):
+                dropped.append(path)
+            else:
+                for i, (a, b) in enumerate(zip(ours, theirs)):
+                    walk(a, b, f"{path}[{i}]")
+        elif ours != theirs:
+            dropped.append(f"{path}: {ours!r} -> {theirs!r}")
+
+    walk(board, back, "")
+    return dropped
+
+
+def test_every_dashboard_survives_grafanas_own_model():
+    """Each committed dashboard reads back through the SDK's `Dashboard.from_json` unchanged; a panel with a
+    misspelt field does not (the check can fail)."""
+    boards = dashboards()
+    assert set(boards) == {"deepspec-overview", "deepspec-spec-decode", "deepspec-workers", "deepspec-engine"}
+    for name, board in boards.items():
+        assert not _fields_the_model_drops(board), name
+    broken = dashboards()["deepspec-engine"]
+    broken["panels"][1]["fieldconfig"] = broken["panels"][1].pop("fieldConfig")
+    assert _fields_the_model_drops(broken) == ["/panels[1]/fieldconfig"]
