@@ -1,12 +1,16 @@
 """A real Prometheus (Debian's `prometheus`) scrapes DeepSpec and answers every dashboard query.
 
-Two sources, told apart by the `namespace` label Prometheus attaches (the dashboards' `$namespace` variable):
+Sources, told apart by the `namespace` label Prometheus attaches (the dashboards' `$namespace` variable):
 - `inference`: the service's own metric objects (`service.metrics.GatewayMetrics` / `WorkerMetrics`) served the way
   the gateway's `/metrics` route serves them and fed synthetic traffic by a thread: every panel, with every label
   value the dashboards split by (several workers, positions, statuses);
 - `live`: the running service itself, `python -m service worker --target stub` behind `python -m service gateway`,
   with completions sent through the gateway's OpenAI API. When it cannot start, its tests fail on CI (`CI` set)
-  and are skipped elsewhere.
+  and are skipped elsewhere;
+- `engine-<runtime>`: each serving engine's recorded `/metrics` (tests/helm/fixtures/engines: vLLM, SGLang,
+  TensorRT-LLM, Triton, DeepSpec), its counters growing with every scrape.
+Prometheus runs the chart's rendered PrometheusRule (recording rules and alerts) plus each runtime's recording rules,
+so the Engine dashboard is checked against what the rules record from every engine's own names.
 Scrapes run every second under the job names the chart's ServiceMonitors produce.
 """
 
@@ -30,7 +34,9 @@ import yaml
 
 from service.metrics import GatewayMetrics, WorkerMetrics
 from tests.helm.conftest import NAMESPACE, RELEASE, REPO, require_tool
-from tests.helm.promql import EXTERNAL_METRICS, dashboard_queries, dashboards, metric_names, rule_exprs, substitute
+from tests.helm.promql import (EXTERNAL_METRICS, FIXTURE_JOBS, dashboard_queries, dashboards, engine_metrics,
+                               exposition, fill_selectors, fixture_samples, metric_names, prometheus_rule, rule_exprs,
+                               substitute)
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -105,13 +111,14 @@ def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, exporters: Exporter
         stop.wait(0.02)
 
 
-def _serve(registry) -> http.server.ThreadingHTTPServer:
-    """`/metrics` as service/gateway/routers/health.py serves it: always the text format."""
+def _serve(registry=None, render=None) -> http.server.ThreadingHTTPServer:
+    """`/metrics` as service/gateway/routers/health.py serves it (always the text format), from a registry or from
+    `render()` (a recorded engine's text)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            body = generate_latest(registry)
+            body = generate_latest(registry) if render is None else render().encode()
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(body)))
@@ -124,6 +131,34 @@ def _serve(registry) -> http.server.ThreadingHTTPServer:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def _engine_namespace(runtime: str) -> str:
+    return f"engine-{runtime}"
+
+
+def _recorded_engine(fixture: str):
+    """A `render()` for `_serve`: the recorded file with its counters multiplied by the number of scrapes so far."""
+    samples, scrapes = fixture_samples(fixture), [0]
+
+    def render() -> str:
+        scrapes[0] += 1
+        return exposition(samples, scrapes[0])
+
+    return render
+
+
+def _rule_groups(live: bool) -> list[dict]:
+    """The chart's rendered rules (release `deepspec`, namespace `inference`, runtime deepspec), the same engine
+    recordings for the live service's jobs, and each runtime's recordings for its recorded engine."""
+    groups = prometheus_rule()["groups"]
+    copies = [("live", "live", "deepspec")] if live else []
+    copies += [(RELEASE, _engine_namespace(rt), rt) for rt in engine_metrics.RUNTIMES]
+    for release, namespace, runtime in copies:
+        groups.append({"name": f"engine-{namespace}", "rules": [
+            {"record": r["record"], "expr": fill_selectors(r["expr"], release, namespace)}
+            for r in engine_metrics.recording_rules(runtime)]})
+    return groups
 
 
 API_KEY = "sk-live-test"
@@ -234,15 +269,28 @@ def prometheus(tmp_path_factory):
     for thread in threads:
         thread.start()
 
-    targets = {f"{RELEASE}-gateway": (servers[0].server_port, NAMESPACE),
-               f"{RELEASE}-worker": (servers[1].server_port, NAMESPACE),
-               "exporters": (servers[2].server_port, NAMESPACE)}
+    # (job name, namespace) -> port; a recorded engine's jobs carry the chart's job names in their own namespace
+    targets = {(f"{RELEASE}-gateway", NAMESPACE): servers[0].server_port,
+               (f"{RELEASE}-worker", NAMESPACE): servers[1].server_port,
+               ("exporters", NAMESPACE): servers[2].server_port}
+    for runtime, jobs in FIXTURE_JOBS.items():
+        for job, fixture in jobs.items():
+            servers.append(_serve(render=_recorded_engine(fixture)))
+            targets[(f"{RELEASE}-{job}", _engine_namespace(runtime))] = servers[-1].server_port
     if live is not None:
-        targets |= {"live-gateway": (live.gateway_metrics_port, "live"), "live-worker": (live.metrics_port, "live")}
+        targets |= {("live-gateway", "live"): live.gateway_metrics_port, ("live-worker", "live"): live.metrics_port}
+    (tmp / "rules.yaml").write_text(yaml.safe_dump({"groups": _rule_groups(live is not None)}, sort_keys=False))
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "rule_files": [str(tmp / "rules.yaml")],
               "scrape_configs": [{"job_name": job, "honor_labels": job == "exporters", "static_configs": [
                   {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}]}
-                  for job, (port, namespace) in targets.items()]}
+                  for (job, namespace), port in targets.items()]}
+    # Prometheus wants each job name once: the recorded engines reuse the chart's, so each job gets one entry with
+    # a static config per namespace.
+    merged: dict[str, dict] = {}
+    for scrape in config["scrape_configs"]:
+        merged.setdefault(scrape["job_name"], {**scrape, "static_configs": []})["static_configs"] += scrape["static_configs"]
+    config["scrape_configs"] = list(merged.values())
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = open(tmp / "prometheus.log", "w")
@@ -388,7 +436,8 @@ def test_the_real_worker_endpoint_keeps_deepspec_names(prometheus):
         names = {sample["metric"]["__name__"] for sample in body["data"]["result"]}
         time.sleep(0.5)
     assert names, "Prometheus stored nothing from the worker"
-    escaped = sorted(name for name in names if not name.startswith("deepspec:"))
+    escaped = sorted(name for name in names if ":" not in name)  # the writer escapes every colon (our recording
+    # rules' own `deepspec_engine:` copies of the worker's series keep theirs)
     assert not escaped, f"the worker's /metrics escaped names for Prometheus: {escaped[:3]}..."
 
 
@@ -400,3 +449,23 @@ def test_a_service_that_did_not_start_fails_on_ci_and_skips_elsewhere(monkeypatc
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception):
         scrape.live  # noqa: B018
+
+
+ENGINE_BOARD = "deepspec-engine"
+
+
+@pytest.mark.parametrize("runtime", sorted(engine_metrics.RUNTIMES))
+def test_engine_dashboard_shows_each_runtime(prometheus, runtime):
+    """Every Engine panel has data for every runtime, read from that engine's own metric names through the recording
+    rules, and shows what the recorded engine holds: acceptance 0.7 over 3.1 tokens a round (DeepSpec's worker 0.75
+    and 3.25), 3 requests waiting and 6 running."""
+    queries = {q for q in _queries(_engine_namespace(runtime)) if q[0] == ENGINE_BOARD}
+    assert len(queries) >= 9
+    answers, pending = _wait_for_data(prometheus.url, queries, 45)
+    assert not pending, "panels without data:\n" + "\n".join(f"{t}: {e}" for _, t, e in sorted(pending))
+    by_title = {(title, expr.count("num_requests_running")): values for (_, title, expr), values in answers.items()}
+    rate, length = (0.75, 3.25) if runtime == "deepspec" else (0.7, 3.1)
+    assert by_title[("Engine acceptance rate", 0)] == pytest.approx([rate], abs=1e-6)
+    assert by_title[("Engine mean acceptance length", 0)] == pytest.approx([length], abs=1e-6)
+    assert by_title[("Engine requests waiting and running", 0)] == [3]
+    assert by_title[("Engine requests waiting and running", 1)] == [6]
