@@ -74,6 +74,7 @@ def llmapi_config_pbtxt(job: ExportJob) -> str:
             "model_transaction_policy {\n  decoupled: true\n}\n"
             + _io("input", [_spec(s) for s in contract.LLMAPI_INPUTS])
             + _io("output", [_spec(s, is_input=False) for s in contract.LLMAPI_OUTPUTS])
+            + _parameters({contract.TEXT_OUTPUT_MODE: contract.TEXT_DELTA})
             + "instance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n")
 
 

@@ -48,6 +48,8 @@ class ModelSignature:
     decoupled: bool
     #: unary ModelInfer answered: Triton refuses it on a decoupled model; DeepSpec's worker answers both RPCs
     unary: bool
+    #: each streamed `text_output` is the whole text so far (the stock LLM-API model), not the new text
+    cumulative_text: bool = False
 
     @classmethod
     def from_config(cls, config: model_config_pb2.ModelConfig) -> ModelSignature:
@@ -58,7 +60,10 @@ class ModelSignature:
         inputs = {i.name: InputSlot(datatype(i.data_type), tuple(i.dims), i.optional) for i in config.input}
         decoupled = config.model_transaction_policy.decoupled
         unary = not decoupled or config.platform == DEEPSPEC_PLATFORM
-        return cls(inputs, config.max_batch_size, decoupled, unary)
+        delta = (config.parameters[c.TEXT_OUTPUT_MODE].string_value == c.TEXT_DELTA
+                 if c.TEXT_OUTPUT_MODE in config.parameters else False)
+        cumulative = c.LLMAPI_MARKER in inputs and not delta
+        return cls(inputs, config.max_batch_size, decoupled, unary, cumulative)
 
     @property
     def names(self) -> dict[str, str | None]:

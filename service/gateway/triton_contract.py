@@ -20,8 +20,11 @@ DeepSpec additions are optional inputs and extra outputs a stock model simply do
 `num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact. A gateway only sends an input
 the model's config declares; a request that needs an undeclared one is refused with a clear message.
 
-Streaming: `text_output` carries the new text of each response (a delta), every count is cumulative, and the last
-response carries `finish_reason`.
+Streaming: in DeepSpec's models (the exported LLM-API model, the ensemble, DeepSpec's worker) `text_output` carries
+the new text of each response (a delta), every count is cumulative, and the last response carries `finish_reason`.
+The stock LLM-API model sends each response's whole text so far (TensorRT-LLM's `CompletionOutput.text`): the
+exported one says it sends deltas with the config parameter `TEXT_OUTPUT_MODE` = "delta", and a gateway turns the
+text of an LLM-API model without it into deltas itself.
 """
 
 from __future__ import annotations
@@ -86,6 +89,11 @@ TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"  # INT32, cumulative
 TOTAL_DRAFT_TOKENS = "total_draft_tokens"  # INT32, cumulative
 NUM_INPUT_TOKENS = "num_input_tokens"  # INT32: the prompt's tokens after the chat template
 NUM_OUTPUT_TOKENS = "num_output_tokens"  # INT32, cumulative
+
+#: config.pbtxt parameter of a model whose streamed `text_output` is a delta (value TEXT_DELTA); an LLM-API model
+#: without it streams cumulative text
+TEXT_OUTPUT_MODE = "deepspec_text_output"
+TEXT_DELTA = "delta"
 
 #: the LLM-API model's only stop input that is not a sampling parameter: `stop: true` cancels the request id
 STOP_REQUEST = "stop"

@@ -166,7 +166,8 @@ class WorkerClient:
     async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
         """Stream one request; closing the iterator (or cancelling its task) cancels the call and the sequence."""
         signature = await self.signature(req.model, timeout_s)
-        async for chunk in self._stream(build_infer_request(req, True, signature), timeout_s):
+        async for chunk in self._stream(build_infer_request(req, True, signature), timeout_s,
+                                        signature.cumulative_text):
             yield chunk
 
     async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
@@ -176,7 +177,7 @@ class WorkerClient:
         request = build_infer_request(req, False, signature)
         if not signature.unary:
             text, chunk = [], Chunk("")
-            async for chunk in self._stream(request, timeout_s):
+            async for chunk in self._stream(request, timeout_s, signature.cumulative_text):
                 text.append(chunk.text)
             chunk.text = "".join(text)
         else:
@@ -187,14 +188,21 @@ class WorkerClient:
         chunk.final = True
         yield chunk
 
-    async def _stream(self, request: service_pb2.ModelInferRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+    async def _stream(self, request: service_pb2.ModelInferRequest, timeout_s: float,
+                      cumulative_text: bool = False) -> AsyncIterator[Chunk]:
+        """The worker's responses as chunks of new text; `cumulative_text` (the stock LLM-API model) says each
+        response holds the whole text so far, so only what it adds to the previous one is passed on."""
         call = self.stub.ModelStreamInfer(iter([request]), timeout=timeout_s)
+        text_so_far = ""
         try:
             async for response in call:
                 if response.error_message:
                     status, message = p.decode_stream_error(response.error_message)
                     raise WorkerError(status, message, _stream_error_code(response.infer_response))
                 chunk = parse_response(response.infer_response)
+                if cumulative_text:  # what was sent cannot be taken back: pass on what lies past it
+                    whole, chunk.text = chunk.text, chunk.text[len(text_so_far):]
+                    text_so_far = max(text_so_far, whole, key=len)
                 yield chunk
                 if chunk.final:
                     return

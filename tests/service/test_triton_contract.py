@@ -193,3 +193,61 @@ def test_a_request_the_model_cannot_take_is_refused_by_the_gateway_with_the_inpu
     ours.platform = "deepspec"  # DeepSpec's worker says decoupled too, and answers ModelInfer as well
     assert ModelSignature.from_config(ours).unary
     assert asyncio.run(scenario(None, None, None)) == "INVALID_ARGUMENT"
+
+
+def test_the_stock_llmapi_models_cumulative_text_reaches_clients_as_deltas(repo):
+    """The stock LLM-API model streams each response's whole text so far (NVIDIA/TensorRT-LLM
+    triton_backend/all_models/llmapi/tensorrt_llm/1/model.py `_create_response` reads `CompletionOutput.text`,
+    which tensorrt_llm/executor/result.py keeps cumulative; `text_diff` is the delta). The exported model says it
+    sends deltas (config parameter TEXT_OUTPUT_MODE); a model without it has its text turned into deltas."""
+    from service import protocol as p
+    from service import tensors
+    from tritonclient.grpc import service_pb2
+
+    ours = parse_config(repo / MODEL / "config.pbtxt")
+    stock = type(ours)()
+    stock.CopyFrom(ours)
+    del stock.parameters[c.TEXT_OUTPUT_MODE]
+    assert not ModelSignature.from_config(ours).cumulative_text
+    assert ModelSignature.from_config(stock).cumulative_text
+
+    def response(text: str, final: bool):
+        out = service_pb2.ModelInferResponse(model_name=MODEL, id="r")
+        tensors.add_output(out, c.TEXT_OUTPUT, text)
+        tensors.set_bool_param(out, p.FINAL_RESPONSE_PARAM, final)
+        return service_pb2.ModelStreamInferResponse(infer_response=out)
+
+    class StockCall:
+        """A streaming call of the stock model: four cumulative responses."""
+
+        def __init__(self):
+            self.responses = iter(response(whole, final=i == 3)
+                                  for i, whole in enumerate(["He", "Hello", "Hello wor", "Hello world"]))
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            try:
+                return next(self.responses)
+            except StopIteration:
+                raise StopAsyncIteration from None
+
+        def cancel(self):
+            pass
+
+    class StockStub:
+        def ModelStreamInfer(self, requests, timeout=None):
+            return StockCall()
+
+    async def texts(signature, stream: bool):
+        worker = WorkerClient("127.0.0.1:1")
+        worker.stub, worker.signatures[MODEL] = StockStub(), signature
+        req = GenerationRequest("r", MODEL, prompt="x", max_tokens=4)
+        chunks = [chunk.text async for chunk in (worker.generate(req, 5) if stream else worker.infer(req, 5))]
+        await worker.close()
+        return chunks
+
+    stock_signature = ModelSignature.from_config(stock)
+    assert asyncio.run(texts(stock_signature, True)) == ["He", "llo", " wor", "ld"]
+    assert asyncio.run(texts(stock_signature, False)) == ["Hello world"]
