@@ -303,7 +303,8 @@ def test_rules_follow_the_thresholds_in_values():
 ENGINE_MODEL = "Qwen/Qwen3-8B"
 #: what the recorded fixtures of each runtime hold (per minute in the promtool series below): the numbers the
 #: normalised series must come out with. Acceptance: 12600 of 18000 draft tokens in 6000 drafts (0.7; 3.1 tokens per
-#: verify round), the DeepSpec worker's 13500 (0.75; 3.25), SGLang's gauges 0.7 and 3.1.
+#: verify round), the DeepSpec worker's 13500 (0.75; 3.25), SGLang's gauges 0.7 and 3.1. TensorRT-LLM's last-iteration
+#: gauge says 2.9: its counters, where present, win.
 EXPECTED = {
     "deepspec": {"model": "smollm2-135m", "spec_model": "smollm2-135m", "spec_job": "worker", "rate": 0.75,
                  "length": 3.25, "statuses": {"stop": 153, "length": 39}},
@@ -460,3 +461,17 @@ def test_every_dashboard_survives_grafanas_own_model():
     broken = dashboards()["deepspec-engine"]
     broken["panels"][1]["fieldconfig"] = broken["panels"][1].pop("fieldConfig")
     assert _fields_the_model_drops(broken) == ["/panels[1]/fieldconfig"]
+
+
+def test_acceptance_collapse_fires_from_the_engines_own_counters(tmp_path):
+    """An engine whose drafts the gateway never sees (no per-request counts in its responses) still raises the
+    collapse alert: 10 % of its draft tokens accepted, read through the `deepspec_engine:` recordings."""
+    rules = _alert_rules_without_annotations()
+    _promtool_test(tmp_path, rules, [{
+        "input_series": [
+            {"series": f"deepspec:spec_decode_num_draft_tokens_total{{{WORKER}}}", "values": "0+700x40"},
+            {"series": f"deepspec:spec_decode_num_accepted_tokens_total{{{WORKER}}}", "values": "0+70x40"},
+            {"series": f"deepspec:spec_decode_num_drafts_total{{{WORKER}}}", "values": "0+100x40"},
+        ],
+        "alert_rule_test": [_firing("DeepSpecAcceptanceRateCollapse", "30m", {**MODEL, "severity": "warning"})],
+    }])
