@@ -55,6 +55,8 @@ EXTRA_FINISH_REASON = "finish_reason"  # BYTES, on the final response: "stop" | 
 #: response parameter that flags the last response of a decoupled stream (Triton's name)
 FINAL_RESPONSE_PARAM = "triton_final_response"
 
+#: the `platform` DeepSpec's worker reports in its ModelConfig: a decoupled model that also answers ModelInfer
+WORKER_PLATFORM = "deepspec"
 #: ModelConfig parameter carrying the engine's context length (prompt + max_tokens must fit)
 MAX_SEQ_LEN_PARAM = "max_seq_len"
 #: ModelConfig parameter naming the drafter ("none" without one)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2, service_pb2
 
+from service import protocol as p
 from service import tensors
 from service.gateway import triton_contract as c
 
@@ -59,7 +60,7 @@ class ModelSignature:
 
         inputs = {i.name: InputSlot(datatype(i.data_type), tuple(i.dims), i.optional) for i in config.input}
         decoupled = config.model_transaction_policy.decoupled
-        unary = not decoupled or config.platform == DEEPSPEC_PLATFORM
+        unary = not decoupled or config.platform == p.WORKER_PLATFORM
         delta = (config.parameters[c.TEXT_OUTPUT_MODE].string_value == c.TEXT_DELTA
                  if c.TEXT_OUTPUT_MODE in config.parameters else False)
         cumulative = c.LLMAPI_MARKER in inputs and not delta
@@ -83,10 +84,6 @@ class ModelSignature:
             raise SignatureError(f"input {name!r} takes {shape[-1] if shape else 1} value(s) (dims {list(dims)}), "
                                  f"the request has {num_values}")  # fmt: skip
         return [1] + shape if self.max_batch_size > 0 else shape
-
-
-#: the `platform` DeepSpec's worker reports in its ModelConfig
-DEEPSPEC_PLATFORM = "deepspec"
 
 
 def _worker_slot(role: str) -> InputSlot:

@@ -70,7 +70,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         await self._check_model(request.name, context)
         t = service_pb2.ModelMetadataResponse.TensorMetadata
         return service_pb2.ModelMetadataResponse(
-            name=self.service.model_name, versions=["1"], platform="deepspec",
+            name=self.service.model_name, versions=["1"], platform=p.WORKER_PLATFORM,
             inputs=[t(name=n, datatype=d, shape=s) for n, d, s in _INPUTS],
             outputs=[t(name=n, datatype=d, shape=s) for n, d, s in _OUTPUTS],
         )  # fmt: skip
@@ -79,7 +79,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         await self._check_model(request.name, context)
         mc = model_config_pb2
         config = mc.ModelConfig(
-            name=self.service.model_name, platform="deepspec", max_batch_size=0,
+            name=self.service.model_name, platform=p.WORKER_PLATFORM, max_batch_size=0,
             model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
             input=[mc.ModelInput(name=n, data_type=_DTYPE[d], dims=s, optional=n != p.TEXT_INPUT) for n, d, s in _INPUTS],
             output=[mc.ModelOutput(name=n, data_type=_DTYPE[d], dims=s) for n, d, s in _OUTPUTS],
