@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.gpu_check.sizes import FULL, QUICK
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check.json"
@@ -48,13 +51,14 @@ def parse_args(argv):
 
 def _context(args, workdir: Path, target_dir: Path):
     from bench.gpu_check.context import Context
-    from bench.gpu_check.sizes import FULL, QUICK
 
     return Context(args.device, QUICK if args.quick else FULL, workdir, target_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # the table is the output: no per-file progress bars from transformers' loads and saves (children inherit it)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.run_part:  # a part's own process (runner.run_part): the parent installed the wheels already
         from bench.gpu_check.runner import child_main
 
@@ -67,15 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"gpu_check: missing modules {', '.join(missing)}: every part needs them", file=sys.stderr)
         return 1
+    for name in args.parts:
+        if missing := missing_modules(PART_MODULES[name]):
+            print(f"gpu_check: part {name} will be skipped: missing modules {', '.join(missing)}", file=sys.stderr)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu_check: needs a CUDA GPU (torch {torch.__version__}: torch.cuda.is_available() is False); "
               "--device cpu runs the parts that work without one", file=sys.stderr)
         return 1
-    from bench.gpu_check.report import OK, PartResult, table, write_json
+    from bench.gpu_check.report import FAIL, OK, PartResult, table, write_json
     from bench.gpu_check.runner import run_part
-    from bench.gpu_check.sizes import FULL, QUICK
     from bench.gpu_check.target import write_target_dir
 
     sizes = QUICK if args.quick else FULL
@@ -86,25 +92,28 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     try:
-        target_dir = write_target_dir(workdir / "target", sizes.target)
-        results = [PartResult("setup", OK, time.perf_counter() - t0,
-                              detail=f"random {sizes.name} target ({sizes.target['num_hidden_layers']} layers, "
-                                     f"hidden {sizes.target['hidden_size']}, vocab {sizes.target['vocab_size']})")]
-        child_argv = ["--device", args.device, "--workdir", str(workdir), "--target-dir", str(target_dir),
+        try:
+            write_target_dir(workdir / "target", sizes.target)
+            results = [PartResult("setup", OK, time.perf_counter() - t0, detail=(
+                f"random {sizes.name} target ({sizes.target['num_hidden_layers']} layers, hidden "
+                f"{sizes.target['hidden_size']}, vocab {sizes.target['vocab_size']})"))]
+        except Exception as exc:  # no target, no part: the table and JSON still say why
+            results = [PartResult("setup", FAIL, time.perf_counter() - t0, detail=f"{type(exc).__name__}: {exc}")]
+        child_argv = ["--device", args.device, "--workdir", str(workdir), "--target-dir", str(workdir / "target"),
                       *(["--quick"] if args.quick else [])]
-        context = _context(args, workdir, target_dir)
-        for name in args.parts:
+        context = _context(args, workdir, workdir / "target")
+        for name in args.parts if results[0].status == OK else []:
             results.append(run_part(name, context, child_argv, in_process=args.in_process,
                                     deadline=t0 + sizes.total_seconds))
             print(f"part {name}: {results[-1].status} in {results[-1].seconds:.1f} s", flush=True)
+            write_json(args.out, environment, sizes.as_dict(), results, complete=False)  # kept if we are cut short
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     print(table(results))
-    path = write_json(args.out, environment, sizes.as_dict(), results)
+    path = write_json(args.out, environment, sizes.as_dict(), results, complete=True)
     print(f"wrote {path}")
-    return 1 if any(r.status == "FAIL" for r in results) else 0
-
+    return 1 if any(r.status == FAIL for r in results) else 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

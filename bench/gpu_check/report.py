@@ -62,9 +62,10 @@ def table(results: list[PartResult]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, environment: dict, sizes: dict, results: list[PartResult]) -> Path:
+def write_json(path: Path, environment: dict, sizes: dict, results: list[PartResult], complete: bool) -> Path:
+    """The report; `complete` is false while parts are still to run (a run cut short keeps what it measured)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"environment": environment, "sizes": sizes, "parts": [asdict(r) for r in results],
-                "failed": [r.part for r in results if r.status == FAIL]}
+    document = {"environment": environment, "sizes": sizes, "complete": complete,
+                "parts": [asdict(r) for r in results], "failed": [r.part for r in results if r.status == FAIL]}
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path

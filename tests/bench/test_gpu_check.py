@@ -68,7 +68,7 @@ def test_every_part_runs_and_passes_at_quick_sizes(quick_run):
     proc, report = quick_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [p["part"] for p in report["parts"]] == ["setup", "kernels", "engine", "training", "onnx"]
-    assert report["failed"] == [] and report["sizes"]["name"] == "quick"
+    assert report["failed"] == [] and report["sizes"]["name"] == "quick" and report["complete"]
     for part in ("setup", "kernels", "engine", "training", "onnx"):
         assert f"\n{part} " in proc.stdout  # the printed table has a line per part
 
