@@ -73,14 +73,29 @@ class Proposal:
 class DraftSampling:
     """How the rows of one propose call are being sampled; drafts may ignore it and stay deterministic."""
 
-    #: [B] temperature per row, 0 = greedy
+    #: [B] temperature per row, 0 = greedy (a CPU tensor)
     temperature: torch.Tensor
-    #: one generator per row (None = global RNG), so seeded requests stay reproducible
+    #: one CPU generator per row (None = global RNG), so seeded requests stay reproducible; for draws on the host
     generators: list[torch.Generator | None]
+    #: the same rows' generators on the target's device, for draws there (torch draws a CUDA tensor only with a
+    #: CUDA generator); None = the rows have only `generators` (a CPU target)
+    device_generators: list[torch.Generator | None] | None = None
 
     @property
     def all_greedy(self) -> bool:
         return bool((self.temperature == 0).all())
+
+    def generators_on(self, device: torch.device | str) -> list[torch.Generator | None]:
+        """Each row's generator for a draw on `device`: `generators` on the CPU, `device_generators` elsewhere.
+        ValueError when the rows have none of that device type."""
+        device = torch.device(device)
+        generators = self.generators if device.type == "cpu" or self.device_generators is None \
+            else self.device_generators
+        for g in generators:
+            if g is not None and g.device.type != device.type:
+                raise ValueError(f"a draft samples on {device} but its rows' generators live on {g.device}: give "
+                                 f"DraftSampling.device_generators on {device.type} (SpecEngine does)")
+        return generators
 
 
 class Drafter(ABC):

@@ -48,7 +48,10 @@ class _Sequence:
     params: SamplingParams
     prompt: list[int]
     slot: int
+    #: draws on the host: each verify step's seeds, corpus trees
     generator: torch.Generator
+    #: draws on the target's device (a neural draft's sampled tokens); `generator` itself on a CPU target
+    device_generator: torch.Generator
     detokenizer: IncrementalDetokenizer
     stop_ids: frozenset[int]
     keep_result: bool = False
@@ -133,12 +136,15 @@ class SpecEngine:
             raise EngineFullError(f"all {self.max_batch_size} slots are busy")
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
+        generator = torch.Generator().manual_seed(seed)
+        device = self.target.device
         seq = _Sequence(
             request_id=request_id,
             params=params,
             prompt=prompt,
             slot=len(self._running),
-            generator=torch.Generator().manual_seed(seed),
+            generator=generator,
+            device_generator=generator if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed),
             detokenizer=IncrementalDetokenizer(self.target.decode, params.stop),
             stop_ids=stop_ids,
             keep_result=keep_result,
@@ -246,7 +252,8 @@ class SpecEngine:
         num_drafts = torch.zeros(B, dtype=torch.long)
         draft_probs = None
         if self.drafter is not None and max(caps) > 0:
-            sampling = DraftSampling(torch.tensor([s.params.temperature for s in seqs]), [s.generator for s in seqs])
+            sampling = DraftSampling(torch.tensor([s.params.temperature for s in seqs]), [s.generator for s in seqs],
+                                     [s.device_generator for s in seqs])
             proposal = self.drafter.propose(slots, max(caps), sampling)
             if proposal.is_tree and not self.tree_attention:
                 proposal = first_children(proposal)

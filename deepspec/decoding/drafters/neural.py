@@ -81,18 +81,19 @@ def checkpoint_loader(cls: type[NeuralDrafter]):
 def pick_tokens(logits: torch.Tensor, sampling: DraftSampling, model, want_probs: bool):
     """logits [B, N] over the draft vocabulary → (target ids [B], probs [B, V] | None).
 
-    Greedy rows take the argmax; sampled rows draw from softmax(logits / T) with their own generator. The
-    returned probs are that exact distribution scattered onto the target vocabulary (rejection sampling's q)."""
-    B = logits.shape[0]
+    Greedy rows take the argmax; sampled rows draw from softmax(logits / T) with their own generator, on the
+    logits' device. The returned probs are that exact distribution scattered onto the target vocabulary
+    (rejection sampling's q)."""
     temps = sampling.temperature.to(logits.device, torch.float32)
     ids = logits.argmax(dim=-1)
     probs = None
     if want_probs:
         safe = torch.where(temps > 0, temps, torch.ones_like(temps))
         draft_probs = torch.softmax(logits / safe[:, None], dim=-1)
-        for row in range(B):
-            if float(temps[row]) > 0:
-                ids[row] = torch.multinomial(draft_probs[row].cpu(), 1, generator=sampling.generators[row])[0]
+        generators = sampling.generators_on(logits.device)
+        for row, temperature in enumerate(sampling.temperature.tolist()):
+            if temperature > 0:
+                ids[row] = torch.multinomial(draft_probs[row], 1, generator=generators[row])[0]
         probs = model.scatter_probs(draft_probs)
     return model.to_target_ids(ids), probs
 
@@ -165,11 +166,12 @@ def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampli
     logits, conf = expand(0, None, None)
     B = logits.shape[0]
     temps = sampling.temperature.tolist()
+    generators = sampling.generators_on(logits.device) if any(t > 0 for t in temps) else None
+    safe = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=logits.device)
     nodes: list[list[_Node]] = [[] for _ in range(B)]
     frontier = [[-1] for _ in range(B)]  # candidate index per expanded node (-1 = root)
     for depth in range(1, max_depth + 1):
         w = logits.shape[1]
-        safe = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32)
         probs = torch.softmax(logits.float() / safe[:, None, None], dim=-1)  # [B, w, N]
         top_p, top_i = probs.topk(min(shape.branches + 1, probs.shape[-1]), dim=-1)
         c = calibrate(conf, depth - 1).tolist() if (calibrate is not None and conf is not None) else None
@@ -180,7 +182,7 @@ def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampli
                 parent_surv = 1.0 if parent < 0 else nodes[b][parent].survival
                 children = [(t, p, None) for t, p in zip(top_i[b][j], top_p[b][j])]
                 if temps[b] > 0:
-                    drawn = int(torch.multinomial(probs[b, j], 1, generator=sampling.generators[b])[0])
+                    drawn = int(torch.multinomial(probs[b, j], 1, generator=generators[b])[0])
                     children = [(drawn, float(probs[b, j, drawn]), probs[b, j])] + \
                         [ch for ch in children if ch[0] != drawn]
                 children = children[: shape.branches]
@@ -212,7 +214,8 @@ def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampli
 
 
 def _select(nodes: list[list[_Node]], k: int, threshold: float, model, with_probs: bool) -> Proposal:
-    """Keep each row's k highest-survival candidates (parents before children) → a Proposal in target ids."""
+    """Keep each row's k highest-survival candidates (parents before children) → a Proposal in target ids; its
+    probs live on the draft's device, where the nodes' q were computed."""
     B = len(nodes)
     tokens = torch.zeros(B, k, dtype=torch.long)
     parents = torch.full((B, k), -1, dtype=torch.long)
@@ -243,12 +246,13 @@ def _select(nodes: list[list[_Node]], k: int, threshold: float, model, with_prob
     probs = None
     if with_probs:
         V = model.cfg.vocab_size
-        probs = torch.zeros(B, k, V)
+        device = model.d2t.device
+        probs = torch.zeros(B, k, V, device=device)
         for b in range(B):
             for j in range(k):
                 q = qs[b][j] if j < len(qs[b]) else None
                 if q is not None:
-                    probs[b, j] = model.scatter_probs(q.float().cpu()[None])[0]
+                    probs[b, j] = model.scatter_probs(q.float().to(device)[None])[0]
                 elif j < int(num[b]):
                     probs[b, j, tokens[b, j]] = 1.0
     return Proposal(tokens, num, probs, survival, parents)

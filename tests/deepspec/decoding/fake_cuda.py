@@ -14,7 +14,7 @@ after the device rules CUDA enforces have been checked; breaking one raises the 
   `exponential_`, ...): at::check_generator in aten/src/ATen/core/DistributionsHelper.h;
 - `torch.Generator(device="cuda")` makes a `FakeCudaGenerator` (a CPU generator that says it lives on cuda:0).
 
-What the fake cannot see: kernels (the Triton verification kernels run as their CPU reference here), streams and
+Gradients are off inside (the engine runs under inference_mode anyway). What the fake cannot see: kernels (the Triton verification kernels run as their CPU reference here), streams and
 asynchronous execution, memory. It sees only where each tensor lives, which is what a device mix-up is about.
 """
 
@@ -26,7 +26,6 @@ from typing import Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -117,6 +116,31 @@ def _unwrap(x):
     return x.cpu_value if isinstance(x, FakeCudaTensor) else x
 
 
+def _map(fn, x):
+    """fn over the leaves of an op's arguments or outputs: values, and lists / tuples / dicts of them (aten ops
+    nest at most that deep; torch's pytree does the same, several times slower)."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(fn, v) for v in x)
+    if isinstance(x, dict):
+        return {k: _map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    found = []
+
+    def visit(x):
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+
+    visit(args)
+    visit(tuple(kwargs.values()))
+    return found
+
+
 def _mismatch(func, a: torch.device, b: torch.device, what: str = "") -> RuntimeError:
     return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
                         f"{b}! ({what or 'in'} {func})")
@@ -153,8 +177,7 @@ def _check_index_op(func, args) -> torch.device:
 
 def _run(func, args, kwargs):
     """Run one aten op on the inner CPU tensors after CUDA's device rules; wrap outputs that live on cuda."""
-    flat, _ = tree_flatten((args, kwargs))
-    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    tensors = _tensors(args, kwargs)
     requested = kwargs.get("device")
     if func in _INDEX_OPS:
         device = _check_index_op(func, args)
@@ -168,8 +191,7 @@ def _run(func, args, kwargs):
             kwargs = {**kwargs, "device": CPU}
     if device is None:
         device = CPU
-    inner_args, inner_kwargs = tree_map(_unwrap, (args, kwargs))
-    out = func(*inner_args, **inner_kwargs)
+    out = func(*_map(_unwrap, args), **_map(_unwrap, kwargs))
     outer_of = {id(_unwrap(t)): t for t in tensors}  # an in-place op returns its argument, not a new tensor
 
     def wrap(o):
@@ -179,7 +201,7 @@ def _run(func, args, kwargs):
             return outer_of[id(o)]
         return _wrap(o) if device.type == "cuda" else o
 
-    return tree_map(wrap, out)
+    return _map(wrap, out)
 
 
 def _index_tensors(index) -> list[torch.Tensor]:
@@ -203,7 +225,7 @@ def _check_indices(self_: torch.Tensor, index) -> None:
 
 def _getitem(self_: FakeCudaTensor, index):
     _check_indices(self_, index)
-    return _wrap(self_.cpu_value[tree_map(_unwrap, index)])
+    return _wrap(self_.cpu_value[_map(_unwrap, index)])
 
 
 def _setitem(self_: FakeCudaTensor, index, value) -> None:
@@ -211,12 +233,14 @@ def _setitem(self_: FakeCudaTensor, index, value) -> None:
     advanced = bool(_index_tensors(index))  # index_put_: values on self's device (or a CPU scalar); else copy_
     if advanced and isinstance(value, torch.Tensor) and not _is_cpu_scalar(value) and device_of(value) != CUDA:
         raise _mismatch("index_put_", CUDA, device_of(value), "values of")
-    self_.cpu_value[tree_map(_unwrap, index)] = _unwrap(value)
+    self_.cpu_value[_map(_unwrap, index)] = _unwrap(value)
 
 
 def _generators(args, kwargs) -> list[torch.Generator]:
-    flat, _ = tree_flatten((args, kwargs))
-    return [g for g in flat if isinstance(g, _RealGenerator)]
+    found = [a for a in args if isinstance(a, _RealGenerator)]
+    if isinstance(kwargs.get("generator"), _RealGenerator):
+        found.append(kwargs["generator"])
+    return found
 
 
 def _to(self_: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -246,11 +270,17 @@ _GUARDED = {torch.Tensor.__invert__, torch.Tensor.nonzero, torch.Tensor.split, t
             torch.Tensor.new, torch.Tensor.resize_as_}
 
 
+_TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
+#: what the torch-function level handles itself; every other call goes straight on to the dispatcher
+_INTERCEPTED = _HOST_READS | _GUARDED | _TO_NUMPY | {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.copy_,
+                                         torch.Tensor.__getitem__, torch.Tensor.__setitem__}
+
+
 def _on_cpu_values(func, args, kwargs):
     """func over the CPU values of its fake cuda arguments (devices checked first); tensors come back on cuda."""
-    common_device(func, [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)])
-    out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
-    return tree_map(lambda o: _wrap(o) if isinstance(o, torch.Tensor) else o, out)
+    common_device(func, _tensors(args, kwargs))
+    out = func(*_map(_unwrap, args), **_map(_unwrap, kwargs))
+    return _map(lambda o: _wrap(o) if isinstance(o, torch.Tensor) else o, out)
 
 
 class _FakeCudaFunctions(TorchFunctionMode):
@@ -262,6 +292,8 @@ class _FakeCudaFunctions(TorchFunctionMode):
         generators = _generators(args, kwargs)
         if generators:
             self._check_generators(func, args, kwargs, generators)
+        if func not in _INTERCEPTED and "device" not in kwargs:
+            return func(*args, **kwargs)
         if func is torch.Tensor.to:
             return _to(*args, **kwargs)
         if func is torch.Tensor.cuda:
@@ -270,6 +302,9 @@ class _FakeCudaFunctions(TorchFunctionMode):
             return _to(args[0], CPU)
         if func in _HOST_READS and isinstance(args[0], FakeCudaTensor):  # a device-to-host read of real values
             return func(args[0].cpu_value, *args[1:], **kwargs)
+        if func in _TO_NUMPY and isinstance(args[0], FakeCudaTensor):
+            raise TypeError(f"can't convert {CUDA} device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                            "to host memory first.")
         if func in _GUARDED and isinstance(args[0], FakeCudaTensor):
             return _on_cpu_values(func, args, kwargs)
         if func is torch.Tensor.__getitem__ and isinstance(args[0], FakeCudaTensor):
@@ -282,13 +317,13 @@ class _FakeCudaFunctions(TorchFunctionMode):
         requested = kwargs.get("device")
         if requested is not None and torch.device(requested).type == "cuda" and func is not torch._C._nn._parse_to:
             out = func(*args, **{**kwargs, "device": CPU})
-            return tree_map(lambda o: _wrap(o) if isinstance(o, torch.Tensor) and
-                            not isinstance(o, FakeCudaTensor) else o, out)
+            return _map(lambda o: _wrap(o) if isinstance(o, torch.Tensor) and
+                        not isinstance(o, FakeCudaTensor) else o, out)
         return func(*args, **kwargs)
 
     @staticmethod
     def _check_generators(func, args, kwargs, generators: list[torch.Generator]) -> None:
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        tensors = _tensors(args, kwargs)
         if kwargs.get("device") is not None:
             device = torch.device(kwargs["device"])
         elif tensors:
@@ -321,7 +356,7 @@ def fake_cuda() -> Iterator[None]:
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
-        with _FakeCudaFunctions(), _FakeCudaOps():
+        with torch.no_grad(), _FakeCudaFunctions(), _FakeCudaOps():  # autograd would open a CUDA device guard
             yield
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
