@@ -181,3 +181,19 @@ def test_make_gpu_check_installs_only_this_package_without_dependencies():
     ignored = subprocess.run(["git", "check-ignore", "bench/results/gpu_check.json", ".whl/x.whl"], cwd=ROOT,
                              capture_output=True, text=True).stdout.split()
     assert ignored == ["bench/results/gpu_check.json", ".whl/x.whl"]
+
+
+def test_full_sizes_fit_eight_minutes_and_the_real_target_shapes():
+    """Each part's budget fits inside the whole check's limit, which leaves room for `make`'s install and the
+    imports within 8 minutes; FULL's target is SmolLM2-135M's config (30 layers, hidden 576, 9 heads, 3 kv heads,
+    vocab 49152)."""
+    from bench.gpu_check.sizes import FULL
+
+    for sizes in (FULL, QUICK):
+        assert set(sizes.budget_seconds) == set(runner.PARTS)
+    assert sum(FULL.budget_seconds.values()) <= FULL.total_seconds <= 8 * 60 - 30
+    assert {k: FULL.target[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                        "num_key_value_heads", "vocab_size")} == {
+        "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "vocab_size": 49152}
+    assert FULL.num_train_steps == 20
