@@ -68,7 +68,14 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
     if not embedded:
         g.add_argument("--workers", required=True,
                        help="comma-separated host:port list, dns://<headless-service>:<port> (re-resolved every 5 s), "
-                            "or k8s://<service>[.<namespace>]:<port-name|number> (its EndpointSlices, watched)")
+                            "or k8s://<service>[.<namespace>]:<port-name|number> (its EndpointSlices, watched); a listed "
+                            "worker may name its protocol: grpc://host:port or openai+http://host:port")
+        g.add_argument("--worker-protocol", choices=["kserve-grpc", "openai-http"], default=None,
+                       help="what workers without a scheme speak: KServe v2 gRPC (default) or an OpenAI-compatible "
+                            "HTTP server (vLLM, SGLang, trtllm-serve, llama.cpp), probed at its /health")
+        g.add_argument("--openai-max-outstanding", type=int, default=None,
+                       help="requests in flight on one OpenAI worker at most; past it the worker counts as saturated "
+                            "(429 when all are). Default 0 = no cap")
         g.add_argument("--discovery", choices=["static", "dns", "endpointslices"], default=None,
                        help="how --workers is found (default: implied by its scheme; with this flag the scheme may be "
                             "left out). endpointslices watches the Kubernetes API from the pod: needs list/watch on "

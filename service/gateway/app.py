@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -23,6 +24,7 @@ from service.gateway.errors import (AuthenticationError, BadRequestError, Payloa
                                     install_error_handlers)  # fmt: skip
 from service.gateway.routers import chat, completions, health, models
 from service.gateway.routing import WorkerPool
+from service.gateway.upstreams import client_for
 from service.metrics import GatewayMetrics
 from service.gateway.settings import GatewaySettings
 
@@ -44,9 +46,11 @@ class GatewayState:
     @classmethod
     def build(cls, settings: GatewaySettings) -> GatewayState:
         metrics = GatewayMetrics()
+        make_client = functools.partial(client_for, default=settings.worker_protocol,
+                                        openai_max_outstanding=settings.openai_max_outstanding)  # fmt: skip
         pool = WorkerPool(settings.workers, metrics, health_interval_s=settings.health_interval_s,
                           unhealthy_threshold=settings.unhealthy_threshold, dns_refresh_s=settings.dns_refresh_s,
-                          k8s_api_url=settings.k8s_api_url)  # fmt: skip
+                          k8s_api_url=settings.k8s_api_url, make_client=make_client)  # fmt: skip
         dispatcher = Dispatcher(pool, metrics, request_timeout_s=settings.request_timeout_s,
                                 max_attempts=settings.max_attempts, retry_after_s=settings.retry_after_s)  # fmt: skip
         return cls(settings, metrics, pool, dispatcher, settings.load_api_keys())

@@ -4,7 +4,9 @@
   re-resolved every `dns_refresh_s`, or `k8s://service[.namespace]:port` whose EndpointSlices are watched through the
   Kubernetes API (`discovery_k8s.py`). Both dynamic sources feed `set_addresses`: addresses that appear are probed
   before they get traffic, addresses that vanish are dropped and their channel closed once their last request ends.
-- Health: every `health_interval_s` each worker gets a `ServerReady` probe. `unhealthy_threshold` failures in a row
+- Kind: each address names its protocol (`upstreams.py`: KServe v2 gRPC or OpenAI HTTP); the pool treats both alike.
+- Health: every `health_interval_s` each worker gets a readiness probe (`ServerReady`, or an OpenAI engine's
+  `/health`). `unhealthy_threshold` failures in a row
   (or one refused connection, or a request that fails with UNAVAILABLE) eject it; one good probe re-admits it.
 - Choice: power of two choices over admitted workers serving the model, pick the one with fewer outstanding
   requests (Mitzenmacher; production-stack's least-loaded router without a global scan).
@@ -22,7 +24,8 @@ from typing import Literal
 
 import grpc
 
-from service.gateway.worker_client import WorkerClient
+from service.gateway.upstreams import client_for
+from service.gateway.worker_client import WorkerClient, WorkerError
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ def discovery_for(workers: str) -> Discovery:
 @dataclass(eq=False)
 class Endpoint:
     address: str
+    #: a KServe v2 `WorkerClient` or an `OpenAIClient` (service/gateway/upstreams.py): the same verbs
     client: WorkerClient
     outstanding: int = 0
     healthy: bool = False
@@ -49,7 +53,8 @@ class Endpoint:
 
 class WorkerPool:
     def __init__(self, workers: str, metrics, health_interval_s: float = 2.0, unhealthy_threshold: int = 2,
-                 dns_refresh_s: float = 5.0, rng: random.Random | None = None, k8s_api_url: str = ""):  # fmt: skip
+                 dns_refresh_s: float = 5.0, rng: random.Random | None = None, k8s_api_url: str = "",
+                 make_client=client_for):  # fmt: skip
         self.spec = workers
         self.discovery = discovery_for(workers)
         #: Kubernetes API base URL for endpointslices discovery ("" = the pod's in-cluster config)
@@ -62,6 +67,8 @@ class WorkerPool:
         self._rng = rng or random.Random()
         self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()
+        #: worker address -> its client (the address's scheme, or the default protocol, picks the kind)
+        self._make_client = make_client
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -143,9 +150,10 @@ class WorkerPool:
             ready = await endpoint.client.is_ready(_PROBE_TIMEOUT_S)
             if ready and not endpoint.healthy:
                 endpoint.models = await endpoint.client.model_info(_PROBE_TIMEOUT_S)
-        except grpc.aio.AioRpcError as e:
+        except (grpc.aio.AioRpcError, WorkerError) as e:
             ready = False
-            if e.code() == grpc.StatusCode.UNAVAILABLE:  # refused / reset: no point waiting for a second probe
+            status = e.status if isinstance(e, WorkerError) else e.code().name
+            if status == "UNAVAILABLE":  # refused / reset: no point waiting for a second probe
                 endpoint.consecutive_failures = self.unhealthy_threshold
         if ready and endpoint.models:
             endpoint.consecutive_failures = 0
@@ -204,7 +212,7 @@ class WorkerPool:
         return added
 
     def _add(self, address: str) -> Endpoint:
-        endpoint = self.endpoints[address] = Endpoint(address, WorkerClient(address))
+        endpoint = self.endpoints[address] = Endpoint(address, self._make_client(address))
         self.metrics.worker_healthy.labels(address).set(0)
         return endpoint
 

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from service.gateway.upstreams import parse_address
 from service.settings import ServiceSettings
 
 
@@ -17,8 +18,15 @@ class GatewaySettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="DEEPSPEC_GATEWAY_", extra="forbid", populate_by_name=True)
 
     #: "host:port,host:port", "dns://name:port" (a headless Service, re-resolved every `dns_refresh_s`) or
-    #: "k8s://service[.namespace]:port-name-or-number" (its EndpointSlices, watched through the Kubernetes API)
+    #: "k8s://service[.namespace]:port-name-or-number" (its EndpointSlices, watched through the Kubernetes API).
+    #: A static entry may name its protocol: "grpc://host:port" (KServe v2) or "openai+http://host:port" (an
+    #: OpenAI-compatible server: vLLM, SGLang, trtllm-serve, llama.cpp); a bare host:port uses `worker_protocol`
     workers: str = ""
+    #: what workers without a scheme speak (every DNS / EndpointSlices address): KServe v2 gRPC or OpenAI HTTP
+    worker_protocol: Literal["kserve-grpc", "openai-http"] = "kserve-grpc"
+    #: requests the gateway keeps in flight on one OpenAI worker at most (0 = no cap); past it the worker counts
+    #: as saturated (retry elsewhere, 429 when all are): OpenAI engines queue without bound instead of refusing
+    openai_max_outstanding: int = Field(0, ge=0)
     #: how `workers` is found; None = implied by its scheme (dns:// -> dns, k8s:// -> endpointslices, else static)
     discovery: Literal["static", "dns", "endpointslices"] | None = None
     #: Kubernetes API base URL for endpointslices discovery ("" = in-cluster: $KUBERNETES_SERVICE_HOST/_PORT)
@@ -62,9 +70,7 @@ class GatewaySettings(ServiceSettings):
                              f"(which implies {implied}); drop one of them")  # fmt: skip
         if self.discovery == "static":
             for address in filter(None, (a.strip() for a in self.workers.split(","))):
-                host, _, port = address.rpartition(":")
-                if not host or not port.isdigit():
-                    raise ValueError(f"expected host:port, got {address!r} in --workers")
+                parse_address(address)  # ValueError naming the valid forms
         elif self.discovery == "dns":
             host, _, port = self.workers.removeprefix("dns://").rpartition(":")
             if not host or not port.isdigit():

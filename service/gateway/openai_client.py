@@ -1,0 +1,262 @@
+"""A worker that speaks OpenAI HTTP (vLLM, SGLang, trtllm-serve, llama.cpp's servers), behind the same verbs as the
+KServe v2 `WorkerClient`: `is_ready`, `model_info`, `generate`, `infer`, `close`.
+
+The dispatcher does not know which kind it talks to: this adapter turns a `GenerationRequest` into a
+`/v1/completions` or `/v1/chat/completions` body, the engine's SSE chunks into `Chunk`s, and every failure into a
+`WorkerError` whose `status` is the gRPC status name the dispatcher already acts on:
+
+| upstream answer | status | dispatcher |
+| --- | --- | --- |
+| connection refused / reset, stream cut, other 5xx | UNAVAILABLE | eject, retry elsewhere before the first token |
+| 429, 503 (the engine's queue is full or it is draining) | RESOURCE_EXHAUSTED | retry elsewhere, 429 when all are |
+| 400, 422 (the engine refused the content) | INVALID_ARGUMENT | the client's 400, with the engine's message |
+| 404 (the engine does not serve the model) | NOT_FOUND | retry elsewhere |
+| 500 | INTERNAL | eject, retry elsewhere |
+| the request deadline passes | DEADLINE_EXCEEDED | 504 |
+
+Limits. One `httpx.AsyncClient` per upstream holds its keep-alive connections. Closing a stream (client
+disconnect, `Abort`, the deadline) closes its connection, which is how an OpenAI server learns to abort the
+sequence: vLLM, SGLang and llama.cpp watch for the disconnect. Usage comes from the response (`usage`, asked for
+with `stream_options.include_usage`); the engines put no drafted/accepted counts in their bodies, so a chunk's
+spec-decode counts are 0 and the engine's own `/metrics` (scraped by Prometheus directly) carries them. An engine
+that queues without bound never answers 429: `max_outstanding` caps the requests the gateway has in flight on one
+upstream, and a request past it is refused as RESOURCE_EXHAUSTED before it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+from service import protocol as p
+from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
+
+#: the engine's own readiness route (vLLM, SGLang, trtllm-serve); where it is missing (404), `/v1/models` answers
+HEALTH_PATH = "/health"
+MODELS_PATH = "/v1/models"
+_STATUS_FOR_HTTP = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
+                    503: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}  # fmt: skip
+#: keys of a model card that carry its context length (vLLM's `max_model_len`; llama.cpp and others' names)
+_CONTEXT_KEYS = ("max_model_len", "context_length", "n_ctx", "max_context_length")
+
+
+def status_for_http(status_code: int) -> str:
+    """The gRPC status name the dispatcher acts on for an upstream HTTP status."""
+    return _STATUS_FOR_HTTP.get(status_code, "UNAVAILABLE" if status_code >= 500 else "INVALID_ARGUMENT")
+
+
+def error_message(body: object, fallback: str) -> str:
+    """The message of an OpenAI error body (`{"error": {"message"}}`, vLLM's older `{"object": "error", "message"}`
+    or FastAPI's `{"detail"}`), else `fallback`."""
+    if isinstance(body, dict):
+        inner = body.get("error")
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if isinstance(inner, str) and inner:
+            return inner
+        for key in ("message", "detail"):
+            if body.get(key):
+                return body[key] if isinstance(body[key], str) else json.dumps(body[key])
+    return fallback
+
+
+def request_body(req: GenerationRequest, stream: bool) -> dict:
+    """The OpenAI body for `req`. Unset fields are left out so the engine's default applies: `max_tokens` None
+    (what fits), `top_k` 0 (SGLang refuses 0, llama.cpp reads it as the whole vocabulary)."""
+    body: dict = {"model": req.model, "temperature": req.temperature, "top_p": req.top_p, "stream": stream}
+    if req.messages is not None:
+        body["messages"] = req.messages
+    else:
+        body["prompt"] = req.prompt or ""
+    if req.max_tokens is not None:
+        body["max_tokens"] = req.max_tokens
+    if req.top_k > 0:
+        body["top_k"] = req.top_k
+    if req.seed is not None:
+        body["seed"] = req.seed
+    if req.stop:
+        body["stop"] = list(req.stop)
+    if req.ignore_eos:  # vLLM's and SGLang's extension; engines without it refuse it (400), never ignore it silently
+        body["ignore_eos"] = True
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _stats(usage: object) -> p.RequestStats:
+    if not isinstance(usage, dict):
+        return p.RequestStats()
+    return p.RequestStats(num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                          num_output_tokens=int(usage.get("completion_tokens") or 0))  # fmt: skip
+
+
+def _choice_text(choice: dict) -> str:
+    """A choice's text: `text` (completions), `delta.content` (chat chunks) or `message.content` (whole chat)."""
+    if "text" in choice:
+        return choice.get("text") or ""
+    part = choice.get("delta") or choice.get("message") or {}
+    return part.get("content") or ""
+
+
+def parse_event(data: str) -> dict:
+    """One SSE `data:` payload as JSON; an error event (`{"error": ...}` or `{"object": "error"}`) as WorkerError."""
+    try:
+        event = json.loads(data)
+    except json.JSONDecodeError:
+        raise WorkerError("INTERNAL", f"the upstream sent an event that is not JSON: {data[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise WorkerError("INTERNAL", f"the upstream sent an event that is not an object: {data[:200]!r}")
+    if "error" in event or event.get("object") == "error":
+        inner = event.get("error") if isinstance(event.get("error"), dict) else event
+        code = inner.get("code")
+        status = status_for_http(code) if isinstance(code, int) else "INTERNAL"
+        raise WorkerError(status, error_message(event, "the upstream failed mid-stream"))
+    return event
+
+
+class OpenAIClient:
+    """One OpenAI-compatible upstream at `base_url` (`http://host:port`); `address` is its name in metrics."""
+
+    def __init__(self, address: str, base_url: str, max_outstanding: int = 0, max_connections: int = 256):
+        self.address = address
+        self.base_url = base_url.rstrip("/")
+        #: requests this gateway may have in flight on the upstream at once (0 = no cap)
+        self.max_outstanding = max_outstanding
+        self.num_outstanding = 0
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                              keepalive_expiry=30.0)  # fmt: skip
+        # the whole-request deadline is enforced per read below; httpx's own timeouts only bound connecting
+        self.http = httpx.AsyncClient(base_url=self.base_url, limits=limits,
+                                      timeout=httpx.Timeout(None, connect=2.0, pool=None))  # fmt: skip
+        self._health_path: str | None = HEALTH_PATH
+
+    # -- health -------------------------------------------------------------------------------------------------
+
+    async def is_ready(self, timeout_s: float) -> bool:
+        """The engine's `/health` is 200 (or, on a server without that route, `/v1/models` is); a refused
+        connection raises WorkerError UNAVAILABLE so the pool ejects at once."""
+        try:
+            if self._health_path is not None:
+                response = await self.http.get(self._health_path, timeout=timeout_s)
+                if response.status_code != 404:
+                    return response.status_code == 200
+                self._health_path = None
+            return (await self.http.get(MODELS_PATH, timeout=timeout_s)).status_code == 200
+        except httpx.HTTPError as e:
+            raise WorkerError("UNAVAILABLE", f"{type(e).__name__}: {e}") from None
+
+    async def model_info(self, timeout_s: float) -> dict[str, int]:
+        """Models the upstream lists at `/v1/models` -> their context length (0 when the card does not say)."""
+        try:
+            response = await self.http.get(MODELS_PATH, timeout=timeout_s)
+            cards = response.json().get("data", []) if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            raise WorkerError("UNAVAILABLE", f"{MODELS_PATH}: {e}") from None
+        models = {}
+        for card in cards:
+            if isinstance(card, dict) and card.get("id"):
+                models[card["id"]] = next((int(card[k]) for k in _CONTEXT_KEYS if isinstance(card.get(k), int)), 0)
+        return models
+
+    # -- generation ---------------------------------------------------------------------------------------------
+
+    async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+        """Stream one request. Chunks without text (the chat role chunk) are not passed on, so the first chunk the
+        dispatcher sees is the first token; the finish reason and the usage come together in the final chunk."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        with self._slot():
+            response = await self._send(req, stream=True, deadline=deadline)
+            pending = Chunk("", final=False)
+            try:
+                lines = response.aiter_lines()
+                while True:
+                    line = await self._before(deadline, anext(lines, None))
+                    if line is None:
+                        raise WorkerError("UNAVAILABLE", "the upstream closed the stream before [DONE]")
+                    if not line.startswith("data:"):
+                        continue  # blank separators, comments (keep-alives), `event:` lines
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        pending.final = True
+                        yield pending
+                        return
+                    event = parse_event(data)
+                    if event.get("usage"):
+                        pending.stats = _stats(event["usage"])
+                    for choice in event.get("choices") or ():
+                        text = _choice_text(choice)
+                        if choice.get("finish_reason"):
+                            pending.text += text
+                            pending.finish_reason = choice["finish_reason"]
+                        elif text and pending.finish_reason is None:
+                            yield Chunk(text)
+            except httpx.TransportError as e:
+                raise WorkerError("UNAVAILABLE", f"the upstream stream broke: {type(e).__name__}: {e}") from None
+            finally:
+                await response.aclose()  # an unfinished stream closes its connection: the engine aborts it
+
+    async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+        """A whole completion, yielded as one final chunk."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        with self._slot():
+            response = await self._send(req, stream=False, deadline=deadline)
+            try:
+                body = json.loads(await self._before(deadline, response.aread()))
+            except httpx.TransportError as e:
+                raise WorkerError("UNAVAILABLE", f"the upstream broke off: {type(e).__name__}: {e}") from None
+            except json.JSONDecodeError:
+                raise WorkerError("INTERNAL", "the upstream answered a body that is not JSON") from None
+            finally:
+                await response.aclose()
+        choices = body.get("choices") or [{}]
+        yield Chunk(_choice_text(choices[0]), stats=_stats(body.get("usage")),
+                    finish_reason=choices[0].get("finish_reason"), final=True)  # fmt: skip
+
+    async def _send(self, req: GenerationRequest, stream: bool, deadline: float) -> httpx.Response:
+        """POST the request and return the open response once its status is 200; any other status as WorkerError."""
+        path = "/v1/chat/completions" if req.messages is not None else "/v1/completions"
+        request = self.http.build_request("POST", path, json=request_body(req, stream))
+        try:
+            response = await self._before(deadline, self.http.send(request, stream=True))
+        except httpx.TransportError as e:
+            raise WorkerError("UNAVAILABLE", f"{type(e).__name__}: {e}") from None
+        if response.status_code == 200:
+            return response
+        try:
+            raw = await self._before(deadline, response.aread())
+            body = json.loads(raw)
+        except (httpx.TransportError, json.JSONDecodeError):
+            body = None
+        finally:
+            await response.aclose()
+        message = error_message(body, f"HTTP {response.status_code}")
+        raise WorkerError(status_for_http(response.status_code), f"{message} (upstream HTTP {response.status_code})")
+
+    @staticmethod
+    async def _before(deadline: float, awaitable):
+        """Await `awaitable` within the request's deadline; past it, WorkerError DEADLINE_EXCEEDED."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await awaitable
+        except TimeoutError:
+            raise WorkerError("DEADLINE_EXCEEDED", "the upstream did not finish within the request timeout") from None
+
+    @contextlib.contextmanager
+    def _slot(self):
+        """Count one request in flight on this upstream; RESOURCE_EXHAUSTED past `max_outstanding`."""
+        if self.max_outstanding and self.num_outstanding >= self.max_outstanding:
+            raise WorkerError("RESOURCE_EXHAUSTED", f"{self.max_outstanding} requests already in flight on "
+                                                    f"{self.address}")  # fmt: skip
+        self.num_outstanding += 1
+        try:
+            yield
+        finally:
+            self.num_outstanding -= 1
+
+    async def close(self) -> None:
+        await self.http.aclose()
+

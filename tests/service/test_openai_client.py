@@ -1,0 +1,221 @@
+"""The OpenAI-HTTP upstream adapter in memory: what each upstream answer becomes for the dispatcher.
+
+The real-server behaviour (streaming, kill -9, rejoin) is tested against llama.cpp in test_openai_upstream.py;
+these tests cover the answers a llama.cpp server never gives (429, 503, an error event inside the stream, vLLM's
+body shapes) with httpx's in-memory transport, so each mapping rule runs without a network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from service.gateway.openai_client import OpenAIClient, error_message, request_body, status_for_http
+from service.gateway.settings import GatewaySettings
+from service.gateway.upstreams import client_for, parse_address
+from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
+
+
+def _client(handler, **kwargs) -> OpenAIClient:
+    client = OpenAIClient("openai+http://upstream:1", "http://upstream:1", **kwargs)
+    client.http = httpx.AsyncClient(base_url=client.base_url, transport=httpx.MockTransport(handler))
+    return client
+
+
+def _sse(*events: dict | str) -> bytes:
+    return b"".join(b"data: " + (e if isinstance(e, str) else json.dumps(e)).encode() + b"\n\n" for e in events)
+
+
+async def _collect(client: OpenAIClient, req: GenerationRequest, stream: bool = True, timeout_s: float = 5.0):
+    call = client.generate if stream else client.infer
+    return [chunk async for chunk in call(req, timeout_s)]
+
+
+REQ = GenerationRequest(request_id="r1", model="m", prompt="hi", max_tokens=4)
+
+
+@pytest.mark.parametrize("status, expected", [(429, "RESOURCE_EXHAUSTED"), (503, "RESOURCE_EXHAUSTED"),
+                                              (400, "INVALID_ARGUMENT"), (422, "INVALID_ARGUMENT"),
+                                              (404, "NOT_FOUND"), (500, "INTERNAL"), (502, "UNAVAILABLE")])  # fmt: skip
+def test_upstream_status_becomes_the_dispatchers_status(status, expected):
+    """429/503 are overload (retried elsewhere before the first token, 429 when every worker says so), 4xx the
+    client's error, 5xx a failed worker. vLLM answers a full queue or a dead engine with 503 and bad input with 400
+    (vllm-project/vllm vllm/entrypoints/openai/engine/serving.py OpenAIServing.create_error_response)."""
+    body = {"error": {"message": "nope", "type": "BadRequestError", "param": None, "code": status}}
+    client = _client(lambda request: httpx.Response(status, json=body))
+    with pytest.raises(WorkerError) as e:
+        asyncio.run(_collect(client, REQ))
+    assert e.value.status == expected == status_for_http(status)
+    assert "nope" in e.value.message and f"HTTP {status}" in e.value.message
+
+
+def test_error_bodies_of_each_engine():
+    """vLLM's current envelope `{"error": {...}}`, its older flat `{"object": "error", "message"}` and FastAPI's
+    `{"detail"}` (llama.cpp's Python server on validation errors) all give their message."""
+    assert error_message({"error": {"message": "a"}}, "x") == "a"
+    assert error_message({"object": "error", "message": "b", "code": 400}, "x") == "b"
+    assert "too long" in error_message({"detail": [{"msg": "too long"}]}, "x")
+    assert error_message("not json", "fallback") == "fallback"
+
+
+def test_stream_error_event_is_a_worker_error():
+    """An engine that fails mid-stream sends `data: {"error": {..., "code": 500}}` and ends the stream
+    (vllm-project/vllm vllm/entrypoints/openai/engine/serving.py OpenAIServing.create_streaming_error_response):
+    the client must get an error, not a silently short completion."""
+    events = _sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
+                  {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}, "[DONE]")
+    client = _client(lambda request: httpx.Response(200, content=events))
+
+    async def run():
+        seen = []
+        with pytest.raises(WorkerError) as e:
+            async for chunk in client.generate(REQ, 5.0):
+                seen.append(chunk.text)
+        return seen, e.value
+
+    seen, error = asyncio.run(run())
+    assert seen == ["a"] and error.status == "INTERNAL" and "engine died" in error.message
+
+
+def test_stream_without_done_is_a_broken_stream():
+    """A stream that ends without `[DONE]` (the server died between chunks) is UNAVAILABLE, never a completion."""
+    events = _sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]})
+    client = _client(lambda request: httpx.Response(200, content=events))
+    with pytest.raises(WorkerError) as e:
+        asyncio.run(_collect(client, REQ))
+    assert e.value.status == "UNAVAILABLE"
+
+
+def test_chat_stream_skips_the_role_chunk_and_ends_with_finish_and_usage():
+    """The first chunk the dispatcher sees is the first token (so retries stay possible until then); the finish
+    reason and the usage (the `include_usage` chunk after it) arrive together in the final chunk."""
+    seen_bodies = []
+
+    def handler(request):
+        seen_bodies.append((request.url.path, json.loads(request.content)))
+        return httpx.Response(200, content=_sse(
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "length"}]},
+            {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}},
+            "[DONE]"))  # fmt: skip
+
+    req = GenerationRequest(request_id="r2", model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    chunks = asyncio.run(_collect(_client(handler), req))
+    assert [c.text for c in chunks] == ["Hel", "lo"]
+    assert chunks[-1].final and chunks[-1].finish_reason == "length"
+    assert (chunks[-1].stats.num_prompt_tokens, chunks[-1].stats.num_output_tokens) == (7, 2)
+    path, body = seen_bodies[0]
+    assert path == "/v1/chat/completions" and body["stream_options"] == {"include_usage": True}
+    assert body["messages"] == req.messages and "prompt" not in body
+
+
+def test_whole_completion():
+    def handler(request):
+        assert request.url.path == "/v1/completions" and json.loads(request.content)["stream"] is False
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}],
+                                         "usage": {"prompt_tokens": 3, "completion_tokens": 1}})  # fmt: skip
+
+    (chunk,) = asyncio.run(_collect(_client(handler), REQ, stream=False))
+    assert (chunk.text, chunk.finish_reason, chunk.final, chunk.stats.num_output_tokens) == ("abc", "stop", True, 1)
+
+
+def test_request_body_leaves_unset_fields_to_the_engine():
+    """top_k 0 is not sent: SGLang refuses 0 (sgl-project/sglang python/sglang/srt/sampling/sampling_params.py
+    SamplingParams.verify: "top_k must be -1 (disable), or at least 1"); `max_tokens` None means what fits."""
+    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", max_tokens=None, top_k=0), True)
+    assert "top_k" not in body and "max_tokens" not in body and "ignore_eos" not in body
+    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", top_k=5, seed=3, stop=["\n"],
+                                          ignore_eos=True), False)  # fmt: skip
+    assert (body["top_k"], body["seed"], body["stop"], body["ignore_eos"]) == (5, 3, ["\n"], True)
+    assert "stream_options" not in body
+
+
+def test_deadline_ends_a_stalled_stream():
+    """The request timeout bounds the whole call, also a stream whose engine stops sending (504, not a hang)."""
+
+    async def stalled():
+        yield _sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]})
+        await asyncio.sleep(30)
+
+    client = _client(lambda request: httpx.Response(200, content=stalled()))
+    with pytest.raises(WorkerError) as e:
+        asyncio.run(_collect(client, REQ, timeout_s=0.3))
+    assert e.value.status == "DEADLINE_EXCEEDED"
+
+
+def test_max_outstanding_refuses_before_sending():
+    """An engine that queues without bound never says 429: past `max_outstanding` the gateway counts the worker
+    as saturated itself, and the request is not sent."""
+    sent = []
+
+    async def slow():
+        await asyncio.sleep(0.2)
+        yield _sse({"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}]}, "[DONE]")
+
+    def handler(request):
+        sent.append(1)
+        return httpx.Response(200, content=slow())
+
+    client = _client(handler, max_outstanding=1)
+
+    async def run():
+        first = asyncio.create_task(_collect(client, REQ))
+        await asyncio.sleep(0.05)
+        with pytest.raises(WorkerError) as e:
+            await _collect(client, REQ)
+        await first
+        return e.value
+
+    assert asyncio.run(run()).status == "RESOURCE_EXHAUSTED"
+    assert len(sent) == 1 and client.num_outstanding == 0
+
+
+def test_health_falls_back_to_models_where_there_is_no_health_route():
+    """vLLM, SGLang and trtllm-serve answer `/health`; llama.cpp's Python server has no such route (404), so its
+    `/v1/models` answering says the same; a refused connection is UNAVAILABLE (eject at once)."""
+    paths = []
+
+    def handler(request):
+        paths.append(request.url.path)
+        if request.url.path == "/health":
+            return httpx.Response(404)
+        return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 512}]})
+
+    client = _client(handler)
+    assert asyncio.run(client.is_ready(1.0)) and asyncio.run(client.model_info(1.0)) == {"m": 512}
+    assert asyncio.run(client.is_ready(1.0))
+    assert paths == ["/health", "/v1/models", "/v1/models", "/v1/models"]
+
+    def refuse(request):
+        raise httpx.ConnectError("refused")
+
+    with pytest.raises(WorkerError) as e:
+        asyncio.run(_client(refuse).is_ready(1.0))
+    assert e.value.status == "UNAVAILABLE"
+
+
+def test_worker_addresses_name_their_protocol():
+    assert parse_address("openai+http://h:8000").protocol == "openai-http"
+    assert parse_address("grpc://h:8001").protocol == "kserve-grpc"
+    assert parse_address("h:8001", default="openai-http").protocol == "openai-http"
+    assert isinstance(client_for("openai+https://h:1"), OpenAIClient)
+    assert client_for("openai+https://h:1").base_url == "https://h:1"
+
+    async def grpc_client():  # a gRPC aio channel needs a running loop
+        client = client_for("grpc://h:1")
+        await client.close()
+        return client
+
+    grpc_worker = asyncio.run(grpc_client())
+    assert isinstance(grpc_worker, WorkerClient) and grpc_worker.address == "h:1"
+    with pytest.raises(ValueError, match="unknown worker scheme 'http://'"):
+        parse_address("http://h:1")
+    with pytest.raises(ValueError, match="unknown worker scheme"):
+        GatewaySettings(workers="h:1,tcp://h:2")
+    with pytest.raises(ValueError, match="expected host:port"):
+        GatewaySettings(workers="openai+http://h")
+    assert GatewaySettings(workers="openai+http://h:1,grpc://h:2,h:3").workers == "openai+http://h:1,grpc://h:2,h:3"
