@@ -124,9 +124,11 @@ class EngineRun:
         with torch.inference_mode():
             hf = AutoModelForCausalLM.from_pretrained(self.context.target_dir, dtype=torch.float32).to(device).eval()
             n = sizes.max_new_tokens
-            got = [hf.generate(torch.tensor([p], device=device), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+            # no min_new_tokens here: it would mask EOS where our reference (ignore_eos) emits it; HF stops after
+            # an EOS instead, so its answer is compared with the reference's prefix of the same length
+            got = [hf.generate(torch.tensor([p], device=device), max_new_tokens=n, do_sample=False,
                                pad_token_id=pad)[0, len(p):].tolist() for p in prompts]
-            want = self.reference[: len(prompts)]
+            want = [ref[: len(g)] for ref, g in zip(self.reference, got)]
             same = got == want
             rows.append(Row("hf-generate fp32 greedy", OK if same else FAIL,
                             "identical to our target-only" if same else _first_difference(got, want)))
