@@ -280,17 +280,16 @@ def prometheus(tmp_path_factory):
     if live is not None:
         targets |= {("live-gateway", "live"): live.gateway_metrics_port, ("live-worker", "live"): live.metrics_port}
     (tmp / "rules.yaml").write_text(yaml.safe_dump({"groups": _rule_groups(live is not None)}, sort_keys=False))
+    # Prometheus wants each job name once: the recorded engines reuse the chart's job names, so a job gets one
+    # static config per namespace.
+    static_configs: dict[str, list] = {}
+    for (job, namespace), port in targets.items():
+        target = {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}
+        static_configs.setdefault(job, []).append(target)
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
               "rule_files": [str(tmp / "rules.yaml")],
-              "scrape_configs": [{"job_name": job, "honor_labels": job == "exporters", "static_configs": [
-                  {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}]}
-                  for (job, namespace), port in targets.items()]}
-    # Prometheus wants each job name once: the recorded engines reuse the chart's, so each job gets one entry with
-    # a static config per namespace.
-    merged: dict[str, dict] = {}
-    for scrape in config["scrape_configs"]:
-        merged.setdefault(scrape["job_name"], {**scrape, "static_configs": []})["static_configs"] += scrape["static_configs"]
-    config["scrape_configs"] = list(merged.values())
+              "scrape_configs": [{"job_name": job, "honor_labels": job == "exporters", "static_configs": configs}
+                                 for job, configs in static_configs.items()]}
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = open(tmp / "prometheus.log", "w")

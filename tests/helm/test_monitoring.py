@@ -144,7 +144,8 @@ def _firing(alert: str, eval_time: str, *labels: dict) -> dict:
 
 
 MODEL = {"model": "smollm2-135m"}
-ALERTS = ("DeepSpecHighTimeToFirstToken", "DeepSpecSlowDecode", "DeepSpecHighErrorRate", "DeepSpecSaturated", "DeepSpecWorkerEjected",
+ALERTS = ("DeepSpecHighTimeToFirstToken", "DeepSpecSlowDecode", "DeepSpecHighErrorRate", "DeepSpecSaturated",
+          "DeepSpecWorkerEjected",
           "DeepSpecPodRestarting", "DeepSpecAcceptanceRateCollapse", "DeepSpecNoReadyWorkers", "DeepSpecWorkersDown",
           "DeepSpecGatewayDown", "DeepSpecQueueGrowing")
 UP = [{"series": f'up{{job="{RELEASE}-gateway", namespace="{NAMESPACE}"}}', "values": "1x40"},
@@ -306,7 +307,8 @@ def test_triton_queue_alert_reads_tritons_own_gauge(tmp_path):
 
 def test_rules_follow_the_thresholds_in_values():
     spec = prometheus_rule({"monitoring": {"skipWithoutCRDs": False, "prometheusRule": {
-        "ttftP99Seconds": 0.75, "tpotP99Seconds": 0.125, "minAcceptanceRate": 0.35, "for": "3m", "alertLabels": {"team": "inference"},
+        "ttftP99Seconds": 0.75, "tpotP99Seconds": 0.125, "minAcceptanceRate": 0.35, "for": "3m",
+        "alertLabels": {"team": "inference"},
         "saturationRatio": 0.25, "maxRestarts": 5, "errorStatusRegex": "internal_error"}}})
     rules = {r["alert"]: r for g in spec["groups"] for r in g["rules"] if "alert" in r}
     assert rules["DeepSpecHighTimeToFirstToken"]["expr"].count("> 0.75") == 2  # streaming and non-streaming
@@ -341,7 +343,8 @@ EXPECTED = {
 
 
 def _engine_rules(runtime: str) -> dict:
-    rules = [{**r, "expr": fill_selectors(r["expr"], RELEASE, NAMESPACE)} for r in engine_metrics.recording_rules(runtime)]
+    rules = [{**r, "expr": fill_selectors(r["expr"], RELEASE, NAMESPACE)}
+             for r in engine_metrics.recording_rules(runtime)]
     return {"groups": [{"name": "deepspec.engine", "rules": rules}]}
 
 
@@ -351,7 +354,8 @@ def _fixture_series(runtime: str, minutes: int = 15) -> list[dict]:
     series = []
     for job, fixture in FIXTURE_JOBS[runtime].items():
         for name, labels, value, cumulative in fixture_samples(fixture):
-            text = ", ".join(f'{k}="{v}"' for k, v in {**labels, "job": f"{RELEASE}-{job}", "namespace": NAMESPACE}.items())
+            scraped = {**labels, "job": f"{RELEASE}-{job}", "namespace": NAMESPACE}
+            text = ", ".join(f'{k}="{v}"' for k, v in scraped.items())
             values = f"0+{value:g}x{minutes}" if cumulative else f"{value:g}x{minutes}"
             series.append({"series": f"{name}{{{text}}}", "values": values})
     return series
@@ -385,7 +389,8 @@ def test_recording_rules_normalise_each_runtimes_metrics(tmp_path, runtime):
         {"expr": "round(deepspec_engine:spec_decode_mean_acceptance_length:rate5m, 0.001)", "eval_time": "10m",
          "exp_samples": [sample(spec_labels, want["length"])]},
         {"expr": "sum by (model, status) (deepspec_engine:request_success_total)", "eval_time": "10m",
-         "exp_samples": [sample({**latency_model, "status": status}, 10 * n) for status, n in want["statuses"].items()]},
+         "exp_samples": [sample({**latency_model, "status": status}, 10 * n)
+                         for status, n in want["statuses"].items()]},
     ]
     for histogram in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
         expr_tests.append({"expr": f'count by (model) (deepspec_engine:{histogram}_bucket{{le="+Inf"}})',
@@ -422,7 +427,21 @@ def test_autoscaler_queries_read_each_runtimes_own_queue(tmp_path, runtime):
     ]}])
 
 
-@pytest.mark.parametrize("values", ["gpu", "triton"])
+def test_every_runtime_the_chart_accepts_has_a_metric_mapping():
+    """worker.runtime's enum in values.schema.json names no runtime that engines.yaml lacks (the chart would fail
+    to render its PrometheusRule, and an operator would see no engine panels)."""
+    import json
+
+    schema = json.loads((REPO / "helm" / "deepspec" / "values.schema.json").read_text())
+    accepted = set(schema["properties"]["worker"]["properties"]["runtime"]["enum"])
+    assert accepted <= set(engine_metrics.RUNTIMES), sorted(accepted - set(engine_metrics.RUNTIMES))
+
+
+#: value sets that select each runtime (conftest.VALUE_SETS; the engine runtimes' once the chart runs them)
+RUNTIME_VALUE_SETS = [name for name in ("gpu", "triton", "vllm", "sglang", "trtllm-serve") if name in VALUE_SETS]
+
+
+@pytest.mark.parametrize("values", RUNTIME_VALUE_SETS)
 def test_the_chart_renders_the_selected_runtimes_rules_and_triggers(values):
     """The PrometheusRule's `deepspec.engine` group and the ScaledObject's queries are engines.yaml's entry for
     `worker.runtime`, selectors filled in."""
@@ -433,7 +452,8 @@ def test_the_chart_renders_the_selected_runtimes_rules_and_triggers(values):
 
     docs = render(values_set)
     group = next(g for g in one(docs, "PrometheusRule")["spec"]["groups"] if g["name"] == "deepspec.engine")
-    want = [{**r, "expr": fill_selectors(r["expr"], RELEASE, NAMESPACE)} for r in engine_metrics.recording_rules(runtime)]
+    want = [{**r, "expr": fill_selectors(r["expr"], RELEASE, NAMESPACE)}
+            for r in engine_metrics.recording_rules(runtime)]
     assert [{"record": r["record"], "expr": r["expr"]} for r in group["rules"]] == want
     triggers = one(docs, "ScaledObject")["spec"]["triggers"]
     entry = engine_metrics.table()[runtime]
