@@ -11,6 +11,12 @@ and `compact_kv` moves that path's KV entries next to the committed prefix (deep
 without tree attention verifies each tree's chain of first children. `num_speculative_tokens` is the node budget
 per row either way: the depth of a chain, the size of a tree.
 
+Devices: what the target and a neural draft compute stays on the target's device; the bookkeeping around it
+(proposals' tokens and trees, budgets, committed ids) is small CPU tensors, moved across where the two meet. Each
+request has two generators seeded alike: a CPU one for host draws (each verify step's seeds, corpus trees) and one
+on the target's device for a neural draft's sampled tokens (torch draws a CUDA tensor only with a CUDA generator).
+tests/deepspec/decoding/test_device_consistency.py runs every drafter on a CUDA target made of CPU tensors.
+
 Requests may join (`add_request`) and leave (finish, `abort`) between steps: continuous batching. The engine is
 not thread-safe; a server drives it from one thread (only `validate` may be called from others). It decodes text only
 through `target.decode`, to detokenize incrementally and to honour stop strings. Bad requests raise `RequestError`

@@ -9,13 +9,16 @@ after the device rules CUDA enforces have been checked; breaking one raises the 
 - tensors of one op share a device; a 0-dim CPU tensor may join a CUDA op as a scalar (TensorIterator's rule, as
   `FakeTensor._find_common_device` in torch/_subclasses/fake_tensor.py implements it), and nothing else may;
 - `copy_` and `.to()` cross devices; the indices of `index` / `index_put_` (`x[idx]`, `x[idx] = v`) may stay on
-  the CPU for a CUDA tensor, but never the other way round (aten/src/ATen/native/TensorAdvancedIndexing.cpp);
+  the CPU for a CUDA tensor, but never the other way round, and index_put_'s values live on the tensor's device
+  unless they are one 0-dim element (pytorch/pytorch aten/src/ATen/native/TensorAdvancedIndexing.cpp:
+  `check_indices_on_cpu_or_selfdevice`, `_index_put_impl_`);
 - a generator draws only for tensors of its own device type (`torch.multinomial`, `torch.rand`, `torch.randint`,
-  `exponential_`, ...): at::check_generator in aten/src/ATen/core/DistributionsHelper.h;
+  `exponential_`, ...): `at::check_generator` in pytorch/pytorch aten/src/ATen/core/Generator.h;
 - `torch.Generator(device="cuda")` makes a `FakeCudaGenerator` (a CPU generator that says it lives on cuda:0).
 
-Gradients are off inside (the engine runs under inference_mode anyway). What the fake cannot see: kernels (the Triton verification kernels run as their CPU reference here), streams and
-asynchronous execution, memory. It sees only where each tensor lives, which is what a device mix-up is about.
+Gradients are off inside (the engine runs under inference_mode anyway). What the fake cannot see: kernels (the
+Triton verification kernels run as their CPU reference here), streams and asynchronous execution, memory. It sees
+only where each tensor lives, which is what a device mix-up is about.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class FakeCudaGenerator(_RealGenerator):
 
 
 class _GeneratorMeta(type(_RealGenerator)):
+    """Keeps `isinstance(g, torch.Generator)` true for every generator while torch.Generator is patched."""
+
     def __instancecheck__(cls, obj) -> bool:
         return isinstance(obj, _RealGenerator)
 
@@ -105,11 +110,6 @@ class _Generator(_RealGenerator, metaclass=_GeneratorMeta):
 
 def device_of(t: torch.Tensor) -> torch.device:
     return CUDA if isinstance(t, FakeCudaTensor) else t.device
-
-
-def to_fake_cuda(t: torch.Tensor) -> FakeCudaTensor:
-    """A copy of CPU tensor t on the fake cuda device."""
-    return _wrap(t.detach().clone())
 
 
 def _unwrap(x):
@@ -268,12 +268,12 @@ _HOST_READS = {torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__bool
 #: Tensor methods whose Python binding opens a CUDA device guard before dispatching: run on the CPU values
 _GUARDED = {torch.Tensor.__invert__, torch.Tensor.nonzero, torch.Tensor.split, torch.Tensor.new_tensor,
             torch.Tensor.new, torch.Tensor.resize_as_}
-
-
+#: what CUDA refuses for a cuda tensor: a numpy view of device memory
 _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
 #: what the torch-function level handles itself; every other call goes straight on to the dispatcher
-_INTERCEPTED = _HOST_READS | _GUARDED | _TO_NUMPY | {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.copy_,
-                                         torch.Tensor.__getitem__, torch.Tensor.__setitem__}
+_INTERCEPTED = _HOST_READS | _GUARDED | _TO_NUMPY | {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu,
+                                                     torch.Tensor.copy_, torch.Tensor.__getitem__,
+                                                     torch.Tensor.__setitem__}
 
 
 def _on_cpu_values(func, args, kwargs):

@@ -2,8 +2,8 @@
 
 There is no GPU here, so the target runs on the fake CUDA device of tests/deepspec/decoding/fake_cuda.py: CPU tensors
 that report `cuda:0` and raise what CUDA raises when an op meets a CPU tensor that is not a 0-dim scalar, or a
-generator of another device (at::check_generator, aten/src/ATen/core/DistributionsHelper.h). The values are computed
-on the CPU, so greedy output must equal the CPU run's token for token; seeded sampling must replay exactly.
+generator of another device (pytorch/pytorch: `at::check_generator` in aten/src/ATen/core/Generator.h). The values
+are computed on the CPU, so greedy output must equal the CPU run's token for token; seeded sampling must replay exactly.
 """
 
 from __future__ import annotations
@@ -139,6 +139,17 @@ def test_the_verify_budget_on_cuda(targets, draft_dirs, greedy_reference, name):
     _, cuda = targets
     with fake_cuda():
         got = _run(cuda, draft_dirs, name, MIXED, verify_budget=True)
+    assert [got[i].token_ids for i in (1, 3)] == [greedy_reference[i] for i in (1, 3)]
+
+
+@pytest.mark.parametrize("name", ["eagle3-tree", "corpus-tree"])
+def test_trees_on_a_cuda_target_without_tree_attention(targets, draft_dirs, greedy_reference, name, monkeypatch):
+    """A target that cannot run tree attention verifies each tree's chain of first children (tree.first_children):
+    the chain's tokens on the host, its q still on the device."""
+    _, cuda = targets
+    monkeypatch.setattr(cuda, "supports_tree_attention", False)
+    with fake_cuda():
+        got = _run(cuda, draft_dirs, name, MIXED)
     assert [got[i].token_ids for i in (1, 3)] == [greedy_reference[i] for i in (1, 3)]
 
 

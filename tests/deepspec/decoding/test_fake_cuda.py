@@ -2,8 +2,10 @@
 
 Each refusal is one of CUDA's own rules: mixed devices in one op (TensorIterator's check; a 0-dim CPU tensor is a
 scalar and may join, as torch/_subclasses/fake_tensor.py `FakeTensor._find_common_device` models it), the index
-rule of aten/src/ATen/native/TensorAdvancedIndexing.cpp (CPU indices may index a CUDA tensor, not the reverse), and
-at::check_generator (aten/src/ATen/core/DistributionsHelper.h: a generator draws only for its own device type).
+rules of pytorch/pytorch aten/src/ATen/native/TensorAdvancedIndexing.cpp (`check_indices_on_cpu_or_selfdevice`: CPU
+indices may index a CUDA tensor, not the reverse; `_index_put_impl_`: values on the tensor's device unless a single
+0-dim element), and `at::check_generator` (aten/src/ATen/core/Generator.h: a generator draws only for its own
+device type).
 Without these negative controls a device test that passes proves nothing.
 """
 
