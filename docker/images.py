@@ -1,7 +1,8 @@
 """NVIDIA's Triton + TensorRT-LLM images: what each `nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3` tag
 carries, what DeepSpec needs from the image it runs on, and the tag the repository pins.
 
-The one place these facts live. `docker/worker-gpu.Dockerfile` (the GPU worker's base) and the chart's
+The one place these facts live, with the engine images the chart runs for `worker.runtime` vllm, sglang and
+trtllm-serve (`ENGINE_IMAGES`). `docker/worker-gpu.Dockerfile` (the GPU worker's base) and the chart's
 `worker.triton.image` name `PINNED`; `tests/docker/test_images.py` checks every image reference in the repository
 against `IMAGES` and `REQUIREMENTS`; `python helm/tools/images_docs.py` renders the tables in docker/README.md and
 helm/deepspec/README.md from here.
@@ -166,6 +167,60 @@ REQUIREMENTS: tuple[Requirement, ...] = (
 PINNED = "26.07"
 
 
+@dataclass(frozen=True)
+class EngineImage:
+    """An engine's official server image, run by the chart for `worker.runtime` vllm, sglang or trtllm-serve on the
+    launch script `python -m export` wrote; the tag is pinned here and in helm/deepspec/values.yaml
+    (`worker.openai.<engine>.image`)."""
+
+    #: `worker.runtime`
+    runtime: str
+    repository: str
+    tag: str
+    #: the engine release the tag carries
+    version: str
+    #: lowest release that serves what the export for this engine writes
+    min_version: str
+    #: what needs `min_version`, and the upstream code or release that shows it
+    needs: str
+    #: the CUDA the image is built on (GPU nodes need its driver)
+    cuda: str
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+
+#: one pinned image per engine runtime
+ENGINE_IMAGES: tuple[EngineImage, ...] = (
+    EngineImage(
+        "vllm", "vllm/vllm-openai", "v0.31.0", "0.31.0", "0.25.0",
+        "`--format vllm` writes `method: dspark` drafts (vllm-project/vllm PR #46995, merged June 2026, first in the "
+        "0.25 releases) beside EAGLE-3 in the speculators layout (`eagle_aux_hidden_state_layer_ids`) and DFlash; the "
+        "chart drains with `--shutdown-timeout` (PRs #34730 / #36666, 0.18.0)",
+        "13.0 (the `-cu129` tag of the same release runs on CUDA 12.9 drivers)"),
+    EngineImage(
+        "sglang", "lmsysorg/sglang", "v0.5.20", "0.5.20", "0.5.16",
+        "`--format sglang` writes `--speculative-algorithm DSPARK` drafts, which SGLang serves from 0.5.16 (sgl-project/"
+        "sglang PR #30261); EAGLE-3 as `LlamaForCausalLMEagle3` with `midlayer.*` and DFLASH load in earlier releases",
+        "13.0 (SGLang retired its CUDA 12 images after v0.5.19-cu129)"),
+    EngineImage(
+        "trtllm-serve", "nvcr.io/nvidia/tensorrt-llm/release", "1.2.1", "1.2.1", "1.2.0",
+        "`--format tensorrt-llm` writes trtllm-serve.yaml with `speculative_config: {decoding_type: Eagle3}` "
+        "(requirement `llmapi-decoding-type-eagle3` above); 1.2.1 is the TensorRT-LLM of the pinned Triton image, "
+        "so one release serves both runtimes",
+        "13.1"),
+)
+
+
+def engine_image(runtime: str) -> EngineImage:
+    """The pinned image of a `worker.runtime`; KeyError naming the runtimes that have one."""
+    for image in ENGINE_IMAGES:
+        if image.runtime == runtime:
+            return image
+    raise KeyError(f"no engine image for worker.runtime {runtime!r} (known: {', '.join(i.runtime for i in ENGINE_IMAGES)})")
+
+
 def by_tag(tag: str) -> TritonImage:
     """`26.07-trtllm-python-py3` (or `26.07`) -> its row; KeyError naming the known tags otherwise."""
     release = tag.removesuffix(f"-{FLAVOUR}")
@@ -188,6 +243,8 @@ def pinned() -> TritonImage:
 
 def main() -> int:
     print(f"pinned: {pinned().reference}")
+    for engine in ENGINE_IMAGES:
+        print(f"  {engine.runtime:28} {engine.reference} ({engine.version}, needs >= {engine.min_version})")
     for image in IMAGES:
         missing = [line.split(":", 1)[0] for line in unmet(image)]
         print(f"  {image.tag:28} {'ok' if not missing else 'misses ' + ', '.join(missing)}")

@@ -57,10 +57,18 @@ def trtllm_llm_args(job, draft_dir: str | None, model: str) -> dict:
     return args
 
 
+#: LLM-API options trtllm-serve needs for its Prometheus endpoint (`/prometheus/metrics`, mounted only with
+#: `return_perf_metrics`; the queue gauges come from the iteration stats): tensorrt_llm/serve/openai_server.py
+#: `OpenAIServer.register_routes` / `mount_metrics`
+TRTLLM_SERVE_METRICS = {"enable_iter_perf_stats": True, "return_perf_metrics": True}
+
+
 def write_script(path: Path, command: str) -> None:
+    """A launch script that runs `command` plus its own arguments. `exec`: the engine replaces the shell, so the
+    signals a container runtime sends (SIGTERM to PID 1 on a drain) reach the engine, not a shell that ignores them."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\n# Written by python -m export; run from the export directory.\nset -e\n"
-                    f'cd "$(dirname "$0")/.."\n{command} "$@"\n')
+                    f'cd "$(dirname "$0")/.."\nexec {command} "$@"\n')
     path.chmod(0o755)
 
 

@@ -81,9 +81,10 @@ def write(job: ExportJob, out: Path, progress) -> dict:
             advance(1)
         draft_dir = "draft"
         fields["draft"] = "draft"
-    llm_args = snippets.trtllm_llm_args(job, draft_dir, str(job.target.path))
+    llm_args = {**snippets.trtllm_llm_args(job, draft_dir, str(job.target.path)), **snippets.TRTLLM_SERVE_METRICS}
     (out / "trtllm-serve.yaml").write_text(yaml.safe_dump(llm_args, sort_keys=False))
     serve = f"trtllm-serve {job.target.path} --config trtllm-serve.yaml"
+    snippets.write_script(out / "launch" / "trtllm-serve.sh", serve)
     build = build_script(job)
     (out / "build.sh").write_text(build)
     (out / "build.sh").chmod(0o755)

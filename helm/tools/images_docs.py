@@ -53,6 +53,13 @@ def images_table(images) -> str:
     return "\n".join(rows)
 
 
+def engine_images_table(images) -> str:
+    rows = ["| `worker.runtime` | Image | Engine | Needs >= | Why | CUDA |", "| --- | --- | --- | --- | --- | --- |"]
+    for e in images.ENGINE_IMAGES:
+        rows.append(f"| `{e.runtime}` | `{e.reference}` | {e.version} | {e.min_version} | {_cell(e.needs)} | {e.cuda} |")
+    return "\n".join(rows)
+
+
 def pinned_summary(images) -> str:
     p = images.pinned()
     return (f"Pinned: `{p.reference}` (Triton {p.triton}, TensorRT-LLM {p.tensorrt_llm}, TensorRT {p.tensorrt}, "
@@ -72,8 +79,11 @@ def render() -> dict[Path, str]:
     """Path -> generated text of both READMEs."""
     images = load_images()
     docker_readme, chart_readme = REPO / "docker" / "README.md", REPO / "helm" / "deepspec" / "README.md"
-    docker_body = "\n\n".join([pinned_summary(images), requirements_table(images), images_table(images)])
-    chart_body = "\n\n".join([pinned_summary(images), requirements_table(images)])
+    engines = "The engine images of `worker.runtime` vllm, sglang and trtllm-serve (`ENGINE_IMAGES`):"
+    docker_body = "\n\n".join([pinned_summary(images), requirements_table(images), images_table(images), engines,
+                                engine_images_table(images)])
+    chart_body = "\n\n".join([pinned_summary(images), requirements_table(images), engines,
+                               engine_images_table(images)])
     return {docker_readme: _replace_block(docker_readme, docker_body),
             chart_readme: _replace_block(chart_readme, chart_body)}
 

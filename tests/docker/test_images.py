@@ -229,3 +229,91 @@ def test_generated_image_tables_are_current():
     docker_readme = (REPO / "docker" / "README.md").read_text()
     assert images.pinned().reference in docker_readme
     assert all(f"`{i.tag}`" in docker_readme for i in images.IMAGES)
+
+
+# --- the engine images of worker.runtime vllm, sglang, trtllm-serve -------------------------------------------------
+
+#: `<repository>:<tag>` of an engine image, the tag ending where an image reference does
+ENGINE_REFERENCE = re.compile("(" + "|".join(re.escape(i.repository) for i in images.ENGINE_IMAGES)
+                              + r"):([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def engine_text_references(paths: list[Path], root: Path = REPO) -> list[tuple[str, str, str]]:
+    """(`file:line`, repository, tag) of every engine image named in the files' text."""
+    found = []
+    for path in paths:
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            found += [(f"{path.relative_to(root)}:{number}", m.group(1), m.group(2)) for m in ENGINE_REFERENCE.finditer(line)]
+    return found
+
+
+def engine_values_references(values_file: Path) -> list[tuple[str, str, str]]:
+    """(`file: key`, repository, tag) of every `{repository: <engine image>, tag: ...}` in a values file."""
+    repositories = {i.repository for i in images.ENGINE_IMAGES}
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if node.get("repository") in repositories:
+                found.append((f"{values_file.relative_to(REPO)}: {'.'.join(path)}.tag", node["repository"],
+                              str(node.get("tag"))))
+            for key, value in node.items():
+                walk(value, path + [str(key)])
+
+    walk(yaml.safe_load(values_file.read_text()), [])
+    return found
+
+
+def engine_problems(references: list[tuple[str, str, str]]) -> list[str]:
+    """Why each engine image reference is wrong: a tag other than ENGINE_IMAGES pins for that repository."""
+    pinned = {i.repository: i for i in images.ENGINE_IMAGES}
+    return [f"{where}: {repository}:{tag} is not the pinned {pinned[repository].reference} (docker/images.py "
+            "ENGINE_IMAGES)" for where, repository, tag in references if tag != pinned[repository].tag]
+
+
+def test_engine_images_name_one_pinned_release_per_runtime_that_serves_the_export():
+    runtimes = [i.runtime for i in images.ENGINE_IMAGES]
+    assert sorted(runtimes) == ["sglang", "trtllm-serve", "vllm"] and len(set(runtimes)) == len(runtimes)
+    for image in images.ENGINE_IMAGES:
+        assert Version(image.version) >= Version(image.min_version), image.runtime
+        assert image.tag.lstrip("v") == image.version, image.runtime  # the tag names the release it carries
+        assert image.needs and image.cuda, image.runtime
+    with pytest.raises(KeyError, match="vllm"):
+        images.engine_image("tgi")
+
+
+def test_trtllm_serve_needs_the_release_the_exported_speculative_config_needs():
+    """trtllm-serve reads the same `speculative_config` the Triton model does: its minimum is that requirement's."""
+    [requirement] = [r for r in images.REQUIREMENTS if r.name == "llmapi-decoding-type-eagle3"]
+    assert Version(images.engine_image("trtllm-serve").min_version) >= Version(requirement.min_version)
+
+
+def test_every_engine_image_reference_in_the_repository_names_the_pinned_tag():
+    references = (engine_text_references(repository_files())
+                  + engine_values_references(REPO / "helm" / "deepspec" / "values.yaml"))
+    assert {r for _, r, _ in references} == {i.repository for i in images.ENGINE_IMAGES}  # the values pin all three
+    assert engine_problems(references) == []
+
+
+def test_an_engine_reference_to_another_tag_fails_naming_the_file(tmp_path):
+    """Negative control for the engine scan."""
+    doc = tmp_path / "docs" / "serve.md"
+    doc.parent.mkdir()
+    old, current = images.engine_image("vllm").repository + ":v0.10.0", images.engine_image("sglang").reference
+    doc.write_text(f"docker run {old}\nFROM {current}\n")
+    messages = engine_problems(engine_text_references([doc], root=tmp_path))
+    assert len(messages) == 1 and messages[0].startswith("docs/serve.md:1:") and "v0.10.0" in messages[0]
+
+
+def test_every_rendered_engine_container_runs_the_pinned_image():
+    pytest.importorskip("helm_python")
+    from tests.helm.conftest import RUNTIME_PROFILES, VALUE_SETS, container, render, workload
+
+    for name in RUNTIME_PROFILES:
+        runtime = VALUE_SETS[name]["worker"]["runtime"]
+        worker = container(workload(render(VALUE_SETS[name]), "worker")["spec"]["template"]["spec"], "worker")
+        assert worker["image"] == images.engine_image(runtime).reference, name

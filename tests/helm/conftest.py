@@ -33,6 +33,13 @@ VALUE_SETS: dict[str, dict] = {
                                    "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd"}}},
     "triton-pvc": {**_CRDS, "worker": {"runtime": "triton", "engines": {"source": "pvc"}, "pdb": {"enabled": True}}},
     "engines-in-image": {**_CRDS, "worker": {"engines": {"source": "image"}}},
+    # The engines' own OpenAI servers, each on the launch script its export wrote (tests/helm/test_engine_runtimes.py).
+    "vllm": {**_CRDS, "worker": {"runtime": "vllm", "engines": {"source": "export"}, "gpu": {"count": 2},
+                                 "openai": {"tensorParallel": 2}}},
+    "sglang": {**_CRDS, "worker": {"runtime": "sglang", "engines": {"source": "export"},
+                                   "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd"}}},
+    "trtllm-serve": {**_CRDS, "worker": {"runtime": "trtllm-serve", "engines": {"source": "export"}},
+                     "gateway": {"discovery": "endpointslices"}},
     "ingress": {**_CRDS, "ingress": {"enabled": True, "className": "nginx",
                                      "tls": [{"secretName": "deepspec-tls", "hosts": ["deepspec.example.com"]}]}},
     "endpointslices": {**_CRDS, "gateway": {"discovery": "endpointslices",
@@ -63,6 +70,8 @@ VALUE_SETS: dict[str, dict] = {
 
 #: the default and the two production profiles: checkov and the CRD checks run on these
 PROFILES = ("default", "prod-triton-pvc", "prod-export-sts")
+#: the engine runtimes' profiles: checkov runs on these as well
+RUNTIME_PROFILES = ("vllm", "sglang", "trtllm-serve")
 
 
 @functools.lru_cache(maxsize=1)

@@ -56,7 +56,7 @@ def test_every_manifest_validates_against_kubernetes_schema(name, kube_version):
 @pytest.mark.parametrize("bad, where", [
     ({"worker": {"replicaCount": "two"}}, "/worker/replicaCount"),
     ({"worker": {"device": "tpu"}}, "/worker/device"),
-    ({"worker": {"runtime": "vllm"}}, "/worker/runtime"),
+    ({"worker": {"runtime": "tgi"}}, "/worker/runtime"),
     ({"gateway": {"httpPort": 70000}}, "/gateway/httpPort"),
     ({"gateway": {"discovery": "consul"}}, "/gateway/discovery"),
     ({"worker": {"startupBudgetSeconds": -5}}, "/worker/startupBudgetSeconds"),

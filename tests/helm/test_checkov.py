@@ -1,5 +1,6 @@
-"""checkov (Bridgecrew's Kubernetes policy checks) on the rendered chart: the default values and the two production
-profiles. A check may fail only when the chart README's "Checkov findings left open" table gives the reason.
+"""checkov (Bridgecrew's Kubernetes policy checks) on the rendered chart: the default values, the two production
+profiles and each engine runtime's profile (vllm, sglang, trtllm-serve). A check may fail only when the chart
+README's "Checkov findings left open" table gives the reason.
 
 checkov lives in its own virtual environment (`make system-deps` puts it under .venv/tools/checkov): it pins
 networkx, packaging and python-dateutil to old releases that would downgrade what torch and the rest of the project
@@ -18,7 +19,9 @@ import pytest
 from tests.tools import require_tool
 import yaml
 
-from tests.helm.conftest import CHART_DIR, PROFILES, REPO, VALUE_SETS, manifests, render
+from tests.helm.conftest import CHART_DIR, PROFILES, REPO, RUNTIME_PROFILES, VALUE_SETS, manifests, render
+
+CHECKED = PROFILES + RUNTIME_PROFILES
 
 CHECKOV_VENV = REPO / ".venv" / "tools" / "checkov" / "bin" / "checkov"
 BEGIN, END = "<!-- checkov-reasons:begin -->", "<!-- checkov-reasons:end -->"
@@ -47,7 +50,7 @@ def documented_reasons() -> dict[str, str]:
 def report(tmp_path_factory) -> dict:
     binary = _checkov()
     out = tmp_path_factory.mktemp("checkov")
-    for name in PROFILES:
+    for name in CHECKED:
         (out / f"{name}.yaml").write_text(yaml.safe_dump_all(manifests(render(VALUE_SETS[name])), sort_keys=False))
     result = subprocess.run([binary, "--directory", str(out), "--framework", "kubernetes", "--output", "json",
                              "--quiet", "--compact", "--skip-download"],
@@ -64,7 +67,7 @@ def test_every_profile_is_checked(report):
     assert summary["resource_count"] >= 60 and summary["passed"] >= 700, summary  # all three profiles were read
     # --quiet reports failures only; the image-digest finding (see the README) shows each file was read.
     files = {c["file_path"].lstrip("/") for c in report["results"]["failed_checks"]}
-    assert files == {f"{name}.yaml" for name in PROFILES}
+    assert files == {f"{name}.yaml" for name in CHECKED}
 
 
 def test_no_checkov_failure_without_a_written_reason(report):

@@ -106,13 +106,24 @@ Export format for the init container: `worker.engines.export.format`, or triton-
 Usage: {{ include "deepspec.exportFormat" . }}
 */}}
 {{- define "deepspec.exportFormat" -}}
-{{- if .Values.worker.engines.export.format }}
-{{- .Values.worker.engines.export.format }}
-{{- else if eq .Values.worker.runtime "triton" }}
-{{- "triton-repo" }}
-{{- else }}
-{{- "pytorch" }}
+{{- $byRuntime := dict "triton" "triton-repo" "vllm" "vllm" "sglang" "sglang" "trtllm-serve" "tensorrt-llm" }}
+{{- .Values.worker.engines.export.format | default (get $byRuntime .Values.worker.runtime) | default "pytorch" }}
 {{- end }}
+
+{{/*
+Whether the worker is an engine's own OpenAI-compatible server (vllm, sglang, trtllm-serve): "true" or "".
+Usage: {{ if include "deepspec.openaiRuntime" . }}
+*/}}
+{{- define "deepspec.openaiRuntime" -}}
+{{- if has .Values.worker.runtime (list "vllm" "sglang" "trtllm-serve") }}true{{ end }}
+{{- end }}
+
+{{/*
+The port the gateway sends requests to: the engine's HTTP port (OpenAI runtimes) or the worker's gRPC port.
+Usage: {{ include "deepspec.workerApiPort" . }}
+*/}}
+{{- define "deepspec.workerApiPort" -}}
+{{- ternary .Values.worker.openai.httpPort .Values.worker.grpcPort (eq (include "deepspec.openaiRuntime" .) "true") | int }}
 {{- end }}
 
 {{/*
@@ -123,9 +134,9 @@ Usage: {{ include "deepspec.workersAddress" . }}
 {{- define "deepspec.workersAddress" -}}
 {{- $svc := include "deepspec.componentName" (dict "ctx" . "component" "worker") }}
 {{- if eq .Values.gateway.discovery "endpointslices" }}
-{{- printf "k8s://%s.%s:grpc" $svc .Release.Namespace }}
+{{- printf "k8s://%s.%s:%s" $svc .Release.Namespace (ternary "http" "grpc" (eq (include "deepspec.openaiRuntime" .) "true")) }}
 {{- else }}
-{{- printf "dns://%s.%s.svc.%s:%d" $svc .Release.Namespace .Values.clusterDomain (int .Values.worker.grpcPort) }}
+{{- printf "dns://%s.%s.svc.%s:%s" $svc .Release.Namespace .Values.clusterDomain (include "deepspec.workerApiPort" .) }}
 {{- end }}
 {{- end }}
 

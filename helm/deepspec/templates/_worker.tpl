@@ -12,6 +12,20 @@ Usage: {{- include "deepspec.worker.validate" . }}
 {{- fail "worker.runtime=triton runs the TensorRT-LLM backend and needs worker.device=cuda; use worker.runtime=deepspec on CPU" }}
 {{- end }}
 {{- end }}
+{{- if include "deepspec.openaiRuntime" . }}
+{{- if eq $w.engines.source "none" }}
+{{- fail (printf "worker.runtime=%s runs the launch script python -m export --format %s writes: set worker.engines.source to export (or image/pvc holding that export)" $w.runtime (include "deepspec.exportFormat" .)) }}
+{{- end }}
+{{- if ne $w.device "cuda" }}
+{{- fail (printf "worker.runtime=%s runs the engine's CUDA image and needs worker.device=cuda; use worker.runtime=deepspec on CPU" $w.runtime) }}
+{{- end }}
+{{- if gt (int $w.openai.tensorParallel) (int $w.gpu.count) }}
+{{- fail (printf "worker.openai.tensorParallel = %d ranks, one GPU each: raise worker.gpu.count (%d) to %d" (int $w.openai.tensorParallel) (int $w.gpu.count) (int $w.openai.tensorParallel)) }}
+{{- end }}
+{{- if not (has (include "deepspec.exportFormat" .) (list "vllm" "sglang" "tensorrt-llm")) }}
+{{- fail (printf "worker.runtime=%s needs an export of its own format, not worker.engines.export.format=%s" $w.runtime (include "deepspec.exportFormat" .)) }}
+{{- end }}
+{{- end }}
 {{- if and (eq $w.engines.source "pvc") $w.perReplicaVolume.enabled }}
 {{- fail "worker.engines.source=pvc mounts one shared claim; use worker.engines.source=export with worker.perReplicaVolume.enabled for a claim per replica" }}
 {{- end }}
@@ -92,6 +106,64 @@ Usage: {{ include "deepspec.worker.enginesVolume" . }}
 {{- end }}
 
 {{/*
+The engine runtimes (vllm, sglang, trtllm-serve): image values, the launch script `python -m export` writes for the
+runtime's format (under `launch/` of the engine dir), and the flags the chart appends to it. The script holds the
+target, the draft, tensor parallelism and the speculative settings; the chart adds only what belongs to the pod:
+bind address and port, batch and context limits, metrics, the drain. Each flag is the engine's own CLI
+(vllm/entrypoints/openai/cli_args.py, sglang/srt/server_args.py, tensorrt_llm/commands/serve.py).
+Usage: {{- $engine := include "deepspec.worker.engine" . | fromYaml }}
+*/}}
+{{- define "deepspec.worker.engine" -}}
+{{- $w := .Values.worker }}
+{{- $port := int $w.openai.httpPort }}
+{{- if eq $w.runtime "vllm" }}
+image: {{ toYaml $w.openai.vllm.image | nindent 2 }}
+script: vllm.sh
+metricsPath: /metrics
+args:
+  - --host=0.0.0.0
+  - --port={{ $port }}
+  - --max-num-seqs=$(DEEPSPEC_MAX_BATCH_SIZE)
+  - --max-model-len=$(DEEPSPEC_MAX_SEQ_LEN)
+  - --shutdown-timeout={{ $w.drainTimeoutSeconds }}
+{{- else if eq $w.runtime "sglang" }}
+image: {{ toYaml $w.openai.sglang.image | nindent 2 }}
+script: sglang.sh
+metricsPath: /metrics
+args:
+  - --host=0.0.0.0
+  - --port={{ $port }}
+  - --max-running-requests=$(DEEPSPEC_MAX_BATCH_SIZE)
+  - --context-length=$(DEEPSPEC_MAX_SEQ_LEN)
+  - --enable-metrics
+{{- else if eq $w.runtime "trtllm-serve" }}
+image: {{ toYaml $w.openai.trtllmServe.image | nindent 2 }}
+script: trtllm-serve.sh
+metricsPath: /prometheus/metrics
+args:
+  - --host=0.0.0.0
+  - --port={{ $port }}
+  - --max_batch_size=$(DEEPSPEC_MAX_BATCH_SIZE)
+  - --max_seq_len=$(DEEPSPEC_MAX_SEQ_LEN)
+{{- end }}
+{{- end }}
+
+{{/*
+Port and path Prometheus scrapes on a worker pod: the engine's HTTP port (its metrics share the API port) or the
+worker's own metrics port.
+Usage: {{- $scrape := include "deepspec.worker.scrape" . | fromYaml }}
+*/}}
+{{- define "deepspec.worker.scrape" -}}
+{{- if include "deepspec.openaiRuntime" . }}
+port: {{ .Values.worker.openai.httpPort }}
+path: {{ (include "deepspec.worker.engine" . | fromYaml).metricsPath }}
+{{- else }}
+port: {{ .Values.worker.metricsPort }}
+path: /metrics
+{{- end }}
+{{- end }}
+
+{{/*
 Worker pod template, shared by the Deployment and the StatefulSet.
 Usage: {{- include "deepspec.worker.podTemplate" . | nindent 4 }}
 */}}
@@ -99,6 +171,9 @@ Usage: {{- include "deepspec.worker.podTemplate" . | nindent 4 }}
 {{- $ctx := dict "ctx" . "component" "worker" }}
 {{- $w := .Values.worker }}
 {{- $triton := eq $w.runtime "triton" }}
+{{- $openai := eq (include "deepspec.openaiRuntime" .) "true" }}
+{{- $engine := include "deepspec.worker.engine" . | fromYaml }}
+{{- $scrape := include "deepspec.worker.scrape" . | fromYaml }}
 {{- $cuda := eq $w.device "cuda" }}
 {{- $enginesVolume := include "deepspec.worker.enginesVolume" . }}
 {{- $perReplica := $w.perReplicaVolume.enabled }}
@@ -113,8 +188,8 @@ metadata:
     checksum/config: {{ include (print $.Template.BasePath "/configmap-model.yaml") . | sha256sum }}
     {{- if include "deepspec.scrapeAnnotations" . }}
     prometheus.io/scrape: "true"
-    prometheus.io/port: {{ $w.metricsPort | quote }}
-    prometheus.io/path: /metrics
+    prometheus.io/port: {{ $scrape.port | quote }}
+    prometheus.io/path: {{ $scrape.path }}
     {{- end }}
     {{- with $w.podAnnotations }}
     {{- toYaml . | nindent 4 }}
@@ -149,11 +224,19 @@ spec:
         - |
           out="{{ ternary "$(DEEPSPEC_TRITON_MODEL_REPOSITORY)" "$(DEEPSPEC_ENGINE_DIR)" $triton }}"
           if [ -f "$out/manifest.json" ]; then
-            echo "engine already exported at $out"; exit 0
+            echo "engine already exported at $out"
+            {{- if $openai }}
+            # The launch script names the target's directory; an alias or GGUF target is dequantized into /cache,
+            # which a new pod starts without: put it back where the script expects it.
+            python -c 'import sys; from deepspec.models.target_loader import resolve_target_dir; resolve_target_dir(sys.argv[1])' "$DEEPSPEC_TARGET"
+            {{- end }}
+            exit 0
           fi
           rm -rf "$out.partial"
           python -m export --target "$DEEPSPEC_TARGET" --draft "$DEEPSPEC_DRAFT" \
-            --format "$DEEPSPEC_EXPORT_FORMAT" --out "$out" --force {{- range $w.engines.export.extraArgs }} {{ . | quote }}{{ end }}
+            --format "$DEEPSPEC_EXPORT_FORMAT" --out "$out" --force {{- if $openai }} \
+            --tp {{ int $w.openai.tensorParallel }} --num-speculative-tokens "$DEEPSPEC_NUM_SPECULATIVE_TOKENS" --dtype "$DEEPSPEC_DTYPE"
+            {{- end }} {{- range $w.engines.export.extraArgs }} {{ . | quote }}{{ end }}
       envFrom:
         - configMapRef:
             name: {{ $configMap }}
@@ -217,6 +300,17 @@ spec:
         {{- end }}
         {{- end }}
       {{- end }}
+      {{- else if $openai }}
+      image: {{ include "deepspec.image" (dict "ctx" . "image" $engine.image) }}
+      imagePullPolicy: {{ $engine.image.pullPolicy }}
+      # The launch script python -m export wrote: it execs the engine with the target, the draft, tensor parallelism
+      # and the speculative flags; the chart appends the pod's own flags (its "$@").
+      command: ["sh", "$(DEEPSPEC_ENGINE_DIR)/launch/{{ $engine.script }}"]
+      args:
+        {{- toYaml $engine.args | nindent 8 }}
+        {{- with $w.extraArgs }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       {{- else }}
       image: {{ include "deepspec.workerImage" . }}
       imagePullPolicy: {{ $w.image.pullPolicy }}
@@ -250,6 +344,18 @@ spec:
             name: {{ $configMap }}
       env:
         {{- include "deepspec.scratchEnv" . | nindent 8 }}
+        {{- if $openai }}
+        # UID 10001 has no passwd entry in the engine images: getpass.getuser() (torch and Triton cache paths)
+        # reads these first instead of failing on the lookup.
+        - name: USER
+          value: deepspec
+        - name: LOGNAME
+          value: deepspec
+        {{- end }}
+        {{- if eq $w.runtime "vllm" }}
+        - name: VLLM_NO_USAGE_STATS
+          value: "1"
+        {{- end }}
         {{- with $w.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -259,12 +365,19 @@ spec:
           exec:
             command: ["sleep", "{{ $w.preStopSleepSeconds }}"]
       ports:
+        {{- if $openai }}
+        # One port: the OpenAI API, /health and the engine's Prometheus metrics.
+        - name: http
+          containerPort: {{ $w.openai.httpPort }}
+          protocol: TCP
+        {{- else }}
         - name: grpc
           containerPort: {{ $w.grpcPort }}
           protocol: TCP
         - name: metrics
           containerPort: {{ $w.metricsPort }}
           protocol: TCP
+        {{- end }}
         {{- if $triton }}
         - name: http
           containerPort: {{ $w.triton.httpPort }}
@@ -272,7 +385,11 @@ spec:
         {{- end }}
       # Model loads take minutes: the startup probe holds liveness off for up to startupBudgetSeconds.
       startupProbe:
-        {{- if $triton }}
+        {{- if $openai }}
+        httpGet:
+          path: /health
+          port: http
+        {{- else if $triton }}
         httpGet:
           path: /v2/health/ready
           port: http
@@ -284,8 +401,14 @@ spec:
         timeoutSeconds: {{ $w.probes.startup.timeoutSeconds }}
         failureThreshold: {{ div (add $w.startupBudgetSeconds $w.probes.startup.periodSeconds -1) $w.probes.startup.periodSeconds }}
       # Ready = ServerReady: the engine is loaded and the model answers.
+      # (the engines' /health: vLLM 200 once the engine is up, SGLang 503 while starting or draining, trtllm-serve
+      # 503 when its executor is gone).
       readinessProbe:
-        {{- if $triton }}
+        {{- if $openai }}
+        httpGet:
+          path: /health
+          port: http
+        {{- else if $triton }}
         httpGet:
           path: /v2/health/ready
           port: http
@@ -296,7 +419,10 @@ spec:
         {{- toYaml $w.probes.readiness | nindent 8 }}
       # Liveness stays cheap: a busy worker must not be killed for being slow to answer a health RPC.
       livenessProbe:
-        {{- if $triton }}
+        {{- if $openai }}
+        tcpSocket:
+          port: http
+        {{- else if $triton }}
         httpGet:
           path: /v2/health/live
           port: http
