@@ -35,7 +35,7 @@ import httpx
 from service import protocol as p
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
 
-#: the engine's own readiness route (vLLM, SGLang, trtllm-serve); where it is missing (404), `/v1/models` answers
+#: the engine's own readiness route (vLLM, SGLang, trtllm-serve)
 HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
 _STATUS_FOR_HTTP = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
@@ -132,22 +132,19 @@ class OpenAIClient:
         # the whole-request deadline is enforced per read below; httpx's own timeouts only bound connecting
         self.http = httpx.AsyncClient(base_url=self.base_url, limits=limits,
                                       timeout=httpx.Timeout(None, connect=2.0, pool=None))  # fmt: skip
-        self._health_path: str | None = HEALTH_PATH
 
     # -- health -------------------------------------------------------------------------------------------------
 
     async def is_ready(self, timeout_s: float) -> bool:
-        """The engine's `/health` is 200 (or, on a server without that route, `/v1/models` is); a refused
-        connection raises WorkerError UNAVAILABLE so the pool ejects at once."""
+        """The engine's `/health` answers 200 (vLLM, SGLang and trtllm-serve answer 503 or nothing while their
+        engine is down). A server without that route (404: llama.cpp's Python server) is ready while it answers
+        HTTP at all: its `/v1/models` waits for the model lock behind a running generation, so probing it would
+        eject a busy server. A refused connection raises WorkerError UNAVAILABLE, so the pool ejects at once."""
         try:
-            if self._health_path is not None:
-                response = await self.http.get(self._health_path, timeout=timeout_s)
-                if response.status_code != 404:
-                    return response.status_code == 200
-                self._health_path = None
-            return (await self.http.get(MODELS_PATH, timeout=timeout_s)).status_code == 200
+            response = await self.http.get(HEALTH_PATH, timeout=timeout_s)
         except httpx.HTTPError as e:
             raise WorkerError("UNAVAILABLE", f"{type(e).__name__}: {e}") from None
+        return response.status_code in (200, 404)
 
     async def model_info(self, timeout_s: float) -> dict[str, int]:
         """Models the upstream lists at `/v1/models` -> their context length (0 when the card does not say)."""

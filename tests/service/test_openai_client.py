@@ -174,21 +174,22 @@ def test_max_outstanding_refuses_before_sending():
     assert len(sent) == 1 and client.num_outstanding == 0
 
 
-def test_health_falls_back_to_models_where_there_is_no_health_route():
-    """vLLM, SGLang and trtllm-serve answer `/health`; llama.cpp's Python server has no such route (404), so its
-    `/v1/models` answering says the same; a refused connection is UNAVAILABLE (eject at once)."""
-    paths = []
-
-    def handler(request):
-        paths.append(request.url.path)
-        if request.url.path == "/health":
-            return httpx.Response(404)
-        return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 512}]})
-
-    client = _client(handler)
-    assert asyncio.run(client.is_ready(1.0)) and asyncio.run(client.model_info(1.0)) == {"m": 512}
+def test_health_is_the_engines_own_route():
+    """vLLM, SGLang and trtllm-serve answer `/health` 200 when ready and 503 (or nothing) when their engine is down
+    (vllm-project/vllm vllm/entrypoints/serve/instrumentator/health.py `health`: 503 on EngineDeadError).
+    llama.cpp's Python server has no such route: its 404 still proves it answers (its `/v1/models` takes the model
+    lock, abetlen/llama-cpp-python llama_cpp/server/app.py get_llama_proxy, so it stalls behind a generation and
+    would read as down). A refused connection is UNAVAILABLE: the pool ejects at once."""
+    answers = {"/health": 200}
+    client = _client(lambda request: httpx.Response(answers[request.url.path],
+                                                    json={"data": [{"id": "m", "max_model_len": 512}]}))  # fmt: skip
     assert asyncio.run(client.is_ready(1.0))
-    assert paths == ["/health", "/v1/models", "/v1/models", "/v1/models"]
+    answers["/health"] = 503
+    assert not asyncio.run(client.is_ready(1.0))
+    answers["/health"] = 404
+    assert asyncio.run(client.is_ready(1.0))
+    answers["/v1/models"] = 200
+    assert asyncio.run(client.model_info(1.0)) == {"m": 512}
 
     def refuse(request):
         raise httpx.ConnectError("refused")
