@@ -112,8 +112,10 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "num_requests_waiting": Source("vllm:num_requests_waiting", _VLLM, model_label="model_name"),
         "num_requests_running": Source("vllm:num_requests_running", _VLLM, model_label="model_name"),
         "time_to_first_token_seconds": Source("vllm:time_to_first_token_seconds", _VLLM, model_label="model_name"),
-        # one observation per output token after the first: vLLM's per-token decode time
-        "time_per_output_token_seconds": Source("vllm:inter_token_latency_seconds", _VLLM, model_label="model_name"),
+        # per request, (e2e - ttft) / (output tokens - 1), as DeepSpec's and TensorRT-LLM's; vLLM's
+        # inter_token_latency_seconds times engine steps, several tokens each with speculation
+        "time_per_output_token_seconds": Source("vllm:request_time_per_output_token_seconds", _VLLM,
+                                                model_label="model_name"),
         "e2e_request_latency_seconds": Source("vllm:e2e_request_latency_seconds", _VLLM, model_label="model_name"),
         "request_success_total": Source("vllm:request_success_total", _VLLM, model_label="model_name",
                                         status_label="finished_reason"),

@@ -522,7 +522,7 @@ def test_acceptance_collapse_fires_from_the_engines_own_counters(tmp_path):
 #: each engine's own names for what the alerts read, written out here (not taken from engine_metrics) so the test
 #: checks the table against the engines rather than against itself
 ENGINE_NAMES = {
-    "vllm": {"ttft": "vllm:time_to_first_token_seconds", "tpot": "vllm:inter_token_latency_seconds",
+    "vllm": {"ttft": "vllm:time_to_first_token_seconds", "tpot": "vllm:request_time_per_output_token_seconds",
              "waiting": "vllm:num_requests_waiting", "drafted": "vllm:spec_decode_num_draft_tokens_total",
              "accepted": "vllm:spec_decode_num_accepted_tokens_total"},
     "sglang": {"ttft": "sglang:time_to_first_token_seconds", "tpot": "sglang:inter_token_latency_seconds",
