@@ -112,8 +112,8 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "num_requests_waiting": Source("vllm:num_requests_waiting", _VLLM, model_label="model_name"),
         "num_requests_running": Source("vllm:num_requests_running", _VLLM, model_label="model_name"),
         "time_to_first_token_seconds": Source("vllm:time_to_first_token_seconds", _VLLM, model_label="model_name"),
-        # per request, (e2e - ttft) / (output tokens - 1), as DeepSpec's and TensorRT-LLM's; vLLM's
-        # inter_token_latency_seconds times engine steps, several tokens each with speculation
+        # per request, as DeepSpec's and TensorRT-LLM's. vLLM's inter_token_latency_seconds is one observation per
+        # engine output (vllm/v1/metrics/stats.py IterationStats.update_from_output), several tokens under speculation
         "time_per_output_token_seconds": Source("vllm:request_time_per_output_token_seconds", _VLLM,
                                                 model_label="model_name"),
         "e2e_request_latency_seconds": Source("vllm:e2e_request_latency_seconds", _VLLM, model_label="model_name"),
