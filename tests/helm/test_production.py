@@ -272,17 +272,10 @@ def test_prebuilt_engines_pin_their_gpu_architecture():
             "preferredDuringSchedulingIgnoredDuringExecution": []}}}})
 
 
-def test_multi_gpu_triton_starts_one_rank_per_gpu_under_mpirun():
+def test_multi_gpu_triton_gets_one_gpu_per_rank():
+    """Each rank's launch line is tests/helm/test_triton_launch.py's; here, the GPUs it is given and the refusal."""
     worker = container(_pod(render(VALUE_SETS["prod-triton-pvc"]), "worker")["spec"], "worker")
-    assert worker["command"] == ["mpirun"]
-    ranks = " ".join(worker["args"]).split(" : ")
-    assert len(ranks) == 2
-    for rank, line in enumerate(ranks):
-        args = line.split(" ")
-        assert args[:3] == ["-n", "1", "tritonserver"]
-        assert "--model-repository=$(DEEPSPEC_TRITON_MODEL_REPOSITORY)" in args
-        assert f"--backend-config=python,shm-region-prefix-name=prefix{rank}_" in args
-        assert ("--load-model=tensorrt_llm" in args) == (rank > 0)  # followers load only the engine
+    assert worker["command"] == ["mpirun"] and " ".join(worker["args"]).count(" : ") == 1
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 2
     single = container(_pod(render(VALUE_SETS["triton-pvc"]), "worker")["spec"], "worker")
     assert single["command"] == ["tritonserver"] and ":" not in single["args"]
