@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 EXTRAS ?= serve,train,loadtest,test,gemma,plugins,export
 
-.PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-onnx bench-deps system-deps clean
+.PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-onnx bench-deps llama-cpp system-deps clean
 
 venv: $(VENV)/.installed
 
@@ -38,7 +38,7 @@ serve: venv
 # TEST_WORKERS processes (pytest-xdist) share the tests, a whole file each (--dist loadfile) so a module's fixtures
 # (a loaded model, a started server) are built once; TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
-test: venv system-deps
+test: venv system-deps llama-cpp
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: venv system-deps
@@ -52,13 +52,21 @@ test-fast: venv system-deps
 LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 bench-deps: $(VENV)/.bench-installed
 
-$(VENV)/.bench-installed: $(VENV)/.installed
+$(VENV)/.bench-installed: $(VENV)/.installed $(VENV)/.llama-installed
 	$(PIP) install -q -e '.[serve,loadtest,plugins,export]'
+	$(PY) -c "import llama_cpp.server.app, sse_starlette, starlette_context, uvloop, aiohttp, tritonclient.grpc, rich"
+	touch $@
+
+# llama-cpp-python[server]: the real OpenAI-compatible servers tests/service/test_openai_upstream.py puts behind the
+# gateway, and the CPU peer of the benchmarks. One compile per venv (a few minutes on 2 cores), kept with the venv.
+llama-cpp: $(VENV)/.llama-installed
+
+$(VENV)/.llama-installed: $(VENV)/.installed
 	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3' || \
-	  { echo "bench-deps: the portable llama.cpp build failed; trying llama.cpp's default build" >&2; \
+	  { echo "llama-cpp: the portable llama.cpp build failed; trying llama.cpp's default build" >&2; \
 	    $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3'; }
 	$(PIP) install -q 'llama-cpp-python[server]>=0.3'
-	$(PY) -c "import llama_cpp.server.app, sse_starlette, starlette_context, uvloop, aiohttp, tritonclient.grpc, rich"
+	$(PY) -c "import llama_cpp.server.app"
 	touch $@
 
 # `make bench` runs every benchmark in turn (~25 min on 2 idle cores); each also runs alone.
@@ -75,6 +83,7 @@ bench-onnx: bench-deps
 bench-service: bench-deps
 	$(PY) -m bench.service_overhead
 	$(PY) -m bench.service_throughput
+	$(PY) -m bench.openai_upstream
 
 bench-loadtest: venv
 	$(PY) -m bench.loadtest_overhead

