@@ -22,8 +22,9 @@ Usage: {{- include "deepspec.worker.validate" . }}
 {{- if gt (int $w.openai.tensorParallel) (int $w.gpu.count) }}
 {{- fail (printf "worker.openai.tensorParallel = %d ranks, one GPU each: raise worker.gpu.count (%d) to %d" (int $w.openai.tensorParallel) (int $w.gpu.count) (int $w.openai.tensorParallel)) }}
 {{- end }}
-{{- if not (has (include "deepspec.exportFormat" .) (list "vllm" "sglang" "tensorrt-llm")) }}
-{{- fail (printf "worker.runtime=%s needs an export of its own format, not worker.engines.export.format=%s" $w.runtime (include "deepspec.exportFormat" .)) }}
+{{- $own := get (dict "vllm" "vllm" "sglang" "sglang" "trtllm-serve" "tensorrt-llm") $w.runtime }}
+{{- if ne (include "deepspec.exportFormat" .) $own }}
+{{- fail (printf "worker.runtime=%s runs the launch script of --format %s: worker.engines.export.format=%s writes another; leave it empty" $w.runtime $own (include "deepspec.exportFormat" .)) }}
 {{- end }}
 {{- end }}
 {{- if and (eq $w.engines.source "pvc") $w.perReplicaVolume.enabled }}
