@@ -16,9 +16,10 @@ after the device rules CUDA enforces have been checked; breaking one raises the 
   `exponential_`, ...): `at::check_generator` in pytorch/pytorch aten/src/ATen/core/Generator.h;
 - `torch.Generator(device="cuda")` makes a `FakeCudaGenerator` (a CPU generator that says it lives on cuda:0).
 
-Gradients are off inside (the engine runs under inference_mode anyway). What the fake cannot see: kernels (the
-Triton verification kernels run as their CPU reference here), streams and asynchronous execution, memory. It sees
-only where each tensor lives, which is what a device mix-up is about.
+A verification op (`torch.ops.deepspec.*`) on cuda runs its torch reference on the cuda tensors, as the op's CUDA
+registration does without triton, so the reference's device handling is checked too. Gradients are off inside
+(the engine runs under inference_mode anyway). What the fake cannot see: the Triton kernels, streams and
+asynchronous execution, memory. It sees only where each tensor lives, which is what a device mix-up is about.
 """
 
 from __future__ import annotations
@@ -178,6 +179,8 @@ def _check_index_op(func, args) -> torch.device:
 def _run(func, args, kwargs):
     """Run one aten op on the inner CPU tensors after CUDA's device rules; wrap outputs that live on cuda."""
     tensors = _tensors(args, kwargs)
+    if func.namespace == "deepspec" and any(isinstance(t, FakeCudaTensor) for t in tensors):
+        return _verification_op_on_device(func, args, kwargs, tensors)
     requested = kwargs.get("device")
     if func in _INDEX_OPS:
         device = _check_index_op(func, args)
@@ -202,6 +205,17 @@ def _run(func, args, kwargs):
         return _wrap(o) if device.type == "cuda" else o
 
     return _map(wrap, out)
+
+
+def _verification_op_on_device(func, args, kwargs, tensors):
+    """A `torch.ops.deepspec` op on cuda: the torch reference of plugins/reference/ run on the cuda tensors
+    themselves, which is the CUDA kernel registration's path without triton, so the reference's own device
+    handling is checked op by op (the Triton kernels themselves need a GPU)."""
+    import plugins.reference
+
+    common_device(func, tensors)
+    with _FakeCudaFunctions(), _FakeCudaOps():
+        return getattr(plugins.reference, func._schema.name.split("::")[1])(*args, **kwargs)
 
 
 def _index_tensors(index) -> list[torch.Tensor]:
@@ -267,7 +281,7 @@ _HOST_READS = {torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__bool
                torch.Tensor.__complex__, torch.Tensor.item, torch.Tensor.tolist}
 #: Tensor methods whose Python binding opens a CUDA device guard before dispatching: run on the CPU values
 _GUARDED = {torch.Tensor.__invert__, torch.Tensor.nonzero, torch.Tensor.split, torch.Tensor.new_tensor,
-            torch.Tensor.new, torch.Tensor.resize_as_}
+            torch.Tensor.new, torch.Tensor.resize_as_, torch.Tensor.contiguous}
 #: what CUDA refuses for a cuda tensor: a numpy view of device memory
 _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
 #: what the torch-function level handles itself; every other call goes straight on to the dispatcher

@@ -80,3 +80,16 @@ def test_a_generator_draws_only_for_its_own_device():
             with pytest.raises(RuntimeError, match="device type for generator"):
                 draw()
     assert torch.Generator is torch._C.Generator  # restored on exit
+
+
+def test_verification_ops_run_their_reference_on_cuda_and_refuse_mixed_inputs():
+    import plugins
+
+    with fake_cuda():
+        logits = torch.zeros(1, 3, 5, device="cuda")
+        logits[0, :, 2] = 1.0  # the target's argmax is 2 everywhere: draft 2 is accepted, draft 4 is not
+        drafts = torch.tensor([[2, 4]], device="cuda")
+        num_accepted, next_token = plugins.greedy_accept(drafts, torch.tensor([2], device="cuda"), logits)
+        assert num_accepted.device == CUDA and num_accepted.tolist() == [1] and next_token.tolist() == [2]
+        with pytest.raises(RuntimeError, match=MIXED):
+            plugins.greedy_accept(drafts, torch.tensor([2]), logits)  # a CPU count vector meets cuda logits
