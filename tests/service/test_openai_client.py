@@ -220,3 +220,34 @@ def test_worker_addresses_name_their_protocol():
     with pytest.raises(ValueError, match="expected host:port"):
         GatewaySettings(workers="openai+http://h")
     assert GatewaySettings(workers="openai+http://h:1,grpc://h:2,h:3").workers == "openai+http://h:1,grpc://h:2,h:3"
+
+
+def test_pool_ejects_a_refusing_openai_worker_at_once_and_readmits_it():
+    """The pool's probe treats an OpenAI worker's refused connection as it treats a gRPC UNAVAILABLE: ejected on
+    the first probe, not after `unhealthy_threshold` of them; one good probe admits it again with its models."""
+    from service.gateway.routing import WorkerPool
+    from service.metrics import GatewayMetrics
+
+    state = {"up": True}
+
+    def handler(request):
+        if not state["up"]:
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, json={"data": [{"id": "m"}]})
+
+    async def run():
+        pool = WorkerPool("openai+http://upstream:1", GatewayMetrics(), unhealthy_threshold=3,
+                          make_client=lambda address: _client(handler))  # fmt: skip
+        pool._add("openai+http://upstream:1")
+        (endpoint,) = pool.endpoints.values()
+        await pool.probe_all()
+        admitted = endpoint.healthy, dict(endpoint.models)
+        state["up"] = False
+        await pool.probe_all()
+        ejected = not endpoint.healthy
+        state["up"] = True
+        await pool.probe_all()
+        await pool.stop()
+        return admitted, ejected, endpoint.healthy
+
+    assert asyncio.run(run()) == ((True, {"m": 0}), True, True)
