@@ -163,11 +163,14 @@ class OpenAIClient:
 
     async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
         """Stream one request. Chunks without text (the chat role chunk) are not passed on, so the first chunk the
-        dispatcher sees is the first token; the finish reason and the usage come together in the final chunk."""
+        dispatcher sees is the first token; the finish reason and the usage come together in the final chunk. An
+        engine that ignores `stream_options` (llama.cpp's Python server) sends no usage: its completion tokens are
+        then the chunks that carried text (it streams one token per chunk) and its prompt tokens stay 0, unknown."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         with self._slot():
             response = await self._send(req, stream=True, deadline=deadline)
             pending = Chunk("", final=False)
+            num_text_chunks, usage = 0, None
             try:
                 lines = response.aiter_lines()
                 while True:
@@ -179,13 +182,14 @@ class OpenAIClient:
                     data = line[5:].strip()
                     if data == "[DONE]":
                         pending.final = True
+                        pending.stats = _stats(usage) if usage else p.RequestStats(num_output_tokens=num_text_chunks)
                         yield pending
                         return
                     event = parse_event(data)
-                    if event.get("usage"):
-                        pending.stats = _stats(event["usage"])
+                    usage = event.get("usage") or usage
                     for choice in event.get("choices") or ():
                         text = _choice_text(choice)
+                        num_text_chunks += bool(text)
                         if choice.get("finish_reason"):
                             pending.text += text
                             pending.finish_reason = choice["finish_reason"]

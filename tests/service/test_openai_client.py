@@ -251,3 +251,15 @@ def test_pool_ejects_a_refusing_openai_worker_at_once_and_readmits_it():
         return admitted, ejected, endpoint.healthy
 
     assert asyncio.run(run()) == ((True, {"m": 0}), True, True)
+
+
+def test_stream_without_usage_counts_its_text_chunks():
+    """llama.cpp's Python server ignores `stream_options` (abetlen/llama-cpp-python llama_cpp/server/types.py
+    CreateCompletionRequest has no such field) and streams one token per chunk: the completion tokens are the
+    chunks that carried text, the prompt tokens stay unknown (0) rather than being made up."""
+    events = _sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
+                  {"choices": [{"index": 0, "text": "b", "finish_reason": None}]},
+                  {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}, "[DONE]")  # fmt: skip
+    chunks = asyncio.run(_collect(_client(lambda request: httpx.Response(200, content=events)), REQ))
+    assert [c.text for c in chunks] == ["a", "b", ""] and chunks[-1].finish_reason == "length"
+    assert (chunks[-1].stats.num_output_tokens, chunks[-1].stats.num_prompt_tokens) == (2, 0)
