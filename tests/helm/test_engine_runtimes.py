@@ -204,8 +204,8 @@ def test_a_restarted_pod_checks_the_target_its_launch_script_names(exports, tmp_
 
 @pytest.mark.parametrize("name", RUNTIME_PROFILES)
 def test_probes_use_the_engines_health_endpoint_and_the_startup_budget(name):
-    """GET /health on every engine: vllm-project/vllm vllm/entrypoints/serve/instrumentator/health.py (200 once the
-    engine client is up), sgl-project/sglang python/sglang/srt/entrypoints/http_server.py `health_generate` (503
+    """GET /health on every engine: vllm-project/vllm vllm/entrypoints/serve/instrumentator/health.py `health`
+    (503 once the engine core died; nothing listens before it is up), sgl-project/sglang python/sglang/srt/entrypoints/http_server.py `health_generate` (503
     while starting and after SIGTERM), NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_server.py `OpenAIServer.health`
     (503 when the executor is gone). Liveness is a TCP connect: SGLang's /health runs a generation."""
     values = {**VALUE_SETS[name], "worker": {**VALUE_SETS[name]["worker"], "startupBudgetSeconds": 1201}}
@@ -295,3 +295,11 @@ def test_the_deepspec_worker_keeps_its_grpc_ports():
         ("grpc", "grpc"), ("metrics", "metrics")}
     [endpoint] = one(render(VALUE_SETS["gpu"]), "ServiceMonitor", "worker")["spec"]["endpoints"]
     assert endpoint["path"] == "/metrics"
+
+
+def test_scrape_annotations_point_at_the_engines_metrics():
+    """Without the Prometheus Operator the pod annotations are the scrape path: the engine's HTTP port and its
+    metrics path (trtllm-serve's Prometheus text is under /prometheus/metrics)."""
+    values = {"worker": {"runtime": "trtllm-serve", "engines": {"source": "export"}}}
+    annotations = workload(render(values), "worker")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "8000" and annotations["prometheus.io/path"] == "/prometheus/metrics"

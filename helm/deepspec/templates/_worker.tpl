@@ -402,7 +402,7 @@ spec:
         timeoutSeconds: {{ $w.probes.startup.timeoutSeconds }}
         failureThreshold: {{ div (add $w.startupBudgetSeconds $w.probes.startup.periodSeconds -1) $w.probes.startup.periodSeconds }}
       # Ready = ServerReady: the engine is loaded and the model answers.
-      # (the engines' /health: vLLM 200 once the engine is up, SGLang 503 while starting or draining, trtllm-serve
+      # (the engines' /health: vLLM 503 once its engine core died, SGLang 503 while starting or draining, trtllm-serve
       # 503 when its executor is gone).
       readinessProbe:
         {{- if $openai }}
