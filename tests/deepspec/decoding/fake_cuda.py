@@ -81,6 +81,8 @@ class FakeCudaTensor(torch.Tensor):
 def _wrap(inner: torch.Tensor) -> FakeCudaTensor:
     """A wrapper made outside inference mode: a view of a parameter taken under inference_mode shares the
     parameter's version counter, which an inference tensor cannot."""
+    if inner.is_inference() or not torch.is_inference_mode_enabled():
+        return FakeCudaTensor(inner)
     with torch.inference_mode(False):
         return FakeCudaTensor(inner)
 
@@ -120,9 +122,12 @@ def _unwrap(x):
 def _map(fn, x):
     """fn over the leaves of an op's arguments or outputs: values, and lists / tuples / dicts of them (aten ops
     nest at most that deep; torch's pytree does the same, several times slower)."""
-    if isinstance(x, (list, tuple)):
-        return type(x)(_map(fn, v) for v in x)
-    if isinstance(x, dict):
+    kind = type(x)
+    if kind is tuple:
+        return tuple([_map(fn, v) for v in x])
+    if kind is list:
+        return [_map(fn, v) for v in x]
+    if kind is dict:
         return {k: _map(fn, v) for k, v in x.items()}
     return fn(x)
 
@@ -250,9 +255,13 @@ def _setitem(self_: FakeCudaTensor, index, value) -> None:
     self_.cpu_value[_map(_unwrap, index)] = _unwrap(value)
 
 
+_GENERATOR_TYPES = (_RealGenerator, FakeCudaGenerator)
+
+
 def _generators(args, kwargs) -> list[torch.Generator]:
-    found = [a for a in args if isinstance(a, _RealGenerator)]
-    if isinstance(kwargs.get("generator"), _RealGenerator):
+    # compared by type: isinstance on torch.Generator runs a Python __instancecheck__, on every call of every op
+    found = [a for a in args if type(a) in _GENERATOR_TYPES]
+    if type(kwargs.get("generator")) in _GENERATOR_TYPES:
         found.append(kwargs["generator"])
     return found
 
