@@ -54,7 +54,8 @@ class Proposal:
     #: [B] how many of each row's nodes are real drafts (0..k)
     num_tokens: torch.Tensor
     #: [B, k, V] the distribution each draft token was drawn from, for rejection sampling; None = the drafts are
-    #: deterministic (one-hot q), as for prompt lookup or argmax drafting
+    #: deterministic (one-hot q), as for prompt lookup or argmax drafting. On the device it was computed on (a
+    #: neural draft's: the target's); the engine moves it to the logits'. The other fields may be CPU tensors.
     probs: torch.Tensor | None = None
     #: [B, k] the drafter's estimate of P(node j and all its ancestors accepted), 0 past num_tokens; lets the
     #: engine verify only as much as pays (deepspec/decoding/verify_budget.py); None = the engine estimates it
