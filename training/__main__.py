@@ -1,5 +1,5 @@
-"""`python -m training prepare|train|corpus|eval` — data regeneration, draft training, the corpus-lookup index,
-acceptance/speedup evaluation.
+"""`python -m training prepare|train|corpus|store|eval|curve` — data regeneration, draft training, the
+corpus-lookup index, draft weight storage (int8), acceptance/speedup evaluation.
 
 This file only parses arguments and runs the stage; the work lives in prepare.py, trainer.py, corpus.py,
 evaluate.py.
@@ -21,6 +21,8 @@ Runbook (default target SmolLM2-135M-Instruct, CPU):
     python -m training train -c training/configs/smollm2-135m-eagle3-canonical.yaml
     # 2b. or index the answers for corpus lookup (no training step; drafts what the target wrote elsewhere)
     python -m training corpus --data training/data/smollm2-regen.jsonl --out runs/corpus
+    # 2c. store the shipped weights in int8 (a quarter of float32; re-measure afterwards)
+    python -m training store --draft runs/eagle3 --storage-dtype int8
     # 3. evaluate: τ, verify rate, per-position survival, speedup vs target-only; eval.json + eval.md + PNG
     python -m training eval --draft drafts/smollm2-135m-eagle3 --datasets humaneval,gsm8k,mbpp --num-prompts 10
 """
@@ -135,6 +137,71 @@ def _run_corpus(args, parser) -> int:
     return 0
 
 
+def _add_relayout(sub) -> None:
+    p = sub.add_parser("relayout", help="a canonical-layout Eagle3 (what the engines load) from a trained "
+                       "deepspec-layout one",
+                       description="Copies the layer and vocabulary of a deepspec-layout Eagle3 into the canonical "
+                       "layout (3 captured layers, own lm_head = the target's rows) and refits fc by least squares "
+                       "on the target's hidden states over the first --num-rows rows of --data. Fine-tune the "
+                       "result with `python -m training train ... init_from=OUT`.")
+    p.add_argument("--source", required=True, type=Path, help="deepspec-layout eagle3 draft directory")
+    p.add_argument("--data", nargs="+", required=True, type=Path, help="conversations jsonl (what it trained on)")
+    p.add_argument("--num-rows", type=int, default=128, help="rows whose tokens fit fc (default 128)")
+    p.add_argument("--max-len", type=int, default=768, help="tokens per row (default 768)")
+    p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF directory")
+    p.add_argument("--out", required=True, type=Path, help="draft directory to write (float32)")
+
+
+def _run_relayout(args, parser) -> int:
+    from deepspec.models import load_target
+    from deepspec.models.drafts import DraftCheckpointError, load_draft, save_draft
+    from training.data import load_sequences
+    from training.relayout import canonical_from_deepspec
+
+    if args.num_rows < 1:
+        parser.error("--num-rows must be >= 1")
+    import torch
+
+    target = load_target(args.target)
+    try:
+        source = load_draft(args.source, target, dtype=torch.float32)
+        rows = [s.input_ids for s in load_sequences(args.data, target.tokenizer, args.max_len)[: args.num_rows]]
+        draft, fit = canonical_from_deepspec(source, target, rows)
+    except (DraftCheckpointError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    summary = {"source": str(args.source), "num_rows": len(rows), "fc_fit_tokens": fit.num_tokens,
+               "fc_r_squared": fit.r_squared}
+    save_draft(draft, args.out)
+    (args.out / "relayout.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({"out": str(args.out), **summary}))
+    return 0
+
+
+def _add_store(sub) -> None:
+    from deepspec.models.drafts import STORAGE_DTYPES
+
+    p = sub.add_parser("store", help="rewrite a trained draft's weights in another storage dtype (e.g. int8)",
+                       description="Re-stores model.safetensors of a neural draft directory in place: float32, "
+                       "bfloat16, or int8 (one float32 scale per output row; a quarter of float32). Loading "
+                       "dequantizes to the compute dtype. Re-run `python -m training eval` afterwards: the "
+                       "measured τ belongs to the stored weights.")
+    p.add_argument("--draft", required=True, nargs="+", type=Path, help="neural draft directories")
+    p.add_argument("--storage-dtype", required=True, choices=STORAGE_DTYPES)
+
+
+def _run_store(args) -> int:
+    from deepspec.models.drafts import DraftCheckpointError, convert_draft_storage
+
+    for path in args.draft:
+        try:
+            print(json.dumps({"draft": str(path), **convert_draft_storage(path, args.storage_dtype)}))
+        except (DraftCheckpointError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
 def _add_eval_workload(p, *, num_prompts: int, datasets_note: str = "") -> None:
     """The options `eval` and `curve` share: which target decodes how much of which eval sets, on how many threads.
 
@@ -206,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prepare(sub)
     _add_train(sub)
     _add_corpus(sub)
+    _add_store(sub)
+    _add_relayout(sub)
     _add_eval(sub)
     _add_curve(sub)
     return parser
@@ -258,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_train_cli(args, parser)
     if args.command == "corpus":
         return _run_corpus(args, parser)
+    if args.command == "store":
+        return _run_store(args)
+    if args.command == "relayout":
+        return _run_relayout(args, parser)
     if args.command == "curve":
         from training.curve import run_curve_cli
 

@@ -1,7 +1,8 @@
 """Training data: conversations → token ids with an assistant-only loss mask; the reduced draft vocabulary; a
 deterministic, resumable (and rank-sharded) order of sequences.
 
-Rows are either regenerated conversations (`{"conversations": [{"role", "content"}, ...]}`, what `prepare`
+Files are JSON lines, plain or gzip-compressed (`.jsonl.gz`: the shipped regenerated data is, a fifth of the
+size). Rows are either regenerated conversations (`{"conversations": [{"role", "content"}, ...]}`, what `prepare`
 writes) or pre-tokenized `{"input_ids": [...], "loss_mask": [...]}`. Malformed lines are skipped and counted.
 Under `--labels target` (labels from the target's forward, any text will do) two more kinds are text:
 `{"text": "..."}` (tokenized as is) and prompt rows `{"turns": ["...", ...]}` (datasets/train: each turn a user
@@ -10,6 +11,7 @@ message through the chat template); both train on every token.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +35,33 @@ class DataStats:
     num_tokens: int = 0
     num_loss_tokens: int = 0
     problems: list[str] = field(default_factory=list)
+
+
+def open_jsonl(path: str | Path, mode: str = "rt"):
+    """A text handle on a JSON-lines file: gzip for a `.gz` name (appending adds a gzip member, which every
+    reader of the format reads as one stream), plain otherwise."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        return gzip.open(path, mode, encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
+
+
+def read_jsonl_lines(path: str | Path) -> list[str]:
+    """Every line of a plain or gzip JSON-lines file; a gzip file cut short raises ValueError naming it."""
+    try:
+        with open_jsonl(path) as f:
+            return f.read().splitlines()
+    except (EOFError, gzip.BadGzipFile) as exc:
+        raise ValueError(f"{path}: not a readable gzip file ({exc}); re-compress it with `gzip -k`") from None
+
+
+def jsonl_stem(path: str | Path) -> str:
+    """The file's name without `.jsonl` / `.jsonl.gz` (row ids are `<stem>:<line>`, whichever way it is stored)."""
+    name = Path(path).name
+    for suffix in (".jsonl.gz", ".jsonl", ".gz"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return Path(name).stem
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
@@ -105,7 +134,7 @@ def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"training data not found: {path}")
-        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        for line_no, line in enumerate(read_jsonl_lines(path), 1):
             if not line.strip():
                 continue
             stats.num_rows += 1

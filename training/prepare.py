@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from training.data import jsonl_stem, open_jsonl, read_jsonl_lines
+
 
 @dataclass
 class PromptRow:
@@ -49,7 +51,7 @@ def read_prompts(paths: Iterable[Path], limit_per_file: int | None, seed: int, s
         if not path.is_file():
             raise FileNotFoundError(f"prompt file not found: {path}")
         found = []
-        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        for line_no, line in enumerate(read_jsonl_lines(path), 1):
             if not line.strip():
                 continue
             try:
@@ -60,7 +62,8 @@ def read_prompts(paths: Iterable[Path], limit_per_file: int | None, seed: int, s
             except (ValueError, KeyError, TypeError):
                 stats.num_malformed += 1
                 continue
-            found.append(PromptRow(f"{path.stem}:{line_no}", str(obj.get("source", path.stem)), turns))
+            stem = jsonl_stem(path)
+            found.append(PromptRow(f"{stem}:{line_no}", str(obj.get("source", stem)), turns))
         if limit_per_file is not None and len(found) > limit_per_file:
             found = random.Random(seed).sample(found, limit_per_file)
         per_file.append(found)
@@ -71,7 +74,7 @@ def read_prompts(paths: Iterable[Path], limit_per_file: int | None, seed: int, s
 def finished_ids(output: Path) -> set[str]:
     done = set()
     if output.is_file():
-        for line in output.read_text().splitlines():
+        for line in read_jsonl_lines(output):
             try:
                 done.add(json.loads(line)["id"])
             except (ValueError, KeyError, TypeError):
@@ -153,7 +156,7 @@ def regenerate(rows: list[PromptRow], generate: Generate, output: Path, batch_si
     done = finished_ids(output)
     todo = [r for r in rows if r.id not in done]
     stats.num_skipped = len(rows) - len(todo)
-    with output.open("a") as out_f, failures.open("a") as fail_f:
+    with open_jsonl(output, "at") as out_f, failures.open("a") as fail_f:
         # hand the backend several rows per slot: it refills a slot the moment a row finishes (continuous batching,
         # or a thread pool for --endpoint), so short answers never leave slots idle waiting for the longest one
         for batch in _chunks(todo, batch_size * ROWS_PER_SLOT):

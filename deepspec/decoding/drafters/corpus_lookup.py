@@ -14,8 +14,11 @@ lookup's chain is one branch of that tree.
 
 A corpus-lookup "draft" is a checkpoint directory like the neural ones: config.json (algo `corpus-lookup`, the
 target fingerprint, sizes, the acceptance tables measured at build time — `slot_acceptance` for chains,
-`node_acceptance` for trees — and `drafting`, the drafter's default options) and corpus.safetensors (`tokens`,
-`suffix_array`); `python -m training corpus` builds it. A directory without the newer keys still loads (chains).
+`node_acceptance` for trees — and `drafting`, the drafter's default options) and corpus.safetensors (`tokens`:
+uint16 with SEPARATOR written as 0xFFFF when every id fits, else int32); `python -m training corpus` builds it.
+The suffix array is rebuilt at load (~1-2 s for 1M tokens on one core) instead of stored: it is twice the size of
+uint16 tokens and a function of them. A directory without the newer keys or with a stored int32 `suffix_array`
+still loads (chains).
 """
 
 from __future__ import annotations
@@ -24,18 +27,21 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from deepspec.decoding.drafter import DraftSampling, Proposal
 from deepspec.decoding.drafters.corpus_tree import (PROMPT_LOOKUP_SOURCE, NodeAcceptance, TreeBuilder,
                                                     corpus_source)
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
-from deepspec.decoding.drafters.suffix_index import SuffixIndex
+from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.models.target import Target
 
 #: `algo` in config.json of a corpus-lookup draft directory
 ALGO = "corpus-lookup"
 CORPUS_FILE = "corpus.safetensors"
+#: SEPARATOR in uint16-stored tokens (no token id of a vocabulary of < 65,535 takes it)
+UINT16_SEPARATOR = 0xFFFF
 
 
 class CorpusLookupDrafter(PromptLookupDrafter):
@@ -148,7 +154,7 @@ def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, 
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    save_file({"tokens": index.tokens, "suffix_array": index.suffix_array}, str(path / CORPUS_FILE))
+    save_file({"tokens": stored_tokens(index.tokens)}, str(path / CORPUS_FILE))
     config = {"algo": ALGO, "max_match": index.max_match, "min_corpus_match": min_corpus_match,
               "num_tokens": len(index), "target": target_fingerprint, "slot_acceptance": slot_acceptance or {},
               **(extra or {})}
@@ -186,6 +192,24 @@ def load_drafter(path: Path, header: dict, target: Target, **options) -> CorpusL
     return CorpusLookupDrafter(index, **options)
 
 
+def stored_tokens(tokens: np.ndarray) -> np.ndarray:
+    """The corpus tokens as corpus.safetensors holds them: uint16 (SEPARATOR as UINT16_SEPARATOR) when every id is
+    below it, which halves the file, else int32 as they are."""
+    tokens = np.asarray(tokens, dtype=np.int32)
+    if len(tokens) and (int(tokens.max()) >= UINT16_SEPARATOR or int(tokens.min()) < SEPARATOR):
+        return np.ascontiguousarray(tokens)
+    return np.where(tokens == SEPARATOR, UINT16_SEPARATOR, tokens).astype(np.uint16)
+
+
+def read_stored_tokens(stored: np.ndarray) -> np.ndarray:
+    """[N] int32 tokens (SEPARATOR restored) from what stored_tokens wrote, or from an int32 file."""
+    if stored.dtype == np.uint16:
+        return np.where(stored == UINT16_SEPARATOR, SEPARATOR, stored.astype(np.int32)).astype(np.int32)
+    if stored.dtype != np.int32:
+        raise ValueError(f"tokens are {stored.dtype}; a corpus index stores uint16 or int32")
+    return stored
+
+
 def load_corpus_index(path: str | Path, max_match: int) -> SuffixIndex:
     """Read corpus.safetensors; a missing, truncated or inconsistent file raises ValueError naming it."""
     from safetensors import SafetensorError
@@ -194,7 +218,10 @@ def load_corpus_index(path: str | Path, max_match: int) -> SuffixIndex:
     file = Path(path) / CORPUS_FILE
     try:
         arrays = load_file(str(file))
-        return SuffixIndex(arrays["tokens"], arrays["suffix_array"], max_match)
+        tokens = read_stored_tokens(arrays["tokens"])
+        if "suffix_array" not in arrays:
+            return SuffixIndex.build(tokens, max_match)
+        return SuffixIndex(tokens, arrays["suffix_array"], max_match)
     except (SafetensorError, OSError, KeyError, ValueError) as exc:
         raise ValueError(f"{file}: cannot read the corpus index ({exc}); rebuild it with "
                          "`python -m training corpus`") from None

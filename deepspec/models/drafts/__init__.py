@@ -16,6 +16,7 @@ from deepspec.models.drafts.checkpoint import (
     DraftCheckpointError,
     DraftTargetMismatchError,
     check_target,
+    convert_draft_storage,
     load_draft,
     read_checkpoint_header,
     read_draft_config,
@@ -27,8 +28,9 @@ from deepspec.models.drafts.registry import available_drafts, build_draft, regis
 
 __all__ = [
     "ALGORITHMS", "STORAGE_DTYPES", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError",
-    "available_drafts", "best_shipped_draft", "build_draft", "check_target", "load_draft", "read_checkpoint_header",
-    "read_draft_config", "read_draft_weights", "register_draft", "resolve_draft", "save_draft", "shipped_drafts",
+    "available_drafts", "best_shipped_draft", "build_draft", "check_target", "convert_draft_storage", "load_draft",
+    "read_checkpoint_header", "read_draft_config", "read_draft_weights", "register_draft", "resolve_draft",
+    "save_draft", "shipped_drafts",
 ]
 
 

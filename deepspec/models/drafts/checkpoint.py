@@ -86,6 +86,27 @@ def save_draft(model, path: str | Path, storage_dtype: str = "float32", extra: d
     return path
 
 
+def convert_draft_storage(path: str | Path, storage_dtype: str) -> dict:
+    """Rewrite a draft directory's model.safetensors in another storage dtype, in place; config.json keeps every
+    other key and the other files are untouched. Returns {"storage_dtype", "bytes_before", "bytes_after"}."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    header = read_checkpoint_header(path)
+    if header["algo"] not in ("eagle3", "dflash", "dspark"):
+        raise DraftCheckpointError(f"{path} is a {header['algo']} draft: it has no weights to re-store")
+    read_draft_config(path)  # a config this DeepSpec can load, before anything is rewritten
+    weights = path / "model.safetensors"
+    bytes_before = weights.stat().st_size if weights.is_file() else 0
+    state = _storage_state(read_draft_weights(path), storage_dtype)
+    tmp = weights.with_suffix(".tmp")
+    save_file(state, tmp, metadata={"format": "pt"})
+    tmp.replace(weights)
+    header["storage_dtype"] = storage_dtype
+    (path / "config.json").write_text(json.dumps(header, indent=2) + "\n")
+    return {"storage_dtype": storage_dtype, "bytes_before": bytes_before, "bytes_after": weights.stat().st_size}
+
+
 def read_checkpoint_header(path: str | Path) -> dict:
     """config.json of any draft directory (neural or corpus lookup) as a dict with at least 'algo'."""
     path = Path(path)

@@ -1,0 +1,69 @@
+"""Gzip-compressed JSON lines (`.jsonl.gz`): the shipped regenerated data is stored that way, so every reader of
+training data (train, corpus, prepare's prompts and its resumable output) must read it exactly like the plain file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from deepspec.paths import repo_root
+from training.data import load_sequences, read_jsonl_lines
+from training.prepare import PrepareStats, finished_ids, read_prompts, regenerate
+
+SHIPPED = repo_root() / "training" / "data" / "smollm2-135m-regen.jsonl.gz"
+
+
+def _conversations(n: int) -> list[str]:
+    return [json.dumps({"id": f"p:{i}", "conversations": [{"role": "user", "content": f"q{i}"},
+                                                         {"role": "assistant", "content": f"a{i} " * 3}]})
+            for i in range(n)]
+
+
+def test_gzip_and_plain_files_give_the_same_sequences(tmp_path):
+    lines = [json.dumps({"input_ids": list(range(i, i + 6)), "loss_mask": [0, 0, 1, 1, 1, 1]}) for i in range(5)]
+    plain, packed = tmp_path / "c.jsonl", tmp_path / "c.jsonl.gz"
+    plain.write_text("\n".join(lines) + "\n")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    got = load_sequences([packed], None, 64)
+    assert got == load_sequences([plain], None, 64) and len(got) == 5
+
+
+def test_prompt_ids_do_not_depend_on_compression(tmp_path):
+    """Row ids are `<stem>:<line>` and a regenerated file is resumed by them: `p.jsonl.gz` must give `p:1`, as
+    `p.jsonl` does, or re-running prepare on compressed prompts would redo every row."""
+    text = "\n".join(json.dumps({"turns": [f"q{i}"]}) for i in range(3)) + "\n"
+    (tmp_path / "p.jsonl").write_text(text)
+    (tmp_path / "gz").mkdir()
+    (tmp_path / "gz" / "p.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    plain = read_prompts([tmp_path / "p.jsonl"], None, 0, PrepareStats())
+    packed = read_prompts([tmp_path / "gz" / "p.jsonl.gz"], None, 0, PrepareStats())
+    assert [r.id for r in packed] == [r.id for r in plain] == ["p:1", "p:2", "p:3"]
+    assert [r.source for r in packed] == ["p"] * 3
+
+
+def test_prepare_appends_to_and_resumes_a_gzip_output(tmp_path):
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps({"turns": [f"q{i}"]}) for i in range(4)) + "\n")
+    rows = read_prompts([tmp_path / "p.jsonl"], None, 0, PrepareStats())
+    out = tmp_path / "regen.jsonl.gz"
+    regenerate(rows[:2], lambda batch: [("first", 1)] * len(batch), out, 2, PrepareStats())
+    stats = regenerate(rows, lambda batch: [("second", 1)] * len(batch), out, 2, PrepareStats())
+    assert stats.num_skipped == 2 and stats.num_done == 2
+    assert finished_ids(out) == {r.id for r in rows}
+    answers = [json.loads(line)["conversations"][-1]["content"] for line in gzip.open(out, "rt")]
+    assert answers == ["first", "first", "second", "second"]
+
+
+def test_a_truncated_gzip_file_names_itself(tmp_path):
+    packed = tmp_path / "c.jsonl.gz"
+    data = gzip.compress(("\n".join(_conversations(50)) + "\n").encode())
+    packed.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="c.jsonl.gz: not a readable gzip file"):
+        read_jsonl_lines(packed)
+
+
+def test_the_shipped_regenerated_data_reads_as_its_documented_rows():
+    """training/data/README.md: 4,856 conversations, the first 1,976 of them the neural drafts' data."""
+    rows = [json.loads(line) for line in read_jsonl_lines(SHIPPED)]
+    assert len(rows) == 4856 and all(row["conversations"][-1]["role"] == "assistant" for row in rows)
