@@ -32,14 +32,16 @@ ENGINES = {
 
 #: the flags the chart may append, as each engine's CLI declares them:
 #: vllm-project/vllm vllm/entrypoints/openai/cli_args.py `make_arg_parser` (FrontendArgs `--host`, `--port`),
-#: vllm/engine/arg_utils.py `EngineArgs.add_cli_args` (`--max-num-seqs`, `--max-model-len`, `--shutdown-timeout`,
-#: the latter from PR #34730 / #36666); sgl-project/sglang python/sglang/srt/server_args.py
-#: `ServerArgs.add_cli_args` (`--host`, `--port`, `--max-running-requests`, `--context-length`, `--enable-metrics`);
+#: vllm/engine/arg_utils.py `EngineArgs.add_cli_args` (`--served-model-name`, `--max-num-seqs`, `--max-model-len`,
+#: `--shutdown-timeout`, the latter from PR #34730 / #36666); sgl-project/sglang python/sglang/srt/server_args.py
+#: `ServerArgs.add_cli_args` (`--host`, `--port`, `--served-model-name`, `--max-running-requests`,
+#: `--context-length`, `--enable-metrics`);
 #: NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py `serve` (click options `--host`, `--port`,
 #: `--max_batch_size`, `--max_seq_len`)
 ENGINE_FLAGS = {
-    "vllm": {"--host", "--port", "--max-num-seqs", "--max-model-len", "--shutdown-timeout"},
-    "sglang": {"--host", "--port", "--max-running-requests", "--context-length", "--enable-metrics"},
+    "vllm": {"--host", "--port", "--served-model-name", "--max-num-seqs", "--max-model-len", "--shutdown-timeout"},
+    "sglang": {"--host", "--port", "--served-model-name", "--max-running-requests", "--context-length",
+               "--enable-metrics"},
     "trtllm-serve": {"--host", "--port", "--max_batch_size", "--max_seq_len"},
 }
 
@@ -97,12 +99,17 @@ def _run_init(spec: dict, env: dict) -> subprocess.CompletedProcess:
 def exports(tiny, tmp_path_factory) -> dict:
     """profile -> (runtime, rendered pod spec, pod environment, export dir) after the rendered init container ran
     (one export per profile, shared by the tests)."""
-    done = {}
+    from concurrent.futures import ThreadPoolExecutor
+
+    pods = {}
     for name in RUNTIME_PROFILES:
         _, spec, config = _pod(VALUE_SETS[name])
-        env = _pod_env(config, tmp_path_factory.mktemp(name), *tiny)
-        result = _run_init(spec, env)
-        assert result.returncode == 0, result.stderr[-3000:]
+        pods[name] = spec, _pod_env(config, tmp_path_factory.mktemp(name), *tiny)
+    with ThreadPoolExecutor(len(pods)) as pool:  # three processes: their start-up (torch imports) overlaps
+        results = dict(zip(pods, pool.map(lambda pod: _run_init(*pod), pods.values())))
+    done = {}
+    for name, (spec, env) in pods.items():
+        assert results[name].returncode == 0, results[name].stderr[-3000:]
         done[name] = VALUE_SETS[name]["worker"]["runtime"], spec, env, Path(env["DEEPSPEC_ENGINE_DIR"])
     return done
 

@@ -110,7 +110,8 @@ Usage: {{ include "deepspec.worker.enginesVolume" . }}
 The engine runtimes (vllm, sglang, trtllm-serve): image values, the launch script `python -m export` writes for the
 runtime's format (under `launch/` of the engine dir), and the flags the chart appends to it. The script holds the
 target, the draft, tensor parallelism and the speculative settings; the chart adds only what belongs to the pod:
-bind address and port, batch and context limits, metrics, the drain. Each flag is the engine's own CLI
+bind address and port, the model's name in the API (`model.target`, as the DeepSpec worker names it; trtllm-serve has
+no such flag and names it after the target directory), batch and context limits, metrics, the drain. Each flag is the engine's own CLI
 (vllm/entrypoints/openai/cli_args.py, sglang/srt/server_args.py, tensorrt_llm/commands/serve.py).
 Usage: {{- $engine := include "deepspec.worker.engine" . | fromYaml }}
 */}}
@@ -124,6 +125,7 @@ metricsPath: /metrics
 args:
   - --host=0.0.0.0
   - --port={{ $port }}
+  - --served-model-name=$(DEEPSPEC_TARGET)
   - --max-num-seqs=$(DEEPSPEC_MAX_BATCH_SIZE)
   - --max-model-len=$(DEEPSPEC_MAX_SEQ_LEN)
   - --shutdown-timeout={{ $w.drainTimeoutSeconds }}
@@ -134,6 +136,7 @@ metricsPath: /metrics
 args:
   - --host=0.0.0.0
   - --port={{ $port }}
+  - --served-model-name=$(DEEPSPEC_TARGET)
   - --max-running-requests=$(DEEPSPEC_MAX_BATCH_SIZE)
   - --context-length=$(DEEPSPEC_MAX_SEQ_LEN)
   - --enable-metrics
