@@ -16,13 +16,14 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.helm.conftest import PROFILES, VALUE_SETS, find, manifests, render
+from tests.helm.conftest import PROFILES, RUNTIME_PROFILES, VALUE_SETS, find, manifests, render
 
 CRD_DIR = Path(__file__).parent / "crds"
 CUSTOM_KINDS = ("ServiceMonitor", "PrometheusRule", "ScaledObject")
-# Profiles with every custom resource on: the production ones (KEDA on) and the gpu one (monitoring, no KEDA).
+# Profiles with every custom resource on: the production ones (KEDA on), the gpu one (monitoring, no KEDA) and the
+# engine runtimes (their own metric names and scrape paths).
 VALUES = {name: {**VALUE_SETS[name], "monitoring": {"skipWithoutCRDs": False}}
-          for name in (*PROFILES, "gpu", "triton")}
+          for name in (*PROFILES, "gpu", "triton", *RUNTIME_PROFILES)}
 
 
 def _strict(schema: dict) -> dict:
