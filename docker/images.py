@@ -201,8 +201,8 @@ ENGINE_IMAGES: tuple[EngineImage, ...] = (
         "13.0 (the `-cu129` tag of the same release runs on CUDA 12.9 drivers)"),
     EngineImage(
         "sglang", "lmsysorg/sglang", "v0.5.20", "0.5.20", "0.5.16",
-        "`--format sglang` writes `--speculative-algorithm DSPARK` drafts, which SGLang serves from 0.5.16 (sgl-project/"
-        "sglang PR #30261); EAGLE-3 as `LlamaForCausalLMEagle3` with `midlayer.*` and DFLASH load in earlier releases",
+        "`--format sglang` writes `--speculative-algorithm DSPARK` drafts, which SGLang serves from 0.5.16 "
+        "(sgl-project/sglang PR #30261); EAGLE-3 as `LlamaForCausalLMEagle3` with `midlayer.*` and DFLASH load in earlier releases",
         "13.0 (SGLang retired its CUDA 12 images after v0.5.19-cu129)"),
     EngineImage(
         "trtllm-serve", "nvcr.io/nvidia/tensorrt-llm/release", "1.2.1", "1.2.1", "1.2.0",
@@ -218,7 +218,8 @@ def engine_image(runtime: str) -> EngineImage:
     for image in ENGINE_IMAGES:
         if image.runtime == runtime:
             return image
-    raise KeyError(f"no engine image for worker.runtime {runtime!r} (known: {', '.join(i.runtime for i in ENGINE_IMAGES)})")
+    known = ", ".join(i.runtime for i in ENGINE_IMAGES)
+    raise KeyError(f"no engine image for worker.runtime {runtime!r} (known: {known})")
 
 
 def by_tag(tag: str) -> TritonImage:

@@ -56,7 +56,8 @@ def images_table(images) -> str:
 def engine_images_table(images) -> str:
     rows = ["| `worker.runtime` | Image | Engine | Needs >= | Why | CUDA |", "| --- | --- | --- | --- | --- | --- |"]
     for e in images.ENGINE_IMAGES:
-        rows.append(f"| `{e.runtime}` | `{e.reference}` | {e.version} | {e.min_version} | {_cell(e.needs)} | {e.cuda} |")
+        rows.append(f"| `{e.runtime}` | `{e.reference}` | {e.version} | {e.min_version} | {_cell(e.needs)} "
+                    f"| {e.cuda} |")
     return "\n".join(rows)
 
 

@@ -247,7 +247,8 @@ def engine_text_references(paths: list[Path], root: Path = REPO) -> list[tuple[s
         except (UnicodeDecodeError, OSError):
             continue
         for number, line in enumerate(text.splitlines(), 1):
-            found += [(f"{path.relative_to(root)}:{number}", m.group(1), m.group(2)) for m in ENGINE_REFERENCE.finditer(line)]
+            found += [(f"{path.relative_to(root)}:{number}", m.group(1), m.group(2))
+                      for m in ENGINE_REFERENCE.finditer(line)]
     return found
 
 

@@ -212,9 +212,10 @@ def test_a_restarted_pod_checks_the_target_its_launch_script_names(exports, tmp_
 @pytest.mark.parametrize("name", RUNTIME_PROFILES)
 def test_probes_use_the_engines_health_endpoint_and_the_startup_budget(name):
     """GET /health on every engine: vllm-project/vllm vllm/entrypoints/serve/instrumentator/health.py `health`
-    (503 once the engine core died; nothing listens before it is up), sgl-project/sglang python/sglang/srt/entrypoints/http_server.py `health_generate` (503
-    while starting and after SIGTERM), NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_server.py `OpenAIServer.health`
-    (503 when the executor is gone). Liveness is a TCP connect: SGLang's /health runs a generation."""
+    (503 once the engine core died; nothing listens before it is up), sgl-project/sglang
+    python/sglang/srt/entrypoints/http_server.py `health_generate` (503 while starting and after SIGTERM),
+    NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_server.py `OpenAIServer.health` (503 when the executor is gone).
+    Liveness is a TCP connect: SGLang's /health runs a generation."""
     values = {**VALUE_SETS[name], "worker": {**VALUE_SETS[name]["worker"], "startupBudgetSeconds": 1201}}
     _, spec, _ = _pod(values)
     worker = container(spec, "worker")

@@ -111,8 +111,8 @@ The engine runtimes (vllm, sglang, trtllm-serve): image values, the launch scrip
 runtime's format (under `launch/` of the engine dir), and the flags the chart appends to it. The script holds the
 target, the draft, tensor parallelism and the speculative settings; the chart adds only what belongs to the pod:
 bind address and port, the model's name in the API (`model.target`, as the DeepSpec worker names it; trtllm-serve has
-no such flag and names it after the target directory), batch and context limits, metrics, the drain. Each flag is the engine's own CLI
-(vllm/entrypoints/openai/cli_args.py, sglang/srt/server_args.py, tensorrt_llm/commands/serve.py).
+no such flag and names it after the target directory), batch and context limits, metrics, the drain. Each flag is
+the engine's own CLI (vllm/entrypoints/openai/cli_args.py, sglang/srt/server_args.py, tensorrt_llm/commands/serve.py).
 Usage: {{- $engine := include "deepspec.worker.engine" . | fromYaml }}
 */}}
 {{- define "deepspec.worker.engine" -}}
