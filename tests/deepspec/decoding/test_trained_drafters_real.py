@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 
 def test_shipped_drafts_are_lossless_on_real_prompts(smollm2):
     drafts = shipped_drafts(smollm2)
-    assert drafts, f"no shipped draft under drafts/ matches the default target: "
-                   "the fingerprint check or a draft directory is broken"
+    assert drafts, ("no shipped draft under drafts/ matches the default target: "
+                    "the fingerprint check or a draft directory is broken")
     prompts = [smollm2.encode_chat([{"role": "user", "content": p}])
                for p in eval_prompts("humaneval", 1) + eval_prompts("gsm8k", 1)]
     params = SamplingParams(max_tokens=24)
