@@ -45,8 +45,8 @@ def repository_files() -> list[Path]:
     return [REPO / p for p in out if p and not p.startswith(SKIPPED) and (REPO / p).is_file()]
 
 
-def text_references(paths: list[Path], root: Path = REPO) -> list[tuple[str, str]]:
-    """(`file:line`, tag) of every `tritonserver:<tag>` in the files' text, files named relative to `root`."""
+def _matches(paths: list[Path], pattern, root: Path) -> list[tuple]:
+    """(`file:line`, *groups) of every match of `pattern` in the files' text, files named relative to `root`."""
     found = []
     for path in paths:
         try:
@@ -54,8 +54,13 @@ def text_references(paths: list[Path], root: Path = REPO) -> list[tuple[str, str
         except (UnicodeDecodeError, OSError):
             continue
         for number, line in enumerate(text.splitlines(), 1):
-            found += [(f"{path.relative_to(root)}:{number}", m.group(1)) for m in REFERENCE.finditer(line)]
+            found += [(f"{path.relative_to(root)}:{number}", *m.groups()) for m in pattern.finditer(line)]
     return found
+
+
+def text_references(paths: list[Path], root: Path = REPO) -> list[tuple[str, str]]:
+    """(`file:line`, tag) of every `tritonserver:<tag>` in the files' text, files named relative to `root`."""
+    return _matches(paths, REFERENCE, root)
 
 
 def values_references(values_file: Path) -> list[tuple[str, str]]:
@@ -240,16 +245,7 @@ ENGINE_REFERENCE = re.compile("(" + "|".join(re.escape(i.repository) for i in im
 
 def engine_text_references(paths: list[Path], root: Path = REPO) -> list[tuple[str, str, str]]:
     """(`file:line`, repository, tag) of every engine image named in the files' text."""
-    found = []
-    for path in paths:
-        try:
-            text = path.read_text()
-        except (UnicodeDecodeError, OSError):
-            continue
-        for number, line in enumerate(text.splitlines(), 1):
-            found += [(f"{path.relative_to(root)}:{number}", m.group(1), m.group(2))
-                      for m in ENGINE_REFERENCE.finditer(line)]
-    return found
+    return _matches(paths, ENGINE_REFERENCE, root)
 
 
 def engine_values_references(values_file: Path) -> list[tuple[str, str, str]]:
