@@ -58,7 +58,8 @@ $(VENV)/.bench-installed: $(VENV)/.installed $(VENV)/.llama-installed
 	touch $@
 
 # llama-cpp-python[server]: the real OpenAI-compatible servers tests/service/test_openai_upstream.py puts behind the
-# gateway, and the CPU peer of the benchmarks. One compile per venv (a few minutes on 2 cores), kept with the venv.
+# gateway, and the CPU peer of the benchmarks. One compile per venv, kept with it: minutes on idle cores, ~45 min on
+# 2 cores shared with other jobs. A CI that caches .venv pays it once.
 llama-cpp: $(VENV)/.llama-installed
 
 $(VENV)/.llama-installed: $(VENV)/.installed
