@@ -346,3 +346,29 @@ def test_export_reads_int8_drafts_as_float_weights(target, tmp_path):
     want = read_draft_weights(path)
     assert set(weights) == set(want) and all(torch.equal(weights[k], want[k]) for k in want)
     assert weights["lm_head.weight"].dtype == torch.float32
+
+
+def test_convert_draft_storage_rewrites_the_weights_in_place_and_keeps_the_config(target, tmp_path):
+    """`python -m training store`: the shipped drafts were converted this way, so every config key (calibration
+    temperatures included) must survive and the result must load as a save_draft(storage_dtype='int8') would."""
+    from deepspec.models.drafts import convert_draft_storage, read_draft_weights
+
+    draft = tiny_draft(target, "dspark", draft_vocab_size=24, confidence_temperature=(1.1, 0.9, 0.8, 0.7))
+    path = save_draft(draft, tmp_path / "d", storage_dtype="bfloat16")
+    before = json.loads((path / "config.json").read_text())
+    report = convert_draft_storage(path, "int8")
+    after = json.loads((path / "config.json").read_text())
+    assert after == {**before, "storage_dtype": "int8"} and report["bytes_after"] < report["bytes_before"]
+    converted = read_draft_weights(path)
+    for key, original in draft.state_dict().items():
+        if original.is_floating_point() and original.ndim == 2:
+            # half an int8 step of its row, plus the bf16 rounding the weights went through first
+            bound = original.abs().amax(dim=1, keepdim=True) / 127 / 2 * 1.01 + original.abs() * 2**-8
+            assert bool(((converted[key] - original).abs() <= bound + 1e-7).all()), key
+        elif original.is_floating_point():
+            assert torch.equal(converted[key], original.to(torch.bfloat16).float()), key
+    assert load_draft(path, target).cfg.confidence_temperature == (1.1, 0.9, 0.8, 0.7)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "config.json").write_text(json.dumps({"algo": "corpus-lookup"}))
+    with pytest.raises(DraftCheckpointError, match="corpus-lookup draft: it has no weights"):
+        convert_draft_storage(tmp_path / "corpus", "int8")
