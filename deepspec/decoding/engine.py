@@ -34,6 +34,7 @@ import torch
 
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.logprobs import TokenLogprob, token_logprobs
 from deepspec.decoding.params import AcceptanceStats, GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.tree import (first_children, keep_nodes, monotone_survival, node_depths,
                                     tree_survival_from_record, with_root)
@@ -68,6 +69,9 @@ class _Sequence:
     prefilled: bool = False
     finish_reason: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    #: aligned with output when the request asked for logprobs
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class SpecEngine:
@@ -154,6 +158,7 @@ class SpecEngine:
             detokenizer=IncrementalDetokenizer(self.target.decode, params.stop),
             stop_ids=stop_ids,
             keep_result=keep_result,
+            logprobs=[] if params.logprobs is not None else None,
         )
         self._running.append(seq)
         self._by_id[request_id] = seq
@@ -206,21 +211,35 @@ class SpecEngine:
         last = torch.tensor(lengths, device=device) - 1
         view = self.cache.rows(seqs[0].slot, len(seqs))
         features, logits = [], torch.empty(len(seqs), self.target.vocab_size, device=device)
+        #: rows that score their prompt need every position's logits; the others only their last one's
+        scored = [row for row, s in enumerate(seqs) if s.params.prompt_logprobs is not None]
+        prompt_scores: dict[int, list[TokenLogprob | None]] = {row: [None] for row in scored}
         for a in range(0, width, self.prefill_chunk_size):
             b = min(a + self.prefill_chunk_size, width)
             ends_here = (last >= a) & (last < b)
+            at_last = (last - a).clamp(0, b - a - 1)
+            wanted = "all" if scored else (at_last if bool(ends_here.any()) else "none")
             out = self.target.forward(prompts[:, a:b], torch.full((len(seqs),), a, device=device), view,
-                                      feature_layers=self.feature_layers,
-                                      logits=(last - a).clamp(0, b - a - 1) if bool(ends_here.any()) else "none",
-                                      max_start=a)
+                                      feature_layers=self.feature_layers, logits=wanted, max_start=a)
             if out.logits is not None:
-                logits[ends_here] = out.logits[ends_here, 0]
+                chunk_logits = out.logits if not scored else out.logits.gather(
+                    1, at_last[:, None, None].expand(-1, 1, out.logits.shape[2]))
+                logits[ends_here] = chunk_logits[ends_here, 0]
+            for row in scored:  # position p predicts prompt token p + 1
+                end = min(b, lengths[row] - 1)
+                if end > a:
+                    given = prompts[row, a + 1 : end + 1]
+                    prompt_scores[row] += token_logprobs(out.logits[row, : end - a], given,
+                                                         seqs[row].params.prompt_logprobs)
             if out.features is not None:
                 features.append(out.features)
         feats = torch.cat(features, 1) if features else None
         outputs = []
         for row, seq in enumerate(seqs):
             first = self._first_token(seq, logits[row])
+            first_logprobs = None
+            if seq.params.logprobs is not None:
+                first_logprobs = token_logprobs(logits[row : row + 1], torch.tensor([first]), seq.params.logprobs)
             n = lengths[row]
             seq.prefilled, seq.cache_len, seq.pending = True, n, first
             if self.drafter is not None:
@@ -228,7 +247,12 @@ class SpecEngine:
                 tokens = torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long)
                 self.drafter.extend([seq.slot], tokens, torch.tensor([n]),
                                     feats[row : row + 1, :n] if feats is not None else None)
-            outputs.append(self._commit(seq, [first]))
+            if seq.params.max_tokens == 0:  # prompt scoring only: nothing is generated
+                seq.finish_reason = "length"
+            out = self._commit(seq, [first] if seq.params.max_tokens else [], first_logprobs)
+            if row in prompt_scores:
+                seq.prompt_logprobs = out.prompt_logprobs = prompt_scores[row]
+            outputs.append(out)
         return outputs
 
     def _first_token(self, seq: _Sequence, logits: torch.Tensor) -> int:
@@ -293,7 +317,8 @@ class SpecEngine:
         drafts = draft_tokens.tolist()
         committed = [drafts[i][: accepted[i]] + [next_tokens[i]] for i in range(B)]
         num_list = num_drafts.tolist()
-        return self._finish_round(committed, accepted, num_list, [None] * B, out.features)
+        logprobs = self._emitted_logprobs(logits, [list(range(len(c))) for c in committed], committed)
+        return self._finish_round(committed, accepted, num_list, [None] * B, out.features, logprobs)
 
     def _tree_round(self, proposal: Proposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
         """One round over a token tree: the budget keeps each row's likeliest nodes, the target scores root +
@@ -333,13 +358,15 @@ class SpecEngine:
         accepted, next_tokens, paths = num_accepted.tolist(), next_token.tolist(), path.tolist()
         rows = inputs.tolist()
         committed = [[rows[i][node] for node in paths[i][1 : accepted[i] + 1]] + [next_tokens[i]] for i in range(B)]
+        # committed token j was predicted at the path's node j (the root, then each accepted node)
+        logprobs = self._emitted_logprobs(out.logits, [paths[i][: accepted[i] + 1] for i in range(B)], committed)
         depth = node_depths(proposal.parents[:, :k], num) if k else torch.zeros(B, 0, dtype=torch.long)
         live = torch.arange(k)[None, :] < num[:, None]
         max_depth = torch.where(live, depth, torch.zeros_like(depth)).amax(1).tolist() if k else [0] * B
         features = out.features
         if features is not None:  # features[b, j] = the feature at the node before committed token j
             features = features.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, features.shape[2]))
-        return self._finish_round(committed, accepted, num.tolist(), max_depth, features)
+        return self._finish_round(committed, accepted, num.tolist(), max_depth, features, logprobs)
 
     def _budget_tree(self, proposal: Proposal) -> Proposal:
         """Keep each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens the step-time
@@ -355,17 +382,40 @@ class SpecEngine:
         keep = best_nodes(monotone_survival(survival, parents, num), self.step_time)
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
 
+    def _emitted_logprobs(self, logits: torch.Tensor, positions: list[list[int]],
+                          committed: list[list[int]]) -> list[list[TokenLogprob] | None]:
+        """Per row that asked for logprobs, its committed tokens' logprobs from the verify logits [B, T, V] at
+        `positions` (the position that predicted each committed token); None for the other rows, at no cost."""
+        rows = [i for i, s in enumerate(self._running) if s.params.logprobs is not None]
+        result: list[list[TokenLogprob] | None] = [None] * len(committed)
+        if not rows:
+            return result
+        row_index = torch.tensor([i for i in rows for _ in positions[i]], device=logits.device)
+        pos_index = torch.tensor([p for i in rows for p in positions[i]], device=logits.device)
+        tokens = torch.tensor([t for i in rows for t in committed[i]])
+        num_top = max(self._running[i].params.logprobs for i in rows)
+        flat = token_logprobs(logits[row_index, pos_index], tokens, num_top)
+        at = 0
+        for i in rows:
+            n, keep = len(committed[i]), self._running[i].params.logprobs
+            result[i] = [TokenLogprob(lp.token_id, lp.logprob, lp.top_token_ids[:keep], lp.top_logprobs[:keep])
+                         for lp in flat[at : at + n]]
+            at += n
+        return result
+
     def _finish_round(self, committed: list[list[int]], accepted: list[int], num_drafts: list[int],
-                      depths: list[int | None], features: torch.Tensor | None) -> list[StepOutput]:
-        """Commit each row's accepted drafts + next token, record the round, and tell the drafter; features
-        [B, >= len(committed[b]), F] are aligned with the committed tokens (the feature before each one)."""
+                      depths: list[int | None], features: torch.Tensor | None,
+                      logprobs: list[list[TokenLogprob] | None]) -> list[StepOutput]:
+        """Commit each row's accepted drafts + next token (and their logprobs, where asked), record the round, and
+        tell the drafter; features [B, >= len(committed[b]), F] are aligned with the committed tokens (the feature
+        before each one)."""
         results, extend_rows, committed_rows = [], [], []
         for i, seq in enumerate(self._running):
             n = accepted[i]
             seq.cache_len += 1 + n
             seq.pending = committed[i][-1]
             seq.stats.record(num_drafts[i], n, depths[i])
-            out_i = self._commit(seq, committed[i])
+            out_i = self._commit(seq, committed[i], logprobs[i])
             out_i.num_draft_tokens, out_i.num_accepted_tokens = num_drafts[i], n
             out_i.num_verify_tokens = 1 + num_drafts[i]
             results.append(out_i)
@@ -412,8 +462,10 @@ class SpecEngine:
             return StepTimeModel([(n, min(run(n), run(n))) for n in sizes])
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
-    def _commit(self, seq: _Sequence, tokens: list[int]) -> StepOutput:
-        """Append committed tokens up to the first stop condition; return what to stream."""
+    def _commit(self, seq: _Sequence, tokens: list[int],
+                logprobs: list[TokenLogprob] | None = None) -> StepOutput:
+        """Append committed tokens (and their logprobs, aligned) up to the first stop condition; return what to
+        stream."""
         kept = []
         for token in tokens:
             if token in seq.stop_ids:
@@ -432,7 +484,12 @@ class SpecEngine:
             seq.finish_reason = "length"
         if seq.finish_reason and stop_at is None:
             text += seq.detokenizer.flush()
-        return StepOutput(seq.request_id, kept, text, seq.finish_reason is not None, seq.finish_reason)
+        kept_logprobs = None
+        if seq.logprobs is not None:
+            kept_logprobs = list(logprobs or [])[: len(kept)]
+            seq.logprobs.extend(kept_logprobs)
+        return StepOutput(seq.request_id, kept, text, seq.finish_reason is not None, seq.finish_reason,
+                          logprobs=kept_logprobs)
 
     def _release(self, finished: list[_Sequence]) -> None:
         for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
@@ -472,7 +529,8 @@ class SpecEngine:
         """The finished request's full record (tokens, text, acceptance statistics)."""
         seq = self._finished.pop(request_id)
         return GenerationResult(request_id=request_id, prompt_token_ids=seq.prompt, token_ids=seq.output,
-                                text=seq.detokenizer.text, finish_reason=seq.finish_reason, **vars(seq.stats))
+                                text=seq.detokenizer.text, finish_reason=seq.finish_reason,
+                                logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs, **vars(seq.stats))
 
 
 _ids = itertools.count()
@@ -510,3 +568,5 @@ def _merge(into: StepOutput, more: StepOutput) -> None:
     into.num_draft_tokens += more.num_draft_tokens
     into.num_accepted_tokens += more.num_accepted_tokens
     into.num_verify_tokens += more.num_verify_tokens
+    if into.logprobs is not None and more.logprobs is not None:
+        into.logprobs.extend(more.logprobs)

@@ -8,12 +8,14 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from deepspec.decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from deepspec.decoding.validation import RequestError, RequestErrorCode
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    #: maximum number of generated tokens (the prompt is not counted); must be >= 1
+    #: maximum number of generated tokens (the prompt is not counted); >= 1, or 0 to only score the prompt
+    #: (prompt_logprobs set)
     max_tokens: int = 128
     #: 0 = greedy (argmax); > 0 scales logits before sampling
     temperature: float = 0.0
@@ -29,11 +31,23 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     #: keep generating past EOS until max_tokens (benchmarks)
     ignore_eos: bool = False
+    #: return each emitted token's raw logprob and this many top alternatives (0 = the token's only); None = off
+    logprobs: int | None = None
+    #: return each prompt token's raw logprob (the first has none) and this many alternatives; None = off
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+        min_tokens = 0 if self.prompt_logprobs is not None else 1
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < min_tokens:
             raise RequestError(RequestErrorCode.MAX_TOKENS_INVALID,
-                               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+                               f"max_tokens must be an integer >= 1 (0 only to score the prompt, with "
+                               f"prompt_logprobs), got {self.max_tokens!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value <= MAX_TOP_LOGPROBS):
+                raise _sampling_error(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (None = off), "
+                                      f"got {value!r}")
         if not isinstance(self.temperature, numbers.Real) or not math.isfinite(self.temperature) \
                 or self.temperature < 0:
             raise _sampling_error(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
@@ -69,6 +83,11 @@ class StepOutput:
     num_accepted_tokens: int = 0
     #: tokens scored for this request in this step's verify pass (its pending token + its drafts; 0 at prefill)
     num_verify_tokens: int = 0
+    #: aligned with new_token_ids when the request asked for logprobs; else None
+    logprobs: list[TokenLogprob] | None = None
+    #: once, in the prefill step's output, when the request asked for prompt_logprobs: one per prompt token, the
+    #: first None (nothing predicts it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(kw_only=True)
@@ -127,6 +146,10 @@ class GenerationResult(AcceptanceStats):
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    #: aligned with token_ids when asked for (SamplingParams.logprobs); else None
+    logprobs: list[TokenLogprob] | None = None
+    #: aligned with prompt_token_ids when asked for (SamplingParams.prompt_logprobs), the first None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 def _sampling_error(message: str) -> RequestError:
