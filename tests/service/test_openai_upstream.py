@@ -2,7 +2,7 @@
 serving the default target's GGUF): streaming, whole completions, cancellation, kill -9 of one upstream mid-stream
 with re-routing, ejection and rejoin, and overload.
 
-Each llama.cpp server runs one thread with a 512-token context and serves one request at a time (a second one
+Each llama.cpp server runs one thread with a 4,096-token context and serves one request at a time (a second one
 waits for the first: it has not started, so the gateway may still move it). `interrupt_requests` is off: by
 default that server ends a running stream when another request arrives (abetlen/llama-cpp-python
 llama_cpp/server/app.py get_event_publisher, `settings.interrupt_requests`), which no engine behind a router does.
@@ -32,7 +32,11 @@ pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m"
 #: a greedy continuation that counts on for hundreds of tokens rather than stopping at an end-of-sequence token
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"
-LONG_TOKENS = 400
+#: a stream that outlasts what the tests do while it runs: one core decodes this 135M model at ~200 tok/s, so 400
+#: tokens could end (finish_reason length) before the kill -9 test had killed its server; 4,000 last ~20 s. The
+#: tests close or kill every long stream, so none of them waits for it to end.
+LONG_TOKENS = 4000
+CONTEXT_TOKENS = 4096
 
 
 def _gguf() -> Path:
@@ -53,7 +57,7 @@ class LlamaServer(ServerProcess):
 
     def start(self) -> LlamaServer:
         self._log = open(self.log_path, "ab")
-        args = ["--model", str(_gguf()), "--model_alias", MODEL, "--n_ctx", "512", "--n_threads", "1",
+        args = ["--model", str(_gguf()), "--model_alias", MODEL, "--n_ctx", str(CONTEXT_TOKENS), "--n_threads", "1",
                 "--n_threads_batch", "1", "--host", "127.0.0.1", "--port", str(self.port),
                 "--interrupt_requests", "False", "--verbose", "False"]  # fmt: skip
         self.proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", *args], env=self.env,
