@@ -59,10 +59,11 @@ $(VENV)/.bench-installed: $(VENV)/.installed $(VENV)/.llama-installed
 
 # llama-cpp-python[server]: the real OpenAI-compatible servers tests/service/test_openai_upstream.py puts behind the
 # gateway, and the CPU peer of the benchmarks. One compile per venv, kept with it: minutes on idle cores, ~45 min on
-# 2 cores shared with other jobs. A CI that caches .venv pays it once.
+# 2 cores shared with other jobs. A CI that caches .venv pays it once. The venv is an order-only prerequisite: a
+# change to pyproject.toml reinstalls the project, not llama.cpp.
 llama-cpp: $(VENV)/.llama-installed
 
-$(VENV)/.llama-installed: $(VENV)/.installed
+$(VENV)/.llama-installed: | $(VENV)/.installed
 	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3' || \
 	  { echo "llama-cpp: the portable llama.cpp build failed; trying llama.cpp's default build" >&2; \
 	    $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3'; }
