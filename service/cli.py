@@ -44,6 +44,9 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
     g.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                    help="gguf: keep a GGUF target's own 4-bit matmul weights (CPU, bf16; ~2x faster batch-1 decode); "
                         "none: dense weights in --dtype; auto (default): gguf where it applies, else none")
+    g.add_argument("--chat-template", default=None,
+                   help="chat template for a target that ships none (gemma3-270m): smollm2, qwen, gemma3 or a Jinja "
+                        "file (default: the tokenizer's own)")
     g = p.add_argument_group("batching")
     g.add_argument("--max-batch-size", type=int, default=8, help="sequences per engine step (default 8)")
     g.add_argument("--max-queue", type=int, default=64,

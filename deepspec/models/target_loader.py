@@ -126,9 +126,11 @@ def load_target(
     device: str = "cpu",
     max_seq_len: int | None = None,
     quantization: str | None = None,
+    chat_template: str | None = None,
 ) -> DecoderTarget:
     """Load a target for decoding; `max_seq_len` caps the context (default: the model's own); `quantization`
-    is one of QUANTIZATIONS (default "none")."""
+    is one of QUANTIZATIONS (default "none"); `chat_template` (a built-in name or a Jinja file,
+    deepspec/models/chat_templates.py) replaces the tokenizer's own, for targets that ship none."""
     from transformers import AutoConfig, AutoTokenizer
 
     from deepspec.models.gguf_int4 import cached_int4_weights
@@ -160,6 +162,10 @@ def load_target(
     del state
     model.prepack()
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat_template is not None:
+        from deepspec.models.chat_templates import resolve_chat_template
+
+        tokenizer.chat_template = resolve_chat_template(chat_template)
     eos = config.eos_token_id if not hasattr(config, "text_config") else config.text_config.eos_token_id
     eos_ids = {*([eos] if isinstance(eos, int) else (eos or [])), tokenizer.eos_token_id}
     try:

@@ -37,7 +37,7 @@ def load_engine(settings) -> LoadedEngine:
         drafter = build_onnx_drafter(settings.draft, target)  # the export's neural draft runs through its graphs
     else:
         target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
-                             quantization=settings.quantization)
+                             quantization=settings.quantization, chat_template=settings.chat_template)
         drafter = build_drafter(settings.draft, target)
     max_seq_len = min(settings.max_seq_len, target.max_seq_len)
     engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,

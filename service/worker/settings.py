@@ -36,6 +36,8 @@ class WorkerSettings(ServiceSettings):
     #: "gguf" = keep a GGUF target's 4-bit matmul weights (CPU, bf16: ~2x faster batch-1 decode); "auto" = gguf
     #: where it applies, else "none" (dense weights in `dtype`)
     quantization: Quantization = "auto"
+    #: chat template for a target that ships none: a built-in (smollm2, qwen, gemma3) or a Jinja file
+    chat_template: str | None = None
     #: sequences decoded together in one engine step
     max_batch_size: int = Field(8, ge=1)
     #: requests waiting for a batch slot before new ones get RESOURCE_EXHAUSTED (the gateway's 429)
