@@ -48,7 +48,10 @@ def quick_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu-check")
     out = tmp / "gpu_check.json"
     site = _site_without(ABSENT_ON_GPU_MACHINE, tmp / "site-packages")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    # as on the GPU machine: no TRITON_INTERPRET (tests/plugins/test_kernels.py sets it in the process it shares
+    # with other test files), so the kernels part compiles them instead of interpreting
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
     # -S: no site-packages but the filtered copy on PYTHONPATH
     proc = subprocess.run([sys.executable, "-S", "-m", "bench.gpu_check", "--device", "cpu", "--quick",
                            "--in-process", "--out", str(out), "--workdir", str(tmp / "work"), "--wheels",

@@ -185,7 +185,8 @@ def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
     monkeypatch.setattr(deepspec.models, "load_target", fake_load_target)
     with pytest.raises(RuntimeError, match="stop here"):
         load_engine(WorkerSettings(target="smollm2-135m", dtype="bfloat16", quantization="gguf"))
-    assert seen == {"spec": "smollm2-135m", "dtype": "bfloat16", "device": "cpu", "quantization": "gguf"}
+    assert seen == {"spec": "smollm2-135m", "dtype": "bfloat16", "device": "cpu", "quantization": "gguf",
+                    "chat_template": None}
     assert WorkerSettings().quantization == "auto"
     with pytest.raises(ValueError, match="quantization"):
         WorkerSettings(quantization="int8")
