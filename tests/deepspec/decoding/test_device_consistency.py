@@ -27,9 +27,17 @@ from tests.training.helpers import target_sequences, tiny_draft, tiny_target
 
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 10, 11]]
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
-#: sampled rows 0 and 2 (seeded), greedy rows 1 and 3, in one batch
-MIXED = [SamplingParams(max_tokens=10, temperature=1.0, seed=0, ignore_eos=True), GREEDY,
-         SamplingParams(max_tokens=10, temperature=1.0, seed=2, ignore_eos=True), GREEDY]
+
+
+def _sampled(max_tokens: int, seed: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed, ignore_eos=True)
+
+
+#: at batch 2, one run goes through all three kinds of batch: rows 0 and 1 all greedy; row 0 ends after 4 tokens
+#: and sampled row 2 joins greedy row 1 (mixed, slots move); row 1 ends and sampled row 3 joins row 2 (all sampled)
+MIXED = [SamplingParams(max_tokens=4, ignore_eos=True), SamplingParams(max_tokens=8, ignore_eos=True),
+         _sampled(10, seed=0), _sampled(6, seed=2)]
+GREEDY_ROWS = (0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -101,36 +109,47 @@ def greedy_reference(targets):
     return [r.token_ids for r in _engine(cpu, None).generate(PROMPTS, GREEDY)]
 
 
-@pytest.mark.parametrize("name", DRAFTERS)
-def test_greedy_on_cuda_equals_the_cpu_run(targets, draft_dirs, name):
-    cpu, cuda = targets
-    expected = _run(cpu, draft_dirs, name, GREEDY)
-    with fake_cuda():
-        got = _run(cuda, draft_dirs, name, GREEDY)
-    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
-    if name not in ("none", "prompt-lookup"):
-        assert sum(r.num_draft_tokens for r in got) > 0  # the drafter really proposed on the cuda target
+@pytest.fixture(scope="module")
+def mixed_on_cuda(targets, draft_dirs):
+    """name → (each row's tokens, draft tokens proposed) of one MIXED run of that drafter on the cuda target, run
+    once and shared by the tests below: each run costs seconds of dispatch through the fake device."""
+    runs = {}
+
+    def run(name: str) -> tuple[list[list[int]], int]:
+        if name not in runs:
+            with fake_cuda():
+                got = _run(targets[1], draft_dirs, name, MIXED)
+            runs[name] = [r.token_ids for r in got], sum(r.num_draft_tokens for r in got)
+        return runs[name]
+
+    return run
+
+
+def _assert_greedy_rows_are_the_targets(got: list[list[int]], greedy_reference) -> None:
+    for i in GREEDY_ROWS:
+        assert got[i] == greedy_reference[i][: MIXED[i].max_tokens], i
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_sampled_and_greedy_rows_on_cuda(targets, draft_dirs, greedy_reference, name):
-    """Sampled rows draw their drafts on the device with the request's device generator; the greedy rows of the
-    same batch stay exactly the target's."""
+def test_every_kind_of_batch_on_cuda(targets, mixed_on_cuda, greedy_reference, name):
+    """Greedy rows on the cuda target equal the CPU target's own greedy answers token for token, whether their
+    batch is all greedy or shares it with a sampled row; sampled rows draw their drafts on the device with the
+    request's device generator, in a mixed batch and in an all-sampled one."""
     _, cuda = targets
-    with fake_cuda():
-        got = _run(cuda, draft_dirs, name, MIXED)
-    assert [got[i].token_ids for i in (1, 3)] == [greedy_reference[i] for i in (1, 3)]
-    assert all(len(r.token_ids) == GREEDY.max_tokens and all(0 <= t < cuda.vocab_size for t in r.token_ids)
-               for r in got)
+    got, draft_tokens = mixed_on_cuda(name)
+    _assert_greedy_rows_are_the_targets(got, greedy_reference)
+    assert [len(t) for t in got] == [p.max_tokens for p in MIXED]
+    assert all(0 <= t < cuda.vocab_size for tokens in got for t in tokens)
+    if name not in ("none", "prompt-lookup"):
+        assert draft_tokens > 0  # the drafter really proposed on the cuda target
 
 
 @pytest.mark.parametrize("name", ["eagle3-chain", "dspark-tree", "hybrid-merge"])
-def test_seeded_sampling_on_cuda_replays(targets, draft_dirs, name):
+def test_seeded_sampling_on_cuda_replays(targets, draft_dirs, mixed_on_cuda, name):
     _, cuda = targets
     with fake_cuda():
-        first = _run(cuda, draft_dirs, name, MIXED)
         again = _run(cuda, draft_dirs, name, MIXED)
-    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+    assert [r.token_ids for r in again] == mixed_on_cuda(name)[0]
 
 
 @pytest.mark.parametrize("name", ["dspark-tree", "corpus-tree"])
@@ -139,7 +158,7 @@ def test_the_verify_budget_on_cuda(targets, draft_dirs, greedy_reference, name):
     _, cuda = targets
     with fake_cuda():
         got = _run(cuda, draft_dirs, name, MIXED, verify_budget=True)
-    assert [got[i].token_ids for i in (1, 3)] == [greedy_reference[i] for i in (1, 3)]
+    _assert_greedy_rows_are_the_targets([r.token_ids for r in got], greedy_reference)
 
 
 @pytest.mark.parametrize("name", ["eagle3-tree", "corpus-tree"])
@@ -150,7 +169,7 @@ def test_trees_on_a_cuda_target_without_tree_attention(targets, draft_dirs, gree
     monkeypatch.setattr(cuda, "supports_tree_attention", False)
     with fake_cuda():
         got = _run(cuda, draft_dirs, name, MIXED)
-    assert [got[i].token_ids for i in (1, 3)] == [greedy_reference[i] for i in (1, 3)]
+    _assert_greedy_rows_are_the_targets([r.token_ids for r in got], greedy_reference)
 
 
 def test_draft_sampling_hands_out_generators_of_the_draws_device():
