@@ -80,8 +80,12 @@ def request_body(req: GenerationRequest, stream: bool) -> dict:
         body["seed"] = req.seed
     if req.stop:
         body["stop"] = list(req.stop)
-    if req.ignore_eos:  # vLLM's and SGLang's extension; engines without it refuse it (400), never ignore it silently
-        body["ignore_eos"] = True
+    if req.ignore_eos:
+        body["ignore_eos"] = True  # vLLM's, SGLang's and TensorRT-LLM's field
+        if req.max_tokens is not None:
+            # the same promise in the field every engine reads: llama.cpp's Python server drops `ignore_eos` unread
+            # (pydantic ignores unknown fields) but holds back the end-of-sequence token until `min_tokens`
+            body["min_tokens"] = req.max_tokens
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body

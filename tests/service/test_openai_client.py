@@ -1,18 +1,23 @@
-"""The OpenAI-HTTP upstream adapter in memory: what each upstream answer becomes for the dispatcher.
+"""The OpenAI-HTTP upstream adapter: what each upstream answer becomes for the dispatcher and the client.
 
 The real-server behaviour (streaming, kill -9, rejoin) is tested against llama.cpp in test_openai_upstream.py;
-these tests cover the answers a llama.cpp server never gives (429, 503, an error event inside the stream, vLLM's
-body shapes) with httpx's in-memory transport, so each mapping rule runs without a network.
+most tests here cover the answers a llama.cpp server never gives (429, 503, an error event inside the stream) with
+httpx's in-memory transport, so each mapping rule runs without a network. The last ones replay each engine's own
+stream shape (tests/service/fixtures/sse/<engine>.txt) from a small HTTP server through the whole gateway.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
+from pathlib import Path
 
 import httpx
 import pytest
 
+from service.gateway.app import GatewayState, create_app
 from service.gateway.openai_client import OpenAIClient, error_message, request_body, status_for_http
 from service.gateway.settings import GatewaySettings
 from service.gateway.upstreams import client_for, parse_address
@@ -128,10 +133,24 @@ def test_request_body_leaves_unset_fields_to_the_engine():
     SamplingParams.verify: "top_k must be -1 (disable), or at least 1"); `max_tokens` None means what fits."""
     body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", max_tokens=None, top_k=0), True)
     assert "top_k" not in body and "max_tokens" not in body and "ignore_eos" not in body
-    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", top_k=5, seed=3, stop=["\n"],
-                                          ignore_eos=True), False)  # fmt: skip
-    assert (body["top_k"], body["seed"], body["stop"], body["ignore_eos"]) == (5, 3, ["\n"], True)
-    assert "stream_options" not in body
+    assert "min_tokens" not in body
+    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", top_k=5, seed=3, stop=["\n"]),
+                        False)  # fmt: skip
+    assert (body["top_k"], body["seed"], body["stop"]) == (5, 3, ["\n"])
+    assert "stream_options" not in body and "ignore_eos" not in body and "min_tokens" not in body
+
+
+def test_ignore_eos_is_also_min_tokens_for_engines_that_drop_it():
+    """`ignore_eos` is vLLM's, SGLang's and TensorRT-LLM's field (NVIDIA/TensorRT-LLM
+    tensorrt_llm/serve/openai_protocol.py CompletionRequest: `ignore_eos`, `min_tokens`); llama.cpp's Python server
+    drops it unread (abetlen/llama-cpp-python llama_cpp/server/types.py CreateCompletionRequest has no such field,
+    and pydantic ignores unknown ones) but honours `min_tokens`, which holds back the end-of-sequence token. Both
+    are sent, so every engine generates max_tokens; with max_tokens unset (what fits) there is no count to ask for."""
+    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", max_tokens=40, ignore_eos=True), True)
+    assert (body["ignore_eos"], body["min_tokens"], body["max_tokens"]) == (True, 40, 40)
+    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", max_tokens=None, ignore_eos=True),
+                        True)  # fmt: skip
+    assert body["ignore_eos"] is True and "min_tokens" not in body
 
 
 def test_deadline_ends_a_stalled_stream():
@@ -263,3 +282,136 @@ def test_stream_without_usage_counts_its_text_chunks():
     chunks = asyncio.run(_collect(_client(lambda request: httpx.Response(200, content=events)), REQ))
     assert [c.text for c in chunks] == ["a", "b", ""] and chunks[-1].finish_reason == "length"
     assert (chunks[-1].stats.num_output_tokens, chunks[-1].stats.num_prompt_tokens) == (2, 0)
+
+
+# -- each engine's stream through the whole gateway ------------------------------------------------------------------
+
+SSE_FIXTURES = Path(__file__).parent / "fixtures" / "sse"
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+FIXTURE_MODEL = "Qwen/Qwen3-8B"
+#: engine -> route -> what the gateway must stream back: (text, finish_reason, prompt_tokens, completion_tokens)
+ENGINE_STREAMS = {
+    "vllm": {CHAT: ("Hello there! How can I help?", "stop", 14, 9),
+             COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8)},
+    "sglang": {CHAT: ("Hello there! How can I help?", "stop", 14, 9),
+               COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8)},
+    "trtllm-serve": {CHAT: ("Hello there! How can I help?", "stop", 14, 9),
+                     COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8)},
+}  # fmt: skip
+
+
+def _fixture_bodies(engine: str) -> dict[str, bytes]:
+    """Route -> the body a POST to it answers: each `@@ <route>` section of fixtures/sse/<engine>.txt, byte for
+    byte (the `#` lines before the first section are notes)."""
+    bodies: dict[str, bytes] = {}
+    route = None
+    for line in (SSE_FIXTURES / f"{engine}.txt").read_bytes().splitlines(keepends=True):
+        if line.startswith(b"@@ "):
+            route = line[3:].strip().decode()
+            bodies[route] = b""
+        elif route is not None:
+            bodies[route] += line
+    return bodies
+
+
+@contextlib.asynccontextmanager
+async def _replaying_engine(bodies: dict[str, bytes], health_status: int):
+    """An HTTP server that answers like the engine: `/health`, `/v1/models` with FIXTURE_MODEL, and each generation
+    route with its recorded body, written in pieces that cut lines and events apart (as TCP may deliver them).
+    Yields its port and the JSON bodies it was sent."""
+    from aiohttp import web
+
+    sent: list[dict] = []
+
+    async def health(request):
+        return web.Response(status=health_status)
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": FIXTURE_MODEL, "object": "model"}]})
+
+    async def generate(request):
+        sent.append(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        body = bodies[request.path]
+        for start in range(0, len(body), 97):
+            await response.write(body[start:start + 97])
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    for route in bodies:
+        app.router.add_post(route, generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1], sent
+    finally:
+        await runner.cleanup()
+
+
+def _stream_through_gateway(bodies: dict[str, bytes], route: str, health_status: int = 200):
+    """POST a streaming request for `route` to an in-process gateway whose one worker replays `bodies`; returns
+    the gateway's events (JSON, then "[DONE]") and the body the engine was sent."""
+    if route == CHAT:
+        request = {"model": FIXTURE_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9}
+    else:
+        request = {"model": FIXTURE_MODEL, "prompt": "The capital of France is", "max_tokens": 8}
+    request |= {"stream": True, "stream_options": {"include_usage": True}}
+
+    async def main():
+        async with _replaying_engine(bodies, health_status) as (port, sent):
+            settings = GatewaySettings(workers=f"openai+http://127.0.0.1:{port}", grpc_port=-1, health_interval_s=0.05)
+            state = GatewayState.build(settings)
+            await state.pool.start()
+            try:
+                deadline = time.monotonic() + 10
+                while not state.dispatcher.ready:
+                    assert time.monotonic() < deadline, "the gateway never admitted the replaying engine"
+                    await asyncio.sleep(0.02)
+                app = create_app(state=state)
+                app.state.gateway = state  # what the lifespan sets; httpx's ASGI transport does not run it
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
+                                             timeout=10) as client:  # fmt: skip
+                    async with client.stream("POST", route, json=request) as response:
+                        assert response.status_code == 200, await response.aread()
+                        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+            finally:
+                await state.pool.stop()
+        return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines], sent
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("engine, route", [(e, r) for e, routes in ENGINE_STREAMS.items() for r in routes])
+def test_each_engines_stream_shape_through_the_gateway(engine, route):
+    """Each engine's streaming shape, as its source writes it, becomes the same OpenAI stream at the gateway: the
+    text of every chunk in order, one finish_reason, and the engine's usage in the usage chunk before [DONE].
+
+    The fixtures follow vLLM (vllm-project/vllm vllm/entrypoints/openai/serving_chat.py
+    OpenAIServingChat.chat_completion_stream_generator, serving_completion.py
+    OpenAIServingCompletion.completion_stream_generator), SGLang (sgl-project/sglang
+    python/sglang/srt/entrypoints/openai/serving_chat.py OpenAIServingChat._generate_chat_stream,
+    serving_completions.py OpenAIServingCompletion._generate_completion_stream) and TensorRT-LLM (NVIDIA/TensorRT-LLM
+    tensorrt_llm/serve/postprocess_handlers.py chat_stream_post_processor / completion_stream_post_processor, sent by
+    tensorrt_llm/serve/openai_server.py OpenAIServer.openai_chat / openai_completion). Their quirks, each in at least
+    one fixture: a role chunk with empty (or no) content, chunks of several tokens, `"usage": null` on every chunk,
+    the usage alone on a last chunk with empty `choices`, the finish_reason on a chunk of its own with an empty delta
+    (SGLang chat) or on the last text chunk, extra keys (`matched_stop`, `reasoning_content`,
+    `avg_decoded_tokens_per_iter`), a space before the blank line (TensorRT-LLM's role chunk)."""
+    text, finish_reason, prompt_tokens, completion_tokens = ENGINE_STREAMS[engine][route]
+    events, sent = _stream_through_gateway(_fixture_bodies(engine), route)
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    choices = [c["choices"][0] for c in chunks]
+    assert "".join(c["delta"].get("content") or "" if route == CHAT else c["text"] for c in choices) == text
+    assert [c["finish_reason"] for c in choices if c["finish_reason"]] == [finish_reason]
+    assert events[-2]["choices"] == [] and events[-2]["usage"] == {
+        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    (body,) = sent
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
