@@ -20,6 +20,13 @@ on the error response's `infer_response`. The gateway returns it as the OpenAI e
 optional: a stock Triton sends neither, and the gateway then has a status but no code. The strings are listed in
 `ERROR_CODES` (the gateway image has no deepspec library; a test checks they mirror `RequestErrorCode`).
 
+Logprobs: a request asks for them with `return_log_probs` (TensorRT-LLM's input) and `top_logprobs` (how many
+alternatives per position), and for the prompt's with `prompt_logprobs`; a prompt may come as token ids in
+`input_ids` (the name of TensorRT-LLM's `tensorrt_llm` model input) instead of text. Each response then carries a
+table of the tokens whose text it carries (`OUTPUT_SCORES`; TensorRT-LLM's `output_log_probs` plus DeepSpec's
+columns), the prompt's table once, in the first response (`PROMPT_SCORES`). `service/token_scores.py` writes and
+reads the tables; the worker decides which tokens a response's text carries (`service/worker/token_texts.py`).
+
 Statistics: `RequestStats` is the one record of a request's counts, built by the worker's scheduler from the engine's
 step outputs, written to the output tensors named in `STATS_OUTPUTS`, and read back by the gateway for usage,
 metrics and the request log.
@@ -42,6 +49,10 @@ END_ID = "end_id"  # INT32, an extra token id that ends generation
 # DeepSpec additions.
 EXTRA_MESSAGES_JSON = "messages_json"  # BYTES, a JSON list of {"role","content"}: the worker applies the chat template
 EXTRA_IGNORE_EOS = "ignore_eos"  # BOOL
+RETURN_LOG_PROBS = "return_log_probs"  # BOOL, TensorRT-LLM's name: send the generated tokens' logprobs
+INPUT_IDS = "input_ids"  # INT32 [1, n], the prompt as token ids (TensorRT-LLM's name); text_input is then empty
+EXTRA_TOP_LOGPROBS = "top_logprobs"  # INT32, alternatives per generated position (0..MAX_TOP_LOGPROBS)
+EXTRA_PROMPT_LOGPROBS = "prompt_logprobs"  # INT32, score the prompt with this many alternatives; absent = off
 
 # Outputs.
 TEXT_OUTPUT = "text_output"  # BYTES: new text (stream) or the whole completion (ModelInfer)
@@ -51,6 +62,44 @@ EXTRA_NUM_PROMPT_TOKENS = "num_prompt_tokens"  # INT32, exact prompt length afte
 EXTRA_NUM_OUTPUT_TOKENS = "num_output_tokens"  # INT32, cumulative generated tokens
 EXTRA_NUM_SPEC_STEPS = "num_spec_steps"  # INT32, cumulative verify rounds that had drafts
 EXTRA_FINISH_REASON = "finish_reason"  # BYTES, on the final response: "stop" | "length" | "abort"
+
+
+
+@dataclass(frozen=True)
+class ScoreTensors:
+    """The output tensors of one table of scored tokens, row i = token i. A token without a logprob (the prompt's
+    first: nothing predicts it) has NaN. The top columns are sent only when the request asked for alternatives;
+    a token without a logprob has a padding row there (NaN, -1, "")."""
+
+    #: FP32 [1, n]
+    log_probs: str
+    #: INT32 [1, n]
+    token_ids: str
+    #: BYTES [1, n], UTF-8: the text each token adds (see service/worker/token_texts.py)
+    tokens: str
+    #: FP32 [n, k], likeliest first
+    top_log_probs: str
+    #: INT32 [n, k]
+    top_token_ids: str
+    #: BYTES [n, k], each alternative decoded on its own
+    top_tokens: str
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+def _score_tensors(prefix: str) -> ScoreTensors:
+    return ScoreTensors(*(f"{prefix}_{column}" for column in ("log_probs", "token_ids", "tokens", "top_log_probs",
+                                                              "top_token_ids", "top_tokens")))
+
+
+#: the generated tokens of a response; `output_log_probs` is TensorRT-LLM's name
+OUTPUT_SCORES = _score_tensors("output")
+#: the prompt's tokens, in the first response of a request that set prompt_logprobs
+PROMPT_SCORES = _score_tensors("prompt")
+#: the most alternatives per position a request may ask for (deepspec.decoding.logprobs.MAX_TOP_LOGPROBS, mirrored:
+#: the gateway image has no deepspec library)
+MAX_TOP_LOGPROBS = 20
 
 #: response parameter that flags the last response of a decoupled stream (Triton's name)
 FINAL_RESPONSE_PARAM = "triton_final_response"

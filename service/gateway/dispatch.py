@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from service.gateway import errors
 from service.gateway.routing import WorkerPool
 from service.gateway.validation import check_prompt_size
-from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
+from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_chunks
 from service.logging import log_request
 
 #: worker statuses that mean "this worker cannot take it now; another may" (retried before the first token)
@@ -90,6 +90,10 @@ class Dispatcher:
                     break
                 worker = endpoint.address
                 tried.add(worker)
+                unsupported = req.extensions - getattr(endpoint.client, "extensions", frozenset())
+                if unsupported:  # a client that would drop them (an OpenAI-HTTP worker) must not be sent them
+                    raise errors.BadRequestError(f"{' and '.join(sorted(unsupported))} are not supported by this "
+                                                 f"worker ({worker})")  # fmt: skip
                 try:
                     with self.pool.track(endpoint):
                         call = endpoint.client.infer if unary else endpoint.client.generate
@@ -154,12 +158,19 @@ class Dispatcher:
                 ttft_s=None if first is None else first - arrival, duration_s=finished - arrival, error=error_text,
             )  # fmt: skip
 
-    async def complete(self, req: GenerationRequest, api: str, caller: str | None = None) -> tuple[str, Chunk]:
-        """Run a request to the end: (whole text, last chunk with the usage)."""
-        parts, last = [], Chunk("")
-        async for last in self.generate(req, api, unary=True, caller=caller):
-            parts.append(last.text)
-        return "".join(parts), last
+    async def complete(self, req: GenerationRequest, api: str, caller: str | None = None) -> Chunk:
+        """Run a request to the end: one chunk with the whole text, its scores and the usage."""
+        return merge_chunks([chunk async for chunk in self.generate(req, api, unary=True, caller=caller)])
+
+    async def complete_all(self, reqs: list[GenerationRequest], api: str, caller: str | None = None) -> list[Chunk]:
+        """Run several requests (a batch of prompts) side by side to the end; the first failure fails them all and
+        cancels the rest."""
+        tasks = [asyncio.ensure_future(self.complete(req, api, caller)) for req in reqs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def abort(self, request_id: str, caller: str | None = None) -> bool:
         """Cancel `caller`'s request `request_id`; False when the caller has no such request running."""

@@ -5,7 +5,8 @@ both refuse the same inputs with the same messages), same errors mapped to statu
 A request that is not a valid protobuf is INVALID_ARGUMENT, not grpcio's default UNKNOWN. A cancelled call (client
 gone, deadline) cancels the handler, which closes the worker stream and frees the slot; `Abort` does the same for
 one of the caller's own request ids. API keys, when configured, are read from the `authorization: Bearer <key>`
-metadata. Health reports SERVING for "" and the service name while the gateway is ready.
+metadata. Health reports SERVING for "" and the service name while the gateway is ready. Logprobs come as the
+worker scored them (service/token_scores.py), one `TokenLogprob` per token, ids included.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from service.gateway.errors import BadRequestError, ServiceError, validation_mes
 from service.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from service.gateway.validation import check_request_id
 from service.gateway.worker_client import Chunk, GenerationRequest
+from service.token_scores import TokenScore
 from service.protos.deepspec.v1 import completions_pb2 as pb
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Completions"]
@@ -59,10 +61,16 @@ def _lenient(message_class):
 
 
 def to_generation_request(request: pb.CompletionRequest, model: str) -> GenerationRequest:
-    """A CompletionRequest validated by the HTTP API's schemas; BadRequestError with their message otherwise."""
-    if bool(request.prompt) == bool(request.messages):
-        raise BadRequestError("send exactly one of prompt or messages", param="prompt")
+    """A CompletionRequest validated by the HTTP API's schemas; BadRequestError with their message otherwise.
+    prompt_logprobs is the HTTP API's echo with logprobs; top_logprobs counts the alternatives of both tables."""
+    if sum(map(bool, (request.prompt, request.prompt_token_ids, request.messages))) != 1:
+        raise BadRequestError("send exactly one of prompt, prompt_token_ids or messages", param="prompt")
+    if request.HasField("top_logprobs") and not (request.logprobs or request.prompt_logprobs):
+        raise BadRequestError("top_logprobs needs logprobs or prompt_logprobs", param="top_logprobs")
+    if request.prompt_logprobs and request.messages:
+        raise BadRequestError("prompt_logprobs scores a prompt: send prompt or prompt_token_ids", param="prompt_logprobs")
     request_id = check_request_id(request.request_id) if request.request_id else new_request_id("grpc")
+    num_top = request.top_logprobs if request.HasField("top_logprobs") else 0
     fields = {
         "model": request.model or None, "stop": list(request.stop) or None, "ignore_eos": request.ignore_eos,
         "user": request.user or None,
@@ -73,15 +81,28 @@ def to_generation_request(request: pb.CompletionRequest, model: str) -> Generati
     try:
         if request.messages:
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            body = ChatCompletionRequest.model_validate({**fields, "messages": messages})
+            body = ChatCompletionRequest.model_validate({**fields, "messages": messages, "logprobs": request.logprobs,
+                                                         "top_logprobs": num_top if request.logprobs else None})
             return GenerationRequest(request_id=request_id, model=model, messages=body.messages_dicts(),
-                                     max_tokens=body.max_tokens, **body.sampling())  # fmt: skip
-        body = CompletionRequest.model_validate({**fields, "prompt": request.prompt})
-        return GenerationRequest(request_id=request_id, model=model, prompt=body.prompt_text,
-                                 max_tokens=body.max_tokens, **body.sampling())  # fmt: skip
+                                     max_tokens=body.max_tokens, logprobs=body.num_logprobs,
+                                     **body.sampling())  # fmt: skip
+        body = CompletionRequest.model_validate({
+            **fields, "prompt": request.prompt or list(request.prompt_token_ids), "echo": request.prompt_logprobs,
+            "logprobs": num_top if request.logprobs or request.prompt_logprobs else None})  # fmt: skip
+        generation = body.generation(body.prompts[0])
+        if not request.logprobs:  # the prompt's scores only
+            generation["logprobs"] = None
+        return GenerationRequest(request_id=request_id, model=model, **generation)
     except ValidationError as e:
         message, param = validation_message(e.errors())
         raise BadRequestError(message, param=param) from None
+
+
+def _token_logprobs(scores: list[TokenScore] | None) -> list[pb.TokenLogprob]:
+    return [pb.TokenLogprob(token=s.token, token_id=s.token_id, logprob=s.logprob,
+                            top_logprobs=[pb.TopLogprob(token=t, token_id=i, logprob=lp)
+                                          for t, i, lp in zip(s.top_tokens, s.top_token_ids, s.top_logprobs)])
+            for s in scores or ()]  # fmt: skip
 
 
 class CompletionsServicer:
@@ -102,17 +123,20 @@ class CompletionsServicer:
     async def Complete(self, request, context):
         try:
             req, caller = self._start(request, context)
-            text, last = await self.state.dispatcher.complete(req, "grpc", caller=caller)
+            result = await self.state.dispatcher.complete(req, "grpc", caller=caller)
         except ServiceError as e:
             await context.abort(e.grpc_status, e.message)
-        return pb.CompletionResponse(id=req.request_id, model=req.model, text=text,
-                                     finish_reason=last.finish_reason or "", usage=_usage(last))  # fmt: skip
+        return pb.CompletionResponse(id=req.request_id, model=req.model, text=result.text,
+                                     finish_reason=result.finish_reason or "", usage=_usage(result),
+                                     logprobs=_token_logprobs(result.logprobs),
+                                     prompt_logprobs=_token_logprobs(result.prompt_logprobs))  # fmt: skip
 
     async def CompleteStream(self, request, context):
         try:
             req, caller = self._start(request, context)
             async for chunk in self.state.dispatcher.generate(req, "grpc", caller=caller):
-                out = pb.CompletionChunk(id=req.request_id, text=chunk.text)
+                out = pb.CompletionChunk(id=req.request_id, text=chunk.text, logprobs=_token_logprobs(chunk.logprobs),
+                                         prompt_logprobs=_token_logprobs(chunk.prompt_logprobs))  # fmt: skip
                 if chunk.final:
                     out.finish_reason = chunk.finish_reason or ""
                     out.usage.CopyFrom(_usage(chunk))

@@ -1,10 +1,11 @@
 """OpenAI request bodies the gateway accepts (pydantic, strict types) and their mapping to a worker request.
 
 Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Nothing is silently ignored: fields OpenAI defines that DeepSpec
-does not implement (n, logprobs, echo, penalties, response_format, tools, logit_bias, ...) are accepted only at
+does not implement (n, suffix, best_of, penalties, response_format, tools, logit_bias, ...) are accepted only at
 their neutral value and refused otherwise with a message naming the field, and an unknown field is a 400 naming it
 (OpenAI answers "Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for JSON
-output would get free text). `top_k` and `ignore_eos` are vLLM's extensions. Field types and limits come from
+output would get free text). `top_k` and `ignore_eos` are vLLM's extensions, and so are completions' batches of
+prompts given as token ids (OpenAI takes them too) and `logprobs` up to 20. Field types and limits come from
 `validation.py`; the gRPC API validates through these models too.
 """
 
@@ -14,8 +15,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.gateway.validation import (Integer, MaxTokens, Name, OnePrompt, Prompt, Seed, StopString, StopStrings,
-                                        Temperature, Text, TopK, TopP, neutral_only)  # fmt: skip
+from service.gateway.validation import (CompletionMaxTokens, Integer, MaxTokens, Name, Prompt, Prompts, Seed,
+                                        StopString, StopStrings, Temperature, Text, TokenIdBatch, TokenIds, TopK,
+                                        TopLogprobs, TopP, neutral_only)  # fmt: skip
 
 
 _MIN_NORMAL_FP32 = 1.1754943508222875e-38
@@ -54,7 +56,6 @@ class _SamplingFields(BaseModel):
     ignore_eos: bool = False
     presence_penalty: Annotated[float | None, neutral_only(0, None)] = None
     frequency_penalty: Annotated[float | None, neutral_only(0, None)] = None
-    logprobs: Annotated[bool | int | None, neutral_only(False, 0, None)] = None
     logit_bias: Annotated[dict[str, float] | None, neutral_only({}, None)] = None
     response_format: ResponseFormat | None = None
 
@@ -63,11 +64,9 @@ class _SamplingFields(BaseModel):
         if self.logit_bias:
             raise ValueError("logit_bias is not supported (leave it out)")
         if self.n != 1:
-            raise ValueError("n must be 1: DeepSpec returns one choice per request (send n requests instead)")
+            raise ValueError("n must be 1: DeepSpec returns one choice per prompt (send n requests instead)")
         if self.presence_penalty or self.frequency_penalty:
             raise ValueError("presence_penalty and frequency_penalty are not supported (leave them 0)")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
@@ -90,24 +89,46 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Prompt | OnePrompt
-    #: OpenAI's default for completions is 16
-    max_tokens: MaxTokens | None = 16
-    echo: Annotated[bool, neutral_only(False)] = False
+    #: a text, a batch of texts, token ids or a batch of token-id lists: one choice per prompt, in order (vLLM)
+    prompt: Prompt | Prompts | TokenIds | TokenIdBatch
+    #: OpenAI's default for completions is 16; 0 generates nothing and only scores the prompt (with echo)
+    max_tokens: CompletionMaxTokens | None = 16
+    #: return the prompt before the completion, with logprobs the prompt's token logprobs too (prompt scoring)
+    echo: bool = False
+    #: each token's logprob and this many likeliest alternatives (OpenAI's legacy shape); None = off
+    logprobs: TopLogprobs | None = None
     suffix: Annotated[str | None, neutral_only("", None)] = None
     best_of: Annotated[int | None, Integer, neutral_only(1, None)] = None
 
     @model_validator(mode="after")
     def _check_prompt(self):
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ValueError("prompt must be a string or a list of exactly one string (batches: send several requests)")
-        if self.echo or self.suffix or (self.best_of not in (None, 1)):
-            raise ValueError("echo, suffix and best_of are not supported")
+        if self.suffix or (self.best_of not in (None, 1)):
+            raise ValueError("suffix and best_of are not supported")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 generates nothing: it only scores the prompt, with echo true (and "
+                             "logprobs for the prompt's logprobs; gRPC: prompt_logprobs)")
+        if self.stream and len(self.prompts) > 1:
+            raise ValueError("stream takes one prompt: send the batch without stream, or one request per prompt")
         return self
 
     @property
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per choice: a text or a list of token ids."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
+
+    def generation(self, prompt: str | list[int]) -> dict:
+        """The GenerationRequest fields for one of `prompts`. Echo asks the worker for the prompt's scores when they
+        are shown (logprobs), when only the worker can say the prompt's text (token ids), or when nothing else is
+        asked (max_tokens 0)."""
+        token_ids = isinstance(prompt, list)
+        prompt_logprobs = None
+        if self.echo and (self.logprobs is not None or token_ids or self.max_tokens == 0):
+            prompt_logprobs = self.logprobs or 0
+        return {"prompt": None if token_ids else prompt, "prompt_token_ids": prompt if token_ids else None,
+                "max_tokens": self.max_tokens, "logprobs": self.logprobs, "prompt_logprobs": prompt_logprobs,
+                **self.sampling()}  # fmt: skip
 
 
 class TextPart(BaseModel):
@@ -130,17 +151,25 @@ class ChatCompletionRequest(_SamplingFields):
     #: None = as many as fit in the context (vLLM's default), decided by the worker
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
-    top_logprobs: Annotated[int | None, Integer, neutral_only(0, None)] = None
+    #: return each generated token's logprob ...
+    logprobs: bool | None = None
+    #: ... and this many likeliest alternatives per position (needs logprobs)
+    top_logprobs: TopLogprobs | None = None
     #: tool calls are not implemented: only "no tools" is accepted
     tools: Annotated[list | None, Field(max_length=0), neutral_only([], None)] = None
     tool_choice: Annotated[Literal["none"] | None, neutral_only("none", None)] = None
     parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
-    def _check_unsupported_chat(self):
-        if self.top_logprobs:
-            raise ValueError("top_logprobs is not supported (leave it out)")
+    def _check_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true (as at OpenAI)")
         return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """GenerationRequest.logprobs: the alternatives asked for, None without logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def messages_dicts(self) -> list[dict]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]

@@ -8,7 +8,7 @@ and builds requests that pass those rules, in the dialect the model declares (`s
 the LLM-API model's `sampling_param_*` names, or the ensemble's, which DeepSpec's worker speaks too).
 
 A request that needs an input the model does not declare (chat messages on a model without `messages_json`, stop
-strings, `ignore_eos`) is refused with `SignatureError` naming the model and the input, instead of being sent and
+strings, `ignore_eos`, logprobs, a token-id prompt) is refused with `SignatureError` naming the model and the input, instead of being sent and
 refused by Triton or silently changing meaning. Request flags that only ask for outputs are sent when declared.
 """
 
@@ -108,6 +108,10 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
         "seed": None if req.seed is None else [req.seed],
         "stop": list(req.stop) or None,
         "ignore_eos": [True] if req.ignore_eos else None,
+        "prompt_token_ids": req.prompt_token_ids,
+        "return_log_probs": None if req.logprobs is None else [True],
+        "top_logprobs": None if req.logprobs is None else [req.logprobs],
+        "prompt_logprobs": None if req.prompt_logprobs is None else [req.prompt_logprobs],
         **{flag: [True] for flag in c.FLAGS},
     }  # fmt: skip
 
@@ -120,6 +124,9 @@ def build_request(req, stream: bool, signature: ModelSignature) -> service_pb2.M
         name = names.get(role)
         if values is None or (role in _SKIPPABLE and name not in signature.inputs):
             continue
+        if name not in signature.inputs and role in c.FEATURE_OF_ROLE:
+            raise SignatureError(f"{c.FEATURE_OF_ROLE[role]} are not supported by this worker: model {req.model!r} "
+                                 f"declares no {name or role!r} input (DeepSpec's worker does)")  # fmt: skip
         if name not in signature.inputs:
             raise SignatureError(f"model {req.model!r} declares no input for {role.replace('_', ' ')} "
                                  f"({name or 'none in its dialect'}): send the request without it")  # fmt: skip

@@ -26,10 +26,11 @@ GENERATION_RESPONSES = {
 }  # fmt: skip
 
 
-def usage(chunk: Chunk) -> dict:
-    s = chunk.stats
-    return {"prompt_tokens": s.num_prompt_tokens, "completion_tokens": s.num_output_tokens,
-            "total_tokens": s.num_prompt_tokens + s.num_output_tokens}  # fmt: skip
+def usage(*chunks: Chunk) -> dict:
+    """The usage of one request's last chunk, or of several requests (a batch of prompts) summed."""
+    prompt = sum(c.stats.num_prompt_tokens for c in chunks)
+    completion = sum(c.stats.num_output_tokens for c in chunks)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def sse_response(

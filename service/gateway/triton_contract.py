@@ -16,7 +16,8 @@ Two stock models of TensorRT-LLM's Triton backend, one dialect each:
   `num_input_tokens` and `num_output_tokens`. DeepSpec's own worker speaks this dialect too.
 
 DeepSpec additions are optional inputs and extra outputs a stock model simply does not declare: `messages_json`
-(chat messages the model renders with its chat template) and `ignore_eos`; the LLM-API model we export also sends
+(chat messages the model renders with its chat template), `ignore_eos`, and the token-id prompt (`input_ids`) and
+logprobs inputs (`return_log_probs`, `top_logprobs`, `prompt_logprobs`) only DeepSpec's worker reads; the LLM-API model we export also sends
 `num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact. A gateway only sends an input
 the model's config declares; a request that needs an undeclared one is refused with a clear message.
 
@@ -50,7 +51,12 @@ CONFIG_DATATYPE = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "INT32": "TYPE_I
 
 #: what a gateway request asks for -> the input carrying it, per dialect (None: the dialect has no such input)
 ROLES = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
-         "ignore_eos")
+         "ignore_eos", "prompt_token_ids", "return_log_probs", "top_logprobs", "prompt_logprobs")
+#: roles DeepSpec's worker reads and neither stock model does (the ensemble declares `return_log_probs` but sends
+#: only numbers, no token texts to render them with): a model that lacks one cannot serve the feature, which
+#: a gateway then refuses by name (`signature.py`)
+FEATURE_OF_ROLE = {"prompt_token_ids": "token-id prompts", "return_log_probs": "logprobs", "top_logprobs": "logprobs",
+                   "prompt_logprobs": "prompt logprobs (echo)"}
 #: request flags that only ask for outputs: sent when declared, skipped silently when not
 FLAGS = ("return_perf_metrics", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
@@ -59,6 +65,7 @@ LLMAPI_NAMES = {
     "stream": "streaming", "temperature": "sampling_param_temperature", "top_p": "sampling_param_top_p",
     "top_k": "sampling_param_top_k", "seed": "sampling_param_seed", "stop": "sampling_param_stop",
     "end_id": None, "ignore_eos": "ignore_eos",
+    "prompt_token_ids": None, "return_log_probs": None, "top_logprobs": None, "prompt_logprobs": None,
     "return_perf_metrics": "sampling_param_return_perf_metrics", "return_finish_reason": "return_finish_reason",
     "return_num_input_tokens": None, "return_num_output_tokens": None,
 }  # fmt: skip
@@ -66,6 +73,8 @@ ENSEMBLE_NAMES = {
     "prompt": "text_input", "messages": "messages_json", "max_tokens": "max_tokens", "stream": "stream",
     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop_words",
     "end_id": "end_id", "ignore_eos": "ignore_eos",
+    "prompt_token_ids": "input_ids", "return_log_probs": "return_log_probs", "top_logprobs": "top_logprobs",
+    "prompt_logprobs": "prompt_logprobs",
     "return_perf_metrics": "return_perf_metrics", "return_finish_reason": None,
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
 }  # fmt: skip
@@ -73,10 +82,11 @@ ENSEMBLE_NAMES = {
 LLMAPI_MARKER = LLMAPI_NAMES["max_tokens"]
 
 #: roles whose tensor holds a list (BYTES [-1]); every other role is one value
-LIST_ROLES = ("stop",)
+LIST_ROLES = ("stop", "prompt_token_ids")
 ROLE_DATATYPES = {
     "prompt": "BYTES", "messages": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
     "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop": "BYTES", "end_id": "INT32", "ignore_eos": "BOOL",
+    "prompt_token_ids": "INT32", "return_log_probs": "BOOL", "top_logprobs": "INT32", "prompt_logprobs": "INT32",
     "return_perf_metrics": "BOOL", "return_finish_reason": "BOOL", "return_num_input_tokens": "BOOL",
     "return_num_output_tokens": "BOOL",
 }  # fmt: skip
@@ -118,9 +128,10 @@ LLMAPI_OUTPUTS = (
 )  # fmt: skip
 
 #: the ensemble's inputs a gateway may send, as upstream's ensemble declares them (text_input and max_tokens
-#: required); DeepSpec's additions are left out: the ensemble's preprocessing model is upstream's and reads neither
+#: required); DeepSpec's additions are left out: the ensemble's preprocessing model is upstream's and reads none of
+#: them (nor does it turn `return_log_probs` into token texts)
 ENSEMBLE_INPUTS = _inputs({role: name for role, name in ENSEMBLE_NAMES.items()
-                           if role not in ("messages", "ignore_eos")}, ("prompt", "max_tokens"), (1,))
+                           if role not in ("messages", "ignore_eos", *FEATURE_OF_ROLE)}, ("prompt", "max_tokens"), (1,))
 ENSEMBLE_OUTPUTS = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (-1,)), TensorSpec(ACCEPTANCE_RATE, "FP32"),
     TensorSpec(TOTAL_ACCEPTED_DRAFT_TOKENS, "INT32"), TensorSpec(TOTAL_DRAFT_TOKENS, "INT32"),

@@ -14,9 +14,12 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from service.gateway.errors import BadRequestError
-from service.protocol import MAX_CHARS_PER_TOKEN, max_prompt_chars
+from service.protocol import MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS, max_prompt_chars
 
 MAX_INT32 = 2**31 - 1
+#: prompts in one completions request (a batch): each becomes a request of its own on a worker, so a batch larger
+#: than the workers' slots and queues would only be refused in part
+MAX_PROMPTS = 32
 #: stop strings per request (OpenAI allows 4; vLLM has no limit)
 MAX_STOP_STRINGS = 16
 #: characters per stop string: the detokenizer rescans this much text after every token
@@ -53,9 +56,15 @@ Integer = BeforeValidator(_json_integer)
 Text = Annotated[str, Unicode]
 #: a completion prompt: the worker needs at least one token
 Prompt = Annotated[str, Field(min_length=1), Unicode]
-#: a batch of prompts, of which DeepSpec takes exactly one (the schema says so; `schemas.py` says why if not)
-OnePrompt = Annotated[list[Prompt], WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1},
-                                                    "minItems": 1, "maxItems": 1})]  # fmt: skip
+#: a batch of text prompts: one choice each
+Prompts = Annotated[list[Prompt], Field(min_length=1, max_length=MAX_PROMPTS)]
+#: one prompt as token ids (INT32 on the wire); the worker checks them against its vocabulary and context
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_INT32), Integer]], Field(min_length=1)]
+#: a batch of token-id prompts (what lm-eval's local-completions sends): one choice each
+TokenIdBatch = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+#: alternatives per position: OpenAI allows 20 for chat's top_logprobs and 5 for completions' logprobs; both take 20
+#: here, as vLLM does (its default max_logprobs)
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), Integer]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), Unicode]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), Unicode]
 StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
@@ -65,6 +74,8 @@ TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=-1, le=MAX_INT32), Integer]
 Seed = Annotated[int, Field(ge=0, lt=2**64), Integer]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32), Integer]
+#: completions may ask for 0 tokens: only the prompt, scored (echo)
+CompletionMaxTokens = Annotated[int, Field(ge=0, le=MAX_INT32), Integer]
 #: printable ASCII without spaces: it is written into log lines as is
 RequestId = Annotated[str, Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[!-~]+$")]
 

@@ -24,6 +24,7 @@ from service import protocol as p
 from service import tensors
 from service.gateway import triton_contract as c
 from service.gateway.signature import DEEPSPEC_WORKER, ModelSignature, SignatureError, build_request
+from service.token_scores import TokenScore, read_scores
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -38,12 +39,14 @@ _CHANNEL_OPTIONS = [
 
 @dataclass
 class GenerationRequest:
-    """What the gateway asks a worker for; either `prompt` (raw text) or `messages` (chat, rendered by the worker)."""
+    """What the gateway asks a worker for: `prompt` (raw text), `prompt_token_ids` or `messages` (chat, rendered by
+    the worker)."""
 
     request_id: str
     model: str
     prompt: str | None = None
     messages: list[dict] | None = None
+    prompt_token_ids: list[int] | None = None
     #: None = as many as fit in the context
     max_tokens: int | None = 16
     temperature: float = 1.0
@@ -52,16 +55,30 @@ class GenerationRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    #: the generated tokens' logprobs with this many alternatives each; None = off
+    logprobs: int | None = None
+    #: the prompt's logprobs with this many alternatives each (max_tokens may then be 0); None = off
+    prompt_logprobs: int | None = None
+
+    @property
+    def extensions(self) -> frozenset[str]:
+        """What this request needs beyond a plain completion, named as a refusal names it (c.FEATURE_OF_ROLE)."""
+        wanted = {"return_log_probs": self.logprobs, "prompt_logprobs": self.prompt_logprobs,
+                  "prompt_token_ids": self.prompt_token_ids}
+        return frozenset(c.FEATURE_OF_ROLE[role] for role, value in wanted.items() if value is not None)
 
 
 @dataclass
 class Chunk:
-    """One worker response: new text plus the request's cumulative counts."""
+    """One worker response: new text plus the request's cumulative counts, and the scores of the tokens that text
+    carries (and of the prompt, in the first) when the request asked for them."""
 
     text: str
     stats: p.RequestStats = field(default_factory=p.RequestStats)
     finish_reason: str | None = None
     final: bool = False
+    logprobs: list[TokenScore] | None = None
+    prompt_logprobs: list[TokenScore] | None = None
 
 
 class WorkerError(Exception):
@@ -106,7 +123,18 @@ def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
 
     stats = p.RequestStats(**{field: _count(values, names) for field, names in _STATS_NAMES.items()})
     return Chunk(text=text[0].decode("utf-8", "replace"), stats=stats,
-                 finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final)  # fmt: skip
+                 finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final,
+                 logprobs=read_scores(response, values, p.OUTPUT_SCORES),
+                 prompt_logprobs=read_scores(response, values, p.PROMPT_SCORES))  # fmt: skip
+
+
+def merge_chunks(chunks: list[Chunk]) -> Chunk:
+    """Consecutive chunks of one request as one: the text and scores joined, the last one's counts and finish."""
+    last = chunks[-1] if chunks else Chunk("")
+    scored = [c.logprobs for c in chunks if c.logprobs is not None]
+    prompt = next((c.prompt_logprobs for c in chunks if c.prompt_logprobs is not None), None)
+    return Chunk("".join(c.text for c in chunks), last.stats, last.finish_reason, last.final,
+                 [s for part in scored for s in part] if scored else None, prompt)
 
 
 def _stream_error_code(response: service_pb2.ModelInferResponse) -> str | None:
@@ -121,6 +149,9 @@ def _rpc_error(e: grpc.aio.AioRpcError) -> WorkerError:
 
 
 class WorkerClient:
+    #: what this client forwards (GenerationRequest.extensions); whether a model serves them is its signature's say
+    extensions = frozenset(c.FEATURE_OF_ROLE.values())
+
     def __init__(self, address: str):
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
@@ -176,10 +207,8 @@ class WorkerClient:
         signature = await self.signature(req.model, timeout_s)
         request = build_infer_request(req, False, signature)
         if not signature.unary:
-            text, chunk = [], Chunk("")
-            async for chunk in self._stream(request, timeout_s, signature.cumulative_text):
-                text.append(chunk.text)
-            chunk.text = "".join(text)
+            parts = [chunk async for chunk in self._stream(request, timeout_s, signature.cumulative_text)]
+            chunk = merge_chunks(parts)
         else:
             try:
                 chunk = parse_response(await self.stub.ModelInfer(request, timeout=timeout_s))

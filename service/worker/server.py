@@ -9,9 +9,11 @@ then stops. Tensor names and conventions: `service/protocol.py`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,9 +25,11 @@ from deepspec.decoding.validation import RequestError, RequestErrorCode
 from service import protocol as p
 from service import tensors
 from service.metrics import WorkerMetrics, start_metrics_server
+from service.token_scores import TokenScore, add_scores
 from service.worker.settings import WorkerSettings
 from service.worker.engine import LoadedEngine, load_engine
 from service.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
+from service.worker.token_texts import OutputScores, prompt_scores
 
 logger = logging.getLogger(__name__)
 
@@ -100,16 +104,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             prompt_ids, params, stream = await self.service.parse(request)
             if stream:
                 raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, "stream=true needs ModelStreamInfer")
-            text, last = [], None
-            async for out, stats in self.service.scheduler.generate(prompt_ids, params, arrival):
-                text.append(out.new_text)
-                last = (out, stats)
+            async for response in self._responses(request, prompt_ids, params, False, arrival):
+                pass  # one response, the whole completion
         except Exception as e:
             status, message, error_code = _status_of(e)
             if error_code is not None:
                 context.set_trailing_metadata(((p.ERROR_CODE_METADATA, error_code),))
             await context.abort(status, message)
-        return _response(request, "".join(text), *last)
+        return response
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Decoupled streaming: any number of requests per stream, each answered by one response per step."""
@@ -144,20 +146,33 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(tasks):
                 task.cancel()
 
+    async def _responses(self, request, prompt_ids: list[int], params: SamplingParams, stream: bool,
+                         arrival: float) -> AsyncIterator[service_pb2.ModelInferResponse]:
+        """One request's responses: one per engine step when streaming (its new text and the scores of the tokens
+        that text carries, the prompt's in the first), else one with everything."""
+        service = self.service
+        scores = OutputScores(service.loaded.target.decode, service.token_text) if params.logprobs is not None else None
+        text, scored, prompt = [], [], None
+        async for out, stats in service.scheduler.generate(prompt_ids, params, arrival):
+            step_scores = scores.step(out) if scores is not None else None
+            if out.prompt_logprobs is not None:
+                prompt = prompt_scores(prompt_ids, out.prompt_logprobs, service.loaded.target.decode,
+                                       service.token_text)
+            if stream:
+                yield _response(request, out.new_text, out, stats, step_scores, prompt)
+                prompt = None
+                continue
+            text.append(out.new_text)
+            scored.extend(step_scores or ())
+            if out.finished:
+                yield _response(request, "".join(text), out, stats, scored, prompt)
+
     async def _stream_one(self, request, responses: asyncio.Queue) -> None:
         arrival = time.perf_counter()
         try:
             prompt_ids, params, stream = await self.service.parse(request)
-            text = []
-            async for out, stats in self.service.scheduler.generate(prompt_ids, params, arrival):
-                if stream:
-                    responses.put_nowait(service_pb2.ModelStreamInferResponse(
-                        infer_response=_response(request, out.new_text, out, stats)))  # fmt: skip
-                else:
-                    text.append(out.new_text)
-                    if out.finished:
-                        responses.put_nowait(service_pb2.ModelStreamInferResponse(
-                            infer_response=_response(request, "".join(text), out, stats)))  # fmt: skip
+            async for response in self._responses(request, prompt_ids, params, stream, arrival):
+                responses.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -185,13 +200,16 @@ def _status_of(e: Exception) -> tuple[grpc.StatusCode, str, str | None]:
     return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}", None
 
 
-def _response(request, text: str, out: StepOutput, stats: p.RequestStats) -> service_pb2.ModelInferResponse:
+def _response(request, text: str, out: StepOutput, stats: p.RequestStats, scores: list[TokenScore] | None = None,
+              prompt: list[TokenScore] | None = None) -> service_pb2.ModelInferResponse:
     response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
     tensors.add_output(response, p.TEXT_OUTPUT, text)
     for field_name, tensor_name in p.STATS_OUTPUTS.items():
         tensors.add_output(response, tensor_name, getattr(stats, field_name))
     if out.finished:
         tensors.add_output(response, p.EXTRA_FINISH_REASON, out.finish_reason or "stop")
+    add_scores(response, p.OUTPUT_SCORES, scores or [])
+    add_scores(response, p.PROMPT_SCORES, prompt or [])
     tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, out.finished)
     return response
 
@@ -201,11 +219,17 @@ _INPUTS = [
     (p.TEMPERATURE, "FP32", [1, 1]), (p.TOP_K, "INT32", [1, 1]), (p.TOP_P, "FP32", [1, 1]),
     (p.SEED, "UINT64", [1, 1]), (p.STOP_WORDS, "BYTES", [1, -1]), (p.END_ID, "INT32", [1, 1]),
     (p.EXTRA_MESSAGES_JSON, "BYTES", [1, 1]), (p.EXTRA_IGNORE_EOS, "BOOL", [1, 1]),
+    (p.INPUT_IDS, "INT32", [1, -1]), (p.RETURN_LOG_PROBS, "BOOL", [1, 1]), (p.EXTRA_TOP_LOGPROBS, "INT32", [1, 1]),
+    (p.EXTRA_PROMPT_LOGPROBS, "INT32", [1, 1]),
 ]  # fmt: skip
 _OUTPUTS = [
     (p.TEXT_OUTPUT, "BYTES", [1, 1]), (p.NUM_DRAFT_TOKENS, "INT32", [1, 1]), (p.NUM_ACCEPTED_TOKENS, "INT32", [1, 1]),
     (p.EXTRA_NUM_PROMPT_TOKENS, "INT32", [1, 1]), (p.EXTRA_NUM_OUTPUT_TOKENS, "INT32", [1, 1]),
     (p.EXTRA_NUM_SPEC_STEPS, "INT32", [1, 1]), (p.EXTRA_FINISH_REASON, "BYTES", [1, 1]),
+    # the scored-token tables (service/protocol.py ScoreTensors): three [1, n] columns, then three [n, k] ones
+    *((name, datatype, [1, -1] if column < 3 else [-1, -1])
+      for table in (p.OUTPUT_SCORES, p.PROMPT_SCORES)
+      for column, (name, datatype) in enumerate(zip(table.names(), ("FP32", "INT32", "BYTES") * 2))),
 ]  # fmt: skip
 _DTYPE = {
     "BYTES": model_config_pb2.TYPE_STRING, "INT32": model_config_pb2.TYPE_INT32, "BOOL": model_config_pb2.TYPE_BOOL,
@@ -228,6 +252,8 @@ class WorkerService:
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._metrics_server = None
+        #: token id -> its text decoded on its own (the alternatives' texts), cached: a vocabulary is finite
+        self.token_text = None
 
     async def start(self) -> None:
         """Serve at once (ServerLive); load, warm up, then turn ready. Returns when ready."""
@@ -251,6 +277,7 @@ class WorkerService:
         if self.loaded is None:
             self.loaded = await asyncio.to_thread(load_engine, self.settings)
         self.model_name = self.loaded.target.name
+        self.token_text = functools.lru_cache(maxsize=1 << 16)(lambda token: self.loaded.target.decode([token]))
         self.metrics = WorkerMetrics(self.model_name)
         if self.settings.metrics_port >= 0:
             self._metrics_server = start_metrics_server(self.metrics.registry, self.settings.host,
@@ -278,6 +305,12 @@ class WorkerService:
             values = tensors.read_inputs(request)
             text = tensors.scalar(values, p.TEXT_INPUT, str, "")
             messages_json = tensors.scalar(values, p.EXTRA_MESSAGES_JSON, str)
+            input_ids = values.get(p.INPUT_IDS)
+            if input_ids is not None and (text or messages_json is not None):
+                raise ValueError(f"send the prompt once: {p.INPUT_IDS} (token ids) with an empty {p.TEXT_INPUT} and "
+                                 f"no {p.EXTRA_MESSAGES_JSON}")
+            if input_ids is not None and not all(isinstance(t, int) for t in input_ids):
+                raise ValueError(f"{p.INPUT_IDS} must be an integer tensor")
             end_id = tensors.scalar(values, p.END_ID, int)
             max_tokens = tensors.scalar(values, p.MAX_TOKENS, int)
             stream = tensors.scalar(values, p.STREAM, bool, False)
@@ -287,7 +320,9 @@ class WorkerService:
                 raise RequestError(RequestErrorCode.CONTEXT_TOO_LONG,
                                    f"the prompt has {num_chars} characters, more than this model's maximum context "
                                    f"length of {self.loaded.max_seq_len} tokens can hold: shorten the prompt")
-            if messages_json is not None:
+            if input_ids is not None:
+                prompt_ids = input_ids  # checked against the vocabulary and the context by the engine's validation
+            elif messages_json is not None:
                 prompt_ids = target.encode_chat(_parse_messages(messages_json))
             elif len(text) > _TOKENIZE_INLINE_MAX_CHARS:
                 prompt_ids = await asyncio.to_thread(target.encode, text)
@@ -304,6 +339,8 @@ class WorkerService:
                 stop=tuple(tensors.strings(values, p.STOP_WORDS)),
                 stop_token_ids=() if end_id is None or end_id < 0 else (end_id,),
                 ignore_eos=tensors.scalar(values, p.EXTRA_IGNORE_EOS, bool, False),
+                logprobs=_logprobs(values),
+                prompt_logprobs=tensors.scalar(values, p.EXTRA_PROMPT_LOGPROBS, int),
             )
         except RequestError:
             raise
@@ -332,6 +369,16 @@ class WorkerService:
         if self._metrics_server is not None:
             await asyncio.to_thread(self._metrics_server.shutdown)  # waits out serve_forever's poll interval
             self._metrics_server.server_close()
+
+
+def _logprobs(values: dict[str, list]) -> int | None:
+    """SamplingParams.logprobs: top_logprobs alternatives when return_log_probs is set, else None (off)."""
+    top = tensors.scalar(values, p.EXTRA_TOP_LOGPROBS, int)
+    if not tensors.scalar(values, p.RETURN_LOG_PROBS, bool, False):
+        if top is not None:
+            raise ValueError(f"{p.EXTRA_TOP_LOGPROBS} needs {p.RETURN_LOG_PROBS} true")
+        return None
+    return top or 0
 
 
 def _parse_messages(messages_json: str) -> list[dict]:

@@ -114,7 +114,7 @@ BAD_CHAT_REQUESTS = [
     ("tool_choice", {"tool_choice": "required"}, "tool_choice"),
     ("json_schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}},
      "response_format"),
-    ("top_logprobs", {"top_logprobs": 3}, "top_logprobs is not supported"),
+    ("top_logprobs without logprobs", {"top_logprobs": 3}, "top_logprobs needs logprobs: true"),
     ("unknown field", {"guided_json": {"type": "object"}}, "guided_json: unrecognized request argument"),
     ("unknown message field", {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
      "messages.0.tool_calls: unrecognized"),

@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions — OpenAI chat, whole or as SSE; the worker applies the target's chat template."""
+"""POST /v1/chat/completions — OpenAI chat, whole or as SSE; the worker applies the target's chat template. With
+`logprobs` each chunk carries the logprobs of the tokens whose text it carries (service/worker/token_texts.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from service.gateway.dependencies import CallerDep, DispatcherDep, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
+from service.gateway.logprobs import chat_logprobs
 from service.gateway.schemas import ChatCompletionRequest
 from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest
@@ -20,32 +22,39 @@ router = APIRouter()
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep):
     model, _ = dispatcher.resolve_model(body.model)
     req = GenerationRequest(request_id=new_request_id("chatcmpl"), model=model, messages=body.messages_dicts(),
-                            max_tokens=body.max_completion_tokens or body.max_tokens, **body.sampling())  # fmt: skip
+                            max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=body.num_logprobs,
+                            **body.sampling())  # fmt: skip
     created = int(time.time())
+
+    def logprobs(chunk: Chunk) -> dict | None:
+        return chat_logprobs(chunk.logprobs or []) if body.logprobs else None
+
     if not body.stream:
-        text, last = await until_disconnect(request, dispatcher.complete(req, "chat", caller))
+        result = await until_disconnect(request, dispatcher.complete(req, "chat", caller))
         return JSONResponse({
             "id": req.request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": last.finish_reason}],
-            "usage": usage(last),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                         "logprobs": logprobs(result), "finish_reason": result.finish_reason}],
+            "usage": usage(result),
         })  # fmt: skip
 
     chunks = dispatcher.generate(req, "chat", caller=caller)
     first = await until_disconnect(request, anext(chunks))
 
-    def frame(delta: dict, finish_reason: str | None = None) -> bytes:
+    def frame(delta: dict, chunk: Chunk | None = None) -> bytes:
+        """One chunk event; `chunk` None for the role chunk, which carries no token."""
         payload = {"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}  # fmt: skip
+                   "choices": [{"index": 0, "delta": delta, "logprobs": None if chunk is None else logprobs(chunk),
+                                "finish_reason": None if chunk is None else chunk.finish_reason}]}  # fmt: skip
         if body.include_usage:
             payload["usage"] = None
         return sse(payload)
 
     def opening(first: Chunk) -> list[bytes]:
-        return [frame({"role": "assistant", "content": ""}), frame({"content": first.text}, first.finish_reason)]
+        return [frame({"role": "assistant", "content": ""}), frame({"content": first.text}, first)]
 
     def later(chunk: Chunk) -> bytes:
-        return frame({"content": chunk.text} if chunk.text or not chunk.finish_reason else {}, chunk.finish_reason)
+        return frame({"content": chunk.text} if chunk.text or not chunk.finish_reason else {}, chunk)
 
     def usage_event(last: Chunk) -> bytes:
         return sse({"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": model,

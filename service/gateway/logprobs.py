@@ -1,0 +1,59 @@
+"""OpenAI's two logprobs shapes, rendered from the `TokenScore`s a worker sends (service/token_scores.py).
+
+- Chat, `choices[i].logprobs`: `{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
+  "refusal": null}`, top_logprobs the N likeliest (OpenAI's chat object).
+- Completions, the legacy shape: `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`. Each
+  top_logprobs dict holds the N likeliest and the chosen token (OpenAI: "the API will always return the logprob of
+  the sampled token, so there may be up to logprobs+1 elements"); a token without a logprob (the prompt's first,
+  with echo) has None in both lists, as vLLM and OpenAI answer. text_offset is each token's character offset in the
+  choice's text.
+
+The numbers are the target's raw distribution (before temperature, top-k, top-p), read off the verify pass. JSON has
+no -Infinity: a logprob below LOGPROB_FLOOR is written as the floor, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from service.token_scores import TokenScore
+
+LOGPROB_FLOOR = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
+
+def _utf8(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def chat_logprobs(scores: list[TokenScore]) -> dict:
+    return {"content": [{"token": s.token, "logprob": _finite(s.logprob), "bytes": _utf8(s.token),
+                         "top_logprobs": [{"token": t, "logprob": _finite(lp), "bytes": _utf8(t)}
+                                          for t, lp in zip(s.top_tokens, s.top_logprobs)]}
+                        for s in scores], "refusal": None}  # fmt: skip
+
+
+def completion_logprobs(scores: list[TokenScore], start: int = 0) -> dict:
+    """The legacy shape of `scores`, whose text begins at character `start` of the choice's text (a stream's later
+    chunks, the completion after an echoed prompt)."""
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    for s in scores:
+        tokens.append(s.token)
+        text_offset.append(start)
+        start += len(s.token)
+        if s.logprob is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            continue
+        token_logprobs.append(_finite(s.logprob))
+        top = {t: _finite(lp) for t, lp in zip(s.top_tokens, s.top_logprobs)}
+        top.setdefault(s.token, _finite(s.logprob))
+        top_logprobs.append(top)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": text_offset}
+
+
+def concat(*shapes: dict) -> dict:
+    """Legacy shapes of consecutive parts of one choice (the echoed prompt, then the completion) as one."""
+    return {key: [value for shape in shapes for value in shape[key]] for key in shapes[0]}
