@@ -297,7 +297,12 @@ ENGINE_STREAMS = {
                COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8)},
     "trtllm-serve": {CHAT: ("Hello there! How can I help?", "stop", 14, 9),
                      COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8)},
+    # no usage in the stream: the completion tokens are its text chunks (one token each), the prompt's unknown
+    "llama.cpp": {CHAT: ("Hello there, welcome to my world! I", "length", 0, 9),
+                  COMPLETIONS: (" Paris.\n- The United States has", "length", 0, 8)},
 }  # fmt: skip
+#: llama.cpp's Python server has no /health route (404), which the gateway reads as "answers HTTP at all"
+HEALTH_STATUS = {"llama.cpp": 404}
 
 
 def _fixture_bodies(engine: str) -> dict[str, bytes]:
@@ -398,13 +403,15 @@ def test_each_engines_stream_shape_through_the_gateway(engine, route):
     python/sglang/srt/entrypoints/openai/serving_chat.py OpenAIServingChat._generate_chat_stream,
     serving_completions.py OpenAIServingCompletion._generate_completion_stream) and TensorRT-LLM (NVIDIA/TensorRT-LLM
     tensorrt_llm/serve/postprocess_handlers.py chat_stream_post_processor / completion_stream_post_processor, sent by
-    tensorrt_llm/serve/openai_server.py OpenAIServer.openai_chat / openai_completion). Their quirks, each in at least
-    one fixture: a role chunk with empty (or no) content, chunks of several tokens, `"usage": null` on every chunk,
-    the usage alone on a last chunk with empty `choices`, the finish_reason on a chunk of its own with an empty delta
-    (SGLang chat) or on the last text chunk, extra keys (`matched_stop`, `reasoning_content`,
-    `avg_decoded_tokens_per_iter`), a space before the blank line (TensorRT-LLM's role chunk)."""
+    tensorrt_llm/serve/openai_server.py OpenAIServer.openai_chat / openai_completion); llama.cpp's is recorded from
+    its Python server (abetlen/llama-cpp-python llama_cpp/server/app.py get_event_publisher, sse_starlette/sse.py
+    EventSourceResponse._ping for the keep-alive). Their quirks, each in at least one fixture: a role chunk with
+    empty (or no) content, chunks of several tokens, `"usage": null` on every chunk, the usage alone on a last chunk
+    with empty `choices` or no usage at all, the finish_reason on a chunk of its own with an empty delta (SGLang and
+    llama.cpp chat) or on the last text chunk, extra keys (`matched_stop`, `reasoning_content`,
+    `avg_decoded_tokens_per_iter`), a space before the blank line (TensorRT-LLM's role chunk), a `: ping` comment."""
     text, finish_reason, prompt_tokens, completion_tokens = ENGINE_STREAMS[engine][route]
-    events, sent = _stream_through_gateway(_fixture_bodies(engine), route)
+    events, sent = _stream_through_gateway(_fixture_bodies(engine), route, HEALTH_STATUS.get(engine, 200))
     assert events[-1] == "[DONE]"
     chunks = [e for e in events[:-1] if e["choices"]]
     choices = [c["choices"][0] for c in chunks]
