@@ -466,10 +466,10 @@ class SpecEngine:
                 logprobs: list[TokenLogprob] | None = None) -> StepOutput:
         """Append committed tokens (and their logprobs, aligned) up to the first stop condition; return what to
         stream."""
-        kept = []
-        for token in tokens:
+        kept, stop_index = [], None
+        for i, token in enumerate(tokens):
             if token in seq.stop_ids:
-                seq.finish_reason = "stop"
+                seq.finish_reason, stop_index = "stop", i
                 break
             kept.append(token)
             if len(seq.output) + len(kept) >= seq.params.max_tokens:
@@ -484,12 +484,14 @@ class SpecEngine:
             seq.finish_reason = "length"
         if seq.finish_reason and stop_at is None:
             text += seq.detokenizer.flush()
-        kept_logprobs = None
+        kept_logprobs = stop_logprob = None
         if seq.logprobs is not None:
             kept_logprobs = list(logprobs or [])[: len(kept)]
             seq.logprobs.extend(kept_logprobs)
+            if stop_index is not None and stop_index == len(kept) and len(logprobs or ()) > stop_index:
+                stop_logprob = logprobs[stop_index]  # the stop token right after what is kept
         return StepOutput(seq.request_id, kept, text, seq.finish_reason is not None, seq.finish_reason,
-                          logprobs=kept_logprobs)
+                          logprobs=kept_logprobs, stop_logprob=stop_logprob)
 
     def _release(self, finished: list[_Sequence]) -> None:
         for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
@@ -570,3 +572,4 @@ def _merge(into: StepOutput, more: StepOutput) -> None:
     into.num_verify_tokens += more.num_verify_tokens
     if into.logprobs is not None and more.logprobs is not None:
         into.logprobs.extend(more.logprobs)
+    into.stop_logprob = more.stop_logprob

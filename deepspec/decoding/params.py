@@ -85,6 +85,9 @@ class StepOutput:
     num_verify_tokens: int = 0
     #: aligned with new_token_ids when the request asked for logprobs; else None
     logprobs: list[TokenLogprob] | None = None
+    #: when the request asked for logprobs and a stop token (EOS, stop_token_ids) ended it: that token's logprob.
+    #: The token is not emitted, but a scorer asking "what came next" (lm-eval's echo + max_tokens 1) needs it
+    stop_logprob: TokenLogprob | None = None
     #: once, in the prefill step's output, when the request asked for prompt_logprobs: one per prompt token, the
     #: first None (nothing predicts it)
     prompt_logprobs: list[TokenLogprob | None] | None = None

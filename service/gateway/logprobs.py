@@ -47,8 +47,9 @@ def completion_logprobs(scores: list[TokenScore], start: int = 0) -> dict:
             top_logprobs.append(None)
             continue
         token_logprobs.append(_finite(s.logprob))
-        top = {t: _finite(lp) for t, lp in zip(s.top_tokens, s.top_logprobs)}
-        top.setdefault(s.token, _finite(s.logprob))
+        top: dict[str, float] = {}
+        for text, logprob in [*zip(s.top_tokens, s.top_logprobs), (s.token, s.logprob)]:
+            top.setdefault(text, _finite(logprob))  # two tokens with one text: the likelier one's
         top_logprobs.append(top)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offset}

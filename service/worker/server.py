@@ -9,7 +9,6 @@ then stops. Tensor names and conventions: `service/protocol.py`.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import time
@@ -29,7 +28,7 @@ from service.token_scores import TokenScore, add_scores
 from service.worker.settings import WorkerSettings
 from service.worker.engine import LoadedEngine, load_engine
 from service.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
-from service.worker.token_texts import OutputScores, prompt_scores
+from service.worker.token_texts import OutputScores, alternative_texts, prompt_scores
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +251,7 @@ class WorkerService:
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._metrics_server = None
-        #: token id -> its text decoded on its own (the alternatives' texts), cached: a vocabulary is finite
+        #: token id -> its text on its own: the alternatives' texts (service/worker/token_texts.py)
         self.token_text = None
 
     async def start(self) -> None:
@@ -277,7 +276,7 @@ class WorkerService:
         if self.loaded is None:
             self.loaded = await asyncio.to_thread(load_engine, self.settings)
         self.model_name = self.loaded.target.name
-        self.token_text = functools.lru_cache(maxsize=1 << 16)(lambda token: self.loaded.target.decode([token]))
+        self.token_text = alternative_texts(self.loaded.target)
         self.metrics = WorkerMetrics(self.model_name)
         if self.settings.metrics_port >= 0:
             self._metrics_server = start_metrics_server(self.metrics.registry, self.settings.host,

@@ -65,3 +65,9 @@ def test_engine_validation_under_the_stub_names_the_code():
 def test_protocol_error_codes_mirror_the_engines():
     """The gateway image has no deepspec library: service/protocol.py keeps the code strings, which must agree."""
     assert set(p.ERROR_CODES) == {c.value for c in EngineCodes}
+
+
+def test_protocol_logprobs_bound_mirrors_the_engines():
+    from deepspec.decoding.logprobs import MAX_TOP_LOGPROBS
+
+    assert p.MAX_TOP_LOGPROBS == MAX_TOP_LOGPROBS

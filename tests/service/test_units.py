@@ -255,3 +255,102 @@ def test_worker_response_stats_round_trip_through_the_protocol():
     request = service_pb2.ModelInferRequest(model_name="m", id="r")
     chunk = parse_response(_response(request, "abc", StepOutput("r", [1], "abc", True, "length"), stats))
     assert chunk.stats == stats and chunk.stats.acceptance_length == 3.0 and chunk.finish_reason == "length"
+
+
+def test_scored_token_tables_round_trip_through_the_protocol():
+    """service/token_scores.py: rows of one table, a token without a logprob (the prompt's first: NaN on the wire,
+    a padding row among the alternatives) and none at all (no tensors, read back as None)."""
+    from service.token_scores import TokenScore, add_scores, read_scores
+
+    scores = [TokenScore("é", 7, None), TokenScore("", 8, -0.5, ("a", "\ufffd"), (1, 2), (-0.25, -1.5)),
+              TokenScore("b", 9, -3.0, ("c", "d"), (3, 4), (-0.5, -2.0))]
+    response = service_pb2.ModelInferResponse()
+    add_scores(response, p.PROMPT_SCORES, scores)
+    add_scores(response, p.OUTPUT_SCORES, [TokenScore("x", 1, -2.0)])
+    values = tensors.read_outputs(response)
+    assert read_scores(response, values, p.PROMPT_SCORES) == scores
+    assert read_scores(response, values, p.OUTPUT_SCORES) == [TokenScore("x", 1, -2.0)]
+    assert read_scores(service_pb2.ModelInferResponse(), {}, p.OUTPUT_SCORES) is None
+    del values[p.PROMPT_SCORES.token_ids]
+    with pytest.raises(tensors.TensorError, match="different lengths"):
+        read_scores(response, values, p.PROMPT_SCORES)
+
+
+def _stub_outputs(prompt: bytes, **params) -> list:
+    engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=1, num_speculative_tokens=3, verify_budget=False)
+    outputs = []
+    engine.generate([list(prompt)], SamplingParams(logprobs=1, **params), on_output=outputs.append)
+    return outputs
+
+
+def test_each_response_carries_the_scores_of_the_tokens_its_text_completes():
+    """service/worker/token_texts.py over the real engine: text held back as the possible start of a stop string
+    brings its tokens' scores along when it is released; the stop string's own tokens come last."""
+    from service.worker.token_texts import OutputScores
+
+    target = StubTarget()
+    scores = OutputScores(target.decode, lambda t: chr(t))
+    outputs = _stub_outputs(b"x", max_tokens=40, stop=("lazy",))
+    released = [scores.step(out) for out in outputs]
+    assert "".join(out.new_text for out in outputs) == "The quick brown fox jumps over the "
+    for out, chunk in zip(outputs[:-1], released[:-1]):
+        assert "".join(s.token for s in chunk) == out.new_text
+    assert "".join(s.token for s in released[-1]) == outputs[-1].new_text + "lazy"
+    assert [s.token_id for chunk in released for s in chunk] == [t for out in outputs for t in out.new_token_ids]
+    assert any(not out.new_text and out.new_token_ids for out in outputs)  # "l", "la", "laz" were held back
+
+
+def test_the_stop_token_that_ends_a_request_is_scored_last_without_text():
+    """lm-eval asks for one token past the prompt and drops the last entry: an EOS (here a stop id) that ends the
+    request at once must still be that entry (deepspec StepOutput.stop_logprob)."""
+    from service.worker.token_texts import OutputScores
+
+    outputs = _stub_outputs(b"The ", max_tokens=1, stop_token_ids=(ord("q"),))  # the stub continues "The " with "q"
+    (out,) = outputs
+    assert out.new_token_ids == [] and out.finish_reason == "stop" and out.stop_logprob.token_id == ord("q")
+    (score,) = OutputScores(StubTarget().decode, chr).step(out)
+    assert (score.token, score.token_id, score.logprob) == ("", ord("q"), 0.0)
+
+
+def test_prompt_texts_split_characters_as_the_output_does_and_concatenate_to_the_decoded_prompt():
+    from service.worker.token_texts import prompt_scores
+
+    target = StubTarget()
+    ids = target.encode("hé €") + [0xE2, 0x82]  # ends inside a character, as a token-id prompt may
+    scores = prompt_scores(ids, [None] + [None] * (len(ids) - 1), target.decode, chr)
+    assert [s.token for s in scores] == ["h", "", "é", " ", "", "", "€", "", "\ufffd"]
+    assert "".join(s.token for s in scores) == target.decode(ids)
+
+
+def test_openai_logprob_shapes():
+    """service/gateway/logprobs.py: the legacy dict keeps the likelier of two tokens with one text and always has the
+    chosen token; JSON has no -Infinity (vLLM's floor); the chat shape's bytes are each token's UTF-8."""
+    from service.gateway.logprobs import LOGPROB_FLOOR, chat_logprobs, completion_logprobs, concat
+    from service.token_scores import TokenScore
+
+    scores = [TokenScore("é", 5, None), TokenScore("x", 6, -2.0, ("\ufffd", "\ufffd"), (1, 2), (-0.5, -1.0)),
+              TokenScore("y", 7, float("-inf"), ("z",), (3,), (-0.1,))]
+    shape = completion_logprobs(scores, start=10)
+    assert shape == {"tokens": ["é", "x", "y"], "token_logprobs": [None, -2.0, LOGPROB_FLOOR],
+                     "top_logprobs": [None, {"\ufffd": -0.5, "x": -2.0}, {"z": -0.1, "y": LOGPROB_FLOOR}],
+                     "text_offset": [10, 11, 12]}
+    assert concat(shape, completion_logprobs([])) == shape
+    content = chat_logprobs(scores[1:2])["content"]
+    assert content == [{"token": "x", "logprob": -2.0, "bytes": [120], "top_logprobs": [
+        {"token": "\ufffd", "logprob": -0.5, "bytes": [239, 191, 189]},
+        {"token": "\ufffd", "logprob": -1.0, "bytes": [239, 191, 189]}]}]
+
+
+def test_a_worker_that_cannot_forward_logprobs_is_not_sent_them():
+    """An OpenAI-HTTP worker's client (gateway/openai_client.py) declares no `extensions`: a request that needs one
+    is a 400 naming it, never a completion without it."""
+    from service.gateway.dispatch import Dispatcher
+    from service.gateway.errors import BadRequestError
+
+    pool = _pool([0])
+    pool.endpoints["w0"].client = object()
+    dispatcher = Dispatcher(pool, GatewayMetrics())
+    for req, named in [(GenerationRequest("r1", "m", prompt="x", logprobs=0), "logprobs"),
+                       (GenerationRequest("r2", "m", prompt_token_ids=[1, 2]), "token-id prompts")]:
+        with pytest.raises(BadRequestError, match=f"{named} are not supported by this worker"):
+            asyncio.run(anext(dispatcher.generate(req, "completions")))
