@@ -36,6 +36,7 @@ from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 from deepspec.decoding.logprobs import TokenLogprob, token_logprobs
 from deepspec.decoding.params import AcceptanceStats, GenerationResult, SamplingParams, StepOutput
+from deepspec.decoding.structured import GrammarCompiler, RowGrammar, mask_logits_, restrict_draft_probs
 from deepspec.decoding.tree import (first_children, keep_nodes, monotone_survival, node_depths,
                                     tree_survival_from_record, with_root)
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
@@ -72,6 +73,8 @@ class _Sequence:
     #: aligned with output when the request asked for logprobs
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    #: the request's structured-output matcher, advanced over `output` (None = unconstrained)
+    grammar: RowGrammar | None = None
 
 
 class SpecEngine:
@@ -134,6 +137,12 @@ class SpecEngine:
         """Raise RequestError (a ValueError with a RequestErrorCode) unless the request fits this engine; called by
         add_request, and by servers before they queue a request. Reads only fixed settings: safe from any thread."""
         validate_request(prompt_token_ids, params, max_seq_len=self.max_seq_len, vocab_size=self.target.vocab_size)
+        if params.structured is not None:
+            self._grammar_compiler().compile(params.structured)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        """One per target in a process: compiling against a vocabulary costs seconds the first time."""
+        return _GRAMMAR_COMPILERS.setdefault(self.target, GrammarCompiler(self.target))
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     keep_result: bool = False) -> None:
@@ -159,6 +168,7 @@ class SpecEngine:
             stop_ids=stop_ids,
             keep_result=keep_result,
             logprobs=[] if params.logprobs is not None else None,
+            grammar=self._grammar_compiler().matcher(params.structured) if params.structured is not None else None,
         )
         self._running.append(seq)
         self._by_id[request_id] = seq
@@ -236,6 +246,8 @@ class SpecEngine:
         feats = torch.cat(features, 1) if features else None
         outputs = []
         for row, seq in enumerate(seqs):
+            if seq.grammar is not None:
+                mask_logits_(logits[row : row + 1], seq.grammar.root_mask())
             first = self._first_token(seq, logits[row])
             first_logprobs = None
             if seq.params.logprobs is not None:
@@ -301,12 +313,26 @@ class SpecEngine:
             k = int(num_drafts.max())
             draft_tokens = proposal.tokens[:, :k].cpu()
             draft_probs = proposal.probs[:, :k] if proposal.probs is not None and k else None
+        masks = self._grammar_walks(draft_tokens, num_drafts, None)
+        if masks:  # a draft the grammar forbids ends its chain: its kept drafts are a prefix
+            for row, (kept, _) in masks.items():
+                num_drafts[row] = kept.index(False) if False in kept else len(kept)
+            k = int(num_drafts.max()) if B else 0
+            draft_tokens = draft_tokens[:, :k]
+            draft_probs = draft_probs[:, :k] if draft_probs is not None and k else None
         k = draft_tokens.shape[1]
         inputs = torch.cat([pending, draft_tokens], dim=1).to(device)
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
         out = self.target.forward(inputs, start, self.cache.rows(0, B), feature_layers=self.feature_layers,
                                   logits="all", max_start=max(s.cache_len for s in seqs))
         logits = out.logits  # [B, k+1, V]
+        if masks:  # position j of a chain is scored in the state after its first j drafts: mask row j
+            draft_probs = draft_probs.clone() if draft_probs is not None else None
+            for row, (_, bitmask) in masks.items():
+                n = int(num_drafts[row])
+                mask_logits_(logits[row, : n + 1], bitmask[: n + 1])
+                if draft_probs is not None and n:
+                    draft_probs[row, :n] = restrict_draft_probs(draft_probs[row, :n], bitmask[:n])
 
         # every row in one batched op (torch.ops.deepspec.*): greedy rows get exactly the target's argmax
         sampling = None
@@ -337,6 +363,13 @@ class SpecEngine:
         proposal = Proposal(proposal.tokens.cpu(), num, proposal.probs, survival, parents)
         if self.step_time is not None:
             proposal = self._budget_tree(proposal)
+        masks = self._grammar_walks(proposal.tokens, proposal.num_tokens, proposal.parents)
+        if any(not all(kept) for kept, _ in masks.values()):  # cut what the grammar forbids, with its subtree
+            keep = torch.arange(proposal.tokens.shape[1])[None, :] < proposal.num_tokens[:, None]
+            for row, (kept, _) in masks.items():
+                keep[row, : len(kept)] = torch.tensor(kept, dtype=torch.bool)
+            proposal = keep_nodes(proposal, keep)
+            masks = self._grammar_walks(proposal.tokens, proposal.num_tokens, proposal.parents)
         num = proposal.num_tokens
         k = int(num.max())
         tree_parents = with_root(proposal.parents[:, :k], num)  # [B, 1+k]
@@ -352,6 +385,11 @@ class SpecEngine:
         if proposal.probs is not None and k:
             probs = proposal.probs[:, :k].to(out.logits.device)
             q = torch.cat([probs.new_zeros(B, 1, probs.shape[2]), probs], dim=1)
+        for row, (_, bitmask) in masks.items():  # column c is scored after node c; a node is drawn after its parent
+            n = int(num[row])
+            mask_logits_(out.logits[row, : n + 1], bitmask)
+            if q is not None and n:
+                q[row, 1 : n + 1] = restrict_draft_probs(q[row, 1 : n + 1], bitmask[tree_parents[row, 1 : n + 1]])
         num_accepted, next_token, path = verify_tree(inputs, tree_parents, num + 1, out.logits, q, sampling)
         self.cache.keep_path(start, path, num_accepted)
 
@@ -381,6 +419,20 @@ class SpecEngine:
             survival = tree_survival_from_record(observed_survival(records, max(k, 1)), parents, num)
         keep = best_nodes(monotone_survival(survival, parents, num), self.step_time)
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
+
+    def _grammar_walks(self, tokens: torch.Tensor, num: torch.Tensor,
+                       parents: torch.Tensor | None) -> dict[int, tuple[list[bool], torch.Tensor]]:
+        """Per constrained row, its proposal (tokens [B, k] CPU, num [B], parents [B, k] or None for chains) walked
+        through its grammar (structured.RowGrammar.walk): which nodes the grammar allows, and the bitmask of allowed
+        tokens at the root and after each node. Unconstrained rows are absent: they cost nothing."""
+        walks = {}
+        for row, seq in enumerate(self._running):
+            if seq.grammar is None:
+                continue
+            n = int(num[row])
+            row_parents = parents[row, :n].tolist() if parents is not None else list(range(-1, n - 1))
+            walks[row] = seq.grammar.walk(tokens[row, :n].tolist(), row_parents)
+        return walks
 
     def _emitted_logprobs(self, logits: torch.Tensor, positions: list[list[int]],
                           committed: list[list[int]]) -> list[list[TokenLogprob] | None]:
@@ -475,6 +527,10 @@ class SpecEngine:
             if len(seq.output) + len(kept) >= seq.params.max_tokens:
                 seq.finish_reason = "length"
                 break
+        if seq.grammar is not None:
+            kept = kept[: seq.grammar.accept(kept)]
+            if seq.grammar.terminated and not seq.finish_reason:  # the constrained output is complete
+                seq.finish_reason = "stop"
         text, stop_at = seq.detokenizer.add(kept)
         if stop_at is not None:
             kept = kept[: stop_at + 1]
@@ -538,6 +594,8 @@ class SpecEngine:
 _ids = itertools.count()
 #: target -> {(verify sizes, captured layers): its verify-pass cost model}; dropped with the target
 _STEP_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: target → its GrammarCompiler (the compiled vocabulary and grammars), shared by the engines built on it
+_GRAMMAR_COMPILERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: what one more prefill forward costs, in padded tokens: its fixed part (reading every weight once, ~40 ms for the
 #: default target in fp32 on one CPU core) against ~6 ms per prompt token. On a GPU the fixed part weighs more and a

@@ -9,6 +9,7 @@ import numbers
 from dataclasses import dataclass, field
 
 from deepspec.decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+from deepspec.decoding.structured import StructuredOutput
 from deepspec.decoding.validation import RequestError, RequestErrorCode
 
 
@@ -35,6 +36,8 @@ class SamplingParams:
     logprobs: int | None = None
     #: return each prompt token's raw logprob (the first has none) and this many alternatives; None = off
     prompt_logprobs: int | None = None
+    #: the output must match this JSON schema, regex, grammar or choice (deepspec/decoding/structured.py); None = free
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         min_tokens = 0 if self.prompt_logprobs is not None else 1

@@ -29,6 +29,8 @@ class RequestErrorCode(str, Enum):
     SAMPLING_INVALID = "sampling_invalid"
     #: a request with this id is already running
     REQUEST_ID_IN_USE = "request_id_in_use"
+    #: a structured-output constraint (JSON schema, regex, grammar, choice) that does not compile, or an unknown kind
+    STRUCTURED_OUTPUT_INVALID = "structured_output_invalid"
 
 
 class RequestError(ValueError):
