@@ -144,7 +144,7 @@ ERROR_CODE_METADATA = "deepspec-error-code"
 ERROR_CODE_PARAM = "error_code"
 #: the codes the engine's validation may send (values of deepspec.decoding.validation.RequestErrorCode)
 ERROR_CODES = ("prompt_empty", "prompt_token_invalid", "context_length_exceeded", "max_tokens_invalid",
-               "sampling_invalid", "request_id_in_use")
+               "sampling_invalid", "request_id_in_use", "structured_output_invalid")
 
 
 def _sent_in(output: str):
