@@ -18,13 +18,32 @@ pytestmark = pytest.mark.integration
 MAX_EXAMPLES = 15
 #: what a schema cannot say: prompt + max_tokens must fit the served model's context (the stub's: 2,048 tokens)
 MAX_TOKENS = 64
+#: nor that a token-id prompt must be in the served model's vocabulary (the stub's: bytes)
+VOCAB_SIZE = 256
+
+
+def _in_vocab(value):
+    """A token id (JSON's 2352.0 is an integer too) folded into the vocabulary; anything else as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value) % VOCAB_SIZE
+    return value
 
 
 def within_the_model(case):
     """A schema-valid request the served model can also hold: max_tokens capped (and set, where chat would default
-    to the whole context), and stream_options (which OpenAI allows only with `"stream": true`, a rule between two
-    fields) sent with streaming on."""
+    to the whole context), token ids taken into the vocabulary; and the rules between two fields kept, which a schema
+    does not say: stream_options (which OpenAI allows only with `"stream": true`) sent with streaming on, top_logprobs
+    with logprobs on (OpenAI's rule), max_tokens 0 with echo, a streamed batch cut to one prompt."""
     if isinstance(case.body, dict):
+        prompt = case.body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = [[_in_vocab(i) for i in p] if isinstance(p, list) else _in_vocab(p) for p in prompt]
+            streamed_batch = case.body.get("stream") and prompt and not isinstance(prompt[0], int)
+            case.body["prompt"] = prompt[:1] if streamed_batch else prompt
+        if "messages" in case.body and case.body.get("top_logprobs"):
+            case.body["logprobs"] = True
+        if "prompt" in case.body and case.body.get("max_tokens") == 0:
+            case.body["echo"] = True
         if "max_tokens" not in case.body and "max_completion_tokens" not in case.body:
             case.body["max_tokens"] = MAX_TOKENS
         for name in ("max_tokens", "max_completion_tokens"):
