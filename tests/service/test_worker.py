@@ -259,3 +259,48 @@ def test_the_engines_code_reaches_the_openai_error_body(gateway):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and "lower max_tokens to at most 48" in error["message"]
+
+
+def _tensor(name: str, array: np.ndarray, datatype: str):
+    t = triton.InferInput(name, list(array.shape), datatype)
+    t.set_data_from_numpy(array)
+    return t
+
+
+def test_logprobs_travel_as_tensors_tritonclient_reads(client):
+    """The worker's KServe contract for logprobs (service/protocol.py): TensorRT-LLM's `return_log_probs` input and
+    `output_log_probs` output, `input_ids` for a token-id prompt, DeepSpec's top_logprobs / prompt_logprobs inputs and
+    the [1, n] / [n, k] scored-token tables; all declared in the ModelConfig the gateway reads."""
+    config = client.get_model_config("stub", as_json=True)["config"]
+    declared = {t["name"] for t in config["input"]}
+    assert {p.INPUT_IDS, p.RETURN_LOG_PROBS, p.EXTRA_TOP_LOGPROBS, p.EXTRA_PROMPT_LOGPROBS} <= declared
+    assert set(p.OUTPUT_SCORES.names()) | set(p.PROMPT_SCORES.names()) <= {t["name"] for t in config["output"]}
+    prompt = list(b"The ")
+    result = client.infer("stub", [
+        _tensor(p.TEXT_INPUT, np.array([[b""]], dtype=object), "BYTES"),
+        _tensor(p.INPUT_IDS, np.array([prompt], dtype=np.int32), "INT32"),
+        _tensor(p.MAX_TOKENS, np.array([[5]], dtype=np.int32), "INT32"),
+        _tensor(p.RETURN_LOG_PROBS, np.array([[True]], dtype=bool), "BOOL"),
+        _tensor(p.EXTRA_TOP_LOGPROBS, np.array([[2]], dtype=np.int32), "INT32"),
+        _tensor(p.EXTRA_PROMPT_LOGPROBS, np.array([[1]], dtype=np.int32), "INT32"),
+    ])  # fmt: skip
+    assert result.as_numpy(p.TEXT_OUTPUT)[0][0] == b"quick"
+    assert result.as_numpy(p.OUTPUT_SCORES.log_probs).tolist() == [[0.0] * 5]  # the stub is sure of every token
+    assert result.as_numpy(p.OUTPUT_SCORES.tokens).tolist() == [[b"q", b"u", b"i", b"c", b"k"]]
+    assert result.as_numpy(p.OUTPUT_SCORES.top_token_ids).shape == (5, 2)
+    assert result.as_numpy(p.OUTPUT_SCORES.top_token_ids)[:, 0].tolist() == list(b"quick")
+    assert result.as_numpy(p.PROMPT_SCORES.token_ids).tolist() == [prompt]
+    assert np.isnan(result.as_numpy(p.PROMPT_SCORES.log_probs)[0][0])  # nothing predicts the first token
+    assert result.as_numpy(p.PROMPT_SCORES.top_log_probs).shape == (len(prompt), 1)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ([_tensor(p.EXTRA_TOP_LOGPROBS, np.array([[2]], dtype=np.int32), "INT32")], "top_logprobs needs return_log_probs"),
+    ([_tensor(p.INPUT_IDS, np.array([[1, 2]], dtype=np.int32), "INT32")], "send the prompt once"),
+    ([_tensor(p.RETURN_LOG_PROBS, np.array([[True]], dtype=bool), "BOOL"),
+      _tensor(p.EXTRA_TOP_LOGPROBS, np.array([[21]], dtype=np.int32), "INT32")], "logprobs must be an integer in [0, 20]"),
+])  # fmt: skip
+def test_bad_logprob_inputs_are_invalid_argument(client, extra, message):
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("stub", inputs("Hi", max_tokens=2) + extra)
+    assert "INVALID_ARGUMENT" in str(info.value.status()) and message in info.value.message()
