@@ -68,7 +68,8 @@ def to_generation_request(request: pb.CompletionRequest, model: str) -> Generati
     if request.HasField("top_logprobs") and not (request.logprobs or request.prompt_logprobs):
         raise BadRequestError("top_logprobs needs logprobs or prompt_logprobs", param="top_logprobs")
     if request.prompt_logprobs and request.messages:
-        raise BadRequestError("prompt_logprobs scores a prompt: send prompt or prompt_token_ids", param="prompt_logprobs")
+        raise BadRequestError("prompt_logprobs scores a prompt: send prompt or prompt_token_ids",
+                              param="prompt_logprobs")
     request_id = check_request_id(request.request_id) if request.request_id else new_request_id("grpc")
     num_top = request.top_logprobs if request.HasField("top_logprobs") else 0
     fields = {

@@ -331,7 +331,8 @@ def test_grpc_scores_prompts_and_streams_the_logprobs_of_each_chunk(grpc_stub, h
 
 
 @pytest.mark.parametrize(("request_fields", "message"), [
-    (dict(messages=[pb.ChatMessage(role="user", content="x")], prompt_logprobs=True), "prompt_logprobs scores a prompt"),
+    (dict(messages=[pb.ChatMessage(role="user", content="x")], prompt_logprobs=True),
+     "prompt_logprobs scores a prompt"),
     (dict(prompt="x", top_logprobs=2), "top_logprobs needs logprobs or prompt_logprobs"),
     (dict(prompt="x", prompt_token_ids=[1]), "exactly one of prompt, prompt_token_ids or messages"),
     (dict(prompt_token_ids=[1, 9999]), "prompt token ids must be integers"),

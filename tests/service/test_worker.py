@@ -298,7 +298,8 @@ def test_logprobs_travel_as_tensors_tritonclient_reads(client):
     ([_tensor(p.EXTRA_TOP_LOGPROBS, np.array([[2]], dtype=np.int32), "INT32")], "top_logprobs needs return_log_probs"),
     ([_tensor(p.INPUT_IDS, np.array([[1, 2]], dtype=np.int32), "INT32")], "send the prompt once"),
     ([_tensor(p.RETURN_LOG_PROBS, np.array([[True]], dtype=bool), "BOOL"),
-      _tensor(p.EXTRA_TOP_LOGPROBS, np.array([[21]], dtype=np.int32), "INT32")], "logprobs must be an integer in [0, 20]"),
+      _tensor(p.EXTRA_TOP_LOGPROBS, np.array([[21]], dtype=np.int32), "INT32")],
+     "logprobs must be an integer in [0, 20]"),
 ])  # fmt: skip
 def test_bad_logprob_inputs_are_invalid_argument(client, extra, message):
     with pytest.raises(InferenceServerException) as info:
