@@ -6,6 +6,11 @@ Each llama.cpp server runs one thread with a 4,096-token context and serves one 
 waits for the first: it has not started, so the gateway may still move it). `interrupt_requests` is off: by
 default that server ends a running stream when another request arrives (abetlen/llama-cpp-python
 llama_cpp/server/app.py get_event_publisher, `settings.interrupt_requests`), which no engine behind a router does.
+
+Isolation. The kill -9 test gets two upstreams and a gateway of its own; the others share one set per module, and
+a test that needs both upstreams idle first waits until each answers `/v1/models`, which a running generation
+holds back. Every wait is on something the test can observe (a first chunk, a process gone, a gateway metric, an
+upstream's answer), never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ pytest.importorskip("llama_cpp.server.app", reason="needs llama-cpp-python[serve
 pytestmark = pytest.mark.integration
 
 MODEL = "smollm2-135m"
-#: a greedy continuation that counts on for hundreds of tokens rather than stopping at an end-of-sequence token
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"
-#: a stream that outlasts what the tests do while it runs: one core decodes this 135M model at ~200 tok/s, so 400
-#: tokens could end (finish_reason length) before the kill -9 test had killed its server; 4,000 last ~20 s. The
-#: tests close or kill every long stream, so none of them waits for it to end.
+#: a stream that outlasts whatever a test does while it runs. Greedy, this GGUF ends the counting after ~50 tokens
+#: (an end-of-sequence token, under 3 s), so the long streams ask for `ignore_eos`: the gateway sends it to
+#: llama.cpp as `min_tokens` too, and the stream can only end at max_tokens (minutes at the ~30-200 tok/s of one
+#: core). The tests close or kill every long stream, so none of them waits for it to end.
 LONG_TOKENS = 4000
 CONTEXT_TOKENS = 4096
 
@@ -69,25 +74,50 @@ class LlamaServer(ServerProcess):
         return self
 
 
-@pytest.fixture(scope="module")
-def upstreams(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("llama")
-    servers = [LlamaServer(tmp).start(), LlamaServer(tmp).start()]
+@contextlib.contextmanager
+def _gateway_over_two_upstreams(tmp: Path, *gateway_args: str):
+    """Two fresh llama.cpp servers and a gateway in front of both, started at once (the gateway admits each server
+    at its first good probe); yields the gateway and the servers, a list a test may replace a restarted one in."""
+    upstreams = [LlamaServer(tmp).start(), LlamaServer(tmp).start()]
+    gw = Gateway(tmp, ",".join(s.address for s in upstreams), *gateway_args).start()
     try:
-        yield [s.wait_ready() for s in servers]
-    finally:
-        for s in servers:
-            s.kill()
-
-
-@pytest.fixture(scope="module")
-def gateway(upstreams, tmp_path_factory):
-    workers = ",".join(s.address for s in upstreams)
-    gw = Gateway(tmp_path_factory.mktemp("gw"), workers, "--health-interval-s", "0.5").start()
-    try:
-        yield gw.wait_ready()
+        for server in upstreams:
+            server.wait_ready()
+        gw.wait_ready()
+        _wait_for(lambda: all(_gateway_metric(gw, GATEWAY_WORKER_HEALTHY, worker=s.address) == 1 for s in upstreams),
+                  10, "admitting both upstreams")  # fmt: skip
+        yield gw, upstreams
     finally:
         gw.terminate()
+        for server in upstreams:
+            server.kill()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """The gateway and upstreams the tests that leave both idle share. The gateway keeps at most one request in
+    flight on each (`--openai-max-outstanding 1`), so two streams fill it (test_overload_is_429_with_retry_after)."""
+    with _gateway_over_two_upstreams(tmp_path_factory.mktemp("llama"), "--openai-max-outstanding", "1") as shared:
+        yield shared
+
+
+@pytest.fixture(scope="module")
+def gateway(shared):
+    return shared[0]
+
+
+@pytest.fixture(scope="module")
+def upstreams(shared):
+    return shared[1]
+
+
+def _idle(upstream: LlamaServer) -> bool:
+    """No generation runs on `upstream`: its `/v1/models` waits for the model lock a generation holds until it ends
+    (abetlen/llama-cpp-python llama_cpp/server/app.py get_models, Depends(get_llama_proxy))."""
+    try:
+        return httpx.get(f"{upstream.url}/v1/models", timeout=0.5).status_code == 200
+    except httpx.TimeoutException:
+        return False
 
 
 def _gateway_metric(gw: Gateway, name: str, **labels) -> float:
@@ -113,7 +143,9 @@ def _events(response: httpx.Response):
 
 @contextlib.contextmanager
 def _stream(client: httpx.Client, url: str, max_tokens: int = LONG_TOKENS):
-    body = {"model": MODEL, "prompt": COUNTING, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    """A streamed completion that runs to `max_tokens` (`ignore_eos`): it cannot end before the test closes it."""
+    body = {"model": MODEL, "prompt": COUNTING, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}  # fmt: skip
     with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         assert response.status_code == 200, response.read()
         yield response, _events(response)
@@ -201,83 +233,90 @@ def test_cancelling_closes_the_upstream_stream(gateway, upstreams):
     _wait_for(lambda: len(during - connections_to(port)) >= 1, 10, "closing the upstream connection")
 
 
-@pytest.mark.skip(reason="flaky in the full suite on 2 loaded cores (the long greedy stream can end before the kill, "
-                         "which leaves both upstreams busy for the next test): open work in issue 26")
-def test_kill9_mid_stream_rerouting_ejection_and_rejoin(gateway, upstreams, tmp_path):
+def test_ignore_eos_runs_to_max_tokens(gateway):
+    """Greedy, this question is answered in two tokens and an end-of-sequence token; with `ignore_eos` the gateway's
+    request holds that token back (llama.cpp honours `min_tokens`: abetlen/llama-cpp-python
+    llama_cpp/server/app.py prepare_request_resources, MinTokensLogitsProcessor), so the answer runs to max_tokens.
+    This is what keeps the long streams of the tests below alive until they close or kill them."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Reply with one word: yes or no?"}],
+            "max_tokens": 24, "temperature": 0}  # fmt: skip
+    plain = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert plain["choices"][0]["finish_reason"] == "stop" and plain["usage"]["completion_tokens"] < 24, plain
+    held = httpx.post(f"{gateway.url}/v1/chat/completions", json={**body, "ignore_eos": True}, timeout=60).json()
+    assert held["choices"][0]["finish_reason"] == "length" and held["usage"]["completion_tokens"] == 24, held
+
+
+def test_kill9_mid_stream_rerouting_ejection_and_rejoin(tmp_path):
     """SIGKILL the upstream that holds a running stream and a queued request: the stream ends with a clean error
     event and [DONE] (not a hang), the queued request (no token yet) is retried on the other upstream and
     succeeds, the killed upstream is ejected and new requests go to the survivor; restarted on its port, it
-    rejoins and gets traffic again."""
+    rejoins and gets traffic again. Its own upstreams and gateway: it kills one."""
     import concurrent.futures
 
-    with contextlib.ExitStack() as stack:
-        streams, responses = {}, {}  # upstream address -> the events of the stream it serves, its response
-        for _ in upstreams:  # the second stream goes to the idle upstream (fewer outstanding): one each
-            client = stack.enter_context(httpx.Client(timeout=30))
-            before = _outstanding(gateway, upstreams)
-            response, events = stack.enter_context(_stream(client, gateway.url))
-            assert next(events)["choices"][0]["text"]
-            after = _outstanding(gateway, upstreams)
-            (address,) = [a for a in after if after[a] > before[a]]
-            streams[address], responses[address] = events, response
-        assert len(streams) == 2
-        # a whole completion now waits behind one of the streams, unstarted
-        queued_client = stack.enter_context(httpx.Client(timeout=60))
-        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(1))
-        queued = pool.submit(queued_client.post, f"{gateway.url}/v1/completions",
-                             json={"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0})  # fmt: skip
-        _wait_for(lambda: 2 in _outstanding(gateway, upstreams).values(), 10, "queued behind a stream")
-        counts = _outstanding(gateway, upstreams)
-        victim = next(s for s in upstreams if counts[s.address] == 2)
-        survivor = next(s for s in upstreams if s is not victim)
-        retries = _gateway_metric(gateway, GATEWAY_RETRIES_TOTAL, worker=victim.address)
-        victim.proc.kill()  # SIGKILL: no goodbye on any connection
-        victim.proc.wait(10)
+    with _gateway_over_two_upstreams(tmp_path) as (gateway, upstreams):
+        with contextlib.ExitStack() as stack:
+            streams, responses = {}, {}  # upstream address -> the events of the stream it serves, its response
+            for _ in upstreams:  # the second stream goes to the idle upstream (fewer outstanding): one each
+                client = stack.enter_context(httpx.Client(timeout=30))
+                before = _outstanding(gateway, upstreams)
+                response, events = stack.enter_context(_stream(client, gateway.url))
+                assert next(events)["choices"][0]["text"]
+                after = _outstanding(gateway, upstreams)
+                (address,) = [a for a in after if after[a] > before[a]]
+                streams[address], responses[address] = events, response
+            assert len(streams) == 2
+            # a whole completion now waits behind one of the streams, unstarted
+            queued_client = stack.enter_context(httpx.Client(timeout=60))
+            pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(1))
+            queued_body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+            queued = pool.submit(queued_client.post, f"{gateway.url}/v1/completions", json=queued_body)
+            _wait_for(lambda: 2 in _outstanding(gateway, upstreams).values(), 10, "queued behind a stream")
+            counts = _outstanding(gateway, upstreams)
+            victim = next(s for s in upstreams if counts[s.address] == 2)
+            survivor = next(s for s in upstreams if s is not victim)
+            retries = _gateway_metric(gateway, GATEWAY_RETRIES_TOTAL, worker=victim.address)
+            victim.proc.kill()  # SIGKILL: no goodbye on any connection
+            victim.proc.wait(10)
 
-        rest = list(streams[victim.address])  # every event the gateway sent, to the end: a hang fails the read timeout
-        assert rest[-1] == "[DONE]" and "error" in rest[-2], (len(rest), rest[-3:])
-        assert rest[-2]["error"]["code"] == "worker_failed", rest[-2]
-        assert all(e["choices"][0]["text"] is not None for e in rest[:-2])
-        responses[survivor.address].close()  # hang up: the survivor is free for the queued request
-        answer = queued.result(timeout=60)
-        assert answer.status_code == 200, answer.text
-        assert answer.json()["choices"][0]["text"]
-        assert _gateway_metric(gateway, GATEWAY_RETRIES_TOTAL, worker=victim.address) >= retries + 1
+            rest = list(streams[victim.address])  # every event the gateway sent, to the end: a hang fails the read
+            assert rest[-1] == "[DONE]" and "error" in rest[-2], (len(rest), rest[-3:])
+            assert rest[-2]["error"]["code"] == "worker_failed", rest[-2]
+            assert all(e["choices"][0]["text"] is not None for e in rest[:-2])
+            responses[survivor.address].close()  # hang up: the survivor is free for the queued request
+            answer = queued.result(timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["text"]
+            assert _gateway_metric(gateway, GATEWAY_RETRIES_TOTAL, worker=victim.address) >= retries + 1
 
-    _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 0, 10, "ejected")
-    served = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=survivor.address)
-    for _ in range(3):
-        assert _complete(gateway.url, max_tokens=2).status_code == 200
-    assert _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=survivor.address) == served + 3
+        _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 0, 10,
+                  "ejected")  # fmt: skip
+        served = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=survivor.address)
+        for _ in range(3):
+            assert _complete(gateway.url, max_tokens=2).status_code == 200
+        assert _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=survivor.address) == served + 3
 
-    restarted = LlamaServer(tmp_path, port=victim.port).start()
-    upstreams[upstreams.index(victim)] = restarted  # the module fixture kills it at the end
-    restarted.wait_ready()
-    _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 1, 15, "rejoined")
-    served = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=victim.address, status="length")
-    for _ in range(20):  # two idle upstreams: each request goes to either with probability 1/2
-        assert _complete(gateway.url, max_tokens=1).status_code == 200
-        if _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=victim.address, status="length") > served:
-            break
-    else:
-        pytest.fail("the rejoined upstream got no request out of 20")
+        restarted = LlamaServer(tmp_path, port=victim.port).start()
+        upstreams[upstreams.index(victim)] = restarted  # killed with the others at the end
+        restarted.wait_ready()
+        _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 1, 15,
+                  "rejoined")  # fmt: skip
+        served = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=victim.address, status="length")
+        for _ in range(20):  # two idle upstreams: each request goes to either with probability 1/2
+            assert _complete(gateway.url, max_tokens=1).status_code == 200
+            if _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=victim.address, status="length") > served:
+                break
+        else:
+            pytest.fail("the rejoined upstream got no request out of 20")
 
 
-@pytest.mark.skip(reason="flaky in the full suite on 2 loaded cores (the long greedy stream can end before the kill, "
-                         "which leaves both upstreams busy for the next test): open work in issue 26")
-def test_overload_is_429_with_retry_after(upstreams, tmp_path):
+def test_overload_is_429_with_retry_after(gateway, upstreams):
     """With every upstream at its in-flight cap (`--openai-max-outstanding 1`: llama.cpp queues without bound and
     never says 429 itself) a new request is 429 + Retry-After, and is served again once a slot frees."""
-    workers = ",".join(s.address for s in upstreams)
-    gw = Gateway(tmp_path, workers, "--openai-max-outstanding", "1").start().wait_ready()
-    try:
-        _wait_for(lambda: len(httpx.get(f"{gw.url}/v1/models", timeout=5).json()["data"]) == 1, 10, "serving")
-        with httpx.Client(timeout=30) as a, httpx.Client(timeout=30) as b, _stream(a, gw.url) as (_, first), \
-                _stream(b, gw.url) as (_, second):  # fmt: skip
-            assert next(first) and next(second)
-            busy = _complete(gw.url)
-            assert busy.status_code == 429, busy.text
-            assert busy.headers["retry-after"] == "1" and busy.json()["error"]["code"] == "server_busy"
-        _wait_for(lambda: _complete(gw.url, max_tokens=1).status_code == 200, 20, "served after the overload")
-    finally:
-        gw.terminate()
+    _wait_for(lambda: all(_idle(s) for s in upstreams), 30, "idle upstreams")
+    with httpx.Client(timeout=30) as a, httpx.Client(timeout=30) as b, _stream(a, gateway.url) as (_, first), \
+            _stream(b, gateway.url) as (_, second):  # fmt: skip
+        assert next(first) and next(second)
+        busy = _complete(gateway.url)
+        assert busy.status_code == 429, busy.text
+        assert busy.headers["retry-after"] == "1" and busy.json()["error"]["code"] == "server_busy"
+    _wait_for(lambda: _complete(gateway.url, max_tokens=1).status_code == 200, 20, "served after the overload")
