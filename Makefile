@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 EXTRAS ?= serve,train,loadtest,test,gemma,plugins,export
 
-.PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-onnx bench-deps llama-cpp system-deps clean
+.PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-onnx bench-features bench-deps llama-cpp system-deps clean
 
 venv: $(VENV)/.installed
 
@@ -72,7 +72,7 @@ $(VENV)/.llama-installed: | $(VENV)/.installed
 	touch $@
 
 # `make bench` runs every benchmark in turn (~25 min on 2 idle cores); each also runs alone.
-bench: bench-decode bench-onnx bench-service bench-loadtest bench-verify
+bench: bench-decode bench-onnx bench-service bench-loadtest bench-verify bench-features
 
 bench-decode: bench-deps
 	$(PY) -m bench.decode $(BENCH_ARGS)
@@ -89,6 +89,10 @@ bench-service: bench-deps
 
 bench-loadtest: venv
 	$(PY) -m bench.loadtest_overhead
+
+# structured outputs and top-5 logprobs against the same requests without them, default draft, batch 1 (~5 min)
+bench-features: venv
+	$(PY) -m bench.request_features
 
 # one verification step, the pre-plugins path against the plugins ops (CPU, ~1 min)
 bench-verify: venv
