@@ -1,6 +1,7 @@
 """Export formats by name: `available_formats`, `resolve_format`.
 
-Adding a format is one entry below plus a module exposing `FORMAT` (an `ExportFormat`, export/job.py). Modules are
+Adding a format is an entry in FORMAT_MODULES, its `--help` line in FORMAT_ENGINES (a test keeps the two tables'
+names equal) and a module exposing `FORMAT` (an `ExportFormat`, export/job.py). Modules are
 imported only when their format is asked for, so `python -m export --help` stays instant and a format whose module
 is absent (an install without it) is simply not offered.
 """

@@ -7,7 +7,8 @@ drafts and commits one more token of the target's. With no drafter the same loop
 
 A drafter may propose a token tree instead of a chain (deepspec/decoding/drafter.py): the target then scores the
 root and every node in one forward with tree attention, `tree_accept` picks each row's accepted root-to-node path,
-and `compact_kv` moves that path's KV entries next to the committed prefix (deepspec/decoding/tree.py). A target
+and `compact_kv` moves that path's KV entries next to the committed prefix (the KV cache's `keep_path`,
+deepspec/models/kv_cache.py; the tree bookkeeping is deepspec/decoding/tree.py). A target
 without tree attention verifies each tree's chain of first children. `num_speculative_tokens` is the node budget
 per row either way: the depth of a chain, the size of a tree.
 

@@ -58,6 +58,9 @@ class SamplingParams:
             raise _sampling_error(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:  # also refuses NaN
             raise _sampling_error(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < 2**64):
+            raise _sampling_error(f"seed must be an integer in [0, 2**64) or None, got {self.seed!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(not s for s in self.stop):

@@ -186,3 +186,10 @@ def test_a_target_the_onnx_graph_cannot_describe_is_one_line(tmp_path, targets):
     _fails(run_export("--target", targets["llama"], "--draft", "none", "--format", "onnx", "--out", tmp_path / "out"),
            "onnx cannot take", "head_dim % 16 == 0 (this target: 8)")
     _nothing_written(tmp_path)
+
+
+def test_every_format_has_its_help_line_and_no_line_lacks_a_format():
+    """export/registry.py: adding a format is an entry in FORMAT_MODULES and its --help line in FORMAT_ENGINES."""
+    from export.registry import FORMAT_ENGINES, FORMAT_MODULES
+
+    assert list(FORMAT_ENGINES) == list(FORMAT_MODULES)

@@ -41,10 +41,14 @@ ALGO = "hybrid"
 MODES = ("switch", "merge")
 
 
+#: corpus tokens matched that make a row strong (the measured value; see the module docstring)
+DEFAULT_MIN_MATCH = 4
+
+
 class HybridDrafter(Drafter):
     name = ALGO
 
-    def __init__(self, corpus: Drafter, neural: Drafter, min_match: int = 4, mode: str = "switch"):
+    def __init__(self, corpus: Drafter, neural: Drafter, min_match: int = DEFAULT_MIN_MATCH, mode: str = "switch"):
         """corpus: a drafter with `draft(slot, k) -> (tokens, source)` (CorpusLookupDrafter); neural: any drafter."""
         if mode not in MODES:
             raise ValueError(f"hybrid mode must be one of {MODES}, got '{mode}'")
@@ -224,7 +228,7 @@ def _stack(rows: list[Row], k: int, vocab: int) -> Proposal:
     return Proposal(tokens, num, probs, survival, None if chain else parents)
 
 
-def save_hybrid(path: str | Path, corpus: str | Path, neural: str | Path, *, min_match: int = 4,
+def save_hybrid(path: str | Path, corpus: str | Path, neural: str | Path, *, min_match: int = DEFAULT_MIN_MATCH,
                 mode: str = "switch", corpus_options: dict | None = None, neural_options: dict | None = None) -> Path:
     """Write a hybrid draft directory naming its two parts (stored relative to it); the target fingerprint is the
     neural part's, so `auto` and shipped_drafts see it like any draft for that target."""
@@ -272,7 +276,7 @@ def load_drafter(path: Path, header: dict, target: Target, **options) -> HybridD
             raise DraftCheckpointError(f"{path}/config.json: its {part} part {part_dir} is not a draft directory")
         part_options = {**header.get(f"{part}_options", {}), **options.pop(f"{part}_options", {})}
         parts[part] = load_checkpoint_drafter(part_dir, target, **part_options)
-    options.setdefault("min_match", int(header.get("min_match", 3)))
+    options.setdefault("min_match", int(header.get("min_match", DEFAULT_MIN_MATCH)))
     options.setdefault("mode", header.get("mode", "switch"))
     try:
         return HybridDrafter(parts["corpus"], parts["neural"], **options)

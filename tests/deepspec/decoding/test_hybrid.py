@@ -11,7 +11,8 @@ import torch
 
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
-from deepspec.decoding.drafters.hybrid import HybridDrafter, _merge, save_hybrid
+import deepspec.decoding.drafters.hybrid as hybrid_module
+from deepspec.decoding.drafters.hybrid import DEFAULT_MIN_MATCH, HybridDrafter, _merge, save_hybrid
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
@@ -63,6 +64,17 @@ def test_hybrid_directory_names_its_parts_and_loads_them(target, parts, tmp_path
     # build options override the directory's
     other = build_drafter(str(path), target, mode="merge", neural_options={"tree_branches": 0})
     assert other.mode == "merge" and other.neural.tree is None
+
+
+def test_every_default_min_match_is_the_documented_one(target, parts, tmp_path):
+    """The constructor, save_hybrid and a config.json without min_match all mean the documented default (the
+    loader used to fall back to 3 while the docstring and the writer said 4)."""
+    path = _hybrid_dir(parts, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    assert config["min_match"] == DEFAULT_MIN_MATCH == 4
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "min_match"}))
+    assert build_drafter(str(path), target).min_match == DEFAULT_MIN_MATCH
+    assert f"The default min_match {DEFAULT_MIN_MATCH} is the one" in hybrid_module.__doc__
 
 
 def test_hybrid_directory_errors_name_the_problem(target, parts, tmp_path):
