@@ -137,7 +137,8 @@ class SpecEngine:
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (a ValueError with a RequestErrorCode) unless the request fits this engine; called by
         add_request, and by servers before they queue a request. Reads only fixed settings: safe from any thread."""
-        validate_request(prompt_token_ids, params, max_seq_len=self.max_seq_len, vocab_size=self.target.vocab_size)
+        validate_request(prompt_token_ids, params.max_tokens, max_seq_len=self.max_seq_len,
+                         vocab_size=self.target.vocab_size)
         if params.structured is not None:
             self._grammar_compiler().compile(params.structured)
 

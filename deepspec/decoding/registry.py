@@ -16,6 +16,7 @@ prompt lookup. The model layer (deepspec.models) only reads and writes draft arc
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable
 
@@ -112,7 +113,7 @@ def _register_builtins() -> None:
     for cls in (Eagle3Drafter, DFlashDrafter, DSparkDrafter):
         register_checkpoint_algo(cls.name, neural.checkpoint_loader(cls))
     register_checkpoint_algo(corpus_lookup.ALGO, corpus_lookup.load_drafter)
-    register_checkpoint_algo(hybrid.ALGO, hybrid.load_drafter)
+    register_checkpoint_algo(hybrid.ALGO, functools.partial(hybrid.load_drafter, load_part=load_checkpoint_drafter))
 
 
 _register_builtins()

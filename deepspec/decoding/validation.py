@@ -10,10 +10,6 @@ the window here (`SpecEngine.validate`, also called by `add_request`).
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from deepspec.decoding.params import SamplingParams
 
 
 class RequestErrorCode(str, Enum):
@@ -42,9 +38,10 @@ class RequestError(ValueError):
         self.message = message
 
 
-def validate_request(prompt_token_ids: list[int], params: SamplingParams, *, max_seq_len: int,
+def validate_request(prompt_token_ids: list[int], max_tokens: int, *, max_seq_len: int,
                      vocab_size: int) -> None:
-    """Raise RequestError unless the prompt and params fit a context window of `max_seq_len` tokens."""
+    """Raise RequestError unless the prompt and max_tokens new tokens fit a context window of `max_seq_len` tokens
+    (takes the one number it checks, not SamplingParams: params.py imports this module)."""
     n = len(prompt_token_ids)
     if n == 0:
         raise RequestError(RequestErrorCode.PROMPT_EMPTY, "the prompt is empty: send at least one token")
@@ -55,8 +52,8 @@ def validate_request(prompt_token_ids: list[int], params: SamplingParams, *, max
         raise RequestError(RequestErrorCode.CONTEXT_TOO_LONG,
                            f"this model's maximum context length is {max_seq_len} tokens and the prompt has {n} "
                            "tokens: shorten the prompt")
-    if n + params.max_tokens > max_seq_len:
+    if n + max_tokens > max_seq_len:
         raise RequestError(RequestErrorCode.CONTEXT_TOO_LONG,
                            f"this model's maximum context length is {max_seq_len} tokens; the prompt has {n} tokens "
-                           f"and max_tokens is {params.max_tokens}: lower max_tokens to at most {max_seq_len - n} "
+                           f"and max_tokens is {max_tokens}: lower max_tokens to at most {max_seq_len - n} "
                            "or shorten the prompt")

@@ -7,6 +7,8 @@
   bench/gpu_check's job.
 - The load tester (loadtest/) sees a server only through its public API (HTTP, the gRPC protos under service/) and
   reads its own data: it imports nothing of the deepspec library.
+- No module imports itself back through others, lazy imports included: a cycle means two modules hold one concept
+  (the registry passes its loader to the hybrid's instead of being imported by it).
 """
 
 from __future__ import annotations
@@ -92,3 +94,80 @@ def test_the_ast_walk_sees_lazy_and_dynamic_imports():  # negative control: the 
                      "from deepspec import decoding\n")
     modules = [m for _, m in _imported_modules(tree)]
     assert {"deepspec.decoding.registry", "deepspec.decoding.engine", "deepspec.decoding"} <= set(modules)
+
+
+#: the packages whose modules must form no import cycle
+PACKAGES = ("deepspec", "training", "export", "service", "loadtest", "plugins", "bench")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module → the repository modules it imports anywhere in its source (generated gRPC stubs left out)."""
+    paths = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "protos" not in path.parts:
+                paths[".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")] = path
+    return {name: _modules_imported_by(ast.parse(path.read_text(), str(path)), set(paths)) - {name}
+            for name, path in paths.items()}
+
+
+def _modules_imported_by(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The modules of `modules` a source imports: `from pkg import sub` names the submodule pkg.sub only (the
+    idiom does not use pkg's namespace), `from pkg import name` the package; lazy and dynamic imports count."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                      for a in node.names}
+        elif isinstance(node, (ast.Import, ast.Call)):
+            found |= {m for _, m in _imported_modules(node)}
+    return found & modules
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_in_any_stage():
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle():  # negative control
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]

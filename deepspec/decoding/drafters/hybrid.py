@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -259,11 +260,12 @@ def _relative(part: str | Path, hybrid_dir: Path) -> str:
     return str(part)
 
 
-def load_drafter(path: Path, header: dict, target: Target, **options) -> HybridDrafter:
+def load_drafter(path: Path, header: dict, target: Target, *, load_part: Callable[..., Drafter],
+                 **options) -> HybridDrafter:
     """The registry's loader for `hybrid` directories: load both parts (each checked against the target) with
     their options from config.json; `options` override min_match and mode, and `corpus_options` /
-    `neural_options` (dicts) update the parts'."""
-    from deepspec.decoding.registry import load_checkpoint_drafter
+    `neural_options` (dicts) update the parts'. `load_part(directory, target, **options)` is the registry's
+    loader of any draft directory, passed in because the registry imports this module."""
     from deepspec.models.drafts import DraftCheckpointError
 
     parts = {}
@@ -275,7 +277,7 @@ def load_drafter(path: Path, header: dict, target: Target, **options) -> HybridD
         if not (part_dir / "config.json").is_file():
             raise DraftCheckpointError(f"{path}/config.json: its {part} part {part_dir} is not a draft directory")
         part_options = {**header.get(f"{part}_options", {}), **options.pop(f"{part}_options", {})}
-        parts[part] = load_checkpoint_drafter(part_dir, target, **part_options)
+        parts[part] = load_part(part_dir, target, **part_options)
     options.setdefault("min_match", int(header.get("min_match", DEFAULT_MIN_MATCH)))
     options.setdefault("mode", header.get("mode", "switch"))
     try:
