@@ -37,6 +37,15 @@ from pathlib import Path
 from deepspec.models.quantization import QUANTIZATIONS
 
 
+def _add_chat_template(p) -> None:
+    """`--chat-template`, the same option as the worker's: what every subcommand that renders chat takes."""
+    from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES  # no heavy imports: --help stays fast
+
+    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help=f"chat template for a target that ships none (gemma3-270m): a built-in "
+                        f"({', '.join(BUILTIN_CHAT_TEMPLATES)}) or a Jinja file (default: the tokenizer's own)")
+
+
 def _add_prepare(sub) -> None:
     p = sub.add_parser("prepare", help="regenerate assistant turns with the target (engine or OpenAI endpoint)",
                        description="Prompts jsonl ({\"turns\": [...]}) → conversations answered by the target. "
@@ -57,6 +66,7 @@ def _add_prepare(sub) -> None:
                         "backend and always for the tokenizer-independent row ids")
     p.add_argument("--dtype", default="float32", help="target dtype for the engine backend (float32|bfloat16)")
     p.add_argument("--device", default="cpu", help="engine backend device (cpu, cuda)")
+    _add_chat_template(p)
     p.add_argument("--batch-size", type=int, default=8,
                    help="rows per batch: engine slots, or concurrent requests to --endpoint (default 8)")
     p.add_argument("--max-seq-len", type=int, default=2048,
@@ -79,6 +89,7 @@ def _add_train(sub) -> None:
                    help="YAML or JSON config file; may repeat (later files win)")
     p.add_argument("--algo", choices=["eagle3", "dflash", "dspark"], help="draft algorithm (model.algo)")
     p.add_argument("--target", help="target alias, .gguf or HF directory (target.name; default smollm2-135m)")
+    _add_chat_template(p)
     p.add_argument("--data", nargs="+", type=Path,
                    help="regenerated conversations jsonl (data.paths); with --labels target any text rows too, "
                         "e.g. datasets/train/gsm8k_train.jsonl")
@@ -113,6 +124,7 @@ def _add_corpus(sub) -> None:
     p.add_argument("--out", required=True, type=Path, help="draft directory to write (e.g. drafts/smollm2-135m-corpus)")
     p.add_argument("--target", default="smollm2-135m",
                    help="target alias, .gguf or HF directory whose tokenizer and fingerprint the index takes")
+    _add_chat_template(p)
     p.add_argument("--max-match", type=int, default=12,
                    help="longest context suffix matched against the corpus, in tokens (default 12)")
     p.add_argument("--min-match", type=int, default=1,
@@ -126,8 +138,8 @@ def _run_corpus(args, parser) -> int:
 
     if not 1 <= args.min_match <= args.max_match:
         parser.error("need 1 <= --min-match <= --max-match")
-    target = load_target(args.target)
     try:
+        target = load_target(args.target, chat_template=args.chat_template)
         summary = build_corpus(args.data, target, args.out, max_match=args.max_match, min_match=args.min_match,
                                log=lambda line: print(line, file=sys.stderr, flush=True))
     except (ValueError, FileNotFoundError) as exc:
@@ -149,6 +161,7 @@ def _add_relayout(sub) -> None:
     p.add_argument("--num-rows", type=int, default=128, help="rows whose tokens fit fc (default 128)")
     p.add_argument("--max-len", type=int, default=768, help="tokens per row (default 768)")
     p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF directory")
+    _add_chat_template(p)
     p.add_argument("--out", required=True, type=Path, help="draft directory to write (float32)")
 
 
@@ -162,10 +175,10 @@ def _run_relayout(args, parser) -> int:
         parser.error("--num-rows must be >= 1")
     import torch
 
-    target = load_target(args.target)
     try:
+        target = load_target(args.target, chat_template=args.chat_template)
         source = load_draft(args.source, target, dtype=torch.float32)
-        rows = [s.input_ids for s in load_sequences(args.data, target.tokenizer, args.max_len)[: args.num_rows]]
+        rows = [s.input_ids for s in load_sequences(args.data, target, args.max_len)[: args.num_rows]]
         draft, fit = canonical_from_deepspec(source, target, rows)
     except (DraftCheckpointError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -207,6 +220,7 @@ def _add_eval_workload(p, *, num_prompts: int, datasets_note: str = "") -> None:
 
     One definition, so a curve point is measured on the workload `eval` would name the same way."""
     p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF dir (default smollm2-135m)")
+    _add_chat_template(p)
     p.add_argument("--datasets", default="humaneval,gsm8k,mbpp",
                    help=f"comma-separated eval sets from datasets/eval (default humaneval,gsm8k,mbpp){datasets_note}")
     p.add_argument("--num-prompts", type=int, default=num_prompts,
@@ -288,6 +302,9 @@ def _run_prepare(args, parser) -> int:
         parser.error("--max-tokens and --batch-size must be >= 1")
     if args.max_seq_len <= args.max_tokens:
         parser.error("--max-seq-len must exceed --max-tokens (it holds the prompt and the answer)")
+    if args.endpoint and args.chat_template:
+        parser.error("--chat-template applies to the engine backend; the --endpoint server renders with its own "
+                     "template (vLLM, SGLang and our worker take --chat-template themselves)")
     stats = PrepareStats()
     rows = read_prompts(args.inputs, args.limit_per_file, args.seed, stats)
     if stats.num_malformed:
@@ -299,7 +316,12 @@ def _run_prepare(args, parser) -> int:
     else:
         from deepspec.models import load_target
 
-        target = load_target(args.target, dtype=args.dtype, device=args.device)
+        try:  # every prompt is chat: a target without a template stops here, in one line
+            target = load_target(args.target, dtype=args.dtype, device=args.device,
+                                 chat_template=args.chat_template, for_chat=True)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         generate = engine_backend(target, args.max_tokens, args.temperature, args.batch_size, args.seed,
                                   args.max_seq_len)
         backend = f"engine ({target.name}, batch {args.batch_size})"

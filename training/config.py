@@ -18,6 +18,7 @@ class TargetSection(StrictModel):
     name: str = Field("smollm2-135m", description="alias (smollm2-135m), .gguf file, or Hugging Face model directory")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="float32 on CPU; bfloat16 on GPU halves memory and feature bandwidth")
     device: str = Field("cpu", description="cpu, cuda (with torchrun each rank takes cuda:<local_rank>)")
+    chat_template: str | None = Field(None, description="chat template for a target that ships none (gemma3-270m): a built-in (smollm2, qwen, gemma3) or a Jinja file; None = the tokenizer's own")
 
 
 class ModelSection(StrictModel):

@@ -138,7 +138,7 @@ def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, m
 
     log = log or (lambda line: None)
     stats = DataStats()
-    sequences = load_sequences(paths, target.tokenizer, max_len, stats)
+    sequences = load_sequences(paths, target, max_len, stats)
     if stats.num_malformed:
         log(f"skipped {stats.num_malformed} malformed rows (first: {stats.problems[0]})")
     num_held_out = min(num_held_out, len(sequences) // 10)

@@ -330,7 +330,11 @@ def run_curve_cli(args, parser) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        target = load_target(args.target)
+        try:  # every curve prompt is chat: a target without a template stops here, not once per round
+            target = load_target(args.target, chat_template=args.chat_template, for_chat=True)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         started = time.time()
         while True:
             summary = args.run / "train_summary.json"

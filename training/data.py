@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from deepspec.models.chat_templates import require_chat_template
+
 
 @dataclass
 class Sequence:
@@ -64,11 +66,15 @@ def jsonl_stem(path: str | Path) -> str:
     return Path(name).stem
 
 
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+def render(target, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """The messages through the target's chat template; a target without one (and no --chat-template) is refused
+    with the one-line MissingChatTemplateError naming the fix, not transformers' traceback."""
+    require_chat_template(target.tokenizer, target.name, target.spec.family)
+    return target.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                tokenize=False)
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], max_len: int) -> Sequence:
+def tokenize_conversation(target, messages: list[dict], max_len: int) -> Sequence:
     """Token ids of the chat-templated conversation; loss_mask = 1 on assistant content and its end token.
 
     Each message is tokenized as the text its template adds to the previous prefix (chat templates such as
@@ -78,18 +84,18 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_len: int) -> Sequ
     prev = ""
 
     def add(text: str, value: int) -> None:
-        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
+        seg = target.tokenizer(text, add_special_tokens=False)["input_ids"]
         ids.extend(seg)
         mask.extend([value] * len(seg))
 
     for i, msg in enumerate(messages):
         if msg["role"] == "assistant":
-            prompt = render(tokenizer, messages[:i], add_generation_prompt=True)
+            prompt = render(target, messages[:i], add_generation_prompt=True)
             if not prompt.startswith(prev):
                 raise ValueError("the chat template does not render prefixes consistently")
             add(prompt[len(prev):], 0)
             prev = prompt
-        text = render(tokenizer, messages[: i + 1])
+        text = render(target, messages[: i + 1])
         if not text.startswith(prev):
             raise ValueError("the chat template does not render prefixes consistently")
         add(text[len(prev):], 1 if msg["role"] == "assistant" else 0)
@@ -108,24 +114,25 @@ def _valid_messages(obj) -> list[dict] | None:
     return conv if any(m["role"] == "assistant" and m["content"] for m in conv) else None
 
 
-def text_sequence(tokenizer, obj, max_len: int) -> Sequence | None:
+def text_sequence(target, obj, max_len: int) -> Sequence | None:
     """A `{"text"}` or `{"turns"}` row as a sequence trained on every token; None when it is neither."""
     if not isinstance(obj, dict):
         return None
     if isinstance(obj.get("text"), str) and obj["text"]:
         text = obj["text"]
     elif isinstance(obj.get("turns"), list) and obj["turns"] and all(isinstance(t, str) for t in obj["turns"]):
-        text = render(tokenizer, [{"role": "user", "content": t} for t in obj["turns"]])
+        text = render(target, [{"role": "user", "content": t} for t in obj["turns"]])
     else:
         return None
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_len]
+    ids = target.tokenizer(text, add_special_tokens=False)["input_ids"][:max_len]
     return Sequence(ids, [1] * len(ids))
 
 
-def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats | None = None,
+def load_sequences(paths: list[Path], target, max_len: int, stats: DataStats | None = None,
                    text_rows: bool = False) -> list[Sequence]:
-    """Read and tokenize every usable row; raises ValueError when nothing usable is left. `text_rows` also takes
-    `{"text"}` and `{"turns"}` rows (for `--labels target`: the target labels them itself)."""
+    """Read and tokenize every usable row with the target's tokenizer and chat template; raises ValueError when
+    nothing usable is left. `text_rows` also takes `{"text"}` and `{"turns"}` rows (for `--labels target`: the
+    target labels them itself)."""
     stats = stats if stats is not None else DataStats()
     out: list[Sequence] = []
     if not paths:
@@ -153,7 +160,7 @@ def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats 
                     continue
                 seq = Sequence(ids[:max_len], [int(bool(m)) for m in mask[:max_len]])
             elif isinstance(obj, dict) and ("text" in obj or "turns" in obj) and "conversations" not in obj:
-                seq = text_sequence(tokenizer, obj, max_len) if text_rows else None
+                seq = text_sequence(target, obj, max_len) if text_rows else None
                 if seq is None:
                     stats.num_malformed += 1
                     stats.problems.append(f"{path}:{line_no}: " + (
@@ -166,7 +173,7 @@ def load_sequences(paths: list[Path], tokenizer, max_len: int, stats: DataStats 
                     stats.num_malformed += 1
                     stats.problems.append(f"{path}:{line_no}: need 'conversations' with an assistant turn")
                     continue
-                seq = tokenize_conversation(tokenizer, messages, max_len)
+                seq = tokenize_conversation(target, messages, max_len)
             if sum(seq.loss_mask[1:]) == 0:
                 stats.num_empty += 1
                 continue

@@ -231,7 +231,12 @@ def run_eval_cli(args, parser) -> int:
         parser.error("need at least one dataset, --num-prompts >= 1 and --max-tokens >= 1")
     if args.out is not None and len(args.draft) > 1:
         parser.error("--out takes one draft; with several, each report goes into its draft directory")
-    target = load_target(args.target, dtype=args.dtype, device=args.device, quantization=args.quantization)
+    try:  # every eval prompt is chat: a target without a template stops here, in one line
+        target = load_target(args.target, dtype=args.dtype, device=args.device, quantization=args.quantization,
+                             chat_template=args.chat_template, for_chat=True)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     drafters, specs = {}, {}
     for text in args.draft:
         try:

@@ -157,9 +157,10 @@ class Trainer:
         from deepspec.models import load_target
 
         cfg = self.cfg
-        self.target = load_target(cfg.target.name, dtype=cfg.target.dtype, device=self.dist.device)
+        self.target = load_target(cfg.target.name, dtype=cfg.target.dtype, device=self.dist.device,
+                                  chat_template=cfg.target.chat_template)
         self.stats = DataStats()
-        self.sequences = load_sequences(cfg.data.paths, self.target.tokenizer, cfg.data.max_len, self.stats,
+        self.sequences = load_sequences(cfg.data.paths, self.target, cfg.data.max_len, self.stats,
                                         text_rows=cfg.data.labels == "target")
         if self.stats.num_malformed:
             self.log(f"skipped {self.stats.num_malformed} malformed rows (first: {self.stats.problems[0]})")
@@ -446,7 +447,7 @@ def run_train_cli(args, parser) -> int:
 
     from training.config import load_config
 
-    flags = {"model.algo": args.algo, "target.name": args.target,
+    flags = {"model.algo": args.algo, "target.name": args.target, "target.chat_template": args.chat_template,
              "data.paths": [str(p) for p in args.data] if args.data else None,
              "data.labels": args.labels,
              "output_dir": str(args.out) if args.out else None,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from deepspec.models.chat_templates import require_chat_template
+
 
 class HFTextTarget:
     @property
@@ -22,9 +24,7 @@ class HFTextTarget:
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Render messages with the target's chat template (generation prompt added) and tokenize."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"target '{self.name}' has no chat template: set --chat-template (a file or one of "
-                             "smollm2, qwen, gemma3), or send a plain prompt")
+        require_chat_template(self.tokenizer, self.name, self.spec.family)
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 

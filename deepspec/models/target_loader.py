@@ -15,6 +15,7 @@ import torch
 
 from deepspec.models.aliases import ALIASES, DEFAULT_TARGET
 from deepspec.models.arch import arch_spec_from_config
+from deepspec.models.chat_templates import require_chat_template, resolve_chat_template
 from deepspec.models.decoder import Decoder
 from deepspec.models.quantization import QUANTIZATIONS
 from deepspec.models.decoder_target import DecoderTarget
@@ -127,10 +128,13 @@ def load_target(
     max_seq_len: int | None = None,
     quantization: str | None = None,
     chat_template: str | None = None,
+    for_chat: bool = False,
 ) -> DecoderTarget:
     """Load a target for decoding; `max_seq_len` caps the context (default: the model's own); `quantization`
     is one of QUANTIZATIONS (default "none"); `chat_template` (a built-in name or a Jinja file,
-    deepspec/models/chat_templates.py) replaces the tokenizer's own, for targets that ship none."""
+    deepspec/models/chat_templates.py) replaces the tokenizer's own, for targets that ship none. `for_chat`: the
+    caller renders every prompt as chat, so a target left without a template is refused here, before the weights
+    load, with the one-line MissingChatTemplateError."""
     from transformers import AutoConfig, AutoTokenizer
 
     from deepspec.models.gguf_int4 import cached_int4_weights
@@ -152,6 +156,11 @@ def load_target(
                          "Hugging Face directory")
     config = AutoConfig.from_pretrained(path)
     arch = arch_spec_from_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat_template is not None:
+        tokenizer.chat_template = resolve_chat_template(chat_template)
+    if for_chat:
+        require_chat_template(tokenizer, name, arch.family)
     limit = min(max_seq_len or arch.max_position_embeddings, arch.max_position_embeddings)
     model = Decoder(arch, max_positions=limit)
     state = _read_state_dict(path)
@@ -161,11 +170,6 @@ def load_target(
         raise ValueError(f"{gguf.name} has no 4-bit (Q4_0, Q4_1, Q4_K) matmul weights; use --quantization none")
     del state
     model.prepack()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if chat_template is not None:
-        from deepspec.models.chat_templates import resolve_chat_template
-
-        tokenizer.chat_template = resolve_chat_template(chat_template)
     eos = config.eos_token_id if not hasattr(config, "text_config") else config.text_config.eos_token_id
     eos_ids = {*([eos] if isinstance(eos, int) else (eos or [])), tokenizer.eos_token_id}
     try:

@@ -47,9 +47,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def tiny_hf_target_dir(path, seed: int = 0):
-    """A loadable Hugging Face directory (random tiny Llama + a character tokenizer with a ChatML template), so
-    `load_target(str(path))`, the CLI and torchrun subprocesses see a real target in milliseconds."""
+def tiny_hf_target_dir(path, seed: int = 0, chat_template: str | None = CHAT_TEMPLATE):
+    """A loadable Hugging Face directory (random tiny Llama + a character tokenizer with a ChatML template, or
+    none with `chat_template=None`), so `load_target(str(path))`, the CLI and torchrun subprocesses see a real
+    target in milliseconds."""
     from pathlib import Path
 
     from tokenizers import Tokenizer, models
@@ -62,7 +63,7 @@ def tiny_hf_target_dir(path, seed: int = 0):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
                                    additional_special_tokens=specials[1:])
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
