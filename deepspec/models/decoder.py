@@ -218,7 +218,6 @@ class Decoder(nn.Module):
         max_start: int | None = None,  # max(start), when the caller knows it (saves a device sync)
         tree_parents: torch.Tensor | None = None,  # [B, T] int64 token tree (deepspec/models/tree_attention.py)
     ) -> DecoderOutput:
-        spec = self.spec
         B, T = tokens.shape
         device = tokens.device
         offsets = torch.arange(T, device=device)
@@ -229,6 +228,7 @@ class Decoder(nn.Module):
         if num_keys > self.max_positions:
             raise ValueError(f"sequence of {num_keys} tokens exceeds the context window of {self.max_positions}")
 
+        ancestry = depth = None
         rope_positions = positions
         if tree_parents is not None:  # a node sits at its root's position + its depth, whatever its index
             check_parents(tree_parents)
@@ -237,18 +237,42 @@ class Decoder(nn.Module):
             rope_positions = start[:, None] + depth
         rope = self._rope_at(rope_positions, self.rope_cos, self.rope_sin)  # ([B, T, 1, hd], [B, T, 1, hd])
         rope_local = (self._rope_at(rope_positions, self.rope_cos_local, self.rope_sin_local)
-                      if spec.rope_local_theta else rope)
+                      if self.spec.rope_local_theta else rope)
+        masks = self._attention_masks(start, positions, num_keys, cache is not None, ancestry, depth)
+        kv = _CacheAccess(cache, B, positions, num_keys, max_start, self.spec.num_kv_heads) if cache is not None \
+            else None
+        attn_dtype = cache.k.dtype if cache is not None else self.attention_dtype
 
-        # One mask per window size, shared by all layers: key j is visible to query (b, t) iff j <= start[b] + t
-        # (and within the sliding window). None = everything visible; CAUSAL = plain causal over the T tokens.
-        query_pos = positions if cache is not None else offsets[None, :].expand(B, T)
+        x = self.embed_tokens(tokens)
+        captured = []
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer, x, rope_local if layer.window else rope, masks[layer.window], kv,
+                                    attn_dtype)
+            x = x + self._mlp(layer, x)
+            if i in feature_layers:
+                captured.append(x)
+
+        features = None
+        if feature_layers:
+            order = sorted(feature_layers)
+            features = torch.cat([captured[order.index(i)] for i in feature_layers], dim=-1)
+        return self._head(x, logits, features, return_final_hidden)
+
+    def _attention_masks(self, start: torch.Tensor, positions: torch.Tensor, num_keys: int, cached: bool,
+                         ancestry: torch.Tensor | None, depth: torch.Tensor | None) -> dict:
+        """One mask per window size, shared by all layers: key j is visible to query (b, t) iff j <= start[b] + t
+        (and within the sliding window); a token tree's nodes see their ancestors. None = everything visible;
+        CAUSAL = plain causal over the T tokens."""
+        B, T = positions.shape
+        device = positions.device
+        query_pos = positions if cached else torch.arange(T, device=device)[None, :].expand(B, T)
         key_pos = torch.arange(num_keys, device=device)
         masks: dict[int, torch.Tensor | str | None] = {}
-        for window in set(spec.sliding_windows or (0,)):
-            if tree_parents is not None:
-                base = start if cache is not None else torch.zeros_like(start)
+        for window in set(self.spec.sliding_windows or (0,)):
+            if ancestry is not None:
+                base = start if cached else torch.zeros_like(start)
                 masks[window] = tree_visibility(ancestry, depth, base, num_keys, window).unsqueeze(1)
-            elif cache is None and (window == 0 or T <= window):
+            elif not cached and (window == 0 or T <= window):
                 masks[window] = _CAUSAL
             elif T == 1 and B == 1 and (window == 0 or num_keys <= window):
                 masks[window] = None
@@ -257,74 +281,57 @@ class Decoder(nn.Module):
                 if window:
                     visible = visible & (key_pos[None, None, :] > query_pos[:, :, None] - window)
                 masks[window] = visible.unsqueeze(1)  # [B, 1, T, K]
+        return masks
 
-        single_row = cache is not None and B == 1  # batch-1 decode: write the cache by slicing, no index tensors
-        if cache is not None:
-            # views of all layers at once, so each layer indexes one dimension (per-op overhead rules batch-1 decode)
-            k_read, v_read = cache.k[:, :B, :, :num_keys], cache.v[:, :B, :, :num_keys]  # [L, B, nkv, K, hd]
-            if single_row:
-                k_write, v_write = k_read[:, 0, :, max_start:], v_read[:, 0, :, max_start:]  # [L, nkv, T, hd]
-            else:
-                rows = torch.arange(B, device=device)[:, None, None]
-                heads = torch.arange(spec.num_kv_heads, device=device)[None, :, None]
-                write_index = (rows, heads, positions[:, None, :])  # broadcast to [B, nkv, T]
-
-        attn_dtype = cache.k.dtype if cache is not None else self.attention_dtype
+    def _attention(self, i: int, layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask,
+                   kv: "_CacheAccess | None", attn_dtype: torch.dtype) -> torch.Tensor:
+        """Layer i's attention block on x [B, T, D] (its residual branch): new K/V written to the cache, then read
+        back with the prefix."""
+        spec = self.spec
+        B, T = x.shape[:2]
         nh, nkv, hd, q_size, kv_size = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.q_size, spec.kv_size
-        x = self.embed_tokens(tokens)
-        captured = []
-        for i, layer in enumerate(self.layers):
-            h = self._norm(x, layer.attn_norm)
-            packed = layer.packed
-            qkv = _linear(h, layer.wqkv, layer.bqkv, packed.get("wqkv"))
-            cos, sin = rope_local if layer.window else rope
-            v = qkv[..., q_size + kv_size :].view(B, T, nkv, hd).transpose(1, 2)  # [B, nkv, T, hd]
-            if spec.qk_norm:
-                q = self._norm(qkv[..., :q_size].view(B, T, nh, hd), layer.q_norm)
-                k = self._norm(qkv[..., q_size : q_size + kv_size].view(B, T, nkv, hd), layer.k_norm)
-                q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-            else:  # q and k heads side by side: one RoPE pass for both
-                qk = _apply_rope(qkv[..., : q_size + kv_size].view(B, T, nh + nkv, hd), cos, sin)
-                q, k = qk[:, :, :nh], qk[:, :, nh:]
-            q, k = q.transpose(1, 2).to(attn_dtype), k.transpose(1, 2)  # [B, nh, T, hd], [B, nkv, T, hd]
-            if single_row:  # copy_ converts to the cache dtype on the way
-                k_write[i].copy_(k[0])
-                v_write[i].copy_(v[0])
-            elif cache is not None:
-                cache.k[i].index_put_(write_index, k.to(attn_dtype))
-                cache.v[i].index_put_(write_index, v.to(attn_dtype))
-            if cache is not None:
-                k, v = k_read[i], v_read[i]  # [B, nkv, K, hd] views, no copy
-            else:
-                k, v = k.to(attn_dtype), v.to(attn_dtype)
-            mask = masks[layer.window]
-            if mask is _CAUSAL:
-                attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=spec.attn_scale, enable_gqa=True)
-            elif T <= _SMALL_QUERY:
-                attn = _grouped_attention(q, k, v, mask, spec.attn_scale)
-            else:
-                attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.attn_scale, enable_gqa=True)
-            attn = attn.transpose(1, 2).reshape(B, T, q_size).to(self.dtype)
-            attn = _linear(attn, layer.wo, None, packed.get("wo"))
-            if spec.sandwich_norms:
-                attn = self._norm(attn, layer.post_attn_norm)
-            x = x + attn
-            h = self._norm(x, layer.mlp_norm)
-            gate, up = _linear(h, layer.w_gate_up, None, packed.get("w_gate_up")).chunk(2, dim=-1)
-            act = F.gelu(gate, approximate="tanh") if spec.activation == "gelu_tanh" else F.silu(gate)
-            mlp = _linear(act * up, layer.w_down, None, packed.get("w_down"))
-            if spec.sandwich_norms:
-                mlp = self._norm(mlp, layer.post_mlp_norm)
-            x = x + mlp
-            if i in feature_layers:
-                captured.append(x)
+        h = self._norm(x, layer.attn_norm)
+        packed = layer.packed
+        qkv = _linear(h, layer.wqkv, layer.bqkv, packed.get("wqkv"))
+        cos, sin = rope
+        v = qkv[..., q_size + kv_size :].view(B, T, nkv, hd).transpose(1, 2)  # [B, nkv, T, hd]
+        if spec.qk_norm:
+            q = self._norm(qkv[..., :q_size].view(B, T, nh, hd), layer.q_norm)
+            k = self._norm(qkv[..., q_size : q_size + kv_size].view(B, T, nkv, hd), layer.k_norm)
+            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        else:  # q and k heads side by side: one RoPE pass for both
+            qk = _apply_rope(qkv[..., : q_size + kv_size].view(B, T, nh + nkv, hd), cos, sin)
+            q, k = qk[:, :, :nh], qk[:, :, nh:]
+        q, k = q.transpose(1, 2).to(attn_dtype), k.transpose(1, 2)  # [B, nh, T, hd], [B, nkv, T, hd]
+        if kv is not None:
+            k, v = kv.write_and_read(i, k, v, attn_dtype)  # [B, nkv, K, hd] views, no copy
+        else:
+            k, v = k.to(attn_dtype), v.to(attn_dtype)
+        if mask is _CAUSAL:
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=spec.attn_scale, enable_gqa=True)
+        elif T <= _SMALL_QUERY:
+            attn = _grouped_attention(q, k, v, mask, spec.attn_scale)
+        else:
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.attn_scale, enable_gqa=True)
+        attn = attn.transpose(1, 2).reshape(B, T, q_size).to(self.dtype)
+        attn = _linear(attn, layer.wo, None, packed.get("wo"))
+        return self._norm(attn, layer.post_attn_norm) if spec.sandwich_norms else attn
 
-        features = None
-        if feature_layers:
-            order = sorted(feature_layers)
-            features = torch.cat([captured[order.index(i)] for i in feature_layers], dim=-1)
+    def _mlp(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """The layer's gated MLP on x (its residual branch)."""
+        h = self._norm(x, layer.mlp_norm)
+        packed = layer.packed
+        gate, up = _linear(h, layer.w_gate_up, None, packed.get("w_gate_up")).chunk(2, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if self.spec.activation == "gelu_tanh" else F.silu(gate)
+        mlp = _linear(act * up, layer.w_down, None, packed.get("w_down"))
+        return self._norm(mlp, layer.post_mlp_norm) if self.spec.sandwich_norms else mlp
+
+    def _head(self, x: torch.Tensor, logits: str | torch.Tensor, features: torch.Tensor | None,
+              return_final_hidden: bool) -> DecoderOutput:
+        """The final norm and the LM head at the positions asked for."""
+        B = x.shape[0]
         if isinstance(logits, torch.Tensor):  # one chosen position per row (batched prefill of uneven prompts)
-            x = x[torch.arange(B, device=device), logits].unsqueeze(1)
+            x = x[torch.arange(B, device=x.device), logits].unsqueeze(1)
             logits = "all"
         elif logits == "none" and not return_final_hidden:
             return DecoderOutput(None, features)
@@ -378,3 +385,32 @@ def _strip_prefix(name: str) -> str:
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
+
+
+class _CacheAccess:
+    """How one forward writes its new K/V into the cache and reads each layer's keys back: views of all layers at
+    once, so each layer indexes one dimension (per-op overhead rules batch-1 decode), and at batch 1 a slice write
+    instead of index tensors."""
+
+    def __init__(self, cache, B: int, positions: torch.Tensor, num_keys: int, max_start: int, num_kv_heads: int):
+        self.cache = cache
+        self.k_read, self.v_read = cache.k[:, :B, :, :num_keys], cache.v[:, :B, :, :num_keys]  # [L, B, nkv, K, hd]
+        self.single_row = B == 1
+        if self.single_row:
+            self.k_write, self.v_write = self.k_read[:, 0, :, max_start:], self.v_read[:, 0, :, max_start:]
+        else:
+            device = positions.device
+            rows = torch.arange(B, device=device)[:, None, None]
+            heads = torch.arange(num_kv_heads, device=device)[None, :, None]
+            self.write_index = (rows, heads, positions[:, None, :])  # broadcast to [B, nkv, T]
+
+    def write_and_read(self, i: int, k: torch.Tensor, v: torch.Tensor,
+                       attn_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write layer i's new k, v [B, nkv, T, hd]; → its keys and values over the whole prefix (views)."""
+        if self.single_row:  # copy_ converts to the cache dtype on the way
+            self.k_write[i].copy_(k[0])
+            self.v_write[i].copy_(v[0])
+        else:
+            self.cache.k[i].index_put_(self.write_index, k.to(attn_dtype))
+            self.cache.v[i].index_put_(self.write_index, v.to(attn_dtype))
+        return self.k_read[i], self.v_read[i]
