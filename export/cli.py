@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES
 from export.errors import ExportError
 from export.registry import FORMAT_ENGINES, FORMAT_MODULES
 
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "that the format can take (default); 'none' = target only; 'prompt-lookup' (pytorch only)")
     g.add_argument("--format", required=True, metavar="FORMAT",
                    help=f"one of: {', '.join(FORMAT_MODULES)} (see below)")
+    g.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help=f"chat template the export's tokenizer carries, for a target that ships none (gemma3-270m): "
+                        f"a built-in ({', '.join(BUILTIN_CHAT_TEMPLATES)}) or a Jinja file (default: the target's own)")
     g = p.add_argument_group("output")
     g.add_argument("--out", required=True, type=Path,
                    help="output directory; written beside it under a scratch name and renamed at the end")
@@ -96,11 +100,13 @@ def run(args: argparse.Namespace, progress=None) -> str:
     job = make_job(fmt, args)
     job.options["final_out"] = args.out  # where the output will live once renamed (for absolute paths inside it)
     job.options["quantization"] = args.quantization
+    _choose_chat_template(job, args.chat_template)
     for warning in job.options.get("warnings", []):
         print(f"python -m export: warning: {warning}", file=sys.stderr)
     progress = progress or Progress()
     with progress, staged(args.out, args.force) as scratch:
         fields = fmt.write(job, scratch, progress)
+        _place_chat_template(fmt, job, scratch, fields)
         common = _common_fields(fmt, job)
         files = sum(1 for p in scratch.rglob("*") if p.is_file())
         with progress.task("sha256", total=files) as advance:
@@ -108,6 +114,43 @@ def run(args: argparse.Namespace, progress=None) -> str:
     size_mb = sum(f["bytes"] for f in manifest["files"].values()) / 1e6
     return (f"exported {fmt.name} ({manifest.get('algorithm') or 'no draft'}) to {args.out}: "
             f"{len(manifest['files'])} files, {size_mb:.1f} MB in {time.monotonic() - started:.1f} s")
+
+
+def _choose_chat_template(job, value: str | None) -> None:
+    """--chat-template -> job.options["chat_template"] (the text the writers put beside the tokenizer files they
+    copy), refused before anything is written when it is neither a built-in nor a file. Without it, a target that
+    ships no template still exports (completions need none) with the refusal's own line as a warning: the engine
+    will refuse chat requests until it has one."""
+    from deepspec.models.chat_templates import MissingChatTemplateError, require_chat_template, resolve_chat_template
+
+    if value is not None:
+        try:
+            job.options["chat_template"] = resolve_chat_template(value)
+        except ValueError as e:
+            raise ExportError(str(e)) from None
+        return
+    try:
+        require_chat_template(job.target.tokenizer, job.target.spec, job.target.family)
+    except MissingChatTemplateError as e:
+        job.options.setdefault("warnings", []).append(f"{e}; until then its engine refuses chat requests")
+
+
+def _place_chat_template(fmt, job, scratch: Path, fields: dict) -> None:
+    """A format that copies the target's tokenizer files puts the chosen template into them and names the file in
+    its fields (`chat_template`). The others point their engine at the target's own directory: the template goes
+    beside manifest.json, and a warning says the engine must be given it."""
+    from deepspec.models.chat_templates import CHAT_TEMPLATE_FILE
+
+    template = job.options.get("chat_template")
+    if template is None or "chat_template" in fields:
+        return
+    (scratch / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
+    fields["chat_template"] = CHAT_TEMPLATE_FILE
+    warning = (f"--chat-template: format {fmt.name} points its engine at the tokenizer in {job.target.path}; the "
+               f"template is in OUT/{CHAT_TEMPLATE_FILE}: give it to the engine's chat-template option "
+               "(vllm serve, SGLang and python -m service worker: --chat-template)")
+    job.options.setdefault("warnings", []).append(warning)
+    print(f"python -m export: warning: {warning}", file=sys.stderr)
 
 
 def _common_fields(fmt, job) -> dict:

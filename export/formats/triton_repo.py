@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from deepspec.models.chat_templates import save_chat_template
 from export import snippets
 from export.drafts.writers import check_draft, write_draft
 from export.errors import ExportError
@@ -174,6 +175,9 @@ def write(job: ExportJob, out: Path, progress) -> dict:
             shutil.copy2(f, version / "target" / f.name)
             advance(1)
     fields = {"tp": job.tp, "model_name": MODEL, "architecture": ARCHITECTURES[job.target.family]}
+    if job.options.get("chat_template") is not None:  # the LLM API renders chat with the copied tokenizer
+        template = save_chat_template(version / "target", job.options["chat_template"])
+        fields["chat_template"] = str(template.relative_to(out))
     final = job.options.get("final_out") or out
     draft_dir = None
     if job.draft is not None:

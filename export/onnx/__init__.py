@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deepspec.models.chat_templates import CHAT_TEMPLATE_FILE
 from export.errors import ExportError
 from export.job import ExportFormat, ExportJob
 from export.onnx.exporter import QUANTIZATIONS, export_onnx
@@ -28,13 +29,17 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     quantization = job.options.get("quantization") or "none"
     target = load_target(job.target.spec, dtype="float32")
     draft = str(job.draft.path) if job.draft is not None else job.draft_spec
+    chat_template = job.options.get("chat_template")
     with progress.task(f"writing the ONNX graph ({quantization})", total=target.spec.num_layers) as advance:
-        meta = export_onnx(target, draft, out, "float32", quantization, advance)
-    return {
+        meta = export_onnx(target, draft, out, "float32", quantization, advance, chat_template)
+    fields = {
         "draft": meta["draft"]["path"],
         "onnx": {"graph": meta["graph"], "quantization": quantization, "feature_layers": meta["feature_layers"]},
         "launch": {"deepspec": "python -m service worker --engine-dir DIR  (ONNX Runtime, CPU)"},
     }
+    if chat_template is not None:  # the tokenizer files beside the graph carry it (export/cli.py)
+        fields["chat_template"] = CHAT_TEMPLATE_FILE
+    return fields
 
 
 def check(job: ExportJob) -> None:

@@ -56,13 +56,15 @@ def draft_feature_layers(draft_dir: Path | None) -> tuple[int, ...]:
 
 
 def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quant: str = "none",
-                advance=lambda n=1: None) -> dict:
+                advance=lambda n=1: None, chat_template: str | None = None) -> dict:
     """Write the ONNX export of `target` (a loaded fp32 target or a target spec) and `draft` into out_dir (which must
     exist and be empty); returns what the manifest records about it (graph, quantization, draft, layers).
-    `advance()` ticks once per decoder layer written."""
+    `advance()` ticks once per decoder layer written; `chat_template` (template text) goes into the copied
+    tokenizer files, so the worker serving the export renders chat with it."""
     import torch
 
     from deepspec.decoding.drafters.onnx_graphs import DRAFT_GRAPHS
+    from deepspec.models.chat_templates import save_chat_template
     from deepspec.models.drafts import check_target, read_checkpoint_header
     from export.onnx.graph import build_target_graph, build_verify_graph, check_supported
 
@@ -91,6 +93,8 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     for name in _TARGET_FILES:
         if (Path(target.path) / name).is_file():
             shutil.copy2(Path(target.path) / name, out / name)
+    if chat_template is not None:
+        save_chat_template(out, chat_template)
     meta = {
         "graph": graph_name,
         "verify_graph": VERIFY_GRAPH,

@@ -37,9 +37,16 @@ def _config(family: str, vocab_size: int, eos: int):
     raise ValueError(family)
 
 
-def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool = False, **config) -> Path:
-    """A loadable HF directory: random weights of `family` and a character tokenizer (vocab 128); `config` overrides
-    sizes (hidden_size=64 gives head_dim 16, what ONNX Runtime's attention kernel takes)."""
+#: the character tokenizer's chat template (ChatML): a target that ships one, as the exported ones mostly do
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool = False,
+                    chat_template: str | None = CHAT_TEMPLATE, **config) -> Path:
+    """A loadable HF directory: random weights of `family` and a character tokenizer (vocab 128) with
+    `chat_template` (None: a target that ships none, as gemma3-270m); `config` overrides sizes (hidden_size=64 gives
+    head_dim 16, what ONNX Runtime's attention kernel takes)."""
     from tokenizers import Tokenizer, models
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -50,6 +57,7 @@ def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool
     vocab.update({f"<extra_{i}>": len(vocab) + i for i in range(128 - len(vocab))})
     fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
                                    unk_token="<unk>", eos_token="<|im_end|>")
+    fast.chat_template = chat_template
     hf_config = _config(family, 128, vocab["<|im_end|>"])
     hf_config.tie_word_embeddings = tied
     for key, value in config.items():
