@@ -226,118 +226,157 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
         raise ValueError(f"unknown ONNX quantization {quantization!r}; choose none, int4 or int8")
     weights = _Weights(out_dir / f"{graph_name}.data")
     g = _Builder(weights, block_size, accuracy_level)
-    H, nh, nkv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
-    q_size, kv_size, inter, eps = spec.q_size, spec.kv_size, spec.intermediate_size, spec.rms_norm_eps
-    np_ = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
-
-    half = hd // 2
-    cos = weights.add("rope.cos", np_(model.rope_cos)[:, :half])  # [max_positions, hd/2]
-    sin = weights.add("rope.sin", -np_(model.rope_sin)[:, :half])  # sign of rotate_half is folded in our table
-    embed = weights.add("embed.weight", np_(model.embed))
+    half = spec.head_dim // 2
+    rope = (weights.add("rope.cos", _np(model.rope_cos)[:, :half]),  # [max_positions, hd/2]
+            weights.add("rope.sin", -_np(model.rope_sin)[:, :half]))  # sign of rotate_half is folded in our table
+    embed = weights.add("embed.weight", _np(model.embed))
     x = g.op("Gather", [embed, "input_ids"])  # [B, T, H]
     if model.embed_scale != 1.0:
         x = g.op("Mul", [x, g.const("embed.scale", np.float32(model.embed_scale))])
-    if spec.qk_norm:
-        shape_q = g.const("shape.q", np.array([0, 0, nh, hd], np.int64))
-        shape_kv = g.const("shape.kv", np.array([0, 0, nkv, hd], np.int64))
-        shape_flat_q = g.const("shape.flat_q", np.array([0, 0, q_size], np.int64))
-        shape_flat_kv = g.const("shape.flat_kv", np.array([0, 0, kv_size], np.int64))
-    packed_qkv = fused and not spec.qk_norm  # GroupQueryAttention splits a packed q|k|v itself
-    if not packed_qkv:
-        split_qkv = g.const("split.qkv", np.array([q_size, kv_size, kv_size], np.int64))
-    split_mlp = g.const("split.mlp", np.array([inter, inter], np.int64))
+    layers = _LayerWriter(g, spec, quantization, fused)
 
-    # The residual stream is x = residual + delta; `delta` is None once they have been summed into `residual`.
-    # Fused: each norm is a SkipSimplifiedLayerNormalization that adds the pending delta and normalizes in one node.
-    residual, delta = x, None
-
-    def norm(weight: np.ndarray, name: str) -> str:
-        nonlocal residual, delta
-        if delta is None:
-            return g.simplified_norm(residual, weight, eps, name) if fused else g.rms_norm(residual, weight, eps, name)
-        if fused:
-            out, residual = g.skip_norm(residual, delta, weight, eps, name)
-        else:
-            residual = g.op("Add", [residual, delta])
-            out = g.rms_norm(residual, weight, eps, name)
-        delta = None
-        return out
-
-    def settle() -> str:
-        """The residual stream as one tensor (adds a pending delta)."""
-        nonlocal residual, delta
-        if delta is not None:
-            residual, delta = g.op("Add", [residual, delta]), None
-        return residual
-
+    stream = _ResidualStream(g, x, spec.rms_norm_eps, fused)
     captured: dict[int, str] = {}
     pending_capture: list[int] = []  # layers whose output is the next norm's input sum
     outputs_kv = []
     for i, layer in enumerate(model.layers):
-        p = f"layers.{i}"
-        h = norm(np_(layer.attn_norm), f"{p}.attn_norm")
-        for j in pending_capture:
-            captured[j] = residual
+        h = stream.norm(_np(layer.attn_norm), f"layers.{i}.attn_norm")
+        captured.update({j: stream.residual for j in pending_capture})
         pending_capture = []
-        bias = np_(layer.bqkv) if layer.bqkv is not None else None
-        qkv = g.linear(h, np_(layer.wqkv), f"{p}.qkv", quantization, bias)
-        if packed_qkv:
-            q, k, v = qkv, "", ""
-        else:
-            q, k, v = g.op("Split", [qkv, split_qkv], num_outputs=3, axis=-1)
-        if spec.qk_norm:  # per-head RMSNorm before RoPE (Qwen3)
-            q_norm = g.simplified_norm if fused else g.rms_norm
-            q = g.op("Reshape", [q_norm(g.op("Reshape", [q, shape_q]), np_(layer.q_norm), eps, f"{p}.q_norm"),
-                                 shape_flat_q])
-            k = g.op("Reshape", [q_norm(g.op("Reshape", [k, shape_kv]), np_(layer.k_norm), eps, f"{p}.k_norm"),
-                                 shape_flat_kv])
-        present = [f"present_key.{i}", f"present_value.{i}"]
-        attn = g.op("GroupQueryAttention",
-                    [q, k, v, f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length", cos, sin],
-                    outputs=[f"{p}.attn", *present], domain=MS_DOMAIN, num_heads=nh, kv_num_heads=nkv,
-                    scale=float(spec.attn_scale), do_rotary=1, rotary_interleaved=0)[0]
+        attn, present = layers.attention(i, layer, h, rope)
         outputs_kv += present
-        delta = g.linear(attn, np_(layer.wo), f"{p}.o", quantization)
-        h = norm(np_(layer.mlp_norm), f"{p}.mlp_norm")
-        gate, up = g.op("Split", [g.linear(h, np_(layer.w_gate_up), f"{p}.gate_up", quantization), split_mlp],
-                        num_outputs=2, axis=-1)
-        if spec.activation == "gelu_tanh":
-            act = g.op("Gelu", [gate], approximate="tanh")
-        else:
-            act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
-        delta = g.linear(g.op("Mul", [act, up]), np_(layer.w_down), f"{p}.down", quantization)
+        stream.delta = g.linear(attn, _np(layer.wo), f"layers.{i}.o", quantization)
+        stream.delta = layers.mlp(i, layer, stream.norm(_np(layer.mlp_norm), f"layers.{i}.mlp_norm"))
         if i in feature_layers:
             pending_capture.append(i)
         advance(1)
-    x = settle()
-    for j in pending_capture:
-        captured[j] = x
+    x = stream.settle()
+    captured.update({j: x for j in pending_capture})
 
-    # logits only where asked: gather the rows' chosen positions before the norm and the head
+    outputs = [_head_nodes(g, model, x, embed, quantization, fused)]
+    if feature_layers:
+        g.op("Concat", [captured[i] for i in feature_layers], outputs=["features"], axis=-1)
+        outputs.append(helper.make_tensor_value_info("features", TensorProto.FLOAT,
+                                                     ["B", "T", len(feature_layers) * spec.hidden_size]))
+    weights.close()
+    return _save(g, weights, spec, outputs, outputs_kv, out_dir / graph_name)
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().float().cpu().numpy()
+
+
+class _ResidualStream:
+    """The residual stream x = residual + delta; `delta` is None once it has been summed into `residual`. Fused,
+    each norm is a SkipSimplifiedLayerNormalization that adds the pending delta and normalizes in one node."""
+
+    def __init__(self, g: "_Builder", x: str, eps: float, fused: bool):
+        self.g, self.eps, self.fused = g, eps, fused
+        self.residual, self.delta = x, None
+
+    def norm(self, weight: np.ndarray, name: str) -> str:
+        g, eps = self.g, self.eps
+        if self.delta is None:
+            return g.simplified_norm(self.residual, weight, eps, name) if self.fused else g.rms_norm(
+                self.residual, weight, eps, name)
+        if self.fused:
+            out, self.residual = g.skip_norm(self.residual, self.delta, weight, eps, name)
+        else:
+            self.residual = g.op("Add", [self.residual, self.delta])
+            out = g.rms_norm(self.residual, weight, eps, name)
+        self.delta = None
+        return out
+
+    def settle(self) -> str:
+        """The residual stream as one tensor (adds a pending delta)."""
+        if self.delta is not None:
+            self.residual, self.delta = self.g.op("Add", [self.residual, self.delta]), None
+        return self.residual
+
+
+class _LayerWriter:
+    """The nodes of one decoder layer's attention (GroupQueryAttention with RoPE inside, the KV cache as its
+    past/present pair) and gated MLP, and the constants they share across layers."""
+
+    def __init__(self, g: "_Builder", spec: ArchSpec, quantization: str, fused: bool):
+        self.g, self.spec, self.quantization, self.fused = g, spec, quantization, fused
+        nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        if spec.qk_norm:
+            self.shape_q = g.const("shape.q", np.array([0, 0, nh, hd], np.int64))
+            self.shape_kv = g.const("shape.kv", np.array([0, 0, nkv, hd], np.int64))
+            self.shape_flat_q = g.const("shape.flat_q", np.array([0, 0, spec.q_size], np.int64))
+            self.shape_flat_kv = g.const("shape.flat_kv", np.array([0, 0, spec.kv_size], np.int64))
+        self.packed_qkv = fused and not spec.qk_norm  # GroupQueryAttention splits a packed q|k|v itself
+        if not self.packed_qkv:
+            self.split_qkv = g.const("split.qkv", np.array([spec.q_size, spec.kv_size, spec.kv_size], np.int64))
+        inter = spec.intermediate_size
+        self.split_mlp = g.const("split.mlp", np.array([inter, inter], np.int64))
+
+    def attention(self, i: int, layer, h: str, rope: tuple[str, str]) -> tuple[str, list[str]]:
+        """→ (the attention output before its projection, layer i's present key/value outputs)."""
+        g, spec, p = self.g, self.spec, f"layers.{i}"
+        bias = _np(layer.bqkv) if layer.bqkv is not None else None
+        qkv = g.linear(h, _np(layer.wqkv), f"{p}.qkv", self.quantization, bias)
+        if self.packed_qkv:
+            q, k, v = qkv, "", ""
+        else:
+            q, k, v = g.op("Split", [qkv, self.split_qkv], num_outputs=3, axis=-1)
+        if spec.qk_norm:  # per-head RMSNorm before RoPE (Qwen3)
+            q_norm = g.simplified_norm if self.fused else g.rms_norm
+            eps = spec.rms_norm_eps
+            q = g.op("Reshape", [q_norm(g.op("Reshape", [q, self.shape_q]), _np(layer.q_norm), eps, f"{p}.q_norm"),
+                                 self.shape_flat_q])
+            k = g.op("Reshape", [q_norm(g.op("Reshape", [k, self.shape_kv]), _np(layer.k_norm), eps,
+                                        f"{p}.k_norm"), self.shape_flat_kv])
+        present = [f"present_key.{i}", f"present_value.{i}"]
+        attn = g.op("GroupQueryAttention",
+                    [q, k, v, f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length", *rope],
+                    outputs=[f"{p}.attn", *present], domain=MS_DOMAIN, num_heads=spec.num_heads,
+                    kv_num_heads=spec.num_kv_heads, scale=float(spec.attn_scale), do_rotary=1,
+                    rotary_interleaved=0)[0]
+        return attn, present
+
+    def mlp(self, i: int, layer, h: str) -> str:
+        g, p, quantization = self.g, f"layers.{i}", self.quantization
+        gate, up = g.op("Split", [g.linear(h, _np(layer.w_gate_up), f"{p}.gate_up", quantization), self.split_mlp],
+                        num_outputs=2, axis=-1)
+        if self.spec.activation == "gelu_tanh":
+            act = g.op("Gelu", [gate], approximate="tanh")
+        else:
+            act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
+        return g.linear(g.op("Mul", [act, up]), _np(layer.w_down), f"{p}.down", quantization)
+
+
+def _head_nodes(g: "_Builder", model, x: str, embed: str, quantization: str, fused: bool):
+    """Logits only where asked: the rows' chosen positions gathered before the final norm and the head; → the
+    `logits` output's value info."""
+    spec = model.spec
+    H = spec.hidden_size
     index = g.op("Expand", [g.op("Unsqueeze", ["logits_index", g.const("axes.last", np.array([-1], np.int64))]),
                             g.op("Concat", [g.op("Shape", ["logits_index"]),
                                             g.const("shape.hidden", np.array([H], np.int64))], axis=0)])
     picked = g.op("GatherElements", [x, index], axis=1)  # [B, N, H]
-    hidden = (g.simplified_norm if fused else g.rms_norm)(picked, np_(model.final_norm), eps, "final_norm")
-    tied = model.head is model.embed
+    hidden = (g.simplified_norm if fused else g.rms_norm)(picked, _np(model.final_norm), spec.rms_norm_eps,
+                                                          "final_norm")
     if quantization in ("int4", "int8"):  # the head is the widest matmul of a small model: quantized too
-        g.linear(hidden, np_(model.head), "lm_head", quantization)
+        g.linear(hidden, _np(model.head), "lm_head", quantization)
         g.nodes[-1].output[0] = "logits"
-    elif tied:  # Gemm with transB reads the embedding itself: no transposed copy of a [V, H] table
+    elif model.head is model.embed:  # Gemm with transB reads the embedding itself: no transposed copy of [V, H]
         flat = g.op("Reshape", [hidden, g.const("shape.rows", np.array([-1, H], np.int64))])
         rows = g.op("Gemm", [flat, embed], transB=1)
         g.op("Reshape", [rows, g.op("Concat", [g.op("Shape", ["logits_index"]),
                                                g.const("shape.vocab", np.array([spec.vocab_size], np.int64))],
                                     axis=0)], outputs=["logits"], allowzero=1)  # N may be 0: no logits
     else:
-        g.op("MatMul", [hidden, weights.add("lm_head.weight_t", np_(model.head).T)], outputs=["logits"])
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "N", spec.vocab_size])]
-    if feature_layers:
-        g.op("Concat", [captured[i] for i in feature_layers], outputs=["features"], axis=-1)
-        outputs.append(helper.make_tensor_value_info("features", TensorProto.FLOAT,
-                                                     ["B", "T", len(feature_layers) * H]))
-    cache_dims = ["B", nkv, "S", hd]
-    outputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, cache_dims) for name in outputs_kv]
+        g.op("MatMul", [hidden, g.w.add("lm_head.weight_t", _np(model.head).T)], outputs=["logits"])
+    return helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "N", spec.vocab_size])
+
+
+def _save(g: "_Builder", weights: "_Weights", spec: ArchSpec, outputs: list, outputs_kv: list[str],
+          path: Path) -> Path:
+    """The graph's inputs (module docstring) and the cache outputs around the nodes, saved as one model."""
+    cache_dims = ["B", spec.num_kv_heads, "S", spec.head_dim]
+    outputs = outputs + [helper.make_tensor_value_info(name, TensorProto.FLOAT, cache_dims) for name in outputs_kv]
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["B", "T"]),
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
@@ -347,13 +386,11 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
     for i in range(spec.num_layers):
         inputs += [helper.make_tensor_value_info(f"past_{kind}.{i}", TensorProto.FLOAT, cache_dims)
                    for kind in ("key", "value")]
-    weights.close()
     graph = helper.make_graph(g.nodes, "deepspec_target", inputs, outputs, initializer=weights.initializers)
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                          helper.make_opsetid(MS_DOMAIN, 1)],
                                    producer_name="deepspec-export")
     onnx_model.ir_version = 10
-    path = out_dir / graph_name
     onnx.save_model(onnx_model, path)
     return path
 
