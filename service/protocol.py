@@ -27,6 +27,12 @@ table of the tokens whose text it carries (`OUTPUT_SCORES`; TensorRT-LLM's `outp
 columns), the prompt's table once, in the first response (`PROMPT_SCORES`). `service/token_scores.py` writes and
 reads the tables; the worker decides which tokens a response's text carries (`service/worker/token_texts.py`).
 
+Structured outputs: a request whose output must match a constraint sends it as `structured_output`, the JSON text
+`{"kind": ..., "spec": ...}` (`Constraint`): kind one of `STRUCTURED_OUTPUT_KINDS` (deepspec/decoding/structured.py
+KINDS, mirrored), spec the JSON schema text, the regex, the EBNF grammar or a JSON list of the allowed strings, and
+empty for json_object. The worker compiles it with the engine's grammar compiler; a value it cannot read, or a spec
+that does not compile, is INVALID_ARGUMENT with the code `structured_output_invalid`.
+
 Statistics: `RequestStats` is the one record of a request's counts, built by the worker's scheduler from the engine's
 step outputs, written to the output tensors named in `STATS_OUTPUTS`, and read back by the gateway for usage,
 metrics and the request log.
@@ -34,6 +40,7 @@ metrics and the request log.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 
 # Inputs (Triton TensorRT-LLM ensemble names), shape [1, 1] except stop_words [1, n].
@@ -53,6 +60,7 @@ RETURN_LOG_PROBS = "return_log_probs"  # BOOL, TensorRT-LLM's name: send the gen
 INPUT_IDS = "input_ids"  # INT32 [1, n], the prompt as token ids (TensorRT-LLM's name); text_input is then empty
 EXTRA_TOP_LOGPROBS = "top_logprobs"  # INT32, alternatives per generated position (0..MAX_TOP_LOGPROBS)
 EXTRA_PROMPT_LOGPROBS = "prompt_logprobs"  # INT32, score the prompt with this many alternatives; absent = off
+EXTRA_STRUCTURED_OUTPUT = "structured_output"  # BYTES, a Constraint's JSON: the output must match it; absent = free
 
 # Outputs.
 TEXT_OUTPUT = "text_output"  # BYTES: new text (stream) or the whole completion (ModelInfer)
@@ -100,6 +108,36 @@ PROMPT_SCORES = _score_tensors("prompt")
 #: the most alternatives per position a request may ask for (deepspec.decoding.logprobs.MAX_TOP_LOGPROBS, mirrored:
 #: the gateway image has no deepspec library)
 MAX_TOP_LOGPROBS = 20
+
+#: what a Constraint may be (deepspec.decoding.structured.KINDS, mirrored: the gateway image has no deepspec library)
+STRUCTURED_OUTPUT_KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The structured-output constraint of one request, as the worker protocol carries it (`EXTRA_STRUCTURED_OUTPUT`):
+    `spec` is the JSON schema text (json_schema), the regex, the EBNF grammar (xgrammar's dialect, `root ::= ...`),
+    or a JSON list of the allowed strings (choice); json_object has none."""
+
+    kind: str
+    spec: str = ""
+
+    def encode(self) -> str:
+        return json.dumps({"kind": self.kind, "spec": self.spec}, ensure_ascii=False)
+
+    @classmethod
+    def decode(cls, text: str) -> Constraint:
+        """The Constraint `text` encodes; ValueError naming what is wrong (the kind and spec themselves are the
+        engine's to check)."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{EXTRA_STRUCTURED_OUTPUT} is not valid JSON: {e}") from None
+        if not isinstance(value, dict) or set(value) - {"kind", "spec"} or not isinstance(value.get("kind"), str) \
+                or not isinstance(value.get("spec", ""), str):
+            raise ValueError(f'{EXTRA_STRUCTURED_OUTPUT} must be {{"kind": str, "spec": str}}, got {text[:200]!r}')
+        return cls(value["kind"], value.get("spec", ""))
+
 
 #: response parameter that flags the last response of a decoupled stream (Triton's name)
 FINAL_RESPONSE_PARAM = "triton_final_response"

@@ -6,7 +6,8 @@ A request that is not a valid protobuf is INVALID_ARGUMENT, not grpcio's default
 gone, deadline) cancels the handler, which closes the worker stream and frees the slot; `Abort` does the same for
 one of the caller's own request ids. API keys, when configured, are read from the `authorization: Bearer <key>`
 metadata. Health reports SERVING for "" and the service name while the gateway is ready. Logprobs come as the
-worker scored them (service/token_scores.py), one `TokenLogprob` per token, ids included.
+worker scored them (service/token_scores.py), one `TokenLogprob` per token, ids included. A `structured_output`
+(kind + spec) is validated as the HTTP API's vLLM-style `structured_outputs` object.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from pydantic import ValidationError
 from service.gateway.dispatch import new_request_id
 from service.gateway.errors import BadRequestError, ServiceError, validation_message
 from service.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from service.gateway.structured import structured_outputs_field
 from service.gateway.validation import check_request_id
 from service.gateway.worker_client import Chunk, GenerationRequest
-from service.token_scores import TokenScore
+from service.protocol import Constraint
 from service.protos.deepspec.v1 import completions_pb2 as pb
+from service.token_scores import TokenScore
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Completions"]
 SERVICE_NAME = _SERVICE.full_name
@@ -79,14 +82,14 @@ def to_generation_request(request: pb.CompletionRequest, model: str) -> Generati
         "temperature": request.temperature if request.HasField("temperature") else _DEFAULT_TEMPERATURE,
         **{name: getattr(request, name) for name in ("top_p", "top_k", "seed") if request.HasField(name)},
     }  # fmt: skip
+    if request.HasField("structured_output"):
+        fields["structured_outputs"] = _structured_outputs(request.structured_output)
     try:
         if request.messages:
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
             body = ChatCompletionRequest.model_validate({**fields, "messages": messages, "logprobs": request.logprobs,
                                                          "top_logprobs": num_top if request.logprobs else None})
-            return GenerationRequest(request_id=request_id, model=model, messages=body.messages_dicts(),
-                                     max_tokens=body.max_tokens, logprobs=body.num_logprobs,
-                                     **body.sampling())  # fmt: skip
+            return GenerationRequest(request_id=request_id, model=model, **body.generation())
         body = CompletionRequest.model_validate({
             **fields, "prompt": request.prompt or list(request.prompt_token_ids), "echo": request.prompt_logprobs,
             "logprobs": num_top if request.logprobs or request.prompt_logprobs else None})  # fmt: skip
@@ -97,6 +100,14 @@ def to_generation_request(request: pb.CompletionRequest, model: str) -> Generati
     except ValidationError as e:
         message, param = validation_message(e.errors())
         raise BadRequestError(message, param=param) from None
+
+
+def _structured_outputs(message: pb.StructuredOutput) -> dict:
+    """The message as the HTTP API's `structured_outputs` (vLLM's object), so both APIs validate it alike."""
+    try:
+        return structured_outputs_field(Constraint(message.kind, message.spec))
+    except ValueError as e:
+        raise BadRequestError(f"structured_output: {e}", param="structured_output") from None
 
 
 def _token_logprobs(scores: list[TokenScore] | None) -> list[pb.TokenLogprob]:

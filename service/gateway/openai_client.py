@@ -21,6 +21,10 @@ with `stream_options.include_usage`); the engines put no drafted/accepted counts
 spec-decode counts are 0 and the engine's own `/metrics` (scraped by Prometheus directly) carries them. An engine
 that queues without bound never answers 429: `max_outstanding` caps the requests the gateway has in flight on one
 upstream, and a request past it is refused as RESOURCE_EXHAUSTED before it is sent.
+
+Structured outputs go as OpenAI's `response_format` (json_object, json_schema), which vLLM, SGLang and trtllm-serve
+read, and regex, grammar and choice as vLLM's `structured_outputs` to a vLLM upstream only (its model cards say
+`owned_by: "vllm"`); any other engine would drop that field unread, so such a request is refused (400) instead.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from service import protocol as p
+from service.gateway.structured import response_format_field, structured_outputs_field
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
 
 #: the engine's own readiness route (vLLM, SGLang, trtllm-serve)
@@ -42,6 +47,8 @@ _STATUS_FOR_HTTP = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 404: "NOT_
                     503: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}  # fmt: skip
 #: keys of a model card that carry its context length (vLLM's `max_model_len`; llama.cpp and others' names)
 _CONTEXT_KEYS = ("max_model_len", "context_length", "n_ctx", "max_context_length")
+#: what vLLM's model cards say they are owned by (vllm/entrypoints/openai/engine/protocol.py ModelCard)
+_VLLM_OWNER = "vllm"
 
 
 def status_for_http(status_code: int) -> str:
@@ -64,9 +71,10 @@ def error_message(body: object, fallback: str) -> str:
     return fallback
 
 
-def request_body(req: GenerationRequest, stream: bool) -> dict:
+def request_body(req: GenerationRequest, stream: bool, vllm_extras: bool = False) -> dict:
     """The OpenAI body for `req`. Unset fields are left out so the engine's default applies: `max_tokens` None
-    (what fits), `top_k` 0 (SGLang refuses 0, llama.cpp reads it as the whole vocabulary)."""
+    (what fits), `top_k` 0 (SGLang refuses 0, llama.cpp reads it as the whole vocabulary). `vllm_extras`: the
+    upstream is vLLM, which reads its `structured_outputs` extension."""
     body: dict = {"model": req.model, "temperature": req.temperature, "top_p": req.top_p, "stream": stream}
     if req.messages is not None:
         body["messages"] = req.messages
@@ -86,9 +94,28 @@ def request_body(req: GenerationRequest, stream: bool) -> dict:
             # the same promise in the field every engine reads: llama.cpp's Python server drops `ignore_eos` unread
             # (pydantic ignores unknown fields) but holds back the end-of-sequence token until `min_tokens`
             body["min_tokens"] = req.max_tokens
+    if req.structured_output is not None:
+        body.update(_constraint_fields(req.structured_output, vllm_extras))
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
+
+
+def _constraint_fields(constraint: p.Constraint, vllm_extras: bool) -> dict:
+    """The body fields that carry `constraint`: OpenAI's `response_format` for the JSON kinds (vLLM, SGLang and
+    trtllm-serve read it), vLLM's `structured_outputs` for regex, grammar and choice where the upstream is vLLM;
+    WorkerError INVALID_ARGUMENT where it is not, since another engine would drop the field unread."""
+    try:
+        response_format = response_format_field(constraint)
+        if response_format is not None:
+            return {"response_format": response_format}
+        if vllm_extras:
+            return {"structured_outputs": structured_outputs_field(constraint)}
+    except ValueError as e:
+        raise WorkerError("INVALID_ARGUMENT", str(e), "structured_output_invalid") from None
+    raise WorkerError("INVALID_ARGUMENT", f"{constraint.kind} structured outputs are not supported by this worker: an "
+                                          "OpenAI-HTTP engine takes response_format (json_object, json_schema); "
+                                          "regex, grammar and choice need a vLLM engine (structured_outputs)")
 
 
 def _stats(usage: object) -> p.RequestStats:
@@ -125,12 +152,17 @@ def parse_event(data: str) -> dict:
 class OpenAIClient:
     """One OpenAI-compatible upstream at `base_url` (`http://host:port`); `address` is its name in metrics."""
 
+    #: what this client forwards (GenerationRequest.extensions): constraints, as `_constraint_fields` says
+    extensions = frozenset({"structured outputs"})
+
     def __init__(self, address: str, base_url: str, max_outstanding: int = 0, max_connections: int = 256):
         self.address = address
         self.base_url = base_url.rstrip("/")
         #: requests this gateway may have in flight on the upstream at once (0 = no cap)
         self.max_outstanding = max_outstanding
         self.num_outstanding = 0
+        #: the upstream is vLLM (its model cards say so), which also reads vLLM's `structured_outputs`
+        self.vllm_extras = False
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                               keepalive_expiry=30.0)  # fmt: skip
         # the whole-request deadline is enforced per read below; httpx's own timeouts only bound connecting
@@ -158,6 +190,7 @@ class OpenAIClient:
         except (httpx.HTTPError, ValueError, AttributeError) as e:
             raise WorkerError("UNAVAILABLE", f"{MODELS_PATH}: {e}") from None
         models = {}
+        self.vllm_extras = any(isinstance(card, dict) and card.get("owned_by") == _VLLM_OWNER for card in cards)
         for card in cards:
             if isinstance(card, dict) and card.get("id"):
                 models[card["id"]] = next((int(card[k]) for k in _CONTEXT_KEYS if isinstance(card.get(k), int)), 0)
@@ -224,7 +257,7 @@ class OpenAIClient:
     async def _send(self, req: GenerationRequest, stream: bool, deadline: float) -> httpx.Response:
         """POST the request and return the open response once its status is 200; any other status as WorkerError."""
         path = "/v1/chat/completions" if req.messages is not None else "/v1/completions"
-        request = self.http.build_request("POST", path, json=request_body(req, stream))
+        request = self.http.build_request("POST", path, json=request_body(req, stream, self.vllm_extras))
         try:
             response = await self._before(deadline, self.http.send(request, stream=True))
         except httpx.TransportError as e:

@@ -1,11 +1,13 @@
 """OpenAI request bodies the gateway accepts (pydantic, strict types) and their mapping to a worker request.
 
 Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Nothing is silently ignored: fields OpenAI defines that DeepSpec
-does not implement (n, suffix, best_of, penalties, response_format, tools, logit_bias, ...) are accepted only at
-their neutral value and refused otherwise with a message naming the field, and an unknown field is a 400 naming it
-(OpenAI answers "Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for JSON
-output would get free text). `top_k` and `ignore_eos` are vLLM's extensions, and so are completions' batches of
-prompts given as token ids (OpenAI takes them too) and `logprobs` up to 20. Field types and limits come from
+does not implement (n, suffix, best_of, penalties, tools, logit_bias, ...) are accepted only at their neutral value
+and refused otherwise with a message naming the field, and an unknown field is a 400 naming it (OpenAI answers
+"Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for something it does not
+do would get a plain answer). `top_k` and `ignore_eos` are vLLM's extensions, and so are completions' batches of
+prompts given as token ids (OpenAI takes them too), `logprobs` up to 20 and the structured-output fields
+(`structured.py`: response_format, structured_outputs, guided_*). tests/service/test_structured_outputs.py lists
+every field as honoured or refused, so a new one cannot be accepted unread. Field types and limits come from
 `validation.py`; the gRPC API validates through these models too.
 """
 
@@ -13,9 +15,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from service.gateway.validation import (CompletionMaxTokens, Integer, MaxTokens, Name, Prompt, Prompts, Seed,
+from service.gateway.structured import StructuredOutputFields
+from service.gateway.validation import (STRICT, CompletionMaxTokens, Integer, MaxTokens, Name, Prompt, Prompts, Seed,
                                         StopString, StopStrings, Temperature, Text, TokenIdBatch, TokenIds, TopK,
                                         TopLogprobs, TopP, neutral_only)  # fmt: skip
 
@@ -23,23 +26,13 @@ from service.gateway.validation import (CompletionMaxTokens, Integer, MaxTokens,
 _MIN_NORMAL_FP32 = 1.1754943508222875e-38
 
 
-#: every request object: strict types, unknown fields refused
-_STRICT = ConfigDict(strict=True, extra="forbid")
-
-
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     include_usage: bool = False
 
 
-class ResponseFormat(BaseModel):
-    """Only the neutral `{"type": "text"}`: constrained decoding is not implemented, so JSON modes are refused."""
-    model_config = _STRICT
-    type: Literal["text"]
-
-
-class _SamplingFields(BaseModel):
-    model_config = _STRICT
+class _SamplingFields(StructuredOutputFields):
+    model_config = STRICT
 
     model: Name | None = None
     temperature: Temperature | None = None
@@ -57,7 +50,6 @@ class _SamplingFields(BaseModel):
     presence_penalty: Annotated[float | None, neutral_only(0, None)] = None
     frequency_penalty: Annotated[float | None, neutral_only(0, None)] = None
     logit_bias: Annotated[dict[str, float] | None, neutral_only({}, None)] = None
-    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self):
@@ -85,6 +77,7 @@ class _SamplingFields(BaseModel):
             "seed": self.seed,
             "stop": stop,
             "ignore_eos": self.ignore_eos,
+            "structured_output": self.constraint,
         }
 
 
@@ -132,13 +125,13 @@ class CompletionRequest(_SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     type: Literal["text"]
     text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | list[TextPart]
 
@@ -166,10 +159,10 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("top_logprobs needs logprobs: true (as at OpenAI)")
         return self
 
-    @property
-    def num_logprobs(self) -> int | None:
-        """GenerationRequest.logprobs: the alternatives asked for, None without logprobs."""
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    def messages_dicts(self) -> list[dict]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def generation(self) -> dict:
+        """The GenerationRequest fields: the messages (developer is the system role), the token budget
+        (max_completion_tokens before the deprecated max_tokens), the logprobs' alternatives (None without
+        logprobs) and the sampling."""
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        return {"messages": messages, "max_tokens": self.max_completion_tokens or self.max_tokens,
+                "logprobs": (self.top_logprobs or 0) if self.logprobs else None, **self.sampling()}  # fmt: skip

@@ -8,9 +8,9 @@ and builds requests that pass those rules, in the dialect the model declares (`s
 the LLM-API model's `sampling_param_*` names, or the ensemble's, which DeepSpec's worker speaks too).
 
 A request that needs an input the model does not declare (chat messages on a model without `messages_json`, stop
-strings, `ignore_eos`, logprobs, a token-id prompt) is refused with `SignatureError` naming the model and the input,
-instead of being sent and refused by Triton or silently changing meaning. Request flags that only ask for outputs are
-sent when declared.
+strings, `ignore_eos`, logprobs, a token-id prompt, a structured output) is refused with `SignatureError` naming the
+model and the input, instead of being sent and refused by Triton or silently changing meaning. Request flags that
+only ask for outputs are sent when declared.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
         "return_log_probs": None if req.logprobs is None else [True],
         "top_logprobs": None if req.logprobs is None else [req.logprobs],
         "prompt_logprobs": None if req.prompt_logprobs is None else [req.prompt_logprobs],
+        "structured_output": None if req.structured_output is None else [req.structured_output.encode()],
         **{flag: [True] for flag in c.FLAGS},
     }  # fmt: skip
 

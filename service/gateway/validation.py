@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from service.gateway.errors import BadRequestError
 from service.protocol import MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS, max_prompt_chars
+
+#: every request object: strict types (`"max_tokens": "5"` is a 400, as at OpenAI), unknown fields refused
+STRICT = ConfigDict(strict=True, extra="forbid")
 
 MAX_INT32 = 2**31 - 1
 #: prompts in one completions request (a batch): each becomes a request of its own on a worker, so a batch larger

@@ -59,12 +59,14 @@ class GenerationRequest:
     logprobs: int | None = None
     #: the prompt's logprobs with this many alternatives each (max_tokens may then be 0); None = off
     prompt_logprobs: int | None = None
+    #: the output must match this (a JSON schema, regex, grammar or choice); None = free text
+    structured_output: p.Constraint | None = None
 
     @property
     def extensions(self) -> frozenset[str]:
         """What this request needs beyond a plain completion, named as a refusal names it (c.FEATURE_OF_ROLE)."""
         wanted = {"return_log_probs": self.logprobs, "prompt_logprobs": self.prompt_logprobs,
-                  "prompt_token_ids": self.prompt_token_ids}
+                  "prompt_token_ids": self.prompt_token_ids, "structured_output": self.structured_output}
         return frozenset(c.FEATURE_OF_ROLE[role] for role, value in wanted.items() if value is not None)
 
 

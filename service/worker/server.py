@@ -20,6 +20,7 @@ from grpc_health.v1._async import HealthServicer
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from deepspec.decoding.params import SamplingParams, StepOutput
+from deepspec.decoding.structured import StructuredOutput
 from deepspec.decoding.validation import RequestError, RequestErrorCode
 from service import protocol as p
 from service import tensors
@@ -219,7 +220,7 @@ _INPUTS = [
     (p.SEED, "UINT64", [1, 1]), (p.STOP_WORDS, "BYTES", [1, -1]), (p.END_ID, "INT32", [1, 1]),
     (p.EXTRA_MESSAGES_JSON, "BYTES", [1, 1]), (p.EXTRA_IGNORE_EOS, "BOOL", [1, 1]),
     (p.INPUT_IDS, "INT32", [1, -1]), (p.RETURN_LOG_PROBS, "BOOL", [1, 1]), (p.EXTRA_TOP_LOGPROBS, "INT32", [1, 1]),
-    (p.EXTRA_PROMPT_LOGPROBS, "INT32", [1, 1]),
+    (p.EXTRA_PROMPT_LOGPROBS, "INT32", [1, 1]), (p.EXTRA_STRUCTURED_OUTPUT, "BYTES", [1, 1]),
 ]  # fmt: skip
 _OUTPUTS = [
     (p.TEXT_OUTPUT, "BYTES", [1, 1]), (p.NUM_DRAFT_TOKENS, "INT32", [1, 1]), (p.NUM_ACCEPTED_TOKENS, "INT32", [1, 1]),
@@ -340,6 +341,7 @@ class WorkerService:
                 ignore_eos=tensors.scalar(values, p.EXTRA_IGNORE_EOS, bool, False),
                 logprobs=_logprobs(values),
                 prompt_logprobs=tensors.scalar(values, p.EXTRA_PROMPT_LOGPROBS, int),
+                structured=_structured(values),
             )
         except RequestError:
             raise
@@ -378,6 +380,19 @@ def _logprobs(values: dict[str, list]) -> int | None:
             raise ValueError(f"{p.EXTRA_TOP_LOGPROBS} needs {p.RETURN_LOG_PROBS} true")
         return None
     return top or 0
+
+
+def _structured(values: dict[str, list]) -> StructuredOutput | None:
+    """SamplingParams.structured from the structured_output input (service/protocol.py Constraint); a value that is
+    not one is the engine's code, structured_output_invalid, like a spec that does not compile."""
+    try:
+        text = tensors.scalar(values, p.EXTRA_STRUCTURED_OUTPUT, str)
+        constraint = None if text is None else p.Constraint.decode(text)
+    except ValueError as e:  # not one UTF-8 element, or not a Constraint's JSON
+        raise RequestError(RequestErrorCode.STRUCTURED_OUTPUT_INVALID, str(e)) from None
+    if constraint is None:
+        return None
+    return StructuredOutput(constraint.kind, constraint.spec)  # RequestError for an unknown kind or a missing spec
 
 
 def _parse_messages(messages_json: str) -> list[dict]:

@@ -21,9 +21,7 @@ router = APIRouter()
 @router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep):
     model, _ = dispatcher.resolve_model(body.model)
-    req = GenerationRequest(request_id=new_request_id("chatcmpl"), model=model, messages=body.messages_dicts(),
-                            max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=body.num_logprobs,
-                            **body.sampling())  # fmt: skip
+    req = GenerationRequest(request_id=new_request_id("chatcmpl"), model=model, **body.generation())
     created = int(time.time())
 
     def logprobs(chunk: Chunk) -> dict | None:
