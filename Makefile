@@ -46,10 +46,13 @@ test-fast: venv system-deps
 
 # Everything the benchmarks import: the serve, loadtest, plugins and export extras, and llama-cpp-python with its
 # `server` extra (the CPU peer of bench.decode and bench.service_throughput). pip compiles llama.cpp from source
-# (minutes); by default for the build machine's CPU, and a wheel built on a Xeon with AMX died with SIGILL elsewhere,
-# so we build for a portable AVX2 baseline. If that build fails (no AVX2, not x86), llama.cpp's default build follows.
-# --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back an earlier native build.
-LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+# (minutes) on the machine that runs it, for that machine's CPU (GGML_NATIVE): a fair peer uses every instruction
+# the CPU has, and a portable AVX2 build under-rates llama.cpp by ~10% on AVX-512 machines. If the native build
+# fails, the portable AVX2 build follows; bench.decode prints which build ran (llama.cpp's system info) beside its
+# table. --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back a build made on another machine
+# (a wheel built on a Xeon with AMX died with SIGILL elsewhere).
+LLAMA_CPP_PORTABLE_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 bench-deps: $(VENV)/.bench-installed
 
 $(VENV)/.bench-installed: $(VENV)/.installed $(VENV)/.llama-installed
@@ -65,8 +68,8 @@ llama-cpp: $(VENV)/.llama-installed
 
 $(VENV)/.llama-installed: | $(VENV)/.installed
 	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3' || \
-	  { echo "llama-cpp: the portable llama.cpp build failed; trying llama.cpp's default build" >&2; \
-	    $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3'; }
+	  { echo "llama-cpp: the native llama.cpp build failed; trying the portable AVX2 build" >&2; \
+	    CMAKE_ARGS="$(LLAMA_CPP_PORTABLE_CMAKE_ARGS)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python>=0.3'; }
 	$(PIP) install -q 'llama-cpp-python[server]>=0.3'
 	$(PY) -c "import llama_cpp.server.app"
 	touch $@

@@ -9,6 +9,8 @@ the drift as much as the methods. Interleaved, every method sees the same machin
     hf-prompt-lookup       transformers generate(prompt_lookup_num_tokens=...)
     llama.cpp              llama-cpp-python plain decoding on the same GGUF (the CPU peer; `make bench-deps`), in a
                            process of its own: if it crashes, its row says "crashed: signal N" and the rest goes on
+    llama.cpp+prompt-lookup  llama.cpp's own speculative decoding (LlamaPromptLookupDecoding, 10 draft tokens), the
+                           peer to beat with drafts; ratios still divide by the plain rows
     engine                 our target-only engine (dense weights in --dtype)
     engine+<drafter>       our engine with prompt lookup and every shipped draft under drafts/
     engine+<draft>[tree]   the default draft's other shape (--trees): its token tree next to its chain, or its
@@ -37,6 +39,7 @@ import time
 from pathlib import Path
 
 from bench.isolated import IsolatedDecoder, MethodTable, PeerFailed
+from bench.machine import cpu_flags, llama_cpp_build
 
 DATASETS = ("humaneval", "gsm8k", "mbpp")
 #: every method first decodes this many tokens of the first prompt, untimed: its first timed prompt then runs
@@ -139,12 +142,19 @@ def hf_decoder(target, max_tokens, prompt_lookup: int | None, warmup_ids):
     return decode
 
 
-def llama_cpp_decoder(gguf: str, max_tokens, warmup_ids, n_threads: int):
-    """llama-cpp-python's plain greedy decoding of the same GGUF. Built in a child process (`IsolatedDecoder`):
-    llama.cpp is native code, and a build for the wrong CPU dies with SIGILL, which must cost this row only."""
+def llama_cpp_decoder(gguf: str, max_tokens, warmup_ids, n_threads: int, prompt_lookup: int = 0):
+    """llama-cpp-python's greedy decoding of the same GGUF: plain, or with its own speculative decoding
+    (`LlamaPromptLookupDecoding`, prompt_lookup > 0 draft tokens per step) for the second peer row. Built in a
+    child process (`IsolatedDecoder`): llama.cpp is native code, and a build for the wrong CPU dies with SIGILL,
+    which must cost this row only."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=n_threads, verbose=False)
+    draft = None
+    if prompt_lookup:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
+    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=n_threads, verbose=False, draft_model=draft)
 
     def greedy(ids, n):
         tokens = []
@@ -278,8 +288,10 @@ def main(argv=None) -> int:
     add("hf-prompt-lookup", lambda: hf_decoder(target, args.max_tokens, 10, warmup_ids))
     # found, not imported: importing a wrongly built llama.cpp may already die; only its own process may try
     if importlib.util.find_spec("llama_cpp") is not None:
-        add("llama.cpp", lambda: IsolatedDecoder(llama_cpp_decoder, str(gguf_file(args.target)), args.max_tokens,
-                                                 warmup_ids, torch.get_num_threads(), threads=torch.get_num_threads()))
+        for row, lookup in (("llama.cpp", 0), ("llama.cpp+prompt-lookup", 10)):
+            add(row, lambda lookup=lookup: IsolatedDecoder(
+                llama_cpp_decoder, str(gguf_file(args.target)), args.max_tokens, warmup_ids, torch.get_num_threads(),
+                lookup, threads=torch.get_num_threads()))
     else:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): skipping the llama.cpp peer")
 
@@ -300,7 +312,7 @@ def main(argv=None) -> int:
     table = Table(title=f"batch-1 greedy decode, {args.dtype}, {args.max_tokens} new tokens, "
                         f"{args.num_prompts} prompts/dataset, torch threads {torch.get_num_threads()}")
     for col in ("method", "dataset", "tok/s", "median tok/s", "tau", "verify tok/step", "x HF generate", "x engine",
-                "identical"):
+                "x llama.cpp", "identical"):
         table.add_column(col, justify="left" if col in ("method", "dataset") else "right",
                          overflow="fold" if col == "method" else "ellipsis")  # "+draft[tree]" must stay readable
     for name, per_ds in summary.items():
@@ -310,24 +322,30 @@ def main(argv=None) -> int:
             eng = summary.get(engine_for(name), {}).get(ds)
             r["x_hf_generate"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2) if base else None
             r["x_engine"] = round(r["tokens_per_s"] / eng["tokens_per_s"], 2) if eng else None
+            peer = summary.get("llama.cpp", {}).get(ds)
+            r["x_llama_cpp"] = round(r["tokens_per_s"] / peer["tokens_per_s"], 2) if peer else None
             r["shape"] = shapes.get(name)
             table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
                           f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
                           f"{r['verify_tokens_per_step']:.2f} {r['shape']}" if r["verify_tokens_per_step"] else "-",
                           f"{r['x_hf_generate']:.2f}" if r["x_hf_generate"] else "-",
                           f"{r['x_engine']:.2f}" if r["x_engine"] else "-",
+                          f"{r['x_llama_cpp']:.2f}" if r["x_llama_cpp"] else "-",
                           "ref" if name in (*ENGINE_LABELS.values(), "hf-generate") else r["identical_to_reference"])
         table.add_section()
     for name, status in failed.items():
-        table.add_row(name, status, *["-"] * 7)
+        table.add_row(name, status, *["-"] * 8)
         summary[name] = {"status": status}
-    Console(width=120).print(table)
+    Console(width=130).print(table)
+    machine = {"cpu_flags": cpu_flags(), "llama_cpp_build": llama_cpp_build() if "llama.cpp" in methods else None}
+    console.log(f"CPU flags: {machine['cpu_flags']}; llama.cpp build: {machine['llama_cpp_build']}")
     for decoder in decoders.values():
         if isinstance(decoder, IsolatedDecoder):
             decoder.close()
     out = args.out or Path(__file__).parent / "results" / f"decode-{args.dtype}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": summary}, indent=2))
+    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine,
+                               "results": summary}, indent=2))
     console.log(f"wrote {out}")
     return 0
 

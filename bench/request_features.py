@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -74,15 +73,6 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "fma", "f16c")
-    return " ".join(f for f in wanted if f" {f}" in flags) or "none of " + ", ".join(wanted)
-
-
 def _valid(text: str, schema: dict) -> bool:
     import jsonschema
 
@@ -97,6 +87,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
+    from bench.machine import cpu_flags
     from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.decoding.registry import build_drafter
     from deepspec.decoding.structured import StructuredOutput

@@ -62,10 +62,13 @@ def test_bench_rows_carry_shape_and_verify_width(tmp_path, monkeypatch):
     monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
     out = tmp_path / "decode.json"
     code = main(["--target", str(target_dir), "--dtype", "float32", "--num-prompts", "1", "--max-tokens", "6",
-                 "--drafters", "prompt-lookup", "--trees", "default", "--skip", "hf-generate,hf-prompt-lookup,llama.cpp",
+                 "--drafters", "prompt-lookup", "--trees", "default", "--skip",
+                 "hf-generate,hf-prompt-lookup,llama.cpp,llama.cpp+prompt-lookup",
                  "--out", str(out)])
     assert code == 0
-    results = json.loads(out.read_text())["results"]
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert report["machine"]["cpu_flags"] and report["machine"]["llama_cpp_build"] is None  # no peer row ran
     row = results["engine+prompt-lookup"]["gsm8k"]
     assert row["shape"] == "chain" and row["verify_tokens_per_step"] >= 1.0
     assert results["engine"]["gsm8k"]["verify_tokens_per_step"] is None
