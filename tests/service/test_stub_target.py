@@ -67,6 +67,12 @@ def test_protocol_error_codes_mirror_the_engines():
     assert set(p.ERROR_CODES) == {c.value for c in EngineCodes}
 
 
+def test_protocol_structured_output_kinds_mirror_the_engines():
+    from deepspec.decoding.structured import KINDS
+
+    assert p.STRUCTURED_OUTPUT_KINDS == KINDS
+
+
 def test_protocol_logprobs_bound_mirrors_the_engines():
     from deepspec.decoding.logprobs import MAX_TOP_LOGPROBS
 

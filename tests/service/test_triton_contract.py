@@ -253,16 +253,21 @@ def test_the_stock_llmapi_models_cumulative_text_reaches_clients_as_deltas(repo)
     assert asyncio.run(texts(stock_signature, False)) == ["Hello world"]
 
 
-def test_logprobs_and_token_prompts_on_a_stock_model_are_a_400_naming_them(repo):
-    """The LLM-API model declares none of DeepSpec's logprobs inputs nor `input_ids`, and the stock ensemble sends no
-    token texts: the gateway refuses before sending (a model would drop an undeclared feature or Triton refuse the
-    input), with a 400 that says so, and the model keeps serving."""
+def test_logprobs_token_prompts_and_structured_outputs_on_a_stock_model_are_a_400_naming_them(repo):
+    """The LLM-API model declares none of DeepSpec's logprobs inputs, `input_ids` nor `structured_output`, and the
+    stock ensemble sends no token texts: the gateway refuses before sending (a model would drop an undeclared feature
+    or Triton refuse the input), with a 400 that says so, and the model keeps serving."""
     cases = [("/v1/completions", {"prompt": "hello", "logprobs": 1}, "logprobs are not supported by this worker"),
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
               "logprobs are not supported by this worker"),
              ("/v1/completions", {"prompt": "hello", "echo": True, "max_tokens": 0},
               "prompt logprobs (echo) are not supported by this worker"),
-             ("/v1/completions", {"prompt": [1, 2, 3]}, "token-id prompts are not supported by this worker")]
+             ("/v1/completions", {"prompt": [1, 2, 3]}, "token-id prompts are not supported by this worker"),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                       "response_format": {"type": "json_object"}},
+              "structured outputs are not supported by this worker"),
+             ("/v1/completions", {"prompt": "hello", "guided_regex": "[0-9]+"},
+              "structured outputs are not supported by this worker")]
 
     async def scenario(client, triton, state):
         answers = [await client.post(path, json={"model": MODEL, "max_tokens": 2, **body}) for path, body, _ in cases]

@@ -4,6 +4,7 @@ metadata, errors and their codes, slots."""
 from __future__ import annotations
 
 import queue
+import re
 import time
 
 import numpy as np
@@ -305,3 +306,41 @@ def test_bad_logprob_inputs_are_invalid_argument(client, extra, message):
     with pytest.raises(InferenceServerException) as info:
         client.infer("stub", inputs("Hi", max_tokens=2) + extra)
     assert "INVALID_ARGUMENT" in str(info.value.status()) and message in info.value.message()
+
+
+def _structured_output(value: str):
+    return _tensor(p.EXTRA_STRUCTURED_OUTPUT, np.array([[value.encode()]], dtype=object), "BYTES")
+
+
+def test_a_structured_output_input_constrains_the_engine(client):
+    """The worker declares `structured_output` (a Constraint's JSON) and hands it to the engine: the stub, which
+    would write its sentence, writes what the regex allows and stops when the regex is complete."""
+    config = client.get_model_config("stub", as_json=True)["config"]
+    assert p.EXTRA_STRUCTURED_OUTPUT in {t["name"] for t in config["input"]}
+    constraint = p.Constraint("regex", "[0-9]{3}").encode()
+    result = client.infer("stub", inputs("Hi", max_tokens=20) + [_structured_output(constraint)])
+    assert re.fullmatch(b"[0-9]{3}", result.as_numpy(p.TEXT_OUTPUT)[0][0])
+    assert result.as_numpy(p.EXTRA_FINISH_REASON)[0][0] == b"stop"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("not json", "is not valid JSON"),
+    ('["regex", "a"]', 'must be {"kind": str, "spec": str}'),
+    ('{"kind": "regex", "spec": 1}', 'must be {"kind": str, "spec": str}'),
+    ('{"kind": "xml", "spec": "<a/>"}', "kind must be one of"),
+    ('{"kind": "regex"}', "needs its spec"),
+    ('{"kind": "regex", "spec": "([0-9]"}', "invalid regex constraint"),
+])  # fmt: skip
+def test_a_malformed_structured_output_is_invalid_argument_with_the_code(stub_worker, value, message):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="stub", id="s1")
+    for t in inputs("Hi", max_tokens=2) + [_structured_output(value)]:
+        request.inputs.append(t._get_tensor())
+        request.raw_input_contents.append(t._get_content())
+    with grpc.insecure_channel(stub_worker.address) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
+    assert dict(info.value.trailing_metadata())[p.ERROR_CODE_METADATA] == "structured_output_invalid"
