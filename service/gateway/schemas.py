@@ -6,7 +6,7 @@ and refused otherwise with a message naming the field, and an unknown field is a
 "Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for something it does not
 do would get a plain answer). `top_k` and `ignore_eos` are vLLM's extensions, and so are completions' batches of
 prompts given as token ids (OpenAI takes them too), `logprobs` up to 20 and the structured-output fields
-(`structured.py`: response_format, structured_outputs, guided_*). tests/service/test_structured_outputs.py lists
+(`structured.py`: response_format, structured_outputs, guided_*). tests/service/test_request_fields.py lists
 every field as honoured or refused, so a new one cannot be accepted unread. Field types and limits come from
 `validation.py`; the gRPC API validates through these models too.
 """

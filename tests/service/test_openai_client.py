@@ -22,6 +22,7 @@ from service.gateway.openai_client import OpenAIClient, error_message, request_b
 from service.gateway.settings import GatewaySettings
 from service.gateway.upstreams import client_for, parse_address
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
+from service.protocol import Constraint
 
 
 def _client(handler, **kwargs) -> OpenAIClient:
@@ -320,19 +321,20 @@ def _fixture_bodies(engine: str) -> dict[str, bytes]:
 
 
 @contextlib.asynccontextmanager
-async def _replaying_engine(bodies: dict[str, bytes], health_status: int):
-    """An HTTP server that answers like the engine: `/health`, `/v1/models` with FIXTURE_MODEL, and each generation
-    route with its recorded body, written in pieces that cut lines and events apart (as TCP may deliver them).
-    Yields its port and the JSON bodies it was sent."""
+async def _replaying_engine(bodies: dict[str, bytes], health_status: int, owned_by: str | None = None):
+    """An HTTP server that answers like the engine: `/health`, `/v1/models` with FIXTURE_MODEL (owned by `owned_by`,
+    when given), and each generation route with its recorded body, written in pieces that cut lines and events apart
+    (as TCP may deliver them). Yields its port and the JSON bodies it was sent."""
     from aiohttp import web
 
     sent: list[dict] = []
+    card = {"id": FIXTURE_MODEL, "object": "model", **({"owned_by": owned_by} if owned_by else {})}
 
     async def health(request):
         return web.Response(status=health_status)
 
     async def models(request):
-        return web.json_response({"object": "list", "data": [{"id": FIXTURE_MODEL, "object": "model"}]})
+        return web.json_response({"object": "list", "data": [card]})
 
     async def generate(request):
         sent.append(await request.json())
@@ -359,34 +361,45 @@ async def _replaying_engine(bodies: dict[str, bytes], health_status: int):
         await runner.cleanup()
 
 
-def _stream_through_gateway(bodies: dict[str, bytes], route: str, health_status: int = 200):
-    """POST a streaming request for `route` to an in-process gateway whose one worker replays `bodies`; returns
-    the gateway's events (JSON, then "[DONE]") and the body the engine was sent."""
+@contextlib.asynccontextmanager
+async def _gateway_over(bodies: dict[str, bytes], health_status: int = 200, owned_by: str | None = None):
+    """An in-process gateway whose one worker replays `bodies` (`_replaying_engine`), once it has admitted it;
+    yields an HTTP client of the gateway and the bodies the engine was sent."""
+    async with _replaying_engine(bodies, health_status, owned_by) as (port, sent):
+        settings = GatewaySettings(workers=f"openai+http://127.0.0.1:{port}", grpc_port=-1, health_interval_s=0.05)
+        state = GatewayState.build(settings)
+        await state.pool.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not state.dispatcher.ready:
+                assert time.monotonic() < deadline, "the gateway never admitted the replaying engine"
+                await asyncio.sleep(0.02)
+            app = create_app(state=state)
+            app.state.gateway = state  # what the lifespan sets; httpx's ASGI transport does not run it
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
+                                         timeout=10) as client:  # fmt: skip
+                yield client, sent
+        finally:
+            await state.pool.stop()
+
+
+def _stream_request(route: str, **extra) -> dict:
     if route == CHAT:
         request = {"model": FIXTURE_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9}
     else:
         request = {"model": FIXTURE_MODEL, "prompt": "The capital of France is", "max_tokens": 8}
-    request |= {"stream": True, "stream_options": {"include_usage": True}}
+    return request | {"stream": True, "stream_options": {"include_usage": True}} | extra
+
+
+def _stream_through_gateway(bodies: dict[str, bytes], route: str, health_status: int = 200):
+    """POST a streaming request for `route` to an in-process gateway whose one worker replays `bodies`; returns
+    the gateway's events (JSON, then "[DONE]") and the body the engine was sent."""
 
     async def main():
-        async with _replaying_engine(bodies, health_status) as (port, sent):
-            settings = GatewaySettings(workers=f"openai+http://127.0.0.1:{port}", grpc_port=-1, health_interval_s=0.05)
-            state = GatewayState.build(settings)
-            await state.pool.start()
-            try:
-                deadline = time.monotonic() + 10
-                while not state.dispatcher.ready:
-                    assert time.monotonic() < deadline, "the gateway never admitted the replaying engine"
-                    await asyncio.sleep(0.02)
-                app = create_app(state=state)
-                app.state.gateway = state  # what the lifespan sets; httpx's ASGI transport does not run it
-                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
-                                             timeout=10) as client:  # fmt: skip
-                    async with client.stream("POST", route, json=request) as response:
-                        assert response.status_code == 200, await response.aread()
-                        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
-            finally:
-                await state.pool.stop()
+        async with _gateway_over(bodies, health_status) as (client, sent):
+            async with client.stream("POST", route, json=_stream_request(route)) as response:
+                assert response.status_code == 200, await response.aread()
+                lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
         return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines], sent
 
     return asyncio.run(main())
@@ -422,3 +435,86 @@ def test_each_engines_stream_shape_through_the_gateway(engine, route):
         "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
     (body,) = sent
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+# -- structured outputs ----------------------------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.mark.parametrize(("constraint", "vllm_extras", "fields"), [
+    (Constraint("json_object"), False, {"response_format": {"type": "json_object"}}),
+    (Constraint("json_schema", json.dumps(SCHEMA)), False,
+     {"response_format": {"type": "json_schema", "json_schema": {"name": "response", "schema": SCHEMA,
+                                                                 "strict": True}}}),
+    (Constraint("json_schema", json.dumps(SCHEMA)), True,
+     {"response_format": {"type": "json_schema", "json_schema": {"name": "response", "schema": SCHEMA,
+                                                                 "strict": True}}}),
+    (Constraint("regex", "[0-9]+"), True, {"structured_outputs": {"regex": "[0-9]+"}}),
+    (Constraint("grammar", 'root ::= "a"'), True, {"structured_outputs": {"grammar": 'root ::= "a"'}}),
+    (Constraint("choice", '["yes", "no"]'), True, {"structured_outputs": {"choice": ["yes", "no"]}}),
+])  # fmt: skip
+def test_a_constraint_goes_upstream_in_the_field_the_engine_reads(constraint, vllm_extras, fields):
+    """OpenAI's response_format (json_object, json_schema with name and schema), which vLLM, SGLang and trtllm-serve
+    all read (vllm-project/vllm vllm/entrypoints/openai/engine/protocol.py ResponseFormat; sgl-project/sglang
+    python/sglang/srt/entrypoints/openai/protocol.py ResponseFormat; NVIDIA/TensorRT-LLM
+    tensorrt_llm/serve/openai_protocol.py ResponseFormat), and vLLM's structured_outputs for the kinds OpenAI cannot
+    spell (vllm/sampling_params.py StructuredOutputsParams: regex, grammar, choice)."""
+    body = request_body(GenerationRequest("r", "m", prompt="hi", structured_output=constraint), False, vllm_extras)
+    assert {key: body[key] for key in fields} == fields
+    assert not {"response_format", "structured_outputs"} - set(fields) & set(body)
+
+
+@pytest.mark.parametrize("kind, spec", [("regex", "[0-9]+"), ("grammar", 'root ::= "a"'), ("choice", '["a"]')])
+def test_kinds_only_vllm_reads_are_refused_for_other_engines(kind, spec):
+    """SGLang, trtllm-serve and llama.cpp would drop vLLM's structured_outputs unread (free text for a constrained
+    request): the request is refused before it is sent, naming the kind."""
+    req = GenerationRequest("r", "m", prompt="hi", structured_output=Constraint(kind, spec))
+    with pytest.raises(WorkerError) as e:
+        request_body(req, False)
+    assert e.value.status == "INVALID_ARGUMENT"
+    assert f"{kind} structured outputs are not supported by this worker" in e.value.message
+
+
+def test_a_schema_that_is_not_json_is_refused_with_the_engines_code():
+    req = GenerationRequest("r", "m", prompt="hi", structured_output=Constraint("json_schema", "{not json"))
+    with pytest.raises(WorkerError) as e:
+        request_body(req, False)
+    assert e.value.status == "INVALID_ARGUMENT" and e.value.code == "structured_output_invalid"
+
+
+def _requests_through_gateway(owned_by: str | None, requests: list[tuple[str, dict]]):
+    """Streaming requests (route, extra fields) to a gateway over a replaying engine whose model cards say
+    `owned_by`; returns each answer's status and JSON error (None for a stream) and the bodies the engine was sent."""
+    bodies = _fixture_bodies("vllm")
+
+    async def main():
+        answers = []
+        async with _gateway_over(bodies, owned_by=owned_by) as (client, sent):
+            for route, extra in requests:
+                async with client.stream("POST", route, json=_stream_request(route, **extra)) as response:
+                    raw = await response.aread()
+                    answers.append((response.status_code,
+                                    json.loads(raw)["error"] if response.status_code != 200 else None))
+        return answers, sent
+
+    return asyncio.run(main())
+
+
+def test_a_vllm_upstream_is_sent_each_constraint_and_another_engine_only_the_json_ones():
+    """Through the whole gateway: a vLLM engine (its /v1/models cards say owned_by "vllm",
+    vllm/entrypoints/openai/engine/protocol.py ModelCard) gets response_format for a JSON schema and
+    structured_outputs for a regex; an SGLang engine (owned_by "sglang", python/sglang/srt/entrypoints/openai/
+    protocol.py ModelCard) gets response_format too, and a regex request is a 400 naming it, never sent."""
+    schema = {"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}}
+    regex = {"structured_outputs": {"regex": "[0-9]+"}}
+    answers, sent = _requests_through_gateway("vllm", [(CHAT, schema), (COMPLETIONS, regex)])
+    assert [status for status, _ in answers] == [200, 200]
+    assert sent[0]["response_format"]["json_schema"]["schema"] == SCHEMA and "structured_outputs" not in sent[0]
+    assert sent[1]["structured_outputs"] == {"regex": "[0-9]+"} and "response_format" not in sent[1]
+
+    answers, sent = _requests_through_gateway("sglang", [(CHAT, schema), (COMPLETIONS, regex)])
+    (ok, _), (refused, error) = answers
+    assert ok == 200 and sent[0]["response_format"]["json_schema"]["schema"] == SCHEMA
+    assert refused == 400 and "regex structured outputs are not supported by this worker" in error["message"]
+    assert len(sent) == 1  # the refused request never reached the engine
