@@ -33,7 +33,7 @@ def test_help_names_every_format_and_its_engine():
                         ("tensorrt-llm", "TensorRT-LLM"), ("triton-repo", "Triton"), ("onnx", "ONNX Runtime")]:
         assert any(line.strip().startswith(fmt) and engine in line for line in result.stdout.splitlines()), fmt
     for flag in ("--target", "--draft", "--format", "--out", "--force", "--dtype", "--tp", "--build",
-                 "--num-speculative-tokens"):
+                 "--num-speculative-tokens", "--chat-template"):
         assert flag in result.stdout
 
 
