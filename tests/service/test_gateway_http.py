@@ -103,19 +103,20 @@ BAD_REQUESTS = [
     ("3.9 MB prompt", json.dumps({"prompt": "x" * 3_900_000, "max_tokens": 2}).encode(), 400, "3900000 characters"),
     # nothing is silently ignored: an unknown field, or a known one away from its neutral value, is a 400 naming it
     ("unknown field", json.dumps({"prompt": "x", "min_tokens": 4}).encode(), 400, "min_tokens: unrecognized"),
-    ("JSON mode", json.dumps({"prompt": "x", "response_format": {"type": "json_object"}}).encode(), 400,
-     "response_format.type"),
+    ("two output constraints", json.dumps({"prompt": "x", "response_format": {"type": "json_object"},
+                                            "guided_regex": "a"}).encode(), 400, "one output constraint"),
     ("logit_bias", json.dumps({"prompt": "x", "logit_bias": {"42": 5}}).encode(), 400, "logit_bias is not supported"),
 ]
 
-#: chat requests the server cannot honour: tool calls, JSON output, logprobs, unknown fields (also inside a message)
+#: chat requests the server cannot honour: tool calls, a schema-less JSON schema, logprobs, unknown fields (also
+#: inside a message)
 BAD_CHAT_REQUESTS = [
     ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools: tool calls"),
     ("tool_choice", {"tool_choice": "required"}, "tool_choice"),
-    ("json_schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}},
-     "response_format"),
+    ("json_schema without its schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+     "response_format.json_schema.schema: Field required"),
     ("top_logprobs without logprobs", {"top_logprobs": 3}, "top_logprobs needs logprobs: true"),
-    ("unknown field", {"guided_json": {"type": "object"}}, "guided_json: unrecognized request argument"),
+    ("unknown field", {"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend: unrecognized request"),
     ("unknown message field", {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
      "messages.0.tool_calls: unrecognized"),
 ]
