@@ -69,6 +69,10 @@ class _Sequence:
     cache_len: int = 0
     pending: int = -1
     prefilled: bool = False
+    #: prompt tokens already in the KV cache (a long prompt is prefilled in chunks across steps)
+    prefill_pos: int = 0
+    #: the target features of the prompt's chunks so far, for the drafter once the prefill completes
+    prefill_features: list = field(default_factory=list)
     finish_reason: str | None = None
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     #: aligned with output when the request asked for logprobs
@@ -89,6 +93,7 @@ class SpecEngine:
         num_speculative_tokens: int = 7,
         prefill_chunk_size: int = 512,
         max_verify_tokens: int = 32,
+        prefill_tokens_per_step: int | None = None,
         verify_budget: bool = True,
         seed: int = 0,
     ):
@@ -104,6 +109,9 @@ class SpecEngine:
         #: tokens one verify pass may score across all rows; past it a batched forward stops being memory-bound on
         #: CPU and every extra draft slot costs real time, so large batches draft shorter blocks
         self.max_verify_tokens = max_verify_tokens
+        #: prompt tokens a step may prefill while rows decode (chunked prefill across steps); by default a decode
+        #: round's own verify tokens, so a long prompt arriving at most about doubles the running streams' step time
+        self.prefill_tokens_per_step = prefill_tokens_per_step or max_verify_tokens
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         #: token trees are verified in one pass with tree attention; otherwise as each tree's chain of first children
         self.tree_attention = bool(getattr(target, "supports_tree_attention", False))
@@ -119,6 +127,8 @@ class SpecEngine:
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[_Sequence] = []  # index == slot
+        #: the rows of the decode round in progress: the prefilled prefix of _running
+        self._batch: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
         self._finished: dict[str, _Sequence] = {}  # only requests added with keep_result=True
 
@@ -140,7 +150,7 @@ class SpecEngine:
         validate_request(prompt_token_ids, params.max_tokens, max_seq_len=self.max_seq_len,
                          vocab_size=self.target.vocab_size)
         if params.structured is not None:
-            self._grammar_compiler().compile(params.structured)
+            self._grammar_compiler().check(params.structured)
 
     def _grammar_compiler(self) -> GrammarCompiler:
         """One per target in a process: compiling against a vocabulary costs seconds the first time."""
@@ -186,12 +196,18 @@ class SpecEngine:
     # ---- one scheduler iteration -------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
+        """Prefill, then one decode round over the rows whose prefill is complete. While rows decode, the prefill
+        of new prompts takes at most `prefill_tokens_per_step` prompt tokens per step (chunked prefill across steps,
+        as vLLM's): a long prompt arriving costs each running stream one chunk's time per step, never its whole
+        prefill. With nothing decoding, prompts are prefilled whole (in forwards of prefill_chunk_size tokens): no
+        one is waiting."""
         outputs: dict[str, StepOutput] = {}
-        for group in self._prefill_groups():
-            for out in self._prefill(group):
-                outputs[out.request_id] = out
+        for out in self._prefill_step(budgeted=self._num_decoding() > 0):
+            outputs[out.request_id] = out
         self._release([s for s in self._running if s.finish_reason])
-        if self._running:
+        decoding = self._num_decoding()
+        if decoding:
+            self._batch = self._running[:decoding]
             for out in self._decode_round():
                 if out.request_id in outputs:
                     _merge(outputs[out.request_id], out)
@@ -200,34 +216,69 @@ class SpecEngine:
             self._release([s for s in self._running if s.finish_reason])
         return list(outputs.values())
 
+    def _num_decoding(self) -> int:
+        """How many rows have finished their prefill: always the first slots (prefill completes in slot order and
+        `_release` keeps the prefilled rows in front), so a decode round reads its cache rows as one view."""
+        return next((i for i, s in enumerate(self._running) if not s.prefilled), len(self._running))
+
+    def _prefill_step(self, budgeted: bool) -> list[StepOutput]:
+        """Prefill waiting prompts in slot order, grouped (`_prefill_groups`). Budgeted: at most
+        prefill_tokens_per_step padded tokens this step; a group that does not fit goes on with its first row only, in
+        chunks across steps, and the rows behind it wait, so rows complete in slot order."""
+        outputs: list[StepOutput] = []
+        budget = self.prefill_tokens_per_step
+        for group in self._prefill_groups():
+            if not budgeted:
+                outputs += self._prefill(group, None)
+                continue
+            if budget <= 0:
+                break
+            width = max(len(s.prompt) - s.prefill_pos for s in group)
+            cut = width * len(group) > budget and len(group) > 1
+            if cut:
+                group = group[:1]
+                width = len(group[0].prompt) - group[0].prefill_pos
+            outputs += self._prefill(group, budget)
+            budget -= min(width, budget) * len(group)
+            if cut or not group[0].prefilled:
+                break
+        return outputs
+
     def _prefill_groups(self) -> list[list[_Sequence]]:
-        """New sequences in runs of adjacent slots (normally one run: new requests are appended at the end), each
-        run cut where right-padding its prompts to one width would cost more than another forward."""
+        """Waiting sequences in runs of adjacent slots at the same prefill position (normally one run: new requests
+        are appended at the end), each run cut where right-padding its prompts to one width would cost more than
+        another forward."""
         runs: list[list[_Sequence]] = []
         for seq in self._running:
             if seq.prefilled:
                 continue
-            if runs and runs[-1][-1].slot == seq.slot - 1:
+            if runs and runs[-1][-1].slot == seq.slot - 1 and runs[-1][-1].prefill_pos == seq.prefill_pos:
                 runs[-1].append(seq)
             else:
                 runs.append([seq])
-        return [run[a:b] for run in runs for a, b in split_padded_batch([len(s.prompt) for s in run])]
+        return [run[a:b] for run in runs
+                for a, b in split_padded_batch([len(s.prompt) - s.prefill_pos for s in run])]
 
-    def _prefill(self, seqs: list[_Sequence]) -> list[StepOutput]:
-        """Prefill new sequences in one batch (right-padded, chunked) and sample each one's first token."""
+    def _prefill(self, seqs: list[_Sequence], max_tokens: int | None) -> list[StepOutput]:
+        """Prefill sequences of adjacent slots at one prefill position in one batch (right-padded, chunked), up to
+        `max_tokens` positions further (None: to the end), and sample the first token of each one that completes.
+        What a sequence needs across steps (its draft features, its prompt's logprobs) waits on the sequence."""
         device = self.target.device
         lengths = [len(s.prompt) for s in seqs]
-        width = max(lengths)
+        start, width = seqs[0].prefill_pos, max(lengths)
+        end = width if max_tokens is None else min(width, start + max_tokens)
         prompts = torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs], dtype=torch.long,
                                device=device)
         last = torch.tensor(lengths, device=device) - 1
         view = self.cache.rows(seqs[0].slot, len(seqs))
-        features, logits = [], torch.empty(len(seqs), self.target.vocab_size, device=device)
+        logits = torch.empty(len(seqs), self.target.vocab_size, device=device)
         #: rows that score their prompt need every position's logits; the others only their last one's
         scored = [row for row, s in enumerate(seqs) if s.params.prompt_logprobs is not None]
-        prompt_scores: dict[int, list[TokenLogprob | None]] = {row: [None] for row in scored}
-        for a in range(0, width, self.prefill_chunk_size):
-            b = min(a + self.prefill_chunk_size, width)
+        for row in scored:
+            if seqs[row].prompt_logprobs is None:
+                seqs[row].prompt_logprobs = [None]  # nothing predicts the first prompt token
+        for a in range(start, end, self.prefill_chunk_size):
+            b = min(a + self.prefill_chunk_size, end)
             ends_here = (last >= a) & (last < b)
             at_last = (last - a).clamp(0, b - a - 1)
             wanted = "all" if scored else (at_last if bool(ends_here.any()) else "none")
@@ -238,36 +289,44 @@ class SpecEngine:
                     1, at_last[:, None, None].expand(-1, 1, out.logits.shape[2]))
                 logits[ends_here] = chunk_logits[ends_here, 0]
             for row in scored:  # position p predicts prompt token p + 1
-                end = min(b, lengths[row] - 1)
-                if end > a:
-                    given = prompts[row, a + 1 : end + 1]
-                    prompt_scores[row] += token_logprobs(out.logits[row, : end - a], given,
-                                                         seqs[row].params.prompt_logprobs)
+                stop = min(b, lengths[row] - 1)
+                if stop > a:
+                    seqs[row].prompt_logprobs += token_logprobs(out.logits[row, : stop - a],
+                                                                prompts[row, a + 1 : stop + 1],
+                                                                seqs[row].params.prompt_logprobs)
             if out.features is not None:
-                features.append(out.features)
-        feats = torch.cat(features, 1) if features else None
+                for row, seq in enumerate(seqs):
+                    seq.prefill_features.append(out.features[row : row + 1])
         outputs = []
         for row, seq in enumerate(seqs):
-            if seq.grammar is not None:
-                mask_logits_(logits[row : row + 1], seq.grammar.root_mask())
-            first = self._first_token(seq, logits[row])
-            first_logprobs = None
-            if seq.params.logprobs is not None:
-                first_logprobs = token_logprobs(logits[row : row + 1], torch.tensor([first]), seq.params.logprobs)
-            n = lengths[row]
-            seq.prefilled, seq.cache_len, seq.pending = True, n, first
-            if self.drafter is not None:
-                self.drafter.reset(seq.slot, seq.prompt[0])
-                tokens = torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long)
-                self.drafter.extend([seq.slot], tokens, torch.tensor([n]),
-                                    feats[row : row + 1, :n] if feats is not None else None)
-            if seq.params.max_tokens == 0:  # prompt scoring only: nothing is generated
-                seq.finish_reason = "length"
-            out = self._commit(seq, [first] if seq.params.max_tokens else [], first_logprobs)
-            if row in prompt_scores:
-                seq.prompt_logprobs = out.prompt_logprobs = prompt_scores[row]
-            outputs.append(out)
+            seq.prefill_pos = seq.cache_len = min(end, lengths[row])
+            if seq.prefill_pos == lengths[row]:
+                outputs.append(self._finish_prefill(seq, logits[row : row + 1]))
         return outputs
+
+    def _finish_prefill(self, seq: _Sequence, logits: torch.Tensor) -> StepOutput:
+        """The prompt is in the cache: sample its first token from the last position's logits [1, V], give the
+        drafter the prompt and its features, and commit."""
+        if seq.grammar is not None:
+            mask_logits_(logits, seq.grammar.root_mask())
+        first = self._first_token(seq, logits[0])
+        first_logprobs = None
+        if seq.params.logprobs is not None:
+            first_logprobs = token_logprobs(logits, torch.tensor([first]), seq.params.logprobs)
+        n = len(seq.prompt)
+        seq.prefilled, seq.pending = True, first
+        if self.drafter is not None:
+            feats = torch.cat(seq.prefill_features, 1)[:, :n] if seq.prefill_features else None
+            self.drafter.reset(seq.slot, seq.prompt[0])
+            self.drafter.extend([seq.slot], torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long),
+                                torch.tensor([n]), feats)
+        seq.prefill_features = []
+        if seq.params.max_tokens == 0:  # prompt scoring only: nothing is generated
+            seq.finish_reason = "length"
+        out = self._commit(seq, [first] if seq.params.max_tokens else [], first_logprobs)
+        if seq.prompt_logprobs is not None:
+            out.prompt_logprobs = seq.prompt_logprobs
+        return out
 
     def _first_token(self, seq: _Sequence, logits: torch.Tensor) -> int:
         p = seq.params
@@ -277,16 +336,16 @@ class SpecEngine:
 
     def _draft_caps(self) -> list[int]:
         """Per row, how many drafts are worth verifying: within the row's budget and the step's token budget."""
-        per_row_budget = max(0, self.max_verify_tokens // max(len(self._running), 1) - 1)
+        per_row_budget = max(0, self.max_verify_tokens // max(len(self._batch), 1) - 1)
         return [
             max(0, min(self.num_speculative_tokens, per_row_budget,
                        s.params.max_tokens - len(s.output) - 1,
                        self.max_seq_len - s.cache_len - 1))
-            for s in self._running
+            for s in self._batch
         ]
 
     def _decode_round(self) -> list[StepOutput]:
-        seqs = self._running
+        seqs = self._batch
         B = len(seqs)
         device = self.target.device
         slots = list(range(B))
@@ -352,7 +411,7 @@ class SpecEngine:
         """One round over a token tree: the budget keeps each row's likeliest nodes, the target scores root +
         nodes with tree attention, tree_accept picks each row's accepted path and compact_kv moves its KV entries
         next to the committed prefix."""
-        seqs = self._running
+        seqs = self._batch
         B = len(seqs)
         device = self.target.device
         num = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
@@ -412,7 +471,7 @@ class SpecEngine:
         """Keep each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens the step-time
         model says pay best (verify_budget.best_nodes). A tree over budget is cut, never refused: the kept nodes
         are ancestor-closed because survival is made non-increasing along paths first."""
-        seqs = self._running
+        seqs = self._batch
         parents, num = proposal.parents, proposal.num_tokens
         k = proposal.tokens.shape[1]
         survival = proposal.survival
@@ -428,7 +487,7 @@ class SpecEngine:
         through its grammar (structured.RowGrammar.walk): which nodes the grammar allows, and the bitmask of allowed
         tokens at the root and after each node. Unconstrained rows are absent: they cost nothing."""
         walks = {}
-        for row, seq in enumerate(self._running):
+        for row, seq in enumerate(self._batch):
             if seq.grammar is None:
                 continue
             n = int(num[row])
@@ -440,18 +499,18 @@ class SpecEngine:
                           committed: list[list[int]]) -> list[list[TokenLogprob] | None]:
         """Per row that asked for logprobs, its committed tokens' logprobs from the verify logits [B, T, V] at
         `positions` (the position that predicted each committed token); None for the other rows, at no cost."""
-        rows = [i for i, s in enumerate(self._running) if s.params.logprobs is not None]
+        rows = [i for i, s in enumerate(self._batch) if s.params.logprobs is not None]
         result: list[list[TokenLogprob] | None] = [None] * len(committed)
         if not rows:
             return result
         row_index = torch.tensor([i for i in rows for _ in positions[i]], device=logits.device)
         pos_index = torch.tensor([p for i in rows for p in positions[i]], device=logits.device)
         tokens = torch.tensor([t for i in rows for t in committed[i]])
-        num_top = max(self._running[i].params.logprobs for i in rows)
+        num_top = max(self._batch[i].params.logprobs for i in rows)
         flat = token_logprobs(logits[row_index, pos_index], tokens, num_top)
         at = 0
         for i in rows:
-            n, keep = len(committed[i]), self._running[i].params.logprobs
+            n, keep = len(committed[i]), self._batch[i].params.logprobs
             result[i] = [TokenLogprob(lp.token_id, lp.logprob, lp.top_token_ids[:keep], lp.top_logprobs[:keep])
                          for lp in flat[at : at + n]]
             at += n
@@ -464,7 +523,7 @@ class SpecEngine:
         tell the drafter; features [B, >= len(committed[b]), F] are aligned with the committed tokens (the feature
         before each one)."""
         results, extend_rows, committed_rows = [], [], []
-        for i, seq in enumerate(self._running):
+        for i, seq in enumerate(self._batch):
             n = accepted[i]
             seq.cache_len += 1 + n
             seq.pending = committed[i][-1]
@@ -531,7 +590,9 @@ class SpecEngine:
                 break
         if seq.grammar is not None:
             kept = kept[: seq.grammar.accept(kept)]
-            if seq.grammar.terminated and not seq.finish_reason:  # the constrained output is complete
+            if seq.grammar.dead:  # no token of this vocabulary can go on (structured.py's dead ends)
+                seq.finish_reason = "abort"
+            elif seq.grammar.terminated and not seq.finish_reason:  # the constrained output is complete
                 seq.finish_reason = "stop"
         text, stop_at = seq.detokenizer.add(kept)
         if stop_at is not None:
@@ -552,21 +613,32 @@ class SpecEngine:
                           logprobs=kept_logprobs, stop_logprob=stop_logprob)
 
     def _release(self, finished: list[_Sequence]) -> None:
+        """Free finished sequences' slots, keeping the running ones in slots 0..n-1 with every prefilled row before
+        every waiting one: a hole among the prefilled rows takes the last prefilled row, and that row's slot the
+        last waiting one."""
         for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
-            last = len(self._running) - 1
-            if self.drafter is not None:
+            if self.drafter is not None and seq.prefilled:
                 self.drafter.release(seq.slot)
-            if seq.slot != last:
-                moved = self._running[last]
-                self.cache.move_slot(last, seq.slot, moved.cache_len)
-                if self.drafter is not None and moved.prefilled:
-                    self.drafter.move_slot(last, seq.slot)
-                moved.slot = seq.slot
-                self._running[seq.slot] = moved
+            hole = seq.slot
+            last_prefilled = self._num_decoding() - 1
+            if seq.prefilled and hole != last_prefilled:
+                self._move(last_prefilled, hole)
+                hole = last_prefilled
+            if hole != len(self._running) - 1:
+                self._move(len(self._running) - 1, hole)
             self._running.pop()
             del self._by_id[seq.request_id]
             if seq.keep_result:
                 self._finished[seq.request_id] = seq
+
+    def _move(self, src: int, dst: int) -> None:
+        """The sequence in slot src moves to the free slot dst: its KV entries, its drafter state, its index."""
+        moved = self._running[src]
+        self.cache.move_slot(src, dst, moved.cache_len)
+        if self.drafter is not None and moved.prefilled:
+            self.drafter.move_slot(src, dst)
+        moved.slot = dst
+        self._running[dst] = moved
 
     # ---- convenience -------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],

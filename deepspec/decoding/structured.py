@@ -23,6 +23,11 @@ One round of a constrained row (deepspec/decoding/engine.py):
    test_structured.py's negative control shows it).
 4. `RowGrammar.accept` advances the matcher by the committed tokens; a matcher that terminated ends the request
    with finish reason "stop".
+
+Dead ends. A grammar whose language is empty, or whose next character no token of this vocabulary can spell, allows
+no token at all. At the start that is a refusal (`GrammarCompiler.check`, from `SpecEngine.validate`); later (a
+draft node or a committed token leading there) the node is cut, and a request whose committed output reached one
+ends alone with finish reason "abort": the engine never raises from a step for one request's grammar.
 """
 
 from __future__ import annotations
@@ -127,6 +132,13 @@ class GrammarCompiler:
     def matcher(self, constraint: StructuredOutput) -> "RowGrammar":
         return RowGrammar(self.compile(constraint), self.vocab_size, self.stop_token_ids)
 
+    def check(self, constraint: StructuredOutput) -> None:
+        """Refuse a constraint that does not compile, or whose output cannot even start: no token of this
+        vocabulary is allowed first (an empty language, or a first character no token spells)."""
+        grammar = self.matcher(constraint)
+        if not grammar.can_continue():
+            raise _invalid(f"the {constraint.kind} constraint admits no output this model's vocabulary can spell")
+
 
 class RowGrammar:
     """One request's grammar state: the matcher advanced over the committed output, and the round's checks."""
@@ -138,13 +150,19 @@ class RowGrammar:
         self.vocab_size = vocab_size
         self.matcher = xgrammar.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None,
                                                terminate_without_stop_token=not stop_token_ids)
+        #: the committed output reached a state that allows no token (the module docstring's dead ends)
+        self.dead = False
 
     @property
     def terminated(self) -> bool:
         return self.matcher.is_terminated()
 
+    def can_continue(self) -> bool:
+        """Whether the grammar is complete or allows some token after the committed output."""
+        return self._fill(self._xgr.allocate_token_bitmask(1, self.vocab_size), 0)
+
     def root_mask(self) -> torch.Tensor:
-        """[1, W] int32 bitmask of the tokens allowed after the committed output."""
+        """[1, W] int32 bitmask of the tokens allowed after the committed output (all at a dead end)."""
         return self.walk([], [])[1]
 
     def walk(self, tokens: list[int], parents: list[int]) -> tuple[list[bool], torch.Tensor]:
@@ -156,7 +174,9 @@ class RowGrammar:
         masks = self._xgr.allocate_token_bitmask(1 + n, self.vocab_size)
         kept = [False] * n
         path: list[int] = []  # the accepted nodes from the root to the matcher's current state
-        self._fill(masks, 0)
+        if not self._fill(masks, 0):  # a dead end: left unconstrained, so the commit that follows ends the request
+            masks[0] = -1
+            return kept, masks
         for i, (token, parent) in enumerate(zip(tokens, parents)):
             if parent >= 0 and not kept[parent]:
                 continue
@@ -165,9 +185,10 @@ class RowGrammar:
                 continue
             if not self.matcher.accept_token(token):
                 raise RuntimeError(f"the grammar's bitmask allowed token {token} that its matcher refused")
-            kept[i] = True
             path.append(i)
-            self._fill(masks, 1 + i)
+            kept[i] = self._fill(masks, 1 + i)  # a node leading to a dead end is cut
+            if not kept[i]:
+                masks[1 + i] = -1
         if path:
             self.matcher.rollback(len(path))
         return kept, masks
@@ -186,20 +207,24 @@ class RowGrammar:
             self.matcher.accept_token(tokens[node])
             path.append(node)
 
-    def _fill(self, masks: torch.Tensor, row: int) -> None:
+    def _fill(self, masks: torch.Tensor, row: int) -> bool:
+        """Fill masks[row] with the tokens allowed in the matcher's state; False at a dead end (none allowed)."""
         if self.matcher.is_terminated():
             masks[row] = -1  # nothing can follow; what the target predicts there is never committed
-        else:
-            self.matcher.fill_next_token_bitmask(masks, row)
+            return True
+        self.matcher.fill_next_token_bitmask(masks, row)
+        return bool(masks[row].any())
 
     def accept(self, tokens: list[int]) -> int:
         """Advance over committed tokens (each allowed by the masks the round verified with) → how many belong to
-        the output: all, or those up to the one that completed the grammar (what follows it is unconstrained)."""
+        the output: all, those up to the one that completed the grammar (what follows it is unconstrained), or those
+        before one the grammar refuses, which only a dead end lets through (then `dead` is set)."""
         for i, token in enumerate(tokens):
             if self.matcher.is_terminated():
                 return i
             if not self.matcher.accept_token(token):
-                raise RuntimeError(f"committed token {token} breaks the request's grammar")
+                self.dead = True
+                return i
         return len(tokens)
 
 

@@ -187,10 +187,6 @@ def test_grpc_refuses_bad_constraints_with_invalid_argument(grpc_stub, kind, spe
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
 
 
-@pytest.mark.xfail(strict=True, reason="engine: a grammar left with no allowed token fails engine.step() for the whole "
-                                       "batch (RuntimeError 'committed token N breaks the request's grammar'), so the "
-                                       "gateway sees INTERNAL and ejects the worker; deepspec/decoding/ must refuse or "
-                                       "end that request alone")
 def test_a_constraint_no_output_can_match_is_the_engines_400(gateway):
     """A regex whose language is empty compiles, but no token is ever allowed: the request must be refused with the
     engine's code, not fail the batch it runs in. Last in the module: today it gets the worker ejected for a moment."""

@@ -207,3 +207,24 @@ def test_an_unknown_kind_or_a_missing_spec_is_refused():
         StructuredOutput("yaml", "x")
     with pytest.raises(RequestError, match="needs its spec"):
         StructuredOutput("regex")
+
+
+def test_a_constraint_no_token_can_start_is_refused(target):
+    """An empty language (or a first character no token spells) would leave no token allowed: refused up front."""
+    engine = _engine(target, None)
+    for constraint in (StructuredOutput("regex", "[^\\x00-\\U0010FFFF]"), StructuredOutput.choice(["\u00e9"])):
+        with pytest.raises(RequestError, match="admits no output") as info:
+            engine.add_request("r", [1, 2], SamplingParams(max_tokens=4, structured=constraint))
+        assert info.value.code is RequestErrorCode.STRUCTURED_OUTPUT_INVALID
+
+
+@pytest.mark.parametrize("name", ["none", "random chain", "skewed tree"])
+def test_a_dead_end_mid_output_ends_that_request_alone(target, name):
+    """'A' can start the choice, but no token of this vocabulary spells the 'é' after it: the request ends with
+    finish reason "abort" after 'A', and the request beside it in the batch is untouched."""
+    engine = _engine(target, DRAFTERS[name](target))
+    dead, fine = engine.generate([PROMPTS[0], PROMPTS[1]], [
+        SamplingParams(max_tokens=6, temperature=1.0, seed=3, structured=StructuredOutput.choice(["A\u00e9"])),
+        SamplingParams(max_tokens=12, structured=CODE)])
+    assert (dead.text, dead.finish_reason) == ("A", "abort")
+    assert re.fullmatch("(A|B|C)(D|E)[0-9]{3}", fine.text) and fine.finish_reason == "stop"
