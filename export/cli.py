@@ -146,9 +146,10 @@ def _place_chat_template(fmt, job, scratch: Path, fields: dict) -> None:
         return
     (scratch / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
     fields["chat_template"] = CHAT_TEMPLATE_FILE
+    if fmt.name in ("vllm", "sglang", "pytorch"):  # the launch commands / the worker's --engine-dir take it
+        return
     warning = (f"--chat-template: format {fmt.name} points its engine at the tokenizer in {job.target.path}; the "
-               f"template is in OUT/{CHAT_TEMPLATE_FILE}: give it to the engine's chat-template option "
-               "(vllm serve, SGLang and python -m service worker: --chat-template)")
+               f"template is in OUT/{CHAT_TEMPLATE_FILE}: give it to the engine's chat-template option")
     job.options.setdefault("warnings", []).append(warning)
     print(f"python -m export: warning: {warning}", file=sys.stderr)
 

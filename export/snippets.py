@@ -18,10 +18,18 @@ def vllm_speculative_config(algo: str, draft_dir: str, k: int) -> dict:
     return {"method": _ALGORITHMS[algo][0], "model": draft_dir, "num_speculative_tokens": k}
 
 
+def _chat_template_flag(job) -> str:
+    """` --chat-template chat_template.jinja` when the export was given one (written beside manifest.json; the
+    launch scripts run from the export directory); vLLM and SGLang take a file there."""
+    from deepspec.models.chat_templates import CHAT_TEMPLATE_FILE
+
+    return f" --chat-template {CHAT_TEMPLATE_FILE}" if job.options.get("chat_template") is not None else ""
+
+
 def vllm_command(job, draft_dir: str) -> str:
     spec = json.dumps(vllm_speculative_config(job.draft.algo, draft_dir, job.num_speculative_tokens))
     return (f"vllm serve {shlex.quote(str(job.target.path))} --tensor-parallel-size {job.tp} "
-            f"--dtype {job.dtype} --speculative-config {shlex.quote(spec)}")
+            f"--dtype {job.dtype} --speculative-config {shlex.quote(spec)}{_chat_template_flag(job)}")
 
 
 def sglang_command(job, draft_dir: str) -> str:
@@ -29,7 +37,7 @@ def sglang_command(job, draft_dir: str) -> str:
     return (f"python -m sglang.launch_server --model-path {shlex.quote(str(job.target.path))} --tp {job.tp} "
             f"--dtype {job.dtype} --speculative-algorithm {_ALGORITHMS[job.draft.algo][1]} "
             f"--speculative-draft-model-path {shlex.quote(draft_dir)} --speculative-num-steps {k} "
-            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}{_chat_template_flag(job)}")
 
 
 def trtllm_speculative_config(job, draft_dir: str) -> dict:

@@ -52,10 +52,15 @@ class EngineManifest:
     #: "none", "prompt-lookup", "auto", or an absolute draft directory
     draft: str
     dtype: str
+    #: the chat template the export was given (`python -m export --chat-template`), absolute; None = the target's
+    chat_template: str | None = None
 
     def worker_fields(self) -> dict[str, str]:
         """The `WorkerSettings` fields this engine sets (unless a flag already did)."""
-        return {"target": self.target, "draft": self.draft, "dtype": self.dtype}
+        fields = {"target": self.target, "draft": self.draft, "dtype": self.dtype}
+        if self.chat_template is not None:
+            fields["chat_template"] = self.chat_template
+        return fields
 
 
 def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
@@ -90,7 +95,12 @@ def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
     if fmt in ONNX_FORMATS:  # the graph in DIR is the target; it runs float32 activations
         target, dtype = str(root.resolve()), "float32"
     draft = draft if draft in _DRAFT_KEYWORDS else _resolve(root, draft, path, "draft", is_path=True)
-    return EngineManifest(fmt, target, draft, dtype)
+    template = manifest.get("chat_template")
+    if template is not None and (not isinstance(template, str) or not template):
+        raise EngineDirError(f"{path}: chat_template must be a file in the export, got {template!r}")
+    if template is not None:
+        template = _resolve(root, template, path, "chat_template", is_path=True)
+    return EngineManifest(fmt, target, draft, dtype, template)
 
 
 def _looks_like_path(value: str) -> bool:

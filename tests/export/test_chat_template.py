@@ -67,9 +67,27 @@ def test_a_format_serving_the_targets_own_tokenizer_writes_it_beside_the_manifes
     assert (out / "chat_template.jinja").read_text() == BUILTIN_CHAT_TEMPLATES["gemma3"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["chat_template"] == "chat_template.jinja" and "chat_template.jinja" in manifest["files"]
-    (warning,) = [line for line in result.stderr.splitlines() if "warning" in line]
-    assert "format pytorch points its engine at the tokenizer in" in warning and "--chat-template" in warning
-    assert manifest["warnings"] == [warning.removeprefix("python -m export: warning: ")]
+    # the worker's --engine-dir takes it from the manifest: nothing left for the user to pass
+    assert "warning" not in result.stderr and "warnings" not in manifest
+    from service.worker.engine_dir import read_engine_dir
+
+    fields = read_engine_dir(out).worker_fields()
+    assert fields["chat_template"] == str((out / "chat_template.jinja").resolve())
+
+
+def test_vllm_and_sglang_launch_commands_pass_the_exported_template():
+    """vllm serve and SGLang's launch_server take `--chat-template FILE` (vllm/entrypoints/openai/cli_args.py,
+    sglang/srt/server_args.py); the launch scripts run from the export directory, where the template is."""
+    from types import SimpleNamespace
+
+    from export.snippets import sglang_command, vllm_command
+
+    job = SimpleNamespace(draft=SimpleNamespace(algo="eagle3"), target=SimpleNamespace(path="/m"), tp=1,
+                          dtype="bfloat16", num_speculative_tokens=3, options={"chat_template": "{{ x }}"})
+    for command in (vllm_command(job, "draft"), sglang_command(job, "draft")):
+        assert command.endswith(" --chat-template chat_template.jinja")
+    job.options = {}
+    assert "--chat-template" not in vllm_command(job, "draft") + sglang_command(job, "draft")
 
 
 def test_a_target_without_a_template_exports_with_the_refusal_as_a_warning(tmp_path, bare):
