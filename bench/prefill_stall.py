@@ -1,7 +1,7 @@
 """Does a long prompt stall running streams? 8 streams decode on the default target while a 1,500-token prompt
 arrives; each stream's inter-token latency (the time between the engine steps that gave it tokens) before, during and
 after that prompt's prefill, with chunked prefill across steps (the engine's default) and with the whole prompt
-prefilled in one step (what the engine did before: `--whole`).
+prefilled in one step (what the engine did before); `--budgets` picks the chunk sizes compared.
 
     python -m bench.prefill_stall                  # ~3 min on 2 cores; writes bench/results/prefill_stall.json
     python -m bench.prefill_stall --long-tokens 600 --stream-tokens 48   # a shorter run
@@ -33,6 +33,9 @@ def parse_args(argv):
     p.add_argument("--stream-tokens", type=int, default=96, help="tokens each stream decodes (default: 96)")
     p.add_argument("--long-tokens", type=int, default=1500, help="the arriving prompt's length (default: 1500)")
     p.add_argument("--arrive-after", type=int, default=6, help="engine steps before the long prompt arrives")
+    p.add_argument("--budgets", default="default,128",
+                   help="comma list of prefill_tokens_per_step values to compare with the whole prefill "
+                        "(default: the engine's default and 128)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "prefill_stall.json"))
     return p.parse_args(argv)
@@ -94,16 +97,18 @@ def main(argv=None) -> int:
         f"Sentence {i} says that the weather was mild and the market was busy." for i in range(400))}])
     long_prompt = filler[: args.long_tokens]
     results = {}
-    for mode, budget in (("chunked across steps", None), ("whole prompt in one step", 10**9)):
+    modes = [(f"chunks of {b}", None if b == "default" else int(b))
+             for b in args.budgets.split(",") if b]
+    for mode, budget in (*modes, ("whole prompt in one step", 10**9)):
         engine = SpecEngine(target, build_drafter(args.draft, target), max_batch_size=args.streams + 1,
                             max_seq_len=2048, prefill_tokens_per_step=budget)
         engine.generate([prompts[0]], SamplingParams(max_tokens=8))  # warm, untimed
         results[mode] = run(engine, target, args, long_prompt, prompts)
-        results[mode]["prefill_tokens_per_step"] = engine.prefill_tokens_per_step if budget is None else "all"
+        results[mode]["prefill_tokens_per_step"] = engine.prefill_tokens_per_step if budget != 10**9 else "all"
     print(f"target {args.target}, draft {args.draft}, {args.streams} streams x {args.stream_tokens} tokens, a "
           f"{len(long_prompt)}-token prompt arrives after {args.arrive_after} steps; torch threads "
           f"{torch.get_num_threads()}; CPU flags: {cpu_flags()}")
-    print(f"{'mode':26s} {'ITL p50 ms':>10s} {'p99 ms':>8s} {'p99/p50':>8s} {'max ms':>8s} {'long TTFT s':>11s}")
+    print(f"{'mode (prompt tokens/step)':26s} {'ITL p50 ms':>10s} {'p99 ms':>8s} {'p99/p50':>8s} {'max ms':>8s} {'long TTFT s':>11s}")
     for mode, r in results.items():
         print(f"{mode:26s} {r['itl_p50_ms']:10.1f} {r['itl_p99_ms']:8.1f} {r['p99_over_p50']:8.2f} "
               f"{r['itl_max_ms']:8.1f} {r['long_ttft_s']:11.2f}")
