@@ -66,15 +66,7 @@ class Dispatcher:
                        caller: str | None = None) -> AsyncIterator[Chunk]:  # fmt: skip
         """Stream `req` from a worker for `caller` (None = auth off); `unary=True` (non-streaming APIs) uses one
         ModelInfer call instead."""
-        if self.draining:
-            raise errors.ServiceUnavailableError("the gateway is shutting down", retry_after_s=self.retry_after_s)
-        num_chars = len(req.prompt or "") + sum(len(m["content"]) for m in req.messages or ())
-        check_prompt_size(num_chars, self.pool.models().get(req.model, 0))
-        task = asyncio.current_task()
-        key = (caller, req.request_id)
-        if key in self.inflight:
-            raise errors.BadRequestError(f"request id {req.request_id!r} is already running", param="request_id")
-        self.inflight[key] = task
+        key = self._admit(req, caller)
         arrival = time.perf_counter()
         first = last = None
         chunk = Chunk("")
@@ -142,21 +134,38 @@ class Dispatcher:
         finally:
             self.inflight.pop(key, None)
             self._interrupted.pop(key, None)
-            finished = time.perf_counter()
-            labels = (req.model, worker or "none")
-            stats = chunk.stats
-            self.metrics.observe_request(
-                labels, status=status, arrival=arrival, first_token=first, finished=finished,
-                num_prompt_tokens=stats.num_prompt_tokens, num_output_tokens=stats.num_output_tokens,
-            )  # fmt: skip
-            if stats.num_draft_tokens:
-                self.metrics.spec_decode_num_draft_tokens.labels(*labels).inc(stats.num_draft_tokens)
-                self.metrics.spec_decode_num_accepted_tokens.labels(*labels).inc(stats.num_accepted_tokens)
-                self.metrics.spec_decode_num_drafts.labels(*labels).inc(stats.num_spec_steps)
-            log_request(
-                request_id=req.request_id, api=api, model=req.model, worker=worker, status=status, stats=stats,
-                ttft_s=None if first is None else first - arrival, duration_s=finished - arrival, error=error_text,
-            )  # fmt: skip
+            self._record(req, api, worker, status, error_text, chunk.stats, arrival, first)
+
+    def _admit(self, req: GenerationRequest, caller: str | None) -> tuple[str | None, str]:
+        """Refuse what no worker should see (a draining gateway, a prompt past every context, a request id already
+        running for this caller); → the request's key in `inflight`, where its task is now registered."""
+        if self.draining:
+            raise errors.ServiceUnavailableError("the gateway is shutting down", retry_after_s=self.retry_after_s)
+        num_chars = len(req.prompt or "") + sum(len(m["content"]) for m in req.messages or ())
+        check_prompt_size(num_chars, self.pool.models().get(req.model, 0))
+        key = (caller, req.request_id)
+        if key in self.inflight:
+            raise errors.BadRequestError(f"request id {req.request_id!r} is already running", param="request_id")
+        self.inflight[key] = asyncio.current_task()
+        return key
+
+    def _record(self, req: GenerationRequest, api: str, worker: str | None, status: str, error_text: str | None,
+                stats, arrival: float, first: float | None) -> None:
+        """A finished request's metrics (latency, tokens, spec-decode counts) and its request-log line."""
+        finished = time.perf_counter()
+        labels = (req.model, worker or "none")
+        self.metrics.observe_request(
+            labels, status=status, arrival=arrival, first_token=first, finished=finished,
+            num_prompt_tokens=stats.num_prompt_tokens, num_output_tokens=stats.num_output_tokens,
+        )  # fmt: skip
+        if stats.num_draft_tokens:
+            self.metrics.spec_decode_num_draft_tokens.labels(*labels).inc(stats.num_draft_tokens)
+            self.metrics.spec_decode_num_accepted_tokens.labels(*labels).inc(stats.num_accepted_tokens)
+            self.metrics.spec_decode_num_drafts.labels(*labels).inc(stats.num_spec_steps)
+        log_request(
+            request_id=req.request_id, api=api, model=req.model, worker=worker, status=status, stats=stats,
+            ttft_s=None if first is None else first - arrival, duration_s=finished - arrival, error=error_text,
+        )  # fmt: skip
 
     async def complete(self, req: GenerationRequest, api: str, caller: str | None = None) -> Chunk:
         """Run a request to the end: one chunk with the whole text, its scores and the usage."""

@@ -6,12 +6,14 @@ dies, terminate it on exit. Most tests use the stub target under the real engine
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -101,6 +103,20 @@ class Gateway(ServerProcess):
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Gateway:
         self.wait_until(lambda: httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200, timeout_s)
         return self
+
+
+@contextlib.contextmanager
+def served(tmp: Path, *worker_args: str) -> Iterator[Gateway]:
+    """A worker started with `worker_args` and a gateway in front of it, both ready (the gateway starts while the
+    worker loads and is ready once it admits it); stopped on exit."""
+    worker = Worker(tmp, *worker_args).start()
+    gw = Gateway(tmp, worker.address).start()
+    try:
+        worker.wait_ready()
+        yield gw.wait_ready()
+    finally:
+        gw.terminate()
+        worker.terminate()
 
 
 def metric_value(text: str, name: str, **labels) -> float:

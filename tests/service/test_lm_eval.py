@@ -26,7 +26,7 @@ import pytest
 import torch
 import yaml
 
-from tests.service.conftest import Gateway, Worker
+from tests.service.conftest import served
 
 pytestmark = pytest.mark.integration
 
@@ -77,16 +77,9 @@ def offline(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gateway(offline, tmp_path_factory):
     """fp32, so the worker's logprobs can be held to the reference's tolerance (the default bf16 would not be)."""
-    tmp = tmp_path_factory.mktemp("servers")
-    worker = Worker(tmp, "--target", MODEL, "--dtype", "float32", "--draft", "prompt-lookup",
-                    "--max-seq-len", "512").start()
-    gw = Gateway(tmp, worker.address).start()  # starts while the worker loads; ready once it admits the worker
-    try:
-        worker.wait_ready()
-        yield gw.wait_ready()
-    finally:
-        gw.terminate()
-        worker.terminate()
+    with served(tmp_path_factory.mktemp("servers"), "--target", MODEL, "--dtype", "float32", "--draft",
+                "prompt-lookup", "--max-seq-len", "512") as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from service.protos.deepspec.v1 import completions_pb2 as pb
 from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
-from tests.service.conftest import Gateway, Worker
+from tests.service.conftest import served
 
 pytestmark = pytest.mark.integration
 
@@ -45,15 +45,9 @@ CAPITAL_SCHEMA = Capital.model_json_schema()
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("servers")
-    worker = Worker(tmp, "--target", MODEL, "--draft", "prompt-lookup", "--max-seq-len", "512").start()
-    gw = Gateway(tmp, worker.address).start()  # starts while the worker loads; ready once it admits the worker
-    try:
-        worker.wait_ready()
-        yield gw.wait_ready()
-    finally:
-        gw.terminate()
-        worker.terminate()
+    with served(tmp_path_factory.mktemp("servers"), "--target", MODEL, "--draft", "prompt-lookup",
+                "--max-seq-len", "512") as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")
