@@ -1,8 +1,8 @@
 """The OpenAI-HTTP upstream adapter: what each upstream answer becomes for the dispatcher and the client.
 
 The real-server behaviour (streaming, kill -9, rejoin) is tested against llama.cpp in test_openai_upstream.py;
-most tests here cover the answers a llama.cpp server never gives (429, 503, an error event inside the stream) with
-httpx's in-memory transport, so each mapping rule runs without a network. The last ones replay each engine's own
+most tests here cover the answers a llama.cpp server never gives (429, 503, an error event inside the stream) from
+a loopback server that answers with a test's handler, so each mapping rule runs without a network. The last ones replay each engine's own
 stream shape (tests/service/fixtures/sse/<engine>.txt) from a small HTTP server through the whole gateway.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -25,10 +26,54 @@ from service.gateway.worker_client import GenerationRequest, WorkerClient, Worke
 from service.protocol import Constraint
 
 
+def _serve_handler(handler) -> int:
+    """An HTTP server on a loopback port, in a thread of its own, whose every answer is `handler(httpx.Request)` ->
+    httpx.Response (streamed as its content is produced); a handler that raises httpx.ConnectError drops the
+    connection unanswered. → its port."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        asked = httpx.Request(request.method, f"http://upstream{request.path_qs}", content=await request.read(),
+                              headers=dict(request.headers))
+        try:
+            answered = handler(asked)
+        except httpx.ConnectError:
+            request.transport.close()
+            return web.Response()
+        response = web.StreamResponse(status=answered.status_code, headers={
+            k: v for k, v in answered.headers.items() if k.lower() not in ("content-length", "transfer-encoding")})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            try:
+                await response.write(answered.content)  # a body given whole (json=, bytes)
+            except httpx.ResponseNotRead:  # one produced as it goes (an async generator)
+                async for piece in answered.aiter_raw():
+                    await response.write(piece)
+            await response.write_eof()
+        return response
+
+    started, port = threading.Event(), []
+
+    def run():
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        port.append(site._server.sockets[0].getsockname()[1])
+        started.set()
+        loop.run_forever()
+
+    threading.Thread(target=run, daemon=True).start()
+    started.wait(10)
+    return port[0]
+
+
 def _client(handler, **kwargs) -> OpenAIClient:
-    client = OpenAIClient("openai+http://upstream:1", "http://upstream:1", **kwargs)
-    client.http = httpx.AsyncClient(base_url=client.base_url, transport=httpx.MockTransport(handler))
-    return client
+    """The adapter in front of `handler`, a real HTTP exchange on loopback (the client is aiohttp's)."""
+    return OpenAIClient("openai+http://upstream:1", f"http://127.0.0.1:{_serve_handler(handler)}", **kwargs)
 
 
 def _sse(*events: dict | str) -> bytes:
