@@ -18,9 +18,11 @@ at once (httpx, one client per path), streamed completion tokens per second over
 gateway round by round; ratio = median gateway / median direct.
 Targets: added p50 <= 1 ms, p99 <= 5 ms; streaming throughput >= 0.97x direct at concurrency 32.
 
-One run on 2 shared cores (load average ~4, --requests 300 --rounds 3): stub upstream added p50 3.9 ms, p99 4.2 ms
-(direct p50 12 ms); streaming 0.59x direct with the stub, where the gateway takes CPU from the upstream and the
-client on the same two cores; 0.99x direct with llama.cpp (52 vs 51 tok/s), where the engine is the bottleneck.
+One run on 2 quiet cores (AVX2 EPYC, load average 0.6), after the upstream client moved from httpx to aiohttp: stub
+upstream added p50 4.6 ms, p99 7.0 ms (direct p50 17 ms; with httpx, the run before: 6.4 / 8.9 ms); streaming
+0.88x direct with the stub (httpx: 0.70x), where the gateway takes CPU from the upstream and the client on the same
+two cores; 1.03x with llama.cpp (httpx: 0.95x), where the engine is the bottleneck. What is left is mostly
+FastAPI's request handling and, on two cores, the processes taking turns.
 """
 
 from __future__ import annotations
