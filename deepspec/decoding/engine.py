@@ -154,7 +154,9 @@ class SpecEngine:
 
     def _grammar_compiler(self) -> GrammarCompiler:
         """One per target in a process: compiling against a vocabulary costs seconds the first time."""
-        return _GRAMMAR_COMPILERS.setdefault(self.target, GrammarCompiler(self.target))
+        if self.target not in _GRAMMAR_COMPILERS:
+            _GRAMMAR_COMPILERS[self.target] = GrammarCompiler(self.target)
+        return _GRAMMAR_COMPILERS[self.target]
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     keep_result: bool = False) -> None:

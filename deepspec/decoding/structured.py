@@ -99,11 +99,9 @@ class GrammarCompiler:
         return xgrammar.GrammarCompiler(self._tokenizer_info(xgrammar), max_threads=2)
 
     def _tokenizer_info(self, xgrammar):
+        from transformers import PreTrainedTokenizerBase
+
         stop = list(self.stop_token_ids) or None
-        try:
-            from transformers import PreTrainedTokenizerBase
-        except ImportError:  # pragma: no cover - transformers is a dependency
-            PreTrainedTokenizerBase = ()
         if isinstance(self._tokenizer, PreTrainedTokenizerBase):
             return xgrammar.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
                                                            stop_token_ids=stop)
@@ -248,10 +246,11 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def mask_logits_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """In place: logits [T, V] (a view into the verify pass's) with the tokens bitmask [T, W] row j forbids at
-    position j set to -inf."""
-    allowed = allowed_tokens(bitmask.to(logits.device), logits.shape[-1])
-    logits.masked_fill_(~allowed, float("-inf"))
+    """In place: logits [T, V] (a contiguous view into the verify pass's) with the tokens bitmask [T, W] row j
+    forbids at position j set to -inf, by xgrammar's own kernel (CPU, or Triton on CUDA)."""
+    import xgrammar
+
+    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device))
 
 
 def restrict_draft_probs(q: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
