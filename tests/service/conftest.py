@@ -6,6 +6,7 @@ dies, terminate it on exit. Most tests use the stub target under the real engine
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -117,6 +118,29 @@ def served(tmp: Path, *worker_args: str) -> Iterator[Gateway]:
     finally:
         gw.terminate()
         worker.terminate()
+
+
+@contextlib.asynccontextmanager
+async def in_process_gateway(workers: str, what: str, client_timeout_s: float = 10.0):
+    """The gateway app in this process over `workers`, once it has admitted them (`what` names them in the
+    failure); yields (an HTTP client of it, its state)."""
+    from service.gateway.app import GatewayState, create_app
+    from service.gateway.settings import GatewaySettings
+
+    state = GatewayState.build(GatewaySettings(workers=workers, grpc_port=-1, health_interval_s=0.05))
+    await state.pool.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not state.dispatcher.ready:
+            assert time.monotonic() < deadline, f"the gateway never admitted {what}"
+            await asyncio.sleep(0.02)
+        app = create_app(state=state)
+        app.state.gateway = state  # what the lifespan sets; httpx's ASGI transport does not run it
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
+                                     timeout=client_timeout_s) as client:  # fmt: skip
+            yield client, state
+    finally:
+        await state.pool.stop()
 
 
 def metric_value(text: str, name: str, **labels) -> float:

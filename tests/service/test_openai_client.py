@@ -12,18 +12,18 @@ import asyncio
 import contextlib
 import json
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from service.gateway.app import GatewayState, create_app
 from service.gateway.openai_client import OpenAIClient, error_message, request_body, status_for_http
 from service.gateway.settings import GatewaySettings
 from service.gateway.upstreams import client_for, parse_address
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
 from service.protocol import Constraint
+from tests.ports import free_port
+from tests.service.conftest import in_process_gateway
 
 
 def _serve_handler(handler) -> int:
@@ -52,7 +52,7 @@ def _serve_handler(handler) -> int:
             await response.write_eof()
         return response
 
-    started, port = threading.Event(), []
+    started, port = threading.Event(), free_port()
 
     def run():
         loop = asyncio.new_event_loop()
@@ -60,15 +60,13 @@ def _serve_handler(handler) -> int:
         app.router.add_route("*", "/{tail:.*}", answer)
         runner = web.AppRunner(app, access_log=None)
         loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        port.append(site._server.sockets[0].getsockname()[1])
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
         started.set()
         loop.run_forever()
 
     threading.Thread(target=run, daemon=True).start()
     started.wait(10)
-    return port[0]
+    return port
 
 
 def _client(handler, **kwargs) -> OpenAIClient:
@@ -411,21 +409,8 @@ async def _gateway_over(bodies: dict[str, bytes], health_status: int = 200, owne
     """An in-process gateway whose one worker replays `bodies` (`_replaying_engine`), once it has admitted it;
     yields an HTTP client of the gateway and the bodies the engine was sent."""
     async with _replaying_engine(bodies, health_status, owned_by) as (port, sent):
-        settings = GatewaySettings(workers=f"openai+http://127.0.0.1:{port}", grpc_port=-1, health_interval_s=0.05)
-        state = GatewayState.build(settings)
-        await state.pool.start()
-        try:
-            deadline = time.monotonic() + 10
-            while not state.dispatcher.ready:
-                assert time.monotonic() < deadline, "the gateway never admitted the replaying engine"
-                await asyncio.sleep(0.02)
-            app = create_app(state=state)
-            app.state.gateway = state  # what the lifespan sets; httpx's ASGI transport does not run it
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
-                                         timeout=10) as client:  # fmt: skip
-                yield client, sent
-        finally:
-            await state.pool.stop()
+        async with in_process_gateway(f"openai+http://127.0.0.1:{port}", "the replaying engine") as (client, _):
+            yield client, sent
 
 
 def _stream_request(route: str, **extra) -> dict:

@@ -16,17 +16,15 @@ import json
 import time
 
 import grpc
-import httpx
 import pytest
 
 from service.gateway import triton_contract as c
-from service.gateway.app import GatewayState, create_app
-from service.gateway.settings import GatewaySettings
 from service.gateway.signature import ModelSignature
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
 from tests.export.conftest import run_export, write_hf_target
 from tests.kserve_triton import (ACCEPTED_PER_STEP, DRAFTED_PER_STEP, WORDS, KServeTriton, ScriptedLLM,
                                  fakes_installed, parse_config)
+from tests.service.conftest import in_process_gateway
 
 MODEL = "tensorrt_llm"
 
@@ -45,20 +43,11 @@ async def triton_and_gateway(repo):
     with fakes_installed():
         triton = KServeTriton(repo)
         port = await triton.start()
-        state = GatewayState.build(GatewaySettings(workers=f"127.0.0.1:{port}", grpc_port=-1, health_interval_s=0.05))
-        await state.pool.start()
         try:
-            deadline = time.monotonic() + 10
-            while not state.dispatcher.ready:
-                assert time.monotonic() < deadline, "the gateway never admitted the Triton worker"
-                await asyncio.sleep(0.02)
-            app = create_app(state=state)
-            app.state.gateway = state  # what the lifespan sets; httpx's ASGI transport does not run it
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=20) as client:
+            async with in_process_gateway(f"127.0.0.1:{port}", "the Triton worker", client_timeout_s=20) as (
+                    client, state):
                 yield client, triton, state
         finally:
-            await state.pool.stop()
             await triton.stop()
 
 
