@@ -46,7 +46,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(engine, target, args, long_prompt, prompts) -> dict:
+def run(engine, args, long_prompt, prompts) -> dict:
     """One scenario: the streams start, the long prompt arrives after --arrive-after steps; → latencies."""
     from deepspec.decoding import SamplingParams
 
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         engine = SpecEngine(target, build_drafter(args.draft, target), max_batch_size=args.streams + 1,
                             max_seq_len=2048, prefill_tokens_per_step=budget)
         engine.generate([prompts[0]], SamplingParams(max_tokens=8))  # warm, untimed
-        results[mode] = run(engine, target, args, long_prompt, prompts)
+        results[mode] = run(engine, args, long_prompt, prompts)
         results[mode]["prefill_tokens_per_step"] = engine.prefill_tokens_per_step if budget != 10**9 else "all"
     print(f"target {args.target}, draft {args.draft}, {args.streams} streams x {args.stream_tokens} tokens, a "
           f"{len(long_prompt)}-token prompt arrives after {args.arrive_after} steps; torch threads "

@@ -125,13 +125,11 @@ def main(argv=None) -> int:
     for _ in range(args.repeats):
         for i, prompt in enumerate(prompts):
             for name, engine, params in rows_for(i):
-                first_token_at = []
                 t0 = time.perf_counter()
-                result = engine.generate([prompt], params, on_output=lambda out, seen=first_token_at: seen.append(
-                    time.perf_counter()) if out.new_token_ids and not seen else None)[0]
+                result, first_token_at = _timed_generate(engine, prompt, params)
                 end = time.perf_counter()
-                records[name].append({"task": i, "tokens": len(result.token_ids), "seconds": end - first_token_at[0],
-                                      "ttft": first_token_at[0] - t0,
+                records[name].append({"task": i, "tokens": len(result.token_ids), "seconds": end - first_token_at,
+                                      "ttft": first_token_at - t0,
                                       "accepted": result.num_accepted_tokens, "drafted_rounds": _drafted_rounds(result),
                                       "valid": _valid(result.text, tasks[i][1]) if params.structured else None,
                                       "text": result.text})
@@ -171,6 +169,17 @@ def main(argv=None) -> int:
                                "compile_seconds": compile_seconds, "table": table, "records": records}, indent=1))
     print(f"wrote {out}")
     return 0
+
+
+def _timed_generate(engine, prompt: list[int], params):
+    """→ (the request's result, when its first token was streamed)."""
+    token_times: list[float] = []
+
+    def on_output(out) -> None:
+        if out.new_token_ids and not token_times:
+            token_times.append(time.perf_counter())
+
+    return engine.generate([prompt], params, on_output=on_output)[0], token_times[0]
 
 
 def _drafted_rounds(result) -> int:
