@@ -56,7 +56,7 @@ def run(engine, args, long_prompt, prompts) -> dict:
     last_token_at = {}
     gaps: list[float] = []  # per stream token event after its first: seconds since that stream's previous one
     step_index, arrived_at, ttft = 0, None, None
-    while engine.has_unfinished():
+    while engine.has_unfinished() or arrived_at is None:  # the long prompt arrives even after short streams end
         if step_index == args.arrive_after:
             engine.add_request("long", long_prompt, SamplingParams(max_tokens=4, ignore_eos=True))
             arrived_at = time.perf_counter()
