@@ -33,6 +33,16 @@ KINDS, mirrored), spec the JSON schema text, the regex, the EBNF grammar or a JS
 empty for json_object. The worker compiles it with the engine's grammar compiler; a value it cannot read, or a spec
 that does not compile, is INVALID_ARGUMENT with the code `structured_output_invalid`.
 
+Several choices (`n`): a request asks for n sequences from one prompt with `num_return_sequences` (TensorRT-LLM's
+input; absent = 1, at most the worker's batch size). The worker prefills the prompt once and forks its KV cache into
+n slots (deepspec/decoding/engine.py), so each sequence is drafted, verified and sampled on its own (a seeded
+request's sequence i draws from seed + i, as vLLM's child requests do). Every response names its sequence in
+`sequence_index` (TensorRT-LLM's output; absent = 0); the sequences' responses interleave on the stream, each
+sequence's counts are its own and cumulative (the prompt count is the same in all), each sequence's last response
+has its `finish_reason`, and `triton_final_response` is true only on the request's very last response. A
+non-streaming request (`stream` false) gets one response per sequence, when it finishes; several sequences need
+`ModelStreamInfer` (a unary `ModelInfer` answers one response), so ModelInfer refuses n > 1 with INVALID_ARGUMENT.
+
 Statistics: `RequestStats` is the one record of a request's counts, built by the worker's scheduler from the engine's
 step outputs, written to the output tensors named in `STATS_OUTPUTS`, and read back by the gateway for usage,
 metrics and the request log.
@@ -61,6 +71,7 @@ INPUT_IDS = "input_ids"  # INT32 [1, n], the prompt as token ids (TensorRT-LLM's
 EXTRA_TOP_LOGPROBS = "top_logprobs"  # INT32, alternatives per generated position (0..MAX_TOP_LOGPROBS)
 EXTRA_PROMPT_LOGPROBS = "prompt_logprobs"  # INT32, score the prompt with this many alternatives; absent = off
 EXTRA_STRUCTURED_OUTPUT = "structured_output"  # BYTES, a Constraint's JSON: the output must match it; absent = free
+NUM_RETURN_SEQUENCES = "num_return_sequences"  # INT32, sequences from this prompt (TensorRT-LLM's name); absent = 1
 
 # Outputs.
 TEXT_OUTPUT = "text_output"  # BYTES: new text (stream) or the whole completion (ModelInfer)
@@ -69,7 +80,8 @@ NUM_ACCEPTED_TOKENS = "num_accepted_tokens"  # INT32, cumulative
 EXTRA_NUM_PROMPT_TOKENS = "num_prompt_tokens"  # INT32, exact prompt length after tokenization / chat template
 EXTRA_NUM_OUTPUT_TOKENS = "num_output_tokens"  # INT32, cumulative generated tokens
 EXTRA_NUM_SPEC_STEPS = "num_spec_steps"  # INT32, cumulative verify rounds that had drafts
-EXTRA_FINISH_REASON = "finish_reason"  # BYTES, on the final response: "stop" | "length" | "abort"
+EXTRA_FINISH_REASON = "finish_reason"  # BYTES, on each sequence's last response: "stop" | "length" | "abort"
+SEQUENCE_INDEX = "sequence_index"  # INT32, which of the request's sequences this response belongs to (0..n-1)
 
 
 
