@@ -267,7 +267,7 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from deepspec.decoding.drafters.onnx_graphs import build_onnx_drafter
+    from deepspec.decoding import build_drafter
     from deepspec.models import load_target
     from deepspec.models.onnx_target import load_onnx_target
 
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     for name, target in (("onnx-int4", int4), ("onnx-int8", int8)):
         draft_dir = work / name.removeprefix("onnx-") / "draft"
         if target is not None and draft_dir.is_dir():  # the export's draft (neural ones through their graphs)
-            drafter = build_onnx_drafter(str(draft_dir), target)
+            drafter = build_drafter(str(draft_dir), target)
             add(f"{name}+{drafter.name}",
                 lambda target=target, drafter=drafter: engine_decoder(target, drafter, args.max_tokens, k, warmup_ids))
     if importlib.util.find_spec("llama_cpp") is not None:  # in a process of its own (bench/isolated.py)

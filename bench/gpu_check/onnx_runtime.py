@@ -57,14 +57,14 @@ def run(context) -> list[Row]:
     import onnxruntime as ort
     import torch
 
-    from deepspec.models import load_target
+    from deepspec.models import load_target, pytorch_decoder
     from export.onnx.graph import build_target_graph
 
     target = load_target(str(context.target_dir), dtype="float32", device="cpu")
     out = context.workdir / "onnx"
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    graph = build_target_graph(target.model, (), out)
+    graph = build_target_graph(pytorch_decoder(target), (), out)
     rows = [Row("export target.onnx (fp32)", OK, "", {"export_s": round(time.perf_counter() - t0, 1)})]
     tokens = torch.tensor([chat_prompts(target, prompt_texts(1), context.sizes.max_prompt_chars)[0]])
     available = ort.get_available_providers()

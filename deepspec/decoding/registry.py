@@ -4,8 +4,9 @@ Two tables, both filled explicitly below (no module registers itself on import):
 
 - named drafters, `register_drafter(name, factory)`: `prompt-lookup`, `random` (tests); factory(target, **options);
 - draft directories by the `algo` of their config.json, `register_checkpoint_algo(algo, loader)`: `eagle3`,
-  `dflash`, `dspark` (trained weights, read by deepspec.models.drafts), `corpus-lookup` (an index) and `hybrid`
-  (a corpus and a neural draft directory, drafters/hybrid.py);
+  `dflash`, `dspark` (trained weights, read by deepspec.models.drafts; on the ONNX export written with that draft,
+  run through its graphs, drafters/onnx_graphs.py), `corpus-lookup` (an index) and `hybrid` (a corpus and a neural
+  draft directory, drafters/hybrid.py);
   loader(path, header, target, **options).
 
 `build_drafter(spec, target)` also knows `none` (target-only: no drafter) and `auto`: the shipped draft (drafts/) for
@@ -101,7 +102,7 @@ def build_drafter(spec: str | None, target: Target, **options) -> Drafter | None
 
 
 def _register_builtins() -> None:
-    from deepspec.decoding.drafters import corpus_lookup, hybrid, neural
+    from deepspec.decoding.drafters import corpus_lookup, hybrid, neural, onnx_graphs
     from deepspec.decoding.drafters.dflash import DFlashDrafter
     from deepspec.decoding.drafters.dspark import DSparkDrafter
     from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
@@ -110,8 +111,8 @@ def _register_builtins() -> None:
 
     register_drafter("prompt-lookup", lambda target, **kw: PromptLookupDrafter(**kw))
     register_drafter("random", lambda target, **kw: RandomDrafter(target.vocab_size, **kw))
-    for cls in (Eagle3Drafter, DFlashDrafter, DSparkDrafter):
-        register_checkpoint_algo(cls.name, neural.checkpoint_loader(cls))
+    for cls in (Eagle3Drafter, DFlashDrafter, DSparkDrafter):  # on an ONNX export with its graphs, through them
+        register_checkpoint_algo(cls.name, onnx_graphs.checkpoint_loader(cls, neural.checkpoint_loader(cls)))
     register_checkpoint_algo(corpus_lookup.ALGO, corpus_lookup.load_drafter)
     register_checkpoint_algo(hybrid.ALGO, functools.partial(hybrid.load_drafter, load_part=load_checkpoint_drafter))
 

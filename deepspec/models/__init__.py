@@ -1,8 +1,9 @@
-"""Targets (HF dir, GGUF or alias) and draft architectures: the model layer, which imports nothing from
+"""Targets (HF dir, GGUF, alias or ONNX export) and draft architectures: the model layer, which imports nothing from
 `deepspec.decoding` (the engine and its drafter registry sit above it).
 
 `Target` is the protocol every backend implements (deepspec/models/target.py); `load_target` returns the PyTorch
-`DecoderTarget`.
+`DecoderTarget`, or the `OnnxTarget` of an ONNX export directory; `pytorch_decoder` hands an exporter the decoder
+module behind a `DecoderTarget`.
 
 The names below load lazily, so the torch-free parts (aliases, quantization) can be imported by a command line
 (`training`'s `--quantization` choices) without pulling torch in at parse time.
@@ -21,6 +22,7 @@ _LAZY = {
     "Target": "deepspec.models.target",
     "TargetEmbeddings": "deepspec.models.target",
     "load_target": "deepspec.models.target_loader",
+    "pytorch_decoder": "deepspec.models.decoder_target",
     "parse_dtype": "deepspec.models.target_loader",
 }
 

@@ -3,6 +3,10 @@ plus the lean PyTorch decoder (deepspec/models/decoder.py) over the model's own 
 
 `forward` returns logits and the residual outputs of the layers a draft asks for. The fingerprint names what a
 draft depends on (family, sizes, tokenizer), so a draft trained on one target refuses to load on another.
+
+The decoder itself is private (`_model`): everything above the model layer goes through the `Target` members, and
+the one caller that needs the module, an exporter rewriting its weights as another runtime's graph, asks for it by
+name with `pytorch_decoder(target)`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ class DecoderTarget(HFTextTarget):
     path: Path
     config: object  # transformers.PretrainedConfig
     spec: ArchSpec
-    model: Decoder
+    _model: Decoder
     tokenizer: object  # transformers.PreTrainedTokenizerBase
     max_seq_len: int
     eos_token_ids: tuple[int, ...]
@@ -39,15 +43,15 @@ class DecoderTarget(HFTextTarget):
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed.device
+        return self._model.embed.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        return self._model.dtype
 
     @property
     def attention_dtype(self) -> torch.dtype:
-        return self.model.attention_dtype
+        return self._model.attention_dtype
 
     # ---- model -------------------------------------------------------------------------------------------------
     def forward(
@@ -62,7 +66,7 @@ class DecoderTarget(HFTextTarget):
         max_start: int | None = None,
         tree_parents: torch.Tensor | None = None,
     ) -> DecoderOutput:
-        return self.model(
+        return self._model(
             tokens,
             start,
             cache,
@@ -77,10 +81,10 @@ class DecoderTarget(HFTextTarget):
         return KVCache(self.spec, num_slots, max_seq_len, self.attention_dtype, self.device)
 
     def lm_head(self, final_hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(final_hidden)
+        return self._model.lm_head(final_hidden)
 
     def embeddings(self) -> TargetEmbeddings:
-        m = self.model
+        m = self._model
         return TargetEmbeddings(m.embed.detach(), float(m.embed_scale), m.head.detach())
 
     def hf_model(self):
@@ -90,3 +94,14 @@ class DecoderTarget(HFTextTarget):
 
             self._hf_model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).eval()
         return self._hf_model
+
+
+def pytorch_decoder(target) -> Decoder:
+    """The lean PyTorch decoder behind a `DecoderTarget`: its weights, RoPE tables and sizes (`max_positions`,
+    `embed_scale`, `head is embed` when tied), for an exporter that writes them as another runtime's graph
+    (export/onnx) and the checks that compare that graph with it. The engine never needs it (`target.forward`).
+    TypeError for any other backend (an ONNX export, a test double), which has no PyTorch weights to hand out."""
+    if not isinstance(target, DecoderTarget):
+        raise TypeError(f"{type(target).__name__} has no PyTorch decoder: load the model directory, alias or GGUF "
+                        "with deepspec.models.load_target (an ONNX export cannot be exported again)")
+    return target._model

@@ -10,8 +10,9 @@ attention appends to the cache in place and a step never copies the context. ONN
 several new tokens after a past only one row at a time; such batches run row by row (decode steps and first
 prompt chunks stay batched). The bindings of the cache buffers are built once per buffers and row range and kept.
 
-A neural draft exported with the target runs through its own graphs (deepspec/decoding/drafters/onnx_graphs.py,
-`build_onnx_drafter`), on the features this graph outputs.
+`load_target` opens such a directory as this class. A neural draft exported with the target runs through its own
+graphs (`exported_draft_graphs` says where they are; the drafter registry's loaders use them,
+deepspec/decoding/drafters/onnx_graphs.py), on the features this graph outputs.
 
 Limits: CPU only, float32 activations (the int4 graph keeps 4-bit weights and float32 activations).
 """
@@ -186,6 +187,15 @@ class OnnxTarget(HFTextTarget):
             self._bindings.pop(next(iter(self._bindings)))
         return binding
 
+    def exported_draft_graphs(self, draft_dir: str | Path) -> Path | None:
+        """The directory of the ONNX graphs exported for the draft in `draft_dir`, when that is the draft this
+        export was written with (its copy in the export, onnx.json `draft.path`) and it has graphs; else None."""
+        draft = self.meta.get("draft") or {}
+        graphs, path = draft.get("graphs_dir"), draft.get("path")
+        if not graphs or not path or Path(draft_dir).resolve() != (self.path / path).resolve():
+            return None
+        return self.path / graphs
+
     def lm_head(self, final_hidden: torch.Tensor) -> torch.Tensor:
         head = self.embeddings().head
         return (final_hidden.float() @ head.T).float()
@@ -250,11 +260,16 @@ def is_onnx_export(path: str | Path) -> bool:
 
 
 def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, num_threads: int | None = None,
-                     name: str | None = None, spinning: bool | None = None) -> OnnxTarget:
+                     name: str | None = None, spinning: bool | None = None, chat_template: str | None = None,
+                     for_chat: bool = False) -> OnnxTarget:
     """Open an exported ONNX target directory (graph, onnx.json, config.json, tokenizer) on CPU.
-    spinning: see `session_options`; None = the DEEPSPEC_ORT_SPINNING environment variable (default off)."""
+    spinning: see `session_options`; None = the DEEPSPEC_ORT_SPINNING environment variable (default off).
+    chat_template, for_chat: as `load_target`'s (the template replaces the exported tokenizer's own; a target left
+    without one is refused before the session loads the graph)."""
     import onnxruntime as ort
     from transformers import AutoConfig, AutoTokenizer
+
+    from deepspec.models.chat_templates import require_chat_template, resolve_chat_template
 
     root = Path(engine_dir)
     meta_file = root / META_FILE
@@ -262,14 +277,18 @@ def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, 
         raise FileNotFoundError(f"{root} holds no {META_FILE}: not an ONNX target export (python -m export "
                                 "--format onnx)")
     meta = json.loads(meta_file.read_text())
+    name = name or meta.get("target_name", root.name)
     config = AutoConfig.from_pretrained(root)
     spec = arch_spec_from_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(root)
+    if chat_template is not None:
+        tokenizer.chat_template = resolve_chat_template(chat_template)
+    if for_chat:
+        require_chat_template(tokenizer, name, spec.family)
     limit = min(max_seq_len or meta["max_positions"], meta["max_positions"])
     threads = num_threads or torch.get_num_threads()
     if spinning is None:
         spinning = os.environ.get("DEEPSPEC_ORT_SPINNING", "0") not in ("", "0", "false", "no")
     session = ort.InferenceSession(str(root / meta["graph"]), sess_options=session_options(threads, spinning),
                                    providers=["CPUExecutionProvider"])
-    tokenizer = AutoTokenizer.from_pretrained(root)
-    return OnnxTarget(name or meta.get("target_name", root.name), root, spec, tokenizer, session, meta, limit,
-                      tuple(meta["eos_token_ids"]))
+    return OnnxTarget(name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]))

@@ -1,4 +1,6 @@
-"""Resolve a target spec (alias, GGUF file or Hugging Face directory) into a loaded `DecoderTarget`.
+"""Resolve a target spec into a loaded `Target`: an alias, GGUF file or Hugging Face directory into a
+`DecoderTarget`, a `python -m export --format onnx` directory into an `OnnxTarget`. It is the one loader: the
+worker, training and the benchmarks call only `load_target`.
 
 GGUF files are dequantized once by transformers and the result is cached as safetensors + tokenizer under
 `~/.cache/deepspec/targets/`, so every later load reads plain tensors in seconds. With `quantization="gguf"` the
@@ -19,6 +21,7 @@ from deepspec.models.chat_templates import require_chat_template, resolve_chat_t
 from deepspec.models.decoder import Decoder
 from deepspec.models.quantization import QUANTIZATIONS
 from deepspec.models.decoder_target import DecoderTarget
+from deepspec.models.onnx_target import OnnxTarget, is_onnx_export, load_onnx_target
 from deepspec.paths import cache_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -120,6 +123,18 @@ def _int4_blocker(device: str, dtype: torch.dtype) -> str | None:
     return None
 
 
+def _load_onnx_export(path: str, max_seq_len: int | None, quantization: str, chat_template: str | None,
+                      for_chat: bool) -> OnnxTarget:
+    """A `python -m export --format onnx` directory: its graph runs on ONNX Runtime's CPU provider with float32
+    activations and the weights stored as they were exported (onnx.json `quantization`), whatever the caller's
+    dtype and device; asking for 4-bit GGUF matmuls on it is refused, since its weights are fixed at export."""
+    if quantization == "gguf":
+        raise ValueError(f"{path} is an ONNX export, whose weights keep the quantization it was exported with: "
+                         "drop --quantization gguf (python -m export --format onnx --quantization int4 exports 4-bit "
+                         "weights)")
+    return load_onnx_target(path, max_seq_len=max_seq_len, chat_template=chat_template, for_chat=for_chat)
+
+
 def load_target(
     spec: str = DEFAULT_TARGET,
     *,
@@ -129,12 +144,13 @@ def load_target(
     quantization: str | None = None,
     chat_template: str | None = None,
     for_chat: bool = False,
-) -> DecoderTarget:
+) -> DecoderTarget | OnnxTarget:
     """Load a target for decoding; `max_seq_len` caps the context (default: the model's own); `quantization`
     is one of QUANTIZATIONS (default "none"); `chat_template` (a built-in name or a Jinja file,
     deepspec/models/chat_templates.py) replaces the tokenizer's own, for targets that ship none. `for_chat`: the
     caller renders every prompt as chat, so a target left without a template is refused here, before the weights
-    load, with the one-line MissingChatTemplateError."""
+    load, with the one-line MissingChatTemplateError. An ONNX export directory runs as exported (_load_onnx_export):
+    `dtype` and `device` do not apply to it."""
     from transformers import AutoConfig, AutoTokenizer
 
     from deepspec.models.gguf_int4 import cached_int4_weights
@@ -143,6 +159,8 @@ def load_target(
     quantization = quantization or "none"
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization '{quantization}'; choose one of {', '.join(QUANTIZATIONS)}")
+    if is_onnx_export(spec):
+        return _load_onnx_export(spec, max_seq_len, quantization, chat_template, for_chat)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device '{device}' requested but no CUDA GPU is visible to torch; use --device cpu")
     int4_blocker = _int4_blocker(device, torch_dtype)

@@ -64,6 +64,7 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     import torch
 
     from deepspec.decoding.drafters.onnx_graphs import DRAFT_GRAPHS
+    from deepspec.models import pytorch_decoder
     from deepspec.models.chat_templates import save_chat_template
     from deepspec.models.drafts import check_target, read_checkpoint_header
     from export.onnx.graph import build_target_graph, build_verify_graph, check_supported
@@ -79,6 +80,7 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
         target = load_target(target, dtype="float32")
     if target.dtype.is_floating_point and str(target.dtype) != "torch.float32":
         raise ValueError("export the ONNX graph from the float32 target (load_target(..., dtype='float32'))")
+    decoder = pytorch_decoder(target)
     check_supported(target.spec)
     out = Path(out_dir)
     draft_dir = resolve_draft_dir(draft, target)
@@ -88,7 +90,7 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
         check_target(header.get("target", {}), target, where=f"draft {draft_dir}")
     layers = draft_feature_layers(draft_dir)
     graph_name = "target.onnx"
-    build_target_graph(target.model, layers, out, quant, graph_name, advance)
+    build_target_graph(decoder, layers, out, quant, graph_name, advance)
     build_verify_graph(out, graph_name, VERIFY_GRAPH)
     for name in _TARGET_FILES:
         if (Path(target.path) / name).is_file():
@@ -103,10 +105,10 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
         "feature_layers": list(layers),
         #: the same layers as Hugging Face output_hidden_states indices (hs[i + 1] is the output of layer i)
         "feature_hs_ids": [i + 1 for i in layers],
-        "max_positions": int(target.model.max_positions),
+        "max_positions": int(decoder.max_positions),
         "eos_token_ids": list(target.eos_token_ids),
-        "tied": target.model.head is target.model.embed,
-        "embed_scale": float(target.model.embed_scale),
+        "tied": decoder.head is decoder.embed,
+        "embed_scale": float(decoder.embed_scale),
         "fingerprint": target.fingerprint(),
     }
     if draft_dir is not None:

@@ -28,17 +28,10 @@ def load_engine(settings) -> LoadedEngine:
     from deepspec.decoding import build_drafter
     from deepspec.models import load_target
 
-    from deepspec.models.onnx_target import is_onnx_export, load_onnx_target
-
-    if is_onnx_export(settings.target):  # python -m export --format onnx: the graph under ONNX Runtime, CPU
-        from deepspec.decoding.drafters.onnx_graphs import build_onnx_drafter
-
-        target = load_onnx_target(settings.target, max_seq_len=settings.max_seq_len)
-        drafter = build_onnx_drafter(settings.draft, target)  # the export's neural draft runs through its graphs
-    else:
-        target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
-                             quantization=settings.quantization, chat_template=settings.chat_template)
-        drafter = build_drafter(settings.draft, target)
+    # an ONNX export directory loads as its ONNX Runtime graph, and its own neural draft through the draft's graphs
+    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
+                         quantization=settings.quantization, chat_template=settings.chat_template)
+    drafter = build_drafter(settings.draft, target)
     max_seq_len = min(settings.max_seq_len, target.max_seq_len)
     engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,
                         num_speculative_tokens=settings.num_speculative_tokens)  # fmt: skip

@@ -5,11 +5,11 @@
     {"format": "pytorch", "target": "smollm2-135m", "draft": "draft", "dtype": "bfloat16"}
 
 - `format`: `pytorch` (alias `deepspec`) is what this worker runs; `onnx` it runs through ONNX Runtime (the graph
-  in DIR is the target, float32 activations; a neural draft exported with it runs through its graphs in
-  DIR/draft_onnx, deepspec/decoding/drafters/onnx_graphs.py). `tensorrt-llm`, `triton-repo`, `vllm` and `sglang` are refused with
-  the way out: they run on other runtimes (a TensorRT-LLM engine under a stock Triton server, a draft under vLLM or
-  SGLang). The manifest's other fields (fingerprint, files with sha256, captured
-  layers) are export/manifest.py's; this reader needs only the four below.
+  in DIR is the target, which `load_target` opens, float32 activations; a neural draft exported with it runs
+  through its graphs in DIR/draft_onnx, picked by the drafter registry: deepspec/decoding/drafters/onnx_graphs.py).
+  `tensorrt-llm`, `triton-repo`, `vllm` and `sglang` are refused with the way out: they run on other runtimes (a
+  TensorRT-LLM engine under a stock Triton server, a draft under vLLM or SGLang). The manifest's other fields
+  (fingerprint, files with sha256, captured layers) are export/manifest.py's; this reader needs only the four below.
 - `target`: an alias (`smollm2-135m`), a path relative to DIR, or an absolute path.
 - `draft`: `none`, `prompt-lookup`, `auto`, or a draft checkpoint directory relative to DIR (or absolute).
 - `dtype`: the weights dtype the worker loads (`float32` or `bfloat16`).

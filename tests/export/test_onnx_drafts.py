@@ -16,8 +16,8 @@ from deepspec.decoding.drafter import DraftSampling  # noqa: E402
 from deepspec.decoding.drafters.dflash import DFlashDrafter  # noqa: E402
 from deepspec.decoding.drafters.dspark import DSparkDrafter  # noqa: E402
 from deepspec.decoding.drafters.eagle3 import Eagle3Drafter  # noqa: E402
-from deepspec.decoding.drafters.onnx_graphs import (DRAFT_GRAPHS, OnnxDraftModel, build_onnx_drafter,  # noqa: E402
-                                                    draft_graph_dir)
+from deepspec.decoding.drafters.onnx_graphs import DRAFT_GRAPHS, OnnxDraftModel, draft_graph_dir  # noqa: E402
+from deepspec.decoding.registry import build_drafter  # noqa: E402
 from export.onnx.draft_graph import build_draft_graphs  # noqa: E402
 from tests.export.conftest import write_draft, write_hf_target  # noqa: E402
 
@@ -134,11 +134,12 @@ def test_head_without_a_block_run_is_refused(tmp_path, target_dir):
 
 @pytest.mark.parametrize("algo", ["dspark", "eagle3"])
 def test_onnx_export_serves_its_neural_draft_through_the_graphs(tmp_path, target_dir, algo):
-    """export_onnx writes draft_onnx/; the worker's drafter builder picks it for the export's own draft, and the
-    engine on the ONNX target + ONNX draft decodes the PyTorch engine's tokens with the same acceptance."""
-    from deepspec.decoding import SamplingParams, SpecEngine, build_drafter
+    """export_onnx writes draft_onnx/; load_target opens the export and the drafter registry picks the graphs for
+    the export's own draft, and the engine on the ONNX target + ONNX draft decodes the PyTorch engine's tokens with
+    the same acceptance."""
+    from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.models import load_target
-    from deepspec.models.onnx_target import load_onnx_target
+    from deepspec.models.onnx_target import OnnxTarget
     from export.onnx.exporter import export_onnx
 
     draft = write_draft(tmp_path / "draft", target_dir, algo)
@@ -146,13 +147,14 @@ def test_onnx_export_serves_its_neural_draft_through_the_graphs(tmp_path, target
     out.mkdir()
     meta = export_onnx(load_target(str(target_dir), dtype="float32"), str(draft), out)
     assert meta["draft"]["graphs"] == list(DRAFT_GRAPHS[algo])
-    onnx_target = load_onnx_target(out, num_threads=1)
+    onnx_target = load_target(str(out))
+    assert isinstance(onnx_target, OnnxTarget)
     assert draft_graph_dir(out / "draft", onnx_target) == out / "draft_onnx"
     assert draft_graph_dir(draft, onnx_target) is None  # another draft directory: its PyTorch drafter
-    drafter = build_onnx_drafter(str(out / "draft"), onnx_target)
+    drafter = build_drafter(str(out / "draft"), onnx_target)
     assert isinstance(drafter.model, OnnxDraftModel)
-    assert not isinstance(build_onnx_drafter(str(draft), onnx_target).model, OnnxDraftModel)
-    assert build_onnx_drafter("none", onnx_target) is None
+    assert not isinstance(build_drafter(str(draft), onnx_target).model, OnnxDraftModel)
+    assert build_drafter("none", onnx_target) is None
 
     reference = load_target(str(target_dir), dtype="float32")
     prompts = [[1, 40, 41, 42, 43], [1, 50, 51]]

@@ -11,15 +11,24 @@ Two calls are fused in the graphs and so in this stand-in: DFlash's `context(F)`
 `context_kv` runs fc + norm + the per-layer k/v in one graph; `block_input(anchors)` returns the anchors and
 `blocks` embeds them inside the block graph, whose logits `head` then returns for that same hidden tensor.
 
-    drafter = build_onnx_drafter(draft_dir, onnx_target)   # the ONNX drafter when the export has the graphs
+The drafter registry (deepspec/decoding/registry.py) loads Eagle3, DFlash and DSpark directories through
+`checkpoint_loader` below, so `build_drafter` picks the graphs by itself when the target is the ONNX export that was
+written with that very draft, and the PyTorch forward for any other draft or target:
+
+    target = load_target(str(export_dir))                       # an OnnxTarget
+    drafter = build_drafter(str(export_dir / "draft"), target)  # drafter.model is an OnnxDraftModel
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
+
+from deepspec.decoding.drafters.neural import NeuralDrafter
+from deepspec.models.target import Target
 
 #: graph files per draft algorithm (export/onnx/draft_graph.py writes them, in this order)
 DRAFT_GRAPHS = {
@@ -134,40 +143,24 @@ class OnnxDraftModel:
         return logits.reshape(*lead, -1), conf.reshape(lead)
 
 
-def draft_graph_dir(draft_dir: str | Path, target) -> Path | None:
+def draft_graph_dir(draft_dir: str | Path, target: Target) -> Path | None:
     """Where the ONNX graphs of `draft_dir` are, when `target` is an ONNX export that wrote them for this draft."""
-    meta = getattr(target, "meta", None)
-    if not isinstance(meta, dict):
-        return None
-    draft = meta.get("draft") or {}
-    graphs = draft.get("graphs_dir")
-    if not graphs or not draft.get("path"):
-        return None
-    root = Path(target.path)
-    if Path(draft_dir).resolve() != (root / draft["path"]).resolve():
-        return None
-    return root / graphs
+    from deepspec.models.onnx_target import OnnxTarget
+
+    return target.exported_draft_graphs(draft_dir) if isinstance(target, OnnxTarget) else None
 
 
-def build_onnx_drafter(spec: str | None, target, **options):
-    """`build_drafter`, except that a neural draft the ONNX export wrote graphs for runs through them."""
-    from deepspec.decoding.registry import build_drafter, resolve_checkpoint_algo
-    from deepspec.models.drafts import load_draft, read_checkpoint_header
+def checkpoint_loader(cls: type[NeuralDrafter], pytorch_loader: Callable[..., NeuralDrafter]):
+    """The registry's loader for draft directories of cls.name: through the graphs the ONNX export wrote for this
+    very draft when `target` is that export (the draft's weights are read only for what the graphs do not hold),
+    else `pytorch_loader` (another draft on an ONNX target, or any draft on a PyTorch target)."""
 
-    if spec in (None, "", "none") or spec in ("auto", "prompt-lookup", "random"):
-        return build_drafter(spec, target, **options)
-    path = Path(spec).expanduser()
-    graphs = draft_graph_dir(path, target) if path.is_dir() else None
-    if graphs is None:
-        return build_drafter(spec, target, **options)
-    header = read_checkpoint_header(path)
-    if header.get("algo") not in DRAFT_GRAPHS:
-        return build_drafter(spec, target, **options)
-    from deepspec.decoding.drafters.dflash import DFlashDrafter
-    from deepspec.decoding.drafters.dspark import DSparkDrafter
-    from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
+    def load(path: Path, header: dict, target: Target, **options) -> NeuralDrafter:
+        graphs = draft_graph_dir(path, target)
+        if graphs is None:
+            return pytorch_loader(path, header, target, **options)
+        from deepspec.models.drafts import load_draft
 
-    resolve_checkpoint_algo(header["algo"])  # a registered algorithm (clear error otherwise)
-    cls = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}[header["algo"]]
-    model = OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs)
-    return cls(model, **options)
+        return cls(OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs), **options)
+
+    return load

@@ -21,6 +21,7 @@ from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import build_drafter, load_checkpoint_drafter
+from deepspec.models import pytorch_decoder
 from deepspec.models.drafts import save_draft
 from tests.deepspec.decoding.fake_cuda import CUDA, fake_cuda
 from tests.training.helpers import target_sequences, tiny_draft, tiny_target
@@ -46,7 +47,7 @@ def targets():
     cpu = tiny_target()
     cuda = tiny_target()
     with fake_cuda():
-        cuda.model.to("cuda")
+        pytorch_decoder(cuda).to("cuda")
     assert cuda.device == CUDA and cpu.device.type == "cpu"
     return cpu, cuda
 

@@ -74,8 +74,10 @@ def test_bf16_cpu_drafts_prepack_without_changing_logits(algo, tmp_path):
 
     if onednn_pack(torch.zeros(8, 8, dtype=torch.bfloat16)) is None:
         pytest.skip("this torch build has no oneDNN bf16 linear")
+    from deepspec.models import pytorch_decoder
+
     target = tiny_target()
-    target.model.to(torch.bfloat16)
+    pytorch_decoder(target).to(torch.bfloat16)
     path = save_draft(tiny_draft(target, algo, draft_vocab_size=24), tmp_path / algo)
     packed = load_draft(path, target)
     assert packed._head_packed is not None and any(type(m).__name__ == "PackedLinear" for m in packed.modules())
@@ -171,7 +173,7 @@ def test_canonical_eagle3_round_trips_and_starts_from_the_target_head(target, tm
     draft = tiny_draft(target, "eagle3", layout="canonical", draft_vocab_size=24).eval()
     draft.set_vocab(torch.arange(0, 48, 2))
     draft.attach(target).init_from_target()
-    assert torch.equal(draft.lm_head.weight, target.model.head[draft.d2t])
+    assert torch.equal(draft.lm_head.weight, target.embeddings().head[draft.d2t])
     torch.nn.init.normal_(draft.lm_head.weight)  # trained: no longer the target's rows
     loaded = load_draft(save_draft(draft, tmp_path / "c"), target)
     assert torch.equal(loaded.d2t, draft.d2t) and torch.equal(loaded.t2d, draft.t2d)

@@ -120,11 +120,11 @@ def test_quantization_errors_are_clear(tmp_path):
 def test_default_target_runs_its_own_4bit_weights(smollm2):
     """Every layer matmul of SmolLM2 is Q4_1 in the GGUF: all 120 fused matmuls go 4-bit, and the logits stay
     those of the fp32 dense model within bf16 noise (top-1 agreement on a real prompt)."""
-    from deepspec.models import load_target
+    from deepspec.models import load_target, pytorch_decoder
 
     q4 = load_target("smollm2-135m", dtype="bfloat16", quantization="gguf")
     assert q4.quantization == "gguf"
-    packed = [layer.packed[name] for layer in q4.model.layers for name in ("wqkv", "wo", "w_gate_up", "w_down")]
+    packed = [layer.packed[name] for layer in pytorch_decoder(q4).layers for name in ("wqkv", "wo", "w_gate_up", "w_down")]
     assert len(packed) == 120 and all(isinstance(w, Int4Weight) for w in packed)
     # the dense copy for wide passes exists exactly where this CPU's torch packs oneDNN bf16 (not on every EPYC)
     has_onednn = onednn_pack(torch.zeros(8, 8, dtype=torch.bfloat16)) is not None
@@ -132,6 +132,6 @@ def test_default_target_runs_its_own_4bit_weights(smollm2):
     ids = torch.tensor([smollm2.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")])
     start = torch.zeros(1, dtype=torch.long)
     with torch.no_grad():
-        dense, quant = smollm2.model(ids, start).logits, q4.model(ids, start).logits
+        dense, quant = smollm2.forward(ids, start).logits, q4.forward(ids, start).logits
     agree = (dense.argmax(-1) == quant.argmax(-1)).float().mean().item()
     assert agree >= 0.9, agree
