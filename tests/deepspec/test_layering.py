@@ -9,6 +9,10 @@
   reads its own data: it imports nothing of the deepspec library.
 - No module imports itself back through others, lazy imports included: a cycle means two modules hold one concept
   (the registry passes its loader to the hybrid's instead of being imported by it).
+- The Target protocol (deepspec/models/target.py) is the only way into a target: no module above the model layer
+  reads a target's decoder (`target.model`, or the `_model` the concrete classes keep it in; an exporter asks
+  `pytorch_decoder`), and the service loads every target through `load_target` and every drafter through the
+  registry, never the ONNX backend's own loaders.
 """
 
 from __future__ import annotations
@@ -171,3 +175,62 @@ def test_no_import_cycle_in_any_stage():
 def test_the_cycle_check_finds_a_cycle():  # negative control
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+#: the shipped code above the model layer, which sees a target only through the Target protocol
+ABOVE_MODELS = ("deepspec/decoding", "training", "export", "service", "bench", "plugins", "loadtest")
+#: where a target's decoder lives: `DecoderTarget._model` (and the old public name, so it cannot come back)
+DECODER_ATTRIBUTES = ("model", "_model")
+
+
+def _base_name(node: ast.AST) -> str:
+    """The last name of an attribute's base: `target` of `target.x`, `target` of `self.target.x`, `load_target` of
+    `load_target(spec).x`."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _reads_a_decoder(base: ast.AST, attribute: str) -> bool:
+    name = _base_name(base)
+    if attribute == "_model":  # private: only its own class reads it (as self._model)
+        return name != "self"
+    return name == "tgt" or name.lower().endswith("target")
+
+
+def _decoder_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, source) of every read of a target's decoder: `<target>.model`, `<anything but self>._model`, and the
+    same through getattr with a constant name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in DECODER_ATTRIBUTES:
+            if _reads_a_decoder(node.value, node.attr):
+                found.append((node.lineno, ast.unparse(node)))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and node.args[1].value in DECODER_ATTRIBUTES and _reads_a_decoder(node.args[0], node.args[1].value)):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_nothing_above_the_model_layer_reads_a_targets_decoder():
+    offenders = [f"{path.relative_to(ROOT)}:{line} reads {source}"
+                 for folder in ABOVE_MODELS for path in sorted((ROOT / folder).rglob("*.py"))
+                 for line, source in _decoder_reads(ast.parse(path.read_text(), str(path)))]
+    assert not offenders, offenders
+
+
+def test_the_decoder_scan_sees_every_way_in():  # negative control: the check above can fail
+    tree = ast.parse("target.model.head\nself.target.model\ntgt.model\nonnx_target.model\n"
+                     "load_target('x').model\nt._model\ngetattr(target, 'model')\n"
+                     "self._model\ncfg.model.algo\ndrafter.model\nself.model\ngetattr(drafter, 'model')\n")
+    assert sorted(line for line, _ in _decoder_reads(tree)) == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_the_service_loads_targets_and_drafters_only_through_the_one_loader_and_registry():
+    """service/worker/engine.py calls `load_target` (which opens an ONNX export too) and `build_drafter` (whose
+    loaders run an export's own draft through its graphs): no second path through the ONNX backend's modules."""
+    offenders = _offenders(ROOT / "service", ("deepspec.models.onnx_target", "deepspec.decoding.drafters.onnx_graphs"))
+    assert not offenders, offenders
