@@ -1,0 +1,57 @@
+"""`load_target` on a `python -m export --format onnx` directory: the one loader opens it as an `OnnxTarget` (what
+the worker serves), with the loader's chat-template options, and refuses what an export cannot do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from deepspec.models import load_target  # noqa: E402
+from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES, MissingChatTemplateError  # noqa: E402
+from deepspec.models.onnx_target import OnnxTarget  # noqa: E402
+from tests.export.conftest import write_hf_target  # noqa: E402
+
+#: ONNX Runtime's GroupQueryAttention wants head_dim % 16 == 0
+HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(the PyTorch target, the ONNX export of it without a chat template)."""
+    from export.onnx.exporter import export_onnx
+
+    root = tmp_path_factory.mktemp("onnx")
+    pytorch = load_target(str(write_hf_target(root / "llama", "llama", chat_template=None, **HD16)))
+    out = root / "export"
+    out.mkdir()
+    export_onnx(pytorch, "none", out)
+    return pytorch, out
+
+
+def test_an_export_directory_loads_as_the_onnx_target_of_the_same_model(exported):
+    pytorch, out = exported
+    target = load_target(str(out), dtype="bfloat16", max_seq_len=64)  # the graph's own float32, whatever dtype says
+    assert isinstance(target, OnnxTarget) and target.dtype == torch.float32 and target.max_seq_len == 64
+    assert target.fingerprint() == pytorch.fingerprint()
+    tokens = torch.tensor([[1, 40, 41, 42]])
+    start = torch.zeros(1, dtype=torch.long)
+    torch.testing.assert_close(target.forward(tokens, start).logits, pytorch.forward(tokens, start).logits,
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_the_chat_template_options_apply_to_an_export(exported):
+    _, out = exported
+    with pytest.raises(MissingChatTemplateError):
+        load_target(str(out), for_chat=True)
+    target = load_target(str(out), chat_template="gemma3", for_chat=True)
+    assert target.tokenizer.chat_template == BUILTIN_CHAT_TEMPLATES["gemma3"]
+    assert target.encode_chat([{"role": "user", "content": "Hi"}])
+
+
+def test_gguf_matmuls_on_an_export_are_refused_with_the_way_out(exported):
+    _, out = exported
+    with pytest.raises(ValueError, match="ONNX export.*drop --quantization gguf"):
+        load_target(str(out), quantization="gguf")
