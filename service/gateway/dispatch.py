@@ -1,12 +1,14 @@
 """One request's trip through the gateway, shared by the HTTP and gRPC APIs: pick a worker, stream, account.
 
-`Dispatcher.generate` yields `Chunk`s from a worker. Before the first chunk it may move the request to another
-worker (the worker was saturated, unreachable or failed); after it, a failure is the caller's error (HTTP turns it
-into an error event inside the SSE stream). Cancelling the consuming task (client disconnect, gRPC cancel, `Abort`,
-the end of the drain timeout) closes the worker call, which aborts the sequence and frees its batch slot; `Abort` and
-`cut` also say why, as the error the request then ends with. Requests belong to their caller (the API key that sent
-them): request ids are per caller, and `Abort` reaches only the caller's own. Metrics and the request log line are
-written here, once per request.
+`Dispatcher.generate` yields `Chunk`s from a worker, those of a request's n sequences (choices) interleaved, each
+with its `index`; a model that makes one sequence per request is asked for n as n requests (`fanout.py`). Before
+the first chunk of any sequence it may move the request to another worker (the worker was saturated, unreachable
+or failed); after it, a failure is the caller's error (HTTP turns it into an error event inside the SSE stream).
+Cancelling the consuming task (client disconnect, gRPC cancel, `Abort`, the end of the drain timeout) closes the
+worker call, which aborts the sequences and frees their batch slots; `Abort` and `cut` also say why, as the error
+the request then ends with. Requests belong to their caller (the API key that sent them): request ids are per
+caller, and `Abort` reaches only the caller's own. Metrics and the request log line are written here, once per
+request whatever its n: the prompt counted once, the other counts summed over the sequences (`total_stats`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 from service.gateway import errors
-from service.gateway.routing import WorkerPool
+from service.gateway.fanout import fan_out
+from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.validation import check_prompt_size
-from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_chunks
+from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_sequences, total_stats
 from service.logging import log_request
 
 #: worker statuses that mean "this worker cannot take it now; another may" (retried before the first token)
@@ -70,6 +73,7 @@ class Dispatcher:
         arrival = time.perf_counter()
         first = last = None
         chunk = Chunk("")
+        latest = {}  # sequence index -> its counts so far
         worker: str | None = None
         status = "abort"
         error_text = None
@@ -82,14 +86,11 @@ class Dispatcher:
                     break
                 worker = endpoint.address
                 tried.add(worker)
-                unsupported = req.extensions - getattr(endpoint.client, "extensions", frozenset())
-                if unsupported:  # a client that would drop them (an OpenAI-HTTP worker) must not be sent them
-                    raise errors.BadRequestError(f"{' and '.join(sorted(unsupported))} are not supported by this "
-                                                 f"worker ({worker})")  # fmt: skip
+                _check_extensions(req, endpoint)
                 try:
                     with self.pool.track(endpoint):
-                        call = endpoint.client.infer if unary else endpoint.client.generate
-                        async for chunk in call(req, self.request_timeout_s):
+                        async for chunk in await self._call(endpoint, req, unary):
+                            latest[chunk.index] = chunk.stats
                             now = time.perf_counter()
                             if unary:  # the worker's histograms have TTFT and inter-token latency for these
                                 first = now
@@ -134,7 +135,15 @@ class Dispatcher:
         finally:
             self.inflight.pop(key, None)
             self._interrupted.pop(key, None)
-            self._record(req, api, worker, status, error_text, chunk.stats, arrival, first)
+            self._record(req, api, worker, status, error_text, total_stats(latest.values()), arrival, first)
+
+    async def _call(self, endpoint: Endpoint, req: GenerationRequest, unary: bool) -> AsyncIterator[Chunk]:
+        """`req`'s chunks from `endpoint`, streamed or (`unary`) whole: one call, or one per sequence where the
+        model takes one sequence per request (the prompt is then prefilled n times)."""
+        call = endpoint.client.infer if unary else endpoint.client.generate
+        if req.n > 1 and not await endpoint.client.takes_n(req.model, self.request_timeout_s):
+            return fan_out(call, req, self.request_timeout_s)
+        return call(req, self.request_timeout_s)
 
     def _admit(self, req: GenerationRequest, caller: str | None) -> tuple[str | None, str]:
         """Refuse what no worker should see (a draining gateway, a prompt past every context, a request id already
@@ -167,13 +176,19 @@ class Dispatcher:
             ttft_s=None if first is None else first - arrival, duration_s=finished - arrival, error=error_text,
         )  # fmt: skip
 
-    async def complete(self, req: GenerationRequest, api: str, caller: str | None = None) -> Chunk:
-        """Run a request to the end: one chunk with the whole text, its scores and the usage."""
-        return merge_chunks([chunk async for chunk in self.generate(req, api, unary=True, caller=caller)])
+    async def complete(self, req: GenerationRequest, api: str, caller: str | None = None) -> list[Chunk]:
+        """Run a request to the end: one chunk per sequence, in index order, with its whole text, scores and
+        counts (`total_stats` of their stats is the usage)."""
+        chunks = merge_sequences([chunk async for chunk in self.generate(req, api, unary=True, caller=caller)])
+        if [c.index for c in chunks] != list(range(req.n)):
+            raise errors.ServiceError(f"the worker answered the sequences {[c.index for c in chunks]} of a request "
+                                      f"for {req.n}", code="worker_error")  # fmt: skip
+        return chunks
 
-    async def complete_all(self, reqs: list[GenerationRequest], api: str, caller: str | None = None) -> list[Chunk]:
-        """Run several requests (a batch of prompts) side by side to the end; the first failure fails them all and
-        cancels the rest."""
+    async def complete_all(self, reqs: list[GenerationRequest], api: str,
+                           caller: str | None = None) -> list[list[Chunk]]:  # fmt: skip
+        """Run several requests (a batch of prompts) side by side to the end, each request's sequences as
+        `complete` gives them; the first failure fails them all and cancels the rest."""
         tasks = [asyncio.ensure_future(self.complete(req, api, caller)) for req in reqs]
         try:
             return list(await asyncio.gather(*tasks))
@@ -207,6 +222,15 @@ class Dispatcher:
         deadline = time.monotonic() + timeout_s
         while self.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+
+
+def _check_extensions(req: GenerationRequest, endpoint: Endpoint) -> None:
+    """Refuse what `endpoint`'s client would drop (an OpenAI-HTTP worker's: logprobs, token-id prompts) rather than
+    send it."""
+    unsupported = req.extensions - getattr(endpoint.client, "extensions", frozenset())
+    if unsupported:
+        raise errors.BadRequestError(f"{' and '.join(sorted(unsupported))} are not supported by this worker "
+                                     f"({endpoint.address})")  # fmt: skip
 
 
 def _to_service_error(e: WorkerError, started: bool) -> errors.ServiceError:

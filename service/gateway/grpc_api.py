@@ -7,7 +7,9 @@ gone, deadline) cancels the handler, which closes the worker stream and frees th
 one of the caller's own request ids. API keys, when configured, are read from the `authorization: Bearer <key>`
 metadata. Health reports SERVING for "" and the service name while the gateway is ready. Logprobs come as the
 worker scored them (service/token_scores.py), one `TokenLogprob` per token, ids included. A `structured_output`
-(kind + spec) is validated as the HTTP API's vLLM-style `structured_outputs` object.
+(kind + spec) is validated as the HTTP API's vLLM-style `structured_outputs` object. With `n`, `Complete` answers
+every choice in `choices` (its top-level text, finish_reason and logprobs are choice 0's, what an n = 1 client
+reads) and `CompleteStream` names each chunk's choice in `index`; the usage counts the prompt once.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from service.gateway.errors import BadRequestError, ServiceError, validation_mes
 from service.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from service.gateway.structured import structured_outputs_field
 from service.gateway.validation import check_request_id
-from service.gateway.worker_client import Chunk, GenerationRequest
-from service.protocol import Constraint
+from service.gateway.worker_client import GenerationRequest, total_stats
+from service.protocol import Constraint, RequestStats
 from service.protos.deepspec.v1 import completions_pb2 as pb
 from service.token_scores import TokenScore
 
@@ -39,8 +41,8 @@ _DEFAULT_MAX_TOKENS = 128
 _DEFAULT_TEMPERATURE = 0.0
 
 
-def _usage(chunk: Chunk) -> pb.Usage:
-    s = chunk.stats
+def _usage(s: RequestStats) -> pb.Usage:
+    """The usage of a request's `total_stats`."""
     return pb.Usage(prompt_tokens=s.num_prompt_tokens, completion_tokens=s.num_output_tokens,
                     total_tokens=s.num_prompt_tokens + s.num_output_tokens,
                     num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens)  # fmt: skip
@@ -80,7 +82,7 @@ def to_generation_request(request: pb.CompletionRequest, model: str) -> Generati
         "user": request.user or None,
         "max_tokens": request.max_tokens if request.HasField("max_tokens") else _DEFAULT_MAX_TOKENS,
         "temperature": request.temperature if request.HasField("temperature") else _DEFAULT_TEMPERATURE,
-        **{name: getattr(request, name) for name in ("top_p", "top_k", "seed") if request.HasField(name)},
+        **{name: getattr(request, name) for name in ("top_p", "top_k", "seed", "n") if request.HasField(name)},
     }  # fmt: skip
     if request.HasField("structured_output"):
         fields["structured_outputs"] = _structured_outputs(request.structured_output)
@@ -135,23 +137,29 @@ class CompletionsServicer:
     async def Complete(self, request, context):
         try:
             req, caller = self._start(request, context)
-            result = await self.state.dispatcher.complete(req, "grpc", caller=caller)
+            results = await self.state.dispatcher.complete(req, "grpc", caller=caller)
         except ServiceError as e:
             await context.abort(e.grpc_status, e.message)
-        return pb.CompletionResponse(id=req.request_id, model=req.model, text=result.text,
-                                     finish_reason=result.finish_reason or "", usage=_usage(result),
-                                     logprobs=_token_logprobs(result.logprobs),
-                                     prompt_logprobs=_token_logprobs(result.prompt_logprobs))  # fmt: skip
+        choices = [pb.Choice(index=r.index, text=r.text, finish_reason=r.finish_reason or "",
+                             logprobs=_token_logprobs(r.logprobs)) for r in results]  # fmt: skip
+        prompt_scores = next((r.prompt_logprobs for r in results if r.prompt_logprobs is not None), None)
+        return pb.CompletionResponse(id=req.request_id, model=req.model, text=choices[0].text,
+                                     finish_reason=choices[0].finish_reason, logprobs=choices[0].logprobs,
+                                     usage=_usage(total_stats(r.stats for r in results)),
+                                     prompt_logprobs=_token_logprobs(prompt_scores), choices=choices)  # fmt: skip
 
     async def CompleteStream(self, request, context):
         try:
             req, caller = self._start(request, context)
+            latest = {}  # choice -> its counts so far
             async for chunk in self.state.dispatcher.generate(req, "grpc", caller=caller):
-                out = pb.CompletionChunk(id=req.request_id, text=chunk.text, logprobs=_token_logprobs(chunk.logprobs),
+                latest[chunk.index] = chunk.stats
+                out = pb.CompletionChunk(id=req.request_id, text=chunk.text, index=chunk.index,
+                                         finish_reason=chunk.finish_reason or "",
+                                         logprobs=_token_logprobs(chunk.logprobs),
                                          prompt_logprobs=_token_logprobs(chunk.prompt_logprobs))  # fmt: skip
                 if chunk.final:
-                    out.finish_reason = chunk.finish_reason or ""
-                    out.usage.CopyFrom(_usage(chunk))
+                    out.usage.CopyFrom(_usage(total_stats(latest.values())))
                 yield out
         except ServiceError as e:
             await context.abort(e.grpc_status, e.message)

@@ -27,6 +27,11 @@ upstream, and a request past it is refused as RESOURCE_EXHAUSTED before it is se
 Structured outputs go as OpenAI's `response_format` (json_object, json_schema), which vLLM, SGLang and trtllm-serve
 read, and regex, grammar and choice as vLLM's `structured_outputs` to a vLLM upstream only (its model cards say
 `owned_by: "vllm"`); any other engine would drop that field unread, so such a request is refused (400) instead.
+
+Several choices go as OpenAI's `n`, and each upstream choice's `index` becomes its chunks' `Chunk.index`. The
+upstream's usage covers every choice at once (OpenAI's shape has no per-choice counts), so the request's last chunk
+carries it and the other choices' last chunks count 0: `total_stats` over them is the usage. An engine that answers
+fewer choices than asked (one that ignores `n`) is refused (INVALID_ARGUMENT) rather than passed on short.
 """
 
 from __future__ import annotations
@@ -96,6 +101,8 @@ def request_body(req: GenerationRequest, stream: bool, vllm_extras: bool = False
             # the same promise in the field every engine reads: llama.cpp's Python server drops `ignore_eos` unread
             # (pydantic ignores unknown fields) but holds back the end-of-sequence token until `min_tokens`
             body["min_tokens"] = req.max_tokens
+    if req.n > 1:
+        body["n"] = req.n
     if req.structured_output is not None:
         body.update(_constraint_fields(req.structured_output, vllm_extras))
     if stream:
@@ -133,6 +140,24 @@ def _choice_text(choice: dict) -> str:
         return choice.get("text") or ""
     part = choice.get("delta") or choice.get("message") or {}
     return part.get("content") or ""
+
+
+def _choice_index(choice: dict) -> int:
+    index = choice.get("index") or 0
+    if not isinstance(index, int) or index < 0:
+        raise WorkerError("INTERNAL", f"the upstream sent a choice index that is not a count: {index!r}")
+    return index
+
+
+def _last_chunks(held: dict[int, Chunk], seen: set[int], n: int, stats: p.RequestStats) -> list[Chunk]:
+    """Each choice's last chunk (held back for its finish reason), in index order, the last of them final with the
+    request's usage; WorkerError INVALID_ARGUMENT when the upstream answered fewer than the n choices asked."""
+    if n > 1 and not set(range(n)) <= seen:
+        raise WorkerError("INVALID_ARGUMENT", f"several choices (n) are not supported by this worker: it answered "
+                                              f"the choices {sorted(seen)} of the {n} asked")  # fmt: skip
+    chunks = [held.get(index) or Chunk("", index=index) for index in range(n)]
+    chunks[-1].final, chunks[-1].stats = True, stats
+    return chunks
 
 
 def parse_event(data: str) -> dict:
@@ -220,7 +245,8 @@ class OpenAIClient:
         deadline = asyncio.get_running_loop().time() + timeout_s
         with self._slot():
             response = await self._send(req, stream=True, deadline=deadline)
-            pending = Chunk("", final=False)
+            held: dict[int, Chunk] = {}  # choice -> its finishing chunk, sent with the usage at [DONE]
+            seen: set[int] = set()  # the choices the upstream answered
             num_text_chunks, usage, done = 0, None, False
             try:
                 while True:
@@ -232,20 +258,23 @@ class OpenAIClient:
                         continue  # blank separators, comments (keep-alives), `event:` lines
                     data = line[5:].strip()
                     if data == "[DONE]":
-                        pending.final, done = True, True
-                        pending.stats = _stats(usage) if usage else p.RequestStats(num_output_tokens=num_text_chunks)
-                        yield pending
+                        done = True
+                        stats = _stats(usage) if usage else p.RequestStats(num_output_tokens=num_text_chunks)
+                        for chunk in _last_chunks(held, seen, req.n, stats):
+                            yield chunk
                         return
                     event = parse_event(data)
                     usage = event.get("usage") or usage
                     for choice in event.get("choices") or ():
-                        text = _choice_text(choice)
+                        text, index = _choice_text(choice), _choice_index(choice)
                         num_text_chunks += bool(text)
+                        seen.add(index)
                         if choice.get("finish_reason"):
-                            pending.text += text
-                            pending.finish_reason = choice["finish_reason"]
-                        elif text and pending.finish_reason is None:
-                            yield Chunk(text)
+                            finishing = held.setdefault(index, Chunk("", index=index))
+                            finishing.text += text
+                            finishing.finish_reason = choice["finish_reason"]
+                        elif text and index not in held:
+                            yield Chunk(text, index=index)
             except aiohttp.ClientError as e:
                 raise WorkerError("UNAVAILABLE", f"the upstream stream broke: {type(e).__name__}: {e}") from None
             finally:
@@ -254,8 +283,12 @@ class OpenAIClient:
                 else:  # an unfinished one closes it: the engine aborts the sequence
                     response.close()
 
+    async def takes_n(self, model: str, timeout_s: float) -> bool:
+        """Every OpenAI server is sent `n` as it is (OpenAI's field); one that answers fewer choices is refused."""
+        return True
+
     async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
-        """A whole completion, yielded as one final chunk."""
+        """A whole completion, yielded as one chunk per choice, the last one final."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         with self._slot():
             response = await self._send(req, stream=False, deadline=deadline)
@@ -268,8 +301,10 @@ class OpenAIClient:
             finally:
                 response.release()
         choices = body.get("choices") or [{}]
-        yield Chunk(_choice_text(choices[0]), stats=_stats(body.get("usage")),
-                    finish_reason=choices[0].get("finish_reason"), final=True)  # fmt: skip
+        held = {_choice_index(c): Chunk(_choice_text(c), finish_reason=c.get("finish_reason"), index=_choice_index(c))
+                for c in choices}  # fmt: skip
+        for chunk in _last_chunks(held, set(held), req.n, _stats(body.get("usage"))):
+            yield chunk
 
     async def _send(self, req: GenerationRequest, stream: bool, deadline: float) -> aiohttp.ClientResponse:
         """POST the request and return the open response once its status is 200; any other status as WorkerError."""

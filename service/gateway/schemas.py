@@ -1,7 +1,7 @@
 """OpenAI request bodies the gateway accepts (pydantic, strict types) and their mapping to a worker request.
 
 Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Nothing is silently ignored: fields OpenAI defines that DeepSpec
-does not implement (n, suffix, best_of, penalties, tools, logit_bias, ...) are accepted only at their neutral value
+does not implement (suffix, best_of, penalties, tools, logit_bias, ...) are accepted only at their neutral value
 and refused otherwise with a message naming the field, and an unknown field is a 400 naming it (OpenAI answers
 "Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for something it does not
 do would get a plain answer). `top_k` and `ignore_eos` are vLLM's extensions, and so are completions' batches of
@@ -18,9 +18,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from service.gateway.structured import StructuredOutputFields
-from service.gateway.validation import (STRICT, CompletionMaxTokens, Integer, MaxTokens, Name, Prompt, Prompts, Seed,
-                                        StopString, StopStrings, Temperature, Text, TokenIdBatch, TokenIds, TopK,
-                                        TopLogprobs, TopP, neutral_only)  # fmt: skip
+from service.gateway.validation import (MAX_CHOICES, STRICT, CompletionMaxTokens, Integer, MaxTokens, Name,
+                                        NumChoices, Prompt, Prompts, Seed, StopString, StopStrings, Temperature, Text,
+                                        TokenIdBatch, TokenIds, TopK, TopLogprobs, TopP, neutral_only)  # fmt: skip
 
 
 _MIN_NORMAL_FP32 = 1.1754943508222875e-38
@@ -41,7 +41,9 @@ class _SamplingFields(StructuredOutputFields):
     top_k: TopK | None = None
     seed: Seed | None = None
     stop: StopString | StopStrings | None = None
-    n: Annotated[int, Integer, neutral_only(1)] = 1
+    #: choices per prompt, each sampled on its own (greedy: n equal ones, as in vLLM); the worker prefills the
+    #: prompt once for all of them, and the usage counts it once
+    n: NumChoices = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Name | None = None
@@ -55,8 +57,6 @@ class _SamplingFields(StructuredOutputFields):
     def _check_unsupported(self):
         if self.logit_bias:
             raise ValueError("logit_bias is not supported (leave it out)")
-        if self.n != 1:
-            raise ValueError("n must be 1: DeepSpec returns one choice per prompt (send n requests instead)")
         if self.presence_penalty or self.frequency_penalty:
             raise ValueError("presence_penalty and frequency_penalty are not supported (leave them 0)")
         if self.stream_options is not None and not self.stream:
@@ -78,6 +78,7 @@ class _SamplingFields(StructuredOutputFields):
             "stop": stop,
             "ignore_eos": self.ignore_eos,
             "structured_output": self.constraint,
+            "n": self.n,
         }
 
 
@@ -91,12 +92,19 @@ class CompletionRequest(_SamplingFields):
     #: each token's logprob and this many likeliest alternatives (OpenAI's legacy shape); None = off
     logprobs: TopLogprobs | None = None
     suffix: Annotated[str | None, neutral_only("", None)] = None
-    best_of: Annotated[int | None, Integer, neutral_only(1, None)] = None
+    #: vLLM's best_of (n of best_of sequences, the likeliest) is not implemented: only best_of = n is accepted
+    best_of: Annotated[int | None, Field(ge=1, le=MAX_CHOICES), Integer] = None
 
     @model_validator(mode="after")
     def _check_prompt(self):
-        if self.suffix or (self.best_of not in (None, 1)):
-            raise ValueError("suffix and best_of are not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported (leave it out)")
+        if self.best_of not in (None, self.n):
+            raise ValueError(f"best_of is not supported: leave it out, or equal to n ({self.n}); send n for "
+                             "several choices")
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            raise ValueError(f"n ({self.n}) choices for each of {len(self.prompts)} prompts is more than "
+                             f"{MAX_CHOICES} choices in one request: send the batch in parts")
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens 0 generates nothing: it only scores the prompt, with echo true (and "
                              "logprobs for the prompt's logprobs; gRPC: prompt_logprobs)")

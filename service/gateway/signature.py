@@ -10,7 +10,8 @@ the LLM-API model's `sampling_param_*` names, or the ensemble's, which DeepSpec'
 A request that needs an input the model does not declare (chat messages on a model without `messages_json`, stop
 strings, `ignore_eos`, logprobs, a token-id prompt, a structured output) is refused with `SignatureError` naming the
 model and the input, instead of being sent and refused by Triton or silently changing meaning. Request flags that
-only ask for outputs are sent when declared.
+only ask for outputs are sent when declared. Several sequences (`n`) are sent as `num_return_sequences` only to a
+model that declares it (`ModelSignature.takes_n`); the dispatcher asks any other for them one request each.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ class ModelSignature:
         return cls(inputs, config.max_batch_size, decoupled, unary, cumulative)
 
     @property
+    def takes_n(self) -> bool:
+        """One request may ask for several sequences (`num_return_sequences`, TensorRT-LLM's name): the model
+        prefills the prompt once for all of them. A model without it gets n requests (`service/gateway/fanout.py`)."""
+        return self.names["num_return_sequences"] in self.inputs
+
+    @property
     def names(self) -> dict[str, str | None]:
         """Role -> input name in this model's dialect."""
         return c.LLMAPI_NAMES if c.LLMAPI_MARKER in self.inputs else c.ENSEMBLE_NAMES
@@ -114,6 +121,7 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
         "top_logprobs": None if req.logprobs is None else [req.logprobs],
         "prompt_logprobs": None if req.prompt_logprobs is None else [req.prompt_logprobs],
         "structured_output": None if req.structured_output is None else [req.structured_output.encode()],
+        "num_return_sequences": None if req.n == 1 else [req.n],
         **{flag: [True] for flag in c.FLAGS},
     }  # fmt: skip
 

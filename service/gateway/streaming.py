@@ -1,8 +1,9 @@
 """The SSE stream shared by /v1/completions and /v1/chat/completions.
 
-OpenAI's framing: one `data:` event per chunk, an optional usage-only chunk (`stream_options.include_usage`), then
-`data: [DONE]`. A failure after the first token can no longer change the status code, so it becomes an error
-event inside the stream. The routers only say how a chunk is framed.
+OpenAI's framing: one `data:` event per chunk, each carrying its choice's `index` (a request's n choices
+interleave), an optional usage-only chunk (`stream_options.include_usage`) for all of them, then `data: [DONE]`. A
+failure after the first token can no longer change the status code, so it becomes an error event inside the
+stream. The routers only say how a chunk is framed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from fastapi.responses import StreamingResponse
 
 from service.gateway.dependencies import SSE_DONE, SSE_HEADERS, sse
 from service.gateway.errors import ServiceError, responses
-from service.gateway.worker_client import Chunk
+from service.gateway.worker_client import Chunk, total_stats
+from service.protocol import RequestStats
 
 
 #: OpenAPI responses of a route that answers JSON, or SSE when the body says `"stream": true`
@@ -26,10 +28,11 @@ GENERATION_RESPONSES = {
 }  # fmt: skip
 
 
-def usage(*chunks: Chunk) -> dict:
-    """The usage of one request's last chunk, or of several requests (a batch of prompts) summed."""
-    prompt = sum(c.stats.num_prompt_tokens for c in chunks)
-    completion = sum(c.stats.num_output_tokens for c in chunks)
+def usage(*totals: RequestStats) -> dict:
+    """OpenAI's usage of one request's `total_stats`, or of several requests' (a batch of prompts) summed: so each
+    prompt counts once however many choices it has (as at OpenAI and vLLM), and every choice's completion tokens."""
+    prompt = sum(t.num_prompt_tokens for t in totals)
+    completion = sum(t.num_output_tokens for t in totals)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -38,15 +41,16 @@ def sse_response(
     chunks: AsyncIterator[Chunk],
     opening: Callable[[Chunk], list[bytes]],  # the events for the first chunk
     frame: Callable[[Chunk], bytes],  # the event for every later chunk
-    usage_event: Callable[[Chunk], bytes] | None,  # the usage-only event, when the client asked for it
+    usage_event: Callable[[RequestStats], bytes] | None,  # the usage-only event (of total_stats), when asked for
 ) -> StreamingResponse:
     async def events():
-        last = first
+        latest = {first.index: first.stats}  # sequence index -> its counts so far
         try:
             for event in opening(first):
                 yield event
-            async for last in chunks:
-                yield frame(last)
+            async for chunk in chunks:
+                latest[chunk.index] = chunk.stats
+                yield frame(chunk)
         except ServiceError as e:
             yield sse(e.body())
             yield SSE_DONE
@@ -54,7 +58,7 @@ def sse_response(
         finally:
             await chunks.aclose()
         if usage_event is not None:
-            yield usage_event(last)
+            yield usage_event(total_stats(latest.values()))
         yield SSE_DONE
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -17,8 +17,9 @@ Two stock models of TensorRT-LLM's Triton backend, one dialect each:
 
 DeepSpec additions are optional inputs and extra outputs a stock model simply does not declare: `messages_json`
 (chat messages the model renders with its chat template), `ignore_eos`, and the token-id prompt (`input_ids`),
-logprobs (`return_log_probs`, `top_logprobs`, `prompt_logprobs`) and structured-output (`structured_output`) inputs
-only DeepSpec's worker reads; the LLM-API model we export also sends
+logprobs (`return_log_probs`, `top_logprobs`, `prompt_logprobs`), structured-output (`structured_output`) and
+several-sequences (`num_return_sequences`, TensorRT-LLM's name) inputs only DeepSpec's worker reads (a model without
+the last gets n requests of one sequence each from the gateway); the LLM-API model we export also sends
 `num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact. A gateway only sends an input
 the model's config declares; a request that needs an undeclared one is refused with a clear message.
 
@@ -52,7 +53,8 @@ CONFIG_DATATYPE = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "INT32": "TYPE_I
 
 #: what a gateway request asks for -> the input carrying it, per dialect (None: the dialect has no such input)
 ROLES = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
-         "ignore_eos", "prompt_token_ids", "return_log_probs", "top_logprobs", "prompt_logprobs", "structured_output")
+         "ignore_eos", "prompt_token_ids", "return_log_probs", "top_logprobs", "prompt_logprobs", "structured_output",
+         "num_return_sequences")
 #: roles DeepSpec's worker reads and neither stock model does (the ensemble declares `return_log_probs` but sends
 #: only numbers, no token texts to render them with): a model that lacks one cannot serve the feature, which
 #: a gateway then refuses by name (`signature.py`)
@@ -67,7 +69,7 @@ LLMAPI_NAMES = {
     "top_k": "sampling_param_top_k", "seed": "sampling_param_seed", "stop": "sampling_param_stop",
     "end_id": None, "ignore_eos": "ignore_eos",
     "prompt_token_ids": None, "return_log_probs": None, "top_logprobs": None, "prompt_logprobs": None,
-    "structured_output": None,
+    "structured_output": None, "num_return_sequences": None,
     "return_perf_metrics": "sampling_param_return_perf_metrics", "return_finish_reason": "return_finish_reason",
     "return_num_input_tokens": None, "return_num_output_tokens": None,
 }  # fmt: skip
@@ -77,6 +79,7 @@ ENSEMBLE_NAMES = {
     "end_id": "end_id", "ignore_eos": "ignore_eos",
     "prompt_token_ids": "input_ids", "return_log_probs": "return_log_probs", "top_logprobs": "top_logprobs",
     "prompt_logprobs": "prompt_logprobs", "structured_output": "structured_output",
+    "num_return_sequences": "num_return_sequences",
     "return_perf_metrics": "return_perf_metrics", "return_finish_reason": None,
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
 }  # fmt: skip
@@ -89,8 +92,8 @@ ROLE_DATATYPES = {
     "prompt": "BYTES", "messages": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
     "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop": "BYTES", "end_id": "INT32", "ignore_eos": "BOOL",
     "prompt_token_ids": "INT32", "return_log_probs": "BOOL", "top_logprobs": "INT32", "prompt_logprobs": "INT32",
-    "structured_output": "BYTES", "return_perf_metrics": "BOOL", "return_finish_reason": "BOOL",
-    "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL",
+    "structured_output": "BYTES", "num_return_sequences": "INT32", "return_perf_metrics": "BOOL",
+    "return_finish_reason": "BOOL", "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL",
 }  # fmt: skip
 
 # Outputs (both dialects).
@@ -131,9 +134,11 @@ LLMAPI_OUTPUTS = (
 
 #: the ensemble's inputs a gateway may send, as upstream's ensemble declares them (text_input and max_tokens
 #: required); DeepSpec's additions are left out: the ensemble's preprocessing model is upstream's and reads none of
-#: them (nor does it turn `return_log_probs` into token texts)
+#: them (nor does it turn `return_log_probs` into token texts), and so is `num_return_sequences`, which the exported
+#: ensemble does not wire to its engine (a gateway asks it for n sequences as n requests instead)
 ENSEMBLE_INPUTS = _inputs({role: name for role, name in ENSEMBLE_NAMES.items()
-                           if role not in ("messages", "ignore_eos", *FEATURE_OF_ROLE)}, ("prompt", "max_tokens"), (1,))
+                           if role not in ("messages", "ignore_eos", "num_return_sequences", *FEATURE_OF_ROLE)},
+                          ("prompt", "max_tokens"), (1,))
 ENSEMBLE_OUTPUTS = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (-1,)), TensorSpec(ACCEPTANCE_RATE, "FP32"),
     TensorSpec(TOTAL_ACCEPTED_DRAFT_TOKENS, "INT32"), TensorSpec(TOTAL_DRAFT_TOKENS, "INT32"),

@@ -23,6 +23,9 @@ MAX_INT32 = 2**31 - 1
 #: prompts in one completions request (a batch): each becomes a request of its own on a worker, so a batch larger
 #: than the workers' slots and queues would only be refused in part
 MAX_PROMPTS = 32
+#: choices in one request, n per prompt times its prompts: each is a sequence in a worker's batch (the worker
+#: refuses more than its batch size: INVALID_ARGUMENT), so this only bounds what one request may fan out to
+MAX_CHOICES = 128
 #: stop strings per request (OpenAI allows 4; vLLM has no limit)
 MAX_STOP_STRINGS = 16
 #: characters per stop string: the detokenizer rescans this much text after every token
@@ -77,6 +80,8 @@ TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=-1, le=MAX_INT32), Integer]
 Seed = Annotated[int, Field(ge=0, lt=2**64), Integer]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_INT32), Integer]
+#: choices per prompt (OpenAI's n)
+NumChoices = Annotated[int, Field(ge=1, le=MAX_CHOICES), Integer]
 #: completions may ask for 0 tokens: only the prompt, scored (echo)
 CompletionMaxTokens = Annotated[int, Field(ge=0, le=MAX_INT32), Integer]
 #: printable ASCII without spaces: it is written into log lines as is

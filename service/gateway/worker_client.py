@@ -6,7 +6,9 @@ its dims and batch dimension ask. Streaming requests go through `ModelStreamInfe
 token (retry is only allowed before it), measures TTFT and inter-chunk latency itself, and cancels the worker's
 sequence by cancelling the call. Non-streaming requests use one unary `ModelInfer` where the model allows it
 (DeepSpec's worker, a non-decoupled model), and the streaming RPC with streaming off on a decoupled Triton model,
-which Triton answers on that RPC only. A gRPC deadline
+which Triton answers on that RPC only, and for several sequences (`n`), which a unary call cannot answer. Each
+response names its sequence (`sequence_index`, `Chunk.index`); the call ends on the response flagged
+`triton_final_response`, the request's very last (service/protocol.py, "Several choices"). A gRPC deadline
 bounds each call. Tensors are decoded by `service.tensors`, the codec the worker uses too; the counts are read under
 DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as `WorkerError(status, message)` with
 `status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
@@ -14,8 +16,8 @@ DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as `Wor
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field, fields
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -61,6 +63,8 @@ class GenerationRequest:
     prompt_logprobs: int | None = None
     #: the output must match this (a JSON schema, regex, grammar or choice); None = free text
     structured_output: p.Constraint | None = None
+    #: sequences (choices) from this prompt, each sampled on its own; their chunks carry their `Chunk.index`
+    n: int = 1
 
     @property
     def extensions(self) -> frozenset[str]:
@@ -72,15 +76,19 @@ class GenerationRequest:
 
 @dataclass
 class Chunk:
-    """One worker response: new text plus the request's cumulative counts, and the scores of the tokens that text
-    carries (and of the prompt, in the first) when the request asked for them."""
+    """One worker response: new text of one sequence plus that sequence's cumulative counts, and the scores of the
+    tokens that text carries (and of the prompt, in the first) when the request asked for them."""
 
     text: str
     stats: p.RequestStats = field(default_factory=p.RequestStats)
+    #: the sequence's last chunk says why it ended
     finish_reason: str | None = None
+    #: the request's very last chunk, of all its sequences
     final: bool = False
     logprobs: list[TokenScore] | None = None
     prompt_logprobs: list[TokenScore] | None = None
+    #: which of the request's sequences (0..n-1) this chunk belongs to: its choice
+    index: int = 0
 
 
 class WorkerError(Exception):
@@ -127,16 +135,32 @@ def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
     return Chunk(text=text[0].decode("utf-8", "replace"), stats=stats,
                  finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final,
                  logprobs=read_scores(response, values, p.OUTPUT_SCORES),
-                 prompt_logprobs=read_scores(response, values, p.PROMPT_SCORES))  # fmt: skip
+                 prompt_logprobs=read_scores(response, values, p.PROMPT_SCORES),
+                 index=tensors.scalar(values, p.SEQUENCE_INDEX, int, 0))  # fmt: skip
 
 
 def merge_chunks(chunks: list[Chunk]) -> Chunk:
-    """Consecutive chunks of one request as one: the text and scores joined, the last one's counts and finish."""
+    """Consecutive chunks of one sequence as one: the text and scores joined, the last one's counts and finish."""
     last = chunks[-1] if chunks else Chunk("")
     scored = [c.logprobs for c in chunks if c.logprobs is not None]
     prompt = next((c.prompt_logprobs for c in chunks if c.prompt_logprobs is not None), None)
     return Chunk("".join(c.text for c in chunks), last.stats, last.finish_reason, last.final,
-                 [s for part in scored for s in part] if scored else None, prompt)
+                 [s for part in scored for s in part] if scored else None, prompt, last.index)
+
+
+def merge_sequences(chunks: list[Chunk]) -> list[Chunk]:
+    """A request's chunks, its sequences interleaved, as one merged chunk per sequence, in index order."""
+    indices = sorted({c.index for c in chunks})
+    return [merge_chunks([c for c in chunks if c.index == index]) for index in indices]
+
+
+def total_stats(stats: Iterable[p.RequestStats]) -> p.RequestStats:
+    """A request's counts from each of its sequences' latest: the prompt once (every sequence carries the same
+    prompt count; it was prefilled once), the rest summed over the sequences. The usage and the metrics read this."""
+    stats = list(stats)
+    total = {f.name: sum(getattr(s, f.name) for s in stats) for f in fields(p.RequestStats)}
+    total["num_prompt_tokens"] = max((s.num_prompt_tokens for s in stats), default=0)
+    return p.RequestStats(**total)
 
 
 def _stream_error_code(response: service_pb2.ModelInferResponse) -> str | None:
@@ -196,35 +220,43 @@ class WorkerClient:
             self.signatures[model] = ModelSignature.from_config(config.config)
         return self.signatures[model]
 
+    async def takes_n(self, model: str, timeout_s: float) -> bool:
+        """Whether one request may ask `model` for several sequences (`ModelSignature.takes_n`)."""
+        return (await self.signature(model, timeout_s)).takes_n
+
     async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
-        """Stream one request; closing the iterator (or cancelling its task) cancels the call and the sequence."""
+        """Stream one request, its sequences' chunks interleaved; closing the iterator (or cancelling its task)
+        cancels the call and the sequences."""
         signature = await self.signature(req.model, timeout_s)
         async for chunk in self._stream(build_infer_request(req, True, signature), timeout_s,
                                         signature.cumulative_text):
             yield chunk
 
     async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
-        """Non-streaming requests, yielded as a single final chunk: one unary ModelInfer (cheaper than a stream), or
-        the streaming RPC with streaming off where the model is decoupled (Triton refuses ModelInfer there)."""
+        """Non-streaming requests, yielded as one whole chunk per sequence, the last one final: one unary ModelInfer
+        (cheaper than a stream) for one sequence, else the streaming RPC with streaming off, where the model is
+        decoupled (Triton refuses ModelInfer there) or the request asks for several sequences (one response each,
+        when it finishes; ModelInfer answers one)."""
         signature = await self.signature(req.model, timeout_s)
         request = build_infer_request(req, False, signature)
-        if not signature.unary:
-            parts = [chunk async for chunk in self._stream(request, timeout_s, signature.cumulative_text)]
-            chunk = merge_chunks(parts)
+        if not signature.unary or req.n > 1:
+            chunks = merge_sequences([chunk async for chunk in self._stream(request, timeout_s,
+                                                                            signature.cumulative_text)])
         else:
             try:
-                chunk = parse_response(await self.stub.ModelInfer(request, timeout=timeout_s))
+                chunks = [parse_response(await self.stub.ModelInfer(request, timeout=timeout_s))]
             except grpc.aio.AioRpcError as e:
                 raise _rpc_error(e) from None
-        chunk.final = True
-        yield chunk
+        for chunk in chunks:
+            chunk.final = chunk is chunks[-1]
+            yield chunk
 
     async def _stream(self, request: service_pb2.ModelInferRequest, timeout_s: float,
                       cumulative_text: bool = False) -> AsyncIterator[Chunk]:
         """The worker's responses as chunks of new text; `cumulative_text` (the stock LLM-API model) says each
         response holds the whole text so far, so only what it adds to the previous one is passed on."""
         call = self.stub.ModelStreamInfer(iter([request]), timeout=timeout_s)
-        text_so_far = ""
+        text_so_far: dict[int, str] = {}  # sequence index -> its whole text so far
         try:
             async for response in call:
                 if response.error_message:
@@ -232,8 +264,9 @@ class WorkerClient:
                     raise WorkerError(status, message, _stream_error_code(response.infer_response))
                 chunk = parse_response(response.infer_response)
                 if cumulative_text:  # what was sent cannot be taken back: pass on what lies past it
-                    whole, chunk.text = chunk.text, chunk.text[len(text_so_far):]
-                    text_so_far = max(text_so_far, whole, key=len)
+                    sent = text_so_far.get(chunk.index, "")
+                    whole, chunk.text = chunk.text, chunk.text[len(sent):]
+                    text_so_far[chunk.index] = max(sent, whole, key=len)
                 yield chunk
                 if chunk.final:
                     return

@@ -88,7 +88,7 @@ BAD_REQUESTS = [
     ("negative max_tokens", json.dumps({"prompt": "x", "max_tokens": -3}).encode(), 400, "max_tokens"),
     ("huge max_tokens", json.dumps({"prompt": "x", "max_tokens": 10**12}).encode(), 400, "max_tokens"),
     ("beyond context", json.dumps({"prompt": "x" * 2000, "max_tokens": 100}).encode(), 400, "context length"),
-    ("n > 1", json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n must be 1"),
+    ("n past 128", json.dumps({"prompt": "x", "n": 129}).encode(), 400, "n: Input should be less than or equal to 128"),
     ("unknown model", json.dumps({"prompt": "x", "model": "gpt-9"}).encode(), 404, "does not exist"),
     ("10 MB body", json.dumps({"prompt": "x" * 10_000_000}).encode(), 413, "exceeds"),
     ("invalid UTF-8", b'{"prompt": "\xff\xfe", "max_tokens": 3}', 400, "UTF-8"),

@@ -20,6 +20,9 @@ MAX_EXAMPLES = 15
 MAX_TOKENS = 64
 #: nor that a token-id prompt must be in the served model's vocabulary (the stub's: bytes)
 VOCAB_SIZE = 256
+#: nor how many sequences the workers' batches hold: n is capped (a stub worker without num_return_sequences gets n
+#: requests, each up to MAX_TOKENS)
+MAX_N = 2
 #: nor that a structured-output spec compiles, or can be written in the stub's byte vocabulary at all (a grammar left
 #: with no token to go on fails the engine's step: reported against deepspec/decoding/structured.py)
 CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -36,8 +39,9 @@ def within_the_model(case):
     """A schema-valid request the served model can also hold: max_tokens capped (and set, where chat would default
     to the whole context), token ids taken into the vocabulary; and the rules between two fields kept, which a schema
     does not say: stream_options (which OpenAI allows only with `"stream": true`) sent with streaming on, top_logprobs
-    with logprobs on (OpenAI's rule), max_tokens 0 with echo, a streamed batch cut to one prompt; structured-output
-    specs left out (response_format json_object kept: any JSON object compiles and the stub can write one)."""
+    with logprobs on (OpenAI's rule), max_tokens 0 with echo, a streamed batch cut to one prompt, n capped at MAX_N
+    and best_of, which is accepted only equal to n, set to it; structured-output specs left out (response_format
+    json_object kept: any JSON object compiles and the stub can write one)."""
     if isinstance(case.body, dict):
         for name in CONSTRAINTS:
             case.body.pop(name, None)
@@ -54,13 +58,21 @@ def within_the_model(case):
             case.body["logprobs"] = True
         if "prompt" in case.body and case.body.get("max_tokens") == 0:
             case.body["echo"] = True
+        if _is_number(case.body.get("n")):
+            case.body["n"] = min(case.body["n"], MAX_N)
+        if case.body.get("best_of") is not None:
+            case.body["best_of"] = case.body.get("n", 1)
         if "max_tokens" not in case.body and "max_completion_tokens" not in case.body:
             case.body["max_tokens"] = MAX_TOKENS
         for name in ("max_tokens", "max_completion_tokens"):
-            value = case.body.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):  # JSON's 2352.0 is an integer too
-                case.body[name] = min(value, MAX_TOKENS)
+            if _is_number(case.body.get(name)):
+                case.body[name] = min(case.body[name], MAX_TOKENS)
     return case
+
+
+def _is_number(value) -> bool:
+    """An int or a float (JSON's 2352.0 is an integer too), never a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @pytest.fixture(scope="module")

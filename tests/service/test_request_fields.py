@@ -29,6 +29,7 @@ SAMPLING = {
     "stop": ({"stop": ["x"]}, {}),
     "ignore_eos": ({"ignore_eos": True}, {}),
     "max_tokens": ({"max_tokens": 7}, {}),
+    "n": ({"n": 2}, {}),  # n choices from one prompt (tests/service/test_n_choices.py)
     "response_format": ({"response_format": {"type": "json_object"}}, {}),
     "structured_outputs": ({"structured_outputs": {"regex": "[0-9]+"}}, {}),
     "guided_json": ({"guided_json": {"type": "object"}}, {}),
@@ -61,9 +62,9 @@ NO_EFFECT = {
 }
 CHAT_NO_EFFECT = NO_EFFECT | {"parallel_tool_calls": "only about tool calls, and tools are refused"}
 #: refused away from their neutral value: field -> a non-neutral value
-REFUSED = {"n": 2, "presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {"1": 1.0}}
+REFUSED = {"presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {"1": 1.0}}
 CHAT_REFUSED = REFUSED | {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}
-COMPLETION_REFUSED = REFUSED | {"suffix": "x", "best_of": 2}
+COMPLETION_REFUSED = REFUSED | {"suffix": "x", "best_of": 2}  # best_of is accepted only equal to n
 
 APIS = {
     "chat": (ChatCompletionRequest, CHAT_BASE, CHAT_GENERATION, RESPONSE, CHAT_NO_EFFECT, CHAT_REFUSED),

@@ -1,6 +1,8 @@
 """POST /v1/completions — OpenAI text completions, whole or as SSE; a batch of prompts (texts or token-id lists)
-gives one choice per prompt, each its own worker request; `echo` with `logprobs` and `max_tokens: 0` scores a prompt
-in one prefill (what lm-eval's log-likelihood tasks send)."""
+gives n choices per prompt, each prompt its own worker request (prompt i's choice j has `index` i * n + j, as at
+OpenAI and vLLM); `echo` with `logprobs` and `max_tokens: 0` scores a prompt in one prefill (what lm-eval's
+log-likelihood tasks send). Streamed, the n choices' chunks interleave, each naming its choice, with its own
+`text_offset`s and finish_reason."""
 
 from __future__ import annotations
 
@@ -14,16 +16,39 @@ from service.gateway.dispatch import new_request_id
 from service.gateway.logprobs import completion_logprobs, concat
 from service.gateway.schemas import CompletionRequest
 from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
-from service.gateway.worker_client import Chunk, GenerationRequest
+from service.gateway.worker_client import Chunk, GenerationRequest, total_stats
+from service.protocol import RequestStats
+from service.token_scores import TokenScore
 
 router = APIRouter()
 
 
-def echoed(prompt: str | list[int], chunk: Chunk) -> str:
+def echoed(prompt: str | list[int], prompt_scores: list[TokenScore] | None) -> str:
     """The prompt as a choice echoes it: the text as sent, or what the worker decoded token ids to."""
     if isinstance(prompt, str):
         return prompt
-    return "".join(s.token for s in chunk.prompt_logprobs or ())
+    return "".join(s.token for s in prompt_scores or ())
+
+
+def prompt_scores_of(results: list[Chunk]) -> list[TokenScore] | None:
+    """The scores of the prompt that `results` (one prompt's choices) continue: a worker may send them with one
+    sequence only, and they hold for all."""
+    return next((r.prompt_logprobs for r in results if r.prompt_logprobs is not None), None)
+
+
+def choices_of(body: CompletionRequest, prompt: str | list[int], results: list[Chunk], first_index: int) -> list[dict]:
+    """One prompt's choices, whole, numbered from `first_index`."""
+    prompt_scores = prompt_scores_of(results)
+    echo = echoed(prompt, prompt_scores) if body.echo else ""
+    choices = []
+    for result in results:
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = concat(completion_logprobs((prompt_scores or []) if body.echo else []),
+                              completion_logprobs(result.logprobs or [], len(echo)))
+        choices.append({"index": first_index + result.index, "text": echo + result.text, "logprobs": logprobs,
+                        "finish_reason": result.finish_reason})
+    return choices
 
 
 @router.post("/v1/completions", responses=GENERATION_RESPONSES)
@@ -35,42 +60,37 @@ async def create_completion(body: CompletionRequest, request: Request, dispatche
     created = int(time.time())
     if not body.stream:
         results = await until_disconnect(request, dispatcher.complete_all(reqs, "completions", caller))
-        choices = []
-        for index, (prompt, result) in enumerate(zip(prompts, results)):
-            echo = echoed(prompt, result) if body.echo else ""
-            logprobs = None
-            if body.logprobs is not None:
-                logprobs = concat(completion_logprobs((result.prompt_logprobs or []) if body.echo else []),
-                                  completion_logprobs(result.logprobs or [], len(echo)))
-            choices.append({"index": index, "text": echo + result.text, "logprobs": logprobs,
-                            "finish_reason": result.finish_reason})
+        choices = [choice for i, (prompt, group) in enumerate(zip(prompts, results))
+                   for choice in choices_of(body, prompt, group, i * body.n)]  # fmt: skip
         return JSONResponse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                             "choices": choices, "usage": usage(*results)})  # fmt: skip
+                             "choices": choices,
+                             "usage": usage(*(total_stats(c.stats for c in group) for group in results))})
 
     chunks = dispatcher.generate(reqs[0], "completions", caller=caller)
     # errors before the first token are plain HTTP errors (400, 429, 503), not stream events
     first = await until_disconnect(request, anext(chunks))
-    sent = 0  # characters of the choice's text streamed so far: where the next chunk's text_offset starts
+    sent: dict[int, int] = {}  # choice -> characters of its text streamed so far: its next text_offset
 
-    def event(text: str, scores, finish_reason: str | None) -> bytes:
-        nonlocal sent
-        logprobs = None if body.logprobs is None else completion_logprobs(scores or [], sent)
-        sent += len(text)
+    def event(index: int, text: str, scores, finish_reason: str | None) -> bytes:
+        offset = sent.get(index, 0)
+        logprobs = None if body.logprobs is None else completion_logprobs(scores or [], offset)
+        sent[index] = offset + len(text)
         payload = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                   "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}  # fmt: skip
+                   "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
         if body.include_usage:
             payload["usage"] = None
         return sse(payload)
 
     def opening(first: Chunk) -> list[bytes]:
-        echo = [event(echoed(prompts[0], first), first.prompt_logprobs, None)] if body.echo else []
+        echo = [event(index, echoed(prompts[0], first.prompt_logprobs), first.prompt_logprobs, None)
+                for index in range(body.n)] if body.echo else []  # fmt: skip
         return [*echo, frame(first)]
 
     def frame(chunk: Chunk) -> bytes:
-        return event(chunk.text, chunk.logprobs, chunk.finish_reason)
+        return event(chunk.index, chunk.text, chunk.logprobs, chunk.finish_reason)
 
-    def usage_event(last: Chunk) -> bytes:
+    def usage_event(total: RequestStats) -> bytes:
         return sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [], "usage": usage(last)})  # fmt: skip
+                    "choices": [], "usage": usage(total)})  # fmt: skip
 
     return sse_response(first, chunks, opening, frame, usage_event if body.include_usage else None)

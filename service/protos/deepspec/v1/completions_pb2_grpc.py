@@ -55,14 +55,15 @@ class CompletionsServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Complete(self, request, context):
-        """One completion, returned whole.
+        """One completion (n choices), returned whole.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CompleteStream(self, request, context):
-        """One completion, streamed as chunks; the last chunk carries finish_reason and usage.
+        """One completion, streamed as chunks, the n choices' interleaved; each choice's last chunk carries its
+        finish_reason, the last chunk of all the usage.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
