@@ -14,9 +14,19 @@ per row either way: the depth of a chain, the size of a tree.
 
 Devices: what the target and a neural draft compute stays on the target's device; the bookkeeping around it
 (proposals' tokens and trees, budgets, committed ids) is small CPU tensors, moved across where the two meet. Each
-request has two generators seeded alike: a CPU one for host draws (each verify step's seeds, corpus trees) and one
-on the target's device for a neural draft's sampled tokens (torch draws a CUDA tensor only with a CUDA generator).
+request has its own CPU generator (its first token, each verify step's seeds) and a pair for its drafts: a CPU one
+(corpus trees) and one on the target's device (a neural draft's sampled tokens: torch draws a CUDA tensor only with a
+CUDA generator), both reseeded every round from one draw of the request's own. A draft proposes as many tokens as
+the batch's longest cap asks, so without the reseeding a co-runner would shift this request's random stream; with
+it, draws past the request's own cap only come at the end of a stream that is thrown away.
 tests/deepspec/decoding/test_device_consistency.py runs every drafter on a CUDA target made of CPU tensors.
+
+Several sequences from one prompt (OpenAI's `n`): `add_request(..., fork_of=parent_id)` adds a sequence that shares
+a waiting request's prompt. It takes no prefill of its own: when the parent's prefill completes, its KV entries are
+copied into the fork's slot (the slot cache's `move_slot` is a copy), the fork samples its own first token from the
+same last-position logits with its own generator, and from then on it is drafted, verified and sampled as any other
+row. `prompt_tokens_computed` counts the prompt tokens the target ran, so a test or a benchmark sees n sequences
+cost one prefill.
 
 Requests may join (`add_request`) and leave (finish, `abort`) between steps: continuous batching. The engine is
 not thread-safe; a server drives it from one thread (only `validate` may be called from others). It decodes text only
@@ -57,10 +67,12 @@ class _Sequence:
     params: SamplingParams
     prompt: list[int]
     slot: int
-    #: draws on the host: each verify step's seeds, corpus trees
+    #: draws on the host: the first token, each verify step's seeds, each round's draft seed
     generator: torch.Generator
-    #: draws on the target's device (a neural draft's sampled tokens); `generator` itself on a CPU target
-    device_generator: torch.Generator
+    #: the drafts' draws, reseeded every round (`_draft_sampling`): on the host, and on the target's device
+    #: (the same generator on a CPU target)
+    draft_generator: torch.Generator
+    draft_device_generator: torch.Generator
     detokenizer: IncrementalDetokenizer
     stop_ids: frozenset[int]
     keep_result: bool = False
@@ -130,16 +142,21 @@ class SpecEngine:
         #: the rows of the decode round in progress: the prefilled prefix of _running
         self._batch: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
+        #: waiting request id -> the sequences forked from its prompt, placed in slots when its prefill completes
+        self._forks: dict[str, list[_Sequence]] = {}
+        #: prompt tokens run through the target so far (forks share their parent's)
+        self.prompt_tokens_computed = 0
         self._finished: dict[str, _Sequence] = {}  # only requests added with keep_result=True
 
     # ---- admission ---------------------------------------------------------------------------------------------
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        """Sequences holding a slot, forks waiting on their parent's prefill included."""
+        return len(self._running) + sum(len(forks) for forks in self._forks.values())
 
     @property
     def num_free_slots(self) -> int:
-        return self.max_batch_size - len(self._running)
+        return self.max_batch_size - self.num_running
 
     def has_unfinished(self) -> bool:
         return bool(self._running)
@@ -159,39 +176,65 @@ class SpecEngine:
         return _GRAMMAR_COMPILERS[self.target]
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    keep_result: bool = False) -> None:
-        """Queue a request for the next step; keep_result=True keeps its record for `pop_result`."""
+                    keep_result: bool = False, fork_of: str | None = None) -> None:
+        """Queue a request for the next step; keep_result=True keeps its record for `pop_result`. `fork_of` names a
+        waiting request with the same prompt: this sequence then shares its prefill (the module docstring)."""
         if request_id in self._by_id:
             raise RequestError(RequestErrorCode.REQUEST_ID_IN_USE, f"request id '{request_id}' is already running")
         prompt = list(prompt_token_ids)
         self.validate(prompt, params)
         if self.num_free_slots == 0:
             raise EngineFullError(f"all {self.max_batch_size} slots are busy")
+        parent = self._fork_parent(fork_of, prompt) if fork_of is not None else None
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
         generator = torch.Generator().manual_seed(seed)
         device = self.target.device
+        draft_generator = torch.Generator()
         seq = _Sequence(
             request_id=request_id,
             params=params,
             prompt=prompt,
             slot=len(self._running),
             generator=generator,
-            device_generator=generator if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed),
+            draft_generator=draft_generator,
+            draft_device_generator=draft_generator if device.type == "cpu" else torch.Generator(device=device),
             detokenizer=IncrementalDetokenizer(self.target.decode, params.stop),
             stop_ids=stop_ids,
             keep_result=keep_result,
             logprobs=[] if params.logprobs is not None else None,
             grammar=self._grammar_compiler().matcher(params.structured) if params.structured is not None else None,
         )
-        self._running.append(seq)
+        if parent is not None:
+            seq.slot = -1  # placed when the parent's prefill completes
+            self._forks.setdefault(parent.request_id, []).append(seq)
+        else:
+            self._running.append(seq)
         self._by_id[request_id] = seq
+
+    def _fork_parent(self, parent_id: str, prompt: list[int]) -> _Sequence:
+        """The waiting request a fork shares its prompt with; ValueError when there is none to share."""
+        parent = self._by_id.get(parent_id)
+        if parent is None or parent.slot < 0:
+            raise ValueError(f"fork_of={parent_id!r}: no such request is running (a fork's parent must be a request "
+                             "that is not itself a fork)")
+        if parent.prefilled:
+            raise ValueError(f"fork_of={parent_id!r}: its prefill is complete; fork a request before its first step")
+        if parent.prompt != prompt:
+            raise ValueError(f"fork_of={parent_id!r}: a fork shares its parent's prompt, and this one differs")
+        return parent
 
     def abort(self, request_id: str) -> bool:
         seq = self._by_id.get(request_id)
         if seq is None:
             return False
         seq.finish_reason = "abort"
+        if seq.slot < 0:  # a fork still waiting on its parent's prefill holds no slot yet
+            for forks in self._forks.values():
+                if seq in forks:
+                    forks.remove(seq)
+            self._forget(seq)
+            return True
         self._release([seq])
         return True
 
@@ -299,16 +342,39 @@ class SpecEngine:
             if out.features is not None:
                 for row, seq in enumerate(seqs):
                     seq.prefill_features.append(out.features[row : row + 1])
-        outputs = []
+        outputs, forked = [], []
         for row, seq in enumerate(seqs):
+            self.prompt_tokens_computed += max(0, min(end, lengths[row]) - seq.prefill_pos)
             seq.prefill_pos = seq.cache_len = min(end, lengths[row])
             if seq.prefill_pos == lengths[row]:
-                outputs.append(self._finish_prefill(seq, logits[row : row + 1]))
+                features = torch.cat(seq.prefill_features, 1)[:, : lengths[row]] if seq.prefill_features else None
+                seq.prefill_features = []
+                if seq.request_id in self._forks:
+                    forked.append((seq, logits[row : row + 1].clone(), features))
+                outputs.append(self._finish_prefill(seq, logits[row : row + 1], features))
+        for parent, parent_logits, features in forked:  # after the whole group: its rows are the prefilled prefix
+            for fork in self._forks.pop(parent.request_id):
+                self._place_fork(parent, fork)
+                outputs.append(self._finish_prefill(fork, parent_logits.clone(), features))
         return outputs
 
-    def _finish_prefill(self, seq: _Sequence, logits: torch.Tensor) -> StepOutput:
+    def _place_fork(self, parent: _Sequence, fork: _Sequence) -> None:
+        """Give a fork the slot right after the prefilled rows (the waiting rows behind shift one slot, in order)
+        and a copy of its parent's prompt KV: it is then prefilled too, with nothing computed."""
+        at = self._num_decoding()
+        self._running.append(fork)  # a placeholder at the end, overwritten by the shift
+        for src in range(len(self._running) - 2, at - 1, -1):
+            self._move(src, src + 1)
+        self._running[at], fork.slot = fork, at
+        n = len(parent.prompt)
+        self.cache.move_slot(parent.slot, fork.slot, n)
+        fork.prefill_pos = fork.cache_len = n
+        if parent.prompt_logprobs is not None and fork.params.prompt_logprobs is not None:
+            fork.prompt_logprobs = list(parent.prompt_logprobs)
+
+    def _finish_prefill(self, seq: _Sequence, logits: torch.Tensor, feats: torch.Tensor | None) -> StepOutput:
         """The prompt is in the cache: sample its first token from the last position's logits [1, V], give the
-        drafter the prompt and its features, and commit."""
+        drafter the prompt and its features [1, n, F] (None without), and commit."""
         if seq.grammar is not None:
             mask_logits_(logits, seq.grammar.root_mask())
         first = self._first_token(seq, logits[0])
@@ -318,11 +384,9 @@ class SpecEngine:
         n = len(seq.prompt)
         seq.prefilled, seq.pending = True, first
         if self.drafter is not None:
-            feats = torch.cat(seq.prefill_features, 1)[:, :n] if seq.prefill_features else None
             self.drafter.reset(seq.slot, seq.prompt[0])
             self.drafter.extend([seq.slot], torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long),
                                 torch.tensor([n]), feats)
-        seq.prefill_features = []
         if seq.params.max_tokens == 0:  # prompt scoring only: nothing is generated
             seq.finish_reason = "length"
         out = self._commit(seq, [first] if seq.params.max_tokens else [], first_logprobs)
@@ -346,6 +410,19 @@ class SpecEngine:
             for s in self._batch
         ]
 
+    def _draft_sampling(self) -> DraftSampling:
+        """The round's draft sampling. Every sampled row reseeds its draft generators from one draw of its own
+        generator, whether or not the round drafts: what a row draws never depends on its co-runners."""
+        for seq in self._batch:
+            if not seq.params.greedy:
+                seed = int(torch.randint(2**62, (1,), generator=seq.generator))
+                seq.draft_generator.manual_seed(seed)
+                if seq.draft_device_generator is not seq.draft_generator:
+                    seq.draft_device_generator.manual_seed(seed)
+        return DraftSampling(torch.tensor([s.params.temperature for s in self._batch]),
+                             [s.draft_generator for s in self._batch],
+                             [s.draft_device_generator for s in self._batch])
+
     def _decode_round(self) -> list[StepOutput]:
         seqs = self._batch
         B = len(seqs)
@@ -356,9 +433,8 @@ class SpecEngine:
         draft_tokens = torch.zeros(B, 0, dtype=torch.long)
         num_drafts = torch.zeros(B, dtype=torch.long)
         draft_probs = None
-        if self.drafter is not None and max(caps) > 0:
-            sampling = DraftSampling(torch.tensor([s.params.temperature for s in seqs]), [s.generator for s in seqs],
-                                     [s.device_generator for s in seqs])
+        sampling = self._draft_sampling() if self.drafter is not None else None
+        if sampling is not None and max(caps) > 0:
             proposal = self.drafter.propose(slots, max(caps), sampling)
             if proposal.is_tree and not self.tree_attention:
                 proposal = first_children(proposal)
@@ -629,9 +705,15 @@ class SpecEngine:
             if hole != len(self._running) - 1:
                 self._move(len(self._running) - 1, hole)
             self._running.pop()
-            del self._by_id[seq.request_id]
-            if seq.keep_result:
-                self._finished[seq.request_id] = seq
+            self._forget(seq)
+            for fork in self._forks.pop(seq.request_id, []):  # an aborted parent: its forks prefill on their own
+                fork.slot = len(self._running)
+                self._running.append(fork)
+
+    def _forget(self, seq: _Sequence) -> None:
+        del self._by_id[seq.request_id]
+        if seq.keep_result:
+            self._finished[seq.request_id] = seq
 
     def _move(self, src: int, dst: int) -> None:
         """The sequence in slot src moves to the free slot dst: its KV entries, its drafter state, its index."""
