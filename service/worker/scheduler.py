@@ -6,6 +6,12 @@ runs one `engine.step()`; requests therefore join and leave the running batch at
 are bounded by `max_queue`: beyond that `generate` raises `QueueFullError` at once (the gateway retries elsewhere or
 answers 429). Outputs go back to the caller's event loop with one `call_soon_threadsafe` per step.
 
+A request may ask for n sequences from its prompt (OpenAI's `n`): they are admitted together, the first as the
+engine request and the others as its forks (`SpecEngine.add_request(fork_of=...)`: one prefill, KV copied), each
+with its own seed (seed + i when the request has one, as vLLM's child requests), and their outputs come back on one
+stream tagged with the sequence index. Metrics count each sequence as a request, except that the prompt's tokens
+are counted once (they were computed once).
+
 A caller that stops iterating (client gone, stream closed, task cancelled) sends an abort, which frees the slot
 before the next step. Worker-side metrics (queue time, TTFT, inter-token latency, spec-decode counters, running and
 waiting gauges) are observed here, where the step outputs are produced.
@@ -39,18 +45,26 @@ class SchedulerClosedError(RuntimeError):
 
 @dataclass
 class _Request:
+    """One sequence in the engine: a caller's request, or one of its n sequences (`index`, sharing `outputs`)."""
+
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival: float
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
+    index: int = 0
     first_token: float | None = None
     last_token: float | None = None
     #: cumulative counts, replaced (frozen) after each step that produced output for this request
     stats: RequestStats = field(default_factory=RequestStats)
     #: set by the engine thread once the request left the engine (finished, failed or aborted)
     done: bool = field(default=False)
+
+
+def _sequence_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Sequence `index`'s parameters: its own seed, seed + index (vllm/v1/engine/parallel_sampling.py)."""
+    return params if index == 0 or params.seed is None else replace(params, seed=params.seed + index)
 
 
 class Scheduler:
@@ -76,13 +90,17 @@ class Scheduler:
         with self._lock:
             return self._num_waiting + len(self._running)
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       arrival: float | None = None) -> AsyncIterator[tuple[StepOutput, RequestStats]]:  # fmt: skip
-        """Yield (step output, cumulative stats) until the request finishes. Bad input raises the engine's
-        RequestError here, before the request queues (the engine's validate reads only fixed settings)."""
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, arrival: float | None = None,
+                       n: int = 1) -> AsyncIterator[tuple[StepOutput, RequestStats, int]]:  # fmt: skip
+        """Yield (step output, that sequence's cumulative stats, sequence index) until all `n` sequences finish.
+        Bad input raises the engine's RequestError here, before the request queues (the engine's validate reads
+        only fixed settings); ValueError when n does not fit the batch."""
         if not self.accepting:
             raise SchedulerClosedError("the worker is shutting down")
         self.engine.validate(prompt_token_ids, params)
+        if not 1 <= n <= self.engine.max_batch_size:
+            raise ValueError(f"n = {n} sequences do not fit this worker's batch of {self.engine.max_batch_size} "
+                             f"(--max-batch-size): ask for 1 to {self.engine.max_batch_size}")
         with self._lock:
             if self._num_waiting >= self.max_queue:
                 raise QueueFullError(
@@ -90,26 +108,26 @@ class Scheduler:
                     "retry later"
                 )
             self._num_waiting += 1
-        request = _Request(
-            request_id=f"r{next(self._ids)}", prompt_token_ids=prompt_token_ids, params=params,
-            arrival=arrival if arrival is not None else time.perf_counter(), loop=asyncio.get_running_loop(),
-            outputs=asyncio.Queue(), stats=RequestStats(num_prompt_tokens=len(prompt_token_ids)),
-        )  # fmt: skip
-        self._commands.put(("add", request))
-        finished = False
+        request_id, outputs = f"r{next(self._ids)}", asyncio.Queue()
+        group = [_Request(
+            request_id=request_id if i == 0 else f"{request_id}.{i}", prompt_token_ids=prompt_token_ids,
+            params=_sequence_params(params, i), arrival=arrival if arrival is not None else time.perf_counter(),
+            loop=asyncio.get_running_loop(), outputs=outputs, index=i,
+            stats=RequestStats(num_prompt_tokens=len(prompt_token_ids)),
+        ) for i in range(n)]  # fmt: skip
+        self._commands.put(("add", group))
+        unfinished = n
         try:
-            while True:
-                item = await request.outputs.get()
+            while unfinished:
+                item = await outputs.get()
                 if isinstance(item, BaseException):
-                    finished = True
+                    unfinished = 0
                     raise item
+                unfinished -= item[0].finished
                 yield item
-                if item[0].finished:
-                    finished = True
-                    return
         finally:
-            if not finished:
-                self._commands.put(("abort", request))
+            if unfinished:
+                self._commands.put(("abort", group))
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -146,7 +164,7 @@ class Scheduler:
             if self.engine.has_unfinished():
                 self._step()
                 self._update_gauges()  # before blocking for commands, so an idle worker reads 0
-        for request in [*self._waiting, *self._running.values()]:
+        for request in [*(group[0] for group in self._waiting), *self._running.values()]:
             self._deliver([(request, SchedulerClosedError("the worker stopped"))])
 
     def _drain_commands(self, block: bool) -> None:
@@ -157,47 +175,61 @@ class Scheduler:
         while True:
             if command == "add":
                 self._waiting.append(request)
-            elif command == "abort" and not request.done:
-                if request in self._waiting:
-                    self._waiting.remove(request)
-                    with self._lock:
-                        self._num_waiting -= 1
-                elif self._running.pop(request.request_id, None) is not None:
-                    self.engine.abort(request.request_id)
-                request.done = True
-                self._observe_finished(request, "abort")
+            elif command == "abort":
+                self._abort(request)
             try:
                 command, request = self._commands.get_nowait()
             except queue.Empty:
                 return
 
+    def _abort(self, group: list[_Request]) -> None:
+        if any(waiting is group for waiting in self._waiting):
+            self._waiting.remove(group)
+            with self._lock:
+                self._num_waiting -= 1
+        for request in group:
+            if request.done:
+                continue
+            if self._running.pop(request.request_id, None) is not None:
+                self.engine.abort(request.request_id)
+            request.done = True
+            self._observe_finished(request, "abort")
+
     def _admit(self) -> None:
-        """Fill free slots, but prefill at most `max_prefill_tokens_per_step` prompt tokens per step (at least one
-        request): a burst of arrivals then gets its first tokens in waves instead of all after every prefill."""
+        """Fill free slots (a request's n sequences together), but prefill at most `max_prefill_tokens_per_step`
+        prompt tokens per step (at least one request): a burst of arrivals then gets its first tokens in waves
+        instead of all after every prefill."""
         failed = []
         num_prefill_tokens = 0
-        while self._waiting and self.engine.num_free_slots > 0:
-            num_tokens = len(self._waiting[0].prompt_token_ids)
+        while self._waiting and self.engine.num_free_slots >= len(self._waiting[0]):
+            num_tokens = len(self._waiting[0][0].prompt_token_ids)
             if num_prefill_tokens and num_prefill_tokens + num_tokens > self.max_prefill_tokens_per_step:
                 break
             num_prefill_tokens += num_tokens
-            request = self._waiting.popleft()
+            group = self._waiting.popleft()
+            with self._lock:
+                self._num_waiting -= 1
             try:
-                self.engine.add_request(request.request_id, request.prompt_token_ids, request.params)
+                for request in group:
+                    self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
+                                            fork_of=group[0].request_id if request.index else None)  # fmt: skip
+                    self._running[request.request_id] = request
             except ValueError as e:  # the engine's RequestError (validated at submit; a request id clash here)
-                request.done = True
-                failed.append((request, e))
-                self._observe_finished(request, "invalid_request")
-            else:
-                self._running[request.request_id] = request
-                self.metrics.request_queue_time.labels(self.metrics.model).observe(
-                    time.perf_counter() - request.arrival
-                )
-            finally:
-                with self._lock:
-                    self._num_waiting -= 1
+                self._abort_added(group)
+                failed.append((group[0], e))
+                for request in group:
+                    self._observe_finished(request, "invalid_request")
+                continue
+            self.metrics.request_queue_time.labels(self.metrics.model).observe(time.perf_counter() - group[0].arrival)
         if failed:
             self._deliver(failed)
+
+    def _abort_added(self, group: list[_Request]) -> None:
+        """Take back the sequences of a group the engine already took when a later one was refused."""
+        for request in group:
+            if self._running.pop(request.request_id, None) is not None:
+                self.engine.abort(request.request_id)
+            request.done = True
 
     def _step(self) -> None:
         try:
@@ -239,11 +271,12 @@ class Scheduler:
                 del self._running[out.request_id]
                 request.done = True
                 self._observe_finished(request, out.finish_reason or "stop")
-            items.append((request, (out, stats)))
+            items.append((request, (out, stats, request.index)))
         self._deliver(items)
 
     def _observe_finished(self, request: _Request, status: str) -> None:
-        num_prompt = request.stats.num_prompt_tokens if request.first_token is not None else 0
+        """One sequence's request metrics; the prompt counts once, with the first sequence (computed once)."""
+        num_prompt = request.stats.num_prompt_tokens if request.first_token is not None and not request.index else 0
         self.metrics.observe_request(
             (self.metrics.model,), status=status, arrival=request.arrival, first_token=request.first_token,
             finished=time.perf_counter(), num_prompt_tokens=num_prompt,
@@ -252,7 +285,7 @@ class Scheduler:
 
     def _update_gauges(self) -> None:
         self.metrics.num_requests_running.labels(self.metrics.model).set(self.engine.num_running)
-        self.metrics.num_requests_waiting.labels(self.metrics.model).set(len(self._waiting))
+        self.metrics.num_requests_waiting.labels(self.metrics.model).set(sum(len(group) for group in self._waiting))
 
     @staticmethod
     def _deliver(items: list[tuple[_Request, object]]) -> None:

@@ -101,10 +101,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         arrival = time.perf_counter()
         try:
-            prompt_ids, params, stream = await self.service.parse(request)
+            prompt_ids, params, stream, n = await self.service.parse(request)
             if stream:
                 raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, "stream=true needs ModelStreamInfer")
-            async for response in self._responses(request, prompt_ids, params, False, arrival):
+            if n > 1:
+                raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, f"{p.NUM_RETURN_SEQUENCES}={n} needs "
+                                    "ModelStreamInfer (one response per sequence; ModelInfer answers one)")
+            async for response in self._responses(request, prompt_ids, params, False, arrival, 1):
                 pass  # one response, the whole completion
         except Exception as e:
             status, message, error_code = _status_of(e)
@@ -147,31 +150,38 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _responses(self, request, prompt_ids: list[int], params: SamplingParams, stream: bool,
-                         arrival: float) -> AsyncIterator[service_pb2.ModelInferResponse]:
-        """One request's responses: one per engine step when streaming (its new text and the scores of the tokens
-        that text carries, the prompt's in the first), else one with everything."""
+                         arrival: float, n: int) -> AsyncIterator[service_pb2.ModelInferResponse]:
+        """One request's responses, each for one of its n sequences: one per engine step when streaming (its new
+        text and the scores of the tokens that text carries, the prompt's in the request's first), else one per
+        sequence with everything, when it finishes. The request's last response is the final one."""
         service = self.service
-        scores = OutputScores(service.loaded.target.decode, service.token_text) if params.logprobs is not None else None
-        text, scored, prompt = [], [], None
-        async for out, stats in service.scheduler.generate(prompt_ids, params, arrival):
-            step_scores = scores.step(out) if scores is not None else None
-            if out.prompt_logprobs is not None:
+        scores = [OutputScores(service.loaded.target.decode, service.token_text) if params.logprobs is not None
+                  else None for _ in range(n)]  # fmt: skip
+        texts, scored = [[] for _ in range(n)], [[] for _ in range(n)]
+        prompt, prompt_sent, unfinished = None, False, n
+        async for out, stats, index in service.scheduler.generate(prompt_ids, params, arrival, n):
+            step_scores = scores[index].step(out) if scores[index] is not None else None
+            unfinished -= out.finished
+            if out.prompt_logprobs is not None and not prompt_sent:  # every sequence has them: send them once
+                prompt_sent = True
                 prompt = prompt_scores(prompt_ids, out.prompt_logprobs, service.loaded.target.decode,
                                        service.token_text)
             if stream:
-                yield _response(request, out.new_text, out, stats, step_scores, prompt)
+                yield _response(request, out.new_text, out, stats, index, not unfinished, step_scores, prompt)
                 prompt = None
                 continue
-            text.append(out.new_text)
-            scored.extend(step_scores or ())
+            texts[index].append(out.new_text)
+            scored[index].extend(step_scores or ())
             if out.finished:
-                yield _response(request, "".join(text), out, stats, scored, prompt)
+                yield _response(request, "".join(texts[index]), out, stats, index, not unfinished, scored[index],
+                                prompt)  # fmt: skip
+                prompt = None
 
     async def _stream_one(self, request, responses: asyncio.Queue) -> None:
         arrival = time.perf_counter()
         try:
-            prompt_ids, params, stream = await self.service.parse(request)
-            async for response in self._responses(request, prompt_ids, params, stream, arrival):
+            prompt_ids, params, stream, n = await self.service.parse(request)
+            async for response in self._responses(request, prompt_ids, params, stream, arrival, n):
                 responses.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
         except asyncio.CancelledError:
             raise
@@ -200,17 +210,20 @@ def _status_of(e: Exception) -> tuple[grpc.StatusCode, str, str | None]:
     return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}", None
 
 
-def _response(request, text: str, out: StepOutput, stats: p.RequestStats, scores: list[TokenScore] | None = None,
-              prompt: list[TokenScore] | None = None) -> service_pb2.ModelInferResponse:
+def _response(request, text: str, out: StepOutput, stats: p.RequestStats, index: int, final: bool,
+              scores: list[TokenScore] | None = None,
+              prompt: list[TokenScore] | None = None) -> service_pb2.ModelInferResponse:  # fmt: skip
+    """One response of sequence `index`; `final`: the request's last (every sequence has finished)."""
     response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
     tensors.add_output(response, p.TEXT_OUTPUT, text)
+    tensors.add_output(response, p.SEQUENCE_INDEX, index)
     for field_name, tensor_name in p.STATS_OUTPUTS.items():
         tensors.add_output(response, tensor_name, getattr(stats, field_name))
     if out.finished:
         tensors.add_output(response, p.EXTRA_FINISH_REASON, out.finish_reason or "stop")
     add_scores(response, p.OUTPUT_SCORES, scores or [])
     add_scores(response, p.PROMPT_SCORES, prompt or [])
-    tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, out.finished)
+    tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, final)
     return response
 
 
@@ -221,11 +234,13 @@ _INPUTS = [
     (p.EXTRA_MESSAGES_JSON, "BYTES", [1, 1]), (p.EXTRA_IGNORE_EOS, "BOOL", [1, 1]),
     (p.INPUT_IDS, "INT32", [1, -1]), (p.RETURN_LOG_PROBS, "BOOL", [1, 1]), (p.EXTRA_TOP_LOGPROBS, "INT32", [1, 1]),
     (p.EXTRA_PROMPT_LOGPROBS, "INT32", [1, 1]), (p.EXTRA_STRUCTURED_OUTPUT, "BYTES", [1, 1]),
+    (p.NUM_RETURN_SEQUENCES, "INT32", [1, 1]),
 ]  # fmt: skip
 _OUTPUTS = [
     (p.TEXT_OUTPUT, "BYTES", [1, 1]), (p.NUM_DRAFT_TOKENS, "INT32", [1, 1]), (p.NUM_ACCEPTED_TOKENS, "INT32", [1, 1]),
     (p.EXTRA_NUM_PROMPT_TOKENS, "INT32", [1, 1]), (p.EXTRA_NUM_OUTPUT_TOKENS, "INT32", [1, 1]),
     (p.EXTRA_NUM_SPEC_STEPS, "INT32", [1, 1]), (p.EXTRA_FINISH_REASON, "BYTES", [1, 1]),
+    (p.SEQUENCE_INDEX, "INT32", [1, 1]),
     # the scored-token tables (service/protocol.py ScoreTensors): three [1, n] columns, then three [n, k] ones
     *((name, datatype, [1, -1] if column < 3 else [-1, -1])
       for table in (p.OUTPUT_SCORES, p.PROMPT_SCORES)
@@ -292,8 +307,9 @@ class WorkerService:
         logger.info("worker ready: model %s, drafter %s, gRPC :%d, metrics :%s (%.1f s)", self.model_name,
                     self.loaded.drafter_name, self.port, self.metrics_port, time.perf_counter() - t0)  # fmt: skip
 
-    async def parse(self, request) -> tuple[list[int], SamplingParams, bool]:
-        """A ModelInferRequest -> (prompt token ids, sampling params, stream); WorkerRefusal for unreadable input,
+    async def parse(self, request) -> tuple[list[int], SamplingParams, bool, int]:
+        """A ModelInferRequest -> (prompt token ids, sampling params, stream, sequences); WorkerRefusal for
+        unreadable input,
         RequestError (from SamplingParams) for out-of-range parameters. The prompt is checked against the context by
         the engine's validation when the scheduler takes the request."""
         if not self.ready or self.scheduler is None or not self.scheduler.accepting:
@@ -314,6 +330,7 @@ class WorkerService:
             end_id = tensors.scalar(values, p.END_ID, int)
             max_tokens = tensors.scalar(values, p.MAX_TOKENS, int)
             stream = tensors.scalar(values, p.STREAM, bool, False)
+            n = tensors.scalar(values, p.NUM_RETURN_SEQUENCES, int, 1)
             target = self.loaded.target
             num_chars = len(text) if messages_json is None else len(messages_json)
             if num_chars > p.max_prompt_chars(self.loaded.max_seq_len):  # before tokenizing, so floods cost nothing
@@ -347,7 +364,7 @@ class WorkerService:
             raise
         except ValueError as e:
             raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        return prompt_ids, params, stream
+        return prompt_ids, params, stream, n
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Readiness false first, refuse new requests, wait for in-flight ones (up to the grace period), stop."""

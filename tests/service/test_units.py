@@ -131,12 +131,35 @@ def test_scheduler_batches_requests_that_join_and_leave():
         finally:
             scheduler.stop()
         for outputs, n in zip(results, (5, 30, 12)):
-            out, stats = outputs[-1]
+            out, stats, _ = outputs[-1]
             assert out.finished and stats.num_output_tokens == n and stats.num_prompt_tokens == 2
-            assert "".join(o.new_text for o, _ in outputs) == STUB_TEXT[:n]
+            assert "".join(o.new_text for o, _, _ in outputs) == STUB_TEXT[:n]
             assert stats.num_draft_tokens > 0 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
         assert metrics.request_success.labels("stub", "length")._value.get() == 3
         assert metrics.num_requests_running.labels("stub")._value.get() == 0
+
+    asyncio.run(main())
+
+
+def test_scheduler_runs_n_sequences_on_one_prefill_and_counts_the_prompt_once():
+    async def main():
+        engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=4, num_speculative_tokens=3,
+                            verify_budget=False)
+        metrics = WorkerMetrics("stub")
+        scheduler = Scheduler(engine, metrics, max_queue=8)
+        scheduler.start().wait()
+        try:
+            outputs = [o async for o in scheduler.generate([1, 2, 3], SamplingParams(max_tokens=9, temperature=1.0,
+                                                                                      seed=5), n=3)]
+            with pytest.raises(ValueError, match="do not fit"):
+                await anext(scheduler.generate([1], SamplingParams(max_tokens=3), n=5))
+        finally:
+            scheduler.stop()
+        last = {index: stats for out, stats, index in outputs if out.finished}
+        assert sorted(last) == [0, 1, 2] and all(s.num_output_tokens == 9 for s in last.values())
+        assert engine.prompt_tokens_computed == 3  # the prompt once (no warm-up here)
+        assert metrics.prompt_tokens.labels("stub")._value.get() == 3
+        assert metrics.request_success.labels("stub", "length")._value.get() == 3
 
     asyncio.run(main())
 
@@ -253,7 +276,7 @@ def test_worker_response_stats_round_trip_through_the_protocol():
     stats = p.RequestStats(num_prompt_tokens=5, num_output_tokens=9, num_draft_tokens=14, num_accepted_tokens=6,
                            num_spec_steps=3)
     request = service_pb2.ModelInferRequest(model_name="m", id="r")
-    chunk = parse_response(_response(request, "abc", StepOutput("r", [1], "abc", True, "length"), stats))
+    chunk = parse_response(_response(request, "abc", StepOutput("r", [1], "abc", True, "length"), stats, 0, True))
     assert chunk.stats == stats and chunk.stats.acceptance_length == 3.0 and chunk.finish_reason == "length"
 
 

@@ -34,6 +34,10 @@ def inputs(prompt: str | bytes = "Hello", max_tokens: int = 20, stream: bool | N
         out.append(tensor("stop_words", np.array([[s.encode() for s in extra["stop_words"]]], dtype=object), "BYTES"))
     if "temperature" in extra:
         out.append(tensor("temperature", np.array([[extra["temperature"]]], dtype=np.float32), "FP32"))
+    if "seed" in extra:
+        out.append(tensor("seed", np.array([[extra["seed"]]], dtype=np.uint64), "UINT64"))
+    if "num_return_sequences" in extra:
+        out.append(tensor("num_return_sequences", np.array([[extra["num_return_sequences"]]], dtype=np.int32), "INT32"))
     return out
 
 
@@ -344,3 +348,60 @@ def test_a_malformed_structured_output_is_invalid_argument_with_the_code(stub_wo
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
     assert dict(info.value.trailing_metadata())[p.ERROR_CODE_METADATA] == "structured_output_invalid"
+
+
+def _stream_sequences(client, **args) -> tuple[dict[int, str], dict[int, object], list[bool]]:
+    """One streamed request → (text per sequence index, each sequence's last response, the final flags in order)."""
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    texts, last, finals = {}, {}, []
+    try:
+        client.async_stream_infer("stub", inputs("Hello", **args))
+        while not finals or not finals[-1]:
+            result, error = responses.get(timeout=30)
+            assert error is None, error
+            index = int(result.as_numpy("sequence_index")[0][0])
+            texts[index] = texts.get(index, "") + result.as_numpy("text_output")[0][0].decode()
+            last[index] = result
+            finals.append(result.get_response().parameters["triton_final_response"].bool_param)
+    finally:
+        client.stop_stream()
+    return texts, last, finals
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_num_return_sequences_streams_each_sequence_under_its_index(client, stream):
+    """TensorRT-LLM's `num_return_sequences` input and `sequence_index` output (tensorrtllm_backend
+    docs/model_config.md): n sequences of one prompt on one stream, each with its own seed (seed + i, as vLLM's
+    parallel sampling, vllm/v1/engine/parallel_sampling.py), each sequence exactly the request alone with that seed;
+    only the request's last response is final."""
+    sampled = dict(max_tokens=24, temperature=1.0, seed=11)
+    texts, last, finals = _stream_sequences(client, stream=stream, num_return_sequences=3, **sampled)
+    assert sorted(texts) == [0, 1, 2] and finals.count(True) == 1
+    if not stream:
+        assert len(finals) == 3  # one response per sequence, when it finishes
+    for index in range(3):
+        alone, _, _ = _stream_sequences(client, stream=True, **{**sampled, "seed": 11 + index})
+        assert texts[index] == alone[0]
+        result = last[index]
+        assert result.as_numpy("finish_reason")[0][0].decode() in ("stop", "length")
+        assert result.as_numpy("num_prompt_tokens")[0][0] == len("Hello")
+        assert result.as_numpy("num_output_tokens")[0][0] == len(texts[index].encode())
+
+
+@pytest.mark.parametrize(("n", "message"), [(0, "ask for 1 to"), (9, "do not fit")])
+def test_num_return_sequences_out_of_range_is_invalid_argument(client, n, message):
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer("stub", inputs("Hello", stream=True, num_return_sequences=n))
+        _, error = responses.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert error is not None and "INVALID_ARGUMENT" in str(error) and message in str(error)
+
+
+def test_unary_infer_refuses_several_sequences(client):
+    with pytest.raises(InferenceServerException, match="needs ModelStreamInfer") as e:
+        client.infer("stub", inputs("Hello", num_return_sequences=2))
+    assert "INVALID_ARGUMENT" in str(e.value.status())
