@@ -28,7 +28,7 @@ from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError,
 from service.metrics import GENERATION_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, REQUEST_SUCCESS_TOTAL
 from service.protos.deepspec.v1 import completions_pb2 as pb
 from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
-from tests.service.conftest import in_process_gateway, metric_value
+from tests.service.conftest import Gateway, Worker, in_process_gateway, metric_value
 from tests.service.fake_worker import MODEL, FakeWorker, finish_reason, words
 from tests.service.test_openai_client import _client, _collect, _sse
 
@@ -214,6 +214,35 @@ def test_grpc_api_takes_n_and_names_each_chunks_choice():
     assert [c.HasField("usage") for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (2, 5)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "n:" in error.details()
+
+
+@pytest.mark.integration
+def test_the_real_worker_forks_four_greedy_choices_streamed(tmp_path):
+    """End to end through the real worker (the stub target under the real engine): one worker request for the four
+    sequences, so the worker counts the prompt once (a fan-out would count it four times), and four greedy choices,
+    each the one-choice answer; the usage counts the prompt once and the four completions."""
+    worker = Worker(tmp_path, "--stub-step-ms", "1").start()
+    gateway = Gateway(tmp_path, worker.address).start()
+    try:
+        worker.wait_ready()
+        client = openai.OpenAI(base_url=f"{gateway.wait_ready().url}/v1", api_key="unused", max_retries=0)
+        one = client.chat.completions.create(model="stub", messages=CHAT, max_tokens=12, temperature=0)
+        events = list(client.chat.completions.create(model="stub", messages=CHAT, max_tokens=12, temperature=0, n=4,
+                                                     stream=True, stream_options={"include_usage": True}))
+        worker_prompt_tokens = metric_value(worker.metrics(), PROMPT_TOKENS_TOTAL)
+    finally:
+        gateway.terminate()
+        worker.terminate()
+    *chunks, last = events
+    choices = [e.choices[0] for e in chunks]
+    assert [(c.index, c.delta.role) for c in choices[:4]] == [(i, "assistant") for i in range(4)]
+    for index in range(4):
+        mine = [c for c in choices[4:] if c.index == index]
+        assert "".join(c.delta.content or "" for c in mine) == one.choices[0].message.content
+        assert [c.finish_reason for c in mine if c.finish_reason] == [one.choices[0].finish_reason]
+    assert last.usage.prompt_tokens == one.usage.prompt_tokens
+    assert last.usage.completion_tokens == 4 * one.usage.completion_tokens
+    assert worker_prompt_tokens == 2 * one.usage.prompt_tokens  # the n = 1 request's and the forked one's
 
 
 # -- the pieces --------------------------------------------------------------------------------------------------
