@@ -24,7 +24,9 @@ Logprobs: a request asks for them with `return_log_probs` (TensorRT-LLM's input)
 alternatives per position), and for the prompt's with `prompt_logprobs`; a prompt may come as token ids in
 `input_ids` (the name of TensorRT-LLM's `tensorrt_llm` model input) instead of text. Each response then carries a
 table of the tokens whose text it carries (`OUTPUT_SCORES`; TensorRT-LLM's `output_log_probs` plus DeepSpec's
-columns), the prompt's table once, in the first response (`PROMPT_SCORES`). `service/token_scores.py` writes and
+columns), the prompt's table once, in the first response (`PROMPT_SCORES`). The numbers are of the target's raw
+distribution unless the request sets `logprobs_mode` to `processed_logprobs` (`LOGPROBS_MODES`; the one sampled
+from: deepspec/decoding/logprobs.py). `service/token_scores.py` writes and
 reads the tables; the worker decides which tokens a response's text carries (`service/worker/token_texts.py`).
 
 Structured outputs: a request whose output must match a constraint sends it as `structured_output`, the JSON text
@@ -70,6 +72,7 @@ RETURN_LOG_PROBS = "return_log_probs"  # BOOL, TensorRT-LLM's name: send the gen
 INPUT_IDS = "input_ids"  # INT32 [1, n], the prompt as token ids (TensorRT-LLM's name); text_input is then empty
 EXTRA_TOP_LOGPROBS = "top_logprobs"  # INT32, alternatives per generated position (0..MAX_TOP_LOGPROBS)
 EXTRA_PROMPT_LOGPROBS = "prompt_logprobs"  # INT32, score the prompt with this many alternatives; absent = off
+EXTRA_LOGPROBS_MODE = "logprobs_mode"  # BYTES, "raw_logprobs" (absent) or "processed_logprobs" (vLLM's names)
 EXTRA_STRUCTURED_OUTPUT = "structured_output"  # BYTES, a Constraint's JSON: the output must match it; absent = free
 NUM_RETURN_SEQUENCES = "num_return_sequences"  # INT32, sequences from this prompt (TensorRT-LLM's name); absent = 1
 
@@ -120,6 +123,9 @@ PROMPT_SCORES = _score_tensors("prompt")
 #: the most alternatives per position a request may ask for (deepspec.decoding.logprobs.MAX_TOP_LOGPROBS, mirrored:
 #: the gateway image has no deepspec library)
 MAX_TOP_LOGPROBS = 20
+
+#: the distributions logprobs may be of (deepspec.decoding.logprobs.LOGPROBS_MODES, mirrored)
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 #: what a Constraint may be (deepspec.decoding.structured.KINDS, mirrored: the gateway image has no deepspec library)
 STRUCTURED_OUTPUT_KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")

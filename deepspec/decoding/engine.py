@@ -45,7 +45,7 @@ import torch
 
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
-from deepspec.decoding.logprobs import TokenLogprob, token_logprobs
+from deepspec.decoding.logprobs import TokenLogprob, scored_logits, token_logprobs
 from deepspec.decoding.params import AcceptanceStats, GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.structured import GrammarCompiler, RowGrammar, mask_logits_, restrict_draft_probs
 from deepspec.decoding.tree import (first_children, keep_nodes, monotone_survival, node_depths,
@@ -380,7 +380,8 @@ class SpecEngine:
         first = self._first_token(seq, logits[0])
         first_logprobs = None
         if seq.params.logprobs is not None:
-            first_logprobs = token_logprobs(logits, torch.tensor([first]), seq.params.logprobs)
+            first_logprobs = token_logprobs(scored_logits(logits, [seq.params]), torch.tensor([first]),
+                                            seq.params.logprobs)
         n = len(seq.prompt)
         seq.prefilled, seq.pending = True, first
         if self.drafter is not None:
@@ -585,7 +586,9 @@ class SpecEngine:
         pos_index = torch.tensor([p for i in rows for p in positions[i]], device=logits.device)
         tokens = torch.tensor([t for i in rows for t in committed[i]])
         num_top = max(self._batch[i].params.logprobs for i in rows)
-        flat = token_logprobs(logits[row_index, pos_index], tokens, num_top)
+        flat = token_logprobs(scored_logits(logits[row_index, pos_index],
+                                            [self._batch[i].params for i in rows for _ in positions[i]]),
+                              tokens, num_top)
         at = 0
         for i in rows:
             n, keep = len(committed[i]), self._batch[i].params.logprobs

@@ -8,7 +8,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from deepspec.decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+from deepspec.decoding.logprobs import LOGPROBS_MODES, MAX_TOP_LOGPROBS, TokenLogprob
 from deepspec.decoding.structured import StructuredOutput
 from deepspec.decoding.validation import RequestError, RequestErrorCode
 
@@ -32,8 +32,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     #: keep generating past EOS until max_tokens (benchmarks)
     ignore_eos: bool = False
-    #: return each emitted token's raw logprob and this many top alternatives (0 = the token's only); None = off
+    #: return each emitted token's logprob and this many top alternatives (0 = the token's only); None = off
     logprobs: int | None = None
+    #: which distribution those logprobs are of (vLLM's names): "raw_logprobs", the model's (the default), or
+    #: "processed_logprobs", the one the token was sampled from (temperature, top-k, top-p applied: logprobs.py)
+    logprobs_mode: str = "raw_logprobs"
     #: return each prompt token's raw logprob (the first has none) and this many alternatives; None = off
     prompt_logprobs: int | None = None
     #: the output must match this JSON schema, regex, grammar or choice (deepspec/decoding/structured.py); None = free
@@ -51,6 +54,9 @@ class SamplingParams:
                                       or not 0 <= value <= MAX_TOP_LOGPROBS):
                 raise _sampling_error(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (None = off), "
                                       f"got {value!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise _sampling_error(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got "
+                                  f"{self.logprobs_mode!r}")
         if not isinstance(self.temperature, numbers.Real) or not math.isfinite(self.temperature) \
                 or self.temperature < 0:
             raise _sampling_error(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")

@@ -234,7 +234,7 @@ _INPUTS = [
     (p.EXTRA_MESSAGES_JSON, "BYTES", [1, 1]), (p.EXTRA_IGNORE_EOS, "BOOL", [1, 1]),
     (p.INPUT_IDS, "INT32", [1, -1]), (p.RETURN_LOG_PROBS, "BOOL", [1, 1]), (p.EXTRA_TOP_LOGPROBS, "INT32", [1, 1]),
     (p.EXTRA_PROMPT_LOGPROBS, "INT32", [1, 1]), (p.EXTRA_STRUCTURED_OUTPUT, "BYTES", [1, 1]),
-    (p.NUM_RETURN_SEQUENCES, "INT32", [1, 1]),
+    (p.NUM_RETURN_SEQUENCES, "INT32", [1, 1]), (p.EXTRA_LOGPROBS_MODE, "BYTES", [1, 1]),
 ]  # fmt: skip
 _OUTPUTS = [
     (p.TEXT_OUTPUT, "BYTES", [1, 1]), (p.NUM_DRAFT_TOKENS, "INT32", [1, 1]), (p.NUM_ACCEPTED_TOKENS, "INT32", [1, 1]),
@@ -357,6 +357,7 @@ class WorkerService:
                 stop_token_ids=() if end_id is None or end_id < 0 else (end_id,),
                 ignore_eos=tensors.scalar(values, p.EXTRA_IGNORE_EOS, bool, False),
                 logprobs=_logprobs(values),
+                logprobs_mode=tensors.scalar(values, p.EXTRA_LOGPROBS_MODE, str, "raw_logprobs"),
                 prompt_logprobs=tensors.scalar(values, p.EXTRA_PROMPT_LOGPROBS, int),
                 structured=_structured(values),
             )

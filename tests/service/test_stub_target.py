@@ -77,3 +77,9 @@ def test_protocol_logprobs_bound_mirrors_the_engines():
     from deepspec.decoding.logprobs import MAX_TOP_LOGPROBS
 
     assert p.MAX_TOP_LOGPROBS == MAX_TOP_LOGPROBS
+
+
+def test_protocol_logprobs_modes_mirror_the_engines():
+    from deepspec.decoding.logprobs import LOGPROBS_MODES
+
+    assert p.LOGPROBS_MODES == LOGPROBS_MODES

@@ -405,3 +405,21 @@ def test_unary_infer_refuses_several_sequences(client):
     with pytest.raises(InferenceServerException, match="needs ModelStreamInfer") as e:
         client.infer("stub", inputs("Hello", num_return_sequences=2))
     assert "INVALID_ARGUMENT" in str(e.value.status())
+
+
+def test_logprobs_mode_processed_reaches_the_engine(client):
+    """`logprobs_mode` processed_logprobs reaches the engine: the stub puts 0 on the next token and -1e9 elsewhere,
+    so at temperature 0.5 the runner-up's processed logprob is twice its raw one (the exact numbers are
+    tests/deepspec/decoding/test_logprobs.py's); an unknown mode is INVALID_ARGUMENT."""
+    def runner_up(mode):
+        extra = [_tensor("return_log_probs", np.array([[True]]), "BOOL"),
+                 _tensor("top_logprobs", np.array([[2]], dtype=np.int32), "INT32")]
+        if mode is not None:
+            extra.append(_tensor("logprobs_mode", np.array([[mode.encode()]], dtype=object), "BYTES"))
+        result = client.infer("stub", inputs("Hello", max_tokens=4, temperature=0.5, seed=1) + extra)
+        return result.as_numpy("output_top_log_probs")[:, 1]
+
+    raw, processed = runner_up(None), runner_up("processed_logprobs")
+    np.testing.assert_allclose(processed, 2 * raw, rtol=1e-3)
+    with pytest.raises(InferenceServerException, match="logprobs_mode"):
+        runner_up("raw_logits")

@@ -22,3 +22,14 @@ def test_partial_stop_prefix_is_held_back_then_released():
     assert detok.add([0, 2]) == ("!", None)  # '#' may start the stop string
     assert detok.add([4]) == ("#%", None)
     assert detok.add([2])[0] == "" and detok.flush() == "#"
+
+
+def test_a_held_back_stop_prefix_holds_back_its_whole_token():
+    """A token whose text ends in a possible stop-string start is held back whole, not split: every streamed chunk
+    is made of whole token texts, which is what lets a chunk carry exactly its tokens' logprobs."""
+    texts = {0: "ab", 1: "x=", 2: "N", 3: "y"}
+    detok = IncrementalDetokenizer(lambda ids: "".join(texts[i] for i in ids), stop=("=N",))
+    assert detok.add([0, 1]) == ("ab", None)  # "x=" waits: its "=" may start "=N"
+    assert detok.add([3]) == ("x=y", None)
+    detok = IncrementalDetokenizer(lambda ids: "".join(texts[i] for i in ids), stop=("=N",))
+    assert detok.add([1]) == ("", None) and detok.add([2]) == ("x", 0)  # the stop string completes: cut in the token

@@ -47,7 +47,7 @@ def test_emitted_logprobs_equal_hf_log_softmax(tiny, drafter_name, temperature):
     target, hf = tiny
     engine = SpecEngine(target, _drafter(drafter_name), max_batch_size=4, max_seq_len=128, num_speculative_tokens=4,
                         verify_budget=False)
-    params = SamplingParams(max_tokens=12, temperature=temperature, seed=7, ignore_eos=True, logprobs=NUM_TOP)
+    params = SamplingParams(max_tokens=12, temperature=temperature, seed=14, ignore_eos=True, logprobs=NUM_TOP)
     results = engine.generate(PROMPTS, params)
     if drafter_name == "prompt-lookup":  # accepted drafts' logprobs come from inside the verify block
         assert sum(r.num_accepted_tokens for r in results) > 0
@@ -107,8 +107,48 @@ def test_prompt_scoring_with_max_tokens_0_equals_hf(tiny, chunk_size):
     assert len(results[3].token_ids) == 2
 
 
+def _processed_reference(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """log of the distribution vLLM's sampler draws from (vllm/v1/sample/sampler.py: temperature, then top-k, then
+    top-p over what top-k kept, the nucleus the smallest prefix whose mass reaches top_p), written out on its own."""
+    z = logits.float() / (temperature if temperature > 0 else 1.0)
+    if top_k:
+        z = z.masked_fill(z < z.topk(top_k).values[-1], float("-inf"))
+    ordered, order = z.sort(descending=True)
+    probs = torch.softmax(ordered, -1)
+    drop = (probs.cumsum(-1) - probs) >= top_p
+    drop[0] = False
+    z = z.clone()
+    z[order[drop]] = float("-inf")
+    return torch.log_softmax(z, -1)
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.7, 0, 1.0), (1.3, 5, 0.9), (0.0, 4, 1.0)])
+def test_processed_logprobs_are_of_the_distribution_sampled_from(tiny, temperature, top_k, top_p):
+    """logprobs_mode processed_logprobs (vLLM's name): the logprobs of the distribution each token was sampled from,
+    at temperature 1 for greedy; tokens outside top-k / top-p are -inf; raw stays the model's."""
+    target, hf = tiny
+    engine = SpecEngine(target, _drafter("prompt-lookup"), max_batch_size=4, max_seq_len=128,
+                        num_speculative_tokens=4, verify_budget=False)
+    common = dict(max_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3, ignore_eos=True,
+                  logprobs=NUM_TOP)
+    processed, raw = engine.generate([PROMPTS[0]] * 2, [SamplingParams(**common, logprobs_mode="processed_logprobs"),
+                                                        SamplingParams(**common)])
+    assert processed.token_ids == raw.token_ids  # the mode changes what is reported, never what is sampled
+    logits = hf(torch.tensor([PROMPTS[0] + processed.token_ids])).logits[0].detach()
+    for j, (lp, raw_lp) in enumerate(zip(processed.logprobs, raw.logprobs)):
+        row = logits[len(PROMPTS[0]) - 1 + j]
+        reference = _processed_reference(row, temperature, top_k, top_p)
+        assert abs(lp.logprob - float(reference[lp.token_id])) < TOLERANCE
+        assert abs(raw_lp.logprob - float(torch.log_softmax(row.float(), -1)[lp.token_id])) < TOLERANCE
+        finite = reference[torch.isfinite(reference)]
+        kept = min(NUM_TOP, finite.numel())
+        assert torch.allclose(torch.tensor(lp.top_logprobs[:kept]), finite.sort(descending=True).values[:kept],
+                              atol=TOLERANCE)
+        assert all(v == float("-inf") for v in lp.top_logprobs[kept:])
+
+
 @pytest.mark.parametrize("kwargs", [dict(logprobs=MAX_TOP_LOGPROBS + 1), dict(logprobs=-1),
-                                    dict(prompt_logprobs=True), dict(max_tokens=0)])
+                                    dict(prompt_logprobs=True), dict(max_tokens=0), dict(logprobs_mode="raw_logits")])
 def test_bad_logprob_requests_are_refused(kwargs):
     with pytest.raises(RequestError):
         SamplingParams(**kwargs)
