@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 EXTRAS ?= serve,train,loadtest,test,gemma,plugins,export
 
-.PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-onnx bench-features bench-deps llama-cpp system-deps clean
+.PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-onnx bench-features bench-overhead bench-deps llama-cpp system-deps clean
 
 venv: $(VENV)/.installed
 
@@ -75,7 +75,7 @@ $(VENV)/.llama-installed: | $(VENV)/.installed
 	touch $@
 
 # `make bench` runs every benchmark in turn (~25 min on 2 idle cores); each also runs alone.
-bench: bench-decode bench-onnx bench-service bench-loadtest bench-verify bench-features
+bench: bench-decode bench-onnx bench-service bench-loadtest bench-verify bench-features bench-overhead
 
 bench-decode: bench-deps
 	$(PY) -m bench.decode $(BENCH_ARGS)
@@ -93,9 +93,16 @@ bench-service: bench-deps
 bench-loadtest: venv
 	$(PY) -m bench.loadtest_overhead
 
-# structured outputs and top-5 logprobs against the same requests without them, default draft, batch 1 (~5 min)
+# structured outputs and top-5 logprobs against the same requests without them, default draft, batch 1 (~5 min);
+# n = 4 sequences forked from one prefill against 4 requests (~2 min); a long prompt arriving while 8 streams decode
 bench-features: venv
 	$(PY) -m bench.request_features
+	$(PY) -m bench.parallel_sampling
+	$(PY) -m bench.prefill_stall
+
+# where an engine round's time goes, phase by phase, target-only and drafted, batch 1 and 8 (~3 min)
+bench-overhead: venv
+	$(PY) -m bench.round_overhead
 
 # one verification step, the pre-plugins path against the plugins ops (CPU, ~1 min)
 bench-verify: venv

@@ -46,6 +46,7 @@ import torch
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 from deepspec.decoding.logprobs import TokenLogprob, scored_logits, token_logprobs
+from deepspec.decoding.phases import PhaseTimer, untimed
 from deepspec.decoding.params import AcceptanceStats, GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.structured import GrammarCompiler, RowGrammar, mask_logits_, restrict_draft_probs
 from deepspec.decoding.tree import (first_children, keep_nodes, monotone_survival, node_depths,
@@ -147,6 +148,8 @@ class SpecEngine:
         #: prompt tokens run through the target so far (forks share their parent's)
         self.prompt_tokens_computed = 0
         self._finished: dict[str, _Sequence] = {}  # only requests added with keep_result=True
+        #: the context each step phase runs in: untimed unless `profile` is on (deepspec/decoding/phases.py)
+        self._phase = untimed
 
     # ---- admission ---------------------------------------------------------------------------------------------
     @property
@@ -238,18 +241,30 @@ class SpecEngine:
         self._release([seq])
         return True
 
+    def profile(self) -> PhaseTimer:
+        """Time every step's phases from now on (deepspec/decoding/phases.py); → the timer that accumulates them."""
+        timer = PhaseTimer(self.target.device)
+        self._phase = timer
+        return timer
+
     # ---- one scheduler iteration -------------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> list[StepOutput]:
+        with self._phase("step"):
+            return self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> list[StepOutput]:
         """Prefill, then one decode round over the rows whose prefill is complete. While rows decode, the prefill
         of new prompts takes at most `prefill_tokens_per_step` prompt tokens per step (chunked prefill across steps,
         as vLLM's): a long prompt arriving costs each running stream one chunk's time per step, never its whole
         prefill. With nothing decoding, prompts are prefilled whole (in forwards of prefill_chunk_size tokens): no
         one is waiting."""
         outputs: dict[str, StepOutput] = {}
-        for out in self._prefill_step(budgeted=self._num_decoding() > 0):
-            outputs[out.request_id] = out
-        self._release([s for s in self._running if s.finish_reason])
+        with self._phase("prefill"):
+            for out in self._prefill_step(budgeted=self._num_decoding() > 0):
+                outputs[out.request_id] = out
+        with self._phase("release"):
+            self._release([s for s in self._running if s.finish_reason])
         decoding = self._num_decoding()
         if decoding:
             self._batch = self._running[:decoding]
@@ -258,7 +273,8 @@ class SpecEngine:
                     _merge(outputs[out.request_id], out)
                 else:
                     outputs[out.request_id] = out
-            self._release([s for s in self._running if s.finish_reason])
+            with self._phase("release"):
+                self._release([s for s in self._running if s.finish_reason])
         return list(outputs.values())
 
     def _num_decoding(self) -> int:
@@ -434,26 +450,25 @@ class SpecEngine:
         draft_tokens = torch.zeros(B, 0, dtype=torch.long)
         num_drafts = torch.zeros(B, dtype=torch.long)
         draft_probs = None
-        sampling = self._draft_sampling() if self.drafter is not None else None
-        if sampling is not None and max(caps) > 0:
-            proposal = self.drafter.propose(slots, max(caps), sampling)
-            if proposal.is_tree and not self.tree_attention:
-                proposal = first_children(proposal)
-            if proposal.is_tree:
-                return self._tree_round(proposal, caps, pending)
-            num_drafts = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
-            if self.step_time is not None:
-                survival = proposal.survival
-                if survival is None:
-                    survival = observed_survival([(s.stats.proposed_per_position, s.stats.accepted_per_position)
-                                                  for s in seqs], proposal.tokens.shape[1])
-                width = survival.shape[1]
-                survival = survival.cpu() * (torch.arange(width)[None, :] < num_drafts[:, None])
-                num_drafts = num_drafts.clamp(max=best_depth(survival, self.step_time))
-            k = int(num_drafts.max())
-            draft_tokens = proposal.tokens[:, :k].cpu()
-            draft_probs = proposal.probs[:, :k] if proposal.probs is not None and k else None
-        masks = self._grammar_walks(draft_tokens, num_drafts, None)
+        proposal = None
+        with self._phase("draft"):
+            sampling = self._draft_sampling() if self.drafter is not None else None
+            if sampling is not None and max(caps) > 0:
+                proposal = self.drafter.propose(slots, max(caps), sampling)
+                if proposal.is_tree and not self.tree_attention:
+                    proposal = first_children(proposal)
+        if proposal is not None and proposal.is_tree:
+            return self._tree_round(proposal, caps, pending)
+        if proposal is not None:
+            with self._phase("budget"):
+                num_drafts = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
+                if self.step_time is not None:
+                    num_drafts = num_drafts.clamp(max=self._budget_depth(proposal, num_drafts))
+                k = int(num_drafts.max())
+                draft_tokens = proposal.tokens[:, :k].cpu()
+                draft_probs = proposal.probs[:, :k] if proposal.probs is not None and k else None
+        with self._phase("grammar"):
+            masks = self._grammar_walks(draft_tokens, num_drafts, None)
         if masks:  # a draft the grammar forbids ends its chain: its kept drafts are a prefix
             for row, (kept, _) in masks.items():
                 num_drafts[row] = kept.index(False) if False in kept else len(kept)
@@ -463,8 +478,9 @@ class SpecEngine:
         k = draft_tokens.shape[1]
         inputs = torch.cat([pending, draft_tokens], dim=1).to(device)
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
-        out = self.target.forward(inputs, start, self.cache.rows(0, B), feature_layers=self.feature_layers,
-                                  logits="all", max_start=max(s.cache_len for s in seqs))
+        with self._phase("target"):
+            out = self.target.forward(inputs, start, self.cache.rows(0, B), feature_layers=self.feature_layers,
+                                      logits="all", max_start=max(s.cache_len for s in seqs))
         logits = out.logits  # [B, k+1, V]
         if masks:  # position j of a chain is scored in the state after its first j drafts: mask row j
             draft_probs = draft_probs.clone() if draft_probs is not None else None
@@ -475,16 +491,29 @@ class SpecEngine:
                     draft_probs[row, :n] = restrict_draft_probs(draft_probs[row, :n], bitmask[:n])
 
         # every row in one batched op (torch.ops.deepspec.*): greedy rows get exactly the target's argmax
-        sampling = None
-        if not all(s.params.greedy for s in seqs):
-            sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], logits.device)
-        num_accepted, next_token = verify(draft_tokens, num_drafts, logits, draft_probs, sampling)
-        accepted, next_tokens = num_accepted.tolist(), next_token.tolist()
+        with self._phase("verify"):
+            sampling = None
+            if not all(s.params.greedy for s in seqs):
+                sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], logits.device)
+            num_accepted, next_token = verify(draft_tokens, num_drafts, logits, draft_probs, sampling)
+            accepted, next_tokens = num_accepted.tolist(), next_token.tolist()
         drafts = draft_tokens.tolist()
         committed = [drafts[i][: accepted[i]] + [next_tokens[i]] for i in range(B)]
         num_list = num_drafts.tolist()
-        logprobs = self._emitted_logprobs(logits, [list(range(len(c))) for c in committed], committed)
+        with self._phase("logprobs"):
+            logprobs = self._emitted_logprobs(logits, [list(range(len(c))) for c in committed], committed)
         return self._finish_round(committed, accepted, num_list, [None] * B, out.features, logprobs)
+
+    def _budget_depth(self, proposal: Proposal, num_drafts: torch.Tensor) -> int:
+        """The chain depth the verification budget pays for (verify_budget.best_depth), on the proposal's own
+        survival estimates or, where it has none, on each sequence's acceptance record."""
+        survival = proposal.survival
+        if survival is None:
+            survival = observed_survival([(s.stats.proposed_per_position, s.stats.accepted_per_position)
+                                          for s in self._batch], proposal.tokens.shape[1])
+        width = survival.shape[1]
+        survival = survival.cpu() * (torch.arange(width)[None, :] < num_drafts[:, None])
+        return best_depth(survival, self.step_time)
 
     def _tree_round(self, proposal: Proposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
         """One round over a token tree: the budget keeps each row's likeliest nodes, the target scores root +
@@ -493,31 +522,29 @@ class SpecEngine:
         seqs = self._batch
         B = len(seqs)
         device = self.target.device
-        num = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
-        parents = proposal.parents.cpu().long()
-        try:
-            check_parents(with_root(parents, num))
-        except ValueError as exc:
-            raise ValueError(f"drafter '{self.drafter.name}' proposed a malformed tree: {exc}") from None
-        survival = proposal.survival.cpu() if proposal.survival is not None else None
-        proposal = Proposal(proposal.tokens.cpu(), num, proposal.probs, survival, parents)
-        if self.step_time is not None:
-            proposal = self._budget_tree(proposal)
-        masks = self._grammar_walks(proposal.tokens, proposal.num_tokens, proposal.parents)
-        if any(not all(kept) for kept, _ in masks.values()):  # cut what the grammar forbids, with its subtree
-            keep = torch.arange(proposal.tokens.shape[1])[None, :] < proposal.num_tokens[:, None]
-            for row, (kept, _) in masks.items():
-                keep[row, : len(kept)] = torch.tensor(kept, dtype=torch.bool)
-            proposal = keep_nodes(proposal, keep)
-            masks = self._grammar_walks(proposal.tokens, proposal.num_tokens, proposal.parents)
+        with self._phase("budget"):
+            num = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
+            parents = proposal.parents.cpu().long()
+            try:
+                check_parents(with_root(parents, num))
+            except ValueError as exc:
+                raise ValueError(f"drafter '{self.drafter.name}' proposed a malformed tree: {exc}") from None
+            survival = proposal.survival.cpu() if proposal.survival is not None else None
+            proposal = Proposal(proposal.tokens.cpu(), num, proposal.probs, survival, parents)
+            if self.step_time is not None:
+                proposal = self._budget_tree(proposal)
+        with self._phase("grammar"):
+            proposal, masks = self._grammar_cut_tree(proposal)
         num = proposal.num_tokens
         k = int(num.max())
         tree_parents = with_root(proposal.parents[:, :k], num)  # [B, 1+k]
         inputs = torch.cat([pending, proposal.tokens[:, :k]], dim=1)
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
-        out = self.target.forward(inputs.to(device), start, self.cache.rows(0, B), feature_layers=self.feature_layers,
-                                  logits="all", max_start=max(s.cache_len for s in seqs),
-                                  tree_parents=tree_parents.to(device) if k else None)  # a lone root: causal
+        with self._phase("target"):
+            out = self.target.forward(inputs.to(device), start, self.cache.rows(0, B),
+                                      feature_layers=self.feature_layers, logits="all",
+                                      max_start=max(s.cache_len for s in seqs),
+                                      tree_parents=tree_parents.to(device) if k else None)  # a lone root: causal
         sampling = None
         if not all(s.params.greedy for s in seqs):
             sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], out.logits.device)
@@ -530,14 +557,17 @@ class SpecEngine:
             mask_logits_(out.logits[row, : n + 1], bitmask)
             if q is not None and n:
                 q[row, 1 : n + 1] = restrict_draft_probs(q[row, 1 : n + 1], bitmask[tree_parents[row, 1 : n + 1]])
-        num_accepted, next_token, path = verify_tree(inputs, tree_parents, num + 1, out.logits, q, sampling)
-        self.cache.keep_path(start, path, num_accepted)
-
-        accepted, next_tokens, paths = num_accepted.tolist(), next_token.tolist(), path.tolist()
+        with self._phase("verify"):
+            num_accepted, next_token, path = verify_tree(inputs, tree_parents, num + 1, out.logits, q, sampling)
+            accepted, next_tokens, paths = num_accepted.tolist(), next_token.tolist(), path.tolist()
+        with self._phase("kv"):
+            self.cache.keep_path(start, path, num_accepted)
         rows = inputs.tolist()
         committed = [[rows[i][node] for node in paths[i][1 : accepted[i] + 1]] + [next_tokens[i]] for i in range(B)]
         # committed token j was predicted at the path's node j (the root, then each accepted node)
-        logprobs = self._emitted_logprobs(out.logits, [paths[i][: accepted[i] + 1] for i in range(B)], committed)
+        with self._phase("logprobs"):
+            logprobs = self._emitted_logprobs(out.logits, [paths[i][: accepted[i] + 1] for i in range(B)],
+                                              committed)  # fmt: skip
         depth = node_depths(proposal.parents[:, :k], num) if k else torch.zeros(B, 0, dtype=torch.long)
         live = torch.arange(k)[None, :] < num[:, None]
         max_depth = torch.where(live, depth, torch.zeros_like(depth)).amax(1).tolist() if k else [0] * B
@@ -559,6 +589,17 @@ class SpecEngine:
             survival = tree_survival_from_record(observed_survival(records, max(k, 1)), parents, num)
         keep = best_nodes(monotone_survival(survival, parents, num), self.step_time)
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
+
+    def _grammar_cut_tree(self, proposal: Proposal) -> tuple[Proposal, dict]:
+        """A tree with the nodes its row's grammar forbids cut, with their subtrees, and the walks of what stays."""
+        masks = self._grammar_walks(proposal.tokens, proposal.num_tokens, proposal.parents)
+        if any(not all(kept) for kept, _ in masks.values()):
+            keep = torch.arange(proposal.tokens.shape[1])[None, :] < proposal.num_tokens[:, None]
+            for row, (kept, _) in masks.items():
+                keep[row, : len(kept)] = torch.tensor(kept, dtype=torch.bool)
+            proposal = keep_nodes(proposal, keep)
+            masks = self._grammar_walks(proposal.tokens, proposal.num_tokens, proposal.parents)
+        return proposal, masks
 
     def _grammar_walks(self, tokens: torch.Tensor, num: torch.Tensor,
                        parents: torch.Tensor | None) -> dict[int, tuple[list[bool], torch.Tensor]]:
@@ -604,25 +645,32 @@ class SpecEngine:
         tell the drafter; features [B, >= len(committed[b]), F] are aligned with the committed tokens (the feature
         before each one)."""
         results, extend_rows, committed_rows = [], [], []
-        for i, seq in enumerate(self._batch):
-            n = accepted[i]
-            seq.cache_len += 1 + n
-            seq.pending = committed[i][-1]
-            seq.stats.record(num_drafts[i], n, depths[i])
-            out_i = self._commit(seq, committed[i], logprobs[i])
-            out_i.num_draft_tokens, out_i.num_accepted_tokens = num_drafts[i], n
-            out_i.num_verify_tokens = 1 + num_drafts[i]
-            results.append(out_i)
-            if not seq.finish_reason:
-                extend_rows.append(i)
-                committed_rows.append(committed[i])
+        with self._phase("commit"):
+            for i, seq in enumerate(self._batch):
+                n = accepted[i]
+                seq.cache_len += 1 + n
+                seq.pending = committed[i][-1]
+                seq.stats.record(num_drafts[i], n, depths[i])
+                out_i = self._commit(seq, committed[i], logprobs[i])
+                out_i.num_draft_tokens, out_i.num_accepted_tokens = num_drafts[i], n
+                out_i.num_verify_tokens = 1 + num_drafts[i]
+                results.append(out_i)
+                if not seq.finish_reason:
+                    extend_rows.append(i)
+                    committed_rows.append(committed[i])
+        with self._phase("draft_update"):
+            self._tell_drafter(extend_rows, committed_rows, features)
+        return results
+
+    def _tell_drafter(self, extend_rows: list[int], committed_rows: list[list[int]],
+                      features: torch.Tensor | None) -> None:
+        """The drafter hears each still-running row's committed tokens and the features before each one."""
         if self.drafter is not None and extend_rows:
             width = max(len(c) for c in committed_rows)
             tokens = torch.tensor([c + [0] * (width - len(c)) for c in committed_rows], dtype=torch.long)
             num = torch.tensor([len(c) for c in committed_rows])
             feats = features[torch.tensor(extend_rows), :width] if features is not None else None
             self.drafter.extend(extend_rows, tokens, num, feats)
-        return results
 
     def _probe_step_time(self) -> StepTimeModel:
         """Time verify-shaped passes of 1 .. max_verify_tokens tokens on slot 0 while no request runs yet (what

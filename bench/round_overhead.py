@@ -1,0 +1,105 @@
+"""Where an engine round's time goes: the target's verify forward against everything else the engine does per round.
+
+    python -m bench.round_overhead                 # ~3 min on 2 cores; writes bench/results/round_overhead.json
+    python -m bench.round_overhead --num-prompts 1 --max-tokens 16 --batch-sizes 1   # a smoke run
+
+Each row decodes the same prompts (N each from humaneval, gsm8k and mbpp, chat template, greedy, a fixed number of new
+tokens) with the engine's phase timer on (deepspec/decoding/phases.py), at batch 1 and at batch 8 (8 copies of each
+prompt decoding together, so every round verifies 8 rows):
+
+    engine                 target-only: the floor of per-round overhead (commit, detokenization, slot bookkeeping)
+    engine+auto            the default draft (`--draft auto`): what drafting, the budget and acceptance add
+    engine+prompt-lookup   the corpus-free lookup draft
+
+Reports per step (one prefill or decode round) the milliseconds of each phase: draft (proposing), budget (the
+verification budget's depth or node choice), grammar, target (the verify forward), verify (the acceptance op and
+reading its result back), kv (tree KV compaction), logprobs, commit (stop checks, incremental detokenization),
+draft_update (the drafter hearing the committed tokens), release (slot moves), prefill and other (Python glue
+between phases); and the share of a decode round (a step less its prefill) spent outside the target's forward: the
+engine's own overhead (issue 24: less work outside the graph per round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench.round_overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and activations")
+    p.add_argument("--drafters", default="none,auto,prompt-lookup", help="comma list of drafter specs")
+    p.add_argument("--batch-sizes", default="1,8", help="comma list (default: %(default)s)")
+    p.add_argument("--num-prompts", type=int, default=2, help="prompts per dataset (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "round_overhead.json"))
+    return p.parse_args(argv)
+
+
+def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
+    """Decode `prompts` (each `batch` times at once) on a fresh engine with the phase timer on."""
+    from deepspec.decoding import SamplingParams, SpecEngine
+
+    engine = SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=2048)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    engine.generate([prompts[0]], SamplingParams(max_tokens=16))  # warm caches and allocator pools, untimed
+    timer = engine.profile()
+    tokens, t0 = 0, time.perf_counter()
+    for prompt in prompts:
+        tokens += sum(len(r.token_ids) for r in engine.generate([prompt] * batch, params))
+    seconds = time.perf_counter() - t0
+    per_step = timer.per_step_ms()
+    step_ms = timer.seconds["step"] * 1e3 / max(timer.calls["step"], 1)
+    round_ms = step_ms - per_step.get("prefill", 0.0)  # a step's decode round and the bookkeeping around it
+    return {"steps": timer.calls["step"], "step_ms": step_ms, "phases_ms": per_step, "tok_s": tokens / seconds,
+            "round_ms": round_ms, "outside_target": 1 - per_step.get("target", 0.0) / round_ms if round_ms else None}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from bench.decode import load_prompts
+    from bench.machine import cpu_flags
+    from deepspec.decoding import build_drafter
+    from deepspec.decoding.phases import PHASES
+    from deepspec.models import load_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target, dtype=args.dtype)
+    prompts = [p for ps in load_prompts(target, args.num_prompts).values() for p in ps]
+    rows = {}
+    for spec in args.drafters.split(","):
+        for batch in map(int, args.batch_sizes.split(",")):
+            name = f"engine{'' if spec == 'none' else '+' + spec} B={batch}"
+            rows[name] = profile_row(target, build_drafter(spec, target), prompts, batch, args.max_tokens)
+            print(f"{name}: {rows[name]['tok_s']:.1f} tok/s", file=sys.stderr)
+    columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
+    print(f"target {args.target} ({args.dtype}), {len(prompts)} prompts x {args.max_tokens} tokens, greedy, "
+          f"torch threads {torch.get_num_threads()}; CPU flags: {cpu_flags()}")
+    print("ms per step by phase")
+    print(f"{'row':26s} {'tok/s':>6s} {'step':>7s} " + " ".join(f"{c[:8]:>8s}" for c in columns)
+          + "  round outside target")
+    for name, r in rows.items():
+        phases = " ".join(f"{r['phases_ms'].get(c, 0.0):8.2f}" for c in columns)
+        print(f"{name:26s} {r['tok_s']:6.1f} {r['step_ms']:7.2f} {phases}  {r['outside_target']:.1%}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
