@@ -6,7 +6,8 @@ A request that is not a valid protobuf is INVALID_ARGUMENT, not grpcio's default
 gone, deadline) cancels the handler, which closes the worker stream and frees the slot; `Abort` does the same for
 one of the caller's own request ids. API keys, when configured, are read from the `authorization: Bearer <key>`
 metadata. Health reports SERVING for "" and the service name while the gateway is ready. Logprobs come as the
-worker scored them (service/token_scores.py), one `TokenLogprob` per token, ids included. A `structured_output`
+worker scored them (service/token_scores.py), one `TokenLogprob` per token, ids included where the worker sends
+them (an OpenAI-HTTP upstream does not: unset), of the distribution `logprobs_mode` names. A `structured_output`
 (kind + spec) is validated as the HTTP API's vLLM-style `structured_outputs` object. With `n`, `Complete` answers
 every choice in `choices` (its top-level text, finish_reason and logprobs are choice 0's, what an n = 1 client
 reads) and `CompleteStream` names each chunk's choice in `index`; the usage counts the prompt once.
@@ -82,7 +83,8 @@ def to_generation_request(request: pb.CompletionRequest, model: str) -> Generati
         "user": request.user or None,
         "max_tokens": request.max_tokens if request.HasField("max_tokens") else _DEFAULT_MAX_TOKENS,
         "temperature": request.temperature if request.HasField("temperature") else _DEFAULT_TEMPERATURE,
-        **{name: getattr(request, name) for name in ("top_p", "top_k", "seed", "n") if request.HasField(name)},
+        **{name: getattr(request, name) for name in ("top_p", "top_k", "seed", "n", "logprobs_mode")
+           if request.HasField(name)},
     }  # fmt: skip
     if request.HasField("structured_output"):
         fields["structured_outputs"] = _structured_outputs(request.structured_output)
@@ -112,9 +114,14 @@ def _structured_outputs(message: pb.StructuredOutput) -> dict:
         raise BadRequestError(f"structured_output: {e}", param="structured_output") from None
 
 
+def _token_id(token_id: int) -> int | None:
+    """A token id as the API sends it: unset (None) where the worker did not say (-1: an OpenAI-HTTP upstream)."""
+    return token_id if token_id >= 0 else None
+
+
 def _token_logprobs(scores: list[TokenScore] | None) -> list[pb.TokenLogprob]:
-    return [pb.TokenLogprob(token=s.token, token_id=s.token_id, logprob=s.logprob,
-                            top_logprobs=[pb.TopLogprob(token=t, token_id=i, logprob=lp)
+    return [pb.TokenLogprob(token=s.token, token_id=_token_id(s.token_id), logprob=s.logprob,
+                            top_logprobs=[pb.TopLogprob(token=t, token_id=_token_id(i), logprob=lp)
                                           for t, i, lp in zip(s.top_tokens, s.top_token_ids, s.top_logprobs)])
             for s in scores or ()]  # fmt: skip
 

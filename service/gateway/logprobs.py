@@ -8,8 +8,9 @@
   with echo) has None in both lists, as vLLM and OpenAI answer. text_offset is each token's character offset in the
   choice's text.
 
-The numbers are the target's raw distribution (before temperature, top-k, top-p), read off the verify pass. JSON has
-no -Infinity: a logprob below LOGPROB_FLOOR is written as the floor, as vLLM does.
+The numbers are the worker's: by default the target's raw distribution (before temperature, top-k, top-p), or the
+one each token was sampled from with `logprobs_mode: processed_logprobs`, where a token outside the top-k or top-p
+has -inf. JSON has no -Infinity: a logprob below LOGPROB_FLOOR is written as the floor, as vLLM does.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Nothing is silently ignored:
 does not implement (suffix, best_of, penalties, tools, logit_bias, ...) are accepted only at their neutral value
 and refused otherwise with a message naming the field, and an unknown field is a 400 naming it (OpenAI answers
 "Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for something it does not
-do would get a plain answer). `top_k` and `ignore_eos` are vLLM's extensions, and so are completions' batches of
-prompts given as token ids (OpenAI takes them too), `logprobs` up to 20 and the structured-output fields
-(`structured.py`: response_format, structured_outputs, guided_*). tests/service/test_request_fields.py lists
-every field as honoured or refused, so a new one cannot be accepted unread. Field types and limits come from
-`validation.py`; the gRPC API validates through these models too.
+do would get a plain answer). `top_k`, `ignore_eos` and `logprobs_mode` are vLLM's extensions, and so are
+completions' batches of prompts given as token ids (OpenAI takes them too), `logprobs` up to 20 and the
+structured-output fields (`structured.py`: response_format, structured_outputs, guided_*).
+tests/service/test_request_fields.py lists every field as honoured or refused, so a new one cannot be accepted
+unread. Field types and limits come from `validation.py`; the gRPC API validates through these models too.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from service.gateway.structured import StructuredOutputFields
 from service.gateway.validation import (MAX_CHOICES, STRICT, CompletionMaxTokens, Integer, MaxTokens, Name,
-                                        NumChoices, Prompt, Prompts, Seed, StopString, StopStrings, Temperature, Text,
-                                        TokenIdBatch, TokenIds, TopK, TopLogprobs, TopP, neutral_only)  # fmt: skip
+                                        LogprobsMode, NumChoices, Prompt, Prompts, Seed, StopString, StopStrings,
+                                        Temperature, Text, TokenIdBatch, TokenIds, TopK, TopLogprobs, TopP,
+                                        neutral_only)  # fmt: skip
 
 
 _MIN_NORMAL_FP32 = 1.1754943508222875e-38
@@ -49,6 +50,10 @@ class _SamplingFields(StructuredOutputFields):
     user: Name | None = None
     #: vLLM extension: keep generating past EOS (benchmarks)
     ignore_eos: bool = False
+    #: vLLM's names: the generated tokens' logprobs are of the target's raw distribution ("raw_logprobs") or of the
+    #: one each token was sampled from ("processed_logprobs": temperature, top-k, top-p applied); prompt logprobs
+    #: are always raw. vLLM sets it per engine (--logprobs-mode), DeepSpec per request
+    logprobs_mode: LogprobsMode = "raw_logprobs"
     presence_penalty: Annotated[float | None, neutral_only(0, None)] = None
     frequency_penalty: Annotated[float | None, neutral_only(0, None)] = None
     logit_bias: Annotated[dict[str, float] | None, neutral_only({}, None)] = None
@@ -79,6 +84,7 @@ class _SamplingFields(StructuredOutputFields):
             "ignore_eos": self.ignore_eos,
             "structured_output": self.constraint,
             "n": self.n,
+            "logprobs_mode": self.logprobs_mode,
         }
 
 

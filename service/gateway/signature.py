@@ -8,7 +8,7 @@ and builds requests that pass those rules, in the dialect the model declares (`s
 the LLM-API model's `sampling_param_*` names, or the ensemble's, which DeepSpec's worker speaks too).
 
 A request that needs an input the model does not declare (chat messages on a model without `messages_json`, stop
-strings, `ignore_eos`, logprobs, a token-id prompt, a structured output) is refused with `SignatureError` naming the
+strings, `ignore_eos`, logprobs, processed logprobs, a token-id prompt, a structured output) is refused with `SignatureError` naming the
 model and the input, instead of being sent and refused by Triton or silently changing meaning. Request flags that
 only ask for outputs are sent when declared. Several sequences (`n`) are sent as `num_return_sequences` only to a
 model that declares it (`ModelSignature.takes_n`); the dispatcher asks any other for them one request each.
@@ -120,6 +120,7 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
         "return_log_probs": None if req.logprobs is None else [True],
         "top_logprobs": None if req.logprobs is None else [req.logprobs],
         "prompt_logprobs": None if req.prompt_logprobs is None else [req.prompt_logprobs],
+        "logprobs_mode": None if req.sent_logprobs_mode is None else [req.sent_logprobs_mode],
         "structured_output": None if req.structured_output is None else [req.structured_output.encode()],
         "num_return_sequences": None if req.n == 1 else [req.n],
         **{flag: [True] for flag in c.FLAGS},

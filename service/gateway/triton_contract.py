@@ -17,11 +17,11 @@ Two stock models of TensorRT-LLM's Triton backend, one dialect each:
 
 DeepSpec additions are optional inputs and extra outputs a stock model simply does not declare: `messages_json`
 (chat messages the model renders with its chat template), `ignore_eos`, and the token-id prompt (`input_ids`),
-logprobs (`return_log_probs`, `top_logprobs`, `prompt_logprobs`), structured-output (`structured_output`) and
-several-sequences (`num_return_sequences`, TensorRT-LLM's name) inputs only DeepSpec's worker reads (a model without
-the last gets n requests of one sequence each from the gateway); the LLM-API model we export also sends
-`num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact. A gateway only sends an input
-the model's config declares; a request that needs an undeclared one is refused with a clear message.
+logprobs (`return_log_probs`, `top_logprobs`, `prompt_logprobs`, `logprobs_mode`), structured-output
+(`structured_output`) and several-sequences (`num_return_sequences`, TensorRT-LLM's name) inputs only DeepSpec's
+worker reads (a model without the last gets n requests of one sequence each from the gateway); the LLM-API model we
+export also sends `num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact. A gateway only
+sends an input the model's config declares; a request that needs an undeclared one is refused with a clear message.
 
 Streaming: in DeepSpec's models (the exported LLM-API model, the ensemble, DeepSpec's worker) `text_output` carries
 the new text of each response (a delta), every count is cumulative, and the last response carries `finish_reason`.
@@ -53,13 +53,14 @@ CONFIG_DATATYPE = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "INT32": "TYPE_I
 
 #: what a gateway request asks for -> the input carrying it, per dialect (None: the dialect has no such input)
 ROLES = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
-         "ignore_eos", "prompt_token_ids", "return_log_probs", "top_logprobs", "prompt_logprobs", "structured_output",
-         "num_return_sequences")
+         "ignore_eos", "prompt_token_ids", "return_log_probs", "top_logprobs", "prompt_logprobs", "logprobs_mode",
+         "structured_output", "num_return_sequences")
 #: roles DeepSpec's worker reads and neither stock model does (the ensemble declares `return_log_probs` but sends
 #: only numbers, no token texts to render them with): a model that lacks one cannot serve the feature, which
 #: a gateway then refuses by name (`signature.py`)
 FEATURE_OF_ROLE = {"prompt_token_ids": "token-id prompts", "return_log_probs": "logprobs", "top_logprobs": "logprobs",
-                   "prompt_logprobs": "prompt logprobs (echo)", "structured_output": "structured outputs"}
+                   "prompt_logprobs": "prompt logprobs (echo)", "logprobs_mode": "processed logprobs (logprobs_mode)",
+                   "structured_output": "structured outputs"}
 #: request flags that only ask for outputs: sent when declared, skipped silently when not
 FLAGS = ("return_perf_metrics", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
@@ -69,7 +70,7 @@ LLMAPI_NAMES = {
     "top_k": "sampling_param_top_k", "seed": "sampling_param_seed", "stop": "sampling_param_stop",
     "end_id": None, "ignore_eos": "ignore_eos",
     "prompt_token_ids": None, "return_log_probs": None, "top_logprobs": None, "prompt_logprobs": None,
-    "structured_output": None, "num_return_sequences": None,
+    "logprobs_mode": None, "structured_output": None, "num_return_sequences": None,
     "return_perf_metrics": "sampling_param_return_perf_metrics", "return_finish_reason": "return_finish_reason",
     "return_num_input_tokens": None, "return_num_output_tokens": None,
 }  # fmt: skip
@@ -78,7 +79,7 @@ ENSEMBLE_NAMES = {
     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop_words",
     "end_id": "end_id", "ignore_eos": "ignore_eos",
     "prompt_token_ids": "input_ids", "return_log_probs": "return_log_probs", "top_logprobs": "top_logprobs",
-    "prompt_logprobs": "prompt_logprobs", "structured_output": "structured_output",
+    "prompt_logprobs": "prompt_logprobs", "logprobs_mode": "logprobs_mode", "structured_output": "structured_output",
     "num_return_sequences": "num_return_sequences",
     "return_perf_metrics": "return_perf_metrics", "return_finish_reason": None,
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
@@ -92,8 +93,9 @@ ROLE_DATATYPES = {
     "prompt": "BYTES", "messages": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
     "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop": "BYTES", "end_id": "INT32", "ignore_eos": "BOOL",
     "prompt_token_ids": "INT32", "return_log_probs": "BOOL", "top_logprobs": "INT32", "prompt_logprobs": "INT32",
-    "structured_output": "BYTES", "num_return_sequences": "INT32", "return_perf_metrics": "BOOL",
-    "return_finish_reason": "BOOL", "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL",
+    "logprobs_mode": "BYTES", "structured_output": "BYTES", "num_return_sequences": "INT32",
+    "return_perf_metrics": "BOOL", "return_finish_reason": "BOOL", "return_num_input_tokens": "BOOL",
+    "return_num_output_tokens": "BOOL",
 }  # fmt: skip
 
 # Outputs (both dialects).

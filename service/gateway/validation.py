@@ -9,12 +9,12 @@ tokenized: `check_prompt_size`.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from service.gateway.errors import BadRequestError
-from service.protocol import MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS, max_prompt_chars
+from service.protocol import LOGPROBS_MODES, MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS, max_prompt_chars
 
 #: every request object: strict types (`"max_tokens": "5"` is a 400, as at OpenAI), unknown fields refused
 STRICT = ConfigDict(strict=True, extra="forbid")
@@ -71,6 +71,8 @@ TokenIdBatch = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROM
 #: alternatives per position: OpenAI allows 20 for chat's top_logprobs and 5 for completions' logprobs; both take 20
 #: here, as vLLM does (its default max_logprobs)
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), Integer]
+#: the distribution logprobs are of, in vLLM's names (its --logprobs-mode, here per request too)
+LogprobsMode = Literal[LOGPROBS_MODES]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), Unicode]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), Unicode]
 StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]

@@ -61,6 +61,9 @@ class GenerationRequest:
     logprobs: int | None = None
     #: the prompt's logprobs with this many alternatives each (max_tokens may then be 0); None = off
     prompt_logprobs: int | None = None
+    #: the distribution the generated tokens' logprobs are of: "raw_logprobs" (the target's) or
+    #: "processed_logprobs" (the one sampled from: temperature, top-k, top-p applied); service/protocol.py LOGPROBS_MODES
+    logprobs_mode: str = "raw_logprobs"
     #: the output must match this (a JSON schema, regex, grammar or choice); None = free text
     structured_output: p.Constraint | None = None
     #: sequences (choices) from this prompt, each sampled on its own; their chunks carry their `Chunk.index`
@@ -70,8 +73,17 @@ class GenerationRequest:
     def extensions(self) -> frozenset[str]:
         """What this request needs beyond a plain completion, named as a refusal names it (c.FEATURE_OF_ROLE)."""
         wanted = {"return_log_probs": self.logprobs, "prompt_logprobs": self.prompt_logprobs,
-                  "prompt_token_ids": self.prompt_token_ids, "structured_output": self.structured_output}
+                  "logprobs_mode": self.sent_logprobs_mode, "prompt_token_ids": self.prompt_token_ids,
+                  "structured_output": self.structured_output}
         return frozenset(c.FEATURE_OF_ROLE[role] for role, value in wanted.items() if value is not None)
+
+    @property
+    def sent_logprobs_mode(self) -> str | None:
+        """The `logprobs_mode` a worker is sent: None for the default (raw) and where no generated token is scored
+        (prompt logprobs are always raw), so only a request that changes something needs a worker that reads it."""
+        if self.logprobs is None or self.logprobs_mode == "raw_logprobs":
+            return None
+        return self.logprobs_mode
 
 
 @dataclass

@@ -10,6 +10,7 @@ vLLM compute: `torch.log_softmax` of the transformers model's fp32 logits at the
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import grpc
@@ -342,3 +343,71 @@ def test_grpc_refuses_what_http_refuses(grpc_stub, request_fields, message):
     with pytest.raises(grpc.RpcError) as info:
         grpc_stub.Complete(pb.CompletionRequest(**request_fields))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
+
+
+def processed_reference(hf, ids: list[int], temperature: float, top_k: int) -> torch.Tensor:
+    """[len(ids), V]: the distribution a request at `temperature` and `top_k` samples the token after ids[: p + 1]
+    from, in log space: log_softmax(logits / temperature) over the top_k likeliest, -inf elsewhere."""
+    with torch.no_grad():
+        z = hf[0](torch.tensor([ids])).logits[0].float() / temperature
+    kth = z.topk(top_k, dim=-1).values[:, -1:]
+    return torch.log_softmax(z.masked_fill(z < kth, float("-inf")), dim=-1)
+
+
+def test_processed_logprobs_are_of_the_distribution_each_token_was_sampled_from(grpc_stub, hf):
+    """`logprobs_mode: processed_logprobs` (vLLM's name: vllm/config/model.py LogprobsMode, which vLLM's sampler
+    computes after temperature, top-k and top-p, vllm/v1/sample/sampler.py Sampler.forward) scores each generated
+    token by log_softmax(logits / T) over the tokens top-k keeps, so an alternative past top-k is -inf; the default
+    stays the model's own log_softmax, and the prompt's logprobs are raw in both modes (nothing samples them)."""
+    ids = hf[1]("Naïve question")["input_ids"]
+    temperature, top_k, num_top = 0.5, 5, 7
+    fields = dict(prompt_token_ids=ids, max_tokens=8, temperature=temperature, top_k=top_k, seed=3, logprobs=True,
+                  top_logprobs=num_top, prompt_logprobs=True)
+    for mode in ("processed_logprobs", "raw_logprobs"):
+        out = grpc_stub.Complete(pb.CompletionRequest(**fields, logprobs_mode=mode))
+        generated = [t.token_id for t in out.logprobs]
+        assert generated, out
+        raw_rows = reference(hf, ids + generated)[len(ids) - 1 :]
+        rows = processed_reference(hf, ids + generated, temperature, top_k)[len(ids) - 1 :] \
+            if mode == "processed_logprobs" else raw_rows  # fmt: skip
+        for token, row, raw_row in zip(out.logprobs, rows, raw_rows):
+            assert abs(token.logprob - float(row[token.token_id])) < TOLERANCE
+            alternatives = [a.logprob for a in token.top_logprobs]
+            alternative_ids = [a.token_id for a in token.top_logprobs]
+            assert len(alternatives) == num_top
+            if mode == "raw_logprobs":
+                check_alternatives(row, alternative_ids, alternatives)
+                continue
+            # top-k keeps 5: the last two alternatives are -inf, the others are the processed row's likeliest
+            assert alternatives[top_k:] == [float("-inf")] * (num_top - top_k)
+            check_alternatives(row, alternative_ids[:top_k], alternatives[:top_k])
+            # at T = 0.5 the runner-up trails the likeliest by twice its raw gap
+            raw_gap = float(raw_row[alternative_ids[1]] - raw_row[alternative_ids[0]])
+            assert alternatives[1] - alternatives[0] == pytest.approx(2 * raw_gap, abs=TOLERANCE) and raw_gap < -0.01
+        for token, row in zip(out.prompt_logprobs[1:], reference(hf, ids)):
+            assert abs(token.logprob - float(row[token.token_id])) < TOLERANCE
+
+
+def test_processed_alternatives_hold_all_the_mass_top_k_keeps(client):
+    """Through the OpenAI shape: with top_logprobs = top_k, a processed position's alternatives are every token it
+    could sample, so their probabilities sum to 1; the raw ones of the same request hold less."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Olá"}], max_tokens=6, temperature=0.7,
+                  top_logprobs=4, logprobs=True, seed=2)
+    for mode, check in (("processed_logprobs", lambda mass: abs(mass - 1) < 1e-4), ("raw_logprobs", lambda m: m < 1)):
+        reply = client.chat.completions.create(**kwargs, extra_body={"top_k": 4, "logprobs_mode": mode})
+        content = reply.choices[0].logprobs.content
+        assert content
+        for token in content:
+            mass = sum(math.exp(a.logprob) for a in token.top_logprobs)
+            assert check(mass), (mode, mass)
+
+
+def test_an_unknown_logprobs_mode_is_a_400_in_both_apis(gateway, grpc_stub):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "logprobs": 1, "logprobs_mode": "processed_logits"}
+    response = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "logprobs_mode"
+    assert "'raw_logprobs' or 'processed_logprobs'" in response.json()["error"]["message"]
+    with pytest.raises(grpc.RpcError) as info:
+        grpc_stub.Complete(pb.CompletionRequest(prompt="hi", logprobs=True, logprobs_mode="processed"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "logprobs_mode" in info.value.details()

@@ -43,11 +43,13 @@ CHAT_GENERATION = SAMPLING | {
     "max_completion_tokens": ({"max_completion_tokens": 7}, {}),
     "logprobs": ({"logprobs": True}, {}),
     "top_logprobs": ({"logprobs": True, "top_logprobs": 2}, {"logprobs": True}),
+    "logprobs_mode": ({"logprobs_mode": "processed_logprobs"}, {"logprobs": True}),
 }
 COMPLETION_GENERATION = SAMPLING | {
     "prompt": ({"prompt": "bye"}, {}),
     "logprobs": ({"logprobs": 2}, {}),
     "echo": ({"echo": True, "logprobs": 1}, {"logprobs": 1}),  # the prompt's scores; the text is prepended too
+    "logprobs_mode": ({"logprobs_mode": "processed_logprobs"}, {"logprobs": 1}),  # tests/service/test_logprobs.py
 }
 #: fields that shape the answer, not the worker request: how each is honoured
 RESPONSE = {
@@ -114,3 +116,14 @@ def test_an_unknown_field_is_a_400_naming_it(api):
         model.model_validate(base | {"functions": []})
     message, param = validation_message(info.value.errors())
     assert param == "functions" and "unrecognized request argument" in message
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_an_unknown_logprobs_mode_is_a_400_naming_the_valid_ones(api):
+    """vLLM's two logprobs modes are taken (vllm/config/model.py LogprobsMode; its raw_logits and processed_logits
+    return logits, not logprobs, and are not offered)."""
+    model, base, *_ = APIS[api]
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(base | {"logprobs_mode": "raw_logits"})
+    message, param = validation_message(info.value.errors())
+    assert param == "logprobs_mode" and "'raw_logprobs' or 'processed_logprobs'" in message

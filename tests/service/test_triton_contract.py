@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 
@@ -267,3 +268,22 @@ def test_logprobs_token_prompts_and_structured_outputs_on_a_stock_model_are_a_40
     for response, (_, _, message) in zip(answers, cases):
         assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
     assert plain.status_code == 200 and sent == 1  # only the plain request reached the model
+
+
+def test_processed_logprobs_need_a_model_that_declares_logprobs_mode():
+    """The mode goes only where it changes something (processed, with generated tokens scored) and only to a model
+    that declares the input: one that scores tokens but has no `logprobs_mode` (a DeepSpec worker from before it)
+    would answer raw numbers for processed ones, so the request is refused naming the input; the default is not
+    sent, so such a model still serves it."""
+    from service.gateway.signature import DEEPSPEC_WORKER, SignatureError, build_request
+
+    def sent(request) -> dict:
+        return {i.name: raw for i, raw in zip(request.inputs, request.raw_input_contents)}
+
+    older = ModelSignature({n: s for n, s in DEEPSPEC_WORKER.inputs.items() if n != "logprobs_mode"}, 0, True, True)
+    req = GenerationRequest("r", MODEL, prompt="x", logprobs=1, logprobs_mode="processed_logprobs")
+    with pytest.raises(SignatureError, match=r"processed logprobs \(logprobs_mode\) are not supported by this worker"):
+        build_request(req, True, older)
+    for unsent in (dataclasses.replace(req, logprobs_mode="raw_logprobs"), dataclasses.replace(req, logprobs=None)):
+        assert "logprobs_mode" not in sent(build_request(unsent, True, older))
+    assert sent(build_request(req, True, DEEPSPEC_WORKER))["logprobs_mode"][4:] == b"processed_logprobs"
