@@ -1,5 +1,5 @@
 """The contract between the CLI and a format: what to export (`ExportJob`) and how a format writes it
-(`ExportFormat`). No behaviour lives here.
+(`ExportFormat`), and how a draft algorithm's drafts go out for one engine (`DraftWriter`). No behaviour lives here.
 
 A format's `write(job, out, progress)` fills the empty directory `out` (a scratch directory that the CLI renames
 to `--out` once everything is written) and returns the manifest fields of its own (`engine`, `draft`, ...); the
@@ -14,17 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
+    import torch
+
     from export.progress import Progress
     from export.sources import DraftSource, TargetSource
-
-#: draft values that name no directory: the worker's own drafters
-DRAFT_KEYWORDS = ("none", "prompt-lookup", "auto")
 
 
 @dataclass
 class ExportJob:
     target: TargetSource
-    #: the --draft value as given (a keyword or a path)
+    #: the --draft value as given (a drafter keyword, deepspec.decoding.registry.drafter_keywords(), or a path)
     draft_spec: str
     #: the resolved draft directory, or None for none/prompt-lookup
     draft: DraftSource | None
@@ -59,3 +58,21 @@ class ExportFormat:
     serves_in_worker: bool = False
     #: target families this format takes (deepspec.models.arch family names)
     families: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+
+
+@dataclass(frozen=True)
+class DraftWriter:
+    """How one engine loads one draft algorithm: the algorithm's record (deepspec/algorithms) maps each engine that
+    loads it to one of these (`export_writers`); export/drafts/writers.py runs it."""
+
+    #: the engine's own name of the algorithm: vLLM's speculative `method`, SGLang's `--speculative-algorithm`,
+    #: TensorRT-LLM's `decoding_type`
+    engine_name: str
+    #: check(engine, job): raise ExportError naming every reason the engine cannot load job.draft; runs before any write
+    check: Callable[[str, ExportJob], None]
+    #: convert(engine, job, dtype) -> (tensors, config.json, the captured layers in the engine's own numbering)
+    convert: Callable[[str, ExportJob, "torch.dtype"], tuple[dict, dict, list[int]]]
+    #: speculative_options(job) -> keys the engine's speculative config needs beyond name, draft and length
+    speculative_options: Callable[[ExportJob], dict] | None = None
+    #: the draft directory names its target (vLLM's speculators format), so the engine serves both from it alone
+    names_its_target: bool = False

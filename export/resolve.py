@@ -11,7 +11,7 @@ each shipped draft and why the engine cannot load it.
 from __future__ import annotations
 
 from export.errors import ExportError
-from export.job import DRAFT_KEYWORDS, ExportFormat, ExportJob
+from export.job import ExportFormat, ExportJob
 from export.sources import DraftSource, TargetSource, open_draft, open_target
 
 
@@ -25,9 +25,11 @@ def make_job(fmt: ExportFormat, args) -> ExportJob:
                           f"runs {', '.join(fmt.families)} targets here")
     job = ExportJob(target=target, draft_spec=args.draft, draft=None, dtype=dtype, tp=args.tp,
                     num_speculative_tokens=args.num_speculative_tokens, build=args.build)
+    from deepspec.decoding.registry import drafter_keywords
+
     if args.draft == "auto":
         return _auto(fmt, job)
-    if args.draft not in DRAFT_KEYWORDS:
+    if args.draft not in drafter_keywords():
         job.draft = open_draft(args.draft, target)
     elif fmt.needs_neural_draft:
         raise ExportError(f"format {fmt.name} exports a trained draft; --draft {args.draft} leaves nothing to export "
@@ -39,8 +41,11 @@ def make_job(fmt: ExportFormat, args) -> ExportJob:
 def _check(fmt: ExportFormat, job: ExportJob) -> None:
     """Every refusal of `fmt` for this job's draft (ExportError naming the engine and the reason)."""
     if job.draft is not None and fmt.needs_neural_draft and not job.draft.is_neural:
-        raise ExportError(f"format {fmt.name} needs a trained eagle3, dflash or dspark draft; {job.draft.path.name} "
-                          f"is {job.draft.kind}, which only DeepSpec's worker runs (--format pytorch)")
+        from deepspec.algorithms import available_algorithms
+
+        raise ExportError(f"format {fmt.name} needs a trained draft ({', '.join(available_algorithms())}); "
+                          f"{job.draft.path.name} is {job.draft.kind}, which only DeepSpec's worker runs "
+                          "(--format pytorch)")
     if fmt.check is not None:
         fmt.check(job)
 

@@ -1,7 +1,8 @@
 """Each engine's own launch snippet for an export, written into the output (`launch/`) and its README.md.
 
 The commands name the target by the Hugging Face directory the export read (for an alias, the dequantized copy in
-DeepSpec's cache): on the serving host, replace it with that host's copy of the same model.
+DeepSpec's cache): on the serving host, replace it with that host's copy of the same model. Each engine's name of
+the draft algorithm is that engine's writer's (`DraftWriter.engine_name`, from the algorithm's record).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import json
 import shlex
 from pathlib import Path
 
-_ALGORITHMS = {"eagle3": ("eagle3", "EAGLE3", "Eagle3"), "dflash": ("dflash", "DFLASH", "DFlash"),
-               "dspark": ("dspark", "DSPARK", "DSpark")}
+from export.drafts.writers import draft_writer
 
 
-def vllm_speculative_config(algo: str, draft_dir: str, k: int) -> dict:
-    return {"method": _ALGORITHMS[algo][0], "model": draft_dir, "num_speculative_tokens": k}
+def vllm_speculative_config(job, draft_dir: str) -> dict:
+    return {"method": draft_writer("vllm", job.draft).engine_name, "model": draft_dir,
+            "num_speculative_tokens": job.num_speculative_tokens}
 
 
 def _chat_template_flag(job) -> str:
@@ -27,15 +28,15 @@ def _chat_template_flag(job) -> str:
 
 
 def vllm_command(job, draft_dir: str) -> str:
-    spec = json.dumps(vllm_speculative_config(job.draft.algo, draft_dir, job.num_speculative_tokens))
+    spec = json.dumps(vllm_speculative_config(job, draft_dir))
     return (f"vllm serve {shlex.quote(str(job.target.path))} --tensor-parallel-size {job.tp} "
             f"--dtype {job.dtype} --speculative-config {shlex.quote(spec)}{_chat_template_flag(job)}")
 
 
 def sglang_command(job, draft_dir: str) -> str:
-    k = job.num_speculative_tokens
+    k, algorithm = job.num_speculative_tokens, draft_writer("sglang", job.draft).engine_name
     return (f"python -m sglang.launch_server --model-path {shlex.quote(str(job.target.path))} --tp {job.tp} "
-            f"--dtype {job.dtype} --speculative-algorithm {_ALGORITHMS[job.draft.algo][1]} "
+            f"--dtype {job.dtype} --speculative-algorithm {algorithm} "
             f"--speculative-draft-model-path {shlex.quote(draft_dir)} --speculative-num-steps {k} "
             f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}{_chat_template_flag(job)}")
 
@@ -45,15 +46,12 @@ def trtllm_speculative_config(job, draft_dir: str) -> dict:
     pydantic model that forbids unknown keys). The draft is named by `speculative_model_dir`: the field's name in
     the 1.x releases, still accepted as an alias of `speculative_model` on main. `eagle3_layers_to_capture` is
     always written ("output of layer" ids): TensorRT-LLM reads the captured layers from here, not from the draft's
-    config.json, and falls back to {1, L//2-1, L-4} without it."""
-    from export.layer_ids import engine_layer_ids, hs_from_feature_layers
-
-    spec = {"decoding_type": _ALGORITHMS[job.draft.algo][2], "max_draft_len": job.num_speculative_tokens,
+    config.json, and falls back to {1, L//2-1, L-4} without it (the EAGLE-3 writer's `speculative_options`)."""
+    writer = draft_writer("tensorrt-llm", job.draft)
+    spec = {"decoding_type": writer.engine_name, "max_draft_len": job.num_speculative_tokens,
             "speculative_model_dir": draft_dir}
-    if job.draft.algo == "eagle3":
-        spec["eagle3_one_model"] = True
-        spec["eagle3_layers_to_capture"] = engine_layer_ids("tensorrt-llm",
-                                                            hs_from_feature_layers(job.draft.cfg.feature_layers))
+    if writer.speculative_options is not None:
+        spec.update(writer.speculative_options(job))
     return spec
 
 

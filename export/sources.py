@@ -117,7 +117,7 @@ class DraftSource:
     path: Path
     #: config.json as written by training (algo, sizes, feature_layers, target fingerprint)
     header: dict
-    #: deepspec.models.drafts.DraftConfig for neural drafts, None for a corpus-lookup index or a hybrid
+    #: the DraftConfig of a draft algorithm's directory (neural), None for a corpus-lookup index or a hybrid
     cfg: object | None
     #: a hybrid's parts ("corpus", "neural"), each opened and checked like a draft of its own
     parts: dict[str, "DraftSource"] = field(default_factory=dict)
@@ -171,8 +171,8 @@ CORPUS_LOOKUP = "corpus-lookup"
 def open_draft(path: str | Path, target: TargetSource) -> DraftSource:
     """Read and check a draft directory against the target; ExportError for a missing file, a broken config or a
     draft trained for another target."""
+    from deepspec.algorithms import available_algorithms
     from deepspec.models.drafts import (
-        ALGORITHMS,
         DraftCheckpointError,
         DraftTargetMismatchError,
         check_target,
@@ -193,9 +193,9 @@ def open_draft(path: str | Path, target: TargetSource) -> DraftSource:
             return DraftSource(path, header, None)
         if header["algo"] == HYBRID:
             return DraftSource(path, header, None, _hybrid_parts(path, header, target))
-        if header["algo"] not in ALGORITHMS:
+        if header["algo"] not in available_algorithms():
             raise ExportError(f"draft {path}: algo {header['algo']!r} is not one this DeepSpec exports (one of "
-                              f"{', '.join((*ALGORITHMS, CORPUS_LOOKUP, HYBRID))})")
+                              f"{', '.join((*available_algorithms(), CORPUS_LOOKUP, HYBRID))})")
         cfg = read_draft_config(path)
     except (DraftCheckpointError, DraftTargetMismatchError) as e:
         raise ExportError(str(e)) from None

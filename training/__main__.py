@@ -78,16 +78,17 @@ def _add_prepare(sub) -> None:
 
 
 def _add_train(sub) -> None:
-    from training.config import describe_config  # pydantic only: --help stays fast
+    from deepspec.algorithms import available_algorithms  # import paths only, no torch: --help stays fast
+    from training.config import describe_config  # pydantic only
 
-    p = sub.add_parser("train", help="train an eagle3 | dflash | dspark draft against a target",
+    p = sub.add_parser("train", help=f"train a {' | '.join(available_algorithms())} draft against a target",
                        description="Train a draft. Settings come from defaults < -c config file(s) < flags < "
                        "dotted overrides (e.g. optim.lr=3e-4 model.num_layers=2), all validated by one schema "
                        "(training/config.py; unknown keys are errors). Prints the resolved config first.",
                        epilog=describe_config(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-c", "--config", action="append", type=Path, default=[],
                    help="YAML or JSON config file; may repeat (later files win)")
-    p.add_argument("--algo", choices=["eagle3", "dflash", "dspark"], help="draft algorithm (model.algo)")
+    p.add_argument("--algo", choices=available_algorithms(), help="draft algorithm (model.algo)")
     p.add_argument("--target", help="target alias, .gguf or HF directory (target.name; default smollm2-135m)")
     _add_chat_template(p)
     p.add_argument("--data", nargs="+", type=Path,

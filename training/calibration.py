@@ -69,3 +69,12 @@ def calibrate_confidence(draft, target, features_source, sequences, indices: lis
     if not confs:
         return [1.0] * draft.cfg.block_size, []
     return fit_slot_temperatures(torch.cat(confs), torch.cat(accepts), torch.cat(slots), draft.cfg.block_size)
+
+
+def calibrate_dspark(draft, target, features_source, sequences, indices: list[int], num_anchors: int,
+                     seed: int) -> list[dict]:
+    """DSpark's `calibrate` (its algorithm record): fit the per-slot temperatures on the held-out rows into
+    draft.cfg.confidence_temperature, which save_draft writes to config.json; returns the report per slot."""
+    temps, report = calibrate_confidence(draft, target, features_source, sequences, indices, num_anchors, seed)
+    draft.cfg.confidence_temperature = tuple(temps)
+    return report

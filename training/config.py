@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deepspec.algorithms import check_layout, resolve_algorithm
 
 
 class StrictModel(BaseModel):
@@ -22,14 +24,23 @@ class TargetSection(StrictModel):
 
 
 class ModelSection(StrictModel):
-    algo: Literal["eagle3", "dflash", "dspark"] = Field("eagle3", description="eagle3 | dflash | dspark")
-    num_layers: int | None = Field(None, ge=1, le=16, description="draft decoder layers; None = 1 for eagle3, 2 for dflash/dspark (DeepSpec uses 5 on 4B targets)")
+    algo: str = Field("eagle3", description="a registered draft algorithm: eagle3 | dflash | dspark built in (deepspec/algorithms)")
+    num_layers: int | None = Field(None, ge=1, le=16, description="draft decoder layers; None = the algorithm's default: 1 for eagle3, 2 for dflash/dspark (DeepSpec uses 5 on 4B targets)")
     block_size: int = Field(7, ge=1, le=32, description="block size / TTT unroll γ (7 = what serving verifies)")
     draft_vocab_size: int = Field(8192, ge=0, description="reduced draft vocabulary: top-N tokens of the training answers (0 = full vocabulary)")
     markov_rank: int = Field(64, ge=1, description="dspark Markov head rank r (DeepSpec 256; 64 for small targets)")
     feature_layers: list[int] | None = Field(None, description="target layers feeding the draft, as 'output of layer i' ids (= HF hidden_states[i+1]); None = 5 evenly spaced, never the last (canonical layout: the engines' 3, {1, L//2-1, L-4})")
-    layout: Literal["deepspec", "canonical"] = Field("deepspec", description="eagle3 tensor layout: deepspec (flat names, frozen target head) or canonical (the EAGLE-3 layout SGLang/vLLM/TensorRT-LLM load: Llama-style midlayer, 3 captured layers, own lm_head, d2t/t2d)")
+    layout: str = Field("deepspec", description="tensor layout, one of the algorithm's: deepspec (flat names, frozen target head) or canonical (the EAGLE-3 layout SGLang/vLLM/TensorRT-LLM load: Llama-style midlayer, 3 captured layers, own lm_head, d2t/t2d)")
     calibration_sequences: int = Field(32, ge=0, description="dspark: last rows of the data held out of training to fit the per-slot confidence temperatures (at most 10% of the rows; 0 = uncalibrated)")
+
+    @field_validator("algo")
+    @classmethod
+    def _registered(cls, algo: str) -> str:
+        try:
+            resolve_algorithm(algo)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
+        return algo
 
 
 class DataSection(StrictModel):
@@ -77,8 +88,7 @@ class TrainConfig(StrictModel):
     def _check(self) -> "TrainConfig":
         if self.model.draft_vocab_size and self.model.draft_vocab_size < 16:
             raise ValueError("model.draft_vocab_size must be 0 (full vocabulary) or >= 16")
-        if self.model.layout == "canonical" and self.model.algo != "eagle3":
-            raise ValueError(f"model.layout=canonical is an eagle3 layout; model.algo is {self.model.algo}")
+        check_layout(self.model.algo, self.model.layout)
         return self
 
 

@@ -5,8 +5,9 @@ options for `build_drafter` after a colon: `drafts/smollm2-135m-corpus:tree=fals
 `drafts/smollm2-135m-eagle3:tree_branches=4,tree_width=4`. Values are JSON (true, 4, 0.5) or else strings. The
 row label is the draft's name with its options in brackets, e.g. `smollm2-135m-corpus[tree=false]`.
 
-`tree_variants` knows, per draft algorithm, which options make the chain and which the tree, so a benchmark can
-add both rows for the default draft without the caller knowing how each drafter spells it.
+`tree_variants` knows, per draft directory kind, which options make the chain and which the tree (a draft
+algorithm's record says it, `tree_options`; the corpus-lookup index's are below), so a benchmark can add both rows
+for the default draft without the caller knowing how each drafter spells it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: per checkpoint algorithm: the build_drafter options of its chain and of its tree
-TREE_OPTIONS: dict[str, tuple[dict, dict]] = {
-    "corpus-lookup": ({"tree": False}, {"tree": True}),
-    "eagle3": ({"tree_branches": 0}, {"tree_branches": 4}),
-    "dflash": ({"tree_branches": 0}, {"tree_branches": 4}),
-    "dspark": ({"tree_branches": 0}, {"tree_branches": 4}),
-}
+from deepspec.algorithms import available_algorithms, resolve_algorithm
+
+#: the corpus-lookup index's build_drafter options of its chain and of its tree
+CORPUS_TREE_OPTIONS = ({"tree": False}, {"tree": True})
 
 
 @dataclass(frozen=True)
@@ -71,8 +69,14 @@ def draft_algo(base: str) -> str | None:
 def tree_variants(base: str) -> list[DraftSpec]:
     """The chain and the tree of one draft directory (both, whatever its config's default); [] for an algorithm
     that drafts no trees."""
-    options = TREE_OPTIONS.get(draft_algo(base) or "")
+    options = _tree_options(draft_algo(base) or "")
     return [DraftSpec(base, dict(o)) for o in options] if options else []
+
+
+def _tree_options(algo: str) -> tuple[dict, dict] | None:
+    if algo == "corpus-lookup":
+        return CORPUS_TREE_OPTIONS
+    return resolve_algorithm(algo).tree_options if algo in available_algorithms() else None
 
 
 def is_tree_drafter(drafter) -> bool:

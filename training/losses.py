@@ -7,11 +7,15 @@ Two label sources (`train --labels`):
   unmatchable); DFlash's and DSpark's CE read the (target-written) next tokens.
 - target: top-k `SoftLabels` from the target's forward over any text (training/distill.py); every draft slot
   trains on the KL to the target's distribution at its position (`*_distill_loss`, DSpark's terms).
+
+Each algorithm's record (deepspec/algorithms) names its training objective, one function with the `Objective`
+signature that takes either label source: `eagle3_objective`, `dflash_objective`, `dspark_loss`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +28,11 @@ EAGLE3_STEP_DECAY = 0.8
 BLOCK_DECAY = 4.0
 #: DSpark: 0.1·CE + 0.9·L1 + 1.0·BCE
 DSPARK_WEIGHTS = (0.1, 0.9, 1.0)
+
+#: objective(draft, target, features [B, T, F], labels, tokens [B, T], loss_mask [B, T], anchor generator,
+#: num_anchors) -> (loss, metrics): labels is the target's final hidden state [B, T, H] (regen) or its SoftLabels
+#: [B, T, k] (target); the block drafts sample num_anchors anchors per row with the generator, others ignore both
+Objective = Callable[..., tuple[torch.Tensor, dict]]
 
 
 def target_probs(target, final_hidden: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
@@ -91,6 +100,14 @@ def eagle3_distill_loss(model, labels: SoftLabels, features, tokens, loss_mask) 
         return kl_to_labels(p_t, log_q).mean(), p_t.ids.gather(-1, p_t.probs.argmax(-1, keepdim=True))[:, 0]
 
     return _eagle3_unrolled_loss(model, features, tokens, loss_mask, kl)
+
+
+def eagle3_objective(model, target, features, labels, tokens, loss_mask, generator, num_anchors):
+    """Eagle3's `Objective`: `eagle3_distill_loss` on SoftLabels, else `eagle3_loss` (no anchors: TTT unrolls
+    every position)."""
+    if isinstance(labels, SoftLabels):
+        return eagle3_distill_loss(model, labels, features, tokens, loss_mask)
+    return eagle3_loss(model, target, features, labels, tokens, loss_mask)
 
 
 # ---- DFlash / DSpark ------------------------------------------------------------------------------------------
@@ -179,6 +196,13 @@ def dflash_distill_loss(model, labels: SoftLabels, features, tokens, loss_mask, 
                   "tau": 1 + float(run[blocks].mean()) if bool(blocks.any()) else math.nan}
 
 
+def dflash_objective(model, target, features, labels, tokens, loss_mask, generator, num_anchors):
+    """DFlash's `Objective`: `dflash_distill_loss` on SoftLabels, else `dflash_loss`."""
+    if isinstance(labels, SoftLabels):
+        return dflash_distill_loss(model, labels, features, tokens, loss_mask, generator, num_anchors)
+    return dflash_loss(model, target, features, labels, tokens, loss_mask, generator, num_anchors)
+
+
 def _block_positions(anchors: torch.Tensor, block_size: int, T: int) -> torch.Tensor:
     """anchors [B, A] → [B, A, γ]: position a+j, whose target distribution slot j predicts (clamped inside T)."""
     return (anchors[:, :, None] + torch.arange(block_size, device=anchors.device)).clamp(max=T - 1)
@@ -212,7 +236,8 @@ def _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, gene
 
 
 def dspark_loss(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
-    """0.1·CE + 0.9·L1(p_d, p_t) + 1.0·BCE(confidence, 1 - ½‖p_d - p_t‖₁), each weighted by w_j and validity.
+    """DSpark's `Objective`: 0.1·CE + 0.9·L1(p_d, p_t) + 1.0·BCE(confidence, 1 - ½‖p_d - p_t‖₁), each weighted by
+    w_j and validity.
 
     With SoftLabels (`--labels target`) the CE on the next token becomes the KL to the target's distribution."""
     t = _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors)
@@ -246,6 +271,3 @@ def _block_metrics(logits, labels, model, valid) -> dict:
     blocks = valid[..., 0]
     return {"acc0": float(hit[..., 0].sum() / blocks.sum().clamp(min=1)),
             "tau": 1 + float(run[blocks].mean()) if bool(blocks.any()) else math.nan}
-
-
-LOSSES = {"eagle3": None, "dflash": dflash_loss, "dspark": dspark_loss}

@@ -1,4 +1,7 @@
-"""The training loop shared by the three algorithms: frozen target → features (+ labels) → draft loss → AdamW.
+"""The training loop shared by every draft algorithm: frozen target → features (+ labels) → draft loss → AdamW.
+
+What is the algorithm's own (its module, config class, objective and any post-training calibration) comes from its
+record, `resolve_algorithm(cfg.model.algo)` (deepspec/algorithms); nothing here names an algorithm.
 
 One optimizer step = `grad_accum` micro-batches; warmup + cosine schedule; clipping; checkpoints every
 `save_every` steps hold everything a bit-for-bit resume needs (weights, optimizer, scheduler, torch RNG, anchor
@@ -21,37 +24,28 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from deepspec.algorithms import load_part, resolve_algorithm
 from training.config import TrainConfig
 from training.data import DataStats, SequenceOrder, build_draft_vocab, collate, load_sequences
-from training.losses import dflash_distill_loss, dflash_loss, dspark_loss, eagle3_distill_loss, eagle3_loss
 from training.parallel import Parallel
 
 
 class DraftObjective(nn.Module):
-    """draft + its loss as one module, so DDP/FSDP see a single forward per micro-batch."""
+    """draft + its algorithm's objective (training/losses.py `Objective`) as one module, so DDP/FSDP see a single
+    forward per micro-batch."""
 
-    def __init__(self, draft, target, num_anchors: int, anchor_generator: torch.Generator, labels: str = "regen"):
+    def __init__(self, draft, target, num_anchors: int, anchor_generator: torch.Generator, loss_fn):
         super().__init__()
         self.draft = draft
         self.target = target  # a dataclass, not a module: its frozen weights stay out of the optimizer and DDP
         self.num_anchors = num_anchors
         self.anchor_generator = anchor_generator
-        self.labels = labels
+        self.loss_fn = loss_fn
 
     def forward(self, features, labels, tokens, loss_mask):
         """labels: the target's final hidden state [B, T, H] (regen) or its SoftLabels [B, T, k] (target)."""
-        algo, distill = self.draft.cfg.algo, self.labels == "target"
-        if algo == "eagle3" and distill:
-            loss, metrics = eagle3_distill_loss(self.draft, labels, features, tokens, loss_mask)
-        elif algo == "eagle3":
-            loss, metrics = eagle3_loss(self.draft, self.target, features, labels, tokens, loss_mask)
-        elif algo == "dflash" and distill:
-            loss, metrics = dflash_distill_loss(self.draft, labels, features, tokens, loss_mask,
-                                                self.anchor_generator, self.num_anchors)
-        else:  # dspark reads either kind of label (training/losses.py _dspark_terms)
-            fn = dflash_loss if algo == "dflash" else dspark_loss
-            loss, metrics = fn(self.draft, self.target, features, labels, tokens, loss_mask,
-                               self.anchor_generator, self.num_anchors)
+        loss, metrics = self.loss_fn(self.draft, self.target, features, labels, tokens, loss_mask,
+                                     self.anchor_generator, self.num_anchors)
         # every parameter takes part in every step (DDP needs that), even on a batch with nothing to learn
         loss = loss + 0.0 * sum(p.sum() for p in self.draft.parameters())
         return loss, metrics
@@ -125,6 +119,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, show_progress: bool = True, log=None):
         self.cfg, self.show_progress = cfg, show_progress
+        self.algorithm = resolve_algorithm(cfg.model.algo)
         self.log = log or (lambda s: None)
         self.dist = _Dist(cfg)
         self.out = Path(cfg.output_dir)
@@ -166,9 +161,9 @@ class Trainer:
             self.log(f"skipped {self.stats.num_malformed} malformed rows (first: {self.stats.problems[0]})")
         self.log(f"{len(self.sequences)} sequences, {self.stats.num_tokens:,} tokens "
                  f"({self.stats.num_loss_tokens:,} trained on), labels: {cfg.data.labels}")
-        # DSpark holds out the last rows to calibrate its confidence head on text it never trained on
+        # an algorithm that calibrates (DSpark's confidence head) holds out the last rows: text it never trained on
         self.num_calibration = (min(cfg.model.calibration_sequences, len(self.sequences) // 10)
-                                if cfg.model.algo == "dspark" else 0)
+                                if self.algorithm.calibrate is not None else 0)
         self.num_train = len(self.sequences) - self.num_calibration
 
     def build_draft(self) -> None:
@@ -237,7 +232,7 @@ class Trainer:
         cfg = self.cfg
         self.anchor_gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.dist.rank)
         self.objective = DraftObjective(self.draft, self.target, cfg.data.num_anchors, self.anchor_gen,
-                                        labels=cfg.data.labels)
+                                        load_part(self.algorithm.loss))
         self.order = SequenceOrder(self.num_train, cfg.data.batch_size, cfg.seed, self.dist.rank,
                                    self.dist.world_size)
         self.parallel = Parallel(self.objective, self.dist.world_size, cfg.dist.fsdp)
@@ -387,7 +382,7 @@ class Trainer:
             shutil.rmtree(old, ignore_errors=True)
 
     def finish(self, stopped: str, elapsed: float, new_tokens: int) -> dict:
-        """The summary; unless interrupted, the final draft (DSpark: calibrated first) in output_dir."""
+        """The summary; unless interrupted, the final draft (calibrated first, for DSpark) in output_dir."""
         from deepspec.models.drafts import save_draft
 
         cfg = self.cfg
@@ -408,14 +403,13 @@ class Trainer:
         return summary
 
     def calibrate(self, whole) -> list[dict]:
-        """DSpark: fit the per-slot confidence temperatures on the held-out rows; returns the report."""
-        from training.calibration import calibrate_confidence
-
-        temps, report = calibrate_confidence(
-            whole, self.target, self.source, self.sequences, list(range(self.num_train, len(self.sequences))),
-            self.cfg.data.num_anchors, self.cfg.seed)
-        whole.cfg.confidence_temperature = tuple(temps)
-        self.log(f"confidence calibrated on {self.num_calibration} held-out sequences: per-slot T {temps}")
+        """The algorithm's calibration (DSpark: per-slot confidence temperatures) on the held-out rows, written into
+        whole.cfg; returns its report."""
+        calibrate = load_part(self.algorithm.calibrate)
+        report = calibrate(whole, self.target, self.source, self.sequences,
+                           list(range(self.num_train, len(self.sequences))), self.cfg.data.num_anchors, self.cfg.seed)
+        self.log(f"{self.cfg.model.algo}: calibrated on {self.num_calibration} held-out sequences (the report is "
+                 "train_summary.json's 'calibration')")
         return report
 
 

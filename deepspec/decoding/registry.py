@@ -3,16 +3,19 @@
 Two tables, both filled explicitly below (no module registers itself on import):
 
 - named drafters, `register_drafter(name, factory)`: `prompt-lookup`, `random` (tests); factory(target, **options);
-- draft directories by the `algo` of their config.json, `register_checkpoint_algo(algo, loader)`: `eagle3`,
-  `dflash`, `dspark` (trained weights, read by deepspec.models.drafts; on the ONNX export written with that draft,
-  run through its graphs, drafters/onnx_graphs.py), `corpus-lookup` (an index) and `hybrid` (a corpus and a neural
-  draft directory, drafters/hybrid.py);
+- draft directories by the `algo` of their config.json, `register_checkpoint_algo(algo, loader)`: `corpus-lookup`
+  (an index) and `hybrid` (a corpus and a neural draft directory, drafters/hybrid.py);
   loader(path, header, target, **options).
+
+A directory whose `algo` is a draft algorithm (deepspec.algorithms: `eagle3`, `dflash`, `dspark` and any registered
+later) loads through that algorithm's own drafter class: its trained weights read by deepspec.models.drafts, and on
+the ONNX export written with that draft run through its graphs (drafters/onnx_graphs.py).
 
 `build_drafter(spec, target)` also knows `none` (target-only: no drafter) and `auto`: the shipped draft (drafts/) for
 this target with the highest measured greedy acceptance length, when that reaches AUTO_MIN_ACCEPTANCE_LENGTH; below
 it a trained draft costs more than it wins against prompt lookup, which needs no training, so `auto` falls back to
-prompt lookup. The model layer (deepspec.models) only reads and writes draft architectures; it never imports this.
+prompt lookup. `drafter_keywords()` is every spec that names no directory, the one list the stages check a `--draft`
+value against. The model layer (deepspec.models) only reads and writes draft architectures; it never imports this.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import functools
 from pathlib import Path
 from typing import Callable
 
+from deepspec.algorithms import available_algorithms, load_part, resolve_algorithm
 from deepspec.decoding.drafter import Drafter
+from deepspec.decoding.drafters import neural, onnx_graphs
 from deepspec.models.target import Target
 
 #: factory(target, **options) -> Drafter
@@ -47,9 +52,19 @@ def register_checkpoint_algo(algo: str, loader: CheckpointLoader) -> None:
     _CHECKPOINT_ALGOS[algo] = loader
 
 
+def drafter_keywords() -> tuple[str, ...]:
+    """Every spec `build_drafter` accepts that names no draft directory: `none`, `auto` and the named drafters."""
+    return (*_KEYWORDS, *sorted(_DRAFTERS))
+
+
+def checkpoint_algos() -> list[str]:
+    """Every config.json `algo` a draft directory may have: the registered draft algorithms and the other kinds."""
+    return sorted({*_CHECKPOINT_ALGOS, *available_algorithms()})
+
+
 def available_drafters() -> list[str]:
     """Every spec `build_drafter` accepts, as shown in CLI help and errors."""
-    return [*_KEYWORDS, *sorted(_DRAFTERS), f"<draft dir: {'|'.join(sorted(_CHECKPOINT_ALGOS))}>"]
+    return [*drafter_keywords(), f"<draft dir: {'|'.join(checkpoint_algos())}>"]
 
 
 def resolve_drafter(name: str) -> DrafterFactory:
@@ -60,10 +75,19 @@ def resolve_drafter(name: str) -> DrafterFactory:
 
 
 def resolve_checkpoint_algo(algo: str) -> CheckpointLoader:
-    try:
+    if algo in _CHECKPOINT_ALGOS:
         return _CHECKPOINT_ALGOS[algo]
+    try:
+        algorithm = resolve_algorithm(algo)
     except KeyError:
-        raise KeyError(f"unknown draft algorithm '{algo}'; this engine loads {sorted(_CHECKPOINT_ALGOS)}") from None
+        raise KeyError(f"unknown draft algorithm '{algo}'; this engine loads {checkpoint_algos()}") from None
+    return _algorithm_loader(load_part(algorithm.drafter))
+
+
+def _algorithm_loader(cls: type[Drafter]) -> CheckpointLoader:
+    """A draft algorithm's directories → its drafter class around the trained weights; on the ONNX export written
+    with that very draft, around its graphs."""
+    return onnx_graphs.checkpoint_loader(cls, neural.checkpoint_loader(cls))
 
 
 def load_checkpoint_drafter(path: str | Path, target: Target, **options) -> Drafter:
@@ -102,17 +126,12 @@ def build_drafter(spec: str | None, target: Target, **options) -> Drafter | None
 
 
 def _register_builtins() -> None:
-    from deepspec.decoding.drafters import corpus_lookup, hybrid, neural, onnx_graphs
-    from deepspec.decoding.drafters.dflash import DFlashDrafter
-    from deepspec.decoding.drafters.dspark import DSparkDrafter
-    from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
+    from deepspec.decoding.drafters import corpus_lookup, hybrid
     from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
     from deepspec.decoding.drafters.random import RandomDrafter
 
     register_drafter("prompt-lookup", lambda target, **kw: PromptLookupDrafter(**kw))
     register_drafter("random", lambda target, **kw: RandomDrafter(target.vocab_size, **kw))
-    for cls in (Eagle3Drafter, DFlashDrafter, DSparkDrafter):  # on an ONNX export with its graphs, through them
-        register_checkpoint_algo(cls.name, onnx_graphs.checkpoint_loader(cls, neural.checkpoint_loader(cls)))
     register_checkpoint_algo(corpus_lookup.ALGO, corpus_lookup.load_drafter)
     register_checkpoint_algo(hybrid.ALGO, functools.partial(hybrid.load_drafter, load_part=load_checkpoint_drafter))
 

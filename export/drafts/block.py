@@ -10,6 +10,9 @@ vocabulary) and `d2t` offsets. DSpark: `markov_in` [N+1, r] (draft vocabulary + 
 The engines build the block from `embed(mask_token_id)`; DeepSpec trains the MASK vector itself. The export puts
 it into the row of a token the draft can never propose (outside the draft vocabulary) and ships that embedding as
 `embed_tokens.weight`, so an engine that loads the draft's own embedding computes exactly our block input.
+
+The writers at the bottom (`DFLASH_VLLM`, `DFLASH_SGLANG`, `DSPARK_VLLM`, `DSPARK_SGLANG`) are what the DFlash and
+DSpark algorithm records name for each engine.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from __future__ import annotations
 import torch
 
 from export.errors import ExportError
+from export.job import DraftWriter
 from export.layer_ids import engine_layer_ids, hs_from_feature_layers
 
-_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dspark": "Qwen3DSparkModel"}
 _LAYER_NAMES = {"attn_norm.": "input_layernorm.", "attn.": "self_attn.", "mlp_norm.": "post_attention_layernorm.",
                 "mlp.": "mlp."}
 _TOP_NAMES = {"fc.weight": "fc.weight", "context_norm.weight": "hidden_norm.weight", "final_norm.weight": "norm.weight",
@@ -27,10 +30,10 @@ _TOP_NAMES = {"fc.weight": "fc.weight", "context_norm.weight": "hidden_norm.weig
               "confidence.bias": "confidence_head.proj.bias"}
 
 
-def check(engine: str, draft, target) -> None:
+def check(engine: str, job) -> None:
+    """Every reason `engine` refuses job.draft (ExportError): its block layer is Qwen3-style."""
+    draft, target = job.draft, job.target
     cfg, reasons = draft.cfg, []
-    if engine not in ("vllm", "sglang"):
-        reasons.append(f"DeepSpec exports {draft.algo} drafts for vllm and sglang")
     if target.family == "gemma3_text":
         reasons.append("its DFlash/DSpark draft layer is Qwen3-style; Gemma3 targets (scaled embeddings, GeGLU) are "
                        "not served")
@@ -52,9 +55,11 @@ def mask_token_id(d2t: torch.Tensor, vocab_size: int) -> int:
     return int(outside[-1]) if outside.numel() else vocab_size - 1
 
 
-def convert(draft, target, engine: str, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, config.json) of the engine layout."""
-    cfg, state = draft.cfg, draft.weights()
+def _block_layout(draft, target, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                  architecture: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """(float32 tensors, config.json) of the engine layout from the draft's weights `state`, all but DSpark's
+    Markov W1 (`_convert_dspark` adds it)."""
+    cfg = draft.cfg
     d2t = draft.d2t()
     n = d2t.numel()
     out: dict[str, torch.Tensor] = {}
@@ -76,14 +81,9 @@ def convert(draft, target, engine: str, dtype: torch.dtype) -> tuple[dict[str, t
     out["lm_head.weight"] = target.head_weight().float()[d2t].contiguous()
     if cfg.draft_vocab_size:
         out["d2t"] = d2t - torch.arange(n)
-    if draft.algo == "dspark":
-        t2d = torch.full((cfg.vocab_size,), n, dtype=torch.long)
-        t2d[d2t] = torch.arange(n)
-        out["markov_head.markov_w1.weight"] = state["markov_in.weight"][t2d].contiguous()
-    tensors = {k: v.to(dtype).contiguous() if v.is_floating_point() else v.contiguous() for k, v in out.items()}
     hs = hs_from_feature_layers(cfg.feature_layers)
     config = {
-        "architectures": [_ARCHITECTURES[draft.algo]],
+        "architectures": [architecture],
         "model_type": "qwen3",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -105,7 +105,36 @@ def convert(draft, target, engine: str, dtype: torch.dtype) -> tuple[dict[str, t
         "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": engine_layer_ids("dflash", hs)},
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
-    if draft.algo == "dspark":
-        config.update(markov_rank=cfg.markov_rank, markov_head_type="vanilla", enable_confidence_head=True,
-                      confidence_threshold=cfg.confidence_threshold)
-    return tensors, config
+    return out, config
+
+
+def _cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Weights in the export dtype; integer maps (d2t) as they are."""
+    return {k: v.to(dtype).contiguous() if v.is_floating_point() else v.contiguous() for k, v in tensors.items()}
+
+
+def _convert_dflash(engine: str, job, dtype: torch.dtype) -> tuple[dict, dict, list[int]]:
+    tensors, config = _block_layout(job.draft, job.target, job.draft.weights(), dtype, "DFlashDraftModel")
+    return _cast(tensors, dtype), config, config["dflash_config"]["target_layer_ids"]
+
+
+def _convert_dspark(engine: str, job, dtype: torch.dtype) -> tuple[dict, dict, list[int]]:
+    """DFlash's layout (W2 and the confidence head renamed with it) plus the Markov W1, expanded from the draft
+    vocabulary (+ one shared row) to every target id, and the Markov keys of config.json."""
+    draft = job.draft
+    cfg, state = draft.cfg, draft.weights()
+    tensors, config = _block_layout(draft, job.target, state, dtype, "Qwen3DSparkModel")
+    d2t = draft.d2t()
+    n = d2t.numel()
+    t2d = torch.full((cfg.vocab_size,), n, dtype=torch.long)
+    t2d[d2t] = torch.arange(n)
+    tensors["markov_head.markov_w1.weight"] = state["markov_in.weight"][t2d].contiguous()
+    config.update(markov_rank=cfg.markov_rank, markov_head_type="vanilla", enable_confidence_head=True,
+                  confidence_threshold=cfg.confidence_threshold)
+    return _cast(tensors, dtype), config, config["dflash_config"]["target_layer_ids"]
+
+
+DFLASH_VLLM = DraftWriter("dflash", check, _convert_dflash)
+DFLASH_SGLANG = DraftWriter("DFLASH", check, _convert_dflash)
+DSPARK_VLLM = DraftWriter("dspark", check, _convert_dspark)
+DSPARK_SGLANG = DraftWriter("DSPARK", check, _convert_dspark)

@@ -13,6 +13,8 @@ vocabulary, the same numbers the worker computes with. Dialects: SGLang and Tens
 speculators layout that `vllm serve DIR` reads names the layer `layers.0.*`. The forward every engine runs: layer
 input `cat(input_layernorm(embed(x)), hidden_norm(h))`, residual `h` (norm_before_residual = false), output
 `norm(h')` -> lm_head, `h'` fed back.
+
+The writers at the bottom (`VLLM`, `SGLANG`, `TENSORRT_LLM`) are what Eagle3's algorithm record names for each engine.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import torch
 
 from export.errors import ExportError
+from export.job import DraftWriter
+from export.layer_ids import engine_layer_ids, hs_from_feature_layers
 
 #: deepspec layout name -> canonical name
 _DEEPSPEC_NAMES = {
@@ -95,10 +99,14 @@ def blockers(engine: str, cfg, target_family: str, hs: tuple[int, ...]) -> list[
     return reasons
 
 
-def check(engine: str, draft, target, hs) -> None:
-    reasons = blockers(engine, draft.cfg, target.family, tuple(hs))
+def check(engine: str, job) -> None:
+    """Every reason `engine` refuses job.draft (ExportError), the captured layers it cannot name included."""
+    draft = job.draft
+    hs = hs_from_feature_layers(draft.cfg.feature_layers)
+    reasons = blockers(engine, draft.cfg, job.target.family, hs)
     if reasons:
         raise ExportError(f"{engine} cannot load the EAGLE-3 draft {draft.path.name}: " + "; ".join(reasons))
+    engine_layer_ids(engine, hs)
 
 
 def layer_config(cfg, target_config: dict, model_type: str) -> dict:
@@ -119,3 +127,83 @@ def layer_config(cfg, target_config: dict, model_type: str) -> dict:
         "attention_bias": bool(cfg.qkv_bias),
         "tie_word_embeddings": False,
     }
+
+
+def _convert_speculators(engine: str, job, dtype: torch.dtype) -> tuple[dict, dict, list[int]]:
+    """vLLM: the speculators layout (`layers.0.*`, Eagle3Speculator naming its verifier)."""
+    cfg = job.draft.cfg
+    hs = hs_from_feature_layers(cfg.feature_layers)
+    tensors = dialect(canonical_tensors(job.draft, job.target), engine, dtype)
+    if cfg.qkv_bias:  # Llama attention_bias also biases o_proj; ours has none
+        tensors["layers.0.self_attn.o_proj.bias"] = torch.zeros(cfg.hidden_size, dtype=dtype)
+    return tensors, _speculators_config(job, hs), engine_layer_ids(engine, hs)
+
+
+def _convert_midlayer(engine: str, job, dtype: torch.dtype) -> tuple[dict, dict, list[int]]:
+    """SGLang, TensorRT-LLM: `LlamaForCausalLMEagle3` with `midlayer.*` keys."""
+    hs = hs_from_feature_layers(job.draft.cfg.feature_layers)
+    tensors = dialect(canonical_tensors(job.draft, job.target), engine, dtype)
+    return tensors, _hf_config(job, engine, hs), engine_layer_ids(engine, hs)
+
+
+def _hf_config(job, engine: str, hs) -> dict:
+    """The `LlamaForCausalLMEagle3` directory SGLang and TensorRT-LLM load (midlayer.* keys)."""
+    cfg = job.draft.cfg
+    ids = engine_layer_ids(engine, hs)
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **layer_config(cfg, job.target.config, "llama"),
+        "draft_vocab_size": cfg.out_vocab_size,
+        "target_hidden_size": job.target.arch.hidden_size,
+        "torch_dtype": job.dtype,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+    }
+    if engine == "tensorrt-llm":
+        config["eagle_config"]["eagle3_layers_to_capture"] = ids
+    return config
+
+
+def _speculators_config(job, hs) -> dict:
+    """The speculators format (`vllm serve DIR`): Eagle3Speculator with the layer config nested."""
+    cfg = job.draft.cfg
+    model_type = "qwen3" if cfg.qk_norm else "llama"
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": _speculators_version(),
+        "transformer_layer_config": layer_config(cfg, job.target.config, model_type),
+        "draft_vocab_size": cfg.out_vocab_size,
+        "target_hidden_size": job.target.arch.hidden_size,
+        # absent means true to the speculators loader: always written
+        "norm_before_residual": bool(cfg.norm_before_residual),
+        "eagle_aux_hidden_state_layer_ids": engine_layer_ids("vllm", hs),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": job.num_speculative_tokens}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": str(job.target.path),
+                         "architectures": job.target.config.get("architectures") or []},
+        },
+        "torch_dtype": job.dtype,
+    }
+
+
+def _speculators_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("speculators")
+    except metadata.PackageNotFoundError:
+        return "0.9.0"
+
+
+def _trtllm_options(job) -> dict:
+    """TensorRT-LLM's EAGLE-3 keys of `speculative_config` (export/snippets.py `trtllm_speculative_config`): the one
+    model path, and the captured layers, which it reads from here only and not from the draft's config.json."""
+    hs = hs_from_feature_layers(job.draft.cfg.feature_layers)
+    return {"eagle3_one_model": True, "eagle3_layers_to_capture": engine_layer_ids("tensorrt-llm", hs)}
+
+
+VLLM = DraftWriter("eagle3", check, _convert_speculators, names_its_target=True)
+SGLANG = DraftWriter("EAGLE3", check, _convert_midlayer)
+TENSORRT_LLM = DraftWriter("Eagle3", check, _convert_midlayer, speculative_options=_trtllm_options)

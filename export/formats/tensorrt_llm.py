@@ -51,10 +51,7 @@ def build_blockers() -> list[str]:
 
 def check(job: ExportJob) -> None:
     check_sizes(job.target.arch, job.tp)
-    if job.draft is not None and job.draft.is_neural and job.draft.algo != "eagle3":
-        raise ExportError(f"{ENGINE}: DeepSpec exports EAGLE-3 drafts for TensorRT-LLM; {job.draft.path.name} is "
-                          f"{job.draft.kind} (export it for vllm or sglang)")
-    check_draft(ENGINE, job)
+    check_draft(ENGINE, job)  # the algorithms with a tensorrt-llm writer: EAGLE-3
     if job.build and (missing := build_blockers()):
         raise ExportError(f"--build: {'; '.join(missing)}. Export without --build here, then on a GPU host with "
                           "TensorRT-LLM 1.2: sh OUT/build.sh (or serve without building: trtllm-serve TARGET --config "
@@ -76,7 +73,7 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     fields = {"tp": job.tp, "checkpoint": "checkpoint", "architecture": ARCHITECTURES[arch.family]}
     draft_dir = None
     if job.draft is not None:
-        with progress.task("EAGLE-3 draft", total=1) as advance:
+        with progress.task(f"{job.draft.algo} draft", total=1) as advance:
             fields.update(write_draft(ENGINE, job, out / "draft"))
             advance(1)
         draft_dir = "draft"

@@ -26,7 +26,6 @@ import yaml
 from deepspec.models.chat_templates import save_chat_template
 from export import snippets
 from export.drafts.writers import check_draft, write_draft
-from export.errors import ExportError
 from export.triton import CONTRACT_PY, LLMAPI_MODEL_PY
 from export.job import ExportFormat, ExportJob
 from export.trtllm_checkpoint import ARCHITECTURES, check_sizes
@@ -43,10 +42,7 @@ _TARGET_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
 
 def check(job: ExportJob) -> None:
     check_sizes(job.target.arch, job.tp)
-    if job.draft is not None and job.draft.algo != "eagle3":
-        raise ExportError(f"{ENGINE}: the TensorRT-LLM model runs EAGLE-3 drafts here; {job.draft.path.name} is "
-                          f"{job.draft.algo}")
-    check_draft("tensorrt-llm", job)
+    check_draft("tensorrt-llm", job)  # the TensorRT-LLM model runs what TensorRT-LLM loads
 
 
 def _tensor(name: str, dtype: str, dims: str = "[ 1 ]", optional: bool = False) -> str:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from export import snippets
-from export.drafts.writers import check_draft, write_draft_dir
+from export.drafts.writers import check_draft, draft_writer, write_draft_dir
 from export.job import ExportFormat, ExportJob
 
 ENGINE = "vllm"
@@ -23,14 +23,14 @@ def check(job: ExportJob) -> None:
 
 def write(job: ExportJob, out: Path, progress) -> dict:
     fields = write_draft_dir(ENGINE, job, out, progress)
-    spec = snippets.vllm_speculative_config(job.draft.algo, "draft", job.num_speculative_tokens)
+    spec = snippets.vllm_speculative_config(job, "draft")
     (out / "launch").mkdir()
     (out / "launch" / "vllm-speculative-config.json").write_text(json.dumps(spec, indent=2) + "\n")
     command = snippets.vllm_command(job, "draft")
     snippets.write_script(out / "launch" / "vllm.sh", command)
     launch = {"vllm": command}
     sections = {"Serve with vLLM": f"```sh\n{command}\n```"}
-    if job.draft.algo == "eagle3":
+    if draft_writer(ENGINE, job.draft).names_its_target:
         launch["vllm_speculators"] = "vllm serve draft"
         sections["Serve with vLLM"] += ("\n\nThe draft is in the `speculators` format, which names its target "
                                         "(`speculators_config.verifier`), so this works as well:\n\n"

@@ -13,7 +13,8 @@ Eagle3 (`eagle3_fc`, `eagle3_step`, `eagle3_head`):
                   → hidden_out [B, m, H], new_key/new_value [B, nkv, m, hd]                   Eagle3Draft.cached_step
     eagle3_head   hidden [B, T, H] (pre-norm) → logits [B, T, N]                             Eagle3Draft.logits
 
-DFlash / DSpark (`dflash_context`, `dflash_block`, and `dspark_markov` for DSpark):
+DFlash / DSpark (`dflash_context`, `dflash_block`, and `dspark_markov` for DSpark; each algorithm's record names
+its builder, `build_draft_graphs` looks it up):
 
     dflash_context  features [B, T, F], positions [B, T] → context_key.{l} / context_value.{l} [B, nkv, T, hd]
                     per draft layer l                                   context_kv(context(F), positions)
@@ -37,11 +38,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from deepspec.decoding.drafters.onnx_graphs import DRAFT_GRAPHS as _RUNTIME_GRAPHS
+from deepspec.algorithms import load_part, resolve_algorithm
+from deepspec.models.drafts.dflash import DFlashDraft
+from deepspec.models.drafts.dspark import DSparkDraft
+from deepspec.models.drafts.eagle3 import Eagle3Draft
 from export.onnx.graph import MS_DOMAIN, OPSET, _Builder, _Weights
-
-#: graph files per draft algorithm (the runtime's table), in the order `build_draft_graphs` writes them
-DRAFT_GRAPHS = _RUNTIME_GRAPHS
 
 _F, _I64, _BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -175,7 +176,7 @@ def _check(cfg) -> None:
 def build_eagle3_graphs(draft, out_dir: Path) -> list[Path]:
     """eagle3_fc / eagle3_step / eagle3_head for an attached `Eagle3Draft` (float32); returns their paths."""
     cfg = draft.cfg
-    if cfg.algo != "eagle3":
+    if not isinstance(draft, Eagle3Draft):
         raise ValueError(f"build_eagle3_graphs takes an Eagle3 draft, not {cfg.algo}")
     _check(cfg)
     H, N, nkv, hd = cfg.hidden_size, cfg.out_vocab_size, cfg.num_kv_heads, cfg.head_dim
@@ -220,9 +221,9 @@ def build_eagle3_graphs(draft, out_dir: Path) -> list[Path]:
 
 
 def build_dflash_graphs(draft, out_dir: Path) -> list[Path]:
-    """dflash_context / dflash_block (+ dspark_markov for DSpark) for an attached DFlash or DSpark draft."""
+    """dflash_context / dflash_block for an attached DFlash draft (or the DFlash backbone of a DSpark one)."""
     cfg = draft.cfg
-    if cfg.algo not in ("dflash", "dspark"):
+    if not isinstance(draft, DFlashDraft):
         raise ValueError(f"build_dflash_graphs takes a DFlash or DSpark draft, not {cfg.algo}")
     _check(cfg)
     H, N, nkv, hd, L, γ = cfg.hidden_size, cfg.out_vocab_size, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers, \
@@ -264,24 +265,34 @@ def build_dflash_graphs(draft, out_dir: Path) -> list[Path]:
     inputs.append(_info("visible", _BOOL, ["B", γ, "KQ"]))
     paths.append(_save(g, w, "dflash_block", inputs, [_info("hidden", _F, ["B", γ, H]), _info("logits", _F, ["B", γ, N])],
                        out_dir))
+    return paths
 
-    if cfg.algo == "dspark":
-        g, w = _new(out_dir, "dspark_markov", cfg)
-        m = g.op("Gather", [g.w.add("markov_in.weight", _np(draft.markov_in.weight)),
-                            g.op("Gather", [g.w.add("t2d", draft.t2d.cpu().numpy().astype(np.int64)), "prev_tokens"])])
-        g.op("Add", ["base_logits", g.op("MatMul", [m, g.w.add("markov_out.weight_t", _np(draft.markov_out.weight).T)])],
-             outputs=["logits"])
-        conf = g.dense(g.op("Concat", ["hidden", m], axis=-1), draft.confidence, "confidence")  # [B, W, 1]
-        g.op("Squeeze", [conf, g.axis_last], outputs=["confidence"])
-        paths.append(_save(g, w, "dspark_markov",
-                           [_info("hidden", _F, ["B", "W", H]), _info("base_logits", _F, ["B", "W", N]),
-                            _info("prev_tokens", _I64, ["B", "W"])],
-                           [_info("logits", _F, ["B", "W", N]), _info("confidence", _F, ["B", "W"])], out_dir))
+
+def build_dspark_graphs(draft, out_dir: Path) -> list[Path]:
+    """The DFlash backbone's graphs, then dspark_markov (the Markov and confidence heads) for an attached DSpark."""
+    if not isinstance(draft, DSparkDraft):
+        raise ValueError(f"build_dspark_graphs takes a DSpark draft, not {draft.cfg.algo}")
+    paths = build_dflash_graphs(draft, out_dir)
+    cfg = draft.cfg
+    H, N = cfg.hidden_size, cfg.out_vocab_size
+    g, w = _new(out_dir, "dspark_markov", cfg)
+    m = g.op("Gather", [g.w.add("markov_in.weight", _np(draft.markov_in.weight)),
+                        g.op("Gather", [g.w.add("t2d", draft.t2d.cpu().numpy().astype(np.int64)), "prev_tokens"])])
+    g.op("Add", ["base_logits", g.op("MatMul", [m, g.w.add("markov_out.weight_t", _np(draft.markov_out.weight).T)])],
+         outputs=["logits"])
+    conf = g.dense(g.op("Concat", ["hidden", m], axis=-1), draft.confidence, "confidence")  # [B, W, 1]
+    g.op("Squeeze", [conf, g.axis_last], outputs=["confidence"])
+    paths.append(_save(g, w, "dspark_markov",
+                       [_info("hidden", _F, ["B", "W", H]), _info("base_logits", _F, ["B", "W", N]),
+                        _info("prev_tokens", _I64, ["B", "W"])],
+                       [_info("logits", _F, ["B", "W", N]), _info("confidence", _F, ["B", "W"])], out_dir))
     return paths
 
 
 def build_draft_graphs(draft, out_dir: Path) -> list[Path]:
-    """The graphs of any neural draft (attached, float32) into out_dir; returns their paths (DRAFT_GRAPHS order)."""
-    if draft.cfg.algo == "eagle3":
-        return build_eagle3_graphs(draft, out_dir)
-    return build_dflash_graphs(draft, out_dir)
+    """The graphs of a neural draft (attached, float32) into out_dir, by its algorithm's builder; returns their paths,
+    in the order of the algorithm's `onnx.files`."""
+    graphs = resolve_algorithm(draft.cfg.algo).onnx
+    if graphs is None:
+        raise ValueError(f"{draft.cfg.algo} drafts have no ONNX graphs")
+    return load_part(graphs.build)(draft, out_dir)

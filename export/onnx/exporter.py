@@ -32,15 +32,16 @@ DRAFT_GRAPH_DIR = "draft_onnx"
 
 
 def resolve_draft_dir(draft, target) -> Path | None:
-    """A draft spec (None, 'none', 'prompt-lookup', 'auto', or a directory) → its directory, or None."""
-    if draft in (None, "", "none", "prompt-lookup"):
-        return None
+    """A draft spec (None, a drafter keyword such as 'none', 'prompt-lookup' or 'auto', or a directory) → its
+    directory, or None."""
+    from deepspec.decoding.registry import AUTO_MIN_ACCEPTANCE_LENGTH, drafter_keywords
+
     if draft == "auto":
         from deepspec.models.drafts import best_shipped_draft
 
-        from deepspec.decoding.registry import AUTO_MIN_ACCEPTANCE_LENGTH
-
         return best_shipped_draft(target, min_acceptance_length=AUTO_MIN_ACCEPTANCE_LENGTH)
+    if draft in (None, "") or draft in drafter_keywords():
+        return None
     path = Path(draft)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"draft {path}: no config.json (expected a draft directory from python -m training)")
@@ -63,7 +64,8 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     tokenizer files, so the worker serving the export renders chat with it."""
     import torch
 
-    from deepspec.decoding.drafters.onnx_graphs import DRAFT_GRAPHS
+    from deepspec.algorithms import available_algorithms, resolve_algorithm
+    from deepspec.decoding.registry import drafter_keywords
     from deepspec.models import pytorch_decoder
     from deepspec.models.chat_templates import save_chat_template
     from deepspec.models.drafts import check_target, read_checkpoint_header
@@ -114,7 +116,8 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     if draft_dir is not None:
         shutil.copytree(draft_dir, out / "draft", ignore=shutil.ignore_patterns("reports", "__pycache__"))
         meta["draft"] = {"path": "draft", "algo": header["algo"]}
-        if header["algo"] in DRAFT_GRAPHS:  # neural drafts: their forward passes as graphs too
+        algo = header["algo"]
+        if algo in available_algorithms() and resolve_algorithm(algo).onnx is not None:  # their forward passes too
             from deepspec.models.drafts import load_draft
             from export.onnx.draft_graph import build_draft_graphs
 
@@ -123,6 +126,7 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
             meta["draft"]["graphs_dir"] = DRAFT_GRAPH_DIR
             meta["draft"]["graphs"] = [p.name for p in graphs]
     else:
-        meta["draft"] = {"path": draft if draft in ("prompt-lookup",) else "none", "algo": None}
+        named = draft in drafter_keywords() and draft != "auto"  # a drafter the worker builds by name
+        meta["draft"] = {"path": draft if named else "none", "algo": None}
     (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta

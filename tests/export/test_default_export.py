@@ -112,7 +112,7 @@ def test_without_a_canonical_eagle3_each_engine_says_why_each_draft_does_not_fit
     assert "warning: --draft auto: no shipped draft" in warning and "exporting the target alone" in warning
     assert "hybrid: tensorrt-llm cannot load hybrid: a hybrid (corpus-lookup + an eagle3 draft)" in warning
     assert "corpus: tensorrt-llm cannot load corpus: a corpus-lookup index" in warning
-    assert "dflash: tensorrt-llm: DeepSpec exports EAGLE-3 drafts for TensorRT-LLM; dflash is a dflash draft" in warning
+    assert "dflash: tensorrt-llm cannot load dflash: DeepSpec exports dflash drafts for vllm, sglang" in warning
     assert "eagle3: tensorrt-llm cannot load" in warning and "captures 5" in warning
     assert "unknown keys" not in warning and "newer DeepSpec" not in warning
 

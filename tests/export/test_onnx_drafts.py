@@ -12,11 +12,12 @@ import torch
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from deepspec.algorithms import resolve_algorithm  # noqa: E402
 from deepspec.decoding.drafter import DraftSampling  # noqa: E402
 from deepspec.decoding.drafters.dflash import DFlashDrafter  # noqa: E402
 from deepspec.decoding.drafters.dspark import DSparkDrafter  # noqa: E402
 from deepspec.decoding.drafters.eagle3 import Eagle3Drafter  # noqa: E402
-from deepspec.decoding.drafters.onnx_graphs import DRAFT_GRAPHS, OnnxDraftModel, draft_graph_dir  # noqa: E402
+from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel, draft_graph_dir  # noqa: E402
 from deepspec.decoding.registry import build_drafter  # noqa: E402
 from export.onnx.draft_graph import build_draft_graphs  # noqa: E402
 from tests.export.conftest import write_draft, write_hf_target  # noqa: E402
@@ -42,7 +43,7 @@ def _pair(tmp_path: Path, target_dir: Path, algo: str, tree: int = 0, **draft_op
     graphs = tmp_path / "graphs"
     graphs.mkdir()
     written = build_draft_graphs(model, graphs)
-    assert [p.name for p in written] == list(DRAFT_GRAPHS[algo])
+    assert [p.name for p in written] == list(resolve_algorithm(algo).onnx.files)
     options = {"tree_branches": tree} if tree else {}
     ref = DRAFTERS[algo](model, **options)
     ours = DRAFTERS[algo](OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs, num_threads=1),
@@ -146,7 +147,7 @@ def test_onnx_export_serves_its_neural_draft_through_the_graphs(tmp_path, target
     out = tmp_path / "onnx"
     out.mkdir()
     meta = export_onnx(load_target(str(target_dir), dtype="float32"), str(draft), out)
-    assert meta["draft"]["graphs"] == list(DRAFT_GRAPHS[algo])
+    assert meta["draft"]["graphs"] == list(resolve_algorithm(algo).onnx.files)
     onnx_target = load_target(str(out))
     assert isinstance(onnx_target, OnnxTarget)
     assert draft_graph_dir(out / "draft", onnx_target) == out / "draft_onnx"

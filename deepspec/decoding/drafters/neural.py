@@ -66,11 +66,11 @@ class NeuralDrafter(Drafter):
         raise NotImplementedError
 
 
-def checkpoint_loader(cls: type[NeuralDrafter]):
-    """The registry's loader for draft directories of cls.name: read the weights (checked against the target's
-    fingerprint, attached to its embedding and head), then wrap them in `cls`."""
+def checkpoint_loader(cls: type[Drafter]):
+    """The registry's loader for a draft algorithm's directories: read the weights (checked against the target's
+    fingerprint, attached to its embedding and head), then wrap them in `cls` (the algorithm's drafter class)."""
 
-    def load(path: Path, header: dict, target: Target, **options) -> NeuralDrafter:
+    def load(path: Path, header: dict, target: Target, **options) -> Drafter:
         from deepspec.models.drafts import load_draft
 
         return cls(load_draft(path, target), **options)

@@ -11,8 +11,8 @@ Two calls are fused in the graphs and so in this stand-in: DFlash's `context(F)`
 `context_kv` runs fc + norm + the per-layer k/v in one graph; `block_input(anchors)` returns the anchors and
 `blocks` embeds them inside the block graph, whose logits `head` then returns for that same hidden tensor.
 
-The drafter registry (deepspec/decoding/registry.py) loads Eagle3, DFlash and DSpark directories through
-`checkpoint_loader` below, so `build_drafter` picks the graphs by itself when the target is the ONNX export that was
+Which graph files a draft has is its algorithm's record (deepspec/algorithms: `onnx.files`). The drafter registry
+(deepspec/decoding/registry.py) loads every draft algorithm's directories through `checkpoint_loader` below, so `build_drafter` picks the graphs by itself when the target is the ONNX export that was
 written with that very draft, and the PyTorch forward for any other draft or target:
 
     target = load_target(str(export_dir))                       # an OnnxTarget
@@ -27,15 +27,9 @@ from typing import Callable
 import numpy as np
 import torch
 
+from deepspec.algorithms import resolve_algorithm
 from deepspec.decoding.drafters.neural import NeuralDrafter
 from deepspec.models.target import Target
-
-#: graph files per draft algorithm (export/onnx/draft_graph.py writes them, in this order)
-DRAFT_GRAPHS = {
-    "eagle3": ("eagle3_fc.onnx", "eagle3_step.onnx", "eagle3_head.onnx"),
-    "dflash": ("dflash_context.onnx", "dflash_block.onnx"),
-    "dspark": ("dflash_context.onnx", "dflash_block.onnx", "dspark_markov.onnx"),
-}
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -52,9 +46,10 @@ class OnnxDraftModel:
 
         self._model = model.float().eval()
         self.cfg = model.cfg
-        names = DRAFT_GRAPHS.get(self.cfg.algo)
-        if names is None:
+        graphs = resolve_algorithm(self.cfg.algo).onnx
+        if graphs is None:
             raise ValueError(f"no ONNX graphs for {self.cfg.algo} drafts")
+        names = graphs.files
         missing = [n for n in names if not (Path(graph_dir) / n).is_file()]
         if missing:
             raise FileNotFoundError(f"{graph_dir}: missing {', '.join(missing)} (export again with python -m export "
@@ -151,9 +146,10 @@ def draft_graph_dir(draft_dir: str | Path, target: Target) -> Path | None:
 
 
 def checkpoint_loader(cls: type[NeuralDrafter], pytorch_loader: Callable[..., NeuralDrafter]):
-    """The registry's loader for draft directories of cls.name: through the graphs the ONNX export wrote for this
-    very draft when `target` is that export (the draft's weights are read only for what the graphs do not hold),
-    else `pytorch_loader` (another draft on an ONNX target, or any draft on a PyTorch target)."""
+    """The registry's loader for a draft algorithm's directories (`cls` its drafter class): through the graphs the
+    ONNX export wrote for this very draft when `target` is that export (the draft's weights are read only for what
+    the graphs do not hold), else `pytorch_loader` (another draft on an ONNX target, any draft on a PyTorch target,
+    or an algorithm without graphs)."""
 
     def load(path: Path, header: dict, target: Target, **options) -> NeuralDrafter:
         graphs = draft_graph_dir(path, target)

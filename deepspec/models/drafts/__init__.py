@@ -1,8 +1,9 @@
-"""Draft architectures (Eagle3, DFlash, DSpark), their registry, checkpoints, and the shipped drafts.
+"""Draft architectures (Eagle3, DFlash, DSpark), their checkpoints, and the shipped drafts.
 
-This package reads and writes draft *directories*; turning one into the engine's Drafter is the job of the
-drafter registry in deepspec.decoding (`build_drafter("<draft dir>" | "auto", target)`), which sits above this layer:
-nothing here imports deepspec.decoding. A draft directory may also hold a corpus-lookup index (no weights, the same
+Which algorithms exist and which module and config class each builds is their record (deepspec/algorithms:
+`resolve_algorithm(cfg.algo)`); this package reads and writes draft *directories*. Turning one into the engine's
+Drafter is the job of the drafter registry in deepspec.decoding (`build_drafter("<draft dir>" | "auto", target)`),
+which sits above this layer: nothing here imports deepspec.decoding. A draft directory may also hold a corpus-lookup index (no weights, the same
 config.json header: algo, target fingerprint), so `shipped_drafts` ranks it with the neural drafts by eval.json.
 """
 
@@ -15,6 +16,7 @@ from deepspec.models.drafts.checkpoint import (
     STORAGE_DTYPES,
     DraftCheckpointError,
     DraftTargetMismatchError,
+    build_draft,
     check_target,
     convert_draft_storage,
     load_draft,
@@ -23,14 +25,12 @@ from deepspec.models.drafts.checkpoint import (
     read_draft_weights,
     save_draft,
 )
-from deepspec.models.drafts.config import ALGORITHMS, DraftConfig
-from deepspec.models.drafts.registry import available_drafts, build_draft, register_draft, resolve_draft
+from deepspec.models.drafts.config import DraftConfig
 
 __all__ = [
-    "ALGORITHMS", "STORAGE_DTYPES", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError",
-    "available_drafts", "best_shipped_draft", "build_draft", "check_target", "convert_draft_storage", "load_draft",
-    "read_checkpoint_header", "read_draft_config", "read_draft_weights", "register_draft", "resolve_draft",
-    "save_draft", "shipped_drafts",
+    "STORAGE_DTYPES", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError", "best_shipped_draft",
+    "build_draft", "check_target", "convert_draft_storage", "load_draft", "read_checkpoint_header",
+    "read_draft_config", "read_draft_weights", "save_draft", "shipped_drafts",
 ]
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
+from deepspec.algorithms import available_algorithms, load_part, resolve_algorithm
 from deepspec.models.drafts.config import DraftConfig
-from deepspec.models.drafts.registry import build_draft
 
 FORMAT_VERSION = 1
 _META_KEYS = ("format_version", "storage_dtype")
@@ -33,6 +33,11 @@ class DraftCheckpointError(ValueError):
 
 class DraftTargetMismatchError(ValueError):
     """The draft was trained against a different target than the one it is being loaded on."""
+
+
+def build_draft(cfg: DraftConfig):
+    """A fresh (randomly initialised) draft of cfg.algo, its algorithm's module; call .attach(target) before use."""
+    return load_part(resolve_algorithm(cfg.algo).module)(cfg)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +98,7 @@ def convert_draft_storage(path: str | Path, storage_dtype: str) -> dict:
 
     path = Path(path)
     header = read_checkpoint_header(path)
-    if header["algo"] not in ("eagle3", "dflash", "dspark"):
+    if header["algo"] not in available_algorithms():
         raise DraftCheckpointError(f"{path} is a {header['algo']} draft: it has no weights to re-store")
     read_draft_config(path)  # a config this DeepSpec can load, before anything is rewritten
     weights = path / "model.safetensors"

@@ -1,19 +1,17 @@
-"""The draft configuration: one dataclass for all three algorithms, written to config.json beside the weights.
+"""The draft configuration: one dataclass for the built-in algorithms, written to config.json beside the weights.
 
 Sizes derive from the target (`DraftConfig.for_target`), so the same recipe works for Llama/SmolLM2, Qwen2/3 and
-Gemma3 targets; the target fingerprint travels with it so a draft refuses a target it was not trained on.
+Gemma3 targets; the target fingerprint travels with it so a draft refuses a target it was not trained on. What
+differs per algorithm (which names are algorithms, their default depth and tensor layouts, a config class of their
+own) is the algorithm's record (deepspec/algorithms): `for_target` and `from_dict` build the config class it names.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from deepspec.algorithms import check_layout, load_part, resolve_algorithm
 from deepspec.models.arch import AttentionWidths
-
-ALGORITHMS = ("eagle3", "dflash", "dspark")
-#: how an Eagle3 draft names and holds its tensors: "deepspec" (the shipped drafts: flat names, the target's frozen
-#: head) or "canonical" (the EAGLE-3 layout SGLang, vLLM and TensorRT-LLM load; see Eagle3Draft)
-EAGLE3_LAYOUTS = ("deepspec", "canonical")
 
 
 def canonical_feature_layers(num_target_layers: int) -> tuple[int, ...]:
@@ -30,7 +28,7 @@ def canonical_feature_layers(num_target_layers: int) -> tuple[int, ...]:
 
 @dataclass
 class DraftConfig(AttentionWidths):
-    #: eagle3 | dflash | dspark
+    #: the draft algorithm (deepspec.algorithms.available_algorithms(): eagle3, dflash, dspark built in)
     algo: str
     #: target family (llama, qwen2, qwen3, gemma3_text): decides qk-norm, qkv bias and MLP activation
     family: str
@@ -45,7 +43,8 @@ class DraftConfig(AttentionWidths):
     vocab_size: int
     #: target layers whose residual outputs are concatenated into the draft's input feature (5 by default)
     feature_layers: tuple[int, ...]
-    #: draft decoder layers (eagle3: 1; dflash/dspark: 2-3 on small targets, 5 in DeepSpec)
+    #: draft decoder layers (eagle3: 1; dflash/dspark: 2-3 on small targets, 5 in DeepSpec; the algorithm's
+    #: `default_num_layers` when training does not say)
     num_layers: int = 1
     #: block size / TTT unroll length γ
     block_size: int = 7
@@ -62,7 +61,9 @@ class DraftConfig(AttentionWidths):
     qk_norm: bool = False
     qkv_bias: bool = False
     activation: str = "silu"
-    #: eagle3 tensor layout, one of EAGLE3_LAYOUTS ("canonical" = Llama-style layer, own lm_head, 3 features)
+    #: tensor layout, one of the algorithm's `layouts`: "deepspec" (the shipped drafts: flat names, the target's
+    #: frozen head) or, for eagle3, "canonical" (the EAGLE-3 layout SGLang, vLLM and TensorRT-LLM load: Llama-style
+    #: layer, own lm_head, 3 features; see Eagle3Draft)
     layout: str = "deepspec"
     #: eagle3: the layer's residual is hidden_norm(h) instead of h (speculators' flag; the engines' EAGLE-3 and our
     #: drafts use false)
@@ -80,10 +81,11 @@ class DraftConfig(AttentionWidths):
 
     @classmethod
     def for_target(cls, target, algo: str, **overrides) -> "DraftConfig":
-        if algo not in ALGORITHMS:
-            raise ValueError(f"unknown draft algorithm '{algo}'; available: {list(ALGORITHMS)}")
+        """A config of `algo` sized from the target, as the algorithm's config class; `overrides` set fields."""
+        algorithm = _algorithm(algo)
+        cls = load_part(algorithm.config)
         spec = target.spec
-        num_layers = overrides.pop("num_layers", None) or (1 if algo == "eagle3" else 2)
+        num_layers = overrides.pop("num_layers", None) or algorithm.default_num_layers
         canonical = overrides.get("layout") == "canonical"
         feature_layers = tuple(overrides.pop("feature_layers", None) or (
             canonical_feature_layers(spec.num_layers) if canonical else target.default_feature_layers(5)))
@@ -115,19 +117,15 @@ class DraftConfig(AttentionWidths):
         return cfg
 
     def validate(self) -> None:
-        if self.algo not in ALGORITHMS:
-            raise ValueError(f"unknown draft algorithm '{self.algo}'; available: {list(ALGORITHMS)}")
+        _algorithm(self.algo)
         if self.num_layers < 1 or self.block_size < 1:
             raise ValueError("num_layers and block_size must be >= 1")
         if not 0 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [0, {self.vocab_size}], got {self.draft_vocab_size}")
         if self.block_layout != "anchor-first":
             raise ValueError(f"unsupported block layout '{self.block_layout}' (this engine runs 'anchor-first')")
-        if self.layout not in EAGLE3_LAYOUTS:
-            raise ValueError(f"unknown eagle3 layout '{self.layout}'; available: {list(EAGLE3_LAYOUTS)}")
+        check_layout(self.algo, self.layout)
         if self.layout == "canonical":
-            if self.algo != "eagle3":
-                raise ValueError(f"layout 'canonical' is an eagle3 layout; {self.algo} drafts use 'deepspec'")
             if len(self.feature_layers) != 3:
                 raise ValueError(f"the canonical EAGLE-3 layout takes 3 captured layers (fc: 3*H -> H), got "
                                  f"{list(self.feature_layers)}")
@@ -143,6 +141,8 @@ class DraftConfig(AttentionWidths):
 
     @classmethod
     def from_dict(cls, d: dict) -> "DraftConfig":
+        """config.json's keys (no storage metadata) → the config class of its `algo`; unknown keys are errors."""
+        cls = config_class(d.get("algo", ""))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -153,3 +153,16 @@ class DraftConfig(AttentionWidths):
         cfg = cls(**d)
         cfg.validate()
         return cfg
+
+
+def _algorithm(algo: str):
+    """The registered algorithm `algo`, or ValueError naming the registered ones."""
+    try:
+        return resolve_algorithm(algo)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+
+
+def config_class(algo: str) -> type[DraftConfig]:
+    """The class a config.json of `algo` reads into (the algorithm's `config`); ValueError for an unknown algo."""
+    return load_part(_algorithm(algo).config)

@@ -39,8 +39,10 @@ def test_unknown_names_list_the_valid_ones(tmp_path):
 
 def test_register_and_resolve_a_new_drafter(monkeypatch):
     monkeypatch.setattr(registry, "_DRAFTERS", dict(registry._DRAFTERS))  # undone after the test
+    assert registry.drafter_keywords() == ("none", "auto", "prompt-lookup", "random")
     registry.register_drafter("ngram-3", lambda target, **kw: PromptLookupDrafter(3, 3))
     assert "ngram-3" in registry.available_drafters()
+    assert "ngram-3" in registry.drafter_keywords()  # the one list the stages check a --draft value against
     assert registry.build_drafter("ngram-3", _Target()).min_ngram == 3
     with pytest.raises(ValueError, match="reserved"):
         registry.register_drafter("auto", lambda target: None)

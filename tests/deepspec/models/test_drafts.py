@@ -12,10 +12,9 @@ from deepspec.models.drafts import (
     DraftCheckpointError,
     DraftConfig,
     DraftTargetMismatchError,
-    available_drafts,
     best_shipped_draft,
+    build_draft,
     load_draft,
-    resolve_draft,
     save_draft,
 )
 from tests.training.helpers import tiny_draft, tiny_target
@@ -38,12 +37,13 @@ def _logits(draft):
     return draft.head(hidden)
 
 
-def test_registry_lists_and_rejects():
-    assert available_drafts() == ["dflash", "dspark", "eagle3"]
-    with pytest.raises(KeyError, match="available"):
-        resolve_draft("medusa")
-    with pytest.raises(ValueError, match="unknown draft algorithm"):
-        DraftConfig.for_target(tiny_target(), "medusa")
+def test_each_algorithm_builds_its_own_module_and_unknown_ones_are_refused(target):
+    for algo, module in (("eagle3", "Eagle3Draft"), ("dflash", "DFlashDraft"), ("dspark", "DSparkDraft")):
+        assert type(build_draft(DraftConfig.for_target(target, algo))).__name__ == module
+    with pytest.raises(ValueError, match=r"unknown draft algorithm 'medusa'; available: \['dflash', 'dspark', "):
+        DraftConfig.for_target(target, "medusa")
+    with pytest.raises(ValueError, match="unknown draft algorithm 'medusa'"):
+        DraftConfig.from_dict({**DraftConfig.for_target(target, "eagle3").to_dict(), "algo": "medusa"})
 
 
 def test_sized_from_target(target):
