@@ -8,9 +8,9 @@ and builds requests that pass those rules, in the dialect the model declares (`s
 the LLM-API model's `sampling_param_*` names, or the ensemble's, which DeepSpec's worker speaks too).
 
 A request that needs an input the model does not declare (chat messages on a model without `messages_json`, stop
-strings, `ignore_eos`, logprobs, processed logprobs, a token-id prompt, a structured output) is refused with `SignatureError` naming the
-model and the input, instead of being sent and refused by Triton or silently changing meaning. Request flags that
-only ask for outputs are sent when declared. Several sequences (`n`) are sent as `num_return_sequences` only to a
+strings, `ignore_eos`, logprobs, processed logprobs, a token-id prompt, a structured output) is refused with
+`SignatureError` naming the model and the input, instead of being sent and refused by Triton or silently changing
+meaning. Request flags that only ask for outputs are sent when declared. Several sequences (`n`) are sent as `num_return_sequences` only to a
 model that declares it (`ModelSignature.takes_n`); the dispatcher asks any other for them one request each.
 """
 

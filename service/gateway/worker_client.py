@@ -61,8 +61,8 @@ class GenerationRequest:
     logprobs: int | None = None
     #: the prompt's logprobs with this many alternatives each (max_tokens may then be 0); None = off
     prompt_logprobs: int | None = None
-    #: the distribution the generated tokens' logprobs are of: "raw_logprobs" (the target's) or
-    #: "processed_logprobs" (the one sampled from: temperature, top-k, top-p applied); service/protocol.py LOGPROBS_MODES
+    #: the distribution the generated tokens' logprobs are of: "raw_logprobs" (the target's) or "processed_logprobs"
+    #: (the one sampled from: temperature, top-k, top-p applied); service/protocol.py LOGPROBS_MODES
     logprobs_mode: str = "raw_logprobs"
     #: the output must match this (a JSON schema, regex, grammar or choice); None = free text
     structured_output: p.Constraint | None = None
