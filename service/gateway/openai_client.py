@@ -28,6 +28,13 @@ Structured outputs go as OpenAI's `response_format` (json_object, json_schema), 
 read, and regex, grammar and choice as vLLM's `structured_outputs` to a vLLM upstream only (its model cards say
 `owned_by: "vllm"`); any other engine would drop that field unread, so such a request is refused (400) instead.
 
+Logprobs go as OpenAI's fields (chat `logprobs` + `top_logprobs`, completions `logprobs`, with `echo` for the
+prompt's) and come back as the worker's scores (`upstream_choices.py`), token ids unknown; a prompt given as token
+ids goes as OpenAI's token-id `prompt` (vLLM, SGLang and trtllm-serve take it; llama.cpp's server answers 422). No
+OpenAI server takes a logprobs mode per request (vLLM sets it per engine), so a request for processed logprobs is
+refused by the dispatcher; `max_tokens` 0 (prompt scoring alone) goes to a vLLM upstream only, since llama.cpp's
+server reads 0 as "no limit".
+
 Several choices go as OpenAI's `n`, and each upstream choice's `index` becomes its chunks' `Chunk.index`. The
 upstream's usage covers every choice at once (OpenAI's shape has no per-choice counts), so the request's last chunk
 carries it and the other choices' last chunks count 0: `total_stats` over them is the usage. An engine that answers
@@ -44,8 +51,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from service import protocol as p
+from service.gateway import triton_contract as c
 from service.gateway.structured import response_format_field, structured_outputs_field
-from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
+from service.gateway.upstream_choices import ChoiceReader
+from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_chunks
 
 #: the engine's own readiness route (vLLM, SGLang, trtllm-serve)
 HEALTH_PATH = "/health"
@@ -86,7 +95,11 @@ def request_body(req: GenerationRequest, stream: bool, vllm_extras: bool = False
     if req.messages is not None:
         body["messages"] = req.messages
     else:
-        body["prompt"] = req.prompt or ""
+        body["prompt"] = req.prompt_token_ids if req.prompt_token_ids is not None else req.prompt or ""
+    if req.max_tokens == 0 and not vllm_extras:
+        raise WorkerError("INVALID_ARGUMENT", "max_tokens 0 (prompt scoring) is not supported by this worker: only a "
+                                              "vLLM engine generates nothing for it (llama.cpp reads 0 as no limit); "
+                                              "send max_tokens 1 and drop the last token")  # fmt: skip
     if req.max_tokens is not None:
         body["max_tokens"] = req.max_tokens
     if req.top_k > 0:
@@ -103,11 +116,25 @@ def request_body(req: GenerationRequest, stream: bool, vllm_extras: bool = False
             body["min_tokens"] = req.max_tokens
     if req.n > 1:
         body["n"] = req.n
+    body.update(_logprobs_fields(req))
     if req.structured_output is not None:
         body.update(_constraint_fields(req.structured_output, vllm_extras))
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
+
+
+def _logprobs_fields(req: GenerationRequest) -> dict:
+    """OpenAI's logprobs fields for `req`: chat's `logprobs` + `top_logprobs` (sent even at 0: llama.cpp's server
+    scores nothing without it); completions' `logprobs` (one count for the prompt's table and the completion's, the
+    larger; each keeps its own, `ChoiceReader`) and `echo` for the prompt's scores."""
+    if req.messages is not None:
+        return {} if req.logprobs is None else {"logprobs": True, "top_logprobs": req.logprobs}
+    counts = [n for n in (req.logprobs, req.prompt_logprobs) if n is not None]
+    fields = {"logprobs": max(counts)} if counts else {}
+    if req.prompt_logprobs is not None:
+        fields["echo"] = True
+    return fields
 
 
 def _constraint_fields(constraint: p.Constraint, vllm_extras: bool) -> dict:
@@ -132,21 +159,6 @@ def _stats(usage: object) -> p.RequestStats:
         return p.RequestStats()
     return p.RequestStats(num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
                           num_output_tokens=int(usage.get("completion_tokens") or 0))  # fmt: skip
-
-
-def _choice_text(choice: dict) -> str:
-    """A choice's text: `text` (completions), `delta.content` (chat chunks) or `message.content` (whole chat)."""
-    if "text" in choice:
-        return choice.get("text") or ""
-    part = choice.get("delta") or choice.get("message") or {}
-    return part.get("content") or ""
-
-
-def _choice_index(choice: dict) -> int:
-    index = choice.get("index") or 0
-    if not isinstance(index, int) or index < 0:
-        raise WorkerError("INTERNAL", f"the upstream sent a choice index that is not a count: {index!r}")
-    return index
 
 
 def _last_chunks(held: dict[int, Chunk], seen: set[int], n: int, stats: p.RequestStats) -> list[Chunk]:
@@ -179,8 +191,9 @@ def parse_event(data: str) -> dict:
 class OpenAIClient:
     """One OpenAI-compatible upstream at `base_url` (`http://host:port`); `address` is its name in metrics."""
 
-    #: what this client forwards (GenerationRequest.extensions): constraints, as `_constraint_fields` says
-    extensions = frozenset({"structured outputs"})
+    #: what this client forwards (GenerationRequest.extensions): all but a logprobs mode, which OpenAI's API lacks
+    #: and vLLM sets per engine only (--logprobs-mode); constraints as `_constraint_fields` says
+    extensions = frozenset(c.FEATURE_OF_ROLE.values()) - {c.FEATURE_OF_ROLE["logprobs_mode"]}
 
     def __init__(self, address: str, base_url: str, max_outstanding: int = 0, max_connections: int = 256):
         self.address = address
@@ -247,6 +260,7 @@ class OpenAIClient:
             response = await self._send(req, stream=True, deadline=deadline)
             held: dict[int, Chunk] = {}  # choice -> its finishing chunk, sent with the usage at [DONE]
             seen: set[int] = set()  # the choices the upstream answered
+            reader = ChoiceReader(req)
             num_text_chunks, usage, done = 0, None, False
             try:
                 while True:
@@ -266,15 +280,16 @@ class OpenAIClient:
                     event = parse_event(data)
                     usage = event.get("usage") or usage
                     for choice in event.get("choices") or ():
-                        text, index = _choice_text(choice), _choice_index(choice)
-                        num_text_chunks += bool(text)
-                        seen.add(index)
+                        chunk = reader.chunk(choice)
+                        num_text_chunks += bool(chunk.text)
+                        seen.add(chunk.index)
                         if choice.get("finish_reason"):
-                            finishing = held.setdefault(index, Chunk("", index=index))
-                            finishing.text += text
-                            finishing.finish_reason = choice["finish_reason"]
-                        elif text and index not in held:
-                            yield Chunk(text, index=index)
+                            if chunk.index in held:
+                                chunk = merge_chunks([held[chunk.index], chunk])
+                            chunk.finish_reason = choice["finish_reason"]
+                            held[chunk.index] = chunk
+                        elif (chunk.text or chunk.logprobs or chunk.prompt_logprobs) and chunk.index not in held:
+                            yield chunk
             except aiohttp.ClientError as e:
                 raise WorkerError("UNAVAILABLE", f"the upstream stream broke: {type(e).__name__}: {e}") from None
             finally:
@@ -300,9 +315,11 @@ class OpenAIClient:
                 raise WorkerError("INTERNAL", "the upstream answered a body that is not JSON") from None
             finally:
                 response.release()
-        choices = body.get("choices") or [{}]
-        held = {_choice_index(c): Chunk(_choice_text(c), finish_reason=c.get("finish_reason"), index=_choice_index(c))
-                for c in choices}  # fmt: skip
+        reader, held = ChoiceReader(req), {}
+        for choice in body.get("choices") or [{}]:
+            chunk = reader.chunk(choice)
+            chunk.finish_reason = choice.get("finish_reason")
+            held[chunk.index] = chunk
         for chunk in _last_chunks(held, set(held), req.n, _stats(body.get("usage"))):
             yield chunk
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -22,6 +23,7 @@ from service.gateway.settings import GatewaySettings
 from service.gateway.upstreams import client_for, parse_address
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
 from service.protocol import Constraint
+from service.token_scores import TokenScore
 from tests.ports import free_port
 from tests.service.conftest import in_process_gateway
 
@@ -548,3 +550,163 @@ def test_a_vllm_upstream_is_sent_each_constraint_and_another_engine_only_the_jso
     assert ok == 200 and sent[0]["response_format"]["json_schema"]["schema"] == SCHEMA
     assert refused == 400 and "regex structured outputs are not supported by this worker" in error["message"]
     assert len(sent) == 1  # the refused request never reached the engine
+
+
+# -- logprobs --------------------------------------------------------------------------------------------------------
+
+CHAT_REQ = GenerationRequest("r", "m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+
+
+@pytest.mark.parametrize(("req", "fields"), [
+    (dataclasses.replace(CHAT_REQ, logprobs=0), {"logprobs": True, "top_logprobs": 0}),
+    (dataclasses.replace(CHAT_REQ, logprobs=3), {"logprobs": True, "top_logprobs": 3}),
+    (dataclasses.replace(REQ, logprobs=2), {"logprobs": 2}),
+    (dataclasses.replace(REQ, logprobs=2, prompt_logprobs=2), {"logprobs": 2, "echo": True}),
+    (dataclasses.replace(REQ, prompt_logprobs=1), {"logprobs": 1, "echo": True}),
+    (REQ, {}),
+])  # fmt: skip
+def test_logprobs_go_upstream_in_openais_fields(req, fields):
+    """Chat's `logprobs` + `top_logprobs`, completions' `logprobs` (one count for the prompt's and the completion's
+    tokens) and `echo` for the prompt's, as OpenAI and vLLM read them (vllm/entrypoints/openai/chat_completion/
+    protocol.py ChatCompletionRequest, completion/protocol.py CompletionRequest). top_logprobs goes even at 0:
+    llama.cpp's server scores nothing without it (abetlen/llama-cpp-python llama_cpp/llama_chat_format.py
+    `logprobs=top_logprobs if logprobs else None`)."""
+    body = request_body(req, False)
+    assert {key: body[key] for key in ("logprobs", "top_logprobs", "echo") if key in body} == fields
+
+
+def test_token_id_prompts_go_as_openais_token_id_prompt():
+    body = request_body(GenerationRequest("r", "m", prompt_token_ids=[5, 6, 7]), True)
+    assert body["prompt"] == [5, 6, 7]
+
+
+def test_max_tokens_0_goes_to_a_vllm_upstream_only():
+    """vLLM answers max_tokens 0 with the echoed prompt alone (vllm/entrypoints/openai/completion/serving.py, the
+    `max_tokens == 0` echo branch); llama.cpp's server reads it as "no limit" (llama_cpp/llama.py
+    `if max_tokens is None or max_tokens <= 0: max_tokens = self._n_ctx - len(prompt_tokens)`), so it is refused
+    for every other engine rather than sent."""
+    req = GenerationRequest("r", "m", prompt="hi", max_tokens=0, prompt_logprobs=1)
+    assert request_body(req, False, vllm_extras=True)["max_tokens"] == 0
+    with pytest.raises(WorkerError) as e:
+        request_body(req, False)
+    assert e.value.status == "INVALID_ARGUMENT" and "max_tokens 0" in e.value.message
+
+
+def _fixture_events(engine: str, route: str) -> list[dict]:
+    body = _fixture_bodies(engine)[route].decode()
+    return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+
+
+def _stream_events(bodies, route: str, request: dict, owned_by: str | None = "vllm"):
+    """The gateway's streamed events for `request` over an engine replaying `bodies`, and what the engine was sent."""
+
+    async def main():
+        async with _gateway_over(bodies, owned_by=owned_by) as (client, sent):
+            async with client.stream("POST", route, json=request) as response:
+                assert response.status_code == 200, await response.aread()
+                lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+        return [json.loads(line[6:]) for line in lines], sent
+
+    return asyncio.run(main())
+
+
+def test_a_vllm_chat_stream_with_logprobs_reaches_the_client_as_the_engine_sent_it():
+    """vLLM's streamed chat logprobs (fixtures/sse/vllm-logprobs.txt: vllm/entrypoints/openai/serving_chat.py
+    chat_completion_stream_generator) become the gateway's, token for token: each chunk's `logprobs.content` the
+    engine's for the same text, `bytes` the token's UTF-8."""
+    request = _stream_request(CHAT, max_tokens=4, logprobs=True, top_logprobs=2)
+    events, sent = _stream_events(_fixture_bodies("vllm-logprobs"), CHAT, request)
+    (body,) = sent
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 2)
+    engine = [c for e in _fixture_events("vllm-logprobs", CHAT) for c in e["choices"] if c["logprobs"]]
+    ours = [c for e in events for c in e["choices"] if c["logprobs"]]
+    assert [c["delta"]["content"] for c in ours] == [c["delta"]["content"] for c in engine]
+    assert [c["logprobs"]["content"] for c in ours] == [c["logprobs"]["content"] for c in engine]
+    assert ours[-1]["finish_reason"] == "length"
+
+
+def test_a_vllm_completion_stream_with_echo_splits_the_prompts_scores_from_the_completions():
+    """vLLM's echo stream puts the prompt's text and scores before the first token's in one chunk
+    (vllm/entrypoints/openai/serving_completion.py completion_stream_generator, `has_echoed`); the gateway answers
+    as it does for its own worker: the prompt in an event of its own, then each chunk with its tokens, the scores
+    and text_offsets the engine's."""
+    prompt = "The capital of France is"
+    request = _stream_request(COMPLETIONS, prompt=prompt, max_tokens=2, echo=True, logprobs=2)
+    events, sent = _stream_events(_fixture_bodies("vllm-logprobs"), COMPLETIONS, request)
+    (body,) = sent
+    assert (body["prompt"], body["echo"], body["logprobs"]) == (prompt, True, 2)
+    choices = [c for e in events for c in e["choices"]]
+    assert [c["text"] for c in choices] == [prompt, " Paris", "."]
+    assert [c["finish_reason"] for c in choices] == [None, None, "length"]
+    engine = [c["logprobs"] for e in _fixture_events("vllm-logprobs", COMPLETIONS) for c in e["choices"]]
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [v for c in choices for v in c["logprobs"][key]] == [v for lp in engine for v in lp[key]], key
+    assert choices[0]["logprobs"]["token_logprobs"][0] is None and len(choices[0]["logprobs"]["tokens"]) == 5
+
+
+def test_whole_answers_keep_the_alternatives_asked_for_and_split_an_echoed_token_id_prompt():
+    """Whole answers: chat alternatives past the top_logprobs asked for (llama.cpp's server appends the sampled
+    token to them, llama_cpp/llama_chat_format.py _convert_text_completion_logprobs_to_chat) are dropped, the rest
+    kept likeliest first; a token-id prompt's echo is its ids' count of tokens (vLLM answers token-id prompts with
+    the decoded prompt echoed before the completion)."""
+
+    def handler(request):
+        body = json.loads(request.content)
+        if request.url.path == CHAT:
+            content = [{"token": "Hi", "logprob": -0.5, "bytes": None, "top_logprobs": [
+                {"token": "Hello", "logprob": -0.2, "bytes": None}, {"token": "Hi", "logprob": -0.5, "bytes": None}]}]
+            return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "Hi"}, "finish_reason":
+                                                          "stop", "logprobs": {"content": content}}]})  # fmt: skip
+        assert body["prompt"] == [11, 12] and body["echo"] is True and body["logprobs"] == 1
+        logprobs = {"tokens": ["a", "b", "c"], "token_logprobs": [None, -1.0, -2.0], "text_offset": [0, 1, 2],
+                    "top_logprobs": [None, {"b": -1.0, "x": -0.5}, {"c": -2.0, "y": -0.1}]}
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "abc", "finish_reason": "length",
+                                                      "logprobs": logprobs}],
+                                         "usage": {"prompt_tokens": 2, "completion_tokens": 1}})  # fmt: skip
+
+    client = _client(handler)
+    (chat,) = asyncio.run(_collect(client, dataclasses.replace(CHAT_REQ, logprobs=1), stream=False))
+    assert chat.logprobs == [TokenScore("Hi", -1, -0.5, ("Hello",), (-1,), (-0.2,))]
+    req = GenerationRequest("r", "m", prompt_token_ids=[11, 12], max_tokens=1, logprobs=1, prompt_logprobs=1)
+    (completion,) = asyncio.run(_collect(client, req, stream=False))
+    assert completion.text == "c" and completion.prompt_logprobs == [
+        TokenScore("a", -1, None), TokenScore("b", -1, -1.0, ("x",), (-1,), (-0.5,))]
+    assert completion.logprobs == [TokenScore("c", -1, -2.0, ("y",), (-1,), (-0.1,))]
+
+
+def test_an_engine_that_answers_without_the_logprobs_asked_for_is_a_400():
+    """An engine that drops `logprobs` unread (fixtures/sse/vllm.txt has none) must not pass for one that scored
+    nothing: the client asked for them."""
+    bodies = _fixture_bodies("vllm")
+
+    async def main():
+        async with _gateway_over(bodies) as (client, _):
+            return await client.post(COMPLETIONS, json=_stream_request(COMPLETIONS, logprobs=1))
+
+    response = asyncio.run(main())
+    assert response.status_code == 400 and "logprobs are not supported by this worker" in response.text
+
+
+def test_processed_logprobs_are_refused_naming_logprobs_mode_and_never_sent():
+    """No OpenAI server takes a logprobs mode per request: vLLM sets it per engine (vllm/engine/arg_utils.py
+    --logprobs-mode; ChatCompletionRequest has no such field and would drop it unread), so the gateway refuses it
+    rather than answer raw numbers for processed ones. The default is sent as a plain logprobs request."""
+    async def main():
+        async with _gateway_over(_fixture_bodies("vllm-logprobs"), owned_by="vllm") as (client, sent):
+            answers = [await client.post(CHAT, json=_stream_request(CHAT, logprobs=True, logprobs_mode=mode))
+                       for mode in ("processed_logprobs", "raw_logprobs")]
+        return answers, sent
+
+    (refused, ok), sent = asyncio.run(main())
+    assert refused.status_code == 400 and refused.json()["error"]["message"].startswith(
+        "processed logprobs (logprobs_mode) are not supported by this worker")
+    assert ok.status_code == 200 and len(sent) == 1 and "logprobs_mode" not in sent[0]
+
+
+def test_the_grpc_api_leaves_an_unknown_token_id_unset():
+    from service.gateway.grpc_api import _token_logprobs
+
+    (token,) = _token_logprobs([TokenScore("Hi", -1, -0.5, ("Hello",), (-1,), (-0.2,))])
+    assert not token.HasField("token_id") and not token.top_logprobs[0].HasField("token_id")
+    (known,) = _token_logprobs([TokenScore("Hi", 7, -0.5, ("Hello",), (3,), (-0.2,))])
+    assert known.token_id == 7 and known.top_logprobs[0].token_id == 3

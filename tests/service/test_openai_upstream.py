@@ -320,3 +320,73 @@ def test_overload_is_429_with_retry_after(gateway, upstreams):
         assert busy.status_code == 429, busy.text
         assert busy.headers["retry-after"] == "1" and busy.json()["error"]["code"] == "server_busy"
     _wait_for(lambda: _complete(gateway.url, max_tokens=1).status_code == 200, 20, "served after the overload")
+
+
+def _completion_logprobs(response: httpx.Response) -> dict:
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["logprobs"]
+
+
+def _fresh(upstreams) -> None:
+    """Make each upstream evaluate the next prompt from scratch: llama.cpp reuses the KV cache of a prompt it has
+    just seen (llama_cpp/llama.py Llama.generate, the longest_token_prefix reuse) and then scores the same tokens a
+    little differently (a repeated greedy chat's first logprob moves by ~0.2), so every request compared here comes
+    after another prompt."""
+    for server in upstreams:
+        assert httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "Zebras", "max_tokens": 1},
+                          timeout=60).status_code == 200  # fmt: skip
+
+
+def test_logprobs_through_the_gateway_are_the_upstreams_own(gateway, upstreams):
+    """llama.cpp's server scores what it generates (abetlen/llama-cpp-python llama_cpp/llama.py
+    Llama._create_completion with `logprobs`, its server's `logits_all` on by default, llama_cpp/server/settings.py):
+    through the gateway, a greedy completion's tokens, logprobs and top_logprobs dicts (the N likeliest and the
+    chosen token) are the upstream's own, whole and streamed, and text_offset counts from the choice's text (the
+    upstream counts from the prompt's start even without echo). Chat's `top_logprobs` keep the N asked for, the
+    likeliest first (llama.cpp's add the chosen token: llama_cpp/llama_chat_format.py
+    _convert_text_completion_logprobs_to_chat)."""
+    _wait_for(lambda: all(_idle(s) for s in upstreams), 30, "idle upstreams")
+    answers = []
+    for url in (gateway.url, upstreams[0].url):
+        _fresh(upstreams)
+        answers.append(_completion_logprobs(_complete(url, logprobs=3)))
+    ours, theirs = answers
+    assert len(ours["tokens"]) == 6 and ours["tokens"] == theirs["tokens"]
+    assert ours["token_logprobs"] == pytest.approx(theirs["token_logprobs"], abs=1e-5)
+    assert [{k: pytest.approx(v, abs=1e-5) for k, v in d.items()} for d in ours["top_logprobs"]] == \
+        theirs["top_logprobs"]  # fmt: skip
+    assert ours["text_offset"] == [len("".join(ours["tokens"][:i])) for i in range(6)]
+
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 3,
+            "stream": True}  # fmt: skip
+    _fresh(upstreams)
+    with httpx.Client(timeout=60) as client, client.stream("POST", f"{gateway.url}/v1/completions",
+                                                            json=body) as response:  # fmt: skip
+        chunks = [e["choices"][0] for e in _events(response) if e != "[DONE]" and e["choices"]]
+    assert [t for c in chunks for t in c["logprobs"]["tokens"]] == ours["tokens"]
+    assert [lp for c in chunks for lp in c["logprobs"]["token_logprobs"]] == ours["token_logprobs"]
+    assert [o for c in chunks for o in c["logprobs"]["text_offset"]] == ours["text_offset"]
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5,
+            "temperature": 0, "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    answers = []
+    for url in (gateway.url, upstreams[0].url):
+        _fresh(upstreams)
+        answers.append(httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).json()["choices"][0]["logprobs"])
+    ours, theirs = answers
+    assert [t["token"] for t in ours["content"]] == [t["token"] for t in theirs["content"]] and ours["content"]
+    for mine, upstream in zip(ours["content"], theirs["content"]):
+        assert mine["logprob"] == pytest.approx(upstream["logprob"], abs=1e-5)
+        likeliest = sorted(upstream["top_logprobs"], key=lambda a: -a["logprob"])[:2]
+        assert [(a["token"], a["logprob"]) for a in mine["top_logprobs"]] == [(a["token"], a["logprob"])
+                                                                             for a in likeliest]
+        assert mine["bytes"] == list(mine["token"].encode())
+
+
+def test_processed_logprobs_and_max_tokens_0_are_refused_before_reaching_llama_cpp(gateway):
+    """llama.cpp's server has no logprobs mode and reads max_tokens 0 as no limit (llama_cpp/llama.py
+    `if max_tokens is None or max_tokens <= 0: max_tokens = self._n_ctx - len(prompt_tokens)`): both are 400s."""
+    processed = _complete(gateway.url, logprobs=1, logprobs_mode="processed_logprobs")
+    assert processed.status_code == 400 and "logprobs_mode" in processed.json()["error"]["message"]
+    scoring = _complete(gateway.url, max_tokens=0, echo=True, logprobs=1)
+    assert scoring.status_code == 400 and "max_tokens 0" in scoring.json()["error"]["message"]
