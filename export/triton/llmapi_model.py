@@ -6,13 +6,16 @@ request, a stream of responses). On a Triton + TensorRT-LLM image:
 
     tritonserver --model-repository=OUT
 
-Inputs are the stock LLM-API model's (`text_input`, `streaming`, `sampling_param_*`, `stop`) plus two optional
-additions: `messages_json` (chat messages, rendered with the target's chat template) and `ignore_eos`. Responses:
+Inputs are the stock LLM-API model's (`text_input`, `streaming`, `sampling_param_*`, `stop`) plus optional
+additions: `messages_json` (chat messages, rendered with the target's chat template), `ignore_eos`, and
+`return_log_probs` with `top_logprobs` (the generated tokens' logprobs and this many alternatives each). Responses:
 `text_output` (the new text: a delta per response when streaming, else the whole completion once), `finish_reason`
 ("" until the last response) and the request's counts so far: `num_input_tokens`, `num_output_tokens`,
-`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`. A bad request gets one error response; the
-model keeps serving the others. A request the client cancels (`request.is_cancelled()`, polled every
-`triton_config.cancellation_check_period_ms`) is aborted in the LLM and ends with a CANCELLED error.
+`acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`; with logprobs, the scores of the tokens the
+response's text adds, in DeepSpec's worker's tensors (`OutputScores`), so a gateway reads both alike. A bad
+request gets one error response; the model keeps serving the others. A request the client cancels
+(`request.is_cancelled()`, polled every `triton_config.cancellation_check_period_ms`) is aborted in the LLM and ends
+with a CANCELLED error.
 
 Tensor parallelism: under `mpirun -n N ... trtllm-llmapi-launch tritonserver` every rank loads this model. Rank 0
 builds the LLM over the MPI world (an `MpiCommSession` on COMM_WORLD) and serves; the other ranks turn into its MPI
@@ -26,6 +29,7 @@ imported before `initialize`: the file imports anywhere (tests run it with stand
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import json
 import sys
@@ -40,6 +44,8 @@ TRITON_KEYS = ("triton_config",)
 DEFAULT_MAX_TOKENS = 128
 #: how often a running request's cancellation is checked when model.yaml does not say
 DEFAULT_CANCELLATION_CHECK_PERIOD_MS = 100
+#: the most alternatives per generated token a request may ask for (the gateway's bound, OpenAI's top_logprobs)
+MAX_TOP_LOGPROBS = 20
 #: role -> (SamplingParams field, cast, valid?) of the optional one-value inputs
 SAMPLING_ROLES = {
     "max_tokens": ("max_tokens", int, lambda v: v >= 1),
@@ -156,6 +162,76 @@ def read_request(pb_utils, request) -> tuple[str | None, list | None, dict, bool
     return prompt, messages, sampling, bool(streaming) if streaming is not None else False
 
 
+def read_num_top_logprobs(pb_utils, request) -> int | None:
+    """The alternatives per generated token a request asks for (`return_log_probs`, `top_logprobs`); None = no
+    logprobs."""
+    if not _scalar(pb_utils, request, NAMES["return_log_probs"]):
+        return None
+    num_top = _scalar(pb_utils, request, NAMES["top_logprobs"])
+    num_top = 0 if num_top is None else int(num_top)
+    if not 0 <= num_top <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"{NAMES['top_logprobs']} {num_top} is out of range (0..{MAX_TOP_LOGPROBS})")
+    return num_top
+
+
+class OutputScores:
+    """One request's generated tokens, scored: `tensors(completion)` gives the output tensors of the tokens scored
+    since the last call, as DeepSpec's worker sends them (the contract's SCORE_OUTPUTS, service/protocol.py
+    OUTPUT_SCORES).
+
+    TensorRT-LLM's CompletionOutput.logprobs holds one dict per generated token, token id -> Logprob(logprob, rank):
+    the `SamplingParams.logprobs` likeliest and the sampled token (tensorrt_llm/executor/result.py compute_logprobs;
+    tensorrt_llm/serve/postprocess_handlers.py create_logprobs reads the sampled one as `logprob[token_id]`). The LLM
+    is asked for at least one (`logprobs_asked`): some releases score nothing at 0. A token's text is what it adds
+    to the output, decoded in context in a short window (vLLM's prefix and read offsets), "" for a token that ends
+    inside a multi-byte character (the completing one carries it), so the texts add up to the output's; alternatives
+    are decoded on their own. Tokens TensorRT-LLM cuts from `token_ids` (a stop string's) go unscored.
+    """
+
+    def __init__(self, tokenizer, num_top: int):
+        self.num_top = num_top
+        self._decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
+        self._alternative_text = functools.lru_cache(maxsize=1 << 16)(lambda token: tokenizer.decode([token]))
+        self._ids: list[int] = []  # the tokens scored so far
+        self._prefix = self._read = 0  # the window: _ids[_prefix:_read] is decoded text, _ids[_read:] is not yet
+
+    @property
+    def logprobs_asked(self) -> int:
+        return max(self.num_top, 1)
+
+    def tensors(self, pb, completion) -> list:
+        new = len(self._ids)
+        rows = list(zip(completion.token_ids[new:], (getattr(completion, "logprobs", None) or [])[new:]))
+        if not rows:
+            return []
+        texts, logprobs, top = [], [], []
+        for token, scored in rows:
+            if token not in scored or len(scored) < self.num_top:
+                raise RuntimeError(f"TensorRT-LLM scored token {token} with {sorted(scored)} (the sampled token and "
+                                   f"{self.num_top} alternatives wanted)")  # fmt: skip
+            texts.append(self._piece(token).encode("utf-8"))
+            logprobs.append(scored[token].logprob)
+            top.append(sorted(scored.items(), key=lambda item: -item[1].logprob)[:self.num_top])
+        names = [spec.name for spec in contract.SCORE_OUTPUTS]
+        columns = [np.array(logprobs, dtype=np.float32), np.array([t for t, _ in rows], dtype=np.int32),
+                   np.array(texts, dtype=object)]
+        if self.num_top:
+            columns += [np.array([[lp.logprob for _, lp in row] for row in top], dtype=np.float32),
+                        np.array([[t for t, _ in row] for row in top], dtype=np.int32),
+                        np.array([[self._alternative_text(t).encode("utf-8") for t, _ in row] for row in top],
+                                 dtype=object)]  # fmt: skip
+        return [pb.Tensor(name, column) for name, column in zip(names, columns)]
+
+    def _piece(self, token: int) -> str:
+        self._ids.append(token)
+        before = self._decode(self._ids[self._prefix:self._read])
+        after = self._decode(self._ids[self._prefix:])
+        if after.endswith("\ufffd") or len(after) <= len(before):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return after[len(before):]
+
+
 def speculative_counters(completion) -> tuple[float, int, int]:
     """(acceptance_rate, total_accepted_draft_tokens, total_draft_tokens) of a request so far; zeros without a
     draft (TensorRT-LLM reports them in request_perf_metrics.speculative_decoding)."""
@@ -228,6 +304,10 @@ class TritonPythonModel:
                 self._stop(request_id, sender)
                 return
             prompt, messages, sampling, streaming = read_request(pb, request)
+            num_top = read_num_top_logprobs(pb, request)
+            scores = None if num_top is None else OutputScores(self.llm.tokenizer, num_top)
+            if scores is not None:
+                sampling["logprobs"] = scores.logprobs_asked
             if messages is not None:
                 prompt = self.llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             params = self.sampling_params(**sampling, return_perf_metrics=True)
@@ -235,11 +315,11 @@ class TritonPythonModel:
             self.running.setdefault(request_id, set()).add(result)
             watcher = asyncio.ensure_future(self._watch(request, result, cancelled))
             if streaming:
-                await self._stream(result, sender, cancelled)
+                await self._stream(result, sender, cancelled, scores)
             else:
                 out = await result.aresult()
                 if not cancelled.is_set():
-                    sender.send(self._response(out, out.outputs[0].text), flags=final)
+                    sender.send(self._response(out, out.outputs[0].text, scores), flags=final)
             if cancelled.is_set():
                 self._send_cancelled(sender)
         except BadRequest as e:
@@ -257,14 +337,14 @@ class TritonPythonModel:
                 if not self.running.get(request_id, True):
                     del self.running[request_id]
 
-    async def _stream(self, result, sender, cancelled: asyncio.Event) -> None:
+    async def _stream(self, result, sender, cancelled: asyncio.Event, scores: OutputScores | None) -> None:
         """One response per step, each sent in its own iteration: TensorRT-LLM's GenerationResult is one object
         that every step mutates in place, so a response built from it later would carry a later step's text."""
         final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         async for out in result:
             if cancelled.is_set():
                 return
-            sender.send(self._response(out, out.outputs[0].text_diff), flags=final if out.finished else 0)
+            sender.send(self._response(out, out.outputs[0].text_diff, scores), flags=final if out.finished else 0)
             if out.finished:
                 return
         if not cancelled.is_set():  # the iteration ended without a finished step: close the stream
@@ -294,8 +374,9 @@ class TritonPythonModel:
         sender.send(pb.InferenceResponse(error=pb.TritonError("Request cancelled by client", pb.TritonError.CANCELLED)),
                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
 
-    def _response(self, out, text: str):
-        """One response: `text`, the finish reason once finished, and the request's counts so far."""
+    def _response(self, out, text: str, scores: OutputScores | None = None):
+        """One response: `text`, the finish reason once finished, the request's counts so far, and with `scores` those
+        of the tokens scored since the last response."""
         pb = self.pb_utils
         completion = out.outputs[0]
         finish_reason = str(completion.finish_reason or "stop") if out.finished else ""
@@ -306,7 +387,8 @@ class TritonPythonModel:
         tensors = [pb.Tensor(contract.TEXT_OUTPUT, np.array([text.encode("utf-8")], dtype=object)),
                    pb.Tensor(contract.FINISH_REASON, np.array([finish_reason.encode("utf-8")], dtype=object)),
                    pb.Tensor(contract.ACCEPTANCE_RATE, np.array([rate], dtype=np.float32)),
-                   *(pb.Tensor(name, np.array([n], dtype=np.int32)) for name, n in counts.items())]
+                   *(pb.Tensor(name, np.array([n], dtype=np.int32)) for name, n in counts.items()),
+                   *(scores.tensors(pb, completion) if scores is not None else ())]
         return pb.InferenceResponse(output_tensors=tensors)
 
     def finalize(self) -> None:

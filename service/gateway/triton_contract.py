@@ -20,8 +20,10 @@ DeepSpec additions are optional inputs and extra outputs a stock model simply do
 logprobs (`return_log_probs`, `top_logprobs`, `prompt_logprobs`, `logprobs_mode`), structured-output
 (`structured_output`) and several-sequences (`num_return_sequences`, TensorRT-LLM's name) inputs only DeepSpec's
 worker reads (a model without the last gets n requests of one sequence each from the gateway); the LLM-API model we
-export also sends `num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact. A gateway only
-sends an input the model's config declares; a request that needs an undeclared one is refused with a clear message.
+export also sends `num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact, and reads
+`return_log_probs` / `top_logprobs`, answering the generated tokens' scores in the worker's tensors
+(`SCORE_OUTPUTS`). A gateway only sends an input the model's config declares; a request that needs an undeclared one
+is refused with a clear message.
 
 Streaming: in DeepSpec's models (the exported LLM-API model, the ensemble, DeepSpec's worker) `text_output` carries
 the new text of each response (a delta), every count is cumulative, and the last response carries `finish_reason`.
@@ -56,8 +58,8 @@ ROLES = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "
          "ignore_eos", "prompt_token_ids", "return_log_probs", "top_logprobs", "prompt_logprobs", "logprobs_mode",
          "structured_output", "num_return_sequences")
 #: roles DeepSpec's worker reads and neither stock model does (the ensemble declares `return_log_probs` but sends
-#: only numbers, no token texts to render them with): a model that lacks one cannot serve the feature, which
-#: a gateway then refuses by name (`signature.py`)
+#: only numbers, no token texts to render them with; the exported LLM-API model reads the logprobs ones): a model
+#: that lacks one cannot serve the feature, which a gateway then refuses by name (`signature.py`)
 FEATURE_OF_ROLE = {"prompt_token_ids": "token-id prompts", "return_log_probs": "logprobs", "top_logprobs": "logprobs",
                    "prompt_logprobs": "prompt logprobs (echo)", "logprobs_mode": "processed logprobs (logprobs_mode)",
                    "structured_output": "structured outputs"}
@@ -69,8 +71,8 @@ LLMAPI_NAMES = {
     "stream": "streaming", "temperature": "sampling_param_temperature", "top_p": "sampling_param_top_p",
     "top_k": "sampling_param_top_k", "seed": "sampling_param_seed", "stop": "sampling_param_stop",
     "end_id": None, "ignore_eos": "ignore_eos",
-    "prompt_token_ids": None, "return_log_probs": None, "top_logprobs": None, "prompt_logprobs": None,
-    "logprobs_mode": None, "structured_output": None, "num_return_sequences": None,
+    "prompt_token_ids": None, "return_log_probs": "return_log_probs", "top_logprobs": "top_logprobs",
+    "prompt_logprobs": None, "logprobs_mode": None, "structured_output": None, "num_return_sequences": None,
     "return_perf_metrics": "sampling_param_return_perf_metrics", "return_finish_reason": "return_finish_reason",
     "return_num_input_tokens": None, "return_num_output_tokens": None,
 }  # fmt: skip
@@ -125,13 +127,23 @@ def _inputs(names: dict[str, str | None], required: tuple[str, ...],
                  for role, name in names.items() if name is not None)
 
 
-#: the LLM-API model's inputs: upstream's names and dims (text_input [-1]), our `messages_json` and `ignore_eos`
+#: the generated tokens' scores, one row per token, as DeepSpec's worker sends them (service/protocol.py
+#: OUTPUT_SCORES and ScoreTensors, mirrored: this file imports nothing): the log_probs, token_ids and tokens columns
+#: [n], the likeliest alternatives' [n, k], sent only when the request asked for some
+SCORE_OUTPUTS = (
+    TensorSpec("output_log_probs", "FP32", (-1,)), TensorSpec("output_token_ids", "INT32", (-1,)),
+    TensorSpec("output_tokens", "BYTES", (-1,)), TensorSpec("output_top_log_probs", "FP32", (-1, -1)),
+    TensorSpec("output_top_token_ids", "INT32", (-1, -1)), TensorSpec("output_top_tokens", "BYTES", (-1, -1)),
+)  # fmt: skip
+
+#: the LLM-API model's inputs: upstream's names and dims (text_input [-1]), our `messages_json`, `ignore_eos` and
+#: logprobs (`return_log_probs`, `top_logprobs`)
 LLMAPI_INPUTS = _inputs(LLMAPI_NAMES, ("prompt",), (-1,)) + (TensorSpec(STOP_REQUEST, "BOOL"),)
 LLMAPI_OUTPUTS = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (-1,)), TensorSpec(FINISH_REASON, "BYTES", (-1,)),
     TensorSpec(ACCEPTANCE_RATE, "FP32"), TensorSpec(TOTAL_ACCEPTED_DRAFT_TOKENS, "INT32"),
     TensorSpec(TOTAL_DRAFT_TOKENS, "INT32"), TensorSpec(NUM_INPUT_TOKENS, "INT32"),
-    TensorSpec(NUM_OUTPUT_TOKENS, "INT32"),
+    TensorSpec(NUM_OUTPUT_TOKENS, "INT32"), *SCORE_OUTPUTS,
 )  # fmt: skip
 
 #: the ensemble's inputs a gateway may send, as upstream's ensemble declares them (text_input and max_tokens

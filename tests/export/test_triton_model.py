@@ -9,12 +9,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
 import yaml
 
 from tests.export.conftest import run_export
+from tests.export.scored_llm import Logprob, distribution, score
 from tests.kserve_triton import (ACCEPTED_PER_STEP, DRAFTED_PER_STEP, FINAL, SLOW_PROMPT, WORDS, FakeMPI, Request,
                                  ScriptedLLM, fakes_installed, initialize, load_model_py, parse_config)
 
@@ -171,9 +173,11 @@ def test_bad_requests_get_an_error_and_the_model_keeps_serving(model, inputs, me
 
 
 def test_every_output_the_model_sends_is_declared_in_its_config(repo, model):
-    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([1], np.int32))
+    score(ScriptedLLM.instances[0])
+    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([1], np.int32),
+                       return_log_probs=np.array([True]), top_logprobs=np.array([2], np.int32))
     declared = {o.name for o in parse_config(repo / "tensorrt_llm" / "config.pbtxt").output}
-    assert {t.name() for t in response.output_tensors} <= declared
+    assert "output_top_tokens" in {t.name() for t in response.output_tensors} <= declared
 
 
 def test_a_model_config_that_does_not_stream_is_refused(repo):
@@ -188,3 +192,92 @@ def test_finalize_shuts_the_llm_down(repo):
         m = initialize(repo / "tensorrt_llm", parse_config(repo / "tensorrt_llm" / "config.pbtxt"))
         m.finalize()
     assert ScriptedLLM.instances[-1].closed and not m.thread.is_alive()
+
+
+# -- logprobs --------------------------------------------------------------------------------------------------------
+
+
+def _scores(response) -> dict:
+    names = [t.name() for t in response.output_tensors]
+    return {name.removeprefix("output_"): _all(response, name) for name in names if name.startswith("output_")}
+
+
+def _all(response, name):
+    return response.output_tensors[[t.name() for t in response.output_tensors].index(name)].as_numpy()
+
+
+def test_streamed_logprobs_are_the_llms_in_the_workers_tensors(model):
+    """Each response carries the tokens its text adds, in DeepSpec's worker's tensors (service/protocol.py
+    OUTPUT_SCORES): the sampled token's logprob read from its dict as TensorRT-LLM's own server reads it
+    (tensorrt_llm/serve/postprocess_handlers.py create_logprobs: `logprob[token_id].logprob`), the likeliest
+    alternatives first and only as many as asked, though the dict also holds the sampled token."""
+    score(ScriptedLLM.instances[0])
+    responses = _ask(model, text_input=_text("hi"), streaming=np.array([True]),
+                     sampling_param_max_tokens=np.array([3], np.int32), return_log_probs=np.array([True]),
+                     top_logprobs=np.array([1], np.int32))
+    assert all(r.error is None for r in responses), [r.error.message() for r in responses if r.error]
+    _, params, _ = ScriptedLLM.instances[0].calls[-1]
+    assert params.logprobs == 1
+    for step, response in enumerate(responses):
+        scores = _scores(response)
+        assert scores["token_ids"].tolist() == [100 + step]
+        assert scores["tokens"].tolist() == [WORDS[step].encode()] == [_out(response, "text_output")]
+        assert scores["log_probs"].tolist() == pytest.approx([distribution(step)[1][1]])
+        assert scores["top_token_ids"].tolist() == [[200 + step]]
+        assert scores["top_log_probs"].tolist() == [[pytest.approx(-0.05)]]
+        assert scores["top_tokens"].tolist() == [[f"<alt{200 + step}>".encode()]]
+
+
+def test_whole_logprobs_without_alternatives_still_ask_the_llm_for_one(model):
+    """top_logprobs 0 asks TensorRT-LLM for logprobs=1 (compute_logprobs scores nothing at 0 in some releases) and
+    sends no alternatives' tensors, as DeepSpec's worker sends none for k = 0."""
+    score(ScriptedLLM.instances[0])
+    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([3], np.int32),
+                       return_log_probs=np.array([True]))
+    assert response.error is None
+    _, params, _ = ScriptedLLM.instances[0].calls[-1]
+    assert params.logprobs == 1
+    scores = _scores(response)
+    assert set(scores) == {"log_probs", "token_ids", "tokens"}
+    assert scores["token_ids"].tolist() == [100, 101, 102]
+    assert b"".join(scores["tokens"].tolist()) == _out(response, "text_output")
+    assert scores["log_probs"].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+
+
+def test_a_request_without_logprobs_asks_the_llm_for_none(model):
+    score(ScriptedLLM.instances[0])
+    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([2], np.int32))
+    _, params, _ = ScriptedLLM.instances[0].calls[-1]
+    assert not hasattr(params, "logprobs") and not _scores(response)
+
+
+def test_token_texts_are_what_each_token_adds_in_context(repo):
+    """A character split across tokens is the text of the token that completes it ("" before), so the texts add up
+    to the output's (a byte-level tokenizer: one token per UTF-8 byte)."""
+    module = load_model_py(repo / "tensorrt_llm" / "1" / "model.py")
+    tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens=False: bytes(ids).decode("utf-8",
+                                                                                                     "replace"))
+    scores = module.OutputScores(tokenizer, 0)
+    text = "é€!"
+    ids = list(text.encode())
+    completion = types.SimpleNamespace(token_ids=ids, logprobs=[{t: Logprob(-1.0, 1)} for t in ids])
+    pb = types.SimpleNamespace(Tensor=lambda name, array: (name, array))
+    tensors = dict(scores.tensors(pb, completion))
+    assert [t.decode() for t in tensors["output_tokens"]] == ["", "é", "", "", "€", "!"]
+    assert scores.tensors(pb, completion) == []  # nothing new since
+
+
+def test_a_top_logprobs_out_of_range_is_a_bad_request(model):
+    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([1], np.int32),
+                       return_log_probs=np.array([True]), top_logprobs=np.array([21], np.int32))
+    assert response.error is not None and "top_logprobs 21 is out of range (0..20)" in response.error.message()
+
+
+def test_an_llm_that_leaves_the_sampled_token_unscored_is_an_error_not_a_guess(repo):
+    """A TensorRT-LLM release that returns only the top-k (its llm_inference_logprob example: "sampled token NOT
+    guaranteed") gives no logprob for a token outside them: the request fails rather than answer a made-up one."""
+    module = load_model_py(repo / "tensorrt_llm" / "1" / "model.py")
+    tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens=False: "x" * len(ids))
+    completion = types.SimpleNamespace(token_ids=[7], logprobs=[{3: Logprob(-0.1, 1)}])
+    with pytest.raises(RuntimeError, match="scored token 7 with \\[3\\]"):
+        module.OutputScores(tokenizer, 1).tensors(types.SimpleNamespace(Tensor=None), completion)

@@ -23,6 +23,7 @@ from service.gateway import triton_contract as c
 from service.gateway.signature import ModelSignature
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
 from tests.export.conftest import run_export, write_hf_target
+from tests.export.scored_llm import score
 from tests.kserve_triton import (ACCEPTED_PER_STEP, DRAFTED_PER_STEP, WORDS, KServeTriton, ScriptedLLM,
                                  fakes_installed, parse_config)
 from tests.service.conftest import in_process_gateway
@@ -243,21 +244,23 @@ def test_the_stock_llmapi_models_cumulative_text_reaches_clients_as_deltas(repo)
     assert asyncio.run(texts(stock_signature, False)) == ["Hello world"]
 
 
-def test_logprobs_token_prompts_and_structured_outputs_on_a_stock_model_are_a_400_naming_them(repo):
-    """The LLM-API model declares none of DeepSpec's logprobs inputs, `input_ids` nor `structured_output`, and the
-    stock ensemble sends no token texts: the gateway refuses before sending (a model would drop an undeclared feature
-    or Triton refuse the input), with a 400 that says so, and the model keeps serving."""
-    cases = [("/v1/completions", {"prompt": "hello", "logprobs": 1}, "logprobs are not supported by this worker"),
-             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
-              "logprobs are not supported by this worker"),
-             ("/v1/completions", {"prompt": "hello", "echo": True, "max_tokens": 0},
+def test_prompt_logprobs_token_prompts_and_structured_outputs_on_the_llmapi_model_are_a_400_naming_them(repo):
+    """The LLM-API model declares none of DeepSpec's prompt-logprobs, `input_ids` or `structured_output` inputs: the
+    gateway refuses before sending (a model would drop an undeclared feature or Triton refuse the input), with a
+    400 that says so, and the model keeps serving."""
+    cases = [("/v1/completions", {"prompt": "hello", "echo": True, "max_tokens": 0},
+              "prompt logprobs (echo) are not supported by this worker"),
+             ("/v1/completions", {"prompt": "hello", "echo": True, "logprobs": 1},
               "prompt logprobs (echo) are not supported by this worker"),
              ("/v1/completions", {"prompt": [1, 2, 3]}, "token-id prompts are not supported by this worker"),
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                        "response_format": {"type": "json_object"}},
               "structured outputs are not supported by this worker"),
              ("/v1/completions", {"prompt": "hello", "guided_regex": "[0-9]+"},
-              "structured outputs are not supported by this worker")]
+              "structured outputs are not supported by this worker"),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                                       "logprobs_mode": "processed_logprobs"},
+              "processed logprobs (logprobs_mode) are not supported by this worker")]
 
     async def scenario(client, triton, state):
         answers = [await client.post(path, json={"model": MODEL, "max_tokens": 2, **body}) for path, body, _ in cases]
@@ -287,3 +290,66 @@ def test_processed_logprobs_need_a_model_that_declares_logprobs_mode():
     for unsent in (dataclasses.replace(req, logprobs_mode="raw_logprobs"), dataclasses.replace(req, logprobs=None)):
         assert "logprobs_mode" not in sent(build_request(unsent, True, older))
     assert sent(build_request(req, True, DEEPSPEC_WORKER))["logprobs_mode"][4:] == b"processed_logprobs"
+
+
+def test_the_score_outputs_are_the_workers():
+    """The exported LLM-API model answers logprobs in the tensors DeepSpec's worker sends (service/protocol.py
+    OUTPUT_SCORES), mirrored in the contract (which imports nothing), so the gateway reads both with one reader."""
+    from service.protocol import OUTPUT_SCORES
+
+    assert tuple(spec.name for spec in c.SCORE_OUTPUTS) == OUTPUT_SCORES.names()
+    assert set(c.SCORE_OUTPUTS) <= set(c.LLMAPI_OUTPUTS)
+
+
+def test_logprobs_from_the_exported_llmapi_model_reach_clients_in_openais_shapes(repo):
+    """TensorRT-LLM's logprobs (tensorrt_llm/executor/result.py CompletionOutput.logprobs: per generated token a dict
+    token id -> Logprob(logprob, rank), the top `SamplingParams.logprobs` and the sampled token; tests/export/
+    scored_llm.py), sent by the exported model.py as the worker's score tensors, become chat's
+    `logprobs.content` (streamed per chunk, whole) and completions' legacy shape, as for DeepSpec's worker."""
+    from tests.export.scored_llm import distribution, text_of
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True,
+            "top_logprobs": 1}  # fmt: skip
+
+    async def scenario(client, triton, state):
+        score(triton.models[MODEL].llm)
+        whole = await client.post("/v1/chat/completions", json=chat)
+        async with client.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as response:
+            events = [json.loads(line[6:]) async for line in response.aiter_lines() if line.startswith("data: {")]
+        completion = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hello", "max_tokens": 2,
+                                                                 "logprobs": 2})  # fmt: skip
+        return whole, events, completion, triton.requests
+
+    whole, events, completion, requests = _run(repo, scenario)
+    assert whole.status_code == 200, whole.text
+    content = whole.json()["choices"][0]["logprobs"]["content"]
+    assert [t["token"] for t in content] == list(WORDS[:3])
+    assert [t["logprob"] for t in content] == pytest.approx([distribution(i)[1][1] for i in range(3)])
+    assert [[(a["token"], a["logprob"]) for a in t["top_logprobs"]] for t in content] == [
+        [(text_of(200 + i), pytest.approx(-0.05))] for i in range(3)]
+    streamed = [t for e in events for ch in e["choices"] if ch["logprobs"] for t in ch["logprobs"]["content"]]
+    assert streamed == content
+    assert completion.status_code == 200, completion.text
+    legacy = completion.json()["choices"][0]["logprobs"]
+    assert legacy["tokens"] == list(WORDS[:2]) and legacy["text_offset"] == [0, len(WORDS[0])]
+    assert legacy["top_logprobs"][1] == {text_of(201): pytest.approx(-0.05), WORDS[1]: pytest.approx(-0.2)}
+    assert requests[0]._inputs["top_logprobs"].tolist() == [1] and requests[0]._inputs["return_log_probs"].tolist()
+
+
+def test_a_stock_llmapi_model_refuses_logprobs_by_name(repo):
+    """Upstream's LLM-API model reads no logprobs input (NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/
+    tensorrt_llm/1/helpers.py get_sampling_params_from_request): a model without `return_log_probs` gets no
+    logprobs request, the client a 400 that says so."""
+    config = parse_config(repo / MODEL / "config.pbtxt")
+    for name in ("return_log_probs", "top_logprobs"):
+        del config.input[[i.name for i in config.input].index(name)]
+
+    async def scenario():
+        worker = WorkerClient("127.0.0.1:1")
+        worker.signatures[MODEL] = ModelSignature.from_config(config)
+        with pytest.raises(WorkerError, match="logprobs are not supported by this worker") as refused:
+            await anext(worker.infer(GenerationRequest("r", MODEL, prompt="x", logprobs=1), 5))
+        await worker.close()
+        return refused.value.status
+
+    assert asyncio.run(scenario()) == "INVALID_ARGUMENT"
