@@ -225,8 +225,7 @@ class Dispatcher:
 
 
 def _check_extensions(req: GenerationRequest, endpoint: Endpoint) -> None:
-    """Refuse what `endpoint`'s client would drop (an OpenAI-HTTP worker's: logprobs, token-id prompts) rather than
-    send it."""
+    """Refuse what `endpoint`'s client would drop (an OpenAI-HTTP worker's: a logprobs mode) rather than send it."""
     unsupported = req.extensions - getattr(endpoint.client, "extensions", frozenset())
     if unsupported:
         raise errors.BadRequestError(f"{' and '.join(sorted(unsupported))} are not supported by this worker "
