@@ -119,22 +119,23 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         ("plugins/tensorrt.py", "trtp.aot_impl")),
     Requirement(
         "llmapi-eagle3-layers", "tensorrt_llm", "1.0.0", None,
-        "export/drafts/writers.py names the captured target layers `eagle3_layers_to_capture` (output-of-layer ids) "
+        "export/drafts/eagle3.py names the captured target layers `eagle3_layers_to_capture` (output-of-layer ids) "
         "for the PyTorch backend's EAGLE-3 one-model path (`eagle3_one_model`)",
         "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py `EagleDecodingConfig.eagle3_layers_to_capture`, "
         "`eagle3_one_model`; PR #6210 (July 2025) made the captured layers configurable before the 1.0 release "
         "(the 1.0.0 tag itself not read)",
-        ("export/drafts/writers.py", "eagle3_layers_to_capture")),
+        ("export/drafts/eagle3.py", "eagle3_layers_to_capture")),
     Requirement(
         "llmapi-decoding-type-eagle3", "tensorrt_llm", "1.2.0", None,
-        "export/snippets.py writes `speculative_config: {decoding_type: Eagle3, ...}` into trtllm-serve.yaml and the "
+        "export/snippets.py writes `speculative_config: {decoding_type: Eagle3, ...}` (the name from the Eagle3 "
+        "TensorRT-LLM writer, export/drafts/eagle3.py) into trtllm-serve.yaml and the "
         "Triton model.yaml; 1.1 and older dispatch only `decoding_type: Eagle` and refuse it "
         "(`Invalid decoding type: Eagle3`)",
         "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py `DecodingBaseConfig.from_dict`, `Eagle3DecodingConfig` "
         "(added by PR #10124 on main after release/1.1 was cut, first released in 1.2); "
         "triton-inference-server/tutorials Feature_Guide/Speculative_Decoding/TRT-LLM/README.md runs "
         "`decoding_type: Eagle3` in the 26.0x trtllm-python-py3 image",
-        ("export/snippets.py", '"Eagle3"')),
+        ("export/drafts/eagle3.py", 'DraftWriter("Eagle3"')),
     Requirement(
         "engine-flow", "tensorrt_llm", None, "1.3",
         "export --format tensorrt-llm writes build.sh (trtllm-build on the checkpoint) and --format triton-repo "

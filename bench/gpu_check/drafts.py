@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NEURAL_ALGOS = ("eagle3", "dflash", "dspark")
+from deepspec.algorithms import available_algorithms
+
+NEURAL_ALGOS = tuple(available_algorithms())
 #: the reduced draft vocabulary of a random neural draft (the training default), capped at the target's
 DRAFT_VOCAB_SIZE = 8192
 

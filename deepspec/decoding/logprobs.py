@@ -18,14 +18,10 @@ target may emit there is only what the grammar allows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from plugins.reference.logits import process, scale
-
-if TYPE_CHECKING:
-    from deepspec.decoding.params import SamplingParams
 
 #: the most alternatives a request may ask for per position (OpenAI's top_logprobs bound)
 MAX_TOP_LOGPROBS = 20
@@ -78,8 +74,9 @@ def processed_logits(
     return z.masked_fill(z < keep[:, None], float("-inf"))
 
 
-def scored_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """[N, V] the logits to score position i by, for the request whose parameters are params[i]: its raw logits, or
+def scored_logits(logits: torch.Tensor, params: list) -> torch.Tensor:
+    """[N, V] the logits to score position i by, for the request whose SamplingParams are params[i] (this module sits
+    below params.py, which imports it: the type stays unnamed here): its raw logits, or
     processed (`processed_logits`) where it asked for logprobs_mode processed_logprobs."""
     rows = [i for i, p in enumerate(params) if p.logprobs_mode == "processed_logprobs"]
     if not rows:

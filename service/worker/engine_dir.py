@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepspec.decoding.registry import drafter_keywords
+
 MANIFEST = "manifest.json"
 #: formats this worker serves: the PyTorch engine over the target and draft the manifest names
 PYTORCH_FORMATS = ("pytorch", "deepspec")
@@ -37,7 +39,6 @@ OTHER_RUNTIMES = {
     "sglang": "a draft for SGLang; serve it with the launch flags in its README.md (launch/sglang.sh)",
 }
 DTYPES = ("float32", "bfloat16")
-_DRAFT_KEYWORDS = ("none", "prompt-lookup", "auto")
 
 
 class EngineDirError(ValueError):
@@ -88,13 +89,14 @@ def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
         raise EngineDirError(f"{path}: unknown format {fmt!r} (known: {known})")
     draft, dtype = manifest.get("draft", "none"), manifest.get("dtype", "float32")
     if not isinstance(draft, str) or not draft:
-        raise EngineDirError(f"{path}: draft must be none, prompt-lookup, auto or a directory, got {draft!r}")
+        raise EngineDirError(f"{path}: draft must be one of {', '.join(drafter_keywords())} or a directory, got "
+                             f"{draft!r}")
     if dtype not in DTYPES:
         raise EngineDirError(f"{path}: dtype {dtype!r} is not one the worker loads ({', '.join(DTYPES)})")
     target = _resolve(root, manifest["target"], path, "target", is_path=_looks_like_path(manifest["target"]))
     if fmt in ONNX_FORMATS:  # the graph in DIR is the target; it runs float32 activations
         target, dtype = str(root.resolve()), "float32"
-    draft = draft if draft in _DRAFT_KEYWORDS else _resolve(root, draft, path, "draft", is_path=True)
+    draft = draft if draft in drafter_keywords() else _resolve(root, draft, path, "draft", is_path=True)
     template = manifest.get("chat_template")
     if template is not None and (not isinstance(template, str) or not template):
         raise EngineDirError(f"{path}: chat_template must be a file in the export, got {template!r}")

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: importable here, absent on the GPU machine (torch 2.11 + CUDA 13 stack, no network): the check must not need them
 ABSENT_ON_GPU_MACHINE = ("gguf", "fastapi", "uvicorn", "pydantic_settings", "onnxruntime_extensions", "onnxscript",
                          "matplotlib", "scipy", "aiohttp", "openai", "datasets", "speculators", "locust")
-DRAFTERS = ["prompt-lookup", "corpus chain", "corpus tree", "eagle3 chain", "eagle3 tree", "dflash chain",
-            "dflash tree", "dspark chain", "dspark tree", "hybrid corpus+dspark"]
+DRAFTERS = ["prompt-lookup", "corpus chain", "corpus tree", "dflash chain", "dflash tree", "dspark chain",
+            "dspark tree", "eagle3 chain", "eagle3 tree", "hybrid corpus+dspark"]
 
 
 def _site_without(absent: tuple[str, ...], farm: Path) -> Path:
@@ -98,7 +98,7 @@ def test_kernels_compile_and_skip_the_launch_without_a_gpu_saying_why(quick_run)
 
 def test_training_steps_of_each_algorithm_and_the_onnx_export(quick_run):
     train = _rows(quick_run[1], "training")
-    assert list(train) == ["train eagle3", "train dflash", "train dspark"]
+    assert list(train) == ["train dflash", "train dspark", "train eagle3"]
     assert all(r["status"] == OK and r["metrics"]["steps"] == QUICK.num_train_steps for r in train.values())
     onnx = _rows(quick_run[1], "onnx")
     assert onnx["prefill logits on CPUExecutionProvider"]["status"] == OK
