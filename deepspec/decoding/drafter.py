@@ -49,9 +49,10 @@ from deepspec.models.target import Target
 
 @dataclass
 class Proposal:
-    #: [B, k] draft tokens (tree nodes), right-padded with any valid id past num_tokens
+    #: [B, k] draft tokens (tree nodes), right-padded with any valid id past num_tokens; on the device they were
+    #: computed on (a neural draft's stay on the target's: the engine reads them back once, with the round's result)
     tokens: torch.Tensor
-    #: [B] how many of each row's nodes are real drafts (0..k)
+    #: [B] how many of each row's nodes are real drafts (0..k), a CPU tensor (the engine sizes the verify pass by it)
     num_tokens: torch.Tensor
     #: [B, k, V] the distribution each draft token was drawn from, for rejection sampling; None = the drafts are
     #: deterministic (one-hot q), as for prompt lookup or argmax drafting. On the device it was computed on (a

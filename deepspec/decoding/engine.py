@@ -465,7 +465,7 @@ class SpecEngine:
                 if self.step_time is not None:
                     num_drafts = num_drafts.clamp(max=self._budget_depth(proposal, num_drafts))
                 k = int(num_drafts.max())
-                draft_tokens = proposal.tokens[:, :k].cpu()
+                draft_tokens = proposal.tokens[:, :k]  # on the drafter's device: read back with the round's result
                 draft_probs = proposal.probs[:, :k] if proposal.probs is not None and k else None
         with self._phase("grammar"):
             masks = self._grammar_walks(draft_tokens, num_drafts, None)
@@ -476,7 +476,7 @@ class SpecEngine:
             draft_tokens = draft_tokens[:, :k]
             draft_probs = draft_probs[:, :k] if draft_probs is not None and k else None
         k = draft_tokens.shape[1]
-        inputs = torch.cat([pending, draft_tokens], dim=1).to(device)
+        inputs = torch.cat([pending.to(device), draft_tokens.to(device)], dim=1)
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
         with self._phase("target"):
             out = self.target.forward(inputs, start, self.cache.rows(0, B), feature_layers=self.feature_layers,
@@ -496,9 +496,11 @@ class SpecEngine:
             if not all(s.params.greedy for s in seqs):
                 sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], logits.device)
             num_accepted, next_token = verify(draft_tokens, num_drafts, logits, draft_probs, sampling)
-            accepted, next_tokens = num_accepted.tolist(), next_token.tolist()
-        drafts = draft_tokens.tolist()
-        committed = [drafts[i][: accepted[i]] + [next_tokens[i]] for i in range(B)]
+            # the round's one device-to-host read: how many drafts each row accepted, its next token, its drafts
+            result = torch.cat([num_accepted[:, None], next_token[:, None],
+                                draft_tokens.to(num_accepted.device, torch.long)], dim=1).tolist()
+        accepted = [r[0] for r in result]
+        committed = [r[2 : 2 + r[0]] + [r[1]] for r in result]
         num_list = num_drafts.tolist()
         with self._phase("logprobs"):
             logprobs = self._emitted_logprobs(logits, [list(range(len(c))) for c in committed], committed)
@@ -607,6 +609,9 @@ class SpecEngine:
         through its grammar (structured.RowGrammar.walk): which nodes the grammar allows, and the bitmask of allowed
         tokens at the root and after each node. Unconstrained rows are absent: they cost nothing."""
         walks = {}
+        if all(seq.grammar is None for seq in self._batch):
+            return walks
+        tokens = tokens.cpu()  # walking a grammar is host work: one read of the drafts, constrained rounds only
         for row, seq in enumerate(self._batch):
             if seq.grammar is None:
                 continue

@@ -54,7 +54,7 @@ class DFlashDrafter(NeuralDrafter):
         γ = self.cfg.block_size
         rows = torch.tensor(slots, dtype=torch.long, device=device)
         ctx_len = self.ctx_len[slots].to(device)
-        num_ctx = int(ctx_len.max())
+        num_ctx = int(self.ctx_len[slots].max())  # from the host copy: no device read
         block_pos = ctx_len[:, None] + torch.arange(γ, device=device)
         visible_ctx = torch.arange(num_ctx, device=device)[None, None, :] < ctx_len[:, None, None]  # [B, 1, K]
         mask = torch.cat([visible_ctx.expand(-1, γ, -1),

@@ -44,9 +44,9 @@ class DSparkDrafter(DFlashDrafter):
             if want_probs:
                 probs.append(p)
             prev = ids
-            if not bool(alive.any()):
-                break
-        return pack(tokens, probs, k, num.cpu(), survivals)
+        # no early exit once every row is truncated: asking the device whether any is alive would cost a read per
+        # slot, more than the slot's small Markov step; the truncated slots are cut by `num`
+        return pack(tokens, probs, k, num, survivals)
 
     def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         """Slot d's distribution depends on the previous token only through the rank-r Markov term, so each

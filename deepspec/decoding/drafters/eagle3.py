@@ -50,7 +50,8 @@ class Eagle3Drafter(NeuralDrafter):
         start = self.length[slots].to(device)
         positions = start[:, None] + torch.arange(m, device=device)
         h = self.model.cached_step(self.model.fc(features[:, :m].to(device, self.last_h.dtype)),
-                                   tokens.to(device), positions, self.cache_k, self.cache_v, rows)
+                                   tokens.to(device), positions, self.cache_k, self.cache_v, rows,
+                                   visible=_causal(positions, int(self.length[slots].max()) + m))
         last = (num_tokens.to(device) - 1).clamp(min=0)
         self.last_h[rows] = h[torch.arange(len(slots), device=device), last]
         for row, slot in enumerate(slots):
@@ -63,6 +64,7 @@ class Eagle3Drafter(NeuralDrafter):
         want_probs = not sampling.all_greedy
         h = self.last_h[rows][:, None]  # [B, 1, H]
         position = self.length[slots].to(device)[:, None]
+        longest = int(self.length[slots].max())  # the lengths live on the host: no device read per step
         tokens, probs = [], [] if want_probs else None
         for step in range(k):
             logits = self.model.logits(h[:, 0])
@@ -71,7 +73,8 @@ class Eagle3Drafter(NeuralDrafter):
             if want_probs:
                 probs.append(p)
             if step + 1 < k:
-                h = self.model.cached_step(h, ids[:, None], position + step, self.cache_k, self.cache_v, rows)
+                h = self.model.cached_step(h, ids[:, None], position + step, self.cache_k, self.cache_v, rows,
+                                           visible=_causal(position + step, longest + step + 1))
         num = torch.tensor([k if self.has_pair[s] else 0 for s in slots], dtype=torch.long)
         return pack(tokens, probs, k, num)
 
@@ -118,3 +121,9 @@ class Eagle3Drafter(NeuralDrafter):
         self.length[dst] = self.length[src]
         self.last_h[dst] = self.last_h[src]
         self.has_pair[dst] = self.has_pair[src]
+
+
+def _causal(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """[B, m, num_keys] bool: the cache entries each pair at `positions` [B, m] sees (its own and every earlier),
+    sized by a key count the caller knows on the host, so attending costs no device-to-host read of the positions."""
+    return torch.arange(num_keys, device=positions.device)[None, None, :] <= positions[:, :, None]

@@ -111,7 +111,7 @@ class HybridDrafter(Drafter):
         if not need_neural:
             self.rows_drafted["corpus"] += len(slots)
             return corpus
-        neural = self.neural.propose(slots, k, sampling)
+        neural = _on_host(self.neural.propose(slots, k, sampling))
         rows = []
         for i in range(len(slots)):
             a = _row(corpus, i, k) if corpus is not None else ([], [], None, None)
@@ -132,6 +132,12 @@ class HybridDrafter(Drafter):
             if p is not None and p.probs is not None:
                 return p.probs.shape[-1]
         return getattr(self, "vocab_size", 0)
+
+
+def _on_host(p: Proposal) -> Proposal:
+    """The proposal's tokens, parents and survival read back in one go: the rows are combined on the host."""
+    return Proposal(p.tokens.cpu(), p.num_tokens, p.probs, None if p.survival is None else p.survival.cpu(),
+                    None if p.parents is None else p.parents.cpu())
 
 
 # one row of a proposal as plain lists: (tokens, parents, survival | None, q rows | None), q None per node = one-hot

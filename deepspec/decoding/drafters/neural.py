@@ -104,7 +104,7 @@ def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, n
     cols = tokens[:k]
     while len(cols) < k:
         cols.append(cols[-1])
-    out_tokens = torch.stack(cols, dim=1).cpu()
+    out_tokens = torch.stack(cols, dim=1)  # on the draft's device: the engine reads it back with the round's result
     out_probs = None
     if probs is not None:
         p = probs[:k]
@@ -112,12 +112,16 @@ def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, n
             p.append(torch.zeros_like(p[-1]))
         out_probs = torch.stack(p, dim=1)
     out_survival = None
-    if survival is not None:
-        out_survival = torch.zeros(len(num), k)
+    num = num.clamp(max=k)
+    if survival is not None:  # the verify budget reads them on the host: count and survival in one read
         width = min(len(survival), k)
-        out_survival[:, :width] = torch.stack(survival[:width], dim=1).float().cpu()
-        out_survival[torch.arange(k)[None, :] >= num.clamp(max=k).cpu()[:, None]] = 0.0
-    return Proposal(out_tokens, num.clamp(max=k).cpu(), out_probs, out_survival)
+        both = torch.cat([num[:, None].to(survival[0].device, torch.float32),
+                          torch.stack(survival[:width], dim=1).float()], dim=1).cpu()
+        num = both[:, 0].long()
+        out_survival = torch.zeros(len(num), k)
+        out_survival[:, :width] = both[:, 1:]
+        out_survival[torch.arange(k)[None, :] >= num[:, None]] = 0.0
+    return Proposal(out_tokens, num.cpu(), out_probs, out_survival)
 
 
 # ---- token trees (EAGLE-2's dynamic tree, arXiv 2406.16858) -------------------------------------------------------
