@@ -6,6 +6,8 @@ gateway's copies. Useful PromQL:
 
     mean acceptance length = 1 + rate(deepspec:spec_decode_num_accepted_tokens_total[5m])
                                / rate(deepspec:spec_decode_num_drafts_total[5m])
+        (τ: tokens per verify round that checked drafts, as the engine's AcceptanceStats.acceptance_length,
+        eval.json and the request log count it; rounds left without drafts are in none of these counters)
     acceptance rate        = rate(deepspec:spec_decode_num_accepted_tokens_total[5m])
                                / rate(deepspec:spec_decode_num_draft_tokens_total[5m])
     p99 TTFT               = histogram_quantile(0.99, sum by (le) (rate(deepspec:time_to_first_token_seconds_bucket[5m])))
@@ -34,7 +36,7 @@ SPEC_DECODE_NUM_DRAFTS_TOTAL = "deepspec:spec_decode_num_drafts_total"
 SPEC_DECODE_NUM_DRAFT_TOKENS_TOTAL = "deepspec:spec_decode_num_draft_tokens_total"
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL = "deepspec:spec_decode_num_accepted_tokens_total"
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL = "deepspec:spec_decode_num_accepted_tokens_per_pos_total"  # label `position`
-SPEC_DECODE_ACCEPTANCE_LENGTH = "deepspec:spec_decode_acceptance_length"  # histogram, bonus token included
+SPEC_DECODE_ACCEPTANCE_LENGTH = "deepspec:spec_decode_acceptance_length"  # histogram: τ of each drafted round
 
 # Routing state on the gateway, label `worker` (no vLLM equivalent).
 GATEWAY_NUM_REQUESTS_OUTSTANDING = "deepspec:gateway_num_requests_outstanding"  # sent to a worker, not finished
@@ -53,7 +55,7 @@ LATENCY_BUCKETS_SECONDS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
     0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
-#: tokens committed per verify round (accepted drafts + the bonus token)
+#: tokens committed per verify round that checked drafts (accepted drafts + the bonus token)
 ACCEPTANCE_LENGTH_BUCKETS = tuple(float(i) for i in range(1, 17))
 
 

@@ -63,9 +63,10 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def measure_tau(target, drafter, datasets=DEFAULT_DATASETS, num_prompts: int = DEFAULT_NUM_PROMPTS,
-                max_tokens: int = DEFAULT_MAX_TOKENS, gamma: int = DEFAULT_GAMMA) -> dict[str, float]:
-    """Greedy engine τ of `drafter` per eval set (accepted + bonus tokens per verify step, as `eval` counts it).
-    No target-only baseline: the curve needs τ only, and the baseline would double the cost."""
+                max_tokens: int = DEFAULT_MAX_TOKENS, gamma: int = DEFAULT_GAMMA) -> dict[str, float | None]:
+    """Greedy engine τ of `drafter` per eval set (accepted drafts + 1 per round that verified drafts, as `eval`
+    counts it); None for a set where the verify budget left every round without drafts. No target-only baseline:
+    the curve needs τ only, and the baseline would double the cost."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
     from training.evaluate import load_eval_prompts, summarize
@@ -76,7 +77,8 @@ def measure_tau(target, drafter, datasets=DEFAULT_DATASETS, num_prompts: int = D
     for name in datasets:
         prompts = [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
         results = [engine.generate([p], params)[0] for p in prompts]
-        out[name] = round(summarize(results)[0], 4)
+        tau = summarize(results)[0]
+        out[name] = None if tau is None else round(tau, 4)
     return out
 
 
@@ -108,8 +110,16 @@ class Record:
         return data
 
 
-def mean_tau(point: dict) -> float:
-    return sum(point["tau"].values()) / len(point["tau"])
+def mean_tau(point: dict) -> float | None:
+    """The point's τ averaged over its eval sets; None when a set has no τ (no round drafted there): a mean over
+    fewer sets would not compare with the other points."""
+    taus = list(point["tau"].values())
+    return None if None in taus else sum(taus) / len(taus)
+
+
+def with_mean_tau(points: list[dict]) -> list[dict]:
+    """The points a fit can use: those with a mean τ."""
+    return [p for p in points if mean_tau(p) is not None]
 
 
 @dataclass
@@ -178,12 +188,15 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
     colors = dict(zip(sets, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
     fig, ax = plt.subplots(figsize=(9, 5))
     xs = [p["tokens_seen"] for p in points]
-    for name in sets:
-        ax.plot(xs, [p["tau"][name] for p in points], marker="o", color=colors.get(name), label=f"{name}")
+    for name in sets:  # a set without τ at a point leaves a gap
+        ax.plot(xs, [math.nan if p["tau"][name] is None else p["tau"][name] for p in points], marker="o",
+                color=colors.get(name), label=f"{name}")
         if goal and name in goal:
             ax.axhline(goal[name], color=colors.get(name), linestyle="--", linewidth=1)
-    if len(points) >= 2 and len(set(xs)) >= 2:
-        fit = fit_log_tokens(xs, [mean_tau(p) for p in points])
+    fitted = with_mean_tau(points)
+    fit_xs = [p["tokens_seen"] for p in fitted]
+    if len(set(fit_xs)) >= 2:
+        fit = fit_log_tokens(fit_xs, [mean_tau(p) for p in fitted])
         hi = max(xs) * 30
         grid = [min(xs) * (hi / min(xs)) ** (i / 40) for i in range(41)]
         ax.plot(grid, [fit.tau_at(x) for x in grid], color="gray", linestyle=":",
@@ -191,8 +204,8 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
     markers = iter("sD^v<>")
     goal_mean = sum(goal.values()) / len(goal) if goal else None
     for name, series in data.get("history", {}).items():  # earlier drafts measured at 2+ training lengths
-        hx = [p["tokens_seen"] for p in series["points"]]
-        mean = [mean_tau(p) for p in series["points"]]
+        hx = [p["tokens_seen"] for p in with_mean_tau(series["points"])]
+        mean = [mean_tau(p) for p in with_mean_tau(series["points"])]
         ax.plot(hx, mean, marker=next(markers, "s"), color="black", linestyle="-.", linewidth=1, alpha=0.6,
                 label=f"{name} (mean τ)")
         if goal_mean is not None and len(set(hx)) >= 2:  # its log-line carried on to corpus lookup's mean
@@ -252,12 +265,13 @@ def measure_newest(run_dir: Path, record: Record, target, threads: int | None, l
 
 
 def greedy_tau(draft_dir: Path, datasets=DEFAULT_DATASETS) -> dict[str, float]:
-    """A shipped draft's greedy τ per eval set, from its eval.json."""
+    """A shipped draft's greedy τ per eval set, from its eval.json (a set where no round drafted has none)."""
     path = Path(draft_dir) / "eval.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `python -m training eval --draft {draft_dir}` first")
     results = json.loads(path.read_text())["results"]
-    tau = {r["dataset"]: r["acceptance_length"] for r in results if r["temperature"] == 0 and r["dataset"] in datasets}
+    tau = {r["dataset"]: r["acceptance_length"] for r in results
+           if r["temperature"] == 0 and r["dataset"] in datasets and r["acceptance_length"] is not None}
     if not tau:
         raise ValueError(f"{path} has no greedy result on {list(datasets)}")
     return tau
@@ -283,6 +297,7 @@ def summarize_fit(data: dict, goal_tau: dict[str, float] | None) -> dict | None:
 
 
 def _fit_points(points: list[dict], goal_tau: dict[str, float] | None) -> dict | None:
+    points = with_mean_tau(points)
     xs = [p["tokens_seen"] for p in points]
     if len(points) < 2 or len(set(xs)) < 2:
         return None
@@ -369,11 +384,13 @@ def run_curve_cli(args, parser) -> int:
 
 def markdown_table(data: dict) -> str:
     """The record's points as the table drafts/README.md shows: step, tokens seen, τ per set and their mean."""
+    from training.evaluate import tau_text
+
     points = data["points"]
     sets = list(points[0]["tau"]) if points else []
     lines = ["| step | tokens seen | " + " | ".join(f"τ {s}" for s in sets) + " | mean τ |",
              "| --- | --- | " + " | ".join("---" for _ in sets) + " | --- |"]
     for p in points:
-        lines.append(f"| {p['step']} | {p['tokens_seen']:,} | " + " | ".join(f"{p['tau'][s]:.2f}" for s in sets)
-                     + f" | {mean_tau(p):.2f} |")
+        lines.append(f"| {p['step']} | {p['tokens_seen']:,} | " + " | ".join(tau_text(p["tau"][s]) for s in sets)
+                     + f" | {tau_text(mean_tau(p))} |")
     return "\n".join(lines)

@@ -16,14 +16,21 @@ from pathlib import Path
 
 import torch
 
+from deepspec.decoding.params import AcceptanceStats
+
 
 @dataclass
 class EvalResult:
+    """One (draft, dataset, temperature) row of eval.json; `summarize` says what each rate divides by."""
+
     dataset: str
     temperature: float
     num_prompts: int
-    acceptance_length: float
+    #: τ: (accepted drafts + drafted rounds) / drafted rounds (num_drafted_steps); None when no round drafted
+    acceptance_length: float | None
+    #: committed tokens / tokens verified, over every verify pass (num_steps)
     verify_rate: float
+    #: per draft position: rounds it was accepted / rounds it was proposed
     survival: list[float]
     tokens_per_second: float
     baseline_tokens_per_second: float
@@ -34,6 +41,11 @@ class EvalResult:
     verify_tokens_per_step: float | None = None
     #: the draft proposed token trees (a chain otherwise)
     tree: bool = False
+    #: verify passes over the set's requests, drafted or not (verify_rate's and verify_tokens_per_step's rounds)
+    num_steps: int | None = None
+    #: of those, the passes that verified at least one draft: τ's denominator, so sets can be pooled
+    #: (Σ τ·num_drafted_steps / Σ num_drafted_steps)
+    num_drafted_steps: int | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -68,16 +80,37 @@ def _run(engine, prompts, params, progress=None, **fields) -> tuple[list, float]
     return results, seconds
 
 
-def summarize(results) -> tuple[float, float, list[float]]:
-    steps = sum(r.num_steps for r in results)
-    accepted = sum(r.num_accepted_tokens for r in results)
-    drafted = sum(r.num_draft_tokens for r in results)
+def pooled_stats(results) -> AcceptanceStats:
+    """Every request's counters summed into one AcceptanceStats, so a set's τ is the engine's own definition
+    (AcceptanceStats.acceptance_length) over all its rounds, not a mean of per-request figures."""
     width = max((len(r.proposed_per_position) for r in results), default=0)
-    acc = [sum(r.accepted_per_position[i] for r in results if i < len(r.accepted_per_position)) for i in range(width)]
-    prop = [sum(r.proposed_per_position[i] for r in results if i < len(r.proposed_per_position)) for i in range(width)]
-    tau = (accepted + steps) / max(steps, 1)
-    verify_rate = (accepted + steps) / max(drafted + steps, 1)
-    return tau, verify_rate, [a / p if p else 0.0 for a, p in zip(acc, prop)]
+
+    def per_position(lists) -> list[int]:
+        return [sum(values[i] for values in lists if i < len(values)) for i in range(width)]
+
+    return AcceptanceStats(num_steps=sum(r.num_steps for r in results),
+                           num_drafted_steps=sum(r.num_drafted_steps for r in results),
+                           num_draft_tokens=sum(r.num_draft_tokens for r in results),
+                           num_accepted_tokens=sum(r.num_accepted_tokens for r in results),
+                           num_verify_tokens=sum(r.num_verify_tokens for r in results),
+                           accepted_per_position=per_position([r.accepted_per_position for r in results]),
+                           proposed_per_position=per_position([r.proposed_per_position for r in results]))
+
+
+def summarize(results) -> tuple[float | None, float, list[float]]:
+    """(τ, verify rate, survival) of a set's requests, pooled:
+
+    - τ = (accepted drafts + drafted rounds) / drafted rounds, the rounds that verified at least one draft (a
+      round the verify budget or the drafter left without drafts is not counted); None when no round drafted.
+    - verify rate = committed tokens / tokens the target verified = (accepted + rounds) / (drafts + rounds), over
+      every verify pass, drafted or not: the share of the verify passes' tokens that were kept.
+    - survival[i] = rounds in which draft position i was accepted / rounds that proposed position i (0 where none
+      did); in a chain, position i is only accepted after every earlier one was."""
+    pooled = pooled_stats(results)
+    committed = pooled.num_accepted_tokens + pooled.num_steps
+    verify_rate = committed / max(pooled.num_draft_tokens + pooled.num_steps, 1)
+    survival = [a / p if p else 0.0 for a, p in zip(pooled.accepted_per_position, pooled.proposed_per_position)]
+    return pooled.acceptance_length, verify_rate, survival
 
 
 def verify_tokens_per_step(results) -> float:
@@ -141,16 +174,24 @@ def _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_i
         spec_results, spec_s = _run(engine, prompts, params, progress, **where, method=Path(draft_name).name)
         n_spec = sum(len(r.token_ids) for r in spec_results)
         tau, verify_rate, survival = summarize(spec_results)
+        pooled = pooled_stats(spec_results)
         identical = None
         if temperature == 0 and check_identical:
             identical = all(a.token_ids == b.token_ids for a, b in zip(base_results, spec_results))
-        result = EvalResult(name, temperature, len(prompts), round(tau, 4), round(verify_rate, 4),
+        result = EvalResult(name, temperature, len(prompts), None if tau is None else round(tau, 4),
+                            round(verify_rate, 4),
                             [round(x, 4) for x in survival], round(n_spec / spec_s, 2),
                             round(n_base / base_s, 2), round((n_spec / spec_s) / (n_base / base_s), 3),
                             n_spec, identical,
                             verify_tokens_per_step=round(verify_tokens_per_step(spec_results), 3),
-                            tree=is_tree_drafter(engine.drafter))
+                            tree=is_tree_drafter(engine.drafter), num_steps=pooled.num_steps,
+                            num_drafted_steps=pooled.num_drafted_steps)
         yield draft_name, result
+
+
+def tau_text(tau: float | None) -> str:
+    """τ as the reports print it: two decimals, "-" for a set where no round drafted."""
+    return "-" if tau is None else f"{tau:.2f}"
 
 
 def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
@@ -163,8 +204,8 @@ def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
     for r in results:
         same = "" if r.identical_to_target is None else ("yes" if r.identical_to_target else "**NO**")
         vps = "" if r.verify_tokens_per_step is None else f"{r.verify_tokens_per_step:.2f}"
-        lines.append(f"| {r.dataset} | {r.temperature:g} | {r.acceptance_length:.2f} | {vps} | {r.verify_rate:.2f} | "
-                     f"{r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | {r.speedup:.2f}x | {same} |")
+        lines.append(f"| {r.dataset} | {r.temperature:g} | {tau_text(r.acceptance_length)} | {vps} | "
+                     f"{r.verify_rate:.2f} | {r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | {r.speedup:.2f}x | {same} |")
     lines += ["", f"Settings: {json.dumps(meta.get('settings', {}))}", ""]
     (out_dir / "eval.md").write_text("\n".join(lines))
     try:
@@ -176,7 +217,7 @@ def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in results:
             ax.plot(range(1, len(r.survival) + 1), r.survival, marker="o",
-                    label=f"{r.dataset} T={r.temperature:g} (τ={r.acceptance_length:.2f})")
+                    label=f"{r.dataset} T={r.temperature:g} (τ={tau_text(r.acceptance_length)})")
         ax.set_xlabel("draft position")
         ax.set_ylabel("survival (accepted | proposed, earlier accepted)")
         ax.set_ylim(0, 1)
@@ -198,7 +239,7 @@ def comparison_table(results: dict[str, list[EvalResult]]) -> str:
         for r in rows:
             vps = "" if r.verify_tokens_per_step is None else f"{r.verify_tokens_per_step:.2f}"
             lines.append(f"| {name} | {'tree' if r.tree else 'chain'} | {r.dataset} | {r.temperature:g} | "
-                         f"{r.acceptance_length:.2f} | {vps} | {r.speedup:.2f}x |")
+                         f"{tau_text(r.acceptance_length)} | {vps} | {r.speedup:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -256,7 +297,7 @@ def run_eval_cli(args, parser) -> int:
 
     def show(draft: str, r: EvalResult) -> None:
         same = "" if r.identical_to_target is None else f" identical={r.identical_to_target}"
-        print(f"{Path(draft).name:24s} {r.dataset:10s} T={r.temperature:g} τ={r.acceptance_length:.2f} "
+        print(f"{Path(draft).name:24s} {r.dataset:10s} T={r.temperature:g} τ={tau_text(r.acceptance_length)} "
               f"verify={r.verify_rate:.2f} {r.tokens_per_second:.1f} vs {r.baseline_tokens_per_second:.1f} tok/s "
               f"→ {r.speedup:.2f}x{same}", file=sys.stderr, flush=True)
 

@@ -151,6 +151,8 @@ class EngineRun:
 
 def drafter_row(run: EngineRun, label: str, build) -> Row:
     """One drafter: fp32 greedy identity and temperature-1 completion, kernel launches on CUDA, bf16 tok/s."""
+    from training.evaluate import summarize
+
     on_cuda = run.context.device == "cuda"
     with counted_launches(on_cuda) as launches:
         greedy, sampled = run.fp32_runs(build(run.t32))
@@ -161,9 +163,9 @@ def drafter_row(run: EngineRun, label: str, build) -> Row:
                                                                                          run.reference))
     if not all(len(r.token_ids) == run.context.sizes.max_new_tokens for r in sampled):
         problems.append("a temperature-1 request stopped short")
-    steps = sum(r.num_steps for r in greedy)
-    if steps:
-        metrics["acceptance_length"] = round((sum(r.num_accepted_tokens for r in greedy) + steps) / steps, 3)
+    tau = summarize(greedy)[0]  # eval's τ: over the rounds that verified drafts
+    if tau is not None:
+        metrics["acceptance_length"] = round(tau, 3)
     metrics["draft_tokens"] = sum(r.num_draft_tokens for r in greedy)
     if on_cuda:
         metrics["launches"] = dict(launches)

@@ -110,8 +110,11 @@ class AcceptanceStats:
     """A request's speculation counters: the engine keeps one per running sequence and hands it back in the
     request's `GenerationResult`. Positions count depth: slot j of a chain, the nodes at depth j + 1 of a tree."""
 
-    #: speculative rounds (target verify passes) this request took
+    #: speculative rounds (target verify passes) this request took, drafted or not
     num_steps: int = 0
+    #: of those, the rounds that verified at least one draft: τ's denominator. A round the verify budget or the
+    #: drafter left without drafts commits the target's token alone and says nothing about the draft
+    num_drafted_steps: int = 0
     #: draft tokens (chain slots or tree nodes) verified, over all rounds
     num_draft_tokens: int = 0
     #: of those, how many the target accepted (a tree's accepted path length)
@@ -128,6 +131,7 @@ class AcceptanceStats:
         which the first num_accepted positions were accepted."""
         depth = num_drafts if depth is None else depth
         self.num_steps += 1
+        self.num_drafted_steps += int(num_drafts > 0)
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
         self.num_verify_tokens += 1 + num_drafts
@@ -141,13 +145,19 @@ class AcceptanceStats:
             self.accepted_per_position[i] += 1
 
     @property
-    def acceptance_length(self) -> float:
-        """Mean tokens committed per target pass (accepted drafts + 1), the paper's tau."""
-        return (self.num_accepted_tokens + self.num_steps) / max(self.num_steps, 1)
+    def acceptance_length(self) -> float | None:
+        """τ, the paper's acceptance length: tokens committed per round that verified drafts (its accepted drafts +
+        the target's own token). The one definition: eval.json, `--draft auto`, the service's RequestStats and its
+        metrics count the same. None when no round drafted: such a request has no τ (1.0 would read as a draft
+        that is always rejected)."""
+        if not self.num_drafted_steps:
+            return None
+        return (self.num_accepted_tokens + self.num_drafted_steps) / self.num_drafted_steps
 
     @property
     def verify_tokens_per_step(self) -> float:
-        """Mean tokens scored per target pass for this request (1 + chain length or tree nodes)."""
+        """Mean tokens scored per target pass for this request (1 + chain length or tree nodes), over every pass,
+        drafted or not: what the verify passes cost, not what they earned."""
         return self.num_verify_tokens / max(self.num_steps, 1)
 
 

@@ -156,3 +156,26 @@ def test_markdown_table_lists_points_with_their_mean():
     table = markdown_table({"points": [{"step": 5, "tokens_seen": 12345, "tau": {"a": 1.0, "b": 2.0}}]})
     assert table.splitlines()[0] == "| step | tokens seen | τ a | τ b | mean τ |"
     assert table.splitlines()[2] == "| 5 | 12,345 | 1.00 | 2.00 | 1.50 |"
+
+
+def test_points_without_tau_are_left_out_of_the_fit_and_shown_as_dashes(tmp_path):
+    """A checkpoint the verify budget never let draft has no τ (not 1.0): the fit skips it, the table says "-"."""
+    from training.curve import markdown_table, plot_curve, summarize_fit
+
+    points = [{"step": 1, "tokens_seen": 1000, "tau": {"a": None, "b": None}},
+              {"step": 2, "tokens_seen": 10_000, "tau": {"a": 1.2, "b": 1.4}},
+              {"step": 3, "tokens_seen": 100_000, "tau": {"a": 1.4, "b": 1.6}}]
+    fit = summarize_fit({"points": points}, None)
+    assert fit["num_points"] == 2 and fit["b_per_decade"] == pytest.approx(0.2)
+    assert markdown_table({"points": points}).splitlines()[2] == "| 1 | 1,000 | - | - | - |"
+    plot_curve({"draft": "d", "points": points}, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_greedy_tau_skips_sets_without_tau(tmp_path):
+    from training.curve import greedy_tau
+
+    (tmp_path / "eval.json").write_text(json.dumps({"results": [
+        {"dataset": "humaneval", "temperature": 0.0, "acceptance_length": None},
+        {"dataset": "gsm8k", "temperature": 0.0, "acceptance_length": 2.5}]}))
+    assert greedy_tau(tmp_path) == {"gsm8k": 2.5}

@@ -16,11 +16,22 @@ from training.evaluate import summarize
 
 
 def test_summarize_counts_bonus_and_survival():
-    r = GenerationResult("a", [1], num_steps=4, num_draft_tokens=12, num_accepted_tokens=6,
+    r = GenerationResult("a", [1], num_steps=4, num_drafted_steps=4, num_draft_tokens=12, num_accepted_tokens=6,
                          accepted_per_position=[3, 2, 1], proposed_per_position=[4, 4, 4])
     tau, verify_rate, survival = summarize([r])
     assert tau == (6 + 4) / 4 and verify_rate == 10 / 16
     assert survival == [0.75, 0.5, 0.25]
+
+
+def test_summarize_pools_requests_and_leaves_undrafted_rounds_out_of_tau():
+    # a: 4 rounds, 2 drafted (3 drafts each, 4 accepted); b: 2 rounds, none drafted (the budget cut both)
+    a = GenerationResult("a", [1], num_steps=4, num_drafted_steps=2, num_draft_tokens=6, num_accepted_tokens=4,
+                         accepted_per_position=[2, 2], proposed_per_position=[2, 2, 2])
+    b = GenerationResult("b", [1], num_steps=2)
+    tau, verify_rate, survival = summarize([a, b])
+    assert tau == (4 + 2) / 2  # a per-pass mean over all 6 rounds would say (4 + 6) / 6
+    assert verify_rate == (4 + 6) / (6 + 6)  # committed / verified, over every pass
+    assert survival == [1.0, 1.0, 0.0]
 
 
 def test_eval_cli_writes_reports(tmp_path, monkeypatch):
@@ -39,7 +50,11 @@ def test_eval_cli_writes_reports(tmp_path, monkeypatch):
         report = json.loads((d / "eval.json").read_text())
         assert [(r["dataset"], r["temperature"]) for r in report["results"]] == [("toy", 0.0), ("toy", 1.0)]
         greedy = report["results"][0]
-        assert greedy["identical_to_target"] is True and greedy["acceptance_length"] >= 1.0
+        assert greedy["identical_to_target"] is True and greedy["num_steps"] >= greedy["num_drafted_steps"]
+        if greedy["num_drafted_steps"]:  # τ over drafted rounds; none when the budget cut every round
+            assert greedy["acceptance_length"] >= 1.0
+        else:
+            assert greedy["acceptance_length"] is None
         assert (d / "eval.md").is_file() and (d / "acceptance.png").stat().st_size > 1000
 
 

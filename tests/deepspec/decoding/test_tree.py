@@ -80,7 +80,7 @@ def test_acceptance_stats_count_depth_for_trees():
     assert stats.proposed_per_position == [2, 2, 1] and stats.accepted_per_position == [2, 2, 0]
     assert (stats.num_steps, stats.num_draft_tokens, stats.num_accepted_tokens) == (2, 8, 4)
     assert stats.acceptance_length == 3.0 and stats.verify_tokens_per_step == 5.0
-    result = GenerationResult("r", [1], num_steps=2, num_accepted_tokens=4)  # the counters stay keywords
+    result = GenerationResult("r", [1], num_steps=2, num_drafted_steps=2, num_accepted_tokens=4)  # keywords
     assert result.acceptance_length == 3.0 and isinstance(result, AcceptanceStats)
 
 

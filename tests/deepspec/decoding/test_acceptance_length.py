@@ -1,0 +1,98 @@
+"""One τ: the engine's stats, eval's summary, the worker's RequestStats and its acceptance-length histogram count
+the same rounds — those that verified at least one draft. A round left without drafts (by the verify budget or an
+empty proposal) commits the target's token alone and would pull a per-pass mean towards 1."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from deepspec.decoding import SamplingParams, SpecEngine
+from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.params import AcceptanceStats
+from service.metrics import SPEC_DECODE_ACCEPTANCE_LENGTH, WorkerMetrics
+from service.protocol import RequestStats
+from tests.conftest import make_tiny_target
+from training.evaluate import summarize
+
+PROMPT = [1, 2, 3, 1, 2]
+#: 1 token from the prefill, then 4 × (a drafted round committing 3 + an empty round committing 1)
+MAX_TOKENS = 17
+
+
+class _EveryOtherRound(Drafter):
+    """Knows the target's greedy continuation; on every other round proposes its next two tokens and a wrong
+    third (2 accepted, so 3 committed), on the rounds between proposes nothing."""
+
+    name = "every-other-round"
+
+    def __init__(self, continuation: list[int], vocab: int):
+        self.continuation, self.vocab = continuation, vocab
+        self.num_committed, self.num_calls = 0, 0
+
+    def reset(self, slot, first_token):
+        # extend hears prompt[1:] and then the output: count the output's tokens only
+        self.num_committed, self.num_calls = 1 - len(PROMPT), 0
+
+    def extend(self, slots, tokens, num_tokens, features):
+        self.num_committed += int(num_tokens[0])
+
+    def move_slot(self, src, dst):
+        pass
+
+    def propose(self, slots, k, sampling: DraftSampling) -> Proposal:
+        self.num_calls += 1
+        right = self.continuation[self.num_committed : self.num_committed + 2]
+        tokens = torch.tensor([right + [(right[1] + 1) % self.vocab]])
+        drafted = self.num_calls % 2 == 1
+        return Proposal(tokens, torch.tensor([3 if drafted else 0]))
+
+
+@pytest.fixture(scope="module")
+def run():
+    """One request through the engine: its GenerationResult and every StepOutput it streamed."""
+    target = make_tiny_target(eos=False, temperature=4.0)[0]
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(
+        [PROMPT], SamplingParams(max_tokens=MAX_TOKENS + 8))[0].token_ids
+    engine = SpecEngine(target, _EveryOtherRound(reference, 16), max_batch_size=1, max_seq_len=128,
+                        num_speculative_tokens=3, verify_budget=False)
+    outputs = []
+    result = engine.generate([PROMPT], params, on_output=outputs.append)[0]
+    assert result.token_ids == reference[:MAX_TOKENS]  # greedy verification stays lossless
+    return result, outputs
+
+
+def test_tau_counts_only_the_rounds_that_verified_drafts(run):
+    result, _ = run
+    assert (result.num_steps, result.num_drafted_steps, result.num_accepted_tokens) == (8, 4, 8)
+    assert result.acceptance_length == 3.0  # (8 accepted + 4 drafted rounds) / 4; per verify pass it would be 2.0
+    assert result.verify_tokens_per_step == (4 * 4 + 4 * 1) / 8  # what the passes scored stays per pass
+
+
+def test_engine_eval_and_worker_agree_on_one_run(run):
+    result, outputs = run
+    stats, metrics = RequestStats(), WorkerMetrics("m")
+    for out in outputs:  # as service/worker/scheduler.py folds each StepOutput into the request's stats
+        stats = replace(stats, num_output_tokens=stats.num_output_tokens + len(out.new_token_ids),
+                        num_draft_tokens=stats.num_draft_tokens + out.num_draft_tokens,
+                        num_accepted_tokens=stats.num_accepted_tokens + out.num_accepted_tokens,
+                        num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0))
+        if out.num_draft_tokens > 0:
+            metrics.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens)
+    histogram = {s.name.removeprefix(SPEC_DECODE_ACCEPTANCE_LENGTH): s.value for m in metrics.registry.collect()
+                 if m.name == SPEC_DECODE_ACCEPTANCE_LENGTH for s in m.samples}
+    tau, _, _ = summarize([result])
+    mean_observed = histogram["_sum"] / histogram["_count"]
+    assert result.acceptance_length == tau == stats.acceptance_length == mean_observed == 3.0
+    assert stats.num_spec_steps == result.num_drafted_steps == 4
+
+
+def test_a_request_that_never_drafted_has_no_tau():
+    stats = AcceptanceStats()
+    for _ in range(3):
+        stats.record(num_drafts=0, num_accepted=0)
+    assert stats.num_steps == 3 and stats.acceptance_length is None and summarize([stats])[0] is None
+    assert RequestStats().acceptance_length is None  # the worker says the same before any draft
