@@ -229,16 +229,17 @@ def spec_decode() -> dict:
         panel("Draft tokens per second", [
             target(f"sum({draft_tokens})", "proposed"),
             target(f"sum({accepted})", "accepted"),
-            target(f"sum({drafts})", "drafts (verify steps)"),
+            target(f"sum({drafts})", "drafts (verify rounds with drafts)"),
         ], "short", description="Draft tokens the drafter proposed and the target accepted, per second."),
         panel("Acceptance length percentiles", [
             target(quantile(q, "deepspec:spec_decode_acceptance_length", sel=WK), f"p{round(q * 100)}")
             for q in QUANTILES
-        ], "short", description="Tokens emitted per verify step, bonus token included."),
+        ], "short", description="τ: tokens emitted per verify round that checked drafts, bonus token included "
+                                "(rounds left without drafts are not counted)."),
         panel("Acceptance length distribution", [
             target(f"sum by (le) ({rate('deepspec:spec_decode_acceptance_length_bucket', sel=WK)})", "{{le}}",
                    heatmap_format=True),
-        ], "short", kind="heatmap", description="Histogram of tokens emitted per verify step."),
+        ], "short", kind="heatmap", description="Histogram of tokens emitted per verify round that checked drafts."),
     ])
 
 
@@ -309,8 +310,9 @@ def engine() -> dict:
                                                "engine's counters (SGLang: its own running ratio)."),
         panel("Engine mean acceptance length", [target(
             f"avg by (model) ({series(f'spec_decode_mean_acceptance_length:rate{WINDOW}')})", "{{model}}")],
-              "short", w=8, description="Tokens per verify round, bonus token included: 1 + accepted / drafts "
-                                        "(SGLang and TensorRT-LLM without per-request stats: the engine's mean)."),
+              "short", w=8, description="τ: tokens per verify round that checked drafts, bonus token included: "
+                                        "1 + accepted / drafts (SGLang and TensorRT-LLM without per-request "
+                                        "stats: the engine's mean)."),
         panel("Engine requests by outcome", [target(
             f"sum by (status) (rate({series('request_success_total')}[{RATE}]))", "{{status}}")],
               "reqps", w=8, stack=True, description="Finished requests per second by the engine's finish reason "
