@@ -13,6 +13,8 @@ gateway's copies. Useful PromQL:
     p99 TTFT               = histogram_quantile(0.99, sum by (le) (rate(deepspec:time_to_first_token_seconds_bucket[5m])))
 """
 
+from __future__ import annotations
+
 # Latency histograms (seconds).
 TIME_TO_FIRST_TOKEN_SECONDS = "deepspec:time_to_first_token_seconds"
 INTER_TOKEN_LATENCY_SECONDS = "deepspec:inter_token_latency_seconds"  # between streamed chunks
@@ -90,18 +92,50 @@ class _LatencyMetrics:
             SPEC_DECODE_NUM_DRAFTS_TOTAL, "Verify rounds that checked at least one draft token.", labels,
             registry=registry,
         )  # fmt: skip
+        self._series: dict[tuple[str, ...], LabelledSeries] = {}
+
+    def series(self, labels: tuple[str, ...]) -> LabelledSeries:
+        """The children of one label set, looked up once and kept: `labels()` checks the values and takes a lock on
+        every call, which the gateway would otherwise pay on every streamed chunk."""
+        found = self._series.get(labels)
+        if found is None:
+            found = self._series[labels] = LabelledSeries(self, labels)
+        return found
 
     def observe_request(self, labels: tuple[str, ...], *, status: str, arrival: float, first_token: float | None,
                         finished: float, num_prompt_tokens: int, num_output_tokens: int) -> None:  # fmt: skip
         """Record one finished request; times are `time.perf_counter()` stamps (no clock inside)."""
-        self.request_success.labels(*labels, status).inc()
-        self.prompt_tokens.labels(*labels).inc(num_prompt_tokens)
-        self.generation_tokens.labels(*labels).inc(num_output_tokens)
+        series = self.series(labels)
+        series.request_success(status).inc()
+        series.prompt_tokens.inc(num_prompt_tokens)
+        series.generation_tokens.inc(num_output_tokens)
         if first_token is None:
             return
-        self.e2e_request_latency.labels(*labels).observe(finished - arrival)
+        series.e2e_request_latency.observe(finished - arrival)
         if num_output_tokens > 1:
-            self.time_per_output_token.labels(*labels).observe((finished - first_token) / (num_output_tokens - 1))
+            series.time_per_output_token.observe((finished - first_token) / (num_output_tokens - 1))
+
+
+class LabelledSeries:
+    """One label set's children of the metrics in `_LatencyMetrics` (its `series`), under the same attribute names
+    (`series.time_to_first_token.observe(...)`). Each child is looked up on first use, so a series still appears only
+    once something is recorded in it; none of these is ever removed, so a kept child never goes stale."""
+
+    def __init__(self, metrics: _LatencyMetrics, labels: tuple[str, ...]):
+        self._metrics, self.labels = metrics, labels
+        self._success_by_status: dict[str, object] = {}
+
+    def __getattr__(self, name: str):  # only for a child not looked up yet: later reads find the attribute
+        child = getattr(self._metrics, name).labels(*self.labels)
+        setattr(self, name, child)
+        return child
+
+    def request_success(self, status: str):
+        """deepspec:request_success_total's child for `status` (a finish reason or an error kind)."""
+        child = self._success_by_status.get(status)
+        if child is None:
+            child = self._success_by_status[status] = self._metrics.request_success.labels(*self.labels, status)
+        return child
 
 
 class WorkerMetrics(_LatencyMetrics):

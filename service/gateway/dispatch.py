@@ -87,6 +87,7 @@ class Dispatcher:
                 worker = endpoint.address
                 tried.add(worker)
                 _check_extensions(req, endpoint)
+                series = self.metrics.series((req.model, worker))
                 try:
                     with self.pool.track(endpoint):
                         async for chunk in await self._call(endpoint, req, unary):
@@ -96,9 +97,9 @@ class Dispatcher:
                                 first = now
                             elif first is None:
                                 first = now
-                                self.metrics.time_to_first_token.labels(req.model, worker).observe(now - arrival)
+                                series.time_to_first_token.observe(now - arrival)
                             else:
-                                self.metrics.inter_token_latency.labels(req.model, worker).observe(now - last)
+                                series.inter_token_latency.observe(now - last)
                             last = now
                             yield chunk
                             self.inflight[key] = asyncio.current_task()  # the consumer may change tasks
@@ -168,9 +169,10 @@ class Dispatcher:
             num_prompt_tokens=stats.num_prompt_tokens, num_output_tokens=stats.num_output_tokens,
         )  # fmt: skip
         if stats.num_draft_tokens:
-            self.metrics.spec_decode_num_draft_tokens.labels(*labels).inc(stats.num_draft_tokens)
-            self.metrics.spec_decode_num_accepted_tokens.labels(*labels).inc(stats.num_accepted_tokens)
-            self.metrics.spec_decode_num_drafts.labels(*labels).inc(stats.num_spec_steps)
+            series = self.metrics.series(labels)
+            series.spec_decode_num_draft_tokens.inc(stats.num_draft_tokens)
+            series.spec_decode_num_accepted_tokens.inc(stats.num_accepted_tokens)
+            series.spec_decode_num_drafts.inc(stats.num_spec_steps)
         log_request(
             request_id=req.request_id, api=api, model=req.model, worker=worker, status=status, stats=stats,
             ttft_s=None if first is None else first - arrival, duration_s=finished - arrival, error=error_text,
