@@ -35,6 +35,8 @@ distribution share it): sampled verification accepts node i by p/q. Only a token
 carry q; a token chosen deterministically (argmax, top-k siblings, the most frequent continuation) is one-hot,
 which `probs=None` (or a one-hot row) says. `survival[b, i]` estimates P(node i and all its ancestors accepted);
 the verification budget keeps the nodes with the highest survival, cut so that every kept node's parent is kept.
+This tensor form is the only one a tree takes: deepspec/decoding/tree.py prunes (`keep_best_nodes`), merges and
+renumbers it with tensor ops, for the drafters and the engine alike.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from deepspec.models.target import Target
 @dataclass
 class Proposal:
     #: [B, k] draft tokens (tree nodes), right-padded with any valid id past num_tokens; on the device they were
-    #: computed on (a neural draft's stay on the target's: the engine reads them back once, with the round's result)
+    #: computed on (a neural chain's stay on the target's: the engine reads them back once, with the round's result;
+    #: a tree's come to the host with its parents and survival, which the engine's tree round needs there)
     tokens: torch.Tensor
     #: [B] how many of each row's nodes are real drafts (0..k), a CPU tensor (the engine sizes the verify pass by it)
     num_tokens: torch.Tensor

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from deepspec.decoding.tree import top_nodes
+
 
 class StepTimeModel:
     """t(n) seconds for a verify pass over n tokens: the probe timings joined piecewise-linearly, made
@@ -68,15 +70,13 @@ def best_depth(survival: torch.Tensor, model: StepTimeModel) -> int:
 
 def best_nodes(survival: torch.Tensor, model: StepTimeModel) -> torch.Tensor:
     """The budget for token trees. survival [B, k] (P(node and all its ancestors accepted), non-increasing from
-    parent to child, 0 past a row's nodes) → keep [B, k] bool: each row's w likeliest nodes, w chosen like
-    `best_depth` on the per-row sorted survival (a pass over B * (w + 1) tokens gains the sum of the kept
-    survival). The sort is stable, so a child never precedes a parent of equal survival and the kept set is
-    ancestor-closed: a tree over budget is cut, never refused. For a chain this is exactly `best_depth`."""
-    B, k = survival.shape
-    order = survival.sort(dim=1, descending=True, stable=True).indices
-    width = best_depth(survival.gather(1, order), model)
-    keep = torch.zeros(B, k, dtype=torch.bool).scatter_(1, order[:, :width], True)
-    return keep & (survival > 0) if width else keep
+    parent to child, 0 past a row's nodes) → keep [B, k] bool: each row's w likeliest nodes (tree.top_nodes, the
+    pruning every tree shares), w chosen like `best_depth` on the per-row sorted survival (a pass over B * (w + 1)
+    tokens gains the sum of the kept survival). Ties go to the earlier node, so a child never precedes a parent
+    of equal survival and the kept set is ancestor-closed: a tree over budget is cut, never refused. For a chain
+    this is exactly `best_depth`."""
+    ranked = survival.sort(dim=1, descending=True, stable=True).values
+    return top_nodes(survival, survival > 0, best_depth(ranked, model))
 
 
 #: prior survival of each further draft slot for a sequence with no record yet: optimistic, so a new sequence

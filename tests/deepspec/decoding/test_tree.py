@@ -10,8 +10,8 @@ from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 from deepspec.decoding.drafters.random import RandomDrafter
 from deepspec.decoding.params import AcceptanceStats, GenerationResult
-from deepspec.decoding.tree import (first_children, keep_nodes, monotone_survival, node_depths,
-                                    tree_survival_from_record, with_root)
+from deepspec.decoding.tree import (first_children, keep_best_nodes, keep_nodes, monotone_survival, node_depths,
+                                    top_nodes, tree_survival_from_record, with_root)
 from deepspec.decoding.verify_budget import StepTimeModel
 from tests.conftest import make_tiny_target
 from tests.deepspec.decoding.test_engine import PROMPTS
@@ -50,6 +50,68 @@ def test_keep_nodes_renumbers_the_kept_subtree():
     assert kept.tokens.tolist() == [[11, 13, 14]] and kept.parents.tolist() == [[-1, 0, 1]]
     assert kept.num_tokens.tolist() == [3] and kept.probs.argmax(-1).tolist() == [[11, 13, 14]]
     torch.testing.assert_close(kept.survival, proposal.survival[:, [1, 3, 4]])
+
+
+def test_keep_best_nodes_keeps_the_likeliest_subtree_numbered_depth_by_depth():
+    # candidates (-1 = root): 0 and 1 follow the root, 2 and 3 follow 0, 4 follows 1, 5 follows 2
+    parents = torch.tensor([[-1, -1, 0, 0, 1, 2]])
+    survival = torch.tensor([[0.5, 0.9, 0.3, 0.45, 0.6, 0.2]])
+    live = torch.ones(1, 6, dtype=torch.bool)
+    index, new_parents, num = keep_best_nodes(survival, parents, live, 4)
+    # the 4 best: 1 (0.9), 4 (0.6), 0 (0.5), 3 (0.45); depth 1 likelier first (1, 0), then depth 2 (4, 3)
+    assert num.tolist() == [4] and index.tolist() == [[1, 0, 4, 3]] and new_parents.tolist() == [[-1, -1, 0, 1]]
+    # a threshold drops the nodes under it, but the row's best always stays
+    index, new_parents, num = keep_best_nodes(survival, parents, live, 4, threshold=0.55)
+    assert num.tolist() == [2] and index[0, :2].tolist() == [1, 4] and new_parents.tolist() == [[-1, 0, -1, -1]]
+    index, _, num = keep_best_nodes(survival, parents, live, 4, threshold=0.95)
+    assert num.tolist() == [1] and index[0, 0] == 1
+    # a child that claims more than its parent is capped at it, so the kept set is still a tree (5 > 2 > 0 here),
+    # and ties go to the earlier node: the parent first; dead nodes are never kept; k past the nodes pads
+    odd = torch.tensor([[0.5, 0.1, 0.4, 0.05, 0.05, 0.99]])
+    index, new_parents, num = keep_best_nodes(odd, parents, live & (torch.arange(6) != 1), 8)
+    assert num.tolist() == [4] and index[0, :4].tolist() == [0, 2, 3, 5]
+    assert new_parents.tolist() == [[-1, 0, 0, 1, -1, -1, -1, -1]]
+
+
+def _best_nodes_one_by_one(survival: list[float], parents: list[int], k: int, threshold: float) -> list[int]:
+    """The rule keep_best_nodes implements, node by node: take nodes by survival (ties: the earlier one) while a
+    node's parent is taken and it clears the threshold (the first always), k at most; then order them by depth."""
+    order = sorted(range(len(survival)), key=lambda i: -survival[i])
+    kept: list[int] = []
+    for i in order:
+        if len(kept) < k and (parents[i] < 0 or parents[i] in kept) and (survival[i] >= threshold or not kept):
+            kept.append(i)
+    depth = [0] * len(parents)
+    for i, p in enumerate(parents):
+        depth[i] = 1 if p < 0 else depth[p] + 1
+    return sorted(kept, key=lambda i: depth[i])
+
+
+def test_keep_best_nodes_matches_the_rule_taken_node_by_node():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        M = int(torch.randint(1, 12, (1,), generator=g))
+        parents = ((torch.rand(M, generator=g) * torch.arange(1, M + 1)).long() - 1).tolist()
+        survival = []
+        for p in parents:  # never above the parent, with ties now and then
+            step = 1.0 if torch.rand((), generator=g) < 0.2 else float(torch.rand((), generator=g))
+            survival.append(round((1.0 if p < 0 else survival[p]) * step, 2))
+        k, threshold = int(torch.randint(1, M + 2, (1,), generator=g)), float(torch.rand((), generator=g)) * 0.5
+        index, new_parents, num = keep_best_nodes(torch.tensor([survival]), torch.tensor([parents]),
+                                                  torch.ones(1, M, dtype=torch.bool), k, threshold)
+        want = _best_nodes_one_by_one(survival, parents, k, threshold)
+        n = int(num[0])
+        assert index[0, :n].tolist() == want, (survival, parents, k, threshold)
+        assert new_parents[0, :n].tolist() == [-1 if parents[i] < 0 else want.index(parents[i]) for i in want]
+
+
+def test_the_pruning_is_top_k_by_survival_with_ties_to_the_earlier_node():
+    survival = torch.tensor([[0.5, 0.5, 0.7, 0.0], [0.2, 0.9, 0.1, 0.3]])
+    live = torch.tensor([[True, True, True, True], [True, True, True, False]])
+    assert top_nodes(survival, live, 2).tolist() == [[True, False, True, False], [True, True, False, False]]
+    assert top_nodes(survival, live, 0).sum() == 0
+    assert top_nodes(survival, live, 9, threshold=0.4).tolist() == [[True, True, True, False],
+                                                                    [False, True, False, False]]
 
 
 def test_first_children_is_the_chain_a_chain_target_verifies():
