@@ -85,6 +85,7 @@ class Eagle3Drafter(NeuralDrafter):
         its ancestors' and its own. `extend` overwrites those entries as it does a chain's."""
         device = self.last_h.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)
+        longest = int(self.length[slots].max())  # the lengths live on the host: no device read per depth
         length = self.length[slots].to(device)
         B = len(slots)
         state = {"h": self.last_h[rows][:, None], "ancestors": torch.zeros(B, 1, 0, dtype=torch.bool, device=device)}
@@ -93,15 +94,14 @@ class Eagle3Drafter(NeuralDrafter):
             if tokens is None:
                 return self.model.logits(state["h"]), None
             w = tokens.shape[1]
-            parent_slot = parent_slot.to(device)
-            gather = parent_slot[:, :, None]
+            gather = parent_slot.to(device)[:, :, None]
             h = state["h"].gather(1, gather.expand(-1, -1, state["h"].shape[-1]))  # [B, w, H]
             prior = state["ancestors"].gather(1, gather.expand(-1, -1, state["ancestors"].shape[-1]))
             own = torch.eye(w, dtype=torch.bool, device=device)[None].expand(B, -1, -1)
             ancestors = torch.cat([prior, own], dim=-1)  # [B, w, S] over the speculative entries so far
             num_spec = ancestors.shape[-1]
             entries = length[:, None] + torch.arange(num_spec, device=device)  # [B, S] cache entry of each
-            num_keys = int(length.max()) + num_spec
+            num_keys = longest + num_spec
             visible = torch.arange(num_keys, device=device)[None, None, :] < length[:, None, None]
             visible = visible.expand(-1, w, -1).clone().scatter_(2, entries[:, None, :].expand(-1, w, -1), ancestors)
             positions = (length + depth - 1)[:, None].expand(-1, w)

@@ -1,6 +1,7 @@
 """What the three trained drafters (Eagle3, DFlash, DSpark) share: binding a draft model to the engine's slots,
-per-row sampling of draft tokens, and packing proposals. Each drafter keeps its own KV cache rows indexed by
-engine slot, so `move_slot` is one row copy.
+per-row sampling of draft tokens, packing proposals and growing token trees (`grow_tree`, tensors on the draft's
+device, pruned by tree.keep_best_nodes). Each drafter keeps its own KV cache rows indexed by engine slot, so
+`move_slot` is one row copy.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Callable
 import torch
 
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.tree import gather_nodes, keep_best_nodes, live_nodes
 from deepspec.models.target import Target
 
 #: cache positions past max_seq_len: drafts of a row near its limit still have somewhere to go
@@ -143,15 +145,6 @@ class TreeShape:
             raise ValueError(f"tree branches and width must be >= 1, got {self.branches} and {self.width}")
 
 
-@dataclass
-class _Node:
-    token: int  # draft-vocabulary id
-    parent: int  # candidate index, -1 = root
-    depth: int  # 1 = child of the root
-    survival: float
-    q: torch.Tensor | None  # [N] draft-vocab distribution the token was sampled from; None = chosen (one-hot)
-
-
 def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampling: DraftSampling, model,
               calibrate: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
               threshold: float = 0.0) -> Proposal:
@@ -164,99 +157,115 @@ def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampli
     whose place it takes); with it (DSpark) the first child gets parent · c (the calibrated confidence that the
     step is accepted) and the others share parent · (1 - c) in proportion to their probability — so a node never
     outlives its parent and siblings never outlive it together. The `width` likeliest candidates of each depth
-    are expanded next (one draft call per depth); finally the k candidates with the highest survival are kept
-    (a parent always outranks its child, so the kept set is a tree), nodes under `threshold` dropped (the root's
-    first child always kept), and numbered depth by depth, siblings likelier first."""
+    are expanded next (one draft call per depth); finally tree.keep_best_nodes keeps the k candidates with the
+    highest survival (a tree), drops those under `threshold` (the best one always kept) and numbers them depth by
+    depth, siblings likelier first.
+
+    The candidates stay on the draft's device as tensors: growing reads nothing back, and the proposal's tokens,
+    parents, count and survival come to the host in one read at the end (the engine needs them there). Sampled
+    rows draw with their own generator, one draw per row and depth, so seeded rows replay whatever their batch."""
     logits, conf = expand(0, None, None)
-    B = logits.shape[0]
+    B, device = logits.shape[0], logits.device
     temps = sampling.temperature.tolist()
-    generators = sampling.generators_on(logits.device) if any(t > 0 for t in temps) else None
-    safe = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=logits.device)
-    nodes: list[list[_Node]] = [[] for _ in range(B)]
-    frontier = [[-1] for _ in range(B)]  # candidate index per expanded node (-1 = root)
+    sampled_rows = [b for b, t in enumerate(temps) if t > 0]
+    generators = sampling.generators_on(device) if sampled_rows else None
+    row_sampled = torch.tensor([t > 0 for t in temps], device=device)
+    safe = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=device)
+    levels: list[_Level] = []
+    expanded = torch.full((B, 1), -1, dtype=torch.long, device=device)  # candidate index per expanded node, -1 root
+    expanded_survival = torch.ones(B, 1, device=device)
     for depth in range(1, max_depth + 1):
-        w = logits.shape[1]
         probs = torch.softmax(logits.float() / safe[:, None, None], dim=-1)  # [B, w, N]
-        top_p, top_i = probs.topk(min(shape.branches + 1, probs.shape[-1]), dim=-1)
-        c = calibrate(conf, depth - 1).tolist() if (calibrate is not None and conf is not None) else None
-        top_p, top_i = top_p.tolist(), top_i.tolist()
-        for b in range(B):
-            for j in range(w):
-                parent = frontier[b][j]
-                parent_surv = 1.0 if parent < 0 else nodes[b][parent].survival
-                children = [(t, p, None) for t, p in zip(top_i[b][j], top_p[b][j])]
-                if temps[b] > 0:
-                    drawn = int(torch.multinomial(probs[b, j], 1, generator=generators[b])[0])
-                    children = [(drawn, float(probs[b, j, drawn]), probs[b, j])] + \
-                        [ch for ch in children if ch[0] != drawn]
-                children = children[: shape.branches]
-                first_p = children[0][1]
-                for i, (token, p, q) in enumerate(children):
-                    if c is None:
-                        surv = parent_surv * (top_p[b][j][0] if q is not None else p)
-                    elif i == 0:
-                        surv = parent_surv * c[b][j]
-                    else:
-                        surv = parent_surv * (1.0 - c[b][j]) * p / max(1.0 - first_p, 1e-9)
-                    nodes[b].append(_Node(token, parent, depth, min(surv, parent_surv), q))
+        drawn = _draw(probs, sampled_rows, generators)
+        confidence = calibrate(conf, depth - 1).float() if calibrate is not None and conf is not None else None
+        level = _Level.grow(probs, drawn, row_sampled, shape.branches, expanded, expanded_survival, confidence,
+                            q_offset=sum(lv.num_q for lv in levels), keep_q=bool(sampled_rows))
+        levels.append(level)
         if depth == max_depth:
             break
-        # expand the `width` likeliest nodes of this depth (every row has as many: width <= candidates)
-        expanded = frontier
-        frontier = []
-        for b in range(B):
-            at_depth = [i for i, n in enumerate(nodes[b]) if n.depth == depth]
-            at_depth.sort(key=lambda i: -nodes[b][i].survival)  # stable: creation order breaks ties
-            frontier.append(at_depth[: shape.width])
-        w_next = min(len(f) for f in frontier)
-        frontier = [f[:w_next] for f in frontier]
-        tokens = torch.tensor([[nodes[b][i].token for i in f] for b, f in enumerate(frontier)], dtype=torch.long)
-        parent_slot = torch.tensor([[expanded[b].index(nodes[b][i].parent) for i in f] for b, f in enumerate(frontier)],
-                                   dtype=torch.long)
-        logits, conf = expand(depth, model.to_target_ids(tokens.to(model.d2t.device)), parent_slot)
-    return _select(nodes, k, threshold, model, any(t > 0 for t in temps))
+        # expand the `width` likeliest candidates of this depth (ties: the earlier one)
+        pick = level.survival.sort(dim=1, descending=True, stable=True).indices[:, : shape.width]  # [B, w']
+        expanded = sum(lv.tokens.shape[1] for lv in levels[:-1]) + pick
+        expanded_survival = level.survival.gather(1, pick)
+        tokens = model.to_target_ids(level.tokens.gather(1, pick).to(model.d2t.device))
+        logits, conf = expand(depth, tokens, pick // level.num_children)
+    return _select(levels, k, threshold, model)
 
 
-def _select(nodes: list[list[_Node]], k: int, threshold: float, model, with_probs: bool) -> Proposal:
-    """Keep each row's k highest-survival candidates (parents before children) → a Proposal in target ids; its
-    probs live on the draft's device, where the nodes' q were computed."""
-    B = len(nodes)
-    tokens = torch.zeros(B, k, dtype=torch.long)
-    parents = torch.full((B, k), -1, dtype=torch.long)
-    survival = torch.zeros(B, k)
-    num = torch.zeros(B, dtype=torch.long)
-    qs: list[list[torch.Tensor | None]] = []
-    for b, row in enumerate(nodes):
-        order = sorted(range(len(row)), key=lambda i: -row[i].survival)
-        kept: list[int] = []
-        chosen = set()
-        for i in order:
-            if len(kept) == k:
-                break
-            n = row[i]
-            if (n.parent < 0 or n.parent in chosen) and (n.survival >= threshold or not kept):
-                kept.append(i)
-                chosen.add(i)
-        kept.sort(key=lambda i: row[i].depth)  # stable: siblings stay likelier first
-        index = {old: new for new, old in enumerate(kept)}
-        for new, old in enumerate(kept):
-            n = row[old]
-            tokens[b, new] = n.token
-            parents[b, new] = -1 if n.parent < 0 else index[n.parent]
-            survival[b, new] = n.survival
-        num[b] = len(kept)
-        qs.append([row[old].q for old in kept])
-    tokens = model.to_target_ids(tokens.to(model.d2t.device)).cpu()
+@dataclass
+class _Level:
+    """One depth's candidates, each expanded node's children side by side ([B, w * c], node j's at j*c .. j*c+c-1)."""
+
+    tokens: torch.Tensor  # [B, M] draft-vocabulary ids
+    parents: torch.Tensor  # [B, M] candidate index of the parent, -1 = the root
+    survival: torch.Tensor  # [B, M]
+    drawn: torch.Tensor  # [B, M] bool: sampled from q (the node's parent's distribution), else chosen (one-hot)
+    q_slot: torch.Tensor  # [M] which of all depths' q rows (the expanded nodes' distributions) is the node's q
+    q: torch.Tensor | None  # [B, w, N] this depth's distributions, kept when some row samples
+    num_children: int
+
+    @property
+    def num_q(self) -> int:
+        return self.q_slot.shape[0] // self.num_children
+
+    @classmethod
+    def grow(cls, probs, drawn, row_sampled, branches, expanded, expanded_survival, confidence, q_offset, keep_q):
+        """The children of every expanded node: probs [B, w, N] their distributions, drawn [B, w] the token each
+        sampled row drew there, expanded [B, w] / expanded_survival [B, w] the nodes' indices and survival."""
+        B, w, N = probs.shape
+        c = min(branches, N)
+        top_p, top_i = probs.topk(min(branches + 1, N), dim=-1)  # one spare: a drawn token may be among them
+        candidates = torch.cat([drawn[..., None], top_i], dim=-1)
+        # sampled rows: the drawn token, then the top ones but it; greedy rows: the top ones
+        skip = torch.cat([~row_sampled[:, None, None].expand(B, w, 1),
+                          row_sampled[:, None, None] & (top_i == drawn[..., None])], dim=-1)
+        place = torch.argsort(skip.to(torch.int8), dim=-1, stable=True)[..., :c]
+        tokens = candidates.gather(-1, place)  # [B, w, c]
+        p = probs.gather(-1, tokens)
+        is_drawn = place == 0
+        if confidence is None:
+            step = torch.where(is_drawn, top_p[..., :1], p)
+        else:
+            rest = (1.0 - confidence)[..., None] * p / (1.0 - p[..., :1]).clamp(min=1e-9)
+            step = torch.cat([confidence[..., None], rest[..., 1:]], dim=-1)
+        parent = expanded_survival[..., None]
+        survival = torch.minimum(parent * step, parent)
+        q_slot = q_offset + torch.arange(w, device=probs.device).repeat_interleave(c)
+        return cls(tokens.flatten(1), expanded[..., None].expand(B, w, c).flatten(1), survival.flatten(1),
+                   is_drawn.flatten(1), q_slot, probs if keep_q else None, c)
+
+
+def _draw(probs: torch.Tensor, rows: list[int], generators) -> torch.Tensor:
+    """[B, w] one token per expanded node of each sampled row, drawn from probs [B, w, N] with the row's own
+    generator (on the probs' device: no read); other rows get 0."""
+    drawn = torch.zeros(probs.shape[:2], dtype=torch.long, device=probs.device)
+    for b in rows:
+        drawn[b] = torch.multinomial(probs[b], 1, generator=generators[b])[:, 0]
+    return drawn
+
+
+def _joined(levels: list[_Level], field: str) -> torch.Tensor:
+    """[B, M] one field of every depth's candidates, in candidate order."""
+    return torch.cat([getattr(level, field) for level in levels], dim=1)
+
+
+def _select(levels: list[_Level], k: int, threshold: float, model) -> Proposal:
+    """Keep each row's k best candidates (tree.keep_best_nodes) → a Proposal in target ids: its tokens, parents,
+    count and survival read to the host at once, its probs (when a row samples) left on the draft's device."""
+    survival = _joined(levels, "survival")
+    index, parents, num = keep_best_nodes(survival, _joined(levels, "parents"),
+                                          torch.ones_like(survival, dtype=torch.bool), k, threshold)
+    live = live_nodes(num, k)
+    tokens = model.to_target_ids(gather_nodes(_joined(levels, "tokens"), index).to(model.d2t.device)).to(index.device)
+    survival = torch.where(live, gather_nodes(survival, index), 0.0)
     probs = None
-    if with_probs:
-        V = model.cfg.vocab_size
-        device = model.d2t.device
-        probs = torch.zeros(B, k, V, device=device)
-        for b in range(B):
-            for j in range(k):
-                q = qs[b][j] if j < len(qs[b]) else None
-                if q is not None:
-                    probs[b, j] = model.scatter_probs(q.float().to(device)[None])[0]
-                elif j < int(num[b]):
-                    probs[b, j, tokens[b, j]] = 1.0
-    return Proposal(tokens, num, probs, survival, parents)
+    if levels[0].q is not None:
+        q_slot = torch.cat([lv.q_slot for lv in levels])[None].expand(len(num), -1)
+        q = model.scatter_probs(gather_nodes(torch.cat([lv.q for lv in levels], dim=1), q_slot.gather(1, index)))
+        one_hot = torch.zeros_like(q).scatter_(2, tokens[..., None].to(q.device), 1.0)
+        drawn = (gather_nodes(_joined(levels, "drawn"), index) & live).to(q.device)
+        probs = torch.where(drawn[..., None], q, one_hot) * live.to(q.device)[..., None]
+    # the one read of the round's tree: float64 holds every token id exactly
+    host = torch.cat([num[:, None], tokens, parents, survival.double()], dim=1).double().cpu()
+    return Proposal(host[:, 1 : 1 + k].long(), host[:, 0].long(), probs, host[:, 1 + 2 * k :].float(),
+                    host[:, 1 + k : 1 + 2 * k].long())
