@@ -13,9 +13,9 @@ When every row is strong the neural draft's propose is skipped entirely (it stil
 own state stays current).
 
 `mode="merge"` instead joins both proposals under one root for greedy rows of weak matches: the node budget
-goes to the nodes of either tree with the highest survival, equal sibling tokens merged. Sampled rows never
-merge: whether a drawn node is kept must not depend on the token drawn, and a merge by value would do exactly
-that, so they switch as above.
+goes to the nodes of either tree with the highest survival, equal sibling tokens merged (tree.merge_trees, the
+pruning every tree shares). Sampled rows never merge: whether a drawn node is kept must not depend on the token
+drawn, and a merge by value would do exactly that, so they switch as above.
 
 A hybrid is a draft directory whose config.json names its parts (paths relative to the directory):
 
@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.tree import chain_parents, live_nodes, merge_trees
 from deepspec.models.target import Target
 
 #: `algo` in config.json of a hybrid draft directory
@@ -104,28 +105,21 @@ class HybridDrafter(Drafter):
 
     def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         strong = [self.strong(s) for s in slots]
-        temps = sampling.temperature.tolist()
-        merging = self.mode == "merge" and min(temps) <= 0
+        greedy = (sampling.temperature <= 0).tolist()
+        merging = self.mode == "merge" and any(greedy)
         corpus = self.corpus.propose(slots, k, sampling) if any(strong) or merging else None
-        need_neural = [i for i, s in enumerate(strong) if not s or (self.mode == "merge" and temps[i] <= 0)]
-        if not need_neural:
+        if all(strong):
             self.rows_drafted["corpus"] += len(slots)
             return corpus
         neural = _on_host(self.neural.propose(slots, k, sampling))
-        rows = []
-        for i in range(len(slots)):
-            a = _row(corpus, i, k) if corpus is not None else ([], [], None, None)
-            b = _row(neural, i, k)
-            if strong[i]:
-                rows.append(a)
-                self.rows_drafted["corpus"] += 1
-            elif self.mode == "merge" and temps[i] <= 0 and a[0]:
-                rows.append(_merge(a, b, k))
-                self.rows_drafted["merged"] += 1
-            else:
-                rows.append(b)
-                self.rows_drafted["neural"] += 1
-        return _stack(rows, k, self._vocab(corpus, neural))
+        merged = [not s and g and self.mode == "merge" and int(corpus.num_tokens[i]) > 0
+                  for i, (s, g) in enumerate(zip(strong, greedy))]
+        self.rows_drafted["corpus"] += sum(strong)
+        self.rows_drafted["merged"] += sum(merged)
+        self.rows_drafted["neural"] += len(slots) - sum(strong) - sum(merged)
+        parts = [neural, corpus, merge_trees(_as_tree(corpus), _as_tree(neural), k) if any(merged) else None]
+        owner = torch.tensor([1 if s else 2 if m else 0 for s, m in zip(strong, merged)])
+        return _rows_of(parts, owner, k, self._vocab(corpus, neural))
 
     def _vocab(self, *proposals: Proposal | None) -> int:
         for p in proposals:
@@ -140,98 +134,38 @@ def _on_host(p: Proposal) -> Proposal:
                     None if p.parents is None else p.parents.cpu())
 
 
-# one row of a proposal as plain lists: (tokens, parents, survival | None, q rows | None), q None per node = one-hot
-Row = tuple[list[int], list[int], list[float] | None, list[torch.Tensor | None] | None]
+def _as_tree(p: Proposal) -> Proposal:
+    """A proposal with its parents spelled out (a chain's: -1, 0, 1, ...)."""
+    B, k = p.tokens.shape
+    return Proposal(p.tokens, p.num_tokens, p.probs, p.survival, p.parents if p.parents is not None
+                    else chain_parents(B, k))
 
 
-def _row(p: Proposal, i: int, k: int) -> Row:
-    n = int(p.num_tokens[i])
-    tokens = p.tokens[i, :n].tolist()
-    parents = p.parents[i, :n].tolist() if p.parents is not None else list(range(-1, n - 1))
-    survival = p.survival[i, :n].tolist() if p.survival is not None else None
-    qs = None
-    if p.probs is not None:
-        qs = []
-        for j in range(n):
-            row = p.probs[i, j]
-            qs.append(None if float(row[tokens[j]]) >= 1.0 else row)  # a one-hot row is a chosen token
-    return tokens, parents, survival, qs
-
-
-def _merge(a: Row, b: Row, k: int) -> Row:
-    """Greedy rows: both trees under one root, equal sibling tokens merged (keeping the higher survival), then the
-    k highest-survival nodes (parents first). Without survival on either side the corpus's nodes come first."""
-    tokens, parents, survival = [], [], []
-    key_of: dict[tuple[int, int], int] = {}  # (merged parent, token) → merged node
-    order: list[float] = []
-
-    def add(row: Row, rank_offset: float) -> None:
-        t, par, surv, _ = row
-        mapped: list[int] = []
-        for j, tok in enumerate(t):
-            parent = -1 if par[j] < 0 else mapped[par[j]]
-            s = surv[j] if surv is not None else None
-            key = (parent, tok)
-            if key in key_of:
-                node = key_of[key]
-                if s is not None and (survival[node] is None or s > survival[node]):
-                    survival[node] = s
-            else:
-                node = len(tokens)
-                key_of[key] = node
-                tokens.append(tok)
-                parents.append(parent)
-                survival.append(s)
-                order.append(rank_offset + j)
-            mapped.append(node)
-
-    add(a, 0.0)
-    add(b, 1e6)
-    if any(s is None for s in survival):  # no common scale: the corpus's nodes first, then the neural ones
-        score = [-o for o in order]
-    else:
-        score = survival
-    ranked = sorted(range(len(tokens)), key=lambda i: -score[i])
-    kept, chosen = [], set()
-    for i in ranked:
-        if len(kept) == k:
-            break
-        if parents[i] < 0 or parents[i] in chosen:
-            kept.append(i)
-            chosen.add(i)
-    kept.sort()  # merged indices are topological already
-    index = {old: new for new, old in enumerate(kept)}
-    out_survival = None if any(s is None for s in survival) else [survival[i] for i in kept]
-    return ([tokens[i] for i in kept], [-1 if parents[i] < 0 else index[parents[i]] for i in kept], out_survival,
-            None)
-
-
-def _stack(rows: list[Row], k: int, vocab: int) -> Proposal:
-    B = len(rows)
-    tokens = torch.zeros(B, k, dtype=torch.long)
-    parents = torch.full((B, k), -1, dtype=torch.long)
-    num = torch.tensor([len(r[0]) for r in rows], dtype=torch.long)
-    chain = True
-    for b, (t, par, _, _) in enumerate(rows):
-        if t:
-            tokens[b, : len(t)] = torch.tensor(t)
-            parents[b, : len(t)] = torch.tensor(par)
-        chain = chain and par == list(range(-1, len(t) - 1))
-    survival = None
-    if all(r[2] is not None for r in rows):
-        survival = torch.zeros(B, k)
-        for b, r in enumerate(rows):
-            survival[b, : len(r[2])] = torch.tensor(r[2], dtype=torch.float32)
+def _rows_of(parts: list[Proposal | None], owner: torch.Tensor, k: int, vocab: int) -> Proposal:
+    """Row b of parts[owner[b]] for every row b, as one proposal of width k (host tensors but probs). Survival where
+    every row's part has it; probs where some row's part has them, one-hot in the other rows (deterministic
+    drafts); parents None when every row is a chain."""
+    used = [(p, owner == i) for i, p in enumerate(parts) if bool((owner == i).any())]
+    B = len(owner)
+    tokens, parents = torch.zeros(B, k, dtype=torch.long), chain_parents(B, k)
+    num = torch.zeros(B, dtype=torch.long)
+    survival = torch.zeros(B, k) if all(p.survival is not None for p, _ in used) else None
+    for p, rows in used:
+        tokens = torch.where(rows[:, None], p.tokens[:, :k], tokens)
+        num = torch.where(rows, p.num_tokens, num)
+        parents = torch.where(rows[:, None], _as_tree(p).parents[:, :k], parents)
+        if survival is not None:
+            survival = torch.where(rows[:, None], p.survival[:, :k].float(), survival)
+    live = live_nodes(num, k)
     probs = None
-    if any(r[3] is not None and any(q is not None for q in r[3]) for r in rows):
-        probs = torch.zeros(B, k, vocab)
-        for b, (t, _, _, qs) in enumerate(rows):
-            for j, tok in enumerate(t):
-                q = qs[j] if qs is not None else None
-                if q is None:
-                    probs[b, j, tok] = 1.0
-                else:
-                    probs[b, j] = q.to(probs.dtype)
+    with_probs = [(p, rows) for p, rows in used if p.probs is not None]
+    if with_probs:
+        device = with_probs[0][0].probs.device
+        probs = torch.zeros(B, k, vocab, device=device).scatter_(2, tokens[..., None].to(device), 1.0)
+        for p, rows in with_probs:
+            probs = torch.where(rows.to(device)[:, None, None], p.probs[:, :k].to(device), probs)
+        probs = probs * live.to(device)[..., None]
+    chain = bool(((parents == chain_parents(B, k)) | ~live).all())
     return Proposal(tokens, num, probs, survival, None if chain else parents)
 
 

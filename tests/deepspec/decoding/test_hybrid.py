@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from deepspec.decoding.drafter import DraftSampling
+from deepspec.decoding.drafter import DraftSampling, Proposal
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
 import deepspec.decoding.drafters.hybrid as hybrid_module
-from deepspec.decoding.drafters.hybrid import DEFAULT_MIN_MATCH, HybridDrafter, _merge, save_hybrid
+from deepspec.decoding.drafters.hybrid import DEFAULT_MIN_MATCH, HybridDrafter, save_hybrid
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import build_drafter
+from deepspec.decoding.tree import merge_trees
 from deepspec.models.drafts import DraftCheckpointError, save_draft
 from tests.training.helpers import target_sequences, tiny_draft, tiny_target
 
@@ -125,17 +126,44 @@ def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(tar
     assert calls == [] and drafter.rows_drafted["corpus"] >= 2
 
 
+def _tree(tokens, survival=None, parents=None) -> Proposal:
+    n = len(tokens)
+    return Proposal(torch.tensor([tokens]), torch.tensor([n]), None,
+                    None if survival is None else torch.tensor([survival]),
+                    None if parents is None else torch.tensor([parents]))
+
+
 def test_merge_joins_both_trees_under_one_root():
-    corpus = ([5, 6, 7], [-1, 0, 1], [0.9, 0.8, 0.4], None)  # a chain
-    neural = ([5, 9, 8, 6], [-1, -1, 0, 0], [0.5, 0.3, 0.2, 0.1], None)  # 5 and 5→6 repeat the corpus
-    tokens, parents, survival, q = _merge(corpus, neural, 5)
-    assert tokens == [5, 6, 7, 9, 8] and parents == [-1, 0, 1, -1, 0]
-    assert survival == [0.9, 0.8, 0.4, 0.3, 0.2] and q is None
+    corpus = _tree([5, 6, 7], [0.9, 0.8, 0.4])  # a chain
+    neural = _tree([5, 9, 8, 6], [0.5, 0.3, 0.2, 0.1], [-1, -1, 0, 0])  # 5 and 5→6 repeat the corpus
+    merged = merge_trees(corpus, neural, 5)
+    # numbered depth by depth, likelier first: 5 (0.9), 9 (0.3) | 5→6 (0.8), 5→8 (0.2) | 5→6→7 (0.4)
+    assert merged.tokens.tolist() == [[5, 9, 6, 8, 7]] and merged.parents.tolist() == [[-1, -1, 0, 0, 2]]
+    torch.testing.assert_close(merged.survival, torch.tensor([[0.9, 0.3, 0.8, 0.2, 0.4]]))
+    assert merged.probs is None and merged.num_tokens.tolist() == [5]
     # a smaller budget keeps the likeliest nodes, parents first
-    tokens, parents, survival, _ = _merge(corpus, neural, 3)
-    assert tokens == [5, 6, 7] and parents == [-1, 0, 1]
-    tokens, parents, _, _ = _merge(([5, 6], [-1, 0], [0.9, 0.15], None), neural, 3)
-    assert tokens == [5, 9, 8] and parents == [-1, -1, 0]  # 5→6 (0.15) loses to 9 (0.3) and 5→8 (0.2)
+    merged = merge_trees(corpus, neural, 3)
+    assert merged.tokens.tolist() == [[5, 6, 7]] and merged.parents.tolist() == [[-1, 0, 1]]
+    merged = merge_trees(_tree([5, 6], [0.9, 0.15]), neural, 3)
+    assert merged.tokens.tolist() == [[5, 9, 8]] and merged.parents.tolist() == [[-1, -1, 0]]  # 5→6 (0.15) loses
+    # without survival on one side the corpus's nodes rank first, then the neural ones in their order
+    merged = merge_trees(_tree([5, 6, 7]), neural, 4)
+    assert merged.tokens.tolist() == [[5, 9, 6, 7]] and merged.parents.tolist() == [[-1, -1, 0, 2]]
+    assert merged.survival is None
+
+
+def test_merge_keeps_rows_apart_and_ignores_padding():
+    """Row by row: equal tokens of different rows never merge, and nodes past num_tokens never join (row 1's corpus
+    padding spells 5→4, a neural node's path, with a survival that would show)."""
+    corpus = Proposal(torch.tensor([[5, 6, 7], [5, 4, 1]]), torch.tensor([3, 1]), None,
+                      torch.tensor([[0.9, 0.8, 0.7], [0.9, 0.95, 0.0]]))
+    neural = Proposal(torch.tensor([[5, 6, 3], [2, 5, 4]]), torch.tensor([2, 3]), None,
+                      torch.tensor([[0.5, 0.4, 0.0], [0.6, 0.5, 0.1]]), torch.tensor([[-1, 0, 0], [-1, -1, 1]]))
+    merged = merge_trees(corpus, neural, 4)
+    assert merged.num_tokens.tolist() == [3, 3]
+    assert merged.tokens[0, :3].tolist() == [5, 6, 7] and merged.parents[0, :3].tolist() == [-1, 0, 1]
+    assert merged.tokens[1, :3].tolist() == [5, 2, 4] and merged.parents[1].tolist() == [-1, -1, 0, -1]
+    torch.testing.assert_close(merged.survival, torch.tensor([[0.9, 0.8, 0.7, 0.0], [0.9, 0.6, 0.1, 0.0]]))
 
 
 @pytest.mark.parametrize("mode", ["switch", "merge"])
