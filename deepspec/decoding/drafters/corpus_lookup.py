@@ -137,14 +137,20 @@ class CorpusLookupDrafter(PromptLookupDrafter):
         if any(node.q is not None for tree in trees for node in tree.nodes):
             # unbound (tests): wide enough for every id the corpus and these trees hold
             vocab = self.vocab_size or max([int(self.index.tokens.max()) + 1] + [int(tokens.max()) + 1])
-            probs = torch.zeros(B, k, vocab)
-            for row, tree in enumerate(trees):
-                for i, node in enumerate(tree.nodes):
-                    if node.q is None:
-                        probs[row, i, node.token] = 1.0
-                    else:
-                        probs[row, i, torch.from_numpy(node.q[0])] = torch.from_numpy(node.q[1]).float()
+            probs = _node_probs(trees, B, k, vocab)
         return Proposal(tokens, num_tokens, probs, survival, parents)
+
+
+def _node_probs(trees: list, B: int, k: int, vocab: int) -> torch.Tensor:
+    """[B, k, vocab] each node's q: the distribution a sampled node was drawn from, one-hot at a chosen one; written
+    with one index_put from the nodes' (row, node, token, probability) entries."""
+    entries = []
+    for row, tree in enumerate(trees):
+        for i, node in enumerate(tree.nodes):
+            ids, p = (np.array([node.token]), np.ones(1)) if node.q is None else node.q
+            entries.append((np.full(ids.size, row), np.full(ids.size, i), ids, p))
+    rows, nodes, ids, p = (torch.from_numpy(np.concatenate(column)) for column in zip(*entries))
+    return torch.zeros(B, k, vocab).index_put_((rows.long(), nodes.long(), ids.long()), p.float())
 
 
 def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, *, min_corpus_match: int = 1,
