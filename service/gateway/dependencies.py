@@ -1,15 +1,17 @@
-"""Shared pieces of the routers: the gateway state, the caller, client-disconnect handling, and SSE framing."""
+"""Shared pieces of the routers: the gateway state, the caller, client-disconnect handling, JSON bodies and SSE
+framing."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.responses import Response
 
 from service.gateway.dispatch import Dispatcher
 from service.gateway.errors import ClientDisconnected
+from service.gateway.json_codec import dumps
 
 
 async def get_dispatcher(request: Request) -> Dispatcher:  # async: a sync dependency would hop to a thread
@@ -51,8 +53,13 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
+def json_response(payload: dict) -> Response:
+    """A 200 answer with `payload` as its JSON body (JSONResponse's, encoded by orjson)."""
+    return Response(dumps(payload), media_type="application/json")
+
+
 def sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + dumps(payload) + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"

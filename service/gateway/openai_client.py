@@ -52,10 +52,13 @@ import aiohttp
 
 from service import protocol as p
 from service.gateway import triton_contract as c
+from service.gateway.json_codec import dumps, loads
 from service.gateway.structured import response_format_field, structured_outputs_field
 from service.gateway.upstream_choices import ChoiceReader
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_chunks
 
+#: the headers of a request whose body is JSON (the body goes encoded: aiohttp's own `json=` encodes with `json`)
+_JSON_BODY = {"Content-Type": "application/json"}
 #: the engine's own readiness route (vLLM, SGLang, trtllm-serve)
 HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
@@ -175,7 +178,7 @@ def _last_chunks(held: dict[int, Chunk], seen: set[int], n: int, stats: p.Reques
 def parse_event(data: str) -> dict:
     """One SSE `data:` payload as JSON; an error event (`{"error": ...}` or `{"object": "error"}`) as WorkerError."""
     try:
-        event = json.loads(data)
+        event = loads(data)
     except json.JSONDecodeError:
         raise WorkerError("INTERNAL", f"the upstream sent an event that is not JSON: {data[:200]!r}") from None
     if not isinstance(event, dict):
@@ -308,7 +311,7 @@ class OpenAIClient:
         with self._slot():
             response = await self._send(req, stream=False, deadline=deadline)
             try:
-                body = json.loads(await self._before(deadline, response.read()))
+                body = loads(await self._before(deadline, response.read()))
             except aiohttp.ClientError as e:
                 raise WorkerError("UNAVAILABLE", f"the upstream broke off: {type(e).__name__}: {e}") from None
             except json.JSONDecodeError:
@@ -328,7 +331,7 @@ class OpenAIClient:
         path = "/v1/chat/completions" if req.messages is not None else "/v1/completions"
         try:
             response = await self._before(deadline, self.session.post(
-                path, json=request_body(req, stream, self.vllm_extras)))
+                path, data=dumps(request_body(req, stream, self.vllm_extras)), headers=_JSON_BODY))
         except aiohttp.ClientError as e:
             raise WorkerError("UNAVAILABLE", f"{type(e).__name__}: {e}") from None
         if response.status == 200:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
-from service.gateway.dependencies import CallerDep, DispatcherDep, sse, until_disconnect
+from service.gateway.dependencies import CallerDep, DispatcherDep, json_response, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.logprobs import chat_logprobs
 from service.gateway.schemas import ChatCompletionRequest
@@ -32,7 +31,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
 
     if not body.stream:
         results = await until_disconnect(request, dispatcher.complete(req, "chat", caller))
-        return JSONResponse({
+        return json_response({
             "id": req.request_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": result.index, "message": {"role": "assistant", "content": result.text},
                          "logprobs": logprobs(result), "finish_reason": result.finish_reason} for result in results],

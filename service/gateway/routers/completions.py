@@ -9,9 +9,8 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
-from service.gateway.dependencies import CallerDep, DispatcherDep, sse, until_disconnect
+from service.gateway.dependencies import CallerDep, DispatcherDep, json_response, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.logprobs import completion_logprobs, concat
 from service.gateway.schemas import CompletionRequest
@@ -62,9 +61,9 @@ async def create_completion(body: CompletionRequest, request: Request, dispatche
         results = await until_disconnect(request, dispatcher.complete_all(reqs, "completions", caller))
         choices = [choice for i, (prompt, group) in enumerate(zip(prompts, results))
                    for choice in choices_of(body, prompt, group, i * body.n)]  # fmt: skip
-        return JSONResponse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                             "choices": choices,
-                             "usage": usage(*(total_stats(c.stats for c in group) for group in results))})
+        return json_response({"id": request_id, "object": "text_completion", "created": created, "model": model,
+                              "choices": choices,
+                              "usage": usage(*(total_stats(c.stats for c in group) for group in results))})
 
     chunks = dispatcher.generate(reqs[0], "completions", caller=caller)
     # errors before the first token are plain HTTP errors (400, 429, 503), not stream events
