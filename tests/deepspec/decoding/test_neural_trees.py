@@ -46,6 +46,13 @@ def _check_tree(prop, k):
             kids = [i for i, q in enumerate(parents) if q == p]
             assert float(surv[kids].sum()) <= (1.0 if p < 0 else float(surv[p])) + 1e-5
         assert (prop.survival[b, n:] == 0).all()
+        # numbered depth by depth, the likelier node first within a depth (tree.keep_best_nodes)
+        depth = []
+        for p in parents:
+            depth.append(1 if p < 0 else depth[p] + 1)
+        assert depth == sorted(depth)
+        for i in range(1, n):
+            assert depth[i] > depth[i - 1] or float(surv[i]) <= float(surv[i - 1])
 
 
 @pytest.mark.parametrize("algo", ALGOS)
