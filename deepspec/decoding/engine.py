@@ -546,7 +546,7 @@ class SpecEngine:
             out = self.target.forward(inputs.to(device), start, self.cache.rows(0, B),
                                       feature_layers=self.feature_layers, logits="all",
                                       max_start=max(s.cache_len for s in seqs),
-                                      tree_parents=tree_parents.to(device) if k else None)  # a lone root: causal
+                                      tree_parents=tree_parents if k else None)  # host parents: checked free
         sampling = None
         if not all(s.params.greedy for s in seqs):
             sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], out.logits.device)
@@ -561,7 +561,9 @@ class SpecEngine:
                 q[row, 1 : n + 1] = restrict_draft_probs(q[row, 1 : n + 1], bitmask[tree_parents[row, 1 : n + 1]])
         with self._phase("verify"):
             num_accepted, next_token, path = verify_tree(inputs, tree_parents, num + 1, out.logits, q, sampling)
-            accepted, next_tokens, paths = num_accepted.tolist(), next_token.tolist(), path.tolist()
+            # the round's one read of its result: accepted count, next token and accepted path per row
+            result = torch.cat([num_accepted[:, None], next_token[:, None], path], dim=1).tolist()
+            accepted, next_tokens, paths = [r[0] for r in result], [r[1] for r in result], [r[2:] for r in result]
         with self._phase("kv"):
             self.cache.keep_path(start, path, num_accepted)
         rows = inputs.tolist()

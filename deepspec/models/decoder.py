@@ -231,7 +231,8 @@ class Decoder(nn.Module):
         ancestry = depth = None
         rope_positions = positions
         if tree_parents is not None:  # a node sits at its root's position + its depth, whatever its index
-            check_parents(tree_parents)
+            check_parents(tree_parents)  # parents given on the host are checked there, with no device read
+            tree_parents = tree_parents.to(tokens.device)
             ancestry = ancestors(tree_parents)
             depth = depths(ancestry)
             rope_positions = start[:, None] + depth

@@ -5,9 +5,9 @@ more, its slots' survival, which the verification budget needs on the host to si
 
 A neural token tree (Eagle3, DFlash, DSpark with `tree_branches`) grows on the device and its drafter reads it back
 once, when it is done (tokens, parents, node count and survival in one tensor; neural.grow_tree): at most one
-drafter read a round, whatever the depth. The tree round has at most five in all: that one, the engine's three
-(each row's accepted count, next token and path, read one by one after verify_tree) and the target's one (the
-decoder checks the tree's parents on the device before tree attention).
+drafter read a round, whatever the depth. The tree round has at most two in all: that one and the engine's one
+(each row's accepted count, next token and path in one tensor after verify_tree); the decoder checks the tree's
+parents on the host copy the engine hands it, before moving them to the device.
 
 The target runs on the fake CUDA device of tests/deepspec/decoding/fake_cuda.py, so every tensor the target or a
 neural draft makes says `cuda`. A TorchFunctionMode counts the reads of such tensors (`.item()`, `.tolist()`,
@@ -37,7 +37,7 @@ PROMPTS = [[1, 2, 3, 1, 2, 3, 4], [5, 6, 7, 5, 6, 7], [8, 9, 10, 11]]
 #: device reads one round may make, per drafter (the module docstring says why DSpark's is two)
 ALLOWED = {"none": 1, "prompt-lookup": 1, "eagle3": 1, "dflash": 1, "dspark": 2}
 #: device reads one tree round may make in all, and those of them the drafter makes (the module docstring says why)
-ALLOWED_TREE, ALLOWED_TREE_DRAFTER = 5, 1
+ALLOWED_TREE, ALLOWED_TREE_DRAFTER = 2, 1
 _READS = {"item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__"}
 
 
