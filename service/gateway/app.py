@@ -1,8 +1,8 @@
 """The gateway process: FastAPI app factory, the state it shares with the gRPC API, and the serving lifecycle.
 
-`create_app` only wires routers, error handlers and the guard middleware; the state (metrics, worker pool,
-dispatcher) is built in `lifespan` unless the caller passes one in (`serve_gateway` does, to share it with the
-gRPC server). One process per gateway replica: the routing state (outstanding counts, health) must be shared by
+`create_app` only wires routers, error handlers and the middlewares (the guard, the generation routes' fast path,
+hot_routes.py); the state (metrics, worker pool, dispatcher) is built in `lifespan` unless the caller passes one in
+(`serve_gateway` does, to share it with the gRPC server). One process per gateway replica: the routing state (outstanding counts, health) must be shared by
 every request, so the gateway scales by replicas behind a Service, not by uvicorn workers — and Prometheus
 multiprocess mode is therefore not needed.
 """
@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from service.gateway.dispatch import Dispatcher
 from service.gateway.errors import (AuthenticationError, BadRequestError, PayloadTooLargeError, error_response,
                                     install_error_handlers)  # fmt: skip
+from service.gateway.hot_routes import HotRoutes
 from service.gateway.routers import chat, completions, health, models
 from service.gateway.routing import WorkerPool
 from service.gateway.upstreams import client_for
@@ -140,6 +141,8 @@ def create_app(settings: GatewaySettings | None = None, state: GatewayState | No
     for module in (completions, chat, models, health):
         app.include_router(module.router)
     install_error_handlers(app)
+    # the last added runs first: the guard, then the generation routes' fast path (hot_routes.py)
+    app.add_middleware(HotRoutes, fastapi_app=app, routes=[*completions.router.routes, *chat.router.routes])
     app.add_middleware(GuardMiddleware, get_state=lambda: app.state.gateway)
     return app
 
