@@ -170,6 +170,8 @@ def total_stats(stats: Iterable[p.RequestStats]) -> p.RequestStats:
     """A request's counts from each of its sequences' latest: the prompt once (every sequence carries the same
     prompt count; it was prefilled once), the rest summed over the sequences. The usage and the metrics read this."""
     stats = list(stats)
+    if len(stats) == 1:  # one sequence (n = 1, the usual request): its counts are the request's
+        return stats[0]
     total = {f.name: sum(getattr(s, f.name) for s in stats) for f in fields(p.RequestStats)}
     total["num_prompt_tokens"] = max((s.num_prompt_tokens for s in stats), default=0)
     return p.RequestStats(**total)
