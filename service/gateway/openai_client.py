@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -57,6 +58,9 @@ from service.gateway.structured import response_format_field, structured_outputs
 from service.gateway.upstream_choices import ChoiceReader
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_chunks
 
+#: seconds to open a connection to the upstream
+CONNECT_TIMEOUT_S = 2.0
+_DEADLINE_PASSED = "the upstream did not finish within the request timeout"
 #: the headers of a request whose body is JSON (the body goes encoded: aiohttp's own `json=` encodes with `json`)
 _JSON_BODY = {"Content-Type": "application/json"}
 #: the engine's own readiness route (vLLM, SGLang, trtllm-serve)
@@ -213,15 +217,15 @@ class OpenAIClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         """Made on first use, inside the event loop that serves the gateway (a session belongs to one loop, so a
-        call from another loop gets a session of its own). The whole-request deadline is enforced per read below;
-        aiohttp's own timeout only bounds connecting."""
+        call from another loop gets a session of its own). A generation's deadline is aiohttp's whole-request
+        timeout (`_send`), which bounds each read of the answer too."""
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session_loop is not loop:
             self._session_loop = loop
             connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=30.0)
             # read_bufsize: one SSE line may carry a chunk's logprobs, past aiohttp's 64 KiB default
             self._session = aiohttp.ClientSession(self.base_url, connector=connector, read_bufsize=2**22,
-                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0))
+                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
         return self._session
 
     # -- health -------------------------------------------------------------------------------------------------
@@ -258,16 +262,15 @@ class OpenAIClient:
         dispatcher sees is the first token; the finish reason and the usage come together in the final chunk. An
         engine that ignores `stream_options` (llama.cpp's Python server) sends no usage: its completion tokens are
         then the chunks that carried text (it streams one token per chunk) and its prompt tokens stay 0, unknown."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
         with self._slot():
-            response = await self._send(req, stream=True, deadline=deadline)
+            response = await self._send(req, stream=True, timeout_s=timeout_s)
             held: dict[int, Chunk] = {}  # choice -> its finishing chunk, sent with the usage at [DONE]
             seen: set[int] = set()  # the choices the upstream answered
             reader = ChoiceReader(req)
             num_text_chunks, usage, done = 0, None, False
             try:
                 while True:
-                    raw = await self._before(deadline, response.content.readline())
+                    raw = await response.content.readline()
                     if not raw:
                         raise WorkerError("UNAVAILABLE", "the upstream closed the stream before [DONE]")
                     line = raw.decode("utf-8", "replace").rstrip("\r\n")
@@ -293,6 +296,8 @@ class OpenAIClient:
                             held[chunk.index] = chunk
                         elif (chunk.text or chunk.logprobs or chunk.prompt_logprobs) and chunk.index not in held:
                             yield chunk
+            except TimeoutError:  # first: aiohttp's ServerTimeoutError is a ClientError too
+                raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
             except aiohttp.ClientError as e:
                 raise WorkerError("UNAVAILABLE", f"the upstream stream broke: {type(e).__name__}: {e}") from None
             finally:
@@ -307,11 +312,12 @@ class OpenAIClient:
 
     async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
         """A whole completion, yielded as one chunk per choice, the last one final."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
         with self._slot():
-            response = await self._send(req, stream=False, deadline=deadline)
+            response = await self._send(req, stream=False, timeout_s=timeout_s)
             try:
-                body = loads(await self._before(deadline, response.read()))
+                body = loads(await response.read())
+            except TimeoutError:
+                raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
             except aiohttp.ClientError as e:
                 raise WorkerError("UNAVAILABLE", f"the upstream broke off: {type(e).__name__}: {e}") from None
             except json.JSONDecodeError:
@@ -326,33 +332,31 @@ class OpenAIClient:
         for chunk in _last_chunks(held, set(held), req.n, _stats(body.get("usage"))):
             yield chunk
 
-    async def _send(self, req: GenerationRequest, stream: bool, deadline: float) -> aiohttp.ClientResponse:
-        """POST the request and return the open response once its status is 200; any other status as WorkerError."""
+    async def _send(self, req: GenerationRequest, stream: bool, timeout_s: float) -> aiohttp.ClientResponse:
+        """POST the request and return the open response once its status is 200; any other status as WorkerError.
+        `timeout_s` bounds the whole request, reading the answer included (aiohttp's timer, without its rounding
+        up of timeouts past 5 s): past it, an await on the response raises TimeoutError."""
         path = "/v1/chat/completions" if req.messages is not None else "/v1/completions"
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S, ceil_threshold=math.inf)
         try:
-            response = await self._before(deadline, self.session.post(
-                path, data=dumps(request_body(req, stream, self.vllm_extras)), headers=_JSON_BODY))
+            response = await self.session.post(path, data=dumps(request_body(req, stream, self.vllm_extras)),
+                                               headers=_JSON_BODY, timeout=timeout)  # fmt: skip
+        except TimeoutError:  # first: aiohttp's ConnectionTimeoutError is a ClientError too
+            raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
         except aiohttp.ClientError as e:
             raise WorkerError("UNAVAILABLE", f"{type(e).__name__}: {e}") from None
         if response.status == 200:
             return response
         try:
-            body = json.loads(await self._before(deadline, response.read()))
+            body = json.loads(await response.read())
+        except TimeoutError:
+            raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
         except (aiohttp.ClientError, json.JSONDecodeError):
             body = None
         finally:
             response.release()
         message = error_message(body, f"HTTP {response.status}")
         raise WorkerError(status_for_http(response.status), f"{message} (upstream HTTP {response.status})")
-
-    @staticmethod
-    async def _before(deadline: float, awaitable):
-        """Await `awaitable` within the request's deadline; past it, WorkerError DEADLINE_EXCEEDED."""
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await awaitable
-        except TimeoutError:
-            raise WorkerError("DEADLINE_EXCEEDED", "the upstream did not finish within the request timeout") from None
 
     @contextlib.contextmanager
     def _slot(self):
