@@ -2,9 +2,9 @@
 
 `create_app` only wires routers, error handlers and the middlewares (the guard, the generation routes' fast path,
 hot_routes.py); the state (metrics, worker pool, dispatcher) is built in `lifespan` unless the caller passes one in
-(`serve_gateway` does, to share it with the gRPC server). One process per gateway replica: the routing state (outstanding counts, health) must be shared by
-every request, so the gateway scales by replicas behind a Service, not by uvicorn workers — and Prometheus
-multiprocess mode is therefore not needed.
+(`serve_gateway` does, to share it with the gRPC server). One process per gateway replica: the routing state
+(outstanding counts, health) must be shared by every request, so the gateway scales by replicas behind a Service,
+not by uvicorn workers — and Prometheus multiprocess mode is therefore not needed.
 """
 
 from __future__ import annotations
