@@ -47,7 +47,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 
@@ -58,6 +58,8 @@ from service.gateway.structured import response_format_field, structured_outputs
 from service.gateway.upstream_choices import ChoiceReader
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_chunks
 
+#: bytes one SSE line may hold: a chunk's logprobs can be long (aiohttp's default read buffer is 64 KiB)
+MAX_EVENT_BYTES = 2**22
 #: seconds to open a connection to the upstream
 CONNECT_TIMEOUT_S = 2.0
 _DEADLINE_PASSED = "the upstream did not finish within the request timeout"
@@ -179,20 +181,75 @@ def _last_chunks(held: dict[int, Chunk], seen: set[int], n: int, stats: p.Reques
     return chunks
 
 
-def parse_event(data: str) -> dict:
-    """One SSE `data:` payload as JSON; an error event (`{"error": ...}` or `{"object": "error"}`) as WorkerError."""
+def parse_event(data: bytes) -> dict:
+    """One SSE `data:` payload as JSON (bytes that are not UTF-8 read with replacement characters); an error event
+    (`{"error": ...}` or `{"object": "error"}`) as WorkerError."""
     try:
         event = loads(data)
-    except json.JSONDecodeError:
-        raise WorkerError("INTERNAL", f"the upstream sent an event that is not JSON: {data[:200]!r}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        text = data.decode("utf-8", "replace")
+        try:
+            event = json.loads(text)
+        except json.JSONDecodeError:
+            raise WorkerError("INTERNAL", f"the upstream sent an event that is not JSON: {text[:200]!r}") from None
     if not isinstance(event, dict):
-        raise WorkerError("INTERNAL", f"the upstream sent an event that is not an object: {data[:200]!r}")
+        text = data[:200].decode("utf-8", "replace")
+        raise WorkerError("INTERNAL", f"the upstream sent an event that is not an object: {text!r}")
     if "error" in event or event.get("object") == "error":
         inner = event.get("error") if isinstance(event.get("error"), dict) else event
         code = inner.get("code")
         status = status_for_http(code) if isinstance(code, int) else "INTERNAL"
         raise WorkerError(status, error_message(event, "the upstream failed mid-stream"))
     return event
+
+
+class EventStream:
+    """One request's SSE answer, fed as its bytes arrive, read into Chunks. Chunks without text (the chat role
+    chunk) are not passed on, so the first chunk the dispatcher sees is the first token; each choice's finish reason
+    is held back until `[DONE]`, where it comes with the usage in the final chunk. An engine that ignores
+    `stream_options` (llama.cpp's Python server) sends no usage: its completion tokens are then the chunks that
+    carried text (it streams one token per chunk) and its prompt tokens stay 0, unknown."""
+
+    def __init__(self, req: GenerationRequest):
+        self.req, self.reader = req, ChoiceReader(req)
+        #: `[DONE]` was read: the last chunks are out, anything after it is ignored
+        self.done = False
+        self._pending = b""  # the start of a line whose end has not arrived
+        self._held: dict[int, Chunk] = {}  # choice -> its finishing chunk, sent with the usage at [DONE]
+        self._seen: set[int] = set()  # the choices the upstream answered
+        self._num_text_chunks, self._usage = 0, None
+
+    def feed(self, data: bytes) -> Iterator[Chunk]:
+        """The chunks that the complete lines of what has arrived so far (`data` the latest bytes) carry, in order."""
+        lines = (self._pending + data).split(b"\n")
+        self._pending = lines.pop()
+        if len(self._pending) > MAX_EVENT_BYTES:
+            raise WorkerError("INTERNAL", f"the upstream sent a line longer than {MAX_EVENT_BYTES} bytes")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments (keep-alives), `event:` lines
+            data = line[5:].strip()  # the line's \r too
+            if data == b"[DONE]":
+                self.done = True
+                usage = self._usage
+                stats = _stats(usage) if usage else p.RequestStats(num_output_tokens=self._num_text_chunks)
+                yield from _last_chunks(self._held, self._seen, self.req.n, stats)
+                return
+            yield from self._chunks(parse_event(data))
+
+    def _chunks(self, event: dict) -> Iterator[Chunk]:
+        self._usage = event.get("usage") or self._usage
+        for choice in event.get("choices") or ():
+            chunk = self.reader.chunk(choice)
+            self._num_text_chunks += bool(chunk.text)
+            self._seen.add(chunk.index)
+            if choice.get("finish_reason"):
+                if chunk.index in self._held:
+                    chunk = merge_chunks([self._held[chunk.index], chunk])
+                chunk.finish_reason = choice["finish_reason"]
+                self._held[chunk.index] = chunk
+            elif (chunk.text or chunk.logprobs or chunk.prompt_logprobs) and chunk.index not in self._held:
+                yield chunk
 
 
 class OpenAIClient:
@@ -223,9 +280,9 @@ class OpenAIClient:
         if self._session is None or self._session.closed or self._session_loop is not loop:
             self._session_loop = loop
             connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=30.0)
-            # read_bufsize: one SSE line may carry a chunk's logprobs, past aiohttp's 64 KiB default
-            self._session = aiohttp.ClientSession(self.base_url, connector=connector, read_bufsize=2**22,
-                                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
+            self._session = aiohttp.ClientSession(self.base_url, connector=connector, read_bufsize=MAX_EVENT_BYTES,
+                                                  timeout=timeout)  # fmt: skip
         return self._session
 
     # -- health -------------------------------------------------------------------------------------------------
@@ -258,50 +315,27 @@ class OpenAIClient:
     # -- generation ---------------------------------------------------------------------------------------------
 
     async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
-        """Stream one request. Chunks without text (the chat role chunk) are not passed on, so the first chunk the
-        dispatcher sees is the first token; the finish reason and the usage come together in the final chunk. An
-        engine that ignores `stream_options` (llama.cpp's Python server) sends no usage: its completion tokens are
-        then the chunks that carried text (it streams one token per chunk) and its prompt tokens stay 0, unknown."""
+        """Stream one request (`EventStream` says what becomes of the upstream's events). Reads take whatever has
+        arrived, however many events that holds, rather than awaiting once per line."""
         with self._slot():
             response = await self._send(req, stream=True, timeout_s=timeout_s)
-            held: dict[int, Chunk] = {}  # choice -> its finishing chunk, sent with the usage at [DONE]
-            seen: set[int] = set()  # the choices the upstream answered
-            reader = ChoiceReader(req)
-            num_text_chunks, usage, done = 0, None, False
+            stream = EventStream(req)
             try:
-                while True:
-                    raw = await response.content.readline()
-                    if not raw:
-                        raise WorkerError("UNAVAILABLE", "the upstream closed the stream before [DONE]")
-                    line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                    if not line.startswith("data:"):
-                        continue  # blank separators, comments (keep-alives), `event:` lines
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        stats = _stats(usage) if usage else p.RequestStats(num_output_tokens=num_text_chunks)
-                        for chunk in _last_chunks(held, seen, req.n, stats):
-                            yield chunk
+                async for data in response.content.iter_any():
+                    for chunk in stream.feed(data):
+                        yield chunk
+                    if stream.done:
                         return
-                    event = parse_event(data)
-                    usage = event.get("usage") or usage
-                    for choice in event.get("choices") or ():
-                        chunk = reader.chunk(choice)
-                        num_text_chunks += bool(chunk.text)
-                        seen.add(chunk.index)
-                        if choice.get("finish_reason"):
-                            if chunk.index in held:
-                                chunk = merge_chunks([held[chunk.index], chunk])
-                            chunk.finish_reason = choice["finish_reason"]
-                            held[chunk.index] = chunk
-                        elif (chunk.text or chunk.logprobs or chunk.prompt_logprobs) and chunk.index not in held:
-                            yield chunk
+                for chunk in stream.feed(b"\n"):  # the body's last line, if the upstream left it unended
+                    yield chunk
+                if not stream.done:
+                    raise WorkerError("UNAVAILABLE", "the upstream closed the stream before [DONE]")
             except TimeoutError:  # first: aiohttp's ServerTimeoutError is a ClientError too
                 raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
             except aiohttp.ClientError as e:
                 raise WorkerError("UNAVAILABLE", f"the upstream stream broke: {type(e).__name__}: {e}") from None
             finally:
-                if done:  # a finished stream gives its connection back
+                if stream.done:  # a finished stream gives its connection back
                     response.release()
                 else:  # an unfinished one closes it: the engine aborts the sequence
                     response.close()

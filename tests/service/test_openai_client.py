@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.gateway.openai_client import OpenAIClient, error_message, request_body, status_for_http
+from service.gateway.openai_client import (MAX_EVENT_BYTES, EventStream, OpenAIClient, error_message, request_body,
+                                           status_for_http)  # fmt: skip
 from service.gateway.settings import GatewaySettings
 from service.gateway.upstreams import client_for, parse_address
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
@@ -328,6 +329,42 @@ def test_stream_without_usage_counts_its_text_chunks():
     chunks = asyncio.run(_collect(_client(lambda request: httpx.Response(200, content=events)), REQ))
     assert [c.text for c in chunks] == ["a", "b", ""] and chunks[-1].finish_reason == "length"
     assert (chunks[-1].stats.num_output_tokens, chunks[-1].stats.num_prompt_tokens) == (2, 0)
+
+
+def _fed(stream: EventStream, pieces: list[bytes]) -> list[tuple[str, str | None, bool]]:
+    return [(c.text, c.finish_reason, c.final) for piece in pieces for c in stream.feed(piece)]
+
+
+@pytest.mark.parametrize("cut", [1, 2, 7, 10_000])
+def test_an_event_stream_reads_the_same_chunks_however_its_bytes_arrive(cut):
+    """Reads hand over whatever has arrived: part of a line, several events at once; lines end in \\n or \\r\\n (SSE
+    allows both; sse-starlette, under llama.cpp's Python server, writes \\r\\n), comments are keep-alives."""
+    events = (_sse({"choices": [{"index": 0, "text": "é", "finish_reason": None}]}).replace(b"\n", b"\r\n")
+              + b": keep-alive\n\n" + _sse({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]},
+                                            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+                                            "[DONE]", {"choices": [{"index": 0, "text": "after [DONE]"}]}))  # fmt: skip
+    stream = EventStream(REQ)
+    assert _fed(stream, [events[i:i + cut] for i in range(0, len(events), cut)]) == [("é", None, False),
+                                                                                    ("b", "stop", True)]
+    assert stream.done
+
+
+def test_an_event_stream_refuses_a_line_past_its_limit():
+    with pytest.raises(WorkerError) as e:
+        _fed(EventStream(REQ), [b"data: " + b"x" * MAX_EVENT_BYTES])
+    assert e.value.status == "INTERNAL" and "longer than" in e.value.message
+
+
+def test_an_event_that_is_not_utf8_is_read_with_replacement_characters():
+    (chunk,) = _fed(EventStream(REQ), [b'data: {"choices": [{"index": 0, "text": "a\xff"}]}\n'])
+    assert chunk[0] == "a\ufffd"
+
+
+def test_a_stream_whose_last_line_is_unended_still_finishes():
+    """A server may close the body right after `data: [DONE]` without its blank line (or newline)."""
+    events = _sse({"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}]}) + b"data: [DONE]"
+    chunks = asyncio.run(_collect(_client(lambda request: httpx.Response(200, content=events)), REQ))
+    assert [(c.text, c.final) for c in chunks] == [("a", True)]
 
 
 # -- each engine's stream through the whole gateway ------------------------------------------------------------------
