@@ -86,14 +86,14 @@ class GuardMiddleware:
             caller = state.check_api_key(headers.get(b"authorization", b"").decode("latin-1"))
         except AuthenticationError as e:
             return await error_response(e)(scope, receive, send)
-        scope = {**scope, "state": {**scope.get("state", {}), "caller": caller}}  # read by dependencies.get_caller
+        # the server makes a scope (and its state, a copy of the lifespan's) per request: it may be changed in place
+        scope.setdefault("state", {})["caller"] = caller  # read by dependencies.get_caller
         if scope["method"] != "POST":
             return await self.app(scope, receive, send)
         limit = state.settings.max_body_bytes
-        too_large = PayloadTooLargeError(f"the request body exceeds {limit} bytes", code="request_too_large")
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await error_response(too_large)(scope, receive, send)
+            return await _too_large(limit)(scope, receive, send)
         body, more = [], True
         size = 0
         while more:
@@ -102,7 +102,7 @@ class GuardMiddleware:
                 return
             size += len(message.get("body", b""))
             if size > limit:
-                return await error_response(too_large)(scope, receive, send)
+                return await _too_large(limit)(scope, receive, send)
             body.append(message.get("body", b""))
             more = message.get("more_body", False)
         payload = b"".join(body)
@@ -111,9 +111,11 @@ class GuardMiddleware:
         except UnicodeDecodeError as e:
             error = BadRequestError(f"the body is not valid UTF-8 (byte {e.start}): send JSON encoded as UTF-8")
             return await error_response(error)(scope, receive, send)
-        # OpenAI parses the body as JSON whatever the content type says; so does the gateway.
-        scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-                 + [(b"content-type", b"application/json")]}  # fmt: skip
+        # OpenAI parses the body as JSON whatever the content type says; so does the gateway (the header is rewritten
+        # unless it already says exactly that, once).
+        if headers.get(b"content-type") != b"application/json" or len(headers) < len(scope["headers"]):
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
+                (b"content-type", b"application/json")]  # fmt: skip
         replayed = False
 
         async def replay():
@@ -124,6 +126,10 @@ class GuardMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _too_large(limit: int):
+    return error_response(PayloadTooLargeError(f"the request body exceeds {limit} bytes", code="request_too_large"))
 
 
 def create_app(settings: GatewaySettings | None = None, state: GatewayState | None = None) -> FastAPI:
