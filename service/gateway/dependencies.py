@@ -33,18 +33,20 @@ async def until_disconnect(request: Request, awaitable):
     """Await `awaitable`, cancelling it (and so the worker's sequence) if the client disconnects first."""
     work = asyncio.ensure_future(awaitable)
     watch = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
+
+    def on_disconnect(_):
         work.cancel()
+
+    watch.add_done_callback(on_disconnect)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watch.done() and not watch.cancelled() and not asyncio.current_task().cancelling():
+            raise ClientDisconnected from None  # `work` has wound down: awaiting a task waits for its end
         raise
     finally:
+        watch.remove_done_callback(on_disconnect)
         watch.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    await asyncio.gather(work, return_exceptions=True)
-    raise ClientDisconnected
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -191,6 +191,8 @@ class Dispatcher:
                            caller: str | None = None) -> list[list[Chunk]]:  # fmt: skip
         """Run several requests (a batch of prompts) side by side to the end, each request's sequences as
         `complete` gives them; the first failure fails them all and cancels the rest."""
+        if len(reqs) == 1:  # one prompt, the usual request: no task of its own
+            return [await self.complete(reqs[0], api, caller)]
         tasks = [asyncio.ensure_future(self.complete(req, api, caller)) for req in reqs]
         try:
             return list(await asyncio.gather(*tasks))
