@@ -92,7 +92,7 @@ class Chunk:
     tokens that text carries (and of the prompt, in the first) when the request asked for them."""
 
     text: str
-    stats: p.RequestStats = field(default_factory=p.RequestStats)
+    stats: p.RequestStats = p.RequestStats()  # frozen: one shared zero for every chunk that carries no counts
     #: the sequence's last chunk says why it ended
     finish_reason: str | None = None
     #: the request's very last chunk, of all its sequences
