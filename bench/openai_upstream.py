@@ -11,11 +11,13 @@ Upstreams (each its own process):
   llama.cpp  llama-cpp-python[server] serving the default target's GGUF (1 thread, one request at a time): the
              throughput row with a real engine (skipped when llama-cpp-python is not installed)
 
-The gateway under test runs `--workers openai+http://<upstream>`. Latency: sequential whole completions of 16
-tokens (stdlib http.client, keep-alive), alternating direct / gateway request by request; added p50 =
-p50(gateway) - p50(direct), likewise p99, each the median over --blocks blocks. Throughput: --concurrency streams
-at once (httpx, one client per path), streamed completion tokens per second over the round, alternating direct /
-gateway round by round; ratio = median gateway / median direct.
+Paths to each upstream: direct; through the gateway under test (`--workers openai+http://<upstream>`); and through
+a TCP relay (bench/tcp_relay.py), a process that only copies bytes: what it adds is what any extra hop costs on the
+machine (one more process to schedule among the others), so gateway - relay is the gateway's own work. Latency:
+sequential whole completions of 16 tokens (stdlib http.client, keep-alive), the paths taking turns request by
+request; added p50 = p50(path) - p50(direct), likewise p99, each the median over --blocks blocks. Throughput:
+--concurrency streams at once (httpx, one client per path), streamed completion tokens per second over the round,
+the paths taking turns round by round; ratio = median path / median direct.
 Targets: added p50 <= 1 ms, p99 <= 5 ms; streaming throughput >= 0.97x direct at concurrency 32.
 
 One run on 2 quiet cores (AVX2 EPYC, load average 0.6), after the upstream client moved from httpx to aiohttp: stub
@@ -29,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client as http_client
 import importlib.util
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -44,6 +48,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
+from bench.machine import cpu_flags  # noqa: E402
 from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
 from loadtest.metrics import percentile  # noqa: E402
 
@@ -76,6 +81,20 @@ def start_llama_upstream() -> tuple[list[Proc], str, str]:
     return [proc], f"http://127.0.0.1:{port}", LLAMA_MODEL
 
 
+def start_relay(upstream_url: str, name: str) -> tuple[Proc, str]:
+    """(process, base URL) of a TCP relay to `upstream_url` (bench/tcp_relay.py): an extra hop that does no work."""
+    port = free_port()
+    relay = Proc([sys.executable, "-m", "bench.tcp_relay", "--port", str(port), "--to",
+                  upstream_url.removeprefix("http://")], name=name)  # fmt: skip
+    relay.wait_until(lambda: _accepts(port), 60)
+    return relay, f"http://127.0.0.1:{port}"
+
+
+def _accepts(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+
+
 def start_gateway(upstream_url: str, name: str) -> tuple[Proc, str]:
     port = free_port()
     gateway = service("gateway", "--workers", "openai+" + upstream_url, "--host", "127.0.0.1", "--http-port",
@@ -84,7 +103,9 @@ def start_gateway(upstream_url: str, name: str) -> tuple[Proc, str]:
     return gateway, f"http://127.0.0.1:{port}"
 
 
-def measure_latency(direct_url: str, gateway_url: str, model: str, requests: int, blocks: int) -> dict:
+def measure_latency(urls: dict[str, str], model: str, requests: int, blocks: int) -> dict:
+    """p50 and p99 of each path in `urls` (name -> base URL; "direct" among them), request by request in turn, and
+    what each other path adds to direct's."""
     payload = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
 
     def caller(url: str):
@@ -99,7 +120,7 @@ def measure_latency(direct_url: str, gateway_url: str, model: str, requests: int
 
         return call
 
-    paths = {"direct": caller(direct_url), "gateway": caller(gateway_url)}
+    paths = {name: caller(url) for name, url in urls.items()}
     for call in paths.values():
         for _ in range(30):  # warm connections and code paths
             call()
@@ -117,8 +138,9 @@ def measure_latency(direct_url: str, gateway_url: str, model: str, requests: int
         return statistics.median(percentile(b[name], q) for b in per_block)
 
     report = {name: {"p50_ms": stat(name, 50), "p99_ms": stat(name, 99)} for name in paths}
-    report["added_p50_ms"] = report["gateway"]["p50_ms"] - report["direct"]["p50_ms"]
-    report["added_p99_ms"] = report["gateway"]["p99_ms"] - report["direct"]["p99_ms"]
+    for name in paths.keys() - {"direct"}:
+        report[name]["added_p50_ms"] = report[name]["p50_ms"] - report["direct"]["p50_ms"]
+        report[name]["added_p99_ms"] = report[name]["p99_ms"] - report["direct"]["p99_ms"]
     return report
 
 
@@ -145,23 +167,27 @@ async def _stream_round(client: httpx.AsyncClient, url: str, model: str, concurr
     return sum(counts) / (time.perf_counter() - t0)
 
 
-def measure_throughput(direct_url: str, gateway_url: str, model: str, concurrency: int, rounds: int,
-                       max_tokens: int) -> dict:  # fmt: skip
+def measure_throughput(urls: dict[str, str], model: str, concurrency: int, rounds: int, max_tokens: int) -> dict:
+    """Streamed tokens per second of each path in `urls` (one client each), round by round in turn, and each other
+    path's ratio to direct's."""
+
     async def run() -> dict[str, list[float]]:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        rates: dict[str, list[float]] = {"direct": [], "gateway": []}
-        async with httpx.AsyncClient(timeout=600, limits=limits) as direct, \
-                httpx.AsyncClient(timeout=600, limits=limits) as via:  # fmt: skip
-            await _stream_round(direct, direct_url, model, concurrency, max_tokens)  # warm-up
-            await _stream_round(via, gateway_url, model, concurrency, max_tokens)
+        rates: dict[str, list[float]] = {name: [] for name in urls}
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {name: await stack.enter_async_context(httpx.AsyncClient(timeout=600, limits=limits))
+                       for name in urls}  # fmt: skip
+            for name, client in clients.items():  # warm-up
+                await _stream_round(client, urls[name], model, concurrency, max_tokens)
             for _ in range(rounds):
-                rates["direct"].append(await _stream_round(direct, direct_url, model, concurrency, max_tokens))
-                rates["gateway"].append(await _stream_round(via, gateway_url, model, concurrency, max_tokens))
+                for name, client in clients.items():
+                    rates[name].append(await _stream_round(client, urls[name], model, concurrency, max_tokens))
         return rates
 
     rates = asyncio.run(run())
     report = {name: {"tokens_per_s": statistics.median(values), "rounds": values} for name, values in rates.items()}
-    report["ratio"] = report["gateway"]["tokens_per_s"] / report["direct"]["tokens_per_s"]
+    for name in urls.keys() - {"direct"}:
+        report[name]["ratio"] = report[name]["tokens_per_s"] / report["direct"]["tokens_per_s"]
     report["concurrency"], report["max_tokens"] = concurrency, max_tokens
     return report
 
@@ -184,36 +210,53 @@ def main(argv: list[str] | None = None) -> int:
         print("llama-cpp-python is not installed (make bench-deps): the llama.cpp upstream is skipped", file=sys.stderr)
     for name, start in upstreams.items():
         procs, url, model = start()
-        gateway = None
         try:
+            relay, relay_url = start_relay(url, f"openai-relay-{name}")
+            procs.append(relay)
             gateway, gateway_url = start_gateway(url, f"openai-gateway-{name}")
+            procs.append(gateway)
+            urls = {"direct": url, "relay": relay_url, "gateway": gateway_url}
             entry = {}
             if name == "stub":  # a model that costs ~nothing: the latency the gateway adds is visible
-                entry["latency"] = measure_latency(url, gateway_url, model, args.requests, args.blocks)
+                entry["latency"] = measure_latency(urls, model, args.requests, args.blocks)
             rounds = args.rounds if name == "stub" else max(2, args.rounds // 2)
-            entry["throughput"] = measure_throughput(url, gateway_url, model, args.concurrency, rounds, MAX_TOKENS)
+            entry["throughput"] = measure_throughput(urls, model, args.concurrency, rounds, MAX_TOKENS)
             report["upstreams"][name] = entry
         finally:
-            for proc in ([gateway] if gateway else []) + procs[::-1]:
+            for proc in procs[::-1]:
                 proc.stop()
+    print(summary(report, args.concurrency))
+    (RESULTS / "openai_upstream.json").write_text(json.dumps(report, indent=2))
+    return 0
 
+
+def summary(report: dict, concurrency: int) -> str:
+    """The table (gateway and relay, each against direct), whether the targets are met, and the machine's line; sets
+    report["targets_met"]."""
     rows = []
     for name, entry in report["upstreams"].items():
         lat, thr = entry.get("latency"), entry["throughput"]
-        rows.append([name, lat["direct"]["p50_ms"] if lat else "", lat["added_p50_ms"] if lat else "",
-                     lat["added_p99_ms"] if lat else "", thr["direct"]["tokens_per_s"], thr["gateway"]["tokens_per_s"],
-                     thr["ratio"]])  # fmt: skip
-    print(table(["upstream", "direct p50 ms", "added p50 ms", "added p99 ms", "direct tok/s",
-                 f"gateway tok/s (c={args.concurrency})", "ratio"], rows))  # fmt: skip
+        added = [lat[path][key] for path in ("gateway", "relay") for key in ("added_p50_ms", "added_p99_ms")] if lat \
+            else ["", "", "", ""]  # fmt: skip
+        rows.append([name, lat["direct"]["p50_ms"] if lat else "", *added, thr["direct"]["tokens_per_s"],
+                     thr["gateway"]["tokens_per_s"], thr["gateway"]["ratio"], thr["relay"]["ratio"]])  # fmt: skip
+    lines = [table(["upstream", "direct p50 ms", "added p50 ms", "added p99 ms", "relay added p50", "relay added p99",
+                    "direct tok/s", f"gateway tok/s (c={concurrency})", "ratio", "relay ratio"], rows)]  # fmt: skip
     stub = report["upstreams"]["stub"]
-    latency_ok = stub["latency"]["added_p50_ms"] <= 1 and stub["latency"]["added_p99_ms"] <= 5
-    throughput_ok = all(e["throughput"]["ratio"] >= 0.97 for e in report["upstreams"].values())
+    if "latency" in stub:
+        lat = stub["latency"]
+        lines.append(f"\ngateway's own (gateway - relay): p50 {lat['gateway']['p50_ms'] - lat['relay']['p50_ms']:.2f} "
+                     f"ms, p99 {lat['gateway']['p99_ms'] - lat['relay']['p99_ms']:.2f} ms; streaming "
+                     f"{stub['throughput']['gateway']['tokens_per_s'] / stub['throughput']['relay']['tokens_per_s']:.2f}x"
+                     " the relay's")  # fmt: skip
+    latency_ok = "latency" in stub and stub["latency"]["gateway"]["added_p50_ms"] <= 1 \
+        and stub["latency"]["gateway"]["added_p99_ms"] <= 5  # fmt: skip
+    throughput_ok = all(e["throughput"]["gateway"]["ratio"] >= 0.97 for e in report["upstreams"].values())
     report["targets_met"] = {"latency": latency_ok, "throughput": throughput_ok}
-    print(f"\ntargets: added p50 <= 1 ms and p99 <= 5 ms: {'met' if latency_ok else 'NOT met'}; "
-          f"streaming throughput >= 0.97x direct: {'met' if throughput_ok else 'NOT met'}"
-          f"  [load average {report['load_average_1m']:.1f} on {os.cpu_count()} CPUs]")
-    (RESULTS / "openai_upstream.json").write_text(json.dumps(report, indent=2))
-    return 0
+    lines.append(f"targets: added p50 <= 1 ms and p99 <= 5 ms: {'met' if latency_ok else 'NOT met'}; "
+                 f"streaming throughput >= 0.97x direct: {'met' if throughput_ok else 'NOT met'}")
+    lines.append(f"[load average {report['load_average_1m']:.1f} on {report['cpus']} CPUs; CPU flags: {cpu_flags()}]")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
