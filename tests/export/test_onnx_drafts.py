@@ -13,6 +13,7 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from deepspec.algorithms import resolve_algorithm  # noqa: E402
+from deepspec.decoding.draft_driver import DraftDriver  # noqa: E402
 from deepspec.decoding.drafter import DraftSampling  # noqa: E402
 from deepspec.decoding.drafters.dflash import DFlashDrafter  # noqa: E402
 from deepspec.decoding.drafters.dspark import DSparkDrafter  # noqa: E402
@@ -33,7 +34,8 @@ def target_dir(tmp_path_factory) -> Path:
 
 
 def _pair(tmp_path: Path, target_dir: Path, algo: str, tree: int = 0, **draft_options):
-    """(PyTorch drafter, ONNX drafter) of the same random draft, both bound to the PyTorch target."""
+    """(target, PyTorch drafter, ONNX drafter) of the same random draft, both bound to the PyTorch target and each
+    driven by its own DraftDriver (its own batch state, as in two engines)."""
     from deepspec.models import load_target
     from deepspec.models.drafts import load_draft
 
@@ -48,9 +50,7 @@ def _pair(tmp_path: Path, target_dir: Path, algo: str, tree: int = 0, **draft_op
     ref = DRAFTERS[algo](model, **options)
     ours = DRAFTERS[algo](OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs, num_threads=1),
                           **options)
-    for d in (ref, ours):
-        d.bind(target, max_batch_size=3, max_seq_len=64)
-    return target, ref, ours
+    return target, *(DraftDriver(d, num_slots=3, max_tokens=64, target=target) for d in (ref, ours))
 
 
 def _same(a, b, probs: bool = False) -> None:
@@ -64,20 +64,20 @@ def _same(a, b, probs: bool = False) -> None:
 
 
 def _drive(target, ref, ours, k: int = 4, sampled: bool = False) -> int:
-    """Feed both drafters the same committed context in uneven chunks and compare every proposal; returns how many
-    proposals were compared."""
+    """Feed both driven drafters the same committed context in uneven chunks and compare every proposal; returns
+    how many proposals were compared."""
     torch.manual_seed(3)
     slots = [0, 2]
-    F = target.spec.hidden_size * len(ref.feature_layers)
+    F = target.spec.hidden_size * len(ref.drafter.feature_layers)
     for d in (ref, ours):
         for s in slots:
-            d.reset(s, 5)
+            d.start(s, [5])
     compared = 0
     for m, num in ((6, [6, 4]), (3, [1, 3]), (2, [2, 2])):
         tokens = torch.randint(0, target.vocab_size, (2, m))
         features = torch.randn(2, m, F)
         for d in (ref, ours):
-            d.extend(slots, tokens, torch.tensor(num), features)
+            d.commit(slots, [tokens[b, :n].tolist() for b, n in enumerate(num)], features)
         temps = torch.tensor([0.0, 1.0]) if sampled else torch.zeros(2)
         proposals = []
         for d in (ref, ours):
@@ -108,11 +108,12 @@ def test_canonical_eagle3_layout_matches_too(tmp_path, target_dir):
 
 
 def test_move_slot_keeps_the_onnx_drafters_cache(tmp_path, target_dir):
-    """The cache is the drafter's own tensor: compaction (move_slot) moves what the graphs wrote."""
+    """The cache is the drafter's own tensor: compaction (the engine's move: batch state + move_slot) moves what the
+    graphs wrote."""
     target, ref, ours = _pair(tmp_path, target_dir, "dflash")
     _drive(target, ref, ours)
     for d in (ref, ours):
-        d.move_slot(2, 1)
+        d.move(2, 1)
     greedy = DraftSampling(torch.zeros(1), [None])
     _same(ref.propose([1], 4, greedy), ours.propose([1], 4, greedy))
 
@@ -130,7 +131,7 @@ def test_missing_graph_files_name_the_fix(tmp_path, target_dir):
 def test_head_without_a_block_run_is_refused(tmp_path, target_dir):
     _, _, ours = _pair(tmp_path, target_dir, "dflash")
     with pytest.raises(RuntimeError, match="call blocks"):
-        ours.model.head(torch.zeros(1, 4, 64))
+        ours.drafter.model.head(torch.zeros(1, 4, 64))
 
 
 @pytest.mark.parametrize("algo", ["dspark", "eagle3"])
@@ -185,11 +186,11 @@ def test_shipped_drafts_propose_the_same_through_their_graphs(tmp_path, smollm2,
     tokens = torch.tensor([ids])
     out = smollm2.forward(tokens, torch.zeros(1, dtype=torch.long), None, feature_layers=ref.feature_layers)
     greedy = DraftSampling(torch.zeros(1), [None])
-    for d in (ref, ours):
-        d.bind(smollm2, max_batch_size=1, max_seq_len=128)
-        d.reset(0, ids[0])
+    drivers = [DraftDriver(d, num_slots=1, max_tokens=128, target=smollm2) for d in (ref, ours)]
+    for d in drivers:
+        d.start(0, [ids[0]])
     n = len(ids)
     for done, cut in ((0, n - 4), (n - 4, n - 1), (n - 1, n)):  # commit in three chunks, proposing after each
-        for d in (ref, ours):
-            d.extend([0], tokens[:, done:cut], torch.tensor([cut - done]), out.features[:, done:cut])
-        _same(ref.propose([0], 5, greedy), ours.propose([0], 5, greedy))
+        for d in drivers:
+            d.commit([0], [ids[done:cut]], out.features[:, done:cut])
+        _same(*(d.propose([0], 5, greedy) for d in drivers))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
 from deepspec.decoding.drafters.suffix_index import SEPARATOR
@@ -91,9 +92,9 @@ def test_cli_builds_a_draft_the_engine_drafts_from(tmp_path, capsys):
 
     # a sequence that has just written "return a" drafts the rest of the first answer
     history = target.tokenizer("x = 1\nreturn a", add_special_tokens=False)["input_ids"]
-    drafter.reset(0, history[0])
-    drafter.extend([0], torch.tensor([history[1:]]), torch.tensor([len(history) - 1]), None)
-    proposal = drafter.propose([0], 4, DraftSampling(torch.zeros(1), [None]))
+    driver = DraftDriver(drafter, num_slots=1, max_tokens=len(history) + 8, target=target)
+    driver.start(0, history)
+    proposal = driver.propose([0], 4, DraftSampling(torch.zeros(1), [None]))
     assert proposal.tokens[0, : int(proposal.num_tokens[0])].tolist() == \
         target.tokenizer(" + b", add_special_tokens=False)["input_ids"]
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.corpus_lookup import CORPUS_FILE, CorpusLookupDrafter, save_corpus
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
@@ -65,41 +66,42 @@ def test_an_index_built_for_other_tokens_is_refused():
         SuffixIndex(tokens, np.arange(3, dtype=np.int32), max_match=2)
 
 
-def _drafter(corpus: list[int], history: list[int]) -> CorpusLookupDrafter:
-    d = CorpusLookupDrafter(SuffixIndex.build(np.array(corpus), max_match=6), min_ngram=2, max_ngram=3)
-    d.reset(0, history[0])
-    d.extend([0], torch.tensor([history[1:]]), torch.tensor([len(history) - 1]), None)
-    return d
+def _driven(corpus: list[int], history: list[int]) -> DraftDriver:
+    """A corpus-lookup drafter driven as the engine drives it, its slot 0 holding `history`."""
+    driver = DraftDriver(CorpusLookupDrafter(SuffixIndex.build(np.array(corpus), max_match=6), min_ngram=2,
+                                             max_ngram=3), num_slots=1, max_tokens=64)
+    driver.start(0, history)
+    return driver
 
 
 def test_prompt_lookup_comes_first_then_the_corpus():
     corpus = [1, 2, 3, 40, 41, 42, S]
-    in_context = _drafter(corpus, [9, 2, 3, 7, 7, 1, 2, 3])
+    in_context = _driven(corpus, [9, 2, 3, 7, 7, 1, 2, 3])
     assert in_context.propose([0], 3, GREEDY).tokens[0].tolist() == [7, 7, 1]
-    from_corpus = _drafter(corpus, [9, 8, 1, 2, 3])
+    from_corpus = _driven(corpus, [9, 8, 1, 2, 3])
     p = from_corpus.propose([0], 5, GREEDY)
     assert p.num_tokens.tolist() == [3] and p.tokens[0, :3].tolist() == [40, 41, 42]
-    nothing = _drafter(corpus, [9, 8, 77])
+    nothing = _driven(corpus, [9, 8, 77])
     assert nothing.propose([0], 5, GREEDY).num_tokens.tolist() == [0]
 
 
 def test_survival_comes_from_the_measured_table_of_each_draft_source():
     corpus = [1, 2, 3, 40, 41, 42, S]
-    d = _drafter(corpus, [9, 8, 1, 2, 3])  # corpus match of 3 tokens
-    d.slot_acceptance = {"corpus_3": [0.5, 0.8, 0.5, 0.1], "prompt_lookup": [0.9] * 4}
+    d = _driven(corpus, [9, 8, 1, 2, 3])  # corpus match of 3 tokens
+    d.drafter.slot_acceptance = {"corpus_3": [0.5, 0.8, 0.5, 0.1], "prompt_lookup": [0.9] * 4}
     p = d.propose([0], 4, GREEDY)
     assert p.num_tokens.tolist() == [3]
     assert p.survival[0].tolist() == pytest.approx([0.5, 0.4, 0.2, 0.0])
-    d.slot_acceptance = {"prompt_lookup": [0.9] * 4}  # never measured corpus_3: the engine's record decides
+    d.drafter.slot_acceptance = {"prompt_lookup": [0.9] * 4}  # never measured corpus_3: the engine's record decides
     assert d.propose([0], 4, GREEDY).survival is None
 
 
 def test_min_corpus_match_skips_short_matches(tmp_path):
     corpus = [1, 2, 3, 40, 41, S]
     history = [9, 8, 3]  # only "3" occurs in the corpus
-    assert _drafter(corpus, history).propose([0], 2, GREEDY).tokens[0].tolist() == [40, 41]
-    strict = _drafter(corpus, history)
-    strict.min_corpus_match = 2
+    assert _driven(corpus, history).propose([0], 2, GREEDY).tokens[0].tolist() == [40, 41]
+    strict = _driven(corpus, history)
+    strict.drafter.min_corpus_match = 2
     assert strict.propose([0], 2, GREEDY).num_tokens.tolist() == [0]
     # the shipped default travels in config.json
     path = save_corpus(tmp_path / "c", SuffixIndex.build(np.array(corpus), 4), FINGERPRINT, min_corpus_match=2)

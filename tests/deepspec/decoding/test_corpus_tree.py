@@ -7,6 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 import plugins
+from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters import corpus_tree
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
@@ -19,12 +20,13 @@ GREEDY = DraftSampling(torch.zeros(1), [None])
 CORPUS = [1, 2, 3, 6, S] * 4 + [1, 2, 3, 7, S] + [1, 2, 4, 8, S] * 3 + [1, 2, 5, S] * 2
 
 
-def _drafter(history: list[int], corpus=CORPUS, **options) -> CorpusLookupDrafter:
+def _driven(history: list[int], corpus=CORPUS, **options) -> DraftDriver:
+    """A tree-drafting corpus lookup driven as the engine drives it, its slot 0 holding `history`."""
     d = CorpusLookupDrafter(SuffixIndex.build(np.array(corpus), max_match=6), min_ngram=2, max_ngram=3,
                             tree=True, **options)
-    d.reset(0, history[0])
-    d.extend([0], torch.tensor([history[1:]]), torch.tensor([len(history) - 1]), None)
-    return d
+    driver = DraftDriver(d, num_slots=2, max_tokens=64)
+    driver.start(0, history)
+    return driver
 
 
 def _check_tree(p, k):
@@ -42,7 +44,7 @@ def _check_tree(p, k):
 
 
 def test_the_tree_branches_where_continuations_disagree_most_frequent_first():
-    p = _drafter([9, 1, 2]).propose([0], 8, GREEDY)
+    p = _driven([9, 1, 2]).propose([0], 8, GREEDY)
     _check_tree(p, 8)
     n = int(p.num_tokens[0])
     nodes = list(zip(p.tokens[0, :n].tolist(), p.parents[0, :n].tolist()))
@@ -56,7 +58,7 @@ def test_the_tree_branches_where_continuations_disagree_most_frequent_first():
 
 
 def test_the_node_budget_keeps_the_likeliest_nodes():
-    d = _drafter([9, 1, 2])
+    d = _driven([9, 1, 2])
     full = d.propose([0], 8, GREEDY)
     for k in (1, 2, 3):
         p = d.propose([0], k, GREEDY)
@@ -69,11 +71,11 @@ def test_the_node_budget_keeps_the_likeliest_nodes():
 
 
 def test_calibration_ranks_corpus_branches_against_prompt_lookup():
-    d = _drafter([1, 2, 5, 9, 0, 1, 2], slot_acceptance={"prompt_lookup": [0.6] * 8})
+    d = _driven([1, 2, 5, 9, 0, 1, 2], slot_acceptance={"prompt_lookup": [0.6] * 8})
     assert d.propose([0], 1, GREEDY).tokens[0, 0] == 5  # in context (0.6) beats the corpus's raw 5/10
     table = np.full((corpus_tree.MAX_DEPTH_BUCKET, len(corpus_tree.SUPPORT_EDGES), corpus_tree.FREQ_BINS), 0.1)
     table[0, corpus_tree.support_bin(10), corpus_tree.freq_bin(0.5)] = 0.9  # measured: this continuation is safe
-    d.acceptance = NodeAcceptance({corpus_source(2): table.tolist()}, d.slot_acceptance)
+    d.drafter.acceptance = NodeAcceptance({corpus_source(2): table.tolist()}, d.drafter.slot_acceptance)
     p = d.propose([0], 2, GREEDY)
     assert p.tokens[0].tolist() == [3, 5] and p.survival[0].tolist() == pytest.approx([0.9, 0.6])
     with pytest.raises(ValueError, match="shape"):
@@ -82,7 +84,7 @@ def test_calibration_ranks_corpus_branches_against_prompt_lookup():
 
 def test_prompt_lookup_branch_comes_first_and_merges_with_the_corpus():
     # the context holds "1 2 5 9": prompt lookup drafts 5 9, the corpus 3/4/5
-    d = _drafter([1, 2, 5, 9, 0, 1, 2], slot_acceptance={"prompt_lookup": [0.9] * 8})
+    d = _driven([1, 2, 5, 9, 0, 1, 2], slot_acceptance={"prompt_lookup": [0.9] * 8})
     p = d.propose([0], 9, GREEDY)
     _check_tree(p, 9)
     n = int(p.num_tokens[0])
@@ -97,16 +99,16 @@ def test_a_shorter_match_adds_continuations_the_longest_never_saw():
     index = SuffixIndex.build(np.array(corpus), max_match=4)
     levels = index.matches([7, 1, 2])
     assert [m for m, _ in levels] == [3, 2]  # "7 1 2" once, "1 2" three times ("2" alone: no more)
-    d = _drafter([7, 1, 2], corpus=corpus, max_fallbacks=1)
+    d = _driven([7, 1, 2], corpus=corpus, max_fallbacks=1)
     p = d.propose([0], 2, GREEDY)
     assert p.tokens[0].tolist() == [3, 4] and p.parents[0].tolist() == [-1, -1]
-    only_longest = _drafter([7, 1, 2], corpus=corpus, max_fallbacks=0).propose([0], 2, GREEDY)
+    only_longest = _driven([7, 1, 2], corpus=corpus, max_fallbacks=0).propose([0], 2, GREEDY)
     assert only_longest.num_tokens.tolist() == [1]
 
 
 def test_chain_mode_is_unchanged():
-    d = _drafter([9, 1, 2])
-    d.tree = False
+    d = _driven([9, 1, 2])
+    d.drafter.tree = False
     p = d.propose([0], 4, GREEDY)
     assert p.parents is None and p.tokens[0, : int(p.num_tokens[0])].tolist() == [3, 6]
 
@@ -117,10 +119,9 @@ def _sampled(seed: int, batch: int = 1, temperature: float = 1.0) -> DraftSampli
 
 
 def test_sampled_rows_draw_children_without_replacement_and_carry_q():
-    d = _drafter([9, 1, 2], sampled=True, vocab_size=12)
+    d = _driven([9, 1, 2], sampled=True, vocab_size=12)
     sampling = DraftSampling(torch.tensor([1.0, 0.0]), [torch.Generator().manual_seed(0), None])
-    d.reset(1, 9)
-    d.extend([1], torch.tensor([[1, 2]]), torch.tensor([2]), None)
+    d.start(1, [9, 1, 2])
     p = d.propose([0, 1], 6, sampling)
     _check_tree(p, 6)
     greedy = p.probs[1, : int(p.num_tokens[1])]
@@ -160,10 +161,10 @@ def _target_logits(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     return logits, p1, p2 / p2.sum(-1, keepdim=True)
 
 
-def _first_committed(drafter: CorpusLookupDrafter, k: int, probs_override=None) -> tuple[np.ndarray, list]:
+def _first_committed(driver: DraftDriver, k: int, probs_override=None) -> tuple[np.ndarray, list]:
     """Propose N seeded trees for the same context and verify them in one tree_accept batch → the first committed
     token of each trial (an accepted root child, or the token drawn after all were rejected) and the target's p1."""
-    proposals = [drafter.propose([0], k, _sampled(seed)) for seed in range(N)]
+    proposals = [driver.propose([0], k, _sampled(seed)) for seed in range(N)]
     width = k + 1
     tokens = torch.zeros(N, width, dtype=torch.long)
     parents = torch.full((N, width), -1, dtype=torch.long)
@@ -197,14 +198,14 @@ def _p_value(first: np.ndarray, p1: np.ndarray) -> float:
 @pytest.mark.parametrize("sampled", [True, False], ids=["sampled-q", "deterministic"])
 def test_corpus_trees_verified_at_temperature_one_sample_the_target(sampled):
     corpus = [1, 2, 3, 6, S] * 5 + [1, 2, 4, 8, S] * 3 + [1, 2, 5, S] * 2 + [1, 2, 7, S] * 2
-    d = _drafter([9, 1, 2], corpus=corpus, sampled=sampled, vocab_size=VOCAB)
+    d = _driven([9, 1, 2], corpus=corpus, sampled=sampled, vocab_size=VOCAB)
     first, p1 = _first_committed(d, 4)
     assert _p_value(first, p1) > 1e-3
 
 
 def test_the_check_rejects_trees_whose_tokens_were_not_drawn_from_their_q():
     corpus = [1, 2, 3, 6, S] * 5 + [1, 2, 4, 8, S] * 3 + [1, 2, 5, S] * 2 + [1, 2, 7, S] * 2
-    d = _drafter([9, 1, 2], corpus=corpus, sampled=False, vocab_size=VOCAB)  # deterministic top tokens ...
+    d = _driven([9, 1, 2], corpus=corpus, sampled=False, vocab_size=VOCAB)  # deterministic top tokens ...
     q = torch.zeros(VOCAB)
     q[[3, 4, 5, 7]] = torch.tensor([5.0, 3.0, 2.0, 2.0]) / 12
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling, Proposal
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
 import deepspec.decoding.drafters.hybrid as hybrid_module
@@ -96,13 +97,12 @@ def test_hybrid_directory_errors_name_the_problem(target, parts, tmp_path):
         build_drafter(str(path), target)
 
 
-def _fed(drafter, target, histories):
-    drafter.bind(target, len(histories), 128)
+def _fed(drafter, target, histories) -> DraftDriver:
+    """The drafter bound and driven as the engine would: slot s holds histories[s], its neural part fed features."""
+    driver = DraftDriver(drafter, num_slots=len(histories), max_tokens=128, target=target)
     for s, h in enumerate(histories):
-        drafter.reset(s, h[0])
-        drafter.extend([s], torch.tensor([h[1:]]), torch.tensor([len(h) - 1]),
-                       torch.randn(1, len(h) - 1, drafter.neural.cfg.feature_size))
-    return drafter
+        driver.start(s, h, torch.randn(1, len(h) - 1, drafter.neural.cfg.feature_size))
+    return driver
 
 
 def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(target, parts, tmp_path):
@@ -110,19 +110,20 @@ def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(tar
     corpus_index = drafter.corpus.index
     strong_history = corpus_index.tokens[:8].tolist()  # the first answer's opening: a long corpus match
     weak_history = [60, 61, 62, 63]  # never in the corpus
-    _fed(drafter, target, [strong_history, weak_history])
-    assert drafter.strong(0) and not drafter.strong(1)
+    driver = _fed(drafter, target, [strong_history, weak_history])
+    view = driver.view
+    assert drafter.strong(view, 0) and not drafter.strong(view, 1)
     greedy = DraftSampling(torch.zeros(2), [None, None])
-    prop = drafter.propose([0, 1], 4, greedy)
-    corpus_prop = drafter.corpus.propose([0, 1], 4, greedy)
-    neural_prop = drafter.neural.propose([0, 1], 4, greedy)
+    prop = driver.propose([0, 1], 4, greedy)
+    corpus_prop = drafter.corpus.propose(view, [0, 1], 4, greedy)
+    neural_prop = drafter.neural.propose(view, [0, 1], 4, greedy)
     n0, n1 = int(prop.num_tokens[0]), int(prop.num_tokens[1])
     assert prop.tokens[0, :n0].tolist() == corpus_prop.tokens[0, :n0].tolist() and n0 == int(corpus_prop.num_tokens[0])
     assert prop.tokens[1, :n1].tolist() == neural_prop.tokens[1, :n1].tolist() and n1 >= 1
     # every row strong: the neural draft is never asked
     calls = []
     drafter.neural.propose = lambda *a, **k: calls.append(a)
-    drafter.propose([0], 4, DraftSampling(torch.zeros(1), [None]))
+    driver.propose([0], 4, DraftSampling(torch.zeros(1), [None]))
     assert calls == [] and drafter.rows_drafted["corpus"] >= 2
 
 

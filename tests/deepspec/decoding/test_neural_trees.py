@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.neural import TreeShape
 from deepspec.decoding.engine import SpecEngine
@@ -17,15 +18,14 @@ from plugins.reference.tree import tree_accept
 from tests.deepspec.decoding.test_trained_drafters import ALGOS, PROMPTS, _drafter, target  # noqa: E402, F401
 
 
-def _bound(target, algo, tmp_path, slots=2, **kw):
+def _bound(target, algo, tmp_path, slots=2, **kw) -> DraftDriver:
+    """A bound drafter driven as the engine drives it: slot s holds 1, 2 + s, 3, 4 with random features."""
     drafter = _drafter(target, algo, tmp_path, **kw)
-    drafter.bind(target, slots, 64)
+    driver = DraftDriver(drafter, num_slots=slots, max_tokens=64, target=target)
     torch.manual_seed(1)
     for s in range(slots):
-        drafter.reset(s, 1)
-        drafter.extend([s], torch.tensor([[2 + s, 3, 4]]), torch.tensor([3]),
-                       torch.randn(1, 3, drafter.cfg.feature_size))
-    return drafter
+        driver.start(s, [1, 2 + s, 3, 4], torch.randn(1, 3, drafter.cfg.feature_size))
+    return driver
 
 
 def _check_tree(prop, k):
@@ -57,13 +57,13 @@ def _check_tree(prop, k):
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_greedy_tree_shape_parents_and_survival(target, algo, tmp_path):
-    drafter = _bound(target, algo, tmp_path, tree_branches=3, confidence_threshold=0.0) if algo == "dspark" \
+    driver = _bound(target, algo, tmp_path, tree_branches=3, confidence_threshold=0.0) if algo == "dspark" \
         else _bound(target, algo, tmp_path, tree_branches=3)
-    prop = drafter.propose([0, 1], 10, DraftSampling(torch.tensor([0.0, 0.0]), [None, None]))
+    prop = driver.propose([0, 1], 10, DraftSampling(torch.tensor([0.0, 0.0]), [None, None]))
     assert prop.is_tree and prop.probs is None
     _check_tree(prop, 10)
     assert prop.num_tokens.tolist() == [10, 10]
-    assert bool(torch.isin(prop.tokens, drafter.model.d2t).all())
+    assert bool(torch.isin(prop.tokens, driver.drafter.model.d2t).all())
     # siblings differ, and a branching of 3 gives the root 3 children
     for b in range(2):
         parents = prop.parents[b].tolist()
@@ -89,9 +89,10 @@ def test_greedy_tree_first_children_follow_the_draft_argmax(target, algo, tmp_pa
 def test_eagle3_tree_attention_matches_a_chain_fed_the_same_path(target, tmp_path):
     """Every expanded node's first child must be the argmax after feeding its root path as a chain: the node's
     cache entry, RoPE position and ancestor mask are right (a sibling leaking into the mask changes it)."""
-    drafter = _bound(target, "eagle3", tmp_path, tree_branches=3, tree_depth=4)
+    driver = _bound(target, "eagle3", tmp_path, tree_branches=3, tree_depth=4)
+    drafter = driver.drafter
     cache = (drafter.cache_k.clone(), drafter.cache_v.clone())
-    prop = drafter.propose([0, 1], 16, DraftSampling(torch.tensor([0.0, 0.0]), [None, None]))
+    prop = driver.propose([0, 1], 16, DraftSampling(torch.tensor([0.0, 0.0]), [None, None]))
     model = drafter.model
     checked = 0
     for b in range(2):
@@ -119,9 +120,9 @@ def test_eagle3_tree_attention_matches_a_chain_fed_the_same_path(target, tmp_pat
 @pytest.mark.parametrize("algo", ALGOS)
 def test_sampled_tree_carries_q_on_drawn_nodes_only(target, algo, tmp_path):
     kw = {"confidence_threshold": 0.0} if algo == "dspark" else {}
-    drafter = _bound(target, algo, tmp_path, tree_branches=3, **kw)
+    driver = _bound(target, algo, tmp_path, tree_branches=3, **kw)
     sampling = DraftSampling(torch.tensor([1.0, 0.0]), [torch.Generator().manual_seed(0), None])
-    prop = drafter.propose([0, 1], 10, sampling)
+    prop = driver.propose([0, 1], 10, sampling)
     _check_tree(prop, 10)
     V = target.vocab_size
     assert prop.probs.shape == (2, 10, V)
@@ -152,16 +153,16 @@ def test_greedy_tree_output_identical_to_target_only(target, algo, tmp_path):
     assert all(r.num_draft_tokens > 0 for r in spec)
 
 
-def _first_token_counts(drafter, target_logits, rounds: int, rows: int, honest: bool) -> torch.Tensor:
-    """Run tree_accept on fresh draws of the drafter's sampled tree (`rows` slots holding the same context, so one
-    call draws `rows` independent trees); count the first committed token. Dishonest: the chosen (top-k) siblings
+def _first_token_counts(driver, target_logits, rounds: int, rows: int, honest: bool) -> torch.Tensor:
+    """Run tree_accept on fresh draws of the driven drafter's sampled tree (`rows` slots holding the same context, so
+    one call draws `rows` independent trees); count the first committed token. Dishonest: the chosen (top-k) siblings
     claim the q their drawn sibling came from, as if they had been sampled."""
     V = target_logits.shape[-1]
     counts = torch.zeros(V)
     slots = list(range(rows))
     gens = [torch.Generator().manual_seed(10_000 + r) for r in slots]
     for t in range(rounds):
-        prop = drafter.propose(slots, 6, DraftSampling(torch.ones(rows), gens))
+        prop = driver.propose(slots, 6, DraftSampling(torch.ones(rows), gens))
         n = prop.num_tokens
         tokens = torch.cat([torch.zeros(rows, 1, dtype=torch.long), prop.tokens], dim=1)
         parents = torch.cat([torch.full((rows, 1), -1), torch.where(prop.parents < 0, 0, prop.parents + 1)], 1)
@@ -186,15 +187,14 @@ def test_sampled_neural_tree_is_lossless_chi_square(target, tmp_path):
     target's distribution; siblings chosen by top-k that claim their drawn sibling's q are caught."""
     rows = 500
     drafter = _drafter(target, "dflash", tmp_path, tree_branches=3)
-    drafter.bind(target, rows, 64)
+    driver = DraftDriver(drafter, num_slots=rows, max_tokens=64, target=target)
     block = drafter._block_hidden
     # an untrained draft is nearly uniform; sharpen it so q differs from one-hot and from the target alike
     drafter._block_hidden = lambda slots: (lambda h, u: (h, 4.0 * u))(*block(slots))
     features = torch.randn(1, 3, drafter.cfg.feature_size, generator=torch.Generator().manual_seed(1))
     for s in range(rows):
-        drafter.reset(s, 1)
-    drafter.extend(list(range(rows)), torch.tensor([[2, 3, 4]]).expand(rows, -1), torch.full((rows,), 3),
-                   features.expand(rows, -1, -1))
+        driver.start(s, [1])  # reset only: the prompt's other tokens come in one batched commit, as before
+    driver.commit(list(range(rows)), [[2, 3, 4]] * rows, features.expand(rows, -1, -1))
     V = target.vocab_size
     target_logits = torch.randn(1, 7, V, generator=torch.Generator().manual_seed(2)) * 1.5
     p = torch.softmax(target_logits[0, 0], -1)
@@ -210,8 +210,8 @@ def test_sampled_neural_tree_is_lossless_chi_square(target, tmp_path):
         wanted = torch.cat([expected[keep], expected[~keep].sum()[None]])
         return float(((observed - wanted) ** 2 / wanted.clamp(min=1e-9)).sum())
 
-    assert chi2(_first_token_counts(drafter, target_logits, rounds, rows, honest=True)) < critical
-    assert chi2(_first_token_counts(drafter, target_logits, rounds, rows, honest=False)) > critical
+    assert chi2(_first_token_counts(driver, target_logits, rounds, rows, honest=True)) < critical
+    assert chi2(_first_token_counts(driver, target_logits, rounds, rows, honest=False)) > critical
 
 
 def test_tree_options_are_checked(target, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
@@ -49,9 +50,9 @@ def test_sampling_is_seeded_and_returns_exact_probs(target, algo, tmp_path):
     b = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     drafter = engine.drafter
-    drafter.reset(0, 1)
-    drafter.extend([0], torch.tensor([[2, 3]]), torch.tensor([2]), torch.randn(1, 2, drafter.cfg.feature_size))
-    prop = drafter.propose([0], 4, DraftSampling(torch.tensor([1.0]), [torch.Generator().manual_seed(0)]))
+    driver = DraftDriver(drafter, num_slots=4, max_tokens=128)  # the engine has bound it
+    driver.start(0, [1, 2, 3], torch.randn(1, 2, drafter.cfg.feature_size))
+    prop = driver.propose([0], 4, DraftSampling(torch.tensor([1.0]), [torch.Generator().manual_seed(0)]))
     n = int(prop.num_tokens[0])
     assert prop.probs.shape == (1, 4, target.vocab_size) and n >= 1
     assert torch.allclose(prop.probs[0, :n].sum(-1), torch.ones(n))
@@ -64,10 +65,9 @@ def test_dspark_truncates_on_low_confidence(target, tmp_path):
     drafter = _drafter(target, "dspark", tmp_path, confidence_threshold=0.99)
     with torch.no_grad():
         drafter.model.confidence.bias.fill_(-5.0)  # c ≈ 0.007 everywhere: only the first slot survives
-    drafter.bind(target, 2, 64)
-    drafter.reset(0, 1)
-    drafter.extend([0], torch.tensor([[2, 3]]), torch.tensor([2]), torch.randn(1, 2, drafter.cfg.feature_size))
-    prop = drafter.propose([0], 4, DraftSampling(torch.tensor([0.0]), [None]))
+    driver = DraftDriver(drafter, num_slots=2, max_tokens=64, target=target)
+    driver.start(0, [1, 2, 3], torch.randn(1, 2, drafter.cfg.feature_size))
+    prop = driver.propose([0], 4, DraftSampling(torch.tensor([0.0]), [None]))
     assert prop.num_tokens.tolist() == [1]
 
 
@@ -78,12 +78,13 @@ def test_dspark_truncation_uses_the_calibrated_slot_temperatures(target, tmp_pat
     with torch.no_grad():
         drafter.model.confidence.weight.zero_()
         drafter.model.confidence.bias.fill_(1.0)
-    drafter.bind(target, 2, 64)
+    driver = DraftDriver(drafter, num_slots=2, max_tokens=64, target=target)
 
     def num_proposed() -> int:
-        drafter.reset(0, 1)
-        drafter.extend([0], torch.tensor([[2, 3]]), torch.tensor([2]), torch.randn(1, 2, drafter.cfg.feature_size))
-        return int(drafter.propose([0], 4, DraftSampling(torch.tensor([0.0]), [None])).num_tokens[0])
+        driver.start(0, [1, 2, 3], torch.randn(1, 2, drafter.cfg.feature_size))
+        num = int(driver.propose([0], 4, DraftSampling(torch.tensor([0.0]), [None])).num_tokens[0])
+        driver.release(0)
+        return num
 
     assert num_proposed() == 2  # survival 0.73, 0.53, 0.39
     drafter.model.cfg.confidence_temperature = (8.0, 1.0, 1.0, 1.0)
