@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from deepspec.decoding.draft_driver import DraftDriver
 from training.data import DataStats, Sequence, load_sequences
 
 
@@ -53,12 +53,11 @@ def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: f
             if start == 0:
                 continue  # nothing to draft from
             context = sequence.input_ids[:start]
-            drafter.reset(0, context[0])
-            if len(context) > 1:
-                drafter.extend([0], torch.tensor([context[1:]]), torch.tensor([len(context) - 1]), None)
+            replay = DraftDriver(drafter, num_slots=1, max_tokens=len(context) + len(answer) + 1)
+            replay.start(0, list(context))
             position = 0
             while position < len(answer):
-                draft, source = drafter.draft(0, k)
+                draft, source = drafter.draft(replay.view, 0, k)
                 num_accepted = 0
                 while (num_accepted < len(draft) and position + num_accepted < len(answer)
                        and draft[num_accepted] == answer[position + num_accepted]):
@@ -67,9 +66,8 @@ def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: f
                     reached.setdefault(source, np.zeros(k))[: min(num_accepted + 1, len(draft))] += 1
                     accepted.setdefault(source, np.zeros(k))[:num_accepted] += 1
                 committed = answer[position : position + num_accepted + 1]
-                drafter.extend([0], torch.tensor([committed]), torch.tensor([len(committed)]), None)
+                replay.commit([0], [committed])
                 position += len(committed)
-    drafter.release(0)
     return {source: ((accepted[source] + prior * prior_weight) / (reached[source] + prior_weight)).round(4).tolist()
             for source in sorted(reached)}
 
@@ -95,12 +93,11 @@ def measure_node_acceptance(drafter, sequences: list[Sequence], k: int, prior_we
     reached: dict[str, np.ndarray] = {}
     accepted: dict[str, np.ndarray] = {}
     for context, answer in _replay(sequences):
-        drafter.reset(0, context[0])
-        if len(context) > 1:
-            drafter.extend([0], torch.tensor([context[1:]]), torch.tensor([len(context) - 1]), None)
+        replay = DraftDriver(drafter, num_slots=1, max_tokens=len(context) + len(answer) + 1)
+        replay.start(0, list(context))
         position = 0
         while position < len(answer):
-            tree = drafter.draft_tree(0, k)
+            tree = drafter.draft_tree(replay.view, 0, k)
             accepted_nodes = {-1}  # the root, then every accepted node (siblings hold distinct tokens: one path)
             for i, node in enumerate(tree.nodes):
                 if node.parent not in accepted_nodes:
@@ -117,9 +114,8 @@ def measure_node_acceptance(drafter, sequences: list[Sequence], k: int, prior_we
                     accepted_nodes.add(i)
             path = accepted_nodes
             committed = answer[position : position + len(path)]
-            drafter.extend([0], torch.tensor([committed]), torch.tensor([len(committed)]), None)
+            replay.commit([0], [committed])
             position += len(committed)
-    drafter.release(0)
     centers = (np.arange(FREQ_BINS) + 0.5) / FREQ_BINS
     return {key: np.maximum.accumulate((accepted[key] + prior_weight * centers) / (reached[key] + prior_weight),
                                        axis=-1).round(4).tolist()

@@ -1,21 +1,25 @@
 """The drafter contract: how any draft (prompt lookup, Eagle3, DFlash, DSpark, ...) plugs into the engine.
 
 A drafter guesses the tokens that follow each sequence's last committed token; the engine verifies them with
-one target pass. The drafter keeps its own per-slot state (history, small KV cache) and is told, through
-`extend`, exactly which tokens became committed and the target features that produced them, so the engine
-never needs to know what kind of draft it drives.
+one target pass. The engine owns every sequence's committed tokens (deepspec/decoding/batch_state.py) and hands
+each `propose` call a read-only `BatchView` of them, so a drafter that only reads tokens (prompt lookup, corpus
+lookup) keeps no per-slot state and is never told when sequences start, move or end:
 
-Lifecycle of one sequence in slot s:
+    propose(view, [s, ...], k, sampling)   # -> Proposal(tokens [B, k], num_tokens [B], probs | None)
+
+A drafter with a KV cache of its own (the neural drafts) is a `KVDrafter`: it also hears, through `commit`,
+exactly which tokens became committed and the target features that produced them, and it moves its cache rows
+when the engine compacts its slots. Lifecycle of one sequence in slot s, for a KVDrafter:
 
     reset(s, first_token)                       # new sequence; first_token = prompt[0]
-    extend([s], prompt[1:] + [y0], features)    # after prefill: y0 is the target's first generated token
+    commit([s], prompt[1:] + [y0], features)    # after prefill: y0 is the target's first generated token
     loop:
-        propose([s, ...], k, sampling)          # -> Proposal(tokens [B, k], num_tokens [B], probs | None)
-        extend([s, ...], committed, features)   # accepted drafts + the target's own next token
+        propose(view, [s, ...], k, sampling)
+        commit([s, ...], committed, features)   # accepted drafts + the target's own next token
     release(s)
 
 The engine keeps running sequences in slots 0..n-1 so that a batched forward reads its caches as views; when a
-sequence leaves, the last one is moved into the hole and the drafter hears `move_slot(src, dst)`.
+sequence leaves, the last one is moved into the hole and a KVDrafter hears `move_slot(src, dst)`.
 
 `features[b, j]` is the target's feature vector (the concatenated outputs of `feature_layers`) at the position
 just *before* `tokens[b, j]`, i.e. the hidden state whose logits predicted that token. Eagle3 pairs them exactly
@@ -26,7 +30,7 @@ Chains and trees. A proposal is a token tree: `tokens[b, i]` is node i, and `par
 topological order). `parents=None` is the chain `[-1, 0, 1, ...]`, what every drafter proposed before trees. The
 target scores all nodes in one forward with tree attention (each node sees the committed context and its own
 ancestors; its position is the committed length + its depth), the longest accepted root-to-leaf path is
-committed, and the drafter hears it through `extend` exactly as for a chain. Siblings are tried in index order,
+committed, and the engine records it (and a KVDrafter hears it through `commit`) exactly as for a chain. Siblings are tried in index order,
 so put the likelier child first. `k` in `propose` is the node budget per row: a chain spends it on depth, a tree
 spreads it over branches. A target that cannot run tree attention gets the chain of first children.
 
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
+from deepspec.decoding.batch_state import BatchView
 from deepspec.models.target import Target
 
 
@@ -112,14 +117,24 @@ class Drafter(ABC):
     name: str = "drafter"
 
     def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
-        """Allocate per-slot state once, before the first request (called by the engine)."""
+        """Allocate what the drafter needs once, before the first request (called by the engine)."""
+
+    @abstractmethod
+    def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        """Guess up to k tokens (a chain, or a tree of k nodes) that follow each slot's last committed token;
+        `view` holds every slot's committed tokens (read-only)."""
+
+
+class KVDrafter(Drafter):
+    """A drafter with per-slot state of its own (a draft KV cache, indexed by engine slot): it hears every commit
+    with the target features before each token, and every slot move."""
 
     @abstractmethod
     def reset(self, slot: int, first_token: int) -> None:
         """Start a new sequence in `slot` whose first token is `first_token` (prompt[0])."""
 
     @abstractmethod
-    def extend(
+    def commit(
         self,
         slots: list[int],
         tokens: torch.Tensor,  # [B, m] newly committed tokens, right-padded
@@ -127,10 +142,6 @@ class Drafter(ABC):
         features: torch.Tensor | None,  # [B, m, F] target features before each token, or None
     ) -> None:
         """Record committed tokens (and the target features that predicted them)."""
-
-    @abstractmethod
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
-        """Guess up to k tokens (a chain, or a tree of k nodes) that follow each slot's last committed token."""
 
     @abstractmethod
     def move_slot(self, src: int, dst: int) -> None:

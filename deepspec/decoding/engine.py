@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from deepspec.decoding.batch_state import BatchState, new_sequence_id
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, Proposal
 from deepspec.decoding.logprobs import TokenLogprob, scored_logits, token_logprobs
 from deepspec.decoding.phases import PhaseTimer, untimed
 from deepspec.decoding.params import AcceptanceStats, GenerationResult, SamplingParams, StepOutput
@@ -68,6 +69,8 @@ class _Sequence:
     params: SamplingParams
     prompt: list[int]
     slot: int
+    #: names the sequence in the engine's batch state for as long as it runs (batch_state.BatchView.sequence_id)
+    sequence_id: int
     #: draws on the host: the first token, each verify step's seeds, each round's draft seed
     generator: torch.Generator
     #: the drafts' draws, reseeded every round (`_draft_sampling`): on the host, and on the target's device
@@ -132,6 +135,11 @@ class SpecEngine:
         self.cache = target.new_cache(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1)
         if drafter is not None:
             drafter.bind(target, max_batch_size, self.max_seq_len)
+        #: every slot's committed tokens and sampling parameters, the one record drafters read (batch_state.py)
+        self.batch_state = BatchState(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 2,
+                                      target.device)
+        #: the drafter's commit and slot-move hooks, for drafters with state of their own (None = it reads the view)
+        self._kv_drafter = drafter if isinstance(drafter, KVDrafter) else None
         #: verify-pass cost model of the verification budget (None = verify every capped draft); drafters that do
         #: not estimate their survival are budgeted on each sequence's own acceptance record
         self.step_time: StepTimeModel | None = None
@@ -199,6 +207,7 @@ class SpecEngine:
             params=params,
             prompt=prompt,
             slot=len(self._running),
+            sequence_id=new_sequence_id(),
             generator=generator,
             draft_generator=draft_generator,
             draft_device_generator=draft_generator if device.type == "cpu" else torch.Generator(device=device),
@@ -213,6 +222,7 @@ class SpecEngine:
             self._forks.setdefault(parent.request_id, []).append(seq)
         else:
             self._running.append(seq)
+            self.batch_state.admit(seq.slot, seq.sequence_id, params)
         self._by_id[request_id] = seq
 
     def _fork_parent(self, parent_id: str, prompt: list[int]) -> _Sequence:
@@ -382,6 +392,7 @@ class SpecEngine:
         for src in range(len(self._running) - 2, at - 1, -1):
             self._move(src, src + 1)
         self._running[at], fork.slot = fork, at
+        self.batch_state.admit(at, fork.sequence_id, fork.params)
         n = len(parent.prompt)
         self.cache.move_slot(parent.slot, fork.slot, n)
         fork.prefill_pos = fork.cache_len = n
@@ -400,10 +411,11 @@ class SpecEngine:
                                             seq.params.logprobs)
         n = len(seq.prompt)
         seq.prefilled, seq.pending = True, first
-        if self.drafter is not None:
-            self.drafter.reset(seq.slot, seq.prompt[0])
-            self.drafter.extend([seq.slot], torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long),
-                                torch.tensor([n]), feats)
+        self.batch_state.append(seq.slot, seq.prompt + [first])
+        if self._kv_drafter is not None:
+            self._kv_drafter.reset(seq.slot, seq.prompt[0])
+            self._kv_drafter.commit([seq.slot], torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long),
+                                    torch.tensor([n]), feats)
         if seq.params.max_tokens == 0:  # prompt scoring only: nothing is generated
             seq.finish_reason = "length"
         out = self._commit(seq, [first] if seq.params.max_tokens else [], first_logprobs)
@@ -436,7 +448,7 @@ class SpecEngine:
                 seq.draft_generator.manual_seed(seed)
                 if seq.draft_device_generator is not seq.draft_generator:
                     seq.draft_device_generator.manual_seed(seed)
-        return DraftSampling(torch.tensor([s.params.temperature for s in self._batch]),
+        return DraftSampling(self.batch_state.host_temperature(len(self._batch)),
                              [s.draft_generator for s in self._batch],
                              [s.draft_device_generator for s in self._batch])
 
@@ -454,7 +466,7 @@ class SpecEngine:
         with self._phase("draft"):
             sampling = self._draft_sampling() if self.drafter is not None else None
             if sampling is not None and max(caps) > 0:
-                proposal = self.drafter.propose(slots, max(caps), sampling)
+                proposal = self.drafter.propose(self.batch_state.view, slots, max(caps), sampling)
                 if proposal.is_tree and not self.tree_attention:
                     proposal = first_children(proposal)
         if proposal is not None and proposal.is_tree:
@@ -492,9 +504,7 @@ class SpecEngine:
 
         # every row in one batched op (torch.ops.deepspec.*): greedy rows get exactly the target's argmax
         with self._phase("verify"):
-            sampling = None
-            if not all(s.params.greedy for s in seqs):
-                sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], logits.device)
+            sampling = self._row_sampling()
             num_accepted, next_token = verify(draft_tokens, num_drafts, logits, draft_probs, sampling)
             # the round's one device-to-host read: how many drafts each row accepted, its next token, its drafts
             result = torch.cat([num_accepted[:, None], next_token[:, None],
@@ -505,6 +515,16 @@ class SpecEngine:
         with self._phase("logprobs"):
             logprobs = self._emitted_logprobs(logits, [list(range(len(c))) for c in committed], committed)
         return self._finish_round(committed, accepted, num_list, [None] * B, out.features, logprobs)
+
+    def _row_sampling(self) -> RowSampling | None:
+        """The verify step's per-row sampling: the batch state's parameter tensors (already on the target's
+        device) and one fresh seed per row from its request's generator; None when every row is greedy."""
+        seqs = self._batch
+        if all(s.params.greedy for s in seqs):
+            return None
+        seeds = [int(torch.randint(2**62, (1,), generator=s.generator)) for s in seqs]
+        return RowSampling(*self.batch_state.sampling_params(len(seqs)),
+                           torch.tensor(seeds, dtype=torch.int64, device=self.target.device))
 
     def _budget_depth(self, proposal: Proposal, num_drafts: torch.Tensor) -> int:
         """The chain depth the verification budget pays for (verify_budget.best_depth), on the proposal's own
@@ -547,9 +567,7 @@ class SpecEngine:
                                       feature_layers=self.feature_layers, logits="all",
                                       max_start=max(s.cache_len for s in seqs),
                                       tree_parents=tree_parents if k else None)  # host parents: checked free
-        sampling = None
-        if not all(s.params.greedy for s in seqs):
-            sampling = RowSampling.draw([s.params for s in seqs], [s.generator for s in seqs], out.logits.device)
+        sampling = self._row_sampling()
         q = None
         if proposal.probs is not None and k:
             probs = proposal.probs[:, :k].to(out.logits.device)
@@ -663,6 +681,7 @@ class SpecEngine:
                 out_i.num_verify_tokens = 1 + num_drafts[i]
                 results.append(out_i)
                 if not seq.finish_reason:
+                    self.batch_state.append(i, committed[i])
                     extend_rows.append(i)
                     committed_rows.append(committed[i])
         with self._phase("draft_update"):
@@ -671,13 +690,14 @@ class SpecEngine:
 
     def _tell_drafter(self, extend_rows: list[int], committed_rows: list[list[int]],
                       features: torch.Tensor | None) -> None:
-        """The drafter hears each still-running row's committed tokens and the features before each one."""
-        if self.drafter is not None and extend_rows:
+        """A drafter with state of its own hears each still-running row's committed tokens and the features before
+        each one (the others read them from the batch state)."""
+        if self._kv_drafter is not None and extend_rows:
             width = max(len(c) for c in committed_rows)
             tokens = torch.tensor([c + [0] * (width - len(c)) for c in committed_rows], dtype=torch.long)
             num = torch.tensor([len(c) for c in committed_rows])
             feats = features[torch.tensor(extend_rows), :width] if features is not None else None
-            self.drafter.extend(extend_rows, tokens, num, feats)
+            self._kv_drafter.commit(extend_rows, tokens, num, feats)
 
     def _probe_step_time(self) -> StepTimeModel:
         """Time verify-shaped passes of 1 .. max_verify_tokens tokens on slot 0 while no request runs yet (what
@@ -753,9 +773,10 @@ class SpecEngine:
         every waiting one: a hole among the prefilled rows takes the last prefilled row, and that row's slot the
         last waiting one."""
         for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
-            if self.drafter is not None and seq.prefilled:
-                self.drafter.release(seq.slot)
+            if self._kv_drafter is not None and seq.prefilled:
+                self._kv_drafter.release(seq.slot)
             hole = seq.slot
+            self.batch_state.clear(hole)
             last_prefilled = self._num_decoding() - 1
             if seq.prefilled and hole != last_prefilled:
                 self._move(last_prefilled, hole)
@@ -767,6 +788,7 @@ class SpecEngine:
             for fork in self._forks.pop(seq.request_id, []):  # an aborted parent: its forks prefill on their own
                 fork.slot = len(self._running)
                 self._running.append(fork)
+                self.batch_state.admit(fork.slot, fork.sequence_id, fork.params)
 
     def _forget(self, seq: _Sequence) -> None:
         del self._by_id[seq.request_id]
@@ -774,11 +796,13 @@ class SpecEngine:
             self._finished[seq.request_id] = seq
 
     def _move(self, src: int, dst: int) -> None:
-        """The sequence in slot src moves to the free slot dst: its KV entries, its drafter state, its index."""
+        """The sequence in slot src moves to the free slot dst: its KV entries, its batch state, its drafter
+        state, its index."""
         moved = self._running[src]
         self.cache.move_slot(src, dst, moved.cache_len)
-        if self.drafter is not None and moved.prefilled:
-            self.drafter.move_slot(src, dst)
+        self.batch_state.move(src, dst)
+        if self._kv_drafter is not None and moved.prefilled:
+            self._kv_drafter.move_slot(src, dst)
         moved.slot = dst
         self._running[dst] = moved
 

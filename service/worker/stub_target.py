@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, KVDrafter, Proposal
 from deepspec.models.arch import ArchSpec
 from deepspec.models.decoder import DecoderOutput
 from deepspec.models.target import TargetEmbeddings
@@ -131,7 +131,7 @@ class StubTarget:
         return tuple(range(min(count, self.spec.num_layers)))
 
 
-class StubDrafter(Drafter):
+class StubDrafter(KVDrafter):
     """The stub target's continuation with its first wrong token at depth `round % (k + 1)` (k = no wrong one)."""
 
     name = "stub"
@@ -144,12 +144,12 @@ class StubDrafter(Drafter):
         self._match[slot] = _advance(0, first_token)
         self._rounds[slot] = 0
 
-    def extend(self, slots, tokens, num_tokens, features) -> None:
+    def commit(self, slots, tokens, num_tokens, features) -> None:
         for row, slot in enumerate(slots):
             for token in tokens[row, : int(num_tokens[row])].tolist():
                 self._match[slot] = _advance(self._match[slot], token)
 
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def propose(self, view, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         tokens = torch.empty(len(slots), k, dtype=torch.long)
         for row, slot in enumerate(slots):
             m, wrong_at = self._match[slot], self._rounds[slot] % (k + 1)

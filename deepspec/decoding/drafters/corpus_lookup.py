@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deepspec.decoding.batch_state import BatchView
 from deepspec.decoding.drafter import DraftSampling, Proposal
 from deepspec.decoding.drafters.corpus_tree import (PROMPT_LOOKUP_SOURCE, NodeAcceptance, TreeBuilder,
                                                     corpus_source)
@@ -75,35 +76,37 @@ class CorpusLookupDrafter(PromptLookupDrafter):
     def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
         self.vocab_size = target.vocab_size
 
-    def draft(self, slot: int, k: int) -> tuple[list[int], str]:
+    def draft(self, view: BatchView, slot: int, k: int) -> tuple[list[int], str]:
         """Up to k tokens for one sequence and where they came from (PROMPT_LOOKUP_SOURCE or corpus_source(m))."""
-        history = self._slots[slot]
         # in-context matches first: measured better than taking whichever match is longer
-        tokens = history.propose(k)
+        tokens = self.lookup(view, slot, k)
         if tokens:
             return tokens, PROMPT_LOOKUP_SOURCE
-        matched, positions = self.index.longest_match(history.tokens)
+        matched, positions = self.index.longest_match(self._context(view, slot))
         if matched < self.min_corpus_match:
             return [], corpus_source(matched)
         return self.index.continuation(positions, k)[0], corpus_source(matched)
 
-    def draft_tree(self, slot: int, k: int, sampled: bool = False,
+    def draft_tree(self, view: BatchView, slot: int, k: int, sampled: bool = False,
                    generator: torch.Generator | None = None) -> TreeBuilder:
         """A tree of up to k nodes for one sequence (corpus_tree.TreeBuilder, nodes in topological order)."""
-        history = self._slots[slot]
-        levels = self.index.matches(history.tokens, self.min_corpus_match)[: 1 + self.max_fallbacks]
+        levels = self.index.matches(self._context(view, slot), self.min_corpus_match)[: 1 + self.max_fallbacks]
         builder = TreeBuilder(self.index, self.acceptance, k, sampled=sampled, generator=generator,
                               min_freq=self.min_freq)
-        return builder.build(history.propose(k), levels)
+        return builder.build(self.lookup(view, slot, k), levels)
 
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _context(self, view: BatchView, slot: int) -> list[int]:
+        """The sequence's last tokens, as many as a corpus match can use."""
+        return view.tokens(slot)[-self.index.max_match :].tolist()
+
+    def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         if self.tree:
-            return self._propose_trees(slots, k, sampling)
+            return self._propose_trees(view, slots, k, sampling)
         tokens = torch.zeros(len(slots), k, dtype=torch.long)
         num_tokens = torch.zeros(len(slots), dtype=torch.long)
         survival = torch.zeros(len(slots), k) if self.slot_acceptance else None
         for row, slot in enumerate(slots):
-            draft, source = self.draft(slot, k)
+            draft, source = self.draft(view, slot, k)
             if not draft:
                 continue
             tokens[row, : len(draft)] = torch.tensor(draft)
@@ -116,7 +119,7 @@ class CorpusLookupDrafter(PromptLookupDrafter):
                     survival[row, : len(draft)] = torch.tensor(rates[: len(draft)]).cumprod(0)
         return Proposal(tokens, num_tokens, None, survival)
 
-    def _propose_trees(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_trees(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         B = len(slots)
         tokens = torch.zeros(B, k, dtype=torch.long)
         parents = torch.full((B, k), -1, dtype=torch.long)
@@ -125,7 +128,7 @@ class CorpusLookupDrafter(PromptLookupDrafter):
         trees = []
         for row, slot in enumerate(slots):
             sampled = self.sampled and float(sampling.temperature[row]) > 0
-            tree = self.draft_tree(slot, k, sampled, sampling.generators[row] if sampled else None)
+            tree = self.draft_tree(view, slot, k, sampled, sampling.generators[row] if sampled else None)
             n = len(tree.nodes)
             num_tokens[row] = n
             if n:

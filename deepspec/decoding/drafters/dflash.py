@@ -2,7 +2,7 @@
 
 Per slot the drafter caches each draft layer's k/v of the context C = norm(fc(F)) at positions 0..a-1 (a = the
 anchor's position = number of committed tokens minus one); the anchor is the last committed token. Nothing is
-speculative in that cache, so there is nothing to roll back: `extend` just appends.
+speculative in that cache, so there is nothing to roll back: `commit` just appends.
 
 With `tree_branches` set, the same one forward also yields a token tree (neural.grow_tree): each slot's top tokens
 become the children of every expanded node of the depth before.
@@ -30,7 +30,7 @@ class DFlashDrafter(NeuralDrafter):
         self.ctx_len[slot] = 0
         self.anchor[slot] = first_token
 
-    def _extend(self, slots, tokens, num_tokens, features) -> None:
+    def _commit(self, slots, tokens, num_tokens, features) -> None:
         k0 = self.caches[0][0]
         device = k0.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)

@@ -1,7 +1,7 @@
 """Eagle3 drafting: a chain of γ single-token draft steps against the draft's own per-slot KV cache.
 
 The cache holds one entry per committed pair (F[p-1], x[p]) at position p-1. `propose` drafts from the last
-committed pair's output; its speculative entries are simply overwritten when `extend` re-feeds the committed
+committed pair's output; its speculative entries are simply overwritten when `commit` re-feeds the committed
 tokens with the *target's* features from the verify pass (crop to the committed length + re-extend).
 
 With `tree_branches` set it proposes EAGLE-2's dynamic tree instead (`_propose_tree`, neural.grow_tree): one
@@ -43,7 +43,7 @@ class Eagle3Drafter(NeuralDrafter):
         self.length[slot] = 0
         self.has_pair[slot] = False
 
-    def _extend(self, slots, tokens, num_tokens, features) -> None:
+    def _commit(self, slots, tokens, num_tokens, features) -> None:
         device = self.last_h.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)
         m = tokens.shape[1]
@@ -82,7 +82,7 @@ class Eagle3Drafter(NeuralDrafter):
         """EAGLE-2's tree: each depth feeds its `width` expanded nodes in one forward. Node j of depth d pairs its
         parent's output h with its token at RoPE position length + d - 1 (where a chain would put it), is written
         to its own cache entry past the committed ones (length + (d-1)·width + j) and sees the committed entries,
-        its ancestors' and its own. `extend` overwrites those entries as it does a chain's."""
+        its ancestors' and its own. `commit` overwrites those entries as it does a chain's."""
         device = self.last_h.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)
         longest = int(self.length[slots].max())  # the lengths live on the host: no device read per depth

@@ -9,8 +9,9 @@ tokens) takes the corpus proposal; the other rows take the neural one. The defau
 measured (2 prompts per eval set, greedy and temperature 1): it beat corpus lookup alone on two of the three sets in
 both modes of sampling. At 3 matched tokens the corpus's first-slot acceptance (0.56) already passes the shipped
 neural drafts' (~0.3), so 3 is the next value to measure.
-When every row is strong the neural draft's propose is skipped entirely (it still hears every `extend`, so its
-own state stays current).
+When every row is strong the neural draft's propose is skipped entirely (it still hears every `commit`, so its
+own state stays current). The corpus part reads the engine's batch state like any token-reading drafter; only the
+neural part, which keeps a KV cache, hears commits and slot moves.
 
 `mode="merge"` instead joins both proposals under one root for greedy rows of weak matches: the node budget
 goes to the nodes of either tree with the highest survival, equal sibling tokens merged (tree.merge_trees, the
@@ -34,7 +35,8 @@ from typing import Callable
 
 import torch
 
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.batch_state import BatchView
+from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, Proposal
 from deepspec.decoding.tree import chain_parents, live_nodes, merge_trees
 from deepspec.models.target import Target
 
@@ -47,11 +49,12 @@ MODES = ("switch", "merge")
 DEFAULT_MIN_MATCH = 4
 
 
-class HybridDrafter(Drafter):
+class HybridDrafter(KVDrafter):
     name = ALGO
 
     def __init__(self, corpus: Drafter, neural: Drafter, min_match: int = DEFAULT_MIN_MATCH, mode: str = "switch"):
-        """corpus: a drafter with `draft(slot, k) -> (tokens, source)` (CorpusLookupDrafter); neural: any drafter."""
+        """corpus: a drafter with `draft(view, slot, k) -> (tokens, source)` (CorpusLookupDrafter); neural: any
+        drafter (its commit hooks are forwarded when it is a KVDrafter)."""
         if mode not in MODES:
             raise ValueError(f"hybrid mode must be one of {MODES}, got '{mode}'")
         if min_match < 1:
@@ -74,27 +77,28 @@ class HybridDrafter(Drafter):
         self.neural.bind(target, max_batch_size, max_seq_len)
         self.vocab_size = target.vocab_size
 
+    # the commit hooks reach the neural part alone: the corpus part reads the batch state
     def reset(self, slot: int, first_token: int) -> None:
-        self.corpus.reset(slot, first_token)
-        self.neural.reset(slot, first_token)
+        if isinstance(self.neural, KVDrafter):
+            self.neural.reset(slot, first_token)
 
-    def extend(self, slots, tokens, num_tokens, features) -> None:
-        self.corpus.extend(slots, tokens, num_tokens, None)
-        self.neural.extend(slots, tokens, num_tokens, features)
+    def commit(self, slots, tokens, num_tokens, features) -> None:
+        if isinstance(self.neural, KVDrafter):
+            self.neural.commit(slots, tokens, num_tokens, features)
 
     def move_slot(self, src: int, dst: int) -> None:
-        self.corpus.move_slot(src, dst)
-        self.neural.move_slot(src, dst)
+        if isinstance(self.neural, KVDrafter):
+            self.neural.move_slot(src, dst)
 
     def release(self, slot: int) -> None:
-        self.corpus.release(slot)
-        self.neural.release(slot)
+        if isinstance(self.neural, KVDrafter):
+            self.neural.release(slot)
 
-    def strong(self, slot: int) -> bool:
+    def strong(self, view: BatchView, slot: int) -> bool:
         """Whether the corpus's match for this sequence is long enough to trust it over the neural draft."""
         from deepspec.decoding.drafters.corpus_lookup import PROMPT_LOOKUP_SOURCE, corpus_source
 
-        tokens, source = self.corpus.draft(slot, 1)
+        tokens, source = self.corpus.draft(view, slot, 1)
         if not tokens:
             return False
         if source == PROMPT_LOOKUP_SOURCE:
@@ -103,15 +107,15 @@ class HybridDrafter(Drafter):
         matched, cap = int(source.rsplit("_", 1)[1]), int(corpus_source(1 << 20).rsplit("_", 1)[1])
         return matched >= min(self.min_match, cap)
 
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
-        strong = [self.strong(s) for s in slots]
+    def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        strong = [self.strong(view, s) for s in slots]
         greedy = (sampling.temperature <= 0).tolist()
         merging = self.mode == "merge" and any(greedy)
-        corpus = self.corpus.propose(slots, k, sampling) if any(strong) or merging else None
+        corpus = self.corpus.propose(view, slots, k, sampling) if any(strong) or merging else None
         if all(strong):
             self.rows_drafted["corpus"] += len(slots)
             return corpus
-        neural = _on_host(self.neural.propose(slots, k, sampling))
+        neural = _on_host(self.neural.propose(view, slots, k, sampling))
         merged = [not s and g and self.mode == "merge" and int(corpus.num_tokens[i]) > 0
                   for i, (s, g) in enumerate(zip(strong, greedy))]
         self.rows_drafted["corpus"] += sum(strong)

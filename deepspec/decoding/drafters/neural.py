@@ -12,7 +12,8 @@ from typing import Callable
 
 import torch
 
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.batch_state import BatchView
+from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, Proposal
 from deepspec.decoding.tree import gather_nodes, keep_best_nodes, live_nodes
 from deepspec.models.target import Target
 
@@ -20,7 +21,7 @@ from deepspec.models.target import Target
 CACHE_SLACK = 64
 
 
-class NeuralDrafter(Drafter):
+class NeuralDrafter(KVDrafter):
     def __init__(self, model, tree_branches: int = 0, tree_width: int | None = None):
         """tree_branches = 0: propose a chain; >= 1: a tree (TreeShape) with that many children per expanded node
         and `tree_width` (default: tree_branches) nodes expanded per depth."""
@@ -44,18 +45,18 @@ class NeuralDrafter(Drafter):
     # (refused without them), and it grows a chain or, with `tree_branches` set, a token tree. Each drafter writes
     # the three steps below.
     @torch.inference_mode()
-    def extend(self, slots, tokens, num_tokens, features) -> None:
+    def commit(self, slots, tokens, num_tokens, features) -> None:
         if features is None:
             raise ValueError(f"the {self.name} drafter needs target features: the engine must capture feature_layers")
-        self._extend(slots, tokens, num_tokens, features)
+        self._commit(slots, tokens, num_tokens, features)
 
     @torch.inference_mode()
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         if self.tree is not None:
             return self._propose_tree(slots, k, sampling)
         return self._propose_chain(slots, k, sampling)
 
-    def _extend(self, slots: list[int], tokens: torch.Tensor, num_tokens: torch.Tensor, features: torch.Tensor) -> None:
+    def _commit(self, slots: list[int], tokens: torch.Tensor, num_tokens: torch.Tensor, features: torch.Tensor) -> None:
         """Record the committed tokens and the target features before them (features is never None here)."""
         raise NotImplementedError
 

@@ -1,39 +1,38 @@
 """Prompt lookup (n-gram) drafting: propose what followed the latest earlier occurrence of the current suffix.
 
 Needs no training and no target features; strong wherever outputs copy their context (code edits, quoting
-the prompt, repeated identifiers). The n-gram index is updated incrementally, so proposing costs a few dict
-lookups whatever the context length.
+the prompt, repeated identifiers). It reads each sequence's tokens from the engine's batch state (BatchView) and
+keeps only an n-gram index per sequence, keyed by the view's sequence id and caught up with the tokens committed
+since the last call, so proposing costs a few dict lookups whatever the context length; the indexes of sequences
+that have left the view are dropped when a new one arrives.
 """
 
 from __future__ import annotations
 
 import torch
 
+from deepspec.decoding.batch_state import BatchView
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 
 
-class _History:
-    def __init__(self, first_token: int, min_ngram: int, max_ngram: int):
-        self.tokens = [first_token]
+class NgramIndex:
+    """Where each n-gram (min_ngram <= n <= max_ngram) of one sequence last ended, never counting the sequence's
+    current suffix; the tokens themselves stay in the engine's batch state."""
+
+    def __init__(self, min_ngram: int, max_ngram: int):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
-        # n → {n-gram: end index of its latest occurrence}, never including the current suffix
+        #: tokens of the sequence seen so far: n-grams ending at 0 .. num_tokens - 2 are indexed
+        self.num_tokens = 0
+        # n → {n-gram: end index of its latest occurrence}
         self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
 
-    def append(self, token: int) -> None:
-        end = len(self.tokens) - 1  # the previous suffix becomes an "earlier occurrence" now
-        for n in self.index:
-            if end + 1 >= n:
-                self.index[n][tuple(self.tokens[end - n + 1 : end + 1])] = end
-        self.tokens.append(token)
-
-    def propose(self, k: int) -> list[int]:
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if len(self.tokens) < n:
-                continue
-            end = self.index[n].get(tuple(self.tokens[-n:]))
-            if end is not None:
-                return self.tokens[end + 1 : end + 1 + k]
-        return []
+    def catch_up(self, tokens: list[int], offset: int) -> None:
+        """Index what `tokens` (the sequence from position `offset` on, its last token included) adds."""
+        for end in range(max(self.num_tokens - 1, 0), offset + len(tokens) - 1):
+            for n, table in self.index.items():
+                if end + 1 >= n and end + 1 - n >= offset:
+                    table[tuple(tokens[end + 1 - n - offset : end + 1 - offset])] = end
+        self.num_tokens = offset + len(tokens)
 
 
 class PromptLookupDrafter(Drafter):
@@ -43,27 +42,36 @@ class PromptLookupDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
-        self._slots: dict[int, _History] = {}
+        #: sequence id (BatchView.sequence_id) -> its n-gram index
+        self._indexes: dict[int, NgramIndex] = {}
 
-    def reset(self, slot: int, first_token: int) -> None:
-        self._slots[slot] = _History(first_token, self.min_ngram, self.max_ngram)
+    def lookup(self, view: BatchView, slot: int, k: int) -> list[int]:
+        """Prompt lookup's draft of up to k tokens for the slot's sequence, its index caught up first."""
+        key = view.sequence_id(slot)
+        index = self._indexes.get(key)
+        tokens = view.tokens(slot)
+        if index is None or index.num_tokens > len(tokens):
+            self.forget_finished(view)  # a sequence is new: the indexes of those gone go
+            index = self._indexes[key] = NgramIndex(self.min_ngram, self.max_ngram)
+        # the tokens the new n-grams need: a window max_ngram back from the first one not yet indexed
+        offset = max(0, index.num_tokens - self.max_ngram)
+        index.catch_up(tokens[offset:].tolist(), offset)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            end = index.index[n].get(tuple(tokens[-n:].tolist())) if len(tokens) >= n else None
+            if end is not None:
+                return tokens[end + 1 : end + 1 + k].tolist()
+        return []
 
-    def extend(self, slots, tokens, num_tokens, features) -> None:
-        for row, slot in enumerate(slots):
-            history = self._slots[slot]
-            for token in tokens[row, : int(num_tokens[row])].tolist():
-                history.append(token)
+    def forget_finished(self, view: BatchView) -> None:
+        """Drop the indexes of sequences that no longer run."""
+        live = view.live_sequence_ids()
+        if any(key not in live for key in self._indexes):
+            self._indexes = {key: index for key, index in self._indexes.items() if key in live}
 
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
-        drafts = [self._slots[slot].propose(k) for slot in slots]
+    def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        drafts = [self.lookup(view, slot, k) for slot in slots]
         tokens = torch.zeros(len(slots), k, dtype=torch.long)
         for row, draft in enumerate(drafts):
             if draft:
                 tokens[row, : len(draft)] = torch.tensor(draft)
         return Proposal(tokens, torch.tensor([len(d) for d in drafts], dtype=torch.long), None)
-
-    def move_slot(self, src: int, dst: int) -> None:
-        self._slots[dst] = self._slots.pop(src)
-
-    def release(self, slot: int) -> None:
-        self._slots.pop(slot, None)

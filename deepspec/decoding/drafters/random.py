@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from deepspec.decoding.batch_state import BatchView
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 
 
@@ -24,13 +25,7 @@ class RandomDrafter(Drafter):
         #: propose random trees of k nodes instead of chains
         self.tree = tree
 
-    def reset(self, slot: int, first_token: int) -> None:
-        pass
-
-    def extend(self, slots, tokens, num_tokens, features) -> None:
-        pass
-
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         if self.tree:
             return self._propose_tree(len(slots), k)
         B = len(slots)
@@ -50,6 +45,3 @@ class RandomDrafter(Drafter):
         tokens = torch.multinomial(probs.view(B * k, -1), 1, generator=g).view(B, k) if k else probs.new_zeros(
             B, 0, dtype=torch.long)
         return Proposal(tokens, num, probs, parents=parents)
-
-    def move_slot(self, src: int, dst: int) -> None:
-        pass

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepspec.algorithms import DraftAlgorithm
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, KVDrafter, Proposal
 from deepspec.models.drafts.config import DraftConfig
 from deepspec.models.drafts.layers import DraftModel, RMSNorm
 
@@ -50,7 +50,7 @@ def toy_loss(model, target, features, labels, tokens, loss_mask, generator, num_
     return loss, {"acc0": float((logits[valid].argmax(-1) == draft_ids[valid]).float().mean())}
 
 
-class ToyDrafter(Drafter):
+class ToyDrafter(KVDrafter):
     """One argmax token per round from the last committed pair of each slot."""
 
     name = "toy"
@@ -69,7 +69,7 @@ class ToyDrafter(Drafter):
         self.has_pair[slot] = False
 
     @torch.inference_mode()
-    def extend(self, slots, tokens, num_tokens, features) -> None:
+    def commit(self, slots, tokens, num_tokens, features) -> None:
         last = (num_tokens - 1).clamp(min=0)
         rows = torch.arange(len(slots))
         index = torch.tensor(slots)
@@ -78,7 +78,7 @@ class ToyDrafter(Drafter):
         self.has_pair[index] = True
 
     @torch.inference_mode()
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def propose(self, view, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         index = torch.tensor(slots)
         logits = self.model(self.feature[index][:, None], self.token[index][:, None])[:, 0]  # [B, N]
         ids = self.model.to_target_ids(logits.argmax(-1)).cpu()

@@ -30,21 +30,12 @@ class _EveryOtherRound(Drafter):
 
     def __init__(self, continuation: list[int], vocab: int):
         self.continuation, self.vocab = continuation, vocab
-        self.num_committed, self.num_calls = 0, 0
+        self.num_calls = 0
 
-    def reset(self, slot, first_token):
-        # extend hears prompt[1:] and then the output: count the output's tokens only
-        self.num_committed, self.num_calls = 1 - len(PROMPT), 0
-
-    def extend(self, slots, tokens, num_tokens, features):
-        self.num_committed += int(num_tokens[0])
-
-    def move_slot(self, src, dst):
-        pass
-
-    def propose(self, slots, k, sampling: DraftSampling) -> Proposal:
+    def propose(self, view, slots, k, sampling: DraftSampling) -> Proposal:
         self.num_calls += 1
-        right = self.continuation[self.num_committed : self.num_committed + 2]
+        committed = view.num_tokens(slots[0]) - len(PROMPT)  # the view holds the prompt, then the output
+        right = self.continuation[committed : committed + 2]
         tokens = torch.tensor([right + [(right[1] + 1) % self.vocab]])
         drafted = self.num_calls % 2 == 1
         return Proposal(tokens, torch.tensor([3 if drafted else 0]))

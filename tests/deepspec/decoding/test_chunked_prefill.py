@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepspec.decoding.drafter import Drafter
+from deepspec.decoding.drafter import Drafter, KVDrafter
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
@@ -68,8 +68,8 @@ def test_with_nothing_decoding_a_long_prompt_is_prefilled_in_one_step(target):
     assert [o.request_id for o in engine.step()] == ["long"]
 
 
-class _Recorder(Drafter):
-    """Wraps a drafter and keeps what each slot was told when its prefill completed (`reset` then `extend`)."""
+class _Recorder(KVDrafter):
+    """Wraps a KV drafter and keeps what each slot was told when its prefill completed (`reset` then `commit`)."""
 
     def __init__(self, inner: Drafter):
         self.inner, self.prefills, self._fresh = inner, [], set()
@@ -85,14 +85,14 @@ class _Recorder(Drafter):
         self._fresh.add(slot)
         self.inner.reset(slot, first_token)
 
-    def extend(self, slots, tokens, num_tokens, features):
+    def commit(self, slots, tokens, num_tokens, features):
         if len(slots) == 1 and slots[0] in self._fresh:
             self._fresh.discard(slots[0])
             self.prefills.append((tokens.clone(), None if features is None else features.clone()))
-        self.inner.extend(slots, tokens, num_tokens, features)
+        self.inner.commit(slots, tokens, num_tokens, features)
 
-    def propose(self, slots, k, sampling):
-        return self.inner.propose(slots, k, sampling)
+    def propose(self, view, slots, k, sampling):
+        return self.inner.propose(view, slots, k, sampling)
 
     def move_slot(self, src, dst):
         self.inner.move_slot(src, dst)

@@ -45,20 +45,8 @@ class _Decoyed(Drafter):
     def __init__(self, inner: Drafter, vocab_size: int):
         self.inner, self.vocab_size = inner, vocab_size
 
-    def reset(self, slot, first_token):
-        self.inner.reset(slot, first_token)
-
-    def extend(self, slots, tokens, num_tokens, features):
-        self.inner.extend(slots, tokens, num_tokens, features)
-
-    def move_slot(self, src, dst):
-        self.inner.move_slot(src, dst)
-
-    def release(self, slot):
-        self.inner.release(slot)
-
-    def propose(self, slots, k, sampling) -> Proposal:
-        chain = self.inner.propose(slots, max(k // 2, 1), sampling)
+    def propose(self, view, slots, k, sampling) -> Proposal:
+        chain = self.inner.propose(view, slots, max(k // 2, 1), sampling)
         B, n = chain.tokens.shape
         tokens = torch.stack([(chain.tokens + 1) % self.vocab_size, chain.tokens], dim=2).view(B, 2 * n)
         right = torch.arange(n) * 2 + 1  # node of the j-th chain token; its parent is the (j-1)-th one

@@ -53,16 +53,7 @@ class SkewedDrafter(Drafter):
         self.tree = tree
         self.generator = torch.Generator().manual_seed(seed)
 
-    def reset(self, slot, first_token):
-        pass
-
-    def extend(self, slots, tokens, num_tokens, features):
-        pass
-
-    def move_slot(self, src, dst):
-        pass
-
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def propose(self, view, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         B, k = len(slots), min(k, 4) if self.tree else k
         tokens = torch.multinomial(self.q.expand(B * k, -1), 1, generator=self.generator).view(B, k)
         probs = self.q.expand(B, k, -1).clone()

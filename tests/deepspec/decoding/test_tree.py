@@ -157,17 +157,6 @@ class _ScriptedTree(Drafter):
     def __init__(self, prompts: list[list[int]], outputs: list[list[int]], vocab: int):
         self.full = {tuple(p): p + o for p, o in zip(prompts, outputs)}
         self.vocab = vocab
-        self.history: dict[int, list[int]] = {}
-
-    def reset(self, slot, first_token):
-        self.history[slot] = [first_token]
-
-    def extend(self, slots, tokens, num_tokens, features):
-        for row, slot in enumerate(slots):
-            self.history[slot] += tokens[row, : int(num_tokens[row])].tolist()
-
-    def move_slot(self, src, dst):
-        self.history[dst] = self.history.pop(src)
 
     def _continuation(self, history: list[int]) -> list[int]:
         for full in self.full.values():
@@ -175,10 +164,10 @@ class _ScriptedTree(Drafter):
                 return full[len(history) :] + [0, 0, 0]
         raise AssertionError("unknown sequence")
 
-    def propose(self, slots, k, sampling: DraftSampling) -> Proposal:
+    def propose(self, view, slots, k, sampling: DraftSampling) -> Proposal:
         tokens, parents = [], torch.tensor([[-1, -1, 1, 1, 3, 0]] * len(slots))
         for slot in slots:
-            c = self._continuation(self.history[slot])
+            c = self._continuation(view.tokens(slot).tolist())  # the engine's record of the slot's tokens
             wrong = [(t + 1) % self.vocab for t in c]
             tokens.append([wrong[0], c[0], wrong[1], c[1], c[2], c[1]])
         n = min(k, 6)
@@ -254,8 +243,8 @@ def test_a_tree_over_budget_is_cut_not_refused(target):
     pair), not none and not all; with extra tokens free it verifies all 6. Output stays target-only greedy."""
 
     class _Confident(RandomDrafter):
-        def propose(self, slots, k, sampling):
-            p = super().propose(slots, k, sampling)
+        def propose(self, view, slots, k, sampling):
+            p = super().propose(view, slots, k, sampling)
             p.num_tokens = torch.full_like(p.num_tokens, k)
             p.survival = torch.tensor([[0.9, 0.8] + [0.01] * (k - 2)] * len(slots))[:, :k]
             p.parents = torch.arange(-1, k - 1).expand(len(slots), k).clone()
@@ -280,8 +269,8 @@ def test_a_tree_over_budget_is_cut_not_refused(target):
 
 def test_a_malformed_tree_is_a_clear_error(target):
     class _Bad(RandomDrafter):
-        def propose(self, slots, k, sampling):
-            p = super().propose(slots, k, sampling)
+        def propose(self, view, slots, k, sampling):
+            p = super().propose(view, slots, k, sampling)
             p.num_tokens, p.parents = torch.full_like(p.num_tokens, k), torch.full_like(p.tokens, 5)
             return p
 
