@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from deepspec.decoding.batch_state import BatchState, BatchView, new_sequence_id
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal, Proposal
 from deepspec.decoding.params import SamplingParams
 
 
@@ -50,8 +50,12 @@ class DraftDriver:
             padded = torch.tensor([list(row) + [0] * (width - len(row)) for row in tokens], dtype=torch.long)
             self._kv.commit(list(slots), padded, torch.tensor([len(row) for row in tokens]), features)
 
-    def propose(self, slots: list[int], k: int, sampling: DraftSampling | None = None) -> Proposal:
-        """The drafter's proposal for `slots` (greedy rows, global RNG, when `sampling` is None)."""
+    def propose(self, slots: list[int], k: int, sampling: DraftSampling | None = None) -> PaddedProposal:
+        """The drafter's proposal for `slots` as the engine reads it: padded to k columns (greedy rows, global RNG,
+        when `sampling` is None). `propose_ragged` is what the drafter returned."""
+        return self.propose_ragged(slots, k, sampling).padded(k)
+
+    def propose_ragged(self, slots: list[int], k: int, sampling: DraftSampling | None = None) -> Proposal:
         if sampling is None:
             sampling = DraftSampling(torch.zeros(len(slots)), [None] * len(slots))
         return self.drafter.propose(self.state.view, list(slots), k, sampling)

@@ -5,7 +5,7 @@ one target pass. The engine owns every sequence's committed tokens (deepspec/dec
 each `propose` call a read-only `BatchView` of them, so a drafter that only reads tokens (prompt lookup, corpus
 lookup) keeps no per-slot state and is never told when sequences start, move or end:
 
-    propose(view, [s, ...], k, sampling)   # -> Proposal(tokens [B, k], num_tokens [B], probs | None)
+    propose(view, [s, ...], k, sampling)   # -> Proposal(tokens [N], cu_num_tokens [B + 1], probs [N, V] | None)
 
 A drafter with a KV cache of its own (the neural drafts) is a `KVDrafter`: it also hears, through `commit`,
 exactly which tokens became committed and the target features that produced them, and it moves its cache rows
@@ -25,7 +25,8 @@ sequence leaves, the last one is moved into the hole and a KVDrafter hears `move
 just *before* `tokens[b, j]`, i.e. the hidden state whose logits predicted that token. Eagle3 pairs them exactly
 like that; prompt lookup ignores them.
 
-Chains and trees. A proposal is a token tree: `tokens[b, i]` is node i, and `parents[b, i]` the node it follows
+Chains and trees. A proposal is a token tree per row (below in its padded form, `PaddedProposal`; a drafter returns
+it ragged, `Proposal`, rows back to back): `tokens[b, i]` is node i, and `parents[b, i]` the node it follows
 (-1 = the row's last committed token, the root; otherwise an earlier node, `parents[b, i] < i`, so the nodes are in
 topological order). `parents=None` is the chain `[-1, 0, 1, ...]`, what every drafter proposed before trees. The
 target scores all nodes in one forward with tree attention (each node sees the committed context and its own
@@ -56,19 +57,94 @@ from deepspec.models.target import Target
 
 @dataclass
 class Proposal:
-    #: [B, k] draft tokens (tree nodes), right-padded with any valid id past num_tokens; on the device they were
-    #: computed on (a neural chain's stay on the target's: the engine reads them back once, with the round's result;
-    #: a tree's come to the host with its parents and survival, which the engine's tree round needs there)
+    """What a drafter returns: ragged, as vLLM's spec-decode metadata is. Row b's nodes are entries
+    cu_num_tokens[b] .. cu_num_tokens[b + 1] - 1 of every flat field, so a row that drafts nothing costs nothing and
+    the draft distributions are stored for the proposed tokens only. The engine pads it once, for the batched verify
+    ops (`padded`); a drafter whose rows all draft k tokens (a neural chain) pays no copy either way."""
+
+    #: [N] draft tokens (tree nodes) of every row in turn, on the device they were computed on (a neural chain's
+    #: stay on the target's: the engine reads them back once, with the round's result)
+    tokens: torch.Tensor
+    #: [B + 1] int64 CPU: row b's nodes are tokens[cu_num_tokens[b] : cu_num_tokens[b + 1]]
+    cu_num_tokens: torch.Tensor
+    #: [N, V] the distribution each draft token was drawn from, for rejection sampling; None = every draft is
+    #: deterministic (one-hot q), as for prompt lookup or argmax drafting. On the device it was computed on.
+    probs: torch.Tensor | None = None
+    #: [N] the drafter's estimate of P(node and all its ancestors accepted); None = the engine estimates it
+    survival: torch.Tensor | None = None
+    #: [N] int64 parent of each node within its row: -1 = the root, else an earlier node of the same row (its index
+    #: in the row); None = every row is a chain
+    parents: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> torch.Tensor:
+        """[B] nodes per row (CPU)."""
+        return self.cu_num_tokens.diff()
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    @classmethod
+    def from_rows(cls, tokens: torch.Tensor, num_tokens: torch.Tensor, probs: torch.Tensor | None = None,
+                  survival: torch.Tensor | None = None, parents: torch.Tensor | None = None) -> "Proposal":
+        """The ragged proposal of row-padded fields (tokens [B, k], num_tokens [B] CPU, probs [B, k, V], survival
+        and parents [B, k]): views where every row is full or there is one row, one gather otherwise."""
+        B, k = tokens.shape
+        num = num_tokens.cpu().long().clamp(0, k)
+        cu = torch.cat([num.new_zeros(1), num.cumsum(0)])
+        if B == 1 or bool((num == k).all()):
+            def flat(x):
+                return None if x is None else x.reshape(B * k, *x.shape[2:])[: int(cu[-1])]
+        else:
+            index = (torch.arange(k)[None, :] + k * torch.arange(B)[:, None])[torch.arange(k)[None, :] < num[:, None]]
+
+            def flat(x):
+                return None if x is None else x.reshape(B * k, *x.shape[2:])[index.to(x.device)]
+        return cls(flat(tokens), cu, flat(probs), flat(survival), flat(parents))
+
+    def padded(self, width: int | None = None) -> "PaddedProposal":
+        """The row-padded form the engine and tree.py work on, `width` columns (default: the longest row's count):
+        tokens padded with 0, probs and survival with 0, parents with -1."""
+        num = self.num_tokens
+        B, longest = len(num), int(num.max()) if len(num) else 0
+        width = longest if width is None else width
+        if width < longest:
+            raise ValueError(f"a proposal of {longest} nodes in a row does not fit {width} columns")
+        if bool((num == width).all()):
+            def rows(x, fill):
+                return None if x is None else x.reshape(B, width, *x.shape[1:])
+        else:
+            row = torch.repeat_interleave(torch.arange(B), num)
+            col = torch.arange(len(row)) - self.cu_num_tokens[:-1][row]
+
+            def rows(x, fill):
+                if x is None:
+                    return None
+                out = torch.full((B, width, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+                out[row.to(x.device), col.to(x.device)] = x
+                return out
+        return PaddedProposal(rows(self.tokens, 0), num, rows(self.probs, 0), rows(self.survival, 0),
+                              rows(self.parents, -1))
+
+
+def cumulative_counts(rows: list) -> torch.Tensor:
+    """[B + 1] int64 offsets of ragged rows (Proposal.cu_num_tokens) from each row's items."""
+    return torch.tensor([0] + [len(r) for r in rows], dtype=torch.long).cumsum(0)
+
+
+@dataclass
+class PaddedProposal:
+    """A proposal with its rows padded to one width: the form the batched verify ops, the verification budget and the
+    tree functions (deepspec/decoding/tree.py) take. Drafters that build trees work in it and return `ragged()`."""
+
+    #: [B, k] draft tokens (tree nodes), right-padded with any valid id past num_tokens
     tokens: torch.Tensor
     #: [B] how many of each row's nodes are real drafts (0..k), a CPU tensor (the engine sizes the verify pass by it)
     num_tokens: torch.Tensor
-    #: [B, k, V] the distribution each draft token was drawn from, for rejection sampling; None = the drafts are
-    #: deterministic (one-hot q), as for prompt lookup or argmax drafting. On the device it was computed on (a
-    #: neural draft's: the target's); the engine moves it to the logits'. The other fields may be CPU tensors.
+    #: [B, k, V] the distribution each draft token was drawn from; None = deterministic drafts (one-hot q)
     probs: torch.Tensor | None = None
-    #: [B, k] the drafter's estimate of P(node j and all its ancestors accepted), 0 past num_tokens; lets the
-    #: engine verify only as much as pays (deepspec/decoding/verify_budget.py); None = the engine estimates it
-    #: from each sequence's acceptance record
+    #: [B, k] P(node j and all its ancestors accepted), 0 past num_tokens; None = the engine estimates it
     survival: torch.Tensor | None = None
     #: [B, k] int64 parent of each node: -1 = the root (last committed token), else an earlier node index;
     #: None = a chain (node j follows node j-1). Entries past num_tokens are ignored.
@@ -77,6 +153,9 @@ class Proposal:
     @property
     def is_tree(self) -> bool:
         return self.parents is not None
+
+    def ragged(self) -> Proposal:
+        return Proposal.from_rows(self.tokens, self.num_tokens, self.probs, self.survival, self.parents)
 
 
 @dataclass

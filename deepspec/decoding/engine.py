@@ -12,6 +12,11 @@ deepspec/models/kv_cache.py; the tree bookkeeping is deepspec/decoding/tree.py).
 without tree attention verifies each tree's chain of first children. `num_speculative_tokens` is the node budget
 per row either way: the depth of a chain, the size of a tree.
 
+State: the engine owns every running row's committed tokens, slot and sampling parameters in one `BatchState`
+(deepspec/decoding/batch_state.py); drafters read it through a read-only view and return a ragged Proposal, which
+the round pads once for the batched ops. Only a drafter with a KV cache of its own (a KVDrafter) hears commits and
+slot moves.
+
 Devices: what the target and a neural draft compute stays on the target's device; the bookkeeping around it
 (proposals' tokens and trees, budgets, committed ids) is small CPU tensors, moved across where the two meet. Each
 request has its own CPU generator (its first token, each verify step's seeds) and a pair for its drafts: a CPU one
@@ -45,7 +50,7 @@ import torch
 
 from deepspec.decoding.batch_state import BatchState, new_sequence_id
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal
 from deepspec.decoding.logprobs import TokenLogprob, scored_logits, token_logprobs
 from deepspec.decoding.phases import PhaseTimer, untimed
 from deepspec.decoding.params import AcceptanceStats, GenerationResult, SamplingParams, StepOutput
@@ -466,7 +471,8 @@ class SpecEngine:
         with self._phase("draft"):
             sampling = self._draft_sampling() if self.drafter is not None else None
             if sampling is not None and max(caps) > 0:
-                proposal = self.drafter.propose(self.batch_state.view, slots, max(caps), sampling)
+                # ragged from the drafter; padded once here to the round's width, for the batched ops
+                proposal = self.drafter.propose(self.batch_state.view, slots, max(caps), sampling).padded(max(caps))
                 if proposal.is_tree and not self.tree_attention:
                     proposal = first_children(proposal)
         if proposal is not None and proposal.is_tree:
@@ -526,7 +532,7 @@ class SpecEngine:
         return RowSampling(*self.batch_state.sampling_params(len(seqs)),
                            torch.tensor(seeds, dtype=torch.int64, device=self.target.device))
 
-    def _budget_depth(self, proposal: Proposal, num_drafts: torch.Tensor) -> int:
+    def _budget_depth(self, proposal: PaddedProposal, num_drafts: torch.Tensor) -> int:
         """The chain depth the verification budget pays for (verify_budget.best_depth), on the proposal's own
         survival estimates or, where it has none, on each sequence's acceptance record."""
         survival = proposal.survival
@@ -537,7 +543,7 @@ class SpecEngine:
         survival = survival.cpu() * (torch.arange(width)[None, :] < num_drafts[:, None])
         return best_depth(survival, self.step_time)
 
-    def _tree_round(self, proposal: Proposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
+    def _tree_round(self, proposal: PaddedProposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
         """One round over a token tree: the budget keeps each row's likeliest nodes, the target scores root +
         nodes with tree attention, tree_accept picks each row's accepted path and compact_kv moves its KV entries
         next to the committed prefix."""
@@ -552,7 +558,7 @@ class SpecEngine:
             except ValueError as exc:
                 raise ValueError(f"drafter '{self.drafter.name}' proposed a malformed tree: {exc}") from None
             survival = proposal.survival.cpu() if proposal.survival is not None else None
-            proposal = Proposal(proposal.tokens.cpu(), num, proposal.probs, survival, parents)
+            proposal = PaddedProposal(proposal.tokens.cpu(), num, proposal.probs, survival, parents)
             if self.step_time is not None:
                 proposal = self._budget_tree(proposal)
         with self._phase("grammar"):
@@ -598,7 +604,7 @@ class SpecEngine:
             features = features.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, features.shape[2]))
         return self._finish_round(committed, accepted, num.tolist(), max_depth, features, logprobs)
 
-    def _budget_tree(self, proposal: Proposal) -> Proposal:
+    def _budget_tree(self, proposal: PaddedProposal) -> PaddedProposal:
         """Keep each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens the step-time
         model says pay best (verify_budget.best_nodes). A tree over budget is cut, never refused: the kept nodes
         are ancestor-closed because survival is made non-increasing along paths first."""
@@ -612,7 +618,7 @@ class SpecEngine:
         keep = best_nodes(monotone_survival(survival, parents, num), self.step_time)
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
 
-    def _grammar_cut_tree(self, proposal: Proposal) -> tuple[Proposal, dict]:
+    def _grammar_cut_tree(self, proposal: PaddedProposal) -> tuple[PaddedProposal, dict]:
         """A tree with the nodes its row's grammar forbids cut, with their subtrees, and the walks of what stays."""
         masks = self._grammar_walks(proposal.tokens, proposal.num_tokens, proposal.parents)
         if any(not all(kept) for kept, _ in masks.values()):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from deepspec.decoding.drafter import Proposal
+from deepspec.decoding.drafter import PaddedProposal
 from deepspec.models.tree_attention import ancestors
 
 
@@ -126,7 +126,7 @@ def gather_nodes(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
                                                                                       *values.shape[2:]))
 
 
-def keep_nodes(proposal: Proposal, keep: torch.Tensor) -> Proposal:
+def keep_nodes(proposal: PaddedProposal, keep: torch.Tensor) -> PaddedProposal:
     """The sub-tree of the nodes where keep [B, k] is True (an ancestor-closed set per row), renumbered in the
     original order, so parents still come first; num_tokens = kept count. Tensors on CPU."""
     B, k = proposal.tokens.shape
@@ -135,10 +135,10 @@ def keep_nodes(proposal: Proposal, keep: torch.Tensor) -> Proposal:
     index, new_parent, count = _renumber(keep, parents, torch.arange(k).expand(B, k), width)
     probs = gather_nodes(proposal.probs, index) if proposal.probs is not None else None
     survival = gather_nodes(proposal.survival, index) if proposal.survival is not None else None
-    return Proposal(gather_nodes(proposal.tokens, index), count, probs, survival, new_parent)
+    return PaddedProposal(gather_nodes(proposal.tokens, index), count, probs, survival, new_parent)
 
 
-def first_children(proposal: Proposal) -> Proposal:
+def first_children(proposal: PaddedProposal) -> PaddedProposal:
     """A tree → the chain that starts at the root's first child and follows each node's first child: what a
     target without tree attention verifies. A chain comes back as it is."""
     if proposal.parents is None:
@@ -155,14 +155,14 @@ def first_children(proposal: Proposal) -> Proposal:
         first = ~taken[rows, p + 1] & live
         on_chain[:, i] = parent_on_chain & first
         taken[rows, p + 1] |= live
-    chain = keep_nodes(Proposal(proposal.tokens.cpu(), num, proposal.probs,
+    chain = keep_nodes(PaddedProposal(proposal.tokens.cpu(), num, proposal.probs,
                                 proposal.survival.cpu() if proposal.survival is not None else None, parents),
                        on_chain)
     chain.parents = None
     return chain
 
 
-def merge_trees(a: Proposal, b: Proposal, k: int) -> Proposal:
+def merge_trees(a: PaddedProposal, b: PaddedProposal, k: int) -> PaddedProposal:
     """Two proposals' trees (a chain is a tree too) under one root, row by row → up to k nodes per row: nodes whose
     root paths spell the same tokens become one node, keeping the higher survival, then `keep_best_nodes`. Without
     survival on both sides, a's nodes outrank b's and earlier nodes later ones. CPU tensors; no probs: only
@@ -193,7 +193,7 @@ def merge_trees(a: Proposal, b: Proposal, k: int) -> Proposal:
     survival = None
     if a.survival is not None and b.survival is not None:
         survival = torch.where(live_nodes(num, k), merged.gather(1, index), 0.0).float()
-    return Proposal(tokens.gather(1, index), num, None, survival, new_parents)
+    return PaddedProposal(tokens.gather(1, index), num, None, survival, new_parents)
 
 
 def tree_survival_from_record(record: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:

@@ -155,7 +155,7 @@ class StubDrafter(KVDrafter):
             m, wrong_at = self._match[slot], self._rounds[slot] % (k + 1)
             tokens[row] = torch.tensor([CYCLE[(m + j) % len(CYCLE)] if j != wrong_at else _WRONG for j in range(k)])
             self._rounds[slot] += 1
-        return Proposal(tokens, torch.full((len(slots),), k, dtype=torch.long))
+        return Proposal.from_rows(tokens, torch.full((len(slots),), k, dtype=torch.long))
 
     def move_slot(self, src: int, dst: int) -> None:
         self._match[dst], self._rounds[dst] = self._match.pop(src), self._rounds.pop(src)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import DraftSampling, Proposal
+from deepspec.decoding.drafter import DraftSampling, Proposal, cumulative_counts
 from deepspec.decoding.drafters.corpus_tree import (PROMPT_LOOKUP_SOURCE, NodeAcceptance, TreeBuilder,
                                                     corpus_source)
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
@@ -102,58 +102,48 @@ class CorpusLookupDrafter(PromptLookupDrafter):
     def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         if self.tree:
             return self._propose_trees(view, slots, k, sampling)
-        tokens = torch.zeros(len(slots), k, dtype=torch.long)
-        num_tokens = torch.zeros(len(slots), dtype=torch.long)
-        survival = torch.zeros(len(slots), k) if self.slot_acceptance else None
-        for row, slot in enumerate(slots):
+        drafts, survival = [], [] if self.slot_acceptance else None
+        for slot in slots:
             draft, source = self.draft(view, slot, k)
-            if not draft:
-                continue
-            tokens[row, : len(draft)] = torch.tensor(draft)
-            num_tokens[row] = len(draft)
-            if survival is not None:
+            drafts.append(draft)
+            if survival is not None and draft:
                 rates = self.slot_acceptance.get(source)
                 if rates is None or len(rates) < len(draft):
                     survival = None  # a source the table never saw: the engine's per-sequence record decides
                 else:
-                    survival[row, : len(draft)] = torch.tensor(rates[: len(draft)]).cumprod(0)
-        return Proposal(tokens, num_tokens, None, survival)
+                    survival.append(torch.tensor(rates[: len(draft)]).cumprod(0))
+        if survival is not None:
+            survival = torch.cat(survival) if survival else torch.zeros(0)
+        return Proposal(torch.tensor([t for d in drafts for t in d], dtype=torch.long), cumulative_counts(drafts),
+                        None, survival)
 
     def _propose_trees(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
-        B = len(slots)
-        tokens = torch.zeros(B, k, dtype=torch.long)
-        parents = torch.full((B, k), -1, dtype=torch.long)
-        survival = torch.zeros(B, k)
-        num_tokens = torch.zeros(B, dtype=torch.long)
         trees = []
         for row, slot in enumerate(slots):
             sampled = self.sampled and float(sampling.temperature[row]) > 0
-            tree = self.draft_tree(view, slot, k, sampled, sampling.generators[row] if sampled else None)
-            n = len(tree.nodes)
-            num_tokens[row] = n
-            if n:
-                tokens[row, :n] = torch.tensor(tree.tokens())
-                parents[row, :n] = torch.tensor(tree.parents())
-                survival[row, :n] = torch.tensor(tree.survival())
-            trees.append(tree)
+            trees.append(self.draft_tree(view, slot, k, sampled, sampling.generators[row] if sampled else None))
+        tokens = torch.tensor([t for tree in trees for t in tree.tokens()], dtype=torch.long)
         probs = None
         if any(node.q is not None for tree in trees for node in tree.nodes):
             # unbound (tests): wide enough for every id the corpus and these trees hold
             vocab = self.vocab_size or max([int(self.index.tokens.max()) + 1] + [int(tokens.max()) + 1])
-            probs = _node_probs(trees, B, k, vocab)
-        return Proposal(tokens, num_tokens, probs, survival, parents)
+            probs = _node_probs(trees, vocab)
+        return Proposal(tokens, cumulative_counts([tree.nodes for tree in trees]), probs,
+                        torch.tensor([s for tree in trees for s in tree.survival()], dtype=torch.float32),
+                        torch.tensor([p for tree in trees for p in tree.parents()], dtype=torch.long))
 
 
-def _node_probs(trees: list, B: int, k: int, vocab: int) -> torch.Tensor:
-    """[B, k, vocab] each node's q: the distribution a sampled node was drawn from, one-hot at a chosen one; written
-    with one index_put from the nodes' (row, node, token, probability) entries."""
-    entries = []
-    for row, tree in enumerate(trees):
-        for i, node in enumerate(tree.nodes):
+def _node_probs(trees: list, vocab: int) -> torch.Tensor:
+    """[N, vocab] each node's q, the trees' nodes back to back: the distribution a sampled node was drawn from,
+    one-hot at a chosen one; written with one index_put from the nodes' (node, token, probability) entries."""
+    entries, at = [], 0
+    for tree in trees:
+        for node in tree.nodes:
             ids, p = (np.array([node.token]), np.ones(1)) if node.q is None else node.q
-            entries.append((np.full(ids.size, row), np.full(ids.size, i), ids, p))
-    rows, nodes, ids, p = (torch.from_numpy(np.concatenate(column)) for column in zip(*entries))
-    return torch.zeros(B, k, vocab).index_put_((rows.long(), nodes.long(), ids.long()), p.float())
+            entries.append((np.full(ids.size, at), ids, p))
+            at += 1
+    nodes, ids, p = (torch.from_numpy(np.concatenate(column)) for column in zip(*entries))
+    return torch.zeros(at, vocab).index_put_((nodes.long(), ids.long()), p.float())
 
 
 def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, *, min_corpus_match: int = 1,

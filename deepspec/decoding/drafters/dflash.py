@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from deepspec.decoding.drafter import DraftSampling, Proposal
+from deepspec.decoding.drafter import DraftSampling, PaddedProposal
 from deepspec.decoding.drafters.neural import NeuralDrafter, grow_tree, pack, pick_tokens
 from deepspec.models.target import Target
 
@@ -64,7 +64,7 @@ class DFlashDrafter(NeuralDrafter):
         hidden = self.model.blocks(block_h, block_pos, ctx_kv, mask)
         return hidden, self.model.head(hidden)
 
-    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         hidden, logits = self._block_hidden(slots)
         want_probs = not sampling.all_greedy
         tokens, probs = [], [] if want_probs else None
@@ -76,7 +76,7 @@ class DFlashDrafter(NeuralDrafter):
         num = torch.full((len(slots),), len(tokens), dtype=torch.long)
         return pack(tokens, probs, k, num)
 
-    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         """The block's slots are independent distributions, so every node at depth d has the same candidate
         children (the top tokens of slot d): the tree costs the one block forward and some bookkeeping."""
         _, logits = self._block_hidden(slots)

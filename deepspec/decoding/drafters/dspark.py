@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from deepspec.decoding.drafter import DraftSampling, Proposal
+from deepspec.decoding.drafter import DraftSampling, PaddedProposal
 from deepspec.decoding.drafters.dflash import DFlashDrafter
 from deepspec.decoding.drafters.neural import grow_tree, pack, pick_tokens
 
@@ -24,7 +24,7 @@ class DSparkDrafter(DFlashDrafter):
         self.confidence_threshold = model.cfg.confidence_threshold if confidence_threshold is None \
             else confidence_threshold
 
-    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         hidden, base = self._block_hidden(slots)
         want_probs = not sampling.all_greedy
         prev = self.anchor[slots].to(hidden.device)
@@ -48,7 +48,7 @@ class DSparkDrafter(DFlashDrafter):
         # slot, more than the slot's small Markov step; the truncated slots are cut by `num`
         return pack(tokens, probs, k, num, survivals)
 
-    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         """Slot d's distribution depends on the previous token only through the rank-r Markov term, so each
         expanded node's children cost one small product on top of the one block forward; survival is the
         calibrated confidence product, and the confidence threshold drops the nodes below it."""

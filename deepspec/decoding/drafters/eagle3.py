@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from deepspec.decoding.drafter import DraftSampling, Proposal
+from deepspec.decoding.drafter import DraftSampling, PaddedProposal
 from deepspec.decoding.drafters.neural import CACHE_SLACK, NeuralDrafter, grow_tree, pack, pick_tokens
 from deepspec.models.target import Target
 
@@ -58,7 +58,7 @@ class Eagle3Drafter(NeuralDrafter):
             self.length[slot] += int(num_tokens[row])
             self.has_pair[slot] = True
 
-    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         device = self.last_h.device
         rows = torch.tensor(slots, dtype=torch.long, device=device)
         want_probs = not sampling.all_greedy
@@ -78,7 +78,7 @@ class Eagle3Drafter(NeuralDrafter):
         num = torch.tensor([k if self.has_pair[s] else 0 for s in slots], dtype=torch.long)
         return pack(tokens, probs, k, num)
 
-    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         """EAGLE-2's tree: each depth feeds its `width` expanded nodes in one forward. Node j of depth d pairs its
         parent's output h with its token at RoPE position length + d - 1 (where a chain would put it), is written
         to its own cache entry past the committed ones (length + (d-1)·width + j) and sees the committed entries,

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal, Proposal
 from deepspec.decoding.tree import chain_parents, live_nodes, merge_trees
 from deepspec.models.target import Target
 
@@ -115,7 +115,9 @@ class HybridDrafter(KVDrafter):
         if all(strong):
             self.rows_drafted["corpus"] += len(slots)
             return corpus
-        neural = _on_host(self.neural.propose(view, slots, k, sampling))
+        # the rows are combined in the padded form (k wide) the tree functions take
+        corpus = corpus.padded(k) if corpus is not None else None
+        neural = _on_host(self.neural.propose(view, slots, k, sampling).padded(k))
         merged = [not s and g and self.mode == "merge" and int(corpus.num_tokens[i]) > 0
                   for i, (s, g) in enumerate(zip(strong, greedy))]
         self.rows_drafted["corpus"] += sum(strong)
@@ -123,29 +125,29 @@ class HybridDrafter(KVDrafter):
         self.rows_drafted["neural"] += len(slots) - sum(strong) - sum(merged)
         parts = [neural, corpus, merge_trees(_as_tree(corpus), _as_tree(neural), k) if any(merged) else None]
         owner = torch.tensor([1 if s else 2 if m else 0 for s, m in zip(strong, merged)])
-        return _rows_of(parts, owner, k, self._vocab(corpus, neural))
+        return _rows_of(parts, owner, k, self._vocab(corpus, neural)).ragged()
 
-    def _vocab(self, *proposals: Proposal | None) -> int:
+    def _vocab(self, *proposals: PaddedProposal | None) -> int:
         for p in proposals:
             if p is not None and p.probs is not None:
                 return p.probs.shape[-1]
         return getattr(self, "vocab_size", 0)
 
 
-def _on_host(p: Proposal) -> Proposal:
+def _on_host(p: PaddedProposal) -> PaddedProposal:
     """The proposal's tokens, parents and survival read back in one go: the rows are combined on the host."""
-    return Proposal(p.tokens.cpu(), p.num_tokens, p.probs, None if p.survival is None else p.survival.cpu(),
-                    None if p.parents is None else p.parents.cpu())
+    return PaddedProposal(p.tokens.cpu(), p.num_tokens, p.probs, None if p.survival is None else p.survival.cpu(),
+                          None if p.parents is None else p.parents.cpu())
 
 
-def _as_tree(p: Proposal) -> Proposal:
+def _as_tree(p: PaddedProposal) -> PaddedProposal:
     """A proposal with its parents spelled out (a chain's: -1, 0, 1, ...)."""
     B, k = p.tokens.shape
-    return Proposal(p.tokens, p.num_tokens, p.probs, p.survival, p.parents if p.parents is not None
-                    else chain_parents(B, k))
+    return PaddedProposal(p.tokens, p.num_tokens, p.probs, p.survival, p.parents if p.parents is not None
+                          else chain_parents(B, k))
 
 
-def _rows_of(parts: list[Proposal | None], owner: torch.Tensor, k: int, vocab: int) -> Proposal:
+def _rows_of(parts: list[PaddedProposal | None], owner: torch.Tensor, k: int, vocab: int) -> PaddedProposal:
     """Row b of parts[owner[b]] for every row b, as one proposal of width k (host tensors but probs). Survival where
     every row's part has it; probs where some row's part has them, one-hot in the other rows (deterministic
     drafts); parents None when every row is a chain."""
@@ -170,7 +172,7 @@ def _rows_of(parts: list[Proposal | None], owner: torch.Tensor, k: int, vocab: i
             probs = torch.where(rows.to(device)[:, None, None], p.probs[:, :k].to(device), probs)
         probs = probs * live.to(device)[..., None]
     chain = bool(((parents == chain_parents(B, k)) | ~live).all())
-    return Proposal(tokens, num, probs, survival, None if chain else parents)
+    return PaddedProposal(tokens, num, probs, survival, None if chain else parents)
 
 
 def save_hybrid(path: str | Path, corpus: str | Path, neural: str | Path, *, min_match: int = DEFAULT_MIN_MATCH,

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal, Proposal
 from deepspec.decoding.tree import gather_nodes, keep_best_nodes, live_nodes
 from deepspec.models.target import Target
 
@@ -52,19 +52,20 @@ class NeuralDrafter(KVDrafter):
 
     @torch.inference_mode()
     def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+        # built row-padded (every row drafts alike), handed over ragged: a view when every row is full
         if self.tree is not None:
-            return self._propose_tree(slots, k, sampling)
-        return self._propose_chain(slots, k, sampling)
+            return self._propose_tree(slots, k, sampling).ragged()
+        return self._propose_chain(slots, k, sampling).ragged()
 
     def _commit(self, slots: list[int], tokens: torch.Tensor, num_tokens: torch.Tensor, features: torch.Tensor) -> None:
         """Record the committed tokens and the target features before them (features is never None here)."""
         raise NotImplementedError
 
-    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         """Up to k draft tokens in a row per slot."""
         raise NotImplementedError
 
-    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
+    def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         """A token tree of up to k nodes per slot, shaped by `self.tree`."""
         raise NotImplementedError
 
@@ -102,8 +103,9 @@ def pick_tokens(logits: torch.Tensor, sampling: DraftSampling, model, want_probs
 
 
 def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, num: torch.Tensor,
-         survival: list[torch.Tensor] | None = None) -> Proposal:
-    """Stack per-slot columns into a Proposal of width k (pad with the last column / zero probs / zero survival)."""
+         survival: list[torch.Tensor] | None = None) -> PaddedProposal:
+    """Stack per-slot columns into a PaddedProposal of width k (pad with the last column / zero probs / zero
+    survival)."""
     cols = tokens[:k]
     while len(cols) < k:
         cols.append(cols[-1])
@@ -124,7 +126,7 @@ def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, n
         out_survival = torch.zeros(len(num), k)
         out_survival[:, :width] = both[:, 1:]
         out_survival[torch.arange(k)[None, :] >= num[:, None]] = 0.0
-    return Proposal(out_tokens, num.cpu(), out_probs, out_survival)
+    return PaddedProposal(out_tokens, num.cpu(), out_probs, out_survival)
 
 
 # ---- token trees (EAGLE-2's dynamic tree, arXiv 2406.16858) -------------------------------------------------------
@@ -148,7 +150,7 @@ class TreeShape:
 
 def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampling: DraftSampling, model,
               calibrate: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
-              threshold: float = 0.0) -> Proposal:
+              threshold: float = 0.0) -> PaddedProposal:
     """Grow each row's tree depth by depth and keep its k best nodes.
 
     Every expanded node gets `branches` children: the top tokens of its draft distribution (softmax at the row's
@@ -250,8 +252,8 @@ def _joined(levels: list[_Level], field: str) -> torch.Tensor:
     return torch.cat([getattr(level, field) for level in levels], dim=1)
 
 
-def _select(levels: list[_Level], k: int, threshold: float, model) -> Proposal:
-    """Keep each row's k best candidates (tree.keep_best_nodes) → a Proposal in target ids: its tokens, parents,
+def _select(levels: list[_Level], k: int, threshold: float, model) -> PaddedProposal:
+    """Keep each row's k best candidates (tree.keep_best_nodes) → a PaddedProposal in target ids: its tokens, parents,
     count and survival read to the host at once, its probs (when a row samples) left on the draft's device."""
     survival = _joined(levels, "survival")
     index, parents, num = keep_best_nodes(survival, _joined(levels, "parents"),
@@ -268,5 +270,5 @@ def _select(levels: list[_Level], k: int, threshold: float, model) -> Proposal:
         probs = torch.where(drawn[..., None], q, one_hot) * live.to(q.device)[..., None]
     # the one read of the round's tree: float64 holds every token id exactly
     host = torch.cat([num[:, None], tokens, parents, survival.double()], dim=1).double().cpu()
-    return Proposal(host[:, 1 : 1 + k].long(), host[:, 0].long(), probs, host[:, 1 + 2 * k :].float(),
-                    host[:, 1 + k : 1 + 2 * k].long())
+    return PaddedProposal(host[:, 1 : 1 + k].long(), host[:, 0].long(), probs, host[:, 1 + 2 * k :].float(),
+                          host[:, 1 + k : 1 + 2 * k].long())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal, cumulative_counts
 
 
 class NgramIndex:
@@ -70,8 +70,4 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         drafts = [self.lookup(view, slot, k) for slot in slots]
-        tokens = torch.zeros(len(slots), k, dtype=torch.long)
-        for row, draft in enumerate(drafts):
-            if draft:
-                tokens[row, : len(draft)] = torch.tensor(draft)
-        return Proposal(tokens, torch.tensor([len(d) for d in drafts], dtype=torch.long), None)
+        return Proposal(torch.tensor([t for d in drafts for t in d], dtype=torch.long), cumulative_counts(drafts))

@@ -32,7 +32,7 @@ class RandomDrafter(Drafter):
         tokens = torch.randint(self.vocab_size, (B, k), generator=self.generator)
         num = torch.randint(0, k + 1, (B,), generator=self.generator)
         probs = torch.full((B, k, self.vocab_size), 1.0 / self.vocab_size) if self.sample_probs else None
-        return Proposal(tokens, num, probs)
+        return Proposal.from_rows(tokens, num, probs)
 
     def _propose_tree(self, B: int, k: int) -> Proposal:
         g = self.generator
@@ -40,8 +40,8 @@ class RandomDrafter(Drafter):
         # parent of node i uniform over -1 (the root) .. i-1
         parents = (torch.rand(B, k, generator=g) * torch.arange(1, k + 1)).long() - 1
         if not self.sample_probs:
-            return Proposal(torch.randint(self.vocab_size, (B, k), generator=g), num, parents=parents)
+            return Proposal.from_rows(torch.randint(self.vocab_size, (B, k), generator=g), num, parents=parents)
         probs = torch.softmax(2.0 * torch.randn(B, k, self.vocab_size, generator=g), dim=-1)
         tokens = torch.multinomial(probs.view(B * k, -1), 1, generator=g).view(B, k) if k else probs.new_zeros(
             B, 0, dtype=torch.long)
-        return Proposal(tokens, num, probs, parents=parents)
+        return Proposal.from_rows(tokens, num, probs, parents=parents)

@@ -82,7 +82,7 @@ class ToyDrafter(KVDrafter):
         index = torch.tensor(slots)
         logits = self.model(self.feature[index][:, None], self.token[index][:, None])[:, 0]  # [B, N]
         ids = self.model.to_target_ids(logits.argmax(-1)).cpu()
-        return Proposal(ids[:, None].expand(-1, k).contiguous(), self.has_pair[index].long())
+        return Proposal.from_rows(ids[:, None].expand(-1, k).contiguous(), self.has_pair[index].long())
 
     def move_slot(self, src: int, dst: int) -> None:
         self.feature[dst], self.token[dst], self.has_pair[dst] = self.feature[src], self.token[src], self.has_pair[src]

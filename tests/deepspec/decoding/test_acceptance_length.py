@@ -38,7 +38,7 @@ class _EveryOtherRound(Drafter):
         right = self.continuation[committed : committed + 2]
         tokens = torch.tensor([right + [(right[1] + 1) % self.vocab]])
         drafted = self.num_calls % 2 == 1
-        return Proposal(tokens, torch.tensor([3 if drafted else 0]))
+        return Proposal.from_rows(tokens, torch.tensor([3 if drafted else 0]))
 
 
 @pytest.fixture(scope="module")

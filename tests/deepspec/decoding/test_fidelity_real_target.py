@@ -46,12 +46,12 @@ class _Decoyed(Drafter):
         self.inner, self.vocab_size = inner, vocab_size
 
     def propose(self, view, slots, k, sampling) -> Proposal:
-        chain = self.inner.propose(view, slots, max(k // 2, 1), sampling)
+        chain = self.inner.propose(view, slots, max(k // 2, 1), sampling).padded(max(k // 2, 1))
         B, n = chain.tokens.shape
         tokens = torch.stack([(chain.tokens + 1) % self.vocab_size, chain.tokens], dim=2).view(B, 2 * n)
         right = torch.arange(n) * 2 + 1  # node of the j-th chain token; its parent is the (j-1)-th one
         parents = torch.cat([torch.tensor([-1]), right[:-1]]).repeat_interleave(2).expand(B, 2 * n).clone()
-        return Proposal(tokens[:, :k], (2 * chain.num_tokens).clamp(max=k), parents=parents[:, :k])
+        return Proposal.from_rows(tokens[:, :k], (2 * chain.num_tokens).clamp(max=k), parents=parents[:, :k])
 
 
 def _drafter(name: str, target):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from deepspec.decoding.draft_driver import DraftDriver
-from deepspec.decoding.drafter import DraftSampling, Proposal
+from deepspec.decoding.drafter import DraftSampling, PaddedProposal, Proposal
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
 import deepspec.decoding.drafters.hybrid as hybrid_module
 from deepspec.decoding.drafters.hybrid import DEFAULT_MIN_MATCH, HybridDrafter, save_hybrid
@@ -115,8 +115,8 @@ def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(tar
     assert drafter.strong(view, 0) and not drafter.strong(view, 1)
     greedy = DraftSampling(torch.zeros(2), [None, None])
     prop = driver.propose([0, 1], 4, greedy)
-    corpus_prop = drafter.corpus.propose(view, [0, 1], 4, greedy)
-    neural_prop = drafter.neural.propose(view, [0, 1], 4, greedy)
+    corpus_prop = drafter.corpus.propose(view, [0, 1], 4, greedy).padded(4)
+    neural_prop = drafter.neural.propose(view, [0, 1], 4, greedy).padded(4)
     n0, n1 = int(prop.num_tokens[0]), int(prop.num_tokens[1])
     assert prop.tokens[0, :n0].tolist() == corpus_prop.tokens[0, :n0].tolist() and n0 == int(corpus_prop.num_tokens[0])
     assert prop.tokens[1, :n1].tolist() == neural_prop.tokens[1, :n1].tolist() and n1 >= 1
@@ -127,11 +127,11 @@ def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(tar
     assert calls == [] and drafter.rows_drafted["corpus"] >= 2
 
 
-def _tree(tokens, survival=None, parents=None) -> Proposal:
+def _tree(tokens, survival=None, parents=None) -> PaddedProposal:
     n = len(tokens)
-    return Proposal(torch.tensor([tokens]), torch.tensor([n]), None,
-                    None if survival is None else torch.tensor([survival]),
-                    None if parents is None else torch.tensor([parents]))
+    return PaddedProposal(torch.tensor([tokens]), torch.tensor([n]), None,
+                          None if survival is None else torch.tensor([survival]),
+                          None if parents is None else torch.tensor([parents]))
 
 
 def test_merge_joins_both_trees_under_one_root():
@@ -156,10 +156,10 @@ def test_merge_joins_both_trees_under_one_root():
 def test_merge_keeps_rows_apart_and_ignores_padding():
     """Row by row: equal tokens of different rows never merge, and nodes past num_tokens never join (row 1's corpus
     padding spells 5→4, a neural node's path, with a survival that would show)."""
-    corpus = Proposal(torch.tensor([[5, 6, 7], [5, 4, 1]]), torch.tensor([3, 1]), None,
-                      torch.tensor([[0.9, 0.8, 0.7], [0.9, 0.95, 0.0]]))
-    neural = Proposal(torch.tensor([[5, 6, 3], [2, 5, 4]]), torch.tensor([2, 3]), None,
-                      torch.tensor([[0.5, 0.4, 0.0], [0.6, 0.5, 0.1]]), torch.tensor([[-1, 0, 0], [-1, -1, 1]]))
+    corpus = PaddedProposal(torch.tensor([[5, 6, 7], [5, 4, 1]]), torch.tensor([3, 1]), None,
+                            torch.tensor([[0.9, 0.8, 0.7], [0.9, 0.95, 0.0]]))
+    neural = PaddedProposal(torch.tensor([[5, 6, 3], [2, 5, 4]]), torch.tensor([2, 3]), None,
+                            torch.tensor([[0.5, 0.4, 0.0], [0.6, 0.5, 0.1]]), torch.tensor([[-1, 0, 0], [-1, -1, 1]]))
     merged = merge_trees(corpus, neural, 4)
     assert merged.num_tokens.tolist() == [3, 3]
     assert merged.tokens[0, :3].tolist() == [5, 6, 7] and merged.parents[0, :3].tolist() == [-1, 0, 1]

@@ -58,7 +58,7 @@ class SkewedDrafter(Drafter):
         tokens = torch.multinomial(self.q.expand(B * k, -1), 1, generator=self.generator).view(B, k)
         probs = self.q.expand(B, k, -1).clone()
         parents = torch.tensor([-1, -1, 0, 1][:k]).expand(B, k).clone() if self.tree else None
-        return Proposal(tokens, torch.full((B,), k), probs, parents=parents)
+        return Proposal.from_rows(tokens, torch.full((B,), k), probs, parents=parents)
 
 
 def _engine(target, drafter, batch=8):

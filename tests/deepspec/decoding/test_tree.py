@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deepspec.decoding import SamplingParams, SpecEngine
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.drafter import DraftSampling, Drafter, PaddedProposal, Proposal
 from deepspec.decoding.drafters.random import RandomDrafter
 from deepspec.decoding.params import AcceptanceStats, GenerationResult
 from deepspec.decoding.tree import (first_children, keep_best_nodes, keep_nodes, monotone_survival, node_depths,
@@ -45,7 +45,7 @@ def test_tree_bookkeeping_on_a_hand_built_tree():
 def test_keep_nodes_renumbers_the_kept_subtree():
     tokens = torch.tensor([[10, 11, 12, 13, 14, 15]])
     probs = torch.eye(16)[tokens]
-    proposal = Proposal(tokens, torch.tensor([6]), probs, torch.rand(1, 6), torch.tensor([[-1, -1, 1, 1, 3, 0]]))
+    proposal = PaddedProposal(tokens, torch.tensor([6]), probs, torch.rand(1, 6), torch.tensor([[-1, -1, 1, 1, 3, 0]]))
     kept = keep_nodes(proposal, torch.tensor([[False, True, False, True, True, False]]))
     assert kept.tokens.tolist() == [[11, 13, 14]] and kept.parents.tolist() == [[-1, 0, 1]]
     assert kept.num_tokens.tolist() == [3] and kept.probs.argmax(-1).tolist() == [[11, 13, 14]]
@@ -117,12 +117,12 @@ def test_the_pruning_is_top_k_by_survival_with_ties_to_the_earlier_node():
 def test_first_children_is_the_chain_a_chain_target_verifies():
     tokens = torch.tensor([[10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]])
     parents = torch.tensor([[-1, -1, 1, 1, 3, 0], [-1, 0, -1, 1, 1, 3]])
-    chain = first_children(Proposal(tokens, torch.tensor([6, 6]), parents=parents))
+    chain = first_children(PaddedProposal(tokens, torch.tensor([6, 6]), parents=parents))
     # row 0: root → 0 → 5 (0's first child; 1 is 0's sibling); row 1: root → 0 → 1 → 3 → 5 (2, 4: siblings)
     assert chain.parents is None and chain.num_tokens.tolist() == [2, 4]
     assert chain.tokens[0, :2].tolist() == [10, 15] and chain.tokens[1].tolist() == [20, 21, 23, 25]
     # nodes past num_tokens are not part of the tree, whatever their parents say
-    short = first_children(Proposal(tokens, torch.tensor([1, 0]), None, None, parents))
+    short = first_children(PaddedProposal(tokens, torch.tensor([1, 0]), None, None, parents))
     assert short.num_tokens.tolist() == [1, 0]
 
 
@@ -171,7 +171,7 @@ class _ScriptedTree(Drafter):
             wrong = [(t + 1) % self.vocab for t in c]
             tokens.append([wrong[0], c[0], wrong[1], c[1], c[2], c[1]])
         n = min(k, 6)
-        return Proposal(torch.tensor(tokens)[:, :n], torch.full((len(slots),), n), parents=parents[:, :n])
+        return Proposal.from_rows(torch.tensor(tokens)[:, :n], torch.full((len(slots),), n), parents=parents[:, :n])
 
 
 def test_the_longest_accepted_path_is_committed_and_its_kv_compacted(target):
@@ -244,12 +244,12 @@ def test_a_tree_over_budget_is_cut_not_refused(target):
 
     class _Confident(RandomDrafter):
         def propose(self, view, slots, k, sampling):
-            p = super().propose(view, slots, k, sampling)
+            p = super().propose(view, slots, k, sampling).padded(k)
             p.num_tokens = torch.full_like(p.num_tokens, k)
             p.survival = torch.tensor([[0.9, 0.8] + [0.01] * (k - 2)] * len(slots))[:, :k]
             p.parents = torch.arange(-1, k - 1).expand(len(slots), k).clone()
             p.parents[:, 2:] = -1  # nodes 0 → 1 a chain, the rest siblings of node 0
-            return p
+            return p.ragged()
 
     reference = _reference(target, PROMPTS[:2], 12)
     engine = SpecEngine(target, _Confident(16, seed=3, tree=True), max_batch_size=2, max_seq_len=128,
@@ -270,9 +270,9 @@ def test_a_tree_over_budget_is_cut_not_refused(target):
 def test_a_malformed_tree_is_a_clear_error(target):
     class _Bad(RandomDrafter):
         def propose(self, view, slots, k, sampling):
-            p = super().propose(view, slots, k, sampling)
+            p = super().propose(view, slots, k, sampling).padded(k)
             p.num_tokens, p.parents = torch.full_like(p.num_tokens, k), torch.full_like(p.tokens, 5)
-            return p
+            return p.ragged()
 
     engine = SpecEngine(target, _Bad(16, tree=True), max_batch_size=1, max_seq_len=64, num_speculative_tokens=3,
                         verify_budget=False)
