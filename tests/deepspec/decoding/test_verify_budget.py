@@ -141,3 +141,37 @@ def test_prompt_lookup_stops_drafting_where_its_record_says_it_does_not_pay(targ
     free = engine.generate(prompts, params)
     assert [r.token_ids for r in costly] == [r.token_ids for r in free] == [r.token_ids for r in reference]
     assert costly[0].num_draft_tokens == 0 and free[0].num_draft_tokens > 0
+
+
+class _OverconfidentLookup:
+    """Deterministic drafts (no q) the target never accepts, each claimed to survive with 0.9: what a greedy-measured
+    acceptance table says where a sampled row accepts a draft only with the target's probability of it."""
+
+    name, feature_layers = "overconfident", ()
+
+    def bind(self, target, max_batch_size, max_seq_len):
+        pass
+
+    def propose(self, view, slots, k, sampling):
+        from deepspec.decoding.drafter import Proposal
+
+        B = len(slots)
+        tokens = torch.tensor([[(view.last_token(s) + 7) % 16] * k for s in slots])
+        return Proposal.from_rows(tokens, torch.full((B,), k), None, torch.full((B, k), 0.9).cumprod(1))
+
+
+def test_a_sampled_row_caps_a_greedy_measured_estimate_by_its_own_record(target):
+    """Sampled rows: the drafter's 0.9 gives way to the row's record of rejections and the row stops drafting;
+    greedy rows keep trusting the drafter's table (it was measured on greedy replays)."""
+    from deepspec.decoding.drafter import Drafter
+
+    Drafter.register(_OverconfidentLookup)
+    prompts = [[1, 2, 3, 4]]
+    engine = SpecEngine(target, _OverconfidentLookup(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=4)
+    engine.step_time = _model(1, 0.2)  # an extra verify token costs a fifth of a pass: pays only above ~0.2
+    sampled = engine.generate(prompts, SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True))[0]
+    greedy = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    assert greedy.num_draft_tokens >= greedy.num_steps - 1  # trusted: drafts every round after the first token
+    assert sampled.num_accepted_tokens <= sampled.num_draft_tokens // 4
+    # trusting the table it would draft 4 tokens in each of its ~39 rounds; its record stops it within a third
+    assert sampled.num_drafted_steps <= sampled.num_steps // 3 and sampled.num_draft_tokens <= 40
