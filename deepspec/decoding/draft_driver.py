@@ -35,10 +35,7 @@ class DraftDriver:
         self.state.admit(slot, new_sequence_id(), params or SamplingParams())
         self.state.append(slot, list(tokens))
         if self._kv is not None:
-            self._kv.reset(slot, tokens[0])
-            if len(tokens) > 1:
-                self._kv.commit([slot], torch.tensor([tokens[1:]], dtype=torch.long), torch.tensor([len(tokens) - 1]),
-                                features)
+            self._kv.start(slot, list(tokens), features)
 
     def commit(self, slots: list[int], tokens: list[list[int]], features: torch.Tensor | None = None) -> None:
         """Each slot's newly committed tokens (accepted drafts + the target's next token); features
@@ -46,9 +43,7 @@ class DraftDriver:
         for slot, row in zip(slots, tokens):
             self.state.append(slot, list(row))
         if self._kv is not None:
-            width = max(len(row) for row in tokens)
-            padded = torch.tensor([list(row) + [0] * (width - len(row)) for row in tokens], dtype=torch.long)
-            self._kv.commit(list(slots), padded, torch.tensor([len(row) for row in tokens]), features)
+            self._kv.commit_rows(slots, tokens, features)
 
     def propose(self, slots: list[int], k: int, sampling: DraftSampling | None = None) -> PaddedProposal:
         """The drafter's proposal for `slots` as the engine reads it: padded to k columns (greedy rows, global RNG,

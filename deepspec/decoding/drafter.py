@@ -228,3 +228,18 @@ class KVDrafter(Drafter):
 
     def release(self, slot: int) -> None:
         """Forget the sequence in `slot` (finished or aborted)."""
+
+    # the engine's two ways in, shared with DraftDriver so a replay feeds a drafter exactly as the engine does
+    def start(self, slot: int, tokens: list[int], features: torch.Tensor | None) -> None:
+        """A new sequence in `slot` whose prompt + first generated token are `tokens`; features [1, len - 1, F]."""
+        self.reset(slot, tokens[0])
+        if len(tokens) > 1:
+            self.commit([slot], torch.tensor([tokens[1:]], dtype=torch.long), torch.tensor([len(tokens) - 1]),
+                        features)
+
+    def commit_rows(self, slots: list[int], rows: list[list[int]], features: torch.Tensor | None) -> None:
+        """`commit` of per-slot token lists (right-padded here); features [B, >= longest row, F] are cut to fit."""
+        width = max(len(row) for row in rows)
+        tokens = torch.tensor([list(row) + [0] * (width - len(row)) for row in rows], dtype=torch.long)
+        self.commit(list(slots), tokens, torch.tensor([len(row) for row in rows]),
+                    features[:, :width] if features is not None else None)

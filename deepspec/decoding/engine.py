@@ -58,7 +58,7 @@ from deepspec.decoding.structured import GrammarCompiler, RowGrammar, mask_logit
 from deepspec.decoding.tree import (first_children, keep_nodes, monotone_survival, node_depths,
                                     tree_survival_from_record, with_root)
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
-from deepspec.decoding.verify import RowSampling, sample_next, verify, verify_tree
+from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify, verify_tree
 from deepspec.decoding.verify_budget import StepTimeModel, best_depth, best_nodes, observed_survival
 from deepspec.models.target import Target
 from deepspec.models.tree_attention import check_parents
@@ -202,7 +202,7 @@ class SpecEngine:
         if self.num_free_slots == 0:
             raise EngineFullError(f"all {self.max_batch_size} slots are busy")
         parent = self._fork_parent(fork_of, prompt) if fork_of is not None else None
-        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._rng))
+        seed = params.seed if params.seed is not None else fresh_seed(self._rng)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
         generator = torch.Generator().manual_seed(seed)
         device = self.target.device
@@ -414,13 +414,10 @@ class SpecEngine:
         if seq.params.logprobs is not None:
             first_logprobs = token_logprobs(scored_logits(logits, [seq.params]), torch.tensor([first]),
                                             seq.params.logprobs)
-        n = len(seq.prompt)
         seq.prefilled, seq.pending = True, first
         self.batch_state.append(seq.slot, seq.prompt + [first])
         if self._kv_drafter is not None:
-            self._kv_drafter.reset(seq.slot, seq.prompt[0])
-            self._kv_drafter.commit([seq.slot], torch.tensor([seq.prompt[1:] + [first]], dtype=torch.long),
-                                    torch.tensor([n]), feats)
+            self._kv_drafter.start(seq.slot, seq.prompt + [first], feats)
         if seq.params.max_tokens == 0:  # prompt scoring only: nothing is generated
             seq.finish_reason = "length"
         out = self._commit(seq, [first] if seq.params.max_tokens else [], first_logprobs)
@@ -449,7 +446,7 @@ class SpecEngine:
         generator, whether or not the round drafts: what a row draws never depends on its co-runners."""
         for seq in self._batch:
             if not seq.params.greedy:
-                seed = int(torch.randint(2**62, (1,), generator=seq.generator))
+                seed = fresh_seed(seq.generator)
                 seq.draft_generator.manual_seed(seed)
                 if seq.draft_device_generator is not seq.draft_generator:
                     seq.draft_device_generator.manual_seed(seed)
@@ -528,7 +525,7 @@ class SpecEngine:
         seqs = self._batch
         if all(s.params.greedy for s in seqs):
             return None
-        seeds = [int(torch.randint(2**62, (1,), generator=s.generator)) for s in seqs]
+        seeds = [fresh_seed(s.generator) for s in seqs]
         return RowSampling(*self.batch_state.sampling_params(len(seqs)),
                            torch.tensor(seeds, dtype=torch.int64, device=self.target.device))
 
@@ -541,18 +538,14 @@ class SpecEngine:
         a sampled row's estimate is capped by its own record: once drafting stops paying for it, it stops
         drafting (at 8 streams and temperature 1 the corpus draft was 0.86x target-only before)."""
         width = proposal.tokens.shape[1]
-        survival = proposal.survival
-        if survival is None or proposal.probs is None:
+        survival = None if proposal.survival is None else proposal.survival.cpu()
+        sampled = torch.tensor([not s.params.greedy for s in self._batch])[:, None]
+        if survival is None or (proposal.probs is None and bool(sampled.any())):
             observed = observed_survival([(s.stats.proposed_per_position, s.stats.accepted_per_position)
                                           for s in self._batch], width)
-            if survival is None:
-                survival = observed
-            else:
-                sampled = torch.tensor([not s.params.greedy for s in self._batch])[:, None]
-                survival = torch.where(sampled, torch.minimum(survival.cpu().double(), observed),
-                                       survival.cpu().double())
-        width = survival.shape[1]
-        survival = survival.cpu() * (torch.arange(width)[None, :] < num_drafts[:, None])
+            survival = observed if survival is None else torch.where(
+                sampled, torch.minimum(survival.double(), observed), survival.double())
+        survival = survival * (torch.arange(width)[None, :] < num_drafts[:, None])
         return best_depth(survival, self.step_time)
 
     def _tree_round(self, proposal: PaddedProposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
@@ -711,11 +704,8 @@ class SpecEngine:
         """A drafter with state of its own hears each still-running row's committed tokens and the features before
         each one (the others read them from the batch state)."""
         if self._kv_drafter is not None and extend_rows:
-            width = max(len(c) for c in committed_rows)
-            tokens = torch.tensor([c + [0] * (width - len(c)) for c in committed_rows], dtype=torch.long)
-            num = torch.tensor([len(c) for c in committed_rows])
-            feats = features[torch.tensor(extend_rows), :width] if features is not None else None
-            self._kv_drafter.commit(extend_rows, tokens, num, feats)
+            feats = features[torch.tensor(extend_rows)] if features is not None else None
+            self._kv_drafter.commit_rows(extend_rows, committed_rows, feats)
 
     def _probe_step_time(self) -> StepTimeModel:
         """Time verify-shaped passes of 1 .. max_verify_tokens tokens on slot 0 while no request runs yet (what

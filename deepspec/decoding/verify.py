@@ -23,6 +23,11 @@ import plugins
 from deepspec.decoding.params import SamplingParams
 
 
+def fresh_seed(generator: torch.Generator | None) -> int:
+    """One 62-bit seed drawn from a request's generator: a verify step's, a round's drafts', a request's own."""
+    return int(torch.randint(2**62, (1,), generator=generator))
+
+
 @dataclass
 class RowSampling:
     """Per-row sampling parameters of one verify step, as the ops take them."""
@@ -35,7 +40,7 @@ class RowSampling:
     @classmethod
     def draw(cls, params: list[SamplingParams], generators: list[torch.Generator | None],
              device: torch.device | str = "cpu") -> "RowSampling":
-        seeds = [int(torch.randint(2**62, (1,), generator=g)) for g in generators]
+        seeds = [fresh_seed(g) for g in generators]
         return cls(torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
                    torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
                    torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),

@@ -20,7 +20,6 @@ class NgramIndex:
     current suffix; the tokens themselves stay in the engine's batch state."""
 
     def __init__(self, min_ngram: int, max_ngram: int):
-        self.min_ngram, self.max_ngram = min_ngram, max_ngram
         #: tokens of the sequence seen so far: n-grams ending at 0 .. num_tokens - 2 are indexed
         self.num_tokens = 0
         # n → {n-gram: end index of its latest occurrence}
