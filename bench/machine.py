@@ -3,23 +3,12 @@ multi-token verify step is, and which llama.cpp build the peer row ran (native o
 
 from __future__ import annotations
 
-import platform
 import subprocess
 import sys
-from pathlib import Path
 
-#: the flags that change the kernels' speed (int8 dot products, bf16, AMX tiles)
-SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8")
+from deepspec.models.step_curve import SIMD_FLAGS, cpu_flags  # one reading of the CPU for every table and manifest
 
-
-def cpu_flags() -> str:
-    """The SIMD flags of /proc/cpuinfo this machine has, e.g. 'avx2 fma f16c'."""
-    try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
-    have = set(line.split(":", 1)[1].split())
-    return " ".join(f for f in SIMD_FLAGS if f in have) or "none of " + ", ".join(SIMD_FLAGS)
+__all__ = ["SIMD_FLAGS", "cpu_flags", "llama_cpp_build"]
 
 
 def llama_cpp_build() -> str:

@@ -12,8 +12,12 @@ Three parts, one run:
                             runs through its own ONNX graphs)
        onnx-int8, onnx-int8+<draft>   int8 weights per channel (DynamicQuantizeMatMul): cheaper multi-token verify
                             steps than MatMulNBits' on AVX2 CPUs (--skip onnx-int8 leaves both out)
+       served:<engine>      what `make serve` serves on this machine: the worker's --engine auto choice (measured on
+                            its first start and cached: service/worker/fastest_engine.py) with the default draft
        llama.cpp            llama-cpp-python on the same GGUF (`make bench-deps`), the CPU peer every ratio divides by
+       llama.cpp+prompt-lookup   llama.cpp's own speculative decoding (LlamaPromptLookupDecoding, 10 draft tokens)
        engine-q4            our PyTorch engine on the GGUF's own 4-bit weights (bf16), the peer when llama.cpp is absent
+       engine-q4+<draft>    the same with the default draft
 
    Each row says how many outputs equal the fp32 graph's and, as "same first tokens", the median length of the
    prefix they share with it: quantized graphs drift late, a broken one (gibberish) at the first token.
@@ -261,6 +265,24 @@ def compare_designs(args, console) -> dict:
             "cpu_results": cpu_results}
 
 
+def served_default(args) -> tuple[tuple, str]:
+    """((target, drafter, label), reason): what the worker serves by default on this machine (--engine auto,
+    service/worker/fastest_engine.py: measured on its first start, then cached), loaded as the worker loads it."""
+    from deepspec.decoding import build_drafter
+    from deepspec.models import load_target
+    from service.worker.fastest_engine import choose_engine
+    from service.worker.settings import WorkerSettings
+
+    settings = WorkerSettings(target=args.target, draft=args.draft, engine="auto",
+                              num_speculative_tokens=args.num_speculative_tokens)
+    choice = choose_engine(settings)
+    settings = settings.model_copy(update=choice.worker_fields())
+    target = load_target(settings.target, dtype=settings.dtype, quantization=settings.quantization, max_seq_len=2048)
+    drafter = build_drafter(settings.draft, target)
+    label = f"{choice.engine}-{target.quantization}+{getattr(drafter, 'name', 'none')}"
+    return (target, drafter, label), f"{choice.engine}: {choice.reason}"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -312,9 +334,14 @@ def main(argv=None) -> int:
             drafter = build_drafter(str(draft_dir), target)
             add(f"{name}+{drafter.name}",
                 lambda target=target, drafter=drafter: engine_decoder(target, drafter, args.max_tokens, k, warmup_ids))
+    served, reason = served_default(args)
+    console.log(f"the worker's default engine here (--engine auto): {reason}")
+    add(f"served:{served[2]}", lambda: engine_decoder(served[0], served[1], args.max_tokens, k, warmup_ids))
     if importlib.util.find_spec("llama_cpp") is not None:  # in a process of its own (bench/isolated.py)
-        add("llama.cpp", lambda: IsolatedDecoder(llama_cpp_decoder, str(gguf_file(args.target)), args.max_tokens,
-                                                 warmup_ids, threads, threads=threads))
+        for row, lookup in (("llama.cpp", 0), ("llama.cpp+prompt-lookup", 10)):
+            add(row, lambda lookup=lookup: IsolatedDecoder(llama_cpp_decoder, str(gguf_file(args.target)),
+                                                           args.max_tokens, warmup_ids, threads, lookup,
+                                                           threads=threads))
     else:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): engine-q4 is the peer")
     # our PyTorch engine's targets on the same weights, loaded once: the dense bf16 one (bench.decode's `engine`)
@@ -324,6 +351,9 @@ def main(argv=None) -> int:
     engines = {name: functools.cache(load) for name, load in engines.items()}
     if "llama.cpp" not in decoders:
         add("engine-q4", lambda: engine_decoder(engines["engine-q4"](), None, args.max_tokens, k, warmup_ids))
+    if args.draft != "none":  # what `make serve` ran before it measured its engine: PyTorch, 4-bit, default draft
+        add(f"engine-q4+{args.draft}", lambda: engine_decoder(
+            engines["engine-q4"](), build_drafter(args.draft, engines["engine-q4"]()), args.max_tokens, k, warmup_ids))
     peer = "llama.cpp" if "llama.cpp" in decoders else "engine-q4"
 
     rows, failed = run_interleaved(decoders, prompts, console.log)

@@ -10,6 +10,7 @@ nothing is left behind.
     python -m export --target ./Qwen3-8B --draft drafts/qwen3-8b-eagle3 --format tensorrt-llm --tp 2 --out engines/trt
     python -m export --target ./Qwen3-8B --draft drafts/qwen3-8b-eagle3 --format triton-repo --out engines/triton
     python -m export --format onnx --quantization int4 --out engines/onnx    # ONNX Runtime graph, 4-bit weights
+    python -m export --format onnx --quantization auto --out engines/onnx    # the weight format fastest on this CPU
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "in launch snippets (default 1)")
     g.add_argument("--num-speculative-tokens", type=int, default=3,
                    help="draft tokens per verify step written into the launch snippets (default 3; 1-16)")
-    g.add_argument("--quantization", choices=("none", "int4", "int8"), default="none",
+    g.add_argument("--quantization", choices=("none", "int4", "int8", "auto"), default="none",
                    help="onnx: matmul weights as float32 (none, default), 4-bit blocks of 32 run by ONNX Runtime's "
-                        "MatMulNBits (int4: ~3x smaller, faster batch-1 decode on CPU), or int8 per channel run by "
-                        "DynamicQuantizeMatMul (int8: 2x int4's size, cheaper multi-token verify steps)")
+                        "MatMulNBits (int4: ~3x smaller, faster batch-1 decode on CPU), int8 per channel run by "
+                        "DynamicQuantizeMatMul (int8: 2x int4's size, cheaper multi-token verify steps), or auto: "
+                        "export int8 and int4, time each one's verify steps here and keep the faster (the choice and "
+                        "both curves go into onnx.json; the graph runs best on the machine that exported it)")
     g.add_argument("--build", action="store_true",
                    help="tensorrt-llm: also run build.sh (trtllm-build) here; needs tensorrt_llm and a CUDA GPU, "
                         "else exit 2 naming what is missing and the commands to run on a GPU host")

@@ -39,6 +39,10 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
     g.add_argument("--engine-dir", default=None,
                    help="engine directory from `python -m export` (format pytorch): target, draft and dtype come from "
                         "its manifest.json; --target/--draft/--dtype given as well win")
+    g.add_argument("--engine", choices=["auto", "pytorch", "onnx"], default=None,
+                   help="auto (default): the engine measured fastest on this machine, the PyTorch engine or ONNX "
+                        "Runtime on an export made on the first start and cached (a minute once); pytorch / onnx: "
+                        "that one. " + _engine_choice_line())
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(default cpu)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights dtype (default bfloat16: ~2x faster decoding than float32 on CPU)")
     g.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
@@ -64,6 +68,20 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                        help="Prometheus /metrics HTTP port (default 8002; 0 = any free; -1 = off)")
         g.add_argument("--drain-timeout-s", type=float, default=30.0,
                        help="seconds to finish in-flight requests after SIGTERM (default 30)")
+
+
+def _engine_choice_line() -> str:
+    """What --engine auto serves on this machine with the default settings (read from its cache; --help never
+    measures or fails for it)."""
+    try:
+        from service.worker.fastest_engine import describe_cached_choice
+        from service.worker.settings import WorkerSettings
+
+        line = describe_cached_choice(WorkerSettings())
+    except Exception as e:  # noqa: BLE001 - a help text must print whatever the cache holds
+        return f"(The cached choice could not be read: {e}.)"
+    return f"On this machine, for the default target and draft: {line}." if line else \
+        "Not measured yet on this machine for the default target and draft: the first start measures it."
 
 
 def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
@@ -108,8 +126,11 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
 def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParser:
     """Every subcommand, with the flags of those in `commands` (the gateway image, which has no deepspec library,
     builds only the gateway's)."""
+    epilog = __doc__
+    if not set(commands) & set(COMMANDS):  # the top-level --help: say which engine `python -m service` serves here
+        epilog += "\nEngine (worker --engine auto): " + _engine_choice_line() + "\n"
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)  # fmt: skip
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO; request lines are INFO)")
     sub = parser.add_subparsers(dest="command")

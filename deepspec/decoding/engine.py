@@ -149,7 +149,7 @@ class SpecEngine:
         #: not estimate their survival are budgeted on each sequence's own acceptance record
         self.step_time: StepTimeModel | None = None
         if drafter is not None and verify_budget and self.num_speculative_tokens:
-            self.step_time = self._probe_step_time()
+            self.step_time = self._recorded_step_time() or self._probe_step_time()
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[_Sequence] = []  # index == slot
@@ -706,6 +706,12 @@ class SpecEngine:
         if self._kv_drafter is not None and extend_rows:
             feats = features[torch.tensor(extend_rows)] if features is not None else None
             self._kv_drafter.commit_rows(extend_rows, committed_rows, feats)
+
+    def _recorded_step_time(self) -> StepTimeModel | None:
+        """The target's own recorded verify-step curve on this machine (an ONNX export times it once; see
+        deepspec/models/step_curve.py), or None."""
+        recorded = getattr(self.target, "recorded_step_curve", lambda: None)()
+        return StepTimeModel(sorted(recorded.items())) if recorded else None
 
     def _probe_step_time(self) -> StepTimeModel:
         """Time verify-shaped passes of 1 .. max_verify_tokens tokens on slot 0 while no request runs yet (what

@@ -28,6 +28,11 @@ class HFTextTarget:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def recorded_step_curve(self) -> dict[int, float] | None:
+        """{T: seconds} of a batch-1 verify pass measured for this target on this machine before it loaded (an
+        export's record), or None: the engine then times its own probe passes."""
+        return None
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 

@@ -73,6 +73,8 @@ class OnnxTarget(HFTextTarget):
     meta: dict  # onnx.json
     max_seq_len: int
     eos_token_ids: tuple[int, ...]
+    #: the session's intra-op threads (a recorded step curve applies at this count only)
+    num_threads: int = 0
 
     #: the exported graph is causal over its T new tokens: token trees are verified as chains of first children
     supports_tree_attention: ClassVar[bool] = False
@@ -89,6 +91,14 @@ class OnnxTarget(HFTextTarget):
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
+
+    def recorded_step_curve(self) -> dict[int, float] | None:
+        """{T: seconds} of a batch-1 verify pass, as the export timed it (onnx.json's step_curve), when that was on
+        this machine at this thread count; None otherwise. The engine's verification budget uses it instead of
+        probing: the same curve for every start, so the budget drafts alike across restarts."""
+        from deepspec.models.step_curve import recorded_curve
+
+        return recorded_curve(self.meta.get("step_curve"), self.num_threads)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -291,4 +301,4 @@ def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, 
         spinning = os.environ.get("DEEPSPEC_ORT_SPINNING", "0") not in ("", "0", "false", "no")
     session = ort.InferenceSession(str(root / meta["graph"]), sess_options=session_options(threads, spinning),
                                    providers=["CPUExecutionProvider"])
-    return OnnxTarget(name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]))
+    return OnnxTarget(name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]), threads)

@@ -4,6 +4,7 @@ by DeepSpec's worker through ONNX Runtime (`python -m service worker --engine-di
     python -m export --format onnx --out engines/onnx                       # fp32 graph + the best shipped draft
     python -m export --format onnx --quantization int4 --out engines/onnx4  # 4-bit weights (block 32)
     python -m export --format onnx --quantization int8 --out engines/onnx8  # int8 weights per channel
+    python -m export --format onnx --quantization auto --out engines/onnx   # whichever of int8 / int4 runs faster here
 
 `export_onnx` (export/onnx/exporter.py) does the work and is callable without the CLI; the graph itself is
 described in export/onnx/graph.py, a neural draft's graphs in export/onnx/draft_graph.py, the runtime side in
@@ -17,6 +18,7 @@ from pathlib import Path
 from deepspec.models.chat_templates import CHAT_TEMPLATE_FILE
 from export.errors import ExportError
 from export.job import ExportFormat, ExportJob
+from export.onnx.auto_quantization import AUTO_CANDIDATES, export_fastest_format
 from export.onnx.exporter import QUANTIZATIONS, export_onnx
 from export.onnx.graph import SUPPORTED_FAMILIES
 
@@ -30,11 +32,21 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     target = load_target(job.target.spec, dtype="float32")
     draft = str(job.draft.path) if job.draft is not None else job.draft_spec
     chat_template = job.options.get("chat_template")
-    with progress.task(f"writing the ONNX graph ({quantization})", total=target.spec.num_layers) as advance:
-        meta = export_onnx(target, draft, out, "float32", quantization, advance, chat_template)
+    graphs = len(AUTO_CANDIDATES) if quantization == "auto" else 1
+    what = f"writing and timing the {' and '.join(AUTO_CANDIDATES)} graphs" if graphs > 1 else \
+        f"writing the ONNX graph ({quantization})"
+    with progress.task(what, total=target.spec.num_layers * graphs) as advance:
+        if quantization == "auto":
+            meta = export_fastest_format(target, draft, out, advance, chat_template)
+        else:
+            meta = export_onnx(target, draft, out, "float32", quantization, advance, chat_template)
+    onnx = {"graph": meta["graph"], "quantization": meta["quantization"], "feature_layers": meta["feature_layers"],
+            "step_curve": meta["step_curve"]}
+    if "quantization_choice" in meta:
+        onnx["quantization_choice"] = meta["quantization_choice"]
     fields = {
         "draft": meta["draft"]["path"],
-        "onnx": {"graph": meta["graph"], "quantization": quantization, "feature_layers": meta["feature_layers"]},
+        "onnx": onnx,
         "launch": {"deepspec": "python -m service worker --engine-dir DIR  (ONNX Runtime, CPU)"},
     }
     if chat_template is not None:  # the tokenizer files beside the graph carry it (export/cli.py)

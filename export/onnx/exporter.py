@@ -24,7 +24,9 @@ from pathlib import Path
 _TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
                  "added_tokens.json")
-QUANTIZATIONS = ("none", "int4", "int8")
+#: weight formats of the graph; "auto" exports each of AUTO_CANDIDATES and keeps the fastest here
+#: (export/onnx/auto_quantization.py's export_fastest_format)
+QUANTIZATIONS = ("none", "int4", "int8", "auto")
 #: the target graph ending in the plugins' greedy_accept node (same weights file)
 VERIFY_GRAPH = "target_verify.onnx"
 #: where a neural draft's graphs go (export/onnx/draft_graph.py)
@@ -76,6 +78,8 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
                          "(use --quant int4 for 4-bit weights)")
     if quant not in QUANTIZATIONS:
         raise ValueError(f"unknown ONNX quantization {quant!r}; choose one of {', '.join(QUANTIZATIONS)}")
+    if quant == "auto":  # a choice among several exports, made above this one (auto_quantization.py)
+        raise ValueError("export_onnx writes one weight format; export_fastest_format chooses one for 'auto'")
     if isinstance(target, str):
         from deepspec.models import load_target
 
@@ -129,4 +133,19 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
         named = draft in drafter_keywords() and draft != "auto"  # a drafter the worker builds by name
         meta["draft"] = {"path": draft if named else "none", "algo": None}
     (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
+    meta["step_curve"] = record_step_curve(out)
     return meta
+
+
+def record_step_curve(out: Path) -> dict:
+    """Time the written graph's verify-step curve on this machine (deepspec/models/step_curve.py: a few seconds)
+    and store it in onnx.json, where the engine's verification budget reads it instead of probing again."""
+    from deepspec.models import load_target
+    from deepspec.models.step_curve import curve_record, measure_step_curve
+
+    target = load_target(str(out))
+    record = curve_record(measure_step_curve(target))
+    meta = json.loads((out / "onnx.json").read_text())
+    meta["step_curve"] = record
+    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return record

@@ -19,6 +19,8 @@ class LoadedEngine:
     #: the drafter's registry name, "none" without one
     drafter_name: str
     max_seq_len: int
+    #: which engine serves and why (service/worker/fastest_engine.py)
+    engine_choice: str = ""
 
 
 def load_engine(settings) -> LoadedEngine:
@@ -27,6 +29,11 @@ def load_engine(settings) -> LoadedEngine:
         return _load_stub(settings)
     from deepspec.decoding import build_drafter
     from deepspec.models import load_target
+    from service.worker.fastest_engine import choose_engine
+
+    choice = choose_engine(settings)
+    logger.info("engine: %s (%s)", choice.engine, choice.reason)
+    settings = settings.model_copy(update=choice.worker_fields())
 
     # an ONNX export directory loads as its ONNX Runtime graph, and its own neural draft through the draft's graphs
     target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
@@ -40,7 +47,7 @@ def load_engine(settings) -> LoadedEngine:
                 target.quantization, drafter_name, max_seq_len)
     if engine.step_time is not None:
         logger.info("verification budget on: probed %s", engine.step_time)
-    return LoadedEngine(target, engine, drafter_name, max_seq_len)
+    return LoadedEngine(target, engine, drafter_name, max_seq_len, f"{choice.engine}: {choice.reason}")
 
 
 def _load_stub(settings) -> LoadedEngine:

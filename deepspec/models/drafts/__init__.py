@@ -30,7 +30,7 @@ from deepspec.models.drafts.config import DraftConfig
 __all__ = [
     "STORAGE_DTYPES", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError", "best_shipped_draft",
     "build_draft", "check_target", "convert_draft_storage", "load_draft", "read_checkpoint_header",
-    "read_draft_config", "read_draft_weights", "save_draft", "shipped_drafts",
+    "measured_acceptance_length", "read_draft_config", "read_draft_weights", "save_draft", "shipped_drafts",
 ]
 
 
@@ -70,6 +70,11 @@ def _greedy_results(eval_file: Path) -> list[dict]:
 def _score(eval_file: Path) -> float:
     taus = [d["acceptance_length"] for d in _greedy_results(eval_file) if "acceptance_length" in d]
     return sum(taus) / len(taus) if taus else 0.0
+
+
+def measured_acceptance_length(draft_dir: Path) -> float:
+    """The draft's mean greedy acceptance length over the sets its eval.json measured; 0 when not evaluated."""
+    return _score(Path(draft_dir) / "eval.json")
 
 
 def _slows_down(eval_file: Path) -> bool:

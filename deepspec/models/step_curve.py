@@ -1,0 +1,160 @@
+"""A target's verify-step curve on this machine: seconds for one batch-1 forward of T new tokens, and what it says
+about speculative throughput.
+
+Why one place: three callers need the same measurement. The ONNX export chooses its weight format by it
+(`--quantization auto`: int8 where the CPU's int8 dot products keep a multi-token step flat, int4 where the
+4-bit kernels win), the worker chooses between the PyTorch and the ONNX engine by it (service/worker/
+fastest_engine.py), and the engine's verification budget reads the recorded curve instead of probing again
+(deepspec/decoding/verify_budget.py). A curve is only meaningful on the machine and thread count that measured it,
+so it travels with `machine_key()` and is ignored elsewhere.
+
+The figure of merit is `modelled_tokens_per_second`: the throughput at the verify depth the budget would pick on
+that curve, for a draft whose rounds of depth k commit τ tokens on average (τ = its measured acceptance length;
+each draft token accepted with the per-token rate that gives that τ). Depth 0, target-only steps, is one of the
+choices, so a curve where drafting never pays scores 1 / t(1).
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+#: the flags that change the kernels' speed (int8 dot products, bf16, AMX tiles)
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8")
+#: verify widths timed (the engine verifies at most 32 tokens a pass by default)
+CURVE_SIZES = (1, 2, 4, 8, 16, 32)
+#: context before the timed step: a verify pass after a short prompt
+CURVE_CONTEXT = 256
+
+
+def cpu_flags() -> str:
+    """The SIMD flags of /proc/cpuinfo this machine has, e.g. 'avx2 fma f16c'."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+    have = set(line.split(":", 1)[1].split())
+    return " ".join(f for f in SIMD_FLAGS if f in have) or "none of " + ", ".join(SIMD_FLAGS)
+
+
+def cpu_model() -> str:
+    """/proc/cpuinfo's model name ('AMD EPYC 9R14'), or the platform's processor string."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+        return line.split(":", 1)[1].strip()
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def machine_key(threads: int | None = None) -> dict:
+    """What a step curve depends on besides the model: the CPU, its SIMD flags and the intra-op threads."""
+    return {"cpu": cpu_model(), "flags": cpu_flags(), "threads": int(threads or torch.get_num_threads())}
+
+
+def measure_step_curve(target, sizes: tuple[int, ...] = CURVE_SIZES, context: int = CURVE_CONTEXT,
+                       repeats: int = 7, feature_layers: tuple[int, ...] = ()) -> dict[int, float]:
+    """{T: median seconds} of batch-1 forwards of T tokens (logits at every position, as a verify pass) after
+    `context` tokens; the context is prefilled once and every step overwrites the same cache positions. Rounds
+    interleave the sizes, so a drift of the machine's speed spreads over all of them."""
+    cache = target.new_cache(1, context + max(sizes) + 1)
+    view = cache.rows(0, 1)
+    rng = torch.Generator().manual_seed(0)
+    device = getattr(target, "device", torch.device("cpu"))
+    with torch.inference_mode():
+        prompt = torch.randint(0, target.vocab_size, (1, context), generator=rng).to(device)
+        target.forward(prompt, torch.zeros(1, dtype=torch.long, device=device), view, logits="last", max_start=0)
+        start = torch.tensor([context], device=device)
+        steps = {n: torch.randint(0, target.vocab_size, (1, n), generator=rng).to(device) for n in sizes}
+
+        def timed(n: int) -> float:
+            t = time.perf_counter()
+            target.forward(steps[n], start, view, feature_layers=feature_layers, logits="all", max_start=context)
+            return time.perf_counter() - t
+
+        for n in sizes:
+            timed(n)  # kernel setup stays out of the timings
+        runs: dict[int, list[float]] = {n: [] for n in sizes}
+        for _ in range(repeats):
+            for n in sizes:
+                runs[n].append(timed(n))
+    return {n: statistics.median(runs[n]) for n in sizes}
+
+
+def modelled_tokens_per_second(curve: dict[int, float], acceptance_length: float, depth: int) -> float:
+    """Tokens per second of the best verify depth d ≤ `depth`, as the verification budget picks it
+    (verify_budget.best_depth): a round of d drafts commits 1 + α + … + α^d tokens in t(d + 1), where α is the
+    per-token acceptance that makes a depth-`depth` round commit τ = `acceptance_length` tokens on average (drafts
+    accepted independently, each with probability α). d = 0 is a target-only step, 1 token in t(1), so a curve
+    where drafting never pays scores 1 / t(1). t between timed sizes is interpolated linearly; past the last one,
+    extended."""
+    alpha = _per_token_acceptance(acceptance_length, depth)
+    committed, best = 0.0, 0.0
+    for d in range(max(depth, 0) + 1):
+        committed += alpha**d
+        best = max(best, committed / _interpolate(curve, d + 1))
+    return best
+
+
+def _per_token_acceptance(acceptance_length: float, depth: int) -> float:
+    """α in [0, 1) with 1 + α + … + α^depth = τ (bisection; the sum grows with α), 0 for τ ≤ 1."""
+    if acceptance_length <= 1.0 or depth < 1:
+        return 0.0
+    if acceptance_length >= depth + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid**j for j in range(depth + 1)) < acceptance_length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _interpolate(curve: dict[int, float], n: int) -> float:
+    sizes = sorted(int(k) for k in curve)
+    times = {int(k): float(v) for k, v in curve.items()}
+    if n <= sizes[0]:
+        return times[sizes[0]]
+    for lo, hi in zip(sizes, sizes[1:]):
+        if n <= hi:
+            return times[lo] + (times[hi] - times[lo]) * (n - lo) / (hi - lo)
+    lo, hi = sizes[-2], sizes[-1]
+    return times[hi] + (times[hi] - times[lo]) * (n - hi) / (hi - lo)
+
+
+def curve_record(curve: dict[int, float], threads: int | None = None) -> dict:
+    """The JSON form a manifest stores: {"machine": machine_key(), "ms": {"T": milliseconds}}."""
+    return {"machine": machine_key(threads), "ms": {str(n): round(s * 1e3, 3) for n, s in sorted(curve.items())}}
+
+
+def recorded_curve(record: dict | None, threads: int | None = None) -> dict[int, float] | None:
+    """A stored curve record → {T: seconds}, or None when it is missing, malformed, or was measured on another
+    machine or thread count (its timings would not describe this one)."""
+    if not isinstance(record, dict) or record.get("machine") != machine_key(threads):
+        return None
+    try:
+        curve = {int(n): float(ms) / 1e3 for n, ms in record["ms"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return curve if len(curve) >= 2 and all(t > 0 for t in curve.values()) else None
+
+
+#: the verify depth a choice is scored at: the worker's default --num-speculative-tokens
+SCORED_DEPTH = 7
+#: τ assumed for a drafter with no measured acceptance length (prompt lookup, an unevaluated draft)
+NOMINAL_ACCEPTANCE_LENGTH = 2.0
+
+
+def drafter_acceptance_length(draft_dir: Path | None, drafter: str | None = None) -> float:
+    """τ a format choice is scored with: the draft directory's measured greedy acceptance length (its eval.json),
+    NOMINAL_ACCEPTANCE_LENGTH for a drafter without one, 1 (target-only steps) with no drafter at all."""
+    if draft_dir is not None:
+        from deepspec.models.drafts import measured_acceptance_length
+
+        return measured_acceptance_length(draft_dir) or NOMINAL_ACCEPTANCE_LENGTH
+    return 1.0 if drafter in (None, "", "none") else NOMINAL_ACCEPTANCE_LENGTH

@@ -1,0 +1,226 @@
+"""`--engine auto` (the worker's default): serve the engine that runs fastest on this machine.
+
+Two engines serve the same target on CPU: the PyTorch engine (bf16, the GGUF's own 4-bit weights) and ONNX Runtime
+on an exported graph (`python -m export --format onnx --quantization auto`: int8 or int4 weights, whichever this
+CPU runs faster). Which one wins depends on the CPU (int8 dot products, AVX-512), so it is measured, not assumed:
+
+1. On the first start for a (target, draft, settings, machine) the worker exports the ONNX engine into the cache
+   (`~/.cache/deepspec/engines/<key>/onnx`, a progress bar on a terminal; ~10-60 s for the default target) and
+   times both engines' verify-step curves (deepspec/models/step_curve.py).
+2. It serves the one with the higher modelled throughput at the draft's measured acceptance length, and records
+   the choice, the reason and both curves in `choice.json` beside the export. Later starts read it and start in
+   seconds; `python -m service worker --help` prints it.
+
+`--engine pytorch` or `--engine onnx` skips the measurement. Auto keeps the PyTorch engine without measuring where
+the ONNX one cannot run: a CUDA device, onnxruntime missing, a target the ONNX graph does not describe, or an
+export that fails (logged as a warning; `--engine onnx` raises instead). An `--engine-dir` is served as exported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+#: the worker's --engine choices
+ENGINES = ("auto", "pytorch", "onnx")
+CHOICE_FILE = "choice.json"
+#: bumped when the choice's rule or the cache layout changes: older records are then measured again
+CHOICE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    #: "pytorch", "onnx", or "engine-dir" (an --engine-dir, served as its manifest says)
+    engine: str
+    #: why, in one line (logged, printed by --help)
+    reason: str
+    #: the ONNX export to serve (engine "onnx"), else None
+    engine_dir: Path | None = None
+    #: what choice.json holds (curves, scores), {} when nothing was measured
+    record: dict = field(default_factory=dict)
+
+    def worker_fields(self) -> dict[str, str]:
+        """The WorkerSettings fields the chosen engine replaces (none for the PyTorch engine)."""
+        if self.engine_dir is None:
+            return {}
+        from service.worker.engine_dir import read_engine_dir
+
+        return read_engine_dir(self.engine_dir).worker_fields()
+
+
+def choose_engine(settings) -> EngineChoice:
+    """The engine these worker settings run: measured and cached for `auto` (module docstring)."""
+    if settings.engine_dir is not None:
+        return EngineChoice("engine-dir", f"as exported in {settings.engine_dir}")
+    if settings.target == "stub":
+        return EngineChoice("pytorch", "the stub target")
+    if settings.engine == "pytorch":
+        return EngineChoice("pytorch", "--engine pytorch")
+    blocker = onnx_blocker(settings)
+    if blocker and settings.engine == "onnx":
+        raise ValueError(f"--engine onnx: {blocker}")
+    if blocker:
+        return EngineChoice("pytorch", f"the ONNX engine does not apply: {blocker}")
+    try:
+        root = engine_cache_dir(settings)
+        root.mkdir(parents=True, exist_ok=True)
+        with _locked(root):  # two workers starting together on one machine export once
+            onnx_dir = ensure_onnx_export(settings, root / "onnx")
+            if settings.engine == "onnx":
+                return EngineChoice("onnx", "--engine onnx", onnx_dir)
+            return cached_choice(root, onnx_dir) or measure_choice(settings, root, onnx_dir)
+    except (RuntimeError, OSError) as e:
+        if settings.engine == "onnx":
+            raise
+        logger.warning("serving the PyTorch engine: the ONNX engine could not be prepared (%s)", e)
+        return EngineChoice("pytorch", f"the ONNX engine could not be prepared ({e})")
+
+
+@contextlib.contextmanager
+def _locked(root: Path):
+    """An exclusive lock on `root/.lock` (fcntl), held while the export and the measurement run."""
+    import fcntl
+
+    with open(root / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def onnx_blocker(settings) -> str | None:
+    """Why these settings cannot run on the ONNX engine, or None."""
+    import importlib.util
+
+    if settings.device != "cpu":
+        return f"it runs on CPU only (--device {settings.device})"
+    if importlib.util.find_spec("onnxruntime") is None:
+        return "onnxruntime is not installed (pip install 'deepspec[export]')"
+    from export.errors import ExportError
+    from export.onnx.graph import UnsupportedTarget, check_supported
+    from export.sources import open_target
+
+    try:
+        check_supported(open_target(settings.target).arch)
+    except UnsupportedTarget as e:
+        return str(e)
+    except ExportError as e:
+        return str(e)
+    return None
+
+
+def engine_cache_dir(settings) -> Path:
+    """`<cache>/engines/<target>-<draft>-<key>`: one folder per target, draft, the settings the export depends on,
+    machine and library versions (a cache made on another CPU, or by another release, is not reused)."""
+    from importlib import metadata
+
+    from deepspec.models.step_curve import machine_key
+    from deepspec.paths import cache_dir
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    target, draft = _absolute(settings.target), _absolute(settings.draft)
+    key = {"target": target, "draft": draft, "chat_template": _absolute(settings.chat_template or ""),
+           "dtype": settings.dtype, "quantization": settings.quantization,
+           "depth": settings.num_speculative_tokens, "machine": machine_key(),
+           "versions": {n: version(n) for n in ("deepspec", "torch", "onnxruntime")}, "rule": CHOICE_VERSION}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / "engines" / f"{Path(target).name}-{Path(draft).name}-{digest}"
+
+
+def _absolute(spec: str) -> str:
+    """A path spec made absolute (two spellings of one folder share a cache entry); aliases and keywords as given."""
+    return str(Path(spec).resolve()) if spec and Path(spec).exists() else spec
+
+
+def ensure_onnx_export(settings, out: Path) -> Path:
+    """The ONNX engine for these settings at `out`, exported on the first call (export's own write-then-rename: an
+    interrupted export leaves nothing behind, and the next start exports again). RuntimeError when it fails."""
+    if (out / "manifest.json").is_file():
+        return out
+    from export.cli import main as export_main
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["--format", "onnx", "--quantization", "auto", "--target", settings.target, "--draft", settings.draft,
+            "--out", str(out), "--force"]
+    if settings.chat_template:
+        argv += ["--chat-template", settings.chat_template]
+    logger.info("exporting the ONNX engine for %s into %s (first start on this machine)", settings.target, out)
+    if export_main(argv) != 0:
+        raise RuntimeError(f"python -m export {' '.join(argv)} exited non-zero (its error is above)")
+    return out
+
+
+def cached_choice(root: Path, onnx_dir: Path) -> EngineChoice | None:
+    """The choice recorded by an earlier start, or None when there is none (or it is unreadable)."""
+    try:
+        record = json.loads((root / CHOICE_FILE).read_text())
+        engine, reason = record["engine"], record["reason"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if engine not in ("pytorch", "onnx") or record.get("version") != CHOICE_VERSION:
+        return None
+    return EngineChoice(engine, f"{reason} (measured {record.get('measured', '?')}, cached in {root})",
+                        onnx_dir if engine == "onnx" else None, record)
+
+
+def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
+    """Time the PyTorch engine's verify-step curve, compare it with the ONNX export's (recorded when it was
+    exported), keep the faster and write choice.json."""
+    import time
+
+    from deepspec.models import load_target
+    from deepspec.models.step_curve import (curve_record, drafter_acceptance_length, measure_step_curve,
+                                            modelled_tokens_per_second, recorded_curve)
+
+    onnx_meta = json.loads((onnx_dir / "onnx.json").read_text())
+    onnx_curve = recorded_curve(onnx_meta.get("step_curve"))
+    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
+                         quantization=settings.quantization, chat_template=settings.chat_template)
+    pytorch_curve = measure_step_curve(target)
+    weights = "GGUF 4-bit" if target.quantization == "gguf" else settings.dtype
+    del target
+    draft_dir = _draft_dir(onnx_meta, onnx_dir)
+    tau = drafter_acceptance_length(draft_dir, onnx_meta.get("draft", {}).get("path"))
+    depth = settings.num_speculative_tokens
+    scores = {"pytorch": modelled_tokens_per_second(pytorch_curve, tau, depth)}
+    scores["onnx"] = modelled_tokens_per_second(onnx_curve, tau, depth) if onnx_curve else 0.0
+    engine = "onnx" if scores["onnx"] > scores["pytorch"] else "pytorch"
+    other = "pytorch" if engine == "onnx" else "onnx"
+    label = {"pytorch": f"PyTorch {weights}", "onnx": f"ONNX {onnx_meta.get('quantization', '?')}"}
+    reason = (f"{label[engine]} models {scores[engine]:.0f} tok/s against {label[other]}'s {scores[other]:.0f} at "
+              f"tau {tau:.2f}, depth {depth}, on {os.cpu_count()} cores with {curve_record({})['machine']['flags']}")
+    record = {"version": CHOICE_VERSION, "engine": engine, "reason": reason,
+              "measured": time.strftime("%Y-%m-%d %H:%M"), "acceptance_length": round(tau, 3), "depth": depth,
+              "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},
+              "step_curves": {"pytorch": curve_record(pytorch_curve), "onnx": onnx_meta.get("step_curve")},
+              "onnx_quantization": onnx_meta.get("quantization")}
+    (root / CHOICE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return EngineChoice(engine, reason, onnx_dir if engine == "onnx" else None, record)
+
+
+def _draft_dir(onnx_meta: dict, onnx_dir: Path) -> Path | None:
+    path = onnx_meta.get("draft", {}).get("path")
+    return onnx_dir / path if path and (onnx_dir / path / "config.json").is_file() else None
+
+
+def describe_cached_choice(settings) -> str | None:
+    """One line for --help: the choice recorded for these settings on this machine, or None before the first
+    start (reads choice.json only; measures nothing)."""
+    if settings.engine != "auto" or settings.engine_dir is not None or settings.target == "stub":
+        return None
+    root = engine_cache_dir(settings)
+    choice = cached_choice(root, root / "onnx")
+    return f"{choice.engine}: {choice.reason}" if choice else None

@@ -1,0 +1,101 @@
+"""`--quantization auto`: each candidate format is exported and timed here, the one with the highest modelled
+throughput at the draft's acceptance length is kept (one weight format for the whole run), and its step curve
+goes into onnx.json, where the engine's verification budget reads it instead of probing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+import onnx  # noqa: E402
+
+from deepspec.models import load_target  # noqa: E402
+from deepspec.models.step_curve import curve_record, machine_key, modelled_tokens_per_second  # noqa: E402
+from export.onnx.auto_quantization import AUTO_CANDIDATES, STAGING  # noqa: E402
+from tests.export.conftest import run_export, write_hf_target  # noqa: E402
+
+HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
+#: made-up curves (seconds by T): int4 has the cheaper 1-token step, int8 the flatter multi-token one
+FAKE_CURVES = {"int4": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
+               "int8": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022}}
+KERNELS = {"int4": "MatMulNBits", "int8": "DynamicQuantizeMatMul"}
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return write_hf_target(tmp_path_factory.mktemp("auto") / "llama", "llama", **HD16)
+
+
+def _graph_ops(out) -> set[str]:
+    return {n.op_type for n in onnx.load(out / "target.onnx", load_external_data=False).graph.node}
+
+
+def _fake_timing(monkeypatch):
+    """record_step_curve writes FAKE_CURVES[the graph's quantization] instead of timing it."""
+    import export.onnx.exporter as exporter
+
+    def fake(out):
+        meta = json.loads((out / "onnx.json").read_text())
+        meta["step_curve"] = curve_record(FAKE_CURVES[meta["quantization"]])
+        (out / "onnx.json").write_text(json.dumps(meta))
+        return meta["step_curve"]
+
+    monkeypatch.setattr(exporter, "record_step_curve", fake)
+
+
+def test_auto_exports_every_candidate_and_keeps_the_fastest_measured_here(target_dir, tmp_path):
+    out = tmp_path / "engine"
+    result = run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft", "none",
+                        "--out", out)
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((out / "onnx.json").read_text())
+    choice = meta["quantization_choice"]
+    assert set(choice["candidates"]) == set(AUTO_CANDIDATES) and choice["acceptance_length"] == 1.0
+    scores = {q: c["tokens_per_second"] for q, c in choice["candidates"].items()}
+    assert choice["chosen"] == meta["quantization"] == max(AUTO_CANDIDATES, key=lambda q: scores[q])
+    assert KERNELS[meta["quantization"]] in _graph_ops(out)  # the kept graph is the chosen one
+    assert not (out / STAGING).exists() and len(list(out.glob("*.onnx.data"))) == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["onnx"]["quantization"] == meta["quantization"]
+    assert manifest["onnx"]["step_curve"]["machine"] == machine_key()
+    assert load_target(str(out)).recorded_step_curve() is not None
+
+
+@pytest.mark.parametrize("draft, winner", [("none", "int4"), ("prompt-lookup", "int8")])
+def test_the_choice_weighs_the_multi_token_step_by_the_drafts_acceptance(target_dir, tmp_path, monkeypatch,
+                                                                          draft, winner):
+    """Target-only (τ 1) needs the cheaper 1-token step (int4's); with a drafter (nominal τ 2) the flat verify pass
+    wins (int8's 2 tokens in 7 ms beat int4's 1 in 5 ms)."""
+    _fake_timing(monkeypatch)
+    out = tmp_path / "engine"
+    assert run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft", draft,
+                      "--out", out).returncode == 0
+    meta = json.loads((out / "onnx.json").read_text())
+    assert meta["quantization"] == winner and KERNELS[winner] in _graph_ops(out)
+    tau = meta["quantization_choice"]["acceptance_length"]
+    want = {q: round(modelled_tokens_per_second(c, tau, 7), 1) for q, c in FAKE_CURVES.items()}
+    assert {q: c["tokens_per_second"] for q, c in meta["quantization_choice"]["candidates"].items()} == want
+
+
+def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_dir, tmp_path, monkeypatch):
+    from deepspec.decoding import SpecEngine, build_drafter
+
+    _fake_timing(monkeypatch)
+    out = tmp_path / "engine"
+    assert run_export("--format", "onnx", "--quantization", "int8", "--target", target_dir, "--draft", "none",
+                      "--out", out).returncode == 0
+    target = load_target(str(out))
+    probed = []
+    monkeypatch.setattr(SpecEngine, "_time_verify_passes", lambda self, sizes: probed.append(sizes) or None)
+    engine = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
+    assert not probed
+    assert engine.step_time.sizes.tolist() == sorted(FAKE_CURVES["int8"])
+    assert engine.step_time.times.tolist() == pytest.approx([FAKE_CURVES["int8"][n] for n in sorted(FAKE_CURVES["int8"])])
+    target.meta["step_curve"]["machine"] = {**machine_key(), "cpu": "another CPU"}  # timed elsewhere: probe here
+    assert target.recorded_step_curve() is None
+    SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
+    assert probed

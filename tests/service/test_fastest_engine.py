@@ -1,0 +1,115 @@
+"""`--engine auto`, the worker's default: the first start exports the ONNX engine into the cache, times both engines
+and records the faster; later starts read the record; where ONNX cannot run, the PyTorch engine serves and the
+reason says why; `--engine onnx` fails loudly instead of falling back. Real exports and timings of a tiny target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from deepspec.models.step_curve import modelled_tokens_per_second  # noqa: E402
+from service.worker import fastest_engine  # noqa: E402
+from service.worker.fastest_engine import CHOICE_FILE, choose_engine, describe_cached_choice  # noqa: E402
+from service.worker.settings import WorkerSettings  # noqa: E402
+from tests.export.conftest import write_hf_target  # noqa: E402
+
+HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return write_hf_target(tmp_path_factory.mktemp("fastest") / "llama", "llama", **HD16)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _settings(target_dir, **kw) -> WorkerSettings:
+    return WorkerSettings(**{"target": str(target_dir), "draft": "prompt-lookup", "dtype": "float32",
+                             "engine": "auto", **kw})
+
+
+def test_the_modelled_throughput_is_the_best_depths_and_target_only_where_drafting_does_not_pay():
+    steep = {1: 0.010, 8: 0.080}  # 8 tokens cost 8 steps: drafting never pays
+    flat = {1: 0.010, 8: 0.012}
+    assert modelled_tokens_per_second(steep, 3.0, 7) == pytest.approx(100.0)
+    assert modelled_tokens_per_second(flat, 1.0, 7) == pytest.approx(100.0)  # no drafter: 1 token a step
+    # tau 1 + 1/2 + ... + 1/2^7: each draft token accepted with probability 1/2; a round of d commits 2 - 2^-d
+    tau = sum(0.5**j for j in range(8))
+    want = max((2 - 0.5**d) / (0.010 + 0.002 * d / 7) for d in range(8))
+    assert modelled_tokens_per_second(flat, tau, 7) == pytest.approx(want)
+    assert modelled_tokens_per_second(flat, 3.0, 7) > modelled_tokens_per_second(flat, tau, 7) > 100.0
+
+
+def test_the_first_start_measures_and_records_later_starts_read_the_record(target_dir, cache, monkeypatch):
+    settings = _settings(target_dir)
+    assert describe_cached_choice(settings) is None
+    first = choose_engine(settings)
+    record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
+    assert first.engine == record["engine"] in ("pytorch", "onnx")
+    scores = record["tokens_per_second"]
+    assert first.engine == max(scores, key=scores.get)
+    assert set(record["step_curves"]) == {"pytorch", "onnx"} and record["acceptance_length"] == 2.0
+    assert (first.engine_dir is not None) == (first.engine == "onnx")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a cached choice measured or exported again")
+
+    monkeypatch.setattr(fastest_engine, "measure_choice", no_work)
+    monkeypatch.setattr("export.cli.main", no_work)
+    again = choose_engine(settings)
+    assert (again.engine, again.engine_dir) == (first.engine, first.engine_dir)
+    assert first.engine in describe_cached_choice(settings) and "cached in" in again.reason
+    with pytest.raises(AssertionError):  # another draft depth is another choice: measured afresh
+        choose_engine(_settings(target_dir, num_speculative_tokens=3))
+
+
+def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cache):
+    from deepspec.decoding import SamplingParams
+    from deepspec.models.onnx_target import OnnxTarget
+    from service.worker.engine import load_engine
+
+    loaded = load_engine(_settings(target_dir, engine="onnx", max_seq_len=64, max_batch_size=1))
+    assert isinstance(loaded.target, OnnxTarget) and loaded.engine_choice.startswith("onnx")
+    assert loaded.drafter_name == "prompt-lookup"
+    out = loaded.engine.generate([[1, 40, 41, 42]], SamplingParams(max_tokens=4))[0]
+    assert len(out.token_ids) == 4
+    assert not list(cache.glob(f"engines/*/{CHOICE_FILE}"))  # nothing was measured for an explicit choice
+
+
+def test_where_onnx_cannot_run_auto_keeps_pytorch_and_onnx_refuses(target_dir, cache, monkeypatch):
+    choice = choose_engine(_settings(target_dir, device="cuda"))
+    assert choice.engine == "pytorch" and "CPU only" in choice.reason
+    with pytest.raises(ValueError, match="--engine onnx: it runs on CPU only"):
+        choose_engine(_settings(target_dir, engine="onnx", device="cuda"))
+    assert choose_engine(_settings(target_dir, engine="pytorch")).reason == "--engine pytorch"
+    assert not cache.exists() or not list(cache.glob("engines/*"))
+
+
+def test_a_failed_export_falls_back_to_pytorch_and_leaves_no_half_export(target_dir, cache, monkeypatch, tmp_path):
+    bad = tmp_path / "not-a-draft"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"algo": "no-such-algorithm"}')
+    choice = choose_engine(_settings(target_dir, draft=str(bad)))
+    assert choice.engine == "pytorch" and "could not be prepared" in choice.reason
+    assert not list(cache.glob("engines/*/onnx/manifest.json")) and not list(cache.glob(f"engines/*/{CHOICE_FILE}"))
+    with pytest.raises(RuntimeError, match="python -m export"):
+        choose_engine(_settings(target_dir, draft=str(bad), engine="onnx"))
+
+
+def test_help_says_what_auto_serves_here(target_dir, cache, monkeypatch):
+    from service.cli import _engine_choice_line
+
+    assert "first start measures it" in _engine_choice_line()
+    monkeypatch.setenv("DEEPSPEC_WORKER_TARGET", str(target_dir))
+    monkeypatch.setenv("DEEPSPEC_WORKER_DRAFT", "prompt-lookup")
+    monkeypatch.setenv("DEEPSPEC_WORKER_DTYPE", "float32")
+    monkeypatch.setenv("DEEPSPEC_WORKER_ENGINE", "auto")
+    chosen = choose_engine(_settings(target_dir))
+    assert _engine_choice_line().startswith(f"On this machine, for the default target and draft: {chosen.engine}:")
