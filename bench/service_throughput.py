@@ -181,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="times each server runs the workload, in alternating order (default 2)")
     parser.add_argument("--num-speculative-tokens", type=int, default=0,
                         help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)")
+    parser.add_argument("--engine", choices=["auto", "pytorch", "onnx"], default=None,
+                        help="the deepspec servers' --engine (default: theirs, auto = the engine measured fastest here)")
     parser.add_argument("--temperature", type=_temperature, action="append",
                         help="sampling temperature of a workload (repeatable; default 0 and 1; 0 = greedy)")
     parser.add_argument("--top-p", type=_top_p, default=1.0, help="top-p of the sampled workloads (default 1 = off)")
@@ -204,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             print(f"round {round_index + 1}/{args.rounds}: starting {kind} ...", flush=True)
             extra = ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
+            extra += ["--engine", args.engine] if args.engine else []
             proc, model, ready_url = start(kind, port, extra)
             try:
                 proc.wait_http(ready_url, 600)
