@@ -150,6 +150,8 @@ class SpecEngine:
         self.step_time: StepTimeModel | None = None
         if drafter is not None and verify_budget and self.num_speculative_tokens:
             self.step_time = self._recorded_step_time() or self._probe_step_time()
+        #: (rows, width, step-time model) -> whether drafting can pay on this batch at all (_drafting_can_pay)
+        self._pays: dict[tuple[int, int, int], bool] = {}
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[_Sequence] = []  # index == slot
@@ -467,7 +469,7 @@ class SpecEngine:
         proposal = None
         with self._phase("draft"):
             sampling = self._draft_sampling() if self.drafter is not None else None
-            if sampling is not None and max(caps) > 0:
+            if sampling is not None and max(caps) > 0 and self._drafting_can_pay(B, max(caps)):
                 # ragged from the drafter; padded once here to the round's width, for the batched ops
                 proposal = self.drafter.propose(self.batch_state.view, slots, max(caps), sampling).padded(max(caps))
                 if proposal.is_tree and not self.tree_attention:
@@ -528,6 +530,17 @@ class SpecEngine:
         seeds = [fresh_seed(s.generator) for s in seqs]
         return RowSampling(*self.batch_state.sampling_params(len(seqs)),
                            torch.tensor(seeds, dtype=torch.int64, device=self.target.device))
+
+    def _drafting_can_pay(self, rows: int, width: int) -> bool:
+        """False when no depth pays on this batch even if every draft were accepted (best_depth of survival 1):
+        then the round skips drafting altogether instead of proposing drafts the budget would drop (on a target
+        that verifies drafted rows one by one, a full batch of 8 is such a case). Cached per batch size."""
+        if self.step_time is None:
+            return True
+        key = (rows, width, id(self.step_time))
+        if key not in self._pays:
+            self._pays[key] = best_depth(torch.ones(rows, width), self.step_time) > 0
+        return self._pays[key]
 
     def _budget_depth(self, proposal: PaddedProposal, num_drafts: torch.Tensor) -> int:
         """The chain depth the verification budget pays for (verify_budget.best_depth), on the proposal's own
@@ -707,11 +720,16 @@ class SpecEngine:
             feats = features[torch.tensor(extend_rows)] if features is not None else None
             self._kv_drafter.commit_rows(extend_rows, committed_rows, feats)
 
+    @property
+    def _rows_serial(self) -> bool:
+        """Whether the target runs a multi-token pass over several rows one row at a time (OnnxTarget)."""
+        return bool(getattr(self.target, "multi_token_rows_serial", False))
+
     def _recorded_step_time(self) -> StepTimeModel | None:
         """The target's own recorded verify-step curve on this machine (an ONNX export times it once; see
         deepspec/models/step_curve.py), or None."""
         recorded = getattr(self.target, "recorded_step_curve", lambda: None)()
-        return StepTimeModel(sorted(recorded.items())) if recorded else None
+        return StepTimeModel(sorted(recorded.items()), self._rows_serial) if recorded else None
 
     def _probe_step_time(self) -> StepTimeModel:
         """Time verify-shaped passes of 1 .. max_verify_tokens tokens on slot 0 while no request runs yet (what
@@ -742,7 +760,7 @@ class SpecEngine:
 
         with torch.inference_mode():
             run(sizes[-1])  # one-time kernel setup stays out of the timings
-            return StepTimeModel([(n, min(run(n), run(n))) for n in sizes])
+            return StepTimeModel([(n, min(run(n), run(n))) for n in sizes], self._rows_serial)
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
     def _commit(self, seq: _Sequence, tokens: list[int],

@@ -31,7 +31,10 @@ class StepTimeModel:
     non-decreasing (a wider pass never costs less; a noisy probe must not make extra tokens look free), held flat
     below the first probe and extended along the last segment's slope beyond the last one."""
 
-    def __init__(self, samples: list[tuple[int, float]]):
+    def __init__(self, samples: list[tuple[int, float]], rows_serial: bool = False):
+        #: the target runs a multi-token pass over several rows one row at a time (ONNX Runtime's attention after a
+        #: past: deepspec/models/onnx_target.py), so B rows of d + 1 tokens cost B passes of d + 1, not one of B(d + 1)
+        self.rows_serial = rows_serial
         fastest: dict[int, float] = {}
         for n, t in samples:
             fastest[int(n)] = min(t, fastest.get(int(n), float("inf")))
@@ -53,9 +56,20 @@ class StepTimeModel:
         t = torch.where(n > self.sizes[-1], self.times[-1] + self.tail_slope * (n - self.sizes[-1]), inside)
         return float(t) if t.dim() == 0 else t
 
+    def round_seconds(self, rows: int, depths: torch.Tensor) -> torch.Tensor:
+        """Seconds of a verify pass over `rows` rows each verifying d + 1 tokens, for every d in `depths`: one pass
+        over rows * (d + 1) tokens, or, on a target whose multi-token rows run serially, rows passes of d + 1
+        (a target-only step, d = 0, stays one batched pass)."""
+        depths = torch.as_tensor(depths, dtype=torch.float64)
+        together = self.predict(rows * (depths + 1))
+        if not self.rows_serial or rows == 1:
+            return together
+        return torch.where(depths > 0, rows * self.predict(depths + 1), together)
+
     def __repr__(self) -> str:
         points = ", ".join(f"{int(n)}: {t * 1e3:.1f}" for n, t in zip(self.sizes.tolist(), self.times.tolist()))
-        return f"StepTimeModel(ms by tokens {{{points}}})"
+        serial = ", rows serial" if self.rows_serial else ""
+        return f"StepTimeModel(ms by tokens {{{points}}}{serial})"
 
 
 def best_depth(survival: torch.Tensor, model: StepTimeModel) -> int:
@@ -64,7 +78,7 @@ def best_depth(survival: torch.Tensor, model: StepTimeModel) -> int:
     B, k = survival.shape
     gain = torch.cat([torch.zeros(1, dtype=torch.float64), survival.double().sum(0).cumsum(0)])  # [k+1]
     depths = torch.arange(k + 1, dtype=torch.float64)
-    throughput = (B + gain) / model.predict(B * (depths + 1))
+    throughput = (B + gain) / model.round_seconds(B, depths)
     return int(throughput.argmax())
 
 

@@ -78,6 +78,9 @@ class OnnxTarget(HFTextTarget):
 
     #: the exported graph is causal over its T new tokens: token trees are verified as chains of first children
     supports_tree_attention: ClassVar[bool] = False
+    #: a pass of several tokens after a past runs one row at a time (module docstring): the verification budget
+    #: prices B drafted rows as B passes (verify_budget.StepTimeModel.round_seconds)
+    multi_token_rows_serial: ClassVar[bool] = True
 
     def __post_init__(self):
         self.quantization = self.meta.get("quantization", "none")

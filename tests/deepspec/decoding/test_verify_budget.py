@@ -45,6 +45,19 @@ def test_best_depth_trades_expected_tokens_against_step_time():
     assert best_depth(torch.ones(2, 7), _model(30, 0)) == 7
 
 
+def test_a_target_that_runs_drafted_rows_one_by_one_prices_each_row_as_its_own_pass():
+    """ONNX Runtime verifies B rows of d + 1 tokens as B passes (OnnxTarget.multi_token_rows_serial): on a flat
+    curve, 8 well-drafted rows pay in one pass (the default), but not in 8 passes against one batched decode step."""
+    flat = [(1, 0.010), (64, 0.010)]
+    survival = torch.full((8, 7), 0.6).cumprod(1)  # Σ over the 7 slots ≈ 1.4 tokens won per row
+    assert best_depth(survival, StepTimeModel(flat)) == 7
+    serial = StepTimeModel(flat, rows_serial=True)
+    assert best_depth(survival, serial) == 0  # 8 passes for 8 x 2.4 tokens < 1 pass for 8 tokens
+    assert best_depth(survival[:1], serial) == 7  # one row: one pass either way
+    torch.testing.assert_close(serial.round_seconds(8, torch.tensor([0, 3])),
+                               torch.tensor([0.010, 0.080], dtype=torch.float64))
+
+
 def test_best_nodes_keeps_each_rows_likeliest_ancestor_closed_nodes():
     # nodes 0, 1 follow the root, 2 follows 0, 3 follows 2, 4 follows 1
     parents, num = torch.tensor([[-1, -1, 0, 2, 1]]), torch.tensor([5])
@@ -91,6 +104,28 @@ def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
     assert [r.token_ids for r in costly] == [r.token_ids for r in reference]
     assert all(r.num_draft_tokens >= r.num_steps for r in free)  # ≥ 1 draft every round
     assert all(r.num_draft_tokens == 0 for r in costly)
+
+
+def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(target):
+    """B rows verified one by one against one batched step: with a curve that rises after 1 token, no depth pays
+    at 4 rows even if every draft were accepted, so the drafter is not asked (its drafts would all be dropped);
+    the same curve priced as one pass over all rows drafts."""
+    from deepspec.decoding.registry import build_drafter
+
+    prompts, params = [[1, 2, 3, 1, 2, 3]] * 4, SamplingParams(max_tokens=10, ignore_eos=True)
+    reference = SpecEngine(target, None, max_batch_size=4, max_seq_len=64).generate(prompts, params)
+    curve = [(1, 0.010), (2, 0.025), (3, 0.027), (4, 0.028)]  # serial d = 2: 3/27 < 4 rows in 28 ms
+    for serial, asked in ((True, False), (False, True)):
+        drafter = build_drafter("prompt-lookup", target)
+        calls = []
+        propose = drafter.propose
+        drafter.propose = lambda *a, **kw: calls.append(a[1]) or propose(*a, **kw)
+        engine = SpecEngine(target, drafter, max_batch_size=4, max_seq_len=64, num_speculative_tokens=2,
+                            verify_budget=False)
+        engine.step_time = StepTimeModel(curve, rows_serial=serial)
+        got = engine.generate(prompts, params)
+        assert [r.token_ids for r in got] == [r.token_ids for r in reference]
+        assert bool(calls) == asked
 
 
 def test_the_verify_pass_is_timed_once_per_target_and_shape(monkeypatch):
