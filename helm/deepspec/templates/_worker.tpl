@@ -324,6 +324,7 @@ spec:
         {{- if eq $w.engines.source "none" }}
         - --target=$(DEEPSPEC_TARGET)
         - --draft=$(DEEPSPEC_DRAFT)
+        - --engine=$(DEEPSPEC_ENGINE)
         {{- end }}
         - --port={{ $w.grpcPort }}
         - --metrics-port={{ $w.metricsPort }}
