@@ -8,8 +8,9 @@ accepted + 1 tokens, so the output distribution is exactly the target's.
 The work happens in the batched ops of `plugins` (torch.ops.deepspec.*: vectorized torch on CPU, Triton kernels
 on CUDA); this module turns a batch of requests into their inputs. Randomness is counter-based: each row gets a
 fresh seed per step, drawn from its request's generator, so a row's draws depend on nothing but its request's seed
-and the rounds it takes. How many drafts a round verifies depends on the batch and the engine's timing probe, so a
-seeded sampled request replays exactly only on the same engine and batch; greedy rows draw nothing and always equal
+and the rounds it takes. How many drafts a round verifies depends on the batch and the engine's step-time model (a
+start-up probe, or the curve an ONNX export recorded on this machine), so a seeded sampled request replays exactly
+only on the same engine and batch; greedy rows draw nothing and always equal
 target-only greedy decoding (service/DESIGN.md, "Seeds and replay"; tests/deepspec/decoding/test_replay.py).
 """
 
