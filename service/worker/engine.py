@@ -46,7 +46,7 @@ def load_engine(settings) -> LoadedEngine:
     logger.info("loaded target %s (quantization %s) with drafter %s (context %d tokens)", target.name,
                 target.quantization, drafter_name, max_seq_len)
     if engine.step_time is not None:
-        logger.info("verification budget on: probed %s", engine.step_time)
+        logger.info("verification budget on: %s (recorded by the export, or probed at start)", engine.step_time)
     return LoadedEngine(target, engine, drafter_name, max_seq_len, f"{choice.engine}: {choice.reason}")
 
 

@@ -106,17 +106,20 @@ def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
     assert all(r.num_draft_tokens == 0 for r in costly)
 
 
-def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(target):
+@pytest.mark.parametrize("kind", ["prompt-lookup", "eagle3"])  # a drafter reading the view, one with a KV cache
+def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(target, tmp_path, kind):
     """B rows verified one by one against one batched step: with a curve that rises after 1 token, no depth pays
     at 4 rows even if every draft were accepted, so the drafter is not asked (its drafts would all be dropped);
-    the same curve priced as one pass over all rows drafts."""
+    the same curve priced as one pass over all rows drafts. A KV drafter still hears every committed token."""
     from deepspec.decoding.registry import build_drafter
 
     prompts, params = [[1, 2, 3, 1, 2, 3]] * 4, SamplingParams(max_tokens=10, ignore_eos=True)
     reference = SpecEngine(target, None, max_batch_size=4, max_seq_len=64).generate(prompts, params)
     curve = [(1, 0.010), (2, 0.025), (3, 0.027), (4, 0.028)]  # serial d = 2: 3/27 < 4 rows in 28 ms
+    if kind != "prompt-lookup":
+        kind = str(save_draft(tiny_draft(target, kind, draft_vocab_size=48), tmp_path / kind))
     for serial, asked in ((True, False), (False, True)):
-        drafter = build_drafter("prompt-lookup", target)
+        drafter = build_drafter(kind, target)
         calls = []
         propose = drafter.propose
         drafter.propose = lambda *a, **kw: calls.append(a[1]) or propose(*a, **kw)
