@@ -9,7 +9,8 @@ CPU runs faster). Which one wins depends on the CPU (int8 dot products, AVX-512)
    times both engines' verify-step curves (deepspec/models/step_curve.py).
 2. It serves the one with the higher modelled throughput at the draft's measured acceptance length, and records
    the choice, the reason and both curves in `choice.json` beside the export. Later starts read it and start in
-   seconds; `python -m service worker --help` prints it.
+   seconds; `python -m service worker --help` prints it. An entry made by an older release for the same settings
+   is deleted when its successor is created (`key.json` says what each entry was made for).
 
 `--engine pytorch` or `--engine onnx` skips the measurement. Auto keeps the PyTorch engine without measuring where
 the ONNX one cannot run: a CUDA device, onnxruntime missing, a target the ONNX graph does not describe, or an
@@ -72,6 +73,11 @@ def choose_engine(settings) -> EngineChoice:
         root = engine_cache_dir(settings)
         root.mkdir(parents=True, exist_ok=True)
         with _locked(root):  # two workers starting together on one machine export once
+            if not (root / "key.json").is_file():  # a new entry: the ones an upgrade superseded go
+                key = cache_key(settings)
+                (root / "key.json").write_text(json.dumps(key, indent=2) + "\n")
+                for old in prune_superseded(root, key):
+                    logger.info("removed the superseded engine cache %s", old)
             onnx_dir = ensure_onnx_export(settings, root / "onnx")
             if settings.engine == "onnx":
                 return EngineChoice("onnx", "--engine onnx", onnx_dir)
@@ -118,12 +124,25 @@ def onnx_blocker(settings) -> str | None:
 
 
 def engine_cache_dir(settings) -> Path:
-    """`<cache>/engines/<target>-<draft>-<key>`: one folder per target, draft, the settings the export depends on,
-    machine and library versions (a cache made on another CPU, or by another release, is not reused)."""
+    """`<cache>/engines/<target>-<draft>-<digest of cache_key>`: one folder per target, draft, the settings the
+    export depends on, machine and library versions (a cache made on another CPU, or by another release, is not
+    reused)."""
+    from deepspec.paths import cache_dir
+
+    key = cache_key(settings)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / "engines" / f"{Path(key['target']).name}-{Path(key['draft']).name}-{digest}"
+
+
+#: the parts of a cache key that an upgrade changes: an entry differing from a new one only there is superseded
+_RELEASE_FIELDS = ("versions", "rule")
+
+
+def cache_key(settings) -> dict:
+    """What an engine choice depends on (written to key.json beside it)."""
     from importlib import metadata
 
     from deepspec.models.step_curve import machine_key
-    from deepspec.paths import cache_dir
 
     def version(name: str) -> str:
         try:
@@ -131,13 +150,32 @@ def engine_cache_dir(settings) -> Path:
         except metadata.PackageNotFoundError:
             return "none"
 
-    target, draft = _absolute(settings.target), _absolute(settings.draft)
-    key = {"target": target, "draft": draft, "chat_template": _absolute(settings.chat_template or ""),
-           "dtype": settings.dtype, "quantization": settings.quantization,
-           "depth": settings.num_speculative_tokens, "machine": machine_key(),
-           "versions": {n: version(n) for n in ("deepspec", "torch", "onnxruntime")}, "rule": CHOICE_VERSION}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return cache_dir() / "engines" / f"{Path(target).name}-{Path(draft).name}-{digest}"
+    return {"target": _absolute(settings.target), "draft": _absolute(settings.draft),
+            "chat_template": _absolute(settings.chat_template or ""), "dtype": settings.dtype,
+            "quantization": settings.quantization, "depth": settings.num_speculative_tokens, "machine": machine_key(),
+            "versions": {n: version(n) for n in ("deepspec", "torch", "onnxruntime")}, "rule": CHOICE_VERSION}
+
+
+def prune_superseded(root: Path, key: dict) -> list[Path]:
+    """Delete the cache entries an upgrade left behind: siblings of `root` whose key.json equals `key` but for the
+    library versions and the rule (each holds a ~250 MB export nothing will read again); → the deleted folders."""
+    import shutil
+
+    def settings_part(k: dict) -> dict:
+        return {f: v for f, v in k.items() if f not in _RELEASE_FIELDS}
+
+    removed = []
+    for sibling in root.parent.iterdir():
+        if sibling == root or not sibling.is_dir():
+            continue
+        try:
+            other = json.loads((sibling / "key.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(other, dict) and settings_part(other) == settings_part(key):
+            shutil.rmtree(sibling, ignore_errors=True)
+            removed.append(sibling)
+    return removed
 
 
 def _absolute(spec: str) -> str:

@@ -113,3 +113,15 @@ def test_help_says_what_auto_serves_here(target_dir, cache, monkeypatch):
     monkeypatch.setenv("DEEPSPEC_WORKER_ENGINE", "auto")
     chosen = choose_engine(_settings(target_dir))
     assert _engine_choice_line().startswith(f"On this machine, for the default target and draft: {chosen.engine}:")
+
+
+def test_an_upgrade_replaces_its_superseded_cache_entry_and_keeps_other_settings(target_dir, cache, monkeypatch):
+    first = choose_engine(_settings(target_dir, engine="onnx"))
+    old_root = first.engine_dir.parent
+    other = choose_engine(_settings(target_dir, engine="onnx", num_speculative_tokens=3)).engine_dir.parent
+    real_key = fastest_engine.cache_key
+    monkeypatch.setattr(fastest_engine, "cache_key",
+                        lambda s: {**real_key(s), "versions": {"deepspec": "next release"}})
+    upgraded = choose_engine(_settings(target_dir, engine="onnx")).engine_dir.parent
+    assert upgraded != old_root and not old_root.exists()  # the same settings after an upgrade: replaced
+    assert other.exists()  # other settings are another entry, kept
