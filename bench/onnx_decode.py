@@ -60,10 +60,11 @@ from pathlib import Path
 from bench.decode import (DATASETS, engine_decoder, gguf_file, llama_cpp_decoder, load_prompts, run_interleaved,
                           summarize)
 from bench.isolated import IsolatedDecoder, MethodTable, PeerFailed
+from deepspec.models.step_curve import CURVE_CONTEXT, CURVE_SIZES, measure_step_curve
 
 REPO = Path(__file__).resolve().parent.parent
-STEP_SIZES = (1, 2, 4, 8, 16, 32)
-STEP_CONTEXT = 256
+#: the verify-step curve's widths and context: the library's own (the export and the worker time the same curve)
+STEP_SIZES, STEP_CONTEXT = CURVE_SIZES, CURVE_CONTEXT
 
 
 #: --designs: name -> (build_target_graph options, session options); "b32-fused" is what the export writes
@@ -206,9 +207,9 @@ def curve_table(title: str, curves: dict[str, dict], cpu: dict[str, dict] | None
 
 
 def step_curve(target, repeats: int) -> dict:
-    """Median seconds of a batch-1 forward of T tokens after STEP_CONTEXT tokens of context, per T."""
-    timed = step_timer(target)
-    return curve_summary({n: statistics.median(timed(n) for _ in range(repeats)) for n in STEP_SIZES})
+    """Median seconds of a batch-1 forward of T tokens after STEP_CONTEXT tokens of context, per T: the curve the
+    export records and the worker compares engines by (deepspec/models/step_curve.py), as this table's cells."""
+    return curve_summary(measure_step_curve(target, repeats=repeats))
 
 
 def compare_designs(args, console) -> dict:
@@ -268,17 +269,12 @@ def compare_designs(args, console) -> dict:
 def served_default(args) -> tuple[tuple, str]:
     """((target, drafter, label), reason): what the worker serves by default on this machine (--engine auto,
     service/worker/fastest_engine.py: measured on its first start, then cached), loaded as the worker loads it."""
-    from deepspec.decoding import build_drafter
-    from deepspec.models import load_target
-    from service.worker.fastest_engine import choose_engine
+    from service.worker.engine import load_served_model
     from service.worker.settings import WorkerSettings
 
     settings = WorkerSettings(target=args.target, draft=args.draft, engine="auto",
                               num_speculative_tokens=args.num_speculative_tokens)
-    choice = choose_engine(settings)
-    settings = settings.model_copy(update=choice.worker_fields())
-    target = load_target(settings.target, dtype=settings.dtype, quantization=settings.quantization, max_seq_len=2048)
-    drafter = build_drafter(settings.draft, target)
+    choice, _, target, drafter = load_served_model(settings)
     label = f"{choice.engine}-{target.quantization}+{getattr(drafter, 'name', 'none')}"
     return (target, drafter, label), f"{choice.engine}: {choice.reason}"
 

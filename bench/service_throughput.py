@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="times each server runs the workload, in alternating order (default 2)")
     parser.add_argument("--num-speculative-tokens", type=int, default=0,
                         help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)")
-    parser.add_argument("--engine", choices=["auto", "pytorch", "onnx"], default=None,
+    from service.worker.fastest_engine import ENGINES
+
+    parser.add_argument("--engine", choices=ENGINES, default=None,
                         help="the deepspec servers' --engine (default: theirs, auto = the engine measured fastest here)")
     parser.add_argument("--temperature", type=_temperature, action="append",
                         help="sampling temperature of a workload (repeatable; default 0 and 1; 0 = greedy)")

@@ -28,7 +28,7 @@ COMMANDS = ("worker", "gateway", "embedded")
 
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
-    from service.worker.settings import QUANTIZATIONS
+    from service.worker.settings import ENGINES, QUANTIZATIONS
 
     g = p.add_argument_group("model")
     # target, draft and dtype default to None here so that settings can tell a flag from the --engine-dir manifest
@@ -39,7 +39,7 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
     g.add_argument("--engine-dir", default=None,
                    help="engine directory from `python -m export` (format pytorch): target, draft and dtype come from "
                         "its manifest.json; --target/--draft/--dtype given as well win")
-    g.add_argument("--engine", choices=["auto", "pytorch", "onnx"], default=None,
+    g.add_argument("--engine", choices=ENGINES, default=None,
                    help="auto (default): the engine measured fastest on this machine, the PyTorch engine or ONNX "
                         "Runtime on an export made on the first start and cached (a minute once); pytorch / onnx: "
                         "that one. " + _engine_choice_line())

@@ -82,6 +82,35 @@ def best_depth(survival: torch.Tensor, model: StepTimeModel) -> int:
     return int(throughput.argmax())
 
 
+def modelled_tokens_per_second(curve: dict[int, float], acceptance_length: float, depth: int) -> float:
+    """Batch-1 tokens per second on a verify-step curve ({T: seconds}) at the depth `best_depth` picks, for a
+    draft whose rounds of `depth` drafts commit τ = `acceptance_length` tokens on average, each draft token
+    accepted independently with the probability α that gives that τ (survival of slot j: α^(j+1)). Depth 0, a
+    target-only step, is one of the choices, so a curve where drafting never pays scores 1 / t(1). What the worker
+    and the ONNX export compare engines and weight formats by (deepspec/models/step_curve.py)."""
+    model = StepTimeModel(sorted(curve.items()))
+    alpha = _per_token_acceptance(acceptance_length, depth)
+    survival = alpha ** torch.arange(1, max(depth, 0) + 1, dtype=torch.float64)[None, :]
+    d = best_depth(survival, model)
+    return float((1 + survival[0, :d].sum()) / model.predict(d + 1))
+
+
+def _per_token_acceptance(acceptance_length: float, depth: int) -> float:
+    """α in [0, 1] with 1 + α + … + α^depth = τ (bisection; the sum grows with α), 0 for τ ≤ 1."""
+    if acceptance_length <= 1.0 or depth < 1:
+        return 0.0
+    if acceptance_length >= depth + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid**j for j in range(depth + 1)) < acceptance_length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def best_nodes(survival: torch.Tensor, model: StepTimeModel) -> torch.Tensor:
     """The budget for token trees. survival [B, k] (P(node and all its ancestors accepted), non-increasing from
     parent to child, 0 past a row's nodes) → keep [B, k] bool: each row's w likeliest nodes (tree.top_nodes, the

@@ -8,10 +8,9 @@ fastest_engine.py), and the engine's verification budget reads the recorded curv
 (deepspec/decoding/verify_budget.py). A curve is only meaningful on the machine and thread count that measured it,
 so it travels with `machine_key()` and is ignored elsewhere.
 
-The figure of merit is `modelled_tokens_per_second`: the throughput at the verify depth the budget would pick on
-that curve, for a draft whose rounds of depth k commit τ tokens on average (τ = its measured acceptance length;
-each draft token accepted with the per-token rate that gives that τ). Depth 0, target-only steps, is one of the
-choices, so a curve where drafting never pays scores 1 / t(1).
+The figure of merit a choice compares is the budget's own (`verify_budget.modelled_tokens_per_second`): the
+throughput at the verify depth the budget would pick on that curve for a draft of the measured acceptance length;
+`drafter_acceptance_length` below says which τ a drafter is scored with.
 """
 
 from __future__ import annotations
@@ -82,49 +81,6 @@ def measure_step_curve(target, sizes: tuple[int, ...] = CURVE_SIZES, context: in
             for n in sizes:
                 runs[n].append(timed(n))
     return {n: statistics.median(runs[n]) for n in sizes}
-
-
-def modelled_tokens_per_second(curve: dict[int, float], acceptance_length: float, depth: int) -> float:
-    """Tokens per second of the best verify depth d ≤ `depth`, as the verification budget picks it
-    (verify_budget.best_depth): a round of d drafts commits 1 + α + … + α^d tokens in t(d + 1), where α is the
-    per-token acceptance that makes a depth-`depth` round commit τ = `acceptance_length` tokens on average (drafts
-    accepted independently, each with probability α). d = 0 is a target-only step, 1 token in t(1), so a curve
-    where drafting never pays scores 1 / t(1). t between timed sizes is interpolated linearly; past the last one,
-    extended."""
-    alpha = _per_token_acceptance(acceptance_length, depth)
-    committed, best = 0.0, 0.0
-    for d in range(max(depth, 0) + 1):
-        committed += alpha**d
-        best = max(best, committed / _interpolate(curve, d + 1))
-    return best
-
-
-def _per_token_acceptance(acceptance_length: float, depth: int) -> float:
-    """α in [0, 1) with 1 + α + … + α^depth = τ (bisection; the sum grows with α), 0 for τ ≤ 1."""
-    if acceptance_length <= 1.0 or depth < 1:
-        return 0.0
-    if acceptance_length >= depth + 1:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(mid**j for j in range(depth + 1)) < acceptance_length:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def _interpolate(curve: dict[int, float], n: int) -> float:
-    sizes = sorted(int(k) for k in curve)
-    times = {int(k): float(v) for k, v in curve.items()}
-    if n <= sizes[0]:
-        return times[sizes[0]]
-    for lo, hi in zip(sizes, sizes[1:]):
-        if n <= hi:
-            return times[lo] + (times[hi] - times[lo]) * (n - lo) / (hi - lo)
-    lo, hi = sizes[-2], sizes[-1]
-    return times[hi] + (times[hi] - times[lo]) * (n - hi) / (hi - lo)
 
 
 def curve_record(curve: dict[int, float], threads: int | None = None) -> dict:

@@ -7,7 +7,7 @@ the output a blend of two models, no longer what one target alone produces; so t
 
 Each candidate is exported whole (graph, verify graph, draft) into a staging folder inside the output and its
 verify-step curve timed (exporter.record_step_curve); the one with the highest modelled throughput at the draft's
-measured acceptance length (deepspec/models/step_curve.py) moves up into the output, the others are deleted.
+measured acceptance length (deepspec/decoding/verify_budget.py, modelled_tokens_per_second) moves up into the output, the others are deleted.
 onnx.json records the choice, every candidate's curve and the τ it was scored with.
 """
 
@@ -27,8 +27,8 @@ def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1
                           chat_template: str | None = None, candidates: tuple[str, ...] = AUTO_CANDIDATES) -> dict:
     """Export each candidate format, keep the fastest on this machine in out_dir; returns its meta (exporter's)
     with the `quantization_choice` record."""
-    from deepspec.models.step_curve import SCORED_DEPTH, drafter_acceptance_length, modelled_tokens_per_second
-    from deepspec.models.step_curve import recorded_curve
+    from deepspec.decoding.verify_budget import modelled_tokens_per_second
+    from deepspec.models.step_curve import SCORED_DEPTH, drafter_acceptance_length, recorded_curve
     from export.onnx.exporter import export_onnx, resolve_draft_dir
 
     out = Path(out_dir)
@@ -50,7 +50,7 @@ def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1
     meta = metas[best]
     meta["quantization_choice"] = {
         "chosen": best,
-        "rule": f"highest modelled tokens/s at the best verify depth <= {SCORED_DEPTH} (step_curve.py) on this "
+        "rule": f"highest modelled tokens/s at the best verify depth <= {SCORED_DEPTH} (verify_budget.py) on this "
                 "machine's verify-step curves",
         "acceptance_length": round(tau, 3),
         "depth": SCORED_DEPTH,

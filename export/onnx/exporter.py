@@ -132,20 +132,16 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     else:
         named = draft in drafter_keywords() and draft != "auto"  # a drafter the worker builds by name
         meta["draft"] = {"path": draft if named else "none", "algo": None}
-    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")  # what load_target opens to time it
     meta["step_curve"] = record_step_curve(out)
+    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
 
 def record_step_curve(out: Path) -> dict:
-    """Time the written graph's verify-step curve on this machine (deepspec/models/step_curve.py: a few seconds)
-    and store it in onnx.json, where the engine's verification budget reads it instead of probing again."""
+    """The written graph's verify-step curve on this machine, as onnx.json stores it (deepspec/models/
+    step_curve.py: a few seconds), where the engine's verification budget reads it instead of probing again."""
     from deepspec.models import load_target
     from deepspec.models.step_curve import curve_record, measure_step_curve
 
-    target = load_target(str(out))
-    record = curve_record(measure_step_curve(target))
-    meta = json.loads((out / "onnx.json").read_text())
-    meta["step_curve"] = record
-    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return record
+    return curve_record(measure_step_curve(load_target(str(out))))

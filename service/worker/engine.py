@@ -27,18 +27,7 @@ def load_engine(settings) -> LoadedEngine:
     """Load weights and build the engine (blocking: seconds for the default target on CPU)."""
     if settings.target == "stub":
         return _load_stub(settings)
-    from deepspec.decoding import build_drafter
-    from deepspec.models import load_target
-    from service.worker.fastest_engine import choose_engine
-
-    choice = choose_engine(settings)
-    logger.info("engine: %s (%s)", choice.engine, choice.reason)
-    settings = settings.model_copy(update=choice.worker_fields())
-
-    # an ONNX export directory loads as its ONNX Runtime graph, and its own neural draft through the draft's graphs
-    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
-                         quantization=settings.quantization, chat_template=settings.chat_template)
-    drafter = build_drafter(settings.draft, target)
+    choice, settings, target, drafter = load_served_model(settings)
     max_seq_len = min(settings.max_seq_len, target.max_seq_len)
     engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,
                         num_speculative_tokens=settings.num_speculative_tokens)  # fmt: skip
@@ -48,6 +37,22 @@ def load_engine(settings) -> LoadedEngine:
     if engine.step_time is not None:
         logger.info("verification budget on: %s (recorded by the export, or probed at start)", engine.step_time)
     return LoadedEngine(target, engine, drafter_name, max_seq_len, f"{choice.engine}: {choice.reason}")
+
+
+def load_served_model(settings):
+    """(engine choice, the settings it leaves, target, drafter): what a worker with these settings serves, loaded
+    as it loads them (the benchmarks' `served` row reuses this)."""
+    from deepspec.decoding import build_drafter
+    from deepspec.models import load_target
+    from service.worker.fastest_engine import choose_engine
+
+    choice = choose_engine(settings)
+    logger.info("engine: %s (%s)", choice.engine, choice.reason)
+    settings = settings.model_copy(update=choice.worker_fields())
+    # an ONNX export directory loads as its ONNX Runtime graph, and its own neural draft through the draft's graphs
+    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
+                         quantization=settings.quantization, chat_template=settings.chat_template)
+    return choice, settings, target, build_drafter(settings.draft, target)
 
 
 def _load_stub(settings) -> LoadedEngine:

@@ -26,11 +26,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 logger = logging.getLogger(__name__)
 
 #: the worker's --engine choices
-ENGINES = ("auto", "pytorch", "onnx")
+Engine = Literal["auto", "pytorch", "onnx"]
+ENGINES: tuple[str, ...] = get_args(Engine)
 CHOICE_FILE = "choice.json"
 #: bumped when the choice's rule or the cache layout changes: older records are then measured again
 CHOICE_VERSION = 2
@@ -220,8 +222,9 @@ def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
     import time
 
     from deepspec.models import load_target
-    from deepspec.models.step_curve import (curve_record, drafter_acceptance_length, measure_step_curve,
-                                            modelled_tokens_per_second, recorded_curve)
+    from deepspec.decoding.verify_budget import modelled_tokens_per_second
+    from deepspec.models.step_curve import (cpu_flags, curve_record, drafter_acceptance_length, measure_step_curve,
+                                            recorded_curve)
 
     onnx_meta = json.loads((onnx_dir / "onnx.json").read_text())
     onnx_curve = recorded_curve(onnx_meta.get("step_curve"))
@@ -239,7 +242,7 @@ def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
     other = "pytorch" if engine == "onnx" else "onnx"
     label = {"pytorch": f"PyTorch {weights}", "onnx": f"ONNX {onnx_meta.get('quantization', '?')}"}
     reason = (f"{label[engine]} models {scores[engine]:.0f} tok/s against {label[other]}'s {scores[other]:.0f} at "
-              f"tau {tau:.2f}, depth {depth}, on {os.cpu_count()} cores with {curve_record({})['machine']['flags']}")
+              f"tau {tau:.2f}, depth {depth}, on {os.cpu_count()} cores with {cpu_flags()}")
     record = {"version": CHOICE_VERSION, "engine": engine, "reason": reason,
               "measured": time.strftime("%Y-%m-%d %H:%M"), "acceptance_length": round(tau, 3), "depth": depth,
               "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},

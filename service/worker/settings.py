@@ -14,8 +14,9 @@ from pydantic_settings import SettingsConfigDict
 from deepspec.models.aliases import DEFAULT_TARGET
 from deepspec.models.quantization import QUANTIZATIONS, Quantization
 from service.settings import ServiceSettings
+from service.worker.fastest_engine import ENGINES, Engine
 
-__all__ = ["QUANTIZATIONS", "WorkerSettings"]
+__all__ = ["ENGINES", "QUANTIZATIONS", "WorkerSettings"]
 
 
 class WorkerSettings(ServiceSettings):
@@ -29,7 +30,7 @@ class WorkerSettings(ServiceSettings):
     engine_dir: Path | None = None
     #: "auto" = the engine measured fastest on this machine (the PyTorch engine or the ONNX export, cached after the
     #: first start: service/worker/fastest_engine.py); "pytorch" / "onnx" = that one
-    engine: Literal["auto", "pytorch", "onnx"] = "auto"
+    engine: Engine = "auto"
     #: KServe v2 gRPC port (0 = pick a free one)
     port: int = Field(8001, ge=0, le=65535)
     #: Prometheus /metrics HTTP port (0 = pick a free one, -1 = off)

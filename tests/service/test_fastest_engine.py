@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from deepspec.models.step_curve import modelled_tokens_per_second  # noqa: E402
+from deepspec.decoding.verify_budget import modelled_tokens_per_second  # noqa: E402
 from service.worker import fastest_engine  # noqa: E402
 from service.worker.fastest_engine import CHOICE_FILE, choose_engine, describe_cached_choice  # noqa: E402
 from service.worker.settings import WorkerSettings  # noqa: E402
