@@ -203,6 +203,13 @@ class Drafter(ABC):
         """Guess up to k tokens (a chain, or a tree of k nodes) that follow each slot's last committed token;
         `view` holds every slot's committed tokens (read-only)."""
 
+    def costly_rows(self, view: BatchView, slots: list[int]) -> int:
+        """How many of these rows the next `propose` would run a model of its own for: what the engine prices with
+        the drafter's probed propose time before it drafts (SpecEngine._draft_width). 0 here: a drafter that reads
+        tokens (prompt or corpus lookup) costs next to nothing beside a target pass; a neural draft counts every
+        row, a hybrid the rows its corpus leaves to the neural part."""
+        return 0
+
 
 class KVDrafter(Drafter):
     """A drafter with per-slot state of its own (a draft KV cache, indexed by engine slot): it hears every commit

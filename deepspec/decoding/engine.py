@@ -59,7 +59,7 @@ from deepspec.decoding.tree import (first_children, keep_nodes, monotone_surviva
                                     tree_survival_from_record, with_root)
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
 from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify, verify_tree
-from deepspec.decoding.verify_budget import StepTimeModel, best_depth, best_nodes, observed_survival
+from deepspec.decoding.verify_budget import DraftTimeModel, StepTimeModel, best_depth, best_nodes, observed_survival
 from deepspec.models.target import Target
 from deepspec.models.tree_attention import check_parents
 
@@ -150,7 +150,9 @@ class SpecEngine:
         self.step_time: StepTimeModel | None = None
         if drafter is not None and verify_budget and self.num_speculative_tokens:
             self.step_time = self._recorded_step_time() or self._probe_step_time()
-        #: (rows, width, step-time model) -> whether drafting can pay on this batch at all (_drafting_can_pay)
+        #: the drafter's own propose time, priced with the verify pass before a round drafts (`_draft_width`)
+        self.draft_time: DraftTimeModel | None = self._probe_draft_time() if self.step_time is not None else None
+        #: (rows, width, step-time model) -> whether drafting can pay on this batch at all (`_draft_width`)
         self._pays: dict[tuple[int, int, int], bool] = {}
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
@@ -469,9 +471,10 @@ class SpecEngine:
         proposal = None
         with self._phase("draft"):
             sampling = self._draft_sampling() if self.drafter is not None else None
-            if sampling is not None and max(caps) > 0 and self._drafting_can_pay(B, max(caps)):
+            width = self._draft_width(caps) if sampling is not None and max(caps) > 0 else 0
+            if width:
                 # ragged from the drafter; padded once here to the round's width, for the batched ops
-                proposal = self.drafter.propose(self.batch_state.view, slots, max(caps), sampling).padded(max(caps))
+                proposal = self.drafter.propose(self.batch_state.view, slots, width, sampling).padded(width)
                 if proposal.is_tree and not self.tree_attention:
                     proposal = first_children(proposal)
         if proposal is not None and proposal.is_tree:
@@ -531,16 +534,32 @@ class SpecEngine:
         return RowSampling(*self.batch_state.sampling_params(len(seqs)),
                            torch.tensor(seeds, dtype=torch.int64, device=self.target.device))
 
-    def _drafting_can_pay(self, rows: int, width: int) -> bool:
-        """False when no depth pays on this batch even if every draft were accepted (best_depth of survival 1):
-        then the round skips drafting altogether instead of proposing drafts the budget would drop (on a target
-        that verifies drafted rows one by one, a full batch of 8 is such a case). Cached per batch size."""
+    def _draft_width(self, caps: list[int]) -> int:
+        """How many drafts per row this round asks the drafter for (0 = the round does not draft).
+
+        A drafter that runs a model of its own for some rows (`Drafter.costly_rows`) is priced before it runs:
+        the width is the depth the verification budget pays for on the rows' acceptance records
+        (verify_budget.observed_survival) with the drafter's probed propose time for those rows added
+        (`draft_time`), so a draft whose forward costs more than its accepted tokens win is not run at all and a
+        neural chain drafts only as deep as pays (a tree drafter gets its whole node budget when drafting pays,
+        its nodes then kept by `_budget_tree`). A drafter that costs next to nothing proposes the whole width and
+        the budget cuts its drafts on their own estimates; it is skipped only where no depth pays on this batch
+        even if every draft were accepted (on a target that verifies drafted rows one by one, a full batch of 8
+        is such a case)."""
+        width = max(caps)
         if self.step_time is None:
-            return True
-        key = (rows, width, id(self.step_time))
-        if key not in self._pays:
-            self._pays[key] = best_depth(torch.ones(rows, width), self.step_time) > 0
-        return self._pays[key]
+            return width
+        costly_rows = getattr(self.drafter, "costly_rows", None)
+        costly = costly_rows(self.batch_state.view, list(range(len(caps)))) if costly_rows and self.draft_time else 0
+        if not costly:
+            key = (len(caps), width, id(self.step_time))
+            if key not in self._pays:
+                self._pays[key] = best_depth(torch.ones(len(caps), width), self.step_time) > 0
+            return width if self._pays[key] else 0
+        records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
+        survival = observed_survival(records, width) * (torch.arange(width)[None, :] < torch.tensor(caps)[:, None])
+        depth = best_depth(survival, self.step_time, self.draft_time.round_seconds(costly, torch.arange(width + 1)))
+        return width if depth and getattr(self.drafter, "tree", None) else depth
 
     def _budget_depth(self, proposal: PaddedProposal, num_drafts: torch.Tensor) -> int:
         """The chain depth the verification budget pays for (verify_budget.best_depth), on the proposal's own
@@ -743,6 +762,54 @@ class SpecEngine:
             measured[key] = self._time_verify_passes(sizes)
         return measured[key]
 
+    def _probe_draft_time(self) -> DraftTimeModel:
+        """Time the drafter's propose while no request runs yet: one to all slots of a made-up sequence of random
+        tokens (a corpus finds nothing to copy in it, a neural draft runs its full chain; a KV drafter is started
+        on it with the features of one target pass over slot 0, which the first prefill overwrites), at widths 1
+        and num_speculative_tokens; the fastest of two runs each. Every slot is released afterwards. Measured
+        once per drafter, target and shape in a process, like the verify passes."""
+        widths = tuple(sorted({1, self.num_speculative_tokens}))
+        rows = tuple(sorted({1, self.max_batch_size}))
+        key = (id(self.target), rows, widths, self.feature_layers)
+        measured = _DRAFT_TIME_MODELS.setdefault(self.drafter, {})
+        if key not in measured:
+            measured[key] = self._time_proposals(rows, widths)
+        return measured[key]
+
+    def _time_proposals(self, rows: tuple[int, ...], widths: tuple[int, ...]) -> DraftTimeModel:
+        device = self.target.device
+        n = max(2, min(64, self.max_seq_len - self.num_speculative_tokens - 2))
+        tokens = torch.randint(self.target.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
+        greedy = SamplingParams()
+
+        def run(num_rows: int, width: int) -> float:
+            sampling = DraftSampling(torch.zeros(num_rows), [None] * num_rows, None)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            proposal = self.drafter.propose(self.batch_state.view, list(range(num_rows)), width, sampling)
+            proposal.tokens.cpu()  # a draft on the device is done once its tokens are read back
+            return time.perf_counter() - t0
+
+        with torch.inference_mode():
+            out = self.target.forward(tokens.to(device), torch.zeros(1, dtype=torch.long, device=device),
+                                      self.cache.rows(0, 1), feature_layers=self.feature_layers, logits="none",
+                                      max_start=0)  # fmt: skip
+            features = out.features[:, : n - 1] if out.features is not None else None
+            for slot in range(max(rows)):
+                self.batch_state.admit(slot, new_sequence_id(), greedy)
+                self.batch_state.append(slot, tokens[0].tolist())
+                if self._kv_drafter is not None:
+                    self._kv_drafter.start(slot, tokens[0].tolist(), features)
+            try:
+                run(max(rows), max(widths))  # one-time setup stays out of the timings
+                return DraftTimeModel({(r, w): min(run(r, w), run(r, w)) for r in rows for w in widths})
+            finally:
+                for slot in range(max(rows)):
+                    if self._kv_drafter is not None:
+                        self._kv_drafter.release(slot)
+                    self.batch_state.clear(slot)
+
     def _time_verify_passes(self, sizes: tuple[int, ...]) -> StepTimeModel:
         device = self.target.device
         view = self.cache.rows(0, 1)
@@ -866,6 +933,8 @@ class SpecEngine:
 _ids = itertools.count()
 #: target -> {(verify sizes, captured layers): its verify-pass cost model}; dropped with the target
 _STEP_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: drafter -> {(target, rows, widths, feature layers): DraftTimeModel}, the propose probes (_probe_draft_time)
+_DRAFT_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: target → its GrammarCompiler (the compiled vocabulary and grammars), shared by the engines built on it
 _GRAMMAR_COMPILERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

@@ -13,6 +13,11 @@ pay. Token trees are budgeted the same way over nodes instead of depth (`best_no
 nodes of highest survival, which is ancestor-closed once survival never grows from parent to child. This is the
 "hardware-aware verification budget" of the DSpark paper, which the reference implementation
 (DeepSeek's DeepSpec repository, docs/ALGORITHMS.md) does not have.
+Drafting has a price too. A neural draft runs its own forward per draft token (a chain of d drafts costs about d
+of them), so before it proposes, the engine picks the width that pays on the sequences' acceptance records with the
+draft's time added to the verify pass's (`DraftTimeModel`, `best_depth`'s `draft_seconds`): where even the best
+width loses to a target-only step the round does not draft at all, so a draft too slow for what it gets accepted
+decodes at the target's own speed instead of below it.
 The engine times probe passes once, when it starts, on the hardware it runs on. t(n) interpolates those probes
 piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches kernels at 8 rows
 (packed_linear.Int4Weight), so t(n) has a knee. It is not refitted while serving, so a given batch of seeded
@@ -24,6 +29,15 @@ from __future__ import annotations
 import torch
 
 from deepspec.decoding.tree import top_nodes
+
+
+def _interpolate(x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """ys over xs (sorted, two or more) joined piecewise-linearly at x: flat below xs[0], along the last segment's
+    slope beyond xs[-1]."""
+    last = len(xs) - 2
+    segment = (torch.searchsorted(xs, x.clamp(min=xs[0]), right=True) - 1).clamp(0, last)
+    x0, x1, y0, y1 = xs[segment], xs[segment + 1], ys[segment], ys[segment + 1]
+    return y0 + (y1 - y0) * (x.clamp(min=xs[0]) - x0) / (x1 - x0)
 
 
 class StepTimeModel:
@@ -43,17 +57,10 @@ class StepTimeModel:
         sizes = sorted(fastest)
         self.sizes = torch.tensor(sizes, dtype=torch.float64)
         self.times = torch.tensor([fastest[n] for n in sizes], dtype=torch.float64).clamp(min=1e-6).cummax(0).values
-        self.tail_slope = float((self.times[-1] - self.times[-2]) / (self.sizes[-1] - self.sizes[-2]))
 
     def predict(self, num_tokens):
         """Seconds for a pass over num_tokens (an int, or a tensor of counts)."""
-        n = torch.as_tensor(num_tokens, dtype=torch.float64)
-        last = len(self.sizes) - 2
-        segment = (torch.searchsorted(self.sizes, n.clamp(min=self.sizes[0]), right=True) - 1).clamp(0, last)
-        n0, n1 = self.sizes[segment], self.sizes[segment + 1]
-        t0, t1 = self.times[segment], self.times[segment + 1]
-        inside = t0 + (t1 - t0) * (n.clamp(self.sizes[0], self.sizes[-1]) - n0) / (n1 - n0)
-        t = torch.where(n > self.sizes[-1], self.times[-1] + self.tail_slope * (n - self.sizes[-1]), inside)
+        t = _interpolate(torch.as_tensor(num_tokens, dtype=torch.float64), self.sizes, self.times)
         return float(t) if t.dim() == 0 else t
 
     def round_seconds(self, rows: int, depths: torch.Tensor) -> torch.Tensor:
@@ -72,13 +79,49 @@ class StepTimeModel:
         return f"StepTimeModel(ms by tokens {{{points}}}{serial})"
 
 
-def best_depth(survival: torch.Tensor, model: StepTimeModel) -> int:
+class DraftTimeModel:
+    """s(rows, width): seconds a drafter's propose takes for `rows` rows of `width` drafts each, from probes on a
+    grid of (rows, width) (SpecEngine._probe_draft_time): linear in rows between the probed row counts (flat beyond
+    them), then piecewise-linear in width like StepTimeModel, non-decreasing; 0 at width 0, where nothing is
+    proposed."""
+
+    def __init__(self, samples: dict[tuple[int, int], float]):
+        self.rows = sorted({r for r, _ in samples})
+        widths = sorted({w for _, w in samples})
+        if len(widths) < 2 or any((r, w) not in samples for r in self.rows for w in widths):
+            raise ValueError("a draft-time model needs timings at two or more widths for every probed row count")
+        self.widths = torch.tensor(widths, dtype=torch.float64)
+        self.times = torch.tensor([[samples[r, w] for w in widths] for r in self.rows], dtype=torch.float64)
+        self.times = self.times.clamp(min=0).cummax(1).values.cummax(0).values  # more rows or drafts never cost less
+
+    def round_seconds(self, rows: int, widths) -> torch.Tensor:
+        """Seconds of one propose over `rows` rows for every width in `widths`."""
+        widths = torch.as_tensor(widths, dtype=torch.float64)
+        if len(self.rows) == 1:
+            by_width = self.times[0]
+        else:
+            by_width = torch.stack([_interpolate(torch.tensor(float(rows), dtype=torch.float64),
+                                                 torch.tensor(self.rows, dtype=torch.float64), self.times[:, j])
+                                    for j in range(len(self.widths))]).clamp(max=self.times[-1])  # fmt: skip
+        return torch.where(widths > 0, _interpolate(widths, self.widths, by_width), torch.zeros_like(widths))
+
+    def __repr__(self) -> str:
+        rows = "; ".join(f"{r} rows: " + ", ".join(f"{int(w)}: {t * 1e3:.2f}" for w, t in zip(self.widths.tolist(), ts))
+                         for r, ts in zip(self.rows, self.times.tolist()))  # fmt: skip
+        return f"DraftTimeModel(ms by width {{{rows}}})"
+
+
+def best_depth(survival: torch.Tensor, model: StepTimeModel, draft_seconds: torch.Tensor | None = None) -> int:
     """survival [B, k] (P(slot j and all slots before it accepted); 0 where a row has no draft) → the verify
-    depth 0..k with the highest modelled tokens per second."""
+    depth 0..k with the highest modelled tokens per second. `draft_seconds` [k + 1]: what drafting each depth costs
+    on top of its verify pass (DraftTimeModel.round_seconds; 0 at depth 0), when the drafts are yet to be made."""
     B, k = survival.shape
     gain = torch.cat([torch.zeros(1, dtype=torch.float64), survival.double().sum(0).cumsum(0)])  # [k+1]
     depths = torch.arange(k + 1, dtype=torch.float64)
-    throughput = (B + gain) / model.round_seconds(B, depths)
+    seconds = model.round_seconds(B, depths)
+    if draft_seconds is not None:
+        seconds = seconds + draft_seconds
+    throughput = (B + gain) / seconds
     return int(throughput.argmax())
 
 

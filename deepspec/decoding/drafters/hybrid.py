@@ -107,6 +107,10 @@ class HybridDrafter(KVDrafter):
         matched, cap = int(source.rsplit("_", 1)[1]), int(corpus_source(1 << 20).rsplit("_", 1)[1])
         return matched >= min(self.min_match, cap)
 
+    def costly_rows(self, view: BatchView, slots: list[int]) -> int:
+        """The rows the neural part would draft (the corpus's own lookups cost next to nothing)."""
+        return sum(not self.strong(view, s) for s in slots) if self.neural.costly_rows(view, slots) else 0
+
     def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         strong = [self.strong(view, s) for s in slots]
         greedy = (sampling.temperature <= 0).tolist()

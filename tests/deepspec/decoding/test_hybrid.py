@@ -113,6 +113,8 @@ def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(tar
     driver = _fed(drafter, target, [strong_history, weak_history])
     view = driver.view
     assert drafter.strong(view, 0) and not drafter.strong(view, 1)
+    # what the engine prices with the draft's probed time: the neural part's rows only
+    assert drafter.costly_rows(view, [0, 1]) == 1 and drafter.costly_rows(view, [0]) == 0
     greedy = DraftSampling(torch.zeros(2), [None, None])
     prop = driver.propose([0, 1], 4, greedy)
     corpus_prop = drafter.corpus.propose(view, [0, 1], 4, greedy).padded(4)

@@ -10,7 +10,8 @@ from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.decoding.tree import monotone_survival
-from deepspec.decoding.verify_budget import StepTimeModel, best_depth, best_nodes, observed_survival
+from deepspec.decoding.verify_budget import (DraftTimeModel, StepTimeModel, best_depth, best_nodes,
+                                             observed_survival)
 from deepspec.models.drafts import save_draft
 from tests.training.helpers import tiny_draft, tiny_target
 
@@ -95,6 +96,8 @@ def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
 
     engine = _dspark_engine(target, tmp_path)
     assert engine.step_time is not None and engine.step_time.predict(1) > 0  # probed at start
+    assert engine.draft_time is not None and float(engine.draft_time.round_seconds(1, [4])[0]) > 0
+    engine.draft_time = None  # drafting itself free: the verify pass's price alone decides
     engine.step_time = _model(1, 0)  # extra tokens are free: verify every draft
     free = engine.generate(prompts, params)
     engine.step_time = _model(1, 1000)  # cost ∝ tokens: a slot surviving with p < 1 never pays
@@ -129,6 +132,56 @@ def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(tar
         got = engine.generate(prompts, params)
         assert [r.token_ids for r in got] == [r.token_ids for r in reference]
         assert bool(calls) == asked
+
+
+def test_draft_time_model_interpolates_rows_then_widths_and_is_zero_without_drafts():
+    ms = 1e-3
+    # rows 1 and 4, widths 1 and 4; a noisy probe (4 rows, 1 draft cheaper than 1 row) is lifted to the 1-row one
+    m = DraftTimeModel({(1, 1): 1 * ms, (1, 4): 4 * ms, (4, 1): 0.5 * ms, (4, 4): 10 * ms})
+    torch.testing.assert_close(m.round_seconds(1, [0, 1, 2, 4, 8]) / ms,
+                               torch.tensor([0, 1, 2, 4, 8], dtype=torch.float64))  # linear past the last width
+    torch.testing.assert_close(m.round_seconds(2, [1, 4]) / ms, torch.tensor([1, 6], dtype=torch.float64))
+    torch.testing.assert_close(m.round_seconds(8, [4]) / ms, torch.tensor([10], dtype=torch.float64))  # flat past 4
+    with pytest.raises(ValueError, match="two or more widths"):
+        DraftTimeModel({(1, 1): ms, (1, 4): ms, (4, 1): ms})
+
+
+def test_a_costly_draft_drafts_only_as_deep_as_its_own_time_pays():
+    """Survival 0.6, 0.36, 0.216 on a flat 6 ms verify pass: free drafting verifies all 3; at 3 ms a draft token,
+    1 draft gives 1.6 / 9 ms (0.178) against 1 / 6 ms target-only (0.167) and 2 drafts 1.96 / 12 ms (0.163);
+    at 5 ms a draft token not even one pays (1.6 / 11 ms)."""
+    survival, flat = torch.tensor([[0.6, 0.36, 0.216]]), _model(6, 0)
+    per_token = lambda ms: DraftTimeModel({(1, 1): ms / 1e3, (1, 2): 2 * ms / 1e3}).round_seconds(1, range(4))  # noqa: E731
+    assert best_depth(survival, flat) == 3
+    assert best_depth(survival, flat, per_token(3)) == 1
+    assert best_depth(survival, flat, per_token(5)) == 0
+
+
+@pytest.mark.parametrize("kind", ["prompt-lookup", "eagle3"])
+def test_a_draft_slower_than_what_it_wins_is_not_run_and_output_stays_target_only(target, tmp_path, kind):
+    """A neural draft priced at a second per draft token is never asked and the engine decodes target-only (its KV
+    cache still hears every commit); priced free it is asked. Prompt lookup runs no model of its own, so its
+    probed time is not what decides (`Drafter.costly_rows`). Greedy output identical either way."""
+    from deepspec.decoding.registry import build_drafter
+
+    prompts, params = [[1, 2, 3, 1, 2, 3]] * 2, SamplingParams(max_tokens=10, ignore_eos=True)
+    reference = SpecEngine(target, None, max_batch_size=2, max_seq_len=64).generate(prompts, params)
+    if kind != "prompt-lookup":
+        kind = str(save_draft(tiny_draft(target, kind, draft_vocab_size=48), tmp_path / kind))
+    for seconds in (1.0, 0.0):
+        asked = seconds == 0 or kind == "prompt-lookup"
+        drafter = build_drafter(kind, target)
+        engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2)
+        assert engine.draft_time is not None  # probed at start, the probe's slots released
+        assert engine.batch_state.view.live_sequence_ids() == set()
+        engine.step_time = _model(1, 0)
+        engine.draft_time = DraftTimeModel({(r, w): seconds * w for r in (1, 2) for w in (1, 2)})
+        calls = []
+        propose = drafter.propose
+        drafter.propose = lambda *a, **kw: calls.append(a[1]) or propose(*a, **kw)
+        got = engine.generate(prompts, params)
+        assert [r.token_ids for r in got] == [r.token_ids for r in reference]
+        assert bool(calls) == asked and (asked or sum(r.num_draft_tokens for r in got) == 0)
 
 
 def test_the_verify_pass_is_timed_once_per_target_and_shape(monkeypatch):
