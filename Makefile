@@ -50,9 +50,11 @@ test-fast: venv system-deps
 # the CPU has, and a portable AVX2 build under-rates llama.cpp by ~10% on AVX-512 machines. If the native build
 # fails, the portable AVX2 build follows; bench.decode prints which build ran (llama.cpp's system info) beside its
 # table. --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back a build made on another machine
-# (a wheel built on a Xeon with AMX died with SIGILL elsewhere).
+# (a wheel built on a Xeon with AMX died with SIGILL elsewhere). On a CPU with AMX the native build would compile
+# ggml's AMX backend, which segfaults on the first decode: there bench/llama_cpp_cmake_args.py names every other
+# extension the CPU has instead (its docstring says why).
 LLAMA_CPP_PORTABLE_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
+LLAMA_CPP_CMAKE_ARGS ?= $(shell $(PYTHON) bench/llama_cpp_cmake_args.py)
 bench-deps: $(VENV)/.bench-installed
 
 $(VENV)/.bench-installed: $(VENV)/.installed $(VENV)/.llama-installed

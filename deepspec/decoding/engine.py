@@ -151,7 +151,10 @@ class SpecEngine:
         if drafter is not None and verify_budget and self.num_speculative_tokens:
             self.step_time = self._recorded_step_time() or self._probe_step_time()
         #: the drafter's own propose time, priced with the verify pass before a round drafts (`_draft_width`)
-        self.draft_time: DraftTimeModel | None = self._probe_draft_time() if self.step_time is not None else None
+        self.draft_time: DraftTimeModel | None = None
+        if self.step_time is not None and getattr(type(drafter), "costly_rows", Drafter.costly_rows) is not \
+                Drafter.costly_rows:  # a drafter that runs no model of its own is not priced: nothing to time
+            self.draft_time = self._probe_draft_time()
         #: (rows, width, step-time model) -> whether drafting can pay on this batch at all (`_draft_width`)
         self._pays: dict[tuple[int, int, int], bool] = {}
         self._rng = torch.Generator().manual_seed(seed)
@@ -549,8 +552,7 @@ class SpecEngine:
         width = max(caps)
         if self.step_time is None:
             return width
-        costly_rows = getattr(self.drafter, "costly_rows", None)
-        costly = costly_rows(self.batch_state.view, list(range(len(caps)))) if costly_rows and self.draft_time else 0
+        costly = self.drafter.costly_rows(self.batch_state.view, list(range(len(caps)))) if self.draft_time else 0
         if not costly:
             key = (len(caps), width, id(self.step_time))
             if key not in self._pays:
