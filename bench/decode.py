@@ -85,13 +85,15 @@ def load_prompts(target, n: int) -> dict[str, list[list[int]]]:
 # verify tokens per step or None).
 
 
-def engine_decoder(target, drafter, max_tokens, k, warmup_ids):
-    """Our engine at batch 1, with `drafter` or target-only (None)."""
+def engine_decoder(target, drafter, max_tokens, k, warmup_ids, temperature: float = 0.0):
+    """Our engine at batch 1, with `drafter` or target-only (None); greedy, or sampled at `temperature` (top-p 1,
+    one fixed seed, so every row of a table draws from the same generator)."""
     from deepspec.decoding import SamplingParams, SpecEngine
     from training.evaluate import verify_tokens_per_step
 
     engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
+                            seed=0 if temperature > 0 else None)
     engine.generate([warmup_ids], SamplingParams(max_tokens=WARMUP_TOKENS))
 
     def decode(ids):

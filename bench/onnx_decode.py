@@ -34,6 +34,7 @@ execution, all graph optimizations, no spinning.
 
     python -m bench.onnx_decode                                   # 5 prompts per set, 128 new tokens
     python -m bench.onnx_decode --num-prompts 2 --max-tokens 32   # a quick smoke run
+    python -m bench.onnx_decode --temperature 1 --skip onnx,onnx-int4   # sampled: each draft against target-only
     python -m bench.onnx_decode --designs                         # compare graph/session designs (below)
 
 `--designs` compares ways of building and running the int4 graph back to back in one process: each design's
@@ -87,6 +88,9 @@ def parse_args(argv):
     p.add_argument("--num-prompts", type=int, default=5, help="prompts per dataset (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft depth k (default: 7)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of our engine's rows (top-p 1, seeded; default 0 = greedy); the "
+                        "llama.cpp rows stay greedy")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     p.add_argument("--step-repeats", type=int, default=15, help="timed runs per verify size (default: 15)")
     p.add_argument("--skip", default="", help="comma list of rows to skip (onnx, engine-q4, llama.cpp, ...)")
@@ -319,20 +323,24 @@ def main(argv=None) -> int:
     fp32 = load_onnx_target(work / "none", max_seq_len=2048, num_threads=threads)
     int4 = load_onnx_target(work / "int4", max_seq_len=2048, num_threads=threads)
     k = args.num_speculative_tokens
-    add("onnx", lambda: engine_decoder(fp32, None, args.max_tokens, k, warmup_ids))
-    add("onnx-int4", lambda: engine_decoder(int4, None, args.max_tokens, k, warmup_ids))
+
+    def ours(target, drafter):
+        return engine_decoder(target, drafter, args.max_tokens, k, warmup_ids, args.temperature)
+
+    add("onnx", lambda: ours(fp32, None))
+    add("onnx-int4", lambda: ours(int4, None))
     int8 = load_onnx_target(work / "int8", max_seq_len=2048, num_threads=threads) if "int8" in exports else None
     if int8 is not None:
-        add("onnx-int8", lambda: engine_decoder(int8, None, args.max_tokens, k, warmup_ids))
+        add("onnx-int8", lambda: ours(int8, None))
     for name, target in (("onnx-int4", int4), ("onnx-int8", int8)):
         draft_dir = work / name.removeprefix("onnx-") / "draft"
         if target is not None and draft_dir.is_dir():  # the export's draft (neural ones through their graphs)
             drafter = build_drafter(str(draft_dir), target)
             add(f"{name}+{drafter.name}",
-                lambda target=target, drafter=drafter: engine_decoder(target, drafter, args.max_tokens, k, warmup_ids))
+                lambda target=target, drafter=drafter: ours(target, drafter))
     served, reason = served_default(args)
     console.log(f"the worker's default engine here (--engine auto): {reason}")
-    add(f"served:{served[2]}", lambda: engine_decoder(served[0], served[1], args.max_tokens, k, warmup_ids))
+    add(f"served:{served[2]}", lambda: ours(served[0], served[1]))
     if importlib.util.find_spec("llama_cpp") is not None:  # in a process of its own (bench/isolated.py)
         for row, lookup in (("llama.cpp", 0), ("llama.cpp+prompt-lookup", 10)):
             add(row, lambda lookup=lookup: IsolatedDecoder(llama_cpp_decoder, str(gguf_file(args.target)),
@@ -346,10 +354,10 @@ def main(argv=None) -> int:
                "engine-q4": lambda: load_target(args.target, dtype="bfloat16", quantization="gguf")}
     engines = {name: functools.cache(load) for name, load in engines.items()}
     if "llama.cpp" not in decoders:
-        add("engine-q4", lambda: engine_decoder(engines["engine-q4"](), None, args.max_tokens, k, warmup_ids))
+        add("engine-q4", lambda: ours(engines["engine-q4"](), None))
     if args.draft != "none":  # what `make serve` ran before it measured its engine: PyTorch, 4-bit, default draft
-        add(f"engine-q4+{args.draft}", lambda: engine_decoder(
-            engines["engine-q4"](), build_drafter(args.draft, engines["engine-q4"]()), args.max_tokens, k, warmup_ids))
+        add(f"engine-q4+{args.draft}", lambda: ours(engines["engine-q4"](),
+                                                     build_drafter(args.draft, engines["engine-q4"]())))
     peer = "llama.cpp" if "llama.cpp" in decoders else "engine-q4"
 
     rows, failed = run_interleaved(decoders, prompts, console.log)
@@ -357,7 +365,8 @@ def main(argv=None) -> int:
         if isinstance(decoder, IsolatedDecoder):
             decoder.close()
     summary = {name: summarize(r, rows.get("onnx", {})) for name, r in rows.items()}
-    table = Table(title=f"batch-1 greedy decode through ONNX Runtime, {args.max_tokens} new tokens, "
+    sampling = f"temperature {args.temperature:g} (llama.cpp greedy)" if args.temperature > 0 else "greedy"
+    table = Table(title=f"batch-1 {sampling} decode through ONNX Runtime, {args.max_tokens} new tokens, "
                         f"{args.num_prompts} prompts/dataset, {threads} threads; ratios to {peer}")
     for col in ("method", "dataset", "tok/s", "median tok/s", "tau", f"x {peer}", "identical to onnx",
                 "same first tokens"):

@@ -72,3 +72,18 @@ def test_bench_rows_carry_shape_and_verify_width(tmp_path, monkeypatch):
     row = results["engine+prompt-lookup"]["gsm8k"]
     assert row["shape"] == "chain" and row["verify_tokens_per_step"] >= 1.0
     assert results["engine"]["gsm8k"]["verify_tokens_per_step"] is None
+
+
+def test_engine_decoder_samples_seeded_at_a_temperature_and_is_greedy_by_default():
+    """`--temperature` rows: a fixed seed, so two decoders of the same target draw the same tokens, and a greedy
+    decoder gives the argmax continuation whatever the seed."""
+    from bench.decode import engine_decoder
+    from tests.training.helpers import tiny_target
+
+    target = tiny_target()
+    prompt = [1, 2, 3, 4]
+    greedy = engine_decoder(target, None, 12, 0, prompt)(prompt)[0]
+    sampled = [engine_decoder(target, None, 12, 0, prompt, temperature=1.0)(prompt)[0] for _ in range(2)]
+    assert sampled[0] == sampled[1] and len(sampled[0]) == 12
+    assert sampled[0] != greedy  # the temperature reached the engine (a random tiny model, seeded: deterministic)
+    assert engine_decoder(target, None, 12, 0, prompt)(prompt)[0] == greedy

@@ -212,10 +212,15 @@ def test_budget_can_be_switched_off_and_covers_drafters_without_estimates(target
 def test_observed_survival_starts_at_the_prior_and_follows_the_record():
     fresh = observed_survival([([], [])], 3)
     torch.testing.assert_close(fresh, torch.tensor([[0.7, 0.49, 0.343]], dtype=torch.float64))
-    # 16 rounds proposing 2 slots: slot 0 accepted 12 times, slot 1 never → (12 + 4·0.7) / 20, then (0 + 4·0.49) / 20
+    # 16 rounds proposing 2 slots: slot 0 accepted 12 times, slot 1 never: slot 0 (12 + 4·0.7) / 20; slot 1 was
+    # reached in the 12 rounds slot 0 was accepted, so its rate is (0 + 4·0.7) / 16; slot 2, never drafted, decays
+    # by the prior from there
     record = observed_survival([([16, 16], [12, 0])], 3)
-    torch.testing.assert_close(record[0, :2], torch.tensor([14.8 / 20, 1.96 / 20], dtype=torch.float64))
-    assert record[0, 2] <= record[0, 1]  # non-increasing: slot 2 never beats slot 1
+    torch.testing.assert_close(record[0], torch.tensor([0.74, 0.74 * 0.175, 0.74 * 0.175 * 0.7], dtype=torch.float64))
+    # slots 0 and 1 each accepted in 1 of 40 rounds: slot 1's one measurement does not make slots 2.. look as good
+    poor = observed_survival([([40, 40], [1, 1])], 7)[0]
+    assert poor[0] == pytest.approx(3.8 / 44) and poor[1] == pytest.approx(poor[0] * 3.8 / 5)
+    torch.testing.assert_close(poor[2:] / poor[1:-1], torch.full((5,), 0.7, dtype=torch.float64))
 
 
 def test_prompt_lookup_stops_drafting_where_its_record_says_it_does_not_pay(target):
