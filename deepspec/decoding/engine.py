@@ -98,6 +98,9 @@ class _Sequence:
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     #: aligned with output when the request asked for logprobs
     logprobs: list[TokenLogprob] | None = None
+    #: committed (tokens, the target features before them) the KV drafter has not heard yet (SpecEngine._tell_drafter)
+    unheard: list = field(default_factory=list)
+    num_unheard: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None
     #: the request's structured-output matcher, advanced over `output` (None = unconstrained)
     grammar: RowGrammar | None = None
@@ -476,6 +479,7 @@ class SpecEngine:
             sampling = self._draft_sampling() if self.drafter is not None else None
             width = self._draft_width(caps) if sampling is not None and max(caps) > 0 else 0
             if width:
+                self._flush_unheard(slots)
                 # ragged from the drafter; padded once here to the round's width, for the batched ops
                 proposal = self.drafter.propose(self.batch_state.view, slots, width, sampling).padded(width)
                 if proposal.is_tree and not self.tree_attention:
@@ -735,11 +739,33 @@ class SpecEngine:
 
     def _tell_drafter(self, extend_rows: list[int], committed_rows: list[list[int]],
                       features: torch.Tensor | None) -> None:
-        """A drafter with state of its own hears each still-running row's committed tokens and the features before
-        each one (the others read them from the batch state)."""
-        if self._kv_drafter is not None and extend_rows:
-            feats = features[torch.tensor(extend_rows)] if features is not None else None
-            self._kv_drafter.commit_rows(extend_rows, committed_rows, feats)
+        """A drafter with state of its own is to hear each still-running row's committed tokens and the features
+        before each one (the others read them from the batch state). They wait on the sequence until the drafter
+        next proposes (`_flush_unheard`): a round that does not draft costs the drafter nothing, and a sequence the
+        budget has stopped drafting for decodes at the target's own pace. Past MAX_UNHEARD_TOKENS a row is told
+        at once, so what waits stays small."""
+        if self._kv_drafter is None or not extend_rows:
+            return
+        for i, row in enumerate(extend_rows):
+            seq = self._batch[row]
+            seq.unheard.append((committed_rows[i], None if features is None else
+                                features[row, : len(committed_rows[i])].clone()))  # fmt: skip
+            seq.num_unheard += len(committed_rows[i])
+        self._flush_unheard([row for row in extend_rows if self._batch[row].num_unheard > MAX_UNHEARD_TOKENS])
+
+    def _flush_unheard(self, rows: list[int]) -> None:
+        """The KV drafter hears what these rows committed since it last heard them, in one call."""
+        rows = [row for row in rows if self._batch[row].unheard]
+        if not rows:
+            return
+        tokens = [sum((chunk for chunk, _ in self._batch[row].unheard), []) for row in rows]
+        features = None
+        if self._batch[rows[0]].unheard[0][1] is not None:
+            parts = [torch.cat([f for _, f in self._batch[row].unheard]) for row in rows]
+            features = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)
+        for row in rows:
+            self._batch[row].unheard, self._batch[row].num_unheard = [], 0
+        self._kv_drafter.commit_rows(rows, tokens, features)
 
     @property
     def _rows_serial(self) -> bool:
@@ -933,6 +959,8 @@ class SpecEngine:
 
 
 _ids = itertools.count()
+#: committed tokens a sequence may hold back from its KV drafter before it is told anyway (_tell_drafter)
+MAX_UNHEARD_TOKENS = 256
 #: target -> {(verify sizes, captured layers): its verify-pass cost model}; dropped with the target
 _STEP_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: drafter -> {(target, rows, widths, feature layers): DraftTimeModel}, the propose probes (_probe_draft_time)

@@ -165,8 +165,8 @@ def best_nodes(survival: torch.Tensor, model: StepTimeModel) -> torch.Tensor:
     return top_nodes(survival, survival > 0, best_depth(ranked, model))
 
 
-#: prior survival of each further draft slot for a sequence with no record yet: optimistic, so a new sequence
-#: drafts until its own record says drafting does not pay
+#: prior rate at which a draft slot is accepted once reached, for a sequence with no record of it yet: optimistic,
+#: so a new sequence drafts until its own record says drafting does not pay
 PRIOR_SLOT_SURVIVAL = 0.7
 #: how many rounds of evidence the prior counts as
 PRIOR_ROUNDS = 4.0
