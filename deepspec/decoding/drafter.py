@@ -14,9 +14,13 @@ when the engine compacts its slots. Lifecycle of one sequence in slot s, for a K
     reset(s, first_token)                       # new sequence; first_token = prompt[0]
     commit([s], prompt[1:] + [y0], features)    # after prefill: y0 is the target's first generated token
     loop:
-        propose(view, [s, ...], k, sampling)
-        commit([s, ...], committed, features)   # accepted drafts + the target's own next token
+        commit([s, ...], committed, features)   # what was committed since the last commit: one or more rounds'
+        propose(view, [s, ...], k, sampling)    # accepted drafts + the target's own next token
     release(s)
+
+The engine tells a KVDrafter what was committed just before it next proposes, so several rounds the verification
+budget did not draft may arrive in one commit; a drafter's state after one
+commit of m tokens must be the state after m tokens committed in pieces.
 
 The engine keeps running sequences in slots 0..n-1 so that a batched forward reads its caches as views; when a
 sequence leaves, the last one is moved into the hole and a KVDrafter hears `move_slot(src, dst)`.
