@@ -19,8 +19,8 @@ when the engine compacts its slots. Lifecycle of one sequence in slot s, for a K
     release(s)
 
 The engine tells a KVDrafter what was committed just before it next proposes, so several rounds the verification
-budget did not draft may arrive in one commit; a drafter's state after one
-commit of m tokens must be the state after m tokens committed in pieces.
+budget did not draft may arrive in one commit: a drafter's state after one commit of m tokens must be its state
+after the same m tokens committed in pieces.
 
 The engine keeps running sequences in slots 0..n-1 so that a batched forward reads its caches as views; when a
 sequence leaves, the last one is moved into the hole and a KVDrafter hears `move_slot(src, dst)`.
