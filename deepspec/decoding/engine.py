@@ -791,11 +791,13 @@ class SpecEngine:
         return measured[key]
 
     def _probe_draft_time(self) -> DraftTimeModel:
-        """Time the drafter's propose while no request runs yet: one to all slots of a made-up sequence of random
-        tokens (a corpus finds nothing to copy in it, a neural draft runs its full chain; a KV drafter is started
-        on it with the features of one target pass over slot 0, which the first prefill overwrites), at widths 1
-        and num_speculative_tokens; the fastest of two runs each. Every slot is released afterwards. Measured
-        once per drafter, target and shape in a process, like the verify passes."""
+        """Time what a drafted round costs the drafter while no request runs yet: its propose and, for a KV
+        drafter, its commit of the round's tokens (PROBE_COMMIT_TOKENS a row, about what a round commits), over one
+        to all slots of a made-up sequence of random tokens (a corpus finds nothing to copy in it, a neural draft
+        runs its full chain; a KV drafter is started on it with the features of one target pass over slot 0, which
+        the first prefill overwrites), at widths 1 and num_speculative_tokens; the fastest of two runs each. Every
+        slot is released afterwards. Measured once per drafter, target and shape in a process, like the verify
+        passes."""
         widths = tuple(sorted({1, self.num_speculative_tokens}))
         rows = tuple(sorted({1, self.max_batch_size}))
         key = (id(self.target), rows, widths, self.feature_layers)
@@ -806,18 +808,28 @@ class SpecEngine:
 
     def _time_proposals(self, rows: tuple[int, ...], widths: tuple[int, ...]) -> DraftTimeModel:
         device = self.target.device
-        n = max(2, min(64, self.max_seq_len - self.num_speculative_tokens - 2))
+        runs = 1 + 2 * len(rows) * len(widths)
+        n = max(2, min(64, self.max_seq_len - self.num_speculative_tokens - 2 - runs * PROBE_COMMIT_TOKENS))
         tokens = torch.randint(self.target.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
         greedy = SamplingParams()
 
         def run(num_rows: int, width: int) -> float:
             sampling = DraftSampling(torch.zeros(num_rows), [None] * num_rows, None)
+            committed = [tokens[0, :PROBE_COMMIT_TOKENS].tolist()] * num_rows
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
             proposal = self.drafter.propose(self.batch_state.view, list(range(num_rows)), width, sampling)
             proposal.tokens.cpu()  # a draft on the device is done once its tokens are read back
-            return time.perf_counter() - t0
+            if self._kv_drafter is not None:
+                self._kv_drafter.commit_rows(list(range(num_rows)), committed, None if features is None else
+                                             features[:, :PROBE_COMMIT_TOKENS].expand(num_rows, -1, -1))  # fmt: skip
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - t0
+            for slot in range(num_rows):
+                self.batch_state.append(slot, committed[slot])
+            return seconds
 
         with torch.inference_mode():
             out = self.target.forward(tokens.to(device), torch.zeros(1, dtype=torch.long, device=device),
@@ -961,6 +973,8 @@ class SpecEngine:
 _ids = itertools.count()
 #: committed tokens a sequence may hold back from its KV drafter before it is told anyway (_tell_drafter)
 MAX_UNHEARD_TOKENS = 256
+#: tokens a row commits in each probed round of the drafter (_probe_draft_time): a drafted round's τ, about
+PROBE_COMMIT_TOKENS = 2
 #: target -> {(verify sizes, captured layers): its verify-pass cost model}; dropped with the target
 _STEP_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: drafter -> {(target, rows, widths, feature layers): DraftTimeModel}, the propose probes (_probe_draft_time)
