@@ -119,6 +119,7 @@ class SpecEngine:
         max_verify_tokens: int = 32,
         prefill_tokens_per_step: int | None = None,
         verify_budget: bool = True,
+        price_drafting: bool = True,
         seed: int = 0,
     ):
         if max_batch_size < 1 or num_speculative_tokens < 0 or max_seq_len < 2:
@@ -153,10 +154,12 @@ class SpecEngine:
         self.step_time: StepTimeModel | None = None
         if drafter is not None and verify_budget and self.num_speculative_tokens:
             self.step_time = self._recorded_step_time() or self._probe_step_time()
-        #: the drafter's own propose time, priced with the verify pass before a round drafts (`_draft_width`)
+        #: what a drafted round costs the drafter, priced with the verify pass before a round drafts (`_draft_width`);
+        #: None for a drafter that runs no model of its own (nothing to time) and with `price_drafting=False`, where
+        #: every round asks the drafter (as when the draft's own quality is what is measured: training/curve.py)
         self.draft_time: DraftTimeModel | None = None
-        if self.step_time is not None and getattr(type(drafter), "costly_rows", Drafter.costly_rows) is not \
-                Drafter.costly_rows:  # a drafter that runs no model of its own is not priced: nothing to time
+        runs_a_model = getattr(type(drafter), "costly_rows", Drafter.costly_rows) is not Drafter.costly_rows
+        if price_drafting and self.step_time is not None and runs_a_model:
             self.draft_time = self._probe_draft_time()
         #: (rows, width, step-time model) -> whether drafting can pay on this batch at all (`_draft_width`)
         self._pays: dict[tuple[int, int, int], bool] = {}

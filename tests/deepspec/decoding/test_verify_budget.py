@@ -182,6 +182,9 @@ def test_a_draft_slower_than_what_it_wins_is_not_run_and_output_stays_target_onl
         got = engine.generate(prompts, params)
         assert [r.token_ids for r in got] == [r.token_ids for r in reference]
         assert bool(calls) == asked and (asked or sum(r.num_draft_tokens for r in got) == 0)
+    unpriced = SpecEngine(target, build_drafter(kind, target), max_batch_size=2, max_seq_len=64,
+                          num_speculative_tokens=2, price_drafting=False)
+    assert unpriced.step_time is not None and unpriced.draft_time is None  # verify passes budgeted, drafting free
 
 
 def test_the_verify_pass_is_timed_once_per_target_and_shape(monkeypatch):
