@@ -13,8 +13,8 @@ pay. Token trees are budgeted the same way over nodes instead of depth (`best_no
 nodes of highest survival, which is ancestor-closed once survival never grows from parent to child. This is the
 "hardware-aware verification budget" of the DSpark paper, which the reference implementation
 (DeepSeek's DeepSpec repository, docs/ALGORITHMS.md) does not have.
-Drafting has a price too. A neural draft runs its own forward per draft token (a chain of d drafts costs about d
-of them), so before it proposes, the engine picks the width that pays on the sequences' acceptance records with the
+Drafting has a price too. A neural draft runs forwards of its own each round it drafts (Eagle3 one per draft token,
+DFlash and DSpark one per block) and then hears the committed tokens through another, so before it proposes, the engine picks the width that pays on the sequences' acceptance records with the
 draft's time added to the verify pass's (`DraftTimeModel`, `best_depth`'s `draft_seconds`): where even the best
 width loses to a target-only step the round does not draft at all, so a draft too slow for what it gets accepted
 decodes at the target's own speed instead of below it.
@@ -80,8 +80,8 @@ class StepTimeModel:
 
 
 class DraftTimeModel:
-    """s(rows, width): seconds a drafter's propose takes for `rows` rows of `width` drafts each, from probes on a
-    grid of (rows, width) (SpecEngine._probe_draft_time): linear in rows between the probed row counts (flat beyond
+    """s(rows, width): seconds a drafted round costs the drafter (its propose for `rows` rows of `width` drafts each,
+    and a KV drafter's commit after it), from probes on a grid of (rows, width) (SpecEngine._probe_draft_time): linear in rows between the probed row counts (flat beyond
     them), then piecewise-linear in width like StepTimeModel, non-decreasing; 0 at width 0, where nothing is
     proposed."""
 
@@ -95,7 +95,7 @@ class DraftTimeModel:
         self.times = self.times.clamp(min=0).cummax(1).values.cummax(0).values  # more rows or drafts never cost less
 
     def round_seconds(self, rows: int, widths) -> torch.Tensor:
-        """Seconds of one propose over `rows` rows for every width in `widths`."""
+        """Seconds of one drafted round over `rows` rows for every width in `widths`."""
         widths = torch.as_tensor(widths, dtype=torch.float64)
         if len(self.rows) == 1:
             by_width = self.times[0]
