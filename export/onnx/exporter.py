@@ -142,6 +142,6 @@ def record_step_curve(out: Path) -> dict:
     """The written graph's verify-step curve on this machine, as onnx.json stores it (deepspec/models/
     step_curve.py: a few seconds), where the engine's verification budget reads it instead of probing again."""
     from deepspec.models import load_target
-    from deepspec.models.step_curve import curve_record, measure_step_curve
+    from deepspec.models.step_curve import curve_record, measure_recorded_curve
 
-    return curve_record(measure_step_curve(load_target(str(out))))
+    return curve_record(measure_recorded_curve(load_target(str(out))))

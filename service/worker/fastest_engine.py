@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 Engine = Literal["auto", "pytorch", "onnx"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 CHOICE_FILE = "choice.json"
-#: bumped when the choice's rule or the cache layout changes: older records are then measured again
-CHOICE_VERSION = 2
+#: bumped when the choice's rule or the cache layout changes: older records are then measured again (3: curves
+#: recorded as the fastest of 15 runs per size, step_curve.measure_recorded_curve, so both engines' are alike)
+CHOICE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -223,14 +224,14 @@ def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
 
     from deepspec.models import load_target
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
-    from deepspec.models.step_curve import (cpu_flags, curve_record, drafter_acceptance_length, measure_step_curve,
-                                            recorded_curve)
+    from deepspec.models.step_curve import (cpu_flags, curve_record, drafter_acceptance_length,
+                                            measure_recorded_curve, recorded_curve)
 
     onnx_meta = json.loads((onnx_dir / "onnx.json").read_text())
     onnx_curve = recorded_curve(onnx_meta.get("step_curve"))
     target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
                          quantization=settings.quantization, chat_template=settings.chat_template)
-    pytorch_curve = measure_step_curve(target)
+    pytorch_curve = measure_recorded_curve(target)
     weights = "GGUF 4-bit" if target.quantization == "gguf" else settings.dtype
     del target
     draft_dir = _draft_dir(onnx_meta, onnx_dir)
