@@ -50,11 +50,11 @@ class NeuralDrafter(KVDrafter):
             raise ValueError(f"the {self.name} drafter needs target features: the engine must capture feature_layers")
         self._commit(slots, tokens, num_tokens, features)
 
-    @torch.inference_mode()
     def costly_rows(self, view: BatchView, slots: list[int]) -> int:
         """Every row: each draft token is a forward of the draft model."""
         return len(slots)
 
+    @torch.inference_mode()
     def propose(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         # built row-padded (every row drafts alike), handed over ragged: a view when every row is full
         if self.tree is not None:
