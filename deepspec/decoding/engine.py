@@ -98,12 +98,11 @@ class _Sequence:
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     #: aligned with output when the request asked for logprobs
     logprobs: list[TokenLogprob] | None = None
-    #: committed (tokens, the target features before them) the KV drafter has not heard yet (SpecEngine._tell_drafter)
-    unheard: list = field(default_factory=list)
-    num_unheard: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None
     #: the request's structured-output matcher, advanced over `output` (None = unconstrained)
     grammar: RowGrammar | None = None
+    #: committed (tokens, the target features before them) the KV drafter has not heard yet (SpecEngine._tell_drafter)
+    unheard: list = field(default_factory=list)
 
 
 class SpecEngine:
@@ -549,8 +548,8 @@ class SpecEngine:
 
         A drafter that runs a model of its own for some rows (`Drafter.costly_rows`) is priced before it runs:
         the width is the depth the verification budget pays for on the rows' acceptance records
-        (verify_budget.observed_survival) with the drafter's probed propose time for those rows added
-        (`draft_time`), so a draft whose forward costs more than its accepted tokens win is not run at all and a
+        (verify_budget.observed_survival) with the drafter's probed round time (propose and commit) for those rows
+        added (`draft_time`), so a draft whose forward costs more than its accepted tokens win is not run at all and a
         neural chain drafts only as deep as pays (a tree drafter gets its whole node budget when drafting pays,
         its nodes then kept by `_budget_tree`). A drafter that costs next to nothing proposes the whole width and
         the budget cuts its drafts on their own estimates; it is skipped only where no depth pays on this batch
@@ -753,8 +752,8 @@ class SpecEngine:
             seq = self._batch[row]
             seq.unheard.append((committed_rows[i], None if features is None else
                                 features[row, : len(committed_rows[i])].clone()))  # fmt: skip
-            seq.num_unheard += len(committed_rows[i])
-        self._flush_unheard([row for row in extend_rows if self._batch[row].num_unheard > MAX_UNHEARD_TOKENS])
+        self._flush_unheard([row for row in extend_rows
+                             if sum(len(chunk) for chunk, _ in self._batch[row].unheard) > MAX_UNHEARD_TOKENS])
 
     def _flush_unheard(self, rows: list[int]) -> None:
         """The KV drafter hears what these rows committed since it last heard them, in one call."""
@@ -767,7 +766,7 @@ class SpecEngine:
             parts = [torch.cat([f for _, f in self._batch[row].unheard]) for row in rows]
             features = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)
         for row in rows:
-            self._batch[row].unheard, self._batch[row].num_unheard = [], 0
+            self._batch[row].unheard = []
         self._kv_drafter.commit_rows(rows, tokens, features)
 
     @property
