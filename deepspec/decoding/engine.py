@@ -50,6 +50,7 @@ import torch
 
 from deepspec.decoding.batch_state import BatchState, new_sequence_id
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
+from deepspec.decoding.draft_time import probe_draft_time, runs_a_model
 from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal
 from deepspec.decoding.logprobs import TokenLogprob, scored_logits, token_logprobs
 from deepspec.decoding.phases import PhaseTimer, untimed
@@ -157,8 +158,7 @@ class SpecEngine:
         #: None for a drafter that runs no model of its own (nothing to time) and with `price_drafting=False`, where
         #: every round asks the drafter (as when the draft's own quality is what is measured: training/curve.py)
         self.draft_time: DraftTimeModel | None = None
-        runs_a_model = getattr(type(drafter), "costly_rows", Drafter.costly_rows) is not Drafter.costly_rows
-        if price_drafting and self.step_time is not None and runs_a_model:
+        if price_drafting and self.step_time is not None and runs_a_model(drafter):
             self.draft_time = self._probe_draft_time()
         #: (rows, width, step-time model) -> whether drafting can pay on this batch at all (`_draft_width`)
         self._pays: dict[tuple[int, int, int], bool] = {}
@@ -793,64 +793,10 @@ class SpecEngine:
         return measured[key]
 
     def _probe_draft_time(self) -> DraftTimeModel:
-        """Time what a drafted round costs the drafter while no request runs yet: its propose and, for a KV
-        drafter, its commit of the round's tokens (PROBE_COMMIT_TOKENS a row, about what a round commits), over one
-        to all slots of a made-up sequence of random tokens (a corpus finds nothing to copy in it, a neural draft
-        runs its full chain; a KV drafter is started on it with the features of one target pass over slot 0, which
-        the first prefill overwrites), at widths 1 and num_speculative_tokens; the fastest of two runs each. Every
-        slot is released afterwards. Measured once per drafter, target and shape in a process, like the verify
-        passes."""
-        widths = tuple(sorted({1, self.num_speculative_tokens}))
-        rows = tuple(sorted({1, self.max_batch_size}))
-        key = (id(self.target), rows, widths, self.feature_layers)
-        measured = _DRAFT_TIME_MODELS.setdefault(self.drafter, {})
-        if key not in measured:
-            measured[key] = self._time_proposals(rows, widths)
-        return measured[key]
-
-    def _time_proposals(self, rows: tuple[int, ...], widths: tuple[int, ...]) -> DraftTimeModel:
-        device = self.target.device
-        runs = 1 + 2 * len(rows) * len(widths)
-        n = max(2, min(64, self.max_seq_len - self.num_speculative_tokens - 2 - runs * PROBE_COMMIT_TOKENS))
-        tokens = torch.randint(self.target.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
-        greedy = SamplingParams()
-
-        def run(num_rows: int, width: int) -> float:
-            sampling = DraftSampling(torch.zeros(num_rows), [None] * num_rows, None)
-            committed = [tokens[0, :PROBE_COMMIT_TOKENS].tolist()] * num_rows
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            proposal = self.drafter.propose(self.batch_state.view, list(range(num_rows)), width, sampling)
-            proposal.tokens.cpu()  # a draft on the device is done once its tokens are read back
-            if self._kv_drafter is not None:
-                self._kv_drafter.commit_rows(list(range(num_rows)), committed, None if features is None else
-                                             features[:, :PROBE_COMMIT_TOKENS].expand(num_rows, -1, -1))  # fmt: skip
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - t0
-            for slot in range(num_rows):
-                self.batch_state.append(slot, committed[slot])
-            return seconds
-
-        with torch.inference_mode():
-            out = self.target.forward(tokens.to(device), torch.zeros(1, dtype=torch.long, device=device),
-                                      self.cache.rows(0, 1), feature_layers=self.feature_layers, logits="none",
-                                      max_start=0)  # fmt: skip
-            features = out.features[:, : n - 1] if out.features is not None else None
-            for slot in range(max(rows)):
-                self.batch_state.admit(slot, new_sequence_id(), greedy)
-                self.batch_state.append(slot, tokens[0].tolist())
-                if self._kv_drafter is not None:
-                    self._kv_drafter.start(slot, tokens[0].tolist(), features)
-            try:
-                run(max(rows), max(widths))  # one-time setup stays out of the timings
-                return DraftTimeModel({(r, w): min(run(r, w), run(r, w)) for r in rows for w in widths})
-            finally:
-                for slot in range(max(rows)):
-                    if self._kv_drafter is not None:
-                        self._kv_drafter.release(slot)
-                    self.batch_state.clear(slot)
+        """Time what a drafted round costs the drafter (draft_time.probe_draft_time) while no request runs yet,
+        over one to all slots at widths 1 and num_speculative_tokens."""
+        return probe_draft_time(self.target, self.drafter, tuple(sorted({1, self.max_batch_size})),
+                                tuple(sorted({1, self.num_speculative_tokens})), self.max_seq_len)
 
     def _time_verify_passes(self, sizes: tuple[int, ...]) -> StepTimeModel:
         device = self.target.device
@@ -975,12 +921,8 @@ class SpecEngine:
 _ids = itertools.count()
 #: committed tokens a sequence may hold back from its KV drafter before it is told anyway (_tell_drafter)
 MAX_UNHEARD_TOKENS = 256
-#: tokens a row commits in each probed round of the drafter (_probe_draft_time): a drafted round's τ, about
-PROBE_COMMIT_TOKENS = 2
 #: target -> {(verify sizes, captured layers): its verify-pass cost model}; dropped with the target
 _STEP_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: drafter -> {(target, rows, widths, feature layers): DraftTimeModel}, the propose probes (_probe_draft_time)
-_DRAFT_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: target → its GrammarCompiler (the compiled vocabulary and grammars), shared by the engines built on it
 _GRAMMAR_COMPILERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

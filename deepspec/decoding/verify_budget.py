@@ -14,10 +14,13 @@ nodes of highest survival, which is ancestor-closed once survival never grows fr
 "hardware-aware verification budget" of the DSpark paper, which the reference implementation
 (DeepSeek's DeepSpec repository, docs/ALGORITHMS.md) does not have.
 Drafting has a price too. A neural draft runs forwards of its own each round it drafts (Eagle3 one per draft token,
-DFlash and DSpark one per block) and then hears the committed tokens through another, so before it proposes, the engine picks the width that pays on the sequences' acceptance records with the
-draft's time added to the verify pass's (`DraftTimeModel`, `best_depth`'s `draft_seconds`): where even the best
-width loses to a target-only step the round does not draft at all, so a draft too slow for what it gets accepted
-decodes at the target's own speed instead of below it.
+DFlash and DSpark one per block) and then hears the committed tokens through another, so before it proposes, the
+engine picks the width that pays on the sequences' acceptance records with the draft's time added to the verify
+pass's (`DraftTimeModel`, `best_depth`'s `draft_seconds`): where even the best width loses to a target-only step the
+round does not draft at all, so a draft too slow for what it gets accepted decodes at the target's own speed instead
+of below it. The choices of an engine and a weight format before serving score candidates by the same rule at batch
+1 (`modelled_tokens_per_second`, with the draft's round timed on each candidate by the engine's own probe:
+deepspec/decoding/draft_time.py).
 The engine times probe passes once, when it starts, on the hardware it runs on. t(n) interpolates those probes
 piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches kernels at 8 rows
 (packed_linear.Int4Weight), so t(n) has a knee. It is not refitted while serving, so a given batch of seeded
@@ -81,15 +84,16 @@ class StepTimeModel:
 
 class DraftTimeModel:
     """s(rows, width): seconds a drafted round costs the drafter (its propose for `rows` rows of `width` drafts each,
-    and a KV drafter's commit after it), from probes on a grid of (rows, width) (SpecEngine._probe_draft_time): linear in rows between the probed row counts (flat beyond
-    them), then piecewise-linear in width like StepTimeModel, non-decreasing; 0 at width 0, where nothing is
-    proposed."""
+    and a KV drafter's commit after it), from probes on a grid of (rows, width) (draft_time.probe_draft_time):
+    linear in rows between the probed row counts (flat beyond them), then piecewise-linear in width like
+    StepTimeModel, non-decreasing; 0 at width 0, where nothing is proposed. A single probed width (a draft of
+    depth 1) prices every width alike."""
 
     def __init__(self, samples: dict[tuple[int, int], float]):
         self.rows = sorted({r for r, _ in samples})
         widths = sorted({w for _, w in samples})
-        if len(widths) < 2 or any((r, w) not in samples for r in self.rows for w in widths):
-            raise ValueError("a draft-time model needs timings at two or more widths for every probed row count")
+        if not samples or any((r, w) not in samples for r in self.rows for w in widths):
+            raise ValueError("a draft-time model needs a timing at every probed width for every probed row count")
         self.widths = torch.tensor(widths, dtype=torch.float64)
         self.times = torch.tensor([[samples[r, w] for w in widths] for r in self.rows], dtype=torch.float64)
         self.times = self.times.clamp(min=0).cummax(1).values.cummax(0).values  # more rows or drafts never cost less
@@ -103,7 +107,13 @@ class DraftTimeModel:
             by_width = torch.stack([_interpolate(torch.tensor(float(rows), dtype=torch.float64),
                                                  torch.tensor(self.rows, dtype=torch.float64), self.times[:, j])
                                     for j in range(len(self.widths))]).clamp(max=self.times[-1])  # fmt: skip
-        return torch.where(widths > 0, _interpolate(widths, self.widths, by_width), torch.zeros_like(widths))
+        at = by_width[0].expand_as(widths) if len(self.widths) == 1 else _interpolate(widths, self.widths, by_width)
+        return torch.where(widths > 0, at, torch.zeros_like(widths))
+
+    def by_width(self, rows: int = 1) -> dict[int, float]:
+        """{width: seconds} of a round over `rows` rows at the probed widths: the batch-1 record an engine or
+        weight-format choice keeps beside the verify-step curve it scored (fastest_engine.py, auto_quantization.py)."""
+        return dict(zip((int(w) for w in self.widths.tolist()), self.round_seconds(rows, self.widths).tolist()))
 
     def __repr__(self) -> str:
         rows = "; ".join(f"{r} rows: " + ", ".join(f"{int(w)}: {t * 1e3:.2f}" for w, t in zip(self.widths.tolist(), ts))
@@ -111,31 +121,45 @@ class DraftTimeModel:
         return f"DraftTimeModel(ms by width {{{rows}}})"
 
 
-def best_depth(survival: torch.Tensor, model: StepTimeModel, draft_seconds: torch.Tensor | None = None) -> int:
-    """survival [B, k] (P(slot j and all slots before it accepted); 0 where a row has no draft) → the verify
-    depth 0..k with the highest modelled tokens per second. `draft_seconds` [k + 1]: what drafting each depth costs
-    on top of its verify pass (DraftTimeModel.round_seconds; 0 at depth 0), when the drafts are yet to be made."""
+def modelled_throughput(survival: torch.Tensor, model: StepTimeModel,
+                        draft_seconds: torch.Tensor | None = None) -> torch.Tensor:
+    """survival [B, k] (P(slot j and all slots before it accepted); 0 where a row has no draft) → [k + 1] modelled
+    tokens per second of a round verifying each depth 0..k: (B + Σ survival up to d) over the verify pass's
+    seconds plus `draft_seconds` [k + 1], what drafting each depth costs (DraftTimeModel.round_seconds; 0 at depth
+    0), when the drafts are yet to be made. The one pricing rule of the engine's budget and of the choices made by
+    it (`best_depth`, `modelled_tokens_per_second`)."""
     B, k = survival.shape
     gain = torch.cat([torch.zeros(1, dtype=torch.float64), survival.double().sum(0).cumsum(0)])  # [k+1]
     depths = torch.arange(k + 1, dtype=torch.float64)
     seconds = model.round_seconds(B, depths)
     if draft_seconds is not None:
         seconds = seconds + draft_seconds
-    throughput = (B + gain) / seconds
-    return int(throughput.argmax())
+    return (B + gain) / seconds
 
 
-def modelled_tokens_per_second(curve: dict[int, float], acceptance_length: float, depth: int) -> float:
+def best_depth(survival: torch.Tensor, model: StepTimeModel, draft_seconds: torch.Tensor | None = None) -> int:
+    """The verify depth 0..k with the highest `modelled_throughput` (same arguments)."""
+    return int(modelled_throughput(survival, model, draft_seconds).argmax())
+
+
+def modelled_tokens_per_second(curve: dict[int, float], acceptance_length: float, depth: int,
+                               draft_time: DraftTimeModel | None = None) -> float:
     """Batch-1 tokens per second on a verify-step curve ({T: seconds}) at the depth `best_depth` picks, for a
     draft whose rounds of `depth` drafts commit τ = `acceptance_length` tokens on average, each draft token
     accepted independently with the probability α that gives that τ (survival of slot j: α^(j+1)). Depth 0, a
-    target-only step, is one of the choices, so a curve where drafting never pays scores 1 / t(1). What the worker
-    and the ONNX export compare engines and weight formats by (deepspec/models/step_curve.py)."""
+    target-only step, is one of the choices, so a curve where drafting never pays scores 1 / t(1).
+
+    `draft_time`: what a drafted round costs the draft itself (draft_time.measure_draft_time, at batch 1), added to
+    each depth's verify pass as the engine adds it before a round drafts; None prices drafting as free (prompt or
+    corpus lookup, ~0.4 ms a round). A neural draft costs several milliseconds a round, differently on each
+    engine and weight format, so a curve whose cheap verify passes only pay at depth can lose to one with the
+    cheaper single-token step once they are priced. What the worker and the ONNX export compare engines and weight
+    formats by (deepspec/models/step_curve.py)."""
     model = StepTimeModel(sorted(curve.items()))
     alpha = _per_token_acceptance(acceptance_length, depth)
     survival = alpha ** torch.arange(1, max(depth, 0) + 1, dtype=torch.float64)[None, :]
-    d = best_depth(survival, model)
-    return float((1 + survival[0, :d].sum()) / model.predict(d + 1))
+    draft_seconds = None if draft_time is None else draft_time.round_seconds(1, torch.arange(max(depth, 0) + 1))
+    return float(modelled_throughput(survival, model, draft_seconds).max())
 
 
 def _per_token_acceptance(acceptance_length: float, depth: int) -> float:

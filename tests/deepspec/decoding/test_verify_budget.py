@@ -11,7 +11,7 @@ from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.decoding.tree import monotone_survival
 from deepspec.decoding.verify_budget import (DraftTimeModel, StepTimeModel, best_depth, best_nodes,
-                                             observed_survival)
+                                             modelled_tokens_per_second, observed_survival)
 from deepspec.models.drafts import save_draft
 from tests.training.helpers import tiny_draft, tiny_target
 
@@ -109,6 +109,41 @@ def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
     assert all(r.num_draft_tokens == 0 for r in costly)
 
 
+def _flat_draft(ms: float) -> DraftTimeModel:
+    """A batch-1 draft costing `ms` a drafted round whatever its width."""
+    return DraftTimeModel({(1, 1): ms / 1e3, (1, 7): ms / 1e3})
+
+
+#: int4-like: the cheaper 1-token step, each extra token costs; int8-like: slower alone, nearly flat to 8 tokens
+STEEP = {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060}
+FLAT = {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022}
+
+
+def test_a_drafts_own_round_cost_can_turn_the_choice_to_the_cheaper_single_token_step():
+    """τ 2 at depth 7. Drafting free, the flat curve wins (its verify passes are nearly free). At 4 ms a drafted
+    round, drafting no longer pays on the steep curve, which decodes target-only at 1 / 5 ms (width 0 costs no draft
+    time), while on the flat one it still pays but loses: its best, 5 drafts, models 184 tokens/s."""
+    free = {name: modelled_tokens_per_second(c, 2.0, 7) for name, c in (("steep", STEEP), ("flat", FLAT))}
+    assert free["flat"] > free["steep"] > 200.0
+    priced = {name: modelled_tokens_per_second(c, 2.0, 7, _flat_draft(4)) for name, c in (("steep", STEEP),
+                                                                                         ("flat", FLAT))}
+    assert priced["steep"] == pytest.approx(1 / 0.005)
+    assert 1 / 0.006 < priced["flat"] < priced["steep"]
+    assert modelled_tokens_per_second(FLAT, 2.0, 7, _flat_draft(0)) == pytest.approx(free["flat"])
+
+
+def test_the_modelled_throughput_adds_the_draft_round_at_each_width_and_none_at_width_0():
+    """α 1/2 (τ 1 + 1/2 + ... + 1/2^7): a round of d drafts commits 2 - 2^-d tokens in t(d + 1) + d ms of drafting;
+    a draft costing a second a round leaves the target-only step, 1 / t(1), exactly."""
+    flat = {1: 0.010, 8: 0.012}
+    tau = sum(0.5**j for j in range(8))
+    per_token = DraftTimeModel({(1, 1): 0.001, (1, 7): 0.007})
+    want = max((2 - 0.5**d) / (0.010 + 0.002 * d / 7 + 0.001 * d) for d in range(8))
+    assert modelled_tokens_per_second(flat, tau, 7, per_token) == pytest.approx(want)
+    assert modelled_tokens_per_second(flat, tau, 7, _flat_draft(1000)) == pytest.approx(100.0)
+    assert modelled_tokens_per_second(flat, 1.0, 7, _flat_draft(1)) == pytest.approx(100.0)  # τ 1: never drafts
+
+
 @pytest.mark.parametrize("kind", ["prompt-lookup", "eagle3"])  # a drafter reading the view, one with a KV cache
 def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(target, tmp_path, kind):
     """B rows verified one by one against one batched step: with a curve that rises after 1 token, no depth pays
@@ -142,8 +177,12 @@ def test_draft_time_model_interpolates_rows_then_widths_and_is_zero_without_draf
                                torch.tensor([0, 1, 2, 4, 8], dtype=torch.float64))  # linear past the last width
     torch.testing.assert_close(m.round_seconds(2, [1, 4]) / ms, torch.tensor([1, 6], dtype=torch.float64))
     torch.testing.assert_close(m.round_seconds(8, [4]) / ms, torch.tensor([10], dtype=torch.float64))  # flat past 4
-    with pytest.raises(ValueError, match="two or more widths"):
+    with pytest.raises(ValueError, match="every probed width for every probed row count"):
         DraftTimeModel({(1, 1): ms, (1, 4): ms, (4, 1): ms})
+    one = DraftTimeModel({(1, 1): 2 * ms, (4, 1): 3 * ms})  # a draft of depth 1 probes one width
+    torch.testing.assert_close(one.round_seconds(2, [0, 1, 3]) / ms,
+                               torch.tensor([0, 7 / 3, 7 / 3], dtype=torch.float64))
+    assert m.by_width(1) == pytest.approx({1: 1 * ms, 4: 4 * ms})  # what a choice records
 
 
 def test_a_costly_draft_drafts_only_as_deep_as_its_own_time_pays():
