@@ -9,7 +9,8 @@ fastest_engine.py), and the engine's verification budget reads the recorded curv
 so it travels with `machine_key()` and is ignored elsewhere.
 
 The figure of merit a choice compares is the budget's own (`verify_budget.modelled_tokens_per_second`): the
-throughput at the verify depth the budget would pick on that curve for a draft of the measured acceptance length;
+throughput at the verify depth the budget would pick on that curve for a draft of the measured acceptance length,
+a neural draft's round cost on that candidate added (deepspec/decoding/draft_time.py times it);
 `drafter_acceptance_length` below says which τ a drafter is scored with.
 """
 

@@ -6,9 +6,12 @@ elsewhere, so neither wins everywhere. Mixing them (int4 for one-token steps, in
 the output a blend of two models, no longer what one target alone produces; so the export keeps one.
 
 Each candidate is exported whole (graph, verify graph, draft) into a staging folder inside the output and its
-verify-step curve timed (exporter.record_step_curve); the one with the highest modelled throughput at the draft's
-measured acceptance length (deepspec/decoding/verify_budget.py, modelled_tokens_per_second) moves up into the output, the others are deleted.
-onnx.json records the choice, every candidate's curve and the τ it was scored with.
+verify-step curve timed (exporter.record_step_curve); a neural draft's round is timed too, on that candidate's own
+draft graphs (deepspec/decoding/draft_time.py, the engine's probe, at batch 1), since a draft runs on the same
+kernels and costs several milliseconds a round that differ per format. The one with the highest modelled throughput
+at the draft's measured acceptance length, that draft cost added to each verify pass
+(deepspec/decoding/verify_budget.py, modelled_tokens_per_second), moves up into the output; the others are
+deleted. onnx.json records the choice, every candidate's curve and draft cost, and the τ it was scored with.
 """
 
 from __future__ import annotations
@@ -28,20 +31,22 @@ def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1
     """Export each candidate format, keep the fastest on this machine in out_dir; returns its meta (exporter's)
     with the `quantization_choice` record."""
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
-    from deepspec.models.step_curve import SCORED_DEPTH, drafter_acceptance_length, recorded_curve
+    from deepspec.models.step_curve import SCORED_DEPTH, curve_record, drafter_acceptance_length, recorded_curve
     from export.onnx.exporter import export_onnx, resolve_draft_dir
 
     out = Path(out_dir)
     staging = out / STAGING
     draft_dir = resolve_draft_dir(draft, target)
     tau = drafter_acceptance_length(draft_dir, None if draft_dir else draft)
-    metas, scores = {}, {}
+    metas, scores, draft_rounds = {}, {}, {}
     try:
         for quant in candidates:
             (staging / quant).mkdir(parents=True)
             metas[quant] = export_onnx(target, draft, staging / quant, "float32", quant, advance, chat_template)
             curve = recorded_curve(metas[quant]["step_curve"])
-            scores[quant] = modelled_tokens_per_second(curve, tau, SCORED_DEPTH)
+            draft_time = _draft_time(staging / quant, SCORED_DEPTH) if draft_dir is not None else None
+            draft_rounds[quant] = None if draft_time is None else curve_record(draft_time.by_width())
+            scores[quant] = modelled_tokens_per_second(curve, tau, SCORED_DEPTH, draft_time)
         best = max(candidates, key=lambda q: scores[q])  # max keeps the first of equal scores
         for item in (staging / best).iterdir():
             shutil.move(str(item), out / item.name)
@@ -51,13 +56,25 @@ def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1
     meta["quantization_choice"] = {
         "chosen": best,
         "rule": f"highest modelled tokens/s at the best verify depth <= {SCORED_DEPTH} (verify_budget.py) on this "
-                "machine's verify-step curves",
+                "machine's verify-step curves, a neural draft's round cost on each candidate added",
         "acceptance_length": round(tau, 3),
         "depth": SCORED_DEPTH,
-        "candidates": {q: {"tokens_per_second": round(scores[q], 1), "step_curve": metas[q]["step_curve"]}
-                       for q in candidates},
+        # draft_round: the candidate's batch-1 drafted round by width; null: priced as free (no draft, or lookup)
+        "candidates": {q: {"tokens_per_second": round(scores[q], 1), "step_curve": metas[q]["step_curve"],
+                           "draft_round": draft_rounds[q]} for q in candidates},
     }
     on_disk = json.loads((out / "onnx.json").read_text())
     on_disk["quantization_choice"] = meta["quantization_choice"]
     (out / "onnx.json").write_text(json.dumps(on_disk, indent=2) + "\n")
     return meta
+
+
+def _draft_time(export_dir: Path, depth: int):
+    """The batch-1 round cost of the draft an export holds, run as the worker serves that export (its draft graphs:
+    the registry picks them for the export's own target), or None for a draft that runs no model."""
+    from deepspec.decoding import build_drafter
+    from deepspec.decoding.draft_time import measure_draft_time
+    from deepspec.models import load_target
+
+    target = load_target(str(export_dir))
+    return measure_draft_time(target, build_drafter(str(export_dir / "draft"), target), depth)

@@ -7,8 +7,10 @@ CPU runs faster). Which one wins depends on the CPU (int8 dot products, AVX-512)
 1. On the first start for a (target, draft, settings, machine) the worker exports the ONNX engine into the cache
    (`~/.cache/deepspec/engines/<key>/onnx`, a progress bar on a terminal; ~10-60 s for the default target) and
    times both engines' verify-step curves (deepspec/models/step_curve.py).
-2. It serves the one with the higher modelled throughput at the draft's measured acceptance length, and records
-   the choice, the reason and both curves in `choice.json` beside the export. Later starts read it and start in
+2. It serves the one with the higher modelled throughput at the draft's measured acceptance length, a neural
+   draft's own round cost on each engine included (its PyTorch forward, its ONNX graphs: timed at batch 1 by the
+   engine's own probe, deepspec/decoding/draft_time.py), and records the choice, the reason, both curves and both
+   draft costs in `choice.json` beside the export. Later starts read it and start in
    seconds; `python -m service worker --help` prints it. An entry made by an older release for the same settings
    is deleted when its successor is created (`key.json` says what each entry was made for).
 
@@ -34,9 +36,10 @@ logger = logging.getLogger(__name__)
 Engine = Literal["auto", "pytorch", "onnx"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 CHOICE_FILE = "choice.json"
-#: bumped when the choice's rule or the cache layout changes: older records are then measured again (3: curves
-#: recorded as the fastest of 15 runs per size, step_curve.measure_recorded_curve, so both engines' are alike)
-CHOICE_VERSION = 3
+#: bumped when the choice's rule or the cache layout changes: older records are then measured again (4: a neural
+#: draft's own round cost, timed on each engine, is added to its verify passes; scored free, a DSpark draft made an
+#: AMX Xeon pick int8, which served 0.91-1.01x of int8 target-only, where int4 + DSpark served 1.09-1.27x)
+CHOICE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,8 @@ def cached_choice(root: Path, onnx_dir: Path) -> EngineChoice | None:
 
 def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
     """Time the PyTorch engine's verify-step curve, compare it with the ONNX export's (recorded when it was
-    exported), keep the faster and write choice.json."""
+    exported), each with its draft's round cost on that engine where the draft runs a model, keep the faster and
+    write choice.json."""
     import time
 
     from deepspec.models import load_target
@@ -229,28 +233,48 @@ def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
 
     onnx_meta = json.loads((onnx_dir / "onnx.json").read_text())
     onnx_curve = recorded_curve(onnx_meta.get("step_curve"))
+    draft_dir = _draft_dir(onnx_meta, onnx_dir)
+    depth = settings.num_speculative_tokens
     target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
                          quantization=settings.quantization, chat_template=settings.chat_template)
     pytorch_curve = measure_recorded_curve(target)
+    draft_times = {"pytorch": _draft_time(target, draft_dir, depth)}
     weights = "GGUF 4-bit" if target.quantization == "gguf" else settings.dtype
     del target
-    draft_dir = _draft_dir(onnx_meta, onnx_dir)
+    # the same draft class on both engines: only one that runs a model on PyTorch needs the ONNX target loaded
+    draft_times["onnx"] = _draft_time(load_target(str(onnx_dir)), draft_dir, depth) \
+        if draft_times["pytorch"] is not None else None
     tau = drafter_acceptance_length(draft_dir, onnx_meta.get("draft", {}).get("path"))
-    depth = settings.num_speculative_tokens
-    scores = {"pytorch": modelled_tokens_per_second(pytorch_curve, tau, depth)}
-    scores["onnx"] = modelled_tokens_per_second(onnx_curve, tau, depth) if onnx_curve else 0.0
+    scores = {"pytorch": modelled_tokens_per_second(pytorch_curve, tau, depth, draft_times["pytorch"])}
+    scores["onnx"] = modelled_tokens_per_second(onnx_curve, tau, depth, draft_times["onnx"]) if onnx_curve else 0.0
     engine = "onnx" if scores["onnx"] > scores["pytorch"] else "pytorch"
     other = "pytorch" if engine == "onnx" else "onnx"
     label = {"pytorch": f"PyTorch {weights}", "onnx": f"ONNX {onnx_meta.get('quantization', '?')}"}
+    drafting = "" if draft_times[engine] is None else (f", {depth} drafts costing "
+                                                        f"{draft_times[engine].by_width()[depth] * 1e3:.1f} ms a round "
+                                                        f"against {draft_times[other].by_width()[depth] * 1e3:.1f}")
     reason = (f"{label[engine]} models {scores[engine]:.0f} tok/s against {label[other]}'s {scores[other]:.0f} at "
-              f"tau {tau:.2f}, depth {depth}, on {os.cpu_count()} cores with {cpu_flags()}")
+              f"tau {tau:.2f}, depth {depth}{drafting}, on {os.cpu_count()} cores with {cpu_flags()}")
     record = {"version": CHOICE_VERSION, "engine": engine, "reason": reason,
               "measured": time.strftime("%Y-%m-%d %H:%M"), "acceptance_length": round(tau, 3), "depth": depth,
               "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},
               "step_curves": {"pytorch": curve_record(pytorch_curve), "onnx": onnx_meta.get("step_curve")},
+              # each engine's batch-1 drafted round by width; null: priced as free (no draft, or a lookup draft)
+              "draft_rounds": {k: None if d is None else curve_record(d.by_width()) for k, d in draft_times.items()},
               "onnx_quantization": onnx_meta.get("quantization")}
     (root / CHOICE_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return EngineChoice(engine, reason, onnx_dir if engine == "onnx" else None, record)
+
+
+def _draft_time(target, draft_dir: Path | None, depth: int):
+    """The export's draft's batch-1 round cost on `target` (its PyTorch forward there, its graphs on the ONNX
+    export: the registry picks), or None without a draft directory or for a draft that runs no model."""
+    if draft_dir is None:
+        return None
+    from deepspec.decoding import build_drafter
+    from deepspec.decoding.draft_time import measure_draft_time
+
+    return measure_draft_time(target, build_drafter(str(draft_dir), target), depth)
 
 
 def _draft_dir(onnx_meta: dict, onnx_dir: Path) -> Path | None:

@@ -17,7 +17,8 @@ from deepspec.models import load_target  # noqa: E402
 from deepspec.decoding.verify_budget import modelled_tokens_per_second  # noqa: E402
 from deepspec.models.step_curve import curve_record, machine_key  # noqa: E402
 from export.onnx.auto_quantization import AUTO_CANDIDATES, STAGING  # noqa: E402
-from tests.export.conftest import run_export, write_hf_target  # noqa: E402
+from deepspec.decoding.verify_budget import DraftTimeModel  # noqa: E402
+from tests.export.conftest import run_export, write_draft, write_hf_target  # noqa: E402
 
 HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 #: made-up curves (seconds by T): int4 has the cheaper 1-token step, int8 the flatter multi-token one
@@ -77,6 +78,40 @@ def test_the_choice_weighs_the_multi_token_step_by_the_drafts_acceptance(target_
     tau = meta["quantization_choice"]["acceptance_length"]
     want = {q: round(modelled_tokens_per_second(c, tau, 7), 1) for q, c in FAKE_CURVES.items()}
     assert {q: c["tokens_per_second"] for q, c in meta["quantization_choice"]["candidates"].items()} == want
+    assert all(c["draft_round"] is None for c in meta["quantization_choice"]["candidates"].values())  # no model
+
+
+def test_a_neural_drafts_round_on_each_candidate_is_priced_into_its_score(tmp_path, monkeypatch):
+    """The DSpark draft timed on each candidate's own draft graphs (made-up timings: 3 ms a round on int4, 4 ms on
+    int8): at τ 2 drafting no longer pays on int4's steep curve, whose 1-token step (200 tokens/s) now beats the
+    flat int8 curve that wins when drafting is free (test above, prompt lookup). Each candidate records its cost."""
+    import deepspec.decoding.draft_time as draft_time
+    from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel
+
+    _fake_timing(monkeypatch)
+    round_ms = {"int4": 3.0, "int8": 4.0}
+    probed = []
+
+    def fake_measure(target, drafter, depth):
+        assert isinstance(drafter.model, OnnxDraftModel)  # the draft as this candidate's export runs it
+        probed.append(target.meta["quantization"])
+        ms = round_ms[target.meta["quantization"]]
+        return DraftTimeModel({(1, 1): ms / 1e3, (1, depth): ms / 1e3})
+
+    monkeypatch.setattr(draft_time, "measure_draft_time", fake_measure)
+    tied = write_hf_target(tmp_path / "llama", "llama", tied=True, **HD16)  # a draft reads the fp32 embedding
+    draft = write_draft(tmp_path / "dspark", tied, "dspark")
+    out = tmp_path / "engine"
+    result = run_export("--format", "onnx", "--quantization", "auto", "--target", tied, "--draft", draft,
+                        "--out", out)
+    assert result.returncode == 0, result.stderr
+    choice = json.loads((out / "onnx.json").read_text())["quantization_choice"]
+    assert probed == list(AUTO_CANDIDATES) and choice["chosen"] == "int4" and choice["acceptance_length"] == 2.0
+    for quant, candidate in choice["candidates"].items():
+        assert candidate["draft_round"] == curve_record({1: round_ms[quant] / 1e3, 7: round_ms[quant] / 1e3})
+        cost = DraftTimeModel({(1, 1): round_ms[quant] / 1e3, (1, 7): round_ms[quant] / 1e3})
+        assert candidate["tokens_per_second"] == round(modelled_tokens_per_second(FAKE_CURVES[quant], 2.0, 7, cost), 1)
+    assert choice["candidates"]["int4"]["tokens_per_second"] == 200.0
 
 
 def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_dir, tmp_path, monkeypatch):

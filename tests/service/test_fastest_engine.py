@@ -56,6 +56,7 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
     scores = record["tokens_per_second"]
     assert first.engine == max(scores, key=scores.get)
     assert set(record["step_curves"]) == {"pytorch", "onnx"} and record["acceptance_length"] == 2.0
+    assert record["draft_rounds"] == {"pytorch": None, "onnx": None}  # prompt lookup: drafting priced as free
     assert (first.engine_dir is not None) == (first.engine == "onnx")
 
     def no_work(*args, **kwargs):
@@ -68,6 +69,45 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
     assert first.engine in describe_cached_choice(settings) and "cached in" in again.reason
     with pytest.raises(AssertionError):  # another draft depth is another choice: measured afresh
         choose_engine(_settings(target_dir, num_speculative_tokens=3))
+
+
+#: made-up verify-step curves (seconds by T): the PyTorch engine's 1-token step cheaper, ONNX's verify pass flatter
+FAKE_CURVES = {"pytorch": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
+               "onnx": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022}}
+
+
+@pytest.mark.parametrize("round_ms, winner", [(0.0, "onnx"), (4.0, "pytorch")])
+def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, cache, monkeypatch, round_ms, winner):
+    """The DSpark draft is timed on each engine as that engine runs it (made-up timings and curves). Free, it makes
+    the flat ONNX curve win at τ 2; at 4 ms a round drafting no longer pays on the PyTorch curve, whose 1-token step
+    (200 tokens/s) then beats ONNX's best with drafting (5 drafts, 184). Both costs go into choice.json."""
+    import deepspec.decoding.draft_time as draft_time
+    import deepspec.models.step_curve as step_curve
+    from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel
+    from deepspec.decoding.verify_budget import DraftTimeModel
+    from deepspec.models.onnx_target import OnnxTarget
+    from tests.export.conftest import write_draft
+
+    def engine_of(target) -> str:
+        return "onnx" if isinstance(target, OnnxTarget) else "pytorch"
+
+    def fake_measure(target, drafter, depth):
+        assert isinstance(drafter.model, OnnxDraftModel) == (engine_of(target) == "onnx")  # as that engine runs it
+        return DraftTimeModel({(1, 1): round_ms / 1e3, (1, depth): round_ms / 1e3})
+
+    monkeypatch.setattr(draft_time, "measure_draft_time", fake_measure)
+    monkeypatch.setattr(step_curve, "measure_recorded_curve", lambda target: FAKE_CURVES[engine_of(target)])
+    tied = write_hf_target(tmp_path / "llama", "llama", tied=True, **HD16)  # a draft reads the fp32 embedding
+    draft = write_draft(tmp_path / "dspark", tied, "dspark")
+    choice = choose_engine(_settings(tied, draft=str(draft)))
+    record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
+    assert record["version"] == fastest_engine.CHOICE_VERSION and choice.engine == record["engine"] == winner
+    assert {k: r["ms"] for k, r in record["draft_rounds"].items()} == {k: {"1": round_ms, "7": round_ms}
+                                                                        for k in ("pytorch", "onnx")}
+    cost = DraftTimeModel({(1, 1): round_ms / 1e3, (1, 7): round_ms / 1e3})
+    assert record["tokens_per_second"] == {k: round(modelled_tokens_per_second(c, 2.0, 7, cost), 1)
+                                           for k, c in FAKE_CURVES.items()}
+    assert "ms a round" in record["reason"]
 
 
 def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cache):
