@@ -14,9 +14,9 @@ The dispatcher does not know which kind it talks to: this adapter turns a `Gener
 | 500 | INTERNAL | eject, retry elsewhere |
 | the request deadline passes | DEADLINE_EXCEEDED | 504 |
 
-Limits. One `aiohttp.ClientSession` per upstream holds its keep-alive connections (aiohttp rather than httpx: the
-client is most of what the gateway spends on a request, and aiohttp's costs a third of httpx's, 0.6 against 1.8 ms
-a request against the same server). Closing a stream (client
+Limits. One connection pool per upstream (`http_client.HttpPool`, HTTP/1.1 keep-alive on httptools) holds its
+connections: the client is the largest part of what the gateway spends on a request, and this one costs a fraction
+of aiohttp's (bench/openai_upstream.py). Closing a stream (client
 disconnect, `Abort`, the deadline) closes its connection, which is how an OpenAI server learns to abort the
 sequence: vLLM, SGLang and llama.cpp watch for the disconnect. Usage comes from the response (`usage`, asked for
 with `stream_options.include_usage`); the engines put no drafted/accepted counts in their bodies, so a chunk's
@@ -46,25 +46,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 from collections.abc import AsyncIterator, Iterator
-
-import aiohttp
 
 from service import protocol as p
 from service.gateway import triton_contract as c
+from service.gateway.http_client import HttpPool, Response, UpstreamBroken
 from service.gateway.json_codec import dumps, loads
 from service.gateway.structured import response_format_field, structured_outputs_field
 from service.gateway.upstream_choices import ChoiceReader
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_chunks
 
-#: bytes one SSE line may hold: a chunk's logprobs can be long (aiohttp's default read buffer is 64 KiB)
+#: bytes one SSE line may hold: a chunk's logprobs can be long
 MAX_EVENT_BYTES = 2**22
-#: seconds to open a connection to the upstream
-CONNECT_TIMEOUT_S = 2.0
 _DEADLINE_PASSED = "the upstream did not finish within the request timeout"
-#: the headers of a request whose body is JSON (the body goes encoded: aiohttp's own `json=` encodes with `json`)
-_JSON_BODY = {"Content-Type": "application/json"}
 #: the engine's own readiness route (vLLM, SGLang, trtllm-serve)
 HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
@@ -268,22 +262,16 @@ class OpenAIClient:
         #: the upstream is vLLM (its model cards say so), which also reads vLLM's `structured_outputs`
         self.vllm_extras = False
         self.max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._pool: HttpPool | None = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        """Made on first use, inside the event loop that serves the gateway (a session belongs to one loop, so a
-        call from another loop gets a session of its own). A generation's deadline is aiohttp's whole-request
-        timeout (`_send`), which bounds each read of the answer too."""
+    def pool(self) -> HttpPool:
+        """Made on first use, inside the event loop that serves the gateway (a pool belongs to one loop, so a call
+        from another loop gets a pool of its own)."""
         loop = asyncio.get_running_loop()
-        if self._session is None or self._session.closed or self._session_loop is not loop:
-            self._session_loop = loop
-            connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=30.0)
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
-            self._session = aiohttp.ClientSession(self.base_url, connector=connector, read_bufsize=MAX_EVENT_BYTES,
-                                                  timeout=timeout)  # fmt: skip
-        return self._session
+        if self._pool is None or self._pool.closed or self._pool.loop is not loop:
+            self._pool = HttpPool.for_url(self.base_url, max_connections=self.max_connections)
+        return self._pool
 
     # -- health -------------------------------------------------------------------------------------------------
 
@@ -293,17 +281,25 @@ class OpenAIClient:
         HTTP at all: its `/v1/models` waits for the model lock behind a running generation, so probing it would
         eject a busy server. A refused connection raises WorkerError UNAVAILABLE, so the pool ejects at once."""
         try:
-            async with self.session.get(HEALTH_PATH, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-                return response.status in (200, 404)
-        except (aiohttp.ClientError, TimeoutError) as e:
+            response = await self.pool.request("GET", HEALTH_PATH, timeout_s=timeout_s)
+            try:
+                await response.read()
+            finally:
+                response.release()
+            return response.status in (200, 404)
+        except OSError as e:  # TimeoutError among them
             raise WorkerError("UNAVAILABLE", f"{type(e).__name__}: {e}") from None
 
     async def model_info(self, timeout_s: float) -> dict[str, int]:
         """Models the upstream lists at `/v1/models` -> their context length (0 when the card does not say)."""
         try:
-            async with self.session.get(MODELS_PATH, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-                cards = json.loads(await response.read()).get("data", []) if response.status == 200 else []
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as e:
+            response = await self.pool.request("GET", MODELS_PATH, timeout_s=timeout_s)
+            try:
+                data = await response.read()
+            finally:
+                response.release()
+            cards = json.loads(data).get("data", []) if response.status == 200 else []
+        except (OSError, ValueError, AttributeError) as e:  # TimeoutError among the OSErrors
             raise WorkerError("UNAVAILABLE", f"{MODELS_PATH}: {e}") from None
         models = {}
         self.vllm_extras = any(isinstance(card, dict) and card.get("owned_by") == _VLLM_OWNER for card in cards)
@@ -321,7 +317,7 @@ class OpenAIClient:
             response = await self._send(req, stream=True, timeout_s=timeout_s)
             stream = EventStream(req)
             try:
-                async for data in response.content.iter_any():
+                async for data in response.pieces():
                     for chunk in stream.feed(data):
                         yield chunk
                     if stream.done:
@@ -330,10 +326,10 @@ class OpenAIClient:
                     yield chunk
                 if not stream.done:
                     raise WorkerError("UNAVAILABLE", "the upstream closed the stream before [DONE]")
-            except TimeoutError:  # first: aiohttp's ServerTimeoutError is a ClientError too
+            except TimeoutError:  # first: a TimeoutError is an OSError too
                 raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
-            except aiohttp.ClientError as e:
-                raise WorkerError("UNAVAILABLE", f"the upstream stream broke: {type(e).__name__}: {e}") from None
+            except UpstreamBroken as e:
+                raise WorkerError("UNAVAILABLE", f"the upstream stream broke: {e}") from None
             finally:
                 if stream.done:  # a finished stream gives its connection back
                     response.release()
@@ -352,8 +348,8 @@ class OpenAIClient:
                 body = loads(await response.read())
             except TimeoutError:
                 raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
-            except aiohttp.ClientError as e:
-                raise WorkerError("UNAVAILABLE", f"the upstream broke off: {type(e).__name__}: {e}") from None
+            except UpstreamBroken as e:
+                raise WorkerError("UNAVAILABLE", f"the upstream broke off: {e}") from None
             except json.JSONDecodeError:
                 raise WorkerError("INTERNAL", "the upstream answered a body that is not JSON") from None
             finally:
@@ -366,18 +362,17 @@ class OpenAIClient:
         for chunk in _last_chunks(held, set(held), req.n, _stats(body.get("usage"))):
             yield chunk
 
-    async def _send(self, req: GenerationRequest, stream: bool, timeout_s: float) -> aiohttp.ClientResponse:
+    async def _send(self, req: GenerationRequest, stream: bool, timeout_s: float) -> Response:
         """POST the request and return the open response once its status is 200; any other status as WorkerError.
-        `timeout_s` bounds the whole request, reading the answer included (aiohttp's timer, without its rounding
-        up of timeouts past 5 s): past it, an await on the response raises TimeoutError."""
+        `timeout_s` bounds the whole request, reading the answer included: past it, an await on the response raises
+        TimeoutError."""
         path = "/v1/chat/completions" if req.messages is not None else "/v1/completions"
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S, ceil_threshold=math.inf)
+        body = dumps(request_body(req, stream, self.vllm_extras))
         try:
-            response = await self.session.post(path, data=dumps(request_body(req, stream, self.vllm_extras)),
-                                               headers=_JSON_BODY, timeout=timeout)  # fmt: skip
-        except TimeoutError:  # first: aiohttp's ConnectionTimeoutError is a ClientError too
+            response = await self.pool.request("POST", path, body, "application/json", timeout_s)
+        except TimeoutError:  # first: a TimeoutError is an OSError too
             raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
-        except aiohttp.ClientError as e:
+        except OSError as e:  # UpstreamConnectError, UpstreamBroken
             raise WorkerError("UNAVAILABLE", f"{type(e).__name__}: {e}") from None
         if response.status == 200:
             return response
@@ -385,7 +380,7 @@ class OpenAIClient:
             body = json.loads(await response.read())
         except TimeoutError:
             raise WorkerError("DEADLINE_EXCEEDED", _DEADLINE_PASSED) from None
-        except (aiohttp.ClientError, json.JSONDecodeError):
+        except (OSError, ValueError):
             body = None
         finally:
             response.release()
@@ -405,6 +400,6 @@ class OpenAIClient:
             self.num_outstanding -= 1
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            await self._pool.close()
 

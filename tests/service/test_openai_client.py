@@ -73,7 +73,7 @@ def _serve_handler(handler) -> int:
 
 
 def _client(handler, **kwargs) -> OpenAIClient:
-    """The adapter in front of `handler`, a real HTTP exchange on loopback (the client is aiohttp's)."""
+    """The adapter in front of `handler`, a real HTTP exchange on loopback."""
     return OpenAIClient("openai+http://upstream:1", f"http://127.0.0.1:{_serve_handler(handler)}", **kwargs)
 
 
