@@ -13,6 +13,8 @@ import json
 
 MODEL = "stub"
 NUM_TOKENS = 16
+#: seconds a whole completion takes to answer (--delay-ms), as a model would
+DELAY_S = 0.0
 
 
 def _event(payload: dict) -> bytes:
@@ -59,6 +61,8 @@ class _Connection(asyncio.Protocol):
                 self.transport.write(_answer(MODELS))
             elif json.loads(body or b"{}").get("stream"):
                 asyncio.ensure_future(self._stream())
+            elif DELAY_S:
+                asyncio.get_running_loop().call_later(DELAY_S, self.transport.write, _answer(WHOLE))
             else:
                 self.transport.write(_answer(WHOLE))
 
@@ -80,7 +84,11 @@ async def serve(port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True, help="port to listen on (127.0.0.1)")
-    asyncio.run(serve(parser.parse_args(argv).port))
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="answer whole completions after this long")
+    args = parser.parse_args(argv)
+    global DELAY_S
+    DELAY_S = args.delay_ms / 1000
+    asyncio.run(serve(args.port))
     return 0
 
 

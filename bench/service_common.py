@@ -28,11 +28,13 @@ def free_port() -> int:
 class Proc:
     """A server process; `wait_http` polls a URL until 200, failing with the log tail if the process dies."""
 
-    def __init__(self, args: list[str], name: str):
+    def __init__(self, args: list[str], name: str, cpus: set[int] | None = None):
+        """`cpus`: the CPUs the process (and its threads) may run on, None for any."""
         self.log_path = RESULTS / f"{name}.log"
         self.log = open(self.log_path, "wb")
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
         self.proc = subprocess.Popen(args, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=pin)  # fmt: skip
 
     def wait_until(self, check, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
@@ -61,8 +63,8 @@ class Proc:
         self.log.close()
 
 
-def service(*args: str, name: str) -> Proc:
-    return Proc([sys.executable, "-m", "service", *args], name)
+def service(*args: str, name: str, cpus: set[int] | None = None) -> Proc:
+    return Proc([sys.executable, "-m", "service", *args], name, cpus)
 
 
 def table(headers: list[str], rows: list[list]) -> str:
