@@ -30,21 +30,29 @@ CallerDep = Annotated[str | None, Depends(get_caller)]
 
 
 async def until_disconnect(request: Request, awaitable):
-    """Await `awaitable`, cancelling it (and so the worker's sequence) if the client disconnects first."""
-    work = asyncio.ensure_future(awaitable)
+    """Await `awaitable` in this task, cancelling it (and so the worker's sequence) if the client disconnects first.
+    In this task rather than a task of its own: a task per request was a tenth of what the gateway spent on a whole
+    completion against a fast upstream. The watcher cancels this task only while `awaitable` runs (`running`), and
+    a cancellation it did not cause (the server's, the drain's) goes on as it came."""
+    task = asyncio.current_task()
     watch = asyncio.ensure_future(_wait_for_disconnect(request))
+    running, disconnected = True, False
 
-    def on_disconnect(_):
-        work.cancel()
+    def on_disconnect(done: asyncio.Future) -> None:
+        nonlocal disconnected
+        if running and not done.cancelled() and done.exception() is None:
+            disconnected = True
+            task.cancel()
 
     watch.add_done_callback(on_disconnect)
     try:
-        return await work
+        return await awaitable
     except asyncio.CancelledError:
-        if watch.done() and not watch.cancelled() and not asyncio.current_task().cancelling():
-            raise ClientDisconnected from None  # `work` has wound down: awaiting a task waits for its end
+        if disconnected and task.uncancel() == 0:  # `awaitable` has wound down: it was awaited to its end
+            raise ClientDisconnected from None
         raise
     finally:
+        running = False
         watch.remove_done_callback(on_disconnect)
         watch.cancel()
 
