@@ -116,3 +116,31 @@ def test_a_route_with_more_than_a_body_and_request_dependencies_is_refused():
 
     with pytest.raises(ValueError, match="leave it to FastAPI"):
         HotEndpoint.of(other.routes[0])
+
+
+def test_the_gateway_app_answers_through_its_front():
+    """`create_app`'s front (app.GatewayApp): the guard refuses a keyless request on every /v1 route, a bug in a
+    generation route is a 500 in OpenAI's envelope, a body the fast path refuses still gets FastAPI's 400, and the
+    other routes are FastAPI's."""
+    from service.gateway.app import GatewayState, create_app
+    from service.gateway.settings import GatewaySettings
+
+    state = GatewayState.build(GatewaySettings(workers="127.0.0.1:1", grpc_port=-1, api_keys="sekret"))
+    app = create_app(state=state)
+    app.state.gateway = state
+
+    def crash(requested):
+        raise RuntimeError("a bug")
+
+    state.dispatcher.resolve_model = crash
+    key = {"authorization": "Bearer sekret"}
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 401
+        assert client.get("/v1/models").status_code == 401
+        crashed = client.post("/v1/completions", json={"prompt": "x"}, headers=key)
+        assert crashed.status_code == 500
+        assert crashed.json()["error"]["message"] == "internal error: RuntimeError"
+        refused = client.post("/v1/completions", json={"prompt": "x", "n": "seven"}, headers=key)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+        assert client.get("/v1/models", headers=key).status_code == 200
+        assert client.get("/openapi.json").status_code == 200
