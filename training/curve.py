@@ -65,16 +65,16 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
 def measure_tau(target, drafter, datasets=DEFAULT_DATASETS, num_prompts: int = DEFAULT_NUM_PROMPTS,
                 max_tokens: int = DEFAULT_MAX_TOKENS, gamma: int = DEFAULT_GAMMA) -> dict[str, float | None]:
     """Greedy engine τ of `drafter` per eval set (accepted drafts + 1 per round that verified drafts, as `eval`
-    counts it); None for a set where the verify budget left every round without drafts. No target-only baseline:
-    the curve needs τ only, and the baseline would double the cost. The draft's own forward is not priced
-    (`price_drafting=False`): τ is the draft's quality, so an early checkpoint is asked every round even where its
-    forward costs more than it wins, as every earlier point of a record was measured."""
+    counts it); None for a set where no round verified drafts. No target-only baseline: the curve needs τ only, and
+    the baseline would double the cost. Neither the verify budget nor the draft's own forward is priced
+    (`verify_budget=False`): τ is the draft's quality, so every round verifies the whole chain, whatever this
+    machine's step times (under load, the budget had cut a weak early checkpoint's every round, leaving no τ)."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
     from training.evaluate import load_eval_prompts, summarize
 
     engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=gamma,
-                        price_drafting=False)
+                        verify_budget=False)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0)
     out = {}
     for name in datasets:

@@ -156,7 +156,8 @@ class SpecEngine:
             self.step_time = self._recorded_step_time() or self._probe_step_time()
         #: what a drafted round costs the drafter, priced with the verify pass before a round drafts (`_draft_width`);
         #: None for a drafter that runs no model of its own (nothing to time) and with `price_drafting=False`, where
-        #: every round asks the drafter (as when the draft's own quality is what is measured: training/curve.py)
+        #: every round asks the drafter and the budget cuts only its drafts (training/curve.py turns the whole budget
+        #: off instead: `verify_budget=False`)
         self.draft_time: DraftTimeModel | None = None
         if price_drafting and self.step_time is not None and runs_a_model(drafter):
             self.draft_time = self._probe_draft_time()
