@@ -102,11 +102,13 @@ def test_chunks_arrive_as_they_are_sent():
     assert asyncio.run(run()) == [b"data: 1\n\n", b"data: 2\n\n"]
 
 
-def test_a_body_without_length_ends_with_the_connection():
+def _fetch(answer_bytes: bytes, close: bool = False) -> tuple[bytes, int]:
+    """GET / from a server that answers `answer_bytes` (then closes the connection, with `close`) -> (the body the
+    pool read, its connections still open)."""
     async def answer(request, reader, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
+        writer.write(answer_bytes)
         await writer.drain()
-        return False  # close
+        return not close
 
     async def run():
         async with Server(answer) as server:
@@ -116,35 +118,21 @@ def test_a_body_without_length_ends_with_the_connection():
             response.release()
             return body, pool.num_open
 
-    assert asyncio.run(run()) == (b"all of it", 0)
+    return asyncio.run(run())
+
+
+def test_a_body_without_length_ends_with_the_connection():
+    assert _fetch(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it", close=True) == (b"all of it", 0)
 
 
 def test_a_connection_cut_mid_body_is_broken():
-    async def answer(request, reader, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
-        await writer.drain()
-        return False
-
-    async def run():
-        async with Server(answer) as server:
-            response = await HttpPool("127.0.0.1", server.port).request("GET", "/", timeout_s=5)
-            await response.read()
-
     with pytest.raises(UpstreamBroken, match="before its answer ended"):
-        asyncio.run(run())
+        _fetch(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part", close=True)
 
 
 def test_malformed_http_is_broken():
-    async def answer(request, reader, writer):
-        writer.write(b"SPDY/9 banana\r\n\r\n")
-        await writer.drain()
-
-    async def run():
-        async with Server(answer) as server:
-            await HttpPool("127.0.0.1", server.port).request("GET", "/", timeout_s=5)
-
     with pytest.raises(UpstreamBroken, match="malformed HTTP"):
-        asyncio.run(run())
+        _fetch(b"SPDY/9 banana\r\n\r\n")
 
 
 def test_refused_connection():
@@ -327,18 +315,8 @@ def test_unread_body_past_the_high_water_mark_pauses_reading(monkeypatch):
 
 def test_read_refuses_a_body_past_the_limit(monkeypatch):
     monkeypatch.setattr(http_client, "MAX_BODY_BYTES", 10)
-
-    async def answer(request, reader, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n" + b"y" * 20)
-        await writer.drain()
-
-    async def run():
-        async with Server(answer) as server:
-            response = await HttpPool("127.0.0.1", server.port).request("GET", "/", timeout_s=5)
-            await response.read()
-
     with pytest.raises(UpstreamBroken, match="longer than 10 bytes"):
-        asyncio.run(run())
+        _fetch(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n" + b"y" * 20)
 
 
 def test_for_url():
