@@ -217,8 +217,12 @@ class OnnxTarget(HFTextTarget):
         """The fp32 embedding (and head, when untied) read straight from the graph's external weights file."""
         if self._embeddings is None:
             embed = _read_initializer(self.path / self.meta["graph"], "embed.weight")
-            head = embed if self.meta.get("tied", True) else _read_initializer(
-                self.path / self.meta["graph"], "lm_head.weight_t").T
+            if self.meta.get("tied", True):
+                head = embed
+            elif "head_file" in self.meta:  # a quantized graph: its head is 4- or 8-bit, the fp32 copy beside it
+                head = torch.from_numpy(np.load(self.path / self.meta["head_file"]))
+            else:
+                head = _read_initializer(self.path / self.meta["graph"], "lm_head.weight_t").T
             self._embeddings = TargetEmbeddings(embed, float(self.meta.get("embed_scale", 1.0)), head)
         return self._embeddings
 

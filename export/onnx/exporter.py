@@ -5,6 +5,8 @@ Output directory (what `load_onnx_target` and `python -m service worker --engine
     target.onnx, target.onnx.data   the decoder (export/onnx/graph.py), fp32 or 4-bit weights
     target_verify.onnx              the same graph ending in the plugins' greedy_accept node (same weights file)
     onnx.json                       graph file, quantization, captured layers (hs ids = layer + 1), eos ids, limits
+    lm_head.npy                     an untied head in fp32 [V, H], when the graph holds it quantized (the drafts
+                                    that share the target's head read it; the graph's own copy is 4- or 8-bit)
     config.json, tokenizer*, generation_config.json   the target's own, so the fingerprint matches its drafts
     draft/                          the draft directory, copied (neural drafts, corpus lookup), when there is one
     draft_onnx/                     a neural draft's graphs (export/onnx/draft_graph.py: Eagle3, DFlash, DSpark);
@@ -31,6 +33,8 @@ QUANTIZATIONS = ("none", "int4", "int8", "auto")
 VERIFY_GRAPH = "target_verify.onnx"
 #: where a neural draft's graphs go (export/onnx/draft_graph.py)
 DRAFT_GRAPH_DIR = "draft_onnx"
+#: an untied head's fp32 copy beside a quantized graph (OnnxTarget.embeddings reads it)
+HEAD_FILE = "lm_head.npy"
 
 
 def resolve_draft_dir(draft, target) -> Path | None:
@@ -64,6 +68,7 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     exist and be empty); returns what the manifest records about it (graph, quantization, draft, layers).
     `advance()` ticks once per decoder layer written; `chat_template` (template text) goes into the copied
     tokenizer files, so the worker serving the export renders chat with it."""
+    import numpy as np
     import torch
 
     from deepspec.algorithms import available_algorithms, resolve_algorithm
@@ -117,6 +122,9 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
         "embed_scale": float(decoder.embed_scale),
         "fingerprint": target.fingerprint(),
     }
+    if quant != "none" and not meta["tied"]:  # the graph's head is quantized: the drafts' fp32 copy beside it
+        np.save(out / HEAD_FILE, decoder.head.detach().to(torch.float32).numpy())
+        meta["head_file"] = HEAD_FILE
     if draft_dir is not None:
         shutil.copytree(draft_dir, out / "draft", ignore=shutil.ignore_patterns("reports", "__pycache__"))
         meta["draft"] = {"path": "draft", "algo": header["algo"]}

@@ -132,3 +132,27 @@ def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_di
     assert target.recorded_step_curve() is None
     SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
     assert probed
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_a_quantized_export_of_an_untied_target_gives_its_drafts_the_fp32_head(target_dir, tmp_path, quant):
+    """The graph holds an untied head 8- or 4-bit; a neural draft that shares the target's head gets the exact fp32
+    head from the sidecar the export writes (before it, loading the draft failed: no fp32 head initializer)."""
+    import torch
+
+    from deepspec.decoding import build_drafter
+    from deepspec.models import pytorch_decoder
+
+    draft = write_draft(tmp_path / "dspark", target_dir, "dspark")
+    out = tmp_path / "engine"
+    result = run_export("--format", "onnx", "--quantization", quant, "--target", target_dir, "--draft", draft,
+                        "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert "lm_head.weight_t" not in {t.name for t in onnx.load(out / "target.onnx",
+                                                                 load_external_data=False).graph.initializer}
+    target = load_target(str(out))
+    reference = pytorch_decoder(load_target(str(target_dir), dtype="float32"))
+    assert target.meta["head_file"] == "lm_head.npy"
+    assert torch.equal(target.embeddings().head, reference.head.detach())
+    assert torch.equal(target.embeddings().embed, reference.embed.detach())
+    assert build_drafter(str(out / "draft"), target) is not None
