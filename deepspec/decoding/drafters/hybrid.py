@@ -66,6 +66,9 @@ class HybridDrafter(KVDrafter):
         self.feature_layers = tuple(neural.feature_layers)
         #: rounds per source, for reports and tests: how often each part drafted a row
         self.rows_drafted = {"corpus": 0, "neural": 0, "merged": 0}
+        #: slot -> (sequence id, committed tokens, strong): the engine asks `costly_rows` and then `propose` in one
+        #: round, and both need the same answer; the corpus lookup behind it is asked once per round
+        self._strength: dict[int, tuple[int, int, bool]] = {}
 
     @property
     def tree(self) -> bool:
@@ -95,7 +98,17 @@ class HybridDrafter(KVDrafter):
             self.neural.release(slot)
 
     def strong(self, view: BatchView, slot: int) -> bool:
-        """Whether the corpus's match for this sequence is long enough to trust it over the neural draft."""
+        """Whether the corpus's match for this sequence is long enough to trust it over the neural draft (looked
+        up once per slot and round: the answer depends only on the sequence's committed tokens)."""
+        key = (view.sequence_id(slot), view.num_tokens(slot))
+        known = self._strength.get(slot)
+        if known is not None and known[:2] == key:
+            return known[2]
+        strong = self._look_up_strength(view, slot)
+        self._strength[slot] = (*key, strong)
+        return strong
+
+    def _look_up_strength(self, view: BatchView, slot: int) -> bool:
         from deepspec.decoding.drafters.corpus_lookup import PROMPT_LOOKUP_SOURCE, corpus_source
 
         tokens, source = self.corpus.draft(view, slot, 1)

@@ -129,6 +129,25 @@ def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(tar
     assert calls == [] and drafter.rows_drafted["corpus"] >= 2
 
 
+def test_a_round_looks_each_row_up_in_the_corpus_once(target, parts, tmp_path):
+    """The engine asks costly_rows (to price the round) and then propose: one strength lookup (the corpus asked for
+    1 token) per row between them, and a fresh one once the row has committed more tokens. (The corpus's proposal
+    itself asks for the round's k.)"""
+    drafter = build_drafter(str(_hybrid_dir(parts, tmp_path, min_match=3)), target)
+    history = drafter.corpus.index.tokens[:8].tolist()
+    driver = _fed(drafter, target, [history, [60, 61, 62, 63]])
+    lookups = []
+    real_draft = drafter.corpus.draft
+    drafter.corpus.draft = lambda view, slot, k: lookups.append((slot, k)) or real_draft(view, slot, k)
+    greedy = DraftSampling(torch.zeros(2), [None, None])
+    assert drafter.costly_rows(driver.view, [0, 1]) == 1
+    driver.propose([0, 1], 4, greedy)
+    assert lookups == [(0, 1), (1, 1), (0, 4), (1, 4)]
+    driver.commit([0, 1], [[history[-1]], [60]], torch.randn(2, 1, drafter.neural.cfg.feature_size))
+    drafter.costly_rows(driver.view, [0, 1])
+    assert lookups[4:] == [(0, 1), (1, 1)]
+
+
 def _tree(tokens, survival=None, parents=None) -> PaddedProposal:
     n = len(tokens)
     return PaddedProposal(torch.tensor([tokens]), torch.tensor([n]), None,
