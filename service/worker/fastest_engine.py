@@ -242,8 +242,11 @@ def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
     weights = "GGUF 4-bit" if target.quantization == "gguf" else settings.dtype
     del target
     # the same draft class on both engines: only one that runs a model on PyTorch needs the ONNX target loaded
-    draft_times["onnx"] = _draft_time(load_target(str(onnx_dir)), draft_dir, depth) \
-        if draft_times["pytorch"] is not None else None
+    if draft_times["pytorch"] is not None:
+        draft_times["onnx"] = (_exported_draft_time(onnx_meta, depth)
+                               or _draft_time(load_target(str(onnx_dir)), draft_dir, depth))
+    else:
+        draft_times["onnx"] = None
     tau = drafter_acceptance_length(draft_dir, onnx_meta.get("draft", {}).get("path"))
     scores = {"pytorch": modelled_tokens_per_second(pytorch_curve, tau, depth, draft_times["pytorch"])}
     scores["onnx"] = modelled_tokens_per_second(onnx_curve, tau, depth, draft_times["onnx"]) if onnx_curve else 0.0
@@ -275,6 +278,25 @@ def _draft_time(target, draft_dir: Path | None, depth: int):
     from deepspec.decoding.draft_time import measure_draft_time
 
     return measure_draft_time(target, build_drafter(str(draft_dir), target), depth)
+
+
+def _exported_draft_time(onnx_meta: dict, depth: int):
+    """The draft's batch-1 round cost on the exported format as `--quantization auto` timed it (its choice record),
+    when that was on this machine and at the depth the worker drafts; None otherwise (then it is timed here)."""
+    from deepspec.decoding.verify_budget import DraftTimeModel
+    from deepspec.models.step_curve import machine_key
+
+    candidates = (onnx_meta.get("quantization_choice") or {}).get("candidates") or {}
+    record = (candidates.get(onnx_meta.get("quantization")) or {}).get("draft_round")
+    if not isinstance(record, dict) or record.get("machine") != machine_key():
+        return None
+    try:  # a round may cost 0 ms (a made-up timing), unlike a step: not read as a step curve
+        by_width = {int(width): float(ms) / 1e3 for width, ms in record["ms"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if depth not in by_width or any(seconds < 0 for seconds in by_width.values()):
+        return None
+    return DraftTimeModel({(1, width): seconds for width, seconds in by_width.items()})
 
 
 def _draft_dir(onnx_meta: dict, onnx_dir: Path) -> Path | None:

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from deepspec.decoding.verify_budget import modelled_tokens_per_second  # noqa: E402
+from export.onnx.auto_quantization import AUTO_CANDIDATES  # noqa: E402
 from service.worker import fastest_engine  # noqa: E402
 from service.worker.fastest_engine import CHOICE_FILE, choose_engine, describe_cached_choice  # noqa: E402
 from service.worker.settings import WorkerSettings  # noqa: E402
@@ -91,8 +92,11 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     def engine_of(target) -> str:
         return "onnx" if isinstance(target, OnnxTarget) else "pytorch"
 
+    timed = []
+
     def fake_measure(target, drafter, depth):
         assert isinstance(drafter.model, OnnxDraftModel) == (engine_of(target) == "onnx")  # as that engine runs it
+        timed.append(engine_of(target))
         return DraftTimeModel({(1, 1): round_ms / 1e3, (1, depth): round_ms / 1e3})
 
     monkeypatch.setattr(draft_time, "measure_draft_time", fake_measure)
@@ -108,6 +112,8 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     assert record["tokens_per_second"] == {k: round(modelled_tokens_per_second(c, 2.0, 7, cost), 1)
                                            for k, c in FAKE_CURVES.items()}
     assert "ms a round" in record["reason"]
+    # the ONNX draft was timed by the export's own choice, once per candidate format, and the worker reused it
+    assert sorted(timed) == sorted(["onnx"] * len(AUTO_CANDIDATES) + ["pytorch"])
 
 
 def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cache):
