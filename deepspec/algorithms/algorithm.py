@@ -25,7 +25,8 @@ class OnnxGraphs:
 
     #: graph files, in the order `build` writes them
     files: tuple[str, ...]
-    #: build(attached float32 draft, out_dir) -> the paths of `files`
+    #: build(attached float32 draft, out_dir, quantization) -> the paths of `files`; quantization is the dense
+    #: layers' weight format, "none" (fp32), "int8" or "int4" (export/onnx/graph.py `linear`)
     build: Part
 
 

@@ -25,8 +25,9 @@ its builder, `build_draft_graphs` looks it up):
                     → logits [B, W, N], confidence [B, W] (logit)        DSparkDraft.step_logits
 
 Attention here is plain ONNX ops with an explicit visibility mask (the draft caches are small, and DFlash's block
-attends bidirectionally, Eagle3's trees by ancestry: neither is the causal pattern of GroupQueryAttention). Weights
-are float32; the frozen embedding and head rows are the target's, copied in. Heads are grouped as PyTorch's
+attends bidirectionally, Eagle3's trees by ancestry: neither is the causal pattern of GroupQueryAttention). The
+dense layers and the head are float32, or int8 / int4 as `quantization` says (the export makes them int8 beside a
+quantized target: exporter.DRAFT_QUANTIZATION); the frozen embedding rows are the target's, copied in. Heads are grouped as PyTorch's
 `enable_gqa` groups them: query head h reads key/value head h // (nh / nkv).
 """
 
@@ -69,9 +70,11 @@ def _np(t) -> np.ndarray:
 class _DraftBuilder(_Builder):
     """`_Builder` plus the pieces of the drafts' layers (deepspec/models/drafts/layers.py) in plain ops."""
 
-    def __init__(self, weights: _Weights, cfg):
+    def __init__(self, weights: _Weights, cfg, quantization: str = "none"):
         super().__init__(weights)
         self.cfg = cfg
+        #: the dense layers' weight format (export/onnx/graph.py `linear`): "none" (fp32), "int8" or "int4"
+        self.quantization = quantization
         self._consts: dict[str, str] = {}
         hd = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
@@ -90,7 +93,8 @@ class _DraftBuilder(_Builder):
         return self.rms_norm(x, _np(module.weight), module.eps, name)
 
     def dense(self, x: str, module, name: str) -> str:
-        return self.linear(x, _np(module.weight), name, "none", _np(module.bias) if module.bias is not None else None)
+        return self.linear(x, _np(module.weight), name, self.quantization,
+                           _np(module.bias) if module.bias is not None else None)
 
     def rope_tables(self, positions: str) -> tuple[str, str]:
         """positions [B, T] int64 → cos, sin [B, T, 1, hd/2] (broadcast over heads), layers.rope's angles."""
@@ -160,12 +164,15 @@ class _DraftBuilder(_Builder):
         """Post-norm hidden → logits over the draft vocabulary (the head rows the PyTorch draft multiplies by)."""
         canonical = getattr(draft.cfg, "layout", "deepspec") == "canonical"
         weight = draft.lm_head.weight if canonical else draft._head
+        if self.quantization != "none":
+            y = self.linear(hidden, _np(weight), "head", self.quantization)
+            return self.op("Identity", [y], outputs=[out])
         return self.op("MatMul", [hidden, self.w.add("head.weight_t", _np(weight).T)], outputs=[out])
 
 
-def _new(out_dir: Path, name: str, cfg) -> tuple[_DraftBuilder, _Weights]:
+def _new(out_dir: Path, name: str, cfg, quantization: str = "none") -> tuple[_DraftBuilder, _Weights]:
     weights = _Weights(out_dir / f"{name}.onnx.data")
-    return _DraftBuilder(weights, cfg), weights
+    return _DraftBuilder(weights, cfg, quantization), weights
 
 
 def _check(cfg) -> None:
@@ -173,7 +180,7 @@ def _check(cfg) -> None:
         raise ValueError(f"num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
 
 
-def build_eagle3_graphs(draft, out_dir: Path) -> list[Path]:
+def build_eagle3_graphs(draft, out_dir: Path, quantization: str = "none") -> list[Path]:
     """eagle3_fc / eagle3_step / eagle3_head for an attached `Eagle3Draft` (float32); returns their paths."""
     cfg = draft.cfg
     if not isinstance(draft, Eagle3Draft):
@@ -182,13 +189,13 @@ def build_eagle3_graphs(draft, out_dir: Path) -> list[Path]:
     H, N, nkv, hd = cfg.hidden_size, cfg.out_vocab_size, cfg.num_kv_heads, cfg.head_dim
     embed_norm, hidden_norm, attn, mlp_norm, mlp = draft._parts
 
-    g, w = _new(out_dir, "eagle3_fc", cfg)
-    g.linear("features", _np(draft.fc.weight), "fc", "none")
+    g, w = _new(out_dir, "eagle3_fc", cfg, quantization)
+    g.linear("features", _np(draft.fc.weight), "fc", quantization)
     g.nodes[-1].output[0] = "hidden"
     fc = _save(g, w, "eagle3_fc", [_info("features", _F, ["B", "T", cfg.feature_size])],
                [_info("hidden", _F, ["B", "T", H])], out_dir)
 
-    g, w = _new(out_dir, "eagle3_step", cfg)
+    g, w = _new(out_dir, "eagle3_step", cfg, quantization)
     x = g.op("Concat", [g.norm(g.embed(draft, "input_ids"), embed_norm, "embed_norm"),
                         g.norm("hidden", hidden_norm, "hidden_norm")], axis=-1)
     cos, sin = g.rope_tables("positions")
@@ -212,7 +219,7 @@ def build_eagle3_graphs(draft, out_dir: Path) -> list[Path]:
                  [_info("hidden_out", _F, ["B", "m", H]), _info("new_key", _F, ["B", nkv, "m", hd]),
                   _info("new_value", _F, ["B", nkv, "m", hd])], out_dir)
 
-    g, w = _new(out_dir, "eagle3_head", cfg)
+    g, w = _new(out_dir, "eagle3_head", cfg, quantization)
     norm = draft.norm if cfg.layout == "canonical" else draft.final_norm
     g.head(draft, g.norm("hidden", norm, "final_norm"), "logits")
     head = _save(g, w, "eagle3_head", [_info("hidden", _F, ["B", "T", H])], [_info("logits", _F, ["B", "T", N])],
@@ -220,7 +227,7 @@ def build_eagle3_graphs(draft, out_dir: Path) -> list[Path]:
     return [fc, step, head]
 
 
-def build_dflash_graphs(draft, out_dir: Path) -> list[Path]:
+def build_dflash_graphs(draft, out_dir: Path, quantization: str = "none") -> list[Path]:
     """dflash_context / dflash_block for an attached DFlash draft (or the DFlash backbone of a DSpark one)."""
     cfg = draft.cfg
     if not isinstance(draft, DFlashDraft):
@@ -229,7 +236,7 @@ def build_dflash_graphs(draft, out_dir: Path) -> list[Path]:
     H, N, nkv, hd, L, γ = cfg.hidden_size, cfg.out_vocab_size, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers, \
         cfg.block_size
 
-    g, w = _new(out_dir, "dflash_context", cfg)
+    g, w = _new(out_dir, "dflash_context", cfg, quantization)
     ctx = g.norm(g.dense("features", draft.fc, "fc"), draft.context_norm, "context_norm")
     cos, sin = g.rope_tables("positions")
     outputs = []
@@ -241,7 +248,7 @@ def build_dflash_graphs(draft, out_dir: Path) -> list[Path]:
     paths = [_save(g, w, "dflash_context", [_info("features", _F, ["B", "T", cfg.feature_size]),
                                              _info("positions", _I64, ["B", "T"])], outputs, out_dir)]
 
-    g, w = _new(out_dir, "dflash_block", cfg)
+    g, w = _new(out_dir, "dflash_block", cfg, quantization)
     first = g.embed(draft, g.op("Unsqueeze", ["anchor", g.const("axes.1", np.array([1], np.int64))]))  # [B, 1, H]
     mask_rows = g.op("Expand", [g.w.add("mask_embedding", _np(draft.mask_embedding)[None, None, :]),
                                 g.op("Concat", [g.op("Shape", ["anchor"]),
@@ -268,11 +275,11 @@ def build_dflash_graphs(draft, out_dir: Path) -> list[Path]:
     return paths
 
 
-def build_dspark_graphs(draft, out_dir: Path) -> list[Path]:
+def build_dspark_graphs(draft, out_dir: Path, quantization: str = "none") -> list[Path]:
     """The DFlash backbone's graphs, then dspark_markov (the Markov and confidence heads) for an attached DSpark."""
     if not isinstance(draft, DSparkDraft):
         raise ValueError(f"build_dspark_graphs takes a DSpark draft, not {draft.cfg.algo}")
-    paths = build_dflash_graphs(draft, out_dir)
+    paths = build_dflash_graphs(draft, out_dir, quantization)
     cfg = draft.cfg
     H, N = cfg.hidden_size, cfg.out_vocab_size
     g, w = _new(out_dir, "dspark_markov", cfg)
@@ -289,10 +296,11 @@ def build_dspark_graphs(draft, out_dir: Path) -> list[Path]:
     return paths
 
 
-def build_draft_graphs(draft, out_dir: Path) -> list[Path]:
+def build_draft_graphs(draft, out_dir: Path, quantization: str = "none") -> list[Path]:
     """The graphs of a neural draft (attached, float32) into out_dir, by its algorithm's builder; returns their paths,
-    in the order of the algorithm's `onnx.files`."""
+    in the order of the algorithm's `onnx.files`. `quantization`: the dense layers' and the head's weight format
+    (DRAFT_QUANTIZATION says which the export picks)."""
     graphs = resolve_algorithm(draft.cfg.algo).onnx
     if graphs is None:
         raise ValueError(f"{draft.cfg.algo} drafts have no ONNX graphs")
-    return load_part(graphs.build)(draft, out_dir)
+    return load_part(graphs.build)(draft, out_dir, quantization)

@@ -9,8 +9,9 @@ Output directory (what `load_onnx_target` and `python -m service worker --engine
                                     that share the target's head read it; the graph's own copy is 4- or 8-bit)
     config.json, tokenizer*, generation_config.json   the target's own, so the fingerprint matches its drafts
     draft/                          the draft directory, copied (neural drafts, corpus lookup), when there is one
-    draft_onnx/                     a neural draft's graphs (export/onnx/draft_graph.py: Eagle3, DFlash, DSpark);
-                                    the worker runs the draft through them (deepspec/decoding/drafters/onnx_graphs.py)
+    draft_onnx/                     a neural draft's graphs (export/onnx/draft_graph.py: Eagle3, DFlash, DSpark),
+                                    int8 beside a quantized target (DRAFT_QUANTIZATION); the worker runs the draft
+                                    through them (deepspec/decoding/drafters/onnx_graphs.py)
 
 The worker runs target.onnx and verifies on its logits with the plugins ops (greedy and sampled rows alike);
 target_verify.onnx is the verification-terminated graph for runtimes that verify inside the graph.
@@ -35,6 +36,12 @@ VERIFY_GRAPH = "target_verify.onnx"
 DRAFT_GRAPH_DIR = "draft_onnx"
 #: an untied head's fp32 copy beside a quantized graph (OnnxTarget.embeddings reads it)
 HEAD_FILE = "lm_head.npy"
+#: the target graph's weight format -> its neural draft graphs' (export/onnx/draft_graph.py). A draft's forward is
+#: a few tokens wide, where int8 per-channel weights (DynamicQuantizeMatMul) read a quarter of fp32's bytes and
+#: stay flat: DSpark's round on this project's 2-core Xeon fell from 7.7 to 3.3 ms (int4's MatMulNBits: 4.5 ms).
+#: A draft's precision never changes the output (the target verifies every token); an fp32 export keeps fp32
+#: drafts, the reference the graphs are tested against.
+DRAFT_QUANTIZATION = {"none": "none", "int8": "int8", "int4": "int8"}
 
 
 def resolve_draft_dir(draft, target) -> Path | None:
@@ -134,8 +141,10 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
             from export.onnx.draft_graph import build_draft_graphs
 
             (out / DRAFT_GRAPH_DIR).mkdir()
-            graphs = build_draft_graphs(load_draft(draft_dir, target, dtype=torch.float32), out / DRAFT_GRAPH_DIR)
+            graphs = build_draft_graphs(load_draft(draft_dir, target, dtype=torch.float32), out / DRAFT_GRAPH_DIR,
+                                        DRAFT_QUANTIZATION[quant])
             meta["draft"]["graphs_dir"] = DRAFT_GRAPH_DIR
+            meta["draft"]["quantization"] = DRAFT_QUANTIZATION[quant]
             meta["draft"]["graphs"] = [p.name for p in graphs]
     else:
         named = draft in drafter_keywords() and draft != "auto"  # a drafter the worker builds by name

@@ -194,3 +194,64 @@ def test_shipped_drafts_propose_the_same_through_their_graphs(tmp_path, smollm2,
         for d in drivers:
             d.commit([0], [ids[done:cut]], out.features[:, done:cut])
         _same(*(d.propose([0], 5, greedy) for d in drivers))
+
+
+@pytest.mark.parametrize("algo", ["eagle3", "dflash", "dspark"])
+def test_int8_draft_graphs_quantize_every_dense_layer_and_stay_close_to_fp32(tmp_path, target_dir, algo):
+    """build_draft_graphs(..., "int8"): every dense layer and the head become DynamicQuantizeMatMul (no fp32 weight
+    left but the small DSpark Markov head's), and the first graph's outputs stay within int8 rounding of fp32's."""
+    import onnx
+
+    from deepspec.models import load_target
+    from deepspec.models.drafts import load_draft
+
+    target = load_target(str(target_dir), dtype="float32")
+    path = write_draft(tmp_path / algo, target_dir, algo)
+    dirs = {q: tmp_path / q for q in ("none", "int8")}
+    for q, d in dirs.items():
+        d.mkdir()
+        build_draft_graphs(load_draft(path, target, dtype=torch.float32), d, q)
+    for name in resolve_algorithm(algo).onnx.files:
+        graph = onnx.load(dirs["int8"] / name, load_external_data=False).graph
+        if name == "dspark_markov.onnx":
+            continue
+        assert "DynamicQuantizeMatMul" in {n.op_type for n in graph.node}, name
+        assert not [t.name for t in graph.initializer if t.name.endswith(".weight_t")], name
+    models = {q: OnnxDraftModel(load_draft(path, target, dtype=torch.float32), d, num_threads=1)
+              for q, d in dirs.items()}
+    torch.manual_seed(0)
+    F = target.spec.hidden_size * len(models["none"].cfg.feature_layers)
+    features = torch.randn(2, 5, F)
+    if algo == "eagle3":
+        outs = {q: [m.fc(features)] for q, m in models.items()}
+    else:
+        positions = torch.arange(5).expand(2, 5)
+        outs = {q: [t for kv in m.context_kv(features, positions) for t in kv] for q, m in models.items()}
+    for fp32, int8 in zip(outs["none"], outs["int8"]):
+        assert not torch.equal(fp32, int8)  # quantized, not the same graph
+        assert (int8 - fp32).norm() <= 0.05 * fp32.norm()
+
+
+def test_a_quantized_export_serves_int8_draft_graphs_losslessly(tmp_path, target_dir):
+    """An int4 export's DSpark graphs are int8 (DRAFT_QUANTIZATION), recorded in onnx.json; the engine on that export
+    with them decodes exactly what the int4 target decodes alone."""
+    from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.models import load_target
+    from export.onnx.exporter import DRAFT_QUANTIZATION, export_onnx
+
+    assert DRAFT_QUANTIZATION == {"none": "none", "int8": "int8", "int4": "int8"}
+    draft = write_draft(tmp_path / "draft", target_dir, "dspark")
+    out = tmp_path / "onnx"
+    out.mkdir()
+    meta = export_onnx(load_target(str(target_dir), dtype="float32"), str(draft), out, quant="int4")
+    assert meta["draft"]["quantization"] == "int8"
+    target = load_target(str(out))
+    drafter = build_drafter(str(out / "draft"), target)
+    assert isinstance(drafter.model, OnnxDraftModel)
+    prompts = [[1, 40, 41, 42, 43], [1, 50, 51]]
+
+    def run(d):
+        engine = SpecEngine(target, d, max_batch_size=2, max_seq_len=64, num_speculative_tokens=3, verify_budget=False)
+        return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
+
+    assert run(drafter) == run(None)
