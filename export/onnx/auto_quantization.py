@@ -8,10 +8,13 @@ the output a blend of two models, no longer what one target alone produces; so t
 Each candidate is exported whole (graph, verify graph, draft) into a staging folder inside the output and its
 verify-step curve timed (exporter.record_step_curve); a neural draft's round is timed too, on that candidate's own
 draft graphs (deepspec/decoding/draft_time.py, the engine's probe, at batch 1), since a draft runs on the same
-kernels and costs several milliseconds a round that differ per format. The one with the highest modelled throughput
-at the draft's measured acceptance length, that draft cost added to each verify pass
-(deepspec/decoding/verify_budget.py, modelled_tokens_per_second), moves up into the output; the others are
-deleted. onnx.json records the choice, every candidate's curve and draft cost, and the τ it was scored with.
+kernels and costs several milliseconds a round that differ per format. Then every candidate decodes a few training
+prompts as the worker would serve it, the candidates taking turns (decode_rate.py, which says why a measured rate
+and not the model); the fastest moves up into the output and the others are deleted. Where no calibration prompts
+are at hand (an installed package without datasets/) the modelled throughput decides instead: the draft's measured
+acceptance length, its round cost added to each verify pass (deepspec/decoding/verify_budget.py,
+modelled_tokens_per_second). onnx.json records the choice, every candidate's rate, modelled score, curve and draft
+cost, and the τ each was scored with.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1
     with the `quantization_choice` record."""
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
     from deepspec.models.step_curve import SCORED_DEPTH, curve_record, drafter_acceptance_length, recorded_curve
+    from export.onnx.decode_rate import CALIBRATION_TOKENS, measure_decode_rates
     from export.onnx.exporter import export_onnx, resolve_draft_dir
 
     out = Path(out_dir)
     staging = out / STAGING
     draft_dir = resolve_draft_dir(draft, target)
     tau = drafter_acceptance_length(draft_dir, None if draft_dir else draft)
-    metas, scores, draft_rounds = {}, {}, {}
+    metas, modelled, draft_rounds = {}, {}, {}
     try:
         for quant in candidates:
             (staging / quant).mkdir(parents=True)
@@ -46,22 +50,34 @@ def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1
             curve = recorded_curve(metas[quant]["step_curve"])
             draft_time = _draft_time(staging / quant, SCORED_DEPTH) if draft_dir is not None else None
             draft_rounds[quant] = None if draft_time is None else curve_record(draft_time.by_width())
-            scores[quant] = modelled_tokens_per_second(curve, tau, SCORED_DEPTH, draft_time)
+            modelled[quant] = modelled_tokens_per_second(curve, tau, SCORED_DEPTH, draft_time)
+        measured = measure_decode_rates({q: staging / q for q in candidates}, SCORED_DEPTH)
+        scores = {q: measured[q]["tokens_per_second"] for q in candidates} if measured else modelled
         best = max(candidates, key=lambda q: scores[q])  # max keeps the first of equal scores
         for item in (staging / best).iterdir():
             shutil.move(str(item), out / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     meta = metas[best]
+    rule = (f"highest tokens/s decoding {CALIBRATION_TOKENS} tokens of each calibration prompt (decode_rate.py: "
+            f"training prompts, median, candidates in turn) at depth <= {SCORED_DEPTH}, as the worker serves it"
+            if measured else
+            f"highest modelled tokens/s at the best verify depth <= {SCORED_DEPTH} (verify_budget.py) on this "
+            "machine's verify-step curves, a neural draft's round cost on each candidate added (no calibration "
+            "prompts here to measure with)")
     meta["quantization_choice"] = {
         "chosen": best,
-        "rule": f"highest modelled tokens/s at the best verify depth <= {SCORED_DEPTH} (verify_budget.py) on this "
-                "machine's verify-step curves, a neural draft's round cost on each candidate added",
+        "rule": rule,
+        # the draft's own eval τ, what the modelled scores assume; each candidate's measured τ may differ
         "acceptance_length": round(tau, 3),
         "depth": SCORED_DEPTH,
+        # tokens_per_second: what the choice compared (measured, or modelled where nothing was measured);
         # draft_round: the candidate's batch-1 drafted round by width; null: priced as free (no draft, or lookup)
-        "candidates": {q: {"tokens_per_second": round(scores[q], 1), "step_curve": metas[q]["step_curve"],
-                           "draft_round": draft_rounds[q]} for q in candidates},
+        "candidates": {q: {"tokens_per_second": round(scores[q], 1),
+                           "modelled_tokens_per_second": round(modelled[q], 1),
+                           "measured_acceptance_length": measured[q]["acceptance_length"] if measured else None,
+                           "step_curve": metas[q]["step_curve"], "draft_round": draft_rounds[q]}
+                       for q in candidates},
     }
     on_disk = json.loads((out / "onnx.json").read_text())
     on_disk["quantization_choice"] = meta["quantization_choice"]

@@ -38,8 +38,10 @@ ENGINES: tuple[str, ...] = get_args(Engine)
 CHOICE_FILE = "choice.json"
 #: bumped when the choice's rule or the cache layout changes: older records are then measured again (4: a neural
 #: draft's own round cost, timed on each engine, is added to its verify passes; scored free, a DSpark draft made an
-#: AMX Xeon pick int8, which served 0.91-1.01x of int8 target-only, where int4 + DSpark served 1.09-1.27x)
-CHOICE_VERSION = 4
+#: AMX Xeon pick int8, which served 0.91-1.01x of int8 target-only, where int4 + DSpark served 1.09-1.27x; 5: a
+#: quantized export's neural draft graphs are int8, their round 2.3x cheaper, and `--quantization auto` keeps the
+#: format that decodes calibration prompts fastest, measured (export/onnx/decode_rate.py): the export is redone)
+CHOICE_VERSION = 5
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,17 @@ def _graph_ops(out) -> set[str]:
     return {n.op_type for n in onnx.load(out / "target.onnx", load_external_data=False).graph.node}
 
 
-def _fake_timing(monkeypatch):
-    """record_step_curve returns FAKE_CURVES[the graph's quantization] instead of timing it."""
+def _fake_timing(monkeypatch, tmp_path):
+    """record_step_curve returns FAKE_CURVES[the graph's quantization] instead of timing it, and there are no
+    calibration prompts (an empty datasets folder): the modelled throughput decides."""
     import export.onnx.exporter as exporter
 
     def fake(out):
         return curve_record(FAKE_CURVES[json.loads((out / "onnx.json").read_text())["quantization"]])
 
     monkeypatch.setattr(exporter, "record_step_curve", fake)
+    (tmp_path / "no-datasets").mkdir()
+    monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "no-datasets"))
 
 
 def test_auto_exports_every_candidate_and_keeps_the_fastest_measured_here(target_dir, tmp_path):
@@ -62,6 +65,10 @@ def test_auto_exports_every_candidate_and_keeps_the_fastest_measured_here(target
     assert manifest["onnx"]["quantization"] == meta["quantization"]
     assert manifest["onnx"]["step_curve"]["machine"] == machine_key()
     assert load_target(str(out)).recorded_step_curve() is not None
+    # measured: each candidate decoded the calibration prompts (target-only here: no τ)
+    assert choice["rule"].startswith("highest tokens/s decoding")
+    assert all(c["tokens_per_second"] > 0 and c["measured_acceptance_length"] is None
+               and c["modelled_tokens_per_second"] > 0 for c in choice["candidates"].values())
 
 
 @pytest.mark.parametrize("draft, winner", [("none", "int4"), ("prompt-lookup", "int8")])
@@ -69,7 +76,7 @@ def test_the_choice_weighs_the_multi_token_step_by_the_drafts_acceptance(target_
                                                                           draft, winner):
     """Target-only (τ 1) needs the cheaper 1-token step (int4's); with a drafter (nominal τ 2) the flat verify pass
     wins (int8's 2 tokens in 7 ms beat int4's 1 in 5 ms)."""
-    _fake_timing(monkeypatch)
+    _fake_timing(monkeypatch, tmp_path)
     out = tmp_path / "engine"
     assert run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft", draft,
                       "--out", out).returncode == 0
@@ -88,7 +95,7 @@ def test_a_neural_drafts_round_on_each_candidate_is_priced_into_its_score(tmp_pa
     import deepspec.decoding.draft_time as draft_time
     from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel
 
-    _fake_timing(monkeypatch)
+    _fake_timing(monkeypatch, tmp_path)
     round_ms = {"int4": 3.0, "int8": 4.0}
     probed = []
 
@@ -114,10 +121,55 @@ def test_a_neural_drafts_round_on_each_candidate_is_priced_into_its_score(tmp_pa
     assert choice["candidates"]["int4"]["tokens_per_second"] == 200.0
 
 
+def test_a_measured_decode_rate_outvotes_the_model(target_dir, tmp_path, monkeypatch):
+    """With calibration prompts, the candidates' measured decode rates decide, not the model: the fake curves model
+    int8 ahead with prompt lookup (test above), a measured int4 twice as fast is kept; each candidate records both
+    numbers and its measured τ."""
+    import export.onnx.decode_rate as decode_rate
+    import export.onnx.exporter as exporter
+
+    monkeypatch.setattr(exporter, "record_step_curve", lambda out: curve_record(
+        FAKE_CURVES[json.loads((out / "onnx.json").read_text())["quantization"]]))
+    calls = []
+
+    def fake_rates(exports, depth):
+        calls.append((sorted(exports), depth))
+        assert all((path / "onnx.json").is_file() for path in exports.values())  # every candidate exported whole
+        return {"int8": {"tokens_per_second": 50.0, "acceptance_length": 1.5},
+                "int4": {"tokens_per_second": 100.0, "acceptance_length": 1.7}}
+
+    monkeypatch.setattr(decode_rate, "measure_decode_rates", fake_rates)
+    out = tmp_path / "engine"
+    assert run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft",
+                      "prompt-lookup", "--out", out).returncode == 0
+    choice = json.loads((out / "onnx.json").read_text())["quantization_choice"]
+    assert calls == [(sorted(AUTO_CANDIDATES), 7)] and choice["chosen"] == "int4" and KERNELS["int4"] in _graph_ops(out)
+    modelled = {q: round(modelled_tokens_per_second(c, 2.0, 7), 1) for q, c in FAKE_CURVES.items()}
+    assert modelled["int8"] > modelled["int4"]
+    for q, want in (("int8", (50.0, 1.5)), ("int4", (100.0, 1.7))):
+        c = choice["candidates"][q]
+        assert (c["tokens_per_second"], c["measured_acceptance_length"]) == want
+        assert c["modelled_tokens_per_second"] == modelled[q]
+
+
+def test_calibration_prompts_are_training_prompts_never_eval_ones(target_dir):
+    from deepspec.paths import eval_dataset
+    from export.onnx.decode_rate import CALIBRATION_PROMPTS, CALIBRATION_SETS, calibration_prompts
+
+    target = load_target(str(target_dir))
+    prompts = calibration_prompts(target)
+    assert len(prompts) == CALIBRATION_PROMPTS * len(CALIBRATION_SETS)
+    eval_turns = set()
+    for name in ("humaneval", "gsm8k", "mbpp"):
+        eval_turns |= {json.loads(line)["turns"][0] for line in eval_dataset(name).read_text().splitlines()}
+    eval_prompts = {tuple(target.encode_chat([{"role": "user", "content": t}])) for t in eval_turns}
+    assert not {tuple(p) for p in prompts} & eval_prompts
+
+
 def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_dir, tmp_path, monkeypatch):
     from deepspec.decoding import SpecEngine, build_drafter
 
-    _fake_timing(monkeypatch)
+    _fake_timing(monkeypatch, tmp_path)
     out = tmp_path / "engine"
     assert run_export("--format", "onnx", "--quantization", "int8", "--target", target_dir, "--draft", "none",
                       "--out", out).returncode == 0

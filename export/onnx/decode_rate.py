@@ -1,0 +1,95 @@
+"""Decode throughput of candidate exports, measured the way the worker serves them: what `--quantization auto`
+chooses by.
+
+Why measured rather than modelled from step curves and the draft's τ: on this project's 2-core Xeon with AMX the
+model picked int8 + DSpark (94 modelled tokens/s against int4's 89) and int4 + DSpark then decoded 10-30% faster on
+all three eval sets. Two inputs of the model were wrong there:
+- the draft's τ comes from its eval.json, measured on the fp32 target; on a quantized target, whose greedy tokens
+  and features differ, DSpark accepted 1.25-1.6 instead of 2.33;
+- the recorded step curve is the fastest of 15 runs per size (load only slows a run), and the int8 graph's fastest
+  1-token step was 11.1 ms where its median was 17.6.
+A short decode of a few prompts on each candidate measures both, and the draft's cost and the engine's own overhead
+with them.
+
+The prompts are the first of each training set (`datasets/train`), chat-rendered by the target: never the eval
+prompts the benchmarks report on. The candidates take turns prompt by prompt, so a VM's drift over the minute the
+measurement takes hits every candidate alike; each candidate's rate is its median over the prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+#: training sets whose first prompts calibrate the choice (datasets/train/<name>.jsonl)
+CALIBRATION_SETS = ("codealpaca", "gsm8k_train")
+#: prompts per set and new tokens per prompt: ~10 s per candidate on 2 cores for SmolLM2-135M
+CALIBRATION_PROMPTS = 2
+CALIBRATION_TOKENS = 64
+#: tokens of the warm-up decode that runs before any prompt is timed (first-call allocations, thread-pool spin-up)
+WARMUP_TOKENS = 8
+
+
+def calibration_prompts(target, per_set: int = CALIBRATION_PROMPTS) -> list[list[int]]:
+    """The first `per_set` prompts of each of CALIBRATION_SETS as `target`'s chat-rendered ids; [] when the
+    checkout holds no training sets (an installed package without datasets/)."""
+    from deepspec.paths import datasets_dir
+
+    prompts = []
+    for name in CALIBRATION_SETS:
+        path = datasets_dir() / "train" / f"{name}.jsonl"
+        if not path.is_file():
+            continue
+        with path.open() as f:
+            turns = [json.loads(line)["turns"][0] for _, line in zip(range(per_set), f)]
+        prompts += [target.encode_chat([{"role": "user", "content": t}]) for t in turns]
+    return prompts
+
+
+def served_drafter(export_dir: Path, target):
+    """The drafter the worker serves an export with: its copied draft directory, the drafter it names (prompt lookup),
+    or None."""
+    from deepspec.decoding import build_drafter
+
+    meta = json.loads((export_dir / "onnx.json").read_text())
+    path = meta.get("draft", {}).get("path") or "none"
+    if (export_dir / path / "config.json").is_file():
+        return build_drafter(str(export_dir / path), target)
+    return None if path == "none" else build_drafter(path, target)
+
+
+def measure_decode_rates(exports: dict[str, Path], depth: int,
+                         max_tokens: int = CALIBRATION_TOKENS) -> dict[str, dict] | None:
+    """{candidate: {"tokens_per_second": median over the calibration prompts, "acceptance_length": mean τ or
+    None}} of each export in `exports`, decoded greedily at batch 1 by the engine as served (verification budget
+    on, `depth` drafts at most); None when there are no calibration prompts to decode."""
+    from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.models import load_target
+
+    engines = {}
+    prompts: list[list[int]] = []
+    for name, export_dir in exports.items():
+        target = load_target(str(export_dir))
+        prompts = prompts or calibration_prompts(target)
+        if not prompts:
+            return None
+        longest = max(len(p) for p in prompts) + max_tokens + depth + 2
+        engine = SpecEngine(target, served_drafter(Path(export_dir), target), max_batch_size=1,
+                            max_seq_len=min(target.max_seq_len, longest), num_speculative_tokens=depth)
+        engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))
+        engines[name] = engine
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    taus: dict[str, list[float]] = {name: [] for name in engines}
+    for prompt in prompts:
+        for name, engine in engines.items():  # in turn, prompt by prompt (module docstring)
+            start = time.perf_counter()
+            result = engine.generate([prompt], params)[0]
+            rates[name].append(len(result.token_ids) / (time.perf_counter() - start))
+            if result.acceptance_length is not None:
+                taus[name].append(result.acceptance_length)
+    return {name: {"tokens_per_second": round(statistics.median(rates[name]), 1),
+                   "acceptance_length": round(statistics.fmean(taus[name]), 3) if taus[name] else None}
+            for name in engines}
