@@ -152,18 +152,30 @@ def test_a_measured_decode_rate_outvotes_the_model(target_dir, tmp_path, monkeyp
         assert c["modelled_tokens_per_second"] == modelled[q]
 
 
-def test_calibration_prompts_are_training_prompts_never_eval_ones(target_dir):
-    from deepspec.paths import eval_dataset
-    from export.onnx.decode_rate import CALIBRATION_PROMPTS, CALIBRATION_SETS, calibration_prompts
+def test_calibration_prompts_are_held_out_of_every_shipped_drafts_data_and_the_eval_sets(target_dir):
+    """Four training prompts outside the seeded draw every shipped draft's data comes from (so outside the data
+    itself), none an eval prompt; chat-rendered by the target."""
+    import gzip
+    from pathlib import Path
 
-    target = load_target(str(target_dir))
-    prompts = calibration_prompts(target)
-    assert len(prompts) == CALIBRATION_PROMPTS * len(CALIBRATION_SETS)
+    from deepspec.paths import datasets_dir, eval_dataset, repo_root
+    from export.onnx.decode_rate import CALIBRATION_LINES, calibration_prompts, calibration_turns
+    from training.prepare import PrepareStats, read_prompts
+
+    turns = calibration_turns()
+    assert len(turns) == sum(len(lines) for lines in CALIBRATION_LINES.values()) == 4
+    ids = {f"{name}:{n}" for name, lines in CALIBRATION_LINES.items() for n in lines}
+    drawn = {row.id for row in read_prompts([datasets_dir() / "train" / f"{name}.jsonl" for name in CALIBRATION_LINES],
+                                            4000, 0, PrepareStats())}  # training/data/README.md's command
+    regen = Path(repo_root()) / "training" / "data" / "smollm2-135m-regen.jsonl.gz"
+    data = {json.loads(line)["id"] for line in gzip.open(regen, "rt")}
+    assert not ids & drawn and not ids & data and data <= drawn
     eval_turns = set()
-    for name in ("humaneval", "gsm8k", "mbpp"):
+    for name in ("humaneval", "gsm8k", "mbpp", "lbpp", "math500"):
         eval_turns |= {json.loads(line)["turns"][0] for line in eval_dataset(name).read_text().splitlines()}
-    eval_prompts = {tuple(target.encode_chat([{"role": "user", "content": t}])) for t in eval_turns}
-    assert not {tuple(p) for p in prompts} & eval_prompts
+    assert not set(turns) & eval_turns
+    target = load_target(str(target_dir))
+    assert calibration_prompts(target) == [target.encode_chat([{"role": "user", "content": t}]) for t in turns]
 
 
 def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_dir, tmp_path, monkeypatch):
