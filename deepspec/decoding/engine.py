@@ -60,7 +60,8 @@ from deepspec.decoding.tree import (first_children, keep_nodes, monotone_surviva
                                     tree_survival_from_record, with_root)
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
 from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify, verify_tree
-from deepspec.decoding.verify_budget import DraftTimeModel, StepTimeModel, best_depth, best_nodes, observed_survival
+from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, StepTimeModel, best_depth, best_nodes,
+                                            observed_survival)
 from deepspec.models.target import Target
 from deepspec.models.tree_attention import check_parents
 
@@ -168,6 +169,8 @@ class SpecEngine:
         self._running: list[_Sequence] = []  # index == slot
         #: the rows of the decode round in progress: the prefilled prefix of _running
         self._batch: list[_Sequence] = []
+        #: the finished sequences' acceptance, the prior a new sequence's own record starts from
+        self.acceptance_history = AcceptanceHistory()
         self._by_id: dict[str, _Sequence] = {}
         #: waiting request id -> the sequences forked from its prompt, placed in slots when its prefill completes
         self._forks: dict[str, list[_Sequence]] = {}
@@ -565,8 +568,7 @@ class SpecEngine:
             if key not in self._pays:
                 self._pays[key] = best_depth(torch.ones(len(caps), width), self.step_time) > 0
             return width if self._pays[key] else 0
-        records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
-        survival = observed_survival(records, width) * (torch.arange(width)[None, :] < torch.tensor(caps)[:, None])
+        survival = self._observed_survival(width) * (torch.arange(width)[None, :] < torch.tensor(caps)[:, None])
         depth = best_depth(survival, self.step_time, self.draft_time.round_seconds(costly, torch.arange(width + 1)))
         return width if depth and getattr(self.drafter, "tree", None) else depth
 
@@ -582,8 +584,7 @@ class SpecEngine:
         survival = None if proposal.survival is None else proposal.survival.cpu()
         sampled = torch.tensor([not s.params.greedy for s in self._batch])[:, None]
         if survival is None or (proposal.probs is None and bool(sampled.any())):
-            observed = observed_survival([(s.stats.proposed_per_position, s.stats.accepted_per_position)
-                                          for s in self._batch], width)
+            observed = self._observed_survival(width)
             survival = observed if survival is None else torch.where(
                 sampled, torch.minimum(survival.double(), observed), survival.double())
         survival = survival * (torch.arange(width)[None, :] < num_drafts[:, None])
@@ -650,6 +651,13 @@ class SpecEngine:
             features = features.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, features.shape[2]))
         return self._finish_round(committed, accepted, num.tolist(), max_depth, features, logprobs)
 
+    def _observed_survival(self, width: int) -> torch.Tensor:
+        """[B, width] survival from the batch's own acceptance records, each shrunk toward the prior the engine's
+        finished sequences of its kind give (verify_budget.AcceptanceHistory)."""
+        records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
+        prior = torch.stack([self.acceptance_history.prior(s.params.greedy, width, s.sequence_id) for s in self._batch])
+        return observed_survival(records, width, prior)
+
     def _budget_tree(self, proposal: PaddedProposal) -> PaddedProposal:
         """Keep each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens the step-time
         model says pay best (verify_budget.best_nodes). A tree over budget is cut, never refused: the kept nodes
@@ -659,8 +667,7 @@ class SpecEngine:
         k = proposal.tokens.shape[1]
         survival = proposal.survival
         if survival is None:
-            records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in seqs]
-            survival = tree_survival_from_record(observed_survival(records, max(k, 1)), parents, num)
+            survival = tree_survival_from_record(self._observed_survival(max(k, 1)), parents, num)
         keep = best_nodes(monotone_survival(survival, parents, num), self.step_time)
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
 
@@ -861,6 +868,8 @@ class SpecEngine:
         every waiting one: a hole among the prefilled rows takes the last prefilled row, and that row's slot the
         last waiting one."""
         for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
+            self.acceptance_history.add(seq.params.greedy, seq.stats.proposed_per_position,
+                                        seq.stats.accepted_per_position)
             if self._kv_drafter is not None and seq.prefilled:
                 self._kv_drafter.release(seq.slot)
             hole = seq.slot

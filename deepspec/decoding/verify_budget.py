@@ -196,7 +196,44 @@ PRIOR_SLOT_SURVIVAL = 0.7
 PRIOR_ROUNDS = 4.0
 
 
-def observed_survival(records: list[tuple[list[int], list[int]]], width: int) -> torch.Tensor:
+#: one sequence in this many starts from PRIOR_SLOT_SURVIVAL whatever the engine's history says (`AcceptanceHistory`),
+#: so a history that stopped a draft keeps being re-measured and drafting comes back where the traffic changes
+EXPLORE_EVERY = 8
+
+
+class AcceptanceHistory:
+    """The acceptance record of the greedy sequences an engine has finished: the prior a new greedy sequence's own
+    record starts from (`observed_survival`'s `prior`), instead of the fixed optimistic PRIOR_SLOT_SURVIVAL. Why:
+    with that prior every new sequence drafted ~10-20 rounds before its own record stopped a draft that does not pay
+    (DSpark on the int4 ONNX target, τ 1.3: 0.92x target-only over 128 tokens); after the first sequences the
+    engine knows. Each slot's history rate is itself shrunk to PRIOR_SLOT_SURVIVAL with PRIOR_ROUNDS rounds of
+    weight, so a short history says little; one sequence in EXPLORE_EVERY ignores it. Sampled rows keep the fixed
+    prior: which depths a sampled row drafts decides its draws, and a seeded request must sample the same tokens
+    whatever the engine served before it."""
+
+    def __init__(self):
+        self._proposed: list[int] = []
+        self._accepted: list[int] = []
+
+    def add(self, greedy: bool, proposed: list[int], accepted: list[int]) -> None:
+        """A finished sequence's record (proposed_per_position, accepted_per_position); a sampled one is not kept."""
+        if not greedy:
+            return
+        for total, counts in ((self._proposed, proposed), (self._accepted, accepted)):
+            total.extend([0] * (len(counts) - len(total)))
+            for i, n in enumerate(counts):
+                total[i] += n
+
+    def prior(self, greedy: bool, width: int, sequence_id: int) -> torch.Tensor:
+        """[width] per-slot conditional acceptance rates a new sequence's record is shrunk toward."""
+        fixed = torch.full((1, width), PRIOR_SLOT_SURVIVAL, dtype=torch.float64)
+        if not greedy or sequence_id % EXPLORE_EVERY == 0:
+            return fixed[0]
+        return _conditional_rates([(self._proposed, self._accepted)], width, fixed)[0]
+
+
+def observed_survival(records: list[tuple[list[int], list[int]]], width: int,
+                      prior: torch.Tensor | None = None) -> torch.Tensor:
     """Survival from each sequence's own record, for drafters that give none and for pricing a draft before it
     runs: per sequence, (proposed_per_position, accepted_per_position) — the rounds in which slot j was drafted and
     in which it was accepted — → [B, width] estimates of P(slot j and all before it accepted).
@@ -209,7 +246,15 @@ def observed_survival(records: list[tuple[list[int], list[int]]], width: int) ->
     round at τ 1.45 that way, 0.75x target-only). Non-increasing in j, since every rate is at most 1.
 
     A sequence whose record drives the depth to 0 stops being measured. It then decodes target-only, which is what
-    the record said pays."""
+    the record said pays. `prior`: [B, width] per-slot rates to shrink toward instead (AcceptanceHistory.prior)."""
+    if prior is None:
+        prior = torch.full((len(records), width), PRIOR_SLOT_SURVIVAL, dtype=torch.float64)
+    return _conditional_rates(records, width, prior.to(torch.float64)).cumprod(dim=1)
+
+
+def _conditional_rates(records: list[tuple[list[int], list[int]]], width: int, prior: torch.Tensor) -> torch.Tensor:
+    """[B, width] P(slot j accepted | slot j reached) per record, each shrunk toward `prior` (module docstring of
+    observed_survival)."""
     proposed = torch.zeros(len(records), width, dtype=torch.float64)
     accepted = torch.zeros(len(records), width, dtype=torch.float64)
     for i, (p, a) in enumerate(records):
@@ -217,5 +262,4 @@ def observed_survival(records: list[tuple[list[int], list[int]]], width: int) ->
         proposed[i, :n] = torch.tensor(p[:n], dtype=torch.float64)
         accepted[i, :n] = torch.tensor(a[:n], dtype=torch.float64)
     reached = torch.cat([proposed[:, :1], torch.minimum(proposed[:, 1:], accepted[:, :-1])], dim=1)
-    rate = (accepted + PRIOR_ROUNDS * PRIOR_SLOT_SURVIVAL) / (reached + PRIOR_ROUNDS)
-    return rate.cumprod(dim=1)
+    return (accepted + PRIOR_ROUNDS * prior) / (reached + PRIOR_ROUNDS)

@@ -10,7 +10,7 @@ from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.decoding.tree import monotone_survival
-from deepspec.decoding.verify_budget import (DraftTimeModel, StepTimeModel, best_depth, best_nodes,
+from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, StepTimeModel, best_depth, best_nodes,
                                              modelled_tokens_per_second, observed_survival)
 from deepspec.models.drafts import save_draft
 from tests.training.helpers import tiny_draft, tiny_target
@@ -313,3 +313,62 @@ def test_a_sampled_row_caps_a_greedy_measured_estimate_by_its_own_record(target)
     assert sampled.num_accepted_tokens <= sampled.num_draft_tokens // 4
     # trusting the table it would draft 4 tokens in each of its ~39 rounds; its record stops it within a third
     assert sampled.num_drafted_steps <= sampled.num_steps // 3 and sampled.num_draft_tokens <= 40
+
+
+def test_the_engines_history_is_the_prior_of_its_next_sequences():
+    """Finished greedy sequences' records become the prior a new greedy sequence's own record starts from, each
+    slot's history rate shrunk to the fixed prior; one sequence in EXPLORE_EVERY, and every sampled one (its draws
+    follow its depths: a seeded request must not depend on earlier traffic), starts from the fixed prior."""
+    from deepspec.decoding.verify_budget import EXPLORE_EVERY, PRIOR_ROUNDS, PRIOR_SLOT_SURVIVAL
+
+    fixed = torch.full((3,), PRIOR_SLOT_SURVIVAL, dtype=torch.float64)
+    history = AcceptanceHistory()
+    torch.testing.assert_close(history.prior(True, 3, sequence_id=1), fixed)
+    history.add(True, [60, 60], [6, 0])  # slot 0 accepted in 6 of 60 rounds, slot 1 never
+    history.add(True, [40], [4])  # summed: slot 0 in 10 of 100, so slot 1 reached at most 10 times
+    prior = history.prior(True, 3, sequence_id=1)
+    shrink = PRIOR_ROUNDS * PRIOR_SLOT_SURVIVAL
+    assert prior[0] == pytest.approx((10 + shrink) / (100 + PRIOR_ROUNDS))
+    assert prior[1] == pytest.approx(shrink / (10 + PRIOR_ROUNDS)) and prior[2] == pytest.approx(PRIOR_SLOT_SURVIVAL)
+    history.add(False, [50], [0])  # a sampled sequence's record is not kept
+    torch.testing.assert_close(history.prior(True, 3, sequence_id=1), prior)
+    torch.testing.assert_close(history.prior(False, 3, sequence_id=1), fixed)
+    torch.testing.assert_close(history.prior(True, 3, sequence_id=5 * EXPLORE_EVERY), fixed)
+    fresh = observed_survival([([], [])], 3, prior[None])
+    torch.testing.assert_close(fresh[0], prior.cumprod(0))
+
+
+class _NeverAccepted:
+    """Deterministic drafts without estimates (the budget reads each row's record) that the target never accepts."""
+
+    name, feature_layers = "never-accepted", ()
+
+    def bind(self, target, max_batch_size, max_seq_len):
+        pass
+
+    def propose(self, view, slots, k, sampling):
+        from deepspec.decoding.drafter import Proposal
+
+        tokens = torch.tensor([[(view.last_token(s) + 7) % 16] * k for s in slots])
+        return Proposal.from_rows(tokens, torch.full((len(slots),), k), None, None)
+
+
+def test_a_draft_the_first_sequence_found_useless_is_not_drafted_for_the_next(target, monkeypatch):
+    """The first sequence starts from the optimistic prior, drafts, and its record stops it; the next sequences
+    start from that record and draft nothing (the fixed prior alone made each of them draft again); greedy output
+    identical to target-only throughout."""
+    import deepspec.decoding.verify_budget as verify_budget
+    from deepspec.decoding.drafter import Drafter
+
+    monkeypatch.setattr(verify_budget, "EXPLORE_EVERY", 1 << 40)  # no exploring sequence among these
+    Drafter.register(_NeverAccepted)
+    prompts, params = [[1, 2, 3, 4]], SamplingParams(max_tokens=24, ignore_eos=True)
+    reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(prompts, params)[0]
+    engine = SpecEngine(target, _NeverAccepted(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=2)
+    engine.step_time = _model(1, 0.5)  # an extra verify token costs half a pass: depth 1 pays above 0.5
+    first, second, third = (engine.generate(prompts, params)[0] for _ in range(3))
+    assert first.token_ids == second.token_ids == third.token_ids == reference.token_ids
+    assert first.num_draft_tokens > 0 and first.num_accepted_tokens == 0
+    assert second.num_draft_tokens == third.num_draft_tokens == 0
+    engine.acceptance_history = AcceptanceHistory()  # forgotten: the fixed prior drafts again
+    assert engine.generate(prompts, params)[0].num_draft_tokens > 0
