@@ -95,6 +95,7 @@ def engine_decoder(target, drafter, max_tokens, k, warmup_ids, temperature: floa
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
                             seed=0 if temperature > 0 else None)
     engine.generate([warmup_ids], SamplingParams(max_tokens=WARMUP_TOKENS))
+    engine.forget_acceptance()  # the warm-up is not traffic: the budget's prior starts from the first prompt
 
     def decode(ids):
         t = time.perf_counter()

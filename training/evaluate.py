@@ -145,6 +145,7 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
     warm = [target.encode_chat([{"role": "user", "content": "Hi"}])]
     for engine in (base, *engines.values()):  # first calls pay one-off allocation costs; keep them out of timing
         engine.generate(warm, SamplingParams(max_tokens=8))
+        engine.forget_acceptance()  # and out of the budget's prior
     out: dict[str, list[EvalResult]] = {name: [] for name in drafters}
     sets = {name: [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
             for name in datasets}

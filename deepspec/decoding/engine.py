@@ -651,9 +651,14 @@ class SpecEngine:
             features = features.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, features.shape[2]))
         return self._finish_round(committed, accepted, num.tolist(), max_depth, features, logprobs)
 
+    def forget_acceptance(self) -> None:
+        """Start the acceptance prior afresh: after a warm-up request, which is not traffic (a few tokens of a
+        throwaway prompt), so what it accepted must not decide whether the next sequences draft."""
+        self.acceptance_history = AcceptanceHistory()
+
     def _observed_survival(self, width: int) -> torch.Tensor:
         """[B, width] survival from the batch's own acceptance records, each shrunk toward the prior the engine's
-        finished sequences of its kind give (verify_budget.AcceptanceHistory)."""
+        finished greedy sequences give (sampled rows: the fixed prior; verify_budget.AcceptanceHistory)."""
         records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
         prior = torch.stack([self.acceptance_history.prior(s.params.greedy, width, s.sequence_id) for s in self._batch])
         return observed_survival(records, width, prior)

@@ -90,6 +90,7 @@ def measure_decode_rates(exports: dict[str, Path], depth: int,
         engine = SpecEngine(target, served_drafter(Path(export_dir), target), max_batch_size=1,
                             max_seq_len=min(target.max_seq_len, longest), num_speculative_tokens=depth)
         engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))
+        engine.forget_acceptance()
         engines[name] = engine
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     rates: dict[str, list[float]] = {name: [] for name in engines}

@@ -61,6 +61,25 @@ def resolve_draft_dir(draft, target) -> Path | None:
     return path
 
 
+def _write_draft_graphs(target, draft_dir: Path, algo: str, quant: str, out: Path) -> dict:
+    """A neural draft's forward passes as graphs in out/DRAFT_GRAPH_DIR, in the weight format DRAFT_QUANTIZATION
+    gives the target's; → what onnx.json's `draft` records of them ({} for a draft without graphs: lookup)."""
+    import torch
+
+    from deepspec.algorithms import available_algorithms, resolve_algorithm
+
+    if algo not in available_algorithms() or resolve_algorithm(algo).onnx is None:
+        return {}
+    from deepspec.models.drafts import load_draft
+    from export.onnx.draft_graph import build_draft_graphs
+
+    (out / DRAFT_GRAPH_DIR).mkdir()
+    graphs = build_draft_graphs(load_draft(draft_dir, target, dtype=torch.float32), out / DRAFT_GRAPH_DIR,
+                                DRAFT_QUANTIZATION[quant])
+    return {"graphs_dir": DRAFT_GRAPH_DIR, "quantization": DRAFT_QUANTIZATION[quant],
+            "graphs": [p.name for p in graphs]}
+
+
 def draft_feature_layers(draft_dir: Path | None) -> tuple[int, ...]:
     """The target layers whose residual outputs the draft reads (none for lookup drafts)."""
     if draft_dir is None:
@@ -78,7 +97,6 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     import numpy as np
     import torch
 
-    from deepspec.algorithms import available_algorithms, resolve_algorithm
     from deepspec.decoding.registry import drafter_keywords
     from deepspec.models import pytorch_decoder
     from deepspec.models.chat_templates import save_chat_template
@@ -135,17 +153,7 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     if draft_dir is not None:
         shutil.copytree(draft_dir, out / "draft", ignore=shutil.ignore_patterns("reports", "__pycache__"))
         meta["draft"] = {"path": "draft", "algo": header["algo"]}
-        algo = header["algo"]
-        if algo in available_algorithms() and resolve_algorithm(algo).onnx is not None:  # their forward passes too
-            from deepspec.models.drafts import load_draft
-            from export.onnx.draft_graph import build_draft_graphs
-
-            (out / DRAFT_GRAPH_DIR).mkdir()
-            graphs = build_draft_graphs(load_draft(draft_dir, target, dtype=torch.float32), out / DRAFT_GRAPH_DIR,
-                                        DRAFT_QUANTIZATION[quant])
-            meta["draft"]["graphs_dir"] = DRAFT_GRAPH_DIR
-            meta["draft"]["quantization"] = DRAFT_QUANTIZATION[quant]
-            meta["draft"]["graphs"] = [p.name for p in graphs]
+        meta["draft"].update(_write_draft_graphs(target, draft_dir, header["algo"], quant, out))
     else:
         named = draft in drafter_keywords() and draft != "auto"  # a drafter the worker builds by name
         meta["draft"] = {"path": draft if named else "none", "algo": None}

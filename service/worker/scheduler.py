@@ -155,6 +155,7 @@ class Scheduler:
             self.engine.add_request("warmup", warmup_prompt_token_ids, SamplingParams(max_tokens=2, ignore_eos=True))
             while self.engine.has_unfinished():
                 self.engine.step()
+            self.engine.forget_acceptance()  # the warm-up is not traffic: not the budget's prior
             logger.info("warm-up done in %.2f s", time.perf_counter() - t0)
         ready.set()
         while not self._stop.is_set():
