@@ -370,5 +370,5 @@ def test_a_draft_the_first_sequence_found_useless_is_not_drafted_for_the_next(ta
     assert first.token_ids == second.token_ids == third.token_ids == reference.token_ids
     assert first.num_draft_tokens > 0 and first.num_accepted_tokens == 0
     assert second.num_draft_tokens == third.num_draft_tokens == 0
-    engine.acceptance_history = AcceptanceHistory()  # forgotten: the fixed prior drafts again
+    engine.forget_acceptance()  # forgotten (as after a warm-up): the fixed prior drafts again
     assert engine.generate(prompts, params)[0].num_draft_tokens > 0
