@@ -103,16 +103,22 @@ def curve_record(curve: dict[int, float], threads: int | None = None) -> dict:
     return {"machine": machine_key(threads), "ms": {str(n): round(s * 1e3, 3) for n, s in sorted(curve.items())}}
 
 
-def recorded_curve(record: dict | None, threads: int | None = None) -> dict[int, float] | None:
-    """A stored curve record → {T: seconds}, or None when it is missing, malformed, or was measured on another
+def recorded_times(record: dict | None, threads: int | None = None) -> dict[int, float] | None:
+    """A stored `curve_record` → {size: seconds}, or None when it is missing, malformed, or was measured on another
     machine or thread count (its timings would not describe this one)."""
     if not isinstance(record, dict) or record.get("machine") != machine_key(threads):
         return None
     try:
-        curve = {int(n): float(ms) / 1e3 for n, ms in record["ms"].items()}
+        return {int(n): float(ms) / 1e3 for n, ms in record["ms"].items()}
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return curve if len(curve) >= 2 and all(t > 0 for t in curve.values()) else None
+
+
+def recorded_curve(record: dict | None, threads: int | None = None) -> dict[int, float] | None:
+    """A stored verify-step curve → {T: seconds}: `recorded_times`, and None unless it holds two sizes or more, every
+    step taking some time."""
+    curve = recorded_times(record, threads)
+    return curve if curve is not None and len(curve) >= 2 and all(t > 0 for t in curve.values()) else None
 
 
 #: the verify depth a choice is scored at: the worker's default --num-speculative-tokens

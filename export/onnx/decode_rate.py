@@ -57,16 +57,17 @@ def calibration_prompts(target) -> list[list[int]]:
     return [target.encode_chat([{"role": "user", "content": t}]) for t in calibration_turns()]
 
 
-def served_drafter(export_dir: Path, target):
-    """The drafter the worker serves an export with: its copied draft directory, the drafter it names (prompt lookup),
-    or None."""
+def served_drafter(target):
+    """The drafter the worker serves an ONNX export (`target`, loaded) with: its copied draft directory, the drafter
+    it names (prompt lookup), or None."""
     from deepspec.decoding import build_drafter
+    from export.onnx.exporter import exported_draft_dir
 
-    meta = json.loads((export_dir / "onnx.json").read_text())
-    path = meta.get("draft", {}).get("path") or "none"
-    if (export_dir / path / "config.json").is_file():
-        return build_drafter(str(export_dir / path), target)
-    return None if path == "none" else build_drafter(path, target)
+    draft_dir = exported_draft_dir(target.path, target.meta)
+    name = (target.meta.get("draft") or {}).get("path") or "none"
+    if draft_dir is not None:
+        return build_drafter(str(draft_dir), target)
+    return None if name == "none" else build_drafter(name, target)
 
 
 def measure_decode_rates(exports: dict[str, Path], depth: int,
@@ -77,17 +78,16 @@ def measure_decode_rates(exports: dict[str, Path], depth: int,
     from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.models import load_target
 
+    targets = {name: load_target(str(export_dir)) for name, export_dir in exports.items()}
+    first = next(iter(targets.values()))  # the candidates share a tokenizer and a context length
+    room = first.max_seq_len - max_tokens - depth - 2  # a prompt past a small target's context keeps its end
+    prompts = [p[-room:] for p in calibration_prompts(first)]
+    if not prompts:
+        return None
+    longest = max(len(p) for p in prompts) + max_tokens + depth + 2
     engines = {}
-    prompts: list[list[int]] = []
-    for name, export_dir in exports.items():
-        target = load_target(str(export_dir))
-        if not prompts:  # the candidates share a tokenizer; a prompt past a small target's context keeps its end
-            room = target.max_seq_len - max_tokens - depth - 2
-            prompts = [p[-room:] for p in calibration_prompts(target)]
-        if not prompts:
-            return None
-        longest = max(len(p) for p in prompts) + max_tokens + depth + 2
-        engine = SpecEngine(target, served_drafter(Path(export_dir), target), max_batch_size=1,
+    for name, target in targets.items():
+        engine = SpecEngine(target, served_drafter(target), max_batch_size=1,
                             max_seq_len=min(target.max_seq_len, longest), num_speculative_tokens=depth)
         engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))
         engine.forget_acceptance()

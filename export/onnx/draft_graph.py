@@ -164,9 +164,10 @@ class _DraftBuilder(_Builder):
         """Post-norm hidden → logits over the draft vocabulary (the head rows the PyTorch draft multiplies by)."""
         canonical = getattr(draft.cfg, "layout", "deepspec") == "canonical"
         weight = draft.lm_head.weight if canonical else draft._head
-        if self.quantization != "none":
-            y = self.linear(hidden, _np(weight), "head", self.quantization)
-            return self.op("Identity", [y], outputs=[out])
+        if self.quantization != "none":  # one node without a bias: its output renamed, as the target graph's head
+            self.linear(hidden, _np(weight), "head", self.quantization)
+            self.nodes[-1].output[0] = out
+            return out
         return self.op("MatMul", [hidden, self.w.add("head.weight_t", _np(weight).T)], outputs=[out])
 
 

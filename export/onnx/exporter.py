@@ -80,6 +80,13 @@ def _write_draft_graphs(target, draft_dir: Path, algo: str, quant: str, out: Pat
             "graphs": [p.name for p in graphs]}
 
 
+def exported_draft_dir(export_dir: str | Path, meta: dict) -> Path | None:
+    """The draft directory an export holds (its copy, onnx.json `draft.path`), or None: no draft, or a drafter named
+    by keyword (prompt lookup) that has no directory."""
+    path = (meta.get("draft") or {}).get("path")
+    return Path(export_dir) / path if path and (Path(export_dir) / path / "config.json").is_file() else None
+
+
 def draft_feature_layers(draft_dir: Path | None) -> tuple[int, ...]:
     """The target layers whose residual outputs the draft reads (none for lookup drafts)."""
     if draft_dir is None:

@@ -229,13 +229,14 @@ def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
     import time
 
     from deepspec.models import load_target
+    from export.onnx.exporter import exported_draft_dir
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
     from deepspec.models.step_curve import (cpu_flags, curve_record, drafter_acceptance_length,
                                             measure_recorded_curve, recorded_curve)
 
     onnx_meta = json.loads((onnx_dir / "onnx.json").read_text())
     onnx_curve = recorded_curve(onnx_meta.get("step_curve"))
-    draft_dir = _draft_dir(onnx_meta, onnx_dir)
+    draft_dir = exported_draft_dir(onnx_dir, onnx_meta)
     depth = settings.num_speculative_tokens
     target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
                          quantization=settings.quantization, chat_template=settings.chat_template)
@@ -286,24 +287,14 @@ def _exported_draft_time(onnx_meta: dict, depth: int):
     """The draft's batch-1 round cost on the exported format as `--quantization auto` timed it (its choice record),
     when that was on this machine and at the depth the worker drafts; None otherwise (then it is timed here)."""
     from deepspec.decoding.verify_budget import DraftTimeModel
-    from deepspec.models.step_curve import machine_key
+    from deepspec.models.step_curve import recorded_times
 
     candidates = (onnx_meta.get("quantization_choice") or {}).get("candidates") or {}
-    record = (candidates.get(onnx_meta.get("quantization")) or {}).get("draft_round")
-    if not isinstance(record, dict) or record.get("machine") != machine_key():
-        return None
-    try:  # a round may cost 0 ms (a made-up timing), unlike a step: not read as a step curve
-        by_width = {int(width): float(ms) / 1e3 for width, ms in record["ms"].items()}
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    if depth not in by_width or any(seconds < 0 for seconds in by_width.values()):
+    # a round may cost 0 ms (a made-up timing) or be timed at one width, unlike a verify-step curve
+    by_width = recorded_times((candidates.get(onnx_meta.get("quantization")) or {}).get("draft_round"))
+    if by_width is None or depth not in by_width or any(seconds < 0 for seconds in by_width.values()):
         return None
     return DraftTimeModel({(1, width): seconds for width, seconds in by_width.items()})
-
-
-def _draft_dir(onnx_meta: dict, onnx_dir: Path) -> Path | None:
-    path = onnx_meta.get("draft", {}).get("path")
-    return onnx_dir / path if path and (onnx_dir / path / "config.json").is_file() else None
 
 
 def describe_cached_choice(settings) -> str | None:
