@@ -10,7 +10,7 @@ Three parts, one run:
        onnx-int4            the 4-bit graph (MatMulNBits), target only
        onnx-int4+<draft>    the same with the export's draft (the default: the best shipped draft; a neural draft
                             runs through its own ONNX graphs)
-       onnx-int8, onnx-int8+<draft>   int8 weights per channel (DynamicQuantizeMatMul): cheaper multi-token verify
+       onnx-int8, onnx-int8+<draft>   int8 weights per channel (MatMulIntegerToFloat): cheaper multi-token verify
                             steps than MatMulNBits' on AVX2 CPUs (--skip onnx-int8 leaves both out)
        served:<engine>      what `make serve` serves on this machine: the worker's --engine auto choice (measured on
                             its first start and cached: service/worker/fastest_engine.py) with the default draft

@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quantization", choices=("none", "int4", "int8", "auto"), default="none",
                    help="onnx: matmul weights as float32 (none, default), 4-bit blocks of 32 run by ONNX Runtime's "
                         "MatMulNBits (int4: ~3x smaller, faster batch-1 decode on CPU), int8 per channel run by "
-                        "DynamicQuantizeMatMul (int8: 2x int4's size, cheaper multi-token verify steps), or auto: "
+                        "MatMulIntegerToFloat on activations quantized per row (int8: 2x int4's size, cheaper "
+                        "multi-token verify steps), or auto: "
                         "export int8 and int4, time each one's verify steps here and keep the faster (the choice and "
                         "both curves go into onnx.json; the graph runs best on the machine that exported it)")
     g.add_argument("--build", action="store_true",

@@ -10,6 +10,17 @@ attention appends to the cache in place and a step never copies the context. ONN
 several new tokens after a past only one row at a time; such batches run row by row (decode steps and first
 prompt chunks stay batched). The bindings of the cache buffers are built once per buffers and row range and kept.
 
+Batch invariance (`batch_invariant`, or DEEPSPEC_BATCH_INVARIANT=1, like vLLM's VLLM_BATCH_INVARIANT): a token's
+logits then do not depend on how many tokens share its pass, so the engine's speculative greedy output is
+bit-identical to the same graph's target-only output. Every linear of the graph is row-invariant already (fp32
+MatMul on packed weights, MatMulNBits, the int8 graph's per-row activation scales: export/onnx/graph.py
+`int8_linear`); ONNX Runtime's attention is not: its probabilities·V product takes MLAS's one-row SGEMM kernel when
+a pass has one token and the general kernel otherwise, a difference of ~1e-8 that a quantized layer's rounding can
+turn into a different token. So in this mode a one-token pass runs as two: the token and a copy of it one position
+later, whose cache entry the next step overwrites (causal: the copy's row never reaches the real one). It costs
+a one-token step ~5% (int8) to ~14% (int4), and batched decode steps run row by row (export/DESIGN.md, "ONNX
+Runtime"); off by default.
+
 `load_target` opens such a directory as this class. A neural draft exported with the target runs through its own
 graphs (`exported_draft_graphs` says where they are; the drafter registry's loaders use them,
 deepspec/decoding/drafters/onnx_graphs.py), on the features this graph outputs.
@@ -75,6 +86,8 @@ class OnnxTarget(HFTextTarget):
     eos_token_ids: tuple[int, ...]
     #: the session's intra-op threads (a recorded step curve applies at this count only)
     num_threads: int = 0
+    #: run one-token passes as two (module docstring): logits independent of the pass's width
+    batch_invariant: bool = False
 
     #: the exported graph is causal over its T new tokens: token trees are verified as chains of first children
     supports_tree_attention: ClassVar[bool] = False
@@ -84,6 +97,8 @@ class OnnxTarget(HFTextTarget):
 
     def __post_init__(self):
         self.quantization = self.meta.get("quantization", "none")
+        if self.batch_invariant:  # a one-token step also writes the next position: the RoPE table must reach it
+            self.max_seq_len = min(self.max_seq_len, self.meta["max_positions"] - 1)
         self.feature_layers = tuple(self.meta.get("feature_layers", ()))
         self._embeddings: TargetEmbeddings | None = None
         import onnxruntime as ort
@@ -113,7 +128,8 @@ class OnnxTarget(HFTextTarget):
 
     # ---- model ---------------------------------------------------------------------------------------------------
     def new_cache(self, num_slots: int, max_seq_len: int) -> OnnxSlotCache:
-        return OnnxSlotCache(self.spec, num_slots, max_seq_len)
+        # batch invariance writes a copy one position past a one-token step: room for it after the last position
+        return OnnxSlotCache(self.spec, num_slots, max_seq_len + int(self.batch_invariant))
 
     def forward(
         self,
@@ -140,13 +156,33 @@ class OnnxTarget(HFTextTarget):
         if max(starts) + T > self.max_seq_len:
             raise ValueError(f"sequence of {max(starts) + T} tokens exceeds the context window of {self.max_seq_len}")
         index = _logits_index(logits, B, T)
-        if T > 1 and B > 1 and max(starts) > 0:  # see the module docstring: multi-token steps after a past, per row
+        if T == 1 and self.batch_invariant:
+            return self._two_token_pass(tokens, starts, cache, feature_layers, index)
+        return self._output(*self._pass(tokens, starts, cache, index), feature_layers)
+
+    def _pass(self, tokens: torch.Tensor, starts: list[int], cache, index: np.ndarray | None):
+        """(logits, all captured features) of one pass; several tokens after a past run row by row."""
+        B, T = tokens.shape
+        if T > 1 and B > 1 and max(starts) > 0:  # see the module docstring
             parts = [self._run(tokens[b : b + 1], starts[b : b + 1], cache, b, None if index is None else index[b : b + 1])
                      for b in range(B)]
             out_logits = torch.cat([p[0] for p in parts]) if index is not None else None
             features = torch.cat([p[1] for p in parts]) if parts[0][1] is not None else None
-        else:
-            out_logits, features = self._run(tokens, starts, cache, 0, index)
+            return out_logits, features
+        return self._run(tokens, starts, cache, 0, index)
+
+    def _two_token_pass(self, tokens: torch.Tensor, starts: list[int], cache, feature_layers, index):
+        """A one-token pass as two (batch invariance, module docstring); the first row's outputs. The fp32 graph's
+        tied head is a Gemm, which also takes the one-row kernel for a single logit row: there both rows' logits
+        are computed and the copy's dropped."""
+        both = index is not None and self.quantization == "none" and self.meta.get("tied", True)
+        out_logits, features = self._pass(tokens.repeat(1, 2), starts, cache,
+                                          np.concatenate([index, index + 1], axis=1) if both else index)
+        return self._output(out_logits[:, :1] if both else out_logits,
+                            features[:, :1] if features is not None else None, feature_layers)
+
+    def _output(self, out_logits, features, feature_layers) -> DecoderOutput:
+        """The engine's view: the asked feature layers out of all the graph captures."""
         if features is not None and tuple(feature_layers) != self.feature_layers:
             H = self.spec.hidden_size
             features = torch.cat([features[..., self.feature_layers.index(i) * H:][..., :H] for i in feature_layers],
@@ -278,9 +314,10 @@ def is_onnx_export(path: str | Path) -> bool:
 
 def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, num_threads: int | None = None,
                      name: str | None = None, spinning: bool | None = None, chat_template: str | None = None,
-                     for_chat: bool = False) -> OnnxTarget:
+                     for_chat: bool = False, batch_invariant: bool | None = None) -> OnnxTarget:
     """Open an exported ONNX target directory (graph, onnx.json, config.json, tokenizer) on CPU.
     spinning: see `session_options`; None = the DEEPSPEC_ORT_SPINNING environment variable (default off).
+    batch_invariant: see the module docstring; None = the DEEPSPEC_BATCH_INVARIANT environment variable (default off).
     chat_template, for_chat: as `load_target`'s (the template replaces the exported tokenizer's own; a target left
     without one is refused before the session loads the graph)."""
     import onnxruntime as ort
@@ -302,10 +339,17 @@ def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, 
         tokenizer.chat_template = resolve_chat_template(chat_template)
     if for_chat:
         require_chat_template(tokenizer, name, spec.family)
+    if batch_invariant is None:
+        batch_invariant = _env_flag("DEEPSPEC_BATCH_INVARIANT")
     limit = min(max_seq_len or meta["max_positions"], meta["max_positions"])
     threads = num_threads or torch.get_num_threads()
     if spinning is None:
-        spinning = os.environ.get("DEEPSPEC_ORT_SPINNING", "0") not in ("", "0", "false", "no")
+        spinning = _env_flag("DEEPSPEC_ORT_SPINNING")
     session = ort.InferenceSession(str(root / meta["graph"]), sess_options=session_options(threads, spinning),
                                    providers=["CPUExecutionProvider"])
-    return OnnxTarget(name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]), threads)
+    return OnnxTarget(name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]), threads,
+                      batch_invariant)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no")

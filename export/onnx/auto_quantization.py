@@ -1,9 +1,10 @@
 """`--quantization auto`: one weight format for the whole run, the one this machine runs fastest.
 
-Why per machine, and why one: the int8 graph (DynamicQuantizeMatMul) keeps a multi-token verify step nearly flat
-on CPUs with int8 dot products (VNNI, AMX) and the int4 graph (MatMulNBits) has the cheapest single-token step
-elsewhere, so neither wins everywhere. Mixing them (int4 for one-token steps, int8 for verify passes) would make
-the output a blend of two models, no longer what one target alone produces; so the export keeps one.
+Why per machine, and why one: the int8 graph (MatMulIntegerToFloat, per-row activations) keeps a multi-token verify
+step nearly flat on CPUs with int8 dot products (VNNI, AMX) and the int4 graph (MatMulNBits) has the cheapest
+single-token step elsewhere, so neither wins everywhere. Mixing them (int4 for one-token steps, int8 for verify
+passes) would make the output a blend of two models, no longer what one target alone produces; so the export keeps
+one.
 
 Each candidate is exported whole (graph, verify graph, draft) into a staging folder inside the output and its
 verify-step curve timed (exporter.record_step_curve); a neural draft's round is timed too, on that candidate's own

@@ -75,19 +75,12 @@ class _DraftBuilder(_Builder):
         self.cfg = cfg
         #: the dense layers' weight format (export/onnx/graph.py `linear`): "none" (fp32), "int8" or "int4"
         self.quantization = quantization
-        self._consts: dict[str, str] = {}
         hd = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
         self.inv_freq = self.const("rope.inv_freq", inv_freq.astype(np.float32))  # [hd/2]
         self.axis_last = self.const("axes.last", np.array([-1], np.int64))
         self.axis_2 = self.const("axes.2", np.array([2], np.int64))
         self.half = self.const("split.half", np.array([hd // 2, hd // 2], np.int64))
-
-    def const(self, name: str, value) -> str:
-        """A named constant, added once however often it is asked for."""
-        if name not in self._consts:
-            self._consts[name] = super().const(name, value)
-        return self._consts[name]
 
     def norm(self, x: str, module, name: str) -> str:
         return self.rms_norm(x, _np(module.weight), module.eps, name)

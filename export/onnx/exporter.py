@@ -37,7 +37,7 @@ DRAFT_GRAPH_DIR = "draft_onnx"
 #: an untied head's fp32 copy beside a quantized graph (OnnxTarget.embeddings reads it)
 HEAD_FILE = "lm_head.npy"
 #: the target graph's weight format -> its neural draft graphs' (export/onnx/draft_graph.py). A draft's forward is
-#: a few tokens wide, where int8 per-channel weights (DynamicQuantizeMatMul) read a quarter of fp32's bytes and
+#: a few tokens wide, where int8 per-channel weights (graph.int8_linear) read a quarter of fp32's bytes and
 #: stay flat: DSpark's round on this project's 2-core Xeon fell from 7.7 to 3.3 ms (int4's MatMulNBits: 4.5 ms).
 #: A draft's precision never changes the output (the target verifies every token); an fp32 export keeps fp32
 #: drafts, the reference the graphs are tested against.

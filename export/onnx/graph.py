@@ -27,8 +27,10 @@ several new tokens after a past only at B = 1; the runtime (deepspec/models/onnx
 into rows.
 
 Linear layers are MatMul on fp32 weights, `com.microsoft.MatMulNBits` (4-bit blocks, one scale and zero point per
-block, int8 activations: accuracy_level 4) for `quantization="int4"`, or `com.microsoft.DynamicQuantizeMatMul`
-(int8 weights per output channel, activations quantized per call) for `quantization="int8"`. With `fused` (the
+block, int8 activations: accuracy_level 4) for `quantization="int4"`, or `com.microsoft.MatMulIntegerToFloat` (int8
+weights per output channel, uint8 activations quantized per row: `int8_linear`) for `quantization="int8"`. Every
+linear's output row depends on its input row only, however many rows share the pass: what makes a verify pass
+compute each token as a one-token step does (deepspec/models/onnx_target.py, "batch invariance"). With `fused` (the
 default) the graph is written in ONNX Runtime's fused ops: SkipSimplifiedLayerNormalization adds the residual and
 normalizes in one node, GroupQueryAttention reads the packed q|k|v projection, so a decode step launches ~10 kernels
 per layer instead of ~13 (export/DESIGN.md, "ONNX Runtime", has the measurements). Weights go to one external data
@@ -54,6 +56,11 @@ INT4_BLOCK = 32
 INT4_BLOCKS = (16, 32, 64, 128, 256)
 #: int8 weights use levels -63..63 (7 bits): see quantize_int8 for the saturation this avoids
 INT8_LEVELS = 63
+#: the op each weight format's linear layers run on
+LINEAR_KERNELS = {"none": "MatMul", "int8": "MatMulIntegerToFloat", "int4": "MatMulNBits"}
+#: int8 activations: each row's abs-max maps to ±127 around zero point 128 (uint8 1..255; see int8_linear)
+ACTIVATION_LEVELS = 127
+ACTIVATION_ZERO_POINT = 128
 #: families whose layers this graph describes; Gemma3 (sliding windows, two RoPE bases, sandwich norms) is not
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -102,6 +109,10 @@ class _Builder:
         self.accuracy_level = accuracy_level
         self.nodes: list[onnx.NodeProto] = []
         self._count = 0
+        self._consts: dict[str, str] = {}
+        #: activation name → (its uint8 rows, their scales): int8 linears reading one input quantize it once
+        self._row_quantized: dict[str, tuple[str, str]] = {}
+        self._zero_points: dict[str, str] = {}  # int8_linear's `rows` → its uint8 zero points
 
     def op(self, op_type: str, inputs: list[str], num_outputs: int = 1, outputs: list[str] | None = None,
            domain: str = "", **attrs) -> str | list[str]:
@@ -112,7 +123,10 @@ class _Builder:
         return outs[0] if len(outs) == 1 else outs
 
     def const(self, name: str, value) -> str:
-        return self.w.add(name, np.asarray(value))
+        """A named constant, added once however often it is asked for."""
+        if name not in self._consts:
+            self._consts[name] = self.w.add(name, np.asarray(value))
+        return self._consts[name]
 
     def rms_norm(self, x: str, weight: np.ndarray, eps: float, name: str) -> str:
         """x / sqrt(mean(x²) + eps) * w over the last axis: the pattern ORT fuses into SimplifiedLayerNormalization."""
@@ -138,16 +152,13 @@ class _Builder:
                                            epsilon=float(eps)))
         return outs[0], outs[3]
 
-    def linear(self, x: str, weight: np.ndarray, name: str, quantization: str, bias: np.ndarray | None = None) -> str:
-        """x [.., K] @ weight[N, K]ᵀ (+ bias): MatMul on fp32, or MatMulNBits on 4-bit blocks (the last block of a
-        row zero-padded when K is not a multiple of the block size)."""
+    def linear(self, x: str, weight: np.ndarray, name: str, quantization: str, bias: np.ndarray | None = None,
+               rows: str = "") -> str:
+        """x [.., K] @ weight[N, K]ᵀ (+ bias): MatMul on fp32, int8_linear, or MatMulNBits on 4-bit blocks (the last
+        block of a row zero-padded when K is not a multiple of the block size). rows: see int8_linear."""
         N, K = weight.shape
-        if quantization == "int8":  # per-output-channel symmetric int8, activations quantized per call (uint8)
-            qweight, scales = quantize_int8(weight)
-            inputs = [x, self.w.add(f"{name}.qweight_t", qweight.T), self.w.add(f"{name}.scales", scales)]
-            if bias is not None:
-                inputs += ["", self.w.add(f"{name}.bias", bias.astype(np.float32))]
-            return self.op("DynamicQuantizeMatMul", inputs, domain=MS_DOMAIN)
+        if quantization == "int8":
+            return self.int8_linear(x, weight, name, bias, rows)
         if quantization == "int4":
             packed, scales, zeros = quantize_int4(weight, self.block_size)
             inputs = [x, self.w.add(f"{name}.qweight", packed), self.w.add(f"{name}.scales", scales),
@@ -159,6 +170,43 @@ class _Builder:
                            accuracy_level=self.accuracy_level)
         y = self.op("MatMul", [x, self.w.add(f"{name}.weight_t", weight.T.astype(np.float32))])
         if bias is not None:
+            y = self.op("Add", [y, self.w.add(f"{name}.bias", bias.astype(np.float32))])
+        return y
+
+
+    def int8_linear(self, x: str, weight: np.ndarray, name: str, bias: np.ndarray | None = None,
+                    rows: str = "") -> str:
+        """x @ weightᵀ on int8 weights (per output channel) and uint8 activations quantized per row.
+
+        Why per row, not DynamicQuantizeMatMul's one scale per call: that scale is the max over every row of the
+        call, so in a verify pass of T tokens each token's activations were rounded by what its neighbours held,
+        and its logits differed from the same token's 1-token step (speculative greedy output drifted from the
+        graph's own target-only output within 2-39 tokens). With a scale per row (its abs-max / 127, zero point
+        128) a row's integers do not depend on the other rows, the integer dot products are exact and the scaling
+        is per element, so the op's output row is bit-equal however many rows share the call.
+
+        Nodes: Abs, ReduceMax and Mul give the row scales, a blocked QuantizeLinear (one block per row, opset 21)
+        the uint8 rows, shared by every linear reading x; MatMulIntegerToFloat multiplies on MLAS's u8·s8 kernel and
+        applies the weight scales per column and the row scales per row (its a_scale may be a tensor). `rows` names
+        the leading shape x shares with other inputs, so their zero points [.., 1] are one tensor; an all-zero row
+        has scale 0 and output 0·(finite) = 0."""
+        if x not in self._row_quantized:
+            row_scale = self.op("Mul", [self.op("ReduceMax", [self.op("Abs", [x]), self.const("int8.axes", np.array(
+                [-1], np.int64))], keepdims=1), self.const("int8.step", np.float32(1.0 / ACTIVATION_LEVELS))])
+            key = rows or x
+            if key not in self._zero_points:
+                self._zero_points[key] = self.op("Expand", [self.const("int8.zero_point", np.uint8(
+                    ACTIVATION_ZERO_POINT)), self.op("Shape", [row_scale])])
+            quantized = self.op("QuantizeLinear", [x, row_scale, self._zero_points[key]], axis=-1,
+                                block_size=weight.shape[1])
+            self._row_quantized[x] = (quantized, row_scale)
+        quantized, row_scale = self._row_quantized[x]
+        qweight, scales = quantize_int8(weight)
+        y = self.op("MatMulIntegerToFloat", [quantized, self.w.add(f"{name}.qweight_t", qweight.T), row_scale,
+                                             self.w.add(f"{name}.scales", scales),
+                                             self.const("int8.zero_point", np.uint8(ACTIVATION_ZERO_POINT))],
+                    domain=MS_DOMAIN)
+        if bias is not None:  # the op would scale its own bias input by the row scales: added after
             y = self.op("Add", [y, self.w.add(f"{name}.bias", bias.astype(np.float32))])
         return y
 
@@ -190,7 +238,7 @@ def quantize_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """weight [N, K] float → (int8 [N, K], scale [N] float32): symmetric round-to-nearest per output channel, on
     7 bits (levels -63..63).
 
-    Why 7 bits: DynamicQuantizeMatMul multiplies uint8 activations by int8 weights, and on x86 CPUs without VNNI its
+    Why 7 bits: int8_linear multiplies uint8 activations by int8 weights, and on x86 CPUs without VNNI its
     kernel sums adjacent products with VPMADDUBSW into 16-bit lanes, which saturate once two products exceed 32767
     (255 x 127 x 2 = 64770). The real target's activations reach that: with full-range weights its int8 graph
     decoded gibberish on an AVX2 EPYC. At 63 levels two products stay below 255 x 63 x 2 = 32130 on every CPU,
@@ -245,7 +293,7 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
         pending_capture = []
         attn, present = layers.attention(i, layer, h, rope)
         outputs_kv += present
-        stream.delta = g.linear(attn, _np(layer.wo), f"layers.{i}.o", quantization)
+        stream.delta = g.linear(attn, _np(layer.wo), f"layers.{i}.o", quantization, rows="tokens")
         stream.delta = layers.mlp(i, layer, stream.norm(_np(layer.mlp_norm), f"layers.{i}.mlp_norm"))
         if i in feature_layers:
             pending_capture.append(i)
@@ -316,7 +364,7 @@ class _LayerWriter:
         """→ (the attention output before its projection, layer i's present key/value outputs)."""
         g, spec, p = self.g, self.spec, f"layers.{i}"
         bias = _np(layer.bqkv) if layer.bqkv is not None else None
-        qkv = g.linear(h, _np(layer.wqkv), f"{p}.qkv", self.quantization, bias)
+        qkv = g.linear(h, _np(layer.wqkv), f"{p}.qkv", self.quantization, bias, rows="tokens")
         if self.packed_qkv:
             q, k, v = qkv, "", ""
         else:
@@ -338,13 +386,13 @@ class _LayerWriter:
 
     def mlp(self, i: int, layer, h: str) -> str:
         g, p, quantization = self.g, f"layers.{i}", self.quantization
-        gate, up = g.op("Split", [g.linear(h, _np(layer.w_gate_up), f"{p}.gate_up", quantization), self.split_mlp],
-                        num_outputs=2, axis=-1)
+        gate_up = g.linear(h, _np(layer.w_gate_up), f"{p}.gate_up", quantization, rows="tokens")
+        gate, up = g.op("Split", [gate_up, self.split_mlp], num_outputs=2, axis=-1)
         if self.spec.activation == "gelu_tanh":
             act = g.op("Gelu", [gate], approximate="tanh")
         else:
             act = g.op("Mul", [gate, g.op("Sigmoid", [gate])])
-        return g.linear(g.op("Mul", [act, up]), _np(layer.w_down), f"{p}.down", quantization)
+        return g.linear(g.op("Mul", [act, up]), _np(layer.w_down), f"{p}.down", quantization, rows="tokens")
 
 
 def _head_nodes(g: "_Builder", model, x: str, embed: str, quantization: str, fused: bool):

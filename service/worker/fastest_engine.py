@@ -40,8 +40,10 @@ CHOICE_FILE = "choice.json"
 #: draft's own round cost, timed on each engine, is added to its verify passes; scored free, a DSpark draft made an
 #: AMX Xeon pick int8, which served 0.91-1.01x of int8 target-only, where int4 + DSpark served 1.09-1.27x; 5: a
 #: quantized export's neural draft graphs are int8, their round 2.3x cheaper, and `--quantization auto` keeps the
-#: format that decodes calibration prompts fastest, measured (export/onnx/decode_rate.py): the export is redone)
-CHOICE_VERSION = 5
+#: format that decodes calibration prompts fastest, measured (export/onnx/decode_rate.py): the export is redone;
+#: 6: the int8 graph quantizes activations per row (export/onnx/graph.py int8_linear), an older int8 export rounds a
+#: verify pass differently from its one-token steps)
+CHOICE_VERSION = 6
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ decode, uneven multi-token verification, chosen logit positions. Slow tests expo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -122,12 +123,14 @@ def test_engine_on_onnx_target_decodes_what_the_pytorch_engine_decodes(tmp_path)
         assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 
-@pytest.mark.parametrize("quantization, op", [("int4", "MatMulNBits"), ("int8", "DynamicQuantizeMatMul")])
-def test_quantized_graphs_use_their_kernel_and_stay_close(tmp_path, quantization, op):
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_quantized_graphs_use_their_kernel_and_stay_close(tmp_path, quantization):
+    from export.onnx.graph import LINEAR_KERNELS
+
     target, model = _onnx_target(tmp_path, quantization=quantization, layers=())
     graph = onnx.load(tmp_path / "target.onnx", load_external_data=False)
     ops = [n.op_type for n in graph.graph.node]
-    assert ops.count(op) == 4 * 3 + 1  # qkv, o, gate_up, down per layer + the head
+    assert ops.count(LINEAR_KERNELS[quantization]) == 4 * 3 + 1  # qkv, o, gate_up, down per layer + the head
     assert "MatMul" not in ops
     tokens = torch.randint(0, VOCAB, (1, 16))
     want = model(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
@@ -136,29 +139,101 @@ def test_quantized_graphs_use_their_kernel_and_stay_close(tmp_path, quantization
     assert cos > 0.98
 
 
-def test_int8_matmul_does_not_saturate_on_large_activations():
-    """DynamicQuantizeMatMul as the int8 graph writes it, fed what saturated it on an AVX2 CPU without VNNI (uint8
-    activations near 255 times weights at full int8 range overflow VPMADDUBSW's 16-bit pair sums): the real target
-    then decoded gibberish. Weights on 7 bits keep every pair sum in range, so the product stays the float one."""
+def _one_linear(weight: np.ndarray, quantization: str, bias: np.ndarray | None = None):
+    """A session over one `_Builder.linear` of the graph writer (x [R, K] → y [R, N])."""
     from onnx import TensorProto, helper
 
-    from export.onnx.graph import MS_DOMAIN, quantize_int8
+    from export.onnx.graph import MS_DOMAIN, OPSET, _Builder, _Weights
+
+    import tempfile
+
+    N, K = weight.shape
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = _Weights(Path(tmp) / "w.data")
+        g = _Builder(weights)
+        g.linear("x", weight, "l", quantization, bias)
+        g.nodes[-1].output[0] = "y"
+        weights.close()
+        graph = helper.make_graph(g.nodes, "one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["R", K])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", N])],
+                                  weights.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                        helper.make_opsetid(MS_DOMAIN, 1)])
+        model.ir_version = 10
+        onnx.save_model(model, Path(tmp) / "one.onnx")
+        return ort.InferenceSession(str(Path(tmp) / "one.onnx"), session_options(2))
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
+def test_a_linears_output_row_depends_on_its_input_row_only(quantization):
+    """The graph's linears are row-invariant: 8 rows in one call give, bit for bit, what each row gives alone. The
+    int8 graph used to quantize activations with one scale per call (DynamicQuantizeMatMul), so a verify pass's
+    tokens were rounded by their neighbours' range; its per-row scales fix that, and this test failed before."""
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((96, 64)).astype(np.float32) * 0.1
+    bias = rng.standard_normal(96).astype(np.float32)
+    session = _one_linear(weight, quantization, bias)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    x[3] *= 20  # one row of a much wider range than the others
+    x[5] = 0.0  # and an all-zero row
+    together = session.run(None, {"x": x})[0]
+    alone = np.concatenate([session.run(None, {"x": x[i : i + 1]})[0] for i in range(8)])
+    assert np.array_equal(together, alone)
+    error = np.linalg.norm(together - (x @ weight.T + bias)) / np.linalg.norm(x @ weight.T)
+    assert error <= {"none": 1e-6, "int8": 0.02, "int4": 0.15}[quantization]
+    np.testing.assert_allclose(together[5], bias, atol=1e-6)  # a zero row: no NaN from a zero scale
+
+
+def test_int8_matmul_does_not_saturate_on_large_activations():
+    """The int8 linear fed what saturated DynamicQuantizeMatMul on an AVX2 CPU without VNNI (uint8 activations near
+    255 times weights at full int8 range overflow VPMADDUBSW's 16-bit pair sums): the real target then decoded
+    gibberish. Weights on 7 bits keep every pair sum in range, so the product stays the float one."""
+    from export.onnx.graph import quantize_int8
 
     rng = np.random.default_rng(0)
     weight = rng.uniform(0.5, 1.0, (8, 64)).astype(np.float32)  # one sign per row: products add up, never cancel
     weight[:, 0] = 1.0
-    x = rng.uniform(0.9, 1.0, (4, 64)).astype(np.float32)
-    x[:, 0] = 0.0  # activation range [0, 1]: most values quantize to 250-255
-    qweight, scales = quantize_int8(weight)
-    assert np.abs(qweight).max() <= 63
-    node = helper.make_node("DynamicQuantizeMatMul", ["x", "w", "s"], ["y"], domain=MS_DOMAIN)
-    graph = helper.make_graph([node], "int8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
-                              [helper.make_tensor("w", TensorProto.INT8, [64, 8], qweight.T.flatten().tolist()),
-                               helper.make_tensor("s", TensorProto.FLOAT, [8], scales.tolist())])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
-    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    x = rng.uniform(0.9, 1.0, (4, 64)).astype(np.float32)  # per row scale: most values quantize to 241-255
+    assert np.abs(quantize_int8(weight)[0]).max() <= 63
+    got = _one_linear(weight, "int8").run(None, {"x": x})[0]
     np.testing.assert_allclose(got, x @ weight.T, rtol=0.02)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
+def test_batch_invariant_target_computes_a_verify_pass_as_one_token_steps(tmp_path, family, quantization):
+    """With batch_invariant, a verify pass of 8 tokens and 8 one-token steps give bit-equal logits and features, for
+    every weight format (without it, ONNX Runtime's one-row attention kernel rounds differently: they differ)."""
+    target = dataclasses.replace(_onnx_target(tmp_path, family, quantization)[0], batch_invariant=True)
+    tokens = torch.randint(0, VOCAB, (1, 20))
+    verify, steps = target.new_cache(1, 64), target.new_cache(1, 64)
+    for cache in (verify, steps):
+        target.forward(tokens[:, :12], torch.zeros(1, dtype=torch.long), cache.rows(0, 1), logits="none")
+    want = target.forward(tokens[:, 12:], torch.full((1,), 12), verify.rows(0, 1), feature_layers=(0, 2),
+                          logits="all")
+    got = [target.forward(tokens[:, 12 + i : 13 + i], torch.full((1,), 12 + i), steps.rows(0, 1),
+                          feature_layers=(0, 2), logits="last") for i in range(8)]
+    assert torch.equal(torch.cat([g.logits for g in got], dim=1), want.logits)
+    assert torch.equal(torch.cat([g.features for g in got], dim=1), want.features)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_batch_invariant_speculation_is_bit_identical_to_target_only(tmp_path, quantization):
+    """The engine on a batch-invariant quantized target: speculative greedy output = target-only output, in a
+    batch of 3 (decode steps run row by row, as two tokens each) and up to the graph's last position (the window
+    is one shorter: the copy's position is the last)."""
+    target = dataclasses.replace(_onnx_target(tmp_path, quantization=quantization)[0], batch_invariant=True)
+    assert target.max_seq_len == 127  # the graph's RoPE table has 128 positions
+    prompts = [torch.randint(0, VOCAB, (n,)).tolist() for n in (5, 9, 1)]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    want = SpecEngine(target, None, max_batch_size=3, max_seq_len=64).generate(prompts, params)
+    for drafter in ("random", "prompt-lookup"):
+        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64,
+                         verify_budget=False).generate(prompts, params)
+        assert [r.token_ids for r in got] == [r.token_ids for r in want], drafter
+    long = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=127)
+    out = long.generate([prompts[0]], SamplingParams(max_tokens=127 - 5, ignore_eos=True))[0]
+    assert len(out.token_ids) == 122  # up to the window's last position, whose copy sits at the table's last
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

@@ -17,6 +17,7 @@ from deepspec.models import load_target  # noqa: E402
 from deepspec.decoding.verify_budget import modelled_tokens_per_second  # noqa: E402
 from deepspec.models.step_curve import curve_record, machine_key  # noqa: E402
 from export.onnx.auto_quantization import AUTO_CANDIDATES, STAGING  # noqa: E402
+from export.onnx.graph import LINEAR_KERNELS  # noqa: E402
 from deepspec.decoding.verify_budget import DraftTimeModel  # noqa: E402
 from tests.export.conftest import run_export, write_draft, write_hf_target  # noqa: E402
 
@@ -24,7 +25,6 @@ HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 #: made-up curves (seconds by T): int4 has the cheaper 1-token step, int8 the flatter multi-token one
 FAKE_CURVES = {"int4": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
                "int8": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022}}
-KERNELS = {"int4": "MatMulNBits", "int8": "DynamicQuantizeMatMul"}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_auto_exports_every_candidate_and_keeps_the_fastest_measured_here(target
     assert set(choice["candidates"]) == set(AUTO_CANDIDATES) and choice["acceptance_length"] == 1.0
     scores = {q: c["tokens_per_second"] for q, c in choice["candidates"].items()}
     assert choice["chosen"] == meta["quantization"] == max(AUTO_CANDIDATES, key=lambda q: scores[q])
-    assert KERNELS[meta["quantization"]] in _graph_ops(out)  # the kept graph is the chosen one
+    assert LINEAR_KERNELS[meta["quantization"]] in _graph_ops(out)  # the kept graph is the chosen one
     assert not (out / STAGING).exists() and len(list(out.glob("*.onnx.data"))) == 1
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["onnx"]["quantization"] == meta["quantization"]
@@ -81,7 +81,7 @@ def test_the_choice_weighs_the_multi_token_step_by_the_drafts_acceptance(target_
     assert run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft", draft,
                       "--out", out).returncode == 0
     meta = json.loads((out / "onnx.json").read_text())
-    assert meta["quantization"] == winner and KERNELS[winner] in _graph_ops(out)
+    assert meta["quantization"] == winner and LINEAR_KERNELS[winner] in _graph_ops(out)
     tau = meta["quantization_choice"]["acceptance_length"]
     want = {q: round(modelled_tokens_per_second(c, tau, 7), 1) for q, c in FAKE_CURVES.items()}
     assert {q: c["tokens_per_second"] for q, c in meta["quantization_choice"]["candidates"].items()} == want
@@ -143,7 +143,8 @@ def test_a_measured_decode_rate_outvotes_the_model(target_dir, tmp_path, monkeyp
     assert run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft",
                       "prompt-lookup", "--out", out).returncode == 0
     choice = json.loads((out / "onnx.json").read_text())["quantization_choice"]
-    assert calls == [(sorted(AUTO_CANDIDATES), 7)] and choice["chosen"] == "int4" and KERNELS["int4"] in _graph_ops(out)
+    assert calls == [(sorted(AUTO_CANDIDATES), 7)] and choice["chosen"] == "int4"
+    assert LINEAR_KERNELS["int4"] in _graph_ops(out)
     modelled = {q: round(modelled_tokens_per_second(c, 2.0, 7), 1) for q, c in FAKE_CURVES.items()}
     assert modelled["int8"] > modelled["int4"]
     for q, want in (("int8", (50.0, 1.5)), ("int4", (100.0, 1.7))):

@@ -21,6 +21,7 @@ from deepspec.decoding.drafters.eagle3 import Eagle3Drafter  # noqa: E402
 from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel, draft_graph_dir  # noqa: E402
 from deepspec.decoding.registry import build_drafter  # noqa: E402
 from export.onnx.draft_graph import build_draft_graphs  # noqa: E402
+from export.onnx.graph import LINEAR_KERNELS  # noqa: E402
 from tests.export.conftest import write_draft, write_hf_target  # noqa: E402
 
 DRAFTERS = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}
@@ -198,7 +199,7 @@ def test_shipped_drafts_propose_the_same_through_their_graphs(tmp_path, smollm2,
 
 @pytest.mark.parametrize("algo", ["eagle3", "dflash", "dspark"])
 def test_int8_draft_graphs_quantize_every_dense_layer_and_stay_close_to_fp32(tmp_path, target_dir, algo):
-    """build_draft_graphs(..., "int8"): every dense layer and the head become DynamicQuantizeMatMul (no fp32 weight
+    """build_draft_graphs(..., "int8"): every dense layer and the head become the int8 kernel (no fp32 weight
     left but the small DSpark Markov head's), and the first graph's outputs stay within int8 rounding of fp32's."""
     import onnx
 
@@ -215,7 +216,7 @@ def test_int8_draft_graphs_quantize_every_dense_layer_and_stay_close_to_fp32(tmp
         graph = onnx.load(dirs["int8"] / name, load_external_data=False).graph
         if name == "dspark_markov.onnx":
             continue
-        assert "DynamicQuantizeMatMul" in {n.op_type for n in graph.node}, name
+        assert LINEAR_KERNELS["int8"] in {n.op_type for n in graph.node}, name
         assert not [t.name for t in graph.initializer if t.name.endswith(".weight_t")], name
     models = {q: OnnxDraftModel(load_draft(path, target, dtype=torch.float32), d, num_threads=1)
               for q, d in dirs.items()}
