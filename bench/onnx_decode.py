@@ -20,7 +20,11 @@ Three parts, one run:
        engine-q4+<draft>    the same with the default draft
 
    Each row says how many outputs equal the fp32 graph's and, as "same first tokens", the median length of the
-   prefix they share with it: quantized graphs drift late, a broken one (gibberish) at the first token.
+   prefix they share with it: quantized graphs drift late, a broken one (gibberish) at the first token. A drafted
+   row also says how many equal its own target-only row's ("= own target-only"): speculation's losslessness.
+       onnx-int4:exact, onnx-int8:exact (+<draft>)   the same graphs batch-invariant (DEEPSPEC_BATCH_INVARIANT,
+                            deepspec/models/onnx_target.py): what bit-identical speculative output costs
+                            (--skip exact leaves them out)
 
 3. Verify-step curve: one forward of T = 1, 2, 4, 8, 16, 32 tokens after a 256-token context at batch 1, int4
    and int8 graphs, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
@@ -68,15 +72,21 @@ REPO = Path(__file__).resolve().parent.parent
 STEP_SIZES, STEP_CONTEXT = CURVE_SIZES, CURVE_CONTEXT
 
 
-#: --designs: name -> (build_target_graph options, session options); "b32-fused" is what the export writes
+#: --designs: name -> (build_target_graph options, session options[, OnnxTarget options]); "b32-fused" is what the
+#: export writes; the "-exact" ones time the batch-invariant target (a 1-token step padded to two rows)
 DESIGNS = {
-    "b32-plain": ({"block_size": 32, "fused": False}, {"spinning": False}),
-    "b32-fused-acc0": ({"block_size": 32, "fused": True, "accuracy_level": 0}, {"spinning": False}),
-    "b32-fused": ({"block_size": 32, "fused": True}, {"spinning": False}),
-    "b32-fused-spin": ({"block_size": 32, "fused": True}, {"spinning": True}),
-    "b64-fused": ({"block_size": 64, "fused": True}, {"spinning": False}),
-    "b128-fused": ({"block_size": 128, "fused": True}, {"spinning": False}),
-    "int8-fused": ({"quantization": "int8", "fused": True}, {"spinning": False}),
+    "b32-plain": ({"block_size": 32, "fused": False}, {"spinning": "off"}),
+    "b32-fused-acc0": ({"block_size": 32, "fused": True, "accuracy_level": 0}, {"spinning": "off"}),
+    "b32-fused": ({"block_size": 32, "fused": True}, {"spinning": "off"}),
+    "b32-fused-spin": ({"block_size": 32, "fused": True}, {"spinning": "always"}),
+    "b64-fused": ({"block_size": 64, "fused": True}, {"spinning": "off"}),
+    "b128-fused": ({"block_size": 128, "fused": True}, {"spinning": "off"}),
+    "int8-fused": ({"quantization": "int8", "fused": True}, {"spinning": "off"}),
+    "int8-fused-spin": ({"quantization": "int8", "fused": True}, {"spinning": "always"}),
+    "b32-fused-spinrun": ({"block_size": 32, "fused": True}, {"spinning": "run"}),
+    "int8-fused-spinrun": ({"quantization": "int8", "fused": True}, {"spinning": "run"}),
+    "b32-fused-exact": ({"block_size": 32, "fused": True}, {"spinning": "off"}, {"batch_invariant": True}),
+    "int8-fused-exact": ({"quantization": "int8", "fused": True}, {"spinning": "off"}, {"batch_invariant": True}),
 }
 
 
@@ -224,29 +234,31 @@ def compare_designs(args, console) -> dict:
     import onnxruntime as ort
     import torch
 
-    from deepspec.models import load_target
+    from deepspec.models import load_target, pytorch_decoder
     from deepspec.models.onnx_target import OnnxTarget, session_options
     from export.onnx.graph import build_target_graph
 
     threads = args.threads or torch.get_num_threads()
     reference = load_target(args.target, dtype="float32")
+    decoder = pytorch_decoder(reference)
     work = Path(tempfile.mkdtemp(prefix="onnx-designs-"))
     graphs, timers = {}, {}
     chosen = DESIGNS if args.designs == "all" else {n: DESIGNS[n] for n in args.designs.split(",")}
-    for name, (graph_options, run_options) in chosen.items():
+    for name, (graph_options, run_options, *target_options) in chosen.items():
         key = tuple(sorted(graph_options.items()))
         if key not in graphs:
             out = work / f"graph{len(graphs)}"
             out.mkdir()
             console.log(f"building the graph {graph_options}")
             options = dict(graph_options)
-            graphs[key] = build_target_graph(reference.model, (), out, options.pop("quantization", "int4"), **options)
+            graphs[key] = build_target_graph(decoder, (), out, options.pop("quantization", "int4"), **options)
         session = ort.InferenceSession(str(graphs[key]), sess_options=session_options(threads, **run_options),
                                        providers=["CPUExecutionProvider"])
         meta = {"graph": graphs[key].name, "quantization": graph_options.get("quantization", "int4"), "feature_layers": [],
-                "max_positions": int(reference.model.max_positions), "tied": True}
+                "max_positions": int(decoder.max_positions), "tied": True}
         target = OnnxTarget(name, graphs[key].parent, reference.spec, reference.tokenizer, session, meta,
-                            STEP_CONTEXT + max(STEP_SIZES) + 1, tuple(reference.eos_token_ids))
+                            STEP_CONTEXT + max(STEP_SIZES) + 1, tuple(reference.eos_token_ids),
+                            **(target_options[0] if target_options else {}))
         timers[name] = step_timer(target)
     runs = {name: {n: [] for n in STEP_SIZES} for name in timers}
     cpu = {name: {n: [] for n in STEP_SIZES} for name in timers}
@@ -259,15 +271,29 @@ def compare_designs(args, console) -> dict:
                 cpu[name][n].append(used)
     results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in runs.items()}
     cpu_results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in cpu.items()}
-    table = curve_table(f"int4 verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median wall ms / "
+    table = curve_table(f"verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median wall ms / "
                         f"CPU ms of {args.rounds} interleaved rounds (x = this design's 1-token step, wall)",
                         results, cpu_results)
     from rich.console import Console
 
     Console(width=160).print(table)
     return {"threads": threads, "rounds": args.rounds, "context": STEP_CONTEXT,
-            "designs": {name: {"graph": g, "session": s} for name, (g, s) in chosen.items()}, "results": results,
+            "designs": {name: {"graph": g, "session": s, "target": t[0] if t else {}}
+                        for name, (g, s, *t) in chosen.items()}, "results": results,
             "cpu_results": cpu_results}
+
+
+def identical_to_own_target_only(rows: dict[str, dict[str, list]]) -> dict[str, dict[str, str]]:
+    """Speculation's losslessness per row: for each drafted row of ours ("<target>+<draft>") whose target also ran
+    without a draft ("<target>"), dataset -> "k/n" outputs equal to that row's, prompt by prompt (greedy only:
+    sampled rows draw differently by design). llama.cpp's rows and rows without their own target-only are left out."""
+    out = {}
+    for name, per_ds in rows.items():
+        own = rows.get(name.split("+")[0]) if "+" in name and not name.startswith("llama.cpp") else None
+        if own:
+            out[name] = {ds: f"{sum(a[0] == b[0] for a, b in zip(outputs, own[ds]))}/{len(outputs)}"
+                         for ds, outputs in per_ds.items() if ds in own}
+    return out
 
 
 def served_default(args) -> tuple[tuple, str]:
@@ -332,8 +358,15 @@ def main(argv=None) -> int:
     int8 = load_onnx_target(work / "int8", max_seq_len=2048, num_threads=threads) if "int8" in exports else None
     if int8 is not None:
         add("onnx-int8", lambda: ours(int8, None))
-    for name, target in (("onnx-int4", int4), ("onnx-int8", int8)):
-        draft_dir = work / name.removeprefix("onnx-") / "draft"
+    quantized = [("onnx-int4", int4), ("onnx-int8", int8)]
+    if "exact" not in skip:
+        quantized += [(f"{name}:exact", load_onnx_target(work / name.removeprefix("onnx-"), max_seq_len=2048,
+                                                         num_threads=threads, batch_invariant=True))
+                      for name, target in quantized if target is not None]
+    for name, target in quantized:
+        if name.endswith(":exact"):
+            add(name, lambda target=target: ours(target, None))
+        draft_dir = work / name.removeprefix("onnx-").removesuffix(":exact") / "draft"
         if target is not None and draft_dir.is_dir():  # the export's draft (neural ones through their graphs)
             drafter = build_drafter(str(draft_dir), target)
             add(f"{name}+{drafter.name}",
@@ -365,11 +398,15 @@ def main(argv=None) -> int:
         if isinstance(decoder, IsolatedDecoder):
             decoder.close()
     summary = {name: summarize(r, rows.get("onnx", {})) for name, r in rows.items()}
+    lossless = identical_to_own_target_only(rows) if args.temperature == 0 else {}
+    for name, per_ds in summary.items():
+        for ds, r in per_ds.items():
+            r["identical_to_target_only"] = lossless.get(name, {}).get(ds)
     sampling = f"temperature {args.temperature:g} (llama.cpp greedy)" if args.temperature > 0 else "greedy"
     table = Table(title=f"batch-1 {sampling} decode through ONNX Runtime, {args.max_tokens} new tokens, "
                         f"{args.num_prompts} prompts/dataset, {threads} threads; ratios to {peer}")
     for col in ("method", "dataset", "tok/s", "median tok/s", "tau", f"x {peer}", "identical to onnx",
-                "same first tokens"):
+                "same first tokens", "= own target-only"):
         table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
     for name, per_ds in summary.items():
         for ds in DATASETS:
@@ -379,9 +416,10 @@ def main(argv=None) -> int:
             table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
                           f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
                           f"{r[f'x_{peer}']:.2f}" if r[f"x_{peer}"] else "-", r["identical_to_reference"] or "-",
-                          "-" if r["median_common_prefix"] is None else f"{r['median_common_prefix']:g}")
+                          "-" if r["median_common_prefix"] is None else f"{r['median_common_prefix']:g}",
+                          r["identical_to_target_only"] or "-")
         table.add_section()
-    Console(width=120).print(table)
+    Console(width=140).print(table)
 
     console.log("verify-step curves (batch 1)")
     curves = {q: step_curve(t, args.step_repeats) for q, t in (("int4", int4), ("int8", int8)) if t is not None}

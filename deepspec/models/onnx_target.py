@@ -46,6 +46,9 @@ from deepspec.models.target import TargetEmbeddings
 
 #: graph metadata beside the graph: which file, which captured layers, how the weights are stored
 META_FILE = "onnx.json"
+#: session_options' spinning modes; DEFAULT_SPINNING unless DEEPSPEC_ORT_SPINNING names another (0 = off, 1 = always)
+SPINNING_MODES = ("off", "run", "always")
+DEFAULT_SPINNING = "run"
 #: IOBindings kept per target (one per cache and row range; row-by-row verification of a batch of 8 uses 8)
 MAX_BINDINGS = 32
 
@@ -289,21 +292,26 @@ def _read_initializer(graph: Path, name: str) -> torch.Tensor:
     return torch.from_numpy(data.reshape(tuple(tensor.dims)))
 
 
-def session_options(num_threads: int, spinning: bool = False):
+def session_options(num_threads: int, spinning: str = "off"):
     """Intra-op threads = the engine's thread count, sequential execution, every graph optimization on.
 
-    spinning: let idle intra-op threads spin between kernels instead of sleeping. A decode step is ~300 small
-    kernels, so waking sleeping threads costs; but a spinning thread takes a core from everything else on the
-    machine (the scheduler's own thread, other processes), which is why it is off unless asked for
-    (`DEEPSPEC_ORT_SPINNING=1`; bench.onnx_decode --designs measures both)."""
+    spinning (SPINNING_MODES): what an idle intra-op thread does between kernels. A decode step is ~300 small
+    kernels, and waking a sleeping thread for each costs more than the kernel on a VM. "run" spins while a run is
+    in progress and stops when it returns (ONNX Runtime's session.force_spinning_stop), so nothing spins between
+    steps, when the engine's own Python, its servers and other processes need the cores; "always" also spins after
+    a run until the pool's spin count runs out (it takes a core from everything else); "off" sleeps between kernels.
+    bench.onnx_decode --designs and bench/results measure them (export/DESIGN.md, "ONNX Runtime")."""
     import onnxruntime as ort
 
+    if spinning not in SPINNING_MODES:
+        raise ValueError(f"spinning must be one of {SPINNING_MODES}, got {spinning!r}")
     options = ort.SessionOptions()
     options.intra_op_num_threads = num_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if spinning == "off" else "1")
+    options.add_session_config_entry("session.force_spinning_stop", "1" if spinning == "run" else "0")
     return options
 
 
@@ -313,10 +321,10 @@ def is_onnx_export(path: str | Path) -> bool:
 
 
 def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, num_threads: int | None = None,
-                     name: str | None = None, spinning: bool | None = None, chat_template: str | None = None,
+                     name: str | None = None, spinning: str | None = None, chat_template: str | None = None,
                      for_chat: bool = False, batch_invariant: bool | None = None) -> OnnxTarget:
     """Open an exported ONNX target directory (graph, onnx.json, config.json, tokenizer) on CPU.
-    spinning: see `session_options`; None = the DEEPSPEC_ORT_SPINNING environment variable (default off).
+    spinning: see `session_options`; None = the DEEPSPEC_ORT_SPINNING environment variable (`spinning_mode`).
     batch_invariant: see the module docstring; None = the DEEPSPEC_BATCH_INVARIANT environment variable (default off).
     chat_template, for_chat: as `load_target`'s (the template replaces the exported tokenizer's own; a target left
     without one is refused before the session loads the graph)."""
@@ -344,11 +352,22 @@ def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, 
     limit = min(max_seq_len or meta["max_positions"], meta["max_positions"])
     threads = num_threads or torch.get_num_threads()
     if spinning is None:
-        spinning = _env_flag("DEEPSPEC_ORT_SPINNING")
+        spinning = spinning_mode()
     session = ort.InferenceSession(str(root / meta["graph"]), sess_options=session_options(threads, spinning),
                                    providers=["CPUExecutionProvider"])
     return OnnxTarget(name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]), threads,
                       batch_invariant)
+
+
+def spinning_mode() -> str:
+    """DEEPSPEC_ORT_SPINNING as a session_options mode: off/0, run, always/1; unset = DEFAULT_SPINNING. ValueError
+    naming the accepted values for anything else (a typo must not silently change how every step runs)."""
+    value = os.environ.get("DEEPSPEC_ORT_SPINNING", "").strip().lower()
+    mode = {"": DEFAULT_SPINNING, "0": "off", "false": "off", "no": "off", "1": "always", "true": "always",
+            "yes": "always"}.get(value, value)
+    if mode not in SPINNING_MODES:
+        raise ValueError(f"DEEPSPEC_ORT_SPINNING={value!r}: use one of {', '.join(SPINNING_MODES)} (or 0 / 1)")
+    return mode
 
 
 def _env_flag(name: str) -> bool:

@@ -42,7 +42,8 @@ CHOICE_FILE = "choice.json"
 #: quantized export's neural draft graphs are int8, their round 2.3x cheaper, and `--quantization auto` keeps the
 #: format that decodes calibration prompts fastest, measured (export/onnx/decode_rate.py): the export is redone;
 #: 6: the int8 graph quantizes activations per row (export/onnx/graph.py int8_linear), an older int8 export rounds a
-#: verify pass differently from its one-token steps)
+#: verify pass differently from its one-token steps; and ONNX Runtime's threads spin within a run, which makes its
+#: steps 20-40% cheaper: the curves are timed again)
 CHOICE_VERSION = 6
 
 

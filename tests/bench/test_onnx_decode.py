@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from bench.onnx_decode import STEP_SIZES, curve_summary, curve_table
+from bench.onnx_decode import STEP_SIZES, curve_summary, curve_table, identical_to_own_target_only
 
 
 def _render(table) -> str:
@@ -28,3 +28,15 @@ def test_curve_table_has_a_row_per_method_with_ratios_and_cpu_time():
     assert "320.0 (32.00x)" in text and "14.0 (1.00x)" in text and " / " not in text
     with_cpu = _render(curve_table("steps", wall, cpu))
     assert "80.0 / 16.0 (8.00x)" in with_cpu
+
+
+def test_a_drafted_row_is_compared_with_its_own_target_only_row():
+    rows = {"onnx-int8": {"gsm8k": [([1, 2, 3], 1.0), ([4, 5], 1.0)]},
+            "onnx-int8+corpus": {"gsm8k": [([1, 2, 3], 0.5, 2.0), ([4, 6], 0.5, 2.0)]},
+            "onnx-int8:exact": {"gsm8k": [([1, 2, 4], 1.0)]},
+            "onnx-int8:exact+corpus": {"gsm8k": [([1, 2, 4], 0.5, 2.0)]},
+            "served:onnx-int8+corpus": {"gsm8k": [([1, 2, 3], 0.5, 2.0)]},
+            "llama.cpp+prompt-lookup": {"gsm8k": [([1, 2, 3], 0.5, None)]},
+            "llama.cpp": {"gsm8k": [([1, 2, 3], 0.5, None)]}}
+    assert identical_to_own_target_only(rows) == {"onnx-int8+corpus": {"gsm8k": "1/2"},
+                                                  "onnx-int8:exact+corpus": {"gsm8k": "1/1"}}

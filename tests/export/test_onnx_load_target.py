@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 
 from deepspec.models import load_target  # noqa: E402
 from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES, MissingChatTemplateError  # noqa: E402
-from deepspec.models.onnx_target import OnnxTarget  # noqa: E402
+from deepspec.models.onnx_target import OnnxTarget, load_onnx_target  # noqa: E402
 from tests.export.conftest import write_hf_target  # noqa: E402
 
 #: ONNX Runtime's GroupQueryAttention wants head_dim % 16 == 0
@@ -55,3 +55,39 @@ def test_gguf_matmuls_on_an_export_are_refused_with_the_way_out(exported):
     _, out = exported
     with pytest.raises(ValueError, match="ONNX export.*drop --quantization gguf"):
         load_target(str(out), quantization="gguf")
+
+
+@pytest.mark.parametrize(("value", "mode"), [(None, "run"), ("off", "off"), ("0", "off"), ("run", "run"),
+                                             ("1", "always"), ("always", "always")])
+def test_the_spinning_environment_variable_sets_the_session_s_thread_pool(monkeypatch, value, mode):
+    from deepspec.models.onnx_target import session_options, spinning_mode
+
+    if value is None:
+        monkeypatch.delenv("DEEPSPEC_ORT_SPINNING", raising=False)
+    else:
+        monkeypatch.setenv("DEEPSPEC_ORT_SPINNING", value)
+    assert spinning_mode() == mode
+    options = session_options(2, spinning_mode())
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("0" if mode == "off" else "1")
+    # "run" spins only inside a run: ONNX Runtime stops the pool's spinning when the run returns
+    assert options.get_session_config_entry("session.force_spinning_stop") == ("1" if mode == "run" else "0")
+
+
+def test_a_misspelt_spinning_mode_is_refused_naming_the_accepted_ones(monkeypatch, exported):
+    from deepspec.models.onnx_target import session_options
+
+    monkeypatch.setenv("DEEPSPEC_ORT_SPINNING", "fast")
+    with pytest.raises(ValueError, match="off, run, always"):
+        load_target(str(exported[1]))
+    with pytest.raises(ValueError, match="spinning must be one of"):
+        session_options(1, True)
+
+
+def test_a_target_decodes_the_same_whatever_its_threads_do_between_kernels(monkeypatch, exported):
+    _, out = exported
+    tokens, start = torch.tensor([[1, 40, 41, 42]]), torch.zeros(1, dtype=torch.long)
+    logits = {}
+    for mode in ("off", "run", "always"):
+        monkeypatch.setenv("DEEPSPEC_ORT_SPINNING", mode)
+        logits[mode] = load_onnx_target(out, num_threads=2).forward(tokens, start).logits
+    assert torch.equal(logits["off"], logits["run"]) and torch.equal(logits["off"], logits["always"])

@@ -42,7 +42,7 @@ class OnnxDraftModel:
     def __init__(self, model: torch.nn.Module, graph_dir: Path, num_threads: int | None = None):
         import onnxruntime as ort
 
-        from deepspec.models.onnx_target import session_options
+        from deepspec.models.onnx_target import session_options, spinning_mode
 
         self._model = model.float().eval()
         self.cfg = model.cfg
@@ -54,7 +54,7 @@ class OnnxDraftModel:
         if missing:
             raise FileNotFoundError(f"{graph_dir}: missing {', '.join(missing)} (export again with python -m export "
                                     "--format onnx)")
-        options = session_options(num_threads or torch.get_num_threads())
+        options = session_options(num_threads or torch.get_num_threads(), spinning_mode())
         self.sessions = {Path(n).stem: ort.InferenceSession(str(Path(graph_dir) / n), sess_options=options,
                                                             providers=["CPUExecutionProvider"]) for n in names}
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, logits) of the last block run
