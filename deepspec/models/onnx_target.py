@@ -104,10 +104,7 @@ class OnnxTarget(HFTextTarget):
             self.max_seq_len = min(self.max_seq_len, self.meta["max_positions"] - 1)
         self.feature_layers = tuple(self.meta.get("feature_layers", ()))
         self._embeddings: TargetEmbeddings | None = None
-        import onnxruntime as ort
-
         self._bindings: dict[tuple, object] = {}  # see _binding
-        self._run_options = ort.RunOptions()
 
     @property
     def device(self) -> torch.device:
@@ -212,7 +209,9 @@ class OnnxTarget(HFTextTarget):
         if self.feature_layers:
             features = torch.empty(B, T, len(self.feature_layers) * self.spec.hidden_size)
             binding.bind_output("features", "cpu", 0, np.float32, list(features.shape), features.data_ptr())
-        self.session.run_with_iobinding(binding, self._run_options)
+        # no RunOptions: with one, ONNX Runtime's Python wrapper looks up a GPU-graph entry it lacks and raises
+        # and catches an exception per run (~50 us)
+        self.session.run_with_iobinding(binding)
         return logits, features
 
     def _binding(self, cache, first_row: int, B: int):
