@@ -34,7 +34,7 @@ Three parts, one run:
    step near a one-token one.
 
 ONNX Runtime runs with intra-op threads = torch's thread count (set OMP_NUM_THREADS / --threads), sequential
-execution, all graph optimizations, no spinning.
+execution, all graph optimizations, threads spinning within a run (DEEPSPEC_ORT_SPINNING, default run).
 
     python -m bench.onnx_decode                                   # 5 prompts per set, 128 new tokens
     python -m bench.onnx_decode --num-prompts 2 --max-tokens 32   # a quick smoke run

@@ -169,3 +169,34 @@ def test_a_running_request_id_is_refused_with_a_code(target):
     with pytest.raises(RequestError) as info:
         engine.add_request("a", [3], SamplingParams(max_tokens=4))
     assert info.value.code is RequestErrorCode.REQUEST_ID_IN_USE and engine.num_running == 1
+
+
+def test_a_target_with_its_own_thread_pool_steps_with_one_torch_thread_and_gets_the_count_back(target):
+    """OnnxTarget's `host_threads`: torch's OpenMP workers would spin on the cores the target's own pool needs."""
+    import copy
+
+    seen = []
+
+    class OwnPool(type(target)):
+        host_threads = 1
+
+        def forward(self, *args, **kwargs):
+            seen.append(torch.get_num_threads())
+            return super().forward(*args, **kwargs)
+
+    own_pool = copy.copy(target)
+    own_pool.__class__ = OwnPool
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        plain = [r.token_ids for r in _run(target, None, PROMPTS[:2], 2, temperature=1.0, seed=3)]
+        engine = SpecEngine(own_pool, RandomDrafter(16, seed=1), max_batch_size=2, max_seq_len=128,
+                            num_speculative_tokens=4)
+        seen.clear()  # the engine's start-up timing probe runs outside a step, with torch's own threads
+        got = [r.token_ids for r in engine.generate(PROMPTS[:2], SamplingParams(max_tokens=24))]
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2  # restored after every step
+        assert [r.token_ids for r in _run(own_pool, None, PROMPTS[:2], 2, temperature=1.0, seed=3)] == plain
+        assert got == [r.token_ids for r in _run(target, None, PROMPTS[:2], 2)]
+    finally:
+        torch.set_num_threads(before)
