@@ -294,7 +294,7 @@ def _read_initializer(graph: Path, name: str) -> torch.Tensor:
     return torch.from_numpy(data.reshape(tuple(tensor.dims)))
 
 
-def session_options(num_threads: int, spinning: str = "off"):
+def session_options(num_threads: int, spinning: str = DEFAULT_SPINNING):
     """Intra-op threads = the engine's thread count, sequential execution, every graph optimization on.
 
     spinning (SPINNING_MODES): what an idle intra-op thread does between kernels. A decode step is ~300 small
@@ -302,7 +302,7 @@ def session_options(num_threads: int, spinning: str = "off"):
     in progress and stops when it returns (ONNX Runtime's session.force_spinning_stop), so nothing spins between
     steps, when the engine's own Python, its servers and other processes need the cores; "always" also spins after
     a run until the pool's spin count runs out (it takes a core from everything else); "off" sleeps between kernels.
-    bench.onnx_decode --designs and bench/results measure them (export/DESIGN.md, "ONNX Runtime")."""
+    bench.onnx_decode --designs measures them (export/DESIGN.md, "ONNX Runtime", has the numbers)."""
     import onnxruntime as ort
 
     if spinning not in SPINNING_MODES:
