@@ -78,6 +78,13 @@ def rejection_sample(
     B, k = draft_tokens.shape
     greedy = temperature <= 0
     scale_by = torch.where(greedy, torch.ones_like(temperature), temperature)
+    if k == 0:  # target-only sampling, every step of it: the bonus draw alone, as the general path below draws it
+        z = scale(target_logits[:, 0], scale_by)
+        bonus = sample_index(process(z, top_k, top_p).weights(),
+                             uniforms(seeds, torch.ones(B, 1, dtype=torch.long, device=z.device)).squeeze(1))
+        if bool(greedy.any()):
+            bonus = torch.where(greedy, z.argmax(dim=-1), bonus)
+        return torch.zeros(B, dtype=torch.long, device=z.device), bonus
     u = uniforms(seeds, (2 * torch.arange(k, device=draft_tokens.device))[None, :].expand(B, k))
     if draft_probs is None:
         q_draft = torch.ones(B, k, device=draft_tokens.device)

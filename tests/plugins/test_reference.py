@@ -110,6 +110,25 @@ def test_rejection_sample_is_reproducible_per_row_seed_whatever_the_batch():
     assert a[1].tolist() != c[1].tolist()
 
 
+def test_rejection_sample_without_drafts_draws_what_a_row_with_no_drafts_in_a_block_draws():
+    """k = 0 (target-only sampling) takes a short path: the same draw (counter 1 at slot 0) as the general path
+    gives a row of a k-wide block that has no drafts, greedy rows, top-k and top-p included."""
+    g = torch.Generator().manual_seed(1)
+    B, V = 6, 97
+    logits = torch.randn(B, 2, V, generator=g) * 3
+    T = torch.tensor([1.0, 0.0, 0.7, 1.5, 1.0, 0.0])
+    tk = torch.tensor([0, 0, 5, 0, 40, 3])
+    tp = torch.tensor([1.0, 1.0, 1.0, 0.8, 0.5, 1.0])
+    seeds = torch.randint(0, 2**62, (B,), generator=g)
+    none = torch.zeros(B, dtype=torch.long)
+    short = reference.rejection_sample(torch.zeros(B, 0, dtype=torch.long), none, logits[:, :1], None, T, tk, tp,
+                                       seeds)
+    general = reference.rejection_sample(torch.zeros(B, 1, dtype=torch.long), none, logits, None, T, tk, tp, seeds)
+    assert short[0].tolist() == general[0].tolist() == [0] * B
+    assert short[1].tolist() == general[1].tolist()
+    assert short[1][1] == logits[1, 0].argmax() and short[1][5] == logits[5, 0].argmax()
+
+
 def test_a_target_certain_of_the_draft_accepts_it():
     logits = torch.log(torch.tensor([[[1e-9, 1.0, 1e-9], [1e-9, 1e-9, 1.0]]]))
     q = torch.tensor([[[0.5, 0.5, 0.0]]])
