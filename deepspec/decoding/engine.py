@@ -159,6 +159,10 @@ class SpecEngine:
         self.step_time: StepTimeModel | None = None
         if drafter is not None and verify_budget and self.num_speculative_tokens:
             self.step_time = self._recorded_step_time() or self._probe_step_time()
+        #: greedy (False) / sampled (True) -> seconds the acceptance op costs a round beyond a target-only one,
+        #: priced with each drafted depth (`_budget_depth`, `_probe_verify_overhead` says why)
+        self._verify_overhead: dict[bool, float] | None = (
+            self._probe_verify_overhead() if self.step_time is not None else None)
         #: what a drafted round costs the drafter, priced with the verify pass before a round drafts (`_draft_width`);
         #: None for a drafter that runs no model of its own (nothing to time) and with `price_drafting=False`, where
         #: every round asks the drafter and the budget cuts only its drafts (training/curve.py turns the whole budget
@@ -592,7 +596,11 @@ class SpecEngine:
             survival = observed if survival is None else torch.where(
                 sampled, torch.minimum(survival.double(), observed), survival.double())
         survival = survival * (torch.arange(width)[None, :] < num_drafts[:, None])
-        return best_depth(survival, self.step_time)
+        if self._verify_overhead is None:  # a step-time model set by hand, without the engine's probes
+            return best_depth(survival, self.step_time)
+        extra = torch.full((width + 1,), self._verify_overhead[bool(sampled.any())], dtype=torch.float64)
+        extra[0] = 0.0  # a target-only round pays the op's short path, which the step curve's rounds all share
+        return best_depth(survival, self.step_time, extra)
 
     def _tree_round(self, proposal: PaddedProposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
         """One round over a token tree: the budget keeps each row's likeliest nodes, the target scores root +
@@ -662,9 +670,14 @@ class SpecEngine:
 
     def _observed_survival(self, width: int) -> torch.Tensor:
         """[B, width] survival from the batch's own acceptance records, each shrunk toward the prior the engine's
-        finished greedy sequences give (sampled rows: the fixed prior; verify_budget.AcceptanceHistory)."""
+        finished greedy sequences give (sampled rows: the fixed prior; verify_budget.AcceptanceHistory). In a batch
+        with a sampled row every row takes the fixed prior: the round's depth is the batch's, so a greedy co-runner's
+        history-fed estimate would change which depths the sampled row drafts, and with them its draws (a seeded
+        request replays on the same batch, whatever the engine served before)."""
         records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
-        prior = torch.stack([self.acceptance_history.prior(s.params.greedy, width, s.sequence_id) for s in self._batch])
+        all_greedy = all(s.params.greedy for s in self._batch)
+        prior = torch.stack([self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id)
+                             for s in self._batch])
         return observed_survival(records, width, prior)
 
     def _budget_tree(self, proposal: PaddedProposal) -> PaddedProposal:
@@ -809,6 +822,21 @@ class SpecEngine:
             measured[key] = self._time_verify_passes(sizes)
         return measured[key]
 
+    def _probe_verify_overhead(self) -> dict[bool, float]:
+        """What the acceptance op adds to a round that verifies drafts, against a target-only round, greedy and
+        sampled: the op over num_speculative_tokens random drafts (rejected at their first slot, as most drafts are
+        where drafting is in doubt) less the op over none, on logits of the target's vocabulary; the fastest of five
+        runs each, with the step's torch threads. Why: at temperature 1 the sampled op's general path costs ~0.6 ms
+        a round at batch 1 more than its target-only path, 5% of an ONNX decode step, which the step curve does not
+        hold; a corpus draft accepted 17% of the time at temperature 1 (τ 1.2) served 0.89-1.01x target-only.
+        Measured once per target and width in a process."""
+        measured = _VERIFY_OVERHEADS.setdefault(self.target, {})
+        k = self.num_speculative_tokens
+        if k not in measured:
+            with _torch_threads(self._host_threads):
+                measured[k] = _time_verify_overhead(self.target.vocab_size, k, self.target.device)
+        return measured[k]
+
     def _probe_draft_time(self) -> DraftTimeModel:
         """Time what a drafted round costs the drafter (draft_time.probe_draft_time) while no request runs yet,
         over one to all slots at widths 1 and num_speculative_tokens."""
@@ -942,6 +970,8 @@ _ids = itertools.count()
 MAX_UNHEARD_TOKENS = 256
 #: target -> {(verify sizes, captured layers): its verify-pass cost model}; dropped with the target
 _STEP_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: target -> {draft width: _probe_verify_overhead's seconds by sampling mode}; dropped with the target
+_VERIFY_OVERHEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: target → its GrammarCompiler (the compiled vocabulary and grammars), shared by the engines built on it
 _GRAMMAR_COMPILERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -999,3 +1029,25 @@ def _torch_threads(count: int | None):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@torch.inference_mode()
+def _time_verify_overhead(vocab: int, k: int, device: torch.device) -> dict[bool, float]:
+    """{sampled: seconds the acceptance op costs over k drafts beyond over none} (_probe_verify_overhead), >= 0."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, k + 1, vocab, generator=g).to(device)
+    drafts = torch.randint(vocab, (1, k), generator=g).to(device)
+    sampled = RowSampling(torch.ones(1, device=device), torch.zeros(1, dtype=torch.long, device=device),
+                          torch.ones(1, device=device), torch.zeros(1, dtype=torch.long, device=device))
+
+    def fastest(width: int, sampling: RowSampling | None) -> float:
+        runs = []
+        for _ in range(6):  # the first run (imports, allocations) is dropped
+            t0 = time.perf_counter()
+            num_accepted, _ = verify(drafts[:, :width], torch.tensor([width]), logits[:, : width + 1], None, sampling)
+            int(num_accepted[0])  # the result on the host, as the round reads it
+            runs.append(time.perf_counter() - t0)
+        return min(runs[1:])
+
+    return {mode: max(0.0, fastest(k, sampling) - fastest(0, sampling))
+            for mode, sampling in ((False, None), (True, sampled))}

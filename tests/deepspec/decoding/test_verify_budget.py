@@ -372,3 +372,21 @@ def test_a_draft_the_first_sequence_found_useless_is_not_drafted_for_the_next(ta
     assert second.num_draft_tokens == third.num_draft_tokens == 0
     engine.forget_acceptance()  # forgotten (as after a warm-up): the fixed prior drafts again
     assert engine.generate(prompts, params)[0].num_draft_tokens > 0
+
+
+def test_the_acceptance_ops_own_cost_is_priced_with_every_drafted_depth(target, tmp_path):
+    """`_verify_overhead`: probed per sampling mode at start (>= 0), added to each depth > 0; where it exceeds
+    what any depth wins, the engine decodes target-only, and the output stays the target's."""
+    prompts, params = [[1, 2, 3], [4, 5, 6, 7]], SamplingParams(max_tokens=12, ignore_eos=True)
+    reference = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(prompts, params)
+    engine = _dspark_engine(target, tmp_path)
+    assert set(engine._verify_overhead) == {False, True} and min(engine._verify_overhead.values()) >= 0
+    engine.draft_time = None
+    engine.step_time = _model(1, 0)  # extra verify tokens free: only the op's overhead can stop drafting
+    engine._verify_overhead = {False: 0.0, True: 0.0}
+    free = engine.generate(prompts, params)
+    engine._verify_overhead = {False: 10.0, True: 0.0}  # a drafted round's op costs 10 s more than a plain one
+    costly = engine.generate(prompts, params)
+    assert all(r.num_draft_tokens >= r.num_steps for r in free)
+    assert all(r.num_draft_tokens == 0 for r in costly)
+    assert [r.token_ids for r in costly] == [r.token_ids for r in free] == [r.token_ids for r in reference]
