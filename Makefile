@@ -82,8 +82,9 @@ bench: bench-decode bench-onnx bench-service bench-loadtest bench-verify bench-f
 bench-decode: bench-deps
 	$(PY) -m bench.decode $(BENCH_ARGS)
 
-# ONNX Runtime rows (fp32, int4, int8, each quantized graph + default draft) against llama.cpp; the verify-step
-# curves of the int4 and int8 graphs, llama.cpp and our PyTorch engine (bf16, 4-bit); export cost
+# ONNX Runtime rows (fp32, int4, int8, each quantized graph + default draft, and each batch-invariant: bit-identical
+# speculation) against llama.cpp; the verify-step curves of the int4 and int8 graphs, llama.cpp and our PyTorch
+# engine (bf16, 4-bit); export cost
 bench-onnx: bench-deps
 	$(PY) -m bench.onnx_decode $(BENCH_ARGS)
 
