@@ -173,7 +173,6 @@ class _Builder:
             y = self.op("Add", [y, self.w.add(f"{name}.bias", bias.astype(np.float32))])
         return y
 
-
     def int8_linear(self, x: str, weight: np.ndarray, name: str, bias: np.ndarray | None = None,
                     rows: str = "") -> str:
         """x @ weightᵀ on int8 weights (per output channel) and uint8 activations quantized per row.
