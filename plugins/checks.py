@@ -51,13 +51,24 @@ def sampling(op: str, B: int, temperature, top_k, top_p, seeds=None) -> None:
         _fail(op, "top_p must be in (0, 1] (1 = off)")
 
 
+# Value checks read small host tensors as Python ints: a few tensor ops each cost more than the read, and after a
+# target forward has streamed the weights through the caches every distinct torch op runs cold (tens of us).
 def counts(op: str, name: str, n, low: int, high: int) -> None:
-    if _readable(n) and n.numel() and bool(((n < low) | (n > high)).any()):
-        _fail(op, f"{name} must be in [{low}, {high}], got {n.tolist()}")
+    if _readable(n) and n.numel():
+        values = n.tolist()
+        if min(values) < low or max(values) > high:
+            _fail(op, f"{name} must be in [{low}, {high}], got {values}")
 
 
-def token_ids(op: str, name: str, tokens, vocab: int) -> None:
-    if _readable(tokens) and tokens.numel() and bool(((tokens < 0) | (tokens >= vocab)).any()):
+def token_ids(op: str, name: str, tokens, vocab: int, live=None) -> None:
+    """Every id in [0, vocab); of a [B, k] tensor with `live` [B] counts, only each row's first live[b] ids (what
+    lies past them is padding the ops never read)."""
+    if not _readable(tokens) or not tokens.numel():
+        return
+    rows = tokens.tolist() if tokens.dim() > 1 else [tokens.tolist()]
+    if live is not None:
+        rows = [row[:n] for row, n in zip(rows, live.tolist())]
+    if any(t < 0 or t >= vocab for row in rows for t in row):
         _fail(op, f"{name} must be token ids in [0, {vocab})")
 
 
@@ -83,7 +94,7 @@ def chain(op: str, draft_tokens, num_draft_tokens, target_logits, draft_probs=No
         if tuple(draft_probs.shape) != (B, k, V):
             _fail(op, f"draft_probs must be [B, k, V] = {[B, k, V]}, got {list(draft_probs.shape)}")
     counts(op, "num_draft_tokens", num_draft_tokens, 0, k)
-    token_ids(op, "draft_tokens", draft_tokens, V)
+    token_ids(op, "draft_tokens", draft_tokens, V, live=num_draft_tokens)
 
 
 def tree(op: str, tree_tokens, parents, num_nodes, target_logits, draft_probs=None) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 import plugins
+from plugins.reference.accept import on_host
 from deepspec.decoding.params import SamplingParams
 
 
@@ -56,9 +57,11 @@ def verify(
     sampling: RowSampling | None,  # None = every row greedy
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """→ (num_accepted [B], next_token [B]) on the logits' device; greedy rows are exactly target argmax."""
+    if sampling is None and on_host(target_logits):  # the host path reads no draft past its row's count
+        return plugins.greedy_accept(draft_tokens, num_draft_tokens, target_logits)
     device = target_logits.device
     draft_tokens, num_draft_tokens = draft_tokens.to(device), num_draft_tokens.to(device)
-    # drafters pad past num_draft_tokens with anything; the ops check every id, so padding becomes token 0
+    # drafters pad past num_draft_tokens with anything; a kernel may read a padded slot, so padding becomes token 0
     padding = torch.arange(draft_tokens.shape[1], device=device)[None, :] >= num_draft_tokens[:, None]
     draft_tokens = draft_tokens.masked_fill(padding, 0)
     if sampling is None:

@@ -60,6 +60,7 @@ class StepTimeModel:
         sizes = sorted(fastest)
         self.sizes = torch.tensor(sizes, dtype=torch.float64)
         self.times = torch.tensor([fastest[n] for n in sizes], dtype=torch.float64).clamp(min=1e-6).cummax(0).values
+        self._rounds: dict[tuple[int, int], torch.Tensor] = {}  # see rounds_upto
 
     def predict(self, num_tokens):
         """Seconds for a pass over num_tokens (an int, or a tensor of counts)."""
@@ -75,6 +76,14 @@ class StepTimeModel:
         if not self.rows_serial or rows == 1:
             return together
         return torch.where(depths > 0, rows * self.predict(depths + 1), together)
+
+    def rounds_upto(self, rows: int, depth: int) -> torch.Tensor:
+        """round_seconds(rows, 0..depth), kept per (rows, depth): the budget asks it every round, and the model
+        never changes once built (its interpolation was ~0.1 ms of a ~10 ms batch-1 round)."""
+        key = (rows, depth)
+        if key not in self._rounds:
+            self._rounds[key] = self.round_seconds(rows, torch.arange(depth + 1))
+        return self._rounds[key]
 
     def __repr__(self) -> str:
         points = ", ".join(f"{int(n)}: {t * 1e3:.1f}" for n, t in zip(self.sizes.tolist(), self.times.tolist()))
@@ -130,8 +139,7 @@ def modelled_throughput(survival: torch.Tensor, model: StepTimeModel,
     it (`best_depth`, `modelled_tokens_per_second`)."""
     B, k = survival.shape
     gain = torch.cat([torch.zeros(1, dtype=torch.float64), survival.double().sum(0).cumsum(0)])  # [k+1]
-    depths = torch.arange(k + 1, dtype=torch.float64)
-    seconds = model.round_seconds(B, depths)
+    seconds = model.rounds_upto(B, k)
     if draft_seconds is not None:
         seconds = seconds + draft_seconds
     return (B + gain) / seconds

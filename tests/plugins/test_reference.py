@@ -5,6 +5,7 @@ import torch
 
 import plugins
 from plugins import reference
+from plugins.reference.accept import on_host
 from tests.plugins.oracles import accept_everything, sorted_filter_probs, step_p_values
 
 
@@ -80,11 +81,35 @@ def test_greedy_with_no_drafts_and_a_vocabulary_of_one():
     assert num.tolist() == [3, 1] and nxt.tolist() == [0, 0]
 
 
+def test_padding_past_a_rows_draft_count_is_never_read_nor_checked():
+    logits = logits_with_argmax([[3, 4, 0]], 5)
+    num, nxt = plugins.greedy_accept(torch.tensor([[3, 99]]), torch.tensor([1]), logits)  # 99 is padding
+    assert num.tolist() == [1] and nxt.tolist() == [4]
+
+
 def test_greedy_ties_go_to_the_lowest_token_id_like_argmax():
     logits = torch.zeros(1, 2, 5)
     logits[0, :, 2] = logits[0, :, 4] = 1.0
     num, nxt = plugins.greedy_accept(torch.tensor([[4]]), torch.tensor([1]), logits)
     assert num.tolist() == [0] and nxt.tolist() == [2]
+
+
+def test_greedy_host_path_equals_the_torch_path():
+    """CPU float logits take the NumPy walk (accept.py, _greedy_accept_host); other devices and bf16 the torch ops.
+    Both must give the same counts and tokens, ties and rows without drafts included."""
+    from plugins.reference.accept import _greedy_accept_host, _greedy_accept_torch
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        B, k, V = 1 + trial % 5, trial % 6, 3 + trial % 4  # a small vocabulary makes ties and matches common
+        logits = torch.randint(0, 3, (B, k + 1, V), generator=gen).float()
+        argmax = logits.argmax(-1)
+        drafts = torch.where(torch.rand(B, k, generator=gen) < 0.7, argmax[:, :k],
+                             torch.randint(0, V, (B, k), generator=gen))
+        num = torch.randint(0, k + 1, (B,), generator=gen)
+        host, device = _greedy_accept_host(drafts, num, logits), _greedy_accept_torch(drafts, num, logits)
+        assert [x.tolist() for x in host] == [x.tolist() for x in device], trial
+    assert not on_host(torch.zeros(1, dtype=torch.bfloat16)) and on_host(torch.zeros(1))
 
 
 # ---- rejection_sample ------------------------------------------------------------------------------------------
