@@ -46,6 +46,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from deepspec.models.arch import ArchSpec
+from deepspec.models.int8_weights import ACTIVATION_LEVELS, ACTIVATION_ZERO_POINT, quantize_int8
 
 #: ONNX default-domain opset and the Microsoft contrib domain (GroupQueryAttention, MatMulNBits)
 OPSET = 21
@@ -54,13 +55,8 @@ MS_DOMAIN = "com.microsoft"
 INT4_BLOCK = 32
 #: block sizes MatMulNBits' CPU kernels take
 INT4_BLOCKS = (16, 32, 64, 128, 256)
-#: int8 weights use levels -63..63 (7 bits): see quantize_int8 for the saturation this avoids
-INT8_LEVELS = 63
 #: the op each weight format's linear layers run on
 LINEAR_KERNELS = {"none": "MatMul", "int8": "MatMulIntegerToFloat", "int4": "MatMulNBits"}
-#: int8 activations: each row's abs-max maps to ±127 around zero point 128 (uint8 1..255; see int8_linear)
-ACTIVATION_LEVELS = 127
-ACTIVATION_ZERO_POINT = 128
 #: families whose layers this graph describes; Gemma3 (sliding windows, two RoPE bases, sandwich norms) is not
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -231,20 +227,6 @@ def quantize_int4(weight: np.ndarray, block_size: int = INT4_BLOCK) -> tuple[np.
     quantize_matmul_4bits(packed, np.ascontiguousarray(weight.T, dtype=np.float32), scales, zeros, block_size, N, K,
                           False)
     return packed, scales.reshape(-1), zeros.reshape(-1)
-
-
-def quantize_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """weight [N, K] float → (int8 [N, K], scale [N] float32): symmetric round-to-nearest per output channel, on
-    7 bits (levels -63..63).
-
-    Why 7 bits: int8_linear multiplies uint8 activations by int8 weights, and on x86 CPUs without VNNI its
-    kernel sums adjacent products with VPMADDUBSW into 16-bit lanes, which saturate once two products exceed 32767
-    (255 x 127 x 2 = 64770). The real target's activations reach that: with full-range weights its int8 graph
-    decoded gibberish on an AVX2 EPYC. At 63 levels two products stay below 255 x 63 x 2 = 32130 on every CPU,
-    ONNX Runtime's own `reduce_range` advice; 7 bits per channel are still far finer than the int4 graph's 4."""
-    scale = np.abs(weight).max(axis=1).astype(np.float32) / INT8_LEVELS
-    scale[scale == 0] = 1.0
-    return np.clip(np.rint(weight / scale[:, None]), -INT8_LEVELS, INT8_LEVELS).astype(np.int8), scale
 
 
 def check_supported(spec: ArchSpec) -> None:

@@ -188,7 +188,7 @@ def test_int8_matmul_does_not_saturate_on_large_activations():
     """The int8 linear fed what saturated DynamicQuantizeMatMul on an AVX2 CPU without VNNI (uint8 activations near
     255 times weights at full int8 range overflow VPMADDUBSW's 16-bit pair sums): the real target then decoded
     gibberish. Weights on 7 bits keep every pair sum in range, so the product stays the float one."""
-    from export.onnx.graph import quantize_int8
+    from deepspec.models.int8_weights import quantize_int8
 
     rng = np.random.default_rng(0)
     weight = rng.uniform(0.5, 1.0, (8, 64)).astype(np.float32)  # one sign per row: products add up, never cancel

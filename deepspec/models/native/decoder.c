@@ -1,0 +1,805 @@
+/* DeepSpec's native CPU decoder: one forward of a Llama-family target on int8 weights, for speculative decoding.
+
+   Why it exists: a verify pass of T tokens should cost about what a one-token step costs, because a step on CPU
+   is bound by reading the weights, not by the arithmetic. ONNX Runtime's int8 graph pays ~490 kernel launches a
+   step, a per-row activation quantization built of four small ops per matmul, and an attention kernel that
+   refuses several new tokens per row at batch > 1. Here a step is one call: every matmul reads its packed int8
+   weights once for all the step's rows (up to 8 rows per register tile), so 1, 4 or 8 tokens cost nearly the same.
+
+   Numbers: weights int8 per output channel on 7 bits (levels -63..63, deepspec/models/int8_weights.py says why),
+   activations quantized per row to uint8 (scale = the row's abs-max / 127, zero point 128) just before each
+   matmul, integer dot products (exact), one float scaling per output element. Everything else — embeddings,
+   norms, RoPE, attention, the KV cache — is float32.
+
+   Row invariance, by construction: each output row of every operation depends on its own input row only and is
+   computed by the same code in the same order whatever the other rows are (integer sums are exact; norms,
+   softmax and attention reduce in a fixed order on one thread per row). So a T-token verify pass computes each
+   token bit for bit as T one-token steps would, and co-batched requests never change each other's numbers:
+   speculative greedy output equals target-only greedy output exactly, at any batch size.
+
+   Kernels by instruction set, chosen when this file is compiled on the machine that runs it (-march=native):
+   AVX-512 VNNI (vpdpbusd: u8 x s8 summed four at a time into s32), AVX-512BW and AVX2 (vpmaddubsw + vpmaddwd,
+   which 7-bit weights keep from saturating), and portable C. The packed weight layout follows the lane count.
+
+   The caller (deepspec/models/native/target.py) owns the KV cache ([layers, slots, kv heads, positions, head dim]
+   float32, the engine's own KVCache) and every input and output buffer; this file owns the packed weights. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define DS_ISA "avx512vnni"
+#define DS_LANES 16
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+#define DS_ISA "avx512bw"
+#define DS_LANES 16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define DS_ISA "avx2"
+#define DS_LANES 8
+#else
+#define DS_ISA "portable"
+#define DS_LANES 8
+#endif
+
+#define DS_ABI 1
+#define MAX_TILE_ROWS 8
+#define ALIGN 64
+
+const char *ds_isa(void) { return DS_ISA; }
+int ds_abi(void) { return DS_ABI; }
+
+static void *aligned(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, ALIGN, bytes ? (bytes + ALIGN - 1) / ALIGN * ALIGN : ALIGN)) return NULL;
+    return p;
+}
+
+/* ---- int8 matrices ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    int n, k;           /* logical output and input widths */
+    int np, kp;         /* padded: n to DS_LANES, k to 4 */
+    int8_t *w;          /* [np / LANES][kp / 4][LANES][4] */
+    int32_t *offset;    /* [np] 128 * sum_k w[n, k]: the activations' zero point folded out of the integer sums */
+    float *scale;       /* [np] per output channel */
+    float *bias;        /* [np] or NULL */
+} qmat;
+
+static int qmat_init(qmat *m, const int8_t *w, const float *scale, const float *bias, int n, int k) {
+    m->n = n;
+    m->k = k;
+    m->np = (n + DS_LANES - 1) / DS_LANES * DS_LANES;
+    m->kp = (k + 3) / 4 * 4;
+    m->w = aligned((size_t)m->np * m->kp);
+    m->offset = aligned(sizeof(int32_t) * m->np);
+    m->scale = aligned(sizeof(float) * m->np);
+    m->bias = bias ? aligned(sizeof(float) * m->np) : NULL;
+    if (!m->w || !m->offset || !m->scale || (bias && !m->bias)) return -1;
+    memset(m->w, 0, (size_t)m->np * m->kp);
+    const int k4 = m->kp / 4;
+    for (int c = 0; c < m->np; c++) {
+        int32_t sum = 0;
+        for (int j = 0; j < m->kp; j++) {
+            int8_t v = (c < n && j < k) ? w[(size_t)c * k + j] : 0;
+            sum += v;
+            m->w[(((size_t)(c / DS_LANES) * k4 + j / 4) * DS_LANES + c % DS_LANES) * 4 + j % 4] = v;
+        }
+        m->offset[c] = 128 * sum;
+        m->scale[c] = c < n ? scale[c] : 0.0f;
+        if (bias) m->bias[c] = c < n ? bias[c] : 0.0f;
+    }
+    return 0;
+}
+
+static void qmat_free(qmat *m) {
+    free(m->w);
+    free(m->offset);
+    free(m->scale);
+    free(m->bias);
+    memset(m, 0, sizeof(*m));
+}
+
+/* One tile: ROWS rows x COLS lane-blocks of output channels, the whole k. acc = sum_j q[r, j] * w[c, j]. */
+#define TILE_BODY(ROWS, COLS) tile_##ROWS##x##COLS
+
+#if DS_LANES == 16
+typedef __m512i acc_t;
+static inline acc_t acc_zero(void) { return _mm512_setzero_si512(); }
+static inline acc_t dot4(acc_t acc, uint32_t x4, const int8_t *w) {
+    __m512i wv = _mm512_load_si512((const void *)w);
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32((int)x4), wv);
+#else
+    __m512i pairs = _mm512_maddubs_epi16(_mm512_set1_epi32((int)x4), wv);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+#endif
+}
+static inline void acc_store(acc_t acc, int32_t *out) { _mm512_storeu_si512((void *)out, acc); }
+#elif defined(__AVX2__)
+typedef __m256i acc_t;
+static inline acc_t acc_zero(void) { return _mm256_setzero_si256(); }
+static inline acc_t dot4(acc_t acc, uint32_t x4, const int8_t *w) {
+    __m256i wv = _mm256_load_si256((const __m256i *)w);
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32((int)x4), wv);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+static inline void acc_store(acc_t acc, int32_t *out) { _mm256_storeu_si256((__m256i *)out, acc); }
+#else
+typedef struct { int32_t v[DS_LANES]; } acc_t;
+static inline acc_t acc_zero(void) { acc_t a; memset(&a, 0, sizeof(a)); return a; }
+static inline acc_t dot4(acc_t acc, uint32_t x4, const int8_t *w) {
+    const uint8_t *x = (const uint8_t *)&x4;
+    for (int l = 0; l < DS_LANES; l++)
+        acc.v[l] += x[0] * w[4 * l] + x[1] * w[4 * l + 1] + x[2] * w[4 * l + 2] + x[3] * w[4 * l + 3];
+    return acc;
+}
+static inline void acc_store(acc_t acc, int32_t *out) { memcpy(out, acc.v, sizeof(acc.v)); }
+#endif
+
+/* rows <= MAX_TILE_ROWS, cols lane-blocks starting at block c0; writes y[r, c] for the tile. */
+static inline __attribute__((always_inline)) void tile(const qmat *m, const uint8_t *q, const float *s, int rows,
+                                                        int c0, int cols, float *y, int ldy, const int ROWS,
+                                                        const int COLS) {
+    acc_t acc[MAX_TILE_ROWS][4];
+    const int k4 = m->kp / 4;
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < COLS; c++) acc[r][c] = acc_zero();
+    const int8_t *w0 = m->w + (size_t)c0 * k4 * DS_LANES * 4;
+    const size_t block = (size_t)k4 * DS_LANES * 4;
+    for (int j = 0; j < k4; j++) {
+        for (int r = 0; r < ROWS; r++) {
+            uint32_t x4;
+            memcpy(&x4, q + (size_t)r * m->kp + 4 * j, 4);
+            for (int c = 0; c < COLS; c++) acc[r][c] = dot4(acc[r][c], x4, w0 + c * block + (size_t)j * DS_LANES * 4);
+        }
+    }
+    int32_t sums[DS_LANES];
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            acc_store(acc[r][c], sums);
+            const int base = (c0 + c) * DS_LANES;
+            for (int l = 0; l < DS_LANES; l++) {
+                const int n = base + l;
+                if (n >= m->n) break;
+                float v = (float)(sums[l] - m->offset[n]) * m->scale[n] * s[r];
+                if (m->bias) v += m->bias[n];
+                y[(size_t)r * ldy + n] = v;
+            }
+        }
+    }
+}
+
+#define TILE_CASE(R, C) case (R) * 8 + (C): tile(m, q, s, rows, c0, cols, y, ldy, R, C); break;
+
+static void tile_dispatch(const qmat *m, const uint8_t *q, const float *s, int rows, int c0, int cols, float *y,
+                          int ldy) {
+    switch (rows * 8 + cols) {
+        TILE_CASE(1, 1) TILE_CASE(1, 2) TILE_CASE(1, 3) TILE_CASE(1, 4)
+        TILE_CASE(2, 1) TILE_CASE(2, 2) TILE_CASE(2, 3) TILE_CASE(2, 4)
+        TILE_CASE(3, 1) TILE_CASE(3, 2) TILE_CASE(3, 3) TILE_CASE(3, 4)
+        TILE_CASE(4, 1) TILE_CASE(4, 2) TILE_CASE(4, 3) TILE_CASE(4, 4)
+        TILE_CASE(5, 1) TILE_CASE(5, 2)
+        TILE_CASE(6, 1) TILE_CASE(6, 2)
+        TILE_CASE(7, 1) TILE_CASE(7, 2)
+        TILE_CASE(8, 1) TILE_CASE(8, 2)
+    }
+}
+
+/* lane-blocks per column tile, at most `widest`: the widest that splits the blocks evenly over the threads, or else
+   the one that leaves the least idle (a 576-wide matmul in tiles of 4 blocks is 9 tiles: 5 + 4 on two threads) */
+static int column_tile(int blocks, int widest, int threads) {
+    int best = widest, best_idle = 1 << 30;
+    for (int cols = widest; cols >= 1; cols--) {
+        const int tiles = (blocks + cols - 1) / cols;
+        const int rounds = (tiles + threads - 1) / threads;
+        const int idle = rounds * threads * cols - blocks;
+        if (idle < best_idle) best = cols, best_idle = idle;
+    }
+    return best;
+}
+
+/* y [rows, n] (row stride ldy) = dequant(q [rows, kp] . w^T); column tiles shared among the threads, every row
+   tile of a column tile on the thread that owns it (its weights stay in that core's cache across row tiles). */
+static void qmat_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
+    const int blocks = m->np / DS_LANES;
+    const int row_tile = rows >= 8 ? 8 : rows;
+    const int cols = column_tile(blocks, row_tile <= 4 ? 4 : 2, omp_get_max_threads());
+    const int tiles = (blocks + cols - 1) / cols;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        const int c0 = t * cols;
+        const int nc = c0 + cols <= blocks ? cols : blocks - c0;
+        for (int r0 = 0; r0 < rows; r0 += row_tile) {
+            const int nr = r0 + row_tile <= rows ? row_tile : rows - r0;
+            tile_dispatch(m, q + (size_t)r0 * m->kp, s + r0, nr, c0, nc, y + (size_t)r0 * ldy, ldy);
+        }
+    }
+}
+
+/* ---- the model ---------------------------------------------------------------------------------------------- */
+
+enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
+enum { NORM_ATTN, NORM_MLP, NORM_POST_ATTN, NORM_POST_MLP, NORM_Q, NORM_K, NORMS };
+
+typedef struct {
+    int hidden, layers, heads, kv_heads, head_dim, inter, vocab, max_positions, threads;
+    int qk_norm, gelu, sandwich;
+    float eps, attn_scale, embed_scale;
+} ds_config;
+
+typedef struct {
+    qmat lin[LINEARS];
+    float *norm[NORMS];
+    int window;
+    int local_rope;
+} layer_t;
+
+typedef struct {
+    ds_config cfg;
+    layer_t *layer;
+    qmat head;
+    float *final_norm;
+    const float *embed;                 /* [vocab, hidden], owned by the caller */
+    const float *cos, *sin;             /* [max_positions, head_dim / 2], owned by the caller */
+    const float *cos_local, *sin_local; /* sliding-window layers' tables (Gemma3), or the same */
+} ds_model;
+
+ds_model *ds_model_new(const ds_config *cfg) {
+    ds_model *m = calloc(1, sizeof(ds_model));
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    m->layer = calloc((size_t)cfg->layers, sizeof(layer_t));
+    if (!m->layer) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void ds_model_free(ds_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->cfg.layers; i++) {
+        for (int j = 0; j < LINEARS; j++) qmat_free(&m->layer[i].lin[j]);
+        for (int j = 0; j < NORMS; j++) free(m->layer[i].norm[j]);
+    }
+    qmat_free(&m->head);
+    free(m->final_norm);
+    free(m->layer);
+    free(m);
+}
+
+/* layer -1 = the LM head */
+int ds_set_linear(ds_model *m, int layer, int which, const int8_t *w, const float *scale, const float *bias, int n,
+                  int k) {
+    qmat *dst = layer < 0 ? &m->head : &m->layer[layer].lin[which];
+    qmat_free(dst);
+    return qmat_init(dst, w, scale, bias, n, k);
+}
+
+static float *copy_floats(const float *src, size_t count) {
+    float *p = aligned(sizeof(float) * count);
+    if (p) memcpy(p, src, sizeof(float) * count);
+    return p;
+}
+
+/* layer -1 = the final norm */
+int ds_set_norm(ds_model *m, int layer, int which, const float *w, int count) {
+    float **dst = layer < 0 ? &m->final_norm : &m->layer[layer].norm[which];
+    free(*dst);
+    *dst = copy_floats(w, (size_t)count);
+    return *dst ? 0 : -1;
+}
+
+void ds_set_window(ds_model *m, int layer, int window, int local_rope) {
+    m->layer[layer].window = window;
+    m->layer[layer].local_rope = local_rope;
+}
+
+void ds_set_tables(ds_model *m, const float *embed, const float *cos, const float *sin, const float *cos_local,
+                   const float *sin_local) {
+    m->embed = embed;
+    m->cos = cos;
+    m->sin = sin;
+    m->cos_local = cos_local ? cos_local : cos;
+    m->sin_local = sin_local ? sin_local : sin;
+}
+
+/* ---- float helpers ------------------------------------------------------------------------------------------ */
+
+/* exp on whole vectors: Cody-Waite range reduction and Cephes' degree-6 polynomial (~1 ulp), inputs clamped to
+   [-88.38, 88.38]. Every element of every array goes through the vector body (tails are masked or padded), so a
+   value's exp never depends on where in an array it sits. */
+#if DS_LANES == 16
+typedef __m512 vf;
+#define VF_N 16
+static inline vf vf_load(const float *p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p); }
+static inline void vf_store(float *p, vf v, int n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), v); }
+static inline vf vf_set(float x) { return _mm512_set1_ps(x); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vf_exp(vf x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, vf_set(-88.3762626647949f)), vf_set(88.3762626647949f));
+    vf n = _mm512_roundscale_ps(vf_mul(x, vf_set(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm512_fnmadd_ps(n, vf_set(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, vf_set(-2.12194440e-4f), r);
+    vf y = vf_set(1.9875691500e-4f);
+    y = vf_fma(y, r, vf_set(1.3981999507e-3f));
+    y = vf_fma(y, r, vf_set(8.3334519073e-3f));
+    y = vf_fma(y, r, vf_set(4.1665795894e-2f));
+    y = vf_fma(y, r, vf_set(1.6666665459e-1f));
+    y = vf_fma(y, r, vf_set(5.0000001201e-1f));
+    y = vf_fma(y, vf_mul(r, r), vf_add(r, vf_set(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+#elif defined(__AVX2__)
+typedef __m256 vf;
+#define VF_N 8
+static inline __m256i tail_mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vf vf_load(const float *p, int n) { return _mm256_maskload_ps(p, tail_mask(n)); }
+static inline void vf_store(float *p, vf v, int n) { _mm256_maskstore_ps(p, tail_mask(n), v); }
+static inline vf vf_set(float x) { return _mm256_set1_ps(x); }
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vf_exp(vf x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, vf_set(-87.3365478515625f)), vf_set(88.3762626647949f));
+    vf n = _mm256_round_ps(vf_mul(x, vf_set(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm256_fnmadd_ps(n, vf_set(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, vf_set(-2.12194440e-4f), r);
+    vf y = vf_set(1.9875691500e-4f);
+    y = vf_fma(y, r, vf_set(1.3981999507e-3f));
+    y = vf_fma(y, r, vf_set(8.3334519073e-3f));
+    y = vf_fma(y, r, vf_set(4.1665795894e-2f));
+    y = vf_fma(y, r, vf_set(1.6666665459e-1f));
+    y = vf_fma(y, r, vf_set(5.0000001201e-1f));
+    y = vf_fma(y, vf_mul(r, r), vf_add(r, vf_set(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return vf_mul(y, _mm256_castsi256_ps(e));
+}
+#else
+typedef struct { float v[8]; } vf;
+#define VF_N 8
+static inline vf vf_load(const float *p, int n) { vf r; for (int i = 0; i < 8; i++) r.v[i] = i < n ? p[i] : 0.0f; return r; }
+static inline void vf_store(float *p, vf a, int n) { for (int i = 0; i < n; i++) p[i] = a.v[i]; }
+static inline vf vf_set(float x) { vf r; for (int i = 0; i < 8; i++) r.v[i] = x; return r; }
+static inline vf vf_add(vf a, vf b) { for (int i = 0; i < 8; i++) a.v[i] += b.v[i]; return a; }
+static inline vf vf_mul(vf a, vf b) { for (int i = 0; i < 8; i++) a.v[i] *= b.v[i]; return a; }
+static inline vf vf_div(vf a, vf b) { for (int i = 0; i < 8; i++) a.v[i] /= b.v[i]; return a; }
+static inline vf vf_fma(vf a, vf b, vf c) { for (int i = 0; i < 8; i++) a.v[i] = fmaf(a.v[i], b.v[i], c.v[i]); return a; }
+static inline vf vf_exp(vf x) { for (int i = 0; i < 8; i++) x.v[i] = expf(x.v[i]); return x; }
+#endif
+
+/* out[j] = exp(x[j] - shift) for j < n; returns their sum (in lane order, then across lanes: fixed for a given n) */
+static float exp_shifted(const float *x, float shift, int n, float *out) {
+    vf acc = vf_set(0.0f);
+    for (int j = 0; j < n; j += VF_N) {
+        const int m = n - j < VF_N ? n - j : VF_N;
+        vf e = vf_exp(vf_add(vf_load(x + j, m), vf_set(-shift)));
+        vf_store(out + j, e, m);
+        if (m < VF_N) { /* lanes past n hold exp(-shift) from the zero fill: keep them out of the sum */
+            float lanes[VF_N];
+            vf_store(lanes, e, VF_N);
+            for (int i = m; i < VF_N; i++) lanes[i] = 0.0f;
+            e = vf_load(lanes, VF_N);
+        }
+        acc = vf_add(acc, e);
+    }
+    float lanes[VF_N], sum = 0.0f;
+    vf_store(lanes, acc, VF_N);
+    for (int i = 0; i < VF_N; i++) sum += lanes[i];
+    return sum;
+}
+
+/* the gated MLP's activation: out[j] = act(gate[j]) * up[j], act = SiLU or tanh-approximated GELU */
+static void gated_activation(const float *gate, const float *up, int n, int gelu, float *out) {
+    const vf one = vf_set(1.0f);
+    for (int j = 0; j < n; j += VF_N) {
+        const int m = n - j < VF_N ? n - j : VF_N;
+        const vf g = vf_load(gate + j, m);
+        vf a;
+        if (gelu) { /* 0.5 g (1 + tanh(y)), tanh(y) = 1 - 2 / (exp(2y) + 1) */
+            const vf y = vf_mul(vf_set(0.7978845608028654f), vf_fma(vf_mul(vf_set(0.044715f), vf_mul(g, g)), g, g));
+            const vf t = vf_add(one, vf_mul(vf_set(-2.0f), vf_div(one, vf_add(vf_exp(vf_add(y, y)), one))));
+            a = vf_mul(vf_mul(vf_set(0.5f), g), vf_add(one, t));
+        } else { /* g / (1 + exp(-g)) */
+            a = vf_div(g, vf_add(one, vf_exp(vf_mul(g, vf_set(-1.0f)))));
+        }
+        vf_store(out + j, vf_mul(a, vf_load(up + j, m)), m);
+    }
+}
+
+/* x [k] float → q [kp] uint8 (zero point 128, padding 128) and its scale: the row's abs-max / 127, rounded to
+   nearest even (the conversion's default mode, as nearbyintf) */
+static void quantize_row(const float *x, int k, int kp, uint8_t *q, float *scale_out) {
+#if DS_LANES == 16
+    __m512 amax = _mm512_setzero_ps();
+    for (int j = 0; j < k; j += 16) {
+        const __mmask16 mask = (__mmask16)(k - j >= 16 ? 0xFFFFu : (1u << (k - j)) - 1u);
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask, x + j)));
+    }
+    const float scale = _mm512_reduce_max_ps(amax) / 127.0f;
+    const __m512 inv = _mm512_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+    for (int j = 0; j < k; j += 16) {
+        const __mmask16 mask = (__mmask16)(k - j >= 16 ? 0xFFFFu : (1u << (k - j)) - 1u);
+        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + j), inv));
+        _mm512_mask_cvtepi32_storeu_epi8(q + j, mask, _mm512_add_epi32(v, _mm512_set1_epi32(128)));
+    }
+#elif defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < k; j += 8)
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, vf_load(x + j, k - j < 8 ? k - j : 8)));
+    float lanes[8], top = 0.0f;
+    _mm256_storeu_ps(lanes, amax);
+    for (int i = 0; i < 8; i++) top = lanes[i] > top ? lanes[i] : top;
+    const float scale = top / 127.0f;
+    const __m256 inv = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+    for (int j = 0; j < k; j += 8) {
+        const int m = k - j < 8 ? k - j : 8;
+        int32_t v[8];
+        _mm256_storeu_si256((__m256i *)v, _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vf_load(x + j, m), inv)),
+                                                            _mm256_set1_epi32(128)));
+        for (int i = 0; i < m; i++) q[j + i] = (uint8_t)v[i];
+    }
+#else
+    float top = 0.0f;
+    for (int j = 0; j < k; j++) top = fabsf(x[j]) > top ? fabsf(x[j]) : top;
+    const float scale = top / 127.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (int j = 0; j < k; j++) q[j] = (uint8_t)((int)nearbyintf(x[j] * inv) + 128);
+#endif
+    for (int j = k; j < kp; j++) q[j] = 128;
+    *scale_out = scale;
+}
+
+/* rows of x [rows, k] (row stride ldx) → q [rows, kp], s [rows]; rows spread over the threads */
+static void quantize_rows(const float *x, int ldx, int rows, int k, int kp, uint8_t *q, float *s) {
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int r = 0; r < rows; r++) quantize_row(x + (size_t)r * ldx, k, kp, q + (size_t)r * kp, s + r);
+}
+
+static void rms_norm(const float *x, const float *w, int n, float eps, float *out) {
+    vf acc = vf_set(0.0f);
+    for (int j = 0; j < n; j += VF_N) {
+        const int m = n - j < VF_N ? n - j : VF_N;
+        const vf v = vf_load(x + j, m);
+        acc = vf_fma(v, v, acc);
+    }
+    float lanes[VF_N], ss = 0.0f;
+    vf_store(lanes, acc, VF_N);
+    for (int i = 0; i < VF_N; i++) ss += lanes[i];
+    const vf r = vf_set(1.0f / sqrtf(ss / (float)n + eps));
+    for (int j = 0; j < n; j += VF_N) {
+        const int m = n - j < VF_N ? n - j : VF_N;
+        vf_store(out + j, vf_mul(vf_mul(vf_load(x + j, m), r), vf_load(w + j, m)), m);
+    }
+}
+
+/* rotate_half RoPE on one head: x[i], x[i + h] for i < h = head_dim / 2 */
+static void rope(float *x, const float *cos, const float *sin, int head_dim) {
+    const int h = head_dim / 2;
+    for (int i = 0; i < h; i++) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + h] = b * cos[i] + a * sin[i];
+    }
+}
+
+static float dot(const float *a, const float *b, int n) {
+#if DS_LANES == 16
+    __m512 acc = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= n; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
+    float s = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+#else
+    int j = 0;
+    float s = 0.0f;
+#endif
+    for (; j < n; j++) s += a[j] * b[j];
+    return s;
+}
+
+/* out += p * v over n floats */
+static void axpy(float p, const float *v, float *out, int n) {
+    int j = 0;
+#if DS_LANES == 16
+    const __m512 pv = _mm512_set1_ps(p);
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(out + j, _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + j), _mm512_loadu_ps(out + j)));
+#elif defined(__AVX2__)
+    const __m256 pv = _mm256_set1_ps(p);
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + j), _mm256_loadu_ps(out + j)));
+#endif
+    for (; j < n; j++) out[j] += p * v[j];
+}
+
+
+/* ---- the forward -------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    /* the rows of this forward: rows = B * T, row r = (b, t) = (r / T, r % T) */
+    int B, T;
+    const int64_t *tokens;   /* [B, T] */
+    const int64_t *start;    /* [B] first position of each row's block (its committed length) */
+    const int64_t *parents;  /* [B, T] token tree (column 0 = -1), or NULL for chains */
+    float *k_cache, *v_cache;
+    int64_t layer_stride, slot_stride, seq_len; /* cache strides in floats: [layer][slot][kv head][pos][dim] */
+} step_t;
+
+/* The cache entries query (b, t) attends, in the order it reduces over them: committed positions within its
+   window, then its block's entries — for a chain the block's first t + 1, for a token tree its ancestors and
+   itself (by index, which is by depth). Entry i of row b's block sits at cache index start[b] + i. Written to
+   `keys`; returns how many. The same list, in the same order, as the token's one-token step would read: so a
+   verify pass reduces over exactly what target-only decoding reduces over. */
+static int visible_keys(const step_t *st, const int *depth, int window, int b, int t, int64_t *keys) {
+    const int64_t committed = st->start[b];
+    const int64_t pos = committed + (st->parents ? depth[(size_t)b * st->T + t] : t);
+    const int64_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    int n = 0;
+    for (int64_t p = lo; p < committed; p++) keys[n++] = p;
+    if (!st->parents) {
+        for (int i = 0; i <= t; i++)
+            if (committed + i >= lo) keys[n++] = committed + i;
+        return n;
+    }
+    const int64_t *par = st->parents + (size_t)b * st->T;
+    int path = 0;
+    for (int i = t; i >= 0; i = (int)par[i]) path++;
+    int at = n + path;
+    for (int i = t; i >= 0; i = (int)par[i]) keys[--at] = committed + i; /* ancestors first */
+    n += path;
+    if (window > 0) { /* a deep tree under a short window: drop entries whose position falls out of it */
+        int kept = 0;
+        for (int j = 0; j < n; j++) {
+            const int64_t key = keys[j];
+            const int64_t key_pos = key < committed ? key : committed + depth[(size_t)b * st->T + (key - committed)];
+            if (key_pos >= lo) keys[kept++] = key;
+        }
+        n = kept;
+    }
+    return n;
+}
+
+static int64_t position_of(const step_t *st, const int *depth, int b, int t) {
+    return st->start[b] + (st->parents ? depth[(size_t)b * st->T + t] : t);
+}
+
+#if DS_LANES == 16
+/* r[i] = the sum of v[i]'s 16 lanes, for 16 vectors at once: a transposing add tree (45 shuffles and adds for 16
+   sums, against ~8 operations for each lane sum alone). Every sum takes the same tree. */
+static inline __m512 sum_lanes16(const __m512 v[16]) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+        const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+#endif
+
+/* scores[j] = (q . k[keys[j]]) * scale for j < n, keys read from kbase (one head_dim row per position) */
+static void key_scores(const float *qh, const float *kbase, const int64_t *keys, int n, int hd, float scale,
+                       float *scores) {
+#if DS_LANES == 16
+    if (hd % 16 == 0) {
+        for (int j0 = 0; j0 < n; j0 += 16) {
+            __m512 partial[16];
+            const int m = n - j0 < 16 ? n - j0 : 16;
+            for (int i = 0; i < 16; i++) {
+                __m512 acc = _mm512_setzero_ps();
+                if (i < m) {
+                    const float *k = kbase + keys[j0 + i] * hd;
+                    for (int d = 0; d < hd; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), _mm512_loadu_ps(k + d), acc);
+                }
+                partial[i] = acc;
+            }
+            _mm512_mask_storeu_ps(scores + j0, (__mmask16)((1u << m) - 1u),
+                                  _mm512_mul_ps(sum_lanes16(partial), _mm512_set1_ps(scale)));
+        }
+        return;
+    }
+#endif
+    for (int j = 0; j < n; j++) scores[j] = dot(qh, kbase + keys[j] * hd, hd) * scale;
+}
+
+#if DS_LANES == 16
+static inline __attribute__((always_inline)) void weighted_values_nv(const float *p, const float *vbase,
+                                                                     const int64_t *keys, int n, float inv, float *o,
+                                                                     const int NV) {
+    __m512 acc[16];
+    for (int i = 0; i < NV; i++) acc[i] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const __m512 pj = _mm512_set1_ps(p[j]);
+        const float *v = vbase + keys[j] * (16 * NV);
+        for (int i = 0; i < NV; i++) acc[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + 16 * i), acc[i]);
+    }
+    for (int i = 0; i < NV; i++) _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(acc[i], _mm512_set1_ps(inv)));
+}
+#endif
+
+/* o[hd] = inv * sum_j p[j] * v[keys[j]], accumulated in key order (in registers where head_dim allows) */
+static void weighted_values(const float *p, const float *vbase, const int64_t *keys, int n, int hd, float inv,
+                            float *o) {
+#if DS_LANES == 16
+    switch (hd) {
+    case 64: weighted_values_nv(p, vbase, keys, n, inv, o, 4); return;
+    case 128: weighted_values_nv(p, vbase, keys, n, inv, o, 8); return;
+    case 256: weighted_values_nv(p, vbase, keys, n, inv, o, 16); return;
+    }
+#endif
+    memset(o, 0, sizeof(float) * hd);
+    for (int j = 0; j < n; j++) axpy(p[j], vbase + keys[j] * hd, o, hd);
+    for (int d = 0; d < hd; d++) o[d] *= inv;
+}
+
+/* attention of every row over its slot's cache; q [rows, heads * hd] in, out [rows, heads * hd]. scratch holds,
+   per thread, one score per key and the key list. */
+static void attention(const ds_model *m, const layer_t *L, int li, const step_t *st, const int *depth,
+                      const float *q, float *out, float *scratch, size_t scratch_per_thread, int64_t max_keys) {
+    const ds_config *c = &m->cfg;
+    const int hd = c->head_dim, group = c->heads / c->kv_heads, rows = st->B * st->T;
+    const int items = rows * c->heads; /* one (row, head) each: a one-token step still has a head per thread */
+#pragma omp parallel for schedule(static)
+    for (int it = 0; it < items; it++) {
+        const int r = it / c->heads, head = it % c->heads, g = head / group, b = r / st->T, t = r % st->T;
+        float *sc = scratch + (size_t)omp_get_thread_num() * scratch_per_thread;
+        int64_t *keys = (int64_t *)(sc + max_keys);
+        const int nkeys = visible_keys(st, depth, L->window, b, t, keys);
+        const float *kbase = st->k_cache + li * st->layer_stride + b * st->slot_stride + (int64_t)g * st->seq_len * hd;
+        const float *vbase = st->v_cache + li * st->layer_stride + b * st->slot_stride + (int64_t)g * st->seq_len * hd;
+        key_scores(q + (size_t)r * c->heads * hd + (size_t)head * hd, kbase, keys, nkeys, hd, c->attn_scale, sc);
+        float mx = -INFINITY;
+        for (int j = 0; j < nkeys; j++) mx = sc[j] > mx ? sc[j] : mx;
+        const float inv = 1.0f / exp_shifted(sc, mx, nkeys, sc);
+        weighted_values(sc, vbase, keys, nkeys, hd, inv, out + (size_t)r * c->heads * hd + (size_t)head * hd);
+    }
+}
+
+/* One forward. logits_index [B, N] (positions 0..T-1 whose logits to return, N may be 0) → logits [B, N, vocab];
+   features [B, T, nfeat * hidden] the residual after each of feature_layers (or NULL). Returns 0, or -1 when a
+   scratch allocation fails. */
+int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int64_t *start, const int64_t *parents,
+               float *k_cache, float *v_cache, int64_t layer_stride, int64_t slot_stride, int64_t seq_len,
+               const int64_t *logits_index, int N, float *logits, const int *feature_layers, int nfeat,
+               float *features) {
+    const ds_config *c = &m->cfg;
+    const int H = c->hidden, hd = c->head_dim, rows = B * T;
+    const int qw = c->heads * hd, kvw = c->kv_heads * hd, qkvw = qw + 2 * kvw, inter = c->inter;
+    omp_set_num_threads(c->threads);
+    step_t st = {B, T, tokens, start, parents, k_cache, v_cache, layer_stride, slot_stride, seq_len};
+
+    int64_t max_keys = 0;
+    for (int b = 0; b < B; b++) max_keys = start[b] + T > max_keys ? start[b] + T : max_keys;
+    const int widest = 2 * inter > qkvw ? 2 * inter : qkvw;
+    const int kmax = (inter > H ? (inter > qw ? inter : qw) : (H > qw ? H : qw)) + 4;
+    const size_t scratch_per_thread = 3 * (size_t)max_keys + 16; /* scores, then the key list (int64) */
+    const int nthreads = c->threads > 0 ? c->threads : 1;
+    float *x = aligned(sizeof(float) * rows * H);
+    float *h = aligned(sizeof(float) * rows * (kmax > qw ? kmax : qw));
+    float *wide = aligned(sizeof(float) * rows * widest);
+    float *attn = aligned(sizeof(float) * rows * (qw > H ? qw : H));
+    uint8_t *q8 = aligned((size_t)rows * kmax);
+    float *qs = aligned(sizeof(float) * (rows > N * B ? rows : N * B + 1));
+    float *scratch = aligned(sizeof(float) * scratch_per_thread * nthreads);
+    int *depth = parents ? aligned(sizeof(int) * rows) : NULL;
+    int ok = x && h && wide && attn && q8 && qs && scratch && (!parents || depth);
+    if (!ok) goto done;
+
+    if (parents) {
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                const int64_t p = parents[(size_t)b * T + t];
+                depth[(size_t)b * T + t] = p < 0 ? 0 : depth[(size_t)b * T + p] + 1;
+            }
+    }
+    for (int r = 0; r < rows; r++) {
+        const float *e = m->embed + (size_t)tokens[r] * H;
+        for (int j = 0; j < H; j++) x[(size_t)r * H + j] = e[j] * c->embed_scale;
+    }
+
+    for (int li = 0; li < c->layers; li++) {
+        const layer_t *L = &m->layer[li];
+        const float *cos = L->local_rope ? m->cos_local : m->cos, *sin = L->local_rope ? m->sin_local : m->sin;
+        /* attention block */
+#pragma omp parallel for schedule(static) if (rows > 1)
+        for (int r = 0; r < rows; r++) rms_norm(x + (size_t)r * H, L->norm[NORM_ATTN], H, c->eps, h + (size_t)r * H);
+        quantize_rows(h, H, rows, H, L->lin[LIN_QKV].kp, q8, qs);
+        qmat_mul(&L->lin[LIN_QKV], q8, qs, rows, wide, qkvw);
+#pragma omp parallel for schedule(static) if (rows > 1)
+        for (int r = 0; r < rows; r++) {
+            const int b = r / T, t = r % T;
+            float *row = wide + (size_t)r * qkvw;
+            const int64_t pos = position_of(&st, depth, b, t);
+            for (int head = 0; head < c->heads + c->kv_heads; head++) {
+                float *v = row + (size_t)head * hd;
+                if (c->qk_norm) rms_norm(v, L->norm[head < c->heads ? NORM_Q : NORM_K], hd, c->eps, v);
+                rope(v, cos + pos * (hd / 2), sin + pos * (hd / 2), hd);
+            }
+            const int64_t slot = start[b] + t; /* block entries go in node order; a tree's path is compacted later */
+            for (int g = 0; g < c->kv_heads; g++) {
+                const int64_t at = li * layer_stride + b * slot_stride + ((int64_t)g * seq_len + slot) * hd;
+                memcpy(k_cache + at, row + qw + (size_t)g * hd, sizeof(float) * hd);
+                memcpy(v_cache + at, row + qw + kvw + (size_t)g * hd, sizeof(float) * hd);
+            }
+            memcpy(h + (size_t)r * qw, row, sizeof(float) * qw);
+        }
+        attention(m, L, li, &st, depth, h, attn, scratch, scratch_per_thread, max_keys);
+        quantize_rows(attn, qw, rows, qw, L->lin[LIN_O].kp, q8, qs);
+        qmat_mul(&L->lin[LIN_O], q8, qs, rows, h, H);
+#pragma omp parallel for schedule(static) if (rows > 1)
+        for (int r = 0; r < rows; r++) {
+            float *o = h + (size_t)r * H;
+            if (c->sandwich) rms_norm(o, L->norm[NORM_POST_ATTN], H, c->eps, o);
+            for (int j = 0; j < H; j++) x[(size_t)r * H + j] += o[j];
+        }
+        /* MLP block */
+#pragma omp parallel for schedule(static) if (rows > 1)
+        for (int r = 0; r < rows; r++) rms_norm(x + (size_t)r * H, L->norm[NORM_MLP], H, c->eps, h + (size_t)r * H);
+        quantize_rows(h, H, rows, H, L->lin[LIN_GATE_UP].kp, q8, qs);
+        qmat_mul(&L->lin[LIN_GATE_UP], q8, qs, rows, wide, 2 * inter);
+#pragma omp parallel for schedule(static) if (rows > 1)
+        for (int r = 0; r < rows; r++) {
+            float *gu = wide + (size_t)r * 2 * inter;
+            float *a = h + (size_t)r * inter;
+            gated_activation(gu, gu + inter, inter, c->gelu, a);
+        }
+        quantize_rows(h, inter, rows, inter, L->lin[LIN_DOWN].kp, q8, qs);
+        qmat_mul(&L->lin[LIN_DOWN], q8, qs, rows, attn, H);
+#pragma omp parallel for schedule(static) if (rows > 1)
+        for (int r = 0; r < rows; r++) {
+            float *d = attn + (size_t)r * H;
+            if (c->sandwich) rms_norm(d, L->norm[NORM_POST_MLP], H, c->eps, d);
+            for (int j = 0; j < H; j++) x[(size_t)r * H + j] += d[j];
+        }
+        for (int f = 0; f < nfeat; f++)
+            if (feature_layers[f] == li)
+                for (int r = 0; r < rows; r++)
+                    memcpy(features + ((size_t)r * nfeat + f) * H, x + (size_t)r * H, sizeof(float) * H);
+    }
+
+    if (N > 0) {
+        const int picked = B * N;
+        for (int i = 0; i < picked; i++) {
+            const int b = i / N;
+            const int64_t t = logits_index[i];
+            rms_norm(x + ((size_t)b * T + t) * H, m->final_norm, H, c->eps, h + (size_t)i * H);
+        }
+        quantize_rows(h, H, picked, H, m->head.kp, q8, qs);
+        qmat_mul(&m->head, q8, qs, picked, logits, c->vocab);
+    }
+
+done:
+    free(x);
+    free(h);
+    free(wide);
+    free(attn);
+    free(q8);
+    free(qs);
+    free(scratch);
+    free(depth);
+    return ok ? 0 : -1;
+}

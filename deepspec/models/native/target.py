@@ -1,0 +1,241 @@
+"""`NativeTarget`: the `Target` (deepspec/models/target.py) whose forward is the native CPU decoder (decoder.c) on
+int8 weights, and `load_native_target`, which builds it from the same alias, GGUF or Hugging Face directory the
+PyTorch target loads.
+
+The weights are those of the lean PyTorch decoder (loaded in float32, then quantized per output channel by
+deepspec/models/int8_weights.py: the ONNX int8 graph's weights) and packed once into the library's layout; only the
+float32 embedding, head and final norm stay on the Python side, for the drafts that borrow them and for `lm_head`.
+The KV cache is the engine's own `KVCache` in float32, so token trees compact with the same `keep_path` op as on
+the PyTorch target.
+
+What it guarantees (decoder.c's header says how): each token's logits do not depend on the other tokens of its pass
+or the other rows of its batch, bit for bit. So speculative greedy output equals this target's own target-only
+output at any batch size, with no batch-invariant mode to turn on; tests/deepspec/models/test_native.py checks it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from deepspec.models.arch import ArchSpec
+from deepspec.models.decoder import DecoderOutput
+from deepspec.models.hf_text import HFTextTarget
+from deepspec.models.int8_weights import quantize_int8
+from deepspec.models.kv_cache import KVCache
+from deepspec.models.native.build import Config, isa, load_library
+from deepspec.models.target import TargetEmbeddings
+from deepspec.models.tree_attention import check_parents
+
+#: decoder.c's enums, in its order
+LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+NORMS = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm")
+
+
+class _Model:
+    """The library's model handle: freed with this object."""
+
+    def __init__(self, lib, handle: int):
+        self.lib, self.handle = lib, handle
+
+    def __del__(self):
+        if self.handle:
+            self.lib.ds_model_free(self.handle)
+            self.handle = None
+
+
+@dataclass(eq=False, repr=False)  # compared and hashed by identity, like every target
+class NativeTarget(HFTextTarget):
+    name: str
+    #: directory holding the tokenizer (the resolved model directory)
+    path: Path
+    spec: ArchSpec
+    tokenizer: object
+    max_seq_len: int
+    eos_token_ids: tuple[int, ...]
+    #: the library's threads (a recorded step curve applies at this count only)
+    num_threads: int
+    _model: _Model = field(repr=False)
+    #: float32 tensors the library reads in place (embedding, RoPE tables): kept alive with it
+    _tables: dict = field(repr=False)
+    _head: torch.Tensor = field(repr=False)
+    _final_norm: torch.Tensor = field(repr=False)
+    embed_scale: float = 1.0
+    quantization: str = "int8"
+
+    #: forward takes tree_parents; KVCache.keep_path compacts the accepted path
+    supports_tree_attention: ClassVar[bool] = True
+    #: B rows of several tokens run as one pass (the verification budget prices them together)
+    multi_token_rows_serial: ClassVar[bool] = False
+    #: torch's threads while the engine steps this target: the forward runs on the library's own OpenMP threads
+    host_threads: ClassVar[int] = 1
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def attention_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def isa(self) -> str:
+        """The kernel family this machine's build runs (avx512vnni, avx512bw, avx2, portable)."""
+        return isa()
+
+    def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        return KVCache(self.spec, num_slots, max_seq_len, torch.float32)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] long
+        start: torch.Tensor,  # [B] long
+        cache=None,  # KVCache.rows(first, B), or None (tokens are the whole context)
+        *,
+        feature_layers: tuple[int, ...] = (),
+        logits: str | torch.Tensor = "all",
+        return_final_hidden: bool = False,
+        max_start: int | None = None,
+        tree_parents: torch.Tensor | None = None,
+    ) -> DecoderOutput:
+        if return_final_hidden:
+            raise NotImplementedError("the native target returns logits and features, not the final hidden state; "
+                                      "train drafts against the PyTorch target")
+        B, T = tokens.shape
+        ids = np.ascontiguousarray(tokens.cpu().numpy(), dtype=np.int64)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.spec.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.spec.vocab_size})")
+        if cache is None:
+            cache, start = self.new_cache(B, T).rows(0, B), torch.zeros(B, dtype=torch.long)
+        starts = np.ascontiguousarray(start.cpu().numpy(), dtype=np.int64)
+        k, v = cache.k, cache.v  # [L, B, nkv, S, hd] views of the engine's slots
+        longest = int(starts.max()) + T if B else T
+        if longest > min(self.max_seq_len, k.shape[3]):
+            raise ValueError(f"sequence of {longest} tokens exceeds the context window of "
+                             f"{min(self.max_seq_len, k.shape[3])}")
+        if k.dtype != torch.float32 or k.stride() != v.stride() or k.stride()[2:] != (k.shape[3] * k.shape[4],
+                                                                                       k.shape[4], 1):
+            raise ValueError("the native target needs its own float32 KVCache (new_cache)")
+        parents = None
+        if tree_parents is not None:
+            check_parents(tree_parents)
+            parents = np.ascontiguousarray(tree_parents.cpu().numpy(), dtype=np.int64)
+        index = _logits_index(logits, B, T)
+        out_logits = torch.empty(B, index.shape[1], self.spec.vocab_size) if index is not None else None
+        layers = tuple(int(i) for i in feature_layers)
+        if any(not 0 <= i < self.spec.num_layers for i in layers):
+            raise ValueError(f"feature layers must be in [0, {self.spec.num_layers}), got {list(layers)}")
+        features = torch.empty(B, T, len(layers) * self.spec.hidden_size) if layers else None
+        wanted = (ctypes.c_int * len(layers))(*layers) if layers else None
+        status = self._model.lib.ds_forward(
+            self._model.handle, B, T, ids.ctypes.data, starts.ctypes.data,
+            parents.ctypes.data if parents is not None else None, k.data_ptr(), v.data_ptr(), k.stride(0),
+            k.stride(1), k.shape[3], index.ctypes.data if index is not None else None,
+            index.shape[1] if index is not None else 0, out_logits.data_ptr() if out_logits is not None else None,
+            wanted, len(layers), features.data_ptr() if features is not None else None)
+        if status:
+            raise MemoryError(f"the native decoder could not allocate scratch memory for {B} x {T} tokens")
+        return DecoderOutput(out_logits, features)
+
+    def lm_head(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        return final_hidden.float() @ self._head.T
+
+    def embeddings(self) -> TargetEmbeddings:
+        return TargetEmbeddings(self._tables["embed"], self.embed_scale, self._head)
+
+
+def _logits_index(logits, B: int, T: int) -> np.ndarray | None:
+    """The engine's `logits` argument → positions [B, N] int64 whose logits to return (None = no logits)."""
+    if isinstance(logits, torch.Tensor):
+        return np.ascontiguousarray(logits.reshape(B, 1).cpu().numpy(), dtype=np.int64)
+    if logits == "all":
+        return np.ascontiguousarray(np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)))
+    if logits == "last":
+        return np.full((B, 1), T - 1, dtype=np.int64)
+    if logits == "none":
+        return None
+    raise ValueError(f"logits must be 'all', 'last', 'none' or a [B] tensor, got {logits!r}")
+
+
+def load_native_target(spec: str, *, max_seq_len: int | None = None, chat_template: str | None = None,
+                       for_chat: bool = False, num_threads: int | None = None) -> NativeTarget:
+    """The target `spec` (alias, GGUF file or Hugging Face directory) on the native CPU decoder. The library is
+    compiled for this machine on first use (build.py); NativeUnavailable when that cannot happen."""
+    from deepspec.models.target_loader import load_target
+
+    load_library()  # fail before loading weights when there is no compiler
+    reference = load_target(spec, dtype="float32", max_seq_len=max_seq_len, chat_template=chat_template,
+                            for_chat=for_chat)
+    return native_target_from(reference, num_threads)
+
+
+def native_target_from(reference, num_threads: int | None = None) -> NativeTarget:
+    """The native decoder on the weights of a loaded PyTorch target (`DecoderTarget`, float32): its text half
+    (tokenizer, end ids, context) carried over, its matmul weights quantized to int8 and packed."""
+    from deepspec.models.decoder_target import pytorch_decoder
+
+    lib = load_library()
+    decoder = pytorch_decoder(reference)
+    arch = reference.spec
+    threads = int(num_threads or torch.get_num_threads())
+    config = Config(hidden=arch.hidden_size, layers=arch.num_layers, heads=arch.num_heads, kv_heads=arch.num_kv_heads,
+                    head_dim=arch.head_dim, inter=arch.intermediate_size, vocab=arch.vocab_size,
+                    max_positions=decoder.max_positions, threads=threads, qk_norm=int(arch.qk_norm),
+                    gelu=int(arch.activation == "gelu_tanh"), sandwich=int(arch.sandwich_norms), eps=arch.rms_norm_eps,
+                    attn_scale=arch.attn_scale, embed_scale=float(decoder.embed_scale))
+    handle = lib.ds_model_new(ctypes.byref(config))
+    if not handle:
+        raise MemoryError("the native decoder could not allocate its model")
+    model = _Model(lib, handle)
+
+    def check(status: int, what: str) -> None:
+        if status:
+            raise MemoryError(f"the native decoder could not allocate {what}")
+
+    def set_linear(layer: int, which: int, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        q, scale = quantize_int8(weight.detach().float().numpy())
+        b = np.ascontiguousarray(bias.detach().float().numpy()) if bias is not None else None
+        check(lib.ds_set_linear(handle, layer, which, q.ctypes.data, scale.ctypes.data,
+                                b.ctypes.data if b is not None else None, q.shape[0], q.shape[1]), "a weight matrix")
+
+    def set_norm(layer: int, which: int, weight: torch.Tensor) -> None:
+        w = np.ascontiguousarray(weight.detach().float().numpy())
+        check(lib.ds_set_norm(handle, layer, which, w.ctypes.data, w.size), "a norm")
+
+    for i, layer in enumerate(decoder.layers):
+        for which, name in enumerate(LINEARS):
+            set_linear(i, which, getattr(layer, name), layer.bqkv if name == "wqkv" else None)
+        for which, name in enumerate(NORMS):
+            if hasattr(layer, name):
+                set_norm(i, which, getattr(layer, name))
+        lib.ds_set_window(handle, i, int(layer.window), int(bool(layer.window and arch.rope_local_theta)))
+    set_linear(-1, 0, decoder.head, None)
+    set_norm(-1, 0, decoder.final_norm)
+
+    half = arch.head_dim // 2
+    tables = {"embed": decoder.embed.detach().float().contiguous()}
+
+    def rope_halves(cos: torch.Tensor, sin: torch.Tensor, key: str) -> None:
+        # the decoder's tables repeat cos over both halves and fold rotate_half's sign into sin: [-sin, sin]
+        tables[key + "cos"] = cos[:, :half].float().contiguous()
+        tables[key + "sin"] = sin[:, half:].float().contiguous()
+
+    rope_halves(decoder.rope_cos, decoder.rope_sin, "")
+    if arch.rope_local_theta:
+        rope_halves(decoder.rope_cos_local, decoder.rope_sin_local, "local_")
+    lib.ds_set_tables(handle, tables["embed"].data_ptr(), tables["cos"].data_ptr(), tables["sin"].data_ptr(),
+                      tables["local_cos"].data_ptr() if "local_cos" in tables else None,
+                      tables["local_sin"].data_ptr() if "local_sin" in tables else None)
+    head = tables["embed"] if decoder.head is decoder.embed else decoder.head.detach().float().contiguous()
+    return NativeTarget(reference.name, reference.path, arch, reference.tokenizer, reference.max_seq_len,
+                        reference.eos_token_ids, threads, model, tables, head,
+                        decoder.final_norm.detach().float().clone(), float(decoder.embed_scale))

@@ -1,0 +1,166 @@
+"""The native CPU decoder (deepspec/models/native): the same model as the PyTorch decoder with int8 weights and
+per-row int8 activations, and bit-exact row invariance (a verify pass = one-token steps, a row alone = the row in a
+batch, a tree path = its chain), which is what makes speculative output equal target-only output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import deepspec.models.decoder as decoder_module
+from deepspec.models.int8_weights import quantize_int8
+from deepspec.models.kv_cache import KVCache
+from deepspec.models.native import NativeTarget, NativeUnavailable, native_target_from
+from tests.conftest import CharTokenizer
+
+VOCAB = 96
+
+
+def _tiny(family: str, seed: int = 0):
+    """A random-init DecoderTarget of `family` (float32): every layer kind the native decoder implements."""
+    import transformers
+
+    from deepspec.models.arch import arch_spec_from_config
+    from deepspec.models.decoder import Decoder
+    from deepspec.models.decoder_target import DecoderTarget
+
+    torch.manual_seed(seed)
+    sizes = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128)
+    if family == "llama":
+        config = transformers.LlamaConfig(**sizes, tie_word_embeddings=True)
+        hf = transformers.LlamaForCausalLM(config)
+    elif family == "qwen2":  # biases on q, k, v
+        config = transformers.Qwen2Config(**sizes, tie_word_embeddings=False)
+        hf = transformers.Qwen2ForCausalLM(config)
+    elif family == "qwen3":  # per-head q/k norms, head_dim apart from hidden / heads
+        config = transformers.Qwen3Config(**sizes, head_dim=32, tie_word_embeddings=False)
+        hf = transformers.Qwen3ForCausalLM(config)
+    else:  # gemma3: sliding windows with their own RoPE base, sandwich norms, GeGLU, scaled embeddings
+        config = transformers.Gemma3TextConfig(**sizes, head_dim=16, sliding_window=6, query_pre_attn_scalar=16,
+                                               layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+        hf = transformers.Gemma3ForCausalLM(config)
+    with torch.no_grad():  # random norms, so a norm applied to the wrong tensor shows
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.rand_like(p) * 0.5)
+    spec = arch_spec_from_config(config)
+    model = Decoder(spec, max_positions=128)
+    model.load_hf_state_dict(hf.eval().state_dict(), torch.float32)
+    return DecoderTarget(family, config=config, path=None, spec=spec, _model=model.eval(),
+                         tokenizer=CharTokenizer(VOCAB), max_seq_len=128, eos_token_ids=(VOCAB - 1,))
+
+
+def _quantized_linear(x, weight, bias, packed=None):
+    """The native decoder's matmul in torch: int8 weights per channel, activations per row to uint8 around 128
+    (scale = abs-max / 127 in float32, rounded to nearest even), the integer dot product, then the scales."""
+    q, scale = quantize_int8(weight.detach().float().numpy())
+    rows = x.float().reshape(-1, x.shape[-1])
+    step = rows.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    xq = torch.round(rows * inv)  # round half to even, as the kernels' conversion
+    acc = (xq.double() @ torch.from_numpy(q).double().T).float()
+    y = acc * torch.from_numpy(scale) * step
+    if bias is not None:
+        y = y + bias.float()
+    return y.reshape(*x.shape[:-1], -1)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
+def pair(request):
+    reference = _tiny(request.param)
+    return reference, native_target_from(reference, num_threads=2)
+
+
+def test_it_computes_the_decoder_with_int8_matmuls(pair, monkeypatch):
+    reference, native = pair
+    assert isinstance(native, NativeTarget)
+    monkeypatch.setattr(decoder_module, "_linear", _quantized_linear)
+    B, layers = 3, (0, 2)
+    want_cache, got_cache = KVCache(reference.spec, B, 64, torch.float32), native.new_cache(B, 64)
+    tokens = torch.randint(0, VOCAB, (B, 20))
+    start = torch.zeros(B, dtype=torch.long)
+
+    def check(x, begin, logits):
+        want = reference.forward(x, begin, want_cache.rows(0, B), feature_layers=layers, logits=logits)
+        got = native.forward(x, begin, got_cache.rows(0, B), feature_layers=layers, logits=logits)
+        torch.testing.assert_close(got.features, want.features, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(got.logits, want.logits, atol=2e-3, rtol=2e-3)
+
+    check(tokens[:, :9], start, "last")  # prefill: past gemma3's 6-token window
+    check(tokens[:, 9:13], start + 9, "all")  # a verify pass
+    for t in range(13, 20):  # one-token steps
+        check(tokens[:, t : t + 1], start + t, "all")
+
+
+def test_a_verify_pass_equals_one_token_steps_bit_for_bit(pair):
+    _, native = pair
+    B = 3
+    prompts = torch.randint(0, VOCAB, (B, 30))
+    lengths = [11, 7, 15]
+    block = torch.randint(0, VOCAB, (B, 6))
+    caches = native.new_cache(B, 64), native.new_cache(B, 64)
+    for cache in caches:
+        for b, n in enumerate(lengths):
+            native.forward(prompts[b : b + 1, :n], torch.zeros(1, dtype=torch.long), cache.rows(b, 1), logits="none")
+    start = torch.tensor(lengths)
+    together = native.forward(block, start, caches[0].rows(0, B), feature_layers=(1,), logits="all")
+    for t in range(block.shape[1]):  # the same tokens one at a time, each row alone
+        for b in range(B):
+            step = native.forward(block[b : b + 1, t : t + 1], start[b : b + 1] + t, caches[1].rows(b, 1),
+                                  feature_layers=(1,), logits="all")
+            assert torch.equal(step.logits[0, 0], together.logits[b, t])
+            assert torch.equal(step.features[0, 0], together.features[b, t])
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
+def test_each_tree_path_is_scored_as_its_own_chain_bit_for_bit(pair):
+    _, native = pair
+    prompt = torch.randint(0, VOCAB, (1, 9))
+    #          root  a   b   a1  a2  b1
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2]])
+    tree = torch.randint(0, VOCAB, (1, 6))
+    tree_cache = native.new_cache(1, 64)
+    native.forward(prompt, torch.zeros(1, dtype=torch.long), tree_cache.rows(0, 1), logits="none")
+    scored = native.forward(tree, torch.tensor([9]), tree_cache.rows(0, 1), logits="all", tree_parents=parents)
+    for path in ([0, 1, 3], [0, 1, 4], [0, 2, 5]):
+        chain_cache = native.new_cache(1, 64)
+        native.forward(prompt, torch.zeros(1, dtype=torch.long), chain_cache.rows(0, 1), logits="none")
+        chain = native.forward(tree[:, path], torch.tensor([9]), chain_cache.rows(0, 1), logits="all")
+        for depth, node in enumerate(path):
+            assert torch.equal(chain.logits[0, depth], scored.logits[0, node]), (path, node)
+
+
+def test_bad_inputs_are_refused_with_a_message(pair):
+    _, native = pair
+    cache = native.new_cache(1, 16)
+    start = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 96\)"):
+        native.forward(torch.tensor([[3, VOCAB]]), start, cache.rows(0, 1))
+    with pytest.raises(ValueError, match="exceeds the context window of 16"):
+        native.forward(torch.zeros(1, 17, dtype=torch.long), start, cache.rows(0, 1))
+    with pytest.raises(ValueError, match="float32 KVCache"):
+        native.forward(torch.zeros(1, 2, dtype=torch.long), start, KVCache(native.spec, 1, 16, torch.bfloat16).rows(0, 1))
+    with pytest.raises(ValueError, match="feature layers"):
+        native.forward(torch.zeros(1, 2, dtype=torch.long), start, cache.rows(0, 1), feature_layers=(3,))
+    with pytest.raises(ValueError, match="tree_parents"):
+        native.forward(torch.zeros(1, 3, dtype=torch.long), start, cache.rows(0, 1),
+                       tree_parents=torch.tensor([[-1, 0, 2]]))
+
+
+def test_without_a_compiler_it_says_what_is_missing(monkeypatch, tmp_path):
+    from deepspec.models.native import build
+
+    monkeypatch.setattr(build, "_LIBRARY", None)
+    monkeypatch.setenv("DEEPSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(NativeUnavailable, match="no-such-cc"):
+        build.load_library()
+
+
+def test_quantized_weights_round_trip_within_half_a_step():
+    weight = np.random.default_rng(0).standard_normal((8, 40)).astype(np.float32)
+    q, scale = quantize_int8(weight)
+    assert np.abs(q).max() <= 63
+    assert np.all(np.abs(q * scale[:, None] - weight) <= scale[:, None] / 2 + 1e-7)
