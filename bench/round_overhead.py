@@ -37,6 +37,9 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and activations")
+    p.add_argument("--engine", default="pytorch", choices=["pytorch", "native"],
+                   help="pytorch: the lean PyTorch decoder (or an ONNX export's graph, --target <dir>); native: the "
+                        "native CPU decoder on int8 weights (default: %(default)s)")
     p.add_argument("--drafters", default="none,auto,prompt-lookup", help="comma list of drafter specs")
     p.add_argument("--batch-sizes", default="1,8", help="comma list (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=2, help="prompts per dataset (default: %(default)s)")
@@ -77,7 +80,12 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.target, dtype=args.dtype)
+    if args.engine == "native":
+        from deepspec.models.native import load_native_target
+
+        target = load_native_target(args.target)
+    else:
+        target = load_target(args.target, dtype=args.dtype)
     prompts = [p for ps in load_prompts(target, args.num_prompts).values() for p in ps]
     rows = {}
     for spec in args.drafters.split(","):
@@ -86,7 +94,8 @@ def main(argv=None) -> int:
             rows[name] = profile_row(target, build_drafter(spec, target), prompts, batch, args.max_tokens)
             print(f"{name}: {rows[name]['tok_s']:.1f} tok/s", file=sys.stderr)
     columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
-    print(f"target {args.target} ({args.dtype}), {len(prompts)} prompts x {args.max_tokens} tokens, greedy, "
+    weights = "native int8" if args.engine == "native" else args.dtype
+    print(f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, greedy, "
           f"torch threads {torch.get_num_threads()}; CPU flags: {cpu_flags()}")
     print("ms per step by phase")
     print(f"{'row':26s} {'tok/s':>6s} {'step':>7s} " + " ".join(f"{c[:8]:>8s}" for c in columns)

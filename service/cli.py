@@ -40,8 +40,9 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                    help="engine directory from `python -m export` (format pytorch): target, draft and dtype come from "
                         "its manifest.json; --target/--draft/--dtype given as well win")
     g.add_argument("--engine", choices=ENGINES, default=None,
-                   help="auto (default): the engine measured fastest on this machine, the PyTorch engine or ONNX "
-                        "Runtime on an export made on the first start and cached (a minute once); pytorch / onnx: "
+                   help="auto (default): the engine measured fastest on this machine, the PyTorch engine, ONNX "
+                        "Runtime on an export made on the first start, or the native CPU decoder (int8, compiled for "
+                        "this CPU on the first start), measured once and cached (a minute); pytorch / onnx / native: "
                         "that one. " + _engine_choice_line())
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(default cpu)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights dtype (default bfloat16: ~2x faster decoding than float32 on CPU)")

@@ -49,9 +49,14 @@ def load_served_model(settings):
     choice = choose_engine(settings)
     logger.info("engine: %s (%s)", choice.engine, choice.reason)
     settings = settings.model_copy(update=choice.worker_fields())
-    # an ONNX export directory loads as its ONNX Runtime graph, and its own neural draft through the draft's graphs
-    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
-                         quantization=settings.quantization, chat_template=settings.chat_template)
+    if choice.engine == "native":  # int8 weights whatever --dtype and --quantization say (deepspec/models/native)
+        from deepspec.models.native import load_native_target
+
+        target = load_native_target(settings.target, max_seq_len=settings.max_seq_len,
+                                    chat_template=settings.chat_template)
+    else:  # an ONNX export directory loads as its ONNX Runtime graph, and its own neural draft through its graphs
+        target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
+                             quantization=settings.quantization, chat_template=settings.chat_template)
     return choice, settings, target, build_drafter(settings.draft, target)
 
 

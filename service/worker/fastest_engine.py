@@ -1,22 +1,25 @@
 """`--engine auto` (the worker's default): serve the engine that runs fastest on this machine.
 
-Two engines serve the same target on CPU: the PyTorch engine (bf16, the GGUF's own 4-bit weights) and ONNX Runtime
+Three engines serve the same target on CPU: the PyTorch engine (bf16, the GGUF's own 4-bit weights), ONNX Runtime
 on an exported graph (`python -m export --format onnx --quantization auto`: int8 or int4 weights, whichever this
-CPU runs faster). Which one wins depends on the CPU (int8 dot products, AVX-512), so it is measured, not assumed:
+CPU runs faster), and the native CPU decoder (deepspec/models/native: int8 weights, compiled for this CPU on first
+use, one call a step). Which one wins depends on the CPU (int8 dot products, AVX-512), so it is measured, not
+assumed:
 
 1. On the first start for a (target, draft, settings, machine) the worker exports the ONNX engine into the cache
-   (`~/.cache/deepspec/engines/<key>/onnx`, a progress bar on a terminal; ~10-60 s for the default target) and
-   times both engines' verify-step curves (deepspec/models/step_curve.py).
-2. It serves the one with the higher modelled throughput at the draft's measured acceptance length, a neural
-   draft's own round cost on each engine included (its PyTorch forward, its ONNX graphs: timed at batch 1 by the
-   engine's own probe, deepspec/decoding/draft_time.py), and records the choice, the reason, both curves and both
-   draft costs in `choice.json` beside the export. Later starts read it and start in
-   seconds; `python -m service worker --help` prints it. An entry made by an older release for the same settings
-   is deleted when its successor is created (`key.json` says what each entry was made for).
+   (`~/.cache/deepspec/engines/<key>/onnx`, a progress bar on a terminal; ~10-60 s for the default target), builds
+   the native decoder, and times every engine's verify-step curve (deepspec/models/step_curve.py).
+2. It serves the one with the highest modelled throughput at the draft's measured acceptance length, a neural
+   draft's own round cost on each engine included (its PyTorch forward beside the PyTorch and native targets, its
+   ONNX graphs beside the export: timed at batch 1 by the engine's own probe, deepspec/decoding/draft_time.py), and
+   records the choice, the reason, every curve and every draft cost in `choice.json` beside the export. Later starts
+   read it and start in seconds; `python -m service worker --help` prints it. An entry made by an older release for
+   the same settings is deleted when its successor is created (`key.json` says what each entry was made for).
 
-`--engine pytorch` or `--engine onnx` skips the measurement. Auto keeps the PyTorch engine without measuring where
-the ONNX one cannot run: a CUDA device, onnxruntime missing, a target the ONNX graph does not describe, or an
-export that fails (logged as a warning; `--engine onnx` raises instead). An `--engine-dir` is served as exported.
+`--engine pytorch`, `--engine onnx` or `--engine native` skips the measurement. Auto leaves out, without measuring,
+an engine that cannot run: ONNX on a CUDA device, without onnxruntime, for a target its graph does not describe, or
+when the export fails; native on a CUDA device or without a C compiler (each logged; naming the engine raises
+instead). An `--engine-dir` is served as exported.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Literal, get_args
 logger = logging.getLogger(__name__)
 
 #: the worker's --engine choices
-Engine = Literal["auto", "pytorch", "onnx"]
+Engine = Literal["auto", "pytorch", "onnx", "native"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 CHOICE_FILE = "choice.json"
 #: bumped when the choice's rule or the cache layout changes: older records are then measured again (4: a neural
@@ -43,13 +46,13 @@ CHOICE_FILE = "choice.json"
 #: format that decodes calibration prompts fastest, measured (export/onnx/decode_rate.py): the export is redone;
 #: 6: the int8 graph quantizes activations per row (export/onnx/graph.py int8_linear), an older int8 export rounds a
 #: verify pass differently from its one-token steps; and ONNX Runtime's threads spin within a run, which makes its
-#: steps 20-40% cheaper: the curves are timed again)
-CHOICE_VERSION = 6
+#: steps 20-40% cheaper: the curves are timed again; 7: the native CPU decoder is a candidate)
+CHOICE_VERSION = 7
 
 
 @dataclass(frozen=True)
 class EngineChoice:
-    #: "pytorch", "onnx", or "engine-dir" (an --engine-dir, served as its manifest says)
+    #: "pytorch", "onnx", "native", or "engine-dir" (an --engine-dir, served as its manifest says)
     engine: str
     #: why, in one line (logged, printed by --help)
     reason: str
@@ -75,11 +78,16 @@ def choose_engine(settings) -> EngineChoice:
         return EngineChoice("pytorch", "the stub target")
     if settings.engine == "pytorch":
         return EngineChoice("pytorch", "--engine pytorch")
+    native = native_blocker(settings)
+    if settings.engine == "native":
+        if native:
+            raise ValueError(f"--engine native: {native}")
+        return EngineChoice("native", "--engine native")
     blocker = onnx_blocker(settings)
     if blocker and settings.engine == "onnx":
         raise ValueError(f"--engine onnx: {blocker}")
-    if blocker:
-        return EngineChoice("pytorch", f"the ONNX engine does not apply: {blocker}")
+    if blocker and native:
+        return EngineChoice("pytorch", f"the ONNX engine does not apply: {blocker}; the native one: {native}")
     try:
         root = engine_cache_dir(settings)
         root.mkdir(parents=True, exist_ok=True)
@@ -89,15 +97,23 @@ def choose_engine(settings) -> EngineChoice:
                 (root / "key.json").write_text(json.dumps(key, indent=2) + "\n")
                 for old in prune_superseded(root, key):
                     logger.info("removed the superseded engine cache %s", old)
-            onnx_dir = ensure_onnx_export(settings, root / "onnx")
+            onnx_dir = None
+            if not blocker:
+                try:
+                    onnx_dir = ensure_onnx_export(settings, root / "onnx")
+                except (RuntimeError, OSError) as e:
+                    if settings.engine == "onnx" or native:
+                        raise
+                    logger.warning("the ONNX engine could not be prepared (%s): weighing the others", e)
             if settings.engine == "onnx":
                 return EngineChoice("onnx", "--engine onnx", onnx_dir)
-            return cached_choice(root, onnx_dir) or measure_choice(settings, root, onnx_dir)
-    except (RuntimeError, OSError) as e:
+            return (cached_choice(root, onnx_dir, native is None)
+                    or measure_choice(settings, root, onnx_dir, native is None))
+    except (RuntimeError, OSError, ValueError) as e:  # an export or a measurement that failed (a broken draft, ...)
         if settings.engine == "onnx":
             raise
-        logger.warning("serving the PyTorch engine: the ONNX engine could not be prepared (%s)", e)
-        return EngineChoice("pytorch", f"the ONNX engine could not be prepared ({e})")
+        logger.warning("serving the PyTorch engine: the other engines could not be prepared (%s)", e)
+        return EngineChoice("pytorch", f"the other engines could not be prepared ({e})")
 
 
 @contextlib.contextmanager
@@ -131,6 +147,20 @@ def onnx_blocker(settings) -> str | None:
         return str(e)
     except ExportError as e:
         return str(e)
+    return None
+
+
+def native_blocker(settings) -> str | None:
+    """Why these settings cannot run on the native CPU decoder, or None (building it here if it is not built)."""
+    if settings.device != "cpu":
+        return f"it runs on CPU only (--device {settings.device})"
+    from deepspec.models.native import NativeUnavailable
+    from deepspec.models.native.build import load_library
+
+    try:
+        load_library()
+    except NativeUnavailable as e:
+        return str(e).splitlines()[0]
     return None
 
 
@@ -212,67 +242,91 @@ def ensure_onnx_export(settings, out: Path) -> Path:
     return out
 
 
-def cached_choice(root: Path, onnx_dir: Path) -> EngineChoice | None:
-    """The choice recorded by an earlier start, or None when there is none (or it is unreadable)."""
+def cached_choice(root: Path, onnx_dir: Path | None, native: bool = True) -> EngineChoice | None:
+    """The choice recorded by an earlier start, or None when there is none, it is unreadable, or the engine it chose
+    cannot run now."""
     try:
         record = json.loads((root / CHOICE_FILE).read_text())
         engine, reason = record["engine"], record["reason"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if engine not in ("pytorch", "onnx") or record.get("version") != CHOICE_VERSION:
+    runnable = {"pytorch", *(["onnx"] if onnx_dir is not None else []), *(["native"] if native else [])}
+    if engine not in runnable or record.get("version") != CHOICE_VERSION:
         return None
     return EngineChoice(engine, f"{reason} (measured {record.get('measured', '?')}, cached in {root})",
                         onnx_dir if engine == "onnx" else None, record)
 
 
-def measure_choice(settings, root: Path, onnx_dir: Path) -> EngineChoice:
-    """Time the PyTorch engine's verify-step curve, compare it with the ONNX export's (recorded when it was
-    exported), each with its draft's round cost on that engine where the draft runs a model, keep the faster and
-    write choice.json."""
+def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = False) -> EngineChoice:
+    """Time each candidate's verify-step curve (the ONNX export's was recorded when it was exported), price each
+    with its draft's round cost on that engine where the draft runs a model, keep the fastest and write
+    choice.json. Candidates: the PyTorch engine always, the ONNX export when there is one, the native decoder when
+    `native`."""
     import time
 
-    from deepspec.models import load_target
-    from export.onnx.exporter import exported_draft_dir
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
+    from deepspec.models import load_target
     from deepspec.models.step_curve import (cpu_flags, curve_record, drafter_acceptance_length,
                                             measure_recorded_curve, recorded_curve)
+    from export.onnx.exporter import exported_draft_dir
 
-    onnx_meta = json.loads((onnx_dir / "onnx.json").read_text())
-    onnx_curve = recorded_curve(onnx_meta.get("step_curve"))
-    draft_dir = exported_draft_dir(onnx_dir, onnx_meta)
+    onnx_meta = json.loads((onnx_dir / "onnx.json").read_text()) if onnx_dir is not None else {}
+    draft_dir = exported_draft_dir(onnx_dir, onnx_meta) if onnx_dir is not None else _draft_dir(settings.draft)
     depth = settings.num_speculative_tokens
+    curves, draft_times, labels = {}, {}, {}
     target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
                          quantization=settings.quantization, chat_template=settings.chat_template)
-    pytorch_curve = measure_recorded_curve(target)
-    draft_times = {"pytorch": _draft_time(target, draft_dir, depth)}
-    weights = "GGUF 4-bit" if target.quantization == "gguf" else settings.dtype
+    curves["pytorch"] = measure_recorded_curve(target)
+    draft_times["pytorch"] = _draft_time(target, draft_dir, depth)
+    labels["pytorch"] = f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}"
     del target
-    # the same draft class on both engines: only one that runs a model on PyTorch needs the ONNX target loaded
-    if draft_times["pytorch"] is not None:
-        draft_times["onnx"] = (_exported_draft_time(onnx_meta, depth)
-                               or _draft_time(load_target(str(onnx_dir)), draft_dir, depth))
-    else:
-        draft_times["onnx"] = None
-    tau = drafter_acceptance_length(draft_dir, onnx_meta.get("draft", {}).get("path"))
-    scores = {"pytorch": modelled_tokens_per_second(pytorch_curve, tau, depth, draft_times["pytorch"])}
-    scores["onnx"] = modelled_tokens_per_second(onnx_curve, tau, depth, draft_times["onnx"]) if onnx_curve else 0.0
-    engine = "onnx" if scores["onnx"] > scores["pytorch"] else "pytorch"
-    other = "pytorch" if engine == "onnx" else "onnx"
-    label = {"pytorch": f"PyTorch {weights}", "onnx": f"ONNX {onnx_meta.get('quantization', '?')}"}
-    drafting = "" if draft_times[engine] is None else (f", {depth} drafts costing "
-                                                        f"{draft_times[engine].by_width()[depth] * 1e3:.1f} ms a round "
-                                                        f"against {draft_times[other].by_width()[depth] * 1e3:.1f}")
-    reason = (f"{label[engine]} models {scores[engine]:.0f} tok/s against {label[other]}'s {scores[other]:.0f} at "
-              f"tau {tau:.2f}, depth {depth}{drafting}, on {os.cpu_count()} cores with {cpu_flags()}")
+    runs_a_model = draft_times["pytorch"] is not None  # the same draft class on every engine
+    if onnx_dir is not None and (onnx_curve := recorded_curve(onnx_meta.get("step_curve"))):
+        curves["onnx"] = onnx_curve
+        # only a draft that runs a model on PyTorch needs the ONNX target loaded
+        draft_times["onnx"] = ((_exported_draft_time(onnx_meta, depth)
+                                or _draft_time(load_target(str(onnx_dir)), draft_dir, depth)) if runs_a_model else None)
+        labels["onnx"] = f"ONNX {onnx_meta.get('quantization', '?')}"
+    if native:
+        from deepspec.models.native import load_native_target
+
+        target = load_native_target(settings.target, chat_template=settings.chat_template)
+        curves["native"] = measure_recorded_curve(target)
+        draft_times["native"] = _draft_time(target, draft_dir, depth) if runs_a_model else None
+        labels["native"] = f"native int8 ({target.isa})"
+        del target
+    tau = drafter_acceptance_length(draft_dir, onnx_meta.get("draft", {}).get("path") or _drafter_name(settings))
+    scores = {k: modelled_tokens_per_second(c, tau, depth, draft_times[k]) for k, c in curves.items()}
+    engine = max(scores, key=scores.get)
+    others = [k for k in scores if k != engine]
+    against = " and ".join(f"{labels[k]}'s {scores[k]:.0f}" for k in others)
+    drafting = "" if draft_times[engine] is None else (
+        f", {depth} drafts costing {draft_times[engine].by_width()[depth] * 1e3:.1f} ms a round against "
+        + " and ".join(f"{draft_times[k].by_width()[depth] * 1e3:.1f}" for k in others))
+    reason = (f"{labels[engine]} models {scores[engine]:.0f} tok/s against {against} at tau {tau:.2f}, depth "
+              f"{depth}{drafting}, on {os.cpu_count()} cores with {cpu_flags()}")
     record = {"version": CHOICE_VERSION, "engine": engine, "reason": reason,
               "measured": time.strftime("%Y-%m-%d %H:%M"), "acceptance_length": round(tau, 3), "depth": depth,
               "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},
-              "step_curves": {"pytorch": curve_record(pytorch_curve), "onnx": onnx_meta.get("step_curve")},
+              "step_curves": {k: onnx_meta.get("step_curve") if k == "onnx" else curve_record(c)
+                              for k, c in curves.items()},
               # each engine's batch-1 drafted round by width; null: priced as free (no draft, or a lookup draft)
               "draft_rounds": {k: None if d is None else curve_record(d.by_width()) for k, d in draft_times.items()},
               "onnx_quantization": onnx_meta.get("quantization")}
     (root / CHOICE_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return EngineChoice(engine, reason, onnx_dir if engine == "onnx" else None, record)
+
+
+def _draft_dir(draft: str) -> Path | None:
+    """The draft directory a worker's --draft names (a path, or `auto`'s shipped draft for the default target),
+    when there is no ONNX export whose copy of it to read."""
+    if draft not in ("none", "auto", "prompt-lookup", "random") and Path(draft).is_dir():
+        return Path(draft)
+    return None
+
+
+def _drafter_name(settings) -> str:
+    return "" if settings.draft == "none" else settings.draft
 
 
 def _draft_time(target, draft_dir: Path | None, depth: int):

@@ -28,8 +28,9 @@ class WorkerSettings(ServiceSettings):
     draft: str = "auto"
     #: `python -m export` output; its manifest.json sets target, draft and dtype where they are not given explicitly
     engine_dir: Path | None = None
-    #: "auto" = the engine measured fastest on this machine (the PyTorch engine or the ONNX export, cached after the
-    #: first start: service/worker/fastest_engine.py); "pytorch" / "onnx" = that one
+    #: "auto" = the engine measured fastest on this machine (the PyTorch engine, the ONNX export or the native CPU
+    #: decoder, cached after the first start: service/worker/fastest_engine.py); "pytorch" / "onnx" / "native" = that
+    #: one
     engine: Engine = "auto"
     #: KServe v2 gRPC port (0 = pick a free one)
     port: int = Field(8001, ge=0, le=65535)

@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
+from deepspec.decoding import SpecEngine  # noqa: E402
 from deepspec.decoding.verify_budget import modelled_tokens_per_second  # noqa: E402
 from export.onnx.auto_quantization import AUTO_CANDIDATES  # noqa: E402
 from service.worker import fastest_engine  # noqa: E402
@@ -18,6 +19,8 @@ from service.worker.settings import WorkerSettings  # noqa: E402
 from tests.export.conftest import write_hf_target  # noqa: E402
 
 HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
+#: the engines auto weighs here: the PyTorch engine, the ONNX export and the native decoder (gcc is on CI's machine)
+ENGINE_KINDS = ("pytorch", "onnx", "native")
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +56,11 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
     assert describe_cached_choice(settings) is None
     first = choose_engine(settings)
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
-    assert first.engine == record["engine"] in ("pytorch", "onnx")
+    assert first.engine == record["engine"] in ENGINE_KINDS
     scores = record["tokens_per_second"]
     assert first.engine == max(scores, key=scores.get)
-    assert set(record["step_curves"]) == {"pytorch", "onnx"} and record["acceptance_length"] == 2.0
-    assert record["draft_rounds"] == {"pytorch": None, "onnx": None}  # prompt lookup: drafting priced as free
+    assert set(record["step_curves"]) == set(ENGINE_KINDS) and record["acceptance_length"] == 2.0
+    assert record["draft_rounds"] == dict.fromkeys(ENGINE_KINDS)  # prompt lookup: drafting priced as free
     assert (first.engine_dir is not None) == (first.engine == "onnx")
 
     def no_work(*args, **kwargs):
@@ -72,9 +75,11 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
         choose_engine(_settings(target_dir, num_speculative_tokens=3))
 
 
-#: made-up verify-step curves (seconds by T): the PyTorch engine's 1-token step cheaper, ONNX's verify pass flatter
+#: made-up verify-step curves (seconds by T): the PyTorch engine's 1-token step cheaper, ONNX's verify pass flatter,
+#: the native decoder's dearer than both throughout (so it never wins here)
 FAKE_CURVES = {"pytorch": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
-               "onnx": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022}}
+               "onnx": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022},
+               "native": {1: 0.007, 2: 0.0075, 4: 0.0085, 8: 0.016, 16: 0.031, 32: 0.061}}
 
 
 @pytest.mark.parametrize("round_ms, winner", [(0.0, "onnx"), (4.0, "pytorch")])
@@ -86,11 +91,12 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     import deepspec.models.step_curve as step_curve
     from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel
     from deepspec.decoding.verify_budget import DraftTimeModel
+    from deepspec.models.native import NativeTarget
     from deepspec.models.onnx_target import OnnxTarget
     from tests.export.conftest import write_draft
 
     def engine_of(target) -> str:
-        return "onnx" if isinstance(target, OnnxTarget) else "pytorch"
+        return "onnx" if isinstance(target, OnnxTarget) else "native" if isinstance(target, NativeTarget) else "pytorch"
 
     timed = []
 
@@ -107,13 +113,13 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
     assert record["version"] == fastest_engine.CHOICE_VERSION and choice.engine == record["engine"] == winner
     assert {k: r["ms"] for k, r in record["draft_rounds"].items()} == {k: {"1": round_ms, "7": round_ms}
-                                                                        for k in ("pytorch", "onnx")}
+                                                                        for k in ENGINE_KINDS}
     cost = DraftTimeModel({(1, 1): round_ms / 1e3, (1, 7): round_ms / 1e3})
     assert record["tokens_per_second"] == {k: round(modelled_tokens_per_second(c, 2.0, 7, cost), 1)
                                            for k, c in FAKE_CURVES.items()}
     assert "ms a round" in record["reason"]
     # the ONNX draft was timed by the export's own choice, once per candidate format, and the worker reused it
-    assert sorted(timed) == sorted(["onnx"] * len(AUTO_CANDIDATES) + ["pytorch"])
+    assert sorted(timed) == sorted(["onnx"] * len(AUTO_CANDIDATES) + ["pytorch", "native"])
 
 
 def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cache):
@@ -129,11 +135,40 @@ def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cac
     assert not list(cache.glob(f"engines/*/{CHOICE_FILE}"))  # nothing was measured for an explicit choice
 
 
+def test_engine_native_serves_the_native_decoder_through_the_worker(target_dir, cache):
+    from deepspec.decoding import SamplingParams
+    from deepspec.models.native import NativeTarget
+    from service.worker.engine import load_engine
+
+    loaded = load_engine(_settings(target_dir, engine="native", max_seq_len=64, max_batch_size=2))
+    assert isinstance(loaded.target, NativeTarget) and loaded.engine_choice == "native: --engine native"
+    prompts = [[1, 40, 41, 42, 40, 41], [1, 50, 51]]
+    drafted = loaded.engine.generate(prompts, SamplingParams(max_tokens=12))
+    alone = SpecEngine(loaded.target, None, max_batch_size=1, max_seq_len=64)
+    assert [r.token_ids for r in drafted] == [alone.generate([p], SamplingParams(max_tokens=12))[0].token_ids
+                                              for p in prompts]  # speculation is exact on it, at batch 2 too
+    assert not list(cache.glob(f"engines/*/{CHOICE_FILE}"))
+
+
+def test_without_a_compiler_auto_leaves_native_out_and_native_refuses(target_dir, cache, monkeypatch, tmp_path):
+    from deepspec.models.native import build
+
+    monkeypatch.setattr(build, "_LIBRARY", None)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(ValueError, match="--engine native: CC=.*no-such-cc is not an executable C compiler"):
+        choose_engine(_settings(target_dir, engine="native"))
+    choose_engine(_settings(target_dir))
+    record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
+    assert set(record["step_curves"]) == {"pytorch", "onnx"}
+
+
 def test_where_onnx_cannot_run_auto_keeps_pytorch_and_onnx_refuses(target_dir, cache, monkeypatch):
     choice = choose_engine(_settings(target_dir, device="cuda"))
     assert choice.engine == "pytorch" and "CPU only" in choice.reason
     with pytest.raises(ValueError, match="--engine onnx: it runs on CPU only"):
         choose_engine(_settings(target_dir, engine="onnx", device="cuda"))
+    with pytest.raises(ValueError, match="--engine native: it runs on CPU only"):
+        choose_engine(_settings(target_dir, engine="native", device="cuda"))
     assert choose_engine(_settings(target_dir, engine="pytorch")).reason == "--engine pytorch"
     assert not cache.exists() or not list(cache.glob("engines/*"))
 

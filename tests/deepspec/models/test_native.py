@@ -164,3 +164,42 @@ def test_quantized_weights_round_trip_within_half_a_step():
     q, scale = quantize_int8(weight)
     assert np.abs(q).max() <= 63
     assert np.all(np.abs(q * scale[:, None] - weight) <= scale[:, None] / 2 + 1e-7)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chains", "trees"])
+def test_speculative_greedy_output_is_target_only_output_at_any_batch(tree):
+    """Random drafts on a sharp 16-token model are often accepted; every output must still be the native target's own
+    target-only output, bit for bit, at batch 1, 3 and 8 (requests joining and leaving mid-run)."""
+    from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.decoding.drafters.random import RandomDrafter
+    from tests.conftest import make_tiny_target
+    from tests.deepspec.decoding.test_engine import PROMPTS
+
+    native = native_target_from(make_tiny_target(eos=False, temperature=4.0)[0], num_threads=2)
+    reference = [r.token_ids for r in SpecEngine(native, None, max_batch_size=1, max_seq_len=128).generate(
+        PROMPTS, SamplingParams(max_tokens=24))]
+    for batch in (1, 3, 8):
+        engine = SpecEngine(native, RandomDrafter(16, seed=1, tree=tree), max_batch_size=batch, max_seq_len=128,
+                            num_speculative_tokens=6, verify_budget=False)
+        results = engine.generate(PROMPTS, SamplingParams(max_tokens=24))
+        assert [r.token_ids for r in results] == reference, batch
+        assert sum(r.num_accepted_tokens for r in results) > 0
+
+
+@pytest.mark.slow
+def test_the_default_target_speculates_exactly_with_the_shipped_corpus_draft():
+    """SmolLM2 on the native decoder with the default draft: outputs equal its target-only outputs on real prompts,
+    alone and three at a time, with drafts accepted."""
+    from bench.decode import load_prompts
+    from deepspec.decoding import SamplingParams, SpecEngine, build_drafter
+    from deepspec.models.native import load_native_target
+
+    native = load_native_target("smollm2-135m")
+    prompts = [p for ps in load_prompts(native, 1).values() for p in ps]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    reference = [r.token_ids for r in SpecEngine(native, None, max_batch_size=1).generate(prompts, params)]
+    for batch in (1, 3):
+        engine = SpecEngine(native, build_drafter("auto", native), max_batch_size=batch, verify_budget=False)
+        results = engine.generate(prompts, params)
+        assert [r.token_ids for r in results] == reference, batch
+        assert sum(r.num_accepted_tokens for r in results) > 10
