@@ -12,6 +12,8 @@ Three parts, one run:
                             runs through its own ONNX graphs)
        onnx-int8, onnx-int8+<draft>   int8 weights per channel (MatMulIntegerToFloat): cheaper multi-token verify
                             steps than MatMulNBits' on AVX2 CPUs (--skip onnx-int8 leaves both out)
+       native, native+<draft>   the native CPU decoder (deepspec/models/native: the same int8 weights, compiled
+                            for this CPU; bit-exact speculation by construction; --skip native leaves both out)
        served:<engine>      what `make serve` serves on this machine: the worker's --engine auto choice (measured on
                             its first start and cached: service/worker/fastest_engine.py) with the default draft
        llama.cpp            llama-cpp-python on the same GGUF (`make bench-deps`), the CPU peer every ratio divides by
@@ -27,7 +29,7 @@ Three parts, one run:
                             (--skip exact leaves them out)
 
 3. Verify-step curve: one forward of T = 1, 2, 4, 8, 16, 32 tokens after a 256-token context at batch 1, int4
-   and int8 graphs, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
+   and int8 graphs and the native decoder, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
    are read once per step either way): the aim is T=8 ≤ 1.3x and T=32 ≤ 1.6x. llama.cpp's own curve on the same
    GGUF (one `llama_decode` of T tokens, logits at every position, in its own process) and our PyTorch engine's
    (dense bf16, and the GGUF's 4-bit weights) sit beside them: whether any kernel on this CPU keeps a multi-token
@@ -296,6 +298,19 @@ def identical_to_own_target_only(rows: dict[str, dict[str, list]]) -> dict[str, 
     return out
 
 
+def native_target(console, threads: int, spec: str = "smollm2-135m"):
+    """The native CPU decoder on `spec`, or None (logged) where it cannot be built here."""
+    from deepspec.models.native import NativeUnavailable, load_native_target
+
+    try:
+        target = load_native_target(spec, max_seq_len=2048, num_threads=threads)
+    except NativeUnavailable as e:
+        console.log(f"[yellow]no native rows: {e}")
+        return None
+    console.log(f"native CPU decoder: {target.isa} kernels, {threads} threads")
+    return target
+
+
 def served_default(args) -> tuple[tuple, str]:
     """((target, drafter, label), reason): what the worker serves by default on this machine (--engine auto,
     service/worker/fastest_engine.py: measured on its first start, then cached), loaded as the worker loads it."""
@@ -371,6 +386,12 @@ def main(argv=None) -> int:
             drafter = build_drafter(str(draft_dir), target)
             add(f"{name}+{drafter.name}",
                 lambda target=target, drafter=drafter: ours(target, drafter))
+    native = native_target(console, threads, args.target) if "native" not in skip else None
+    if native is not None:  # the native CPU decoder (int8, compiled here), target only and with the draft
+        add("native", lambda: ours(native, None))
+        if args.draft != "none":
+            native_drafter = build_drafter(args.draft, native)
+            add(f"native+{native_drafter.name}", lambda: ours(native, native_drafter))
     served, reason = served_default(args)
     console.log(f"the worker's default engine here (--engine auto): {reason}")
     add(f"served:{served[2]}", lambda: ours(served[0], served[1]))
@@ -422,7 +443,8 @@ def main(argv=None) -> int:
     Console(width=140).print(table)
 
     console.log("verify-step curves (batch 1)")
-    curves = {q: step_curve(t, args.step_repeats) for q, t in (("int4", int4), ("int8", int8)) if t is not None}
+    curves = {q: step_curve(t, args.step_repeats) for q, t in (("int4", int4), ("int8", int8), ("native", native))
+              if t is not None}
     curve = curves["int4"]
     if "llama.cpp" not in skip and (peer_curve := llama_cpp_step_curve(str(gguf_file(args.target)), threads,
                                                                         args.step_repeats)) is not None:
@@ -436,6 +458,7 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "threads": threads,
                                     "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve,
                                     "verify_step_int8": curves.get("int8"),
+                                    "verify_step_native": curves.get("native"),
                                     "verify_step_llama_cpp": curves.get("llama.cpp"),
                                     "verify_step_engine": {n: curves[n] for n in engines}},
                                    indent=2) + "\n")
