@@ -61,8 +61,8 @@ from deepspec.decoding.tree import (first_children, keep_nodes, monotone_surviva
                                     tree_survival_from_record, with_root)
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
 from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify, verify_tree
-from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, StepTimeModel, best_depth, best_nodes,
-                                            observed_survival)
+from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, EstimateCalibration, StepTimeModel,
+                                            best_depth, best_nodes, observed_survival)
 from deepspec.models.target import Target
 from deepspec.models.tree_attention import check_parents
 
@@ -106,6 +106,8 @@ class _Sequence:
     grammar: RowGrammar | None = None
     #: committed (tokens, the target features before them) the KV drafter has not heard yet (SpecEngine._tell_drafter)
     unheard: list = field(default_factory=list)
+    #: how the drafter's own survival estimates hold for this greedy sequence (verify_budget.EstimateCalibration)
+    calibration: EstimateCalibration = field(default_factory=EstimateCalibration)
 
 
 class SpecEngine:
@@ -170,8 +172,6 @@ class SpecEngine:
         self.draft_time: DraftTimeModel | None = None
         if price_drafting and self.step_time is not None and runs_a_model(drafter):
             self.draft_time = self._probe_draft_time()
-        #: (rows, width, step-time model) -> whether drafting can pay on this batch at all (`_draft_width`)
-        self._pays: dict[tuple[int, int, int], bool] = {}
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[_Sequence] = []  # index == slot
@@ -246,6 +246,7 @@ class SpecEngine:
             logprobs=[] if params.logprobs is not None else None,
             grammar=self._grammar_compiler().matcher(params.structured) if params.structured is not None else None,
         )
+        seq.calibration = self.acceptance_history.calibration(seq.sequence_id)
         if parent is not None:
             seq.slot = -1  # placed when the parent's prefill completes
             self._forks.setdefault(parent.request_id, []).append(seq)
@@ -571,14 +572,18 @@ class SpecEngine:
         if self.step_time is None:
             return width
         costly = self.drafter.costly_rows(self.batch_state.view, list(range(len(caps)))) if self.draft_time else 0
-        if not costly:
-            key = (len(caps), width, id(self.step_time))
-            if key not in self._pays:
-                self._pays[key] = best_depth(torch.ones(len(caps), width), self.step_time) > 0
-            return width if self._pays[key] else 0
         survival = self._observed_survival(width) * (torch.arange(width)[None, :] < torch.tensor(caps)[:, None])
-        depth = best_depth(survival, self.step_time, self.draft_time.round_seconds(costly, torch.arange(width + 1)))
+        if not costly:
+            if getattr(self.drafter, "tree", None):
+                survival = torch.ones_like(survival)
+            return width if best_depth(survival, self._round_model()) > 0 else 0
+        depth = best_depth(survival, self._round_model(),
+                           self.draft_time.round_seconds(costly, torch.arange(width + 1)))
         return width if depth and getattr(self.drafter, "tree", None) else depth
+
+    def _round_model(self):
+        """The step-time model for this round's batch: its rows' context added (StepTimeModel.at_context)."""
+        return self.step_time.at_context(sum(s.cache_len for s in self._batch))
 
     def _budget_depth(self, proposal: PaddedProposal, num_drafts: torch.Tensor) -> int:
         """The chain depth the verification budget pays for (verify_budget.best_depth), on the proposal's own
@@ -589,18 +594,28 @@ class SpecEngine:
         a sampled row's estimate is capped by its own record: once drafting stops paying for it, it stops
         drafting (at 8 streams and temperature 1 the corpus draft was 0.86x target-only before)."""
         width = proposal.tokens.shape[1]
-        survival = None if proposal.survival is None else proposal.survival.cpu()
+        live = torch.arange(width)[None, :] < num_drafts[:, None]
+        estimates = None if proposal.survival is None else proposal.survival.cpu().double() * live
         sampled = torch.tensor([not s.params.greedy for s in self._batch])[:, None]
-        if survival is None or (proposal.probs is None and bool(sampled.any())):
-            observed = self._observed_survival(width)
-            survival = observed if survival is None else torch.where(
-                sampled, torch.minimum(survival.double(), observed), survival.double())
-        survival = survival * (torch.arange(width)[None, :] < num_drafts[:, None])
+        if estimates is None:
+            survival = self._observed_survival(width)
+        else:  # greedy rows: the estimates as far as they held so far; sampled rows: capped by their records
+            factors = torch.tensor([[s.calibration.factor()] for s in self._batch], dtype=torch.float64)
+            survival = (estimates * factors).clamp(max=1.0)
+            if proposal.probs is None and bool(sampled.any()):
+                survival = torch.where(sampled, torch.minimum(estimates, self._observed_survival(width)), survival)
+        survival = survival * live
         if self._verify_overhead is None:  # a step-time model set by hand, without the engine's probes
-            return best_depth(survival, self.step_time)
-        extra = torch.full((width + 1,), self._verify_overhead[bool(sampled.any())], dtype=torch.float64)
-        extra[0] = 0.0  # a target-only round pays the op's short path, which the step curve's rounds all share
-        return best_depth(survival, self.step_time, extra)
+            depth = best_depth(survival, self._round_model())
+        else:
+            extra = torch.full((width + 1,), self._verify_overhead[bool(sampled.any())], dtype=torch.float64)
+            extra[0] = 0.0  # a target-only round pays the op's short path, which the step curve's rounds all share
+            depth = best_depth(survival, self._round_model(), extra)
+        if estimates is not None and depth:
+            for seq, expected in zip(self._batch, estimates[:, :depth].sum(1).tolist()):
+                if seq.params.greedy:
+                    seq.calibration.expect(expected)
+        return depth
 
     def _tree_round(self, proposal: PaddedProposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
         """One round over a token tree: the budget keeps each row's likeliest nodes, the target scores root +
@@ -690,7 +705,7 @@ class SpecEngine:
         survival = proposal.survival
         if survival is None:
             survival = tree_survival_from_record(self._observed_survival(max(k, 1)), parents, num)
-        keep = best_nodes(monotone_survival(survival, parents, num), self.step_time)
+        keep = best_nodes(monotone_survival(survival, parents, num), self._round_model())
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
 
     def _grammar_cut_tree(self, proposal: PaddedProposal) -> tuple[PaddedProposal, dict]:
@@ -757,6 +772,7 @@ class SpecEngine:
                 seq.cache_len += 1 + n
                 seq.pending = committed[i][-1]
                 seq.stats.record(num_drafts[i], n, depths[i])
+                seq.calibration.settle(n)
                 out_i = self._commit(seq, committed[i], logprobs[i])
                 out_i.num_draft_tokens, out_i.num_accepted_tokens = num_drafts[i], n
                 out_i.num_verify_tokens = 1 + num_drafts[i]
@@ -844,23 +860,35 @@ class SpecEngine:
                                 tuple(sorted({1, self.num_speculative_tokens})), self.max_seq_len)
 
     def _time_verify_passes(self, sizes: tuple[int, ...]) -> StepTimeModel:
-        device = self.target.device
-        view = self.cache.rows(0, 1)
-
-        def run(n: int) -> float:
-            tokens = torch.zeros(1, n, dtype=torch.long, device=device)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            self.target.forward(tokens, torch.zeros(1, dtype=torch.long, device=device), view,
-                                feature_layers=self.feature_layers, logits="all", max_start=0)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return time.perf_counter() - t0
-
         with torch.inference_mode():
-            run(sizes[-1])  # one-time kernel setup stays out of the timings
-            return StepTimeModel([(n, min(run(n), run(n))) for n in sizes], self._rows_serial)
+            self._timed_pass(sizes[-1])  # one-time kernel setup stays out of the timings
+            samples = {n: min(self._timed_pass(n), self._timed_pass(n)) for n in sizes}
+            return StepTimeModel(sorted(samples.items()), self._rows_serial, self._attention_per_key_query(samples))
+
+    def _attention_per_key_query(self, after_nothing: dict[int, float]) -> float:
+        """Seconds of attention per (verified token, context key): a pass of n tokens after CONTEXT_PROBE positions
+        against the same pass after none (StepTimeModel.at_context). 0 on a target whose rows run serially (its
+        recorded curve is timed after a context already) or a cache too short to tell."""
+        n = max(k for k in after_nothing if k <= 8)
+        context = min(CONTEXT_PROBE, self.max_seq_len - n - 1)
+        if context < 64 or self._rows_serial:
+            return 0.0
+        after = min(self._timed_pass(n, context), self._timed_pass(n, context))
+        return max(0.0, (after - after_nothing[n]) / (n * context))
+
+    def _timed_pass(self, n: int, start: int = 0) -> float:
+        """Seconds of one verify-shaped pass of n tokens at position `start` of slot 0 (its writes are overwritten
+        by the first prefill)."""
+        device = self.target.device
+        tokens = torch.zeros(1, n, dtype=torch.long, device=device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        self.target.forward(tokens, torch.full((1,), start, dtype=torch.long, device=device), self.cache.rows(0, 1),
+                            feature_layers=self.feature_layers, logits="all", max_start=start)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
     def _commit(self, seq: _Sequence, tokens: list[int],
@@ -906,7 +934,7 @@ class SpecEngine:
         last waiting one."""
         for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
             self.acceptance_history.add(seq.params.greedy, seq.stats.proposed_per_position,
-                                        seq.stats.accepted_per_position)
+                                        seq.stats.accepted_per_position, seq.calibration)
             if self._kv_drafter is not None and seq.prefilled:
                 self._kv_drafter.release(seq.slot)
             hole = seq.slot
@@ -970,6 +998,8 @@ _ids = itertools.count()
 MAX_UNHEARD_TOKENS = 256
 #: target -> {(verify sizes, captured layers): its verify-pass cost model}; dropped with the target
 _STEP_TIME_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: context positions the attention probe passes after (_attention_per_key_query)
+CONTEXT_PROBE = 256
 #: target -> {draft width: _probe_verify_overhead's seconds by sampling mode}; dropped with the target
 _VERIFY_OVERHEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: target → its GrammarCompiler (the compiled vocabulary and grammars), shared by the engines built on it

@@ -2,7 +2,7 @@
 weights, with verify passes that cost about what one-token steps cost.
 
 `load_native_target(spec)` loads an alias, GGUF or Hugging Face directory onto it; build.py compiles the library on
-first use (`NativeUnavailable` when there is no C compiler with OpenMP).
+first use (`NativeUnavailable` when there is no C compiler).
 """
 
 from deepspec.models.native.build import NativeUnavailable, isa

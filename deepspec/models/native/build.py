@@ -7,7 +7,7 @@ source, the compiler, its flags and this CPU's model and flags: a new CPU, compi
 later load (each worker start, each test process) only opens the file. The build is written to a temporary name and
 renamed, so processes starting together never load a half-written library.
 
-Needs a C compiler with OpenMP (`cc`, or `$CC`; Debian's gcc has both). Without one, `NativeUnavailable` says what
+Needs a C11 compiler with POSIX threads (`cc`, or `$CC`; Debian's gcc). Without one, `NativeUnavailable` says what
 is missing; the engine choice (service/worker/fastest_engine.py) then serves another engine.
 """
 
@@ -26,7 +26,7 @@ from deepspec.paths import cache_dir
 SOURCE = Path(__file__).with_name("decoder.c")
 #: the ABI version decoder.c reports (ds_abi): bumped with any change to a function's signature
 ABI = 1
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c11")
 
 
 class NativeUnavailable(RuntimeError):
@@ -43,7 +43,7 @@ def compiler() -> str:
         return named
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
-        raise NativeUnavailable("the native CPU decoder is compiled on first use and needs a C compiler with OpenMP "
+        raise NativeUnavailable("the native CPU decoder is compiled on first use and needs a C compiler "
                                 "(apt-get install gcc, or set CC); none was found on PATH")
     return cc
 
@@ -85,8 +85,8 @@ def build(path: Path) -> Path:
         except (OSError, subprocess.SubprocessError) as exc:
             raise NativeUnavailable(f"building the native CPU decoder with {cc} failed: {exc}") from exc
         if done.returncode:
-            raise NativeUnavailable(f"building the native CPU decoder with {cc} failed (needs OpenMP: gcc, or clang "
-                                    f"with libomp):\n{done.stderr.strip()[-2000:]}")
+            raise NativeUnavailable(f"building the native CPU decoder with {cc} failed (it needs C11 atomics and "
+                                    f"POSIX threads):\n{done.stderr.strip()[-2000:]}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

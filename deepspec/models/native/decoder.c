@@ -28,7 +28,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -58,6 +59,116 @@ static void *aligned(size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, ALIGN, bytes ? (bytes + ALIGN - 1) / ALIGN * ALIGN : ALIGN)) return NULL;
     return p;
+}
+
+
+/* ---- the thread pool ---------------------------------------------------------------------------------------- */
+/* Why not OpenMP: a worker process runs its HTTP and gRPC threads beside the decoder on the same cores, and a
+   static OpenMP loop waits at its barrier for a thread the kernel has descheduled (a scheduler tick, milliseconds,
+   ~10 loops a layer). Here each loop is offered to the workers through their own mailboxes; the caller takes items
+   from a shared counter as well, and when it runs out it revokes every offer not yet taken, so a worker that was
+   not running costs nothing. Workers spin on their mailbox while a forward runs and sleep between forwards (a
+   spinning core would starve the servers), which libgomp's spin-then-sleep could not be told. Items are independent
+   and each is done whole by one thread, so results never depend on which thread did what. */
+
+#define MAX_THREADS 64
+
+typedef void (*item_fn)(void *ctx, int item, int tid);
+
+typedef struct {
+    item_fn fn;
+    void *ctx;
+    int n;
+    _Atomic int next;
+} loop_t;
+
+enum { MAIL_IDLE, MAIL_READY, MAIL_RUNNING };
+
+typedef struct {
+    _Atomic int state;
+    loop_t *loop;
+    char pad[64 - sizeof(int) - sizeof(void *)];
+} mailbox_t;
+
+static mailbox_t mail[MAX_THREADS];
+static pthread_t worker_threads[MAX_THREADS];
+static int workers;               /* threads started, the caller not counted */
+static _Atomic int spinning;      /* a forward runs: workers spin instead of sleeping */
+static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* one forward at a time uses the pool */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
+
+static void run_items(loop_t *loop, int tid) {
+    for (int i; (i = atomic_fetch_add_explicit(&loop->next, 1, memory_order_relaxed)) < loop->n;)
+        loop->fn(loop->ctx, i, tid);
+}
+
+static void *worker_main(void *arg) {
+    const int w = (int)(intptr_t)arg;
+    mailbox_t *box = &mail[w];
+    for (;;) {
+        while (atomic_load_explicit(&box->state, memory_order_acquire) != MAIL_READY) {
+            if (atomic_load_explicit(&spinning, memory_order_relaxed)) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&wake_lock);
+            while (!atomic_load(&spinning) && atomic_load(&box->state) != MAIL_READY)
+                pthread_cond_wait(&wake, &wake_lock);
+            pthread_mutex_unlock(&wake_lock);
+        }
+        int ready = MAIL_READY;
+        if (atomic_compare_exchange_strong(&box->state, &ready, MAIL_RUNNING)) {
+            run_items(box->loop, w + 1);
+            atomic_store_explicit(&box->state, MAIL_IDLE, memory_order_release);
+        }
+    }
+    return NULL;
+}
+
+/* at least `threads` threads in all (the caller included); returns how many the pool has */
+static int pool_ensure(int threads) {
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    while (workers + 1 < threads) {
+        if (pthread_create(&worker_threads[workers], NULL, worker_main, (void *)(intptr_t)workers)) break;
+        workers++;
+    }
+    return workers + 1;
+}
+
+/* a forward begins (workers spin) or ends (they sleep) */
+static void pool_spin(int on) {
+    pthread_mutex_lock(&wake_lock);
+    atomic_store(&spinning, on);
+    if (on) pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&wake_lock);
+}
+
+/* fn(ctx, i, tid) for i < n on up to `threads` threads; tid < threads names the thread's scratch */
+static void pool_for(int threads, int n, item_fn fn, void *ctx) {
+    const int helpers = threads - 1 < workers ? threads - 1 : workers;
+    if (n <= 1 || helpers <= 0) {
+        for (int i = 0; i < n; i++) fn(ctx, i, 0);
+        return;
+    }
+    loop_t loop = {fn, ctx, n, 0};
+    const int offered = helpers < n - 1 ? helpers : n - 1;
+    for (int w = 0; w < offered; w++) {
+        mail[w].loop = &loop;
+        atomic_store_explicit(&mail[w].state, MAIL_READY, memory_order_release);
+    }
+    run_items(&loop, 0);
+    for (int w = 0; w < offered; w++) {
+        int ready = MAIL_READY;
+        if (!atomic_compare_exchange_strong(&mail[w].state, &ready, MAIL_IDLE))
+            while (atomic_load_explicit(&mail[w].state, memory_order_acquire) != MAIL_IDLE) cpu_relax();
+    }
 }
 
 /* ---- int8 matrices ------------------------------------------------------------------------------------------ */
@@ -204,22 +315,33 @@ static int column_tile(int blocks, int widest, int threads) {
     return best;
 }
 
-/* y [rows, n] (row stride ldy) = dequant(q [rows, kp] . w^T); column tiles shared among the threads, every row
-   tile of a column tile on the thread that owns it (its weights stay in that core's cache across row tiles). */
-static void qmat_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
-    const int blocks = m->np / DS_LANES;
-    const int row_tile = rows >= 8 ? 8 : rows;
-    const int cols = column_tile(blocks, row_tile <= 4 ? 4 : 2, omp_get_max_threads());
-    const int tiles = (blocks + cols - 1) / cols;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        const int c0 = t * cols;
-        const int nc = c0 + cols <= blocks ? cols : blocks - c0;
-        for (int r0 = 0; r0 < rows; r0 += row_tile) {
-            const int nr = r0 + row_tile <= rows ? row_tile : rows - r0;
-            tile_dispatch(m, q + (size_t)r0 * m->kp, s + r0, nr, c0, nc, y + (size_t)r0 * ldy, ldy);
-        }
+static int threads_now = 1; /* the running forward's threads (set under pool_lock) */
+
+typedef struct {
+    const qmat *m;
+    const uint8_t *q;
+    const float *s;
+    float *y;
+    int rows, ldy, cols, blocks, row_tile;
+} mul_t;
+
+static void mul_tile(void *ctx, int t, int tid) {
+    const mul_t *a = ctx;
+    (void)tid;
+    const int c0 = t * a->cols;
+    const int nc = c0 + a->cols <= a->blocks ? a->cols : a->blocks - c0;
+    for (int r0 = 0; r0 < a->rows; r0 += a->row_tile) {
+        const int nr = r0 + a->row_tile <= a->rows ? a->row_tile : a->rows - r0;
+        tile_dispatch(a->m, a->q + (size_t)r0 * a->m->kp, a->s + r0, nr, c0, nc, a->y + (size_t)r0 * a->ldy, a->ldy);
     }
+}
+
+/* y [rows, n] (row stride ldy) = dequant(q [rows, kp] . w^T); column tiles shared among the threads, every row
+   tile of a column tile on the thread that takes it (its weights stay in that core's cache across row tiles). */
+static void qmat_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
+    mul_t a = {m, q, s, y, rows, ldy, 0, m->np / DS_LANES, rows >= 8 ? 8 : rows};
+    a.cols = column_tile(a.blocks, a.row_tile <= 4 ? 4 : 2, threads_now);
+    pool_for(threads_now, (a.blocks + a.cols - 1) / a.cols, mul_tile, &a);
 }
 
 /* ---- the model ---------------------------------------------------------------------------------------------- */
@@ -462,11 +584,6 @@ static void quantize_row(const float *x, int k, int kp, uint8_t *q, float *scale
     *scale_out = scale;
 }
 
-/* rows of x [rows, k] (row stride ldx) → q [rows, kp], s [rows]; rows spread over the threads */
-static void quantize_rows(const float *x, int ldx, int rows, int k, int kp, uint8_t *q, float *s) {
-#pragma omp parallel for schedule(static) if (rows > 1)
-    for (int r = 0; r < rows; r++) quantize_row(x + (size_t)r * ldx, k, kp, q + (size_t)r * kp, s + r);
-}
 
 static void rms_norm(const float *x, const float *w, int n, float eps, float *out) {
     vf acc = vf_set(0.0f);
@@ -658,25 +775,151 @@ static void weighted_values(const float *p, const float *vbase, const int64_t *k
 
 /* attention of every row over its slot's cache; q [rows, heads * hd] in, out [rows, heads * hd]. scratch holds,
    per thread, one score per key and the key list. */
-static void attention(const ds_model *m, const layer_t *L, int li, const step_t *st, const int *depth,
-                      const float *q, float *out, float *scratch, size_t scratch_per_thread, int64_t max_keys) {
-    const ds_config *c = &m->cfg;
-    const int hd = c->head_dim, group = c->heads / c->kv_heads, rows = st->B * st->T;
-    const int items = rows * c->heads; /* one (row, head) each: a one-token step still has a head per thread */
-#pragma omp parallel for schedule(static)
-    for (int it = 0; it < items; it++) {
-        const int r = it / c->heads, head = it % c->heads, g = head / group, b = r / st->T, t = r % st->T;
-        float *sc = scratch + (size_t)omp_get_thread_num() * scratch_per_thread;
-        int64_t *keys = (int64_t *)(sc + max_keys);
-        const int nkeys = visible_keys(st, depth, L->window, b, t, keys);
-        const float *kbase = st->k_cache + li * st->layer_stride + b * st->slot_stride + (int64_t)g * st->seq_len * hd;
-        const float *vbase = st->v_cache + li * st->layer_stride + b * st->slot_stride + (int64_t)g * st->seq_len * hd;
-        key_scores(q + (size_t)r * c->heads * hd + (size_t)head * hd, kbase, keys, nkeys, hd, c->attn_scale, sc);
-        float mx = -INFINITY;
-        for (int j = 0; j < nkeys; j++) mx = sc[j] > mx ? sc[j] : mx;
-        const float inv = 1.0f / exp_shifted(sc, mx, nkeys, sc);
-        weighted_values(sc, vbase, keys, nkeys, hd, inv, out + (size_t)r * c->heads * hd + (size_t)head * hd);
+typedef struct {
+    const ds_config *c;
+    const layer_t *L;
+    int li;
+    const step_t *st;
+    const int *depth;
+    const float *q;
+    float *out, *scratch;
+    size_t scratch_per_thread;
+    int64_t max_keys;
+} attn_t;
+
+/* item = (row, head): a one-token step still has a head for every thread */
+static void attend(void *ctx, int it, int tid) {
+    const attn_t *a = ctx;
+    const ds_config *c = a->c;
+    const step_t *st = a->st;
+    const int hd = c->head_dim, group = c->heads / c->kv_heads;
+    const int r = it / c->heads, head = it % c->heads, g = head / group, b = r / st->T, t = r % st->T;
+    float *sc = a->scratch + (size_t)tid * a->scratch_per_thread;
+    int64_t *keys = (int64_t *)(sc + a->max_keys);
+    const int nkeys = visible_keys(st, a->depth, a->L->window, b, t, keys);
+    const int64_t at = a->li * st->layer_stride + b * st->slot_stride + (int64_t)g * st->seq_len * hd;
+    key_scores(a->q + (size_t)r * c->heads * hd + (size_t)head * hd, st->k_cache + at, keys, nkeys, hd,
+               c->attn_scale, sc);
+    float mx = -INFINITY;
+    for (int j = 0; j < nkeys; j++) mx = sc[j] > mx ? sc[j] : mx;
+    const float inv = 1.0f / exp_shifted(sc, mx, nkeys, sc);
+    weighted_values(sc, st->v_cache + at, keys, nkeys, hd, inv, a->out + (size_t)r * c->heads * hd + (size_t)head * hd);
+}
+
+/* ---- the forward -------------------------------------------------------------------------------------------- */
+
+/* one forward's state: what its row phases read and write */
+typedef struct {
+    const ds_model *m;
+    const step_t *st;
+    const int *depth;
+    const layer_t *L;
+    int li, nfeat;
+    const int *feature_layers;
+    float *x, *h, *wide, *attn, *features;
+    uint8_t *q8;
+    float *qs;
+} fwd_t;
+
+/* before the q/k/v matmul: the attention norm, quantized for the matmul */
+static void row_attn_in(void *ctx, int r, int tid) {
+    const fwd_t *f = ctx;
+    const int H = f->m->cfg.hidden, kp = f->L->lin[LIN_QKV].kp;
+    (void)tid;
+    rms_norm(f->x + (size_t)r * H, f->L->norm[NORM_ATTN], H, f->m->cfg.eps, f->h + (size_t)r * H);
+    quantize_row(f->h + (size_t)r * H, H, kp, f->q8 + (size_t)r * kp, f->qs + r);
+}
+
+/* after it: q/k norms and RoPE at the row's position, its k and v into the cache, q to the attention's input */
+static void row_qkv_out(void *ctx, int r, int tid) {
+    const fwd_t *f = ctx;
+    const ds_config *c = &f->m->cfg;
+    const step_t *st = f->st;
+    const int hd = c->head_dim, qw = c->heads * hd, kvw = c->kv_heads * hd, b = r / st->T, t = r % st->T;
+    const float *cos = f->L->local_rope ? f->m->cos_local : f->m->cos, *sin = f->L->local_rope ? f->m->sin_local : f->m->sin;
+    float *row = f->wide + (size_t)r * (qw + 2 * kvw);
+    const int64_t pos = position_of(st, f->depth, b, t);
+    (void)tid;
+    for (int head = 0; head < c->heads + c->kv_heads; head++) {
+        float *v = row + (size_t)head * hd;
+        if (c->qk_norm) rms_norm(v, f->L->norm[head < c->heads ? NORM_Q : NORM_K], hd, c->eps, v);
+        rope(v, cos + pos * (hd / 2), sin + pos * (hd / 2), hd);
     }
+    const int64_t slot = st->start[b] + t; /* block entries go in node order; a tree's path is compacted later */
+    for (int g = 0; g < c->kv_heads; g++) {
+        const int64_t at = f->li * st->layer_stride + b * st->slot_stride + ((int64_t)g * st->seq_len + slot) * hd;
+        memcpy(st->k_cache + at, row + qw + (size_t)g * hd, sizeof(float) * hd);
+        memcpy(st->v_cache + at, row + qw + kvw + (size_t)g * hd, sizeof(float) * hd);
+    }
+    memcpy(f->h + (size_t)r * qw, row, sizeof(float) * qw);
+}
+
+/* the attention output, quantized for its projection */
+static void row_attn_out(void *ctx, int r, int tid) {
+    const fwd_t *f = ctx;
+    const int qw = f->m->cfg.heads * f->m->cfg.head_dim, kp = f->L->lin[LIN_O].kp;
+    (void)tid;
+    quantize_row(f->attn + (size_t)r * qw, qw, kp, f->q8 + (size_t)r * kp, f->qs + r);
+}
+
+/* the projected attention into the residual, then the MLP's norm, quantized for gate|up */
+static void row_mlp_in(void *ctx, int r, int tid) {
+    const fwd_t *f = ctx;
+    const ds_config *c = &f->m->cfg;
+    const int H = c->hidden, kp = f->L->lin[LIN_GATE_UP].kp;
+    float *o = f->h + (size_t)r * H, *x = f->x + (size_t)r * H;
+    (void)tid;
+    if (c->sandwich) rms_norm(o, f->L->norm[NORM_POST_ATTN], H, c->eps, o);
+    for (int j = 0; j < H; j++) x[j] += o[j];
+    rms_norm(x, f->L->norm[NORM_MLP], H, c->eps, o);
+    quantize_row(o, H, kp, f->q8 + (size_t)r * kp, f->qs + r);
+}
+
+/* the gated activation, quantized for the down projection */
+static void row_mlp_act(void *ctx, int r, int tid) {
+    const fwd_t *f = ctx;
+    const ds_config *c = &f->m->cfg;
+    const int inter = c->inter, kp = f->L->lin[LIN_DOWN].kp;
+    float *gu = f->wide + (size_t)r * 2 * inter, *a = f->h + (size_t)r * inter;
+    (void)tid;
+    gated_activation(gu, gu + inter, inter, c->gelu, a);
+    quantize_row(a, inter, kp, f->q8 + (size_t)r * kp, f->qs + r);
+}
+
+/* the MLP's output into the residual; the residual kept as a feature where asked */
+static void row_mlp_out(void *ctx, int r, int tid) {
+    const fwd_t *f = ctx;
+    const ds_config *c = &f->m->cfg;
+    const int H = c->hidden;
+    float *d = f->attn + (size_t)r * H, *x = f->x + (size_t)r * H;
+    (void)tid;
+    if (c->sandwich) rms_norm(d, f->L->norm[NORM_POST_MLP], H, c->eps, d);
+    for (int j = 0; j < H; j++) x[j] += d[j];
+    for (int i = 0; i < f->nfeat; i++)
+        if (f->feature_layers[i] == f->li) memcpy(f->features + ((size_t)r * f->nfeat + i) * H, x, sizeof(float) * H);
+}
+
+/* rows spread over the threads only when there are several */
+static void rows_for(int rows, item_fn fn, fwd_t *f) { pool_for(rows > 1 ? threads_now : 1, rows, fn, f); }
+
+static void layer(fwd_t *f, int li, size_t scratch_per_thread, int64_t max_keys, float *scratch) {
+    const ds_model *m = f->m;
+    const ds_config *c = &m->cfg;
+    const int rows = f->st->B * f->st->T, H = c->hidden, qkvw = (c->heads + 2 * c->kv_heads) * c->head_dim;
+    f->li = li;
+    f->L = &m->layer[li];
+    rows_for(rows, row_attn_in, f);
+    qmat_mul(&f->L->lin[LIN_QKV], f->q8, f->qs, rows, f->wide, qkvw);
+    rows_for(rows, row_qkv_out, f);
+    attn_t a = {c, f->L, li, f->st, f->depth, f->h, f->attn, scratch, scratch_per_thread, max_keys};
+    pool_for(threads_now, rows * c->heads, attend, &a);
+    rows_for(rows, row_attn_out, f);
+    qmat_mul(&f->L->lin[LIN_O], f->q8, f->qs, rows, f->h, H);
+    rows_for(rows, row_mlp_in, f);
+    qmat_mul(&f->L->lin[LIN_GATE_UP], f->q8, f->qs, rows, f->wide, 2 * c->inter);
+    rows_for(rows, row_mlp_act, f);
+    qmat_mul(&f->L->lin[LIN_DOWN], f->q8, f->qs, rows, f->attn, H);
+    rows_for(rows, row_mlp_out, f);
 }
 
 /* One forward. logits_index [B, N] (positions 0..T-1 whose logits to return, N may be 0) → logits [B, N, vocab];
@@ -689,7 +932,6 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
     const ds_config *c = &m->cfg;
     const int H = c->hidden, hd = c->head_dim, rows = B * T;
     const int qw = c->heads * hd, kvw = c->kv_heads * hd, qkvw = qw + 2 * kvw, inter = c->inter;
-    omp_set_num_threads(c->threads);
     step_t st = {B, T, tokens, start, parents, k_cache, v_cache, layer_stride, slot_stride, seq_len};
 
     int64_t max_keys = 0;
@@ -697,7 +939,7 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
     const int widest = 2 * inter > qkvw ? 2 * inter : qkvw;
     const int kmax = (inter > H ? (inter > qw ? inter : qw) : (H > qw ? H : qw)) + 4;
     const size_t scratch_per_thread = 3 * (size_t)max_keys + 16; /* scores, then the key list (int64) */
-    const int nthreads = c->threads > 0 ? c->threads : 1;
+    const int nthreads = c->threads > 0 ? (c->threads < MAX_THREADS ? c->threads : MAX_THREADS) : 1;
     float *x = aligned(sizeof(float) * rows * H);
     float *h = aligned(sizeof(float) * rows * (kmax > qw ? kmax : qw));
     float *wide = aligned(sizeof(float) * rows * widest);
@@ -721,76 +963,23 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
         for (int j = 0; j < H; j++) x[(size_t)r * H + j] = e[j] * c->embed_scale;
     }
 
-    for (int li = 0; li < c->layers; li++) {
-        const layer_t *L = &m->layer[li];
-        const float *cos = L->local_rope ? m->cos_local : m->cos, *sin = L->local_rope ? m->sin_local : m->sin;
-        /* attention block */
-#pragma omp parallel for schedule(static) if (rows > 1)
-        for (int r = 0; r < rows; r++) rms_norm(x + (size_t)r * H, L->norm[NORM_ATTN], H, c->eps, h + (size_t)r * H);
-        quantize_rows(h, H, rows, H, L->lin[LIN_QKV].kp, q8, qs);
-        qmat_mul(&L->lin[LIN_QKV], q8, qs, rows, wide, qkvw);
-#pragma omp parallel for schedule(static) if (rows > 1)
-        for (int r = 0; r < rows; r++) {
-            const int b = r / T, t = r % T;
-            float *row = wide + (size_t)r * qkvw;
-            const int64_t pos = position_of(&st, depth, b, t);
-            for (int head = 0; head < c->heads + c->kv_heads; head++) {
-                float *v = row + (size_t)head * hd;
-                if (c->qk_norm) rms_norm(v, L->norm[head < c->heads ? NORM_Q : NORM_K], hd, c->eps, v);
-                rope(v, cos + pos * (hd / 2), sin + pos * (hd / 2), hd);
-            }
-            const int64_t slot = start[b] + t; /* block entries go in node order; a tree's path is compacted later */
-            for (int g = 0; g < c->kv_heads; g++) {
-                const int64_t at = li * layer_stride + b * slot_stride + ((int64_t)g * seq_len + slot) * hd;
-                memcpy(k_cache + at, row + qw + (size_t)g * hd, sizeof(float) * hd);
-                memcpy(v_cache + at, row + qw + kvw + (size_t)g * hd, sizeof(float) * hd);
-            }
-            memcpy(h + (size_t)r * qw, row, sizeof(float) * qw);
-        }
-        attention(m, L, li, &st, depth, h, attn, scratch, scratch_per_thread, max_keys);
-        quantize_rows(attn, qw, rows, qw, L->lin[LIN_O].kp, q8, qs);
-        qmat_mul(&L->lin[LIN_O], q8, qs, rows, h, H);
-#pragma omp parallel for schedule(static) if (rows > 1)
-        for (int r = 0; r < rows; r++) {
-            float *o = h + (size_t)r * H;
-            if (c->sandwich) rms_norm(o, L->norm[NORM_POST_ATTN], H, c->eps, o);
-            for (int j = 0; j < H; j++) x[(size_t)r * H + j] += o[j];
-        }
-        /* MLP block */
-#pragma omp parallel for schedule(static) if (rows > 1)
-        for (int r = 0; r < rows; r++) rms_norm(x + (size_t)r * H, L->norm[NORM_MLP], H, c->eps, h + (size_t)r * H);
-        quantize_rows(h, H, rows, H, L->lin[LIN_GATE_UP].kp, q8, qs);
-        qmat_mul(&L->lin[LIN_GATE_UP], q8, qs, rows, wide, 2 * inter);
-#pragma omp parallel for schedule(static) if (rows > 1)
-        for (int r = 0; r < rows; r++) {
-            float *gu = wide + (size_t)r * 2 * inter;
-            float *a = h + (size_t)r * inter;
-            gated_activation(gu, gu + inter, inter, c->gelu, a);
-        }
-        quantize_rows(h, inter, rows, inter, L->lin[LIN_DOWN].kp, q8, qs);
-        qmat_mul(&L->lin[LIN_DOWN], q8, qs, rows, attn, H);
-#pragma omp parallel for schedule(static) if (rows > 1)
-        for (int r = 0; r < rows; r++) {
-            float *d = attn + (size_t)r * H;
-            if (c->sandwich) rms_norm(d, L->norm[NORM_POST_MLP], H, c->eps, d);
-            for (int j = 0; j < H; j++) x[(size_t)r * H + j] += d[j];
-        }
-        for (int f = 0; f < nfeat; f++)
-            if (feature_layers[f] == li)
-                for (int r = 0; r < rows; r++)
-                    memcpy(features + ((size_t)r * nfeat + f) * H, x + (size_t)r * H, sizeof(float) * H);
-    }
-
+    pthread_mutex_lock(&pool_lock);
+    threads_now = pool_ensure(nthreads);
+    pool_spin(1);
+    fwd_t f = {m, &st, depth, NULL, 0, nfeat, feature_layers, x, h, wide, attn, features, q8, qs};
+    for (int li = 0; li < c->layers; li++) layer(&f, li, scratch_per_thread, max_keys, scratch);
     if (N > 0) {
         const int picked = B * N;
         for (int i = 0; i < picked; i++) {
             const int b = i / N;
             const int64_t t = logits_index[i];
             rms_norm(x + ((size_t)b * T + t) * H, m->final_norm, H, c->eps, h + (size_t)i * H);
+            quantize_row(h + (size_t)i * H, H, m->head.kp, q8 + (size_t)i * m->head.kp, qs + i);
         }
-        quantize_rows(h, H, picked, H, m->head.kp, q8, qs);
         qmat_mul(&m->head, q8, qs, picked, logits, c->vocab);
     }
+    pool_spin(0);
+    pthread_mutex_unlock(&pool_lock);
 
 done:
     free(x);

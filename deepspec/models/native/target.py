@@ -72,7 +72,7 @@ class NativeTarget(HFTextTarget):
     supports_tree_attention: ClassVar[bool] = True
     #: B rows of several tokens run as one pass (the verification budget prices them together)
     multi_token_rows_serial: ClassVar[bool] = False
-    #: torch's threads while the engine steps this target: the forward runs on the library's own OpenMP threads
+    #: torch's threads while the engine steps this target: the forward runs on the library's own threads
     host_threads: ClassVar[int] = 1
 
     @property

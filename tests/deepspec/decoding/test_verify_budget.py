@@ -298,9 +298,9 @@ class _OverconfidentLookup:
         return Proposal.from_rows(tokens, torch.full((B,), k), None, torch.full((B, k), 0.9).cumprod(1))
 
 
-def test_a_sampled_row_caps_a_greedy_measured_estimate_by_its_own_record(target):
+def test_a_drafters_estimates_give_way_to_what_each_sequence_accepts(target):
     """Sampled rows: the drafter's 0.9 gives way to the row's record of rejections and the row stops drafting;
-    greedy rows keep trusting the drafter's table (it was measured on greedy replays)."""
+    greedy rows scale the drafter's table by how far it held for them (EstimateCalibration), and stop too."""
     from deepspec.decoding.drafter import Drafter
 
     Drafter.register(_OverconfidentLookup)
@@ -309,10 +309,28 @@ def test_a_sampled_row_caps_a_greedy_measured_estimate_by_its_own_record(target)
     engine.step_time = _model(1, 0.2)  # an extra verify token costs a fifth of a pass: pays only above ~0.2
     sampled = engine.generate(prompts, SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True))[0]
     greedy = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))[0]
-    assert greedy.num_draft_tokens >= greedy.num_steps - 1  # trusted: drafts every round after the first token
+    assert greedy.num_accepted_tokens == 0 and greedy.num_drafted_steps <= greedy.num_steps // 3
     assert sampled.num_accepted_tokens <= sampled.num_draft_tokens // 4
     # trusting the table it would draft 4 tokens in each of its ~39 rounds; its record stops it within a third
     assert sampled.num_drafted_steps <= sampled.num_steps // 3 and sampled.num_draft_tokens <= 40
+
+
+def test_the_calibration_is_accepted_over_estimated_and_starts_from_the_history():
+    from deepspec.decoding.verify_budget import CALIBRATION_WEIGHT, EXPLORE_EVERY, AcceptanceHistory, EstimateCalibration
+
+    calibration = EstimateCalibration()
+    assert calibration.factor() == 1.0
+    calibration.settle(3)  # a round nothing was expected of: not counted
+    assert calibration.factor() == 1.0
+    for _ in range(20):
+        calibration.expect(2.0)
+        calibration.settle(1)
+    assert calibration.factor() == pytest.approx((20 + CALIBRATION_WEIGHT) / (40 + CALIBRATION_WEIGHT))
+    history = AcceptanceHistory()
+    history.add(True, [1], [1], calibration)
+    history.add(False, [1], [1], EstimateCalibration())  # sampled: not kept
+    assert history.calibration(1).prior == pytest.approx(calibration.factor())
+    assert history.calibration(EXPLORE_EVERY).prior == 1.0  # one sequence in EXPLORE_EVERY trusts the drafter
 
 
 def test_the_engines_history_is_the_prior_of_its_next_sequences():
