@@ -691,7 +691,8 @@ class SpecEngine:
         request replays on the same batch, whatever the engine served before)."""
         records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
         all_greedy = all(s.params.greedy for s in self._batch)
-        prior = torch.stack([self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id)
+        prior = torch.stack([self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id,
+                                                           sampled=not s.params.greedy)
                              for s in self._batch])
         return observed_survival(records, width, prior)
 

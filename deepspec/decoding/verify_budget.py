@@ -227,6 +227,12 @@ def best_nodes(survival: torch.Tensor, model: StepTimeModel) -> torch.Tensor:
 #: prior rate at which a draft slot is accepted once reached, for a sequence with no record of it yet: optimistic,
 #: so a new sequence drafts until its own record says drafting does not pay
 PRIOR_SLOT_SURVIVAL = 0.7
+#: the same for a sampled row: a deterministic draft is accepted only with the target's probability of it (the
+#: corpus draft 17-20% of the time at temperature 1 on SmolLM2), so starting a sampled row at 0.7 made it draft
+#: ~20 rounds before its record stopped it: at 8 streams and temperature 1 that served 0.92x of --draft none. At
+#: 0.3 a sampled row drafts where extra verify tokens are nearly free (one row on a flat step curve) and waits for its
+#: record where they are not.
+PRIOR_SAMPLED_SLOT_SURVIVAL = 0.3
 #: how many rounds of evidence the prior counts as
 PRIOR_ROUNDS = 4.0
 
@@ -307,9 +313,12 @@ class AcceptanceHistory:
         from 1: the drafter's estimates as they are)."""
         return EstimateCalibration(1.0 if sequence_id % EXPLORE_EVERY == 0 else self._calibration.factor())
 
-    def prior(self, greedy: bool, width: int, sequence_id: int) -> torch.Tensor:
-        """[width] per-slot conditional acceptance rates a new sequence's record is shrunk toward."""
-        fixed = torch.full((1, width), PRIOR_SLOT_SURVIVAL, dtype=torch.float64)
+    def prior(self, greedy: bool, width: int, sequence_id: int, sampled: bool = False) -> torch.Tensor:
+        """[width] per-slot conditional acceptance rates a new sequence's record is shrunk toward: the history's for
+        a greedy row among greedy rows (`greedy`), the fixed prior otherwise, the lower sampled one for a sampled
+        row (`sampled`)."""
+        fixed = torch.full((1, width), PRIOR_SAMPLED_SLOT_SURVIVAL if sampled else PRIOR_SLOT_SURVIVAL,
+                           dtype=torch.float64)
         if not greedy or sequence_id % EXPLORE_EVERY == 0:
             return fixed[0]
         return _conditional_rates([(self._proposed, self._accepted)], width, fixed)[0]

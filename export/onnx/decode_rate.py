@@ -75,20 +75,30 @@ def measure_decode_rates(exports: dict[str, Path], depth: int,
     """{candidate: {"tokens_per_second": median over the calibration prompts, "acceptance_length": mean τ or
     None}} of each export in `exports`, decoded greedily at batch 1 by the engine as served (verification budget
     on, `depth` drafts at most); None when there are no calibration prompts to decode."""
-    from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.models import load_target
 
     targets = {name: load_target(str(export_dir)) for name, export_dir in exports.items()}
-    first = next(iter(targets.values()))  # the candidates share a tokenizer and a context length
-    room = first.max_seq_len - max_tokens - depth - 2  # a prompt past a small target's context keeps its end
-    prompts = [p[-room:] for p in calibration_prompts(first)]
+    return measure_served_rates({name: (target, served_drafter(target)) for name, target in targets.items()}, depth,
+                                max_tokens)
+
+
+def measure_served_rates(candidates: dict[str, tuple], depth: int,
+                         max_tokens: int = CALIBRATION_TOKENS) -> dict[str, dict] | None:
+    """The same measurement for any {candidate: (target, drafter or None)}: each decodes the calibration prompts
+    greedily at batch 1 with the verification budget on, the candidates in turn prompt by prompt. What the worker's
+    engine choice (service/worker/fastest_engine.py) and `--quantization auto` decide by."""
+    from deepspec.decoding import SamplingParams, SpecEngine
+
+    first = next(iter(candidates.values()))[0]  # the candidates share a tokenizer and a context length
+    room = min(t.max_seq_len for t, _ in candidates.values()) - max_tokens - depth - 2
+    prompts = [p[-room:] for p in calibration_prompts(first)]  # past a small target's context, a prompt keeps its end
     if not prompts:
         return None
     longest = max(len(p) for p in prompts) + max_tokens + depth + 2
     engines = {}
-    for name, target in targets.items():
-        engine = SpecEngine(target, served_drafter(target), max_batch_size=1,
-                            max_seq_len=min(target.max_seq_len, longest), num_speculative_tokens=depth)
+    for name, (target, drafter) in candidates.items():
+        engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=min(target.max_seq_len, longest),
+                            num_speculative_tokens=depth)
         engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))
         engine.forget_acceptance()
         engines[name] = engine

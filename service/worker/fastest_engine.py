@@ -9,12 +9,18 @@ assumed:
 1. On the first start for a (target, draft, settings, machine) the worker exports the ONNX engine into the cache
    (`~/.cache/deepspec/engines/<key>/onnx`, a progress bar on a terminal; ~10-60 s for the default target), builds
    the native decoder, and times every engine's verify-step curve (deepspec/models/step_curve.py).
-2. It serves the one with the highest modelled throughput at the draft's measured acceptance length, a neural
-   draft's own round cost on each engine included (its PyTorch forward beside the PyTorch and native targets, its
-   ONNX graphs beside the export: timed at batch 1 by the engine's own probe, deepspec/decoding/draft_time.py), and
-   records the choice, the reason, every curve and every draft cost in `choice.json` beside the export. Later starts
-   read it and start in seconds; `python -m service worker --help` prints it. An entry made by an older release for
-   the same settings is deleted when its successor is created (`key.json` says what each entry was made for).
+2. Each candidate then decodes the calibration prompts (four training prompts held out of every shipped draft's
+   data, export/onnx/decode_rate.py) with its draft, as the worker would serve it, and the fastest is served. The
+   modelled throughput (the curve at the draft's measured acceptance length, a neural draft's own round cost on
+   each engine included: its PyTorch forward beside the PyTorch and native targets, its ONNX graphs beside the
+   export, timed at batch 1 by the engine's own probe, deepspec/decoding/draft_time.py) is recorded beside the
+   measured rates and decides only where there are no calibration prompts (a package installed without
+   datasets/). Why measured: step curves are fastest-of-15 single passes, which miss each engine's own overhead
+   per token; the model put ONNX int4 ahead of the native decoder for target-only decoding, which then served 142
+   against 227 tok/s at concurrency 8. The choice, the reason, every curve, rate and draft cost go into `choice.json`
+   beside the export. Later starts read it and start in seconds; `python -m service worker --help` prints it. An
+   entry made by an older release for the same settings is deleted when its successor is created (`key.json` says
+   what each entry was made for).
 
 `--engine pytorch`, `--engine onnx` or `--engine native` skips the measurement. Auto leaves out, without measuring,
 an engine that cannot run: ONNX on a CUDA device, without onnxruntime, for a target its graph does not describe, or
@@ -46,7 +52,9 @@ CHOICE_FILE = "choice.json"
 #: format that decodes calibration prompts fastest, measured (export/onnx/decode_rate.py): the export is redone;
 #: 6: the int8 graph quantizes activations per row (export/onnx/graph.py int8_linear), an older int8 export rounds a
 #: verify pass differently from its one-token steps; and ONNX Runtime's threads spin within a run, which makes its
-#: steps 20-40% cheaper: the curves are timed again; 7: the native CPU decoder is a candidate)
+#: steps 20-40% cheaper: the curves are timed again; 7: the native CPU decoder is a candidate, and each candidate's
+#: decode of the calibration prompts decides, the model only without them: the model had ONNX int4 (160 modelled
+#: tok/s) over native (156) for target-only decoding, which served 142 against native's 227 at concurrency 8)
 CHOICE_VERSION = 7
 
 
@@ -258,63 +266,94 @@ def cached_choice(root: Path, onnx_dir: Path | None, native: bool = True) -> Eng
 
 
 def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = False) -> EngineChoice:
-    """Time each candidate's verify-step curve (the ONNX export's was recorded when it was exported), price each
-    with its draft's round cost on that engine where the draft runs a model, keep the fastest and write
-    choice.json. Candidates: the PyTorch engine always, the ONNX export when there is one, the native decoder when
-    `native`."""
+    """Time each candidate's verify-step curve (the ONNX export's was recorded when it was exported) and score it
+    with its draft's round cost on that engine where the draft runs a model (the model); then decode the calibration
+    prompts on each as it would serve them (export/onnx/decode_rate.py) and keep the fastest measured, or, without
+    calibration prompts, the best modelled. Candidates: the PyTorch engine always, the ONNX export when there is
+    one, the native decoder when `native`. Writes choice.json."""
     import time
 
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
-    from deepspec.models import load_target
-    from deepspec.models.step_curve import (cpu_flags, curve_record, drafter_acceptance_length,
-                                            measure_recorded_curve, recorded_curve)
-    from export.onnx.exporter import exported_draft_dir
+    from deepspec.models.step_curve import cpu_flags, curve_record, drafter_acceptance_length
+    from export.onnx.decode_rate import measure_served_rates
 
     onnx_meta = json.loads((onnx_dir / "onnx.json").read_text()) if onnx_dir is not None else {}
-    draft_dir = exported_draft_dir(onnx_dir, onnx_meta) if onnx_dir is not None else _draft_dir(settings.draft)
+    candidates = _candidates(settings, onnx_dir, onnx_meta, native)
     depth = settings.num_speculative_tokens
-    curves, draft_times, labels = {}, {}, {}
-    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
-                         quantization=settings.quantization, chat_template=settings.chat_template)
-    curves["pytorch"] = measure_recorded_curve(target)
-    draft_times["pytorch"] = _draft_time(target, draft_dir, depth)
-    labels["pytorch"] = f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}"
-    del target
-    runs_a_model = draft_times["pytorch"] is not None  # the same draft class on every engine
-    if onnx_dir is not None and (onnx_curve := recorded_curve(onnx_meta.get("step_curve"))):
-        curves["onnx"] = onnx_curve
-        # only a draft that runs a model on PyTorch needs the ONNX target loaded
-        draft_times["onnx"] = ((_exported_draft_time(onnx_meta, depth)
-                                or _draft_time(load_target(str(onnx_dir)), draft_dir, depth)) if runs_a_model else None)
-        labels["onnx"] = f"ONNX {onnx_meta.get('quantization', '?')}"
-    if native:
-        from deepspec.models.native import load_native_target
-
-        target = load_native_target(settings.target, chat_template=settings.chat_template)
-        curves["native"] = measure_recorded_curve(target)
-        draft_times["native"] = _draft_time(target, draft_dir, depth) if runs_a_model else None
-        labels["native"] = f"native int8 ({target.isa})"
-        del target
-    tau = drafter_acceptance_length(draft_dir, onnx_meta.get("draft", {}).get("path") or _drafter_name(settings))
-    scores = {k: modelled_tokens_per_second(c, tau, depth, draft_times[k]) for k, c in curves.items()}
-    engine = max(scores, key=scores.get)
-    others = [k for k in scores if k != engine]
-    against = " and ".join(f"{labels[k]}'s {scores[k]:.0f}" for k in others)
+    tau = drafter_acceptance_length(candidates.draft_dir,
+                                    onnx_meta.get("draft", {}).get("path") or _drafter_name(settings))
+    scores = {k: modelled_tokens_per_second(c, tau, depth, candidates.draft_times[k])
+              for k, c in candidates.curves.items()}
+    measured = measure_served_rates(candidates.served, depth)
+    rates = {k: r["tokens_per_second"] for k, r in measured.items()} if measured else scores
+    engine = max(rates, key=rates.get)
+    others = [k for k in rates if k != engine]
+    labels, draft_times = candidates.labels, candidates.draft_times
+    against = " and ".join(f"{labels[k]}'s {rates[k]:.0f}" for k in others)
     drafting = "" if draft_times[engine] is None else (
         f", {depth} drafts costing {draft_times[engine].by_width()[depth] * 1e3:.1f} ms a round against "
         + " and ".join(f"{draft_times[k].by_width()[depth] * 1e3:.1f}" for k in others))
-    reason = (f"{labels[engine]} models {scores[engine]:.0f} tok/s against {against} at tau {tau:.2f}, depth "
-              f"{depth}{drafting}, on {os.cpu_count()} cores with {cpu_flags()}")
+    verb = "decoded calibration prompts at" if measured else "models"
+    reason = (f"{labels[engine]} {verb} {rates[engine]:.0f} tok/s against {against} (draft tau {tau:.2f}, depth "
+              f"{depth}{drafting}), on {os.cpu_count()} cores with {cpu_flags()}")
     record = {"version": CHOICE_VERSION, "engine": engine, "reason": reason,
               "measured": time.strftime("%Y-%m-%d %H:%M"), "acceptance_length": round(tau, 3), "depth": depth,
               "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},
+              "decode_rates": measured,
               "step_curves": {k: onnx_meta.get("step_curve") if k == "onnx" else curve_record(c)
-                              for k, c in curves.items()},
+                              for k, c in candidates.curves.items()},
               # each engine's batch-1 drafted round by width; null: priced as free (no draft, or a lookup draft)
               "draft_rounds": {k: None if d is None else curve_record(d.by_width()) for k, d in draft_times.items()},
               "onnx_quantization": onnx_meta.get("quantization")}
     (root / CHOICE_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return EngineChoice(engine, reason, onnx_dir if engine == "onnx" else None, record)
+
+
+@dataclass
+class _Candidates:
+    """Each candidate engine's verify-step curve, its draft's round cost there, its label, and (target, drafter) as
+    it would serve them."""
+
+    draft_dir: Path | None
+    curves: dict = field(default_factory=dict)
+    draft_times: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=dict)
+    served: dict = field(default_factory=dict)
+
+
+def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) -> _Candidates:
+    from deepspec.decoding import build_drafter
+    from deepspec.models import load_target
+    from deepspec.models.step_curve import measure_recorded_curve, recorded_curve
+    from export.onnx.decode_rate import served_drafter
+    from export.onnx.exporter import exported_draft_dir
+
+    draft_dir = exported_draft_dir(onnx_dir, onnx_meta) if onnx_dir is not None else _draft_dir(settings.draft)
+    out, depth = _Candidates(draft_dir), settings.num_speculative_tokens
+    draft = str(draft_dir) if draft_dir is not None else settings.draft
+
+    def add(name: str, target, label: str, curve=None) -> None:
+        out.curves[name] = curve or measure_recorded_curve(target)
+        out.labels[name] = label
+        out.served[name] = (target, served_drafter(target) if name == "onnx" else build_drafter(draft, target))
+
+    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
+                         quantization=settings.quantization, chat_template=settings.chat_template)
+    add("pytorch", target, f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}")
+    out.draft_times["pytorch"] = _draft_time(target, draft_dir, depth)
+    runs_a_model = out.draft_times["pytorch"] is not None  # the same draft class on every engine
+    if onnx_dir is not None and (onnx_curve := recorded_curve(onnx_meta.get("step_curve"))):
+        target = load_target(str(onnx_dir))
+        add("onnx", target, f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
+        out.draft_times["onnx"] = ((_exported_draft_time(onnx_meta, depth) or _draft_time(target, draft_dir, depth))
+                                   if runs_a_model else None)
+    if native:
+        from deepspec.models.native import load_native_target
+
+        target = load_native_target(settings.target, chat_template=settings.chat_template)
+        add("native", target, f"native int8 ({target.isa})")
+        out.draft_times["native"] = _draft_time(target, draft_dir, depth) if runs_a_model else None
+    return out
 
 
 def _draft_dir(draft: str) -> Path | None:

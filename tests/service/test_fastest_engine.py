@@ -57,8 +57,9 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
     first = choose_engine(settings)
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
     assert first.engine == record["engine"] in ENGINE_KINDS
-    scores = record["tokens_per_second"]
-    assert first.engine == max(scores, key=scores.get)
+    measured = {k: r["tokens_per_second"] for k, r in record["decode_rates"].items()}  # the calibration decodes
+    assert set(measured) == set(record["tokens_per_second"]) == set(ENGINE_KINDS)
+    assert first.engine == max(measured, key=measured.get) and "decoded calibration prompts" in first.reason
     assert set(record["step_curves"]) == set(ENGINE_KINDS) and record["acceptance_length"] == 2.0
     assert record["draft_rounds"] == dict.fromkeys(ENGINE_KINDS)  # prompt lookup: drafting priced as free
     assert (first.engine_dir is not None) == (first.engine == "onnx")
@@ -89,6 +90,7 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     (200 tokens/s) then beats ONNX's best with drafting (5 drafts, 184). Both costs go into choice.json."""
     import deepspec.decoding.draft_time as draft_time
     import deepspec.models.step_curve as step_curve
+    import export.onnx.decode_rate as decode_rate
     from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel
     from deepspec.decoding.verify_budget import DraftTimeModel
     from deepspec.models.native import NativeTarget
@@ -107,6 +109,7 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
 
     monkeypatch.setattr(draft_time, "measure_draft_time", fake_measure)
     monkeypatch.setattr(step_curve, "measure_recorded_curve", lambda target: FAKE_CURVES[engine_of(target)])
+    monkeypatch.setattr(decode_rate, "measure_served_rates", lambda *args: None)  # the model decides
     tied = write_hf_target(tmp_path / "llama", "llama", tied=True, **HD16)  # a draft reads the fp32 embedding
     draft = write_draft(tmp_path / "dspark", tied, "dspark")
     choice = choose_engine(_settings(tied, draft=str(draft)))
@@ -120,6 +123,22 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     assert "ms a round" in record["reason"]
     # the ONNX draft was timed by the export's own choice, once per candidate format, and the worker reused it
     assert sorted(timed) == sorted(["onnx"] * len(AUTO_CANDIDATES) + ["pytorch", "native"])
+
+
+def test_the_engine_that_decodes_fastest_is_chosen_over_the_best_modelled(target_dir, cache, monkeypatch):
+    """The calibration decodes decide where there are any: here the model's favourite measures slowest."""
+    import export.onnx.decode_rate as decode_rate
+
+    rates = {"pytorch": 30.0, "onnx": 90.0, "native": 60.0, "int4": 50.0, "int8": 40.0}  # the export's too
+
+    def measured(candidates, depth, *rest):
+        assert all(t is not None for t, _ in candidates.values())
+        return {name: {"tokens_per_second": rates[name], "acceptance_length": None} for name in candidates}
+
+    monkeypatch.setattr(decode_rate, "measure_served_rates", measured)
+    choice = choose_engine(_settings(target_dir, num_speculative_tokens=2))
+    assert choice.engine == "onnx" and choice.reason.startswith("ONNX ") and "decoded calibration prompts at 90" in \
+        choice.reason and "PyTorch float32's 30 and native int8" in choice.reason
 
 
 def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cache):

@@ -333,6 +333,16 @@ def test_the_calibration_is_accepted_over_estimated_and_starts_from_the_history(
     assert history.calibration(EXPLORE_EVERY).prior == 1.0  # one sequence in EXPLORE_EVERY trusts the drafter
 
 
+def test_a_sampled_row_starts_from_the_lower_sampled_prior():
+    from deepspec.decoding.verify_budget import PRIOR_SAMPLED_SLOT_SURVIVAL, PRIOR_SLOT_SURVIVAL, AcceptanceHistory
+
+    history = AcceptanceHistory()
+    history.add(True, [10, 10], [10, 10])  # a history that says every draft is accepted
+    assert history.prior(False, 2, 1, sampled=True).tolist() == [PRIOR_SAMPLED_SLOT_SURVIVAL] * 2
+    assert history.prior(False, 2, 1).tolist() == [PRIOR_SLOT_SURVIVAL] * 2  # a greedy row in a mixed batch
+    assert history.prior(True, 2, 1).tolist()[0] > PRIOR_SLOT_SURVIVAL
+
+
 def test_the_engines_history_is_the_prior_of_its_next_sequences():
     """Finished greedy sequences' records become the prior a new greedy sequence's own record starts from, each
     slot's history rate shrunk to the fixed prior; one sequence in EXPLORE_EVERY, and every sampled one (its draws
