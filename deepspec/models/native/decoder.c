@@ -808,6 +808,122 @@ static void attend(void *ctx, int it, int tid) {
 
 /* ---- the forward -------------------------------------------------------------------------------------------- */
 
+/* Chains (and one-token steps) share their keys: the queries of one row and KV head (up to CHAIN_TOKENS tokens x
+   the head's group) read each key and value row once, where `attend` reads them once per query. Each query still
+   reduces exactly as `attend` would: a score does not depend on where its key sits in a block (sum_lanes16 adds
+   every lane in the same tree), its exp-sum starts at its own first key, and its weighted sum runs over its keys in
+   order — the keys outside its range get weight exactly 0, which leaves the sum bit for bit as it was. */
+#define CHAIN_TOKENS 8
+#define CHAIN_QUERIES 48 /* CHAIN_TOKENS x the widest head group this path takes */
+
+#if DS_LANES == 16
+
+typedef struct {
+    const attn_t *a;
+    int tiles, heads_per_item;
+} chain_t;
+
+static void attend_chain(void *ctx, int it, int tid) {
+    const chain_t *ch = ctx;
+    const attn_t *a = ch->a;
+    const ds_config *c = a->c;
+    const step_t *st = a->st;
+    const int hd = c->head_dim, group = c->heads / c->kv_heads, splits = group / ch->heads_per_item;
+    const int per_row = c->kv_heads * splits * ch->tiles;
+    const int b = it / per_row, g = it % per_row / (splits * ch->tiles), split = it % (splits * ch->tiles) / ch->tiles;
+    const int t0 = it % ch->tiles * CHAIN_TOKENS, t1 = t0 + CHAIN_TOKENS < st->T ? t0 + CHAIN_TOKENS : st->T;
+    const int h0 = split * ch->heads_per_item, nh = ch->heads_per_item, nq = (t1 - t0) * nh;
+    const int64_t committed = st->start[b], last = committed + t1 - 1;
+    int64_t lo[CHAIN_QUERIES];
+    for (int t = t0; t < t1; t++) {
+        const int64_t pos = committed + t;
+        lo[t - t0] = a->L->window > 0 && pos - a->L->window + 1 > 0 ? pos - a->L->window + 1 : 0;
+    }
+    const int64_t first = lo[0];
+    const int nk = (int)(last - first + 1), nk16 = (nk + 15) / 16 * 16;
+    float *scores = a->scratch + (size_t)tid * a->scratch_per_thread; /* [nq][nk16], then [nq][16][16] partials */
+    float *partial = scores + (size_t)nq * nk16;
+    const int64_t at = a->li * st->layer_stride + b * st->slot_stride + (int64_t)g * st->seq_len * hd;
+    const float *kbase = st->k_cache + at + first * hd, *vbase = st->v_cache + at + first * hd;
+    const float *qrow[CHAIN_QUERIES];
+    for (int i = 0; i < nq; i++) {
+        const int t = t0 + i / nh, head = g * group + h0 + i % nh;
+        qrow[i] = a->q + (size_t)(b * st->T + t) * c->heads * hd + (size_t)head * hd;
+    }
+    /* scores, 16 keys at a time: each key row loaded once for every query */
+    for (int j0 = 0; j0 < nk; j0 += 16) {
+        const int m = nk - j0 < 16 ? nk - j0 : 16;
+        for (int i = 0; i < 16; i++) {
+            const float *k = kbase + (size_t)(j0 + i) * hd;
+            for (int q = 0; q < nq; q++) {
+                __m512 acc = _mm512_setzero_ps();
+                if (i < m)
+                    for (int d = 0; d < hd; d += 16)
+                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qrow[q] + d), _mm512_loadu_ps(k + d), acc);
+                _mm512_storeu_ps(partial + ((size_t)q * 16 + i) * 16, acc);
+            }
+        }
+        for (int q = 0; q < nq; q++) {
+            __m512 v[16];
+            for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_ps(partial + ((size_t)q * 16 + i) * 16);
+            _mm512_storeu_ps(scores + (size_t)q * nk16 + j0, _mm512_mul_ps(sum_lanes16(v), _mm512_set1_ps(c->attn_scale)));
+        }
+    }
+    /* each query's softmax over its own keys [lo, committed + t]; weight 0 elsewhere */
+    float inv[CHAIN_QUERIES];
+    for (int q = 0; q < nq; q++) {
+        const int t = t0 + q / nh;
+        const int from = (int)(lo[t - t0] - first), to = (int)(committed + t - first); /* inclusive */
+        float *sc = scores + (size_t)q * nk16;
+        float mx = -INFINITY;
+        for (int j = from; j <= to; j++) mx = sc[j] > mx ? sc[j] : mx;
+        inv[q] = 1.0f / exp_shifted(sc + from, mx, to - from + 1, sc + from);
+        for (int j = 0; j < from; j++) sc[j] = 0.0f;
+        for (int j = to + 1; j < nk; j++) sc[j] = 0.0f;
+    }
+    /* weighted values, six queries at a time (their accumulators in registers), each value row loaded once a tile */
+    const int nv = hd / 16;
+    for (int q0 = 0; q0 < nq; q0 += 6) {
+        const int nt = nq - q0 < 6 ? nq - q0 : 6;
+        __m512 acc[6][16];
+        for (int q = 0; q < nt; q++)
+            for (int i = 0; i < nv; i++) acc[q][i] = _mm512_setzero_ps();
+        for (int j = 0; j < nk; j++) {
+            const float *v = vbase + (size_t)j * hd;
+            for (int i = 0; i < nv; i++) {
+                const __m512 vi = _mm512_loadu_ps(v + 16 * i);
+                for (int q = 0; q < nt; q++)
+                    acc[q][i] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(size_t)(q0 + q) * nk16 + j]), vi, acc[q][i]);
+            }
+        }
+        for (int q = 0; q < nt; q++) {
+            const int t = t0 + (q0 + q) / nh, head = g * group + h0 + (q0 + q) % nh;
+            float *o = a->out + (size_t)(b * st->T + t) * c->heads * hd + (size_t)head * hd;
+            for (int i = 0; i < nv; i++) _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(acc[q][i], _mm512_set1_ps(inv[q0 + q])));
+        }
+    }
+}
+
+#endif
+
+/* attention for a forward: chains on the shared path where the kernels take it, token trees (and other head sizes
+   or instruction sets) one (row, head) at a time */
+static void attention(const attn_t *a) {
+    const ds_config *c = a->c;
+    const step_t *st = a->st;
+    const int rows = st->B * st->T;
+#if DS_LANES == 16
+    const int group = c->heads / c->kv_heads;
+    if (!st->parents && c->head_dim % 16 == 0 && c->head_dim <= 256 && group * CHAIN_TOKENS <= CHAIN_QUERIES) {
+        chain_t ch = {a, (st->T + CHAIN_TOKENS - 1) / CHAIN_TOKENS, group};
+        if (st->B * c->kv_heads * ch.tiles < 2 * threads_now) ch.heads_per_item = 1; /* few items: one per head */
+        pool_for(threads_now, st->B * c->kv_heads * (group / ch.heads_per_item) * ch.tiles, attend_chain, &ch);
+        return;
+    }
+#endif
+    pool_for(threads_now, rows * c->heads, attend, (void *)a);
+}
+
 /* one forward's state: what its row phases read and write */
 typedef struct {
     const ds_model *m;
@@ -912,7 +1028,7 @@ static void layer(fwd_t *f, int li, size_t scratch_per_thread, int64_t max_keys,
     qmat_mul(&f->L->lin[LIN_QKV], f->q8, f->qs, rows, f->wide, qkvw);
     rows_for(rows, row_qkv_out, f);
     attn_t a = {c, f->L, li, f->st, f->depth, f->h, f->attn, scratch, scratch_per_thread, max_keys};
-    pool_for(threads_now, rows * c->heads, attend, &a);
+    attention(&a);
     rows_for(rows, row_attn_out, f);
     qmat_mul(&f->L->lin[LIN_O], f->q8, f->qs, rows, f->h, H);
     rows_for(rows, row_mlp_in, f);
@@ -938,7 +1054,10 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
     for (int b = 0; b < B; b++) max_keys = start[b] + T > max_keys ? start[b] + T : max_keys;
     const int widest = 2 * inter > qkvw ? 2 * inter : qkvw;
     const int kmax = (inter > H ? (inter > qw ? inter : qw) : (H > qw ? H : qw)) + 4;
-    const size_t scratch_per_thread = 3 * (size_t)max_keys + 16; /* scores, then the key list (int64) */
+    /* per thread: attend's scores and key list, or attend_chain's scores and partial sums (the larger) */
+    const size_t chain_scratch = (size_t)CHAIN_QUERIES * ((size_t)max_keys + 16 + 256);
+    const size_t scratch_per_thread = 3 * (size_t)max_keys + 16 > chain_scratch ? 3 * (size_t)max_keys + 16
+                                                                                  : chain_scratch;
     const int nthreads = c->threads > 0 ? (c->threads < MAX_THREADS ? c->threads : MAX_THREADS) : 1;
     float *x = aligned(sizeof(float) * rows * H);
     float *h = aligned(sizeof(float) * rows * (kmax > qw ? kmax : qw));
