@@ -103,9 +103,11 @@ bench-features: venv
 	$(PY) -m bench.parallel_sampling
 	$(PY) -m bench.prefill_stall
 
-# where an engine round's time goes, phase by phase, target-only and drafted, batch 1 and 8 (~3 min)
+# where an engine round's time goes, phase by phase, target-only and drafted, batch 1 and 8, on the PyTorch engine and
+# on the native CPU decoder (~4 min)
 bench-overhead: venv
 	$(PY) -m bench.round_overhead
+	$(PY) -m bench.round_overhead --engine native --out bench/results/round_overhead_native.json
 
 # one verification step, the pre-plugins path against the plugins ops (CPU, ~1 min)
 bench-verify: venv

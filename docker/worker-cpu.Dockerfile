@@ -36,6 +36,13 @@ LABEL org.opencontainers.image.title="deepspec-worker-cpu" \
       org.opencontainers.image.source="https://github.com/deepspec/deepspec" \
       org.opencontainers.image.licenses="MIT" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+# A C compiler: the native CPU decoder (deepspec/models/native) is compiled on the node that runs it, on the first
+# start, for that node's instruction set (a library built elsewhere can die with SIGILL). Without it the worker
+# serves the PyTorch or ONNX engine. Unpinned: libc6-dev must match the base image's own libc6 release.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 deepspec \
     && useradd --system --uid 10001 --gid deepspec --home-dir /cache --no-create-home --shell /usr/sbin/nologin deepspec \
     && mkdir -p /cache /engines \
