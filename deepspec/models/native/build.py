@@ -72,7 +72,7 @@ def library_path() -> Path:
     return cache_dir() / "native" / key / "libdeepspec_decoder.so"
 
 
-def build(path: Path) -> Path:
+def build(path: Path, flags: tuple[str, ...] = FLAGS) -> Path:
     """Compile decoder.c into `path` (atomically); NativeUnavailable with the compiler's message on failure."""
     cc = compiler()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,7 @@ def build(path: Path) -> Path:
     os.close(fd)
     try:
         try:
-            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+            done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
                                   timeout=600)
         except (OSError, subprocess.SubprocessError) as exc:
             raise NativeUnavailable(f"building the native CPU decoder with {cc} failed: {exc}") from exc
@@ -114,6 +114,19 @@ def load_library() -> ctypes.CDLL:
     path = library_path()
     if not path.is_file():
         build(path)
+    _LIBRARY = _open(path)
+    return _LIBRARY
+
+
+def library_for(march: str, directory: Path) -> ctypes.CDLL:
+    """decoder.c built for another instruction set than this CPU's (`-march=x86-64-v3`: the AVX2 kernels;
+    `x86-64`: the portable ones) into `directory`: what the tests run the other kernel families with, on a CPU that
+    has their instructions. Not cached: each call builds."""
+    flags = tuple(f"-march={march}" if f == "-march=native" else f for f in FLAGS)
+    return _open(build(directory / f"libdeepspec_decoder-{march}.so", flags))
+
+
+def _open(path: Path) -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
@@ -121,7 +134,6 @@ def load_library() -> ctypes.CDLL:
     if lib.ds_abi() != ABI:
         raise NativeUnavailable(f"{path} reports ABI {lib.ds_abi()}, this package expects {ABI}: delete it to rebuild")
     _declare(lib)
-    _LIBRARY = lib
     return lib
 
 

@@ -434,9 +434,7 @@ void ds_set_tables(ds_model *m, const float *embed, const float *cos, const floa
 
 /* ---- float helpers ------------------------------------------------------------------------------------------ */
 
-/* exp on whole vectors: Cody-Waite range reduction and Cephes' degree-6 polynomial (~1 ulp), inputs clamped to
-   [-88.38, 88.38]. Every element of every array goes through the vector body (tails are masked or padded), so a
-   value's exp never depends on where in an array it sits. */
+/* float vectors: the instruction set's own, or eight plain floats */
 #if DS_LANES == 16
 typedef __m512 vf;
 #define VF_N 16
@@ -447,20 +445,9 @@ static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vf vf_exp(vf x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, vf_set(-88.3762626647949f)), vf_set(88.3762626647949f));
-    vf n = _mm512_roundscale_ps(vf_mul(x, vf_set(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm512_fnmadd_ps(n, vf_set(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, vf_set(-2.12194440e-4f), r);
-    vf y = vf_set(1.9875691500e-4f);
-    y = vf_fma(y, r, vf_set(1.3981999507e-3f));
-    y = vf_fma(y, r, vf_set(8.3334519073e-3f));
-    y = vf_fma(y, r, vf_set(4.1665795894e-2f));
-    y = vf_fma(y, r, vf_set(1.6666665459e-1f));
-    y = vf_fma(y, r, vf_set(5.0000001201e-1f));
-    y = vf_fma(y, vf_mul(r, r), vf_add(r, vf_set(1.0f)));
-    return _mm512_scalef_ps(y, n);
-}
+static inline vf vf_clamp(vf x, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(x, vf_set(lo)), vf_set(hi)); }
+static inline vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vf_scale2(vf y, vf n) { return _mm512_scalef_ps(y, n); } /* y * 2^n, n integral */
 #elif defined(__AVX2__)
 typedef __m256 vf;
 #define VF_N 8
@@ -474,20 +461,11 @@ static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vf vf_exp(vf x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, vf_set(-87.3365478515625f)), vf_set(88.3762626647949f));
-    vf n = _mm256_round_ps(vf_mul(x, vf_set(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm256_fnmadd_ps(n, vf_set(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, vf_set(-2.12194440e-4f), r);
-    vf y = vf_set(1.9875691500e-4f);
-    y = vf_fma(y, r, vf_set(1.3981999507e-3f));
-    y = vf_fma(y, r, vf_set(8.3334519073e-3f));
-    y = vf_fma(y, r, vf_set(4.1665795894e-2f));
-    y = vf_fma(y, r, vf_set(1.6666665459e-1f));
-    y = vf_fma(y, r, vf_set(5.0000001201e-1f));
-    y = vf_fma(y, vf_mul(r, r), vf_add(r, vf_set(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return vf_mul(y, _mm256_castsi256_ps(e));
+static inline vf vf_clamp(vf x, float lo, float hi) { return _mm256_min_ps(_mm256_max_ps(x, vf_set(lo)), vf_set(hi)); }
+static inline vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vf_scale2(vf y, vf n) { /* y * 2^n through the exponent bits, n integral in [-126, 127] */
+    return vf_mul(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                                             _mm256_set1_epi32(127)), 23)));
 }
 #else
 typedef struct { float v[8]; } vf;
@@ -499,8 +477,28 @@ static inline vf vf_add(vf a, vf b) { for (int i = 0; i < 8; i++) a.v[i] += b.v[
 static inline vf vf_mul(vf a, vf b) { for (int i = 0; i < 8; i++) a.v[i] *= b.v[i]; return a; }
 static inline vf vf_div(vf a, vf b) { for (int i = 0; i < 8; i++) a.v[i] /= b.v[i]; return a; }
 static inline vf vf_fma(vf a, vf b, vf c) { for (int i = 0; i < 8; i++) a.v[i] = fmaf(a.v[i], b.v[i], c.v[i]); return a; }
-static inline vf vf_exp(vf x) { for (int i = 0; i < 8; i++) x.v[i] = expf(x.v[i]); return x; }
+static inline vf vf_clamp(vf x, float lo, float hi) { for (int i = 0; i < 8; i++) x.v[i] = fminf(fmaxf(x.v[i], lo), hi); return x; }
+static inline vf vf_round(vf x) { for (int i = 0; i < 8; i++) x.v[i] = nearbyintf(x.v[i]); return x; }
+static inline vf vf_scale2(vf y, vf n) { for (int i = 0; i < 8; i++) y.v[i] = ldexpf(y.v[i], (int)n.v[i]); return y; }
 #endif
+
+/* exp on whole vectors: inputs clamped to [-87.34, 88.38] (2^n stays a normal number), n = round(x / ln 2), then
+   e^x = 2^n e^(x - n ln 2) with ln 2 in two parts (Cody-Waite) and Cephes' degree-6 polynomial (~1 ulp). Every
+   element of every array goes through the vector body (tails are masked or padded), so a value's exp never depends
+   on where in an array it sits. */
+static inline vf vf_exp(vf x) {
+    x = vf_clamp(x, -87.3365478515625f, 88.3762626647949f);
+    const vf n = vf_round(vf_mul(x, vf_set(1.44269504088896341f)));
+    vf r = vf_fma(n, vf_set(-0.693359375f), x);
+    r = vf_fma(n, vf_set(2.12194440e-4f), r);
+    vf y = vf_set(1.9875691500e-4f);
+    y = vf_fma(y, r, vf_set(1.3981999507e-3f));
+    y = vf_fma(y, r, vf_set(8.3334519073e-3f));
+    y = vf_fma(y, r, vf_set(4.1665795894e-2f));
+    y = vf_fma(y, r, vf_set(1.6666665459e-1f));
+    y = vf_fma(y, r, vf_set(5.0000001201e-1f));
+    return vf_scale2(vf_fma(y, vf_mul(r, r), vf_add(r, vf_set(1.0f))), n);
+}
 
 /* out[j] = exp(x[j] - shift) for j < n; returns their sum (in lane order, then across lanes: fixed for a given n) */
 static float exp_shifted(const float *x, float shift, int n, float *out) {
@@ -1083,7 +1081,8 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
     }
 
     pthread_mutex_lock(&pool_lock);
-    threads_now = pool_ensure(nthreads);
+    const int pooled = pool_ensure(nthreads); /* the pool may be larger: another model asked for more threads */
+    threads_now = pooled < nthreads ? pooled : nthreads; /* never more threads than this forward has scratch for */
     pool_spin(1);
     fwd_t f = {m, &st, depth, NULL, 0, nfeat, feature_layers, x, h, wide, attn, features, q8, qs};
     for (int li = 0; li < c->layers; li++) layer(&f, li, scratch_per_thread, max_keys, scratch);

@@ -28,7 +28,7 @@ from deepspec.models.decoder import DecoderOutput
 from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
-from deepspec.models.native.build import Config, isa, load_library
+from deepspec.models.native.build import Config, load_library
 from deepspec.models.target import TargetEmbeddings
 from deepspec.models.tree_attention import check_parents
 
@@ -89,8 +89,8 @@ class NativeTarget(HFTextTarget):
 
     @property
     def isa(self) -> str:
-        """The kernel family this machine's build runs (avx512vnni, avx512bw, avx2, portable)."""
-        return isa()
+        """The kernel family its build runs (avx512vnni, avx512bw, avx2, portable)."""
+        return self._model.lib.ds_isa().decode()
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         return KVCache(self.spec, num_slots, max_seq_len, torch.float32)
@@ -178,12 +178,13 @@ def load_native_target(spec: str, *, max_seq_len: int | None = None, chat_templa
     return native_target_from(reference, num_threads)
 
 
-def native_target_from(reference, num_threads: int | None = None) -> NativeTarget:
+def native_target_from(reference, num_threads: int | None = None, library=None) -> NativeTarget:
     """The native decoder on the weights of a loaded PyTorch target (`DecoderTarget`, float32): its text half
-    (tokenizer, end ids, context) carried over, its matmul weights quantized to int8 and packed."""
+    (tokenizer, end ids, context) carried over, its matmul weights quantized to int8 and packed. `library`: a build
+    other than this machine's own (build.library_for), for tests of the other kernel families."""
     from deepspec.models.decoder_target import pytorch_decoder
 
-    lib = load_library()
+    lib = library or load_library()
     decoder = pytorch_decoder(reference)
     arch = reference.spec
     threads = int(num_threads or torch.get_num_threads())

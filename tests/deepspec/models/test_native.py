@@ -67,10 +67,36 @@ def _quantized_linear(x, weight, bias, packed=None):
     return y.reshape(*x.shape[:-1], -1)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
-def pair(request):
-    reference = _tiny(request.param)
-    return reference, native_target_from(reference, num_threads=2)
+def _has(*flags: str) -> bool:
+    from pathlib import Path
+
+    cpuinfo = Path("/proc/cpuinfo")
+    have = set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
+    return all(f in have for f in flags)
+
+
+#: the kernel families each test runs: this CPU's own build, and the AVX2 and portable ones where the CPU runs them
+#: (a CI machine may be an AVX2-only EPYC; every family must compute the same model, exactly row-invariant)
+KERNELS = ["native"] + (["x86-64-v3", "x86-64"] if _has("avx2", "fma", "bmi2") else [])
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory):
+    from deepspec.models.native.build import library_for
+
+    folder = tmp_path_factory.mktemp("native-kernels")
+    return {march: library_for(march, folder) for march in KERNELS if march != "native"}
+
+
+@pytest.fixture(scope="module", params=[(f, k) for k in KERNELS for f in ("llama", "qwen2", "qwen3", "gemma3")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def pair(request, libraries):
+    family, kernels = request.param
+    reference = _tiny(family)
+    native = native_target_from(reference, num_threads=2, library=libraries.get(kernels))
+    assert kernels != "x86-64" or native.isa == "portable"
+    assert kernels != "x86-64-v3" or native.isa == "avx2"
+    return reference, native
 
 
 def test_it_computes_the_decoder_with_int8_matmuls(pair, monkeypatch):
@@ -130,6 +156,20 @@ def test_each_tree_path_is_scored_as_its_own_chain_bit_for_bit(pair):
         chain = native.forward(tree[:, path], torch.tensor([9]), chain_cache.rows(0, 1), logits="all")
         for depth, node in enumerate(path):
             assert torch.equal(chain.logits[0, depth], scored.logits[0, node]), (path, node)
+
+
+def test_thread_counts_share_one_pool_and_never_change_a_number(pair):
+    """One thread and four threads (the pool grows to the most any model asks for; a model asking for fewer uses
+    only as many as it has scratch for) compute what two threads do, bit for bit."""
+    reference, native = pair
+    tokens = torch.randint(0, VOCAB, (2, 11))
+    outputs = []
+    for threads in (2, 4, 1):
+        target = native_target_from(reference, num_threads=threads, library=native._model.lib)
+        cache = target.new_cache(2, 32)
+        target.forward(tokens[:, :6], torch.zeros(2, dtype=torch.long), cache.rows(0, 2), logits="none")
+        outputs.append(target.forward(tokens[:, 6:], torch.full((2,), 6), cache.rows(0, 2)).logits)
+    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
 
 
 def test_bad_inputs_are_refused_with_a_message(pair):
