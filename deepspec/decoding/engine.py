@@ -246,7 +246,8 @@ class SpecEngine:
             logprobs=[] if params.logprobs is not None else None,
             grammar=self._grammar_compiler().matcher(params.structured) if params.structured is not None else None,
         )
-        seq.calibration = self.acceptance_history.calibration(seq.sequence_id)
+        if params.greedy:  # a sampled row's depths decide its draws: they must not follow the engine's history
+            seq.calibration = self.acceptance_history.calibration(seq.sequence_id)
         if parent is not None:
             seq.slot = -1  # placed when the parent's prefill completes
             self._forks.setdefault(parent.request_id, []).append(seq)
@@ -565,9 +566,10 @@ class SpecEngine:
         added (`draft_time`), so a draft whose forward costs more than its accepted tokens win is not run at all and a
         neural chain drafts only as deep as pays (a tree drafter gets its whole node budget when drafting pays,
         its nodes then kept by `_budget_tree`). A drafter that costs next to nothing proposes the whole width and
-        the budget cuts its drafts on their own estimates; it is skipped only where no depth pays on this batch
-        even if every draft were accepted (on a target that verifies drafted rows one by one, a full batch of 8
-        is such a case)."""
+        the budget cuts its drafts on their own estimates; a chain drafter is skipped where no depth pays on the
+        rows' records (the budget caps estimates by them at several rows: at 8 rows of a few hundred positions,
+        proposing for every row cost ~1 ms a round that the budget then threw away), a tree drafter where none would
+        pay even if every node were accepted (its nodes are kept on their own estimates)."""
         width = max(caps)
         if self.step_time is None:
             return width
@@ -589,10 +591,12 @@ class SpecEngine:
         """The chain depth the verification budget pays for (verify_budget.best_depth), on the proposal's own
         survival estimates or, where it has none, on each sequence's acceptance record.
 
-        A drafter's estimates for deterministic drafts (no q: corpus lookup's tables) are measured on greedy
-        replays; a sampled row accepts such a draft only with the target's probability of it, far less often, so
-        a sampled row's estimate is capped by its own record: once drafting stops paying for it, it stops
-        drafting (at 8 streams and temperature 1 the corpus draft was 0.86x target-only before)."""
+        A greedy row's estimates are scaled by how far they have held for it (verify_budget.EstimateCalibration),
+        and in a batch of several rows also capped by its record. A drafter's estimates for deterministic drafts
+        (no q: corpus lookup's tables) are measured on greedy replays; a sampled row accepts such a draft only with
+        the target's probability of it, far less often, so a sampled row's estimate is capped by its own record:
+        once drafting stops paying for it, it stops drafting (at 8 streams and temperature 1 the corpus draft was
+        0.86x target-only before)."""
         width = proposal.tokens.shape[1]
         live = torch.arange(width)[None, :] < num_drafts[:, None]
         estimates = None if proposal.survival is None else proposal.survival.cpu().double() * live
@@ -600,7 +604,8 @@ class SpecEngine:
         if estimates is None:
             survival = self._observed_survival(width)
         else:  # greedy rows: the estimates as far as they held so far; sampled rows: capped by their records
-            factors = torch.tensor([[s.calibration.factor()] for s in self._batch], dtype=torch.float64)
+            all_greedy = not bool(sampled.any())
+            factors = torch.tensor([[s.calibration.factor(all_greedy)] for s in self._batch], dtype=torch.float64)
             survival = (estimates * factors).clamp(max=1.0)
             if proposal.probs is None and (len(self._batch) > 1 or bool(sampled.any())):
                 # several rows: every row capped by its record too. One row verifies a few extra tokens at next to

@@ -264,8 +264,11 @@ class EstimateCalibration:
         self.accepted = 0.0
         self._pending: float | None = None
 
-    def factor(self) -> float:
-        return (self.accepted + CALIBRATION_WEIGHT * self.prior) / (self.estimated + CALIBRATION_WEIGHT)
+    def factor(self, from_history: bool = True) -> float:
+        """accepted over estimated, shrunk toward the prior ratio (from_history) or toward 1: a greedy row batched
+        with a sampled one must not draft by what the engine served before, or the sampled row's draws would."""
+        prior = self.prior if from_history else 1.0
+        return (self.accepted + CALIBRATION_WEIGHT * prior) / (self.estimated + CALIBRATION_WEIGHT)
 
     def expect(self, estimate: float) -> None:
         """This round verifies drafts whose estimates sum to `estimate` (their expected accepted count)."""

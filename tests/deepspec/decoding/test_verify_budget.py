@@ -331,6 +331,9 @@ def test_the_calibration_is_accepted_over_estimated_and_starts_from_the_history(
     history.add(False, [1], [1], EstimateCalibration())  # sampled: not kept
     assert history.calibration(1).prior == pytest.approx(calibration.factor())
     assert history.calibration(EXPLORE_EVERY).prior == 1.0  # one sequence in EXPLORE_EVERY trusts the drafter
+    fresh = history.calibration(1)
+    assert fresh.factor() == pytest.approx(calibration.factor())
+    assert fresh.factor(from_history=False) == 1.0  # beside a sampled row: not what the engine served before
 
 
 def test_a_sampled_row_starts_from_the_lower_sampled_prior():
