@@ -216,35 +216,37 @@ static void qmat_free(qmat *m) {
     memset(m, 0, sizeof(*m));
 }
 
-/* One tile: ROWS rows x COLS lane-blocks of output channels, the whole k. acc = sum_j q[r, j] * w[c, j]. */
-#define TILE_BODY(ROWS, COLS) tile_##ROWS##x##COLS
-
+/* One tile: ROWS rows x COLS lane-blocks of output channels, the whole k: acc[r][c] = sum_j q[r, j] * w[c, j]. */
 #if DS_LANES == 16
 typedef __m512i acc_t;
+typedef __m512i wv_t;
 static inline acc_t acc_zero(void) { return _mm512_setzero_si512(); }
-static inline acc_t dot4(acc_t acc, uint32_t x4, const int8_t *w) {
-    __m512i wv = _mm512_load_si512((const void *)w);
+static inline wv_t w_load(const int8_t *w) { return _mm512_load_si512((const void *)w); }
+static inline acc_t dot4(acc_t acc, uint32_t x4, wv_t w) {
 #if defined(__AVX512VNNI__)
-    return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32((int)x4), wv);
+    return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32((int)x4), w);
 #else
-    __m512i pairs = _mm512_maddubs_epi16(_mm512_set1_epi32((int)x4), wv);
+    __m512i pairs = _mm512_maddubs_epi16(_mm512_set1_epi32((int)x4), w);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
 }
 static inline void acc_store(acc_t acc, int32_t *out) { _mm512_storeu_si512((void *)out, acc); }
 #elif defined(__AVX2__)
 typedef __m256i acc_t;
+typedef __m256i wv_t;
 static inline acc_t acc_zero(void) { return _mm256_setzero_si256(); }
-static inline acc_t dot4(acc_t acc, uint32_t x4, const int8_t *w) {
-    __m256i wv = _mm256_load_si256((const __m256i *)w);
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32((int)x4), wv);
+static inline wv_t w_load(const int8_t *w) { return _mm256_load_si256((const __m256i *)w); }
+static inline acc_t dot4(acc_t acc, uint32_t x4, wv_t w) {
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32((int)x4), w);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 static inline void acc_store(acc_t acc, int32_t *out) { _mm256_storeu_si256((__m256i *)out, acc); }
 #else
 typedef struct { int32_t v[DS_LANES]; } acc_t;
+typedef const int8_t *wv_t;
 static inline acc_t acc_zero(void) { acc_t a; memset(&a, 0, sizeof(a)); return a; }
-static inline acc_t dot4(acc_t acc, uint32_t x4, const int8_t *w) {
+static inline wv_t w_load(const int8_t *w) { return w; }
+static inline acc_t dot4(acc_t acc, uint32_t x4, wv_t w) {
     const uint8_t *x = (const uint8_t *)&x4;
     for (int l = 0; l < DS_LANES; l++)
         acc.v[l] += x[0] * w[4 * l] + x[1] * w[4 * l + 1] + x[2] * w[4 * l + 2] + x[3] * w[4 * l + 3];
@@ -253,40 +255,46 @@ static inline acc_t dot4(acc_t acc, uint32_t x4, const int8_t *w) {
 static inline void acc_store(acc_t acc, int32_t *out) { memcpy(out, acc.v, sizeof(acc.v)); }
 #endif
 
-/* rows <= MAX_TILE_ROWS, cols lane-blocks starting at block c0; writes y[r, c] for the tile. */
-static inline __attribute__((always_inline)) void tile(const qmat *m, const uint8_t *q, const float *s, int rows,
-                                                        int c0, int cols, float *y, int ldy, const int ROWS,
-                                                        const int COLS) {
-    acc_t acc[MAX_TILE_ROWS][4];
-    const int k4 = m->kp / 4;
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < COLS; c++) acc[r][c] = acc_zero();
-    const int8_t *w0 = m->w + (size_t)c0 * k4 * DS_LANES * 4;
-    const size_t block = (size_t)k4 * DS_LANES * 4;
-    for (int j = 0; j < k4; j++) {
-        for (int r = 0; r < ROWS; r++) {
-            uint32_t x4;
-            memcpy(&x4, q + (size_t)r * m->kp + 4 * j, 4);
-            for (int c = 0; c < COLS; c++) acc[r][c] = dot4(acc[r][c], x4, w0 + c * block + (size_t)j * DS_LANES * 4);
-        }
-    }
+/* output row r of lane-block c of a tile: the integer sums scaled into y */
+static inline void tile_out(const qmat *m, acc_t acc, const float *s, int r, int block, float *y, int ldy) {
     int32_t sums[DS_LANES];
-    for (int r = 0; r < rows; r++) {
-        for (int c = 0; c < cols; c++) {
-            acc_store(acc[r][c], sums);
-            const int base = (c0 + c) * DS_LANES;
-            for (int l = 0; l < DS_LANES; l++) {
-                const int n = base + l;
-                if (n >= m->n) break;
-                float v = (float)(sums[l] - m->offset[n]) * m->scale[n] * s[r];
-                if (m->bias) v += m->bias[n];
-                y[(size_t)r * ldy + n] = v;
-            }
-        }
+    acc_store(acc, sums);
+    for (int l = 0; l < DS_LANES; l++) {
+        const int n = block * DS_LANES + l;
+        if (n >= m->n) break;
+        float v = (float)(sums[l] - m->offset[n]) * m->scale[n] * s[r];
+        if (m->bias) v += m->bias[n];
+        y[(size_t)r * ldy + n] = v;
     }
 }
 
-#define TILE_CASE(R, C) case (R) * 8 + (C): tile(m, q, s, rows, c0, cols, y, ldy, R, C); break;
+/* Every accumulator a named variable (a<row><col>), so the compiler keeps a tile's 8 x 2 or 4 x 4 sums in
+   registers: held in an array they were copied between registers and spilled to the stack every step (half the
+   matmul time at 8 rows). The ones a tile does not use are never read and compile away. */
+#define TILE_ROWS(M, c) M(0, c) M(1, c) M(2, c) M(3, c) M(4, c) M(5, c) M(6, c) M(7, c)
+#define TILE_ALL(M) TILE_ROWS(M, 0) TILE_ROWS(M, 1) TILE_ROWS(M, 2) TILE_ROWS(M, 3)
+#define TILE_ACC(r, c) acc_t a##r##c = acc_zero();
+#define TILE_STEP(r, c) if ((r) < ROWS && (c) < COLS) a##r##c = dot4(a##r##c, x##r, w##c);
+#define TILE_OUT(r, c) if ((r) < ROWS && (c) < COLS) tile_out(m, a##r##c, s, r, c0 + (c), y, ldy);
+#define TILE_X(r) uint32_t x##r = 0; if ((r) < ROWS) memcpy(&x##r, q + (size_t)(r) * kp + 4 * j, 4);
+#define TILE_W(c) wv_t w##c = w_load(wj); if ((c) < COLS) w##c = w_load(wj + (c) * block);
+
+static inline __attribute__((always_inline)) void tile(const qmat *m, const uint8_t *q, const float *s, int c0,
+                                                        float *y, int ldy, const int ROWS, const int COLS) {
+    const int kp = m->kp, k4 = kp / 4;
+    const int8_t *w0 = m->w + (size_t)c0 * k4 * DS_LANES * 4;
+    const size_t block = (size_t)k4 * DS_LANES * 4;
+    TILE_ALL(TILE_ACC)
+    for (int j = 0; j < k4; j++) {
+        const int8_t *wj = w0 + (size_t)j * DS_LANES * 4;
+        TILE_W(0) TILE_W(1) TILE_W(2) TILE_W(3)
+        TILE_X(0) TILE_X(1) TILE_X(2) TILE_X(3) TILE_X(4) TILE_X(5) TILE_X(6) TILE_X(7)
+        TILE_ALL(TILE_STEP)
+    }
+    TILE_ALL(TILE_OUT)
+}
+
+#define TILE_CASE(R, C) case (R) * 8 + (C): tile(m, q, s, c0, y, ldy, R, C); break;
 
 static void tile_dispatch(const qmat *m, const uint8_t *q, const float *s, int rows, int c0, int cols, float *y,
                           int ldy) {
