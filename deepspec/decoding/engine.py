@@ -710,7 +710,6 @@ class SpecEngine:
         """Keep each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens the step-time
         model says pay best (verify_budget.best_nodes). A tree over budget is cut, never refused: the kept nodes
         are ancestor-closed because survival is made non-increasing along paths first."""
-        seqs = self._batch
         parents, num = proposal.parents, proposal.num_tokens
         k = proposal.tokens.shape[1]
         survival = proposal.survival
