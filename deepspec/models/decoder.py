@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,6 +37,21 @@ class DecoderOutput:
     features: torch.Tensor | None
     #: [B, T, H] final post-norm hidden state (what the head reads), when asked for
     final_hidden: torch.Tensor | None = None
+
+
+def logits_positions(logits, B: int, T: int) -> np.ndarray | None:
+    """A forward's `logits` argument (Target.forward: "all", "last", "none" or a [B] tensor) as the positions
+    [B, N] int64 whose logits to return, None for none: what the backends that take an index array read (the ONNX
+    graph's logits_index, the native decoder's)."""
+    if isinstance(logits, torch.Tensor):
+        return np.ascontiguousarray(logits.reshape(B, 1).cpu().numpy(), dtype=np.int64)
+    if logits == "all":
+        return np.ascontiguousarray(np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)))
+    if logits == "last":
+        return np.full((B, 1), T - 1, dtype=np.int64)
+    if logits == "none":
+        return None
+    raise ValueError(f"logits must be 'all', 'last', 'none' or a [B] tensor, got {logits!r}")
 
 
 class _Layer(nn.Module):

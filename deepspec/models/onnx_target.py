@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from deepspec.models.arch import ArchSpec, arch_spec_from_config
-from deepspec.models.decoder import DecoderOutput
+from deepspec.models.decoder import DecoderOutput, logits_positions
 from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.target import TargetEmbeddings
 
@@ -158,7 +158,7 @@ class OnnxTarget(HFTextTarget):
         starts = start.tolist()
         if max(starts) + T > self.max_seq_len:
             raise ValueError(f"sequence of {max(starts) + T} tokens exceeds the context window of {self.max_seq_len}")
-        index = _logits_index(logits, B, T)
+        index = logits_positions(logits, B, T)
         if T == 1 and self.batch_invariant:
             return self._two_token_pass(tokens, starts, cache, feature_layers, index)
         return self._output(*self._pass(tokens, starts, cache, index), feature_layers)
@@ -266,19 +266,6 @@ class OnnxTarget(HFTextTarget):
                 head = _read_initializer(self.path / self.meta["graph"], "lm_head.weight_t").T
             self._embeddings = TargetEmbeddings(embed, float(self.meta.get("embed_scale", 1.0)), head)
         return self._embeddings
-
-
-def _logits_index(logits, B: int, T: int) -> np.ndarray | None:
-    """The engine's `logits` argument → the graph's logits_index [B, N] (None = no logits)."""
-    if isinstance(logits, torch.Tensor):
-        return logits.reshape(B, 1).to(torch.int64).numpy().copy()
-    if logits == "all":
-        return np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)).copy()
-    if logits == "last":
-        return np.full((B, 1), T - 1, dtype=np.int64)
-    if logits == "none":
-        return None
-    raise ValueError(f"logits must be 'all', 'last', 'none' or a [B] tensor, got {logits!r}")
 
 
 def _read_initializer(graph: Path, name: str) -> torch.Tensor:

@@ -5,7 +5,7 @@ weights, with verify passes that cost about what one-token steps cost.
 first use (`NativeUnavailable` when there is no C compiler).
 """
 
-from deepspec.models.native.build import NativeUnavailable, isa
+from deepspec.models.native.build import NativeUnavailable
 from deepspec.models.native.target import NativeTarget, load_native_target, native_target_from
 
-__all__ = ["NativeTarget", "NativeUnavailable", "isa", "load_native_target", "native_target_from"]
+__all__ = ["NativeTarget", "NativeUnavailable", "load_native_target", "native_target_from"]

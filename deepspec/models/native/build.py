@@ -148,8 +148,3 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ds_set_tables.argtypes, lib.ds_set_tables.restype = [p, p, p, p, p, p], None
     lib.ds_forward.argtypes = [p, i, i, p, p, p, p, p, i64, i64, i64, p, i, p, p, i, p]
     lib.ds_forward.restype = i
-
-
-def isa() -> str:
-    """The kernel family this machine's build runs: avx512vnni, avx512bw, avx2 or portable."""
-    return load_library().ds_isa().decode()

@@ -4,7 +4,7 @@ PyTorch target loads.
 
 The weights are those of the lean PyTorch decoder (loaded in float32, then quantized per output channel by
 deepspec/models/int8_weights.py: the ONNX int8 graph's weights) and packed once into the library's layout; only the
-float32 embedding, head and final norm stay on the Python side, for the drafts that borrow them and for `lm_head`.
+float32 embedding and head stay on the Python side, for the drafts that borrow them and for `lm_head`.
 The KV cache is the engine's own `KVCache` in float32, so token trees compact with the same `keep_path` op as on
 the PyTorch target.
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from deepspec.models.arch import ArchSpec
-from deepspec.models.decoder import DecoderOutput
+from deepspec.models.decoder import DecoderOutput, logits_positions
 from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
@@ -64,7 +64,6 @@ class NativeTarget(HFTextTarget):
     #: float32 tensors the library reads in place (embedding, RoPE tables): kept alive with it
     _tables: dict = field(repr=False)
     _head: torch.Tensor = field(repr=False)
-    _final_norm: torch.Tensor = field(repr=False)
     embed_scale: float = 1.0
     quantization: str = "int8"
 
@@ -129,7 +128,7 @@ class NativeTarget(HFTextTarget):
         if tree_parents is not None:
             check_parents(tree_parents)
             parents = np.ascontiguousarray(tree_parents.cpu().numpy(), dtype=np.int64)
-        index = _logits_index(logits, B, T)
+        index = logits_positions(logits, B, T)
         out_logits = torch.empty(B, index.shape[1], self.spec.vocab_size) if index is not None else None
         layers = tuple(int(i) for i in feature_layers)
         if any(not 0 <= i < self.spec.num_layers for i in layers):
@@ -151,19 +150,6 @@ class NativeTarget(HFTextTarget):
 
     def embeddings(self) -> TargetEmbeddings:
         return TargetEmbeddings(self._tables["embed"], self.embed_scale, self._head)
-
-
-def _logits_index(logits, B: int, T: int) -> np.ndarray | None:
-    """The engine's `logits` argument → positions [B, N] int64 whose logits to return (None = no logits)."""
-    if isinstance(logits, torch.Tensor):
-        return np.ascontiguousarray(logits.reshape(B, 1).cpu().numpy(), dtype=np.int64)
-    if logits == "all":
-        return np.ascontiguousarray(np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)))
-    if logits == "last":
-        return np.full((B, 1), T - 1, dtype=np.int64)
-    if logits == "none":
-        return None
-    raise ValueError(f"logits must be 'all', 'last', 'none' or a [B] tensor, got {logits!r}")
 
 
 def load_native_target(spec: str, *, max_seq_len: int | None = None, chat_template: str | None = None,
@@ -238,5 +224,4 @@ def native_target_from(reference, num_threads: int | None = None, library=None) 
                       tables["local_sin"].data_ptr() if "local_sin" in tables else None)
     head = tables["embed"] if decoder.head is decoder.embed else decoder.head.detach().float().contiguous()
     return NativeTarget(reference.name, reference.path, arch, reference.tokenizer, reference.max_seq_len,
-                        reference.eos_token_ids, threads, model, tables, head,
-                        decoder.final_norm.detach().float().clone(), float(decoder.embed_scale))
+                        reference.eos_token_ids, threads, model, tables, head, float(decoder.embed_scale))
