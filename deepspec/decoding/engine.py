@@ -172,6 +172,8 @@ class SpecEngine:
         self.draft_time: DraftTimeModel | None = None
         if price_drafting and self.step_time is not None and runs_a_model(drafter):
             self.draft_time = self._probe_draft_time()
+        #: width -> this round's observed survival (_observed_survival)
+        self._round_survival: dict[int, torch.Tensor] = {}
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[_Sequence] = []  # index == slot
@@ -481,6 +483,7 @@ class SpecEngine:
                              [s.draft_device_generator for s in self._batch])
 
     def _decode_round(self) -> list[StepOutput]:
+        self._round_survival = {}  # the batch and its records as this round finds them (_observed_survival)
         seqs = self._batch
         B = len(seqs)
         device = self.target.device
@@ -574,14 +577,15 @@ class SpecEngine:
         if self.step_time is None:
             return width
         costly = self.drafter.costly_rows(self.batch_state.view, list(range(len(caps)))) if self.draft_time else 0
+        tree = getattr(self.drafter, "tree", None)
+        if not costly and tree:
+            return width if best_depth(torch.ones(len(caps), width), self._round_model()) > 0 else 0
         survival = self._observed_survival(width) * (torch.arange(width)[None, :] < torch.tensor(caps)[:, None])
         if not costly:
-            if getattr(self.drafter, "tree", None):
-                survival = torch.ones_like(survival)
             return width if best_depth(survival, self._round_model()) > 0 else 0
         depth = best_depth(survival, self._round_model(),
                            self.draft_time.round_seconds(costly, torch.arange(width + 1)))
-        return width if depth and getattr(self.drafter, "tree", None) else depth
+        return width if depth and tree else depth
 
     def _round_model(self):
         """The step-time model for this round's batch: its rows' context added (StepTimeModel.at_context)."""
@@ -698,13 +702,16 @@ class SpecEngine:
         finished greedy sequences give (sampled rows: the fixed prior; verify_budget.AcceptanceHistory). In a batch
         with a sampled row every row takes the fixed prior: the round's depth is the batch's, so a greedy co-runner's
         history-fed estimate would change which depths the sampled row drafts, and with them its draws (a seeded
-        request replays on the same batch, whatever the engine served before)."""
-        records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
-        all_greedy = all(s.params.greedy for s in self._batch)
-        prior = torch.stack([self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id,
-                                                           sampled=not s.params.greedy)
-                             for s in self._batch])
-        return observed_survival(records, width, prior)
+        request replays on the same batch, whatever the engine served before). Computed once a round per width:
+        the records change only when the round commits (`_round_survival`, emptied as each round starts)."""
+        if width not in self._round_survival:
+            records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
+            all_greedy = all(s.params.greedy for s in self._batch)
+            prior = torch.stack([self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id,
+                                                               sampled=not s.params.greedy)
+                                 for s in self._batch])
+            self._round_survival[width] = observed_survival(records, width, prior)
+        return self._round_survival[width]
 
     def _budget_tree(self, proposal: PaddedProposal) -> PaddedProposal:
         """Keep each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens the step-time
