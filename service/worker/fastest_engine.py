@@ -323,6 +323,7 @@ class _Candidates:
 
 def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) -> _Candidates:
     from deepspec.decoding import build_drafter
+    from deepspec.decoding.draft_time import measure_draft_time
     from deepspec.models import load_target
     from deepspec.models.step_curve import measure_recorded_curve, recorded_curve
     from export.onnx.decode_rate import served_drafter
@@ -337,46 +338,40 @@ def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) 
         out.labels[name] = label
         out.served[name] = (target, served_drafter(target) if name == "onnx" else build_drafter(draft, target))
 
+    def draft_time(name: str):
+        """The draft's batch-1 round on candidate `name`, timed on the drafter it would serve with (the engine binds
+        it again); None without a draft directory or for a draft that runs no model."""
+        target, drafter = out.served[name]
+        return measure_draft_time(target, drafter, depth) if draft_dir is not None else None
+
     target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
                          quantization=settings.quantization, chat_template=settings.chat_template)
     add("pytorch", target, f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}")
-    out.draft_times["pytorch"] = _draft_time(target, draft_dir, depth)
+    out.draft_times["pytorch"] = draft_time("pytorch")
     runs_a_model = out.draft_times["pytorch"] is not None  # the same draft class on every engine
     if onnx_dir is not None and (onnx_curve := recorded_curve(onnx_meta.get("step_curve"))):
-        target = load_target(str(onnx_dir))
-        add("onnx", target, f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
-        out.draft_times["onnx"] = ((_exported_draft_time(onnx_meta, depth) or _draft_time(target, draft_dir, depth))
+        add("onnx", load_target(str(onnx_dir)), f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
+        out.draft_times["onnx"] = ((_exported_draft_time(onnx_meta, depth) or draft_time("onnx"))
                                    if runs_a_model else None)
     if native:
         from deepspec.models.native import load_native_target
 
         target = load_native_target(settings.target, chat_template=settings.chat_template)
         add("native", target, f"native int8 ({target.isa})")
-        out.draft_times["native"] = _draft_time(target, draft_dir, depth) if runs_a_model else None
+        out.draft_times["native"] = draft_time("native") if runs_a_model else None
     return out
 
 
 def _draft_dir(draft: str) -> Path | None:
-    """The draft directory a worker's --draft names (a path, or `auto`'s shipped draft for the default target),
-    when there is no ONNX export whose copy of it to read."""
-    if draft not in ("none", "auto", "prompt-lookup", "random") and Path(draft).is_dir():
-        return Path(draft)
-    return None
+    """The draft directory a worker's --draft names, when there is no ONNX export whose copy of it to read; None
+    for a keyword (`auto` included: which shipped draft it means depends on the loaded target)."""
+    from deepspec.decoding.registry import drafter_keywords
+
+    return Path(draft) if draft not in drafter_keywords() and Path(draft).is_dir() else None
 
 
 def _drafter_name(settings) -> str:
     return "" if settings.draft == "none" else settings.draft
-
-
-def _draft_time(target, draft_dir: Path | None, depth: int):
-    """The export's draft's batch-1 round cost on `target` (its PyTorch forward there, its graphs on the ONNX
-    export: the registry picks), or None without a draft directory or for a draft that runs no model."""
-    if draft_dir is None:
-        return None
-    from deepspec.decoding import build_drafter
-    from deepspec.decoding.draft_time import measure_draft_time
-
-    return measure_draft_time(target, build_drafter(str(draft_dir), target), depth)
 
 
 def _exported_draft_time(onnx_meta: dict, depth: int):
