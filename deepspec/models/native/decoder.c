@@ -347,7 +347,7 @@ static void mul_tile(void *ctx, int t, int tid) {
 /* y [rows, n] (row stride ldy) = dequant(q [rows, kp] . w^T); column tiles shared among the threads, every row
    tile of a column tile on the thread that takes it (its weights stay in that core's cache across row tiles). */
 static void qmat_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
-    mul_t a = {m, q, s, y, rows, ldy, 0, m->np / DS_LANES, rows >= 8 ? 8 : rows};
+    mul_t a = {m, q, s, y, rows, ldy, 0, m->np / DS_LANES, rows >= MAX_TILE_ROWS ? MAX_TILE_ROWS : rows};
     a.cols = column_tile(a.blocks, a.row_tile <= 4 ? 4 : 2, threads_now);
     pool_for(threads_now, (a.blocks + a.cols - 1) / a.cols, mul_tile, &a);
 }
@@ -1066,7 +1066,7 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
                                                                                   : chain_scratch;
     const int nthreads = c->threads > 0 ? (c->threads < MAX_THREADS ? c->threads : MAX_THREADS) : 1;
     float *x = aligned(sizeof(float) * rows * H);
-    float *h = aligned(sizeof(float) * rows * (kmax > qw ? kmax : qw));
+    float *h = aligned(sizeof(float) * rows * kmax); /* kmax covers the attention output's width too */
     float *wide = aligned(sizeof(float) * rows * widest);
     float *attn = aligned(sizeof(float) * rows * (qw > H ? qw : H));
     uint8_t *q8 = aligned((size_t)rows * kmax);
