@@ -12,8 +12,10 @@ Three parts, one run:
                             runs through its own ONNX graphs)
        onnx-int8, onnx-int8+<draft>   int8 weights per channel (MatMulIntegerToFloat): cheaper multi-token verify
                             steps than MatMulNBits' on AVX2 CPUs (--skip onnx-int8 leaves both out)
-       native, native+<draft>   the native CPU decoder (deepspec/models/native: the same int8 weights, compiled
-                            for this CPU; bit-exact speculation by construction; --skip native leaves both out)
+       native, native+<draft>   the native CPU decoder (deepspec/models/native, compiled for this CPU; bit-exact
+                            speculation by construction; --skip native leaves all its rows out), its layers on
+                            the GGUF's own 4-bit blocks (the weights' auto choice for a Q4_1 target)
+       native-int8, native-int8+<draft>   the same on the int8 graph's weights (--skip native-int8)
        served:<engine>      what `make serve` serves on this machine: the worker's --engine auto choice (measured on
                             its first start and cached: service/worker/fastest_engine.py) with the default draft
        llama.cpp            llama-cpp-python on the same GGUF (`make bench-deps`), the CPU peer every ratio divides by
@@ -298,16 +300,17 @@ def identical_to_own_target_only(rows: dict[str, dict[str, list]]) -> dict[str, 
     return out
 
 
-def native_target(console, threads: int, spec: str = "smollm2-135m"):
-    """The native CPU decoder on `spec`, or None (logged) where it cannot be built here."""
+def native_target(console, threads: int, spec: str = "smollm2-135m", weights: str = "auto"):
+    """The native CPU decoder on `spec` with its layers' weights in `weights`, or None (logged) where it cannot be
+    built here."""
     from deepspec.models.native import NativeUnavailable, load_native_target
 
     try:
-        target = load_native_target(spec, max_seq_len=2048, num_threads=threads)
+        target = load_native_target(spec, max_seq_len=2048, num_threads=threads, weights=weights)
     except NativeUnavailable as e:
         console.log(f"[yellow]no native rows: {e}")
         return None
-    console.log(f"native CPU decoder: {target.isa} kernels, {threads} threads")
+    console.log(f"native CPU decoder: {target.quantization} layers, {target.isa} kernels, {threads} threads")
     return target
 
 
@@ -387,11 +390,18 @@ def main(argv=None) -> int:
             add(f"{name}+{drafter.name}",
                 lambda target=target, drafter=drafter: ours(target, drafter))
     native = native_target(console, threads, args.target) if "native" not in skip else None
-    if native is not None:  # the native CPU decoder (int8, compiled here), target only and with the draft
-        add("native", lambda: ours(native, None))
-        if args.draft != "none":
-            native_drafter = build_drafter(args.draft, native)
-            add(f"native+{native_drafter.name}", lambda: ours(native, native_drafter))
+    native_int8 = None
+    if native is not None:  # the native CPU decoder (compiled here), target only and with the draft: its own
+        # choice of weights (the GGUF's 4-bit blocks here), and int8 beside it where that choice differs
+        natives = [("native", native)]
+        if native.quantization != "int8" and "native-int8" not in skip:
+            native_int8 = native_target(console, threads, args.target, weights="int8")
+            natives.append(("native-int8", native_int8))
+        for name, target in natives:
+            add(name, lambda target=target: ours(target, None))
+            if args.draft != "none":
+                drafter = build_drafter(args.draft, target)
+                add(f"{name}+{drafter.name}", lambda target=target, drafter=drafter: ours(target, drafter))
     served, reason = served_default(args)
     console.log(f"the worker's default engine here (--engine auto): {reason}")
     add(f"served:{served[2]}", lambda: ours(served[0], served[1]))
@@ -443,8 +453,8 @@ def main(argv=None) -> int:
     Console(width=140).print(table)
 
     console.log("verify-step curves (batch 1)")
-    curves = {q: step_curve(t, args.step_repeats) for q, t in (("int4", int4), ("int8", int8), ("native", native))
-              if t is not None}
+    curves = {q: step_curve(t, args.step_repeats) for q, t in (("int4", int4), ("int8", int8), ("native", native),
+                                                                ("native-int8", native_int8)) if t is not None}
     curve = curves["int4"]
     if "llama.cpp" not in skip and (peer_curve := llama_cpp_step_curve(str(gguf_file(args.target)), threads,
                                                                         args.step_repeats)) is not None:
@@ -459,6 +469,7 @@ def main(argv=None) -> int:
                                     "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve,
                                     "verify_step_int8": curves.get("int8"),
                                     "verify_step_native": curves.get("native"),
+                                    "verify_step_native_int8": curves.get("native-int8"),
                                     "verify_step_llama_cpp": curves.get("llama.cpp"),
                                     "verify_step_engine": {n: curves[n] for n in engines}},
                                    indent=2) + "\n")

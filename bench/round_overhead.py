@@ -39,7 +39,7 @@ def parse_args(argv):
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and activations")
     p.add_argument("--engine", default="pytorch", choices=["pytorch", "native"],
                    help="pytorch: the lean PyTorch decoder (or an ONNX export's graph, --target <dir>); native: the "
-                        "native CPU decoder on int8 weights (default: %(default)s)")
+                        "native CPU decoder on its own choice of weights (default: %(default)s)")
     p.add_argument("--drafters", default="none,auto,prompt-lookup", help="comma list of drafter specs")
     p.add_argument("--batch-sizes", default="1,8", help="comma list (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=2, help="prompts per dataset (default: %(default)s)")

@@ -49,7 +49,8 @@ def load_served_model(settings):
     choice = choose_engine(settings)
     logger.info("engine: %s (%s)", choice.engine, choice.reason)
     settings = settings.model_copy(update=choice.worker_fields())
-    if choice.engine == "native":  # int8 weights whatever --dtype and --quantization say (deepspec/models/native)
+    if choice.engine == "native":  # its own weights whatever --dtype and --quantization say: a GGUF Q4_1 target's
+        # 4-bit blocks as shipped, int8 for a float one (deepspec/models/native/target.py layer_weight_format)
         from deepspec.models.native import load_native_target
 
         target = load_native_target(settings.target, max_seq_len=settings.max_seq_len,

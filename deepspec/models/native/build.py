@@ -25,7 +25,7 @@ from deepspec.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("decoder.c")
 #: the ABI version decoder.c reports (ds_abi): bumped with any change to a function's signature
-ABI = 1
+ABI = 2
 FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c11")
 
 
@@ -143,6 +143,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ds_model_new.argtypes, lib.ds_model_new.restype = [p], p
     lib.ds_model_free.argtypes, lib.ds_model_free.restype = [p], None
     lib.ds_set_linear.argtypes, lib.ds_set_linear.restype = [p, i, i, p, p, p, i, i], i
+    lib.ds_set_linear_q4.argtypes, lib.ds_set_linear_q4.restype = [p, i, i, p, p, p, p, i, i], i
     lib.ds_set_norm.argtypes, lib.ds_set_norm.restype = [p, i, i, p, i], i
     lib.ds_set_window.argtypes, lib.ds_set_window.restype = [p, i, i, i], None
     lib.ds_set_tables.argtypes, lib.ds_set_tables.restype = [p, p, p, p, p, p], None

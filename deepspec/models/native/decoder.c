@@ -1,4 +1,5 @@
-/* DeepSpec's native CPU decoder: one forward of a Llama-family target on int8 weights, for speculative decoding.
+/* DeepSpec's native CPU decoder: one forward of a Llama-family target on int8 weights or 4-bit blocks, for
+   speculative decoding.
 
    Why it exists: a verify pass of T tokens should cost about what a one-token step costs, because a step on CPU
    is bound by reading the weights, not by the arithmetic. ONNX Runtime's int8 graph pays ~490 kernel launches a
@@ -8,7 +9,8 @@
 
    Numbers: weights int8 per output channel on 7 bits (levels -63..63, deepspec/models/int8_weights.py says why),
    activations quantized per row to uint8 (scale = the row's abs-max / 127, zero point 128) just before each
-   matmul, integer dot products (exact), one float scaling per output element. Everything else — embeddings,
+   matmul, integer dot products (exact), one float scaling per output element. Or, per layer matrix, GGUF's Q4_1
+   blocks (the 4-bit section below), activations then quantized per block of 32. Everything else — embeddings,
    norms, RoPE, attention, the KV cache — is float32.
 
    Row invariance, by construction: each output row of every operation depends on its own input row only and is
@@ -48,7 +50,7 @@
 #define DS_LANES 8
 #endif
 
-#define DS_ABI 1
+#define DS_ABI 2
 #define MAX_TILE_ROWS 8
 #define ALIGN 64
 
@@ -176,6 +178,7 @@ static void pool_for(int threads, int n, item_fn fn, void *ctx) {
 typedef struct {
     int n, k;           /* logical output and input widths */
     int np, kp;         /* padded: n to DS_LANES, k to 4 */
+    int kb;             /* 4-bit blocks along k (the 4-bit format below), or 0: int8 per channel */
     int8_t *w;          /* [np / LANES][kp / 4][LANES][4] */
     int32_t *offset;    /* [np] 128 * sum_k w[n, k]: the activations' zero point folded out of the integer sums */
     float *scale;       /* [np] per output channel */
@@ -207,6 +210,9 @@ static int qmat_init(qmat *m, const int8_t *w, const float *scale, const float *
     }
     return 0;
 }
+
+static int qmat_init_q4(qmat *m, const uint8_t *q, const uint16_t *d, const uint16_t *mn, const float *bias, int n,
+                        int k); /* the 4-bit format, after the float helpers it uses */
 
 static void qmat_free(qmat *m) {
     free(m->w);
@@ -412,6 +418,15 @@ int ds_set_linear(ds_model *m, int layer, int which, const int8_t *w, const floa
     return qmat_init(dst, w, scale, bias, n, k);
 }
 
+/* the same in the 4-bit format: q [n, k] in 0..15, d and m [n, k / 32] fp16 bits; -2 when k is not a multiple of
+   32 (keep that matrix int8) */
+int ds_set_linear_q4(ds_model *m, int layer, int which, const uint8_t *q, const uint16_t *d, const uint16_t *mn,
+                     const float *bias, int n, int k) {
+    qmat *dst = layer < 0 ? &m->head : &m->layer[layer].lin[which];
+    qmat_free(dst);
+    return qmat_init_q4(dst, q, d, mn, bias, n, k);
+}
+
 static float *copy_floats(const float *src, size_t count) {
     float *p = aligned(sizeof(float) * count);
     if (p) memcpy(p, src, sizeof(float) * count);
@@ -547,6 +562,184 @@ static void gated_activation(const float *gate, const float *up, int n, int gelu
     }
 }
 
+/* ---- 4-bit matrices ----------------------------------------------------------------------------------------- */
+/* Blocks of Q4_BLOCK inputs per output channel, each with a scale d and a minimum m (fp16): w = d * q + m, q in
+   0..15 — GGUF's Q4_1, so a target shipped in it runs on its own weights, at 0.625 bytes a weight against int8's 1
+   (a one-token step reads every weight once; on two cores it is bound by those bytes). Activations are quantized
+   per block too (signed, abs-max / 127, as llama.cpp's Q8_1): x ≈ s a. Then per block and output channel
+     sum_k x_k w_k = d (s sum_k a_k q_k) + m (s sum_k a_k),
+   an exact integer sum scaled in float32, in block order: a row's result still never depends on the other rows.
+
+   Packed per lane-block of DS_LANES channels and per input block, 20 * DS_LANES bytes: four vectors of nibbles (the
+   low nibble of byte 4 l + i in vector v holds q[l][4 v + i], the high one q[l][16 + 4 v + i]), then the lanes'
+   d and m as fp16. */
+
+#define Q4_BLOCK 32
+#define Q4_BYTES (20 * DS_LANES)
+
+static int qmat_init_q4(qmat *m, const uint8_t *q, const uint16_t *d, const uint16_t *mn, const float *bias, int n,
+                        int k) {
+    if (k % Q4_BLOCK) return -2;
+    m->n = n;
+    m->k = m->kp = k;
+    m->kb = k / Q4_BLOCK;
+    m->np = (n + DS_LANES - 1) / DS_LANES * DS_LANES;
+    m->w = aligned((size_t)m->np / DS_LANES * m->kb * Q4_BYTES);
+    m->bias = bias ? aligned(sizeof(float) * m->np) : NULL;
+    if (!m->w || (bias && !m->bias)) return -1;
+    memset(m->w, 0, (size_t)m->np / DS_LANES * m->kb * Q4_BYTES);
+    for (int c = 0; c < m->np; c++) {
+        const int l = c % DS_LANES;
+        for (int b = 0; b < m->kb; b++) {
+            uint8_t *blk = (uint8_t *)m->w + ((size_t)(c / DS_LANES) * m->kb + b) * Q4_BYTES;
+            uint16_t *scales = (uint16_t *)(blk + 16 * DS_LANES);
+            for (int j = 0; j < Q4_BLOCK; j++) {
+                const uint8_t v = c < n ? q[(size_t)c * k + b * Q4_BLOCK + j] & 15 : 0;
+                blk[(j % 16 / 4) * 4 * DS_LANES + 4 * l + j % 4] |= (uint8_t)(j < 16 ? v : v << 4);
+            }
+            scales[l] = c < n ? d[(size_t)c * m->kb + b] : 0;
+            scales[DS_LANES + l] = c < n ? mn[(size_t)c * m->kb + b] : 0;
+        }
+        if (bias) m->bias[c] = c < n ? bias[c] : 0.0f;
+    }
+    return 0;
+}
+
+/* the block's nibbles as bytes, the int sums as floats, the fp16 scales as floats */
+#if DS_LANES == 16
+static inline wv_t nib_lo(wv_t v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
+static inline wv_t nib_hi(wv_t v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
+static inline vf acc_float(acc_t a) { return _mm512_cvtepi32_ps(a); }
+static inline vf half_load(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)p)); }
+/* acc + the four-term dot products of unsigned nibble bytes w and four signed bytes x4 */
+static inline acc_t dot4_u(acc_t acc, wv_t w, uint32_t x4) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32((int)x4));
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, _mm512_set1_epi32((int)x4)),
+                                                   _mm512_set1_epi16(1)));
+#endif
+}
+#elif defined(__AVX2__)
+static inline wv_t nib_lo(wv_t v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+static inline wv_t nib_hi(wv_t v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
+static inline vf acc_float(acc_t a) { return _mm256_cvtepi32_ps(a); }
+static inline vf half_load(const uint16_t *p) { return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)p)); }
+static inline acc_t dot4_u(acc_t acc, wv_t w, uint32_t x4) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32((int)x4)),
+                                                   _mm256_set1_epi16(1)));
+}
+#else
+typedef struct { uint8_t v[4 * DS_LANES]; } nib_t;
+static inline nib_t nib_split(const int8_t *p, int shift) {
+    nib_t r;
+    for (int i = 0; i < 4 * DS_LANES; i++) r.v[i] = (uint8_t)(((uint8_t)p[i] >> shift) & 15);
+    return r;
+}
+#define nib_lo(p) nib_split(p, 0)
+#define nib_hi(p) nib_split(p, 4)
+static inline vf acc_float(acc_t a) { vf r; for (int i = 0; i < 8; i++) r.v[i] = (float)a.v[i]; return r; }
+static inline float half_float(uint16_t h) { /* IEEE binary16 → float, subnormals included */
+    const int e = (h >> 10) & 31, f = h & 1023;
+    const float v = e == 0 ? ldexpf((float)f, -24) : e == 31 ? (f ? NAN : INFINITY) : ldexpf((float)(f | 1024), e - 25);
+    return h & 0x8000 ? -v : v;
+}
+static inline vf half_load(const uint16_t *p) { vf r; for (int i = 0; i < 8; i++) r.v[i] = half_float(p[i]); return r; }
+static inline acc_t dot4_u(acc_t acc, nib_t w, uint32_t x4) {
+    const int8_t *x = (const int8_t *)&x4;
+    for (int l = 0; l < DS_LANES; l++)
+        acc.v[l] += w.v[4 * l] * x[0] + w.v[4 * l + 1] * x[1] + w.v[4 * l + 2] * x[2] + w.v[4 * l + 3] * x[3];
+    return acc;
+}
+#endif
+#if DS_LANES == 16 || defined(__AVX2__)
+typedef wv_t nib_t;
+#endif
+
+/* output row r of lane-block c: the float sums (and bias) into y */
+static inline void q4_out(const qmat *m, vf acc, int r, int block, float *y, int ldy) {
+    float sums[DS_LANES];
+    vf_store(sums, acc, DS_LANES);
+    for (int l = 0; l < DS_LANES; l++) {
+        const int n = block * DS_LANES + l;
+        if (n >= m->n) break;
+        y[(size_t)r * ldy + n] = m->bias ? sums[l] + m->bias[n] : sums[l];
+    }
+}
+
+/* One tile: ROWS rows x COLS lane-blocks, every input block in order. a: the rows' signed activations [rows, kp];
+   s: per row and block (s, s * sum a), row stride 2 kb. Named accumulators, as the int8 tile says why. */
+#define Q4_ACC(r, c) acc_t i##r##c = acc_zero(); vf f##r##c = vf_set(0.0f);
+#define Q4_ZERO(r, c) if ((r) < ROWS && (c) < COLS) i##r##c = acc_zero();
+#define Q4_W(c) nib_t lo##c, hi##c; \
+    if ((c) < COLS) { const wv_t raw = w_load(wb + (c) * stride + v * 4 * DS_LANES); lo##c = nib_lo(raw); hi##c = nib_hi(raw); } \
+    else { lo##c = hi##c = nib_lo(w_load(wb + v * 4 * DS_LANES)); }
+#define Q4_X(r) uint32_t xl##r = 0, xh##r = 0; \
+    if ((r) < ROWS) { memcpy(&xl##r, x0 + (size_t)(r) * kp + 4 * v, 4); memcpy(&xh##r, x0 + (size_t)(r) * kp + 16 + 4 * v, 4); }
+#define Q4_STEP(r, c) if ((r) < ROWS && (c) < COLS) i##r##c = dot4_u(dot4_u(i##r##c, lo##c, xl##r), hi##c, xh##r);
+#define Q4_SCALES(c) vf d##c = vf_set(0.0f), m##c = d##c; \
+    if ((c) < COLS) { d##c = half_load((const uint16_t *)(wb + (c) * stride + 16 * DS_LANES)); \
+                      m##c = half_load((const uint16_t *)(wb + (c) * stride + 18 * DS_LANES)); }
+#define Q4_FOLD(r, c) if ((r) < ROWS && (c) < COLS) \
+    f##r##c = vf_fma(m##c, vf_set(s[(size_t)(r) * ss + 2 * b + 1]), \
+                     vf_fma(acc_float(i##r##c), vf_mul(d##c, vf_set(s[(size_t)(r) * ss + 2 * b])), f##r##c));
+#define Q4_OUT(r, c) if ((r) < ROWS && (c) < COLS) q4_out(m, f##r##c, r, c0 + (c), y, ldy);
+
+static inline __attribute__((always_inline)) void q4_tile(const qmat *m, const uint8_t *a, const float *s, int c0,
+                                                          float *y, int ldy, const int ROWS, const int COLS) {
+    const int kp = m->kp, kb = m->kb;
+    const size_t ss = 2 * (size_t)kb, stride = (size_t)kb * Q4_BYTES;
+    const int8_t *w0 = m->w + (size_t)c0 * stride;
+    TILE_ALL(Q4_ACC)
+    for (int b = 0; b < kb; b++) {
+        const int8_t *wb = w0 + (size_t)b * Q4_BYTES;
+        for (int c = 0; c < COLS; c++) /* the next block's lines: a few percent at 4 and 8 rows */
+            for (int line = 0; line < Q4_BYTES; line += 64) __builtin_prefetch(wb + (size_t)c * stride + Q4_BYTES + line);
+        const uint8_t *x0 = a + (size_t)b * Q4_BLOCK;
+        TILE_ALL(Q4_ZERO)
+        for (int v = 0; v < 4; v++) {
+            Q4_W(0) Q4_W(1) Q4_W(2) Q4_W(3)
+            Q4_X(0) Q4_X(1) Q4_X(2) Q4_X(3) Q4_X(4) Q4_X(5) Q4_X(6) Q4_X(7)
+            TILE_ALL(Q4_STEP)
+        }
+        Q4_SCALES(0) Q4_SCALES(1) Q4_SCALES(2) Q4_SCALES(3)
+        TILE_ALL(Q4_FOLD)
+    }
+    TILE_ALL(Q4_OUT)
+}
+
+#define Q4_CASE(R, C) case (R) * 8 + (C): q4_tile(m, q, s, c0, y, ldy, R, C); break;
+
+/* tiles within the 32 vector registers: up to 2 rows x 4 blocks, 4 x 2, or 8 x 1 */
+static void q4_dispatch(const qmat *m, const uint8_t *q, const float *s, int rows, int c0, int cols, float *y,
+                        int ldy) {
+    switch (rows * 8 + cols) {
+        Q4_CASE(1, 1) Q4_CASE(1, 2) Q4_CASE(1, 3) Q4_CASE(1, 4)
+        Q4_CASE(2, 1) Q4_CASE(2, 2) Q4_CASE(2, 3) Q4_CASE(2, 4)
+        Q4_CASE(3, 1) Q4_CASE(3, 2) Q4_CASE(4, 1) Q4_CASE(4, 2)
+        Q4_CASE(5, 1) Q4_CASE(6, 1) Q4_CASE(7, 1) Q4_CASE(8, 1)
+    }
+}
+
+static void q4_mul_tile(void *ctx, int t, int tid) {
+    const mul_t *a = ctx;
+    (void)tid;
+    const int c0 = t * a->cols;
+    const int nc = c0 + a->cols <= a->blocks ? a->cols : a->blocks - c0;
+    for (int r0 = 0; r0 < a->rows; r0 += a->row_tile) {
+        const int nr = r0 + a->row_tile <= a->rows ? a->row_tile : a->rows - r0;
+        q4_dispatch(a->m, a->q + (size_t)r0 * a->m->kp, a->s + (size_t)r0 * 2 * a->m->kb, nr, c0, nc,
+                    a->y + (size_t)r0 * a->ldy, a->ldy);
+    }
+}
+
+static void q4_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
+    const int row_tile = rows >= MAX_TILE_ROWS ? MAX_TILE_ROWS : rows;
+    mul_t a = {m, q, s, y, rows, ldy, 0, m->np / DS_LANES, row_tile};
+    a.cols = column_tile(a.blocks, row_tile <= 2 ? 4 : row_tile <= 4 ? 2 : 1, threads_now);
+    pool_for(threads_now, (a.blocks + a.cols - 1) / a.cols, q4_mul_tile, &a);
+}
+
 /* x [k] float → q [kp] uint8 (zero point 128, padding 128) and its scale: the row's abs-max / 127, rounded to
    nearest even (the conversion's default mode, as nearbyintf) */
 static void quantize_row(const float *x, int k, int kp, uint8_t *q, float *scale_out) {
@@ -588,6 +781,67 @@ static void quantize_row(const float *x, int k, int kp, uint8_t *q, float *scale
 #endif
     for (int j = k; j < kp; j++) q[j] = 128;
     *scale_out = scale;
+}
+
+/* x [k] float (k a multiple of Q4_BLOCK) → q [k] int8 per block, and per block (s, s * sum a) into s_out: s = the
+   block's abs-max / 127, rounded to nearest even as quantize_row */
+static void quantize_blocks(const float *x, int k, uint8_t *q, float *s_out) {
+    int8_t *a = (int8_t *)q;
+    for (int b = 0; b < k / Q4_BLOCK; b++) {
+        const float *xb = x + (size_t)b * Q4_BLOCK;
+        int8_t *ab = a + (size_t)b * Q4_BLOCK;
+        int32_t sum = 0;
+#if DS_LANES == 16
+        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        const float scale = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1))) / 127.0f;
+        const __m512 inv = _mm512_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+        _mm_storeu_si128((__m128i *)ab, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(ab + 16), _mm512_cvtepi32_epi8(q1));
+        sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#elif defined(__AVX2__)
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 amax = _mm256_setzero_ps();
+        for (int j = 0; j < Q4_BLOCK; j += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+        float lanes[8], top = 0.0f;
+        _mm256_storeu_ps(lanes, amax);
+        for (int i = 0; i < 8; i++) top = lanes[i] > top ? lanes[i] : top;
+        const float scale = top / 127.0f;
+        const __m256 inv = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+        for (int j = 0; j < Q4_BLOCK; j += 8) {
+            int32_t v[8];
+            _mm256_storeu_si256((__m256i *)v, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), inv)));
+            for (int i = 0; i < 8; i++) ab[j + i] = (int8_t)v[i], sum += v[i];
+        }
+#else
+        float top = 0.0f;
+        for (int j = 0; j < Q4_BLOCK; j++) top = fabsf(xb[j]) > top ? fabsf(xb[j]) : top;
+        const float scale = top / 127.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+        for (int j = 0; j < Q4_BLOCK; j++) {
+            const int v = (int)nearbyintf(xb[j] * inv);
+            ab[j] = (int8_t)v;
+            sum += v;
+        }
+#endif
+        s_out[2 * b] = scale;
+        s_out[2 * b + 1] = scale * (float)sum;
+    }
+}
+
+/* row r of a matmul's input, quantized as its matrix's format wants (q row stride kp; s row stride 1, or 2 kb) */
+static void quantize_input(const qmat *m, const float *x, uint8_t *q, float *s, int r) {
+    if (m->kb)
+        quantize_blocks(x, m->k, q + (size_t)r * m->kp, s + (size_t)r * 2 * m->kb);
+    else
+        quantize_row(x, m->k, m->kp, q + (size_t)r * m->kp, s + r);
+}
+
+/* y [rows, n] = the matmul of quantize_input's rows with m, whichever its format */
+static void mat_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
+    if (m->kb)
+        q4_mul(m, q, s, rows, y, ldy);
+    else
+        qmat_mul(m, q, s, rows, y, ldy);
 }
 
 
@@ -946,10 +1200,10 @@ typedef struct {
 /* before the q/k/v matmul: the attention norm, quantized for the matmul */
 static void row_attn_in(void *ctx, int r, int tid) {
     const fwd_t *f = ctx;
-    const int H = f->m->cfg.hidden, kp = f->L->lin[LIN_QKV].kp;
+    const int H = f->m->cfg.hidden;
     (void)tid;
     rms_norm(f->x + (size_t)r * H, f->L->norm[NORM_ATTN], H, f->m->cfg.eps, f->h + (size_t)r * H);
-    quantize_row(f->h + (size_t)r * H, H, kp, f->q8 + (size_t)r * kp, f->qs + r);
+    quantize_input(&f->L->lin[LIN_QKV], f->h + (size_t)r * H, f->q8, f->qs, r);
 }
 
 /* after it: q/k norms and RoPE at the row's position, its k and v into the cache, q to the attention's input */
@@ -979,33 +1233,33 @@ static void row_qkv_out(void *ctx, int r, int tid) {
 /* the attention output, quantized for its projection */
 static void row_attn_out(void *ctx, int r, int tid) {
     const fwd_t *f = ctx;
-    const int qw = f->m->cfg.heads * f->m->cfg.head_dim, kp = f->L->lin[LIN_O].kp;
+    const int qw = f->m->cfg.heads * f->m->cfg.head_dim;
     (void)tid;
-    quantize_row(f->attn + (size_t)r * qw, qw, kp, f->q8 + (size_t)r * kp, f->qs + r);
+    quantize_input(&f->L->lin[LIN_O], f->attn + (size_t)r * qw, f->q8, f->qs, r);
 }
 
 /* the projected attention into the residual, then the MLP's norm, quantized for gate|up */
 static void row_mlp_in(void *ctx, int r, int tid) {
     const fwd_t *f = ctx;
     const ds_config *c = &f->m->cfg;
-    const int H = c->hidden, kp = f->L->lin[LIN_GATE_UP].kp;
+    const int H = c->hidden;
     float *o = f->h + (size_t)r * H, *x = f->x + (size_t)r * H;
     (void)tid;
     if (c->sandwich) rms_norm(o, f->L->norm[NORM_POST_ATTN], H, c->eps, o);
     for (int j = 0; j < H; j++) x[j] += o[j];
     rms_norm(x, f->L->norm[NORM_MLP], H, c->eps, o);
-    quantize_row(o, H, kp, f->q8 + (size_t)r * kp, f->qs + r);
+    quantize_input(&f->L->lin[LIN_GATE_UP], o, f->q8, f->qs, r);
 }
 
 /* the gated activation, quantized for the down projection */
 static void row_mlp_act(void *ctx, int r, int tid) {
     const fwd_t *f = ctx;
     const ds_config *c = &f->m->cfg;
-    const int inter = c->inter, kp = f->L->lin[LIN_DOWN].kp;
+    const int inter = c->inter;
     float *gu = f->wide + (size_t)r * 2 * inter, *a = f->h + (size_t)r * inter;
     (void)tid;
     gated_activation(gu, gu + inter, inter, c->gelu, a);
-    quantize_row(a, inter, kp, f->q8 + (size_t)r * kp, f->qs + r);
+    quantize_input(&f->L->lin[LIN_DOWN], a, f->q8, f->qs, r);
 }
 
 /* the MLP's output into the residual; the residual kept as a feature where asked */
@@ -1031,16 +1285,16 @@ static void layer(fwd_t *f, int li, size_t scratch_per_thread, int64_t max_keys,
     f->li = li;
     f->L = &m->layer[li];
     rows_for(rows, row_attn_in, f);
-    qmat_mul(&f->L->lin[LIN_QKV], f->q8, f->qs, rows, f->wide, qkvw);
+    mat_mul(&f->L->lin[LIN_QKV], f->q8, f->qs, rows, f->wide, qkvw);
     rows_for(rows, row_qkv_out, f);
     attn_t a = {c, f->L, li, f->st, f->depth, f->h, f->attn, scratch, scratch_per_thread, max_keys};
     attention(&a);
     rows_for(rows, row_attn_out, f);
-    qmat_mul(&f->L->lin[LIN_O], f->q8, f->qs, rows, f->h, H);
+    mat_mul(&f->L->lin[LIN_O], f->q8, f->qs, rows, f->h, H);
     rows_for(rows, row_mlp_in, f);
-    qmat_mul(&f->L->lin[LIN_GATE_UP], f->q8, f->qs, rows, f->wide, 2 * c->inter);
+    mat_mul(&f->L->lin[LIN_GATE_UP], f->q8, f->qs, rows, f->wide, 2 * c->inter);
     rows_for(rows, row_mlp_act, f);
-    qmat_mul(&f->L->lin[LIN_DOWN], f->q8, f->qs, rows, f->attn, H);
+    mat_mul(&f->L->lin[LIN_DOWN], f->q8, f->qs, rows, f->attn, H);
     rows_for(rows, row_mlp_out, f);
 }
 
@@ -1070,7 +1324,8 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
     float *wide = aligned(sizeof(float) * rows * widest);
     float *attn = aligned(sizeof(float) * rows * (qw > H ? qw : H));
     uint8_t *q8 = aligned((size_t)rows * kmax);
-    float *qs = aligned(sizeof(float) * (rows > N * B ? rows : N * B + 1));
+    const int scales_per_row = 2 * (kmax / Q4_BLOCK) + 1; /* quantize_input's: 1 (int8), or 2 per 4-bit block */
+    float *qs = aligned(sizeof(float) * (size_t)(rows > N * B ? rows : N * B + 1) * scales_per_row);
     float *scratch = aligned(sizeof(float) * scratch_per_thread * nthreads);
     int *depth = parents ? aligned(sizeof(int) * rows) : NULL;
     int ok = x && h && wide && attn && q8 && qs && scratch && (!parents || depth);
@@ -1100,9 +1355,9 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
             const int b = i / N;
             const int64_t t = logits_index[i];
             rms_norm(x + ((size_t)b * T + t) * H, m->final_norm, H, c->eps, h + (size_t)i * H);
-            quantize_row(h + (size_t)i * H, H, m->head.kp, q8 + (size_t)i * m->head.kp, qs + i);
+            quantize_input(&m->head, h + (size_t)i * H, q8, qs, i);
         }
-        qmat_mul(&m->head, q8, qs, picked, logits, c->vocab);
+        mat_mul(&m->head, q8, qs, picked, logits, c->vocab);
     }
     pool_spin(0);
     pthread_mutex_unlock(&pool_lock);

@@ -29,11 +29,14 @@ from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
 from deepspec.models.native.build import Config, load_library
+from deepspec.models.q4_weights import quantize_q4, round_trips
 from deepspec.models.target import TargetEmbeddings
 from deepspec.models.tree_attention import check_parents
 
 #: decoder.c's enums, in its order
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+#: the layers' weight formats: int8 per output channel (int8_weights.py), or 4-bit blocks (q4_weights.py)
+WEIGHT_FORMATS = ("auto", "int8", "q4")
 NORMS = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm")
 
 
@@ -65,6 +68,7 @@ class NativeTarget(HFTextTarget):
     _tables: dict = field(repr=False)
     _head: torch.Tensor = field(repr=False)
     embed_scale: float = 1.0
+    #: the layers' weight format: int8 or q4 (layer_weight_format); the LM head is int8 either way
     quantization: str = "int8"
 
     #: forward takes tree_parents; KVCache.keep_path compacts the accepted path
@@ -153,25 +157,42 @@ class NativeTarget(HFTextTarget):
 
 
 def load_native_target(spec: str, *, max_seq_len: int | None = None, chat_template: str | None = None,
-                       for_chat: bool = False, num_threads: int | None = None) -> NativeTarget:
-    """The target `spec` (alias, GGUF file or Hugging Face directory) on the native CPU decoder. The library is
-    compiled for this machine on first use (build.py); NativeUnavailable when that cannot happen."""
+                       for_chat: bool = False, num_threads: int | None = None, weights: str = "auto") -> NativeTarget:
+    """The target `spec` (alias, GGUF file or Hugging Face directory) on the native CPU decoder, its layers' weights
+    in `weights` (native_target_from says what auto picks). The library is compiled for this machine on first use
+    (build.py); NativeUnavailable when that cannot happen."""
     from deepspec.models.target_loader import load_target
 
     load_library()  # fail before loading weights when there is no compiler
     reference = load_target(spec, dtype="float32", max_seq_len=max_seq_len, chat_template=chat_template,
                             for_chat=for_chat)
-    return native_target_from(reference, num_threads)
+    return native_target_from(reference, num_threads, weights=weights)
 
 
-def native_target_from(reference, num_threads: int | None = None, library=None) -> NativeTarget:
+def layer_weight_format(decoder, weights: str = "auto") -> str:
+    """The layers' weight format for `weights`: int8 or q4 as asked; auto = q4 where every layer matrix is already
+    on 4-bit blocks (dequantized from GGUF's Q4_1, as the default target: the decoder then computes with the model's
+    own weights, at 0.625 bytes a weight), int8 otherwise (a float model keeps its finer weights)."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"native weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+    if weights != "auto":
+        return weights
+    exact = all(round_trips(getattr(layer, name).detach().float().numpy())
+                for layer in decoder.layers for name in LINEARS)
+    return "q4" if exact else "int8"
+
+
+def native_target_from(reference, num_threads: int | None = None, library=None, *,
+                       weights: str = "auto") -> NativeTarget:
     """The native decoder on the weights of a loaded PyTorch target (`DecoderTarget`, float32): its text half
-    (tokenizer, end ids, context) carried over, its matmul weights quantized to int8 and packed. `library`: a build
-    other than this machine's own (build.library_for), for tests of the other kernel families."""
+    (tokenizer, end ids, context) carried over, its layers' matmul weights packed in `weights`'s format
+    (layer_weight_format), the LM head in int8. `library`: a build other than this machine's own
+    (build.library_for), for tests of the other kernel families."""
     from deepspec.models.decoder_target import pytorch_decoder
 
     lib = library or load_library()
     decoder = pytorch_decoder(reference)
+    layer_format = layer_weight_format(decoder, weights)
     arch = reference.spec
     threads = int(num_threads or torch.get_num_threads())
     config = Config(hidden=arch.hidden_size, layers=arch.num_layers, heads=arch.num_heads, kv_heads=arch.num_kv_heads,
@@ -188,11 +209,18 @@ def native_target_from(reference, num_threads: int | None = None, library=None) 
         if status:
             raise MemoryError(f"the native decoder could not allocate {what}")
 
-    def set_linear(layer: int, which: int, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        q, scale = quantize_int8(weight.detach().float().numpy())
+    def set_linear(layer: int, which: int, weight: torch.Tensor, bias: torch.Tensor | None, form: str) -> None:
+        w = weight.detach().float().numpy()
         b = np.ascontiguousarray(bias.detach().float().numpy()) if bias is not None else None
-        check(lib.ds_set_linear(handle, layer, which, q.ctypes.data, scale.ctypes.data,
-                                b.ctypes.data if b is not None else None, q.shape[0], q.shape[1]), "a weight matrix")
+        bias_ptr = b.ctypes.data if b is not None else None
+        if form == "q4":
+            q, d, m = quantize_q4(w)
+            check(lib.ds_set_linear_q4(handle, layer, which, q.ctypes.data, d.ctypes.data, m.ctypes.data, bias_ptr,
+                                       q.shape[0], q.shape[1]), "a weight matrix")
+            return
+        q, scale = quantize_int8(w)
+        check(lib.ds_set_linear(handle, layer, which, q.ctypes.data, scale.ctypes.data, bias_ptr, q.shape[0],
+                                q.shape[1]), "a weight matrix")
 
     def set_norm(layer: int, which: int, weight: torch.Tensor) -> None:
         w = np.ascontiguousarray(weight.detach().float().numpy())
@@ -200,12 +228,12 @@ def native_target_from(reference, num_threads: int | None = None, library=None) 
 
     for i, layer in enumerate(decoder.layers):
         for which, name in enumerate(LINEARS):
-            set_linear(i, which, getattr(layer, name), layer.bqkv if name == "wqkv" else None)
+            set_linear(i, which, getattr(layer, name), layer.bqkv if name == "wqkv" else None, layer_format)
         for which, name in enumerate(NORMS):
             if hasattr(layer, name):
                 set_norm(i, which, getattr(layer, name))
         lib.ds_set_window(handle, i, int(layer.window), int(bool(layer.window and arch.rope_local_theta)))
-    set_linear(-1, 0, decoder.head, None)
+    set_linear(-1, 0, decoder.head, None, "int8")
     set_norm(-1, 0, decoder.final_norm)
 
     half = arch.head_dim // 2
@@ -224,4 +252,5 @@ def native_target_from(reference, num_threads: int | None = None, library=None) 
                       tables["local_sin"].data_ptr() if "local_sin" in tables else None)
     head = tables["embed"] if decoder.head is decoder.embed else decoder.head.detach().float().contiguous()
     return NativeTarget(reference.name, reference.path, arch, reference.tokenizer, reference.max_seq_len,
-                        reference.eos_token_ids, threads, model, tables, head, float(decoder.embed_scale))
+                        reference.eos_token_ids, threads, model, tables, head, float(decoder.embed_scale),
+                        quantization=layer_format)

@@ -1,5 +1,5 @@
 """The native CPU decoder (deepspec/models/native): the same model as the PyTorch decoder with int8 weights and
-per-row int8 activations, and bit-exact row invariance (a verify pass = one-token steps, a row alone = the row in a
+per-row int8 activations, or 4-bit block weights and per-block activations, and bit-exact row invariance (a verify pass = one-token steps, a row alone = the row in a
 batch, a tree path = its chain), which is what makes speculative output equal target-only output."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import deepspec.models.decoder as decoder_module
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
 from deepspec.models.native import NativeTarget, NativeUnavailable, native_target_from
+from deepspec.models.native.target import layer_weight_format
+from deepspec.models.q4_weights import dequantize_q4, quantize_q4, round_trips
 from tests.conftest import CharTokenizer
 
 VOCAB = 96
@@ -67,6 +69,23 @@ def _quantized_linear(x, weight, bias, packed=None):
     return y.reshape(*x.shape[:-1], -1)
 
 
+def _q4_linear(x, weight, bias, packed=None):
+    """The 4-bit layers' matmul in torch: the weights' blocks dequantized, activations per block of 32 to signed
+    int8 (scale = the block's abs-max / 127); the LM head (the only [VOCAB, ...] matrix here) stays int8."""
+    if weight.shape[0] == VOCAB:
+        return _quantized_linear(x, weight, bias)
+    w = torch.from_numpy(dequantize_q4(*quantize_q4(weight.detach().float().numpy())))
+    rows = x.float().reshape(-1, x.shape[-1])
+    blocks = rows.reshape(rows.shape[0], -1, 32)
+    step = blocks.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    xq = (torch.round(blocks * inv) * step).reshape(rows.shape)
+    y = (xq.double() @ w.double().T).float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.reshape(*x.shape[:-1], -1)
+
+
 def _has(*flags: str) -> bool:
     from pathlib import Path
 
@@ -88,31 +107,36 @@ def libraries(tmp_path_factory):
     return {march: library_for(march, folder) for march in KERNELS if march != "native"}
 
 
-@pytest.fixture(scope="module", params=[(f, k) for k in KERNELS for f in ("llama", "qwen2", "qwen3", "gemma3")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[(f, k, w) for k in KERNELS for f in ("llama", "qwen2", "qwen3", "gemma3")
+                                        for w in ("int8", "q4")], ids=lambda p: "-".join(p))
 def pair(request, libraries):
-    family, kernels = request.param
+    family, kernels, weights = request.param
     reference = _tiny(family)
-    native = native_target_from(reference, num_threads=2, library=libraries.get(kernels))
+    native = native_target_from(reference, num_threads=2, library=libraries.get(kernels), weights=weights)
+    assert native.quantization == weights
     assert kernels != "x86-64" or native.isa == "portable"
     assert kernels != "x86-64-v3" or native.isa == "avx2"
     return reference, native
 
 
-def test_it_computes_the_decoder_with_int8_matmuls(pair, monkeypatch):
+def test_it_computes_the_decoder_with_its_quantized_matmuls(pair, monkeypatch):
     reference, native = pair
     assert isinstance(native, NativeTarget)
-    monkeypatch.setattr(decoder_module, "_linear", _quantized_linear)
+    monkeypatch.setattr(decoder_module, "_linear", _q4_linear if native.quantization == "q4" else _quantized_linear)
     B, layers = 3, (0, 2)
     want_cache, got_cache = KVCache(reference.spec, B, 64, torch.float32), native.new_cache(B, 64)
     tokens = torch.randint(0, VOCAB, (B, 20))
     start = torch.zeros(B, dtype=torch.long)
 
+    # a 32-input block's activation level that float32 and torch's float64 round to different sides of a half
+    # (the two paths' norms differ in the last bits) moves the logits after it by up to ~4e-3 at these sizes
+    tolerance = 5e-3 if native.quantization == "q4" else 2e-3
+
     def check(x, begin, logits):
         want = reference.forward(x, begin, want_cache.rows(0, B), feature_layers=layers, logits=logits)
         got = native.forward(x, begin, got_cache.rows(0, B), feature_layers=layers, logits=logits)
-        torch.testing.assert_close(got.features, want.features, atol=2e-3, rtol=2e-3)
-        torch.testing.assert_close(got.logits, want.logits, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(got.features, want.features, atol=tolerance, rtol=2e-3)
+        torch.testing.assert_close(got.logits, want.logits, atol=tolerance, rtol=2e-3)
 
     check(tokens[:, :9], start, "last")  # prefill: past gemma3's 6-token window
     check(tokens[:, 9:13], start + 9, "all")  # a verify pass
@@ -165,7 +189,8 @@ def test_thread_counts_share_one_pool_and_never_change_a_number(pair):
     tokens = torch.randint(0, VOCAB, (2, 11))
     outputs = []
     for threads in (2, 4, 1):
-        target = native_target_from(reference, num_threads=threads, library=native._model.lib)
+        target = native_target_from(reference, num_threads=threads, library=native._model.lib,
+                                    weights=native.quantization)
         cache = target.new_cache(2, 32)
         target.forward(tokens[:, :6], torch.zeros(2, dtype=torch.long), cache.rows(0, 2), logits="none")
         outputs.append(target.forward(tokens[:, 6:], torch.full((2,), 6), cache.rows(0, 2)).logits)
@@ -206,8 +231,40 @@ def test_quantized_weights_round_trip_within_half_a_step():
     assert np.all(np.abs(q * scale[:, None] - weight) <= scale[:, None] / 2 + 1e-7)
 
 
+def test_4bit_blocks_reproduce_weights_that_came_from_them_and_round_others_within_half_a_step():
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((8, 64)).astype(np.float32)
+    q, d, m = quantize_q4(weight)
+    assert q.max() <= 15 and d.dtype == m.dtype == np.float16
+    step = np.repeat(d.astype(np.float32), 32, axis=1)
+    assert np.all(np.abs(dequantize_q4(q, d, m) - weight) <= step / 2 + 1e-6)
+    assert not round_trips(weight)
+    shipped = dequantize_q4(q, d, m)  # what a GGUF Q4_1 tensor loads as
+    assert round_trips(shipped)
+    assert np.array_equal(dequantize_q4(*quantize_q4(shipped)), shipped)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q4(weight[:, :40])
+
+
+def test_auto_weights_take_4bit_blocks_only_for_a_model_already_on_them():
+    from deepspec.models.decoder_target import pytorch_decoder
+
+    decoder = pytorch_decoder(_tiny("llama"))
+    assert layer_weight_format(decoder) == "int8"  # float weights keep int8's finer steps
+    with torch.no_grad():
+        for layer in decoder.layers:
+            for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+                w = getattr(layer, name)
+                w.copy_(torch.from_numpy(dequantize_q4(*quantize_q4(w.numpy()))))
+    assert layer_weight_format(decoder) == "q4"
+    assert layer_weight_format(decoder, "int8") == "int8"
+    with pytest.raises(ValueError, match="auto, int8, q4"):
+        layer_weight_format(decoder, "int3")
+
+
+@pytest.mark.parametrize("weights", ["int8", "q4"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chains", "trees"])
-def test_speculative_greedy_output_is_target_only_output_at_any_batch(tree):
+def test_speculative_greedy_output_is_target_only_output_at_any_batch(tree, weights):
     """Random drafts on a sharp 16-token model are often accepted; every output must still be the native target's own
     target-only output, bit for bit, at batch 1, 3 and 8 (requests joining and leaving mid-run)."""
     from deepspec.decoding import SamplingParams, SpecEngine
@@ -215,7 +272,7 @@ def test_speculative_greedy_output_is_target_only_output_at_any_batch(tree):
     from tests.conftest import make_tiny_target
     from tests.deepspec.decoding.test_engine import PROMPTS
 
-    native = native_target_from(make_tiny_target(eos=False, temperature=4.0)[0], num_threads=2)
+    native = native_target_from(make_tiny_target(eos=False, temperature=4.0)[0], num_threads=2, weights=weights)
     reference = [r.token_ids for r in SpecEngine(native, None, max_batch_size=1, max_seq_len=128).generate(
         PROMPTS, SamplingParams(max_tokens=24))]
     for batch in (1, 3, 8):
@@ -235,6 +292,7 @@ def test_the_default_target_speculates_exactly_with_the_shipped_corpus_draft():
     from deepspec.models.native import load_native_target
 
     native = load_native_target("smollm2-135m")
+    assert native.quantization == "q4"  # its layers are GGUF Q4_1 blocks: computed as shipped
     prompts = [p for ps in load_prompts(native, 1).values() for p in ps]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     reference = [r.token_ids for r in SpecEngine(native, None, max_batch_size=1).generate(prompts, params)]
