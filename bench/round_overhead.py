@@ -94,7 +94,7 @@ def main(argv=None) -> int:
             rows[name] = profile_row(target, build_drafter(spec, target), prompts, batch, args.max_tokens)
             print(f"{name}: {rows[name]['tok_s']:.1f} tok/s", file=sys.stderr)
     columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
-    weights = "native int8" if args.engine == "native" else args.dtype
+    weights = f"native {target.quantization}" if args.engine == "native" else args.dtype
     print(f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, greedy, "
           f"torch threads {torch.get_num_threads()}; CPU flags: {cpu_flags()}")
     print("ms per step by phase")

@@ -3,7 +3,8 @@
 
 `Target` is the protocol every backend implements (deepspec/models/target.py); `load_target` returns the PyTorch
 `DecoderTarget`, or the `OnnxTarget` of an ONNX export directory; `deepspec.models.native.load_native_target` the
-native int8 CPU decoder; `pytorch_decoder` hands an exporter the decoder module behind a `DecoderTarget`.
+native CPU decoder (4-bit blocks or int8); `pytorch_decoder` hands an exporter the decoder module behind a
+`DecoderTarget`.
 
 The names below load lazily, so the torch-free parts (aliases, quantization) can be imported by a command line
 (`training`'s `--quantization` choices) without pulling torch in at parse time.

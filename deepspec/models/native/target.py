@@ -1,10 +1,10 @@
-"""`NativeTarget`: the `Target` (deepspec/models/target.py) whose forward is the native CPU decoder (decoder.c) on
-int8 weights, and `load_native_target`, which builds it from the same alias, GGUF or Hugging Face directory the
-PyTorch target loads.
+"""`NativeTarget`: the `Target` (deepspec/models/target.py) whose forward is the native CPU decoder (decoder.c), and
+`load_native_target`, which builds it from the same alias, GGUF or Hugging Face directory the PyTorch target loads.
 
-The weights are those of the lean PyTorch decoder (loaded in float32, then quantized per output channel by
-deepspec/models/int8_weights.py: the ONNX int8 graph's weights) and packed once into the library's layout; only the
-float32 embedding and head stay on the Python side, for the drafts that borrow them and for `lm_head`.
+The weights are those of the lean PyTorch decoder, loaded in float32, then put back on the GGUF's 4-bit blocks where
+they came from them (q4_weights.py) or quantized per output channel (int8_weights.py: the ONNX int8 graph's
+weights), and packed once into the library's layout (layer_weight_format says which); only the float32 embedding
+and head stay on the Python side, for the drafts that borrow them and for `lm_head`.
 The KV cache is the engine's own `KVCache` in float32, so token trees compact with the same `keep_path` op as on
 the PyTorch target.
 
