@@ -16,10 +16,11 @@ from plugins.ops import (
     compact_kv,
     confidence_truncate,
     greedy_accept,
+    greedy_accept_host,
     process_logits,
     rejection_sample,
     tree_accept,
 )
 
-__all__ = ["compact_kv", "confidence_truncate", "greedy_accept", "process_logits", "rejection_sample",
-           "tree_accept"]
+__all__ = ["compact_kv", "confidence_truncate", "greedy_accept", "greedy_accept_host", "process_logits",
+           "rejection_sample", "tree_accept"]

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import torch
 
+from plugins import checks
+from plugins.reference.accept import greedy_walk
+
 import plugins.library  # noqa: F401 - registers torch.ops.deepspec.*
 
 _ops = torch.ops.deepspec
@@ -36,6 +39,14 @@ def greedy_accept(draft_tokens, num_draft_tokens, target_logits):
         from plugins.onnx_ops import symbolic
         return symbolic("greedy_accept", [draft_tokens, num_draft_tokens, target_logits], B=draft_tokens.shape[0])
     return _ops.greedy_accept(draft_tokens, num_draft_tokens, target_logits)
+
+
+def greedy_accept_host(draft_tokens, num_draft_tokens, target_logits) -> tuple[list[int], list[int]]:
+    """greedy_accept on host logits (plugins.reference.accept.on_host), as Python lists (num_accepted, next_token),
+    without the dispatcher: the op's CPU kernel is this same walk, and dispatching it plus the engine's tensors
+    around it cost ~0.15 ms of a ~8 ms batch-1 round on the native decoder. The op's checks run all the same."""
+    checks.chain("greedy_accept", draft_tokens, num_draft_tokens, target_logits)
+    return greedy_walk(draft_tokens, num_draft_tokens, target_logits)
 
 
 def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds):

@@ -60,7 +60,7 @@ from deepspec.decoding.structured import GrammarCompiler, RowGrammar, mask_logit
 from deepspec.decoding.tree import (first_children, keep_nodes, monotone_survival, node_depths,
                                     tree_survival_from_record, with_root)
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
-from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify, verify_tree
+from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify, verify_result, verify_tree
 from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, EstimateCalibration, StepTimeModel,
                                             best_depth, best_nodes, observed_survival)
 from deepspec.models.target import Target
@@ -173,7 +173,7 @@ class SpecEngine:
         if price_drafting and self.step_time is not None and runs_a_model(drafter):
             self.draft_time = self._probe_draft_time()
         #: width -> this round's observed survival (_observed_survival)
-        self._round_survival: dict[int, torch.Tensor] = {}
+        self._round_survival: dict[int, list[list[float]]] = {}
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[_Sequence] = []  # index == slot
@@ -539,10 +539,8 @@ class SpecEngine:
         # every row in one batched op (torch.ops.deepspec.*): greedy rows get exactly the target's argmax
         with self._phase("verify"):
             sampling = self._row_sampling()
-            num_accepted, next_token = verify(draft_tokens, num_drafts, logits, draft_probs, sampling)
             # the round's one device-to-host read: how many drafts each row accepted, its next token, its drafts
-            result = torch.cat([num_accepted[:, None], next_token[:, None],
-                                draft_tokens.to(num_accepted.device, torch.long)], dim=1).tolist()
+            result = verify_result(draft_tokens, num_drafts, logits, draft_probs, sampling)
         accepted = [r[0] for r in result]
         committed = [r[2 : 2 + r[0]] + [r[1]] for r in result]
         num_list = num_drafts.tolist()
@@ -579,8 +577,9 @@ class SpecEngine:
         costly = self.drafter.costly_rows(self.batch_state.view, list(range(len(caps)))) if self.draft_time else 0
         tree = getattr(self.drafter, "tree", None)
         if not costly and tree:
-            return width if best_depth(torch.ones(len(caps), width), self._round_model()) > 0 else 0
-        survival = self._observed_survival(width) * (torch.arange(width)[None, :] < torch.tensor(caps)[:, None])
+            return width if best_depth([[1.0] * width] * len(caps), self._round_model()) > 0 else 0
+        survival = [[v if j < cap else 0.0 for j, v in enumerate(row)]
+                    for row, cap in zip(self._observed_survival(width), caps)]
         if not costly:
             return width if best_depth(survival, self._round_model()) > 0 else 0
         depth = best_depth(survival, self._round_model(),
@@ -602,33 +601,35 @@ class SpecEngine:
         once drafting stops paying for it, it stops drafting (at 8 streams and temperature 1 the corpus draft was
         0.86x target-only before)."""
         width = proposal.tokens.shape[1]
-        live = torch.arange(width)[None, :] < num_drafts[:, None]
-        estimates = None if proposal.survival is None else proposal.survival.cpu().double() * live
-        sampled = torch.tensor([not s.params.greedy for s in self._batch])[:, None]
+        counts = num_drafts.tolist()
+        sampled = [not s.params.greedy for s in self._batch]
+        # plain Python floats over [B][width] (verify_budget._throughputs says why)
+        estimates = None if proposal.survival is None else [
+            [v if j < n else 0.0 for j, v in enumerate(row)] for row, n in zip(proposal.survival.tolist(), counts)]
         if estimates is None:
             survival = self._observed_survival(width)
         else:  # greedy rows: the estimates as far as they held so far; sampled rows: capped by their records
-            all_greedy = not bool(sampled.any())
-            factors = torch.tensor([[s.calibration.factor(all_greedy)] for s in self._batch], dtype=torch.float64)
-            survival = (estimates * factors).clamp(max=1.0)
-            if proposal.probs is None and (len(self._batch) > 1 or bool(sampled.any())):
+            all_greedy = not any(sampled)
+            survival = [[min(v * factor, 1.0) for v in row] for row, factor in
+                        zip(estimates, (s.calibration.factor(all_greedy) for s in self._batch))]
+            if proposal.probs is None and (len(self._batch) > 1 or any(sampled)):
                 # several rows: every row capped by its record too. One row verifies a few extra tokens at next to
                 # no cost, so its good rounds may draft deep on the estimates; at 8 rows an extra verify token
                 # costs ~6% of a pass, and trusting even calibrated estimates drafted rounds that lost (0.86x
                 # --draft none at 8 rows of one prompt)
-                observed = self._observed_survival(width)
-                survival = torch.where(sampled, torch.minimum(estimates, observed), torch.minimum(survival, observed))
-        survival = survival * live
+                survival = [[min(e if is_sampled else v, o) for e, v, o in zip(estimated, calibrated, observed)]
+                            for estimated, calibrated, observed, is_sampled in
+                            zip(estimates, survival, self._observed_survival(width), sampled)]
+        survival = [[v if j < n else 0.0 for j, v in enumerate(row)] for row, n in zip(survival, counts)]
         if self._verify_overhead is None:  # a step-time model set by hand, without the engine's probes
             depth = best_depth(survival, self._round_model())
-        else:
-            extra = torch.full((width + 1,), self._verify_overhead[bool(sampled.any())], dtype=torch.float64)
-            extra[0] = 0.0  # a target-only round pays the op's short path, which the step curve's rounds all share
+        else:  # a target-only round pays the op's short path, which the step curve's rounds all share
+            extra = [0.0] + [self._verify_overhead[any(sampled)]] * width
             depth = best_depth(survival, self._round_model(), extra)
         if estimates is not None and depth:
-            for seq, expected in zip(self._batch, estimates[:, :depth].sum(1).tolist()):
+            for seq, row in zip(self._batch, estimates):
                 if seq.params.greedy:
-                    seq.calibration.expect(expected)
+                    seq.calibration.expect(sum(row[:depth]))
         return depth
 
     def _tree_round(self, proposal: PaddedProposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
@@ -697,8 +698,8 @@ class SpecEngine:
         throwaway prompt), so what it accepted must not decide whether the next sequences draft."""
         self.acceptance_history = AcceptanceHistory()
 
-    def _observed_survival(self, width: int) -> torch.Tensor:
-        """[B, width] survival from the batch's own acceptance records, each shrunk toward the prior the engine's
+    def _observed_survival(self, width: int) -> list[list[float]]:
+        """[B][width] survival from the batch's own acceptance records, each shrunk toward the prior the engine's
         finished greedy sequences give (sampled rows: the fixed prior; verify_budget.AcceptanceHistory). In a batch
         with a sampled row every row takes the fixed prior: the round's depth is the batch's, so a greedy co-runner's
         history-fed estimate would change which depths the sampled row drafts, and with them its draws (a seeded
@@ -707,9 +708,8 @@ class SpecEngine:
         if width not in self._round_survival:
             records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in self._batch]
             all_greedy = all(s.params.greedy for s in self._batch)
-            prior = torch.stack([self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id,
-                                                               sampled=not s.params.greedy)
-                                 for s in self._batch])
+            prior = [self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id,
+                                                   sampled=not s.params.greedy) for s in self._batch]
             self._round_survival[width] = observed_survival(records, width, prior)
         return self._round_survival[width]
 
@@ -721,7 +721,8 @@ class SpecEngine:
         k = proposal.tokens.shape[1]
         survival = proposal.survival
         if survival is None:
-            survival = tree_survival_from_record(self._observed_survival(max(k, 1)), parents, num)
+            survival = tree_survival_from_record(torch.tensor(self._observed_survival(max(k, 1)), dtype=torch.float64)
+                                                 .reshape(len(self._batch), max(k, 1)), parents, num)
         keep = best_nodes(monotone_survival(survival, parents, num), self._round_model())
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
 

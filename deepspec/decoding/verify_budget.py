@@ -63,6 +63,7 @@ class StepTimeModel:
         self.sizes = torch.tensor(sizes, dtype=torch.float64)
         self.times = torch.tensor([fastest[n] for n in sizes], dtype=torch.float64).clamp(min=1e-6).cummax(0).values
         self._rounds: dict[tuple[int, int], torch.Tensor] = {}  # see rounds_upto
+        self._round_lists: dict[tuple[int, int], list[float]] = {}  # see round_list
 
     def predict(self, num_tokens):
         """Seconds for a pass over num_tokens (an int, or a tensor of counts)."""
@@ -86,6 +87,13 @@ class StepTimeModel:
         if key not in self._rounds:
             self._rounds[key] = self.round_seconds(rows, torch.arange(depth + 1))
         return self._rounds[key]
+
+    def round_list(self, rows: int, depth: int) -> list[float]:
+        """rounds_upto as Python floats, for the budget's arithmetic in plain Python (`_throughputs`)."""
+        key = (rows, depth)
+        if key not in self._round_lists:
+            self._round_lists[key] = self.rounds_upto(rows, depth).tolist()
+        return self._round_lists[key]
 
     def at_context(self, keys: int) -> "StepTimeModel":
         """This model for a round whose rows hold `keys` context positions between them: each verified token of a
@@ -114,8 +122,11 @@ class _AtContext:
         return self.model.round_seconds(rows, depths) + self.model.per_key_query * (depths + 1) * self.keys
 
     def rounds_upto(self, rows: int, depth: int) -> torch.Tensor:
-        tokens = torch.arange(1, depth + 2, dtype=torch.float64)
-        return self.model.rounds_upto(rows, depth) + self.model.per_key_query * tokens * self.keys
+        return torch.tensor(self.round_list(rows, depth), dtype=torch.float64)
+
+    def round_list(self, rows: int, depth: int) -> list[float]:
+        per_token = self.model.per_key_query * self.keys
+        return [t + per_token * (d + 1) for d, t in enumerate(self.model.round_list(rows, depth))]
 
 
 class DraftTimeModel:
@@ -164,17 +175,35 @@ def modelled_throughput(survival: torch.Tensor, model: StepTimeModel,
     seconds plus `draft_seconds` [k + 1], what drafting each depth costs (DraftTimeModel.round_seconds; 0 at depth
     0), when the drafts are yet to be made. The one pricing rule of the engine's budget and of the choices made by
     it (`best_depth`, `modelled_tokens_per_second`)."""
-    B, k = survival.shape
-    gain = torch.cat([torch.zeros(1, dtype=torch.float64), survival.double().sum(0).cumsum(0)])  # [k+1]
-    seconds = model.rounds_upto(B, k)
+    return torch.tensor(_throughputs(survival, model, draft_seconds), dtype=torch.float64)
+
+
+def best_depth(survival, model: StepTimeModel, draft_seconds=None) -> int:
+    """The verify depth 0..k with the highest `modelled_throughput` (same arguments, tensors or lists of floats);
+    the first of equal ones."""
+    throughputs = _throughputs(survival, model, draft_seconds)
+    return throughputs.index(max(throughputs))
+
+
+def _throughputs(survival, model: StepTimeModel, draft_seconds=None) -> list[float]:
+    """modelled_throughput in plain Python floats over [B][k] survival (a tensor or lists): the budget prices every
+    round, and each small torch op costs tens of microseconds after a forward has streamed the weights through the
+    caches (~0.5 ms of a ~8 ms batch-1 round on the native decoder went to the budget's torch ops)."""
+    rows = survival.tolist() if isinstance(survival, torch.Tensor) else survival
+    B = len(rows)
+    k = len(rows[0]) if B else (survival.shape[1] if isinstance(survival, torch.Tensor) else 0)
+    seconds = model.round_list(B, k)
     if draft_seconds is not None:
-        seconds = seconds + draft_seconds
-    return (B + gain) / seconds
-
-
-def best_depth(survival: torch.Tensor, model: StepTimeModel, draft_seconds: torch.Tensor | None = None) -> int:
-    """The verify depth 0..k with the highest `modelled_throughput` (same arguments)."""
-    return int(modelled_throughput(survival, model, draft_seconds).argmax())
+        extra = draft_seconds.tolist() if isinstance(draft_seconds, torch.Tensor) else draft_seconds
+        seconds = [t + e for t, e in zip(seconds, extra)]
+    throughputs, gain = [B / seconds[0]], 0.0
+    for j in range(k):
+        column = 0.0
+        for row in rows:
+            column += row[j]
+        gain += column
+        throughputs.append((B + gain) / seconds[j + 1])
+    return throughputs
 
 
 def modelled_tokens_per_second(curve: dict[int, float], acceptance_length: float, depth: int,
@@ -316,19 +345,17 @@ class AcceptanceHistory:
         from 1: the drafter's estimates as they are)."""
         return EstimateCalibration(1.0 if sequence_id % EXPLORE_EVERY == 0 else self._calibration.factor())
 
-    def prior(self, greedy: bool, width: int, sequence_id: int, sampled: bool = False) -> torch.Tensor:
+    def prior(self, greedy: bool, width: int, sequence_id: int, sampled: bool = False) -> list[float]:
         """[width] per-slot conditional acceptance rates a new sequence's record is shrunk toward: the history's for
         a greedy row among greedy rows (`greedy`), the fixed prior otherwise, the lower sampled one for a sampled
         row (`sampled`)."""
-        fixed = torch.full((1, width), PRIOR_SAMPLED_SLOT_SURVIVAL if sampled else PRIOR_SLOT_SURVIVAL,
-                           dtype=torch.float64)
+        fixed = [PRIOR_SAMPLED_SLOT_SURVIVAL if sampled else PRIOR_SLOT_SURVIVAL] * width
         if not greedy or sequence_id % EXPLORE_EVERY == 0:
-            return fixed[0]
-        return _conditional_rates([(self._proposed, self._accepted)], width, fixed)[0]
+            return fixed
+        return _conditional_rates([(self._proposed, self._accepted)], width, [fixed])[0]
 
 
-def observed_survival(records: list[tuple[list[int], list[int]]], width: int,
-                      prior: torch.Tensor | None = None) -> torch.Tensor:
+def observed_survival(records: list[tuple[list[int], list[int]]], width: int, prior=None) -> list[list[float]]:
     """Survival from each sequence's own record, for drafters that give none and for pricing a draft before it
     runs: per sequence, (proposed_per_position, accepted_per_position) — the rounds in which slot j was drafted and
     in which it was accepted — → [B, width] estimates of P(slot j and all before it accepted).
@@ -341,17 +368,25 @@ def observed_survival(records: list[tuple[list[int], list[int]]], width: int,
     round at τ 1.45 that way, 0.75x target-only). Non-increasing in j, since every rate is at most 1.
 
     A sequence whose record drives the depth to 0 stops being measured. It then decodes target-only, which is what
-    the record said pays. `prior`: [B, width] per-slot rates to shrink toward instead (AcceptanceHistory.prior)."""
+    the record said pays. `prior`: [B][width] per-slot rates to shrink toward instead (AcceptanceHistory.prior; a
+    tensor or lists). Lists of Python floats, as `best_depth` reads them: the budget asks every round, and after a
+    target forward has streamed the weights through the caches each small torch op costs tens of microseconds."""
     if prior is None:
-        prior = torch.full((len(records), width), PRIOR_SLOT_SURVIVAL, dtype=torch.float64)
-    return _conditional_rates(records, width, prior.to(torch.float64)).cumprod(dim=1)
+        prior = [[PRIOR_SLOT_SURVIVAL] * width for _ in records]
+    out = []
+    for rates in _conditional_rates(records, width, prior):
+        survival, row = 1.0, []
+        for rate in rates:
+            survival *= rate
+            row.append(survival)
+        out.append(row)
+    return out
 
 
-def _conditional_rates(records: list[tuple[list[int], list[int]]], width: int, prior: torch.Tensor) -> torch.Tensor:
-    """[B, width] P(slot j accepted | slot j reached) per record, each shrunk toward `prior` (module docstring of
-    observed_survival). Plain Python over the few counts: the budget asks every round, and after a target forward
-    has streamed the weights through the caches each small torch op costs tens of microseconds."""
-    prior_rows = prior.tolist()
+def _conditional_rates(records: list[tuple[list[int], list[int]]], width: int, prior) -> list[list[float]]:
+    """[B][width] P(slot j accepted | slot j reached) per record, each shrunk toward `prior` (module docstring of
+    observed_survival)."""
+    prior_rows = prior.tolist() if isinstance(prior, torch.Tensor) else prior
     rows = []
     for (p, a), shrink_to in zip(records, prior_rows):
         n = min(width, len(p))
@@ -362,4 +397,4 @@ def _conditional_rates(records: list[tuple[list[int], list[int]]], width: int, p
             reached = proposed[0] if j == 0 else min(proposed[j], accepted[j - 1])
             row.append((accepted[j] + PRIOR_ROUNDS * shrink_to[j]) / (reached + PRIOR_ROUNDS))
         rows.append(row)
-    return torch.tensor(rows, dtype=torch.float64).reshape(len(records), width)
+    return rows

@@ -54,10 +54,16 @@ def _greedy_accept_torch(draft_tokens, num_draft_tokens, target_logits) -> tuple
 
 
 def _greedy_accept_host(draft_tokens, num_draft_tokens, target_logits) -> tuple[torch.Tensor, torch.Tensor]:
+    num_accepted, next_token = greedy_walk(draft_tokens, num_draft_tokens, target_logits)
+    return torch.tensor(num_accepted, dtype=torch.long), torch.tensor(next_token, dtype=torch.long)
+
+
+def greedy_walk(draft_tokens, num_draft_tokens, target_logits) -> tuple[list[int], list[int]]:
     """greedy_accept on logits in host memory, row by row over NumPy views: the same walk, at a fraction of the
-    cost. torch's argmax over a 49,152-wide row takes ~45 us on one thread and NumPy's ~4 us, and each torch op on
-    the small index tensors costs microseconds of dispatch: at batch 1 the torch path took ~0.33 ms a round of a
-    ~10 ms decode step, this one ~0.02 ms. NumPy's argmax also takes the first of tied maxima."""
+    cost, as Python lists (num_accepted, next_token). torch's argmax over a 49,152-wide row takes ~45 us on one
+    thread and NumPy's ~4 us, and each torch op on the small index tensors costs microseconds of dispatch: at batch 1
+    the torch path took ~0.33 ms a round of a ~10 ms decode step, this one ~0.02 ms. NumPy's argmax also takes the
+    first of tied maxima."""
     logits = target_logits.detach().numpy()
     drafts, counts = draft_tokens.tolist(), num_draft_tokens.tolist()
     num_accepted, next_token = [], []
@@ -71,7 +77,7 @@ def _greedy_accept_host(draft_tokens, num_draft_tokens, target_logits) -> tuple[
             break
         num_accepted.append(j)
         next_token.append(token)
-    return (torch.tensor(num_accepted, dtype=torch.long), torch.tensor(next_token, dtype=torch.long))
+    return num_accepted, next_token
 
 
 def on_host(x: torch.Tensor) -> bool:
