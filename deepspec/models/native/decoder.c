@@ -331,12 +331,18 @@ static int column_tile(int blocks, int widest, int threads) {
 
 static int threads_now = 1; /* the running forward's threads (set under pool_lock) */
 
+/* a weight format's tiles: `rows` rows of q (and their scales s) x `cols` lane-blocks from c0 into y */
+typedef void (*tiles_fn)(const qmat *m, const uint8_t *q, const float *s, int rows, int c0, int cols, float *y,
+                         int ldy);
+
 typedef struct {
     const qmat *m;
     const uint8_t *q;
     const float *s;
     float *y;
     int rows, ldy, cols, blocks, row_tile;
+    tiles_fn tiles;
+    int scales_per_row; /* s's row stride */
 } mul_t;
 
 static void mul_tile(void *ctx, int t, int tid) {
@@ -346,16 +352,25 @@ static void mul_tile(void *ctx, int t, int tid) {
     const int nc = c0 + a->cols <= a->blocks ? a->cols : a->blocks - c0;
     for (int r0 = 0; r0 < a->rows; r0 += a->row_tile) {
         const int nr = r0 + a->row_tile <= a->rows ? a->row_tile : a->rows - r0;
-        tile_dispatch(a->m, a->q + (size_t)r0 * a->m->kp, a->s + r0, nr, c0, nc, a->y + (size_t)r0 * a->ldy, a->ldy);
+        a->tiles(a->m, a->q + (size_t)r0 * a->m->kp, a->s + (size_t)r0 * a->scales_per_row, nr, c0, nc,
+                 a->y + (size_t)r0 * a->ldy, a->ldy);
     }
 }
 
-/* y [rows, n] (row stride ldy) = dequant(q [rows, kp] . w^T); column tiles shared among the threads, every row
-   tile of a column tile on the thread that takes it (its weights stay in that core's cache across row tiles). */
-static void qmat_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
-    mul_t a = {m, q, s, y, rows, ldy, 0, m->np / DS_LANES, rows >= MAX_TILE_ROWS ? MAX_TILE_ROWS : rows};
-    a.cols = column_tile(a.blocks, a.row_tile <= 4 ? 4 : 2, threads_now);
+/* y [rows, n] (row stride ldy) = the rows of q times the matrix, in tiles of up to row_tile rows x widest
+   lane-blocks; column tiles shared among the threads, every row tile of a column tile on the thread that takes it
+   (its weights stay in that core's cache across row tiles). */
+static void tiled_mul(const qmat *m, const uint8_t *q, const float *s, int scales_per_row, int rows, float *y,
+                      int ldy, tiles_fn tiles, int row_tile, int widest) {
+    mul_t a = {m, q, s, y, rows, ldy, 0, m->np / DS_LANES, row_tile, tiles, scales_per_row};
+    a.cols = column_tile(a.blocks, widest, threads_now);
     pool_for(threads_now, (a.blocks + a.cols - 1) / a.cols, mul_tile, &a);
+}
+
+/* int8: y = dequant(q [rows, kp] . w^T), tiles of up to 8 rows x 2 lane-blocks or 4 x 4 */
+static void qmat_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
+    const int row_tile = rows >= MAX_TILE_ROWS ? MAX_TILE_ROWS : rows;
+    tiled_mul(m, q, s, 1, rows, y, ldy, tile_dispatch, row_tile, row_tile <= 4 ? 4 : 2);
 }
 
 /* ---- the model ---------------------------------------------------------------------------------------------- */
@@ -721,23 +736,9 @@ static void q4_dispatch(const qmat *m, const uint8_t *q, const float *s, int row
     }
 }
 
-static void q4_mul_tile(void *ctx, int t, int tid) {
-    const mul_t *a = ctx;
-    (void)tid;
-    const int c0 = t * a->cols;
-    const int nc = c0 + a->cols <= a->blocks ? a->cols : a->blocks - c0;
-    for (int r0 = 0; r0 < a->rows; r0 += a->row_tile) {
-        const int nr = r0 + a->row_tile <= a->rows ? a->row_tile : a->rows - r0;
-        q4_dispatch(a->m, a->q + (size_t)r0 * a->m->kp, a->s + (size_t)r0 * 2 * a->m->kb, nr, c0, nc,
-                    a->y + (size_t)r0 * a->ldy, a->ldy);
-    }
-}
-
 static void q4_mul(const qmat *m, const uint8_t *q, const float *s, int rows, float *y, int ldy) {
     const int row_tile = rows >= MAX_TILE_ROWS ? MAX_TILE_ROWS : rows;
-    mul_t a = {m, q, s, y, rows, ldy, 0, m->np / DS_LANES, row_tile};
-    a.cols = column_tile(a.blocks, row_tile <= 2 ? 4 : row_tile <= 4 ? 2 : 1, threads_now);
-    pool_for(threads_now, (a.blocks + a.cols - 1) / a.cols, q4_mul_tile, &a);
+    tiled_mul(m, q, s, 2 * m->kb, rows, y, ldy, q4_dispatch, row_tile, row_tile <= 2 ? 4 : row_tile <= 4 ? 2 : 1);
 }
 
 /* x [k] float → q [kp] uint8 (zero point 128, padding 128) and its scale: the row's abs-max / 127, rounded to
