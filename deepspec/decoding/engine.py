@@ -507,10 +507,12 @@ class SpecEngine:
             return self._tree_round(proposal, caps, pending)
         if proposal is not None:
             with self._phase("budget"):
-                num_drafts = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
+                counts = [min(n, cap) for n, cap in zip(proposal.num_tokens.tolist(), caps)]
                 if self.step_time is not None:
-                    num_drafts = num_drafts.clamp(max=self._budget_depth(proposal, num_drafts))
-                k = int(num_drafts.max())
+                    depth = self._budget_depth(proposal, counts)
+                    counts = [min(n, depth) for n in counts]
+                num_drafts = torch.tensor(counts, dtype=torch.long)
+                k = max(counts)
                 draft_tokens = proposal.tokens[:, :k]  # on the drafter's device: read back with the round's result
                 draft_probs = proposal.probs[:, :k] if proposal.probs is not None and k else None
         with self._phase("grammar"):
@@ -590,7 +592,7 @@ class SpecEngine:
         """The step-time model for this round's batch: its rows' context added (StepTimeModel.at_context)."""
         return self.step_time.at_context(sum(s.cache_len for s in self._batch))
 
-    def _budget_depth(self, proposal: PaddedProposal, num_drafts: torch.Tensor) -> int:
+    def _budget_depth(self, proposal: PaddedProposal, counts: list[int]) -> int:
         """The chain depth the verification budget pays for (verify_budget.best_depth), on the proposal's own
         survival estimates or, where it has none, on each sequence's acceptance record.
 
@@ -601,7 +603,6 @@ class SpecEngine:
         once drafting stops paying for it, it stops drafting (at 8 streams and temperature 1 the corpus draft was
         0.86x target-only before)."""
         width = proposal.tokens.shape[1]
-        counts = num_drafts.tolist()
         sampled = [not s.params.greedy for s in self._batch]
         # plain Python floats over [B][width] (verify_budget._throughputs says why)
         estimates = None if proposal.survival is None else [
