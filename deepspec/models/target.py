@@ -3,11 +3,11 @@
 Contract only, no behaviour. `load_target` returns one of two backends that implement it: `DecoderTarget`
 (deepspec/models/decoder_target.py, the lean PyTorch decoder) for a model directory, alias or GGUF, and
 `OnnxTarget` (deepspec/models/onnx_target.py, an ONNX Runtime session) for a `python -m export --format onnx`
-directory; `load_native_target` returns a third, `NativeTarget` (deepspec/models/native, int8 weights in C compiled
-for this CPU); the service's stub target implements the same members, and all run under the real `SpecEngine`
-unchanged. Nothing above this layer reaches into a target's internals (the PyTorch decoder is `_model`, and
-tests/deepspec/test_layering.py fails on a `target.model` outside deepspec/models): what it needs is a member here,
-or, for an exporter that rewrites the weights, `pytorch_decoder(target)`.
+directory; `load_native_target` returns a third, `NativeTarget` (deepspec/models/native, 4-bit blocks or int8
+weights in C compiled for this CPU); the service's stub target implements the same members, and all run under the
+real `SpecEngine` unchanged. Nothing above this layer reaches into a target's internals (the PyTorch decoder is
+`_model`, and tests/deepspec/test_layering.py fails on a `target.model` outside deepspec/models): what it needs is a
+member here, or, for an exporter that rewrites the weights, `pytorch_decoder(target)`.
 
 Shapes use B = rows of one forward (the engine's slots 0..B-1), T = new tokens per row, V = vocab_size,
 H = spec.hidden_size, L = len(feature_layers).

@@ -2,9 +2,9 @@
 
 Three engines serve the same target on CPU: the PyTorch engine (bf16, the GGUF's own 4-bit weights), ONNX Runtime
 on an exported graph (`python -m export --format onnx --quantization auto`: int8 or int4 weights, whichever this
-CPU runs faster), and the native CPU decoder (deepspec/models/native: int8 weights, compiled for this CPU on first
-use, one call a step). Which one wins depends on the CPU (int8 dot products, AVX-512), so it is measured, not
-assumed:
+CPU runs faster), and the native CPU decoder (deepspec/models/native: a GGUF Q4_1 target's own 4-bit blocks, else
+int8 weights, compiled for this CPU on first use, one call a step). Which one wins depends on the CPU (int8 dot
+products, AVX-512), so it is measured, not assumed:
 
 1. On the first start for a (target, draft, settings, machine) the worker exports the ONNX engine into the cache
    (`~/.cache/deepspec/engines/<key>/onnx`, a progress bar on a terminal; ~10-60 s for the default target), builds
