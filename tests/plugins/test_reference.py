@@ -112,6 +112,22 @@ def test_greedy_host_path_equals_the_torch_path():
     assert not on_host(torch.zeros(1, dtype=torch.bfloat16)) and on_host(torch.zeros(1))
 
 
+def test_host_uniforms_are_the_tensor_paths_bits(monkeypatch):
+    """Small draws on CPU hash in Python integers (rng.HOST_DRAWS); they must be the tensor path's numbers exactly
+    (the Triton kernels draw those too), for any int64 seed, negative ones included."""
+    from plugins.reference import rng
+
+    gen = torch.Generator().manual_seed(0)
+    for B, n in ((1, 1), (3, 5), (8, 16), (2, 0)):
+        seeds = torch.randint(-2**63, 2**63 - 1, (B,), dtype=torch.int64, generator=gen)
+        counters = torch.randint(0, 1 << 20, (B, n), generator=gen)
+        host = rng.uniforms(seeds, counters)
+        with monkeypatch.context() as m:
+            m.setattr(rng, "HOST_DRAWS", -1)  # every draw on the tensor path
+            tensor = rng.uniforms(seeds, counters)
+        assert host.dtype == tensor.dtype == torch.float32 and torch.equal(host, tensor), (B, n)
+
+
 # ---- rejection_sample ------------------------------------------------------------------------------------------
 def test_rejection_sample_on_greedy_rows_is_greedy_accept():
     logits, drafts = argmax_drafts_missing_at(6, 3, 9, misses=[(1, 1), (2, 0)])
