@@ -19,8 +19,9 @@ MIX_A, MIX_B = 0x7FEB352D, 0x846CA68B
 COUNTER_STEP, COUNTER_OFFSET = 0x9E3779B9, 0x632BE5AB
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 on uint32 values held in int64 (products wrap; the low 32 bits stay exact)."""
+def mix32(x: torch.Tensor | int) -> torch.Tensor | int:
+    """lowbias32 on uint32 values held in int64 tensors or Python ints (products wrap; the low 32 bits stay
+    exact)."""
     x = x ^ (x >> 16)
     x = (x * MIX_A) & MASK32
     x = x ^ (x >> 15)
@@ -28,8 +29,8 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def seed_key(seeds: torch.Tensor) -> torch.Tensor:
-    """[B] int64 seeds → [B] 32-bit keys (both halves of the seed matter)."""
+def seed_key(seeds: torch.Tensor | int) -> torch.Tensor | int:
+    """[B] int64 seeds (or one, a Python int) → [B] 32-bit keys (both halves of the seed matter)."""
     return mix32(mix32(seeds & MASK32) ^ ((seeds >> 32) & MASK32))
 
 
@@ -38,22 +39,15 @@ def seed_key(seeds: torch.Tensor) -> torch.Tensor:
 HOST_DRAWS = 256
 
 
-def _mix32_int(x: int) -> int:
-    x ^= x >> 16
-    x = (x * MIX_A) & MASK32
-    x ^= x >> 15
-    x = (x * MIX_B) & MASK32
-    return x ^ (x >> 16)
-
-
 def _host_uniforms(seeds: list[int], counters: list[list[int]]) -> list[list[float]]:
-    """uniforms in Python integers: mix32 on values below 2^32 is exact in int64 and in Python alike, and
-    (bits >> 8) * 2^-24 is exact in float32, so these are the tensor path's numbers bit for bit."""
+    """uniforms in Python integers, through the same seed_key and mix32 (their operators work on ints as on
+    tensors): mix32 on values below 2^32 is exact in int64 and in Python alike, and (bits >> 8) * 2^-24 is exact in
+    float32, so these are the tensor path's numbers bit for bit."""
     out = []
     for seed, row in zip(seeds, counters):
-        key = _mix32_int(_mix32_int(seed & MASK32) ^ ((seed >> 32) & MASK32))
-        spread = (_mix32_int((c * COUNTER_STEP + COUNTER_OFFSET) & MASK32) for c in row)
-        out.append([(_mix32_int(key ^ s) >> 8) * (1.0 / (1 << 24)) for s in spread])
+        key = seed_key(seed)
+        out.append([(mix32(key ^ mix32((c * COUNTER_STEP + COUNTER_OFFSET) & MASK32)) >> 8) * (1.0 / (1 << 24))
+                    for c in row])
     return out
 
 
