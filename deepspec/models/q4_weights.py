@@ -7,7 +7,7 @@ Each output channel's inputs come in blocks of 32; a block keeps a scale d and a
 Why this format and not another 4-bit one: the embedded default target ships in it (SmolLM2-135M-Instruct, GGUF
 Q4_1), and quantizing its dequantized float32 weights again reproduces the file's own blocks exactly (the block's
 minimum is m and its maximum m + 15 d), so the native decoder then computes with the weights of the model as
-shipped — no second rounding, unlike int8 (`round_trips` checks it per matrix). For a float source it is a plain
+shipped — no second rounding, unlike int8 (`exact_q4` checks it per matrix). For a float source it is a plain
 4-bit quantization, coarser than int8: the native target takes it only when asked (`weights="q4"`).
 """
 
@@ -45,10 +45,16 @@ def dequantize_q4(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     return (d.astype(np.float32)[..., None] * levels + m.astype(np.float32)[..., None]).reshape(n, k)
 
 
-def round_trips(weight: np.ndarray) -> bool:
-    """Whether the 4-bit blocks reproduce `weight` bit for bit: true of weights dequantized from Q4_1 (a GGUF
-    target's), false of float ones."""
+def exact_q4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`weight`'s 4-bit blocks (quantize_q4) when they reproduce it bit for bit, as weights dequantized from Q4_1 (a
+    GGUF target's) do; None for float ones and for shapes the blocks do not fit."""
     w = np.asarray(weight, dtype=np.float32)
     if w.ndim != 2 or w.shape[1] % BLOCK:
-        return False
-    return bool(np.array_equal(dequantize_q4(*quantize_q4(w)), w))
+        return None
+    blocks = quantize_q4(w)
+    return blocks if np.array_equal(dequantize_q4(*blocks), w) else None
+
+
+def round_trips(weight: np.ndarray) -> bool:
+    """Whether the 4-bit blocks reproduce `weight` bit for bit (exact_q4)."""
+    return exact_q4(weight) is not None

@@ -50,7 +50,7 @@ def load_served_model(settings):
     logger.info("engine: %s (%s)", choice.engine, choice.reason)
     settings = settings.model_copy(update=choice.worker_fields())
     if choice.engine == "native":  # its own weights whatever --dtype and --quantization say: a GGUF Q4_1 target's
-        # 4-bit blocks as shipped, int8 for a float one (deepspec/models/native/target.py layer_weight_format)
+        # 4-bit blocks as shipped, int8 for a float one (deepspec/models/native/target.py layer_weights)
         from deepspec.models.native import load_native_target
 
         target = load_native_target(settings.target, max_seq_len=settings.max_seq_len,

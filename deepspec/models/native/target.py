@@ -3,7 +3,7 @@
 
 The weights are those of the lean PyTorch decoder, loaded in float32, then put back on the GGUF's 4-bit blocks where
 they came from them (q4_weights.py) or quantized per output channel (int8_weights.py: the ONNX int8 graph's
-weights), and packed once into the library's layout (layer_weight_format says which); only the float32 embedding
+weights), and packed once into the library's layout (layer_weights says which); only the float32 embedding
 and head stay on the Python side, for the drafts that borrow them and for `lm_head`.
 The KV cache is the engine's own `KVCache` in float32, so token trees compact with the same `keep_path` op as on
 the PyTorch target.
@@ -29,7 +29,7 @@ from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
 from deepspec.models.native.build import Config, load_library
-from deepspec.models.q4_weights import quantize_q4, round_trips
+from deepspec.models.q4_weights import exact_q4, quantize_q4
 from deepspec.models.target import TargetEmbeddings
 from deepspec.models.tree_attention import check_parents
 
@@ -68,7 +68,7 @@ class NativeTarget(HFTextTarget):
     _tables: dict = field(repr=False)
     _head: torch.Tensor = field(repr=False)
     embed_scale: float = 1.0
-    #: the layers' weight format: int8 or q4 (layer_weight_format); the LM head is int8 either way
+    #: the layers' weight format: int8 or q4 (layer_weights); the LM head is int8 either way
     quantization: str = "int8"
 
     #: forward takes tree_parents; KVCache.keep_path compacts the accepted path
@@ -169,30 +169,36 @@ def load_native_target(spec: str, *, max_seq_len: int | None = None, chat_templa
     return native_target_from(reference, num_threads, weights=weights)
 
 
-def layer_weight_format(decoder, weights: str = "auto") -> str:
-    """The layers' weight format for `weights`: int8 or q4 as asked; auto = q4 where every layer matrix is already
-    on 4-bit blocks (dequantized from GGUF's Q4_1, as the default target: the decoder then computes with the model's
-    own weights, at 0.625 bytes a weight), int8 otherwise (a float model keeps its finer weights)."""
+def layer_weights(decoder, weights: str = "auto") -> tuple[str, dict | None]:
+    """(format, blocks): the layers' weight format for `weights` — int8 or q4 as asked; auto = q4 where every layer
+    matrix is already on 4-bit blocks (dequantized from GGUF's Q4_1, as the default target: the decoder then computes
+    with the model's own weights, at 0.625 bytes a weight), int8 otherwise (a float model keeps its finer weights) —
+    and, when auto chose q4, the blocks its check made ({(layer, name): (q, d, m)}), so they are not made twice."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"native weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
     if weights != "auto":
-        return weights
-    exact = all(round_trips(getattr(layer, name).detach().float().numpy())
-                for layer in decoder.layers for name in LINEARS)
-    return "q4" if exact else "int8"
+        return weights, None
+    blocks = {}
+    for i, layer in enumerate(decoder.layers):
+        for name in LINEARS:
+            exact = exact_q4(getattr(layer, name).detach().float().numpy())
+            if exact is None:  # the first matrix off the blocks decides: a float model is checked no further
+                return "int8", None
+            blocks[i, name] = exact
+    return "q4", blocks
 
 
 def native_target_from(reference, num_threads: int | None = None, library=None, *,
                        weights: str = "auto") -> NativeTarget:
     """The native decoder on the weights of a loaded PyTorch target (`DecoderTarget`, float32): its text half
     (tokenizer, end ids, context) carried over, its layers' matmul weights packed in `weights`'s format
-    (layer_weight_format), the LM head in int8. `library`: a build other than this machine's own
+    (layer_weights), the LM head in int8. `library`: a build other than this machine's own
     (build.library_for), for tests of the other kernel families."""
     from deepspec.models.decoder_target import pytorch_decoder
 
     lib = library or load_library()
     decoder = pytorch_decoder(reference)
-    layer_format = layer_weight_format(decoder, weights)
+    layer_format, blocks = layer_weights(decoder, weights)
     arch = reference.spec
     threads = int(num_threads or torch.get_num_threads())
     config = Config(hidden=arch.hidden_size, layers=arch.num_layers, heads=arch.num_heads, kv_heads=arch.num_kv_heads,
@@ -214,7 +220,7 @@ def native_target_from(reference, num_threads: int | None = None, library=None, 
         b = np.ascontiguousarray(bias.detach().float().numpy()) if bias is not None else None
         bias_ptr = b.ctypes.data if b is not None else None
         if form == "q4":
-            q, d, m = quantize_q4(w)
+            q, d, m = blocks.pop((layer, LINEARS[which])) if blocks is not None else quantize_q4(w)
             check(lib.ds_set_linear_q4(handle, layer, which, q.ctypes.data, d.ctypes.data, m.ctypes.data, bias_ptr,
                                        q.shape[0], q.shape[1]), "a weight matrix")
             return

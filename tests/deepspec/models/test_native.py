@@ -12,7 +12,7 @@ import deepspec.models.decoder as decoder_module
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
 from deepspec.models.native import NativeTarget, NativeUnavailable, native_target_from
-from deepspec.models.native.target import layer_weight_format
+from deepspec.models.native.target import layer_weights
 from deepspec.models.q4_weights import dequantize_q4, quantize_q4, round_trips
 from tests.conftest import CharTokenizer
 
@@ -250,16 +250,17 @@ def test_auto_weights_take_4bit_blocks_only_for_a_model_already_on_them():
     from deepspec.models.decoder_target import pytorch_decoder
 
     decoder = pytorch_decoder(_tiny("llama"))
-    assert layer_weight_format(decoder) == "int8"  # float weights keep int8's finer steps
+    assert layer_weights(decoder) == ("int8", None)  # float weights keep int8's finer steps
     with torch.no_grad():
         for layer in decoder.layers:
             for name in ("wqkv", "wo", "w_gate_up", "w_down"):
                 w = getattr(layer, name)
                 w.copy_(torch.from_numpy(dequantize_q4(*quantize_q4(w.numpy()))))
-    assert layer_weight_format(decoder) == "q4"
-    assert layer_weight_format(decoder, "int8") == "int8"
+    form, blocks = layer_weights(decoder)
+    assert form == "q4" and len(blocks) == 4 * len(decoder.layers)  # the check's blocks, packed as they are
+    assert layer_weights(decoder, "int8") == ("int8", None)
     with pytest.raises(ValueError, match="auto, int8, q4"):
-        layer_weight_format(decoder, "int3")
+        layer_weights(decoder, "int3")
 
 
 @pytest.mark.parametrize("weights", ["int8", "q4"])
