@@ -580,8 +580,7 @@ class SpecEngine:
         tree = getattr(self.drafter, "tree", None)
         if not costly and tree:
             return width if best_depth([[1.0] * width] * len(caps), self._round_model()) > 0 else 0
-        survival = [[v if j < cap else 0.0 for j, v in enumerate(row)]
-                    for row, cap in zip(self._observed_survival(width), caps)]
+        survival = _live(self._observed_survival(width), caps)
         if not costly:
             return width if best_depth(survival, self._round_model()) > 0 else 0
         depth = best_depth(survival, self._round_model(),
@@ -605,11 +604,11 @@ class SpecEngine:
         width = proposal.tokens.shape[1]
         sampled = [not s.params.greedy for s in self._batch]
         # plain Python floats over [B][width] (verify_budget._throughputs says why)
-        estimates = None if proposal.survival is None else [
-            [v if j < n else 0.0 for j, v in enumerate(row)] for row, n in zip(proposal.survival.tolist(), counts)]
+        estimates = None if proposal.survival is None else _live(proposal.survival.tolist(), counts)
         if estimates is None:
-            survival = self._observed_survival(width)
-        else:  # greedy rows: the estimates as far as they held so far; sampled rows: capped by their records
+            survival = _live(self._observed_survival(width), counts)
+        else:  # greedy rows: the estimates as far as they held so far; sampled rows: capped by their records (0 past
+            # a row's count stays 0: scaled, or the smaller of it and a record)
             all_greedy = not any(sampled)
             survival = [[min(v * factor, 1.0) for v in row] for row, factor in
                         zip(estimates, (s.calibration.factor(all_greedy) for s in self._batch))]
@@ -621,7 +620,6 @@ class SpecEngine:
                 survival = [[min(e if is_sampled else v, o) for e, v, o in zip(estimated, calibrated, observed)]
                             for estimated, calibrated, observed, is_sampled in
                             zip(estimates, survival, self._observed_survival(width), sampled)]
-        survival = [[v if j < n else 0.0 for j, v in enumerate(row)] for row, n in zip(survival, counts)]
         if self._verify_overhead is None:  # a step-time model set by hand, without the engine's probes
             depth = best_depth(survival, self._round_model())
         else:  # a target-only round pays the op's short path, which the step curve's rounds all share
@@ -1046,6 +1044,11 @@ def split_padded_batch(lengths: list[int], forward_cost: int = PREFILL_FORWARD_C
         runs.append((cut[j], j))
         j = cut[j]
     return runs[::-1]
+
+
+def _live(rows: list[list[float]], counts: list[int]) -> list[list[float]]:
+    """[B][width] per-slot values with each row's slots past its count set to 0 (no draft, nothing to survive)."""
+    return [[v if j < n else 0.0 for j, v in enumerate(row)] for row, n in zip(rows, counts)]
 
 
 def _merge(into: StepOutput, more: StepOutput) -> None:
