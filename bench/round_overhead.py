@@ -3,9 +3,10 @@
     python -m bench.round_overhead                 # ~3 min on 2 cores; writes bench/results/round_overhead.json
     python -m bench.round_overhead --num-prompts 1 --max-tokens 16 --batch-sizes 1   # a smoke run
 
-Each row decodes the same prompts (N each from humaneval, gsm8k and mbpp, chat template, greedy, a fixed number of new
-tokens) with the engine's phase timer on (deepspec/decoding/phases.py), at batch 1 and at batch 8 (8 copies of each
-prompt decoding together, so every round verifies 8 rows):
+Each row decodes the same prompts (N each from humaneval, gsm8k and mbpp, chat template, a fixed number of new
+tokens; greedy, or at each of --temperatures with fixed seeds, top-p 1) with the engine's phase timer on
+(deepspec/decoding/phases.py), at batch 1 and at batch 8 (8 copies of each prompt decoding together, so every round
+verifies 8 rows):
 
     engine                 target-only: the floor of per-round overhead (commit, detokenization, slot bookkeeping)
     engine+auto            the default draft (`--draft auto`): what drafting, the budget and acceptance add
@@ -44,17 +45,22 @@ def parse_args(argv):
     p.add_argument("--batch-sizes", default="1,8", help="comma list (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=2, help="prompts per dataset (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--temperatures", default="0",
+                   help="comma list of sampling temperatures, each its own rows (top-p 1; default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "round_overhead.json"))
     return p.parse_args(argv)
 
 
-def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
-    """Decode `prompts` (each `batch` times at once) on a fresh engine with the phase timer on."""
+def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_tokens: int, temperature: float = 0.0
+                ) -> dict:
+    """Decode `prompts` (each `batch` times at once, sampled at `temperature` with fixed seeds where it is above 0)
+    on a fresh engine with the phase timer on."""
     from deepspec.decoding import SamplingParams, SpecEngine
 
     engine = SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=2048)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
+                            seed=0 if temperature > 0 else None)
     engine.generate([prompts[0]], SamplingParams(max_tokens=16))  # warm caches and allocator pools, untimed
     timer = engine.profile()
     tokens, t0 = 0, time.perf_counter()
@@ -88,14 +94,18 @@ def main(argv=None) -> int:
         target = load_target(args.target, dtype=args.dtype)
     prompts = [p for ps in load_prompts(target, args.num_prompts).values() for p in ps]
     rows = {}
-    for spec in args.drafters.split(","):
-        for batch in map(int, args.batch_sizes.split(",")):
-            name = f"engine{'' if spec == 'none' else '+' + spec} B={batch}"
-            rows[name] = profile_row(target, build_drafter(spec, target), prompts, batch, args.max_tokens)
-            print(f"{name}: {rows[name]['tok_s']:.1f} tok/s", file=sys.stderr)
+    for temperature in map(float, args.temperatures.split(",")):
+        for spec in args.drafters.split(","):
+            for batch in map(int, args.batch_sizes.split(",")):
+                name = f"engine{'' if spec == 'none' else '+' + spec} B={batch}" + (f" t={temperature:g}"
+                                                                                    if temperature else "")
+                rows[name] = profile_row(target, build_drafter(spec, target), prompts, batch, args.max_tokens,
+                                         temperature)
+                print(f"{name}: {rows[name]['tok_s']:.1f} tok/s", file=sys.stderr)
     columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
     weights = f"native {target.quantization}" if args.engine == "native" else args.dtype
-    print(f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, greedy, "
+    print(f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, temperatures "
+          f"{args.temperatures}, "
           f"torch threads {torch.get_num_threads()}; CPU flags: {cpu_flags()}")
     print("ms per step by phase")
     print(f"{'row':26s} {'tok/s':>6s} {'step':>7s} " + " ".join(f"{c[:8]:>8s}" for c in columns)

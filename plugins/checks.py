@@ -45,9 +45,9 @@ def sampling(op: str, B: int, temperature, top_k, top_p, seeds=None) -> None:
         tensor(op, "seeds", seeds, 1, INT)
     same(op, "batch sizes of temperature, top_k, top_p, seeds and the logits", temperature.shape[0],
          top_k.shape[0], top_p.shape[0], B, *([] if seeds is None else [seeds.shape[0]]))
-    if _readable(top_k) and bool((top_k < 0).any()):
+    if _readable(top_k) and any(k < 0 for k in top_k.tolist()):
         _fail(op, "top_k must be >= 0 (0 = off)")
-    if _readable(top_p) and bool(((top_p <= 0) | (top_p > 1)).any()):
+    if _readable(top_p) and not all(0 < p <= 1 for p in top_p.tolist()):  # a NaN fails too
         _fail(op, "top_p must be in (0, 1] (1 = off)")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from plugins import checks
-from plugins.reference.accept import greedy_walk
+from plugins.reference.accept import greedy_walk, rejection_walk
 
 import plugins.library  # noqa: F401 - registers torch.ops.deepspec.*
 
@@ -47,6 +47,17 @@ def greedy_accept_host(draft_tokens, num_draft_tokens, target_logits) -> tuple[l
     around it cost ~0.15 ms of a ~8 ms batch-1 round on the native decoder. The op's checks run all the same."""
     checks.chain("greedy_accept", draft_tokens, num_draft_tokens, target_logits)
     return greedy_walk(draft_tokens, num_draft_tokens, target_logits)
+
+
+def rejection_sample_host(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p,
+                          seeds) -> tuple[list[int], list[int]]:
+    """rejection_sample on host logits (plugins.reference.accept.on_host), as Python lists (num_accepted,
+    next_token), without the dispatcher: the same draws as the op's CPU kernel (rejection_walk says why it is
+    cheaper). The op's checks run all the same."""
+    checks.chain("rejection_sample", draft_tokens, num_draft_tokens, target_logits, draft_probs)
+    checks.sampling("rejection_sample", draft_tokens.shape[0], temperature, top_k, top_p, seeds)
+    return rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p,
+                          seeds)
 
 
 def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds):

@@ -57,8 +57,8 @@ def verify(
     sampling: RowSampling | None,  # None = every row greedy
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """→ (num_accepted [B], next_token [B]) on the logits' device; greedy rows are exactly target argmax."""
-    if sampling is None and on_host(target_logits):  # the host path reads no draft past its row's count
-        num_accepted, next_token = plugins.greedy_accept_host(draft_tokens, num_draft_tokens, target_logits)
+    if _walks_on_host(target_logits, draft_probs, sampling):  # the host walks read no draft past its row's count
+        num_accepted, next_token = _host_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, sampling)
         return torch.tensor(num_accepted, dtype=torch.long), torch.tensor(next_token, dtype=torch.long)
     device = target_logits.device
     draft_tokens, num_draft_tokens = draft_tokens.to(device), num_draft_tokens.to(device)
@@ -77,13 +77,27 @@ def verify_result(draft_tokens: torch.Tensor, num_draft_tokens: torch.Tensor, ta
                   draft_probs: torch.Tensor | None, sampling: RowSampling | None) -> list[list[int]]:
     """`verify` (same arguments) read back to the host: per row [num_accepted, next_token, *draft_tokens]. Greedy
     rows on host logits take the walk's own lists, with no tensors built, concatenated and read back (~0.1 ms of a
-    batch-1 round on the native decoder)."""
-    if sampling is None and on_host(target_logits):
-        num_accepted, next_token = plugins.greedy_accept_host(draft_tokens, num_draft_tokens, target_logits)
+    batch-1 round on the native decoder); so do sampled rows (plugins.rejection_sample_host)."""
+    if _walks_on_host(target_logits, draft_probs, sampling):
+        num_accepted, next_token = _host_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, sampling)
         return [[a, t, *d] for a, t, d in zip(num_accepted, next_token, draft_tokens.tolist())]
     num_accepted, next_token = verify(draft_tokens, num_draft_tokens, target_logits, draft_probs, sampling)
     return torch.cat([num_accepted[:, None], next_token[:, None],
                       draft_tokens.to(num_accepted.device, torch.long)], dim=1).tolist()
+
+
+def _walks_on_host(target_logits: torch.Tensor, draft_probs: torch.Tensor | None,
+                   sampling: RowSampling | None) -> bool:
+    """Logits (and draft probabilities, and sampling parameters) in host memory: the ops' host walks take them."""
+    return on_host(target_logits) and (draft_probs is None or draft_probs.device.type == "cpu") and (
+        sampling is None or sampling.seeds.device.type == "cpu")
+
+
+def _host_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, sampling) -> tuple[list[int], list[int]]:
+    if sampling is None:
+        return plugins.greedy_accept_host(draft_tokens, num_draft_tokens, target_logits)
+    return plugins.rejection_sample_host(draft_tokens, num_draft_tokens, target_logits, draft_probs,
+                                         sampling.temperature, sampling.top_k, sampling.top_p, sampling.seeds)
 
 
 def verify_tree(

@@ -7,10 +7,11 @@ Words (after vLLM's rejection sampler, arXiv 2211.17192): *accepted* drafts surv
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from plugins.reference.logits import process, scale
-from plugins.reference.rng import uniforms
+from plugins.reference.rng import host_uniform, seed_key, uniforms
 
 
 def greedy_accept(
@@ -192,11 +193,81 @@ def rejection_sample(
         residual = (p_at - draft_probs[torch.arange(B, device=dev), slot].to(torch.float32)).clamp_(min=0.0)
         # p == q exactly leaves no residual; rejection then had probability 0, so p itself is the fallback
         usable = rejected & (residual.sum(dim=-1) > 0)
-        weights = torch.where(usable[:, None], residual, p_at)
+        # a row that was not rejected keeps its unnormalized p, as where no row was rejected: a row's draw does not
+        # depend on the other rows
+        weights = torch.where(usable[:, None], residual, torch.where(rejected[:, None], p_at, w_at))
     next_token = sample_index(weights, uniforms(seeds, (2 * num_accepted + 1)[:, None]).squeeze(1))
     if bool(greedy.any()):
         next_token = torch.where(greedy, argmax_at, next_token)
     return num_accepted, next_token
+
+
+#: the smallest normal float32: a draft probability q is clamped to it before p / q (as the kernels do)
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds
+                   ) -> tuple[list[int], list[int]]:
+    """rejection_sample on logits in host memory (`on_host`), row by row, as Python lists (num_accepted,
+    next_token): the batched path's draws bit for bit, without its bookkeeping. A sampled row goes through the same
+    scale / process / probs_at / weights / sample_index on its own [1, V] slots, in the same float32 arithmetic,
+    with its uniforms hashed in Python integers (rng.host_uniform); a greedy row takes greedy_walk's argmax. The
+    batched path spends a dozen small tensor ops per slot finding which rows are still accepting, and fills a
+    [B, V] buffer for the rows' last distributions; each op costs tens of microseconds right after a target forward
+    has streamed the weights through the caches. At batch 1 on the native decoder that was about half of a sampled
+    round's verification (bench.round_overhead --temperatures 0,1)."""
+    drafts, counts = draft_tokens.tolist(), num_draft_tokens.tolist()
+    temperatures, seed_list = temperature.tolist(), seeds.tolist()
+    host = None
+    num_accepted, next_token = [], []
+    for row, (draft, count) in enumerate(zip(drafts, counts)):
+        if temperatures[row] <= 0:  # greedy row: the argmax rule, as greedy_walk
+            if host is None:
+                host = target_logits.detach().numpy()
+            j = 0
+            while True:
+                token = int(host[row, j].argmax())
+                if j < count and draft[j] == token:
+                    j += 1
+                    continue
+                break
+            num_accepted.append(j)
+            next_token.append(token)
+            continue
+        key, rows = seed_key(seed_list[row]), slice(row, row + 1)
+        j = 0
+        while True:
+            proc = process(scale(target_logits[rows, j], temperature[rows]), top_k[rows], top_p[rows])
+            if j == count:  # every draft accepted (or none proposed): the bonus token, drawn from p
+                weights = proc.weights()
+                break
+            token = draft[j]
+            p = proc.probs_at(torch.tensor([[token]]))
+            q = 1.0 if draft_probs is None else float(draft_probs[row, j, token])
+            # accept with probability min(1, p / q), the quotient in float32 as the batched path takes it
+            if q > 0 and host_uniform(key, 2 * j) < float(p / torch.tensor(max(q, _TINY), dtype=torch.float32)):
+                j += 1
+                continue
+            if draft_probs is None:  # one-hot q: the residual is p without the rejected draft
+                weights = proc.weights()
+                weights[0, token] = 0.0
+            else:
+                p_at = proc.weights() / proc.mass[:, None]
+                residual = (p_at - draft_probs[rows, j].to(torch.float32)).clamp_(min=0.0)
+                # p == q exactly leaves no residual; rejection then had probability 0, so p itself is the fallback
+                weights = residual if bool(residual.sum() > 0) else p_at
+            break
+        num_accepted.append(j)
+        next_token.append(_sample_row(weights[0], host_uniform(key, 2 * j + 1)))
+    return num_accepted, next_token
+
+
+def _sample_row(weights: torch.Tensor, u: float) -> int:
+    """sample_index of one row ([V] weights) with the search on the host: the same cumsum, the same float32
+    product u * total and the same searches, without four more tensor ops."""
+    cum = weights.cumsum(dim=-1).numpy()
+    index = int(np.searchsorted(cum, np.float32(u) * cum[-1], side="right"))
+    return index if index < len(cum) else int(np.searchsorted(cum, cum[-1], side="left"))
 
 
 def confidence_truncate(

@@ -39,15 +39,19 @@ def seed_key(seeds: torch.Tensor | int) -> torch.Tensor | int:
 HOST_DRAWS = 256
 
 
+def host_uniform(key: int, counter: int) -> float:
+    """One uniform in Python integers from a row's seed_key and a counter, through the same mix32 (its operators
+    work on ints as on tensors): mix32 on values below 2^32 is exact in int64 and in Python alike, and
+    (bits >> 8) * 2^-24 is exact in float32, so this is the tensor path's number bit for bit."""
+    return (mix32(key ^ mix32((counter * COUNTER_STEP + COUNTER_OFFSET) & MASK32)) >> 8) * (1.0 / (1 << 24))
+
+
 def _host_uniforms(seeds: list[int], counters: list[list[int]]) -> list[list[float]]:
-    """uniforms in Python integers, through the same seed_key and mix32 (their operators work on ints as on
-    tensors): mix32 on values below 2^32 is exact in int64 and in Python alike, and (bits >> 8) * 2^-24 is exact in
-    float32, so these are the tensor path's numbers bit for bit."""
+    """uniforms in Python integers (host_uniform), row by row."""
     out = []
     for seed, row in zip(seeds, counters):
         key = seed_key(seed)
-        out.append([(mix32(key ^ mix32((c * COUNTER_STEP + COUNTER_OFFSET) & MASK32)) >> 8) * (1.0 / (1 << 24))
-                    for c in row])
+        out.append([host_uniform(key, c) for c in row])
     return out
 
 

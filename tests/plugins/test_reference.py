@@ -193,6 +193,45 @@ def test_rejection_sample_commits_the_target_distribution(with_q, filters):
     assert p0 > 1e-3 and p1 > 1e-3
 
 
+def _walk(*args):
+    """rejection_walk with the batched op's outputs (tensors), for the checks written against the op."""
+    from plugins.reference.accept import rejection_walk
+
+    return tuple(torch.tensor(x, dtype=torch.long) for x in rejection_walk(*args))
+
+
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "one-hot-q"])
+@pytest.mark.parametrize("filters", [dict(), dict(top_k=4, top_p=0.8, temperature=0.8)], ids=["plain", "filtered"])
+def test_the_host_walk_commits_the_target_distribution(with_q, filters):
+    p0, p1 = step_p_values(_walk, with_q=with_q, **filters)
+    assert p0 > 1e-3 and p1 > 1e-3
+
+
+def test_the_host_walk_draws_what_the_batched_path_draws():
+    """Host logits of sampled rows take the row-by-row walk (accept.py, rejection_walk; deepspec's verify uses it
+    on CPU): its counts and tokens must be the batched op's, bit for bit, in batches that mix greedy and sampled
+    rows, temperatures, top-k and top-p, one-hot and drawn drafts, rows without drafts and rows that accept all."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        B, k, V = 1 + trial % 5, trial % 5, 97
+        logits = torch.randn(B, k + 1, V, generator=gen) * 2
+        num = torch.randint(0, k + 1, (B,), generator=gen)
+        T = torch.where(torch.rand(B, generator=gen) < 0.2, 0.0, torch.rand(B, generator=gen) * 1.5 + 0.1)
+        tk = torch.where(torch.rand(B, generator=gen) < 0.3, torch.randint(1, 20, (B,), generator=gen), 0)
+        tp = torch.where(torch.rand(B, generator=gen) < 0.3, torch.rand(B, generator=gen) * 0.9 + 0.1, 1.0)
+        seeds = torch.randint(-2**62, 2**62, (B,), generator=gen)
+        if trial % 2:  # drafts drawn from a q of their own
+            q = torch.softmax(torch.randn(B, k, V, generator=gen) * 2, -1)
+            drafts = torch.multinomial(q.view(-1, V), 1, generator=gen).view(B, k) if k else torch.zeros(B, 0).long()
+        else:  # deterministic drafts, mostly the target's own argmax so that rows accept some
+            q = None
+            drafts = torch.where(torch.rand(B, k, generator=gen) < 0.7, logits[:, :k].argmax(-1),
+                                 torch.randint(0, V, (B, k), generator=gen))
+        want = reference.rejection_sample(drafts, num, logits, q, T, tk, tp.float(), seeds)
+        got = _walk(drafts, num, logits, q, T, tk, tp.float(), seeds)
+        assert [x.tolist() for x in got] == [x.tolist() for x in want], trial
+
+
 def test_the_distribution_check_rejects_a_verifier_that_accepts_everything():
     p0, _ = step_p_values(accept_everything, with_q=True)
     assert p0 < 1e-3

@@ -13,9 +13,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+import plugins
+
 from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding import engine as engine_module
-from deepspec.decoding import verify as verify_module
 from deepspec.decoding.drafters.random import RandomDrafter
 from tests.conftest import make_tiny_target
 from tests.deepspec.decoding.exact_joint import exact_joint
@@ -65,14 +66,15 @@ def test_filtered_sampling_matches_filtered_target(target, tree):
 
 
 def test_the_check_rejects_a_verifier_that_accepts_everything(target, monkeypatch):
-    real_verify = verify_module.verify
+    real_walk = plugins.rejection_sample_host
 
-    def accept_all(drafts, num_drafts, logits, draft_probs, sampling):
+    def accept_all(drafts, num_drafts, logits, draft_probs, *sampling):
         after_block = logits[torch.arange(logits.shape[0]), num_drafts][:, None]
-        bonus = real_verify(drafts[:, :0], torch.zeros_like(num_drafts), after_block, None, sampling)[1]
-        return num_drafts, bonus
+        bonus = real_walk(drafts[:, :0], torch.zeros_like(num_drafts), after_block, None, *sampling)[1]
+        return num_drafts.tolist(), bonus
 
-    monkeypatch.setattr(verify_module, "verify", accept_all)  # what the engine's verify_result calls
+    # what the engine's verify_result calls for sampled rows on CPU
+    monkeypatch.setattr(plugins, "rejection_sample_host", accept_all)
     assert _p_value(target, RandomDrafter(VOCAB, seed=7, sample_probs=True), SamplingParams(temperature=1.0)) < 1e-3
 
 
