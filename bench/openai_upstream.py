@@ -24,6 +24,15 @@ request; added p50 = p50(path) - p50(direct), likewise p99, each the median over
 the paths taking turns round by round; ratio = median path / median direct.
 Targets: added p50 <= 1 ms, p99 <= 5 ms; streaming throughput >= 0.97x direct at concurrency 32.
 
+Two CPUs hold three roles (engine, gateway, client), so one pair shares a CPU; throughput is measured both ways,
+the gateway, relay and upstream staying where they are and only this process (the client) moving:
+
+  client beside the gateway   the client on the gateway's CPU: every cycle the gateway (or relay) spends is taken
+                              from the load generator, which then starts and reads its streams later
+  gateway apart               the client on the upstream's CPU, the gateway (or relay) alone on the other: as in a
+                              cluster, where the gateway pod has CPUs of its own; the client slows the upstream
+                              alike on every path, so the ratio is what passing through the gateway costs
+
 Two full runs, on 2 shared cores (AVX2 EPYC; load average 3.3, another session's evaluation at nice 10 holding
 about one of them), of the gateway before (6289df9) and after its overhead work (hot_routes.py, json_codec.py,
 metric children kept, aiohttp's own deadline, SSE read as it arrives and streamed in the request's task):
@@ -47,6 +56,12 @@ client out), whole completions await the dispatcher in the request's task, and G
 front of FastAPI's stack. CPU per whole completion in front of the canned upstream 0.95 -> 0.34 ms; one run of
 this benchmark: stub added p50 1.38 ms, p99 0.84; canned added p50 0.58, p99 0.88; streaming 0.95x direct
 (relay 0.92x).
+
+Both placements, three runs of `--no-llama --rounds 25` on 2026-12-06 (AMD EPYC Zen 4, 2 CPUs, AVX-512 VNNI): stub
+added p50 1.03 / 0.68 / 1.13 ms, p99 0.92 / 0.39 / 1.14 ms; streaming with the client beside the gateway 0.80 /
+0.91 / 0.88x (relay 0.95 / 1.01 / 0.96x), with the gateway apart 0.92 / 0.92 / 1.01x (relay 1.23 / 0.93 / 1.08x).
+A relay that only copies bytes reads 0.93-1.23x direct from one run to the next: on this VM the streaming ratio
+cannot resolve the 3% the target allows.
 """
 
 from __future__ import annotations
@@ -230,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=600, help="latency requests per path (default 600)")
     parser.add_argument("--blocks", type=int, default=3, help="report the median of per-block percentiles (default 3)")
     parser.add_argument("--concurrency", type=int, default=32, help="streams at once (default 32)")
-    parser.add_argument("--rounds", type=int, default=5, help="throughput rounds per path (default 5)")
+    parser.add_argument("--rounds", type=int, default=15, help="throughput rounds per path (default 15)")
     parser.add_argument("--no-llama", action="store_true", help="skip the llama.cpp upstream")
     parser.add_argument("--shared-cpus", action="store_true",
                         help="let every process run on every CPU (default: the upstream on one CPU, the gateway, "
@@ -261,7 +276,15 @@ def main(argv: list[str] | None = None) -> int:
                 entry["latency"] = measure_latency(urls, model, args.requests, args.blocks)
             rounds = args.rounds if name == "stub" else max(2, args.rounds // 2)
             if name != "canned":  # an upstream that costs nothing streams as fast as its client reads
-                entry["throughput"] = measure_throughput(urls, model, args.concurrency, rounds, MAX_TOKENS)
+                for key, cpus in (("throughput", placement["front"]), ("throughput_gateway_apart",
+                                                                      placement["upstream"])):  # fmt: skip
+                    if cpus is not None:
+                        os.sched_setaffinity(0, cpus)
+                    entry[key] = measure_throughput(urls, model, args.concurrency, rounds, MAX_TOKENS)
+                    if placement["upstream"] is None:  # shared CPUs: no second placement to measure
+                        break
+                if placement["front"] is not None:
+                    os.sched_setaffinity(0, placement["front"])
             report["upstreams"][name] = entry
         finally:
             for proc in procs[::-1]:
@@ -290,14 +313,16 @@ def summary(report: dict, concurrency: int) -> str:
     report["targets_met"]."""
     rows = []
     for name, entry in report["upstreams"].items():
-        lat, thr = entry.get("latency"), entry.get("throughput")
+        lat, thr, apart = entry.get("latency"), entry.get("throughput"), entry.get("throughput_gateway_apart")
         added = [lat[path][key] for path in ("gateway", "relay") for key in ("added_p50_ms", "added_p99_ms")] if lat \
             else ["", "", "", ""]  # fmt: skip
         rates = [thr["direct"]["tokens_per_s"], thr["gateway"]["tokens_per_s"], thr["gateway"]["ratio"],
                  thr["relay"]["ratio"]] if thr else ["", "", "", ""]  # fmt: skip
+        rates += [apart["gateway"]["ratio"], apart["relay"]["ratio"]] if apart else ["", ""]
         rows.append([name, lat["direct"]["p50_ms"] if lat else "", *added, *rates])
     lines = [table(["upstream", "direct p50 ms", "added p50 ms", "added p99 ms", "relay added p50", "relay added p99",
-                    "direct tok/s", f"gateway tok/s (c={concurrency})", "ratio", "relay ratio"], rows)]  # fmt: skip
+                    "direct tok/s", f"gateway tok/s (c={concurrency})", "ratio", "relay ratio",
+                    "ratio, gateway apart", "relay ratio, apart"], rows)]  # fmt: skip
     stub = report["upstreams"]["stub"]
     if "latency" in stub:
         lat, thr = stub["latency"], stub["throughput"]
@@ -306,11 +331,16 @@ def summary(report: dict, concurrency: int) -> str:
                      f"{thr['gateway']['tokens_per_s'] / thr['relay']['tokens_per_s']:.2f}x the relay's")  # fmt: skip
     latency_ok = "latency" in stub and stub["latency"]["gateway"]["added_p50_ms"] <= 1 \
         and stub["latency"]["gateway"]["added_p99_ms"] <= 5  # fmt: skip
-    throughput_ok = all(e["throughput"]["gateway"]["ratio"] >= 0.97 for e in report["upstreams"].values()
-                        if "throughput" in e)
-    report["targets_met"] = {"latency": latency_ok, "throughput": throughput_ok}
-    lines.append(f"targets: added p50 <= 1 ms and p99 <= 5 ms: {'met' if latency_ok else 'NOT met'}; "
-                 f"streaming throughput >= 0.97x direct: {'met' if throughput_ok else 'NOT met'}")
+    def throughput_met(key: str) -> bool | None:
+        entries = [e[key] for e in report["upstreams"].values() if key in e]
+        return all(e["gateway"]["ratio"] >= 0.97 for e in entries) if entries else None
+
+    throughput_ok, apart_ok = throughput_met("throughput"), throughput_met("throughput_gateway_apart")
+    report["targets_met"] = {"latency": latency_ok, "throughput": throughput_ok, "throughput_gateway_apart": apart_ok}
+    said = {True: "met", False: "NOT met", None: "not measured"}
+    lines.append(f"targets: added p50 <= 1 ms and p99 <= 5 ms: {said[latency_ok]}; streaming throughput >= 0.97x "
+                 f"direct: {said[throughput_ok]} with the client beside the gateway, {said[apart_ok]} with the "
+                 "gateway apart")  # fmt: skip
     placement = report["placement"]
     lines.append(f"[load average {report['load_average_1m']:.1f} on {report['cpus']} CPUs (upstream on CPUs "
                  f"{placement['upstream']}, gateway, relay and client on {placement['front']}); CPU flags: "
