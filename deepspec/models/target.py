@@ -22,8 +22,9 @@ Identity and limits
 - `eos_token_ids: tuple[int, ...]` — ids that end generation (unless a request sets ignore_eos).
 - `quantization: str` — "none" or how the matmul weights are stored ("gguf"); reported, never branched on.
 - `device: torch.device`, `dtype: torch.dtype` — where and in what dtype the weights live; inputs go to `device`.
-- `attention_dtype: torch.dtype` — the dtype of the KV cache and the attention math (float32 on CPU even for a
-  bf16 model); `new_cache` allocates in it.
+- `attention_dtype: torch.dtype` — the dtype of the KV cache, and of the attention math unless the target says
+  otherwise (float32 on CPU even for a bf16 model; the native decoder keeps float16 entries and computes in
+  float32); `new_cache` allocates in it.
 - `fingerprint() -> dict` — what a draft depends on (family, sizes, tokenizer hash); stored in draft checkpoints,
   compared on load. Two targets with equal fingerprints must be interchangeable for a draft.
 

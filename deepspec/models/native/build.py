@@ -25,7 +25,7 @@ from deepspec.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("decoder.c")
 #: the ABI version decoder.c reports (ds_abi): bumped with any change to a function's signature
-ABI = 2
+ABI = 3
 FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c11")
 
 

@@ -10,8 +10,9 @@
    Numbers: weights int8 per output channel on 7 bits (levels -63..63, deepspec/models/int8_weights.py says why),
    activations quantized per row to uint8 (scale = the row's abs-max / 127, zero point 128) just before each
    matmul, integer dot products (exact), one float scaling per output element. Or, per layer matrix, GGUF's Q4_1
-   blocks (the 4-bit section below), activations then quantized per block of 32. Everything else — embeddings,
-   norms, RoPE, attention, the KV cache — is float32.
+   blocks (the 4-bit section below), activations then quantized per block of 32. The KV cache holds float16
+   (binary16, rounded to nearest even as it is written). Everything else — embeddings, norms, RoPE, the attention
+   math — is float32.
 
    Row invariance, by construction: each output row of every operation depends on its own input row only and is
    computed by the same code in the same order whatever the other rows are (integer sums are exact; norms,
@@ -24,7 +25,7 @@
    which 7-bit weights keep from saturating), and portable C. The packed weight layout follows the lane count.
 
    The caller (deepspec/models/native/target.py) owns the KV cache ([layers, slots, kv heads, positions, head dim]
-   float32, the engine's own KVCache) and every input and output buffer; this file owns the packed weights. */
+   float16, the engine's own KVCache) and every input and output buffer; this file owns the packed weights. */
 
 #include <math.h>
 #include <stdint.h>
@@ -50,7 +51,7 @@
 #define DS_LANES 8
 #endif
 
-#define DS_ABI 2
+#define DS_ABI 3
 #define MAX_TILE_ROWS 8
 #define ALIGN 64
 
@@ -875,16 +876,74 @@ static void rope(float *x, const float *cos, const float *sin, int head_dim) {
     }
 }
 
-static float dot(const float *a, const float *b, int n) {
+/* ---- the KV cache's float16 entries ------------------------------------------------------------------------ */
+
+/* Keys and values are stored as IEEE binary16 (kv_t), as llama.cpp's default cache is: attention reads them back
+   from memory for every query of every step (at 8 rows after a few hundred positions as many bytes as the weights,
+   and past them at batch 1 beyond ~1,500 positions), and float16 halves those reads. The math stays float32. Every
+   read goes through the cache, the new tokens' entries included, so a verify pass still reduces over exactly what
+   its one-token steps do. */
+typedef uint16_t kv_t;
+
+/* float → binary16 bits, rounded to nearest even (the portable path's conversion; x86 builds convert in hardware) */
+static inline kv_t half_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7FFFFFFFu;
+    if (mag >= 0x7F800000u) return (kv_t)(sign | 0x7C00u | (mag > 0x7F800000u ? 0x200u : 0u)); /* inf, NaN */
+    if (mag >= 0x477FF000u) return (kv_t)(sign | 0x7C00u); /* rounds past the largest half: inf */
+    if (mag < 0x38800000u) { /* below 2^-14: a subnormal half, in units of 2^-24 (exact scaling, then RNE) */
+        float v;
+        memcpy(&v, &mag, 4);
+        return (kv_t)(sign | (uint32_t)(int)nearbyintf(v * 16777216.0f));
+    }
+    const uint32_t rounded = mag + 0xFFFu + ((mag >> 13) & 1u); /* ties to even; a carry bumps the exponent */
+    return (kv_t)(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+/* n floats into the cache */
+static void store_half(const float *x, kv_t *h, int n) {
+    int j = 0;
+#if DS_LANES == 16
+    for (; j + 16 <= n; j += 16)
+        _mm256_storeu_si256((__m256i *)(h + j), _mm512_cvtps_ph(_mm512_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__AVX2__)
+    for (; j + 8 <= n; j += 8)
+        _mm_storeu_si128((__m128i *)(h + j), _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; j < n; j++) {
+#if DS_LANES == 16 || defined(__AVX2__)
+        h[j] = (kv_t)_cvtss_sh(x[j], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+        h[j] = half_bits(x[j]);
+#endif
+    }
+}
+
+static inline float half_scalar(kv_t h) {
+#if DS_LANES == 16 || defined(__AVX2__)
+    return _cvtsh_ss(h);
+#else
+    return half_float(h); /* the 4-bit blocks' conversion (portable build) */
+#endif
+}
+
+#if DS_LANES == 16
+static inline __m512 load_half16(const kv_t *h) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)); }
+#endif
+
+/* a . b over n values, b in the cache */
+static float dot_half(const float *a, const kv_t *b, int n) {
 #if DS_LANES == 16
     __m512 acc = _mm512_setzero_ps();
     int j = 0;
-    for (; j + 16 <= n; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(b + j), acc);
+    for (; j + 16 <= n; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), load_half16(b + j), acc);
     float s = _mm512_reduce_add_ps(acc);
 #elif defined(__AVX2__)
     __m256 acc = _mm256_setzero_ps();
     int j = 0;
-    for (; j + 8 <= n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+    for (; j + 8 <= n; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + j))), acc);
     float lanes[8];
     _mm256_storeu_ps(lanes, acc);
     float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
@@ -892,25 +951,25 @@ static float dot(const float *a, const float *b, int n) {
     int j = 0;
     float s = 0.0f;
 #endif
-    for (; j < n; j++) s += a[j] * b[j];
+    for (; j < n; j++) s += a[j] * half_scalar(b[j]);
     return s;
 }
 
-/* out += p * v over n floats */
-static void axpy(float p, const float *v, float *out, int n) {
+/* out += p * v over n values, v in the cache */
+static void axpy_half(float p, const kv_t *v, float *out, int n) {
     int j = 0;
 #if DS_LANES == 16
     const __m512 pv = _mm512_set1_ps(p);
     for (; j + 16 <= n; j += 16)
-        _mm512_storeu_ps(out + j, _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + j), _mm512_loadu_ps(out + j)));
+        _mm512_storeu_ps(out + j, _mm512_fmadd_ps(pv, load_half16(v + j), _mm512_loadu_ps(out + j)));
 #elif defined(__AVX2__)
     const __m256 pv = _mm256_set1_ps(p);
     for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + j), _mm256_loadu_ps(out + j)));
+        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + j))),
+                                                  _mm256_loadu_ps(out + j)));
 #endif
-    for (; j < n; j++) out[j] += p * v[j];
+    for (; j < n; j++) out[j] += p * half_scalar(v[j]);
 }
-
 
 /* ---- the forward -------------------------------------------------------------------------------------------- */
 
@@ -920,8 +979,8 @@ typedef struct {
     const int64_t *tokens;   /* [B, T] */
     const int64_t *start;    /* [B] first position of each row's block (its committed length) */
     const int64_t *parents;  /* [B, T] token tree (column 0 = -1), or NULL for chains */
-    float *k_cache, *v_cache;
-    int64_t layer_stride, slot_stride, seq_len; /* cache strides in floats: [layer][slot][kv head][pos][dim] */
+    kv_t *k_cache, *v_cache;
+    int64_t layer_stride, slot_stride, seq_len; /* cache strides in entries: [layer][slot][kv head][pos][dim] */
 } step_t;
 
 /* The cache entries query (b, t) attends, in the order it reduces over them: committed positions within its
@@ -982,7 +1041,7 @@ static inline __m512 sum_lanes16(const __m512 v[16]) {
 #endif
 
 /* scores[j] = (q . k[keys[j]]) * scale for j < n, keys read from kbase (one head_dim row per position) */
-static void key_scores(const float *qh, const float *kbase, const int64_t *keys, int n, int hd, float scale,
+static void key_scores(const float *qh, const kv_t *kbase, const int64_t *keys, int n, int hd, float scale,
                        float *scores) {
 #if DS_LANES == 16
     if (hd % 16 == 0) {
@@ -992,8 +1051,8 @@ static void key_scores(const float *qh, const float *kbase, const int64_t *keys,
             for (int i = 0; i < 16; i++) {
                 __m512 acc = _mm512_setzero_ps();
                 if (i < m) {
-                    const float *k = kbase + keys[j0 + i] * hd;
-                    for (int d = 0; d < hd; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), _mm512_loadu_ps(k + d), acc);
+                    const kv_t *k = kbase + keys[j0 + i] * hd;
+                    for (int d = 0; d < hd; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), load_half16(k + d), acc);
                 }
                 partial[i] = acc;
             }
@@ -1003,26 +1062,26 @@ static void key_scores(const float *qh, const float *kbase, const int64_t *keys,
         return;
     }
 #endif
-    for (int j = 0; j < n; j++) scores[j] = dot(qh, kbase + keys[j] * hd, hd) * scale;
+    for (int j = 0; j < n; j++) scores[j] = dot_half(qh, kbase + keys[j] * hd, hd) * scale;
 }
 
 #if DS_LANES == 16
-static inline __attribute__((always_inline)) void weighted_values_nv(const float *p, const float *vbase,
+static inline __attribute__((always_inline)) void weighted_values_nv(const float *p, const kv_t *vbase,
                                                                      const int64_t *keys, int n, float inv, float *o,
                                                                      const int NV) {
     __m512 acc[16];
     for (int i = 0; i < NV; i++) acc[i] = _mm512_setzero_ps();
     for (int j = 0; j < n; j++) {
         const __m512 pj = _mm512_set1_ps(p[j]);
-        const float *v = vbase + keys[j] * (16 * NV);
-        for (int i = 0; i < NV; i++) acc[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + 16 * i), acc[i]);
+        const kv_t *v = vbase + keys[j] * (16 * NV);
+        for (int i = 0; i < NV; i++) acc[i] = _mm512_fmadd_ps(pj, load_half16(v + 16 * i), acc[i]);
     }
     for (int i = 0; i < NV; i++) _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(acc[i], _mm512_set1_ps(inv)));
 }
 #endif
 
 /* o[hd] = inv * sum_j p[j] * v[keys[j]], accumulated in key order (in registers where head_dim allows) */
-static void weighted_values(const float *p, const float *vbase, const int64_t *keys, int n, int hd, float inv,
+static void weighted_values(const float *p, const kv_t *vbase, const int64_t *keys, int n, int hd, float inv,
                             float *o) {
 #if DS_LANES == 16
     switch (hd) {
@@ -1032,7 +1091,7 @@ static void weighted_values(const float *p, const float *vbase, const int64_t *k
     }
 #endif
     memset(o, 0, sizeof(float) * hd);
-    for (int j = 0; j < n; j++) axpy(p[j], vbase + keys[j] * hd, o, hd);
+    for (int j = 0; j < n; j++) axpy_half(p[j], vbase + keys[j] * hd, o, hd);
     for (int d = 0; d < hd; d++) o[d] *= inv;
 }
 
@@ -1107,7 +1166,7 @@ static void attend_chain(void *ctx, int it, int tid) {
     float *scores = a->scratch + (size_t)tid * a->scratch_per_thread; /* [nq][nk16], then [nq][16][16] partials */
     float *partial = scores + (size_t)nq * nk16;
     const int64_t at = a->li * st->layer_stride + b * st->slot_stride + (int64_t)g * st->seq_len * hd;
-    const float *kbase = st->k_cache + at + first * hd, *vbase = st->v_cache + at + first * hd;
+    const kv_t *kbase = st->k_cache + at + first * hd, *vbase = st->v_cache + at + first * hd;
     const float *qrow[CHAIN_QUERIES];
     for (int i = 0; i < nq; i++) {
         const int t = t0 + i / nh, head = g * group + h0 + i % nh;
@@ -1117,12 +1176,15 @@ static void attend_chain(void *ctx, int it, int tid) {
     for (int j0 = 0; j0 < nk; j0 += 16) {
         const int m = nk - j0 < 16 ? nk - j0 : 16;
         for (int i = 0; i < 16; i++) {
-            const float *k = kbase + (size_t)(j0 + i) * hd;
+            const kv_t *k = kbase + (size_t)(j0 + i) * hd;
+            __m512 kv[16]; /* the key row, converted once for every query (head_dim <= 256) */
+            if (i < m)
+                for (int d = 0; d < hd; d += 16) kv[d / 16] = load_half16(k + d);
             for (int q = 0; q < nq; q++) {
                 __m512 acc = _mm512_setzero_ps();
                 if (i < m)
                     for (int d = 0; d < hd; d += 16)
-                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qrow[q] + d), _mm512_loadu_ps(k + d), acc);
+                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qrow[q] + d), kv[d / 16], acc);
                 _mm512_storeu_ps(partial + ((size_t)q * 16 + i) * 16, acc);
             }
         }
@@ -1152,9 +1214,9 @@ static void attend_chain(void *ctx, int it, int tid) {
         for (int q = 0; q < nt; q++)
             for (int i = 0; i < nv; i++) acc[q][i] = _mm512_setzero_ps();
         for (int j = 0; j < nk; j++) {
-            const float *v = vbase + (size_t)j * hd;
+            const kv_t *v = vbase + (size_t)j * hd;
             for (int i = 0; i < nv; i++) {
-                const __m512 vi = _mm512_loadu_ps(v + 16 * i);
+                const __m512 vi = load_half16(v + 16 * i);
                 for (int q = 0; q < nt; q++)
                     acc[q][i] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(size_t)(q0 + q) * nk16 + j]), vi, acc[q][i]);
             }
@@ -1227,8 +1289,8 @@ static void row_qkv_out(void *ctx, int r, int tid) {
     const int64_t slot = st->start[b] + t; /* block entries go in node order; a tree's path is compacted later */
     for (int g = 0; g < c->kv_heads; g++) {
         const int64_t at = f->li * st->layer_stride + b * st->slot_stride + ((int64_t)g * st->seq_len + slot) * hd;
-        memcpy(st->k_cache + at, row + qw + (size_t)g * hd, sizeof(float) * hd);
-        memcpy(st->v_cache + at, row + qw + kvw + (size_t)g * hd, sizeof(float) * hd);
+        store_half(row + qw + (size_t)g * hd, st->k_cache + at, hd);
+        store_half(row + qw + kvw + (size_t)g * hd, st->v_cache + at, hd);
     }
     memcpy(f->h + (size_t)r * qw, row, sizeof(float) * qw);
 }
@@ -1305,7 +1367,7 @@ static void layer(fwd_t *f, int li, size_t scratch_per_thread, int64_t max_keys,
    features [B, T, nfeat * hidden] the residual after each of feature_layers (or NULL). Returns 0, or -1 when a
    scratch allocation fails. */
 int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int64_t *start, const int64_t *parents,
-               float *k_cache, float *v_cache, int64_t layer_stride, int64_t slot_stride, int64_t seq_len,
+               kv_t *k_cache, kv_t *v_cache, int64_t layer_stride, int64_t slot_stride, int64_t seq_len,
                const int64_t *logits_index, int N, float *logits, const int *feature_layers, int nfeat,
                float *features) {
     const ds_config *c = &m->cfg;

@@ -5,8 +5,8 @@ The weights are those of the lean PyTorch decoder, loaded in float32, then put b
 they came from them (q4_weights.py) or quantized per output channel (int8_weights.py: the ONNX int8 graph's
 weights), and packed once into the library's layout (layer_weights says which); only the float32 embedding
 and head stay on the Python side, for the drafts that borrow them and for `lm_head`.
-The KV cache is the engine's own `KVCache` in float32, so token trees compact with the same `keep_path` op as on
-the PyTorch target.
+The KV cache is the engine's own `KVCache`, its entries float16 (decoder.c says why; the math stays float32), so
+token trees compact with the same `keep_path` op as on the PyTorch target.
 
 What it guarantees (decoder.c's header says how): each token's logits do not depend on the other tokens of its pass
 or the other rows of its batch, bit for bit. So speculative greedy output equals this target's own target-only
@@ -28,6 +28,9 @@ from deepspec.models.decoder import DecoderOutput, logits_positions
 from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
+
+#: the KV cache's entries: decoder.c stores and reads binary16 (its attention math is float32)
+CACHE_DTYPE = torch.float16
 from deepspec.models.native.build import Config, load_library
 from deepspec.models.q4_weights import exact_q4, quantize_q4
 from deepspec.models.target import TargetEmbeddings
@@ -88,7 +91,7 @@ class NativeTarget(HFTextTarget):
 
     @property
     def attention_dtype(self) -> torch.dtype:
-        return torch.float32
+        return CACHE_DTYPE
 
     @property
     def isa(self) -> str:
@@ -96,7 +99,7 @@ class NativeTarget(HFTextTarget):
         return self._model.lib.ds_isa().decode()
 
     def new_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
-        return KVCache(self.spec, num_slots, max_seq_len, torch.float32)
+        return KVCache(self.spec, num_slots, max_seq_len, CACHE_DTYPE)
 
     def forward(
         self,
@@ -125,9 +128,9 @@ class NativeTarget(HFTextTarget):
         if longest > min(self.max_seq_len, k.shape[3]):
             raise ValueError(f"sequence of {longest} tokens exceeds the context window of "
                              f"{min(self.max_seq_len, k.shape[3])}")
-        if k.dtype != torch.float32 or k.stride() != v.stride() or k.stride()[2:] != (k.shape[3] * k.shape[4],
+        if k.dtype != CACHE_DTYPE or k.stride() != v.stride() or k.stride()[2:] != (k.shape[3] * k.shape[4],
                                                                                        k.shape[4], 1):
-            raise ValueError("the native target needs its own float32 KVCache (new_cache)")
+            raise ValueError("the native target needs its own float16 KVCache (new_cache)")
         parents = None
         if tree_parents is not None:
             check_parents(tree_parents)
