@@ -84,9 +84,10 @@ bench-decode: bench-deps
 
 # ONNX Runtime rows (fp32, int4, int8, each quantized graph + default draft, and each batch-invariant: bit-identical
 # speculation) against llama.cpp; the verify-step curves of the int4 and int8 graphs, llama.cpp and our PyTorch
-# engine (bf16, 4-bit); export cost
+# engine (bf16, 4-bit); export cost; then the native decoder's one-token step as the context grows, beside llama.cpp's
 bench-onnx: bench-deps
 	$(PY) -m bench.onnx_decode $(BENCH_ARGS)
+	$(PY) -m bench.context_step
 
 bench-service: bench-deps
 	$(PY) -m bench.service_overhead

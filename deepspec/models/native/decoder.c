@@ -1145,6 +1145,70 @@ typedef struct {
     int tiles, heads_per_item;
 } chain_t;
 
+/* The chain path's two loops for head sizes of 4 and 8 vectors, with the queries of a group and their sums held in
+   registers (the general loops below kept them in arrays the compiler left on the stack: every FMA went through a
+   store and a reload, most of a long-context step's attention). The arithmetic is the general loops', operation
+   for operation: each score partial the head's FMAs in order from zero, each weighted sum its keys' FMAs in order
+   from zero, then one multiply. */
+#define CHAIN_GROUP(NV) ((NV) == 4 ? 6 : 2) /* queries per register tile: their sums and a row fit 32 registers */
+
+/* partial[(q * 16 + i) * 16 ...] for the NQ queries at qrow and the m key rows from k0 (zeros past m) */
+static inline __attribute__((always_inline)) void chain_partials(const float *const *qrow, const kv_t *k0, int m,
+                                                                  int hd, float *partial, const int NQ,
+                                                                  const int NV) {
+    __m512 qv[6][8];
+#pragma GCC unroll 8
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 8
+        for (int d = 0; d < NV; d++) qv[q][d] = _mm512_loadu_ps(qrow[q] + 16 * d);
+    for (int i = 0; i < 16; i++) {
+        __m512 acc[6];
+#pragma GCC unroll 8
+        for (int q = 0; q < NQ; q++) acc[q] = _mm512_setzero_ps();
+        if (i < m) {
+            const kv_t *k = k0 + (size_t)i * hd;
+#pragma GCC unroll 8
+            for (int d = 0; d < NV; d++) {
+                const __m512 kd = load_half16(k + 16 * d);
+#pragma GCC unroll 8
+                for (int q = 0; q < NQ; q++) acc[q] = _mm512_fmadd_ps(qv[q][d], kd, acc[q]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int q = 0; q < NQ; q++) _mm512_storeu_ps(partial + ((size_t)q * 16 + i) * 16, acc[q]);
+    }
+}
+
+/* outs[q] = inv[q] * sum_j scores[q * nk16 + j] * v[j] for the NQ queries, keys in order */
+static inline __attribute__((always_inline)) void chain_values(const float *scores, size_t nk16, const kv_t *vbase,
+                                                                int nk, int hd, const float *inv, float *const *outs,
+                                                                const int NQ, const int NV) {
+    __m512 acc[6][8];
+#pragma GCC unroll 8
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 8
+        for (int i = 0; i < NV; i++) acc[q][i] = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j++) {
+        const kv_t *v = vbase + (size_t)j * hd;
+        __m512 vi[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < NV; i++) vi[i] = load_half16(v + 16 * i);
+#pragma GCC unroll 8
+        for (int q = 0; q < NQ; q++) {
+            const __m512 p = _mm512_set1_ps(scores[(size_t)q * nk16 + j]);
+#pragma GCC unroll 8
+            for (int i = 0; i < NV; i++) acc[q][i] = _mm512_fmadd_ps(p, vi[i], acc[q][i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 8
+        for (int i = 0; i < NV; i++) _mm512_storeu_ps(outs[q] + 16 * i, _mm512_mul_ps(acc[q][i], _mm512_set1_ps(inv[q])));
+}
+
+#define CHAIN_PARTIALS(NQ, NV) case NQ: chain_partials(qrow + q0, k0, m, hd, partial + (size_t)q0 * 256, NQ, NV); break;
+#define CHAIN_VALUES(NQ, NV) case NQ: chain_values(scores + (size_t)q0 * nk16, nk16, vbase, nk, hd, inv + q0, outs + q0, NQ, NV); break;
+
 static void attend_chain(void *ctx, int it, int tid) {
     const chain_t *ch = ctx;
     const attn_t *a = ch->a;
@@ -1172,14 +1236,23 @@ static void attend_chain(void *ctx, int it, int tid) {
         const int t = t0 + i / nh, head = g * group + h0 + i % nh;
         qrow[i] = a->q + (size_t)(b * st->T + t) * c->heads * hd + (size_t)head * hd;
     }
+    const int nv = hd / 16, tiled = nv == 4 || nv == 8;
     /* scores, 16 keys at a time: each key row loaded once for every query */
     for (int j0 = 0; j0 < nk; j0 += 16) {
         const int m = nk - j0 < 16 ? nk - j0 : 16;
-        for (int i = 0; i < 16; i++) {
+        const kv_t *k0 = kbase + (size_t)j0 * hd;
+        for (int q0 = 0; tiled && q0 < nq; q0 += CHAIN_GROUP(nv)) {
+            const int left = nq - q0 < CHAIN_GROUP(nv) ? nq - q0 : CHAIN_GROUP(nv);
+            if (nv == 4)
+                switch (left) { CHAIN_PARTIALS(1, 4) CHAIN_PARTIALS(2, 4) CHAIN_PARTIALS(3, 4) CHAIN_PARTIALS(4, 4)
+                                CHAIN_PARTIALS(5, 4) CHAIN_PARTIALS(6, 4) }
+            else
+                switch (left) { CHAIN_PARTIALS(1, 8) CHAIN_PARTIALS(2, 8) }
+        }
+        for (int i = 0; !tiled && i < 16; i++) {
             const kv_t *k = kbase + (size_t)(j0 + i) * hd;
             __m512 kv[16]; /* the key row, converted once for every query (head_dim <= 256) */
-            if (i < m)
-                for (int d = 0; d < hd; d += 16) kv[d / 16] = load_half16(k + d);
+            for (int d = 0; d < hd; d += 16) kv[d / 16] = i < m ? load_half16(k + d) : _mm512_setzero_ps();
             for (int q = 0; q < nq; q++) {
                 __m512 acc = _mm512_setzero_ps();
                 if (i < m)
@@ -1206,8 +1279,23 @@ static void attend_chain(void *ctx, int it, int tid) {
         for (int j = 0; j < from; j++) sc[j] = 0.0f;
         for (int j = to + 1; j < nk; j++) sc[j] = 0.0f;
     }
-    /* weighted values, six queries at a time (their accumulators in registers), each value row loaded once a tile */
-    const int nv = hd / 16;
+    /* weighted values, a group of queries at a time, each value row loaded once a group */
+    if (tiled) {
+        float *outs[CHAIN_QUERIES];
+        for (int q = 0; q < nq; q++) {
+            const int t = t0 + q / nh, head = g * group + h0 + q % nh;
+            outs[q] = a->out + (size_t)(b * st->T + t) * c->heads * hd + (size_t)head * hd;
+        }
+        for (int q0 = 0; q0 < nq; q0 += CHAIN_GROUP(nv)) {
+            const int left = nq - q0 < CHAIN_GROUP(nv) ? nq - q0 : CHAIN_GROUP(nv);
+            if (nv == 4)
+                switch (left) { CHAIN_VALUES(1, 4) CHAIN_VALUES(2, 4) CHAIN_VALUES(3, 4) CHAIN_VALUES(4, 4)
+                                CHAIN_VALUES(5, 4) CHAIN_VALUES(6, 4) }
+            else
+                switch (left) { CHAIN_VALUES(1, 8) CHAIN_VALUES(2, 8) }
+        }
+        return;
+    }
     for (int q0 = 0; q0 < nq; q0 += 6) {
         const int nt = nq - q0 < 6 ? nq - q0 : 6;
         __m512 acc[6][16];
