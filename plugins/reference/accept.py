@@ -69,16 +69,22 @@ def greedy_walk(draft_tokens, num_draft_tokens, target_logits) -> tuple[list[int
     drafts, counts = draft_tokens.tolist(), num_draft_tokens.tolist()
     num_accepted, next_token = [], []
     for row, (draft, count) in enumerate(zip(drafts, counts)):
-        j = 0
-        while True:  # a row's argmax is taken only up to its first mismatch, as on the device path
-            token = int(logits[row, j].argmax())
-            if j < count and draft[j] == token:
-                j += 1
-                continue
-            break
+        j, token = _greedy_row(logits[row], draft, count)
         num_accepted.append(j)
         next_token.append(token)
     return num_accepted, next_token
+
+
+def _greedy_row(logits, draft: list[int], count: int) -> tuple[int, int]:
+    """One row of greedy_walk on its [k+1, V] NumPy logits: (drafts accepted, the target's next token). The argmax
+    is taken only up to the first mismatch, as on the device path."""
+    j = 0
+    while True:
+        token = int(logits[j].argmax())
+        if j < count and draft[j] == token:
+            j += 1
+            continue
+        return j, token
 
 
 def on_host(x: torch.Tensor) -> bool:
@@ -224,13 +230,7 @@ def rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, t
         if temperatures[row] <= 0:  # greedy row: the argmax rule, as greedy_walk
             if host is None:
                 host = target_logits.detach().numpy()
-            j = 0
-            while True:
-                token = int(host[row, j].argmax())
-                if j < count and draft[j] == token:
-                    j += 1
-                    continue
-                break
+            j, token = _greedy_row(host[row], draft, count)
             num_accepted.append(j)
             next_token.append(token)
             continue

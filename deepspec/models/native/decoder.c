@@ -1206,6 +1206,10 @@ static inline __attribute__((always_inline)) void chain_values(const float *scor
         for (int i = 0; i < NV; i++) _mm512_storeu_ps(outs[q] + 16 * i, _mm512_mul_ps(acc[q][i], _mm512_set1_ps(inv[q])));
 }
 
+/* the register tile for the `left` queries of a group: CASE(NQ, NV) for each count a group of nv vectors holds */
+#define CHAIN_SWITCH(CASE) \
+    if (nv == 4) switch (left) { CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) } \
+    else switch (left) { CASE(1, 8) CASE(2, 8) }
 #define CHAIN_PARTIALS(NQ, NV) case NQ: chain_partials(qrow + q0, k0, m, hd, partial + (size_t)q0 * 256, NQ, NV); break;
 #define CHAIN_VALUES(NQ, NV) case NQ: chain_values(scores + (size_t)q0 * nk16, nk16, vbase, nk, hd, inv + q0, outs + q0, NQ, NV); break;
 
@@ -1243,11 +1247,7 @@ static void attend_chain(void *ctx, int it, int tid) {
         const kv_t *k0 = kbase + (size_t)j0 * hd;
         for (int q0 = 0; tiled && q0 < nq; q0 += CHAIN_GROUP(nv)) {
             const int left = nq - q0 < CHAIN_GROUP(nv) ? nq - q0 : CHAIN_GROUP(nv);
-            if (nv == 4)
-                switch (left) { CHAIN_PARTIALS(1, 4) CHAIN_PARTIALS(2, 4) CHAIN_PARTIALS(3, 4) CHAIN_PARTIALS(4, 4)
-                                CHAIN_PARTIALS(5, 4) CHAIN_PARTIALS(6, 4) }
-            else
-                switch (left) { CHAIN_PARTIALS(1, 8) CHAIN_PARTIALS(2, 8) }
+            CHAIN_SWITCH(CHAIN_PARTIALS)
         }
         for (int i = 0; !tiled && i < 16; i++) {
             const kv_t *k = kbase + (size_t)(j0 + i) * hd;
@@ -1288,11 +1288,7 @@ static void attend_chain(void *ctx, int it, int tid) {
         }
         for (int q0 = 0; q0 < nq; q0 += CHAIN_GROUP(nv)) {
             const int left = nq - q0 < CHAIN_GROUP(nv) ? nq - q0 : CHAIN_GROUP(nv);
-            if (nv == 4)
-                switch (left) { CHAIN_VALUES(1, 4) CHAIN_VALUES(2, 4) CHAIN_VALUES(3, 4) CHAIN_VALUES(4, 4)
-                                CHAIN_VALUES(5, 4) CHAIN_VALUES(6, 4) }
-            else
-                switch (left) { CHAIN_VALUES(1, 8) CHAIN_VALUES(2, 8) }
+            CHAIN_SWITCH(CHAIN_VALUES)
         }
         return;
     }
