@@ -1061,6 +1061,28 @@ static void key_scores(const float *qh, const kv_t *kbase, const int64_t *keys, 
         }
         return;
     }
+#elif defined(__AVX2__)
+    if (hd % 8 == 0) { /* four keys at a time, each reduced by dot_half's own tree: the same sums, four in flight */
+        for (int j0 = 0; j0 < n; j0 += 4) {
+            const int m = n - j0 < 4 ? n - j0 : 4;
+            __m128 half[4]; /* per key, lane l + lane l + 4 */
+            for (int i = 0; i < 4; i++) {
+                __m256 acc = _mm256_setzero_ps();
+                if (i < m) {
+                    const kv_t *k = kbase + keys[j0 + i] * hd;
+                    for (int d = 0; d < hd; d += 8)
+                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d),
+                                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), acc);
+                }
+                half[i] = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            }
+            float out[4]; /* ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) of each key, as dot_half adds */
+            _mm_storeu_ps(out, _mm_mul_ps(_mm_hadd_ps(_mm_hadd_ps(half[0], half[1]), _mm_hadd_ps(half[2], half[3])),
+                                          _mm_set1_ps(scale)));
+            memcpy(scores + j0, out, sizeof(float) * m);
+        }
+        return;
+    }
 #endif
     for (int j = 0; j < n; j++) scores[j] = dot_half(qh, kbase + keys[j] * hd, hd) * scale;
 }
@@ -1080,6 +1102,22 @@ static inline __attribute__((always_inline)) void weighted_values_nv(const float
 }
 #endif
 
+#if DS_LANES != 16 && defined(__AVX2__)
+/* o[0..64) = inv * sum_j p[j] * v[keys[j]][0..64) (rows hd apart), in key order from zero, as axpy_half sums them */
+static void weighted_values_8x8(const float *p, const kv_t *vbase, const int64_t *keys, int n, int hd, float inv,
+                                float *o) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        const kv_t *v = vbase + keys[j] * hd;
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 8 * i))), acc[i]);
+    }
+    for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
+}
+#endif
+
 /* o[hd] = inv * sum_j p[j] * v[keys[j]], accumulated in key order (in registers where head_dim allows) */
 static void weighted_values(const float *p, const kv_t *vbase, const int64_t *keys, int n, int hd, float inv,
                             float *o) {
@@ -1088,6 +1126,11 @@ static void weighted_values(const float *p, const kv_t *vbase, const int64_t *ke
     case 64: weighted_values_nv(p, vbase, keys, n, inv, o, 4); return;
     case 128: weighted_values_nv(p, vbase, keys, n, inv, o, 8); return;
     case 256: weighted_values_nv(p, vbase, keys, n, inv, o, 16); return;
+    }
+#elif defined(__AVX2__)
+    if (hd % 64 == 0) { /* 64 dimensions a pass (8 of the 16 registers): axpy_half's sums, held in registers */
+        for (int d0 = 0; d0 < hd; d0 += 64) weighted_values_8x8(p, vbase + d0, keys, n, hd, inv, o + d0);
+        return;
     }
 #endif
     memset(o, 0, sizeof(float) * hd);
