@@ -945,6 +945,8 @@ static inline float half_scalar(kv_t h) {
 
 #if DS_LANES == 16
 static inline __m512 load_half16(const kv_t *h) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)); }
+#elif defined(__AVX2__)
+static inline __m256 load_half8(const kv_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 #endif
 
 /* a . b over n values, b in the cache */
@@ -957,8 +959,7 @@ static float dot_half(const float *a, const kv_t *b, int n) {
 #elif defined(__AVX2__)
     __m256 acc = _mm256_setzero_ps();
     int j = 0;
-    for (; j + 8 <= n; j += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + j))), acc);
+    for (; j + 8 <= n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), load_half8(b + j), acc);
     float lanes[8];
     _mm256_storeu_ps(lanes, acc);
     float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
@@ -980,8 +981,7 @@ static void axpy_half(float p, const kv_t *v, float *out, int n) {
 #elif defined(__AVX2__)
     const __m256 pv = _mm256_set1_ps(p);
     for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + j))),
-                                                  _mm256_loadu_ps(out + j)));
+        _mm256_storeu_ps(out + j, _mm256_fmadd_ps(pv, load_half8(v + j), _mm256_loadu_ps(out + j)));
 #endif
     for (; j < n; j++) out[j] += p * half_scalar(v[j]);
 }
@@ -1085,9 +1085,7 @@ static void key_scores(const float *qh, const kv_t *kbase, const int64_t *keys, 
                 __m256 acc = _mm256_setzero_ps();
                 if (i < m) {
                     const kv_t *k = kbase + keys[j0 + i] * hd;
-                    for (int d = 0; d < hd; d += 8)
-                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d),
-                                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), acc);
+                    for (int d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), load_half8(k + d), acc);
                 }
                 half[i] = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
             }
@@ -1127,7 +1125,7 @@ static void weighted_values_8x8(const float *p, const kv_t *vbase, const int64_t
         const __m256 pj = _mm256_set1_ps(p[j]);
         const kv_t *v = vbase + keys[j] * hd;
         for (int i = 0; i < 8; i++)
-            acc[i] = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 8 * i))), acc[i]);
+            acc[i] = _mm256_fmadd_ps(pj, load_half8(v + 8 * i), acc[i]);
     }
     for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
 }
@@ -1264,10 +1262,14 @@ static inline __attribute__((always_inline)) void chain_values(const float *scor
         for (int i = 0; i < NV; i++) _mm512_storeu_ps(outs[q] + 16 * i, _mm512_mul_ps(acc[q][i], _mm512_set1_ps(inv[q])));
 }
 
-/* the register tile for the `left` queries of a group: CASE(NQ, NV) for each count a group of nv vectors holds */
-#define CHAIN_SWITCH(CASE) \
-    if (nv == 4) switch (left) { CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) } \
-    else switch (left) { CASE(1, 8) CASE(2, 8) }
+/* the nq queries a group at a time, each group's register tile by its count: CASE(NQ, NV) for each count a group of
+   nv vectors holds (q0: the group's first query) */
+#define CHAIN_GROUPS(CASE) \
+    for (int q0 = 0; q0 < nq; q0 += CHAIN_GROUP(nv)) { \
+        const int left = nq - q0 < CHAIN_GROUP(nv) ? nq - q0 : CHAIN_GROUP(nv); \
+        if (nv == 4) switch (left) { CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) } \
+        else switch (left) { CASE(1, 8) CASE(2, 8) } \
+    }
 #define CHAIN_PARTIALS(NQ, NV) case NQ: chain_partials(qrow + q0, k0, m, hd, partial + (size_t)q0 * 256, NQ, NV); break;
 #define CHAIN_VALUES(NQ, NV) case NQ: chain_values(scores + (size_t)q0 * nk16, nk16, vbase, nk, hd, inv + q0, outs + q0, NQ, NV); break;
 
@@ -1303,20 +1305,20 @@ static void attend_chain(void *ctx, int it, int tid) {
     for (int j0 = 0; j0 < nk; j0 += 16) {
         const int m = nk - j0 < 16 ? nk - j0 : 16;
         const kv_t *k0 = kbase + (size_t)j0 * hd;
-        for (int q0 = 0; tiled && q0 < nq; q0 += CHAIN_GROUP(nv)) {
-            const int left = nq - q0 < CHAIN_GROUP(nv) ? nq - q0 : CHAIN_GROUP(nv);
-            CHAIN_SWITCH(CHAIN_PARTIALS)
-        }
-        for (int i = 0; !tiled && i < 16; i++) {
-            const kv_t *k = kbase + (size_t)(j0 + i) * hd;
-            __m512 kv[16]; /* the key row, converted once for every query (head_dim <= 256) */
-            for (int d = 0; d < hd; d += 16) kv[d / 16] = i < m ? load_half16(k + d) : _mm512_setzero_ps();
-            for (int q = 0; q < nq; q++) {
-                __m512 acc = _mm512_setzero_ps();
-                if (i < m)
-                    for (int d = 0; d < hd; d += 16)
-                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qrow[q] + d), kv[d / 16], acc);
-                _mm512_storeu_ps(partial + ((size_t)q * 16 + i) * 16, acc);
+        if (tiled) {
+            CHAIN_GROUPS(CHAIN_PARTIALS)
+        } else {
+            for (int i = 0; i < 16; i++) {
+                const kv_t *k = kbase + (size_t)(j0 + i) * hd;
+                __m512 kv[16]; /* the key row, converted once for every query (head_dim <= 256) */
+                for (int d = 0; d < hd; d += 16) kv[d / 16] = i < m ? load_half16(k + d) : _mm512_setzero_ps();
+                for (int q = 0; q < nq; q++) {
+                    __m512 acc = _mm512_setzero_ps();
+                    if (i < m)
+                        for (int d = 0; d < hd; d += 16)
+                            acc = _mm512_fmadd_ps(_mm512_loadu_ps(qrow[q] + d), kv[d / 16], acc);
+                    _mm512_storeu_ps(partial + ((size_t)q * 16 + i) * 16, acc);
+                }
             }
         }
         for (int q = 0; q < nq; q++) {
@@ -1344,10 +1346,7 @@ static void attend_chain(void *ctx, int it, int tid) {
             const int t = t0 + q / nh, head = g * group + h0 + q % nh;
             outs[q] = a->out + (size_t)(b * st->T + t) * c->heads * hd + (size_t)head * hd;
         }
-        for (int q0 = 0; q0 < nq; q0 += CHAIN_GROUP(nv)) {
-            const int left = nq - q0 < CHAIN_GROUP(nv) ? nq - q0 : CHAIN_GROUP(nv);
-            CHAIN_SWITCH(CHAIN_VALUES)
-        }
+        CHAIN_GROUPS(CHAIN_VALUES)
         return;
     }
     for (int q0 = 0; q0 < nq; q0 += 6) {
