@@ -53,8 +53,3 @@ def exact_q4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | 
         return None
     blocks = quantize_q4(w)
     return blocks if np.array_equal(dequantize_q4(*blocks), w) else None
-
-
-def round_trips(weight: np.ndarray) -> bool:
-    """Whether the 4-bit blocks reproduce `weight` bit for bit (exact_q4)."""
-    return exact_q4(weight) is not None

@@ -13,6 +13,9 @@ import torch
 from plugins.reference.logits import process, scale
 from plugins.reference.rng import host_uniform, seed_key, uniforms
 
+#: the smallest normal float32: a draft probability q is clamped to it before p / q (as the kernels do)
+_TINY = torch.finfo(torch.float32).tiny
+
 
 def greedy_accept(
     draft_tokens: torch.Tensor,  # [B, k] int64
@@ -164,7 +167,7 @@ def rejection_sample(
             p = proc.probs_at(token[:, None]).squeeze(1)
             q = q_draft[alive, j]
             # accept with probability min(1, p / q); a q of 0 never accepts
-            ratio = torch.where(q > 0, p / q.clamp(min=torch.finfo(torch.float32).tiny), torch.zeros_like(p))
+            ratio = torch.where(q > 0, p / q.clamp(min=_TINY), torch.zeros_like(p))
             ok = u[alive, j] < ratio
             if argmax is not None:
                 ok = torch.where(row_greedy, token == argmax, ok)
@@ -206,10 +209,6 @@ def rejection_sample(
     if bool(greedy.any()):
         next_token = torch.where(greedy, argmax_at, next_token)
     return num_accepted, next_token
-
-
-#: the smallest normal float32: a draft probability q is clamped to it before p / q (as the kernels do)
-_TINY = torch.finfo(torch.float32).tiny
 
 
 def rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds

@@ -28,13 +28,13 @@ from deepspec.models.decoder import DecoderOutput, logits_positions
 from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
-
-#: the KV cache's entries: decoder.c stores and reads binary16 (its attention math is float32)
-CACHE_DTYPE = torch.float16
 from deepspec.models.native.build import Config, load_library
 from deepspec.models.q4_weights import exact_q4, quantize_q4
 from deepspec.models.target import TargetEmbeddings
 from deepspec.models.tree_attention import check_parents
+
+#: the KV cache's entries: decoder.c stores and reads binary16 (its attention math is float32)
+CACHE_DTYPE = torch.float16
 
 #: decoder.c's enums, in its order
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
