@@ -12,6 +12,9 @@ Upstreams (each its own process; by default on the first CPU, with the gateway, 
   canned     bench/canned_upstream.py, answering canned bytes at once (latency only): the gateway never idles
              between its two turns of a request, so its caches stay warm; the stub's ~11 ms between them about
              doubles the gateway's CPU time per request on a VM (0.5 -> 1.3 ms, same code)
+  canned, idle  the canned upstream answering after 5 ms spent idle (latency only): the stub's wait between the
+             gateway's two turns without the stub's work, so the gateway's CPU per request against the canned row
+             shows what an idle wait alone costs it (see "Idle waits" below)
   llama.cpp  llama-cpp-python[server] serving the default target's GGUF (1 thread, one request at a time): the
              throughput row with a real engine (skipped when llama-cpp-python is not installed)
 
@@ -62,6 +65,19 @@ added p50 1.03 / 0.68 / 1.13 ms, p99 0.92 / 0.39 / 1.14 ms; streaming with the c
 0.91 / 0.88x (relay 0.95 / 1.01 / 0.96x), with the gateway apart 0.92 / 0.92 / 1.01x (relay 1.23 / 0.93 / 1.08x).
 A relay that only copies bytes reads 0.93-1.23x direct from one run to the next: on this VM the streaming ratio
 cannot resolve the 3% the target allows.
+
+Idle waits (2026-12-06, same machine, one run with the CPU column): the gateway's CPU per whole completion was 0.38
+ms in front of the canned upstream, 1.29 ms in front of the same upstream answering after 5 ms idle, and 0.96 ms in
+front of the stub; added p50 0.37 / 1.39 / 0.98 ms. It executes the same instructions in all three (0.70 M,
+bench/gateway_instructions.py); what changes is what is left in the CPU's caches. This VM (Firecracker, KVM, guest
+halt polling off) gives an idle vCPU's core away: a C pointer chase over 256 KB re-read after a 1 ms sleep took 29
+us, after a 5 ms sleep 400 us (98 ns a line: the L2 and L3 both lost it). The gateway's per-request working set
+(interpreter, uvicorn, pydantic, the pool, the dispatcher, metrics) is re-fetched from memory after each wait,
+about 0.6-0.9 ms; the relay's, a few KB, costs 0.1 ms more. Tried against it: granian as the HTTP server (Rust
+I/O, same app: 1.07-1.17 ms CPU per request after the wait, uvicorn 0.83-1.07 ms), gc.freeze() after start-up,
+glibc malloc with huge pages (the guest has no anonymous huge pages), a SCHED_IDLE spinner keeping the vCPU busy
+(stub added p50 1.25 -> 1.10 ms; not a product option). A gateway never idle for milliseconds, as under steady
+load, pays the canned row's cost.
 """
 
 from __future__ import annotations
@@ -84,12 +100,15 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import httpx  # noqa: E402
+import psutil  # noqa: E402
 
 from bench.machine import cpu_flags  # noqa: E402
 from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
 from loadtest.metrics import percentile  # noqa: E402
 
 MAX_TOKENS = 16
+#: how long the "canned, idle" upstream waits before it answers: about what the stub upstream takes
+IDLE_MS = 5.0
 PROMPT = "def fibonacci(n):"
 LLAMA_MODEL = "smollm2-135m"
 
@@ -106,14 +125,20 @@ def start_stub_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str, 
     return [worker, upstream], f"http://127.0.0.1:{http_port}", "stub"
 
 
-def start_canned_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str, str]:
-    """(processes, base URL, model) of an upstream answering canned bytes at once (bench/canned_upstream.py): the
-    gateway then never idles between its two turns of a request, so this row is its own cost with warm caches."""
+def start_canned_upstream(cpus: set[int] | None = None, delay_ms: float = 0) -> tuple[list[Proc], str, str]:
+    """(processes, base URL, model) of an upstream answering canned bytes (bench/canned_upstream.py), at once or
+    after `delay_ms` spent idle. At once, the gateway never idles between its two turns of a request, so the row is
+    its own cost with warm caches; after an idle wait, the same work with whatever the machine left of them."""
     port = free_port()
-    proc = Proc([sys.executable, "-m", "bench.canned_upstream", "--port", str(port)], name="openai-upstream-canned",
-                cpus=cpus)  # fmt: skip
+    proc = Proc([sys.executable, "-m", "bench.canned_upstream", "--port", str(port), "--delay-ms", str(delay_ms)],
+                name=f"openai-upstream-canned-{delay_ms:g}ms", cpus=cpus)  # fmt: skip
     proc.wait_http(f"http://127.0.0.1:{port}/health", 60)
     return [proc], f"http://127.0.0.1:{port}", "stub"
+
+
+def start_idle_canned_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str, str]:
+    """The canned upstream answering after IDLE_MS: the stub's wait between the gateway's two turns, spent idle."""
+    return start_canned_upstream(cpus, IDLE_MS)
 
 
 def start_llama_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str, str]:
@@ -151,9 +176,11 @@ def start_gateway(upstream_url: str, name: str, cpus: set[int] | None = None) ->
     return gateway, f"http://127.0.0.1:{port}"
 
 
-def measure_latency(urls: dict[str, str], model: str, requests: int, blocks: int) -> dict:
+def measure_latency(urls: dict[str, str], model: str, requests: int, blocks: int,
+                    servers: dict[str, Proc] | None = None) -> dict:  # fmt: skip
     """p50 and p99 of each path in `urls` (name -> base URL; "direct" among them), request by request in turn, and
-    what each other path adds to direct's."""
+    what each other path adds to direct's; for each path in `servers` (name -> the process that path goes through),
+    that process's CPU time per request over the measured requests (`cpu_ms_per_request`)."""
     payload = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
 
     def caller(url: str):
@@ -172,6 +199,8 @@ def measure_latency(urls: dict[str, str], model: str, requests: int, blocks: int
     for call in paths.values():
         for _ in range(30):  # warm connections and code paths
             call()
+    servers = servers or {}
+    cpu_before = {name: cpu_seconds(proc) for name, proc in servers.items()}
     per_block = []
     for _ in range(blocks):
         samples: dict[str, list[float]] = {name: [] for name in paths}
@@ -186,10 +215,18 @@ def measure_latency(urls: dict[str, str], model: str, requests: int, blocks: int
         return statistics.median(percentile(b[name], q) for b in per_block)
 
     report = {name: {"p50_ms": stat(name, 50), "p99_ms": stat(name, 99)} for name in paths}
+    for name, proc in servers.items():
+        report[name]["cpu_ms_per_request"] = (cpu_seconds(proc) - cpu_before[name]) * 1000 / (requests // blocks * blocks)
     for name in paths.keys() - {"direct"}:
         report[name]["added_p50_ms"] = report[name]["p50_ms"] - report["direct"]["p50_ms"]
         report[name]["added_p99_ms"] = report[name]["p99_ms"] - report["direct"]["p99_ms"]
     return report
+
+
+def cpu_seconds(proc: Proc) -> float:
+    """User + system CPU time of `proc`'s process so far, all its threads."""
+    times = psutil.Process(proc.proc.pid).cpu_times()
+    return times.user + times.system
 
 
 async def stream_round(client: httpx.AsyncClient, url: str, model: str, concurrency: int, max_tokens: int) -> float:
@@ -258,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     if placement["front"] is not None:
         os.sched_setaffinity(0, placement["front"])  # this process is the client
 
-    upstreams = {"stub": start_stub_upstream, "canned": start_canned_upstream}
+    upstreams = {"stub": start_stub_upstream, "canned": start_canned_upstream,
+                 "canned, idle": start_idle_canned_upstream}  # fmt: skip
     if not args.no_llama and importlib.util.find_spec("llama_cpp") is not None:
         upstreams["llama.cpp"] = start_llama_upstream
     elif not args.no_llama:
@@ -272,10 +310,11 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(gateway)
             urls = {"direct": url, "relay": relay_url, "gateway": gateway_url}
             entry = {}
-            if name in ("stub", "canned"):  # models that cost ~nothing: the latency the gateway adds is visible
-                entry["latency"] = measure_latency(urls, model, args.requests, args.blocks)
+            if name != "llama.cpp":  # models that cost ~nothing: the latency the gateway adds is visible
+                entry["latency"] = measure_latency(urls, model, args.requests, args.blocks,
+                                                   {"gateway": gateway, "relay": relay})  # fmt: skip
             rounds = args.rounds if name == "stub" else max(2, args.rounds // 2)
-            if name != "canned":  # an upstream that costs nothing streams as fast as its client reads
+            if not name.startswith("canned"):  # an upstream that costs nothing streams as fast as its client reads
                 for key, cpus in (("throughput", placement["front"]), ("throughput_gateway_apart",
                                                                       placement["upstream"])):  # fmt: skip
                     if cpus is not None:
@@ -316,12 +355,13 @@ def summary(report: dict, concurrency: int) -> str:
         lat, thr, apart = entry.get("latency"), entry.get("throughput"), entry.get("throughput_gateway_apart")
         added = [lat[path][key] for path in ("gateway", "relay") for key in ("added_p50_ms", "added_p99_ms")] if lat \
             else ["", "", "", ""]  # fmt: skip
+        added += [lat[path].get("cpu_ms_per_request", "") for path in ("gateway", "relay")] if lat else ["", ""]
         rates = [thr["direct"]["tokens_per_s"], thr["gateway"]["tokens_per_s"], thr["gateway"]["ratio"],
                  thr["relay"]["ratio"]] if thr else ["", "", "", ""]  # fmt: skip
         rates += [apart["gateway"]["ratio"], apart["relay"]["ratio"]] if apart else ["", ""]
         rows.append([name, lat["direct"]["p50_ms"] if lat else "", *added, *rates])
     lines = [table(["upstream", "direct p50 ms", "added p50 ms", "added p99 ms", "relay added p50", "relay added p99",
-                    "direct tok/s", f"gateway tok/s (c={concurrency})", "ratio", "relay ratio",
+                    "gateway CPU ms/request", "relay CPU ms/request", "direct tok/s", f"gateway tok/s (c={concurrency})", "ratio", "relay ratio",
                     "ratio, gateway apart", "relay ratio, apart"], rows)]  # fmt: skip
     stub = report["upstreams"]["stub"]
     if "latency" in stub:
