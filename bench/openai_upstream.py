@@ -215,8 +215,9 @@ def measure_latency(urls: dict[str, str], model: str, requests: int, blocks: int
         return statistics.median(percentile(b[name], q) for b in per_block)
 
     report = {name: {"p50_ms": stat(name, 50), "p99_ms": stat(name, 99)} for name in paths}
+    num_requests = requests // blocks * blocks  # each path's, over the measured blocks
     for name, proc in servers.items():
-        report[name]["cpu_ms_per_request"] = (cpu_seconds(proc) - cpu_before[name]) * 1000 / (requests // blocks * blocks)
+        report[name]["cpu_ms_per_request"] = (cpu_seconds(proc) - cpu_before[name]) * 1000 / num_requests
     for name in paths.keys() - {"direct"}:
         report[name]["added_p50_ms"] = report[name]["p50_ms"] - report["direct"]["p50_ms"]
         report[name]["added_p99_ms"] = report[name]["p99_ms"] - report["direct"]["p99_ms"]
@@ -361,8 +362,9 @@ def summary(report: dict, concurrency: int) -> str:
         rates += [apart["gateway"]["ratio"], apart["relay"]["ratio"]] if apart else ["", ""]
         rows.append([name, lat["direct"]["p50_ms"] if lat else "", *added, *rates])
     lines = [table(["upstream", "direct p50 ms", "added p50 ms", "added p99 ms", "relay added p50", "relay added p99",
-                    "gateway CPU ms/request", "relay CPU ms/request", "direct tok/s", f"gateway tok/s (c={concurrency})", "ratio", "relay ratio",
-                    "ratio, gateway apart", "relay ratio, apart"], rows)]  # fmt: skip
+                    "gateway CPU ms/request", "relay CPU ms/request", "direct tok/s",
+                    f"gateway tok/s (c={concurrency})", "ratio", "relay ratio", "ratio, gateway apart",
+                    "relay ratio, apart"], rows)]  # fmt: skip
     stub = report["upstreams"]["stub"]
     if "latency" in stub:
         lat, thr = stub["latency"], stub["throughput"]

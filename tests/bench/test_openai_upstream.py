@@ -54,8 +54,8 @@ def test_every_latency_row_shows_the_gateways_and_the_relays_cpu_per_request():
 
 def test_cpu_seconds_counts_the_process_own_time(tmp_path, monkeypatch):
     monkeypatch.setattr(bench.service_common, "RESULTS", tmp_path)  # the process's log goes here
-    proc = Proc([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
-                 "time.sleep(60)"], "spinner")  # fmt: skip
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(60)"
+    proc = Proc([sys.executable, "-c", spin], "spinner")
     try:
         proc.wait_until(lambda: cpu_seconds(proc) >= 0.3, timeout_s=60)
         spent = cpu_seconds(proc)
