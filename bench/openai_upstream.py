@@ -10,8 +10,7 @@ Upstreams (each its own process; by default on the first CPU, with the gateway, 
   stub       DeepSpec's own OpenAI server in front of a stub worker (`--target stub`, no step delay): a real OpenAI
              HTTP server whose model costs ~nothing, so what the gateway adds is not lost in model time
   canned     bench/canned_upstream.py, answering canned bytes at once (latency only): the gateway never idles
-             between its two turns of a request, so its caches stay warm; the stub's ~11 ms between them about
-             doubles the gateway's CPU time per request on a VM (0.5 -> 1.3 ms, same code)
+             between its two turns of a request, so its caches stay warm
   canned, idle  the canned upstream answering after 5 ms spent idle (latency only): the stub's wait between the
              gateway's two turns without the stub's work, so the gateway's CPU per request against the canned row
              shows what an idle wait alone costs it (see "Idle waits" below)
