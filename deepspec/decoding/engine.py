@@ -463,7 +463,7 @@ class SpecEngine:
         """Per row, how many drafts are worth verifying: within the row's budget and the step's token budget."""
         per_row_budget = max(0, self.max_verify_tokens // max(len(self._batch), 1) - 1)
         return [
-            max(0, min(self.num_speculative_tokens, per_row_budget,
+            max(0, min(self.num_speculative_tokens, per_row_budget, _request_cap(s.params),
                        s.params.max_tokens - len(s.output) - 1,
                        self.max_seq_len - s.cache_len - 1))
             for s in self._batch
@@ -1049,6 +1049,11 @@ def split_padded_batch(lengths: list[int], forward_cost: int = PREFILL_FORWARD_C
 def _live(rows: list[list[float]], counts: list[int]) -> list[list[float]]:
     """[B][width] per-slot values with each row's slots past its count set to 0 (no draft, nothing to survive)."""
     return [[v if j < n else 0.0 for j, v in enumerate(row)] for row, n in zip(rows, counts)]
+
+
+def _request_cap(params: SamplingParams) -> int:
+    """The draft tokens a request allows a round (SamplingParams.max_draft_tokens; no limit when it leaves it unset)."""
+    return params.max_draft_tokens if params.max_draft_tokens is not None else 1 << 30
 
 
 def _merge(into: StepOutput, more: StepOutput) -> None:

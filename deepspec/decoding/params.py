@@ -41,6 +41,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     #: the output must match this JSON schema, regex, grammar or choice (deepspec/decoding/structured.py); None = free
     structured: StructuredOutput | None = None
+    #: this request's speculation: at most this many draft tokens verified per round (0 = speculation off for the
+    #: request, decoded target-only); None = the engine's own setting. Greedy output is the same in every mode.
+    max_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         min_tokens = 0 if self.prompt_logprobs is not None else 1
@@ -67,6 +70,11 @@ class SamplingParams:
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not 0 <= self.seed < 2**64):
             raise _sampling_error(f"seed must be an integer in [0, 2**64) or None, got {self.seed!r}")
+        if self.max_draft_tokens is not None and (not isinstance(self.max_draft_tokens, int)
+                                                  or isinstance(self.max_draft_tokens, bool)
+                                                  or self.max_draft_tokens < 0):
+            raise _sampling_error(f"max_draft_tokens must be an integer >= 0 (0 = speculation off, None = the "
+                                  f"server's setting), got {self.max_draft_tokens!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(not s for s in self.stop):
