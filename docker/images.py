@@ -126,16 +126,16 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         "(the 1.0.0 tag itself not read)",
         ("export/drafts/eagle3.py", "eagle3_layers_to_capture")),
     Requirement(
-        "llmapi-decoding-type-eagle3", "tensorrt_llm", "1.2.0", None,
-        "export/snippets.py writes `speculative_config: {decoding_type: Eagle3, ...}` (the name from the Eagle3 "
-        "TensorRT-LLM writer, export/drafts/eagle3.py) into trtllm-serve.yaml and the "
-        "Triton model.yaml; 1.1 and older dispatch only `decoding_type: Eagle` and refuse it "
-        "(`Invalid decoding type: Eagle3`)",
-        "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py `DecodingBaseConfig.from_dict`, `Eagle3DecodingConfig` "
-        "(added by PR #10124 on main after release/1.1 was cut, first released in 1.2); "
-        "triton-inference-server/tutorials Feature_Guide/Speculative_Decoding/TRT-LLM/README.md runs "
-        "`decoding_type: Eagle3` in the 26.0x trtllm-python-py3 image",
-        ("export/drafts/eagle3.py", 'DraftWriter("Eagle3"')),
+        "llmapi-speculative-rules", "tensorrt_llm", "1.2.0", "1.3",
+        "export/drafts/eagle3.py writes `speculative_config` into trtllm-serve.yaml and the Triton model.yaml from "
+        "export/trtllm_releases.py, which holds the LLM-API rules of 1.2.0 and 1.2.1 only: EAGLE-3 as "
+        "`decoding_type: Eagle` + `eagle3_one_model: true` (1.2.x dispatches no `Eagle3`: `Invalid decoding type`) "
+        "and `allow_advanced_sampling: true` (else the one-model path verifies sampled requests greedily); another "
+        "release needs its own row read from its code first",
+        "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py at v1.2.1: `DecodingBaseConfig.from_dict` (the "
+        "dispatch dict), `EagleDecodingConfig.spec_dec_mode`, `DecodingBaseConfig.allow_advanced_sampling`; "
+        "`Eagle3DecodingConfig` exists only after 1.2",
+        ("export/drafts/eagle3.py", "trtllm_releases.release()")),
     Requirement(
         "engine-flow", "tensorrt_llm", None, "1.3",
         "export --format tensorrt-llm writes build.sh (trtllm-build on the checkpoint) and --format triton-repo "
@@ -207,9 +207,10 @@ ENGINE_IMAGES: tuple[EngineImage, ...] = (
         "13.0 (SGLang retired its CUDA 12 images after v0.5.19-cu129)"),
     EngineImage(
         "trtllm-serve", "nvcr.io/nvidia/tensorrt-llm/release", "1.2.1", "1.2.1", "1.2.0",
-        "`--format tensorrt-llm` writes trtllm-serve.yaml with `speculative_config: {decoding_type: Eagle3}` "
-        "(requirement `llmapi-decoding-type-eagle3` above); 1.2.1 is the TensorRT-LLM of the pinned Triton image, "
-        "so one release serves both runtimes",
+        "`--format tensorrt-llm` writes trtllm-serve.yaml with the 1.2.x `speculative_config` "
+        "(`decoding_type: Eagle`, `eagle3_one_model: true`, `allow_advanced_sampling: true`: requirement "
+        "`llmapi-speculative-rules` above, export/trtllm_releases.py PINNED); 1.2.1 is the TensorRT-LLM of the "
+        "pinned Triton image, so one release serves both runtimes",
         "13.1"),
 )
 

@@ -42,11 +42,12 @@ def sglang_command(job, draft_dir: str) -> str:
 
 
 def trtllm_speculative_config(job, draft_dir: str) -> dict:
-    """TensorRT-LLM's `speculative_config` (llmapi/llm_args.py: `Eagle3DecodingConfig` / `EagleDecodingConfig`, a
-    pydantic model that forbids unknown keys). The draft is named by `speculative_model_dir`: the field's name in
-    the 1.x releases, still accepted as an alias of `speculative_model` on main. `eagle3_layers_to_capture` is
-    always written ("output of layer" ids): TensorRT-LLM reads the captured layers from here, not from the draft's
-    config.json, and falls back to {1, L//2-1, L-4} without it (the EAGLE-3 writer's `speculative_options`)."""
+    """TensorRT-LLM's `speculative_config` for the pinned release (export/trtllm_releases.py: the `decoding_type`
+    its `DecodingBaseConfig.from_dict` dispatches, the keys its StrictBaseModel declares). The draft is named by
+    `speculative_model_dir`: the field's name in the 1.x releases. The writer's `speculative_options` add the
+    algorithm's keys: for EAGLE-3 the one-model selector, `allow_advanced_sampling` and `eagle3_layers_to_capture`
+    ("output of layer" ids; TensorRT-LLM reads the captured layers from here, not from the draft's config.json, and
+    falls back to {1, L//2-1, L-4} without it)."""
     writer = draft_writer("tensorrt-llm", job.draft)
     spec = {"decoding_type": writer.engine_name, "max_draft_len": job.num_speculative_tokens,
             "speculative_model_dir": draft_dir}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from export import trtllm_releases
 from export.errors import ExportError
 from export.job import DraftWriter
 from export.layer_ids import engine_layer_ids, hs_from_feature_layers
@@ -198,12 +199,17 @@ def _speculators_version() -> str:
 
 
 def _trtllm_options(job) -> dict:
-    """TensorRT-LLM's EAGLE-3 keys of `speculative_config` (export/snippets.py `trtllm_speculative_config`): the one
-    model path, and the captured layers, which it reads from here only and not from the draft's config.json."""
+    """TensorRT-LLM's EAGLE-3 keys of `speculative_config` (export/snippets.py `trtllm_speculative_config`) for the
+    pinned release (export/trtllm_releases.py): what selects the one-model path (1.2.x: `decoding_type: Eagle` +
+    `eagle3_one_model: true`), `allow_advanced_sampling` (else sampled requests are verified greedily), and the
+    captured layers, which it reads from here only and not from the draft's config.json."""
     hs = hs_from_feature_layers(job.draft.cfg.feature_layers)
-    return {"eagle3_one_model": True, "eagle3_layers_to_capture": engine_layer_ids("tensorrt-llm", hs)}
+    return {**trtllm_releases.release().eagle3_keys(),
+            "eagle3_layers_to_capture": engine_layer_ids("tensorrt-llm", hs)}
 
 
 VLLM = DraftWriter("eagle3", check, _convert_speculators, names_its_target=True)
 SGLANG = DraftWriter("EAGLE3", check, _convert_midlayer)
-TENSORRT_LLM = DraftWriter("Eagle3", check, _convert_midlayer, speculative_options=_trtllm_options)
+#: `decoding_type` as the pinned TensorRT-LLM dispatches it (1.2.x has no `Eagle3`: `Invalid decoding type`)
+TENSORRT_LLM = DraftWriter(dict(trtllm_releases.release().eagle3_selector)["decoding_type"], check, _convert_midlayer,
+                           speculative_options=_trtllm_options)

@@ -310,6 +310,10 @@ class TritonPythonModel:
                 sampling["logprobs"] = scores.logprobs_asked
             if messages is not None:
                 prompt = self.llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                # the template already wrote BOS (Llama, Mistral): tokenizing it with special tokens adds a second.
+                # trtllm-serve's chat path does the same (tensorrt_llm/serve/openai_protocol.py
+                # ChatCompletionRequest.add_special_tokens defaults to False)
+                sampling["add_special_tokens"] = False
             params = self.sampling_params(**sampling, return_perf_metrics=True)
             result = self.llm.generate_async(prompt, params, streaming=streaming)
             self.running.setdefault(request_id, set()).add(result)

@@ -156,32 +156,47 @@ def test_the_pin_is_the_newest_release_that_meets_every_requirement():
 
 def test_the_release_the_issue_named_misses_what_the_export_uses():
     """25.01 (TensorRT-LLM 0.17, TensorRT 10.8) has no tensorrt.plugin.aot_impl and no EAGLE-3 config; 25.12
-    (TensorRT-LLM 1.1.0) has the AOT plugins but not `decoding_type: Eagle3`."""
+    (TensorRT-LLM 1.1.0) has the AOT plugins but no row of LLM-API rules in export/trtllm_releases.py."""
     old = {line.split(":", 1)[0] for line in images.unmet(images.by_tag("25.01"))}
-    assert {"tensorrt-aot-plugins", "llmapi-eagle3-layers", "llmapi-decoding-type-eagle3"} <= old
-    assert {line.split(":", 1)[0] for line in images.unmet(images.by_tag("25.12"))} == {"llmapi-decoding-type-eagle3"}
+    assert {"tensorrt-aot-plugins", "llmapi-eagle3-layers", "llmapi-speculative-rules"} <= old
+    assert {line.split(":", 1)[0] for line in images.unmet(images.by_tag("25.12"))} == {"llmapi-speculative-rules"}
 
 
-#: the `decoding_type` values TensorRT-LLM 1.1's `DecodingBaseConfig.from_dict` dispatches on
-#: (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, release/1.1); anything else raises
-#: `ValueError("Invalid decoding type: ...")`
-TRTLLM_1_1_DECODING_TYPES = {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState",
+def test_the_pinned_images_carry_the_tensorrt_llm_whose_rules_the_export_writes():
+    """One version chain: the Triton tag (docker/images.py PINNED) and the trtllm-serve image carry the TensorRT-LLM
+    release export/trtllm_releases.py pins, and the requirement's range is exactly the releases with a row there.
+    Should an image move to a release without a row, the export would write another release's rules."""
+    from export import trtllm_releases
+
+    assert images.pinned().tensorrt_llm == trtllm_releases.PINNED
+    assert images.engine_image("trtllm-serve").version == trtllm_releases.PINNED
+    [requirement] = [r for r in images.REQUIREMENTS if r.name == "llmapi-speculative-rules"]
+    with_rules = {i.tensorrt_llm for i in images.IMAGES if requirement.met_by(i)}
+    assert with_rules and with_rules <= set(trtllm_releases.RELEASES)
+    assert all(requirement.met_by(SimpleNamespace(tensorrt_llm=v)) for v in trtllm_releases.RELEASES)
+
+
+#: the `decoding_type` values TensorRT-LLM 1.2.1's `DecodingBaseConfig.from_dict` dispatches on
+#: (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py at v1.2.1); anything else raises
+#: `ValueError("Invalid decoding type: ...")`. Written out here as read, so that a wrong table fails too.
+TRTLLM_1_2_DECODING_TYPES = {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState",
                              "UserProvided", "AUTO"}
 
 
-def test_the_exported_speculative_config_needs_tensorrt_llm_1_2():
-    """What export/snippets.py writes into trtllm-serve.yaml and the Triton model.yaml is refused by TensorRT-LLM 1.1
-    (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py `DecodingBaseConfig.from_dict`; `Eagle3` arrived with
-    PR #10124, first released in 1.2), so the requirement that excludes every 1.1 image is real, not a
-    preference. Should the export go back to a type 1.1 knows, this fails and the bound can be lowered."""
+def test_the_exported_speculative_config_is_one_the_pinned_tensorrt_llm_dispatches():
+    """What export/snippets.py writes into trtllm-serve.yaml and the Triton model.yaml must be dispatched by the
+    pinned release's `DecodingBaseConfig.from_dict` (tensorrt_llm/llmapi/llm_args.py, v1.2.1): `Eagle3` is not
+    (`Eagle3DecodingConfig` came after 1.2), so EAGLE-3 goes out as `Eagle` with `eagle3_one_model`."""
+    from export import trtllm_releases
     from export.snippets import trtllm_llm_args
 
     draft = SimpleNamespace(algo="eagle3", cfg=SimpleNamespace(feature_layers=(1, 14, 27)))
     job = SimpleNamespace(tp=1, dtype="bfloat16", num_speculative_tokens=4, draft=draft)
     spec = trtllm_llm_args(job, "draft", "target")["speculative_config"]
-    assert spec["decoding_type"] not in TRTLLM_1_1_DECODING_TYPES
-    [requirement] = [r for r in images.REQUIREMENTS if r.name == "llmapi-decoding-type-eagle3"]
-    assert Version(requirement.min_version) >= Version("1.2")
+    assert trtllm_releases.release(images.pinned().tensorrt_llm).decoding_types == TRTLLM_1_2_DECODING_TYPES
+    assert spec["decoding_type"] in TRTLLM_1_2_DECODING_TYPES and spec["eagle3_one_model"] is True
+    assert trtllm_releases.release().refusal(spec) is None
+    assert trtllm_releases.release().refusal({**spec, "decoding_type": "Eagle3"}) == "Invalid decoding type: Eagle3"
 
 
 # --- every reference in the repository ------------------------------------------------------------------------
@@ -285,8 +300,9 @@ def test_engine_images_name_one_pinned_release_per_runtime_that_serves_the_expor
 
 def test_trtllm_serve_needs_the_release_the_exported_speculative_config_needs():
     """trtllm-serve reads the same `speculative_config` the Triton model does: its minimum is that requirement's."""
-    [requirement] = [r for r in images.REQUIREMENTS if r.name == "llmapi-decoding-type-eagle3"]
+    [requirement] = [r for r in images.REQUIREMENTS if r.name == "llmapi-speculative-rules"]
     assert Version(images.engine_image("trtllm-serve").min_version) >= Version(requirement.min_version)
+    assert requirement.met_by(SimpleNamespace(tensorrt_llm=images.engine_image("trtllm-serve").version))
 
 
 def test_every_engine_image_reference_in_the_repository_names_the_pinned_tag():

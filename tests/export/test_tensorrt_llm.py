@@ -166,11 +166,12 @@ def test_draft_serve_yaml_and_build_script(tmp_path, targets, drafts):
     out = _export(tmp_path, targets["llama"], "--draft", drafts["llama", "eagle3"], "--num-speculative-tokens", "4")
     serve = yaml.safe_load((out / "trtllm-serve.yaml").read_text())
     assert serve["backend"] == "pytorch"
-    assert serve["speculative_config"] == {"decoding_type": "Eagle3", "max_draft_len": 4,
+    assert serve["speculative_config"] == {"decoding_type": "Eagle", "max_draft_len": 4,
                                            "speculative_model_dir": "draft", "eagle3_one_model": True,
-                                           "eagle3_layers_to_capture": [1, 2, 3]}
-    spec = TensorRTLLMEagle3Config.model_validate(serve["speculative_config"])
+                                           "allow_advanced_sampling": True, "eagle3_layers_to_capture": [1, 2, 3]}
+    spec = trtllm_from_dict(serve["speculative_config"])
     assert spec.speculative_model == "draft" and spec.eagle3_layers_to_capture == {1, 2, 3}
+    assert spec.spec_dec_mode == "EAGLE3_ONE_MODEL" and spec.allow_advanced_sampling
     draft = json.loads((out / "draft" / "config.json").read_text())
     assert draft["eagle_config"]["eagle3_layers_to_capture"] == [1, 2, 3]  # "output of layer" = our feature layers
     assert "midlayer.self_attn.q_proj.weight" in load_file(out / "draft" / "model.safetensors")
@@ -182,31 +183,47 @@ def test_draft_serve_yaml_and_build_script(tmp_path, targets, drafts):
     assert manifest["engine_layer_ids"] == {"tensorrt-llm": [1, 2, 3]} and manifest["captured_layers_hs"] == [2, 3, 4]
 
 
-def _trtllm_eagle3_config():
-    """The fields of TensorRT-LLM's EAGLE-3 speculative_config as its pydantic models declare them
-    (tensorrt_llm/llmapi/llm_args.py: `DecodingBaseConfig(StrictBaseModel)` — unknown keys are errors —
-    `max_draft_len`, `speculative_model` with `validation_alias=AliasChoices("speculative_model",
-    "speculative_model_dir")` on main, `speculative_model_dir` alone in the 1.x releases; `EagleDecodingConfig`
-    `eagle3_one_model: bool = True`, `eagle3_layers_to_capture: Optional[Set[int]] = None`; `Eagle3DecodingConfig`
-    `decoding_type: Literal["Eagle3"]`). tensorrt_llm does not install here, so the model is rebuilt from those
-    declarations."""
+def _trtllm_eagle_config():
+    """TensorRT-LLM 1.2.1's EAGLE config as its pydantic models declare it (tensorrt_llm/llmapi/llm_args.py at
+    v1.2.1: `DecodingBaseConfig(StrictBaseModel)` — unknown keys are errors — `max_draft_len`,
+    `speculative_model_dir`, `allow_advanced_sampling: bool = False`; `EagleDecodingConfig` `decoding_type:
+    Literal["Eagle"]`, `eagle3_one_model: bool = True`, `eagle3_layers_to_capture: Optional[Set[int]] = None`, and
+    `spec_dec_mode` EAGLE3_ONE_MODEL when eagle3_one_model). tensorrt_llm does not install here, so the model is
+    rebuilt from those declarations; `from_dict`'s dispatch set is export/trtllm_releases.py's row."""
     from typing import Literal, Optional
 
-    from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict
 
-    class Eagle3Config(BaseModel):
+    class EagleDecodingConfig(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        decoding_type: Literal["Eagle3"] = "Eagle3"
+        decoding_type: Literal["Eagle"] = "Eagle"
         max_draft_len: Optional[int] = None
-        speculative_model: Optional[str] = Field(
-            default=None, validation_alias=AliasChoices("speculative_model", "speculative_model_dir"))
+        speculative_model_dir: Optional[str] = None
+        allow_advanced_sampling: bool = False
         eagle3_one_model: Optional[bool] = True
         eagle3_layers_to_capture: Optional[set[int]] = None
 
-    return Eagle3Config
+        @property
+        def speculative_model(self):
+            return self.speculative_model_dir
+
+        @property
+        def spec_dec_mode(self) -> str:
+            return "EAGLE3_ONE_MODEL" if self.eagle3_one_model else "EAGLE3"
+
+    return EagleDecodingConfig
 
 
-TensorRTLLMEagle3Config = _trtllm_eagle3_config()
+def trtllm_from_dict(spec: dict):
+    """`DecodingBaseConfig.from_dict` of the pinned release: the dispatch set, then the class's strict fields."""
+    from export.trtllm_releases import release
+
+    if spec.get("decoding_type") not in release().decoding_types:
+        raise ValueError(f"Invalid decoding type: {spec.get('decoding_type')}")
+    return TensorRTLLMEagleConfig.model_validate(spec)
+
+
+TensorRTLLMEagleConfig = _trtllm_eagle_config()
 
 
 def test_serve_yaml_carries_non_default_captured_layers(tmp_path, targets):
@@ -215,8 +232,7 @@ def test_serve_yaml_carries_non_default_captured_layers(tmp_path, targets):
     `Eagle3OneModelSpecMetadata.__post_init__`), and a missing key silently captures the defaults."""
     draft = write_draft(tmp_path / "d", targets["llama"], "eagle3", layout="canonical", feature_layers=(0, 2, 4))
     out = _export(tmp_path, targets["llama"], "--draft", draft)
-    spec = TensorRTLLMEagle3Config.model_validate(
-        yaml.safe_load((out / "trtllm-serve.yaml").read_text())["speculative_config"])
+    spec = trtllm_from_dict(yaml.safe_load((out / "trtllm-serve.yaml").read_text())["speculative_config"])
     assert spec.eagle3_layers_to_capture == {0, 2, 4} != {1, 6 // 2 - 1, 6 - 4}
     assert spec.speculative_model == "draft" and spec.max_draft_len == 3
 

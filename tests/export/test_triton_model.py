@@ -85,7 +85,7 @@ def test_llm_is_built_on_rank_0_over_the_mpi_world_with_its_speculative_config(r
     assert llm.kwargs["model"] == options["model"] and "triton_config" not in llm.kwargs
     assert llm.kwargs["tensor_parallel_size"] == 2 and llm.kwargs["_mpi_session"] == ("mpi-session", 2)
     draft = options["speculative_config"]["speculative_model_dir"]
-    assert llm.kwargs["speculative_config"] == ("decoding-config", "Eagle3", 4, draft)
+    assert llm.kwargs["speculative_config"] == ("decoding-config", "Eagle", 4, draft)
 
 
 def test_other_ranks_serve_the_leader_and_build_no_llm(repo):
@@ -136,6 +136,39 @@ def test_chat_messages_are_rendered_with_the_targets_template(model):
                        sampling_param_max_tokens=np.array([1], np.int32))
     assert response.error is None
     assert ScriptedLLM.instances[0].calls[-1][0] == "<user>hey<assistant>"
+
+
+def _bos_tokenizer():
+    """A Llama-style tokenizer: its post-processor prepends BOS, and its chat template writes BOS too."""
+    from tokenizers import Tokenizer, models, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(c): 3 + i for i, c in enumerate(range(32, 127))}}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    return tokenizer
+
+
+@pytest.mark.parametrize("inputs, bos_in_template", [
+    ({"text_input": _text(""), "messages_json": _text('[{"role": "user", "content": "hey"}]')}, True),
+    ({"text_input": _text("hey")}, False)])
+def test_a_chat_prompt_gets_one_bos_and_a_plain_prompt_keeps_its_own(model, inputs, bos_in_template):
+    """TensorRT-LLM tokenizes a text prompt with `tokenizer.encode(prompt, add_special_tokens=
+    sampling_params.add_special_tokens)` (tensorrt_llm/inputs/registry.py `DefaultInputProcessor.__call__`, 1.2.1;
+    `SamplingParams.add_special_tokens` defaults to True), and its own chat path turns that off because the
+    template already wrote BOS (tensorrt_llm/serve/openai_protocol.py `ChatCompletionRequest.add_special_tokens`,
+    default False). A Llama/Mistral chat prompt tokenized with special tokens starts with two BOS."""
+    tokenizer = _bos_tokenizer()
+    llm = ScriptedLLM.instances[0]
+    llm.tokenizer = tokenizer
+    (response,) = _ask(model, **inputs, sampling_param_max_tokens=np.array([1], np.int32))
+    assert response.error is None
+    prompt, params, _ = llm.calls[-1]
+    ids = tokenizer.encode(prompt, add_special_tokens=getattr(params, "add_special_tokens", True))
+    assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
+    assert prompt.startswith("<s>") == bos_in_template
 
 
 def test_a_cancelled_request_is_aborted_and_ends_cancelled(model):

@@ -143,7 +143,7 @@ def test_model_yaml_names_target_and_draft_inside_the_repository(repo):
     assert llm["model"] == str(repo / "tensorrt_llm" / "1" / "target")
     assert (repo / "tensorrt_llm" / "1" / "target" / "config.json").is_file()
     spec = llm["speculative_config"]
-    assert spec["decoding_type"] == "Eagle3" and spec["max_draft_len"] == 5
+    assert spec["decoding_type"] == "Eagle" and spec["max_draft_len"] == 5
     assert spec["speculative_model_dir"] == str(repo / "tensorrt_llm" / "1" / "draft")
     assert (repo / "tensorrt_llm" / "1" / "draft" / "model.safetensors").is_file()
     assert llm["triton_config"] == {"max_batch_size": 0, "decoupled": True}
