@@ -31,7 +31,14 @@ ENGINES = tuple(_OFFSETS)
 
 
 def hs_from_feature_layers(feature_layers) -> tuple[int, ...]:
-    """DeepSpec `feature_layers` ("output of layer i") -> hs indices."""
+    """DeepSpec `feature_layers` ("output of layer i") -> hs indices; ExportError for an order no engine keeps
+    (deepspec/models/drafts/config.py `check_feature_layer_order`: the engines capture in layer order)."""
+    from deepspec.models.drafts.config import check_feature_layer_order
+
+    try:
+        check_feature_layer_order(feature_layers, "the draft's captured layers (feature_layers)")
+    except ValueError as e:
+        raise ExportError(str(e)) from None
     return tuple(int(i) + 1 for i in feature_layers)
 
 

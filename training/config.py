@@ -33,6 +33,15 @@ class ModelSection(StrictModel):
     layout: str = Field("deepspec", description="tensor layout, one of the algorithm's: deepspec (flat names, frozen target head) or canonical (the EAGLE-3 layout SGLang/vLLM/TensorRT-LLM load: Llama-style midlayer, 3 captured layers, own lm_head, d2t/t2d)")
     calibration_sequences: int = Field(32, ge=0, description="dspark: last rows of the data held out of training to fit the per-slot confidence temperatures (at most 10% of the rows; 0 = uncalibrated)")
 
+    @field_validator("feature_layers")
+    @classmethod
+    def _ascending(cls, layers: list[int] | None) -> list[int] | None:
+        if layers is not None:
+            from deepspec.models.drafts.config import check_feature_layer_order
+
+            check_feature_layer_order(layers, "model.feature_layers")
+        return layers
+
     @field_validator("algo")
     @classmethod
     def _registered(cls, algo: str) -> str:

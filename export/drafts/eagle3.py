@@ -76,6 +76,16 @@ def dialect(tensors: dict[str, torch.Tensor], engine: str, dtype: torch.dtype) -
     return out
 
 
+#: where each engine fixes its EAGLE-3 `fc` at 3 * target_hidden_size inputs, whatever the draft's config says
+_FC_SIZED_FOR_3 = {
+    "vllm": "vllm model_executor/models/llama_eagle3.py `LlamaModel.__init__`: `fc_input_size = target_hidden_size "
+            "* 3`; neither `eagle_aux_hidden_state_layer_ids` nor `eagle_config` changes it, so a [H, 5H] fc fails "
+            "its weight loader",
+    "sglang": "sglang srt/models/llama_eagle3.py `LlamaModel.__init__`",
+    "tensorrt-llm": "tensorrt_llm/_torch/models/modeling_speculative.py `Eagle3DraftModel.__init__`, 1.2.1",
+}
+
+
 def blockers(engine: str, cfg, target_family: str, hs: tuple[int, ...]) -> list[str]:
     """Why `engine` cannot load this EAGLE-3 draft (empty: it can). cfg: the draft's DraftConfig."""
     reasons = []
@@ -83,10 +93,11 @@ def blockers(engine: str, cfg, target_family: str, hs: tuple[int, ...]) -> list[
         reasons.append("its EAGLE-3 path does not run Gemma3 targets")
     if cfg.num_layers != 1:
         reasons.append(f"it loads a one-layer EAGLE-3 draft, this one has {cfg.num_layers}")
+    if len(hs) != 3:
+        reasons.append(f"its fc takes exactly 3 captured layers (3*H inputs), this draft captures {len(hs)} "
+                       f"({_FC_SIZED_FOR_3[engine]}): train the canonical recipe (layout: canonical, 3 layers) or "
+                       "`python -m training relayout` this draft into it")
     if engine in ("sglang", "tensorrt-llm"):
-        if len(hs) != 3:
-            reasons.append(f"its fc takes exactly 3 captured layers (3*H inputs), this draft captures {len(hs)}: "
-                           "train the canonical recipe (layout: canonical) for this engine, or export for vllm")
         if cfg.qk_norm:
             reasons.append("its EAGLE-3 layer is Llama-style: the draft's q/k-norm weights would be dropped")
         if cfg.qkv_bias:

@@ -48,7 +48,7 @@ def lineup(tmp_path_factory, default_target) -> Path:
     tokens = np.random.default_rng(0).integers(3, 128, size=512).astype(np.int64)
     save_corpus(root / "corpus", SuffixIndex.build(tokens, max_match=8), fingerprint)
     write_draft(root / "dflash", target_dir, "dflash")
-    write_draft(root / "eagle3", target_dir, "eagle3", feature_layers=(0, 1, 2, 3, 4))  # 5 layers: vLLM only
+    write_draft(root / "eagle3", target_dir, "eagle3", feature_layers=(0, 1, 2, 3, 4))  # 5 layers: no engine
     write_draft(root / "eagle3-canonical", target_dir, "eagle3", layout="canonical", feature_layers=(1, 2, 3))
     save_hybrid(root / "hybrid", root / "corpus", root / "eagle3")
     for name, tau, speedup in [("hybrid", 3.0, 1.4), ("corpus", 2.3, 1.5), ("dflash", 1.6, 0.9),

@@ -131,13 +131,19 @@ def test_engines_refuse_what_they_cannot_load(tmp_path, targets, drafts, family,
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 
-def test_more_than_three_captured_layers_load_in_vllm_only(tmp_path, targets):
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tensorrt-llm"])
+def test_more_than_three_captured_layers_are_refused_by_every_engine(tmp_path, targets, engine):
+    """Every engine's EAGLE-3 draft sizes `fc` for 3 captured layers, whatever the draft's config says:
+    vllm-project/vllm vllm/model_executor/models/llama_eagle3.py `LlamaModel.__init__` (`fc_input_size =
+    target_hidden_size * 3`; the speculators config's `eagle_aux_hidden_state_layer_ids`, copied by
+    vllm/transformers_utils/configs/speculators/algos.py `update_eagle3`, only picks the target layers), SGLang's and
+    TensorRT-LLM's likewise. A 5-layer (deepspec layout) draft's [H, 5H] fc would fail the weight loader, so the
+    export refuses it naming the way out, and no longer sends the user to vLLM."""
     five = write_draft(tmp_path / "five", targets["llama"], "eagle3", feature_layers=(0, 1, 2, 3, 4))
-    result = run_export("--target", targets["llama"], "--draft", five, "--format", "sglang", "--out", tmp_path / "s")
+    result = run_export("--target", targets["llama"], "--draft", five, "--format", engine, "--out", tmp_path / "o")
     assert result.returncode == 2 and "exactly 3 captured layers (3*H inputs), this draft captures 5" in result.stderr
-    export_ok("--target", targets["llama"], "--draft", five, "--format", "vllm", "--out", tmp_path / "v")
-    config = json.loads((tmp_path / "v" / "draft" / "config.json").read_text())
-    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3, 4, 5]
+    assert "layout: canonical" in result.stderr and "relayout" in result.stderr
+    assert "export for vllm" not in result.stderr and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("algo", ["dflash", "dspark"])

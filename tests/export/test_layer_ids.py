@@ -103,3 +103,69 @@ def test_embedding_output_is_refused():
 def test_unknown_engine():
     with pytest.raises(ValueError, match="unknown engine 'mlc'"):
         engine_layer_ids("mlc", (2, 3))
+
+
+# --- captured-layer order: refused wherever it is set ----------------------------------------------------------
+
+#: orders no engine keeps: descending, a permutation, a repeat
+BAD_ORDERS = [(14, 1, 26), (1, 26, 14), (1, 14, 14)]
+
+
+@pytest.mark.parametrize("layers", BAD_ORDERS)
+def test_the_engines_capture_in_layer_order_whatever_order_is_written(layers):
+    """Why any other order is refused: each replayed engine hands the draft its features in layer order (and
+    TensorRT-LLM de-duplicates), so a draft trained on `layers` in their written order would see its fc inputs
+    permuted (or fewer) at serving time."""
+    hs = hs_from_feature_layers(sorted(set(layers)))
+    for captured in (vllm_capture(engine_layer_ids("vllm", hs), 30),
+                     sglang_capture(engine_layer_ids("sglang", hs), 30),
+                     tensorrt_llm_capture(set(engine_layer_ids("tensorrt-llm", hs)), 30)):
+        assert captured == sorted(set(captured)) == [i + 1 for i in sorted(set(layers))] != [i + 1 for i in layers]
+
+
+@pytest.mark.parametrize("layers", BAD_ORDERS)
+def test_a_non_ascending_or_repeated_order_is_refused_at_export_time(layers):
+    with pytest.raises(ExportError, match=r"strictly ascending.*list them as \[1, 14"):
+        hs_from_feature_layers(layers)
+
+
+@pytest.mark.parametrize("layers", BAD_ORDERS)
+def test_a_non_ascending_or_repeated_order_is_refused_by_the_draft_config_and_the_training_config(layers):
+    from pydantic import ValidationError
+
+    from deepspec.models.drafts.config import check_feature_layer_order
+    from training.config import ModelSection
+
+    with pytest.raises(ValueError, match="strictly ascending"):
+        check_feature_layer_order(layers)
+    with pytest.raises(ValidationError, match="model.feature_layers .* must be strictly ascending"):
+        ModelSection(feature_layers=list(layers))
+    assert ModelSection(feature_layers=sorted(set(layers))).feature_layers == sorted(set(layers))
+
+
+def test_a_draft_whose_config_json_lists_layers_out_of_order_is_not_exported(tmp_path, targets):
+    """A draft written before this check (or edited by hand): its config.json is read through DraftConfig.validate,
+    and the export stops naming the order to use, before writing anything."""
+    import json
+
+    from tests.export.conftest import run_export, write_draft
+
+    draft = write_draft(tmp_path / "d", targets["llama"], "eagle3", feature_layers=(1, 2, 3))
+    config = json.loads((draft / "config.json").read_text())
+    config["feature_layers"] = [3, 1, 2]
+    (draft / "config.json").write_text(json.dumps(config))
+    result = run_export("--target", targets["llama"], "--draft", draft, "--format", "vllm", "--out", tmp_path / "o")
+    assert result.returncode == 2 and "strictly ascending" in result.stderr and "[1, 2, 3]" in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_default_layers_of_a_shallow_target_name_each_layer_once(targets):
+    """The 5 evenly spaced defaults repeat the last allowed layer on a 6-layer target; a draft sized for it keeps
+    each layer once rather than being refused by its own config."""
+    from deepspec.models import load_target
+    from deepspec.models.drafts import DraftConfig
+
+    target = load_target(str(targets["llama"]))
+    assert len(set(target.default_feature_layers(5))) < 5
+    cfg = DraftConfig.for_target(target, "eagle3")
+    assert list(cfg.feature_layers) == sorted(set(target.default_feature_layers(5)))

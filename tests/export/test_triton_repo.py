@@ -144,6 +144,10 @@ def test_model_yaml_names_target_and_draft_inside_the_repository(repo):
     assert (repo / "tensorrt_llm" / "1" / "target" / "config.json").is_file()
     spec = llm["speculative_config"]
     assert spec["decoding_type"] == "Eagle" and spec["max_draft_len"] == 5
+    assert spec["eagle3_one_model"] is True and spec["allow_advanced_sampling"] is True
+    from export.trtllm_releases import release
+
+    assert release().refusal(spec) is None  # the pinned TensorRT-LLM's from_dict and strict fields take it
     assert spec["speculative_model_dir"] == str(repo / "tensorrt_llm" / "1" / "draft")
     assert (repo / "tensorrt_llm" / "1" / "draft" / "model.safetensors").is_file()
     assert llm["triton_config"] == {"max_batch_size": 0, "decoupled": True}

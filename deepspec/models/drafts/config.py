@@ -26,6 +26,21 @@ def canonical_feature_layers(num_target_layers: int) -> tuple[int, ...]:
     return layers
 
 
+def check_feature_layer_order(feature_layers, name: str = "feature_layers") -> None:
+    """ValueError unless the captured layers are strictly ascending. Our drafts concatenate the features in the
+    configured order, but the engines do not keep it: TensorRT-LLM sorts and de-duplicates
+    `eagle3_layers_to_capture` (tensorrt_llm/_torch/speculative/eagle3.py `Eagle3OneModelSpecMetadata.__post_init__`,
+    1.2.1), vLLM and SGLang append each captured layer as their decoder loop passes it (vllm
+    model_executor/models/llama.py `LlamaModel.forward`; sglang srt/models/llama.py `LlamaModel.forward`). Any other
+    order feeds the draft's `fc` its inputs permuted, and a repeat shrinks them: wrong drafts, no error."""
+    layers = [int(i) for i in feature_layers]
+    if any(b <= a for a, b in zip(layers, layers[1:])):
+        raise ValueError(f"{name} {layers} must be strictly ascending with no repeats: the engines capture target "
+                         "layers in layer order (TensorRT-LLM also sorts and de-duplicates them), so this order would "
+                         f"feed the draft's fc permuted inputs; list them as {sorted(set(layers))} and train the draft "
+                         "with that order")
+
+
 @dataclass
 class DraftConfig(AttentionWidths):
     #: the draft algorithm (deepspec.algorithms.available_algorithms(): eagle3, dflash, dspark built in)
@@ -87,8 +102,11 @@ class DraftConfig(AttentionWidths):
         spec = target.spec
         num_layers = overrides.pop("num_layers", None) or algorithm.default_num_layers
         canonical = overrides.get("layout") == "canonical"
-        feature_layers = tuple(overrides.pop("feature_layers", None) or (
-            canonical_feature_layers(spec.num_layers) if canonical else target.default_feature_layers(5)))
+        feature_layers = overrides.pop("feature_layers", None)
+        if not feature_layers:  # the spacing repeats the last layer on a shallow target: keep each layer once
+            feature_layers = sorted(set(canonical_feature_layers(spec.num_layers) if canonical
+                                        else target.default_feature_layers(5)))
+        feature_layers = tuple(feature_layers)
         cfg = cls(
             algo=algo,
             family=spec.family,
@@ -125,6 +143,7 @@ class DraftConfig(AttentionWidths):
         if self.block_layout != "anchor-first":
             raise ValueError(f"unsupported block layout '{self.block_layout}' (this engine runs 'anchor-first')")
         check_layout(self.algo, self.layout)
+        check_feature_layer_order(self.feature_layers)
         if self.layout == "canonical":
             if len(self.feature_layers) != 3:
                 raise ValueError(f"the canonical EAGLE-3 layout takes 3 captured layers (fc: 3*H -> H), got "
