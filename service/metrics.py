@@ -2,7 +2,8 @@
 
 Names follow vLLM's where one exists, with the `deepspec:` prefix. The Grafana dashboards and alert rules in
 `helm/deepspec` use exactly these names (a test checks it). Labels: `model` everywhere; `worker` on the
-gateway's copies. Useful PromQL:
+gateway's copies; `class` (the request's service class, service/protocol.py SERVICE_CLASSES: three values at most)
+on the speculative-decoding metrics, so acceptance can be read per class. Useful PromQL:
 
     mean acceptance length = 1 + rate(deepspec:spec_decode_num_accepted_tokens_total[5m])
                                / rate(deepspec:spec_decode_num_drafts_total[5m])
@@ -14,6 +15,8 @@ gateway's copies. Useful PromQL:
 """
 
 from __future__ import annotations
+
+from service.protocol import DEFAULT_SERVICE_CLASS
 
 # Latency histograms (seconds).
 TIME_TO_FIRST_TOKEN_SECONDS = "deepspec:time_to_first_token_seconds"
@@ -82,14 +85,16 @@ class _LatencyMetrics:
             REQUEST_SUCCESS_TOTAL, "Finished requests by status (finish reason or error kind).",
             (*labels, "status"), registry=registry,
         )  # fmt: skip
+        spec_labels = (*labels, "class")  # read their children through `series((*labels, service_class))`
         self.spec_decode_num_draft_tokens = Counter(
-            SPEC_DECODE_NUM_DRAFT_TOKENS_TOTAL, "Draft tokens proposed.", labels, registry=registry
+            SPEC_DECODE_NUM_DRAFT_TOKENS_TOTAL, "Draft tokens proposed.", spec_labels, registry=registry
         )
         self.spec_decode_num_accepted_tokens = Counter(
-            SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL, "Draft tokens accepted by the target.", labels, registry=registry
-        )
+            SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL, "Draft tokens accepted by the target.", spec_labels,
+            registry=registry,
+        )  # fmt: skip
         self.spec_decode_num_drafts = Counter(
-            SPEC_DECODE_NUM_DRAFTS_TOTAL, "Verify rounds that checked at least one draft token.", labels,
+            SPEC_DECODE_NUM_DRAFTS_TOTAL, "Verify rounds that checked at least one draft token.", spec_labels,
             registry=registry,
         )  # fmt: skip
         self._series: dict[tuple[str, ...], LabelledSeries] = {}
@@ -119,7 +124,8 @@ class _LatencyMetrics:
 class LabelledSeries:
     """One label set's children of the metrics in `_LatencyMetrics` (its `series`), under the same attribute names
     (`series.time_to_first_token.observe(...)`). Each child is looked up on first use, so a series still appears only
-    once something is recorded in it; none of these is ever removed, so a kept child never goes stale."""
+    once something is recorded in it; none of these is ever removed, so a kept child never goes stale. The
+    speculative-decoding counters carry one label more (`class`): read them from the series of the longer label set."""
 
     def __init__(self, metrics: _LatencyMetrics, labels: tuple[str, ...]):
         self._metrics, self.labels = metrics, labels
@@ -159,23 +165,26 @@ class WorkerMetrics(_LatencyMetrics):
         )
         self.spec_decode_num_accepted_tokens_per_pos = Counter(
             SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL, "Verify rounds in which draft position `position` was accepted.",
-            ("model", "position"), registry=self.registry,
+            ("model", "class", "position"), registry=self.registry,
         )  # fmt: skip
         self.spec_decode_acceptance_length = Histogram(
             SPEC_DECODE_ACCEPTANCE_LENGTH, "Tokens committed per verify round with drafts (accepted + bonus).",
-            ("model",), buckets=ACCEPTANCE_LENGTH_BUCKETS, registry=self.registry,
+            ("model", "class"), buckets=ACCEPTANCE_LENGTH_BUCKETS, registry=self.registry,
         )  # fmt: skip
 
-    def observe_spec_round(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        """One verify round of one request: positions 0..accepted-1 were accepted (accepted drafts are a prefix)."""
+    def observe_spec_round(self, num_draft_tokens: int, num_accepted_tokens: int,
+                           service_class: str = DEFAULT_SERVICE_CLASS) -> None:  # fmt: skip
+        """One verify round of one request of `service_class`: positions 0..accepted-1 were accepted (accepted
+        drafts are a prefix)."""
         if num_draft_tokens <= 0:
             return
-        self.spec_decode_num_drafts.labels(self.model).inc()
-        self.spec_decode_num_draft_tokens.labels(self.model).inc(num_draft_tokens)
-        self.spec_decode_num_accepted_tokens.labels(self.model).inc(num_accepted_tokens)
+        series = self.series((self.model, service_class))
+        series.spec_decode_num_drafts.inc()
+        series.spec_decode_num_draft_tokens.inc(num_draft_tokens)
+        series.spec_decode_num_accepted_tokens.inc(num_accepted_tokens)
         for position in range(num_accepted_tokens):
-            self.spec_decode_num_accepted_tokens_per_pos.labels(self.model, str(position)).inc()
-        self.spec_decode_acceptance_length.labels(self.model).observe(1 + num_accepted_tokens)
+            self.spec_decode_num_accepted_tokens_per_pos.labels(self.model, service_class, str(position)).inc()
+        self.spec_decode_acceptance_length.labels(self.model, service_class).observe(1 + num_accepted_tokens)
 
 
 class GatewayMetrics(_LatencyMetrics):

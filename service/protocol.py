@@ -45,6 +45,14 @@ has its `finish_reason`, and `triton_final_response` is true only on the request
 non-streaming request (`stream` false) gets one response per sequence, when it finishes; several sequences need
 `ModelStreamInfer` (a unary `ModelInfer` answers one response), so ModelInfer refuses n > 1 with INVALID_ARGUMENT.
 
+Speculation: a request may cap the draft tokens each of its verify rounds checks with `max_draft_tokens` (0 turns
+speculation off for it: the target decodes alone); absent, the worker's own setting applies. Greedy output is the
+same in every mode: only how many target tokens one round commits changes, never which.
+
+Service classes: `service_class` names the class the gateway admitted the request under (one of `SERVICE_CLASSES`,
+a bounded set so it can label metrics); the worker keeps it on the request's record and labels its acceptance
+metrics with it. A stock Triton model does not declare it and is sent none.
+
 Statistics: `RequestStats` is the one record of a request's counts, built by the worker's scheduler from the engine's
 step outputs, written to the output tensors named in `STATS_OUTPUTS`, and read back by the gateway for usage,
 metrics and the request log.
@@ -75,6 +83,8 @@ EXTRA_PROMPT_LOGPROBS = "prompt_logprobs"  # INT32, score the prompt with this m
 EXTRA_LOGPROBS_MODE = "logprobs_mode"  # BYTES, "raw_logprobs" (absent) or "processed_logprobs" (vLLM's names)
 EXTRA_STRUCTURED_OUTPUT = "structured_output"  # BYTES, a Constraint's JSON: the output must match it; absent = free
 NUM_RETURN_SEQUENCES = "num_return_sequences"  # INT32, sequences from this prompt (TensorRT-LLM's name); absent = 1
+EXTRA_MAX_DRAFT_TOKENS = "max_draft_tokens"  # INT32, draft tokens verified per round at most (0 = off); absent = auto
+EXTRA_SERVICE_CLASS = "service_class"  # BYTES, the request's service class (SERVICE_CLASSES); absent = "standard"
 
 # Outputs.
 TEXT_OUTPUT = "text_output"  # BYTES: new text (stream) or the whole completion (ModelInfer)
@@ -123,6 +133,11 @@ PROMPT_SCORES = _score_tensors("prompt")
 #: the most alternatives per position a request may ask for (deepspec.decoding.logprobs.MAX_TOP_LOGPROBS, mirrored:
 #: the gateway image has no deepspec library)
 MAX_TOP_LOGPROBS = 20
+
+#: the service classes a request may run under, most urgent first (the gateway's admission order and the `class`
+#: label of the acceptance metrics: a fixed set keeps the label's cardinality bounded)
+SERVICE_CLASSES = ("interactive", "standard", "batch")
+DEFAULT_SERVICE_CLASS = "standard"
 
 #: the distributions logprobs may be of (deepspec.decoding.logprobs.LOGPROBS_MODES, mirrored)
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")

@@ -170,7 +170,7 @@ class Dispatcher:
             num_prompt_tokens=stats.num_prompt_tokens, num_output_tokens=stats.num_output_tokens,
         )  # fmt: skip
         if stats.num_draft_tokens:
-            series = self.metrics.series(labels)
+            series = self.metrics.series((*labels, req.service_class))
             series.spec_decode_num_draft_tokens.inc(stats.num_draft_tokens)
             series.spec_decode_num_accepted_tokens.inc(stats.num_accepted_tokens)
             series.spec_decode_num_drafts.inc(stats.num_spec_steps)

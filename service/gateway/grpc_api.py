@@ -29,7 +29,7 @@ from service.gateway.dispatch import new_request_id
 from service.gateway.errors import BadRequestError, ServiceError, validation_message
 from service.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from service.gateway.structured import structured_outputs_field
-from service.gateway.validation import check_request_id
+from service.gateway.validation import check_request_id, check_session_id
 from service.gateway.worker_client import GenerationRequest, total_stats
 from service.protocol import Constraint, RequestStats
 from service.protos.deepspec.v1 import completions_pb2 as pb
@@ -88,6 +88,10 @@ def to_generation_request(request: pb.CompletionRequest, model: str) -> Generati
     }  # fmt: skip
     if request.HasField("structured_output"):
         fields["structured_outputs"] = _structured_outputs(request.structured_output)
+    if request.HasField("speculation"):
+        fields["speculation"] = {"mode": request.speculation.mode or "auto", **(
+            {"max_draft_tokens": request.speculation.max_draft_tokens}
+            if request.speculation.HasField("max_draft_tokens") else {})}  # fmt: skip
     try:
         if request.messages:
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
@@ -139,7 +143,10 @@ class CompletionsServicer:
         if isinstance(request, _Malformed):
             raise BadRequestError(request.message)
         model, _ = self.state.dispatcher.resolve_model(request.model)
-        return to_generation_request(request, model), caller
+        req = to_generation_request(request, model)
+        if request.session_id:
+            req.session = check_session_id(request.session_id)
+        return req, caller
 
     async def Complete(self, request, context):
         try:

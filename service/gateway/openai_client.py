@@ -35,6 +35,10 @@ OpenAI server takes a logprobs mode per request (vLLM sets it per engine), so a 
 refused by the dispatcher; `max_tokens` 0 (prompt scoring alone) goes to a vLLM upstream only, since llama.cpp's
 server reads 0 as "no limit".
 
+Speculation: a request's draft cap (`speculation`: off, or at most n draft tokens a round) goes to llama.cpp's
+server as its per-request `speculative.n_max`; vLLM, SGLang and trtllm-serve fix the depth per server, so such a
+request is refused (400) there, never sent and silently run at the server's depth. Without a cap nothing is sent.
+
 Several choices go as OpenAI's `n`, and each upstream choice's `index` becomes its chunks' `Chunk.index`. The
 upstream's usage covers every choice at once (OpenAI's shape has no per-choice counts), so the request's last chunk
 carries it and the other choices' last chunks count 0: `total_stats` over them is the usage. An engine that answers
@@ -68,6 +72,8 @@ _STATUS_FOR_HTTP = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 404: "NOT_
 _CONTEXT_KEYS = ("max_model_len", "context_length", "n_ctx", "max_context_length")
 #: what vLLM's model cards say they are owned by (vllm/entrypoints/openai/engine/protocol.py ModelCard)
 _VLLM_OWNER = "vllm"
+#: what llama.cpp's server's model cards say (tools/server/server.cpp, the /v1/models handler)
+_LLAMACPP_OWNER = "llamacpp"
 
 
 def status_for_http(status_code: int) -> str:
@@ -90,10 +96,11 @@ def error_message(body: object, fallback: str) -> str:
     return fallback
 
 
-def request_body(req: GenerationRequest, stream: bool, vllm_extras: bool = False) -> dict:
+def request_body(req: GenerationRequest, stream: bool, vllm_extras: bool = False, llamacpp: bool = False) -> dict:
     """The OpenAI body for `req`. Unset fields are left out so the engine's default applies: `max_tokens` None
     (what fits), `top_k` 0 (SGLang refuses 0, llama.cpp reads it as the whole vocabulary). `vllm_extras`: the
-    upstream is vLLM, which reads its `structured_outputs` extension."""
+    upstream is vLLM, which reads its `structured_outputs` extension; `llamacpp`: llama.cpp's server, which reads
+    a per-request draft cap."""
     body: dict = {"model": req.model, "temperature": req.temperature, "top_p": req.top_p, "stream": stream}
     if req.messages is not None:
         body["messages"] = req.messages
@@ -119,12 +126,27 @@ def request_body(req: GenerationRequest, stream: bool, vllm_extras: bool = False
             body["min_tokens"] = req.max_tokens
     if req.n > 1:
         body["n"] = req.n
+    if req.max_draft_tokens is not None:
+        body.update(_speculation_fields(req.max_draft_tokens, llamacpp))
     body.update(_logprobs_fields(req))
     if req.structured_output is not None:
         body.update(_constraint_fields(req.structured_output, vllm_extras))
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
+
+
+def _speculation_fields(max_draft_tokens: int, llamacpp: bool) -> dict:
+    """A request's draft cap in the upstream's own field. llama.cpp's server reads `speculative.n_max` from any
+    completion body (tools/server/server.cpp `params_from_json_cmpl`; 0 leaves the slot without drafts) and is the
+    only OpenAI server with a per-request cap: vLLM sets its depth per engine (`--speculative-config`), and so do
+    SGLang and trtllm-serve. Elsewhere the request is refused rather than run at a depth it did not ask for."""
+    if llamacpp:
+        return {"speculative.n_max": max_draft_tokens, "speculative.n_min": 0}
+    raise WorkerError("INVALID_ARGUMENT", "per-request speculation control (speculation) is not supported by this "
+                                          "worker: its engine (vLLM, SGLang or trtllm-serve) sets the speculation "
+                                          "depth per server; leave `speculation` out, or route to a DeepSpec worker "
+                                          "or a llama.cpp server")  # fmt: skip
 
 
 def _logprobs_fields(req: GenerationRequest) -> dict:
@@ -261,6 +283,8 @@ class OpenAIClient:
         self.num_outstanding = 0
         #: the upstream is vLLM (its model cards say so), which also reads vLLM's `structured_outputs`
         self.vllm_extras = False
+        #: the upstream is llama.cpp's server (its model cards say so), which takes a per-request draft cap
+        self.llamacpp = False
         self.max_connections = max_connections
         self._pool: HttpPool | None = None
 
@@ -302,7 +326,8 @@ class OpenAIClient:
         except (OSError, ValueError, AttributeError) as e:  # TimeoutError among the OSErrors
             raise WorkerError("UNAVAILABLE", f"{MODELS_PATH}: {e}") from None
         models = {}
-        self.vllm_extras = any(isinstance(card, dict) and card.get("owned_by") == _VLLM_OWNER for card in cards)
+        owners = {card.get("owned_by") for card in cards if isinstance(card, dict)}
+        self.vllm_extras, self.llamacpp = _VLLM_OWNER in owners, _LLAMACPP_OWNER in owners
         for card in cards:
             if isinstance(card, dict) and card.get("id"):
                 models[card["id"]] = next((int(card[k]) for k in _CONTEXT_KEYS if isinstance(card.get(k), int)), 0)
@@ -367,7 +392,7 @@ class OpenAIClient:
         `timeout_s` bounds the whole request, reading the answer included: past it, an await on the response raises
         TimeoutError."""
         path = "/v1/chat/completions" if req.messages is not None else "/v1/completions"
-        body = dumps(request_body(req, stream, self.vllm_extras))
+        body = dumps(request_body(req, stream, self.vllm_extras, self.llamacpp))
         try:
             response = await self.pool.request("POST", path, body, "application/json", timeout_s)
         except TimeoutError:  # first: a TimeoutError is an OSError too

@@ -4,7 +4,7 @@ Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Nothing is silently ignored:
 does not implement (suffix, best_of, penalties, tools, logit_bias, ...) are accepted only at their neutral value
 and refused otherwise with a message naming the field, and an unknown field is a 400 naming it (OpenAI answers
 "Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for something it does not
-do would get a plain answer). `top_k`, `ignore_eos` and `logprobs_mode` are vLLM's extensions, and so are
+do would get a plain answer). `speculation` is DeepSpec's own (speculation.py); `top_k`, `ignore_eos` and `logprobs_mode` are vLLM's extensions, and so are
 completions' batches of prompts given as token ids (OpenAI takes them too), `logprobs` up to 20 and the
 structured-output fields (`structured.py`: response_format, structured_outputs, guided_*).
 tests/service/test_request_fields.py lists every field as honoured or refused, so a new one cannot be accepted
@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from service.gateway.speculation import Speculation, draft_cap
 from service.gateway.structured import StructuredOutputFields
 from service.gateway.validation import (MAX_CHOICES, STRICT, CompletionMaxTokens, Integer, MaxTokens, Name,
                                         LogprobsMode, NumChoices, Prompt, Prompts, Seed, StopString, StopStrings,
@@ -57,6 +58,9 @@ class _SamplingFields(StructuredOutputFields):
     presence_penalty: Annotated[float | None, neutral_only(0, None)] = None
     frequency_penalty: Annotated[float | None, neutral_only(0, None)] = None
     logit_bias: Annotated[dict[str, float] | None, neutral_only({}, None)] = None
+    #: DeepSpec extension (the `openai` client sends it in `extra_body`): {"mode": "auto" | "off",
+    #: "max_draft_tokens": n}, this request's speculation (speculation.py); unset = the worker's own
+    speculation: Speculation | None = None
 
     @model_validator(mode="after")
     def _check_unsupported(self):
@@ -85,6 +89,8 @@ class _SamplingFields(StructuredOutputFields):
             "structured_output": self.constraint,
             "n": self.n,
             "logprobs_mode": self.logprobs_mode,
+            "max_draft_tokens": draft_cap(self.speculation),
+            "session": self.user,
         }
 
 

@@ -26,7 +26,7 @@ from service import tensors
 from service.gateway import triton_contract as c
 
 #: roles a model may leave out without changing what the request means
-_SKIPPABLE = frozenset(c.FLAGS) | {"stream"}
+_SKIPPABLE = frozenset(c.FLAGS) | {"stream", *c.ADVISORY}
 
 
 class SignatureError(ValueError):
@@ -123,6 +123,8 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
         "logprobs_mode": None if req.sent_logprobs_mode is None else [req.sent_logprobs_mode],
         "structured_output": None if req.structured_output is None else [req.structured_output.encode()],
         "num_return_sequences": None if req.n == 1 else [req.n],
+        "max_draft_tokens": None if req.max_draft_tokens is None else [req.max_draft_tokens],
+        "service_class": None if req.service_class == p.DEFAULT_SERVICE_CLASS else [req.service_class],
         **{flag: [True] for flag in c.FLAGS},
     }  # fmt: skip
 

@@ -18,7 +18,7 @@ Two stock models of TensorRT-LLM's Triton backend, one dialect each:
 DeepSpec additions are optional inputs and extra outputs a stock model simply does not declare: `messages_json`
 (chat messages the model renders with its chat template), `ignore_eos`, and the token-id prompt (`input_ids`),
 logprobs (`return_log_probs`, `top_logprobs`, `prompt_logprobs`, `logprobs_mode`), structured-output
-(`structured_output`) and several-sequences (`num_return_sequences`, TensorRT-LLM's name) inputs only DeepSpec's
+(`structured_output`), speculation (`max_draft_tokens`), service-class (`service_class`) and several-sequences (`num_return_sequences`, TensorRT-LLM's name) inputs only DeepSpec's
 worker reads (a model without the last gets n requests of one sequence each from the gateway); the LLM-API model we
 export also sends `num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact, and reads
 `return_log_probs` / `top_logprobs`, answering the generated tokens' scores in the worker's tensors
@@ -56,13 +56,16 @@ CONFIG_DATATYPE = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "INT32": "TYPE_I
 #: what a gateway request asks for -> the input carrying it, per dialect (None: the dialect has no such input)
 ROLES = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
          "ignore_eos", "prompt_token_ids", "return_log_probs", "top_logprobs", "prompt_logprobs", "logprobs_mode",
-         "structured_output", "num_return_sequences")
+         "structured_output", "num_return_sequences", "max_draft_tokens", "service_class")
 #: roles DeepSpec's worker reads and neither stock model does (the ensemble declares `return_log_probs` but sends
 #: only numbers, no token texts to render them with; the exported LLM-API model reads the logprobs ones): a model
 #: that lacks one cannot serve the feature, which a gateway then refuses by name (`signature.py`)
 FEATURE_OF_ROLE = {"prompt_token_ids": "token-id prompts", "return_log_probs": "logprobs", "top_logprobs": "logprobs",
                    "prompt_logprobs": "prompt logprobs (echo)", "logprobs_mode": "processed logprobs (logprobs_mode)",
-                   "structured_output": "structured outputs"}
+                   "structured_output": "structured outputs",
+                   "max_draft_tokens": "per-request speculation control (speculation)"}
+#: roles that only inform the model (the row's service class): sent when declared, skipped silently when not
+ADVISORY = ("service_class",)
 #: request flags that only ask for outputs: sent when declared, skipped silently when not
 FLAGS = ("return_perf_metrics", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
@@ -73,6 +76,7 @@ LLMAPI_NAMES = {
     "end_id": None, "ignore_eos": "ignore_eos",
     "prompt_token_ids": None, "return_log_probs": "return_log_probs", "top_logprobs": "top_logprobs",
     "prompt_logprobs": None, "logprobs_mode": None, "structured_output": None, "num_return_sequences": None,
+    "max_draft_tokens": None, "service_class": None,
     "return_perf_metrics": "sampling_param_return_perf_metrics", "return_finish_reason": "return_finish_reason",
     "return_num_input_tokens": None, "return_num_output_tokens": None,
 }  # fmt: skip
@@ -82,7 +86,8 @@ ENSEMBLE_NAMES = {
     "end_id": "end_id", "ignore_eos": "ignore_eos",
     "prompt_token_ids": "input_ids", "return_log_probs": "return_log_probs", "top_logprobs": "top_logprobs",
     "prompt_logprobs": "prompt_logprobs", "logprobs_mode": "logprobs_mode", "structured_output": "structured_output",
-    "num_return_sequences": "num_return_sequences",
+    "num_return_sequences": "num_return_sequences", "max_draft_tokens": "max_draft_tokens",
+    "service_class": "service_class",
     "return_perf_metrics": "return_perf_metrics", "return_finish_reason": None,
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
 }  # fmt: skip
@@ -96,6 +101,7 @@ ROLE_DATATYPES = {
     "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop": "BYTES", "end_id": "INT32", "ignore_eos": "BOOL",
     "prompt_token_ids": "INT32", "return_log_probs": "BOOL", "top_logprobs": "INT32", "prompt_logprobs": "INT32",
     "logprobs_mode": "BYTES", "structured_output": "BYTES", "num_return_sequences": "INT32",
+    "max_draft_tokens": "INT32", "service_class": "BYTES",
     "return_perf_metrics": "BOOL", "return_finish_reason": "BOOL", "return_num_input_tokens": "BOOL",
     "return_num_output_tokens": "BOOL",
 }  # fmt: skip
@@ -151,7 +157,7 @@ LLMAPI_OUTPUTS = (
 #: them (nor does it turn `return_log_probs` into token texts), and so is `num_return_sequences`, which the exported
 #: ensemble does not wire to its engine (a gateway asks it for n sequences as n requests instead)
 ENSEMBLE_INPUTS = _inputs({role: name for role, name in ENSEMBLE_NAMES.items()
-                           if role not in ("messages", "ignore_eos", "num_return_sequences", *FEATURE_OF_ROLE)},
+                           if role not in ("messages", "ignore_eos", "num_return_sequences", *FEATURE_OF_ROLE, *ADVISORY)},
                           ("prompt", "max_tokens"), (1,))
 ENSEMBLE_OUTPUTS = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (-1,)), TensorSpec(ACCEPTANCE_RATE, "FP32"),

@@ -105,6 +105,15 @@ def check_request_id(request_id: str) -> str:
                               f"{MAX_REQUEST_ID_CHARS} characters)", param="request_id") from None  # fmt: skip
 
 
+def check_session_id(session_id: str) -> str:
+    """A session id (the `x-session-id` header, gRPC `session_id`): it only picks a worker, so any printable text
+    up to MAX_NAME_CHARS characters does."""
+    if not session_id.isprintable() or len(session_id) > MAX_NAME_CHARS:
+        raise BadRequestError(f"the session id must be printable text of at most {MAX_NAME_CHARS} characters",
+                              param="session_id")  # fmt: skip
+    return session_id
+
+
 def check_prompt_size(num_chars: int, context_len: int) -> None:
     """Refuse a prompt that cannot fit `context_len` tokens by its length alone (0 = context unknown: no bound)."""
     limit = max_prompt_chars(context_len)

@@ -68,13 +68,19 @@ class GenerationRequest:
     structured_output: p.Constraint | None = None
     #: sequences (choices) from this prompt, each sampled on its own; their chunks carry their `Chunk.index`
     n: int = 1
+    #: draft tokens each verify round may check at most (0 = speculation off); None = the worker's own setting
+    max_draft_tokens: int | None = None
+    #: the service class the gateway admitted the request under (service/protocol.py SERVICE_CLASSES)
+    service_class: str = p.DEFAULT_SERVICE_CLASS
+    #: what keeps a conversation on one worker (OpenAI's `user` or the `x-session-id` header); None = no session
+    session: str | None = None
 
     @property
     def extensions(self) -> frozenset[str]:
         """What this request needs beyond a plain completion, named as a refusal names it (c.FEATURE_OF_ROLE)."""
         wanted = {"return_log_probs": self.logprobs, "prompt_logprobs": self.prompt_logprobs,
                   "logprobs_mode": self.sent_logprobs_mode, "prompt_token_ids": self.prompt_token_ids,
-                  "structured_output": self.structured_output}
+                  "structured_output": self.structured_output, "max_draft_tokens": self.max_draft_tokens}
         return frozenset(c.FEATURE_OF_ROLE[role] for role, value in wanted.items() if value is not None)
 
     @property

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from deepspec.decoding.params import SamplingParams, StepOutput
-from service.protocol import RequestStats
+from service.protocol import DEFAULT_SERVICE_CLASS, RequestStats
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ class _Request:
     stats: RequestStats = field(default_factory=RequestStats)
     #: set by the engine thread once the request left the engine (finished, failed or aborted)
     done: bool = field(default=False)
+    #: the service class the gateway admitted it under (service/protocol.py SERVICE_CLASSES): labels its
+    #: acceptance metrics
+    service_class: str = DEFAULT_SERVICE_CLASS
 
 
 def _sequence_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -91,7 +94,8 @@ class Scheduler:
             return self._num_waiting + len(self._running)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, arrival: float | None = None,
-                       n: int = 1) -> AsyncIterator[tuple[StepOutput, RequestStats, int]]:  # fmt: skip
+                       n: int = 1, service_class: str = DEFAULT_SERVICE_CLASS,
+                       ) -> AsyncIterator[tuple[StepOutput, RequestStats, int]]:  # fmt: skip
         """Yield (step output, that sequence's cumulative stats, sequence index) until all `n` sequences finish.
         Bad input raises the engine's RequestError here, before the request queues (the engine's validate reads
         only fixed settings); ValueError when n does not fit the batch."""
@@ -113,7 +117,7 @@ class Scheduler:
             request_id=request_id if i == 0 else f"{request_id}.{i}", prompt_token_ids=prompt_token_ids,
             params=_sequence_params(params, i), arrival=arrival if arrival is not None else time.perf_counter(),
             loop=asyncio.get_running_loop(), outputs=outputs, index=i,
-            stats=RequestStats(num_prompt_tokens=len(prompt_token_ids)),
+            stats=RequestStats(num_prompt_tokens=len(prompt_token_ids)), service_class=service_class,
         ) for i in range(n)]  # fmt: skip
         self._commands.put(("add", group))
         unfinished = n
@@ -267,7 +271,7 @@ class Scheduler:
                 num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0),
             )  # fmt: skip
             if out.num_draft_tokens > 0:
-                m.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens)
+                m.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens, request.service_class)
             if out.finished:
                 del self._running[out.request_id]
                 request.done = True

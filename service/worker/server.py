@@ -101,13 +101,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         arrival = time.perf_counter()
         try:
-            prompt_ids, params, stream, n = await self.service.parse(request)
+            prompt_ids, params, stream, n, service_class = await self.service.parse(request)
             if stream:
                 raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, "stream=true needs ModelStreamInfer")
             if n > 1:
                 raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, f"{p.NUM_RETURN_SEQUENCES}={n} needs "
                                     "ModelStreamInfer (one response per sequence; ModelInfer answers one)")
-            async for response in self._responses(request, prompt_ids, params, False, arrival, 1):
+            async for response in self._responses(request, prompt_ids, params, False, arrival, 1, service_class):
                 pass  # one response, the whole completion
         except Exception as e:
             status, message, error_code = _status_of(e)
@@ -150,7 +150,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _responses(self, request, prompt_ids: list[int], params: SamplingParams, stream: bool,
-                         arrival: float, n: int) -> AsyncIterator[service_pb2.ModelInferResponse]:
+                         arrival: float, n: int,
+                         service_class: str) -> AsyncIterator[service_pb2.ModelInferResponse]:  # fmt: skip
         """One request's responses, each for one of its n sequences: one per engine step when streaming (its new
         text and the scores of the tokens that text carries, the prompt's in the request's first), else one per
         sequence with everything, when it finishes. The request's last response is the final one."""
@@ -159,7 +160,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                   else None for _ in range(n)]  # fmt: skip
         texts, scored = [[] for _ in range(n)], [[] for _ in range(n)]
         prompt, prompt_sent, unfinished = None, False, n
-        async for out, stats, index in service.scheduler.generate(prompt_ids, params, arrival, n):
+        async for out, stats, index in service.scheduler.generate(prompt_ids, params, arrival, n, service_class):
             step_scores = scores[index].step(out) if scores[index] is not None else None
             unfinished -= out.finished
             if out.prompt_logprobs is not None and not prompt_sent:  # every sequence has them: send them once
@@ -180,8 +181,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _stream_one(self, request, responses: asyncio.Queue) -> None:
         arrival = time.perf_counter()
         try:
-            prompt_ids, params, stream, n = await self.service.parse(request)
-            async for response in self._responses(request, prompt_ids, params, stream, arrival, n):
+            prompt_ids, params, stream, n, service_class = await self.service.parse(request)
+            async for response in self._responses(request, prompt_ids, params, stream, arrival, n, service_class):
                 responses.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
         except asyncio.CancelledError:
             raise
@@ -235,6 +236,7 @@ _INPUTS = [
     (p.INPUT_IDS, "INT32", [1, -1]), (p.RETURN_LOG_PROBS, "BOOL", [1, 1]), (p.EXTRA_TOP_LOGPROBS, "INT32", [1, 1]),
     (p.EXTRA_PROMPT_LOGPROBS, "INT32", [1, 1]), (p.EXTRA_STRUCTURED_OUTPUT, "BYTES", [1, 1]),
     (p.NUM_RETURN_SEQUENCES, "INT32", [1, 1]), (p.EXTRA_LOGPROBS_MODE, "BYTES", [1, 1]),
+    (p.EXTRA_MAX_DRAFT_TOKENS, "INT32", [1, 1]), (p.EXTRA_SERVICE_CLASS, "BYTES", [1, 1]),
 ]  # fmt: skip
 _OUTPUTS = [
     (p.TEXT_OUTPUT, "BYTES", [1, 1]), (p.NUM_DRAFT_TOKENS, "INT32", [1, 1]), (p.NUM_ACCEPTED_TOKENS, "INT32", [1, 1]),
@@ -307,9 +309,9 @@ class WorkerService:
         logger.info("worker ready: model %s, drafter %s, gRPC :%d, metrics :%s (%.1f s)", self.model_name,
                     self.loaded.drafter_name, self.port, self.metrics_port, time.perf_counter() - t0)  # fmt: skip
 
-    async def parse(self, request) -> tuple[list[int], SamplingParams, bool, int]:
-        """A ModelInferRequest -> (prompt token ids, sampling params, stream, sequences); WorkerRefusal for
-        unreadable input,
+    async def parse(self, request) -> tuple[list[int], SamplingParams, bool, int, str]:
+        """A ModelInferRequest -> (prompt token ids, sampling params, stream, sequences, service class);
+        WorkerRefusal for unreadable input,
         RequestError (from SamplingParams) for out-of-range parameters. The prompt is checked against the context by
         the engine's validation when the scheduler takes the request."""
         if not self.ready or self.scheduler is None or not self.scheduler.accepting:
@@ -331,6 +333,7 @@ class WorkerService:
             max_tokens = tensors.scalar(values, p.MAX_TOKENS, int)
             stream = tensors.scalar(values, p.STREAM, bool, False)
             n = tensors.scalar(values, p.NUM_RETURN_SEQUENCES, int, 1)
+            service_class = _service_class(values)
             target = self.loaded.target
             num_chars = len(text) if messages_json is None else len(messages_json)
             if num_chars > p.max_prompt_chars(self.loaded.max_seq_len):  # before tokenizing, so floods cost nothing
@@ -360,12 +363,13 @@ class WorkerService:
                 logprobs_mode=tensors.scalar(values, p.EXTRA_LOGPROBS_MODE, str, "raw_logprobs"),
                 prompt_logprobs=tensors.scalar(values, p.EXTRA_PROMPT_LOGPROBS, int),
                 structured=_structured(values),
+                max_draft_tokens=tensors.scalar(values, p.EXTRA_MAX_DRAFT_TOKENS, int),
             )
         except RequestError:
             raise
         except ValueError as e:
             raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        return prompt_ids, params, stream, n
+        return prompt_ids, params, stream, n, service_class
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Readiness false first, refuse new requests, wait for in-flight ones (up to the grace period), stop."""
@@ -398,6 +402,15 @@ def _logprobs(values: dict[str, list]) -> int | None:
             raise ValueError(f"{p.EXTRA_TOP_LOGPROBS} needs {p.RETURN_LOG_PROBS} true")
         return None
     return top or 0
+
+
+def _service_class(values: dict[str, list]) -> str:
+    """The request's service class (absent = the default); ValueError naming the known ones."""
+    service_class = tensors.scalar(values, p.EXTRA_SERVICE_CLASS, str, p.DEFAULT_SERVICE_CLASS)
+    if service_class not in p.SERVICE_CLASSES:
+        raise ValueError(f"{p.EXTRA_SERVICE_CLASS} must be one of {', '.join(p.SERVICE_CLASSES)}, got "
+                         f"{service_class[:64]!r}")
+    return service_class
 
 
 def _structured(values: dict[str, list]) -> StructuredOutput | None:

@@ -50,3 +50,24 @@ def test_embedded_rejects_prompts_beyond_the_context(embedded):
     response = httpx.post(f"{url}/v1/completions", json={"prompt": "hello " * 3000, "max_tokens": 4})
     assert response.status_code == 400 and "context length" in response.json()["error"]["message"]
     assert httpx.post(f"{url}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 4}).status_code == 200
+
+
+def test_embedded_greedy_output_is_the_same_with_speculation_on_capped_and_off(embedded):
+    """The real target and its draft: the per-request `speculation` field changes how many tokens a round commits,
+    never which; mode off drafts nothing (the worker's draft-token counter does not move)."""
+    _, url, metrics_port = embedded
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    messages = [{"role": "user", "content": "List the first five prime numbers, separated by commas."}]
+
+    def drafted() -> float:
+        return metric_value(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text,
+                            "deepspec:spec_decode_num_draft_tokens_total")  # fmt: skip
+
+    texts, draft_tokens = {}, {}
+    for mode, speculation in {"auto": {}, "capped": {"max_draft_tokens": 2}, "off": {"mode": "off"}}.items():
+        before = drafted()
+        reply = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=32, temperature=0,
+                                               extra_body={"speculation": speculation})  # fmt: skip
+        texts[mode], draft_tokens[mode] = reply.choices[0].message.content, drafted() - before
+    assert texts["auto"] and texts["auto"] == texts["capped"] == texts["off"]
+    assert draft_tokens["auto"] > 0 and draft_tokens["capped"] > 0 and draft_tokens["off"] == 0

@@ -41,12 +41,17 @@ def within_the_model(case):
     does not say: stream_options (which OpenAI allows only with `"stream": true`) sent with streaming on, top_logprobs
     with logprobs on (OpenAI's rule), max_tokens 0 with echo, a streamed batch cut to one prompt, n capped at MAX_N
     and best_of, which is accepted only equal to n, set to it; structured-output specs left out (response_format
-    json_object kept: any JSON object compiles and the stub can write one)."""
+    json_object kept: any JSON object compiles and the stub can write one); speculation off without a draft cap."""
     if isinstance(case.body, dict):
         for name in CONSTRAINTS:
             case.body.pop(name, None)
-        if isinstance(case.body.get("response_format"), dict) and case.body["response_format"].get("json_schema"):
+        response_format = case.body.get("response_format")
+        if isinstance(response_format, dict) and (response_format.get("json_schema")
+                                                  or response_format.get("type") == "json_schema"):
             del case.body["response_format"]
+        speculation = case.body.get("speculation")
+        if isinstance(speculation, dict) and speculation.get("mode") == "off":
+            speculation.pop("max_draft_tokens", None)  # off drafts nothing: a cap beside it is a 400
         if case.body.get("stream_options") is not None:
             case.body["stream"] = True
         prompt = case.body.get("prompt")

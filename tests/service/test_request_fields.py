@@ -36,6 +36,8 @@ SAMPLING = {
     "guided_regex": ({"guided_regex": "[0-9]+"}, {}),
     "guided_choice": ({"guided_choice": ["yes", "no"]}, {}),
     "guided_grammar": ({"guided_grammar": 'root ::= "a"'}, {}),
+    "speculation": ({"speculation": {"mode": "off"}}, {}),  # tests/service/test_speculation.py
+    "user": ({"user": "someone"}, {}),  # the session the router keeps on one worker (tests/service/test_routing.py)
 }
 #: fields that change the worker request (GenerationRequest), per API
 CHAT_GENERATION = SAMPLING | {
@@ -59,9 +61,7 @@ RESPONSE = {
 }
 COMPLETION_RESPONSE = RESPONSE | {"echo": "prepends the prompt to the text"}
 #: accepted at any value and without effect, as at OpenAI
-NO_EFFECT = {
-    "user": "an end-user id for the provider's abuse monitoring",
-}
+NO_EFFECT: dict[str, str] = {}
 CHAT_NO_EFFECT = NO_EFFECT | {"parallel_tool_calls": "only about tool calls, and tools are refused"}
 #: refused away from their neutral value: field -> a non-neutral value
 REFUSED = {"presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {"1": 1.0}}

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,service/protos/deepspec/v1/completions.proto\x12\x0b\x64\x65\x65pspec.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xbb\x04\n\x11\x43ompletionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12*\n\x08messages\x18\x04 \x03(\x0b\x32\x18.deepspec.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x10 \x03(\r\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x03\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x0c\n\x04user\x18\x0c \x01(\t\x12\x10\n\x08logprobs\x18\r \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0e \x01(\rH\x05\x88\x01\x01\x12\x17\n\x0fprompt_logprobs\x18\x0f \x01(\x08\x12\x1a\n\rlogprobs_mode\x18\x13 \x01(\tH\x06\x88\x01\x01\x12\x38\n\x11structured_output\x18\x11 \x01(\x0b\x32\x1d.deepspec.v1.StructuredOutput\x12\x0e\n\x01n\x18\x12 \x01(\rH\x07\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x0f\n\r_top_logprobsB\x10\n\x0e_logprobs_modeB\x04\n\x02_n\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"P\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\x08token_id\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x42\x0b\n\t_token_id\"\x92\x01\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\x08token_id\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x14\n\x07logprob\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12-\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x17.deepspec.v1.TopLogprobB\x0b\n\t_token_idB\n\n\x08_logprob\"\x86\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x05 \x01(\r\"i\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12+\n\x08logprobs\x18\x04 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\"\xfe\x01\n\x12\x43ompletionResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.deepspec.v1.Usage\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\x12$\n\x07\x63hoices\x18\x08 \x03(\x0b\x32\x13.deepspec.v1.Choice\"\xe9\x01\n\x0f\x43ompletionChunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.deepspec.v1.Usage\x12\r\n\x05index\x18\x08 \x01(\r\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xec\x01\n\x0b\x43ompletions\x12K\n\x08\x43omplete\x12\x1e.deepspec.v1.CompletionRequest\x1a\x1f.deepspec.v1.CompletionResponse\x12P\n\x0e\x43ompleteStream\x12\x1e.deepspec.v1.CompletionRequest\x1a\x1c.deepspec.v1.CompletionChunk0\x01\x12>\n\x05\x41\x62ort\x12\x19.deepspec.v1.AbortRequest\x1a\x1a.deepspec.v1.AbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,service/protos/deepspec/v1/completions.proto\x12\x0b\x64\x65\x65pspec.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xfe\x04\n\x11\x43ompletionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12*\n\x08messages\x18\x04 \x03(\x0b\x32\x18.deepspec.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x10 \x03(\r\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x08 \x01(\rH\x03\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x0c\n\x04user\x18\x0c \x01(\t\x12\x10\n\x08logprobs\x18\r \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0e \x01(\rH\x05\x88\x01\x01\x12\x17\n\x0fprompt_logprobs\x18\x0f \x01(\x08\x12\x1a\n\rlogprobs_mode\x18\x13 \x01(\tH\x06\x88\x01\x01\x12\x38\n\x11structured_output\x18\x11 \x01(\x0b\x32\x1d.deepspec.v1.StructuredOutput\x12\x0e\n\x01n\x18\x12 \x01(\rH\x07\x88\x01\x01\x12-\n\x0bspeculation\x18\x14 \x01(\x0b\x32\x18.deepspec.v1.Speculation\x12\x12\n\nsession_id\x18\x15 \x01(\tB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x0f\n\r_top_logprobsB\x10\n\x0e_logprobs_modeB\x04\n\x02_n\"O\n\x0bSpeculation\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x1d\n\x10max_draft_tokens\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x13\n\x11_max_draft_tokens\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"P\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\x08token_id\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x42\x0b\n\t_token_id\"\x92\x01\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\x08token_id\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x14\n\x07logprob\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12-\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x17.deepspec.v1.TopLogprobB\x0b\n\t_token_idB\n\n\x08_logprob\"\x86\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x05 \x01(\r\"i\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12+\n\x08logprobs\x18\x04 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\"\xfe\x01\n\x12\x43ompletionResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.deepspec.v1.Usage\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\x12$\n\x07\x63hoices\x18\x08 \x03(\x0b\x32\x13.deepspec.v1.Choice\"\xe9\x01\n\x0f\x43ompletionChunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.deepspec.v1.Usage\x12\r\n\x05index\x18\x08 \x01(\r\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x19.deepspec.v1.TokenLogprob\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xec\x01\n\x0b\x43ompletions\x12K\n\x08\x43omplete\x12\x1e.deepspec.v1.CompletionRequest\x1a\x1f.deepspec.v1.CompletionResponse\x12P\n\x0e\x43ompleteStream\x12\x1e.deepspec.v1.CompletionRequest\x1a\x1c.deepspec.v1.CompletionChunk0\x01\x12>\n\x05\x41\x62ort\x12\x19.deepspec.v1.AbortRequest\x1a\x1a.deepspec.v1.AbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,25 +34,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGE']._serialized_start=61
   _globals['_CHATMESSAGE']._serialized_end=105
   _globals['_COMPLETIONREQUEST']._serialized_start=108
-  _globals['_COMPLETIONREQUEST']._serialized_end=679
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=681
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=727
-  _globals['_TOPLOGPROB']._serialized_start=729
-  _globals['_TOPLOGPROB']._serialized_end=809
-  _globals['_TOKENLOGPROB']._serialized_start=812
-  _globals['_TOKENLOGPROB']._serialized_end=958
-  _globals['_USAGE']._serialized_start=961
-  _globals['_USAGE']._serialized_end=1095
-  _globals['_CHOICE']._serialized_start=1097
-  _globals['_CHOICE']._serialized_end=1202
-  _globals['_COMPLETIONRESPONSE']._serialized_start=1205
-  _globals['_COMPLETIONRESPONSE']._serialized_end=1459
-  _globals['_COMPLETIONCHUNK']._serialized_start=1462
-  _globals['_COMPLETIONCHUNK']._serialized_end=1695
-  _globals['_ABORTREQUEST']._serialized_start=1697
-  _globals['_ABORTREQUEST']._serialized_end=1731
-  _globals['_ABORTRESPONSE']._serialized_start=1733
-  _globals['_ABORTRESPONSE']._serialized_end=1763
-  _globals['_COMPLETIONS']._serialized_start=1766
-  _globals['_COMPLETIONS']._serialized_end=2002
+  _globals['_COMPLETIONREQUEST']._serialized_end=746
+  _globals['_SPECULATION']._serialized_start=748
+  _globals['_SPECULATION']._serialized_end=827
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=829
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=875
+  _globals['_TOPLOGPROB']._serialized_start=877
+  _globals['_TOPLOGPROB']._serialized_end=957
+  _globals['_TOKENLOGPROB']._serialized_start=960
+  _globals['_TOKENLOGPROB']._serialized_end=1106
+  _globals['_USAGE']._serialized_start=1109
+  _globals['_USAGE']._serialized_end=1243
+  _globals['_CHOICE']._serialized_start=1245
+  _globals['_CHOICE']._serialized_end=1350
+  _globals['_COMPLETIONRESPONSE']._serialized_start=1353
+  _globals['_COMPLETIONRESPONSE']._serialized_end=1607
+  _globals['_COMPLETIONCHUNK']._serialized_start=1610
+  _globals['_COMPLETIONCHUNK']._serialized_end=1843
+  _globals['_ABORTREQUEST']._serialized_start=1845
+  _globals['_ABORTREQUEST']._serialized_end=1879
+  _globals['_ABORTRESPONSE']._serialized_start=1881
+  _globals['_ABORTRESPONSE']._serialized_end=1911
+  _globals['_COMPLETIONS']._serialized_start=1914
+  _globals['_COMPLETIONS']._serialized_end=2150
 # @@protoc_insertion_point(module_scope)
