@@ -1,5 +1,6 @@
-"""`python -m training prepare|train|corpus|store|eval|curve` — data regeneration, draft training, the
-corpus-lookup index, draft weight storage (int8), acceptance/speedup evaluation.
+"""`python -m training prepare|synth|card|train|corpus|store|eval|curve` — data regeneration, synthetic chat made
+by the target itself and its data card, draft training, the corpus-lookup index, draft weight storage (int8),
+acceptance/speedup evaluation.
 
 This file only parses arguments and runs the stage; the work lives in prepare.py, trainer.py, corpus.py,
 evaluate.py.
@@ -35,6 +36,8 @@ import sys
 from pathlib import Path
 
 from deepspec.models.quantization import QUANTIZATIONS
+from training.card import add_card_parser
+from training.synth_run import add_synth_parser
 
 
 def _add_chat_template(p) -> None:
@@ -64,7 +67,11 @@ def _add_prepare(sub) -> None:
     p.add_argument("--target", default="smollm2-135m",
                    help="target alias, .gguf file or HF directory (default smollm2-135m); used by the engine "
                         "backend and always for the tokenizer-independent row ids")
-    p.add_argument("--dtype", default="float32", help="target dtype for the engine backend (float32|bfloat16)")
+    p.add_argument("--backend", choices=["auto", "native", "pytorch"], default="auto",
+                   help="engine backend: native = the native CPU decoder (the fastest on CPU: the default target's "
+                        "own 4-bit weights), pytorch = the PyTorch target in --dtype; auto (default) = native where "
+                        "it builds (CPU + C compiler), else pytorch")
+    p.add_argument("--dtype", default="float32", help="target dtype of the pytorch backend (float32|bfloat16)")
     p.add_argument("--device", default="cpu", help="engine backend device (cpu, cuda)")
     _add_chat_template(p)
     p.add_argument("--batch-size", type=int, default=8,
@@ -286,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_prepare(sub)
+    add_synth_parser(sub, _add_chat_template)
+    add_card_parser(sub)
     _add_train(sub)
     _add_corpus(sub)
     _add_store(sub)
@@ -296,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_prepare(args, parser) -> int:
-    from training.prepare import PrepareStats, endpoint_backend, engine_backend, read_prompts, regenerate
+    from training.prepare import PrepareStats, endpoint_backend, finished_ids, read_prompts, regenerate
     from training.progress import Progress
 
     if args.max_tokens < 1 or args.batch_size < 1:
@@ -307,34 +316,48 @@ def _run_prepare(args, parser) -> int:
         parser.error("--chat-template applies to the engine backend; the --endpoint server renders with its own "
                      "template (vLLM, SGLang and our worker take --chat-template themselves)")
     stats = PrepareStats()
-    rows = read_prompts(args.inputs, args.limit_per_file, args.seed, stats)
+    try:
+        rows = read_prompts(args.inputs, args.limit_per_file, args.seed, stats)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if stats.num_malformed:
         print(f"skipped {stats.num_malformed} malformed prompt lines (need a non-empty 'turns' list of strings)",
               file=sys.stderr)
-    if args.endpoint:
-        generate = endpoint_backend(args.endpoint, args.model, args.max_tokens, args.temperature, args.batch_size)
-        backend = f"endpoint {args.endpoint}"
-    else:
-        from deepspec.models import load_target
+    if stats.num_heldout:
+        print(f"left out {stats.num_heldout} synthetic prompts of the held-out split", file=sys.stderr)
+    target = None
+    if not args.endpoint:
+        from deepspec.models.native import NativeUnavailable
+        from training.prepare import load_engine_target
 
         try:  # every prompt is chat: a target without a template stops here, in one line
-            target = load_target(args.target, dtype=args.dtype, device=args.device,
-                                 chat_template=args.chat_template, for_chat=True)
-        except ValueError as exc:
+            target, backend = load_engine_target(args.target, args.backend, dtype=args.dtype, device=args.device,
+                                                 chat_template=args.chat_template)
+        except (ValueError, NativeUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        generate = engine_backend(target, args.max_tokens, args.temperature, args.batch_size, args.seed,
-                                  args.max_seq_len)
-        backend = f"engine ({target.name}, batch {args.batch_size})"
-    print(f"regenerating {len(rows)} rows with {backend} → {args.out}", file=sys.stderr)
+    else:
+        backend = f"endpoint {args.endpoint}"
+    print(f"regenerating {len(rows)} rows with {backend}, batch {args.batch_size} → {args.out}", file=sys.stderr)
     with Progress(len(rows), "prepare") as progress:
-        from training.prepare import finished_ids
-
         progress.resume_from(len({r.id for r in rows} & finished_ids(args.out)))
-        regenerate(rows, generate, args.out, args.batch_size, stats,
-                   on_batch=lambda n, tok: progress.advance(n, tokens=tok, failed=stats.num_failed))
-    print(json.dumps({"done": stats.num_done, "skipped_finished": stats.num_skipped, "failed": stats.num_failed,
-                      "malformed": stats.num_malformed, "generated_tokens": stats.num_tokens,
+        if target is None:
+            generate = endpoint_backend(args.endpoint, args.model, args.max_tokens, args.temperature,
+                                        args.batch_size)
+            regenerate(rows, generate, args.out, args.batch_size, stats,
+                       on_batch=lambda n, tok: progress.advance(n, tokens=tok, failed=stats.num_failed))
+        else:
+            from deepspec.decoding.params import SamplingParams
+            from training.prepare import stream_regenerate
+
+            params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+            stream_regenerate(rows, target, params, args.out, stats, batch_size=args.batch_size,
+                              max_seq_len=args.max_seq_len,
+                              on_row=lambda tok: progress.advance(1, tokens=tok, failed=stats.num_failed))
+    print(json.dumps({"backend": backend, "done": stats.num_done, "skipped_finished": stats.num_skipped,
+                      "failed": stats.num_failed, "malformed": stats.num_malformed, "heldout": stats.num_heldout,
+                      "generated_tokens": stats.num_tokens,
                       "tokens_per_second": round(progress.tokens_per_second, 1)}))
     return 1 if stats.num_failed and not stats.num_done else 0
 
@@ -344,6 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "prepare":
         return _run_prepare(args, parser)
+    if args.command == "synth":
+        from training.synth_run import run_synth_cli
+
+        return run_synth_cli(args, parser)
+    if args.command == "card":
+        from training.card import run_card_cli
+
+        return run_card_cli(args)
     if args.command == "train":
         from training.trainer import run_train_cli
 

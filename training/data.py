@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from deepspec.models.chat_templates import require_chat_template
+from training.heldout import is_heldout_row, refuse_heldout_file
 
 
 @dataclass
@@ -36,6 +37,8 @@ class DataStats:
     num_empty: int = 0
     num_tokens: int = 0
     num_loss_tokens: int = 0
+    #: synthetic rows of the held-out split (training/heldout.py), dropped: no draft trains on them
+    num_heldout: int = 0
     problems: list[str] = field(default_factory=list)
 
 
@@ -141,6 +144,7 @@ def load_sequences(paths: list[Path], target, max_len: int, stats: DataStats | N
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"training data not found: {path}")
+        refuse_heldout_file(path)
         for line_no, line in enumerate(read_jsonl_lines(path), 1):
             if not line.strip():
                 continue
@@ -150,6 +154,9 @@ def load_sequences(paths: list[Path], target, max_len: int, stats: DataStats | N
             except ValueError:
                 stats.num_malformed += 1
                 stats.problems.append(f"{path}:{line_no}: not JSON")
+                continue
+            if is_heldout_row(obj):
+                stats.num_heldout += 1
                 continue
             if isinstance(obj, dict) and "input_ids" in obj:
                 ids, mask = obj.get("input_ids"), obj.get("loss_mask")

@@ -79,17 +79,18 @@ def test_cli_with_endpoint(tmp_path, capsys):
 
 
 def test_engine_backend_matches_target_greedy(tmp_path):
-    """The default backend: our engine with continuous batching, answers = the target's own greedy output."""
+    """The engine backend: continuous batching across rows, answers = the target's own greedy output."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
     from deepspec.models import load_target
     from tests.training.helpers import tiny_hf_target_dir
-    from training.prepare import engine_backend
+    from training.prepare import stream_regenerate
 
     target = load_target(str(tiny_hf_target_dir(tmp_path / "target")))
     rows = read_prompts([_prompts(tmp_path / "p.jsonl", n=3)], None, 0, PrepareStats())
     out = tmp_path / "out.jsonl"
-    regenerate(rows, engine_backend(target, 6, 0.0, 2, 0), out, 2, PrepareStats())
+    params = SamplingParams(max_tokens=6)
+    stream_regenerate(rows, target, params, out, PrepareStats(), batch_size=2)
     got = [json.loads(line)["conversations"][1]["content"] for line in out.read_text().splitlines()]
     engine = SpecEngine(target, None, max_batch_size=1, max_seq_len=256)
     want = [engine.generate([target.encode_chat([{"role": "user", "content": f"q{i}"}])],
@@ -99,7 +100,7 @@ def test_engine_backend_matches_target_greedy(tmp_path):
     # a conversation longer than the engine's window is logged as a failure, not lost silently
     stats = PrepareStats()
     short = tmp_path / "short.jsonl"
-    regenerate(rows, engine_backend(target, 6, 0.0, 2, 0, max_seq_len=8), short, 2, stats)
+    stream_regenerate(rows, target, params, short, stats, batch_size=2, max_seq_len=8)
     assert stats.num_failed == 3
     assert not short.exists() or short.read_text() == ""
     failures = (tmp_path / "short.jsonl.failures.jsonl").read_text()
