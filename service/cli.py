@@ -12,6 +12,11 @@ Deliberately limited to parsing flags into settings and running the process life
     python -m service worker --engine-dir /engines/engine --port 8001  # target + draft from its manifest.json
     curl localhost:8000/v1/completions -H 'content-type: application/json' \\
          -d '{"model": "smollm2-135m", "prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}'
+
+Every setting can also come from the environment: DEEPSPEC_WORKER_<FIELD> for a worker (DEEPSPEC_WORKER_PORT=8001),
+DEEPSPEC_GATEWAY_<FIELD> for a gateway (DEEPSPEC_GATEWAY_HTTP_PORT=8000), DEEPSPEC_API_KEYS for the keys. A flag
+given on the command line wins over the environment; a flag left out leaves the environment (or the default) in
+place.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from dataclasses import dataclass
 
 from service.signals import install_stop_signals
 
@@ -27,48 +33,64 @@ from service.signals import install_stop_signals
 COMMANDS = ("worker", "gateway", "embedded")
 
 
+def _default(model, name: str) -> str:
+    """A settings field's default as the help text shows it. Flags themselves default to None ("not given"): the
+    settings model is the one source of defaults, so a flag left out cannot hide the field's environment variable."""
+    value = model.model_fields[name].get_default(call_default_factory=True)
+    return "none" if value is None else str(value)
+
+
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
-    from service.worker.settings import ENGINES, QUANTIZATIONS
+    from service.worker.settings import ENGINES, QUANTIZATIONS, WorkerSettings
+
+    def d(name: str) -> str:
+        return _default(WorkerSettings, name)
 
     g = p.add_argument_group("model")
-    # target, draft and dtype default to None here so that settings can tell a flag from the --engine-dir manifest
-    g.add_argument("--target", default=None,
-                   help="target alias, HF directory or GGUF file (default smollm2-135m; 'stub' = weightless test target)")
-    g.add_argument("--draft", default=None,
-                   help="draft directory, 'prompt-lookup', 'none' (target only) or 'auto' (best shipped draft; default)")
-    g.add_argument("--engine-dir", default=None,
+    g.add_argument("--target", help=f"target alias, HF directory or GGUF file (default {d('target')}; 'stub' = "
+                                    "weightless test target)")
+    g.add_argument("--draft", help="draft directory, 'prompt-lookup', 'none' (target only) or 'auto' (best shipped "
+                                   f"draft) (default {d('draft')})")
+    g.add_argument("--engine-dir",
                    help="engine directory from `python -m export` (format pytorch): target, draft and dtype come from "
                         "its manifest.json; --target/--draft/--dtype given as well win")
-    g.add_argument("--engine", choices=ENGINES, default=None,
+    g.add_argument("--engine", choices=ENGINES,
                    help="auto (default): the engine measured fastest on this machine, the PyTorch engine, ONNX "
                         "Runtime on an export made on the first start, or the native CPU decoder (int8, compiled for "
                         "this CPU on the first start), measured once and cached (a minute); pytorch / onnx / native: "
                         "that one. " + _engine_choice_line())
-    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(default cpu)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights dtype (default bfloat16: ~2x faster decoding than float32 on CPU)")
-    g.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
+    g.add_argument("--device", choices=["cpu", "cuda"], help=f"(default {d('device')})")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help=f"weights dtype (default {d('dtype')}: ~2x faster decoding than float32 on CPU)")
+    g.add_argument("--quantization", choices=QUANTIZATIONS,
                    help="gguf: keep a GGUF target's own 4-bit matmul weights (CPU, bf16; ~2x faster batch-1 decode); "
-                        "none: dense weights in --dtype; auto (default): gguf where it applies, else none")
-    g.add_argument("--chat-template", default=None,
+                        f"none: dense weights in --dtype; auto (default {d('quantization')}): gguf where it applies, "
+                        "else none")
+    g.add_argument("--chat-template",
                    help="chat template for a target that ships none (gemma3-270m): smollm2, qwen, gemma3 or a Jinja "
                         "file (default: the tokenizer's own)")
     g = p.add_argument_group("batching")
-    g.add_argument("--max-batch-size", type=int, default=8, help="sequences per engine step (default 8)")
-    g.add_argument("--max-queue", type=int, default=64,
-                   help="requests waiting for a slot before 'busy' (gateway: 429) (default 64; 0 = no queue)")
-    g.add_argument("--max-prefill-tokens-per-step", type=int, default=512,
-                   help="prompt tokens prefilled per engine step at most; a burst then streams in waves (default 512)")
-    g.add_argument("--max-seq-len", type=int, default=2048, help="context cap in tokens, prompt + output (default 2048)")
-    g.add_argument("--num-speculative-tokens", type=int, default=7, help="draft tokens per verify round (default 7)")
-    g.add_argument("--stub-step-ms", type=float, default=0.0, help="stub target only: sleep per forward, ms (default 0)")
+    g.add_argument("--max-batch-size", type=int, help=f"sequences per engine step (default {d('max_batch_size')})")
+    g.add_argument("--max-queue", type=int, help="requests waiting for a slot before 'busy' (gateway: 429) "
+                                                 f"(default {d('max_queue')}; 0 = no queue)")
+    g.add_argument("--max-prefill-tokens-per-step", type=int,
+                   help="prompt tokens prefilled per engine step at most; a burst then streams in waves "
+                        f"(default {d('max_prefill_tokens_per_step')})")
+    g.add_argument("--max-seq-len", type=int,
+                   help="context cap in tokens, prompt + output (default: the context the target declares, lowered "
+                        "only where its KV cache for --max-batch-size sequences would not fit in memory)")
+    g.add_argument("--num-speculative-tokens", type=int,
+                   help=f"draft tokens per verify round (default {d('num_speculative_tokens')})")
+    g.add_argument("--stub-step-ms", type=float,
+                   help=f"stub target only: sleep per forward, ms (default {d('stub_step_ms')})")
     if not embedded:
         g = p.add_argument_group("serving")
-        g.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
-        g.add_argument("--port", type=int, default=8001, help="KServe v2 gRPC port (default 8001; 0 = any free)")
-        g.add_argument("--metrics-port", type=int, default=8002,
-                       help="Prometheus /metrics HTTP port (default 8002; 0 = any free; -1 = off)")
-        g.add_argument("--drain-timeout-s", type=float, default=30.0,
-                       help="seconds to finish in-flight requests after SIGTERM (default 30)")
+        g.add_argument("--host", help=f"bind address (default {d('host')})")
+        g.add_argument("--port", type=int, help=f"KServe v2 gRPC port (default {d('port')}; 0 = any free)")
+        g.add_argument("--metrics-port", type=int,
+                       help=f"Prometheus /metrics HTTP port (default {d('metrics_port')}; 0 = any free; -1 = off)")
+        g.add_argument("--drain-timeout-s", type=float,
+                       help=f"seconds to finish in-flight requests after SIGTERM (default {d('drain_timeout_s')})")
 
 
 def _engine_choice_line() -> str:
@@ -86,42 +108,65 @@ def _engine_choice_line() -> str:
 
 
 def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
+    from service.gateway.settings import GatewaySettings
+
+    def d(name: str) -> str:
+        return _default(GatewaySettings, name)
+
     g = p.add_argument_group("gateway")
     if not embedded:
-        g.add_argument("--workers", required=True,
+        g.add_argument("--workers",
                        help="comma-separated host:port list, dns://<headless-service>:<port> (re-resolved every 5 s), "
                             "or k8s://<service>[.<namespace>]:<port-name|number> (its EndpointSlices, watched); a listed "
-                            "worker may name its protocol: grpc://host:port or openai+http://host:port")
-        g.add_argument("--worker-protocol", choices=["kserve-grpc", "openai-http"], default=None,
+                            "worker may name its protocol: grpc://host:port or openai+http://host:port. Required, "
+                            "here or as DEEPSPEC_GATEWAY_WORKERS")
+        g.add_argument("--worker-protocol", choices=["kserve-grpc", "openai-http"],
                        help="what workers without a scheme speak: KServe v2 gRPC (default) or an OpenAI-compatible "
                             "HTTP server (vLLM, SGLang, trtllm-serve, llama.cpp), probed at its /health")
-        g.add_argument("--openai-max-outstanding", type=int, default=None,
+        g.add_argument("--openai-max-outstanding", type=int,
                        help="requests in flight on one OpenAI worker at most; past it the worker counts as saturated "
-                            "(429 when all are). Default 0 = no cap")
-        g.add_argument("--discovery", choices=["static", "dns", "endpointslices"], default=None,
+                            f"(429 when all are). Default {d('openai_max_outstanding')} = no cap")
+        g.add_argument("--discovery", choices=["static", "dns", "endpointslices"],
                        help="how --workers is found (default: implied by its scheme; with this flag the scheme may be "
                             "left out). endpointslices watches the Kubernetes API from the pod: needs list/watch on "
                             "endpointslices; namespace from k8s://<service>.<namespace>, else $POD_NAMESPACE")
-        g.add_argument("--k8s-api-url", default=None,
+        g.add_argument("--k8s-api-url",
                        help="Kubernetes API base URL for --discovery endpointslices "
                             "(default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
-    g.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
-    g.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP API + /health + /metrics (default 8000)")
-    g.add_argument("--grpc-port", type=int, default=50051, help="deepspec.v1 gRPC API (default 50051; -1 = off)")
-    g.add_argument("--drain-timeout-s", type=float, default=30.0,
-                   help="seconds to finish in-flight requests after SIGTERM; readiness turns false first (default 30)")
-    g.add_argument("--api-keys-file", default=None,
+    g.add_argument("--host", help=f"bind address (default {d('host')})")
+    g.add_argument("--http-port", type=int,
+                   help=f"OpenAI HTTP API + /health + /metrics (default {d('http_port')})")
+    g.add_argument("--grpc-port", type=int, help=f"deepspec.v1 gRPC API (default {d('grpc_port')}; -1 = off)")
+    g.add_argument("--drain-timeout-s", type=float,
+                   help="seconds to finish in-flight requests after SIGTERM; readiness turns false first "
+                        f"(default {d('drain_timeout_s')})")
+    g.add_argument("--api-keys-file",
                    help="file with one API key per line (also $DEEPSPEC_API_KEYS, comma-separated); unset = no auth")
-    g.add_argument("--request-timeout-s", type=float, default=600.0, help="whole-request limit, seconds (default 600)")
-    g.add_argument("--health-interval-s", type=float, default=2.0, help="seconds between worker probes (default 2)")
-    g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
-                   help="larger request bodies get 413 (default 4194304 = 4 MiB)")
+    g.add_argument("--request-timeout-s", type=float,
+                   help=f"whole-request limit, seconds (default {d('request_timeout_s')})")
+    g.add_argument("--health-interval-s", type=float,
+                   help=f"seconds between worker probes (default {d('health_interval_s')})")
+    g.add_argument("--max-body-bytes", type=int,
+                   help=f"larger request bodies get 413 (default {d('max_body_bytes')})")
     if not embedded:  # embedded's --metrics-port is its worker's
-        g.add_argument("--metrics-port", type=int, default=None,
+        g.add_argument("--metrics-port", type=int,
                        help="serve /metrics on this port only, not on the HTTP API port (default: on --http-port)")
         g.add_argument("--ready-without-workers", action="store_true", default=None,
                        help="keep /health/ready at 200 while no worker is admitted; completions then answer "
                             "503 + Retry-After (Kubernetes: a worker outage keeps the gateways in their Service)")
+
+
+def _add_embedded_flags(p: argparse.ArgumentParser) -> None:
+    from service.worker.settings import EmbeddedWorkerSettings
+
+    _add_gateway_flags(p, embedded=True)
+    _add_worker_flags(p, embedded=True)
+    p.add_argument("--worker-port", type=int, dest="port",
+                   help=f"in-process worker's gRPC port (default {_default(EmbeddedWorkerSettings, 'port')} = any "
+                        "free; DEEPSPEC_WORKER_PORT)")
+    p.add_argument("--metrics-port", type=int,
+                   help=f"worker /metrics HTTP port (default {_default(EmbeddedWorkerSettings, 'metrics_port')}; "
+                        "-1 = off)")
 
 
 def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParser:
@@ -144,56 +189,81 @@ def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParse
     if "gateway" in commands:
         _add_gateway_flags(gateway)
     if "embedded" in commands:
-        _add_gateway_flags(embedded, embedded=True)
-        _add_worker_flags(embedded, embedded=True)
-        embedded.add_argument("--worker-port", type=int, default=0,
-                              help="in-process worker's gRPC port (default 0 = any free)")
-        embedded.add_argument("--metrics-port", type=int, default=8002,
-                              help="worker /metrics HTTP port (default 8002; -1 = off)")
+        _add_embedded_flags(embedded)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class ServiceConfig:
+    """What one command runs: a gateway's settings, a worker's, or both (embedded)."""
+
+    command: str
+    gateway: object | None = None
+    worker: object | None = None
+    log_level: str = "INFO"
+
+
+def parse_config(argv: list[str] | None = None) -> ServiceConfig:
+    """Flags and the environment -> settings, as `main` builds them (tests build them the same way). Only the flags
+    given reach the settings models, whose own fields (and their DEEPSPEC_* variables) fill the rest. Exits with a
+    usage error naming the flag for a bad value."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         argv = ["embedded", *argv]  # `python -m service [flags]` = the embedded default
     parser = build_parser(commands=tuple(argv[:1]))
     args = parser.parse_args(argv)
-    from service.logging import configure_logging
-
-    configure_logging(args.log_level)
     from pydantic import ValidationError
 
-    from service.gateway.settings import GatewaySettings
-
     try:
-        if args.command == "worker":
-            from service.worker.settings import WorkerSettings
-
-            settings = WorkerSettings(**_pick(args, WorkerSettings))
-            return _run(_serve_worker(settings))
-        gateway_args = _pick(args, GatewaySettings)
-        if args.command == "embedded":
-            gateway_args.pop("metrics_port", None)  # the in-process worker's flag
-        gateway_settings = GatewaySettings(**gateway_args)
-        if args.command == "gateway":
-            from service.gateway.app import serve_gateway
-
-            return _run(serve_gateway(gateway_settings))
-        from service.worker.settings import WorkerSettings
-
-        worker_settings = WorkerSettings(**{**_pick(args, WorkerSettings), "port": args.worker_port, "host": "127.0.0.1"})
-        from service.embedded import serve_embedded
-
-        return _run(serve_embedded(gateway_settings, worker_settings))
+        config = _settings(args)
     except ValidationError as e:
         parser.error("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" if err["loc"]
                                else err["msg"].removeprefix("Value error, ") for err in e.errors()))  # fmt: skip
-    return 2
+    except ValueError as e:
+        parser.error(str(e))
+    config.log_level = args.log_level
+    return config
 
 
-def _pick(args: argparse.Namespace, model) -> dict:
+def _settings(args: argparse.Namespace) -> ServiceConfig:
+    if args.command == "worker":
+        from service.worker.settings import WorkerSettings
+
+        return ServiceConfig("worker", worker=WorkerSettings(**_given(args, WorkerSettings)))
+    from service.gateway.settings import GatewaySettings
+
+    if args.command == "gateway":
+        gateway = GatewaySettings(**_given(args, GatewaySettings))
+        if not gateway.workers:
+            raise ValueError("the gateway needs workers: pass --workers or set DEEPSPEC_GATEWAY_WORKERS")
+        return ServiceConfig("gateway", gateway=gateway)
+    from service.worker.settings import EmbeddedWorkerSettings
+
+    worker_fields = {"metrics_port", "port"}  # embedded's flags of these name its in-process worker's
+    gateway = GatewaySettings(**{k: v for k, v in _given(args, GatewaySettings).items() if k not in worker_fields})
+    worker_args = {k: v for k, v in _given(args, EmbeddedWorkerSettings).items() if k != "host"}  # host: gateway's
+    return ServiceConfig("embedded", gateway=gateway, worker=EmbeddedWorkerSettings(**worker_args))
+
+
+def _given(args: argparse.Namespace, model) -> dict:
+    """The flags given on the command line that name a field of `model` (argparse leaves the others None)."""
     return {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(argv)
+    from service.logging import configure_logging
+
+    configure_logging(config.log_level)
+    if config.command == "worker":
+        return _run(_serve_worker(config.worker))
+    if config.command == "gateway":
+        from service.gateway.app import serve_gateway
+
+        return _run(serve_gateway(config.gateway))
+    from service.embedded import serve_embedded
+
+    return _run(serve_embedded(config.gateway, config.worker))
 
 
 def _run(coro) -> int:

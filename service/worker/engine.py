@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from deepspec.decoding import SpecEngine
 from deepspec.models import Target
+from service.worker.context import decide_context
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ def load_engine(settings) -> LoadedEngine:
     if settings.target == "stub":
         return _load_stub(settings)
     choice, settings, target, drafter = load_served_model(settings)
-    max_seq_len = min(settings.max_seq_len, target.max_seq_len)
+    max_seq_len = decide_context(target, settings, settings.num_speculative_tokens).tokens
     engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,
                         num_speculative_tokens=settings.num_speculative_tokens)  # fmt: skip
     drafter_name = "none" if drafter is None else getattr(drafter, "name", type(drafter).__name__)
@@ -53,8 +54,7 @@ def load_served_model(settings):
         # 4-bit blocks as shipped, int8 for a float one (deepspec/models/native/target.py layer_weights)
         from deepspec.models.native import load_native_target
 
-        target = load_native_target(settings.target, max_seq_len=settings.max_seq_len,
-                                    chat_template=settings.chat_template)
+        target = load_native_target(settings.target, chat_template=settings.chat_template)
     else:  # an ONNX export directory loads as its ONNX Runtime graph, and its own neural draft through its graphs
         target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
                              quantization=settings.quantization, chat_template=settings.chat_template)
@@ -68,11 +68,12 @@ def _load_stub(settings) -> LoadedEngine:
     from deepspec.decoding import build_drafter
     from service.worker.stub_target import StubDrafter, StubTarget
 
-    target = StubTarget(max_seq_len=settings.max_seq_len, step_delay_s=settings.stub_step_ms / 1000)
+    declared = {} if settings.max_seq_len is None else {"max_seq_len": settings.max_seq_len}  # the stub's own
+    target = StubTarget(step_delay_s=settings.stub_step_ms / 1000, **declared)
     if settings.draft in ("none", "prompt-lookup", "random"):
         drafter = build_drafter(settings.draft, target)
     else:
         drafter = StubDrafter()
-    engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
+    engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=target.max_seq_len,
                         num_speculative_tokens=settings.num_speculative_tokens, verify_budget=False)  # fmt: skip
     return LoadedEngine(target, engine, "none" if drafter is None else drafter.name, engine.max_seq_len)

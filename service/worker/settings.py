@@ -16,7 +16,7 @@ from deepspec.models.quantization import QUANTIZATIONS, Quantization
 from service.settings import ServiceSettings
 from service.worker.fastest_engine import ENGINES, Engine
 
-__all__ = ["ENGINES", "QUANTIZATIONS", "WorkerSettings"]
+__all__ = ["ENGINES", "EmbeddedWorkerSettings", "QUANTIZATIONS", "WorkerSettings"]
 
 
 class WorkerSettings(ServiceSettings):
@@ -49,8 +49,13 @@ class WorkerSettings(ServiceSettings):
     max_queue: int = Field(64, ge=0)
     #: prompt tokens prefilled per engine step at most (one request always fits): lower = smoother TTFT under bursts
     max_prefill_tokens_per_step: int = Field(512, ge=1)
-    #: context length cap, tokens (prompt + max_tokens); the target's own limit applies too
-    max_seq_len: int = Field(2048, ge=16)
+    #: context length cap, tokens (prompt + max_tokens); None = the context the target declares (its config's
+    #: max_position_embeddings, a GGUF's context_length), lowered where the KV cache for `max_batch_size` sequences
+    #: would not fit in `kv_cache_memory_fraction` of the memory available at start (service/worker/context.py)
+    max_seq_len: int | None = Field(None, ge=16)
+    #: share of the memory available after the weights load that the KV cache may take (vLLM's
+    #: gpu_memory_utilization, for the host's memory); decides the served context where --max-seq-len is not given
+    kv_cache_memory_fraction: float = Field(0.5, gt=0, le=1)
     #: draft tokens proposed per verify round
     num_speculative_tokens: int = Field(7, ge=1, le=32)
     #: stub target only: simulated time per forward, milliseconds
@@ -65,3 +70,11 @@ class WorkerSettings(ServiceSettings):
                 if name not in self.model_fields_set:  # a flag (or env var) beats the manifest
                     setattr(self, name, value)
         return self
+
+
+class EmbeddedWorkerSettings(WorkerSettings):
+    """The in-process worker of `python -m service` (embedded): on loopback and any free port, since only its own
+    gateway talks to it; --worker-port or DEEPSPEC_WORKER_PORT picks a port."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
