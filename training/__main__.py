@@ -340,6 +340,9 @@ def _run_prepare(args, parser) -> int:
     else:
         backend = f"endpoint {args.endpoint}"
     print(f"regenerating {len(rows)} rows with {backend}, batch {args.batch_size} → {args.out}", file=sys.stderr)
+    import time
+
+    cpu_started = time.process_time()
     with Progress(len(rows), "prepare") as progress:
         progress.resume_from(len({r.id for r in rows} & finished_ids(args.out)))
         if target is None:
@@ -355,10 +358,12 @@ def _run_prepare(args, parser) -> int:
             stream_regenerate(rows, target, params, args.out, stats, batch_size=args.batch_size,
                               max_seq_len=args.max_seq_len,
                               on_row=lambda tok: progress.advance(1, tokens=tok, failed=stats.num_failed))
-    print(json.dumps({"backend": backend, "done": stats.num_done, "skipped_finished": stats.num_skipped,
-                      "failed": stats.num_failed, "malformed": stats.num_malformed, "heldout": stats.num_heldout,
-                      "generated_tokens": stats.num_tokens,
-                      "tokens_per_second": round(progress.tokens_per_second, 1)}))
+    summary = {"backend": backend, "done": stats.num_done, "skipped_finished": stats.num_skipped,
+               "failed": stats.num_failed, "malformed": stats.num_malformed, "heldout": stats.num_heldout,
+               "generated_tokens": stats.num_tokens, "tokens_per_second": round(progress.tokens_per_second, 1)}
+    if target is not None:  # wall time on a shared machine measures the neighbours too: this process's CPU time
+        summary["tokens_per_cpu_second"] = round(stats.num_tokens / max(time.process_time() - cpu_started, 1e-9), 1)
+    print(json.dumps(summary))
     return 1 if stats.num_failed and not stats.num_done else 0
 
 
