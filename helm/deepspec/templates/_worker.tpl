@@ -281,7 +281,9 @@ spec:
       # launch_triton_server.py --trtllm_llmapi_launch starts them: each through trtllm-llmapi-launch (the LLM-API
       # mode), rank 0 serves the API and builds the LLM over the MPI world, the others load only the tensorrt_llm
       # model, whose model.py turns them into rank 0's MPI workers; each rank has its own Python-backend shm prefix.
-      command: ["mpirun"]
+      # PID 1 is files/triton-ranks.sh: it runs mpirun and hands the pod's SIGTERM to the ranks, rank 0 first, so
+      # tritonserver drains (mpirun alone would SIGKILL the ranks seconds after SIGTERM).
+      command: ["sh", "-c", {{ .Files.Get "files/triton-ranks.sh" | toJson }}, "triton-ranks"]
       args:
         {{- range $rank := until $world }}
         - -n
@@ -349,9 +351,9 @@ spec:
             name: {{ $configMap }}
       env:
         {{- include "deepspec.scratchEnv" . | nindent 8 }}
-        {{- if $openai }}
-        # UID 10001 has no passwd entry in the engine images: getpass.getuser() (torch and Triton cache paths)
-        # reads these first instead of failing on the lookup.
+        {{- if or $openai $triton }}
+        # UID 10001 has no passwd entry in the engine and Triton images: getpass.getuser() (torch and Triton cache
+        # paths, TensorRT-LLM's MPI session) reads these first instead of failing on the lookup.
         - name: USER
           value: deepspec
         - name: LOGNAME
