@@ -35,9 +35,9 @@ __all__ = [
 
 
 def shipped_drafts_dir() -> Path:
-    from deepspec.paths import repo_root
+    from deepspec.paths import drafts_dir
 
-    return repo_root() / "drafts"
+    return drafts_dir()
 
 
 def shipped_drafts(target, root: Path | None = None) -> list[tuple[Path, float]]:
