@@ -31,7 +31,8 @@ FORMAT_ENGINES: dict[str, str] = {
     "sglang": "SGLang (--speculative-algorithm EAGLE3|DFLASH|DSPARK): midlayer.* EAGLE-3, DFlash/DSpark layouts",
     "tensorrt-llm": "TensorRT-LLM: checkpoint (config.json + rank{r}.safetensors), EAGLE-3 draft, "
                     "trtllm-serve --config YAML and build.sh for the <=1.2 engine flow",
-    "triton-repo": "Triton Inference Server: TensorRT-LLM LLM-API model repository (+ the <=1.2 ensemble layout)",
+    "triton-repo": "Triton Inference Server: TensorRT-LLM LLM-API model repository, speculative (+ the <=1.2 "
+                   "engine ensemble, which decodes target-only: nothing feeds its draft_input_ids)",
     "onnx": "ONNX Runtime (python -m service worker --engine-dir DIR)",
 }
 

@@ -30,6 +30,9 @@ from plugins.schema import TRT_NAMESPACE
 ENGINE = "tensorrt-llm"
 #: TensorRT plugins of DeepSpec's verification ops (plugins/README.md, plugins/tensorrt.py): registered by
 #: `import plugins.tensorrt`, which compiles each op's Triton kernel ahead of time for the building GPU
+#: build.sh's `--max_batch_size`: the <= 1.2 engine's batch bound, which the Triton ensemble around it
+#: (export/formats/triton_repo.py) must not exceed
+ENGINE_MAX_BATCH_SIZE = 8
 PLUGIN_OPS = tuple(f"{TRT_NAMESPACE}::{op}" for op in ("greedy_accept", "rejection_sample", "process_logits",
                                                        "tree_accept", "confidence_truncate"))
 
@@ -125,8 +128,8 @@ import plugins.tensorrt  # registers the deepspec:: TensorRT plugins
 from tensorrt_llm.commands.build import main
 sys.argv[0] = "trtllm-build"
 main()
-' --checkpoint_dir checkpoint --output_dir engine --gemm_plugin {job.dtype} --max_batch_size 8 \\
-  --max_seq_len 4096 {spec} "$@"
+' --checkpoint_dir checkpoint --output_dir engine --gemm_plugin {job.dtype} \\
+  --max_batch_size {ENGINE_MAX_BATCH_SIZE} --max_seq_len 4096 {spec} "$@"
 echo "engine written to $(pwd)/engine"
 """
 

@@ -11,7 +11,11 @@ Two layouts, one directory:
   Triton's Python backend around `tensorrt_llm.LLM`, streaming text and reporting each request's counts.
 - `tensorrt_llm/1/engine-repo/` is the <= 1.2 ensemble repository (`preprocessing`, `tensorrt_llm` on the
   `tensorrtllm` backend, `postprocessing`, `ensemble`) for an engine built by `--format tensorrt-llm`'s build.sh;
-  serve it with `tritonserver --model-repository=OUT/tensorrt_llm/1/engine-repo`.
+  serve it with `tritonserver --model-repository=OUT/tensorrt_llm/1/engine-repo`. It decodes target-only: the
+  engine's EAGLE mode is EAGLE-1/2 and its `draft_tokens_external` mode verifies draft tokens that a separate draft
+  engine must feed through `draft_input_ids` (upstream's BLS `tensorrt_llm_bls` with a draft model), which this
+  export does not build. Its `max_batch_size` is the engine's (`ENGINE_MAX_BATCH_SIZE`, what build.sh passes to
+  trtllm-build): a larger one would let Triton batch more requests than the engine holds.
 
 Every config.pbtxt parses into Triton's ModelConfig protobuf (tests do it with tritonclient's copy).
 """
@@ -26,6 +30,7 @@ import yaml
 from deepspec.models.chat_templates import save_chat_template
 from export import snippets
 from export.drafts.writers import check_draft, write_draft
+from export.formats.tensorrt_llm import ENGINE_MAX_BATCH_SIZE
 from export.triton import CONTRACT_PY, LLMAPI_MODEL_PY
 from export.job import ExportFormat, ExportJob
 from export.trtllm_checkpoint import ARCHITECTURES, check_sizes
@@ -33,7 +38,8 @@ from service.gateway import triton_contract as contract
 
 ENGINE = "triton-repo"
 MODEL = "tensorrt_llm"
-MAX_BATCH_SIZE = 64
+#: what the README and --help say about the <= 1.2 ensemble's decoding
+ENSEMBLE_DECODES = "decodes target-only (no draft feeds the engine's draft_input_ids)"
 #: the <= 1.2 ensemble repository, inside the version directory: Triton treats every directory at the repository
 #: root as a model (and --exit-on-error stops on one without config.pbtxt), and ignores what a version holds
 ENSEMBLE_DIR = "engine-repo"
@@ -110,22 +116,22 @@ def ensemble_configs(job: ExportJob) -> dict[str, str]:
     models: their config declares every parameter, input and output those model.py files read, and the ensemble
     maps `end_id` through preprocessing (which falls back to the tokenizer's) into the engine."""
     tokenizer = "${tokenizer_dir}"
-    pre = (f'name: "preprocessing"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
+    pre = (f'name: "preprocessing"\nbackend: "python"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
            + _io("input", [_tensor(*t) for t in _PRE_INPUTS]) + _io("output", [_tensor(*t) for t in _PRE_OUTPUTS])
            + _parameters({"tokenizer_dir": tokenizer, "add_special_tokens": "true", "multimodal_model_path": "",
                           "gpt_model_path": "${engine_dir}", "max_num_images": "", "hf_model_path": ""}))
-    engine = (f'name: "tensorrt_llm"\nbackend: "tensorrtllm"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
+    engine = (f'name: "tensorrt_llm"\nbackend: "tensorrtllm"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
               "model_transaction_policy {\n  decoupled: true\n}\n"
               + _io("input", [_tensor(*t) for t in _ENGINE_INPUTS])
               + _io("output", [_tensor(*t) for t in _ENGINE_OUTPUTS])
               + _parameters({"gpt_model_path": "${engine_dir}", "gpt_model_type": "inflight_fused_batching",
                              "max_beam_width": "1", "max_draft_len": str(job.num_speculative_tokens)}))
-    post = (f'name: "postprocessing"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
+    post = (f'name: "postprocessing"\nbackend: "python"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
             + _io("input", [_tensor("TOKENS_BATCH", "TYPE_INT32", "[ -1, -1 ]"),
                             _tensor("SEQUENCE_LENGTH", "TYPE_INT32", "[ -1 ]")])
             + _io("output", [_tensor("OUTPUT", "TYPE_STRING", "[ -1 ]")])
             + _parameters({"tokenizer_dir": tokenizer, "skip_special_tokens": "true"}))
-    ensemble = (f'name: "ensemble"\nplatform: "ensemble"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
+    ensemble = (f'name: "ensemble"\nplatform: "ensemble"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
                 + _io("input", [_spec(s) for s in contract.ENSEMBLE_INPUTS])
                 + _io("output", [_spec(s, is_input=False) for s in contract.ENSEMBLE_OUTPUTS])
                 + "ensemble_scheduling {\n"
@@ -202,14 +208,18 @@ def write(job: ExportJob, out: Path, progress) -> dict:
                               "`num_input_tokens`, `num_output_tokens`, `acceptance_rate`, "
                               "`total_accepted_draft_tokens` and `total_draft_tokens`. Decoupled: use the streaming "
                               "gRPC (`ModelStreamInfer`) or `/generate_stream`, also without streaming.",
-                              "TensorRT-LLM <= 1.2 engines": f"`{MODEL}/1/{ENSEMBLE_DIR}/` is the preprocessing / tensorrt_llm / "
-                              "postprocessing / ensemble layout: build the engine with `--format tensorrt-llm`'s "
-                              "build.sh, then fill `${engine_dir}` and `${tokenizer_dir}` in the config.pbtxt files "
-                              "(TensorRT-LLM's `fill_template.py` does it) and add the backend's model.py files.",
+                              "TensorRT-LLM <= 1.2 engines": f"`{MODEL}/1/{ENSEMBLE_DIR}/` is the preprocessing / "
+                              "tensorrt_llm / postprocessing / ensemble layout: build the engine with `--format "
+                              "tensorrt-llm`'s build.sh, then fill `${engine_dir}` and `${tokenizer_dir}` in the "
+                              "config.pbtxt files (TensorRT-LLM's `fill_template.py` does it) and add the backend's "
+                              f"model.py files. **It {ENSEMBLE_DECODES}: it does not speculate.** The draft runs only "
+                              f"in the `{MODEL}` LLM-API model above. Its max_batch_size is the engine's "
+                              f"({ENGINE_MAX_BATCH_SIZE}, build.sh's `--max_batch_size`).",
                           })
     fields["launch"] = {"triton": serve}
     return fields
 
 
-FORMAT = ExportFormat(name=ENGINE, engine="Triton Inference Server with TensorRT-LLM (LLM-API model; <=1.2 ensemble)",
+FORMAT = ExportFormat(name=ENGINE, engine="Triton Inference Server with TensorRT-LLM (LLM-API model; the <=1.2 "
+                                          f"engine ensemble {ENSEMBLE_DECODES})",
                       write=write, check=check, needs_neural_draft=False, families=tuple(ARCHITECTURES))

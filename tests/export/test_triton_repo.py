@@ -170,3 +170,31 @@ def test_ensemble_wires_its_steps_to_models_that_exist(repo):
         assert set(step.input_map) <= {i.name for i in model.input}
         assert set(step.output_map) <= {o.name for o in model.output}
     assert parse(root / "tensorrt_llm" / "config.pbtxt").backend == "tensorrtllm"
+
+
+def test_the_ensemble_batches_no_more_than_the_engine_build_sh_builds(repo, tmp_path, targets):
+    """NVIDIA/TensorRT-LLM triton_backend/all_models/inflight_batcher_llm: every model of the ensemble carries the
+    engine's `max_batch_size` (upstream's fill_template sets `triton_max_batch_size` from the engine it serves); a
+    larger one lets Triton form batches the engine (trtllm-build `--max_batch_size`) cannot hold. The bound is read
+    from the build.sh that `--format tensorrt-llm` writes for the same target."""
+    import re
+
+    out = tmp_path / "trt"
+    result = run_export("--target", targets["llama"], "--draft", "none", "--format", "tensorrt-llm", "--out", out)
+    assert result.returncode == 0, result.stderr
+    [engine_bound] = re.findall(r"--max_batch_size (\d+)", (out / "build.sh").read_text())
+    for path in sorted((repo / "tensorrt_llm" / "1" / "engine-repo").rglob("config.pbtxt")):
+        assert parse(path).max_batch_size == int(engine_bound), path.parent.name
+
+
+def test_readme_and_help_say_the_ensemble_decodes_target_only(repo):
+    """Nothing in the ensemble produces `draft_input_ids` (the engine's draft_tokens_external input, fed upstream by
+    a BLS model around a separate draft engine), so it never speculates: the README and --help say so."""
+    from tests.export.conftest import run_export_process
+
+    ensemble = parse(repo / "tensorrt_llm" / "1" / "engine-repo" / "ensemble" / "config.pbtxt")
+    fed = {v for step in ensemble.ensemble_scheduling.step for v in step.input_map}
+    assert "draft_input_ids" not in fed
+    readme = (repo / "README.md").read_text()
+    assert "decodes target-only" in readme and "does not speculate" in readme
+    assert "decodes target-only" in " ".join(run_export_process("--help").stdout.split())
