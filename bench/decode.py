@@ -89,9 +89,11 @@ def engine_decoder(target, drafter, max_tokens, k, warmup_ids, temperature: floa
     """Our engine at batch 1, with `drafter` or target-only (None); greedy, or sampled at `temperature` (top-p 1,
     one fixed seed, so every row of a table draws from the same generator)."""
     from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.decoding.planner import BudgetPlanner
     from training.evaluate import verify_tokens_per_step
 
-    engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k)
+    engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k,
+                        planner=BudgetPlanner())
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
                             seed=0 if temperature > 0 else None)
     engine.generate([warmup_ids], SamplingParams(max_tokens=WARMUP_TOKENS))

@@ -78,6 +78,7 @@ def main(argv=None) -> int:
 
     from bench.machine import cpu_flags
     from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.decoding.planner import BudgetPlanner
     from deepspec.decoding.registry import build_drafter
     from deepspec.models import load_target
 
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     target = load_target(args.target)
     engine = SpecEngine(target, build_drafter(args.draft, target), max_batch_size=args.n,
-                        max_seq_len=args.prompt_tokens + args.max_tokens + 64)
+                        max_seq_len=args.prompt_tokens + args.max_tokens + 64, planner=BudgetPlanner())
     prompt = long_prompt(target, args.prompt_tokens)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.8, ignore_eos=True)
     rows = [("n=1", 1, False), (f"n={args.n} forked", args.n, True), (f"{args.n} separate requests", args.n, False)]

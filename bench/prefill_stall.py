@@ -83,6 +83,7 @@ def main(argv=None) -> int:
 
     from bench.machine import cpu_flags
     from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.decoding.planner import BudgetPlanner
     from deepspec.decoding.registry import build_drafter
     from deepspec.models import load_target
 
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
              for b in args.budgets.split(",") if b]
     for mode, budget in (*modes, ("whole prompt in one step", 10**9)):
         engine = SpecEngine(target, build_drafter(args.draft, target), max_batch_size=args.streams + 1,
-                            max_seq_len=2048, prefill_tokens_per_step=budget)
+                            max_seq_len=2048, prefill_tokens_per_step=budget,
+                            planner=BudgetPlanner())
         engine.generate([prompts[0]], SamplingParams(max_tokens=8))  # warm, untimed
         results[mode] = run(engine, args, long_prompt, prompts)
         results[mode]["prefill_tokens_per_step"] = engine.prefill_tokens_per_step if budget != 10**9 else "all"

@@ -90,6 +90,7 @@ def main(argv=None) -> int:
 
     from bench.machine import cpu_flags
     from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.decoding.planner import BudgetPlanner
     from deepspec.decoding.registry import build_drafter
     from deepspec.decoding.structured import StructuredOutput
     from deepspec.models import load_target
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     target = load_target(args.target)
     drafter = build_drafter(args.draft, target)
-    drafted = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=1024)
+    drafted = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=1024, planner=BudgetPlanner())
     plain = SpecEngine(target, None, max_batch_size=1, max_seq_len=1024)
     tasks = TASKS[: args.num_prompts]
     prompts = [target.encode_chat([{"role": "user", "content": text}]) for text, _ in tasks]

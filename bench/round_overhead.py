@@ -57,8 +57,9 @@ def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_token
     """Decode `prompts` (each `batch` times at once, sampled at `temperature` with fixed seeds where it is above 0)
     on a fresh engine with the phase timer on."""
     from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.decoding.planner import BudgetPlanner
 
-    engine = SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=2048)
+    engine = SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=2048, planner=BudgetPlanner())
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
                             seed=0 if temperature > 0 else None)
     engine.generate([prompts[0]], SamplingParams(max_tokens=16))  # warm caches and allocator pools, untimed

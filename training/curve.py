@@ -67,14 +67,13 @@ def measure_tau(target, drafter, datasets=DEFAULT_DATASETS, num_prompts: int = D
     """Greedy engine τ of `drafter` per eval set (accepted drafts + 1 per round that verified drafts, as `eval`
     counts it); None for a set where no round verified drafts. No target-only baseline: the curve needs τ only, and
     the baseline would double the cost. Neither the verify budget nor the draft's own forward is priced
-    (`verify_budget=False`): τ is the draft's quality, so every round verifies the whole chain, whatever this
+    (the engine's default planner, no budget): τ is the draft's quality, so every round verifies the whole chain, whatever this
     machine's step times (under load, the budget had cut a weak early checkpoint's every round, leaving no τ)."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
     from training.evaluate import load_eval_prompts, summarize
 
-    engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=gamma,
-                        verify_budget=False)
+    engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=gamma)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0)
     out = {}
     for name in datasets:

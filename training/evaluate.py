@@ -132,15 +132,17 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
 
     verify_budget=False verifies every token or node a draft proposes (up to num_speculative_tokens), as vLLM's
     fixed `num_speculative_tokens` does: τ is then the draft's own acceptance, not cut to what pays on this
-    machine's step time (deepspec/decoding/verify_budget.py), and the speedup says what that costs."""
+    machine's step time (deepspec/decoding/planner.py BudgetPlanner), and the speedup says what that costs."""
     from deepspec.decoding.engine import SpecEngine
+    from deepspec.decoding.planner import BudgetPlanner, RoundPlanner
     from deepspec.decoding.params import SamplingParams
     from training.progress import Progress
 
     max_seq_len = 2048
     base = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)
     engines = {name: SpecEngine(target, d, max_batch_size=batch_size, max_seq_len=max_seq_len,
-                                num_speculative_tokens=num_speculative_tokens, verify_budget=verify_budget)
+                                num_speculative_tokens=num_speculative_tokens,
+                                planner=BudgetPlanner() if verify_budget else RoundPlanner())
                for name, d in drafters.items()}
     warm = [target.encode_chat([{"role": "user", "content": "Hi"}])]
     for engine in (base, *engines.values()):  # first calls pay one-off allocation costs; keep them out of timing

@@ -81,18 +81,20 @@ class EngineRun:
         self.max_seq_len = max(map(len, self.prompts)) + max(sizes.max_new_tokens, sizes.max_speed_tokens) + SEQ_SLACK
         self.reference: list[list[int]] = []
 
-    def engine(self, target, drafter, batch: int, **options):
+    def engine(self, target, drafter, batch: int, budget: bool = True):
         from deepspec.decoding import SpecEngine
+        from deepspec.decoding.planner import BudgetPlanner
 
         return SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=self.max_seq_len,
-                          num_speculative_tokens=self.context.sizes.num_speculative_tokens, **options)
+                          num_speculative_tokens=self.context.sizes.num_speculative_tokens,
+                          planner=BudgetPlanner() if budget else None)
 
     def fp32_runs(self, drafter) -> tuple[list, list]:
         """(greedy results, temperature-1 results) of the whole batch."""
         from deepspec.decoding import SamplingParams
 
         n = self.context.sizes.max_new_tokens
-        engine = self.engine(self.t32, drafter, len(self.prompts), verify_budget=False)
+        engine = self.engine(self.t32, drafter, len(self.prompts), budget=False)
         greedy = engine.generate(self.prompts, SamplingParams(max_tokens=n, ignore_eos=True))
         sampled = engine.generate(self.prompts, [SamplingParams(max_tokens=n, temperature=1.0, seed=i, ignore_eos=True)
                                                  for i in range(len(self.prompts))])

@@ -89,3 +89,28 @@ def scored_logits(logits: torch.Tensor, params: list) -> torch.Tensor:
         torch.tensor([p.top_k for p in picked], dtype=torch.int64, device=logits.device),
         torch.tensor([p.top_p for p in picked], dtype=torch.float32, device=logits.device))
     return out
+
+
+def emitted_logprobs(logits: torch.Tensor, params: list, positions: list[list[int]],
+                     committed: list[list[int]]) -> list[list[TokenLogprob] | None]:
+    """Per row (params [B]: its SamplingParams) that asked for logprobs, its committed tokens' logprobs from a verify
+    pass's logits [B, T, V] at `positions` (the position that predicted each committed token); None for the other
+    rows, at no cost."""
+    rows = [i for i, s in enumerate(params) if s.logprobs is not None]
+    result: list[list[TokenLogprob] | None] = [None] * len(committed)
+    if not rows:
+        return result
+    row_index = torch.tensor([i for i in rows for _ in positions[i]], device=logits.device)
+    pos_index = torch.tensor([p for i in rows for p in positions[i]], device=logits.device)
+    tokens = torch.tensor([t for i in rows for t in committed[i]])
+    num_top = max(params[i].logprobs for i in rows)
+    flat = token_logprobs(scored_logits(logits[row_index, pos_index],
+                                        [params[i] for i in rows for _ in positions[i]]),
+                          tokens, num_top)
+    at = 0
+    for i in rows:
+        n, keep = len(committed[i]), params[i].logprobs
+        result[i] = [TokenLogprob(lp.token_id, lp.logprob, lp.top_token_ids[:keep], lp.top_logprobs[:keep])
+                     for lp in flat[at : at + n]]
+        at += n
+    return result

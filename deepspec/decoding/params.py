@@ -112,6 +112,19 @@ class StepOutput:
     #: first None (nothing predicts it)
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
+    def merge(self, more: "StepOutput") -> None:
+        """Append what a later phase of the same step produced for this request (the prefill's first token, then
+        its first round)."""
+        self.new_token_ids.extend(more.new_token_ids)
+        self.new_text += more.new_text
+        self.finished, self.finish_reason = more.finished, more.finish_reason
+        self.num_draft_tokens += more.num_draft_tokens
+        self.num_accepted_tokens += more.num_accepted_tokens
+        self.num_verify_tokens += more.num_verify_tokens
+        if self.logprobs is not None and more.logprobs is not None:
+            self.logprobs.extend(more.logprobs)
+        self.stop_logprob = more.stop_logprob
+
 
 @dataclass(kw_only=True)
 class AcceptanceStats:

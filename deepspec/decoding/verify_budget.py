@@ -21,10 +21,10 @@ round does not draft at all, so a draft too slow for what it gets accepted decod
 of below it. The choices of an engine and a weight format before serving score candidates by the same rule at batch
 1 (`modelled_tokens_per_second`, with the draft's round timed on each candidate by the engine's own probe:
 deepspec/decoding/draft_time.py).
-The engine times probe passes once, when it starts, on the hardware it runs on. t(n) interpolates those probes
+Where t(n) comes from (a probe, the passes served, a file per machine) is deepspec/decoding/step_timing.py; the
+policy that applies these rules each round is deepspec/decoding/planner.py. t(n) interpolates its points
 piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches kernels at 8 rows
-(packed_linear.Int4Weight), so t(n) has a knee. It is not refitted while serving, so a given batch of seeded
-requests drafts the same way every time.
+(packed_linear.Int4Weight), so t(n) has a knee.
 """
 
 from __future__ import annotations

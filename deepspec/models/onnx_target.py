@@ -97,7 +97,7 @@ class OnnxTarget(HFTextTarget):
     #: a pass of several tokens after a past runs one row at a time (module docstring): the verification budget
     #: prices B drafted rows as B passes (verify_budget.StepTimeModel.round_seconds)
     multi_token_rows_serial: ClassVar[bool] = True
-    #: torch's threads while the engine steps this target (engine._torch_threads says why one): the forward runs in
+    #: torch's threads while the engine steps this target (deepspec/decoding/host_threads.py says why one): the forward runs in
     #: ONNX Runtime's own pool, torch only does the engine's small ops around it
     host_threads: ClassVar[int] = 1
 

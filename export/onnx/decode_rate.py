@@ -88,6 +88,7 @@ def measure_served_rates(candidates: dict[str, tuple], depth: int,
     greedily at batch 1 with the verification budget on, the candidates in turn prompt by prompt. What the worker's
     engine choice (service/worker/fastest_engine.py) and `--quantization auto` decide by."""
     from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.decoding.planner import BudgetPlanner
 
     first = next(iter(candidates.values()))[0]  # the candidates share a tokenizer and a context length
     room = min(t.max_seq_len for t, _ in candidates.values()) - max_tokens - depth - 2
@@ -98,7 +99,7 @@ def measure_served_rates(candidates: dict[str, tuple], depth: int,
     engines = {}
     for name, (target, drafter) in candidates.items():
         engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=min(target.max_seq_len, longest),
-                            num_speculative_tokens=depth)
+                            num_speculative_tokens=depth, planner=BudgetPlanner())
         engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))
         engine.forget_acceptance()
         engines[name] = engine

@@ -116,10 +116,8 @@ def test_engine_on_onnx_target_decodes_what_the_pytorch_engine_decodes(tmp_path)
     prompts = [torch.randint(0, VOCAB, (n,)).tolist() for n in (5, 9, 3, 7)]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     for drafter in ("none", "random"):
-        want = SpecEngine(reference, build_drafter(drafter, reference), max_batch_size=3, max_seq_len=64,
-                          verify_budget=False).generate(prompts, params)
-        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64,
-                         verify_budget=False).generate(prompts, params)
+        want = SpecEngine(reference, build_drafter(drafter, reference), max_batch_size=3, max_seq_len=64).generate(prompts, params)
+        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64).generate(prompts, params)
         assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 
@@ -228,8 +226,7 @@ def test_batch_invariant_speculation_is_bit_identical_to_target_only(tmp_path, q
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     want = SpecEngine(target, None, max_batch_size=3, max_seq_len=64).generate(prompts, params)
     for drafter in ("random", "prompt-lookup"):
-        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64,
-                         verify_budget=False).generate(prompts, params)
+        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64).generate(prompts, params)
         assert [r.token_ids for r in got] == [r.token_ids for r in want], drafter
     long = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=127)
     out = long.generate([prompts[0]], SamplingParams(max_tokens=127 - 5, ignore_eos=True))[0]
@@ -327,8 +324,7 @@ def test_fp32_onnx_engine_is_token_identical_to_the_pytorch_engine_on_20_eval_pr
     assert target.fingerprint() == smollm2.fingerprint()
     # the reference in one batch (one weight read per step); the ONNX engine in batches of 4 with drafts
     want = SpecEngine(smollm2, None, max_batch_size=len(prompts), max_seq_len=1024).generate(prompts, params)
-    got = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=4, max_seq_len=1024,
-                     verify_budget=False).generate(prompts, params)
+    got = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=4, max_seq_len=1024).generate(prompts, params)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 

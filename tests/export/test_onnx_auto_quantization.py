@@ -188,14 +188,19 @@ def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_di
                       "--out", out).returncode == 0
     target = load_target(str(out))
     probed = []
-    monkeypatch.setattr(SpecEngine, "_time_verify_passes", lambda self, sizes: probed.append(sizes) or None)
-    engine = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
+    import deepspec.decoding.planner as planner_module
+    from deepspec.decoding.planner import BudgetPlanner
+
+    monkeypatch.setattr(planner_module, "probe_step_curve", lambda *args: probed.append(args) or None)
+    engine = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
+                        planner=BudgetPlanner())
     assert not probed
-    assert engine.step_time.sizes.tolist() == sorted(FAKE_CURVES["int8"])
-    assert engine.step_time.times.tolist() == pytest.approx([FAKE_CURVES["int8"][n] for n in sorted(FAKE_CURVES["int8"])])
+    assert engine.planner.step_time.sizes.tolist() == sorted(FAKE_CURVES["int8"])
+    assert engine.planner.step_time.times.tolist() == pytest.approx([FAKE_CURVES["int8"][n] for n in sorted(FAKE_CURVES["int8"])])
     target.meta["step_curve"]["machine"] = {**machine_key(), "cpu": "another CPU"}  # timed elsewhere: probe here
     assert target.recorded_step_curve() is None
-    SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
+    SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
+               planner=BudgetPlanner())
     assert probed
 
 

@@ -163,8 +163,7 @@ def test_onnx_export_serves_its_neural_draft_through_the_graphs(tmp_path, target
     prompts = [[1, 40, 41, 42, 43], [1, 50, 51]]
 
     def run(target, d):
-        engine = SpecEngine(target, d, max_batch_size=2, max_seq_len=64, num_speculative_tokens=3,
-                            verify_budget=False)
+        engine = SpecEngine(target, d, max_batch_size=2, max_seq_len=64, num_speculative_tokens=3)
         return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
 
     assert run(onnx_target, drafter) == run(reference, build_drafter(str(draft), reference))
@@ -252,7 +251,7 @@ def test_a_quantized_export_serves_int8_draft_graphs_losslessly(tmp_path, target
     prompts = [[1, 40, 41, 42, 43], [1, 50, 51]]
 
     def run(d):
-        engine = SpecEngine(target, d, max_batch_size=2, max_seq_len=64, num_speculative_tokens=3, verify_budget=False)
+        engine = SpecEngine(target, d, max_batch_size=2, max_seq_len=64, num_speculative_tokens=3)
         return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
 
     assert run(drafter) == run(None)

@@ -31,14 +31,14 @@ def test_stub_is_a_target_and_writes_the_cycle_from_its_start():
 def test_drafts_and_sampling_change_nothing_but_the_counts(drafter, temperature):
     target = StubTarget()
     plain = _texts(SpecEngine(target, None, max_batch_size=3), PROMPTS, temperature=temperature)
-    engine = SpecEngine(target, drafter, max_batch_size=3, num_speculative_tokens=4, verify_budget=False)
+    engine = SpecEngine(target, drafter, max_batch_size=3, num_speculative_tokens=4)
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=60, temperature=temperature))
     assert [r.text for r in results] == plain
     assert all(r.num_draft_tokens > 0 and r.num_accepted_tokens > 0 for r in results)
 
 
 def test_stub_drafter_acceptance_cycles_through_every_depth():
-    engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=1, num_speculative_tokens=3, verify_budget=False)
+    engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=1, num_speculative_tokens=3)
     outputs = []
     engine.generate([list(b"Hi")], SamplingParams(max_tokens=40), on_output=outputs.append)
     accepted = [o.num_accepted_tokens for o in outputs]  # the first step is the prefill and round 0

@@ -121,8 +121,7 @@ async def _collect(scheduler: Scheduler, prompt: list[int], params: SamplingPara
 
 def test_scheduler_batches_requests_that_join_and_leave():
     async def main():
-        engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=2, num_speculative_tokens=3,
-                            verify_budget=False)
+        engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=2, num_speculative_tokens=3)
         metrics = WorkerMetrics("stub")
         scheduler = Scheduler(engine, metrics, max_queue=8)
         scheduler.start().wait()
@@ -143,8 +142,7 @@ def test_scheduler_batches_requests_that_join_and_leave():
 
 def test_scheduler_runs_n_sequences_on_one_prefill_and_counts_the_prompt_once():
     async def main():
-        engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=4, num_speculative_tokens=3,
-                            verify_budget=False)
+        engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=4, num_speculative_tokens=3)
         metrics = WorkerMetrics("stub")
         scheduler = Scheduler(engine, metrics, max_queue=8)
         scheduler.start().wait()
@@ -300,7 +298,7 @@ def test_scored_token_tables_round_trip_through_the_protocol():
 
 
 def _stub_outputs(prompt: bytes, **params) -> list:
-    engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=1, num_speculative_tokens=3, verify_budget=False)
+    engine = SpecEngine(StubTarget(), StubDrafter(), max_batch_size=1, num_speculative_tokens=3)
     outputs = []
     engine.generate([list(prompt)], SamplingParams(logprobs=1, **params), on_output=outputs.append)
     return outputs

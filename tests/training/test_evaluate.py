@@ -126,7 +126,7 @@ def test_eval_verify_all_turns_the_verify_budget_off(tmp_path, monkeypatch, veri
         def __init__(self, target, drafter, **kwargs):
             super().__init__(target, drafter, **kwargs)
             if drafter is not None:
-                built.append(self.step_time is not None)
+                built.append(self.planner.step_time is not None)
 
     monkeypatch.setattr(engine_module, "SpecEngine", Recording)
     target_dir = tiny_hf_target_dir(tmp_path / "target")

@@ -47,8 +47,7 @@ def _train_config(root, target_dir, data, out):
 def _generate(target, drafter):
     from deepspec.decoding import SamplingParams, SpecEngine
 
-    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=3,
-                        verify_budget=False)
+    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=3)
     return engine.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
 
 

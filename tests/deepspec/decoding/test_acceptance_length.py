@@ -49,7 +49,7 @@ def run():
     reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(
         [PROMPT], SamplingParams(max_tokens=MAX_TOKENS + 8))[0].token_ids
     engine = SpecEngine(target, _EveryOtherRound(reference, 16), max_batch_size=1, max_seq_len=128,
-                        num_speculative_tokens=3, verify_budget=False)
+                        num_speculative_tokens=3)
     outputs = []
     result = engine.generate([PROMPT], params, on_output=outputs.append)[0]
     assert result.token_ids == reference[:MAX_TOKENS]  # greedy verification stays lossless

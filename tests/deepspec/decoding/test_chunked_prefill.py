@@ -34,7 +34,7 @@ def eagle3_dir(target, tmp_path_factory):
 
 def _engine(target, drafter=None, chunk=CHUNK, batch=4):
     return SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=128, num_speculative_tokens=3,
-                      prefill_chunk_size=512, prefill_tokens_per_step=chunk, verify_budget=False)
+                      prefill_chunk_size=512, prefill_tokens_per_step=chunk)
 
 
 def _run_with_late_long_prompt(engine, long_params=GREEDY, short_params=GREEDY):

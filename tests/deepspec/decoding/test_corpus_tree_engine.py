@@ -38,7 +38,7 @@ def _drafter(sampled: bool) -> CorpusLookupDrafter:
 
 def _p_value(target, drafter) -> float:
     engine = SpecEngine(target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=6,
-                        max_verify_tokens=64 * 7, verify_budget=False)
+                        max_verify_tokens=64 * 7)
     results = engine.generate([PROMPT] * N, [SamplingParams(max_tokens=3, temperature=1.0, seed=i) for i in range(N)])
     assert sum(r.num_draft_tokens for r in results) > N // 4  # speculation really happened
     counts = {cell: 0 for cell in itertools.product(range(VOCAB), repeat=3)}

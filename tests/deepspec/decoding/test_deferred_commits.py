@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import deepspec.decoding.engine as engine_module
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
@@ -56,10 +57,11 @@ def _engine(target, path, draft_seconds: float):
     commits = []
     commit = drafter.commit
     drafter.commit = lambda slots, tokens, num, feats: commits.append(list(slots)) or commit(slots, tokens, num, feats)
-    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2)
+    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2,
+                        planner=BudgetPlanner())
     commits.clear()  # the draft-time probe's, at start
-    engine.step_time = StepTimeModel([(1, 1e-3), (9, 1e-3)])  # verify tokens free: the draft's own time decides
-    engine.draft_time = DraftTimeModel({(r, w): draft_seconds * w for r in (1, 2) for w in (1, 2)})
+    engine.planner.step_time = StepTimeModel([(1, 1e-3), (9, 1e-3)])  # verify tokens free: the draft's own time decides
+    engine.planner.draft_time = DraftTimeModel({(r, w): draft_seconds * w for r in (1, 2) for w in (1, 2)})
     return engine, commits
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
 from deepspec.decoding.drafters.hybrid import save_hybrid
@@ -95,7 +96,7 @@ DRAFTERS = {
 def _engine(target, drafter, verify_budget: bool = False) -> SpecEngine:
     # batch 2 < 4 prompts: requests finish and slots move while others run
     return SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=5,
-                      verify_budget=verify_budget)
+                      planner=BudgetPlanner() if verify_budget else None)
 
 
 def _run(target, dirs, name, params, verify_budget=False):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding import draft_time
 from deepspec.decoding.draft_time import measure_draft_time, runs_a_model
 from deepspec.decoding.engine import SpecEngine
@@ -44,8 +45,8 @@ def test_the_engine_prices_drafting_with_the_same_probe(target, dspark_dir, monk
     monkeypatch.setattr(draft_time, "_time_rounds", lambda _t, _d, rows, widths, *rest: probed.append(
         (rows, widths)) or fake)
     engine = SpecEngine(target, load_checkpoint_drafter(dspark_dir, target), max_batch_size=2, max_seq_len=64,
-                        num_speculative_tokens=4)
-    assert probed == [((1, 2), (1, 4))] and engine.draft_time is fake
+                        num_speculative_tokens=4, planner=BudgetPlanner())
+    assert probed == [((1, 2), (1, 4))] and engine.planner.draft_time is fake
     SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=2, max_seq_len=64,
-               num_speculative_tokens=4)
+               num_speculative_tokens=4, planner=BudgetPlanner())
     assert len(probed) == 1  # prompt lookup: nothing timed

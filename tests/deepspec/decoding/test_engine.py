@@ -6,7 +6,7 @@ import torch
 from deepspec.decoding import EngineFullError, RequestError, RequestErrorCode, SamplingParams, SpecEngine
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
-from deepspec.decoding.engine import split_padded_batch
+from deepspec.decoding.prefill_plan import split_padded_batch
 from tests.conftest import make_tiny_target
 
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8, 9, 10, 4, 5], [3], [7, 7, 7, 7, 7, 7], [2, 11, 2, 11, 2], [9, 8, 7]]
@@ -44,7 +44,7 @@ def test_uneven_acceptance_in_one_batch_is_counted_per_row(target):
 def test_verify_budget_shortens_blocks_of_large_batches(target):
     # the timed budget off: this checks the token cap alone (the timed one may decide not to draft on a busy CPU)
     engine = SpecEngine(target, RandomDrafter(16), max_batch_size=6, max_seq_len=128, num_speculative_tokens=4,
-                        max_verify_tokens=12, verify_budget=False)
+                        max_verify_tokens=12)
     outputs = []
     engine.generate(PROMPTS, SamplingParams(max_tokens=8), on_output=outputs.append)
     assert max(o.num_draft_tokens for o in outputs) <= 12 // 6 - 1

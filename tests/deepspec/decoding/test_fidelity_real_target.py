@@ -12,6 +12,7 @@ listed before every right token, so every accepted path leaves the first childre
 import pytest
 import torch
 
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding import SamplingParams, SpecEngine, build_drafter
 from deepspec.decoding.drafter import Drafter, Proposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
@@ -77,11 +78,12 @@ def test_greedy_output_identical_with_any_drafter(smollm2, prompt_ids, reference
     width = {"random": 3, "random-tree": 6}.get(drafter_name, 10 if tree else 5)
     max_tokens = MAX_TOKENS // 2 if randomized else MAX_TOKENS
     engine = SpecEngine(smollm2, drafter, max_batch_size=BATCH, max_seq_len=1024, num_speculative_tokens=width,
-                        max_verify_tokens=BATCH * (width + 1), verify_budget=not tree)
-    if engine.step_time is not None:
+                        max_verify_tokens=BATCH * (width + 1),
+                        planner=None if tree else BudgetPlanner())
+    if engine.planner.step_time is not None:
         # the budget's code path, on a fixed, nearly flat step curve: the probe's timings on cores shared with the
         # rest of the suite can make every draft look too dear, and then no draft is ever verified
-        engine.step_time = StepTimeModel([(1, 0.010), (BATCH * (width + 1), 0.012)])
+        engine.planner.step_time = StepTimeModel([(1, 0.010), (BATCH * (width + 1), 0.012)])
     results = engine.generate(prompt_ids, SamplingParams(max_tokens=max_tokens))
     mismatched = [i for i, (r, ref) in enumerate(zip(results, reference)) if r.token_ids != ref[:max_tokens]]
     assert not mismatched, f"prompts {mismatched} differ from target-only greedy"

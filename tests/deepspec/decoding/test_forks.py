@@ -30,7 +30,7 @@ def eagle3_dir(target, tmp_path_factory):
 
 def _engine(target, drafter=None, batch=6, chunk=512):
     return SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=128, num_speculative_tokens=3,
-                      prefill_chunk_size=8, prefill_tokens_per_step=chunk, verify_budget=False)
+                      prefill_chunk_size=8, prefill_tokens_per_step=chunk)
 
 
 def _sampled(seed: int) -> SamplingParams:

@@ -137,8 +137,7 @@ def test_a_neural_tree_round_reads_the_device_a_bounded_number_of_times(targets,
         proposals = []
         propose = drafter.propose
         monkeypatch.setattr(drafter, "propose", lambda *args: proposals.append(propose(*args)) or proposals[-1])
-        engine = SpecEngine(cuda, drafter, max_batch_size=4, max_seq_len=128, num_speculative_tokens=6,
-                            verify_budget=False)
+        engine = SpecEngine(cuda, drafter, max_batch_size=4, max_seq_len=128, num_speculative_tokens=6)
         rounds = _count_rounds(engine, counter, monkeypatch, temperature)
     assert all(p.is_tree and int(p.num_tokens.max()) > 1 for p in proposals[-rounds:])  # a tree every round
     assert counter.drafter_reads / rounds <= ALLOWED_TREE_DRAFTER, dict(counter.reads)

@@ -194,8 +194,7 @@ def test_hybrid_greedy_output_identical_to_target_only(target, parts, tmp_path, 
     base = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(PROMPTS, params)
     path = _hybrid_dir(parts, tmp_path, min_match=3, mode=mode, neural_options={"tree_branches": 2})
     drafter = build_drafter(str(path), target)
-    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=6,
-                        verify_budget=False)
+    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=6)
     spec = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in spec] == [r.token_ids for r in base]
     assert drafter.rows_drafted["corpus"] > 0 and drafter.rows_drafted["neural" if mode == "switch" else "merged"] > 0

@@ -45,8 +45,7 @@ def _hf_logprobs(hf, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("drafter_name", ["none", "prompt-lookup", "random", "random-tree"])
 def test_emitted_logprobs_equal_hf_log_softmax(tiny, drafter_name, temperature):
     target, hf = tiny
-    engine = SpecEngine(target, _drafter(drafter_name), max_batch_size=4, max_seq_len=128, num_speculative_tokens=4,
-                        verify_budget=False)
+    engine = SpecEngine(target, _drafter(drafter_name), max_batch_size=4, max_seq_len=128, num_speculative_tokens=4)
     params = SamplingParams(max_tokens=12, temperature=temperature, seed=14, ignore_eos=True, logprobs=NUM_TOP)
     results = engine.generate(PROMPTS, params)
     if drafter_name == "prompt-lookup":  # accepted drafts' logprobs come from inside the verify block
@@ -128,7 +127,7 @@ def test_processed_logprobs_are_of_the_distribution_sampled_from(tiny, temperatu
     at temperature 1 for greedy; tokens outside top-k / top-p are -inf; raw stays the model's."""
     target, hf = tiny
     engine = SpecEngine(target, _drafter("prompt-lookup"), max_batch_size=4, max_seq_len=128,
-                        num_speculative_tokens=4, verify_budget=False)
+                        num_speculative_tokens=4)
     common = dict(max_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3, ignore_eos=True,
                   logprobs=NUM_TOP)
     processed, raw = engine.generate([PROMPTS[0]] * 2, [SamplingParams(**common, logprobs_mode="processed_logprobs"),

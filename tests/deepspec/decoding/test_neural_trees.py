@@ -146,8 +146,7 @@ def test_greedy_tree_output_identical_to_target_only(target, algo, tmp_path):
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     base = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(PROMPTS, params)
     drafter = _drafter(target, algo, tmp_path, tree_branches=2)
-    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=6,
-                        verify_budget=False)
+    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=6)
     spec = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in spec] == [r.token_ids for r in base]
     assert all(r.num_draft_tokens > 0 for r in spec)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
@@ -46,7 +47,7 @@ def target():
 def _engine(target, drafter: bool = True, verify_budget: bool = True) -> SpecEngine:
     return SpecEngine(target, PromptLookupDrafter(min_ngram=1, max_ngram=3) if drafter else None, max_batch_size=5,
                       max_seq_len=128, num_speculative_tokens=4, max_verify_tokens=MAX_VERIFY_TOKENS,
-                      verify_budget=verify_budget)
+                      planner=BudgetPlanner() if verify_budget else None)
 
 
 @pytest.mark.parametrize("batch", ["alone", "same co-runners"])

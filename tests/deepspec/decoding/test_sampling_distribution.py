@@ -36,7 +36,7 @@ def _exact_joint(target, params: SamplingParams) -> dict[tuple, float]:
 def _p_value(target, drafter, params: SamplingParams) -> float:
     # the verification budget off: it could decide that drafting does not pay, and this test is about the drafts
     engine = SpecEngine(target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=3,
-                        max_verify_tokens=64 * 4, verify_budget=False)
+                        max_verify_tokens=64 * 4)
     # 5 tokens, of which the first 3 are counted: with max_tokens=3 the first round could verify one draft only
     runs = [SamplingParams(max_tokens=5, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                            seed=i) for i in range(N)]

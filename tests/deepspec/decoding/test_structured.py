@@ -62,8 +62,7 @@ class SkewedDrafter(Drafter):
 
 
 def _engine(target, drafter, batch=8):
-    return SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=64, num_speculative_tokens=4,
-                      verify_budget=False)
+    return SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=64, num_speculative_tokens=4)
 
 
 DRAFTERS = {

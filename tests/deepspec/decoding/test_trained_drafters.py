@@ -35,7 +35,7 @@ def test_greedy_output_identical_to_target_only(target, algo, tmp_path):
     # batch 2 < 4 prompts: requests finish and slots move while others run; the timed verify budget is off so every
     # round verifies drafts however loaded the CPU is (an untrained draft's record would otherwise stop drafting)
     engine = SpecEngine(target, _drafter(target, algo, tmp_path), max_batch_size=2, max_seq_len=128,
-                        num_speculative_tokens=4, verify_budget=False)
+                        num_speculative_tokens=4)
     spec = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in spec] == [r.token_ids for r in base]
     assert all(r.num_draft_tokens > 0 for r in spec)

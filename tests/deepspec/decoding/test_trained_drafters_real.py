@@ -25,8 +25,7 @@ def test_shipped_drafts_are_lossless_on_real_prompts(smollm2):
     for path, _ in drafts:
         # the verify budget off: whether drafting pays depends on the machine's load (under the full suite's two
         # workers the budget had cut every round of the Eagle3 draft), whether the drafts are right does not
-        engine = SpecEngine(smollm2, build_drafter(str(path), smollm2), max_batch_size=2, max_seq_len=1024,
-                            verify_budget=False)
+        engine = SpecEngine(smollm2, build_drafter(str(path), smollm2), max_batch_size=2, max_seq_len=1024)
         spec = engine.generate(prompts, params)
         assert [r.token_ids for r in spec] == [r.token_ids for r in base], path.name
         assert sum(r.num_accepted_tokens for r in spec) > 0, f"{path.name} never had a draft accepted"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding.drafter import DraftSampling, Drafter, PaddedProposal, Proposal
 from deepspec.decoding.drafters.random import RandomDrafter
@@ -178,8 +179,7 @@ def test_the_longest_accepted_path_is_committed_and_its_kv_compacted(target):
     prompts = PROMPTS[:3]
     reference = _reference(target, prompts, max_tokens=13)
     drafter = _ScriptedTree(prompts, reference, 16)
-    engine = SpecEngine(target, drafter, max_batch_size=3, max_seq_len=128, num_speculative_tokens=6,
-                        verify_budget=False)
+    engine = SpecEngine(target, drafter, max_batch_size=3, max_seq_len=128, num_speculative_tokens=6)
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(max_tokens=13), keep_result=True)
     outputs = engine.step()  # prefill + the first tree round
@@ -207,10 +207,10 @@ def test_the_longest_accepted_path_is_committed_and_its_kv_compacted(target):
 def test_greedy_tree_speculation_is_token_identical_to_target_only(target, budget):
     reference = _reference(target)
     for batch in (1, 3, 8):  # 3 < len(PROMPTS): requests join and leave mid-run (slot compaction)
+        # budgeted: a fixed cost model (0.3 ms a token on a 10 ms pass), not this busy CPU's probe
+        planner = BudgetPlanner(StepTimeModel([(1, 0.010), (64, 0.010 + 63 * 0.0003)])) if budget else None
         engine = SpecEngine(target, RandomDrafter(16, seed=1, tree=True), max_batch_size=batch, max_seq_len=128,
-                            num_speculative_tokens=6, verify_budget=False)
-        if budget:  # a fixed cost model (0.3 ms a token on a 10 ms pass), not this busy CPU's probe
-            engine.step_time = StepTimeModel([(1, 0.010), (64, 0.010 + 63 * 0.0003)])
+                            num_speculative_tokens=6, planner=planner)
         results = engine.generate(PROMPTS, SamplingParams(max_tokens=24))
         assert [r.token_ids for r in results] == reference, batch
         assert sum(r.num_accepted_tokens for r in results) > 0
@@ -222,7 +222,7 @@ def test_greedy_tree_speculation_is_token_identical_to_target_only(target, budge
 def test_a_target_without_tree_attention_verifies_first_child_chains(target, monkeypatch):
     reference = _reference(target)
     engine = SpecEngine(target, RandomDrafter(16, seed=1, tree=True), max_batch_size=3, max_seq_len=128,
-                        num_speculative_tokens=6, verify_budget=False)
+                        num_speculative_tokens=6)
     engine.tree_attention = False
     monkeypatch.setattr(target, "forward", _no_trees(target.forward))
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=24))
@@ -253,14 +253,14 @@ def test_a_tree_over_budget_is_cut_not_refused(target):
 
     reference = _reference(target, PROMPTS[:2], 12)
     engine = SpecEngine(target, _Confident(16, seed=3, tree=True), max_batch_size=2, max_seq_len=128,
-                        num_speculative_tokens=6)
-    engine.step_time = StepTimeModel([(1, 0.010), (64, 0.010 + 63 * 0.003)])  # 3 ms a token on a 10 ms pass
+                        num_speculative_tokens=6, planner=BudgetPlanner())
+    engine.planner.step_time = StepTimeModel([(1, 0.010), (64, 0.010 + 63 * 0.003)])  # 3 ms a token on a 10 ms pass
     outputs = []
     cut = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=12), on_output=outputs.append)
     assert [r.token_ids for r in cut] == reference
     rounds = [o.num_draft_tokens for o in outputs if o.num_verify_tokens]
     assert max(rounds) == 2 and rounds[:10] == [2] * 10  # the last rounds of a row are capped by max_tokens
-    engine.step_time = StepTimeModel([(1, 0.010), (64, 0.010)])
+    engine.planner.step_time = StepTimeModel([(1, 0.010), (64, 0.010)])
     outputs.clear()
     free = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=12), on_output=outputs.append)
     assert [r.token_ids for r in free] == reference
@@ -274,7 +274,6 @@ def test_a_malformed_tree_is_a_clear_error(target):
             p.num_tokens, p.parents = torch.full_like(p.num_tokens, k), torch.full_like(p.tokens, 5)
             return p.ragged()
 
-    engine = SpecEngine(target, _Bad(16, tree=True), max_batch_size=1, max_seq_len=64, num_speculative_tokens=3,
-                        verify_budget=False)
+    engine = SpecEngine(target, _Bad(16, tree=True), max_batch_size=1, max_seq_len=64, num_speculative_tokens=3)
     with pytest.raises(ValueError, match="malformed tree"):
         engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4))

@@ -10,6 +10,7 @@ from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.decoding.tree import monotone_survival
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, StepTimeModel, best_depth, best_nodes,
                                              modelled_tokens_per_second, observed_survival)
 from deepspec.models.drafts import save_draft
@@ -87,7 +88,7 @@ def _dspark_engine(target, tmp_path, **kw) -> SpecEngine:
     with torch.no_grad():  # c = σ(0) = 0.5 on every slot: survival 0.5, 0.25, ...
         drafter.model.confidence.weight.zero_()
         drafter.model.confidence.bias.zero_()
-    return SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=4, **kw)
+    return SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=4, planner=BudgetPlanner(**kw))
 
 
 def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
@@ -95,12 +96,12 @@ def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
     reference = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(prompts, params)
 
     engine = _dspark_engine(target, tmp_path)
-    assert engine.step_time is not None and engine.step_time.predict(1) > 0  # probed at start
-    assert engine.draft_time is not None and float(engine.draft_time.round_seconds(1, [4])[0]) > 0
-    engine.draft_time = None  # drafting itself free: the verify pass's price alone decides
-    engine.step_time = _model(1, 0)  # extra tokens are free: verify every draft
+    assert engine.planner.step_time is not None and engine.planner.step_time.predict(1) > 0  # probed at start
+    assert engine.planner.draft_time is not None and float(engine.planner.draft_time.round_seconds(1, [4])[0]) > 0
+    engine.planner.draft_time = None  # drafting itself free: the verify pass's price alone decides
+    engine.planner.step_time = _model(1, 0)  # extra tokens are free: verify every draft
     free = engine.generate(prompts, params)
-    engine.step_time = _model(1, 1000)  # cost ∝ tokens: a slot surviving with p < 1 never pays
+    engine.planner.step_time = _model(1, 1000)  # cost ∝ tokens: a slot surviving with p < 1 never pays
     costly = engine.generate(prompts, params)
 
     assert [r.token_ids for r in free] == [r.token_ids for r in reference]
@@ -162,8 +163,7 @@ def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(tar
         propose = drafter.propose
         drafter.propose = lambda *a, **kw: calls.append(a[1]) or propose(*a, **kw)
         engine = SpecEngine(target, drafter, max_batch_size=4, max_seq_len=64, num_speculative_tokens=2,
-                            verify_budget=False)
-        engine.step_time = StepTimeModel(curve, rows_serial=serial)
+                            planner=BudgetPlanner(StepTimeModel(curve, rows_serial=serial), price_drafting=False))
         got = engine.generate(prompts, params)
         assert [r.token_ids for r in got] == [r.token_ids for r in reference]
         assert bool(calls) == asked
@@ -210,11 +210,12 @@ def test_a_draft_slower_than_what_it_wins_is_not_run_and_output_stays_target_onl
     for seconds in (1.0, 0.0):
         asked = seconds == 0 or kind == "prompt-lookup"
         drafter = build_drafter(kind, target)
-        engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2)
-        assert (engine.draft_time is None) == (kind == "prompt-lookup")  # probed at start where it runs a model
+        engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2,
+                            planner=BudgetPlanner())
+        assert (engine.planner.draft_time is None) == (kind == "prompt-lookup")  # probed at start where it runs a model
         assert engine.batch_state.view.live_sequence_ids() == set()  # the probe's slots released
-        engine.step_time = _model(1, 0)
-        engine.draft_time = DraftTimeModel({(r, w): seconds * w for r in (1, 2) for w in (1, 2)})
+        engine.planner.step_time = _model(1, 0)
+        engine.planner.draft_time = DraftTimeModel({(r, w): seconds * w for r in (1, 2) for w in (1, 2)})
         calls = []
         propose = drafter.propose
         drafter.propose = lambda *a, **kw: calls.append(a[1]) or propose(*a, **kw)
@@ -222,33 +223,36 @@ def test_a_draft_slower_than_what_it_wins_is_not_run_and_output_stays_target_onl
         assert [r.token_ids for r in got] == [r.token_ids for r in reference]
         assert bool(calls) == asked and (asked or sum(r.num_draft_tokens for r in got) == 0)
     unpriced = SpecEngine(target, build_drafter(kind, target), max_batch_size=2, max_seq_len=64,
-                          num_speculative_tokens=2, price_drafting=False)
-    assert unpriced.step_time is not None and unpriced.draft_time is None  # verify passes budgeted, drafting free
+                          num_speculative_tokens=2, planner=BudgetPlanner(price_drafting=False))
+    assert unpriced.planner.step_time is not None and unpriced.planner.draft_time is None  # verify passes budgeted, drafting free
 
 
 def test_the_verify_pass_is_timed_once_per_target_and_shape(monkeypatch):
     from deepspec.decoding.registry import build_drafter
 
+    import deepspec.decoding.step_timing as step_timing
+
     timed = []
-    time_passes = SpecEngine._time_verify_passes
-    monkeypatch.setattr(SpecEngine, "_time_verify_passes", lambda self, sizes: timed.append(sizes) or time_passes(
-        self, sizes))
+    time_pass = step_timing._timed_pass
+    monkeypatch.setattr(step_timing, "_timed_pass", lambda target, cache, n, start, layers: timed.append(
+        (n, start)) or time_pass(target, cache, n, start, layers))
     target = tiny_target()  # a fresh target: nothing measured on it yet
     engines = [SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
-                          max_verify_tokens=m) for m in (32, 32, 8)]
-    assert engines[0].step_time is engines[1].step_time is not engines[2].step_time
-    assert timed == [(1, 2, 4, 8, 16, 32), (1, 2, 4, 8)]
+                          max_verify_tokens=m, planner=BudgetPlanner()) for m in (32, 32, 8)]
+    assert engines[0].planner.step_time is engines[1].planner.step_time is not engines[2].planner.step_time
+    probes = [n for n, start in timed if start == 0]  # a warm-up pass, then PROBE_ROUNDS rounds over the sizes
+    assert probes == [32] + [1, 2, 4, 8, 16, 32] * step_timing.PROBE_ROUNDS + [8] + [1, 2, 4, 8] * step_timing.PROBE_ROUNDS
 
 
 def test_budget_can_be_switched_off_and_covers_drafters_without_estimates(target):
     from deepspec.decoding.registry import build_drafter
 
-    pl = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
-    assert pl.step_time is not None
-    off = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
-                     verify_budget=False)
-    assert off.step_time is None
-    assert SpecEngine(target, None, max_batch_size=1, max_seq_len=64).step_time is None
+    pl = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
+                    planner=BudgetPlanner())
+    assert pl.planner.step_time is not None
+    off = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
+    assert off.planner.step_time is None
+    assert SpecEngine(target, None, max_batch_size=1, max_seq_len=64, planner=BudgetPlanner()).planner.step_time is None
 
 
 def test_observed_survival_starts_at_the_prior_and_follows_the_record():
@@ -272,10 +276,11 @@ def test_prompt_lookup_stops_drafting_where_its_record_says_it_does_not_pay(targ
 
     prompts, params = [[1, 2, 3, 1, 2, 3, 1, 2]], SamplingParams(max_tokens=24, ignore_eos=True)
     reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(prompts, params)
-    engine = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=128)
-    engine.step_time = _model(1, 1000)
+    engine = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=128,
+                        planner=BudgetPlanner())
+    engine.planner.step_time = _model(1, 1000)
     costly = engine.generate(prompts, params)
-    engine.step_time = _model(1, 0)
+    engine.planner.step_time = _model(1, 0)
     free = engine.generate(prompts, params)
     assert [r.token_ids for r in costly] == [r.token_ids for r in free] == [r.token_ids for r in reference]
     assert costly[0].num_draft_tokens == 0 and free[0].num_draft_tokens > 0
@@ -305,8 +310,9 @@ def test_a_drafters_estimates_give_way_to_what_each_sequence_accepts(target):
 
     Drafter.register(_OverconfidentLookup)
     prompts = [[1, 2, 3, 4]]
-    engine = SpecEngine(target, _OverconfidentLookup(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=4)
-    engine.step_time = _model(1, 0.2)  # an extra verify token costs a fifth of a pass: pays only above ~0.2
+    engine = SpecEngine(target, _OverconfidentLookup(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=4,
+                        planner=BudgetPlanner())
+    engine.planner.step_time = _model(1, 0.2)  # an extra verify token costs a fifth of a pass: pays only above ~0.2
     sampled = engine.generate(prompts, SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True))[0]
     greedy = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))[0]
     assert greedy.num_accepted_tokens == 0 and greedy.num_drafted_steps <= greedy.num_steps // 3
@@ -395,8 +401,9 @@ def test_a_draft_the_first_sequence_found_useless_is_not_drafted_for_the_next(ta
     Drafter.register(_NeverAccepted)
     prompts, params = [[1, 2, 3, 4]], SamplingParams(max_tokens=24, ignore_eos=True)
     reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(prompts, params)[0]
-    engine = SpecEngine(target, _NeverAccepted(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=2)
-    engine.step_time = _model(1, 0.5)  # an extra verify token costs half a pass: depth 1 pays above 0.5
+    engine = SpecEngine(target, _NeverAccepted(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=2,
+                        planner=BudgetPlanner())
+    engine.planner.step_time = _model(1, 0.5)  # an extra verify token costs half a pass: depth 1 pays above 0.5
     first, second, third = (engine.generate(prompts, params)[0] for _ in range(3))
     assert first.token_ids == second.token_ids == third.token_ids == reference.token_ids
     assert first.num_draft_tokens > 0 and first.num_accepted_tokens == 0
@@ -411,12 +418,12 @@ def test_the_acceptance_ops_own_cost_is_priced_with_every_drafted_depth(target, 
     prompts, params = [[1, 2, 3], [4, 5, 6, 7]], SamplingParams(max_tokens=12, ignore_eos=True)
     reference = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(prompts, params)
     engine = _dspark_engine(target, tmp_path)
-    assert set(engine._verify_overhead) == {False, True} and min(engine._verify_overhead.values()) >= 0
-    engine.draft_time = None
-    engine.step_time = _model(1, 0)  # extra verify tokens free: only the op's overhead can stop drafting
-    engine._verify_overhead = {False: 0.0, True: 0.0}
+    assert set(engine.planner.verify_overhead) == {False, True} and min(engine.planner.verify_overhead.values()) >= 0
+    engine.planner.draft_time = None
+    engine.planner.step_time = _model(1, 0)  # extra verify tokens free: only the op's overhead can stop drafting
+    engine.planner.verify_overhead = {False: 0.0, True: 0.0}
     free = engine.generate(prompts, params)
-    engine._verify_overhead = {False: 10.0, True: 0.0}  # a drafted round's op costs 10 s more than a plain one
+    engine.planner.verify_overhead = {False: 10.0, True: 0.0}  # a drafted round's op costs 10 s more than a plain one
     costly = engine.generate(prompts, params)
     assert all(r.num_draft_tokens >= r.num_steps for r in free)
     assert all(r.num_draft_tokens == 0 for r in costly)

@@ -244,8 +244,7 @@ def test_canonical_eagle3_drafts_in_the_engine_exactly_like_ours(target, tmp_pat
     for name, draft in [("ours", ours), ("canonical", _as_canonical(target, ours))]:
         drafter = load_checkpoint_drafter(save_draft(draft, tmp_path / name), target)
         # a fixed depth: the verify budget times passes, so its depths (and the counts) vary with machine load
-        engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=96, num_speculative_tokens=4,
-                            verify_budget=False)
+        engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=96, num_speculative_tokens=4)
         results.append(engine.generate(prompts, params))
     for spec in results:
         assert [r.token_ids for r in spec] == [r.token_ids for r in base]
@@ -315,7 +314,7 @@ def test_int8_eagle3_drafts_in_the_engine_like_its_dequantized_self(target, tmp_
     results = []
     for path in (int8_dir, fp32_dir):
         engine = SpecEngine(target, load_checkpoint_drafter(path, target), max_batch_size=2, max_seq_len=96,
-                            num_speculative_tokens=4, verify_budget=False)
+                            num_speculative_tokens=4)
         results.append(engine.generate(prompts, params))
     assert [r.token_ids for r in results[0]] == [r.token_ids for r in results[1]]
     assert [r.num_accepted_tokens for r in results[0]] == [r.num_accepted_tokens for r in results[1]]

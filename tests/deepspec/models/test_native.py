@@ -315,7 +315,7 @@ def test_speculative_greedy_output_is_target_only_output_at_any_batch(tree, weig
         PROMPTS, SamplingParams(max_tokens=24))]
     for batch in (1, 3, 8):
         engine = SpecEngine(native, RandomDrafter(16, seed=1, tree=tree), max_batch_size=batch, max_seq_len=128,
-                            num_speculative_tokens=6, verify_budget=False)
+                            num_speculative_tokens=6)
         results = engine.generate(PROMPTS, SamplingParams(max_tokens=24))
         assert [r.token_ids for r in results] == reference, batch
         assert sum(r.num_accepted_tokens for r in results) > 0
@@ -335,7 +335,7 @@ def test_the_default_target_speculates_exactly_with_the_shipped_corpus_draft():
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     reference = [r.token_ids for r in SpecEngine(native, None, max_batch_size=1).generate(prompts, params)]
     for batch in (1, 3):
-        engine = SpecEngine(native, build_drafter("auto", native), max_batch_size=batch, verify_budget=False)
+        engine = SpecEngine(native, build_drafter("auto", native), max_batch_size=batch)
         results = engine.generate(prompts, params)
         assert [r.token_ids for r in results] == reference, batch
         assert sum(r.num_accepted_tokens for r in results) > 10

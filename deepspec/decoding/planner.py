@@ -1,0 +1,340 @@
+"""How deep each round verifies: the policy the engine asks before and after its drafter proposes.
+
+`SpecEngine` owns admission, the round and the commit; a `RoundPlanner` decides, per round, how many drafts per row
+to ask the drafter for (`draft_width`), how deep a proposed chain is verified (`chain_depth`) and which nodes of a
+proposed tree (`keep_tree`). Two strategies:
+
+- `RoundPlanner` itself verifies what the drafter proposes, within the engine's caps (vLLM's rule). It times
+  nothing: the default of a `SpecEngine` built without a planner, and what evaluation uses to measure a draft's τ.
+- `BudgetPlanner` is the throughput-aware verification budget (deepspec/decoding/verify_budget.py holds its
+  arithmetic): it prices every depth with the step curve t(n) and the draft's own round cost, and verifies only as
+  deep as pays. Its curve comes from deepspec/decoding/step_timing.py: a cache file per machine, else a robust
+  probe, corrected online by the passes actually served (greedy batches use the corrected curve; a batch with a
+  sampled row keeps the curve the planner started with, so a seeded request samples the same tokens whatever the
+  engine served before). A planner that finds drafting a loss keeps verifying a few rounds at other depths
+  (EXPLORE_ROUNDS) so the served passes can show it was wrong.
+
+The planner reads the batch's sequences duck-typed (`params`, `stats`, `calibration`, `cache_len`, `sequence_id`);
+it never imports the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from deepspec.decoding.draft_time import probe_draft_time, runs_a_model
+from deepspec.decoding.drafter import PaddedProposal
+from deepspec.decoding.step_timing import (ServedSteps, StepCurveCache, probe_sizes, probe_step_curve,
+                                           probe_verify_overhead, SAVE_EVERY)
+from deepspec.decoding.tree import keep_nodes, monotone_survival, tree_survival_from_record
+from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, StepTimeModel, best_depth, best_nodes,
+                                            observed_survival)
+
+#: rounds of greedy batches between two exploring rounds while some depth has too few served passes
+EXPLORE_ROUNDS = 4
+#: ... and once every candidate depth has MIN_SERVED passes (the window still rolls: the machine may change)
+EXPLORE_ROUNDS_SETTLED = 128
+#: exploring stops deepening at a depth whose verify pass costs this many target-only steps
+EXPLORE_MAX_COST = 2.0
+#: served passes per size before exploring it becomes rare
+MIN_SERVED = 3
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """What a planner needs of the engine it serves, handed over once (`RoundPlanner.bind`)."""
+
+    target: Any
+    drafter: Any
+    max_batch_size: int
+    max_seq_len: int
+    num_speculative_tokens: int
+    max_verify_tokens: int
+    feature_layers: tuple[int, ...]
+    #: the engine's KV cache: a probe times passes on its row 0 before any request runs
+    cache: Any
+    #: the target runs multi-token passes over several rows one row at a time (OnnxTarget)
+    rows_serial: bool
+
+
+class RoundPlanner:
+    """Verify what the drafter proposes within the engine's caps; no timing, no history (module docstring)."""
+
+    #: the verify-pass cost model the planner prices rounds with (None: it does not price them)
+    step_time: StepTimeModel | None = None
+    #: what a drafted round costs the drafter (None: free, or not priced)
+    draft_time: DraftTimeModel | None = None
+
+    def bind(self, shape: EngineShape) -> None:
+        """Called once by the engine's constructor."""
+
+    @property
+    def times_passes(self) -> bool:
+        """Whether the engine should time its verify passes for `observe_pass`."""
+        return False
+
+    def admit(self, seq) -> None:
+        """A sequence joins the engine."""
+
+    def finished(self, seq) -> None:
+        """A sequence leaves the engine (finished or aborted)."""
+
+    def forget_acceptance(self) -> None:
+        """Forget what finished sequences accepted (after a warm-up request, which is not traffic)."""
+
+    def start_round(self, rows: list) -> None:
+        """A decode round over `rows` begins."""
+
+    def draft_width(self, rows: list, caps: list[int], view) -> int:
+        """Drafts per row to ask the drafter for (0: the round does not draft); `caps` [B] are the engine's limits."""
+        return max(caps, default=0)
+
+    def chain_depth(self, rows: list, proposal: PaddedProposal, counts: list[int]) -> int:
+        """The depth the round verifies the proposed chains to; `counts` [B] are each row's capped draft counts."""
+        return max(counts, default=0)
+
+    def keep_tree(self, rows: list, proposal: PaddedProposal) -> PaddedProposal:
+        """The proposed trees (node counts already capped) with the nodes that are not worth verifying cut."""
+        return proposal
+
+    def observe_pass(self, num_rows: int, tokens_per_row: int, context_keys: int, seconds: float) -> None:
+        """A verify pass ran: `num_rows` rows of `tokens_per_row` tokens after `context_keys` positions in all."""
+
+    def round_done(self, rows: list, accepted: list[int]) -> None:
+        """The round committed; `accepted` [B] drafts per row."""
+
+
+class BudgetPlanner(RoundPlanner):
+    """The throughput-aware verification budget (module docstring; the pricing rule is verify_budget.best_depth).
+
+    `step_time`: a curve to start from instead of the cache or the probe (a test's, an export's recorded one).
+    `price_drafting=False` prices drafting as free (every round asks the drafter; the budget cuts only its drafts).
+    `curve_cache`: the file the curve is read from at bind and saved to as served passes correct it (None: no file;
+    `StepCurveCache.for_target` gives a target's default one). `learn_online=False` keeps the starting curve."""
+
+    def __init__(self, step_time: StepTimeModel | None = None, *, price_drafting: bool = True,
+                 curve_cache: StepCurveCache | None = None, learn_online: bool = True):
+        self._given = step_time
+        self.price_drafting = price_drafting
+        self.curve_cache = curve_cache
+        self.learn_online = learn_online
+        self._step_time: StepTimeModel | None = None
+        #: the curve a batch with a sampled row is priced with: the one the planner started with
+        self._start_curve: StepTimeModel | None = None
+        self.draft_time: DraftTimeModel | None = None
+        #: greedy (False) / sampled (True) -> seconds the acceptance op adds to a drafted round (None: not probed)
+        self.verify_overhead: dict[bool, float] | None = None
+        #: the finished sequences' acceptance, the prior a new sequence's own record starts from
+        self.acceptance_history = AcceptanceHistory()
+        self.served = ServedSteps()
+        self._shape: EngineShape | None = None
+        self._online = False
+        self._refits = 0
+        self._rounds = 0
+        #: width -> this round's observed survival (`_observed_survival`)
+        self._round_survival: dict[int, list[list[float]]] = {}
+        #: the depth this round explores, where it does (`_exploring`)
+        self._explore: int | None = None
+
+    @property
+    def step_time(self) -> StepTimeModel | None:
+        return self._step_time
+
+    @step_time.setter
+    def step_time(self, model: StepTimeModel | None) -> None:
+        """A curve set by hand is used as it is, by every batch, and not corrected."""
+        self._step_time = self._start_curve = model
+        self._online = False
+
+    def bind(self, shape: EngineShape) -> None:
+        self._shape = shape
+        if shape.drafter is None or not shape.num_speculative_tokens:
+            return
+        target = shape.target
+        curve = self._given or self._recorded(target, shape.rows_serial)
+        if curve is None and self.curve_cache is not None:
+            curve = self.curve_cache.load(shape.rows_serial)
+        if curve is None:
+            curve = probe_step_curve(target, shape.cache, probe_sizes(shape.max_verify_tokens, shape.max_seq_len),
+                                     shape.feature_layers, shape.max_seq_len, shape.rows_serial)
+            if self.curve_cache is not None:
+                self.curve_cache.save(curve)
+        self._step_time = self._start_curve = curve
+        self._online = self.learn_online and self._given is None and target.device.type == "cpu"
+        self.verify_overhead = probe_verify_overhead(target, shape.num_speculative_tokens)
+        if self.price_drafting and runs_a_model(shape.drafter):
+            self.draft_time = probe_draft_time(target, shape.drafter, tuple(sorted({1, shape.max_batch_size})),
+                                               tuple(sorted({1, shape.num_speculative_tokens})), shape.max_seq_len)
+
+    @staticmethod
+    def _recorded(target, rows_serial: bool) -> StepTimeModel | None:
+        """The target's own recorded verify-step curve on this machine (an ONNX export times it once), or None."""
+        recorded = getattr(target, "recorded_step_curve", lambda: None)()
+        return StepTimeModel(sorted(recorded.items()), rows_serial) if recorded else None
+
+    @property
+    def times_passes(self) -> bool:
+        return self._online
+
+    # ---- sequences -------------------------------------------------------------------------------------------
+    def admit(self, seq) -> None:
+        if seq.params.greedy:  # a sampled row's depths decide its draws: they must not follow the engine's history
+            seq.calibration = self.acceptance_history.calibration(seq.sequence_id)
+
+    def finished(self, seq) -> None:
+        self.acceptance_history.add(seq.params.greedy, seq.stats.proposed_per_position,
+                                    seq.stats.accepted_per_position, seq.calibration)
+
+    def forget_acceptance(self) -> None:
+        self.acceptance_history = AcceptanceHistory()
+
+    def round_done(self, rows: list, accepted: list[int]) -> None:
+        for seq, n in zip(rows, accepted):
+            seq.calibration.settle(n)
+
+    # ---- rounds ----------------------------------------------------------------------------------------------
+    def start_round(self, rows: list) -> None:
+        self._round_survival = {}  # the batch and its records as this round finds them
+        self._explore = self._exploring(rows)
+
+    def draft_width(self, rows: list, caps: list[int], view) -> int:
+        """The width the budget pays for (a costly drafter priced before it runs: `_costly_width`); a cheap chain
+        drafter is skipped where no depth pays on the rows' records, a tree drafter where none would pay even if
+        every node were accepted (its nodes are then kept on their own estimates). An exploring round asks for at
+        least the depth it explores."""
+        width = max(caps)
+        if self._step_time is None:
+            return width
+        if self._explore is not None:
+            return min(width, max(self._explore, 1)) if self._explore else 0
+        drafter = self._shape.drafter
+        costly = drafter.costly_rows(view, list(range(len(caps)))) if self.draft_time else 0
+        tree = getattr(drafter, "tree", None)
+        if not costly and tree:
+            return width if best_depth([[1.0] * width] * len(caps), self._model(rows)) > 0 else 0
+        survival = _live(self._observed_survival(rows, width), caps)
+        if not costly:
+            return width if best_depth(survival, self._model(rows)) > 0 else 0
+        depth = best_depth(survival, self._model(rows), self.draft_time.round_seconds(costly, torch.arange(width + 1)))
+        return width if depth and tree else depth
+
+    def chain_depth(self, rows: list, proposal: PaddedProposal, counts: list[int]) -> int:
+        """The depth the budget pays for on the proposal's own survival estimates or, where it has none, on each
+        sequence's acceptance record.
+
+        A greedy row's estimates are scaled by how far they have held for it (verify_budget.EstimateCalibration),
+        and in a batch of several rows also capped by its record: at 8 rows an extra verify token costs ~6% of a
+        pass. A deterministic draft (no q: corpus lookup's tables) is accepted by a sampled row only with the
+        target's probability of it, so a sampled row's estimate is capped by its own record: once drafting stops
+        paying for it, it stops drafting."""
+        if self._step_time is None:
+            return max(counts, default=0)
+        if self._explore is not None:
+            return self._explore
+        width = proposal.tokens.shape[1]
+        sampled = [not s.params.greedy for s in rows]
+        estimates = None if proposal.survival is None else _live(proposal.survival.tolist(), counts)
+        if estimates is None:
+            survival = _live(self._observed_survival(rows, width), counts)
+        else:
+            all_greedy = not any(sampled)
+            survival = [[min(v * factor, 1.0) for v in row] for row, factor in
+                        zip(estimates, (s.calibration.factor(all_greedy) for s in rows))]
+            if proposal.probs is None and (len(rows) > 1 or any(sampled)):
+                survival = [[min(e if is_sampled else v, o) for e, v, o in zip(estimated, calibrated, observed)]
+                            for estimated, calibrated, observed, is_sampled in
+                            zip(estimates, survival, self._observed_survival(rows, width), sampled)]
+        extra = None
+        if self.verify_overhead is not None:  # a target-only round pays the op's short path, which all rounds share
+            extra = [0.0] + [self.verify_overhead[any(sampled)]] * width
+        depth = best_depth(survival, self._model(rows), extra)
+        if estimates is not None and depth:
+            for seq, row in zip(rows, estimates):
+                if seq.params.greedy:
+                    seq.calibration.expect(sum(row[:depth]))
+        return depth
+
+    def keep_tree(self, rows: list, proposal: PaddedProposal) -> PaddedProposal:
+        """Each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens pay best
+        (verify_budget.best_nodes); ancestor-closed because survival is made non-increasing along paths first."""
+        if self._step_time is None:
+            return proposal
+        parents, num = proposal.parents, proposal.num_tokens
+        k = proposal.tokens.shape[1]
+        survival = proposal.survival
+        if survival is None:
+            survival = tree_survival_from_record(
+                torch.tensor(self._observed_survival(rows, max(k, 1)), dtype=torch.float64)
+                .reshape(len(rows), max(k, 1)), parents, num)
+        keep = best_nodes(monotone_survival(survival, parents, num), self._model(rows))
+        return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
+
+    def observe_pass(self, num_rows: int, tokens_per_row: int, context_keys: int, seconds: float) -> None:
+        """Learn from a served pass (step_timing.ServedSteps): its seconds less the modelled attention, at its size."""
+        if not self._online:
+            return
+        seconds -= self._start_curve.per_key_query * tokens_per_row * context_keys
+        if self._start_curve.rows_serial and num_rows > 1 and tokens_per_row > 1:
+            self.served.add(tokens_per_row, seconds / num_rows)
+        else:
+            self.served.add(num_rows * tokens_per_row, seconds)
+        if self.served.due():
+            self._step_time = self.served.corrected(self._start_curve)
+            self._refits += 1
+            if self.curve_cache is not None and self._refits % SAVE_EVERY == 0:
+                self.curve_cache.save(self._step_time)
+
+    # ---- helpers ---------------------------------------------------------------------------------------------
+    def _model(self, rows: list):
+        """The step-time model for this round: the corrected curve for a greedy batch, the starting one where a row
+        samples, with the rows' context added (StepTimeModel.at_context)."""
+        greedy = all(s.params.greedy for s in rows)
+        model = self._step_time if greedy else self._start_curve
+        return model.at_context(sum(s.cache_len for s in rows))
+
+    def _exploring(self, rows: list) -> int | None:
+        """The depth this round verifies whatever the budget says, or None: every EXPLORE_ROUNDS rounds of a greedy
+        batch (EXPLORE_ROUNDS_SETTLED once every candidate has MIN_SERVED passes), the candidate depth whose pass
+        size the served passes have measured least (ties: the shallower). Candidates grow one depth at a time:
+        0 .. one past the deepest depth measured MIN_SERVED times, and not past a depth whose pass already costs
+        EXPLORE_MAX_COST target-only steps, so exploring never verifies a block far dearer than a step."""
+        if not self._online or not rows or not all(s.params.greedy for s in rows):
+            return None
+        self._rounds += 1
+        size = [self._pass_size(len(rows), d) for d in range(self._shape.num_speculative_tokens + 1)]
+        top = 1
+        while (top < len(size) - 1 and self.served.count(size[top]) >= MIN_SERVED
+               and self._step_time.predict(size[top]) < EXPLORE_MAX_COST * self._step_time.predict(size[0])):
+            top += 1
+        depths = range(min(top, len(size) - 1) + 1)
+        counts = {d: self.served.count(size[d]) for d in depths}
+        least = min(depths, key=lambda d: (counts[d], d))
+        every = EXPLORE_ROUNDS if counts[least] < MIN_SERVED else EXPLORE_ROUNDS_SETTLED
+        return least if self._rounds % every == 0 else None
+
+    def _pass_size(self, num_rows: int, depth: int) -> int:
+        """The size `ServedSteps` files a pass of `num_rows` rows verifying `depth` drafts each under."""
+        if self._start_curve.rows_serial and num_rows > 1 and depth > 0:
+            return depth + 1
+        return num_rows * (depth + 1)
+
+    def _observed_survival(self, rows: list, width: int) -> list[list[float]]:
+        """[B][width] survival from the batch's own acceptance records, each shrunk toward the prior the finished
+        greedy sequences give (sampled rows: the fixed prior; verify_budget.AcceptanceHistory). In a batch with a
+        sampled row every row takes the fixed prior: the round's depth is the batch's, so a greedy co-runner's
+        history-fed estimate would change the sampled row's draws. Computed once a round per width."""
+        if width not in self._round_survival:
+            records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in rows]
+            all_greedy = all(s.params.greedy for s in rows)
+            prior = [self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id,
+                                                   sampled=not s.params.greedy) for s in rows]
+            self._round_survival[width] = observed_survival(records, width, prior)
+        return self._round_survival[width]
+
+
+def _live(rows: list[list[float]], counts: list[int]) -> list[list[float]]:
+    """[B][width] per-slot values with each row's slots past its count set to 0 (no draft, nothing to survive)."""
+    return [[v if j < n else 0.0 for j, v in enumerate(row)] for row, n in zip(rows, counts)]
