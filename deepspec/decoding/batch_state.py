@@ -57,6 +57,10 @@ class BatchView:
         """A number that names the slot's sequence for as long as it runs, whichever slot it moves to."""
         return int(self._state.sequence_ids[slot])
 
+    def session(self, slot: int) -> str | None:
+        """The session the slot's request drafts from and is remembered in (SamplingParams.session), or None."""
+        return self._state.sessions[slot]
+
     def live_sequence_ids(self) -> set[int]:
         return {int(i) for i in self._state.sequence_ids if i != NO_SEQUENCE}
 
@@ -70,6 +74,7 @@ class BatchState:
         self.token_ids = np.zeros((max_batch_size, max_tokens), dtype=np.int64)
         self.num_tokens = np.zeros(max_batch_size, dtype=np.int64)
         self.sequence_ids = np.full(max_batch_size, NO_SEQUENCE, dtype=np.int64)
+        self.sessions: list[str | None] = [None] * max_batch_size
         #: per-row sampling parameters, host and target-device copies (the ops read the latter)
         self.temperature = torch.zeros(max_batch_size, dtype=torch.float32)
         self.top_k = torch.zeros(max_batch_size, dtype=torch.int64)
@@ -82,6 +87,7 @@ class BatchState:
     def admit(self, slot: int, sequence_id: int, params: SamplingParams) -> None:
         """A new sequence takes `slot`: no tokens yet (they come with its prefill), its sampling parameters now."""
         self.sequence_ids[slot] = sequence_id
+        self.sessions[slot] = params.session
         self.num_tokens[slot] = 0
         self.temperature[slot], self.top_k[slot], self.top_p[slot] = params.temperature, params.top_k, params.top_p
         for host, device in zip((self.temperature, self.top_k, self.top_p), self._device_sampling):
@@ -101,12 +107,14 @@ class BatchState:
         n = int(self.num_tokens[src])
         self.token_ids[dst, :n] = self.token_ids[src, :n]
         self.num_tokens[dst], self.sequence_ids[dst] = n, self.sequence_ids[src]
+        self.sessions[dst] = self.sessions[src]
         for t in (self.temperature, self.top_k, self.top_p, *self._device_sampling):
             t[dst] = t[src]
         self.clear(src)
 
     def clear(self, slot: int) -> None:
         self.num_tokens[slot], self.sequence_ids[slot] = 0, NO_SEQUENCE
+        self.sessions[slot] = None
 
     # ---- reads (the engine's) ---------------------------------------------------------------------------------
     def sampling_params(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

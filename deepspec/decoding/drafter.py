@@ -207,6 +207,10 @@ class Drafter(ABC):
         """Guess up to k tokens (a chain, or a tree of k nodes) that follow each slot's last committed token;
         `view` holds every slot's committed tokens (read-only)."""
 
+    def use_session_memory(self, memory) -> None:
+        """Draft from this engine's session memory too (session_memory.SessionMemory; called once by the engine).
+        Ignored here: only drafters that match token sequences (prompt and corpus lookup) can use it."""
+
     def costly_rows(self, view: BatchView, slots: list[int]) -> int:
         """How many of these rows the next `propose` would run a model of its own for: what the engine prices with
         the drafter's probed propose time before it drafts (SpecEngine._draft_width). 0 here: a drafter that reads

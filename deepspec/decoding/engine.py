@@ -1,12 +1,8 @@
 """The speculative decoding engine: prefill → (propose → verify → accept → stream) until each request stops.
 
-`SpecEngine.step()` is one scheduler iteration over every running sequence: newly added requests are prefilled
-(emitting their first token), then all running rows take one batched round — the drafter proposes up to k
-tokens per row, the target scores [last token, drafts] in a single forward, each row accepts its own number of
-drafts and commits one more token of the target's. With no drafter the same loop is the target-only baseline.
-
-How deep each round verifies is the planner's call (deepspec/decoding/planner.py); token trees, state, devices and
-forked sequences are described in deepspec/decoding/DESIGN.md.
+`SpecEngine.step()` is one scheduler iteration: new requests are prefilled, then every running row takes one batched
+round (propose, verify in one forward, accept, commit). How deep a round verifies is the planner's call
+(planner.py); the round, token trees, state, devices, forks and sessions are described in DESIGN.md beside this file.
 
 Requests may join (`add_request`) and leave (finish, `abort`) between steps: continuous batching. The engine is
 not thread-safe; a server drives it from one thread (only `validate` may be called from others). It decodes text only
@@ -33,6 +29,7 @@ from deepspec.decoding.prefill_plan import prefill_runs
 from deepspec.decoding import step_timing
 from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.sequence import SequenceState, fork_parent, take_unheard
+from deepspec.decoding.session_memory import SessionMemory
 from deepspec.decoding.structured import GrammarCompiler, mask_logits_, restrict_draft_probs
 from deepspec.decoding.tree import first_children, node_depths, with_root
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
@@ -58,6 +55,7 @@ class SpecEngine:
         max_verify_tokens: int = 32,
         prefill_tokens_per_step: int | None = None,
         planner: RoundPlanner | None = None,
+        session_memory: SessionMemory | None = None,
         seed: int = 0,
     ):
         if max_batch_size < 1 or num_speculative_tokens < 0 or max_seq_len < 2:
@@ -83,8 +81,11 @@ class SpecEngine:
         self.tree_attention = bool(getattr(target, "supports_tree_attention", False))
         # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
         self.cache = target.new_cache(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1)
+        #: the answers served to each session, for requests that name one (SamplingParams.session)
+        self.session_memory = session_memory if session_memory is not None else SessionMemory()
         if drafter is not None:
             drafter.bind(target, max_batch_size, self.max_seq_len)
+            drafter.use_session_memory(self.session_memory)
         #: every slot's committed tokens and sampling parameters, the one record drafters read (batch_state.py)
         self.batch_state = BatchState(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 2,
                                       target.device)
@@ -576,6 +577,8 @@ class SpecEngine:
         last waiting one."""
         for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
             self.planner.finished(seq)
+            if seq.params.session is not None:
+                self.session_memory.add(seq.params.session, seq.output)
             if self._kv_drafter is not None and seq.prefilled:
                 self._kv_drafter.release(seq.slot)
             hole = seq.slot

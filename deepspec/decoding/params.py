@@ -44,6 +44,9 @@ class SamplingParams:
     #: this request's speculation: at most this many draft tokens verified per round (0 = speculation off for the
     #: request, decoded target-only); None = the engine's own setting. Greedy output is the same in every mode.
     max_draft_tokens: int | None = None
+    #: the session whose earlier answers may draft this one, and which remembers it (session_memory.py): an opaque
+    #: key the server derives from the API key and the client's session id, so sessions never cross keys; None = off
+    session: str | None = None
 
     def __post_init__(self) -> None:
         min_tokens = 0 if self.prompt_logprobs is not None else 1
@@ -75,6 +78,9 @@ class SamplingParams:
                                                   or self.max_draft_tokens < 0):
             raise _sampling_error(f"max_draft_tokens must be an integer >= 0 (0 = speculation off, None = the "
                                   f"server's setting), got {self.max_draft_tokens!r}")
+        if self.session is not None and (not isinstance(self.session, str) or not 0 < len(self.session) <= 512):
+            raise _sampling_error(f"session must be a non-empty string of at most 512 characters or None, got "
+                                  f"{self.session!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(not s for s in self.stop):

@@ -75,6 +75,9 @@ class HybridDrafter(KVDrafter):
         """Whether either part proposes trees (what benchmark tables call the draft's shape)."""
         return bool(getattr(self.corpus, "tree", None)) or bool(getattr(self.neural, "tree", None))
 
+    def use_session_memory(self, memory) -> None:
+        self.corpus.use_session_memory(memory)
+
     def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
         self.corpus.bind(target, max_batch_size, max_seq_len)
         self.neural.bind(target, max_batch_size, max_seq_len)

@@ -1,4 +1,6 @@
 """Prompt lookup (n-gram) drafting: propose what followed the latest earlier occurrence of the current suffix.
+Where the sequence holds none and its request has a session, the session's earlier answers are searched next
+(deepspec/decoding/session_memory.py).
 
 Needs no training and no target features; strong wherever outputs copy their context (code edits, quoting
 the prompt, repeated identifiers). It reads each sequence's tokens from the engine's batch state (BatchView) and
@@ -43,6 +45,11 @@ class PromptLookupDrafter(Drafter):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         #: sequence id (BatchView.sequence_id) -> its n-gram index
         self._indexes: dict[int, NgramIndex] = {}
+        #: the engine's session memory (`use_session_memory`), searched after the sequence itself
+        self.session_memory = None
+
+    def use_session_memory(self, memory) -> None:
+        self.session_memory = memory
 
     def lookup(self, view: BatchView, slot: int, k: int) -> list[int]:
         """Prompt lookup's draft of up to k tokens for the slot's sequence, its index caught up first."""
@@ -59,7 +66,8 @@ class PromptLookupDrafter(Drafter):
             end = index.index[n].get(tuple(tokens[-n:].tolist())) if len(tokens) >= n else None
             if end is not None:
                 return tokens[end + 1 : end + 1 + k].tolist()
-        return []
+        session = view.session(slot) if self.session_memory is not None else None
+        return self.session_memory.draft(session, tokens, k) if session is not None else []
 
     def forget_finished(self, view: BatchView) -> None:
         """Drop the indexes of sequences that no longer run."""
