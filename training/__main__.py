@@ -71,6 +71,8 @@ def _add_prepare(sub) -> None:
                    help="engine backend: native = the native CPU decoder (the fastest on CPU: the default target's "
                         "own 4-bit weights), pytorch = the PyTorch target in --dtype; auto (default) = native where "
                         "it builds (CPU + C compiler), else pytorch")
+    p.add_argument("--threads", type=int, default=None,
+                   help="native decoder threads (default: one per core); 1 suits a nice -n 19 run on a busy machine")
     p.add_argument("--dtype", default="float32", help="target dtype of the pytorch backend (float32|bfloat16)")
     p.add_argument("--device", default="cpu", help="engine backend device (cpu, cuda)")
     _add_chat_template(p)
@@ -308,8 +310,8 @@ def _run_prepare(args, parser) -> int:
     from training.prepare import PrepareStats, endpoint_backend, finished_ids, read_prompts, regenerate
     from training.progress import Progress
 
-    if args.max_tokens < 1 or args.batch_size < 1:
-        parser.error("--max-tokens and --batch-size must be >= 1")
+    if args.max_tokens < 1 or args.batch_size < 1 or (args.threads is not None and args.threads < 1):
+        parser.error("--max-tokens, --batch-size and --threads must be >= 1")
     if args.max_seq_len <= args.max_tokens:
         parser.error("--max-seq-len must exceed --max-tokens (it holds the prompt and the answer)")
     if args.endpoint and args.chat_template:
@@ -333,7 +335,7 @@ def _run_prepare(args, parser) -> int:
 
         try:  # every prompt is chat: a target without a template stops here, in one line
             target, backend = load_engine_target(args.target, args.backend, dtype=args.dtype, device=args.device,
-                                                 chat_template=args.chat_template)
+                                                 chat_template=args.chat_template, num_threads=args.threads)
         except (ValueError, NativeUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -126,10 +126,13 @@ def endpoint_backend(url: str, model: str, max_tokens: int, temperature: float, 
 
 
 def load_engine_target(spec: str, backend: str, *, dtype: str = "float32", device: str = "cpu",
-                       chat_template: str | None = None, max_seq_len: int | None = None):
+                       chat_template: str | None = None, max_seq_len: int | None = None,
+                       num_threads: int | None = None):
     """(target, backend name): `native` = the native CPU decoder (deepspec/models/native: the GGUF's own 4-bit
     blocks for the default target, ~7x the PyTorch engine's tokens/s at 8 rows), `pytorch` = the PyTorch target in
-    `dtype`, `auto` = native where it builds (a CPU and a C compiler), PyTorch otherwise."""
+    `dtype`, `auto` = native where it builds (a CPU and a C compiler), PyTorch otherwise. `num_threads`: the
+    native decoder's threads (default torch's count); one thread wastes no time waiting for a sibling that the
+    scheduler has parked, which is what a low-priority run on a busy machine wants."""
     from deepspec.models import load_target
 
     if backend not in BACKENDS:
@@ -138,7 +141,8 @@ def load_engine_target(spec: str, backend: str, *, dtype: str = "float32", devic
         from deepspec.models.native import NativeUnavailable, load_native_target
 
         try:
-            target = load_native_target(spec, max_seq_len=max_seq_len, chat_template=chat_template, for_chat=True)
+            target = load_native_target(spec, max_seq_len=max_seq_len, chat_template=chat_template, for_chat=True,
+                                        num_threads=num_threads)
             return target, f"native {target.quantization} ({target.isa}, {target.num_threads} threads)"
         except NativeUnavailable:
             if backend == "native":

@@ -31,7 +31,8 @@ def add_synth_parser(sub, add_chat_template) -> None:
     p.add_argument("--mix", nargs="*", type=Path, default=[],
                    help="prompt files answered alongside (e.g. datasets/train/*.jsonl); never the eval sets")
     p.add_argument("--mix-limit-per-file", type=int, default=None, help="rows drawn per --mix file (default all)")
-    p.add_argument("--chunk", type=int, default=2000, help="prompts synthesized per round before answering them")
+    p.add_argument("--chunk", type=int, default=500, help="prompts synthesized per round before answering them "
+                   "(default 500: a stopped run has answers to most of its prompts)")
     p.add_argument("--resume", action="store_true", help="continue the files of an earlier run (else they must "
                    "not exist)")
     p.add_argument("--seeding", choices=SEEDINGS, default="mixed",
@@ -50,6 +51,8 @@ def add_synth_parser(sub, add_chat_template) -> None:
     p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF directory")
     p.add_argument("--backend", choices=["auto", "native", "pytorch"], default="auto",
                    help="auto (default) = the native CPU decoder where it builds, else PyTorch")
+    p.add_argument("--threads", type=int, default=None,
+                   help="native decoder threads (default: one per core); 1 suits a nice -n 19 run on a busy machine")
     p.add_argument("--dtype", default="float32", help="pytorch backend dtype")
     add_chat_template(p)
 
@@ -57,8 +60,9 @@ def add_synth_parser(sub, add_chat_template) -> None:
 def _check(args, parser) -> None:
     from training.synth import SynthFiles
 
-    if args.num_prompts < 1 or args.chunk < 1 or args.batch_size < 1 or args.max_tokens < 1:
-        parser.error("--num-prompts, --chunk, --batch-size and --max-tokens must be >= 1")
+    if args.num_prompts < 1 or args.chunk < 1 or args.batch_size < 1 or args.max_tokens < 1 or (
+            args.threads is not None and args.threads < 1):
+        parser.error("--num-prompts, --chunk, --batch-size, --max-tokens and --threads must be >= 1")
     if not 0 < args.top_p <= 1 or args.temperature <= 0:
         parser.error("user turns are sampled: need --temperature > 0 and 0 < --top-p <= 1")
     if args.max_seq_len <= args.max_tokens:
@@ -75,7 +79,7 @@ def run_synth_cli(args, parser) -> int:
     _check(args, parser)
     try:
         target, backend = load_engine_target(args.target, args.backend, dtype=args.dtype,
-                                             chat_template=args.chat_template)
+                                             chat_template=args.chat_template, num_threads=args.threads)
     except (ValueError, NativeUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
