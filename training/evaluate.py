@@ -46,6 +46,9 @@ class EvalResult:
     #: of those, the passes that verified at least one draft: τ's denominator, so sets can be pooled
     #: (Σ τ·num_drafted_steps / Σ num_drafted_steps)
     num_drafted_steps: int | None = None
+    #: tokens committed per verify pass over every round, drafted or not (AcceptanceStats.tokens_per_forward):
+    #: beside τ, so a draft that rarely drafts cannot look good
+    tokens_per_forward: float | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -188,7 +191,9 @@ def _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_i
                             n_spec, identical,
                             verify_tokens_per_step=round(verify_tokens_per_step(spec_results), 3),
                             tree=is_tree_drafter(engine.drafter), num_steps=pooled.num_steps,
-                            num_drafted_steps=pooled.num_drafted_steps)
+                            num_drafted_steps=pooled.num_drafted_steps,
+                            tokens_per_forward=None if pooled.tokens_per_forward is None
+                            else round(pooled.tokens_per_forward, 4))
         yield draft_name, result
 
 
@@ -202,12 +207,14 @@ def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
     report = {**meta, "results": [asdict(r) for r in results]}
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# {meta.get('draft', 'draft')} on {meta.get('target', 'target')}", "",
-             "| dataset | temp | τ | verify tok/step | verify rate | draft tok/s | target-only tok/s | speedup | identical |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| dataset | temp | τ | tokens per forward | verify tok/step | verify rate | draft tok/s | target-only tok/s "
+             "| speedup | identical |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         same = "" if r.identical_to_target is None else ("yes" if r.identical_to_target else "**NO**")
         vps = "" if r.verify_tokens_per_step is None else f"{r.verify_tokens_per_step:.2f}"
-        lines.append(f"| {r.dataset} | {r.temperature:g} | {tau_text(r.acceptance_length)} | {vps} | "
+        per_forward = "" if r.tokens_per_forward is None else f"{r.tokens_per_forward:.2f}"
+        lines.append(f"| {r.dataset} | {r.temperature:g} | {tau_text(r.acceptance_length)} | {per_forward} | {vps} | "
                      f"{r.verify_rate:.2f} | {r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | {r.speedup:.2f}x | {same} |")
     lines += ["", f"Settings: {json.dumps(meta.get('settings', {}))}", ""]
     (out_dir / "eval.md").write_text("\n".join(lines))

@@ -182,6 +182,15 @@ class AcceptanceStats:
         return (self.num_accepted_tokens + self.num_drafted_steps) / self.num_drafted_steps
 
     @property
+    def tokens_per_forward(self) -> float | None:
+        """Tokens committed per target verify pass over every round, drafted or not: (accepted + rounds) / rounds.
+        τ counts only the rounds that drafted, so a draft that rarely drafts can show a high τ and win nothing; this
+        is what speculation bought per forward. None before the first round."""
+        if not self.num_steps:
+            return None
+        return (self.num_accepted_tokens + self.num_steps) / self.num_steps
+
+    @property
     def verify_tokens_per_step(self) -> float:
         """Mean tokens scored per target pass for this request (1 + chain length or tree nodes), over every pass,
         drafted or not: what the verify passes cost, not what they earned."""

@@ -87,3 +87,15 @@ def test_a_request_that_never_drafted_has_no_tau():
         stats.record(num_drafts=0, num_accepted=0)
     assert stats.num_steps == 3 and stats.acceptance_length is None and summarize([stats])[0] is None
     assert RequestStats().acceptance_length is None  # the worker says the same before any draft
+
+
+def test_tokens_per_forward_counts_every_round_where_tau_counts_drafted_ones():
+    """τ of a draft that drafts one round in ten is the τ of that round; tokens per forward says what the nine empty
+    rounds cost: 4 drafts accepted over 10 passes commit 14 tokens, 1.4 a pass, against τ = 5."""
+    stats = AcceptanceStats()
+    stats.record(4, 4)
+    for _ in range(9):
+        stats.record(0, 0)
+    assert stats.acceptance_length == 5.0
+    assert stats.tokens_per_forward == pytest.approx(1.4)
+    assert AcceptanceStats().tokens_per_forward is None
