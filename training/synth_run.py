@@ -27,7 +27,7 @@ def add_synth_parser(sub, add_chat_template) -> None:
                        "files) on the fastest engine backend, in rounds of --chunk prompts.")
     p.add_argument("--out", required=True, type=Path, help="synthetic prompts jsonl (training split)")
     p.add_argument("--num-prompts", type=int, required=True, help="kept prompts to reach (training + held out)")
-    p.add_argument("--answers", type=Path, default=None, help="conversations jsonl[.gz] to write the answers to")
+    p.add_argument("--answers", type=Path, default=None, help="conversations jsonl to write the answers to (plain: appended while running)")
     p.add_argument("--mix", nargs="*", type=Path, default=[],
                    help="prompt files answered alongside (e.g. datasets/train/*.jsonl); never the eval sets")
     p.add_argument("--mix-limit-per-file", type=int, default=None, help="rows drawn per --mix file (default all)")
@@ -67,6 +67,10 @@ def _check(args, parser) -> None:
         parser.error("user turns are sampled: need --temperature > 0 and 0 < --top-p <= 1")
     if args.max_seq_len <= args.max_tokens:
         parser.error("--max-seq-len must exceed --max-tokens (it holds the prompt and the answer)")
+    for path in (args.out, args.answers):
+        if path is not None and path.suffix == ".gz":
+            parser.error(f"{path}: write plain .jsonl (gzip it when the run is done): a gzip member cut short by a "
+                         f"killed run leaves the file unreadable past that point, and a long run gets killed")
     existing = SynthFiles(args.out).existing() + ([args.answers] if args.answers and args.answers.is_file() else [])
     if existing and not args.resume:
         parser.error(f"{existing[0]} exists: pass --resume to continue it, or choose another --out")
