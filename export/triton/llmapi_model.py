@@ -243,6 +243,53 @@ def speculative_counters(completion) -> tuple[float, int, int]:
             int(getattr(spec, "total_accepted_draft_tokens", 0) or 0), int(getattr(spec, "total_draft_tokens", 0) or 0))
 
 
+class RequestGauges:
+    """This model's queue on Triton's metrics port, for the autoscaler and the dashboards: requests accepted and not
+    finished, split into `waiting` (no output token yet: queued in the LLM or in prefill) and `running`.
+
+    Triton's own series say nothing useful here: `nv_inference_pending_request_count` counts requests waiting for
+    `execute`, which a decoupled model returns from at once (so it stays near 0), and the `nv_trt_llm_*` series come
+    from the C++ `tensorrtllm` backend, which this model does not use. The gauges are Python-backend custom metrics
+    (`pb_utils.MetricFamily`, Triton >= 23.05, exported as named, labelled `model`); helm/tools/engine_metrics.py
+    reads them under these names. A backend without MetricFamily gets no gauges, said once at start."""
+
+    WAITING = "deepspec_llmapi_num_requests_waiting"
+    RUNNING = "deepspec_llmapi_num_requests_running"
+
+    def __init__(self, pb_utils, model_name: str):
+        family = getattr(pb_utils, "MetricFamily", None)
+        self.waiting = self.running = None
+        if family is None:
+            print(f"warning: this Triton's Python backend has no MetricFamily: {self.WAITING} and {self.RUNNING} "
+                  "are not exported, and the chart's autoscaler sees no queue", file=sys.stderr)
+            return
+        labels = {"model": model_name}
+        self.waiting = family(name=self.WAITING, description="Requests accepted with no output token yet.",
+                              kind=family.GAUGE).Metric(labels=labels)
+        self.running = family(name=self.RUNNING, description="Requests producing output tokens.",
+                              kind=family.GAUGE).Metric(labels=labels)
+
+    def _add(self, gauge, value: int) -> None:
+        if gauge is not None:
+            gauge.increment(value)
+
+    def arrived(self) -> None:
+        self._add(self.waiting, 1)
+
+    def started(self) -> None:
+        self._add(self.waiting, -1)
+        self._add(self.running, 1)
+
+    def finished(self, started: bool) -> None:
+        self._add(self.running if started else self.waiting, -1)
+
+
+def has_output(result) -> bool:
+    """Whether a TensorRT-LLM GenerationResult has produced a token (its CompletionOutput grows in place)."""
+    outputs = getattr(result, "outputs", None) or ()
+    return bool(outputs and getattr(outputs[0], "token_ids", None))
+
+
 class TritonPythonModel:
     """Triton's Python-backend entry points: initialize, execute (decoupled), finalize."""
 
@@ -280,6 +327,7 @@ class TritonPythonModel:
         from tensorrt_llm import LLM, SamplingParams
 
         self.sampling_params = SamplingParams
+        self.gauges = RequestGauges(pb_utils, str(args.get("model_name") or config.get("name") or "tensorrt_llm"))
         self.llm = LLM(**llm_args)
         #: Triton request id -> the LLM results running for it (what a `stop` request aborts)
         self.running: dict[str, set] = {}
@@ -299,6 +347,8 @@ class TritonPythonModel:
         request_id = request.request_id()
         cancelled = asyncio.Event()
         watcher = result = None
+        progress = {"started": False}
+        self.gauges.arrived()
         try:
             if _scalar(pb, request, contract.STOP_REQUEST):
                 self._stop(request_id, sender)
@@ -317,7 +367,7 @@ class TritonPythonModel:
             params = self.sampling_params(**sampling, return_perf_metrics=True)
             result = self.llm.generate_async(prompt, params, streaming=streaming)
             self.running.setdefault(request_id, set()).add(result)
-            watcher = asyncio.ensure_future(self._watch(request, result, cancelled))
+            watcher = asyncio.ensure_future(self._watch(request, result, cancelled, progress))
             if streaming:
                 await self._stream(result, sender, cancelled, scores)
             else:
@@ -334,6 +384,7 @@ class TritonPythonModel:
             else:
                 sender.send(pb.InferenceResponse(error=pb.TritonError(f"{type(e).__name__}: {e}")), flags=final)
         finally:
+            self.gauges.finished(progress["started"])
             if watcher is not None:
                 watcher.cancel()
             if result is not None:
@@ -354,10 +405,14 @@ class TritonPythonModel:
         if not cancelled.is_set():  # the iteration ended without a finished step: close the stream
             sender.send(None, flags=final)
 
-    async def _watch(self, request, result, cancelled: asyncio.Event) -> None:
-        """Abort `result` once Triton says its client cancelled the request."""
+    async def _watch(self, request, result, cancelled: asyncio.Event, progress: dict) -> None:
+        """Abort `result` once Triton says its client cancelled the request; move it from waiting to running in the
+        gauges once it has produced a token (streaming or not)."""
         while not cancelled.is_set():
             await asyncio.sleep(self.cancellation_check_period_s)
+            if not progress["started"] and has_output(result):
+                progress["started"] = True
+                self.gauges.started()
             if request.is_cancelled():
                 cancelled.set()
                 result.abort()

@@ -10,8 +10,8 @@ Sources, all named in service/metrics.py or helm/tools/engine_metrics.py:
   variable's "All" value is `.+`, so the workers' own unlabelled copies of the same names are never added on top;
 - the workers' own series (`WK`): scheduler state, queue time, per-position acceptance and the acceptance-length
   histogram, which only the engine sees. `worker=""` keeps the gateway's copies out; `instance` tells the workers
-  apart. A stock Triton worker exports none of these: its own queue and batch gauges (`nv_inference_*`,
-  `nv_trt_llm_*`) sit next to ours in the queue and batch panels;
+  apart. A Triton worker exports none of these: the exported LLM-API model's queue gauges
+  (`deepspec_llmapi_num_requests_*`, export/triton/llmapi_model.py) sit next to ours in the queue panel;
 - the engine's own metrics under shared names (`deepspec_engine:*`, recorded by the chart's PrometheusRule from
   whatever `worker.runtime` exports): the Engine dashboard, the same panels for every runtime;
 - the cluster's exporters, when present: kube-state-metrics (container restarts) and NVIDIA's DCGM exporter (GPU
@@ -178,11 +178,10 @@ def overview() -> dict:
         panel("Requests running and waiting", [
             target(f"sum(deepspec:num_requests_running{{{WK}}})", "running"),
             target(f"sum(deepspec:num_requests_waiting{{{WK}}})", "waiting"),
-            target(f'sum(nv_trt_llm_request_metrics{{namespace=~"$namespace", request_type="active"}})',
-                   "running (triton)"),
-            target(f'sum(nv_inference_pending_request_count{{namespace=~"$namespace"}})', "waiting (triton)"),
+            target(f'sum(deepspec_llmapi_num_requests_running{{namespace=~"$namespace"}})', "running (triton)"),
+            target(f'sum(deepspec_llmapi_num_requests_waiting{{namespace=~"$namespace"}})', "waiting (triton)"),
         ], "short", description="Running: in a worker's batch. Waiting: queued for a slot (workers' own series; "
-                                "Triton workers' gauges with worker.runtime=triton)."),
+                                "the exported Triton model's gauges with worker.runtime=triton)."),
         panel("Batch utilization", [
             target(f"sum(deepspec:num_requests_running{{{WK}}}) / (count(deepspec:num_requests_running{{{WK}}})"
                    " * $max_batch_size)", "deepspec"),

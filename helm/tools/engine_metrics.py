@@ -79,9 +79,10 @@ _VLLM_SD = "vllm-project/vllm vllm/v1/spec_decode/metrics.py SpecDecodingProm.__
 _SGL_SCHED = "sgl-project/sglang python/sglang/srt/metrics/collector.py SchedulerMetricsCollector.__init__"
 _SGL_TOK = "sgl-project/sglang python/sglang/srt/metrics/collector.py TokenizerMetricsCollector.__init__"
 _TRT = "NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py MetricsCollector.__init__"
-_TRITON = "triton-inference-server/core src/metrics.cc (inf_pending_request_count_family_)"
-_TRITON_TRT = ("triton-inference-server/tensorrtllm_backend inflight_batcher_llm/src/custom_metrics_reporter/"
-               "custom_metrics_reporter.cc CustomMetricsReporter::InitializeReporter (request_type active)")
+_LLMAPI = ("export/triton/llmapi_model.py RequestGauges: the exported LLM-API model's own gauges (Triton's pending "
+           "count stays near 0 for a decoupled Python model; nv_trt_llm_* come only from the C++ tensorrtllm backend)")
+_GW_OUTSTANDING = ("service/metrics.py GatewayMetrics.num_requests_outstanding: requests the gateway sent to the "
+                   "worker and not finished (running plus queued), for an engine release without a queue gauge")
 
 RUNTIMES: dict[str, dict[str, Source]] = {
     "deepspec": {
@@ -96,8 +97,8 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "spec_decode_num_drafts_total": Source("deepspec:spec_decode_num_drafts_total", _DS),
     },
     "triton": {
-        "num_requests_waiting": Source("nv_inference_pending_request_count", _TRITON),
-        "num_requests_running": Source("nv_trt_llm_request_metrics", _TRITON_TRT, matchers='request_type="active"'),
+        "num_requests_waiting": Source("deepspec_llmapi_num_requests_waiting", _LLMAPI),
+        "num_requests_running": Source("deepspec_llmapi_num_requests_running", _LLMAPI),
         "time_to_first_token_seconds": Source("deepspec:time_to_first_token_seconds", _GW, job="gateway"),
         "time_per_output_token_seconds": Source("deepspec:time_per_output_token_seconds", _GW, job="gateway"),
         "e2e_request_latency_seconds": Source("deepspec:e2e_request_latency_seconds", _GW, job="gateway"),
@@ -141,9 +142,8 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "spec_decode_acceptance_length": Source("sglang:spec_accept_length", _SGL_SCHED, model_label="model_name"),
     },
     "trtllm-serve": {
-        # iteration stats (`enable_iter_perf_stats: true`)
-        "num_requests_waiting": Source("trtllm_num_requests_waiting", _TRT, model_label="model_name"),
-        "num_requests_running": Source("trtllm_num_requests_running", _TRT, model_label="model_name"),
+        # 1.2.1 has no queue gauge (helm/tools/engine_series.py): the gateway's count of what it sent stands in
+        "num_requests_running": Source("deepspec:gateway_num_requests_outstanding", _GW_OUTSTANDING, job="gateway"),
         # per-request stats (`return_perf_metrics: true`)
         "time_to_first_token_seconds": Source("trtllm_time_to_first_token_seconds", _TRT, model_label="model_name"),
         "time_per_output_token_seconds": Source("trtllm_time_per_output_token_seconds", _TRT,
@@ -151,15 +151,6 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "e2e_request_latency_seconds": Source("trtllm_e2e_request_latency_seconds", _TRT, model_label="model_name"),
         "request_success_total": Source("trtllm_request_success_total", _TRT, model_label="model_name",
                                         status_label="finished_reason"),
-        "spec_decode_num_draft_tokens_total": Source("trtllm_spec_decode_num_draft_tokens_total", _TRT,
-                                                     model_label="model_name"),
-        "spec_decode_num_accepted_tokens_total": Source("trtllm_spec_decode_num_accepted_tokens_total", _TRT,
-                                                        model_label="model_name"),
-        # every draft proposes a token at position 0, so position 0's drafted count is the number of drafts
-        "spec_decode_num_drafts_total": Source("trtllm_spec_decode_drafted_tokens_total", _TRT,
-                                               matchers='token_position="0"', model_label="model_name"),
-        "spec_decode_acceptance_length": Source("trtllm_spec_decode_acceptance_length", _TRT,
-                                                model_label="model_name"),
     },
 }
 
@@ -169,6 +160,12 @@ MISSING = {
                                                       "spec_accept_rate / spec_accept_length",
     ("sglang", "spec_decode_num_accepted_tokens_total"): "as above",
     ("sglang", "spec_decode_num_drafts_total"): "as above",
+    ("trtllm-serve", "num_requests_waiting"): "1.2.1's collector.py has no queue gauge (added after 1.2); the "
+                                              "gateway's outstanding requests drive the batch trigger instead",
+    ("trtllm-serve", "spec_decode_num_draft_tokens_total"): "1.2.1's collector.py has no speculative-decoding series "
+                                                            "(added after 1.2)",
+    ("trtllm-serve", "spec_decode_num_accepted_tokens_total"): "as above",
+    ("trtllm-serve", "spec_decode_num_drafts_total"): "as above",
 }
 
 #: the request outcome when an engine's counter carries none (SGLang counts finished requests only)
@@ -238,7 +235,8 @@ def recorded_names() -> set[str]:
 def table() -> dict:
     """What the chart reads (helm/deepspec/monitoring/engines.yaml): per runtime, the raw queue and batch
     selectors (KEDA, the queue alert) and the recording rules."""
-    return {runtime: {"waiting": signals["num_requests_waiting"].selector(),
+    return {runtime: {"waiting": signals["num_requests_waiting"].selector() if "num_requests_waiting" in signals
+                      else None,
                       "running": signals["num_requests_running"].selector(),
                       "rules": recording_rules(runtime)}
             for runtime, signals in RUNTIMES.items()}

@@ -314,3 +314,63 @@ def test_an_llm_that_leaves_the_sampled_token_unscored_is_an_error_not_a_guess(r
     completion = types.SimpleNamespace(token_ids=[7], logprobs=[{3: Logprob(-0.1, 1)}])
     with pytest.raises(RuntimeError, match="scored token 7 with \\[3\\]"):
         module.OutputScores(tokenizer, 1).tensors(types.SimpleNamespace(Tensor=None), completion)
+
+
+class _MetricFamily:
+    """Triton's Python-backend custom metrics (python_backend src/resources/triton_python_backend_utils.py
+    `MetricFamily(name, description, kind)`, `.Metric(labels)`, `Metric.increment` / `set` / `value`), in memory."""
+
+    GAUGE, COUNTER = "gauge", "counter"
+    families: dict = {}
+
+    def __init__(self, name, description, kind):
+        self.name, self.kind, self.metrics = name, kind, []
+        _MetricFamily.families[name] = self
+
+    def Metric(self, labels):  # noqa: N802 - upstream's name
+        metric = types.SimpleNamespace(labels=labels, current=0.0)
+        metric.increment = lambda v: setattr(metric, "current", metric.current + v)
+        metric.set = lambda v: setattr(metric, "current", v)
+        metric.value = lambda: metric.current
+        self.metrics.append(metric)
+        return metric
+
+
+def test_the_model_exports_its_queue_as_gauges_the_autoscaler_reads(repo):
+    """The series helm/tools/engine_metrics.py names for the triton runtime's queue exist only because this model
+    emits them: waiting until a request's first token, running until it ends, both back to 0 after."""
+    from export.triton.llmapi_model import RequestGauges
+
+    from tests.export.conftest import REPO
+
+    sys.path.insert(0, str(REPO / "helm" / "tools"))
+    try:
+        import engine_metrics
+    finally:
+        sys.path.pop(0)
+    triton = engine_metrics.RUNTIMES["triton"]
+    assert triton["num_requests_waiting"].metric == RequestGauges.WAITING
+    assert triton["num_requests_running"].metric == RequestGauges.RUNNING
+    _MetricFamily.families.clear()
+    with fakes_installed(FakeMPI(rank=0, size=2)):
+        sys.modules["triton_python_backend_utils"].MetricFamily = _MetricFamily
+        m = initialize(repo / "tensorrt_llm", parse_config(repo / "tensorrt_llm" / "config.pbtxt"))
+        try:
+            waiting, running = (_MetricFamily.families[n].metrics[0] for n in (RequestGauges.WAITING,
+                                                                              RequestGauges.RUNNING))
+            assert waiting.labels == running.labels == {"model": "tensorrt_llm"}
+            request = _send(m, text_input=_text(SLOW_PROMPT), streaming=np.array([True]))
+            for _ in range(200):
+                if running.value() == 1:
+                    break
+                time.sleep(0.01)
+            assert (waiting.value(), running.value()) == (0, 1)
+            request.cancelled.set()
+            assert request.get_response_sender().done.wait(10)
+            for _ in range(200):
+                if running.value() == 0:
+                    break
+                time.sleep(0.01)
+            assert (waiting.value(), running.value()) == (0, 0)
+        finally:
+            m.finalize()

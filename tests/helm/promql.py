@@ -28,8 +28,6 @@ EXTERNAL_METRICS = {
     "kube_pod_container_status_restarts_total": "kube-state-metrics",
     "DCGM_FI_DEV_GPU_UTIL": "NVIDIA DCGM exporter (percent)",
     "DCGM_FI_DEV_FB_USED": "NVIDIA DCGM exporter (MiB)",
-    "nv_inference_pending_request_count": "Triton (worker.runtime=triton)",
-    "nv_trt_llm_request_metrics": "Triton's TensorRT-LLM backend (worker.runtime=triton)",
 }
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 _SELECTED = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
@@ -101,7 +99,7 @@ FIXTURE_JOBS = {
     "triton": {"worker": "triton.worker.prom", "gateway": "deepspec.gateway.prom"},
     "vllm": {"worker": "vllm.worker.prom"},
     "sglang": {"worker": "sglang.worker.prom"},
-    "trtllm-serve": {"worker": "trtllm-serve.worker.prom"},
+    "trtllm-serve": {"worker": "trtllm-serve.worker.prom", "gateway": "deepspec.gateway.prom"},
 }
 
 

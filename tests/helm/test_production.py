@@ -143,11 +143,13 @@ def test_worker_autoscaling_scales_on_queue_depth_and_batch_use():
         render_files({"worker": {"autoscaling": {"enabled": True, "minReplicas": 9, "maxReplicas": 3}}})
 
 
-def test_triton_workers_scale_on_tritons_own_metrics():
+def test_triton_workers_scale_on_the_exported_models_own_gauges():
+    """The LLM-API model's queue gauges (export/triton/llmapi_model.py RequestGauges); tests/helm/test_engine_series.py
+    checks every series against what the pinned Triton emits."""
     spec = one(render(VALUE_SETS["prod-triton-pvc"]), "ScaledObject")["spec"]
     waiting, busy = (t["metadata"]["query"] for t in spec["triggers"])
-    assert waiting.startswith("sum(nv_inference_pending_request_count{")
-    assert busy.startswith("sum(nv_trt_llm_request_metrics{") and 'request_type="active"' in busy
+    assert waiting.startswith("sum(deepspec_llmapi_num_requests_waiting{")
+    assert busy.startswith("sum(deepspec_llmapi_num_requests_running{")
     sts = render(VALUE_SETS["prod-export-sts"])
     assert one(sts, "ScaledObject")["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
     assert "replicas" not in workload(sts, "worker")["spec"]
