@@ -49,9 +49,18 @@ Speculation: a request may cap the draft tokens each of its verify rounds checks
 speculation off for it: the target decodes alone); absent, the worker's own setting applies. Greedy output is the
 same in every mode: only how many target tokens one round commits changes, never which.
 
+Session memory: `session` names the session (a key the gateway derives from the caller's API key and the client's
+session id, so two keys never share one) whose earlier answers the worker's drafters may draft from and which
+remembers this answer (deepspec/decoding/session_memory.py); absent, nothing is remembered.
+
 Service classes: `service_class` names the class the gateway admitted the request under (one of `SERVICE_CLASSES`,
 a bounded set so it can label metrics); the worker keeps it on the request's record and labels its acceptance
 metrics with it. A stock Triton model does not declare it and is sent none.
+
+Load: a worker's first and last responses to each request carry its load as response parameters (`WorkerLoad`,
+`LOAD_PARAM_PREFIX`): running and waiting requests, batch slots, KV utilization, the tokens a running row commits per
+second and each service class's acceptance length, which the gateway scores workers by (gateway/scoring.py). A
+stock Triton sends none; the gateway then routes to it by its outstanding requests alone.
 
 Statistics: `RequestStats` is the one record of a request's counts, built by the worker's scheduler from the engine's
 step outputs, written to the output tensors named in `STATS_OUTPUTS`, and read back by the gateway for usage,
@@ -85,6 +94,7 @@ EXTRA_STRUCTURED_OUTPUT = "structured_output"  # BYTES, a Constraint's JSON: the
 NUM_RETURN_SEQUENCES = "num_return_sequences"  # INT32, sequences from this prompt (TensorRT-LLM's name); absent = 1
 EXTRA_MAX_DRAFT_TOKENS = "max_draft_tokens"  # INT32, draft tokens verified per round at most (0 = off); absent = auto
 EXTRA_SERVICE_CLASS = "service_class"  # BYTES, the request's service class (SERVICE_CLASSES); absent = "standard"
+EXTRA_SESSION = "session"  # BYTES, the session key whose earlier answers may draft this request; absent = no memory
 
 # Outputs.
 TEXT_OUTPUT = "text_output"  # BYTES: new text (stream) or the whole completion (ModelInfer)
@@ -138,6 +148,49 @@ MAX_TOP_LOGPROBS = 20
 #: label of the acceptance metrics: a fixed set keeps the label's cardinality bounded)
 SERVICE_CLASSES = ("interactive", "standard", "batch")
 DEFAULT_SERVICE_CLASS = "standard"
+
+#: response parameters carrying a worker's load: LOAD_PARAM_PREFIX + a `WorkerLoad` field name
+LOAD_PARAM_PREFIX = "deepspec_load_"
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A worker's load when it sent a response: what the gateway's router scores it by."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    #: batch slots (max_batch_size)
+    num_slots: int = 0
+    #: KV positions the running rows hold over what the batch's caches hold, 0..1
+    kv_utilization: float = 0.0
+    #: tokens a running row commits per second (moving average over steps); 0 = not measured yet
+    row_tokens_per_s: float = 0.0
+    #: service class -> acceptance length τ of its rows' verify rounds (moving average); a class without rounds
+    #: is absent
+    acceptance: dict[str, float] = field(default_factory=dict)
+
+    def to_params(self) -> dict[str, int | float | str]:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["acceptance"] = ",".join(f"{c}={tau:.3f}" for c, tau in self.acceptance.items())
+        return {LOAD_PARAM_PREFIX + name: value for name, value in values.items()}
+
+    @classmethod
+    def from_params(cls, params: dict[str, int | float | str]) -> WorkerLoad | None:
+        """The load in `params` (name -> value, prefixed); None when they carry none. Malformed values read as
+        absent: load only steers routing, it never fails a request."""
+        if LOAD_PARAM_PREFIX + "num_slots" not in params:
+            return None
+        values = {}
+        for f in fields(cls):
+            value = params.get(LOAD_PARAM_PREFIX + f.name)
+            if f.name == "acceptance":
+                pairs = (item.partition("=") for item in str(value or "").split(",") if item)
+                values["acceptance"] = {c: float(tau) for c, _, tau in pairs if c in SERVICE_CLASSES
+                                        and tau.replace(".", "", 1).isdigit()}  # fmt: skip
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                values[f.name] = type(getattr(cls, f.name))(value)
+        return cls(**values)
+
 
 #: the distributions logprobs may be of (deepspec.decoding.logprobs.LOGPROBS_MODES, mirrored)
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")

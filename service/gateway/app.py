@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import hmac
 import logging
 from dataclasses import dataclass
@@ -20,12 +19,14 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from starlette.middleware.errors import ServerErrorMiddleware
 
+from service.gateway.admission import AdmissionQueue
 from service.gateway.dispatch import Dispatcher
 from service.gateway.errors import (AuthenticationError, BadRequestError, PayloadTooLargeError, error_response,
                                     install_error_handlers)  # fmt: skip
 from service.gateway.hot_routes import HotRoutes
 from service.gateway.routers import chat, completions, health, models
 from service.gateway.routing import WorkerPool
+from service.gateway.service_classes import caller_id
 from service.gateway.upstreams import client_for
 from service.metrics import GatewayMetrics
 from service.gateway.settings import GatewaySettings
@@ -52,10 +53,16 @@ class GatewayState:
                                         openai_max_outstanding=settings.openai_max_outstanding)  # fmt: skip
         pool = WorkerPool(settings.workers, metrics, health_interval_s=settings.health_interval_s,
                           unhealthy_threshold=settings.unhealthy_threshold, dns_refresh_s=settings.dns_refresh_s,
-                          k8s_api_url=settings.k8s_api_url, make_client=make_client)  # fmt: skip
+                          k8s_api_url=settings.k8s_api_url, make_client=make_client, routing=settings.routing,
+                          load_max_age_s=settings.routing_load_max_age_s)  # fmt: skip
+        classes = settings.load_service_classes()
+        admission = AdmissionQueue(functools.partial(_inflight_limit, pool, settings.max_inflight_per_worker),
+                                   max_waiting=settings.max_waiting, queue_timeout_s=settings.queue_timeout_s,
+                                   retry_after_s=settings.retry_after_s)  # fmt: skip
         dispatcher = Dispatcher(pool, metrics, request_timeout_s=settings.request_timeout_s,
-                                max_attempts=settings.max_attempts, retry_after_s=settings.retry_after_s)  # fmt: skip
-        return cls(settings, metrics, pool, dispatcher, settings.load_api_keys())
+                                max_attempts=settings.max_attempts, retry_after_s=settings.retry_after_s,
+                                classes=classes, admission=admission)  # fmt: skip
+        return cls(settings, metrics, pool, dispatcher, settings.load_api_keys() | classes.keys)
 
     def check_api_key(self, authorization: str | None) -> str | None:
         """The caller's identity (a digest of its key) when `Authorization: Bearer <key>` holds a configured key;
@@ -69,7 +76,14 @@ class GatewayState:
         matches = [key for key in self.api_keys if hmac.compare_digest(token.strip().encode(), key.encode())]
         if not matches:
             raise AuthenticationError("incorrect API key provided", code="invalid_api_key")
-        return hashlib.sha256(matches[0].encode()).hexdigest()[:16]
+        return caller_id(matches[0])
+
+
+def _inflight_limit(pool: WorkerPool, per_worker: int) -> int | None:
+    """The gateway's own cap on requests in flight: `per_worker` per admitted worker (None = no cap)."""
+    if not per_worker:
+        return None
+    return per_worker * max(1, sum(e.healthy for e in pool.endpoints.values()))
 
 
 class GuardMiddleware:

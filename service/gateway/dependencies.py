@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from service.gateway.dispatch import Dispatcher
 from service.gateway.errors import ClientDisconnected
 from service.gateway.json_codec import dumps
+from service.gateway.validation import check_session_id
 
 
 async def get_dispatcher(request: Request) -> Dispatcher:  # async: a sync dependency would hop to a thread
@@ -27,6 +28,18 @@ async def get_caller(request: Request) -> str | None:
 
 
 CallerDep = Annotated[str | None, Depends(get_caller)]
+
+#: the header naming the conversation a request belongs to: its turns stay on one worker (routing.py)
+SESSION_HEADER = "x-session-id"
+
+
+async def get_session(request: Request) -> str | None:
+    """The request's `x-session-id` header (BadRequestError when it is not printable text of a sane length)."""
+    session = request.headers.get(SESSION_HEADER)
+    return check_session_id(session) if session else None
+
+
+SessionDep = Annotated[str | None, Depends(get_session)]
 
 
 async def until_disconnect(request: Request, awaitable):

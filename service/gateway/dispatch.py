@@ -14,16 +14,22 @@ request whatever its n: the prompt counted once, the other counts summed over th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from service.gateway import errors
+from service.gateway.admission import AdmissionQueue, estimate_tokens
 from service.gateway.fanout import fan_out
 from service.gateway.routing import Endpoint, WorkerPool
+from service.gateway.scoring import prefix_key
+from service.gateway.service_classes import ServiceClasses
 from service.gateway.validation import check_prompt_size
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_sequences, total_stats
 from service.logging import log_request
+from service.protocol import RequestStats
 
 #: worker statuses that mean "this worker cannot take it now; another may" (retried before the first token)
 _RETRYABLE = {"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "UNKNOWN", "CANCELLED", "NOT_FOUND"}
@@ -34,10 +40,35 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{os.urandom(12).hex()}"
 
 
+@dataclass
+class _Progress:
+    """How far one request's trip has got: the attempts write it, the accounting in `generate`'s finally reads it."""
+
+    arrival: float
+    first: float | None = None
+    last: float | None = None
+    worker: str | None = None
+    #: sequence index -> its counts so far
+    latest: dict[int, RequestStats] = field(default_factory=dict)
+    #: set once a worker served the request to its end
+    finish_reason: str | None = None
+    #: every worker the last round of attempts tried refused it as saturated
+    saturated: bool = False
+
+
+def _prompt_chars(req: GenerationRequest) -> int:
+    return len(req.prompt or "") + sum(len(m["content"]) for m in req.messages or ()) + len(req.prompt_token_ids or ())
+
+
 class Dispatcher:
     def __init__(self, pool: WorkerPool, metrics, *, request_timeout_s: float = 600.0, max_attempts: int = 3,
-                 retry_after_s: int = 1):  # fmt: skip
+                 retry_after_s: int = 1, classes: ServiceClasses | None = None,
+                 admission: AdmissionQueue | None = None):  # fmt: skip
         self.pool = pool
+        #: each caller's service class, weight, budget and latency objective
+        self.classes = classes or ServiceClasses()
+        #: who goes to a worker next when they cannot all go now
+        self.admission = admission or AdmissionQueue(lambda: None, retry_after_s=retry_after_s)
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self.max_attempts = max_attempts
@@ -69,57 +100,30 @@ class Dispatcher:
     async def generate(self, req: GenerationRequest, api: str, unary: bool = False,
                        caller: str | None = None) -> AsyncIterator[Chunk]:  # fmt: skip
         """Stream `req` from a worker for `caller` (None = auth off); `unary=True` (non-streaming APIs) uses one
-        ModelInfer call instead."""
+        ModelInfer call instead. The request first takes a slot in the admission queue (its caller's service class
+        decides its rank there and is sent to the worker); when every worker is saturated it waits there again."""
         key = self._admit(req, caller)
-        arrival = time.perf_counter()
-        first = last = None
-        chunk = Chunk("")
-        latest = {}  # sequence index -> its counts so far
-        worker: str | None = None
-        status = "abort"
-        error_text = None
+        policy = self.classes.policy(caller)
+        req.service_class = policy.service_class
+        ticket = self.admission.ticket(caller, policy, estimate_tokens(_prompt_chars(req), req.max_tokens, req.n))
+        run = _Progress(arrival=time.perf_counter())
+        status, error_text = "abort", None
         try:
-            tried: set[str] = set()
-            saturated = False
-            for attempt in range(self.max_attempts):
-                endpoint = self.pool.pick(req.model, tried)
-                if endpoint is None:
-                    break
-                worker = endpoint.address
-                tried.add(worker)
-                _check_extensions(req, endpoint)
-                series = self.metrics.series((req.model, worker))
-                try:
-                    with self.pool.track(endpoint):
-                        async for chunk in await self._call(endpoint, req, unary):
-                            latest[chunk.index] = chunk.stats
-                            now = time.perf_counter()
-                            if unary:  # the worker's histograms have TTFT and inter-token latency for these
-                                first = now
-                            elif first is None:
-                                first = now
-                                series.time_to_first_token.observe(now - arrival)
-                            else:
-                                series.inter_token_latency.observe(now - last)
-                            last = now
-                            yield chunk
-                            self.inflight[key] = asyncio.current_task()  # the consumer may change tasks
-                    status = chunk.finish_reason or "stop"
+            await self.admission.admit(ticket)
+            while True:
+                async with contextlib.aclosing(self._attempts(req, unary, run, key)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                if run.finish_reason is not None:
+                    status = run.finish_reason
                     return
-                except WorkerError as e:
-                    if first is not None or e.status in ("INVALID_ARGUMENT", "DEADLINE_EXCEEDED") or (
-                        e.status not in _RETRYABLE
-                    ):
-                        raise _to_service_error(e, started=first is not None) from None
-                    saturated |= e.status == "RESOURCE_EXHAUSTED"
-                    if e.status in ("UNAVAILABLE", "INTERNAL", "UNKNOWN"):
-                        self.pool.eject(endpoint, e.message)
-                    self.metrics.retries.labels(worker).inc()
-            if saturated:
-                raise errors.RateLimitError("every worker is saturated; retry after the Retry-After delay",
-                                            code="server_busy", retry_after_s=self.retry_after_s)  # fmt: skip
-            raise errors.ServiceUnavailableError(f"no ready worker serves {req.model!r}",
-                                                 code="no_worker", retry_after_s=self.retry_after_s)  # fmt: skip
+                if not run.saturated:
+                    raise errors.ServiceUnavailableError(f"no ready worker serves {req.model!r}", code="no_worker",
+                                                         retry_after_s=self.retry_after_s)  # fmt: skip
+                if not self.admission.max_waiting:  # no queue: answer at once
+                    raise errors.RateLimitError("every worker is saturated; retry after the Retry-After delay",
+                                                code="server_busy", retry_after_s=self.retry_after_s)  # fmt: skip
+                await self.admission.readmit(ticket)  # Shed when no slot frees within its latency objective
         except errors.ServiceError as e:
             status, error_text = e.status, e.message
             raise
@@ -137,7 +141,56 @@ class Dispatcher:
         finally:
             self.inflight.pop(key, None)
             self._interrupted.pop(key, None)
-            self._record(req, api, worker, status, error_text, total_stats(latest.values()), arrival, first)
+            stats = total_stats(run.latest.values())
+            self.admission.release(ticket, stats.num_prompt_tokens + stats.num_output_tokens if run.latest else None)
+            self._record(req, api, run.worker, status, error_text, stats, run.arrival, run.first)
+
+    async def _attempts(self, req: GenerationRequest, unary: bool, run: _Progress,
+                        key: tuple[str | None, str]) -> AsyncIterator[Chunk]:  # fmt: skip
+        """`req`'s chunks from the first of up to `max_attempts` workers that serves it; before its first token a
+        request moves on from a worker that is saturated, unreachable or failing. Ends with `run.finish_reason` set
+        (served), or without it: then `run.saturated` says whether every worker tried was only full."""
+        tried: set[str] = set()
+        run.saturated = False
+        chunk = Chunk("")
+        prefix = None if req.session else prefix_key(req.prompt, req.messages)
+        for _ in range(self.max_attempts):
+            endpoint = self.pool.pick(req.model, tried, req.session, prefix, req.service_class)
+            if endpoint is None:
+                return
+            run.worker = endpoint.address
+            tried.add(run.worker)
+            _check_extensions(req, endpoint)
+            series = self.metrics.series((req.model, run.worker))
+            try:
+                with self.pool.track(endpoint):
+                    async for chunk in await self._call(endpoint, req, unary):
+                        run.latest[chunk.index] = chunk.stats
+                        if chunk.load is not None:
+                            self.pool.observe_load(endpoint, chunk.load)
+                        now = time.perf_counter()
+                        if unary:  # the worker's histograms have TTFT and inter-token latency for these
+                            run.first = now
+                        elif run.first is None:
+                            run.first = now
+                            series.time_to_first_token.observe(now - run.arrival)
+                        else:
+                            series.inter_token_latency.observe(now - run.last)
+                        run.last = now
+                        yield chunk
+                        self.inflight[key] = asyncio.current_task()  # the consumer may change tasks
+                run.finish_reason = chunk.finish_reason or "stop"
+                self.pool.served(endpoint, req.session, prefix)
+                return
+            except WorkerError as e:
+                if run.first is not None or e.status in ("INVALID_ARGUMENT", "DEADLINE_EXCEEDED") or (
+                    e.status not in _RETRYABLE
+                ):
+                    raise _to_service_error(e, started=run.first is not None) from None
+                run.saturated |= e.status == "RESOURCE_EXHAUSTED"
+                if e.status in ("UNAVAILABLE", "INTERNAL", "UNKNOWN"):
+                    self.pool.eject(endpoint, e.message)
+                self.metrics.retries.labels(run.worker).inc()
 
     async def _call(self, endpoint: Endpoint, req: GenerationRequest, unary: bool) -> AsyncIterator[Chunk]:
         """`req`'s chunks from `endpoint`, streamed or (`unary`) whole: one call, or one per sequence where the
@@ -152,8 +205,7 @@ class Dispatcher:
         running for this caller); → the request's key in `inflight`, where its task is now registered."""
         if self.draining:
             raise errors.ServiceUnavailableError("the gateway is shutting down", retry_after_s=self.retry_after_s)
-        num_chars = len(req.prompt or "") + sum(len(m["content"]) for m in req.messages or ())
-        check_prompt_size(num_chars, self.pool.models().get(req.model, 0))
+        check_prompt_size(_prompt_chars(req) - len(req.prompt_token_ids or ()), self.pool.models().get(req.model, 0))
         key = (caller, req.request_id)
         if key in self.inflight:
             raise errors.BadRequestError(f"request id {req.request_id!r} is already running", param="request_id")

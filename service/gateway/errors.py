@@ -38,6 +38,8 @@ class ServiceError(Exception):
     http_status = 500
     type = "internal_error"
     grpc_status = grpc.StatusCode.INTERNAL
+    #: why the gateway shed the request (admission.py DROP_REASONS), sent as DROP_REASON_HEADER; None = not shed
+    drop_reason: str | None = None
 
     def __init_subclass__(cls, *, http: int, kind: str, grpc_status: grpc.StatusCode, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -58,6 +60,8 @@ class ServiceError(Exception):
 
 
 _INVALID, _CODE = "invalid_request_error", grpc.StatusCode
+#: the response header naming why a request was shed (429 from the admission queue)
+DROP_REASON_HEADER = "x-deepspec-drop-reason"
 
 
 class BadRequestError(ServiceError, http=400, kind=_INVALID, grpc_status=_CODE.INVALID_ARGUMENT):
@@ -108,7 +112,9 @@ class ErrorBody(BaseModel):
 _MEANING = {
     400: "bad input: wrong type, out of range, unsupported field, or too long for the model's context",
     401: "missing or wrong API key", 404: "unknown model", 413: "the request body is too large",
-    429: "every worker is saturated: retry after Retry-After seconds", 500: "internal error",
+    429: "every worker is saturated, the request was shed by the gateway's admission queue (the "
+         "x-deepspec-drop-reason header says why) or its key's token budget is spent: retry after Retry-After seconds",
+    500: "internal error",
     503: "no worker is ready, or the gateway is shutting down (Retry-After)", 504: "the request timed out",
 }  # fmt: skip
 
@@ -119,8 +125,10 @@ def responses(*statuses: int) -> dict[int, dict]:
 
 
 def error_response(error: ServiceError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
-    return JSONResponse(error.body(), status_code=error.http_status, headers=headers)
+    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else {}
+    if error.drop_reason:
+        headers[DROP_REASON_HEADER] = error.drop_reason
+    return JSONResponse(error.body(), status_code=error.http_status, headers=headers or None)
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:

@@ -8,8 +8,11 @@
 - Health: every `health_interval_s` each worker gets a readiness probe (`ServerReady`, or an OpenAI engine's
   `/health`). `unhealthy_threshold` failures in a row
   (or one refused connection, or a request that fails with UNAVAILABLE) eject it; one good probe re-admits it.
-- Choice: power of two choices over admitted workers serving the model, pick the one with fewer outstanding
-  requests (Mitzenmacher; production-stack's least-loaded router without a global scan).
+- Choice (`pick`): a session's turns stay on the worker that served its last one while it is admitted; otherwise
+  the admitted worker serving the model where the request would get the most tokens per second, from the load
+  the workers report with their responses (scoring.py, with approximate prefix affinity). Where a candidate's
+  report is stale, or `routing` is "p2c": power of two choices, the one with fewer outstanding requests
+  (Mitzenmacher; production-stack's least-loaded router without a global scan).
 """
 
 from __future__ import annotations
@@ -19,13 +22,18 @@ import contextlib
 import logging
 import random
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 import grpc
 
+from service.gateway.scoring import PREFIX_AFFINITY_SLACK, AffinityTable, expected_tokens_per_s
 from service.gateway.upstreams import client_for
 from service.gateway.worker_client import WorkerClient, WorkerError
+from service.protocol import DEFAULT_SERVICE_CLASS, WorkerLoad
+
+Routing = Literal["goodput", "p2c"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +57,18 @@ class Endpoint:
     consecutive_failures: int = 0
     #: model name -> context length (0 = unknown)
     models: dict[str, int] = field(default_factory=dict)
+    #: the load the worker last reported (with a response), when (time.monotonic) and how many requests this
+    #: gateway had outstanding there then
+    load: WorkerLoad | None = None
+    load_observed_at: float = 0.0
+    outstanding_at_load: int = 0
 
 
 class WorkerPool:
     def __init__(self, workers: str, metrics, health_interval_s: float = 2.0, unhealthy_threshold: int = 2,
                  dns_refresh_s: float = 5.0, rng: random.Random | None = None, k8s_api_url: str = "",
-                 make_client=client_for):  # fmt: skip
+                 make_client=client_for, routing: Routing = "goodput", load_max_age_s: float = 5.0,
+                 clock=time.monotonic):  # fmt: skip
         self.spec = workers
         self.discovery = discovery_for(workers)
         #: Kubernetes API base URL for endpointslices discovery ("" = the pod's in-cluster config)
@@ -69,6 +83,13 @@ class WorkerPool:
         self._changed = asyncio.Event()
         #: worker address -> its client (the address's scheme, or the default protocol, picks the kind)
         self._make_client = make_client
+        #: "goodput": score by expected tokens/s with session and prefix affinity; "p2c": power of two choices only
+        self.routing = routing
+        #: a load report older than this is stale: the pick falls back to power of two choices
+        self.load_max_age_s = load_max_age_s
+        self.clock = clock
+        self.sessions = AffinityTable()
+        self.prefixes = AffinityTable()
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -111,13 +132,44 @@ class WorkerPool:
                     merged[name] = n if known is None else min(known, n) if known and n else known or n
         return merged
 
-    def pick(self, model: str, exclude: set[str] = frozenset()) -> Endpoint | None:
+    def pick(self, model: str, exclude: set[str] = frozenset(), session: str | None = None,
+             prefix: str | None = None, service_class: str = DEFAULT_SERVICE_CLASS) -> Endpoint | None:
+        """The worker for a request (module docstring); None when no admitted worker serves `model`."""
         candidates = [e for e in self.endpoints.values()
                       if e.healthy and model in e.models and e.address not in exclude]  # fmt: skip
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
+        if self.routing == "p2c":
+            return self._two_choices(candidates)
+        held = self.sessions.get(session)
+        if held is not None:
+            endpoint = self.endpoints.get(held)
+            if endpoint is not None and endpoint in candidates:
+                return endpoint
+        now = self.clock()
+        if any(e.load is None or now - e.load_observed_at > self.load_max_age_s for e in candidates):
+            return self._two_choices(candidates)  # fail open: some signals are stale
+        scores = {e.address: expected_tokens_per_s(e.load, service_class, e.outstanding - e.outstanding_at_load)
+                  for e in candidates}  # fmt: skip
+        best = max(candidates, key=lambda e: (scores[e.address], -e.outstanding, self._rng.random()))
+        preferred = self.endpoints.get(self.prefixes.get(prefix) or "")
+        if preferred in candidates and scores[preferred.address] >= PREFIX_AFFINITY_SLACK * scores[best.address]:
+            return preferred
+        return best
+
+    def _two_choices(self, candidates: list[Endpoint]) -> Endpoint:
         a, b = self._rng.sample(candidates, 2)
         return a if a.outstanding <= b.outstanding else b
+
+    def observe_load(self, endpoint: Endpoint, load: WorkerLoad) -> None:
+        """A load report that came with one of `endpoint`'s responses."""
+        endpoint.load, endpoint.load_observed_at = load, self.clock()
+        endpoint.outstanding_at_load = endpoint.outstanding
+
+    def served(self, endpoint: Endpoint, session: str | None, prefix: str | None) -> None:
+        """`endpoint` served a request of `session` (and prompt prefix `prefix`): the next turn goes there too."""
+        self.sessions.put(session, endpoint.address)
+        self.prefixes.put(prefix, endpoint.address)
 
     @contextlib.contextmanager
     def track(self, endpoint: Endpoint):

@@ -4,7 +4,8 @@ Strict: `"max_tokens": "5"` is a 400, as at OpenAI. Nothing is silently ignored:
 does not implement (suffix, best_of, penalties, tools, logit_bias, ...) are accepted only at their neutral value
 and refused otherwise with a message naming the field, and an unknown field is a 400 naming it (OpenAI answers
 "Unrecognized request argument"; vLLM would drop it with a log line, and a client asking for something it does not
-do would get a plain answer). `speculation` is DeepSpec's own (speculation.py); `top_k`, `ignore_eos` and `logprobs_mode` are vLLM's extensions, and so are
+do would get a plain answer). `speculation` is DeepSpec's own (speculation.py); `top_k`, `ignore_eos` and
+`logprobs_mode` are vLLM's extensions, and so are
 completions' batches of prompts given as token ids (OpenAI takes them too), `logprobs` up to 20 and the
 structured-output fields (`structured.py`: response_format, structured_outputs, guided_*).
 tests/service/test_request_fields.py lists every field as honoured or refused, so a new one cannot be accepted

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from service.gateway.service_classes import ServiceClasses
 from service.gateway.upstreams import parse_address
 from service.settings import ServiceSettings
 
@@ -52,6 +53,24 @@ class GatewaySettings(ServiceSettings):
     retry_after_s: int = Field(1, ge=1)
     #: Prometheus /metrics on its own port, away from the API and its Ingress (0 = any free; -1 = on the HTTP port)
     metrics_port: int = Field(-1, ge=-1, le=65535)
+    #: per API key: service class, fair-share weight, tokens-per-minute budget and latency objective, as a YAML / JSON
+    #: file (service/gateway/service_classes.py); its keys are accepted API keys too
+    service_classes_file: Path | None = None
+    #: the same as YAML / JSON text (the chart's values); the file wins where both are given
+    service_classes: str = ""
+    #: requests the gateway keeps in flight per admitted worker (0 = no cap of its own: it sends until the workers
+    #: say they are saturated); past it they wait in the gateway's admission queue, most urgent class first
+    max_inflight_per_worker: int = Field(0, ge=0)
+    #: requests the admission queue holds (0 = none: a saturated pool answers 429 at once); past it the lowest class
+    #: is shed (429, Retry-After, x-deepspec-drop-reason)
+    max_waiting: int = Field(256, ge=0)
+    #: seconds a request may wait in the admission queue when its key sets no ttft_objective_s
+    queue_timeout_s: float = Field(30.0, gt=0)
+    #: "goodput": score workers by the tokens/s a request would get (their reported load), keep sessions on their
+    #: worker, prefer a prompt prefix's worker; "p2c": power of two choices on outstanding requests only
+    routing: Literal["goodput", "p2c"] = "goodput"
+    #: seconds a worker's load report stays fresh; past it the pick falls back to power of two choices
+    routing_load_max_age_s: float = Field(5.0, gt=0)
     #: keep /health/ready at 200 while no worker is admitted (completions answer 503 + Retry-After): a worker
     #: outage then leaves every gateway in its Service instead of taking the whole API off the network
     ready_without_workers: bool = False
@@ -87,6 +106,16 @@ class GatewaySettings(ServiceSettings):
         if self.api_keys_file is not None and not self.api_keys_file.is_file():
             raise ValueError(f"--api-keys-file {self.api_keys_file} does not exist or is not a file")
         return self
+
+    @model_validator(mode="after")
+    def _check_service_classes(self):
+        if self.service_classes_file is not None and not self.service_classes_file.is_file():
+            raise ValueError(f"--service-classes-file {self.service_classes_file} does not exist or is not a file")
+        self.load_service_classes()  # ValueError naming the entry that is wrong
+        return self
+
+    def load_service_classes(self) -> ServiceClasses:
+        return ServiceClasses.load(self.service_classes_file, "" if self.service_classes_file else self.service_classes)
 
     def load_api_keys(self) -> frozenset[str]:
         """Keys from the env var and the file (blank lines and '#' comments skipped); empty = auth off."""

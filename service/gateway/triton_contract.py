@@ -18,7 +18,8 @@ Two stock models of TensorRT-LLM's Triton backend, one dialect each:
 DeepSpec additions are optional inputs and extra outputs a stock model simply does not declare: `messages_json`
 (chat messages the model renders with its chat template), `ignore_eos`, and the token-id prompt (`input_ids`),
 logprobs (`return_log_probs`, `top_logprobs`, `prompt_logprobs`, `logprobs_mode`), structured-output
-(`structured_output`), speculation (`max_draft_tokens`), service-class (`service_class`) and several-sequences (`num_return_sequences`, TensorRT-LLM's name) inputs only DeepSpec's
+(`structured_output`), speculation (`max_draft_tokens`), service-class (`service_class`) and several-sequences
+(`num_return_sequences`, TensorRT-LLM's name) inputs only DeepSpec's
 worker reads (a model without the last gets n requests of one sequence each from the gateway); the LLM-API model we
 export also sends `num_input_tokens` / `num_output_tokens` (the ensemble's names) so usage is exact, and reads
 `return_log_probs` / `top_logprobs`, answering the generated tokens' scores in the worker's tensors

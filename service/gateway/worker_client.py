@@ -107,6 +107,8 @@ class Chunk:
     prompt_logprobs: list[TokenScore] | None = None
     #: which of the request's sequences (0..n-1) this chunk belongs to: its choice
     index: int = 0
+    #: the worker's load when it sent this chunk (a request's first and last carry it; a stock Triton never)
+    load: p.WorkerLoad | None = None
 
 
 class WorkerError(Exception):
@@ -154,7 +156,15 @@ def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
                  finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final,
                  logprobs=read_scores(response, values, p.OUTPUT_SCORES),
                  prompt_logprobs=read_scores(response, values, p.PROMPT_SCORES),
-                 index=tensors.scalar(values, p.SEQUENCE_INDEX, int, 0))  # fmt: skip
+                 index=tensors.scalar(values, p.SEQUENCE_INDEX, int, 0), load=_load(response))  # fmt: skip
+
+
+def _load(response: service_pb2.ModelInferResponse) -> p.WorkerLoad | None:
+    parameters = response.parameters
+    if p.LOAD_PARAM_PREFIX + "num_slots" not in parameters:
+        return None
+    return p.WorkerLoad.from_params({name: getattr(value, value.WhichOneof("parameter_choice"))
+                                     for name, value in parameters.items() if name.startswith(p.LOAD_PARAM_PREFIX)})
 
 
 def merge_chunks(chunks: list[Chunk]) -> Chunk:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from deepspec.decoding.params import SamplingParams, StepOutput
 from service.protocol import DEFAULT_SERVICE_CLASS, RequestStats
+from service.worker.load import LoadTracker
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.accepting = True
+        #: the load the worker publishes to the gateway (slots, queue, speed, acceptance per class)
+        self.load = LoadTracker(engine.max_batch_size, engine.max_batch_size * getattr(engine, "max_seq_len", 0))
 
     # -- caller side (event loop) ---------------------------------------------------------------------------------
 
@@ -237,6 +240,7 @@ class Scheduler:
             request.done = True
 
     def _step(self) -> None:
+        started = time.perf_counter()
         try:
             outputs = self.engine.step()
         except Exception as e:  # the engine is broken for this batch: fail its requests, keep the worker alive
@@ -252,6 +256,7 @@ class Scheduler:
             return
         now = time.perf_counter()
         m, model = self.metrics, self.metrics.model
+        self.load.observe_step(len(outputs), sum(len(out.new_token_ids) for out in outputs), now - started)
         items = []
         for out in outputs:
             request = self._running.get(out.request_id)
@@ -272,6 +277,7 @@ class Scheduler:
             )  # fmt: skip
             if out.num_draft_tokens > 0:
                 m.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens, request.service_class)
+                self.load.observe_round(request.service_class, out.num_accepted_tokens)
             if out.finished:
                 del self._running[out.request_id]
                 request.done = True
@@ -289,8 +295,11 @@ class Scheduler:
         )  # fmt: skip
 
     def _update_gauges(self) -> None:
+        num_waiting = sum(len(group) for group in self._waiting)
         self.metrics.num_requests_running.labels(self.metrics.model).set(self.engine.num_running)
-        self.metrics.num_requests_waiting.labels(self.metrics.model).set(sum(len(group) for group in self._waiting))
+        self.metrics.num_requests_waiting.labels(self.metrics.model).set(num_waiting)
+        num_kv_used = sum(len(r.prompt_token_ids) + r.stats.num_output_tokens for r in self._running.values())
+        self.load.observe_occupancy(self.engine.num_running, num_waiting, num_kv_used)
 
     @staticmethod
     def _deliver(items: list[tuple[_Request, object]]) -> None:

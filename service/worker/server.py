@@ -159,7 +159,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         scores = [OutputScores(service.loaded.target.decode, service.token_text) if params.logprobs is not None
                   else None for _ in range(n)]  # fmt: skip
         texts, scored = [[] for _ in range(n)], [[] for _ in range(n)]
-        prompt, prompt_sent, unfinished = None, False, n
+        prompt, prompt_sent, unfinished, first = None, False, n, True
         async for out, stats, index in service.scheduler.generate(prompt_ids, params, arrival, n, service_class):
             step_scores = scores[index].step(out) if scores[index] is not None else None
             unfinished -= out.finished
@@ -167,15 +167,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 prompt_sent = True
                 prompt = prompt_scores(prompt_ids, out.prompt_logprobs, service.loaded.target.decode,
                                        service.token_text)
+            load = service.scheduler.load.snapshot() if first or out.finished else None
+            first = False
             if stream:
-                yield _response(request, out.new_text, out, stats, index, not unfinished, step_scores, prompt)
+                yield _response(request, out.new_text, out, stats, index, not unfinished, step_scores, prompt, load)
                 prompt = None
                 continue
             texts[index].append(out.new_text)
             scored[index].extend(step_scores or ())
             if out.finished:
                 yield _response(request, "".join(texts[index]), out, stats, index, not unfinished, scored[index],
-                                prompt)  # fmt: skip
+                                prompt, load)  # fmt: skip
                 prompt = None
 
     async def _stream_one(self, request, responses: asyncio.Queue) -> None:
@@ -212,9 +214,10 @@ def _status_of(e: Exception) -> tuple[grpc.StatusCode, str, str | None]:
 
 
 def _response(request, text: str, out: StepOutput, stats: p.RequestStats, index: int, final: bool,
-              scores: list[TokenScore] | None = None,
-              prompt: list[TokenScore] | None = None) -> service_pb2.ModelInferResponse:  # fmt: skip
-    """One response of sequence `index`; `final`: the request's last (every sequence has finished)."""
+              scores: list[TokenScore] | None = None, prompt: list[TokenScore] | None = None,
+              load: p.WorkerLoad | None = None) -> service_pb2.ModelInferResponse:  # fmt: skip
+    """One response of sequence `index`; `final`: the request's last (every sequence has finished); `load` the
+    worker's, on a request's first and last responses (service/protocol.py WorkerLoad)."""
     response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
     tensors.add_output(response, p.TEXT_OUTPUT, text)
     tensors.add_output(response, p.SEQUENCE_INDEX, index)
@@ -225,6 +228,13 @@ def _response(request, text: str, out: StepOutput, stats: p.RequestStats, index:
     add_scores(response, p.OUTPUT_SCORES, scores or [])
     add_scores(response, p.PROMPT_SCORES, prompt or [])
     tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, final)
+    for name, value in (load.to_params().items() if load is not None else ()):
+        if isinstance(value, str):
+            response.parameters[name].string_param = value
+        elif isinstance(value, int):
+            response.parameters[name].int64_param = value
+        else:
+            response.parameters[name].double_param = value
     return response
 
 
@@ -364,6 +374,7 @@ class WorkerService:
                 prompt_logprobs=tensors.scalar(values, p.EXTRA_PROMPT_LOGPROBS, int),
                 structured=_structured(values),
                 max_draft_tokens=tensors.scalar(values, p.EXTRA_MAX_DRAFT_TOKENS, int),
+                session=tensors.scalar(values, p.EXTRA_SESSION, str) or None,
             )
         except RequestError:
             raise

@@ -77,25 +77,45 @@ def test_worker_killed_mid_stream(tmp_path):
             w.kill()
 
 
-def test_overload_is_429_with_retry_after_and_nothing_hangs(tmp_path):
+def _flood(url: str, num_requests: int) -> list[httpx.Response]:
+    """`num_requests` completions at once; every thread must finish within 30 s (nothing hangs)."""
+    results: list[httpx.Response] = []
+
+    def call():
+        results.append(httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 40}, timeout=30))
+
+    threads = [threading.Thread(target=call) for _ in range(num_requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+def test_overload_waits_in_the_gateways_queue_instead_of_429(tmp_path):
+    """A worker with one slot and one queue place, eight requests at once: the worker refuses six as saturated,
+    and instead of answering them 429 the gateway holds them in its admission queue and sends each as a slot frees."""
     worker = Worker(tmp_path, "--stub-step-ms", "20", "--max-batch-size", "1", "--max-queue", "1").start().wait_ready()
     gw = Gateway(tmp_path, worker.address).start().wait_ready()
     try:
-        results: list[int] = []
+        assert [r.status_code for r in _flood(gw.url, 8)] == [200] * 8
+    finally:
+        gw.terminate()
+        worker.terminate()
 
-        def call():
-            r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 40}, timeout=30)
-            results.append(r.status_code)
+
+def test_overload_past_the_queue_is_429_with_retry_after_and_a_drop_reason(tmp_path):
+    worker = Worker(tmp_path, "--stub-step-ms", "20", "--max-batch-size", "1", "--max-queue", "1").start().wait_ready()
+    gw = Gateway(tmp_path, worker.address, env={"DEEPSPEC_GATEWAY_MAX_WAITING": "1"}).start().wait_ready()
+    try:
+        results = _flood(gw.url, 8)
+        statuses = [r.status_code for r in results]
+        assert statuses.count(200) >= 3 and statuses.count(429) >= 1 and set(statuses) <= {200, 429}
+        for r in results:
             if r.status_code == 429:
                 assert r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "rate_limit_error"
-
-        threads = [threading.Thread(target=call) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        assert not any(t.is_alive() for t in threads)
-        assert results.count(200) >= 2 and results.count(429) >= 1 and set(results) <= {200, 429}
+                assert r.headers["x-deepspec-drop-reason"] == r.json()["error"]["code"] == "queue_full"
         assert httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
     finally:
         gw.terminate()

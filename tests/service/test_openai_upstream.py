@@ -75,11 +75,11 @@ class LlamaServer(ServerProcess):
 
 
 @contextlib.contextmanager
-def _gateway_over_two_upstreams(tmp: Path, *gateway_args: str):
+def _gateway_over_two_upstreams(tmp: Path, *gateway_args: str, env: dict | None = None):
     """Two fresh llama.cpp servers and a gateway in front of both, started at once (the gateway admits each server
     at its first good probe); yields the gateway and the servers, a list a test may replace a restarted one in."""
     upstreams = [LlamaServer(tmp).start(), LlamaServer(tmp).start()]
-    gw = Gateway(tmp, ",".join(s.address for s in upstreams), *gateway_args).start()
+    gw = Gateway(tmp, ",".join(s.address for s in upstreams), *gateway_args, env=env).start()
     try:
         for server in upstreams:
             server.wait_ready()
@@ -96,8 +96,10 @@ def _gateway_over_two_upstreams(tmp: Path, *gateway_args: str):
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """The gateway and upstreams the tests that leave both idle share. The gateway keeps at most one request in
-    flight on each (`--openai-max-outstanding 1`), so two streams fill it (test_overload_is_429_with_retry_after)."""
-    with _gateway_over_two_upstreams(tmp_path_factory.mktemp("llama"), "--openai-max-outstanding", "1") as shared:
+    flight on each (`--openai-max-outstanding 1`), so two streams fill it (test_overload_is_429_with_retry_after),
+    and holds no admission queue (max_waiting 0), so a full pool answers 429 at once."""
+    with _gateway_over_two_upstreams(tmp_path_factory.mktemp("llama"), "--openai-max-outstanding", "1",
+                                     env={"DEEPSPEC_GATEWAY_MAX_WAITING": "0"}) as shared:
         yield shared
 
 

@@ -39,6 +39,13 @@ GATEWAY_ENV = {
     "retry_after_s": ("3", 3),
     "metrics_port": ("9102", 9102),
     "ready_without_workers": ("true", True),
+    "service_classes": ('{"keys": {"sk-a": {"service_class": "batch"}}}',
+                        '{"keys": {"sk-a": {"service_class": "batch"}}}'),
+    "max_inflight_per_worker": ("4", 4),
+    "max_waiting": ("9", 9),
+    "queue_timeout_s": ("5", 5.0),
+    "routing": ("p2c", "p2c"),
+    "routing_load_max_age_s": ("2", 2.0),
     "host": ("127.0.0.2", "127.0.0.2"),
     "drain_timeout_s": ("4", 4.0),
 }
@@ -63,8 +70,9 @@ WORKER_ENV = {
     "drain_timeout_s": ("6", 6.0),
 }
 #: fields set another way: the keys file must exist (tested below), the API keys have their own variable name,
-#: engine_dir must hold a manifest (tests/service/test_engine_dir.py)
-SET_ELSEWHERE = {"api_keys_file", "api_keys", "engine_dir"}
+#: engine_dir must hold a manifest (tests/service/test_engine_dir.py), the service classes file must exist
+#: (tests/service/test_admission.py reads one)
+SET_ELSEWHERE = {"api_keys_file", "api_keys", "engine_dir", "service_classes_file"}
 
 
 def _set(monkeypatch, prefix: str, table: dict) -> None:

@@ -23,8 +23,8 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.mark.parametrize(("speculation", "cap"), [
-    (None, None), ({}, None), ({"mode": "auto"}, None), ({"mode": "off"}, 0), ({"mode": "off", "max_draft_tokens": 0}, 0),
-    ({"mode": "auto", "max_draft_tokens": 3}, 3), ({"max_draft_tokens": 0}, 0),
+    (None, None), ({}, None), ({"mode": "auto"}, None), ({"mode": "off"}, 0),
+    ({"mode": "off", "max_draft_tokens": 0}, 0), ({"mode": "auto", "max_draft_tokens": 3}, 3), ({"max_draft_tokens": 0}, 0),
 ])  # fmt: skip
 def test_the_field_becomes_the_workers_draft_cap(speculation, cap):
     body = CHAT if speculation is None else CHAT | {"speculation": speculation}

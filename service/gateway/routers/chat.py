@@ -9,7 +9,7 @@ import time
 
 from fastapi import APIRouter, Request
 
-from service.gateway.dependencies import CallerDep, DispatcherDep, json_response, sse, until_disconnect
+from service.gateway.dependencies import CallerDep, DispatcherDep, SessionDep, json_response, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.logprobs import chat_logprobs
 from service.gateway.schemas import ChatCompletionRequest
@@ -21,9 +21,11 @@ router = APIRouter()
 
 
 @router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep):
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, dispatcher: DispatcherDep,
+                                 caller: CallerDep, session: SessionDep):  # fmt: skip
     model, _ = dispatcher.resolve_model(body.model)
     req = GenerationRequest(request_id=new_request_id("chatcmpl"), model=model, **body.generation())
+    req.session = session or req.session  # the header before `user`
     created = int(time.time())
 
     def logprobs(chunk: Chunk) -> dict | None:

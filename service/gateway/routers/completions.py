@@ -10,7 +10,7 @@ import time
 
 from fastapi import APIRouter, Request
 
-from service.gateway.dependencies import CallerDep, DispatcherDep, json_response, sse, until_disconnect
+from service.gateway.dependencies import CallerDep, DispatcherDep, SessionDep, json_response, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.logprobs import completion_logprobs, concat
 from service.gateway.schemas import CompletionRequest
@@ -51,11 +51,14 @@ def choices_of(body: CompletionRequest, prompt: str | list[int], results: list[C
 
 
 @router.post("/v1/completions", responses=GENERATION_RESPONSES)
-async def create_completion(body: CompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep):
+async def create_completion(body: CompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep,
+                            session: SessionDep):  # fmt: skip
     model, _ = dispatcher.resolve_model(body.model)
     request_id, prompts = new_request_id("cmpl"), body.prompts
     reqs = [GenerationRequest(request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}", model=model,
                               **body.generation(prompt)) for i, prompt in enumerate(prompts)]  # fmt: skip
+    for req in reqs:
+        req.session = session or req.session  # the header before `user`
     created = int(time.time())
     if not body.stream:
         results = await until_disconnect(request, dispatcher.complete_all(reqs, "completions", caller))

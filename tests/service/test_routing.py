@@ -1,0 +1,109 @@
+"""Routing by expected goodput (service/gateway/scoring.py, routing.py `WorkerPool.pick`): the score, session and
+prefix affinity, the fail-open to power of two choices, and the load a worker reports with its responses."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+
+from service.gateway.routing import Endpoint, WorkerPool
+from service.gateway.scoring import expected_tokens_per_s, prefix_key
+from service.metrics import GatewayMetrics, REQUEST_SUCCESS_TOTAL
+from service.protocol import WorkerLoad
+from tests.service.conftest import Gateway, Worker, metric_value
+
+FAST = WorkerLoad(num_running=2, num_waiting=0, num_slots=8, kv_utilization=0.1, row_tokens_per_s=100.0)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _pool(*loads: WorkerLoad | None, clock=None) -> WorkerPool:
+    pool = WorkerPool("", GatewayMetrics(), rng=random.Random(0), clock=clock or Clock(), load_max_age_s=5.0,
+                      make_client=lambda address: None)  # fmt: skip
+    for i, load in enumerate(loads):
+        endpoint = pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", None, healthy=True, models={"m": 0})
+        if load is not None:
+            pool.observe_load(endpoint, load)
+    return pool
+
+
+def test_the_score_is_the_tokens_per_second_a_request_would_get():
+    assert expected_tokens_per_s(FAST, "standard", 0) == 100.0  # a free slot: a running row's rate
+    full = WorkerLoad(num_running=8, num_waiting=8, num_slots=8, row_tokens_per_s=100.0)
+    assert expected_tokens_per_s(full, "standard", 0) == pytest.approx(100.0 * 8 / (8 + 9))  # 8 wait, +1 past
+    assert expected_tokens_per_s(FAST, "standard", 6) < expected_tokens_per_s(FAST, "standard", 0)  # sent since
+    tau = WorkerLoad(num_slots=8, row_tokens_per_s=100.0, acceptance={"interactive": 3.0, "batch": 1.0})
+    assert expected_tokens_per_s(tau, "interactive", 0) == 150.0 and expected_tokens_per_s(tau, "batch", 0) == 50.0
+    assert expected_tokens_per_s(WorkerLoad(num_slots=8, row_tokens_per_s=100.0, kv_utilization=1.0), "batch", 0) == 0
+
+
+def test_the_pick_goes_where_the_request_gets_most_and_fails_open_when_a_report_is_stale():
+    slow = WorkerLoad(num_running=8, num_waiting=4, num_slots=8, row_tokens_per_s=100.0)
+    clock = Clock()
+    pool = _pool(slow, FAST, clock=clock)
+    assert {pool.pick("m").address for _ in range(20)} == {"w1"}
+    clock.now += 6  # both reports are stale now: power of two choices on outstanding requests
+    pool.endpoints["w1"].outstanding = 3
+    assert {pool.pick("m").address for _ in range(20)} == {"w0"}
+    half_known = _pool(FAST, None)  # one never reported: power of two choices, ties either way
+    assert {half_known.pick("m").address for _ in range(40)} == {"w0", "w1"}
+
+
+def test_a_session_stays_on_its_worker_while_it_is_admitted():
+    pool = _pool(FAST, FAST)
+    pool.served(pool.endpoints["w0"], "s1", None)
+    pool.endpoints["w0"].outstanding = 50  # even busy: its history is there
+    assert {pool.pick("m", session="s1").address for _ in range(20)} == {"w0"}
+    pool.endpoints["w0"].healthy = False
+    assert pool.pick("m", session="s1").address == "w1"
+    assert pool.pick("m", exclude={"w1"}, session="s1") is None
+
+
+def test_a_prompt_prefix_prefers_its_worker_unless_it_scores_far_below_the_best():
+    pool = _pool(FAST, FAST)
+    key = prefix_key(None, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}])
+    assert key == prefix_key(None, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "?"}])
+    pool.served(pool.endpoints["w1"], None, key)
+    assert {pool.pick("m", prefix=key).address for _ in range(10)} == {"w1"}
+    pool.observe_load(pool.endpoints["w1"], WorkerLoad(num_running=8, num_waiting=16, num_slots=8,
+                                                       row_tokens_per_s=100.0))  # fmt: skip
+    assert pool.pick("m", prefix=key).address == "w0"
+
+
+def test_the_load_round_trips_through_response_parameters():
+    load = WorkerLoad(num_running=3, num_waiting=1, num_slots=8, kv_utilization=0.25, row_tokens_per_s=42.5,
+                      acceptance={"interactive": 2.5})  # fmt: skip
+    back = WorkerLoad.from_params(load.to_params())
+    assert back == load and WorkerLoad.from_params({}) is None
+
+
+def test_a_session_header_keeps_every_turn_on_one_worker(tmp_path):
+    workers = [Worker(tmp_path, "--stub-step-ms", "1", name=f"w{i}").start() for i in range(2)]
+    gw = Gateway(tmp_path, ",".join(w.address for w in workers)).start()
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        gw.wait_ready()
+        with httpx.Client(timeout=30) as client:
+            for turn in range(12):
+                for session in ("alpha", "beta", "gamma"):
+                    response = client.post(f"{gw.url}/v1/completions", headers={"x-session-id": session},
+                                           json={"prompt": f"turn {turn}", "max_tokens": 4})  # fmt: skip
+                    assert response.status_code == 200, response.text
+            assert client.post(f"{gw.url}/v1/completions", headers={"x-session-id": "bad\x07"},
+                               json={"prompt": "x"}).status_code == 400  # fmt: skip
+        text = httpx.get(f"{gw.url}/metrics").text
+        per_worker = [metric_value(text, REQUEST_SUCCESS_TOTAL, worker=w.address) for w in workers]
+        assert sum(per_worker) == 36 and all(n % 12 == 0 for n in per_worker)  # whole sessions, never split
+    finally:
+        gw.terminate()
+        for worker in workers:
+            worker.terminate()
