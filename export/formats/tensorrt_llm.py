@@ -121,8 +121,9 @@ DEEPSPEC="${{DEEPSPEC:-$(python -c 'import deepspec, os; print(os.path.dirname(o
 ARCH="${{ARCH:-$(python -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{{m}}{{n}}")')}}"
 # 1. Compile DeepSpec's verification kernels ahead of time (PTX + cubin) for this GPU.
 (cd "$DEEPSPEC" && python -m plugins build --arch "$ARCH" --out "$OLDPWD/plugins-build")
-# 2. Build the engine with the plugins registered in the same process ({", ".join(PLUGIN_OPS)}).
-PYTHONPATH="$DEEPSPEC${{PYTHONPATH:+:$PYTHONPATH}}" python -c '
+# 2. Build the engine with the plugins registered in the same process ({", ".join(PLUGIN_OPS)}), on the
+#    interpreter that owns tensorrt_llm and its pinned packages (TRTLLM_PYTHON; DeepSpec's GPU image sets it).
+PYTHONPATH="$DEEPSPEC${{PYTHONPATH:+:$PYTHONPATH}}" "${{TRTLLM_PYTHON:-python}}" -c '
 import sys
 import plugins.tensorrt  # registers the deepspec:: TensorRT plugins
 from tensorrt_llm.commands.build import main
