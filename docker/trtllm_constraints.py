@@ -23,8 +23,12 @@ import subprocess
 import sys
 from importlib import metadata
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+try:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:  # an interpreter without packaging: pip's vendored copy is the same code
+    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name
 
 #: the distribution whose pins are kept
 PINNED_BY = "tensorrt_llm"
