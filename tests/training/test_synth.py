@@ -163,6 +163,11 @@ def test_cli_synthesizes_answers_and_writes_a_card(tmp_path, tiny_target, capsys
 
     with pytest.raises(SystemExit):  # existing files are only extended on purpose
         main(args)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # a long run appends: a gzip member torn by a kill would hide what follows
+        main(["synth", "--out", str(tmp_path / "fresh" / "p.jsonl"), "--num-prompts", "2", "--answers",
+              str(tmp_path / "fresh" / "conv.jsonl.gz"), "--target", str(target_dir)])
+    assert "write plain .jsonl" in capsys.readouterr().err
     assert main([*args[:4], "8", *args[5:], "--resume"]) == 0
     assert len(_texts(out)) + len(_texts(out.with_name("prompts.heldout.jsonl"))) == 8
 
