@@ -30,9 +30,9 @@ def add_card_parser(sub) -> None:
 
 
 def _conversations(path: Path | None) -> list[dict]:
-    from training.synth import _rows
+    from training.synth import read_rows
 
-    return _rows(path) if path is not None else []
+    return read_rows(path) if path is not None else []
 
 
 def answer_stats(conversations: list[dict]) -> dict:
@@ -79,12 +79,12 @@ def plot_card(prompts: list[dict], conversations: list[dict], card_dir: Path) ->
 
 
 def write_card(prompts_path: Path, answers_path: Path | None, card_dir: Path, command: str | None = None) -> dict:
-    from training.synth import SynthFiles, _rows, synth_report
+    from training.synth import SynthFiles, read_rows, synth_report
 
     card_dir.mkdir(parents=True, exist_ok=True)
     files = SynthFiles(prompts_path)
     report = synth_report(files)
-    prompts = _rows(files.prompts) + _rows(files.heldout)
+    prompts = read_rows(files.prompts) + read_rows(files.heldout)
     conversations = [r for r in _conversations(answers_path) if not is_heldout_row(r)]
     answers = answer_stats(conversations)
     plot_card(prompts, conversations, card_dir)

@@ -112,7 +112,7 @@ class SynthProgress:
     rejected: Counter = field(default_factory=Counter)
 
 
-def _rows(path: Path) -> list[dict]:
+def read_rows(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     out = []
@@ -128,7 +128,7 @@ def resume_state(files: SynthFiles, dedup: Deduplicator) -> SynthProgress:
     """What the files already hold: their turns enter the dedup index, and the attempt count continues."""
     state = SynthProgress()
     for path, kind in ((files.prompts, "accepted"), (files.heldout, "heldout"), (files.rejected, "rejected")):
-        for row in _rows(path):
+        for row in read_rows(path):
             state.attempts += 1
             if kind == "rejected":
                 state.rejected[row.get("reason", "?")] += 1
@@ -232,8 +232,8 @@ def synth_report(files: SynthFiles) -> dict:
     """Counts, rejection reasons, topic and length spread, and the default-vs-topic seeding comparison, read from
     the files (so a resumed or finished run reports the same way). distinct-2 falls as a sample grows, so each
     seeding mode's is taken on the same number of its first kept turns."""
-    kept = _rows(files.prompts) + _rows(files.heldout)
-    rejected = _rows(files.rejected)
+    kept = read_rows(files.prompts) + read_rows(files.heldout)
+    rejected = read_rows(files.rejected)
     by_mode: dict[str, dict] = defaultdict(lambda: {"attempts": 0, "kept": [], "rejected": Counter()})
     for row in kept:
         mode = by_mode[_mode(row)]
@@ -245,7 +245,7 @@ def synth_report(files: SynthFiles) -> dict:
         mode["rejected"][row.get("reason", "?")] += 1
     tokens = sorted(int(r.get("tokens", 0)) for r in kept)
     return {
-        "kept": len(kept), "heldout": len(_rows(files.heldout)), "rejected": len(rejected),
+        "kept": len(kept), "heldout": len(read_rows(files.heldout)), "rejected": len(rejected),
         "rejected_by_reason": dict(Counter(r.get("reason", "?") for r in rejected).most_common()),
         "topics": dict(Counter(r.get("topic", "?") for r in kept).most_common()),
         "user_turn_tokens": {q: _percentile(tokens, q) for q in (10, 50, 90, 99)},
