@@ -113,6 +113,7 @@ class SynthProgress:
 
 
 def read_rows(path: Path) -> list[dict]:
+    """The JSON rows of a file (none if it does not exist yet), skipping a line torn by a killed writer."""
     if not path.is_file():
         return []
     out = []
