@@ -51,7 +51,7 @@ PROBE_WEIGHT = 1
 #: served passes between two refits of the corrected curve
 REFIT_EVERY = 8
 #: refits between two writes of the cache file
-SAVE_EVERY = 4
+SAVE_EVERY = 16
 #: target -> {(verify sizes, captured layers): its probed StepTimeModel}; dropped with the target
 _PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: target -> {draft width: probe_verify_overhead's seconds by sampling mode}; dropped with the target
