@@ -15,6 +15,7 @@ pointers, which is the order a TensorRT AOT plugin launches them in.
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -146,3 +147,39 @@ def build(archs: list[int], out: Path, jobs: int = 2, on_done=None) -> dict:
              "specs": [asdict(s) for s in kernel_specs()]}
     (out / "index.json").write_text(json.dumps(index, indent=2))
     return index
+
+
+def entry_params(ptx: str) -> list[str]:
+    """The parameter names of the PTX's `.entry`, in order."""
+    entry = re.search(r"\.entry\s+[\w$]+\s*\((.*?)\)", ptx, re.S)
+    if entry is None:
+        raise ValueError("no .entry in the PTX")
+    return re.findall(r"\.param\s+[^,]*?([\w$]+)\s*(?:,|$)", entry.group(1).strip())
+
+
+def tensorrt_ptx(spec: KernelSpec, compiled) -> str:
+    """The kernel's PTX with exactly the parameters a TensorRT AOT plugin launches it with: its non-constexpr
+    signature (input pointers, integer scalars, output pointers).
+
+    triton >= 3.3 appends hidden parameters to every entry (third_party/nvidia/backend/compiler.py
+    `make_llir`: a global-scratch and a profile-scratch pointer), which its own launcher fills; TensorRT's
+    (tensorrt.plugin `aot_impl`, 10.14) passes the plugin's tensors and `SymIntExprs` only, so the driver would read
+    two arguments past the ones it was given. When the kernel asks for no scratch (`global_scratch_size` and
+    `profile_scratch_size` 0) the body never reads those parameters and they are dropped from the signature; a
+    kernel that does use scratch is refused, naming the triton versions whose PTX needs no change (<= 3.2)."""
+    ptx = compiled.asm["ptx"]
+    params = entry_params(ptx)
+    wanted = sum(1 for kind in spec.signature.values() if kind != "constexpr")
+    hidden = params[wanted:]
+    if not hidden:
+        return ptx
+    scratch = {k: getattr(compiled.metadata, k, 0) or 0 for k in ("global_scratch_size", "profile_scratch_size")}
+    used = [p for p in hidden if len(re.findall(rf"\b{re.escape(p)}\b", ptx)) > 1]
+    if any(scratch.values()) or used:
+        raise ValueError(f"{spec.stem}: this triton's PTX takes {len(params)} parameters, TensorRT launches it with "
+                         f"{wanted}, and the kernel uses the hidden ones ({scratch}, read: {used}); compile it with "
+                         "triton <= 3.2, whose entries take exactly the signature")
+    entry = re.search(r"(\.entry\s+[\w$]+\s*\()(.*?)(\))", ptx, re.S)
+    kept = [line for line in entry.group(2).split("\n") if not any(re.search(rf"\b{p}\b", line) for p in hidden)]
+    body = "\n".join(kept).rstrip().rstrip(",")
+    return ptx[:entry.start(2)] + body + "\n" + ptx[entry.end(2):]

@@ -33,7 +33,8 @@ except ImportError as exc:  # the one place that needs TensorRT: say what is mis
 import numpy as np
 import numpy.typing as npt
 
-from plugins.aot import AOT_NODE_BLOCKS, AOT_SLOT_BLOCKS, KernelSpec, aot_block, compile_kernel, kernel_specs
+from plugins.aot import (AOT_NODE_BLOCKS, AOT_SLOT_BLOCKS, KernelSpec, aot_block, compile_kernel, kernel_specs,
+                         tensorrt_ptx)
 from plugins.schema import TRT_NAMESPACE
 
 _I64 = trt.int64
@@ -106,7 +107,7 @@ def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1, inputs=()) -> AOTKerne
     extra = trtp.SymIntExprs(len(scalars))
     for i, value in enumerate(scalars):
         extra[i] = trtp.SymInt32(value)
-    return compiled.metadata.name, compiled.asm["ptx"], launch, extra
+    return compiled.metadata.name, tensorrt_ptx(spec, compiled), launch, extra
 
 
 def _sampled_accept(kernel: str, has_draft_probs: IntAttr, drafts, target_logits, inputs, size_variant: str = ""

@@ -29,12 +29,23 @@ def trt_plugins():
         yield SimpleNamespace(trt=trt, trtp=trtp, registry=QDP_REGISTRY, module=ours)
 
 
+def _ptx(spec, hidden: int = 2) -> str:
+    """A PTX of the shape triton >= 3.3 writes for `spec`: one parameter per non-constexpr signature entry, then
+    `hidden` scratch pointers its own launcher fills (third_party/nvidia/backend/compiler.py `make_llir`)."""
+    n = sum(1 for kind in spec.signature.values() if kind != "constexpr") + hidden
+    params = ",\n".join(f"\t.param .u64 {spec.kernel}_param_{i}" for i in range(n))
+    return (f"// {spec.stem}\n.visible .entry {spec.kernel}(\n{params}\n)\n{{\n\tld.param.u64 %rd1, "
+            f"[{spec.kernel}_param_0];\n\tret;\n}}\n")
+
+
 class _Compiled:
-    """What plugins.tensorrt reads from triton's CompiledKernel."""
+    """What plugins.tensorrt reads from triton's CompiledKernel (triton 3.9: two hidden scratch pointers, no
+    scratch used)."""
 
     def __init__(self, spec):
-        self.metadata = SimpleNamespace(name=spec.kernel, num_warps=spec.num_warps, shared=96)
-        self.asm = {"ptx": f"// {spec.stem}"}
+        self.metadata = SimpleNamespace(name=spec.kernel, num_warps=spec.num_warps, shared=96, global_scratch_size=0,
+                                        profile_scratch_size=0)
+        self.asm = {"ptx": _ptx(spec)}
 
 
 @pytest.fixture
@@ -158,7 +169,7 @@ def test_the_builder_gets_each_ops_shapes_launch_and_scalars(trt_plugins, compil
     assert built.grid == grid and built.scalars == scalars
     (spec,) = compiled
     assert built.block == (spec.num_warps * 32, 1, 1) and built.shared_mem == 96
-    assert built.kernel_name == spec.kernel and built.ptx == f"// {spec.stem}".encode()
+    assert built.kernel_name == spec.kernel and built.ptx == _ptx(spec, hidden=0).encode()
     kinds = ["ptr" if t.startswith("*") else t for t in spec.signature.values() if t != "constexpr"]
     assert kinds == ["ptr"] * len(inputs) + ["i32"] * len(scalars) + ["ptr"] * len(want), spec.stem
     assert all(t == trt_plugins.trt.PluginArgDataType.INT32 for t in built.scalar_types)
@@ -231,3 +242,40 @@ def test_half_precision_float_inputs_are_refused_not_misread(trt_plugins, compil
     inputs = [t.to(dtype) if i == first_float else t for i, t in enumerate(inputs)]
     with pytest.raises(ValueError, match=r"the ahead-of-time kernel reads fp32"):
         _build(trt_plugins.trt, op, inputs, attrs)
+
+
+# ---- the PTX's parameters: TensorRT's AOT launch contract ------------------------------------------------------
+def test_the_ptx_takes_exactly_the_parameters_tensorrt_passes(tmp_path):
+    """The installed triton (the `plugins` extra pins 3.9) compiles greedy_accept for sm_90; TensorRT launches an AOT
+    kernel with its inputs, SymInt32 scalars and outputs only (tensorrt.plugin `aot_impl`, 10.14), while triton >= 3.3
+    appends two scratch pointers to every entry. The PTX the plugin hands TensorRT declares the signature's 7 and
+    still assembles with triton's own ptxas."""
+    import subprocess
+
+    from plugins.aot import compile_kernel, entry_params, kernel_specs, tensorrt_ptx
+
+    spec = next(s for s in kernel_specs() if s.kernel == "greedy_accept_kernel")
+    compiled = compile_kernel(spec, 90)
+    ptx = tensorrt_ptx(spec, compiled)
+    assert len(entry_params(ptx)) == 7 <= len(entry_params(compiled.asm["ptx"]))
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90)
+    (tmp_path / "k.ptx").write_text(ptx)
+    result = subprocess.run([getattr(ptxas, "path", None) or ptxas[0], "-arch=sm_90a", str(tmp_path / "k.ptx"),
+                             "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_kernel_that_reads_its_scratch_pointer_is_refused():
+    from plugins.aot import kernel_specs, tensorrt_ptx
+
+    spec = next(s for s in kernel_specs() if s.kernel == "greedy_accept_kernel")
+    used = SimpleNamespace(metadata=SimpleNamespace(global_scratch_size=0, profile_scratch_size=0),
+                           asm={"ptx": _ptx(spec).replace("_param_0];", "_param_7];")})
+    with pytest.raises(ValueError, match="triton <= 3.2"):
+        tensorrt_ptx(spec, used)
+    sized = SimpleNamespace(metadata=SimpleNamespace(global_scratch_size=256, profile_scratch_size=0),
+                            asm={"ptx": _ptx(spec)})
+    with pytest.raises(ValueError, match="takes 9 parameters, TensorRT launches it with 7"):
+        tensorrt_ptx(spec, sized)
