@@ -11,7 +11,12 @@ Parts, each in a process of its own so one failing, crashing or hanging costs it
   `generate` on the same GPU;
 - `training`: 20 optimizer steps of each algorithm on CUDA through the real Trainer;
 - `onnx`: the target's ONNX export run by ONNX Runtime's CUDA provider where the build has one (else `skipped`,
-  and the CPU provider still checks the graph).
+  and the CPU provider still checks the graph);
+- `tensorrt`: the installed triton's greedy_accept PTX against TensorRT's AOT launch contract, then a one-node
+  TensorRT engine with the `deepspec::greedy_accept` plugin built, run and compared with the reference (where
+  `tensorrt` imports; issue 42 item 10);
+- `vllm`: a Qwen3-style (q/k-norm) EAGLE-3 draft exported in the speculators format, then served by vLLM with the
+  draft proposing (where `vllm` imports; issue 42 item 11).
 
 The target is built in process: SmolLM2-135M's shapes (30 layers, hidden 576, 9 heads, 3 kv heads, vocab 49152)
 with seeded random weights, saved as a Hugging Face directory and loaded through `load_target` — speed is a

@@ -26,9 +26,14 @@ PART_MODULES = {
     "engine": ("torch", "transformers", "numpy"),
     "training": ("torch", "pydantic", "yaml"),
     "onnx": ("onnx", "onnxruntime", "numpy"),
+    # tensorrt and vllm themselves are checked by their rows, which say `skipped` without them: the rows that need
+    # only triton (the AOT contract) or our export still run
+    "tensorrt": ("torch", "triton"),
+    "vllm": ("torch", "transformers", "safetensors"),
 }
 #: distributions whose versions the report records
-VERSIONED = ("torch", "triton", "transformers", "tokenizers", "onnx", "onnxruntime", "numpy", "pydantic")
+VERSIONED = ("torch", "triton", "transformers", "tokenizers", "onnx", "onnxruntime", "numpy", "pydantic",
+             "tensorrt", "vllm")
 
 
 def _version_key(version: str) -> tuple[int, ...]:

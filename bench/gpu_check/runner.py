@@ -23,7 +23,8 @@ from bench.isolated import describe_exit
 
 #: part name → module with `run(context) -> list[Row]`, in the order they run
 PARTS = {"kernels": "bench.gpu_check.kernels", "engine": "bench.gpu_check.engine",
-         "training": "bench.gpu_check.train_steps", "onnx": "bench.gpu_check.onnx_runtime"}
+         "training": "bench.gpu_check.train_steps", "onnx": "bench.gpu_check.onnx_runtime",
+         "tensorrt": "bench.gpu_check.tensorrt_plugin", "vllm": "bench.gpu_check.vllm_draft"}
 #: a part's process is killed this long after its budget (its rows stop at the budget; setup may overrun it)
 GRACE_SECONDS = 60
 WHEELS_HINT = "run `make gpu-wheels` where there is network and carry .whl/ with the checkout"

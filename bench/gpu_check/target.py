@@ -39,15 +39,20 @@ def _tokenizer(vocab_size: int):
     return fast, vocab["<|im_end|>"]
 
 
-def write_target_dir(path: Path, config_kwargs: dict, seed: int = 0) -> Path:
-    """A loadable Hugging Face directory of a random Llama with `config_kwargs` (LlamaConfig fields)."""
+def write_target_dir(path: Path, config_kwargs: dict, seed: int = 0, family: str = "llama") -> Path:
+    """A loadable Hugging Face directory of a random `family` model (llama, or qwen3: q/k-norm) with
+    `config_kwargs` (that config class's fields)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    if family not in classes:
+        raise ValueError(f"unknown target family {family!r}; known: {', '.join(classes)}")
+    config_class, model_class = classes[family]
     tokenizer, eos_id = _tokenizer(config_kwargs["vocab_size"])
-    config = LlamaConfig(**config_kwargs, eos_token_id=eos_id, bos_token_id=None, pad_token_id=None)
+    config = config_class(**config_kwargs, eos_token_id=eos_id, bos_token_id=None, pad_token_id=None)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():
         model.model.norm.weight.mul_(LOGIT_SCALE)
     path.mkdir(parents=True, exist_ok=True)

@@ -70,9 +70,10 @@ def _rows(report: dict, name: str) -> dict[str, dict]:
 def test_every_part_runs_and_passes_at_quick_sizes(quick_run):
     proc, report = quick_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert [p["part"] for p in report["parts"]] == ["setup", "kernels", "engine", "training", "onnx"]
+    parts = ["setup", "kernels", "engine", "training", "onnx", "tensorrt", "vllm"]
+    assert [p["part"] for p in report["parts"]] == parts
     assert report["failed"] == [] and report["sizes"]["name"] == "quick" and report["complete"]
-    for part in ("setup", "kernels", "engine", "training", "onnx"):
+    for part in parts:
         assert f"\n{part} " in proc.stdout  # the printed table has a line per part
 
 
@@ -200,3 +201,23 @@ def test_full_sizes_fit_eight_minutes_and_the_real_target_shapes():
         "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
         "vocab_size": 49152}
     assert FULL.num_train_steps == 20
+
+
+def test_tensorrt_part_checks_the_aot_contract_and_skips_the_engine_without_a_gpu(quick_run):
+    """Issue 42 item 10, the CPU half: the installed triton's greedy_accept PTX, after plugins.aot.tensorrt_ptx,
+    declares the 7 parameters TensorRT's AOT launch passes; building and running the engine waits for a GPU."""
+    rows = _rows(quick_run[1], "tensorrt")
+    contract = rows["AOT contract greedy_accept"]
+    assert contract["status"] == OK and contract["metrics"]["launched_params"] == 7, contract
+    engine = rows["TensorRT engine deepspec::greedy_accept"]
+    assert engine["status"] == SKIPPED and engine["detail"]
+
+
+def test_vllm_part_exports_a_qwen3_draft_and_skips_serving_without_a_gpu(quick_run):
+    """Issue 42 item 11, the CPU half: a q/k-norm (Qwen3) EAGLE-3 draft goes out in the speculators format with a
+    qwen3 layer config; vLLM loading it waits for a GPU."""
+    rows = _rows(quick_run[1], "vllm")
+    exported = rows["export qwen3 q/k-norm eagle3 (speculators)"]
+    assert exported["status"] == OK and "model_type qwen3" in exported["detail"], exported
+    served = rows["vllm serves the speculators draft"]
+    assert served["status"] == SKIPPED and served["detail"]
