@@ -202,22 +202,28 @@ def tau_text(tau: float | None) -> str:
     return "-" if tau is None else f"{tau:.2f}"
 
 
-def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = {**meta, "results": [asdict(r) for r in results]}
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+def eval_markdown(results: list[EvalResult], meta: dict) -> str:
+    """eval.md: one row per (set, temperature) of an eval.json, and its settings (training/draft_table.py renders
+    the shipped drafts' reports with it)."""
     lines = [f"# {meta.get('draft', 'draft')} on {meta.get('target', 'target')}", "",
-             "| dataset | temp | τ | tokens per forward | verify tok/step | verify rate | draft tok/s | target-only tok/s "
-             "| speedup | identical |",
+             "| dataset | temp | τ | tokens per forward | verify tok/step | verify rate | draft tok/s "
+             "| target-only tok/s | speedup | identical |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         same = "" if r.identical_to_target is None else ("yes" if r.identical_to_target else "**NO**")
         vps = "" if r.verify_tokens_per_step is None else f"{r.verify_tokens_per_step:.2f}"
         per_forward = "" if r.tokens_per_forward is None else f"{r.tokens_per_forward:.2f}"
         lines.append(f"| {r.dataset} | {r.temperature:g} | {tau_text(r.acceptance_length)} | {per_forward} | {vps} | "
-                     f"{r.verify_rate:.2f} | {r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | {r.speedup:.2f}x | {same} |")
-    lines += ["", f"Settings: {json.dumps(meta.get('settings', {}))}", ""]
-    (out_dir / "eval.md").write_text("\n".join(lines))
+                     f"{r.verify_rate:.2f} | {r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | "
+                     f"{r.speedup:.2f}x | {same} |")
+    return "\n".join(lines + ["", f"Settings: {json.dumps(meta.get('settings', {}))}", ""])
+
+
+def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {**meta, "results": [asdict(r) for r in results]}
+    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "eval.md").write_text(eval_markdown(results, meta))
     try:
         import matplotlib
 
