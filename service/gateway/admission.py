@@ -1,7 +1,8 @@
 """The gateway's admission queue: which request goes to a worker next when they cannot all go now.
 
 A request is admitted at once while the pool has room: fewer requests in flight than `limit()` (the per-worker cap
-times the admitted workers; None = no cap of the gateway's own) and nobody waiting ahead of it. Otherwise it waits
+times the admitted workers; None = no cap of the gateway's own), plus `reserve()` more for the most urgent class
+(slots batch traffic can never fill, so an interactive request finds one free), and nobody waiting ahead of it. Otherwise it waits
 here, in a bounded queue, instead of being answered 429, and so does a request every worker refused as saturated
 (`readmit`): a finished request frees its slot to the best waiter. "Best" is:
 
@@ -98,10 +99,12 @@ class Shed(errors.ServiceError, http=429, kind="rate_limit_error", grpc_status=g
 
 
 class AdmissionQueue:
-    def __init__(self, limit: Callable[[], int | None], *, max_waiting: int = 256,
+    def __init__(self, limit: Callable[[], int | None], *, reserve: Callable[[], int] = lambda: 0,
+                 max_waiting: int = 256,
                  queue_timeout_s: float = 30.0, retry_after_s: int = 1, poll_s: float = 0.25,
                  clock: Callable[[], float] = time.monotonic):  # fmt: skip
         self.limit = limit
+        self.reserve = reserve
         self.max_waiting = max_waiting
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
@@ -128,8 +131,8 @@ class AdmissionQueue:
         """Return once `ticket` holds a slot; `Shed` when it is refused or dropped (nothing is then held)."""
         self._charge_budget(ticket)
         self._activate(ticket)
-        if not self.waiting and self._has_room():
-            self._take_slot(ticket)
+        if self._has_room(ticket) and (not self.waiting or self._order(ticket) < self._order(self._best())):
+            self._take_slot(ticket)  # nobody waiting ranks before it
             return
         await self._wait(ticket)
 
@@ -196,8 +199,8 @@ class AdmissionQueue:
                                        f"(class {worst.policy.service_class})", "displaced", self.retry_after_s))
 
     def _grant_waiting(self) -> None:
-        while self.waiting and self._has_room():
-            self._grant(self._best())
+        while self.waiting and self._has_room(best := self._best()):
+            self._grant(best)
 
     def _grant(self, ticket: Ticket) -> None:
         self.waiting.remove(ticket)
@@ -211,9 +214,11 @@ class AdmissionQueue:
         """Smaller is served sooner, larger shed sooner: class, then weighted tokens served, then arrival."""
         return ticket.policy.rank, self.counters.get(ticket.caller, 0.0), ticket.seq
 
-    def _has_room(self) -> bool:
+    def _has_room(self, ticket: Ticket) -> bool:
         limit = self.limit()
-        return limit is None or self.in_flight < limit
+        if limit is None:
+            return True
+        return self.in_flight < limit + (self.reserve() if ticket.policy.rank == 0 else 0)
 
     def _take_slot(self, ticket: Ticket) -> None:
         ticket.admitted = True

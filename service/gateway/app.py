@@ -56,7 +56,9 @@ class GatewayState:
                           k8s_api_url=settings.k8s_api_url, make_client=make_client, routing=settings.routing,
                           load_max_age_s=settings.routing_load_max_age_s)  # fmt: skip
         classes = settings.load_service_classes()
+        reserve = settings.interactive_reserve_per_worker
         admission = AdmissionQueue(functools.partial(_inflight_limit, pool, settings.max_inflight_per_worker),
+                                   reserve=lambda: _inflight_limit(pool, reserve) or 0,
                                    max_waiting=settings.max_waiting, queue_timeout_s=settings.queue_timeout_s,
                                    retry_after_s=settings.retry_after_s)  # fmt: skip
         dispatcher = Dispatcher(pool, metrics, request_timeout_s=settings.request_timeout_s,
@@ -80,7 +82,8 @@ class GatewayState:
 
 
 def _inflight_limit(pool: WorkerPool, per_worker: int) -> int | None:
-    """The gateway's own cap on requests in flight: `per_worker` per admitted worker (None = no cap)."""
+    """`per_worker` requests per admitted worker: the gateway's own cap on requests in flight (None = no cap), or
+    the slots past it kept for the most urgent class."""
     if not per_worker:
         return None
     return per_worker * max(1, sum(e.healthy for e in pool.endpoints.values()))

@@ -61,6 +61,9 @@ class GatewaySettings(ServiceSettings):
     #: requests the gateway keeps in flight per admitted worker (0 = no cap of its own: it sends until the workers
     #: say they are saturated); past it they wait in the gateway's admission queue, most urgent class first
     max_inflight_per_worker: int = Field(0, ge=0)
+    #: slots per worker past max_inflight_per_worker that only the interactive class may take (set the workers'
+    #: --max-batch-size to the sum): batch traffic never fills them, so an interactive request starts at once
+    interactive_reserve_per_worker: int = Field(0, ge=0)
     #: requests the admission queue holds (0 = none: a saturated pool answers 429 at once); past it the lowest class
     #: is shed (429, Retry-After, x-deepspec-drop-reason)
     max_waiting: int = Field(256, ge=0)

@@ -92,6 +92,22 @@ def test_keys_of_one_class_share_the_tokens_by_their_weights():
     assert asyncio.run(main()) == pytest.approx(0.75, abs=0.05)
 
 
+def test_slots_kept_for_the_interactive_class_are_never_filled_by_batch_traffic():
+    async def main():
+        queue = AdmissionQueue(lambda: 2, reserve=lambda: 1, poll_s=0.01)
+        for i in range(2):
+            await queue.admit(queue.ticket(f"b{i}", BATCH, 1))
+        late_batch = asyncio.ensure_future(queue.admit(queue.ticket("b2", BATCH, 1)))
+        await _until(lambda: queue.waiting)
+        await asyncio.wait_for(queue.admit(queue.ticket("chat", INTERACTIVE, 1)), 1)  # the reserved slot
+        waiting = not late_batch.done()
+        late_batch.cancel()
+        await asyncio.gather(late_batch, return_exceptions=True)
+        return waiting, queue.in_flight
+
+    assert asyncio.run(main()) == (True, 3)
+
+
 def test_a_full_queue_sheds_the_lowest_class_first_with_a_reason():
     async def main():
         queue = _queue(max_waiting=2)

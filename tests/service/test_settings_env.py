@@ -42,6 +42,7 @@ GATEWAY_ENV = {
     "service_classes": ('{"keys": {"sk-a": {"service_class": "batch"}}}',
                         '{"keys": {"sk-a": {"service_class": "batch"}}}'),
     "max_inflight_per_worker": ("4", 4),
+    "interactive_reserve_per_worker": ("2", 2),
     "max_waiting": ("9", 9),
     "queue_timeout_s": ("5", 5.0),
     "routing": ("p2c", "p2c"),
