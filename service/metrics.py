@@ -48,6 +48,16 @@ GATEWAY_NUM_REQUESTS_OUTSTANDING = "deepspec:gateway_num_requests_outstanding"  
 GATEWAY_WORKER_HEALTHY = "deepspec:gateway_worker_healthy"  # 1 = admitted, 0 = ejected
 GATEWAY_RETRIES_TOTAL = "deepspec:gateway_retries_total"  # a request moved to another worker before its first token
 
+# The Gateway API Inference Extension's model-server gauges, on the workers, under the names its model-server
+# protocol lists for vLLM (gateway-api-inference-extension docs/proposals/003-model-server-protocol: TotalQueuedRequests,
+# TotalRunningRequests, KVCacheUtilization), label `model_name` as vLLM's: an InferencePool's endpoint picker reads
+# a DeepSpec worker as it reads a vLLM pod, with its default flags. Not `deepspec:` names: the dashboards keep theirs.
+INFERENCE_EXTENSION_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+INFERENCE_EXTENSION_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+INFERENCE_EXTENSION_KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"  # a fraction, 0..1, as vLLM's
+INFERENCE_EXTENSION_GAUGES = (INFERENCE_EXTENSION_NUM_REQUESTS_WAITING, INFERENCE_EXTENSION_NUM_REQUESTS_RUNNING,
+                              INFERENCE_EXTENSION_KV_CACHE_USAGE_PERC)
+
 #: every name above, for tests and the chart's dashboards check
 ALL_METRIC_NAMES = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and v.startswith("deepspec:"))
 
@@ -163,6 +173,12 @@ class WorkerMetrics(_LatencyMetrics):
         self.num_requests_waiting = Gauge(
             NUM_REQUESTS_WAITING, "Requests queued for a batch slot.", ("model",), registry=self.registry
         )
+        self.inference_extension = {name: Gauge(name, doc, ("model_name",), registry=self.registry).labels(model)
+                                    for name, doc in zip(INFERENCE_EXTENSION_GAUGES, (
+                                        "Requests queued for a batch slot (Inference Extension: TotalQueuedRequests).",
+                                        "Requests in the running batch (Inference Extension: TotalRunningRequests).",
+                                        "KV positions the running rows hold over what the batch's caches hold, 0..1 "
+                                        "(Inference Extension: KVCacheUtilization)."))}  # fmt: skip
         self.spec_decode_num_accepted_tokens_per_pos = Counter(
             SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL, "Verify rounds in which draft position `position` was accepted.",
             ("model", "class", "position"), registry=self.registry,

@@ -50,8 +50,12 @@ class LoadTracker:
     def observe_occupancy(self, num_running: int, num_waiting: int, num_kv_used: int) -> None:
         self.num_running, self.num_waiting, self.num_kv_used = num_running, num_waiting, num_kv_used
 
+    @property
+    def kv_utilization(self) -> float:
+        return min(1.0, self.num_kv_used / self.num_kv_positions)
+
     def snapshot(self) -> WorkerLoad:
         return WorkerLoad(num_running=self.num_running, num_waiting=self.num_waiting, num_slots=self.num_slots,
-                          kv_utilization=min(1.0, self.num_kv_used / self.num_kv_positions),
+                          kv_utilization=self.kv_utilization,
                           row_tokens_per_s=self.row_tokens_per_s,
                           acceptance={c: tau for c, tau in self.acceptance.items() if tau})  # fmt: skip

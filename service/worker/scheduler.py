@@ -300,6 +300,10 @@ class Scheduler:
         self.metrics.num_requests_waiting.labels(self.metrics.model).set(num_waiting)
         num_kv_used = sum(len(r.prompt_token_ids) + r.stats.num_output_tokens for r in self._running.values())
         self.load.observe_occupancy(self.engine.num_running, num_waiting, num_kv_used)
+        waiting, running, kv_usage = self.metrics.inference_extension.values()
+        waiting.set(num_waiting)
+        running.set(self.engine.num_running)
+        kv_usage.set(self.load.kv_utilization)
 
     @staticmethod
     def _deliver(items: list[tuple[_Request, object]]) -> None:

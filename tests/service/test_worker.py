@@ -230,6 +230,31 @@ def test_worker_metrics_cover_every_worker_name(stub_worker, client):
     assert metric_value(text, "deepspec:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
 
 
+def test_the_inference_extensions_model_server_gauges_follow_the_batch(tmp_path):
+    """An InferencePool's endpoint picker reads vLLM's three gauges (the model-server protocol): a running stream
+    shows in them, and they fall back to 0 when it ends."""
+    worker = Worker(tmp_path, "--stub-step-ms", "10", "--max-batch-size", "1").start().wait_ready()
+    try:
+        client, _ = stream_started(worker, 300)
+        second = triton.InferenceServerClient(worker.address)
+        second.start_stream(callback=lambda result, error: None)
+        second.async_stream_infer("stub", inputs("Hi", max_tokens=300, stream=True))  # waits for the one slot
+        deadline = time.monotonic() + 10
+        while metric_value(worker.metrics(), "vllm:num_requests_waiting") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = worker.metrics()
+        assert metric_value(text, "vllm:num_requests_running", model_name="stub") == 1
+        assert metric_value(text, "vllm:num_requests_waiting", model_name="stub") == 1
+        assert 0 < metric_value(text, "vllm:kv_cache_usage_perc", model_name="stub") <= 1
+        client.stop_stream(cancel_requests=True)
+        second.stop_stream(cancel_requests=True)
+        while metric_value(worker.metrics(), "vllm:num_requests_running") and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert metric_value(worker.metrics(), "vllm:kv_cache_usage_perc") == 0
+    finally:
+        worker.terminate()
+
+
 def test_sigterm_drains_the_worker(tmp_path):
     """SIGTERM: ServerReady turns false at once, the running stream still finishes, the process exits 0."""
     worker = Worker(tmp_path, "--stub-step-ms", "10").start().wait_ready()
