@@ -25,7 +25,7 @@ from service.gateway.admission import AdmissionQueue, estimate_tokens
 from service.gateway.fanout import fan_out
 from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.scoring import prefix_key
-from service.gateway.service_classes import ServiceClasses
+from service.gateway.service_classes import ServiceClasses, memory_session
 from service.gateway.validation import check_prompt_size
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_sequences, total_stats
 from service.logging import log_request
@@ -105,6 +105,7 @@ class Dispatcher:
         key = self._admit(req, caller)
         policy = self.classes.policy(caller)
         req.service_class = policy.service_class
+        req.memory_session = memory_session(caller, req.session, policy)
         ticket = self.admission.ticket(caller, policy, estimate_tokens(_prompt_chars(req), req.max_tokens, req.n))
         run = _Progress(arrival=time.perf_counter())
         status, error_text = "abort", None

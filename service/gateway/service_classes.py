@@ -13,6 +13,7 @@ The file is YAML (so JSON too):
     keys:
       sk-chat-frontend: {service_class: interactive, weight: 2, ttft_objective_s: 1.0}
       sk-nightly-evals: {service_class: batch, tokens_per_minute: 600000}
+      sk-coding-agent: {service_class: interactive, session_memory: true}
 
 Every key listed is an API key the gateway accepts, beside those of `--api-keys-file` / $DEEPSPEC_API_KEYS.
 """
@@ -41,6 +42,10 @@ class KeyPolicy(BaseModel):
     #: seconds a request may wait in the gateway's queue for a worker before it is shed (429 + Retry-After);
     #: None = the gateway's --queue-timeout-s
     ttft_objective_s: Annotated[float, Field(gt=0)] | None = None
+    #: whether a request of this key that names a session (OpenAI's `user`, `x-session-id`, gRPC `session_id`) has the
+    #: worker remember its answer and draft from the session's earlier ones (deepspec/decoding/session_memory.py);
+    #: sessions of two keys never share memory
+    session_memory: bool = False
 
     @property
     def rank(self) -> int:
@@ -53,6 +58,14 @@ class ServiceClassesFile(BaseModel):
 
     default: KeyPolicy = KeyPolicy()
     keys: dict[str, KeyPolicy] = {}
+
+
+def memory_session(caller: str | None, session: str | None, policy: KeyPolicy) -> str | None:
+    """The session-memory key a worker is sent: the caller's digest and the client's session id, so one key's
+    session id never reaches another key's memory; None where the policy does not opt in or there is no session."""
+    if not policy.session_memory or not session:
+        return None
+    return f"{caller or 'anonymous'}:{session}"
 
 
 def caller_id(key: str) -> str:

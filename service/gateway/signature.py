@@ -125,6 +125,7 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
         "num_return_sequences": None if req.n == 1 else [req.n],
         "max_draft_tokens": None if req.max_draft_tokens is None else [req.max_draft_tokens],
         "service_class": None if req.service_class == p.DEFAULT_SERVICE_CLASS else [req.service_class],
+        "memory_session": None if req.memory_session is None else [req.memory_session],
         **{flag: [True] for flag in c.FLAGS},
     }  # fmt: skip
 

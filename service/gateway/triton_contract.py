@@ -57,7 +57,7 @@ CONFIG_DATATYPE = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "INT32": "TYPE_I
 #: what a gateway request asks for -> the input carrying it, per dialect (None: the dialect has no such input)
 ROLES = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
          "ignore_eos", "prompt_token_ids", "return_log_probs", "top_logprobs", "prompt_logprobs", "logprobs_mode",
-         "structured_output", "num_return_sequences", "max_draft_tokens", "service_class")
+         "structured_output", "num_return_sequences", "max_draft_tokens", "service_class", "memory_session")
 #: roles DeepSpec's worker reads and neither stock model does (the ensemble declares `return_log_probs` but sends
 #: only numbers, no token texts to render them with; the exported LLM-API model reads the logprobs ones): a model
 #: that lacks one cannot serve the feature, which a gateway then refuses by name (`signature.py`)
@@ -66,7 +66,7 @@ FEATURE_OF_ROLE = {"prompt_token_ids": "token-id prompts", "return_log_probs": "
                    "structured_output": "structured outputs",
                    "max_draft_tokens": "per-request speculation control (speculation)"}
 #: roles that only inform the model (the row's service class): sent when declared, skipped silently when not
-ADVISORY = ("service_class",)
+ADVISORY = ("service_class", "memory_session")
 #: request flags that only ask for outputs: sent when declared, skipped silently when not
 FLAGS = ("return_perf_metrics", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
@@ -77,7 +77,7 @@ LLMAPI_NAMES = {
     "end_id": None, "ignore_eos": "ignore_eos",
     "prompt_token_ids": None, "return_log_probs": "return_log_probs", "top_logprobs": "top_logprobs",
     "prompt_logprobs": None, "logprobs_mode": None, "structured_output": None, "num_return_sequences": None,
-    "max_draft_tokens": None, "service_class": None,
+    "max_draft_tokens": None, "service_class": None, "memory_session": None,
     "return_perf_metrics": "sampling_param_return_perf_metrics", "return_finish_reason": "return_finish_reason",
     "return_num_input_tokens": None, "return_num_output_tokens": None,
 }  # fmt: skip
@@ -88,7 +88,7 @@ ENSEMBLE_NAMES = {
     "prompt_token_ids": "input_ids", "return_log_probs": "return_log_probs", "top_logprobs": "top_logprobs",
     "prompt_logprobs": "prompt_logprobs", "logprobs_mode": "logprobs_mode", "structured_output": "structured_output",
     "num_return_sequences": "num_return_sequences", "max_draft_tokens": "max_draft_tokens",
-    "service_class": "service_class",
+    "service_class": "service_class", "memory_session": "session",
     "return_perf_metrics": "return_perf_metrics", "return_finish_reason": None,
     "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
 }  # fmt: skip
@@ -102,7 +102,7 @@ ROLE_DATATYPES = {
     "top_p": "FP32", "top_k": "INT32", "seed": "UINT64", "stop": "BYTES", "end_id": "INT32", "ignore_eos": "BOOL",
     "prompt_token_ids": "INT32", "return_log_probs": "BOOL", "top_logprobs": "INT32", "prompt_logprobs": "INT32",
     "logprobs_mode": "BYTES", "structured_output": "BYTES", "num_return_sequences": "INT32",
-    "max_draft_tokens": "INT32", "service_class": "BYTES",
+    "max_draft_tokens": "INT32", "service_class": "BYTES", "memory_session": "BYTES",
     "return_perf_metrics": "BOOL", "return_finish_reason": "BOOL", "return_num_input_tokens": "BOOL",
     "return_num_output_tokens": "BOOL",
 }  # fmt: skip

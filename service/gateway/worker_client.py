@@ -74,6 +74,9 @@ class GenerationRequest:
     service_class: str = p.DEFAULT_SERVICE_CLASS
     #: what keeps a conversation on one worker (OpenAI's `user` or the `x-session-id` header); None = no session
     session: str | None = None
+    #: the worker's session-memory key (the caller's digest + `session`) when the caller's policy opts in; None = the
+    #: worker neither remembers this answer nor drafts from the session's earlier ones
+    memory_session: str | None = None
 
     @property
     def extensions(self) -> frozenset[str]:
