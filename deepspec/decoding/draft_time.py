@@ -1,7 +1,7 @@
 """What a drafted round costs the drafter, timed where it runs: the one probe behind every price put on drafting.
 
 Two kinds of callers need it. The engine prices each round's drafting with it before the drafter runs
-(SpecEngine._draft_width: verify_budget.best_depth with the draft's seconds added), probing once at start for one
+(planner.BudgetPlanner.draft_width: verify_budget.best_depth with the draft's seconds added), probing once at start for one
 to all of its slots. The choices made before serving score a neural draft with it, at batch 1, on each candidate:
 the worker's `--engine auto` (service/worker/fastest_engine.py) and the ONNX export's `--quantization auto`
 (export/onnx/auto_quantization.py), where the draft runs on the candidate's own kernels (the ONNX draft graphs of

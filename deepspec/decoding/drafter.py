@@ -213,7 +213,7 @@ class Drafter(ABC):
 
     def costly_rows(self, view: BatchView, slots: list[int]) -> int:
         """How many of these rows the next `propose` would run a model of its own for: what the engine prices with
-        the drafter's probed propose time before it drafts (SpecEngine._draft_width). 0 here: a drafter that reads
+        the drafter's probed propose time before it drafts (planner.BudgetPlanner.draft_width). 0 here: a drafter that reads
         tokens (prompt or corpus lookup) costs next to nothing beside a target pass; a neural draft counts every
         row, a hybrid the rows its corpus leaves to the neural part."""
         return 0
