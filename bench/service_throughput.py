@@ -4,8 +4,9 @@
     python -m bench.service_throughput --rounds 1 --requests-per-client 1 --only deepspec-draft   # a quick look
     python -m bench.service_throughput --temperature 0 --temperature 1 --top-p 0.9   # sampled rows with nucleus
 
-Workload: 8 concurrent streaming chat clients (closed loop), each sending `--requests-per-client` HumanEval prompts
-(datasets/eval/humaneval.jsonl) with max_tokens 128 at each `--temperature` (default 0 and 1; top-p `--top-p` on
+Workload: 8 concurrent streaming chat clients (`--concurrency`; closed loop), each sending `--requests-per-client`
+prompts of `--dataset` (default HumanEval, datasets/eval/humaneval.jsonl; `chat` is the held-out chat set) with
+max_tokens 128 at each `--temperature` (default 0 and 1; top-p `--top-p` on
 the sampled ones), against
 
   deepspec-draft   `python -m service` (embedded default: smollm2-135m, draft auto = best shipped draft)
@@ -156,7 +157,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
 
 
 async def run_load(url: str, model: str, prompts: list[str], temperature: float = 0.0,
-                   top_p: float = 1.0) -> list[dict]:
+                   top_p: float = 1.0, concurrency: int = CONCURRENCY) -> list[dict]:
     queue: asyncio.Queue = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
@@ -168,13 +169,17 @@ async def run_load(url: str, model: str, prompts: list[str], temperature: float 
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=32)) as client:
         await one_request(client, url, model, "Say hi.", temperature, top_p)  # warm-up, not measured
-        await asyncio.gather(*(client_loop(client) for _ in range(CONCURRENCY)))
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests-per-client", type=int, default=2, help="prompts each of the 8 clients sends (default 2)")
+    parser.add_argument("--requests-per-client", type=int, default=2, help="prompts each client sends (default 2)")
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY,
+                        help=f"streaming clients at once (default {CONCURRENCY}; 1 = batch 1)")
+    parser.add_argument("--dataset", default=DATASET.stem,
+                        help="eval set of datasets/eval to send (default %(default)s; chat = the held-out chat set)")
     parser.add_argument("--only", action="append", choices=["deepspec-draft", "deepspec-none", "llama-cpp"],
                         help="run only these servers (repeatable; default all three)")
     parser.add_argument("--rounds", type=int, default=2,
@@ -191,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     temperatures = list(dict.fromkeys(args.temperature or [0.0, 1.0]))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    lines = DATASET.read_text().splitlines()
-    prompts = [json.loads(line)["turns"][0] for line in lines[: CONCURRENCY * args.requests_per_client]]
+    lines = eval_dataset(args.dataset).read_text().splitlines()
+    prompts = [json.loads(line)["turns"][0] for line in lines[: args.concurrency * args.requests_per_client]]
 
-    report = {"concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS, "num_requests": len(prompts),
+    report = {"concurrency": args.concurrency, "dataset": args.dataset, "max_tokens": MAX_TOKENS,
+              "num_requests": len(prompts),
               "rounds": args.rounds, "temperatures": temperatures, "top_p": args.top_p, "servers": {}}  # fmt: skip
     kinds = args.only or ["deepspec-draft", "deepspec-none", "llama-cpp"]
     runs: dict[str, list[dict]] = {}
@@ -212,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             proc, model, ready_url = start(kind, port, extra)
             try:
                 proc.wait_http(ready_url, 600)
-                measured = {t: asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts, t, args.top_p))
-                            for t in temps}
+                measured = {t: asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts, t, args.top_p,
+                                                    args.concurrency)) for t in temps}
             except (RuntimeError, TimeoutError, httpx.HTTPError) as e:
                 # a peer's server is a process of its own: if it dies (a llama.cpp built for another CPU gets
                 # SIGILL), its row says so and the other servers still run; our own servers failing stops the run

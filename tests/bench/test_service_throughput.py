@@ -68,7 +68,7 @@ def test_the_report_puts_greedy_and_temperature_1_rows_side_by_side(tmp_path, mo
         def stop(self):
             pass
 
-    async def fake_load(url, model, prompts, temperature=0.0, top_p=1.0):
+    async def fake_load(url, model, prompts, temperature=0.0, top_p=1.0, concurrency=8):
         tokens = 80 if temperature > 0 else 100  # sampled: 0.8x of greedy over the same 1 s
         return [{"sent": 0.0, "done": 1.0, "ttft_s": 0.1, "tokens": tokens}]
 
