@@ -6,19 +6,20 @@ end-of-turn token (Magpie, Xu et al. 2024, arXiv:2406.08464). Sampled at tempera
 the engine (the native CPU decoder by default), each turn is filtered (synth_filters.reject_reason), deduplicated
 exactly and by MinHash near-duplicate search, bucketed by topic, and written to one of three files:
 
-- `<out>`: the training prompts, `{"id", "source": "synth/<seed>", "topic", "turns": [text], "tokens"}` — the
-  prompt-row format `prepare` reads, so their answers are regenerated like any other prompts;
+- `<out>`: the training prompts, `{"id", "source": "synth/<seed>", "topic", "turns": [text], "tokens",
+  "attempt"}` — the prompt-row format `prepare` reads, so their answers are regenerated like any other prompts;
 - `<out minus .jsonl>.heldout.jsonl`: the held-out split (training/heldout.py), never trained on;
 - `<out minus .jsonl>.rejected.jsonl`: every rejected turn with its reason (the run's report reads them).
 
 Seeding: the template's own system prompt ("default") or "You are a helpful assistant for <topic>." over TOPICS
 widens what the target asks about (`--seeding`); the report compares the two by acceptance, duplicates, distinct-2
 and topic spread. Resumable: the files are the state — a resumed run re-indexes what they hold for deduplication
-and continues the per-attempt sampling seeds where they stopped.
+and draws the attempts (each its own sampling seed) they do not hold yet.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter, defaultdict
@@ -109,6 +110,9 @@ class SynthProgress:
     heldout: int = 0
     attempts: int = 0
     tokens: int = 0
+    #: the attempt indices (sampling seeds) the files already hold; rows from before they were recorded count here
+    done_attempts: set = field(default_factory=set)
+    unindexed_attempts: int = 0
     rejected: Counter = field(default_factory=Counter)
 
 
@@ -131,6 +135,10 @@ def resume_state(files: SynthFiles, dedup: Deduplicator) -> SynthProgress:
     for path, kind in ((files.prompts, "accepted"), (files.heldout, "heldout"), (files.rejected, "rejected")):
         for row in read_rows(path):
             state.attempts += 1
+            if isinstance(row.get("attempt"), int):
+                state.done_attempts.add(row["attempt"])
+            else:
+                state.unindexed_attempts += 1
             if kind == "rejected":
                 state.rejected[row.get("reason", "?")] += 1
                 continue
@@ -184,15 +192,20 @@ def synthesize(target, files: SynthFiles, settings: SynthSettings, *,
                         max_seq_len=longest + settings.max_tokens + 1)
     stream = EngineStream(engine, settings.batch_size)
 
+    # attempts finish out of order: a killed run leaves gaps, which a resumed one fills before going on, so it draws
+    # exactly the turns an uninterrupted run would (rows from before attempts were recorded are taken as a prefix)
+    attempt_indices = itertools.filterfalse(state.done_attempts.__contains__,
+                                            itertools.count(state.unindexed_attempts))
+
     def refill() -> bool:
         wanted = settings.num_prompts - state.accepted - state.heldout
         if wanted <= stream.num_in_flight or state.attempts + stream.num_in_flight >= max_attempts:
             return False
-        k = state.attempts + stream.num_in_flight  # every attempt has its own seed: a resumed run goes on from k
+        k = next(attempt_indices)  # every attempt has its own seed
         seed = seeds[k % len(seeds)]
         params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
                                 top_p=settings.top_p, seed=settings.seed * 1_000_003 + k, stop_token_ids=stop_ids)
-        stream.submit(seed, prefixes[seed], params)
+        stream.submit((seed, k), prefixes[seed], params)
         return True
 
     writer = _SynthWriter(files)
@@ -216,16 +229,18 @@ def synthesize(target, files: SynthFiles, settings: SynthSettings, *,
 def _judge(result, special_ids: frozenset[int], dedup: Deduplicator, settings: SynthSettings) -> tuple[str, dict]:
     """(file kind, row) of one sampled turn: rejected with its reason, held out, or accepted."""
     text = result.text.strip()
-    source = f"synth/{result.key}"
+    seed, attempt = result.key
+    source = f"synth/{seed}"
     reason = (f"engine: {result.error}" if result.error is not None else
               reject_reason(result.text, result.token_ids, result.finish_reason, special_ids,
                             min_words=settings.min_words, max_chars=settings.max_chars))
     if reason is None:
         reason = dedup.check_and_add(text)
     if reason is not None:
-        return "rejected", {"source": source, "reason": reason, "text": result.text, "tokens": len(result.token_ids)}
+        return "rejected", {"source": source, "reason": reason, "text": result.text, "tokens": len(result.token_ids),
+                            "attempt": attempt}
     row = {"id": f"synth-{text_key(text)}", "source": source, "topic": topic_of(text), "turns": [text],
-           "tokens": len(result.token_ids)}
+           "tokens": len(result.token_ids), "attempt": attempt}
     return ("heldout" if is_heldout(text) else "accepted"), row
 
 

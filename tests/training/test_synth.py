@@ -121,26 +121,58 @@ def _texts(path):
     return [json.loads(line)["turns"][0] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_synthesize_splits_and_resumes_where_it_stopped(tmp_path, tiny_target):
+def _attempts(files):
+    rows = [json.loads(line) for path in (files.prompts, files.heldout) if path.exists()
+            for line in path.read_text().splitlines()]
+    return sorted((r["attempt"], r["turns"][0]) for r in rows)
+
+
+@pytest.mark.parametrize("backend,batch", [("pytorch", 1), ("native", 4)])
+def test_synthesize_splits_and_resumes_where_it_stopped(tmp_path, tiny_target, backend, batch):
+    """A run killed mid-way (attempts finishing out of order) and resumed draws exactly the turns of one run straight
+    through; held-out turns only ever land in the held-out file."""
     from training.synth import SynthFiles, SynthSettings, synthesize
 
-    def run(files, n):
-        return synthesize(tiny_target, files, SynthSettings(num_prompts=n, batch_size=1, max_tokens=6))
+    target = tiny_target
+    if backend == "native":
+        from deepspec.models.native import NativeUnavailable, native_target_from
+
+        try:
+            target = native_target_from(tiny_target, num_threads=1)
+        except NativeUnavailable as exc:
+            pytest.skip(f"no native decoder here: {exc}")
+
+    def run(files, n, on_result=None):
+        return synthesize(target, files, SynthSettings(num_prompts=n, batch_size=batch, max_tokens=6),
+                          on_result=on_result)
 
     straight = SynthFiles(tmp_path / "a" / "p.jsonl")
     run(straight, 10)
     resumed = SynthFiles(tmp_path / "b" / "p.jsonl")
-    first = run(resumed, 4)
-    assert first.accepted + first.heldout == 4
+
+    def killed_after_five(state, _tokens):
+        if state.attempts == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(resumed, 10, killed_after_five)
     second = run(resumed, 10)
-    assert second.accepted + second.heldout == 10 and second.attempts == 10
+    assert second.accepted + second.heldout == 10
     for files in (straight, resumed):
         train, held = _texts(files.prompts), _texts(files.heldout)
         assert train and held and not set(train) & set(held)
         assert all(heldout.is_heldout(t, per_10k=5000) for t in held)
-    # a resumed run continues the per-attempt seeds: the same prompts as one run straight through
-    assert _texts(straight.prompts) == _texts(resumed.prompts)
-    assert _texts(straight.heldout) == _texts(resumed.heldout)
+    assert [k for k, _ in _attempts(straight)] == list(range(10))
+    assert _attempts(resumed) == _attempts(straight)
+
+    # rows finish out of order: a killed run can hold attempts 0-2 and 4-6 but not 3; the resumed run fills the gap
+    gappy = SynthFiles(tmp_path / "c" / "p.jsonl")
+    gappy.prompts.parent.mkdir()
+    for src, dst in ((straight.prompts, gappy.prompts), (straight.heldout, gappy.heldout)):
+        rows = [line for line in src.read_text().splitlines() if json.loads(line)["attempt"] in (0, 1, 2, 4, 5, 6)]
+        dst.write_text("".join(line + "\n" for line in rows))
+    run(gappy, 10)
+    assert _attempts(gappy) == _attempts(straight)
 
 
 def test_cli_synthesizes_answers_and_writes_a_card(tmp_path, tiny_target, capsys):
