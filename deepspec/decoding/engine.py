@@ -62,9 +62,9 @@ class SpecEngine:
             raise ValueError("need max_batch_size >= 1, num_speculative_tokens >= 0 and max_seq_len >= 2")
         self.target = target
         self.drafter = drafter
-        #: torch's intra-op threads while a step runs, where the target asks for its own count (`host_threads`, an
-        #: optional member: OnnxTarget's forward runs in ONNX Runtime's pool, see host_threads.py); None = torch's
-        self._host_threads: int | None = getattr(target, "host_threads", None)
+        #: torch's intra-op threads while a step runs, where the target asks for its own count (OnnxTarget's forward
+        #: runs in ONNX Runtime's pool, see host_threads.py); None = torch's
+        self._host_threads: int | None = target.host_threads
         self.max_batch_size = max_batch_size
         self.max_seq_len = min(max_seq_len, target.max_seq_len)
         #: drafts verified per row and round at most: chain slots, or tree nodes (the cache slack below fits them)
@@ -78,7 +78,7 @@ class SpecEngine:
         self.prefill_tokens_per_step = prefill_tokens_per_step or max_verify_tokens
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         #: token trees are verified in one pass with tree attention; otherwise as each tree's chain of first children
-        self.tree_attention = bool(getattr(target, "supports_tree_attention", False))
+        self.tree_attention = target.supports_tree_attention
         # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
         self.cache = target.new_cache(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1)
         #: the answers served to each session, for requests that name one (SamplingParams.session)
@@ -95,7 +95,7 @@ class SpecEngine:
         self.planner = planner if planner is not None else RoundPlanner()
         self.planner.bind(EngineShape(target, drafter, max_batch_size, self.max_seq_len, self.num_speculative_tokens,
                                       max_verify_tokens, self.feature_layers, self.cache,
-                                      bool(getattr(target, "multi_token_rows_serial", False))))
+                                      target.multi_token_rows_serial))
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[SequenceState] = []  # index == slot

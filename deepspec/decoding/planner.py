@@ -172,7 +172,7 @@ class BudgetPlanner(RoundPlanner):
     @staticmethod
     def _recorded(target, rows_serial: bool) -> StepTimeModel | None:
         """The target's own recorded verify-step curve on this machine (an ONNX export times it once), or None."""
-        recorded = getattr(target, "recorded_step_curve", lambda: None)()
+        recorded = target.recorded_step_curve()
         return StepTimeModel(sorted(recorded.items()), rows_serial) if recorded else None
 
     @property

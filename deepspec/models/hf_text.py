@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import ClassVar
 
 from deepspec.models.chat_templates import require_chat_template
 
 
 class HFTextTarget:
+    #: torch's intra-op threads while the engine steps this target; None = torch's own (target.py)
+    host_threads: ClassVar[int | None] = None
+    #: a multi-token pass over several rows runs one row at a time (target.py)
+    multi_token_rows_serial: ClassVar[bool] = False
+
     @property
     def vocab_size(self) -> int:
         return self.spec.vocab_size

@@ -58,6 +58,12 @@ Model
 - `supports_tree_attention: bool` — whether `forward` takes `tree_parents` and the cache from `new_cache` has
   `keep_path(start [B], path [B, N], num_accepted [B])`, which moves each row's accepted tree path to consecutive
   positions after its root (the compact_kv op). False: the engine verifies the chain of each tree's first children.
+- `multi_token_rows_serial: bool` — whether a pass of several tokens over several rows runs one row at a time (ONNX
+  Runtime's attention after a past), so B rows of d + 1 tokens cost B passes: the verification budget prices it so.
+- `host_threads: int | None` — torch's intra-op threads while the engine steps this target (a target whose forward
+  runs in a thread pool of its own asks for 1: deepspec/decoding/host_threads.py); None = torch's own count.
+- `recorded_step_curve() -> dict[int, float] | None` — {T: seconds} of a batch-1 verify pass measured for this target
+  on this machine before it loaded (an export's record), or None: the verification budget then uses its own curve.
 - `lm_head(final_hidden [.., H]) -> [.., V]` — the head alone (training computes target distributions with it).
 - `embeddings() -> TargetEmbeddings` — the frozen input embedding and head a neural draft borrows.
 - `default_feature_layers(count=5) -> tuple[int, ...]` — `count` layers a draft should read by default.
@@ -111,6 +117,8 @@ class Target(Protocol):
     quantization: str
     tokenizer: object
     supports_tree_attention: bool
+    multi_token_rows_serial: bool
+    host_threads: int | None
 
     @property
     def vocab_size(self) -> int: ...
@@ -146,6 +154,8 @@ class Target(Protocol):
         max_start: int | None = None,
         tree_parents: torch.Tensor | None = None,  # [B, T] long, only where supports_tree_attention
     ) -> DecoderOutput: ...
+
+    def recorded_step_curve(self) -> dict[int, float] | None: ...
 
     def lm_head(self, final_hidden: torch.Tensor) -> torch.Tensor: ...  # [.., H] -> [.., V]
 

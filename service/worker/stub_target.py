@@ -63,6 +63,8 @@ class StubTarget:
     tokenizer = None
     #: forward is a chain automaton; token trees reach it as chains of first children
     supports_tree_attention = False
+    host_threads = None
+    multi_token_rows_serial = False
     device = torch.device("cpu")
     dtype = attention_dtype = torch.float32
     vocab_size = VOCAB_SIZE
@@ -83,6 +85,10 @@ class StubTarget:
 
     def decode(self, token_ids: list[int]) -> str:
         return bytes(t for t in token_ids if t != EOS_TOKEN_ID).decode("utf-8", errors="replace")
+
+    def recorded_step_curve(self) -> None:
+        """No step curve: a stub's timing means nothing."""
+        return None
 
     def fingerprint(self) -> dict:
         return {"architecture": "stub", "hidden_size": 8, "num_layers": 2, "vocab_size": VOCAB_SIZE,

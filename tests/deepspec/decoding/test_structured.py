@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import deepspec.decoding.engine as engine_module
+import deepspec.decoding.grammar_walks as grammar_walks
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
@@ -154,7 +154,7 @@ def test_sampling_through_drafts_is_exactly_the_constrained_distribution(flat_ta
 def test_negative_control_verifying_with_the_raw_draft_q_skews_the_output(flat_target, monkeypatch):
     """The chi-square above can fail: keep the cut but verify with the draft's raw q instead of its restriction
     to the allowed tokens, and the output leaves the constrained distribution."""
-    monkeypatch.setattr(engine_module, "restrict_draft_probs", lambda q, bitmask: q)
+    monkeypatch.setattr(grammar_walks, "restrict_draft_probs", lambda q, bitmask: q)
     prompt = [10, 20, 30]
     expected = _constrained_distribution(flat_target, prompt)
     n = 960
