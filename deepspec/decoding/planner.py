@@ -169,6 +169,14 @@ class BudgetPlanner(RoundPlanner):
             self.draft_time = probe_draft_time(target, shape.drafter, tuple(sorted({1, shape.max_batch_size})),
                                                tuple(sorted({1, shape.num_speculative_tokens})), shape.max_seq_len)
 
+    @classmethod
+    def kept_per_machine(cls, target, drafter) -> "BudgetPlanner":
+        """The budget a server runs with: its curve kept per target, captured layers and machine in the cache
+        directory, so each start (the engine choice's calibration decode included) begins from what the last one
+        served (step_timing.StepCurveCache)."""
+        layers = tuple(drafter.feature_layers) if drafter is not None else ()
+        return cls(curve_cache=StepCurveCache.for_target(target, layers))
+
     @staticmethod
     def _recorded(target, rows_serial: bool) -> StepTimeModel | None:
         """The target's own recorded verify-step curve on this machine (an ONNX export times it once), or None."""

@@ -98,8 +98,9 @@ def measure_served_rates(candidates: dict[str, tuple], depth: int,
     longest = max(len(p) for p in prompts) + max_tokens + depth + 2
     engines = {}
     for name, (target, drafter) in candidates.items():
+        # the served engine's own curve file: the calibration's passes correct it before serving starts
         engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=min(target.max_seq_len, longest),
-                            num_speculative_tokens=depth, planner=BudgetPlanner())
+                            num_speculative_tokens=depth, planner=BudgetPlanner.kept_per_machine(target, drafter))
         engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))
         engine.forget_acceptance()
         engines[name] = engine

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from deepspec.decoding import SpecEngine
 from deepspec.decoding.planner import BudgetPlanner
-from deepspec.decoding.step_timing import StepCurveCache
 from deepspec.models import Target
 from service.worker.context import decide_context
 
@@ -33,7 +32,8 @@ def load_engine(settings) -> LoadedEngine:
     choice, settings, target, drafter = load_served_model(settings)
     max_seq_len = decide_context(target, settings, settings.num_speculative_tokens).tokens
     engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,
-                        num_speculative_tokens=settings.num_speculative_tokens, planner=served_planner(target, drafter))
+                        num_speculative_tokens=settings.num_speculative_tokens,
+                        planner=BudgetPlanner.kept_per_machine(target, drafter))
     drafter_name = "none" if drafter is None else getattr(drafter, "name", type(drafter).__name__)
     logger.info("loaded target %s (quantization %s) with drafter %s (context %d tokens)", target.name,
                 target.quantization, drafter_name, max_seq_len)
@@ -41,13 +41,6 @@ def load_engine(settings) -> LoadedEngine:
         logger.info("verification budget on: %s (the curve cached for this machine, recorded by the export, or "
                     "probed at start; corrected by the passes served)", engine.planner.step_time)
     return LoadedEngine(target, engine, drafter_name, max_seq_len, f"{choice.engine}: {choice.reason}")
-
-
-def served_planner(target, drafter) -> BudgetPlanner:
-    """The verification budget a worker serves with: its step curve kept per machine in the cache directory, so each
-    start begins from what the last one served (deepspec/decoding/step_timing.py)."""
-    layers = tuple(drafter.feature_layers) if drafter is not None else ()
-    return BudgetPlanner(curve_cache=StepCurveCache.for_target(target, layers))
 
 
 def load_served_model(settings):
