@@ -207,9 +207,9 @@ class StepCurveCache:
         from deepspec.models.step_curve import machine_key
         from deepspec.paths import cache_dir
 
-        identity = {"target": str(getattr(target, "name", type(target).__name__)),
-                    "kind": type(target).__name__, "quantization": str(getattr(target, "quantization", "none")),
-                    "feature_layers": list(feature_layers), "machine": machine_key(threads)}
+        identity = {"target": str(target.name), "fingerprint": target.fingerprint(), "kind": type(target).__name__,
+                    "quantization": str(target.quantization), "feature_layers": list(feature_layers),
+                    "machine": machine_key(threads)}
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         return cls(cache_dir() / "step_curves" / f"{digest}.json", identity)
 
