@@ -105,3 +105,23 @@ def test_engine_backend_matches_target_greedy(tmp_path):
     assert not short.exists() or short.read_text() == ""
     failures = (tmp_path / "short.jsonl.failures.jsonl").read_text()
     assert "maximum context length is 8 tokens" in failures
+
+
+def test_cli_native_backend(tmp_path, capsys):
+    """`prepare --backend native` answers on the native decoder and says so in its summary (with tokens/s)."""
+    from deepspec.models.native import NativeUnavailable
+    from deepspec.models.native.build import load_library
+    from tests.training.helpers import tiny_hf_target_dir
+
+    try:
+        load_library()
+    except NativeUnavailable as exc:
+        pytest.skip(f"no native decoder here: {exc}")
+    out = tmp_path / "regen.jsonl"
+    args = ["prepare", "--inputs", str(_prompts(tmp_path / "p.jsonl", n=3)), "--out", str(out), "--target",
+            str(tiny_hf_target_dir(tmp_path / "target")), "--backend", "native", "--threads", "1", "--max-tokens",
+            "4", "--max-seq-len", "64"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["backend"].startswith("native") and summary["done"] == 3 and summary["tokens_per_second"] > 0
+    assert all(json.loads(line)["answer_tokens"] >= 1 for line in out.read_text().splitlines())
