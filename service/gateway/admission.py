@@ -127,13 +127,23 @@ class AdmissionQueue:
     def ticket(self, caller: str | None, policy: KeyPolicy, num_tokens: int) -> Ticket:
         return Ticket(caller, policy, num_tokens, self.clock(), next(self._seq))
 
-    async def admit(self, ticket: Ticket) -> None:
-        """Return once `ticket` holds a slot; `Shed` when it is refused or dropped (nothing is then held)."""
+    def try_admit(self, ticket: Ticket) -> bool:
+        """Give `ticket` a slot now if it may have one (room, and nobody waiting ranks before it); False when it
+        must `admit` (wait). `Shed` when its key's budget is spent. Synchronous: the usual case costs no await."""
         self._charge_budget(ticket)
         self._activate(ticket)
         if self._has_room(ticket) and (not self.waiting or self._order(ticket) < self._order(self._best())):
-            self._take_slot(ticket)  # nobody waiting ranks before it
-            return
+            self._take_slot(ticket)
+            return True
+        return False
+
+    async def admit(self, ticket: Ticket) -> None:
+        """Return once `ticket` holds a slot; `Shed` when it is refused or dropped (nothing is then held)."""
+        if not self.try_admit(ticket):
+            await self.wait(ticket)
+
+    async def wait(self, ticket: Ticket) -> None:
+        """Wait in line for a slot, after `try_admit` said there is none now."""
         await self._wait(ticket)
 
     async def readmit(self, ticket: Ticket) -> None:

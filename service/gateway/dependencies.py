@@ -31,12 +31,16 @@ CallerDep = Annotated[str | None, Depends(get_caller)]
 
 #: the header naming the conversation a request belongs to: its turns stay on one worker (routing.py)
 SESSION_HEADER = "x-session-id"
+_SESSION_HEADER_BYTES = SESSION_HEADER.encode()  # ASGI header names are lower-case bytes
 
 
 async def get_session(request: Request) -> str | None:
-    """The request's `x-session-id` header (BadRequestError when it is not printable text of a sane length)."""
-    session = request.headers.get(SESSION_HEADER)
-    return check_session_id(session) if session else None
+    """The request's `x-session-id` header (BadRequestError when it is not printable text of a sane length). Read
+    off the ASGI scope: Starlette's `request.headers` builds a mapping of every header first."""
+    for name, value in request.scope["headers"]:
+        if name == _SESSION_HEADER_BYTES and value:
+            return check_session_id(value.decode("latin-1"))
+    return None
 
 
 SessionDep = Annotated[str | None, Depends(get_session)]

@@ -110,7 +110,8 @@ class Dispatcher:
         run = _Progress(arrival=time.perf_counter())
         status, error_text = "abort", None
         try:
-            await self.admission.admit(ticket)
+            if not self.admission.try_admit(ticket):  # the usual case costs no await
+                await self.admission.wait(ticket)
             while True:
                 async with contextlib.aclosing(self._attempts(req, unary, run, key)) as chunks:
                     async for chunk in chunks:
@@ -154,7 +155,7 @@ class Dispatcher:
         tried: set[str] = set()
         run.saturated = False
         chunk = Chunk("")
-        prefix = None if req.session else prefix_key(req.prompt, req.messages)
+        prefix = None if req.session or not self.pool.scores else prefix_key(req.prompt, req.messages)
         for _ in range(self.max_attempts):
             endpoint = self.pool.pick(req.model, tried, req.session, prefix, req.service_class)
             if endpoint is None:

@@ -157,6 +157,11 @@ class WorkerPool:
             return preferred
         return best
 
+    @property
+    def scores(self) -> bool:
+        """Whether picks are scored (and prefixes matter): goodput routing over more than one worker."""
+        return self.routing == "goodput" and len(self.endpoints) > 1
+
     def _two_choices(self, candidates: list[Endpoint]) -> Endpoint:
         a, b = self._rng.sample(candidates, 2)
         return a if a.outstanding <= b.outstanding else b
