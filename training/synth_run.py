@@ -90,7 +90,9 @@ def run_synth_cli(args, parser) -> int:
     print(f"synthesizing with {backend}, batch {args.batch_size} → {args.out}", file=sys.stderr)
     totals = {"synth_tokens": 0, "synth_seconds": 0.0, "synth_cpu_seconds": 0.0, "answer_tokens": 0,
               "answer_seconds": 0.0, "answer_cpu_seconds": 0.0, "answered": 0, "failed": 0}
-    goal = 0
+    goal = _kept_so_far(args.out)  # a resumed run's rounds start from what it holds
+    if goal >= args.num_prompts and args.answers is not None:
+        _answer_round(target, args, totals, final=True)
     while goal < args.num_prompts:
         goal = min(args.num_prompts, goal + args.chunk)
         state = _synth_round(target, args, goal, totals)
@@ -114,9 +116,18 @@ def run_synth_cli(args, parser) -> int:
     return 0
 
 
+def _kept_so_far(out: Path) -> int:
+    """Kept prompts (training and held out) the files of --out hold."""
+    from training.data import read_jsonl_lines
+    from training.synth import SynthFiles
+
+    files = SynthFiles(out)
+    return sum(1 for path in (files.prompts, files.heldout) if path.is_file()
+               for line in read_jsonl_lines(path) if line.strip())
+
+
 def _synth_round(target, args, goal: int, totals: dict):
     from training.progress import Progress
-    from training.data import read_jsonl_lines
     from training.synth import SynthFiles, SynthSettings, synthesize
 
     settings = SynthSettings(num_prompts=goal, seeding=args.seeding, max_tokens=args.max_user_tokens,
@@ -125,8 +136,7 @@ def _synth_round(target, args, goal: int, totals: dict):
     files = SynthFiles(args.out)
     started, cpu_started = time.perf_counter(), time.process_time()
     with Progress(goal, "synth") as progress:
-        progress.resume_from(sum(1 for path in (files.prompts, files.heldout) if path.is_file()
-                                 for line in read_jsonl_lines(path) if line.strip()))
+        progress.resume_from(_kept_so_far(args.out))
 
         def on_result(state, tokens: int) -> None:
             progress.advance(state.accepted + state.heldout - progress.done, tokens=tokens,
