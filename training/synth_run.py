@@ -27,7 +27,8 @@ def add_synth_parser(sub, add_chat_template) -> None:
                        "files) on the fastest engine backend, in rounds of --chunk prompts.")
     p.add_argument("--out", required=True, type=Path, help="synthetic prompts jsonl (training split)")
     p.add_argument("--num-prompts", type=int, required=True, help="kept prompts to reach (training + held out)")
-    p.add_argument("--answers", type=Path, default=None, help="conversations jsonl to write the answers to (plain: appended while running)")
+    p.add_argument("--answers", type=Path, default=None,
+                   help="conversations jsonl to write the answers to (plain: appended while running)")
     p.add_argument("--mix", nargs="*", type=Path, default=[],
                    help="prompt files answered alongside (e.g. datasets/train/*.jsonl); never the eval sets")
     p.add_argument("--mix-limit-per-file", type=int, default=None, help="rows drawn per --mix file (default all)")
