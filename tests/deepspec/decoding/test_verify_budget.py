@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepspec.decoding.drafter import Drafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import load_checkpoint_drafter
@@ -286,7 +287,7 @@ def test_prompt_lookup_stops_drafting_where_its_record_says_it_does_not_pay(targ
     assert costly[0].num_draft_tokens == 0 and free[0].num_draft_tokens > 0
 
 
-class _OverconfidentLookup:
+class _OverconfidentLookup(Drafter):
     """Deterministic drafts (no q) the target never accepts, each claimed to survive with 0.9: what a greedy-measured
     acceptance table says where a sampled row accepts a draft only with the target's probability of it."""
 
@@ -375,7 +376,7 @@ def test_the_engines_history_is_the_prior_of_its_next_sequences():
     assert fresh[0] == pytest.approx([prior[0], prior[0] * prior[1], prior[0] * prior[1] * prior[2]])
 
 
-class _NeverAccepted:
+class _NeverAccepted(Drafter):
     """Deterministic drafts without estimates (the budget reads each row's record) that the target never accepts."""
 
     name, feature_layers = "never-accepted", ()
