@@ -8,6 +8,7 @@ compilation is recorded instead of run, so the launch each plugin returns is che
 picked; tests/plugins/test_cli.py compiles every spec and checks its PTX parameters against the same signature.
 """
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -245,25 +246,43 @@ def test_half_precision_float_inputs_are_refused_not_misread(trt_plugins, compil
 
 
 # ---- the PTX's parameters: TensorRT's AOT launch contract ------------------------------------------------------
+#: compiles greedy_accept for sm_90 with the installed triton and writes (raw count, handed count, ptxas path) plus
+#: the PTX the plugin hands TensorRT; a process of its own, since tests/plugins/test_kernels.py turns this one's
+#: kernels into TRITON_INTERPRET ones, which do not compile
+_COMPILE_SCRIPT = """
+import json, sys
+from pathlib import Path
+from plugins.aot import compile_kernel, entry_params, kernel_specs, tensorrt_ptx
+from triton.backends.nvidia.compiler import get_ptxas
+spec = next(s for s in kernel_specs() if s.kernel == "greedy_accept_kernel")
+compiled = compile_kernel(spec, 90)
+ptx = tensorrt_ptx(spec, compiled)
+Path(sys.argv[1]).write_text(ptx)
+ptxas = get_ptxas(90)
+print(json.dumps([len(entry_params(compiled.asm["ptx"])), len(entry_params(ptx)),
+                  getattr(ptxas, "path", None) or ptxas[0]]))
+"""
+
+
 def test_the_ptx_takes_exactly_the_parameters_tensorrt_passes(tmp_path):
     """The installed triton (the `plugins` extra pins 3.9) compiles greedy_accept for sm_90; TensorRT launches an AOT
     kernel with its inputs, SymInt32 scalars and outputs only (tensorrt.plugin `aot_impl`, 10.14), while triton >= 3.3
     appends two scratch pointers to every entry. The PTX the plugin hands TensorRT declares the signature's 7 and
     still assembles with triton's own ptxas."""
+    import json
+    import os
     import subprocess
+    import sys
 
-    from plugins.aot import compile_kernel, entry_params, kernel_specs, tensorrt_ptx
-
-    spec = next(s for s in kernel_specs() if s.kernel == "greedy_accept_kernel")
-    compiled = compile_kernel(spec, 90)
-    ptx = tensorrt_ptx(spec, compiled)
-    assert len(entry_params(ptx)) == 7 <= len(entry_params(compiled.asm["ptx"]))
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(90)
-    (tmp_path / "k.ptx").write_text(ptx)
-    result = subprocess.run([getattr(ptxas, "path", None) or ptxas[0], "-arch=sm_90a", str(tmp_path / "k.ptx"),
-                             "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    repo_root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(tmp_path / "k.ptx")], cwd=repo_root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    raw, handed, ptxas = json.loads(done.stdout.strip().splitlines()[-1])
+    assert handed == 7 <= raw
+    result = subprocess.run([ptxas, "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
