@@ -175,10 +175,12 @@ class OnnxTarget(HFTextTarget):
         return self._run(tokens, starts, cache, 0, index)
 
     def _two_token_pass(self, tokens: torch.Tensor, starts: list[int], cache, feature_layers, index):
-        """A one-token pass as two (batch invariance, module docstring); the first row's outputs. The fp32 graph's
-        tied head is a Gemm, which also takes the one-row kernel for a single logit row: there both rows' logits
-        are computed and the copy's dropped."""
-        both = index is not None and self.quantization == "none" and self.meta.get("tied", True)
+        """A one-token pass as two (batch invariance, module docstring); the first row's outputs. A head that takes a
+        one-row kernel for a single logit row gets both rows and the copy's logits are dropped: the fp32 graph's
+        tied head (a Gemm), and the int4 graph's (MatMulNBits, whose one-row kernel on an AVX2 CPU without AVX-512
+        rounds differently from its several-row one; on AVX-512 the two agree)."""
+        both = index is not None and (self.quantization == "int4" or (self.quantization == "none"
+                                                                       and self.meta.get("tied", True)))
         out_logits, features = self._pass(tokens.repeat(1, 2), starts, cache,
                                           np.concatenate([index, index + 1], axis=1) if both else index)
         return self._output(out_logits[:, :1] if both else out_logits,
