@@ -141,11 +141,63 @@ clean:
 protos: venv
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. service/protos/deepspec/v1/completions.proto
 
-# Container images from docker/ (needs a Docker engine; the tests lint the Dockerfiles with hadolint instead).
-#   make docker-build IMAGE_PREFIX=ghcr.io/deepspec/ IMAGE_TAG=0.1.0
-IMAGE_PREFIX ?= ghcr.io/deepspec/
-IMAGE_TAG    ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGES       ?= gateway worker-cpu worker-gpu
+# The product: a wheel with the drafts, prompt sets, native decoder source and protos as package data
+# (tests/packaging/test_wheel.py installs it outside the checkout and serves from it).
+DIST ?= dist
+.PHONY: wheel lock images local-base
+wheel: venv
+	rm -rf $(DIST) && $(PIP) wheel -q --no-deps --no-build-isolation . -w $(DIST)
+
+# docker/locks/*.txt: every package each image installs, pinned to what this environment (the tests') holds
+lock: venv
+	$(PY) docker/lock.py
+
+# The gateway and CPU worker images install the wheel and their lock from a build context of their own
+# (IMAGE_CONTEXT: dist/, wheels/, locks/, healthcheck.py, certs/), never the source tree. IMAGE_FIND_LINKS: a folder of
+# wheels to offer pip as well (a CPU torch wheel where download.pytorch.org is out of reach; then TORCH_INDEX_URL=);
+# IMAGE_CA_BUNDLE: a CA bundle for pip where a proxy re-signs TLS; PYTHON_IMAGE: another base than the Dockerfiles'
+# python:3.11 slim (LOCAL_BASE below, where no registry is reachable). docker/README.md has the measured builds.
+#   make images IMAGE_FIND_LINKS=/opt/wheels TORCH_INDEX_URL= PYTHON_IMAGE=deepspec-local/python:3.11-bookworm
+IMAGE_PREFIX     ?= ghcr.io/deepspec/
+IMAGE_TAG        ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_CONTEXT    ?= build/image-context
+IMAGE_FIND_LINKS ?=
+IMAGE_CA_BUNDLE  ?=
+TORCH_INDEX_URL  ?= https://download.pytorch.org/whl/cpu
+PYTHON_IMAGE     ?=
+WHEEL_IMAGES     ?= gateway worker-cpu
+images: wheel
+	@docker info >/dev/null 2>&1 || { echo "images: no Docker engine reachable (docker info failed)" >&2; exit 1; }
+	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/dist $(IMAGE_CONTEXT)/wheels $(IMAGE_CONTEXT)/locks \
+	  $(IMAGE_CONTEXT)/certs
+	cp $(DIST)/deepspec-*.whl $(IMAGE_CONTEXT)/dist/
+	cp docker/locks/*.txt $(IMAGE_CONTEXT)/locks/ && cp docker/healthcheck.py $(IMAGE_CONTEXT)/
+	$(if $(IMAGE_FIND_LINKS),cp $(IMAGE_FIND_LINKS)/*.whl $(IMAGE_CONTEXT)/wheels/)
+	$(if $(IMAGE_CA_BUNDLE),cp $(IMAGE_CA_BUNDLE) $(IMAGE_CONTEXT)/certs/ca-bundle.crt)
+	@for image in $(WHEEL_IMAGES); do \
+	  echo "building $(IMAGE_PREFIX)$$image:$(IMAGE_TAG)"; start=$$(date +%s); \
+	  docker build --network host -f docker/$$image.Dockerfile -t $(IMAGE_PREFIX)$$image:$(IMAGE_TAG) \
+	    $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
+	    --build-arg VERSION=$(IMAGE_TAG) --build-arg REVISION=$$(git rev-parse HEAD) \
+	    --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) $(IMAGE_CONTEXT) || exit 1; \
+	  echo "$$image: built in $$(( $$(date +%s) - start )) s, $$(docker image inspect -f '{{.Size}}' \
+	    $(IMAGE_PREFIX)$$image:$(IMAGE_TAG) | awk '{printf "%.0f MB", $$1 / 1e6}')"; \
+	done
+
+# A local stand-in for python:3.11-slim-bookworm where no registry is reachable: Debian bookworm (its python3 is
+# 3.11) from Debian's mirror with debootstrap, imported into the local Docker engine (needs root and debootstrap).
+LOCAL_BASE    ?= deepspec-local/python:3.11-bookworm
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+local-base:
+	rm -rf build/rootfs && debootstrap --variant=minbase \
+	  --include=python3,python3-venv,python-is-python3,ca-certificates,passwd bookworm build/rootfs $(DEBIAN_MIRROR)
+	rm -rf build/rootfs/var/cache/apt/archives/*.deb build/rootfs/var/lib/apt/lists/*
+	tar -C build/rootfs -c . | docker import - $(LOCAL_BASE)
+	rm -rf build/rootfs
+
+# The GPU worker image (its build context is the checkout, filtered by .dockerignore).
+#   make docker-build IMAGES=worker-gpu IMAGE_PREFIX=ghcr.io/deepspec/ IMAGE_TAG=0.1.0
+IMAGES       ?= worker-gpu
 .PHONY: docker-build
 docker-build:
 	@docker info >/dev/null 2>&1 || { echo "docker-build: no Docker engine reachable (docker info failed)" >&2; exit 1; }
