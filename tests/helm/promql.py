@@ -28,6 +28,8 @@ EXTERNAL_METRICS = {
     "kube_pod_container_status_restarts_total": "kube-state-metrics",
     "DCGM_FI_DEV_GPU_UTIL": "NVIDIA DCGM exporter (percent)",
     "DCGM_FI_DEV_FB_USED": "NVIDIA DCGM exporter (MiB)",
+    "deepspec_llmapi_num_requests_waiting": "the exported Triton LLM-API model (worker.runtime=triton)",
+    "deepspec_llmapi_num_requests_running": "the exported Triton LLM-API model (worker.runtime=triton)",
 }
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 _SELECTED = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")

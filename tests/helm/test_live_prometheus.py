@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from service.metrics import GatewayMetrics, WorkerMetrics
+from service.protocol import SERVICE_CLASSES
 from tests.helm.conftest import NAMESPACE, RELEASE, REPO, require_tool
 from tests.helm.promql import (EXTERNAL_METRICS, FIXTURE_JOBS, dashboard_queries, dashboards, engine_metrics,
                                exposition, fill_selectors, fixture_samples, metric_names, prometheus_rule, rule_exprs,
@@ -66,6 +67,12 @@ class Exporters:
                              registry=self.registry).labels(**triton)
         self.active = Gauge("nv_trt_llm_request_metrics", "requests", ("namespace", "model", "request_type"),
                             registry=self.registry).labels(**triton, request_type="active")
+        # the exported Triton LLM-API model's own queue gauges (export/triton/llmapi_model.py)
+        llmapi = {"namespace": NAMESPACE, "model": "tensorrt_llm"}
+        self.llmapi_waiting = Gauge("deepspec_llmapi_num_requests_waiting", "waiting", ("namespace", "model"),
+                                    registry=self.registry).labels(**llmapi)
+        self.llmapi_running = Gauge("deepspec_llmapi_num_requests_running", "running", ("namespace", "model"),
+                                    registry=self.registry).labels(**llmapi)
 
     def step(self, rng: random.Random) -> None:
         if rng.random() < 0.01:
@@ -74,6 +81,8 @@ class Exporters:
         self.fb_used.set(rng.uniform(30_000, 70_000))
         self.pending.set(rng.randint(0, 4))
         self.active.set(rng.randint(1, 8))
+        self.llmapi_waiting.set(rng.randint(0, 4))
+        self.llmapi_running.set(rng.randint(1, 8))
 
 
 def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, exporters: Exporters, stop: threading.Event) -> None:
@@ -93,9 +102,10 @@ def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, exporters: Exporter
                                     finished=now, num_prompt_tokens=rng.randint(10, 200),
                                     num_output_tokens=rng.randint(2, 64))
             num_draft, num_accepted = 7, rng.randint(0, 7)
-            gateway.spec_decode_num_drafts.labels(*labels).inc()
-            gateway.spec_decode_num_draft_tokens.labels(*labels).inc(num_draft)
-            gateway.spec_decode_num_accepted_tokens.labels(*labels).inc(num_accepted)
+            spec = (*labels, rng.choice(SERVICE_CLASSES))  # the spec-decode series carry the request's class
+            gateway.spec_decode_num_drafts.labels(*spec).inc()
+            gateway.spec_decode_num_draft_tokens.labels(*spec).inc(num_draft)
+            gateway.spec_decode_num_accepted_tokens.labels(*spec).inc(num_accepted)
             gateway.num_requests_outstanding.labels(name).set(rng.randint(0, 8))
             gateway.worker_healthy.labels(name).set(1)
             if rng.random() < 0.05:

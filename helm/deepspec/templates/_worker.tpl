@@ -127,7 +127,9 @@ args:
   - --port={{ $port }}
   - --served-model-name=$(DEEPSPEC_TARGET)
   - --max-num-seqs=$(DEEPSPEC_MAX_BATCH_SIZE)
+  {{- if .Values.model.maxSeqLen }}
   - --max-model-len=$(DEEPSPEC_MAX_SEQ_LEN)
+  {{- end }}
   - --shutdown-timeout={{ $w.drainTimeoutSeconds }}
 {{- else if eq $w.runtime "sglang" }}
 image: {{ toYaml $w.openai.sglang.image | nindent 2 }}
@@ -138,7 +140,9 @@ args:
   - --port={{ $port }}
   - --served-model-name=$(DEEPSPEC_TARGET)
   - --max-running-requests=$(DEEPSPEC_MAX_BATCH_SIZE)
+  {{- if .Values.model.maxSeqLen }}
   - --context-length=$(DEEPSPEC_MAX_SEQ_LEN)
+  {{- end }}
   - --enable-metrics
 {{- else if eq $w.runtime "trtllm-serve" }}
 image: {{ toYaml $w.openai.trtllmServe.image | nindent 2 }}
@@ -148,7 +152,9 @@ args:
   - --host=0.0.0.0
   - --port={{ $port }}
   - --max_batch_size=$(DEEPSPEC_MAX_BATCH_SIZE)
+  {{- if .Values.model.maxSeqLen }}
   - --max_seq_len=$(DEEPSPEC_MAX_SEQ_LEN)
+  {{- end }}
 {{- end }}
 {{- end }}
 
@@ -335,7 +341,9 @@ spec:
         - --quantization=$(DEEPSPEC_QUANTIZATION)
         - --max-batch-size=$(DEEPSPEC_MAX_BATCH_SIZE)
         - --num-speculative-tokens=$(DEEPSPEC_NUM_SPECULATIVE_TOKENS)
+        {{- if .Values.model.maxSeqLen }}
         - --max-seq-len=$(DEEPSPEC_MAX_SEQ_LEN)
+        {{- end }}
         - --max-queue=$(DEEPSPEC_MAX_QUEUE)
         - --drain-timeout-s={{ $w.drainTimeoutSeconds }}
         {{- if ne $w.engines.source "none" }}
