@@ -12,9 +12,10 @@ prompt chunks stay batched). The bindings of the cache buffers are built once pe
 
 Batch invariance (`batch_invariant`, or DEEPSPEC_BATCH_INVARIANT=1, like vLLM's VLLM_BATCH_INVARIANT): a token's
 logits then do not depend on how many tokens share its pass, so the engine's speculative greedy output is
-bit-identical to the same graph's target-only output. Every linear of the graph is row-invariant already (fp32
-MatMul on packed weights, MatMulNBits, the int8 graph's per-row activation scales: export/onnx/graph.py
-`int8_linear`); ONNX Runtime's attention is not: its probabilities·V product takes MLAS's one-row SGEMM kernel when
+bit-identical to the same graph's target-only output. Every linear of the graph is row-invariant already for passes
+of two rows or more (fp32 MatMul on packed weights, MatMulNBits, the int8 graph's per-row activation scales:
+export/onnx/graph.py `int8_linear`; MatMulNBits takes a one-row kernel on AVX2 CPUs without AVX-512 that rounds
+differently); ONNX Runtime's attention is not: its probabilities·V product takes MLAS's one-row SGEMM kernel when
 a pass has one token and the general kernel otherwise, a difference of ~1e-8 that a quantized layer's rounding can
 turn into a different token. So in this mode a one-token pass runs as two: the token and a copy of it one position
 later, whose cache entry the next step overwrites (causal: the copy's row never reaches the real one). It costs

@@ -47,7 +47,8 @@ def test_embedded_default_serves_the_default_target_with_a_draft(embedded):
 
 def test_embedded_rejects_prompts_beyond_the_context(embedded):
     _, url, _ = embedded
-    response = httpx.post(f"{url}/v1/completions", json={"prompt": "hello " * 3000, "max_tokens": 4})
+    # the default target declares 8,192 tokens of context (service/worker/context.py serves what it declares)
+    response = httpx.post(f"{url}/v1/completions", json={"prompt": "hello " * 9000, "max_tokens": 4})
     assert response.status_code == 400 and "context length" in response.json()["error"]["message"]
     assert httpx.post(f"{url}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 4}).status_code == 200
 
