@@ -148,6 +148,30 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
                    help=f"seconds between worker probes (default {d('health_interval_s')})")
     g.add_argument("--max-body-bytes", type=int,
                    help=f"larger request bodies get 413 (default {d('max_body_bytes')})")
+    g = p.add_argument_group("admission and routing")
+    g.add_argument("--service-classes-file",
+                   help="YAML/JSON per API key: service_class (interactive|standard|batch), weight, tokens_per_minute, "
+                        "ttft_objective_s, session_memory (service/gateway/service_classes.py); its keys are accepted "
+                        "API keys too. Unset = every caller gets the standard class")
+    g.add_argument("--service-classes", help="the same as inline YAML/JSON text (the file wins where both are given)")
+    g.add_argument("--max-inflight-per-worker", type=int,
+                   help="requests in flight per admitted worker before the rest wait in the gateway's queue "
+                        f"(default {d('max_inflight_per_worker')} = no cap of its own)")
+    g.add_argument("--interactive-reserve-per-worker", type=int,
+                   help="slots per worker past --max-inflight-per-worker only the interactive class may take "
+                        f"(default {d('interactive_reserve_per_worker')})")
+    g.add_argument("--max-waiting", type=int,
+                   help="requests the admission queue holds; past it the lowest class is shed with 429 + Retry-After "
+                        f"(default {d('max_waiting')}; 0 = answer 429 at once when the pool is saturated)")
+    g.add_argument("--queue-timeout-s", type=float,
+                   help=f"seconds a request may wait in the queue when its key sets no objective "
+                        f"(default {d('queue_timeout_s')})")
+    g.add_argument("--routing", choices=["goodput", "p2c"],
+                   help="goodput: score workers by the tokens/s a request would get there, keep sessions on their "
+                        f"worker; p2c: power of two choices on outstanding requests (default {d('routing')})")
+    g.add_argument("--routing-load-max-age-s", type=float,
+                   help="seconds a worker's load report stays fresh; past it the pick falls back to p2c "
+                        f"(default {d('routing_load_max_age_s')})")
     if not embedded:  # embedded's --metrics-port is its worker's
         g.add_argument("--metrics-port", type=int,
                        help="serve /metrics on this port only, not on the HTTP API port (default: on --http-port)")

@@ -190,3 +190,18 @@ def test_the_real_gateway_listens_on_the_port_its_variable_names(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_admission_and_routing_flags_reach_the_gateway(tmp_path):
+    classes = tmp_path / "classes.yaml"
+    classes.write_text("keys: {sk-agent: {service_class: interactive, session_memory: true}}\n")
+    gateway = parse_config(["gateway", "--workers", "127.0.0.1:1", "--service-classes-file", str(classes),
+                            "--max-inflight-per-worker", "4", "--interactive-reserve-per-worker", "2",
+                            "--max-waiting", "0", "--queue-timeout-s", "2.5", "--routing", "p2c",
+                            "--routing-load-max-age-s", "9"]).gateway
+    assert (gateway.service_classes_file, gateway.max_inflight_per_worker, gateway.interactive_reserve_per_worker,
+            gateway.max_waiting, gateway.queue_timeout_s, gateway.routing, gateway.routing_load_max_age_s) == (
+        classes, 4, 2, 0, 2.5, "p2c", 9.0)
+    assert gateway.load_service_classes().keys == frozenset({"sk-agent"})
+    inline = parse_config(["gateway", "--workers", "127.0.0.1:1", "--service-classes", "default: {weight: 3}"])
+    assert inline.gateway.load_service_classes().default.weight == 3
