@@ -1,9 +1,9 @@
 """An agent-style replay: one session whose requests repeat edited versions of earlier ones, with and without
 session memory (deepspec/decoding/session_memory.py).
 
-Each conversation starts from a coding task; every later turn sends the same task with a small edit (another name
-for the function, another test value), as an agent loop re-issues a request after a tool result, and the target
-writes an answer that is mostly the one it wrote before. Rows, at batch 1 and greedy on the native decoder with the
+Each conversation starts from a coding task; every later turn sends the same task again after a tool result, as an
+agent loop re-issues a step (`--kind retry`, the default: the target writes mostly the answer it wrote before), or
+with one more change request (`--kind rewrite`: the target rewrites its code, often differently). Rows, at batch 1 and greedy on the native decoder with the
 served planner (BudgetPlanner):
 
 - `--draft none`: the target alone;
@@ -27,10 +27,14 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-#: the edits of the later turns: each turn appends one
+#: `--turns rewrite`: each later turn appends one more change request (the target then rewrites its code, often
+#: differently: the answers share little)
 EDITS = ("Name the function `solve`.", "Use 4-space indentation and add a docstring.",
          "Keep the same code, and add one example call at the end.", "Name the function `answer` instead.",
          "Return the result instead of printing it.")
+#: `--turns retry`: each later turn is the task again after a tool result, as an agent loop re-issues a step (the
+#: target's answer is then mostly, not always, the one it wrote before)
+RETRY = "Tool result: attempt {turn} did not finish. Do the same step again."
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,17 +44,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft", default="auto", help="drafter spec (default: %(default)s, the served default)")
     p.add_argument("--conversations", type=int, default=4, help="sessions, one coding task each")
     p.add_argument("--turns", type=int, default=4, help="requests per session, the first untimed")
+    p.add_argument("--kind", choices=["retry", "rewrite"], default="retry",
+                   help="later turns: the task re-issued after a tool result, or with more change requests")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (default: %(default)s)")
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft tokens a round at most")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "session_replay.json"))
     return p.parse_args(argv)
 
 
-def conversations(count: int, turns: int) -> list[list[str]]:
-    """Per conversation, the user message of each turn: a task from datasets/eval/mbpp.jsonl, then edits of it."""
+def conversations(count: int, turns: int, kind: str = "retry") -> list[list[str]]:
+    """Per conversation, the user message of each turn: a task from datasets/eval/mbpp.jsonl, then the task again
+    after a tool result (`retry`) or with more change requests (`rewrite`)."""
     from deepspec.paths import eval_dataset
 
     tasks = [json.loads(line)["turns"][0] for line in eval_dataset("mbpp").read_text().splitlines()[:count]]
+    if kind == "retry":
+        return [[task] + [f"{task}\n\n{RETRY.format(turn=t)}" for t in range(1, turns)] for task in tasks]
     return [[task] + [f"{task}\n\n{' '.join(EDITS[: t])}" for t in range(1, turns)] for task in tasks]
 
 
@@ -86,7 +95,7 @@ def main(argv=None) -> int:
     from deepspec.models.native import load_native_target
 
     target = load_native_target(args.target)
-    convs = conversations(args.conversations, args.turns)
+    convs = conversations(args.conversations, args.turns, args.kind)
     rows = {"--draft none": run_row(target, "none", convs, args.max_tokens, args.num_speculative_tokens, False),
             f"{args.draft}, no session": run_row(target, args.draft, convs, args.max_tokens,
                                                  args.num_speculative_tokens, False),
@@ -94,6 +103,7 @@ def main(argv=None) -> int:
                                                      args.num_speculative_tokens, True)}
     base = rows["--draft none"]
     print(f"target {args.target} (native {target.quantization}), {args.conversations} sessions x {args.turns} turns "
+          f"({args.kind}) "
           f"x {args.max_tokens} tokens (first turn untimed), batch 1, greedy, k={args.num_speculative_tokens}; "
           f"CPU flags: {cpu_flags()}")
     print("| row | tok/s | tokens per forward | ratio to --draft none | outputs identical |")

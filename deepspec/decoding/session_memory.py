@@ -42,13 +42,14 @@ class _SessionIndex:
                 if end + 1 - n >= start:
                     table[tuple(self.tokens[end + 1 - n : end + 1])] = end
 
-    def draft(self, context: list[int], k: int) -> list[int]:
+    def match(self, context: list[int], k: int) -> tuple[int, list[int]]:
+        """(n, up to k tokens that followed the context's last n tokens most recently): the longest n that occurs."""
         for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
             end = self.ngrams[n].get(tuple(context[-n:]))
             if end is not None:
                 continuation = self.tokens[end + 1 : end + 1 + k]
-                return continuation[: continuation.index(SEPARATOR)] if SEPARATOR in continuation else continuation
-        return []
+                return n, continuation[: continuation.index(SEPARATOR)] if SEPARATOR in continuation else continuation
+        return 0, []
 
 
 class SessionMemory:
@@ -91,12 +92,16 @@ class SessionMemory:
 
     def draft(self, session: str, context, k: int) -> list[int]:
         """Up to k tokens that followed the context's longest recent n-gram in `session`'s answers ([] if none)."""
+        return self.match(session, context, k)[1]
+
+    def match(self, session: str, context, k: int) -> tuple[int, list[int]]:
+        """`draft` with the length of the n-gram it matched (0 with no match): a caller weighs it against others."""
         entry = self._sessions.get(session)
         if entry is None or k < 1:
-            return []
+            return 0, []
         self._sessions.move_to_end(session)
         tail = context[-entry[1].max_ngram :]
-        return entry[1].draft(tail.tolist() if isinstance(tail, np.ndarray) else list(tail), k)
+        return entry[1].match(tail.tolist() if isinstance(tail, np.ndarray) else list(tail), k)
 
     def forget(self, session: str) -> bool:
         """Evict one session's memory; False when it held none."""

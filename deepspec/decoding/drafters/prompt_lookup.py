@@ -1,5 +1,5 @@
 """Prompt lookup (n-gram) drafting: propose what followed the latest earlier occurrence of the current suffix.
-Where the sequence holds none and its request has a session, the session's earlier answers are searched next
+Where its request has a session, the session's earlier answers are searched too, and the longer match drafts
 (deepspec/decoding/session_memory.py).
 
 Needs no training and no target features; strong wherever outputs copy their context (code edits, quoting
@@ -62,12 +62,13 @@ class PromptLookupDrafter(Drafter):
         # the tokens the new n-grams need: a window max_ngram back from the first one not yet indexed
         offset = max(0, index.num_tokens - self.max_ngram)
         index.catch_up(tokens[offset:].tolist(), offset)
+        session = view.session(slot) if self.session_memory is not None else None
+        remembered = self.session_memory.match(session, tokens, k) if session is not None else (0, [])
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             end = index.index[n].get(tuple(tokens[-n:].tolist())) if len(tokens) >= n else None
-            if end is not None:
+            if end is not None and n >= remembered[0]:  # the longer match predicts better; a tie stays in context
                 return tokens[end + 1 : end + 1 + k].tolist()
-        session = view.session(slot) if self.session_memory is not None else None
-        return self.session_memory.draft(session, tokens, k) if session is not None else []
+        return remembered[1]
 
     def forget_finished(self, view: BatchView) -> None:
         """Drop the indexes of sequences that no longer run."""

@@ -75,8 +75,9 @@ def test_a_repeated_request_drafts_its_earlier_answer_only_within_its_session(ta
     other_key = _run(engine, "key-b:s1")
     no_session = _run(engine, None)
     assert first.token_ids == again.token_ids == other_key.token_ids == no_session.token_ids == reference
-    # the second request of the session drafts its whole answer from memory and accepts most of it
-    assert again.num_accepted_tokens >= 16 > first.num_accepted_tokens
-    assert other_key.num_accepted_tokens == first.num_accepted_tokens  # nothing crossed from key-a
-    assert no_session.num_accepted_tokens == first.num_accepted_tokens
+    # the second request of the session drafts from its first answer where its own context matches less, and takes
+    # fewer rounds for the same tokens; under another key, or without a session, nothing is remembered
+    assert again.num_steps <= first.num_steps - 3 and again.num_accepted_tokens > first.num_accepted_tokens
+    assert (other_key.num_steps, other_key.num_accepted_tokens) == (first.num_steps, first.num_accepted_tokens)
+    assert (no_session.num_steps, no_session.num_accepted_tokens) == (first.num_steps, first.num_accepted_tokens)
     assert engine.session_memory.num_tokens("key-a:s1") == 48 and len(engine.session_memory) == 2
