@@ -2,9 +2,9 @@
 session memory (deepspec/decoding/session_memory.py).
 
 Each conversation starts from a coding task; every later turn sends the same task again after a tool result, as an
-agent loop re-issues a step (`--kind retry`, the default: the target writes mostly the answer it wrote before), or
-with one more change request (`--kind rewrite`: the target rewrites its code, often differently). Rows, at batch 1 and greedy on the native decoder with the
-served planner (BudgetPlanner):
+agent loop re-issues a step (`--kind retry`, the default: the target's answer then shares much with the one it wrote
+before), or with one more change request (`--kind rewrite`: the target rewrites its code, often differently). Rows,
+at batch 1 and greedy on the native decoder with the served planner (BudgetPlanner):
 
 - `--draft none`: the target alone;
 - the default draft, requests without a session (nothing is remembered);
