@@ -88,7 +88,7 @@ def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from bench.machine import cpu_flags
+    from bench.machine import cpu_flags, write_results
     from deepspec.models.native import load_native_target
 
     path = Path(args.prompts) if args.prompts else (HELD_OUT_CHAT if HELD_OUT_CHAT.is_file()
@@ -117,11 +117,7 @@ def main(argv=None) -> int:
     for name, s in summary.items():
         print(f"{name}: starts' draft counts differ by {s['draft_spread']:.0%} "
               f"({'within' if s['within_10_percent'] else 'outside'} the 10% rule)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), "rows": rows, "summary": summary},
-                              indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, args, rows=rows, summary=summary)
     return 0
 
 

@@ -3,12 +3,23 @@ multi-token verify step is, and which llama.cpp build the peer row ran (native o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from deepspec.models.step_curve import SIMD_FLAGS, cpu_flags  # one reading of the CPU for every table and manifest
 
-__all__ = ["SIMD_FLAGS", "cpu_flags", "llama_cpp_build"]
+__all__ = ["SIMD_FLAGS", "cpu_flags", "llama_cpp_build", "write_results"]
+
+
+def write_results(path, args, **results) -> Path:
+    """A benchmark's JSON record: its arguments, this CPU's flags and what it measured; the path is printed."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), **results}, indent=1))
+    print(f"wrote {out}")
+    return out
 
 
 def llama_cpp_build() -> str:

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from bench.machine import cpu_flags
+    from bench.machine import cpu_flags, write_results
     from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.decoding.planner import BudgetPlanner
     from deepspec.decoding.registry import build_drafter
@@ -107,11 +107,7 @@ def main(argv=None) -> int:
     for name, row in table.items():
         print(f"{name:24s} {row['ttft_all_ms']:12.0f} {row['ttft_all_ms'] / base:5.2f}x {row['seconds']:10.2f} "
               f"{row['prompt_tokens_computed']:18.0f} {row['tokens']:7.0f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), "table": table, "records": records},
-                              indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, args, table=table, records=records)
     return 0
 
 

@@ -91,7 +91,7 @@ def run_row(target, draft: str, convs: list[list[str]], max_tokens: int, k: int,
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from bench.machine import cpu_flags
+    from bench.machine import cpu_flags, write_results
     from deepspec.models.native import load_native_target
 
     target = load_native_target(args.target)
@@ -112,12 +112,7 @@ def main(argv=None) -> int:
         same = r["outputs"] == base["outputs"]
         print(f"| {name} | {r['tok_s']:.1f} | {r['tokens_per_forward']:.2f} | {r['tok_s'] / base['tok_s']:.2f}x | "
               f"{'yes' if same else '**NO**'} |")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(),
-                               "rows": {n: {k: v for k, v in r.items() if k != "outputs"} for n, r in rows.items()}},
-                              indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, args, rows={n: {k: v for k, v in r.items() if k != "outputs"} for n, r in rows.items()})
     return 0
 
 

@@ -8,16 +8,16 @@ TensorRT engine loads only in the TensorRT it was built with.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 from packaging.version import InvalidVersion, Version
+
+from tests.docker import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 #: `tritonserver:<yy.mm>...`, the tag ending where an image reference does (digest, quote, space, backtick)
@@ -26,16 +26,8 @@ REFERENCE = re.compile(r"tritonserver:(\d{2}\.\d{2}[A-Za-z0-9._-]*)")
 SKIPPED = ("datasets/", "training/data/")
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-images = _load("deepspec_images", REPO / "docker" / "images.py")
-images_docs = _load("images_docs", REPO / "helm" / "tools" / "images_docs.py")
+images = load_script("deepspec_images", REPO / "docker" / "images.py")
+images_docs = load_script("images_docs", REPO / "helm" / "tools" / "images_docs.py")
 
 
 def repository_files() -> list[Path]:

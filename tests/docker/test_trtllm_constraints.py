@@ -6,24 +6,17 @@ overrides, and the tensorrt_llm side runs on the image's interpreter."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from importlib import metadata
 from pathlib import Path
 
+from tests.docker import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-constraints = _load("trtllm_constraints", REPO / "docker" / "trtllm_constraints.py")
-requirements = _load("deepspec_requirements", REPO / "docker" / "requirements.py")
+constraints = load_script("trtllm_constraints", REPO / "docker" / "trtllm_constraints.py")
+requirements = load_script("deepspec_requirements", REPO / "docker" / "requirements.py")
 
 #: what the GPU image's tensorrt_llm resolved, as its metadata would report it: a 4.x transformers and a 0.1.x
 #: xgrammar (1.2.1's pins are older than ours) beside packages whose pins our ranges accept
