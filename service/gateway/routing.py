@@ -192,6 +192,7 @@ class WorkerPool:
         if endpoint.healthy:
             logger.warning("ejecting worker %s: %s", endpoint.address, reason)
         endpoint.healthy = False
+        endpoint.load = None  # what comes back at this address reports afresh: picks fail open to p2c until it does
         self.metrics.worker_healthy.labels(endpoint.address).set(0)
 
     # -- health and discovery ----------------------------------------------------------------------------------

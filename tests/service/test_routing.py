@@ -57,6 +57,17 @@ def test_the_pick_goes_where_the_request_gets_most_and_fails_open_when_a_report_
     assert {half_known.pick("m").address for _ in range(40)} == {"w0", "w1"}
 
 
+def test_a_worker_back_at_an_ejected_address_reports_afresh():
+    """A worker killed while busy and restarted on its port must not be scored on its predecessor's report (it
+    would never be picked while a prefix or a better score holds the other): ejection forgets the report."""
+    busy = WorkerLoad(num_running=8, num_waiting=8, num_slots=8, row_tokens_per_s=100.0)
+    pool = _pool(busy, FAST)
+    assert {pool.pick("m").address for _ in range(20)} == {"w1"}
+    pool.eject(pool.endpoints["w0"], "killed")
+    pool.endpoints["w0"].healthy = True  # re-admitted by a probe
+    assert {pool.pick("m").address for _ in range(40)} == {"w0", "w1"}  # p2c until it reports
+
+
 def test_a_session_stays_on_its_worker_while_it_is_admitted():
     pool = _pool(FAST, FAST)
     pool.served(pool.endpoints["w0"], "s1", None)
