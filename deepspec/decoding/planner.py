@@ -312,10 +312,12 @@ class BudgetPlanner(RoundPlanner):
         if not self._online or not rows or not all(s.params.greedy for s in rows):
             return None
         self._rounds += 1
+        if self._rounds % EXPLORE_ROUNDS:  # every exploring round is one (EXPLORE_ROUNDS divides the settled period)
+            return None
         size = [self._pass_size(len(rows), d) for d in range(self._shape.num_speculative_tokens + 1)]
         top = 1
         while (top < len(size) - 1 and self.served.count(size[top]) >= MIN_SERVED
-               and self._step_time.predict(size[top]) < EXPLORE_MAX_COST * self._step_time.predict(size[0])):
+               and self._step_time.seconds(size[top]) < EXPLORE_MAX_COST * self._step_time.seconds(size[0])):
             top += 1
         depths = range(min(top, len(size) - 1) + 1)
         counts = {d: self.served.count(size[d]) for d in depths}

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from deepspec.decoding.verify import RowSampling, verify
-from deepspec.decoding.verify_budget import StepTimeModel, _interpolate
+from deepspec.decoding.verify_budget import StepTimeModel, _interpolate_float
 
 logger = logging.getLogger(__name__)
 
@@ -175,19 +175,18 @@ class ServedSteps:
         served sizes around it (interpolated in n, the nearest one's beyond them): a machine slower or faster than
         the probe saw is so at the neighbouring sizes too."""
         self.num_new = 0
-        served = {n: statistics.median(list(passes) + [base.predict(n)] * PROBE_WEIGHT)
+        served = {n: statistics.median(list(passes) + [base.seconds(n)] * PROBE_WEIGHT)
                   for n, passes in sorted(self._passes.items())}
         if not served:
             return base
-        sizes = torch.tensor(list(served), dtype=torch.float64)
-        ratios = torch.tensor([t / base.predict(n) for n, t in served.items()], dtype=torch.float64)
+        sizes = [float(n) for n in served]
+        ratios = [t / base.seconds(n) for n, t in served.items()]
         points = {}
         for n, t in zip(base.sizes.tolist(), base.times.tolist()):
             if len(sizes) == 1:
-                points[int(n)] = t * float(ratios[0])
+                points[int(n)] = t * ratios[0]
             else:
-                at = torch.tensor(float(n), dtype=torch.float64).clamp(sizes[0], sizes[-1])
-                points[int(n)] = t * float(_interpolate(at, sizes, ratios))
+                points[int(n)] = t * _interpolate_float(min(max(n, sizes[0]), sizes[-1]), sizes, ratios)
         points.update(served)
         return StepTimeModel(sorted(points.items()), base.rows_serial, base.per_key_query)
 

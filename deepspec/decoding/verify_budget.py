@@ -29,6 +29,8 @@ piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import torch
 
 from deepspec.decoding.tree import top_nodes
@@ -41,6 +43,15 @@ def _interpolate(x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> torch.T
     segment = (torch.searchsorted(xs, x.clamp(min=xs[0]), right=True) - 1).clamp(0, last)
     x0, x1, y0, y1 = xs[segment], xs[segment + 1], ys[segment], ys[segment + 1]
     return y0 + (y1 - y0) * (x.clamp(min=xs[0]) - x0) / (x1 - x0)
+
+
+def _interpolate_float(x: float, xs: list[float], ys: list[float]) -> float:
+    """`_interpolate` for one point in plain Python floats: the same segments and arithmetic, none of torch's per-op
+    cost (what the planner asks on the serving path)."""
+    x = max(x, xs[0])
+    segment = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+    x0, x1, y0, y1 = xs[segment], xs[segment + 1], ys[segment], ys[segment + 1]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 class StepTimeModel:
@@ -62,6 +73,7 @@ class StepTimeModel:
         sizes = sorted(fastest)
         self.sizes = torch.tensor(sizes, dtype=torch.float64)
         self.times = torch.tensor([fastest[n] for n in sizes], dtype=torch.float64).clamp(min=1e-6).cummax(0).values
+        self._size_list, self._time_list = self.sizes.tolist(), self.times.tolist()  # see `seconds`
         self._rounds: dict[tuple[int, int], torch.Tensor] = {}  # see rounds_upto
         self._round_lists: dict[tuple[int, int], list[float]] = {}  # see round_list
 
@@ -69,6 +81,10 @@ class StepTimeModel:
         """Seconds for a pass over num_tokens (an int, or a tensor of counts)."""
         t = _interpolate(torch.as_tensor(num_tokens, dtype=torch.float64), self.sizes, self.times)
         return float(t) if t.dim() == 0 else t
+
+    def seconds(self, num_tokens: int) -> float:
+        """`predict` for one count, in plain Python floats."""
+        return _interpolate_float(float(num_tokens), self._size_list, self._time_list)
 
     def round_seconds(self, rows: int, depths: torch.Tensor) -> torch.Tensor:
         """Seconds of a verify pass over `rows` rows each verifying d + 1 tokens, for every d in `depths`: one pass

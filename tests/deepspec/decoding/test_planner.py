@@ -165,3 +165,10 @@ def test_an_unreadable_cache_file_is_ignored(tmp_path):
     assert cache.load(False) is None
     cache.save(StepTimeModel([(1, 0.005), (8, 0.009)]))
     assert cache.load(False).predict(8) == pytest.approx(0.009)
+
+
+def test_the_float_step_time_is_the_tensor_one():
+    """StepTimeModel.seconds (plain floats, on the serving path) gives predict's values bit for bit: below, between
+    and beyond the probed sizes."""
+    model = StepTimeModel([(1, 0.005), (2, 0.0061), (4, 0.0083), (8, 0.0127), (16, 0.021), (32, 0.0405)])
+    assert [model.seconds(n) for n in range(0, 70)] == [model.predict(n) for n in range(0, 70)]
