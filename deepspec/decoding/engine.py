@@ -17,20 +17,20 @@ import weakref
 
 import torch
 
+from deepspec.decoding import step_timing
 from deepspec.decoding.batch_state import BatchState, new_sequence_id
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
-from deepspec.decoding.grammar_walks import cut_chains, cut_tree, mask_chains, walk_rows
 from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal
-from deepspec.decoding.logprobs import TokenLogprob, emitted_logprobs, scored_logits, token_logprobs
+from deepspec.decoding.grammar_walks import cut_chains, cut_tree, mask_chains, mask_trees, walk_rows
 from deepspec.decoding.host_threads import torch_threads
+from deepspec.decoding.logprobs import TokenLogprob, emitted_logprobs, scored_logits, token_logprobs
+from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.phases import PhaseTimer, untimed
 from deepspec.decoding.planner import EngineShape, RoundPlanner
 from deepspec.decoding.prefill_plan import prefill_runs
-from deepspec.decoding import step_timing
-from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.sequence import SequenceState, fork_parent, take_unheard
 from deepspec.decoding.session_memory import SessionMemory
-from deepspec.decoding.structured import GrammarCompiler, mask_logits_, restrict_draft_probs
+from deepspec.decoding.structured import GrammarCompiler, mask_logits_
 from deepspec.decoding.tree import first_children, node_depths, with_root
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
 from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify_result, verify_tree
@@ -94,8 +94,7 @@ class SpecEngine:
         #: how deep each round verifies (deepspec/decoding/planner.py); by default what the drafter proposes
         self.planner = planner if planner is not None else RoundPlanner()
         self.planner.bind(EngineShape(target, drafter, max_batch_size, self.max_seq_len, self.num_speculative_tokens,
-                                      max_verify_tokens, self.feature_layers, self.cache,
-                                      target.multi_token_rows_serial))
+                                      max_verify_tokens, self.feature_layers, self.cache))
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[SequenceState] = []  # index == slot
@@ -494,11 +493,8 @@ class SpecEngine:
         if proposal.probs is not None and k:
             probs = proposal.probs[:, :k].to(out.logits.device)
             q = torch.cat([probs.new_zeros(B, 1, probs.shape[2]), probs], dim=1)
-        for row, (_, bitmask) in masks.items():  # column c is scored after node c; a node is drawn after its parent
-            n = int(num[row])
-            mask_logits_(out.logits[row, : n + 1], bitmask)
-            if q is not None and n:
-                q[row, 1 : n + 1] = restrict_draft_probs(q[row, 1 : n + 1], bitmask[tree_parents[row, 1 : n + 1]])
+        if masks:
+            mask_trees(masks, out.logits, num, q, tree_parents)
         with self._phase("verify"):
             num_accepted, next_token, path = verify_tree(inputs, tree_parents, num + 1, out.logits, q, sampling)
             # the round's one read of its result: accepted count, next token and accepted path per row

@@ -69,3 +69,15 @@ def mask_chains(walks: Walks, logits: torch.Tensor, num_drafts: torch.Tensor,
         if draft_probs is not None and n:
             draft_probs[row, :n] = restrict_draft_probs(draft_probs[row, :n], bitmask[:n])
     return draft_probs
+
+
+def mask_trees(walks: Walks, logits: torch.Tensor, num: torch.Tensor, q: torch.Tensor | None,
+               tree_parents: torch.Tensor) -> None:
+    """Column c of a tree is scored after node c, and a node is drawn after its parent: mask each constrained row's
+    logits [B, 1 + k, V] by the state after each node, and restrict its nodes' q [B, 1 + k, V] (column 0 the root's)
+    by their parents' state; both in place. tree_parents [B, 1 + k]."""
+    for row, (_, bitmask) in walks.items():
+        n = int(num[row])
+        mask_logits_(logits[row, : n + 1], bitmask)
+        if q is not None and n:
+            q[row, 1 : n + 1] = restrict_draft_probs(q[row, 1 : n + 1], bitmask[tree_parents[row, 1 : n + 1]])

@@ -56,8 +56,6 @@ class EngineShape:
     feature_layers: tuple[int, ...]
     #: the engine's KV cache: a probe times passes on its row 0 before any request runs
     cache: Any
-    #: the target runs multi-token passes over several rows one row at a time (OnnxTarget)
-    rows_serial: bool
 
 
 class RoundPlanner:
@@ -154,12 +152,12 @@ class BudgetPlanner(RoundPlanner):
         if shape.drafter is None or not shape.num_speculative_tokens:
             return
         target = shape.target
-        curve = self._given or self._recorded(target, shape.rows_serial)
+        curve = self._given or self._recorded(target)
         if curve is None and self.curve_cache is not None:
-            curve = self.curve_cache.load(shape.rows_serial)
+            curve = self.curve_cache.load(target.multi_token_rows_serial)
         if curve is None:
             curve = probe_step_curve(target, shape.cache, probe_sizes(shape.max_verify_tokens, shape.max_seq_len),
-                                     shape.feature_layers, shape.max_seq_len, shape.rows_serial)
+                                     shape.feature_layers, shape.max_seq_len)
             if self.curve_cache is not None:
                 self.curve_cache.save(curve)
         self._step_time = self._start_curve = curve
@@ -178,10 +176,10 @@ class BudgetPlanner(RoundPlanner):
         return cls(curve_cache=StepCurveCache.for_target(target, layers))
 
     @staticmethod
-    def _recorded(target, rows_serial: bool) -> StepTimeModel | None:
+    def _recorded(target) -> StepTimeModel | None:
         """The target's own recorded verify-step curve on this machine (an ONNX export times it once), or None."""
         recorded = target.recorded_step_curve()
-        return StepTimeModel(sorted(recorded.items()), rows_serial) if recorded else None
+        return StepTimeModel(sorted(recorded.items()), target.multi_token_rows_serial) if recorded else None
 
     @property
     def times_passes(self) -> bool:

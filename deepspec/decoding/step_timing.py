@@ -69,8 +69,8 @@ def probe_sizes(max_verify_tokens: int, max_seq_len: int) -> tuple[int, ...]:
     return tuple(sorted({n for n in (1, 2, 4, 8, 16, 32, max_verify_tokens) if n <= limit} | {1, 2}))
 
 
-def probe_step_curve(target, cache, sizes: tuple[int, ...], feature_layers: tuple[int, ...], max_seq_len: int,
-                     rows_serial: bool) -> StepTimeModel:
+def probe_step_curve(target, cache, sizes: tuple[int, ...], feature_layers: tuple[int, ...],
+                     max_seq_len: int) -> StepTimeModel:
     """t(n) at `sizes` from verify-shaped passes on row 0 of `cache` (what they write there is overwritten by the first
     prefill), and the attention per (token, context key); cached per target, sizes and captured layers."""
     measured = _PROBED.setdefault(target, {})
@@ -82,19 +82,19 @@ def probe_step_curve(target, cache, sizes: tuple[int, ...], feature_layers: tupl
             for _ in range(PROBE_ROUNDS):  # interleaved: a slow spell of the machine spreads over every size
                 for n in sizes:
                     fastest[n] = min(fastest[n], _timed_pass(target, cache, n, 0, feature_layers))
-            per_key = _attention_per_key_query(target, cache, fastest, feature_layers, max_seq_len, rows_serial)
-        measured[key] = StepTimeModel(sorted(fastest.items()), rows_serial, per_key)
+            per_key = _attention_per_key_query(target, cache, fastest, feature_layers, max_seq_len)
+        measured[key] = StepTimeModel(sorted(fastest.items()), target.multi_token_rows_serial, per_key)
     return measured[key]
 
 
 def _attention_per_key_query(target, cache, after_nothing: dict[int, float], feature_layers: tuple[int, ...],
-                             max_seq_len: int, rows_serial: bool) -> float:
+                             max_seq_len: int) -> float:
     """Seconds of attention per (verified token, context key): a pass of n tokens after CONTEXT_PROBE positions against
     the same pass after none (StepTimeModel.at_context). 0 on a target whose rows run serially (its recorded curve
     is timed after a context already) or a cache too short to tell."""
     n = max(k for k in after_nothing if k <= 8)
     context = min(CONTEXT_PROBE, max_seq_len - n - 1)
-    if context < 64 or rows_serial:
+    if context < 64 or target.multi_token_rows_serial:
         return 0.0
     after = min(_timed_pass(target, cache, n, context, feature_layers) for _ in range(PROBE_ROUNDS))
     return max(0.0, (after - after_nothing[n]) / (n * context))
