@@ -70,11 +70,12 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def load_prompts(target, n: int) -> dict[str, list[list[int]]]:
+def load_prompts(target, n: int, datasets=DATASETS) -> dict[str, list[list[int]]]:
+    """The first `n` first turns of each eval set in `datasets`, as chat-templated token ids."""
     from deepspec.paths import eval_dataset
 
     prompts = {}
-    for name in DATASETS:
+    for name in datasets:
         with eval_dataset(name).open() as f:
             turns = [json.loads(line)["turns"][0] for _, line in zip(range(n), f)]
         prompts[name] = [target.encode_chat([{"role": "user", "content": t}]) for t in turns]

@@ -2,11 +2,12 @@
 
     python -m bench.round_overhead                 # ~3 min on 2 cores; writes bench/results/round_overhead.json
     python -m bench.round_overhead --num-prompts 1 --max-tokens 16 --batch-sizes 1   # a smoke run
+    python -m bench.round_overhead --engine native --datasets chat --distinct   # the served case on held-out chat
 
 Each row decodes the same prompts (N each from humaneval, gsm8k and mbpp, chat template, a fixed number of new
 tokens; greedy, or at each of --temperatures with fixed seeds, top-p 1) with the engine's phase timer on
 (deepspec/decoding/phases.py), at batch 1 and at batch 8 (8 copies of each prompt decoding together, so every round
-verifies 8 rows):
+verifies 8 rows; with --distinct, 8 different prompts, as a server's batch holds, so rows accept differently):
 
     engine                 target-only: the floor of per-round overhead (commit, detokenization, slot bookkeeping)
     engine+auto            the default draft (`--draft auto`): what drafting, the budget and acceptance add
@@ -44,6 +45,9 @@ def parse_args(argv):
     p.add_argument("--drafters", default="none,auto,prompt-lookup", help="comma list of drafter specs")
     p.add_argument("--batch-sizes", default="1,8", help="comma list (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=2, help="prompts per dataset (default: %(default)s)")
+    p.add_argument("--datasets", default="humaneval,gsm8k,mbpp", help="comma list of datasets/eval sets")
+    p.add_argument("--distinct", action="store_true",
+                   help="a batch's rows are different prompts (default: copies of one prompt)")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--temperatures", default="0",
                    help="comma list of sampling temperatures, each its own rows (top-p 1; default: %(default)s)")
@@ -52,10 +56,10 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_tokens: int, temperature: float = 0.0
-                ) -> dict:
-    """Decode `prompts` (each `batch` times at once, sampled at `temperature` with fixed seeds where it is above 0)
-    on a fresh engine with the phase timer on."""
+def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_tokens: int, temperature: float = 0.0,
+                distinct: bool = False) -> dict:
+    """Decode `prompts` (each `batch` times at once, or with `distinct` `batch` of them at once; sampled at
+    `temperature` with fixed seeds where it is above 0) on a fresh engine with the phase timer on."""
     from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.decoding.planner import BudgetPlanner
 
@@ -65,13 +69,16 @@ def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_token
     engine.generate([prompts[0]], SamplingParams(max_tokens=16))  # warm caches and allocator pools, untimed
     timer = engine.profile()
     tokens, t0 = 0, time.perf_counter()
-    for prompt in prompts:
-        tokens += sum(len(r.token_ids) for r in engine.generate([prompt] * batch, params))
+    groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)] if distinct else \
+        [[prompt] * batch for prompt in prompts]
+    for group in groups:
+        tokens += sum(len(r.token_ids) for r in engine.generate(group, params))
     seconds = time.perf_counter() - t0
     per_step = timer.per_step_ms()
     step_ms = timer.seconds["step"] * 1e3 / max(timer.calls["step"], 1)
     round_ms = step_ms - per_step.get("prefill", 0.0)  # a step's decode round and the bookkeeping around it
     return {"steps": timer.calls["step"], "step_ms": step_ms, "phases_ms": per_step, "tok_s": tokens / seconds,
+            "tokens_per_step": tokens / max(timer.calls["step"], 1) / batch,
             "round_ms": round_ms, "outside_target": 1 - per_step.get("target", 0.0) / round_ms if round_ms else None}
 
 
@@ -93,7 +100,7 @@ def main(argv=None) -> int:
         target = load_native_target(args.target)
     else:
         target = load_target(args.target, dtype=args.dtype)
-    prompts = [p for ps in load_prompts(target, args.num_prompts).values() for p in ps]
+    prompts = [p for ps in load_prompts(target, args.num_prompts, args.datasets.split(",")).values() for p in ps]
     rows = {}
     for temperature in map(float, args.temperatures.split(",")):
         for spec in args.drafters.split(","):
@@ -101,8 +108,9 @@ def main(argv=None) -> int:
                 name = f"engine{'' if spec == 'none' else '+' + spec} B={batch}" + (f" t={temperature:g}"
                                                                                     if temperature else "")
                 rows[name] = profile_row(target, build_drafter(spec, target), prompts, batch, args.max_tokens,
-                                         temperature)
-                print(f"{name}: {rows[name]['tok_s']:.1f} tok/s", file=sys.stderr)
+                                         temperature, args.distinct)
+                print(f"{name}: {rows[name]['tok_s']:.1f} tok/s, {rows[name]['tokens_per_step']:.2f} tokens/step/row",
+                      file=sys.stderr)
     columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
     weights = f"native {target.quantization}" if args.engine == "native" else args.dtype
     print(f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, temperatures "
