@@ -140,9 +140,9 @@ gpu-wheels:
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
-# Regenerate the committed gRPC stubs after editing service/protos/**/*.proto.
+# Regenerate the committed gRPC stubs after editing deepspec_protocol/protos/**/*.proto.
 protos: venv
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. service/protos/deepspec/v1/completions.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. deepspec_protocol/protos/deepspec/v1/completions.proto
 
 # The product: a wheel with the drafts, prompt sets, native decoder source and protos as package data
 # (tests/packaging/test_wheel.py installs it outside the checkout and serves from it).

@@ -228,7 +228,7 @@ def pick_cost_us(num_workers: int, num_picks: int = 20000) -> float:
 
     from service.gateway.routing import Endpoint, WorkerPool
     from service.metrics import GatewayMetrics
-    from service.protocol import WorkerLoad
+    from deepspec_protocol.worker import WorkerLoad
 
     pool = WorkerPool("", GatewayMetrics(), rng=random_module.Random(0), make_client=lambda address: None)
     for i in range(num_workers):

@@ -38,8 +38,8 @@ from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 from bench.service_common import RESULTS, free_port, service, table  # noqa: E402
 from loadtest.metrics import percentile  # noqa: E402
 from service.gateway.worker_client import GenerationRequest, build_infer_request  # noqa: E402
-from service.protos.deepspec.v1 import completions_pb2 as pb  # noqa: E402
-from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc  # noqa: E402
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb  # noqa: E402
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc  # noqa: E402
 
 MAX_TOKENS = 16
 PROMPT = "def fibonacci(n):"

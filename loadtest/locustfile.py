@@ -119,7 +119,7 @@ class GrpcUser(User):
         import grpc
         import grpc.experimental.gevent as grpc_gevent
 
-        from service.protos.deepspec.v1 import completions_pb2, completions_pb2_grpc
+        from deepspec_protocol.protos.deepspec.v1 import completions_pb2, completions_pb2_grpc
 
         grpc_gevent.init_gevent()  # grpc's own threads would block gevent's loop otherwise
         self._pb = completions_pb2

@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 
-from service.protocol import RequestStats
+from deepspec_protocol.worker import RequestStats
 
 _request_logger = logging.getLogger("service.requests")
 

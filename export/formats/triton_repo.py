@@ -4,7 +4,7 @@ Two layouts, one directory:
 
 - the repository root is TensorRT-LLM's LLM-API model (what `tritonserver --model-repository=OUT` serves, and what
   the chart's `worker.runtime: triton` points at): `tensorrt_llm/config.pbtxt` (Python backend, decoupled streaming,
-  the inputs and outputs of `service/gateway/triton_contract.py`: upstream's LLM-API names plus our optional
+  the inputs and outputs of `deepspec_protocol/triton_contract.py`: upstream's LLM-API names plus our optional
   additions) and `tensorrt_llm/1/model.yaml` (LLM kwargs: the target copied into `tensorrt_llm/1/target/`, backend
   pytorch, tensor_parallel_size, `speculative_config` naming the EAGLE-3 draft in `tensorrt_llm/1/draft/`,
   triton_config). Its `model.py` is ours (export/triton/llmapi_model.py, with the contract copied beside it):
@@ -34,7 +34,7 @@ from export.formats.tensorrt_llm import ENGINE_MAX_BATCH_SIZE
 from export.triton import CONTRACT_PY, LLMAPI_MODEL_PY
 from export.job import ExportFormat, ExportJob
 from export.trtllm_checkpoint import ARCHITECTURES, check_sizes
-from service.gateway import triton_contract as contract
+from deepspec_protocol import triton_contract as contract
 
 ENGINE = "triton-repo"
 MODEL = "tensorrt_llm"

@@ -1,10 +1,10 @@
 """Files the Triton model repository ships (`--format triton-repo`): `llmapi_model.py` is the Python-backend
 `model.py` that serves TensorRT-LLM's LLM API (with `speculative_config`) behind Triton; the Triton contract
-(`service/gateway/triton_contract.py`, the tensor names the gateway sends) goes next to it, where model.py reads it."""
+(`deepspec_protocol/triton_contract.py`, the tensor names the gateway sends) goes next to it, where model.py reads it."""
 
 from pathlib import Path
 
-import service.gateway.triton_contract as _contract
+import deepspec_protocol.triton_contract as _contract
 
 #: the source of `tensorrt_llm/1/model.py`
 LLMAPI_MODEL_PY = Path(__file__).with_name("llmapi_model.py")

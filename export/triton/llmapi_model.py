@@ -61,7 +61,7 @@ def load_contract():
     """The Triton contract: the copy the exporter puts beside this file, else the repository's own module."""
     path = Path(__file__).with_name("triton_contract.py")
     if not path.is_file():
-        from service.gateway import triton_contract
+        from deepspec_protocol import triton_contract
 
         return triton_contract
     spec = importlib.util.spec_from_file_location("triton_contract", path)
@@ -176,7 +176,7 @@ def read_num_top_logprobs(pb_utils, request) -> int | None:
 
 class OutputScores:
     """One request's generated tokens, scored: `tensors(completion)` gives the output tensors of the tokens scored
-    since the last call, as DeepSpec's worker sends them (the contract's SCORE_OUTPUTS, service/protocol.py
+    since the last call, as DeepSpec's worker sends them (the contract's SCORE_OUTPUTS, deepspec_protocol/worker.py
     OUTPUT_SCORES).
 
     TensorRT-LLM's CompletionOutput.logprobs holds one dict per generated token, token id -> Logprob(logprob, rank):
@@ -438,7 +438,9 @@ class TritonPythonModel:
         of the tokens scored since the last response."""
         pb = self.pb_utils
         completion = out.outputs[0]
-        finish_reason = str(completion.finish_reason or "stop") if out.finished else ""
+        # TensorRT-LLM's "cancelled" / "timeout" leave as the contract's "abort" (one set of values on the wire)
+        reason = str(completion.finish_reason or "stop")
+        finish_reason = contract.TRTLLM_FINISH_REASONS.get(reason, "abort") if out.finished else ""
         rate, accepted, drafted = speculative_counters(completion)
         counts = {contract.NUM_INPUT_TOKENS: len(getattr(out, "prompt_token_ids", None) or ()),
                   contract.NUM_OUTPUT_TOKENS: len(getattr(completion, "token_ids", None) or ()),

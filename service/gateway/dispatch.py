@@ -29,7 +29,7 @@ from service.gateway.service_classes import ServiceClasses, memory_session
 from service.gateway.validation import check_prompt_size
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_sequences, total_stats
 from service.logging import log_request
-from service.protocol import RequestStats
+from deepspec_protocol.worker import RequestStats
 
 #: worker statuses that mean "this worker cannot take it now; another may" (retried before the first token)
 _RETRYABLE = {"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "UNKNOWN", "CANCELLED", "NOT_FOUND"}

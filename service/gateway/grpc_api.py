@@ -31,9 +31,9 @@ from service.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from service.gateway.structured import structured_outputs_field
 from service.gateway.validation import check_request_id, check_session_id
 from service.gateway.worker_client import GenerationRequest, total_stats
-from service.protocol import Constraint, RequestStats
-from service.protos.deepspec.v1 import completions_pb2 as pb
-from service.token_scores import TokenScore
+from deepspec_protocol.worker import Constraint, RequestStats
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.token_scores import TokenScore
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Completions"]
 SERVICE_NAME = _SERVICE.full_name

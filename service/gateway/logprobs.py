@@ -15,7 +15,7 @@ has -inf. JSON has no -Infinity: a logprob below LOGPROB_FLOOR is written as the
 
 from __future__ import annotations
 
-from service.token_scores import TokenScore
+from deepspec_protocol.token_scores import TokenScore
 
 LOGPROB_FLOOR = -9999.0
 

@@ -52,8 +52,8 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 
-from service import protocol as p
-from service.gateway import triton_contract as c
+from deepspec_protocol import worker as p
+from deepspec_protocol import triton_contract as c
 from service.gateway.http_client import HttpPool, Response, UpstreamBroken
 from service.gateway.json_codec import dumps, loads
 from service.gateway.structured import response_format_field, structured_outputs_field

@@ -31,7 +31,7 @@ import grpc
 from service.gateway.scoring import PREFIX_AFFINITY_SLACK, AffinityTable, expected_tokens_per_s
 from service.gateway.upstreams import client_for
 from service.gateway.worker_client import WorkerClient, WorkerError
-from service.protocol import DEFAULT_SERVICE_CLASS, WorkerLoad
+from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, WorkerLoad
 
 Routing = Literal["goodput", "p2c"]
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
-from service.protocol import WorkerLoad
+from deepspec_protocol.worker import WorkerLoad
 
 #: KV utilisation past which a worker's score falls (to 0 at full): preemption or a refusal is near
 KV_HIGH = 0.9

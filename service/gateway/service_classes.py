@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.protocol import DEFAULT_SERVICE_CLASS, SERVICE_CLASSES
+from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, SERVICE_CLASSES
 
 
 class KeyPolicy(BaseModel):

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from service import protocol as p
-from service import tensors
-from service.gateway import triton_contract as c
+from deepspec_protocol import worker as p
+from deepspec_protocol import tensors
+from deepspec_protocol import triton_contract as c
 
 #: roles a model may leave out without changing what the request means
 _SKIPPABLE = frozenset(c.FLAGS) | {"stream", *c.ADVISORY}

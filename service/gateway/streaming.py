@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from service.gateway.dependencies import SSE_DONE, SSE_HEADERS, sse
 from service.gateway.errors import ServiceError, responses
 from service.gateway.worker_client import Chunk, total_stats
-from service.protocol import RequestStats
+from deepspec_protocol.worker import RequestStats
 
 
 #: OpenAPI responses of a route that answers JSON, or SSE when the body says `"stream": true`

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from service.gateway.validation import STRICT, Text
-from service.protocol import Constraint
+from deepspec_protocol.worker import Constraint
 
 #: OpenAI's rule for a response format's name
 SchemaName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]

@@ -22,7 +22,7 @@ texts add up to it (an engine whose prompt tokens do not decode to the prompt's 
 from __future__ import annotations
 
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
-from service.token_scores import TokenScore
+from deepspec_protocol.token_scores import TokenScore
 
 #: the token id of a score whose upstream sent only the token's text
 UNKNOWN_TOKEN_ID = -1

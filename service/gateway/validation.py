@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from service.gateway.errors import BadRequestError
-from service.protocol import LOGPROBS_MODES, MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS, max_prompt_chars
+from deepspec_protocol.worker import LOGPROBS_MODES, MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS, max_prompt_chars
 
 #: every request object: strict types (`"max_tokens": "5"` is a 400, as at OpenAI), unknown fields refused
 STRICT = ConfigDict(strict=True, extra="forbid")

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, fields
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from service import protocol as p
-from service import tensors
-from service.gateway import triton_contract as c
+from deepspec_protocol import worker as p
+from deepspec_protocol import tensors
+from deepspec_protocol import triton_contract as c
 from service.gateway.signature import DEEPSPEC_WORKER, ModelSignature, SignatureError, build_request
-from service.token_scores import TokenScore, read_scores
+from deepspec_protocol.token_scores import TokenScore, read_scores
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),

@@ -2,7 +2,7 @@
 
 The engine thread updates a `LoadTracker` after every step (no lock: each field is one float or int, written by
 that thread only, and a reader on the event loop at worst sees the previous step's value). The worker sends a
-snapshot (`LoadTracker.snapshot`, service/protocol.py `WorkerLoad`) as parameters of a request's first and last
+snapshot (`LoadTracker.snapshot`, deepspec_protocol/worker.py `WorkerLoad`) as parameters of a request's first and last
 responses, so a gateway that sends traffic learns the load of the workers it sends it to at no extra call, and
 knows how old what it knows is.
 
@@ -16,7 +16,7 @@ knows how old what it knows is.
 
 from __future__ import annotations
 
-from service.protocol import SERVICE_CLASSES, WorkerLoad
+from deepspec_protocol.worker import SERVICE_CLASSES, WorkerLoad
 
 #: weight of the newest step in the moving averages: about the last 20 steps count
 _EMA_WEIGHT = 0.05

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from deepspec.decoding.params import SamplingParams, StepOutput
-from service.protocol import DEFAULT_SERVICE_CLASS, RequestStats
+from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, RequestStats
 from service.worker.load import LoadTracker
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class _Request:
     stats: RequestStats = field(default_factory=RequestStats)
     #: set by the engine thread once the request left the engine (finished, failed or aborted)
     done: bool = field(default=False)
-    #: the service class the gateway admitted it under (service/protocol.py SERVICE_CLASSES): labels its
+    #: the service class the gateway admitted it under (deepspec_protocol/worker.py SERVICE_CLASSES): labels its
     #: acceptance metrics
     service_class: str = DEFAULT_SERVICE_CLASS
 
@@ -275,6 +275,7 @@ class Scheduler:
                 num_accepted_tokens=stats.num_accepted_tokens + out.num_accepted_tokens,
                 num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0),
             )  # fmt: skip
+            m.observe_forwards(out.num_forwards, len(out.new_token_ids), request.service_class)
             if out.num_draft_tokens > 0:
                 m.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens, request.service_class)
                 self.load.observe_round(request.service_class, out.num_accepted_tokens)

@@ -22,10 +22,10 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from deepspec.decoding.params import SamplingParams, StepOutput
 from deepspec.decoding.structured import StructuredOutput
 from deepspec.decoding.validation import RequestError, RequestErrorCode
-from service import protocol as p
-from service import tensors
+from deepspec_protocol import worker as p
+from deepspec_protocol import tensors
 from service.metrics import WorkerMetrics, start_metrics_server
-from service.token_scores import TokenScore, add_scores
+from deepspec_protocol.token_scores import TokenScore, add_scores
 from service.worker.settings import WorkerSettings
 from service.worker.engine import LoadedEngine, load_engine
 from service.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError

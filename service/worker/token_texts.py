@@ -1,5 +1,5 @@
 """The text of each scored token, and which response carries it: the engine's logprobs (`TokenLogprob`: ids and
-numbers) become `TokenScore`s (service/token_scores.py) the gateway can render without a tokenizer.
+numbers) become `TokenScore`s (deepspec_protocol/token_scores.py) the gateway can render without a tokenizer.
 
 A token's text is what it adds to the output, decoded in context with the engine's own incremental detokenizer
 (deepspec/decoding/detokenizer.py), so the texts of a request's tokens concatenate to its text. A token that ends
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.logprobs import TokenLogprob
 from deepspec.decoding.params import StepOutput
-from service.token_scores import TokenScore
+from deepspec_protocol.token_scores import TokenScore
 
 
 def alternative_texts(target) -> Callable[[int], str]:

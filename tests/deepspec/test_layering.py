@@ -88,7 +88,7 @@ def test_no_loadtest_source_imports_the_library():
 
 def test_the_package_match_is_by_dotted_prefix():  # negative control: the gRPC protos of the public API are allowed
     assert _is_under("deepspec.paths", ("deepspec",)) and _is_under("deepspec", ("deepspec",))
-    assert not _is_under("service.protos.deepspec.v1", ("deepspec",)) and not _is_under("deepspecx", ("deepspec",))
+    assert not _is_under("deepspec_protocol.protos.deepspec.v1", ("deepspec",)) and not _is_under("deepspecx", ("deepspec",))
     assert _is_under("deepspec.decoding.engine", ABOVE_PLUGINS) and not _is_under("plugins.kernels", ABOVE_PLUGINS)
 
 

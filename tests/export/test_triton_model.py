@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from deepspec_protocol.triton_contract import FINISH_REASONS
 from tests.export.conftest import run_export
 from tests.export.scored_llm import Logprob, distribution, score
 from tests.kserve_triton import (ACCEPTED_PER_STEP, DRAFTED_PER_STEP, FINAL, SLOW_PROMPT, WORDS, FakeMPI, Request,
@@ -188,6 +189,17 @@ def test_a_cancelled_request_is_aborted_and_ends_cancelled(model):
     assert not model.running
 
 
+@pytest.mark.parametrize("trtllm_reason, sent", [("stop", "stop"), ("length", "length"), (None, "stop"),
+                                                 ("cancelled", "abort"), ("timeout", "abort")])
+def test_a_finished_sequence_sends_the_contracts_finish_reason(model, trtllm_reason, sent):
+    """TensorRT-LLM's CompletionOutput.finish_reason has values of its own ("cancelled", "timeout"); the model sends
+    the contract's FINISH_REASONS, the values DeepSpec's worker sends and the gateway labels its metrics with."""
+    completion = types.SimpleNamespace(finish_reason=trtllm_reason, token_ids=[1, 2], request_perf_metrics=None)
+    out = types.SimpleNamespace(outputs=[completion], finished=True, prompt_token_ids=[5])
+    reason = _out(model._response(out, "x"), "finish_reason").decode()
+    assert reason == sent and reason in FINISH_REASONS
+
+
 @pytest.mark.parametrize("inputs, message", [
     ({}, "text_input is required"),
     ({"text_input": _text("")}, "text_input is empty"),
@@ -240,7 +252,7 @@ def _all(response, name):
 
 
 def test_streamed_logprobs_are_the_llms_in_the_workers_tensors(model):
-    """Each response carries the tokens its text adds, in DeepSpec's worker's tensors (service/protocol.py
+    """Each response carries the tokens its text adds, in DeepSpec's worker's tensors (deepspec_protocol/worker.py
     OUTPUT_SCORES): the sampled token's logprob read from its dict as TensorRT-LLM's own server reads it
     (tensorrt_llm/serve/postprocess_handlers.py create_logprobs: `logprob[token_id].logprob`), the likeliest
     alternatives first and only as many as asked, though the dict also holds the sampled token."""

@@ -127,7 +127,7 @@ def test_ensemble_maps_end_id_through_preprocessing_into_the_engine(repo):
 
 
 def test_ensemble_declares_the_contract_and_reports_the_counts(repo):
-    from service.gateway import triton_contract as c
+    from deepspec_protocol import triton_contract as c
 
     ensemble = parse(repo / "tensorrt_llm" / "1" / "engine-repo" / "ensemble" / "config.pbtxt")
     assert ensemble.max_batch_size > 0

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from service.metrics import GatewayMetrics, WorkerMetrics
-from service.protocol import SERVICE_CLASSES
+from deepspec_protocol.worker import SERVICE_CLASSES
 from tests.helm.conftest import NAMESPACE, RELEASE, REPO, require_tool
 from tests.helm.promql import (EXTERNAL_METRICS, FIXTURE_JOBS, dashboard_queries, dashboards, engine_metrics,
                                exposition, fill_selectors, fixture_samples, metric_names, prometheus_rule, rule_exprs,

@@ -7,8 +7,8 @@ import pytest
 
 from loadtest.clients.grpc import GrpcClient
 from loadtest.records import RequestInput
-from service.protos.deepspec.v1 import completions_pb2 as pb
-from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 
 from tests.ports import free_port
 

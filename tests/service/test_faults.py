@@ -218,8 +218,8 @@ def test_drain_timeout_cuts_streams_with_the_worker_failure_error(tmp_path):
 
     from service.gateway.dispatch import _to_service_error
     from service.gateway.worker_client import WorkerError
-    from service.protos.deepspec.v1 import completions_pb2 as pb
-    from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+    from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+    from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 
     worker_failed = _to_service_error(WorkerError("UNAVAILABLE", "killed"), started=True)
     worker = Worker(tmp_path, "--stub-step-ms", "20").start().wait_ready()

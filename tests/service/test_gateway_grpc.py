@@ -1,4 +1,4 @@
-"""The generated grpcio client (service/protos) against the gateway's gRPC API; reflection; health."""
+"""The generated grpcio client (deepspec_protocol/protos) against the gateway's gRPC API; reflection; health."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service.protos.deepspec.v1 import completions_pb2 as pb
-from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 from service.worker.stub_target import STUB_TEXT
 from tests.service.conftest import Gateway, Worker, metric_value
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from service.protocol import MAX_CHARS_PER_TOKEN
+from deepspec_protocol.worker import MAX_CHARS_PER_TOKEN
 from service.worker.stub_target import STUB_TEXT
 from tests.service.conftest import Gateway, metric_value
 

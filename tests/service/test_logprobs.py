@@ -19,8 +19,8 @@ import openai
 import pytest
 import torch
 
-from service.protos.deepspec.v1 import completions_pb2 as pb
-from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 from tests.service.conftest import Gateway, Worker
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """`n` choices through the gateway (OpenAI's `n`): the real gateway, in this process, in front of a fake KServe worker
-(tests/service/fake_worker.py) that answers as service/protocol.py ("Several choices") says a worker does, and in
+(tests/service/fake_worker.py) that answers as deepspec_protocol/worker.py ("Several choices") says a worker does, and in
 front of a model that takes one sequence per request, which the dispatcher fans out (service/gateway/fanout.py).
 
 The rules held are OpenAI's and vLLM's: a request's choices are numbered 0..n-1, and in a batch of prompts prompt i's
@@ -22,12 +22,12 @@ import openai
 import pytest
 from prometheus_client import generate_latest
 
-from service import protocol as p
+from deepspec_protocol import worker as p
 from service.gateway.fanout import child_requests, fan_out
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, total_stats
 from service.metrics import GENERATION_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, REQUEST_SUCCESS_TOTAL
-from service.protos.deepspec.v1 import completions_pb2 as pb
-from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 from tests.service.conftest import Gateway, Worker, in_process_gateway, metric_value
 from tests.service.fake_worker import MODEL, FakeWorker, finish_reason, words
 from tests.service.test_openai_client import _client, _collect, _sse

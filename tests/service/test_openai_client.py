@@ -23,8 +23,8 @@ from service.gateway.openai_client import (MAX_EVENT_BYTES, EventStream, OpenAIC
 from service.gateway.settings import GatewaySettings
 from service.gateway.upstreams import client_for, parse_address
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
-from service.protocol import Constraint
-from service.token_scores import TokenScore
+from deepspec_protocol.worker import Constraint
+from deepspec_protocol.token_scores import TokenScore
 from tests.ports import free_port
 from tests.service.conftest import in_process_gateway
 

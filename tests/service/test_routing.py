@@ -11,7 +11,7 @@ import pytest
 from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.scoring import expected_tokens_per_s, prefix_key
 from service.metrics import GatewayMetrics, REQUEST_SUCCESS_TOTAL
-from service.protocol import WorkerLoad
+from deepspec_protocol.worker import WorkerLoad
 from tests.service.conftest import Gateway, Worker, metric_value
 
 FAST = WorkerLoad(num_running=2, num_waiting=0, num_slots=8, kv_utilization=0.1, row_tokens_per_s=100.0)

@@ -15,8 +15,8 @@ from service.gateway.openai_client import request_body
 from service.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from service.gateway.signature import DEEPSPEC_WORKER, build_request
 from service.gateway.worker_client import GenerationRequest, WorkerError
-from service.protos.deepspec.v1 import completions_pb2 as pb
-from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 from tests.service.conftest import metric_value
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}

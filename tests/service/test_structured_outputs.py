@@ -23,8 +23,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from service.protos.deepspec.v1 import completions_pb2 as pb
-from service.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 from tests.service.conftest import served
 
 pytestmark = pytest.mark.integration

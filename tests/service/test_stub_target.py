@@ -7,7 +7,7 @@ import pytest
 from deepspec.decoding import RequestError, RequestErrorCode, SamplingParams, SpecEngine, build_drafter
 from deepspec.decoding.validation import RequestErrorCode as EngineCodes
 from deepspec.models import Target
-from service import protocol as p
+from deepspec_protocol import worker as p
 from service.worker.stub_target import STUB_TEXT, StubDrafter, StubTarget
 
 PROMPTS = [list(b"Hello"), list(b"ok"), list(b"The"), list(b"x" * 600), list(b"<|user|>hi\n<|assistant|>")]
@@ -63,7 +63,7 @@ def test_engine_validation_under_the_stub_names_the_code():
 
 
 def test_protocol_error_codes_mirror_the_engines():
-    """The gateway image has no deepspec library: service/protocol.py keeps the code strings, which must agree."""
+    """The gateway image has no deepspec library: deepspec_protocol/worker.py keeps the code strings, which must agree."""
     assert set(p.ERROR_CODES) == {c.value for c in EngineCodes}
 
 

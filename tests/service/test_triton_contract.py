@@ -19,7 +19,7 @@ import time
 import grpc
 import pytest
 
-from service.gateway import triton_contract as c
+from deepspec_protocol import triton_contract as c
 from service.gateway.signature import ModelSignature
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
 from tests.export.conftest import run_export, write_hf_target
@@ -191,8 +191,8 @@ def test_the_stock_llmapi_models_cumulative_text_reaches_clients_as_deltas(repo)
     triton_backend/all_models/llmapi/tensorrt_llm/1/model.py `_create_response` reads `CompletionOutput.text`,
     which tensorrt_llm/executor/result.py keeps cumulative; `text_diff` is the delta). The exported model says it
     sends deltas (config parameter TEXT_OUTPUT_MODE); a model without it has its text turned into deltas."""
-    from service import protocol as p
-    from service import tensors
+    from deepspec_protocol import worker as p
+    from deepspec_protocol import tensors
     from tritonclient.grpc import service_pb2
 
     ours = parse_config(repo / MODEL / "config.pbtxt")
@@ -293,9 +293,9 @@ def test_processed_logprobs_need_a_model_that_declares_logprobs_mode():
 
 
 def test_the_score_outputs_are_the_workers():
-    """The exported LLM-API model answers logprobs in the tensors DeepSpec's worker sends (service/protocol.py
+    """The exported LLM-API model answers logprobs in the tensors DeepSpec's worker sends (deepspec_protocol/worker.py
     OUTPUT_SCORES), mirrored in the contract (which imports nothing), so the gateway reads both with one reader."""
-    from service.protocol import OUTPUT_SCORES
+    from deepspec_protocol.worker import OUTPUT_SCORES
 
     assert tuple(spec.name for spec in c.SCORE_OUTPUTS) == OUTPUT_SCORES.names()
     assert set(c.SCORE_OUTPUTS) <= set(c.LLMAPI_OUTPUTS)

@@ -16,11 +16,11 @@ from tritonclient.grpc import service_pb2
 
 from deepspec.decoding import RequestError, RequestErrorCode, SpecEngine
 from deepspec.decoding.params import SamplingParams
-from service import protocol as p
+from deepspec_protocol import worker as p
 from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.worker_client import GenerationRequest, build_infer_request, parse_response
 from service.metrics import GatewayMetrics, WorkerMetrics
-from service import tensors
+from deepspec_protocol import tensors
 from service.worker.scheduler import QueueFullError, Scheduler
 from service.worker.stub_target import STUB_TEXT, StubDrafter, StubTarget
 
@@ -279,9 +279,9 @@ def test_worker_response_stats_round_trip_through_the_protocol():
 
 
 def test_scored_token_tables_round_trip_through_the_protocol():
-    """service/token_scores.py: rows of one table, a token without a logprob (the prompt's first: NaN on the wire,
+    """deepspec_protocol/token_scores.py: rows of one table, a token without a logprob (the prompt's first: NaN on the wire,
     a padding row among the alternatives) and none at all (no tensors, read back as None)."""
-    from service.token_scores import TokenScore, add_scores, read_scores
+    from deepspec_protocol.token_scores import TokenScore, add_scores, read_scores
 
     scores = [TokenScore("é", 7, None), TokenScore("", 8, -0.5, ("a", "\ufffd"), (1, 2), (-0.25, -1.5)),
               TokenScore("b", 9, -3.0, ("c", "d"), (3, 4), (-0.5, -2.0))]
@@ -347,7 +347,7 @@ def test_openai_logprob_shapes():
     """service/gateway/logprobs.py: the legacy dict keeps the likelier of two tokens with one text and always has the
     chosen token; JSON has no -Infinity (vLLM's floor); the chat shape's bytes are each token's UTF-8."""
     from service.gateway.logprobs import LOGPROB_FLOOR, chat_logprobs, completion_logprobs, concat
-    from service.token_scores import TokenScore
+    from deepspec_protocol.token_scores import TokenScore
 
     scores = [TokenScore("é", 5, None), TokenScore("x", 6, -2.0, ("\ufffd", "\ufffd"), (1, 2), (-0.5, -1.0)),
               TokenScore("y", 7, float("-inf"), ("z",), (3,), (-0.1,))]

@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from service import protocol as p
+from deepspec_protocol import worker as p
 from service.worker.stub_target import STUB_TEXT
 from tests.service.conftest import Worker, metric_value
 
@@ -132,7 +132,7 @@ def test_bad_input_is_invalid_argument(client, args, message):
     ],
 )
 def test_engine_refusals_carry_their_code_in_unary_metadata_and_in_streams(stub_worker, args, code):
-    """The engine's RequestErrorCode reaches the client in the structured fields service/protocol.py names."""
+    """The engine's RequestErrorCode reaches the client in the structured fields deepspec_protocol/worker.py names."""
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -298,7 +298,7 @@ def _tensor(name: str, array: np.ndarray, datatype: str):
 
 
 def test_logprobs_travel_as_tensors_tritonclient_reads(client):
-    """The worker's KServe contract for logprobs (service/protocol.py): TensorRT-LLM's `return_log_probs` input and
+    """The worker's KServe contract for logprobs (deepspec_protocol/worker.py): TensorRT-LLM's `return_log_probs` input and
     `output_log_probs` output, `input_ids` for a token-id prompt, DeepSpec's top_logprobs / prompt_logprobs inputs and
     the [1, n] / [n, k] scored-token tables; all declared in the ModelConfig the gateway reads."""
     config = client.get_model_config("stub", as_json=True)["config"]

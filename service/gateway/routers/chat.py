@@ -15,7 +15,7 @@ from service.gateway.logprobs import chat_logprobs
 from service.gateway.schemas import ChatCompletionRequest
 from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest, total_stats
-from service.protocol import RequestStats
+from deepspec_protocol.worker import RequestStats
 
 router = APIRouter()
 

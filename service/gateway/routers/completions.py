@@ -16,8 +16,8 @@ from service.gateway.logprobs import completion_logprobs, concat
 from service.gateway.schemas import CompletionRequest
 from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest, total_stats
-from service.protocol import RequestStats
-from service.token_scores import TokenScore
+from deepspec_protocol.worker import RequestStats
+from deepspec_protocol.token_scores import TokenScore
 
 router = APIRouter()
 

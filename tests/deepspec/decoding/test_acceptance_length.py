@@ -13,7 +13,7 @@ from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 from deepspec.decoding.params import AcceptanceStats
 from service.metrics import SPEC_DECODE_ACCEPTANCE_LENGTH, WorkerMetrics
-from service.protocol import RequestStats
+from deepspec_protocol.worker import RequestStats
 from tests.conftest import make_tiny_target
 from training.evaluate import summarize
 

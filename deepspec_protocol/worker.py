@@ -26,7 +26,7 @@ alternatives per position), and for the prompt's with `prompt_logprobs`; a promp
 table of the tokens whose text it carries (`OUTPUT_SCORES`; TensorRT-LLM's `output_log_probs` plus DeepSpec's
 columns), the prompt's table once, in the first response (`PROMPT_SCORES`). The numbers are of the target's raw
 distribution unless the request sets `logprobs_mode` to `processed_logprobs` (`LOGPROBS_MODES`; the one sampled
-from: deepspec/decoding/logprobs.py). `service/token_scores.py` writes and
+from: deepspec/decoding/logprobs.py). `deepspec_protocol/token_scores.py` writes and
 reads the tables; the worker decides which tokens a response's text carries (`service/worker/token_texts.py`).
 
 Structured outputs: a request whose output must match a constraint sends it as `structured_output`, the JSON text
@@ -72,38 +72,45 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 
-# Inputs (Triton TensorRT-LLM ensemble names), shape [1, 1] except stop_words [1, n].
-TEXT_INPUT = "text_input"  # BYTES, UTF-8 prompt text (rendered; may be empty when EXTRA_MESSAGES_JSON is sent)
-MAX_TOKENS = "max_tokens"  # INT32
-STREAM = "stream"  # BOOL
-TEMPERATURE = "temperature"  # FP32
-TOP_K = "top_k"  # INT32
-TOP_P = "top_p"  # FP32
-SEED = "seed"  # UINT64
-STOP_WORDS = "stop_words"  # BYTES [1, n]
-END_ID = "end_id"  # INT32, an extra token id that ends generation
-# DeepSpec additions.
-EXTRA_MESSAGES_JSON = "messages_json"  # BYTES, a JSON list of {"role","content"}: the worker applies the chat template
-EXTRA_IGNORE_EOS = "ignore_eos"  # BOOL
-RETURN_LOG_PROBS = "return_log_probs"  # BOOL, TensorRT-LLM's name: send the generated tokens' logprobs
-INPUT_IDS = "input_ids"  # INT32 [1, n], the prompt as token ids (TensorRT-LLM's name); text_input is then empty
-EXTRA_TOP_LOGPROBS = "top_logprobs"  # INT32, alternatives per generated position (0..MAX_TOP_LOGPROBS)
-EXTRA_PROMPT_LOGPROBS = "prompt_logprobs"  # INT32, score the prompt with this many alternatives; absent = off
-EXTRA_LOGPROBS_MODE = "logprobs_mode"  # BYTES, "raw_logprobs" (absent) or "processed_logprobs" (vLLM's names)
-EXTRA_STRUCTURED_OUTPUT = "structured_output"  # BYTES, a Constraint's JSON: the output must match it; absent = free
-NUM_RETURN_SEQUENCES = "num_return_sequences"  # INT32, sequences from this prompt (TensorRT-LLM's name); absent = 1
-EXTRA_MAX_DRAFT_TOKENS = "max_draft_tokens"  # INT32, draft tokens verified per round at most (0 = off); absent = auto
-EXTRA_SERVICE_CLASS = "service_class"  # BYTES, the request's service class (SERVICE_CLASSES); absent = "standard"
-EXTRA_SESSION = "session"  # BYTES, the session key whose earlier answers may draft this request; absent = no memory
+from deepspec_protocol import triton_contract as _contract
 
-# Outputs.
-TEXT_OUTPUT = "text_output"  # BYTES: new text (stream) or the whole completion (ModelInfer)
+_NAMES = _contract.ENSEMBLE_NAMES
+
+# Inputs: the Triton contract's ensemble names (one table, deepspec_protocol/triton_contract.py ENSEMBLE_NAMES),
+# shape [1, 1] except stop_words and input_ids [1, n].
+TEXT_INPUT = _NAMES["prompt"]  # BYTES, UTF-8 prompt text (rendered; may be empty when EXTRA_MESSAGES_JSON is sent)
+MAX_TOKENS = _NAMES["max_tokens"]  # INT32
+STREAM = _NAMES["stream"]  # BOOL
+TEMPERATURE = _NAMES["temperature"]  # FP32
+TOP_K = _NAMES["top_k"]  # INT32
+TOP_P = _NAMES["top_p"]  # FP32
+SEED = _NAMES["seed"]  # UINT64
+STOP_WORDS = _NAMES["stop"]  # BYTES [1, n]
+END_ID = _NAMES["end_id"]  # INT32, an extra token id that ends generation
+# DeepSpec additions.
+EXTRA_MESSAGES_JSON = _NAMES["messages"]  # BYTES, a JSON list of {"role","content"}: the worker renders the template
+EXTRA_IGNORE_EOS = _NAMES["ignore_eos"]  # BOOL
+RETURN_LOG_PROBS = _NAMES["return_log_probs"]  # BOOL, TensorRT-LLM's name: send the generated tokens' logprobs
+INPUT_IDS = _NAMES["prompt_token_ids"]  # INT32 [1, n], the prompt as token ids (TensorRT-LLM's name); text_input empty
+EXTRA_TOP_LOGPROBS = _NAMES["top_logprobs"]  # INT32, alternatives per generated position (0..MAX_TOP_LOGPROBS)
+EXTRA_PROMPT_LOGPROBS = _NAMES["prompt_logprobs"]  # INT32, score the prompt with this many alternatives; absent = off
+EXTRA_LOGPROBS_MODE = _NAMES["logprobs_mode"]  # BYTES, "raw_logprobs" (absent) or "processed_logprobs" (vLLM's names)
+EXTRA_STRUCTURED_OUTPUT = _NAMES["structured_output"]  # BYTES, a Constraint's JSON: the output must match it
+NUM_RETURN_SEQUENCES = _NAMES["num_return_sequences"]  # INT32, sequences from this prompt (TensorRT-LLM's name)
+EXTRA_MAX_DRAFT_TOKENS = _NAMES["max_draft_tokens"]  # INT32, draft tokens verified per round at most (0 = off)
+EXTRA_SERVICE_CLASS = _NAMES["service_class"]  # BYTES, the request's service class (SERVICE_CLASSES); absent = standard
+EXTRA_SESSION = _NAMES["memory_session"]  # BYTES, the session key whose earlier answers may draft this request
+
+# Outputs: text and finish reason as the Triton contract names them (its FINISH_REASONS are the values), the counts
+# DeepSpec's own.
+TEXT_OUTPUT = _contract.TEXT_OUTPUT  # BYTES: new text (stream) or the whole completion (ModelInfer)
 NUM_DRAFT_TOKENS = "num_draft_tokens"  # INT32, cumulative
 NUM_ACCEPTED_TOKENS = "num_accepted_tokens"  # INT32, cumulative
 EXTRA_NUM_PROMPT_TOKENS = "num_prompt_tokens"  # INT32, exact prompt length after tokenization / chat template
 EXTRA_NUM_OUTPUT_TOKENS = "num_output_tokens"  # INT32, cumulative generated tokens
 EXTRA_NUM_SPEC_STEPS = "num_spec_steps"  # INT32, cumulative verify rounds that had drafts
-EXTRA_FINISH_REASON = "finish_reason"  # BYTES, on each sequence's last response: "stop" | "length" | "abort"
+EXTRA_FINISH_REASON = _contract.FINISH_REASON  # BYTES, on each sequence's last response: one of FINISH_REASONS
+FINISH_REASONS = _contract.FINISH_REASONS
 SEQUENCE_INDEX = "sequence_index"  # INT32, which of the request's sequences this response belongs to (0..n-1)
 
 

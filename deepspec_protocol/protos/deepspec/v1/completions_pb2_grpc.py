@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from service.protos.deepspec.v1 import completions_pb2 as service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in service/protos/deepspec/v1/completions_pb2_grpc.py depends on'
+        + ' but the generated code in deepspec_protocol/protos/deepspec/v1/completions_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class CompletionsStub:
         """
         self.Complete = channel.unary_unary(
                 '/deepspec.v1.Completions/Complete',
-                request_serializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.SerializeToString,
-                response_deserializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionResponse.FromString,
+                request_serializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.SerializeToString,
+                response_deserializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionResponse.FromString,
                 _registered_method=True)
         self.CompleteStream = channel.unary_stream(
                 '/deepspec.v1.Completions/CompleteStream',
-                request_serializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.SerializeToString,
-                response_deserializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionChunk.FromString,
+                request_serializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.SerializeToString,
+                response_deserializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionChunk.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/deepspec.v1.Completions/Abort',
-                request_serializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortRequest.SerializeToString,
-                response_deserializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortResponse.FromString,
+                request_serializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortRequest.SerializeToString,
+                response_deserializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortResponse.FromString,
                 _registered_method=True)
 
 
@@ -81,18 +81,18 @@ def add_CompletionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Complete': grpc.unary_unary_rpc_method_handler(
                     servicer.Complete,
-                    request_deserializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.FromString,
-                    response_serializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionResponse.SerializeToString,
+                    request_deserializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.FromString,
+                    response_serializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionResponse.SerializeToString,
             ),
             'CompleteStream': grpc.unary_stream_rpc_method_handler(
                     servicer.CompleteStream,
-                    request_deserializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.FromString,
-                    response_serializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionChunk.SerializeToString,
+                    request_deserializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.FromString,
+                    response_serializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionChunk.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
-                    request_deserializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortRequest.FromString,
-                    response_serializer=service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortResponse.SerializeToString,
+                    request_deserializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortRequest.FromString,
+                    response_serializer=deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -120,8 +120,8 @@ class Completions:
             request,
             target,
             '/deepspec.v1.Completions/Complete',
-            service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.SerializeToString,
-            service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionResponse.FromString,
+            deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.SerializeToString,
+            deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -147,8 +147,8 @@ class Completions:
             request,
             target,
             '/deepspec.v1.Completions/CompleteStream',
-            service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.SerializeToString,
-            service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionChunk.FromString,
+            deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionRequest.SerializeToString,
+            deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.CompletionChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -174,8 +174,8 @@ class Completions:
             request,
             target,
             '/deepspec.v1.Completions/Abort',
-            service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortRequest.SerializeToString,
-            service_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortResponse.FromString,
+            deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortRequest.SerializeToString,
+            deepspec__protocol_dot_protos_dot_deepspec_dot_v1_dot_completions__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -109,7 +109,14 @@ ROLE_DATATYPES = {
 
 # Outputs (both dialects).
 TEXT_OUTPUT = "text_output"  # BYTES: new text (stream) or the whole completion
-FINISH_REASON = "finish_reason"  # BYTES: "" until the last response, then "stop" | "length" | "cancelled"
+FINISH_REASON = "finish_reason"  # BYTES: "" until a sequence's last response, then one of FINISH_REASONS
+#: why a sequence ended, the one set of values on the wire (and the gateway's `status` metric label): EOS or a stop
+#: string, max_tokens or a full context, a request cancelled or failed mid-way. DeepSpec's worker and the exported
+#: LLM-API model send these; a stock TensorRT-LLM model may also send its own "cancelled" or "timeout"
+FINISH_REASONS = ("stop", "length", "abort")
+#: TensorRT-LLM's `CompletionOutput.finish_reason` values (tensorrt_llm/executor/result.py) as FINISH_REASONS: the
+#: exported LLM-API model translates with this table
+TRTLLM_FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort", "timeout": "abort"}
 ACCEPTANCE_RATE = "acceptance_rate"  # FP32
 TOTAL_ACCEPTED_DRAFT_TOKENS = "total_accepted_draft_tokens"  # INT32, cumulative
 TOTAL_DRAFT_TOKENS = "total_draft_tokens"  # INT32, cumulative
@@ -134,7 +141,7 @@ def _inputs(names: dict[str, str | None], required: tuple[str, ...],
                  for role, name in names.items() if name is not None)
 
 
-#: the generated tokens' scores, one row per token, as DeepSpec's worker sends them (service/protocol.py
+#: the generated tokens' scores, one row per token, as DeepSpec's worker sends them (deepspec_protocol/worker.py
 #: OUTPUT_SCORES and ScoreTensors, mirrored: this file imports nothing): the log_probs, token_ids and tokens columns
 #: [n], the likeliest alternatives' [n, k], sent only when the request asked for some
 SCORE_OUTPUTS = (
@@ -157,9 +164,9 @@ LLMAPI_OUTPUTS = (
 #: required); DeepSpec's additions are left out: the ensemble's preprocessing model is upstream's and reads none of
 #: them (nor does it turn `return_log_probs` into token texts), and so is `num_return_sequences`, which the exported
 #: ensemble does not wire to its engine (a gateway asks it for n sequences as n requests instead)
+_NOT_IN_UPSTREAM_ENSEMBLE = ("messages", "ignore_eos", "num_return_sequences", *FEATURE_OF_ROLE, *ADVISORY)
 ENSEMBLE_INPUTS = _inputs({role: name for role, name in ENSEMBLE_NAMES.items()
-                           if role not in ("messages", "ignore_eos", "num_return_sequences", *FEATURE_OF_ROLE, *ADVISORY)},
-                          ("prompt", "max_tokens"), (1,))
+                           if role not in _NOT_IN_UPSTREAM_ENSEMBLE}, ("prompt", "max_tokens"), (1,))
 ENSEMBLE_OUTPUTS = (
     TensorSpec(TEXT_OUTPUT, "BYTES", (-1,)), TensorSpec(ACCEPTANCE_RATE, "FP32"),
     TensorSpec(TOTAL_ACCEPTED_DRAFT_TOKENS, "INT32"), TensorSpec(TOTAL_DRAFT_TOKENS, "INT32"),

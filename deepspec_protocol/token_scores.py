@@ -1,5 +1,5 @@
 """Scored tokens on the wire: one `TokenScore` per token, written by the worker and read by the gateway as the
-columns of a `ScoreTensors` table (service/protocol.py).
+columns of a `ScoreTensors` table (deepspec_protocol/worker.py).
 
 A token travels with its text because the gateway has no tokenizer: it renders OpenAI's logprobs shapes (and the
 gRPC API's) from these records alone. Rows are tokens; the alternatives are [n, k] tensors, so a table is
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import service_pb2
 
-from service import tensors
-from service.protocol import ScoreTensors
+from deepspec_protocol import tensors
+from deepspec_protocol.worker import ScoreTensors
 
 
 @dataclass(frozen=True)
