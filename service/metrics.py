@@ -13,8 +13,9 @@ on the speculative-decoding metrics, so acceptance can be read per class. Useful
                                / rate(deepspec:spec_decode_num_draft_tokens_total[5m])
     tokens per forward     = rate(deepspec:spec_decode_num_forward_tokens_total[5m])
                                / rate(deepspec:spec_decode_num_forwards_total[5m])
-        (every target pass a request took part in, drafted or not: 1.0 = speculation bought nothing, however
-        high τ is on the few rounds that drafted; workers only)
+        (every decode round a request took part in, drafted or not, its accepted drafts + 1 over its rounds, as
+        AcceptanceStats.tokens_per_forward and eval.json count it: 1.0 = speculation bought nothing, however high
+        τ is on the few rounds that drafted; workers only)
     p99 TTFT               = histogram_quantile(0.99, sum by (le) (rate(deepspec:time_to_first_token_seconds_bucket[5m])))
 """
 
@@ -46,8 +47,8 @@ SPEC_DECODE_NUM_DRAFT_TOKENS_TOTAL = "deepspec:spec_decode_num_draft_tokens_tota
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL = "deepspec:spec_decode_num_accepted_tokens_total"
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL = "deepspec:spec_decode_num_accepted_tokens_per_pos_total"  # label `position`
 SPEC_DECODE_ACCEPTANCE_LENGTH = "deepspec:spec_decode_acceptance_length"  # histogram: τ of each drafted round
-SPEC_DECODE_NUM_FORWARDS_TOTAL = "deepspec:spec_decode_num_forwards_total"  # target passes per request, all rounds
-SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL = "deepspec:spec_decode_num_forward_tokens_total"  # tokens those passes committed
+SPEC_DECODE_NUM_FORWARDS_TOTAL = "deepspec:spec_decode_num_forwards_total"  # decode rounds, drafted or not
+SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL = "deepspec:spec_decode_num_forward_tokens_total"  # accepted + 1 per round
 
 # Routing state on the gateway, label `worker` (no vLLM equivalent).
 GATEWAY_NUM_REQUESTS_OUTSTANDING = "deepspec:gateway_num_requests_outstanding"  # sent to a worker, not finished
@@ -194,17 +195,17 @@ class WorkerMetrics(_LatencyMetrics):
             ("model", "class"), buckets=ACCEPTANCE_LENGTH_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.spec_decode_num_forwards = Counter(
-            SPEC_DECODE_NUM_FORWARDS_TOTAL, "Target passes that committed a request's tokens, drafted or not.",
+            SPEC_DECODE_NUM_FORWARDS_TOTAL, "Decode rounds (target verify passes) of requests, drafted or not.",
             ("model", "class"), registry=self.registry)
         self.spec_decode_num_forward_tokens = Counter(
-            SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL, "Tokens committed by those target passes.", ("model", "class"),
-            registry=self.registry)
+            SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL, "Tokens those rounds committed (accepted drafts + 1 each).",
+            ("model", "class"), registry=self.registry)
 
-    def observe_forwards(self, num_forwards: int, num_tokens: int,
-                         service_class: str = DEFAULT_SERVICE_CLASS) -> None:  # fmt: skip
-        """`num_forwards` target passes of one request of `service_class` committed `num_tokens` tokens."""
-        self.spec_decode_num_forwards.labels(self.model, service_class).inc(num_forwards)
-        self.spec_decode_num_forward_tokens.labels(self.model, service_class).inc(num_tokens)
+    def observe_decode_round(self, num_accepted_tokens: int, service_class: str = DEFAULT_SERVICE_CLASS) -> None:
+        """One decode round of one request of `service_class`, drafted or not: it committed its accepted drafts and
+        the target's own token."""
+        self.spec_decode_num_forwards.labels(self.model, service_class).inc()
+        self.spec_decode_num_forward_tokens.labels(self.model, service_class).inc(1 + num_accepted_tokens)
 
     def observe_spec_round(self, num_draft_tokens: int, num_accepted_tokens: int,
                            service_class: str = DEFAULT_SERVICE_CLASS) -> None:  # fmt: skip

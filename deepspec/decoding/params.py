@@ -109,9 +109,6 @@ class StepOutput:
     num_accepted_tokens: int = 0
     #: tokens scored for this request in this step's verify pass (its pending token + its drafts; 0 at prefill)
     num_verify_tokens: int = 0
-    #: target passes that committed these tokens: 1, or 2 where a step's prefill and its first round merged. Tokens
-    #: per forward over all of a request's passes (drafted or not) is what speculation bought it
-    num_forwards: int = 1
     #: aligned with new_token_ids when the request asked for logprobs; else None
     logprobs: list[TokenLogprob] | None = None
     #: when the request asked for logprobs and a stop token (EOS, stop_token_ids) ended it: that token's logprob.
@@ -130,7 +127,6 @@ class StepOutput:
         self.num_draft_tokens += more.num_draft_tokens
         self.num_accepted_tokens += more.num_accepted_tokens
         self.num_verify_tokens += more.num_verify_tokens
-        self.num_forwards += more.num_forwards
         if self.logprobs is not None and more.logprobs is not None:
             self.logprobs.extend(more.logprobs)
         self.stop_logprob = more.stop_logprob

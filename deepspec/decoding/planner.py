@@ -41,6 +41,12 @@ EXPLORE_ROUNDS_SETTLED = 128
 EXPLORE_MAX_COST = 2.0
 #: served passes per size before exploring it becomes rare
 MIN_SERVED = 3
+#: exploring may cost at most this share of the verify time served: what exploring passes took beyond the
+#: target-only step the curve predicts for their rows. Depth 1 is always a candidate (the curve that says it is dear
+#: may be the disturbed one), and at 8 rows on a compute-bound CPU it verifies twice the tokens of a step, or more:
+#: unbounded, three exploring passes per start were most of what a concurrency-8 benchmark lost. Where exploring
+#: is cheap (one row, a flat curve) the share still allows it every EXPLORE_ROUNDS rounds
+EXPLORE_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,9 @@ class BudgetPlanner(RoundPlanner):
         self._round_survival: dict[int, list[list[float]]] = {}
         #: the depth this round explores, where it does (`_exploring`)
         self._explore: int | None = None
+        #: seconds of verify passes served, and what exploring passes took beyond a target-only step (EXPLORE_SHARE)
+        self._served_seconds = 0.0
+        self._explore_seconds = 0.0
 
     @property
     def step_time(self) -> StepTimeModel | None:
@@ -282,6 +291,10 @@ class BudgetPlanner(RoundPlanner):
         """Learn from a served pass (step_timing.ServedSteps): its seconds less the modelled attention, at its size."""
         if not self._online:
             return
+        self._served_seconds += seconds
+        if self._explore:
+            target_only = self._step_time.seconds(num_rows) + self._start_curve.per_key_query * context_keys
+            self._explore_seconds += max(0.0, seconds - target_only)
         seconds -= self._start_curve.per_key_query * tokens_per_row * context_keys
         if self._start_curve.rows_serial and num_rows > 1 and tokens_per_row > 1:
             self.served.add(tokens_per_row, seconds / num_rows)
@@ -306,11 +319,14 @@ class BudgetPlanner(RoundPlanner):
         batch (EXPLORE_ROUNDS_SETTLED once every candidate has MIN_SERVED passes), the candidate depth whose pass
         size the served passes have measured least (ties: the shallower). Candidates grow one depth at a time:
         0 .. one past the deepest depth measured MIN_SERVED times, and not past a depth whose pass already costs
-        EXPLORE_MAX_COST target-only steps, so exploring never verifies a block far dearer than a step."""
+        EXPLORE_MAX_COST target-only steps, so exploring never verifies a block far dearer than a step; and none while
+        what exploring cost is over EXPLORE_SHARE of the time served."""
         if not self._online or not rows or not all(s.params.greedy for s in rows):
             return None
         self._rounds += 1
         if self._rounds % EXPLORE_ROUNDS:  # every exploring round is one (EXPLORE_ROUNDS divides the settled period)
+            return None
+        if self._explore_seconds > EXPLORE_SHARE * self._served_seconds:
             return None
         size = [self._pass_size(len(rows), d) for d in range(self._shape.num_speculative_tokens + 1)]
         top = 1

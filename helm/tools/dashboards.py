@@ -219,6 +219,12 @@ def spec_decode() -> dict:
                                                 "{{model}}")], "short",
               description="Tokens per verify step, bonus token included: 1 + accepted / drafts. "
                           "1.0 means the draft never helps."),
+        panel("Tokens per target forward", [target(
+            f"sum by (model) ({rate('deepspec:spec_decode_num_forward_tokens_total', sel=WK)})"
+            f" / sum by (model) ({rate('deepspec:spec_decode_num_forwards_total', sel=WK)})", "{{model}}")], "short",
+              description="Tokens committed per decode round over all rounds, drafted or not (workers' own series): "
+                          "what speculation bought. 1.0 means nothing, however high the acceptance length above "
+                          "is on the rounds that drafted."),
         panel("Acceptance by draft position", [
             target(f"sum by (position) ({per_pos}) / ignoring(position) group_left() sum({worker_drafts})",
                    "position {{position}}"),

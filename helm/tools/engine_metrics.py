@@ -36,7 +36,7 @@ PREFIX = "deepspec_engine:"
 #: placeholders the chart's templates replace with a scrape job's selector (`job="…", namespace="…"`): the workers',
 #: the gateways', and both (the copies this release's rules recorded)
 WORKER, GATEWAY, OWN = "@worker@", "@gateway@", "@own@"
-#: the window of the rate-derived recordings (acceptance rate, mean acceptance length)
+#: the window of the rate-derived recordings (acceptance rate, mean acceptance length, tokens per forward)
 WINDOW = "5m"
 
 
@@ -68,6 +68,8 @@ SIGNALS = {
     "spec_decode_num_draft_tokens_total": ("counter", "draft tokens proposed"),
     "spec_decode_num_accepted_tokens_total": ("counter", "draft tokens the target accepted"),
     "spec_decode_num_drafts_total": ("counter", "drafts verified (verify rounds with a draft)"),
+    "spec_decode_num_forwards_total": ("counter", "decode rounds (target passes) of requests, drafted or not"),
+    "spec_decode_num_forward_tokens_total": ("counter", "tokens those rounds committed: accepted drafts + 1 each"),
     "spec_decode_acceptance_rate": ("gauge", "the engine's own running acceptance ratio (no counters)"),
     "spec_decode_acceptance_length": ("gauge", "the engine's own mean tokens per verify round (no counters)"),
 }
@@ -95,6 +97,8 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "spec_decode_num_draft_tokens_total": Source("deepspec:spec_decode_num_draft_tokens_total", _DS),
         "spec_decode_num_accepted_tokens_total": Source("deepspec:spec_decode_num_accepted_tokens_total", _DS),
         "spec_decode_num_drafts_total": Source("deepspec:spec_decode_num_drafts_total", _DS),
+        "spec_decode_num_forwards_total": Source("deepspec:spec_decode_num_forwards_total", _DS),
+        "spec_decode_num_forward_tokens_total": Source("deepspec:spec_decode_num_forward_tokens_total", _DS),
     },
     "triton": {
         "num_requests_waiting": Source("deepspec_llmapi_num_requests_waiting", _LLMAPI),
@@ -166,6 +170,16 @@ MISSING = {
                                                             "(added after 1.2)",
     ("trtllm-serve", "spec_decode_num_accepted_tokens_total"): "as above",
     ("trtllm-serve", "spec_decode_num_drafts_total"): "as above",
+    ("trtllm-serve", "spec_decode_num_forwards_total"): "as above",
+    ("trtllm-serve", "spec_decode_num_forward_tokens_total"): "as above",
+    ("triton", "spec_decode_num_forwards_total"): "Triton's response outputs carry the draft counts, not the "
+                                                  "target passes a request took",
+    ("triton", "spec_decode_num_forward_tokens_total"): "as above",
+    ("vllm", "spec_decode_num_forwards_total"): "metrics.py counts only steps that drafted (num_drafts); no "
+                                                "per-request count of all target passes",
+    ("vllm", "spec_decode_num_forward_tokens_total"): "as above",
+    ("sglang", "spec_decode_num_forwards_total"): "collector.py exports acceptance only as gauges",
+    ("sglang", "spec_decode_num_forward_tokens_total"): "as above",
 }
 
 #: the request outcome when an engine's counter carries none (SGLang counts finished requests only)
@@ -197,7 +211,8 @@ def _rate(signal: str) -> str:
 
 def _derived(signals: dict[str, Source]) -> list[dict]:
     """Acceptance rate and mean acceptance length per model: from the counters where the engine has them, else
-    the engine's own gauge (`or`: a runtime with both answers from its counters)."""
+    the engine's own gauge (`or`: a runtime with both answers from its counters); tokens per target forward over
+    all rounds where the engine counts every pass."""
     rules = []
     rate_forms, length_forms = [], []
     if {"spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"} <= signals.keys():
@@ -210,8 +225,13 @@ def _derived(signals: dict[str, Source]) -> list[dict]:
                             f" / {_rate('spec_decode_num_drafts_total')}")
     if "spec_decode_acceptance_length" in signals:
         length_forms.append(f"avg by ({BY}) ({PREFIX}spec_decode_acceptance_length{{{OWN}}})")
+    forward_forms = []
+    if {"spec_decode_num_forwards_total", "spec_decode_num_forward_tokens_total"} <= signals.keys():
+        forward_forms.append(f"{_rate('spec_decode_num_forward_tokens_total')}"
+                             f" / {_rate('spec_decode_num_forwards_total')}")
     for name, forms in (("spec_decode_acceptance_rate", rate_forms), ("spec_decode_mean_acceptance_length",
-                                                                      length_forms)):
+                                                                      length_forms),
+                        ("spec_decode_tokens_per_forward", forward_forms)):
         if forms:
             rules.append({"record": f"{PREFIX}{name}:rate{WINDOW}",
                           "expr": " or ".join(f"({f})" for f in forms) if len(forms) > 1 else forms[0]})

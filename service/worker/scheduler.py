@@ -275,7 +275,8 @@ class Scheduler:
                 num_accepted_tokens=stats.num_accepted_tokens + out.num_accepted_tokens,
                 num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0),
             )  # fmt: skip
-            m.observe_forwards(out.num_forwards, len(out.new_token_ids), request.service_class)
+            if out.num_verify_tokens:  # a decode round (a step holds one at most, after its prefill's first token)
+                m.observe_decode_round(out.num_accepted_tokens, request.service_class)
             if out.num_draft_tokens > 0:
                 m.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens, request.service_class)
                 self.load.observe_round(request.service_class, out.num_accepted_tokens)

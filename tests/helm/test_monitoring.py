@@ -331,7 +331,7 @@ ENGINE_MODEL = "Qwen/Qwen3-8B"
 #: gauge says 2.9: its counters, where present, win.
 EXPECTED = {
     "deepspec": {"model": "smollm2-135m", "spec_model": "smollm2-135m", "spec_job": "worker", "rate": 0.75,
-                 "length": 3.25, "statuses": {"stop": 153, "length": 39}},
+                 "length": 3.25, "per_forward": 3.0, "statuses": {"stop": 153, "length": 39}},
     "triton": {"model": "tensorrt_llm", "spec_model": "smollm2-135m", "spec_job": "gateway", "rate": 0.7,
                "length": 3.1, "statuses": {"stop": 153, "length": 39}},
     "vllm": {"model": ENGINE_MODEL, "spec_model": ENGINE_MODEL, "spec_job": "worker", "rate": 0.7, "length": 3.1,
@@ -399,6 +399,9 @@ def test_recording_rules_normalise_each_runtimes_metrics(tmp_path, runtime):
              "exp_samples": [sample(spec_labels, want["rate"])]},
             {"expr": "round(deepspec_engine:spec_decode_mean_acceptance_length:rate5m, 0.001)", "eval_time": "10m",
              "exp_samples": [sample(spec_labels, want["length"])]}]
+    if "per_forward" in want:  # only an engine that counts its rounds without drafts can say it
+        expr_tests.append({"expr": "round(deepspec_engine:spec_decode_tokens_per_forward:rate5m, 0.001)",
+                           "eval_time": "10m", "exp_samples": [sample(spec_labels, want["per_forward"])]})
     for histogram in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
         expr_tests.append({"expr": f'count by (model) (deepspec_engine:{histogram}_bucket{{le="+Inf"}})',
                            "eval_time": "10m", "exp_samples": [sample(latency_model, 1)]})

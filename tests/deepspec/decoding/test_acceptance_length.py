@@ -12,7 +12,8 @@ import torch
 from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
 from deepspec.decoding.params import AcceptanceStats
-from service.metrics import SPEC_DECODE_ACCEPTANCE_LENGTH, WorkerMetrics
+from service.metrics import (SPEC_DECODE_ACCEPTANCE_LENGTH, SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL,
+                             SPEC_DECODE_NUM_FORWARDS_TOTAL, WorkerMetrics)
 from deepspec_protocol.worker import RequestStats
 from tests.conftest import make_tiny_target
 from training.evaluate import summarize
@@ -71,6 +72,8 @@ def test_engine_eval_and_worker_agree_on_one_run(run):
                         num_draft_tokens=stats.num_draft_tokens + out.num_draft_tokens,
                         num_accepted_tokens=stats.num_accepted_tokens + out.num_accepted_tokens,
                         num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0))
+        if out.num_verify_tokens:  # as the scheduler: every decode round, drafted or not
+            metrics.observe_decode_round(out.num_accepted_tokens)
         if out.num_draft_tokens > 0:
             metrics.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens)
     histogram = {s.name.removeprefix(SPEC_DECODE_ACCEPTANCE_LENGTH): s.value for m in metrics.registry.collect()
@@ -79,6 +82,11 @@ def test_engine_eval_and_worker_agree_on_one_run(run):
     mean_observed = histogram["_sum"] / histogram["_count"]
     assert result.acceptance_length == tau == stats.acceptance_length == mean_observed == 3.0
     assert stats.num_spec_steps == result.num_drafted_steps == 4
+    counted = {m.name: sum(s.value for s in m.samples if s.name.endswith("_total")) for m in metrics.registry.collect()}
+    forwards = counted[SPEC_DECODE_NUM_FORWARDS_TOTAL.removesuffix("_total")]
+    forward_tokens = counted[SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL.removesuffix("_total")]
+    assert forwards == result.num_steps == 8  # the empty rounds too
+    assert forward_tokens / forwards == result.tokens_per_forward == 2.0  # (8 accepted + 8 rounds) / 8
 
 
 def test_a_request_that_never_drafted_has_no_tau():

@@ -12,6 +12,7 @@ import pytest
 from deepspec.decoding import step_timing
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
+from deepspec.decoding import planner as planner_module
 from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.step_timing import ServedSteps, StepCurveCache
 from deepspec.decoding.verify_budget import StepTimeModel
@@ -172,3 +173,35 @@ def test_the_float_step_time_is_the_tensor_one():
     and beyond the probed sizes."""
     model = StepTimeModel([(1, 0.005), (2, 0.0061), (4, 0.0083), (8, 0.0127), (16, 0.021), (32, 0.0405)])
     assert [model.seconds(n) for n in range(0, 70)] == [model.predict(n) for n in range(0, 70)]
+
+
+class CliffStub(ClockedStub):
+    """A compute-bound CPU at 8 rows: a pass of up to 8 tokens takes 5 ms, any longer one 20 ms."""
+
+    def forward(self, tokens, start, cache=None, **kw):
+        self.clock[0] += (0.005 if tokens.numel() <= 8 else 0.020) - 0.005  # ClockedStub adds its own 5 ms
+        return super().forward(tokens, start, cache, **kw)
+
+
+DEFAULT_SHARE = planner_module.EXPLORE_SHARE
+
+
+@pytest.mark.parametrize("share", [None, 1.0])
+def test_exploring_at_eight_rows_costs_at_most_its_share_of_the_time_served(fake_clock, monkeypatch, share):
+    """Drafting never pays here (every drafted round of 8 rows costs four steps), and the probe knew it; exploring
+    still verifies depth 1 now and then, in case the probe was wrong, but only while what it cost beyond
+    target-only steps stays within EXPLORE_SHARE of the time served. Control: with no bound it explores depth 1
+    MIN_SERVED times in the same run, three times the share."""
+    if share is not None:
+        monkeypatch.setattr(planner_module, "EXPLORE_SHARE", share)
+    target = CliffStub(fake_clock)
+    target.ms = (5.0, 0.0)
+    engine = SpecEngine(target, StubDrafter(), max_batch_size=8, max_seq_len=512, num_speculative_tokens=4,
+                        planner=BudgetPlanner())
+    engine.generate(_prompts(target, 16), SamplingParams(max_tokens=64, ignore_eos=True))
+    planner = engine.planner
+    spent, served = planner._explore_seconds, planner._served_seconds
+    if share is None:
+        assert spent <= DEFAULT_SHARE * served + 0.015  # the share, and one pass beyond it
+    else:
+        assert spent > 3 * DEFAULT_SHARE * served
