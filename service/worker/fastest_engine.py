@@ -147,17 +147,9 @@ def onnx_blocker(settings) -> str | None:
         return f"it runs on CPU only (--device {settings.device})"
     if importlib.util.find_spec("onnxruntime") is None:
         return "onnxruntime is not installed (pip install 'deepspec[export]')"
-    from export.errors import ExportError
-    from export.onnx.graph import UnsupportedTarget, check_supported
-    from export.sources import open_target
+    from export.api import onnx_unsupported_reason
 
-    try:
-        check_supported(open_target(settings.target).arch)
-    except UnsupportedTarget as e:
-        return str(e)
-    except ExportError as e:
-        return str(e)
-    return None
+    return onnx_unsupported_reason(settings.target)
 
 
 def native_blocker(settings) -> str | None:
@@ -239,16 +231,15 @@ def ensure_onnx_export(settings, out: Path) -> Path:
     interrupted export leaves nothing behind, and the next start exports again). RuntimeError when it fails."""
     if (out / "manifest.json").is_file():
         return out
-    from export.cli import main as export_main
+    from export.api import ExportError, ExportRequest, export_bundle
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    argv = ["--format", "onnx", "--quantization", "auto", "--target", settings.target, "--draft", settings.draft,
-            "--out", str(out), "--force"]
-    if settings.chat_template:
-        argv += ["--chat-template", settings.chat_template]
     logger.info("exporting the ONNX engine for %s into %s (first start on this machine)", settings.target, out)
-    if export_main(argv) != 0:
-        raise RuntimeError(f"python -m export {' '.join(argv)} exited non-zero (its error is above)")
+    try:
+        export_bundle(ExportRequest(format="onnx", out=out, target=settings.target, draft=settings.draft,
+                                    chat_template=settings.chat_template, quantization="auto", force=True))
+    except ExportError as e:
+        raise RuntimeError(f"the ONNX export for {settings.target} failed: {e}") from e
     return out
 
 
@@ -277,7 +268,7 @@ def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = F
 
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
     from deepspec.models.step_curve import cpu_flags, curve_record, drafter_acceptance_length
-    from export.onnx.decode_rate import measure_served_rates
+    from export.api import measure_served_rates
 
     onnx_meta = json.loads((onnx_dir / "onnx.json").read_text()) if onnx_dir is not None else {}
     candidates = _candidates(settings, onnx_dir, onnx_meta, native)
@@ -328,8 +319,7 @@ def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) 
     from deepspec.decoding.draft_time import measure_draft_time
     from deepspec.models import load_target
     from deepspec.models.step_curve import measure_recorded_curve, recorded_curve
-    from export.onnx.decode_rate import served_drafter
-    from export.onnx.exporter import exported_draft_dir
+    from export.api import exported_draft_dir, served_drafter
 
     draft_dir = exported_draft_dir(onnx_dir, onnx_meta) if onnx_dir is not None else _draft_dir(settings.draft)
     out, depth = _Candidates(draft_dir), settings.num_speculative_tokens

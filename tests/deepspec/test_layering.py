@@ -1,5 +1,10 @@
 """The layers import downward only.
 
+- No stage imports another (training, export, service, loadtest): each imports the library (deepspec/), the worker
+  protocol (deepspec_protocol/) and the verification ops (plugins/); the worker reaches export only through its
+  library call (export/api.py). The console-script dispatcher (deepspec/cli.py) starts the stages; bench/ and tests/
+  are above them all.
+
 - The model layer never imports the decoding layer: deepspec.models sits below deepspec.decoding, whose drafter
   registry maps names and draft directories to Drafters (an import the other way would bring back the cycle).
 - The verification ops (plugins/) sit below the engine, which calls them (deepspec/decoding/verify.py): plugins/
@@ -234,3 +239,63 @@ def test_the_service_loads_targets_and_drafters_only_through_the_one_loader_and_
     loaders run an export's own draft through its graphs): no second path through the ONNX backend's modules."""
     offenders = _offenders(ROOT / "service", ("deepspec.models.onnx_target", "deepspec.decoding.drafters.onnx_graphs"))
     assert not offenders, offenders
+
+
+#: the stages (python -m <stage>), the library they share, and the protocol the serving stages speak
+STAGES = ("training", "export", "service", "loadtest")
+LIBRARY, PROTOCOL, VERIFY_OPS = "deepspec", "deepspec_protocol", "plugins"
+#: what each package may import of ours: every stage the library, the protocol and the verification ops; the library
+#: the ops; the ops and the protocol nothing. The one edge between stages is a library call: the worker exports the
+#: ONNX bundle it serves on its first start through export's API (export/api.py), never its CLI or its internals.
+ALLOWED_IMPORTS = {
+    **{stage: (LIBRARY, PROTOCOL, VERIFY_OPS) for stage in STAGES},
+    "service": (LIBRARY, PROTOCOL, VERIFY_OPS, "export.api"),
+    LIBRARY: (VERIFY_OPS,),
+    PROTOCOL: (),
+    VERIFY_OPS: (),
+}
+#: the console-script dispatcher (`deepspec serve|train|export|...`) starts the stages: the library's one module above
+#: them; bench/ and tests/ measure and check every stage and are no stage themselves
+DISPATCHERS = ("deepspec/cli.py",)
+
+
+def _allowed(module: str, allowed: tuple[str, ...]) -> bool:
+    """`module` is under an allowed package, or is a package an allowed module sits in (`from export import api`)."""
+    return _is_under(module, allowed) or any(a.startswith(module + ".") for a in allowed)
+
+
+def stage_edges(root: Path) -> list[str]:
+    """`path:line imports module` for every import (lazy and dynamic ones included) from one of our packages into
+    another that ALLOWED_IMPORTS does not allow."""
+    ours = tuple(ALLOWED_IMPORTS)
+    offenders = []
+    for package, allowed in ALLOWED_IMPORTS.items():
+        for path in sorted((root / package).rglob("*.py")):
+            if str(path.relative_to(root)) in DISPATCHERS:
+                continue
+            for line, module in _imported_modules(ast.parse(path.read_text(), str(path))):
+                if _is_under(module, ours) and not _is_under(module, (package,)) and not _allowed(module, allowed):
+                    offenders.append(f"{path.relative_to(root)}:{line} imports {module}")
+    return offenders
+
+
+def test_no_stage_imports_another_but_through_the_allowed_library_calls():
+    offenders = stage_edges(ROOT)
+    assert not offenders, offenders
+
+
+def test_the_stage_check_catches_an_edge(tmp_path):  # negative control: the check above can fail
+    for package in ALLOWED_IMPORTS:
+        (tmp_path / package).mkdir()
+    (tmp_path / "service" / "worker.py").write_text("def f():\n    from export.cli import main\n"
+                                                    "from export.api import export_bundle\nfrom export import api\n")
+    (tmp_path / "export" / "triton.py").write_text("import service.gateway.triton_contract\nimport deepspec_protocol\n")
+    (tmp_path / "loadtest" / "grpc.py").write_text("import importlib\nimportlib.import_module('service.protos')\n")
+    (tmp_path / "deepspec_protocol" / "names.py").write_text("from deepspec.decoding import params\n")
+    (tmp_path / "deepspec" / "cli.py").write_text("import service.cli\n")
+    assert stage_edges(tmp_path) == ["export/triton.py:1 imports service.gateway.triton_contract",
+                                     "service/worker.py:2 imports export.cli",
+                                     "service/worker.py:2 imports export.cli.main",
+                                     "loadtest/grpc.py:2 imports service.protos",
+                                     "deepspec_protocol/names.py:1 imports deepspec.decoding",
+                                     "deepspec_protocol/names.py:1 imports deepspec.decoding.params"]

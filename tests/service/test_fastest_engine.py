@@ -68,7 +68,7 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
         raise AssertionError("a cached choice measured or exported again")
 
     monkeypatch.setattr(fastest_engine, "measure_choice", no_work)
-    monkeypatch.setattr("export.cli.main", no_work)
+    monkeypatch.setattr("export.api.export_bundle", no_work)
     again = choose_engine(settings)
     assert (again.engine, again.engine_dir) == (first.engine, first.engine_dir)
     assert first.engine in describe_cached_choice(settings) and "cached in" in again.reason
@@ -199,7 +199,7 @@ def test_a_failed_export_falls_back_to_pytorch_and_leaves_no_half_export(target_
     choice = choose_engine(_settings(target_dir, draft=str(bad)))
     assert choice.engine == "pytorch" and "could not be prepared" in choice.reason
     assert not list(cache.glob("engines/*/onnx/manifest.json")) and not list(cache.glob(f"engines/*/{CHOICE_FILE}"))
-    with pytest.raises(RuntimeError, match="python -m export"):
+    with pytest.raises(RuntimeError, match="the ONNX export for .* failed: draft .* does not match target"):
         choose_engine(_settings(target_dir, draft=str(bad), engine="onnx"))
 
 
