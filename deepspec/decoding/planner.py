@@ -9,7 +9,8 @@ proposed tree (`keep_tree`). Two strategies:
 - `BudgetPlanner` is the throughput-aware verification budget (deepspec/decoding/verify_budget.py holds its
   arithmetic): it prices every depth with the step curve t(n) and the draft's own round cost, and verifies only as
   deep as pays. Its curve comes from deepspec/decoding/step_timing.py: a cache file per machine, else a robust
-  probe, corrected online by the passes actually served (greedy batches use the corrected curve; a batch with a
+  probe (kept in the file only where it ran without busy neighbours, deepspec/neighbours.py), corrected online by
+  the passes actually served (greedy batches use the corrected curve; a batch with a
   sampled row keeps the curve the planner started with, so a seeded request samples the same tokens whatever the
   engine served before). A planner that finds drafting a loss keeps verifying a few rounds at other depths
   (EXPLORE_ROUNDS) so the served passes can show it was wrong.
@@ -29,6 +30,7 @@ from deepspec.decoding.draft_time import probe_draft_time, runs_a_model
 from deepspec.decoding.drafter import PaddedProposal
 from deepspec.decoding.step_timing import (ServedSteps, StepCurveCache, probe_sizes, probe_step_curve,
                                            probe_verify_overhead, SAVE_EVERY)
+from deepspec.neighbours import NeighbourShare
 from deepspec.decoding.tree import keep_nodes, monotone_survival, tree_survival_from_record
 from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, StepTimeModel, best_depth, best_nodes,
                                             observed_survival)
@@ -165,9 +167,10 @@ class BudgetPlanner(RoundPlanner):
         if curve is None and self.curve_cache is not None:
             curve = self.curve_cache.load(target.multi_token_rows_serial)
         if curve is None:
-            curve = probe_step_curve(target, shape.cache, probe_sizes(shape.max_verify_tokens, shape.max_seq_len),
-                                     shape.feature_layers, shape.max_seq_len)
-            if self.curve_cache is not None:
+            with NeighbourShare() as neighbours:
+                curve = probe_step_curve(target, shape.cache, probe_sizes(shape.max_verify_tokens, shape.max_seq_len),
+                                         shape.feature_layers, shape.max_seq_len)
+            if self.curve_cache is not None and not neighbours.busy:  # a disturbed probe serves this start only
                 self.curve_cache.save(curve)
         self._step_time = self._start_curve = curve
         self._online = self.learn_online and self._given is None and target.device.type == "cpu"

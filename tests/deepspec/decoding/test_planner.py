@@ -38,6 +38,31 @@ class ClockedStub(StubTarget):
         return super().forward(tokens, start, cache, **kw)
 
 
+class _Neighbours:
+    """deepspec.neighbours.NeighbourShare with a share the test sets, not this machine's."""
+
+    share = 0.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    @property
+    def busy(self) -> bool:
+        return self.share >= 0.25
+
+
+@pytest.fixture(autouse=True)
+def quiet_neighbours(monkeypatch):
+    """Whether a probe is kept depends on the neighbours: quiet here, whatever else this machine runs."""
+    monkeypatch.setattr(planner_module, "NeighbourShare", _Neighbours)
+    _Neighbours.share = 0.0
+    yield _Neighbours
+    _Neighbours.share = 0.0
+
+
 @pytest.fixture
 def fake_clock(monkeypatch):
     now = [0.0]
@@ -156,6 +181,39 @@ def test_the_curve_is_kept_per_machine_and_the_next_start_begins_from_it(fake_cl
     # another machine's file is not this machine's curve
     other = StepCurveCache(cache.path, {**cache.identity, "machine": {"cpu": "another"}})
     assert other.load(False) is None
+
+
+def test_a_probe_beside_busy_neighbours_serves_its_start_but_is_not_kept(fake_clock, tmp_path, quiet_neighbours):
+    target = ClockedStub(fake_clock)
+    cache = StepCurveCache(tmp_path / "curve.json", StepCurveCache.for_target(target, ()).identity)
+    quiet_neighbours.share = 0.6
+    engine = SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
+                        planner=BudgetPlanner(curve_cache=cache))
+    assert engine.planner.step_time is not None and cache.load(False) is None
+    quiet_neighbours.share = 0.1
+    SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
+               planner=BudgetPlanner(curve_cache=cache))
+    assert cache.load(False) is not None
+
+
+def test_neighbour_share_counts_another_process():
+    """The real measure (Linux): a child that spins for the whole block is at least half a core of neighbours."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from deepspec.neighbours import NeighbourShare
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.3)  # the interpreter is up and spinning
+        with NeighbourShare() as n:
+            time.sleep(1.5)
+    finally:
+        child.kill()
+        child.wait()
+    assert n.share is not None and n.share * os.cpu_count() >= 0.5
 
 
 def test_an_unreadable_cache_file_is_ignored(tmp_path):
