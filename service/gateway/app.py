@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from starlette.middleware.errors import ServerErrorMiddleware
 
+from service import tracing
 from service.gateway.admission import AdmissionQueue
 from service.gateway.dispatch import Dispatcher
 from service.gateway.errors import (AuthenticationError, BadRequestError, PayloadTooLargeError, error_response,
@@ -192,6 +193,10 @@ def create_app(settings: GatewaySettings | None = None, state: GatewayState | No
     hot = HotRoutes(app.stack, fastapi_app=app, routes=[*completions.router.routes, *chat.router.routes])
     app.front = ServerErrorMiddleware(GuardMiddleware(hot, get_state=lambda: app.state.gateway),
                                       handler=app.exception_handlers[Exception])  # fmt: skip
+    if not tracing.enabled():  # DEEPSPEC_TRACING (a caller, a test, may have configured it already)
+        tracing.configure("deepspec-gateway")
+    if tracing.enabled():  # the request's span around everything, 500s included; absent while off
+        app.front = tracing.TracingMiddleware(app.front)
     return app
 
 

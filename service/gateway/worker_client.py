@@ -25,6 +25,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from deepspec_protocol import worker as p
 from deepspec_protocol import tensors
 from deepspec_protocol import triton_contract as c
+from service import tracing
 from service.gateway.signature import DEEPSPEC_WORKER, ModelSignature, SignatureError, build_request
 from deepspec_protocol.token_scores import TokenScore, read_scores
 
@@ -276,10 +277,13 @@ class WorkerClient:
             chunks = merge_sequences([chunk async for chunk in self._stream(request, timeout_s,
                                                                             signature.cumulative_text)])
         else:
+            span, metadata = tracing.client_span("deepspec.worker/ModelInfer", self._span_attributes(req.model))
             try:
-                chunks = [parse_response(await self.stub.ModelInfer(request, timeout=timeout_s))]
+                chunks = [parse_response(await self.stub.ModelInfer(request, timeout=timeout_s, metadata=metadata))]
             except grpc.aio.AioRpcError as e:
+                tracing.end_span(span, e)
                 raise _rpc_error(e) from None
+            tracing.end_span(span)
         for chunk in chunks:
             chunk.final = chunk is chunks[-1]
             yield chunk
@@ -288,8 +292,11 @@ class WorkerClient:
                       cumulative_text: bool = False) -> AsyncIterator[Chunk]:
         """The worker's responses as chunks of new text; `cumulative_text` (the stock LLM-API model) says each
         response holds the whole text so far, so only what it adds to the previous one is passed on."""
-        call = self.stub.ModelStreamInfer(iter([request]), timeout=timeout_s)
+        span, metadata = tracing.client_span("deepspec.worker/ModelStreamInfer",
+                                             self._span_attributes(request.model_name))  # fmt: skip
+        call = self.stub.ModelStreamInfer(iter([request]), timeout=timeout_s, metadata=metadata)
         text_so_far: dict[int, str] = {}  # sequence index -> its whole text so far
+        error = None
         try:
             async for response in call:
                 if response.error_message:
@@ -305,9 +312,17 @@ class WorkerClient:
                     return
             raise WorkerError("UNAVAILABLE", "the worker closed the stream before the final response")
         except grpc.aio.AioRpcError as e:
-            raise _rpc_error(e) from None
+            error = _rpc_error(e)
+            raise error from None
+        except WorkerError as e:
+            error = e
+            raise
         finally:
             call.cancel()
+            tracing.end_span(span, error)
+
+    def _span_attributes(self, model: str) -> dict:
+        return {"rpc.system": "grpc", "server.address": self.address, "gen_ai.request.model": model}
 
     async def close(self) -> None:
         await self.channel.close()

@@ -24,6 +24,7 @@ from deepspec.decoding.structured import StructuredOutput
 from deepspec.decoding.validation import RequestError, RequestErrorCode
 from deepspec_protocol import worker as p
 from deepspec_protocol import tensors
+from service import tracing
 from service.metrics import WorkerMetrics, start_metrics_server
 from deepspec_protocol.token_scores import TokenScore, add_scores
 from service.worker.settings import WorkerSettings
@@ -107,8 +108,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if n > 1:
                 raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, f"{p.NUM_RETURN_SEQUENCES}={n} needs "
                                     "ModelStreamInfer (one response per sequence; ModelInfer answers one)")
-            async for response in self._responses(request, prompt_ids, params, False, arrival, 1, service_class):
-                pass  # one response, the whole completion
+            with tracing.server_span(DECODE_SPAN, context.invocation_metadata(), _span_attributes(request, False)):
+                async for response in self._responses(request, prompt_ids, params, False, arrival, 1, service_class):
+                    pass  # one response, the whole completion
         except Exception as e:
             status, message, error_code = _status_of(e)
             if error_code is not None:
@@ -120,10 +122,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Decoupled streaming: any number of requests per stream, each answered by one response per step."""
         responses: asyncio.Queue = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
+        metadata = context.invocation_metadata()  # a caller's W3C trace context, for each request's span
 
         async def read_requests():
             async for request in request_iterator:
-                task = asyncio.create_task(self._stream_one(request, responses))
+                task = asyncio.create_task(self._stream_one(request, responses, metadata))
                 tasks.add(task)
                 task.add_done_callback(lambda t: (tasks.discard(t), responses.put_nowait(None)))
 
@@ -180,12 +183,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                 prompt, load)  # fmt: skip
                 prompt = None
 
-    async def _stream_one(self, request, responses: asyncio.Queue) -> None:
+    async def _stream_one(self, request, responses: asyncio.Queue, metadata=None) -> None:
         arrival = time.perf_counter()
         try:
             prompt_ids, params, stream, n, service_class = await self.service.parse(request)
-            async for response in self._responses(request, prompt_ids, params, stream, arrival, n, service_class):
-                responses.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
+            with tracing.server_span(DECODE_SPAN, metadata, _span_attributes(request, stream)):
+                async for response in self._responses(request, prompt_ids, params, stream, arrival, n,
+                                                      service_class):  # fmt: skip
+                    responses.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -195,6 +200,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 error.parameters[p.ERROR_CODE_PARAM].string_param = error_code
             responses.put_nowait(service_pb2.ModelStreamInferResponse(
                 error_message=p.encode_stream_error(status.name, message), infer_response=error))  # fmt: skip
+
+
+#: the worker's span around one request's decode (tracing.server_span), child of the caller's span
+DECODE_SPAN = "deepspec.worker.decode"
+
+
+def _span_attributes(request, stream: bool) -> dict:
+    return {"gen_ai.request.model": request.model_name, "deepspec.request.id": request.id, "deepspec.stream": stream}
 
 
 def _status_of(e: Exception) -> tuple[grpc.StatusCode, str, str | None]:
@@ -290,6 +303,8 @@ class WorkerService:
 
     async def bind(self) -> None:
         """Start the gRPC server (live, not ready); `self.port` is the bound port afterwards."""
+        if not tracing.enabled():  # DEEPSPEC_TRACING (an embedding process may have configured it already)
+            tracing.configure("deepspec-worker")
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
