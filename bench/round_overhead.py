@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from deepspec.models.backends import NATIVE, PYTORCH
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
@@ -39,7 +41,7 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and activations")
-    p.add_argument("--engine", default="pytorch", choices=["pytorch", "native"],
+    p.add_argument("--engine", default=PYTORCH, choices=[PYTORCH, NATIVE],
                    help="pytorch: the lean PyTorch decoder (or an ONNX export's graph, --target <dir>); native: the "
                         "native CPU decoder on its own choice of weights (default: %(default)s)")
     p.add_argument("--drafters", default="none,auto,prompt-lookup", help="comma list of drafter specs")
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.engine == "native":
+    if args.engine == NATIVE:
         from deepspec.models.native import load_native_target
 
         target = load_native_target(args.target)
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
                 print(f"{name}: {rows[name]['tok_s']:.1f} tok/s, {rows[name]['tokens_per_step']:.2f} tokens/step/row",
                       file=sys.stderr)
     columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
-    weights = f"native {target.quantization}" if args.engine == "native" else args.dtype
+    weights = f"native {target.quantization}" if args.engine == NATIVE else args.dtype
     print(f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, temperatures "
           f"{args.temperatures}, "
           f"torch threads {torch.get_num_threads()}; CPU flags: {cpu_flags()}")

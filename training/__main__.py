@@ -35,9 +35,10 @@ import json
 import sys
 from pathlib import Path
 
+from deepspec.models.backends import AUTO
 from deepspec.models.quantization import QUANTIZATIONS
 from training.card import add_card_parser
-from training.synth_run import add_synth_parser
+from training.synth_run import TRAINING_BACKENDS, add_synth_parser
 
 
 def _add_chat_template(p) -> None:
@@ -67,7 +68,7 @@ def _add_prepare(sub) -> None:
     p.add_argument("--target", default="smollm2-135m",
                    help="target alias, .gguf file or HF directory (default smollm2-135m); used by the engine "
                         "backend and always for the tokenizer-independent row ids")
-    p.add_argument("--backend", choices=["auto", "native", "pytorch"], default="auto",
+    p.add_argument("--backend", choices=TRAINING_BACKENDS, default=AUTO,
                    help="engine backend: native = the native CPU decoder (the fastest on CPU: the default target's "
                         "own 4-bit weights), pytorch = the PyTorch target in --dtype; auto (default) = native where "
                         "it builds (CPU + C compiler), else pytorch")

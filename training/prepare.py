@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from deepspec.models.backends import NATIVE, ONNX, PYTORCH, backend_choices
 from training.data import jsonl_stem, open_jsonl, read_jsonl_lines
 from training.heldout import is_heldout_row, refuse_heldout_file
 
@@ -137,7 +138,7 @@ def load_engine_target(spec: str, backend: str, *, dtype: str = "float32", devic
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend != "pytorch" and device == "cpu":
+    if backend != PYTORCH and device == "cpu":
         from deepspec.models.native import NativeUnavailable, load_native_target
 
         try:
@@ -145,15 +146,16 @@ def load_engine_target(spec: str, backend: str, *, dtype: str = "float32", devic
                                         num_threads=num_threads)
             return target, f"native {target.quantization} ({target.isa}, {target.num_threads} threads)"
         except NativeUnavailable:
-            if backend == "native":
+            if backend == NATIVE:
                 raise
-    elif backend == "native":
+    elif backend == NATIVE:
         raise ValueError(f"the native decoder runs on the CPU only, not on {device}")
     target = load_target(spec, dtype=dtype, device=device, chat_template=chat_template, for_chat=True)
     return target, f"pytorch {dtype} on {device}"
 
 
-BACKENDS = ("auto", "native", "pytorch")
+#: the backends regeneration runs on (deepspec/models/backends.py; auto = native where it builds, else pytorch)
+BACKENDS = backend_choices(without=(ONNX,))
 
 
 class _RowWriter:

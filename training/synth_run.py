@@ -14,7 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from deepspec.models.backends import AUTO, ONNX, backend_choices
 from training.heldout import SYNTH_SOURCE_PREFIX
+
+#: the backends a regeneration runs on: the PyTorch decoder and the native one (no ONNX export in training)
+TRAINING_BACKENDS = backend_choices(without=(ONNX,))
 
 
 def add_synth_parser(sub, add_chat_template) -> None:
@@ -50,7 +54,7 @@ def add_synth_parser(sub, add_chat_template) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="engine rows (default 8)")
     p.add_argument("--max-seq-len", type=int, default=1024, help="answer slots' context: prompt + answer")
     p.add_argument("--target", default="smollm2-135m", help="target alias, .gguf or HF directory")
-    p.add_argument("--backend", choices=["auto", "native", "pytorch"], default="auto",
+    p.add_argument("--backend", choices=TRAINING_BACKENDS, default=AUTO,
                    help="auto (default) = the native CPU decoder where it builds, else PyTorch")
     p.add_argument("--threads", type=int, default=None,
                    help="native decoder threads (default: one per core); 1 suits a nice -n 19 run on a busy machine")

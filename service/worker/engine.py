@@ -47,20 +47,17 @@ def load_served_model(settings):
     """(engine choice, the settings it leaves, target, drafter): what a worker with these settings serves, loaded
     as it loads them (the benchmarks' `served` row reuses this)."""
     from deepspec.decoding import build_drafter
-    from deepspec.models import load_target
+    from deepspec.models.backends import PYTORCH, available_backends, resolve_backend
     from service.worker.fastest_engine import choose_engine
 
     choice = choose_engine(settings)
     logger.info("engine: %s (%s)", choice.engine, choice.reason)
     settings = settings.model_copy(update=choice.worker_fields())
-    if choice.engine == "native":  # its own weights whatever --dtype and --quantization say: a GGUF Q4_1 target's
-        # 4-bit blocks as shipped, int8 for a float one (deepspec/models/native/target.py layer_weights)
-        from deepspec.models.native import load_native_target
-
-        target = load_native_target(settings.target, chat_template=settings.chat_template)
-    else:  # an ONNX export directory loads as its ONNX Runtime graph, and its own neural draft through its graphs
-        target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
-                             quantization=settings.quantization, chat_template=settings.chat_template)
+    # a bundle (--engine-dir) loads as its format says: the PyTorch loader opens an onnx bundle as its ONNX Runtime
+    # graph, and its own neural draft through its graphs; the native decoder computes in its own weight formats
+    backend = resolve_backend(choice.engine if choice.engine in available_backends() else PYTORCH)
+    target = backend.load(settings.target, weights=settings.quantization, dtype=settings.dtype, device=settings.device,
+                          chat_template=settings.chat_template)
     return choice, settings, target, build_drafter(settings.draft, target)
 
 

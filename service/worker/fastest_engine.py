@@ -37,13 +37,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+
+from deepspec.models.backends import AUTO, NATIVE, ONNX, PYTORCH, backend_choices, resolve_backend
 
 logger = logging.getLogger(__name__)
 
-#: the worker's --engine choices
-Engine = Literal["auto", "pytorch", "onnx", "native"]
-ENGINES: tuple[str, ...] = get_args(Engine)
+#: the worker's --engine choices: the registered backends (deepspec/models/backends.py), then auto
+ENGINES: tuple[str, ...] = backend_choices()
 CHOICE_FILE = "choice.json"
 #: bumped when the choice's rule or the cache layout changes: older records are then measured again (4: a neural
 #: draft's own round cost, timed on each engine, is added to its verify passes; scored free, a DSpark draft made an
@@ -85,19 +85,19 @@ def choose_engine(settings) -> EngineChoice:
     if settings.engine_dir is not None:
         return EngineChoice("engine-dir", f"as exported in {settings.engine_dir}")
     if settings.target == "stub":
-        return EngineChoice("pytorch", "the stub target")
-    if settings.engine == "pytorch":
-        return EngineChoice("pytorch", "--engine pytorch")
+        return EngineChoice(PYTORCH, "the stub target")
+    if settings.engine == PYTORCH:
+        return EngineChoice(PYTORCH, "--engine pytorch")
     native = native_blocker(settings)
-    if settings.engine == "native":
+    if settings.engine == NATIVE:
         if native:
             raise ValueError(f"--engine native: {native}")
-        return EngineChoice("native", "--engine native")
+        return EngineChoice(NATIVE, "--engine native")
     blocker = onnx_blocker(settings)
-    if blocker and settings.engine == "onnx":
+    if blocker and settings.engine == ONNX:
         raise ValueError(f"--engine onnx: {blocker}")
     if blocker and native:
-        return EngineChoice("pytorch", f"the ONNX engine does not apply: {blocker}; the native one: {native}")
+        return EngineChoice(PYTORCH, f"the ONNX engine does not apply: {blocker}; the native one: {native}")
     try:
         root = engine_cache_dir(settings)
         root.mkdir(parents=True, exist_ok=True)
@@ -112,18 +112,18 @@ def choose_engine(settings) -> EngineChoice:
                 try:
                     onnx_dir = ensure_onnx_export(settings, root / "onnx")
                 except (RuntimeError, OSError) as e:
-                    if settings.engine == "onnx" or native:
+                    if settings.engine == ONNX or native:
                         raise
                     logger.warning("the ONNX engine could not be prepared (%s): weighing the others", e)
-            if settings.engine == "onnx":
-                return EngineChoice("onnx", "--engine onnx", onnx_dir)
+            if settings.engine == ONNX:
+                return EngineChoice(ONNX, "--engine onnx", onnx_dir)
             return (cached_choice(root, onnx_dir, native is None)
                     or measure_choice(settings, root, onnx_dir, native is None))
     except (RuntimeError, OSError, ValueError) as e:  # an export or a measurement that failed (a broken draft, ...)
-        if settings.engine == "onnx":
+        if settings.engine == ONNX:
             raise
         logger.warning("serving the PyTorch engine: the other engines could not be prepared (%s)", e)
-        return EngineChoice("pytorch", f"the other engines could not be prepared ({e})")
+        return EngineChoice(PYTORCH, f"the other engines could not be prepared ({e})")
 
 
 @contextlib.contextmanager
@@ -140,13 +140,10 @@ def _locked(root: Path):
 
 
 def onnx_blocker(settings) -> str | None:
-    """Why these settings cannot run on the ONNX engine, or None."""
-    import importlib.util
-
-    if settings.device != "cpu":
-        return f"it runs on CPU only (--device {settings.device})"
-    if importlib.util.find_spec("onnxruntime") is None:
-        return "onnxruntime is not installed (pip install 'deepspec[export]')"
+    """Why these settings cannot run on the ONNX engine, or None: the backend's own check, then whether the export's
+    graph describes the target."""
+    if reason := resolve_backend(ONNX).unavailable(settings.device):
+        return reason
     from export.api import onnx_unsupported_reason
 
     return onnx_unsupported_reason(settings.target)
@@ -154,16 +151,7 @@ def onnx_blocker(settings) -> str | None:
 
 def native_blocker(settings) -> str | None:
     """Why these settings cannot run on the native CPU decoder, or None (building it here if it is not built)."""
-    if settings.device != "cpu":
-        return f"it runs on CPU only (--device {settings.device})"
-    from deepspec.models.native import NativeUnavailable
-    from deepspec.models.native.build import load_library
-
-    try:
-        load_library()
-    except NativeUnavailable as e:
-        return str(e).splitlines()[0]
-    return None
+    return resolve_backend(NATIVE).unavailable(settings.device)
 
 
 def engine_cache_dir(settings) -> Path:
@@ -251,11 +239,11 @@ def cached_choice(root: Path, onnx_dir: Path | None, native: bool = True) -> Eng
         engine, reason = record["engine"], record["reason"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    runnable = {"pytorch", *(["onnx"] if onnx_dir is not None else []), *(["native"] if native else [])}
+    runnable = {PYTORCH, *([ONNX] if onnx_dir is not None else []), *([NATIVE] if native else [])}
     if engine not in runnable or record.get("version") != CHOICE_VERSION:
         return None
     return EngineChoice(engine, f"{reason} (measured {record.get('measured', '?')}, cached in {root})",
-                        onnx_dir if engine == "onnx" else None, record)
+                        onnx_dir if engine == ONNX else None, record)
 
 
 def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = False) -> EngineChoice:
@@ -293,13 +281,13 @@ def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = F
               "measured": time.strftime("%Y-%m-%d %H:%M"), "acceptance_length": round(tau, 3), "depth": depth,
               "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},
               "decode_rates": measured,
-              "step_curves": {k: onnx_meta.get("step_curve") if k == "onnx" else curve_record(c)
+              "step_curves": {k: onnx_meta.get("step_curve") if k == ONNX else curve_record(c)
                               for k, c in candidates.curves.items()},
               # each engine's batch-1 drafted round by width; null: priced as free (no draft, or a lookup draft)
               "draft_rounds": {k: None if d is None else curve_record(d.by_width()) for k, d in draft_times.items()},
               "onnx_quantization": onnx_meta.get("quantization")}
     (root / CHOICE_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return EngineChoice(engine, reason, onnx_dir if engine == "onnx" else None, record)
+    return EngineChoice(engine, reason, onnx_dir if engine == ONNX else None, record)
 
 
 @dataclass
@@ -317,7 +305,6 @@ class _Candidates:
 def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) -> _Candidates:
     from deepspec.decoding import build_drafter
     from deepspec.decoding.draft_time import measure_draft_time
-    from deepspec.models import load_target
     from deepspec.models.step_curve import measure_recorded_curve, recorded_curve
     from export.api import exported_draft_dir, served_drafter
 
@@ -328,7 +315,7 @@ def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) 
     def add(name: str, target, label: str, curve=None) -> None:
         out.curves[name] = curve or measure_recorded_curve(target)
         out.labels[name] = label
-        out.served[name] = (target, served_drafter(target) if name == "onnx" else build_drafter(draft, target))
+        out.served[name] = (target, served_drafter(target) if name == ONNX else build_drafter(draft, target))
 
     def draft_time(name: str):
         """The draft's batch-1 round on candidate `name`, timed on the drafter it would serve with (the engine binds
@@ -336,21 +323,19 @@ def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) 
         target, drafter = out.served[name]
         return measure_draft_time(target, drafter, depth) if draft_dir is not None else None
 
-    target = load_target(settings.target, dtype=settings.dtype, device=settings.device,
-                         quantization=settings.quantization, chat_template=settings.chat_template)
-    add("pytorch", target, f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}")
-    out.draft_times["pytorch"] = draft_time("pytorch")
-    runs_a_model = out.draft_times["pytorch"] is not None  # the same draft class on every engine
+    target = resolve_backend(PYTORCH).load(settings.target, weights=settings.quantization, dtype=settings.dtype,
+                                           device=settings.device, chat_template=settings.chat_template)
+    add(PYTORCH, target, f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}")
+    out.draft_times[PYTORCH] = draft_time(PYTORCH)
+    runs_a_model = out.draft_times[PYTORCH] is not None  # the same draft class on every engine
     if onnx_dir is not None and (onnx_curve := recorded_curve(onnx_meta.get("step_curve"))):
-        add("onnx", load_target(str(onnx_dir)), f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
-        out.draft_times["onnx"] = ((_exported_draft_time(onnx_meta, depth) or draft_time("onnx"))
-                                   if runs_a_model else None)
+        add(ONNX, resolve_backend(ONNX).load(str(onnx_dir)), f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
+        out.draft_times[ONNX] = ((_exported_draft_time(onnx_meta, depth) or draft_time(ONNX))
+                                 if runs_a_model else None)
     if native:
-        from deepspec.models.native import load_native_target
-
-        target = load_native_target(settings.target, chat_template=settings.chat_template)
-        add("native", target, f"native {target.quantization} ({target.isa})")
-        out.draft_times["native"] = draft_time("native") if runs_a_model else None
+        target = resolve_backend(NATIVE).load(settings.target, chat_template=settings.chat_template)
+        add(NATIVE, target, f"native {target.quantization} ({target.isa})")
+        out.draft_times[NATIVE] = draft_time(NATIVE) if runs_a_model else None
     return out
 
 
@@ -383,7 +368,7 @@ def _exported_draft_time(onnx_meta: dict, depth: int):
 def describe_cached_choice(settings) -> str | None:
     """One line for --help: the choice recorded for these settings on this machine, or None before the first
     start (reads choice.json only; measures nothing)."""
-    if settings.engine != "auto" or settings.engine_dir is not None or settings.target == "stub":
+    if settings.engine != AUTO or settings.engine_dir is not None or settings.target == "stub":
         return None
     root = engine_cache_dir(settings)
     choice = cached_choice(root, root / "onnx")

@@ -8,13 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from deepspec.models.aliases import DEFAULT_TARGET
+from deepspec.models.backends import AUTO, check_backend_choice
 from deepspec.models.quantization import QUANTIZATIONS, Quantization
 from service.settings import ServiceSettings
-from service.worker.fastest_engine import ENGINES, Engine
+from service.worker.fastest_engine import ENGINES
 
 __all__ = ["ENGINES", "EmbeddedWorkerSettings", "QUANTIZATIONS", "WorkerSettings"]
 
@@ -30,8 +31,8 @@ class WorkerSettings(ServiceSettings):
     engine_dir: Path | None = None
     #: "auto" = the engine measured fastest on this machine (the PyTorch engine, the ONNX export or the native CPU
     #: decoder, cached after the first start: service/worker/fastest_engine.py); "pytorch" / "onnx" / "native" = that
-    #: one
-    engine: Engine = "auto"
+    #: one (deepspec/models/backends.py)
+    engine: str = AUTO
     #: KServe v2 gRPC port (0 = pick a free one)
     port: int = Field(8001, ge=0, le=65535)
     #: Prometheus /metrics HTTP port (0 = pick a free one, -1 = off)
@@ -60,6 +61,11 @@ class WorkerSettings(ServiceSettings):
     num_speculative_tokens: int = Field(7, ge=1, le=32)
     #: stub target only: simulated time per forward, milliseconds
     stub_step_ms: float = Field(0.0, ge=0)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        return check_backend_choice(value)
 
     @model_validator(mode="after")
     def _apply_engine_dir(self):

@@ -193,7 +193,7 @@ def test_cli_help_is_instant_and_names_units():
 
 
 def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
-    import deepspec.models
+    import deepspec.models.target_loader
     from service.worker.settings import WorkerSettings
     from service.worker.engine import load_engine
 
@@ -203,11 +203,11 @@ def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
         seen.update(kwargs, spec=spec)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(deepspec.models, "load_target", fake_load_target)
+    monkeypatch.setattr(deepspec.models.target_loader, "load_target", fake_load_target)
     with pytest.raises(RuntimeError, match="stop here"):
         load_engine(WorkerSettings(target="smollm2-135m", dtype="bfloat16", quantization="gguf"))
     assert seen == {"spec": "smollm2-135m", "dtype": "bfloat16", "device": "cpu", "quantization": "gguf",
-                    "chat_template": None}
+                    "chat_template": None, "max_seq_len": None, "for_chat": False}
     assert WorkerSettings().quantization == "auto"
     with pytest.raises(ValueError, match="quantization"):
         WorkerSettings(quantization="int8")

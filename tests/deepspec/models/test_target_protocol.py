@@ -53,3 +53,34 @@ def test_embeddings_are_the_decoders_frozen_tensors():
     torch.testing.assert_close(emb.embed, hf.model.embed_tokens.weight)
     torch.testing.assert_close(emb.head, hf.lm_head.weight)
     assert not emb.embed.requires_grad
+
+
+#: members the engine reads only from a target it has checked the class of (isinstance), not through the protocol
+CLASS_CHECKED = {"exported_draft_graphs"}  # OnnxTarget's: deepspec/decoding/drafters/onnx_graphs.py
+
+
+def _members_read_by_the_decoding_layer() -> dict[str, str]:
+    """{member: where} for every `<...target>.member` read in deepspec/decoding (self.target.x, target.x, ...)."""
+    import ast
+    from pathlib import Path
+
+    import deepspec.decoding
+
+    reads = {}
+    for path in sorted(Path(deepspec.decoding.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            base = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
+            if base in ("target", "_target", "tgt"):
+                reads.setdefault(node.attr, f"{path.name}:{node.lineno}")
+    return reads
+
+
+def test_the_protocol_declares_every_member_the_engine_reads():
+    """A target of one's own implements the protocol; the engine must read nothing the protocol does not promise."""
+    declared = set(Target.__annotations__) | {name for name in vars(Target) if not name.startswith("_")}
+    undeclared = {m: where for m, where in _members_read_by_the_decoding_layer().items()
+                  if m not in declared and m not in CLASS_CHECKED}
+    assert not undeclared, undeclared
+    assert len(_members_read_by_the_decoding_layer()) > 10  # the scan sees the engine's reads
