@@ -1,0 +1,118 @@
+"""How many tokens each draft wins per target forward on text nobody trained for: counts, not timings.
+
+    python -m bench.draft_acceptance                                   # chat + the held-out synthetic split
+    python -m bench.draft_acceptance --drafts auto,prompt-lookup,drafts/smollm2-135m-eagle3 --sets chat,humaneval
+    python -m bench.draft_acceptance --drafts drafts/smollm2-135m-corpus,/tmp/corpus-new   # a rebuilt index
+
+Each set's prompts (a datasets/eval name, or a `{"turns": [...]}` JSONL file such as the held-out synthetic split
+`training/data/synth/prompts.heldout.jsonl`, which no draft trains on) are decoded greedily at batch 1 on the served
+target (the native decoder) with every draft verified in full, `--depth` tokens a round (vLLM's fixed
+num_speculative_tokens). Reported per draft and set: tokens per target forward over all rounds (what speculation
+can buy at most, before the verification budget keeps only the depths that pay on this machine), τ over the rounds
+that drafted, the share of rounds that drafted, and the acceptance rate of draft tokens. Outputs are checked token
+for token against target-only decoding.
+
+Counts do not depend on what else the machine runs, so this runs beside other work; the speed that a count buys is
+`bench.service_throughput`'s to measure, on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+HELDOUT_SYNTH = REPO_ROOT / "training" / "data" / "synth" / "prompts.heldout.jsonl"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.draft_acceptance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
+    p.add_argument("--drafts", default="auto", help="comma list of drafter specs (default: %(default)s)")
+    p.add_argument("--sets", default=f"chat,{HELDOUT_SYNTH.relative_to(REPO_ROOT)}",
+                   help="comma list of datasets/eval names or {turns} JSONL files (default: %(default)s)")
+    p.add_argument("--num-prompts", type=int, default=12, help="first N prompts of each set (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--depth", type=int, default=7, help="draft tokens verified a round (default: %(default)s)")
+    p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "draft_acceptance.json"))
+    return p.parse_args(argv)
+
+
+def set_turns(spec: str, n: int) -> list[str]:
+    """The first user turns of the first `n` prompts of a set: an eval name or a JSONL file."""
+    from deepspec.paths import eval_dataset
+
+    path = Path(spec) if spec.endswith(".jsonl") else eval_dataset(spec)
+    if not path.is_file():
+        raise SystemExit(f"no prompt set {spec!r} (looked for {path}); the synthetic split is made by "
+                         f"`python -m training synth` (training/data/README.md)")
+    with path.open() as f:
+        return [json.loads(line)["turns"][0] for _, line in zip(range(n), f)]
+
+
+def count_row(target, drafter, prompts: list[list[int]], max_tokens: int, depth: int,
+              reference: list[list[int]] | None) -> tuple[dict, list[list[int]]]:
+    """Decode `prompts` one at a time with `drafter` (None: target-only) verifying every draft; the counts, and the
+    outputs (checked against `reference` where given)."""
+    from deepspec.decoding import SamplingParams, SpecEngine
+
+    engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=depth)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    rounds = drafted = draft_tokens = accepted = 0
+    outputs = []
+    for prompt in prompts:
+        result = engine.generate([prompt], params)[0]
+        outputs.append(result.token_ids)
+        rounds += result.num_steps
+        drafted += result.num_drafted_steps
+        draft_tokens += result.num_draft_tokens
+        accepted += result.num_accepted_tokens
+    if reference is not None:
+        same = sum(a == b for a, b in zip(outputs, reference))
+        if same != len(reference):
+            raise SystemExit(f"{drafter.name}: {len(reference) - same} of {len(reference)} outputs differ from "
+                             "target-only decoding")
+    return {"rounds": rounds, "tokens_per_forward": round((accepted + rounds) / max(rounds, 1), 3),
+            "tau": round((accepted + drafted) / drafted, 3) if drafted else None,
+            "drafted_share": round(drafted / max(rounds, 1), 3),
+            "acceptance_rate": round(accepted / draft_tokens, 3) if draft_tokens else None}, outputs
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from bench.machine import cpu_flags, write_results
+    from deepspec.decoding import build_drafter
+    from deepspec.models.native import load_native_target
+
+    target = load_native_target(args.target)
+    rows: dict[str, dict[str, dict]] = {}
+    for spec in args.sets.split(","):
+        prompts = [target.encode_chat([{"role": "user", "content": t}]) for t in set_turns(spec, args.num_prompts)]
+        _, reference = count_row(target, None, prompts, args.max_tokens, args.depth, None)
+        name = Path(spec).stem if spec.endswith(".jsonl") else spec
+        for draft in args.drafts.split(","):
+            rows.setdefault(draft, {})[name], _ = count_row(target, build_drafter(draft, target), prompts,
+                                                           args.max_tokens, args.depth, reference)
+            print(f"{draft} on {name}: {rows[draft][name]}", file=sys.stderr)
+    sets = list(next(iter(rows.values())))
+    print(f"target {args.target} (native {target.quantization}), greedy, batch 1, every draft verified "
+          f"({args.depth} a round), {args.num_prompts} prompts x {args.max_tokens} tokens per set; CPU flags: "
+          f"{cpu_flags()}")
+    print("| draft | " + " | ".join(f"{s}: tokens/forward, τ, drafted" for s in sets) + " |")
+    print("| --- |" + " --- |" * len(sets))
+    for draft, by_set in rows.items():
+        cells = [f"{r['tokens_per_forward']:.2f}, {r['tau'] or 0:.2f}, {r['drafted_share']:.0%}" for r in
+                 by_set.values()]
+        print(f"| {draft} | " + " | ".join(cells) + " |")
+    write_results(args.out, args, rows=rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
