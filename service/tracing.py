@@ -91,15 +91,16 @@ def tracer() -> trace.Tracer:
     return _provider.get_tracer(_TRACER_NAME) if _provider is not None else trace.get_tracer(_TRACER_NAME)
 
 
-def client_span(name: str, attributes: dict) -> tuple[trace.Span | None, list[tuple[str, str]] | None]:
+def client_span(name: str, attributes: dict) -> tuple[trace.Span | None, dict]:
     """A CLIENT span, child of the current one, not made current (it outlives the caller's frame in an async
-    generator), and the gRPC metadata that carries it to the callee; (None, None) while tracing is off."""
+    generator), and the keyword arguments of the gRPC call that carry it to the callee (`metadata=`); (None, {})
+    while tracing is off, so the call is made exactly as without tracing."""
     if not _enabled:
-        return None, None
+        return None, {}
     span = tracer().start_span(name, kind=trace.SpanKind.CLIENT, attributes=attributes)
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=trace.set_span_in_context(span))
-    return span, list(carrier.items())
+    return span, {"metadata": tuple(carrier.items())}
 
 
 def end_span(span: trace.Span | None, error: BaseException | None = None) -> None:

@@ -31,10 +31,24 @@ GENERATION_RESPONSES = {
 
 def usage(*totals: RequestStats) -> dict:
     """OpenAI's usage of one request's `total_stats`, or of several requests' (a batch of prompts) summed: so each
-    prompt counts once however many choices it has (as at OpenAI and vLLM), and every choice's completion tokens."""
+    prompt counts once however many choices it has (as at OpenAI and vLLM), and every choice's completion tokens.
+
+    DeepSpec's extension, `speculation`, says what speculation did for the request, as the gRPC API's Usage does:
+    draft tokens proposed, those the target accepted, and, where the worker counts them, the verify rounds that had
+    drafts and their mean tokens committed (accepted + 1 each: the acceptance length). Present only where drafts
+    were proposed: an OpenAI
+    upstream reports no draft counts, and zeros there would claim a speculation it may well have done. OpenAI's
+    `completion_tokens_details.accepted_prediction_tokens` is left alone: it counts a caller's Predicted Output."""
     prompt = sum(t.num_prompt_tokens for t in totals)
     completion = sum(t.num_output_tokens for t in totals)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    body = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    drafted = sum(t.num_draft_tokens for t in totals)
+    if drafted:
+        accepted, rounds = sum(t.num_accepted_tokens for t in totals), sum(t.num_spec_steps for t in totals)
+        spec = body["speculation"] = {"draft_tokens": drafted, "accepted_tokens": accepted}
+        if rounds:  # a Triton LLM-API model reports totals, not rounds
+            spec |= {"drafted_rounds": rounds, "acceptance_length": round((accepted + rounds) / rounds, 4)}
+    return body
 
 
 class EventStreamResponse(StreamingResponse):

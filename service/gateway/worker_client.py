@@ -277,9 +277,9 @@ class WorkerClient:
             chunks = merge_sequences([chunk async for chunk in self._stream(request, timeout_s,
                                                                             signature.cumulative_text)])
         else:
-            span, metadata = tracing.client_span("deepspec.worker/ModelInfer", self._span_attributes(req.model))
+            span, trace_metadata = tracing.client_span("deepspec.worker/ModelInfer", self._span_attributes(req.model))
             try:
-                chunks = [parse_response(await self.stub.ModelInfer(request, timeout=timeout_s, metadata=metadata))]
+                chunks = [parse_response(await self.stub.ModelInfer(request, timeout=timeout_s, **trace_metadata))]
             except grpc.aio.AioRpcError as e:
                 tracing.end_span(span, e)
                 raise _rpc_error(e) from None
@@ -292,9 +292,9 @@ class WorkerClient:
                       cumulative_text: bool = False) -> AsyncIterator[Chunk]:
         """The worker's responses as chunks of new text; `cumulative_text` (the stock LLM-API model) says each
         response holds the whole text so far, so only what it adds to the previous one is passed on."""
-        span, metadata = tracing.client_span("deepspec.worker/ModelStreamInfer",
-                                             self._span_attributes(request.model_name))  # fmt: skip
-        call = self.stub.ModelStreamInfer(iter([request]), timeout=timeout_s, metadata=metadata)
+        span, trace_metadata = tracing.client_span("deepspec.worker/ModelStreamInfer",
+                                                   self._span_attributes(request.model_name))  # fmt: skip
+        call = self.stub.ModelStreamInfer(iter([request]), timeout=timeout_s, **trace_metadata)
         text_so_far: dict[int, str] = {}  # sequence index -> its whole text so far
         error = None
         try:

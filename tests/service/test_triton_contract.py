@@ -76,7 +76,8 @@ def test_non_streaming_completion_reaches_the_decoupled_model_with_usage_and_acc
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["choices"][0]["text"] == "".join(WORDS[:3]) and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": len("hello"), "completion_tokens": 3, "total_tokens": len("hello") + 3}
+    assert body["usage"] == {"prompt_tokens": len("hello"), "completion_tokens": 3, "total_tokens": len("hello") + 3,
+                             "speculation": {"draft_tokens": drafted, "accepted_tokens": accepted}}  # no rounds
     assert (drafted, accepted) == (3 * DRAFTED_PER_STEP, 3 * ACCEPTED_PER_STEP)
     (request,) = requests
     assert request._inputs[c.LLMAPI_NAMES["stream"]].tolist() == [False]
