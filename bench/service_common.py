@@ -25,11 +25,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _exit_on_sigterm() -> None:
+    """A benchmark stopped with SIGTERM (`kill`, `timeout`) unwinds as on Ctrl-C, so each `finally: proc.stop()`
+    runs: Python's default SIGTERM action ends the process at once and leaves its servers running, decoding on the
+    cores the next benchmark measures on."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 class Proc:
     """A server process; `wait_http` polls a URL until 200, failing with the log tail if the process dies."""
 
     def __init__(self, args: list[str], name: str, cpus: set[int] | None = None):
         """`cpus`: the CPUs the process (and its threads) may run on, None for any."""
+        _exit_on_sigterm()
         self.log_path = RESULTS / f"{name}.log"
         self.log = open(self.log_path, "wb")
         pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
