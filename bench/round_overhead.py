@@ -2,7 +2,7 @@
 
     python -m bench.round_overhead                 # ~3 min on 2 cores; writes bench/results/round_overhead.json
     python -m bench.round_overhead --num-prompts 1 --max-tokens 16 --batch-sizes 1   # a smoke run
-    python -m bench.round_overhead --engine native --datasets chat --distinct   # the served case on held-out chat
+    python -m bench.round_overhead --backend native --datasets chat --distinct   # the served case on held-out chat
 
 Each row decodes the same prompts (N each from humaneval, gsm8k and mbpp, chat template, a fixed number of new
 tokens; greedy, or at each of --temperatures with fixed seeds, top-p 1) with the engine's phase timer on
@@ -41,7 +41,7 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and activations")
-    p.add_argument("--engine", default=PYTORCH, choices=[PYTORCH, NATIVE],
+    p.add_argument("--backend", "--engine", default=PYTORCH, choices=[PYTORCH, NATIVE],
                    help="pytorch: the lean PyTorch decoder (or an ONNX export's graph, --target <dir>); native: the "
                         "native CPU decoder on its own choice of weights (default: %(default)s)")
     p.add_argument("--drafters", default="none,auto,prompt-lookup", help="comma list of drafter specs")
@@ -55,7 +55,10 @@ def parse_args(argv):
                    help="comma list of sampling temperatures, each its own rows (top-p 1; default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "round_overhead.json"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if "--engine" in (sys.argv[1:] if argv is None else argv):
+        print("python -m bench.round_overhead: warning: --engine is deprecated: use --backend", file=sys.stderr)
+    return args
 
 
 def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_tokens: int, temperature: float = 0.0,
@@ -96,7 +99,7 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.engine == NATIVE:
+    if args.backend == NATIVE:
         from deepspec.models.native import load_native_target
 
         target = load_native_target(args.target)
@@ -114,7 +117,7 @@ def main(argv=None) -> int:
                 print(f"{name}: {rows[name]['tok_s']:.1f} tok/s, {rows[name]['tokens_per_step']:.2f} tokens/step/row",
                       file=sys.stderr)
     columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
-    weights = f"native {target.quantization}" if args.engine == NATIVE else args.dtype
+    weights = f"native {target.quantization}" if args.backend == NATIVE else args.dtype
     print(f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, temperatures "
           f"{args.temperatures}, "
           f"torch threads {torch.get_num_threads()}; CPU flags: {cpu_flags()}")

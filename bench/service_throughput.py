@@ -188,12 +188,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)")
     from service.worker.fastest_engine import ENGINES
 
-    parser.add_argument("--engine", choices=ENGINES, default=None,
-                        help="the deepspec servers' --engine (default: theirs, auto = the engine measured fastest here)")
+    parser.add_argument("--backend", "--engine", choices=ENGINES, default=None,
+                        help="the deepspec servers' --backend (default: theirs, auto = the backend measured fastest "
+                             "here); --engine is its deprecated name")
     parser.add_argument("--temperature", type=_temperature, action="append",
                         help="sampling temperature of a workload (repeatable; default 0 and 1; 0 = greedy)")
     parser.add_argument("--top-p", type=_top_p, default=1.0, help="top-p of the sampled workloads (default 1 = off)")
     args = parser.parse_args(argv)
+    if "--engine" in (sys.argv[1:] if argv is None else argv):
+        print("python -m bench.service_throughput: warning: --engine is deprecated: use --backend", file=sys.stderr)
     temperatures = list(dict.fromkeys(args.temperature or [0.0, 1.0]))
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = eval_dataset(args.dataset).read_text().splitlines()
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             print(f"round {round_index + 1}/{args.rounds}: starting {kind} ...", flush=True)
             extra = ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
-            extra += ["--engine", args.engine] if args.engine else []
+            extra += ["--backend", args.backend] if args.backend else []
             proc, model, ready_url = start(kind, port, extra)
             try:
                 proc.wait_http(ready_url, 600)

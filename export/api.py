@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepspec.models.backends import ONNX, resolve_backend
+from deepspec.models.quantization import WEIGHT_FORMATS
 from export.errors import ExportError
 
 __all__ = ["ExportError", "ExportRequest", "ExportResult", "export_bundle", "exported_draft_dir",
@@ -21,8 +23,10 @@ __all__ = ["ExportError", "ExportRequest", "ExportResult", "export_bundle", "exp
 
 #: the dtypes a bundle's weights may be written in
 DTYPES = ("bfloat16", "float16", "float32")
-#: the weight formats of an onnx bundle
-ONNX_QUANTIZATIONS = ("none", "int4", "int8", "auto")
+#: the values of --quantization that each format honours, out of the one weight-format option the worker takes too
+#: (deepspec/models/quantization.py WEIGHT_FORMATS): an onnx bundle takes what the onnx backend runs, every other
+#: format writes dense weights in --dtype ("none") and refuses the rest
+FORMAT_WEIGHT_FORMATS = {"onnx": resolve_backend(ONNX).weight_formats}
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,9 @@ class ExportRequest:
     tp: int = 1
     #: draft tokens per verify step written into the launch snippets
     num_speculative_tokens: int = 3
-    #: the weight format of an onnx bundle (export/onnx: none, int4, int8 or auto); other formats take "none" only
-    quantization: str = "none"
+    #: the weight format (WEIGHT_FORMATS); None = the format's own (dense weights in `dtype`). An onnx bundle takes
+    #: none, int8, int4 or auto (the faster here, measured); the other formats "none" only
+    quantization: str | None = None
     #: tensorrt-llm: also run build.sh here
     build: bool = False
     #: replace an existing, non-empty `out`
@@ -60,11 +65,14 @@ class ExportRequest:
             raise ExportError("--num-speculative-tokens must be in 1..16")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ExportError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        if self.quantization not in ONNX_QUANTIZATIONS:
-            raise ExportError(f"--quantization must be one of {', '.join(ONNX_QUANTIZATIONS)}, "
-                              f"not {self.quantization!r}")
-        if self.quantization != "none" and self.format != "onnx":
-            raise ExportError("--quantization applies to --format onnx only")
+        if self.quantization is None:
+            return
+        if self.quantization not in WEIGHT_FORMATS:
+            raise ExportError(f"--quantization must be one of {', '.join(WEIGHT_FORMATS)}, not {self.quantization!r}")
+        takes = FORMAT_WEIGHT_FORMATS.get(self.format, ("none",))
+        if self.quantization not in takes:
+            raise ExportError(f"--quantization {self.quantization} does not apply to --format {self.format}: it takes "
+                              f"{', '.join(takes)}")
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ def export_bundle(request: ExportRequest, progress=None) -> ExportResult:
     check_out(request.out, request.force)
     job = make_job(fmt, request)
     job.options["final_out"] = request.out  # where the output will live once renamed (for absolute paths inside it)
-    job.options["quantization"] = request.quantization
+    job.options["quantization"] = request.quantization or "none"
     _choose_chat_template(job, request.chat_template)
     for warning in job.options.get("warnings", []):
         print(f"python -m export: warning: {warning}", file=sys.stderr)

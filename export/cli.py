@@ -1,7 +1,8 @@
-"""`python -m export`: a target and a trained draft -> a directory the chosen engine serves.
+"""`python -m export`: a target and a trained draft -> a bundle (a folder with manifest.json) that a server or backend
+loads: DeepSpec's worker, ONNX Runtime, vLLM, SGLang, TensorRT-LLM, Triton.
 
-Deliberately limited to parsing flags, resolving the inputs and the write-then-rename lifecycle; each format's
-work lives in export/formats/ (registry: export/registry.py). Bad input is one line on stderr and exit code 2, and
+Deliberately limited to parsing flags into an `ExportRequest` for `export_bundle` (export/api.py, the lifecycle);
+each format's work lives in export/formats/ (registry: export/registry.py). Bad input is one line on stderr and exit code 2, and
 nothing is left behind.
 
     python -m export --format pytorch --out engines/cpu                         # default target + best shipped draft
@@ -20,16 +21,17 @@ import sys
 from pathlib import Path
 
 from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES
-from export.api import DTYPES, ONNX_QUANTIZATIONS, ExportError, ExportRequest, export_bundle
+from deepspec.models.quantization import WEIGHT_FORMATS
+from export.api import DTYPES, ExportError, ExportRequest, export_bundle
 from export.registry import FORMAT_ENGINES, FORMAT_MODULES
 
 def build_parser() -> argparse.ArgumentParser:
     formats = "\n".join(f"  {name:<13} {engine}" for name, engine in FORMAT_ENGINES.items())
     p = argparse.ArgumentParser(
         prog="python -m export", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Export a target and its trained draft for a serving engine. Every output directory carries "
-                    "manifest.json (what it was made from, every file's sha256).",
-        epilog=f"formats (--format) and the engine each is for:\n{formats}\n\n"
+        description="Export a target and its trained draft as a bundle for a server or backend. Every bundle "
+                    "carries manifest.json (what it was made from, every file's sha256).",
+        epilog=f"formats (--format) and the server or backend each is for:\n{formats}\n\n"
                "Layer ids, tensor names and what each engine refuses: export/DESIGN.md.")
     g = p.add_argument_group("what to export")
     g.add_argument("--target", default="smollm2-135m",
@@ -45,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"a built-in ({', '.join(BUILTIN_CHAT_TEMPLATES)}) or a Jinja file (default: the target's own)")
     g = p.add_argument_group("output")
     g.add_argument("--out", required=True, type=Path,
-                   help="output directory; written beside it under a scratch name and renamed at the end")
+                   help="the bundle's folder; written beside it under a scratch name and renamed at the end")
     g.add_argument("--force", action="store_true", help="replace an existing, non-empty --out")
     g.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights dtype written (default: bfloat16; pytorch: the worker loads float32 or bfloat16)")
@@ -55,13 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "in launch snippets (default 1)")
     g.add_argument("--num-speculative-tokens", type=int, default=3,
                    help="draft tokens per verify step written into the launch snippets (default 3; 1-16)")
-    g.add_argument("--quantization", choices=ONNX_QUANTIZATIONS, default="none",
-                   help="onnx: matmul weights as float32 (none, default), 4-bit blocks of 32 run by ONNX Runtime's "
-                        "MatMulNBits (int4: ~3x smaller, faster batch-1 decode on CPU), int8 per channel run by "
-                        "MatMulIntegerToFloat on activations quantized per row (int8: 2x int4's size, cheaper "
-                        "multi-token verify steps), or auto: "
-                        "export int8 and int4, time each one's verify steps here and keep the faster (the choice and "
-                        "both curves go into onnx.json; the graph runs best on the machine that exported it)")
+    g.add_argument("--quantization", choices=WEIGHT_FORMATS, default=None,
+                   help="weight format, the worker's option (default: the format's own, dense weights in --dtype). "
+                        "onnx: none (float32), int4 (4-bit blocks of 32 run by ONNX Runtime's MatMulNBits: ~3x "
+                        "smaller, faster batch-1 decode on CPU), int8 (per channel, MatMulIntegerToFloat on "
+                        "activations quantized per row: 2x int4's size, cheaper multi-token verify steps) or auto "
+                        "(export int8 and int4, time each one's verify steps here and keep the faster; the choice and "
+                        "both curves go into onnx.json). Other formats take none only; a value that does not apply "
+                        "is refused")
     g.add_argument("--build", action="store_true",
                    help="tensorrt-llm: also run build.sh (trtllm-build) here; needs tensorrt_llm and a CUDA GPU, "
                         "else exit 2 naming what is missing and the commands to run on a GPU host")

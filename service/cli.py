@@ -9,7 +9,7 @@ Deliberately limited to parsing flags into settings and running the process life
     python -m service gateway --workers localhost:8001 --http-port 8000 --grpc-port 50051
     python -m service gateway --workers dns://deepspec-worker-headless:8001 --api-keys-file /etc/deepspec/keys
     python -m service gateway --workers k8s://deepspec-worker:grpc     # in a pod: watch the Service's EndpointSlices
-    python -m service worker --engine-dir /engines/engine --port 8001  # target + draft from its manifest.json
+    python -m service worker --bundle-dir /bundles/cpu --port 8001  # target + draft from its manifest.json
     curl localhost:8000/v1/completions -H 'content-type: application/json' \\
          -d '{"model": "smollm2-135m", "prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}'
 
@@ -41,7 +41,7 @@ def _default(model, name: str) -> str:
 
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
-    from service.worker.settings import ENGINES, QUANTIZATIONS, WorkerSettings
+    from service.worker.settings import ENGINES, WEIGHT_FORMATS, WorkerSettings
 
     def d(name: str) -> str:
         return _default(WorkerSettings, name)
@@ -51,21 +51,24 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                                     "weightless test target)")
     g.add_argument("--draft", help="draft directory, 'prompt-lookup', 'none' (target only) or 'auto' (best shipped "
                                    f"draft) (default {d('draft')})")
-    g.add_argument("--engine-dir",
-                   help="engine directory from `python -m export` (format pytorch): target, draft and dtype come from "
+    g.add_argument("--bundle-dir",
+                   help="a bundle from `python -m export` (format pytorch or onnx): target, draft and dtype come from "
                         "its manifest.json; --target/--draft/--dtype given as well win")
-    g.add_argument("--engine", choices=ENGINES,
-                   help="auto (default): the engine measured fastest on this machine, the PyTorch engine, ONNX "
-                        "Runtime on an export made on the first start, or the native CPU decoder (int8, compiled for "
-                        "this CPU on the first start), measured once and cached (a minute); pytorch / onnx / native: "
-                        "that one. " + _engine_choice_line())
+    g.add_argument("--engine-dir", help="deprecated: --bundle-dir")
+    g.add_argument("--backend", choices=ENGINES,
+                   help="auto (default): the inference backend measured fastest on this machine, the PyTorch "
+                        "decoder, ONNX Runtime on an export made on the first start, or the native CPU decoder "
+                        "(compiled for this CPU on the first start), measured once and cached (a minute); pytorch / "
+                        "onnx / native: that one. " + _engine_choice_line())
+    g.add_argument("--engine", choices=ENGINES, help="deprecated: --backend")
     g.add_argument("--device", choices=["cpu", "cuda"], help=f"(default {d('device')})")
     g.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help=f"weights dtype (default {d('dtype')}: ~2x faster decoding than float32 on CPU)")
-    g.add_argument("--quantization", choices=QUANTIZATIONS,
-                   help="gguf: keep a GGUF target's own 4-bit matmul weights (CPU, bf16; ~2x faster batch-1 decode); "
-                        f"none: dense weights in --dtype; auto (default {d('quantization')}): gguf where it applies, "
-                        "else none")
+    g.add_argument("--quantization", choices=WEIGHT_FORMATS,
+                   help=f"weight format (default {d('quantization')}: each backend's own). pytorch: none (dense in "
+                        "--dtype) or gguf (a GGUF target's own 4-bit weights; CPU, bf16); onnx: none, int8 or int4 "
+                        "(the first start's export); native: int8 or int4. Refused where the backend does not "
+                        "take it; with --backend auto only auto applies")
     g.add_argument("--chat-template",
                    help="chat template for a target that ships none (gemma3-270m): smollm2, qwen, gemma3 or a Jinja "
                         "file (default: the tokenizer's own)")
@@ -94,7 +97,7 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
 
 
 def _engine_choice_line() -> str:
-    """What --engine auto serves on this machine with the default settings (read from its cache; --help never
+    """What --backend auto serves on this machine with the default settings (read from its cache; --help never
     measures or fails for it)."""
     try:
         from service.worker.fastest_engine import describe_cached_choice
@@ -197,8 +200,8 @@ def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParse
     """Every subcommand, with the flags of those in `commands` (the gateway image, which has no deepspec library,
     builds only the gateway's)."""
     epilog = __doc__
-    if not set(commands) & set(COMMANDS):  # the top-level --help: say which engine `python -m service` serves here
-        epilog += "\nEngine (worker --engine auto): " + _engine_choice_line() + "\n"
+    if not set(commands) & set(COMMANDS):  # the top-level --help: say which backend `python -m service` serves here
+        epilog += "\nBackend (worker --backend auto): " + _engine_choice_line() + "\n"
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)  # fmt: skip
     common = argparse.ArgumentParser(add_help=False)

@@ -1,4 +1,4 @@
-"""Read an engine directory (`python -m export --out DIR`) into the worker's target, draft and dtype.
+"""Read a bundle (`python -m export --out DIR`, the worker's `--bundle-dir`) into its target, draft and dtype.
 
 `DIR/manifest.json` holds at least:
 
@@ -68,10 +68,10 @@ def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
     """Validate DIR/manifest.json and resolve its paths; raise EngineDirError saying what is wrong."""
     root = Path(engine_dir)
     if not root.is_dir():
-        raise EngineDirError(f"--engine-dir {root}: no such directory (write one with python -m export --out {root})")
+        raise EngineDirError(f"--bundle-dir {root}: no such directory (write one with python -m export --out {root})")
     path = root / MANIFEST
     if not path.is_file():
-        raise EngineDirError(f"--engine-dir {root}: no {MANIFEST} (an unfinished export? run python -m export again)")
+        raise EngineDirError(f"--bundle-dir {root}: no {MANIFEST} (an unfinished export? run python -m export again)")
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -1,4 +1,4 @@
-"""`--engine auto` (the worker's default): serve the engine that runs fastest on this machine.
+"""`--backend auto` (the worker's default): serve the inference backend that runs fastest on this machine.
 
 Three engines serve the same target on CPU: the PyTorch engine (bf16, the GGUF's own 4-bit weights), ONNX Runtime
 on an exported graph (`python -m export --format onnx --quantization auto`: int8 or int4 weights, whichever this
@@ -22,10 +22,10 @@ products, AVX-512), so it is measured, not assumed:
    entry made by an older release for the same settings is deleted when its successor is created (`key.json` says
    what each entry was made for).
 
-`--engine pytorch`, `--engine onnx` or `--engine native` skips the measurement. Auto leaves out, without measuring,
+`--backend pytorch`, `--backend onnx` or `--backend native` skips the measurement. Auto leaves out, without measuring,
 an engine that cannot run: ONNX on a CUDA device, without onnxruntime, for a target its graph does not describe, or
 when the export fails; native on a CUDA device or without a C compiler (each logged; naming the engine raises
-instead). An `--engine-dir` is served as exported.
+instead). A `--bundle-dir` is served as exported.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from deepspec.models.backends import AUTO, NATIVE, ONNX, PYTORCH, backend_choice
 
 logger = logging.getLogger(__name__)
 
-#: the worker's --engine choices: the registered backends (deepspec/models/backends.py), then auto
+#: the worker's --backend choices: the registered backends (deepspec/models/backends.py), then auto
 ENGINES: tuple[str, ...] = backend_choices()
 CHOICE_FILE = "choice.json"
 #: bumped when the choice's rule or the cache layout changes: older records are then measured again (4: a neural
@@ -62,7 +62,7 @@ CHOICE_VERSION = 9
 
 @dataclass(frozen=True)
 class EngineChoice:
-    #: "pytorch", "onnx", "native", or "engine-dir" (an --engine-dir, served as its manifest says)
+    #: a backend's name (deepspec/models/backends.py), or "bundle" (a --bundle-dir, served as its manifest says)
     engine: str
     #: why, in one line (logged, printed by --help)
     reason: str
@@ -82,20 +82,20 @@ class EngineChoice:
 
 def choose_engine(settings) -> EngineChoice:
     """The engine these worker settings run: measured and cached for `auto` (module docstring)."""
-    if settings.engine_dir is not None:
-        return EngineChoice("engine-dir", f"as exported in {settings.engine_dir}")
+    if settings.bundle_dir is not None:
+        return EngineChoice("bundle", f"as exported in {settings.bundle_dir}")
     if settings.target == "stub":
         return EngineChoice(PYTORCH, "the stub target")
-    if settings.engine == PYTORCH:
-        return EngineChoice(PYTORCH, "--engine pytorch")
+    if settings.backend == PYTORCH:
+        return EngineChoice(PYTORCH, "--backend pytorch")
     native = native_blocker(settings)
-    if settings.engine == NATIVE:
+    if settings.backend == NATIVE:
         if native:
-            raise ValueError(f"--engine native: {native}")
-        return EngineChoice(NATIVE, "--engine native")
+            raise ValueError(f"--backend native: {native}")
+        return EngineChoice(NATIVE, "--backend native")
     blocker = onnx_blocker(settings)
-    if blocker and settings.engine == ONNX:
-        raise ValueError(f"--engine onnx: {blocker}")
+    if blocker and settings.backend == ONNX:
+        raise ValueError(f"--backend onnx: {blocker}")
     if blocker and native:
         return EngineChoice(PYTORCH, f"the ONNX engine does not apply: {blocker}; the native one: {native}")
     try:
@@ -112,15 +112,15 @@ def choose_engine(settings) -> EngineChoice:
                 try:
                     onnx_dir = ensure_onnx_export(settings, root / "onnx")
                 except (RuntimeError, OSError) as e:
-                    if settings.engine == ONNX or native:
+                    if settings.backend == ONNX or native:
                         raise
                     logger.warning("the ONNX engine could not be prepared (%s): weighing the others", e)
-            if settings.engine == ONNX:
-                return EngineChoice(ONNX, "--engine onnx", onnx_dir)
+            if settings.backend == ONNX:
+                return EngineChoice(ONNX, "--backend onnx", onnx_dir)
             return (cached_choice(root, onnx_dir, native is None)
                     or measure_choice(settings, root, onnx_dir, native is None))
     except (RuntimeError, OSError, ValueError) as e:  # an export or a measurement that failed (a broken draft, ...)
-        if settings.engine == ONNX:
+        if settings.backend == ONNX:
             raise
         logger.warning("serving the PyTorch engine: the other engines could not be prepared (%s)", e)
         return EngineChoice(PYTORCH, f"the other engines could not be prepared ({e})")
@@ -225,7 +225,8 @@ def ensure_onnx_export(settings, out: Path) -> Path:
     logger.info("exporting the ONNX engine for %s into %s (first start on this machine)", settings.target, out)
     try:
         export_bundle(ExportRequest(format="onnx", out=out, target=settings.target, draft=settings.draft,
-                                    chat_template=settings.chat_template, quantization="auto", force=True))
+                                    chat_template=settings.chat_template, quantization=settings.quantization,
+                                    force=True))
     except ExportError as e:
         raise RuntimeError(f"the ONNX export for {settings.target} failed: {e}") from e
     return out
@@ -368,7 +369,7 @@ def _exported_draft_time(onnx_meta: dict, depth: int):
 def describe_cached_choice(settings) -> str | None:
     """One line for --help: the choice recorded for these settings on this machine, or None before the first
     start (reads choice.json only; measures nothing)."""
-    if settings.engine != AUTO or settings.engine_dir is not None or settings.target == "stub":
+    if settings.backend != AUTO or settings.bundle_dir is not None or settings.target == "stub":
         return None
     root = engine_cache_dir(settings)
     choice = cached_choice(root, root / "onnx")

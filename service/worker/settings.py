@@ -1,10 +1,14 @@
 """The worker's settings: one engine and its KServe v2 server (see `service.settings` for how they are filled).
 
-Target and quantization defaults come from the library the worker runs (`deepspec.models`).
+Target, backend and weight-format choices come from the library the worker runs (`deepspec.models`). The old names
+`engine` and `engine_dir` (flags `--engine`, `--engine-dir`, variables DEEPSPEC_WORKER_ENGINE and
+DEEPSPEC_WORKER_ENGINE_DIR) are still read, with a FutureWarning naming the new one: an inference backend is a
+*backend* and an export's folder a *bundle*, "engine" being the library's SpecEngine only.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -12,12 +16,12 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from deepspec.models.aliases import DEFAULT_TARGET
-from deepspec.models.backends import AUTO, check_backend_choice
-from deepspec.models.quantization import QUANTIZATIONS, Quantization
+from deepspec.models.backends import AUTO, check_backend_choice, resolve_backend
+from deepspec.models.quantization import QUANTIZATIONS, WEIGHT_FORMATS, WeightFormat
 from service.settings import ServiceSettings
 from service.worker.fastest_engine import ENGINES
 
-__all__ = ["ENGINES", "EmbeddedWorkerSettings", "QUANTIZATIONS", "WorkerSettings"]
+__all__ = ["ENGINES", "EmbeddedWorkerSettings", "QUANTIZATIONS", "WEIGHT_FORMATS", "WorkerSettings"]
 
 
 class WorkerSettings(ServiceSettings):
@@ -27,21 +31,26 @@ class WorkerSettings(ServiceSettings):
     target: str = DEFAULT_TARGET
     #: draft directory, "prompt-lookup", "none" (target only) or "auto" (best shipped draft)
     draft: str = "auto"
-    #: `python -m export` output; its manifest.json sets target, draft and dtype where they are not given explicitly
+    #: a bundle `python -m export` wrote; its manifest.json sets target, draft and dtype where they are not given
+    bundle_dir: Path | None = None
+    #: the inference backend (deepspec/models/backends.py): "auto" = the one measured fastest on this machine (the
+    #: PyTorch decoder, ONNX Runtime on an export made on the first start, or the native CPU decoder, cached after the
+    #: first start: service/worker/fastest_engine.py); "pytorch" / "onnx" / "native" = that one
+    backend: str = AUTO
+    #: deprecated name of `backend` (DEEPSPEC_WORKER_ENGINE, --engine): read, moved to `backend`, warned about
+    engine: str | None = None
+    #: deprecated name of `bundle_dir` (DEEPSPEC_WORKER_ENGINE_DIR, --engine-dir)
     engine_dir: Path | None = None
-    #: "auto" = the engine measured fastest on this machine (the PyTorch engine, the ONNX export or the native CPU
-    #: decoder, cached after the first start: service/worker/fastest_engine.py); "pytorch" / "onnx" / "native" = that
-    #: one (deepspec/models/backends.py)
-    engine: str = AUTO
     #: KServe v2 gRPC port (0 = pick a free one)
     port: int = Field(8001, ge=0, le=65535)
     #: Prometheus /metrics HTTP port (0 = pick a free one, -1 = off)
     metrics_port: int = Field(8002, ge=-1, le=65535)
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 decodes ~2x faster on CPU (prepacked oneDNN matmuls)
-    #: "gguf" = keep a GGUF target's 4-bit matmul weights (CPU, bf16: ~2x faster batch-1 decode); "auto" = gguf
-    #: where it applies, else "none" (dense weights in `dtype`)
-    quantization: Quantization = "auto"
+    #: the weight format (deepspec/models/quantization.py): "auto" = the backend's own choice; "none" / "gguf"
+    #: (pytorch: dense in `dtype`, a GGUF target's 4-bit weights), "int8" / "int4" (onnx: the first start's export;
+    #: native). A value the backend does not honour is refused; with backend auto only "auto" applies
+    quantization: WeightFormat = "auto"
     #: chat template for a target that ships none: a built-in (smollm2, qwen, gemma3) or a Jinja file
     chat_template: str | None = None
     #: sequences decoded together in one engine step
@@ -62,17 +71,49 @@ class WorkerSettings(ServiceSettings):
     #: stub target only: simulated time per forward, milliseconds
     stub_step_ms: float = Field(0.0, ge=0)
 
-    @field_validator("engine")
+    @field_validator("backend", "engine")
     @classmethod
-    def _known_backend(cls, value: str) -> str:
-        return check_backend_choice(value)
+    def _known_backend(cls, value: str | None) -> str | None:
+        return value if value is None else check_backend_choice(value)
 
     @model_validator(mode="after")
-    def _apply_engine_dir(self):
-        if self.engine_dir is not None:
+    def _move_deprecated_names(self):
+        """engine -> backend and engine_dir -> bundle_dir, once, with a warning; both names set differently is an
+        error (which one was meant?)."""
+        for old, new in (("engine", "backend"), ("engine_dir", "bundle_dir")):
+            value = getattr(self, old)
+            if value is None:
+                continue
+            flag, variable = f"--{old.replace('_', '-')}", f"DEEPSPEC_WORKER_{old.upper()}"
+            if new in self.model_fields_set and getattr(self, new) != value:
+                raise ValueError(f"{flag} ({variable}) is the deprecated name of --{new.replace('_', '-')}: give "
+                                 "only the new one")
+            warnings.warn(f"{flag} / {variable} is deprecated: use --{new.replace('_', '-')} / "
+                          f"DEEPSPEC_WORKER_{new.upper()} (same values)", FutureWarning, stacklevel=2)
+            setattr(self, new, value)
+            setattr(self, old, None)
+            self.model_fields_set.add(new)
+        return self
+
+    @model_validator(mode="after")
+    def _weight_format_applies(self):
+        """A weight format the chosen backend does not honour is refused, never ignored; with backend auto each
+        candidate runs its own, so only "auto" applies (a bundle and the stub target carry their own weights)."""
+        if self.quantization == AUTO or self.bundle_dir is not None or self.target == "stub":
+            return self
+        if self.backend == AUTO:
+            takes = [b for b in ENGINES if b != AUTO and self.quantization in resolve_backend(b).weight_formats]
+            raise ValueError(f"--quantization {self.quantization} names one backend's weights, and --backend auto "
+                             f"weighs each candidate in its own: give --backend {' or '.join(takes)} as well")
+        resolve_backend(self.backend).check_weight_format(self.quantization)
+        return self
+
+    @model_validator(mode="after")
+    def _apply_bundle_dir(self):
+        if self.bundle_dir is not None:
             from service.worker.engine_dir import read_engine_dir
 
-            for name, value in read_engine_dir(self.engine_dir).worker_fields().items():
+            for name, value in read_engine_dir(self.bundle_dir).worker_fields().items():
                 if name not in self.model_fields_set:  # a flag (or env var) beats the manifest
                     setattr(self, name, value)
         return self

@@ -15,8 +15,8 @@ from export.progress import quiet
     ({"tp": 0}, "--tp must be >= 1"),
     ({"num_speculative_tokens": 17}, "--num-speculative-tokens must be in 1..16"),
     ({"dtype": "int3"}, "--dtype must be one of bfloat16, float16, float32"),
-    ({"quantization": "fp4"}, "--quantization must be one of none, int4, int8, auto"),
-    ({"quantization": "int4"}, "--quantization applies to --format onnx only"),
+    ({"quantization": "fp4"}, "--quantization must be one of auto, none, gguf, int8, int4"),
+    ({"quantization": "int4"}, "--quantization int4 does not apply to --format pytorch: it takes none"),
 ])
 def test_a_request_out_of_range_is_refused_before_anything_runs(tmp_path, fields, message):
     with pytest.raises(ExportError, match=message):
@@ -38,3 +38,12 @@ def test_bad_input_raises_and_leaves_nothing_behind(tmp_path, targets):
         export_bundle(ExportRequest(format="triton-repo", out=tmp_path / "out", target=str(targets["gemma3_text"]),
                                     draft="none"), quiet())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_weight_format_option_refused_where_it_does_not_apply(tmp_path):
+    """The worker's and export's --quantization take one set of values; each format honours its share."""
+    with pytest.raises(ExportError, match="--quantization gguf does not apply to --format onnx: it takes auto, none, "
+                                          "int8, int4"):
+        ExportRequest(format="onnx", out=tmp_path / "out", quantization="gguf")
+    assert ExportRequest(format="onnx", out=tmp_path / "out", quantization="int8").quantization == "int8"
+    assert ExportRequest(format="vllm", out=tmp_path / "out", quantization="none").quantization == "none"

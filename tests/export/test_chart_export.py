@@ -68,7 +68,7 @@ def test_init_container_command_runs_here_and_the_worker_serves_its_output(tmp_p
     again = subprocess.run(argv, cwd=REPO, env=run_env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "already exported" in again.stdout  # a restarted pod skips the export
 
-    worker = Worker(tmp_path, "--engine-dir", str(engine_dir), "--max-batch-size", "1")
+    worker = Worker(tmp_path, "--bundle-dir", str(engine_dir), "--max-batch-size", "1")
     i = worker.args.index("--target")
     del worker.args[i : i + 2]  # target and draft come from the manifest
     worker.start().wait_ready(timeout_s=300)

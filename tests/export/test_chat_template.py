@@ -67,7 +67,7 @@ def test_a_format_serving_the_targets_own_tokenizer_writes_it_beside_the_manifes
     assert (out / "chat_template.jinja").read_text() == BUILTIN_CHAT_TEMPLATES["gemma3"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["chat_template"] == "chat_template.jinja" and "chat_template.jinja" in manifest["files"]
-    # the worker's --engine-dir takes it from the manifest: nothing left for the user to pass
+    # the worker's --bundle-dir takes it from the manifest: nothing left for the user to pass
     assert "warning" not in result.stderr and "warnings" not in manifest
     from service.worker.engine_dir import read_engine_dir
 

@@ -1,5 +1,5 @@
 """`python -m export --format onnx` end to end: the CLI writes the engine directory, `python -m service worker
---engine-dir DIR` serves it through ONNX Runtime, and a real `tritonclient` gRPC request gets the same greedy text
+--bundle-dir DIR` serves it through ONNX Runtime, and a real `tritonclient` gRPC request gets the same greedy text
 as from the PyTorch worker on the same fp32 weights."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _complete(address: str, model: str, prompt: str, max_tokens: int) -> str:
 
 def _serve(tmp_path, *args: str) -> Worker:
     worker = Worker(tmp_path, *args, "--max-batch-size", "2", "--max-seq-len", "512",
-                    name="onnx" if "--engine-dir" in args else "torch")
+                    name="onnx" if "--bundle-dir" in args else "torch")
     i = worker.args.index("--target")
     del worker.args[i : i + 2]
     return worker.start()
@@ -50,7 +50,7 @@ def test_worker_serves_the_onnx_export_with_the_pytorch_workers_text(tmp_path):
     assert manifest["format"] == "onnx" and manifest["draft"] == "prompt-lookup"
     assert "target.onnx" in manifest["files"] and "onnx.json" in manifest["files"]
 
-    onnx_worker = _serve(tmp_path, "--engine-dir", str(out))
+    onnx_worker = _serve(tmp_path, "--bundle-dir", str(out))
     torch_worker = _serve(tmp_path, "--target", "smollm2-135m", "--draft", "none", "--dtype", "float32",
                           "--quantization", "none")
     try:

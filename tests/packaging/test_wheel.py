@@ -120,7 +120,7 @@ def test_the_installed_wheel_serves_with_the_native_backend_and_the_corpus_draft
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(installed / "deepspec"), "serve", "--engine", "native", "--draft", str(draft),
+        proc = subprocess.Popen([str(installed / "deepspec"), "serve", "--backend", "native", "--draft", str(draft),
                                  "--http-port", str(port), "--grpc-port", "-1", "--metrics-port", "-1",
                                  "--max-batch-size", "1"], cwd=tmp_path, env=_env(), stdout=out,
                                 stderr=subprocess.STDOUT)  # fmt: skip

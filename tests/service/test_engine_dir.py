@@ -1,4 +1,4 @@
-"""`--engine-dir`: manifest.json -> target, draft, dtype; other runtimes' formats and broken dirs are refused."""
+"""`--bundle-dir`: manifest.json -> target, draft, dtype; other runtimes' formats and broken dirs are refused."""
 
 from __future__ import annotations
 
@@ -77,9 +77,9 @@ def test_missing_dir_or_manifest(tmp_path):
 def test_flags_win_over_the_manifest(tmp_path):
     d = engine_dir(tmp_path, {"format": "pytorch", "target": "target", "draft": "prompt-lookup", "dtype": "bfloat16"},
                    "target")  # fmt: skip
-    s = WorkerSettings(engine_dir=d)
+    s = WorkerSettings(bundle_dir=d)
     assert (s.target, s.draft, s.dtype) == (str(d / "target"), "prompt-lookup", "bfloat16")
-    s = WorkerSettings(engine_dir=d, draft="none", dtype="float32")
+    s = WorkerSettings(bundle_dir=d, draft="none", dtype="float32")
     assert (s.target, s.draft, s.dtype) == (str(d / "target"), "none", "float32")
     assert WorkerSettings().target == "smollm2-135m"  # no engine dir: the defaults
 
@@ -89,17 +89,17 @@ def test_cli_exits_non_zero_with_the_reason(tmp_path):
         return subprocess.run([sys.executable, "-m", "service", "worker", *args], cwd=REPO, capture_output=True,
                               text=True, timeout=60)  # fmt: skip
 
-    out = run("--engine-dir", str(tmp_path / "absent"))
-    assert out.returncode == 2 and "--engine-dir" in out.stderr and "no such directory" in out.stderr
+    out = run("--bundle-dir", str(tmp_path / "absent"))
+    assert out.returncode == 2 and "--bundle-dir" in out.stderr and "no such directory" in out.stderr
     d = engine_dir(tmp_path, {"format": "tensorrt-llm", "target": "smollm2-135m"})
-    out = run("--engine-dir", str(d))
+    out = run("--bundle-dir", str(d))
     assert out.returncode == 2 and "TensorRT-LLM engine" in out.stderr and "worker.runtime=triton" in out.stderr
 
 
 @pytest.mark.integration
 def test_worker_serves_what_the_manifest_names(tmp_path):
     d = engine_dir(tmp_path, {"format": "pytorch", "target": "stub", "draft": "none", "dtype": "float32"})
-    worker = Worker(tmp_path, "--engine-dir", str(d))
+    worker = Worker(tmp_path, "--bundle-dir", str(d))
     i = worker.args.index("--target")
     del worker.args[i : i + 2]  # the manifest names the target
     worker.start().wait_ready()

@@ -1,6 +1,6 @@
-"""`--engine auto`, the worker's default: the first start exports the ONNX engine into the cache, times both engines
+"""`--backend auto`, the worker's default: the first start exports the ONNX engine into the cache, times both engines
 and records the faster; later starts read the record; where ONNX cannot run, the PyTorch engine serves and the
-reason says why; `--engine onnx` fails loudly instead of falling back. Real exports and timings of a tiny target."""
+reason says why; `--backend onnx` fails loudly instead of falling back. Real exports and timings of a tiny target."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def cache(tmp_path, monkeypatch):
 
 def _settings(target_dir, **kw) -> WorkerSettings:
     return WorkerSettings(**{"target": str(target_dir), "draft": "prompt-lookup", "dtype": "float32",
-                             "engine": "auto", **kw})
+                             "backend": "auto", **kw})
 
 
 def test_the_modelled_throughput_is_the_best_depths_and_target_only_where_drafting_does_not_pay():
@@ -146,7 +146,7 @@ def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cac
     from deepspec.models.onnx_target import OnnxTarget
     from service.worker.engine import load_engine
 
-    loaded = load_engine(_settings(target_dir, engine="onnx", max_seq_len=64, max_batch_size=1))
+    loaded = load_engine(_settings(target_dir, backend="onnx", max_seq_len=64, max_batch_size=1))
     assert isinstance(loaded.target, OnnxTarget) and loaded.engine_choice.startswith("onnx")
     assert loaded.drafter_name == "prompt-lookup"
     out = loaded.engine.generate([[1, 40, 41, 42]], SamplingParams(max_tokens=4))[0]
@@ -159,8 +159,8 @@ def test_engine_native_serves_the_native_decoder_through_the_worker(target_dir, 
     from deepspec.models.native import NativeTarget
     from service.worker.engine import load_engine
 
-    loaded = load_engine(_settings(target_dir, engine="native", max_seq_len=64, max_batch_size=2))
-    assert isinstance(loaded.target, NativeTarget) and loaded.engine_choice == "native: --engine native"
+    loaded = load_engine(_settings(target_dir, backend="native", max_seq_len=64, max_batch_size=2))
+    assert isinstance(loaded.target, NativeTarget) and loaded.engine_choice == "native: --backend native"
     prompts = [[1, 40, 41, 42, 40, 41], [1, 50, 51]]
     drafted = loaded.engine.generate(prompts, SamplingParams(max_tokens=12))
     alone = SpecEngine(loaded.target, None, max_batch_size=1, max_seq_len=64)
@@ -174,8 +174,8 @@ def test_without_a_compiler_auto_leaves_native_out_and_native_refuses(target_dir
 
     monkeypatch.setattr(build, "_LIBRARY", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    with pytest.raises(ValueError, match="--engine native: CC=.*no-such-cc is not an executable C compiler"):
-        choose_engine(_settings(target_dir, engine="native"))
+    with pytest.raises(ValueError, match="--backend native: CC=.*no-such-cc is not an executable C compiler"):
+        choose_engine(_settings(target_dir, backend="native"))
     choose_engine(_settings(target_dir))
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
     assert set(record["step_curves"]) == {"pytorch", "onnx"}
@@ -184,11 +184,11 @@ def test_without_a_compiler_auto_leaves_native_out_and_native_refuses(target_dir
 def test_where_onnx_cannot_run_auto_keeps_pytorch_and_onnx_refuses(target_dir, cache, monkeypatch):
     choice = choose_engine(_settings(target_dir, device="cuda"))
     assert choice.engine == "pytorch" and "CPU only" in choice.reason
-    with pytest.raises(ValueError, match="--engine onnx: it runs on CPU only"):
-        choose_engine(_settings(target_dir, engine="onnx", device="cuda"))
-    with pytest.raises(ValueError, match="--engine native: it runs on CPU only"):
-        choose_engine(_settings(target_dir, engine="native", device="cuda"))
-    assert choose_engine(_settings(target_dir, engine="pytorch")).reason == "--engine pytorch"
+    with pytest.raises(ValueError, match="--backend onnx: it runs on CPU only"):
+        choose_engine(_settings(target_dir, backend="onnx", device="cuda"))
+    with pytest.raises(ValueError, match="--backend native: it runs on CPU only"):
+        choose_engine(_settings(target_dir, backend="native", device="cuda"))
+    assert choose_engine(_settings(target_dir, backend="pytorch")).reason == "--backend pytorch"
     assert not cache.exists() or not list(cache.glob("engines/*"))
 
 
@@ -200,7 +200,7 @@ def test_a_failed_export_falls_back_to_pytorch_and_leaves_no_half_export(target_
     assert choice.engine == "pytorch" and "could not be prepared" in choice.reason
     assert not list(cache.glob("engines/*/onnx/manifest.json")) and not list(cache.glob(f"engines/*/{CHOICE_FILE}"))
     with pytest.raises(RuntimeError, match="the ONNX export for .* failed: draft .* does not match target"):
-        choose_engine(_settings(target_dir, draft=str(bad), engine="onnx"))
+        choose_engine(_settings(target_dir, draft=str(bad), backend="onnx"))
 
 
 def test_help_says_what_auto_serves_here(target_dir, cache, monkeypatch):
@@ -210,18 +210,18 @@ def test_help_says_what_auto_serves_here(target_dir, cache, monkeypatch):
     monkeypatch.setenv("DEEPSPEC_WORKER_TARGET", str(target_dir))
     monkeypatch.setenv("DEEPSPEC_WORKER_DRAFT", "prompt-lookup")
     monkeypatch.setenv("DEEPSPEC_WORKER_DTYPE", "float32")
-    monkeypatch.setenv("DEEPSPEC_WORKER_ENGINE", "auto")
+    monkeypatch.setenv("DEEPSPEC_WORKER_BACKEND", "auto")
     chosen = choose_engine(_settings(target_dir))
     assert _engine_choice_line().startswith(f"On this machine, for the default target and draft: {chosen.engine}:")
 
 
 def test_an_upgrade_replaces_its_superseded_cache_entry_and_keeps_other_settings(target_dir, cache, monkeypatch):
-    first = choose_engine(_settings(target_dir, engine="onnx"))
+    first = choose_engine(_settings(target_dir, backend="onnx"))
     old_root = first.engine_dir.parent
-    other = choose_engine(_settings(target_dir, engine="onnx", num_speculative_tokens=3)).engine_dir.parent
+    other = choose_engine(_settings(target_dir, backend="onnx", num_speculative_tokens=3)).engine_dir.parent
     real_key = fastest_engine.cache_key
     monkeypatch.setattr(fastest_engine, "cache_key",
                         lambda s: {**real_key(s), "versions": {"deepspec": "next release"}})
-    upgraded = choose_engine(_settings(target_dir, engine="onnx")).engine_dir.parent
+    upgraded = choose_engine(_settings(target_dir, backend="onnx")).engine_dir.parent
     assert upgraded != old_root and not old_root.exists()  # the same settings after an upgrade: replaced
     assert other.exists()  # other settings are another entry, kept

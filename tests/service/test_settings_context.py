@@ -83,7 +83,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _settings(target_dir, engine, **kw) -> WorkerSettings:
-    return WorkerSettings(target=str(target_dir), draft="prompt-lookup", dtype="float32", engine=engine, **kw)
+    return WorkerSettings(target=str(target_dir), draft="prompt-lookup", dtype="float32", backend=engine, **kw)
 
 
 @pytest.mark.parametrize("engine, element_bytes", [("pytorch", 4), ("native", 2), ("onnx", 4)])
@@ -125,7 +125,7 @@ def test_the_default_target_serves_its_declared_8192_and_a_3500_token_prompt(eng
     from deepspec.decoding import SamplingParams
     from service.worker.engine import load_engine
 
-    loaded = load_engine(WorkerSettings(engine=engine, draft="none", max_batch_size=8))
+    loaded = load_engine(WorkerSettings(backend=engine, draft="none", max_batch_size=8))
     assert loaded.max_seq_len == 8192
     assert kv_bytes_per_position(loaded.target) == SMOLLM2_VALUES_PER_POSITION * element_bytes
     text = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 300

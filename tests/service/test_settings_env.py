@@ -53,7 +53,7 @@ GATEWAY_ENV = {
 WORKER_ENV = {
     "target": ("stub", "stub"),
     "draft": ("prompt-lookup", "prompt-lookup"),
-    "engine": ("pytorch", "pytorch"),
+    "backend": ("pytorch", "pytorch"),
     "port": ("9101", 9101),
     "metrics_port": ("-1", -1),
     "device": ("cuda", "cuda"),
@@ -71,9 +71,10 @@ WORKER_ENV = {
     "drain_timeout_s": ("6", 6.0),
 }
 #: fields set another way: the keys file must exist (tested below), the API keys have their own variable name,
-#: engine_dir must hold a manifest (tests/service/test_engine_dir.py), the service classes file must exist
-#: (tests/service/test_admission.py reads one)
-SET_ELSEWHERE = {"api_keys_file", "api_keys", "engine_dir", "service_classes_file"}
+#: bundle_dir must hold a manifest (tests/service/test_engine_dir.py), the service classes file must exist
+#: (tests/service/test_admission.py reads one); engine and engine_dir are the deprecated names of backend and
+#: bundle_dir (tests/service/test_backend_vocabulary.py)
+SET_ELSEWHERE = {"api_keys_file", "api_keys", "bundle_dir", "service_classes_file", "engine", "engine_dir"}
 
 
 def _set(monkeypatch, prefix: str, table: dict) -> None:

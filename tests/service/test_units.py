@@ -217,13 +217,13 @@ def test_worker_and_gateway_settings_live_apart():
     """The worker's defaults are the library's own (no copies); the gateway's settings need no library at all, and
     the fields both have come from one base."""
     from deepspec.models.aliases import DEFAULT_TARGET
-    from deepspec.models.quantization import QUANTIZATIONS
+    from deepspec.models.quantization import WEIGHT_FORMATS
     from service.gateway.settings import GatewaySettings
     from service.settings import ServiceSettings
     from service.worker.settings import WorkerSettings
 
     assert WorkerSettings().target == DEFAULT_TARGET
-    assert WorkerSettings.model_fields["quantization"].annotation.__args__ == QUANTIZATIONS
+    assert WorkerSettings.model_fields["quantization"].annotation.__args__ == WEIGHT_FORMATS
     assert issubclass(WorkerSettings, ServiceSettings) and issubclass(GatewaySettings, ServiceSettings)
     for cls in (WorkerSettings, GatewaySettings):  # declared once, in the base
         assert not set(ServiceSettings.model_fields) & set(cls.__annotations__), cls

@@ -1,0 +1,80 @@
+"""One vocabulary (issue 43 item 3): the worker's inference backend is `--backend` (DEEPSPEC_WORKER_BACKEND) and an
+export's folder a bundle (`--bundle-dir`); the old `--engine` / `--engine-dir` and their variables still work, with
+a FutureWarning naming the new name. The one weight-format option (`--quantization`) is refused where the backend
+does not take it instead of being ignored (the native backend ignored it)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from service.cli import parse_config
+from service.worker.settings import WorkerSettings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in os.environ:
+        if name.startswith("DEEPSPEC_WORKER_"):
+            monkeypatch.delenv(name)
+
+
+def test_backend_is_the_flag_and_the_variable(monkeypatch):
+    assert parse_config(["worker", "--backend", "native"]).worker.backend == "native"
+    monkeypatch.setenv("DEEPSPEC_WORKER_BACKEND", "onnx")
+    assert parse_config(["worker"]).worker.backend == "onnx"
+
+
+def test_the_old_engine_flag_still_works_and_names_the_new_one():
+    with pytest.warns(FutureWarning, match="--engine / DEEPSPEC_WORKER_ENGINE is deprecated: use --backend / "
+                                           "DEEPSPEC_WORKER_BACKEND"):
+        worker = parse_config(["worker", "--engine", "pytorch"]).worker
+    assert (worker.backend, worker.engine) == ("pytorch", None)
+
+
+def test_the_old_engine_variable_still_works(monkeypatch):
+    monkeypatch.setenv("DEEPSPEC_WORKER_ENGINE", "native")
+    with pytest.warns(FutureWarning, match="use --backend"):
+        assert parse_config(["worker"]).worker.backend == "native"
+
+
+def test_old_and_new_names_that_disagree_are_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["worker", "--engine", "pytorch", "--backend", "native"])
+    assert exit_info.value.code == 2
+    assert "deprecated name of --backend: give only the new one" in capsys.readouterr().err
+
+
+def test_the_old_engine_dir_flag_is_the_bundle_dir(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text('{"format": "pytorch", "target": "stub", "draft": "none", '
+                                          '"dtype": "float32"}')
+    with pytest.warns(FutureWarning, match="--engine-dir / DEEPSPEC_WORKER_ENGINE_DIR is deprecated: use "
+                                           "--bundle-dir / DEEPSPEC_WORKER_BUNDLE_DIR"):
+        worker = parse_config(["worker", "--engine-dir", str(bundle)]).worker
+    assert worker.bundle_dir == bundle and worker.target == "stub" and worker.engine_dir is None
+    assert parse_config(["worker", "--bundle-dir", str(bundle)]).worker.draft == "none"
+
+
+@pytest.mark.parametrize("backend, weights", [("native", "none"), ("native", "gguf"), ("pytorch", "int8"),
+                                              ("pytorch", "int4"), ("onnx", "gguf")])
+def test_a_weight_format_the_backend_does_not_take_is_refused(backend, weights, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["worker", "--backend", backend, "--quantization", weights])
+    assert exit_info.value.code == 2
+    assert f"weight format '{weights}' does not apply to the {backend} backend" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend, weights", [("native", "int8"), ("native", "int4"), ("pytorch", "gguf"),
+                                              ("pytorch", "none"), ("onnx", "int4"), ("onnx", "none")])
+def test_a_weight_format_the_backend_takes_is_kept(backend, weights):
+    assert parse_config(["worker", "--backend", backend, "--quantization", weights]).worker.quantization == weights
+
+
+def test_with_backend_auto_only_auto_weights_apply(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["worker", "--quantization", "int8"])
+    assert "give --backend onnx or native as well" in capsys.readouterr().err
+    assert WorkerSettings().quantization == "auto" and WorkerSettings(target="stub", quantization="int8")
