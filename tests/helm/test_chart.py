@@ -334,7 +334,7 @@ def test_deepspec_worker_flags_come_from_the_configmap():
                       ("--dtype", "DEEPSPEC_DTYPE"), ("--max-batch-size", "DEEPSPEC_MAX_BATCH_SIZE")):
         assert f"{flag}=$({key})" in args and key in config
     assert "--port=8001" in args and "--metrics-port=8002" in args
-    assert not any(a.startswith("--engine-dir") for a in args)  # engines.source=none
+    assert not any(a.startswith("--bundle-dir") for a in args)  # engines.source=none
     assert worker["envFrom"] == [{"configMapRef": {"name": one(docs, "ConfigMap", "model")["metadata"]["name"]}}]
     # Editing model settings rolls the workers.
     before = workload(docs, "worker")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
@@ -368,7 +368,7 @@ def test_export_init_container_builds_the_engine_before_the_worker():
     script = init["args"][0]
     assert "python -m export" in script and '--format "$DEEPSPEC_EXPORT_FORMAT"' in script
     assert config["DEEPSPEC_EXPORT_FORMAT"] == "pytorch"  # what the deepspec worker serves
-    assert "--engine-dir=$(DEEPSPEC_ENGINE_DIR)" in worker["args"]
+    assert "--bundle-dir=$(DEEPSPEC_ENGINE_DIR)" in worker["args"]
     engines = next(v for v in spec["volumes"] if v["name"] == "engines")
     assert "emptyDir" in engines
     assert {"name": "engines", "mountPath": "/engines"} in init["volumeMounts"]
@@ -413,7 +413,7 @@ def test_engines_from_a_pvc_are_mounted_read_only_and_kept_on_uninstall():
 
 def test_engines_baked_into_the_image_need_no_volume():
     _, spec, worker, _ = _worker(VALUE_SETS["engines-in-image"])
-    assert "--engine-dir=$(DEEPSPEC_ENGINE_DIR)" in worker["args"]
+    assert "--bundle-dir=$(DEEPSPEC_ENGINE_DIR)" in worker["args"]
     assert not any(a.startswith(("--target", "--draft")) for a in worker["args"])  # the manifest names them
     assert "engines" not in {v["name"] for v in spec["volumes"]} and "initContainers" not in spec
 

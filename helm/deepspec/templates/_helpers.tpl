@@ -102,6 +102,22 @@ Usage: {{ include "deepspec.dtype" . }}
 {{- end }}
 
 {{/*
+Inference backend of a DeepSpec worker: `model.backend`, or its deprecated name `model.engine` where set. A weight
+format (`model.quantization`) the backend does not take fails the render, as the worker would refuse it at start;
+the table mirrors deepspec/models/backends.py (tests/helm/test_backend_values.py keeps the two equal).
+Usage: {{ include "deepspec.backend" . }}
+*/}}
+{{- define "deepspec.backend" -}}
+{{- $backend := .Values.model.engine | default .Values.model.backend -}}
+{{- $takes := dict "auto" (list "auto") "pytorch" (list "auto" "none" "gguf") "onnx" (list "auto" "none" "int8" "int4") "native" (list "auto" "int8" "int4") -}}
+{{- $q := .Values.model.quantization -}}
+{{- if and (eq .Values.worker.runtime "deepspec") (eq .Values.worker.engines.source "none") (not (has $q (get $takes $backend))) -}}
+{{- fail (printf "model.quantization=%s does not apply to model.backend=%s: it takes %s" $q $backend (join ", " (get $takes $backend))) -}}
+{{- end -}}
+{{- $backend -}}
+{{- end }}
+
+{{/*
 Export format for the init container: `worker.engines.export.format`, or triton-repo (triton runtime) / pytorch.
 Usage: {{ include "deepspec.exportFormat" . }}
 */}}

@@ -332,7 +332,7 @@ spec:
         {{- if eq $w.engines.source "none" }}
         - --target=$(DEEPSPEC_TARGET)
         - --draft=$(DEEPSPEC_DRAFT)
-        - --engine=$(DEEPSPEC_ENGINE)
+        - --backend=$(DEEPSPEC_BACKEND)
         {{- end }}
         - --port={{ $w.grpcPort }}
         - --metrics-port={{ $w.metricsPort }}
@@ -347,8 +347,8 @@ spec:
         - --max-queue=$(DEEPSPEC_MAX_QUEUE)
         - --drain-timeout-s={{ $w.drainTimeoutSeconds }}
         {{- if ne $w.engines.source "none" }}
-        # Target and draft come from the engine's manifest.json (flags would override it).
-        - --engine-dir=$(DEEPSPEC_ENGINE_DIR)
+        # Target and draft come from the bundle's manifest.json (flags would override it).
+        - --bundle-dir=$(DEEPSPEC_ENGINE_DIR)
         {{- end }}
         {{- with $w.extraArgs }}
         {{- toYaml . | nindent 8 }}
