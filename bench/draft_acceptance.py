@@ -40,6 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=12, help="first N prompts of each set (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--depth", type=int, default=7, help="draft tokens verified a round (default: %(default)s)")
+    p.add_argument("--one-session", action="store_true",
+                   help="send each set's prompts as one session (deepspec/decoding/session_memory.py): later answers "
+                        "draft from the earlier ones, as a server remembering one client's traffic would")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "draft_acceptance.json"))
     return p.parse_args(argv)
 
@@ -57,13 +60,13 @@ def set_turns(spec: str, n: int) -> list[str]:
 
 
 def count_row(target, drafter, prompts: list[list[int]], max_tokens: int, depth: int,
-              reference: list[list[int]] | None) -> tuple[dict, list[list[int]]]:
+              reference: list[list[int]] | None, session: str | None = None) -> tuple[dict, list[list[int]]]:
     """Decode `prompts` one at a time with `drafter` (None: target-only) verifying every draft; the counts, and the
     outputs (checked against `reference` where given)."""
     from deepspec.decoding import SamplingParams, SpecEngine
 
     engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=depth)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, session=session)
     rounds = drafted = draft_tokens = accepted = 0
     outputs = []
     for prompt in prompts:
@@ -98,7 +101,8 @@ def main(argv=None) -> int:
         name = Path(spec).stem if spec.endswith(".jsonl") else spec
         for draft in args.drafts.split(","):
             rows.setdefault(draft, {})[name], _ = count_row(target, build_drafter(draft, target), prompts,
-                                                           args.max_tokens, args.depth, reference)
+                                                           args.max_tokens, args.depth, reference,
+                                                           name if args.one_session else None)
             print(f"{draft} on {name}: {rows[draft][name]}", file=sys.stderr)
     sets = list(next(iter(rows.values())))
     print(f"target {args.target} (native {target.quantization}), greedy, batch 1, every draft verified "
