@@ -17,7 +17,7 @@ Three parts, one run:
                             the GGUF's own 4-bit blocks (the weights' auto choice for a Q4_1 target)
        native-int8, native-int8+<draft>   the same on the int8 graph's weights (--skip native-int8)
        served:<engine>      what `make serve` serves on this machine: the worker's --engine auto choice (measured on
-                            its first start and cached: service/worker/fastest_engine.py) with the default draft
+                            its first start and cached: service/worker/fastest_backend.py) with the default draft
        llama.cpp            llama-cpp-python on the same GGUF (`make bench-deps`), the CPU peer every ratio divides by
        llama.cpp+prompt-lookup   llama.cpp's own speculative decoding (LlamaPromptLookupDecoding, 10 draft tokens)
        engine-q4            our PyTorch engine on the GGUF's own 4-bit weights (bf16), the peer when llama.cpp is absent
@@ -316,15 +316,15 @@ def native_target(console, threads: int, spec: str = "smollm2-135m", weights: st
 
 def served_default(args) -> tuple[tuple, str]:
     """((target, drafter, label), reason): what the worker serves by default on this machine (--engine auto,
-    service/worker/fastest_engine.py: measured on its first start, then cached), loaded as the worker loads it."""
+    service/worker/fastest_backend.py: measured on its first start, then cached), loaded as the worker loads it."""
     from service.worker.engine import load_served_model
     from service.worker.settings import WorkerSettings
 
-    settings = WorkerSettings(target=args.target, draft=args.draft, engine="auto",
+    settings = WorkerSettings(target=args.target, draft=args.draft, backend="auto",
                               num_speculative_tokens=args.num_speculative_tokens)
     choice, _, target, drafter = load_served_model(settings)
-    label = f"{choice.engine}-{target.quantization}+{getattr(drafter, 'name', 'none')}"
-    return (target, drafter, label), f"{choice.engine}: {choice.reason}"
+    label = f"{choice.backend}-{target.quantization}+{getattr(drafter, 'name', 'none')}"
+    return (target, drafter, label), f"{choice.backend}: {choice.reason}"
 
 
 def main(argv=None) -> int:

@@ -186,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="times each server runs the workload, in alternating order (default 2)")
     parser.add_argument("--num-speculative-tokens", type=int, default=0,
                         help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)")
-    from service.worker.fastest_engine import ENGINES
+    from service.worker.fastest_backend import BACKENDS
 
-    parser.add_argument("--backend", "--engine", choices=ENGINES, default=None,
+    parser.add_argument("--backend", "--engine", choices=BACKENDS, default=None,
                         help="the deepspec servers' --backend (default: theirs, auto = the backend measured fastest "
                              "here); --engine is its deprecated name")
     parser.add_argument("--temperature", type=_temperature, action="append",

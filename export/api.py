@@ -1,6 +1,6 @@
 """export as a library: what another stage calls instead of running `python -m export` with an argv list.
 
-The worker (service/worker/fastest_engine.py) exports the ONNX bundle it serves on its first start and measures the
+The worker (service/worker/fastest_backend.py) exports the ONNX bundle it serves on its first start and measures the
 bundles it could serve; it reaches export only through this module (tests/deepspec/test_layering.py holds it to
 that). `export_bundle` runs the same resolve, check, write-then-rename lifecycle as the CLI, which is a thin parser
 over it (export/cli.py): typed arguments in, an `ExportResult` out, `ExportError` for input it cannot honour, and
@@ -148,7 +148,7 @@ def _place_chat_template(fmt, job, scratch: Path, fields: dict) -> None:
         return
     (scratch / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
     fields["chat_template"] = CHAT_TEMPLATE_FILE
-    if fmt.name in ("vllm", "sglang", "pytorch"):  # the launch commands / the worker's --engine-dir take it
+    if fmt.name in ("vllm", "sglang", "pytorch"):  # the launch commands / the worker's --bundle-dir take it
         return
     warning = (f"--chat-template: format {fmt.name} points its engine at the tokenizer in {job.target.path}; the "
                f"template is in OUT/{CHAT_TEMPLATE_FILE}: give it to the engine's chat-template option")
@@ -162,7 +162,7 @@ def _common_fields(fmt, job) -> dict:
     draft = job.draft
     fields = {
         "format": fmt.name,
-        "engine": fmt.engine,
+        "runtime": fmt.runtime,
         "target": job.target.spec if job.target.is_alias else str(Path(job.target.spec).resolve()),
         "target_fingerprint": job.target.fingerprint(),
         "draft": job.draft_spec,

@@ -23,10 +23,10 @@ from pathlib import Path
 from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES
 from deepspec.models.quantization import WEIGHT_FORMATS
 from export.api import DTYPES, ExportError, ExportRequest, export_bundle
-from export.registry import FORMAT_ENGINES, FORMAT_MODULES
+from export.registry import FORMAT_MODULES, FORMAT_RUNTIMES
 
 def build_parser() -> argparse.ArgumentParser:
-    formats = "\n".join(f"  {name:<13} {engine}" for name, engine in FORMAT_ENGINES.items())
+    formats = "\n".join(f"  {name:<13} {runtime}" for name, runtime in FORMAT_RUNTIMES.items())
     p = argparse.ArgumentParser(
         prog="python -m export", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Export a target and its trained draft as a bundle for a server or backend. Every bundle "

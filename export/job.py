@@ -43,8 +43,8 @@ class ExportJob:
 class ExportFormat:
     #: the --format value
     name: str
-    #: the engine that loads the output, one line (for --help, the manifest and the README)
-    engine: str
+    #: the server or backend that loads the bundle, one line (for --help, the manifest and the README)
+    runtime: str
     #: write(job, out, progress) -> manifest fields of this format
     write: Callable[[ExportJob, Path, "Progress"], dict]
     #: dtypes this format can write; the first is the default

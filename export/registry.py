@@ -1,6 +1,6 @@
 """Export formats by name: `available_formats`, `resolve_format`.
 
-Adding a format is an entry in FORMAT_MODULES, its `--help` line in FORMAT_ENGINES (a test keeps the two tables'
+Adding a format is an entry in FORMAT_MODULES, its `--help` line in FORMAT_RUNTIMES (a test keeps the two tables'
 names equal) and a module exposing `FORMAT` (an `ExportFormat`, export/job.py). Modules are
 imported only when their format is asked for, so `python -m export --help` stays instant and a format whose module
 is absent (an install without it) is simply not offered.
@@ -24,16 +24,17 @@ FORMAT_MODULES: dict[str, str] = {
     "onnx": "export.onnx",
 }
 
-#: one line per format for --help, without importing the modules (kept beside FORMAT_MODULES on purpose)
-FORMAT_ENGINES: dict[str, str] = {
-    "pytorch": "DeepSpec's own worker (python -m service worker --engine-dir DIR): manifest + draft directory",
+#: the server or backend each format's bundle is for, one line for --help, without importing the modules (kept beside
+#: FORMAT_MODULES on purpose)
+FORMAT_RUNTIMES: dict[str, str] = {
+    "pytorch": "DeepSpec's own worker (python -m service worker --bundle-dir DIR): manifest + draft directory",
     "vllm": "vLLM (vllm serve DIR): EAGLE-3 in the speculators layout, DFlash/DSpark in vLLM's layout",
     "sglang": "SGLang (--speculative-algorithm EAGLE3|DFLASH|DSPARK): midlayer.* EAGLE-3, DFlash/DSpark layouts",
     "tensorrt-llm": "TensorRT-LLM: checkpoint (config.json + rank{r}.safetensors), EAGLE-3 draft, "
                     "trtllm-serve --config YAML and build.sh for the <=1.2 engine flow",
     "triton-repo": "Triton Inference Server: TensorRT-LLM LLM-API model repository, speculative (+ the <=1.2 "
                    "engine ensemble, which decodes target-only: nothing feeds its draft_input_ids)",
-    "onnx": "ONNX Runtime (python -m service worker --engine-dir DIR)",
+    "onnx": "ONNX Runtime (python -m service worker --bundle-dir DIR)",
 }
 
 

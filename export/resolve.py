@@ -21,7 +21,7 @@ def make_job(fmt: ExportFormat, args) -> ExportJob:
         raise ExportError(f"format {fmt.name} writes {', '.join(fmt.dtypes)}, not --dtype {dtype}")
     target = open_target(args.target)
     if target.family not in fmt.families:
-        raise ExportError(f"format {fmt.name} cannot take a {target.family} target ({target.spec}): {fmt.engine} "
+        raise ExportError(f"format {fmt.name} cannot take a {target.family} target ({target.spec}): {fmt.runtime} "
                           f"runs {', '.join(fmt.families)} targets here")
     job = ExportJob(target=target, draft_spec=args.draft, draft=None, dtype=dtype, tp=args.tp,
                     num_speculative_tokens=args.num_speculative_tokens, build=args.build)

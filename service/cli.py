@@ -41,7 +41,7 @@ def _default(model, name: str) -> str:
 
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
-    from service.worker.settings import ENGINES, WEIGHT_FORMATS, WorkerSettings
+    from service.worker.settings import BACKENDS, WEIGHT_FORMATS, WorkerSettings
 
     def d(name: str) -> str:
         return _default(WorkerSettings, name)
@@ -55,12 +55,12 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                    help="a bundle from `python -m export` (format pytorch or onnx): target, draft and dtype come from "
                         "its manifest.json; --target/--draft/--dtype given as well win")
     g.add_argument("--engine-dir", help="deprecated: --bundle-dir")
-    g.add_argument("--backend", choices=ENGINES,
+    g.add_argument("--backend", choices=BACKENDS,
                    help="auto (default): the inference backend measured fastest on this machine, the PyTorch "
                         "decoder, ONNX Runtime on an export made on the first start, or the native CPU decoder "
                         "(compiled for this CPU on the first start), measured once and cached (a minute); pytorch / "
-                        "onnx / native: that one. " + _engine_choice_line())
-    g.add_argument("--engine", choices=ENGINES, help="deprecated: --backend")
+                        "onnx / native: that one. " + _backend_choice_line())
+    g.add_argument("--engine", choices=BACKENDS, help="deprecated: --backend")
     g.add_argument("--device", choices=["cpu", "cuda"], help=f"(default {d('device')})")
     g.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help=f"weights dtype (default {d('dtype')}: ~2x faster decoding than float32 on CPU)")
@@ -96,11 +96,11 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
                        help=f"seconds to finish in-flight requests after SIGTERM (default {d('drain_timeout_s')})")
 
 
-def _engine_choice_line() -> str:
+def _backend_choice_line() -> str:
     """What --backend auto serves on this machine with the default settings (read from its cache; --help never
     measures or fails for it)."""
     try:
-        from service.worker.fastest_engine import describe_cached_choice
+        from service.worker.fastest_backend import describe_cached_choice
         from service.worker.settings import WorkerSettings
 
         line = describe_cached_choice(WorkerSettings())
@@ -201,7 +201,7 @@ def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParse
     builds only the gateway's)."""
     epilog = __doc__
     if not set(commands) & set(COMMANDS):  # the top-level --help: say which backend `python -m service` serves here
-        epilog += "\nBackend (worker --backend auto): " + _engine_choice_line() + "\n"
+        epilog += "\nBackend (worker --backend auto): " + _backend_choice_line() + "\n"
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)  # fmt: skip
     common = argparse.ArgumentParser(add_help=False)

@@ -14,7 +14,7 @@ from deepspec.paths import datasets_dir
 
 # Workers started by the tests (in process or as `python -m service worker` children, which inherit this) serve the
 # PyTorch backend: the tests pin what they check against it (tree attention, bf16 tolerances, float32 identity). The
-# default `--backend auto` is tested on its own (tests/service/test_fastest_engine.py), in a cache of its own.
+# default `--backend auto` is tested on its own (tests/service/test_fastest_backend.py), in a cache of its own.
 os.environ.setdefault("DEEPSPEC_WORKER_BACKEND", "pytorch")
 
 

@@ -12,7 +12,7 @@ the benchmarks' `--backend` choices, the settings' validation and the loaders al
   CUDA; it also opens a bundle `python -m export` wrote (deepspec/models/target_loader.py).
 - `onnx`: ONNX Runtime on an exported onnx bundle (int8 or int4 weights), CPU only.
 - `native`: the native CPU decoder (deepspec/models/native), compiled for this CPU on first use.
-- `auto` (a choice, not a backend): the one measured fastest on this machine (service/worker/fastest_engine.py).
+- `auto` (a choice, not a backend): the one measured fastest on this machine (service/worker/fastest_backend.py).
 
 Each record says which values of the one weight-format option (deepspec/models/quantization.py WEIGHT_FORMATS)
 apply to it, so a value that does not is refused instead of ignored. Torch-free at import: command lines read the

@@ -4,7 +4,7 @@ about speculative throughput.
 Why one place: three callers need the same measurement. The ONNX export chooses its weight format by it
 (`--quantization auto`: int8 where the CPU's int8 dot products keep a multi-token step flat, int4 where the
 4-bit kernels win), the worker chooses between the PyTorch and the ONNX engine by it (service/worker/
-fastest_engine.py), and the engine's verification budget reads the recorded curve instead of probing again
+fastest_backend.py), and the engine's verification budget reads the recorded curve instead of probing again
 (deepspec/decoding/verify_budget.py). A curve is only meaningful on the machine and thread count that measured it,
 so it travels with `machine_key()` and is ignored elsewhere.
 

@@ -1,4 +1,4 @@
-"""`--format pytorch`: what DeepSpec's worker runs (`python -m service worker --engine-dir DIR`).
+"""`--format pytorch`: what DeepSpec's worker runs (`python -m service worker --bundle-dir DIR`).
 
 The output is the manifest plus a copy of the draft directory (`draft/`; a hybrid's two parts inside it, see
 export/drafts/copy.py), so the engine directory is pinned and self-contained: the worker reads target, draft and dtype from manifest.json (service/worker/engine_dir.py). The
@@ -17,7 +17,7 @@ WORKER_DTYPES = ("bfloat16", "float32")
 
 
 def write(job: ExportJob, out: Path, progress) -> dict:
-    fields = {"launch": {"deepspec": "python -m service worker --engine-dir DIR"}}
+    fields = {"launch": {"deepspec": "python -m service worker --bundle-dir DIR"}}
     if job.draft is None:
         return {**fields, "draft": job.draft_spec}
     copy_draft(job.draft, out / "draft", progress)
@@ -26,7 +26,7 @@ def write(job: ExportJob, out: Path, progress) -> dict:
 
 FORMAT = ExportFormat(
     name="pytorch",
-    engine="DeepSpec worker (python -m service worker --engine-dir DIR), CPU or CUDA",
+    runtime="DeepSpec worker (python -m service worker --bundle-dir DIR), CPU or CUDA",
     write=write,
     dtypes=WORKER_DTYPES,
     needs_neural_draft=False,

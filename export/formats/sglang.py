@@ -32,5 +32,5 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     return {"draft": "draft", "launch": {"sglang": command}, "engine_layer_ids": fields["engine_layer_ids"]}
 
 
-FORMAT = ExportFormat(name="sglang", engine="SGLang (--speculative-algorithm EAGLE3 | DFLASH | DSPARK)",
+FORMAT = ExportFormat(name="sglang", runtime="SGLang (--speculative-algorithm EAGLE3 | DFLASH | DSPARK)",
                       write=write, check=check)

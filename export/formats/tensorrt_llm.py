@@ -135,5 +135,5 @@ echo "engine written to $(pwd)/engine"
 """
 
 
-FORMAT = ExportFormat(name=ENGINE, engine="TensorRT-LLM (trtllm-serve --config; trtllm-build <= 1.2)", write=write,
+FORMAT = ExportFormat(name=ENGINE, runtime="TensorRT-LLM (trtllm-serve --config; trtllm-build <= 1.2)", write=write,
                       check=check, needs_neural_draft=False, families=tuple(ARCHITECTURES))

@@ -220,6 +220,6 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     return fields
 
 
-FORMAT = ExportFormat(name=ENGINE, engine="Triton Inference Server with TensorRT-LLM (LLM-API model; the <=1.2 "
+FORMAT = ExportFormat(name=ENGINE, runtime="Triton Inference Server with TensorRT-LLM (LLM-API model; the <=1.2 "
                                           f"engine ensemble {ENSEMBLE_DECODES})",
                       write=write, check=check, needs_neural_draft=False, families=tuple(ARCHITECTURES))

@@ -43,5 +43,5 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     return {"draft": "draft", "launch": launch, "engine_layer_ids": fields["engine_layer_ids"]}
 
 
-FORMAT = ExportFormat(name="vllm", engine="vLLM (vllm serve; EAGLE-3 in the speculators format, DFlash, DSpark)",
+FORMAT = ExportFormat(name="vllm", runtime="vLLM (vllm serve; EAGLE-3 in the speculators format, DFlash, DSpark)",
                       write=write, check=check)

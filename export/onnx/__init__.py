@@ -1,5 +1,5 @@
 """`--format onnx`: the target as an ONNX Runtime graph (fp32, or 4-bit MatMulNBits weights) plus its draft, served
-by DeepSpec's worker through ONNX Runtime (`python -m service worker --engine-dir DIR`).
+by DeepSpec's worker through ONNX Runtime (`python -m service worker --bundle-dir DIR`).
 
     python -m export --format onnx --out engines/onnx                       # fp32 graph + the best shipped draft
     python -m export --format onnx --quantization int4 --out engines/onnx4  # 4-bit weights (block 32)
@@ -47,7 +47,7 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     fields = {
         "draft": meta["draft"]["path"],
         "onnx": onnx,
-        "launch": {"deepspec": "python -m service worker --engine-dir DIR  (ONNX Runtime, CPU)"},
+        "launch": {"deepspec": "python -m service worker --bundle-dir DIR  (ONNX Runtime, CPU)"},
     }
     if chat_template is not None:  # the tokenizer files beside the graph carry it (export/cli.py)
         fields["chat_template"] = CHAT_TEMPLATE_FILE
@@ -72,7 +72,7 @@ def check(job: ExportJob) -> None:
 
 FORMAT = ExportFormat(
     name="onnx",
-    engine="ONNX Runtime in DeepSpec's worker (python -m service worker --engine-dir DIR), CPU",
+    runtime="ONNX Runtime in DeepSpec's worker (python -m service worker --bundle-dir DIR), CPU",
     write=write,
     dtypes=("float32",),
     check=check,

@@ -86,7 +86,7 @@ def measure_served_rates(candidates: dict[str, tuple], depth: int,
                          max_tokens: int = CALIBRATION_TOKENS) -> dict[str, dict] | None:
     """The same measurement for any {candidate: (target, drafter or None)}: each decodes the calibration prompts
     greedily at batch 1 with the verification budget on, the candidates in turn prompt by prompt. What the worker's
-    engine choice (service/worker/fastest_engine.py) and `--quantization auto` decide by."""
+    engine choice (service/worker/fastest_backend.py) and `--quantization auto` decide by."""
     from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.decoding.planner import BudgetPlanner
 

@@ -1,6 +1,6 @@
 """`--format onnx`: the target as an ONNX Runtime graph beside everything the worker needs to serve it.
 
-Output directory (what `load_onnx_target` and `python -m service worker --engine-dir DIR` read):
+Output directory (what `load_onnx_target` and `python -m service worker --bundle-dir DIR` read):
 
     target.onnx, target.onnx.data   the decoder (export/onnx/graph.py), fp32 or 4-bit weights
     target_verify.onnx              the same graph ending in the plugins' greedy_accept node (same weights file)

@@ -21,8 +21,8 @@ class LoadedEngine:
     #: the drafter's registry name, "none" without one
     drafter_name: str
     max_seq_len: int
-    #: which engine serves and why (service/worker/fastest_engine.py)
-    engine_choice: str = ""
+    #: which inference backend serves and why (service/worker/fastest_backend.py)
+    backend_choice: str = ""
 
 
 def load_engine(settings) -> LoadedEngine:
@@ -40,7 +40,7 @@ def load_engine(settings) -> LoadedEngine:
     if engine.planner.step_time is not None:
         logger.info("verification budget on: %s (the curve cached for this machine, recorded by the export, or "
                     "probed at start; corrected by the passes served)", engine.planner.step_time)
-    return LoadedEngine(target, engine, drafter_name, max_seq_len, f"{choice.engine}: {choice.reason}")
+    return LoadedEngine(target, engine, drafter_name, max_seq_len, f"{choice.backend}: {choice.reason}")
 
 
 def load_served_model(settings):
@@ -48,14 +48,14 @@ def load_served_model(settings):
     as it loads them (the benchmarks' `served` row reuses this)."""
     from deepspec.decoding import build_drafter
     from deepspec.models.backends import PYTORCH, available_backends, resolve_backend
-    from service.worker.fastest_engine import choose_engine
+    from service.worker.fastest_backend import choose_backend
 
-    choice = choose_engine(settings)
-    logger.info("engine: %s (%s)", choice.engine, choice.reason)
+    choice = choose_backend(settings)
+    logger.info("backend: %s (%s)", choice.backend, choice.reason)
     settings = settings.model_copy(update=choice.worker_fields())
-    # a bundle (--engine-dir) loads as its format says: the PyTorch loader opens an onnx bundle as its ONNX Runtime
+    # a bundle (--bundle-dir) loads as its format says: the PyTorch loader opens an onnx bundle as its ONNX Runtime
     # graph, and its own neural draft through its graphs; the native decoder computes in its own weight formats
-    backend = resolve_backend(choice.engine if choice.engine in available_backends() else PYTORCH)
+    backend = resolve_backend(choice.backend if choice.backend in available_backends() else PYTORCH)
     target = backend.load(settings.target, weights=settings.quantization, dtype=settings.dtype, device=settings.device,
                           chat_template=settings.chat_template)
     return choice, settings, target, build_drafter(settings.draft, target)

@@ -19,9 +19,9 @@ from deepspec.models.aliases import DEFAULT_TARGET
 from deepspec.models.backends import AUTO, check_backend_choice, resolve_backend
 from deepspec.models.quantization import QUANTIZATIONS, WEIGHT_FORMATS, WeightFormat
 from service.settings import ServiceSettings
-from service.worker.fastest_engine import ENGINES
+from service.worker.fastest_backend import BACKENDS
 
-__all__ = ["ENGINES", "EmbeddedWorkerSettings", "QUANTIZATIONS", "WEIGHT_FORMATS", "WorkerSettings"]
+__all__ = ["BACKENDS", "EmbeddedWorkerSettings", "QUANTIZATIONS", "WEIGHT_FORMATS", "WorkerSettings"]
 
 
 class WorkerSettings(ServiceSettings):
@@ -35,7 +35,7 @@ class WorkerSettings(ServiceSettings):
     bundle_dir: Path | None = None
     #: the inference backend (deepspec/models/backends.py): "auto" = the one measured fastest on this machine (the
     #: PyTorch decoder, ONNX Runtime on an export made on the first start, or the native CPU decoder, cached after the
-    #: first start: service/worker/fastest_engine.py); "pytorch" / "onnx" / "native" = that one
+    #: first start: service/worker/fastest_backend.py); "pytorch" / "onnx" / "native" = that one
     backend: str = AUTO
     #: deprecated name of `backend` (DEEPSPEC_WORKER_ENGINE, --engine): read, moved to `backend`, warned about
     engine: str | None = None
@@ -102,7 +102,7 @@ class WorkerSettings(ServiceSettings):
         if self.quantization == AUTO or self.bundle_dir is not None or self.target == "stub":
             return self
         if self.backend == AUTO:
-            takes = [b for b in ENGINES if b != AUTO and self.quantization in resolve_backend(b).weight_formats]
+            takes = [b for b in BACKENDS if b != AUTO and self.quantization in resolve_backend(b).weight_formats]
             raise ValueError(f"--quantization {self.quantization} names one backend's weights, and --backend auto "
                              f"weighs each candidate in its own: give --backend {' or '.join(takes)} as well")
         resolve_backend(self.backend).check_weight_format(self.quantization)

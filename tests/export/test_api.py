@@ -1,5 +1,5 @@
 """export as a library (export/api.py): typed arguments in, the bundle and its manifest out, `ExportError` for what
-it cannot honour. The worker exports its ONNX bundle through it (service/worker/fastest_engine.py)."""
+it cannot honour. The worker exports its ONNX bundle through it (service/worker/fastest_backend.py)."""
 
 from __future__ import annotations
 

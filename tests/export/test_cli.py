@@ -190,7 +190,7 @@ def test_a_target_the_onnx_graph_cannot_describe_is_one_line(tmp_path, targets):
 
 
 def test_every_format_has_its_help_line_and_no_line_lacks_a_format():
-    """export/registry.py: adding a format is an entry in FORMAT_MODULES and its --help line in FORMAT_ENGINES."""
-    from export.registry import FORMAT_ENGINES, FORMAT_MODULES
+    """export/registry.py: adding a format is an entry in FORMAT_MODULES and its --help line in FORMAT_RUNTIMES."""
+    from export.registry import FORMAT_MODULES, FORMAT_RUNTIMES
 
-    assert list(FORMAT_ENGINES) == list(FORMAT_MODULES)
+    assert list(FORMAT_RUNTIMES) == list(FORMAT_MODULES)

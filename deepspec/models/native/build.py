@@ -8,7 +8,7 @@ later load (each worker start, each test process) only opens the file. The build
 renamed, so processes starting together never load a half-written library.
 
 Needs a C11 compiler with POSIX threads (`cc`, or `$CC`; Debian's gcc). Without one, `NativeUnavailable` says what
-is missing; the engine choice (service/worker/fastest_engine.py) then serves another engine.
+is missing; the engine choice (service/worker/fastest_backend.py) then serves another engine.
 """
 
 from __future__ import annotations

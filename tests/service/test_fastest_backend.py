@@ -13,8 +13,8 @@ pytest.importorskip("onnxruntime")
 from deepspec.decoding import SpecEngine  # noqa: E402
 from deepspec.decoding.verify_budget import modelled_tokens_per_second  # noqa: E402
 from export.onnx.auto_quantization import AUTO_CANDIDATES  # noqa: E402
-from service.worker import fastest_engine  # noqa: E402
-from service.worker.fastest_engine import CHOICE_FILE, choose_engine, describe_cached_choice  # noqa: E402
+from service.worker import fastest_backend  # noqa: E402
+from service.worker.fastest_backend import CHOICE_FILE, choose_backend, describe_cached_choice  # noqa: E402
 from service.worker.settings import WorkerSettings  # noqa: E402
 from tests.export.conftest import write_hf_target  # noqa: E402
 
@@ -54,26 +54,26 @@ def test_the_modelled_throughput_is_the_best_depths_and_target_only_where_drafti
 def test_the_first_start_measures_and_records_later_starts_read_the_record(target_dir, cache, monkeypatch):
     settings = _settings(target_dir)
     assert describe_cached_choice(settings) is None
-    first = choose_engine(settings)
+    first = choose_backend(settings)
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
-    assert first.engine == record["engine"] in ENGINE_KINDS
+    assert first.backend == record["backend"] in ENGINE_KINDS
     measured = {k: r["tokens_per_second"] for k, r in record["decode_rates"].items()}  # the calibration decodes
     assert set(measured) == set(record["tokens_per_second"]) == set(ENGINE_KINDS)
-    assert first.engine == max(measured, key=measured.get) and "decoded calibration prompts" in first.reason
+    assert first.backend == max(measured, key=measured.get) and "decoded calibration prompts" in first.reason
     assert set(record["step_curves"]) == set(ENGINE_KINDS) and record["acceptance_length"] == 2.0
     assert record["draft_rounds"] == dict.fromkeys(ENGINE_KINDS)  # prompt lookup: drafting priced as free
-    assert (first.engine_dir is not None) == (first.engine == "onnx")
+    assert (first.bundle_dir is not None) == (first.backend == "onnx")
 
     def no_work(*args, **kwargs):
         raise AssertionError("a cached choice measured or exported again")
 
-    monkeypatch.setattr(fastest_engine, "measure_choice", no_work)
+    monkeypatch.setattr(fastest_backend, "measure_choice", no_work)
     monkeypatch.setattr("export.api.export_bundle", no_work)
-    again = choose_engine(settings)
-    assert (again.engine, again.engine_dir) == (first.engine, first.engine_dir)
-    assert first.engine in describe_cached_choice(settings) and "cached in" in again.reason
+    again = choose_backend(settings)
+    assert (again.backend, again.bundle_dir) == (first.backend, first.bundle_dir)
+    assert first.backend in describe_cached_choice(settings) and "cached in" in again.reason
     with pytest.raises(AssertionError):  # another draft depth is another choice: measured afresh
-        choose_engine(_settings(target_dir, num_speculative_tokens=3))
+        choose_backend(_settings(target_dir, num_speculative_tokens=3))
 
 
 #: made-up verify-step curves (seconds by T): the PyTorch engine's 1-token step cheaper, ONNX's verify pass flatter,
@@ -112,9 +112,9 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     monkeypatch.setattr(decode_rate, "measure_served_rates", lambda *args: None)  # the model decides
     tied = write_hf_target(tmp_path / "llama", "llama", tied=True, **HD16)  # a draft reads the fp32 embedding
     draft = write_draft(tmp_path / "dspark", tied, "dspark")
-    choice = choose_engine(_settings(tied, draft=str(draft)))
+    choice = choose_backend(_settings(tied, draft=str(draft)))
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
-    assert record["version"] == fastest_engine.CHOICE_VERSION and choice.engine == record["engine"] == winner
+    assert record["version"] == fastest_backend.CHOICE_VERSION and choice.backend == record["backend"] == winner
     assert {k: r["ms"] for k, r in record["draft_rounds"].items()} == {k: {"1": round_ms, "7": round_ms}
                                                                         for k in ENGINE_KINDS}
     cost = DraftTimeModel({(1, 1): round_ms / 1e3, (1, 7): round_ms / 1e3})
@@ -136,8 +136,8 @@ def test_the_engine_that_decodes_fastest_is_chosen_over_the_best_modelled(target
         return {name: {"tokens_per_second": rates[name], "acceptance_length": None} for name in candidates}
 
     monkeypatch.setattr(decode_rate, "measure_served_rates", measured)
-    choice = choose_engine(_settings(target_dir, num_speculative_tokens=2))
-    assert choice.engine == "onnx" and choice.reason.startswith("ONNX ") and "decoded calibration prompts at 90" in \
+    choice = choose_backend(_settings(target_dir, num_speculative_tokens=2))
+    assert choice.backend == "onnx" and choice.reason.startswith("ONNX ") and "decoded calibration prompts at 90" in \
         choice.reason and "PyTorch float32's 30 and native int8" in choice.reason
 
 
@@ -147,7 +147,7 @@ def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cac
     from service.worker.engine import load_engine
 
     loaded = load_engine(_settings(target_dir, backend="onnx", max_seq_len=64, max_batch_size=1))
-    assert isinstance(loaded.target, OnnxTarget) and loaded.engine_choice.startswith("onnx")
+    assert isinstance(loaded.target, OnnxTarget) and loaded.backend_choice.startswith("onnx")
     assert loaded.drafter_name == "prompt-lookup"
     out = loaded.engine.generate([[1, 40, 41, 42]], SamplingParams(max_tokens=4))[0]
     assert len(out.token_ids) == 4
@@ -160,7 +160,7 @@ def test_engine_native_serves_the_native_decoder_through_the_worker(target_dir, 
     from service.worker.engine import load_engine
 
     loaded = load_engine(_settings(target_dir, backend="native", max_seq_len=64, max_batch_size=2))
-    assert isinstance(loaded.target, NativeTarget) and loaded.engine_choice == "native: --backend native"
+    assert isinstance(loaded.target, NativeTarget) and loaded.backend_choice == "native: --backend native"
     prompts = [[1, 40, 41, 42, 40, 41], [1, 50, 51]]
     drafted = loaded.engine.generate(prompts, SamplingParams(max_tokens=12))
     alone = SpecEngine(loaded.target, None, max_batch_size=1, max_seq_len=64)
@@ -175,20 +175,20 @@ def test_without_a_compiler_auto_leaves_native_out_and_native_refuses(target_dir
     monkeypatch.setattr(build, "_LIBRARY", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with pytest.raises(ValueError, match="--backend native: CC=.*no-such-cc is not an executable C compiler"):
-        choose_engine(_settings(target_dir, backend="native"))
-    choose_engine(_settings(target_dir))
+        choose_backend(_settings(target_dir, backend="native"))
+    choose_backend(_settings(target_dir))
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
     assert set(record["step_curves"]) == {"pytorch", "onnx"}
 
 
 def test_where_onnx_cannot_run_auto_keeps_pytorch_and_onnx_refuses(target_dir, cache, monkeypatch):
-    choice = choose_engine(_settings(target_dir, device="cuda"))
-    assert choice.engine == "pytorch" and "CPU only" in choice.reason
+    choice = choose_backend(_settings(target_dir, device="cuda"))
+    assert choice.backend == "pytorch" and "CPU only" in choice.reason
     with pytest.raises(ValueError, match="--backend onnx: it runs on CPU only"):
-        choose_engine(_settings(target_dir, backend="onnx", device="cuda"))
+        choose_backend(_settings(target_dir, backend="onnx", device="cuda"))
     with pytest.raises(ValueError, match="--backend native: it runs on CPU only"):
-        choose_engine(_settings(target_dir, backend="native", device="cuda"))
-    assert choose_engine(_settings(target_dir, backend="pytorch")).reason == "--backend pytorch"
+        choose_backend(_settings(target_dir, backend="native", device="cuda"))
+    assert choose_backend(_settings(target_dir, backend="pytorch")).reason == "--backend pytorch"
     assert not cache.exists() or not list(cache.glob("engines/*"))
 
 
@@ -196,32 +196,32 @@ def test_a_failed_export_falls_back_to_pytorch_and_leaves_no_half_export(target_
     bad = tmp_path / "not-a-draft"
     bad.mkdir()
     (bad / "config.json").write_text('{"algo": "no-such-algorithm"}')
-    choice = choose_engine(_settings(target_dir, draft=str(bad)))
-    assert choice.engine == "pytorch" and "could not be prepared" in choice.reason
+    choice = choose_backend(_settings(target_dir, draft=str(bad)))
+    assert choice.backend == "pytorch" and "could not be prepared" in choice.reason
     assert not list(cache.glob("engines/*/onnx/manifest.json")) and not list(cache.glob(f"engines/*/{CHOICE_FILE}"))
     with pytest.raises(RuntimeError, match="the ONNX export for .* failed: draft .* does not match target"):
-        choose_engine(_settings(target_dir, draft=str(bad), backend="onnx"))
+        choose_backend(_settings(target_dir, draft=str(bad), backend="onnx"))
 
 
 def test_help_says_what_auto_serves_here(target_dir, cache, monkeypatch):
-    from service.cli import _engine_choice_line
+    from service.cli import _backend_choice_line
 
-    assert "first start measures it" in _engine_choice_line()
+    assert "first start measures it" in _backend_choice_line()
     monkeypatch.setenv("DEEPSPEC_WORKER_TARGET", str(target_dir))
     monkeypatch.setenv("DEEPSPEC_WORKER_DRAFT", "prompt-lookup")
     monkeypatch.setenv("DEEPSPEC_WORKER_DTYPE", "float32")
     monkeypatch.setenv("DEEPSPEC_WORKER_BACKEND", "auto")
-    chosen = choose_engine(_settings(target_dir))
-    assert _engine_choice_line().startswith(f"On this machine, for the default target and draft: {chosen.engine}:")
+    chosen = choose_backend(_settings(target_dir))
+    assert _backend_choice_line().startswith(f"On this machine, for the default target and draft: {chosen.backend}:")
 
 
 def test_an_upgrade_replaces_its_superseded_cache_entry_and_keeps_other_settings(target_dir, cache, monkeypatch):
-    first = choose_engine(_settings(target_dir, backend="onnx"))
-    old_root = first.engine_dir.parent
-    other = choose_engine(_settings(target_dir, backend="onnx", num_speculative_tokens=3)).engine_dir.parent
-    real_key = fastest_engine.cache_key
-    monkeypatch.setattr(fastest_engine, "cache_key",
+    first = choose_backend(_settings(target_dir, backend="onnx"))
+    old_root = first.bundle_dir.parent
+    other = choose_backend(_settings(target_dir, backend="onnx", num_speculative_tokens=3)).bundle_dir.parent
+    real_key = fastest_backend.cache_key
+    monkeypatch.setattr(fastest_backend, "cache_key",
                         lambda s: {**real_key(s), "versions": {"deepspec": "next release"}})
-    upgraded = choose_engine(_settings(target_dir, backend="onnx")).engine_dir.parent
+    upgraded = choose_backend(_settings(target_dir, backend="onnx")).bundle_dir.parent
     assert upgraded != old_root and not old_root.exists()  # the same settings after an upgrade: replaced
     assert other.exists()  # other settings are another entry, kept

@@ -43,7 +43,7 @@ from deepspec.models.backends import AUTO, NATIVE, ONNX, PYTORCH, backend_choice
 logger = logging.getLogger(__name__)
 
 #: the worker's --backend choices: the registered backends (deepspec/models/backends.py), then auto
-ENGINES: tuple[str, ...] = backend_choices()
+BACKENDS: tuple[str, ...] = backend_choices()
 CHOICE_FILE = "choice.json"
 #: bumped when the choice's rule or the cache layout changes: older records are then measured again (4: a neural
 #: draft's own round cost, timed on each engine, is added to its verify passes; scored free, a DSpark draft made an
@@ -61,43 +61,43 @@ CHOICE_VERSION = 9
 
 
 @dataclass(frozen=True)
-class EngineChoice:
+class BackendChoice:
     #: a backend's name (deepspec/models/backends.py), or "bundle" (a --bundle-dir, served as its manifest says)
-    engine: str
+    backend: str
     #: why, in one line (logged, printed by --help)
     reason: str
-    #: the ONNX export to serve (engine "onnx"), else None
-    engine_dir: Path | None = None
+    #: the ONNX bundle to serve (backend "onnx"), else None
+    bundle_dir: Path | None = None
     #: what choice.json holds (curves, scores), {} when nothing was measured
     record: dict = field(default_factory=dict)
 
     def worker_fields(self) -> dict[str, str]:
-        """The WorkerSettings fields the chosen engine replaces (none for the PyTorch engine)."""
-        if self.engine_dir is None:
+        """The WorkerSettings fields the chosen backend replaces (none for the PyTorch decoder)."""
+        if self.bundle_dir is None:
             return {}
         from service.worker.engine_dir import read_engine_dir
 
-        return read_engine_dir(self.engine_dir).worker_fields()
+        return read_engine_dir(self.bundle_dir).worker_fields()
 
 
-def choose_engine(settings) -> EngineChoice:
+def choose_backend(settings) -> BackendChoice:
     """The engine these worker settings run: measured and cached for `auto` (module docstring)."""
     if settings.bundle_dir is not None:
-        return EngineChoice("bundle", f"as exported in {settings.bundle_dir}")
+        return BackendChoice("bundle", f"as exported in {settings.bundle_dir}")
     if settings.target == "stub":
-        return EngineChoice(PYTORCH, "the stub target")
+        return BackendChoice(PYTORCH, "the stub target")
     if settings.backend == PYTORCH:
-        return EngineChoice(PYTORCH, "--backend pytorch")
+        return BackendChoice(PYTORCH, "--backend pytorch")
     native = native_blocker(settings)
     if settings.backend == NATIVE:
         if native:
             raise ValueError(f"--backend native: {native}")
-        return EngineChoice(NATIVE, "--backend native")
+        return BackendChoice(NATIVE, "--backend native")
     blocker = onnx_blocker(settings)
     if blocker and settings.backend == ONNX:
         raise ValueError(f"--backend onnx: {blocker}")
     if blocker and native:
-        return EngineChoice(PYTORCH, f"the ONNX engine does not apply: {blocker}; the native one: {native}")
+        return BackendChoice(PYTORCH, f"the ONNX engine does not apply: {blocker}; the native one: {native}")
     try:
         root = engine_cache_dir(settings)
         root.mkdir(parents=True, exist_ok=True)
@@ -116,14 +116,14 @@ def choose_engine(settings) -> EngineChoice:
                         raise
                     logger.warning("the ONNX engine could not be prepared (%s): weighing the others", e)
             if settings.backend == ONNX:
-                return EngineChoice(ONNX, "--backend onnx", onnx_dir)
+                return BackendChoice(ONNX, "--backend onnx", onnx_dir)
             return (cached_choice(root, onnx_dir, native is None)
                     or measure_choice(settings, root, onnx_dir, native is None))
     except (RuntimeError, OSError, ValueError) as e:  # an export or a measurement that failed (a broken draft, ...)
         if settings.backend == ONNX:
             raise
         logger.warning("serving the PyTorch engine: the other engines could not be prepared (%s)", e)
-        return EngineChoice(PYTORCH, f"the other engines could not be prepared ({e})")
+        return BackendChoice(PYTORCH, f"the other engines could not be prepared ({e})")
 
 
 @contextlib.contextmanager
@@ -232,22 +232,23 @@ def ensure_onnx_export(settings, out: Path) -> Path:
     return out
 
 
-def cached_choice(root: Path, onnx_dir: Path | None, native: bool = True) -> EngineChoice | None:
+def cached_choice(root: Path, onnx_dir: Path | None, native: bool = True) -> BackendChoice | None:
     """The choice recorded by an earlier start, or None when there is none, it is unreadable, or the engine it chose
     cannot run now."""
     try:
         record = json.loads((root / CHOICE_FILE).read_text())
-        engine, reason = record["engine"], record["reason"]
+        # "engine": the key of records written before the backends had their name
+        engine, reason = record.get("backend", record.get("engine")), record["reason"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     runnable = {PYTORCH, *([ONNX] if onnx_dir is not None else []), *([NATIVE] if native else [])}
     if engine not in runnable or record.get("version") != CHOICE_VERSION:
         return None
-    return EngineChoice(engine, f"{reason} (measured {record.get('measured', '?')}, cached in {root})",
+    return BackendChoice(engine, f"{reason} (measured {record.get('measured', '?')}, cached in {root})",
                         onnx_dir if engine == ONNX else None, record)
 
 
-def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = False) -> EngineChoice:
+def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = False) -> BackendChoice:
     """Time each candidate's verify-step curve (the ONNX export's was recorded when it was exported) and score it
     with its draft's round cost on that engine where the draft runs a model (the model); then decode the calibration
     prompts on each as it would serve them (export/onnx/decode_rate.py) and keep the fastest measured, or, without
@@ -278,7 +279,7 @@ def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = F
     verb = "decoded calibration prompts at" if measured else "models"
     reason = (f"{labels[engine]} {verb} {rates[engine]:.0f} tok/s against {against} (draft tau {tau:.2f}, depth "
               f"{depth}{drafting}), on {os.cpu_count()} cores with {cpu_flags()}")
-    record = {"version": CHOICE_VERSION, "engine": engine, "reason": reason,
+    record = {"version": CHOICE_VERSION, "backend": engine, "reason": reason,
               "measured": time.strftime("%Y-%m-%d %H:%M"), "acceptance_length": round(tau, 3), "depth": depth,
               "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},
               "decode_rates": measured,
@@ -288,7 +289,7 @@ def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = F
               "draft_rounds": {k: None if d is None else curve_record(d.by_width()) for k, d in draft_times.items()},
               "onnx_quantization": onnx_meta.get("quantization")}
     (root / CHOICE_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return EngineChoice(engine, reason, onnx_dir if engine == ONNX else None, record)
+    return BackendChoice(engine, reason, onnx_dir if engine == ONNX else None, record)
 
 
 @dataclass
@@ -373,4 +374,4 @@ def describe_cached_choice(settings) -> str | None:
         return None
     root = engine_cache_dir(settings)
     choice = cached_choice(root, root / "onnx")
-    return f"{choice.engine}: {choice.reason}" if choice else None
+    return f"{choice.backend}: {choice.reason}" if choice else None
