@@ -4,7 +4,7 @@ Common fields (every format): `format`, `engine`, `target` (the alias or path gi
 `draft` (a path relative to the directory, or a worker keyword) with `draft_source` and `algorithm`, `dtype`,
 `captured_layers_hs` (hs indices, see export/layer_ids.py), `tools` (versions), `files` (every file but the manifest:
 relative path -> sha256 and bytes). Formats add their own fields (launch commands, engine layer ids, tp).
-The worker (`service/worker/engine_dir.py`) reads `format`, `target`, `draft` and `dtype`.
+The worker (`service/worker/bundle.py`) reads `format`, `target`, `draft` and `dtype`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """`--format pytorch`: what DeepSpec's worker runs (`python -m service worker --bundle-dir DIR`).
 
 The output is the manifest plus a copy of the draft directory (`draft/`; a hybrid's two parts inside it, see
-export/drafts/copy.py), so the engine directory is pinned and self-contained: the worker reads target, draft and dtype from manifest.json (service/worker/engine_dir.py). The
-target stays a reference (alias or absolute path): the worker loads it, dequantizing an alias's GGUF once into its
-cache. No GPU, no conversion: this is the chart's default export on CPU.
+export/drafts/copy.py), so the bundle is pinned and self-contained: the worker reads target, draft and dtype from
+manifest.json (service/worker/bundle.py). The target stays a reference (alias or absolute path): the worker loads
+it, dequantizing an alias's GGUF once into its cache. No GPU, no conversion: this is the chart's default export on CPU.
 """
 
 from __future__ import annotations

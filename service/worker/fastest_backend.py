@@ -75,9 +75,9 @@ class BackendChoice:
         """The WorkerSettings fields the chosen backend replaces (none for the PyTorch decoder)."""
         if self.bundle_dir is None:
             return {}
-        from service.worker.engine_dir import read_engine_dir
+        from service.worker.bundle import read_bundle
 
-        return read_engine_dir(self.bundle_dir).worker_fields()
+        return read_bundle(self.bundle_dir).worker_fields()
 
 
 def choose_backend(settings) -> BackendChoice:

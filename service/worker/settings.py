@@ -111,9 +111,9 @@ class WorkerSettings(ServiceSettings):
     @model_validator(mode="after")
     def _apply_bundle_dir(self):
         if self.bundle_dir is not None:
-            from service.worker.engine_dir import read_engine_dir
+            from service.worker.bundle import read_bundle
 
-            for name, value in read_engine_dir(self.bundle_dir).worker_fields().items():
+            for name, value in read_bundle(self.bundle_dir).worker_fields().items():
                 if name not in self.model_fields_set:  # a flag (or env var) beats the manifest
                     setattr(self, name, value)
         return self

@@ -69,9 +69,9 @@ def test_a_format_serving_the_targets_own_tokenizer_writes_it_beside_the_manifes
     assert manifest["chat_template"] == "chat_template.jinja" and "chat_template.jinja" in manifest["files"]
     # the worker's --bundle-dir takes it from the manifest: nothing left for the user to pass
     assert "warning" not in result.stderr and "warnings" not in manifest
-    from service.worker.engine_dir import read_engine_dir
+    from service.worker.bundle import read_bundle
 
-    fields = read_engine_dir(out).worker_fields()
+    fields = read_bundle(out).worker_fields()
     assert fields["chat_template"] == str((out / "chat_template.jinja").resolve())
 
 

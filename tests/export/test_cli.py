@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from export.manifest import sha256_file, verify_files
-from service.worker.engine_dir import read_engine_dir
+from service.worker.bundle import read_bundle
 from tests.export.conftest import run_export, run_export_process
 
 
@@ -54,7 +54,7 @@ def test_pytorch_export_is_what_the_worker_reads(tmp_path, targets, drafts):
     for rel, entry in manifest["files"].items():
         assert sha256_file(out / rel) == entry["sha256"]
     assert set(manifest["files"]) == {f"draft/{p.name}" for p in drafts["llama", "eagle3"].iterdir()}
-    engine = read_engine_dir(out)
+    engine = read_bundle(out)
     assert (engine.format, engine.target, engine.draft, engine.dtype) == (
         "pytorch", str(targets["llama"]), str(out / "draft"), "bfloat16")
     (out / "draft" / "config.json").write_text("{}")
@@ -65,7 +65,7 @@ def test_pytorch_export_of_a_worker_drafter_keeps_the_keyword(tmp_path, targets)
     result = run_export("--target", targets["llama"], "--draft", "prompt-lookup", "--format", "pytorch",
                         "--dtype", "float32", "--out", tmp_path / "e")
     assert result.returncode == 0, result.stderr
-    assert read_engine_dir(tmp_path / "e").draft == "prompt-lookup"
+    assert read_bundle(tmp_path / "e").draft == "prompt-lookup"
 
 
 def test_unknown_format(tmp_path, targets):
@@ -152,13 +152,13 @@ def test_a_failure_while_writing_leaves_nothing(tmp_path, targets, drafts, monke
 @pytest.mark.parametrize("fmt, says", [("vllm", "vllm serve"), ("sglang", "launch/sglang.sh"),
                                        ("tensorrt-llm", "worker.runtime=triton")])  # fmt: skip
 def test_the_worker_refuses_other_engines_exports_with_the_way_out(tmp_path, targets, drafts, fmt, says):
-    from service.worker.engine_dir import EngineDirError
+    from service.worker.bundle import BundleError
 
     out = tmp_path / "out"
     assert run_export("--target", targets["llama"], "--draft", drafts["llama", "eagle3"], "--format", fmt,
                       "--out", out).returncode == 0
-    with pytest.raises(EngineDirError, match=says):
-        read_engine_dir(out)
+    with pytest.raises(BundleError, match=says):
+        read_bundle(out)
 
 
 def test_auto_without_a_fitting_shipped_draft(tmp_path, targets, drafts, monkeypatch):

@@ -71,7 +71,7 @@ WORKER_ENV = {
     "drain_timeout_s": ("6", 6.0),
 }
 #: fields set another way: the keys file must exist (tested below), the API keys have their own variable name,
-#: bundle_dir must hold a manifest (tests/service/test_engine_dir.py), the service classes file must exist
+#: bundle_dir must hold a manifest (tests/service/test_bundle.py), the service classes file must exist
 #: (tests/service/test_admission.py reads one); engine and engine_dir are the deprecated names of backend and
 #: bundle_dir (tests/service/test_backend_vocabulary.py)
 SET_ELSEWHERE = {"api_keys_file", "api_keys", "bundle_dir", "service_classes_file", "engine", "engine_dir"}

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as triton
 
 from service.worker.settings import WorkerSettings
-from service.worker.engine_dir import EngineDirError, EngineManifest, read_engine_dir
+from service.worker.bundle import BundleError, BundleManifest, read_bundle
 from tests.service.conftest import REPO, Worker
 
 
@@ -27,18 +27,18 @@ def engine_dir(tmp_path, manifest: dict | str, *subdirs: str):
 def test_pytorch_engine_resolves_paths_against_the_dir(tmp_path):
     d = engine_dir(tmp_path, {"format": "pytorch", "target": "target", "draft": "draft", "dtype": "bfloat16"},
                    "target", "draft")  # fmt: skip
-    assert read_engine_dir(d) == EngineManifest("pytorch", str(d / "target"), str(d / "draft"), "bfloat16")
+    assert read_bundle(d) == BundleManifest("pytorch", str(d / "target"), str(d / "draft"), "bfloat16")
 
 
 def test_aliases_keywords_and_absolute_paths_pass_through(tmp_path):
     elsewhere = tmp_path / "drafts" / "eagle3"
     elsewhere.mkdir(parents=True)
     d = engine_dir(tmp_path, {"format": "deepspec", "target": "smollm2-135m", "draft": str(elsewhere)})
-    m = read_engine_dir(d)
+    m = read_bundle(d)
     assert (m.target, m.draft, m.dtype) == ("smollm2-135m", str(elsewhere), "float32")  # dtype defaults to float32
     for draft in ("none", "prompt-lookup", "auto"):
         (d / "manifest.json").write_text(json.dumps({"format": "pytorch", "target": "stub", "draft": draft}))
-        assert read_engine_dir(d).draft == draft
+        assert read_bundle(d).draft == draft
 
 
 @pytest.mark.parametrize("fmt, says", [("vllm", "vllm serve"), ("sglang", "launch/sglang.sh"),
@@ -46,8 +46,8 @@ def test_aliases_keywords_and_absolute_paths_pass_through(tmp_path):
                                        ("triton-repo", "tritonserver")])  # fmt: skip
 def test_engines_for_other_runtimes_are_refused_with_the_way_out(tmp_path, fmt, says):
     d = engine_dir(tmp_path, {"format": fmt, "target": "smollm2-135m", "draft": "none", "dtype": "float32"})
-    with pytest.raises(EngineDirError, match=says):
-        read_engine_dir(d)
+    with pytest.raises(BundleError, match=says):
+        read_bundle(d)
 
 
 @pytest.mark.parametrize("manifest, says", [
@@ -63,15 +63,15 @@ def test_engines_for_other_runtimes_are_refused_with_the_way_out(tmp_path, fmt, 
     ({"format": "pytorch", "target": "/nowhere/model.gguf"}, "does not exist"),
 ])  # fmt: skip
 def test_malformed_manifests_name_the_problem(tmp_path, manifest, says):
-    with pytest.raises(EngineDirError, match=says):
-        read_engine_dir(engine_dir(tmp_path, manifest))
+    with pytest.raises(BundleError, match=says):
+        read_bundle(engine_dir(tmp_path, manifest))
 
 
 def test_missing_dir_or_manifest(tmp_path):
-    with pytest.raises(EngineDirError, match="no such directory"):
-        read_engine_dir(tmp_path / "absent")
-    with pytest.raises(EngineDirError, match="no manifest.json"):
-        read_engine_dir(tmp_path)
+    with pytest.raises(BundleError, match="no such directory"):
+        read_bundle(tmp_path / "absent")
+    with pytest.raises(BundleError, match="no manifest.json"):
+        read_bundle(tmp_path)
 
 
 def test_flags_win_over_the_manifest(tmp_path):

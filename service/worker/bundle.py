@@ -15,7 +15,7 @@
 - `dtype`: the weights dtype the worker loads (`float32` or `bfloat16`).
 
 Flags given on the command line win over the manifest (`WorkerSettings` applies only fields not set otherwise).
-Every problem is an `EngineDirError` (a ValueError) that names the file and the fix; nothing here loads weights.
+Every problem is an `BundleError` (a ValueError) that names the file and the fix; nothing here loads weights.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 from deepspec.decoding.registry import drafter_keywords
 
 MANIFEST = "manifest.json"
-#: formats this worker serves: the PyTorch engine over the target and draft the manifest names
+#: formats this worker serves: the PyTorch decoder over the target and draft the manifest names
 PYTORCH_FORMATS = ("pytorch", "deepspec")
-#: formats this worker serves through ONNX Runtime: the target is the engine dir's own graph (deepspec.models.onnx_target)
+#: formats this worker serves through ONNX Runtime: the target is the bundle's own graph (deepspec.models.onnx_target)
 ONNX_FORMATS = ("onnx",)
 #: formats other runtimes serve -> how to run them instead
 OTHER_RUNTIMES = {
@@ -41,14 +41,14 @@ OTHER_RUNTIMES = {
 DTYPES = ("float32", "bfloat16")
 
 
-class EngineDirError(ValueError):
+class BundleError(ValueError):
     pass
 
 
 @dataclass(frozen=True)
-class EngineManifest:
+class BundleManifest:
     format: str
-    #: alias, or an absolute path (relative ones are resolved against the engine dir)
+    #: alias, or an absolute path (relative ones are resolved against the bundle)
     target: str
     #: "none", "prompt-lookup", "auto", or an absolute draft directory
     draft: str
@@ -57,52 +57,52 @@ class EngineManifest:
     chat_template: str | None = None
 
     def worker_fields(self) -> dict[str, str]:
-        """The `WorkerSettings` fields this engine sets (unless a flag already did)."""
+        """The `WorkerSettings` fields this bundle sets (unless a flag already did)."""
         fields = {"target": self.target, "draft": self.draft, "dtype": self.dtype}
         if self.chat_template is not None:
             fields["chat_template"] = self.chat_template
         return fields
 
 
-def read_engine_dir(engine_dir: str | Path) -> EngineManifest:
-    """Validate DIR/manifest.json and resolve its paths; raise EngineDirError saying what is wrong."""
-    root = Path(engine_dir)
+def read_bundle(bundle_dir: str | Path) -> BundleManifest:
+    """Validate DIR/manifest.json and resolve its paths; raise BundleError saying what is wrong."""
+    root = Path(bundle_dir)
     if not root.is_dir():
-        raise EngineDirError(f"--bundle-dir {root}: no such directory (write one with python -m export --out {root})")
+        raise BundleError(f"--bundle-dir {root}: no such directory (write one with python -m export --out {root})")
     path = root / MANIFEST
     if not path.is_file():
-        raise EngineDirError(f"--bundle-dir {root}: no {MANIFEST} (an unfinished export? run python -m export again)")
+        raise BundleError(f"--bundle-dir {root}: no {MANIFEST} (an unfinished export? run python -m export again)")
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EngineDirError(f"{path}: not valid JSON ({e})") from None
+        raise BundleError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(manifest, dict):
-        raise EngineDirError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+        raise BundleError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
     missing = [k for k in ("format", "target") if not isinstance(manifest.get(k), str) or not manifest[k]]
     if missing:
-        raise EngineDirError(f"{path}: missing or empty {', '.join(missing)} (expected strings)")
+        raise BundleError(f"{path}: missing or empty {', '.join(missing)} (expected strings)")
     fmt = manifest["format"]
     if fmt in OTHER_RUNTIMES:
-        raise EngineDirError(f"{root} holds {OTHER_RUNTIMES[fmt]}")
+        raise BundleError(f"{root} holds {OTHER_RUNTIMES[fmt]}")
     if fmt not in PYTORCH_FORMATS + ONNX_FORMATS:
         known = ", ".join([*PYTORCH_FORMATS, *ONNX_FORMATS, *OTHER_RUNTIMES])
-        raise EngineDirError(f"{path}: unknown format {fmt!r} (known: {known})")
+        raise BundleError(f"{path}: unknown format {fmt!r} (known: {known})")
     draft, dtype = manifest.get("draft", "none"), manifest.get("dtype", "float32")
     if not isinstance(draft, str) or not draft:
-        raise EngineDirError(f"{path}: draft must be one of {', '.join(drafter_keywords())} or a directory, got "
+        raise BundleError(f"{path}: draft must be one of {', '.join(drafter_keywords())} or a directory, got "
                              f"{draft!r}")
     if dtype not in DTYPES:
-        raise EngineDirError(f"{path}: dtype {dtype!r} is not one the worker loads ({', '.join(DTYPES)})")
+        raise BundleError(f"{path}: dtype {dtype!r} is not one the worker loads ({', '.join(DTYPES)})")
     target = _resolve(root, manifest["target"], path, "target", is_path=_looks_like_path(manifest["target"]))
     if fmt in ONNX_FORMATS:  # the graph in DIR is the target; it runs float32 activations
         target, dtype = str(root.resolve()), "float32"
     draft = draft if draft in drafter_keywords() else _resolve(root, draft, path, "draft", is_path=True)
     template = manifest.get("chat_template")
     if template is not None and (not isinstance(template, str) or not template):
-        raise EngineDirError(f"{path}: chat_template must be a file in the export, got {template!r}")
+        raise BundleError(f"{path}: chat_template must be a file in the export, got {template!r}")
     if template is not None:
         template = _resolve(root, template, path, "chat_template", is_path=True)
-    return EngineManifest(fmt, target, draft, dtype, template)
+    return BundleManifest(fmt, target, draft, dtype, template)
 
 
 def _looks_like_path(value: str) -> bool:
@@ -110,10 +110,10 @@ def _looks_like_path(value: str) -> bool:
 
 
 def _resolve(root: Path, value: str, manifest: Path, key: str, is_path: bool) -> str:
-    """An existing path relative to the engine dir (or absolute) -> absolute; else an alias (targets only)."""
+    """An existing path relative to the bundle (or absolute) -> absolute; else an alias (targets only)."""
     candidate = Path(value) if Path(value).is_absolute() else root / value
     if candidate.exists():
         return str(candidate.resolve())
     if is_path:
-        raise EngineDirError(f"{manifest}: {key} {value!r} does not exist (looked for {candidate})")
+        raise BundleError(f"{manifest}: {key} {value!r} does not exist (looked for {candidate})")
     return value  # an alias such as smollm2-135m: load_target resolves it
