@@ -59,21 +59,33 @@ def test_embeddings_are_the_decoders_frozen_tensors():
 CLASS_CHECKED = {"exported_draft_graphs"}  # OnnxTarget's: deepspec/decoding/drafters/onnx_graphs.py
 
 
-def _members_read_by_the_decoding_layer() -> dict[str, str]:
-    """{member: where} for every `<...target>.member` read in deepspec/decoding (self.target.x, target.x, ...)."""
+def _members_read(source: str, where: str) -> dict[str, str]:
+    """{member: where:line} for every read of a target's member in `source`: `<...target>.member` (self.target.x,
+    target.x, ...) and getattr/hasattr(<...target>, "member"), the way a member the protocol lacks gets read."""
     import ast
+
+    def base(node) -> str:
+        return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+    reads = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and base(node.value) in ("target", "_target", "tgt"):
+            reads.setdefault(node.attr, f"{where}:{node.lineno}")
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr")
+              and len(node.args) >= 2 and base(node.args[0]) in ("target", "_target", "tgt")
+              and isinstance(node.args[1], ast.Constant)):
+            reads.setdefault(node.args[1].value, f"{where}:{node.lineno}")
+    return reads
+
+
+def _members_read_by_the_decoding_layer() -> dict[str, str]:
     from pathlib import Path
 
     import deepspec.decoding
 
     reads = {}
     for path in sorted(Path(deepspec.decoding.__file__).parent.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, ast.Attribute):
-                continue
-            base = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
-            if base in ("target", "_target", "tgt"):
-                reads.setdefault(node.attr, f"{path.name}:{node.lineno}")
+        reads = {**_members_read(path.read_text(), path.name), **reads}
     return reads
 
 
@@ -84,3 +96,10 @@ def test_the_protocol_declares_every_member_the_engine_reads():
                   if m not in declared and m not in CLASS_CHECKED}
     assert not undeclared, undeclared
     assert len(_members_read_by_the_decoding_layer()) > 10  # the scan sees the engine's reads
+
+
+def test_the_scan_sees_attribute_and_getattr_reads():  # negative control: the engine read these before they were
+    # declared (engine.py, planner.py before 3d99990)
+    source = ("rows = getattr(self.target, 'multi_token_rows_serial', False)\nn = target.host_threads\n"
+              "if hasattr(target, 'recorded_step_curve'): pass\nx = drafter.model\n")
+    assert set(_members_read(source, "x.py")) == {"multi_token_rows_serial", "host_threads", "recorded_step_curve"}
