@@ -28,6 +28,31 @@ def target_dir(tmp_path_factory):
     return write_hf_target(tmp_path_factory.mktemp("fastest") / "llama", "llama", **HD16)
 
 
+class _Neighbours:
+    """deepspec.neighbours.NeighbourShare with the share a test sets, not what else this machine runs."""
+
+    share = 0.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    @property
+    def busy(self) -> bool:
+        return self.share >= 0.25
+
+
+@pytest.fixture(autouse=True)
+def neighbours(monkeypatch):
+    """Quiet unless a test says otherwise: whether a choice is cached must not depend on the machine's load."""
+    monkeypatch.setattr(fastest_backend, "NeighbourShare", _Neighbours)
+    _Neighbours.share = 0.0
+    yield _Neighbours
+    _Neighbours.share = 0.0
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DEEPSPEC_CACHE_DIR", str(tmp_path / "cache"))
@@ -74,6 +99,30 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
     assert first.backend in describe_cached_choice(settings) and "cached in" in again.reason
     with pytest.raises(AssertionError):  # another draft depth is another choice: measured afresh
         choose_backend(_settings(target_dir, num_speculative_tokens=3))
+
+
+def test_a_choice_measured_beside_busy_neighbours_is_measured_again(target_dir, cache, monkeypatch, neighbours):
+    """A start beside a busy neighbour records a provisional choice; the next starts measure again (up to
+    MAX_BUSY_ATTEMPTS busy measurements, then the last is kept), and one quiet measurement settles it."""
+    settings = _settings(target_dir)
+    measured = []
+    real = fastest_backend.measure_choice
+    monkeypatch.setattr(fastest_backend, "measure_choice", lambda *a, **k: measured.append(1) or real(*a, **k))
+    neighbours.share = 0.6
+    for start in range(fastest_backend.MAX_BUSY_ATTEMPTS + 1):
+        choose_backend(settings)
+    record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
+    assert len(measured) == fastest_backend.MAX_BUSY_ATTEMPTS  # the last start read the third busy record
+    assert record["provisional"] and record["attempts"] == fastest_backend.MAX_BUSY_ATTEMPTS
+    assert record["neighbour_share"] == 0.6
+    (next(cache.glob(f"engines/*/{CHOICE_FILE}"))).unlink()
+    neighbours.share = 0.6
+    choose_backend(settings)  # busy: provisional
+    neighbours.share = 0.05
+    choose_backend(settings)  # quiet: measured again, and settled
+    choose_backend(settings)
+    assert len(measured) == fastest_backend.MAX_BUSY_ATTEMPTS + 2
+    assert json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())["provisional"] is False
 
 
 #: made-up verify-step curves (seconds by T): the PyTorch engine's 1-token step cheaper, ONNX's verify pass flatter,
