@@ -130,7 +130,7 @@ def test_the_installed_wheel_serves_with_the_native_backend_and_the_corpus_draft
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=300).json()
         assert reply["usage"]["completion_tokens"] == 16 and reply["choices"][0]["text"], reply
         text = log.read_text()
-        assert "engine: native" in text and "drafter corpus-lookup" in text, text[-3000:]
+        assert "backend: native" in text and "drafter corpus-lookup" in text, text[-3000:]
     finally:
         proc.terminate()
         proc.wait(timeout=60)
