@@ -112,6 +112,10 @@ def _add_train(sub) -> None:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="offline mode: cache only the needed target hidden states here (size printed first); "
                         "default: online features (the frozen target runs inside the loop, nothing on disk)")
+    p.add_argument("--cache-writer", choices=["target", "native"], default=None,
+                   help="cache_writer: what writes the offline cache (--cache-dir): the training target (default) or "
+                        "the native CPU decoder on the target's served weights (--labels regen; several times faster "
+                        "on a CPU)")
     p.add_argument("--init-from", type=Path, default=None,
                    help="fine-tune this draft checkpoint (init_from) instead of starting from random weights: "
                         "more data for a shipped draft without training it again from scratch")

@@ -87,6 +87,7 @@ class TrainConfig(StrictModel):
     output_dir: Path = Field(Path("runs/draft"), description="where checkpoints/ and the final draft (config.json, model.safetensors, ...) go")
     init_from: Path | None = Field(None, description="fine-tune an existing draft checkpoint (e.g. drafts/smollm2-135m-dflash) instead of a fresh init: its weights, vocabulary and sizes replace model.num_layers/block_size/draft_vocab_size/...; model.algo must match")
     cache_dir: Path | None = Field(None, description="offline mode: cache only the needed target hidden states here; None = online (target in the loop)")
+    cache_writer: Literal["target", "native"] = Field("target", description="what computes the offline cache: the training target (PyTorch, data.labels regen or target), or the native CPU decoder on the target's served weights (data.labels regen only; several times faster on a CPU, and the features a draft then learns are the ones the native backend serves it)")
     seed: int = Field(0, description="seed of init, data order and anchor sampling")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = fp32 on CPU, bf16 autocast on GPU")
     save_every: int = Field(100, ge=0, description="save a resumable checkpoint every N optimizer steps (0 = only at the end)")

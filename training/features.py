@@ -46,25 +46,41 @@ def estimate_cache_bytes(num_tokens: int, hidden_size: int, num_feature_layers: 
 
 class OfflineFeatures:
     """Per-sequence safetensors files `<cache_dir>/<i>.safetensors` plus meta.json (layers, target fingerprint,
-    and for soft labels their top k and vocabulary map)."""
+    what wrote them, and for soft labels their top k and vocabulary map).
 
-    def __init__(self, cache_dir: Path, target, feature_layers: tuple[int, ...], distill=None):
+    `writer`: another target that computes the files instead of the training target: the native CPU decoder on the
+    target's served weights writes features and final hidden states several times faster than the PyTorch target,
+    and a draft trained on them learns the features the native backend serves it (the same model's, rounded by its
+    4-bit or int8 weights). Files of one writer are never read as the other's."""
+
+    def __init__(self, cache_dir: Path, target, feature_layers: tuple[int, ...], distill=None, writer=None):
         self.dir, self.target, self.feature_layers = Path(cache_dir), target, tuple(feature_layers)
         #: a training.distill.DistillFeatures: cache its soft labels instead of the final hidden state
         self.distill = distill
+        if writer is not None and distill is not None:
+            raise ValueError("a cache writer other than the training target writes no soft labels")
+        self.writer = writer
 
     def meta(self, sequences) -> dict:
         data = hashlib.sha1("".join(token_digest(s.input_ids) for s in sequences).encode()).hexdigest()[:16]
         meta = {"feature_layers": list(self.feature_layers), "target": self.target.fingerprint(),
-                "num_sequences": len(sequences), "data": data}
+                "num_sequences": len(sequences), "data": data, "writer": self._writer_name()}
         if self.distill is not None:
             meta["labels"] = self.meta_labels()
         return meta
 
+    def _writer_name(self) -> str:
+        """"target", or the other writer's kind and weights (e.g. "NativeTarget/q4")."""
+        if self.writer is None:
+            return "target"
+        return f"{type(self.writer).__name__}/{getattr(self.writer, 'quantization', '')}"
+
     def _kind(self) -> str:
-        """Tag of what a file holds beside the features, so a file of the other kind is recomputed."""
+        """Tag of what a file holds beside the features (and who wrote it), so a file of another kind is
+        recomputed."""
         labels = self.meta_labels()
-        return "" if labels is None else f"/labels:{labels['top_k']}:{labels['d2t']}"
+        written = "" if self.writer is None else f"/writer:{self._writer_name()}"
+        return written + ("" if labels is None else f"/labels:{labels['top_k']}:{labels['d2t']}")
 
     def meta_labels(self) -> dict | None:
         if self.distill is None:
@@ -74,8 +90,10 @@ class OfflineFeatures:
     def _tensors(self, index: int, input_ids: list[int]) -> dict[str, torch.Tensor]:
         """What one sequence's file holds."""
         if self.distill is None:
-            features, final = OnlineFeatures(self.target, self.feature_layers)([index], torch.tensor([input_ids]))
-            return {"features": features[0].contiguous(), "final_hidden": final[0].contiguous()}
+            writer = self.writer if self.writer is not None else self.target
+            features, final = OnlineFeatures(writer, self.feature_layers)([index], torch.tensor([input_ids]))
+            dtype = self.target.dtype  # what the training target's own features would be, whoever wrote them
+            return {"features": features[0].to(dtype).contiguous(), "final_hidden": final[0].to(dtype).contiguous()}
         features, labels = self.distill([index], torch.tensor([input_ids]))
         return {"features": features[0].contiguous(), "label_probs": labels.probs[0].contiguous(),
                 "label_ids": labels.ids[0].to(torch.int32).contiguous()}  # int32: N < 2^31, half the bytes

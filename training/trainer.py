@@ -204,7 +204,15 @@ class Trainer:
         if cfg.cache_dir is None:
             self.source = distill or OnlineFeatures(target, dcfg.feature_layers)
             return
-        self.source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers, distill=distill)
+        writer = None
+        if cfg.cache_writer == "native":
+            if distill is not None:
+                raise ValueError("cache_writer native writes features and final hidden states, not soft labels: "
+                                 "use it with data.labels regen, or cache_writer target with labels target")
+            from deepspec.models.native import load_native_target
+
+            writer = load_native_target(cfg.target.name)
+        self.source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers, distill=distill, writer=writer)
         if not self.source.is_complete(self.sequences):
             top_k = (cfg.data.label_top_k or dcfg.out_vocab_size) if distill is not None else None
             size = estimate_cache_bytes(self.stats.num_tokens, dcfg.hidden_size, len(dcfg.feature_layers),
@@ -446,6 +454,7 @@ def run_train_cli(args, parser) -> int:
              "data.labels": args.labels,
              "output_dir": str(args.out) if args.out else None,
              "cache_dir": str(args.cache_dir) if args.cache_dir else None,
+             "cache_writer": args.cache_writer,
              "init_from": str(args.init_from) if args.init_from else None}
     try:
         cfg = load_config(args.config, flags, args.overrides)

@@ -51,7 +51,7 @@
 #define DS_LANES 8
 #endif
 
-#define DS_ABI 3
+#define DS_ABI 4
 #define MAX_TILE_ROWS 8
 #define ALIGN 64
 
@@ -1510,7 +1510,7 @@ static void layer(fwd_t *f, int li, size_t scratch_per_thread, int64_t max_keys,
 int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int64_t *start, const int64_t *parents,
                kv_t *k_cache, kv_t *v_cache, int64_t layer_stride, int64_t slot_stride, int64_t seq_len,
                const int64_t *logits_index, int N, float *logits, const int *feature_layers, int nfeat,
-               float *features) {
+               float *features, float *final_hidden) {
     const ds_config *c = &m->cfg;
     const int H = c->hidden, hd = c->head_dim, rows = B * T;
     const int qw = c->heads * hd, kvw = c->kv_heads * hd, qkvw = qw + 2 * kvw, inter = c->inter;
@@ -1555,6 +1555,9 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
     pool_spin(1);
     fwd_t f = {m, &st, depth, NULL, 0, nfeat, feature_layers, x, h, wide, attn, features, q8, qs};
     for (int li = 0; li < c->layers; li++) layer(&f, li, scratch_per_thread, max_keys, scratch);
+    if (final_hidden) /* every position's post-norm state: what the head reads, for training a draft offline */
+        for (int r = 0; r < rows; r++)
+            rms_norm(x + (size_t)r * H, m->final_norm, H, c->eps, final_hidden + (size_t)r * H);
     if (N > 0) {
         const int picked = B * N;
         for (int i = 0; i < picked; i++) {

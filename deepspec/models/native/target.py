@@ -113,9 +113,6 @@ class NativeTarget(HFTextTarget):
         max_start: int | None = None,
         tree_parents: torch.Tensor | None = None,
     ) -> DecoderOutput:
-        if return_final_hidden:
-            raise NotImplementedError("the native target returns logits and features, not the final hidden state; "
-                                      "train drafts against the PyTorch target")
         B, T = tokens.shape
         ids = np.ascontiguousarray(tokens.cpu().numpy(), dtype=np.int64)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.spec.vocab_size):
@@ -142,15 +139,17 @@ class NativeTarget(HFTextTarget):
             raise ValueError(f"feature layers must be in [0, {self.spec.num_layers}), got {list(layers)}")
         features = torch.empty(B, T, len(layers) * self.spec.hidden_size) if layers else None
         wanted = (ctypes.c_int * len(layers))(*layers) if layers else None
+        final = torch.empty(B, T, self.spec.hidden_size) if return_final_hidden else None
         status = self._model.lib.ds_forward(
             self._model.handle, B, T, ids.ctypes.data, starts.ctypes.data,
             parents.ctypes.data if parents is not None else None, k.data_ptr(), v.data_ptr(), k.stride(0),
             k.stride(1), k.shape[3], index.ctypes.data if index is not None else None,
             index.shape[1] if index is not None else 0, out_logits.data_ptr() if out_logits is not None else None,
-            wanted, len(layers), features.data_ptr() if features is not None else None)
+            wanted, len(layers), features.data_ptr() if features is not None else None,
+            final.data_ptr() if final is not None else None)
         if status:
             raise MemoryError(f"the native decoder could not allocate scratch memory for {B} x {T} tokens")
-        return DecoderOutput(out_logits, features)
+        return DecoderOutput(out_logits, features, final)
 
     def lm_head(self, final_hidden: torch.Tensor) -> torch.Tensor:
         return final_hidden.float() @ self._head.T
