@@ -3,7 +3,7 @@
 Two kinds of callers need it. The engine prices each round's drafting with it before the drafter runs
 (planner.BudgetPlanner.draft_width: verify_budget.best_depth with the draft's seconds added), probing once at start for one
 to all of its slots. The choices made before serving score a neural draft with it, at batch 1, on each candidate:
-the worker's `--engine auto` (service/worker/fastest_engine.py) and the ONNX export's `--quantization auto`
+the worker's `--backend auto` (service/worker/fastest_backend.py) and the ONNX export's `--quantization auto`
 (export/onnx/auto_quantization.py), where the draft runs on the candidate's own kernels (the ONNX draft graphs of
 that format, or the PyTorch draft) and costs several milliseconds a round that differ per candidate. Both then
 price the round the same way (verify_budget.DraftTimeModel), so a choice scores what the engine will do.

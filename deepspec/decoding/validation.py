@@ -2,7 +2,7 @@
 
 Every refusal is a `RequestError` (a ValueError) carrying a `RequestErrorCode`, so servers map the code to a status
 (HTTP 400 / gRPC INVALID_ARGUMENT) and forward it to clients without reading the message. The code values are the
-OpenAI-style `error.code` strings the gateway returns; service/protocol.py says how they travel from worker to
+OpenAI-style `error.code` strings the gateway returns; deepspec_protocol/worker.py says how they travel from worker to
 gateway. Sampling parameters are checked where they are built (`SamplingParams.__post_init__`), the prompt against
 the window here (`SpecEngine.validate`, also called by `add_request`).
 """

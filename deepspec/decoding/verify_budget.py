@@ -175,7 +175,7 @@ class DraftTimeModel:
 
     def by_width(self, rows: int = 1) -> dict[int, float]:
         """{width: seconds} of a round over `rows` rows at the probed widths: the batch-1 record an engine or
-        weight-format choice keeps beside the verify-step curve it scored (fastest_engine.py, auto_quantization.py)."""
+        weight-format choice keeps beside the verify-step curve it scored (fastest_backend.py, auto_quantization.py)."""
         return dict(zip((int(w) for w in self.widths.tolist()), self.round_seconds(rows, self.widths).tolist()))
 
     def __repr__(self) -> str:

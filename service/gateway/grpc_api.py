@@ -6,8 +6,8 @@ A request that is not a valid protobuf is INVALID_ARGUMENT, not grpcio's default
 gone, deadline) cancels the handler, which closes the worker stream and frees the slot; `Abort` does the same for
 one of the caller's own request ids. API keys, when configured, are read from the `authorization: Bearer <key>`
 metadata. Health reports SERVING for "" and the service name while the gateway is ready. Logprobs come as the
-worker scored them (service/token_scores.py), one `TokenLogprob` per token, ids included where the worker sends
-them (an OpenAI-HTTP upstream does not: unset), of the distribution `logprobs_mode` names. A `structured_output`
+worker scored them (deepspec_protocol/token_scores.py), one `TokenLogprob` per token, ids included where the worker
+sends them (an OpenAI-HTTP upstream does not: unset), of the distribution `logprobs_mode` names. A `structured_output`
 (kind + spec) is validated as the HTTP API's vLLM-style `structured_outputs` object. With `n`, `Complete` answers
 every choice in `choices` (its top-level text, finish_reason and logprobs are choice 0's, what an n = 1 client
 reads) and `CompleteStream` names each chunk's choice in `index`; the usage counts the prompt once.

@@ -1,4 +1,4 @@
-"""OpenAI's two logprobs shapes, rendered from the `TokenScore`s a worker sends (service/token_scores.py).
+"""OpenAI's two logprobs shapes, rendered from the `TokenScore`s a worker sends (deepspec_protocol/token_scores.py).
 
 - Chat, `choices[i].logprobs`: `{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
   "refusal": null}`, top_logprobs the N likeliest (OpenAI's chat object).

@@ -6,8 +6,8 @@ weighted sum of normalised signals scraped from its metrics: queue depth, KV-cac
 match (gateway-api-inference-extension pkg/epp/scheduling: queue-scorer, kv-cache-utilization-scorer,
 prefix-cache-scorer, max-score picker). None of them knows speculation: a worker whose drafts are accepted well
 commits several tokens per step, one where they are not commits one. DeepSpec's workers publish their load with
-their responses (service/protocol.py `WorkerLoad`) and the score is one physical quantity instead of a weighted sum:
-the tokens per second the request would get there,
+their responses (deepspec_protocol/worker.py `WorkerLoad`) and the score is one physical quantity instead of a weighted
+sum: the tokens per second the request would get there,
 
     expected = row_tokens_per_s x acceptance ratio x slot share x KV headroom
 

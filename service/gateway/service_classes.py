@@ -1,7 +1,7 @@
 """Service classes: what each API key is promised, read from a keys file (or the chart's values, as JSON).
 
-Every key has a policy: its `service_class` (service/protocol.py SERVICE_CLASSES: interactive before standard before
-batch; the gateway admits and sheds by it, and the worker is told each row's class), a `weight` (its share of the
+Every key has a policy: its `service_class` (deepspec_protocol/worker.py SERVICE_CLASSES: interactive before standard
+before batch; the gateway admits and sheds by it, and the worker is told each row's class), a `weight` (its share of the
 tokens served while keys of one class compete: 2 gets twice the tokens of 1), a `tokens_per_minute` budget (prompt +
 completion tokens; 0 = none) and a `ttft_objective_s` (how long its requests may wait in the gateway's queue before
 they are shed rather than served late). A key the file does not list, and every caller while auth is off, gets the

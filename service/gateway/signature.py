@@ -4,7 +4,7 @@ Triton checks every request against the model's config.pbtxt before the model se
 declare is refused, a shape must be the declared `dims` (with `-1` any length) behind one leading batch dimension
 when `max_batch_size > 0` and without it when `max_batch_size` is 0, a required input must be present, and a
 decoupled model answers only the streaming RPC. So the gateway reads each model's config once (`ModelSignature`)
-and builds requests that pass those rules, in the dialect the model declares (`service/gateway/triton_contract.py`:
+and builds requests that pass those rules, in the dialect the model declares (`deepspec_protocol/triton_contract.py`:
 the LLM-API model's `sampling_param_*` names, or the ensemble's, which DeepSpec's worker speaks too).
 
 A request that needs an input the model does not declare (chat messages on a model without `messages_json`, stop

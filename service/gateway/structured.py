@@ -1,5 +1,5 @@
 """Structured outputs at the gateway: the request fields that ask for one, resolved to the one `Constraint` a worker
-compiles (service/protocol.py), and that constraint in the fields an OpenAI-HTTP upstream reads.
+compiles (deepspec_protocol/worker.py), and that constraint in the fields an OpenAI-HTTP upstream reads.
 
 Three spellings, one meaning, at most one per request (two constraints are a 400: vLLM would merge them):
 

@@ -8,9 +8,9 @@ sequence by cancelling the call. Non-streaming requests use one unary `ModelInfe
 (DeepSpec's worker, a non-decoupled model), and the streaming RPC with streaming off on a decoupled Triton model,
 which Triton answers on that RPC only, and for several sequences (`n`), which a unary call cannot answer. Each
 response names its sequence (`sequence_index`, `Chunk.index`); the call ends on the response flagged
-`triton_final_response`, the request's very last (service/protocol.py, "Several choices"). A gRPC deadline
-bounds each call. Tensors are decoded by `service.tensors`, the codec the worker uses too; the counts are read under
-DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as `WorkerError(status, message)` with
+`triton_final_response`, the request's very last (deepspec_protocol/worker.py, "Several choices"). A gRPC
+deadline bounds each call. Tensors are decoded by `deepspec_protocol.tensors`, the codec the worker uses too; the
+counts are read under DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as `WorkerError(status, message)` with
 `status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
 """
 
@@ -63,7 +63,7 @@ class GenerationRequest:
     #: the prompt's logprobs with this many alternatives each (max_tokens may then be 0); None = off
     prompt_logprobs: int | None = None
     #: the distribution the generated tokens' logprobs are of: "raw_logprobs" (the target's) or "processed_logprobs"
-    #: (the one sampled from: temperature, top-k, top-p applied); service/protocol.py LOGPROBS_MODES
+    #: (the one sampled from: temperature, top-k, top-p applied); deepspec_protocol/worker.py LOGPROBS_MODES
     logprobs_mode: str = "raw_logprobs"
     #: the output must match this (a JSON schema, regex, grammar or choice); None = free text
     structured_output: p.Constraint | None = None
@@ -71,7 +71,7 @@ class GenerationRequest:
     n: int = 1
     #: draft tokens each verify round may check at most (0 = speculation off); None = the worker's own setting
     max_draft_tokens: int | None = None
-    #: the service class the gateway admitted the request under (service/protocol.py SERVICE_CLASSES)
+    #: the service class the gateway admitted the request under (deepspec_protocol/worker.py SERVICE_CLASSES)
     service_class: str = p.DEFAULT_SERVICE_CLASS
     #: what keeps a conversation on one worker (OpenAI's `user` or the `x-session-id` header); None = no session
     session: str | None = None
@@ -116,8 +116,8 @@ class Chunk:
 
 
 class WorkerError(Exception):
-    """A failed worker call: `status` a grpc.StatusCode name; `code` the engine's error code (service/protocol.py
-    ERROR_CODES) when the worker refused the request's content, else None."""
+    """A failed worker call: `status` a grpc.StatusCode name; `code` the engine's error code
+    (deepspec_protocol/worker.py ERROR_CODES) when the worker refused the request's content, else None."""
 
     def __init__(self, status: str, message: str, code: str | None = None):
         super().__init__(f"{status}: {message}")
