@@ -10,8 +10,8 @@ which Triton answers on that RPC only, and for several sequences (`n`), which a 
 response names its sequence (`sequence_index`, `Chunk.index`); the call ends on the response flagged
 `triton_final_response`, the request's very last (deepspec_protocol/worker.py, "Several choices"). A gRPC
 deadline bounds each call. Tensors are decoded by `deepspec_protocol.tensors`, the codec the worker uses too; the
-counts are read under DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as `WorkerError(status, message)` with
-`status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
+counts are read under DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as
+`WorkerError(status, message)` with `status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
 """
 
 from __future__ import annotations
