@@ -101,6 +101,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         arrival = time.perf_counter()
+        self.service.active_rpcs += 1
         try:
             prompt_ids, params, stream, n, service_class = await self.service.parse(request)
             if stream:
@@ -116,6 +117,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if error_code is not None:
                 context.set_trailing_metadata(((p.ERROR_CODE_METADATA, error_code),))
             await context.abort(status, message)
+        finally:
+            self.service.active_rpcs -= 1
         return response
 
     async def ModelStreamInfer(self, request_iterator, context):
@@ -123,6 +126,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         responses: asyncio.Queue = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
         metadata = context.invocation_metadata()  # a caller's W3C trace context, for each request's span
+        self.service.active_rpcs += 1
 
         async def read_requests():
             async for request in request_iterator:
@@ -148,6 +152,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if reader.exception() is not None and not isinstance(reader.exception(), asyncio.CancelledError):
                 raise reader.exception()
         finally:  # client cancelled or stream failed: abort everything still running (frees the slots)
+            self.service.active_rpcs -= 1
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
@@ -295,6 +300,8 @@ class WorkerService:
         self._metrics_server = None
         #: token id -> its text on its own: the alternatives' texts (service/worker/token_texts.py)
         self.token_text = None
+        #: inference RPCs in progress (ModelInfer, ModelStreamInfer): a drain waits for them as for the scheduler
+        self.active_rpcs = 0
 
     async def start(self) -> None:
         """Serve at once (ServerLive); load, warm up, then turn ready. Returns when ready."""
@@ -406,7 +413,9 @@ class WorkerService:
         if self.scheduler is not None:
             self.scheduler.accepting = False
             deadline = time.monotonic() + timeout_s
-            while self.scheduler.num_outstanding and time.monotonic() < deadline:
+            # the scheduler done is not the responses sent: an RPC still flushing its last ones would be cut by the
+            # server's stop ("Cancelling all calls"), a failure mid-stream for the gateway; so both must be done
+            while (self.scheduler.num_outstanding or self.active_rpcs) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         await self.stop()
 
