@@ -198,6 +198,19 @@ local-base:
 	tar -C build/rootfs -c . | docker import - $(LOCAL_BASE)
 	rm -rf build/rootfs
 
+# The stack in real containers (tests/e2e/README.md): the gateway and two CPU workers from `make images`, Prometheus
+# (Debian's package, an image tests/e2e builds on E2E_BASE_IMAGE when missing) on a Docker network of their own,
+# driven with the openai client and `python -m loadtest`. Minutes of Docker: not part of `make test`, where it shows
+# as skipped; without a Docker engine `make e2e` says so in one skip line and passes. A worker's first start exports
+# and measures its engine (~10 min on 2 shared cores), kept in the deepspec-e2e-model-cache volume for later runs.
+#   make local-base && make images PYTHON_IMAGE=$(LOCAL_BASE) ... && make e2e E2E_BASE_IMAGE=$(LOCAL_BASE)
+E2E_BASE_IMAGE ?= $(or $(PYTHON_IMAGE),debian:bookworm-slim)
+.PHONY: e2e
+e2e: venv
+	DEEPSPEC_E2E=1 DEEPSPEC_E2E_GATEWAY_IMAGE=$(IMAGE_PREFIX)gateway:$(IMAGE_TAG) \
+	  DEEPSPEC_E2E_WORKER_IMAGE=$(IMAGE_PREFIX)worker-cpu:$(IMAGE_TAG) DEEPSPEC_E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) \
+	  OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/e2e $(PYTEST_ARGS)
+
 # The GPU worker image (its build context is the checkout, filtered by .dockerignore).
 #   make docker-build IMAGES=worker-gpu IMAGE_PREFIX=ghcr.io/deepspec/ IMAGE_TAG=0.1.0
 IMAGES       ?= worker-gpu

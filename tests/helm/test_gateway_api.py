@@ -98,7 +98,8 @@ def test_the_route_goes_to_the_pool_or_to_the_gateway_service():
 
 @pytest.mark.parametrize("values, message", [
     ({"gatewayAPI": {"inferencePool": {"enabled": True}}}, "worker.runtime=deepspec workers speak KServe v2 gRPC"),
-    ({**VALUE_SETS["triton"], "gatewayAPI": {"inferencePool": {"enabled": True}}}, "worker.runtime=triton workers speak KServe v2 gRPC"),
+    ({**VALUE_SETS["triton"], "gatewayAPI": {"inferencePool": {"enabled": True}}},
+     "worker.runtime=triton workers speak KServe v2 gRPC"),
     ({"gatewayAPI": {"httpRoute": {"enabled": True}}}, "parentRefs: the Gateway"),
     ({**POOL, "gatewayAPI": {"inferencePool": {"enabled": True, "allowFrom": []}}}, "allowFrom: the peers"),
     ({"gatewayAPI": {"inferencePool": {"endpointPicker": {"failureMode": "Sometimes"}}}}, "failureMode"),
