@@ -111,7 +111,7 @@ bench-features: venv
 # on the native CPU decoder (~4 min)
 bench-overhead: venv
 	$(PY) -m bench.round_overhead
-	$(PY) -m bench.round_overhead --engine native --temperatures 0,1 --out bench/results/round_overhead_native.json
+	$(PY) -m bench.round_overhead --backend native --temperatures 0,1 --out bench/results/round_overhead_native.json
 
 # one verification step, the pre-plugins path against the plugins ops (CPU, ~1 min)
 bench-verify: venv
