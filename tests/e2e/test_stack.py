@@ -29,7 +29,8 @@ from tests.e2e.stack import Stack
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 MAX_TOKENS = 32
-STREAMS = 12
+STREAMS = 8  # one worker's batch (--max-batch-size 8): no stream waits for a slot, wherever they land
+LOAD_MAX_AGE_S = 5  # the gateway's --routing-load-max-age-s default
 LONG_STREAM_TOKENS = 2000  # mid-stream when a worker dies (one stream alone decodes ~50 tokens/s); ignore_eos
 DRAIN_GRACE_S = 60  # the grace docker stop gives a worker (the chart's terminationGracePeriodSeconds does as much)
 WORKER_TIMEOUT_S = float(os.environ.get("DEEPSPEC_E2E_WORKER_TIMEOUT_S", "900"))
@@ -72,8 +73,8 @@ def _routing_state(stack: Stack) -> str:
     failure message needs to tell a routing fault from a worker's."""
     try:
         with urllib.request.urlopen(stack.metrics_url(stack.gateway), timeout=10) as response:
-            lines = [line for line in response.read().decode().splitlines()
-                     if line.startswith(("deepspec:gateway_worker_healthy", "deepspec:gateway_num_requests_outstanding"))]
+            wanted = ("deepspec:gateway_worker_healthy", "deepspec:gateway_num_requests_outstanding")
+            lines = [line for line in response.read().decode().splitlines() if line.startswith(wanted)]
     except OSError as e:
         lines = [f"the gateway's metrics did not answer: {e}"]
     return "\n".join(lines) + "\n" + stack.diagnostics()
@@ -154,8 +155,11 @@ class _Streams:
 def test_a_killed_worker_costs_only_its_own_streams(stack):
     client = _client(stack)
     model = _model(client)
-    # more streams than one worker has batch slots (8): the goodput scorer fills the faster worker's free slots
-    # first, and only a full batch sends the rest to the other
+    # The goodput scorer sends a burst to the worker whose last load report promised more tokens/s, both workers
+    # fresh from the test before: it would put every stream on one. With no report younger than the gateway's
+    # --routing-load-max-age-s (5 s) picks fail open to power of two choices on outstanding requests, which spreads
+    # the burst (the streams are all sent before their first responses bring fresh reports).
+    time.sleep(LOAD_MAX_AGE_S + 2)
     streams = _Streams(client, model, n=STREAMS)
     _held_streams(stack, STREAMS, timeout_s=300)  # every stream admitted to a worker's batch or queue
     assert streams.wait_first_tokens(300), "not every stream had its first token in 300 s"
