@@ -13,7 +13,11 @@ that drafted, the share of rounds that drafted, and the acceptance rate of draft
 for token against target-only decoding.
 
 Counts do not depend on what else the machine runs, so this runs beside other work; the speed that a count buys is
-`bench.service_throughput`'s to measure, on a quiet machine.
+`bench.service_throughput`'s to measure, on a quiet machine. Between the two, `--modelled`: each draft is decoded
+again with the served verification budget on this machine's kept step curve (the budget's cache file, written by a
+served worker; no learning online), and every verify pass is priced by that curve, so the table gains what the
+budget's depths would buy here at batch 1 if the curve holds (drafting's own time left out), against target-only
+priced alike.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--one-session", action="store_true",
                    help="send each set's prompts as one session (deepspec/decoding/session_memory.py): later answers "
                         "draft from the earlier ones, as a server remembering one client's traffic would")
+    p.add_argument("--modelled", action="store_true",
+                   help="add the budget's modelled speedup on this machine's kept step curve (module docstring)")
+    p.add_argument("--curve", type=Path, default=None,
+                   help="--modelled on this step-curve file (the budget's cache format, ~/.cache/deepspec/step_curves)"
+                        " instead of this machine's kept one")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "draft_acceptance.json"))
     return p.parse_args(argv)
 
@@ -87,6 +96,52 @@ def count_row(target, drafter, prompts: list[list[int]], max_tokens: int, depth:
             "acceptance_rate": round(accepted / draft_tokens, 3) if draft_tokens else None}, outputs
 
 
+class PricedTarget:
+    """The target with every verify pass priced by a step curve: `seconds` adds up what the passes would take."""
+
+    def __init__(self, target, curve):
+        self.target, self.curve, self.seconds = target, curve, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def forward(self, tokens, start, cache=None, **kw):
+        if cache is not None and tokens.shape[1] <= 16:  # decode rounds; prefills are the same for every row
+            self.seconds += self.curve.at_context(int(start.sum())).round_seconds(
+                tokens.shape[0], [tokens.shape[1] - 1]).item()
+        return self.target.forward(tokens, start, cache, **kw)
+
+
+def modelled_speedup(target, curve, drafter, prompts: list[list[int]], max_tokens: int, depth: int,
+                     baseline_seconds: float | None = None) -> tuple[float, float]:
+    """(seconds the curve prices a decode of `prompts` at, speedup over `baseline_seconds`): with `drafter`
+    under the served BudgetPlanner on `curve` (None: target-only)."""
+    from deepspec.decoding import SamplingParams, SpecEngine
+    from deepspec.decoding.planner import BudgetPlanner
+
+    priced = PricedTarget(target, curve)
+    engine = SpecEngine(priced, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=depth,
+                        planner=BudgetPlanner(curve, learn_online=False))
+    for prompt in prompts:
+        engine.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return priced.seconds, (baseline_seconds / priced.seconds if baseline_seconds else 1.0)
+
+
+def kept_curve(target, path: Path | None = None):
+    """This machine's step curve for the served target, as the budget's cache file keeps it (or the file at
+    `path`, whatever machine it names); exits if none."""
+    from deepspec.decoding.step_timing import StepCurveCache
+
+    cache = StepCurveCache.for_target(target, ())
+    if path is not None:
+        cache = StepCurveCache(path, json.loads(path.read_text()).get("identity"))
+    curve = cache.load(target.multi_token_rows_serial)
+    if curve is None:
+        raise SystemExit(f"--modelled: no kept step curve for this target and machine ({cache.path}); serve it "
+                         "once (`make serve`, a few requests) so the budget writes one")
+    return curve
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from bench.machine import cpu_flags, write_results
@@ -94,25 +149,33 @@ def main(argv=None) -> int:
     from deepspec.models.native import load_native_target
 
     target = load_native_target(args.target)
+    curve = kept_curve(target, args.curve) if args.modelled else None
     rows: dict[str, dict[str, dict]] = {}
     for spec in args.sets.split(","):
         prompts = [target.encode_chat([{"role": "user", "content": t}]) for t in set_turns(spec, args.num_prompts)]
         _, reference = count_row(target, None, prompts, args.max_tokens, args.depth, None)
         name = Path(spec).stem if spec.endswith(".jsonl") else spec
+        base = modelled_speedup(target, curve, None, prompts, args.max_tokens, args.depth)[0] if curve else None
         for draft in args.drafts.split(","):
             rows.setdefault(draft, {})[name], _ = count_row(target, build_drafter(draft, target), prompts,
                                                            args.max_tokens, args.depth, reference,
                                                            name if args.one_session else None)
+            if curve is not None:
+                rows[draft][name]["modelled_speedup"] = round(modelled_speedup(
+                    target, curve, build_drafter(draft, target), prompts, args.max_tokens, args.depth, base)[1], 3)
             print(f"{draft} on {name}: {rows[draft][name]}", file=sys.stderr)
     sets = list(next(iter(rows.values())))
     print(f"target {args.target} (native {target.quantization}), greedy, batch 1, every draft verified "
           f"({args.depth} a round), {args.num_prompts} prompts x {args.max_tokens} tokens per set; CPU flags: "
           f"{cpu_flags()}")
-    print("| draft | " + " | ".join(f"{s}: tokens/forward, τ, drafted" for s in sets) + " |")
+    modelled = ", modelled speedup" if curve is not None else ""
+    if curve is not None:
+        print(f"modelled on this machine's kept step curve: {curve}")
+    print("| draft | " + " | ".join(f"{s}: tokens/forward, τ, drafted{modelled}" for s in sets) + " |")
     print("| --- |" + " --- |" * len(sets))
     for draft, by_set in rows.items():
-        cells = [f"{r['tokens_per_forward']:.2f}, {r['tau'] or 0:.2f}, {r['drafted_share']:.0%}" for r in
-                 by_set.values()]
+        cells = [f"{r['tokens_per_forward']:.2f}, {r['tau'] or 0:.2f}, {r['drafted_share']:.0%}"
+                 + (f", {r['modelled_speedup']:.2f}x" if "modelled_speedup" in r else "") for r in by_set.values()]
         print(f"| {draft} | " + " | ".join(cells) + " |")
     write_results(args.out, args, rows=rows)
     return 0

@@ -42,16 +42,23 @@ def _own_seconds() -> float:
 
 
 class NeighbourShare:
-    """`with NeighbourShare() as n: ...`; afterwards `n.share` is the other processes' CPU time over the block as a
-    fraction of all cores' time (0 = alone, 1 = every core busy with others), or None where it cannot be read."""
+    """`with NeighbourShare() as n: ...` (or `n = NeighbourShare().start()` ... `n.stop()` around a span that is no
+    block); afterwards `n.share` is the other processes' CPU time over it as a fraction of all cores' time (0 =
+    alone, 1 = every core busy with others), or None where it cannot be read."""
 
     share: float | None = None
 
-    def __enter__(self) -> "NeighbourShare":
+    def start(self) -> "NeighbourShare":
         self._wall, self._own, self._busy = time.monotonic(), _own_seconds(), _system_busy_seconds()
         return self
 
+    def __enter__(self) -> "NeighbourShare":
+        return self.start()
+
     def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
         busy = _system_busy_seconds()
         wall = time.monotonic() - self._wall
         if busy is None or self._busy is None or wall <= 0:

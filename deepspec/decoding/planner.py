@@ -9,8 +9,8 @@ proposed tree (`keep_tree`). Two strategies:
 - `BudgetPlanner` is the throughput-aware verification budget (deepspec/decoding/verify_budget.py holds its
   arithmetic): it prices every depth with the step curve t(n) and the draft's own round cost, and verifies only as
   deep as pays. Its curve comes from deepspec/decoding/step_timing.py: a cache file per machine, else a robust
-  probe (kept in the file only where it ran without busy neighbours, deepspec/neighbours.py), corrected online by
-  the passes actually served (greedy batches use the corrected curve; a batch with a
+  probe, corrected online by the passes actually served (the file keeps a probe or a correction only where it was
+  measured without busy neighbours, deepspec/neighbours.py) (greedy batches use the corrected curve; a batch with a
   sampled row keeps the curve the planner started with, so a seeded request samples the same tokens whatever the
   engine served before). A planner that finds drafting a loss keeps verifying a few rounds at other depths
   (EXPLORE_ROUNDS) so the served passes can show it was wrong.
@@ -139,6 +139,8 @@ class BudgetPlanner(RoundPlanner):
         self._shape: EngineShape | None = None
         self._online = False
         self._refits = 0
+        #: other processes' CPU share since the curve was last kept (bind, observe_pass)
+        self._neighbours: NeighbourShare | None = None
         self._rounds = 0
         #: width -> this round's observed survival (`_observed_survival`)
         self._round_survival: dict[int, list[list[float]]] = {}
@@ -174,6 +176,7 @@ class BudgetPlanner(RoundPlanner):
                 self.curve_cache.save(curve)
         self._step_time = self._start_curve = curve
         self._online = self.learn_online and self._given is None and target.device.type == "cpu"
+        self._neighbours = NeighbourShare().start()  # the passes until the next save: kept only if quiet
         self.verify_overhead = probe_verify_overhead(target, shape.num_speculative_tokens)
         if self.price_drafting and runs_a_model(shape.drafter):
             self.draft_time = probe_draft_time(target, shape.drafter, tuple(sorted({1, shape.max_batch_size})),
@@ -307,7 +310,10 @@ class BudgetPlanner(RoundPlanner):
             self._step_time = self.served.corrected(self._start_curve)
             self._refits += 1
             if self.curve_cache is not None and self._refits % SAVE_EVERY == 0:
-                self.curve_cache.save(self._step_time)
+                self._neighbours.stop()
+                if not self._neighbours.busy:  # passes served beside busy neighbours correct this run only
+                    self.curve_cache.save(self._step_time)
+                self._neighbours = NeighbourShare().start()
 
     # ---- helpers ---------------------------------------------------------------------------------------------
     def _model(self, rows: list):

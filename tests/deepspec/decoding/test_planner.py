@@ -43,6 +43,12 @@ class _Neighbours:
 
     share = 0.0
 
+    def start(self):
+        return self
+
+    def stop(self):
+        return None
+
     def __enter__(self):
         return self
 
@@ -183,13 +189,15 @@ def test_the_curve_is_kept_per_machine_and_the_next_start_begins_from_it(fake_cl
     assert other.load(False) is None
 
 
-def test_a_probe_beside_busy_neighbours_serves_its_start_but_is_not_kept(fake_clock, tmp_path, quiet_neighbours):
+def test_what_was_measured_beside_busy_neighbours_serves_its_start_but_is_not_kept(fake_clock, tmp_path, quiet_neighbours):
     target = ClockedStub(fake_clock)
     cache = StepCurveCache(tmp_path / "curve.json", StepCurveCache.for_target(target, ()).identity)
     quiet_neighbours.share = 0.6
     engine = SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
                         planner=BudgetPlanner(curve_cache=cache))
     assert engine.planner.step_time is not None and cache.load(False) is None
+    _drafted(engine, _prompts(target, 6))  # served passes beside the same neighbours: corrected, not kept
+    assert engine.planner._refits >= 16 and cache.load(False) is None
     quiet_neighbours.share = 0.1
     SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
                planner=BudgetPlanner(curve_cache=cache))
