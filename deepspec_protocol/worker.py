@@ -172,6 +172,9 @@ class WorkerLoad:
     kv_utilization: float = 0.0
     #: tokens a running row commits per second (moving average over steps); 0 = not measured yet
     row_tokens_per_s: float = 0.0
+    #: rows of the steps that rate was measured over (the same moving average; 0 = unknown): a row's rate falls as
+    #: rows join its batch, so a rate measured at 8 rows and one measured at 1 are not the same worker's speed
+    rate_rows: float = 0.0
     #: service class -> acceptance length τ of its rows' verify rounds (moving average); a class without rounds
     #: is absent
     acceptance: dict[str, float] = field(default_factory=dict)

@@ -9,10 +9,14 @@ commits several tokens per step, one where they are not commits one. DeepSpec's 
 their responses (deepspec_protocol/worker.py `WorkerLoad`) and the score is one physical quantity instead of a weighted
 sum: the tokens per second the request would get there,
 
-    expected = row_tokens_per_s x acceptance ratio x slot share x KV headroom
+    expected = row rate with this request x acceptance ratio x slot share x KV headroom
 
-- row_tokens_per_s: what a running row commits per second on that worker now (its batch, its step time, its
-  acceptance, all in one measured number);
+- row rate with this request: what a running row commits per second on that worker (its step time, its
+  acceptance, all in one measured number: `row_tokens_per_s`), at the rows it would run with this request. The
+  worker measured the rate at `rate_rows` rows; a step of b rows is taken to cost 1 + ROW_COST (b - 1) one-row
+  steps, which carries the rate to any other b. Comparing the per-row rates as reported put a burst on one worker:
+  the one running a single row reported a single row's speed, the idle one the speed of the 8 rows it had last
+  run, and every request of the burst went to the first while the second stayed idle;
 - acceptance ratio: the request's class's τ on that worker over the worker's mean τ (1 where unknown), so a class
   whose drafts are accepted better somewhere goes there;
 - slot share: slots / (slots + rows ahead of it), rows ahead being the waiting requests, the running ones past a full
@@ -37,6 +41,10 @@ from collections import OrderedDict
 
 from deepspec_protocol.worker import WorkerLoad
 
+#: what a row joining a batch adds to its step, in one-row steps: the CPU decoder's 8-row step costs ~2.4 one-row
+#: steps on AVX2 (0.2 a row), ~1.7 with AVX-512 (0.1); a GPU's much less. Only the ratio of two workers' scores
+#: matters, so its error shifts a split between workers measured at different batch sizes, never its direction
+ROW_COST = 0.2
 #: KV utilisation past which a worker's score falls (to 0 at full): preemption or a refusal is near
 KV_HIGH = 0.9
 #: a prefix's worker keeps it while it scores at least this share of the best
@@ -57,7 +65,14 @@ def expected_tokens_per_s(load: WorkerLoad, service_class: str, sent_since: int)
     rows_ahead = load.num_waiting + max(0, rows - load.num_slots)
     slot_share = load.num_slots / (load.num_slots + rows_ahead)
     headroom = 1.0 if load.kv_utilization <= KV_HIGH else max(0.0, (1 - load.kv_utilization) / (1 - KV_HIGH))
-    return load.row_tokens_per_s * ratio * slot_share * headroom
+    measured_rows = load.rate_rows or max(load.num_running, 1)  # a worker that does not say: its batch now
+    row_rate = load.row_tokens_per_s * _step_cost(measured_rows) / _step_cost(min(rows, load.num_slots))
+    return row_rate * ratio * slot_share * headroom
+
+
+def _step_cost(rows: float) -> float:
+    """A step of `rows` rows in one-row steps (ROW_COST)."""
+    return 1.0 + ROW_COST * (max(rows, 1.0) - 1.0)
 
 
 def prefix_key(prompt: str | None, messages: list[dict] | None) -> str | None:

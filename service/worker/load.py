@@ -31,6 +31,7 @@ class LoadTracker:
         self.num_waiting = 0
         self.num_kv_used = 0
         self.row_tokens_per_s = 0.0
+        self.rate_rows = 0.0
         self.acceptance = dict.fromkeys(SERVICE_CLASSES, 0.0)
 
     def observe_step(self, num_rows: int, num_committed: int, step_s: float) -> None:
@@ -40,6 +41,8 @@ class LoadTracker:
         rate = num_committed / num_rows / step_s
         previous = self.row_tokens_per_s
         self.row_tokens_per_s = rate if not previous else previous + _EMA_WEIGHT * (rate - previous)
+        rows = self.rate_rows
+        self.rate_rows = num_rows if not rows else rows + _EMA_WEIGHT * (num_rows - rows)
 
     def observe_round(self, service_class: str, num_accepted_tokens: int) -> None:
         """One verify round that checked drafts, of a row of `service_class`."""
@@ -57,5 +60,5 @@ class LoadTracker:
     def snapshot(self) -> WorkerLoad:
         return WorkerLoad(num_running=self.num_running, num_waiting=self.num_waiting, num_slots=self.num_slots,
                           kv_utilization=self.kv_utilization,
-                          row_tokens_per_s=self.row_tokens_per_s,
+                          row_tokens_per_s=self.row_tokens_per_s, rate_rows=self.rate_rows,
                           acceptance={c: tau for c, tau in self.acceptance.items() if tau})  # fmt: skip

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from service.gateway.routing import Endpoint, WorkerPool
-from service.gateway.scoring import expected_tokens_per_s, prefix_key
+from service.gateway.scoring import _step_cost, expected_tokens_per_s, prefix_key
 from service.metrics import GatewayMetrics, REQUEST_SUCCESS_TOTAL
 from deepspec_protocol.worker import WorkerLoad
 from tests.service.conftest import Gateway, Worker, metric_value
@@ -36,13 +36,33 @@ def _pool(*loads: WorkerLoad | None, clock=None) -> WorkerPool:
 
 
 def test_the_score_is_the_tokens_per_second_a_request_would_get():
-    assert expected_tokens_per_s(FAST, "standard", 0) == 100.0  # a free slot: a running row's rate
+    # a free slot: a running row's rate, carried from the 2 rows it was measured at to 3
+    assert expected_tokens_per_s(FAST, "standard", 0) == pytest.approx(100.0 * _step_cost(2) / _step_cost(3))
     full = WorkerLoad(num_running=8, num_waiting=8, num_slots=8, row_tokens_per_s=100.0)
     assert expected_tokens_per_s(full, "standard", 0) == pytest.approx(100.0 * 8 / (8 + 9))  # 8 wait, +1 past
     assert expected_tokens_per_s(FAST, "standard", 6) < expected_tokens_per_s(FAST, "standard", 0)  # sent since
     tau = WorkerLoad(num_slots=8, row_tokens_per_s=100.0, acceptance={"interactive": 3.0, "batch": 1.0})
     assert expected_tokens_per_s(tau, "interactive", 0) == 150.0 and expected_tokens_per_s(tau, "batch", 0) == 50.0
     assert expected_tokens_per_s(WorkerLoad(num_slots=8, row_tokens_per_s=100.0, kv_utilization=1.0), "batch", 0) == 0
+
+
+def test_a_burst_spreads_over_a_busy_and_an_idle_worker():
+    """Rates reported at different batch sizes are compared at the rows each worker would run: the worker running
+    one row (185 tok/s for it alone) and the idle one whose rate was last measured at 8 rows (77 tok/s each: the
+    same CPU's AVX2 curve) share a burst about evenly; compared as reported, every request of it went to the first
+    (e2e: 12 streams on one worker, 4 of them waiting for a slot, the other idle). Control: without the rows the
+    rate was measured at, the busy one wins."""
+    one_row = WorkerLoad(num_running=1, num_slots=8, row_tokens_per_s=185.0, rate_rows=1.0)
+    idle = WorkerLoad(num_running=0, num_slots=8, row_tokens_per_s=77.0, rate_rows=8.0)
+    pool = _pool(one_row, idle)
+    picks = []
+    for _ in range(12):  # each request still running when the next is picked, as in a burst
+        picks.append(pool.pick("m").address)
+        pool.endpoints[picks[-1]].outstanding += 1
+    assert picks[0] == "w1" and set(picks) == {"w0", "w1"}
+    assert abs(picks.count("w0") + 1 - picks.count("w1")) <= 2  # w0 runs one row already
+    unknown = WorkerLoad(num_running=0, num_slots=8, row_tokens_per_s=77.0)  # no rate_rows: an older worker
+    assert expected_tokens_per_s(one_row, "standard", 0) > expected_tokens_per_s(unknown, "standard", 0)
 
 
 def test_the_pick_goes_where_the_request_gets_most_and_fails_open_when_a_report_is_stale():
