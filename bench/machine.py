@@ -17,7 +17,7 @@ def write_results(path, args, **results) -> Path:
     """A benchmark's JSON record: its arguments, this CPU's flags and what it measured; the path is printed."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), **results}, indent=1))
+    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), **results}, indent=1, default=str))
     print(f"wrote {out}")
     return out
 
