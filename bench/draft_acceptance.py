@@ -106,7 +106,7 @@ class PricedTarget:
         return getattr(self.target, name)
 
     def forward(self, tokens, start, cache=None, **kw):
-        if cache is not None and tokens.shape[1] <= 16:  # decode rounds; prefills are the same for every row
+        if cache is not None and tokens.shape[1] <= 16:  # decode rounds (and a prompt this short, alike in every row)
             self.seconds += self.curve.at_context(int(start.sum())).round_seconds(
                 tokens.shape[0], [tokens.shape[1] - 1]).item()
         return self.target.forward(tokens, start, cache, **kw)
