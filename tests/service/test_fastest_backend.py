@@ -17,6 +17,7 @@ from service.worker import fastest_backend  # noqa: E402
 from service.worker.fastest_backend import CHOICE_FILE, choose_backend, describe_cached_choice  # noqa: E402
 from service.worker.settings import WorkerSettings  # noqa: E402
 from tests.export.conftest import write_hf_target  # noqa: E402
+from tests.neighbours import set_neighbours  # noqa: E402
 
 HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 #: the engines auto weighs here: the PyTorch engine, the ONNX export and the native decoder (gcc is on CI's machine)
@@ -28,29 +29,10 @@ def target_dir(tmp_path_factory):
     return write_hf_target(tmp_path_factory.mktemp("fastest") / "llama", "llama", **HD16)
 
 
-class _Neighbours:
-    """deepspec.neighbours.NeighbourShare with the share a test sets, not what else this machine runs."""
-
-    share = 0.0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    @property
-    def busy(self) -> bool:
-        return self.share >= 0.25
-
-
 @pytest.fixture(autouse=True)
 def neighbours(monkeypatch):
     """Quiet unless a test says otherwise: whether a choice is cached must not depend on the machine's load."""
-    monkeypatch.setattr(fastest_backend, "NeighbourShare", _Neighbours)
-    _Neighbours.share = 0.0
-    yield _Neighbours
-    _Neighbours.share = 0.0
+    return set_neighbours(monkeypatch, fastest_backend)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.step_timing import ServedSteps, StepCurveCache
 from deepspec.decoding.verify_budget import StepTimeModel
 from service.worker.stub_target import StubDrafter, StubTarget
+from tests.neighbours import set_neighbours
 
 #: the machine's real step curve: 5 ms a pass and 0.1 ms a token (drafting deep pays)
 TRUE_MS = (5.0, 0.1)
@@ -38,35 +39,10 @@ class ClockedStub(StubTarget):
         return super().forward(tokens, start, cache, **kw)
 
 
-class _Neighbours:
-    """deepspec.neighbours.NeighbourShare with a share the test sets, not this machine's."""
-
-    share = 0.0
-
-    def start(self):
-        return self
-
-    def stop(self):
-        return None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    @property
-    def busy(self) -> bool:
-        return self.share >= 0.25
-
-
 @pytest.fixture(autouse=True)
-def quiet_neighbours(monkeypatch):
+def neighbours(monkeypatch):
     """Whether a probe is kept depends on the neighbours: quiet here, whatever else this machine runs."""
-    monkeypatch.setattr(planner_module, "NeighbourShare", _Neighbours)
-    _Neighbours.share = 0.0
-    yield _Neighbours
-    _Neighbours.share = 0.0
+    return set_neighbours(monkeypatch, planner_module)
 
 
 @pytest.fixture
@@ -189,16 +165,16 @@ def test_the_curve_is_kept_per_machine_and_the_next_start_begins_from_it(fake_cl
     assert other.load(False) is None
 
 
-def test_what_was_measured_beside_busy_neighbours_serves_its_start_but_is_not_kept(fake_clock, tmp_path, quiet_neighbours):
+def test_what_was_measured_beside_busy_neighbours_serves_its_start_but_is_not_kept(fake_clock, tmp_path, neighbours):
     target = ClockedStub(fake_clock)
     cache = StepCurveCache(tmp_path / "curve.json", StepCurveCache.for_target(target, ()).identity)
-    quiet_neighbours.share = 0.6
+    neighbours.share = 0.6
     engine = SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
                         planner=BudgetPlanner(curve_cache=cache))
     assert engine.planner.step_time is not None and cache.load(False) is None
     _drafted(engine, _prompts(target, 6))  # served passes beside the same neighbours: corrected, not kept
     assert engine.planner._refits >= 16 and cache.load(False) is None
-    quiet_neighbours.share = 0.1
+    neighbours.share = 0.1
     SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
                planner=BudgetPlanner(curve_cache=cache))
     assert cache.load(False) is not None
