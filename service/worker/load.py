@@ -22,6 +22,11 @@ from deepspec_protocol.worker import SERVICE_CLASSES, WorkerLoad
 _EMA_WEIGHT = 0.05
 
 
+def _averaged(previous: float, value: float) -> float:
+    """The moving average after `value` (the first value as it is: 0 means nothing observed yet)."""
+    return value if not previous else previous + _EMA_WEIGHT * (value - previous)
+
+
 class LoadTracker:
     def __init__(self, num_slots: int, num_kv_positions: int):
         self.num_slots = num_slots
@@ -38,17 +43,12 @@ class LoadTracker:
         """One engine step: `num_rows` rows committed `num_committed` tokens in `step_s` seconds."""
         if num_rows <= 0 or step_s <= 0:
             return
-        rate = num_committed / num_rows / step_s
-        previous = self.row_tokens_per_s
-        self.row_tokens_per_s = rate if not previous else previous + _EMA_WEIGHT * (rate - previous)
-        rows = self.rate_rows
-        self.rate_rows = num_rows if not rows else rows + _EMA_WEIGHT * (num_rows - rows)
+        self.row_tokens_per_s = _averaged(self.row_tokens_per_s, num_committed / num_rows / step_s)
+        self.rate_rows = _averaged(self.rate_rows, num_rows)
 
     def observe_round(self, service_class: str, num_accepted_tokens: int) -> None:
         """One verify round that checked drafts, of a row of `service_class`."""
-        tau = 1.0 + num_accepted_tokens
-        previous = self.acceptance.get(service_class, 0.0)
-        self.acceptance[service_class] = tau if not previous else previous + _EMA_WEIGHT * (tau - previous)
+        self.acceptance[service_class] = _averaged(self.acceptance.get(service_class, 0.0), 1.0 + num_accepted_tokens)
 
     def observe_occupancy(self, num_running: int, num_waiting: int, num_kv_used: int) -> None:
         self.num_running, self.num_waiting, self.num_kv_used = num_running, num_waiting, num_kv_used
