@@ -28,13 +28,19 @@ HELD_OUT_CHAT = REPO_ROOT / "training" / "data" / "synth" / "prompts.heldout.jso
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.budget_stability", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.budget_stability",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--draft", default="auto", help="drafter spec (default: %(default)s, the served default)")
-    p.add_argument("--prompts", default=None,
-                   help="JSON lines with {'turns': [...]}: default the held-out synthetic chat split where it has been "
-                        "built (training/data/synth), else datasets/eval/mbpp.jsonl")
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help="JSON lines with {'turns': [...]}: default the held-out synthetic chat split where it has been "
+        "built (training/data/synth), else datasets/eval/mbpp.jsonl",
+    )
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per start (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--starts", type=int, default=4, help="starts per planner, every other one disturbed")
@@ -64,8 +70,13 @@ def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, 
         proc.start()
     time.sleep(0.2 if procs else 0)
     try:
-        engine = SpecEngine(target, build_drafter(draft, target), max_batch_size=1, max_seq_len=2048,
-                            planner=BudgetPlanner(learn_online=learn_online))
+        engine = SpecEngine(
+            target,
+            build_drafter(draft, target),
+            max_batch_size=1,
+            max_seq_len=2048,
+            planner=BudgetPlanner(learn_online=learn_online),
+        )
     finally:
         for proc in procs:
             proc.terminate()
@@ -79,11 +90,14 @@ def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, 
     seconds = time.perf_counter() - start
     tokens = sum(len(r.token_ids) for r in results)
     rounds = sum(r.num_steps for r in results)
-    return {"probe_ms": {n: round(probe.predict(n) * 1e3, 2) for n in (1, 8)},
-            "final_ms": {n: round(engine.planner.step_time.predict(n) * 1e3, 2) for n in (1, 8)},
-            "draft_tokens": sum(r.num_draft_tokens for r in results),
-            "tokens_per_forward": round((sum(r.num_accepted_tokens for r in results) + rounds) / max(rounds, 1), 3),
-            "tok_s": round(tokens / seconds, 1), "disturbed": bool(burners)}
+    return {
+        "probe_ms": {n: round(probe.predict(n) * 1e3, 2) for n in (1, 8)},
+        "final_ms": {n: round(engine.planner.step_time.predict(n) * 1e3, 2) for n in (1, 8)},
+        "draft_tokens": sum(r.num_draft_tokens for r in results),
+        "tokens_per_forward": round((sum(r.num_accepted_tokens for r in results) + rounds) / max(rounds, 1), 3),
+        "tok_s": round(tokens / seconds, 1),
+        "disturbed": bool(burners),
+    }
 
 
 def main(argv=None) -> int:
@@ -91,32 +105,43 @@ def main(argv=None) -> int:
     from bench.machine import cpu_flags, write_results
     from deepspec.models.native import load_native_target
 
-    path = Path(args.prompts) if args.prompts else (HELD_OUT_CHAT if HELD_OUT_CHAT.is_file()
-                                                     else REPO_ROOT / "datasets" / "eval" / "mbpp.jsonl")
+    path = (
+        Path(args.prompts)
+        if args.prompts
+        else (HELD_OUT_CHAT if HELD_OUT_CHAT.is_file() else REPO_ROOT / "datasets" / "eval" / "mbpp.jsonl")
+    )
     target = load_native_target(args.target)
     prompts = load_chat_prompts(target, path, args.num_prompts)
     rows = {}
     for name, online in (("probe only", False), ("served passes", True)):
-        rows[name] = [one_start(target, args.draft, prompts, args.max_tokens, online, args.burners * (i % 2))
-                      for i in range(args.starts)]
+        rows[name] = [
+            one_start(target, args.draft, prompts, args.max_tokens, online, args.burners * (i % 2))
+            for i in range(args.starts)
+        ]
         for i, r in enumerate(rows[name]):
             print(f"{name} start {i}: {r}", file=sys.stderr)
-    print(f"target {args.target} (native {target.quantization}), draft {args.draft}, prompts {path.name} "
-          f"({len(prompts)} x {args.max_tokens} tokens, batch 1, greedy); CPU flags: {cpu_flags()}")
+    print(
+        f"target {args.target} (native {target.quantization}), draft {args.draft}, prompts {path.name} "
+        f"({len(prompts)} x {args.max_tokens} tokens, batch 1, greedy); CPU flags: {cpu_flags()}"
+    )
     print("| planner | start | probe t(1) / t(8) ms | after serving | draft tokens | tokens per forward | tok/s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     summary = {}
     for name, starts in rows.items():
         for i, r in enumerate(starts):
             label = f"{i}{' (disturbed)' if r['disturbed'] else ''}"
-            print(f"| {name} | {label} | {r['probe_ms'][1]} / {r['probe_ms'][8]} | {r['final_ms'][1]} / "
-                  f"{r['final_ms'][8]} | {r['draft_tokens']} | {r['tokens_per_forward']} | {r['tok_s']} |")
+            print(
+                f"| {name} | {label} | {r['probe_ms'][1]} / {r['probe_ms'][8]} | {r['final_ms'][1]} / "
+                f"{r['final_ms'][8]} | {r['draft_tokens']} | {r['tokens_per_forward']} | {r['tok_s']} |"
+            )
         drafts = [r["draft_tokens"] for r in starts]
         spread = (max(drafts) - min(drafts)) / max(max(drafts), 1)
         summary[name] = {"draft_spread": round(spread, 3), "within_10_percent": spread <= 0.10}
     for name, s in summary.items():
-        print(f"{name}: starts' draft counts differ by {s['draft_spread']:.0%} "
-              f"({'within' if s['within_10_percent'] else 'outside'} the 10% rule)")
+        print(
+            f"{name}: starts' draft counts differ by {s['draft_spread']:.0%} "
+            f"({'within' if s['within_10_percent'] else 'outside'} the 10% rule)"
+        )
     write_results(args.out, args, rows=rows, summary=summary)
     return 0
 

@@ -28,8 +28,9 @@ def _completion(choices: list[dict], usage: dict | None = None) -> dict:
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": NUM_TOKENS, "total_tokens": 5 + NUM_TOKENS}
 MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 2048}]}).encode()
-WHOLE = json.dumps(_completion([{"index": 0, "text": "a" * NUM_TOKENS, "logprobs": None, "finish_reason": "length"}],
-                               USAGE)).encode()  # fmt: skip
+WHOLE = json.dumps(
+    _completion([{"index": 0, "text": "a" * NUM_TOKENS, "logprobs": None, "finish_reason": "length"}], USAGE)
+).encode()
 _TOKEN = _event(_completion([{"index": 0, "text": "a", "logprobs": None, "finish_reason": None}]))
 _LAST = _event(_completion([{"index": 0, "text": "a", "logprobs": None, "finish_reason": "length"}]))
 EVENTS = [_TOKEN] * (NUM_TOKENS - 1) + [_LAST, _event(_completion([], USAGE)), b"data: [DONE]\n\n"]
@@ -53,7 +54,7 @@ class _Connection(asyncio.Protocol):
             end = head_end + 4 + int(fields.get("content-length", "0"))
             if len(self.buffer) < end:
                 return
-            body, self.buffer = self.buffer[head_end + 4:end], self.buffer[end:]
+            body, self.buffer = self.buffer[head_end + 4 : end], self.buffer[end:]
             path = head[0].split(" ")[1]
             if path == "/health":
                 self.transport.write(_answer(b"{}"))
@@ -68,8 +69,9 @@ class _Connection(asyncio.Protocol):
 
     async def _stream(self):
         """One event per write and a turn of the loop between them, as an engine sends tokens."""
-        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                             b"transfer-encoding: chunked\r\n\r\n")
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         for event in EVENTS:
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
             await asyncio.sleep(0)

@@ -37,8 +37,9 @@ ROWS = 8
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.context_step", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.context_step", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias or GGUF (default: %(default)s)")
     p.add_argument("--positions", default="128,512,1024,1792", help="comma list of context lengths")
     p.add_argument("--repeats", type=int, default=9, help="timed steps per cell (default: %(default)s)")
@@ -119,13 +120,18 @@ def llama_cpp_steps(gguf: str, threads: int, positions: list[int], repeats: int)
 
 def table(rows: dict[str, dict[int, float]], positions: list[int]) -> str:
     """Markdown: a row per method, ms per position; then llama.cpp's step over the native one where both ran."""
-    lines = ["| method | " + " | ".join(f"{p} positions" for p in positions) + " |",
-             "| --- |" + " --- |" * len(positions)]
+    lines = [
+        "| method | " + " | ".join(f"{p} positions" for p in positions) + " |",
+        "| --- |" + " --- |" * len(positions),
+    ]
     for name, times in rows.items():
         lines.append(f"| {name} ms | " + " | ".join(f"{times[p]:.2f}" for p in positions) + " |")
     if "llama.cpp B=1" in rows:
-        lines.append("| llama.cpp / native B=1 | " + " | ".join(
-            f"{rows['llama.cpp B=1'][p] / rows['native B=1'][p]:.2f}x" for p in positions) + " |")
+        lines.append(
+            "| llama.cpp / native B=1 | "
+            + " | ".join(f"{rows['llama.cpp B=1'][p] / rows['native B=1'][p]:.2f}x" for p in positions)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -144,14 +150,24 @@ def main(argv=None) -> int:
     peer = llama_cpp_steps(str(gguf_file(args.target)), threads, positions, args.repeats)
     if peer is not None:
         rows["llama.cpp B=1"] = peer
-    print(f"one-token decode step by context length ({args.target}, native {target.quantization} layers, float16 "
-          f"KV cache, {threads} threads; median of {args.repeats}); CPU flags: {cpu_flags()}")
+    print(
+        f"one-token decode step by context length ({args.target}, native {target.quantization} layers, float16 "
+        f"KV cache, {threads} threads; median of {args.repeats}); CPU flags: {cpu_flags()}"
+    )
     print(table(rows, positions))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), "threads": threads,
-                               "ms": {name: {str(p): t for p, t in times.items()} for name, times in rows.items()}},
-                              indent=1))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "cpu_flags": cpu_flags(),
+                "threads": threads,
+                "ms": {name: {str(p): t for p, t in times.items()} for name, times in rows.items()},
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

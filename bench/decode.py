@@ -50,21 +50,32 @@ ENGINE_LABELS = {"none": "engine", "gguf": "engine-q4"}
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.decode", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and activations")
     p.add_argument("--num-prompts", type=int, default=5, help="prompts per dataset (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft block / depth k (default: 7)")
-    p.add_argument("--drafters", default="prompt-lookup,shipped",
-                   help="comma list: prompt-lookup, shipped (every draft under drafts/), or checkpoint dirs")
-    p.add_argument("--trees", default="default", choices=["default", "all", "none"],
-                   help="add the other shape (tree or chain) of the default draft (`auto`'s pick; default), of "
-                        "every draft that has one, or of none")
-    p.add_argument("--quantizations", default=None,
-                   help="comma list of target weight formats to run the engine rows with: none (dense --dtype), gguf "
-                        "(4-bit GGUF weights; bf16 only). Default: none,gguf in bfloat16, none in float32")
+    p.add_argument(
+        "--drafters",
+        default="prompt-lookup,shipped",
+        help="comma list: prompt-lookup, shipped (every draft under drafts/), or checkpoint dirs",
+    )
+    p.add_argument(
+        "--trees",
+        default="default",
+        choices=["default", "all", "none"],
+        help="add the other shape (tree or chain) of the default draft (`auto`'s pick; default), of "
+        "every draft that has one, or of none",
+    )
+    p.add_argument(
+        "--quantizations",
+        default=None,
+        help="comma list of target weight formats to run the engine rows with: none (dense --dtype), gguf "
+        "(4-bit GGUF weights; bf16 only). Default: none,gguf in bfloat16, none in float32",
+    )
     p.add_argument("--skip", default="", help="comma list of methods to skip, e.g. hf-prompt-lookup,llama.cpp")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: bench/results/decode-<dtype>.json)")
     return p.parse_args(argv)
@@ -93,10 +104,12 @@ def engine_decoder(target, drafter, max_tokens, k, warmup_ids, temperature: floa
     from deepspec.decoding.planner import BudgetPlanner
     from training.evaluate import verify_tokens_per_step
 
-    engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k,
-                        planner=BudgetPlanner())
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
-                            seed=0 if temperature > 0 else None)
+    engine = SpecEngine(
+        target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k, planner=BudgetPlanner()
+    )
+    params = SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=0 if temperature > 0 else None
+    )
     engine.generate([warmup_ids], SamplingParams(max_tokens=WARMUP_TOKENS))
     engine.forget_acceptance()  # the warm-up is not traffic: the budget's prior starts from the first prompt
 
@@ -131,19 +144,24 @@ def hf_decoder(target, max_tokens, prompt_lookup: int | None, warmup_ids):
     import torch
 
     model = target.hf_model()
-    kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                  pad_token_id=target.eos_token_ids[0])
+    kwargs = dict(
+        max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=target.eos_token_ids[0]
+    )
     if prompt_lookup:
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup
     with torch.inference_mode():
-        model.generate(torch.tensor([warmup_ids]), max_new_tokens=WARMUP_TOKENS, do_sample=False,
-                       pad_token_id=target.eos_token_ids[0])
+        model.generate(
+            torch.tensor([warmup_ids]),
+            max_new_tokens=WARMUP_TOKENS,
+            do_sample=False,
+            pad_token_id=target.eos_token_ids[0],
+        )
 
     def decode(ids):
         with torch.inference_mode():
             t = time.perf_counter()
             out = model.generate(torch.tensor([ids]), **kwargs)
-            return out[0, len(ids):].tolist(), time.perf_counter() - t, None
+            return out[0, len(ids) :].tolist(), time.perf_counter() - t, None
 
     return decode
 
@@ -267,15 +285,20 @@ def main(argv=None) -> int:
         if spec == "shipped":
             from deepspec.paths import repo_root
 
-            drafter_specs += [str(d) for d in sorted((repo_root() / "drafts").glob("*")) if (d / "config.json").is_file()]
+            drafter_specs += [
+                str(d) for d in sorted((repo_root() / "drafts").glob("*")) if (d / "config.json").is_file()
+            ]
         else:
             drafter_specs.append(spec)
     for quantization in quantizations:
-        engine_target = target if quantization == "none" else load_target(args.target, dtype=args.dtype,
-                                                                           quantization=quantization)
+        engine_target = (
+            target if quantization == "none" else load_target(args.target, dtype=args.dtype, quantization=quantization)
+        )
         prefix = ENGINE_LABELS[quantization]
-        add(prefix, lambda t=engine_target: engine_decoder(t, None, args.max_tokens, args.num_speculative_tokens,
-                                                          warmup_ids))
+        add(
+            prefix,
+            lambda t=engine_target: engine_decoder(t, None, args.max_tokens, args.num_speculative_tokens, warmup_ids),
+        )
         for spec in drafter_specs:
             try:
                 drafter = build_drafter(spec, engine_target)
@@ -284,20 +307,35 @@ def main(argv=None) -> int:
                 continue
             rows = [(f"{prefix}+{Path(spec).name}", drafter)]
             if args.trees == "all" or (default_draft is not None and Path(spec).resolve() == default_draft):
-                rows += [(f"{prefix}+{Path(spec).name}{suffix}", other)
-                         for suffix, other in shape_variants(spec, drafter, engine_target, build_drafter)]
+                rows += [
+                    (f"{prefix}+{Path(spec).name}{suffix}", other)
+                    for suffix, other in shape_variants(spec, drafter, engine_target, build_drafter)
+                ]
             for row, d in rows:
                 shapes[row] = "tree" if is_tree_drafter(d) else "chain"
-                add(row, lambda t=engine_target, d=d: engine_decoder(
-                    t, d, args.max_tokens, args.num_speculative_tokens, warmup_ids))
+                add(
+                    row,
+                    lambda t=engine_target, d=d: engine_decoder(
+                        t, d, args.max_tokens, args.num_speculative_tokens, warmup_ids
+                    ),
+                )
     add("hf-generate", lambda: hf_decoder(target, args.max_tokens, None, warmup_ids))
     add("hf-prompt-lookup", lambda: hf_decoder(target, args.max_tokens, 10, warmup_ids))
     # found, not imported: importing a wrongly built llama.cpp may already die; only its own process may try
     if importlib.util.find_spec("llama_cpp") is not None:
         for row, lookup in (("llama.cpp", 0), ("llama.cpp+prompt-lookup", 10)):
-            add(row, lambda lookup=lookup: IsolatedDecoder(
-                llama_cpp_decoder, str(gguf_file(args.target)), args.max_tokens, warmup_ids, torch.get_num_threads(),
-                lookup, threads=torch.get_num_threads()))
+            add(
+                row,
+                lambda lookup=lookup: IsolatedDecoder(
+                    llama_cpp_decoder,
+                    str(gguf_file(args.target)),
+                    args.max_tokens,
+                    warmup_ids,
+                    torch.get_num_threads(),
+                    lookup,
+                    threads=torch.get_num_threads(),
+                ),
+            )
     else:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): skipping the llama.cpp peer")
 
@@ -315,12 +353,27 @@ def main(argv=None) -> int:
         return methods.get("hf-generate" if name.startswith("hf-") else engine_for(name), {})
 
     summary = {name: summarize(rows, reference_for(name)) for name, rows in methods.items()}
-    table = Table(title=f"batch-1 greedy decode, {args.dtype}, {args.max_tokens} new tokens, "
-                        f"{args.num_prompts} prompts/dataset, torch threads {torch.get_num_threads()}")
-    for col in ("method", "dataset", "tok/s", "median tok/s", "tau", "verify tok/step", "x HF generate", "x engine",
-                "x llama.cpp", "identical"):
-        table.add_column(col, justify="left" if col in ("method", "dataset") else "right",
-                         overflow="fold" if col == "method" else "ellipsis")  # "+draft[tree]" must stay readable
+    table = Table(
+        title=f"batch-1 greedy decode, {args.dtype}, {args.max_tokens} new tokens, "
+        f"{args.num_prompts} prompts/dataset, torch threads {torch.get_num_threads()}"
+    )
+    for col in (
+        "method",
+        "dataset",
+        "tok/s",
+        "median tok/s",
+        "tau",
+        "verify tok/step",
+        "x HF generate",
+        "x engine",
+        "x llama.cpp",
+        "identical",
+    ):
+        table.add_column(
+            col,
+            justify="left" if col in ("method", "dataset") else "right",
+            overflow="fold" if col == "method" else "ellipsis",
+        )  # "+draft[tree]" must stay readable
     for name, per_ds in summary.items():
         for ds in DATASETS:
             r = per_ds[ds]
@@ -331,13 +384,18 @@ def main(argv=None) -> int:
             peer = summary.get("llama.cpp", {}).get(ds)
             r["x_llama_cpp"] = round(r["tokens_per_s"] / peer["tokens_per_s"], 2) if peer else None
             r["shape"] = shapes.get(name)
-            table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
-                          f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
-                          f"{r['verify_tokens_per_step']:.2f} {r['shape']}" if r["verify_tokens_per_step"] else "-",
-                          f"{r['x_hf_generate']:.2f}" if r["x_hf_generate"] else "-",
-                          f"{r['x_engine']:.2f}" if r["x_engine"] else "-",
-                          f"{r['x_llama_cpp']:.2f}" if r["x_llama_cpp"] else "-",
-                          "ref" if name in (*ENGINE_LABELS.values(), "hf-generate") else r["identical_to_reference"])
+            table.add_row(
+                name,
+                ds,
+                f"{r['tokens_per_s']:.1f}",
+                f"{r['median_tokens_per_s']:.1f}",
+                f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
+                f"{r['verify_tokens_per_step']:.2f} {r['shape']}" if r["verify_tokens_per_step"] else "-",
+                f"{r['x_hf_generate']:.2f}" if r["x_hf_generate"] else "-",
+                f"{r['x_engine']:.2f}" if r["x_engine"] else "-",
+                f"{r['x_llama_cpp']:.2f}" if r["x_llama_cpp"] else "-",
+                "ref" if name in (*ENGINE_LABELS.values(), "hf-generate") else r["identical_to_reference"],
+            )
         table.add_section()
     for name, status in failed.items():
         table.add_row(name, status, *["-"] * 8)
@@ -350,8 +408,11 @@ def main(argv=None) -> int:
             decoder.close()
     out = args.out or Path(__file__).parent / "results" / f"decode-{args.dtype}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine,
-                               "results": summary}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine, "results": summary}, indent=2
+        )
+    )
     console.log(f"wrote {out}")
     return 0
 

@@ -35,23 +35,39 @@ HELDOUT_SYNTH = REPO_ROOT / "training" / "data" / "synth" / "prompts.heldout.jso
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.draft_acceptance", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.draft_acceptance",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--drafts", default="auto", help="comma list of drafter specs (default: %(default)s)")
-    p.add_argument("--sets", default=f"chat,{HELDOUT_SYNTH.relative_to(REPO_ROOT)}",
-                   help="comma list of datasets/eval names or {turns} JSONL files (default: %(default)s)")
+    p.add_argument(
+        "--sets",
+        default=f"chat,{HELDOUT_SYNTH.relative_to(REPO_ROOT)}",
+        help="comma list of datasets/eval names or {turns} JSONL files (default: %(default)s)",
+    )
     p.add_argument("--num-prompts", type=int, default=12, help="first N prompts of each set (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--depth", type=int, default=7, help="draft tokens verified a round (default: %(default)s)")
-    p.add_argument("--one-session", action="store_true",
-                   help="send each set's prompts as one session (deepspec/decoding/session_memory.py): later answers "
-                        "draft from the earlier ones, as a server remembering one client's traffic would")
-    p.add_argument("--modelled", action="store_true",
-                   help="add the budget's modelled speedup on this machine's kept step curve (module docstring)")
-    p.add_argument("--curve", type=Path, default=None,
-                   help="--modelled on this step-curve file (the budget's cache format, ~/.cache/deepspec/step_curves)"
-                        " instead of this machine's kept one")
+    p.add_argument(
+        "--one-session",
+        action="store_true",
+        help="send each set's prompts as one session (deepspec/decoding/session_memory.py): later answers "
+        "draft from the earlier ones, as a server remembering one client's traffic would",
+    )
+    p.add_argument(
+        "--modelled",
+        action="store_true",
+        help="add the budget's modelled speedup on this machine's kept step curve (module docstring)",
+    )
+    p.add_argument(
+        "--curve",
+        type=Path,
+        default=None,
+        help="--modelled on this step-curve file (the budget's cache format, ~/.cache/deepspec/step_curves)"
+        " instead of this machine's kept one",
+    )
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "draft_acceptance.json"))
     return p.parse_args(argv)
 
@@ -62,14 +78,23 @@ def set_turns(spec: str, n: int) -> list[str]:
 
     path = Path(spec) if spec.endswith(".jsonl") else eval_dataset(spec)
     if not path.is_file():
-        raise SystemExit(f"no prompt set {spec!r} (looked for {path}); the synthetic split is made by "
-                         f"`python -m training synth` (training/data/README.md)")
+        raise SystemExit(
+            f"no prompt set {spec!r} (looked for {path}); the synthetic split is made by "
+            f"`python -m training synth` (training/data/README.md)"
+        )
     with path.open() as f:
         return [json.loads(line)["turns"][0] for _, line in zip(range(n), f)]
 
 
-def count_row(target, drafter, prompts: list[list[int]], max_tokens: int, depth: int,
-              reference: list[list[int]] | None, session: str | None = None) -> tuple[dict, list[list[int]]]:
+def count_row(
+    target,
+    drafter,
+    prompts: list[list[int]],
+    max_tokens: int,
+    depth: int,
+    reference: list[list[int]] | None,
+    session: str | None = None,
+) -> tuple[dict, list[list[int]]]:
     """Decode `prompts` one at a time with `drafter` (None: target-only) verifying every draft; the counts, and the
     outputs (checked against `reference` where given)."""
     from deepspec.decoding import SamplingParams, SpecEngine
@@ -88,12 +113,16 @@ def count_row(target, drafter, prompts: list[list[int]], max_tokens: int, depth:
     if reference is not None:
         same = sum(a == b for a, b in zip(outputs, reference))
         if same != len(reference):
-            raise SystemExit(f"{drafter.name}: {len(reference) - same} of {len(reference)} outputs differ from "
-                             "target-only decoding")
-    return {"rounds": rounds, "tokens_per_forward": round((accepted + rounds) / max(rounds, 1), 3),
-            "tau": round((accepted + drafted) / drafted, 3) if drafted else None,
-            "drafted_share": round(drafted / max(rounds, 1), 3),
-            "acceptance_rate": round(accepted / draft_tokens, 3) if draft_tokens else None}, outputs
+            raise SystemExit(
+                f"{drafter.name}: {len(reference) - same} of {len(reference)} outputs differ from target-only decoding"
+            )
+    return {
+        "rounds": rounds,
+        "tokens_per_forward": round((accepted + rounds) / max(rounds, 1), 3),
+        "tau": round((accepted + drafted) / drafted, 3) if drafted else None,
+        "drafted_share": round(drafted / max(rounds, 1), 3),
+        "acceptance_rate": round(accepted / draft_tokens, 3) if draft_tokens else None,
+    }, outputs
 
 
 class PricedTarget:
@@ -107,21 +136,29 @@ class PricedTarget:
 
     def forward(self, tokens, start, cache=None, **kw):
         if cache is not None and tokens.shape[1] <= 16:  # decode rounds (and a prompt this short, alike in every row)
-            self.seconds += self.curve.at_context(int(start.sum())).round_seconds(
-                tokens.shape[0], [tokens.shape[1] - 1]).item()
+            self.seconds += (
+                self.curve.at_context(int(start.sum())).round_seconds(tokens.shape[0], [tokens.shape[1] - 1]).item()
+            )
         return self.target.forward(tokens, start, cache, **kw)
 
 
-def modelled_speedup(target, curve, drafter, prompts: list[list[int]], max_tokens: int, depth: int,
-                     baseline_seconds: float | None = None) -> tuple[float, float]:
+def modelled_speedup(
+    target, curve, drafter, prompts: list[list[int]], max_tokens: int, depth: int, baseline_seconds: float | None = None
+) -> tuple[float, float]:
     """(seconds the curve prices a decode of `prompts` at, speedup over `baseline_seconds`): with `drafter`
     under the served BudgetPlanner on `curve` (None: target-only)."""
     from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.decoding.planner import BudgetPlanner
 
     priced = PricedTarget(target, curve)
-    engine = SpecEngine(priced, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=depth,
-                        planner=BudgetPlanner(curve, learn_online=False))
+    engine = SpecEngine(
+        priced,
+        drafter,
+        max_batch_size=1,
+        max_seq_len=2048,
+        num_speculative_tokens=depth,
+        planner=BudgetPlanner(curve, learn_online=False),
+    )
     for prompt in prompts:
         engine.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     return priced.seconds, (baseline_seconds / priced.seconds if baseline_seconds else 1.0)
@@ -137,8 +174,10 @@ def kept_curve(target, path: Path | None = None):
         cache = StepCurveCache(path, json.loads(path.read_text()).get("identity"))
     curve = cache.load(target.multi_token_rows_serial)
     if curve is None:
-        raise SystemExit(f"--modelled: no kept step curve for this target and machine ({cache.path}); serve it "
-                         "once (`make serve`, a few requests) so the budget writes one")
+        raise SystemExit(
+            f"--modelled: no kept step curve for this target and machine ({cache.path}); serve it "
+            "once (`make serve`, a few requests) so the budget writes one"
+        )
     return curve
 
 
@@ -157,25 +196,40 @@ def main(argv=None) -> int:
         name = Path(spec).stem if spec.endswith(".jsonl") else spec
         base = modelled_speedup(target, curve, None, prompts, args.max_tokens, args.depth)[0] if curve else None
         for draft in args.drafts.split(","):
-            rows.setdefault(draft, {})[name], _ = count_row(target, build_drafter(draft, target), prompts,
-                                                           args.max_tokens, args.depth, reference,
-                                                           name if args.one_session else None)
+            rows.setdefault(draft, {})[name], _ = count_row(
+                target,
+                build_drafter(draft, target),
+                prompts,
+                args.max_tokens,
+                args.depth,
+                reference,
+                name if args.one_session else None,
+            )
             if curve is not None:
-                rows[draft][name]["modelled_speedup"] = round(modelled_speedup(
-                    target, curve, build_drafter(draft, target), prompts, args.max_tokens, args.depth, base)[1], 3)
+                rows[draft][name]["modelled_speedup"] = round(
+                    modelled_speedup(
+                        target, curve, build_drafter(draft, target), prompts, args.max_tokens, args.depth, base
+                    )[1],
+                    3,
+                )
             print(f"{draft} on {name}: {rows[draft][name]}", file=sys.stderr)
     sets = list(next(iter(rows.values())))
-    print(f"target {args.target} (native {target.quantization}), greedy, batch 1, every draft verified "
-          f"({args.depth} a round), {args.num_prompts} prompts x {args.max_tokens} tokens per set; CPU flags: "
-          f"{cpu_flags()}")
+    print(
+        f"target {args.target} (native {target.quantization}), greedy, batch 1, every draft verified "
+        f"({args.depth} a round), {args.num_prompts} prompts x {args.max_tokens} tokens per set; CPU flags: "
+        f"{cpu_flags()}"
+    )
     modelled = ", modelled speedup" if curve is not None else ""
     if curve is not None:
         print(f"modelled on this machine's kept step curve: {curve}")
     print("| draft | " + " | ".join(f"{s}: tokens/forward, τ, drafted{modelled}" for s in sets) + " |")
     print("| --- |" + " --- |" * len(sets))
     for draft, by_set in rows.items():
-        cells = [f"{r['tokens_per_forward']:.2f}, {r['tau'] or 0:.2f}, {r['drafted_share']:.0%}"
-                 + (f", {r['modelled_speedup']:.2f}x" if "modelled_speedup" in r else "") for r in by_set.values()]
+        cells = [
+            f"{r['tokens_per_forward']:.2f}, {r['tau'] or 0:.2f}, {r['drafted_share']:.0%}"
+            + (f", {r['modelled_speedup']:.2f}x" if "modelled_speedup" in r else "")
+            for r in by_set.values()
+        ]
         print(f"| {draft} | " + " | ".join(cells) + " |")
     write_results(args.out, args, rows=rows)
     return 0

@@ -45,10 +45,32 @@ class CountedGateway:
         self.port, self.out_dir = free_port(), out_dir
         self.log = open(out_dir / "gateway.log", "wb")
         self.proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_dir}/callgrind.%p",
-             sys.executable, "-m", "service", "gateway", "--workers", "openai+" + upstream_url, "--host", "127.0.0.1",
-             "--http-port", str(self.port), "--grpc-port", "-1", "--log-level", "WARNING", "--health-interval-s", "30"],
-            cwd=root, stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out_dir}/callgrind.%p",
+                sys.executable,
+                "-m",
+                "service",
+                "gateway",
+                "--workers",
+                "openai+" + upstream_url,
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.port),
+                "--grpc-port",
+                "-1",
+                "--log-level",
+                "WARNING",
+                "--health-interval-s",
+                "30",
+            ],
+            cwd=root,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout_s: float = 600) -> None:
@@ -119,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         upstream_port = free_port()
-        upstream = Proc([sys.executable, "-m", "bench.canned_upstream", "--port", str(upstream_port)],
-                        "canned-upstream")
+        upstream = Proc(
+            [sys.executable, "-m", "bench.canned_upstream", "--port", str(upstream_port)], "canned-upstream"
+        )
         upstream.wait_http(f"http://127.0.0.1:{upstream_port}/health", 60)  # before the gateway's first probe
         gateway = CountedGateway(args.root.resolve(), f"http://127.0.0.1:{upstream_port}", Path(tmp))
         try:
@@ -133,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             gateway.stop()
             upstream.stop()
-    print(f"{args.root.resolve()}: {per_request / 1e6:.3f} M instructions per whole completion, "
-          f"{per_token / 1e6:.4f} M per streamed token (c={CONCURRENCY})")
+    print(
+        f"{args.root.resolve()}: {per_request / 1e6:.3f} M instructions per whole completion, "
+        f"{per_token / 1e6:.4f} M per streamed token (c={CONCURRENCY})"
+    )
     return 0
 
 

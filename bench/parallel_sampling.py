@@ -31,8 +31,11 @@ if str(REPO_ROOT) not in sys.path:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.parallel_sampling", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.parallel_sampling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--draft", default="auto", help="drafter spec (default: %(default)s)")
     p.add_argument("--n", type=int, default=4, help="sequences per request (default: %(default)s)")
@@ -60,7 +63,13 @@ def run_row(engine, prompt: list[int], params, n: int, forked: bool) -> dict:
     ids = [f"s{i}" for i in range(n)]
     t0 = time.perf_counter()
     for i, rid in enumerate(ids):
-        engine.add_request(rid, prompt, dataclasses.replace(params, seed=1000 + i), keep_result=True, fork_of=ids[0] if forked and i else None)
+        engine.add_request(
+            rid,
+            prompt,
+            dataclasses.replace(params, seed=1000 + i),
+            keep_result=True,
+            fork_of=ids[0] if forked and i else None,
+        )
     first: dict[str, float] = {}
     while engine.has_unfinished():
         for out in engine.step():
@@ -68,8 +77,12 @@ def run_row(engine, prompt: list[int], params, n: int, forked: bool) -> dict:
                 first[out.request_id] = time.perf_counter()
     end = time.perf_counter()
     tokens = sum(len(engine.pop_result(rid).token_ids) for rid in ids)
-    return {"ttft_all": max(first.values()) - t0, "seconds": end - t0, "tokens": tokens,
-            "prompt_tokens_computed": engine.prompt_tokens_computed - computed}
+    return {
+        "ttft_all": max(first.values()) - t0,
+        "seconds": end - t0,
+        "tokens": tokens,
+        "prompt_tokens_computed": engine.prompt_tokens_computed - computed,
+    }
 
 
 def main(argv=None) -> int:
@@ -85,8 +98,13 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.target)
-    engine = SpecEngine(target, build_drafter(args.draft, target), max_batch_size=args.n,
-                        max_seq_len=args.prompt_tokens + args.max_tokens + 64, planner=BudgetPlanner())
+    engine = SpecEngine(
+        target,
+        build_drafter(args.draft, target),
+        max_batch_size=args.n,
+        max_seq_len=args.prompt_tokens + args.max_tokens + 64,
+        planner=BudgetPlanner(),
+    )
     prompt = long_prompt(target, args.prompt_tokens)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.8, ignore_eos=True)
     rows = [("n=1", 1, False), (f"n={args.n} forked", args.n, True), (f"{args.n} separate requests", args.n, False)]
@@ -95,18 +113,29 @@ def main(argv=None) -> int:
     for _ in range(args.repeats):
         for name, n, forked in rows:
             records[name].append(run_row(engine, prompt, params, n, forked))
-    table = {name: {"ttft_all_ms": statistics.median(r["ttft_all"] for r in rs) * 1000,
-                    "seconds": statistics.median(r["seconds"] for r in rs),
-                    "prompt_tokens_computed": statistics.median(r["prompt_tokens_computed"] for r in rs),
-                    "tokens": statistics.median(r["tokens"] for r in rs)} for name, rs in records.items()}
-    print(f"target {args.target}, draft {args.draft}, prompt {len(prompt)} tokens, {args.max_tokens} new tokens per "
-          f"sequence at T=0.8, {args.repeats} passes, torch threads {torch.get_num_threads()}")
+    table = {
+        name: {
+            "ttft_all_ms": statistics.median(r["ttft_all"] for r in rs) * 1000,
+            "seconds": statistics.median(r["seconds"] for r in rs),
+            "prompt_tokens_computed": statistics.median(r["prompt_tokens_computed"] for r in rs),
+            "tokens": statistics.median(r["tokens"] for r in rs),
+        }
+        for name, rs in records.items()
+    }
+    print(
+        f"target {args.target}, draft {args.draft}, prompt {len(prompt)} tokens, {args.max_tokens} new tokens per "
+        f"sequence at T=0.8, {args.repeats} passes, torch threads {torch.get_num_threads()}"
+    )
     print(f"CPU flags: {cpu_flags()}")
     base = table["n=1"]["ttft_all_ms"]
-    print(f"{'row':24s} {'TTFT all ms':>12s} {'x n=1':>6s} {'request s':>10s} {'prompt tokens run':>18s} {'tokens':>7s}")
+    print(
+        f"{'row':24s} {'TTFT all ms':>12s} {'x n=1':>6s} {'request s':>10s} {'prompt tokens run':>18s} {'tokens':>7s}"
+    )
     for name, row in table.items():
-        print(f"{name:24s} {row['ttft_all_ms']:12.0f} {row['ttft_all_ms'] / base:5.2f}x {row['seconds']:10.2f} "
-              f"{row['prompt_tokens_computed']:18.0f} {row['tokens']:7.0f}")
+        print(
+            f"{name:24s} {row['ttft_all_ms']:12.0f} {row['ttft_all_ms'] / base:5.2f}x {row['seconds']:10.2f} "
+            f"{row['prompt_tokens_computed']:18.0f} {row['tokens']:7.0f}"
+        )
     write_results(args.out, args, table=table, records=records)
     return 0
 

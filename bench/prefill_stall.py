@@ -25,17 +25,21 @@ if str(REPO_ROOT) not in sys.path:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.prefill_stall", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.prefill_stall", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--draft", default="auto", help="drafter of the engine (default: %(default)s)")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--stream-tokens", type=int, default=96, help="tokens each stream decodes (default: 96)")
     p.add_argument("--long-tokens", type=int, default=1500, help="the arriving prompt's length (default: 1500)")
     p.add_argument("--arrive-after", type=int, default=6, help="engine steps before the long prompt arrives")
-    p.add_argument("--budgets", default="default,128",
-                   help="comma list of prefill_tokens_per_step values to compare with the whole prefill "
-                        "(default: the engine's default and 128)")
+    p.add_argument(
+        "--budgets",
+        default="default,128",
+        help="comma list of prefill_tokens_per_step values to compare with the whole prefill "
+        "(default: the engine's default and 128)",
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "prefill_stall.json"))
     return p.parse_args(argv)
@@ -73,8 +77,14 @@ def run(engine, args, long_prompt, prompts) -> dict:
                 gaps.append(now - last_token_at[out.request_id])
             last_token_at[out.request_id] = now
     p50, p99 = statistics.median(gaps), percentile(gaps, 0.99)
-    return {"itl_p50_ms": p50 * 1000, "itl_p99_ms": p99 * 1000, "p99_over_p50": p99 / p50,
-            "itl_max_ms": max(gaps) * 1000, "long_ttft_s": ttft, "token_events": len(gaps)}
+    return {
+        "itl_p50_ms": p50 * 1000,
+        "itl_p99_ms": p99 * 1000,
+        "p99_over_p50": p99 / p50,
+        "itl_max_ms": max(gaps) * 1000,
+        "long_ttft_s": ttft,
+        "token_events": len(gaps),
+    }
 
 
 def main(argv=None) -> int:
@@ -90,30 +100,54 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.target)
-    texts = ["Write a Python function that reverses a list.", "What is 17 times 23?", "Name three rivers in Europe.",
-             "Explain recursion in one sentence.", "Write a haiku about the sea.", "List the planets in order.",
-             "What does HTTP stand for?", "Give a synonym for quick."]
+    texts = [
+        "Write a Python function that reverses a list.",
+        "What is 17 times 23?",
+        "Name three rivers in Europe.",
+        "Explain recursion in one sentence.",
+        "Write a haiku about the sea.",
+        "List the planets in order.",
+        "What does HTTP stand for?",
+        "Give a synonym for quick.",
+    ]
     prompts = [target.encode_chat([{"role": "user", "content": texts[i % len(texts)]}]) for i in range(args.streams)]
-    filler = target.encode_chat([{"role": "user", "content": "Summarize this text: " + " ".join(
-        f"Sentence {i} says that the weather was mild and the market was busy." for i in range(400))}])
+    filler = target.encode_chat(
+        [
+            {
+                "role": "user",
+                "content": "Summarize this text: "
+                + " ".join(f"Sentence {i} says that the weather was mild and the market was busy." for i in range(400)),
+            }
+        ]
+    )
     long_prompt = filler[: args.long_tokens]
     results = {}
-    modes = [(f"chunks of {b}", None if b == "default" else int(b))
-             for b in args.budgets.split(",") if b]
+    modes = [(f"chunks of {b}", None if b == "default" else int(b)) for b in args.budgets.split(",") if b]
     for mode, budget in (*modes, ("whole prompt in one step", 10**9)):
-        engine = SpecEngine(target, build_drafter(args.draft, target), max_batch_size=args.streams + 1,
-                            max_seq_len=2048, prefill_tokens_per_step=budget,
-                            planner=BudgetPlanner())
+        engine = SpecEngine(
+            target,
+            build_drafter(args.draft, target),
+            max_batch_size=args.streams + 1,
+            max_seq_len=2048,
+            prefill_tokens_per_step=budget,
+            planner=BudgetPlanner(),
+        )
         engine.generate([prompts[0]], SamplingParams(max_tokens=8))  # warm, untimed
         results[mode] = run(engine, args, long_prompt, prompts)
         results[mode]["prefill_tokens_per_step"] = engine.prefill_tokens_per_step if budget != 10**9 else "all"
-    print(f"target {args.target}, draft {args.draft}, {args.streams} streams x {args.stream_tokens} tokens, a "
-          f"{len(long_prompt)}-token prompt arrives after {args.arrive_after} steps; torch threads "
-          f"{torch.get_num_threads()}; CPU flags: {cpu_flags()}")
-    print(f"{'mode (prompt tokens/step)':26s} {'ITL p50 ms':>10s} {'p99 ms':>8s} {'p99/p50':>8s} {'max ms':>8s} {'long TTFT s':>11s}")
+    print(
+        f"target {args.target}, draft {args.draft}, {args.streams} streams x {args.stream_tokens} tokens, a "
+        f"{len(long_prompt)}-token prompt arrives after {args.arrive_after} steps; torch threads "
+        f"{torch.get_num_threads()}; CPU flags: {cpu_flags()}"
+    )
+    print(
+        f"{'mode (prompt tokens/step)':26s} {'ITL p50 ms':>10s} {'p99 ms':>8s} {'p99/p50':>8s} {'max ms':>8s} {'long TTFT s':>11s}"
+    )
     for mode, r in results.items():
-        print(f"{mode:26s} {r['itl_p50_ms']:10.1f} {r['itl_p99_ms']:8.1f} {r['p99_over_p50']:8.2f} "
-              f"{r['itl_max_ms']:8.1f} {r['long_ttft_s']:11.2f}")
+        print(
+            f"{mode:26s} {r['itl_p50_ms']:10.1f} {r['itl_p99_ms']:8.1f} {r['p99_over_p50']:8.2f} "
+            f"{r['itl_max_ms']:8.1f} {r['long_ttft_s']:11.2f}"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), "results": results}, indent=1))

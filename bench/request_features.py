@@ -35,35 +35,72 @@ if str(REPO_ROOT) not in sys.path:
 
 #: (instruction, JSON schema): small extraction tasks of the kind apps send with response_format json_schema
 TASKS = [
-    ("Extract the person as JSON: Alice Smith is 34 and lives in Paris.",
-     {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                       "city": {"type": "string"}}, "required": ["name", "age", "city"],
-      "additionalProperties": False}),
-    ("Give the book as JSON: '1984' was written by George Orwell and published in 1949.",
-     {"type": "object", "properties": {"title": {"type": "string"}, "author": {"type": "string"},
-                                       "year": {"type": "integer"}}, "required": ["title", "author", "year"],
-      "additionalProperties": False}),
-    ("List three primary colors as JSON.",
-     {"type": "object", "properties": {"colors": {"type": "array", "items": {"type": "string"}, "minItems": 3,
-                                                  "maxItems": 3}}, "required": ["colors"],
-      "additionalProperties": False}),
-    ("Is 17 a prime number? Answer as JSON with the number and a boolean.",
-     {"type": "object", "properties": {"number": {"type": "integer"}, "is_prime": {"type": "boolean"}},
-      "required": ["number", "is_prime"], "additionalProperties": False}),
-    ("Describe the weather in Rome today as JSON: temperature in Celsius and a one-word condition.",
-     {"type": "object", "properties": {"temperature_c": {"type": "number"},
-                                       "condition": {"type": "string", "enum": ["sunny", "cloudy", "rainy"]}},
-      "required": ["temperature_c", "condition"], "additionalProperties": False}),
-    ("Convert to JSON: the order has id 1042, two items, and was paid.",
-     {"type": "object", "properties": {"order_id": {"type": "integer"}, "items": {"type": "integer"},
-                                       "paid": {"type": "boolean"}}, "required": ["order_id", "items", "paid"],
-      "additionalProperties": False}),
+    (
+        "Extract the person as JSON: Alice Smith is 34 and lives in Paris.",
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+            "required": ["name", "age", "city"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Give the book as JSON: '1984' was written by George Orwell and published in 1949.",
+        {
+            "type": "object",
+            "properties": {"title": {"type": "string"}, "author": {"type": "string"}, "year": {"type": "integer"}},
+            "required": ["title", "author", "year"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "List three primary colors as JSON.",
+        {
+            "type": "object",
+            "properties": {"colors": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3}},
+            "required": ["colors"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Is 17 a prime number? Answer as JSON with the number and a boolean.",
+        {
+            "type": "object",
+            "properties": {"number": {"type": "integer"}, "is_prime": {"type": "boolean"}},
+            "required": ["number", "is_prime"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Describe the weather in Rome today as JSON: temperature in Celsius and a one-word condition.",
+        {
+            "type": "object",
+            "properties": {
+                "temperature_c": {"type": "number"},
+                "condition": {"type": "string", "enum": ["sunny", "cloudy", "rainy"]},
+            },
+            "required": ["temperature_c", "condition"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "Convert to JSON: the order has id 1042, two items, and was paid.",
+        {
+            "type": "object",
+            "properties": {"order_id": {"type": "integer"}, "items": {"type": "integer"}, "paid": {"type": "boolean"}},
+            "required": ["order_id", "items", "paid"],
+            "additionalProperties": False,
+        },
+    ),
 ]
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.request_features", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.request_features",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--draft", default="auto", help="drafter spec for the drafted rows (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=len(TASKS), help="tasks to run (default: all %(default)s)")
@@ -116,8 +153,12 @@ def main(argv=None) -> int:
     def rows_for(i):
         free = SamplingParams(max_tokens=args.max_tokens)
         schema = SamplingParams(max_tokens=args.max_tokens, structured=constraints[i])
-        return [("free", drafted, free), ("json_schema", drafted, schema), ("json_schema, no draft", plain, schema),
-                ("logprobs top-5", drafted, SamplingParams(max_tokens=args.max_tokens, logprobs=5))]
+        return [
+            ("free", drafted, free),
+            ("json_schema", drafted, schema),
+            ("json_schema, no draft", plain, schema),
+            ("logprobs top-5", drafted, SamplingParams(max_tokens=args.max_tokens, logprobs=5)),
+        ]
 
     names = [name for name, _, _ in rows_for(0)]
     records = {name: [] for name in names}
@@ -129,11 +170,18 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 result, first_token_at = _timed_generate(engine, prompt, params)
                 end = time.perf_counter()
-                records[name].append({"task": i, "tokens": len(result.token_ids), "seconds": end - first_token_at,
-                                      "ttft": first_token_at - t0,
-                                      "accepted": result.num_accepted_tokens, "drafted_rounds": _drafted_rounds(result),
-                                      "valid": _valid(result.text, tasks[i][1]) if params.structured else None,
-                                      "text": result.text})
+                records[name].append(
+                    {
+                        "task": i,
+                        "tokens": len(result.token_ids),
+                        "seconds": end - first_token_at,
+                        "ttft": first_token_at - t0,
+                        "accepted": result.num_accepted_tokens,
+                        "drafted_rounds": _drafted_rounds(result),
+                        "valid": _valid(result.text, tasks[i][1]) if params.structured else None,
+                        "text": result.text,
+                    }
+                )
 
     table = {}
     for name in names:
@@ -153,21 +201,40 @@ def main(argv=None) -> int:
     for row in table.values():
         row["ratio"] = row["tok_s_median"] / base
     draft_name = getattr(drafter, "name", str(drafter))
-    print(f"target {args.target}, draft {args.draft} ({draft_name}), batch 1, greedy, {len(prompts)} prompts x "
-          f"{args.repeats}, max {args.max_tokens} tokens, torch threads {torch.get_num_threads()}")
-    print(f"CPU flags: {cpu_flags()}; grammar compile per schema: first {compile_seconds[0] * 1000:.0f} ms (with the "
-          f"vocabulary), then median {statistics.median(compile_seconds[1:] or compile_seconds) * 1000:.0f} ms")
-    print(f"{'row':24s} {'decode tok/s (median)':>22s} {'ratio':>6s} {'TTFT ms':>8s} {'tau':>5s} {'valid':>6s} "
-          f"{'tokens':>7s}")
+    print(
+        f"target {args.target}, draft {args.draft} ({draft_name}), batch 1, greedy, {len(prompts)} prompts x "
+        f"{args.repeats}, max {args.max_tokens} tokens, torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"CPU flags: {cpu_flags()}; grammar compile per schema: first {compile_seconds[0] * 1000:.0f} ms (with the "
+        f"vocabulary), then median {statistics.median(compile_seconds[1:] or compile_seconds) * 1000:.0f} ms"
+    )
+    print(
+        f"{'row':24s} {'decode tok/s (median)':>22s} {'ratio':>6s} {'TTFT ms':>8s} {'tau':>5s} {'valid':>6s} "
+        f"{'tokens':>7s}"
+    )
     for name, row in table.items():
         tau = f"{row['tau']:.2f}" if row["tau"] else "-"
         valid = f"{row['valid']:.0%}" if row["valid"] is not None else "-"
-        print(f"{name:24s} {row['tok_s_median']:22.1f} {row['ratio']:5.2f}x {row['ttft_ms_median']:8.0f} {tau:>5s} "
-              f"{valid:>6s} {row['mean_tokens']:7.1f}")
+        print(
+            f"{name:24s} {row['tok_s_median']:22.1f} {row['ratio']:5.2f}x {row['ttft_ms_median']:8.0f} {tau:>5s} "
+            f"{valid:>6s} {row['mean_tokens']:7.1f}"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), "draft": draft_name,
-                               "compile_seconds": compile_seconds, "table": table, "records": records}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "cpu_flags": cpu_flags(),
+                "draft": draft_name,
+                "compile_seconds": compile_seconds,
+                "table": table,
+                "records": records,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

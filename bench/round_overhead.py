@@ -37,22 +37,32 @@ if str(REPO_ROOT) not in sys.path:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench.round_overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.round_overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and activations")
-    p.add_argument("--backend", "--engine", default=PYTORCH, choices=[PYTORCH, NATIVE],
-                   help="pytorch: the lean PyTorch decoder (or an ONNX export's graph, --target <dir>); native: the "
-                        "native CPU decoder on its own choice of weights (default: %(default)s)")
+    p.add_argument(
+        "--backend",
+        "--engine",
+        default=PYTORCH,
+        choices=[PYTORCH, NATIVE],
+        help="pytorch: the lean PyTorch decoder (or an ONNX export's graph, --target <dir>); native: the "
+        "native CPU decoder on its own choice of weights (default: %(default)s)",
+    )
     p.add_argument("--drafters", default="none,auto,prompt-lookup", help="comma list of drafter specs")
     p.add_argument("--batch-sizes", default="1,8", help="comma list (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=2, help="prompts per dataset (default: %(default)s)")
     p.add_argument("--datasets", default="humaneval,gsm8k,mbpp", help="comma list of datasets/eval sets")
-    p.add_argument("--distinct", action="store_true",
-                   help="a batch's rows are different prompts (default: copies of one prompt)")
+    p.add_argument(
+        "--distinct", action="store_true", help="a batch's rows are different prompts (default: copies of one prompt)"
+    )
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
-    p.add_argument("--temperatures", default="0",
-                   help="comma list of sampling temperatures, each its own rows (top-p 1; default: %(default)s)")
+    p.add_argument(
+        "--temperatures",
+        default="0",
+        help="comma list of sampling temperatures, each its own rows (top-p 1; default: %(default)s)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "round_overhead.json"))
     args = p.parse_args(argv)
@@ -61,30 +71,47 @@ def parse_args(argv):
     return args
 
 
-def profile_row(target, drafter, prompts: list[list[int]], batch: int, max_tokens: int, temperature: float = 0.0,
-                distinct: bool = False) -> dict:
+def profile_row(
+    target,
+    drafter,
+    prompts: list[list[int]],
+    batch: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    distinct: bool = False,
+) -> dict:
     """Decode `prompts` (each `batch` times at once, or with `distinct` `batch` of them at once; sampled at
     `temperature` with fixed seeds where it is above 0) on a fresh engine with the phase timer on."""
     from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.decoding.planner import BudgetPlanner
 
     engine = SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=2048, planner=BudgetPlanner())
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature,
-                            seed=0 if temperature > 0 else None)
+    params = SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=0 if temperature > 0 else None
+    )
     engine.generate([prompts[0]], SamplingParams(max_tokens=16))  # warm caches and allocator pools, untimed
     timer = engine.profile()
     tokens, t0 = 0, time.perf_counter()
-    groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)] if distinct else \
-        [[prompt] * batch for prompt in prompts]
+    groups = (
+        [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+        if distinct
+        else [[prompt] * batch for prompt in prompts]
+    )
     for group in groups:
         tokens += sum(len(r.token_ids) for r in engine.generate(group, params))
     seconds = time.perf_counter() - t0
     per_step = timer.per_step_ms()
     step_ms = timer.seconds["step"] * 1e3 / max(timer.calls["step"], 1)
     round_ms = step_ms - per_step.get("prefill", 0.0)  # a step's decode round and the bookkeeping around it
-    return {"steps": timer.calls["step"], "step_ms": step_ms, "phases_ms": per_step, "tok_s": tokens / seconds,
-            "tokens_per_step": tokens / max(timer.calls["step"], 1) / batch,
-            "round_ms": round_ms, "outside_target": 1 - per_step.get("target", 0.0) / round_ms if round_ms else None}
+    return {
+        "steps": timer.calls["step"],
+        "step_ms": step_ms,
+        "phases_ms": per_step,
+        "tok_s": tokens / seconds,
+        "tokens_per_step": tokens / max(timer.calls["step"], 1) / batch,
+        "round_ms": round_ms,
+        "outside_target": 1 - per_step.get("target", 0.0) / round_ms if round_ms else None,
+    }
 
 
 def main(argv=None) -> int:
@@ -110,20 +137,29 @@ def main(argv=None) -> int:
     for temperature in map(float, args.temperatures.split(",")):
         for spec in args.drafters.split(","):
             for batch in map(int, args.batch_sizes.split(",")):
-                name = f"engine{'' if spec == 'none' else '+' + spec} B={batch}" + (f" t={temperature:g}"
-                                                                                    if temperature else "")
-                rows[name] = profile_row(target, build_drafter(spec, target), prompts, batch, args.max_tokens,
-                                         temperature, args.distinct)
-                print(f"{name}: {rows[name]['tok_s']:.1f} tok/s, {rows[name]['tokens_per_step']:.2f} tokens/step/row",
-                      file=sys.stderr)
+                name = f"engine{'' if spec == 'none' else '+' + spec} B={batch}" + (
+                    f" t={temperature:g}" if temperature else ""
+                )
+                rows[name] = profile_row(
+                    target, build_drafter(spec, target), prompts, batch, args.max_tokens, temperature, args.distinct
+                )
+                print(
+                    f"{name}: {rows[name]['tok_s']:.1f} tok/s, {rows[name]['tokens_per_step']:.2f} tokens/step/row",
+                    file=sys.stderr,
+                )
     columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
     weights = f"native {target.quantization}" if args.backend == NATIVE else args.dtype
-    print(f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, temperatures "
-          f"{args.temperatures}, "
-          f"torch threads {torch.get_num_threads()}; CPU flags: {cpu_flags()}")
+    print(
+        f"target {args.target} ({weights}), {len(prompts)} prompts x {args.max_tokens} tokens, temperatures "
+        f"{args.temperatures}, "
+        f"torch threads {torch.get_num_threads()}; CPU flags: {cpu_flags()}"
+    )
     print("ms per step by phase")
-    print(f"{'row':26s} {'tok/s':>6s} {'step':>7s} " + " ".join(f"{c[:8]:>8s}" for c in columns)
-          + "  round outside target")
+    print(
+        f"{'row':26s} {'tok/s':>6s} {'step':>7s} "
+        + " ".join(f"{c[:8]:>8s}" for c in columns)
+        + "  round outside target"
+    )
     for name, r in rows.items():
         phases = " ".join(f"{r['phases_ms'].get(c, 0.0):8.2f}" for c in columns)
         print(f"{name:26s} {r['tok_s']:6.1f} {r['step_ms']:7.2f} {phases}  {r['outside_target']:.1%}")

@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,9 +45,11 @@ import httpx  # noqa: E402
 from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
 from loadtest.metrics import percentile  # noqa: E402
 
-KEYS = {"sk-chat": {"service_class": "interactive", "ttft_objective_s": 5.0},
-        "sk-bulk-1": {"service_class": "batch", "weight": 1, "ttft_objective_s": 10.0},
-        "sk-bulk-2": {"service_class": "batch", "weight": 2, "ttft_objective_s": 10.0}}  # fmt: skip
+KEYS = {
+    "sk-chat": {"service_class": "interactive", "ttft_objective_s": 5.0},
+    "sk-bulk-1": {"service_class": "batch", "weight": 1, "ttft_objective_s": 10.0},
+    "sk-bulk-2": {"service_class": "batch", "weight": 2, "ttft_objective_s": 10.0},
+}
 PROMPT = "Write a short story about a lighthouse keeper."
 
 
@@ -56,18 +57,48 @@ def start(args, routing: str = "goodput", step_ms: float | None = None, tag: str
     """Two stub workers and a gateway over them; (processes, gateway URL)."""
     step_ms = args.step_ms if step_ms is None else step_ms
     ports = [free_port(), free_port()]
-    workers = [service("worker", "--target", "stub", "--host", "127.0.0.1", "--port", str(port), "--metrics-port",
-                       "-1", "--stub-step-ms", str(step_ms), "--max-batch-size", str(args.cap + args.reserve),
-                       "--max-queue", "64", name=f"classes-worker{tag}-{i}") for i, port in enumerate(ports)]
+    workers = [
+        service(
+            "worker",
+            "--target",
+            "stub",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "-1",
+            "--stub-step-ms",
+            str(step_ms),
+            "--max-batch-size",
+            str(args.cap + args.reserve),
+            "--max-queue",
+            "64",
+            name=f"classes-worker{tag}-{i}",
+        )
+        for i, port in enumerate(ports)
+    ]
     http_port = free_port()
-    env = {"DEEPSPEC_GATEWAY_SERVICE_CLASSES": json.dumps({"keys": KEYS}),
-           "DEEPSPEC_GATEWAY_MAX_INFLIGHT_PER_WORKER": str(args.cap),
-           "DEEPSPEC_GATEWAY_INTERACTIVE_RESERVE_PER_WORKER": str(args.reserve),
-           "DEEPSPEC_GATEWAY_ROUTING": routing}  # fmt: skip
+    env = {
+        "DEEPSPEC_GATEWAY_SERVICE_CLASSES": json.dumps({"keys": KEYS}),
+        "DEEPSPEC_GATEWAY_MAX_INFLIGHT_PER_WORKER": str(args.cap),
+        "DEEPSPEC_GATEWAY_INTERACTIVE_RESERVE_PER_WORKER": str(args.reserve),
+        "DEEPSPEC_GATEWAY_ROUTING": routing,
+    }
     os.environ.update(env)
     try:
-        gateway = service("gateway", "--workers", ",".join(f"127.0.0.1:{p}" for p in ports), "--host", "127.0.0.1",
-                          "--http-port", str(http_port), "--grpc-port", "-1", name=f"classes-gateway{tag}")
+        gateway = service(
+            "gateway",
+            "--workers",
+            ",".join(f"127.0.0.1:{p}" for p in ports),
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            "-1",
+            name=f"classes-gateway{tag}",
+        )
     finally:
         for name in env:
             del os.environ[name]
@@ -76,8 +107,9 @@ def start(args, routing: str = "goodput", step_ms: float | None = None, tag: str
     return [gateway, *workers], url
 
 
-async def stream_one(client: httpx.AsyncClient, url: str, key: str, max_tokens: int, messages=None,
-                     session: str | None = None) -> dict:  # fmt: skip
+async def stream_one(
+    client: httpx.AsyncClient, url: str, key: str, max_tokens: int, messages=None, session: str | None = None
+) -> dict:
     """One streamed request: status, TTFT, TPOT (s), tokens (prompt + completion) and the response id."""
     body = {"max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     path = "/v1/chat/completions" if messages else "/v1/completions"
@@ -102,9 +134,15 @@ async def stream_one(client: httpx.AsyncClient, url: str, key: str, max_tokens: 
                     last = time.perf_counter()
                     first = first or last
     n = usage["completion_tokens"] if usage else 0
-    return {"status": 200, "ttft": (first or t0) - t0, "tpot": (last - first) / (n - 1) if n > 1 else None,
-            "tokens": usage["total_tokens"] if usage else 0, "id": rid, "text": "".join(text),
-            "finished": time.perf_counter()}  # fmt: skip
+    return {
+        "status": 200,
+        "ttft": (first or t0) - t0,
+        "tpot": (last - first) / (n - 1) if n > 1 else None,
+        "tokens": usage["total_tokens"] if usage else 0,
+        "id": rid,
+        "text": "".join(text),
+        "finished": time.perf_counter(),
+    }
 
 
 async def closed_loop(url: str, key: str, until: float, max_tokens: int, think_s: float = 0.0) -> list[dict]:
@@ -144,22 +182,32 @@ async def capacity(url: str, args) -> float:
 def latency(results: list[dict]) -> dict:
     ok = [r for r in results if r["status"] == 200]
     tpots = [r["tpot"] for r in ok if r["tpot"] is not None]
-    return {"requests": len(results), "ok": len(ok), "ttft_p50_ms": percentile([r["ttft"] for r in ok], 50) * 1e3,
-            "ttft_p99_ms": percentile([r["ttft"] for r in ok], 99) * 1e3,
-            "tpot_p50_ms": percentile(tpots, 50) * 1e3 if tpots else None}  # fmt: skip
+    return {
+        "requests": len(results),
+        "ok": len(ok),
+        "ttft_p50_ms": percentile([r["ttft"] for r in ok], 50) * 1e3,
+        "ttft_p99_ms": percentile([r["ttft"] for r in ok], 99) * 1e3,
+        "tpot_p50_ms": percentile(tpots, 50) * 1e3 if tpots else None,
+    }
 
 
 def shares(per_key: dict[str, list[dict]], until: float) -> dict:
     """Each batch key's share of the tokens served by `until` (while both keys had requests waiting) against its
     weight's share; Jain's index over tokens/weight."""
-    tokens = {k: sum(r["tokens"] for r in rs if r["status"] == 200 and r["finished"] <= until)
-              for k, rs in per_key.items()}  # fmt: skip
+    tokens = {
+        k: sum(r["tokens"] for r in rs if r["status"] == 200 and r["finished"] <= until) for k, rs in per_key.items()
+    }
     weights = {k: KEYS[k]["weight"] for k in per_key}
     total_tokens, total_weight = sum(tokens.values()) or 1, sum(weights.values())
     normalised = [tokens[k] / weights[k] for k in per_key]
     jain = sum(normalised) ** 2 / (len(normalised) * sum(x * x for x in normalised)) if any(normalised) else 0.0
-    return {"keys": {k: {"tokens": tokens[k], "share": tokens[k] / total_tokens,
-                         "weight_share": weights[k] / total_weight} for k in per_key}, "jain_index": jain}  # fmt: skip
+    return {
+        "keys": {
+            k: {"tokens": tokens[k], "share": tokens[k] / total_tokens, "weight_share": weights[k] / total_weight}
+            for k in per_key
+        },
+        "jain_index": jain,
+    }
 
 
 def statuses(results: list[dict]) -> dict:
@@ -174,13 +222,20 @@ async def flood(url: str, args, rate: float) -> dict:
     """Both batch keys at `rate` requests/s each while the interactive client runs its closed loop."""
     until = time.perf_counter() + args.flood_s
     chat = asyncio.ensure_future(closed_loop(url, "sk-chat", until, args.max_tokens, think_s=0.05))
-    bulk = await asyncio.gather(*(open_loop(url, key, rate, until, args.max_tokens, seed)
-                                  for seed, key in enumerate(("sk-bulk-1", "sk-bulk-2"))))  # fmt: skip
+    bulk = await asyncio.gather(
+        *(
+            open_loop(url, key, rate, until, args.max_tokens, seed)
+            for seed, key in enumerate(("sk-bulk-1", "sk-bulk-2"))
+        )
+    )
     interactive = await chat
     everything = interactive + bulk[0] + bulk[1]
-    return {"interactive": latency(interactive), "statuses": statuses(everything),
-            "num_5xx": sum(r["status"] >= 500 for r in everything),
-            "fairness": shares({"sk-bulk-1": bulk[0], "sk-bulk-2": bulk[1]}, until)}
+    return {
+        "interactive": latency(interactive),
+        "statuses": statuses(everything),
+        "num_5xx": sum(r["status"] >= 500 for r in everything),
+        "fairness": shares({"sk-bulk-1": bulk[0], "sk-bulk-2": bulk[1]}, until),
+    }
 
 
 def workers_by_id(log_path: Path) -> dict[str, str]:
@@ -216,25 +271,35 @@ async def sessions(url: str, args, rate: float, log_path: Path) -> dict:
         await asyncio.gather(background, return_exceptions=True)
     await asyncio.sleep(0.5)  # the last log lines
     served = workers_by_id(log_path)
-    on_main = [max(workers.count(w) for w in set(workers)) for ids in conversations
-               for workers in [[served.get(i) for i in ids]]]  # fmt: skip
-    return {"sessions": len(conversations), "turns": sum(map(len, conversations)),
-            "turns_on_main_worker": sum(on_main) / sum(map(len, conversations))}
+    on_main = [
+        max(workers.count(w) for w in set(workers))
+        for ids in conversations
+        for workers in [[served.get(i) for i in ids]]
+    ]
+    return {
+        "sessions": len(conversations),
+        "turns": sum(map(len, conversations)),
+        "turns_on_main_worker": sum(on_main) / sum(map(len, conversations)),
+    }
 
 
 def pick_cost_us(num_workers: int, num_picks: int = 20000) -> float:
     """Microseconds one scored pick takes in-process over `num_workers` workers with fresh load reports."""
     import random as random_module
 
+    from deepspec_protocol.worker import WorkerLoad
     from service.gateway.routing import Endpoint, WorkerPool
     from service.metrics import GatewayMetrics
-    from deepspec_protocol.worker import WorkerLoad
 
     pool = WorkerPool("", GatewayMetrics(), rng=random_module.Random(0), make_client=lambda address: None)
     for i in range(num_workers):
         endpoint = pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", None, healthy=True, models={"m": 0})
-        pool.observe_load(endpoint, WorkerLoad(num_running=i % 8, num_waiting=i % 3, num_slots=8,
-                                               row_tokens_per_s=50.0 + i, acceptance={"batch": 2.0}))  # fmt: skip
+        pool.observe_load(
+            endpoint,
+            WorkerLoad(
+                num_running=i % 8, num_waiting=i % 3, num_slots=8, row_tokens_per_s=50.0 + i, acceptance={"batch": 2.0}
+            ),
+        )
     t0 = time.perf_counter()
     for _ in range(num_picks):
         pool.pick("m", prefix="p", service_class="batch")
@@ -252,21 +317,35 @@ def routing_cost(args) -> dict:
     workers = procs[1:]
     worker_address = workers[0].proc.args[workers[0].proc.args.index("--port") + 1]
     p2c_port = free_port()
-    p2c = service("gateway", "--workers", ",".join("127.0.0.1:" + w.proc.args[w.proc.args.index("--port") + 1]
-                                                   for w in workers), "--host", "127.0.0.1", "--http-port",
-                  str(p2c_port), "--grpc-port", "-1", "--log-level", "WARNING", name="classes-gateway-p2c")
+    p2c = service(
+        "gateway",
+        "--workers",
+        ",".join("127.0.0.1:" + w.proc.args[w.proc.args.index("--port") + 1] for w in workers),
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(p2c_port),
+        "--grpc-port",
+        "-1",
+        "--log-level",
+        "WARNING",
+        name="classes-gateway-p2c",
+    )
     samples: dict[str, list[float]] = {"direct": [], "goodput": [], "p2c": []}
     try:
         p2c.wait_http(f"http://127.0.0.1:{p2c_port}/health/ready", 300)
         stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{worker_address}"))
-        request = build_infer_request(GenerationRequest("b", "stub", prompt=PROMPT, max_tokens=16, temperature=0),
-                                      stream=False)  # fmt: skip
+        request = build_infer_request(
+            GenerationRequest("b", "stub", prompt=PROMPT, max_tokens=16, temperature=0), stream=False
+        )
         body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0}
         headers = {"authorization": "Bearer sk-chat"}
         with httpx.Client(timeout=30) as client:
-            calls = {"direct": lambda: stub.ModelInfer(request),
-                     "goodput": lambda: client.post(goodput_url + "/v1/completions", json=body, headers=headers),
-                     "p2c": lambda: client.post(f"http://127.0.0.1:{p2c_port}/v1/completions", json=body)}
+            calls = {
+                "direct": lambda: stub.ModelInfer(request),
+                "goodput": lambda: client.post(goodput_url + "/v1/completions", json=body, headers=headers),
+                "p2c": lambda: client.post(f"http://127.0.0.1:{p2c_port}/v1/completions", json=body),
+            }
             for i in range(args.cost_requests + 30):
                 for name, call in calls.items():
                     t0 = time.perf_counter()
@@ -278,17 +357,24 @@ def routing_cost(args) -> dict:
         for proc in procs:
             proc.stop()
     direct = {q: percentile(samples["direct"], q) for q in (50, 99)}
-    return {name: {"p50_ms": percentile(s, 50), "p99_ms": percentile(s, 99),
-                   "added_p50_ms": percentile(s, 50) - direct[50], "added_p99_ms": percentile(s, 99) - direct[99]}
-            for name, s in samples.items()}  # fmt: skip
+    return {
+        name: {
+            "p50_ms": percentile(s, 50),
+            "p99_ms": percentile(s, 99),
+            "added_p50_ms": percentile(s, 50) - direct[50],
+            "added_p99_ms": percentile(s, 99) - direct[99],
+        }
+        for name, s in samples.items()
+    }
 
 
 async def classes_run(args) -> dict:
     procs, url = start(args)
     try:
         report = {}
-        report["idle"] = latency(await closed_loop(url, "sk-chat", time.perf_counter() + args.idle_s, args.max_tokens,
-                                                   think_s=0.05))  # fmt: skip
+        report["idle"] = latency(
+            await closed_loop(url, "sk-chat", time.perf_counter() + args.idle_s, args.max_tokens, think_s=0.05)
+        )
         report["capacity_rps"] = rate = await capacity(url, args)
         report["flood"] = await flood(url, args, rate)
         report["sessions"] = await sessions(url, args, rate, procs[0].log_path)
@@ -310,35 +396,64 @@ def main() -> None:
     parser.add_argument("--cost-requests", type=int, default=300, help="requests per path, routing cost (300)")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    report = {"settings": vars(args), **asyncio.run(classes_run(args)), "routing_cost": routing_cost(args),
-              "pick_us": {n: pick_cost_us(n) for n in (2, 16, 64)}, "load_average_1m": os.getloadavg()[0]}
+    report = {
+        "settings": vars(args),
+        **asyncio.run(classes_run(args)),
+        "routing_cost": routing_cost(args),
+        "pick_us": {n: pick_cost_us(n) for n in (2, 16, 64)},
+        "load_average_1m": os.getloadavg()[0],
+    }
     (RESULTS / "service_classes.json").write_text(json.dumps(report, indent=2) + "\n")
     print(summary(report))
 
 
 def summary(report: dict) -> str:
     idle, chat, fair = report["idle"], report["flood"]["interactive"], report["flood"]["fairness"]
-    rows = [["interactive TTFT p99 (ms), idle -> flood", f"{idle['ttft_p99_ms']:.1f} -> {chat['ttft_p99_ms']:.1f}",
-             f"{chat['ttft_p99_ms'] / idle['ttft_p99_ms']:.2f}x", "<= 2x"],
-            ["interactive TPOT p50 (ms), idle -> flood", f"{idle['tpot_p50_ms']:.1f} -> {chat['tpot_p50_ms']:.1f}",
-             f"{chat['tpot_p50_ms'] / idle['tpot_p50_ms'] - 1:+.1%}", "within 10%"],
-            ["5xx during the flood", report["flood"]["num_5xx"], json.dumps(report["flood"]["statuses"]), "0"]]
+    rows = [
+        [
+            "interactive TTFT p99 (ms), idle -> flood",
+            f"{idle['ttft_p99_ms']:.1f} -> {chat['ttft_p99_ms']:.1f}",
+            f"{chat['ttft_p99_ms'] / idle['ttft_p99_ms']:.2f}x",
+            "<= 2x",
+        ],
+        [
+            "interactive TPOT p50 (ms), idle -> flood",
+            f"{idle['tpot_p50_ms']:.1f} -> {chat['tpot_p50_ms']:.1f}",
+            f"{chat['tpot_p50_ms'] / idle['tpot_p50_ms'] - 1:+.1%}",
+            "within 10%",
+        ],
+        ["5xx during the flood", report["flood"]["num_5xx"], json.dumps(report["flood"]["statuses"]), "0"],
+    ]
     for key, entry in fair["keys"].items():
-        rows.append([f"{key} token share (weight share)", f"{entry['share']:.3f} ({entry['weight_share']:.3f})",
-                     f"{entry['share'] / entry['weight_share'] - 1:+.1%}", "within 10%"])
+        rows.append(
+            [
+                f"{key} token share (weight share)",
+                f"{entry['share']:.3f} ({entry['weight_share']:.3f})",
+                f"{entry['share'] / entry['weight_share'] - 1:+.1%}",
+                "within 10%",
+            ]
+        )
     rows.append(["Jain's fairness index (tokens / weight)", f"{fair['jain_index']:.3f}", "", "1 = fair"])
     sessions = report["sessions"]
-    rows.append(["session turns on one worker", f"{sessions['turns_on_main_worker']:.1%}",
-                 f"{sessions['turns']} turns", ">= 95%"])
+    rows.append(
+        [
+            "session turns on one worker",
+            f"{sessions['turns_on_main_worker']:.1%}",
+            f"{sessions['turns']} turns",
+            ">= 95%",
+        ]
+    )
     for name in ("goodput", "p2c"):
         cost = report["routing_cost"][name]
         added = f"{cost['added_p50_ms']:.2f} / {cost['added_p99_ms']:.2f}"
         rows.append([f"gateway ({name}) added p50 / p99 (ms)", added, "", "p99 <= 2 ms" if name == "goodput" else ""])
     picks = ", ".join(f"{n} workers {us:.1f} us" for n, us in report["pick_us"].items())
     rows.append(["scored pick, in-process", picks, "", ""])
-    return (f"capacity {report['capacity_rps']:.1f} req/s; flood at 2x for {report['settings']['flood_s']:g} s; "
-            f"load average {report['load_average_1m']:.1f}\n"
-            + table(["measure", "value", "ratio / detail", "target"], rows))
+    return (
+        f"capacity {report['capacity_rps']:.1f} req/s; flood at 2x for {report['settings']['flood_s']:g} s; "
+        f"load average {report['load_average_1m']:.1f}\n"
+        + table(["measure", "value", "ratio / detail", "target"], rows)
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,14 @@ class Proc:
         self.log_path = RESULTS / f"{name}.log"
         self.log = open(self.log_path, "wb")
         pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-        self.proc = subprocess.Popen(args, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=pin)  # fmt: skip
+        self.proc = subprocess.Popen(
+            args,
+            cwd=REPO,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=pin,
+        )
 
     def wait_until(self, check, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s

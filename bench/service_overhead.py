@@ -36,10 +36,10 @@ import grpc  # noqa: E402
 from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 
 from bench.service_common import RESULTS, free_port, service, table  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
-from service.gateway.worker_client import GenerationRequest, build_infer_request  # noqa: E402
 from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb  # noqa: E402
 from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc  # noqa: E402
+from loadtest.metrics import percentile  # noqa: E402
+from service.gateway.worker_client import GenerationRequest, build_infer_request  # noqa: E402
 
 MAX_TOKENS = 16
 PROMPT = "def fibonacci(n):"
@@ -53,10 +53,32 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
 
     worker_port, http_port, grpc_port = free_port(), free_port(), free_port()
-    worker = service("worker", "--target", "stub", "--host", "127.0.0.1", "--port", str(worker_port),
-                     "--metrics-port", "-1", name="overhead-worker")  # fmt: skip
-    gateway = service("gateway", "--workers", f"127.0.0.1:{worker_port}", "--host", "127.0.0.1", "--http-port",
-                      str(http_port), "--grpc-port", str(grpc_port), "--log-level", "WARNING", name="overhead-gateway")  # fmt: skip
+    worker = service(
+        "worker",
+        "--target",
+        "stub",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(worker_port),
+        "--metrics-port",
+        "-1",
+        name="overhead-worker",
+    )
+    gateway = service(
+        "gateway",
+        "--workers",
+        f"127.0.0.1:{worker_port}",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--log-level",
+        "WARNING",
+        name="overhead-gateway",
+    )
     try:
         gateway.wait_http(f"http://127.0.0.1:{http_port}/health/ready", 120)
         channel = grpc.insecure_channel(f"127.0.0.1:{worker_port}")
@@ -94,17 +116,34 @@ def main(argv: list[str] | None = None) -> int:
             assert last == b"data: [DONE]", last
 
         def via_grpc():
-            assert gw_stub.Complete(pb.CompletionRequest(prompt=PROMPT, max_tokens=MAX_TOKENS)).usage.completion_tokens == MAX_TOKENS
+            assert (
+                gw_stub.Complete(pb.CompletionRequest(prompt=PROMPT, max_tokens=MAX_TOKENS)).usage.completion_tokens
+                == MAX_TOKENS
+            )
 
         def via_grpc_stream():
-            assert list(gw_stub.CompleteStream(pb.CompletionRequest(prompt=PROMPT, max_tokens=MAX_TOKENS)))[-1].usage.completion_tokens == MAX_TOKENS
+            assert (
+                list(gw_stub.CompleteStream(pb.CompletionRequest(prompt=PROMPT, max_tokens=MAX_TOKENS)))[
+                    -1
+                ].usage.completion_tokens
+                == MAX_TOKENS
+            )
 
-        paths = {"direct ModelInfer": direct, "gateway HTTP": via_http, "gateway gRPC": via_grpc,
-                 "direct ModelStreamInfer": direct_stream, "gateway HTTP stream": via_http_stream,
-                 "gateway gRPC stream": via_grpc_stream}  # fmt: skip
+        paths = {
+            "direct ModelInfer": direct,
+            "gateway HTTP": via_http,
+            "gateway gRPC": via_grpc,
+            "direct ModelStreamInfer": direct_stream,
+            "gateway HTTP stream": via_http_stream,
+            "gateway gRPC stream": via_grpc_stream,
+        }
         #: each gateway path against the direct call of the same kind
-        baseline = {"gateway HTTP": "direct ModelInfer", "gateway gRPC": "direct ModelInfer",
-                    "gateway HTTP stream": "direct ModelStreamInfer", "gateway gRPC stream": "direct ModelStreamInfer"}  # fmt: skip
+        baseline = {
+            "gateway HTTP": "direct ModelInfer",
+            "gateway gRPC": "direct ModelInfer",
+            "gateway HTTP stream": "direct ModelStreamInfer",
+            "gateway gRPC stream": "direct ModelStreamInfer",
+        }
         for fn in paths.values():  # warm up connections and code paths
             for _ in range(30):
                 fn()
@@ -137,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["path", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"], rows))
     http = report["paths"]["gateway HTTP"]
     http_ok = http["added_p50_ms"] <= 2 and http["added_p99_ms"] <= 10
-    print(f"\ntarget (HTTP: added p50 <= 2 ms, p99 <= 10 ms): {'met' if http_ok else 'NOT met'}"
-          f"  [load average {report['load_average_1m']:.1f} on {os.cpu_count()} CPUs]")
+    print(
+        f"\ntarget (HTTP: added p50 <= 2 ms, p99 <= 10 ms): {'met' if http_ok else 'NOT met'}"
+        f"  [load average {report['load_average_1m']:.1f} on {os.cpu_count()} CPUs]"
+    )
     (RESULTS / "service_overhead.json").write_text(json.dumps(report, indent=2))
     return 0
 

@@ -36,8 +36,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -72,12 +72,42 @@ def start(kind: str, port: int, extra: list[str]) -> tuple[Proc, str, str]:
         from deepspec.models.aliases import ALIASES  # the same GGUF file our engine dequantizes
 
         gguf = ALIASES["smollm2-135m"].locate()
-        proc = Proc([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", "2",
-                     "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)], "throughput-llama-cpp")  # fmt: skip
+        proc = Proc(
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(gguf),
+                "--n_threads",
+                "2",
+                "--interrupt_requests",
+                "False",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            "throughput-llama-cpp",
+        )
         return proc, "SmolLM2-135M-Instruct", f"http://127.0.0.1:{port}/v1/models"
     draft = "auto" if kind == "deepspec-draft" else "none"
-    proc = service("--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "-1", "--metrics-port", "-1",
-                   "--draft", draft, "--log-level", "WARNING", *extra, name=f"throughput-{kind}")  # fmt: skip
+    proc = service(
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--grpc-port",
+        "-1",
+        "--metrics-port",
+        "-1",
+        "--draft",
+        draft,
+        "--log-level",
+        "WARNING",
+        *extra,
+        name=f"throughput-{kind}",
+    )
     return proc, "smollm2-135m", f"http://127.0.0.1:{port}/health/ready"
 
 
@@ -126,10 +156,17 @@ _temperature = _number_option("--temperature", "a number >= 0", "[0, 2]", lambda
 _top_p = _number_option("--top-p", "a number in (0, 1]", "(0, 1]", lambda value: 0 < value <= 1)
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, temperature: float = 0.0,
-                      top_p: float = 1.0) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
-            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+async def one_request(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, temperature: float = 0.0, top_p: float = 1.0
+) -> dict:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if temperature > 0 and top_p < 1:
         body["top_p"] = top_p
     sent = time.perf_counter()
@@ -156,8 +193,14 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     return {"sent": sent, "ttft_s": (first or done) - sent, "done": done, "tokens": tokens}
 
 
-async def run_load(url: str, model: str, prompts: list[str], temperature: float = 0.0,
-                   top_p: float = 1.0, concurrency: int = CONCURRENCY) -> list[dict]:
+async def run_load(
+    url: str,
+    model: str,
+    prompts: list[str],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    concurrency: int = CONCURRENCY,
+) -> list[dict]:
     queue: asyncio.Queue = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
@@ -176,23 +219,48 @@ async def run_load(url: str, model: str, prompts: list[str], temperature: float 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests-per-client", type=int, default=2, help="prompts each client sends (default 2)")
-    parser.add_argument("--concurrency", type=int, default=CONCURRENCY,
-                        help=f"streaming clients at once (default {CONCURRENCY}; 1 = batch 1)")
-    parser.add_argument("--dataset", default=DATASET.stem,
-                        help="eval set of datasets/eval to send (default %(default)s; chat = the held-out chat set)")
-    parser.add_argument("--only", action="append", choices=["deepspec-draft", "deepspec-none", "llama-cpp"],
-                        help="run only these servers (repeatable; default all three)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="times each server runs the workload, in alternating order (default 2)")
-    parser.add_argument("--num-speculative-tokens", type=int, default=0,
-                        help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        help=f"streaming clients at once (default {CONCURRENCY}; 1 = batch 1)",
+    )
+    parser.add_argument(
+        "--dataset",
+        default=DATASET.stem,
+        help="eval set of datasets/eval to send (default %(default)s; chat = the held-out chat set)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=["deepspec-draft", "deepspec-none", "llama-cpp"],
+        help="run only these servers (repeatable; default all three)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="times each server runs the workload, in alternating order (default 2)"
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=0,
+        help="draft tokens per verify round for the deepspec servers (default 0 = the service's default)",
+    )
     from service.worker.fastest_backend import BACKENDS
 
-    parser.add_argument("--backend", "--engine", choices=BACKENDS, default=None,
-                        help="the deepspec servers' --backend (default: theirs, auto = the backend measured fastest "
-                             "here); --engine is its deprecated name")
-    parser.add_argument("--temperature", type=_temperature, action="append",
-                        help="sampling temperature of a workload (repeatable; default 0 and 1; 0 = greedy)")
+    parser.add_argument(
+        "--backend",
+        "--engine",
+        choices=BACKENDS,
+        default=None,
+        help="the deepspec servers' --backend (default: theirs, auto = the backend measured fastest "
+        "here); --engine is its deprecated name",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=_temperature,
+        action="append",
+        help="sampling temperature of a workload (repeatable; default 0 and 1; 0 = greedy)",
+    )
     parser.add_argument("--top-p", type=_top_p, default=1.0, help="top-p of the sampled workloads (default 1 = off)")
     args = parser.parse_args(argv)
     if "--engine" in (sys.argv[1:] if argv is None else argv):
@@ -202,9 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     lines = eval_dataset(args.dataset).read_text().splitlines()
     prompts = [json.loads(line)["turns"][0] for line in lines[: args.concurrency * args.requests_per_client]]
 
-    report = {"concurrency": args.concurrency, "dataset": args.dataset, "max_tokens": MAX_TOKENS,
-              "num_requests": len(prompts),
-              "rounds": args.rounds, "temperatures": temperatures, "top_p": args.top_p, "servers": {}}  # fmt: skip
+    report = {
+        "concurrency": args.concurrency,
+        "dataset": args.dataset,
+        "max_tokens": MAX_TOKENS,
+        "num_requests": len(prompts),
+        "rounds": args.rounds,
+        "temperatures": temperatures,
+        "top_p": args.top_p,
+        "servers": {},
+    }
     kinds = args.only or ["deepspec-draft", "deepspec-none", "llama-cpp"]
     runs: dict[str, list[dict]] = {}
     failed: dict[str, str] = {}
@@ -216,13 +291,19 @@ def main(argv: list[str] | None = None) -> int:
             temps = temps if round_index % 2 == 0 else temps[::-1]
             port = free_port()
             print(f"round {round_index + 1}/{args.rounds}: starting {kind} ...", flush=True)
-            extra = ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
+            extra = (
+                ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
+            )
             extra += ["--backend", args.backend] if args.backend else []
             proc, model, ready_url = start(kind, port, extra)
             try:
                 proc.wait_http(ready_url, 600)
-                measured = {t: asyncio.run(run_load(f"http://127.0.0.1:{port}", model, prompts, t, args.top_p,
-                                                    args.concurrency)) for t in temps}
+                measured = {
+                    t: asyncio.run(
+                        run_load(f"http://127.0.0.1:{port}", model, prompts, t, args.top_p, args.concurrency)
+                    )
+                    for t in temps
+                }
             except (RuntimeError, TimeoutError, httpx.HTTPError) as e:
                 # a peer's server is a process of its own: if it dies (a llama.cpp built for another CPU gets
                 # SIGILL), its row says so and the other servers still run; our own servers failing stops the run
@@ -242,9 +323,15 @@ def main(argv: list[str] | None = None) -> int:
                 name = row_name(kind, t, args.top_p)
                 wall = max(r["done"] for r in results) - min(r["sent"] for r in results)
                 tokens = sum(r["tokens"] for r in results)
-                runs.setdefault(name, []).append({
-                    "output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
-                    "ttfts_s": [r["ttft_s"] for r in results], "load_average_1m": os.getloadavg()[0]})  # fmt: skip
+                runs.setdefault(name, []).append(
+                    {
+                        "output_tokens": tokens,
+                        "wall_s": wall,
+                        "output_tok_per_s": tokens / wall,
+                        "ttfts_s": [r["ttft_s"] for r in results],
+                        "load_average_1m": os.getloadavg()[0],
+                    }
+                )
                 print(f"  {name}: {tokens / wall:.1f} tok/s", flush=True)
 
     for name, name_runs in runs.items():
@@ -252,20 +339,35 @@ def main(argv: list[str] | None = None) -> int:
         report["servers"][name] = {
             "output_tok_per_s": statistics.median(run["output_tok_per_s"] for run in name_runs),
             "rounds_tok_per_s": [round(run["output_tok_per_s"], 2) for run in name_runs],
-            "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90),
+            "ttft_p50_s": percentile(ttfts, 50),
+            "ttft_p90_s": percentile(ttfts, 90),
             "ttfts_s": sorted(round(t, 3) for t in ttfts),
-            "load_average_1m": [round(run["load_average_1m"], 2) for run in name_runs]}  # fmt: skip
+            "load_average_1m": [round(run["load_average_1m"], 2) for run in name_runs],
+        }
 
     servers = report["servers"]
     sampled = sampled_vs_greedy(servers, kinds, temperatures, args.top_p)
     report["sampled_vs_greedy"] = sampled
-    rows = [[k, ", ".join(f"{t:.1f}" for t in v["rounds_tok_per_s"]), v["output_tok_per_s"],
-             f"{sampled[k]['ratio']:.2f}x" if k in sampled else "-", v["ttft_p50_s"], v["ttft_p90_s"],
-             ", ".join(str(x) for x in v["load_average_1m"])] for k, v in servers.items()]  # fmt: skip
+    rows = [
+        [
+            k,
+            ", ".join(f"{t:.1f}" for t in v["rounds_tok_per_s"]),
+            v["output_tok_per_s"],
+            f"{sampled[k]['ratio']:.2f}x" if k in sampled else "-",
+            v["ttft_p50_s"],
+            v["ttft_p90_s"],
+            ", ".join(str(x) for x in v["load_average_1m"]),
+        ]
+        for k, v in servers.items()
+    ]
     rows += [[kind, status, "-", "-", "-", "-", "-"] for kind, status in failed.items()]
     report["failed"] = failed
-    print(table(["server", "tok/s per round", "median tok/s", "vs greedy", "TTFT p50 s", "TTFT p90 s",
-                 "load avg after"], rows))
+    print(
+        table(
+            ["server", "tok/s per round", "median tok/s", "vs greedy", "TTFT p50 s", "TTFT p90 s", "load avg after"],
+            rows,
+        )
+    )
     print(f"load average: other processes share the {os.cpu_count()} CPUs")
     if "deepspec-draft" in servers:
         draft = servers["deepspec-draft"]

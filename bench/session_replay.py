@@ -29,23 +29,32 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: `--turns rewrite`: each later turn appends one more change request (the target then rewrites its code, often
 #: differently: the answers share little)
-EDITS = ("Name the function `solve`.", "Use 4-space indentation and add a docstring.",
-         "Keep the same code, and add one example call at the end.", "Name the function `answer` instead.",
-         "Return the result instead of printing it.")
+EDITS = (
+    "Name the function `solve`.",
+    "Use 4-space indentation and add a docstring.",
+    "Keep the same code, and add one example call at the end.",
+    "Name the function `answer` instead.",
+    "Return the result instead of printing it.",
+)
 #: `--turns retry`: each later turn is the task again after a tool result, as an agent loop re-issues a step (the
 #: target's answer is then mostly, not always, the one it wrote before)
 RETRY = "Tool result: attempt {turn} did not finish. Do the same step again."
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.session_replay", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.session_replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2-135m", help="alias, GGUF file or HF dir (default: %(default)s)")
     p.add_argument("--draft", default="auto", help="drafter spec (default: %(default)s, the served default)")
     p.add_argument("--conversations", type=int, default=4, help="sessions, one coding task each")
     p.add_argument("--turns", type=int, default=4, help="requests per session, the first untimed")
-    p.add_argument("--kind", choices=["retry", "rewrite"], default="retry",
-                   help="later turns: the task re-issued after a tool result, or with more change requests")
+    p.add_argument(
+        "--kind",
+        choices=["retry", "rewrite"],
+        default="retry",
+        help="later turns: the task re-issued after a tool result, or with more change requests",
+    )
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (default: %(default)s)")
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft tokens a round at most")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "session_replay.json"))
@@ -60,7 +69,7 @@ def conversations(count: int, turns: int, kind: str = "retry") -> list[list[str]
     tasks = [json.loads(line)["turns"][0] for line in eval_dataset("mbpp").read_text().splitlines()[:count]]
     if kind == "retry":
         return [[task] + [f"{task}\n\n{RETRY.format(turn=t)}" for t in range(1, turns)] for task in tasks]
-    return [[task] + [f"{task}\n\n{' '.join(EDITS[: t])}" for t in range(1, turns)] for task in tasks]
+    return [[task] + [f"{task}\n\n{' '.join(EDITS[:t])}" for t in range(1, turns)] for task in tasks]
 
 
 def run_row(target, draft: str, convs: list[list[str]], max_tokens: int, k: int, sessions: bool) -> dict:
@@ -68,8 +77,14 @@ def run_row(target, draft: str, convs: list[list[str]], max_tokens: int, k: int,
     from deepspec.decoding.planner import BudgetPlanner
 
     drafter = None if draft == "none" else build_drafter(draft, target)
-    engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=2048, num_speculative_tokens=k,
-                        planner=BudgetPlanner() if drafter is not None else None)
+    engine = SpecEngine(
+        target,
+        drafter,
+        max_batch_size=1,
+        max_seq_len=2048,
+        num_speculative_tokens=k,
+        planner=BudgetPlanner() if drafter is not None else None,
+    )
     engine.generate([target.encode_chat([{"role": "user", "content": "Hi"}])], SamplingParams(max_tokens=8))
     engine.forget_acceptance()  # the warm-up is not traffic
     seconds, tokens, rounds, accepted, outputs = 0.0, 0, 0, 0, []
@@ -85,8 +100,12 @@ def run_row(target, draft: str, convs: list[list[str]], max_tokens: int, k: int,
                 rounds += result.num_steps
                 accepted += result.num_accepted_tokens
             outputs.append(result.token_ids)
-    return {"tok_s": tokens / seconds, "tokens": tokens,
-            "tokens_per_forward": (accepted + rounds) / max(rounds, 1), "outputs": outputs}
+    return {
+        "tok_s": tokens / seconds,
+        "tokens": tokens,
+        "tokens_per_forward": (accepted + rounds) / max(rounds, 1),
+        "outputs": outputs,
+    }
 
 
 def main(argv=None) -> int:
@@ -96,22 +115,30 @@ def main(argv=None) -> int:
 
     target = load_native_target(args.target)
     convs = conversations(args.conversations, args.turns, args.kind)
-    rows = {"--draft none": run_row(target, "none", convs, args.max_tokens, args.num_speculative_tokens, False),
-            f"{args.draft}, no session": run_row(target, args.draft, convs, args.max_tokens,
-                                                 args.num_speculative_tokens, False),
-            f"{args.draft}, session memory": run_row(target, args.draft, convs, args.max_tokens,
-                                                     args.num_speculative_tokens, True)}
+    rows = {
+        "--draft none": run_row(target, "none", convs, args.max_tokens, args.num_speculative_tokens, False),
+        f"{args.draft}, no session": run_row(
+            target, args.draft, convs, args.max_tokens, args.num_speculative_tokens, False
+        ),
+        f"{args.draft}, session memory": run_row(
+            target, args.draft, convs, args.max_tokens, args.num_speculative_tokens, True
+        ),
+    }
     base = rows["--draft none"]
-    print(f"target {args.target} (native {target.quantization}), {args.conversations} sessions x {args.turns} turns "
-          f"({args.kind}) "
-          f"x {args.max_tokens} tokens (first turn untimed), batch 1, greedy, k={args.num_speculative_tokens}; "
-          f"CPU flags: {cpu_flags()}")
+    print(
+        f"target {args.target} (native {target.quantization}), {args.conversations} sessions x {args.turns} turns "
+        f"({args.kind}) "
+        f"x {args.max_tokens} tokens (first turn untimed), batch 1, greedy, k={args.num_speculative_tokens}; "
+        f"CPU flags: {cpu_flags()}"
+    )
     print("| row | tok/s | tokens per forward | ratio to --draft none | outputs identical |")
     print("| --- | --- | --- | --- | --- |")
     for name, r in rows.items():
         same = r["outputs"] == base["outputs"]
-        print(f"| {name} | {r['tok_s']:.1f} | {r['tokens_per_forward']:.2f} | {r['tok_s'] / base['tok_s']:.2f}x | "
-              f"{'yes' if same else '**NO**'} |")
+        print(
+            f"| {name} | {r['tok_s']:.1f} | {r['tokens_per_forward']:.2f} | {r['tok_s'] / base['tok_s']:.2f}x | "
+            f"{'yes' if same else '**NO**'} |"
+        )
     write_results(args.out, args, rows={n: {k: v for k, v in r.items() if k != "outputs"} for n, r in rows.items()})
     return 0
 

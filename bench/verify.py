@@ -84,8 +84,10 @@ def old_step(drafts, num, logits, temperature, top_k, top_p, generators):
         rows = argmax.tolist()
         return n_acc, [rows[i][n] for i, n in enumerate(n_acc)]
     probs = old_sampling_probs(logits.float(), temperature, top_k, top_p)
-    out = [old_rejection_verify_row(drafts[i, : int(num[i])].tolist(), probs[i, : int(num[i]) + 1], None, g)
-           for i, g in enumerate(generators)]
+    out = [
+        old_rejection_verify_row(drafts[i, : int(num[i])].tolist(), probs[i, : int(num[i]) + 1], None, g)
+        for i, g in enumerate(generators)
+    ]
     return [a for a, _ in out], [t for _, t in out]
 
 
@@ -131,16 +133,21 @@ def main(argv=None) -> int:
                 if rep >= 2:
                     times[path].append((time.perf_counter() - t0) * 1e3)
         old_ms, new_ms = statistics.median(times["old"]), statistics.median(times["new"])
-        rows.append({"mode": mode, "old_ms": round(old_ms, 2), "new_ms": round(new_ms, 2),
-                     "speedup": round(old_ms / new_ms, 2)})
+        rows.append(
+            {"mode": mode, "old_ms": round(old_ms, 2), "new_ms": round(new_ms, 2), "speedup": round(old_ms / new_ms, 2)}
+        )
 
     print(f"one verify step, B={B} k={k} V={V}, CPU, {torch.get_num_threads()} threads, median of {args.reps}")
     print(f"{'mode':<28} {'old ms':>9} {'new ms':>9} {'speedup':>8}")
     for r in rows:
         print(f"{r['mode']:<28} {r['old_ms']:>9.2f} {r['new_ms']:>9.2f} {r['speedup']:>7.2f}x")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "verify.json").write_text(json.dumps({"batch": B, "k": k, "vocab": V, "threads": torch.get_num_threads(),
-                                                     "reps": args.reps, "rows": rows}, indent=2))
+    (RESULTS / "verify.json").write_text(
+        json.dumps(
+            {"batch": B, "k": k, "vocab": V, "threads": torch.get_num_threads(), "reps": args.reps, "rows": rows},
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -33,8 +33,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {summary}" for name, (_, _, summary) in COMMANDS.items()]
-    return ("usage: deepspec <command> [flags]   (deepspec <command> --help for its flags)\n\ncommands:\n"
-            + "\n".join(lines))
+    return "usage: deepspec <command> [flags]   (deepspec <command> --help for its flags)\n\ncommands:\n" + "\n".join(
+        lines
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

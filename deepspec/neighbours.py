@@ -48,11 +48,11 @@ class NeighbourShare:
 
     share: float | None = None
 
-    def start(self) -> "NeighbourShare":
+    def start(self) -> NeighbourShare:
         self._wall, self._own, self._busy = time.monotonic(), _own_seconds(), _system_busy_seconds()
         return self
 
-    def __enter__(self) -> "NeighbourShare":
+    def __enter__(self) -> NeighbourShare:
         return self.start()
 
     def __exit__(self, *exc) -> None:

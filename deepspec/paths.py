@@ -54,9 +54,13 @@ def drafts_dir() -> Path:
 @cache
 def _warn_if_no_drafts(path: Path, source: str) -> None:
     if not any(path.glob("*/config.json")):
-        logger.warning("no drafts in %s (%s): --draft auto will serve the target alone. Set DEEPSPEC_DRAFTS_DIR to a "
-                       "folder of drafts (one folder each, with config.json), or reinstall the deepspec wheel, which "
-                       "ships them", path, source)
+        logger.warning(
+            "no drafts in %s (%s): --draft auto will serve the target alone. Set DEEPSPEC_DRAFTS_DIR to a "
+            "folder of drafts (one folder each, with config.json), or reinstall the deepspec wheel, which "
+            "ships them",
+            path,
+            source,
+        )
 
 
 def eval_dataset(name: str) -> Path:

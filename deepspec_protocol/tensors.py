@@ -14,13 +14,24 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 _NUMPY = {
-    "BOOL": np.dtype("?"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"), "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-}  # fmt: skip
+    "BOOL": np.dtype("?"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
 _CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT32": "int_contents", "INT64": "int64_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}  # fmt: skip
+    "BOOL": "bool_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
 
 
 class TensorError(ValueError):

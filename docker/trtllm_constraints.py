@@ -65,16 +65,20 @@ def split(ours: list[str], pins: dict[str, str]) -> tuple[list[str], list[str]]:
 def unmet(pins: dict[str, str], resolved: dict[str, str], overrides: list[str]) -> list[str]:
     """One line per pinned package the venv resolves to another version (overrides excepted)."""
     skipped = {canonicalize_name(Requirement(line).name) for line in overrides}
-    return [f"{name}: TensorRT-LLM's image has {version}, the venv resolves {resolved.get(name, 'nothing')}"
-            for name, version in sorted(pins.items()) if name not in skipped and resolved.get(name) != version]
+    return [
+        f"{name}: TensorRT-LLM's image has {version}, the venv resolves {resolved.get(name, 'nothing')}"
+        for name, version in sorted(pins.items())
+        if name not in skipped and resolved.get(name) != version
+    ]
 
 
 def _resolved_in(python: str, names: list[str]) -> dict[str, str]:
-    script = ("import json, sys\nfrom importlib import metadata\nout = {}\nfor n in sys.argv[1:]:\n    try:\n"
-              "        out[n] = metadata.version(n)\n    except metadata.PackageNotFoundError:\n        pass\n"
-              "print(json.dumps(out))")
-    return json.loads(subprocess.run([python, "-c", script, *names], check=True, capture_output=True,
-                                     text=True).stdout)
+    script = (
+        "import json, sys\nfrom importlib import metadata\nout = {}\nfor n in sys.argv[1:]:\n    try:\n"
+        "        out[n] = metadata.version(n)\n    except metadata.PackageNotFoundError:\n        pass\n"
+        "print(json.dumps(out))"
+    )
+    return json.loads(subprocess.run([python, "-c", script, *names], check=True, capture_output=True, text=True).stdout)
 
 
 def _requirement_lines(path: str) -> list[str]:
@@ -85,8 +89,11 @@ def _requirement_lines(path: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("requirements", help="our requirements.txt (docker/requirements.py's output)")
-    parser.add_argument("--verify", metavar="VENV_PYTHON",
-                        help="check that the venv replaced no pinned package but the overrides; exit 1 if it did")
+    parser.add_argument(
+        "--verify",
+        metavar="VENV_PYTHON",
+        help="check that the venv replaced no pinned package but the overrides; exit 1 if it did",
+    )
     args = parser.parse_args(argv)
     pins = pinned_requirements()
     constraints, overrides = split(_requirement_lines(args.requirements), pins)

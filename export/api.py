@@ -18,8 +18,16 @@ from deepspec.models.backends import ONNX, resolve_backend
 from deepspec.models.quantization import WEIGHT_FORMATS
 from export.errors import ExportError
 
-__all__ = ["ExportError", "ExportRequest", "ExportResult", "export_bundle", "exported_draft_dir",
-           "measure_served_rates", "onnx_unsupported_reason", "served_drafter"]
+__all__ = [
+    "ExportError",
+    "ExportRequest",
+    "ExportResult",
+    "export_bundle",
+    "exported_draft_dir",
+    "measure_served_rates",
+    "onnx_unsupported_reason",
+    "served_drafter",
+]
 
 #: the dtypes a bundle's weights may be written in
 DTYPES = ("bfloat16", "float16", "float32")
@@ -71,8 +79,10 @@ class ExportRequest:
             raise ExportError(f"--quantization must be one of {', '.join(WEIGHT_FORMATS)}, not {self.quantization!r}")
         takes = FORMAT_WEIGHT_FORMATS.get(self.format, ("none",))
         if self.quantization not in takes:
-            raise ExportError(f"--quantization {self.quantization} does not apply to --format {self.format}: it takes "
-                              f"{', '.join(takes)}")
+            raise ExportError(
+                f"--quantization {self.quantization} does not apply to --format {self.format}: it takes "
+                f"{', '.join(takes)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -85,8 +95,10 @@ class ExportResult:
 
     def summary(self, format_name: str) -> str:
         size_mb = sum(f["bytes"] for f in self.manifest["files"].values()) / 1e6
-        return (f"exported {format_name} ({self.manifest.get('algorithm') or 'no draft'}) to {self.out}: "
-                f"{len(self.manifest['files'])} files, {size_mb:.1f} MB in {self.seconds:.1f} s")
+        return (
+            f"exported {format_name} ({self.manifest.get('algorithm') or 'no draft'}) to {self.out}: "
+            f"{len(self.manifest['files'])} files, {size_mb:.1f} MB in {self.seconds:.1f} s"
+        )
 
 
 def export_bundle(request: ExportRequest, progress=None) -> ExportResult:
@@ -150,8 +162,10 @@ def _place_chat_template(fmt, job, scratch: Path, fields: dict) -> None:
     fields["chat_template"] = CHAT_TEMPLATE_FILE
     if fmt.name in ("vllm", "sglang", "pytorch"):  # the launch commands / the worker's --bundle-dir take it
         return
-    warning = (f"--chat-template: format {fmt.name} points its engine at the tokenizer in {job.target.path}; the "
-               f"template is in OUT/{CHAT_TEMPLATE_FILE}: give it to the engine's chat-template option")
+    warning = (
+        f"--chat-template: format {fmt.name} points its engine at the tokenizer in {job.target.path}; the "
+        f"template is in OUT/{CHAT_TEMPLATE_FILE}: give it to the engine's chat-template option"
+    )
     job.options.setdefault("warnings", []).append(warning)
     print(f"python -m export: warning: {warning}", file=sys.stderr)
 

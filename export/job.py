@@ -9,9 +9,10 @@ cannot honour before writing anything large.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +47,7 @@ class ExportFormat:
     #: the server or backend that loads the bundle, one line (for --help, the manifest and the README)
     runtime: str
     #: write(job, out, progress) -> manifest fields of this format
-    write: Callable[[ExportJob, Path, "Progress"], dict]
+    write: Callable[[ExportJob, Path, Progress], dict]
     #: dtypes this format can write; the first is the default
     dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
     #: check(job): raise ExportError for input this format refuses; runs before anything is written
@@ -71,7 +72,7 @@ class DraftWriter:
     #: check(engine, job): raise ExportError naming every reason the engine cannot load job.draft; runs before any write
     check: Callable[[str, ExportJob], None]
     #: convert(engine, job, dtype) -> (tensors, config.json, the captured layers in the engine's own numbering)
-    convert: Callable[[str, ExportJob, "torch.dtype"], tuple[dict, dict, list[int]]]
+    convert: Callable[[str, ExportJob, torch.dtype], tuple[dict, dict, list[int]]]
     #: speculative_options(job) -> keys the engine's speculative config needs beyond name, draft and length
     speculative_options: Callable[[ExportJob], dict] | None = None
     #: the draft directory names its target (vLLM's speculators format), so the engine serves both from it alone

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -48,9 +48,13 @@ def file_table(root: Path, advance=lambda n: None) -> dict[str, dict]:
 
 
 def write_manifest(root: Path, fields: dict, advance=lambda n: None) -> dict:
-    manifest = {"manifest_version": MANIFEST_VERSION, **fields, "tools": tool_versions(),
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "files": file_table(root, advance)}
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        **fields,
+        "tools": tool_versions(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "files": file_table(root, advance),
+    }
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 

@@ -16,11 +16,18 @@ class Progress:
     def __init__(self, enabled: bool | None = None):
         console = Console(stderr=True)
         self.enabled = console.is_terminal if enabled is None else enabled
-        self._bar = _RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                                  disable=not self.enabled, transient=False)
+        self._bar = _RichProgress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not self.enabled,
+            transient=False,
+        )
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         self._bar.__enter__()
         return self
 

@@ -31,9 +31,9 @@ FORMAT_RUNTIMES: dict[str, str] = {
     "vllm": "vLLM (vllm serve DIR): EAGLE-3 in the speculators layout, DFlash/DSpark in vLLM's layout",
     "sglang": "SGLang (--speculative-algorithm EAGLE3|DFLASH|DSPARK): midlayer.* EAGLE-3, DFlash/DSpark layouts",
     "tensorrt-llm": "TensorRT-LLM: checkpoint (config.json + rank{r}.safetensors), EAGLE-3 draft, "
-                    "trtllm-serve --config YAML and build.sh for the <=1.2 engine flow",
+    "trtllm-serve --config YAML and build.sh for the <=1.2 engine flow",
     "triton-repo": "Triton Inference Server: TensorRT-LLM LLM-API model repository, speculative (+ the <=1.2 "
-                   "engine ensemble, which decodes target-only: nothing feeds its draft_input_ids)",
+    "engine ensemble, which decodes target-only: nothing feeds its draft_input_ids)",
     "onnx": "ONNX Runtime (python -m service worker --bundle-dir DIR)",
 }
 
@@ -54,6 +54,8 @@ def resolve_format(name: str) -> ExportFormat:
         raise ExportError(f"unknown format {name!r}; available: {', '.join(available_formats())}")
     fmt = getattr(importlib.import_module(FORMAT_MODULES[name]), "FORMAT", None)
     if fmt is None:
-        raise ExportError(f"format {name!r} is not available in this install ({FORMAT_MODULES[name]} defines no FORMAT)")
+        raise ExportError(
+            f"format {name!r} is not available in this install ({FORMAT_MODULES[name]} defines no FORMAT)"
+        )
     assert fmt.name == name, f"{FORMAT_MODULES[name]}.FORMAT is named {fmt.name!r}, registered as {name!r}"
     return fmt

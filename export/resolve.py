@@ -21,10 +21,19 @@ def make_job(fmt: ExportFormat, args) -> ExportJob:
         raise ExportError(f"format {fmt.name} writes {', '.join(fmt.dtypes)}, not --dtype {dtype}")
     target = open_target(args.target)
     if target.family not in fmt.families:
-        raise ExportError(f"format {fmt.name} cannot take a {target.family} target ({target.spec}): {fmt.runtime} "
-                          f"runs {', '.join(fmt.families)} targets here")
-    job = ExportJob(target=target, draft_spec=args.draft, draft=None, dtype=dtype, tp=args.tp,
-                    num_speculative_tokens=args.num_speculative_tokens, build=args.build)
+        raise ExportError(
+            f"format {fmt.name} cannot take a {target.family} target ({target.spec}): {fmt.runtime} "
+            f"runs {', '.join(fmt.families)} targets here"
+        )
+    job = ExportJob(
+        target=target,
+        draft_spec=args.draft,
+        draft=None,
+        dtype=dtype,
+        tp=args.tp,
+        num_speculative_tokens=args.num_speculative_tokens,
+        build=args.build,
+    )
     from deepspec.decoding.registry import drafter_keywords
 
     if args.draft == "auto":
@@ -32,8 +41,10 @@ def make_job(fmt: ExportFormat, args) -> ExportJob:
     if args.draft not in drafter_keywords():
         job.draft = open_draft(args.draft, target)
     elif fmt.needs_neural_draft:
-        raise ExportError(f"format {fmt.name} exports a trained draft; --draft {args.draft} leaves nothing to export "
-                          "(pass a draft directory from python -m training)")
+        raise ExportError(
+            f"format {fmt.name} exports a trained draft; --draft {args.draft} leaves nothing to export "
+            "(pass a draft directory from python -m training)"
+        )
     _check(fmt, job)
     return job
 
@@ -43,9 +54,11 @@ def _check(fmt: ExportFormat, job: ExportJob) -> None:
     if job.draft is not None and fmt.needs_neural_draft and not job.draft.is_neural:
         from deepspec.algorithms import available_algorithms
 
-        raise ExportError(f"format {fmt.name} needs a trained draft ({', '.join(available_algorithms())}); "
-                          f"{job.draft.path.name} is {job.draft.kind}, which only DeepSpec's worker runs "
-                          "(--format pytorch)")
+        raise ExportError(
+            f"format {fmt.name} needs a trained draft ({', '.join(available_algorithms())}); "
+            f"{job.draft.path.name} is {job.draft.kind}, which only DeepSpec's worker runs "
+            "(--format pytorch)"
+        )
     if fmt.check is not None:
         fmt.check(job)
 
@@ -76,14 +89,18 @@ def _auto(fmt: ExportFormat, job: ExportJob) -> ExportJob:
         job.draft_spec = "none"
         job.options.setdefault("warnings", []).append(
             f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name}; exporting the target "
-            f"alone ({why})")
+            f"alone ({why})"
+        )
     else:
-        raise ExportError(f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name} ({why}); "
-                          "pass a draft directory")
+        raise ExportError(
+            f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name} ({why}); "
+            "pass a draft directory"
+        )
     if reasons and fmt.serves_in_worker:
         job.options.setdefault("warnings", []).append(
             f"--draft auto: no shipped draft for {job.target.spec} fits format {fmt.name}; exporting prompt lookup "
-            f"({why})")
+            f"({why})"
+        )
     _check(fmt, job)
     return job
 

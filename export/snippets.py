@@ -15,8 +15,11 @@ from export.drafts.writers import draft_writer
 
 
 def vllm_speculative_config(job, draft_dir: str) -> dict:
-    return {"method": draft_writer("vllm", job.draft).engine_name, "model": draft_dir,
-            "num_speculative_tokens": job.num_speculative_tokens}
+    return {
+        "method": draft_writer("vllm", job.draft).engine_name,
+        "model": draft_dir,
+        "num_speculative_tokens": job.num_speculative_tokens,
+    }
 
 
 def _chat_template_flag(job) -> str:
@@ -29,16 +32,20 @@ def _chat_template_flag(job) -> str:
 
 def vllm_command(job, draft_dir: str) -> str:
     spec = json.dumps(vllm_speculative_config(job, draft_dir))
-    return (f"vllm serve {shlex.quote(str(job.target.path))} --tensor-parallel-size {job.tp} "
-            f"--dtype {job.dtype} --speculative-config {shlex.quote(spec)}{_chat_template_flag(job)}")
+    return (
+        f"vllm serve {shlex.quote(str(job.target.path))} --tensor-parallel-size {job.tp} "
+        f"--dtype {job.dtype} --speculative-config {shlex.quote(spec)}{_chat_template_flag(job)}"
+    )
 
 
 def sglang_command(job, draft_dir: str) -> str:
     k, algorithm = job.num_speculative_tokens, draft_writer("sglang", job.draft).engine_name
-    return (f"python -m sglang.launch_server --model-path {shlex.quote(str(job.target.path))} --tp {job.tp} "
-            f"--dtype {job.dtype} --speculative-algorithm {algorithm} "
-            f"--speculative-draft-model-path {shlex.quote(draft_dir)} --speculative-num-steps {k} "
-            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}{_chat_template_flag(job)}")
+    return (
+        f"python -m sglang.launch_server --model-path {shlex.quote(str(job.target.path))} --tp {job.tp} "
+        f"--dtype {job.dtype} --speculative-algorithm {algorithm} "
+        f"--speculative-draft-model-path {shlex.quote(draft_dir)} --speculative-num-steps {k} "
+        f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}{_chat_template_flag(job)}"
+    )
 
 
 def trtllm_speculative_config(job, draft_dir: str) -> dict:
@@ -49,8 +56,11 @@ def trtllm_speculative_config(job, draft_dir: str) -> dict:
     ("output of layer" ids; TensorRT-LLM reads the captured layers from here, not from the draft's config.json, and
     falls back to {1, L//2-1, L-4} without it)."""
     writer = draft_writer("tensorrt-llm", job.draft)
-    spec = {"decoding_type": writer.engine_name, "max_draft_len": job.num_speculative_tokens,
-            "speculative_model_dir": draft_dir}
+    spec = {
+        "decoding_type": writer.engine_name,
+        "max_draft_len": job.num_speculative_tokens,
+        "speculative_model_dir": draft_dir,
+    }
     if writer.speculative_options is not None:
         spec.update(writer.speculative_options(job))
     return spec
@@ -74,8 +84,10 @@ def write_script(path: Path, command: str) -> None:
     """A launch script that runs `command` plus its own arguments. `exec`: the engine replaces the shell, so the
     signals a container runtime sends (SIGTERM to PID 1 on a drain) reach the engine, not a shell that ignores them."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!/bin/sh\n# Written by python -m export; run from the export directory.\nset -e\n"
-                    f'cd "$(dirname "$0")/.."\nexec {command} "$@"\n')
+    path.write_text(
+        f"#!/bin/sh\n# Written by python -m export; run from the export directory.\nset -e\n"
+        f'cd "$(dirname "$0")/.."\nexec {command} "$@"\n'
+    )
     path.chmod(0o755)
 
 
@@ -83,6 +95,11 @@ def write_readme(out: Path, title: str, intro: str, sections: dict[str, str]) ->
     text = [f"# {title}", "", intro, ""]
     for heading, body in sections.items():
         text += [f"## {heading}", "", body.rstrip(), ""]
-    text += ["## Files", "", "`manifest.json` lists every file with its sha256, the target's fingerprint, the draft and "
-             "the captured layers (as Hugging Face `hidden_states` indices).", ""]
+    text += [
+        "## Files",
+        "",
+        "`manifest.json` lists every file with its sha256, the target's fingerprint, the draft and "
+        "the captured layers (as Hugging Face `hidden_states` indices).",
+        "",
+    ]
     (out / "README.md").write_text("\n".join(text))

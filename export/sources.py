@@ -120,7 +120,7 @@ class DraftSource:
     #: the DraftConfig of a draft algorithm's directory (neural), None for a corpus-lookup index or a hybrid
     cfg: object | None
     #: a hybrid's parts ("corpus", "neural"), each opened and checked like a draft of its own
-    parts: dict[str, "DraftSource"] = field(default_factory=dict)
+    parts: dict[str, DraftSource] = field(default_factory=dict)
 
     @property
     def algo(self) -> str:
@@ -182,8 +182,9 @@ def open_draft(path: str | Path, target: TargetSource) -> DraftSource:
 
     path = Path(path)
     if not path.is_dir():
-        raise ExportError(f"draft {path}: no such directory (a draft from python -m training, or none, "
-                          "prompt-lookup, auto)")
+        raise ExportError(
+            f"draft {path}: no such directory (a draft from python -m training, or none, prompt-lookup, auto)"
+        )
     try:
         header = read_checkpoint_header(path)
         check_target(header.get("target", {}), target, where=f"draft {path}")
@@ -194,16 +195,19 @@ def open_draft(path: str | Path, target: TargetSource) -> DraftSource:
         if header["algo"] == HYBRID:
             return DraftSource(path, header, None, _hybrid_parts(path, header, target))
         if header["algo"] not in available_algorithms():
-            raise ExportError(f"draft {path}: algo {header['algo']!r} is not one this DeepSpec exports (one of "
-                              f"{', '.join((*available_algorithms(), CORPUS_LOOKUP, HYBRID))})")
+            raise ExportError(
+                f"draft {path}: algo {header['algo']!r} is not one this DeepSpec exports (one of "
+                f"{', '.join((*available_algorithms(), CORPUS_LOOKUP, HYBRID))})"
+            )
         cfg = read_draft_config(path)
     except (DraftCheckpointError, DraftTargetMismatchError) as e:
         raise ExportError(str(e)) from None
     if not (path / "model.safetensors").is_file():
         raise ExportError(f"draft {path}: model.safetensors is missing (an interrupted copy? re-export the draft)")
     if cfg.draft_vocab_size and not (path / "vocab_map.safetensors").is_file():
-        raise ExportError(f"draft {path}: config says draft_vocab_size={cfg.draft_vocab_size} but "
-                          "vocab_map.safetensors is missing")
+        raise ExportError(
+            f"draft {path}: config says draft_vocab_size={cfg.draft_vocab_size} but vocab_map.safetensors is missing"
+        )
     return DraftSource(path, header, cfg)
 
 
@@ -219,4 +223,3 @@ def _hybrid_parts(path: Path, header: dict, target: TargetSource) -> dict[str, D
             raise ExportError(f"draft {path}: its {part} part {where} is {source.kind}")
         parts[part] = source
     return parts
-

@@ -25,19 +25,25 @@ import torch
 
 from export.errors import ExportError
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 def check_sizes(arch, tp: int) -> None:
     if arch.family not in ARCHITECTURES:
-        raise ExportError(f"tensorrt-llm: DeepSpec converts {', '.join(sorted(ARCHITECTURES))} targets, not "
-                          f"{arch.family}")
+        raise ExportError(
+            f"tensorrt-llm: DeepSpec converts {', '.join(sorted(ARCHITECTURES))} targets, not {arch.family}"
+        )
     if arch.num_heads % tp:
         raise ExportError(f"tensorrt-llm: --tp {tp} must divide the {arch.num_heads} attention heads")
     if arch.num_kv_heads % tp and tp % arch.num_kv_heads:
-        raise ExportError(f"tensorrt-llm: --tp {tp} must divide, or be a multiple of, the {arch.num_kv_heads} "
-                          "key/value heads")
+        raise ExportError(
+            f"tensorrt-llm: --tp {tp} must divide, or be a multiple of, the {arch.num_kv_heads} key/value heads"
+        )
     if arch.intermediate_size % tp:
         raise ExportError(f"tensorrt-llm: --tp {tp} must divide the MLP size {arch.intermediate_size}")
 
@@ -99,8 +105,10 @@ def _kv_heads(t: torch.Tensor, arch, tp: int, rank: int) -> torch.Tensor:
 
 def rank_tensors(get, arch, tp: int, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """get(hf_name) -> tensor; the tensors of one rank, cast to dtype."""
-    out = {"transformer.vocab_embedding.weight": get("model.embed_tokens.weight"),
-           "transformer.ln_f.weight": get("model.norm.weight")}
+    out = {
+        "transformer.vocab_embedding.weight": get("model.embed_tokens.weight"),
+        "transformer.ln_f.weight": get("model.norm.weight"),
+    }
     for i in range(arch.num_layers):
         hf, trt = f"model.layers.{i}.", f"transformer.layers.{i}."
         attn = hf + "self_attn."
@@ -132,8 +140,10 @@ def to_hf(ranks: list[dict[str, torch.Tensor]], arch) -> dict[str, torch.Tensor]
     r0 = ranks[0]
     q_rows = arch.num_heads * arch.head_dim // tp
     kv_rows = max(arch.num_kv_heads // tp, 1) * arch.head_dim
-    out = {"model.embed_tokens.weight": r0["transformer.vocab_embedding.weight"],
-           "model.norm.weight": r0["transformer.ln_f.weight"]}
+    out = {
+        "model.embed_tokens.weight": r0["transformer.vocab_embedding.weight"],
+        "model.norm.weight": r0["transformer.ln_f.weight"],
+    }
     for i in range(arch.num_layers):
         hf, trt = f"model.layers.{i}.", f"transformer.layers.{i}."
         attn = hf + "self_attn."

@@ -21,11 +21,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: the `decoding_type` values `DecodingBaseConfig.from_dict` dispatches on, 1.0 through 1.2.x
-_DISPATCH_1_X = frozenset({"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState",
-                           "UserProvided", "AUTO"})
+_DISPATCH_1_X = frozenset(
+    {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState", "UserProvided", "AUTO"}
+)
 #: the `EagleDecodingConfig` fields (its own and `DecodingBaseConfig`'s) the export writes, all declared in 1.2.x
-_EAGLE_FIELDS_1_2 = frozenset({"decoding_type", "max_draft_len", "speculative_model_dir", "eagle3_one_model",
-                               "eagle3_layers_to_capture", "allow_advanced_sampling"})
+_EAGLE_FIELDS_1_2 = frozenset(
+    {
+        "decoding_type",
+        "max_draft_len",
+        "speculative_model_dir",
+        "eagle3_one_model",
+        "eagle3_layers_to_capture",
+        "allow_advanced_sampling",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -76,5 +85,7 @@ def release(version: str = PINNED) -> LlmApiRelease:
     try:
         return RELEASES[version]
     except KeyError:
-        raise KeyError(f"no LLM-API rules for TensorRT-LLM {version!r} in export/trtllm_releases.py (rows: "
-                       f"{', '.join(RELEASES)}): read that release's llm_args.py and add its row") from None
+        raise KeyError(
+            f"no LLM-API rules for TensorRT-LLM {version!r} in export/trtllm_releases.py (rows: "
+            f"{', '.join(RELEASES)}): read that release's llm_args.py and add its row"
+        ) from None

@@ -64,7 +64,9 @@ def _float_list(text: str) -> list[float]:
     try:
         values = [math.inf if v.strip().lower() == "inf" else float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, 'inf' or a comma list such as 1,2,4; got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number, 'inf' or a comma list such as 1,2,4; got {text!r}"
+        ) from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"rates must be > 0 req/s; got {text!r}")
     return values
@@ -90,69 +92,157 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("endpoint")
-    g.add_argument("--backend", choices=["openai", "openai-chat", "grpc"], default="openai-chat",
-                   help="openai = POST /v1/completions, openai-chat = POST /v1/chat/completions, "
-                   "grpc = deepspec.v1.Completions (default: %(default)s)")
+    g.add_argument(
+        "--backend",
+        choices=["openai", "openai-chat", "grpc"],
+        default="openai-chat",
+        help="openai = POST /v1/completions, openai-chat = POST /v1/chat/completions, "
+        "grpc = deepspec.v1.Completions (default: %(default)s)",
+    )
     g.add_argument("--base-url", default=DEFAULT_BASE_URL, help="HTTP server root (default: %(default)s)")
-    g.add_argument("--grpc-address", default=DEFAULT_GRPC_ADDRESS, help="host:port of the gRPC API (default: %(default)s)")
-    g.add_argument("--model", default=None, help="model name sent with each request (default: the first id of "
-                   "GET /v1/models; empty for gRPC = the served model)")
-    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
+    g.add_argument(
+        "--grpc-address", default=DEFAULT_GRPC_ADDRESS, help="host:port of the gRPC API (default: %(default)s)"
+    )
+    g.add_argument(
+        "--model",
+        default=None,
+        help="model name sent with each request (default: the first id of "
+        "GET /v1/models; empty for gRPC = the served model)",
+    )
+    g.add_argument(
+        "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)"
+    )
     g.add_argument("--no-stream", action="store_true", help="ask for whole responses; TTFT then equals e2e latency")
-    g.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per-request limit in seconds (default: %(default)s)")
-    g.add_argument("--metrics-url", default=None, help="Prometheus text for spec-decode counters (default: "
-                   "BASE_URL/metrics; 'off' to skip)")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="per-request limit in seconds (default: %(default)s)",
+    )
+    g.add_argument(
+        "--metrics-url",
+        default=None,
+        help="Prometheus text for spec-decode counters (default: BASE_URL/metrics; 'off' to skip)",
+    )
 
     g = p.add_argument_group("load (a comma list in one of --request-rate / --max-concurrency makes a sweep)")
-    g.add_argument("--request-rate", type=_float_list, default=[math.inf], metavar="REQ_PER_S",
-                   help="open-loop arrival rate in requests/s, e.g. 4 or 1,2,4,8; 'inf' (default) sends all at once, "
-                   "or, with --max-concurrency, runs a closed loop")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the inter-arrival gaps: 1 = Poisson "
-                   "(default), < 1 burstier, > 1 more regular; mean rate unchanged")
-    g.add_argument("--max-concurrency", type=_int_list, default=None, metavar="N",
-                   help="requests in flight at most, e.g. 16 or 1,4,16,64; with rate inf a closed loop of N; "
-                   "also the connection pool size (default: unbounded)")
-    g.add_argument("--num-prompts", type=int, default=None, help="measured requests per load point "
-                   "(default: 1000, or unbounded when --duration is given)")
-    g.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                   help="stop sending after this many seconds per load point; requests in flight finish")
-    g.add_argument("--num-warmups", type=int, default=0, help="requests sent before each measured run and left out "
-                   "of every number (default: %(default)s; 8-32 is typical)")
+    g.add_argument(
+        "--request-rate",
+        type=_float_list,
+        default=[math.inf],
+        metavar="REQ_PER_S",
+        help="open-loop arrival rate in requests/s, e.g. 4 or 1,2,4,8; 'inf' (default) sends all at once, "
+        "or, with --max-concurrency, runs a closed loop",
+    )
+    g.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the inter-arrival gaps: 1 = Poisson "
+        "(default), < 1 burstier, > 1 more regular; mean rate unchanged",
+    )
+    g.add_argument(
+        "--max-concurrency",
+        type=_int_list,
+        default=None,
+        metavar="N",
+        help="requests in flight at most, e.g. 16 or 1,4,16,64; with rate inf a closed loop of N; "
+        "also the connection pool size (default: unbounded)",
+    )
+    g.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="measured requests per load point (default: 1000, or unbounded when --duration is given)",
+    )
+    g.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop sending after this many seconds per load point; requests in flight finish",
+    )
+    g.add_argument(
+        "--num-warmups",
+        type=int,
+        default=0,
+        help="requests sent before each measured run and left out "
+        "of every number (default: %(default)s; 8-32 is typical)",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed for arrivals, prompt order and random prompts")
 
     g = p.add_argument_group("workload")
-    g.add_argument("--dataset-name", choices=["eval", "random"], default="eval",
-                   help="eval = first turns of {'turns': [...]} jsonl records; random = random words (default: %(default)s)")
-    g.add_argument("--dataset-path", default=str(DEFAULT_EVAL_DIR), help="a .jsonl file or a directory of them "
-                   "(default: %(default)s)")
-    g.add_argument("--max-tokens", type=int, default=256, help="max output tokens per eval request (default: %(default)s)")
-    g.add_argument("--random-input-len", type=int, default=1024, help="random prompt length, ~tokens (default: %(default)s)")
+    g.add_argument(
+        "--dataset-name",
+        choices=["eval", "random"],
+        default="eval",
+        help="eval = first turns of {'turns': [...]} jsonl records; random = random words (default: %(default)s)",
+    )
+    g.add_argument(
+        "--dataset-path",
+        default=str(DEFAULT_EVAL_DIR),
+        help="a .jsonl file or a directory of them (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-tokens", type=int, default=256, help="max output tokens per eval request (default: %(default)s)"
+    )
+    g.add_argument(
+        "--random-input-len", type=int, default=1024, help="random prompt length, ~tokens (default: %(default)s)"
+    )
     g.add_argument("--random-output-len", type=int, default=128, help="random max output tokens (default: %(default)s)")
-    g.add_argument("--random-range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 +- ratio), "
-                   "0 <= ratio < 1 (default: %(default)s)")
-    g.add_argument("--ignore-eos", action="store_true", help="send ignore_eos so every request makes max tokens "
-                   "(vLLM/DeepSpec extension; OpenAI itself rejects it)")
+    g.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="lengths uniform in len*(1 +- ratio), 0 <= ratio < 1 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="send ignore_eos so every request makes max tokens (vLLM/DeepSpec extension; OpenAI itself rejects it)",
+    )
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
 
     g = p.add_argument_group("results")
-    g.add_argument("--slo", default=None, metavar="ttft=MS,tpot=MS,e2e=MS",
-                   help="latency limits in ms for goodput, e.g. ttft=500,tpot=50; any subset")
+    g.add_argument(
+        "--slo",
+        default=None,
+        metavar="ttft=MS,tpot=MS,e2e=MS",
+        help="latency limits in ms for goodput, e.g. ttft=500,tpot=50; any subset",
+    )
     g.add_argument("--percentiles", default="90,99", help="percentiles to report (default: %(default)s)")
     g.add_argument("--result-file", default=None, metavar="PATH.json", help="write the JSON report here")
-    g.add_argument("--save-detailed", action="store_true", help="add per-request arrays (ttfts, itls, lens, texts, errors)")
+    g.add_argument(
+        "--save-detailed", action="store_true", help="add per-request arrays (ttfts, itls, lens, texts, errors)"
+    )
     g.add_argument("--label", default=None, help="name of this run in the report and in --compare (e.g. 'draft')")
-    g.add_argument("--plot", default=None, metavar="DIR", help="write latency CDF PNGs (and throughput vs load for sweeps)")
-    g.add_argument("--quiet", action="store_true", help="no live progress display (it is off anyway when stderr is not a TTY)")
+    g.add_argument(
+        "--plot", default=None, metavar="DIR", help="write latency CDF PNGs (and throughput vs load for sweeps)"
+    )
+    g.add_argument(
+        "--quiet", action="store_true", help="no live progress display (it is off anyway when stderr is not a TTY)"
+    )
     g.add_argument("--plan", action="store_true", help="print the load points and workload, send nothing")
 
     g = p.add_argument_group("other modes")
-    g.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="print A and B side by side with B/A ratios")
-    g.add_argument("--fake-server", metavar="HOST:PORT", help="serve a fake OpenAI-compatible endpoint with fixed "
-                   "latencies until Ctrl-C (for dry runs and for measuring this tool)")
+    g.add_argument(
+        "--compare", nargs=2, metavar=("A.json", "B.json"), help="print A and B side by side with B/A ratios"
+    )
+    g.add_argument(
+        "--fake-server",
+        metavar="HOST:PORT",
+        help="serve a fake OpenAI-compatible endpoint with fixed "
+        "latencies until Ctrl-C (for dry runs and for measuring this tool)",
+    )
     g.add_argument("--fake-ttft-ms", type=float, default=0.0, help="fake server: time to first chunk, ms")
     g.add_argument("--fake-itl-ms", type=float, default=0.0, help="fake server: gap between chunks, ms")
-    g.add_argument("--fake-tokens-per-chunk", type=int, default=1, help="fake server: tokens per chunk (>1 imitates "
-                   "speculative decoding)")
+    g.add_argument(
+        "--fake-tokens-per-chunk",
+        type=int,
+        default=1,
+        help="fake server: tokens per chunk (>1 imitates speculative decoding)",
+    )
     return p
 
 
@@ -205,17 +295,20 @@ def _fmt(v: float | None) -> str:
 
 
 def _fake_server(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import asyncio
 
     from loadtest.fake_server import FakeServerConfig, serve_forever
 
     host, _, port = args.fake_server.rpartition(":")
     if not host or not port.isdigit():
         parser.error(f"--fake-server wants HOST:PORT, e.g. 127.0.0.1:8000; got {args.fake_server!r}")
-    cfg = FakeServerConfig(ttft_s=args.fake_ttft_ms / 1000, itl_s=args.fake_itl_ms / 1000,
-                           tokens_per_chunk=args.fake_tokens_per_chunk)
-    print(f"fake OpenAI server on http://{host}:{port} (TTFT {args.fake_ttft_ms:g} ms, ITL {args.fake_itl_ms:g} ms); "
-          "Ctrl-C stops it", file=sys.stderr)
+    cfg = FakeServerConfig(
+        ttft_s=args.fake_ttft_ms / 1000, itl_s=args.fake_itl_ms / 1000, tokens_per_chunk=args.fake_tokens_per_chunk
+    )
+    print(
+        f"fake OpenAI server on http://{host}:{port} (TTFT {args.fake_ttft_ms:g} ms, ITL {args.fake_itl_ms:g} ms); "
+        "Ctrl-C stops it",
+        file=sys.stderr,
+    )
     try:
         _event_loop_runner()(serve_forever(cfg, host, int(port)))
     except KeyboardInterrupt:
@@ -231,7 +324,9 @@ def _event_loop_runner():
         import uvloop
     except ImportError:
         return asyncio.run
-    return lambda coro: asyncio.run(coro, loop_factory=uvloop.new_event_loop) if sys.version_info >= (3, 12) else uvloop.run(coro)
+    return lambda coro: (
+        asyncio.run(coro, loop_factory=uvloop.new_event_loop) if sys.version_info >= (3, 12) else uvloop.run(coro)
+    )
 
 
 def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -263,11 +358,21 @@ def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     except (OSError, ValueError) as e:
         parser.error(str(e))
 
-    metrics_url = None if (args.metrics_url or "").lower() == "off" else args.metrics_url or args.base_url.rstrip("/") + "/metrics"
-    bound = " and ".join(x for x in (f"{num_prompts} requests" if num_prompts else "", f"{args.duration:g} s" if args.duration else "") if x)
+    metrics_url = (
+        None
+        if (args.metrics_url or "").lower() == "off"
+        else args.metrics_url or args.base_url.rstrip("/") + "/metrics"
+    )
+    bound = " and ".join(
+        x
+        for x in (f"{num_prompts} requests" if num_prompts else "", f"{args.duration:g} s" if args.duration else "")
+        if x
+    )
     target = args.grpc_address if args.backend == "grpc" else args.base_url
     if args.plan:
-        print(f"backend {args.backend} at {target}; workload {args.dataset_name}; bound {bound}; warm-up {args.num_warmups}")
+        print(
+            f"backend {args.backend} at {target}; workload {args.dataset_name}; bound {bound}; warm-up {args.num_warmups}"
+        )
         for pt in points:
             print(f"  {pt.describe()}")
         print(f"spec-decode counters: {metrics_url or 'off'}")
@@ -284,13 +389,17 @@ def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         try:
             ids = asyncio.run(fetch_model_ids(args.base_url, api_key=args.api_key))
             model = ids[0] if ids else None
-        except Exception as e:  # noqa: BLE001 - a server without /v1/models is still testable
-            print(f"warning: could not list models at {args.base_url}/v1/models ({type(e).__name__}: {e}); "
-                  "sending no 'model' field; pass --model NAME", file=sys.stderr)
+        except Exception as e:
+            print(
+                f"warning: could not list models at {args.base_url}/v1/models ({type(e).__name__}: {e}); "
+                "sending no 'model' field; pass --model NAME",
+                file=sys.stderr,
+            )
     meta = {
         "backend": args.backend,
-        "endpoint": {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}.get(args.backend,
-                                                                                            "deepspec.v1.Completions"),
+        "endpoint": {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}.get(
+            args.backend, "deepspec.v1.Completions"
+        ),
         "base_url": target,
         "model_id": model,
         "tokenizer_id": None,
@@ -302,7 +411,9 @@ def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     }
 
     results, interrupted = _event_loop_runner()(_run_points(args, points, requests, model, num_prompts, metrics_url))
-    reports = [point_report(r, meta=meta, slo=slo, percentiles=percentiles, detailed=args.save_detailed) for r in results]
+    reports = [
+        point_report(r, meta=meta, slo=slo, percentiles=percentiles, detailed=args.save_detailed) for r in results
+    ]
     for r in reports:
         print(format_summary(r, percentiles))
     if sweep_over and len(reports) > 1:
@@ -335,12 +446,17 @@ def _workload(args: argparse.Namespace):
 
     if args.dataset_name == "random":
         return workload.random_requests(
-            input_len=args.random_input_len, output_len=args.random_output_len, range_ratio=args.random_range_ratio,
-            seed=args.seed, ignore_eos=args.ignore_eos, temperature=args.temperature,
+            input_len=args.random_input_len,
+            output_len=args.random_output_len,
+            range_ratio=args.random_range_ratio,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+            temperature=args.temperature,
         )
     prompts = workload.load_turns(args.dataset_path)
-    return workload.dataset_requests(prompts, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, seed=args.seed,
-                                     temperature=args.temperature)
+    return workload.dataset_requests(
+        prompts, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, seed=args.seed, temperature=args.temperature
+    )
 
 
 async def _run_points(args, points, requests, model, num_prompts, metrics_url):
@@ -365,8 +481,16 @@ async def _run_points(args, points, requests, model, num_prompts, metrics_url):
         pass
 
     def client_for(pool_size: int):
-        return make_client(args.backend, base_url=args.base_url, grpc_address=args.grpc_address, model=model,
-                           stream=not args.no_stream, pool_size=pool_size, timeout_s=args.timeout, api_key=args.api_key)
+        return make_client(
+            args.backend,
+            base_url=args.base_url,
+            grpc_address=args.grpc_address,
+            model=model,
+            stream=not args.no_stream,
+            pool_size=pool_size,
+            timeout_s=args.timeout,
+            api_key=args.api_key,
+        )
 
     progress = Progress()
     display = LiveDisplay(progress, enabled=not args.quiet and sys.stderr.isatty())
@@ -374,12 +498,20 @@ async def _run_points(args, points, requests, model, num_prompts, metrics_url):
     with display:
         for i, pt in enumerate(points):
             display.title = f"[{i + 1}/{len(points)}] {pt.describe()}"
-            results.append(await run_point(
-                client_for, requests, pt, num_requests=num_prompts, duration_s=args.duration,
-                num_warmups=args.num_warmups, metrics_url=metrics_url, seed=args.seed + i, stop=stop,
-                progress=progress,
-            ))
+            results.append(
+                await run_point(
+                    client_for,
+                    requests,
+                    pt,
+                    num_requests=num_prompts,
+                    duration_s=args.duration,
+                    num_warmups=args.num_warmups,
+                    metrics_url=metrics_url,
+                    seed=args.seed + i,
+                    stop=stop,
+                    progress=progress,
+                )
+            )
             if stop.is_set():
                 break
     return results, stop.is_set()
-

@@ -94,5 +94,7 @@ def compare_reports(a: dict, b: dict) -> list[tuple[str, list[Row]]]:
     runs_a = a.get("runs", [a])
     runs_b = b.get("runs", [b])
     if len(runs_a) != len(runs_b):
-        raise ValueError(f"the reports have {len(runs_a)} and {len(runs_b)} load points; compare sweeps over the same points")
+        raise ValueError(
+            f"the reports have {len(runs_a)} and {len(runs_b)} load points; compare sweeps over the same points"
+        )
     return [(point_title(pa), compare_points(pa, pb)) for pa, pb in zip(runs_a, runs_b)]

@@ -112,7 +112,9 @@ class FakeOpenAIServer(AsyncResource):
         if method == "GET" and path == "/metrics":
             _respond(w, 200, self.metrics_text().encode(), "text/plain; version=0.0.4")
         elif method == "GET" and path == "/v1/models":
-            _respond(w, 200, json.dumps({"object": "list", "data": [{"id": self.config.model, "object": "model"}]}).encode())
+            _respond(
+                w, 200, json.dumps({"object": "list", "data": [{"id": self.config.model, "object": "model"}]}).encode()
+            )
         elif method == "GET" and path in ("/health", "/health/live", "/health/ready"):
             _respond(w, 200, b"{}")
         elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
@@ -138,8 +140,12 @@ class FakeOpenAIServer(AsyncResource):
         fault = cfg.fault or next((f for f in FAULTS if f"__{f}__" in prompt), None)
         if fault in ("429", "500"):
             msg = "too many requests" if fault == "429" else "internal error"
-            _respond(w, int(fault), json.dumps({"error": {"message": msg, "type": "fake", "code": int(fault)}}).encode(),
-                     extra=b"Retry-After: 1\r\n" if fault == "429" else b"")
+            _respond(
+                w,
+                int(fault),
+                json.dumps({"error": {"message": msg, "type": "fake", "code": int(fault)}}).encode(),
+                extra=b"Retry-After: 1\r\n" if fault == "429" else b"",
+            )
             await w.drain()
             return True
         words = prompt.split() or ["x"]
@@ -154,7 +160,9 @@ class FakeOpenAIServer(AsyncResource):
             if cfg.ttft_s or cfg.itl_s:
                 await asyncio.sleep(cfg.ttft_s + cfg.itl_s * (len(chunks) - 1))
             text = "".join(chunks)
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
+            )
             choice["finish_reason"] = "length"
             _respond(w, 200, json.dumps({"id": rid, "model": cfg.model, "choices": [choice], "usage": usage}).encode())
             await w.drain()
@@ -179,9 +187,19 @@ class FakeOpenAIServer(AsyncResource):
             last = i == len(chunks) - 1
             choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
             choice["finish_reason"] = "length" if last else None
-            _chunk(w, b"data: " + json.dumps({"id": rid, "object": obj, "model": cfg.model, "choices": [choice]}).encode() + b"\n\n")
+            _chunk(
+                w,
+                b"data: "
+                + json.dumps({"id": rid, "object": obj, "model": cfg.model, "choices": [choice]}).encode()
+                + b"\n\n",
+            )
         if (req.get("stream_options") or {}).get("include_usage"):
-            _chunk(w, b"data: " + json.dumps({"id": rid, "object": obj, "model": cfg.model, "choices": [], "usage": usage}).encode() + b"\n\n")
+            _chunk(
+                w,
+                b"data: "
+                + json.dumps({"id": rid, "object": obj, "model": cfg.model, "choices": [], "usage": usage}).encode()
+                + b"\n\n",
+            )
         _chunk(w, b"data: [DONE]\n\n")
         w.write(b"0\r\n\r\n")
         await w.drain()
@@ -203,19 +221,32 @@ class FakeOpenAIServer(AsyncResource):
         """Prometheus text exposition of the spec-decode counters, labelled like the gateway's."""
         c, lbl = self.counters, f'model="{self.config.model}",worker="fake-0"'
         lines = []
-        for name, value in (("num_drafts", c.drafts), ("num_draft_tokens", c.draft_tokens), ("num_accepted_tokens", c.accepted)):
-            lines += [f"# TYPE deepspec:spec_decode_{name} counter", f"deepspec:spec_decode_{name}_total{{{lbl}}} {value}"]
+        for name, value in (
+            ("num_drafts", c.drafts),
+            ("num_draft_tokens", c.draft_tokens),
+            ("num_accepted_tokens", c.accepted),
+        ):
+            lines += [
+                f"# TYPE deepspec:spec_decode_{name} counter",
+                f"deepspec:spec_decode_{name}_total{{{lbl}}} {value}",
+            ]
         lines.append("# TYPE deepspec:spec_decode_num_accepted_tokens_per_pos counter")
         for pos in range(self.config.num_speculative_tokens):
-            lines.append(f'deepspec:spec_decode_num_accepted_tokens_per_pos_total{{{lbl},position="{pos}"}} {c.per_pos.get(pos, 0)}')
+            lines.append(
+                f'deepspec:spec_decode_num_accepted_tokens_per_pos_total{{{lbl},position="{pos}"}} {c.per_pos.get(pos, 0)}'
+            )
         return "\n".join(lines) + "\n"
 
 
-def _respond(w: asyncio.StreamWriter, status: int, body: bytes, ctype: str = "application/json", extra: bytes = b"") -> None:
+def _respond(
+    w: asyncio.StreamWriter, status: int, body: bytes, ctype: str = "application/json", extra: bytes = b""
+) -> None:
     reason = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error"}.get(status, "Error")
     w.write(
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n".encode()
-        + extra + b"\r\n" + body
+        + extra
+        + b"\r\n"
+        + body
     )
 
 

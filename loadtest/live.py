@@ -34,8 +34,10 @@ class LiveDisplay:
         elif p.duration_s:
             eta = f" ETA {max(0.0, p.duration_s - elapsed):.0f}s"
         return Text.assemble(
-            (f"{self.title} ", "bold"), (f"{p.phase} ", "cyan"),
-            f"{done}{total} done, ", (f"{p.failed} failed", "red" if p.failed else ""),
+            (f"{self.title} ", "bold"),
+            (f"{p.phase} ", "cyan"),
+            f"{done}{total} done, ",
+            (f"{p.failed} failed", "red" if p.failed else ""),
             f", {p.in_flight} in flight | {rate:.1f} req/s, {tok:,.0f} tok/s | {elapsed:.1f}s{eta}",
         )
 

@@ -33,8 +33,14 @@ _next_prompt = itertools.cycle(_prompts).__next__
 
 
 def _report(env, request_type: str, name: str, seconds: float, length: int = 0, exc: Exception | None = None) -> None:
-    env.events.request.fire(request_type=request_type, name=name, response_time=seconds * 1000, response_length=length,
-                            exception=exc, context={})
+    env.events.request.fire(
+        request_type=request_type,
+        name=name,
+        response_time=seconds * 1000,
+        response_length=length,
+        exception=exc,
+        context={},
+    )
 
 
 class _OpenAIUser(HttpUser):
@@ -145,4 +151,3 @@ class GrpcUser(User):
         _report(self.environment, "grpc", name, time.perf_counter() - start, n)
         if ttft is not None:
             _report(self.environment, "TTFT", name, ttft)
-

@@ -35,7 +35,9 @@ def parse_slo(text: str) -> dict[str, float]:
         key, sep, value = part.partition("=")
         key = key.strip().lower()
         if not sep or key not in SLO_KEYS:
-            raise ValueError(f"bad SLO {part!r}: expected KEY=MILLISECONDS with KEY in {list(SLO_KEYS)}, e.g. ttft=200,tpot=50")
+            raise ValueError(
+                f"bad SLO {part!r}: expected KEY=MILLISECONDS with KEY in {list(SLO_KEYS)}, e.g. ttft=200,tpot=50"
+            )
         try:
             slo[key] = float(value)
         except ValueError:

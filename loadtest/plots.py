@@ -79,7 +79,13 @@ def plot_sweep(reports: Sequence[dict], sweep_over: str, out_dir: str | Path) ->
     for key, style in (("ttft", "o-"), ("tpot", "s-"), ("e2el", "^-")):
         ax.plot(x, [r[f"median_{key}_ms"] for r in reports], style, label=f"median {key.upper()}")
         if all(f"p99_{key}_ms" in r for r in reports):
-            ax.plot(x, [r[f"p99_{key}_ms"] for r in reports], style.replace("-", "--"), alpha=0.6, label=f"p99 {key.upper()}")
+            ax.plot(
+                x,
+                [r[f"p99_{key}_ms"] for r in reports],
+                style.replace("-", "--"),
+                alpha=0.6,
+                label=f"p99 {key.upper()}",
+            )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("ms")
     ax.set_yscale("log")

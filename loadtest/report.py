@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from loadtest.metrics import RunMetrics, compute_metrics
 from loadtest.runner import PointResult
@@ -51,7 +51,7 @@ def point_report(
     m: RunMetrics = compute_metrics(run.outputs, run.duration_s, slo=slo, percentiles=percentiles)
     rep: dict = {
         "schema_version": SCHEMA_VERSION,
-        "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
+        "date": datetime.now(UTC).strftime("%Y%m%d-%H%M%S"),
         **meta,
         "arrival": point.kind.value,
         "request_rate": "inf" if math.isinf(point.request_rate) else point.request_rate,

@@ -213,7 +213,13 @@ async def run_point(
         before, note = await _scrape(metrics_url)
         progress.reset("run", num_requests, duration_s)
         run = await run_load(
-            client, requests, point, num_requests=num_requests, duration_s=duration_s, seed=seed, stop=stop,
+            client,
+            requests,
+            point,
+            num_requests=num_requests,
+            duration_s=duration_s,
+            seed=seed,
+            stop=stop,
             progress=progress,
         )
         progress.phase = "idle"
@@ -234,7 +240,7 @@ async def _scrape(url: str | None) -> tuple[spec_stats.SpecCounters | None, str 
         return None, "disabled"
     try:
         text = await asyncio.to_thread(spec_stats.scrape, url)
-    except Exception as e:  # noqa: BLE001 - any failure only means "no spec-decode statistics"
+    except Exception as e:
         return None, f"scrape of {url} failed: {type(e).__name__}: {e}"
     try:
         return spec_stats.parse_counters(text), None

@@ -28,17 +28,7 @@ from loadtest.records import RequestInput
 #: the load tester's own prompt sets, found from the package so it works from any working directory
 DEFAULT_EVAL_DIR = Path(__file__).resolve().parent / "prompts"
 
-_WORDS = (
-    "the of and to in is that it was for on are as with his they at be this from have or by one had not but what "
-    "all were when we there can an your which their said if do will each about how up out them then she many some "
-    "so these would other into has more her two like him see time could no make than first been its who now people "
-    "my made over did down only way find use may water long little very after words called just where most know "
-    "get through back much before go good new write our used me man too any day same right look think also around "
-    "another came come work three word must because does part even place well such here take why things help put "
-    "years different away again off went old number great tell men say small every found still between name should "
-    "home big give air line set own under read last never us left end along while might next sound below saw "
-    "something thought both few those always looked show large often together asked house world going want school"
-).split()
+_WORDS = ["the", "of", "and", "to", "in", "is", "that", "it", "was", "for", "on", "are", "as", "with", "his", "they", "at", "be", "this", "from", "have", "or", "by", "one", "had", "not", "but", "what", "all", "were", "when", "we", "there", "can", "an", "your", "which", "their", "said", "if", "do", "will", "each", "about", "how", "up", "out", "them", "then", "she", "many", "some", "so", "these", "would", "other", "into", "has", "more", "her", "two", "like", "him", "see", "time", "could", "no", "make", "than", "first", "been", "its", "who", "now", "people", "my", "made", "over", "did", "down", "only", "way", "find", "use", "may", "water", "long", "little", "very", "after", "words", "called", "just", "where", "most", "know", "get", "through", "back", "much", "before", "go", "good", "new", "write", "our", "used", "me", "man", "too", "any", "day", "same", "right", "look", "think", "also", "around", "another", "came", "come", "work", "three", "word", "must", "because", "does", "part", "even", "place", "well", "such", "here", "take", "why", "things", "help", "put", "years", "different", "away", "again", "off", "went", "old", "number", "great", "tell", "men", "say", "small", "every", "found", "still", "between", "name", "should", "home", "big", "give", "air", "line", "set", "own", "under", "read", "last", "never", "us", "left", "end", "along", "while", "might", "next", "sound", "below", "saw", "something", "thought", "both", "few", "those", "always", "looked", "show", "large", "often", "together", "asked", "house", "world", "going", "want", "school"]
 
 
 def load_turns(path: Path) -> list[str]:
@@ -51,7 +41,9 @@ def load_turns(path: Path) -> list[str]:
     elif path.is_file():
         files = [path]
     else:
-        raise FileNotFoundError(f"dataset {path} does not exist; pass --dataset-path FILE_OR_DIR or --dataset-name random")
+        raise FileNotFoundError(
+            f"dataset {path} does not exist; pass --dataset-path FILE_OR_DIR or --dataset-name random"
+        )
     prompts: list[str] = []
     for f in files:
         with f.open(encoding="utf-8") as fh:

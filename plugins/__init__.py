@@ -23,5 +23,13 @@ from plugins.ops import (
     tree_accept,
 )
 
-__all__ = ["compact_kv", "confidence_truncate", "greedy_accept", "greedy_accept_host", "process_logits",
-           "rejection_sample", "rejection_sample_host", "tree_accept"]
+__all__ = [
+    "compact_kv",
+    "confidence_truncate",
+    "greedy_accept",
+    "greedy_accept_host",
+    "process_logits",
+    "rejection_sample",
+    "rejection_sample_host",
+    "tree_accept",
+]

@@ -1,8 +1,8 @@
 """Command line of the plugins package.
 
-    python -m plugins build --arch 90 --out build/plugins         # CI: sm_90 PTX + cubin + index.json (~1 min)
-    python -m plugins build --arch 80,89,90 --out build/plugins   # every arch we ship
-    python -m plugins check                                        # on a GPU: Triton kernels vs the reference
+python -m plugins build --arch 90 --out build/plugins         # CI: sm_90 PTX + cubin + index.json (~1 min)
+python -m plugins build --arch 80,89,90 --out build/plugins   # every arch we ship
+python -m plugins check                                        # on a GPU: Triton kernels vs the reference
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         with Progress(disable=not sys.stderr.isatty()) as progress:
             task = progress.add_task("compiling kernels", total=total)
             index = build(args.arch, args.out, args.jobs, on_done=lambda e: progress.advance(task))
-        print(f"built {len(index['kernels'])} kernels for sm {','.join(map(str, args.arch))} into {args.out} "
-              f"(triton {index['triton']}); index: {args.out / 'index.json'}")
+        print(
+            f"built {len(index['kernels'])} kernels for sm {','.join(map(str, args.arch))} into {args.out} "
+            f"(triton {index['triton']}); index: {args.out / 'index.json'}"
+        )
         return 0
 
     from plugins.check import NoCudaError, run_checks
@@ -54,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"{'op':<20} {'case':<22} {'result':<24} {'triton ms':>10} {'reference ms':>13}")
     for r in results:
-        print(f"{r.op:<20} {r.case:<22} {('ok ' if r.ok else 'FAIL ') + r.detail:<24} {r.kernel_ms:>10.3f} "
-              f"{r.reference_ms:>13.3f}")
+        print(
+            f"{r.op:<20} {r.case:<22} {('ok ' if r.ok else 'FAIL ') + r.detail:<24} {r.kernel_ms:>10.3f} "
+            f"{r.reference_ms:>13.3f}"
+        )
     failed = [r for r in results if not r.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0

@@ -42,9 +42,11 @@ def aot_block(size: int, blocks: tuple[int, ...], op: str, unit: str) -> int:
     ValueError, since a kernel built for fewer lanes would ignore the rest."""
     fitting = [b for b in blocks if b >= size]
     if not fitting:
-        raise ValueError(f"{op}: {size} {unit} are more than the {max(blocks)} its ahead-of-time kernels are built "
-                         f"for (plugins.aot); build the engine's optimization profile for at most {max(blocks)}, "
-                         "draft fewer speculative tokens, or add a larger block to plugins.aot")
+        raise ValueError(
+            f"{op}: {size} {unit} are more than the {max(blocks)} its ahead-of-time kernels are built "
+            f"for (plugins.aot); build the engine's optimization profile for at most {max(blocks)}, "
+            "draft fewer speculative tokens, or add a larger block to plugins.aot"
+        )
     return min(fitting)
 
 
@@ -70,38 +72,137 @@ def kernel_specs() -> list[KernelSpec]:
     chain, tree = "plugins.kernels.chain", "plugins.kernels.tree"
     bv = {"BLOCK_V": AOT_BLOCK_V}
     specs = [
-        KernelSpec("greedy_accept_kernel", chain, "", {
-            **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32"), "K": "i32", "V": "i32",
-            **_ptrs(out_num_ptr="i64", out_next_ptr="i64"), "BLOCK_V": "constexpr"}, bv),
-        KernelSpec("process_logits_kernel", chain, "", {
-            **_ptrs(logits_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32"), "T_LEN": "i32", "V": "i32",
-            **_ptrs(out_ptr="fp32"), "BLOCK_V": "constexpr"}, bv),
-        KernelSpec("compact_kv_kernel", tree, "", {
-            **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
-            "H": "i32", "N": "i32", "stride_l": "i64", "stride_b": "i64", "stride_h": "i64", "stride_s": "i64",
-            "D": "i32", "BLOCK_D": "constexpr"}, {"BLOCK_D": 128}),
-        KernelSpec("compact_kv_out_kernel", tree, "", {
-            **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
-            "B": "i32", "H": "i32", "S": "i32", "N": "i32", "D": "i32", **_ptrs(out_ptr="fp32"),
-            "BLOCK_S": "constexpr", "BLOCK_D": "constexpr"}, {"BLOCK_S": AOT_BLOCK_S, "BLOCK_D": AOT_BLOCK_D}),
+        KernelSpec(
+            "greedy_accept_kernel",
+            chain,
+            "",
+            {
+                **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32"),
+                "K": "i32",
+                "V": "i32",
+                **_ptrs(out_num_ptr="i64", out_next_ptr="i64"),
+                "BLOCK_V": "constexpr",
+            },
+            bv,
+        ),
+        KernelSpec(
+            "process_logits_kernel",
+            chain,
+            "",
+            {
+                **_ptrs(logits_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32"),
+                "T_LEN": "i32",
+                "V": "i32",
+                **_ptrs(out_ptr="fp32"),
+                "BLOCK_V": "constexpr",
+            },
+            bv,
+        ),
+        KernelSpec(
+            "compact_kv_kernel",
+            tree,
+            "",
+            {
+                **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
+                "H": "i32",
+                "N": "i32",
+                "stride_l": "i64",
+                "stride_b": "i64",
+                "stride_h": "i64",
+                "stride_s": "i64",
+                "D": "i32",
+                "BLOCK_D": "constexpr",
+            },
+            {"BLOCK_D": 128},
+        ),
+        KernelSpec(
+            "compact_kv_out_kernel",
+            tree,
+            "",
+            {
+                **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
+                "B": "i32",
+                "H": "i32",
+                "S": "i32",
+                "N": "i32",
+                "D": "i32",
+                **_ptrs(out_ptr="fp32"),
+                "BLOCK_S": "constexpr",
+                "BLOCK_D": "constexpr",
+            },
+            {"BLOCK_S": AOT_BLOCK_S, "BLOCK_D": AOT_BLOCK_D},
+        ),
     ]
     for block_k in AOT_SLOT_BLOCKS:
-        specs.append(KernelSpec("confidence_truncate_kernel", chain, f"k{block_k}", {
-            **_ptrs(conf_ptr="fp32", num_ptr="i64"), "K": "i32", **_ptrs(out_num_ptr="i64", out_surv_ptr="fp32"),
-            "THRESHOLD": "constexpr", "BLOCK_K": "constexpr"}, {"THRESHOLD": AOT_THRESHOLD, "BLOCK_K": block_k}))
+        specs.append(
+            KernelSpec(
+                "confidence_truncate_kernel",
+                chain,
+                f"k{block_k}",
+                {
+                    **_ptrs(conf_ptr="fp32", num_ptr="i64"),
+                    "K": "i32",
+                    **_ptrs(out_num_ptr="i64", out_surv_ptr="fp32"),
+                    "THRESHOLD": "constexpr",
+                    "BLOCK_K": "constexpr",
+                },
+                {"THRESHOLD": AOT_THRESHOLD, "BLOCK_K": block_k},
+            )
+        )
     for has_q in (False, True):
-        specs.append(KernelSpec("rejection_sample_kernel", chain, "q" if has_q else "one_hot_q", {
-            **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32", temp_ptr="fp32",
-                    topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "K": "i32", "V": "i32",
-            **_ptrs(out_num_ptr="i64", out_next_ptr="i64"), "HAS_Q": "constexpr", "BLOCK_V": "constexpr"},
-            {"HAS_Q": has_q, **bv}))
+        specs.append(
+            KernelSpec(
+                "rejection_sample_kernel",
+                chain,
+                "q" if has_q else "one_hot_q",
+                {
+                    **_ptrs(
+                        draft_ptr="i64",
+                        num_ptr="i64",
+                        logits_ptr="fp32",
+                        q_ptr="fp32",
+                        temp_ptr="fp32",
+                        topk_ptr="i64",
+                        topp_ptr="fp32",
+                        seed_ptr="i64",
+                    ),
+                    "K": "i32",
+                    "V": "i32",
+                    **_ptrs(out_num_ptr="i64", out_next_ptr="i64"),
+                    "HAS_Q": "constexpr",
+                    "BLOCK_V": "constexpr",
+                },
+                {"HAS_Q": has_q, **bv},
+            )
+        )
         for block_n in AOT_NODE_BLOCKS:
-            specs.append(KernelSpec("tree_accept_kernel", tree, ("q" if has_q else "one_hot_q") + f"-n{block_n}", {
-                **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32", q_ptr="fp32",
-                        temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64"), "N": "i32", "V": "i32",
-                **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
-                "HAS_Q": "constexpr", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr"},
-                {"HAS_Q": has_q, "BLOCK_N": block_n, **bv}))
+            specs.append(
+                KernelSpec(
+                    "tree_accept_kernel",
+                    tree,
+                    ("q" if has_q else "one_hot_q") + f"-n{block_n}",
+                    {
+                        **_ptrs(
+                            tokens_ptr="i64",
+                            parents_ptr="i64",
+                            num_ptr="i64",
+                            logits_ptr="fp32",
+                            q_ptr="fp32",
+                            temp_ptr="fp32",
+                            topk_ptr="i64",
+                            topp_ptr="fp32",
+                            seed_ptr="i64",
+                        ),
+                        "N": "i32",
+                        "V": "i32",
+                        **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
+                        "HAS_Q": "constexpr",
+                        "BLOCK_N": "constexpr",
+                        "BLOCK_V": "constexpr",
+                    },
+                    {"HAS_Q": has_q, "BLOCK_N": block_n, **bv},
+                )
+            )
     return specs
 
 
@@ -124,10 +225,18 @@ def _build_one(args) -> dict:
     stem = f"{spec.stem}.sm{arch}"
     (out / f"{stem}.ptx").write_text(compiled.asm["ptx"])
     (out / f"{stem}.cubin").write_bytes(compiled.asm["cubin"])
-    return {"kernel": spec.kernel, "variant": spec.variant, "arch": arch, "entry": compiled.metadata.name,
-            "signature": spec.signature, "constexprs": spec.constexprs,
-            "num_warps": compiled.metadata.num_warps, "shared_bytes": compiled.metadata.shared,
-            "ptx": f"{stem}.ptx", "cubin": f"{stem}.cubin"}
+    return {
+        "kernel": spec.kernel,
+        "variant": spec.variant,
+        "arch": arch,
+        "entry": compiled.metadata.name,
+        "signature": spec.signature,
+        "constexprs": spec.constexprs,
+        "num_warps": compiled.metadata.num_warps,
+        "shared_bytes": compiled.metadata.shared,
+        "ptx": f"{stem}.ptx",
+        "cubin": f"{stem}.cubin",
+    }
 
 
 def build(archs: list[int], out: Path, jobs: int = 2, on_done=None) -> dict:
@@ -143,8 +252,12 @@ def build(archs: list[int], out: Path, jobs: int = 2, on_done=None) -> dict:
                 on_done(entry)
     import triton
 
-    index = {"triton": triton.__version__, "block_v": AOT_BLOCK_V, "kernels": entries,
-             "specs": [asdict(s) for s in kernel_specs()]}
+    index = {
+        "triton": triton.__version__,
+        "block_v": AOT_BLOCK_V,
+        "kernels": entries,
+        "specs": [asdict(s) for s in kernel_specs()],
+    }
     (out / "index.json").write_text(json.dumps(index, indent=2))
     return index
 
@@ -176,10 +289,12 @@ def tensorrt_ptx(spec: KernelSpec, compiled) -> str:
     scratch = {k: getattr(compiled.metadata, k, 0) or 0 for k in ("global_scratch_size", "profile_scratch_size")}
     used = [p for p in hidden if len(re.findall(rf"\b{re.escape(p)}\b", ptx)) > 1]
     if any(scratch.values()) or used:
-        raise ValueError(f"{spec.stem}: this triton's PTX takes {len(params)} parameters, TensorRT launches it with "
-                         f"{wanted}, and the kernel uses the hidden ones ({scratch}, read: {used}); compile it with "
-                         "triton <= 3.2, whose entries take exactly the signature")
+        raise ValueError(
+            f"{spec.stem}: this triton's PTX takes {len(params)} parameters, TensorRT launches it with "
+            f"{wanted}, and the kernel uses the hidden ones ({scratch}, read: {used}); compile it with "
+            "triton <= 3.2, whose entries take exactly the signature"
+        )
     entry = re.search(r"(\.entry\s+[\w$]+\s*\()(.*?)(\))", ptx, re.S)
     kept = [line for line in entry.group(2).split("\n") if not any(re.search(rf"\b{p}\b", line) for p in hidden)]
     body = "\n".join(kept).rstrip().rstrip(",")
-    return ptx[:entry.start(2)] + body + "\n" + ptx[entry.end(2):]
+    return ptx[: entry.start(2)] + body + "\n" + ptx[entry.end(2) :]

@@ -61,11 +61,18 @@ def _cases(device):
         yield "process_logits", name, to(logits, temp, top_k, top_p), False
     tokens = torch.tensor([[0, 0, 1, 2, 3, 1], [0, 5, 0, 0, 0, 0]])
     parents = torch.tensor([[-1, 0, 0, 0, 3, 4], [-1, 0, 0, 0, 0, 0]])
-    yield "tree_accept", "greedy trees", to(tokens, parents, torch.tensor([6, 1]), torch.randn(2, 6, 8, generator=g)) + [
-        None] + to(torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.arange(2)), True
+    yield (
+        "tree_accept",
+        "greedy trees",
+        to(tokens, parents, torch.tensor([6, 1]), torch.randn(2, 6, 8, generator=g))
+        + [None]
+        + to(torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.arange(2)),
+        True,
+    )
     for B, N, V in ((16, 16, 32000), (8, 1 + 8, 8), (4, 6, 1)):  # serving size, full branching at V, V = 1
-        parents = torch.stack([torch.tensor([-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, N)])
-                               for _ in range(B)])
+        parents = torch.stack(
+            [torch.tensor([-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, N)]) for _ in range(B)]
+        )
         if V == 8:
             parents[:] = torch.tensor([-1] + [0] * V)
         logits = torch.randn(B, N, V, generator=g) * 3
@@ -84,8 +91,18 @@ def _cases(device):
         yield "tree_accept", name + " q", to(tokens, parents, num_nodes, logits, q, temp, top_k, top_p, seeds), False
     cache = torch.randn(4, 8, 8, 256, 64, generator=g)
     start = torch.randint(0, 256 - 16, (8,), generator=g)
-    path = torch.stack([torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(15, generator=g)[:4].sort().values
-                                   + 1, torch.full((11,), -1)]) for _ in range(8)])
+    path = torch.stack(
+        [
+            torch.cat(
+                [
+                    torch.zeros(1, dtype=torch.long),
+                    torch.randperm(15, generator=g)[:4].sort().values + 1,
+                    torch.full((11,), -1),
+                ]
+            )
+            for _ in range(8)
+        ]
+    )
     num = torch.randint(0, 5, (8,), generator=g)
     yield "compact_kv", "L4 B8 H8 S256 D64", to(cache, start, path, num), True
     yield "compact_kv_out", "L4 B8 H8 S256 D64", to(cache, start, path, num), True
@@ -94,17 +111,21 @@ def _cases(device):
 
 def _compacted(impl):
     """An in-place compact_kv as a function of a copy of the cache (so repeated timing runs see the same input)."""
+
     def run(cache, start, path, num_accepted):
         out = cache.clone()
         impl(out, start, path, num_accepted)
         return out
+
     return run
 
 
 def run_checks(device: str = "cuda") -> list[CaseResult]:
     if not torch.cuda.is_available():
-        raise NoCudaError("plugins check needs a CUDA GPU: torch.cuda.is_available() is False "
-                          "(torch " + torch.__version__ + "); run it on a machine with an NVIDIA GPU and triton")
+        raise NoCudaError(
+            "plugins check needs a CUDA GPU: torch.cuda.is_available() is False "
+            "(torch " + torch.__version__ + "); run it on a machine with an NVIDIA GPU and triton"
+        )
     from plugins import reference
     from plugins.kernels import launch
 

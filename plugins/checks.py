@@ -43,8 +43,15 @@ def sampling(op: str, B: int, temperature, top_k, top_p, seeds=None) -> None:
     tensor(op, "top_p", top_p, 1, (torch.float32,))
     if seeds is not None:
         tensor(op, "seeds", seeds, 1, INT)
-    same(op, "batch sizes of temperature, top_k, top_p, seeds and the logits", temperature.shape[0],
-         top_k.shape[0], top_p.shape[0], B, *([] if seeds is None else [seeds.shape[0]]))
+    same(
+        op,
+        "batch sizes of temperature, top_k, top_p, seeds and the logits",
+        temperature.shape[0],
+        top_k.shape[0],
+        top_p.shape[0],
+        B,
+        *([] if seeds is None else [seeds.shape[0]]),
+    )
     if _readable(top_k) and any(k < 0 for k in top_k.tolist()):
         _fail(op, "top_k must be >= 0 (0 = off)")
     if _readable(top_p) and not all(0 < p <= 1 for p in top_p.tolist()):  # a NaN fails too
@@ -82,8 +89,13 @@ def chain(op: str, draft_tokens, num_draft_tokens, target_logits, draft_probs=No
     tensor(op, "num_draft_tokens", num_draft_tokens, 1, INT)
     tensor(op, "target_logits", target_logits, 3)
     B, k = draft_tokens.shape
-    same(op, "batch sizes of draft_tokens, num_draft_tokens and target_logits", B, num_draft_tokens.shape[0],
-         target_logits.shape[0])
+    same(
+        op,
+        "batch sizes of draft_tokens, num_draft_tokens and target_logits",
+        B,
+        num_draft_tokens.shape[0],
+        target_logits.shape[0],
+    )
     if target_logits.shape[1] != k + 1:
         _fail(op, f"target_logits must hold k+1 = {k + 1} positions per row, got {target_logits.shape[1]}")
     V = target_logits.shape[2]
@@ -106,8 +118,11 @@ def tree(op: str, tree_tokens, parents, num_nodes, target_logits, draft_probs=No
     if N < 1:
         _fail(op, "a tree has at least its root node")
     if tuple(parents.shape) != (B, N) or tuple(target_logits.shape[:2]) != (B, N):
-        _fail(op, f"parents [B, N] and target_logits [B, N, V] must match tree_tokens [B, N] = {[B, N]}, got "
-                  f"{list(parents.shape)} and {list(target_logits.shape)}")
+        _fail(
+            op,
+            f"parents [B, N] and target_logits [B, N, V] must match tree_tokens [B, N] = {[B, N]}, got "
+            f"{list(parents.shape)} and {list(target_logits.shape)}",
+        )
     same(op, "batch sizes of num_nodes and tree_tokens", num_nodes.shape[0], B)
     V = target_logits.shape[2]
     if draft_probs is not None:

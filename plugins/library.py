@@ -35,6 +35,7 @@ class _CustomOp:
         def register(fn):
             _LIB.impl(self.name, fn, {"cuda": "CUDA", "cpu": "CPU"}[device])
             return fn
+
         return register
 
     def register_fake(self, fn):
@@ -53,8 +54,11 @@ def _triton():
         from plugins.kernels import launch
     except ImportError as exc:
         if not _warned:
-            warnings.warn(f"deepspec plugins: triton is not importable ({exc}); CUDA tensors run the torch reference "
-                          "ops instead (pip install 'deepspec[plugins]')", stacklevel=3)
+            warnings.warn(
+                f"deepspec plugins: triton is not importable ({exc}); CUDA tensors run the torch reference "
+                "ops instead (pip install 'deepspec[plugins]')",
+                stacklevel=3,
+            )
             _warned = True
         return None
     return launch
@@ -89,12 +93,20 @@ def _(draft_tokens, num_draft_tokens, target_logits):
 
 # ---- rejection_sample ------------------------------------------------------------------------------------------
 @_custom_op(mutates_args=())
-def rejection_sample(draft_tokens: Tensor, num_draft_tokens: Tensor, target_logits: Tensor,
-                     draft_probs: Tensor | None, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-                     seeds: Tensor) -> tuple[Tensor, Tensor]:
+def rejection_sample(
+    draft_tokens: Tensor,
+    num_draft_tokens: Tensor,
+    target_logits: Tensor,
+    draft_probs: Tensor | None,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+) -> tuple[Tensor, Tensor]:
     _check_rejection(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds)
-    return reference.rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature,
-                                      top_k, top_p, seeds)
+    return reference.rejection_sample(
+        draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds
+    )
 
 
 @rejection_sample.register_kernel("cuda")
@@ -143,12 +155,21 @@ def _check_process(logits, temperature, top_k, top_p):
 
 # ---- tree_accept -----------------------------------------------------------------------------------------------
 @_custom_op(mutates_args=())
-def tree_accept(tree_tokens: Tensor, parents: Tensor, num_nodes: Tensor, target_logits: Tensor,
-                draft_probs: Tensor | None, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-                seeds: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def tree_accept(
+    tree_tokens: Tensor,
+    parents: Tensor,
+    num_nodes: Tensor,
+    target_logits: Tensor,
+    draft_probs: Tensor | None,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
     _check_tree(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds)
-    return reference.tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k,
-                                 top_p, seeds)
+    return reference.tree_accept(
+        tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds
+    )
 
 
 @tree_accept.register_kernel("cuda")
@@ -194,8 +215,14 @@ def _check_compact(cache, start, path, num_accepted):
     checks.tensor(op, "start", start, 1, checks.INT)
     checks.tensor(op, "path", path, 2, checks.INT)
     checks.tensor(op, "num_accepted", num_accepted, 1, checks.INT)
-    checks.same(op, "batch sizes of cache (dim 1), start, path and num_accepted", cache.shape[1], start.shape[0],
-                path.shape[0], num_accepted.shape[0])
+    checks.same(
+        op,
+        "batch sizes of cache (dim 1), start, path and num_accepted",
+        cache.shape[1],
+        start.shape[0],
+        path.shape[0],
+        num_accepted.shape[0],
+    )
     N, S = path.shape[1], cache.shape[3]
     checks.counts(op, "num_accepted", num_accepted, 0, N - 1)
     checks.counts(op, "start", start, 0, S - N)
@@ -224,6 +251,5 @@ def _check_truncate(confidence, num_draft_tokens):
     op = "confidence_truncate"
     checks.tensor(op, "confidence", confidence, 2)
     checks.tensor(op, "num_draft_tokens", num_draft_tokens, 1, checks.INT)
-    checks.same(op, "batch sizes of confidence and num_draft_tokens", confidence.shape[0],
-                num_draft_tokens.shape[0])
+    checks.same(op, "batch sizes of confidence and num_draft_tokens", confidence.shape[0], num_draft_tokens.shape[0])
     checks.counts(op, "num_draft_tokens", num_draft_tokens, 0, confidence.shape[1])

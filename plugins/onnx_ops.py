@@ -39,8 +39,13 @@ def symbolic(op: str, inputs: list[torch.Tensor], *, B=None, shape=None, dtype=N
         else:  # probs, survival, cache
             dtypes.append(dtype or torch.float32), shapes.append(list(shape))
     return torch.onnx.ops.symbolic_multi_out(
-        f"{ONNX_DOMAIN}::{op}", inputs, {**TRT_ATTRIBUTES, **(attrs or {})}, dtypes=dtypes, shapes=shapes,
-        version=ONNX_DOMAIN_VERSION)
+        f"{ONNX_DOMAIN}::{op}",
+        inputs,
+        {**TRT_ATTRIBUTES, **(attrs or {})},
+        dtypes=dtypes,
+        shapes=shapes,
+        version=ONNX_DOMAIN_VERSION,
+    )
 
 
 # ---- ONNX Runtime kernels --------------------------------------------------------------------------------------
@@ -65,8 +70,9 @@ def register_ort_kernels() -> None:
     try:
         from onnxruntime_extensions import PyCustomOpDef, onnx_op
     except ImportError as exc:
-        raise ImportError("running deepspec custom ONNX nodes needs onnxruntime-extensions: "
-                          "pip install 'deepspec[plugins]'") from exc
+        raise ImportError(
+            "running deepspec custom ONNX nodes needs onnxruntime-extensions: pip install 'deepspec[plugins]'"
+        ) from exc
     F, I = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int64
     sampling = [F, I, F, I]  # temperature, top_k, top_p, seeds
 
@@ -76,8 +82,11 @@ def register_ort_kernels() -> None:
 
     @onnx_op(op_type="rejection_sample", inputs=[I, I, F, F] + sampling, outputs=[I, I])
     def rejection_sample(draft_tokens, num, logits, q, temperature, top_k, top_p, seeds):
-        return _np(*reference.rejection_sample(_t(draft_tokens), _t(num), _t(logits), _q(q), _t(temperature),
-                                               _t(top_k), _t(top_p), _t(seeds)))
+        return _np(
+            *reference.rejection_sample(
+                _t(draft_tokens), _t(num), _t(logits), _q(q), _t(temperature), _t(top_k), _t(top_p), _t(seeds)
+            )
+        )
 
     @onnx_op(op_type="process_logits", inputs=[F, F, I, F], outputs=[F])
     def process_logits(logits, temperature, top_k, top_p):
@@ -85,8 +94,19 @@ def register_ort_kernels() -> None:
 
     @onnx_op(op_type="tree_accept", inputs=[I, I, I, F, F] + sampling, outputs=[I, I, I])
     def tree_accept(tokens, parents, num_nodes, logits, q, temperature, top_k, top_p, seeds):
-        return _np(*reference.tree_accept(_t(tokens), _t(parents), _t(num_nodes), _t(logits), _q(q),
-                                          _t(temperature), _t(top_k), _t(top_p), _t(seeds)))
+        return _np(
+            *reference.tree_accept(
+                _t(tokens),
+                _t(parents),
+                _t(num_nodes),
+                _t(logits),
+                _q(q),
+                _t(temperature),
+                _t(top_k),
+                _t(top_p),
+                _t(seeds),
+            )
+        )
 
     @onnx_op(op_type="compact_kv", inputs=[F, I, I, I], outputs=[F])
     def compact_kv(cache, start, path, num_accepted):

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import torch
 
+import plugins.library  # noqa: F401 - registers torch.ops.deepspec.*
 from plugins import checks
 from plugins.reference.accept import greedy_walk, rejection_walk
-
-import plugins.library  # noqa: F401 - registers torch.ops.deepspec.*
 
 _ops = torch.ops.deepspec
 
@@ -37,6 +36,7 @@ def _exporting() -> bool:
 def greedy_accept(draft_tokens, num_draft_tokens, target_logits):
     if _exporting():
         from plugins.onnx_ops import symbolic
+
         return symbolic("greedy_accept", [draft_tokens, num_draft_tokens, target_logits], B=draft_tokens.shape[0])
     return _ops.greedy_accept(draft_tokens, num_draft_tokens, target_logits)
 
@@ -49,31 +49,37 @@ def greedy_accept_host(draft_tokens, num_draft_tokens, target_logits) -> tuple[l
     return greedy_walk(draft_tokens, num_draft_tokens, target_logits)
 
 
-def rejection_sample_host(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p,
-                          seeds) -> tuple[list[int], list[int]]:
+def rejection_sample_host(
+    draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds
+) -> tuple[list[int], list[int]]:
     """rejection_sample on host logits (plugins.reference.accept.on_host), as Python lists (num_accepted,
     next_token), without the dispatcher: the same draws as the op's CPU kernel (rejection_walk says why it is
     cheaper). The op's checks run all the same."""
     checks.chain("rejection_sample", draft_tokens, num_draft_tokens, target_logits, draft_probs)
     checks.sampling("rejection_sample", draft_tokens.shape[0], temperature, top_k, top_p, seeds)
-    return rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p,
-                          seeds)
+    return rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds)
 
 
 def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds):
     if _exporting():
         from plugins.onnx_ops import absent, symbolic
+
         q = absent() if draft_probs is None else draft_probs
-        return symbolic("rejection_sample", [draft_tokens, num_draft_tokens, target_logits, q, temperature, top_k,
-                                             top_p, seeds], B=draft_tokens.shape[0],
-                        attrs={"has_draft_probs": int(draft_probs is not None)})
-    return _ops.rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k,
-                                 top_p, seeds)
+        return symbolic(
+            "rejection_sample",
+            [draft_tokens, num_draft_tokens, target_logits, q, temperature, top_k, top_p, seeds],
+            B=draft_tokens.shape[0],
+            attrs={"has_draft_probs": int(draft_probs is not None)},
+        )
+    return _ops.rejection_sample(
+        draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds
+    )
 
 
 def process_logits(logits, temperature, top_k, top_p):
     if _exporting():
         from plugins.onnx_ops import symbolic
+
         return symbolic("process_logits", [logits, temperature, top_k, top_p], shape=logits.shape)[0]
     return _ops.process_logits(logits, temperature, top_k, top_p)
 
@@ -81,18 +87,25 @@ def process_logits(logits, temperature, top_k, top_p):
 def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds):
     if _exporting():
         from plugins.onnx_ops import absent, symbolic
+
         q = absent() if draft_probs is None else draft_probs
-        return symbolic("tree_accept", [tree_tokens, parents, num_nodes, target_logits, q, temperature, top_k,
-                                        top_p, seeds], B=tree_tokens.shape[0], shape=tree_tokens.shape,
-                        attrs={"has_draft_probs": int(draft_probs is not None)})
-    return _ops.tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p,
-                            seeds)
+        return symbolic(
+            "tree_accept",
+            [tree_tokens, parents, num_nodes, target_logits, q, temperature, top_k, top_p, seeds],
+            B=tree_tokens.shape[0],
+            shape=tree_tokens.shape,
+            attrs={"has_draft_probs": int(draft_probs is not None)},
+        )
+    return _ops.tree_accept(
+        tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds
+    )
 
 
 def compact_kv(cache, start, path, num_accepted):
     """In place in eager; an ONNX graph has no in-place update, so there the node returns the new cache."""
     if _exporting():
         from plugins.onnx_ops import symbolic
+
         return symbolic("compact_kv", [cache, start, path, num_accepted], shape=cache.shape, dtype=cache.dtype)[0]
     _ops.compact_kv(cache, start, path, num_accepted)
     return cache
@@ -101,6 +114,12 @@ def compact_kv(cache, start, path, num_accepted):
 def confidence_truncate(confidence, num_draft_tokens, threshold: float):
     if _exporting():
         from plugins.onnx_ops import symbolic
-        return symbolic("confidence_truncate", [confidence, num_draft_tokens], B=confidence.shape[0],
-                        shape=confidence.shape, attrs={"threshold": float(threshold)})
+
+        return symbolic(
+            "confidence_truncate",
+            [confidence, num_draft_tokens],
+            B=confidence.shape[0],
+            shape=confidence.shape,
+            attrs={"threshold": float(threshold)},
+        )
     return _ops.confidence_truncate(confidence, num_draft_tokens, float(threshold))

@@ -28,13 +28,21 @@ except ImportError as exc:  # the one place that needs TensorRT: say what is mis
     raise ImportError(
         "plugins.tensorrt needs TensorRT >= 10.9 with its Python plugin API (tensorrt.plugin), which is not "
         f"importable here ({exc}); install it on a machine with an NVIDIA GPU (pip install tensorrt), or run the "
-        "ops through PyTorch or ONNX Runtime instead") from exc
+        "ops through PyTorch or ONNX Runtime instead"
+    ) from exc
 
 import numpy as np
 import numpy.typing as npt
 
-from plugins.aot import (AOT_NODE_BLOCKS, AOT_SLOT_BLOCKS, KernelSpec, aot_block, compile_kernel, kernel_specs,
-                         tensorrt_ptx)
+from plugins.aot import (
+    AOT_NODE_BLOCKS,
+    AOT_SLOT_BLOCKS,
+    KernelSpec,
+    aot_block,
+    compile_kernel,
+    kernel_specs,
+    tensorrt_ptx,
+)
 from plugins.schema import TRT_NAMESPACE
 
 _I64 = trt.int64
@@ -70,8 +78,9 @@ def _max_extent(desc: trtp.TensorDesc, dim: int) -> int:
 
 def _spec(kernel: str, variant: str = "", **constexprs) -> KernelSpec:
     spec = next(s for s in kernel_specs() if s.kernel == kernel and s.variant == variant)
-    return KernelSpec(spec.kernel, spec.module, spec.variant, spec.signature, {**spec.constexprs, **constexprs},
-                      spec.num_warps)
+    return KernelSpec(
+        spec.kernel, spec.module, spec.variant, spec.signature, {**spec.constexprs, **constexprs}, spec.num_warps
+    )
 
 
 #: the element types the kernels are compiled for (plugins.aot signatures), as TensorRT names them
@@ -85,9 +94,11 @@ def _check_input_dtypes(spec: KernelSpec, inputs) -> None:
     assert len(inputs) <= len(pointers), (spec.stem, len(inputs))
     for (name, want), desc in zip(pointers, inputs):
         if desc.dtype != _KERNEL_DTYPES[want]:
-            raise ValueError(f"{TRT_NAMESPACE}::{spec.kernel}: input {name.removesuffix('_ptr')} is {desc.dtype}, "
-                             f"but the ahead-of-time kernel reads {want[1:]}; cast it to {want[1:]} in the network "
-                             "before the node")
+            raise ValueError(
+                f"{TRT_NAMESPACE}::{spec.kernel}: input {name.removesuffix('_ptr')} is {desc.dtype}, "
+                f"but the ahead-of-time kernel reads {want[1:]}; cast it to {want[1:]} in the network "
+                "before the node"
+            )
 
 
 def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1, inputs=()) -> AOTKernel:
@@ -110,8 +121,9 @@ def _aot(spec: KernelSpec, grid, scalars: list, grid_y=1, inputs=()) -> AOTKerne
     return compiled.metadata.name, tensorrt_ptx(spec, compiled), launch, extra
 
 
-def _sampled_accept(kernel: str, has_draft_probs: IntAttr, drafts, target_logits, inputs, size_variant: str = ""
-                    ) -> AOTKernel:
+def _sampled_accept(
+    kernel: str, has_draft_probs: IntAttr, drafts, target_logits, inputs, size_variant: str = ""
+) -> AOTKernel:
     """An accept kernel that samples (rejection_sample, tree_accept): the variant reading the drafter's q when the
     node has them, else the one-hot one (and the tree size's, `-n<BLOCK_N>`); one program per row, sized by the
     drafts' width and the vocabulary."""
@@ -121,100 +133,185 @@ def _sampled_accept(kernel: str, has_draft_probs: IntAttr, drafts, target_logits
 
 # ---- greedy_accept ---------------------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::greedy_accept")
-def greedy_accept_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
-                       target_logits: trtp.TensorDesc) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+def greedy_accept_desc(
+    draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc, target_logits: trtp.TensorDesc
+) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
     B = draft_tokens.shape_expr[0]
     return _ids(B), _ids(B)
 
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::greedy_accept")
-def greedy_accept_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
-                      target_logits: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
-    return _aot(_spec("greedy_accept_kernel"), draft_tokens.shape_expr[0],
-                [draft_tokens.shape_expr[1], target_logits.shape_expr[2]],
-                inputs=(draft_tokens, num_draft_tokens, target_logits))
+def greedy_accept_aot(
+    draft_tokens: trtp.TensorDesc,
+    num_draft_tokens: trtp.TensorDesc,
+    target_logits: trtp.TensorDesc,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> AOTKernel:
+    return _aot(
+        _spec("greedy_accept_kernel"),
+        draft_tokens.shape_expr[0],
+        [draft_tokens.shape_expr[1], target_logits.shape_expr[2]],
+        inputs=(draft_tokens, num_draft_tokens, target_logits),
+    )
 
 
 # ---- rejection_sample ------------------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::rejection_sample")
-def rejection_sample_desc(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
-                          target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
-                          top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
-                          has_draft_probs: IntAttr) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+def rejection_sample_desc(
+    draft_tokens: trtp.TensorDesc,
+    num_draft_tokens: trtp.TensorDesc,
+    target_logits: trtp.TensorDesc,
+    draft_probs: trtp.TensorDesc,
+    temperature: trtp.TensorDesc,
+    top_k: trtp.TensorDesc,
+    top_p: trtp.TensorDesc,
+    seeds: trtp.TensorDesc,
+    has_draft_probs: IntAttr,
+) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
     B = draft_tokens.shape_expr[0]
     return _ids(B), _ids(B)
 
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::rejection_sample")
-def rejection_sample_aot(draft_tokens: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
-                         target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
-                         top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
-                         has_draft_probs: IntAttr, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
-    return _sampled_accept("rejection_sample_kernel", has_draft_probs, draft_tokens, target_logits,
-                           (draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds))
+def rejection_sample_aot(
+    draft_tokens: trtp.TensorDesc,
+    num_draft_tokens: trtp.TensorDesc,
+    target_logits: trtp.TensorDesc,
+    draft_probs: trtp.TensorDesc,
+    temperature: trtp.TensorDesc,
+    top_k: trtp.TensorDesc,
+    top_p: trtp.TensorDesc,
+    seeds: trtp.TensorDesc,
+    has_draft_probs: IntAttr,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> AOTKernel:
+    return _sampled_accept(
+        "rejection_sample_kernel",
+        has_draft_probs,
+        draft_tokens,
+        target_logits,
+        (draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds),
+    )
 
 
 # ---- process_logits --------------------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::process_logits")
-def process_logits_desc(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, top_k: trtp.TensorDesc,
-                        top_p: trtp.TensorDesc) -> trtp.TensorDesc:
+def process_logits_desc(
+    logits: trtp.TensorDesc, temperature: trtp.TensorDesc, top_k: trtp.TensorDesc, top_p: trtp.TensorDesc
+) -> trtp.TensorDesc:
     return logits.like()
 
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::process_logits")
-def process_logits_aot(logits: trtp.TensorDesc, temperature: trtp.TensorDesc, top_k: trtp.TensorDesc,
-                       top_p: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
+def process_logits_aot(
+    logits: trtp.TensorDesc,
+    temperature: trtp.TensorDesc,
+    top_k: trtp.TensorDesc,
+    top_p: trtp.TensorDesc,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> AOTKernel:
     B, T, V = logits.shape_expr[0], logits.shape_expr[1], logits.shape_expr[2]
     return _aot(_spec("process_logits_kernel"), B * T, [T, V], inputs=(logits, temperature, top_k, top_p))
 
 
 # ---- tree_accept ----------------------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::tree_accept")
-def tree_accept_desc(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_nodes: trtp.TensorDesc,
-                     target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
-                     top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc,
-                     has_draft_probs: IntAttr) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
+def tree_accept_desc(
+    tree_tokens: trtp.TensorDesc,
+    parents: trtp.TensorDesc,
+    num_nodes: trtp.TensorDesc,
+    target_logits: trtp.TensorDesc,
+    draft_probs: trtp.TensorDesc,
+    temperature: trtp.TensorDesc,
+    top_k: trtp.TensorDesc,
+    top_p: trtp.TensorDesc,
+    seeds: trtp.TensorDesc,
+    has_draft_probs: IntAttr,
+) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
     B = tree_tokens.shape_expr[0]
     return _ids(B), _ids(B), tree_tokens.like()
 
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::tree_accept")
-def tree_accept_aot(tree_tokens: trtp.TensorDesc, parents: trtp.TensorDesc, num_nodes: trtp.TensorDesc,
-                    target_logits: trtp.TensorDesc, draft_probs: trtp.TensorDesc, temperature: trtp.TensorDesc,
-                    top_k: trtp.TensorDesc, top_p: trtp.TensorDesc, seeds: trtp.TensorDesc, has_draft_probs: IntAttr,
-                    outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
-    block_n = aot_block(_max_extent(tree_tokens, 1), AOT_NODE_BLOCKS, f"{TRT_NAMESPACE}::tree_accept",
-                        "tree nodes (num_speculative_tokens + the root)")
+def tree_accept_aot(
+    tree_tokens: trtp.TensorDesc,
+    parents: trtp.TensorDesc,
+    num_nodes: trtp.TensorDesc,
+    target_logits: trtp.TensorDesc,
+    draft_probs: trtp.TensorDesc,
+    temperature: trtp.TensorDesc,
+    top_k: trtp.TensorDesc,
+    top_p: trtp.TensorDesc,
+    seeds: trtp.TensorDesc,
+    has_draft_probs: IntAttr,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> AOTKernel:
+    block_n = aot_block(
+        _max_extent(tree_tokens, 1),
+        AOT_NODE_BLOCKS,
+        f"{TRT_NAMESPACE}::tree_accept",
+        "tree nodes (num_speculative_tokens + the root)",
+    )
     inputs = (tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds)
     return _sampled_accept("tree_accept_kernel", has_draft_probs, tree_tokens, target_logits, inputs, f"-n{block_n}")
 
 
 # ---- compact_kv (out of place) ---------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::compact_kv")
-def compact_kv_desc(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.TensorDesc,
-                    num_accepted: trtp.TensorDesc) -> trtp.TensorDesc:
+def compact_kv_desc(
+    cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.TensorDesc, num_accepted: trtp.TensorDesc
+) -> trtp.TensorDesc:
     return cache.like()
 
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::compact_kv")
-def compact_kv_aot(cache: trtp.TensorDesc, start: trtp.TensorDesc, path: trtp.TensorDesc,
-                   num_accepted: trtp.TensorDesc, outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
+def compact_kv_aot(
+    cache: trtp.TensorDesc,
+    start: trtp.TensorDesc,
+    path: trtp.TensorDesc,
+    num_accepted: trtp.TensorDesc,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> AOTKernel:
     L, B, H, S, D = (cache.shape_expr[i] for i in range(5))
-    return _aot(_spec("compact_kv_out_kernel"), B, [B, H, S, path.shape_expr[1], D], grid_y=L * H,
-                inputs=(cache, start, path, num_accepted))
+    return _aot(
+        _spec("compact_kv_out_kernel"),
+        B,
+        [B, H, S, path.shape_expr[1], D],
+        grid_y=L * H,
+        inputs=(cache, start, path, num_accepted),
+    )
 
 
 # ---- confidence_truncate ---------------------------------------------------------------------------------------
 @trtp.register(f"{TRT_NAMESPACE}::confidence_truncate")
-def confidence_truncate_desc(confidence: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc,
-                             threshold: FloatAttr) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+def confidence_truncate_desc(
+    confidence: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc, threshold: FloatAttr
+) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
     return _ids(confidence.shape_expr[0]), confidence.like()
 
 
 @trtp.aot_impl(f"{TRT_NAMESPACE}::confidence_truncate")
-def confidence_truncate_aot(confidence: trtp.TensorDesc, num_draft_tokens: trtp.TensorDesc, threshold: FloatAttr,
-                            outputs: tuple[trtp.TensorDesc], tactic: int) -> AOTKernel:
-    block_k = aot_block(_max_extent(confidence, 1), AOT_SLOT_BLOCKS, f"{TRT_NAMESPACE}::confidence_truncate",
-                        "draft slots (num_speculative_tokens)")
-    return _aot(_spec("confidence_truncate_kernel", f"k{block_k}", THRESHOLD=float(_scalar(threshold))),
-                confidence.shape_expr[0], [confidence.shape_expr[1]], inputs=(confidence, num_draft_tokens))
+def confidence_truncate_aot(
+    confidence: trtp.TensorDesc,
+    num_draft_tokens: trtp.TensorDesc,
+    threshold: FloatAttr,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> AOTKernel:
+    block_k = aot_block(
+        _max_extent(confidence, 1),
+        AOT_SLOT_BLOCKS,
+        f"{TRT_NAMESPACE}::confidence_truncate",
+        "draft slots (num_speculative_tokens)",
+    )
+    return _aot(
+        _spec("confidence_truncate_kernel", f"k{block_k}", THRESHOLD=float(_scalar(threshold))),
+        confidence.shape_expr[0],
+        [confidence.shape_expr[1]],
+        inputs=(confidence, num_draft_tokens),
+    )

@@ -47,53 +47,90 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
         return _default(WorkerSettings, name)
 
     g = p.add_argument_group("model")
-    g.add_argument("--target", help=f"target alias, HF directory or GGUF file (default {d('target')}; 'stub' = "
-                                    "weightless test target)")
-    g.add_argument("--draft", help="draft directory, 'prompt-lookup', 'none' (target only) or 'auto' (best shipped "
-                                   f"draft) (default {d('draft')})")
-    g.add_argument("--bundle-dir",
-                   help="a bundle from `python -m export` (format pytorch or onnx): target, draft and dtype come from "
-                        "its manifest.json; --target/--draft/--dtype given as well win")
+    g.add_argument(
+        "--target",
+        help=f"target alias, HF directory or GGUF file (default {d('target')}; 'stub' = weightless test target)",
+    )
+    g.add_argument(
+        "--draft",
+        help="draft directory, 'prompt-lookup', 'none' (target only) or 'auto' (best shipped "
+        f"draft) (default {d('draft')})",
+    )
+    g.add_argument(
+        "--bundle-dir",
+        help="a bundle from `python -m export` (format pytorch or onnx): target, draft and dtype come from "
+        "its manifest.json; --target/--draft/--dtype given as well win",
+    )
     g.add_argument("--engine-dir", help="deprecated: --bundle-dir")
-    g.add_argument("--backend", choices=BACKENDS,
-                   help="auto (default): the inference backend measured fastest on this machine, the PyTorch "
-                        "decoder, ONNX Runtime on an export made on the first start, or the native CPU decoder "
-                        "(compiled for this CPU on the first start), measured once and cached (a minute); pytorch / "
-                        "onnx / native: that one. " + _backend_choice_line())
+    g.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="auto (default): the inference backend measured fastest on this machine, the PyTorch "
+        "decoder, ONNX Runtime on an export made on the first start, or the native CPU decoder "
+        "(compiled for this CPU on the first start), measured once and cached (a minute); pytorch / "
+        "onnx / native: that one. " + _backend_choice_line(),
+    )
     g.add_argument("--engine", choices=BACKENDS, help="deprecated: --backend")
     g.add_argument("--device", choices=["cpu", "cuda"], help=f"(default {d('device')})")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"],
-                   help=f"weights dtype (default {d('dtype')}: ~2x faster decoding than float32 on CPU)")
-    g.add_argument("--quantization", choices=WEIGHT_FORMATS,
-                   help=f"weight format (default {d('quantization')}: each backend's own). pytorch: none (dense in "
-                        "--dtype) or gguf (a GGUF target's own 4-bit weights; CPU, bf16); onnx: none, int8 or int4 "
-                        "(the first start's export); native: int8 or int4. Refused where the backend does not "
-                        "take it; with --backend auto only auto applies")
-    g.add_argument("--chat-template",
-                   help="chat template for a target that ships none (gemma3-270m): smollm2, qwen, gemma3 or a Jinja "
-                        "file (default: the tokenizer's own)")
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help=f"weights dtype (default {d('dtype')}: ~2x faster decoding than float32 on CPU)",
+    )
+    g.add_argument(
+        "--quantization",
+        choices=WEIGHT_FORMATS,
+        help=f"weight format (default {d('quantization')}: each backend's own). pytorch: none (dense in "
+        "--dtype) or gguf (a GGUF target's own 4-bit weights; CPU, bf16); onnx: none, int8 or int4 "
+        "(the first start's export); native: int8 or int4. Refused where the backend does not "
+        "take it; with --backend auto only auto applies",
+    )
+    g.add_argument(
+        "--chat-template",
+        help="chat template for a target that ships none (gemma3-270m): smollm2, qwen, gemma3 or a Jinja "
+        "file (default: the tokenizer's own)",
+    )
     g = p.add_argument_group("batching")
     g.add_argument("--max-batch-size", type=int, help=f"sequences per engine step (default {d('max_batch_size')})")
-    g.add_argument("--max-queue", type=int, help="requests waiting for a slot before 'busy' (gateway: 429) "
-                                                 f"(default {d('max_queue')}; 0 = no queue)")
-    g.add_argument("--max-prefill-tokens-per-step", type=int,
-                   help="prompt tokens prefilled per engine step at most; a burst then streams in waves "
-                        f"(default {d('max_prefill_tokens_per_step')})")
-    g.add_argument("--max-seq-len", type=int,
-                   help="context cap in tokens, prompt + output (default: the context the target declares, lowered "
-                        "only where its KV cache for --max-batch-size sequences would not fit in memory)")
-    g.add_argument("--num-speculative-tokens", type=int,
-                   help=f"draft tokens per verify round (default {d('num_speculative_tokens')})")
-    g.add_argument("--stub-step-ms", type=float,
-                   help=f"stub target only: sleep per forward, ms (default {d('stub_step_ms')})")
+    g.add_argument(
+        "--max-queue",
+        type=int,
+        help=f"requests waiting for a slot before 'busy' (gateway: 429) (default {d('max_queue')}; 0 = no queue)",
+    )
+    g.add_argument(
+        "--max-prefill-tokens-per-step",
+        type=int,
+        help="prompt tokens prefilled per engine step at most; a burst then streams in waves "
+        f"(default {d('max_prefill_tokens_per_step')})",
+    )
+    g.add_argument(
+        "--max-seq-len",
+        type=int,
+        help="context cap in tokens, prompt + output (default: the context the target declares, lowered "
+        "only where its KV cache for --max-batch-size sequences would not fit in memory)",
+    )
+    g.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        help=f"draft tokens per verify round (default {d('num_speculative_tokens')})",
+    )
+    g.add_argument(
+        "--stub-step-ms", type=float, help=f"stub target only: sleep per forward, ms (default {d('stub_step_ms')})"
+    )
     if not embedded:
         g = p.add_argument_group("serving")
         g.add_argument("--host", help=f"bind address (default {d('host')})")
         g.add_argument("--port", type=int, help=f"KServe v2 gRPC port (default {d('port')}; 0 = any free)")
-        g.add_argument("--metrics-port", type=int,
-                       help=f"Prometheus /metrics HTTP port (default {d('metrics_port')}; 0 = any free; -1 = off)")
-        g.add_argument("--drain-timeout-s", type=float,
-                       help=f"seconds to finish in-flight requests after SIGTERM (default {d('drain_timeout_s')})")
+        g.add_argument(
+            "--metrics-port",
+            type=int,
+            help=f"Prometheus /metrics HTTP port (default {d('metrics_port')}; 0 = any free; -1 = off)",
+        )
+        g.add_argument(
+            "--drain-timeout-s",
+            type=float,
+            help=f"seconds to finish in-flight requests after SIGTERM (default {d('drain_timeout_s')})",
+        )
 
 
 def _backend_choice_line() -> str:
@@ -104,10 +141,13 @@ def _backend_choice_line() -> str:
         from service.worker.settings import WorkerSettings
 
         line = describe_cached_choice(WorkerSettings())
-    except Exception as e:  # noqa: BLE001 - a help text must print whatever the cache holds
+    except Exception as e:
         return f"(The cached choice could not be read: {e}.)"
-    return f"On this machine, for the default target and draft: {line}." if line else \
-        "Not measured yet on this machine for the default target and draft: the first start measures it."
+    return (
+        f"On this machine, for the default target and draft: {line}."
+        if line
+        else "Not measured yet on this machine for the default target and draft: the first start measures it."
+    )
 
 
 def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
@@ -118,69 +158,113 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
 
     g = p.add_argument_group("gateway")
     if not embedded:
-        g.add_argument("--workers",
-                       help="comma-separated host:port list, dns://<headless-service>:<port> (re-resolved every 5 s), "
-                            "or k8s://<service>[.<namespace>]:<port-name|number> (its EndpointSlices, watched); a listed "
-                            "worker may name its protocol: grpc://host:port or openai+http://host:port. Required, "
-                            "here or as DEEPSPEC_GATEWAY_WORKERS")
-        g.add_argument("--worker-protocol", choices=["kserve-grpc", "openai-http"],
-                       help="what workers without a scheme speak: KServe v2 gRPC (default) or an OpenAI-compatible "
-                            "HTTP server (vLLM, SGLang, trtllm-serve, llama.cpp), probed at its /health")
-        g.add_argument("--openai-max-outstanding", type=int,
-                       help="requests in flight on one OpenAI worker at most; past it the worker counts as saturated "
-                            f"(429 when all are). Default {d('openai_max_outstanding')} = no cap")
-        g.add_argument("--discovery", choices=["static", "dns", "endpointslices"],
-                       help="how --workers is found (default: implied by its scheme; with this flag the scheme may be "
-                            "left out). endpointslices watches the Kubernetes API from the pod: needs list/watch on "
-                            "endpointslices; namespace from k8s://<service>.<namespace>, else $POD_NAMESPACE")
-        g.add_argument("--k8s-api-url",
-                       help="Kubernetes API base URL for --discovery endpointslices "
-                            "(default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+        g.add_argument(
+            "--workers",
+            help="comma-separated host:port list, dns://<headless-service>:<port> (re-resolved every 5 s), "
+            "or k8s://<service>[.<namespace>]:<port-name|number> (its EndpointSlices, watched); a listed "
+            "worker may name its protocol: grpc://host:port or openai+http://host:port. Required, "
+            "here or as DEEPSPEC_GATEWAY_WORKERS",
+        )
+        g.add_argument(
+            "--worker-protocol",
+            choices=["kserve-grpc", "openai-http"],
+            help="what workers without a scheme speak: KServe v2 gRPC (default) or an OpenAI-compatible "
+            "HTTP server (vLLM, SGLang, trtllm-serve, llama.cpp), probed at its /health",
+        )
+        g.add_argument(
+            "--openai-max-outstanding",
+            type=int,
+            help="requests in flight on one OpenAI worker at most; past it the worker counts as saturated "
+            f"(429 when all are). Default {d('openai_max_outstanding')} = no cap",
+        )
+        g.add_argument(
+            "--discovery",
+            choices=["static", "dns", "endpointslices"],
+            help="how --workers is found (default: implied by its scheme; with this flag the scheme may be "
+            "left out). endpointslices watches the Kubernetes API from the pod: needs list/watch on "
+            "endpointslices; namespace from k8s://<service>.<namespace>, else $POD_NAMESPACE",
+        )
+        g.add_argument(
+            "--k8s-api-url",
+            help="Kubernetes API base URL for --discovery endpointslices "
+            "(default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+        )
     g.add_argument("--host", help=f"bind address (default {d('host')})")
-    g.add_argument("--http-port", type=int,
-                   help=f"OpenAI HTTP API + /health + /metrics (default {d('http_port')})")
+    g.add_argument("--http-port", type=int, help=f"OpenAI HTTP API + /health + /metrics (default {d('http_port')})")
     g.add_argument("--grpc-port", type=int, help=f"deepspec.v1 gRPC API (default {d('grpc_port')}; -1 = off)")
-    g.add_argument("--drain-timeout-s", type=float,
-                   help="seconds to finish in-flight requests after SIGTERM; readiness turns false first "
-                        f"(default {d('drain_timeout_s')})")
-    g.add_argument("--api-keys-file",
-                   help="file with one API key per line (also $DEEPSPEC_API_KEYS, comma-separated); unset = no auth")
-    g.add_argument("--request-timeout-s", type=float,
-                   help=f"whole-request limit, seconds (default {d('request_timeout_s')})")
-    g.add_argument("--health-interval-s", type=float,
-                   help=f"seconds between worker probes (default {d('health_interval_s')})")
-    g.add_argument("--max-body-bytes", type=int,
-                   help=f"larger request bodies get 413 (default {d('max_body_bytes')})")
+    g.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        help="seconds to finish in-flight requests after SIGTERM; readiness turns false first "
+        f"(default {d('drain_timeout_s')})",
+    )
+    g.add_argument(
+        "--api-keys-file",
+        help="file with one API key per line (also $DEEPSPEC_API_KEYS, comma-separated); unset = no auth",
+    )
+    g.add_argument(
+        "--request-timeout-s", type=float, help=f"whole-request limit, seconds (default {d('request_timeout_s')})"
+    )
+    g.add_argument(
+        "--health-interval-s", type=float, help=f"seconds between worker probes (default {d('health_interval_s')})"
+    )
+    g.add_argument("--max-body-bytes", type=int, help=f"larger request bodies get 413 (default {d('max_body_bytes')})")
     g = p.add_argument_group("admission and routing")
-    g.add_argument("--service-classes-file",
-                   help="YAML/JSON per API key: service_class (interactive|standard|batch), weight, tokens_per_minute, "
-                        "ttft_objective_s, session_memory (service/gateway/service_classes.py); its keys are accepted "
-                        "API keys too. Unset = every caller gets the standard class")
+    g.add_argument(
+        "--service-classes-file",
+        help="YAML/JSON per API key: service_class (interactive|standard|batch), weight, tokens_per_minute, "
+        "ttft_objective_s, session_memory (service/gateway/service_classes.py); its keys are accepted "
+        "API keys too. Unset = every caller gets the standard class",
+    )
     g.add_argument("--service-classes", help="the same as inline YAML/JSON text (the file wins where both are given)")
-    g.add_argument("--max-inflight-per-worker", type=int,
-                   help="requests in flight per admitted worker before the rest wait in the gateway's queue "
-                        f"(default {d('max_inflight_per_worker')} = no cap of its own)")
-    g.add_argument("--interactive-reserve-per-worker", type=int,
-                   help="slots per worker past --max-inflight-per-worker only the interactive class may take "
-                        f"(default {d('interactive_reserve_per_worker')})")
-    g.add_argument("--max-waiting", type=int,
-                   help="requests the admission queue holds; past it the lowest class is shed with 429 + Retry-After "
-                        f"(default {d('max_waiting')}; 0 = answer 429 at once when the pool is saturated)")
-    g.add_argument("--queue-timeout-s", type=float,
-                   help=f"seconds a request may wait in the queue when its key sets no objective "
-                        f"(default {d('queue_timeout_s')})")
-    g.add_argument("--routing", choices=["goodput", "p2c"],
-                   help="goodput: score workers by the tokens/s a request would get there, keep sessions on their "
-                        f"worker; p2c: power of two choices on outstanding requests (default {d('routing')})")
-    g.add_argument("--routing-load-max-age-s", type=float,
-                   help="seconds a worker's load report stays fresh; past it the pick falls back to p2c "
-                        f"(default {d('routing_load_max_age_s')})")
+    g.add_argument(
+        "--max-inflight-per-worker",
+        type=int,
+        help="requests in flight per admitted worker before the rest wait in the gateway's queue "
+        f"(default {d('max_inflight_per_worker')} = no cap of its own)",
+    )
+    g.add_argument(
+        "--interactive-reserve-per-worker",
+        type=int,
+        help="slots per worker past --max-inflight-per-worker only the interactive class may take "
+        f"(default {d('interactive_reserve_per_worker')})",
+    )
+    g.add_argument(
+        "--max-waiting",
+        type=int,
+        help="requests the admission queue holds; past it the lowest class is shed with 429 + Retry-After "
+        f"(default {d('max_waiting')}; 0 = answer 429 at once when the pool is saturated)",
+    )
+    g.add_argument(
+        "--queue-timeout-s",
+        type=float,
+        help=f"seconds a request may wait in the queue when its key sets no objective (default {d('queue_timeout_s')})",
+    )
+    g.add_argument(
+        "--routing",
+        choices=["goodput", "p2c"],
+        help="goodput: score workers by the tokens/s a request would get there, keep sessions on their "
+        f"worker; p2c: power of two choices on outstanding requests (default {d('routing')})",
+    )
+    g.add_argument(
+        "--routing-load-max-age-s",
+        type=float,
+        help="seconds a worker's load report stays fresh; past it the pick falls back to p2c "
+        f"(default {d('routing_load_max_age_s')})",
+    )
     if not embedded:  # embedded's --metrics-port is its worker's
-        g.add_argument("--metrics-port", type=int,
-                       help="serve /metrics on this port only, not on the HTTP API port (default: on --http-port)")
-        g.add_argument("--ready-without-workers", action="store_true", default=None,
-                       help="keep /health/ready at 200 while no worker is admitted; completions then answer "
-                            "503 + Retry-After (Kubernetes: a worker outage keeps the gateways in their Service)")
+        g.add_argument(
+            "--metrics-port",
+            type=int,
+            help="serve /metrics on this port only, not on the HTTP API port (default: on --http-port)",
+        )
+        g.add_argument(
+            "--ready-without-workers",
+            action="store_true",
+            default=None,
+            help="keep /health/ready at 200 while no worker is admitted; completions then answer "
+            "503 + Retry-After (Kubernetes: a worker outage keeps the gateways in their Service)",
+        )
 
 
 def _add_embedded_flags(p: argparse.ArgumentParser) -> None:
@@ -188,12 +272,18 @@ def _add_embedded_flags(p: argparse.ArgumentParser) -> None:
 
     _add_gateway_flags(p, embedded=True)
     _add_worker_flags(p, embedded=True)
-    p.add_argument("--worker-port", type=int, dest="port",
-                   help=f"in-process worker's gRPC port (default {_default(EmbeddedWorkerSettings, 'port')} = any "
-                        "free; DEEPSPEC_WORKER_PORT)")
-    p.add_argument("--metrics-port", type=int,
-                   help=f"worker /metrics HTTP port (default {_default(EmbeddedWorkerSettings, 'metrics_port')}; "
-                        "-1 = off)")
+    p.add_argument(
+        "--worker-port",
+        type=int,
+        dest="port",
+        help=f"in-process worker's gRPC port (default {_default(EmbeddedWorkerSettings, 'port')} = any "
+        "free; DEEPSPEC_WORKER_PORT)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help=f"worker /metrics HTTP port (default {_default(EmbeddedWorkerSettings, 'metrics_port')}; -1 = off)",
+    )
 
 
 def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParser:
@@ -202,15 +292,22 @@ def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParse
     epilog = __doc__
     if not set(commands) & set(COMMANDS):  # the top-level --help: say which backend `python -m service` serves here
         epilog += "\nBackend (worker --backend auto): " + _backend_choice_line() + "\n"
-    parser = argparse.ArgumentParser(prog="python -m service", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m service",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO; request lines are INFO)")
+    common.add_argument(
+        "--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO; request lines are INFO)"
+    )
     sub = parser.add_subparsers(dest="command")
     worker = sub.add_parser("worker", parents=[common], help="host one engine behind KServe v2 gRPC")
     gateway = sub.add_parser("gateway", parents=[common], help="OpenAI HTTP + gRPC API routing to workers")
-    embedded = sub.add_parser("embedded", parents=[common],
-                              help="gateway + one in-process worker (the default without a subcommand)")
+    embedded = sub.add_parser(
+        "embedded", parents=[common], help="gateway + one in-process worker (the default without a subcommand)"
+    )
     if "worker" in commands:
         _add_worker_flags(worker)
     if "gateway" in commands:
@@ -244,8 +341,14 @@ def parse_config(argv: list[str] | None = None) -> ServiceConfig:
     try:
         config = _settings(args)
     except ValidationError as e:
-        parser.error("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}" if err["loc"]
-                               else err["msg"].removeprefix("Value error, ") for err in e.errors()))  # fmt: skip
+        parser.error(
+            "; ".join(
+                f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
+                if err["loc"]
+                else err["msg"].removeprefix("Value error, ")
+                for err in e.errors()
+            )
+        )
     except ValueError as e:
         parser.error(str(e))
     config.log_level = args.log_level

@@ -35,15 +35,25 @@ async def serve_embedded(gateway_settings: GatewaySettings, worker_settings: Wor
         if urls and loading.done() and not loading.cancelled() and loading.exception() is None:
             logger.info(
                 "DeepSpec is serving %s (drafter %s): OpenAI API %s/v1 · gRPC %s · metrics %s/metrics (gateway), "
-                "http://%s:%s/metrics (worker)", worker.model_name, worker.loaded.drafter_name, urls["http"],
-                urls["grpc"], urls["http"], host, worker.metrics_port,
-            )  # fmt: skip
+                "http://%s:%s/metrics (worker)",
+                worker.model_name,
+                worker.loaded.drafter_name,
+                urls["http"],
+                urls["grpc"],
+                urls["http"],
+                host,
+                worker.metrics_port,
+            )
 
     def on_gateway_up(http_port: int, grpc_port: int | None) -> None:
         urls.update(http=f"http://{host}:{http_port}", grpc=None if grpc_port is None else f"{host}:{grpc_port}")
         if not loading.done():
-            logger.info("gateway up at %s/v1 (gRPC %s); loading %s, /health/ready turns 200 once it is warm",
-                        urls["http"], urls["grpc"], worker_settings.target)  # fmt: skip
+            logger.info(
+                "gateway up at %s/v1 (gRPC %s); loading %s, /health/ready turns 200 once it is warm",
+                urls["http"],
+                urls["grpc"],
+                worker_settings.target,
+            )
         announce()
 
     def on_loaded(task: asyncio.Task) -> None:

@@ -42,18 +42,36 @@ def configure_logging(level: str = "INFO") -> None:
     logging.getLogger("uvicorn.access").disabled = True  # the request line below replaces it
 
 
-def log_request(*, request_id: str, api: str, model: str, worker: str | None, status: str, stats: RequestStats,
-                ttft_s: float | None, duration_s: float, error: str | None = None) -> None:  # fmt: skip
+def log_request(
+    *,
+    request_id: str,
+    api: str,
+    model: str,
+    worker: str | None,
+    status: str,
+    stats: RequestStats,
+    ttft_s: float | None,
+    duration_s: float,
+    error: str | None = None,
+) -> None:
     if not _request_logger.isEnabledFor(logging.INFO):
         return
     tau = stats.acceptance_length
     fields = {
-        "event": "request", "id": request_id, "api": api, "model": model, "worker": worker, "status": status,
-        "prompt_tokens": stats.num_prompt_tokens, "completion_tokens": stats.num_output_tokens,
-        "ttft_s": None if ttft_s is None else round(ttft_s, 4), "duration_s": round(duration_s, 4),
-        "draft_tokens": stats.num_draft_tokens, "accepted_tokens": stats.num_accepted_tokens,
+        "event": "request",
+        "id": request_id,
+        "api": api,
+        "model": model,
+        "worker": worker,
+        "status": status,
+        "prompt_tokens": stats.num_prompt_tokens,
+        "completion_tokens": stats.num_output_tokens,
+        "ttft_s": None if ttft_s is None else round(ttft_s, 4),
+        "duration_s": round(duration_s, 4),
+        "draft_tokens": stats.num_draft_tokens,
+        "accepted_tokens": stats.num_accepted_tokens,
         "acceptance_length": None if tau is None else round(tau, 3),
-    }  # fmt: skip
+    }
     if error:
         fields["error"] = error
     _request_logger.info("request", extra={"fields": fields})

@@ -45,7 +45,9 @@ REQUEST_SUCCESS_TOTAL = "deepspec:request_success_total"
 SPEC_DECODE_NUM_DRAFTS_TOTAL = "deepspec:spec_decode_num_drafts_total"
 SPEC_DECODE_NUM_DRAFT_TOKENS_TOTAL = "deepspec:spec_decode_num_draft_tokens_total"
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL = "deepspec:spec_decode_num_accepted_tokens_total"
-SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL = "deepspec:spec_decode_num_accepted_tokens_per_pos_total"  # label `position`
+SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL = (
+    "deepspec:spec_decode_num_accepted_tokens_per_pos_total"  # label `position`
+)
 SPEC_DECODE_ACCEPTANCE_LENGTH = "deepspec:spec_decode_acceptance_length"  # histogram: τ of each drafted round
 SPEC_DECODE_NUM_FORWARDS_TOTAL = "deepspec:spec_decode_num_forwards_total"  # decode rounds, drafted or not
 SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL = "deepspec:spec_decode_num_forward_tokens_total"  # accepted + 1 per round
@@ -62,11 +64,16 @@ GATEWAY_RETRIES_TOTAL = "deepspec:gateway_retries_total"  # a request moved to a
 INFERENCE_EXTENSION_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 INFERENCE_EXTENSION_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 INFERENCE_EXTENSION_KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"  # a fraction, 0..1, as vLLM's
-INFERENCE_EXTENSION_GAUGES = (INFERENCE_EXTENSION_NUM_REQUESTS_WAITING, INFERENCE_EXTENSION_NUM_REQUESTS_RUNNING,
-                              INFERENCE_EXTENSION_KV_CACHE_USAGE_PERC)
+INFERENCE_EXTENSION_GAUGES = (
+    INFERENCE_EXTENSION_NUM_REQUESTS_WAITING,
+    INFERENCE_EXTENSION_NUM_REQUESTS_RUNNING,
+    INFERENCE_EXTENSION_KV_CACHE_USAGE_PERC,
+)
 
 #: every name above, for tests and the chart's dashboards check
-ALL_METRIC_NAMES = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and v.startswith("deepspec:"))
+ALL_METRIC_NAMES = tuple(
+    v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and v.startswith("deepspec:")
+)
 
 # ---------------------------------------------------------------------------------------------------------------
 # prometheus_client objects. Each process part (worker, gateway) registers into its own CollectorRegistry, so the
@@ -74,9 +81,38 @@ ALL_METRIC_NAMES = tuple(v for k, v in dict(globals()).items() if k.isupper() an
 
 #: latency buckets (seconds): fine below 10 ms for engine steps and gateway overhead, up to minutes for long requests
 LATENCY_BUCKETS_SECONDS = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
-)  # fmt: skip
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 #: tokens committed per verify round that checked drafts (accepted drafts + the bonus token)
 ACCEPTANCE_LENGTH_BUCKETS = tuple(float(i) for i in range(1, 17))
 
@@ -99,21 +135,27 @@ class _LatencyMetrics:
         self.prompt_tokens = Counter(PROMPT_TOKENS_TOTAL, "Prompt tokens processed.", labels, registry=registry)
         self.generation_tokens = Counter(GENERATION_TOKENS_TOTAL, "Tokens generated.", labels, registry=registry)
         self.request_success = Counter(
-            REQUEST_SUCCESS_TOTAL, "Finished requests by status (finish reason or error kind).",
-            (*labels, "status"), registry=registry,
-        )  # fmt: skip
+            REQUEST_SUCCESS_TOTAL,
+            "Finished requests by status (finish reason or error kind).",
+            (*labels, "status"),
+            registry=registry,
+        )
         spec_labels = (*labels, "class")  # read their children through `series((*labels, service_class))`
         self.spec_decode_num_draft_tokens = Counter(
             SPEC_DECODE_NUM_DRAFT_TOKENS_TOTAL, "Draft tokens proposed.", spec_labels, registry=registry
         )
         self.spec_decode_num_accepted_tokens = Counter(
-            SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL, "Draft tokens accepted by the target.", spec_labels,
+            SPEC_DECODE_NUM_ACCEPTED_TOKENS_TOTAL,
+            "Draft tokens accepted by the target.",
+            spec_labels,
             registry=registry,
-        )  # fmt: skip
+        )
         self.spec_decode_num_drafts = Counter(
-            SPEC_DECODE_NUM_DRAFTS_TOTAL, "Verify rounds that checked at least one draft token.", spec_labels,
+            SPEC_DECODE_NUM_DRAFTS_TOTAL,
+            "Verify rounds that checked at least one draft token.",
+            spec_labels,
             registry=registry,
-        )  # fmt: skip
+        )
         self._series: dict[tuple[str, ...], LabelledSeries] = {}
 
     def series(self, labels: tuple[str, ...]) -> LabelledSeries:
@@ -124,8 +166,17 @@ class _LatencyMetrics:
             found = self._series[labels] = LabelledSeries(self, labels)
         return found
 
-    def observe_request(self, labels: tuple[str, ...], *, status: str, arrival: float, first_token: float | None,
-                        finished: float, num_prompt_tokens: int, num_output_tokens: int) -> None:  # fmt: skip
+    def observe_request(
+        self,
+        labels: tuple[str, ...],
+        *,
+        status: str,
+        arrival: float,
+        first_token: float | None,
+        finished: float,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+    ) -> None:
         """Record one finished request; times are `time.perf_counter()` stamps (no clock inside)."""
         series = self.series(labels)
         series.request_success(status).inc()
@@ -171,35 +222,55 @@ class WorkerMetrics(_LatencyMetrics):
         super().__init__(self.registry, ("model",))
         self.model = model
         self.request_queue_time = Histogram(
-            REQUEST_QUEUE_TIME_SECONDS, "Time a request waited for a batch slot.", ("model",),
-            buckets=LATENCY_BUCKETS_SECONDS, registry=self.registry,
-        )  # fmt: skip
+            REQUEST_QUEUE_TIME_SECONDS,
+            "Time a request waited for a batch slot.",
+            ("model",),
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
         self.num_requests_running = Gauge(
             NUM_REQUESTS_RUNNING, "Requests in the running batch.", ("model",), registry=self.registry
         )
         self.num_requests_waiting = Gauge(
             NUM_REQUESTS_WAITING, "Requests queued for a batch slot.", ("model",), registry=self.registry
         )
-        self.inference_extension = {name: Gauge(name, doc, ("model_name",), registry=self.registry).labels(model)
-                                    for name, doc in zip(INFERENCE_EXTENSION_GAUGES, (
-                                        "Requests queued for a batch slot (Inference Extension: TotalQueuedRequests).",
-                                        "Requests in the running batch (Inference Extension: TotalRunningRequests).",
-                                        "KV positions the running rows hold over what the batch's caches hold, 0..1 "
-                                        "(Inference Extension: KVCacheUtilization)."))}  # fmt: skip
+        self.inference_extension = {
+            name: Gauge(name, doc, ("model_name",), registry=self.registry).labels(model)
+            for name, doc in zip(
+                INFERENCE_EXTENSION_GAUGES,
+                (
+                    "Requests queued for a batch slot (Inference Extension: TotalQueuedRequests).",
+                    "Requests in the running batch (Inference Extension: TotalRunningRequests).",
+                    "KV positions the running rows hold over what the batch's caches hold, 0..1 "
+                    "(Inference Extension: KVCacheUtilization).",
+                ),
+            )
+        }
         self.spec_decode_num_accepted_tokens_per_pos = Counter(
-            SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL, "Verify rounds in which draft position `position` was accepted.",
-            ("model", "class", "position"), registry=self.registry,
-        )  # fmt: skip
+            SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_TOTAL,
+            "Verify rounds in which draft position `position` was accepted.",
+            ("model", "class", "position"),
+            registry=self.registry,
+        )
         self.spec_decode_acceptance_length = Histogram(
-            SPEC_DECODE_ACCEPTANCE_LENGTH, "Tokens committed per verify round with drafts (accepted + bonus).",
-            ("model", "class"), buckets=ACCEPTANCE_LENGTH_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            SPEC_DECODE_ACCEPTANCE_LENGTH,
+            "Tokens committed per verify round with drafts (accepted + bonus).",
+            ("model", "class"),
+            buckets=ACCEPTANCE_LENGTH_BUCKETS,
+            registry=self.registry,
+        )
         self.spec_decode_num_forwards = Counter(
-            SPEC_DECODE_NUM_FORWARDS_TOTAL, "Decode rounds (target verify passes) of requests, drafted or not.",
-            ("model", "class"), registry=self.registry)
+            SPEC_DECODE_NUM_FORWARDS_TOTAL,
+            "Decode rounds (target verify passes) of requests, drafted or not.",
+            ("model", "class"),
+            registry=self.registry,
+        )
         self.spec_decode_num_forward_tokens = Counter(
-            SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL, "Tokens those rounds committed (accepted drafts + 1 each).",
-            ("model", "class"), registry=self.registry)
+            SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL,
+            "Tokens those rounds committed (accepted drafts + 1 each).",
+            ("model", "class"),
+            registry=self.registry,
+        )
 
     def observe_decode_round(self, num_accepted_tokens: int, service_class: str = DEFAULT_SERVICE_CLASS) -> None:
         """One decode round of one request of `service_class`, drafted or not: it committed its accepted drafts and
@@ -207,8 +278,9 @@ class WorkerMetrics(_LatencyMetrics):
         self.spec_decode_num_forwards.labels(self.model, service_class).inc()
         self.spec_decode_num_forward_tokens.labels(self.model, service_class).inc(1 + num_accepted_tokens)
 
-    def observe_spec_round(self, num_draft_tokens: int, num_accepted_tokens: int,
-                           service_class: str = DEFAULT_SERVICE_CLASS) -> None:  # fmt: skip
+    def observe_spec_round(
+        self, num_draft_tokens: int, num_accepted_tokens: int, service_class: str = DEFAULT_SERVICE_CLASS
+    ) -> None:
         """One verify round of one request of `service_class`: positions 0..accepted-1 were accepted (accepted
         drafts are a prefix)."""
         if num_draft_tokens <= 0:
@@ -231,17 +303,23 @@ class GatewayMetrics(_LatencyMetrics):
         self.registry = registry if registry is not None else CollectorRegistry()
         super().__init__(self.registry, ("model", "worker"))
         self.num_requests_outstanding = Gauge(
-            GATEWAY_NUM_REQUESTS_OUTSTANDING, "Requests sent to a worker and not finished.", ("worker",),
+            GATEWAY_NUM_REQUESTS_OUTSTANDING,
+            "Requests sent to a worker and not finished.",
+            ("worker",),
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.worker_healthy = Gauge(
-            GATEWAY_WORKER_HEALTHY, "1 while the worker is admitted to routing, 0 while ejected.", ("worker",),
+            GATEWAY_WORKER_HEALTHY,
+            "1 while the worker is admitted to routing, 0 while ejected.",
+            ("worker",),
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.retries = Counter(
-            GATEWAY_RETRIES_TOTAL, "Requests retried on another worker before their first token.", ("worker",),
+            GATEWAY_RETRIES_TOTAL,
+            "Requests retried on another worker before their first token.",
+            ("worker",),
             registry=self.registry,
-        )  # fmt: skip
+        )
 
 
 def exposition(registry) -> tuple[bytes, str]:

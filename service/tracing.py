@@ -112,8 +112,9 @@ def end_span(span: trace.Span | None, error: BaseException | None = None) -> Non
 
 
 @contextlib.contextmanager
-def server_span(name: str, metadata: Iterable[tuple[str, str | bytes]] | None,
-                attributes: dict | None = None) -> Iterator[trace.Span | None]:  # fmt: skip
+def server_span(
+    name: str, metadata: Iterable[tuple[str, str | bytes]] | None, attributes: dict | None = None
+) -> Iterator[trace.Span | None]:
     """A SERVER span, child of the W3C context in the incoming `metadata` (gRPC's invocation metadata or HTTP
     headers as pairs), current for the block; yields None while tracing is off."""
     if not _enabled:
@@ -121,8 +122,9 @@ def server_span(name: str, metadata: Iterable[tuple[str, str | bytes]] | None,
         return
     carrier = {key.lower(): value.decode() if isinstance(value, bytes) else value for key, value in metadata or ()}
     parent = propagate.extract(carrier)
-    with tracer().start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER,
-                                        attributes=attributes or {}) as span:  # fmt: skip
+    with tracer().start_as_current_span(
+        name, context=parent, kind=trace.SpanKind.SERVER, attributes=attributes or {}
+    ) as span:
         yield span
 
 

@@ -29,8 +29,9 @@ class CharTokenizer:
         return "".join(chr(33 + i) for i in ids if not (skip_special_tokens and i == self.eos_token_id))
 
 
-def make_tiny_target(vocab_size: int = 16, hidden: int = 32, layers: int = 2, seed: int = 0, eos: bool = True,
-                     temperature: float = 1.0):
+def make_tiny_target(
+    vocab_size: int = 16, hidden: int = 32, layers: int = 2, seed: int = 0, eos: bool = True, temperature: float = 1.0
+):
     """A random-init Llama built by transformers, run by our Decoder; returns (DecoderTarget, hf_model)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -39,9 +40,16 @@ def make_tiny_target(vocab_size: int = 16, hidden: int = 32, layers: int = 2, se
     from deepspec.models.decoder_target import DecoderTarget
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     hf = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # sharpen or flatten the distribution so tests can pick how peaky sampling is
         hf.lm_head.weight.mul_(temperature)
@@ -62,8 +70,10 @@ def pytest_runtest_logreport(report):
     if path and (report.when == "call" or report.outcome != "passed" or report.duration > 1.0):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(path, "a") as f:
-            f.write(f"{report.duration:9.2f} {report.outcome:8} {report.when:8} {worker:5} {time.strftime('%H:%M:%S')} "
-                    f"{report.nodeid}\n")
+            f.write(
+                f"{report.duration:9.2f} {report.outcome:8} {report.when:8} {worker:5} {time.strftime('%H:%M:%S')} "
+                f"{report.nodeid}\n"
+            )
 
 
 @pytest.fixture(scope="session")

@@ -103,7 +103,8 @@ def pb_utils_module() -> types.ModuleType:
     pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
     pb.get_input_tensor_by_name = lambda request, name: next((t for t in request.inputs() if t.name() == name), None)
     pb.using_decoupled_model_transaction_policy = lambda config: bool(
-        config.get("model_transaction_policy", {}).get("decoupled"))
+        config.get("model_transaction_policy", {}).get("decoupled")
+    )
     return pb
 
 
@@ -115,12 +116,15 @@ class Completion:
 
     def __init__(self):
         self.text, self.token_ids, self.finish_reason, self._last_text_len = "", [], None, 0
-        self.request_perf_metrics = types.SimpleNamespace(speculative_decoding=types.SimpleNamespace(
-            acceptance_rate=0.0, total_accepted_draft_tokens=0, total_draft_tokens=0))
+        self.request_perf_metrics = types.SimpleNamespace(
+            speculative_decoding=types.SimpleNamespace(
+                acceptance_rate=0.0, total_accepted_draft_tokens=0, total_draft_tokens=0
+            )
+        )
 
     @property
     def text_diff(self):
-        return self.text[self._last_text_len:]
+        return self.text[self._last_text_len :]
 
 
 class GenerationResult:
@@ -171,8 +175,11 @@ class ScriptedLLM:
 
     def __init__(self, **kwargs):
         self.kwargs, self.calls, self.closed = kwargs, [], False
-        self.tokenizer = types.SimpleNamespace(apply_chat_template=lambda messages, tokenize, add_generation_prompt:
-                                               "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+        self.tokenizer = types.SimpleNamespace(
+            apply_chat_template=lambda messages, tokenize, add_generation_prompt: (
+                "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+            )
+        )
         ScriptedLLM.instances.append(self)
 
     def generate_async(self, prompt, params, streaming=False):
@@ -230,9 +237,16 @@ def fake_modules(mpi: FakeMPI | None = None) -> dict[str, types.ModuleType]:
         yield None if comm.Get_rank() != 0 else object()  # as mpi4py: the executor lives on the root only
 
     futures.MPICommExecutor = executor
-    return {"tensorrt_llm": trt, "tensorrt_llm._utils": utils, "tensorrt_llm.llmapi": llmapi,
-            "tensorrt_llm.llmapi.llm_args": llm_args, "mpi4py": mpi4py, "mpi4py.MPI": mpi_mod,
-            "mpi4py.futures": futures, "triton_python_backend_utils": pb_utils_module()}
+    return {
+        "tensorrt_llm": trt,
+        "tensorrt_llm._utils": utils,
+        "tensorrt_llm.llmapi": llmapi,
+        "tensorrt_llm.llmapi.llm_args": llm_args,
+        "mpi4py": mpi4py,
+        "mpi4py.MPI": mpi_mod,
+        "mpi4py.futures": futures,
+        "triton_python_backend_utils": pb_utils_module(),
+    }
 
 
 def load_model_py(path: Path):
@@ -249,8 +263,14 @@ def parse_config(path: Path) -> model_config_pb2.ModelConfig:
 def initialize(model_dir: Path, config: model_config_pb2.ModelConfig, version: str = "1"):
     """model.py's TritonPythonModel, initialized as the Python backend does (sys.modules must hold the fakes)."""
     model = load_model_py(model_dir / version / "model.py").TritonPythonModel()
-    model.initialize({"model_config": json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True)),
-                      "model_repository": str(model_dir), "model_version": version, "model_name": config.name})
+    model.initialize(
+        {
+            "model_config": json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True)),
+            "model_repository": str(model_dir),
+            "model_version": version,
+            "model_name": config.name,
+        }
+    )
     return model
 
 
@@ -268,29 +288,39 @@ def _datatype(data_type: int) -> str:
     return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
 
 
-def check_request(config: model_config_pb2.ModelConfig, request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
+def check_request(
+    config: model_config_pb2.ModelConfig, request: service_pb2.ModelInferRequest
+) -> dict[str, np.ndarray]:
     """The inputs of `request` as arrays, after Triton's checks against `config`; Refused when one fails."""
     model, declared = config.name, {i.name: i for i in config.input}
     sent = {}
     for tensor in request.inputs:
         if tensor.name not in declared:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"unexpected inference input '{tensor.name}' for model '{model}'")
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT, f"unexpected inference input '{tensor.name}' for model '{model}'"
+            )
         spec = declared[tensor.name]
         if tensor.datatype != _datatype(spec.data_type):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model '{model}' "
-                          f"expects '{_datatype(spec.data_type)}'")
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model '{model}' "
+                f"expects '{_datatype(spec.data_type)}'",
+            )
         shape, dims = list(tensor.shape), list(spec.dims)
         if config.max_batch_size > 0:
             if not shape or not 1 <= shape[0] <= config.max_batch_size:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"inference request batch-size must be <= "
-                              f"{config.max_batch_size} for '{model}' (input '{tensor.name}' has shape {shape})")
+                raise Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"inference request batch-size must be <= "
+                    f"{config.max_batch_size} for '{model}' (input '{tensor.name}' has shape {shape})",
+                )
             shape = shape[1:]
         if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected {dims}, got "
-                          f"{list(tensor.shape)}")
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected {dims}, got "
+                f"{list(tensor.shape)}",
+            )
         sent[tensor.name] = tensor
     missing = [n for n, spec in declared.items() if not spec.optional and n not in sent]
     if missing:
@@ -304,21 +334,26 @@ def check_request(config: model_config_pb2.ModelConfig, request: service_pb2.Mod
         else:
             values = np.frombuffer(raw, dtype=triton_to_np_dtype(tensor.datatype))
         if values.size != int(np.prod(tensor.shape)):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"input '{tensor.name}' holds {values.size} values for "
-                          f"shape {list(tensor.shape)}")
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"input '{tensor.name}' holds {values.size} values for shape {list(tensor.shape)}",
+            )
         arrays[tensor.name] = values.reshape(list(tensor.shape))
     return arrays
 
 
-def to_kserve(config: model_config_pb2.ModelConfig, request: service_pb2.ModelInferRequest,
-              response: InferenceResponse) -> service_pb2.ModelInferResponse:  # fmt: skip
+def to_kserve(
+    config: model_config_pb2.ModelConfig, request: service_pb2.ModelInferRequest, response: InferenceResponse
+) -> service_pb2.ModelInferResponse:
     """A Python-backend response as Triton sends it; Refused (INTERNAL) for an output the config does not declare."""
     declared = {o.name: _datatype(o.data_type) for o in config.output}
     out = service_pb2.ModelInferResponse(model_name=config.name, model_version="1", id=request.id)
     for tensor in response.output_tensors:
         if tensor.name() not in declared:
-            raise Refused(grpc.StatusCode.INTERNAL, f"model '{config.name}' returned output '{tensor.name()}', which "
-                          "its config does not declare")
+            raise Refused(
+                grpc.StatusCode.INTERNAL,
+                f"model '{config.name}' returned output '{tensor.name()}', which its config does not declare",
+            )
         array, datatype = tensor.as_numpy(), declared[tensor.name()]
         out.outputs.add(name=tensor.name(), datatype=datatype, shape=list(array.shape))
         if datatype == "BYTES":
@@ -342,8 +377,11 @@ class KServeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Serves every model at the root of `repository` (each a Python-backend model.py beside its config.pbtxt)."""
 
     def __init__(self, repository: Path):
-        self.configs = {d.name: parse_config(d / "config.pbtxt") for d in sorted(Path(repository).iterdir())
-                        if (d / "config.pbtxt").is_file()}
+        self.configs = {
+            d.name: parse_config(d / "config.pbtxt")
+            for d in sorted(Path(repository).iterdir())
+            if (d / "config.pbtxt").is_file()
+        }
         self.models = {name: initialize(Path(repository) / name, config) for name, config in self.configs.items()}
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -370,8 +408,9 @@ class KServeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryIndex(self, request, context):
         index = service_pb2.RepositoryIndexResponse.ModelIndex
-        return service_pb2.RepositoryIndexResponse(models=[index(name=n, version="1", state="READY")
-                                                           for n in self.configs])  # fmt: skip
+        return service_pb2.RepositoryIndexResponse(
+            models=[index(name=n, version="1", state="READY") for n in self.configs]
+        )
 
     async def ModelConfig(self, request, context):
         if request.name not in self.configs:
@@ -387,8 +426,10 @@ class KServeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             config = self._config(request.model_name)
             if config.model_transaction_policy.decoupled:
-                raise Refused(grpc.StatusCode.UNIMPLEMENTED,
-                              "ModelInfer RPC doesn't support models with decoupled transaction policy")
+                raise Refused(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    "ModelInfer RPC doesn't support models with decoupled transaction policy",
+                )
             (response,) = [r async for r in self._run(config, request, context)]
             if response.error_message:
                 raise Refused(grpc.StatusCode.INTERNAL, response.error_message)
@@ -413,8 +454,10 @@ class KServeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.requests.append(triton_request)
         context.add_done_callback(lambda _: triton_request.cancelled.set())  # the client went away
         self.models[config.name].execute([triton_request])
-        empty_final = ("triton_enable_empty_final_response" in request.parameters
-                       and request.parameters["triton_enable_empty_final_response"].bool_param)  # fmt: skip
+        empty_final = (
+            "triton_enable_empty_final_response" in request.parameters
+            and request.parameters["triton_enable_empty_final_response"].bool_param
+        )
         while True:
             response, flags = await queue.get()
             final = bool(flags & FINAL)

@@ -12,13 +12,13 @@ class SetNeighbours:
 
     share = 0.0
 
-    def start(self) -> "SetNeighbours":
+    def start(self) -> SetNeighbours:
         return self
 
     def stop(self) -> None:
         return None
 
-    def __enter__(self) -> "SetNeighbours":
+    def __enter__(self) -> SetNeighbours:
         return self
 
     def __exit__(self, *exc) -> None:

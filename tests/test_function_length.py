@@ -12,15 +12,21 @@ MAX_LINES = 80
 
 
 def _long_functions(source: str, max_lines: int = MAX_LINES) -> list[tuple[str, int]]:
-    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > max_lines]
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > max_lines
+    ]
 
 
 def test_no_function_is_over_80_lines():
-    offenders = [f"{path.relative_to(ROOT)}: {name} ({lines} lines)"
-                 for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
-                 if "protos" not in path.parts for name, lines in _long_functions(path.read_text())]
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name} ({lines} lines)"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "protos" not in path.parts
+        for name, lines in _long_functions(path.read_text())
+    ]
     assert not offenders, offenders
 
 
@@ -28,4 +34,6 @@ def test_the_length_check_counts_decorators_out_and_nested_functions_in():  # ne
     body = "\n".join(f"    x{i} = {i}" for i in range(80))
     assert _long_functions(f"@decorator\ndef f():\n{body}\n") == [("f", 81)]
     assert _long_functions(f"def g():\n    def h():\n    {body.replace(chr(10), chr(10) + '    ')}\n") == [
-        ("g", 82), ("h", 81)]
+        ("g", 82),
+        ("h", 81),
+    ]

@@ -50,8 +50,10 @@ def test_free_port_never_repeats_and_is_bindable():
 def test_processes_never_share_a_port(registry_env):
     # four concurrent processes, two of them posing as the *same* xdist worker (same slice of the range): only the
     # shared registry keeps them apart
-    children = [_child({**registry_env, "PYTEST_XDIST_WORKER": worker}, 150, hold=True)
-                for worker in ("gw0", "gw1", "gw0", "gw1")]
+    children = [
+        _child({**registry_env, "PYTEST_XDIST_WORKER": worker}, 150, hold=True)
+        for worker in ("gw0", "gw1", "gw0", "gw1")
+    ]
     try:
         handed = [list(map(int, c.stdout.readline().split())) for c in children]
     finally:

@@ -34,4 +34,5 @@ def test_the_tracked_tree_fits_in_40_mb():
     largest = sorted(sizes.items(), key=lambda item: -item[1])[:8]
     listing = ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in largest)
     assert total <= MAX_TRACKED_BYTES, (
-        f"the tracked tree is {total / 1e6:.1f} MB, over {MAX_TRACKED_BYTES / 1e6:.0f} MB; largest: {listing}")
+        f"the tracked tree is {total / 1e6:.1f} MB, over {MAX_TRACKED_BYTES / 1e6:.0f} MB; largest: {listing}"
+    )

@@ -32,10 +32,15 @@ def lines_of(path: Path):
 
 
 def test_nothing_reads_or_cites_a_folder_beside_the_checkout():
-    found = [f"{f.relative_to(repo_root())}:{n}: {line.strip()}"
-             for f in tracked_text_files() for n, line in lines_of(f) if OUTSIDE.search(line)]
-    assert not found, "paths outside the repository (ship the data in datasets/, the design in docs/):\n" + \
-        "\n".join(found)
+    found = [
+        f"{f.relative_to(repo_root())}:{n}: {line.strip()}"
+        for f in tracked_text_files()
+        for n, line in lines_of(f)
+        if OUTSIDE.search(line)
+    ]
+    assert not found, "paths outside the repository (ship the data in datasets/, the design in docs/):\n" + "\n".join(
+        found
+    )
 
 
 def test_design_documents_are_cited_where_they_are():
@@ -57,5 +62,7 @@ def test_the_patterns_catch_what_they_guard_against():
     parent = ".."  # spelled apart so this file does not itself hold the path it guards against
     assert OUTSIDE.search(f"python -m training prepare --inputs {parent}/shared/datasets/train/gsm8k_train.jsonl")
     assert not OUTSIDE.search("one KV cache shared by every sequence; datasets/eval")
-    assert [m.group(1) for m in DESIGN_DOC.finditer("the losses of ALGORITHMS.md; see docs/ALGORITHMS.md")] == \
-        [None, "docs/"]
+    assert [m.group(1) for m in DESIGN_DOC.finditer("the losses of ALGORITHMS.md; see docs/ALGORITHMS.md")] == [
+        None,
+        "docs/",
+    ]

@@ -22,8 +22,9 @@ TEMPERATURE_GRID = torch.exp(torch.linspace(math.log(0.25), math.log(8.0), 61))
 MIN_SLOT_SAMPLES = 16
 
 
-def fit_slot_temperatures(conf: torch.Tensor, accept: torch.Tensor, slot: torch.Tensor,
-                          block_size: int) -> tuple[list[float], list[dict]]:
+def fit_slot_temperatures(
+    conf: torch.Tensor, accept: torch.Tensor, slot: torch.Tensor, block_size: int
+) -> tuple[list[float], list[dict]]:
     """conf logits [n], acceptance probabilities [n], slot index [n] → (T per slot, a report row per slot)."""
     temps, report = [], []
     for j in range(block_size):
@@ -37,18 +38,25 @@ def fit_slot_temperatures(conf: torch.Tensor, accept: torch.Tensor, slot: torch.
         losses = torch.stack([F.binary_cross_entropy_with_logits(c / t, a) for t in TEMPERATURE_GRID])
         best = float(TEMPERATURE_GRID[int(losses.argmin())])
         temps.append(round(best, 4))
-        report.append({"slot": j, "samples": n, "temperature": round(best, 4),
-                       "bce_uncalibrated": round(float(F.binary_cross_entropy_with_logits(c, a)), 5),
-                       "bce_calibrated": round(float(losses.min()), 5),
-                       "mean_confidence_uncalibrated": round(float(torch.sigmoid(c).mean()), 4),
-                       "mean_confidence_calibrated": round(float(torch.sigmoid(c / best).mean()), 4),
-                       "mean_acceptance": round(float(a.mean()), 4)})
+        report.append(
+            {
+                "slot": j,
+                "samples": n,
+                "temperature": round(best, 4),
+                "bce_uncalibrated": round(float(F.binary_cross_entropy_with_logits(c, a)), 5),
+                "bce_calibrated": round(float(losses.min()), 5),
+                "mean_confidence_uncalibrated": round(float(torch.sigmoid(c).mean()), 4),
+                "mean_confidence_calibrated": round(float(torch.sigmoid(c / best).mean()), 4),
+                "mean_acceptance": round(float(a.mean()), 4),
+            }
+        )
     return temps, report
 
 
 @torch.no_grad()
-def calibrate_confidence(draft, target, features_source, sequences, indices: list[int], num_anchors: int,
-                         seed: int) -> tuple[list[float], list[dict]]:
+def calibrate_confidence(
+    draft, target, features_source, sequences, indices: list[int], num_anchors: int, seed: int
+) -> tuple[list[float], list[dict]]:
     """Run the trained DSpark draft over the held-out sequences `indices` and fit its per-slot temperatures."""
     generator = torch.Generator().manual_seed(seed)
     confs, accepts, slots = [], [], []
@@ -60,8 +68,9 @@ def calibrate_confidence(draft, target, features_source, sequences, indices: lis
         mask = torch.tensor([sequences[i].loss_mask], device=device)
         features, labels = features_source([i], tokens)  # final hidden state [1, T, H] or SoftLabels
         labels = labels.float() if isinstance(labels, torch.Tensor) else labels
-        c, a, s = dspark_confidence_samples(draft, target, features.float(), labels, tokens, mask,
-                                            generator, num_anchors)
+        c, a, s = dspark_confidence_samples(
+            draft, target, features.float(), labels, tokens, mask, generator, num_anchors
+        )
         confs.append(c.cpu())
         accepts.append(a.cpu())
         slots.append(s.cpu())
@@ -71,8 +80,9 @@ def calibrate_confidence(draft, target, features_source, sequences, indices: lis
     return fit_slot_temperatures(torch.cat(confs), torch.cat(accepts), torch.cat(slots), draft.cfg.block_size)
 
 
-def calibrate_dspark(draft, target, features_source, sequences, indices: list[int], num_anchors: int,
-                     seed: int) -> list[dict]:
+def calibrate_dspark(
+    draft, target, features_source, sequences, indices: list[int], num_anchors: int, seed: int
+) -> list[dict]:
     """DSpark's `calibrate` (its algorithm record): fit the per-slot temperatures on the held-out rows into
     draft.cfg.confidence_temperature, which save_draft writes to config.json; returns the report per slot."""
     temps, report = calibrate_confidence(draft, target, features_source, sequences, indices, num_anchors, seed)

@@ -20,9 +20,12 @@ SAMPLE_ROWS = 40
 
 
 def add_card_parser(sub) -> None:
-    p = sub.add_parser("card", help="data card (CARD.md + histograms + a small sample) of a synthesized data set",
-                       description="Counts, rejection reasons, topics, the seeding comparison and length "
-                       "histograms of `synth`'s files, written as CARD.md, lengths.png, topics.png and sample.jsonl.")
+    p = sub.add_parser(
+        "card",
+        help="data card (CARD.md + histograms + a small sample) of a synthesized data set",
+        description="Counts, rejection reasons, topics, the seeding comparison and length "
+        "histograms of `synth`'s files, written as CARD.md, lengths.png, topics.png and sample.jsonl.",
+    )
     p.add_argument("--prompts", required=True, type=Path, help="synth --out (its .heldout/.rejected files beside)")
     p.add_argument("--answers", type=Path, default=None, help="synth --answers conversations")
     p.add_argument("--card-dir", required=True, type=Path, help="directory to write CARD.md and the plots into")
@@ -42,8 +45,14 @@ def answer_stats(conversations: list[dict]) -> dict:
         source = str(row.get("source", "?"))
         group = SYNTH_SOURCE_PREFIX if source.startswith(SYNTH_SOURCE_PREFIX) else source
         groups.setdefault(group, []).append(int(row.get("answer_tokens", 0)))
-    return {g: {"conversations": len(v), "answer_tokens": sum(v),
-                "median_answer_tokens": sorted(v)[len(v) // 2] if v else 0} for g, v in sorted(groups.items())}
+    return {
+        g: {
+            "conversations": len(v),
+            "answer_tokens": sum(v),
+            "median_answer_tokens": sorted(v)[len(v) // 2] if v else 0,
+        }
+        for g, v in sorted(groups.items())
+    }
 
 
 def plot_card(prompts: list[dict], conversations: list[dict], card_dir: Path) -> list[str]:
@@ -59,7 +68,8 @@ def plot_card(prompts: list[dict], conversations: list[dict], card_dir: Path) ->
     for row in conversations:
         source = str(row.get("source", "?"))
         by_group.setdefault("synthetic" if source.startswith(SYNTH_SOURCE_PREFIX) else source, []).append(
-            int(row.get("answer_tokens", 0)))
+            int(row.get("answer_tokens", 0))
+        )
     if by_group:
         axes[1].hist(list(by_group.values()), bins=40, stacked=True, label=list(by_group))
         axes[1].legend()
@@ -104,8 +114,18 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 def _markdown(report: dict, answers: dict, command: str | None) -> str:
     total_answers = sum(g["answer_tokens"] for g in answers.values())
-    seeding = [[mode, s["attempts"], s["kept_rate"], s["duplicate_rate"], s["dirty_rate"], s["distinct_2"],
-                s["topic_entropy_bits"]] for mode, s in report["seeding"].items()]
+    seeding = [
+        [
+            mode,
+            s["attempts"],
+            s["kept_rate"],
+            s["duplicate_rate"],
+            s["dirty_rate"],
+            s["distinct_2"],
+            s["topic_entropy_bits"],
+        ]
+        for mode, s in report["seeding"].items()
+    ]
     parts = [
         "# Synthetic chat data: data card",
         "",
@@ -129,9 +149,10 @@ def _markdown(report: dict, answers: dict, command: str | None) -> str:
         f"- synthetic prompts kept: {report['kept']} ({report['heldout']} held out), rejected: {report['rejected']}",
         f"- conversations: {sum(g['conversations'] for g in answers.values())}, answer tokens: {total_answers:,}",
         "",
-        _table(["source", "conversations", "answer tokens", "median answer tokens"],
-               [[g, s["conversations"], f"{s['answer_tokens']:,}", s["median_answer_tokens"]]
-                for g, s in answers.items()]),
+        _table(
+            ["source", "conversations", "answer tokens", "median answer tokens"],
+            [[g, s["conversations"], f"{s['answer_tokens']:,}", s["median_answer_tokens"]] for g, s in answers.items()],
+        ),
         "",
         "Rejected turns by reason:",
         "",
@@ -169,7 +190,14 @@ def run_card_cli(args) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"card": str(args.card_dir / "CARD.md"), "kept": summary["report"]["kept"],
-                      "conversations": sum(g["conversations"] for g in summary["answers"].values()),
-                      "answer_tokens": sum(g["answer_tokens"] for g in summary["answers"].values())}))
+    print(
+        json.dumps(
+            {
+                "card": str(args.card_dir / "CARD.md"),
+                "kept": summary["report"]["kept"],
+                "conversations": sum(g["conversations"] for g in summary["answers"].values()),
+                "answer_tokens": sum(g["answer_tokens"] for g in summary["answers"].values()),
+            }
+        )
+    )
     return 0

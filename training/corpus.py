@@ -40,8 +40,9 @@ def corpus_tokens(sequences: list[Sequence]) -> np.ndarray:
     return np.asarray(out, dtype=np.int32)
 
 
-def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: float = 0.5,
-                            prior_weight: float = 2.0) -> dict[str, list[float]]:
+def measure_slot_acceptance(
+    drafter, sequences: list[Sequence], k: int, prior: float = 0.5, prior_weight: float = 2.0
+) -> dict[str, list[float]]:
     """Replay greedy decoding of held-out answers with `drafter` (a CorpusLookupDrafter): the regenerated answer
     *is* the target's greedy output, so a draft token is accepted iff it equals the answer's next token. Returns
     source → [k] P(slot j accepted | every slot before it accepted), shrunk toward `prior` by `prior_weight`
@@ -59,8 +60,11 @@ def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: f
             while position < len(answer):
                 draft, source = drafter.draft(replay.view, 0, k)
                 num_accepted = 0
-                while (num_accepted < len(draft) and position + num_accepted < len(answer)
-                       and draft[num_accepted] == answer[position + num_accepted]):
+                while (
+                    num_accepted < len(draft)
+                    and position + num_accepted < len(answer)
+                    and draft[num_accepted] == answer[position + num_accepted]
+                ):
                     num_accepted += 1
                 if draft:
                     reached.setdefault(source, np.zeros(k))[: min(num_accepted + 1, len(draft))] += 1
@@ -68,8 +72,10 @@ def measure_slot_acceptance(drafter, sequences: list[Sequence], k: int, prior: f
                 committed = answer[position : position + num_accepted + 1]
                 replay.commit([0], [committed])
                 position += len(committed)
-    return {source: ((accepted[source] + prior * prior_weight) / (reached[source] + prior_weight)).round(4).tolist()
-            for source in sorted(reached)}
+    return {
+        source: ((accepted[source] + prior * prior_weight) / (reached[source] + prior_weight)).round(4).tolist()
+        for source in sorted(reached)
+    }
 
 
 def _replay(sequences: list[Sequence]):
@@ -86,8 +92,14 @@ def measure_node_acceptance(drafter, sequences: list[Sequence], k: int, prior_we
     answer's next one. Returns corpus source → [depth][support][freq bin] P(accepted | reached) (the layout of
     corpus_tree.NodeAcceptance), each cell shrunk toward its bin's frequency by `prior_weight` pseudo-counts and made
     non-decreasing in frequency, so the most frequent continuation stays the first child."""
-    from deepspec.decoding.drafters.corpus_tree import (FREQ_BINS, MAX_DEPTH_BUCKET, SUPPORT_EDGES, depth_bin,
-                                                        freq_bin, support_bin)
+    from deepspec.decoding.drafters.corpus_tree import (
+        FREQ_BINS,
+        MAX_DEPTH_BUCKET,
+        SUPPORT_EDGES,
+        depth_bin,
+        freq_bin,
+        support_bin,
+    )
 
     shape = (MAX_DEPTH_BUCKET, len(SUPPORT_EDGES), FREQ_BINS)
     reached: dict[str, np.ndarray] = {}
@@ -117,14 +129,28 @@ def measure_node_acceptance(drafter, sequences: list[Sequence], k: int, prior_we
             replay.commit([0], [committed])
             position += len(committed)
     centers = (np.arange(FREQ_BINS) + 0.5) / FREQ_BINS
-    return {key: np.maximum.accumulate((accepted[key] + prior_weight * centers) / (reached[key] + prior_weight),
-                                       axis=-1).round(4).tolist()
-            for key in sorted(reached)}
+    return {
+        key: np.maximum.accumulate((accepted[key] + prior_weight * centers) / (reached[key] + prior_weight), axis=-1)
+        .round(4)
+        .tolist()
+        for key in sorted(reached)
+    }
 
 
-def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, min_match: int = 1,
-                 num_held_out: int = 100, num_speculative_tokens: int = 7, tree_nodes: int = 16, max_len: int = 4096,
-                 drafting: dict | None = None, log=None) -> dict:
+def build_corpus(
+    paths: list[Path],
+    target,
+    out: Path,
+    *,
+    max_match: int = 12,
+    min_match: int = 1,
+    num_held_out: int = 100,
+    num_speculative_tokens: int = 7,
+    tree_nodes: int = 16,
+    max_len: int = 4096,
+    drafting: dict | None = None,
+    log=None,
+) -> dict:
     """Tokenize, index all but the last `num_held_out` conversations, measure the drafter's per-source slot
     acceptance (chains of `num_speculative_tokens`) and tree-node acceptance (trees of `tree_nodes`) on those, and
     save; `drafting` (tree, sampled, max_fallbacks) becomes the drafter's defaults. Returns the summary also written
@@ -146,16 +172,23 @@ def build_corpus(paths: list[Path], target, out: Path, *, max_match: int = 12, m
     if held_out:
         drafter = CorpusLookupDrafter(index, min_corpus_match=min_match)
         slot_acceptance = measure_slot_acceptance(drafter, held_out, num_speculative_tokens)
-        log(f"slot acceptance measured on {len(held_out)} held-out conversations: "
-            + "; ".join(f"{k} {v[0]:.2f}" for k, v in slot_acceptance.items()))
+        log(
+            f"slot acceptance measured on {len(held_out)} held-out conversations: "
+            + "; ".join(f"{k} {v[0]:.2f}" for k, v in slot_acceptance.items())
+        )
         drafter = CorpusLookupDrafter(index, min_corpus_match=min_match, slot_acceptance=slot_acceptance, tree=True)
         node_acceptance = measure_node_acceptance(drafter, held_out, tree_nodes)
         log(f"tree-node acceptance measured for {', '.join(node_acceptance)}")
-    summary = {"num_conversations": len(indexed), "num_held_out": len(held_out), "num_malformed": stats.num_malformed,
-               "data": [str(p) for p in paths], "node_acceptance": node_acceptance,
-               "drafting": {"tree": False, "sampled": False, "max_fallbacks": 1, **(drafting or {})}}
-    save_corpus(out, index, target.fingerprint(), min_corpus_match=min_match, slot_acceptance=slot_acceptance,
-                extra=summary)
+    summary = {
+        "num_conversations": len(indexed),
+        "num_held_out": len(held_out),
+        "num_malformed": stats.num_malformed,
+        "data": [str(p) for p in paths],
+        "node_acceptance": node_acceptance,
+        "drafting": {"tree": False, "sampled": False, "max_fallbacks": 1, **(drafting or {})},
+    }
+    save_corpus(
+        out, index, target.fingerprint(), min_corpus_match=min_match, slot_acceptance=slot_acceptance, extra=summary
+    )
     summary = {key: value for key, value in summary.items() if key != "node_acceptance"}
-    return {**summary, "num_tokens": len(index), "max_match": max_match, "min_corpus_match": min_match,
-            "out": str(out)}
+    return {**summary, "num_tokens": len(index), "max_match": max_match, "min_corpus_match": min_match, "out": str(out)}

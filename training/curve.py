@@ -51,8 +51,9 @@ def tokens_at_step(run_dir: Path, step: int) -> int:
                     return int(row["tokens"])
     import torch
 
-    state = torch.load(Path(run_dir) / "checkpoints" / f"step_{step:07d}" / "trainer_state.pt",
-                       weights_only=False, map_location="cpu")
+    state = torch.load(
+        Path(run_dir) / "checkpoints" / f"step_{step:07d}" / "trainer_state.pt", weights_only=False, map_location="cpu"
+    )
     return int(state["tokens_seen"])
 
 
@@ -62,8 +63,14 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     return latest_checkpoint(Path(run_dir))
 
 
-def measure_tau(target, drafter, datasets=DEFAULT_DATASETS, num_prompts: int = DEFAULT_NUM_PROMPTS,
-                max_tokens: int = DEFAULT_MAX_TOKENS, gamma: int = DEFAULT_GAMMA) -> dict[str, float | None]:
+def measure_tau(
+    target,
+    drafter,
+    datasets=DEFAULT_DATASETS,
+    num_prompts: int = DEFAULT_NUM_PROMPTS,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    gamma: int = DEFAULT_GAMMA,
+) -> dict[str, float | None]:
     """Greedy engine τ of `drafter` per eval set (accepted drafts + 1 per round that verified drafts, as `eval`
     counts it); None for a set where no round verified drafts. No target-only baseline: the curve needs τ only, and
     the baseline would double the cost. Neither the verify budget nor the draft's own forward is priced
@@ -103,8 +110,9 @@ class Record:
         data = self.load()
         for key, value in meta.items():
             data.setdefault(key, value)
-        data["points"] = sorted([p for p in data["points"] if p["step"] != point["step"]] + [point],
-                                key=lambda p: p["tokens_seen"])
+        data["points"] = sorted(
+            [p for p in data["points"] if p["step"] != point["step"]] + [point], key=lambda p: p["tokens_seen"]
+        )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -175,8 +183,9 @@ def fit_log_tokens(tokens: list[float], taus: list[float]) -> LogFit:
     return LogFit(a, b, se, n, x_mean)
 
 
-def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = None,
-               goal: dict[str, float] | None = None) -> None:
+def plot_curve(
+    data: dict, out_png: Path, references: dict[str, dict] | None = None, goal: dict[str, float] | None = None
+) -> None:
     """τ per eval set against tokens seen (log x), the shipped drafts as labelled points at the tokens they saw
     (`references`: name → {"tokens_seen", "tau": {set: τ}}), the corpus lookup's τ per set as dashed lines to beat
     (`goal`: set → τ), and the log fit of the mean."""
@@ -191,8 +200,13 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
     fig, ax = plt.subplots(figsize=(9, 5))
     xs = [p["tokens_seen"] for p in points]
     for name in sets:  # a set without τ at a point leaves a gap
-        ax.plot(xs, [math.nan if p["tau"][name] is None else p["tau"][name] for p in points], marker="o",
-                color=colors.get(name), label=f"{name}")
+        ax.plot(
+            xs,
+            [math.nan if p["tau"][name] is None else p["tau"][name] for p in points],
+            marker="o",
+            color=colors.get(name),
+            label=f"{name}",
+        )
         if goal and name in goal:
             ax.axhline(goal[name], color=colors.get(name), linestyle="--", linewidth=1)
     fitted = with_mean_tau(points)
@@ -201,35 +215,60 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
         fit = fit_log_tokens(fit_xs, [mean_tau(p) for p in fitted])
         hi = max(xs) * 30
         grid = [min(xs) * (hi / min(xs)) ** (i / 40) for i in range(41)]
-        ax.plot(grid, [fit.tau_at(x) for x in grid], color="gray", linestyle=":",
-                label=f"fit of the mean: τ = {fit.a:.2f} + {fit.b:.2f}·log10(tokens)")
+        ax.plot(
+            grid,
+            [fit.tau_at(x) for x in grid],
+            color="gray",
+            linestyle=":",
+            label=f"fit of the mean: τ = {fit.a:.2f} + {fit.b:.2f}·log10(tokens)",
+        )
     markers = iter("sD^v<>")
     goal_mean = sum(goal.values()) / len(goal) if goal else None
     for name, series in data.get("history", {}).items():  # earlier drafts measured at 2+ training lengths
         hx = [p["tokens_seen"] for p in with_mean_tau(series["points"])]
         mean = [mean_tau(p) for p in with_mean_tau(series["points"])]
-        ax.plot(hx, mean, marker=next(markers, "s"), color="black", linestyle="-.", linewidth=1, alpha=0.6,
-                label=f"{name} (mean τ)")
+        ax.plot(
+            hx,
+            mean,
+            marker=next(markers, "s"),
+            color="black",
+            linestyle="-.",
+            linewidth=1,
+            alpha=0.6,
+            label=f"{name} (mean τ)",
+        )
         if goal_mean is not None and len(set(hx)) >= 2:  # its log-line carried on to corpus lookup's mean
             fit = fit_log_tokens(hx, mean)
             end = min(fit.tokens_for(goal_mean), 1e10)
             if end > max(hx):
-                ax.plot([max(hx), end], [fit.tau_at(max(hx)), fit.tau_at(end)], color="black", linestyle=":",
-                        linewidth=0.8, alpha=0.5)
+                ax.plot(
+                    [max(hx), end],
+                    [fit.tau_at(max(hx)), fit.tau_at(end)],
+                    color="black",
+                    linestyle=":",
+                    linewidth=0.8,
+                    alpha=0.5,
+                )
     if goal_mean is not None:
-        ax.axhline(goal_mean, color="black", linestyle="--", linewidth=0.8, alpha=0.5,
-                   label=f"corpus lookup, mean τ {goal_mean:.2f}")
+        ax.axhline(
+            goal_mean,
+            color="black",
+            linestyle="--",
+            linewidth=0.8,
+            alpha=0.5,
+            label=f"corpus lookup, mean τ {goal_mean:.2f}",
+        )
     for name, ref in (references or {}).items():
         for s, tau in ref["tau"].items():
             ax.scatter([ref["tokens_seen"]], [tau], marker="x", color=colors.get(s, "black"))
-        ax.annotate(name, (ref["tokens_seen"], max(ref["tau"].values())), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(
+            name, (ref["tokens_seen"], max(ref["tau"].values())), fontsize=7, xytext=(3, 3), textcoords="offset points"
+        )
     ax.set_xscale("log")
     ax.set_xlabel("tokens seen in training")
     ax.set_ylabel("greedy engine τ (round starts)")
     ax.grid(alpha=0.3, which="both")
-    ax.set_title(f"{data.get('draft', 'draft')}: τ vs tokens (dashed: corpus lookup, x: shipped drafts)",
-                 fontsize=9)
+    ax.set_title(f"{data.get('draft', 'draft')}: τ vs tokens (dashed: corpus lookup, x: shipped drafts)", fontsize=9)
     ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     Path(out_png).parent.mkdir(parents=True, exist_ok=True)
@@ -237,9 +276,16 @@ def plot_curve(data: dict, out_png: Path, references: dict[str, dict] | None = N
     plt.close(fig)
 
 
-def measure_newest(run_dir: Path, record: Record, target, threads: int | None, log,
-                   datasets=DEFAULT_DATASETS, num_prompts: int = DEFAULT_NUM_PROMPTS,
-                   max_tokens: int = DEFAULT_MAX_TOKENS) -> dict | None:
+def measure_newest(
+    run_dir: Path,
+    record: Record,
+    target,
+    threads: int | None,
+    log,
+    datasets=DEFAULT_DATASETS,
+    num_prompts: int = DEFAULT_NUM_PROMPTS,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> dict | None:
     """Measure the run's newest checkpoint unless the record already has its step; returns the point or None."""
     from deepspec.decoding.registry import build_drafter
 
@@ -254,13 +300,27 @@ def measure_newest(run_dir: Path, record: Record, target, threads: int | None, l
     drafter = build_drafter(str(ckpt), target)  # loads the weights now: rotation may delete the folder later
     start = time.perf_counter()
     tau = measure_tau(target, drafter, datasets, num_prompts, max_tokens)
-    point = {"step": step, "tokens_seen": tokens, "tau": tau, "seconds": round(time.perf_counter() - start, 1),
-             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    meta = {"run": str(run_dir), "draft": Path(run_dir).name,
-            "settings": {"datasets": list(datasets), "num_prompts": num_prompts,
-                         "max_tokens": max_tokens, "num_speculative_tokens": DEFAULT_GAMMA,
-                         "temperature": 0.0, "batch_size": 1, "dtype": str(target.dtype).replace("torch.", ""),
-                         "threads": threads}}
+    point = {
+        "step": step,
+        "tokens_seen": tokens,
+        "tau": tau,
+        "seconds": round(time.perf_counter() - start, 1),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    meta = {
+        "run": str(run_dir),
+        "draft": Path(run_dir).name,
+        "settings": {
+            "datasets": list(datasets),
+            "num_prompts": num_prompts,
+            "max_tokens": max_tokens,
+            "num_speculative_tokens": DEFAULT_GAMMA,
+            "temperature": 0.0,
+            "batch_size": 1,
+            "dtype": str(target.dtype).replace("torch.", ""),
+            "threads": threads,
+        },
+    }
     record.add(point, meta)
     log(f"step {step}: {tokens:,} tokens, τ {tau}")
     return point
@@ -272,8 +332,11 @@ def greedy_tau(draft_dir: Path, datasets=DEFAULT_DATASETS) -> dict[str, float]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `python -m training eval --draft {draft_dir}` first")
     results = json.loads(path.read_text())["results"]
-    tau = {r["dataset"]: r["acceptance_length"] for r in results
-           if r["temperature"] == 0 and r["dataset"] in datasets and r["acceptance_length"] is not None}
+    tau = {
+        r["dataset"]: r["acceptance_length"]
+        for r in results
+        if r["temperature"] == 0 and r["dataset"] in datasets and r["acceptance_length"] is not None
+    }
     if not tau:
         raise ValueError(f"{path} has no greedy result on {list(datasets)}")
     return tau
@@ -304,14 +367,21 @@ def _fit_points(points: list[dict], goal_tau: dict[str, float] | None) -> dict |
     if len(points) < 2 or len(set(xs)) < 2:
         return None
     fit = fit_log_tokens(xs, [mean_tau(p) for p in points])
-    out = {"a": round(fit.a, 4), "b_per_decade": round(fit.b, 4),
-           "b_standard_error": None if math.isnan(fit.slope_se) else round(fit.slope_se, 4),
-           "num_points": fit.num_points}
+    out = {
+        "a": round(fit.a, 4),
+        "b_per_decade": round(fit.b, 4),
+        "b_standard_error": None if math.isnan(fit.slope_se) else round(fit.slope_se, 4),
+        "num_points": fit.num_points,
+    }
     if goal_tau:
         goal = sum(goal_tau.values()) / len(goal_tau)
         lo, hi = fit.tokens_interval(goal)
-        out.update(goal_mean_tau=round(goal, 4), tokens_to_goal=_finite(fit.tokens_for(goal)),
-                   tokens_to_goal_at_slope_plus_se=_finite(lo), tokens_to_goal_at_slope_minus_se=_finite(hi))
+        out.update(
+            goal_mean_tau=round(goal, 4),
+            tokens_to_goal=_finite(fit.tokens_for(goal)),
+            tokens_to_goal_at_slope_plus_se=_finite(lo),
+            tokens_to_goal_at_slope_minus_se=_finite(hi),
+        )
     return out
 
 
@@ -357,8 +427,9 @@ def run_curve_cli(args, parser) -> int:
             summary = args.run / "train_summary.json"
             finished = summary.is_file() and summary.stat().st_mtime > started
             try:
-                measure_newest(args.run, record, target, torch.get_num_threads(), log, datasets,
-                               args.num_prompts, args.max_tokens)
+                measure_newest(
+                    args.run, record, target, torch.get_num_threads(), log, datasets, args.num_prompts, args.max_tokens
+                )
             except (OSError, RuntimeError, ValueError) as exc:  # a checkpoint rotated away mid-load: next round
                 log(f"measurement failed, retrying next round: {exc}")
             if args.every_minutes is None or finished:
@@ -390,9 +461,14 @@ def markdown_table(data: dict) -> str:
 
     points = data["points"]
     sets = list(points[0]["tau"]) if points else []
-    lines = ["| step | tokens seen | " + " | ".join(f"τ {s}" for s in sets) + " | mean τ |",
-             "| --- | --- | " + " | ".join("---" for _ in sets) + " | --- |"]
+    lines = [
+        "| step | tokens seen | " + " | ".join(f"τ {s}" for s in sets) + " | mean τ |",
+        "| --- | --- | " + " | ".join("---" for _ in sets) + " | --- |",
+    ]
     for p in points:
-        lines.append(f"| {p['step']} | {p['tokens_seen']:,} | " + " | ".join(tau_text(p["tau"][s]) for s in sets)
-                     + f" | {tau_text(mean_tau(p))} |")
+        lines.append(
+            f"| {p['step']} | {p['tokens_seen']:,} | "
+            + " | ".join(tau_text(p["tau"][s]) for s in sets)
+            + f" | {tau_text(mean_tau(p))} |"
+        )
     return "\n".join(lines)

@@ -73,8 +73,7 @@ def render(target, messages: list[dict], add_generation_prompt: bool = False) ->
     """The messages through the target's chat template; a target without one (and no --chat-template) is refused
     with the one-line MissingChatTemplateError naming the fix, not transformers' traceback."""
     require_chat_template(target.tokenizer, target.name, target.spec.family)
-    return target.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                tokenize=False)
+    return target.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
 
 
 def tokenize_conversation(target, messages: list[dict], max_len: int) -> Sequence:
@@ -96,12 +95,12 @@ def tokenize_conversation(target, messages: list[dict], max_len: int) -> Sequenc
             prompt = render(target, messages[:i], add_generation_prompt=True)
             if not prompt.startswith(prev):
                 raise ValueError("the chat template does not render prefixes consistently")
-            add(prompt[len(prev):], 0)
+            add(prompt[len(prev) :], 0)
             prev = prompt
         text = render(target, messages[: i + 1])
         if not text.startswith(prev):
             raise ValueError("the chat template does not render prefixes consistently")
-        add(text[len(prev):], 1 if msg["role"] == "assistant" else 0)
+        add(text[len(prev) :], 1 if msg["role"] == "assistant" else 0)
         prev = text
     return Sequence(ids[:max_len], mask[:max_len])
 
@@ -111,8 +110,11 @@ def _valid_messages(obj) -> list[dict] | None:
     if not isinstance(conv, list) or not conv:
         return None
     for m in conv:
-        if not (isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                and isinstance(m.get("content"), str)):
+        if not (
+            isinstance(m, dict)
+            and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str)
+        ):
             return None
     return conv if any(m["role"] == "assistant" and m["content"] for m in conv) else None
 
@@ -131,8 +133,9 @@ def text_sequence(target, obj, max_len: int) -> Sequence | None:
     return Sequence(ids, [1] * len(ids))
 
 
-def load_sequences(paths: list[Path], target, max_len: int, stats: DataStats | None = None,
-                   text_rows: bool = False) -> list[Sequence]:
+def load_sequences(
+    paths: list[Path], target, max_len: int, stats: DataStats | None = None, text_rows: bool = False
+) -> list[Sequence]:
     """Read and tokenize every usable row with the target's tokenizer and chat template; raises ValueError when
     nothing usable is left. `text_rows` also takes `{"text"}` and `{"turns"}` rows (for `--labels target`: the
     target labels them itself)."""
@@ -160,8 +163,12 @@ def load_sequences(paths: list[Path], target, max_len: int, stats: DataStats | N
                 continue
             if isinstance(obj, dict) and "input_ids" in obj:
                 ids, mask = obj.get("input_ids"), obj.get("loss_mask")
-                if not (isinstance(ids, list) and isinstance(mask, list) and len(ids) == len(mask)
-                        and all(isinstance(t, int) for t in ids)):
+                if not (
+                    isinstance(ids, list)
+                    and isinstance(mask, list)
+                    and len(ids) == len(mask)
+                    and all(isinstance(t, int) for t in ids)
+                ):
                     stats.num_malformed += 1
                     stats.problems.append(f"{path}:{line_no}: input_ids/loss_mask missing or of different lengths")
                     continue
@@ -170,9 +177,14 @@ def load_sequences(paths: list[Path], target, max_len: int, stats: DataStats | N
                 seq = text_sequence(target, obj, max_len) if text_rows else None
                 if seq is None:
                     stats.num_malformed += 1
-                    stats.problems.append(f"{path}:{line_no}: " + (
-                        "'text' must be a non-empty string, 'turns' a list of strings" if text_rows else
-                        "a text row has no target-written answer to learn: train it with --labels target"))
+                    stats.problems.append(
+                        f"{path}:{line_no}: "
+                        + (
+                            "'text' must be a non-empty string, 'turns' a list of strings"
+                            if text_rows
+                            else "a text row has no target-written answer to learn: train it with --labels target"
+                        )
+                    )
                     continue
             else:
                 messages = _valid_messages(obj)
@@ -189,12 +201,16 @@ def load_sequences(paths: list[Path], target, max_len: int, stats: DataStats | N
             out.append(seq)
     if not out:
         first = f"; first: {stats.problems[0]}" if stats.problems else ""
-        raise ValueError(f"no usable training rows in {', '.join(map(str, paths))} ({stats.num_malformed} malformed,"
-                         f" {stats.num_empty} without assistant tokens{first})")
+        raise ValueError(
+            f"no usable training rows in {', '.join(map(str, paths))} ({stats.num_malformed} malformed,"
+            f" {stats.num_empty} without assistant tokens{first})"
+        )
     return out
 
 
-def build_draft_vocab(sequences: list[Sequence], size: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+def build_draft_vocab(
+    sequences: list[Sequence], size: int, vocab_size: int, always: tuple[int, ...] = ()
+) -> torch.Tensor:
     """The `size` most frequent assistant tokens (plus `always`, e.g. EOS), as sorted target ids [size]."""
     counts = Counter()
     for seq in sequences:

@@ -33,13 +33,13 @@ class SoftLabels:
     #: [.., k] int64: the kept tokens as draft-vocabulary ids (indices into d2t)
     ids: torch.Tensor
 
-    def __getitem__(self, index) -> "SoftLabels":
+    def __getitem__(self, index) -> SoftLabels:
         return SoftLabels(self.probs[index], self.ids[index])
 
-    def to(self, device) -> "SoftLabels":
+    def to(self, device) -> SoftLabels:
         return SoftLabels(self.probs.to(device), self.ids.to(device))
 
-    def gather_positions(self, positions: torch.Tensor) -> "SoftLabels":
+    def gather_positions(self, positions: torch.Tensor) -> SoftLabels:
         """positions [B, *P] (indices into T) → labels [B, *P, k] at those positions of each row."""
         B, k = positions.shape[0], self.probs.shape[-1]
         flat = positions.reshape(B, -1, 1).expand(-1, -1, k)
@@ -84,6 +84,11 @@ class DistillFeatures:
     @torch.no_grad()
     def __call__(self, indices: list[int], tokens: torch.Tensor) -> tuple[torch.Tensor, SoftLabels]:
         tokens = tokens.to(self.target.device)
-        out = self.target.forward(tokens, torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device),
-                                  None, feature_layers=self.feature_layers, logits="all")
+        out = self.target.forward(
+            tokens,
+            torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device),
+            None,
+            feature_layers=self.feature_layers,
+            logits="all",
+        )
         return out.features, soft_labels(out.logits, self.d2t, self.top_k)

@@ -51,8 +51,11 @@ def summary_table(drafts_dir: Path) -> str:
     names = " / ".join(sets)
     #: tokens per forward is recorded by evals since it exists; the column shows once any draft has it
     per_forward = any(r.tokens_per_forward is not None for _, rows in reports.values() for r in rows)
-    head = ["draft", "algorithm", "size", f"greedy τ {names}"] + ([f"tokens per forward {names}"] if per_forward
-                                                                  else []) + [f"speedup {names}", "measured at"]
+    head = (
+        ["draft", "algorithm", "size", f"greedy τ {names}"]
+        + ([f"tokens per forward {names}"] if per_forward else [])
+        + [f"speedup {names}", "measured at"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for draft_dir, (meta, rows) in reports.items():
         greedy = {r.dataset: r for r in rows if r.temperature == 0}
@@ -62,14 +65,20 @@ def summary_table(drafts_dir: Path) -> str:
         def per_set(cell) -> str:
             return " / ".join(cell(greedy[s]) if s in greedy else "-" for s in sets)
 
-        cells = [draft_dir.name, meta.get("algo", "?"), f"{size:.1f} MB",
-                 per_set(lambda r: tau_text(r.acceptance_length))]
+        cells = [
+            draft_dir.name,
+            meta.get("algo", "?"),
+            f"{size:.1f} MB",
+            per_set(lambda r: tau_text(r.acceptance_length)),
+        ]
         if per_forward:
             cells.append(per_set(lambda r: "-" if r.tokens_per_forward is None else f"{r.tokens_per_forward:.2f}"))
-        cells += [per_set(lambda r: f"{r.speedup:.2f}x"),
-                  f"{settings.get('dtype', '?')} target, {settings.get('num_prompts', '?')} prompts x "
-                  f"{settings.get('max_tokens', '?')} tokens, batch {settings.get('batch_size', '?')}, "
-                  f"k={settings.get('num_speculative_tokens', '?')}"]
+        cells += [
+            per_set(lambda r: f"{r.speedup:.2f}x"),
+            f"{settings.get('dtype', '?')} target, {settings.get('num_prompts', '?')} prompts x "
+            f"{settings.get('max_tokens', '?')} tokens, batch {settings.get('batch_size', '?')}, "
+            f"k={settings.get('num_speculative_tokens', '?')}",
+        ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -95,10 +104,14 @@ def expected_files(drafts_dir: Path) -> dict[Path, str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.draft_table", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--drafts", default=str(Path(__file__).resolve().parent.parent / "drafts"),
-                   help="the drafts folder (default: the checkout's)")
+    p = argparse.ArgumentParser(
+        prog="python -m training.draft_table", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--drafts",
+        default=str(Path(__file__).resolve().parent.parent / "drafts"),
+        help="the drafts folder (default: the checkout's)",
+    )
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a generated file is stale")
     args = p.parse_args(argv)
     drafts_dir = Path(args.drafts)

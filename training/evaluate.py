@@ -91,13 +91,15 @@ def pooled_stats(results) -> AcceptanceStats:
     def per_position(lists) -> list[int]:
         return [sum(values[i] for values in lists if i < len(values)) for i in range(width)]
 
-    return AcceptanceStats(num_steps=sum(r.num_steps for r in results),
-                           num_drafted_steps=sum(r.num_drafted_steps for r in results),
-                           num_draft_tokens=sum(r.num_draft_tokens for r in results),
-                           num_accepted_tokens=sum(r.num_accepted_tokens for r in results),
-                           num_verify_tokens=sum(r.num_verify_tokens for r in results),
-                           accepted_per_position=per_position([r.accepted_per_position for r in results]),
-                           proposed_per_position=per_position([r.proposed_per_position for r in results]))
+    return AcceptanceStats(
+        num_steps=sum(r.num_steps for r in results),
+        num_drafted_steps=sum(r.num_drafted_steps for r in results),
+        num_draft_tokens=sum(r.num_draft_tokens for r in results),
+        num_accepted_tokens=sum(r.num_accepted_tokens for r in results),
+        num_verify_tokens=sum(r.num_verify_tokens for r in results),
+        accepted_per_position=per_position([r.accepted_per_position for r in results]),
+        proposed_per_position=per_position([r.proposed_per_position for r in results]),
+    )
 
 
 def summarize(results) -> tuple[float | None, float, list[float]]:
@@ -126,10 +128,20 @@ def verify_tokens_per_step(results) -> float:
     return counted / max(steps, 1)
 
 
-def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_tokens: int,
-             temperatures: list[float], num_speculative_tokens: int = 7, batch_size: int = 1,
-             check_identical: bool = True, on_result=None, verify_budget: bool = True,
-             show_progress: bool = True) -> dict[str, list[EvalResult]]:
+def evaluate(
+    target,
+    drafters: dict,
+    datasets: list[str],
+    num_prompts: int,
+    max_tokens: int,
+    temperatures: list[float],
+    num_speculative_tokens: int = 7,
+    batch_size: int = 1,
+    check_identical: bool = True,
+    on_result=None,
+    verify_budget: bool = True,
+    show_progress: bool = True,
+) -> dict[str, list[EvalResult]]:
     """drafters: name → Drafter. Target-only runs once per (dataset, temperature) and every draft is timed right
     after it on the same prompts, so each speedup compares runs minutes apart on the same machine state.
 
@@ -137,29 +149,39 @@ def evaluate(target, drafters: dict, datasets: list[str], num_prompts: int, max_
     fixed `num_speculative_tokens` does: τ is then the draft's own acceptance, not cut to what pays on this
     machine's step time (deepspec/decoding/planner.py BudgetPlanner), and the speedup says what that costs."""
     from deepspec.decoding.engine import SpecEngine
-    from deepspec.decoding.planner import BudgetPlanner, RoundPlanner
     from deepspec.decoding.params import SamplingParams
+    from deepspec.decoding.planner import BudgetPlanner, RoundPlanner
     from training.progress import Progress
 
     max_seq_len = 2048
     base = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)
-    engines = {name: SpecEngine(target, d, max_batch_size=batch_size, max_seq_len=max_seq_len,
-                                num_speculative_tokens=num_speculative_tokens,
-                                planner=BudgetPlanner() if verify_budget else RoundPlanner())
-               for name, d in drafters.items()}
+    engines = {
+        name: SpecEngine(
+            target,
+            d,
+            max_batch_size=batch_size,
+            max_seq_len=max_seq_len,
+            num_speculative_tokens=num_speculative_tokens,
+            planner=BudgetPlanner() if verify_budget else RoundPlanner(),
+        )
+        for name, d in drafters.items()
+    }
     warm = [target.encode_chat([{"role": "user", "content": "Hi"}])]
     for engine in (base, *engines.values()):  # first calls pay one-off allocation costs; keep them out of timing
         engine.generate(warm, SamplingParams(max_tokens=8))
         engine.forget_acceptance()  # and out of the budget's prior
     out: dict[str, list[EvalResult]] = {name: [] for name in drafters}
-    sets = {name: [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
-            for name in datasets}
+    sets = {
+        name: [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
+        for name in datasets
+    }
     total = sum(len(p) for p in sets.values()) * len(temperatures) * (1 + len(engines))
     with Progress(total, "eval", enabled=show_progress) as progress:
         for name, prompts in sets.items():
             for temperature in temperatures:
-                for draft_name, result in _evaluate_set(name, prompts, temperature, base, engines, max_tokens,
-                                                        check_identical, progress):
+                for draft_name, result in _evaluate_set(
+                    name, prompts, temperature, base, engines, max_tokens, check_identical, progress
+                ):
                     out[draft_name].append(result)
                     if on_result is not None:
                         on_result(draft_name, result)
@@ -184,16 +206,24 @@ def _evaluate_set(name, prompts, temperature, base, engines, max_tokens, check_i
         identical = None
         if temperature == 0 and check_identical:
             identical = all(a.token_ids == b.token_ids for a, b in zip(base_results, spec_results))
-        result = EvalResult(name, temperature, len(prompts), None if tau is None else round(tau, 4),
-                            round(verify_rate, 4),
-                            [round(x, 4) for x in survival], round(n_spec / spec_s, 2),
-                            round(n_base / base_s, 2), round((n_spec / spec_s) / (n_base / base_s), 3),
-                            n_spec, identical,
-                            verify_tokens_per_step=round(verify_tokens_per_step(spec_results), 3),
-                            tree=is_tree_drafter(engine.drafter), num_steps=pooled.num_steps,
-                            num_drafted_steps=pooled.num_drafted_steps,
-                            tokens_per_forward=None if pooled.tokens_per_forward is None
-                            else round(pooled.tokens_per_forward, 4))
+        result = EvalResult(
+            name,
+            temperature,
+            len(prompts),
+            None if tau is None else round(tau, 4),
+            round(verify_rate, 4),
+            [round(x, 4) for x in survival],
+            round(n_spec / spec_s, 2),
+            round(n_base / base_s, 2),
+            round((n_spec / spec_s) / (n_base / base_s), 3),
+            n_spec,
+            identical,
+            verify_tokens_per_step=round(verify_tokens_per_step(spec_results), 3),
+            tree=is_tree_drafter(engine.drafter),
+            num_steps=pooled.num_steps,
+            num_drafted_steps=pooled.num_drafted_steps,
+            tokens_per_forward=None if pooled.tokens_per_forward is None else round(pooled.tokens_per_forward, 4),
+        )
         yield draft_name, result
 
 
@@ -205,17 +235,22 @@ def tau_text(tau: float | None) -> str:
 def eval_markdown(results: list[EvalResult], meta: dict) -> str:
     """eval.md: one row per (set, temperature) of an eval.json, and its settings (training/draft_table.py renders
     the shipped drafts' reports with it)."""
-    lines = [f"# {meta.get('draft', 'draft')} on {meta.get('target', 'target')}", "",
-             "| dataset | temp | τ | tokens per forward | verify tok/step | verify rate | draft tok/s "
-             "| target-only tok/s | speedup | identical |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# {meta.get('draft', 'draft')} on {meta.get('target', 'target')}",
+        "",
+        "| dataset | temp | τ | tokens per forward | verify tok/step | verify rate | draft tok/s "
+        "| target-only tok/s | speedup | identical |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         same = "" if r.identical_to_target is None else ("yes" if r.identical_to_target else "**NO**")
         vps = "" if r.verify_tokens_per_step is None else f"{r.verify_tokens_per_step:.2f}"
         per_forward = "" if r.tokens_per_forward is None else f"{r.tokens_per_forward:.2f}"
-        lines.append(f"| {r.dataset} | {r.temperature:g} | {tau_text(r.acceptance_length)} | {per_forward} | {vps} | "
-                     f"{r.verify_rate:.2f} | {r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | "
-                     f"{r.speedup:.2f}x | {same} |")
+        lines.append(
+            f"| {r.dataset} | {r.temperature:g} | {tau_text(r.acceptance_length)} | {per_forward} | {vps} | "
+            f"{r.verify_rate:.2f} | {r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | "
+            f"{r.speedup:.2f}x | {same} |"
+        )
     return "\n".join(lines + ["", f"Settings: {json.dumps(meta.get('settings', {}))}", ""])
 
 
@@ -232,8 +267,12 @@ def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in results:
-            ax.plot(range(1, len(r.survival) + 1), r.survival, marker="o",
-                    label=f"{r.dataset} T={r.temperature:g} (τ={tau_text(r.acceptance_length)})")
+            ax.plot(
+                range(1, len(r.survival) + 1),
+                r.survival,
+                marker="o",
+                label=f"{r.dataset} T={r.temperature:g} (τ={tau_text(r.acceptance_length)})",
+            )
         ax.set_xlabel("draft position")
         ax.set_ylabel("survival (accepted | proposed, earlier accepted)")
         ax.set_ylim(0, 1)
@@ -250,12 +289,17 @@ def write_reports(results: list[EvalResult], out_dir: Path, meta: dict) -> dict:
 
 def comparison_table(results: dict[str, list[EvalResult]]) -> str:
     """Every draft's rows side by side (markdown): trees next to chains, τ against what each verify pass cost."""
-    lines = ["| draft | shape | dataset | temp | τ | verify tok/step | speedup |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| draft | shape | dataset | temp | τ | verify tok/step | speedup |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, rows in results.items():
         for r in rows:
             vps = "" if r.verify_tokens_per_step is None else f"{r.verify_tokens_per_step:.2f}"
-            lines.append(f"| {name} | {'tree' if r.tree else 'chain'} | {r.dataset} | {r.temperature:g} | "
-                         f"{tau_text(r.acceptance_length)} | {vps} | {r.speedup:.2f}x |")
+            lines.append(
+                f"| {name} | {'tree' if r.tree else 'chain'} | {r.dataset} | {r.temperature:g} | "
+                f"{tau_text(r.acceptance_length)} | {vps} | {r.speedup:.2f}x |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -289,8 +333,14 @@ def run_eval_cli(args, parser) -> int:
     if args.out is not None and len(args.draft) > 1:
         parser.error("--out takes one draft; with several, each report goes into its draft directory")
     try:  # every eval prompt is chat: a target without a template stops here, in one line
-        target = load_target(args.target, dtype=args.dtype, device=args.device, quantization=args.quantization,
-                             chat_template=args.chat_template, for_chat=True)
+        target = load_target(
+            args.target,
+            dtype=args.dtype,
+            device=args.device,
+            quantization=args.quantization,
+            chat_template=args.chat_template,
+            for_chat=True,
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -313,25 +363,53 @@ def run_eval_cli(args, parser) -> int:
 
     def show(draft: str, r: EvalResult) -> None:
         same = "" if r.identical_to_target is None else f" identical={r.identical_to_target}"
-        print(f"{Path(draft).name:24s} {r.dataset:10s} T={r.temperature:g} τ={tau_text(r.acceptance_length)} "
-              f"verify={r.verify_rate:.2f} {r.tokens_per_second:.1f} vs {r.baseline_tokens_per_second:.1f} tok/s "
-              f"→ {r.speedup:.2f}x{same}", file=sys.stderr, flush=True)
+        print(
+            f"{Path(draft).name:24s} {r.dataset:10s} T={r.temperature:g} τ={tau_text(r.acceptance_length)} "
+            f"verify={r.verify_rate:.2f} {r.tokens_per_second:.1f} vs {r.baseline_tokens_per_second:.1f} tok/s "
+            f"→ {r.speedup:.2f}x{same}",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    results = evaluate(target, drafters, datasets, args.num_prompts, args.max_tokens, temperatures,
-                       args.num_speculative_tokens, args.batch_size, not args.no_check_identical, on_result=show,
-                       verify_budget=not args.verify_all)
-    settings = {"datasets": datasets, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
-                "temperatures": temperatures, "num_speculative_tokens": args.num_speculative_tokens,
-                "verify_budget": not args.verify_all,
-                "batch_size": args.batch_size, "dtype": args.dtype, "device": args.device,
-                "quantization": target.quantization,
-                "threads": torch.get_num_threads(), "machine": platform.machine(), "torch": torch.__version__}
+    results = evaluate(
+        target,
+        drafters,
+        datasets,
+        args.num_prompts,
+        args.max_tokens,
+        temperatures,
+        args.num_speculative_tokens,
+        args.batch_size,
+        not args.no_check_identical,
+        on_result=show,
+        verify_budget=not args.verify_all,
+    )
+    settings = {
+        "datasets": datasets,
+        "num_prompts": args.num_prompts,
+        "max_tokens": args.max_tokens,
+        "temperatures": temperatures,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "verify_budget": not args.verify_all,
+        "batch_size": args.batch_size,
+        "dtype": args.dtype,
+        "device": args.device,
+        "quantization": target.quantization,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+    }
     failed = False
     for label, drafter in drafters.items():
         spec = specs[label]
         out_dir = report_dir(spec, args.out)
-        meta = {"target": target.name, "draft": label, "algo": getattr(drafter, "name", spec.base),
-                "options": spec.options, "settings": settings}
+        meta = {
+            "target": target.name,
+            "draft": label,
+            "algo": getattr(drafter, "name", spec.base),
+            "options": spec.options,
+            "settings": settings,
+        }
         write_reports(results[label], out_dir, meta)
         print((out_dir / "eval.md").read_text())
         bad = [r.dataset for r in results[label] if r.identical_to_target is False]

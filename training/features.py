@@ -28,14 +28,20 @@ class OnlineFeatures:
     @torch.no_grad()
     def __call__(self, indices: list[int], tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [B, T] → features [B, T, 5H], final_hidden [B, T, H] (whole-context causal forward)."""
-        out = self.target.forward(tokens.to(self.target.device), torch.zeros(tokens.shape[0], dtype=torch.long,
-                                  device=self.target.device), None, feature_layers=self.feature_layers,
-                                  logits="none", return_final_hidden=True)
+        out = self.target.forward(
+            tokens.to(self.target.device),
+            torch.zeros(tokens.shape[0], dtype=torch.long, device=self.target.device),
+            None,
+            feature_layers=self.feature_layers,
+            logits="none",
+            return_final_hidden=True,
+        )
         return out.features, out.final_hidden
 
 
-def estimate_cache_bytes(num_tokens: int, hidden_size: int, num_feature_layers: int, dtype: torch.dtype,
-                         label_top_k: int | None = None) -> int:
+def estimate_cache_bytes(
+    num_tokens: int, hidden_size: int, num_feature_layers: int, dtype: torch.dtype, label_top_k: int | None = None
+) -> int:
     """Cache size: the features plus the final hidden state, or with `label_top_k` (labels=target) the top-k
     labels (float32 probability + int32 id per kept token)."""
     element = torch.tensor([], dtype=dtype).element_size()
@@ -63,14 +69,19 @@ class OfflineFeatures:
 
     def meta(self, sequences) -> dict:
         data = hashlib.sha1("".join(token_digest(s.input_ids) for s in sequences).encode()).hexdigest()[:16]
-        meta = {"feature_layers": list(self.feature_layers), "target": self.target.fingerprint(),
-                "num_sequences": len(sequences), "data": data, "writer": self._writer_name()}
+        meta = {
+            "feature_layers": list(self.feature_layers),
+            "target": self.target.fingerprint(),
+            "num_sequences": len(sequences),
+            "data": data,
+            "writer": self._writer_name(),
+        }
         if self.distill is not None:
             meta["labels"] = self.meta_labels()
         return meta
 
     def _writer_name(self) -> str:
-        """"target", or the other writer's kind and weights (e.g. "NativeTarget/q4")."""
+        """ "target", or the other writer's kind and weights (e.g. "NativeTarget/q4")."""
         if self.writer is None:
             return "target"
         return f"{type(self.writer).__name__}/{getattr(self.writer, 'quantization', '')}"
@@ -95,8 +106,11 @@ class OfflineFeatures:
             dtype = self.target.dtype  # what the training target's own features would be, whoever wrote them
             return {"features": features[0].to(dtype).contiguous(), "final_hidden": final[0].to(dtype).contiguous()}
         features, labels = self.distill([index], torch.tensor([input_ids]))
-        return {"features": features[0].contiguous(), "label_probs": labels.probs[0].contiguous(),
-                "label_ids": labels.ids[0].to(torch.int32).contiguous()}  # int32: N < 2^31, half the bytes
+        return {
+            "features": features[0].contiguous(),
+            "label_probs": labels.probs[0].contiguous(),
+            "label_ids": labels.ids[0].to(torch.int32).contiguous(),
+        }  # int32: N < 2^31, half the bytes
 
     def is_complete(self, sequences) -> bool:
         meta = self.dir / "meta.json"
@@ -110,7 +124,7 @@ class OfflineFeatures:
         try:
             with safe_open(path, "pt") as f:
                 return (f.metadata() or {}).get("tokens") == digest
-        except Exception:  # noqa: BLE001 — a truncated or foreign file is simply recomputed
+        except Exception:
             return False
 
     @torch.no_grad()

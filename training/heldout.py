@@ -50,8 +50,10 @@ def heldout_path(out: Path) -> Path:
 def refuse_heldout_file(path: Path) -> None:
     """Raise ValueError for a held-out file handed to a training step."""
     if Path(path).name.endswith(HELDOUT_SUFFIXES):
-        raise ValueError(f"{path} is a held-out evaluation split: no draft may train on it (evaluate with it "
-                         f"instead, e.g. `python -m training eval`)")
+        raise ValueError(
+            f"{path} is a held-out evaluation split: no draft may train on it (evaluate with it "
+            f"instead, e.g. `python -m training eval`)"
+        )
 
 
 def is_heldout_row(obj: dict) -> bool:

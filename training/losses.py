@@ -15,7 +15,7 @@ signature that takes either label source: `eagle3_objective`, `dflash_objective`
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -111,7 +111,9 @@ def eagle3_objective(model, target, features, labels, tokens, loss_mask, generat
 
 
 # ---- DFlash / DSpark ------------------------------------------------------------------------------------------
-def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_anchors(
+    loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random anchor positions a (1 <= a, x[a+1] an assistant token), without replacement per row.
 
     Returns anchors [B, A] and anchor_valid [B, A] (rows with fewer candidates repeat one, marked invalid)."""
@@ -124,13 +126,14 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
             continue
         pick = cand[torch.randperm(cand.numel(), generator=generator)[:num_anchors]].sort().values
         anchors[b, : pick.numel()] = pick
-        anchors[b, pick.numel():] = pick[0]
+        anchors[b, pick.numel() :] = pick[0]
         valid[b, : pick.numel()] = True
     return anchors.to(loss_mask.device), valid.to(loss_mask.device)
 
 
-def block_targets(tokens: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor,
-                  block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def block_targets(
+    tokens: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Labels of anchor-first blocks: slot j of the block at a predicts x[a+1+j].
 
     Returns labels [B, A, γ], prev [B, A, γ] = x[a+j] (the Markov head's x_{j-1}; x_{-1} = the anchor) and valid
@@ -162,16 +165,18 @@ def _block_common(model, features, tokens, loss_mask, generator, num_anchors):
 def _hard_ce(logits, labels, model, weights):
     draft_labels = model.t2d[labels]
     in_vocab = draft_labels < model.cfg.out_vocab_size
-    ce = F.cross_entropy(logits.flatten(0, -2), draft_labels.clamp(max=model.cfg.out_vocab_size - 1).flatten(),
-                         reduction="none").view_as(labels)
+    ce = F.cross_entropy(
+        logits.flatten(0, -2), draft_labels.clamp(max=model.cfg.out_vocab_size - 1).flatten(), reduction="none"
+    ).view_as(labels)
     w = weights * in_vocab.float()
     return (ce * w).sum() / w.sum().clamp(min=1e-6), w
 
 
 def dflash_loss(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
     """Position-weighted CE (w_j = exp(-j/4)) over the valid prefix of each block."""
-    anchors, labels, prev, valid, hidden, weights = _block_common(model, features, tokens, loss_mask, generator,
-                                                                  num_anchors)
+    anchors, labels, prev, valid, hidden, weights = _block_common(
+        model, features, tokens, loss_mask, generator, num_anchors
+    )
     logits = model.head(hidden)
     loss, _ = _hard_ce(logits, labels, model, weights)
     metrics = _block_metrics(logits, labels, model, valid)
@@ -192,8 +197,10 @@ def dflash_distill_loss(model, labels: SoftLabels, features, tokens, loss_mask, 
     hit[valid] = log_q.argmax(-1) == top
     run = torch.cumprod(hit.long(), dim=-1).sum(-1).float()
     blocks = valid[..., 0]
-    return loss, {"acc0": float(hit[..., 0].sum() / blocks.sum().clamp(min=1)),
-                  "tau": 1 + float(run[blocks].mean()) if bool(blocks.any()) else math.nan}
+    return loss, {
+        "acc0": float(hit[..., 0].sum() / blocks.sum().clamp(min=1)),
+        "tau": 1 + float(run[blocks].mean()) if bool(blocks.any()) else math.nan,
+    }
 
 
 def dflash_objective(model, target, features, labels, tokens, loss_mask, generator, num_anchors):
@@ -212,8 +219,9 @@ def _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, gene
     """Everything DSpark's loss and its confidence calibration read, over the valid slots of sampled blocks.
 
     `final_hidden` is the target's final hidden state [B, T, H] (regen) or its SoftLabels [B, T, k] (target)."""
-    anchors, labels, prev, valid, hidden, weights = _block_common(model, features, tokens, loss_mask, generator,
-                                                                  num_anchors)
+    anchors, labels, prev, valid, hidden, weights = _block_common(
+        model, features, tokens, loss_mask, generator, num_anchors
+    )
     γ = model.cfg.block_size
     logits, conf = model.step_logits(hidden, model.head(hidden), prev)
     # target distribution at position a+j (it predicts x[a+1+j]), full-vocabulary softmax gathered on d2t
@@ -231,8 +239,17 @@ def _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, gene
         outside = (1 - p_t.sum(-1)).clamp(min=0)  # target mass the draft vocabulary cannot cover
         l1 = (p_d - p_t).abs().sum(-1) + outside  # ‖p_d − p_t‖₁ over the full vocabulary
     slot = torch.arange(γ, device=anchors.device).expand_as(valid)[sel]
-    return {"logits": logits, "labels": labels, "valid": valid, "weights": weights, "l1": l1, "conf": conf[sel],
-            "accept": (1 - 0.5 * l1).detach().clamp(0, 1), "slot": slot, "soft": soft}
+    return {
+        "logits": logits,
+        "labels": labels,
+        "valid": valid,
+        "weights": weights,
+        "l1": l1,
+        "conf": conf[sel],
+        "accept": (1 - 0.5 * l1).detach().clamp(0, 1),
+        "slot": slot,
+        "soft": soft,
+    }
 
 
 def dspark_loss(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors):
@@ -269,5 +286,7 @@ def _block_metrics(logits, labels, model, valid) -> dict:
     # expected accepted length of greedy drafting on these blocks: contiguous correct prefix
     run = torch.cumprod(hit.long(), dim=-1).sum(-1).float()
     blocks = valid[..., 0]
-    return {"acc0": float(hit[..., 0].sum() / blocks.sum().clamp(min=1)),
-            "tau": 1 + float(run[blocks].mean()) if bool(blocks.any()) else math.nan}
+    return {
+        "acc0": float(hit[..., 0].sum() / blocks.sum().clamp(min=1)),
+        "tau": 1 + float(run[blocks].mean()) if bool(blocks.any()) else math.nan,
+    }

@@ -20,10 +20,10 @@ import json
 import random
 import time
 import urllib.request
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from deepspec.models.backends import NATIVE, ONNX, PYTORCH, backend_choices
 from training.data import jsonl_stem, open_jsonl, read_jsonl_lines
@@ -96,15 +96,23 @@ def finished_ids(output: Path) -> set[str]:
 Generate = Callable[[list[list[dict]]], list[tuple[str, int]]]
 
 
-def endpoint_backend(url: str, model: str, max_tokens: int, temperature: float, concurrency: int,
-                     timeout_seconds: float = 600.0) -> Generate:
+def endpoint_backend(
+    url: str, model: str, max_tokens: int, temperature: float, concurrency: int, timeout_seconds: float = 600.0
+) -> Generate:
     base = url.rstrip("/")
     if not base.endswith("/v1"):
         base += "/v1"
 
     def one(messages: list[dict]) -> tuple[str, int]:
-        body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens,
-                           "temperature": temperature, "stream": False}).encode()
+        body = json.dumps(
+            {
+                "model": model,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "stream": False,
+            }
+        ).encode()
         req = urllib.request.Request(base + "/chat/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout_seconds) as resp:
             obj = json.loads(resp.read())
@@ -119,16 +127,23 @@ def endpoint_backend(url: str, model: str, max_tokens: int, temperature: float, 
         for f in futures:
             try:
                 out.append(f.result())
-            except Exception as exc:  # noqa: BLE001 — every failure is logged per row, never fatal
+            except Exception as exc:
                 out.append(exc)
         return out
 
     return generate
 
 
-def load_engine_target(spec: str, backend: str, *, dtype: str = "float32", device: str = "cpu",
-                       chat_template: str | None = None, max_seq_len: int | None = None,
-                       num_threads: int | None = None):
+def load_engine_target(
+    spec: str,
+    backend: str,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    chat_template: str | None = None,
+    max_seq_len: int | None = None,
+    num_threads: int | None = None,
+):
     """(target, backend name): `native` = the native CPU decoder (deepspec/models/native: the GGUF's own 4-bit
     blocks for the default target, ~7x the PyTorch engine's tokens/s at 8 rows), `pytorch` = the PyTorch target in
     `dtype`, `auto` = native where it builds (a CPU and a C compiler), PyTorch otherwise. `num_threads`: the
@@ -142,8 +157,9 @@ def load_engine_target(spec: str, backend: str, *, dtype: str = "float32", devic
         from deepspec.models.native import NativeUnavailable, load_native_target
 
         try:
-            target = load_native_target(spec, max_seq_len=max_seq_len, chat_template=chat_template, for_chat=True,
-                                        num_threads=num_threads)
+            target = load_native_target(
+                spec, max_seq_len=max_seq_len, chat_template=chat_template, for_chat=True, num_threads=num_threads
+            )
             return target, f"native {target.quantization} ({target.isa}, {target.num_threads} threads)"
         except NativeUnavailable:
             if backend == NATIVE:
@@ -170,15 +186,21 @@ class _RowWriter:
         self._last_flush = time.monotonic()
 
     def write(self, row: PromptRow, conversation: list[dict], answer_tokens: int) -> None:
-        self._out.write(json.dumps({"id": row.id, "source": row.source, "conversations": conversation,
-                                    "answer_tokens": answer_tokens}, ensure_ascii=False) + "\n")
+        self._out.write(
+            json.dumps(
+                {"id": row.id, "source": row.source, "conversations": conversation, "answer_tokens": answer_tokens},
+                ensure_ascii=False,
+            )
+            + "\n"
+        )
         self.stats.num_done += 1
         self.stats.num_tokens += answer_tokens
         self._maybe_flush()
 
     def fail(self, row_id: str, exc: Exception) -> None:
-        self._fail.write(json.dumps({"id": row_id, "error": f"{type(exc).__name__}: {exc}", "time": time.time()})
-                         + "\n")
+        self._fail.write(
+            json.dumps({"id": row_id, "error": f"{type(exc).__name__}: {exc}", "time": time.time()}) + "\n"
+        )
         self.stats.num_failed += 1
         self._maybe_flush()
 
@@ -188,7 +210,7 @@ class _RowWriter:
             self._fail.flush()
             self._last_flush = time.monotonic()
 
-    def __enter__(self) -> "_RowWriter":
+    def __enter__(self) -> _RowWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -204,9 +226,17 @@ def _todo(rows: list[PromptRow], output: Path, stats: PrepareStats) -> list[Prom
     return todo
 
 
-def stream_regenerate(rows: list[PromptRow], target, params, output: Path, stats: PrepareStats, *,
-                      batch_size: int = 8, max_seq_len: int = 2048,
-                      on_row: Callable[[int], None] | None = None) -> PrepareStats:
+def stream_regenerate(
+    rows: list[PromptRow],
+    target,
+    params,
+    output: Path,
+    stats: PrepareStats,
+    *,
+    batch_size: int = 8,
+    max_seq_len: int = 2048,
+    on_row: Callable[[int], None] | None = None,
+) -> PrepareStats:
     """Regenerate every row not yet in `output` on our engine (`target`: native or PyTorch) with continuous batching
     across rows: a slot freed by a short answer takes the next turn at once, and each row is written when its last
     turn lands. Multi-turn rows replay turn by turn; a turn the engine refuses (longer than `max_seq_len`) logs the
@@ -254,8 +284,14 @@ def stream_regenerate(rows: list[PromptRow], target, params, output: Path, stats
 ROWS_PER_SLOT = 4
 
 
-def regenerate(rows: list[PromptRow], generate: Generate, output: Path, batch_size: int,
-               stats: PrepareStats, on_batch: Callable[[int, int], None] | None = None) -> PrepareStats:
+def regenerate(
+    rows: list[PromptRow],
+    generate: Generate,
+    output: Path,
+    batch_size: int,
+    stats: PrepareStats,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> PrepareStats:
     """Regenerate every turn of every row not yet in `output` through `generate` (the endpoint backend: a batch of
     message lists per call); multi-turn rows are replayed turn by turn."""
     todo = _todo(rows, output, stats)

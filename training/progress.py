@@ -25,14 +25,22 @@ class Progress:
         self._bar = None
         self._start = self._last_log = time.perf_counter()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._tty:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                     TimeRemainingColumn(), TextColumn("{task.fields[extra]}"), transient=False)
+            self._bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[extra]}"),
+                transient=False,
+            )
             self._bar.__enter__()
             self._task = self._bar.add_task(self.description, total=self.total, rate="", extra="")
         return self
@@ -75,8 +83,12 @@ class Progress:
         elapsed = now - self._start
         eta = self.eta_seconds
         extra = " ".join(f"{k}={_fmt(v)}" for k, v in self.fields.items())
-        print(f"[{self.description}] {self.done}/{self.total} {self.tokens_per_second:,.0f} tok/s "
-              f"elapsed {elapsed:,.0f}s eta {eta:,.0f}s {extra}", file=sys.stderr, flush=True)
+        print(
+            f"[{self.description}] {self.done}/{self.total} {self.tokens_per_second:,.0f} tok/s "
+            f"elapsed {elapsed:,.0f}s eta {eta:,.0f}s {extra}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _fmt(value: object) -> str:

@@ -17,9 +17,14 @@ from dataclasses import dataclass
 import torch
 
 #: deepspec-layout module → canonical-layout module of the same tensor (fc is refit, not copied)
-CANONICAL_NAMES = {"embed_norm": "midlayer.input_layernorm", "hidden_norm": "midlayer.hidden_norm",
-                   "attn": "midlayer.self_attn", "mlp_norm": "midlayer.post_attention_layernorm",
-                   "mlp": "midlayer.mlp", "final_norm": "norm"}
+CANONICAL_NAMES = {
+    "embed_norm": "midlayer.input_layernorm",
+    "hidden_norm": "midlayer.hidden_norm",
+    "attn": "midlayer.self_attn",
+    "mlp_norm": "midlayer.post_attention_layernorm",
+    "mlp": "midlayer.mlp",
+    "final_norm": "norm",
+}
 
 
 @dataclass
@@ -37,17 +42,30 @@ def canonical_config(source, target):
 
     cfg = source.cfg
     if cfg.algo != "eagle3" or cfg.layout != "deepspec":
-        raise ValueError(f"relayout starts from a deepspec-layout eagle3 draft; this one is {cfg.algo} "
-                         f"({cfg.layout} layout)")
+        raise ValueError(
+            f"relayout starts from a deepspec-layout eagle3 draft; this one is {cfg.algo} ({cfg.layout} layout)"
+        )
     if cfg.num_layers != 1:
         raise ValueError(f"the canonical layout has one layer; the source draft has {cfg.num_layers}")
-    return DraftConfig.for_target(target, "eagle3", layout="canonical", block_size=cfg.block_size,
-                                  draft_vocab_size=cfg.draft_vocab_size, confidence_threshold=cfg.confidence_threshold)
+    return DraftConfig.for_target(
+        target,
+        "eagle3",
+        layout="canonical",
+        block_size=cfg.block_size,
+        draft_vocab_size=cfg.draft_vocab_size,
+        confidence_threshold=cfg.confidence_threshold,
+    )
 
 
 @torch.no_grad()
-def fit_fc(source_fc: torch.Tensor, source_layers: tuple[int, ...], new_layers: tuple[int, ...], target,
-           token_rows: list[list[int]], ridge: float = 1e-8) -> tuple[torch.Tensor, FcFit]:
+def fit_fc(
+    source_fc: torch.Tensor,
+    source_layers: tuple[int, ...],
+    new_layers: tuple[int, ...],
+    target,
+    token_rows: list[list[int]],
+    ridge: float = 1e-8,
+) -> tuple[torch.Tensor, FcFit]:
     """W_new [H, len(new_layers)·H] minimizing Σ_t ||W_new F_new[t] - W_old F_old[t]||² (+ ridge · mean diag of
     FᵀF · ||W_new||², which only matters for collinear features) over every token of `token_rows`, the
     features taken from the target's own forward."""
@@ -60,8 +78,9 @@ def fit_fc(source_fc: torch.Tensor, source_layers: tuple[int, ...], new_layers: 
     sum_y, sum_y2 = torch.zeros(H, dtype=torch.float64), 0.0
     for row in token_rows:
         tokens = torch.tensor([row], device=target.device)
-        out = target.forward(tokens, torch.zeros(1, dtype=torch.long, device=target.device), None,
-                             feature_layers=layers, logits="none")
+        out = target.forward(
+            tokens, torch.zeros(1, dtype=torch.long, device=target.device), None, feature_layers=layers, logits="none"
+        )
         per_layer = dict(zip(layers, out.features[0].double().cpu().split(H, dim=-1)))  # layer → [T, H]
         f_old = torch.cat([per_layer[i] for i in source_layers], dim=-1)
         f_new = torch.cat([per_layer[i] for i in new_layers], dim=-1)
@@ -88,13 +107,14 @@ def canonical_from_deepspec(source, target, token_rows: list[list[int]]) -> tupl
     draft = build_draft(cfg)
     draft.set_vocab(source.d2t.cpu())
     draft.attach(target).init_from_target()
-    fc, fit = fit_fc(source.fc.weight.detach().cpu(), tuple(source.cfg.feature_layers), tuple(cfg.feature_layers),
-                     target, token_rows)
+    fc, fit = fit_fc(
+        source.fc.weight.detach().cpu(), tuple(source.cfg.feature_layers), tuple(cfg.feature_layers), target, token_rows
+    )
     state = {"fc.weight": fc}
     for name, tensor in source.state_dict().items():
         module = name.split(".")[0]
         if module in CANONICAL_NAMES:
-            state[CANONICAL_NAMES[module] + name[len(module):]] = tensor.detach().float().cpu()
+            state[CANONICAL_NAMES[module] + name[len(module) :]] = tensor.detach().float().cpu()
     missing = set(draft.state_dict()) - set(state) - {"lm_head.weight", "d2t", "t2d"}
     if missing:
         raise ValueError(f"the source draft has no tensors for {sorted(missing)}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterator
 
 
 @dataclass

@@ -23,9 +23,9 @@ import itertools
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from training.data import open_jsonl, read_jsonl_lines
 from training.heldout import heldout_path, is_heldout, text_key
@@ -33,11 +33,28 @@ from training.synth_filters import Deduplicator, distinct_n, reject_reason, topi
 
 #: the system-prompt topics of `--seeding topics` (one system prompt each, taken in turn)
 TOPICS = (
-    "Python programming", "JavaScript and web development", "SQL and databases", "algorithms and data structures",
-    "shell scripting and Linux", "mathematics", "math word problems", "creative writing", "emails and business writing",
-    "editing and summarizing text", "science", "history and geography", "health and fitness", "cooking and recipes",
-    "travel planning", "personal finance", "business and marketing", "JSON and structured data",
-    "everyday advice", "casual conversation", "language learning and translation", "philosophy and ethics",
+    "Python programming",
+    "JavaScript and web development",
+    "SQL and databases",
+    "algorithms and data structures",
+    "shell scripting and Linux",
+    "mathematics",
+    "math word problems",
+    "creative writing",
+    "emails and business writing",
+    "editing and summarizing text",
+    "science",
+    "history and geography",
+    "health and fitness",
+    "cooking and recipes",
+    "travel planning",
+    "personal finance",
+    "business and marketing",
+    "JSON and structured data",
+    "everyday advice",
+    "casual conversation",
+    "language learning and translation",
+    "philosophy and ethics",
 )
 DEFAULT_SEED = "default"
 SEEDINGS = ("mixed", "default", "topics")
@@ -153,8 +170,11 @@ class _SynthWriter:
 
     def __init__(self, files: SynthFiles, flush_every: int = 16):
         files.prompts.parent.mkdir(parents=True, exist_ok=True)
-        self._handles = {"accepted": open_jsonl(files.prompts, "at"), "heldout": open_jsonl(files.heldout, "at"),
-                         "rejected": open_jsonl(files.rejected, "at")}
+        self._handles = {
+            "accepted": open_jsonl(files.prompts, "at"),
+            "heldout": open_jsonl(files.heldout, "at"),
+            "rejected": open_jsonl(files.rejected, "at"),
+        }
         self._pending, self.flush_every = 0, flush_every
 
     def write(self, kind: str, row: dict) -> None:
@@ -173,8 +193,9 @@ class _SynthWriter:
             handle.close()
 
 
-def synthesize(target, files: SynthFiles, settings: SynthSettings, *,
-               on_result: Callable[[SynthProgress, int], None] | None = None) -> SynthProgress:
+def synthesize(
+    target, files: SynthFiles, settings: SynthSettings, *, on_result: Callable[[SynthProgress, int], None] | None = None
+) -> SynthProgress:
     """Sample user turns until the files hold `settings.num_prompts` accepted ones (training + held out)."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
@@ -188,14 +209,12 @@ def synthesize(target, files: SynthFiles, settings: SynthSettings, *,
     state = resume_state(files, dedup)
     max_attempts = settings.num_prompts * settings.max_attempts_per_prompt
     longest = max(len(p) for p in prefixes.values())
-    engine = SpecEngine(target, None, max_batch_size=settings.batch_size,
-                        max_seq_len=longest + settings.max_tokens + 1)
+    engine = SpecEngine(target, None, max_batch_size=settings.batch_size, max_seq_len=longest + settings.max_tokens + 1)
     stream = EngineStream(engine, settings.batch_size)
 
     # attempts finish out of order: a killed run leaves gaps, which a resumed one fills before going on, so it draws
     # exactly the turns an uninterrupted run would (rows from before attempts were recorded are taken as a prefix)
-    attempt_indices = itertools.filterfalse(state.done_attempts.__contains__,
-                                            itertools.count(state.unindexed_attempts))
+    attempt_indices = itertools.filterfalse(state.done_attempts.__contains__, itertools.count(state.unindexed_attempts))
 
     def refill() -> bool:
         wanted = settings.num_prompts - state.accepted - state.heldout
@@ -203,8 +222,13 @@ def synthesize(target, files: SynthFiles, settings: SynthSettings, *,
             return False
         k = next(attempt_indices)  # every attempt has its own seed
         seed = seeds[k % len(seeds)]
-        params = SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
-                                top_p=settings.top_p, seed=settings.seed * 1_000_003 + k, stop_token_ids=stop_ids)
+        params = SamplingParams(
+            max_tokens=settings.max_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=settings.seed * 1_000_003 + k,
+            stop_token_ids=stop_ids,
+        )
         stream.submit((seed, k), prefixes[seed], params)
         return True
 
@@ -231,16 +255,36 @@ def _judge(result, special_ids: frozenset[int], dedup: Deduplicator, settings: S
     text = result.text.strip()
     seed, attempt = result.key
     source = f"synth/{seed}"
-    reason = (f"engine: {result.error}" if result.error is not None else
-              reject_reason(result.text, result.token_ids, result.finish_reason, special_ids,
-                            min_words=settings.min_words, max_chars=settings.max_chars))
+    reason = (
+        f"engine: {result.error}"
+        if result.error is not None
+        else reject_reason(
+            result.text,
+            result.token_ids,
+            result.finish_reason,
+            special_ids,
+            min_words=settings.min_words,
+            max_chars=settings.max_chars,
+        )
+    )
     if reason is None:
         reason = dedup.check_and_add(text)
     if reason is not None:
-        return "rejected", {"source": source, "reason": reason, "text": result.text, "tokens": len(result.token_ids),
-                            "attempt": attempt}
-    row = {"id": f"synth-{text_key(text)}", "source": source, "topic": topic_of(text), "turns": [text],
-           "tokens": len(result.token_ids), "attempt": attempt}
+        return "rejected", {
+            "source": source,
+            "reason": reason,
+            "text": result.text,
+            "tokens": len(result.token_ids),
+            "attempt": attempt,
+        }
+    row = {
+        "id": f"synth-{text_key(text)}",
+        "source": source,
+        "topic": topic_of(text),
+        "turns": [text],
+        "tokens": len(result.token_ids),
+        "attempt": attempt,
+    }
     return ("heldout" if is_heldout(text) else "accepted"), row
 
 
@@ -261,12 +305,15 @@ def synth_report(files: SynthFiles) -> dict:
         mode["rejected"][row.get("reason", "?")] += 1
     tokens = sorted(int(r.get("tokens", 0)) for r in kept)
     return {
-        "kept": len(kept), "heldout": len(read_rows(files.heldout)), "rejected": len(rejected),
+        "kept": len(kept),
+        "heldout": len(read_rows(files.heldout)),
+        "rejected": len(rejected),
         "rejected_by_reason": dict(Counter(r.get("reason", "?") for r in rejected).most_common()),
         "topics": dict(Counter(r.get("topic", "?") for r in kept).most_common()),
         "user_turn_tokens": {q: _percentile(tokens, q) for q in (10, 50, 90, 99)},
-        "seeding": {name: _mode_summary(m, min(len(m["kept"]) for m in by_mode.values()))
-                    for name, m in sorted(by_mode.items())},
+        "seeding": {
+            name: _mode_summary(m, min(len(m["kept"]) for m in by_mode.values())) for name, m in sorted(by_mode.items())
+        },
     }
 
 
@@ -281,12 +328,15 @@ def _mode_summary(mode: dict, diversity_sample: int) -> dict:
     total = sum(topics.values())
     entropy = max(0.0, -sum(c / total * math.log2(c / total) for c in topics.values())) if total else 0.0
     attempts = max(mode["attempts"], 1)
-    return {"attempts": mode["attempts"], "kept_rate": round(len(kept) / attempts, 3),
-            "duplicate_rate": round(dups / attempts, 3),
-            "dirty_rate": round((sum(rejected.values()) - dups) / attempts, 3),
-            "distinct_2": round(distinct_n([r["turns"][0] for r in kept[:diversity_sample]]), 3),
-            "distinct_2_sample": diversity_sample,
-            "topic_entropy_bits": round(entropy, 2)}
+    return {
+        "attempts": mode["attempts"],
+        "kept_rate": round(len(kept) / attempts, 3),
+        "duplicate_rate": round(dups / attempts, 3),
+        "dirty_rate": round((sum(rejected.values()) - dups) / attempts, 3),
+        "distinct_2": round(distinct_n([r["turns"][0] for r in kept[:diversity_sample]]), 3),
+        "distinct_2_sample": diversity_sample,
+        "topic_entropy_bits": round(entropy, 2),
+    }
 
 
 def _percentile(values: list[int], q: float) -> int:

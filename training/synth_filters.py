@@ -19,12 +19,20 @@ _ROLE_LINE = re.compile(r"^\s*(user|assistant|system|human|gpt)\s*:?\s*$", re.IG
 _MARKUP = re.compile(r"<\|[^|>]{1,30}\|>|</?s>|\[/?INST\]|<start_of_turn>|<end_of_turn>")
 _WORD = re.compile(r"[A-Za-z']+|\d+")
 #: common English function words: a request in English has at least one of them
-_STOPWORDS = frozenset("""a an the to of in on for and or is are be can you your me my i it this that with what how why
-when where which who do does please write give make help explain about from as at by if""".split())
+_STOPWORDS = frozenset(
+    ["a", "an", "the", "to", "of", "in", "on", "for", "and", "or", "is", "are", "be", "can", "you", "your", "me", "my", "i", "it", "this", "that", "with", "what", "how", "why", "when", "where", "which", "who", "do", "does", "please", "write", "give", "make", "help", "explain", "about", "from", "as", "at", "by", "if"]
+)
 
 
-def reject_reason(text: str, token_ids: list[int], finish_reason: str | None, special_ids: frozenset[int], *,
-                  min_words: int = 3, max_chars: int = 2000) -> str | None:
+def reject_reason(
+    text: str,
+    token_ids: list[int],
+    finish_reason: str | None,
+    special_ids: frozenset[int],
+    *,
+    min_words: int = 3,
+    max_chars: int = 2000,
+) -> str | None:
     """Why this user turn is unusable, or None. `finish_reason` "stop" means the target ended the turn itself;
     anything else (the token limit) is a turn cut off mid-thought."""
     if finish_reason != "stop":
@@ -89,7 +97,7 @@ class Deduplicator:
         return m
 
     def check_and_add(self, text: str) -> str | None:
-        """"exact" or "near_duplicate" when the text (or one like it) was seen; else None, and it is remembered."""
+        """ "exact" or "near_duplicate" when the text (or one like it) was seen; else None, and it is remembered."""
         key = text_key(text)
         if key in self._exact:
             return "exact_duplicate"
@@ -104,19 +112,31 @@ class Deduplicator:
 #: topic -> keyword pattern, tested in this order (a JSON coding request is "json"); cheap and explainable buckets
 TOPIC_PATTERNS: dict[str, re.Pattern] = {
     "json/data": re.compile(r"\b(json|yaml|csv|xml|table|spreadsheet|dataset|schema)\b", re.IGNORECASE),
-    "coding": re.compile(r"```|\b(python|javascript|typescript|java|c\+\+|c#|rust|golang|sql|html|css|code|coding|"
-                         r"function|script|program|programming|algorithm|api|debug|bug|compile|regex|class|array|"
-                         r"string|loop|variable|database|linux|bash|shell)\b", re.IGNORECASE),
-    "math": re.compile(r"\b(calculate|equation|solve|integral|derivative|probability|percent|percentage|math|"
-                       r"mathematics|algebra|geometry|fraction|average|sum|area|volume|factorial|prime)\b|"
-                       r"\d+\s*[-+*/×^]\s*\d+", re.IGNORECASE),
-    "writing": re.compile(r"\b(write|rewrite|poem|story|essay|email|letter|paraphrase|summarize|summary|edit|"
-                          r"grammar|blog|article|slogan|sentence|paragraph|outline|script|speech|lyrics)\b",
-                          re.IGNORECASE),
-    "advice/planning": re.compile(r"\b(tips|advice|plan|planning|recommend|suggest|ideas|strategy|improve|"
-                                  r"should i|help me)\b", re.IGNORECASE),
-    "question": re.compile(r"^\s*(what|who|why|how|when|where|which|is|are|can|does|do|did|could|would)\b|\?\s*$",
-                           re.IGNORECASE),
+    "coding": re.compile(
+        r"```|\b(python|javascript|typescript|java|c\+\+|c#|rust|golang|sql|html|css|code|coding|"
+        r"function|script|program|programming|algorithm|api|debug|bug|compile|regex|class|array|"
+        r"string|loop|variable|database|linux|bash|shell)\b",
+        re.IGNORECASE,
+    ),
+    "math": re.compile(
+        r"\b(calculate|equation|solve|integral|derivative|probability|percent|percentage|math|"
+        r"mathematics|algebra|geometry|fraction|average|sum|area|volume|factorial|prime)\b|"
+        r"\d+\s*[-+*/×^]\s*\d+",
+        re.IGNORECASE,
+    ),
+    "writing": re.compile(
+        r"\b(write|rewrite|poem|story|essay|email|letter|paraphrase|summarize|summary|edit|"
+        r"grammar|blog|article|slogan|sentence|paragraph|outline|script|speech|lyrics)\b",
+        re.IGNORECASE,
+    ),
+    "advice/planning": re.compile(
+        r"\b(tips|advice|plan|planning|recommend|suggest|ideas|strategy|improve|"
+        r"should i|help me)\b",
+        re.IGNORECASE,
+    ),
+    "question": re.compile(
+        r"^\s*(what|who|why|how|when|where|which|is|are|can|does|do|did|could|would)\b|\?\s*$", re.IGNORECASE
+    ),
 }
 OTHER_TOPIC = "other"
 

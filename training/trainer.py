@@ -44,8 +44,9 @@ class DraftObjective(nn.Module):
 
     def forward(self, features, labels, tokens, loss_mask):
         """labels: the target's final hidden state [B, T, H] (regen) or its SoftLabels [B, T, k] (target)."""
-        loss, metrics = self.loss_fn(self.draft, self.target, features, labels, tokens, loss_mask,
-                                     self.anchor_generator, self.num_anchors)
+        loss, metrics = self.loss_fn(
+            self.draft, self.target, features, labels, tokens, loss_mask, self.anchor_generator, self.num_anchors
+        )
         # every parameter takes part in every step (DDP needs that), even on a batch with nothing to learn
         loss = loss + 0.0 * sum(p.sum() for p in self.draft.parameters())
         return loss, metrics
@@ -78,8 +79,9 @@ class _Dist:
             torch.cuda.set_device(device)
         self.device = device
         if self.world_size > 1 and not torch.distributed.is_initialized():
-            backend = cfg.dist.backend if cfg.dist.backend != "auto" else (
-                "nccl" if device.startswith("cuda") else "gloo")
+            backend = (
+                cfg.dist.backend if cfg.dist.backend != "auto" else ("nccl" if device.startswith("cuda") else "gloo")
+            )
             torch.distributed.init_process_group(backend)
 
     @property
@@ -152,18 +154,25 @@ class Trainer:
         from deepspec.models import load_target
 
         cfg = self.cfg
-        self.target = load_target(cfg.target.name, dtype=cfg.target.dtype, device=self.dist.device,
-                                  chat_template=cfg.target.chat_template)
+        self.target = load_target(
+            cfg.target.name, dtype=cfg.target.dtype, device=self.dist.device, chat_template=cfg.target.chat_template
+        )
         self.stats = DataStats()
-        self.sequences = load_sequences(cfg.data.paths, self.target, cfg.data.max_len, self.stats,
-                                        text_rows=cfg.data.labels == "target")
+        self.sequences = load_sequences(
+            cfg.data.paths, self.target, cfg.data.max_len, self.stats, text_rows=cfg.data.labels == "target"
+        )
         if self.stats.num_malformed:
             self.log(f"skipped {self.stats.num_malformed} malformed rows (first: {self.stats.problems[0]})")
-        self.log(f"{len(self.sequences)} sequences, {self.stats.num_tokens:,} tokens "
-                 f"({self.stats.num_loss_tokens:,} trained on), labels: {cfg.data.labels}")
+        self.log(
+            f"{len(self.sequences)} sequences, {self.stats.num_tokens:,} tokens "
+            f"({self.stats.num_loss_tokens:,} trained on), labels: {cfg.data.labels}"
+        )
         # an algorithm that calibrates (DSpark's confidence head) holds out the last rows: text it never trained on
-        self.num_calibration = (min(cfg.model.calibration_sequences, len(self.sequences) // 10)
-                                if self.algorithm.calibrate is not None else 0)
+        self.num_calibration = (
+            min(cfg.model.calibration_sequences, len(self.sequences) // 10)
+            if self.algorithm.calibrate is not None
+            else 0
+        )
         self.num_train = len(self.sequences) - self.num_calibration
 
     def build_draft(self) -> None:
@@ -177,19 +186,30 @@ class Trainer:
             self.log(f"starting from the weights and vocabulary of {cfg.init_from}")
         else:
             dcfg = DraftConfig.for_target(
-                target, m.algo, num_layers=m.num_layers, block_size=m.block_size,
-                draft_vocab_size=min(m.draft_vocab_size, target.vocab_size), markov_rank=m.markov_rank,
-                feature_layers=tuple(m.feature_layers) if m.feature_layers else None, layout=m.layout)
+                target,
+                m.algo,
+                num_layers=m.num_layers,
+                block_size=m.block_size,
+                draft_vocab_size=min(m.draft_vocab_size, target.vocab_size),
+                markov_rank=m.markov_rank,
+                feature_layers=tuple(m.feature_layers) if m.feature_layers else None,
+                layout=m.layout,
+            )
             draft = build_draft(dcfg)
             if dcfg.draft_vocab_size:
-                draft.set_vocab(build_draft_vocab(self.sequences[: self.num_train], dcfg.draft_vocab_size,
-                                                  target.vocab_size, target.eos_token_ids))
+                draft.set_vocab(
+                    build_draft_vocab(
+                        self.sequences[: self.num_train], dcfg.draft_vocab_size, target.vocab_size, target.eos_token_ids
+                    )
+                )
             draft = draft.to(self.dist.device).attach(target)
             draft.init_from_target()
         self.draft, self.dcfg = draft, draft.cfg
         self.num_params = sum(p.numel() for p in draft.parameters())
-        self.log(f"{m.algo} draft: {self.num_params / 1e6:.2f}M trainable parameters, vocab {self.dcfg.out_vocab_size}, "
-                 f"layers {self.dcfg.num_layers}, γ {self.dcfg.block_size}, features {list(self.dcfg.feature_layers)}")
+        self.log(
+            f"{m.algo} draft: {self.num_params / 1e6:.2f}M trainable parameters, vocab {self.dcfg.out_vocab_size}, "
+            f"layers {self.dcfg.num_layers}, γ {self.dcfg.block_size}, features {list(self.dcfg.feature_layers)}"
+        )
 
     def build_feature_source(self) -> None:
         """What each batch reads from the frozen target: online (in the loop) or the offline cache; with
@@ -199,24 +219,30 @@ class Trainer:
         from training.progress import Progress
 
         cfg, dcfg, target = self.cfg, self.dcfg, self.target
-        distill = (DistillFeatures(target, dcfg.feature_layers, self.draft.d2t, cfg.data.label_top_k)
-                   if cfg.data.labels == "target" else None)
+        distill = (
+            DistillFeatures(target, dcfg.feature_layers, self.draft.d2t, cfg.data.label_top_k)
+            if cfg.data.labels == "target"
+            else None
+        )
         if cfg.cache_dir is None:
             self.source = distill or OnlineFeatures(target, dcfg.feature_layers)
             return
         writer = None
         if cfg.cache_writer == "native":
             if distill is not None:
-                raise ValueError("cache_writer native writes features and final hidden states, not soft labels: "
-                                 "use it with data.labels regen, or cache_writer target with labels target")
+                raise ValueError(
+                    "cache_writer native writes features and final hidden states, not soft labels: "
+                    "use it with data.labels regen, or cache_writer target with labels target"
+                )
             from deepspec.models.native import load_native_target
 
             writer = load_native_target(cfg.target.name)
         self.source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers, distill=distill, writer=writer)
         if not self.source.is_complete(self.sequences):
             top_k = (cfg.data.label_top_k or dcfg.out_vocab_size) if distill is not None else None
-            size = estimate_cache_bytes(self.stats.num_tokens, dcfg.hidden_size, len(dcfg.feature_layers),
-                                        target.dtype, label_top_k=top_k)
+            size = estimate_cache_bytes(
+                self.stats.num_tokens, dcfg.hidden_size, len(dcfg.feature_layers), target.dtype, label_top_k=top_k
+            )
             what = "target hidden states" if distill is None else f"target features and top-{top_k} labels"
             self.log(f"offline cache: writing ~{size / 2**30:.2f} GiB of {what} to {cfg.cache_dir}")
             if self.dist.is_main:
@@ -239,14 +265,15 @@ class Trainer:
     def build_optimizer(self) -> None:
         cfg = self.cfg
         self.anchor_gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.dist.rank)
-        self.objective = DraftObjective(self.draft, self.target, cfg.data.num_anchors, self.anchor_gen,
-                                        load_part(self.algorithm.loss))
-        self.order = SequenceOrder(self.num_train, cfg.data.batch_size, cfg.seed, self.dist.rank,
-                                   self.dist.world_size)
+        self.objective = DraftObjective(
+            self.draft, self.target, cfg.data.num_anchors, self.anchor_gen, load_part(self.algorithm.loss)
+        )
+        self.order = SequenceOrder(self.num_train, cfg.data.batch_size, cfg.seed, self.dist.rank, self.dist.world_size)
         self.parallel = Parallel(self.objective, self.dist.world_size, cfg.dist.fsdp)
         # built after sharding: under FSDP the optimizer steps this rank's shards
-        self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                           weight_decay=cfg.optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.draft.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.dist.device.startswith("cuda"))
 
@@ -276,8 +303,9 @@ class Trainer:
         cfg = self.cfg
         log_file = (self.out / "train_log.jsonl").open("a") if self.dist.is_main else None
         try:
-            with Progress(cfg.optim.max_steps, f"train {cfg.model.algo}",
-                          enabled=self.show_progress and self.dist.is_main) as progress:
+            with Progress(
+                cfg.optim.max_steps, f"train {cfg.model.algo}", enabled=self.show_progress and self.dist.is_main
+            ) as progress:
                 progress.resume_from(self.step)
                 while self.step < cfg.optim.max_steps:
                     if stop_at_step is not None and self.step >= stop_at_step:
@@ -307,8 +335,10 @@ class Trainer:
             features, labels = self.source(idx, tokens)
             tokens, mask = tokens.to(dist.device), mask.to(dist.device)
             sync = micro == accum - 1 or dist.world_size == 1
-            with self.parallel.sync_gradients(sync), torch.autocast("cuda", dtype=torch.bfloat16,
-                                                                    enabled=self.use_bf16):
+            with (
+                self.parallel.sync_gradients(sync),
+                torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.use_bf16),
+            ):
                 loss, metrics = self.parallel(features if self.use_bf16 else features.float(), labels, tokens, mask)
                 (loss / accum).backward()
             losses.append(float(loss.detach()))
@@ -335,11 +365,25 @@ class Trainer:
 
     def report(self, progress, log_file, num_tokens: int, seconds: float) -> None:
         metrics = self.last_metrics
-        progress.advance(1, tokens=num_tokens, loss=round(metrics["loss"], 4),
-                         **{k: round(v, 3) for k, v in metrics.items() if k in ("acc0", "tau")})
+        progress.advance(
+            1,
+            tokens=num_tokens,
+            loss=round(metrics["loss"], 4),
+            **{k: round(v, 3) for k, v in metrics.items() if k in ("acc0", "tau")},
+        )
         if log_file is not None:
-            log_file.write(json.dumps({"step": self.step, "lr": self.scheduler.get_last_lr()[0],
-                                       "tokens": self.tokens_seen, "seconds": round(seconds, 2), **metrics}) + "\n")
+            log_file.write(
+                json.dumps(
+                    {
+                        "step": self.step,
+                        "lr": self.scheduler.get_last_lr()[0],
+                        "tokens": self.tokens_seen,
+                        "seconds": round(seconds, 2),
+                        **metrics,
+                    }
+                )
+                + "\n"
+            )
             log_file.flush()
 
     # ---- saving ----------------------------------------------------------------------------------------------
@@ -380,10 +424,20 @@ class Trainer:
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         save_draft(whole, tmp)
-        torch.save({"model": whole.state_dict(), "optimizer": optimizer_state,
-                    "scheduler": self.scheduler.state_dict(), "order": orders, "anchor_rng": rngs,
-                    "torch_rng": torch.get_rng_state(), "step": self.step, "tokens_seen": self.tokens_seen,
-                    "config": cfg.model_dump(mode="json")}, tmp / "trainer_state.pt")
+        torch.save(
+            {
+                "model": whole.state_dict(),
+                "optimizer": optimizer_state,
+                "scheduler": self.scheduler.state_dict(),
+                "order": orders,
+                "anchor_rng": rngs,
+                "torch_rng": torch.get_rng_state(),
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "config": cfg.model_dump(mode="json"),
+            },
+            tmp / "trainer_state.pt",
+        )
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
         for old in sorted((self.out / "checkpoints").glob("step_*"))[: -cfg.keep_checkpoints]:
@@ -394,12 +448,22 @@ class Trainer:
         from deepspec.models.drafts import save_draft
 
         cfg = self.cfg
-        summary = {"algo": cfg.model.algo, "labels": cfg.data.labels, "steps": self.step, "stopped": stopped,
-                   "tokens_seen": self.tokens_seen, "tokens_per_second": round(new_tokens / max(elapsed, 1e-9), 1),
-                   "seconds": round(elapsed, 1), "peak_rss_bytes": peak_rss_bytes(), "num_params": self.num_params,
-                   "world_size": self.dist.world_size, "last": self.last_metrics,
-                   "num_sequences": len(self.sequences), "num_calibration_sequences": self.num_calibration,
-                   "num_tokens": self.stats.num_tokens}
+        summary = {
+            "algo": cfg.model.algo,
+            "labels": cfg.data.labels,
+            "steps": self.step,
+            "stopped": stopped,
+            "tokens_seen": self.tokens_seen,
+            "tokens_per_second": round(new_tokens / max(elapsed, 1e-9), 1),
+            "seconds": round(elapsed, 1),
+            "peak_rss_bytes": peak_rss_bytes(),
+            "num_params": self.num_params,
+            "world_size": self.dist.world_size,
+            "last": self.last_metrics,
+            "num_sequences": len(self.sequences),
+            "num_calibration_sequences": self.num_calibration,
+            "num_tokens": self.stats.num_tokens,
+        }
         whole = self.whole_draft() if stopped != "interrupted" else None
         if self.dist.is_main:
             if whole is not None:
@@ -414,15 +478,31 @@ class Trainer:
         """The algorithm's calibration (DSpark: per-slot confidence temperatures) on the held-out rows, written into
         whole.cfg; returns its report."""
         calibrate = load_part(self.algorithm.calibrate)
-        report = calibrate(whole, self.target, self.source, self.sequences,
-                           list(range(self.num_train, len(self.sequences))), self.cfg.data.num_anchors, self.cfg.seed)
-        self.log(f"{self.cfg.model.algo}: calibrated on {self.num_calibration} held-out sequences (the report is "
-                 "train_summary.json's 'calibration')")
+        report = calibrate(
+            whole,
+            self.target,
+            self.source,
+            self.sequences,
+            list(range(self.num_train, len(self.sequences))),
+            self.cfg.data.num_anchors,
+            self.cfg.seed,
+        )
+        self.log(
+            f"{self.cfg.model.algo}: calibrated on {self.num_calibration} held-out sequences (the report is "
+            "train_summary.json's 'calibration')"
+        )
         return report
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
-          stop_at_step: int | None = None, log=None, stop_on_signals: bool = False) -> dict:
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    show_progress: bool = True,
+    stop_at_step: int | None = None,
+    log=None,
+    stop_on_signals: bool = False,
+) -> dict:
     """Train one draft; returns a summary dict (also written to <output_dir>/train_summary.json).
 
     stop_on_signals: SIGTERM / SIGINT end the run after the current step, checkpoint and final draft saved, so a
@@ -436,6 +516,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
 def install_stop_handlers(trainer: Trainer) -> None:
     """SIGTERM and SIGINT ask `trainer` to stop after its current optimizer step (a second signal is not
     special: the step finishes, then the checkpoint is written)."""
+
     def request_stop(signum, frame) -> None:
         trainer.stop_requested = True
         trainer.log(f"signal {signal.Signals(signum).name}: stopping after this step, checkpoint saved")
@@ -449,13 +530,17 @@ def run_train_cli(args, parser) -> int:
 
     from training.config import load_config
 
-    flags = {"model.algo": args.algo, "target.name": args.target, "target.chat_template": args.chat_template,
-             "data.paths": [str(p) for p in args.data] if args.data else None,
-             "data.labels": args.labels,
-             "output_dir": str(args.out) if args.out else None,
-             "cache_dir": str(args.cache_dir) if args.cache_dir else None,
-             "cache_writer": args.cache_writer,
-             "init_from": str(args.init_from) if args.init_from else None}
+    flags = {
+        "model.algo": args.algo,
+        "target.name": args.target,
+        "target.chat_template": args.chat_template,
+        "data.paths": [str(p) for p in args.data] if args.data else None,
+        "data.labels": args.labels,
+        "output_dir": str(args.out) if args.out else None,
+        "cache_dir": str(args.cache_dir) if args.cache_dir else None,
+        "cache_writer": args.cache_writer,
+        "init_from": str(args.init_from) if args.init_from else None,
+    }
     try:
         cfg = load_config(args.config, flags, args.overrides)
     except ValidationError as exc:
@@ -481,7 +566,9 @@ def run_train_cli(args, parser) -> int:
         return 2
     if rank0:
         gib = summary["peak_rss_bytes"] / 2**30
-        log(f"done: {summary['steps']} steps ({summary['stopped']}), {summary['tokens_per_second']:.0f} tok/s, "
-            f"peak RSS {gib:.2f} GiB, last {json.dumps({k: round(v, 4) for k, v in summary['last'].items()})}")
+        log(
+            f"done: {summary['steps']} steps ({summary['stopped']}), {summary['tokens_per_second']:.0f} tok/s, "
+            f"peak RSS {gib:.2f} GiB, last {json.dumps({k: round(v, 4) for k, v in summary['last'].items()})}"
+        )
         print(json.dumps(summary))
     return 0

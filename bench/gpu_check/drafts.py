@@ -34,8 +34,13 @@ def _random_neural_draft(target, algo: str, out: Path, block_size: int) -> Path:
     from deepspec.models.drafts import DraftConfig, build_draft, save_draft
 
     layers = tuple(sorted(set(target.default_feature_layers(5))))
-    cfg = DraftConfig.for_target(target, algo, feature_layers=layers, block_size=block_size,
-                                 draft_vocab_size=min(DRAFT_VOCAB_SIZE, target.vocab_size))
+    cfg = DraftConfig.for_target(
+        target,
+        algo,
+        feature_layers=layers,
+        block_size=block_size,
+        draft_vocab_size=min(DRAFT_VOCAB_SIZE, target.vocab_size),
+    )
     torch.manual_seed(0)
     return save_draft(build_draft(cfg).attach(target), out)
 
@@ -67,6 +72,7 @@ def build_drafter_specs(target, reference: list[list[int]], workdir: Path, block
             raise ValueError(f"training.draft_specs knows no chain and tree options for the {name} draft at {path}")
         for shape, variant in zip(("chain", "tree"), variants):
             specs.append(DrafterSpec(f"{name} {shape}", variant.base, variant.options))
-    specs.append(DrafterSpec("hybrid corpus+dspark", str(save_hybrid(workdir / "hybrid", dirs["corpus"],
-                                                                     dirs["dspark"]))))
+    specs.append(
+        DrafterSpec("hybrid corpus+dspark", str(save_hybrid(workdir / "hybrid", dirs["corpus"], dirs["dspark"])))
+    )
     return specs

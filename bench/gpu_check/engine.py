@@ -22,8 +22,7 @@ from bench.gpu_check.report import FAIL, OK, Row
 from bench.gpu_check.target import chat_prompts, prompt_texts
 
 #: the launchers of plugins.kernels.launch that verification calls
-VERIFY_OPS = ("greedy_accept", "rejection_sample", "tree_accept", "process_logits", "compact_kv",
-              "confidence_truncate")
+VERIFY_OPS = ("greedy_accept", "rejection_sample", "tree_accept", "process_logits", "compact_kv", "confidence_truncate")
 #: KV slots beyond the longest prompt and answer (the engine adds its own draft slack)
 SEQ_SLACK = 64
 
@@ -43,6 +42,7 @@ def counted_launches(enabled: bool):
         def counted(*args):
             counts[op] += 1
             return fn(*args)
+
         return counted
 
     for op, fn in originals.items():
@@ -85,9 +85,14 @@ class EngineRun:
         from deepspec.decoding import SpecEngine
         from deepspec.decoding.planner import BudgetPlanner
 
-        return SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=self.max_seq_len,
-                          num_speculative_tokens=self.context.sizes.num_speculative_tokens,
-                          planner=BudgetPlanner() if budget else None)
+        return SpecEngine(
+            target,
+            drafter,
+            max_batch_size=batch,
+            max_seq_len=self.max_seq_len,
+            num_speculative_tokens=self.context.sizes.num_speculative_tokens,
+            planner=BudgetPlanner() if budget else None,
+        )
 
     def fp32_runs(self, drafter) -> tuple[list, list]:
         """(greedy results, temperature-1 results) of the whole batch."""
@@ -96,8 +101,10 @@ class EngineRun:
         n = self.context.sizes.max_new_tokens
         engine = self.engine(self.t32, drafter, len(self.prompts), budget=False)
         greedy = engine.generate(self.prompts, SamplingParams(max_tokens=n, ignore_eos=True))
-        sampled = engine.generate(self.prompts, [SamplingParams(max_tokens=n, temperature=1.0, seed=i, ignore_eos=True)
-                                                 for i in range(len(self.prompts))])
+        sampled = engine.generate(
+            self.prompts,
+            [SamplingParams(max_tokens=n, temperature=1.0, seed=i, ignore_eos=True) for i in range(len(self.prompts))],
+        )
         return greedy, sampled
 
     def bf16_tokens_per_second(self, drafter) -> float:
@@ -109,8 +116,9 @@ class EngineRun:
         engine.generate(self.prompts[:1], SamplingParams(max_tokens=8, ignore_eos=True))  # kernels compile here
         self.context.synchronize()
         t0 = time.perf_counter()
-        num_tokens = sum(len(engine.generate([p], params)[0].token_ids)
-                         for p in self.prompts[: sizes.num_speed_prompts])
+        num_tokens = sum(
+            len(engine.generate([p], params)[0].token_ids) for p in self.prompts[: sizes.num_speed_prompts]
+        )
         self.context.synchronize()
         return num_tokens / (time.perf_counter() - t0)
 
@@ -128,12 +136,21 @@ class EngineRun:
             n = sizes.max_new_tokens
             # no min_new_tokens here: it would mask EOS where our reference (ignore_eos) emits it; HF stops after
             # an EOS instead, so its answer is compared with the reference's prefix of the same length
-            got = [hf.generate(torch.tensor([p], device=device), max_new_tokens=n, do_sample=False,
-                               pad_token_id=pad)[0, len(p):].tolist() for p in prompts]
+            got = [
+                hf.generate(torch.tensor([p], device=device), max_new_tokens=n, do_sample=False, pad_token_id=pad)[
+                    0, len(p) :
+                ].tolist()
+                for p in prompts
+            ]
             want = [ref[: len(g)] for ref, g in zip(self.reference, got)]
             same = got == want
-            rows.append(Row("hf-generate fp32 greedy", OK if same else FAIL,
-                            "identical to our target-only" if same else _first_difference(got, want)))
+            rows.append(
+                Row(
+                    "hf-generate fp32 greedy",
+                    OK if same else FAIL,
+                    "identical to our target-only" if same else _first_difference(got, want),
+                )
+            )
             del hf
             hf = AutoModelForCausalLM.from_pretrained(self.context.target_dir, dtype=torch.bfloat16).to(device).eval()
             m = sizes.max_speed_tokens
@@ -142,12 +159,23 @@ class EngineRun:
             t0 = time.perf_counter()
             num_tokens = 0
             for p in prompts:
-                out = hf.generate(torch.tensor([p], device=device), max_new_tokens=m, min_new_tokens=m,
-                                  do_sample=False, pad_token_id=pad)
+                out = hf.generate(
+                    torch.tensor([p], device=device),
+                    max_new_tokens=m,
+                    min_new_tokens=m,
+                    do_sample=False,
+                    pad_token_id=pad,
+                )
                 num_tokens += out.shape[1] - len(p)
             self.context.synchronize()
-            rows.append(Row("hf-generate bf16 batch 1", OK, "", {"bf16_tok_s": round(num_tokens / (
-                time.perf_counter() - t0), 1)}))
+            rows.append(
+                Row(
+                    "hf-generate bf16 batch 1",
+                    OK,
+                    "",
+                    {"bf16_tok_s": round(num_tokens / (time.perf_counter() - t0), 1)},
+                )
+            )
         return rows
 
 
@@ -161,8 +189,9 @@ def drafter_row(run: EngineRun, label: str, build) -> Row:
     metrics = {}
     problems = []
     if _token_ids(greedy) != run.reference:
-        problems.append("greedy output differs from target-only: " + _first_difference(_token_ids(greedy),
-                                                                                         run.reference))
+        problems.append(
+            "greedy output differs from target-only: " + _first_difference(_token_ids(greedy), run.reference)
+        )
     if not all(len(r.token_ids) == run.context.sizes.max_new_tokens for r in sampled):
         problems.append("a temperature-1 request stopped short")
     tau = summarize(greedy)[0]  # eval's τ: over the rounds that verified drafts
@@ -173,8 +202,9 @@ def drafter_row(run: EngineRun, label: str, build) -> Row:
         metrics["launches"] = dict(launches)
         if metrics["draft_tokens"] and not any(launches[op] for op in ("greedy_accept", "tree_accept")):
             problems.append("no greedy verification ran as a Triton kernel")
-        if sum(r.num_draft_tokens for r in sampled) and not any(launches[op] for op in ("rejection_sample",
-                                                                                         "tree_accept")):
+        if sum(r.num_draft_tokens for r in sampled) and not any(
+            launches[op] for op in ("rejection_sample", "tree_accept")
+        ):
             problems.append("no sampled verification ran as a Triton kernel")
     metrics["bf16_tok_s"] = round(run.bf16_tokens_per_second(build(run.t16)), 1)
     # prompt lookup drafts only where a random target's answer repeats an n-gram: it may propose nothing
@@ -187,18 +217,18 @@ def run(context) -> list[Row]:
 
     engine_run = EngineRun(context)
     base = engine_run.engine(engine_run.t32, None, len(engine_run.prompts))
-    greedy = base.generate(engine_run.prompts, SamplingParams(max_tokens=context.sizes.max_new_tokens,
-                                                              ignore_eos=True))
+    greedy = base.generate(engine_run.prompts, SamplingParams(max_tokens=context.sizes.max_new_tokens, ignore_eos=True))
     engine_run.reference = _token_ids(greedy)
-    rows = [Row("target-only", OK, "the reference", {"bf16_tok_s": round(engine_run.bf16_tokens_per_second(None),
-                                                                         1)})]
+    rows = [Row("target-only", OK, "the reference", {"bf16_tok_s": round(engine_run.bf16_tokens_per_second(None), 1)})]
     rows += guarded(context, "hf-generate", engine_run.hf_rows)
     sequences = [p + r for p, r in zip(engine_run.prompts, engine_run.reference)]
-    specs = build_drafter_specs(engine_run.t32, sequences, context.workdir / "drafts",
-                                context.sizes.num_speculative_tokens)
+    specs = build_drafter_specs(
+        engine_run.t32, sequences, context.workdir / "drafts", context.sizes.num_speculative_tokens
+    )
     for spec in specs:
+
         def one(spec=spec):
             return [drafter_row(engine_run, spec.label, lambda t: build_drafter(spec.spec, t, **spec.options))]
+
         rows += guarded(context, spec.label, one)
     return rows
-

@@ -32,8 +32,18 @@ PART_MODULES = {
     "vllm": ("torch", "transformers", "safetensors"),
 }
 #: distributions whose versions the report records
-VERSIONED = ("torch", "triton", "transformers", "tokenizers", "onnx", "onnxruntime", "numpy", "pydantic",
-             "tensorrt", "vllm")
+VERSIONED = (
+    "torch",
+    "triton",
+    "transformers",
+    "tokenizers",
+    "onnx",
+    "onnxruntime",
+    "numpy",
+    "pydantic",
+    "tensorrt",
+    "vllm",
+)
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -69,8 +79,22 @@ def install_wheels(wheel_dir: Path, site_dir: Path, log=print) -> list[str]:
         return []
     chosen = wheels_to_install(wheel_dir)
     if chosen:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--upgrade",
-                        "--target", str(site_dir), *map(str, chosen)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--upgrade",
+                "--target",
+                str(site_dir),
+                *map(str, chosen),
+            ],
+            check=True,
+        )
         log(f"installed {', '.join(w.name for w in chosen)} into {site_dir}")
     if site_dir.is_dir():
         sys.path.insert(0, str(site_dir))
@@ -85,16 +109,22 @@ def missing_modules(modules: tuple[str, ...]) -> list[str]:
 
 def describe() -> dict:
     """Python, platform, the recorded versions, and the GPU (name, capability, memory) when there is one."""
-    info = {"python": platform.python_version(), "platform": platform.platform(),
-            "versions": {d: installed_version(d) for d in VERSIONED}}
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": {d: installed_version(d) for d in VERSIONED},
+    }
     try:
         import torch
 
         info["cuda"] = torch.version.cuda
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
-            info["gpu"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
-                           "memory_gib": round(props.total_memory / 2**30, 1)}
+            info["gpu"] = {
+                "name": props.name,
+                "capability": f"{props.major}.{props.minor}",
+                "memory_gib": round(props.total_memory / 2**30, 1),
+            }
     except ImportError:
         pass
     try:

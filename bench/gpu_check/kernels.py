@@ -59,8 +59,15 @@ def compile_rows(device: str, max_compiles: int | None) -> list[Row]:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             outcomes = list(pool.map(compile_one, specs, [arch] * len(specs)))
     where = f"triton {triton.__version__} sm_{arch}"
-    return [Row(f"compile {spec.stem}", FAIL if error else OK, f"{where}: {error}" if error else where,
-                {} if error else {"compile_s": round(seconds, 2)}) for spec, (error, seconds) in zip(specs, outcomes)]
+    return [
+        Row(
+            f"compile {spec.stem}",
+            FAIL if error else OK,
+            f"{where}: {error}" if error else where,
+            {} if error else {"compile_s": round(seconds, 2)},
+        )
+        for spec, (error, seconds) in zip(specs, outcomes)
+    ]
 
 
 def reference_rows(device: str) -> list[Row]:
@@ -69,9 +76,15 @@ def reference_rows(device: str) -> list[Row]:
         return [Row("kernels vs reference", SKIPPED, "no CUDA device: the Triton kernels launch on GPU tensors only")]
     from plugins.check import run_checks
 
-    return [Row(f"{r.op} {r.case}", OK if r.ok else FAIL, r.detail,
-                {"kernel_ms": round(r.kernel_ms, 4), "reference_ms": round(r.reference_ms, 4)})
-            for r in run_checks()]
+    return [
+        Row(
+            f"{r.op} {r.case}",
+            OK if r.ok else FAIL,
+            r.detail,
+            {"kernel_ms": round(r.kernel_ms, 4), "reference_ms": round(r.reference_ms, 4)},
+        )
+        for r in run_checks()
+    ]
 
 
 def run(context) -> list[Row]:

@@ -24,9 +24,12 @@ def graph_inputs(spec, tokens):
     import numpy as np
 
     T = tokens.shape[1]
-    feeds = {"input_ids": tokens.astype(np.int64), "seqlens_k": np.array([T - 1], dtype=np.int32),
-             "total_sequence_length": np.array(T, dtype=np.int32),
-             "logits_index": np.arange(T, dtype=np.int64)[None, :]}
+    feeds = {
+        "input_ids": tokens.astype(np.int64),
+        "seqlens_k": np.array([T - 1], dtype=np.int32),
+        "total_sequence_length": np.array(T, dtype=np.int32),
+        "logits_index": np.arange(T, dtype=np.int64)[None, :],
+    }
     past = np.zeros((1, spec.num_kv_heads, T, spec.head_dim), dtype=np.float32)
     for i in range(spec.num_layers):
         feeds[f"past_key.{i}"] = past
@@ -47,10 +50,17 @@ def compare_row(session, target, tokens, provider: str) -> Row:
     scale = float(np.abs(want).max())
     argmax_agree = float((got.argmax(-1) == want.argmax(-1)).mean())
     ok = argmax_agree == 1.0 and err <= MAX_RELATIVE_ERROR * scale
-    return Row(f"prefill logits on {provider}", OK if ok else FAIL,
-               f"providers {session.get_providers()}; vs PyTorch fp32 over {tokens.shape[1]} positions",
-               {"max_abs_err": err, "max_abs_logit": round(scale, 3), "argmax_agree": argmax_agree,
-                "run_s": round(seconds, 3)})
+    return Row(
+        f"prefill logits on {provider}",
+        OK if ok else FAIL,
+        f"providers {session.get_providers()}; vs PyTorch fp32 over {tokens.shape[1]} positions",
+        {
+            "max_abs_err": err,
+            "max_abs_logit": round(scale, 3),
+            "argmax_agree": argmax_agree,
+            "run_s": round(seconds, 3),
+        },
+    )
 
 
 def run(context) -> list[Row]:
@@ -72,8 +82,11 @@ def run(context) -> list[Row]:
         session = ort.InferenceSession(str(graph), providers=[CUDA_PROVIDER, "CPUExecutionProvider"])
         rows.append(compare_row(session, target, tokens, CUDA_PROVIDER))
     else:
-        why = (f"onnxruntime {ort.__version__} has no {CUDA_PROVIDER} (providers: {', '.join(available)})"
-               if CUDA_PROVIDER not in available else "no CUDA device")
+        why = (
+            f"onnxruntime {ort.__version__} has no {CUDA_PROVIDER} (providers: {', '.join(available)})"
+            if CUDA_PROVIDER not in available
+            else "no CUDA device"
+        )
         rows.append(Row(f"prefill logits on {CUDA_PROVIDER}", SKIPPED, why))
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
     rows.append(compare_row(session, target, tokens, "CPUExecutionProvider"))

@@ -51,21 +51,30 @@ def table(results: list[PartResult]) -> str:
     """One line per row under a line per part: `part  item  status  detail  metrics`."""
     lines = [f"{'part':<9} {'item':<40} {'status':<8} detail"]
     for result in results:
-        lines.append(f"{result.part:<9} {'(part, ' + format(result.seconds, '.1f') + ' s)':<40} {result.status:<8} "
-                     f"{result.detail}")
+        lines.append(
+            f"{result.part:<9} {'(part, ' + format(result.seconds, '.1f') + ' s)':<40} {result.status:<8} "
+            f"{result.detail}"
+        )
         for row in result.rows:
             text = " ".join(filter(None, [row.detail, _metric_text(row.metrics)]))
             lines.append(f"{'':<9} {row.item:<40} {row.status:<8} {text}")
     failed = [r.part for r in results if r.status == FAIL]
-    lines.append(f"{len(results) - len(failed)} parts without failures, {len(failed)} failed"
-                 + (f": {', '.join(failed)}" if failed else ""))
+    lines.append(
+        f"{len(results) - len(failed)} parts without failures, {len(failed)} failed"
+        + (f": {', '.join(failed)}" if failed else "")
+    )
     return "\n".join(lines)
 
 
 def write_json(path: Path, environment: dict, sizes: dict, results: list[PartResult], complete: bool) -> Path:
     """The report; `complete` is false while parts are still to run (a run cut short keeps what it measured)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"environment": environment, "sizes": sizes, "complete": complete,
-                "parts": [asdict(r) for r in results], "failed": [r.part for r in results if r.status == FAIL]}
+    document = {
+        "environment": environment,
+        "sizes": sizes,
+        "complete": complete,
+        "parts": [asdict(r) for r in results],
+        "failed": [r.part for r in results if r.status == FAIL],
+    }
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path

@@ -22,9 +22,14 @@ from bench.gpu_check.report import FAIL, SKIPPED, PartResult, Row, part_status
 from bench.isolated import describe_exit
 
 #: part name → module with `run(context) -> list[Row]`, in the order they run
-PARTS = {"kernels": "bench.gpu_check.kernels", "engine": "bench.gpu_check.engine",
-         "training": "bench.gpu_check.train_steps", "onnx": "bench.gpu_check.onnx_runtime",
-         "tensorrt": "bench.gpu_check.tensorrt_plugin", "vllm": "bench.gpu_check.vllm_draft"}
+PARTS = {
+    "kernels": "bench.gpu_check.kernels",
+    "engine": "bench.gpu_check.engine",
+    "training": "bench.gpu_check.train_steps",
+    "onnx": "bench.gpu_check.onnx_runtime",
+    "tensorrt": "bench.gpu_check.tensorrt_plugin",
+    "vllm": "bench.gpu_check.vllm_draft",
+}
 #: a part's process is killed this long after its budget (its rows stop at the budget; setup may overrun it)
 GRACE_SECONDS = 60
 WHEELS_HINT = "run `make gpu-wheels` where there is network and carry .whl/ with the checkout"
@@ -51,8 +56,16 @@ def child_command(name: str, argv_for_child: list[str], rows_file: Path) -> list
     return [sys.executable, "-m", "bench.gpu_check", *argv_for_child, "--run-part", name, "--rows-file", str(rows_file)]
 
 
-def run_part(name: str, context: Context, argv_for_child: list[str], *, in_process: bool = False,
-             command: list[str] | None = None, deadline: float = float("inf"), log=print) -> PartResult:
+def run_part(
+    name: str,
+    context: Context,
+    argv_for_child: list[str],
+    *,
+    in_process: bool = False,
+    command: list[str] | None = None,
+    deadline: float = float("inf"),
+    log=print,
+) -> PartResult:
     """One part → its result. In a child process (`command`, default `child_command`), killed at its budget plus
     GRACE_SECONDS or at `deadline` (time.perf_counter()) if sooner, unless `in_process`: then the part shares this
     process (a CPU run: no CUDA context to poison, and no second import of torch)."""
@@ -73,16 +86,22 @@ def run_part(name: str, context: Context, argv_for_child: list[str], *, in_proce
         rows = [Row(**r) for r in json.loads(rows_file.read_text())]
         return PartResult(name, part_status(rows), time.perf_counter() - t0, rows)
     try:
-        proc = subprocess.run(command or child_command(name, argv_for_child, rows_file), capture_output=True,
-                              text=True, timeout=timeout_seconds)
+        proc = subprocess.run(
+            command or child_command(name, argv_for_child, rows_file),
+            capture_output=True,
+            text=True,
+            timeout=timeout_seconds,
+        )
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stderr or b"")[-500:]
         tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-        return PartResult(name, FAIL, time.perf_counter() - t0,
-                          detail=f"killed after {timeout_seconds:.0f} s; stderr tail: {tail!r}")
+        return PartResult(
+            name, FAIL, time.perf_counter() - t0, detail=f"killed after {timeout_seconds:.0f} s; stderr tail: {tail!r}"
+        )
     seconds = time.perf_counter() - t0
     if not rows_file.is_file():
-        return PartResult(name, FAIL, seconds,
-                          detail=f"{describe_exit(proc.returncode)}; stderr tail: {proc.stderr[-500:]!r}")
+        return PartResult(
+            name, FAIL, seconds, detail=f"{describe_exit(proc.returncode)}; stderr tail: {proc.stderr[-500:]!r}"
+        )
     rows = [Row(**r) for r in json.loads(rows_file.read_text())]
     return PartResult(name, part_status(rows), seconds, rows)

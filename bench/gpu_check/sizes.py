@@ -12,13 +12,31 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 #: SmolLM2-135M-Instruct's config.json (the shapes that set its speed): Llama, tied embeddings, head_dim 64
-SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
-                    rms_norm_eps=1e-5, tie_word_embeddings=True)
+SMOLLM2_135M = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
 #: a Llama small enough for milliseconds per step; head_dim 16, the smallest ONNX Runtime's attention kernel takes
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-5,
-            tie_word_embeddings=True)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
 
 
 @dataclass(frozen=True)
@@ -52,13 +70,33 @@ class Sizes:
         return asdict(self)
 
 
-FULL = Sizes("full", SMOLLM2_135M, num_prompts=8, max_prompt_chars=240, max_new_tokens=64, num_speed_prompts=3,
-             max_speed_tokens=64, num_speculative_tokens=7, num_train_steps=20, train_max_len=512,
-             max_kernel_compiles=None,
-             budget_seconds={"kernels": 120, "engine": 140, "training": 60, "onnx": 30, "tensorrt": 30, "vllm": 60},
-             total_seconds=450)
-QUICK = Sizes("quick", TINY, num_prompts=3, max_prompt_chars=40, max_new_tokens=8, num_speed_prompts=1,
-              max_speed_tokens=8, num_speculative_tokens=3, num_train_steps=2, train_max_len=96,
-              max_kernel_compiles=1,
-              budget_seconds={"kernels": 600, "engine": 600, "training": 600, "onnx": 600, "tensorrt": 600,
-                              "vllm": 600}, total_seconds=3600)
+FULL = Sizes(
+    "full",
+    SMOLLM2_135M,
+    num_prompts=8,
+    max_prompt_chars=240,
+    max_new_tokens=64,
+    num_speed_prompts=3,
+    max_speed_tokens=64,
+    num_speculative_tokens=7,
+    num_train_steps=20,
+    train_max_len=512,
+    max_kernel_compiles=None,
+    budget_seconds={"kernels": 120, "engine": 140, "training": 60, "onnx": 30, "tensorrt": 30, "vllm": 60},
+    total_seconds=450,
+)
+QUICK = Sizes(
+    "quick",
+    TINY,
+    num_prompts=3,
+    max_prompt_chars=40,
+    max_new_tokens=8,
+    num_speed_prompts=1,
+    max_speed_tokens=8,
+    num_speculative_tokens=3,
+    num_train_steps=2,
+    train_max_len=96,
+    max_kernel_compiles=1,
+    budget_seconds={"kernels": 600, "engine": 600, "training": 600, "onnx": 600, "tensorrt": 600, "vllm": 600},
+    total_seconds=3600,
+)

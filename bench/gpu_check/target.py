@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIAL_TOKENS = ("<unk>", "<|im_start|>", "<|im_end|>")
 LOGIT_SCALE = 20.0
 
@@ -32,9 +34,12 @@ def _tokenizer(vocab_size: int):
         raise ValueError(f"the generated tokenizer needs a vocabulary of at least {len(tokens)}, got {vocab_size}")
     tokens += [f"<x{i}>" for i in range(len(tokens), vocab_size)]
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
-                                   unk_token="<unk>", eos_token="<|im_end|>",
-                                   additional_special_tokens=list(SPECIAL_TOKENS[1:]))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast, vocab["<|im_end|>"]
 

@@ -41,9 +41,15 @@ def contract_rows(device: str) -> list[Row]:
     raw, launched = len(entry_params(compiled.asm["ptx"])), len(entry_params(tensorrt_ptx(spec, compiled)))
     wanted = sum(1 for kind in spec.signature.values() if kind != "constexpr")
     status = OK if launched == wanted else FAIL
-    return [Row("AOT contract greedy_accept", status,
-                f"triton {triton.__version__} sm_{arch}: PTX entry takes {raw} parameters, the plugin hands "
-                f"TensorRT {launched}, TensorRT passes {wanted}", {"ptx_params": raw, "launched_params": launched})]
+    return [
+        Row(
+            "AOT contract greedy_accept",
+            status,
+            f"triton {triton.__version__} sm_{arch}: PTX entry takes {raw} parameters, the plugin hands "
+            f"TensorRT {launched}, TensorRT passes {wanted}",
+            {"ptx_params": raw, "launched_params": launched},
+        )
+    ]
 
 
 def _inputs():
@@ -61,9 +67,14 @@ def _build_engine(trt, trtp, drafts, num, logits):
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)
-    inputs = [network.add_input(name, dtype, tuple(t.shape)) for name, dtype, t in
-              (("draft_tokens", trt.int64, drafts), ("num_draft_tokens", trt.int64, num),
-               ("target_logits", trt.float32, logits))]
+    inputs = [
+        network.add_input(name, dtype, tuple(t.shape))
+        for name, dtype, t in (
+            ("draft_tokens", trt.int64, drafts),
+            ("num_draft_tokens", trt.int64, num),
+            ("target_logits", trt.float32, logits),
+        )
+    ]
     layer = network.add_plugin(trtp.op.deepspec.greedy_accept(*inputs), aot=True)
     for i, name in enumerate(("num_accepted", "next_token")):
         out = layer.get_output(i)
@@ -92,8 +103,10 @@ def engine_rows(device: str) -> list[Row]:
 
     drafts, num, logits = _inputs()
     engine = _build_engine(trt, trtp, drafts, num, logits)
-    outputs = {"num_accepted": torch.empty(B, dtype=torch.int64, device="cuda"),
-               "next_token": torch.empty(B, dtype=torch.int64, device="cuda")}
+    outputs = {
+        "num_accepted": torch.empty(B, dtype=torch.int64, device="cuda"),
+        "next_token": torch.empty(B, dtype=torch.int64, device="cuda"),
+    }
     tensors = {"draft_tokens": drafts, "num_draft_tokens": num, "target_logits": logits, **outputs}
     context = engine.create_execution_context()
     for name, tensor in tensors.items():
@@ -106,8 +119,18 @@ def engine_rows(device: str) -> list[Row]:
     got = [outputs["num_accepted"].cpu(), outputs["next_token"].cpu()]
     same = all(torch.equal(a, b) for a, b in zip(got, want))
     where = f"TensorRT {trt.__version__}, triton {triton.__version__}"
-    return [Row(label, OK if same else FAIL, f"{where}: " + ("outputs equal the reference" if same else
-                f"got {[t.tolist() for t in got]}, reference {[t.tolist() for t in want]}"))]
+    return [
+        Row(
+            label,
+            OK if same else FAIL,
+            f"{where}: "
+            + (
+                "outputs equal the reference"
+                if same
+                else f"got {[t.tolist() for t in got]}, reference {[t.tolist() for t in want]}"
+            ),
+        )
+    ]
 
 
 def run(context) -> list[Row]:

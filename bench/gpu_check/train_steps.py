@@ -36,8 +36,18 @@ def write_conversations(context, path: Path) -> Path:
     results = engine.generate(prompts, SamplingParams(max_tokens=answer_tokens, ignore_eos=True))
     with path.open("w") as f:
         for i, (text, result) in enumerate(zip(texts, results)):
-            f.write(json.dumps({"id": f"gpu-check:{i}", "conversations": [
-                {"role": "user", "content": text}, {"role": "assistant", "content": result.text}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"gpu-check:{i}",
+                        "conversations": [
+                            {"role": "user", "content": text},
+                            {"role": "assistant", "content": result.text},
+                        ],
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -46,14 +56,25 @@ def train_config(context, algo: str, data: Path, out: Path):
 
     sizes = context.sizes
     on_cuda = context.device == "cuda"
-    return TrainConfig.model_validate({
-        "target": {"name": str(context.target_dir), "device": context.device,
-                   "dtype": "bfloat16" if on_cuda else "float32"},
-        "model": {"algo": algo, "block_size": sizes.num_speculative_tokens, "draft_vocab_size": 256,
-                  "calibration_sequences": 2},
-        "data": {"paths": [str(data)], "max_len": sizes.train_max_len, "num_anchors": 16},
-        "optim": {"max_steps": sizes.num_train_steps, "warmup_steps": 2, "lr": 1e-3},
-        "output_dir": str(out), "save_every": 0})
+    return TrainConfig.model_validate(
+        {
+            "target": {
+                "name": str(context.target_dir),
+                "device": context.device,
+                "dtype": "bfloat16" if on_cuda else "float32",
+            },
+            "model": {
+                "algo": algo,
+                "block_size": sizes.num_speculative_tokens,
+                "draft_vocab_size": 256,
+                "calibration_sequences": 2,
+            },
+            "data": {"paths": [str(data)], "max_len": sizes.train_max_len, "num_anchors": 16},
+            "optim": {"max_steps": sizes.num_train_steps, "warmup_steps": 2, "lr": 1e-3},
+            "output_dir": str(out),
+            "save_every": 0,
+        }
+    )
 
 
 def algo_row(context, algo: str, data: Path) -> Row:
@@ -65,14 +86,19 @@ def algo_row(context, algo: str, data: Path) -> Row:
     losses = [entry["loss"] for entry in log]
     problems = []
     if summary["steps"] != context.sizes.num_train_steps:
-        problems.append(f"stopped after {summary['steps']} of {context.sizes.num_train_steps} steps "
-                        f"({summary['stopped']})")
+        problems.append(
+            f"stopped after {summary['steps']} of {context.sizes.num_train_steps} steps ({summary['stopped']})"
+        )
     if not all(math.isfinite(x) for x in losses):
         problems.append(f"non-finite loss: {losses}")
     if not (out / "config.json").is_file():
         problems.append("no final draft written")
-    metrics = {"steps": summary["steps"], "first_loss": round(losses[0], 4) if losses else None,
-               "last_loss": round(losses[-1], 4) if losses else None, "tok_s": summary["tokens_per_second"]}
+    metrics = {
+        "steps": summary["steps"],
+        "first_loss": round(losses[0], 4) if losses else None,
+        "last_loss": round(losses[-1], 4) if losses else None,
+        "tok_s": summary["tokens_per_second"],
+    }
     return Row(f"train {algo}", FAIL if problems else OK, "; ".join(problems), metrics)
 
 

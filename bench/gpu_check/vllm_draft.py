@@ -17,9 +17,19 @@ from bench.gpu_check.context import guarded
 from bench.gpu_check.report import FAIL, OK, SKIPPED, Row
 
 #: the tiny target: Qwen3 with q/k-norm, head_dim 64 (what vLLM's attention backends take)
-QWEN3 = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=64, max_position_embeddings=1024, rope_theta=1000000.0,
-             rms_norm_eps=1e-6, tie_word_embeddings=False)
+QWEN3 = dict(
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=1024,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
 NUM_SPECULATIVE_TOKENS = 3
 
 
@@ -41,17 +51,38 @@ def export_rows(workdir) -> tuple[list[Row], object]:
     torch.manual_seed(0)
     draft_dir = save_draft(build_draft(cfg), workdir / "qwen3-eagle3")
     out = workdir / "qwen3-eagle3-vllm"
-    code = export_main(["--target", str(target_dir), "--draft", str(draft_dir), "--format", "vllm", "--dtype",
-                        "bfloat16", "--num-speculative-tokens", str(NUM_SPECULATIVE_TOKENS), "--out", str(out),
-                        "--force"], progress=quiet())
+    code = export_main(
+        [
+            "--target",
+            str(target_dir),
+            "--draft",
+            str(draft_dir),
+            "--format",
+            "vllm",
+            "--dtype",
+            "bfloat16",
+            "--num-speculative-tokens",
+            str(NUM_SPECULATIVE_TOKENS),
+            "--out",
+            str(out),
+            "--force",
+        ],
+        progress=quiet(),
+    )
     label = "export qwen3 q/k-norm eagle3 (speculators)"
     if code != 0:
         return [Row(label, FAIL, f"python -m export exited {code}")], None
     config = json.loads((out / "draft" / "config.json").read_text())
     layer = config["transformer_layer_config"]
     ok = layer["model_type"] == "qwen3" and cfg.qk_norm
-    return [Row(label, OK if ok else FAIL, f"model_type {layer['model_type']}, q/k-norm {cfg.qk_norm}, "
-                f"aux layers {config['eagle_aux_hidden_state_layer_ids']}")], out / "draft"
+    return [
+        Row(
+            label,
+            OK if ok else FAIL,
+            f"model_type {layer['model_type']}, q/k-norm {cfg.qk_norm}, "
+            f"aux layers {config['eagle_aux_hidden_state_layer_ids']}",
+        )
+    ], out / "draft"
 
 
 def serve_rows(device: str, draft_dir) -> list[Row]:
@@ -64,14 +95,21 @@ def serve_rows(device: str, draft_dir) -> list[Row]:
         import vllm
     except ImportError as exc:
         return [Row(label, SKIPPED, f"vllm is not importable here ({exc})")]
-    llm = vllm.LLM(model=str(draft_dir), dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.3,
-                   enforce_eager=True)
+    llm = vllm.LLM(
+        model=str(draft_dir), dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.3, enforce_eager=True
+    )
     params = vllm.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     out = llm.generate(["<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"], params)[0].outputs[0]
     drafted = _metric(llm, "vllm:spec_decode_num_draft_tokens")
     ok = len(out.token_ids) == 16 and drafted > 0
-    return [Row(label, OK if ok else FAIL, f"vllm {vllm.__version__}: {len(out.token_ids)} tokens, {drafted:.0f} "
-                f"draft tokens proposed", {"draft_tokens": drafted})]
+    return [
+        Row(
+            label,
+            OK if ok else FAIL,
+            f"vllm {vllm.__version__}: {len(out.token_ids)} tokens, {drafted:.0f} draft tokens proposed",
+            {"draft_tokens": drafted},
+        )
+    ]
 
 
 def _metric(llm, name: str) -> float:
@@ -90,5 +128,6 @@ def run(context) -> list[Row]:
         return rows
 
     rows = guarded(context, "export qwen3 q/k-norm eagle3 (speculators)", export)
-    return rows + guarded(context, "vllm serves the speculators draft",
-                          lambda: serve_rows(context.device, state.get("draft")))
+    return rows + guarded(
+        context, "vllm serves the speculators draft", lambda: serve_rows(context.device, state.get("draft"))
+    )

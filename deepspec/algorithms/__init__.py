@@ -15,5 +15,13 @@ tests/deepspec/algorithms/ is registered from the tests folder alone and trained
 from deepspec.algorithms.algorithm import DraftAlgorithm, OnnxGraphs, Part, load_part
 from deepspec.algorithms.registry import available_algorithms, check_layout, register_algorithm, resolve_algorithm
 
-__all__ = ["DraftAlgorithm", "OnnxGraphs", "Part", "available_algorithms", "check_layout", "load_part",
-           "register_algorithm", "resolve_algorithm"]
+__all__ = [
+    "DraftAlgorithm",
+    "OnnxGraphs",
+    "Part",
+    "available_algorithms",
+    "check_layout",
+    "load_part",
+    "register_algorithm",
+    "resolve_algorithm",
+]

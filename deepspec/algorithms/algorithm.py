@@ -11,8 +11,9 @@ toy algorithm) may hold the objects themselves.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 #: a part of an algorithm: the object, or "package.module:attribute" naming it
 Part = Any

@@ -14,10 +14,14 @@ EAGLE3 = DraftAlgorithm(
     loss="training.losses:eagle3_objective",
     layouts=("deepspec", "canonical"),
     tree_options=_CHAIN_AND_TREE,
-    export_writers={"vllm": "export.drafts.eagle3:VLLM", "sglang": "export.drafts.eagle3:SGLANG",
-                    "tensorrt-llm": "export.drafts.eagle3:TENSORRT_LLM"},
-    onnx=OnnxGraphs(("eagle3_fc.onnx", "eagle3_step.onnx", "eagle3_head.onnx"),
-                    "export.onnx.draft_graph:build_eagle3_graphs"),
+    export_writers={
+        "vllm": "export.drafts.eagle3:VLLM",
+        "sglang": "export.drafts.eagle3:SGLANG",
+        "tensorrt-llm": "export.drafts.eagle3:TENSORRT_LLM",
+    },
+    onnx=OnnxGraphs(
+        ("eagle3_fc.onnx", "eagle3_step.onnx", "eagle3_head.onnx"), "export.onnx.draft_graph:build_eagle3_graphs"
+    ),
 )
 
 DFLASH = DraftAlgorithm(
@@ -40,8 +44,10 @@ DSPARK = DraftAlgorithm(
     calibrate="training.calibration:calibrate_dspark",
     tree_options=_CHAIN_AND_TREE,
     export_writers={"vllm": "export.drafts.block:DSPARK_VLLM", "sglang": "export.drafts.block:DSPARK_SGLANG"},
-    onnx=OnnxGraphs(("dflash_context.onnx", "dflash_block.onnx", "dspark_markov.onnx"),
-                    "export.onnx.draft_graph:build_dspark_graphs"),
+    onnx=OnnxGraphs(
+        ("dflash_context.onnx", "dflash_block.onnx", "dspark_markov.onnx"),
+        "export.onnx.draft_graph:build_dspark_graphs",
+    ),
 )
 
 BUILTIN_ALGORITHMS = (EAGLE3, DFLASH, DSPARK)

@@ -34,8 +34,9 @@ def check_layout(algo: str, layout: str) -> None:
         return
     owners = [a.name for a in _ALGORITHMS.values() if layout in a.layouts]
     if owners:
-        raise ValueError(f"{algo} drafts have no layout '{layout}' (it is the {'/'.join(owners)} layout); use one "
-                         f"of {list(layouts)}")
+        raise ValueError(
+            f"{algo} drafts have no layout '{layout}' (it is the {'/'.join(owners)} layout); use one of {list(layouts)}"
+        )
     raise ValueError(f"unknown {algo} layout '{layout}'; available: {list(layouts)}")
 
 

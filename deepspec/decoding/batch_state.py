@@ -37,7 +37,7 @@ def new_sequence_id() -> int:
 class BatchView:
     """What a drafter may read of the engine's rows: each slot's committed tokens, and who lives there."""
 
-    def __init__(self, state: "BatchState"):
+    def __init__(self, state: BatchState):
         self._state = state
 
     def tokens(self, slot: int) -> np.ndarray:

@@ -13,7 +13,7 @@ It needs only the target's `decode(ids) -> str` (special tokens skipped), which 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 class IncrementalDetokenizer:

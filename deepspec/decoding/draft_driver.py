@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from deepspec.decoding.batch_state import BatchState, BatchView, new_sequence_id
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal, Proposal
+from deepspec.decoding.drafter import Drafter, DraftSampling, KVDrafter, PaddedProposal, Proposal
 from deepspec.decoding.params import SamplingParams
 
 
@@ -28,8 +28,9 @@ class DraftDriver:
     def view(self) -> BatchView:
         return self.state.view
 
-    def start(self, slot: int, tokens: list[int], features: torch.Tensor | None = None,
-              params: SamplingParams | None = None) -> None:
+    def start(
+        self, slot: int, tokens: list[int], features: torch.Tensor | None = None, params: SamplingParams | None = None
+    ) -> None:
         """A new sequence in `slot` whose prompt + first token are `tokens`; features [1, len(tokens) - 1, F] are
         the target features before tokens[1:] (what a neural draft needs)."""
         self.state.admit(slot, new_sequence_id(), params or SamplingParams())

@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from deepspec.decoding.draft_driver import DraftDriver
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter
+from deepspec.decoding.drafter import Drafter, DraftSampling, KVDrafter
 from deepspec.decoding.verify_budget import DraftTimeModel
 
 #: tokens a row commits in each probed round of the drafter: a drafted round's τ, about
@@ -38,8 +38,9 @@ def runs_a_model(drafter: Drafter | None) -> bool:
     return drafter is not None and getattr(type(drafter), "costly_rows", Drafter.costly_rows) is not Drafter.costly_rows
 
 
-def probe_draft_time(target, drafter: Drafter, rows: tuple[int, ...], widths: tuple[int, ...],
-                     max_seq_len: int) -> DraftTimeModel:
+def probe_draft_time(
+    target, drafter: Drafter, rows: tuple[int, ...], widths: tuple[int, ...], max_seq_len: int
+) -> DraftTimeModel:
     """Time a drafted round of `drafter` (bound to `target` for max(rows) slots or more and `max_seq_len` tokens):
     its propose and, for a KV drafter, its commit of the round's tokens (PROBE_COMMIT_TOKENS a row, about what a
     round commits), for every row count in `rows` and width in `widths`; the fastest of two runs each.
@@ -56,8 +57,9 @@ def probe_draft_time(target, drafter: Drafter, rows: tuple[int, ...], widths: tu
     return measured[key]
 
 
-def measure_draft_time(target, drafter: Drafter | None, depth: int,
-                       max_seq_len: int = PROBE_MAX_SEQ_LEN) -> DraftTimeModel | None:
+def measure_draft_time(
+    target, drafter: Drafter | None, depth: int, max_seq_len: int = PROBE_MAX_SEQ_LEN
+) -> DraftTimeModel | None:
     """A drafter's batch-1 round cost on `target` at widths 1 and `depth`, what a choice between engines or weight
     formats scores a draft with (verify_budget.modelled_tokens_per_second); None where there is nothing to time
     (no drafter, or one that runs no model of its own: `runs_a_model`). Binds the drafter for one slot: build it for
@@ -69,8 +71,14 @@ def measure_draft_time(target, drafter: Drafter | None, depth: int,
     return probe_draft_time(target, drafter, (1,), tuple(sorted({1, depth})), max_seq_len)
 
 
-def _time_rounds(target, drafter: Drafter, rows: tuple[int, ...], widths: tuple[int, ...], max_seq_len: int,
-                 feature_layers: tuple[int, ...]) -> DraftTimeModel:
+def _time_rounds(
+    target,
+    drafter: Drafter,
+    rows: tuple[int, ...],
+    widths: tuple[int, ...],
+    max_seq_len: int,
+    feature_layers: tuple[int, ...],
+) -> DraftTimeModel:
     device = target.device
     runs = 1 + 2 * len(rows) * len(widths)
     n = max(2, min(64, max_seq_len - max(widths) - 2 - runs * PROBE_COMMIT_TOKENS))
@@ -90,8 +98,11 @@ def _time_rounds(target, drafter: Drafter, rows: tuple[int, ...], widths: tuple[
         t0 = time.perf_counter()
         proposal = driver.propose_ragged(slots, width, sampling)
         proposal.tokens.cpu()  # a draft on the device is done once its tokens are read back
-        driver.commit(slots, [committed] * num_rows, None if features is None else
-                      features[:, :PROBE_COMMIT_TOKENS].expand(num_rows, -1, -1))  # fmt: skip
+        driver.commit(
+            slots,
+            [committed] * num_rows,
+            None if features is None else features[:, :PROBE_COMMIT_TOKENS].expand(num_rows, -1, -1),
+        )
         if kv:
             synchronize()
         return time.perf_counter() - t0
@@ -99,8 +110,13 @@ def _time_rounds(target, drafter: Drafter, rows: tuple[int, ...], widths: tuple[
     with torch.inference_mode():
         features = None
         if kv and feature_layers:
-            out = target.forward(tokens.to(device), torch.zeros(1, dtype=torch.long, device=device), None,
-                                 feature_layers=feature_layers, logits="none")
+            out = target.forward(
+                tokens.to(device),
+                torch.zeros(1, dtype=torch.long, device=device),
+                None,
+                feature_layers=feature_layers,
+                logits="none",
+            )
             features = out.features[:, : n - 1]
         for slot in range(max(rows)):
             driver.start(slot, tokens[0].tolist(), features)

@@ -90,14 +90,21 @@ class Proposal:
         return self.parents is not None
 
     @classmethod
-    def from_rows(cls, tokens: torch.Tensor, num_tokens: torch.Tensor, probs: torch.Tensor | None = None,
-                  survival: torch.Tensor | None = None, parents: torch.Tensor | None = None) -> "Proposal":
+    def from_rows(
+        cls,
+        tokens: torch.Tensor,
+        num_tokens: torch.Tensor,
+        probs: torch.Tensor | None = None,
+        survival: torch.Tensor | None = None,
+        parents: torch.Tensor | None = None,
+    ) -> Proposal:
         """The ragged proposal of row-padded fields (tokens [B, k], num_tokens [B] CPU, probs [B, k, V], survival
         and parents [B, k]): views where every row is full or there is one row, one gather otherwise."""
         B, k = tokens.shape
         num = num_tokens.cpu().long().clamp(0, k)
         cu = torch.cat([num.new_zeros(1), num.cumsum(0)])
         if B == 1 or bool((num == k).all()):
+
             def flat(x):
                 return None if x is None else x.reshape(B * k, *x.shape[2:])[: int(cu[-1])]
         else:
@@ -105,9 +112,10 @@ class Proposal:
 
             def flat(x):
                 return None if x is None else x.reshape(B * k, *x.shape[2:])[index.to(x.device)]
+
         return cls(flat(tokens), cu, flat(probs), flat(survival), flat(parents))
 
-    def padded(self, width: int | None = None) -> "PaddedProposal":
+    def padded(self, width: int | None = None) -> PaddedProposal:
         """The row-padded form the engine and tree.py work on, `width` columns (default: the longest row's count):
         tokens padded with 0, probs and survival with 0, parents with -1."""
         num = self.num_tokens
@@ -116,6 +124,7 @@ class Proposal:
         if width < longest:
             raise ValueError(f"a proposal of {longest} nodes in a row does not fit {width} columns")
         if bool((num == width).all()):
+
             def rows(x, fill):
                 return None if x is None else x.reshape(B, width, *x.shape[1:])
         else:
@@ -128,8 +137,10 @@ class Proposal:
                 out = torch.full((B, width, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
                 out[row.to(x.device), col.to(x.device)] = x
                 return out
-        return PaddedProposal(rows(self.tokens, 0), num, rows(self.probs, 0), rows(self.survival, 0),
-                              rows(self.parents, -1))
+
+        return PaddedProposal(
+            rows(self.tokens, 0), num, rows(self.probs, 0), rows(self.survival, 0), rows(self.parents, -1)
+        )
 
 
 def cumulative_counts(rows: list) -> torch.Tensor:
@@ -182,12 +193,15 @@ class DraftSampling:
         """Each row's generator for a draw on `device`: `generators` on the CPU, `device_generators` elsewhere.
         ValueError when the rows have none of that device type."""
         device = torch.device(device)
-        generators = self.generators if device.type == "cpu" or self.device_generators is None \
-            else self.device_generators
+        generators = (
+            self.generators if device.type == "cpu" or self.device_generators is None else self.device_generators
+        )
         for g in generators:
             if g is not None and g.device.type != device.type:
-                raise ValueError(f"a draft samples on {device} but its rows' generators live on {g.device}: give "
-                                 f"DraftSampling.device_generators on {device.type} (SpecEngine does)")
+                raise ValueError(
+                    f"a draft samples on {device} but its rows' generators live on {g.device}: give "
+                    f"DraftSampling.device_generators on {device.type} (SpecEngine does)"
+                )
         return generators
 
 
@@ -249,12 +263,15 @@ class KVDrafter(Drafter):
         """A new sequence in `slot` whose prompt + first generated token are `tokens`; features [1, len - 1, F]."""
         self.reset(slot, tokens[0])
         if len(tokens) > 1:
-            self.commit([slot], torch.tensor([tokens[1:]], dtype=torch.long), torch.tensor([len(tokens) - 1]),
-                        features)
+            self.commit([slot], torch.tensor([tokens[1:]], dtype=torch.long), torch.tensor([len(tokens) - 1]), features)
 
     def commit_rows(self, slots: list[int], rows: list[list[int]], features: torch.Tensor | None) -> None:
         """`commit` of per-slot token lists (right-padded here); features [B, >= longest row, F] are cut to fit."""
         width = max(len(row) for row in rows)
         tokens = torch.tensor([list(row) + [0] * (width - len(row)) for row in rows], dtype=torch.long)
-        self.commit(list(slots), tokens, torch.tensor([len(row) for row in rows]),
-                    features[:, :width] if features is not None else None)
+        self.commit(
+            list(slots),
+            tokens,
+            torch.tensor([len(row) for row in rows]),
+            features[:, :width] if features is not None else None,
+        )

@@ -20,7 +20,7 @@ import torch
 from deepspec.decoding import step_timing
 from deepspec.decoding.batch_state import BatchState, new_sequence_id
 from deepspec.decoding.detokenizer import IncrementalDetokenizer
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal
+from deepspec.decoding.drafter import Drafter, DraftSampling, KVDrafter, PaddedProposal
 from deepspec.decoding.grammar_walks import cut_chains, cut_tree, mask_chains, mask_trees, walk_rows
 from deepspec.decoding.host_threads import torch_threads
 from deepspec.decoding.logprobs import TokenLogprob, emitted_logprobs, scored_logits, token_logprobs
@@ -87,14 +87,23 @@ class SpecEngine:
             drafter.bind(target, max_batch_size, self.max_seq_len)
             drafter.use_session_memory(self.session_memory)
         #: every slot's committed tokens and sampling parameters, the one record drafters read (batch_state.py)
-        self.batch_state = BatchState(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 2,
-                                      target.device)
+        self.batch_state = BatchState(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 2, target.device)
         #: the drafter's commit and slot-move hooks, for drafters with state of their own (None = it reads the view)
         self._kv_drafter = drafter if isinstance(drafter, KVDrafter) else None
         #: how deep each round verifies (deepspec/decoding/planner.py); by default what the drafter proposes
         self.planner = planner if planner is not None else RoundPlanner()
-        self.planner.bind(EngineShape(target, drafter, max_batch_size, self.max_seq_len, self.num_speculative_tokens,
-                                      max_verify_tokens, self.feature_layers, self.cache))
+        self.planner.bind(
+            EngineShape(
+                target,
+                drafter,
+                max_batch_size,
+                self.max_seq_len,
+                self.num_speculative_tokens,
+                max_verify_tokens,
+                self.feature_layers,
+                self.cache,
+            )
+        )
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[SequenceState] = []  # index == slot
@@ -125,8 +134,9 @@ class SpecEngine:
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (a ValueError with a RequestErrorCode) unless the request fits this engine; called by
         add_request, and by servers before they queue a request. Reads only fixed settings: safe from any thread."""
-        validate_request(prompt_token_ids, params.max_tokens, max_seq_len=self.max_seq_len,
-                         vocab_size=self.target.vocab_size)
+        validate_request(
+            prompt_token_ids, params.max_tokens, max_seq_len=self.max_seq_len, vocab_size=self.target.vocab_size
+        )
         if params.structured is not None:
             self._grammar_compiler().check(params.structured)
 
@@ -136,8 +146,14 @@ class SpecEngine:
             _GRAMMAR_COMPILERS[self.target] = GrammarCompiler(self.target)
         return _GRAMMAR_COMPILERS[self.target]
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    keep_result: bool = False, fork_of: str | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        keep_result: bool = False,
+        fork_of: str | None = None,
+    ) -> None:
         """Queue a request for the next step; keep_result=True keeps its record for `pop_result`. `fork_of` names a
         waiting request with the same prompt: this sequence then shares its prefill (the module docstring)."""
         if request_id in self._by_id:
@@ -268,8 +284,9 @@ class SpecEngine:
         lengths = [len(s.prompt) for s in seqs]
         start, width = seqs[0].prefill_pos, max(lengths)
         end = width if max_tokens is None else min(width, start + max_tokens)
-        prompts = torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs], dtype=torch.long,
-                               device=device)
+        prompts = torch.tensor(
+            [s.prompt + [0] * (width - len(s.prompt)) for s in seqs], dtype=torch.long, device=device
+        )
         last = torch.tensor(lengths, device=device) - 1
         view = self.cache.rows(seqs[0].slot, len(seqs))
         logits = torch.empty(len(seqs), self.target.vocab_size, device=device)
@@ -283,18 +300,27 @@ class SpecEngine:
             ends_here = (last >= a) & (last < b)
             at_last = (last - a).clamp(0, b - a - 1)
             wanted = "all" if scored else (at_last if bool(ends_here.any()) else "none")
-            out = self.target.forward(prompts[:, a:b], torch.full((len(seqs),), a, device=device), view,
-                                      feature_layers=self.feature_layers, logits=wanted, max_start=a)
+            out = self.target.forward(
+                prompts[:, a:b],
+                torch.full((len(seqs),), a, device=device),
+                view,
+                feature_layers=self.feature_layers,
+                logits=wanted,
+                max_start=a,
+            )
             if out.logits is not None:
-                chunk_logits = out.logits if not scored else out.logits.gather(
-                    1, at_last[:, None, None].expand(-1, 1, out.logits.shape[2]))
+                chunk_logits = (
+                    out.logits
+                    if not scored
+                    else out.logits.gather(1, at_last[:, None, None].expand(-1, 1, out.logits.shape[2]))
+                )
                 logits[ends_here] = chunk_logits[ends_here, 0]
             for row in scored:  # position p predicts prompt token p + 1
                 stop = min(b, lengths[row] - 1)
                 if stop > a:
-                    seqs[row].prompt_logprobs += token_logprobs(out.logits[row, : stop - a],
-                                                                prompts[row, a + 1 : stop + 1],
-                                                                seqs[row].params.prompt_logprobs)
+                    seqs[row].prompt_logprobs += token_logprobs(
+                        out.logits[row, : stop - a], prompts[row, a + 1 : stop + 1], seqs[row].params.prompt_logprobs
+                    )
             if out.features is not None:
                 for row, seq in enumerate(seqs):
                     seq.prefill_features.append(out.features[row : row + 1])
@@ -337,8 +363,9 @@ class SpecEngine:
         first = self._first_token(seq, logits[0])
         first_logprobs = None
         if seq.params.logprobs is not None:
-            first_logprobs = token_logprobs(scored_logits(logits, [seq.params]), torch.tensor([first]),
-                                            seq.params.logprobs)
+            first_logprobs = token_logprobs(
+                scored_logits(logits, [seq.params]), torch.tensor([first]), seq.params.logprobs
+            )
         seq.prefilled, seq.pending = True, first
         self.batch_state.append(seq.slot, seq.prompt + [first])
         if self._kv_drafter is not None:
@@ -360,9 +387,16 @@ class SpecEngine:
         """Per row, how many drafts are worth verifying: within the row's budget and the step's token budget."""
         per_row_budget = max(0, self.max_verify_tokens // max(len(self._batch), 1) - 1)
         return [
-            max(0, min(self.num_speculative_tokens, per_row_budget, _request_cap(s.params),
-                       s.params.max_tokens - len(s.output) - 1,
-                       self.max_seq_len - s.cache_len - 1))
+            max(
+                0,
+                min(
+                    self.num_speculative_tokens,
+                    per_row_budget,
+                    _request_cap(s.params),
+                    s.params.max_tokens - len(s.output) - 1,
+                    self.max_seq_len - s.cache_len - 1,
+                ),
+            )
             for s in self._batch
         ]
 
@@ -375,9 +409,11 @@ class SpecEngine:
                 seq.draft_generator.manual_seed(seed)
                 if seq.draft_device_generator is not seq.draft_generator:
                     seq.draft_device_generator.manual_seed(seed)
-        return DraftSampling(self.batch_state.host_temperature(len(self._batch)),
-                             [s.draft_generator for s in self._batch],
-                             [s.draft_device_generator for s in self._batch])
+        return DraftSampling(
+            self.batch_state.host_temperature(len(self._batch)),
+            [s.draft_generator for s in self._batch],
+            [s.draft_device_generator for s in self._batch],
+        )
 
     def _decode_round(self) -> list[StepOutput]:
         seqs = self._batch
@@ -393,8 +429,11 @@ class SpecEngine:
         proposal = None
         with self._phase("draft"):
             sampling = self._draft_sampling() if self.drafter is not None else None
-            width = (self.planner.draft_width(seqs, caps, self.batch_state.view)
-                     if sampling is not None and max(caps) > 0 else 0)
+            width = (
+                self.planner.draft_width(seqs, caps, self.batch_state.view)
+                if sampling is not None and max(caps) > 0
+                else 0
+            )
             if width:
                 self._flush_unheard(slots)
                 # ragged from the drafter; padded once here to the round's width, for the batched ops
@@ -434,8 +473,9 @@ class SpecEngine:
         committed = [r[2 : 2 + r[0]] + [r[1]] for r in result]
         num_list = num_drafts.tolist()
         with self._phase("logprobs"):
-            logprobs = emitted_logprobs(logits, [s.params for s in seqs], [list(range(len(c))) for c in committed],
-                                        committed)
+            logprobs = emitted_logprobs(
+                logits, [s.params for s in seqs], [list(range(len(c))) for c in committed], committed
+            )
         return self._finish_round(committed, accepted, num_list, [None] * B, out.features, logprobs)
 
     def _row_sampling(self) -> RowSampling | None:
@@ -445,8 +485,10 @@ class SpecEngine:
         if all(s.params.greedy for s in seqs):
             return None
         seeds = [fresh_seed(s.generator) for s in seqs]
-        return RowSampling(*self.batch_state.sampling_params(len(seqs)),
-                           torch.tensor(seeds, dtype=torch.int64, device=self.target.device))
+        return RowSampling(
+            *self.batch_state.sampling_params(len(seqs)),
+            torch.tensor(seeds, dtype=torch.int64, device=self.target.device),
+        )
 
     def _verify_pass(self, inputs: torch.Tensor, start: torch.Tensor, k: int, tree_parents=None):
         """The target's verify pass over inputs [B, 1 + k] after each row's cache; timed for the planner where it
@@ -455,11 +497,17 @@ class SpecEngine:
         timed = self.planner.times_passes
         t0 = step_timing.clock() if timed else 0.0
         tree = {} if tree_parents is None else {"tree_parents": tree_parents}  # only targets with tree attention
-        out = self.target.forward(inputs, start, self.cache.rows(0, len(seqs)), feature_layers=self.feature_layers,
-                                  logits="all", max_start=max(s.cache_len for s in seqs), **tree)
+        out = self.target.forward(
+            inputs,
+            start,
+            self.cache.rows(0, len(seqs)),
+            feature_layers=self.feature_layers,
+            logits="all",
+            max_start=max(s.cache_len for s in seqs),
+            **tree,
+        )
         if timed:
-            self.planner.observe_pass(len(seqs), 1 + k, sum(s.cache_len for s in seqs),
-                                      step_timing.clock() - t0)
+            self.planner.observe_pass(len(seqs), 1 + k, sum(s.cache_len for s in seqs), step_timing.clock() - t0)
         return out
 
     def _tree_round(self, proposal: PaddedProposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
@@ -506,8 +554,9 @@ class SpecEngine:
         committed = [[rows[i][node] for node in paths[i][1 : accepted[i] + 1]] + [next_tokens[i]] for i in range(B)]
         # committed token j was predicted at the path's node j (the root, then each accepted node)
         with self._phase("logprobs"):
-            logprobs = emitted_logprobs(out.logits, [s.params for s in seqs],
-                                        [paths[i][: accepted[i] + 1] for i in range(B)], committed)
+            logprobs = emitted_logprobs(
+                out.logits, [s.params for s in seqs], [paths[i][: accepted[i] + 1] for i in range(B)], committed
+            )
         depth = node_depths(proposal.parents[:, :k], num) if k else torch.zeros(B, 0, dtype=torch.long)
         live = torch.arange(k)[None, :] < num[:, None]
         max_depth = torch.where(live, depth, torch.zeros_like(depth)).amax(1).tolist() if k else [0] * B
@@ -521,9 +570,15 @@ class SpecEngine:
         throwaway prompt), so what it accepted must not decide whether the next sequences draft."""
         self.planner.forget_acceptance()
 
-    def _finish_round(self, committed: list[list[int]], accepted: list[int], num_drafts: list[int],
-                      depths: list[int | None], features: torch.Tensor | None,
-                      logprobs: list[list[TokenLogprob] | None]) -> list[StepOutput]:
+    def _finish_round(
+        self,
+        committed: list[list[int]],
+        accepted: list[int],
+        num_drafts: list[int],
+        depths: list[int | None],
+        features: torch.Tensor | None,
+        logprobs: list[list[TokenLogprob] | None],
+    ) -> list[StepOutput]:
         """Commit each row's accepted drafts + next token (and their logprobs, where asked), record the round, and
         tell the drafter; features [B, >= len(committed[b]), F] are aligned with the committed tokens (the feature
         before each one)."""
@@ -547,8 +602,9 @@ class SpecEngine:
             self._tell_drafter(extend_rows, committed_rows, features)
         return results
 
-    def _tell_drafter(self, extend_rows: list[int], committed_rows: list[list[int]],
-                      features: torch.Tensor | None) -> None:
+    def _tell_drafter(
+        self, extend_rows: list[int], committed_rows: list[list[int]], features: torch.Tensor | None
+    ) -> None:
         """A drafter with state of its own is to hear each still-running row's committed tokens and the features
         before each one (the others read them from the batch state). They wait on the sequence until the drafter
         next proposes (`_flush_unheard`): a round that does not draft costs the drafter nothing. Past
@@ -556,8 +612,9 @@ class SpecEngine:
         if self._kv_drafter is None or not extend_rows:
             return
         for i, row in enumerate(extend_rows):
-            self._batch[row].hold_unheard(committed_rows[i], None if features is None else
-                                          features[row, : len(committed_rows[i])].clone())  # fmt: skip
+            self._batch[row].hold_unheard(
+                committed_rows[i], None if features is None else features[row, : len(committed_rows[i])].clone()
+            )
         self._flush_unheard([row for row in extend_rows if self._batch[row].num_unheard > MAX_UNHEARD_TOKENS])
 
     def _flush_unheard(self, rows: list[int]) -> None:
@@ -609,8 +666,9 @@ class SpecEngine:
         self._running[dst] = moved
 
     # ---- convenience -------------------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-                 on_output=None) -> list[GenerationResult]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], on_output=None
+    ) -> list[GenerationResult]:
         """Run prompts to completion with continuous batching; `on_output(StepOutput)` streams each chunk."""
         all_params = params if isinstance(params, list) else [params] * len(prompts)
         ids = [f"gen-{next(_ids)}" for _ in prompts]
@@ -628,9 +686,16 @@ class SpecEngine:
     def pop_result(self, request_id: str) -> GenerationResult:
         """The finished request's full record (tokens, text, acceptance statistics)."""
         seq = self._finished.pop(request_id)
-        return GenerationResult(request_id=request_id, prompt_token_ids=seq.prompt, token_ids=seq.output,
-                                text=seq.detokenizer.text, finish_reason=seq.finish_reason,
-                                logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs, **vars(seq.stats))
+        return GenerationResult(
+            request_id=request_id,
+            prompt_token_ids=seq.prompt,
+            token_ids=seq.output,
+            text=seq.detokenizer.text,
+            finish_reason=seq.finish_reason,
+            logprobs=seq.logprobs,
+            prompt_logprobs=seq.prompt_logprobs,
+            **vars(seq.stats),
+        )
 
 
 _ids = itertools.count()
@@ -638,6 +703,7 @@ _ids = itertools.count()
 MAX_UNHEARD_TOKENS = 256
 #: target → its GrammarCompiler (the compiled vocabulary and grammars), shared by the engines built on it
 _GRAMMAR_COMPILERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 def _request_cap(params: SamplingParams) -> int:
     """The draft tokens a request allows a round (SamplingParams.max_draft_tokens; no limit when it leaves it unset)."""

@@ -18,8 +18,9 @@ from deepspec.decoding.tree import keep_nodes
 Walks = dict[int, tuple[list[bool], torch.Tensor]]
 
 
-def walk_rows(grammars: list[RowGrammar | None], tokens: torch.Tensor, num: torch.Tensor,
-              parents: torch.Tensor | None) -> Walks:
+def walk_rows(
+    grammars: list[RowGrammar | None], tokens: torch.Tensor, num: torch.Tensor, parents: torch.Tensor | None
+) -> Walks:
     """Per constrained row, its proposal (tokens [B, k], num [B], parents [B, k] or None for chains) walked through
     its grammar (structured.RowGrammar.walk). Unconstrained rows are absent."""
     walks: Walks = {}
@@ -48,8 +49,9 @@ def cut_tree(grammars: list[RowGrammar | None], proposal: PaddedProposal) -> tup
     return proposal, walks
 
 
-def cut_chains(walks: Walks, draft_tokens: torch.Tensor, num_drafts: torch.Tensor,
-               draft_probs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def cut_chains(
+    walks: Walks, draft_tokens: torch.Tensor, num_drafts: torch.Tensor, draft_probs: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A draft the grammar forbids ends its chain: each constrained row's count (num_drafts [B], changed in place) is
     cut to its allowed prefix, and the drafts [B, k] (and their q [B, k, V]) to the longest count left."""
     for row, (kept, _) in walks.items():
@@ -58,8 +60,9 @@ def cut_chains(walks: Walks, draft_tokens: torch.Tensor, num_drafts: torch.Tenso
     return draft_tokens[:, :k], draft_probs[:, :k] if draft_probs is not None and k else None
 
 
-def mask_chains(walks: Walks, logits: torch.Tensor, num_drafts: torch.Tensor,
-                draft_probs: torch.Tensor | None) -> torch.Tensor | None:
+def mask_chains(
+    walks: Walks, logits: torch.Tensor, num_drafts: torch.Tensor, draft_probs: torch.Tensor | None
+) -> torch.Tensor | None:
     """Position j of a chain is scored in the state after its first j drafts: mask each constrained row's logits
     [B, k + 1, V] (in place) and restrict its drafts' q to what the grammar allows; → the (copied) q."""
     draft_probs = draft_probs.clone() if draft_probs is not None else None
@@ -71,8 +74,9 @@ def mask_chains(walks: Walks, logits: torch.Tensor, num_drafts: torch.Tensor,
     return draft_probs
 
 
-def mask_trees(walks: Walks, logits: torch.Tensor, num: torch.Tensor, q: torch.Tensor | None,
-               tree_parents: torch.Tensor) -> None:
+def mask_trees(
+    walks: Walks, logits: torch.Tensor, num: torch.Tensor, q: torch.Tensor | None, tree_parents: torch.Tensor
+) -> None:
     """Column c of a tree is scored after node c, and a node is drawn after its parent: mask each constrained row's
     logits [B, 1 + k, V] by the state after each node, and restrict its nodes' q [B, 1 + k, V] (column 0 the root's)
     by their parents' state; both in place. tree_parents [B, 1 + k]."""

@@ -58,7 +58,6 @@ def token_logprobs(
     return [TokenLogprob(t, lp, tuple(ti), tuple(tv)) for t, lp, ti, tv in zip(ids, chosen, top_ids, top_vals)]
 
 
-
 def processed_logits(
     logits: torch.Tensor,  # [N, V]
     temperature: torch.Tensor,  # [N] float32, 0 = greedy (scored at 1)
@@ -85,14 +84,17 @@ def scored_logits(logits: torch.Tensor, params: list) -> torch.Tensor:
     picked = [params[i] for i in rows]
     out = logits.float().clone()
     out[index] = processed_logits(
-        logits[index], torch.tensor([p.temperature for p in picked], dtype=torch.float32, device=logits.device),
+        logits[index],
+        torch.tensor([p.temperature for p in picked], dtype=torch.float32, device=logits.device),
         torch.tensor([p.top_k for p in picked], dtype=torch.int64, device=logits.device),
-        torch.tensor([p.top_p for p in picked], dtype=torch.float32, device=logits.device))
+        torch.tensor([p.top_p for p in picked], dtype=torch.float32, device=logits.device),
+    )
     return out
 
 
-def emitted_logprobs(logits: torch.Tensor, params: list, positions: list[list[int]],
-                     committed: list[list[int]]) -> list[list[TokenLogprob] | None]:
+def emitted_logprobs(
+    logits: torch.Tensor, params: list, positions: list[list[int]], committed: list[list[int]]
+) -> list[list[TokenLogprob] | None]:
     """Per row (params [B]: its SamplingParams) that asked for logprobs, its committed tokens' logprobs from a verify
     pass's logits [B, T, V] at `positions` (the position that predicted each committed token); None for the other
     rows, at no cost."""
@@ -104,13 +106,15 @@ def emitted_logprobs(logits: torch.Tensor, params: list, positions: list[list[in
     pos_index = torch.tensor([p for i in rows for p in positions[i]], device=logits.device)
     tokens = torch.tensor([t for i in rows for t in committed[i]])
     num_top = max(params[i].logprobs for i in rows)
-    flat = token_logprobs(scored_logits(logits[row_index, pos_index],
-                                        [params[i] for i in rows for _ in positions[i]]),
-                          tokens, num_top)
+    flat = token_logprobs(
+        scored_logits(logits[row_index, pos_index], [params[i] for i in rows for _ in positions[i]]), tokens, num_top
+    )
     at = 0
     for i in rows:
         n, keep = len(committed[i]), params[i].logprobs
-        result[i] = [TokenLogprob(lp.token_id, lp.logprob, lp.top_token_ids[:keep], lp.top_logprobs[:keep])
-                     for lp in flat[at : at + n]]
+        result[i] = [
+            TokenLogprob(lp.token_id, lp.logprob, lp.top_token_ids[:keep], lp.top_logprobs[:keep])
+            for lp in flat[at : at + n]
+        ]
         at += n
     return result

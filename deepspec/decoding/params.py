@@ -51,36 +51,50 @@ class SamplingParams:
     def __post_init__(self) -> None:
         min_tokens = 0 if self.prompt_logprobs is not None else 1
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < min_tokens:
-            raise RequestError(RequestErrorCode.MAX_TOKENS_INVALID,
-                               f"max_tokens must be an integer >= 1 (0 only to score the prompt, with "
-                               f"prompt_logprobs), got {self.max_tokens!r}")
+            raise RequestError(
+                RequestErrorCode.MAX_TOKENS_INVALID,
+                f"max_tokens must be an integer >= 1 (0 only to score the prompt, with "
+                f"prompt_logprobs), got {self.max_tokens!r}",
+            )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or not 0 <= value <= MAX_TOP_LOGPROBS):
-                raise _sampling_error(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (None = off), "
-                                      f"got {value!r}")
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOP_LOGPROBS
+            ):
+                raise _sampling_error(
+                    f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (None = off), got {value!r}"
+                )
         if self.logprobs_mode not in LOGPROBS_MODES:
-            raise _sampling_error(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got "
-                                  f"{self.logprobs_mode!r}")
-        if not isinstance(self.temperature, numbers.Real) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
+            raise _sampling_error(
+                f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}"
+            )
+        if (
+            not isinstance(self.temperature, numbers.Real)
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
             raise _sampling_error(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if self.top_k < 0:
             raise _sampling_error(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:  # also refuses NaN
             raise _sampling_error(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not 0 <= self.seed < 2**64):
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**64
+        ):
             raise _sampling_error(f"seed must be an integer in [0, 2**64) or None, got {self.seed!r}")
-        if self.max_draft_tokens is not None and (not isinstance(self.max_draft_tokens, int)
-                                                  or isinstance(self.max_draft_tokens, bool)
-                                                  or self.max_draft_tokens < 0):
-            raise _sampling_error(f"max_draft_tokens must be an integer >= 0 (0 = speculation off, None = the "
-                                  f"server's setting), got {self.max_draft_tokens!r}")
+        if self.max_draft_tokens is not None and (
+            not isinstance(self.max_draft_tokens, int)
+            or isinstance(self.max_draft_tokens, bool)
+            or self.max_draft_tokens < 0
+        ):
+            raise _sampling_error(
+                f"max_draft_tokens must be an integer >= 0 (0 = speculation off, None = the "
+                f"server's setting), got {self.max_draft_tokens!r}"
+            )
         if self.session is not None and (not isinstance(self.session, str) or not 0 < len(self.session) <= 512):
-            raise _sampling_error(f"session must be a non-empty string of at most 512 characters or None, got "
-                                  f"{self.session!r}")
+            raise _sampling_error(
+                f"session must be a non-empty string of at most 512 characters or None, got {self.session!r}"
+            )
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(not s for s in self.stop):

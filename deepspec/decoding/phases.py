@@ -18,8 +18,19 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 #: the phases a step is split into, in the order a round runs them
-PHASES = ("prefill", "draft", "budget", "grammar", "target", "verify", "kv", "logprobs", "commit", "draft_update",
-          "release")
+PHASES = (
+    "prefill",
+    "draft",
+    "budget",
+    "grammar",
+    "target",
+    "verify",
+    "kv",
+    "logprobs",
+    "commit",
+    "draft_update",
+    "release",
+)
 
 _UNTIMED = nullcontext()
 

@@ -28,12 +28,24 @@ import torch
 
 from deepspec.decoding.draft_time import probe_draft_time, runs_a_model
 from deepspec.decoding.drafter import PaddedProposal
-from deepspec.decoding.step_timing import (ServedSteps, StepCurveCache, probe_sizes, probe_step_curve,
-                                           probe_verify_overhead, SAVE_EVERY)
-from deepspec.neighbours import NeighbourShare
+from deepspec.decoding.step_timing import (
+    SAVE_EVERY,
+    ServedSteps,
+    StepCurveCache,
+    probe_sizes,
+    probe_step_curve,
+    probe_verify_overhead,
+)
 from deepspec.decoding.tree import keep_nodes, monotone_survival, tree_survival_from_record
-from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, StepTimeModel, best_depth, best_nodes,
-                                            observed_survival)
+from deepspec.decoding.verify_budget import (
+    AcceptanceHistory,
+    DraftTimeModel,
+    StepTimeModel,
+    best_depth,
+    best_nodes,
+    observed_survival,
+)
+from deepspec.neighbours import NeighbourShare
 
 #: rounds of greedy batches between two exploring rounds while some depth has too few served passes
 EXPLORE_ROUNDS = 4
@@ -121,8 +133,14 @@ class BudgetPlanner(RoundPlanner):
     `curve_cache`: the file the curve is read from at bind and saved to as served passes correct it (None: no file;
     `StepCurveCache.for_target` gives a target's default one). `learn_online=False` keeps the starting curve."""
 
-    def __init__(self, step_time: StepTimeModel | None = None, *, price_drafting: bool = True,
-                 curve_cache: StepCurveCache | None = None, learn_online: bool = True):
+    def __init__(
+        self,
+        step_time: StepTimeModel | None = None,
+        *,
+        price_drafting: bool = True,
+        curve_cache: StepCurveCache | None = None,
+        learn_online: bool = True,
+    ):
         self._given = step_time
         self.price_drafting = price_drafting
         self.curve_cache = curve_cache
@@ -170,8 +188,13 @@ class BudgetPlanner(RoundPlanner):
             curve = self.curve_cache.load(target.multi_token_rows_serial)
         if curve is None:
             with NeighbourShare() as neighbours:
-                curve = probe_step_curve(target, shape.cache, probe_sizes(shape.max_verify_tokens, shape.max_seq_len),
-                                         shape.feature_layers, shape.max_seq_len)
+                curve = probe_step_curve(
+                    target,
+                    shape.cache,
+                    probe_sizes(shape.max_verify_tokens, shape.max_seq_len),
+                    shape.feature_layers,
+                    shape.max_seq_len,
+                )
             if self.curve_cache is not None and not neighbours.busy:  # a disturbed probe serves this start only
                 self.curve_cache.save(curve)
         self._step_time = self._start_curve = curve
@@ -179,11 +202,16 @@ class BudgetPlanner(RoundPlanner):
         self._neighbours = NeighbourShare().start()  # the passes until the next save: kept only if quiet
         self.verify_overhead = probe_verify_overhead(target, shape.num_speculative_tokens)
         if self.price_drafting and runs_a_model(shape.drafter):
-            self.draft_time = probe_draft_time(target, shape.drafter, tuple(sorted({1, shape.max_batch_size})),
-                                               tuple(sorted({1, shape.num_speculative_tokens})), shape.max_seq_len)
+            self.draft_time = probe_draft_time(
+                target,
+                shape.drafter,
+                tuple(sorted({1, shape.max_batch_size})),
+                tuple(sorted({1, shape.num_speculative_tokens})),
+                shape.max_seq_len,
+            )
 
     @classmethod
-    def kept_per_machine(cls, target, drafter) -> "BudgetPlanner":
+    def kept_per_machine(cls, target, drafter) -> BudgetPlanner:
         """The budget a server runs with: its curve kept per target, captured layers and machine in the cache
         directory, so each start (the engine choice's calibration decode included) begins from what the last one
         served (step_timing.StepCurveCache)."""
@@ -206,8 +234,9 @@ class BudgetPlanner(RoundPlanner):
             seq.calibration = self.acceptance_history.calibration(seq.sequence_id)
 
     def finished(self, seq) -> None:
-        self.acceptance_history.add(seq.params.greedy, seq.stats.proposed_per_position,
-                                    seq.stats.accepted_per_position, seq.calibration)
+        self.acceptance_history.add(
+            seq.params.greedy, seq.stats.proposed_per_position, seq.stats.accepted_per_position, seq.calibration
+        )
 
     def forget_acceptance(self) -> None:
         self.acceptance_history = AcceptanceHistory()
@@ -262,12 +291,17 @@ class BudgetPlanner(RoundPlanner):
             survival = _live(self._observed_survival(rows, width), counts)
         else:
             all_greedy = not any(sampled)
-            survival = [[min(v * factor, 1.0) for v in row] for row, factor in
-                        zip(estimates, (s.calibration.factor(all_greedy) for s in rows))]
+            survival = [
+                [min(v * factor, 1.0) for v in row]
+                for row, factor in zip(estimates, (s.calibration.factor(all_greedy) for s in rows))
+            ]
             if proposal.probs is None and (len(rows) > 1 or any(sampled)):
-                survival = [[min(e if is_sampled else v, o) for e, v, o in zip(estimated, calibrated, observed)]
-                            for estimated, calibrated, observed, is_sampled in
-                            zip(estimates, survival, self._observed_survival(rows, width), sampled)]
+                survival = [
+                    [min(e if is_sampled else v, o) for e, v, o in zip(estimated, calibrated, observed)]
+                    for estimated, calibrated, observed, is_sampled in zip(
+                        estimates, survival, self._observed_survival(rows, width), sampled
+                    )
+                ]
         extra = None
         if self.verify_overhead is not None:  # a target-only round pays the op's short path, which all rounds share
             extra = [0.0] + [self.verify_overhead[any(sampled)]] * width
@@ -288,8 +322,12 @@ class BudgetPlanner(RoundPlanner):
         survival = proposal.survival
         if survival is None:
             survival = tree_survival_from_record(
-                torch.tensor(self._observed_survival(rows, max(k, 1)), dtype=torch.float64)
-                .reshape(len(rows), max(k, 1)), parents, num)
+                torch.tensor(self._observed_survival(rows, max(k, 1)), dtype=torch.float64).reshape(
+                    len(rows), max(k, 1)
+                ),
+                parents,
+                num,
+            )
         keep = best_nodes(monotone_survival(survival, parents, num), self._model(rows))
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
 
@@ -339,8 +377,11 @@ class BudgetPlanner(RoundPlanner):
             return None
         size = [self._pass_size(len(rows), d) for d in range(self._shape.num_speculative_tokens + 1)]
         top = 1
-        while (top < len(size) - 1 and self.served.count(size[top]) >= MIN_SERVED
-               and self._step_time.seconds(size[top]) < EXPLORE_MAX_COST * self._step_time.seconds(size[0])):
+        while (
+            top < len(size) - 1
+            and self.served.count(size[top]) >= MIN_SERVED
+            and self._step_time.seconds(size[top]) < EXPLORE_MAX_COST * self._step_time.seconds(size[0])
+        ):
             top += 1
         depths = range(min(top, len(size) - 1) + 1)
         counts = {d: self.served.count(size[d]) for d in depths}
@@ -362,8 +403,12 @@ class BudgetPlanner(RoundPlanner):
         if width not in self._round_survival:
             records = [(s.stats.proposed_per_position, s.stats.accepted_per_position) for s in rows]
             all_greedy = all(s.params.greedy for s in rows)
-            prior = [self.acceptance_history.prior(s.params.greedy and all_greedy, width, s.sequence_id,
-                                                   sampled=not s.params.greedy) for s in rows]
+            prior = [
+                self.acceptance_history.prior(
+                    s.params.greedy and all_greedy, width, s.sequence_id, sampled=not s.params.greedy
+                )
+                for s in rows
+            ]
             self._round_survival[width] = observed_survival(records, width, prior)
         return self._round_survival[width]
 

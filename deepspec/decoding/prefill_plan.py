@@ -7,7 +7,6 @@ padding (`split_padded_batch`). Pure functions over prompt lengths and slots: th
 
 from __future__ import annotations
 
-
 #: what one more prefill forward costs, in padded tokens: its fixed part (reading every weight once, ~40 ms for the
 #: default target in fp32 on one CPU core) against ~6 ms per prompt token. On a GPU the fixed part weighs more and a
 #: padded token less, so this bound cuts more often than the optimum there: at worst one more small forward per cut.

@@ -21,8 +21,8 @@ value against. The model layer (deepspec.models) only reads and writes draft arc
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from deepspec.algorithms import available_algorithms, load_part, resolve_algorithm
 from deepspec.decoding.drafter import Drafter
@@ -115,8 +115,11 @@ def build_drafter(spec: str | None, target: Target, **options) -> Drafter | None
         return None
     if spec == "auto":
         path = best_shipped_draft(target)
-        return load_checkpoint_drafter(path, target, **options) if path else build_drafter("prompt-lookup", target,
-                                                                                           **options)
+        return (
+            load_checkpoint_drafter(path, target, **options)
+            if path
+            else build_drafter("prompt-lookup", target, **options)
+        )
     if spec in _DRAFTERS:
         return _DRAFTERS[spec](target, **options)
     path = Path(spec).expanduser()

@@ -98,8 +98,15 @@ class SequenceState:
             seq.logprobs.extend(kept_logprobs)
             if stop_index is not None and stop_index == len(kept) and len(logprobs or ()) > stop_index:
                 stop_logprob = logprobs[stop_index]  # the stop token right after what is kept
-        return StepOutput(seq.request_id, kept, text, seq.finish_reason is not None, seq.finish_reason,
-                          logprobs=kept_logprobs, stop_logprob=stop_logprob)
+        return StepOutput(
+            seq.request_id,
+            kept,
+            text,
+            seq.finish_reason is not None,
+            seq.finish_reason,
+            logprobs=kept_logprobs,
+            stop_logprob=stop_logprob,
+        )
 
 
 def take_unheard(seqs: list[SequenceState]) -> tuple[list[list[int]], torch.Tensor | None]:
@@ -118,8 +125,10 @@ def take_unheard(seqs: list[SequenceState]) -> tuple[list[list[int]], torch.Tens
 def fork_parent(parent: SequenceState | None, parent_id: str, prompt: list[int]) -> SequenceState:
     """The waiting request a fork (OpenAI's `n`) shares its prompt with; ValueError when there is none to share."""
     if parent is None or parent.slot < 0:
-        raise ValueError(f"fork_of={parent_id!r}: no such request is running (a fork's parent must be a request "
-                         "that is not itself a fork)")
+        raise ValueError(
+            f"fork_of={parent_id!r}: no such request is running (a fork's parent must be a request "
+            "that is not itself a fork)"
+        )
     if parent.prefilled:
         raise ValueError(f"fork_of={parent_id!r}: its prefill is complete; fork a request before its first step")
     if parent.prompt != prompt:

@@ -55,8 +55,9 @@ class _SessionIndex:
 class SessionMemory:
     """Per-session indexes of served answers, bounded in sessions and tokens (module docstring)."""
 
-    def __init__(self, max_sessions: int = 1024, max_tokens_per_session: int = 32768, min_ngram: int = 2,
-                 max_ngram: int = 8):
+    def __init__(
+        self, max_sessions: int = 1024, max_tokens_per_session: int = 32768, min_ngram: int = 2, max_ngram: int = 8
+    ):
         if max_sessions < 1 or max_tokens_per_session < 1 or not 1 <= min_ngram <= max_ngram:
             raise ValueError("need max_sessions >= 1, max_tokens_per_session >= 1 and 1 <= min_ngram <= max_ngram")
         self.max_sessions, self.max_tokens_per_session = max_sessions, max_tokens_per_session

@@ -69,8 +69,9 @@ def probe_sizes(max_verify_tokens: int, max_seq_len: int) -> tuple[int, ...]:
     return tuple(sorted({n for n in (1, 2, 4, 8, 16, 32, max_verify_tokens) if n <= limit} | {1, 2}))
 
 
-def probe_step_curve(target, cache, sizes: tuple[int, ...], feature_layers: tuple[int, ...],
-                     max_seq_len: int) -> StepTimeModel:
+def probe_step_curve(
+    target, cache, sizes: tuple[int, ...], feature_layers: tuple[int, ...], max_seq_len: int
+) -> StepTimeModel:
     """t(n) at `sizes` from verify-shaped passes on row 0 of `cache` (what they write there is overwritten by the first
     prefill), and the attention per (token, context key); cached per target, sizes and captured layers."""
     measured = _PROBED.setdefault(target, {})
@@ -87,8 +88,9 @@ def probe_step_curve(target, cache, sizes: tuple[int, ...], feature_layers: tupl
     return measured[key]
 
 
-def _attention_per_key_query(target, cache, after_nothing: dict[int, float], feature_layers: tuple[int, ...],
-                             max_seq_len: int) -> float:
+def _attention_per_key_query(
+    target, cache, after_nothing: dict[int, float], feature_layers: tuple[int, ...], max_seq_len: int
+) -> float:
     """Seconds of attention per (verified token, context key): a pass of n tokens after CONTEXT_PROBE positions against
     the same pass after none (StepTimeModel.at_context). 0 on a target whose rows run serially (its recorded curve
     is timed after a context already) or a cache too short to tell."""
@@ -107,8 +109,14 @@ def _timed_pass(target, cache, n: int, start: int, feature_layers: tuple[int, ..
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = clock()
-    target.forward(tokens, torch.full((1,), start, dtype=torch.long, device=device), cache.rows(0, 1),
-                   feature_layers=feature_layers, logits="all", max_start=start)
+    target.forward(
+        tokens,
+        torch.full((1,), start, dtype=torch.long, device=device),
+        cache.rows(0, 1),
+        feature_layers=feature_layers,
+        logits="all",
+        max_start=start,
+    )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return clock() - t0
@@ -130,8 +138,12 @@ def _time_verify_overhead(vocab: int, k: int, device: torch.device) -> dict[bool
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(1, k + 1, vocab, generator=g).to(device)
     drafts = torch.randint(vocab, (1, k), generator=g).to(device)
-    sampled = RowSampling(torch.ones(1, device=device), torch.zeros(1, dtype=torch.long, device=device),
-                          torch.ones(1, device=device), torch.zeros(1, dtype=torch.long, device=device))
+    sampled = RowSampling(
+        torch.ones(1, device=device),
+        torch.zeros(1, dtype=torch.long, device=device),
+        torch.ones(1, device=device),
+        torch.zeros(1, dtype=torch.long, device=device),
+    )
 
     def fastest(width: int, sampling: RowSampling | None) -> float:
         runs = []
@@ -142,8 +154,10 @@ def _time_verify_overhead(vocab: int, k: int, device: torch.device) -> dict[bool
             runs.append(clock() - t0)
         return min(runs[1:])
 
-    return {mode: max(0.0, fastest(k, sampling) - fastest(0, sampling))
-            for mode, sampling in ((False, None), (True, sampled))}
+    return {
+        mode: max(0.0, fastest(k, sampling) - fastest(0, sampling))
+        for mode, sampling in ((False, None), (True, sampled))
+    }
 
 
 class ServedSteps:
@@ -175,8 +189,10 @@ class ServedSteps:
         served sizes around it (interpolated in n, the nearest one's beyond them): a machine slower or faster than
         the probe saw is so at the neighbouring sizes too."""
         self.num_new = 0
-        served = {n: statistics.median(list(passes) + [base.seconds(n)] * PROBE_WEIGHT)
-                  for n, passes in sorted(self._passes.items())}
+        served = {
+            n: statistics.median(list(passes) + [base.seconds(n)] * PROBE_WEIGHT)
+            for n, passes in sorted(self._passes.items())
+        }
         if not served:
             return base
         sizes = [float(n) for n in served]
@@ -201,14 +217,19 @@ class StepCurveCache:
         self.identity = identity
 
     @classmethod
-    def for_target(cls, target, feature_layers: tuple[int, ...], threads: int | None = None) -> "StepCurveCache":
+    def for_target(cls, target, feature_layers: tuple[int, ...], threads: int | None = None) -> StepCurveCache:
         """The cache file of this target on this machine, under the cache directory (DEEPSPEC_CACHE_DIR)."""
         from deepspec.models.step_curve import machine_key
         from deepspec.paths import cache_dir
 
-        identity = {"target": str(target.name), "fingerprint": target.fingerprint(), "kind": type(target).__name__,
-                    "quantization": str(target.quantization), "feature_layers": list(feature_layers),
-                    "machine": machine_key(threads)}
+        identity = {
+            "target": str(target.name),
+            "fingerprint": target.fingerprint(),
+            "kind": type(target).__name__,
+            "quantization": str(target.quantization),
+            "feature_layers": list(feature_layers),
+            "machine": machine_key(threads),
+        }
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         return cls(cache_dir() / "step_curves" / f"{digest}.json", identity)
 
@@ -232,9 +253,11 @@ class StepCurveCache:
     def save(self, model: StepTimeModel) -> None:
         """Write `model` atomically (a reader never sees half a file); a failure to write is logged, not raised:
         the cache only saves the next start a probe."""
-        record = {"identity": self.identity,
-                  "ms": {str(int(n)): round(t * 1e3, 4) for n, t in zip(model.sizes.tolist(), model.times.tolist())},
-                  "per_key_query_ns": model.per_key_query * 1e9}
+        record = {
+            "identity": self.identity,
+            "ms": {str(int(n)): round(t * 1e3, 4) for n, t in zip(model.sizes.tolist(), model.times.tolist())},
+            "per_key_query_ns": model.per_key_query * 1e9,
+        }
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")

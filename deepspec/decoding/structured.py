@@ -55,13 +55,15 @@ class StructuredOutput:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise RequestError(RequestErrorCode.STRUCTURED_OUTPUT_INVALID,
-                               f"structured output kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+            raise RequestError(
+                RequestErrorCode.STRUCTURED_OUTPUT_INVALID,
+                f"structured output kind must be one of {', '.join(KINDS)}, got {self.kind!r}",
+            )
         if self.kind != "json_object" and not self.spec:
             raise RequestError(RequestErrorCode.STRUCTURED_OUTPUT_INVALID, f"a {self.kind} constraint needs its spec")
 
     @classmethod
-    def choice(cls, options: list[str]) -> "StructuredOutput":
+    def choice(cls, options: list[str]) -> StructuredOutput:
         return cls("choice", json.dumps(list(options)))
 
 
@@ -103,8 +105,9 @@ class GrammarCompiler:
 
         stop = list(self.stop_token_ids) or None
         if isinstance(self._tokenizer, PreTrainedTokenizerBase):
-            return xgrammar.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
-                                                           stop_token_ids=stop)
+            return xgrammar.TokenizerInfo.from_huggingface(
+                self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=stop
+            )
         # a tokenizer whose every id decodes to whole characters (the tests' character tokenizers): its text is the
         # vocabulary as it is
         vocab = [self._decode([i]) for i in range(self.vocab_size)]
@@ -127,7 +130,7 @@ class GrammarCompiler:
         except Exception as exc:  # xgrammar raises RuntimeError / ValueError subclasses with the parser's message
             raise _invalid(f"invalid {constraint.kind} constraint: {str(exc).strip().splitlines()[0][:300]}") from None
 
-    def matcher(self, constraint: StructuredOutput) -> "RowGrammar":
+    def matcher(self, constraint: StructuredOutput) -> RowGrammar:
         return RowGrammar(self.compile(constraint), self.vocab_size, self.stop_token_ids)
 
     def check(self, constraint: StructuredOutput) -> None:
@@ -146,8 +149,9 @@ class RowGrammar:
 
         self._xgr = xgrammar
         self.vocab_size = vocab_size
-        self.matcher = xgrammar.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids) or None,
-                                               terminate_without_stop_token=not stop_token_ids)
+        self.matcher = xgrammar.GrammarMatcher(
+            compiled, override_stop_tokens=list(stop_token_ids) or None, terminate_without_stop_token=not stop_token_ids
+        )
         #: the committed output reached a state that allows no token (the module docstring's dead ends)
         self.dead = False
 

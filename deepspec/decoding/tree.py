@@ -81,8 +81,9 @@ def top_nodes(survival: torch.Tensor, live: torch.Tensor, width: int, threshold:
     return live & (rank < width) & ((survival >= threshold) | (rank == 0))
 
 
-def _renumber(keep: torch.Tensor, parents: torch.Tensor, order: torch.Tensor,
-              width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _renumber(
+    keep: torch.Tensor, parents: torch.Tensor, order: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kept nodes (keep [B, k], ancestor-closed) in ascending `order` [B, k] (a parent's below its children's)
     as `width` columns → (index [B, width]: the old node of each new one, parents [B, width] renumbered, -1 past a
     row's count, count [B]). Columns past the count repeat a valid index."""
@@ -101,8 +102,9 @@ def _renumber(keep: torch.Tensor, parents: torch.Tensor, order: torch.Tensor,
     return index, new_parent, count
 
 
-def keep_best_nodes(survival: torch.Tensor, parents: torch.Tensor, live: torch.Tensor, k: int,
-                    threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def keep_best_nodes(
+    survival: torch.Tensor, parents: torch.Tensor, live: torch.Tensor, k: int, threshold: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's k likeliest nodes as a tree of its own. survival [B, M], parents [B, M] (-1 = root, every parent
     numbered before its children), live [B, M] bool (a node under a dead one is dead too) → (index [B, k]: the old
     node of each kept one, parents [B, k] renumbered, num [B]).
@@ -122,8 +124,9 @@ def keep_best_nodes(survival: torch.Tensor, parents: torch.Tensor, live: torch.T
 def gather_nodes(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """values [B, M, ...] → [B, k, ...] at index [B, k] (a selection of `keep_best_nodes` or `_renumber`)."""
     index = index.to(values.device)
-    return values.gather(1, index.view(*index.shape, *([1] * (values.dim() - 2))).expand(*index.shape,
-                                                                                      *values.shape[2:]))
+    return values.gather(
+        1, index.view(*index.shape, *([1] * (values.dim() - 2))).expand(*index.shape, *values.shape[2:])
+    )
 
 
 def keep_nodes(proposal: PaddedProposal, keep: torch.Tensor) -> PaddedProposal:
@@ -155,9 +158,16 @@ def first_children(proposal: PaddedProposal) -> PaddedProposal:
         first = ~taken[rows, p + 1] & live
         on_chain[:, i] = parent_on_chain & first
         taken[rows, p + 1] |= live
-    chain = keep_nodes(PaddedProposal(proposal.tokens.cpu(), num, proposal.probs,
-                                proposal.survival.cpu() if proposal.survival is not None else None, parents),
-                       on_chain)
+    chain = keep_nodes(
+        PaddedProposal(
+            proposal.tokens.cpu(),
+            num,
+            proposal.probs,
+            proposal.survival.cpu() if proposal.survival is not None else None,
+            parents,
+        ),
+        on_chain,
+    )
     chain.parents = None
     return chain
 
@@ -179,7 +189,8 @@ def merge_trees(a: PaddedProposal, b: PaddedProposal, k: int) -> PaddedProposal:
     # each node's root path as tokens by depth (column d - 1: its ancestor at depth d), -1 past its depth
     depth = torch.where(ancestry, ancestry.sum(-1)[:, None, :], 0)
     paths = torch.full((B, M, M + 1), -1, dtype=torch.long).scatter_(
-        2, depth, torch.where(ancestry, tokens[:, None, :], -1))[:, :, 1:]
+        2, depth, torch.where(ancestry, tokens[:, None, :], -1)
+    )[:, :, 1:]
     same = (paths[:, :, None, :] == paths[:, None, :, :]).all(-1) & live[:, :, None] & live[:, None, :]
     position = torch.arange(M).expand(B, M)
     first = torch.where(live, same.long().argmax(-1), position)  # argmax: the first node with that path
@@ -188,8 +199,9 @@ def merge_trees(a: PaddedProposal, b: PaddedProposal, k: int) -> PaddedProposal:
     else:
         score = (M - position).double() / M
     merged = torch.full((B, M), float("-inf"), dtype=torch.float64).scatter_reduce(1, first, score, "amax")
-    index, new_parents, num = keep_best_nodes(merged, torch.where(parents >= 0, first.gather(1, parents.clamp(min=0)),
-                                                                  -1), live & (first == position), k)
+    index, new_parents, num = keep_best_nodes(
+        merged, torch.where(parents >= 0, first.gather(1, parents.clamp(min=0)), -1), live & (first == position), k
+    )
     survival = None
     if a.survival is not None and b.survival is not None:
         survival = torch.where(live_nodes(num, k), merged.gather(1, index), 0.0).float()

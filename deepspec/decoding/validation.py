@@ -38,22 +38,26 @@ class RequestError(ValueError):
         self.message = message
 
 
-def validate_request(prompt_token_ids: list[int], max_tokens: int, *, max_seq_len: int,
-                     vocab_size: int) -> None:
+def validate_request(prompt_token_ids: list[int], max_tokens: int, *, max_seq_len: int, vocab_size: int) -> None:
     """Raise RequestError unless the prompt and max_tokens new tokens fit a context window of `max_seq_len` tokens
     (takes the one number it checks, not SamplingParams: params.py imports this module)."""
     n = len(prompt_token_ids)
     if n == 0:
         raise RequestError(RequestErrorCode.PROMPT_EMPTY, "the prompt is empty: send at least one token")
     if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_token_ids):
-        raise RequestError(RequestErrorCode.PROMPT_TOKEN_INVALID,
-                           f"prompt token ids must be integers in [0, {vocab_size})")
+        raise RequestError(
+            RequestErrorCode.PROMPT_TOKEN_INVALID, f"prompt token ids must be integers in [0, {vocab_size})"
+        )
     if n >= max_seq_len:
-        raise RequestError(RequestErrorCode.CONTEXT_TOO_LONG,
-                           f"this model's maximum context length is {max_seq_len} tokens and the prompt has {n} "
-                           "tokens: shorten the prompt")
+        raise RequestError(
+            RequestErrorCode.CONTEXT_TOO_LONG,
+            f"this model's maximum context length is {max_seq_len} tokens and the prompt has {n} "
+            "tokens: shorten the prompt",
+        )
     if n + max_tokens > max_seq_len:
-        raise RequestError(RequestErrorCode.CONTEXT_TOO_LONG,
-                           f"this model's maximum context length is {max_seq_len} tokens; the prompt has {n} tokens "
-                           f"and max_tokens is {max_tokens}: lower max_tokens to at most {max_seq_len - n} "
-                           "or shorten the prompt")
+        raise RequestError(
+            RequestErrorCode.CONTEXT_TOO_LONG,
+            f"this model's maximum context length is {max_seq_len} tokens; the prompt has {n} tokens "
+            f"and max_tokens is {max_tokens}: lower max_tokens to at most {max_seq_len - n} "
+            "or shorten the prompt",
+        )

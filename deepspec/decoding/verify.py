@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 import plugins
-from plugins.reference.accept import on_host
 from deepspec.decoding.params import SamplingParams
+from plugins.reference.accept import on_host
 
 
 def fresh_seed(generator: torch.Generator | None) -> int:
@@ -40,13 +40,16 @@ class RowSampling:
     seeds: torch.Tensor  # [B] int64, fresh for every step
 
     @classmethod
-    def draw(cls, params: list[SamplingParams], generators: list[torch.Generator | None],
-             device: torch.device | str = "cpu") -> "RowSampling":
+    def draw(
+        cls, params: list[SamplingParams], generators: list[torch.Generator | None], device: torch.device | str = "cpu"
+    ) -> RowSampling:
         seeds = [fresh_seed(g) for g in generators]
-        return cls(torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-                   torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-                   torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-                   torch.tensor(seeds, dtype=torch.int64, device=device))
+        return cls(
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            torch.tensor(seeds, dtype=torch.int64, device=device),
+        )
 
 
 def verify(
@@ -69,12 +72,25 @@ def verify(
         return plugins.greedy_accept(draft_tokens, num_draft_tokens, target_logits)
     if draft_probs is not None:
         draft_probs = draft_probs.to(device)
-    return plugins.rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs,
-                                    sampling.temperature, sampling.top_k, sampling.top_p, sampling.seeds)
+    return plugins.rejection_sample(
+        draft_tokens,
+        num_draft_tokens,
+        target_logits,
+        draft_probs,
+        sampling.temperature,
+        sampling.top_k,
+        sampling.top_p,
+        sampling.seeds,
+    )
 
 
-def verify_result(draft_tokens: torch.Tensor, num_draft_tokens: torch.Tensor, target_logits: torch.Tensor,
-                  draft_probs: torch.Tensor | None, sampling: RowSampling | None) -> list[list[int]]:
+def verify_result(
+    draft_tokens: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    sampling: RowSampling | None,
+) -> list[list[int]]:
     """`verify` (same arguments) read back to the host: per row [num_accepted, next_token, *draft_tokens]. Greedy
     rows on host logits take the walk's own lists, with no tensors built, concatenated and read back (~0.1 ms of a
     batch-1 round on the native decoder); so do sampled rows (plugins.rejection_sample_host)."""
@@ -82,22 +98,33 @@ def verify_result(draft_tokens: torch.Tensor, num_draft_tokens: torch.Tensor, ta
         num_accepted, next_token = _host_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, sampling)
         return [[a, t, *d] for a, t, d in zip(num_accepted, next_token, draft_tokens.tolist())]
     num_accepted, next_token = verify(draft_tokens, num_draft_tokens, target_logits, draft_probs, sampling)
-    return torch.cat([num_accepted[:, None], next_token[:, None],
-                      draft_tokens.to(num_accepted.device, torch.long)], dim=1).tolist()
+    return torch.cat(
+        [num_accepted[:, None], next_token[:, None], draft_tokens.to(num_accepted.device, torch.long)], dim=1
+    ).tolist()
 
 
-def _walks_on_host(target_logits: torch.Tensor, draft_probs: torch.Tensor | None,
-                   sampling: RowSampling | None) -> bool:
+def _walks_on_host(target_logits: torch.Tensor, draft_probs: torch.Tensor | None, sampling: RowSampling | None) -> bool:
     """Logits (and draft probabilities, and sampling parameters) in host memory: the ops' host walks take them."""
-    return on_host(target_logits) and (draft_probs is None or draft_probs.device.type == "cpu") and (
-        sampling is None or sampling.seeds.device.type == "cpu")
+    return (
+        on_host(target_logits)
+        and (draft_probs is None or draft_probs.device.type == "cpu")
+        and (sampling is None or sampling.seeds.device.type == "cpu")
+    )
 
 
 def _host_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, sampling) -> tuple[list[int], list[int]]:
     if sampling is None:
         return plugins.greedy_accept_host(draft_tokens, num_draft_tokens, target_logits)
-    return plugins.rejection_sample_host(draft_tokens, num_draft_tokens, target_logits, draft_probs,
-                                         sampling.temperature, sampling.top_k, sampling.top_p, sampling.seeds)
+    return plugins.rejection_sample_host(
+        draft_tokens,
+        num_draft_tokens,
+        target_logits,
+        draft_probs,
+        sampling.temperature,
+        sampling.top_k,
+        sampling.top_p,
+        sampling.seeds,
+    )
 
 
 def verify_tree(
@@ -117,14 +144,25 @@ def verify_tree(
     padding = torch.arange(N, device=device)[None, :] >= num_nodes[:, None]
     tree_tokens = tree_tokens.masked_fill(padding, 0)
     if sampling is None:
-        sampling = RowSampling(torch.zeros(B, dtype=torch.float32, device=device),
-                               torch.zeros(B, dtype=torch.int64, device=device),
-                               torch.ones(B, dtype=torch.float32, device=device),
-                               torch.zeros(B, dtype=torch.int64, device=device))
+        sampling = RowSampling(
+            torch.zeros(B, dtype=torch.float32, device=device),
+            torch.zeros(B, dtype=torch.int64, device=device),
+            torch.ones(B, dtype=torch.float32, device=device),
+            torch.zeros(B, dtype=torch.int64, device=device),
+        )
     if draft_probs is not None:
         draft_probs = draft_probs.to(device)
-    return plugins.tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, sampling.temperature,
-                               sampling.top_k, sampling.top_p, sampling.seeds)
+    return plugins.tree_accept(
+        tree_tokens,
+        parents,
+        num_nodes,
+        target_logits,
+        draft_probs,
+        sampling.temperature,
+        sampling.top_k,
+        sampling.top_p,
+        sampling.seeds,
+    )
 
 
 def sample_next(

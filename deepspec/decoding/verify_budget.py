@@ -111,7 +111,7 @@ class StepTimeModel:
             self._round_lists[key] = self.rounds_upto(rows, depth).tolist()
         return self._round_lists[key]
 
-    def at_context(self, keys: int) -> "StepTimeModel":
+    def at_context(self, keys: int) -> StepTimeModel:
         """This model for a round whose rows hold `keys` context positions between them: each verified token of a
         row attends that row's context, so a round of d + 1 tokens per row costs per_key_query * (d + 1) * keys more
         than the samples say. Why: the samples are passes after no context, and at 8 rows of ~250 positions each the
@@ -167,9 +167,16 @@ class DraftTimeModel:
         if len(self.rows) == 1:
             by_width = self.times[0]
         else:
-            by_width = torch.stack([_interpolate(torch.tensor(float(rows), dtype=torch.float64),
-                                                 torch.tensor(self.rows, dtype=torch.float64), self.times[:, j])
-                                    for j in range(len(self.widths))]).clamp(max=self.times[-1])  # fmt: skip
+            by_width = torch.stack(
+                [
+                    _interpolate(
+                        torch.tensor(float(rows), dtype=torch.float64),
+                        torch.tensor(self.rows, dtype=torch.float64),
+                        self.times[:, j],
+                    )
+                    for j in range(len(self.widths))
+                ]
+            ).clamp(max=self.times[-1])
         at = by_width[0].expand_as(widths) if len(self.widths) == 1 else _interpolate(widths, self.widths, by_width)
         return torch.where(widths > 0, at, torch.zeros_like(widths))
 
@@ -179,13 +186,16 @@ class DraftTimeModel:
         return dict(zip((int(w) for w in self.widths.tolist()), self.round_seconds(rows, self.widths).tolist()))
 
     def __repr__(self) -> str:
-        rows = "; ".join(f"{r} rows: " + ", ".join(f"{int(w)}: {t * 1e3:.2f}" for w, t in zip(self.widths.tolist(), ts))
-                         for r, ts in zip(self.rows, self.times.tolist()))  # fmt: skip
+        rows = "; ".join(
+            f"{r} rows: " + ", ".join(f"{int(w)}: {t * 1e3:.2f}" for w, t in zip(self.widths.tolist(), ts))
+            for r, ts in zip(self.rows, self.times.tolist())
+        )
         return f"DraftTimeModel(ms by width {{{rows}}})"
 
 
-def modelled_throughput(survival: torch.Tensor, model: StepTimeModel,
-                        draft_seconds: torch.Tensor | None = None) -> torch.Tensor:
+def modelled_throughput(
+    survival: torch.Tensor, model: StepTimeModel, draft_seconds: torch.Tensor | None = None
+) -> torch.Tensor:
     """survival [B, k] (P(slot j and all slots before it accepted); 0 where a row has no draft) → [k + 1] modelled
     tokens per second of a round verifying each depth 0..k: (B + Σ survival up to d) over the verify pass's
     seconds plus `draft_seconds` [k + 1], what drafting each depth costs (DraftTimeModel.round_seconds; 0 at depth
@@ -222,8 +232,9 @@ def _throughputs(survival, model: StepTimeModel, draft_seconds=None) -> list[flo
     return throughputs
 
 
-def modelled_tokens_per_second(curve: dict[int, float], acceptance_length: float, depth: int,
-                               draft_time: DraftTimeModel | None = None) -> float:
+def modelled_tokens_per_second(
+    curve: dict[int, float], acceptance_length: float, depth: int, draft_time: DraftTimeModel | None = None
+) -> float:
     """Batch-1 tokens per second on a verify-step curve ({T: seconds}) at the depth `best_depth` picks, for a
     draft whose rounds of `depth` drafts commit τ = `acceptance_length` tokens on average, each draft token
     accepted independently with the probability α that gives that τ (survival of slot j: α^(j+1)). Depth 0, a
@@ -342,8 +353,9 @@ class AcceptanceHistory:
         self._accepted: list[int] = []
         self._calibration = EstimateCalibration()
 
-    def add(self, greedy: bool, proposed: list[int], accepted: list[int],
-            calibration: EstimateCalibration | None = None) -> None:
+    def add(
+        self, greedy: bool, proposed: list[int], accepted: list[int], calibration: EstimateCalibration | None = None
+    ) -> None:
         """A finished sequence's record (proposed_per_position, accepted_per_position) and how its drafter's
         estimates held; a sampled one is not kept."""
         if not greedy:

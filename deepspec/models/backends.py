@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from deepspec.models.quantization import WEIGHT_FORMATS
 
@@ -54,8 +54,10 @@ class InferenceBackend:
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {weights!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
         if weights not in self.weight_formats:
-            raise ValueError(f"weight format {weights!r} does not apply to the {self.name} backend: it takes "
-                             f"{', '.join(self.weight_formats)}")
+            raise ValueError(
+                f"weight format {weights!r} does not apply to the {self.name} backend: it takes "
+                f"{', '.join(self.weight_formats)}"
+            )
 
 
 def _cpu_only(device: str) -> str | None:
@@ -90,16 +92,39 @@ def _native_unavailable(device: str) -> str | None:
     return None
 
 
-def _load_pytorch(spec: str, *, weights: str = AUTO, dtype: str = "bfloat16", device: str = "cpu",
-                  chat_template: str | None = None, max_seq_len: int | None = None, for_chat: bool = False):
+def _load_pytorch(
+    spec: str,
+    *,
+    weights: str = AUTO,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    chat_template: str | None = None,
+    max_seq_len: int | None = None,
+    for_chat: bool = False,
+):
     from deepspec.models.target_loader import load_target
 
-    return load_target(spec, dtype=dtype, device=device, quantization=weights, chat_template=chat_template,
-                       max_seq_len=max_seq_len, for_chat=for_chat)
+    return load_target(
+        spec,
+        dtype=dtype,
+        device=device,
+        quantization=weights,
+        chat_template=chat_template,
+        max_seq_len=max_seq_len,
+        for_chat=for_chat,
+    )
 
 
-def _load_onnx(spec: str, *, weights: str = AUTO, dtype: str = "float32", device: str = "cpu",
-               chat_template: str | None = None, max_seq_len: int | None = None, for_chat: bool = False):
+def _load_onnx(
+    spec: str,
+    *,
+    weights: str = AUTO,
+    dtype: str = "float32",
+    device: str = "cpu",
+    chat_template: str | None = None,
+    max_seq_len: int | None = None,
+    for_chat: bool = False,
+):
     """An onnx bundle as exported: its weight format was chosen at export time (`weights` auto, or the same)."""
     from deepspec.models.onnx_target import is_onnx_export
     from deepspec.models.target_loader import load_target
@@ -108,8 +133,10 @@ def _load_onnx(spec: str, *, weights: str = AUTO, dtype: str = "float32", device
         raise ValueError(f"the onnx backend runs an onnx bundle (python -m export --format onnx); {spec!r} is none")
     exported = json.loads((Path(spec) / "onnx.json").read_text()).get("quantization")
     if weights not in (AUTO, exported):
-        raise ValueError(f"the onnx bundle {spec} holds {exported} weights, not {weights}: export it again with "
-                         f"--quantization {weights}")
+        raise ValueError(
+            f"the onnx bundle {spec} holds {exported} weights, not {weights}: export it again with "
+            f"--quantization {weights}"
+        )
     return load_target(spec, chat_template=chat_template, max_seq_len=max_seq_len, for_chat=for_chat)
 
 
@@ -117,14 +144,23 @@ def _load_onnx(spec: str, *, weights: str = AUTO, dtype: str = "float32", device
 _NATIVE_WEIGHTS = {AUTO: "auto", "int8": "int8", "int4": "q4"}
 
 
-def _load_native(spec: str, *, weights: str = AUTO, dtype: str = "float32", device: str = "cpu",
-                 chat_template: str | None = None, max_seq_len: int | None = None, for_chat: bool = False):
+def _load_native(
+    spec: str,
+    *,
+    weights: str = AUTO,
+    dtype: str = "float32",
+    device: str = "cpu",
+    chat_template: str | None = None,
+    max_seq_len: int | None = None,
+    for_chat: bool = False,
+):
     """The native decoder computes in its own formats whatever `dtype` says: auto = a GGUF Q4_1 target's 4-bit
     blocks as shipped, int8 for a float one (deepspec/models/native/target.py layer_weights)."""
     from deepspec.models.native import load_native_target
 
-    return load_native_target(spec, max_seq_len=max_seq_len, chat_template=chat_template, for_chat=for_chat,
-                              weights=_NATIVE_WEIGHTS[weights])
+    return load_native_target(
+        spec, max_seq_len=max_seq_len, chat_template=chat_template, for_chat=for_chat, weights=_NATIVE_WEIGHTS[weights]
+    )
 
 
 _BACKENDS: dict[str, InferenceBackend] = {}
@@ -162,11 +198,26 @@ def check_backend_choice(name: str) -> str:
 
 
 for _backend in (
-    InferenceBackend(PYTORCH, "the PyTorch decoder (bf16/fp32; a GGUF target's own 4-bit weights)",
-                     _pytorch_unavailable, _load_pytorch, weight_formats=(AUTO, "none", "gguf")),
-    InferenceBackend(ONNX, "ONNX Runtime on an exported onnx bundle (int8 / int4 weights), CPU",
-                     _onnx_unavailable, _load_onnx, weight_formats=(AUTO, "none", "int8", "int4")),
-    InferenceBackend(NATIVE, "the native CPU decoder (a GGUF's 4-bit blocks, else int8), compiled on first use",
-                     _native_unavailable, _load_native, weight_formats=(AUTO, "int8", "int4")),
+    InferenceBackend(
+        PYTORCH,
+        "the PyTorch decoder (bf16/fp32; a GGUF target's own 4-bit weights)",
+        _pytorch_unavailable,
+        _load_pytorch,
+        weight_formats=(AUTO, "none", "gguf"),
+    ),
+    InferenceBackend(
+        ONNX,
+        "ONNX Runtime on an exported onnx bundle (int8 / int4 weights), CPU",
+        _onnx_unavailable,
+        _load_onnx,
+        weight_formats=(AUTO, "none", "int8", "int4"),
+    ),
+    InferenceBackend(
+        NATIVE,
+        "the native CPU decoder (a GGUF's 4-bit blocks, else int8), compiled on first use",
+        _native_unavailable,
+        _load_native,
+        weight_formats=(AUTO, "int8", "int4"),
+    ),
 ):
     register_backend(_backend)

@@ -31,14 +31,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-_CHATML_TURNS = ("{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
-                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+_CHATML_TURNS = (
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 def _chatml(default_system: str) -> str:
     """ChatML turns, opened by `default_system` when the conversation has no system message of its own."""
-    return ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-            "{{ '<|im_start|>system\\n" + default_system + "<|im_end|>\\n' }}{% endif %}" + _CHATML_TURNS)
+    return (
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\\n" + default_system + "<|im_end|>\\n' }}{% endif %}" + _CHATML_TURNS
+    )
 
 
 GEMMA3 = (
@@ -81,8 +85,9 @@ def resolve_chat_template(value: str) -> str:
     path = Path(value).expanduser()
     if path.is_file():
         return path.read_text(encoding="utf-8")
-    raise ValueError(f"--chat-template {value!r} is neither a built-in ({', '.join(BUILTIN_CHAT_TEMPLATES)}) nor a "
-                     "file")
+    raise ValueError(
+        f"--chat-template {value!r} is neither a built-in ({', '.join(BUILTIN_CHAT_TEMPLATES)}) nor a file"
+    )
 
 
 def require_chat_template(tokenizer, target: str, family: str | None = None) -> None:
@@ -93,8 +98,11 @@ def require_chat_template(tokenizer, target: str, family: str | None = None) -> 
         return
     builtins = ", ".join(BUILTIN_CHAT_TEMPLATES)
     choice = FAMILY_BUILTINS.get(family)
-    fix = (f"pass --chat-template {choice} (built-ins: {builtins}) or a Jinja file" if choice else
-           f"pass --chat-template with a built-in ({builtins}) or a Jinja file")
+    fix = (
+        f"pass --chat-template {choice} (built-ins: {builtins}) or a Jinja file"
+        if choice
+        else f"pass --chat-template with a built-in ({builtins}) or a Jinja file"
+    )
     raise MissingChatTemplateError(f"target {target} ships no chat template; {fix}")
 
 

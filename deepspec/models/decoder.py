@@ -25,7 +25,8 @@ from torch import nn
 
 from deepspec.models.arch import ArchSpec
 from deepspec.models.gguf_int4 import Int4Blocks
-from deepspec.models.packed_linear import Int4Weight, int4_supported, linear as _linear, onednn_pack, onednn_pays
+from deepspec.models.packed_linear import Int4Weight, int4_supported, onednn_pack, onednn_pays
+from deepspec.models.packed_linear import linear as _linear
 from deepspec.models.tree_attention import ancestors, check_parents, depths, tree_visibility
 
 
@@ -107,7 +108,9 @@ class Decoder(nn.Module):
         self.embed = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size), requires_grad=False)
         self.layers = nn.ModuleList(_Layer(spec, i) for i in range(spec.num_layers))
         self.final_norm = nn.Parameter(torch.empty(spec.hidden_size), requires_grad=False)
-        self.head = self.embed if spec.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed), requires_grad=False)
+        self.head = (
+            self.embed if spec.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed), requires_grad=False)
+        )
         self.max_positions = max_positions
         cos, sin = _rope_tables(spec.rope_theta, spec.head_dim, max_positions, spec.rope_scaling_factor)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -134,8 +137,10 @@ class Decoder(nn.Module):
         """Run the layer matmuls whose weights `blocks` holds (Hugging Face names, as int4_weights returns them)
         on their 4-bit blocks; wide inputs keep the dense weight (see Int4Weight). Returns how many went 4-bit."""
         if not int4_supported(self.embed.device):
-            raise RuntimeError(f"4-bit GGUF weights run on CPU only (this model is on {self.embed.device}); "
-                               "load it without quantization on a GPU")
+            raise RuntimeError(
+                f"4-bit GGUF weights run on CPU only (this model is on {self.embed.device}); "
+                "load it without quantization on a GPU"
+            )
         blocks = {_strip_prefix(k): v for k, v in blocks.items()}
         count = 0
         for i, layer in enumerate(self.layers):
@@ -172,7 +177,9 @@ class Decoder(nn.Module):
                 for name, parts in _hf_linear_names(i).items():
                     getattr(layer, name).data = torch.cat([mat(part) for part in parts])
                 if layer.bqkv is not None:
-                    layer.bqkv.data = torch.cat([mat(a + "q_proj.bias"), mat(a + "k_proj.bias"), mat(a + "v_proj.bias")])
+                    layer.bqkv.data = torch.cat(
+                        [mat(a + "q_proj.bias"), mat(a + "k_proj.bias"), mat(a + "v_proj.bias")]
+                    )
                 layer.attn_norm.data = norm(p + "input_layernorm.weight")
                 if spec.sandwich_norms:
                     layer.post_attn_norm.data = norm(p + "post_attention_layernorm.weight")
@@ -253,18 +260,25 @@ class Decoder(nn.Module):
             depth = depths(ancestry)
             rope_positions = start[:, None] + depth
         rope = self._rope_at(rope_positions, self.rope_cos, self.rope_sin)  # ([B, T, 1, hd], [B, T, 1, hd])
-        rope_local = (self._rope_at(rope_positions, self.rope_cos_local, self.rope_sin_local)
-                      if self.spec.rope_local_theta else rope)
+        rope_local = (
+            self._rope_at(rope_positions, self.rope_cos_local, self.rope_sin_local)
+            if self.spec.rope_local_theta
+            else rope
+        )
         masks = self._attention_masks(start, positions, num_keys, cache is not None, ancestry, depth)
-        kv = _CacheAccess(cache, B, positions, num_keys, max_start, self.spec.num_kv_heads) if cache is not None \
+        kv = (
+            _CacheAccess(cache, B, positions, num_keys, max_start, self.spec.num_kv_heads)
+            if cache is not None
             else None
+        )
         attn_dtype = cache.k.dtype if cache is not None else self.attention_dtype
 
         x = self.embed_tokens(tokens)
         captured = []
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, x, rope_local if layer.window else rope, masks[layer.window], kv,
-                                    attn_dtype)
+            x = x + self._attention(
+                i, layer, x, rope_local if layer.window else rope, masks[layer.window], kv, attn_dtype
+            )
             x = x + self._mlp(layer, x)
             if i in feature_layers:
                 captured.append(x)
@@ -275,8 +289,15 @@ class Decoder(nn.Module):
             features = torch.cat([captured[order.index(i)] for i in feature_layers], dim=-1)
         return self._head(x, logits, features, return_final_hidden)
 
-    def _attention_masks(self, start: torch.Tensor, positions: torch.Tensor, num_keys: int, cached: bool,
-                         ancestry: torch.Tensor | None, depth: torch.Tensor | None) -> dict:
+    def _attention_masks(
+        self,
+        start: torch.Tensor,
+        positions: torch.Tensor,
+        num_keys: int,
+        cached: bool,
+        ancestry: torch.Tensor | None,
+        depth: torch.Tensor | None,
+    ) -> dict:
         """One mask per window size, shared by all layers: key j is visible to query (b, t) iff j <= start[b] + t
         (and within the sliding window); a token tree's nodes see their ancestors. None = everything visible;
         CAUSAL = plain causal over the T tokens."""
@@ -289,7 +310,7 @@ class Decoder(nn.Module):
             if ancestry is not None:
                 base = start if cached else torch.zeros_like(start)
                 masks[window] = tree_visibility(ancestry, depth, base, num_keys, window).unsqueeze(1)
-            elif not cached and (window == 0 or T <= window):
+            elif not cached and (window == 0 or window >= T):
                 masks[window] = _CAUSAL
             elif T == 1 and B == 1 and (window == 0 or num_keys <= window):
                 masks[window] = None
@@ -300,8 +321,16 @@ class Decoder(nn.Module):
                 masks[window] = visible.unsqueeze(1)  # [B, 1, T, K]
         return masks
 
-    def _attention(self, i: int, layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask,
-                   kv: "_CacheAccess | None", attn_dtype: torch.dtype) -> torch.Tensor:
+    def _attention(
+        self,
+        i: int,
+        layer,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask,
+        kv: _CacheAccess | None,
+        attn_dtype: torch.dtype,
+    ) -> torch.Tensor:
         """Layer i's attention block on x [B, T, D] (its residual branch): new K/V written to the cache, then read
         back with the prefix."""
         spec = self.spec
@@ -343,8 +372,9 @@ class Decoder(nn.Module):
         mlp = _linear(act * up, layer.w_down, None, packed.get("w_down"))
         return self._norm(mlp, layer.post_mlp_norm) if self.spec.sandwich_norms else mlp
 
-    def _head(self, x: torch.Tensor, logits: str | torch.Tensor, features: torch.Tensor | None,
-              return_final_hidden: bool) -> DecoderOutput:
+    def _head(
+        self, x: torch.Tensor, logits: str | torch.Tensor, features: torch.Tensor | None, return_final_hidden: bool
+    ) -> DecoderOutput:
         """The final norm and the LM head at the positions asked for."""
         B = x.shape[0]
         if isinstance(logits, torch.Tensor):  # one chosen position per row (batched prefill of uneven prompts)
@@ -400,7 +430,7 @@ def _hf_linear_names(i: int) -> dict[str, list[str]]:
 def _strip_prefix(name: str) -> str:
     for prefix in ("model.language_model.", "language_model.model.", "model."):
         if name.startswith(prefix):
-            return name[len(prefix):]
+            return name[len(prefix) :]
     return name
 
 
@@ -421,8 +451,9 @@ class _CacheAccess:
             heads = torch.arange(num_kv_heads, device=device)[None, :, None]
             self.write_index = (rows, heads, positions[:, None, :])  # broadcast to [B, nkv, T]
 
-    def write_and_read(self, i: int, k: torch.Tensor, v: torch.Tensor,
-                       attn_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def write_and_read(
+        self, i: int, k: torch.Tensor, v: torch.Tensor, attn_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write layer i's new k, v [B, nkv, T, hd]; → its keys and values over the whole prefix (views)."""
         if self.single_row:  # copy_ converts to the cache dtype on the way
             self.k_write[i].copy_(k[0])

@@ -102,6 +102,8 @@ def pytorch_decoder(target) -> Decoder:
     (export/onnx) and the checks that compare that graph with it. The engine never needs it (`target.forward`).
     TypeError for any other backend (an ONNX export, a test double), which has no PyTorch weights to hand out."""
     if not isinstance(target, DecoderTarget):
-        raise TypeError(f"{type(target).__name__} has no PyTorch decoder: load the model directory, alias or GGUF "
-                        "with deepspec.models.load_target (an ONNX export cannot be exported again)")
+        raise TypeError(
+            f"{type(target).__name__} has no PyTorch decoder: load the model directory, alias or GGUF "
+            "with deepspec.models.load_target (an ONNX export cannot be exported again)"
+        )
     return target._model

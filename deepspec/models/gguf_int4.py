@@ -41,11 +41,11 @@ class Int4Blocks:
         expand = lambda t: t.repeat_interleave(GROUP_SIZE, dim=1)  # noqa: E731
         return (self.codes.float() - 8) * expand(self.scale) + expand(self.zero)
 
-    def rows(self, index: torch.Tensor) -> "Int4Blocks":
+    def rows(self, index: torch.Tensor) -> Int4Blocks:
         return Int4Blocks(self.codes[index], self.scale[index], self.zero[index])
 
     @staticmethod
-    def cat(parts: list["Int4Blocks"]) -> "Int4Blocks":
+    def cat(parts: list[Int4Blocks]) -> Int4Blocks:
         """Stack along the output dimension (how the decoder fuses q/k/v and gate/up)."""
         return Int4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "zero")))
 
@@ -126,8 +126,9 @@ def int4_weights(gguf_path: Path, state: dict[str, torch.Tensor]) -> dict[str, I
                 continue
             blocks = decode_tensor(tensor.data, type_name).rows(torch.tensor(order))
             if not torch.allclose(blocks.dequantize(), state[name], rtol=1e-5, atol=1e-7):
-                raise ValueError(f"GGUF tensor {tensor.name} ({type_name}) does not decode to {name}; "
-                                 "the GGUF file may be corrupt")
+                raise ValueError(
+                    f"GGUF tensor {tensor.name} ({type_name}) does not decode to {name}; the GGUF file may be corrupt"
+                )
             found[name] = blocks
             break
     return found

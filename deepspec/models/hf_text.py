@@ -52,8 +52,11 @@ class HFTextTarget:
     def fingerprint(self) -> dict:
         """What a draft depends on; stored in draft checkpoints and compared on load."""
         tok_file = self.path / "tokenizer.json"
-        digest = hashlib.sha256(tok_file.read_bytes() if tok_file.exists() else json.dumps(
-            sorted(self.tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(
+            tok_file.read_bytes()
+            if tok_file.exists()
+            else json.dumps(sorted(self.tokenizer.get_vocab().items())).encode()
+        ).hexdigest()[:16]
         return {
             "architecture": self.spec.family,
             "hidden_size": self.spec.hidden_size,

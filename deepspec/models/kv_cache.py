@@ -25,7 +25,7 @@ class KVCache:
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
 
-    def rows(self, first: int, count: int) -> "KVCacheView":
+    def rows(self, first: int, count: int) -> KVCacheView:
         """A view of slots first..first+count-1 that a forward treats as rows 0..count-1 (no copy)."""
         return KVCacheView(self.k[:, first : first + count], self.v[:, first : first + count])
 

@@ -63,7 +63,7 @@ class OnnxSlotCache:
         self.v = torch.zeros(shape, dtype=torch.float32)
         self.num_slots, self.max_seq_len = num_slots, max_seq_len
 
-    def rows(self, first: int, count: int) -> "OnnxSlotCache._Rows":
+    def rows(self, first: int, count: int) -> OnnxSlotCache._Rows:
         return OnnxSlotCache._Rows(self.k[:, first : first + count], self.v[:, first : first + count])
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
@@ -147,12 +147,16 @@ class OnnxTarget(HFTextTarget):
         max_start: int | None = None,
     ) -> DecoderOutput:
         if return_final_hidden:
-            raise NotImplementedError("the ONNX target returns logits and features, not the final hidden state; "
-                                      "train drafts against the PyTorch target")
+            raise NotImplementedError(
+                "the ONNX target returns logits and features, not the final hidden state; "
+                "train drafts against the PyTorch target"
+            )
         missing = [i for i in feature_layers if i not in self.feature_layers]
         if missing:
-            raise ValueError(f"the ONNX graph outputs the residuals of layers {list(self.feature_layers)}, not "
-                             f"{missing}: export it with the draft that reads them (python -m export --draft ...)")
+            raise ValueError(
+                f"the ONNX graph outputs the residuals of layers {list(self.feature_layers)}, not "
+                f"{missing}: export it with the draft that reads them (python -m export --draft ...)"
+            )
         B, T = tokens.shape
         if cache is None:  # a whole context at once: a scratch cache just big enough
             cache, start = self.new_cache(B, T).rows(0, B), torch.zeros(B, dtype=torch.long)
@@ -168,8 +172,10 @@ class OnnxTarget(HFTextTarget):
         """(logits, all captured features) of one pass; several tokens after a past run row by row."""
         B, T = tokens.shape
         if T > 1 and B > 1 and max(starts) > 0:  # see the module docstring
-            parts = [self._run(tokens[b : b + 1], starts[b : b + 1], cache, b, None if index is None else index[b : b + 1])
-                     for b in range(B)]
+            parts = [
+                self._run(tokens[b : b + 1], starts[b : b + 1], cache, b, None if index is None else index[b : b + 1])
+                for b in range(B)
+            ]
             out_logits = torch.cat([p[0] for p in parts]) if index is not None else None
             features = torch.cat([p[1] for p in parts]) if parts[0][1] is not None else None
             return out_logits, features
@@ -180,19 +186,25 @@ class OnnxTarget(HFTextTarget):
         one-row kernel for a single logit row gets both rows and the copy's logits are dropped: the fp32 graph's
         tied head (a Gemm), and the int4 graph's (MatMulNBits, whose one-row kernel on an AVX2 CPU without AVX-512
         rounds differently from its several-row one; on AVX-512 the two agree)."""
-        both = index is not None and (self.quantization == "int4" or (self.quantization == "none"
-                                                                       and self.meta.get("tied", True)))
-        out_logits, features = self._pass(tokens.repeat(1, 2), starts, cache,
-                                          np.concatenate([index, index + 1], axis=1) if both else index)
-        return self._output(out_logits[:, :1] if both else out_logits,
-                            features[:, :1] if features is not None else None, feature_layers)
+        both = index is not None and (
+            self.quantization == "int4" or (self.quantization == "none" and self.meta.get("tied", True))
+        )
+        out_logits, features = self._pass(
+            tokens.repeat(1, 2), starts, cache, np.concatenate([index, index + 1], axis=1) if both else index
+        )
+        return self._output(
+            out_logits[:, :1] if both else out_logits, features[:, :1] if features is not None else None, feature_layers
+        )
 
     def _output(self, out_logits, features, feature_layers) -> DecoderOutput:
         """The engine's view: the asked feature layers out of all the graph captures."""
         if features is not None and tuple(feature_layers) != self.feature_layers:
             H = self.spec.hidden_size
-            features = torch.cat([features[..., self.feature_layers.index(i) * H:][..., :H] for i in feature_layers],
-                                 dim=-1) if feature_layers else None
+            features = (
+                torch.cat([features[..., self.feature_layers.index(i) * H :][..., :H] for i in feature_layers], dim=-1)
+                if feature_layers
+                else None
+            )
         return DecoderOutput(out_logits, features if feature_layers else None)
 
     def _run(self, tokens: torch.Tensor, starts: list[int], cache, first_row: int, index: np.ndarray | None):
@@ -227,8 +239,15 @@ class OnnxTarget(HFTextTarget):
         step, so a binding is built once per (buffers, rows) and only the four small inputs are rebound per run."""
         # addresses, shapes and strides of both buffers fix every bound address; a freed scratch cache whose memory
         # comes back with the same key has the same rows
-        key = (cache.k.data_ptr(), cache.v.data_ptr(), tuple(cache.k.shape), cache.k.stride(), cache.v.stride(),
-               first_row, B)
+        key = (
+            cache.k.data_ptr(),
+            cache.v.data_ptr(),
+            tuple(cache.k.shape),
+            cache.k.stride(),
+            cache.v.stride(),
+            first_row,
+            B,
+        )
         binding = self._bindings.pop(key, None)
         if binding is None:
             binding = self.session.io_binding()
@@ -312,9 +331,17 @@ def is_onnx_export(path: str | Path) -> bool:
     return (Path(path) / META_FILE).is_file()
 
 
-def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, num_threads: int | None = None,
-                     name: str | None = None, spinning: str | None = None, chat_template: str | None = None,
-                     for_chat: bool = False, batch_invariant: bool | None = None) -> OnnxTarget:
+def load_onnx_target(
+    engine_dir: str | Path,
+    *,
+    max_seq_len: int | None = None,
+    num_threads: int | None = None,
+    name: str | None = None,
+    spinning: str | None = None,
+    chat_template: str | None = None,
+    for_chat: bool = False,
+    batch_invariant: bool | None = None,
+) -> OnnxTarget:
     """Open an exported ONNX target directory (graph, onnx.json, config.json, tokenizer) on CPU.
     spinning: see `session_options`; None = the DEEPSPEC_ORT_SPINNING environment variable (`spinning_mode`).
     batch_invariant: see the module docstring; None = the DEEPSPEC_BATCH_INVARIANT environment variable (default off).
@@ -328,8 +355,9 @@ def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, 
     root = Path(engine_dir)
     meta_file = root / META_FILE
     if not meta_file.is_file():
-        raise FileNotFoundError(f"{root} holds no {META_FILE}: not an ONNX target export (python -m export "
-                                "--format onnx)")
+        raise FileNotFoundError(
+            f"{root} holds no {META_FILE}: not an ONNX target export (python -m export --format onnx)"
+        )
     meta = json.loads(meta_file.read_text())
     name = name or meta.get("target_name", root.name)
     config = AutoConfig.from_pretrained(root)
@@ -345,18 +373,27 @@ def load_onnx_target(engine_dir: str | Path, *, max_seq_len: int | None = None, 
     threads = num_threads or torch.get_num_threads()
     if spinning is None:
         spinning = spinning_mode()
-    session = ort.InferenceSession(str(root / meta["graph"]), sess_options=session_options(threads, spinning),
-                                   providers=["CPUExecutionProvider"])
-    return OnnxTarget(name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]), threads,
-                      batch_invariant)
+    session = ort.InferenceSession(
+        str(root / meta["graph"]), sess_options=session_options(threads, spinning), providers=["CPUExecutionProvider"]
+    )
+    return OnnxTarget(
+        name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]), threads, batch_invariant
+    )
 
 
 def spinning_mode() -> str:
     """DEEPSPEC_ORT_SPINNING as a session_options mode: off/0, run, always/1; unset = DEFAULT_SPINNING. ValueError
     naming the accepted values for anything else (a typo must not silently change how every step runs)."""
     value = os.environ.get("DEEPSPEC_ORT_SPINNING", "").strip().lower()
-    mode = {"": DEFAULT_SPINNING, "0": "off", "false": "off", "no": "off", "1": "always", "true": "always",
-            "yes": "always"}.get(value, value)
+    mode = {
+        "": DEFAULT_SPINNING,
+        "0": "off",
+        "false": "off",
+        "no": "off",
+        "1": "always",
+        "true": "always",
+        "yes": "always",
+    }.get(value, value)
     if mode not in SPINNING_MODES:
         raise ValueError(f"DEEPSPEC_ORT_SPINNING={value!r}: use one of {', '.join(SPINNING_MODES)} (or 0 / 1)")
     return mode

@@ -55,8 +55,14 @@ def machine_key(threads: int | None = None) -> dict:
     return {"cpu": cpu_model(), "flags": cpu_flags(), "threads": int(threads or torch.get_num_threads())}
 
 
-def measure_step_curve(target, sizes: tuple[int, ...] = CURVE_SIZES, context: int = CURVE_CONTEXT, repeats: int = 7,
-                       feature_layers: tuple[int, ...] = (), fastest: bool = False) -> dict[int, float]:
+def measure_step_curve(
+    target,
+    sizes: tuple[int, ...] = CURVE_SIZES,
+    context: int = CURVE_CONTEXT,
+    repeats: int = 7,
+    feature_layers: tuple[int, ...] = (),
+    fastest: bool = False,
+) -> dict[int, float]:
     """{T: median seconds} of batch-1 forwards of T tokens (logits at every position, as a verify pass) after
     `context` tokens; the context is prefilled once and every step overwrites the same cache positions. Rounds
     interleave the sizes, so a drift of the machine's speed spreads over all of them. `fastest`: the fastest run of

@@ -19,13 +19,19 @@ from deepspec.models.aliases import ALIASES, DEFAULT_TARGET
 from deepspec.models.arch import arch_spec_from_config
 from deepspec.models.chat_templates import require_chat_template, resolve_chat_template
 from deepspec.models.decoder import Decoder
-from deepspec.models.quantization import QUANTIZATIONS
 from deepspec.models.decoder_target import DecoderTarget
 from deepspec.models.onnx_target import OnnxTarget, is_onnx_export, load_onnx_target
+from deepspec.models.quantization import QUANTIZATIONS
 from deepspec.paths import cache_dir
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -118,20 +124,25 @@ def _int4_blocker(device: str, dtype: torch.dtype) -> str | None:
     if not int4_supported(device):
         return f"quantization 'gguf' runs 4-bit matmuls on CPU only, not on '{device}'; use --quantization none there"
     if dtype != torch.bfloat16:
-        return ("quantization 'gguf' needs --dtype bfloat16: torch's int4 CPU kernel is fast only for bf16 "
-                "activations (float32 runs ~10x slower than dense)")
+        return (
+            "quantization 'gguf' needs --dtype bfloat16: torch's int4 CPU kernel is fast only for bf16 "
+            "activations (float32 runs ~10x slower than dense)"
+        )
     return None
 
 
-def _load_onnx_export(path: str, max_seq_len: int | None, quantization: str, chat_template: str | None,
-                      for_chat: bool) -> OnnxTarget:
+def _load_onnx_export(
+    path: str, max_seq_len: int | None, quantization: str, chat_template: str | None, for_chat: bool
+) -> OnnxTarget:
     """A `python -m export --format onnx` directory: its graph runs on ONNX Runtime's CPU provider with float32
     activations and the weights stored as they were exported (onnx.json `quantization`), whatever the caller's
     dtype and device; asking for 4-bit GGUF matmuls on it is refused, since its weights are fixed at export."""
     if quantization == "gguf":
-        raise ValueError(f"{path} is an ONNX export, whose weights keep the quantization it was exported with: "
-                         "drop --quantization gguf (python -m export --format onnx --quantization int4 exports 4-bit "
-                         "weights)")
+        raise ValueError(
+            f"{path} is an ONNX export, whose weights keep the quantization it was exported with: "
+            "drop --quantization gguf (python -m export --format onnx --quantization int4 exports 4-bit "
+            "weights)"
+        )
     return load_onnx_target(path, max_seq_len=max_seq_len, chat_template=chat_template, for_chat=for_chat)
 
 
@@ -170,8 +181,9 @@ def load_target(
     if quantization == "auto":
         quantization = "gguf" if gguf is not None and not int4_blocker else "none"
     if quantization == "gguf" and gguf is None:
-        raise ValueError(f"quantization 'gguf' needs a GGUF target (an alias or a .gguf file); '{spec}' is a "
-                         "Hugging Face directory")
+        raise ValueError(
+            f"quantization 'gguf' needs a GGUF target (an alias or a .gguf file); '{spec}' is a Hugging Face directory"
+        )
     config = AutoConfig.from_pretrained(path)
     arch = arch_spec_from_config(config)
     tokenizer = AutoTokenizer.from_pretrained(path)

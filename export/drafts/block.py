@@ -23,11 +23,20 @@ from export.errors import ExportError
 from export.job import DraftWriter
 from export.layer_ids import engine_layer_ids, hs_from_feature_layers
 
-_LAYER_NAMES = {"attn_norm.": "input_layernorm.", "attn.": "self_attn.", "mlp_norm.": "post_attention_layernorm.",
-                "mlp.": "mlp."}
-_TOP_NAMES = {"fc.weight": "fc.weight", "context_norm.weight": "hidden_norm.weight", "final_norm.weight": "norm.weight",
-              "markov_out.weight": "markov_head.markov_w2.weight", "confidence.weight": "confidence_head.proj.weight",
-              "confidence.bias": "confidence_head.proj.bias"}
+_LAYER_NAMES = {
+    "attn_norm.": "input_layernorm.",
+    "attn.": "self_attn.",
+    "mlp_norm.": "post_attention_layernorm.",
+    "mlp.": "mlp.",
+}
+_TOP_NAMES = {
+    "fc.weight": "fc.weight",
+    "context_norm.weight": "hidden_norm.weight",
+    "final_norm.weight": "norm.weight",
+    "markov_out.weight": "markov_head.markov_w2.weight",
+    "confidence.weight": "confidence_head.proj.weight",
+    "confidence.bias": "confidence_head.proj.bias",
+}
 
 
 def check(engine: str, job) -> None:
@@ -35,8 +44,9 @@ def check(engine: str, job) -> None:
     draft, target = job.draft, job.target
     cfg, reasons = draft.cfg, []
     if target.family == "gemma3_text":
-        reasons.append("its DFlash/DSpark draft layer is Qwen3-style; Gemma3 targets (scaled embeddings, GeGLU) are "
-                       "not served")
+        reasons.append(
+            "its DFlash/DSpark draft layer is Qwen3-style; Gemma3 targets (scaled embeddings, GeGLU) are not served"
+        )
     if cfg.qkv_bias:
         reasons.append("its Qwen3-style draft layer has no q/k/v bias: the draft's biases would be dropped")
     if cfg.activation != "silu":
@@ -55,8 +65,9 @@ def mask_token_id(d2t: torch.Tensor, vocab_size: int) -> int:
     return int(outside[-1]) if outside.numel() else vocab_size - 1
 
 
-def _block_layout(draft, target, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                  architecture: str) -> tuple[dict[str, torch.Tensor], dict]:
+def _block_layout(
+    draft, target, state: dict[str, torch.Tensor], dtype: torch.dtype, architecture: str
+) -> tuple[dict[str, torch.Tensor], dict]:
     """(float32 tensors, config.json) of the engine layout from the draft's weights `state`, all but DSpark's
     Markov W1 (`_convert_dspark` adds it)."""
     cfg = draft.cfg
@@ -71,7 +82,7 @@ def _block_layout(draft, target, state: dict[str, torch.Tensor], dtype: torch.dt
             prefix = next((p for p in _LAYER_NAMES if rest.startswith(p)), None)
             if prefix is None:
                 raise ExportError(f"draft {draft.path}: unexpected {draft.algo} tensor {name!r}")
-            out[f"layers.{index}.{_LAYER_NAMES[prefix]}{rest[len(prefix):]}"] = tensor
+            out[f"layers.{index}.{_LAYER_NAMES[prefix]}{rest[len(prefix) :]}"] = tensor
         elif name not in ("mask_embedding", "markov_in.weight"):
             raise ExportError(f"draft {draft.path}: unexpected {draft.algo} tensor {name!r}")
     mask_id = mask_token_id(d2t, cfg.vocab_size)
@@ -129,8 +140,12 @@ def _convert_dspark(engine: str, job, dtype: torch.dtype) -> tuple[dict, dict, l
     t2d = torch.full((cfg.vocab_size,), n, dtype=torch.long)
     t2d[d2t] = torch.arange(n)
     tensors["markov_head.markov_w1.weight"] = state["markov_in.weight"][t2d].contiguous()
-    config.update(markov_rank=cfg.markov_rank, markov_head_type="vanilla", enable_confidence_head=True,
-                  confidence_threshold=cfg.confidence_threshold)
+    config.update(
+        markov_rank=cfg.markov_rank,
+        markov_head_type="vanilla",
+        enable_confidence_head=True,
+        confidence_threshold=cfg.confidence_threshold,
+    )
     return _cast(tensors, dtype), config, config["dflash_config"]["target_layer_ids"]
 
 

@@ -55,7 +55,7 @@ def canonical_tensors(draft, target) -> dict[str, torch.Tensor]:
         prefix = next((p for p in _DEEPSPEC_PREFIXES if name.startswith(p)), None)
         if prefix is None:
             raise ExportError(f"draft {draft.path}: unexpected eagle3 tensor {name!r} (written by a newer DeepSpec?)")
-        out[_DEEPSPEC_PREFIXES[prefix] + name[len(prefix):]] = tensor
+        out[_DEEPSPEC_PREFIXES[prefix] + name[len(prefix) :]] = tensor
     d2t = draft.d2t()
     out["lm_head.weight"] = target.head_weight().float()[d2t].contiguous()
     out["d2t"] = d2t - torch.arange(d2t.numel())
@@ -71,7 +71,7 @@ def dialect(tensors: dict[str, torch.Tensor], engine: str, dtype: torch.dtype) -
     out = {}
     for name, tensor in tensors.items():
         if name.startswith("midlayer."):
-            name = prefix + name[len("midlayer."):]
+            name = prefix + name[len("midlayer.") :]
         out[name] = tensor.to(dtype).contiguous() if tensor.is_floating_point() else tensor.contiguous()
     return out
 
@@ -79,8 +79,8 @@ def dialect(tensors: dict[str, torch.Tensor], engine: str, dtype: torch.dtype) -
 #: where each engine fixes its EAGLE-3 `fc` at 3 * target_hidden_size inputs, whatever the draft's config says
 _FC_SIZED_FOR_3 = {
     "vllm": "vllm model_executor/models/llama_eagle3.py `LlamaModel.__init__`: `fc_input_size = target_hidden_size "
-            "* 3`; neither `eagle_aux_hidden_state_layer_ids` nor `eagle_config` changes it, so a [H, 5H] fc fails "
-            "its weight loader",
+    "* 3`; neither `eagle_aux_hidden_state_layer_ids` nor `eagle_config` changes it, so a [H, 5H] fc fails "
+    "its weight loader",
     "sglang": "sglang srt/models/llama_eagle3.py `LlamaModel.__init__`",
     "tensorrt-llm": "tensorrt_llm/_torch/models/modeling_speculative.py `Eagle3DraftModel.__init__`, 1.2.1",
 }
@@ -94,9 +94,11 @@ def blockers(engine: str, cfg, target_family: str, hs: tuple[int, ...]) -> list[
     if cfg.num_layers != 1:
         reasons.append(f"it loads a one-layer EAGLE-3 draft, this one has {cfg.num_layers}")
     if len(hs) != 3:
-        reasons.append(f"its fc takes exactly 3 captured layers (3*H inputs), this draft captures {len(hs)} "
-                       f"({_FC_SIZED_FOR_3[engine]}): train the canonical recipe (layout: canonical, 3 layers) or "
-                       "`python -m training relayout` this draft into it")
+        reasons.append(
+            f"its fc takes exactly 3 captured layers (3*H inputs), this draft captures {len(hs)} "
+            f"({_FC_SIZED_FOR_3[engine]}): train the canonical recipe (layout: canonical, 3 layers) or "
+            "`python -m training relayout` this draft into it"
+        )
     if engine in ("sglang", "tensorrt-llm"):
         if cfg.qk_norm:
             reasons.append("its EAGLE-3 layer is Llama-style: the draft's q/k-norm weights would be dropped")
@@ -193,8 +195,10 @@ def _speculators_config(job, hs) -> dict:
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": job.num_speculative_tokens}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": str(job.target.path),
-                         "architectures": job.target.config.get("architectures") or []},
+            "verifier": {
+                "name_or_path": str(job.target.path),
+                "architectures": job.target.config.get("architectures") or [],
+            },
         },
         "torch_dtype": job.dtype,
     }
@@ -215,12 +219,15 @@ def _trtllm_options(job) -> dict:
     `eagle3_one_model: true`), `allow_advanced_sampling` (else sampled requests are verified greedily), and the
     captured layers, which it reads from here only and not from the draft's config.json."""
     hs = hs_from_feature_layers(job.draft.cfg.feature_layers)
-    return {**trtllm_releases.release().eagle3_keys(),
-            "eagle3_layers_to_capture": engine_layer_ids("tensorrt-llm", hs)}
+    return {**trtllm_releases.release().eagle3_keys(), "eagle3_layers_to_capture": engine_layer_ids("tensorrt-llm", hs)}
 
 
 VLLM = DraftWriter("eagle3", check, _convert_speculators, names_its_target=True)
 SGLANG = DraftWriter("EAGLE3", check, _convert_midlayer)
 #: `decoding_type` as the pinned TensorRT-LLM dispatches it (1.2.x has no `Eagle3`: `Invalid decoding type`)
-TENSORRT_LLM = DraftWriter(dict(trtllm_releases.release().eagle3_selector)["decoding_type"], check, _convert_midlayer,
-                           speculative_options=_trtllm_options)
+TENSORRT_LLM = DraftWriter(
+    dict(trtllm_releases.release().eagle3_selector)["decoding_type"],
+    check,
+    _convert_midlayer,
+    speculative_options=_trtllm_options,
+)

@@ -34,8 +34,9 @@ def check_draft(engine: str, job) -> None:
     if draft is None:
         return
     if not draft.is_neural:
-        raise ExportError(f"{engine} cannot load {draft.path.name}: {draft.kind} runs only in DeepSpec's worker "
-                          "(--format pytorch)")
+        raise ExportError(
+            f"{engine} cannot load {draft.path.name}: {draft.kind} runs only in DeepSpec's worker (--format pytorch)"
+        )
     draft_writer(engine, draft).check(engine, job)
 
 

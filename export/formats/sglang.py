@@ -24,13 +24,18 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     fields = write_draft_dir(ENGINE, job, out, progress)
     command = snippets.sglang_command(job, "draft")
     snippets.write_script(out / "launch" / "sglang.sh", command)
-    snippets.write_readme(out, f"{job.draft.algo} draft for SGLang",
-                          f"Target `{job.target.spec}`, draft `{job.draft.path.name}`, weights in {job.dtype}.",
-                          {"Serve with SGLang": f"```sh\n{command}\n```",
-                           "Captured layers": f"{fields['engine_layer_ids'][ENGINE]} in SGLang's numbering "
-                                              "(`draft/config.json`)."})
+    snippets.write_readme(
+        out,
+        f"{job.draft.algo} draft for SGLang",
+        f"Target `{job.target.spec}`, draft `{job.draft.path.name}`, weights in {job.dtype}.",
+        {
+            "Serve with SGLang": f"```sh\n{command}\n```",
+            "Captured layers": f"{fields['engine_layer_ids'][ENGINE]} in SGLang's numbering (`draft/config.json`).",
+        },
+    )
     return {"draft": "draft", "launch": {"sglang": command}, "engine_layer_ids": fields["engine_layer_ids"]}
 
 
-FORMAT = ExportFormat(name="sglang", runtime="SGLang (--speculative-algorithm EAGLE3 | DFLASH | DSPARK)",
-                      write=write, check=check)
+FORMAT = ExportFormat(
+    name="sglang", runtime="SGLang (--speculative-algorithm EAGLE3 | DFLASH | DSPARK)", write=write, check=check
+)

@@ -33,15 +33,19 @@ ENGINE = "tensorrt-llm"
 #: build.sh's `--max_batch_size`: the <= 1.2 engine's batch bound, which the Triton ensemble around it
 #: (export/formats/triton_repo.py) must not exceed
 ENGINE_MAX_BATCH_SIZE = 8
-PLUGIN_OPS = tuple(f"{TRT_NAMESPACE}::{op}" for op in ("greedy_accept", "rejection_sample", "process_logits",
-                                                       "tree_accept", "confidence_truncate"))
+PLUGIN_OPS = tuple(
+    f"{TRT_NAMESPACE}::{op}"
+    for op in ("greedy_accept", "rejection_sample", "process_logits", "tree_accept", "confidence_truncate")
+)
 
 
 def build_blockers() -> list[str]:
     """What `--build` needs and this machine lacks."""
     missing = []
     if importlib.util.find_spec("tensorrt_llm") is None:
-        missing.append("tensorrt_llm is not installed (TensorRT-LLM <= 1.2 with TensorRT; the PyPI stub does not count)")
+        missing.append(
+            "tensorrt_llm is not installed (TensorRT-LLM <= 1.2 with TensorRT; the PyPI stub does not count)"
+        )
     try:
         import torch
 
@@ -56,9 +60,11 @@ def check(job: ExportJob) -> None:
     check_sizes(job.target.arch, job.tp)
     check_draft(ENGINE, job)  # the algorithms with a tensorrt-llm writer: EAGLE-3
     if job.build and (missing := build_blockers()):
-        raise ExportError(f"--build: {'; '.join(missing)}. Export without --build here, then on a GPU host with "
-                          "TensorRT-LLM 1.2: sh OUT/build.sh (or serve without building: trtllm-serve TARGET --config "
-                          "OUT/trtllm-serve.yaml)")
+        raise ExportError(
+            f"--build: {'; '.join(missing)}. Export without --build here, then on a GPU host with "
+            "TensorRT-LLM 1.2: sh OUT/build.sh (or serve without building: trtllm-serve TARGET --config "
+            "OUT/trtllm-serve.yaml)"
+        )
 
 
 def write(job: ExportJob, out: Path, progress) -> dict:
@@ -88,14 +94,19 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     build = build_script(job)
     (out / "build.sh").write_text(build)
     (out / "build.sh").chmod(0o755)
-    snippets.write_readme(out, "TensorRT-LLM export", f"Target `{job.target.spec}` ({config['architecture']}, tp "
-                          f"{job.tp}, {job.dtype}), draft `{job.draft.path.name if job.draft else 'none'}`.", {
-                              "Serve (PyTorch backend, current releases)": f"```sh\n{serve}\n```",
-                              "Build an engine (TensorRT-LLM <= 1.2)": "```sh\nsh build.sh\n```\n\nbuild.sh "
-                              "registers DeepSpec's verification plugins (" + ", ".join(PLUGIN_OPS) + ") in the "
-                              "build process, so networks that name them resolve; EAGLE-3 itself runs only in the "
-                              "PyTorch backend (the <= 1.2 engine EAGLE mode is EAGLE-1/2).",
-                          })
+    snippets.write_readme(
+        out,
+        "TensorRT-LLM export",
+        f"Target `{job.target.spec}` ({config['architecture']}, tp "
+        f"{job.tp}, {job.dtype}), draft `{job.draft.path.name if job.draft else 'none'}`.",
+        {
+            "Serve (PyTorch backend, current releases)": f"```sh\n{serve}\n```",
+            "Build an engine (TensorRT-LLM <= 1.2)": "```sh\nsh build.sh\n```\n\nbuild.sh "
+            "registers DeepSpec's verification plugins (" + ", ".join(PLUGIN_OPS) + ") in the "
+            "build process, so networks that name them resolve; EAGLE-3 itself runs only in the "
+            "PyTorch backend (the <= 1.2 engine EAGLE mode is EAGLE-1/2).",
+        },
+    )
     fields["launch"] = {"trtllm-serve": serve, "build": "sh build.sh"}
     if job.build:
         with progress.task("trtllm-build", total=1) as advance:
@@ -109,8 +120,7 @@ def write(job: ExportJob, out: Path, progress) -> dict:
 
 def build_script(job: ExportJob) -> str:
     k = job.num_speculative_tokens
-    spec = (f"--speculative_decoding_mode draft_tokens_external --max_draft_len {k}"
-            if job.draft is not None else "")
+    spec = f"--speculative_decoding_mode draft_tokens_external --max_draft_len {k}" if job.draft is not None else ""
     return f"""#!/bin/sh
 # TensorRT-LLM <= 1.2 engine flow for this export (the last release with trtllm-build). Run on a GPU host with
 # tensorrt_llm installed, from a DeepSpec checkout (for the verification plugins):
@@ -135,5 +145,11 @@ echo "engine written to $(pwd)/engine"
 """
 
 
-FORMAT = ExportFormat(name=ENGINE, runtime="TensorRT-LLM (trtllm-serve --config; trtllm-build <= 1.2)", write=write,
-                      check=check, needs_neural_draft=False, families=tuple(ARCHITECTURES))
+FORMAT = ExportFormat(
+    name=ENGINE,
+    runtime="TensorRT-LLM (trtllm-serve --config; trtllm-build <= 1.2)",
+    write=write,
+    check=check,
+    needs_neural_draft=False,
+    families=tuple(ARCHITECTURES),
+)

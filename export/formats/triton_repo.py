@@ -28,13 +28,13 @@ from pathlib import Path
 import yaml
 
 from deepspec.models.chat_templates import save_chat_template
+from deepspec_protocol import triton_contract as contract
 from export import snippets
 from export.drafts.writers import check_draft, write_draft
 from export.formats.tensorrt_llm import ENGINE_MAX_BATCH_SIZE
-from export.triton import CONTRACT_PY, LLMAPI_MODEL_PY
 from export.job import ExportFormat, ExportJob
+from export.triton import CONTRACT_PY, LLMAPI_MODEL_PY
 from export.trtllm_checkpoint import ARCHITECTURES, check_sizes
-from deepspec_protocol import triton_contract as contract
 
 ENGINE = "triton-repo"
 MODEL = "tensorrt_llm"
@@ -52,8 +52,11 @@ def check(job: ExportJob) -> None:
 
 
 def _tensor(name: str, dtype: str, dims: str = "[ 1 ]", optional: bool = False) -> str:
-    return (f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: {dims}'
-            + ("\n    optional: true" if optional else "") + "\n  }")
+    return (
+        f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: {dims}'
+        + ("\n    optional: true" if optional else "")
+        + "\n  }"
+    )
 
 
 def _spec(spec: contract.TensorSpec, is_input: bool = True) -> str:
@@ -73,42 +76,73 @@ def _parameters(values: dict[str, str]) -> str:
 def llmapi_config_pbtxt(job: ExportJob) -> str:
     """The LLM-API model: the contract's inputs and outputs, unbatched (`max_batch_size: 0`: a request is one
     prompt), decoupled (one request, a stream of responses)."""
-    return (f'name: "{MODEL}"\nbackend: "python"\nmax_batch_size: 0\n'
-            "model_transaction_policy {\n  decoupled: true\n}\n"
-            + _io("input", [_spec(s) for s in contract.LLMAPI_INPUTS])
-            + _io("output", [_spec(s, is_input=False) for s in contract.LLMAPI_OUTPUTS])
-            + _parameters({contract.TEXT_OUTPUT_MODE: contract.TEXT_DELTA})
-            + "instance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n")
+    return (
+        f'name: "{MODEL}"\nbackend: "python"\nmax_batch_size: 0\n'
+        "model_transaction_policy {\n  decoupled: true\n}\n"
+        + _io("input", [_spec(s) for s in contract.LLMAPI_INPUTS])
+        + _io("output", [_spec(s, is_input=False) for s in contract.LLMAPI_OUTPUTS])
+        + _parameters({contract.TEXT_OUTPUT_MODE: contract.TEXT_DELTA})
+        + "instance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n"
+    )
 
 
 #: the preprocessing model's tensors that upstream's model.py reads in initialize() (their data_type) or execute()
-_PRE_INPUTS = [("QUERY", "TYPE_STRING", "[ 1 ]", False), ("DECODER_QUERY", "TYPE_STRING", "[ 1 ]", True),
-               ("REQUEST_OUTPUT_LEN", "TYPE_INT32", "[ 1 ]", False), ("BAD_WORDS_DICT", "TYPE_STRING", "[ -1 ]", True),
-               ("STOP_WORDS_DICT", "TYPE_STRING", "[ -1 ]", True),
-               ("EMBEDDING_BIAS_WORDS", "TYPE_STRING", "[ -1 ]", True),
-               ("EMBEDDING_BIAS_WEIGHTS", "TYPE_FP32", "[ -1 ]", True), ("END_ID", "TYPE_INT32", "[ 1 ]", True),
-               ("PAD_ID", "TYPE_INT32", "[ 1 ]", True), ("PROMPT_TABLE_EXTRA_ID", "TYPE_UINT64", "[ 1 ]", True)]
-_PRE_OUTPUTS = [("INPUT_ID", "TYPE_INT32", "[ -1 ]"), ("REQUEST_INPUT_LEN", "TYPE_INT32", "[ 1 ]"),
-                ("DECODER_INPUT_ID", "TYPE_INT32", "[ -1 ]"), ("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", "[ 1 ]"),
-                ("BAD_WORDS_IDS", "TYPE_INT32", "[ 2, -1 ]"), ("STOP_WORDS_IDS", "TYPE_INT32", "[ 2, -1 ]"),
-                ("EMBEDDING_BIAS", "TYPE_FP32", "[ -1 ]"), ("REQUEST_OUTPUT_LEN", "TYPE_INT32", "[ -1 ]"),
-                ("OUT_END_ID", "TYPE_INT32", "[ 1 ]"), ("OUT_PAD_ID", "TYPE_INT32", "[ 1 ]"),
-                ("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", "[ -1 ]"),
-                ("PIXEL_VALUES", "TYPE_FP16", "[ -1, -1, -1, -1 ]"), ("IMAGE_SIZES", "TYPE_INT64", "[ -1, 2 ]")]
+_PRE_INPUTS = [
+    ("QUERY", "TYPE_STRING", "[ 1 ]", False),
+    ("DECODER_QUERY", "TYPE_STRING", "[ 1 ]", True),
+    ("REQUEST_OUTPUT_LEN", "TYPE_INT32", "[ 1 ]", False),
+    ("BAD_WORDS_DICT", "TYPE_STRING", "[ -1 ]", True),
+    ("STOP_WORDS_DICT", "TYPE_STRING", "[ -1 ]", True),
+    ("EMBEDDING_BIAS_WORDS", "TYPE_STRING", "[ -1 ]", True),
+    ("EMBEDDING_BIAS_WEIGHTS", "TYPE_FP32", "[ -1 ]", True),
+    ("END_ID", "TYPE_INT32", "[ 1 ]", True),
+    ("PAD_ID", "TYPE_INT32", "[ 1 ]", True),
+    ("PROMPT_TABLE_EXTRA_ID", "TYPE_UINT64", "[ 1 ]", True),
+]
+_PRE_OUTPUTS = [
+    ("INPUT_ID", "TYPE_INT32", "[ -1 ]"),
+    ("REQUEST_INPUT_LEN", "TYPE_INT32", "[ 1 ]"),
+    ("DECODER_INPUT_ID", "TYPE_INT32", "[ -1 ]"),
+    ("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32", "[ 1 ]"),
+    ("BAD_WORDS_IDS", "TYPE_INT32", "[ 2, -1 ]"),
+    ("STOP_WORDS_IDS", "TYPE_INT32", "[ 2, -1 ]"),
+    ("EMBEDDING_BIAS", "TYPE_FP32", "[ -1 ]"),
+    ("REQUEST_OUTPUT_LEN", "TYPE_INT32", "[ -1 ]"),
+    ("OUT_END_ID", "TYPE_INT32", "[ 1 ]"),
+    ("OUT_PAD_ID", "TYPE_INT32", "[ 1 ]"),
+    ("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", "[ -1 ]"),
+    ("PIXEL_VALUES", "TYPE_FP16", "[ -1, -1, -1, -1 ]"),
+    ("IMAGE_SIZES", "TYPE_INT64", "[ -1, 2 ]"),
+]
 #: the engine model's inputs the ensemble feeds (upstream's names and dims), then its outputs
-_ENGINE_INPUTS = [("input_ids", "TYPE_INT32", "[ -1 ]", False), ("input_lengths", "TYPE_INT32", "[ 1 ]", False),
-                  ("request_output_len", "TYPE_INT32", "[ 1 ]", False), ("end_id", "TYPE_INT32", "[ 1 ]", True),
-                  ("pad_id", "TYPE_INT32", "[ 1 ]", True), ("stop_words_list", "TYPE_INT32", "[ 2, -1 ]", True),
-                  ("bad_words_list", "TYPE_INT32", "[ 2, -1 ]", True), ("embedding_bias", "TYPE_FP32", "[ -1 ]", True),
-                  ("temperature", "TYPE_FP32", "[ 1 ]", True), ("runtime_top_k", "TYPE_INT32", "[ 1 ]", True),
-                  ("runtime_top_p", "TYPE_FP32", "[ 1 ]", True), ("seed", "TYPE_UINT64", "[ 1 ]", True),
-                  ("streaming", "TYPE_BOOL", "[ 1 ]", True), ("return_perf_metrics", "TYPE_BOOL", "[ 1 ]", True),
-                  ("return_num_input_tokens", "TYPE_BOOL", "[ 1 ]", True),
-                  ("return_num_output_tokens", "TYPE_BOOL", "[ 1 ]", True),
-                  ("draft_input_ids", "TYPE_INT32", "[ -1 ]", True)]
-_ENGINE_OUTPUTS = [("output_ids", "TYPE_INT32", "[ -1, -1 ]"), ("sequence_length", "TYPE_INT32", "[ -1 ]"),
-                   *((s.name, contract.CONFIG_DATATYPE[s.datatype], "[ 1 ]") for s in contract.ENSEMBLE_OUTPUTS
-                     if s.name != contract.TEXT_OUTPUT)]
+_ENGINE_INPUTS = [
+    ("input_ids", "TYPE_INT32", "[ -1 ]", False),
+    ("input_lengths", "TYPE_INT32", "[ 1 ]", False),
+    ("request_output_len", "TYPE_INT32", "[ 1 ]", False),
+    ("end_id", "TYPE_INT32", "[ 1 ]", True),
+    ("pad_id", "TYPE_INT32", "[ 1 ]", True),
+    ("stop_words_list", "TYPE_INT32", "[ 2, -1 ]", True),
+    ("bad_words_list", "TYPE_INT32", "[ 2, -1 ]", True),
+    ("embedding_bias", "TYPE_FP32", "[ -1 ]", True),
+    ("temperature", "TYPE_FP32", "[ 1 ]", True),
+    ("runtime_top_k", "TYPE_INT32", "[ 1 ]", True),
+    ("runtime_top_p", "TYPE_FP32", "[ 1 ]", True),
+    ("seed", "TYPE_UINT64", "[ 1 ]", True),
+    ("streaming", "TYPE_BOOL", "[ 1 ]", True),
+    ("return_perf_metrics", "TYPE_BOOL", "[ 1 ]", True),
+    ("return_num_input_tokens", "TYPE_BOOL", "[ 1 ]", True),
+    ("return_num_output_tokens", "TYPE_BOOL", "[ 1 ]", True),
+    ("draft_input_ids", "TYPE_INT32", "[ -1 ]", True),
+]
+_ENGINE_OUTPUTS = [
+    ("output_ids", "TYPE_INT32", "[ -1, -1 ]"),
+    ("sequence_length", "TYPE_INT32", "[ -1 ]"),
+    *(
+        (s.name, contract.CONFIG_DATATYPE[s.datatype], "[ 1 ]")
+        for s in contract.ENSEMBLE_OUTPUTS
+        if s.name != contract.TEXT_OUTPUT
+    ),
+]
 
 
 def ensemble_configs(job: ExportJob) -> dict[str, str]:
@@ -116,45 +150,99 @@ def ensemble_configs(job: ExportJob) -> dict[str, str]:
     models: their config declares every parameter, input and output those model.py files read, and the ensemble
     maps `end_id` through preprocessing (which falls back to the tokenizer's) into the engine."""
     tokenizer = "${tokenizer_dir}"
-    pre = (f'name: "preprocessing"\nbackend: "python"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
-           + _io("input", [_tensor(*t) for t in _PRE_INPUTS]) + _io("output", [_tensor(*t) for t in _PRE_OUTPUTS])
-           + _parameters({"tokenizer_dir": tokenizer, "add_special_tokens": "true", "multimodal_model_path": "",
-                          "gpt_model_path": "${engine_dir}", "max_num_images": "", "hf_model_path": ""}))
-    engine = (f'name: "tensorrt_llm"\nbackend: "tensorrtllm"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
-              "model_transaction_policy {\n  decoupled: true\n}\n"
-              + _io("input", [_tensor(*t) for t in _ENGINE_INPUTS])
-              + _io("output", [_tensor(*t) for t in _ENGINE_OUTPUTS])
-              + _parameters({"gpt_model_path": "${engine_dir}", "gpt_model_type": "inflight_fused_batching",
-                             "max_beam_width": "1", "max_draft_len": str(job.num_speculative_tokens)}))
-    post = (f'name: "postprocessing"\nbackend: "python"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
-            + _io("input", [_tensor("TOKENS_BATCH", "TYPE_INT32", "[ -1, -1 ]"),
-                            _tensor("SEQUENCE_LENGTH", "TYPE_INT32", "[ -1 ]")])
-            + _io("output", [_tensor("OUTPUT", "TYPE_STRING", "[ -1 ]")])
-            + _parameters({"tokenizer_dir": tokenizer, "skip_special_tokens": "true"}))
-    ensemble = (f'name: "ensemble"\nplatform: "ensemble"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
-                + _io("input", [_spec(s) for s in contract.ENSEMBLE_INPUTS])
-                + _io("output", [_spec(s, is_input=False) for s in contract.ENSEMBLE_OUTPUTS])
-                + "ensemble_scheduling {\n"
-                + _step("preprocessing", {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens",
-                                          "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id"},
-                        {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
-                         "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
-                         "OUT_END_ID": "_PREPROCESSOR_END_ID", "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"})
-                + ",\n"
-                + _step("tensorrt_llm", {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
-                                         "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID",
-                                         "pad_id": "_PREPROCESSOR_PAD_ID", "stop_words_list": "_STOP_WORDS_IDS",
-                                         "temperature": "temperature", "runtime_top_k": "top_k",
-                                         "runtime_top_p": "top_p", "seed": "seed", "streaming": "stream",
-                                         "return_perf_metrics": "return_perf_metrics",
-                                         "return_num_input_tokens": "return_num_input_tokens",
-                                         "return_num_output_tokens": "return_num_output_tokens"},
-                        {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH",
-                         **{s.name: s.name for s in contract.ENSEMBLE_OUTPUTS if s.name != contract.TEXT_OUTPUT}})
-                + ",\n"
-                + _step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
-                        {"OUTPUT": contract.TEXT_OUTPUT})
-                + "\n}\n")
+    pre = (
+        f'name: "preprocessing"\nbackend: "python"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
+        + _io("input", [_tensor(*t) for t in _PRE_INPUTS])
+        + _io("output", [_tensor(*t) for t in _PRE_OUTPUTS])
+        + _parameters(
+            {
+                "tokenizer_dir": tokenizer,
+                "add_special_tokens": "true",
+                "multimodal_model_path": "",
+                "gpt_model_path": "${engine_dir}",
+                "max_num_images": "",
+                "hf_model_path": "",
+            }
+        )
+    )
+    engine = (
+        f'name: "tensorrt_llm"\nbackend: "tensorrtllm"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
+        "model_transaction_policy {\n  decoupled: true\n}\n"
+        + _io("input", [_tensor(*t) for t in _ENGINE_INPUTS])
+        + _io("output", [_tensor(*t) for t in _ENGINE_OUTPUTS])
+        + _parameters(
+            {
+                "gpt_model_path": "${engine_dir}",
+                "gpt_model_type": "inflight_fused_batching",
+                "max_beam_width": "1",
+                "max_draft_len": str(job.num_speculative_tokens),
+            }
+        )
+    )
+    post = (
+        f'name: "postprocessing"\nbackend: "python"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
+        + _io(
+            "input",
+            [_tensor("TOKENS_BATCH", "TYPE_INT32", "[ -1, -1 ]"), _tensor("SEQUENCE_LENGTH", "TYPE_INT32", "[ -1 ]")],
+        )
+        + _io("output", [_tensor("OUTPUT", "TYPE_STRING", "[ -1 ]")])
+        + _parameters({"tokenizer_dir": tokenizer, "skip_special_tokens": "true"})
+    )
+    ensemble = (
+        f'name: "ensemble"\nplatform: "ensemble"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
+        + _io("input", [_spec(s) for s in contract.ENSEMBLE_INPUTS])
+        + _io("output", [_spec(s, is_input=False) for s in contract.ENSEMBLE_OUTPUTS])
+        + "ensemble_scheduling {\n"
+        + _step(
+            "preprocessing",
+            {
+                "QUERY": "text_input",
+                "REQUEST_OUTPUT_LEN": "max_tokens",
+                "STOP_WORDS_DICT": "stop_words",
+                "END_ID": "end_id",
+            },
+            {
+                "INPUT_ID": "_INPUT_ID",
+                "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+                "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+                "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+                "OUT_END_ID": "_PREPROCESSOR_END_ID",
+                "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
+            },
+        )
+        + ",\n"
+        + _step(
+            "tensorrt_llm",
+            {
+                "input_ids": "_INPUT_ID",
+                "input_lengths": "_REQUEST_INPUT_LEN",
+                "request_output_len": "_REQUEST_OUTPUT_LEN",
+                "end_id": "_PREPROCESSOR_END_ID",
+                "pad_id": "_PREPROCESSOR_PAD_ID",
+                "stop_words_list": "_STOP_WORDS_IDS",
+                "temperature": "temperature",
+                "runtime_top_k": "top_k",
+                "runtime_top_p": "top_p",
+                "seed": "seed",
+                "streaming": "stream",
+                "return_perf_metrics": "return_perf_metrics",
+                "return_num_input_tokens": "return_num_input_tokens",
+                "return_num_output_tokens": "return_num_output_tokens",
+            },
+            {
+                "output_ids": "_TOKENS_BATCH",
+                "sequence_length": "_SEQUENCE_LENGTH",
+                **{s.name: s.name for s in contract.ENSEMBLE_OUTPUTS if s.name != contract.TEXT_OUTPUT},
+            },
+        )
+        + ",\n"
+        + _step(
+            "postprocessing",
+            {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+            {"OUTPUT": contract.TEXT_OUTPUT},
+        )
+        + "\n}\n"
+    )
     return {"preprocessing": pre, "tensorrt_llm": engine, "postprocessing": post, "ensemble": ensemble}
 
 
@@ -162,8 +250,12 @@ def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
     def maps(kind, m):
         return "".join(f'    {kind} {{\n      key: "{k}"\n      value: "{v}"\n    }}\n' for k, v in m.items())
 
-    return (f'  step {{\n    model_name: "{model}"\n    model_version: -1\n'
-            + maps("input_map", inputs) + maps("output_map", outputs) + "  }")
+    return (
+        f'  step {{\n    model_name: "{model}"\n    model_version: -1\n'
+        + maps("input_map", inputs)
+        + maps("output_map", outputs)
+        + "  }"
+    )
 
 
 def write(job: ExportJob, out: Path, progress) -> dict:
@@ -186,9 +278,11 @@ def write(job: ExportJob, out: Path, progress) -> dict:
         fields.update(write_draft("tensorrt-llm", job, version / "draft"))
         draft_dir = str(Path(final).resolve() / MODEL / "1" / "draft")
         fields["draft"] = f"{MODEL}/1/draft"
-    llm = {"model": str(Path(final).resolve() / MODEL / "1" / "target"),
-           **snippets.trtllm_llm_args(job, draft_dir, ""),
-           "triton_config": {"max_batch_size": 0, "decoupled": True}}
+    llm = {
+        "model": str(Path(final).resolve() / MODEL / "1" / "target"),
+        **snippets.trtllm_llm_args(job, draft_dir, ""),
+        "triton_config": {"max_batch_size": 0, "decoupled": True},
+    }
     (version / "model.yaml").write_text(yaml.safe_dump(llm, sort_keys=False))
     shutil.copy2(LLMAPI_MODEL_PY, version / "model.py")
     shutil.copy2(CONTRACT_PY, version / CONTRACT_PY.name)
@@ -196,30 +290,40 @@ def write(job: ExportJob, out: Path, progress) -> dict:
         (version / ENSEMBLE_DIR / name / "1").mkdir(parents=True)
         (version / ENSEMBLE_DIR / name / "config.pbtxt").write_text(text)
     serve = "tritonserver --model-repository=OUT"
-    snippets.write_readme(out, "Triton model repository (TensorRT-LLM)", f"Target `{job.target.spec}`, draft "
-                          f"`{job.draft.path.name if job.draft else 'none'}`, tp {job.tp}, {job.dtype}.", {
-                              "Serve": f"```sh\n{serve}\n```\n\nThe `{MODEL}` model is a Python-backend model "
-                              f"(`{MODEL}/1/model.py`) around TensorRT-LLM's LLM API: it needs a Triton image with "
-                              "TensorRT-LLM installed. `model.yaml` holds the LLM options, `speculative_config` "
-                              "included. Inputs are the stock LLM-API model's: `text_input`, optional `streaming` and "
-                              "`sampling_param_{max_tokens,temperature,top_p,top_k,seed,stop}`, plus `messages_json` "
-                              "(chat, rendered with the target's template) and `ignore_eos`; responses carry "
-                              "`text_output` (a delta per response when streaming), `finish_reason`, "
-                              "`num_input_tokens`, `num_output_tokens`, `acceptance_rate`, "
-                              "`total_accepted_draft_tokens` and `total_draft_tokens`. Decoupled: use the streaming "
-                              "gRPC (`ModelStreamInfer`) or `/generate_stream`, also without streaming.",
-                              "TensorRT-LLM <= 1.2 engines": f"`{MODEL}/1/{ENSEMBLE_DIR}/` is the preprocessing / "
-                              "tensorrt_llm / postprocessing / ensemble layout: build the engine with `--format "
-                              "tensorrt-llm`'s build.sh, then fill `${engine_dir}` and `${tokenizer_dir}` in the "
-                              "config.pbtxt files (TensorRT-LLM's `fill_template.py` does it) and add the backend's "
-                              f"model.py files. **It {ENSEMBLE_DECODES}: it does not speculate.** The draft runs only "
-                              f"in the `{MODEL}` LLM-API model above. Its max_batch_size is the engine's "
-                              f"({ENGINE_MAX_BATCH_SIZE}, build.sh's `--max_batch_size`).",
-                          })
+    snippets.write_readme(
+        out,
+        "Triton model repository (TensorRT-LLM)",
+        f"Target `{job.target.spec}`, draft "
+        f"`{job.draft.path.name if job.draft else 'none'}`, tp {job.tp}, {job.dtype}.",
+        {
+            "Serve": f"```sh\n{serve}\n```\n\nThe `{MODEL}` model is a Python-backend model "
+            f"(`{MODEL}/1/model.py`) around TensorRT-LLM's LLM API: it needs a Triton image with "
+            "TensorRT-LLM installed. `model.yaml` holds the LLM options, `speculative_config` "
+            "included. Inputs are the stock LLM-API model's: `text_input`, optional `streaming` and "
+            "`sampling_param_{max_tokens,temperature,top_p,top_k,seed,stop}`, plus `messages_json` "
+            "(chat, rendered with the target's template) and `ignore_eos`; responses carry "
+            "`text_output` (a delta per response when streaming), `finish_reason`, "
+            "`num_input_tokens`, `num_output_tokens`, `acceptance_rate`, "
+            "`total_accepted_draft_tokens` and `total_draft_tokens`. Decoupled: use the streaming "
+            "gRPC (`ModelStreamInfer`) or `/generate_stream`, also without streaming.",
+            "TensorRT-LLM <= 1.2 engines": f"`{MODEL}/1/{ENSEMBLE_DIR}/` is the preprocessing / "
+            "tensorrt_llm / postprocessing / ensemble layout: build the engine with `--format "
+            "tensorrt-llm`'s build.sh, then fill `${engine_dir}` and `${tokenizer_dir}` in the "
+            "config.pbtxt files (TensorRT-LLM's `fill_template.py` does it) and add the backend's "
+            f"model.py files. **It {ENSEMBLE_DECODES}: it does not speculate.** The draft runs only "
+            f"in the `{MODEL}` LLM-API model above. Its max_batch_size is the engine's "
+            f"({ENGINE_MAX_BATCH_SIZE}, build.sh's `--max_batch_size`).",
+        },
+    )
     fields["launch"] = {"triton": serve}
     return fields
 
 
-FORMAT = ExportFormat(name=ENGINE, runtime="Triton Inference Server with TensorRT-LLM (LLM-API model; the <=1.2 "
-                                          f"engine ensemble {ENSEMBLE_DECODES})",
-                      write=write, check=check, needs_neural_draft=False, families=tuple(ARCHITECTURES))
+FORMAT = ExportFormat(
+    name=ENGINE,
+    runtime=f"Triton Inference Server with TensorRT-LLM (LLM-API model; the <=1.2 engine ensemble {ENSEMBLE_DECODES})",
+    write=write,
+    check=check,
+    needs_neural_draft=False,
+    families=tuple(ARCHITECTURES),
+)

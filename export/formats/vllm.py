@@ -32,16 +32,27 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     sections = {"Serve with vLLM": f"```sh\n{command}\n```"}
     if draft_writer(ENGINE, job.draft).names_its_target:
         launch["vllm_speculators"] = "vllm serve draft"
-        sections["Serve with vLLM"] += ("\n\nThe draft is in the `speculators` format, which names its target "
-                                        "(`speculators_config.verifier`), so this works as well:\n\n"
-                                        "```sh\nvllm serve draft\n```")
-    sections["Captured layers"] = (f"`eagle_aux_hidden_state_layer_ids` / `target_layer_ids` in `draft/config.json`: "
-                                   f"{fields['engine_layer_ids'][ENGINE]} (vLLM's own numbering).")
-    snippets.write_readme(out, f"{job.draft.algo} draft for vLLM",
-                          f"Target `{job.target.spec}`, draft `{job.draft.path.name}`, weights in {job.dtype}.",
-                          sections)
+        sections["Serve with vLLM"] += (
+            "\n\nThe draft is in the `speculators` format, which names its target "
+            "(`speculators_config.verifier`), so this works as well:\n\n"
+            "```sh\nvllm serve draft\n```"
+        )
+    sections["Captured layers"] = (
+        f"`eagle_aux_hidden_state_layer_ids` / `target_layer_ids` in `draft/config.json`: "
+        f"{fields['engine_layer_ids'][ENGINE]} (vLLM's own numbering)."
+    )
+    snippets.write_readme(
+        out,
+        f"{job.draft.algo} draft for vLLM",
+        f"Target `{job.target.spec}`, draft `{job.draft.path.name}`, weights in {job.dtype}.",
+        sections,
+    )
     return {"draft": "draft", "launch": launch, "engine_layer_ids": fields["engine_layer_ids"]}
 
 
-FORMAT = ExportFormat(name="vllm", runtime="vLLM (vllm serve; EAGLE-3 in the speculators format, DFlash, DSpark)",
-                      write=write, check=check)
+FORMAT = ExportFormat(
+    name="vllm",
+    runtime="vLLM (vllm serve; EAGLE-3 in the speculators format, DFlash, DSpark)",
+    write=write,
+    check=check,
+)

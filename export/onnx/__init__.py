@@ -33,15 +33,22 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     draft = str(job.draft.path) if job.draft is not None else job.draft_spec
     chat_template = job.options.get("chat_template")
     graphs = len(AUTO_CANDIDATES) if quantization == "auto" else 1
-    what = f"writing and timing the {' and '.join(AUTO_CANDIDATES)} graphs" if graphs > 1 else \
-        f"writing the ONNX graph ({quantization})"
+    what = (
+        f"writing and timing the {' and '.join(AUTO_CANDIDATES)} graphs"
+        if graphs > 1
+        else f"writing the ONNX graph ({quantization})"
+    )
     with progress.task(what, total=target.spec.num_layers * graphs) as advance:
         if quantization == "auto":
             meta = export_fastest_format(target, draft, out, advance, chat_template)
         else:
             meta = export_onnx(target, draft, out, "float32", quantization, advance, chat_template)
-    onnx = {"graph": meta["graph"], "quantization": meta["quantization"], "feature_layers": meta["feature_layers"],
-            "step_curve": meta["step_curve"]}
+    onnx = {
+        "graph": meta["graph"],
+        "quantization": meta["quantization"],
+        "feature_layers": meta["feature_layers"],
+        "step_curve": meta["step_curve"],
+    }
     if "quantization_choice" in meta:
         onnx["quantization_choice"] = meta["quantization_choice"]
     fields = {
@@ -65,9 +72,11 @@ def check(job: ExportJob) -> None:
     except UnsupportedTarget as e:
         raise ExportError(f"onnx cannot take {job.target.spec}: {e}") from None
     if job.draft is not None and job.draft.algo == HYBRID:
-        raise ExportError(f"onnx cannot take {job.draft.path.name}: the ONNX export runs one draft directory beside "
-                          f"its graph, and {job.draft.path.name} is {job.draft.kind}; export one of its parts "
-                          f"(--draft {job.draft.parts['neural'].path}), or the hybrid with --format pytorch")
+        raise ExportError(
+            f"onnx cannot take {job.draft.path.name}: the ONNX export runs one draft directory beside "
+            f"its graph, and {job.draft.path.name} is {job.draft.kind}; export one of its parts "
+            f"(--draft {job.draft.parts['neural'].path}), or the hybrid with --format pytorch"
+        )
 
 
 FORMAT = ExportFormat(

@@ -30,8 +30,14 @@ AUTO_CANDIDATES = ("int8", "int4")
 STAGING = ".candidates"
 
 
-def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1: None,
-                          chat_template: str | None = None, candidates: tuple[str, ...] = AUTO_CANDIDATES) -> dict:
+def export_fastest_format(
+    target,
+    draft,
+    out_dir: str | Path,
+    advance=lambda n=1: None,
+    chat_template: str | None = None,
+    candidates: tuple[str, ...] = AUTO_CANDIDATES,
+) -> dict:
     """Export each candidate format, keep the fastest on this machine in out_dir; returns its meta (exporter's)
     with the `quantization_choice` record."""
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
@@ -60,12 +66,14 @@ def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     meta = metas[best]
-    rule = (f"highest tokens/s decoding {CALIBRATION_TOKENS} tokens of each calibration prompt (decode_rate.py: "
-            f"training prompts, median, candidates in turn) at depth <= {SCORED_DEPTH}, as the worker serves it"
-            if measured else
-            f"highest modelled tokens/s at the best verify depth <= {SCORED_DEPTH} (verify_budget.py) on this "
-            "machine's verify-step curves, a neural draft's round cost on each candidate added (no calibration "
-            "prompts here to measure with)")
+    rule = (
+        f"highest tokens/s decoding {CALIBRATION_TOKENS} tokens of each calibration prompt (decode_rate.py: "
+        f"training prompts, median, candidates in turn) at depth <= {SCORED_DEPTH}, as the worker serves it"
+        if measured
+        else f"highest modelled tokens/s at the best verify depth <= {SCORED_DEPTH} (verify_budget.py) on this "
+        "machine's verify-step curves, a neural draft's round cost on each candidate added (no calibration "
+        "prompts here to measure with)"
+    )
     meta["quantization_choice"] = {
         "chosen": best,
         "rule": rule,
@@ -74,11 +82,16 @@ def export_fastest_format(target, draft, out_dir: str | Path, advance=lambda n=1
         "depth": SCORED_DEPTH,
         # tokens_per_second: what the choice compared (measured, or modelled where nothing was measured);
         # draft_round: the candidate's batch-1 drafted round by width; null: priced as free (no draft, or lookup)
-        "candidates": {q: {"tokens_per_second": round(scores[q], 1),
-                           "modelled_tokens_per_second": round(modelled[q], 1),
-                           "measured_acceptance_length": measured[q]["acceptance_length"] if measured else None,
-                           "step_curve": metas[q]["step_curve"], "draft_round": draft_rounds[q]}
-                       for q in candidates},
+        "candidates": {
+            q: {
+                "tokens_per_second": round(scores[q], 1),
+                "modelled_tokens_per_second": round(modelled[q], 1),
+                "measured_acceptance_length": measured[q]["acceptance_length"] if measured else None,
+                "step_curve": metas[q]["step_curve"],
+                "draft_round": draft_rounds[q],
+            }
+            for q in candidates
+        },
     }
     on_disk = json.loads((out / "onnx.json").read_text())
     on_disk["quantization_choice"] = meta["quantization_choice"]

@@ -70,20 +70,23 @@ def served_drafter(target):
     return None if name == "none" else build_drafter(name, target)
 
 
-def measure_decode_rates(exports: dict[str, Path], depth: int,
-                         max_tokens: int = CALIBRATION_TOKENS) -> dict[str, dict] | None:
+def measure_decode_rates(
+    exports: dict[str, Path], depth: int, max_tokens: int = CALIBRATION_TOKENS
+) -> dict[str, dict] | None:
     """{candidate: {"tokens_per_second": median over the calibration prompts, "acceptance_length": mean τ or
     None}} of each export in `exports`, decoded greedily at batch 1 by the engine as served (verification budget
     on, `depth` drafts at most); None when there are no calibration prompts to decode."""
     from deepspec.models import load_target
 
     targets = {name: load_target(str(export_dir)) for name, export_dir in exports.items()}
-    return measure_served_rates({name: (target, served_drafter(target)) for name, target in targets.items()}, depth,
-                                max_tokens)
+    return measure_served_rates(
+        {name: (target, served_drafter(target)) for name, target in targets.items()}, depth, max_tokens
+    )
 
 
-def measure_served_rates(candidates: dict[str, tuple], depth: int,
-                         max_tokens: int = CALIBRATION_TOKENS) -> dict[str, dict] | None:
+def measure_served_rates(
+    candidates: dict[str, tuple], depth: int, max_tokens: int = CALIBRATION_TOKENS
+) -> dict[str, dict] | None:
     """The same measurement for any {candidate: (target, drafter or None)}: each decodes the calibration prompts
     greedily at batch 1 with the verification budget on, the candidates in turn prompt by prompt. What the worker's
     engine choice (service/worker/fastest_backend.py) and `--quantization auto` decide by."""
@@ -99,8 +102,14 @@ def measure_served_rates(candidates: dict[str, tuple], depth: int,
     engines = {}
     for name, (target, drafter) in candidates.items():
         # the served engine's own curve file: the calibration's passes correct it before serving starts
-        engine = SpecEngine(target, drafter, max_batch_size=1, max_seq_len=min(target.max_seq_len, longest),
-                            num_speculative_tokens=depth, planner=BudgetPlanner.kept_per_machine(target, drafter))
+        engine = SpecEngine(
+            target,
+            drafter,
+            max_batch_size=1,
+            max_seq_len=min(target.max_seq_len, longest),
+            num_speculative_tokens=depth,
+            planner=BudgetPlanner.kept_per_machine(target, drafter),
+        )
         engine.generate([prompts[0]], SamplingParams(max_tokens=WARMUP_TOKENS))
         engine.forget_acceptance()
         engines[name] = engine
@@ -114,6 +123,10 @@ def measure_served_rates(candidates: dict[str, tuple], depth: int,
             rates[name].append(len(result.token_ids) / (time.perf_counter() - start))
             if result.acceptance_length is not None:
                 taus[name].append(result.acceptance_length)
-    return {name: {"tokens_per_second": round(statistics.median(rates[name]), 1),
-                   "acceptance_length": round(statistics.fmean(taus[name]), 3) if taus[name] else None}
-            for name in engines}
+    return {
+        name: {
+            "tokens_per_second": round(statistics.median(rates[name]), 1),
+            "acceptance_length": round(statistics.fmean(taus[name]), 3) if taus[name] else None,
+        }
+        for name in engines
+    }

@@ -55,8 +55,11 @@ def _info(name: str, dtype: int, dims) -> onnx.ValueInfoProto:
 def _save(builder: _Builder, weights: _Weights, name: str, inputs, outputs, out_dir: Path) -> Path:
     weights.close()
     graph = helper.make_graph(builder.nodes, name, inputs, outputs, initializer=weights.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
-                              producer_name="deepspec-export")
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+        producer_name="deepspec-export",
+    )
     model.ir_version = 10
     path = out_dir / f"{name}.onnx"
     onnx.save_model(model, path)
@@ -86,21 +89,29 @@ class _DraftBuilder(_Builder):
         return self.rms_norm(x, _np(module.weight), module.eps, name)
 
     def dense(self, x: str, module, name: str) -> str:
-        return self.linear(x, _np(module.weight), name, self.quantization,
-                           _np(module.bias) if module.bias is not None else None)
+        return self.linear(
+            x, _np(module.weight), name, self.quantization, _np(module.bias) if module.bias is not None else None
+        )
 
     def rope_tables(self, positions: str) -> tuple[str, str]:
         """positions [B, T] int64 → cos, sin [B, T, 1, hd/2] (broadcast over heads), layers.rope's angles."""
-        angles = self.op("Mul", [self.op("Unsqueeze", [self.op("Cast", [positions], to=_F), self.axis_last]),
-                                 self.inv_freq])  # [B, T, hd/2]
+        angles = self.op(
+            "Mul", [self.op("Unsqueeze", [self.op("Cast", [positions], to=_F), self.axis_last]), self.inv_freq]
+        )  # [B, T, hd/2]
         angles = self.op("Unsqueeze", [angles, self.axis_2])
         return self.op("Cos", [angles]), self.op("Sin", [angles])
 
     def rope(self, x: str, cos: str, sin: str) -> str:
         """x [B, T, n, hd] rotated in halves (x1·cos − x2·sin, x2·cos + x1·sin)."""
         x1, x2 = self.op("Split", [x, self.half], num_outputs=2, axis=-1)
-        return self.op("Concat", [self.op("Sub", [self.op("Mul", [x1, cos]), self.op("Mul", [x2, sin])]),
-                                  self.op("Add", [self.op("Mul", [x2, cos]), self.op("Mul", [x1, sin])])], axis=-1)
+        return self.op(
+            "Concat",
+            [
+                self.op("Sub", [self.op("Mul", [x1, cos]), self.op("Mul", [x2, sin])]),
+                self.op("Add", [self.op("Mul", [x2, cos]), self.op("Mul", [x1, sin])]),
+            ],
+            axis=-1,
+        )
 
     def heads(self, x: str, n: int) -> str:
         """[B, T, n·hd] → [B, T, n, hd]."""
@@ -127,25 +138,44 @@ class _DraftBuilder(_Builder):
         """q [B, T, nh, hd], keys/values [B, nkv, K, hd], visible [B, T, K] bool → o_proj(attention) [B, T, H]."""
         cfg = self.cfg
         group = cfg.num_heads // cfg.num_kv_heads
-        q = self.op("Reshape", [q, self.const("shape.groups", np.array([0, 0, cfg.num_kv_heads, group, cfg.head_dim],
-                                                                       np.int64))])
+        q = self.op(
+            "Reshape",
+            [q, self.const("shape.groups", np.array([0, 0, cfg.num_kv_heads, group, cfg.head_dim], np.int64))],
+        )
         q = self.op("Transpose", [q], perm=[0, 2, 3, 1, 4])  # [B, nkv, g, T, hd]
         k = self.op("Unsqueeze", [keys, self.axis_2])  # [B, nkv, 1, K, hd]
         v = self.op("Unsqueeze", [values, self.axis_2])
-        scores = self.op("Mul", [self.op("MatMul", [q, self.op("Transpose", [k], perm=[0, 1, 2, 4, 3])]),
-                                 self.const("attn.scale", np.float32(cfg.head_dim ** -0.5))])  # [B, nkv, g, T, K]
+        scores = self.op(
+            "Mul",
+            [
+                self.op("MatMul", [q, self.op("Transpose", [k], perm=[0, 1, 2, 4, 3])]),
+                self.const("attn.scale", np.float32(cfg.head_dim**-0.5)),
+            ],
+        )  # [B, nkv, g, T, K]
         mask = self.op("Unsqueeze", [visible, self.const("axes.12", np.array([1, 2], np.int64))])  # [B, 1, 1, T, K]
         scores = self.op("Where", [mask, scores, self.const("attn.neg_inf", np.float32(-np.inf))])
         out = self.op("MatMul", [self.op("Softmax", [scores], axis=-1), v])  # [B, nkv, g, T, hd]
-        out = self.op("Reshape", [self.op("Transpose", [out], perm=[0, 3, 1, 2, 4]),
-                                  self.const("shape.flat", np.array([0, 0, cfg.q_size], np.int64))])
+        out = self.op(
+            "Reshape",
+            [
+                self.op("Transpose", [out], perm=[0, 3, 1, 2, 4]),
+                self.const("shape.flat", np.array([0, 0, cfg.q_size], np.int64)),
+            ],
+        )
         return self.dense(out, attn.o_proj, f"{name}.o_proj")
 
     def mlp(self, x: str, module, name: str) -> str:
         gate = self.dense(x, module.gate_proj, f"{name}.gate_proj")
-        act = self.op("Gelu", [gate], approximate="tanh") if module.gelu else self.op("Mul", [gate, self.op("Sigmoid", [gate])])
-        return self.dense(self.op("Mul", [act, self.dense(x, module.up_proj, f"{name}.up_proj")]), module.down_proj,
-                          f"{name}.down_proj")
+        act = (
+            self.op("Gelu", [gate], approximate="tanh")
+            if module.gelu
+            else self.op("Mul", [gate, self.op("Sigmoid", [gate])])
+        )
+        return self.dense(
+            self.op("Mul", [act, self.dense(x, module.up_proj, f"{name}.up_proj")]),
+            module.down_proj,
+            f"{name}.down_proj",
+        )
 
     def embed(self, draft, ids: str) -> str:
         x = self.op("Gather", [self.w.add("embed.weight", _np(draft._embed)), ids])
@@ -186,19 +216,30 @@ def build_eagle3_graphs(draft, out_dir: Path, quantization: str = "none") -> lis
     g, w = _new(out_dir, "eagle3_fc", cfg, quantization)
     g.linear("features", _np(draft.fc.weight), "fc", quantization)
     g.nodes[-1].output[0] = "hidden"
-    fc = _save(g, w, "eagle3_fc", [_info("features", _F, ["B", "T", cfg.feature_size])],
-               [_info("hidden", _F, ["B", "T", H])], out_dir)
+    fc = _save(
+        g,
+        w,
+        "eagle3_fc",
+        [_info("features", _F, ["B", "T", cfg.feature_size])],
+        [_info("hidden", _F, ["B", "T", H])],
+        out_dir,
+    )
 
     g, w = _new(out_dir, "eagle3_step", cfg, quantization)
-    x = g.op("Concat", [g.norm(g.embed(draft, "input_ids"), embed_norm, "embed_norm"),
-                        g.norm("hidden", hidden_norm, "hidden_norm")], axis=-1)
+    x = g.op(
+        "Concat",
+        [g.norm(g.embed(draft, "input_ids"), embed_norm, "embed_norm"), g.norm("hidden", hidden_norm, "hidden_norm")],
+        axis=-1,
+    )
     cos, sin = g.rope_tables("positions")
     q = g.query(attn, x, cos, sin, "attn")
     k, v = g.key_value(attn, x, cos, sin, "attn")
     g.op("Identity", [k], outputs=["new_key"])
     g.op("Identity", [v], outputs=["new_value"])
-    where = g.op("Expand", [g.op("Unsqueeze", ["write_index", g.const("axes.13", np.array([1, 3], np.int64))]),
-                            g.op("Shape", [k])])  # [B, nkv, m, hd]
+    where = g.op(
+        "Expand",
+        [g.op("Unsqueeze", ["write_index", g.const("axes.13", np.array([1, 3], np.int64))]), g.op("Shape", [k])],
+    )  # [B, nkv, m, hd]
     keys = g.op("ScatterElements", ["cache_key", where, k], axis=2)
     values = g.op("ScatterElements", ["cache_value", where, v], axis=2)
     a = g.attend(attn, q, keys, values, "visible", "attn")
@@ -206,18 +247,33 @@ def build_eagle3_graphs(draft, out_dir: Path, quantization: str = "none") -> lis
     h = g.op("Add", [base, a])
     g.op("Add", [h, g.mlp(g.norm(h, mlp_norm, "mlp_norm"), mlp, "mlp")], outputs=["hidden_out"])
     cache = ["B", nkv, "K", hd]
-    step = _save(g, w, "eagle3_step",
-                 [_info("hidden", _F, ["B", "m", H]), _info("input_ids", _I64, ["B", "m"]),
-                  _info("positions", _I64, ["B", "m"]), _info("cache_key", _F, cache), _info("cache_value", _F, cache),
-                  _info("write_index", _I64, ["B", "m"]), _info("visible", _BOOL, ["B", "m", "K"])],
-                 [_info("hidden_out", _F, ["B", "m", H]), _info("new_key", _F, ["B", nkv, "m", hd]),
-                  _info("new_value", _F, ["B", nkv, "m", hd])], out_dir)
+    step = _save(
+        g,
+        w,
+        "eagle3_step",
+        [
+            _info("hidden", _F, ["B", "m", H]),
+            _info("input_ids", _I64, ["B", "m"]),
+            _info("positions", _I64, ["B", "m"]),
+            _info("cache_key", _F, cache),
+            _info("cache_value", _F, cache),
+            _info("write_index", _I64, ["B", "m"]),
+            _info("visible", _BOOL, ["B", "m", "K"]),
+        ],
+        [
+            _info("hidden_out", _F, ["B", "m", H]),
+            _info("new_key", _F, ["B", nkv, "m", hd]),
+            _info("new_value", _F, ["B", nkv, "m", hd]),
+        ],
+        out_dir,
+    )
 
     g, w = _new(out_dir, "eagle3_head", cfg, quantization)
     norm = draft.norm if cfg.layout == "canonical" else draft.final_norm
     g.head(draft, g.norm("hidden", norm, "final_norm"), "logits")
-    head = _save(g, w, "eagle3_head", [_info("hidden", _F, ["B", "T", H])], [_info("logits", _F, ["B", "T", N])],
-                 out_dir)
+    head = _save(
+        g, w, "eagle3_head", [_info("hidden", _F, ["B", "T", H])], [_info("logits", _F, ["B", "T", N])], out_dir
+    )
     return [fc, step, head]
 
 
@@ -227,8 +283,14 @@ def build_dflash_graphs(draft, out_dir: Path, quantization: str = "none") -> lis
     if not isinstance(draft, DFlashDraft):
         raise ValueError(f"build_dflash_graphs takes a DFlash or DSpark draft, not {cfg.algo}")
     _check(cfg)
-    H, N, nkv, hd, L, γ = cfg.hidden_size, cfg.out_vocab_size, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers, \
-        cfg.block_size
+    H, N, nkv, hd, L, γ = (
+        cfg.hidden_size,
+        cfg.out_vocab_size,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.num_layers,
+        cfg.block_size,
+    )
 
     g, w = _new(out_dir, "dflash_context", cfg, quantization)
     ctx = g.norm(g.dense("features", draft.fc, "fc"), draft.context_norm, "context_norm")
@@ -238,15 +300,34 @@ def build_dflash_graphs(draft, out_dir: Path, quantization: str = "none") -> lis
         k, v = g.key_value(layer.attn, ctx, cos, sin, f"layers.{i}.attn")
         g.op("Identity", [k], outputs=[f"context_key.{i}"])
         g.op("Identity", [v], outputs=[f"context_value.{i}"])
-        outputs += [_info(f"context_key.{i}", _F, ["B", nkv, "T", hd]), _info(f"context_value.{i}", _F, ["B", nkv, "T", hd])]
-    paths = [_save(g, w, "dflash_context", [_info("features", _F, ["B", "T", cfg.feature_size]),
-                                             _info("positions", _I64, ["B", "T"])], outputs, out_dir)]
+        outputs += [
+            _info(f"context_key.{i}", _F, ["B", nkv, "T", hd]),
+            _info(f"context_value.{i}", _F, ["B", nkv, "T", hd]),
+        ]
+    paths = [
+        _save(
+            g,
+            w,
+            "dflash_context",
+            [_info("features", _F, ["B", "T", cfg.feature_size]), _info("positions", _I64, ["B", "T"])],
+            outputs,
+            out_dir,
+        )
+    ]
 
     g, w = _new(out_dir, "dflash_block", cfg, quantization)
     first = g.embed(draft, g.op("Unsqueeze", ["anchor", g.const("axes.1", np.array([1], np.int64))]))  # [B, 1, H]
-    mask_rows = g.op("Expand", [g.w.add("mask_embedding", _np(draft.mask_embedding)[None, None, :]),
-                                g.op("Concat", [g.op("Shape", ["anchor"]),
-                                                g.const("shape.mask_rows", np.array([γ - 1, H], np.int64))], axis=0)])
+    mask_rows = g.op(
+        "Expand",
+        [
+            g.w.add("mask_embedding", _np(draft.mask_embedding)[None, None, :]),
+            g.op(
+                "Concat",
+                [g.op("Shape", ["anchor"]), g.const("shape.mask_rows", np.array([γ - 1, H], np.int64))],
+                axis=0,
+            ),
+        ],
+    )
     h = g.op("Concat", [first, mask_rows], axis=1)  # block_input: [B, γ, H]
     cos, sin = g.rope_tables("positions")
     for i, layer in enumerate(draft.layers):
@@ -262,10 +343,16 @@ def build_dflash_graphs(draft, out_dir: Path, quantization: str = "none") -> lis
     g.head(draft, "hidden", "logits")
     inputs = [_info("anchor", _I64, ["B"]), _info("positions", _I64, ["B", γ])]
     for i in range(L):
-        inputs += [_info(f"context_key.{i}", _F, ["B", nkv, "K", hd]), _info(f"context_value.{i}", _F, ["B", nkv, "K", hd])]
+        inputs += [
+            _info(f"context_key.{i}", _F, ["B", nkv, "K", hd]),
+            _info(f"context_value.{i}", _F, ["B", nkv, "K", hd]),
+        ]
     inputs.append(_info("visible", _BOOL, ["B", γ, "KQ"]))
-    paths.append(_save(g, w, "dflash_block", inputs, [_info("hidden", _F, ["B", γ, H]), _info("logits", _F, ["B", γ, N])],
-                       out_dir))
+    paths.append(
+        _save(
+            g, w, "dflash_block", inputs, [_info("hidden", _F, ["B", γ, H]), _info("logits", _F, ["B", γ, N])], out_dir
+        )
+    )
     return paths
 
 
@@ -277,16 +364,34 @@ def build_dspark_graphs(draft, out_dir: Path, quantization: str = "none") -> lis
     cfg = draft.cfg
     H, N = cfg.hidden_size, cfg.out_vocab_size
     g, w = _new(out_dir, "dspark_markov", cfg)
-    m = g.op("Gather", [g.w.add("markov_in.weight", _np(draft.markov_in.weight)),
-                        g.op("Gather", [g.w.add("t2d", draft.t2d.cpu().numpy().astype(np.int64)), "prev_tokens"])])
-    g.op("Add", ["base_logits", g.op("MatMul", [m, g.w.add("markov_out.weight_t", _np(draft.markov_out.weight).T)])],
-         outputs=["logits"])
+    m = g.op(
+        "Gather",
+        [
+            g.w.add("markov_in.weight", _np(draft.markov_in.weight)),
+            g.op("Gather", [g.w.add("t2d", draft.t2d.cpu().numpy().astype(np.int64)), "prev_tokens"]),
+        ],
+    )
+    g.op(
+        "Add",
+        ["base_logits", g.op("MatMul", [m, g.w.add("markov_out.weight_t", _np(draft.markov_out.weight).T)])],
+        outputs=["logits"],
+    )
     conf = g.dense(g.op("Concat", ["hidden", m], axis=-1), draft.confidence, "confidence")  # [B, W, 1]
     g.op("Squeeze", [conf, g.axis_last], outputs=["confidence"])
-    paths.append(_save(g, w, "dspark_markov",
-                       [_info("hidden", _F, ["B", "W", H]), _info("base_logits", _F, ["B", "W", N]),
-                        _info("prev_tokens", _I64, ["B", "W"])],
-                       [_info("logits", _F, ["B", "W", N]), _info("confidence", _F, ["B", "W"])], out_dir))
+    paths.append(
+        _save(
+            g,
+            w,
+            "dspark_markov",
+            [
+                _info("hidden", _F, ["B", "W", H]),
+                _info("base_logits", _F, ["B", "W", N]),
+                _info("prev_tokens", _I64, ["B", "W"]),
+            ],
+            [_info("logits", _F, ["B", "W", N]), _info("confidence", _F, ["B", "W"])],
+            out_dir,
+        )
+    )
     return paths
 
 

@@ -24,9 +24,18 @@ import shutil
 from pathlib import Path
 
 #: files of the target directory copied next to the graph (tokenizer and config; never the weights)
-_TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
-                 "added_tokens.json")
+_TARGET_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "added_tokens.json",
+)
 #: weight formats of the graph; "auto" exports each of AUTO_CANDIDATES and keeps the fastest here
 #: (export/onnx/auto_quantization.py's export_fastest_format)
 QUANTIZATIONS = ("none", "int4", "int8", "auto")
@@ -74,10 +83,14 @@ def _write_draft_graphs(target, draft_dir: Path, algo: str, quant: str, out: Pat
     from export.onnx.draft_graph import build_draft_graphs
 
     (out / DRAFT_GRAPH_DIR).mkdir()
-    graphs = build_draft_graphs(load_draft(draft_dir, target, dtype=torch.float32), out / DRAFT_GRAPH_DIR,
-                                DRAFT_QUANTIZATION[quant])
-    return {"graphs_dir": DRAFT_GRAPH_DIR, "quantization": DRAFT_QUANTIZATION[quant],
-            "graphs": [p.name for p in graphs]}
+    graphs = build_draft_graphs(
+        load_draft(draft_dir, target, dtype=torch.float32), out / DRAFT_GRAPH_DIR, DRAFT_QUANTIZATION[quant]
+    )
+    return {
+        "graphs_dir": DRAFT_GRAPH_DIR,
+        "quantization": DRAFT_QUANTIZATION[quant],
+        "graphs": [p.name for p in graphs],
+    }
 
 
 def exported_draft_dir(export_dir: str | Path, meta: dict) -> Path | None:
@@ -95,8 +108,15 @@ def draft_feature_layers(draft_dir: Path | None) -> tuple[int, ...]:
     return tuple(int(i) for i in header.get("feature_layers", ()))
 
 
-def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quant: str = "none",
-                advance=lambda n=1: None, chat_template: str | None = None) -> dict:
+def export_onnx(
+    target,
+    draft,
+    out_dir: str | Path,
+    dtype: str = "float32",
+    quant: str = "none",
+    advance=lambda n=1: None,
+    chat_template: str | None = None,
+) -> dict:
     """Write the ONNX export of `target` (a loaded fp32 target or a target spec) and `draft` into out_dir (which must
     exist and be empty); returns what the manifest records about it (graph, quantization, draft, layers).
     `advance()` ticks once per decoder layer written; `chat_template` (template text) goes into the copied
@@ -111,8 +131,10 @@ def export_onnx(target, draft, out_dir: str | Path, dtype: str = "float32", quan
     from export.onnx.graph import build_target_graph, build_verify_graph, check_supported
 
     if dtype not in ("float32", "fp32"):
-        raise ValueError(f"the ONNX graph runs float32 activations; --dtype {dtype} is not exported "
-                         "(use --quant int4 for 4-bit weights)")
+        raise ValueError(
+            f"the ONNX graph runs float32 activations; --dtype {dtype} is not exported "
+            "(use --quant int4 for 4-bit weights)"
+        )
     if quant not in QUANTIZATIONS:
         raise ValueError(f"unknown ONNX quantization {quant!r}; choose one of {', '.join(QUANTIZATIONS)}")
     if quant == "auto":  # a choice among several exports, made above this one (auto_quantization.py)

@@ -79,15 +79,17 @@ class _Weights:
         if array.nbytes < 256:  # small constants stay inline
             tensor = onnx.numpy_helper.from_array(array, name)
         else:
-            tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
-                                 dims=array.shape)
+            tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
             pad = (-self.offset) % 64
             self.file.write(b"\0" * pad)
             self.offset += pad
             self.file.write(array.tobytes())
             tensor.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", self.path.name), ("offset", str(self.offset)),
-                               ("length", str(array.nbytes))):
+            for key, value in (
+                ("location", self.path.name),
+                ("offset", str(self.offset)),
+                ("length", str(array.nbytes)),
+            ):
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
             self.offset += array.nbytes
@@ -110,12 +112,20 @@ class _Builder:
         self._row_quantized: dict[str, tuple[str, str]] = {}
         self._zero_points: dict[str, str] = {}  # int8_linear's `rows` → its uint8 zero points
 
-    def op(self, op_type: str, inputs: list[str], num_outputs: int = 1, outputs: list[str] | None = None,
-           domain: str = "", **attrs) -> str | list[str]:
+    def op(
+        self,
+        op_type: str,
+        inputs: list[str],
+        num_outputs: int = 1,
+        outputs: list[str] | None = None,
+        domain: str = "",
+        **attrs,
+    ) -> str | list[str]:
         self._count += 1
         outs = outputs or [f"{op_type.lower()}_{self._count}_{j}" for j in range(num_outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"{op_type}_{self._count}", domain=domain,
-                                           **attrs))
+        self.nodes.append(
+            helper.make_node(op_type, inputs, outs, name=f"{op_type}_{self._count}", domain=domain, **attrs)
+        )
         return outs[0] if len(outs) == 1 else outs
 
     def const(self, name: str, value) -> str:
@@ -143,13 +153,21 @@ class _Builder:
         w = self.w.add(name, weight.astype(np.float32))
         self._count += 1
         outs = [f"{name}.out", "", "", f"{name}.sum"]
-        self.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, delta, w], outs,
-                                           name=f"SkipSimplifiedLayerNormalization_{self._count}", domain=MS_DOMAIN,
-                                           epsilon=float(eps)))
+        self.nodes.append(
+            helper.make_node(
+                "SkipSimplifiedLayerNormalization",
+                [x, delta, w],
+                outs,
+                name=f"SkipSimplifiedLayerNormalization_{self._count}",
+                domain=MS_DOMAIN,
+                epsilon=float(eps),
+            )
+        )
         return outs[0], outs[3]
 
-    def linear(self, x: str, weight: np.ndarray, name: str, quantization: str, bias: np.ndarray | None = None,
-               rows: str = "") -> str:
+    def linear(
+        self, x: str, weight: np.ndarray, name: str, quantization: str, bias: np.ndarray | None = None, rows: str = ""
+    ) -> str:
         """x [.., K] @ weight[N, K]ᵀ (+ bias): MatMul on fp32, int8_linear, or MatMulNBits on 4-bit blocks (the last
         block of a row zero-padded when K is not a multiple of the block size). rows: see int8_linear."""
         N, K = weight.shape
@@ -157,20 +175,31 @@ class _Builder:
             return self.int8_linear(x, weight, name, bias, rows)
         if quantization == "int4":
             packed, scales, zeros = quantize_int4(weight, self.block_size)
-            inputs = [x, self.w.add(f"{name}.qweight", packed), self.w.add(f"{name}.scales", scales),
-                      self.w.add(f"{name}.zero_points", zeros)]
+            inputs = [
+                x,
+                self.w.add(f"{name}.qweight", packed),
+                self.w.add(f"{name}.scales", scales),
+                self.w.add(f"{name}.zero_points", zeros),
+            ]
             if bias is not None:
                 inputs += ["", self.w.add(f"{name}.bias", bias.astype(np.float32))]  # g_idx unused
             # accuracy_level 4: activations quantized to int8 per block, the int8 dot-product kernels (0: float)
-            return self.op("MatMulNBits", inputs, domain=MS_DOMAIN, K=K, N=N, bits=4, block_size=self.block_size,
-                           accuracy_level=self.accuracy_level)
+            return self.op(
+                "MatMulNBits",
+                inputs,
+                domain=MS_DOMAIN,
+                K=K,
+                N=N,
+                bits=4,
+                block_size=self.block_size,
+                accuracy_level=self.accuracy_level,
+            )
         y = self.op("MatMul", [x, self.w.add(f"{name}.weight_t", weight.T.astype(np.float32))])
         if bias is not None:
             y = self.op("Add", [y, self.w.add(f"{name}.bias", bias.astype(np.float32))])
         return y
 
-    def int8_linear(self, x: str, weight: np.ndarray, name: str, bias: np.ndarray | None = None,
-                    rows: str = "") -> str:
+    def int8_linear(self, x: str, weight: np.ndarray, name: str, bias: np.ndarray | None = None, rows: str = "") -> str:
         """x @ weightᵀ on int8 weights (per output channel) and uint8 activations quantized per row.
 
         Why per row, not DynamicQuantizeMatMul's one scale per call: that scale is the max over every row of the
@@ -186,21 +215,40 @@ class _Builder:
         the leading shape x shares with other inputs, so their zero points [.., 1] are one tensor; an all-zero row
         has scale 0 and output 0·(finite) = 0."""
         if x not in self._row_quantized:
-            row_scale = self.op("Mul", [self.op("ReduceMax", [self.op("Abs", [x]), self.const("int8.axes", np.array(
-                [-1], np.int64))], keepdims=1), self.const("int8.step", np.float32(1.0 / ACTIVATION_LEVELS))])
+            row_scale = self.op(
+                "Mul",
+                [
+                    self.op(
+                        "ReduceMax",
+                        [self.op("Abs", [x]), self.const("int8.axes", np.array([-1], np.int64))],
+                        keepdims=1,
+                    ),
+                    self.const("int8.step", np.float32(1.0 / ACTIVATION_LEVELS)),
+                ],
+            )
             key = rows or x
             if key not in self._zero_points:
-                self._zero_points[key] = self.op("Expand", [self.const("int8.zero_point", np.uint8(
-                    ACTIVATION_ZERO_POINT)), self.op("Shape", [row_scale])])
-            quantized = self.op("QuantizeLinear", [x, row_scale, self._zero_points[key]], axis=-1,
-                                block_size=weight.shape[1])
+                self._zero_points[key] = self.op(
+                    "Expand",
+                    [self.const("int8.zero_point", np.uint8(ACTIVATION_ZERO_POINT)), self.op("Shape", [row_scale])],
+                )
+            quantized = self.op(
+                "QuantizeLinear", [x, row_scale, self._zero_points[key]], axis=-1, block_size=weight.shape[1]
+            )
             self._row_quantized[x] = (quantized, row_scale)
         quantized, row_scale = self._row_quantized[x]
         qweight, scales = quantize_int8(weight)
-        y = self.op("MatMulIntegerToFloat", [quantized, self.w.add(f"{name}.qweight_t", qweight.T), row_scale,
-                                             self.w.add(f"{name}.scales", scales),
-                                             self.const("int8.zero_point", np.uint8(ACTIVATION_ZERO_POINT))],
-                    domain=MS_DOMAIN)
+        y = self.op(
+            "MatMulIntegerToFloat",
+            [
+                quantized,
+                self.w.add(f"{name}.qweight_t", qweight.T),
+                row_scale,
+                self.w.add(f"{name}.scales", scales),
+                self.const("int8.zero_point", np.uint8(ACTIVATION_ZERO_POINT)),
+            ],
+            domain=MS_DOMAIN,
+        )
         if bias is not None:  # the op would scale its own bias input by the row scales: added after
             y = self.op("Add", [y, self.w.add(f"{name}.bias", bias.astype(np.float32))])
         return y
@@ -224,8 +272,9 @@ def quantize_int4(weight: np.ndarray, block_size: int = INT4_BLOCK) -> tuple[np.
     packed = np.zeros((N, blocks, block_size // 2), dtype=np.uint8)
     scales = np.zeros((N, blocks), dtype=np.float32)
     zeros = np.zeros((N, (blocks + 1) // 2), dtype=np.uint8)
-    quantize_matmul_4bits(packed, np.ascontiguousarray(weight.T, dtype=np.float32), scales, zeros, block_size, N, K,
-                          False)
+    quantize_matmul_4bits(
+        packed, np.ascontiguousarray(weight.T, dtype=np.float32), scales, zeros, block_size, N, K, False
+    )
     return packed, scales.reshape(-1), zeros.reshape(-1)
 
 
@@ -233,15 +282,26 @@ def check_supported(spec: ArchSpec) -> None:
     if spec.family not in SUPPORTED_FAMILIES or spec.sliding_windows or spec.sandwich_norms or spec.gemma_norms:
         raise UnsupportedTarget(
             f"the ONNX export describes {', '.join(SUPPORTED_FAMILIES)} decoders; '{spec.family}' needs sliding-window "
-            "layers, two RoPE bases and sandwich norms it does not have yet: export it with --format pytorch")
+            "layers, two RoPE bases and sandwich norms it does not have yet: export it with --format pytorch"
+        )
     if spec.head_dim % 16:
-        raise UnsupportedTarget(f"ONNX Runtime's GroupQueryAttention needs head_dim % 16 == 0 (this target: "
-                                f"{spec.head_dim})")
+        raise UnsupportedTarget(
+            f"ONNX Runtime's GroupQueryAttention needs head_dim % 16 == 0 (this target: {spec.head_dim})"
+        )
 
 
-def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, quantization: str = "none",
-                       graph_name: str = "target.onnx", advance=lambda n=1: None, *, block_size: int = INT4_BLOCK,
-                       fused: bool = True, accuracy_level: int = 4) -> Path:
+def build_target_graph(
+    model,
+    feature_layers: tuple[int, ...],
+    out_dir: Path,
+    quantization: str = "none",
+    graph_name: str = "target.onnx",
+    advance=lambda n=1: None,
+    *,
+    block_size: int = INT4_BLOCK,
+    fused: bool = True,
+    accuracy_level: int = 4,
+) -> Path:
     """Write `graph_name` (+ its `.data` weights) for a `Decoder` into out_dir; returns the graph's path.
     `advance()` is called once per decoder layer written (a progress bar).
 
@@ -256,8 +316,10 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
     weights = _Weights(out_dir / f"{graph_name}.data")
     g = _Builder(weights, block_size, accuracy_level)
     half = spec.head_dim // 2
-    rope = (weights.add("rope.cos", _np(model.rope_cos)[:, :half]),  # [max_positions, hd/2]
-            weights.add("rope.sin", -_np(model.rope_sin)[:, :half]))  # sign of rotate_half is folded in our table
+    rope = (
+        weights.add("rope.cos", _np(model.rope_cos)[:, :half]),  # [max_positions, hd/2]
+        weights.add("rope.sin", -_np(model.rope_sin)[:, :half]),
+    )  # sign of rotate_half is folded in our table
     embed = weights.add("embed.weight", _np(model.embed))
     x = g.op("Gather", [embed, "input_ids"])  # [B, T, H]
     if model.embed_scale != 1.0:
@@ -285,8 +347,11 @@ def build_target_graph(model, feature_layers: tuple[int, ...], out_dir: Path, qu
     outputs = [_head_nodes(g, model, x, embed, quantization, fused)]
     if feature_layers:
         g.op("Concat", [captured[i] for i in feature_layers], outputs=["features"], axis=-1)
-        outputs.append(helper.make_tensor_value_info("features", TensorProto.FLOAT,
-                                                     ["B", "T", len(feature_layers) * spec.hidden_size]))
+        outputs.append(
+            helper.make_tensor_value_info(
+                "features", TensorProto.FLOAT, ["B", "T", len(feature_layers) * spec.hidden_size]
+            )
+        )
     weights.close()
     return _save(g, weights, spec, outputs, outputs_kv, out_dir / graph_name)
 
@@ -299,15 +364,18 @@ class _ResidualStream:
     """The residual stream x = residual + delta; `delta` is None once it has been summed into `residual`. Fused,
     each norm is a SkipSimplifiedLayerNormalization that adds the pending delta and normalizes in one node."""
 
-    def __init__(self, g: "_Builder", x: str, eps: float, fused: bool):
+    def __init__(self, g: _Builder, x: str, eps: float, fused: bool):
         self.g, self.eps, self.fused = g, eps, fused
         self.residual, self.delta = x, None
 
     def norm(self, weight: np.ndarray, name: str) -> str:
         g, eps = self.g, self.eps
         if self.delta is None:
-            return g.simplified_norm(self.residual, weight, eps, name) if self.fused else g.rms_norm(
-                self.residual, weight, eps, name)
+            return (
+                g.simplified_norm(self.residual, weight, eps, name)
+                if self.fused
+                else g.rms_norm(self.residual, weight, eps, name)
+            )
         if self.fused:
             out, self.residual = g.skip_norm(self.residual, self.delta, weight, eps, name)
         else:
@@ -327,7 +395,7 @@ class _LayerWriter:
     """The nodes of one decoder layer's attention (GroupQueryAttention with RoPE inside, the KV cache as its
     past/present pair) and gated MLP, and the constants they share across layers."""
 
-    def __init__(self, g: "_Builder", spec: ArchSpec, quantization: str, fused: bool):
+    def __init__(self, g: _Builder, spec: ArchSpec, quantization: str, fused: bool):
         self.g, self.spec, self.quantization, self.fused = g, spec, quantization, fused
         nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         if spec.qk_norm:
@@ -353,16 +421,29 @@ class _LayerWriter:
         if spec.qk_norm:  # per-head RMSNorm before RoPE (Qwen3)
             q_norm = g.simplified_norm if self.fused else g.rms_norm
             eps = spec.rms_norm_eps
-            q = g.op("Reshape", [q_norm(g.op("Reshape", [q, self.shape_q]), _np(layer.q_norm), eps, f"{p}.q_norm"),
-                                 self.shape_flat_q])
-            k = g.op("Reshape", [q_norm(g.op("Reshape", [k, self.shape_kv]), _np(layer.k_norm), eps,
-                                        f"{p}.k_norm"), self.shape_flat_kv])
+            q = g.op(
+                "Reshape",
+                [q_norm(g.op("Reshape", [q, self.shape_q]), _np(layer.q_norm), eps, f"{p}.q_norm"), self.shape_flat_q],
+            )
+            k = g.op(
+                "Reshape",
+                [
+                    q_norm(g.op("Reshape", [k, self.shape_kv]), _np(layer.k_norm), eps, f"{p}.k_norm"),
+                    self.shape_flat_kv,
+                ],
+            )
         present = [f"present_key.{i}", f"present_value.{i}"]
-        attn = g.op("GroupQueryAttention",
-                    [q, k, v, f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length", *rope],
-                    outputs=[f"{p}.attn", *present], domain=MS_DOMAIN, num_heads=spec.num_heads,
-                    kv_num_heads=spec.num_kv_heads, scale=float(spec.attn_scale), do_rotary=1,
-                    rotary_interleaved=0)[0]
+        attn = g.op(
+            "GroupQueryAttention",
+            [q, k, v, f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length", *rope],
+            outputs=[f"{p}.attn", *present],
+            domain=MS_DOMAIN,
+            num_heads=spec.num_heads,
+            kv_num_heads=spec.num_kv_heads,
+            scale=float(spec.attn_scale),
+            do_rotary=1,
+            rotary_interleaved=0,
+        )[0]
         return attn, present
 
     def mlp(self, i: int, layer, h: str) -> str:
@@ -376,33 +457,47 @@ class _LayerWriter:
         return g.linear(g.op("Mul", [act, up]), _np(layer.w_down), f"{p}.down", quantization, rows="tokens")
 
 
-def _head_nodes(g: "_Builder", model, x: str, embed: str, quantization: str, fused: bool):
+def _head_nodes(g: _Builder, model, x: str, embed: str, quantization: str, fused: bool):
     """Logits only where asked: the rows' chosen positions gathered before the final norm and the head; → the
     `logits` output's value info."""
     spec = model.spec
     H = spec.hidden_size
-    index = g.op("Expand", [g.op("Unsqueeze", ["logits_index", g.const("axes.last", np.array([-1], np.int64))]),
-                            g.op("Concat", [g.op("Shape", ["logits_index"]),
-                                            g.const("shape.hidden", np.array([H], np.int64))], axis=0)])
+    index = g.op(
+        "Expand",
+        [
+            g.op("Unsqueeze", ["logits_index", g.const("axes.last", np.array([-1], np.int64))]),
+            g.op("Concat", [g.op("Shape", ["logits_index"]), g.const("shape.hidden", np.array([H], np.int64))], axis=0),
+        ],
+    )
     picked = g.op("GatherElements", [x, index], axis=1)  # [B, N, H]
-    hidden = (g.simplified_norm if fused else g.rms_norm)(picked, _np(model.final_norm), spec.rms_norm_eps,
-                                                          "final_norm")
+    hidden = (g.simplified_norm if fused else g.rms_norm)(
+        picked, _np(model.final_norm), spec.rms_norm_eps, "final_norm"
+    )
     if quantization in ("int4", "int8"):  # the head is the widest matmul of a small model: quantized too
         g.linear(hidden, _np(model.head), "lm_head", quantization)
         g.nodes[-1].output[0] = "logits"
     elif model.head is model.embed:  # Gemm with transB reads the embedding itself: no transposed copy of [V, H]
         flat = g.op("Reshape", [hidden, g.const("shape.rows", np.array([-1, H], np.int64))])
         rows = g.op("Gemm", [flat, embed], transB=1)
-        g.op("Reshape", [rows, g.op("Concat", [g.op("Shape", ["logits_index"]),
-                                               g.const("shape.vocab", np.array([spec.vocab_size], np.int64))],
-                                    axis=0)], outputs=["logits"], allowzero=1)  # N may be 0: no logits
+        g.op(
+            "Reshape",
+            [
+                rows,
+                g.op(
+                    "Concat",
+                    [g.op("Shape", ["logits_index"]), g.const("shape.vocab", np.array([spec.vocab_size], np.int64))],
+                    axis=0,
+                ),
+            ],
+            outputs=["logits"],
+            allowzero=1,
+        )  # N may be 0: no logits
     else:
         g.op("MatMul", [hidden, g.w.add("lm_head.weight_t", _np(model.head).T)], outputs=["logits"])
     return helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "N", spec.vocab_size])
 
 
-def _save(g: "_Builder", weights: "_Weights", spec: ArchSpec, outputs: list, outputs_kv: list[str],
-          path: Path) -> Path:
+def _save(g: _Builder, weights: _Weights, spec: ArchSpec, outputs: list, outputs_kv: list[str], path: Path) -> Path:
     """The graph's inputs (module docstring) and the cache outputs around the nodes, saved as one model."""
     cache_dims = ["B", spec.num_kv_heads, "S", spec.head_dim]
     outputs = outputs + [helper.make_tensor_value_info(name, TensorProto.FLOAT, cache_dims) for name in outputs_kv]
@@ -413,12 +508,16 @@ def _save(g: "_Builder", weights: "_Weights", spec: ArchSpec, outputs: list, out
         helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["B", "N"]),
     ]
     for i in range(spec.num_layers):
-        inputs += [helper.make_tensor_value_info(f"past_{kind}.{i}", TensorProto.FLOAT, cache_dims)
-                   for kind in ("key", "value")]
+        inputs += [
+            helper.make_tensor_value_info(f"past_{kind}.{i}", TensorProto.FLOAT, cache_dims)
+            for kind in ("key", "value")
+        ]
     graph = helper.make_graph(g.nodes, "deepspec_target", inputs, outputs, initializer=weights.initializers)
-    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                         helper.make_opsetid(MS_DOMAIN, 1)],
-                                   producer_name="deepspec-export")
+    onnx_model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+        producer_name="deepspec-export",
+    )
     onnx_model.ir_version = 10
     onnx.save_model(onnx_model, path)
     return path
@@ -436,18 +535,30 @@ def build_verify_graph(out_dir: Path, graph_name: str = "target.onnx", verify_na
     model = onnx.load(out_dir / graph_name, load_external_data=False)
     graph = model.graph
     starts, ends, axes = "verify.starts", "verify.ends", "verify.axes"
-    graph.initializer.extend([onnx.numpy_helper.from_array(np.array([1], np.int64), starts),
-                              onnx.numpy_helper.from_array(np.array([np.iinfo(np.int64).max], np.int64), ends),
-                              onnx.numpy_helper.from_array(np.array([1], np.int64), axes)])
-    graph.node.extend([
-        helper.make_node("Slice", ["input_ids", starts, ends, axes], ["draft_tokens"], name="verify_drafts"),
-        helper.make_node("greedy_accept", ["draft_tokens", "num_draft_tokens", "logits"],
-                         ["num_accepted", "next_token"], name="verify_greedy_accept", domain=ONNX_DOMAIN,
-                         **TRT_ATTRIBUTES),
-    ])
+    graph.initializer.extend(
+        [
+            onnx.numpy_helper.from_array(np.array([1], np.int64), starts),
+            onnx.numpy_helper.from_array(np.array([np.iinfo(np.int64).max], np.int64), ends),
+            onnx.numpy_helper.from_array(np.array([1], np.int64), axes),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Slice", ["input_ids", starts, ends, axes], ["draft_tokens"], name="verify_drafts"),
+            helper.make_node(
+                "greedy_accept",
+                ["draft_tokens", "num_draft_tokens", "logits"],
+                ["num_accepted", "next_token"],
+                name="verify_greedy_accept",
+                domain=ONNX_DOMAIN,
+                **TRT_ATTRIBUTES,
+            ),
+        ]
+    )
     graph.input.append(helper.make_tensor_value_info("num_draft_tokens", TensorProto.INT64, ["B"]))
-    graph.output.extend([helper.make_tensor_value_info(name, TensorProto.INT64, ["B"])
-                         for name in ("num_accepted", "next_token")])
+    graph.output.extend(
+        [helper.make_tensor_value_info(name, TensorProto.INT64, ["B"]) for name in ("num_accepted", "next_token")]
+    )
     model.opset_import.append(helper.make_opsetid(ONNX_DOMAIN, ONNX_DOMAIN_VERSION))
     path = out_dir / verify_name
     onnx.save_model(model, path)

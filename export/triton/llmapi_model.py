@@ -207,29 +207,35 @@ class OutputScores:
         texts, logprobs, top = [], [], []
         for token, scored in rows:
             if token not in scored or len(scored) < self.num_top:
-                raise RuntimeError(f"TensorRT-LLM scored token {token} with {sorted(scored)} (the sampled token and "
-                                   f"{self.num_top} alternatives wanted)")  # fmt: skip
+                raise RuntimeError(
+                    f"TensorRT-LLM scored token {token} with {sorted(scored)} (the sampled token and "
+                    f"{self.num_top} alternatives wanted)"
+                )
             texts.append(self._piece(token).encode("utf-8"))
             logprobs.append(scored[token].logprob)
-            top.append(sorted(scored.items(), key=lambda item: -item[1].logprob)[:self.num_top])
+            top.append(sorted(scored.items(), key=lambda item: -item[1].logprob)[: self.num_top])
         names = [spec.name for spec in contract.SCORE_OUTPUTS]
-        columns = [np.array(logprobs, dtype=np.float32), np.array([t for t, _ in rows], dtype=np.int32),
-                   np.array(texts, dtype=object)]
+        columns = [
+            np.array(logprobs, dtype=np.float32),
+            np.array([t for t, _ in rows], dtype=np.int32),
+            np.array(texts, dtype=object),
+        ]
         if self.num_top:
-            columns += [np.array([[lp.logprob for _, lp in row] for row in top], dtype=np.float32),
-                        np.array([[t for t, _ in row] for row in top], dtype=np.int32),
-                        np.array([[self._alternative_text(t).encode("utf-8") for t, _ in row] for row in top],
-                                 dtype=object)]  # fmt: skip
+            columns += [
+                np.array([[lp.logprob for _, lp in row] for row in top], dtype=np.float32),
+                np.array([[t for t, _ in row] for row in top], dtype=np.int32),
+                np.array([[self._alternative_text(t).encode("utf-8") for t, _ in row] for row in top], dtype=object),
+            ]
         return [pb.Tensor(name, column) for name, column in zip(names, columns)]
 
     def _piece(self, token: int) -> str:
         self._ids.append(token)
-        before = self._decode(self._ids[self._prefix:self._read])
-        after = self._decode(self._ids[self._prefix:])
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
         if after.endswith("\ufffd") or len(after) <= len(before):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
-        return after[len(before):]
+        return after[len(before) :]
 
 
 def speculative_counters(completion) -> tuple[float, int, int]:
@@ -239,8 +245,11 @@ def speculative_counters(completion) -> tuple[float, int, int]:
     spec = getattr(metrics, "speculative_decoding", None)
     if spec is None:
         return 0.0, 0, 0
-    return (float(getattr(spec, "acceptance_rate", 0.0) or 0.0),
-            int(getattr(spec, "total_accepted_draft_tokens", 0) or 0), int(getattr(spec, "total_draft_tokens", 0) or 0))
+    return (
+        float(getattr(spec, "acceptance_rate", 0.0) or 0.0),
+        int(getattr(spec, "total_accepted_draft_tokens", 0) or 0),
+        int(getattr(spec, "total_draft_tokens", 0) or 0),
+    )
 
 
 class RequestGauges:
@@ -260,14 +269,19 @@ class RequestGauges:
         family = getattr(pb_utils, "MetricFamily", None)
         self.waiting = self.running = None
         if family is None:
-            print(f"warning: this Triton's Python backend has no MetricFamily: {self.WAITING} and {self.RUNNING} "
-                  "are not exported, and the chart's autoscaler sees no queue", file=sys.stderr)
+            print(
+                f"warning: this Triton's Python backend has no MetricFamily: {self.WAITING} and {self.RUNNING} "
+                "are not exported, and the chart's autoscaler sees no queue",
+                file=sys.stderr,
+            )
             return
         labels = {"model": model_name}
-        self.waiting = family(name=self.WAITING, description="Requests accepted with no output token yet.",
-                              kind=family.GAUGE).Metric(labels=labels)
-        self.running = family(name=self.RUNNING, description="Requests producing output tokens.",
-                              kind=family.GAUGE).Metric(labels=labels)
+        self.waiting = family(
+            name=self.WAITING, description="Requests accepted with no output token yet.", kind=family.GAUGE
+        ).Metric(labels=labels)
+        self.running = family(
+            name=self.RUNNING, description="Requests producing output tokens.", kind=family.GAUGE
+        ).Metric(labels=labels)
 
     def _add(self, gauge, value: int) -> None:
         if gauge is not None:
@@ -315,15 +329,18 @@ class TritonPythonModel:
         llm_args = load_llm_args(model_yaml)
         if num_ranks > 1:
             if world_size_of(llm_args) != num_ranks:
-                raise ValueError(f"{model_yaml} asks for {world_size_of(llm_args)} ranks (tensor_parallel_size x "
-                                 f"pipeline_parallel_size), mpirun started {num_ranks}: make them agree")
+                raise ValueError(
+                    f"{model_yaml} asks for {world_size_of(llm_args)} ranks (tensor_parallel_size x "
+                    f"pipeline_parallel_size), mpirun started {num_ranks}: make them agree"
+                )
             from mpi4py.MPI import COMM_WORLD
             from tensorrt_llm.llmapi import MpiCommSession
 
             llm_args["_mpi_session"] = MpiCommSession(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())
         triton_config = read_model_yaml(model_yaml).get("triton_config") or {}
-        self.cancellation_check_period_s = float(triton_config.get(
-            "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS)) / 1000.0  # fmt: skip
+        self.cancellation_check_period_s = (
+            float(triton_config.get("cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS)) / 1000.0
+        )
         from tensorrt_llm import LLM, SamplingParams
 
         self.sampling_params = SamplingParams
@@ -378,7 +395,7 @@ class TritonPythonModel:
                 self._send_cancelled(sender)
         except BadRequest as e:
             sender.send(pb.InferenceResponse(error=pb.TritonError(f"bad request: {e}")), flags=final)
-        except Exception as e:  # noqa: BLE001 - one request's failure is its own error response
+        except Exception as e:
             if cancelled.is_set():
                 self._send_cancelled(sender)
             else:
@@ -421,8 +438,10 @@ class TritonPythonModel:
         """A `stop: true` request: abort every generation running under its request id."""
         pb = self.pb_utils
         if not request_id:
-            sender.send(pb.InferenceResponse(error=pb.TritonError("a stop request needs the request id to stop")),
-                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+            sender.send(
+                pb.InferenceResponse(error=pb.TritonError("a stop request needs the request id to stop")),
+                flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
             return
         for result in self.running.pop(request_id, set()):
             result.abort()
@@ -430,8 +449,10 @@ class TritonPythonModel:
 
     def _send_cancelled(self, sender) -> None:
         pb = self.pb_utils
-        sender.send(pb.InferenceResponse(error=pb.TritonError("Request cancelled by client", pb.TritonError.CANCELLED)),
-                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+        sender.send(
+            pb.InferenceResponse(error=pb.TritonError("Request cancelled by client", pb.TritonError.CANCELLED)),
+            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+        )
 
     def _response(self, out, text: str, scores: OutputScores | None = None):
         """One response: `text`, the finish reason once finished, the request's counts so far, and with `scores` those
@@ -442,14 +463,19 @@ class TritonPythonModel:
         reason = str(completion.finish_reason or "stop")
         finish_reason = contract.TRTLLM_FINISH_REASONS.get(reason, "abort") if out.finished else ""
         rate, accepted, drafted = speculative_counters(completion)
-        counts = {contract.NUM_INPUT_TOKENS: len(getattr(out, "prompt_token_ids", None) or ()),
-                  contract.NUM_OUTPUT_TOKENS: len(getattr(completion, "token_ids", None) or ()),
-                  contract.TOTAL_ACCEPTED_DRAFT_TOKENS: accepted, contract.TOTAL_DRAFT_TOKENS: drafted}
-        tensors = [pb.Tensor(contract.TEXT_OUTPUT, np.array([text.encode("utf-8")], dtype=object)),
-                   pb.Tensor(contract.FINISH_REASON, np.array([finish_reason.encode("utf-8")], dtype=object)),
-                   pb.Tensor(contract.ACCEPTANCE_RATE, np.array([rate], dtype=np.float32)),
-                   *(pb.Tensor(name, np.array([n], dtype=np.int32)) for name, n in counts.items()),
-                   *(scores.tensors(pb, completion) if scores is not None else ())]
+        counts = {
+            contract.NUM_INPUT_TOKENS: len(getattr(out, "prompt_token_ids", None) or ()),
+            contract.NUM_OUTPUT_TOKENS: len(getattr(completion, "token_ids", None) or ()),
+            contract.TOTAL_ACCEPTED_DRAFT_TOKENS: accepted,
+            contract.TOTAL_DRAFT_TOKENS: drafted,
+        }
+        tensors = [
+            pb.Tensor(contract.TEXT_OUTPUT, np.array([text.encode("utf-8")], dtype=object)),
+            pb.Tensor(contract.FINISH_REASON, np.array([finish_reason.encode("utf-8")], dtype=object)),
+            pb.Tensor(contract.ACCEPTANCE_RATE, np.array([rate], dtype=np.float32)),
+            *(pb.Tensor(name, np.array([n], dtype=np.int32)) for name, n in counts.items()),
+            *(scores.tensors(pb, completion) if scores is not None else ()),
+        ]
         return pb.InferenceResponse(output_tensors=tensors)
 
     def finalize(self) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, whether run or loaded by path
-from regenerate import regenerate  # noqa: E402
+from regenerate import regenerate
 
 OUT_PATH = Path(__file__).resolve().parents[1] / "deepspec" / "monitoring" / "engines.yaml"
 README = Path(__file__).resolve().parents[1] / "deepspec" / "README.md"
@@ -81,10 +81,14 @@ _VLLM_SD = "vllm-project/vllm vllm/v1/spec_decode/metrics.py SpecDecodingProm.__
 _SGL_SCHED = "sgl-project/sglang python/sglang/srt/metrics/collector.py SchedulerMetricsCollector.__init__"
 _SGL_TOK = "sgl-project/sglang python/sglang/srt/metrics/collector.py TokenizerMetricsCollector.__init__"
 _TRT = "NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py MetricsCollector.__init__"
-_LLMAPI = ("export/triton/llmapi_model.py RequestGauges: the exported LLM-API model's own gauges (Triton's pending "
-           "count stays near 0 for a decoupled Python model; nv_trt_llm_* come only from the C++ tensorrtllm backend)")
-_GW_OUTSTANDING = ("service/metrics.py GatewayMetrics.num_requests_outstanding: requests the gateway sent to the "
-                   "worker and not finished (running plus queued), for an engine release without a queue gauge")
+_LLMAPI = (
+    "export/triton/llmapi_model.py RequestGauges: the exported LLM-API model's own gauges (Triton's pending "
+    "count stays near 0 for a decoupled Python model; nv_trt_llm_* come only from the C++ tensorrtllm backend)"
+)
+_GW_OUTSTANDING = (
+    "service/metrics.py GatewayMetrics.num_requests_outstanding: requests the gateway sent to the "
+    "worker and not finished (running plus queued), for an engine release without a queue gauge"
+)
 
 RUNTIMES: dict[str, dict[str, Source]] = {
     "deepspec": {
@@ -107,10 +111,10 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "time_per_output_token_seconds": Source("deepspec:time_per_output_token_seconds", _GW, job="gateway"),
         "e2e_request_latency_seconds": Source("deepspec:e2e_request_latency_seconds", _GW, job="gateway"),
         "request_success_total": Source("deepspec:request_success_total", _GW, job="gateway", status_label="status"),
-        "spec_decode_num_draft_tokens_total": Source("deepspec:spec_decode_num_draft_tokens_total", _GW,
-                                                     job="gateway"),
-        "spec_decode_num_accepted_tokens_total": Source("deepspec:spec_decode_num_accepted_tokens_total", _GW,
-                                                        job="gateway"),
+        "spec_decode_num_draft_tokens_total": Source("deepspec:spec_decode_num_draft_tokens_total", _GW, job="gateway"),
+        "spec_decode_num_accepted_tokens_total": Source(
+            "deepspec:spec_decode_num_accepted_tokens_total", _GW, job="gateway"
+        ),
         "spec_decode_num_drafts_total": Source("deepspec:spec_decode_num_drafts_total", _GW, job="gateway"),
     },
     "vllm": {
@@ -119,28 +123,30 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "time_to_first_token_seconds": Source("vllm:time_to_first_token_seconds", _VLLM, model_label="model_name"),
         # per request, as DeepSpec's and TensorRT-LLM's. vLLM's inter_token_latency_seconds is one observation per
         # engine output (vllm/v1/metrics/stats.py IterationStats.update_from_output), several tokens under speculation
-        "time_per_output_token_seconds": Source("vllm:request_time_per_output_token_seconds", _VLLM,
-                                                model_label="model_name"),
+        "time_per_output_token_seconds": Source(
+            "vllm:request_time_per_output_token_seconds", _VLLM, model_label="model_name"
+        ),
         "e2e_request_latency_seconds": Source("vllm:e2e_request_latency_seconds", _VLLM, model_label="model_name"),
-        "request_success_total": Source("vllm:request_success_total", _VLLM, model_label="model_name",
-                                        status_label="finished_reason"),
-        "spec_decode_num_draft_tokens_total": Source("vllm:spec_decode_num_draft_tokens_total", _VLLM_SD,
-                                                     model_label="model_name"),
-        "spec_decode_num_accepted_tokens_total": Source("vllm:spec_decode_num_accepted_tokens_total", _VLLM_SD,
-                                                        model_label="model_name"),
-        "spec_decode_num_drafts_total": Source("vllm:spec_decode_num_drafts_total", _VLLM_SD,
-                                               model_label="model_name"),
+        "request_success_total": Source(
+            "vllm:request_success_total", _VLLM, model_label="model_name", status_label="finished_reason"
+        ),
+        "spec_decode_num_draft_tokens_total": Source(
+            "vllm:spec_decode_num_draft_tokens_total", _VLLM_SD, model_label="model_name"
+        ),
+        "spec_decode_num_accepted_tokens_total": Source(
+            "vllm:spec_decode_num_accepted_tokens_total", _VLLM_SD, model_label="model_name"
+        ),
+        "spec_decode_num_drafts_total": Source("vllm:spec_decode_num_drafts_total", _VLLM_SD, model_label="model_name"),
     },
     "sglang": {
         "num_requests_waiting": Source("sglang:num_queue_reqs", _SGL_SCHED, model_label="model_name"),
         "num_requests_running": Source("sglang:num_running_reqs", _SGL_SCHED, model_label="model_name"),
-        "time_to_first_token_seconds": Source("sglang:time_to_first_token_seconds", _SGL_TOK,
-                                              model_label="model_name"),
+        "time_to_first_token_seconds": Source("sglang:time_to_first_token_seconds", _SGL_TOK, model_label="model_name"),
         # observe_inter_token_latency spreads each interval over the tokens it produced: a per-token time
-        "time_per_output_token_seconds": Source("sglang:inter_token_latency_seconds", _SGL_TOK,
-                                                model_label="model_name"),
-        "e2e_request_latency_seconds": Source("sglang:e2e_request_latency_seconds", _SGL_TOK,
-                                              model_label="model_name"),
+        "time_per_output_token_seconds": Source(
+            "sglang:inter_token_latency_seconds", _SGL_TOK, model_label="model_name"
+        ),
+        "e2e_request_latency_seconds": Source("sglang:e2e_request_latency_seconds", _SGL_TOK, model_label="model_name"),
         "request_success_total": Source("sglang:num_requests_total", _SGL_TOK, model_label="model_name"),
         "spec_decode_acceptance_rate": Source("sglang:spec_accept_rate", _SGL_SCHED, model_label="model_name"),
         "spec_decode_acceptance_length": Source("sglang:spec_accept_length", _SGL_SCHED, model_label="model_name"),
@@ -150,33 +156,33 @@ RUNTIMES: dict[str, dict[str, Source]] = {
         "num_requests_running": Source("deepspec:gateway_num_requests_outstanding", _GW_OUTSTANDING, job="gateway"),
         # per-request stats (`return_perf_metrics: true`)
         "time_to_first_token_seconds": Source("trtllm_time_to_first_token_seconds", _TRT, model_label="model_name"),
-        "time_per_output_token_seconds": Source("trtllm_time_per_output_token_seconds", _TRT,
-                                                model_label="model_name"),
+        "time_per_output_token_seconds": Source("trtllm_time_per_output_token_seconds", _TRT, model_label="model_name"),
         "e2e_request_latency_seconds": Source("trtllm_e2e_request_latency_seconds", _TRT, model_label="model_name"),
-        "request_success_total": Source("trtllm_request_success_total", _TRT, model_label="model_name",
-                                        status_label="finished_reason"),
+        "request_success_total": Source(
+            "trtllm_request_success_total", _TRT, model_label="model_name", status_label="finished_reason"
+        ),
     },
 }
 
 #: why a runtime lacks a signal (read in its source, not assumed)
 MISSING = {
     ("sglang", "spec_decode_num_draft_tokens_total"): "collector.py exports acceptance only as the gauges "
-                                                      "spec_accept_rate / spec_accept_length",
+    "spec_accept_rate / spec_accept_length",
     ("sglang", "spec_decode_num_accepted_tokens_total"): "as above",
     ("sglang", "spec_decode_num_drafts_total"): "as above",
     ("trtllm-serve", "num_requests_waiting"): "1.2.1's collector.py has no queue gauge (added after 1.2); the "
-                                              "gateway's outstanding requests drive the batch trigger instead",
+    "gateway's outstanding requests drive the batch trigger instead",
     ("trtllm-serve", "spec_decode_num_draft_tokens_total"): "1.2.1's collector.py has no speculative-decoding series "
-                                                            "(added after 1.2)",
+    "(added after 1.2)",
     ("trtllm-serve", "spec_decode_num_accepted_tokens_total"): "as above",
     ("trtllm-serve", "spec_decode_num_drafts_total"): "as above",
     ("trtllm-serve", "spec_decode_num_forwards_total"): "as above",
     ("trtllm-serve", "spec_decode_num_forward_tokens_total"): "as above",
     ("triton", "spec_decode_num_forwards_total"): "Triton's response outputs carry the draft counts, not the "
-                                                  "target passes a request took",
+    "target passes a request took",
     ("triton", "spec_decode_num_forward_tokens_total"): "as above",
     ("vllm", "spec_decode_num_forwards_total"): "metrics.py counts only steps that drafted (num_drafts); no "
-                                                "per-request count of all target passes",
+    "per-request count of all target passes",
     ("vllm", "spec_decode_num_forward_tokens_total"): "as above",
     ("sglang", "spec_decode_num_forwards_total"): "collector.py exports acceptance only as gauges",
     ("sglang", "spec_decode_num_forward_tokens_total"): "as above",
@@ -216,25 +222,34 @@ def _derived(signals: dict[str, Source]) -> list[dict]:
     rules = []
     rate_forms, length_forms = [], []
     if {"spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"} <= signals.keys():
-        rate_forms.append(f"{_rate('spec_decode_num_accepted_tokens_total')}"
-                          f" / {_rate('spec_decode_num_draft_tokens_total')}")
+        rate_forms.append(
+            f"{_rate('spec_decode_num_accepted_tokens_total')} / {_rate('spec_decode_num_draft_tokens_total')}"
+        )
     if "spec_decode_acceptance_rate" in signals:
         rate_forms.append(f"avg by ({BY}) ({PREFIX}spec_decode_acceptance_rate{{{OWN}}})")
     if {"spec_decode_num_drafts_total", "spec_decode_num_accepted_tokens_total"} <= signals.keys():
-        length_forms.append(f"1 + {_rate('spec_decode_num_accepted_tokens_total')}"
-                            f" / {_rate('spec_decode_num_drafts_total')}")
+        length_forms.append(
+            f"1 + {_rate('spec_decode_num_accepted_tokens_total')} / {_rate('spec_decode_num_drafts_total')}"
+        )
     if "spec_decode_acceptance_length" in signals:
         length_forms.append(f"avg by ({BY}) ({PREFIX}spec_decode_acceptance_length{{{OWN}}})")
     forward_forms = []
     if {"spec_decode_num_forwards_total", "spec_decode_num_forward_tokens_total"} <= signals.keys():
-        forward_forms.append(f"{_rate('spec_decode_num_forward_tokens_total')}"
-                             f" / {_rate('spec_decode_num_forwards_total')}")
-    for name, forms in (("spec_decode_acceptance_rate", rate_forms), ("spec_decode_mean_acceptance_length",
-                                                                      length_forms),
-                        ("spec_decode_tokens_per_forward", forward_forms)):
+        forward_forms.append(
+            f"{_rate('spec_decode_num_forward_tokens_total')} / {_rate('spec_decode_num_forwards_total')}"
+        )
+    for name, forms in (
+        ("spec_decode_acceptance_rate", rate_forms),
+        ("spec_decode_mean_acceptance_length", length_forms),
+        ("spec_decode_tokens_per_forward", forward_forms),
+    ):
         if forms:
-            rules.append({"record": f"{PREFIX}{name}:rate{WINDOW}",
-                          "expr": " or ".join(f"({f})" for f in forms) if len(forms) > 1 else forms[0]})
+            rules.append(
+                {
+                    "record": f"{PREFIX}{name}:rate{WINDOW}",
+                    "expr": " or ".join(f"({f})" for f in forms) if len(forms) > 1 else forms[0],
+                }
+            )
     return rules
 
 
@@ -255,18 +270,23 @@ def recorded_names() -> set[str]:
 def table() -> dict:
     """What the chart reads (helm/deepspec/monitoring/engines.yaml): per runtime, the raw queue and batch
     selectors (KEDA, the queue alert) and the recording rules."""
-    return {runtime: {"waiting": signals["num_requests_waiting"].selector() if "num_requests_waiting" in signals
-                      else None,
-                      "running": signals["num_requests_running"].selector(),
-                      "rules": recording_rules(runtime)}
-            for runtime, signals in RUNTIMES.items()}
+    return {
+        runtime: {
+            "waiting": signals["num_requests_waiting"].selector() if "num_requests_waiting" in signals else None,
+            "running": signals["num_requests_running"].selector(),
+            "rules": recording_rules(runtime),
+        }
+        for runtime, signals in RUNTIMES.items()
+    }
 
 
 def readme_table() -> str:
     """Markdown: one row per signal, one column per runtime, each cell the engine series it is recorded from."""
     runtimes = list(RUNTIMES)
-    lines = ["| `deepspec_engine:` series | " + " | ".join(f"`{r}`" for r in runtimes) + " |",
-             "| --- |" + " --- |" * len(runtimes)]
+    lines = [
+        "| `deepspec_engine:` series | " + " | ".join(f"`{r}`" for r in runtimes) + " |",
+        "| --- |" + " --- |" * len(runtimes),
+    ]
     for signal, (kind, meaning) in SIGNALS.items():
         cells = []
         for runtime in runtimes:
@@ -275,8 +295,9 @@ def readme_table() -> str:
                 cells.append(f"— ({MISSING[(runtime, signal)]})" if (runtime, signal) in MISSING else "—")
                 continue
             where = " (gateway)" if source.job == "gateway" else ""
-            cells.append(f"`{source.metric}{{{source.matchers}}}`{where}" if source.matchers
-                         else f"`{source.metric}`{where}")
+            cells.append(
+                f"`{source.metric}{{{source.matchers}}}`{where}" if source.matchers else f"`{source.metric}`{where}"
+            )
         lines.append(f"| `{signal}` ({kind}: {meaning}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -290,8 +311,10 @@ def _fill_block(text: str, body: str) -> str:
 
 def render() -> dict[Path, str]:
     header = "# Generated by helm/tools/engine_metrics.py from its RUNTIMES table: edit that, then rerun it.\n"
-    return {OUT_PATH: header + yaml.safe_dump(table(), sort_keys=False, width=1000),
-            README: _fill_block(README.read_text(), readme_table())}
+    return {
+        OUT_PATH: header + yaml.safe_dump(table(), sort_keys=False, width=1000),
+        README: _fill_block(README.read_text(), readme_table()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

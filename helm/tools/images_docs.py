@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, whether run or loaded by path
-from regenerate import regenerate  # noqa: E402
+from regenerate import regenerate
 
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- images-table:begin -->", "<!-- images-table:end -->"
@@ -43,28 +43,35 @@ def requirements_table(images) -> str:
 
 
 def images_table(images) -> str:
-    rows = ["| NGC tag | Triton | TensorRT-LLM | TensorRT | CUDA | Driver >= | Python | Misses |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| NGC tag | Triton | TensorRT-LLM | TensorRT | CUDA | Driver >= | Python | Misses |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for i in images.IMAGES:
         missing = ", ".join(f"`{line.split(':', 1)[0]}`" for line in images.unmet(i)) or "nothing"
         tag = f"**`{i.tag}`** (pinned)" if i.release == images.PINNED else f"`{i.tag}`"
-        rows.append(f"| {tag} | {i.triton} | {i.tensorrt_llm} | {i.tensorrt} | {i.cuda} | {i.min_driver} | "
-                    f"{i.python} | {missing} |")
+        rows.append(
+            f"| {tag} | {i.triton} | {i.tensorrt_llm} | {i.tensorrt} | {i.cuda} | {i.min_driver} | "
+            f"{i.python} | {missing} |"
+        )
     return "\n".join(rows)
 
 
 def engine_images_table(images) -> str:
     rows = ["| `worker.runtime` | Image | Engine | Needs >= | Why | CUDA |", "| --- | --- | --- | --- | --- | --- |"]
     for e in images.ENGINE_IMAGES:
-        rows.append(f"| `{e.runtime}` | `{e.reference}` | {e.version} | {e.min_version} | {_cell(e.needs)} "
-                    f"| {e.cuda} |")
+        rows.append(
+            f"| `{e.runtime}` | `{e.reference}` | {e.version} | {e.min_version} | {_cell(e.needs)} | {e.cuda} |"
+        )
     return "\n".join(rows)
 
 
 def pinned_summary(images) -> str:
     p = images.pinned()
-    return (f"Pinned: `{p.reference}` (Triton {p.triton}, TensorRT-LLM {p.tensorrt_llm}, TensorRT {p.tensorrt}, "
-            f"CUDA {p.cuda}: GPU nodes need driver {p.min_driver} or newer, or CUDA forward compatibility).")
+    return (
+        f"Pinned: `{p.reference}` (Triton {p.triton}, TensorRT-LLM {p.tensorrt_llm}, TensorRT {p.tensorrt}, "
+        f"CUDA {p.cuda}: GPU nodes need driver {p.min_driver} or newer, or CUDA forward compatibility)."
+    )
 
 
 def _replace_block(path: Path, body: str) -> str:
@@ -81,12 +88,14 @@ def render() -> dict[Path, str]:
     images = load_images()
     docker_readme, chart_readme = REPO / "docker" / "README.md", REPO / "helm" / "deepspec" / "README.md"
     engines = "The engine images of `worker.runtime` vllm, sglang and trtllm-serve (`ENGINE_IMAGES`):"
-    docker_body = "\n\n".join([pinned_summary(images), requirements_table(images), images_table(images), engines,
-                                engine_images_table(images)])
-    chart_body = "\n\n".join([pinned_summary(images), requirements_table(images), engines,
-                               engine_images_table(images)])
-    return {docker_readme: _replace_block(docker_readme, docker_body),
-            chart_readme: _replace_block(chart_readme, chart_body)}
+    docker_body = "\n\n".join(
+        [pinned_summary(images), requirements_table(images), images_table(images), engines, engine_images_table(images)]
+    )
+    chart_body = "\n\n".join([pinned_summary(images), requirements_table(images), engines, engine_images_table(images)])
+    return {
+        docker_readme: _replace_block(docker_readme, docker_body),
+        chart_readme: _replace_block(chart_readme, chart_body),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

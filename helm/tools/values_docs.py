@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, whether run or loaded by path
-from regenerate import regenerate  # noqa: E402
+from regenerate import regenerate
 
 CHART = Path(__file__).resolve().parents[1] / "deepspec"
 BEGIN, END = "<!-- values-table:begin -->", "<!-- values-table:end -->"
@@ -44,7 +44,7 @@ def parse_comments(text: str, values: dict) -> dict[str, dict]:
             description, in_description = [stripped[4:].strip()], True
             continue
         if stripped.startswith("# @schema"):
-            hints.update(yaml.safe_load(stripped[len("# @schema"):].strip()))
+            hints.update(yaml.safe_load(stripped[len("# @schema") :].strip()))
             continue
         if stripped.startswith("#"):
             if in_description:
@@ -60,8 +60,9 @@ def parse_comments(text: str, values: dict) -> dict[str, dict]:
         while stack and stack[-1][0] >= indent:
             stack.pop()
         path = [key for _, key in stack] + [match["key"]]
-        free_form = any(found.get(".".join(path[:i]), {}).get("hints", {}).get("additionalProperties")
-                        for i in range(1, len(path)))
+        free_form = any(
+            found.get(".".join(path[:i]), {}).get("hints", {}).get("additionalProperties") for i in range(1, len(path))
+        )
         # Keys inside lists and inside free-form maps are examples of a default, not values of their own.
         if _lookup(values, path[:-1], dict) is not None and not free_form:
             found[".".join(path)] = {"description": " ".join(description).strip(), "hints": hints}
@@ -115,8 +116,7 @@ def build_schema(values_text: str) -> dict:
     comments = parse_comments(values_text, values)
     schema = schema_for(values, [], comments)
     schema.pop("description", None)
-    return {"$schema": "http://json-schema.org/draft-07/schema#", "title": "Values of the deepspec chart",
-            **schema}
+    return {"$schema": "http://json-schema.org/draft-07/schema#", "title": "Values of the deepspec chart", **schema}
 
 
 def values_table(values_text: str) -> str:

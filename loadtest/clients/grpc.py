@@ -22,9 +22,9 @@ import time
 
 import grpc
 
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2, completions_pb2_grpc
 from loadtest.lifecycle import AsyncResource
 from loadtest.records import RequestInput, RequestOutput
-from deepspec_protocol.protos.deepspec.v1 import completions_pb2, completions_pb2_grpc
 
 STREAMS_PER_CHANNEL = 64
 CONNECT_TIMEOUT_S = 2.0

@@ -16,7 +16,6 @@ finish reason), `empty_response` (no output text and no tokens).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -103,7 +102,7 @@ class OpenAIHttpClient(AsyncResource):
                     await self._read_stream(resp, out, start)
                 else:
                     await self._read_whole(resp, out, start)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             out.error_kind, out.error = "timeout", f"no complete response within {self.timeout_s:g} s"
         except aiohttp.ClientConnectorError as e:
             out.error_kind, out.error = "connect", str(e)

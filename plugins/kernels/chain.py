@@ -32,8 +32,22 @@ def greedy_accept_kernel(draft_ptr, num_ptr, logits_ptr, K, V, out_num_ptr, out_
 
 
 @triton.jit
-def rejection_sample_kernel(draft_ptr, num_ptr, logits_ptr, q_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, K, V,
-                            out_num_ptr, out_next_ptr, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
+def rejection_sample_kernel(
+    draft_ptr,
+    num_ptr,
+    logits_ptr,
+    q_ptr,
+    temp_ptr,
+    topk_ptr,
+    topp_ptr,
+    seed_ptr,
+    K,
+    V,
+    out_num_ptr,
+    out_next_ptr,
+    HAS_Q: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(num_ptr + b), 0), K)
     T = tl.load(temp_ptr + b)
@@ -68,8 +82,20 @@ def rejection_sample_kernel(draft_ptr, num_ptr, logits_ptr, q_ptr, temp_ptr, top
     if greedy:
         next_token = argmax
     else:
-        next_token = sample_slot(row + j * V, q_ptr + (b * K + tl.minimum(j, K - 1)) * V, T, zmax, keep, mass, V,
-                                 rejected, token, uniform(key, 2 * j + 1), HAS_Q, BLOCK_V)
+        next_token = sample_slot(
+            row + j * V,
+            q_ptr + (b * K + tl.minimum(j, K - 1)) * V,
+            T,
+            zmax,
+            keep,
+            mass,
+            V,
+            rejected,
+            token,
+            uniform(key, 2 * j + 1),
+            HAS_Q,
+            BLOCK_V,
+        )
     tl.store(out_num_ptr + b, j.to(tl.int64))
     tl.store(out_next_ptr + b, next_token.to(tl.int64))
 
@@ -92,8 +118,9 @@ def process_logits_kernel(logits_ptr, temp_ptr, topk_ptr, topp_ptr, T_LEN, V, ou
 
 
 @triton.jit
-def confidence_truncate_kernel(conf_ptr, num_ptr, K, out_num_ptr, out_surv_ptr, THRESHOLD: tl.constexpr,
-                               BLOCK_K: tl.constexpr):
+def confidence_truncate_kernel(
+    conf_ptr, num_ptr, K, out_num_ptr, out_surv_ptr, THRESHOLD: tl.constexpr, BLOCK_K: tl.constexpr
+):
     b = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(num_ptr + b), 0), K)
     offs = tl.arange(0, BLOCK_K)

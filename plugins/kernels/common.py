@@ -137,8 +137,9 @@ def _weights(ptr, q_ptr, offs, T, zmax, keep, mass, V, residual, drop_token, HAS
 
 
 @triton.jit
-def sample_slot(ptr, q_ptr, T, zmax, keep, mass, V, residual, drop_token, u, HAS_Q: tl.constexpr,
-                BLOCK_V: tl.constexpr):
+def sample_slot(
+    ptr, q_ptr, T, zmax, keep, mass, V, residual, drop_token, u, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr
+):
     """Inverse-CDF draw from p (residual = 0) or from normalize(max(0, p - q)) / p without drop_token (residual =
     1), falling back to p when the residual is empty; the first index whose running sum exceeds u * total."""
     total = 0.0

@@ -17,9 +17,25 @@ from plugins.kernels.common import float_key, row_max, seed_key, slot_stats, uni
 
 
 @triton.jit
-def tree_accept_kernel(tokens_ptr, parents_ptr, num_ptr, logits_ptr, q_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr,
-                       N, V, out_num_ptr, out_next_ptr, out_path_ptr, HAS_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_V: tl.constexpr):
+def tree_accept_kernel(
+    tokens_ptr,
+    parents_ptr,
+    num_ptr,
+    logits_ptr,
+    q_ptr,
+    temp_ptr,
+    topk_ptr,
+    topp_ptr,
+    seed_ptr,
+    N,
+    V,
+    out_num_ptr,
+    out_next_ptr,
+    out_path_ptr,
+    HAS_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """One row per program: greedy rows (temperature <= 0) take the first deepest accepted node, sampled rows the
     rejection walk. Without HAS_Q every node's q is one-hot at its token (q_ptr is not read)."""
     b = tl.program_id(0).to(tl.int64)
@@ -33,12 +49,31 @@ def tree_accept_kernel(tokens_ptr, parents_ptr, num_ptr, logits_ptr, q_ptr, temp
     T = tl.load(temp_ptr + b)
     row = logits_ptr + b * N * V
     if T <= 0.0:
-        _greedy_walk(row, parent, token, idx, live, nn, V, b, N, out_num_ptr, out_next_ptr, out_path_ptr,
-                     BLOCK_N, BLOCK_V)
+        _greedy_walk(
+            row, parent, token, idx, live, nn, V, b, N, out_num_ptr, out_next_ptr, out_path_ptr, BLOCK_N, BLOCK_V
+        )
     else:
-        _sampled_walk(row, q_ptr + b * N * V, parent, token, idx, nn, T, tl.load(topk_ptr + b),
-                      tl.load(topp_ptr + b), seed_key(tl.load(seed_ptr + b)), V, b, N, out_num_ptr, out_next_ptr,
-                      out_path_ptr, HAS_Q, BLOCK_N, BLOCK_V)
+        _sampled_walk(
+            row,
+            q_ptr + b * N * V,
+            parent,
+            token,
+            idx,
+            nn,
+            T,
+            tl.load(topk_ptr + b),
+            tl.load(topp_ptr + b),
+            seed_key(tl.load(seed_ptr + b)),
+            V,
+            b,
+            N,
+            out_num_ptr,
+            out_next_ptr,
+            out_path_ptr,
+            HAS_Q,
+            BLOCK_N,
+            BLOCK_V,
+        )
 
 
 @triton.jit
@@ -48,8 +83,22 @@ def _pick(vec, idx, i):
 
 
 @triton.jit
-def _greedy_walk(row, parent, token, idx, live, nn, V, b, N, out_num_ptr, out_next_ptr, out_path_ptr,
-                 BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+def _greedy_walk(
+    row,
+    parent,
+    token,
+    idx,
+    live,
+    nn,
+    V,
+    b,
+    N,
+    out_num_ptr,
+    out_next_ptr,
+    out_path_ptr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     argmax = tl.zeros([BLOCK_N], tl.int32)
     for i in range(0, nn):
         _, a = row_max(row + i * V, 1.0, V, BLOCK_V)
@@ -93,8 +142,27 @@ def _residual(row, q_row, offs, T, zmax, keep, mass, V, parent, token, znorm, id
 
 
 @triton.jit
-def _sampled_walk(row, q_row, parent, token, idx, nn, T, top_k, top_p, key, V, b, N, out_num_ptr, out_next_ptr,
-                  out_path_ptr, HAS_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+def _sampled_walk(
+    row,
+    q_row,
+    parent,
+    token,
+    idx,
+    nn,
+    T,
+    top_k,
+    top_p,
+    key,
+    V,
+    b,
+    N,
+    out_num_ptr,
+    out_next_ptr,
+    out_path_ptr,
+    HAS_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     zmax, _, keep, mass = slot_stats(row, T, top_k, top_p, V, BLOCK_V)
     znorm = tl.zeros([BLOCK_N], tl.float32)  # Z of each rejected node's residual update (0: none)
     cur = tl.zeros((), tl.int32)
@@ -118,11 +186,11 @@ def _sampled_walk(row, q_row, parent, token, idx, nn, T, top_k, top_p, key, V, b
                 total = 0.0
                 for start in range(0, V, BLOCK_V):
                     offs = start + tl.arange(0, BLOCK_V)
-                    r = _residual(row, q_row, offs, T, zmax, keep, mass, V, parent, token, znorm, idx, cur, i,
-                                  HAS_Q)
+                    r = _residual(row, q_row, offs, T, zmax, keep, mass, V, parent, token, znorm, idx, cur, i, HAS_Q)
                     if HAS_Q:
-                        left = tl.maximum(r - tl.load(q_row + i * V + offs, mask=offs < V, other=0.0).to(tl.float32),
-                                          0.0)
+                        left = tl.maximum(
+                            r - tl.load(q_row + i * V + offs, mask=offs < V, other=0.0).to(tl.float32), 0.0
+                        )
                     else:
                         left = tl.where(offs == t, 0.0, r)
                     total += tl.sum(left, axis=0)
@@ -131,8 +199,9 @@ def _sampled_walk(row, q_row, parent, token, idx, nn, T, top_k, top_p, key, V, b
     total = 0.0
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        total += tl.sum(_residual(row, q_row, offs, T, zmax, keep, mass, V, parent, token, znorm, idx, cur, nn,
-                                  HAS_Q), axis=0)
+        total += tl.sum(
+            _residual(row, q_row, offs, T, zmax, keep, mass, V, parent, token, znorm, idx, cur, nn, HAS_Q), axis=0
+        )
     target = uniform(key, 2 * cur + 1) * total
     running = 0.0
     found = V
@@ -149,8 +218,9 @@ def _sampled_walk(row, q_row, parent, token, idx, nn, T, top_k, top_p, key, V, b
 
 
 @triton.jit
-def compact_kv_kernel(cache_ptr, start_ptr, path_ptr, num_ptr, H, N, stride_l, stride_b, stride_h, stride_s,
-                      D, BLOCK_D: tl.constexpr):
+def compact_kv_kernel(
+    cache_ptr, start_ptr, path_ptr, num_ptr, H, N, stride_l, stride_b, stride_h, stride_s, D, BLOCK_D: tl.constexpr
+):
     b = tl.program_id(0).to(tl.int64)
     lh = tl.program_id(1).to(tl.int64)  # one (layer, head) per program
     base = cache_ptr + (lh // H) * stride_l + b * stride_b + (lh % H) * stride_h
@@ -165,8 +235,9 @@ def compact_kv_kernel(cache_ptr, start_ptr, path_ptr, num_ptr, H, N, stride_l, s
 
 
 @triton.jit
-def compact_kv_out_kernel(cache_ptr, start_ptr, path_ptr, num_ptr, B, H, S, N, D, out_ptr, BLOCK_S: tl.constexpr,
-                          BLOCK_D: tl.constexpr):
+def compact_kv_out_kernel(
+    cache_ptr, start_ptr, path_ptr, num_ptr, B, H, S, N, D, out_ptr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr
+):
     """compact_kv out of place, for graphs without in-place updates (ONNX, TensorRT): out = cache with the
     accepted nodes' entries moved behind each row's prefix. `cache` and `out` are contiguous [L, B, H, S, D]; as
     every position is read from `cache` and written to `out`, no order of the moves matters."""

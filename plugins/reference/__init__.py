@@ -8,5 +8,4 @@ from plugins.reference.accept import confidence_truncate, greedy_accept, rejecti
 from plugins.reference.logits import process_logits
 from plugins.reference.tree import compact_kv, tree_accept
 
-__all__ = ["compact_kv", "confidence_truncate", "greedy_accept", "process_logits", "rejection_sample",
-           "tree_accept"]
+__all__ = ["compact_kv", "confidence_truncate", "greedy_accept", "process_logits", "rejection_sample", "tree_accept"]

@@ -92,8 +92,11 @@ def _greedy_row(logits, draft: list[int], count: int) -> tuple[int, int]:
 
 def on_host(x: torch.Tensor) -> bool:
     """Real values in host memory that NumPy reads without a copy: the host paths above take them."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, torch.float16)
-            and not isinstance(x, torch._subclasses.FakeTensor))
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64, torch.float16)
+        and not isinstance(x, torch._subclasses.FakeTensor)
+    )
 
 
 def _slot(target_logits: torch.Tensor, rows: torch.Tensor, j: int) -> torch.Tensor:
@@ -130,8 +133,10 @@ def rejection_sample(
     scale_by = torch.where(greedy, torch.ones_like(temperature), temperature)
     if k == 0:  # target-only sampling, every step of it: the bonus draw alone, as the general path below draws it
         z = scale(target_logits[:, 0], scale_by)
-        bonus = sample_index(process(z, top_k, top_p).weights(),
-                             uniforms(seeds, torch.ones(B, 1, dtype=torch.long, device=z.device)).squeeze(1))
+        bonus = sample_index(
+            process(z, top_k, top_p).weights(),
+            uniforms(seeds, torch.ones(B, 1, dtype=torch.long, device=z.device)).squeeze(1),
+        )
         if bool(greedy.any()):
             bonus = torch.where(greedy, z.argmax(dim=-1), bonus)
         return torch.zeros(B, dtype=torch.long, device=z.device), bonus
@@ -211,8 +216,9 @@ def rejection_sample(
     return num_accepted, next_token
 
 
-def rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds
-                   ) -> tuple[list[int], list[int]]:
+def rejection_walk(
+    draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds
+) -> tuple[list[int], list[int]]:
     """rejection_sample on logits in host memory (`on_host`), row by row, as Python lists (num_accepted,
     next_token): the batched path's draws bit for bit, without its bookkeeping. A sampled row goes through the same
     scale / process / probs_at / weights / sample_index on its own [1, V] slots, in the same float32 arithmetic,

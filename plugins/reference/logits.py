@@ -70,8 +70,13 @@ def process(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> Proces
     R, V = z.shape
     zmax = z.amax(dim=-1)
     tau = torch.full((R,), float("-inf"), dtype=torch.float32, device=z.device)
-    if top_k.device.type == "cpu" and not isinstance(top_k, torch._subclasses.FakeTensor) and R <= 64 and all(
-            k <= 0 or k >= V for k in top_k.tolist()) and all(p >= 1 for p in top_p.tolist()):
+    if (
+        top_k.device.type == "cpu"
+        and not isinstance(top_k, torch._subclasses.FakeTensor)
+        and R <= 64
+        and all(k <= 0 or k >= V for k in top_k.tolist())
+        and all(p >= 1 for p in top_p.tolist())
+    ):
         # no row filters (the default sampling): the general path's last branch for every row, without the ~6
         # index ops that find which rows take which branch (each ~tens of us on CPU after a target's forward)
         e = torch.exp(z - zmax[:, None])

@@ -57,10 +57,15 @@ def _host_uniforms(seeds: list[int], counters: list[list[int]]) -> list[list[flo
 
 def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """[B] seeds, [B, n] int64 counters → [B, n] float32 uniforms in [0, 1 - 2^-24] (24 random bits)."""
-    if (seeds.device.type == "cpu" and counters.device.type == "cpu" and counters.numel() <= HOST_DRAWS
-            and not isinstance(counters, torch._subclasses.FakeTensor)):
-        return torch.tensor(_host_uniforms(seeds.tolist(), counters.tolist()),
-                            dtype=torch.float32).reshape(counters.shape)
+    if (
+        seeds.device.type == "cpu"
+        and counters.device.type == "cpu"
+        and counters.numel() <= HOST_DRAWS
+        and not isinstance(counters, torch._subclasses.FakeTensor)
+    ):
+        return torch.tensor(_host_uniforms(seeds.tolist(), counters.tolist()), dtype=torch.float32).reshape(
+            counters.shape
+        )
     key = seed_key(seeds.long())[:, None]
     spread = mix32((counters.long() * COUNTER_STEP + COUNTER_OFFSET) & MASK32)
     return (mix32(key ^ spread) >> 8).to(torch.float32) * (1.0 / (1 << 24))

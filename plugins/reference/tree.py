@@ -65,8 +65,9 @@ def tree_accept(
         path = torch.where(greedy[:, None], g_path, path)
     sampled = ~greedy
     if bool(sampled.any()):
-        s_num, s_next, s_path = _sampled_walk(tree_tokens, parents, valid & sampled[:, None], z, draft_probs,
-                                              top_k, top_p, seeds, B, N, V)
+        s_num, s_next, s_path = _sampled_walk(
+            tree_tokens, parents, valid & sampled[:, None], z, draft_probs, top_k, top_p, seeds, B, N, V
+        )
         num_accepted = torch.where(sampled, s_num, num_accepted)
         next_token = torch.where(sampled, s_next, next_token)
         path = torch.where(sampled[:, None], s_path, path)

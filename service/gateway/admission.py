@@ -99,10 +99,17 @@ class Shed(errors.ServiceError, http=429, kind="rate_limit_error", grpc_status=g
 
 
 class AdmissionQueue:
-    def __init__(self, limit: Callable[[], int | None], *, reserve: Callable[[], int] = lambda: 0,
-                 max_waiting: int = 256,
-                 queue_timeout_s: float = 30.0, retry_after_s: int = 1, poll_s: float = 0.25,
-                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        limit: Callable[[], int | None],
+        *,
+        reserve: Callable[[], int] = lambda: 0,
+        max_waiting: int = 256,
+        queue_timeout_s: float = 30.0,
+        retry_after_s: int = 1,
+        poll_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.limit = limit
         self.reserve = reserve
         self.max_waiting = max_waiting
@@ -181,15 +188,19 @@ class AdmissionQueue:
             while True:
                 remaining = deadline - self.clock()
                 if remaining <= 0:
-                    raise Shed(f"the request waited {objective:g} s for a worker, its latency objective: the service "
-                               "is overloaded; retry after the Retry-After delay", "queue_timeout", self.retry_after_s)
+                    raise Shed(
+                        f"the request waited {objective:g} s for a worker, its latency objective: the service "
+                        "is overloaded; retry after the Retry-After delay",
+                        "queue_timeout",
+                        self.retry_after_s,
+                    )
                 done, _ = await asyncio.wait({ticket.grant}, timeout=min(remaining, self.poll_s))
                 if done:
                     ticket.grant.result()  # Shed when it was displaced
                     return
                 if (retrying or self.limit() is None) and not self.in_flight and self._best() is ticket:
                     self._grant(ticket)  # nothing in flight here will free a slot: the head tries again
-        except BaseException as e:
+        except BaseException:
             if ticket in self.waiting:
                 self.waiting.remove(ticket)
             if ticket.admitted:  # cancelled right after its grant: the slot goes back
@@ -202,11 +213,21 @@ class AdmissionQueue:
         """The queue is full: shed its last-ranked request, `ticket` itself when nothing ranks below it."""
         worst = max(self.waiting, key=self._order)
         if self._order(ticket) >= self._order(worst):
-            raise Shed(f"the gateway's queue is full ({self.max_waiting} requests wait, none of a lower class "
-                       "than this one): retry after the Retry-After delay", "queue_full", self.retry_after_s)
+            raise Shed(
+                f"the gateway's queue is full ({self.max_waiting} requests wait, none of a lower class "
+                "than this one): retry after the Retry-After delay",
+                "queue_full",
+                self.retry_after_s,
+            )
         self.waiting.remove(worst)
-        worst.grant.set_exception(Shed(f"a more urgent request took this one's place in the gateway's queue "
-                                       f"(class {worst.policy.service_class})", "displaced", self.retry_after_s))
+        worst.grant.set_exception(
+            Shed(
+                f"a more urgent request took this one's place in the gateway's queue "
+                f"(class {worst.policy.service_class})",
+                "displaced",
+                self.retry_after_s,
+            )
+        )
 
     def _grant_waiting(self) -> None:
         while self.waiting and self._has_room(best := self._best()):
@@ -242,8 +263,9 @@ class AdmissionQueue:
         active callers of its class (VTC's lift): it is served next, but banks nothing for the time it was idle."""
         caller, service_class = ticket.caller, ticket.policy.service_class
         if not self.active.get(caller):
-            peers = [self.counters.get(c, 0.0) for c, n in self.active.items()
-                     if n and self.class_of.get(c) == service_class]  # fmt: skip
+            peers = [
+                self.counters.get(c, 0.0) for c, n in self.active.items() if n and self.class_of.get(c) == service_class
+            ]
             self.counters[caller] = max(self.counters.get(caller, 0.0), min(peers, default=0.0))
             self.class_of[caller] = service_class
         self.active[caller] = self.active.get(caller, 0) + 1
@@ -262,7 +284,10 @@ class AdmissionQueue:
         bucket.refill(self.clock())
         wait_s = bucket.seconds_until(ticket.num_tokens)
         if wait_s > 0:
-            raise Shed(f"this API key's budget of {tpm} tokens per minute is spent (the request needs about "
-                       f"{ticket.num_tokens}): retry after the Retry-After delay", "token_budget",
-                       max(1, math.ceil(wait_s)))  # fmt: skip
+            raise Shed(
+                f"this API key's budget of {tpm} tokens per minute is spent (the request needs about "
+                f"{ticket.num_tokens}): retry after the Retry-After delay",
+                "token_budget",
+                max(1, math.ceil(wait_s)),
+            )
         bucket.tokens -= ticket.num_tokens

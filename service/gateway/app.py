@@ -22,15 +22,20 @@ from starlette.middleware.errors import ServerErrorMiddleware
 from service import tracing
 from service.gateway.admission import AdmissionQueue
 from service.gateway.dispatch import Dispatcher
-from service.gateway.errors import (AuthenticationError, BadRequestError, PayloadTooLargeError, error_response,
-                                    install_error_handlers)  # fmt: skip
+from service.gateway.errors import (
+    AuthenticationError,
+    BadRequestError,
+    PayloadTooLargeError,
+    error_response,
+    install_error_handlers,
+)
 from service.gateway.hot_routes import HotRoutes
 from service.gateway.routers import chat, completions, health, models
 from service.gateway.routing import WorkerPool
 from service.gateway.service_classes import caller_id
+from service.gateway.settings import GatewaySettings
 from service.gateway.upstreams import client_for
 from service.metrics import GatewayMetrics
-from service.gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
@@ -50,21 +55,38 @@ class GatewayState:
     @classmethod
     def build(cls, settings: GatewaySettings) -> GatewayState:
         metrics = GatewayMetrics()
-        make_client = functools.partial(client_for, default=settings.worker_protocol,
-                                        openai_max_outstanding=settings.openai_max_outstanding)  # fmt: skip
-        pool = WorkerPool(settings.workers, metrics, health_interval_s=settings.health_interval_s,
-                          unhealthy_threshold=settings.unhealthy_threshold, dns_refresh_s=settings.dns_refresh_s,
-                          k8s_api_url=settings.k8s_api_url, make_client=make_client, routing=settings.routing,
-                          load_max_age_s=settings.routing_load_max_age_s)  # fmt: skip
+        make_client = functools.partial(
+            client_for, default=settings.worker_protocol, openai_max_outstanding=settings.openai_max_outstanding
+        )
+        pool = WorkerPool(
+            settings.workers,
+            metrics,
+            health_interval_s=settings.health_interval_s,
+            unhealthy_threshold=settings.unhealthy_threshold,
+            dns_refresh_s=settings.dns_refresh_s,
+            k8s_api_url=settings.k8s_api_url,
+            make_client=make_client,
+            routing=settings.routing,
+            load_max_age_s=settings.routing_load_max_age_s,
+        )
         classes = settings.load_service_classes()
         reserve = settings.interactive_reserve_per_worker
-        admission = AdmissionQueue(functools.partial(_inflight_limit, pool, settings.max_inflight_per_worker),
-                                   reserve=lambda: _inflight_limit(pool, reserve) or 0,
-                                   max_waiting=settings.max_waiting, queue_timeout_s=settings.queue_timeout_s,
-                                   retry_after_s=settings.retry_after_s)  # fmt: skip
-        dispatcher = Dispatcher(pool, metrics, request_timeout_s=settings.request_timeout_s,
-                                max_attempts=settings.max_attempts, retry_after_s=settings.retry_after_s,
-                                classes=classes, admission=admission)  # fmt: skip
+        admission = AdmissionQueue(
+            functools.partial(_inflight_limit, pool, settings.max_inflight_per_worker),
+            reserve=lambda: _inflight_limit(pool, reserve) or 0,
+            max_waiting=settings.max_waiting,
+            queue_timeout_s=settings.queue_timeout_s,
+            retry_after_s=settings.retry_after_s,
+        )
+        dispatcher = Dispatcher(
+            pool,
+            metrics,
+            request_timeout_s=settings.request_timeout_s,
+            max_attempts=settings.max_attempts,
+            retry_after_s=settings.retry_after_s,
+            classes=classes,
+            admission=admission,
+        )
         return cls(settings, metrics, pool, dispatcher, settings.load_api_keys() | classes.keys)
 
     def check_api_key(self, authorization: str | None) -> str | None:
@@ -134,7 +156,8 @@ class GuardMiddleware:
         # unless it already says exactly that, once).
         if headers.get(b"content-type") != b"application/json" or len(headers) < len(scope["headers"]):
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
-                (b"content-type", b"application/json")]  # fmt: skip
+                (b"content-type", b"application/json")
+            ]
         replayed = False
 
         async def replay():
@@ -191,8 +214,9 @@ def create_app(settings: GatewaySettings | None = None, state: GatewayState | No
     install_error_handlers(app)
     # the guard, then the generation routes' fast path (hot_routes.py), then FastAPI
     hot = HotRoutes(app.stack, fastapi_app=app, routes=[*completions.router.routes, *chat.router.routes])
-    app.front = ServerErrorMiddleware(GuardMiddleware(hot, get_state=lambda: app.state.gateway),
-                                      handler=app.exception_handlers[Exception])  # fmt: skip
+    app.front = ServerErrorMiddleware(
+        GuardMiddleware(hot, get_state=lambda: app.state.gateway), handler=app.exception_handlers[Exception]
+    )
     if not tracing.enabled():  # DEEPSPEC_TRACING (a caller, a test, may have configured it already)
         tracing.configure("deepspec-gateway")
     if tracing.enabled():  # the request's span around everything, 500s included; absent while off
@@ -211,8 +235,17 @@ class _Server:
             def capture_signals(self):
                 yield
 
-        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
-                                http="httptools", timeout_graceful_shutdown=5, timeout_keep_alive=30)  # fmt: skip
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            http="httptools",
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=30,
+        )
         self.server = Server(config)
 
     async def serve(self) -> None:
@@ -261,17 +294,28 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
             await state.pool.stop()
             return 1
         await asyncio.sleep(0.02)
-    logger.info("gateway listening", extra={"fields": {
-        "msg": "gateway listening", "http": f"http://{_display(settings.host)}:{http.port}/v1",
-        "grpc": None if grpc_port is None else f"{_display(settings.host)}:{grpc_port}",
-        "metrics": f"http://{_display(settings.host)}:{http.port if metrics_server is None else metrics_server.server_port}"
-                   "/metrics", "workers": settings.workers,
-        "auth": bool(state.api_keys)}})  # fmt: skip
+    logger.info(
+        "gateway listening",
+        extra={
+            "fields": {
+                "msg": "gateway listening",
+                "http": f"http://{_display(settings.host)}:{http.port}/v1",
+                "grpc": None if grpc_port is None else f"{_display(settings.host)}:{grpc_port}",
+                "metrics": f"http://{_display(settings.host)}:{http.port if metrics_server is None else metrics_server.server_port}"
+                "/metrics",
+                "workers": settings.workers,
+                "auth": bool(state.api_keys),
+            }
+        },
+    )
     if on_ready is not None:
         on_ready(http.port, grpc_port)
     await stop.wait()
-    logger.info("stopping: readiness false, draining %d in-flight requests for up to %.0f s",
-                len(state.dispatcher.inflight), settings.drain_timeout_s)  # fmt: skip
+    logger.info(
+        "stopping: readiness false, draining %d in-flight requests for up to %.0f s",
+        len(state.dispatcher.inflight),
+        settings.drain_timeout_s,
+    )
     if grpc_server is not None:
         await grpc_server.set_not_serving()
     await state.dispatcher.drain(settings.drain_timeout_s)
@@ -291,5 +335,3 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
 
 def _display(host: str) -> str:
     return "localhost" if host in ("0.0.0.0", "::", "") else host
-
-

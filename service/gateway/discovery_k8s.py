@@ -74,16 +74,20 @@ class KubeAPI:
         if not url:
             host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
             if not host:
-                raise ValueError("--discovery endpointslices needs the Kubernetes API: KUBERNETES_SERVICE_HOST is "
-                                 "unset (not in a pod?); pass --k8s-api-url (or $DEEPSPEC_GATEWAY_K8S_API_URL)")
+                raise ValueError(
+                    "--discovery endpointslices needs the Kubernetes API: KUBERNETES_SERVICE_HOST is "
+                    "unset (not in a pod?); pass --k8s-api-url (or $DEEPSPEC_GATEWAY_K8S_API_URL)"
+                )
             url = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
         if not namespace:
             namespace = os.environ.get("POD_NAMESPACE", "")
         if not namespace and (sa_dir / "namespace").is_file():
             namespace = (sa_dir / "namespace").read_text().strip()
         if not namespace:
-            raise ValueError(f"no namespace for the worker Service: not in --workers k8s://<service>.<namespace>:"
-                             f"<port>, $POD_NAMESPACE or {sa_dir / 'namespace'}")
+            raise ValueError(
+                f"no namespace for the worker Service: not in --workers k8s://<service>.<namespace>:"
+                f"<port>, $POD_NAMESPACE or {sa_dir / 'namespace'}"
+            )
         token, ca = sa_dir / "token", sa_dir / "ca.crt"
         return cls(url.rstrip("/"), namespace, token if token.is_file() else None, ca if ca.is_file() else None)
 
@@ -100,8 +104,11 @@ class KubeAPI:
 
 def ready_addresses(slice_: dict, port: str) -> set[str]:
     """`host:port` of every ready endpoint in one EndpointSlice that exposes `port` (a name or a number)."""
-    numbers = [p.get("port") for p in slice_.get("ports") or []
-               if p.get("port") is not None and (p.get("name") == port or str(p.get("port")) == port)]  # fmt: skip
+    numbers = [
+        p.get("port")
+        for p in slice_.get("ports") or []
+        if p.get("port") is not None and (p.get("name") == port or str(p.get("port")) == port)
+    ]
     if not numbers:
         return set()
     ipv6 = slice_.get("addressType") == "IPv6"
@@ -115,8 +122,14 @@ def ready_addresses(slice_: dict, port: str) -> set[str]:
 
 
 class EndpointSliceWatcher:
-    def __init__(self, api: KubeAPI, ref: ServiceRef, on_change: Callable[[set[str]], None],
-                 watch_timeout_s: int = _WATCH_TIMEOUT_S, backoff_min_s: float = _BACKOFF_MIN_S):  # fmt: skip
+    def __init__(
+        self,
+        api: KubeAPI,
+        ref: ServiceRef,
+        on_change: Callable[[set[str]], None],
+        watch_timeout_s: int = _WATCH_TIMEOUT_S,
+        backoff_min_s: float = _BACKOFF_MIN_S,
+    ):
         self.api, self.ref, self.on_change = api, ref, on_change
         self.watch_timeout_s = watch_timeout_s
         self.backoff_min_s = backoff_min_s
@@ -146,13 +159,22 @@ class EndpointSliceWatcher:
                         backoff = self.backoff_min_s  # a watch that ran and ended cleanly: resume at once
                         continue
                 except GoneError:
-                    logger.info("EndpointSlices of %s: resourceVersion %s expired, listing again",
-                                self.ref.service, self.resource_version)  # fmt: skip
+                    logger.info(
+                        "EndpointSlices of %s: resourceVersion %s expired, listing again",
+                        self.ref.service,
+                        self.resource_version,
+                    )
                     self.resource_version = ""
                     continue
                 except (httpx.HTTPError, ValueError) as e:  # ValueError: a malformed body or event
-                    logger.warning("EndpointSlices of %s: %s: %s (retrying in %.1f s, keeping %d workers)",
-                                   self.ref.service, type(e).__name__, e, backoff, len(self.addresses))  # fmt: skip
+                    logger.warning(
+                        "EndpointSlices of %s: %s: %s (retrying in %.1f s, keeping %d workers)",
+                        self.ref.service,
+                        type(e).__name__,
+                        e,
+                        backoff,
+                        len(self.addresses),
+                    )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
 
@@ -165,8 +187,13 @@ class EndpointSliceWatcher:
         self._publish()
 
     async def _watch(self, client: httpx.AsyncClient) -> None:
-        params = {"labelSelector": self.selector, "watch": "true", "resourceVersion": self.resource_version,
-                  "allowWatchBookmarks": "true", "timeoutSeconds": str(self.watch_timeout_s)}  # fmt: skip
+        params = {
+            "labelSelector": self.selector,
+            "watch": "true",
+            "resourceVersion": self.resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.watch_timeout_s),
+        }
         async with client.stream("GET", self.path, params=params, headers=self.api.headers()) as r:
             if r.status_code >= 400:
                 await r.aread()
@@ -202,7 +229,10 @@ def _raise_for_status(r: httpx.Response) -> None:
     if r.status_code == 410:
         raise GoneError(r.text)
     if r.status_code in (401, 403):
-        raise httpx.HTTPStatusError(f"{r.status_code} from the Kubernetes API: the gateway's ServiceAccount needs "
-                                    f"list/watch on endpointslices in its namespace ({r.text[:200]})",
-                                    request=r.request, response=r)  # fmt: skip
+        raise httpx.HTTPStatusError(
+            f"{r.status_code} from the Kubernetes API: the gateway's ServiceAccount needs "
+            f"list/watch on endpointslices in its namespace ({r.text[:200]})",
+            request=r.request,
+            response=r,
+        )
     r.raise_for_status()

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from deepspec_protocol.worker import RequestStats
 from service.gateway import errors
 from service.gateway.admission import AdmissionQueue, estimate_tokens
 from service.gateway.fanout import fan_out
@@ -29,7 +30,6 @@ from service.gateway.service_classes import ServiceClasses, memory_session
 from service.gateway.validation import check_prompt_size
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, merge_sequences, total_stats
 from service.logging import log_request
-from deepspec_protocol.worker import RequestStats
 
 #: worker statuses that mean "this worker cannot take it now; another may" (retried before the first token)
 _RETRYABLE = {"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "UNKNOWN", "CANCELLED", "NOT_FOUND"}
@@ -61,9 +61,17 @@ def _prompt_chars(req: GenerationRequest) -> int:
 
 
 class Dispatcher:
-    def __init__(self, pool: WorkerPool, metrics, *, request_timeout_s: float = 600.0, max_attempts: int = 3,
-                 retry_after_s: int = 1, classes: ServiceClasses | None = None,
-                 admission: AdmissionQueue | None = None):  # fmt: skip
+    def __init__(
+        self,
+        pool: WorkerPool,
+        metrics,
+        *,
+        request_timeout_s: float = 600.0,
+        max_attempts: int = 3,
+        retry_after_s: int = 1,
+        classes: ServiceClasses | None = None,
+        admission: AdmissionQueue | None = None,
+    ):
         self.pool = pool
         #: each caller's service class, weight, budget and latency objective
         self.classes = classes or ServiceClasses()
@@ -87,18 +95,24 @@ class Dispatcher:
         """The served model a request names (or the only one when it names none) and its context length."""
         models = self.pool.models()
         if not models:
-            raise errors.ServiceUnavailableError("no worker is ready yet; retry shortly", retry_after_s=self.retry_after_s)
+            raise errors.ServiceUnavailableError(
+                "no worker is ready yet; retry shortly", retry_after_s=self.retry_after_s
+            )
         if not requested:
             if len(models) == 1:
                 return next(iter(models.items()))
             raise errors.BadRequestError(f"several models are served, name one of {sorted(models)}", param="model")
         if requested not in models:
-            raise errors.NotFoundError(f"the model {requested!r} does not exist; served models: {sorted(models)}",
-                                       param="model", code="model_not_found")  # fmt: skip
+            raise errors.NotFoundError(
+                f"the model {requested!r} does not exist; served models: {sorted(models)}",
+                param="model",
+                code="model_not_found",
+            )
         return requested, models[requested]
 
-    async def generate(self, req: GenerationRequest, api: str, unary: bool = False,
-                       caller: str | None = None) -> AsyncIterator[Chunk]:  # fmt: skip
+    async def generate(
+        self, req: GenerationRequest, api: str, unary: bool = False, caller: str | None = None
+    ) -> AsyncIterator[Chunk]:
         """Stream `req` from a worker for `caller` (None = auth off); `unary=True` (non-streaming APIs) uses one
         ModelInfer call instead. The request first takes a slot in the admission queue (its caller's service class
         decides its rank there and is sent to the worker); when every worker is saturated it waits there again."""
@@ -120,11 +134,15 @@ class Dispatcher:
                     status = run.finish_reason
                     return
                 if not run.saturated:
-                    raise errors.ServiceUnavailableError(f"no ready worker serves {req.model!r}", code="no_worker",
-                                                         retry_after_s=self.retry_after_s)  # fmt: skip
+                    raise errors.ServiceUnavailableError(
+                        f"no ready worker serves {req.model!r}", code="no_worker", retry_after_s=self.retry_after_s
+                    )
                 if not self.admission.max_waiting:  # no queue: answer at once
-                    raise errors.RateLimitError("every worker is saturated; retry after the Retry-After delay",
-                                                code="server_busy", retry_after_s=self.retry_after_s)  # fmt: skip
+                    raise errors.RateLimitError(
+                        "every worker is saturated; retry after the Retry-After delay",
+                        code="server_busy",
+                        retry_after_s=self.retry_after_s,
+                    )
                 await self.admission.readmit(ticket)  # Shed when no slot frees within its latency objective
         except errors.ServiceError as e:
             status, error_text = e.status, e.message
@@ -147,8 +165,9 @@ class Dispatcher:
             self.admission.release(ticket, stats.num_prompt_tokens + stats.num_output_tokens if run.latest else None)
             self._record(req, api, run.worker, status, error_text, stats, run.arrival, run.first)
 
-    async def _attempts(self, req: GenerationRequest, unary: bool, run: _Progress,
-                        key: tuple[str | None, str]) -> AsyncIterator[Chunk]:  # fmt: skip
+    async def _attempts(
+        self, req: GenerationRequest, unary: bool, run: _Progress, key: tuple[str | None, str]
+    ) -> AsyncIterator[Chunk]:
         """`req`'s chunks from the first of up to `max_attempts` workers that serves it; before its first token a
         request moves on from a worker that is saturated, unreachable or failing. Ends with `run.finish_reason` set
         (served), or without it: then `run.saturated` says whether every worker tried was only full."""
@@ -185,8 +204,10 @@ class Dispatcher:
                 self.pool.served(endpoint, req.session, prefix)
                 return
             except WorkerError as e:
-                if run.first is not None or e.status in ("INVALID_ARGUMENT", "DEADLINE_EXCEEDED") or (
-                    e.status not in _RETRYABLE
+                if (
+                    run.first is not None
+                    or e.status in ("INVALID_ARGUMENT", "DEADLINE_EXCEEDED")
+                    or (e.status not in _RETRYABLE)
                 ):
                     raise _to_service_error(e, started=run.first is not None) from None
                 run.saturated |= e.status == "RESOURCE_EXHAUSTED"
@@ -214,36 +235,60 @@ class Dispatcher:
         self.inflight[key] = asyncio.current_task()
         return key
 
-    def _record(self, req: GenerationRequest, api: str, worker: str | None, status: str, error_text: str | None,
-                stats, arrival: float, first: float | None) -> None:
+    def _record(
+        self,
+        req: GenerationRequest,
+        api: str,
+        worker: str | None,
+        status: str,
+        error_text: str | None,
+        stats,
+        arrival: float,
+        first: float | None,
+    ) -> None:
         """A finished request's metrics (latency, tokens, spec-decode counts) and its request-log line."""
         finished = time.perf_counter()
         labels = (req.model, worker or "none")
         self.metrics.observe_request(
-            labels, status=status, arrival=arrival, first_token=first, finished=finished,
-            num_prompt_tokens=stats.num_prompt_tokens, num_output_tokens=stats.num_output_tokens,
-        )  # fmt: skip
+            labels,
+            status=status,
+            arrival=arrival,
+            first_token=first,
+            finished=finished,
+            num_prompt_tokens=stats.num_prompt_tokens,
+            num_output_tokens=stats.num_output_tokens,
+        )
         if stats.num_draft_tokens:
             series = self.metrics.series((*labels, req.service_class))
             series.spec_decode_num_draft_tokens.inc(stats.num_draft_tokens)
             series.spec_decode_num_accepted_tokens.inc(stats.num_accepted_tokens)
             series.spec_decode_num_drafts.inc(stats.num_spec_steps)
         log_request(
-            request_id=req.request_id, api=api, model=req.model, worker=worker, status=status, stats=stats,
-            ttft_s=None if first is None else first - arrival, duration_s=finished - arrival, error=error_text,
-        )  # fmt: skip
+            request_id=req.request_id,
+            api=api,
+            model=req.model,
+            worker=worker,
+            status=status,
+            stats=stats,
+            ttft_s=None if first is None else first - arrival,
+            duration_s=finished - arrival,
+            error=error_text,
+        )
 
     async def complete(self, req: GenerationRequest, api: str, caller: str | None = None) -> list[Chunk]:
         """Run a request to the end: one chunk per sequence, in index order, with its whole text, scores and
         counts (`total_stats` of their stats is the usage)."""
         chunks = merge_sequences([chunk async for chunk in self.generate(req, api, unary=True, caller=caller)])
         if [c.index for c in chunks] != list(range(req.n)):
-            raise errors.ServiceError(f"the worker answered the sequences {[c.index for c in chunks]} of a request "
-                                      f"for {req.n}", code="worker_error")  # fmt: skip
+            raise errors.ServiceError(
+                f"the worker answered the sequences {[c.index for c in chunks]} of a request for {req.n}",
+                code="worker_error",
+            )
         return chunks
 
-    async def complete_all(self, reqs: list[GenerationRequest], api: str,
-                           caller: str | None = None) -> list[list[Chunk]]:  # fmt: skip
+    async def complete_all(
+        self, reqs: list[GenerationRequest], api: str, caller: str | None = None
+    ) -> list[list[Chunk]]:
         """Run several requests (a batch of prompts) side by side to the end, each request's sequences as
         `complete` gives them; the first failure fails them all and cancels the rest."""
         if len(reqs) == 1:  # one prompt, the usual request: no task of its own
@@ -263,9 +308,12 @@ class Dispatcher:
     def cut(self, reason: str) -> int:
         """End every request still running with the error a failed worker gives (HTTP streams: an error event, then
         `[DONE]`); returns how many."""
-        return sum(self._interrupt(key, errors.ServiceUnavailableError(f"the request was cut short: {reason}",
-                                                                       code="worker_failed"))  # fmt: skip
-                   for key in list(self.inflight))
+        return sum(
+            self._interrupt(
+                key, errors.ServiceUnavailableError(f"the request was cut short: {reason}", code="worker_failed")
+            )
+            for key in list(self.inflight)
+        )
 
     def _interrupt(self, key: tuple[str | None, str], error: errors.ServiceError) -> bool:
         task = self.inflight.get(key)
@@ -287,8 +335,9 @@ def _check_extensions(req: GenerationRequest, endpoint: Endpoint) -> None:
     """Refuse what `endpoint`'s client would drop (an OpenAI-HTTP worker's: a logprobs mode) rather than send it."""
     unsupported = req.extensions - getattr(endpoint.client, "extensions", frozenset())
     if unsupported:
-        raise errors.BadRequestError(f"{' and '.join(sorted(unsupported))} are not supported by this worker "
-                                     f"({endpoint.address})")  # fmt: skip
+        raise errors.BadRequestError(
+            f"{' and '.join(sorted(unsupported))} are not supported by this worker ({endpoint.address})"
+        )
 
 
 def _to_service_error(e: WorkerError, started: bool) -> errors.ServiceError:

@@ -45,8 +45,9 @@ class ServiceError(Exception):
         super().__init_subclass__(**kwargs)
         cls.http_status, cls.type, cls.grpc_status = http, kind, grpc_status
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 retry_after_s: int | None = None):  # fmt: skip
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, retry_after_s: int | None = None
+    ):
         super().__init__(message)
         self.message, self.param, self.code, self.retry_after_s = message, param, code, retry_after_s
 
@@ -111,12 +112,15 @@ class ErrorBody(BaseModel):
 
 _MEANING = {
     400: "bad input: wrong type, out of range, unsupported field, or too long for the model's context",
-    401: "missing or wrong API key", 404: "unknown model", 413: "the request body is too large",
+    401: "missing or wrong API key",
+    404: "unknown model",
+    413: "the request body is too large",
     429: "every worker is saturated, the request was shed by the gateway's admission queue (the "
-         "x-deepspec-drop-reason header says why) or its key's token budget is spent: retry after Retry-After seconds",
+    "x-deepspec-drop-reason header says why) or its key's token budget is spent: retry after Retry-After seconds",
     500: "internal error",
-    503: "no worker is ready, or the gateway is shutting down (Retry-After)", 504: "the request timed out",
-}  # fmt: skip
+    503: "no worker is ready, or the gateway is shutting down (Retry-After)",
+    504: "the request timed out",
+}
 
 
 def responses(*statuses: int) -> dict[int, dict]:

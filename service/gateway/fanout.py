@@ -25,9 +25,15 @@ Call = Callable[[GenerationRequest, float], AsyncIterator[Chunk]]
 
 def child_requests(req: GenerationRequest) -> list[GenerationRequest]:
     """The n requests of one sequence each that stand for `req`."""
-    return [dataclasses.replace(req, n=1, request_id=f"{req.request_id}-{i}",
-                                seed=None if req.seed is None else (req.seed + i) % _SEED_MODULUS)
-            for i in range(req.n)]  # fmt: skip
+    return [
+        dataclasses.replace(
+            req,
+            n=1,
+            request_id=f"{req.request_id}-{i}",
+            seed=None if req.seed is None else (req.seed + i) % _SEED_MODULUS,
+        )
+        for i in range(req.n)
+    ]
 
 
 async def fan_out(call: Call, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:

@@ -25,15 +25,15 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from pydantic import ValidationError
 
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.token_scores import TokenScore
+from deepspec_protocol.worker import Constraint, RequestStats
 from service.gateway.dispatch import new_request_id
 from service.gateway.errors import BadRequestError, ServiceError, validation_message
 from service.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from service.gateway.structured import structured_outputs_field
 from service.gateway.validation import check_request_id, check_session_id
 from service.gateway.worker_client import GenerationRequest, total_stats
-from deepspec_protocol.worker import Constraint, RequestStats
-from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
-from deepspec_protocol.token_scores import TokenScore
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Completions"]
 SERVICE_NAME = _SERVICE.full_name
@@ -44,9 +44,13 @@ _DEFAULT_TEMPERATURE = 0.0
 
 def _usage(s: RequestStats) -> pb.Usage:
     """The usage of a request's `total_stats`."""
-    return pb.Usage(prompt_tokens=s.num_prompt_tokens, completion_tokens=s.num_output_tokens,
-                    total_tokens=s.num_prompt_tokens + s.num_output_tokens,
-                    num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens)  # fmt: skip
+    return pb.Usage(
+        prompt_tokens=s.num_prompt_tokens,
+        completion_tokens=s.num_output_tokens,
+        total_tokens=s.num_prompt_tokens + s.num_output_tokens,
+        num_draft_tokens=s.num_draft_tokens,
+        num_accepted_tokens=s.num_accepted_tokens,
+    )
 
 
 class _Malformed:
@@ -74,33 +78,55 @@ def to_generation_request(request: pb.CompletionRequest, model: str) -> Generati
     if request.HasField("top_logprobs") and not (request.logprobs or request.prompt_logprobs):
         raise BadRequestError("top_logprobs needs logprobs or prompt_logprobs", param="top_logprobs")
     if request.prompt_logprobs and request.messages:
-        raise BadRequestError("prompt_logprobs scores a prompt: send prompt or prompt_token_ids",
-                              param="prompt_logprobs")
+        raise BadRequestError(
+            "prompt_logprobs scores a prompt: send prompt or prompt_token_ids", param="prompt_logprobs"
+        )
     request_id = check_request_id(request.request_id) if request.request_id else new_request_id("grpc")
     num_top = request.top_logprobs if request.HasField("top_logprobs") else 0
     fields = {
-        "model": request.model or None, "stop": list(request.stop) or None, "ignore_eos": request.ignore_eos,
+        "model": request.model or None,
+        "stop": list(request.stop) or None,
+        "ignore_eos": request.ignore_eos,
         "user": request.user or None,
         "max_tokens": request.max_tokens if request.HasField("max_tokens") else _DEFAULT_MAX_TOKENS,
         "temperature": request.temperature if request.HasField("temperature") else _DEFAULT_TEMPERATURE,
-        **{name: getattr(request, name) for name in ("top_p", "top_k", "seed", "n", "logprobs_mode")
-           if request.HasField(name)},
-    }  # fmt: skip
+        **{
+            name: getattr(request, name)
+            for name in ("top_p", "top_k", "seed", "n", "logprobs_mode")
+            if request.HasField(name)
+        },
+    }
     if request.HasField("structured_output"):
         fields["structured_outputs"] = _structured_outputs(request.structured_output)
     if request.HasField("speculation"):
-        fields["speculation"] = {"mode": request.speculation.mode or "auto", **(
-            {"max_draft_tokens": request.speculation.max_draft_tokens}
-            if request.speculation.HasField("max_draft_tokens") else {})}  # fmt: skip
+        fields["speculation"] = {
+            "mode": request.speculation.mode or "auto",
+            **(
+                {"max_draft_tokens": request.speculation.max_draft_tokens}
+                if request.speculation.HasField("max_draft_tokens")
+                else {}
+            ),
+        }
     try:
         if request.messages:
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            body = ChatCompletionRequest.model_validate({**fields, "messages": messages, "logprobs": request.logprobs,
-                                                         "top_logprobs": num_top if request.logprobs else None})
+            body = ChatCompletionRequest.model_validate(
+                {
+                    **fields,
+                    "messages": messages,
+                    "logprobs": request.logprobs,
+                    "top_logprobs": num_top if request.logprobs else None,
+                }
+            )
             return GenerationRequest(request_id=request_id, model=model, **body.generation())
-        body = CompletionRequest.model_validate({
-            **fields, "prompt": request.prompt or list(request.prompt_token_ids), "echo": request.prompt_logprobs,
-            "logprobs": num_top if request.logprobs or request.prompt_logprobs else None})  # fmt: skip
+        body = CompletionRequest.model_validate(
+            {
+                **fields,
+                "prompt": request.prompt or list(request.prompt_token_ids),
+                "echo": request.prompt_logprobs,
+                "logprobs": num_top if request.logprobs or request.prompt_logprobs else None,
+            }
+        )
         generation = body.generation(body.prompts[0])
         if not request.logprobs:  # the prompt's scores only
             generation["logprobs"] = None
@@ -124,10 +150,18 @@ def _token_id(token_id: int) -> int | None:
 
 
 def _token_logprobs(scores: list[TokenScore] | None) -> list[pb.TokenLogprob]:
-    return [pb.TokenLogprob(token=s.token, token_id=_token_id(s.token_id), logprob=s.logprob,
-                            top_logprobs=[pb.TopLogprob(token=t, token_id=_token_id(i), logprob=lp)
-                                          for t, i, lp in zip(s.top_tokens, s.top_token_ids, s.top_logprobs)])
-            for s in scores or ()]  # fmt: skip
+    return [
+        pb.TokenLogprob(
+            token=s.token,
+            token_id=_token_id(s.token_id),
+            logprob=s.logprob,
+            top_logprobs=[
+                pb.TopLogprob(token=t, token_id=_token_id(i), logprob=lp)
+                for t, i, lp in zip(s.top_tokens, s.top_token_ids, s.top_logprobs)
+            ],
+        )
+        for s in scores or ()
+    ]
 
 
 class CompletionsServicer:
@@ -154,13 +188,23 @@ class CompletionsServicer:
             results = await self.state.dispatcher.complete(req, "grpc", caller=caller)
         except ServiceError as e:
             await context.abort(e.grpc_status, e.message)
-        choices = [pb.Choice(index=r.index, text=r.text, finish_reason=r.finish_reason or "",
-                             logprobs=_token_logprobs(r.logprobs)) for r in results]  # fmt: skip
+        choices = [
+            pb.Choice(
+                index=r.index, text=r.text, finish_reason=r.finish_reason or "", logprobs=_token_logprobs(r.logprobs)
+            )
+            for r in results
+        ]
         prompt_scores = next((r.prompt_logprobs for r in results if r.prompt_logprobs is not None), None)
-        return pb.CompletionResponse(id=req.request_id, model=req.model, text=choices[0].text,
-                                     finish_reason=choices[0].finish_reason, logprobs=choices[0].logprobs,
-                                     usage=_usage(total_stats(r.stats for r in results)),
-                                     prompt_logprobs=_token_logprobs(prompt_scores), choices=choices)  # fmt: skip
+        return pb.CompletionResponse(
+            id=req.request_id,
+            model=req.model,
+            text=choices[0].text,
+            finish_reason=choices[0].finish_reason,
+            logprobs=choices[0].logprobs,
+            usage=_usage(total_stats(r.stats for r in results)),
+            prompt_logprobs=_token_logprobs(prompt_scores),
+            choices=choices,
+        )
 
     async def CompleteStream(self, request, context):
         try:
@@ -168,10 +212,14 @@ class CompletionsServicer:
             latest = {}  # choice -> its counts so far
             async for chunk in self.state.dispatcher.generate(req, "grpc", caller=caller):
                 latest[chunk.index] = chunk.stats
-                out = pb.CompletionChunk(id=req.request_id, text=chunk.text, index=chunk.index,
-                                         finish_reason=chunk.finish_reason or "",
-                                         logprobs=_token_logprobs(chunk.logprobs),
-                                         prompt_logprobs=_token_logprobs(chunk.prompt_logprobs))  # fmt: skip
+                out = pb.CompletionChunk(
+                    id=req.request_id,
+                    text=chunk.text,
+                    index=chunk.index,
+                    finish_reason=chunk.finish_reason or "",
+                    logprobs=_token_logprobs(chunk.logprobs),
+                    prompt_logprobs=_token_logprobs(chunk.prompt_logprobs),
+                )
                 if chunk.final:
                     out.usage.CopyFrom(_usage(total_stats(latest.values())))
                 yield out
@@ -195,8 +243,11 @@ def _method_handlers(servicer: CompletionsServicer) -> dict[str, grpc.RpcMethodH
     for method in _SERVICE.methods:
         request_class, response_class = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
-        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=_lenient(request_class),
-                                     response_serializer=response_class.SerializeToString)  # fmt: skip
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=_lenient(request_class),
+            response_serializer=response_class.SerializeToString,
+        )
     return handlers
 
 

@@ -39,12 +39,18 @@ class HotEndpoint:
         that are coroutine functions of the request alone (what `call` knows how to pass)."""
         dependant = route.dependant
         plain = [dependant, *dependant.dependencies]
-        if (len(dependant.body_params) != 1 or any(d.path_params or d.query_params or d.header_params
-                                                   or d.cookie_params for d in plain)
-                or any(d.body_params or d.dependencies or not asyncio.iscoroutinefunction(d.call)
-                       for d in dependant.dependencies)):  # fmt: skip
-            raise ValueError(f"{route.path} takes more than a JSON body, the request and async dependencies of the "
-                             "request: leave it to FastAPI")  # fmt: skip
+        if (
+            len(dependant.body_params) != 1
+            or any(d.path_params or d.query_params or d.header_params or d.cookie_params for d in plain)
+            or any(
+                d.body_params or d.dependencies or not asyncio.iscoroutinefunction(d.call)
+                for d in dependant.dependencies
+            )
+        ):
+            raise ValueError(
+                f"{route.path} takes more than a JSON body, the request and async dependencies of the "
+                "request: leave it to FastAPI"
+            )
         return cls(route, dependant.body_params[0].field_info.annotation)
 
     async def call(self, app: FastAPI, body: BaseModel, request: Request) -> Response:
@@ -54,8 +60,9 @@ class HotEndpoint:
             arguments[dependant.request_param_name] = request
         for dependency in dependant.dependencies:
             call = app.dependency_overrides.get(dependency.call, dependency.call)
-            arguments[dependency.name] = await call(**{dependency.request_param_name: request} if
-                                                    dependency.request_param_name else {})  # fmt: skip
+            arguments[dependency.name] = await call(
+                **{dependency.request_param_name: request} if dependency.request_param_name else {}
+            )
         response = await dependant.call(**arguments)
         assert isinstance(response, Response), f"{self.route.path} must answer a Response, not {type(response)}"
         return response

@@ -276,8 +276,16 @@ class HttpPool:
     """Keep-alive connections to `host:port` (at most `max_connections` open; a request past it waits for one).
     Belongs to the event loop it is made in."""
 
-    def __init__(self, host: str, port: int, *, tls: bool = False, max_connections: int = 256,
-                 keepalive_s: float = KEEPALIVE_S, connect_timeout_s: float = CONNECT_TIMEOUT_S):  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: bool = False,
+        max_connections: int = 256,
+        keepalive_s: float = KEEPALIVE_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ):
         self.host, self.port = host, port
         #: the TLS context of an https upstream (the system's trust store), None for plain HTTP
         self.tls = ssl.create_default_context() if tls else None
@@ -303,8 +311,9 @@ class HttpPool:
     def num_open(self) -> int:
         return len(self._open)
 
-    async def request(self, method: str, path: str, body: bytes = b"", content_type: str | None = None,
-                      timeout_s: float | None = None) -> Response:  # fmt: skip
+    async def request(
+        self, method: str, path: str, body: bytes = b"", content_type: str | None = None, timeout_s: float | None = None
+    ) -> Response:
         """Send one request; returns its Response once the status line and headers have arrived. `timeout_s` bounds
         the whole exchange, reading the body included."""
         deadline = None if timeout_s is None else self.loop.time() + timeout_s
@@ -375,7 +384,9 @@ class HttpPool:
             self._forget(connection)
             if deadline is not None and self.loop.time() >= deadline:
                 raise
-            raise UpstreamConnectError(f"connecting to {self.host}:{self.port} took longer than {timeout:g} s") from None
+            raise UpstreamConnectError(
+                f"connecting to {self.host}:{self.port} took longer than {timeout:g} s"
+            ) from None
         except OSError as e:
             self._forget(connection)
             raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {e}") from None
@@ -424,8 +435,9 @@ async def _until(future: asyncio.Future, deadline: float | None, loop) -> None:
     if deadline is None:
         await future
         return
-    handle = loop.call_at(deadline, lambda: future.done() or future.set_exception(TimeoutError("the request's "
-                                                                                               "deadline passed")))
+    handle = loop.call_at(
+        deadline, lambda: future.done() or future.set_exception(TimeoutError("the request's deadline passed"))
+    )
     try:
         await future
     finally:

@@ -29,10 +29,21 @@ def _utf8(text: str) -> list[int]:
 
 
 def chat_logprobs(scores: list[TokenScore]) -> dict:
-    return {"content": [{"token": s.token, "logprob": _finite(s.logprob), "bytes": _utf8(s.token),
-                         "top_logprobs": [{"token": t, "logprob": _finite(lp), "bytes": _utf8(t)}
-                                          for t, lp in zip(s.top_tokens, s.top_logprobs)]}
-                        for s in scores], "refusal": None}  # fmt: skip
+    return {
+        "content": [
+            {
+                "token": s.token,
+                "logprob": _finite(s.logprob),
+                "bytes": _utf8(s.token),
+                "top_logprobs": [
+                    {"token": t, "logprob": _finite(lp), "bytes": _utf8(t)}
+                    for t, lp in zip(s.top_tokens, s.top_logprobs)
+                ],
+            }
+            for s in scores
+        ],
+        "refusal": None,
+    }
 
 
 def completion_logprobs(scores: list[TokenScore], start: int = 0) -> dict:
@@ -52,8 +63,12 @@ def completion_logprobs(scores: list[TokenScore], start: int = 0) -> dict:
         for text, logprob in [*zip(s.top_tokens, s.top_logprobs), (s.token, s.logprob)]:
             top.setdefault(text, _finite(logprob))  # two tokens with one text: the likelier one's
         top_logprobs.append(top)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": text_offset}
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
 
 
 def concat(*shapes: dict) -> dict:

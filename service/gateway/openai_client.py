@@ -52,8 +52,8 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 
-from deepspec_protocol import worker as p
 from deepspec_protocol import triton_contract as c
+from deepspec_protocol import worker as p
 from service.gateway.http_client import HttpPool, Response, UpstreamBroken
 from service.gateway.json_codec import dumps, loads
 from service.gateway.structured import response_format_field, structured_outputs_field
@@ -66,8 +66,14 @@ _DEADLINE_PASSED = "the upstream did not finish within the request timeout"
 #: the engine's own readiness route (vLLM, SGLang, trtllm-serve)
 HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
-_STATUS_FOR_HTTP = {400: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
-                    503: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}  # fmt: skip
+_STATUS_FOR_HTTP = {
+    400: "INVALID_ARGUMENT",
+    422: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    429: "RESOURCE_EXHAUSTED",
+    503: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+}
 #: keys of a model card that carry its context length (vLLM's `max_model_len`; llama.cpp and others' names)
 _CONTEXT_KEYS = ("max_model_len", "context_length", "n_ctx", "max_context_length")
 #: what vLLM's model cards say they are owned by (vllm/entrypoints/openai/engine/protocol.py ModelCard)
@@ -107,9 +113,12 @@ def request_body(req: GenerationRequest, stream: bool, vllm_extras: bool = False
     else:
         body["prompt"] = req.prompt_token_ids if req.prompt_token_ids is not None else req.prompt or ""
     if req.max_tokens == 0 and not vllm_extras:
-        raise WorkerError("INVALID_ARGUMENT", "max_tokens 0 (prompt scoring) is not supported by this worker: only a "
-                                              "vLLM engine generates nothing for it (llama.cpp reads 0 as no limit); "
-                                              "send max_tokens 1 and drop the last token")  # fmt: skip
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            "max_tokens 0 (prompt scoring) is not supported by this worker: only a "
+            "vLLM engine generates nothing for it (llama.cpp reads 0 as no limit); "
+            "send max_tokens 1 and drop the last token",
+        )
     if req.max_tokens is not None:
         body["max_tokens"] = req.max_tokens
     if req.top_k > 0:
@@ -143,10 +152,13 @@ def _speculation_fields(max_draft_tokens: int, llamacpp: bool) -> dict:
     SGLang and trtllm-serve. Elsewhere the request is refused rather than run at a depth it did not ask for."""
     if llamacpp:
         return {"speculative.n_max": max_draft_tokens, "speculative.n_min": 0}
-    raise WorkerError("INVALID_ARGUMENT", "per-request speculation control (speculation) is not supported by this "
-                                          "worker: its engine (vLLM, SGLang or trtllm-serve) sets the speculation "
-                                          "depth per server; leave `speculation` out, or route to a DeepSpec worker "
-                                          "or a llama.cpp server")  # fmt: skip
+    raise WorkerError(
+        "INVALID_ARGUMENT",
+        "per-request speculation control (speculation) is not supported by this "
+        "worker: its engine (vLLM, SGLang or trtllm-serve) sets the speculation "
+        "depth per server; leave `speculation` out, or route to a DeepSpec worker "
+        "or a llama.cpp server",
+    )
 
 
 def _logprobs_fields(req: GenerationRequest) -> dict:
@@ -174,24 +186,32 @@ def _constraint_fields(constraint: p.Constraint, vllm_extras: bool) -> dict:
             return {"structured_outputs": structured_outputs_field(constraint)}
     except ValueError as e:
         raise WorkerError("INVALID_ARGUMENT", str(e), "structured_output_invalid") from None
-    raise WorkerError("INVALID_ARGUMENT", f"{constraint.kind} structured outputs are not supported by this worker: an "
-                                          "OpenAI-HTTP engine takes response_format (json_object, json_schema); "
-                                          "regex, grammar and choice need a vLLM engine (structured_outputs)")
+    raise WorkerError(
+        "INVALID_ARGUMENT",
+        f"{constraint.kind} structured outputs are not supported by this worker: an "
+        "OpenAI-HTTP engine takes response_format (json_object, json_schema); "
+        "regex, grammar and choice need a vLLM engine (structured_outputs)",
+    )
 
 
 def _stats(usage: object) -> p.RequestStats:
     if not isinstance(usage, dict):
         return p.RequestStats()
-    return p.RequestStats(num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                          num_output_tokens=int(usage.get("completion_tokens") or 0))  # fmt: skip
+    return p.RequestStats(
+        num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        num_output_tokens=int(usage.get("completion_tokens") or 0),
+    )
 
 
 def _last_chunks(held: dict[int, Chunk], seen: set[int], n: int, stats: p.RequestStats) -> list[Chunk]:
     """Each choice's last chunk (held back for its finish reason), in index order, the last of them final with the
     request's usage; WorkerError INVALID_ARGUMENT when the upstream answered fewer than the n choices asked."""
     if n > 1 and not set(range(n)) <= seen:
-        raise WorkerError("INVALID_ARGUMENT", f"several choices (n) are not supported by this worker: it answered "
-                                              f"the choices {sorted(seen)} of the {n} asked")  # fmt: skip
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            f"several choices (n) are not supported by this worker: it answered "
+            f"the choices {sorted(seen)} of the {n} asked",
+        )
     chunks = [held.get(index) or Chunk("", index=index) for index in range(n)]
     chunks[-1].final, chunks[-1].stats = True, stats
     return chunks
@@ -416,8 +436,9 @@ class OpenAIClient:
     def _slot(self):
         """Count one request in flight on this upstream; RESOURCE_EXHAUSTED past `max_outstanding`."""
         if self.max_outstanding and self.num_outstanding >= self.max_outstanding:
-            raise WorkerError("RESOURCE_EXHAUSTED", f"{self.max_outstanding} requests already in flight on "
-                                                    f"{self.address}")  # fmt: skip
+            raise WorkerError(
+                "RESOURCE_EXHAUSTED", f"{self.max_outstanding} requests already in flight on {self.address}"
+            )
         self.num_outstanding += 1
         try:
             yield
@@ -427,4 +448,3 @@ class OpenAIClient:
     async def close(self) -> None:
         if self._pool is not None:
             await self._pool.close()
-

@@ -28,10 +28,10 @@ from typing import Literal
 
 import grpc
 
+from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, WorkerLoad
 from service.gateway.scoring import PREFIX_AFFINITY_SLACK, AffinityTable, expected_tokens_per_s
 from service.gateway.upstreams import client_for
 from service.gateway.worker_client import WorkerClient, WorkerError
-from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, WorkerLoad
 
 Routing = Literal["goodput", "p2c"]
 
@@ -65,10 +65,20 @@ class Endpoint:
 
 
 class WorkerPool:
-    def __init__(self, workers: str, metrics, health_interval_s: float = 2.0, unhealthy_threshold: int = 2,
-                 dns_refresh_s: float = 5.0, rng: random.Random | None = None, k8s_api_url: str = "",
-                 make_client=client_for, routing: Routing = "goodput", load_max_age_s: float = 5.0,
-                 clock=time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        workers: str,
+        metrics,
+        health_interval_s: float = 2.0,
+        unhealthy_threshold: int = 2,
+        dns_refresh_s: float = 5.0,
+        rng: random.Random | None = None,
+        k8s_api_url: str = "",
+        make_client=client_for,
+        routing: Routing = "goodput",
+        load_max_age_s: float = 5.0,
+        clock=time.monotonic,
+    ):
         self.spec = workers
         self.discovery = discovery_for(workers)
         #: Kubernetes API base URL for endpointslices discovery ("" = the pod's in-cluster config)
@@ -132,11 +142,18 @@ class WorkerPool:
                     merged[name] = n if known is None else min(known, n) if known and n else known or n
         return merged
 
-    def pick(self, model: str, exclude: set[str] = frozenset(), session: str | None = None,
-             prefix: str | None = None, service_class: str = DEFAULT_SERVICE_CLASS) -> Endpoint | None:
+    def pick(
+        self,
+        model: str,
+        exclude: set[str] = frozenset(),
+        session: str | None = None,
+        prefix: str | None = None,
+        service_class: str = DEFAULT_SERVICE_CLASS,
+    ) -> Endpoint | None:
         """The worker for a request (module docstring); None when no admitted worker serves `model`."""
-        candidates = [e for e in self.endpoints.values()
-                      if e.healthy and model in e.models and e.address not in exclude]  # fmt: skip
+        candidates = [
+            e for e in self.endpoints.values() if e.healthy and model in e.models and e.address not in exclude
+        ]
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
         if self.routing == "p2c":
@@ -149,8 +166,10 @@ class WorkerPool:
         now = self.clock()
         if any(e.load is None or now - e.load_observed_at > self.load_max_age_s for e in candidates):
             return self._two_choices(candidates)  # fail open: some signals are stale
-        scores = {e.address: expected_tokens_per_s(e.load, service_class, e.outstanding - e.outstanding_at_load)
-                  for e in candidates}  # fmt: skip
+        scores = {
+            e.address: expected_tokens_per_s(e.load, service_class, e.outstanding - e.outstanding_at_load)
+            for e in candidates
+        }
         best = max(candidates, key=lambda e: (scores[e.address], -e.outstanding, self._rng.random()))
         preferred = self.endpoints.get(self.prefixes.get(prefix) or "")
         if preferred in candidates and scores[preferred.address] >= PREFIX_AFFINITY_SLACK * scores[best.address]:
@@ -248,7 +267,9 @@ class WorkerPool:
         except OSError as e:
             logger.warning("cannot resolve %s: %s (keeping %d known workers)", host, e, len(self.endpoints))
             return
-        addresses = {f"[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{port}" for info in infos}
+        addresses = {
+            f"[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{port}" for info in infos
+        }
         self.set_addresses(addresses, source="DNS")
 
     def _on_endpointslices(self, addresses: set[str]) -> None:

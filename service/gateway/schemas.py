@@ -20,11 +20,29 @@ from pydantic import BaseModel, Field, model_validator
 
 from service.gateway.speculation import Speculation, draft_cap
 from service.gateway.structured import StructuredOutputFields
-from service.gateway.validation import (MAX_CHOICES, STRICT, CompletionMaxTokens, Integer, MaxTokens, Name,
-                                        LogprobsMode, NumChoices, Prompt, Prompts, Seed, StopString, StopStrings,
-                                        Temperature, Text, TokenIdBatch, TokenIds, TopK, TopLogprobs, TopP,
-                                        neutral_only)  # fmt: skip
-
+from service.gateway.validation import (
+    MAX_CHOICES,
+    STRICT,
+    CompletionMaxTokens,
+    Integer,
+    LogprobsMode,
+    MaxTokens,
+    Name,
+    NumChoices,
+    Prompt,
+    Prompts,
+    Seed,
+    StopString,
+    StopStrings,
+    Temperature,
+    Text,
+    TokenIdBatch,
+    TokenIds,
+    TopK,
+    TopLogprobs,
+    TopP,
+    neutral_only,
+)
 
 _MIN_NORMAL_FP32 = 1.1754943508222875e-38
 
@@ -113,14 +131,19 @@ class CompletionRequest(_SamplingFields):
         if self.suffix:
             raise ValueError("suffix is not supported (leave it out)")
         if self.best_of not in (None, self.n):
-            raise ValueError(f"best_of is not supported: leave it out, or equal to n ({self.n}); send n for "
-                             "several choices")
+            raise ValueError(
+                f"best_of is not supported: leave it out, or equal to n ({self.n}); send n for several choices"
+            )
         if len(self.prompts) * self.n > MAX_CHOICES:
-            raise ValueError(f"n ({self.n}) choices for each of {len(self.prompts)} prompts is more than "
-                             f"{MAX_CHOICES} choices in one request: send the batch in parts")
+            raise ValueError(
+                f"n ({self.n}) choices for each of {len(self.prompts)} prompts is more than "
+                f"{MAX_CHOICES} choices in one request: send the batch in parts"
+            )
         if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens 0 generates nothing: it only scores the prompt, with echo true (and "
-                             "logprobs for the prompt's logprobs; gRPC: prompt_logprobs)")
+            raise ValueError(
+                "max_tokens 0 generates nothing: it only scores the prompt, with echo true (and "
+                "logprobs for the prompt's logprobs; gRPC: prompt_logprobs)"
+            )
         if self.stream and len(self.prompts) > 1:
             raise ValueError("stream takes one prompt: send the batch without stream, or one request per prompt")
         return self
@@ -140,9 +163,14 @@ class CompletionRequest(_SamplingFields):
         prompt_logprobs = None
         if self.echo and (self.logprobs is not None or token_ids or self.max_tokens == 0):
             prompt_logprobs = self.logprobs or 0
-        return {"prompt": None if token_ids else prompt, "prompt_token_ids": prompt if token_ids else None,
-                "max_tokens": self.max_tokens, "logprobs": self.logprobs, "prompt_logprobs": prompt_logprobs,
-                **self.sampling()}  # fmt: skip
+        return {
+            "prompt": None if token_ids else prompt,
+            "prompt_token_ids": prompt if token_ids else None,
+            "max_tokens": self.max_tokens,
+            "logprobs": self.logprobs,
+            "prompt_logprobs": prompt_logprobs,
+            **self.sampling(),
+        }
 
 
 class TextPart(BaseModel):
@@ -185,5 +213,9 @@ class ChatCompletionRequest(_SamplingFields):
         (max_completion_tokens before the deprecated max_tokens), the logprobs' alternatives (None without
         logprobs) and the sampling."""
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
-        return {"messages": messages, "max_tokens": self.max_completion_tokens or self.max_tokens,
-                "logprobs": (self.top_logprobs or 0) if self.logprobs else None, **self.sampling()}  # fmt: skip
+        return {
+            "messages": messages,
+            "max_tokens": self.max_completion_tokens or self.max_tokens,
+            "logprobs": (self.top_logprobs or 0) if self.logprobs else None,
+            **self.sampling(),
+        }

@@ -101,5 +101,6 @@ class ServiceClasses:
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
-            raise ValueError(f"{source}: {where}: {first['msg']} (service classes are {', '.join(SERVICE_CLASSES)})") \
-                from None
+            raise ValueError(
+                f"{source}: {where}: {first['msg']} (service classes are {', '.join(SERVICE_CLASSES)})"
+            ) from None

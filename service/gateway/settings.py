@@ -88,8 +88,10 @@ class GatewaySettings(ServiceSettings):
         elif implied == "static" and self.discovery != "static":
             self.workers = schemes[self.discovery] + self.workers
         elif implied != self.discovery:
-            raise ValueError(f"--discovery {self.discovery} does not match --workers {self.workers!r} "
-                             f"(which implies {implied}); drop one of them")  # fmt: skip
+            raise ValueError(
+                f"--discovery {self.discovery} does not match --workers {self.workers!r} "
+                f"(which implies {implied}); drop one of them"
+            )
         if self.discovery == "static":
             for address in filter(None, (a.strip() for a in self.workers.split(","))):
                 parse_address(address)  # ValueError naming the valid forms

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from deepspec_protocol import worker as p
 from deepspec_protocol import tensors
 from deepspec_protocol import triton_contract as c
+from deepspec_protocol import worker as p
 
 #: roles a model may leave out without changing what the request means
 _SKIPPABLE = frozenset(c.FLAGS) | {"stream", *c.ADVISORY}
@@ -63,8 +63,11 @@ class ModelSignature:
         inputs = {i.name: InputSlot(datatype(i.data_type), tuple(i.dims), i.optional) for i in config.input}
         decoupled = config.model_transaction_policy.decoupled
         unary = not decoupled or config.platform == p.WORKER_PLATFORM
-        delta = (config.parameters[c.TEXT_OUTPUT_MODE].string_value == c.TEXT_DELTA
-                 if c.TEXT_OUTPUT_MODE in config.parameters else False)
+        delta = (
+            config.parameters[c.TEXT_OUTPUT_MODE].string_value == c.TEXT_DELTA
+            if c.TEXT_OUTPUT_MODE in config.parameters
+            else False
+        )
         cumulative = c.LLMAPI_MARKER in inputs and not delta
         return cls(inputs, config.max_batch_size, decoupled, unary, cumulative)
 
@@ -83,14 +86,17 @@ class ModelSignature:
         """The shape Triton accepts for `num_values` values of input `name`."""
         dims = self.inputs[name].dims
         if sum(d == -1 for d in dims) > 1 or any(d != -1 and d != 1 for d in dims[:-1]):
-            raise SignatureError(f"input {name!r} has dims {list(dims)}: one value list per request is all this "
-                                 "gateway sends")  # fmt: skip
+            raise SignatureError(
+                f"input {name!r} has dims {list(dims)}: one value list per request is all this gateway sends"
+            )
         shape = list(dims)
         if shape and shape[-1] == -1:
             shape[-1] = num_values
         elif num_values != (shape[-1] if shape else 1):
-            raise SignatureError(f"input {name!r} takes {shape[-1] if shape else 1} value(s) (dims {list(dims)}), "
-                                 f"the request has {num_values}")  # fmt: skip
+            raise SignatureError(
+                f"input {name!r} takes {shape[-1] if shape else 1} value(s) (dims {list(dims)}), "
+                f"the request has {num_values}"
+            )
         return [1] + shape if self.max_batch_size > 0 else shape
 
 
@@ -102,7 +108,10 @@ def _worker_slot(role: str) -> InputSlot:
 #: is built for when a worker's config is unknown
 DEEPSPEC_WORKER = ModelSignature(
     inputs={name: _worker_slot(role) for role, name in c.ENSEMBLE_NAMES.items() if name and role not in c.FLAGS},
-    max_batch_size=0, decoupled=True, unary=True)  # fmt: skip
+    max_batch_size=0,
+    decoupled=True,
+    unary=True,
+)
 
 
 def request_values(req, stream: bool) -> dict[str, list | None]:
@@ -112,7 +121,9 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
         "messages": None if req.messages is None else [json.dumps(req.messages, ensure_ascii=False)],
         "max_tokens": None if req.max_tokens is None else [req.max_tokens],
         "stream": [stream],
-        "temperature": [req.temperature], "top_p": [req.top_p], "top_k": [req.top_k],
+        "temperature": [req.temperature],
+        "top_p": [req.top_p],
+        "top_k": [req.top_k],
         "seed": None if req.seed is None else [req.seed],
         "stop": list(req.stop) or None,
         "ignore_eos": [True] if req.ignore_eos else None,
@@ -127,7 +138,7 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
         "service_class": None if req.service_class == p.DEFAULT_SERVICE_CLASS else [req.service_class],
         "memory_session": None if req.memory_session is None else [req.memory_session],
         **{flag: [True] for flag in c.FLAGS},
-    }  # fmt: skip
+    }
 
 
 def build_request(req, stream: bool, signature: ModelSignature) -> service_pb2.ModelInferRequest:
@@ -139,19 +150,24 @@ def build_request(req, stream: bool, signature: ModelSignature) -> service_pb2.M
         if values is None or (role in _SKIPPABLE and name not in signature.inputs):
             continue
         if name not in signature.inputs and role in c.FEATURE_OF_ROLE:
-            raise SignatureError(f"{c.FEATURE_OF_ROLE[role]} are not supported by this worker: model {req.model!r} "
-                                 f"declares no {name or role!r} input (DeepSpec's worker does)")  # fmt: skip
+            raise SignatureError(
+                f"{c.FEATURE_OF_ROLE[role]} are not supported by this worker: model {req.model!r} "
+                f"declares no {name or role!r} input (DeepSpec's worker does)"
+            )
         if name not in signature.inputs:
-            raise SignatureError(f"model {req.model!r} declares no input for {role.replace('_', ' ')} "
-                                 f"({name or 'none in its dialect'}): send the request without it")  # fmt: skip
+            raise SignatureError(
+                f"model {req.model!r} declares no input for {role.replace('_', ' ')} "
+                f"({name or 'none in its dialect'}): send the request without it"
+            )
         slot = signature.inputs[name]
         request.inputs.add(name=name, datatype=slot.datatype, shape=signature.shape(name, len(values)))
         request.raw_input_contents.append(tensors.encode(slot.datatype, values))
         sent.add(name)
     missing = [name for name, slot in signature.inputs.items() if not slot.optional and name not in sent]
     if missing:
-        raise SignatureError(f"model {req.model!r} requires {missing}: set them on the request (max_tokens has no "
-                             "default on this model)")  # fmt: skip
+        raise SignatureError(
+            f"model {req.model!r} requires {missing}: set them on the request (max_tokens has no default on this model)"
+        )
     if signature.decoupled:  # a final flag sent without a response still ends the stream
         request.parameters["triton_enable_empty_final_response"].bool_param = True
     return request

@@ -37,8 +37,10 @@ class Speculation(BaseModel):
     @model_validator(mode="after")
     def _check_consistent(self):
         if self.mode == "off" and self.max_draft_tokens:
-            raise ValueError(f"speculation mode 'off' drafts nothing: leave max_draft_tokens out (or 0), or use mode "
-                             f"'auto' with max_draft_tokens {self.max_draft_tokens}")
+            raise ValueError(
+                f"speculation mode 'off' drafts nothing: leave max_draft_tokens out (or 0), or use mode "
+                f"'auto' with max_draft_tokens {self.max_draft_tokens}"
+            )
         return self
 
     def max_draft_tokens_cap(self) -> int | None:

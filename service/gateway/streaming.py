@@ -13,20 +13,28 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
 
+from deepspec_protocol.worker import RequestStats
 from service.gateway.dependencies import SSE_DONE, SSE_HEADERS, sse
 from service.gateway.errors import ServiceError, responses
 from service.gateway.worker_client import Chunk, total_stats
-from deepspec_protocol.worker import RequestStats
-
 
 #: OpenAPI responses of a route that answers JSON, or SSE when the body says `"stream": true`
 GENERATION_RESPONSES = {
-    200: {"description": "the completion (JSON), or its chunks as server-sent events ending in `data: [DONE]`",
-          "content": {"application/json": {}, "text/event-stream": {"schema": {  # one server-sent event
-              "type": "object", "required": ["data"],
-              "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE] last"}}}}}},
+    200: {
+        "description": "the completion (JSON), or its chunks as server-sent events ending in `data: [DONE]`",
+        "content": {
+            "application/json": {},
+            "text/event-stream": {
+                "schema": {  # one server-sent event
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE] last"}},
+                }
+            },
+        },
+    },
     **responses(400, 401, 404, 413, 429, 503, 504),
-}  # fmt: skip
+}
 
 
 def usage(*totals: RequestStats) -> dict:

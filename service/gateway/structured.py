@@ -23,8 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from service.gateway.validation import STRICT, Text
 from deepspec_protocol.worker import Constraint
+from service.gateway.validation import STRICT, Text
 
 #: OpenAI's rule for a response format's name
 SchemaName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -49,6 +49,7 @@ class JsonSchemaFormat(BaseModel):
 
 class ResponseFormat(BaseModel):
     """OpenAI's response_format: text (no constraint), json_object, or json_schema with its schema."""
+
     model_config = STRICT
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -69,6 +70,7 @@ class ResponseFormat(BaseModel):
 
 class StructuredOutputs(BaseModel):
     """vLLM's structured_outputs: exactly one constraint."""
+
     model_config = STRICT
     json_: Schema | None = Field(None, alias="json")
     regex: Spec | None = None
@@ -80,16 +82,20 @@ class StructuredOutputs(BaseModel):
     def _check_one(self):
         kinds = [kind for kind, value in self._constraints() if value is not None]
         if len(kinds) != 1:
-            raise ValueError(f"set exactly one of json, regex, choice, grammar or json_object: true (got "
-                             f"{', '.join(kinds) or 'none'})")  # fmt: skip
+            raise ValueError(
+                f"set exactly one of json, regex, choice, grammar or json_object: true (got "
+                f"{', '.join(kinds) or 'none'})"
+            )
         return self
 
     def _constraints(self) -> list[tuple[str, Constraint | None]]:
-        return [("json", None if self.json_ is None else _schema(self.json_)),
-                ("regex", None if self.regex is None else Constraint("regex", self.regex)),
-                ("choice", None if self.choice is None else _choice(self.choice)),
-                ("grammar", None if self.grammar is None else Constraint("grammar", self.grammar)),
-                ("json_object", Constraint("json_object") if self.json_object else None)]  # fmt: skip
+        return [
+            ("json", None if self.json_ is None else _schema(self.json_)),
+            ("regex", None if self.regex is None else Constraint("regex", self.regex)),
+            ("choice", None if self.choice is None else _choice(self.choice)),
+            ("grammar", None if self.grammar is None else Constraint("grammar", self.grammar)),
+            ("json_object", Constraint("json_object") if self.json_object else None),
+        ]
 
     def constraint(self) -> Constraint:
         return next(c for _, c in self._constraints() if c is not None)
@@ -105,6 +111,7 @@ def _choice(options: list[str]) -> Constraint:
 
 class StructuredOutputFields(BaseModel):
     """The request fields that constrain the output (chat and completions alike)."""
+
     model_config = STRICT
     response_format: ResponseFormat | None = None
     #: vLLM's extension
@@ -119,8 +126,10 @@ class StructuredOutputFields(BaseModel):
     def _check_one_constraint(self):
         fields = [name for name, constraint in self._constraints() if constraint is not None]
         if len(fields) > 1:
-            raise ValueError(f"send one output constraint, got {' and '.join(fields)} (response_format, "
-                             "structured_outputs and each guided_* field set one)")  # fmt: skip
+            raise ValueError(
+                f"send one output constraint, got {' and '.join(fields)} (response_format, "
+                "structured_outputs and each guided_* field set one)"
+            )
         return self
 
     def _constraints(self) -> list[tuple[str, Constraint | None]]:
@@ -131,7 +140,7 @@ class StructuredOutputFields(BaseModel):
             ("guided_regex", None if self.guided_regex is None else Constraint("regex", self.guided_regex)),
             ("guided_choice", None if self.guided_choice is None else _choice(self.guided_choice)),
             ("guided_grammar", None if self.guided_grammar is None else Constraint("grammar", self.guided_grammar)),
-        ]  # fmt: skip
+        ]
 
     @property
     def constraint(self) -> Constraint | None:
@@ -151,8 +160,10 @@ def structured_outputs_field(constraint: Constraint) -> dict:
             raise ValueError(f"a choice constraint's spec is a JSON list of strings: {e}") from None
     key = {"json_schema": "json", "regex": "regex", "grammar": "grammar"}.get(constraint.kind)
     if key is None:
-        raise ValueError(f"structured output kind must be one of json_object, json_schema, regex, grammar, choice, "
-                         f"got {constraint.kind!r}")  # fmt: skip
+        raise ValueError(
+            f"structured output kind must be one of json_object, json_schema, regex, grammar, choice, "
+            f"got {constraint.kind!r}"
+        )
     return {key: constraint.spec}
 
 

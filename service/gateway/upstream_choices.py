@@ -21,8 +21,8 @@ texts add up to it (an engine whose prompt tokens do not decode to the prompt's 
 
 from __future__ import annotations
 
-from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
 from deepspec_protocol.token_scores import TokenScore
+from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
 
 #: the token id of a score whose upstream sent only the token's text
 UNKNOWN_TOKEN_ID = -1
@@ -58,9 +58,15 @@ def _score(token: str, logprob: float | None, alternatives: list[tuple[str, floa
 
 def chat_scores(logprobs: dict, num_top: int) -> list[TokenScore]:
     """Chat's `logprobs` object as scores, `num_top` alternatives each at most."""
-    return [_score(item["token"], item["logprob"],
-                   [(top["token"], top["logprob"]) for top in item.get("top_logprobs") or ()], num_top)
-            for item in logprobs.get("content") or ()]  # fmt: skip
+    return [
+        _score(
+            item["token"],
+            item["logprob"],
+            [(top["token"], top["logprob"]) for top in item.get("top_logprobs") or ()],
+            num_top,
+        )
+        for item in logprobs.get("content") or ()
+    ]
 
 
 def completion_scores(logprobs: dict, num_top: int) -> list[TokenScore]:
@@ -69,8 +75,10 @@ def completion_scores(logprobs: dict, num_top: int) -> list[TokenScore]:
     top_logprobs = logprobs.get("top_logprobs") or [None] * len(tokens)
     if not len(tokens) == len(token_logprobs) == len(top_logprobs):
         raise ValueError("tokens, token_logprobs and top_logprobs differ in length")
-    return [_score(token, logprob, list((top or {}).items()), num_top)
-            for token, logprob, top in zip(tokens, token_logprobs, top_logprobs)]
+    return [
+        _score(token, logprob, list((top or {}).items()), num_top)
+        for token, logprob, top in zip(tokens, token_logprobs, top_logprobs)
+    ]
 
 
 class ChoiceReader:
@@ -94,7 +102,7 @@ class ChoiceReader:
             split = self._num_prompt_tokens(scores)
             prompt_scores, scores = [_trim(s, self.num_prompt_top) for s in scores[:split]], scores[split:]
             echoed = "".join(s.token for s in prompt_scores) if self.prompt_token_ids is not None else self.prompt
-            text = text[len(echoed):] if text.startswith(echoed) else text
+            text = text[len(echoed) :] if text.startswith(echoed) else text
         generated = None if self.num_top is None else [_trim(s, self.num_top) for s in scores]
         return Chunk(text, logprobs=generated, prompt_logprobs=prompt_scores, index=index)
 
@@ -105,15 +113,17 @@ class ChoiceReader:
         logprobs = choice.get("logprobs")
         if logprobs is None:
             if text:
-                raise WorkerError("INVALID_ARGUMENT", "logprobs are not supported by this worker: it answered "
-                                                      "without them")  # fmt: skip
+                raise WorkerError(
+                    "INVALID_ARGUMENT", "logprobs are not supported by this worker: it answered without them"
+                )
             return []
         num_top = max(n for n in (self.num_top, self.num_prompt_top) if n is not None)
         try:
             return chat_scores(logprobs, num_top) if self.chat else completion_scores(logprobs, num_top)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
-            raise WorkerError("INTERNAL", f"the upstream sent logprobs that are not OpenAI's shape: "
-                                          f"{type(e).__name__}: {e}") from None  # fmt: skip
+            raise WorkerError(
+                "INTERNAL", f"the upstream sent logprobs that are not OpenAI's shape: {type(e).__name__}: {e}"
+            ) from None
 
     def _num_prompt_tokens(self, scores: list[TokenScore]) -> int:
         """How many of a choice's first scores are the echoed prompt's."""
@@ -130,5 +140,11 @@ def _trim(score: TokenScore, num_top: int) -> TokenScore:
     """`score` with its `num_top` likeliest alternatives (the body asked for the most either table wanted)."""
     if len(score.top_tokens) <= num_top:
         return score
-    return TokenScore(score.token, score.token_id, score.logprob, score.top_tokens[:num_top],
-                      score.top_token_ids[:num_top], score.top_logprobs[:num_top])
+    return TokenScore(
+        score.token,
+        score.token_id,
+        score.logprob,
+        score.top_tokens[:num_top],
+        score.top_token_ids[:num_top],
+        score.top_logprobs[:num_top],
+    )

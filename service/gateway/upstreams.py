@@ -42,10 +42,11 @@ def parse_address(address: str, default: Protocol = "kserve-grpc") -> WorkerAddr
     if "://" in address:
         scheme = address[: address.index("://") + 3]
         if scheme not in SCHEMES:
-            raise ValueError(f"unknown worker scheme {scheme!r} in {address!r}: use host:port or one of "
-                             f"{sorted(SCHEMES)}")  # fmt: skip
+            raise ValueError(
+                f"unknown worker scheme {scheme!r} in {address!r}: use host:port or one of {sorted(SCHEMES)}"
+            )
         protocol, url_scheme = SCHEMES[scheme]
-        rest = address[len(scheme):]
+        rest = address[len(scheme) :]
     host, _, port = rest.rstrip("/").rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"expected host:port after the scheme, got {address!r} in --workers")

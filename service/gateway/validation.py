@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 
-from service.gateway.errors import BadRequestError
 from deepspec_protocol.worker import LOGPROBS_MODES, MAX_CHARS_PER_TOKEN, MAX_TOP_LOGPROBS, max_prompt_chars
+from service.gateway.errors import BadRequestError
 
 #: every request object: strict types (`"max_tokens": "5"` is a 400, as at OpenAI), unknown fields refused
 STRICT = ConfigDict(strict=True, extra="forbid")
@@ -101,16 +101,20 @@ def check_request_id(request_id: str) -> str:
     try:
         return _REQUEST_ID.validate_python(request_id)
     except ValidationError as e:
-        raise BadRequestError(f"request_id: {e.errors()[0]['msg']} (printable ASCII, no spaces, at most "
-                              f"{MAX_REQUEST_ID_CHARS} characters)", param="request_id") from None  # fmt: skip
+        raise BadRequestError(
+            f"request_id: {e.errors()[0]['msg']} (printable ASCII, no spaces, at most "
+            f"{MAX_REQUEST_ID_CHARS} characters)",
+            param="request_id",
+        ) from None
 
 
 def check_session_id(session_id: str) -> str:
     """A session id (the `x-session-id` header, gRPC `session_id`): it only picks a worker, so any printable text
     up to MAX_NAME_CHARS characters does."""
     if not session_id.isprintable() or len(session_id) > MAX_NAME_CHARS:
-        raise BadRequestError(f"the session id must be printable text of at most {MAX_NAME_CHARS} characters",
-                              param="session_id")  # fmt: skip
+        raise BadRequestError(
+            f"the session id must be printable text of at most {MAX_NAME_CHARS} characters", param="session_id"
+        )
     return session_id
 
 
@@ -121,5 +125,6 @@ def check_prompt_size(num_chars: int, context_len: int) -> None:
         raise BadRequestError(
             f"the prompt has {num_chars} characters, more than this model's maximum context length of {context_len} "
             f"tokens can hold (at most {limit} characters at {MAX_CHARS_PER_TOKEN} per token): shorten the prompt",
-            param="prompt", code="context_length_exceeded",
-        )  # fmt: skip
+            param="prompt",
+            code="context_length_exceeded",
+        )

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field, fields
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from deepspec_protocol import worker as p
 from deepspec_protocol import tensors
 from deepspec_protocol import triton_contract as c
+from deepspec_protocol import worker as p
+from deepspec_protocol.token_scores import TokenScore, read_scores
 from service import tracing
 from service.gateway.signature import DEEPSPEC_WORKER, ModelSignature, SignatureError, build_request
-from deepspec_protocol.token_scores import TokenScore, read_scores
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -82,9 +82,14 @@ class GenerationRequest:
     @property
     def extensions(self) -> frozenset[str]:
         """What this request needs beyond a plain completion, named as a refusal names it (c.FEATURE_OF_ROLE)."""
-        wanted = {"return_log_probs": self.logprobs, "prompt_logprobs": self.prompt_logprobs,
-                  "logprobs_mode": self.sent_logprobs_mode, "prompt_token_ids": self.prompt_token_ids,
-                  "structured_output": self.structured_output, "max_draft_tokens": self.max_draft_tokens}
+        wanted = {
+            "return_log_probs": self.logprobs,
+            "prompt_logprobs": self.prompt_logprobs,
+            "logprobs_mode": self.sent_logprobs_mode,
+            "prompt_token_ids": self.prompt_token_ids,
+            "structured_output": self.structured_output,
+            "max_draft_tokens": self.max_draft_tokens,
+        }
         return frozenset(c.FEATURE_OF_ROLE[role] for role, value in wanted.items() if value is not None)
 
     @property
@@ -124,8 +129,9 @@ class WorkerError(Exception):
         self.status, self.message, self.code = status, message, code
 
 
-def build_infer_request(req: GenerationRequest, stream: bool = True,
-                        signature: ModelSignature = DEEPSPEC_WORKER) -> service_pb2.ModelInferRequest:  # fmt: skip
+def build_infer_request(
+    req: GenerationRequest, stream: bool = True, signature: ModelSignature = DEEPSPEC_WORKER
+) -> service_pb2.ModelInferRequest:
     """The request `signature`'s model accepts (default: DeepSpec's worker, [1, n] tensors); `WorkerError`
     INVALID_ARGUMENT when the model cannot take it."""
     try:
@@ -135,10 +141,18 @@ def build_infer_request(req: GenerationRequest, stream: bool = True,
 
 
 #: RequestStats field -> the outputs that may carry it: DeepSpec's name first, then Triton's
-_STATS_NAMES = {field: (name, *alias) for field, name in p.STATS_OUTPUTS.items() for alias in [{
-    "num_prompt_tokens": (c.NUM_INPUT_TOKENS,), "num_output_tokens": (c.NUM_OUTPUT_TOKENS,),
-    "num_draft_tokens": (c.TOTAL_DRAFT_TOKENS,), "num_accepted_tokens": (c.TOTAL_ACCEPTED_DRAFT_TOKENS,),
-}.get(field, ())]}  # fmt: skip
+_STATS_NAMES = {
+    field: (name, *alias)
+    for field, name in p.STATS_OUTPUTS.items()
+    for alias in [
+        {
+            "num_prompt_tokens": (c.NUM_INPUT_TOKENS,),
+            "num_output_tokens": (c.NUM_OUTPUT_TOKENS,),
+            "num_draft_tokens": (c.TOTAL_DRAFT_TOKENS,),
+            "num_accepted_tokens": (c.TOTAL_ACCEPTED_DRAFT_TOKENS,),
+        }.get(field, ())
+    ]
+}
 
 
 def _count(values: dict[str, list], names: tuple[str, ...]) -> int:
@@ -153,22 +167,36 @@ def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
     as 0."""
     values = tensors.read_outputs(response)
     text = values.get(p.TEXT_OUTPUT) or [b""]
-    final = response.parameters[p.FINAL_RESPONSE_PARAM].bool_param if p.FINAL_RESPONSE_PARAM in response.parameters else False
+    final = (
+        response.parameters[p.FINAL_RESPONSE_PARAM].bool_param
+        if p.FINAL_RESPONSE_PARAM in response.parameters
+        else False
+    )
 
     stats = p.RequestStats(**{field: _count(values, names) for field, names in _STATS_NAMES.items()})
-    return Chunk(text=text[0].decode("utf-8", "replace"), stats=stats,
-                 finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None, final=final,
-                 logprobs=read_scores(response, values, p.OUTPUT_SCORES),
-                 prompt_logprobs=read_scores(response, values, p.PROMPT_SCORES),
-                 index=tensors.scalar(values, p.SEQUENCE_INDEX, int, 0), load=_load(response))  # fmt: skip
+    return Chunk(
+        text=text[0].decode("utf-8", "replace"),
+        stats=stats,
+        finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None,
+        final=final,
+        logprobs=read_scores(response, values, p.OUTPUT_SCORES),
+        prompt_logprobs=read_scores(response, values, p.PROMPT_SCORES),
+        index=tensors.scalar(values, p.SEQUENCE_INDEX, int, 0),
+        load=_load(response),
+    )
 
 
 def _load(response: service_pb2.ModelInferResponse) -> p.WorkerLoad | None:
     parameters = response.parameters
     if p.LOAD_PARAM_PREFIX + "num_slots" not in parameters:
         return None
-    return p.WorkerLoad.from_params({name: getattr(value, value.WhichOneof("parameter_choice"))
-                                     for name, value in parameters.items() if name.startswith(p.LOAD_PARAM_PREFIX)})
+    return p.WorkerLoad.from_params(
+        {
+            name: getattr(value, value.WhichOneof("parameter_choice"))
+            for name, value in parameters.items()
+            if name.startswith(p.LOAD_PARAM_PREFIX)
+        }
+    )
 
 
 def merge_chunks(chunks: list[Chunk]) -> Chunk:
@@ -176,8 +204,15 @@ def merge_chunks(chunks: list[Chunk]) -> Chunk:
     last = chunks[-1] if chunks else Chunk("")
     scored = [c.logprobs for c in chunks if c.logprobs is not None]
     prompt = next((c.prompt_logprobs for c in chunks if c.prompt_logprobs is not None), None)
-    return Chunk("".join(c.text for c in chunks), last.stats, last.finish_reason, last.final,
-                 [s for part in scored for s in part] if scored else None, prompt, last.index)
+    return Chunk(
+        "".join(c.text for c in chunks),
+        last.stats,
+        last.finish_reason,
+        last.final,
+        [s for part in scored for s in part] if scored else None,
+        prompt,
+        last.index,
+    )
 
 
 def merge_sequences(chunks: list[Chunk]) -> list[Chunk]:
@@ -262,8 +297,9 @@ class WorkerClient:
         """Stream one request, its sequences' chunks interleaved; closing the iterator (or cancelling its task)
         cancels the call and the sequences."""
         signature = await self.signature(req.model, timeout_s)
-        async for chunk in self._stream(build_infer_request(req, True, signature), timeout_s,
-                                        signature.cumulative_text):
+        async for chunk in self._stream(
+            build_infer_request(req, True, signature), timeout_s, signature.cumulative_text
+        ):
             yield chunk
 
     async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
@@ -274,8 +310,9 @@ class WorkerClient:
         signature = await self.signature(req.model, timeout_s)
         request = build_infer_request(req, False, signature)
         if not signature.unary or req.n > 1:
-            chunks = merge_sequences([chunk async for chunk in self._stream(request, timeout_s,
-                                                                            signature.cumulative_text)])
+            chunks = merge_sequences(
+                [chunk async for chunk in self._stream(request, timeout_s, signature.cumulative_text)]
+            )
         else:
             span, trace_metadata = tracing.client_span("deepspec.worker/ModelInfer", self._span_attributes(req.model))
             try:
@@ -288,12 +325,14 @@ class WorkerClient:
             chunk.final = chunk is chunks[-1]
             yield chunk
 
-    async def _stream(self, request: service_pb2.ModelInferRequest, timeout_s: float,
-                      cumulative_text: bool = False) -> AsyncIterator[Chunk]:
+    async def _stream(
+        self, request: service_pb2.ModelInferRequest, timeout_s: float, cumulative_text: bool = False
+    ) -> AsyncIterator[Chunk]:
         """The worker's responses as chunks of new text; `cumulative_text` (the stock LLM-API model) says each
         response holds the whole text so far, so only what it adds to the previous one is passed on."""
-        span, trace_metadata = tracing.client_span("deepspec.worker/ModelStreamInfer",
-                                                   self._span_attributes(request.model_name))  # fmt: skip
+        span, trace_metadata = tracing.client_span(
+            "deepspec.worker/ModelStreamInfer", self._span_attributes(request.model_name)
+        )
         call = self.stub.ModelStreamInfer(iter([request]), timeout=timeout_s, **trace_metadata)
         text_so_far: dict[int, str] = {}  # sequence index -> its whole text so far
         error = None
@@ -305,7 +344,7 @@ class WorkerClient:
                 chunk = parse_response(response.infer_response)
                 if cumulative_text:  # what was sent cannot be taken back: pass on what lies past it
                     sent = text_so_far.get(chunk.index, "")
-                    whole, chunk.text = chunk.text, chunk.text[len(sent):]
+                    whole, chunk.text = chunk.text, chunk.text[len(sent) :]
                     text_so_far[chunk.index] = max(sent, whole, key=len)
                 yield chunk
                 if chunk.final:

@@ -89,8 +89,7 @@ def read_bundle(bundle_dir: str | Path) -> BundleManifest:
         raise BundleError(f"{path}: unknown format {fmt!r} (known: {known})")
     draft, dtype = manifest.get("draft", "none"), manifest.get("dtype", "float32")
     if not isinstance(draft, str) or not draft:
-        raise BundleError(f"{path}: draft must be one of {', '.join(drafter_keywords())} or a directory, got "
-                             f"{draft!r}")
+        raise BundleError(f"{path}: draft must be one of {', '.join(drafter_keywords())} or a directory, got {draft!r}")
     if dtype not in DTYPES:
         raise BundleError(f"{path}: dtype {dtype!r} is not one the worker loads ({', '.join(DTYPES)})")
     target = _resolve(root, manifest["target"], path, "target", is_path=_looks_like_path(manifest["target"]))

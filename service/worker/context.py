@@ -81,14 +81,23 @@ def _cgroup_headroom(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return None if limit == "max" else max(0, int(limit) - used)
 
 
-def served_context(declared: int, requested: int | None, *, slots: int, slack: int, bytes_per_position: int,
-                   available_bytes: int | None, memory_fraction: float) -> ServedContext:
+def served_context(
+    declared: int,
+    requested: int | None,
+    *,
+    slots: int,
+    slack: int,
+    bytes_per_position: int,
+    available_bytes: int | None,
+    memory_fraction: float,
+) -> ServedContext:
     """The context to serve. `declared`: the target's own limit; `requested`: --max-seq-len (None = not given);
     `slots` sequences of context + `slack` positions each must fit in `memory_fraction` of `available_bytes`
     (None = unknown: not limited). ValueError, naming the fix, for a request the target or the memory cannot hold."""
     if requested is not None and requested > declared:
-        raise ValueError(f"--max-seq-len {requested} exceeds the {declared} tokens the target declares; "
-                         f"use at most {declared}")
+        raise ValueError(
+            f"--max-seq-len {requested} exceeds the {declared} tokens the target declares; use at most {declared}"
+        )
     wanted = requested or declared
     if available_bytes is None:
         return ServedContext(wanted, f"{_origin(requested)}; the memory available could not be read")
@@ -96,19 +105,24 @@ def served_context(declared: int, requested: int | None, *, slots: int, slack: i
     per_token = slots * bytes_per_position
     fits = budget // per_token - slack
     need = per_token * (wanted + slack)
-    sizes = (f"the KV cache of {slots} sequences × {wanted + slack} positions needs {need / _GIB:.2f} GiB, "
-             f"{memory_fraction:.0%} of the {available_bytes / _GIB:.1f} GiB available is {budget / _GIB:.2f} GiB")
+    sizes = (
+        f"the KV cache of {slots} sequences × {wanted + slack} positions needs {need / _GIB:.2f} GiB, "
+        f"{memory_fraction:.0%} of the {available_bytes / _GIB:.1f} GiB available is {budget / _GIB:.2f} GiB"
+    )
     if fits >= wanted:
         return ServedContext(wanted, f"{_origin(requested)}; {sizes}")
     fix = "lower --max-batch-size or raise --kv-cache-memory-fraction (DEEPSPEC_WORKER_KV_CACHE_MEMORY_FRACTION)"
     if requested is not None:
-        raise ValueError(f"--max-seq-len {requested} does not fit in memory: {sizes}; at most {max(fits, 0)} tokens "
-                         f"fit: {fix}, or ask for less")
+        raise ValueError(
+            f"--max-seq-len {requested} does not fit in memory: {sizes}; at most {max(fits, 0)} tokens "
+            f"fit: {fix}, or ask for less"
+        )
     lowered = fits // CONTEXT_GRANULE * CONTEXT_GRANULE
     if lowered < MIN_CONTEXT:
         raise ValueError(f"not even {MIN_CONTEXT} tokens of context fit in memory: {sizes}; {fix}")
-    return ServedContext(lowered, f"lowered from the {declared} tokens the target declares: {sizes}; {fix} to "
-                                  "serve more")
+    return ServedContext(
+        lowered, f"lowered from the {declared} tokens the target declares: {sizes}; {fix} to serve more"
+    )
 
 
 def _origin(requested: int | None) -> str:
@@ -118,9 +132,13 @@ def _origin(requested: int | None) -> str:
 def decide_context(target, settings, num_speculative_tokens: int) -> ServedContext:
     """`served_context` for a loaded target and the worker's settings; logs the decision."""
     context = served_context(
-        target.max_seq_len, settings.max_seq_len, slots=settings.max_batch_size,
-        slack=num_speculative_tokens + 2, bytes_per_position=kv_bytes_per_position(target),
-        available_bytes=available_memory_bytes(settings.device), memory_fraction=settings.kv_cache_memory_fraction,
+        target.max_seq_len,
+        settings.max_seq_len,
+        slots=settings.max_batch_size,
+        slack=num_speculative_tokens + 2,
+        bytes_per_position=kv_bytes_per_position(target),
+        available_bytes=available_memory_bytes(settings.device),
+        memory_fraction=settings.kv_cache_memory_fraction,
     )
     log = logger.warning if context.reason.startswith("lowered") else logger.info
     log("context %d tokens: %s", context.tokens, context.reason)

@@ -31,15 +31,28 @@ def load_engine(settings) -> LoadedEngine:
         return _load_stub(settings)
     choice, settings, target, drafter = load_served_model(settings)
     max_seq_len = decide_context(target, settings, settings.num_speculative_tokens).tokens
-    engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=max_seq_len,
-                        num_speculative_tokens=settings.num_speculative_tokens,
-                        planner=BudgetPlanner.kept_per_machine(target, drafter))
+    engine = SpecEngine(
+        target,
+        drafter,
+        max_batch_size=settings.max_batch_size,
+        max_seq_len=max_seq_len,
+        num_speculative_tokens=settings.num_speculative_tokens,
+        planner=BudgetPlanner.kept_per_machine(target, drafter),
+    )
     drafter_name = "none" if drafter is None else getattr(drafter, "name", type(drafter).__name__)
-    logger.info("loaded target %s (quantization %s) with drafter %s (context %d tokens)", target.name,
-                target.quantization, drafter_name, max_seq_len)
+    logger.info(
+        "loaded target %s (quantization %s) with drafter %s (context %d tokens)",
+        target.name,
+        target.quantization,
+        drafter_name,
+        max_seq_len,
+    )
     if engine.planner.step_time is not None:
-        logger.info("verification budget on: %s (the curve cached for this machine, recorded by the export, or "
-                    "probed at start; corrected by the passes served)", engine.planner.step_time)
+        logger.info(
+            "verification budget on: %s (the curve cached for this machine, recorded by the export, or "
+            "probed at start; corrected by the passes served)",
+            engine.planner.step_time,
+        )
     return LoadedEngine(target, engine, drafter_name, max_seq_len, f"{choice.backend}: {choice.reason}")
 
 
@@ -56,8 +69,13 @@ def load_served_model(settings):
     # a bundle (--bundle-dir) loads as its format says: the PyTorch loader opens an onnx bundle as its ONNX Runtime
     # graph, and its own neural draft through its graphs; the native decoder computes in its own weight formats
     backend = resolve_backend(choice.backend if choice.backend in available_backends() else PYTORCH)
-    target = backend.load(settings.target, weights=settings.quantization, dtype=settings.dtype, device=settings.device,
-                          chat_template=settings.chat_template)
+    target = backend.load(
+        settings.target,
+        weights=settings.quantization,
+        dtype=settings.dtype,
+        device=settings.device,
+        chat_template=settings.chat_template,
+    )
     return choice, settings, target, build_drafter(settings.draft, target)
 
 
@@ -74,6 +92,11 @@ def _load_stub(settings) -> LoadedEngine:
         drafter = build_drafter(settings.draft, target)
     else:
         drafter = StubDrafter()
-    engine = SpecEngine(target, drafter, max_batch_size=settings.max_batch_size, max_seq_len=target.max_seq_len,
-                        num_speculative_tokens=settings.num_speculative_tokens)
+    engine = SpecEngine(
+        target,
+        drafter,
+        max_batch_size=settings.max_batch_size,
+        max_seq_len=target.max_seq_len,
+        num_speculative_tokens=settings.num_speculative_tokens,
+    )
     return LoadedEngine(target, engine, "none" if drafter is None else drafter.name, engine.max_seq_len)

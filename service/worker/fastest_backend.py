@@ -124,8 +124,9 @@ def choose_backend(settings) -> BackendChoice:
                     logger.warning("the ONNX engine could not be prepared (%s): weighing the others", e)
             if settings.backend == ONNX:
                 return BackendChoice(ONNX, "--backend onnx", onnx_dir)
-            return (cached_choice(root, onnx_dir, native is None)
-                    or measure_choice(settings, root, onnx_dir, native is None))
+            return cached_choice(root, onnx_dir, native is None) or measure_choice(
+                settings, root, onnx_dir, native is None
+            )
     except (RuntimeError, OSError, ValueError) as e:  # an export or a measurement that failed (a broken draft, ...)
         if settings.backend == ONNX:
             raise
@@ -188,10 +189,17 @@ def cache_key(settings) -> dict:
         except metadata.PackageNotFoundError:
             return "none"
 
-    return {"target": _absolute(settings.target), "draft": _absolute(settings.draft),
-            "chat_template": _absolute(settings.chat_template or ""), "dtype": settings.dtype,
-            "quantization": settings.quantization, "depth": settings.num_speculative_tokens, "machine": machine_key(),
-            "versions": {n: version(n) for n in ("deepspec", "torch", "onnxruntime")}, "rule": CHOICE_VERSION}
+    return {
+        "target": _absolute(settings.target),
+        "draft": _absolute(settings.draft),
+        "chat_template": _absolute(settings.chat_template or ""),
+        "dtype": settings.dtype,
+        "quantization": settings.quantization,
+        "depth": settings.num_speculative_tokens,
+        "machine": machine_key(),
+        "versions": {n: version(n) for n in ("deepspec", "torch", "onnxruntime")},
+        "rule": CHOICE_VERSION,
+    }
 
 
 def prune_superseded(root: Path, key: dict) -> list[Path]:
@@ -231,9 +239,17 @@ def ensure_onnx_export(settings, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     logger.info("exporting the ONNX engine for %s into %s (first start on this machine)", settings.target, out)
     try:
-        export_bundle(ExportRequest(format="onnx", out=out, target=settings.target, draft=settings.draft,
-                                    chat_template=settings.chat_template, quantization=settings.quantization,
-                                    force=True))
+        export_bundle(
+            ExportRequest(
+                format="onnx",
+                out=out,
+                target=settings.target,
+                draft=settings.draft,
+                chat_template=settings.chat_template,
+                quantization=settings.quantization,
+                force=True,
+            )
+        )
     except ExportError as e:
         raise RuntimeError(f"the ONNX export for {settings.target} failed: {e}") from e
     return out
@@ -253,8 +269,12 @@ def cached_choice(root: Path, onnx_dir: Path | None, native: bool = True) -> Bac
         return None
     if record.get("provisional") and record.get("attempts", 1) < MAX_BUSY_ATTEMPTS:
         return None  # measured beside busy neighbours: measure again at this start
-    return BackendChoice(engine, f"{reason} (measured {record.get('measured', '?')}, cached in {root})",
-                        onnx_dir if engine == ONNX else None, record)
+    return BackendChoice(
+        engine,
+        f"{reason} (measured {record.get('measured', '?')}, cached in {root})",
+        onnx_dir if engine == ONNX else None,
+        record,
+    )
 
 
 def _neighbours_record(root: Path, neighbours) -> dict:
@@ -267,9 +287,13 @@ def _neighbours_record(root: Path, neighbours) -> dict:
         attempts = before.get("attempts", 1) + 1 if before.get("provisional") else 1
     except (OSError, ValueError, AttributeError):
         attempts = 1
-    logger.warning("the backend choice was measured beside busy neighbours (%.0f%% of the CPU): it is provisional "
-                   "and measured again at the next start (%d of %d)", 100 * neighbours.share, attempts,
-                   MAX_BUSY_ATTEMPTS)
+    logger.warning(
+        "the backend choice was measured beside busy neighbours (%.0f%% of the CPU): it is provisional "
+        "and measured again at the next start (%d of %d)",
+        100 * neighbours.share,
+        attempts,
+        MAX_BUSY_ATTEMPTS,
+    )
     return {"neighbour_share": round(neighbours.share, 3), "provisional": True, "attempts": attempts}
 
 
@@ -288,10 +312,12 @@ def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = F
     onnx_meta = json.loads((onnx_dir / "onnx.json").read_text()) if onnx_dir is not None else {}
     candidates = _candidates(settings, onnx_dir, onnx_meta, native)
     depth = settings.num_speculative_tokens
-    tau = drafter_acceptance_length(candidates.draft_dir,
-                                    onnx_meta.get("draft", {}).get("path") or _drafter_name(settings))
-    scores = {k: modelled_tokens_per_second(c, tau, depth, candidates.draft_times[k])
-              for k, c in candidates.curves.items()}
+    tau = drafter_acceptance_length(
+        candidates.draft_dir, onnx_meta.get("draft", {}).get("path") or _drafter_name(settings)
+    )
+    scores = {
+        k: modelled_tokens_per_second(c, tau, depth, candidates.draft_times[k]) for k, c in candidates.curves.items()
+    }
     with NeighbourShare() as neighbours:
         measured = measure_served_rates(candidates.served, depth)
     rates = {k: r["tokens_per_second"] for k, r in measured.items()} if measured else scores
@@ -299,21 +325,35 @@ def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = F
     others = [k for k in rates if k != engine]
     labels, draft_times = candidates.labels, candidates.draft_times
     against = " and ".join(f"{labels[k]}'s {rates[k]:.0f}" for k in others)
-    drafting = "" if draft_times[engine] is None else (
-        f", {depth} drafts costing {draft_times[engine].by_width()[depth] * 1e3:.1f} ms a round against "
-        + " and ".join(f"{draft_times[k].by_width()[depth] * 1e3:.1f}" for k in others))
+    drafting = (
+        ""
+        if draft_times[engine] is None
+        else (
+            f", {depth} drafts costing {draft_times[engine].by_width()[depth] * 1e3:.1f} ms a round against "
+            + " and ".join(f"{draft_times[k].by_width()[depth] * 1e3:.1f}" for k in others)
+        )
+    )
     verb = "decoded calibration prompts at" if measured else "models"
-    reason = (f"{labels[engine]} {verb} {rates[engine]:.0f} tok/s against {against} (draft tau {tau:.2f}, depth "
-              f"{depth}{drafting}), on {os.cpu_count()} cores with {cpu_flags()}")
-    record = {"version": CHOICE_VERSION, "backend": engine, "reason": reason,
-              "measured": time.strftime("%Y-%m-%d %H:%M"), "acceptance_length": round(tau, 3), "depth": depth,
-              "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},
-              "decode_rates": measured,
-              "step_curves": {k: onnx_meta.get("step_curve") if k == ONNX else curve_record(c)
-                              for k, c in candidates.curves.items()},
-              # each engine's batch-1 drafted round by width; null: priced as free (no draft, or a lookup draft)
-              "draft_rounds": {k: None if d is None else curve_record(d.by_width()) for k, d in draft_times.items()},
-              "onnx_quantization": onnx_meta.get("quantization")}
+    reason = (
+        f"{labels[engine]} {verb} {rates[engine]:.0f} tok/s against {against} (draft tau {tau:.2f}, depth "
+        f"{depth}{drafting}), on {os.cpu_count()} cores with {cpu_flags()}"
+    )
+    record = {
+        "version": CHOICE_VERSION,
+        "backend": engine,
+        "reason": reason,
+        "measured": time.strftime("%Y-%m-%d %H:%M"),
+        "acceptance_length": round(tau, 3),
+        "depth": depth,
+        "tokens_per_second": {k: round(v, 1) for k, v in scores.items()},
+        "decode_rates": measured,
+        "step_curves": {
+            k: onnx_meta.get("step_curve") if k == ONNX else curve_record(c) for k, c in candidates.curves.items()
+        },
+        # each engine's batch-1 drafted round by width; null: priced as free (no draft, or a lookup draft)
+        "draft_rounds": {k: None if d is None else curve_record(d.by_width()) for k, d in draft_times.items()},
+        "onnx_quantization": onnx_meta.get("quantization"),
+    }
     record.update(_neighbours_record(root, neighbours))
     (root / CHOICE_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return BackendChoice(engine, reason, onnx_dir if engine == ONNX else None, record)
@@ -352,15 +392,19 @@ def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) 
         target, drafter = out.served[name]
         return measure_draft_time(target, drafter, depth) if draft_dir is not None else None
 
-    target = resolve_backend(PYTORCH).load(settings.target, weights=settings.quantization, dtype=settings.dtype,
-                                           device=settings.device, chat_template=settings.chat_template)
+    target = resolve_backend(PYTORCH).load(
+        settings.target,
+        weights=settings.quantization,
+        dtype=settings.dtype,
+        device=settings.device,
+        chat_template=settings.chat_template,
+    )
     add(PYTORCH, target, f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}")
     out.draft_times[PYTORCH] = draft_time(PYTORCH)
     runs_a_model = out.draft_times[PYTORCH] is not None  # the same draft class on every engine
     if onnx_dir is not None and (onnx_curve := recorded_curve(onnx_meta.get("step_curve"))):
         add(ONNX, resolve_backend(ONNX).load(str(onnx_dir)), f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
-        out.draft_times[ONNX] = ((_exported_draft_time(onnx_meta, depth) or draft_time(ONNX))
-                                 if runs_a_model else None)
+        out.draft_times[ONNX] = (_exported_draft_time(onnx_meta, depth) or draft_time(ONNX)) if runs_a_model else None
     if native:
         target = resolve_backend(NATIVE).load(settings.target, chat_template=settings.chat_template)
         add(NATIVE, target, f"native {target.quantization} ({target.isa})")

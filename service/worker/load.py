@@ -58,7 +58,12 @@ class LoadTracker:
         return min(1.0, self.num_kv_used / self.num_kv_positions)
 
     def snapshot(self) -> WorkerLoad:
-        return WorkerLoad(num_running=self.num_running, num_waiting=self.num_waiting, num_slots=self.num_slots,
-                          kv_utilization=self.kv_utilization,
-                          row_tokens_per_s=self.row_tokens_per_s, rate_rows=self.rate_rows,
-                          acceptance={c: tau for c, tau in self.acceptance.items() if tau})  # fmt: skip
+        return WorkerLoad(
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_slots=self.num_slots,
+            kv_utilization=self.kv_utilization,
+            row_tokens_per_s=self.row_tokens_per_s,
+            rate_rows=self.rate_rows,
+            acceptance={c: tau for c, tau in self.acceptance.items() if tau},
+        )

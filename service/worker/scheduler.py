@@ -96,9 +96,14 @@ class Scheduler:
         with self._lock:
             return self._num_waiting + len(self._running)
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, arrival: float | None = None,
-                       n: int = 1, service_class: str = DEFAULT_SERVICE_CLASS,
-                       ) -> AsyncIterator[tuple[StepOutput, RequestStats, int]]:  # fmt: skip
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival: float | None = None,
+        n: int = 1,
+        service_class: str = DEFAULT_SERVICE_CLASS,
+    ) -> AsyncIterator[tuple[StepOutput, RequestStats, int]]:
         """Yield (step output, that sequence's cumulative stats, sequence index) until all `n` sequences finish.
         Bad input raises the engine's RequestError here, before the request queues (the engine's validate reads
         only fixed settings); ValueError when n does not fit the batch."""
@@ -106,8 +111,10 @@ class Scheduler:
             raise SchedulerClosedError("the worker is shutting down")
         self.engine.validate(prompt_token_ids, params)
         if not 1 <= n <= self.engine.max_batch_size:
-            raise ValueError(f"n = {n} sequences do not fit this worker's batch of {self.engine.max_batch_size} "
-                             f"(--max-batch-size): ask for 1 to {self.engine.max_batch_size}")
+            raise ValueError(
+                f"n = {n} sequences do not fit this worker's batch of {self.engine.max_batch_size} "
+                f"(--max-batch-size): ask for 1 to {self.engine.max_batch_size}"
+            )
         with self._lock:
             if self._num_waiting >= self.max_queue:
                 raise QueueFullError(
@@ -116,12 +123,20 @@ class Scheduler:
                 )
             self._num_waiting += 1
         request_id, outputs = f"r{next(self._ids)}", asyncio.Queue()
-        group = [_Request(
-            request_id=request_id if i == 0 else f"{request_id}.{i}", prompt_token_ids=prompt_token_ids,
-            params=_sequence_params(params, i), arrival=arrival if arrival is not None else time.perf_counter(),
-            loop=asyncio.get_running_loop(), outputs=outputs, index=i,
-            stats=RequestStats(num_prompt_tokens=len(prompt_token_ids)), service_class=service_class,
-        ) for i in range(n)]  # fmt: skip
+        group = [
+            _Request(
+                request_id=request_id if i == 0 else f"{request_id}.{i}",
+                prompt_token_ids=prompt_token_ids,
+                params=_sequence_params(params, i),
+                arrival=arrival if arrival is not None else time.perf_counter(),
+                loop=asyncio.get_running_loop(),
+                outputs=outputs,
+                index=i,
+                stats=RequestStats(num_prompt_tokens=len(prompt_token_ids)),
+                service_class=service_class,
+            )
+            for i in range(n)
+        ]
         self._commands.put(("add", group))
         unfinished = n
         try:
@@ -219,8 +234,12 @@ class Scheduler:
                 self._num_waiting -= 1
             try:
                 for request in group:
-                    self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
-                                            fork_of=group[0].request_id if request.index else None)  # fmt: skip
+                    self.engine.add_request(
+                        request.request_id,
+                        request.prompt_token_ids,
+                        request.params,
+                        fork_of=group[0].request_id if request.index else None,
+                    )
                     self._running[request.request_id] = request
             except ValueError as e:  # the engine's RequestError (validated at submit; a request id clash here)
                 self._abort_added(group)
@@ -270,11 +289,12 @@ class Scheduler:
             request.last_token = now
             stats = request.stats
             request.stats = stats = replace(
-                stats, num_output_tokens=stats.num_output_tokens + len(out.new_token_ids),
+                stats,
+                num_output_tokens=stats.num_output_tokens + len(out.new_token_ids),
                 num_draft_tokens=stats.num_draft_tokens + out.num_draft_tokens,
                 num_accepted_tokens=stats.num_accepted_tokens + out.num_accepted_tokens,
                 num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0),
-            )  # fmt: skip
+            )
             if out.num_verify_tokens:  # a decode round (a step holds one at most, after its prefill's first token)
                 m.observe_decode_round(out.num_accepted_tokens, request.service_class)
             if out.num_draft_tokens > 0:
@@ -291,10 +311,14 @@ class Scheduler:
         """One sequence's request metrics; the prompt counts once, with the first sequence (computed once)."""
         num_prompt = request.stats.num_prompt_tokens if request.first_token is not None and not request.index else 0
         self.metrics.observe_request(
-            (self.metrics.model,), status=status, arrival=request.arrival, first_token=request.first_token,
-            finished=time.perf_counter(), num_prompt_tokens=num_prompt,
+            (self.metrics.model,),
+            status=status,
+            arrival=request.arrival,
+            first_token=request.first_token,
+            finished=time.perf_counter(),
+            num_prompt_tokens=num_prompt,
             num_output_tokens=request.stats.num_output_tokens,
-        )  # fmt: skip
+        )
 
     def _update_gauges(self) -> None:
         num_waiting = sum(len(group) for group in self._waiting)

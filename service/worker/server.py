@@ -22,14 +22,14 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from deepspec.decoding.params import SamplingParams, StepOutput
 from deepspec.decoding.structured import StructuredOutput
 from deepspec.decoding.validation import RequestError, RequestErrorCode
-from deepspec_protocol import worker as p
 from deepspec_protocol import tensors
+from deepspec_protocol import worker as p
+from deepspec_protocol.token_scores import TokenScore, add_scores
 from service import tracing
 from service.metrics import WorkerMetrics, start_metrics_server
-from deepspec_protocol.token_scores import TokenScore, add_scores
-from service.worker.settings import WorkerSettings
 from service.worker.engine import LoadedEngine, load_engine
 from service.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
+from service.worker.settings import WorkerSettings
 from service.worker.token_texts import OutputScores, alternative_texts, prompt_scores
 
 logger = logging.getLogger(__name__)
@@ -68,34 +68,48 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request, context):
         state = "READY" if self.service.ready else "LOADING"
         return service_pb2.RepositoryIndexResponse(
-            models=[service_pb2.RepositoryIndexResponse.ModelIndex(name=self.service.model_name, version="1", state=state)]
+            models=[
+                service_pb2.RepositoryIndexResponse.ModelIndex(name=self.service.model_name, version="1", state=state)
+            ]
         )
 
     async def ModelMetadata(self, request, context):
         await self._check_model(request.name, context)
         t = service_pb2.ModelMetadataResponse.TensorMetadata
         return service_pb2.ModelMetadataResponse(
-            name=self.service.model_name, versions=["1"], platform=p.WORKER_PLATFORM,
+            name=self.service.model_name,
+            versions=["1"],
+            platform=p.WORKER_PLATFORM,
             inputs=[t(name=n, datatype=d, shape=s) for n, d, s in _INPUTS],
             outputs=[t(name=n, datatype=d, shape=s) for n, d, s in _OUTPUTS],
-        )  # fmt: skip
+        )
 
     async def ModelConfig(self, request, context):
         await self._check_model(request.name, context)
         mc = model_config_pb2
         config = mc.ModelConfig(
-            name=self.service.model_name, platform=p.WORKER_PLATFORM, max_batch_size=0,
+            name=self.service.model_name,
+            platform=p.WORKER_PLATFORM,
+            max_batch_size=0,
             model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
-            input=[mc.ModelInput(name=n, data_type=_DTYPE[d], dims=s, optional=n != p.TEXT_INPUT) for n, d, s in _INPUTS],
+            input=[
+                mc.ModelInput(name=n, data_type=_DTYPE[d], dims=s, optional=n != p.TEXT_INPUT) for n, d, s in _INPUTS
+            ],
             output=[mc.ModelOutput(name=n, data_type=_DTYPE[d], dims=s) for n, d, s in _OUTPUTS],
-        )  # fmt: skip
-        config.parameters[p.MAX_SEQ_LEN_PARAM].string_value = str(self.service.loaded.max_seq_len if self.service.loaded else 0)
-        config.parameters[p.DRAFTER_PARAM].string_value = self.service.loaded.drafter_name if self.service.loaded else ""
+        )
+        config.parameters[p.MAX_SEQ_LEN_PARAM].string_value = str(
+            self.service.loaded.max_seq_len if self.service.loaded else 0
+        )
+        config.parameters[p.DRAFTER_PARAM].string_value = (
+            self.service.loaded.drafter_name if self.service.loaded else ""
+        )
         return service_pb2.ModelConfigResponse(config=config)
 
     async def _check_model(self, name: str, context) -> None:
         if name != self.service.model_name:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}; served: [{self.service.model_name!r}]")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}; served: [{self.service.model_name!r}]"
+            )
 
     # -- inference ------------------------------------------------------------------------------------------------
 
@@ -107,8 +121,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if stream:
                 raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, "stream=true needs ModelStreamInfer")
             if n > 1:
-                raise WorkerRefusal(grpc.StatusCode.INVALID_ARGUMENT, f"{p.NUM_RETURN_SEQUENCES}={n} needs "
-                                    "ModelStreamInfer (one response per sequence; ModelInfer answers one)")
+                raise WorkerRefusal(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{p.NUM_RETURN_SEQUENCES}={n} needs "
+                    "ModelStreamInfer (one response per sequence; ModelInfer answers one)",
+                )
             with tracing.server_span(DECODE_SPAN, context.invocation_metadata(), _span_attributes(request, False)):
                 async for response in self._responses(request, prompt_ids, params, False, arrival, 1, service_class):
                     pass  # one response, the whole completion
@@ -141,8 +158,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if reader.done() and not tasks and responses.empty():
                     break
                 getter = asyncio.ensure_future(responses.get())
-                await asyncio.wait({getter, reader} if not reader.done() else {getter},
-                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                await asyncio.wait(
+                    {getter, reader} if not reader.done() else {getter}, return_when=asyncio.FIRST_COMPLETED
+                )
                 if not getter.done():
                     getter.cancel()
                     continue
@@ -157,15 +175,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    async def _responses(self, request, prompt_ids: list[int], params: SamplingParams, stream: bool,
-                         arrival: float, n: int,
-                         service_class: str) -> AsyncIterator[service_pb2.ModelInferResponse]:  # fmt: skip
+    async def _responses(
+        self,
+        request,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stream: bool,
+        arrival: float,
+        n: int,
+        service_class: str,
+    ) -> AsyncIterator[service_pb2.ModelInferResponse]:
         """One request's responses, each for one of its n sequences: one per engine step when streaming (its new
         text and the scores of the tokens that text carries, the prompt's in the request's first), else one per
         sequence with everything, when it finishes. The request's last response is the final one."""
         service = self.service
-        scores = [OutputScores(service.loaded.target.decode, service.token_text) if params.logprobs is not None
-                  else None for _ in range(n)]  # fmt: skip
+        scores = [
+            OutputScores(service.loaded.target.decode, service.token_text) if params.logprobs is not None else None
+            for _ in range(n)
+        ]
         texts, scored = [[] for _ in range(n)], [[] for _ in range(n)]
         prompt, prompt_sent, unfinished, first = None, False, n, True
         async for out, stats, index in service.scheduler.generate(prompt_ids, params, arrival, n, service_class):
@@ -173,8 +200,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             unfinished -= out.finished
             if out.prompt_logprobs is not None and not prompt_sent:  # every sequence has them: send them once
                 prompt_sent = True
-                prompt = prompt_scores(prompt_ids, out.prompt_logprobs, service.loaded.target.decode,
-                                       service.token_text)
+                prompt = prompt_scores(
+                    prompt_ids, out.prompt_logprobs, service.loaded.target.decode, service.token_text
+                )
             load = service.scheduler.load.snapshot() if first or out.finished else None
             first = False
             if stream:
@@ -184,8 +212,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             texts[index].append(out.new_text)
             scored[index].extend(step_scores or ())
             if out.finished:
-                yield _response(request, "".join(texts[index]), out, stats, index, not unfinished, scored[index],
-                                prompt, load)  # fmt: skip
+                yield _response(
+                    request, "".join(texts[index]), out, stats, index, not unfinished, scored[index], prompt, load
+                )
                 prompt = None
 
     async def _stream_one(self, request, responses: asyncio.Queue, metadata=None) -> None:
@@ -193,8 +222,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             prompt_ids, params, stream, n, service_class = await self.service.parse(request)
             with tracing.server_span(DECODE_SPAN, metadata, _span_attributes(request, stream)):
-                async for response in self._responses(request, prompt_ids, params, stream, arrival, n,
-                                                      service_class):  # fmt: skip
+                async for response in self._responses(request, prompt_ids, params, stream, arrival, n, service_class):
                     responses.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
         except asyncio.CancelledError:
             raise
@@ -203,8 +231,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             error = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
             if error_code is not None:
                 error.parameters[p.ERROR_CODE_PARAM].string_param = error_code
-            responses.put_nowait(service_pb2.ModelStreamInferResponse(
-                error_message=p.encode_stream_error(status.name, message), infer_response=error))  # fmt: skip
+            responses.put_nowait(
+                service_pb2.ModelStreamInferResponse(
+                    error_message=p.encode_stream_error(status.name, message), infer_response=error
+                )
+            )
 
 
 #: the worker's span around one request's decode (tracing.server_span), child of the caller's span
@@ -231,9 +262,17 @@ def _status_of(e: Exception) -> tuple[grpc.StatusCode, str, str | None]:
     return grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}", None
 
 
-def _response(request, text: str, out: StepOutput, stats: p.RequestStats, index: int, final: bool,
-              scores: list[TokenScore] | None = None, prompt: list[TokenScore] | None = None,
-              load: p.WorkerLoad | None = None) -> service_pb2.ModelInferResponse:  # fmt: skip
+def _response(
+    request,
+    text: str,
+    out: StepOutput,
+    stats: p.RequestStats,
+    index: int,
+    final: bool,
+    scores: list[TokenScore] | None = None,
+    prompt: list[TokenScore] | None = None,
+    load: p.WorkerLoad | None = None,
+) -> service_pb2.ModelInferResponse:
     """One response of sequence `index`; `final`: the request's last (every sequence has finished); `load` the
     worker's, on a request's first and last responses (service/protocol.py WorkerLoad)."""
     response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
@@ -246,7 +285,7 @@ def _response(request, text: str, out: StepOutput, stats: p.RequestStats, index:
     add_scores(response, p.OUTPUT_SCORES, scores or [])
     add_scores(response, p.PROMPT_SCORES, prompt or [])
     tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, final)
-    for name, value in (load.to_params().items() if load is not None else ()):
+    for name, value in load.to_params().items() if load is not None else ():
         if isinstance(value, str):
             response.parameters[name].string_param = value
         elif isinstance(value, int):
@@ -257,30 +296,51 @@ def _response(request, text: str, out: StepOutput, stats: p.RequestStats, index:
 
 
 _INPUTS = [
-    (p.TEXT_INPUT, "BYTES", [1, 1]), (p.MAX_TOKENS, "INT32", [1, 1]), (p.STREAM, "BOOL", [1, 1]),
-    (p.TEMPERATURE, "FP32", [1, 1]), (p.TOP_K, "INT32", [1, 1]), (p.TOP_P, "FP32", [1, 1]),
-    (p.SEED, "UINT64", [1, 1]), (p.STOP_WORDS, "BYTES", [1, -1]), (p.END_ID, "INT32", [1, 1]),
-    (p.EXTRA_MESSAGES_JSON, "BYTES", [1, 1]), (p.EXTRA_IGNORE_EOS, "BOOL", [1, 1]),
-    (p.INPUT_IDS, "INT32", [1, -1]), (p.RETURN_LOG_PROBS, "BOOL", [1, 1]), (p.EXTRA_TOP_LOGPROBS, "INT32", [1, 1]),
-    (p.EXTRA_PROMPT_LOGPROBS, "INT32", [1, 1]), (p.EXTRA_STRUCTURED_OUTPUT, "BYTES", [1, 1]),
-    (p.NUM_RETURN_SEQUENCES, "INT32", [1, 1]), (p.EXTRA_LOGPROBS_MODE, "BYTES", [1, 1]),
-    (p.EXTRA_MAX_DRAFT_TOKENS, "INT32", [1, 1]), (p.EXTRA_SERVICE_CLASS, "BYTES", [1, 1]),
+    (p.TEXT_INPUT, "BYTES", [1, 1]),
+    (p.MAX_TOKENS, "INT32", [1, 1]),
+    (p.STREAM, "BOOL", [1, 1]),
+    (p.TEMPERATURE, "FP32", [1, 1]),
+    (p.TOP_K, "INT32", [1, 1]),
+    (p.TOP_P, "FP32", [1, 1]),
+    (p.SEED, "UINT64", [1, 1]),
+    (p.STOP_WORDS, "BYTES", [1, -1]),
+    (p.END_ID, "INT32", [1, 1]),
+    (p.EXTRA_MESSAGES_JSON, "BYTES", [1, 1]),
+    (p.EXTRA_IGNORE_EOS, "BOOL", [1, 1]),
+    (p.INPUT_IDS, "INT32", [1, -1]),
+    (p.RETURN_LOG_PROBS, "BOOL", [1, 1]),
+    (p.EXTRA_TOP_LOGPROBS, "INT32", [1, 1]),
+    (p.EXTRA_PROMPT_LOGPROBS, "INT32", [1, 1]),
+    (p.EXTRA_STRUCTURED_OUTPUT, "BYTES", [1, 1]),
+    (p.NUM_RETURN_SEQUENCES, "INT32", [1, 1]),
+    (p.EXTRA_LOGPROBS_MODE, "BYTES", [1, 1]),
+    (p.EXTRA_MAX_DRAFT_TOKENS, "INT32", [1, 1]),
+    (p.EXTRA_SERVICE_CLASS, "BYTES", [1, 1]),
     (p.EXTRA_SESSION, "BYTES", [1, 1]),
-]  # fmt: skip
+]
 _OUTPUTS = [
-    (p.TEXT_OUTPUT, "BYTES", [1, 1]), (p.NUM_DRAFT_TOKENS, "INT32", [1, 1]), (p.NUM_ACCEPTED_TOKENS, "INT32", [1, 1]),
-    (p.EXTRA_NUM_PROMPT_TOKENS, "INT32", [1, 1]), (p.EXTRA_NUM_OUTPUT_TOKENS, "INT32", [1, 1]),
-    (p.EXTRA_NUM_SPEC_STEPS, "INT32", [1, 1]), (p.EXTRA_FINISH_REASON, "BYTES", [1, 1]),
+    (p.TEXT_OUTPUT, "BYTES", [1, 1]),
+    (p.NUM_DRAFT_TOKENS, "INT32", [1, 1]),
+    (p.NUM_ACCEPTED_TOKENS, "INT32", [1, 1]),
+    (p.EXTRA_NUM_PROMPT_TOKENS, "INT32", [1, 1]),
+    (p.EXTRA_NUM_OUTPUT_TOKENS, "INT32", [1, 1]),
+    (p.EXTRA_NUM_SPEC_STEPS, "INT32", [1, 1]),
+    (p.EXTRA_FINISH_REASON, "BYTES", [1, 1]),
     (p.SEQUENCE_INDEX, "INT32", [1, 1]),
     # the scored-token tables (service/protocol.py ScoreTensors): three [1, n] columns, then three [n, k] ones
-    *((name, datatype, [1, -1] if column < 3 else [-1, -1])
-      for table in (p.OUTPUT_SCORES, p.PROMPT_SCORES)
-      for column, (name, datatype) in enumerate(zip(table.names(), ("FP32", "INT32", "BYTES") * 2))),
-]  # fmt: skip
+    *(
+        (name, datatype, [1, -1] if column < 3 else [-1, -1])
+        for table in (p.OUTPUT_SCORES, p.PROMPT_SCORES)
+        for column, (name, datatype) in enumerate(zip(table.names(), ("FP32", "INT32", "BYTES") * 2))
+    ),
+]
 _DTYPE = {
-    "BYTES": model_config_pb2.TYPE_STRING, "INT32": model_config_pb2.TYPE_INT32, "BOOL": model_config_pb2.TYPE_BOOL,
-    "FP32": model_config_pb2.TYPE_FP32, "UINT64": model_config_pb2.TYPE_UINT64,
-}  # fmt: skip
+    "BYTES": model_config_pb2.TYPE_STRING,
+    "INT32": model_config_pb2.TYPE_INT32,
+    "BOOL": model_config_pb2.TYPE_BOOL,
+    "FP32": model_config_pb2.TYPE_FP32,
+    "UINT64": model_config_pb2.TYPE_UINT64,
+}
 
 
 class WorkerService:
@@ -330,17 +390,28 @@ class WorkerService:
         self.token_text = alternative_texts(self.loaded.target)
         self.metrics = WorkerMetrics(self.model_name)
         if self.settings.metrics_port >= 0:
-            self._metrics_server = start_metrics_server(self.metrics.registry, self.settings.host,
-                                                        self.settings.metrics_port)  # fmt: skip
+            self._metrics_server = start_metrics_server(
+                self.metrics.registry, self.settings.host, self.settings.metrics_port
+            )
             self.metrics_port = self._metrics_server.server_port
-        self.scheduler = Scheduler(self.loaded.engine, self.metrics, max_queue=self.settings.max_queue,
-                                   max_prefill_tokens_per_step=self.settings.max_prefill_tokens_per_step)  # fmt: skip
+        self.scheduler = Scheduler(
+            self.loaded.engine,
+            self.metrics,
+            max_queue=self.settings.max_queue,
+            max_prefill_tokens_per_step=self.settings.max_prefill_tokens_per_step,
+        )
         warmed_up = self.scheduler.start(warmup_prompt_token_ids=self.loaded.target.encode("Hello"))
         await asyncio.to_thread(warmed_up.wait)
         self.ready = True
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
-        logger.info("worker ready: model %s, drafter %s, gRPC :%d, metrics :%s (%.1f s)", self.model_name,
-                    self.loaded.drafter_name, self.port, self.metrics_port, time.perf_counter() - t0)  # fmt: skip
+        logger.info(
+            "worker ready: model %s, drafter %s, gRPC :%d, metrics :%s (%.1f s)",
+            self.model_name,
+            self.loaded.drafter_name,
+            self.port,
+            self.metrics_port,
+            time.perf_counter() - t0,
+        )
 
     async def parse(self, request) -> tuple[list[int], SamplingParams, bool, int, str]:
         """A ModelInferRequest -> (prompt token ids, sampling params, stream, sequences, service class);
@@ -350,16 +421,19 @@ class WorkerService:
         if not self.ready or self.scheduler is None or not self.scheduler.accepting:
             raise WorkerRefusal(grpc.StatusCode.UNAVAILABLE, "the worker is not ready (loading or shutting down)")
         if request.model_name and request.model_name != self.model_name:
-            raise WorkerRefusal(grpc.StatusCode.NOT_FOUND,
-                                f"unknown model {request.model_name!r}; served: [{self.model_name!r}]")  # fmt: skip
+            raise WorkerRefusal(
+                grpc.StatusCode.NOT_FOUND, f"unknown model {request.model_name!r}; served: [{self.model_name!r}]"
+            )
         try:
             values = tensors.read_inputs(request)
             text = tensors.scalar(values, p.TEXT_INPUT, str, "")
             messages_json = tensors.scalar(values, p.EXTRA_MESSAGES_JSON, str)
             input_ids = values.get(p.INPUT_IDS)
             if input_ids is not None and (text or messages_json is not None):
-                raise ValueError(f"send the prompt once: {p.INPUT_IDS} (token ids) with an empty {p.TEXT_INPUT} and "
-                                 f"no {p.EXTRA_MESSAGES_JSON}")
+                raise ValueError(
+                    f"send the prompt once: {p.INPUT_IDS} (token ids) with an empty {p.TEXT_INPUT} and "
+                    f"no {p.EXTRA_MESSAGES_JSON}"
+                )
             if input_ids is not None and not all(isinstance(t, int) for t in input_ids):
                 raise ValueError(f"{p.INPUT_IDS} must be an integer tensor")
             end_id = tensors.scalar(values, p.END_ID, int)
@@ -370,9 +444,11 @@ class WorkerService:
             target = self.loaded.target
             num_chars = len(text) if messages_json is None else len(messages_json)
             if num_chars > p.max_prompt_chars(self.loaded.max_seq_len):  # before tokenizing, so floods cost nothing
-                raise RequestError(RequestErrorCode.CONTEXT_TOO_LONG,
-                                   f"the prompt has {num_chars} characters, more than this model's maximum context "
-                                   f"length of {self.loaded.max_seq_len} tokens can hold: shorten the prompt")
+                raise RequestError(
+                    RequestErrorCode.CONTEXT_TOO_LONG,
+                    f"the prompt has {num_chars} characters, more than this model's maximum context "
+                    f"length of {self.loaded.max_seq_len} tokens can hold: shorten the prompt",
+                )
             if input_ids is not None:
                 prompt_ids = input_ids  # checked against the vocabulary and the context by the engine's validation
             elif messages_json is not None:
@@ -444,8 +520,9 @@ def _service_class(values: dict[str, list]) -> str:
     """The request's service class (absent = the default); ValueError naming the known ones."""
     service_class = tensors.scalar(values, p.EXTRA_SERVICE_CLASS, str, p.DEFAULT_SERVICE_CLASS)
     if service_class not in p.SERVICE_CLASSES:
-        raise ValueError(f"{p.EXTRA_SERVICE_CLASS} must be one of {', '.join(p.SERVICE_CLASSES)}, got "
-                         f"{service_class[:64]!r}")
+        raise ValueError(
+            f"{p.EXTRA_SERVICE_CLASS} must be one of {', '.join(p.SERVICE_CLASSES)}, got {service_class[:64]!r}"
+        )
     return service_class
 
 

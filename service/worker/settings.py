@@ -86,10 +86,15 @@ class WorkerSettings(ServiceSettings):
                 continue
             flag, variable = f"--{old.replace('_', '-')}", f"DEEPSPEC_WORKER_{old.upper()}"
             if new in self.model_fields_set and getattr(self, new) != value:
-                raise ValueError(f"{flag} ({variable}) is the deprecated name of --{new.replace('_', '-')}: give "
-                                 "only the new one")
-            warnings.warn(f"{flag} / {variable} is deprecated: use --{new.replace('_', '-')} / "
-                          f"DEEPSPEC_WORKER_{new.upper()} (same values)", FutureWarning, stacklevel=2)
+                raise ValueError(
+                    f"{flag} ({variable}) is the deprecated name of --{new.replace('_', '-')}: give only the new one"
+                )
+            warnings.warn(
+                f"{flag} / {variable} is deprecated: use --{new.replace('_', '-')} / "
+                f"DEEPSPEC_WORKER_{new.upper()} (same values)",
+                FutureWarning,
+                stacklevel=2,
+            )
             setattr(self, new, value)
             setattr(self, old, None)
             self.model_fields_set.add(new)
@@ -103,8 +108,10 @@ class WorkerSettings(ServiceSettings):
             return self
         if self.backend == AUTO:
             takes = [b for b in BACKENDS if b != AUTO and self.quantization in resolve_backend(b).weight_formats]
-            raise ValueError(f"--quantization {self.quantization} names one backend's weights, and --backend auto "
-                             f"weighs each candidate in its own: give --backend {' or '.join(takes)} as well")
+            raise ValueError(
+                f"--quantization {self.quantization} names one backend's weights, and --backend auto "
+                f"weighs each candidate in its own: give --backend {' or '.join(takes)} as well"
+            )
         resolve_backend(self.backend).check_weight_format(self.quantization)
         return self
 

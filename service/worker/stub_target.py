@@ -72,9 +72,20 @@ class StubTarget:
     def __init__(self, max_seq_len: int = 2048, step_delay_s: float = 0.0):
         self.max_seq_len = max_seq_len
         self.step_delay_s = step_delay_s
-        self.spec = ArchSpec(family="stub", vocab_size=VOCAB_SIZE, hidden_size=8, num_layers=2, num_heads=1,
-                             num_kv_heads=1, head_dim=8, intermediate_size=8, rms_norm_eps=1e-6, rope_theta=1e4,
-                             tie_word_embeddings=True, max_position_embeddings=max_seq_len)  # fmt: skip
+        self.spec = ArchSpec(
+            family="stub",
+            vocab_size=VOCAB_SIZE,
+            hidden_size=8,
+            num_layers=2,
+            num_heads=1,
+            num_kv_heads=1,
+            head_dim=8,
+            intermediate_size=8,
+            rms_norm_eps=1e-6,
+            rope_theta=1e4,
+            tie_word_embeddings=True,
+            max_position_embeddings=max_seq_len,
+        )
 
     # ---- text --------------------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -91,16 +102,29 @@ class StubTarget:
         return None
 
     def fingerprint(self) -> dict:
-        return {"architecture": "stub", "hidden_size": 8, "num_layers": 2, "vocab_size": VOCAB_SIZE,
-                "tokenizer_hash": "bytes"}
+        return {
+            "architecture": "stub",
+            "hidden_size": 8,
+            "num_layers": 2,
+            "vocab_size": VOCAB_SIZE,
+            "tokenizer_hash": "bytes",
+        }
 
     # ---- model -------------------------------------------------------------------------------------------------
     def new_cache(self, num_slots: int, max_seq_len: int) -> StubCache:
         return StubCache(num_slots, max_seq_len)
 
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor, cache: StubCache | None = None, *,
-                feature_layers: tuple[int, ...] = (), logits="all", return_final_hidden: bool = False,
-                max_start: int | None = None) -> DecoderOutput:  # fmt: skip
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        start: torch.Tensor,
+        cache: StubCache | None = None,
+        *,
+        feature_layers: tuple[int, ...] = (),
+        logits="all",
+        return_final_hidden: bool = False,
+        max_start: int | None = None,
+    ) -> DecoderOutput:
         """tokens [B, T], start [B] → logits over the next token at each position (see the module docstring)."""
         if self.step_delay_s:
             time.sleep(self.step_delay_s)

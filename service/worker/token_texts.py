@@ -43,8 +43,12 @@ def alternative_texts(target) -> Callable[[int], str]:
     return text
 
 
-def prompt_scores(prompt_ids: list[int], logprobs: list[TokenLogprob | None], decode: Callable[[list[int]], str],
-                  token_text: Callable[[int], str]) -> list[TokenScore]:
+def prompt_scores(
+    prompt_ids: list[int],
+    logprobs: list[TokenLogprob | None],
+    decode: Callable[[list[int]], str],
+    token_text: Callable[[int], str],
+) -> list[TokenScore]:
     """The prompt's tokens with their texts and the engine's scores; the first has no logprob. The texts concatenate
     to the decoded prompt: bytes a prompt ends with that complete no character are the last token's text (U+FFFD),
     so an echoed token-id prompt reads as `decode` reads it."""
@@ -52,7 +56,7 @@ def prompt_scores(prompt_ids: list[int], logprobs: list[TokenLogprob | None], de
     texts = [pieces.add([token])[0] for token in prompt_ids]
     whole, joined = decode(prompt_ids), "".join(texts)
     if texts and whole.startswith(joined):
-        texts[-1] += whole[len(joined):]
+        texts[-1] += whole[len(joined) :]
     return [_score(text, token, lp, token_text) for text, token, lp in zip(texts, prompt_ids, logprobs)]
 
 
@@ -85,5 +89,6 @@ class OutputScores:
 def _score(piece: str, token: int, lp: TokenLogprob | None, token_text: Callable[[int], str]) -> TokenScore:
     if lp is None:
         return TokenScore(piece, token, None)
-    return TokenScore(piece, token, lp.logprob, tuple(token_text(t) for t in lp.top_token_ids), lp.top_token_ids,
-                      lp.top_logprobs)
+    return TokenScore(
+        piece, token, lp.logprob, tuple(token_text(t) for t in lp.top_token_ids), lp.top_token_ids, lp.top_logprobs
+    )

@@ -34,8 +34,9 @@ def test_the_gateways_client_reads_its_models_whole_answers_and_streams():
 
     models, whole, streams = asyncio.run(run())
     assert models == {MODEL: 2048}
-    assert [(c.text, c.finish_reason, c.stats.num_output_tokens) for c in whole] == [("a" * NUM_TOKENS, "length",
-                                                                                       NUM_TOKENS)]  # fmt: skip
+    assert [(c.text, c.finish_reason, c.stats.num_output_tokens) for c in whole] == [
+        ("a" * NUM_TOKENS, "length", NUM_TOKENS)
+    ]
     for chunks in streams:
         assert "".join(c.text for c in chunks) == "a" * NUM_TOKENS and len(chunks) == NUM_TOKENS
         assert chunks[-1].final and chunks[-1].stats.num_output_tokens == NUM_TOKENS

@@ -8,8 +8,11 @@ from bench import context_step
 
 
 def test_the_table_divides_llama_cpp_by_the_native_step_at_each_position():
-    rows = {"native B=1": {128: 4.0, 1024: 5.0}, "native B=8": {128: 9.0, 1024: 14.0},
-            "llama.cpp B=1": {128: 8.0, 1024: 15.0}}
+    rows = {
+        "native B=1": {128: 4.0, 1024: 5.0},
+        "native B=8": {128: 9.0, 1024: 14.0},
+        "llama.cpp B=1": {128: 8.0, 1024: 15.0},
+    }
     text = context_step.table(rows, [128, 1024])
     assert "| native B=8 ms | 9.00 | 14.00 |" in text
     assert "| llama.cpp / native B=1 | 2.00x | 3.00x |" in text

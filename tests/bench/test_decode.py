@@ -61,10 +61,26 @@ def test_bench_rows_carry_shape_and_verify_width(tmp_path, monkeypatch):
         (tmp_path / "data" / "eval" / f"{name}.jsonl").write_text(json.dumps({"turns": ["add 1 and 2 and 1"]}) + "\n")
     monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
     out = tmp_path / "decode.json"
-    code = main(["--target", str(target_dir), "--dtype", "float32", "--num-prompts", "1", "--max-tokens", "6",
-                 "--drafters", "prompt-lookup", "--trees", "default", "--skip",
-                 "hf-generate,hf-prompt-lookup,llama.cpp,llama.cpp+prompt-lookup",
-                 "--out", str(out)])
+    code = main(
+        [
+            "--target",
+            str(target_dir),
+            "--dtype",
+            "float32",
+            "--num-prompts",
+            "1",
+            "--max-tokens",
+            "6",
+            "--drafters",
+            "prompt-lookup",
+            "--trees",
+            "default",
+            "--skip",
+            "hf-generate,hf-prompt-lookup,llama.cpp,llama.cpp+prompt-lookup",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
     results = report["results"]

@@ -22,10 +22,33 @@ from bench.gpu_check.sizes import QUICK
 
 ROOT = Path(__file__).resolve().parents[2]
 #: importable here, absent on the GPU machine (torch 2.11 + CUDA 13 stack, no network): the check must not need them
-ABSENT_ON_GPU_MACHINE = ("gguf", "fastapi", "uvicorn", "pydantic_settings", "onnxruntime_extensions", "onnxscript",
-                         "matplotlib", "scipy", "aiohttp", "openai", "datasets", "speculators", "locust")
-DRAFTERS = ["prompt-lookup", "corpus chain", "corpus tree", "dflash chain", "dflash tree", "dspark chain",
-            "dspark tree", "eagle3 chain", "eagle3 tree", "hybrid corpus+dspark"]
+ABSENT_ON_GPU_MACHINE = (
+    "gguf",
+    "fastapi",
+    "uvicorn",
+    "pydantic_settings",
+    "onnxruntime_extensions",
+    "onnxscript",
+    "matplotlib",
+    "scipy",
+    "aiohttp",
+    "openai",
+    "datasets",
+    "speculators",
+    "locust",
+)
+DRAFTERS = [
+    "prompt-lookup",
+    "corpus chain",
+    "corpus tree",
+    "dflash chain",
+    "dflash tree",
+    "dspark chain",
+    "dspark tree",
+    "eagle3 chain",
+    "eagle3 tree",
+    "hybrid corpus+dspark",
+]
 
 
 def _site_without(absent: tuple[str, ...], farm: Path) -> Path:
@@ -50,12 +73,34 @@ def quick_run(tmp_path_factory):
     site = _site_without(ABSENT_ON_GPU_MACHINE, tmp / "site-packages")
     # as on the GPU machine: no TRITON_INTERPRET (tests/plugins/test_kernels.py sets it in the process it shares
     # with other test files), so the kernels part compiles them instead of interpreting
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
+    }
     # -S: no site-packages but the filtered copy on PYTHONPATH
-    proc = subprocess.run([sys.executable, "-S", "-m", "bench.gpu_check", "--device", "cpu", "--quick",
-                           "--in-process", "--out", str(out), "--workdir", str(tmp / "work"), "--wheels",
-                           str(tmp / "no-wheels")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "bench.gpu_check",
+            "--device",
+            "cpu",
+            "--quick",
+            "--in-process",
+            "--out",
+            str(out),
+            "--workdir",
+            str(tmp / "work"),
+            "--wheels",
+            str(tmp / "no-wheels"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc, json.loads(out.read_text()) if out.is_file() else None
 
 
@@ -91,10 +136,13 @@ def test_every_drafter_chain_and_tree_decodes_greedy_identical_to_target_only(qu
 
 def test_kernels_compile_and_skip_the_launch_without_a_gpu_saying_why(quick_run):
     rows = _rows(quick_run[1], "kernels")
-    assert rows["compile greedy_accept_kernel"]["status"] == OK and "sm_90" in rows["compile greedy_accept_kernel"][
-        "detail"]
-    assert rows["kernels vs reference"]["status"] == SKIPPED and "no CUDA device" in rows["kernels vs reference"][
-        "detail"]
+    assert (
+        rows["compile greedy_accept_kernel"]["status"] == OK
+        and "sm_90" in rows["compile greedy_accept_kernel"]["detail"]
+    )
+    assert (
+        rows["kernels vs reference"]["status"] == SKIPPED and "no CUDA device" in rows["kernels vs reference"]["detail"]
+    )
 
 
 def test_training_steps_of_each_algorithm_and_the_onnx_export(quick_run):
@@ -114,12 +162,22 @@ def _context(tmp_path, budget: float = 60) -> Context:
 
 
 def test_a_crashed_or_hung_part_fails_alone_with_the_reason(tmp_path, monkeypatch):
-    crash = runner.run_part("kernels", _context(tmp_path), [], command=[
-        sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], log=lambda line: None)
+    crash = runner.run_part(
+        "kernels",
+        _context(tmp_path),
+        [],
+        command=[sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+        log=lambda line: None,
+    )
     assert crash.status == FAIL and crash.detail.startswith("crashed: signal 9 (SIGKILL)")
     monkeypatch.setattr(runner, "GRACE_SECONDS", 0)
-    hung = runner.run_part("kernels", _context(tmp_path, budget=1), [], command=[
-        sys.executable, "-c", "import time; time.sleep(60)"], log=lambda line: None)
+    hung = runner.run_part(
+        "kernels",
+        _context(tmp_path, budget=1),
+        [],
+        command=[sys.executable, "-c", "import time; time.sleep(60)"],
+        log=lambda line: None,
+    )
     assert hung.status == FAIL and hung.detail.startswith("killed after 1 s")
     late = runner.run_part("kernels", _context(tmp_path), [], deadline=time.perf_counter(), log=lambda line: None)
     assert late.status == SKIPPED and "total time budget" in late.detail
@@ -135,6 +193,7 @@ def test_a_part_whose_module_is_missing_is_skipped_with_the_fix(tmp_path, monkey
 def test_guarded_rows_report_the_exception_and_a_spent_budget(tmp_path):
     def boom():
         raise RuntimeError("kernel fault")
+
     assert guarded(_context(tmp_path), "x", boom) == [Row("x", FAIL, "RuntimeError: kernel fault")]
     assert guarded(_context(tmp_path), "x", lambda: [Row("x", OK)]) == [Row("x", OK)]
     context = _context(tmp_path)
@@ -176,14 +235,16 @@ def test_wheels_install_offline_only_where_the_machine_lacks_the_package(tmp_pat
 
 
 def test_make_gpu_check_installs_only_this_package_without_dependencies():
-    recipe = subprocess.run(["make", "-n", "gpu-check", "GPU_PYTHON=python3"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout
+    recipe = subprocess.run(
+        ["make", "-n", "gpu-check", "GPU_PYTHON=python3"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     installs = [line for line in recipe.splitlines() if "pip install" in line]
     assert len(installs) == 1 and "--no-deps" in installs[0] and "--no-index" in installs[0]
     assert installs[0].split("pip install", 1)[1].split("||")[0].split()[-2:] == ["-e", "."]
     assert "python3 -m bench.gpu_check" in recipe
-    ignored = subprocess.run(["git", "check-ignore", "bench/results/gpu_check.json", ".whl/x.whl"], cwd=ROOT,
-                             capture_output=True, text=True).stdout.split()
+    ignored = subprocess.run(
+        ["git", "check-ignore", "bench/results/gpu_check.json", ".whl/x.whl"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
     assert ignored == ["bench/results/gpu_check.json", ".whl/x.whl"]
 
 
@@ -196,10 +257,16 @@ def test_full_sizes_fit_eight_minutes_and_the_real_target_shapes():
     for sizes in (FULL, QUICK):
         assert set(sizes.budget_seconds) == set(runner.PARTS)
     assert sum(FULL.budget_seconds.values()) <= FULL.total_seconds <= 8 * 60 - 30
-    assert {k: FULL.target[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                                        "num_key_value_heads", "vocab_size")} == {
-        "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
-        "vocab_size": 49152}
+    assert {
+        k: FULL.target[k]
+        for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    } == {
+        "num_hidden_layers": 30,
+        "hidden_size": 576,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+    }
     assert FULL.num_train_steps == 20
 
 

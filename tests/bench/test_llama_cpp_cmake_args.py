@@ -21,13 +21,27 @@ def test_an_amx_cpu_names_its_other_extensions_and_leaves_amx_off():
     args = cmake_args(cpu_flags(XEON_AMX)).split()
     assert args[0] == "-DGGML_NATIVE=OFF"
     on = {a.removeprefix("-D").removesuffix("=ON") for a in args if a.endswith("=ON")}
-    assert on == {"GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2", "GGML_AVX512", "GGML_AVX512_VBMI",
-                  "GGML_AVX512_VNNI"}  # fmt: skip
-    assert {"-DGGML_AVX512_BF16=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
-            "-DGGML_AMX_BF16=OFF"} <= set(args)  # fmt: skip
+    assert on == {
+        "GGML_AVX",
+        "GGML_AVX2",
+        "GGML_FMA",
+        "GGML_F16C",
+        "GGML_BMI2",
+        "GGML_AVX512",
+        "GGML_AVX512_VBMI",
+        "GGML_AVX512_VNNI",
+    }
+    assert {
+        "-DGGML_AVX512_BF16=OFF",
+        "-DGGML_AVX_VNNI=OFF",
+        "-DGGML_AMX_TILE=OFF",
+        "-DGGML_AMX_INT8=OFF",
+        "-DGGML_AMX_BF16=OFF",
+    } <= set(args)
 
 
 def test_the_script_prints_this_machines_args_with_the_standard_library_alone():
-    out = subprocess.run([sys.executable, "-I", "bench/llama_cpp_cmake_args.py"], capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-I", "bench/llama_cpp_cmake_args.py"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.startswith("-DGGML_NATIVE=")

@@ -11,24 +11,42 @@ from bench.service_common import Proc
 
 
 def _latency(added_p50: float, gateway_cpu: float) -> dict:
-    return {"direct": {"p50_ms": 4.0, "p99_ms": 6.0},
-            "gateway": {"p50_ms": 4.0 + added_p50, "p99_ms": 7.0, "added_p50_ms": added_p50, "added_p99_ms": 1.0,
-                        "cpu_ms_per_request": gateway_cpu},
-            "relay": {"p50_ms": 4.1, "p99_ms": 6.1, "added_p50_ms": 0.1, "added_p99_ms": 0.1,
-                      "cpu_ms_per_request": 0.1}}  # fmt: skip
+    return {
+        "direct": {"p50_ms": 4.0, "p99_ms": 6.0},
+        "gateway": {
+            "p50_ms": 4.0 + added_p50,
+            "p99_ms": 7.0,
+            "added_p50_ms": added_p50,
+            "added_p99_ms": 1.0,
+            "cpu_ms_per_request": gateway_cpu,
+        },
+        "relay": {"p50_ms": 4.1, "p99_ms": 6.1, "added_p50_ms": 0.1, "added_p99_ms": 0.1, "cpu_ms_per_request": 0.1},
+    }
 
 
 def _throughput(ratio: float) -> dict:
-    return {"direct": {"tokens_per_s": 1000.0}, "gateway": {"tokens_per_s": 1000.0 * ratio, "ratio": ratio},
-            "relay": {"tokens_per_s": 990.0, "ratio": 0.99}}  # fmt: skip
+    return {
+        "direct": {"tokens_per_s": 1000.0},
+        "gateway": {"tokens_per_s": 1000.0 * ratio, "ratio": ratio},
+        "relay": {"tokens_per_s": 990.0, "ratio": 0.99},
+    }
 
 
 def _report(added_p50: float, ratio: float, ratio_apart: float) -> dict:
-    return {"load_average_1m": 0.5, "cpus": 2, "placement": {"upstream": [0], "front": [1]},
-            "upstreams": {"stub": {"latency": _latency(added_p50, 0.96), "throughput": _throughput(ratio),
-                                   "throughput_gateway_apart": _throughput(ratio_apart)},
-                          "canned": {"latency": _latency(0.37, 0.38)},
-                          "canned, idle": {"latency": _latency(1.39, 1.29)}}}  # fmt: skip
+    return {
+        "load_average_1m": 0.5,
+        "cpus": 2,
+        "placement": {"upstream": [0], "front": [1]},
+        "upstreams": {
+            "stub": {
+                "latency": _latency(added_p50, 0.96),
+                "throughput": _throughput(ratio),
+                "throughput_gateway_apart": _throughput(ratio_apart),
+            },
+            "canned": {"latency": _latency(0.37, 0.38)},
+            "canned, idle": {"latency": _latency(1.39, 1.29)},
+        },
+    }
 
 
 def test_the_verdicts_follow_the_targets():
@@ -45,8 +63,11 @@ def test_every_latency_row_shows_the_gateways_and_the_relays_cpu_per_request():
     text = summary(_report(0.9, 0.98, 0.98), 32)
     header = next(line for line in text.splitlines() if line.startswith("| upstream"))
     columns = [c.strip() for c in header.strip("|").split("|")]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
-            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| upstream")}  # fmt: skip
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith("| upstream")
+    }
     gateway_cpu, relay_cpu = columns.index("gateway CPU ms/request"), columns.index("relay CPU ms/request")
     assert [rows[name][gateway_cpu] for name in ("stub", "canned", "canned, idle")] == ["0.96", "0.38", "1.29"]
     assert rows["canned, idle"][relay_cpu] == "0.10"

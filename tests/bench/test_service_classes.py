@@ -10,8 +10,13 @@ def _served(tokens: int, finished: float = 1.0) -> dict:
 
 
 def test_shares_count_tokens_served_in_the_window_against_the_weights():
-    got = shares({"sk-bulk-1": [_served(100), _served(100), _served(500, finished=9.0)],
-                  "sk-bulk-2": [_served(400), {"status": 429, "reason": "queue_full"}]}, until=5.0)  # fmt: skip
+    got = shares(
+        {
+            "sk-bulk-1": [_served(100), _served(100), _served(500, finished=9.0)],
+            "sk-bulk-2": [_served(400), {"status": 429, "reason": "queue_full"}],
+        },
+        until=5.0,
+    )
     assert got["keys"]["sk-bulk-1"]["share"] == pytest.approx(1 / 3)  # the request finished late is left out
     assert got["keys"]["sk-bulk-2"]["weight_share"] == pytest.approx(2 / 3)
     assert got["jain_index"] == pytest.approx(1.0)  # 200 / 1 and 400 / 2: equal weighted rates
@@ -23,5 +28,6 @@ def test_jains_index_falls_when_one_key_gets_everything():
 
 
 def test_statuses_name_the_drop_reason():
-    assert statuses([{"status": 200}, {"status": 429, "reason": "queue_full"}, {"status": 429, "reason": "queue_full"}]
-                    ) == {"200": 1, "429 queue_full": 2}
+    assert statuses(
+        [{"status": 200}, {"status": 429, "reason": "queue_full"}, {"status": 429, "reason": "queue_full"}]
+    ) == {"200": 1, "429 queue_full": 2}

@@ -36,8 +36,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_sigterm_to_a_benchmark_stops_its_servers(tmp_path):
-    bench = subprocess.Popen([sys.executable, "-c", BENCH.format(repo=str(REPO), logs=str(tmp_path))], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    bench = subprocess.Popen(
+        [sys.executable, "-c", BENCH.format(repo=str(REPO), logs=str(tmp_path))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     child = int(bench.stdout.readline())
     try:
         assert _alive(child)

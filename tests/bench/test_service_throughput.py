@@ -29,9 +29,13 @@ def test_sampled_rows_are_compared_with_their_own_servers_greedy_row():
     assert row_name("deepspec-draft", 0.0, 0.9) == "deepspec-draft"
     assert row_name("deepspec-draft", 1.0, 1.0) == "deepspec-draft T=1"
     assert row_name("deepspec-draft", 0.7, 0.9) == "deepspec-draft T=0.7 top-p=0.9"
-    servers = {"deepspec-draft": {"output_tok_per_s": 100.0}, "deepspec-draft T=1": {"output_tok_per_s": 80.0},
-               "deepspec-none": {"output_tok_per_s": 50.0}, "deepspec-none T=1": {"output_tok_per_s": 45.0},
-               "llama-cpp": {"output_tok_per_s": 40.0}}
+    servers = {
+        "deepspec-draft": {"output_tok_per_s": 100.0},
+        "deepspec-draft T=1": {"output_tok_per_s": 80.0},
+        "deepspec-none": {"output_tok_per_s": 50.0},
+        "deepspec-none T=1": {"output_tok_per_s": 45.0},
+        "llama-cpp": {"output_tok_per_s": 40.0},
+    }
     got = sampled_vs_greedy(servers, ["deepspec-draft", "deepspec-none", "llama-cpp"], [0.0, 1.0], 1.0)
     assert set(got) == {"deepspec-draft T=1", "deepspec-none T=1"}
     assert got["deepspec-draft T=1"] == {"greedy": "deepspec-draft", "ratio": 0.8, "target": SAMPLED_TARGET}
@@ -40,11 +44,14 @@ def test_sampled_rows_are_compared_with_their_own_servers_greedy_row():
     assert sampled_vs_greedy({"deepspec-draft T=1": {"output_tok_per_s": 1.0}}, ["deepspec-draft"], [1.0], 1.0) == {}
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--temperature", "hot"], "--temperature takes a number"),
-    (["--temperature", "-1"], r"--temperature must be in \[0, 2\]"),
-    (["--top-p", "0"], r"--top-p must be in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--temperature", "hot"], "--temperature takes a number"),
+        (["--temperature", "-1"], r"--temperature must be in \[0, 2\]"),
+        (["--top-p", "0"], r"--top-p must be in \(0, 1\]"),
+    ],
+)
 def test_bad_sampling_arguments_exit_2_with_one_line(argv, message, capsys):
     from bench.service_throughput import main
 

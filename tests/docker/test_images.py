@@ -32,8 +32,13 @@ images_docs = load_script("images_docs", REPO / "helm" / "tools" / "images_docs.
 
 def repository_files() -> list[Path]:
     """Tracked and new (not ignored) files: what a commit of this tree holds."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout.split("\n")
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
     return [REPO / p for p in out if p and not p.startswith(SKIPPED) and (REPO / p).is_file()]
 
 
@@ -82,8 +87,10 @@ def problems(references: list[tuple[str, str]]) -> list[str]:
             continue
         out += [f"{where}: {line}" for line in images.unmet(image)]
         if image.release != images.PINNED:
-            out.append(f"{where}: {image.tag} is not the pinned {images.pinned().tag} (docker/images.py PINNED): the "
-                       "worker image and the chart's Triton must be one release to load each other's engines")
+            out.append(
+                f"{where}: {image.tag} is not the pinned {images.pinned().tag} (docker/images.py PINNED): the "
+                "worker image and the chart's Triton must be one release to load each other's engines"
+            )
     return out
 
 
@@ -143,7 +150,7 @@ def test_the_pinned_release_meets_every_requirement():
 
 def test_the_pin_is_the_newest_release_that_meets_every_requirement():
     sufficient = [i.release for i in images.IMAGES if not images.unmet(i)]
-    assert sufficient and images.PINNED == sufficient[0]
+    assert sufficient and sufficient[0] == images.PINNED
 
 
 def test_the_release_the_issue_named_misses_what_the_export_uses():
@@ -171,8 +178,17 @@ def test_the_pinned_images_carry_the_tensorrt_llm_whose_rules_the_export_writes(
 #: the `decoding_type` values TensorRT-LLM 1.2.1's `DecodingBaseConfig.from_dict` dispatches on
 #: (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py at v1.2.1); anything else raises
 #: `ValueError("Invalid decoding type: ...")`. Written out here as read, so that a wrong table fails too.
-TRTLLM_1_2_DECODING_TYPES = {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState",
-                             "UserProvided", "AUTO"}
+TRTLLM_1_2_DECODING_TYPES = {
+    "MTP",
+    "Medusa",
+    "Eagle",
+    "Lookahead",
+    "NGram",
+    "DraftTarget",
+    "SaveState",
+    "UserProvided",
+    "AUTO",
+}
 
 
 def test_the_exported_speculative_config_is_one_the_pinned_tensorrt_llm_dispatches():
@@ -246,8 +262,9 @@ def test_generated_image_tables_are_current():
 # --- the engine images of worker.runtime vllm, sglang, trtllm-serve -------------------------------------------------
 
 #: `<repository>:<tag>` of an engine image, the tag ending where an image reference does
-ENGINE_REFERENCE = re.compile("(" + "|".join(re.escape(i.repository) for i in images.ENGINE_IMAGES)
-                              + r"):([A-Za-z0-9][A-Za-z0-9._-]*)")
+ENGINE_REFERENCE = re.compile(
+    "(" + "|".join(re.escape(i.repository) for i in images.ENGINE_IMAGES) + r"):([A-Za-z0-9][A-Za-z0-9._-]*)"
+)
 
 
 def engine_text_references(paths: list[Path], root: Path = REPO) -> list[tuple[str, str, str]]:
@@ -263,8 +280,9 @@ def engine_values_references(values_file: Path) -> list[tuple[str, str, str]]:
     def walk(node, path):
         if isinstance(node, dict):
             if node.get("repository") in repositories:
-                found.append((f"{values_file.relative_to(REPO)}: {'.'.join(path)}.tag", node["repository"],
-                              str(node.get("tag"))))
+                found.append(
+                    (f"{values_file.relative_to(REPO)}: {'.'.join(path)}.tag", node["repository"], str(node.get("tag")))
+                )
             for key, value in node.items():
                 walk(value, path + [str(key)])
 
@@ -275,8 +293,11 @@ def engine_values_references(values_file: Path) -> list[tuple[str, str, str]]:
 def engine_problems(references: list[tuple[str, str, str]]) -> list[str]:
     """Why each engine image reference is wrong: a tag other than ENGINE_IMAGES pins for that repository."""
     pinned = {i.repository: i for i in images.ENGINE_IMAGES}
-    return [f"{where}: {repository}:{tag} is not the pinned {pinned[repository].reference} (docker/images.py "
-            "ENGINE_IMAGES)" for where, repository, tag in references if tag != pinned[repository].tag]
+    return [
+        f"{where}: {repository}:{tag} is not the pinned {pinned[repository].reference} (docker/images.py ENGINE_IMAGES)"
+        for where, repository, tag in references
+        if tag != pinned[repository].tag
+    ]
 
 
 def test_engine_images_name_one_pinned_release_per_runtime_that_serves_the_export():
@@ -298,8 +319,9 @@ def test_trtllm_serve_needs_the_release_the_exported_speculative_config_needs():
 
 
 def test_every_engine_image_reference_in_the_repository_names_the_pinned_tag():
-    references = (engine_text_references(repository_files())
-                  + engine_values_references(REPO / "helm" / "deepspec" / "values.yaml"))
+    references = engine_text_references(repository_files()) + engine_values_references(
+        REPO / "helm" / "deepspec" / "values.yaml"
+    )
     assert {r for _, r, _ in references} == {i.repository for i in images.ENGINE_IMAGES}  # the values pin all three
     assert engine_problems(references) == []
 

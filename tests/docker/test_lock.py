@@ -43,14 +43,17 @@ def test_every_requirement_of_the_image_is_pinned_and_met(image):
     for requirement in lock.top_requirements(lock.IMAGES[image]):
         name = canonicalize_name(requirement.name)
         assert name in pinned, f"{image}: {requirement} is not in its lock"
-        assert requirement.specifier.contains(pinned[name], prereleases=True), f"{image}: {requirement} vs {pinned[name]}"
+        assert requirement.specifier.contains(pinned[name], prereleases=True), (
+            f"{image}: {requirement} vs {pinned[name]}"
+        )
 
 
 def test_the_locks_are_what_this_environment_holds():
     """The pins are the versions the suite runs with: a reinstalled .venv with other versions fails here until
     `make lock` rewrites them."""
-    result = subprocess.run([sys.executable, "docker/lock.py", "--check"], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "docker/lock.py", "--check"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -95,7 +98,8 @@ def test_the_image_installs_the_wheel_and_its_lock_not_the_tree(image):
     steps = instructions(REPO / "docker" / f"{image}.Dockerfile")
     copies = [shlex.split(args) for keyword, args in steps if keyword == "COPY" and "--from=" not in args]
     assert copies == [[f"{d}/", f"/build/{d}/"] for d in ("locks", "wheels", "certs", "dist")] + [
-        ["healthcheck.py", "/build/"]], "only the image context of make images, dependencies before the wheel"
+        ["healthcheck.py", "/build/"]
+    ], "only the image context of make images, dependencies before the wheel"
     runs = [args for keyword, args in steps if keyword == "RUN"]
     assert "--no-deps --find-links /build/wheels" in runs[0] and f"--requirement /build/locks/{image}.txt" in runs[0]
     assert "deepspec" not in runs[0], "the dependency layer must not change with the wheel"
@@ -106,7 +110,10 @@ def test_the_image_installs_the_wheel_and_its_lock_not_the_tree(image):
 
 def test_make_images_assembles_the_context_the_dockerfiles_copy():
     makefile = (REPO / "Makefile").read_text()
-    for line in ("cp $(DIST)/deepspec-*.whl $(IMAGE_CONTEXT)/dist/", "cp docker/locks/*.txt $(IMAGE_CONTEXT)/locks/",
-                 "cp docker/healthcheck.py $(IMAGE_CONTEXT)/"):
+    for line in (
+        "cp $(DIST)/deepspec-*.whl $(IMAGE_CONTEXT)/dist/",
+        "cp docker/locks/*.txt $(IMAGE_CONTEXT)/locks/",
+        "cp docker/healthcheck.py $(IMAGE_CONTEXT)/",
+    ):
         assert line in makefile, line
     assert "WHEEL_IMAGES     ?= gateway worker-cpu" in makefile

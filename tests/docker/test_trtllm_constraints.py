@@ -20,8 +20,14 @@ requirements = load_script("deepspec_requirements", REPO / "docker" / "requireme
 
 #: what the GPU image's tensorrt_llm resolved, as its metadata would report it: a 4.x transformers and a 0.1.x
 #: xgrammar (1.2.1's pins are older than ours) beside packages whose pins our ranges accept
-IMAGE_PINS = {"transformers": "4.57.1", "xgrammar": "0.1.25", "numpy": "1.26.4", "pyyaml": "6.0.2",
-              "pydantic": "2.11.7", "nvidia-nccl-cu13": "2.27.7"}
+IMAGE_PINS = {
+    "transformers": "4.57.1",
+    "xgrammar": "0.1.25",
+    "numpy": "1.26.4",
+    "pyyaml": "6.0.2",
+    "pydantic": "2.11.7",
+    "nvidia-nccl-cu13": "2.27.7",
+}
 
 
 def _ours() -> list[str]:
@@ -50,7 +56,8 @@ def test_the_resolved_set_keeps_every_pin_but_the_overrides():
     resolved = {**IMAGE_PINS, "transformers": "5.2.0", "xgrammar": "0.2.9"}
     assert constraints.unmet(IMAGE_PINS, resolved, overrides) == []
     assert constraints.unmet(IMAGE_PINS, {**resolved, "numpy": "2.3.1"}, overrides) == [
-        "numpy: TensorRT-LLM's image has 1.26.4, the venv resolves 2.3.1"]
+        "numpy: TensorRT-LLM's image has 1.26.4, the venv resolves 2.3.1"
+    ]
     assert constraints.unmet(IMAGE_PINS, resolved, []) != []  # without the overrides their upgrade is a replacement
 
 
@@ -58,8 +65,9 @@ def test_verify_reads_a_real_interpreters_resolved_set(tmp_path):
     pins = {"pyyaml": metadata.version("pyyaml"), "numpy": "0.0.1"}
     resolved = constraints._resolved_in(sys.executable, list(pins))
     assert resolved["pyyaml"] == pins["pyyaml"]
-    assert constraints.unmet(pins, resolved, []) == [f"numpy: TensorRT-LLM's image has 0.0.1, the venv resolves "
-                                                     f"{metadata.version('numpy')}"]
+    assert constraints.unmet(pins, resolved, []) == [
+        f"numpy: TensorRT-LLM's image has 0.0.1, the venv resolves {metadata.version('numpy')}"
+    ]
 
 
 def test_the_gpu_image_installs_under_the_constraints_and_runs_tensorrt_llm_on_the_images_interpreter():
@@ -73,8 +81,9 @@ def test_the_gpu_image_installs_under_the_constraints_and_runs_tensorrt_llm_on_t
     for stage in (builder, runtime):
         env = " ".join(args for keyword, args in stage if keyword == "ENV")
         assert "TRTLLM_PYTHON=/usr/bin/python3" in env
-    from export.formats.tensorrt_llm import build_script
     from types import SimpleNamespace
+
+    from export.formats.tensorrt_llm import build_script
 
     script = build_script(SimpleNamespace(num_speculative_tokens=3, draft=None, dtype="bfloat16"))
     assert '"${TRTLLM_PYTHON:-python}" -c' in script

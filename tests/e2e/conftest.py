@@ -28,8 +28,9 @@ from tests.e2e.stack import METRICS, PROMETHEUS, WORKER_ALIAS, Images, Stack
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "sk-e2e"
-_VERSION = next(line.split('"')[1] for line in (REPO / "pyproject.toml").read_text().splitlines()
-                if line.startswith("version = "))
+_VERSION = next(
+    line.split('"')[1] for line in (REPO / "pyproject.toml").read_text().splitlines() if line.startswith("version = ")
+)
 
 
 def pytest_configure(config):
@@ -48,12 +49,24 @@ def images(environ: dict) -> Images:
     return Images(
         gateway=environ.get("DEEPSPEC_E2E_GATEWAY_IMAGE", f"ghcr.io/deepspec/gateway:{_VERSION}"),
         worker=environ.get("DEEPSPEC_E2E_WORKER_IMAGE", f"ghcr.io/deepspec/worker-cpu:{_VERSION}"),
-        prometheus=environ.get("DEEPSPEC_E2E_PROMETHEUS_IMAGE", "deepspec-e2e/prometheus:bookworm"))
+        prometheus=environ.get("DEEPSPEC_E2E_PROMETHEUS_IMAGE", "deepspec-e2e/prometheus:bookworm"),
+    )
 
 
 def _build_prometheus_image(image: str, base: str) -> None:
-    docker("build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}", "-t", image, "-f",
-           str(REPO / "tests" / "e2e" / "prometheus.Dockerfile"), str(REPO / "tests" / "e2e"), timeout=900)
+    docker(
+        "build",
+        "--network",
+        "host",
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        "-t",
+        image,
+        "-f",
+        str(REPO / "tests" / "e2e" / "prometheus.Dockerfile"),
+        str(REPO / "tests" / "e2e"),
+        timeout=900,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -68,11 +81,19 @@ def stack(tmp_path_factory):
     if missing:
         pytest.fail(f"images missing: {', '.join(missing)} (build them with `make images`, docker/README.md)")
     worker_args = shlex.split(os.environ.get("DEEPSPEC_E2E_WORKER_ARGS", ""))
-    running = Stack(wanted, tmp_path_factory.mktemp("e2e"), API_KEY, worker_args=worker_args,
-                    cache_volume=os.environ.get("DEEPSPEC_E2E_CACHE_VOLUME", "deepspec-e2e-model-cache"))
+    running = Stack(
+        wanted,
+        tmp_path_factory.mktemp("e2e"),
+        API_KEY,
+        worker_args=worker_args,
+        cache_volume=os.environ.get("DEEPSPEC_E2E_CACHE_VOLUME", "deepspec-e2e-model-cache"),
+    )
     try:
-        running.start(monitoring.scrape_config(running.gateway, WORKER_ALIAS, METRICS, PROMETHEUS), monitoring.rules(),
-                      float(os.environ.get("DEEPSPEC_E2E_WORKER_TIMEOUT_S", "900")))
+        running.start(
+            monitoring.scrape_config(running.gateway, WORKER_ALIAS, METRICS, PROMETHEUS),
+            monitoring.rules(),
+            float(os.environ.get("DEEPSPEC_E2E_WORKER_TIMEOUT_S", "900")),
+        )
     except DockerError as e:
         diagnostics = running.diagnostics()
         running.close()

@@ -33,8 +33,9 @@ def unavailable_reason() -> str | None:
     it fails some other way (the caller then goes on and fails loudly)."""
     if shutil.which("docker") is None:
         return "the docker CLI is not installed"
-    result = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60
+    )
     if result.returncode != 0 and any(marker in result.stderr for marker in _NO_DAEMON):
         first_line = result.stderr.strip().splitlines()[0]
         return f"no Docker daemon answers: {first_line}"
@@ -47,6 +48,11 @@ def image_exists(image: str) -> bool:
 
 def container_logs(name: str, tail: int = 40) -> str:
     """The container's last `tail` lines, its stdout and stderr interleaved as it wrote them."""
-    result = subprocess.run(["docker", "logs", "--tail", str(tail), name], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=30)
+    result = subprocess.run(
+        ["docker", "logs", "--tail", str(tail), name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=30,
+    )
     return result.stdout.strip()

@@ -29,14 +29,21 @@ def scrape_config(gateway: str, worker_alias: str, metrics_port: int, prometheus
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": ["/etc/e2e/rules.yaml"],
         "scrape_configs": [
-            {"job_name": f"{RELEASE}-gateway",
-             "static_configs": [{"targets": [f"{gateway}:{metrics_port}"], "labels": labels}]},
-            {"job_name": f"{RELEASE}-worker",
-             "dns_sd_configs": [{"names": [worker_alias], "type": "A", "port": metrics_port,
-                                 "refresh_interval": "2s"}],
-             "relabel_configs": [{"target_label": "namespace", "replacement": NAMESPACE}]},
-            {"job_name": "prometheus",
-             "static_configs": [{"targets": [f"localhost:{prometheus_port}"], "labels": labels}]},
+            {
+                "job_name": f"{RELEASE}-gateway",
+                "static_configs": [{"targets": [f"{gateway}:{metrics_port}"], "labels": labels}],
+            },
+            {
+                "job_name": f"{RELEASE}-worker",
+                "dns_sd_configs": [
+                    {"names": [worker_alias], "type": "A", "port": metrics_port, "refresh_interval": "2s"}
+                ],
+                "relabel_configs": [{"target_label": "namespace", "replacement": NAMESPACE}],
+            },
+            {
+                "job_name": "prometheus",
+                "static_configs": [{"targets": [f"localhost:{prometheus_port}"], "labels": labels}],
+            },
         ],
     }
 

@@ -46,8 +46,15 @@ class Images:
 class Stack:
     """Names, lifecycle and published ports of the stack's containers."""
 
-    def __init__(self, images: Images, workdir: Path, api_key: str, worker_args: list[str] | None = None,
-                 cache_volume: str = "deepspec-e2e-model-cache", prefix: str | None = None):
+    def __init__(
+        self,
+        images: Images,
+        workdir: Path,
+        api_key: str,
+        worker_args: list[str] | None = None,
+        cache_volume: str = "deepspec-e2e-model-cache",
+        prefix: str | None = None,
+    ):
         self.images, self.workdir, self.api_key = images, workdir, api_key
         self.worker_args = list(worker_args or ())  # empty: the image's own command
         self.prefix = prefix or f"deepspec-e2e-{os.getpid()}"
@@ -68,14 +75,34 @@ class Stack:
         docker("network", "create", self.network)
         docker("volume", "create", self.cache_volume)  # a no-op when a run before made it
         for worker in self.workers:
-            self._run(worker, self.images.worker, *self.worker_args, aliases=(WORKER_ALIAS,), ports=(METRICS,),
-                      extra=(*HEALTH_FLAGS, "--health-start-period=900s", "-v", f"{self.cache_volume}:/cache"))
+            self._run(
+                worker,
+                self.images.worker,
+                *self.worker_args,
+                aliases=(WORKER_ALIAS,),
+                ports=(METRICS,),
+                extra=(*HEALTH_FLAGS, "--health-start-period=900s", "-v", f"{self.cache_volume}:/cache"),
+            )
             self.wait_healthy(worker, worker_timeout_s)
-        self._run(self.gateway, self.images.gateway, "gateway", "--workers", f"dns://{WORKER_ALIAS}:{WORKER_GRPC}",
-                  "--http-port", str(GATEWAY_HTTP), "--grpc-port", str(GATEWAY_GRPC), "--metrics-port", str(METRICS),
-                  "--health-interval-s", "0.5", aliases=(GATEWAY_ALIAS,), ports=(GATEWAY_HTTP, METRICS),
-                  env={"DEEPSPEC_API_KEYS": self.api_key, "DEEPSPEC_GATEWAY_DNS_REFRESH_S": "1"},
-                  extra=(*HEALTH_FLAGS, "--health-start-period=60s"))
+        self._run(
+            self.gateway,
+            self.images.gateway,
+            "gateway",
+            "--workers",
+            f"dns://{WORKER_ALIAS}:{WORKER_GRPC}",
+            "--http-port",
+            str(GATEWAY_HTTP),
+            "--grpc-port",
+            str(GATEWAY_GRPC),
+            "--metrics-port",
+            str(METRICS),
+            "--health-interval-s",
+            "0.5",
+            aliases=(GATEWAY_ALIAS,),
+            ports=(GATEWAY_HTTP, METRICS),
+            env={"DEEPSPEC_API_KEYS": self.api_key, "DEEPSPEC_GATEWAY_DNS_REFRESH_S": "1"},
+            extra=(*HEALTH_FLAGS, "--health-start-period=60s"),
+        )
         self.wait_http(f"{self.gateway_url}/health/ready", self.gateway, 120)
         config_dir = self.workdir / "prometheus"
         config_dir.mkdir(parents=True, exist_ok=True)
@@ -83,9 +110,16 @@ class Stack:
         (config_dir / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
         for path in (config_dir, *config_dir.iterdir()):  # readable by the image's `prometheus` user
             path.chmod(0o755 if path.is_dir() else 0o644)
-        self._run(self.prometheus, self.images.prometheus, "--config.file=/etc/e2e/prometheus.yml",
-                  "--storage.tsdb.path=/tmp/data", f"--web.listen-address=:{PROMETHEUS}", "--log.level=warn",
-                  ports=(PROMETHEUS,), extra=("-v", f"{config_dir}:/etc/e2e:ro"))
+        self._run(
+            self.prometheus,
+            self.images.prometheus,
+            "--config.file=/etc/e2e/prometheus.yml",
+            "--storage.tsdb.path=/tmp/data",
+            f"--web.listen-address=:{PROMETHEUS}",
+            "--log.level=warn",
+            ports=(PROMETHEUS,),
+            extra=("-v", f"{config_dir}:/etc/e2e:ro"),
+        )
         self.wait_http(f"{self.prometheus_url}/-/ready", self.prometheus, 60)
 
     def close(self) -> None:

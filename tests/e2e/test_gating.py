@@ -62,6 +62,7 @@ def test_the_prometheus_dockerfile_passes_hadolint():
     from tests.e2e.conftest import REPO
 
     dockerfile = REPO / "tests" / "e2e" / "prometheus.Dockerfile"
-    result = subprocess.run([hadolint(), "--no-color", "--format", "json", str(dockerfile)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [hadolint(), "--no-color", "--format", "json", str(dockerfile)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and json.loads(result.stdout or "[]") == [], result.stdout

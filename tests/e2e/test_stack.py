@@ -44,8 +44,9 @@ def _model(client: openai.OpenAI) -> str:
 
 
 def _chat(client: openai.OpenAI, model: str, prompt: str, **kwargs):
-    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                          temperature=0, **kwargs)
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], temperature=0, **kwargs
+    )
 
 
 def _in_flight(stack: Stack, worker: str) -> int:
@@ -53,8 +54,9 @@ def _in_flight(stack: Stack, worker: str) -> int:
     with urllib.request.urlopen(stack.metrics_url(worker), timeout=10) as response:
         text = response.read().decode()
     names = ("deepspec:num_requests_running", "deepspec:num_requests_waiting")
-    return round(sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-                     if s.name in names))
+    return round(
+        sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name in names)
+    )
 
 
 def _held_streams(stack: Stack, expected: int, timeout_s: float = 15) -> dict[str, int]:
@@ -81,11 +83,26 @@ def _routing_state(stack: Stack) -> str:
 
 def _loadtest(stack: Stack, out: Path, *args: str) -> dict:
     """`python -m loadtest` against the gateway, its spec-decode counters read from the gateway's metrics port."""
-    command = [sys.executable, "-m", "loadtest", "--base-url", stack.gateway_url, "--api-key", API_KEY,
-               "--metrics-url", stack.metrics_url(stack.gateway), "--max-tokens", str(MAX_TOKENS), "--quiet",
-               "--result-file", str(out), *args]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "loadtest",
+        "--base-url",
+        stack.gateway_url,
+        "--api-key",
+        API_KEY,
+        "--metrics-url",
+        stack.metrics_url(stack.gateway),
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--quiet",
+        "--result-file",
+        str(out),
+        *args,
+    ]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert result.returncode == 0, f"loadtest exited {result.returncode}:\n{output}"
     return json.loads(out.read_text())
@@ -97,15 +114,21 @@ def test_the_openai_client_gets_completions_through_the_gateway(stack):
     chat = _chat(client, model, "Name three colours.", max_tokens=MAX_TOKENS)
     assert chat.choices[0].message.content and chat.usage.completion_tokens > 0
     prompt = "def fibonacci(n):"
-    streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
-        model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True) if chunk.choices)
+    streamed = "".join(
+        chunk.choices[0].text
+        for chunk in client.completions.create(
+            model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        if chunk.choices
+    )
     whole = client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
     assert streamed and streamed == whole.choices[0].text  # greedy: the same text streamed or not, on either worker
 
 
 def test_loadtest_runs_through_the_gateway_with_speculation(stack, tmp_path):
-    report = _loadtest(stack, tmp_path / "load.json", "--backend", "openai-chat", "--num-prompts", "16",
-                       "--max-concurrency", "4")
+    report = _loadtest(
+        stack, tmp_path / "load.json", "--backend", "openai-chat", "--num-prompts", "16", "--max-concurrency", "4"
+    )
     assert (report["completed"], report["failed"]) == (16, 0), report["errors_by_kind"]
     assert report["spec_decode"] and report["spec_decode"]["num_draft_tokens"] > 0  # the workers speculate
 
@@ -126,16 +149,21 @@ class _Streams:
         try:
             # a prompt of its own each: no shared prefix (a chat template's system prompt would be one), so the
             # gateway's prefix affinity does not hold them all on one worker
-            for chunk in client.completions.create(model=model, prompt=f"{i}. Once upon a time, a lighthouse keeper",
-                                                   max_tokens=LONG_STREAM_TOKENS, temperature=0, stream=True,
-                                                   extra_body={"ignore_eos": True}):
+            for chunk in client.completions.create(
+                model=model,
+                prompt=f"{i}. Once upon a time, a lighthouse keeper",
+                max_tokens=LONG_STREAM_TOKENS,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            ):
                 if chunk.choices and chunk.choices[0].text:
                     text += chunk.choices[0].text
                     self.first_tokens[i].set()
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finish = chunk.choices[0].finish_reason
             self.results[i] = ("ok", f"{finish}: {text}")
-        except Exception as e:  # noqa: BLE001 - what the client raised is the result
+        except Exception as e:
             self.results[i] = ("error", repr(e))
         finally:
             self.first_tokens[i].set()
@@ -163,14 +191,16 @@ def test_a_killed_worker_costs_only_its_own_streams(stack):
     early = [r[1] for r in streams.results if r is not None and r[0] == "error"]
     assert not early, f"streams failed before any worker was killed: {early}\n{_routing_state(stack)}"
     victim = max(held, key=held.get)
-    assert 0 < held[victim] < sum(held.values()) == STREAMS, \
+    assert 0 < held[victim] < sum(held.values()) == STREAMS, (
         f"the streams are not spread over both workers: {held}\n{_routing_state(stack)}"
+    )
     stack.kill(victim)
     results = streams.join(600)
     assert None not in results, "a stream did not end in 600 s"
     failed = [detail for status, detail in results if status == "error"]
-    assert len(failed) == held[victim], \
+    assert len(failed) == held[victim], (
         f"{len(failed)} streams failed, {held[victim]} were on {victim}: {results}\n{_routing_state(stack)}"
+    )
     assert all(detail.startswith("length: ") for status, detail in results if status == "ok")  # all its tokens
     for i in range(4):  # the next requests go to the survivor and succeed
         assert _chat(client, model, f"After the crash {i}: say hello.", max_tokens=8).choices[0].message.content
@@ -186,9 +216,21 @@ def test_a_rolling_restart_under_load_fails_no_request(stack, tmp_path):
         rounds = 0
         while not done.is_set() or rounds == 0:
             try:
-                reports.append(_loadtest(stack, tmp_path / f"round-{rounds}.json", "--backend", "openai-chat",
-                                         "--request-rate", "2", "--duration", "20", "--seed", str(rounds),
-                                         "--save-detailed"))
+                reports.append(
+                    _loadtest(
+                        stack,
+                        tmp_path / f"round-{rounds}.json",
+                        "--backend",
+                        "openai-chat",
+                        "--request-rate",
+                        "2",
+                        "--duration",
+                        "20",
+                        "--seed",
+                        str(rounds),
+                        "--save-detailed",
+                    )
+                )
             except AssertionError as e:
                 errors.append(str(e))
             rounds += 1
@@ -206,8 +248,9 @@ def test_a_rolling_restart_under_load_fails_no_request(stack, tmp_path):
         thread.join(timeout=300)
     assert not errors, errors
     failed = sum(r["failed"] for r in reports)
-    assert reports and failed == 0, \
+    assert reports and failed == 0, (
         f"{[(r['date'], sorted(set(r['errors']) - {''})) for r in reports if r['failed']]}\n{_routing_state(stack)}"
+    )
     assert sum(r["completed"] for r in reports) > 0
 
 

@@ -15,9 +15,18 @@ FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
 
 
 def _config(family: str, vocab_size: int, eos: int):
-    common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=eos,
-                  bos_token_id=None, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=eos,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     if family == "llama":
         from transformers import LlamaConfig
 
@@ -38,12 +47,20 @@ def _config(family: str, vocab_size: int, eos: int):
 
 
 #: the character tokenizer's chat template (ChatML): a target that ships one, as the exported ones mostly do
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
-def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool = False,
-                    chat_template: str | None = CHAT_TEMPLATE, **config) -> Path:
+def write_hf_target(
+    path: Path,
+    family: str = "llama",
+    seed: int = 0,
+    tied: bool = False,
+    chat_template: str | None = CHAT_TEMPLATE,
+    **config,
+) -> Path:
     """A loadable HF directory: random weights of `family` and a character tokenizer (vocab 128) with
     `chat_template` (None: a target that ships none, as gemma3-270m); `config` overrides sizes (hidden_size=64 gives
     head_dim 16, what ONNX Runtime's attention kernel takes)."""
@@ -55,8 +72,11 @@ def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool
     specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
     vocab = {tok: i for i, tok in enumerate(specials + chars)}
     vocab.update({f"<extra_{i}>": len(vocab) + i for i in range(128 - len(vocab))})
-    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
-                                   unk_token="<unk>", eos_token="<|im_end|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+    )
     fast.chat_template = chat_template
     hf_config = _config(family, 128, vocab["<|im_end|>"])
     hf_config.tie_word_embeddings = tied
@@ -70,8 +90,9 @@ def write_hf_target(path: Path, family: str = "llama", seed: int = 0, tied: bool
     return path
 
 
-def write_draft(path: Path, target_dir: Path, algo: str = "eagle3", draft_vocab_size: int = 48, seed: int = 0,
-                **overrides) -> Path:
+def write_draft(
+    path: Path, target_dir: Path, algo: str = "eagle3", draft_vocab_size: int = 48, seed: int = 0, **overrides
+) -> Path:
     """A random draft of `algo` for the target at target_dir, saved as python -m training saves one."""
     from deepspec.models import load_target
     from deepspec.models.drafts import DraftConfig, build_draft, save_draft
@@ -122,11 +143,13 @@ def run_export(*args, timeout: float = 300) -> subprocess.CompletedProcess:
             code = main([str(a) for a in args], progress=quiet())
         except SystemExit as e:  # argparse
             code = e.code
-    return subprocess.CompletedProcess(["python", "-m", "export", *map(str, args)], code, stdout.getvalue(),
-                                       stderr.getvalue())
+    return subprocess.CompletedProcess(
+        ["python", "-m", "export", *map(str, args)], code, stdout.getvalue(), stderr.getvalue()
+    )
 
 
 def run_export_process(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real command line in a subprocess (for the few tests about the process itself)."""
-    return subprocess.run([sys.executable, "-m", "export", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "export", *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )

@@ -40,7 +40,7 @@ class ScoredResult(GenerationResult):
         out, step = self.outputs[0], self.num_steps - 1
         if getattr(self.params, "logprobs", None):
             ranked = distribution(step)
-            scored = {token: Logprob(lp, rank + 1) for rank, (token, lp) in enumerate(ranked[:self.params.logprobs])}
+            scored = {token: Logprob(lp, rank + 1) for rank, (token, lp) in enumerate(ranked[: self.params.logprobs])}
             sampled = out.token_ids[-1]
             scored.setdefault(sampled, Logprob(dict(ranked)[sampled], [t for t, _ in ranked].index(sampled) + 1))
             out.logprobs = [*getattr(out, "logprobs", []), scored]

@@ -9,16 +9,29 @@ gate_up_proj; `d2t` is consumed as the hot-token map and `t2d` ignored.
 
 from __future__ import annotations
 
-_STACKED = ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
-            (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj"))
+_STACKED = (
+    (".q_proj", ".qkv_proj"),
+    (".k_proj", ".qkv_proj"),
+    (".v_proj", ".qkv_proj"),
+    (".gate_proj", ".gate_up_proj"),
+    (".up_proj", ".gate_up_proj"),
+)
 
 
 def sglang_parameters(config: dict) -> set[str]:
     layer = "model.midlayer."
-    params = {"model.embed_tokens.weight", "model.fc.weight", "model.norm.weight",
-              layer + "self_attn.qkv_proj.weight", layer + "self_attn.o_proj.weight",
-              layer + "mlp.gate_up_proj.weight", layer + "mlp.down_proj.weight", layer + "input_layernorm.weight",
-              layer + "hidden_norm.weight", layer + "post_attention_layernorm.weight"}
+    params = {
+        "model.embed_tokens.weight",
+        "model.fc.weight",
+        "model.norm.weight",
+        layer + "self_attn.qkv_proj.weight",
+        layer + "self_attn.o_proj.weight",
+        layer + "mlp.gate_up_proj.weight",
+        layer + "mlp.down_proj.weight",
+        layer + "input_layernorm.weight",
+        layer + "hidden_norm.weight",
+        layer + "post_attention_layernorm.weight",
+    }
     if config.get("bias"):
         params.add("model.fc.bias")
     if not config.get("tie_word_embeddings"):

@@ -60,8 +60,12 @@ def test_init_container_command_runs_here_and_the_worker_serves_its_output(tmp_p
     engine_dir = tmp_path / "engines" / "engine"
     env = {**config, "DEEPSPEC_ENGINE_DIR": str(engine_dir)}
     argv = [_expand(a, env) for a in init["command"] + init["args"]]
-    run_env = {**os.environ, **env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               "OMP_NUM_THREADS": "1"}
+    run_env = {
+        **os.environ,
+        **env,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+    }
     result = subprocess.run(argv, cwd=REPO, env=run_env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (engine_dir / "manifest.json").is_file() and verify_files(engine_dir) == []

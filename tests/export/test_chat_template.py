@@ -28,15 +28,17 @@ def test_triton_repo_tokenizer_carries_the_template(tmp_path, bare):
     """The LLM-API model renders `messages_json` with `llm.tokenizer.apply_chat_template`, i.e. the tokenizer
     loaded from tensorrt_llm/1/target/: that directory's files must hold the template."""
     out = tmp_path / "triton"
-    result = run_export("--target", bare, "--draft", "none", "--format", "triton-repo", "--chat-template", "qwen",
-                        "--out", out)
+    result = run_export(
+        "--target", bare, "--draft", "none", "--format", "triton-repo", "--chat-template", "qwen", "--out", out
+    )
     assert result.returncode == 0, result.stderr
     assert "warning" not in result.stderr, result.stderr
     tokenizer_dir = out / "tensorrt_llm" / "1" / "target"
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     assert tokenizer.chat_template == BUILTIN_CHAT_TEMPLATES["qwen"]
     assert tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False).startswith(
-        "<|im_start|>system\nYou are Qwen")
+        "<|im_start|>system\nYou are Qwen"
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["chat_template"] == "tensorrt_llm/1/target/chat_template.jinja"
     for rel in (manifest["chat_template"], "tensorrt_llm/1/target/tokenizer_config.json"):
@@ -50,8 +52,9 @@ def test_onnx_export_is_served_with_the_template(tmp_path):
 
     target_dir = write_hf_target(tmp_path / "bare16", "llama", chat_template=None, hidden_size=64, head_dim=16)
     out = tmp_path / "onnx"
-    result = run_export("--target", target_dir, "--draft", "none", "--format", "onnx", "--chat-template", "gemma3",
-                        "--out", out)
+    result = run_export(
+        "--target", target_dir, "--draft", "none", "--format", "onnx", "--chat-template", "gemma3", "--out", out
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((out / "manifest.json").read_text())["chat_template"] == "chat_template.jinja"
     target = load_onnx_target(str(out))
@@ -61,8 +64,9 @@ def test_onnx_export_is_served_with_the_template(tmp_path):
 
 def test_a_format_serving_the_targets_own_tokenizer_writes_it_beside_the_manifest(tmp_path, bare):
     out = tmp_path / "engine"
-    result = run_export("--target", bare, "--draft", "prompt-lookup", "--format", "pytorch", "--chat-template",
-                        "gemma3", "--out", out)
+    result = run_export(
+        "--target", bare, "--draft", "prompt-lookup", "--format", "pytorch", "--chat-template", "gemma3", "--out", out
+    )
     assert result.returncode == 0, result.stderr
     assert (out / "chat_template.jinja").read_text() == BUILTIN_CHAT_TEMPLATES["gemma3"]
     manifest = json.loads((out / "manifest.json").read_text())
@@ -82,8 +86,14 @@ def test_vllm_and_sglang_launch_commands_pass_the_exported_template():
 
     from export.snippets import sglang_command, vllm_command
 
-    job = SimpleNamespace(draft=SimpleNamespace(algo="eagle3"), target=SimpleNamespace(path="/m"), tp=1,
-                          dtype="bfloat16", num_speculative_tokens=3, options={"chat_template": "{{ x }}"})
+    job = SimpleNamespace(
+        draft=SimpleNamespace(algo="eagle3"),
+        target=SimpleNamespace(path="/m"),
+        tp=1,
+        dtype="bfloat16",
+        num_speculative_tokens=3,
+        options={"chat_template": "{{ x }}"},
+    )
     for command in (vllm_command(job, "draft"), sglang_command(job, "draft")):
         assert command.endswith(" --chat-template chat_template.jinja")
     job.options = {}
@@ -97,13 +107,15 @@ def test_a_target_without_a_template_exports_with_the_refusal_as_a_warning(tmp_p
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == (
         f"python -m export: warning: target {bare} ships no chat template; pass --chat-template with a built-in "
-        "(smollm2, qwen, gemma3) or a Jinja file; until then its engine refuses chat requests")
+        "(smollm2, qwen, gemma3) or a Jinja file; until then its engine refuses chat requests"
+    )
     assert "chat_template" not in json.loads((tmp_path / "e" / "manifest.json").read_text())
 
 
 def test_an_unknown_template_is_refused_before_anything_is_written(tmp_path, bare):
     result = run_export("--target", bare, "--format", "pytorch", "--chat-template", "nope", "--out", tmp_path / "out")
     assert result.returncode == 2
-    assert result.stderr.strip() == ("python -m export: error: --chat-template 'nope' is neither a built-in "
-                                     "(smollm2, qwen, gemma3) nor a file")
+    assert result.stderr.strip() == (
+        "python -m export: error: --chat-template 'nope' is neither a built-in (smollm2, qwen, gemma3) nor a file"
+    )
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))

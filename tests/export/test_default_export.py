@@ -19,13 +19,21 @@ from export.registry import available_formats
 from tests.export.conftest import run_export, write_draft, write_hf_target
 
 #: --format -> what auto must pick from the tiny lineup below: the best-scoring draft the format takes
-EXPECTED = {"pytorch": "hybrid", "onnx": "corpus", "vllm": "dflash", "sglang": "dflash",
-            "tensorrt-llm": "eagle3-canonical", "triton-repo": "eagle3-canonical"}
+EXPECTED = {
+    "pytorch": "hybrid",
+    "onnx": "corpus",
+    "vllm": "dflash",
+    "sglang": "dflash",
+    "tensorrt-llm": "eagle3-canonical",
+    "triton-repo": "eagle3-canonical",
+}
 
 
 def _eval(path: Path, tau: float, speedup: float) -> None:
-    results = [{"dataset": name, "temperature": 0.0, "acceptance_length": tau, "speedup": speedup}
-               for name in ("humaneval", "gsm8k", "mbpp")]
+    results = [
+        {"dataset": name, "temperature": 0.0, "acceptance_length": tau, "speedup": speedup}
+        for name in ("humaneval", "gsm8k", "mbpp")
+    ]
     (path / "eval.json").write_text(json.dumps({"results": results}))
 
 
@@ -51,8 +59,13 @@ def lineup(tmp_path_factory, default_target) -> Path:
     write_draft(root / "eagle3", target_dir, "eagle3", feature_layers=(0, 1, 2, 3, 4))  # 5 layers: no engine
     write_draft(root / "eagle3-canonical", target_dir, "eagle3", layout="canonical", feature_layers=(1, 2, 3))
     save_hybrid(root / "hybrid", root / "corpus", root / "eagle3")
-    for name, tau, speedup in [("hybrid", 3.0, 1.4), ("corpus", 2.3, 1.5), ("dflash", 1.6, 0.9),
-                               ("eagle3", 1.55, 0.8), ("eagle3-canonical", 1.5, 0.8)]:
+    for name, tau, speedup in [
+        ("hybrid", 3.0, 1.4),
+        ("corpus", 2.3, 1.5),
+        ("dflash", 1.6, 0.9),
+        ("eagle3", 1.55, 0.8),
+        ("eagle3-canonical", 1.5, 0.8),
+    ]:
         _eval(root / name, tau, speedup)
     return root
 

@@ -26,8 +26,9 @@ def export_ok(*args):
 
 @pytest.fixture(scope="module")
 def canonical_llama(tmp_path_factory, targets):
-    return write_draft(tmp_path_factory.mktemp("canon") / "d", targets["llama"], "eagle3", layout="canonical",
-                       feature_layers=(1, 2, 3))
+    return write_draft(
+        tmp_path_factory.mktemp("canon") / "d", targets["llama"], "eagle3", layout="canonical", feature_layers=(1, 2, 3)
+    )
 
 
 def _speculators_logits(draft_dir, target_dir, features, tokens):
@@ -45,8 +46,9 @@ def _speculators_logits(draft_dir, target_dir, features, tokens):
     with torch.no_grad():
         h = model.fc(features)
         x = torch.cat([model.embed_tokens(tokens), h], dim=-1)
-        out = model.layers[0](x, attention_mask=None, position_ids=positions,
-                              position_embeddings=model.rotary_emb(x, positions))
+        out = model.layers[0](
+            x, attention_mask=None, position_ids=positions, position_embeddings=model.rotary_emb(x, positions)
+        )
         out = out[0] if isinstance(out, tuple) else out
         return model.lm_head(model.norm(out))[0], model
 
@@ -61,14 +63,15 @@ def _our_logits(draft_dir, target_dir, features, tokens):
         return draft.ttt_forward(features, tokens, 1)[0][0], draft, target
 
 
-@pytest.mark.parametrize("family, layout", [("llama", "deepspec"), ("qwen3", "deepspec"), ("qwen2", "deepspec"),
-                                            ("llama", "canonical")])
-def test_speculators_loads_the_vllm_export_and_computes_our_logits(tmp_path, targets, drafts, canonical_llama,
-                                                                   family, layout):
+@pytest.mark.parametrize(
+    "family, layout", [("llama", "deepspec"), ("qwen3", "deepspec"), ("qwen2", "deepspec"), ("llama", "canonical")]
+)
+def test_speculators_loads_the_vllm_export_and_computes_our_logits(
+    tmp_path, targets, drafts, canonical_llama, family, layout
+):
     draft_dir = canonical_llama if layout == "canonical" else drafts[family, "eagle3"]
     out = tmp_path / "vllm"
-    export_ok("--target", targets[family], "--draft", draft_dir, "--format", "vllm", "--dtype", "float32",
-              "--out", out)
+    export_ok("--target", targets[family], "--draft", draft_dir, "--format", "vllm", "--dtype", "float32", "--out", out)
     g = torch.Generator().manual_seed(0)
     ours, draft, target = None, None, None
     from deepspec.models import load_target
@@ -115,16 +118,20 @@ def test_the_sglang_filter_would_catch_a_speculators_layout(tmp_path, targets, d
     assert dropped and all(name.startswith("layers.0.") for name in dropped)
 
 
-@pytest.mark.parametrize("family, engine, says", [
-    ("gemma3_text", "vllm", "does not run Gemma3 targets"),
-    ("gemma3_text", "sglang", "does not run Gemma3 targets"),
-    ("qwen3", "sglang", "q/k-norm"),
-    ("qwen2", "sglang", "q/k/v bias"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "family, engine, says",
+    [
+        ("gemma3_text", "vllm", "does not run Gemma3 targets"),
+        ("gemma3_text", "sglang", "does not run Gemma3 targets"),
+        ("qwen3", "sglang", "q/k-norm"),
+        ("qwen2", "sglang", "q/k/v bias"),
+    ],
+)
 def test_engines_refuse_what_they_cannot_load(tmp_path, targets, drafts, family, engine, says):
     out = tmp_path / "out"
-    result = run_export("--target", targets[family], "--draft", drafts[family, "eagle3"], "--format", engine,
-                        "--out", out)
+    result = run_export(
+        "--target", targets[family], "--draft", drafts[family, "eagle3"], "--format", engine, "--out", out
+    )
     assert result.returncode == 2
     assert f"{engine} cannot load" in result.stderr and says in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -150,8 +157,18 @@ def test_more_than_three_captured_layers_are_refused_by_every_engine(tmp_path, t
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_block_drafts_layout(tmp_path, targets, drafts, algo, engine):
     out = tmp_path / engine
-    export_ok("--target", targets["llama"], "--draft", drafts["llama", algo], "--format", engine, "--dtype", "float32",
-              "--out", out)
+    export_ok(
+        "--target",
+        targets["llama"],
+        "--draft",
+        drafts["llama", algo],
+        "--format",
+        engine,
+        "--dtype",
+        "float32",
+        "--out",
+        out,
+    )
     config = json.loads((out / "draft" / "config.json").read_text())
     tensors = load_file(out / "draft" / "model.safetensors")
     ours = load_file(drafts["llama", algo] / "model.safetensors")

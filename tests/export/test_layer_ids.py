@@ -117,9 +117,11 @@ def test_the_engines_capture_in_layer_order_whatever_order_is_written(layers):
     TensorRT-LLM de-duplicates), so a draft trained on `layers` in their written order would see its fc inputs
     permuted (or fewer) at serving time."""
     hs = hs_from_feature_layers(sorted(set(layers)))
-    for captured in (vllm_capture(engine_layer_ids("vllm", hs), 30),
-                     sglang_capture(engine_layer_ids("sglang", hs), 30),
-                     tensorrt_llm_capture(set(engine_layer_ids("tensorrt-llm", hs)), 30)):
+    for captured in (
+        vllm_capture(engine_layer_ids("vllm", hs), 30),
+        sglang_capture(engine_layer_ids("sglang", hs), 30),
+        tensorrt_llm_capture(set(engine_layer_ids("tensorrt-llm", hs)), 30),
+    ):
         assert captured == sorted(set(captured)) == [i + 1 for i in sorted(set(layers))] != [i + 1 for i in layers]
 
 

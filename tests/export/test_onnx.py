@@ -34,8 +34,15 @@ def _tiny_decoder(family: str = "llama", seed: int = 0):
     from deepspec.models.decoder import Decoder
 
     torch.manual_seed(seed)
-    sizes = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=128)
+    sizes = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     if family == "qwen3":
         config = Qwen3Config(**sizes, head_dim=16, tie_word_embeddings=False)
         hf = Qwen3ForCausalLM(config).eval()
@@ -51,8 +58,14 @@ def _tiny_decoder(family: str = "llama", seed: int = 0):
 def _onnx_target(tmp_path: Path, family: str = "llama", quantization: str = "none", layers=(0, 2)):
     config, model = _tiny_decoder(family)
     build_target_graph(model, layers, tmp_path, quantization)
-    meta = {"graph": "target.onnx", "feature_layers": list(layers), "max_positions": 128, "quantization": quantization,
-            "eos_token_ids": [VOCAB - 1], "tied": model.head is model.embed}
+    meta = {
+        "graph": "target.onnx",
+        "feature_layers": list(layers),
+        "max_positions": 128,
+        "quantization": quantization,
+        "eos_token_ids": [VOCAB - 1],
+        "tied": model.head is model.embed,
+    }
     session = ort.InferenceSession(str(tmp_path / "target.onnx"), session_options(1))
     target = OnnxTarget("tiny", tmp_path, model.spec, CharTokenizer(VOCAB), session, meta, 128, (VOCAB - 1,))
     return target, model
@@ -60,9 +73,8 @@ def _onnx_target(tmp_path: Path, family: str = "llama", quantization: str = "non
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_graph_matches_decoder_on_every_kind_of_step(tmp_path, family):
-    from deepspec.models.kv_cache import KVCache
-
     from deepspec.models import Target
+    from deepspec.models.kv_cache import KVCache
 
     target, model = _onnx_target(tmp_path, family)
     assert isinstance(target, Target)
@@ -116,8 +128,12 @@ def test_engine_on_onnx_target_decodes_what_the_pytorch_engine_decodes(tmp_path)
     prompts = [torch.randint(0, VOCAB, (n,)).tolist() for n in (5, 9, 3, 7)]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     for drafter in ("none", "random"):
-        want = SpecEngine(reference, build_drafter(drafter, reference), max_batch_size=3, max_seq_len=64).generate(prompts, params)
-        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64).generate(prompts, params)
+        want = SpecEngine(reference, build_drafter(drafter, reference), max_batch_size=3, max_seq_len=64).generate(
+            prompts, params
+        )
+        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64).generate(
+            prompts, params
+        )
         assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 
@@ -139,11 +155,11 @@ def test_quantized_graphs_use_their_kernel_and_stay_close(tmp_path, quantization
 
 def _one_linear(weight: np.ndarray, quantization: str, bias: np.ndarray | None = None):
     """A session over one `_Builder.linear` of the graph writer (x [R, K] → y [R, N])."""
+    import tempfile
+
     from onnx import TensorProto, helper
 
     from export.onnx.graph import MS_DOMAIN, OPSET, _Builder, _Weights
-
-    import tempfile
 
     N, K = weight.shape
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,11 +168,16 @@ def _one_linear(weight: np.ndarray, quantization: str, bias: np.ndarray | None =
         g.linear("x", weight, "l", quantization, bias)
         g.nodes[-1].output[0] = "y"
         weights.close()
-        graph = helper.make_graph(g.nodes, "one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["R", K])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", N])],
-                                  weights.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                        helper.make_opsetid(MS_DOMAIN, 1)])
+        graph = helper.make_graph(
+            g.nodes,
+            "one",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["R", K])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", N])],
+            weights.initializers,
+        )
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
+        )
         model.ir_version = 10
         onnx.save_model(model, Path(tmp) / "one.onnx")
         return ort.InferenceSession(str(Path(tmp) / "one.onnx"), session_options(2))
@@ -213,10 +234,13 @@ def test_batch_invariant_target_computes_a_verify_pass_as_one_token_steps(tmp_pa
     verify, steps = target.new_cache(1, 64), target.new_cache(1, 64)
     for cache in (verify, steps):
         target.forward(tokens[:, :12], torch.zeros(1, dtype=torch.long), cache.rows(0, 1), logits="none")
-    want = target.forward(tokens[:, 12:], torch.full((1,), 12), verify.rows(0, 1), feature_layers=(0, 2),
-                          logits="all")
-    got = [target.forward(tokens[:, 12 + i : 13 + i], torch.full((1,), 12 + i), steps.rows(0, 1),
-                          feature_layers=(0, 2), logits="last") for i in range(8)]
+    want = target.forward(tokens[:, 12:], torch.full((1,), 12), verify.rows(0, 1), feature_layers=(0, 2), logits="all")
+    got = [
+        target.forward(
+            tokens[:, 12 + i : 13 + i], torch.full((1,), 12 + i), steps.rows(0, 1), feature_layers=(0, 2), logits="last"
+        )
+        for i in range(8)
+    ]
     assert torch.equal(torch.cat([g.logits for g in got], dim=1), want.logits)
     assert torch.equal(torch.cat([g.features for g in got], dim=1), want.features)
 
@@ -232,7 +256,9 @@ def test_batch_invariant_speculation_is_bit_identical_to_target_only(tmp_path, q
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     want = SpecEngine(target, None, max_batch_size=3, max_seq_len=64).generate(prompts, params)
     for drafter in ("random", "prompt-lookup"):
-        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64).generate(prompts, params)
+        got = SpecEngine(target, build_drafter(drafter, target), max_batch_size=3, max_seq_len=64).generate(
+            prompts, params
+        )
         assert [r.token_ids for r in got] == [r.token_ids for r in want], drafter
     long = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=127)
     out = long.generate([prompts[0]], SamplingParams(max_tokens=127 - 5, ignore_eos=True))[0]
@@ -252,8 +278,16 @@ def test_fused_graph_computes_the_plain_graph_with_fewer_nodes(tmp_path, family)
         build_target_graph(model, (0, 1, 2), out, fused=fused)
         counts[fused] = len(onnx.load(out / "target.onnx", load_external_data=False).graph.node)
         meta = {"graph": "target.onnx", "feature_layers": [0, 1, 2], "max_positions": 128, "tied": True}
-        target = OnnxTarget("tiny", out, model.spec, CharTokenizer(VOCAB),
-                            ort.InferenceSession(str(out / "target.onnx"), session_options(1)), meta, 128, (VOCAB - 1,))
+        target = OnnxTarget(
+            "tiny",
+            out,
+            model.spec,
+            CharTokenizer(VOCAB),
+            ort.InferenceSession(str(out / "target.onnx"), session_options(1)),
+            meta,
+            128,
+            (VOCAB - 1,),
+        )
         outs[fused] = target.forward(tokens, torch.zeros(2, dtype=torch.long), None, feature_layers=(0, 1, 2))
     assert counts[True] < counts[False]
     torch.testing.assert_close(outs[True].logits, outs[False].logits, atol=1e-5, rtol=1e-5)
@@ -265,11 +299,20 @@ def test_int4_block_sizes_pad_short_rows_and_stay_close(tmp_path, block_size):
     _, model = _tiny_decoder()
     build_target_graph(model, (), tmp_path, "int4", block_size=block_size)
     graph = onnx.load(tmp_path / "target.onnx", load_external_data=False)
-    assert {a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
-            if a.name == "block_size"} == {block_size}
+    assert {
+        a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"
+    } == {block_size}
     meta = {"graph": "target.onnx", "feature_layers": [], "max_positions": 128, "tied": True}
-    target = OnnxTarget("tiny", tmp_path, model.spec, CharTokenizer(VOCAB),
-                        ort.InferenceSession(str(tmp_path / "target.onnx"), session_options(1)), meta, 128, (VOCAB - 1,))
+    target = OnnxTarget(
+        "tiny",
+        tmp_path,
+        model.spec,
+        CharTokenizer(VOCAB),
+        ort.InferenceSession(str(tmp_path / "target.onnx"), session_options(1)),
+        meta,
+        128,
+        (VOCAB - 1,),
+    )
     tokens = torch.randint(0, VOCAB, (1, 16))
     want = model(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
     got = target.forward(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
@@ -283,15 +326,30 @@ def test_int4_block_sizes_pad_short_rows_and_stay_close(tmp_path, block_size):
 def test_missing_feature_layers_are_refused_with_the_fix(tmp_path):
     target, _ = _onnx_target(tmp_path, layers=(1,))
     with pytest.raises(ValueError, match=r"export it with the draft"):
-        target.forward(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                       feature_layers=(0,))
+        target.forward(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long), feature_layers=(0,))
 
 
 def test_families_the_graph_cannot_describe_are_refused():
     from deepspec.models.arch import ArchSpec
 
-    gemma = ArchSpec("gemma3_text", 64, 64, 2, 4, 1, 16, 128, 1e-6, 1e4, True, 128, qk_norm=True,
-                     gemma_norms=True, sandwich_norms=True, sliding_windows=(512, 0))
+    gemma = ArchSpec(
+        "gemma3_text",
+        64,
+        64,
+        2,
+        4,
+        1,
+        16,
+        128,
+        1e-6,
+        1e4,
+        True,
+        128,
+        qk_norm=True,
+        gemma_norms=True,
+        sandwich_norms=True,
+        sliding_windows=(512, 0),
+    )
     with pytest.raises(UnsupportedTarget, match="gemma3_text.*--format pytorch"):
         check_supported(gemma)
 
@@ -330,7 +388,9 @@ def test_fp32_onnx_engine_is_token_identical_to_the_pytorch_engine_on_20_eval_pr
     assert target.fingerprint() == smollm2.fingerprint()
     # the reference in one batch (one weight read per step); the ONNX engine in batches of 4 with drafts
     want = SpecEngine(smollm2, None, max_batch_size=len(prompts), max_seq_len=1024).generate(prompts, params)
-    got = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=4, max_seq_len=1024).generate(prompts, params)
+    got = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=4, max_seq_len=1024).generate(
+        prompts, params
+    )
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 
@@ -341,16 +401,16 @@ def test_int4_export_of_the_default_target_decodes_sensibly(tmp_path, smollm2):
     assert meta["quantization"] == "int4"
     target = load_onnx_target(tmp_path, max_seq_len=512)
     prompt = target.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
-    result = SpecEngine(target, None, max_batch_size=1, max_seq_len=512).generate([prompt], SamplingParams(
-        max_tokens=16))[0]
+    result = SpecEngine(target, None, max_batch_size=1, max_seq_len=512).generate(
+        [prompt], SamplingParams(max_tokens=16)
+    )[0]
     assert "Paris" in result.text
 
 
 def test_verify_graph_ends_in_the_plugins_greedy_accept_node(tmp_path):
     pytest.importorskip("onnxruntime_extensions")
-    from plugins.onnx_ops import session_options as plugin_options
-
     from export.onnx.graph import build_verify_graph
+    from plugins.onnx_ops import session_options as plugin_options
 
     target, model = _onnx_target(tmp_path, layers=())
     build_verify_graph(tmp_path)
@@ -365,10 +425,13 @@ def test_verify_graph_ends_in_the_plugins_greedy_accept_node(tmp_path):
     cache = target.new_cache(B, S)
     tokens = torch.randint(0, VOCAB, (B, k + 1))
     num_drafts = torch.tensor([4, 2])
-    feeds = {"input_ids": tokens.numpy(), "seqlens_k": np.full(B, k, np.int32),
-             "total_sequence_length": np.array(k + 1, np.int32),
-             "logits_index": np.broadcast_to(np.arange(k + 1), (B, k + 1)).copy(),
-             "num_draft_tokens": num_drafts.numpy()}
+    feeds = {
+        "input_ids": tokens.numpy(),
+        "seqlens_k": np.full(B, k, np.int32),
+        "total_sequence_length": np.array(k + 1, np.int32),
+        "logits_index": np.broadcast_to(np.arange(k + 1), (B, k + 1)).copy(),
+        "num_draft_tokens": num_drafts.numpy(),
+    }
     for i in range(model.spec.num_layers):
         feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = cache.k[i].numpy(), cache.v[i].numpy()
     logits, num_accepted, next_token = session.run(["logits", "num_accepted", "next_token"], feeds)
@@ -382,9 +445,8 @@ def test_verify_graph_ends_in_the_plugins_greedy_accept_node(tmp_path):
 def test_verify_graph_accepts_the_targets_own_argmax(tmp_path):
     """A negative control for the test above: drafts equal to the argmax must all be accepted."""
     pytest.importorskip("onnxruntime_extensions")
-    from plugins.onnx_ops import session_options as plugin_options
-
     from export.onnx.graph import build_verify_graph
+    from plugins.onnx_ops import session_options as plugin_options
 
     target, model = _onnx_target(tmp_path, layers=())
     build_verify_graph(tmp_path)
@@ -396,9 +458,13 @@ def test_verify_graph_accepts_the_targets_own_argmax(tmp_path):
         step = model(tokens, start, None, logits="last").logits.argmax(-1)
         tokens = torch.cat([tokens, step], dim=1)
     cache = target.new_cache(1, 16)
-    feeds = {"input_ids": tokens.numpy(), "seqlens_k": np.array([k], np.int32),
-             "total_sequence_length": np.array(k + 1, np.int32), "logits_index": np.arange(k + 1)[None],
-             "num_draft_tokens": np.array([k])}
+    feeds = {
+        "input_ids": tokens.numpy(),
+        "seqlens_k": np.array([k], np.int32),
+        "total_sequence_length": np.array(k + 1, np.int32),
+        "logits_index": np.arange(k + 1)[None],
+        "num_draft_tokens": np.array([k]),
+    }
     for i in range(model.spec.num_layers):
         feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = cache.k[i].numpy(), cache.v[i].numpy()
     (num_accepted,) = session.run(["num_accepted"], feeds)

@@ -11,20 +11,24 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-import onnx  # noqa: E402
+import onnx
 
-from deepspec.models import load_target  # noqa: E402
-from deepspec.decoding.verify_budget import modelled_tokens_per_second  # noqa: E402
-from deepspec.models.step_curve import curve_record, machine_key  # noqa: E402
-from export.onnx.auto_quantization import AUTO_CANDIDATES, STAGING  # noqa: E402
-from export.onnx.graph import LINEAR_KERNELS  # noqa: E402
-from deepspec.decoding.verify_budget import DraftTimeModel  # noqa: E402
-from tests.export.conftest import run_export, write_draft, write_hf_target  # noqa: E402
+from deepspec.decoding.verify_budget import (
+    DraftTimeModel,
+    modelled_tokens_per_second,
+)
+from deepspec.models import load_target
+from deepspec.models.step_curve import curve_record, machine_key
+from export.onnx.auto_quantization import AUTO_CANDIDATES, STAGING
+from export.onnx.graph import LINEAR_KERNELS
+from tests.export.conftest import run_export, write_draft, write_hf_target
 
 HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 #: made-up curves (seconds by T): int4 has the cheaper 1-token step, int8 the flatter multi-token one
-FAKE_CURVES = {"int4": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
-               "int8": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022}}
+FAKE_CURVES = {
+    "int4": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
+    "int8": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022},
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +55,9 @@ def _fake_timing(monkeypatch, tmp_path):
 
 def test_auto_exports_every_candidate_and_keeps_the_fastest_measured_here(target_dir, tmp_path):
     out = tmp_path / "engine"
-    result = run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft", "none",
-                        "--out", out)
+    result = run_export(
+        "--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft", "none", "--out", out
+    )
     assert result.returncode == 0, result.stderr
     meta = json.loads((out / "onnx.json").read_text())
     choice = meta["quantization_choice"]
@@ -67,19 +72,26 @@ def test_auto_exports_every_candidate_and_keeps_the_fastest_measured_here(target
     assert load_target(str(out)).recorded_step_curve() is not None
     # measured: each candidate decoded the calibration prompts (target-only here: no τ)
     assert choice["rule"].startswith("highest tokens/s decoding")
-    assert all(c["tokens_per_second"] > 0 and c["measured_acceptance_length"] is None
-               and c["modelled_tokens_per_second"] > 0 for c in choice["candidates"].values())
+    assert all(
+        c["tokens_per_second"] > 0 and c["measured_acceptance_length"] is None and c["modelled_tokens_per_second"] > 0
+        for c in choice["candidates"].values()
+    )
 
 
 @pytest.mark.parametrize("draft, winner", [("none", "int4"), ("prompt-lookup", "int8")])
-def test_the_choice_weighs_the_multi_token_step_by_the_drafts_acceptance(target_dir, tmp_path, monkeypatch,
-                                                                          draft, winner):
+def test_the_choice_weighs_the_multi_token_step_by_the_drafts_acceptance(
+    target_dir, tmp_path, monkeypatch, draft, winner
+):
     """Target-only (τ 1) needs the cheaper 1-token step (int4's); with a drafter (nominal τ 2) the flat verify pass
     wins (int8's 2 tokens in 7 ms beat int4's 1 in 5 ms)."""
     _fake_timing(monkeypatch, tmp_path)
     out = tmp_path / "engine"
-    assert run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft", draft,
-                      "--out", out).returncode == 0
+    assert (
+        run_export(
+            "--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft", draft, "--out", out
+        ).returncode
+        == 0
+    )
     meta = json.loads((out / "onnx.json").read_text())
     assert meta["quantization"] == winner and LINEAR_KERNELS[winner] in _graph_ops(out)
     tau = meta["quantization_choice"]["acceptance_length"]
@@ -109,8 +121,7 @@ def test_a_neural_drafts_round_on_each_candidate_is_priced_into_its_score(tmp_pa
     tied = write_hf_target(tmp_path / "llama", "llama", tied=True, **HD16)  # a draft reads the fp32 embedding
     draft = write_draft(tmp_path / "dspark", tied, "dspark")
     out = tmp_path / "engine"
-    result = run_export("--format", "onnx", "--quantization", "auto", "--target", tied, "--draft", draft,
-                        "--out", out)
+    result = run_export("--format", "onnx", "--quantization", "auto", "--target", tied, "--draft", draft, "--out", out)
     assert result.returncode == 0, result.stderr
     choice = json.loads((out / "onnx.json").read_text())["quantization_choice"]
     assert probed == list(AUTO_CANDIDATES) and choice["chosen"] == "int4" and choice["acceptance_length"] == 2.0
@@ -128,20 +139,38 @@ def test_a_measured_decode_rate_outvotes_the_model(target_dir, tmp_path, monkeyp
     import export.onnx.decode_rate as decode_rate
     import export.onnx.exporter as exporter
 
-    monkeypatch.setattr(exporter, "record_step_curve", lambda out: curve_record(
-        FAKE_CURVES[json.loads((out / "onnx.json").read_text())["quantization"]]))
+    monkeypatch.setattr(
+        exporter,
+        "record_step_curve",
+        lambda out: curve_record(FAKE_CURVES[json.loads((out / "onnx.json").read_text())["quantization"]]),
+    )
     calls = []
 
     def fake_rates(exports, depth):
         calls.append((sorted(exports), depth))
         assert all((path / "onnx.json").is_file() for path in exports.values())  # every candidate exported whole
-        return {"int8": {"tokens_per_second": 50.0, "acceptance_length": 1.5},
-                "int4": {"tokens_per_second": 100.0, "acceptance_length": 1.7}}
+        return {
+            "int8": {"tokens_per_second": 50.0, "acceptance_length": 1.5},
+            "int4": {"tokens_per_second": 100.0, "acceptance_length": 1.7},
+        }
 
     monkeypatch.setattr(decode_rate, "measure_decode_rates", fake_rates)
     out = tmp_path / "engine"
-    assert run_export("--format", "onnx", "--quantization", "auto", "--target", target_dir, "--draft",
-                      "prompt-lookup", "--out", out).returncode == 0
+    assert (
+        run_export(
+            "--format",
+            "onnx",
+            "--quantization",
+            "auto",
+            "--target",
+            target_dir,
+            "--draft",
+            "prompt-lookup",
+            "--out",
+            out,
+        ).returncode
+        == 0
+    )
     choice = json.loads((out / "onnx.json").read_text())["quantization_choice"]
     assert calls == [(sorted(AUTO_CANDIDATES), 7)] and choice["chosen"] == "int4"
     assert LINEAR_KERNELS["int4"] in _graph_ops(out)
@@ -166,8 +195,12 @@ def test_calibration_prompts_are_held_out_of_every_shipped_drafts_data_and_the_e
     turns = calibration_turns()
     assert len(turns) == sum(len(lines) for lines in CALIBRATION_LINES.values()) == 4
     ids = {f"{name}:{n}" for name, lines in CALIBRATION_LINES.items() for n in lines}
-    drawn = {row.id for row in read_prompts([datasets_dir() / "train" / f"{name}.jsonl" for name in CALIBRATION_LINES],
-                                            4000, 0, PrepareStats())}  # training/data/README.md's command
+    drawn = {
+        row.id
+        for row in read_prompts(
+            [datasets_dir() / "train" / f"{name}.jsonl" for name in CALIBRATION_LINES], 4000, 0, PrepareStats()
+        )
+    }  # training/data/README.md's command
     regen = Path(repo_root()) / "training" / "data" / "smollm2-135m-regen.jsonl.gz"
     data = {json.loads(line)["id"] for line in gzip.open(regen, "rt")}
     assert not ids & drawn and not ids & data and data <= drawn
@@ -184,23 +217,31 @@ def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_di
 
     _fake_timing(monkeypatch, tmp_path)
     out = tmp_path / "engine"
-    assert run_export("--format", "onnx", "--quantization", "int8", "--target", target_dir, "--draft", "none",
-                      "--out", out).returncode == 0
+    assert (
+        run_export(
+            "--format", "onnx", "--quantization", "int8", "--target", target_dir, "--draft", "none", "--out", out
+        ).returncode
+        == 0
+    )
     target = load_target(str(out))
     probed = []
     import deepspec.decoding.planner as planner_module
     from deepspec.decoding.planner import BudgetPlanner
 
     monkeypatch.setattr(planner_module, "probe_step_curve", lambda *args: probed.append(args) or None)
-    engine = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
-                        planner=BudgetPlanner())
+    engine = SpecEngine(
+        target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64, planner=BudgetPlanner()
+    )
     assert not probed
     assert engine.planner.step_time.sizes.tolist() == sorted(FAKE_CURVES["int8"])
-    assert engine.planner.step_time.times.tolist() == pytest.approx([FAKE_CURVES["int8"][n] for n in sorted(FAKE_CURVES["int8"])])
+    assert engine.planner.step_time.times.tolist() == pytest.approx(
+        [FAKE_CURVES["int8"][n] for n in sorted(FAKE_CURVES["int8"])]
+    )
     target.meta["step_curve"]["machine"] = {**machine_key(), "cpu": "another CPU"}  # timed elsewhere: probe here
     assert target.recorded_step_curve() is None
-    SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
-               planner=BudgetPlanner())
+    SpecEngine(
+        target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64, planner=BudgetPlanner()
+    )
     assert probed
 
 
@@ -215,11 +256,13 @@ def test_a_quantized_export_of_an_untied_target_gives_its_drafts_the_fp32_head(t
 
     draft = write_draft(tmp_path / "dspark", target_dir, "dspark")
     out = tmp_path / "engine"
-    result = run_export("--format", "onnx", "--quantization", quant, "--target", target_dir, "--draft", draft,
-                        "--out", out)
+    result = run_export(
+        "--format", "onnx", "--quantization", quant, "--target", target_dir, "--draft", draft, "--out", out
+    )
     assert result.returncode == 0, result.stderr
-    assert "lm_head.weight_t" not in {t.name for t in onnx.load(out / "target.onnx",
-                                                                 load_external_data=False).graph.initializer}
+    assert "lm_head.weight_t" not in {
+        t.name for t in onnx.load(out / "target.onnx", load_external_data=False).graph.initializer
+    }
     target = load_target(str(out))
     reference = pytorch_decoder(load_target(str(target_dir), dtype="float32"))
     assert target.meta["head_file"] == "lm_head.npy"

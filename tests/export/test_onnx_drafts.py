@@ -12,17 +12,17 @@ import torch
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from deepspec.algorithms import resolve_algorithm  # noqa: E402
-from deepspec.decoding.draft_driver import DraftDriver  # noqa: E402
-from deepspec.decoding.drafter import DraftSampling  # noqa: E402
-from deepspec.decoding.drafters.dflash import DFlashDrafter  # noqa: E402
-from deepspec.decoding.drafters.dspark import DSparkDrafter  # noqa: E402
-from deepspec.decoding.drafters.eagle3 import Eagle3Drafter  # noqa: E402
-from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel, draft_graph_dir  # noqa: E402
-from deepspec.decoding.registry import build_drafter  # noqa: E402
-from export.onnx.draft_graph import build_draft_graphs  # noqa: E402
-from export.onnx.graph import LINEAR_KERNELS  # noqa: E402
-from tests.export.conftest import write_draft, write_hf_target  # noqa: E402
+from deepspec.algorithms import resolve_algorithm
+from deepspec.decoding.draft_driver import DraftDriver
+from deepspec.decoding.drafter import DraftSampling
+from deepspec.decoding.drafters.dflash import DFlashDrafter
+from deepspec.decoding.drafters.dspark import DSparkDrafter
+from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
+from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel, draft_graph_dir
+from deepspec.decoding.registry import build_drafter
+from export.onnx.draft_graph import build_draft_graphs
+from export.onnx.graph import LINEAR_KERNELS
+from tests.export.conftest import write_draft, write_hf_target
 
 DRAFTERS = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}
 #: ONNX Runtime's GroupQueryAttention (the target graph) wants head_dim % 16 == 0
@@ -49,8 +49,9 @@ def _pair(tmp_path: Path, target_dir: Path, algo: str, tree: int = 0, **draft_op
     assert [p.name for p in written] == list(resolve_algorithm(algo).onnx.files)
     options = {"tree_branches": tree} if tree else {}
     ref = DRAFTERS[algo](model, **options)
-    ours = DRAFTERS[algo](OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs, num_threads=1),
-                          **options)
+    ours = DRAFTERS[algo](
+        OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs, num_threads=1), **options
+    )
     return target, *(DraftDriver(d, num_slots=3, max_tokens=64, target=target) for d in (ref, ours))
 
 
@@ -180,9 +181,10 @@ def test_shipped_drafts_propose_the_same_through_their_graphs(tmp_path, smollm2,
     model = load_draft(path, smollm2, dtype=torch.float32)
     build_draft_graphs(model, tmp_path)
     ref = DRAFTERS[model.cfg.algo](model)
-    ours = DRAFTERS[model.cfg.algo](OnnxDraftModel(load_draft(path, smollm2, dtype=torch.float32), tmp_path,
-                                                   num_threads=2))
-    ids = smollm2.tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
+    ours = DRAFTERS[model.cfg.algo](
+        OnnxDraftModel(load_draft(path, smollm2, dtype=torch.float32), tmp_path, num_threads=2)
+    )
+    ids = smollm2.tokenizer.encode('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')
     tokens = torch.tensor([ids])
     out = smollm2.forward(tokens, torch.zeros(1, dtype=torch.long), None, feature_layers=ref.feature_layers)
     greedy = DraftSampling(torch.zeros(1), [None])
@@ -217,8 +219,9 @@ def test_int8_draft_graphs_quantize_every_dense_layer_and_stay_close_to_fp32(tmp
             continue
         assert LINEAR_KERNELS["int8"] in {n.op_type for n in graph.node}, name
         assert not [t.name for t in graph.initializer if t.name.endswith(".weight_t")], name
-    models = {q: OnnxDraftModel(load_draft(path, target, dtype=torch.float32), d, num_threads=1)
-              for q, d in dirs.items()}
+    models = {
+        q: OnnxDraftModel(load_draft(path, target, dtype=torch.float32), d, num_threads=1) for q, d in dirs.items()
+    }
     torch.manual_seed(0)
     F = target.spec.hidden_size * len(models["none"].cfg.feature_layers)
     features = torch.randn(2, 5, F)

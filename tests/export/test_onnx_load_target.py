@@ -9,10 +9,10 @@ import torch
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from deepspec.models import load_target  # noqa: E402
-from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES, MissingChatTemplateError  # noqa: E402
-from deepspec.models.onnx_target import OnnxTarget, load_onnx_target  # noqa: E402
-from tests.export.conftest import write_hf_target  # noqa: E402
+from deepspec.models import load_target
+from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES, MissingChatTemplateError
+from deepspec.models.onnx_target import OnnxTarget, load_onnx_target
+from tests.export.conftest import write_hf_target
 
 #: ONNX Runtime's GroupQueryAttention wants head_dim % 16 == 0
 HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
@@ -38,8 +38,9 @@ def test_an_export_directory_loads_as_the_onnx_target_of_the_same_model(exported
     assert target.fingerprint() == pytorch.fingerprint()
     tokens = torch.tensor([[1, 40, 41, 42]])
     start = torch.zeros(1, dtype=torch.long)
-    torch.testing.assert_close(target.forward(tokens, start).logits, pytorch.forward(tokens, start).logits,
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        target.forward(tokens, start).logits, pytorch.forward(tokens, start).logits, atol=1e-4, rtol=1e-4
+    )
 
 
 def test_the_chat_template_options_apply_to_an_export(exported):
@@ -57,8 +58,10 @@ def test_gguf_matmuls_on_an_export_are_refused_with_the_way_out(exported):
         load_target(str(out), quantization="gguf")
 
 
-@pytest.mark.parametrize(("value", "mode"), [(None, "run"), ("off", "off"), ("0", "off"), ("run", "run"),
-                                             ("1", "always"), ("always", "always")])
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [(None, "run"), ("off", "off"), ("0", "off"), ("run", "run"), ("1", "always"), ("always", "always")],
+)
 def test_the_spinning_environment_variable_sets_the_session_s_thread_pool(monkeypatch, value, mode):
     from deepspec.models.onnx_target import session_options, spinning_mode
 

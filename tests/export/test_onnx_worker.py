@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from tests.service.conftest import REPO, Worker  # noqa: E402
+from tests.service.conftest import REPO, Worker
 
 PROMPTS = ["def fib(n):", "The capital of France is"]
 
@@ -32,8 +32,15 @@ def _complete(address: str, model: str, prompt: str, max_tokens: int) -> str:
 
 
 def _serve(tmp_path, *args: str) -> Worker:
-    worker = Worker(tmp_path, *args, "--max-batch-size", "2", "--max-seq-len", "512",
-                    name="onnx" if "--bundle-dir" in args else "torch")
+    worker = Worker(
+        tmp_path,
+        *args,
+        "--max-batch-size",
+        "2",
+        "--max-seq-len",
+        "512",
+        name="onnx" if "--bundle-dir" in args else "torch",
+    )
     i = worker.args.index("--target")
     del worker.args[i : i + 2]
     return worker.start()
@@ -43,16 +50,22 @@ def _serve(tmp_path, *args: str) -> Worker:
 @pytest.mark.integration
 def test_worker_serves_the_onnx_export_with_the_pytorch_workers_text(tmp_path):
     out = tmp_path / "engine"
-    export = subprocess.run([sys.executable, "-m", "export", "--format", "onnx", "--draft", "prompt-lookup",
-                             "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    export = subprocess.run(
+        [sys.executable, "-m", "export", "--format", "onnx", "--draft", "prompt-lookup", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert export.returncode == 0, export.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format"] == "onnx" and manifest["draft"] == "prompt-lookup"
     assert "target.onnx" in manifest["files"] and "onnx.json" in manifest["files"]
 
     onnx_worker = _serve(tmp_path, "--bundle-dir", str(out))
-    torch_worker = _serve(tmp_path, "--target", "smollm2-135m", "--draft", "none", "--dtype", "float32",
-                          "--quantization", "none")
+    torch_worker = _serve(
+        tmp_path, "--target", "smollm2-135m", "--draft", "none", "--dtype", "float32", "--quantization", "none"
+    )
     try:
         onnx_worker.wait_ready(timeout_s=600)
         torch_worker.wait_ready(timeout_s=600)

@@ -35,8 +35,10 @@ def test_checkpoint_maps_back_to_every_target_tensor_bit_for_bit(tmp_path, targe
     out = _export(tmp_path, targets[family], "--tp", tp, "--draft", "none")
     config = json.loads((out / "checkpoint" / "config.json").read_text())
     assert config["mapping"] == {"world_size": tp, "tp_size": tp, "pp_size": 1}
-    assert config["architecture"] == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                                      "qwen3": "Qwen3ForCausalLM"}[family]
+    assert (
+        config["architecture"]
+        == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
+    )
     ranks = [load_file(out / "checkpoint" / f"rank{r}.safetensors") for r in range(tp)]
     hf = load_file(targets[family] / "model.safetensors")
     back = to_hf(ranks, _arch(targets[family]))
@@ -53,32 +55,60 @@ def test_checkpoint_maps_back_to_every_target_tensor_bit_for_bit(tmp_path, targe
 #: `QWenConfig.__init__` (attn_bias **True**, mlp_bias False, rotary_base 10000.0, rotary_scaling None,
 #: use_logn_attn False). `PretrainedConfig.from_dict` picks the class by `architecture` (MODEL_MAP) and passes the
 #: dict as keyword arguments, so these defaults are what a missing key becomes.
-_BASE_DEFAULTS = {"hidden_act": "gelu", "norm_epsilon": 1e-5, "position_embedding_type": "learned_absolute",
-                  "qk_layernorm": False, "logits_dtype": "float32"}
+_BASE_DEFAULTS = {
+    "hidden_act": "gelu",
+    "norm_epsilon": 1e-5,
+    "position_embedding_type": "learned_absolute",
+    "qk_layernorm": False,
+    "logits_dtype": "float32",
+}
 TRTLLM_DEFAULTS = {
-    "LlamaForCausalLM": {**_BASE_DEFAULTS, "attn_bias": False, "mlp_bias": False, "rotary_base": 10000.0,
-                         "rotary_scaling": None, "residual_mlp": False, "embedding_multiplier": 1.0,
-                         "attention_multiplier": 1.0, "residual_multiplier": 1.0, "output_multiplier_scale": 1.0},
-    "Qwen2ForCausalLM": {**_BASE_DEFAULTS, "attn_bias": True, "mlp_bias": False, "rotary_base": 10000.0,
-                         "rotary_scaling": None, "use_logn_attn": False},
+    "LlamaForCausalLM": {
+        **_BASE_DEFAULTS,
+        "attn_bias": False,
+        "mlp_bias": False,
+        "rotary_base": 10000.0,
+        "rotary_scaling": None,
+        "residual_mlp": False,
+        "embedding_multiplier": 1.0,
+        "attention_multiplier": 1.0,
+        "residual_multiplier": 1.0,
+        "output_multiplier_scale": 1.0,
+    },
+    "Qwen2ForCausalLM": {
+        **_BASE_DEFAULTS,
+        "attn_bias": True,
+        "mlp_bias": False,
+        "rotary_base": 10000.0,
+        "rotary_scaling": None,
+        "use_logn_attn": False,
+    },
 }
 TRTLLM_DEFAULTS["Qwen3ForCausalLM"] = TRTLLM_DEFAULTS["Qwen2ForCausalLM"]
 #: attributes the model classes read that no config class defines (no default: an AttributeError at build time):
 #: tensorrt_llm/models/qwen/model.py `QWenDecoderLayer.__init__` reads config.qwen_type and config.seq_length
-TRTLLM_REQUIRED = {"LlamaForCausalLM": (), "Qwen2ForCausalLM": ("qwen_type", "seq_length"),
-                   "Qwen3ForCausalLM": ("qwen_type", "seq_length")}
+TRTLLM_REQUIRED = {
+    "LlamaForCausalLM": (),
+    "Qwen2ForCausalLM": ("qwen_type", "seq_length"),
+    "Qwen3ForCausalLM": ("qwen_type", "seq_length"),
+}
 
 
 def _what_the_target_needs(target_dir) -> dict:
     """The values TensorRT-LLM must see for this Hugging Face target, read from its config and weights."""
     hf_config = json.loads((target_dir / "config.json").read_text())
     hf = load_file(target_dir / "model.safetensors")
-    return {"attn_bias": "model.layers.0.self_attn.q_proj.bias" in hf,
-            "mlp_bias": "model.layers.0.mlp.gate_proj.bias" in hf,
-            "rotary_base": float(hf_config.get("rope_theta") or hf_config["rope_parameters"]["rope_theta"]),
-            "rotary_scaling": None, "hidden_act": hf_config["hidden_act"],
-            "norm_epsilon": hf_config["rms_norm_eps"], "position_embedding_type": "rope_gpt_neox",
-            "logits_dtype": "float32", "tie_word_embeddings": hf_config["tie_word_embeddings"]}
+    return {
+        "attn_bias": "model.layers.0.self_attn.q_proj.bias" in hf,
+        "mlp_bias": "model.layers.0.mlp.gate_proj.bias" in hf,
+        "rotary_base": float(hf_config.get("rope_theta") or hf_config["rope_parameters"]["rope_theta"]),
+        "rotary_scaling": None,
+        "hidden_act": hf_config["hidden_act"],
+        "norm_epsilon": hf_config["rms_norm_eps"],
+        "position_embedding_type": "rope_gpt_neox",
+        "logits_dtype": "float32",
+        "tie_word_embeddings": hf_config["tie_word_embeddings"],
+    }
 
 
 def _effective_qk_norm(config: dict) -> bool:
@@ -97,9 +127,18 @@ def _tensors_the_builder_requires(config: dict) -> set[str]:
     names = {"transformer.vocab_embedding.weight", "transformer.ln_f.weight", "lm_head.weight"}
     for i in range(config["num_hidden_layers"]):
         layer = f"transformer.layers.{i}."
-        names |= {layer + n for n in ("input_layernorm.weight", "post_layernorm.weight", "attention.qkv.weight",
-                                       "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
-                                       "mlp.proj.weight")}
+        names |= {
+            layer + n
+            for n in (
+                "input_layernorm.weight",
+                "post_layernorm.weight",
+                "attention.qkv.weight",
+                "attention.dense.weight",
+                "mlp.fc.weight",
+                "mlp.gate.weight",
+                "mlp.proj.weight",
+            )
+        }
         if config["attn_bias"]:
             names.add(layer + "attention.qkv.bias")
         if config["mlp_bias"]:
@@ -134,7 +173,8 @@ def test_a_config_without_attn_bias_makes_qwen3_ask_for_biases_it_lacks(tmp_path
     ours = json.loads((out / "checkpoint" / "config.json").read_text())
     del ours["attn_bias"]
     missing = _tensors_the_builder_requires({**TRTLLM_DEFAULTS[ours["architecture"]], **ours}) - set(
-        load_file(out / "checkpoint" / "rank0.safetensors"))
+        load_file(out / "checkpoint" / "rank0.safetensors")
+    )
     assert missing and all(name.endswith("attention.qkv.bias") for name in missing)
 
 
@@ -143,15 +183,20 @@ def test_tp2_shards_concatenate_to_the_whole(tmp_path, targets):
     out = _export(tmp_path / "2", targets["llama"], "--draft", "none", "--tp", "2")
     r0, r1 = (load_file(out / "checkpoint" / f"rank{r}.safetensors") for r in range(2))
     layer = "transformer.layers.3."
-    for name, dim in [("mlp.fc.weight", 0), ("mlp.gate.weight", 0), ("mlp.proj.weight", 1),
-                      ("attention.dense.weight", 1)]:
+    for name, dim in [
+        ("mlp.fc.weight", 0),
+        ("mlp.gate.weight", 0),
+        ("mlp.proj.weight", 1),
+        ("attention.dense.weight", 1),
+    ]:
         assert torch.equal(torch.cat([r0[layer + name], r1[layer + name]], dim=dim), whole[layer + name])
     assert torch.equal(torch.cat([r0["lm_head.weight"], r1["lm_head.weight"]]), whole["lm_head.weight"])
     # qkv: each rank holds [q_r; k_r; v_r]; the whole is [q; k; v]
     q, kv = 4 * 8 // 2, 2 * 8 // 2
     parts = [r[layer + "attention.qkv.weight"].split([q, kv, kv]) for r in (r0, r1)]
-    assert torch.equal(torch.cat([torch.cat([p[i] for p in parts]) for i in range(3)]),
-                       whole[layer + "attention.qkv.weight"])
+    assert torch.equal(
+        torch.cat([torch.cat([p[i] for p in parts]) for i in range(3)]), whole[layer + "attention.qkv.weight"]
+    )
     assert torch.equal(r0["transformer.vocab_embedding.weight"], whole["transformer.vocab_embedding.weight"])
 
 
@@ -166,9 +211,14 @@ def test_draft_serve_yaml_and_build_script(tmp_path, targets, drafts):
     out = _export(tmp_path, targets["llama"], "--draft", drafts["llama", "eagle3"], "--num-speculative-tokens", "4")
     serve = yaml.safe_load((out / "trtllm-serve.yaml").read_text())
     assert serve["backend"] == "pytorch"
-    assert serve["speculative_config"] == {"decoding_type": "Eagle", "max_draft_len": 4,
-                                           "speculative_model_dir": "draft", "eagle3_one_model": True,
-                                           "allow_advanced_sampling": True, "eagle3_layers_to_capture": [1, 2, 3]}
+    assert serve["speculative_config"] == {
+        "decoding_type": "Eagle",
+        "max_draft_len": 4,
+        "speculative_model_dir": "draft",
+        "eagle3_one_model": True,
+        "allow_advanced_sampling": True,
+        "eagle3_layers_to_capture": [1, 2, 3],
+    }
     spec = trtllm_from_dict(serve["speculative_config"])
     assert spec.speculative_model == "draft" and spec.eagle3_layers_to_capture == {1, 2, 3}
     assert spec.spec_dec_mode == "EAGLE3_ONE_MODEL" and spec.allow_advanced_sampling
@@ -190,18 +240,18 @@ def _trtllm_eagle_config():
     Literal["Eagle"]`, `eagle3_one_model: bool = True`, `eagle3_layers_to_capture: Optional[Set[int]] = None`, and
     `spec_dec_mode` EAGLE3_ONE_MODEL when eagle3_one_model). tensorrt_llm does not install here, so the model is
     rebuilt from those declarations; `from_dict`'s dispatch set is export/trtllm_releases.py's row."""
-    from typing import Literal, Optional
+    from typing import Literal
 
     from pydantic import BaseModel, ConfigDict
 
     class EagleDecodingConfig(BaseModel):
         model_config = ConfigDict(extra="forbid")
         decoding_type: Literal["Eagle"] = "Eagle"
-        max_draft_len: Optional[int] = None
-        speculative_model_dir: Optional[str] = None
+        max_draft_len: int | None = None
+        speculative_model_dir: str | None = None
         allow_advanced_sampling: bool = False
-        eagle3_one_model: Optional[bool] = True
-        eagle3_layers_to_capture: Optional[set[int]] = None
+        eagle3_one_model: bool | None = True
+        eagle3_layers_to_capture: set[int] | None = None
 
         @property
         def speculative_model(self):
@@ -239,8 +289,9 @@ def test_serve_yaml_carries_non_default_captured_layers(tmp_path, targets):
 
 def test_build_without_tensorrt_llm_names_what_is_missing(tmp_path, targets):
     out = tmp_path / "trt"
-    result = run_export("--target", targets["llama"], "--draft", "none", "--format", "tensorrt-llm", "--build",
-                        "--out", out)
+    result = run_export(
+        "--target", targets["llama"], "--draft", "none", "--format", "tensorrt-llm", "--build", "--out", out
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "tensorrt_llm is not installed" in result.stderr and "no CUDA GPU" in result.stderr
     assert "sh OUT/build.sh" in result.stderr and not out.exists()
@@ -248,20 +299,39 @@ def test_build_without_tensorrt_llm_names_what_is_missing(tmp_path, targets):
 
 @pytest.mark.parametrize("family, says", [("gemma3_text", "cannot take a gemma3_text target")])
 def test_a_family_tensorrt_llm_cannot_take_is_refused(tmp_path, targets, family, says):
-    result = run_export("--target", targets[family], "--draft", "none", "--format", "tensorrt-llm",
-                        "--out", tmp_path / "o")
+    result = run_export(
+        "--target", targets[family], "--draft", "none", "--format", "tensorrt-llm", "--out", tmp_path / "o"
+    )
     assert result.returncode == 2 and says in result.stderr and not (tmp_path / "o").exists()
 
 
 def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path, targets):
-    result = run_export("--target", targets["llama"], "--draft", "none", "--format", "tensorrt-llm", "--tp", "3",
-                        "--out", tmp_path / "o")
+    result = run_export(
+        "--target",
+        targets["llama"],
+        "--draft",
+        "none",
+        "--format",
+        "tensorrt-llm",
+        "--tp",
+        "3",
+        "--out",
+        tmp_path / "o",
+    )
     assert result.returncode == 2 and "--tp 3 must divide the 4 attention heads" in result.stderr
 
 
 def test_qwen3_eagle3_draft_with_qk_norm_is_refused(tmp_path, targets, drafts):
-    result = run_export("--target", targets["qwen3"], "--draft", drafts["qwen3", "eagle3"], "--format",
-                        "tensorrt-llm", "--out", tmp_path / "o")
+    result = run_export(
+        "--target",
+        targets["qwen3"],
+        "--draft",
+        drafts["qwen3", "eagle3"],
+        "--format",
+        "tensorrt-llm",
+        "--out",
+        tmp_path / "o",
+    )
     assert result.returncode == 2 and "tensorrt-llm cannot load" in result.stderr and "q/k-norm" in result.stderr
 
 
@@ -271,13 +341,25 @@ def test_build_runs_build_sh_where_the_toolchain_is_present(tmp_path, targets, m
     from export.formats import tensorrt_llm
 
     monkeypatch.setattr(tensorrt_llm, "build_blockers", lambda: [])
-    monkeypatch.setattr(tensorrt_llm, "build_script",
-                        lambda job: "#!/bin/sh\nset -e\ntest -f checkpoint/rank0.safetensors\nmkdir engine\n")
+    monkeypatch.setattr(
+        tensorrt_llm,
+        "build_script",
+        lambda job: "#!/bin/sh\nset -e\ntest -f checkpoint/rank0.safetensors\nmkdir engine\n",
+    )
     out = _export(tmp_path, targets["llama"], "--draft", "none", "--build")
     assert (out / "engine").is_dir()
     assert json.loads((out / "manifest.json").read_text())["engine_dir"] == "engine"
     monkeypatch.setattr(tensorrt_llm, "build_script", lambda job: "#!/bin/sh\necho no GPU after all >&2\nexit 3\n")
-    result = run_export("--target", targets["llama"], "--draft", "none", "--format", "tensorrt-llm", "--build",
-                        "--out", tmp_path / "failed")
+    result = run_export(
+        "--target",
+        targets["llama"],
+        "--draft",
+        "none",
+        "--format",
+        "tensorrt-llm",
+        "--build",
+        "--out",
+        tmp_path / "failed",
+    )
     assert result.returncode == 2 and "build.sh failed (3): no GPU after all" in result.stderr
     assert not (tmp_path / "failed").exists()

@@ -18,8 +18,20 @@ import yaml
 from deepspec_protocol.triton_contract import FINISH_REASONS
 from tests.export.conftest import run_export
 from tests.export.scored_llm import Logprob, distribution, score
-from tests.kserve_triton import (ACCEPTED_PER_STEP, DRAFTED_PER_STEP, FINAL, SLOW_PROMPT, WORDS, FakeMPI, Request,
-                                 ScriptedLLM, fakes_installed, initialize, load_model_py, parse_config)
+from tests.kserve_triton import (
+    ACCEPTED_PER_STEP,
+    DRAFTED_PER_STEP,
+    FINAL,
+    SLOW_PROMPT,
+    WORDS,
+    FakeMPI,
+    Request,
+    ScriptedLLM,
+    fakes_installed,
+    initialize,
+    load_model_py,
+    parse_config,
+)
 
 
 class _Sender:
@@ -36,8 +48,20 @@ class _Sender:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, targets, drafts):
     out = tmp_path_factory.mktemp("triton-model") / "repo"
-    result = run_export("--target", targets["llama"], "--draft", drafts["llama", "eagle3"], "--format", "triton-repo",
-                        "--num-speculative-tokens", "4", "--tp", "2", "--out", out)
+    result = run_export(
+        "--target",
+        targets["llama"],
+        "--draft",
+        drafts["llama", "eagle3"],
+        "--format",
+        "triton-repo",
+        "--num-speculative-tokens",
+        "4",
+        "--tp",
+        "2",
+        "--out",
+        out,
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -108,8 +132,9 @@ def test_streaming_sends_every_step_once_in_order_then_the_counters(model):
     """TensorRT-LLM's GenerationResult is one object mutated in place (tensorrt_llm/executor/result.py:
     `__anext__` returns self; CompletionOutput.text_diff is what the latest step added): each response must be
     built in the iteration that produced it, or the first chunk is lost and the last repeated."""
-    responses = _ask(model, text_input=_text("hi"), streaming=np.array([True]),
-                     sampling_param_max_tokens=np.array([3], np.int32))
+    responses = _ask(
+        model, text_input=_text("hi"), streaming=np.array([True]), sampling_param_max_tokens=np.array([3], np.int32)
+    )
     assert all(r.error is None for r in responses)
     assert [_out(r, "text_output").decode() for r in responses] == list(WORDS[:3])
     assert [_out(r, "finish_reason").decode() for r in responses] == ["", "", "length"]
@@ -121,10 +146,16 @@ def test_streaming_sends_every_step_once_in_order_then_the_counters(model):
 
 
 def test_one_response_without_streaming_and_sampling_inputs_reach_the_llm(model):
-    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([2], np.int32),
-                       sampling_param_temperature=np.array([0.5], np.float32),
-                       sampling_param_top_k=np.array([4], np.int32), sampling_param_seed=np.array([7], np.uint64),
-                       sampling_param_stop=np.array([b"\n\n", b"END"], dtype=object), ignore_eos=np.array([True]))
+    (response,) = _ask(
+        model,
+        text_input=_text("hi"),
+        sampling_param_max_tokens=np.array([2], np.int32),
+        sampling_param_temperature=np.array([0.5], np.float32),
+        sampling_param_top_k=np.array([4], np.int32),
+        sampling_param_seed=np.array([7], np.uint64),
+        sampling_param_stop=np.array([b"\n\n", b"END"], dtype=object),
+        ignore_eos=np.array([True]),
+    )
     assert _out(response, "text_output").decode() == "".join(WORDS[:2])
     _, params, streaming = ScriptedLLM.instances[0].calls[-1]
     assert not streaming and params.return_perf_metrics and params.ignore_eos
@@ -133,8 +164,12 @@ def test_one_response_without_streaming_and_sampling_inputs_reach_the_llm(model)
 
 
 def test_chat_messages_are_rendered_with_the_targets_template(model):
-    (response,) = _ask(model, text_input=_text(""), messages_json=_text('[{"role": "user", "content": "hey"}]'),
-                       sampling_param_max_tokens=np.array([1], np.int32))
+    (response,) = _ask(
+        model,
+        text_input=_text(""),
+        messages_json=_text('[{"role": "user", "content": "hey"}]'),
+        sampling_param_max_tokens=np.array([1], np.int32),
+    )
     assert response.error is None
     assert ScriptedLLM.instances[0].calls[-1][0] == "<user>hey<assistant>"
 
@@ -152,9 +187,13 @@ def _bos_tokenizer():
     return tokenizer
 
 
-@pytest.mark.parametrize("inputs, bos_in_template", [
-    ({"text_input": _text(""), "messages_json": _text('[{"role": "user", "content": "hey"}]')}, True),
-    ({"text_input": _text("hey")}, False)])
+@pytest.mark.parametrize(
+    "inputs, bos_in_template",
+    [
+        ({"text_input": _text(""), "messages_json": _text('[{"role": "user", "content": "hey"}]')}, True),
+        ({"text_input": _text("hey")}, False),
+    ],
+)
 def test_a_chat_prompt_gets_one_bos_and_a_plain_prompt_keeps_its_own(model, inputs, bos_in_template):
     """TensorRT-LLM tokenizes a text prompt with `tokenizer.encode(prompt, add_special_tokens=
     sampling_params.add_special_tokens)` (tensorrt_llm/inputs/registry.py `DefaultInputProcessor.__call__`, 1.2.1;
@@ -189,8 +228,10 @@ def test_a_cancelled_request_is_aborted_and_ends_cancelled(model):
     assert not model.running
 
 
-@pytest.mark.parametrize("trtllm_reason, sent", [("stop", "stop"), ("length", "length"), (None, "stop"),
-                                                 ("cancelled", "abort"), ("timeout", "abort")])
+@pytest.mark.parametrize(
+    "trtllm_reason, sent",
+    [("stop", "stop"), ("length", "length"), (None, "stop"), ("cancelled", "abort"), ("timeout", "abort")],
+)
 def test_a_finished_sequence_sends_the_contracts_finish_reason(model, trtllm_reason, sent):
     """TensorRT-LLM's CompletionOutput.finish_reason has values of its own ("cancelled", "timeout"); the model sends
     the contract's FINISH_REASONS, the values DeepSpec's worker sends and the gateway labels its metrics with."""
@@ -200,16 +241,23 @@ def test_a_finished_sequence_sends_the_contracts_finish_reason(model, trtllm_rea
     assert reason == sent and reason in FINISH_REASONS
 
 
-@pytest.mark.parametrize("inputs, message", [
-    ({}, "text_input is required"),
-    ({"text_input": _text("")}, "text_input is empty"),
-    ({"text_input": _text("hi"), "sampling_param_max_tokens": np.array([0], np.int32)},
-     "sampling_param_max_tokens 0 is out of range"),
-    ({"text_input": _text("hi"), "sampling_param_top_p": np.array([1.5], np.float32)},
-     "sampling_param_top_p 1.5 is out of range"),
-    ({"text_input": _text(""), "messages_json": _text("{}")}, "non-empty JSON list"),
-    ({"text_input": _text("boom")}, "RuntimeError: engine fell over"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({}, "text_input is required"),
+        ({"text_input": _text("")}, "text_input is empty"),
+        (
+            {"text_input": _text("hi"), "sampling_param_max_tokens": np.array([0], np.int32)},
+            "sampling_param_max_tokens 0 is out of range",
+        ),
+        (
+            {"text_input": _text("hi"), "sampling_param_top_p": np.array([1.5], np.float32)},
+            "sampling_param_top_p 1.5 is out of range",
+        ),
+        ({"text_input": _text(""), "messages_json": _text("{}")}, "non-empty JSON list"),
+        ({"text_input": _text("boom")}, "RuntimeError: engine fell over"),
+    ],
+)
 def test_bad_requests_get_an_error_and_the_model_keeps_serving(model, inputs, message):
     (response,) = _ask(model, **inputs)
     assert response.error is not None and message in response.error.message()
@@ -219,8 +267,13 @@ def test_bad_requests_get_an_error_and_the_model_keeps_serving(model, inputs, me
 
 def test_every_output_the_model_sends_is_declared_in_its_config(repo, model):
     score(ScriptedLLM.instances[0])
-    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([1], np.int32),
-                       return_log_probs=np.array([True]), top_logprobs=np.array([2], np.int32))
+    (response,) = _ask(
+        model,
+        text_input=_text("hi"),
+        sampling_param_max_tokens=np.array([1], np.int32),
+        return_log_probs=np.array([True]),
+        top_logprobs=np.array([2], np.int32),
+    )
     declared = {o.name for o in parse_config(repo / "tensorrt_llm" / "config.pbtxt").output}
     assert "output_top_tokens" in {t.name() for t in response.output_tensors} <= declared
 
@@ -257,9 +310,14 @@ def test_streamed_logprobs_are_the_llms_in_the_workers_tensors(model):
     (tensorrt_llm/serve/postprocess_handlers.py create_logprobs: `logprob[token_id].logprob`), the likeliest
     alternatives first and only as many as asked, though the dict also holds the sampled token."""
     score(ScriptedLLM.instances[0])
-    responses = _ask(model, text_input=_text("hi"), streaming=np.array([True]),
-                     sampling_param_max_tokens=np.array([3], np.int32), return_log_probs=np.array([True]),
-                     top_logprobs=np.array([1], np.int32))
+    responses = _ask(
+        model,
+        text_input=_text("hi"),
+        streaming=np.array([True]),
+        sampling_param_max_tokens=np.array([3], np.int32),
+        return_log_probs=np.array([True]),
+        top_logprobs=np.array([1], np.int32),
+    )
     assert all(r.error is None for r in responses), [r.error.message() for r in responses if r.error]
     _, params, _ = ScriptedLLM.instances[0].calls[-1]
     assert params.logprobs == 1
@@ -277,8 +335,12 @@ def test_whole_logprobs_without_alternatives_still_ask_the_llm_for_one(model):
     """top_logprobs 0 asks TensorRT-LLM for logprobs=1 (compute_logprobs scores nothing at 0 in some releases) and
     sends no alternatives' tensors, as DeepSpec's worker sends none for k = 0."""
     score(ScriptedLLM.instances[0])
-    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([3], np.int32),
-                       return_log_probs=np.array([True]))
+    (response,) = _ask(
+        model,
+        text_input=_text("hi"),
+        sampling_param_max_tokens=np.array([3], np.int32),
+        return_log_probs=np.array([True]),
+    )
     assert response.error is None
     _, params, _ = ScriptedLLM.instances[0].calls[-1]
     assert params.logprobs == 1
@@ -300,8 +362,9 @@ def test_token_texts_are_what_each_token_adds_in_context(repo):
     """A character split across tokens is the text of the token that completes it ("" before), so the texts add up
     to the output's (a byte-level tokenizer: one token per UTF-8 byte)."""
     module = load_model_py(repo / "tensorrt_llm" / "1" / "model.py")
-    tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens=False: bytes(ids).decode("utf-8",
-                                                                                                     "replace"))
+    tokenizer = types.SimpleNamespace(
+        decode=lambda ids, skip_special_tokens=False: bytes(ids).decode("utf-8", "replace")
+    )
     scores = module.OutputScores(tokenizer, 0)
     text = "é€!"
     ids = list(text.encode())
@@ -313,8 +376,13 @@ def test_token_texts_are_what_each_token_adds_in_context(repo):
 
 
 def test_a_top_logprobs_out_of_range_is_a_bad_request(model):
-    (response,) = _ask(model, text_input=_text("hi"), sampling_param_max_tokens=np.array([1], np.int32),
-                       return_log_probs=np.array([True]), top_logprobs=np.array([21], np.int32))
+    (response,) = _ask(
+        model,
+        text_input=_text("hi"),
+        sampling_param_max_tokens=np.array([1], np.int32),
+        return_log_probs=np.array([True]),
+        top_logprobs=np.array([21], np.int32),
+    )
     assert response.error is not None and "top_logprobs 21 is out of range (0..20)" in response.error.message()
 
 
@@ -339,7 +407,7 @@ class _MetricFamily:
         self.name, self.kind, self.metrics = name, kind, []
         _MetricFamily.families[name] = self
 
-    def Metric(self, labels):  # noqa: N802 - upstream's name
+    def Metric(self, labels):
         metric = types.SimpleNamespace(labels=labels, current=0.0)
         metric.increment = lambda v: setattr(metric, "current", metric.current + v)
         metric.set = lambda v: setattr(metric, "current", v)
@@ -352,7 +420,6 @@ def test_the_model_exports_its_queue_as_gauges_the_autoscaler_reads(repo):
     """The series helm/tools/engine_metrics.py names for the triton runtime's queue exist only because this model
     emits them: waiting until a request's first token, running until it ends, both back to 0 after."""
     from export.triton.llmapi_model import RequestGauges
-
     from tests.export.conftest import REPO
 
     sys.path.insert(0, str(REPO / "helm" / "tools"))
@@ -368,8 +435,9 @@ def test_the_model_exports_its_queue_as_gauges_the_autoscaler_reads(repo):
         sys.modules["triton_python_backend_utils"].MetricFamily = _MetricFamily
         m = initialize(repo / "tensorrt_llm", parse_config(repo / "tensorrt_llm" / "config.pbtxt"))
         try:
-            waiting, running = (_MetricFamily.families[n].metrics[0] for n in (RequestGauges.WAITING,
-                                                                              RequestGauges.RUNNING))
+            waiting, running = (
+                _MetricFamily.families[n].metrics[0] for n in (RequestGauges.WAITING, RequestGauges.RUNNING)
+            )
             assert waiting.labels == running.labels == {"model": "tensorrt_llm"}
             request = _send(m, text_input=_text(SLOW_PROMPT), streaming=np.array([True]))
             for _ in range(200):

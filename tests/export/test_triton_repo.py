@@ -16,8 +16,20 @@ from tests.export.conftest import run_export
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, targets, drafts):
     out = tmp_path_factory.mktemp("triton") / "repo"
-    result = run_export("--target", targets["llama"], "--draft", drafts["llama", "eagle3"], "--format", "triton-repo",
-                        "--tp", "2", "--num-speculative-tokens", "5", "--out", out)
+    result = run_export(
+        "--target",
+        targets["llama"],
+        "--draft",
+        drafts["llama", "eagle3"],
+        "--format",
+        "triton-repo",
+        "--tp",
+        "2",
+        "--num-speculative-tokens",
+        "5",
+        "--out",
+        out,
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -55,8 +67,14 @@ def test_llmapi_model_takes_the_stock_llmapi_inputs_with_their_dims(repo):
     assert config.max_batch_size == 0
     inputs = _declared(config)
     assert inputs["text_input"] == ("TYPE_STRING", [-1]) and inputs["streaming"] == ("TYPE_BOOL", [1])
-    for name, dtype in [("max_tokens", "TYPE_INT32"), ("temperature", "TYPE_FP32"), ("top_k", "TYPE_INT32"),
-                        ("top_p", "TYPE_FP32"), ("seed", "TYPE_UINT64"), ("return_perf_metrics", "TYPE_BOOL")]:
+    for name, dtype in [
+        ("max_tokens", "TYPE_INT32"),
+        ("temperature", "TYPE_FP32"),
+        ("top_k", "TYPE_INT32"),
+        ("top_p", "TYPE_FP32"),
+        ("seed", "TYPE_UINT64"),
+        ("return_perf_metrics", "TYPE_BOOL"),
+    ]:
         assert inputs[f"sampling_param_{name}"] == (dtype, [1])
     assert inputs["sampling_param_stop"] == ("TYPE_STRING", [-1])
     assert {"stream", "max_tokens", "stop_words"}.isdisjoint(inputs)  # the ensemble's names are not this model's
@@ -69,9 +87,19 @@ def test_the_gateways_requests_fit_the_exported_config(repo):
     from service.gateway.worker_client import GenerationRequest
 
     config = parse(repo / "tensorrt_llm" / "config.pbtxt")
-    request = build_request(GenerationRequest("r", "tensorrt_llm", messages=[{"role": "user", "content": "hi"}],
-                                              max_tokens=4, seed=1, stop=["a", "b"], ignore_eos=True),
-                            False, ModelSignature.from_config(config))  # fmt: skip
+    request = build_request(
+        GenerationRequest(
+            "r",
+            "tensorrt_llm",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            seed=1,
+            stop=["a", "b"],
+            ignore_eos=True,
+        ),
+        False,
+        ModelSignature.from_config(config),
+    )
     inputs = _declared(config)
     for tensor in request.inputs:
         _, dims = inputs[tensor.name]
@@ -87,12 +115,32 @@ def test_the_gateways_requests_fit_the_exported_config(repo):
 # input other than TOKENS_BATCH and SEQUENCE_LENGTH.
 _PRE_PARAMETERS = ("tokenizer_dir", "multimodal_model_path")
 _PRE_CONFIG_INPUTS = ("EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS")
-_PRE_CONFIG_OUTPUTS = ("INPUT_ID", "DECODER_INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_DECODER_INPUT_LEN",
-                       "BAD_WORDS_IDS", "STOP_WORDS_IDS", "OUT_END_ID", "OUT_PAD_ID", "OUT_PROMPT_TABLE_EXTRA_IDS",
-                       "PIXEL_VALUES", "IMAGE_SIZES")
+_PRE_CONFIG_OUTPUTS = (
+    "INPUT_ID",
+    "DECODER_INPUT_ID",
+    "REQUEST_INPUT_LEN",
+    "REQUEST_DECODER_INPUT_LEN",
+    "BAD_WORDS_IDS",
+    "STOP_WORDS_IDS",
+    "OUT_END_ID",
+    "OUT_PAD_ID",
+    "OUT_PROMPT_TABLE_EXTRA_IDS",
+    "PIXEL_VALUES",
+    "IMAGE_SIZES",
+)
 #: preprocessing execute() builds these responses whatever the request
-_PRE_SENT_OUTPUTS = ("INPUT_ID", "DECODER_INPUT_ID", "BAD_WORDS_IDS", "STOP_WORDS_IDS", "REQUEST_INPUT_LEN",
-                     "REQUEST_DECODER_INPUT_LEN", "REQUEST_OUTPUT_LEN", "EMBEDDING_BIAS", "OUT_END_ID", "OUT_PAD_ID")
+_PRE_SENT_OUTPUTS = (
+    "INPUT_ID",
+    "DECODER_INPUT_ID",
+    "BAD_WORDS_IDS",
+    "STOP_WORDS_IDS",
+    "REQUEST_INPUT_LEN",
+    "REQUEST_DECODER_INPUT_LEN",
+    "REQUEST_OUTPUT_LEN",
+    "EMBEDDING_BIAS",
+    "OUT_END_ID",
+    "OUT_PAD_ID",
+)
 _POST_INPUTS = {"TOKENS_BATCH", "SEQUENCE_LENGTH"}
 
 
@@ -108,8 +156,11 @@ def test_postprocessing_gets_only_the_inputs_upstreams_execute_accepts(repo):
     root = repo / "tensorrt_llm" / "1" / "engine-repo"
     config = parse(root / "postprocessing" / "config.pbtxt")
     assert "tokenizer_dir" in config.parameters and "OUTPUT" in {o.name for o in config.output}
-    (step,) = [s for s in parse(root / "ensemble" / "config.pbtxt").ensemble_scheduling.step
-               if s.model_name == "postprocessing"]
+    (step,) = [
+        s
+        for s in parse(root / "ensemble" / "config.pbtxt").ensemble_scheduling.step
+        if s.model_name == "postprocessing"
+    ]
     assert set(step.input_map) == _POST_INPUTS
 
 

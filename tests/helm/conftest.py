@@ -25,47 +25,101 @@ _CRDS = {"monitoring": {"skipWithoutCRDs": False}}
 
 VALUE_SETS: dict[str, dict] = {
     "default": {},
-    "gpu": {**_CRDS, "worker": {"device": "cuda", "replicaCount": 4, "gpu": {"count": 2},
-                                "nodeSelector": {"nvidia.com/gpu.present": "true"}, "runtimeClassName": "nvidia"}},
+    "gpu": {
+        **_CRDS,
+        "worker": {
+            "device": "cuda",
+            "replicaCount": 4,
+            "gpu": {"count": 2},
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "runtimeClassName": "nvidia",
+        },
+    },
     "cpu": {**_CRDS, "worker": {"device": "cpu"}},
     "cpu-export-onnx": {**_CRDS, "worker": {"device": "cpu", "engines": {"source": "export"}}},
-    "triton": {**_CRDS, "worker": {"runtime": "triton", "engines": {"source": "export"},
-                                   "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd"}}},
+    "triton": {
+        **_CRDS,
+        "worker": {
+            "runtime": "triton",
+            "engines": {"source": "export"},
+            "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd"},
+        },
+    },
     "triton-pvc": {**_CRDS, "worker": {"runtime": "triton", "engines": {"source": "pvc"}, "pdb": {"enabled": True}}},
     "engines-in-image": {**_CRDS, "worker": {"engines": {"source": "image"}}},
     # The engines' own OpenAI servers, each on the launch script its export wrote (tests/helm/test_engine_runtimes.py).
-    "vllm": {**_CRDS, "worker": {"runtime": "vllm", "engines": {"source": "export"}, "gpu": {"count": 2},
-                                 "openai": {"tensorParallel": 2}}},
-    "sglang": {**_CRDS, "worker": {"runtime": "sglang", "engines": {"source": "export"},
-                                   "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd"}}},
-    "trtllm-serve": {**_CRDS, "worker": {"runtime": "trtllm-serve", "engines": {"source": "export"}},
-                     "gateway": {"discovery": "endpointslices"}},
-    "ingress": {**_CRDS, "ingress": {"enabled": True, "className": "nginx",
-                                     "tls": [{"secretName": "deepspec-tls", "hosts": ["deepspec.example.com"]}]}},
-    "endpointslices": {**_CRDS, "gateway": {"discovery": "endpointslices",
-                                            "autoscaling": {"customMetric": {"enabled": True}}}},
+    "vllm": {
+        **_CRDS,
+        "worker": {
+            "runtime": "vllm",
+            "engines": {"source": "export"},
+            "gpu": {"count": 2},
+            "openai": {"tensorParallel": 2},
+        },
+    },
+    "sglang": {
+        **_CRDS,
+        "worker": {
+            "runtime": "sglang",
+            "engines": {"source": "export"},
+            "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd"},
+        },
+    },
+    "trtllm-serve": {
+        **_CRDS,
+        "worker": {"runtime": "trtllm-serve", "engines": {"source": "export"}},
+        "gateway": {"discovery": "endpointslices"},
+    },
+    "ingress": {
+        **_CRDS,
+        "ingress": {
+            "enabled": True,
+            "className": "nginx",
+            "tls": [{"secretName": "deepspec-tls", "hosts": ["deepspec.example.com"]}],
+        },
+    },
+    "endpointslices": {
+        **_CRDS,
+        "gateway": {"discovery": "endpointslices", "autoscaling": {"customMetric": {"enabled": True}}},
+    },
     "existing-secret": {**_CRDS, "apiKeys": {"existingSecret": "my-keys", "secretKey": "keys"}},
     "no-auth-no-hpa": {**_CRDS, "apiKeys": {"enabled": False}, "gateway": {"autoscaling": {"enabled": False}}},
-    "monitoring-off": {"monitoring": {"podAnnotations": False, "serviceMonitor": {"enabled": False},
-                                      "prometheusRule": {"enabled": False}, "dashboards": {"enabled": False}}},
+    "monitoring-off": {
+        "monitoring": {
+            "podAnnotations": False,
+            "serviceMonitor": {"enabled": False},
+            "prometheusRule": {"enabled": False},
+            "dashboards": {"enabled": False},
+        }
+    },
     # Production profiles, read as an operator would: every knob issue-16-style production needs, turned on.
-    "prod-triton-pvc": {**_CRDS,
-                        "apiKeys": {"generate": False, "existingSecret": "deepspec-api-keys"},
-                        "worker": {"runtime": "triton", "device": "cuda", "engines": {"source": "pvc"},
-                                   "gpu": {"count": 2, "architectures": ["hopper"]},
-                                   "triton": {"tensorParallel": 2},
-                                   "modelCache": {"type": "pvc", "size": "200Gi"},
-                                   "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
-                                   "nodeSelector": {"nvidia.com/gpu.present": "true"}},
-                        "ingress": {"enabled": True, "className": "nginx"}},
-    "prod-export-sts": {**_CRDS,
-                        "apiKeys": {"generate": False, "keys": ["sk-prod-1", "sk-prod-2"]},
-                        "worker": {"device": "cuda", "engines": {"source": "export"},
-                                   "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd", "size": "100Gi"},
-                                   "extraEnv": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-                                       "name": "hf-token", "key": "token"}}}],
-                                   "autoscaling": {"enabled": True}},
-                        "gateway": {"discovery": "endpointslices"}},
+    "prod-triton-pvc": {
+        **_CRDS,
+        "apiKeys": {"generate": False, "existingSecret": "deepspec-api-keys"},
+        "worker": {
+            "runtime": "triton",
+            "device": "cuda",
+            "engines": {"source": "pvc"},
+            "gpu": {"count": 2, "architectures": ["hopper"]},
+            "triton": {"tensorParallel": 2},
+            "modelCache": {"type": "pvc", "size": "200Gi"},
+            "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        },
+        "ingress": {"enabled": True, "className": "nginx"},
+    },
+    "prod-export-sts": {
+        **_CRDS,
+        "apiKeys": {"generate": False, "keys": ["sk-prod-1", "sk-prod-2"]},
+        "worker": {
+            "device": "cuda",
+            "engines": {"source": "export"},
+            "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd", "size": "100Gi"},
+            "extraEnv": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}],
+            "autoscaling": {"enabled": True},
+        },
+        "gateway": {"discovery": "endpointslices"},
+    },
 }
 
 #: the default and the two production profiles: checkov and the CRD checks run on these
@@ -84,7 +138,7 @@ def render_files(values: dict | None = None) -> dict[str, str]:
     return chart().render(copy.deepcopy(values or {}), name=RELEASE, namespace=NAMESPACE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render_cached(values_json: str) -> tuple[dict, ...]:
     docs = []
     for path, text in render_files(json.loads(values_json)).items():
@@ -122,8 +176,12 @@ def one(docs: list[dict], kind: str, component: str | None = None) -> dict:
 
 def workload(docs: list[dict], component: str) -> dict:
     """The Deployment or StatefulSet of a component."""
-    found = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-             and d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+    found = [
+        d
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
     assert len(found) == 1, found
     return found[0]
 
@@ -134,8 +192,11 @@ def container(pod_spec: dict, name: str) -> dict:
 
 def pod_specs(docs: list[dict]) -> list[tuple[str, dict]]:
     """(name, pod spec) of every pod the chart would run: workloads and the helm test pod."""
-    specs = [(d["metadata"]["name"], d["spec"]["template"]["spec"]) for d in docs
-             if d["kind"] in ("Deployment", "StatefulSet", "Job", "DaemonSet")]
+    specs = [
+        (d["metadata"]["name"], d["spec"]["template"]["spec"])
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet", "Job", "DaemonSet")
+    ]
     specs += [(d["metadata"]["name"], d["spec"]) for d in docs if d["kind"] == "Pod"]
     return specs
 

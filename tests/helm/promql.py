@@ -77,8 +77,12 @@ def dashboards() -> dict[str, dict]:
 
 def dashboard_queries() -> list[tuple[str, str, str]]:
     """(dashboard, panel title, expr) of every panel target."""
-    return [(name, panel["title"], t["expr"]) for name, d in dashboards().items()
-            for panel in d["panels"] for t in panel.get("targets", [])]
+    return [
+        (name, panel["title"], t["expr"])
+        for name, d in dashboards().items()
+        for panel in d["panels"]
+        for t in panel.get("targets", [])
+    ]
 
 
 def substitute(expr: str, dashboard: dict, rate_interval: str = "1m") -> str:
@@ -132,5 +136,8 @@ def exposition(samples: list[tuple[str, dict, float, bool]], scale: float) -> st
 def fill_selectors(expr: str, release: str, namespace: str) -> str:
     """An engines.yaml expression with its job placeholders filled in as the chart's PrometheusRule fills them."""
     job = lambda component: f'job="{release}-{component}", namespace="{namespace}"'  # noqa: E731
-    return (expr.replace(engine_metrics.WORKER, job("worker")).replace(engine_metrics.GATEWAY, job("gateway"))
-            .replace(engine_metrics.OWN, f'job=~"{release}-(gateway|worker)", namespace="{namespace}"'))
+    return (
+        expr.replace(engine_metrics.WORKER, job("worker"))
+        .replace(engine_metrics.GATEWAY, job("gateway"))
+        .replace(engine_metrics.OWN, f'job=~"{release}-(gateway|worker)", namespace="{namespace}"')
+    )

@@ -15,8 +15,9 @@ from tests.helm.conftest import container, one, render, render_files, workload
 
 def _worker_args_and_config(values: dict) -> tuple[list[str], dict]:
     docs = render(values)
-    return container(workload(docs, "worker")["spec"]["template"]["spec"], "worker")["args"], \
-        one(docs, "ConfigMap", "model")["data"]
+    return container(workload(docs, "worker")["spec"]["template"]["spec"], "worker")["args"], one(
+        docs, "ConfigMap", "model"
+    )["data"]
 
 
 def test_the_backend_value_reaches_the_workers_backend_flag():
@@ -41,6 +42,7 @@ def test_the_charts_weight_formats_per_backend_are_the_registrys(backend):
         if weights in takes:
             assert _worker_args_and_config(values)[1]["DEEPSPEC_QUANTIZATION"] == weights
         else:
-            with pytest.raises(HelmError, match=f"model.quantization={weights} does not apply to "
-                                                f"model.backend={backend}"):
+            with pytest.raises(
+                HelmError, match=f"model.quantization={weights} does not apply to model.backend={backend}"
+            ):
                 render_files(values)

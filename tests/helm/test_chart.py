@@ -12,8 +12,20 @@ import pytest
 from helm_python import lint
 from helm_python.errors import HelmError
 
-from tests.helm.conftest import (CHART_DIR, NAMESPACE, RELEASE, VALUE_SETS, container, find, manifests, one,
-                                 pod_specs, render, render_files, workload)
+from tests.helm.conftest import (
+    CHART_DIR,
+    NAMESPACE,
+    RELEASE,
+    VALUE_SETS,
+    container,
+    find,
+    manifests,
+    one,
+    pod_specs,
+    render,
+    render_files,
+    workload,
+)
 
 # kubernetes-validate re-reads and re-parses a schema file (and each one it $refs) for every object: ~4 s per value set
 # and version. The files never change, so parse each once.
@@ -53,33 +65,39 @@ def test_every_manifest_validates_against_kubernetes_schema(name, kube_version):
             pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
-@pytest.mark.parametrize("bad, where", [
-    ({"worker": {"replicaCount": "two"}}, "/worker/replicaCount"),
-    ({"worker": {"device": "tpu"}}, "/worker/device"),
-    ({"worker": {"runtime": "tgi"}}, "/worker/runtime"),
-    ({"gateway": {"httpPort": 70000}}, "/gateway/httpPort"),
-    ({"gateway": {"discovery": "consul"}}, "/gateway/discovery"),
-    ({"worker": {"startupBudgetSeconds": -5}}, "/worker/startupBudgetSeconds"),
-    ({"apiKeys": {"keys": "sk-1,sk-2"}}, "/apiKeys/keys"),
-    ({"ingress": {"enabled": "yes"}}, "/ingress/enabled"),
-    ({"monitoring": {"prometheusRule": {"errorRatio": "high"}}}, "/monitoring/prometheusRule/errorRatio"),
-    ({"worker": {"engines": {"source": "s3"}}}, "/worker/engines/source"),
-    ({"worker": {"gpus": 2}}, "/worker"),  # a typo of worker.gpu is an unknown key, not a silent no-op
-    ({"replicas": 3}, "additional properties"),
-])
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"worker": {"replicaCount": "two"}}, "/worker/replicaCount"),
+        ({"worker": {"device": "tpu"}}, "/worker/device"),
+        ({"worker": {"runtime": "tgi"}}, "/worker/runtime"),
+        ({"gateway": {"httpPort": 70000}}, "/gateway/httpPort"),
+        ({"gateway": {"discovery": "consul"}}, "/gateway/discovery"),
+        ({"worker": {"startupBudgetSeconds": -5}}, "/worker/startupBudgetSeconds"),
+        ({"apiKeys": {"keys": "sk-1,sk-2"}}, "/apiKeys/keys"),
+        ({"ingress": {"enabled": "yes"}}, "/ingress/enabled"),
+        ({"monitoring": {"prometheusRule": {"errorRatio": "high"}}}, "/monitoring/prometheusRule/errorRatio"),
+        ({"worker": {"engines": {"source": "s3"}}}, "/worker/engines/source"),
+        ({"worker": {"gpus": 2}}, "/worker"),  # a typo of worker.gpu is an unknown key, not a silent no-op
+        ({"replicas": 3}, "additional properties"),
+    ],
+)
 def test_schema_rejects_wrong_values(bad, where):
     with pytest.raises(HelmError, match="schema") as info:
         render_files(bad)
     assert where in str(info.value)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"worker": {"runtime": "triton"}}, "worker.engines.source"),
-    ({"worker": {"runtime": "triton", "device": "cpu", "engines": {"source": "image"}}}, "worker.device=cuda"),
-    ({"worker": {"engines": {"source": "pvc"}, "perReplicaVolume": {"enabled": True}}}, "perReplicaVolume"),
-    ({"gateway": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas"),
-    ({"serviceAccount": {"create": False}}, "serviceAccount.name"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"worker": {"runtime": "triton"}}, "worker.engines.source"),
+        ({"worker": {"runtime": "triton", "device": "cpu", "engines": {"source": "image"}}}, "worker.device=cuda"),
+        ({"worker": {"engines": {"source": "pvc"}, "perReplicaVolume": {"enabled": True}}}, "perReplicaVolume"),
+        ({"gateway": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas"),
+        ({"serviceAccount": {"create": False}}, "serviceAccount.name"),
+    ],
+)
 def test_impossible_combinations_fail_with_the_setting_to_change(bad, message):
     with pytest.raises(HelmError) as info:
         render_files(bad)
@@ -114,14 +132,19 @@ def test_pods_are_locked_down(name):
 
 
 def _claim_templates(docs):
-    return {t["metadata"]["name"] for d in docs if d["kind"] == "StatefulSet" for t in d["spec"]["volumeClaimTemplates"]}
+    return {
+        t["metadata"]["name"] for d in docs if d["kind"] == "StatefulSet" for t in d["spec"]["volumeClaimTemplates"]
+    }
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_selectors_wire_up(name):
     docs = render(VALUE_SETS[name])
-    pods = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["metadata"]["labels"]
-            for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+    pods = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["metadata"]["labels"]
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+    }
     assert set(pods) == {"gateway", "worker"}
     for d in docs:
         if d["kind"] in ("Deployment", "StatefulSet"):
@@ -140,11 +163,16 @@ def test_selectors_wire_up(name):
         component = pdb["metadata"]["labels"]["app.kubernetes.io/component"]
         assert matches(pdb["spec"]["selector"]["matchLabels"], pods[component])
     for hpa in find(docs, "HorizontalPodAutoscaler"):
-        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                                 "name": workload(docs, "gateway")["metadata"]["name"]}
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": workload(docs, "gateway")["metadata"]["name"],
+        }
     for sm in find(docs, "ServiceMonitor"):
         component = sm["metadata"]["labels"]["app.kubernetes.io/component"]
-        [svc] = [s for s in find(docs, "Service") if matches(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        [svc] = [
+            s for s in find(docs, "Service") if matches(sm["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        ]
         assert matches(svc["spec"]["selector"], pods[component])  # the Service reaches that component's pods
         assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
 
@@ -156,8 +184,10 @@ def test_configmap_and_secret_references_exist(name):
     secrets = {d["metadata"]["name"]: d for d in find(docs, "Secret")}
     values = VALUE_SETS[name]
     external = {values.get("apiKeys", {}).get("existingSecret")} | {  # Secrets the operator creates
-        e["valueFrom"]["secretKeyRef"]["name"] for e in values.get("worker", {}).get("extraEnv", [])
-        if "secretKeyRef" in e.get("valueFrom", {})}
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for e in values.get("worker", {}).get("extraEnv", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
     for pod_name, spec in pod_specs(docs):
         for c in spec["containers"] + spec.get("initContainers", []):
             for src in c.get("envFrom", []):
@@ -186,7 +216,11 @@ def test_gateway_finds_workers_through_the_headless_service():
     assert gw["command"] == ["python", "-m", "service", "gateway"]
     assert f"--workers=dns://{WORKER_SVC}.{NAMESPACE}.svc.cluster.local:8001" in gw["args"]
     assert {"--http-port=8000", "--grpc-port=50051", "--metrics-port=8002", "--drain-timeout-s=300"} <= set(gw["args"])
-    assert {(p["name"], p["containerPort"]) for p in gw["ports"]} == {("http", 8000), ("grpc", 50051), ("metrics", 8002)}
+    assert {(p["name"], p["containerPort"]) for p in gw["ports"]} == {
+        ("http", 8000),
+        ("grpc", 50051),
+        ("metrics", 8002),
+    }
     assert gw["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "http"}
     assert gw["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
     assert spec["automountServiceAccountToken"] is False
@@ -199,8 +233,9 @@ def test_gateway_finds_workers_through_the_headless_service():
 def test_endpointslices_discovery_gets_a_role_to_watch_them():
     docs = render(VALUE_SETS["endpointslices"])
     role = one(docs, "Role")
-    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                              "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    ]
     binding = one(docs, "RoleBinding")
     sa = one(docs, "ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -330,8 +365,13 @@ def test_deepspec_worker_flags_come_from_the_configmap():
     docs, spec, worker, config = _worker({})
     assert worker["command"] == ["python", "-m", "service", "worker"]
     args = worker["args"]
-    for flag, key in (("--target", "DEEPSPEC_TARGET"), ("--draft", "DEEPSPEC_DRAFT"), ("--device", "DEEPSPEC_DEVICE"),
-                      ("--dtype", "DEEPSPEC_DTYPE"), ("--max-batch-size", "DEEPSPEC_MAX_BATCH_SIZE")):
+    for flag, key in (
+        ("--target", "DEEPSPEC_TARGET"),
+        ("--draft", "DEEPSPEC_DRAFT"),
+        ("--device", "DEEPSPEC_DEVICE"),
+        ("--dtype", "DEEPSPEC_DTYPE"),
+        ("--max-batch-size", "DEEPSPEC_MAX_BATCH_SIZE"),
+    ):
         assert f"{flag}=$({key})" in args and key in config
     assert "--port=8001" in args and "--metrics-port=8002" in args
     assert not any(a.startswith("--bundle-dir") for a in args)  # engines.source=none
@@ -374,7 +414,7 @@ def test_export_init_container_builds_the_engine_before_the_worker():
     assert {"name": "engines", "mountPath": "/engines"} in init["volumeMounts"]
     assert {"name": "engines", "mountPath": "/engines", "readOnly": True} in worker["volumeMounts"]
     # Skips a finished export, never trusts a partial one.
-    assert 'manifest.json' in script and '.partial' in script
+    assert "manifest.json" in script and ".partial" in script
 
 
 def test_triton_runtime_runs_stock_tritonserver_on_the_exported_repository():
@@ -408,7 +448,9 @@ def test_engines_from_a_pvc_are_mounted_read_only_and_kept_on_uninstall():
     docs = render({"worker": {"engines": {"source": "pvc", "pvc": {"existingClaim": "engines-v3"}}}})
     assert not find(docs, "PersistentVolumeClaim")
     spec = workload(docs, "worker")["spec"]["template"]["spec"]
-    assert next(v for v in spec["volumes"] if v["name"] == "engines")["persistentVolumeClaim"]["claimName"] == "engines-v3"
+    assert (
+        next(v for v in spec["volumes"] if v["name"] == "engines")["persistentVolumeClaim"]["claimName"] == "engines-v3"
+    )
 
 
 def test_engines_baked_into_the_image_need_no_volume():
@@ -443,13 +485,22 @@ def test_operator_objects_are_skipped_on_clusters_without_the_crds():
     assert "no monitoring.coreos.com/v1 API" in render_files()["deepspec/templates/NOTES.txt"]
     docs = render(VALUE_SETS["gpu"])
     assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in find(docs, "ServiceMonitor")} == {
-        "gateway", "worker"}
+        "gateway",
+        "worker",
+    }
     assert len(find(docs, "PrometheusRule")) == 1
 
 
 def test_service_monitor_labels_are_configurable():
-    docs = render({**VALUE_SETS["gpu"], "monitoring": {"skipWithoutCRDs": False, "serviceMonitor": {
-        "labels": {"release": "kube-prometheus-stack"}, "interval": "5s"}}})
+    docs = render(
+        {
+            **VALUE_SETS["gpu"],
+            "monitoring": {
+                "skipWithoutCRDs": False,
+                "serviceMonitor": {"labels": {"release": "kube-prometheus-stack"}, "interval": "5s"},
+            },
+        }
+    )
     for sm in find(docs, "ServiceMonitor"):
         assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         assert sm["spec"]["endpoints"][0]["interval"] == "5s"
@@ -488,6 +539,7 @@ def test_every_resource_carries_the_standard_labels():
 
 
 # --- The chart's command lines against the service's real CLI ----------------------------------------------
+
 
 def _command_lines(values: dict) -> list[list[str]]:
     """`python -m service ...` argument lists of the gateway and worker, `$(VAR)` expanded from the ConfigMap."""

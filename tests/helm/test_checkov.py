@@ -15,11 +15,10 @@ import re
 import subprocess
 
 import pytest
-
-from tests.tools import require_tool
 import yaml
 
 from tests.helm.conftest import CHART_DIR, PROFILES, REPO, RUNTIME_PROFILES, VALUE_SETS, manifests, render
+from tests.tools import require_tool
 
 CHECKED = PROFILES + RUNTIME_PROFILES
 
@@ -35,7 +34,7 @@ def _checkov() -> str:
 def documented_reasons() -> dict[str, str]:
     """Check id -> the README row that explains why it may fail."""
     text = (CHART_DIR / "README.md").read_text()
-    table = text[text.index(BEGIN) + len(BEGIN):text.index(END)]
+    table = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
     reasons = {}
     for row in table.splitlines():
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
@@ -52,12 +51,30 @@ def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("checkov")
     for name in CHECKED:
         (out / f"{name}.yaml").write_text(yaml.safe_dump_all(manifests(render(VALUE_SETS[name])), sort_keys=False))
-    result = subprocess.run([binary, "--directory", str(out), "--framework", "kubernetes", "--output", "json",
-                             "--quiet", "--compact", "--skip-download"],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "LOG_LEVEL": "ERROR"})
+    result = subprocess.run(
+        [
+            binary,
+            "--directory",
+            str(out),
+            "--framework",
+            "kubernetes",
+            "--output",
+            "json",
+            "--quiet",
+            "--compact",
+            "--skip-download",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "LOG_LEVEL": "ERROR"},
+    )
     assert result.returncode in (0, 1), result.stderr[-2000:]  # 1 = some check failed
-    [body] = [r for r in (lambda d: d if isinstance(d, list) else [d])(json.loads(result.stdout))
-              if r["check_type"] == "kubernetes"]
+    [body] = [
+        r
+        for r in (lambda d: d if isinstance(d, list) else [d])(json.loads(result.stdout))
+        if r["check_type"] == "kubernetes"
+    ]
     return body
 
 
@@ -72,8 +89,13 @@ def test_every_profile_is_checked(report):
 
 def test_no_checkov_failure_without_a_written_reason(report):
     reasons = documented_reasons()
-    unexplained = sorted({f"{c['check_id']} {c['check_name']} ({c['resource']} in {c['file_path']})"
-                          for c in report["results"]["failed_checks"] if c["check_id"] not in reasons})
+    unexplained = sorted(
+        {
+            f"{c['check_id']} {c['check_name']} ({c['resource']} in {c['file_path']})"
+            for c in report["results"]["failed_checks"]
+            if c["check_id"] not in reasons
+        }
+    )
     assert not unexplained, "checkov failures with no reason in helm/deepspec/README.md:\n" + "\n".join(unexplained)
 
 

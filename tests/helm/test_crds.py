@@ -22,8 +22,10 @@ CRD_DIR = Path(__file__).parent / "crds"
 CUSTOM_KINDS = ("ServiceMonitor", "PrometheusRule", "ScaledObject")
 # Profiles with every custom resource on: the production ones (KEDA on), the gpu one (monitoring, no KEDA) and the
 # engine runtimes (their own metric names and scrape paths).
-VALUES = {name: {**VALUE_SETS[name], "monitoring": {"skipWithoutCRDs": False}}
-          for name in (*PROFILES, "gpu", "triton", *RUNTIME_PROFILES)}
+VALUES = {
+    name: {**VALUE_SETS[name], "monitoring": {"skipWithoutCRDs": False}}
+    for name in (*PROFILES, "gpu", "triton", *RUNTIME_PROFILES)
+}
 
 
 def _strict(schema: dict) -> dict:
@@ -33,8 +35,12 @@ def _strict(schema: dict) -> dict:
         pattern = schema.get("pattern")
         if isinstance(pattern, str) and "(?i)" in pattern and not pattern.startswith("(?i)"):
             schema["pattern"] = "(?i)" + pattern.replace("(?i)", "")
-        if (schema.get("type") == "object" and "properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            schema.get("type") == "object"
+            and "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             schema["additionalProperties"] = False
         for value in schema.values():
             _strict(value)
@@ -44,7 +50,7 @@ def _strict(schema: dict) -> dict:
     return schema
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crd_schemas() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> the strict JSON schema of that served version."""
     schemas = {}
@@ -54,7 +60,8 @@ def crd_schemas() -> dict[tuple[str, str], dict]:
         for version in crd["spec"]["versions"]:
             if version.get("served"):
                 schemas[(f"{group}/{version['name']}", kind)] = _strict(
-                    copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+                    copy.deepcopy(version["schema"]["openAPIV3Schema"])
+                )
     return schemas
 
 
@@ -80,13 +87,16 @@ def test_custom_resources_match_their_crd_schemas(name):
             pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {e.message} at {list(e.absolute_path)}")
 
 
-@pytest.mark.parametrize("kind, breakage, message", [
-    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(intervall="5s"), "intervall"),
-    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(scheme="ftp"), "ftp"),
-    ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr"), "expr"),
-    ("ScaledObject", lambda d: d["spec"].pop("scaleTargetRef"), "scaleTargetRef"),
-    ("ScaledObject", lambda d: d["spec"]["triggers"][0].pop("type"), "type"),
-])
+@pytest.mark.parametrize(
+    "kind, breakage, message",
+    [
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(intervall="5s"), "intervall"),
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(scheme="ftp"), "ftp"),
+        ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr"), "expr"),
+        ("ScaledObject", lambda d: d["spec"].pop("scaleTargetRef"), "scaleTargetRef"),
+        ("ScaledObject", lambda d: d["spec"]["triggers"][0].pop("type"), "type"),
+    ],
+)
 def test_the_schemas_catch_a_broken_object(kind, breakage, message):
     """The check can fail: a misspelt field, a bad enum value or a missing required field is an error."""
     [doc] = find(manifests(render(VALUE_SETS["prod-triton-pvc"])), kind)[:1]

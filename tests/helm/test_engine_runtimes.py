@@ -40,8 +40,14 @@ ENGINES = {
 #: `--max_batch_size`, `--max_seq_len`)
 ENGINE_FLAGS = {
     "vllm": {"--host", "--port", "--served-model-name", "--max-num-seqs", "--max-model-len", "--shutdown-timeout"},
-    "sglang": {"--host", "--port", "--served-model-name", "--max-running-requests", "--context-length",
-               "--enable-metrics"},
+    "sglang": {
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--max-running-requests",
+        "--context-length",
+        "--enable-metrics",
+    },
     "trtllm-serve": {"--host", "--port", "--max_batch_size", "--max_seq_len"},
 }
 
@@ -82,17 +88,30 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 
 def _pod_env(config: dict, tmp: Path, target: Path, draft: Path) -> dict:
     """What the containers' environment holds, pointed at this machine's paths."""
-    env = {**os.environ, **config, "DEEPSPEC_TARGET": str(target), "DEEPSPEC_DRAFT": str(draft),
-           "DEEPSPEC_ENGINE_DIR": str(tmp / "engines" / "engine"), "DEEPSPEC_CACHE_DIR": str(tmp / "cache"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        **config,
+        "DEEPSPEC_TARGET": str(target),
+        "DEEPSPEC_DRAFT": str(draft),
+        "DEEPSPEC_ENGINE_DIR": str(tmp / "engines" / "engine"),
+        "DEEPSPEC_CACHE_DIR": str(tmp / "cache"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+    }
     return env
 
 
 def _run_init(spec: dict, env: dict) -> subprocess.CompletedProcess:
     init = container(spec, "export-engine")
     assert init["command"] == ["/bin/sh", "-ec"]
-    return subprocess.run(["/bin/sh", "-ec", _expand(init["args"][0], env)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        ["/bin/sh", "-ec", _expand(init["args"][0], env)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +159,11 @@ def test_the_worker_execs_the_launch_command_the_export_wrote(exported, tmp_path
     (bin_dir / binary).write_text(FAKE_ENGINE.format(python=sys.executable))
     (bin_dir / binary).chmod(0o755)
     record = tmp_path / "engine.json"
-    proc = subprocess.Popen(command + chart_args, cwd="/", env={**env, "FAKE_ENGINE_OUT": str(record),
-                                                               "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"})
+    proc = subprocess.Popen(
+        command + chart_args,
+        cwd="/",
+        env={**env, "FAKE_ENGINE_OUT": str(record), "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"},
+    )
     assert proc.wait(timeout=60) == 0
     seen = json.loads(record.read_text())
     assert seen["argv"] == launch[1:] + chart_args
@@ -159,8 +181,11 @@ def test_the_launch_script_carries_tensor_parallelism_and_the_draft_length(expor
     worker.openai.tensorParallel, and the draft length from model.numSpeculativeTokens; the chart appends neither,
     so the two can never disagree."""
     runtime, spec, env, out = exported
-    tp = str(next(VALUE_SETS[n] for n in RUNTIME_PROFILES if VALUE_SETS[n]["worker"]["runtime"] == runtime)
-             ["worker"].get("openai", {}).get("tensorParallel", 1))
+    tp = str(
+        next(VALUE_SETS[n] for n in RUNTIME_PROFILES if VALUE_SETS[n]["worker"]["runtime"] == runtime)["worker"]
+        .get("openai", {})
+        .get("tensorParallel", 1)
+    )
     k = env["DEEPSPEC_NUM_SPECULATIVE_TOKENS"]
     launch = shlex.split(json.loads((out / "manifest.json").read_text())["launch"][ENGINES[runtime][2]])
     chart_flags = {a.split("=", 1)[0] for a in container(spec, "worker")["args"]}
@@ -233,8 +258,10 @@ def test_drain_fits_in_the_grace_period(name):
     `--shutdown-timeout` seconds (0, its default, aborts them: PR #34730 / #36666), SGLang until none is left
     (TokenizerManager `sigterm_watchdog`), trtllm-serve as uvicorn's graceful shutdown; the grace period covers the
     sleep plus worker.drainTimeoutSeconds."""
-    values = {**VALUE_SETS[name], "worker": {**VALUE_SETS[name]["worker"], "drainTimeoutSeconds": 120,
-                                             "preStopSleepSeconds": 20}}
+    values = {
+        **VALUE_SETS[name],
+        "worker": {**VALUE_SETS[name]["worker"], "drainTimeoutSeconds": 120, "preStopSleepSeconds": 20},
+    }
     _, spec, _ = _pod(values)
     worker = container(spec, "worker")
     assert worker["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "20"]
@@ -262,15 +289,20 @@ def test_gateway_speaks_openai_http_to_the_engine_port(name):
     args = container(workload(docs, "gateway")["spec"]["template"]["spec"], "gateway")["args"]
     assert "--worker-protocol=openai-http" in args
     [workers] = [a.split("=", 1)[1] for a in args if a.startswith("--workers=")]
-    assert workers.endswith(":http") if VALUE_SETS[name].get("gateway", {}).get("discovery") else workers.endswith(
-        ":8000")
+    assert (
+        workers.endswith(":http") if VALUE_SETS[name].get("gateway", {}).get("discovery") else workers.endswith(":8000")
+    )
     svc = one(docs, "Service", "worker")
     assert {(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
-        ("http", 8000, "http"), ("metrics", 8002, "http")}
+        ("http", 8000, "http"),
+        ("metrics", 8002, "http"),
+    }
     policy = one(docs, "NetworkPolicy", "worker")
     assert [r["ports"] for r in policy["spec"]["ingress"]] == [[{"port": "http", "protocol": "TCP"}]] * 2
-    assert not any("--worker-protocol" in a for a in container(
-        workload(render(), "gateway")["spec"]["template"]["spec"], "gateway")["args"])
+    assert not any(
+        "--worker-protocol" in a
+        for a in container(workload(render(), "gateway")["spec"]["template"]["spec"], "gateway")["args"]
+    )
 
 
 def test_the_gateway_settings_accept_the_rendered_worker_address():
@@ -283,14 +315,28 @@ def test_the_gateway_settings_accept_the_rendered_worker_address():
     assert settings.discovery == "dns" and settings.worker_protocol == "openai-http"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"worker": {"runtime": "vllm"}}, "worker.engines.source to export"),
-    ({"worker": {"runtime": "sglang", "device": "cpu", "engines": {"source": "export"}}}, "worker.device=cuda"),
-    ({"worker": {"runtime": "vllm", "engines": {"source": "export"}, "openai": {"tensorParallel": 4},
-                 "gpu": {"count": 2}}}, "raise worker.gpu.count (2) to 4"),
-    ({"worker": {"runtime": "trtllm-serve", "engines": {"source": "export", "export": {"format": "vllm"}}}},
-     "runs the launch script of --format tensorrt-llm"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"worker": {"runtime": "vllm"}}, "worker.engines.source to export"),
+        ({"worker": {"runtime": "sglang", "device": "cpu", "engines": {"source": "export"}}}, "worker.device=cuda"),
+        (
+            {
+                "worker": {
+                    "runtime": "vllm",
+                    "engines": {"source": "export"},
+                    "openai": {"tensorParallel": 4},
+                    "gpu": {"count": 2},
+                }
+            },
+            "raise worker.gpu.count (2) to 4",
+        ),
+        (
+            {"worker": {"runtime": "trtllm-serve", "engines": {"source": "export", "export": {"format": "vllm"}}}},
+            "runs the launch script of --format tensorrt-llm",
+        ),
+    ],
+)
 def test_impossible_engine_runtimes_fail_with_the_setting_to_change(bad, message):
     with pytest.raises(HelmError) as info:
         render_files(bad)
@@ -300,7 +346,9 @@ def test_impossible_engine_runtimes_fail_with_the_setting_to_change(bad, message
 def test_the_deepspec_worker_keeps_its_grpc_ports():
     docs = render()
     assert {(p["name"], p["targetPort"]) for p in one(docs, "Service", "worker")["spec"]["ports"]} == {
-        ("grpc", "grpc"), ("metrics", "metrics")}
+        ("grpc", "grpc"),
+        ("metrics", "metrics"),
+    }
     [endpoint] = one(render(VALUE_SETS["gpu"]), "ServiceMonitor", "worker")["spec"]["endpoints"]
     assert endpoint["path"] == "/metrics"
 

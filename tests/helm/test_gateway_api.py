@@ -23,17 +23,28 @@ from tests.helm.conftest import CHART_DIR, NAMESPACE, RELEASE, VALUE_SETS, find,
 SCHEMAS = Path(__file__).parent / "schemas"
 GATEWAY = [{"name": "inference-gateway", "namespace": "gateways", "sectionName": "https"}]
 #: an engine runtime (its pods serve the OpenAI API) behind an InferencePool, routed from a Gateway
-POOL = {**VALUE_SETS["vllm"], "gatewayAPI": {
-    "inferencePool": {"enabled": True, "allowFrom": [{"namespaceSelector": {"matchLabels": {"name": "gateways"}}}]},
-    "httpRoute": {"enabled": True, "parentRefs": GATEWAY, "hostnames": ["llm.example.com"], "requestTimeout": "600s"}}}
+POOL = {
+    **VALUE_SETS["vllm"],
+    "gatewayAPI": {
+        "inferencePool": {"enabled": True, "allowFrom": [{"namespaceSelector": {"matchLabels": {"name": "gateways"}}}]},
+        "httpRoute": {
+            "enabled": True,
+            "parentRefs": GATEWAY,
+            "hostnames": ["llm.example.com"],
+            "requestTimeout": "600s",
+        },
+    },
+}
 #: DeepSpec's own runtime: the route goes to the gateway's Service
 ROUTE_ONLY = {"gatewayAPI": {"httpRoute": {"enabled": True, "parentRefs": GATEWAY}}}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema(kind: str) -> dict:
-    name = {"InferencePool": "inference.networking.k8s.io_v1_inferencepool.json",
-            "HTTPRoute": "gateway.networking.k8s.io_v1_httproute.json"}[kind]
+    name = {
+        "InferencePool": "inference.networking.k8s.io_v1_inferencepool.json",
+        "HTTPRoute": "gateway.networking.k8s.io_v1_httproute.json",
+    }[kind]
     return json.loads((SCHEMAS / name).read_text())
 
 
@@ -76,8 +87,9 @@ def test_the_pool_selects_the_worker_pods_on_their_openai_port():
     # the workers' own policy admits only the gateway; the pool's admits the Gateway's proxies and the picker
     policy = next(p for p in find(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-inference-pool"))
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    assert policy["spec"]["ingress"] == [{"from": POOL["gatewayAPI"]["inferencePool"]["allowFrom"],
-                                          "ports": [{"port": "http", "protocol": "TCP"}]}]
+    assert policy["spec"]["ingress"] == [
+        {"from": POOL["gatewayAPI"]["inferencePool"]["allowFrom"], "ports": [{"port": "http", "protocol": "TCP"}]}
+    ]
 
 
 def test_the_route_goes_to_the_pool_or_to_the_gateway_service():
@@ -85,8 +97,13 @@ def test_the_route_goes_to_the_pool_or_to_the_gateway_service():
     assert route["parentRefs"] == GATEWAY and route["hostnames"] == ["llm.example.com"]
     [rule] = route["rules"]
     assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
-    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
-                                    "name": one(render(POOL), "InferencePool")["metadata"]["name"]}]
+    assert rule["backendRefs"] == [
+        {
+            "group": "inference.networking.k8s.io",
+            "kind": "InferencePool",
+            "name": one(render(POOL), "InferencePool")["metadata"]["name"],
+        }
+    ]
     assert rule["timeouts"] == {"request": "600s"}
     docs = render(ROUTE_ONLY)
     [rule] = one(docs, "HTTPRoute")["spec"]["rules"]
@@ -96,31 +113,39 @@ def test_the_route_goes_to_the_pool_or_to_the_gateway_service():
     assert "timeouts" not in rule and not find(docs, "InferencePool")
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"gatewayAPI": {"inferencePool": {"enabled": True}}}, "worker.runtime=deepspec workers speak KServe v2 gRPC"),
-    ({**VALUE_SETS["triton"], "gatewayAPI": {"inferencePool": {"enabled": True}}},
-     "worker.runtime=triton workers speak KServe v2 gRPC"),
-    ({"gatewayAPI": {"httpRoute": {"enabled": True}}}, "parentRefs: the Gateway"),
-    ({**POOL, "gatewayAPI": {"inferencePool": {"enabled": True, "allowFrom": []}}}, "allowFrom: the peers"),
-    ({"gatewayAPI": {"inferencePool": {"endpointPicker": {"failureMode": "Sometimes"}}}}, "failureMode"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"gatewayAPI": {"inferencePool": {"enabled": True}}}, "worker.runtime=deepspec workers speak KServe v2 gRPC"),
+        (
+            {**VALUE_SETS["triton"], "gatewayAPI": {"inferencePool": {"enabled": True}}},
+            "worker.runtime=triton workers speak KServe v2 gRPC",
+        ),
+        ({"gatewayAPI": {"httpRoute": {"enabled": True}}}, "parentRefs: the Gateway"),
+        ({**POOL, "gatewayAPI": {"inferencePool": {"enabled": True, "allowFrom": []}}}, "allowFrom: the peers"),
+        ({"gatewayAPI": {"inferencePool": {"endpointPicker": {"failureMode": "Sometimes"}}}}, "failureMode"),
+    ],
+)
 def test_a_pool_or_route_that_cannot_work_is_refused(values, message):
     with pytest.raises(HelmError, match=message):
         render(values)
 
 
-@pytest.mark.parametrize("kind, breakage, message", [
-    ("InferencePool", lambda s: s.pop("targetPorts"), "targetPorts"),
-    ("InferencePool", lambda s: s["targetPorts"].append(dict(s["targetPorts"][0])), "non-unique"),
-    ("InferencePool", lambda s: s["endpointPickerRef"].update(failureMode="Sometimes"), "Sometimes"),
-    ("InferencePool", lambda s: s["endpointPickerRef"].pop("port"), "port"),
-    ("InferencePool", lambda s: s["selector"].update(matchExpressions=[]), "matchExpressions"),
-    ("HTTPRoute", lambda s: s["rules"][0]["matches"][0]["path"].update(type="Prefix"), "Prefix"),
-    ("HTTPRoute", lambda s: s["rules"][0]["matches"][0]["path"].update(value="v1"), "v1"),
-    ("HTTPRoute", lambda s: s["rules"][0].update(timeouts={"request": "10 minutes"}), "10 minutes"),
-    ("HTTPRoute", lambda s: s["parentRefs"][0].pop("name"), "name"),
-    ("HTTPRoute", lambda s: [s["rules"][0]["backendRefs"][0].pop(k) for k in ("group", "kind")], "port"),
-])
+@pytest.mark.parametrize(
+    "kind, breakage, message",
+    [
+        ("InferencePool", lambda s: s.pop("targetPorts"), "targetPorts"),
+        ("InferencePool", lambda s: s["targetPorts"].append(dict(s["targetPorts"][0])), "non-unique"),
+        ("InferencePool", lambda s: s["endpointPickerRef"].update(failureMode="Sometimes"), "Sometimes"),
+        ("InferencePool", lambda s: s["endpointPickerRef"].pop("port"), "port"),
+        ("InferencePool", lambda s: s["selector"].update(matchExpressions=[]), "matchExpressions"),
+        ("HTTPRoute", lambda s: s["rules"][0]["matches"][0]["path"].update(type="Prefix"), "Prefix"),
+        ("HTTPRoute", lambda s: s["rules"][0]["matches"][0]["path"].update(value="v1"), "v1"),
+        ("HTTPRoute", lambda s: s["rules"][0].update(timeouts={"request": "10 minutes"}), "10 minutes"),
+        ("HTTPRoute", lambda s: s["parentRefs"][0].pop("name"), "name"),
+        ("HTTPRoute", lambda s: [s["rules"][0]["backendRefs"][0].pop(k) for k in ("group", "kind")], "port"),
+    ],
+)
 def test_the_schemas_catch_a_broken_object(kind, breakage, message):
     """The check can fail: a missing required field, a duplicate port, a value outside an enum or a pattern, a field
     the CRD does not have."""

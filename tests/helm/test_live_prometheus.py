@@ -33,12 +33,23 @@ import urllib.request
 import pytest
 import yaml
 
-from service.metrics import GatewayMetrics, WorkerMetrics
 from deepspec_protocol.worker import SERVICE_CLASSES
+from service.metrics import GatewayMetrics, WorkerMetrics
 from tests.helm.conftest import NAMESPACE, RELEASE, REPO, require_tool
-from tests.helm.promql import (EXTERNAL_METRICS, FIXTURE_JOBS, dashboard_queries, dashboards, engine_metrics,
-                               exposition, fill_selectors, fixture_samples, metric_names, prometheus_rule, rule_exprs,
-                               substitute)
+from tests.helm.promql import (
+    EXTERNAL_METRICS,
+    FIXTURE_JOBS,
+    dashboard_queries,
+    dashboards,
+    engine_metrics,
+    exposition,
+    fill_selectors,
+    fixture_samples,
+    metric_names,
+    prometheus_rule,
+    rule_exprs,
+    substitute,
+)
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -57,23 +68,30 @@ class Exporters:
 
         self.registry = CollectorRegistry()
         pod = {"namespace": NAMESPACE, "pod": f"{RELEASE}-worker-5c6b7-x2x9z"}
-        self.restarts = Counter("kube_pod_container_status_restarts", "restarts", ("namespace", "pod", "container"),
-                                registry=self.registry).labels(**pod, container="worker")
-        self.gpu_util = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%)", ("namespace", "pod", "gpu"),
-                              registry=self.registry).labels(**pod, gpu="0")
-        self.fb_used = Gauge("DCGM_FI_DEV_FB_USED", "framebuffer used (MiB)", ("namespace", "pod", "gpu"),
-                             registry=self.registry).labels(**pod, gpu="0")
+        self.restarts = Counter(
+            "kube_pod_container_status_restarts", "restarts", ("namespace", "pod", "container"), registry=self.registry
+        ).labels(**pod, container="worker")
+        self.gpu_util = Gauge(
+            "DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%)", ("namespace", "pod", "gpu"), registry=self.registry
+        ).labels(**pod, gpu="0")
+        self.fb_used = Gauge(
+            "DCGM_FI_DEV_FB_USED", "framebuffer used (MiB)", ("namespace", "pod", "gpu"), registry=self.registry
+        ).labels(**pod, gpu="0")
         triton = {"namespace": NAMESPACE, "model": "ensemble"}
-        self.pending = Gauge("nv_inference_pending_request_count", "pending", ("namespace", "model"),
-                             registry=self.registry).labels(**triton)
-        self.active = Gauge("nv_trt_llm_request_metrics", "requests", ("namespace", "model", "request_type"),
-                            registry=self.registry).labels(**triton, request_type="active")
+        self.pending = Gauge(
+            "nv_inference_pending_request_count", "pending", ("namespace", "model"), registry=self.registry
+        ).labels(**triton)
+        self.active = Gauge(
+            "nv_trt_llm_request_metrics", "requests", ("namespace", "model", "request_type"), registry=self.registry
+        ).labels(**triton, request_type="active")
         # the exported Triton LLM-API model's own queue gauges (export/triton/llmapi_model.py)
         llmapi = {"namespace": NAMESPACE, "model": "tensorrt_llm"}
-        self.llmapi_waiting = Gauge("deepspec_llmapi_num_requests_waiting", "waiting", ("namespace", "model"),
-                                    registry=self.registry).labels(**llmapi)
-        self.llmapi_running = Gauge("deepspec_llmapi_num_requests_running", "running", ("namespace", "model"),
-                                    registry=self.registry).labels(**llmapi)
+        self.llmapi_waiting = Gauge(
+            "deepspec_llmapi_num_requests_waiting", "waiting", ("namespace", "model"), registry=self.registry
+        ).labels(**llmapi)
+        self.llmapi_running = Gauge(
+            "deepspec_llmapi_num_requests_running", "running", ("namespace", "model"), registry=self.registry
+        ).labels(**llmapi)
 
     def step(self, rng: random.Random) -> None:
         if rng.random() < 0.01:
@@ -100,9 +118,15 @@ def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, exporters: Exporter
             ttft = rng.uniform(0.02, 0.4)
             gateway.time_to_first_token.labels(*labels).observe(ttft)
             gateway.inter_token_latency.labels(*labels).observe(rng.uniform(0.005, 0.05))
-            gateway.observe_request(labels, status=status, arrival=now - 1.0, first_token=now - 1.0 + ttft,
-                                    finished=now, num_prompt_tokens=rng.randint(10, 200),
-                                    num_output_tokens=rng.randint(2, 64))
+            gateway.observe_request(
+                labels,
+                status=status,
+                arrival=now - 1.0,
+                first_token=now - 1.0 + ttft,
+                finished=now,
+                num_prompt_tokens=rng.randint(10, 200),
+                num_output_tokens=rng.randint(2, 64),
+            )
             num_draft, num_accepted = 7, rng.randint(0, 7)
             spec = (*labels, rng.choice(SERVICE_CLASSES))  # the spec-decode series carry the request's class
             gateway.spec_decode_num_drafts.labels(*spec).inc()
@@ -112,8 +136,15 @@ def _traffic(gateway: GatewayMetrics, worker: WorkerMetrics, exporters: Exporter
             gateway.worker_healthy.labels(name).set(1)
             if rng.random() < 0.05:
                 gateway.retries.labels(name).inc()
-        worker.observe_request((MODEL,), status="stop", arrival=now - 1.0, first_token=now - 0.9, finished=now,
-                               num_prompt_tokens=50, num_output_tokens=20)
+        worker.observe_request(
+            (MODEL,),
+            status="stop",
+            arrival=now - 1.0,
+            first_token=now - 0.9,
+            finished=now,
+            num_prompt_tokens=50,
+            num_output_tokens=20,
+        )
         worker.time_to_first_token.labels(MODEL).observe(0.1)
         worker.request_queue_time.labels(MODEL).observe(rng.uniform(0.0, 0.2))
         accepted = rng.randint(0, 7)
@@ -169,9 +200,15 @@ def _rule_groups(live: bool) -> list[dict]:
     copies = [("live", "live", "deepspec")] if live else []
     copies += [(RELEASE, _engine_namespace(rt), rt) for rt in engine_metrics.RUNTIMES]
     for release, namespace, runtime in copies:
-        groups.append({"name": f"engine-{namespace}", "rules": [
-            {"record": r["record"], "expr": fill_selectors(r["expr"], release, namespace)}
-            for r in engine_metrics.recording_rules(runtime)]})
+        groups.append(
+            {
+                "name": f"engine-{namespace}",
+                "rules": [
+                    {"record": r["record"], "expr": fill_selectors(r["expr"], release, namespace)}
+                    for r in engine_metrics.recording_rules(runtime)
+                ],
+            }
+        )
     return groups
 
 
@@ -189,14 +226,51 @@ class LiveService:
         self.logs = [open(log_dir / name, "w") for name in ("worker.log", "gateway.log")]
         common = [sys.executable, "-m", "service"]
         self.processes = [
-            subprocess.Popen([*common, "worker", "--target", "stub", "--host", "127.0.0.1", "--port",
-                              str(self.grpc_port), "--metrics-port", str(self.metrics_port), "--drain-timeout-s", "0",
-                              "--stub-step-ms", "2"], cwd=REPO, stdout=self.logs[0], stderr=subprocess.STDOUT),
-            subprocess.Popen([*common, "gateway", "--workers", f"127.0.0.1:{self.grpc_port}", "--host", "127.0.0.1",
-                              "--http-port", str(self.http_port), "--grpc-port", "-1", "--drain-timeout-s", "0",
-                              "--metrics-port", str(self.gateway_metrics_port),
-                              "--health-interval-s", "0.5"], cwd=REPO, stdout=self.logs[1], stderr=subprocess.STDOUT,
-                             env={**os.environ, "DEEPSPEC_API_KEYS": API_KEY}),
+            subprocess.Popen(
+                [
+                    *common,
+                    "worker",
+                    "--target",
+                    "stub",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.grpc_port),
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--drain-timeout-s",
+                    "0",
+                    "--stub-step-ms",
+                    "2",
+                ],
+                cwd=REPO,
+                stdout=self.logs[0],
+                stderr=subprocess.STDOUT,
+            ),
+            subprocess.Popen(
+                [
+                    *common,
+                    "gateway",
+                    "--workers",
+                    f"127.0.0.1:{self.grpc_port}",
+                    "--host",
+                    "127.0.0.1",
+                    "--http-port",
+                    str(self.http_port),
+                    "--grpc-port",
+                    "-1",
+                    "--drain-timeout-s",
+                    "0",
+                    "--metrics-port",
+                    str(self.gateway_metrics_port),
+                    "--health-interval-s",
+                    "0.5",
+                ],
+                cwd=REPO,
+                stdout=self.logs[1],
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "DEEPSPEC_API_KEYS": API_KEY},
+            ),
         ]
 
     def wait_ready(self, timeout_s: float = 45) -> bool:
@@ -212,14 +286,20 @@ class LiveService:
         return False
 
     def log_tail(self) -> str:
-        return "\n".join(f"--- {name}\n{(self.log_dir / name).read_text(errors='replace')[-2000:]}"
-                         for name in ("worker.log", "gateway.log"))
+        return "\n".join(
+            f"--- {name}\n{(self.log_dir / name).read_text(errors='replace')[-2000:]}"
+            for name in ("worker.log", "gateway.log")
+        )
 
     def complete(self, prompt: str, stream: bool) -> None:
-        body = json.dumps({"model": "stub", "prompt": prompt, "max_tokens": 16, "temperature": 0,
-                           "stream": stream}).encode()
-        request = urllib.request.Request(f"{self.url}/v1/completions", body, {
-            "Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+        body = json.dumps(
+            {"model": "stub", "prompt": prompt, "max_tokens": 16, "temperature": 0, "stream": stream}
+        ).encode()
+        request = urllib.request.Request(
+            f"{self.url}/v1/completions",
+            body,
+            {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
 
@@ -284,9 +364,11 @@ def prometheus(tmp_path_factory):
         thread.start()
 
     # (job name, namespace) -> port; a recorded engine's jobs carry the chart's job names in their own namespace
-    targets = {(f"{RELEASE}-gateway", NAMESPACE): servers[0].server_port,
-               (f"{RELEASE}-worker", NAMESPACE): servers[1].server_port,
-               ("exporters", NAMESPACE): servers[2].server_port}
+    targets = {
+        (f"{RELEASE}-gateway", NAMESPACE): servers[0].server_port,
+        (f"{RELEASE}-worker", NAMESPACE): servers[1].server_port,
+        ("exporters", NAMESPACE): servers[2].server_port,
+    }
     for runtime, jobs in FIXTURE_JOBS.items():
         for job, fixture in jobs.items():
             servers.append(_serve(render=_recorded_engine(fixture)))
@@ -300,16 +382,28 @@ def prometheus(tmp_path_factory):
     for (job, namespace), port in targets.items():
         target = {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}
         static_configs.setdefault(job, []).append(target)
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "rule_files": [str(tmp / "rules.yaml")],
-              "scrape_configs": [{"job_name": job, "honor_labels": job == "exporters", "static_configs": configs}
-                                 for job, configs in static_configs.items()]}
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp / "rules.yaml")],
+        "scrape_configs": [
+            {"job_name": job, "honor_labels": job == "exporters", "static_configs": configs}
+            for job, configs in static_configs.items()
+        ],
+    }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = open(tmp / "prometheus.log", "w")
-    process = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                                f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                               stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -371,8 +465,10 @@ def _wait_for_data(url: str, queries: set[tuple[str, str, str]], timeout_s: floa
 
 def _queries(namespace: str) -> set[tuple[str, str, str]]:
     boards = dashboards()
-    return {(d, title, substitute(expr, boards[d], RATE_WINDOW).replace('namespace=~".*"', f'namespace="{namespace}"'))
-            for d, title, expr in dashboard_queries()}
+    return {
+        (d, title, substitute(expr, boards[d], RATE_WINDOW).replace('namespace=~".*"', f'namespace="{namespace}"'))
+        for d, title, expr in dashboard_queries()
+    }
 
 
 def test_every_dashboard_query_returns_data(prometheus):
@@ -393,8 +489,12 @@ def test_dashboards_show_the_running_service(prometheus):
     assert prometheus.live.processes  # the running service (a failure on CI, a skip elsewhere, when absent)
     # Error, retry and 429/503 panels have no series until something fails, and the stub never does; the
     # cluster exporters' series (GPUs, restarts, Triton) are not the service's.
-    queries = {q for q in _queries("live") if not any(t in q[1] for t in ("Error ratio", "Retries", "429"))
-               and not metric_names(q[2]) & set(EXTERNAL_METRICS)}
+    queries = {
+        q
+        for q in _queries("live")
+        if not any(t in q[1] for t in ("Error ratio", "Retries", "429"))
+        and not metric_names(q[2]) & set(EXTERNAL_METRICS)
+    }
     answers, pending = _wait_for_data(prometheus.url, queries, 90)  # 2 shared cores: be patient
     assert not pending, "panels without data:\n" + "\n".join(f"{d} / {t}: {e}" for d, t, e in sorted(pending))
     by_title = {title: values for (_, title, _), values in answers.items()}
@@ -415,13 +515,22 @@ def test_helm_test_script_passes_against_the_running_gateway(prometheus):
     keys.write_text(API_KEY + "\n")  # the mounted Secret file
     wrong.write_text("sk-wrong\n")
     env |= {"DEEPSPEC_URL": prometheus.live.url, "DEEPSPEC_API_KEYS_FILE": str(keys)}
-    result = subprocess.run([sys.executable, "-c", container["args"][0]], env={**os.environ, **env},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", container["args"][0]],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "completion:" in result.stdout
-    wrong_key = subprocess.run([sys.executable, "-c", container["args"][0]],
-                               env={**os.environ, **env, "DEEPSPEC_API_KEYS_FILE": str(wrong)},
-                               capture_output=True, text=True, timeout=60)
+    wrong_key = subprocess.run(
+        [sys.executable, "-c", container["args"][0]],
+        env={**os.environ, **env, "DEEPSPEC_API_KEYS_FILE": str(wrong)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert wrong_key.returncode != 0  # the gateway enforces the key the pod reads from the Secret
 
 
@@ -474,10 +583,16 @@ def test_engine_dashboard_shows_each_runtime(prometheus, runtime):
     and 3.25), 3 requests waiting and 6 running."""
     # what the runtime's pinned engine does not emit (engine_metrics.MISSING) has no panel data, by design
     recorded = {r["record"] for r in engine_metrics.recording_rules(runtime)}
-    absent = {name for name in ("num_requests_waiting", "spec_decode_acceptance_rate", "spec_decode_mean_acceptance")
-              if not any(name in r for r in recorded)}
-    queries = {q for q in _queries(_engine_namespace(runtime))
-               if q[0] == ENGINE_BOARD and not any(name in q[2] for name in absent)}
+    absent = {
+        name
+        for name in ("num_requests_waiting", "spec_decode_acceptance_rate", "spec_decode_mean_acceptance")
+        if not any(name in r for r in recorded)
+    }
+    queries = {
+        q
+        for q in _queries(_engine_namespace(runtime))
+        if q[0] == ENGINE_BOARD and not any(name in q[2] for name in absent)
+    }
     assert len(queries) >= 9 - len(absent)
     answers, pending = _wait_for_data(prometheus.url, queries, 45)
     assert not pending, "panels without data:\n" + "\n".join(f"{t}: {e}" for _, t, e in sorted(pending))

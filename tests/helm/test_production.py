@@ -7,8 +7,18 @@ from __future__ import annotations
 import pytest
 from helm_python.errors import HelmError
 
-from tests.helm.conftest import (NAMESPACE, PROFILES, RELEASE, VALUE_SETS, container, find, one, render, render_files,
-                                 workload)
+from tests.helm.conftest import (
+    NAMESPACE,
+    PROFILES,
+    RELEASE,
+    VALUE_SETS,
+    container,
+    find,
+    one,
+    render,
+    render_files,
+    workload,
+)
 
 GATEWAY_JOB = f"{RELEASE}-gateway"
 
@@ -39,8 +49,12 @@ def test_worker_rollouts_surge_and_wait_out_the_startup_budget():
     assert spec["progressDeadlineSeconds"] >= budget  # a slow but healthy model load never fails the rollout
     spec = workload(render({"worker": {"startupBudgetSeconds": 3600}}), "worker")["spec"]
     assert spec["progressDeadlineSeconds"] >= 3600
-    assert workload(render({"worker": {"rollout": {"progressDeadlineSeconds": 4000}}}), "worker")["spec"][
-        "progressDeadlineSeconds"] == 4000
+    assert (
+        workload(render({"worker": {"rollout": {"progressDeadlineSeconds": 4000}}}), "worker")["spec"][
+            "progressDeadlineSeconds"
+        ]
+        == 4000
+    )
     with pytest.raises(HelmError, match="progressDeadlineSeconds .* shorter than worker.startupBudgetSeconds"):
         render_files({"worker": {"rollout": {"progressDeadlineSeconds": 600}}})
 
@@ -63,10 +77,18 @@ def test_workers_spread_over_nodes_and_zones(name):
         assert c["whenUnsatisfiable"] == "ScheduleAnyway" and c["maxSkew"] == 1
         assert all(template["metadata"]["labels"][k] == v for k, v in c["labelSelector"]["matchLabels"].items())
         assert c["matchLabelKeys"] == [revision]
-    custom = [{"maxSkew": 2, "topologyKey": "rack", "whenUnsatisfiable": "DoNotSchedule",
-               "labelSelector": {"matchLabels": {"app": "x"}}}]
-    assert _pod(render({"worker": {"topologySpreadConstraints": custom}}), "worker")["spec"][
-        "topologySpreadConstraints"] == custom
+    custom = [
+        {
+            "maxSkew": 2,
+            "topologyKey": "rack",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "x"}},
+        }
+    ]
+    assert (
+        _pod(render({"worker": {"topologySpreadConstraints": custom}}), "worker")["spec"]["topologySpreadConstraints"]
+        == custom
+    )
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -107,7 +129,9 @@ def test_drains_agree_and_grace_periods_cover_them(name):
 
 
 def test_a_gateway_drain_shorter_than_the_worker_drain_is_refused():
-    with pytest.raises(HelmError, match="gateway.drainTimeoutSeconds \\(60\\) must be at least worker.drainTimeoutSeconds"):
+    with pytest.raises(
+        HelmError, match="gateway.drainTimeoutSeconds \\(60\\) must be at least worker.drainTimeoutSeconds"
+    ):
         render_files({"gateway": {"drainTimeoutSeconds": 60}})
     args = container(_pod(render({"gateway": {"readyWithoutWorkers": False}}), "gateway")["spec"], "gateway")["args"]
     assert "--ready-without-workers" not in args
@@ -117,17 +141,22 @@ def test_a_gateway_drain_shorter_than_the_worker_drain_is_refused():
 
 
 def test_worker_autoscaling_scales_on_queue_depth_and_batch_use():
-    docs = render({"worker": {"autoscaling": {"enabled": True, "targetWaitingPerWorker": 3}},
-                   "model": {"maxBatchSize": 32}})
+    docs = render(
+        {"worker": {"autoscaling": {"enabled": True, "targetWaitingPerWorker": 3}}, "model": {"maxBatchSize": 32}}
+    )
     scaled = one(docs, "ScaledObject")
     deployment = workload(docs, "worker")
     assert "replicas" not in deployment["spec"]  # KEDA's HPA owns the count; a re-apply must not reset it
     spec = scaled["spec"]
-    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                      "name": deployment["metadata"]["name"]}
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 8)
-    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
-        "stabilizationWindowSeconds"] >= 600
+    assert (
+        spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 600
+    )
     waiting, busy = spec["triggers"]
     selector = f'job="{RELEASE}-worker", namespace="{NAMESPACE}"'
     assert waiting["metadata"]["query"] == f"sum(deepspec:num_requests_waiting{{{selector}}})"
@@ -235,8 +264,11 @@ def test_ephemeral_storage_requests_cover_the_emptydirs(name):
     docs = render(VALUE_SETS[name])
     for component in ("gateway", "worker"):
         spec = _pod(docs, component)["spec"]
-        disk = sum(_mebibytes(v["emptyDir"]["sizeLimit"]) for v in spec["volumes"]
-                   if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory")
+        disk = sum(
+            _mebibytes(v["emptyDir"]["sizeLimit"])
+            for v in spec["volumes"]
+            if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"
+        )
         for c in spec["containers"] + spec.get("initContainers", []):
             assert _mebibytes(c["resources"]["requests"]["ephemeral-storage"]) >= disk, (component, c["name"])
 
@@ -262,16 +294,30 @@ def test_prebuilt_engines_pin_their_gpu_architecture():
     spec = _pod(render(VALUE_SETS["prod-triton-pvc"]), "worker")["spec"]
     [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert term == {"matchExpressions": [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]}]}
-    spec = _pod(render({"worker": {"gpu": {"architectures": ["NVIDIA-H100-80GB-HBM3"],
-                                           "architectureLabel": "nvidia.com/gpu.product"}}}), "worker")["spec"]
+    spec = _pod(
+        render(
+            {
+                "worker": {
+                    "gpu": {"architectures": ["NVIDIA-H100-80GB-HBM3"], "architectureLabel": "nvidia.com/gpu.product"}
+                }
+            }
+        ),
+        "worker",
+    )["spec"]
     [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert term["matchExpressions"][0]["key"] == "nvidia.com/gpu.product"
     assert "affinity" not in _pod(render(), "worker")["spec"]
     with pytest.raises(HelmError, match="needs worker.device=cuda"):
         render_files({"worker": {"device": "cpu", "gpu": {"architectures": ["ampere"]}}})
     with pytest.raises(HelmError, match="drop worker.affinity.nodeAffinity"):
-        render_files({"worker": {"gpu": {"architectures": ["ampere"]}, "affinity": {"nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": []}}}})
+        render_files(
+            {
+                "worker": {
+                    "gpu": {"architectures": ["ampere"]},
+                    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+                }
+            }
+        )
 
 
 def test_multi_gpu_triton_gets_one_gpu_per_rank():
@@ -283,5 +329,12 @@ def test_multi_gpu_triton_gets_one_gpu_per_rank():
     single = container(_pod(render(VALUE_SETS["triton-pvc"]), "worker")["spec"], "worker")
     assert single["command"] == ["tritonserver"] and ":" not in single["args"]
     with pytest.raises(HelmError, match="raise worker.gpu.count \\(1\\) to 4"):
-        render_files({"worker": {"runtime": "triton", "engines": {"source": "pvc"},
-                                 "triton": {"tensorParallel": 2, "pipelineParallel": 2}}})
+        render_files(
+            {
+                "worker": {
+                    "runtime": "triton",
+                    "engines": {"source": "pvc"},
+                    "triton": {"tensorParallel": 2, "pipelineParallel": 2},
+                }
+            }
+        )

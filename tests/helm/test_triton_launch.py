@@ -35,7 +35,7 @@ def _worker(values: str) -> dict:
 
 def test_each_rank_runs_tritonserver_through_trtllm_llmapi_launch():
     worker = _worker("prod-triton-pvc")
-    assert worker["command"][:2] == ["sh", "-c"] and "mpirun \"$@\" &" in worker["command"][2]
+    assert worker["command"][:2] == ["sh", "-c"] and 'mpirun "$@" &' in worker["command"][2]
     ranks = _ranks(worker["args"])
     assert len(ranks) == 2  # tensorParallel 2
     for rank, args in enumerate(ranks):
@@ -96,8 +96,12 @@ def test_sigterm_reaches_every_rank_rank_0_first_and_the_pod_exits_after_the_dra
     _write(bin_dir / "mpirun", _FAKE_MPIRUN)
     _write(bin_dir / "tritonserver", _FAKE_TRITONSERVER)
     log = tmp_path / "log"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log),
-           "DEEPSPEC_TRITON_MODEL_REPOSITORY": "/repo"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "LOG": str(log),
+        "DEEPSPEC_TRITON_MODEL_REPOSITORY": "/repo",
+    }
     args = [a.replace("$(DEEPSPEC_TRITON_MODEL_REPOSITORY)", "/repo") for a in worker["args"]]
     pid1 = subprocess.Popen([*worker["command"], *args], env=env, start_new_session=True)
     try:

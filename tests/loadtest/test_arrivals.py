@@ -62,7 +62,9 @@ def test_load_point_kinds():
     assert "closed-loop" in LoadPoint(max_concurrency=4).describe()
 
 
-@pytest.mark.parametrize("kwargs", [{"request_rate": 0}, {"request_rate": -1}, {"burstiness": 0}, {"max_concurrency": 0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"request_rate": 0}, {"request_rate": -1}, {"burstiness": 0}, {"max_concurrency": 0}]
+)
 def test_load_point_refuses_bad_values(kwargs):
     with pytest.raises(ValueError):
         LoadPoint(**kwargs)

@@ -12,7 +12,6 @@ import pytest
 
 from loadtest.cli import main
 from loadtest.fake_server import FakeServerConfig
-
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,20 +20,53 @@ RANDOM = ["--dataset-name", "random", "--random-input-len", "8", "--random-outpu
 
 def test_help_is_instant_and_defines_the_metrics():
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "loadtest", "--help"], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "loadtest", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    )
     assert time.perf_counter() - t < 5
-    for needle in ("(e2e - TTFT) / (output tokens - 1)", "goodput", "acceptance length", "requests/s", "python -m loadtest --compare"):
+    for needle in (
+        "(e2e - TTFT) / (output tokens - 1)",
+        "goodput",
+        "acceptance length",
+        "requests/s",
+        "python -m loadtest --compare",
+    ):
         assert needle in out.stdout
     # --help must not pull in the heavy libraries
     probe = "import sys; from loadtest.cli import build_parser; build_parser(); print(sorted({'aiohttp','grpc','matplotlib','numpy'} & set(sys.modules)))"
-    assert subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "[]"
+    )
 
 
 def test_run_writes_a_report_with_spec_decode_and_goodput(fake_server_thread, tmp_path, capsys):
     with fake_server_thread(FakeServerConfig(ttft_s=0.01, itl_s=0.002, tokens_per_chunk=2)) as srv:
-        rc = main(["--base-url", srv.url, *RANDOM, "--backend", "openai", "--max-concurrency", "4", "--num-prompts", "20",
-                   "--num-warmups", "4", "--slo", "ttft=1000,tpot=1000", "--result-file", str(tmp_path / "r.json"),
-                   "--plot", str(tmp_path / "plots"), "--label", "draft"])
+        rc = main(
+            [
+                "--base-url",
+                srv.url,
+                *RANDOM,
+                "--backend",
+                "openai",
+                "--max-concurrency",
+                "4",
+                "--num-prompts",
+                "20",
+                "--num-warmups",
+                "4",
+                "--slo",
+                "ttft=1000,tpot=1000",
+                "--result-file",
+                str(tmp_path / "r.json"),
+                "--plot",
+                str(tmp_path / "plots"),
+                "--label",
+                "draft",
+            ]
+        )
     assert rc == 0
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["completed"] == 20 and rep["failed"] == 0 and rep["model_id"] == "fake-model" and rep["label"] == "draft"
@@ -49,8 +81,21 @@ def test_run_writes_a_report_with_spec_decode_and_goodput(fake_server_thread, tm
 def test_sweep_and_compare(fake_server_thread, tmp_path, capsys):
     with fake_server_thread(FakeServerConfig(ttft_s=0.005)) as srv:
         for name in ("a", "b"):
-            rc = main(["--base-url", srv.url, *RANDOM, "--max-concurrency", "1,4", "--num-prompts", "8",
-                       "--result-file", str(tmp_path / f"{name}.json"), "--plot", str(tmp_path / "p")])
+            rc = main(
+                [
+                    "--base-url",
+                    srv.url,
+                    *RANDOM,
+                    "--max-concurrency",
+                    "1,4",
+                    "--num-prompts",
+                    "8",
+                    "--result-file",
+                    str(tmp_path / f"{name}.json"),
+                    "--plot",
+                    str(tmp_path / "p"),
+                ]
+            )
             assert rc == 0
     doc = json.loads((tmp_path / "a.json").read_text())
     assert doc["sweep_over"] == "max_concurrency" and [r["max_concurrency"] for r in doc["runs"]] == [1, 4]
@@ -64,21 +109,37 @@ def test_sweep_and_compare(fake_server_thread, tmp_path, capsys):
 
 def test_server_down_counts_errors_and_exits_1(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    rc = main(["--base-url", url, "--model", "m", *RANDOM, "--max-concurrency", "2", "--num-prompts", "5",
-               "--result-file", str(tmp_path / "r.json")])
+    rc = main(
+        [
+            "--base-url",
+            url,
+            "--model",
+            "m",
+            *RANDOM,
+            "--max-concurrency",
+            "2",
+            "--num-prompts",
+            "5",
+            "--result-file",
+            str(tmp_path / "r.json"),
+        ]
+    )
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rc == 1 and rep["failed"] == 5 and rep["errors_by_kind"] == {"connect": 5}
     assert rep["spec_decode"] is None and "scrape" in rep["spec_decode_note"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["--slo", "ttfb=3"],
-    ["--request-rate", "1,2", "--max-concurrency", "1,2"],
-    ["--request-rate", "0"],
-    ["--max-concurrency", "0"],
-    ["--dataset-path", "/nonexistent/dir"],
-    ["--fake-server", "nonsense"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--slo", "ttfb=3"],
+        ["--request-rate", "1,2", "--max-concurrency", "1,2"],
+        ["--request-rate", "0"],
+        ["--max-concurrency", "0"],
+        ["--dataset-path", "/nonexistent/dir"],
+        ["--fake-server", "nonsense"],
+    ],
+)
 def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--plan", *argv])
@@ -96,15 +157,46 @@ def test_ctrl_c_writes_a_partial_report(tmp_path):
     """Two real processes: the fake server, and the load tester, which gets SIGINT mid-run."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    server = subprocess.Popen([sys.executable, "-m", "loadtest", "--fake-server", f"127.0.0.1:{port}", "--fake-ttft-ms", "50",
-                               "--fake-itl-ms", "20"], cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loadtest",
+            "--fake-server",
+            f"127.0.0.1:{port}",
+            "--fake-ttft-ms",
+            "50",
+            "--fake-itl-ms",
+            "20",
+        ],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 30
         while _served_chunks(port) is None and time.time() < deadline:
             time.sleep(0.1)
-        tester = subprocess.Popen([sys.executable, "-m", "loadtest", "--base-url", f"http://127.0.0.1:{port}", *RANDOM,
-                                   "--max-concurrency", "4", "--num-prompts", "100000", "--result-file", str(tmp_path / "r.json")],
-                                  cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        tester = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "loadtest",
+                "--base-url",
+                f"http://127.0.0.1:{port}",
+                *RANDOM,
+                "--max-concurrency",
+                "4",
+                "--num-prompts",
+                "100000",
+                "--result-file",
+                str(tmp_path / "r.json"),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         # interrupt only once requests are being answered (the server's counters move), however slow the start.
         deadline = time.time() + 30
         while (_served_chunks(port) or 0) < 100 and time.time() < deadline:

@@ -6,15 +6,30 @@ import pytest
 
 from loadtest.compare import compare_points, compare_reports, load_report
 
-A = {"completed": 100, "request_throughput": 10.0, "mean_ttft_ms": 200.0, "median_tpot_ms": 40.0,
-     "spec_decode": None, "arrival": "closed-loop", "request_rate": "inf", "max_concurrency": 8}
-B = dict(A, request_throughput=25.0, mean_ttft_ms=100.0, median_tpot_ms=16.0,
-         spec_decode={"acceptance_length": 2.5, "acceptance_rate": 0.375})
+A = {
+    "completed": 100,
+    "request_throughput": 10.0,
+    "mean_ttft_ms": 200.0,
+    "median_tpot_ms": 40.0,
+    "spec_decode": None,
+    "arrival": "closed-loop",
+    "request_rate": "inf",
+    "max_concurrency": 8,
+}
+B = dict(
+    A,
+    request_throughput=25.0,
+    mean_ttft_ms=100.0,
+    median_tpot_ms=16.0,
+    spec_decode={"acceptance_length": 2.5, "acceptance_rate": 0.375},
+)
 
 
 def test_ratios_and_direction():
     rows = {r.label: r for r in compare_points(A, B)}
-    assert rows["request throughput (req/s)"].ratio == pytest.approx(2.5) and rows["request throughput (req/s)"].b_better
+    assert (
+        rows["request throughput (req/s)"].ratio == pytest.approx(2.5) and rows["request throughput (req/s)"].b_better
+    )
     assert rows["mean TTFT (ms)"].ratio == pytest.approx(0.5) and rows["mean TTFT (ms)"].b_better
     assert rows["median TPOT (ms)"].ratio == pytest.approx(0.4)
     acc = rows["mean acceptance length (tokens)"]

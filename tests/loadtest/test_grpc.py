@@ -5,11 +5,10 @@ import asyncio
 import grpc
 import pytest
 
-from loadtest.clients.grpc import GrpcClient
-from loadtest.records import RequestInput
 from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
 from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
-
+from loadtest.clients.grpc import GrpcClient
+from loadtest.records import RequestInput
 from tests.ports import free_port
 
 TTFT, ITL = 0.040, 0.010
@@ -35,14 +34,21 @@ class FakeCompletions(pb_grpc.CompletionsServicer):
             sent += k
             last = sent == n
             yield pb.CompletionChunk(
-                id="r1", text=" tok" * k, num_tokens=k, finish_reason="length" if last else "",
+                id="r1",
+                text=" tok" * k,
+                num_tokens=k,
+                finish_reason="length" if last else "",
                 usage=pb.Usage(prompt_tokens=3, completion_tokens=n, total_tokens=n + 3) if last else None,
             )
 
     async def Complete(self, request, context):
         self.requests.append(request)
-        return pb.CompletionResponse(id="r2", text="hello world", finish_reason="stop",
-                                     usage=pb.Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5))
+        return pb.CompletionResponse(
+            id="r2",
+            text="hello world",
+            finish_reason="stop",
+            usage=pb.Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
+        )
 
 
 async def _with_server(fn):

@@ -24,9 +24,20 @@ def service(tmp_path_factory):
         yield os.environ["DEEPSPEC_LOADTEST_URL"], os.environ.get("DEEPSPEC_LOADTEST_GRPC")
         return
     http_port, grpc_port = free_port(), free_port()
-    server = ServerProcess(["embedded", "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port",
-                            str(grpc_port), "--metrics-port", "-1"],
-                           tmp_path_factory.mktemp("service") / "embedded.log").start()
+    server = ServerProcess(
+        [
+            "embedded",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+            "--metrics-port",
+            "-1",
+        ],
+        tmp_path_factory.mktemp("service") / "embedded.log",
+    ).start()
     url = f"http://127.0.0.1:{http_port}"
     try:
         server.wait_until(lambda: httpx.get(f"{url}/health/ready", timeout=2).status_code == 200, 600)
@@ -35,8 +46,20 @@ def service(tmp_path_factory):
         server.terminate()
 
 
-COMMON = ["--ignore-eos", "--num-prompts", "4", "--max-concurrency", "2", "--num-warmups", "1", "--max-tokens", "16", "--quiet",
-          "--timeout", "300"]
+COMMON = [
+    "--ignore-eos",
+    "--num-prompts",
+    "4",
+    "--max-concurrency",
+    "2",
+    "--num-warmups",
+    "1",
+    "--max-tokens",
+    "16",
+    "--quiet",
+    "--timeout",
+    "300",
+]
 
 
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])
@@ -54,6 +77,18 @@ def test_grpc_against_the_embedded_service(service, tmp_path):
     url, grpc_address = service
     if grpc_address is None:
         pytest.skip("DEEPSPEC_LOADTEST_URL is set without DEEPSPEC_LOADTEST_GRPC")
-    rc = main(["--base-url", url, "--backend", "grpc", "--grpc-address", grpc_address, *COMMON, "--result-file", str(tmp_path / "r.json")])
+    rc = main(
+        [
+            "--base-url",
+            url,
+            "--backend",
+            "grpc",
+            "--grpc-address",
+            grpc_address,
+            *COMMON,
+            "--result-file",
+            str(tmp_path / "r.json"),
+        ]
+    )
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rc == 0 and rep["completed"] == 4 and rep["failed"] == 0, rep["errors_by_kind"]

@@ -25,9 +25,34 @@ def test_headless_run_against_the_fake_server(fake_server_thread, tmp_path):
     with fake_server_thread(FakeServerConfig(ttft_s=0.01, itl_s=0.001)) as srv:
         env = dict(os.environ, PYTHONPATH=str(REPO), LOADTEST_MAX_TOKENS="8")
         proc = subprocess.run(
-            [sys.executable, "-m", "locust", "-f", "loadtest/locustfile.py", "--host", srv.url, "--headless", "-u", "4",
-             "-r", "4", "-t", "3s", "--stop-timeout", "5", "--csv", str(tmp_path / "run"), "--only-summary", "ChatUser", "CompletionsUser"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                "loadtest/locustfile.py",
+                "--host",
+                srv.url,
+                "--headless",
+                "-u",
+                "4",
+                "-r",
+                "4",
+                "-t",
+                "3s",
+                "--stop-timeout",
+                "5",
+                "--csv",
+                str(tmp_path / "run"),
+                "--only-summary",
+                "ChatUser",
+                "CompletionsUser",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {(r["Type"], r["Name"]): r for r in csv.DictReader((tmp_path / "run_stats.csv").open())}

@@ -1,8 +1,8 @@
 """Metric arithmetic on hand-made outputs, so every number is known exactly."""
 
-import pytest
-
 import math
+
+import pytest
 
 from loadtest.metrics import compute_metrics, meets_slo, parse_slo, percentile, summarize
 from loadtest.records import RequestOutput
@@ -29,7 +29,12 @@ def test_summary_keys_and_values_in_ms():
     assert s["median_ttft_ms"] == pytest.approx(2.5)
     assert s["p50_ttft_ms"] == pytest.approx(2.5)
     assert s["p99_ttft_ms"] == pytest.approx(3.97)  # linear interpolation: 3 + 0.97 * (4 - 3)
-    assert summarize([], "itl", [99]) == {"mean_itl_ms": 0.0, "median_itl_ms": 0.0, "std_itl_ms": 0.0, "p99_itl_ms": 0.0}
+    assert summarize([], "itl", [99]) == {
+        "mean_itl_ms": 0.0,
+        "median_itl_ms": 0.0,
+        "std_itl_ms": 0.0,
+        "p99_itl_ms": 0.0,
+    }
 
 
 def test_percentile_interpolates_between_ranks_and_is_nan_when_empty():

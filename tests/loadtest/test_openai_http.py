@@ -9,7 +9,6 @@ import pytest
 from loadtest.clients.openai_http import OpenAIHttpClient, fetch_model_ids
 from loadtest.fake_server import FakeOpenAIServer, FakeServerConfig
 from loadtest.records import RequestInput
-
 from tests.ports import free_port
 
 TTFT, ITL = 0.050, 0.010
@@ -23,14 +22,17 @@ def run(coro):
 
 
 async def _send(config, req, *, chat=False, stream=True, timeout_s=10.0):
-    async with FakeOpenAIServer(config) as srv:
-        async with OpenAIHttpClient(srv.url, chat=chat, model="fake-model", stream=stream, pool_size=4, timeout_s=timeout_s) as c:
-            return await c.send(req)
+    async with FakeOpenAIServer(config) as srv, OpenAIHttpClient(
+        srv.url, chat=chat, model="fake-model", stream=stream, pool_size=4, timeout_s=timeout_s
+    ) as c:
+        return await c.send(req)
 
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_streaming_timings_and_tokens(chat):
-    out = run(_send(FakeServerConfig(ttft_s=TTFT, itl_s=ITL), RequestInput("0 alpha beta gamma", max_tokens=6), chat=chat))
+    out = run(
+        _send(FakeServerConfig(ttft_s=TTFT, itl_s=ITL), RequestInput("0 alpha beta gamma", max_tokens=6), chat=chat)
+    )
     assert out.success, out.error
     assert TTFT <= out.ttft_s < TTFT + SLACK
     assert out.e2e_s >= TTFT + 5 * ITL
@@ -48,7 +50,9 @@ def test_multi_token_chunks_count_tokens_from_usage_and_itl_per_chunk():
 
 
 def test_non_streaming_sets_ttft_to_e2e():
-    out = run(_send(FakeServerConfig(ttft_s=TTFT, itl_s=ITL), RequestInput("a b", max_tokens=4), stream=False, chat=True))
+    out = run(
+        _send(FakeServerConfig(ttft_s=TTFT, itl_s=ITL), RequestInput("a b", max_tokens=4), stream=False, chat=True)
+    )
     assert out.success and out.ttft_s == out.e2e_s and out.output_tokens == 4 and out.itl_s == []
     assert TTFT + 3 * ITL <= out.e2e_s < TTFT + 3 * ITL + SLACK
 
@@ -57,14 +61,26 @@ def test_request_body():
     c = OpenAIHttpClient("http://x/", chat=True, model="m")
     body = c.build_body(RequestInput("hi", max_tokens=7, ignore_eos=True))
     assert c.url == "http://x/v1/chat/completions"
-    assert body == {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "temperature": 0.0,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    assert body == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 7,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     assert "ignore_eos" not in OpenAIHttpClient("http://x", chat=False, model=None).build_body(RequestInput("hi"))
 
 
 @pytest.mark.parametrize(
     ("prompt", "kind"),
-    [("a __429__", "http_429"), ("a __500__", "http_500"), ("a b __malformed__", "malformed_sse"), ("a b __drop__", "disconnected")],
+    [
+        ("a __429__", "http_429"),
+        ("a __500__", "http_500"),
+        ("a b __malformed__", "malformed_sse"),
+        ("a b __drop__", "disconnected"),
+    ],
 )
 def test_server_faults_become_error_kinds(prompt, kind):
     out = run(_send(FakeServerConfig(), RequestInput(prompt, max_tokens=8)))
@@ -90,8 +106,10 @@ def test_stream_without_done_or_finish_reason_is_incomplete():
         async def handler(reader, writer):
             await reader.readuntil(b"\r\n\r\n")
             await reader.read(1000)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-                         b'data: {"choices": [{"text": "hi", "finish_reason": null}]}\n\n')
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                b'data: {"choices": [{"text": "hi", "finish_reason": null}]}\n\n'
+            )
             await writer.drain()
             writer.close()
 
@@ -119,7 +137,7 @@ class BarrierServer(FakeOpenAIServer):
             self.all_in.set()
         try:
             await asyncio.wait_for(self.all_in.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         return await super()._complete_one(chat, req, w)
 

@@ -11,11 +11,24 @@ from loadtest.spec_stats import SpecDecodeStats
 
 #: keys `vllm bench serve --save-result` writes that we write too, with their types.
 VLLM_FIELDS = {
-    "date": str, "backend": str, "model_id": (str, type(None)), "tokenizer_id": (str, type(None)), "num_prompts": int,
-    "request_rate": (float, str), "burstiness": float, "max_concurrency": (int, type(None)), "duration": float,
-    "completed": int, "failed": int, "total_input_tokens": int, "total_output_tokens": int,
-    "request_throughput": float, "request_goodput": (float, type(None)), "output_throughput": float,
-    "total_token_throughput": float, "max_concurrent_requests": int,
+    "date": str,
+    "backend": str,
+    "model_id": (str, type(None)),
+    "tokenizer_id": (str, type(None)),
+    "num_prompts": int,
+    "request_rate": (float, str),
+    "burstiness": float,
+    "max_concurrency": (int, type(None)),
+    "duration": float,
+    "completed": int,
+    "failed": int,
+    "total_input_tokens": int,
+    "total_output_tokens": int,
+    "request_throughput": float,
+    "request_goodput": (float, type(None)),
+    "output_throughput": float,
+    "total_token_throughput": float,
+    "max_concurrent_requests": int,
 }
 LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "std", "p99")]
 META = {"backend": "openai", "model_id": "m", "tokenizer_id": None, "num_prompts": 3, "label": "draft"}
@@ -23,7 +36,9 @@ META = {"backend": "openai", "model_id": "m", "tokenizer_id": None, "num_prompts
 
 def result(interrupted=False):
     outs = [
-        RequestOutput(success=True, ttft_s=0.1, e2e_s=0.5, itl_s=[0.1] * 4, output_tokens=5, prompt_tokens=7, generated_text="x"),
+        RequestOutput(
+            success=True, ttft_s=0.1, e2e_s=0.5, itl_s=[0.1] * 4, output_tokens=5, prompt_tokens=7, generated_text="x"
+        ),
         RequestOutput(success=True, ttft_s=0.2, e2e_s=0.6, itl_s=[0.2] * 2, output_tokens=3, prompt_tokens=7),
         RequestOutput(success=False, error_kind="http_429", error="too many"),
     ]
@@ -58,12 +73,17 @@ def test_inf_rate_is_the_string_inf_and_detailed_arrays():
 def test_summary_text_and_sweep():
     rep = point_report(result(interrupted=True), meta=META, slo={"ttft": 150, "e2e": 1000})
     text = format_summary(rep)
-    for needle in ("Successful requests:", "http_429", "Request goodput", "P99 TPOT (ms):", "Mean acceptance length",
-                   "Interrupted"):
+    for needle in (
+        "Successful requests:",
+        "http_429",
+        "Request goodput",
+        "P99 TPOT (ms):",
+        "Mean acceptance length",
+        "Interrupted",
+    ):
         assert needle in text
     doc = sweep_report([rep, rep], "request_rate")
     assert doc["sweep_over"] == "request_rate" and len(doc["runs"]) == 2
-
 
 
 def test_sweep_table_has_a_line_per_point():

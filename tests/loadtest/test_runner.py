@@ -10,7 +10,6 @@ from loadtest.clients.openai_http import OpenAIHttpClient
 from loadtest.fake_server import FakeOpenAIServer, FakeServerConfig
 from loadtest.runner import Progress, run_load, run_point
 from loadtest.workload import random_requests
-
 from tests.ports import free_port
 
 
@@ -25,8 +24,14 @@ def client_factory(url):
 def test_closed_loop_keeps_exactly_n_in_flight_and_warmup_is_excluded():
     async def go():
         async with FakeOpenAIServer(FakeServerConfig(ttft_s=0.02)) as srv:
-            res = await run_point(client_factory(srv.url), reqs(), LoadPoint(max_concurrency=8), num_requests=40,
-                                  num_warmups=5, metrics_url=srv.url + "/metrics")
+            res = await run_point(
+                client_factory(srv.url),
+                reqs(),
+                LoadPoint(max_concurrency=8),
+                num_requests=40,
+                num_warmups=5,
+                metrics_url=srv.url + "/metrics",
+            )
             return res, srv.counters
 
     res, counters = asyncio.run(go())
@@ -41,9 +46,8 @@ def test_closed_loop_keeps_exactly_n_in_flight_and_warmup_is_excluded():
 
 def test_open_loop_poisson_rate_and_request_count():
     async def go():
-        async with FakeOpenAIServer() as srv:
-            async with OpenAIHttpClient(srv.url, chat=False, model=None) as c:
-                return await run_load(c, reqs(), LoadPoint(request_rate=100.0), num_requests=60, seed=3)
+        async with FakeOpenAIServer() as srv, OpenAIHttpClient(srv.url, chat=False, model=None) as c:
+            return await run_load(c, reqs(), LoadPoint(request_rate=100.0), num_requests=60, seed=3)
 
     run = asyncio.run(go())
     assert len(run.outputs) == 60 and all(o.success for o in run.outputs)
@@ -84,8 +88,9 @@ def test_stop_returns_a_partial_run_and_cancels_in_flight():
             async with OpenAIHttpClient(srv.url, chat=False, model=None) as c:
                 asyncio.get_running_loop().call_later(0.4, stop.set)
                 t = time.perf_counter()
-                run = await run_load(c, reqs(output_len=6), LoadPoint(max_concurrency=4), num_requests=1000,
-                                     stop=stop, progress=progress)
+                run = await run_load(
+                    c, reqs(output_len=6), LoadPoint(max_concurrency=4), num_requests=1000, stop=stop, progress=progress
+                )
                 return run, time.perf_counter() - t, progress
 
     run, wall, progress = asyncio.run(go())
@@ -108,8 +113,13 @@ def test_spec_decode_statistics_from_server_counters():
     async def go():
         cfg = FakeServerConfig(tokens_per_chunk=3, num_speculative_tokens=4)
         async with FakeOpenAIServer(cfg) as srv:
-            return await run_point(client_factory(srv.url), reqs(output_len=12), LoadPoint(max_concurrency=2),
-                                   num_requests=10, metrics_url=srv.url + "/metrics")
+            return await run_point(
+                client_factory(srv.url),
+                reqs(output_len=12),
+                LoadPoint(max_concurrency=2),
+                num_requests=10,
+                metrics_url=srv.url + "/metrics",
+            )
 
     sd = asyncio.run(go()).spec_decode
     # 12 tokens in steps of 3 (2 accepted drafts + the bonus token) -> 4 steps per request, k = 4 drafted per step.
@@ -121,8 +131,13 @@ def test_spec_decode_statistics_from_server_counters():
 def test_unreachable_metrics_url_is_a_note_not_a_failure():
     async def go():
         async with FakeOpenAIServer() as srv:
-            return await run_point(client_factory(srv.url), reqs(), LoadPoint(max_concurrency=1), num_requests=2,
-                                   metrics_url=f"http://127.0.0.1:{free_port()}/metrics")
+            return await run_point(
+                client_factory(srv.url),
+                reqs(),
+                LoadPoint(max_concurrency=1),
+                num_requests=2,
+                metrics_url=f"http://127.0.0.1:{free_port()}/metrics",
+            )
 
     res = asyncio.run(go())
     assert res.spec_decode is None and "scrape" in res.spec_decode_note and len(res.run.outputs) == 2

@@ -17,7 +17,10 @@ def exposition(drafts, draft_tokens, accepted, per_pos, worker="w0", extra=""):
         f"deepspec:spec_decode_num_accepted_tokens_total{{{lbl}}} {accepted}",
         "# TYPE deepspec:spec_decode_num_accepted_tokens_per_pos_total counter",
     ]
-    lines += [f'deepspec:spec_decode_num_accepted_tokens_per_pos_total{{{lbl},position="{i}"}} {v}' for i, v in enumerate(per_pos)]
+    lines += [
+        f'deepspec:spec_decode_num_accepted_tokens_per_pos_total{{{lbl},position="{i}"}} {v}'
+        for i, v in enumerate(per_pos)
+    ]
     return "\n".join(lines) + "\n" + extra
 
 

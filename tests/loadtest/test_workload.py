@@ -12,7 +12,7 @@ from loadtest.workload import DEFAULT_EVAL_DIR, dataset_requests, load_turns, ra
 def test_default_prompts_ship_inside_the_loadtest_package():
     """The default workload is the load tester's own data (no deepspec library, no datasets/ folder needed): the
     first 64 records of each eval set, unchanged."""
-    assert DEFAULT_EVAL_DIR == repo_root() / "loadtest" / "prompts"
+    assert repo_root() / "loadtest" / "prompts" == DEFAULT_EVAL_DIR
     prompts = load_turns(DEFAULT_EVAL_DIR)
     assert len(prompts) == 5 * 64 and all(isinstance(p, str) and p for p in prompts)
     for sample in sorted(DEFAULT_EVAL_DIR.glob("*.jsonl")):
@@ -21,7 +21,9 @@ def test_default_prompts_ship_inside_the_loadtest_package():
 
 
 def test_first_turn_of_each_record_and_file_or_dir(tmp_path):
-    (tmp_path / "a.jsonl").write_text(json.dumps({"turns": ["one", "reply?"]}) + "\n\n" + json.dumps({"turns": ["two"]}) + "\n")
+    (tmp_path / "a.jsonl").write_text(
+        json.dumps({"turns": ["one", "reply?"]}) + "\n\n" + json.dumps({"turns": ["two"]}) + "\n"
+    )
     (tmp_path / "b.jsonl").write_text(json.dumps({"turns": ["three"]}) + "\n")
     assert load_turns(tmp_path) == ["one", "two", "three"]
     assert load_turns(tmp_path / "b.jsonl") == ["three"]
@@ -45,7 +47,9 @@ def test_dataset_requests_shuffle_with_seed_and_cycle():
 
 
 def test_random_requests_lengths_and_unique_prefixes():
-    reqs = list(itertools.islice(random_requests(input_len=100, output_len=20, range_ratio=0.5, seed=0, ignore_eos=False), 200))
+    reqs = list(
+        itertools.islice(random_requests(input_len=100, output_len=20, range_ratio=0.5, seed=0, ignore_eos=False), 200)
+    )
     assert all(50 <= r.prompt_len <= 150 and len(r.prompt.split()) == r.prompt_len for r in reqs)
     assert all(10 <= r.max_tokens <= 30 for r in reqs)
     assert len({r.prompt.split()[0] for r in reqs}) == 200

@@ -44,8 +44,12 @@ STAGES = ("serve", "worker", "gateway", "train", "export", "loadtest", "plugins"
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
-                    "-w", str(out)], check=True, timeout=600, cwd=out)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO), "-w", str(out)],
+        check=True,
+        timeout=600,
+        cwd=out,
+    )
     return next(out.glob("deepspec-*.whl"))
 
 
@@ -55,24 +59,33 @@ def installed(wheel, tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, timeout=600)
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        timeout=600,
+    )
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     deps = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
     (Path(purelib) / "_deepspec_test_deps.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n")
     return venv / "bin"
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DEEPSPEC_DRAFTS_DIR",
-                                                             "DEEPSPEC_DATASETS_DIR")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DEEPSPEC_DRAFTS_DIR", "DEEPSPEC_DATASETS_DIR")
+    }
     return {**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
 
 
 def _run(bin_dir: Path, *args: str, cwd: Path, timeout: float = 300) -> str:
-    result = subprocess.run([str(bin_dir / args[0]), *args[1:]], cwd=cwd, env=_env(), capture_output=True, text=True,
-                            timeout=timeout)  # fmt: skip
+    result = subprocess.run(
+        [str(bin_dir / args[0]), *args[1:]], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, f"{args}: {result.stderr[-3000:]}"
     return result.stdout
 
@@ -87,12 +100,14 @@ def test_the_wheel_carries_what_make_serve_reads(wheel):
 
 @pytest.mark.slow
 def test_the_installed_package_is_the_wheels_and_finds_its_data(installed, tmp_path):
-    probe = ("import deepspec, service, json\n"
-             "from deepspec.paths import datasets_dir\n"
-             "from deepspec.models.drafts import shipped_drafts_dir\n"
-             "from deepspec.models.native.build import SOURCE\n"
-             "print(json.dumps([deepspec.__file__, service.__file__, str(shipped_drafts_dir()), str(datasets_dir()),"
-             " SOURCE.is_file(), sorted(p.parent.name for p in shipped_drafts_dir().glob('*/config.json'))]))")
+    probe = (
+        "import deepspec, service, json\n"
+        "from deepspec.paths import datasets_dir\n"
+        "from deepspec.models.drafts import shipped_drafts_dir\n"
+        "from deepspec.models.native.build import SOURCE\n"
+        "print(json.dumps([deepspec.__file__, service.__file__, str(shipped_drafts_dir()), str(datasets_dir()),"
+        " SOURCE.is_file(), sorted(p.parent.name for p in shipped_drafts_dir().glob('*/config.json'))]))"
+    )
     import json
 
     files = json.loads(_run(installed, "python", "-c", probe, cwd=tmp_path))
@@ -120,10 +135,28 @@ def test_the_installed_wheel_serves_with_the_native_backend_and_the_corpus_draft
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(installed / "deepspec"), "serve", "--backend", "native", "--draft", str(draft),
-                                 "--http-port", str(port), "--grpc-port", "-1", "--metrics-port", "-1",
-                                 "--max-batch-size", "1"], cwd=tmp_path, env=_env(), stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                str(installed / "deepspec"),
+                "serve",
+                "--backend",
+                "native",
+                "--draft",
+                str(draft),
+                "--http-port",
+                str(port),
+                "--grpc-port",
+                "-1",
+                "--metrics-port",
+                "-1",
+                "--max-batch-size",
+                "1",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_ready(proc, port, log)
         body = {"model": "smollm2-135m", "prompt": "def fib(n):", "max_tokens": 16, "temperature": 0}

@@ -14,8 +14,9 @@ def sorted_filter_probs(logits, temperature, top_k, top_p):
     return old_sampling_probs(logits, temperature, top_k, top_p)
 
 
-def step_p_values(rejection_sample, *, rows=4000, V=6, k=2, with_q=True, top_k=0, top_p=1.0, temperature=1.0,
-                  seed=0) -> tuple[float, float]:
+def step_p_values(
+    rejection_sample, *, rows=4000, V=6, k=2, with_q=True, top_k=0, top_p=1.0, temperature=1.0, seed=0
+) -> tuple[float, float]:
     """Chi-square p-values that one verify step commits tokens from the processed target distribution.
 
     Every row holds the same target logits per slot and its own drafts (drawn from q, or a fixed token when
@@ -55,15 +56,20 @@ def _p_value(tokens: torch.Tensor, p: torch.Tensor) -> float:
     keep = expected > 0
     if int(keep.sum()) < 2:  # one token holds all the mass: the support check above was the whole test
         return 1.0
-    return float(chisquare(observed[keep].numpy(), expected[keep].numpy() * observed.sum().item()
-                           / expected[keep].sum().item()).pvalue)
+    return float(
+        chisquare(
+            observed[keep].numpy(), expected[keep].numpy() * observed.sum().item() / expected[keep].sum().item()
+        ).pvalue
+    )
 
 
 def accept_everything(drafts, num, logits, draft_probs, temperature, top_k, top_p, seeds):
     """A wrong verifier for the negative control: every draft accepted, the bonus sampled from p."""
     from plugins import reference
+
     B = drafts.shape[0]
     tail = logits[torch.arange(B), num][:, None]
-    bonus = reference.rejection_sample(drafts[:, :0], torch.zeros_like(num), tail, None, temperature, top_k, top_p,
-                                       seeds)[1]
+    bonus = reference.rejection_sample(
+        drafts[:, :0], torch.zeros_like(num), tail, None, temperature, top_k, top_p, seeds
+    )[1]
     return num, bonus

@@ -19,8 +19,9 @@ def _run(*args, timeout=600):
     # the kernel tests switch the interpreter on for this process; a build must compile for real
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "plugins", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "plugins", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_build_for_sm90_writes_ptx_whose_entries_match_the_index(tmp_path):
@@ -36,9 +37,10 @@ def test_build_for_sm90_writes_ptx_whose_entries_match_the_index(tmp_path):
         assert ".target sm_90a" in ptx
         assert (out / entry["cubin"]).stat().st_size > 0
         assert entry["arch"] == 90 and entry["num_warps"] >= 1 and entry["shared_bytes"] >= 0
-        assert list(entry["signature"]) == list(next(s.signature for s in kernel_specs()
-                                                     if s.kernel == entry["kernel"] and s.variant == entry["variant"]))
-        assert _ptx_params(ptx, entry["entry"])[:len(_launched(entry["signature"]))] == _launched(entry["signature"])
+        assert list(entry["signature"]) == list(
+            next(s.signature for s in kernel_specs() if s.kernel == entry["kernel"] and s.variant == entry["variant"])
+        )
+        assert _ptx_params(ptx, entry["entry"])[: len(_launched(entry["signature"]))] == _launched(entry["signature"])
 
 
 def _launched(signature: dict) -> list[str]:
@@ -63,4 +65,3 @@ def test_check_without_a_gpu_says_so_and_fails():
     proc = _run("check", timeout=120)
     assert proc.returncode == 1
     assert "needs a CUDA GPU" in proc.stderr
-

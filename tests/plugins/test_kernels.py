@@ -50,8 +50,12 @@ def test_greedy_accept_over_several_vocabulary_blocks(monkeypatch):
 
 
 def _sampling(B, temperature, top_k, top_p):
-    return (torch.tensor(temperature, dtype=torch.float32), torch.tensor(top_k), torch.tensor(top_p, dtype=torch.float32),
-            torch.arange(B, dtype=torch.long) * 7919)
+    return (
+        torch.tensor(temperature, dtype=torch.float32),
+        torch.tensor(top_k),
+        torch.tensor(top_p, dtype=torch.float32),
+        torch.arange(B, dtype=torch.long) * 7919,
+    )
 
 
 @pytest.mark.parametrize("with_q", [False, True], ids=["one-hot-q", "q"])
@@ -60,8 +64,10 @@ def test_rejection_sample_equals_the_reference(with_q):
     q = torch.softmax(torch.randn(5, 3, 37, generator=torch.Generator().manual_seed(1)), -1) if with_q else None
     # greedy, plain, top-k, top-p, both
     sampling = _sampling(5, [0.0, 1.0, 0.7, 1.0, 1.3], [0, 0, 5, 0, 8], [1.0, 1.0, 1.0, 0.8, 0.9])
-    _same(launch.rejection_sample(drafts, num, logits, q, *sampling),
-          reference.rejection_sample(drafts, num, logits, q, *sampling))
+    _same(
+        launch.rejection_sample(drafts, num, logits, q, *sampling),
+        reference.rejection_sample(drafts, num, logits, q, *sampling),
+    )
 
 
 def test_rejection_sample_all_accepted_with_eos_inside_and_one_token_vocabulary():
@@ -72,8 +78,13 @@ def test_rejection_sample_all_accepted_with_eos_inside_and_one_token_vocabulary(
     sampling = _sampling(2, [1.0, 1.0], [0, 0], [1.0, 1.0])
     got = launch.rejection_sample(drafts, torch.tensor([3, 2]), logits, None, *sampling)
     _same(got, reference.rejection_sample(drafts, torch.tensor([3, 2]), logits, None, *sampling))
-    args = (torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 1]), torch.randn(2, 3, 1), None,
-            *_sampling(2, [1.0, 0.5], [0, 0], [1.0, 0.5]))
+    args = (
+        torch.zeros(2, 2, dtype=torch.long),
+        torch.tensor([2, 1]),
+        torch.randn(2, 3, 1),
+        None,
+        *_sampling(2, [1.0, 0.5], [0, 0], [1.0, 0.5]),
+    )
     _same(launch.rejection_sample(*args), reference.rejection_sample(*args))
 
 
@@ -114,12 +125,16 @@ def test_greedy_tree_accept_equals_the_reference():
 def _random_trees(B, N, V, seed, with_q):
     """Random topological trees (parents[i] < i), uneven num_nodes, greedy and sampled rows with every filter."""
     g = torch.Generator().manual_seed(seed)
-    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, N)])
-                           for _ in range(B)])
+    parents = torch.stack(
+        [torch.tensor([-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, N)]) for _ in range(B)]
+    )
     logits = torch.randn(B, N, V, generator=g) * 2
     q = torch.softmax(torch.randn(B, N, V, generator=g) * 2, -1) if with_q else None
-    tokens = torch.randint(V, (B, N), generator=g) if q is None else \
-        torch.multinomial(q.view(B * N, V), 1, generator=g).view(B, N)
+    tokens = (
+        torch.randint(V, (B, N), generator=g)
+        if q is None
+        else torch.multinomial(q.view(B * N, V), 1, generator=g).view(B, N)
+    )
     tokens[:, 1] = logits[:, 0].argmax(-1)  # the first child is often accepted, so walks go deep
     num_nodes = torch.randint(1, N + 1, (B,), generator=g)
     num_nodes[0] = N
@@ -145,8 +160,17 @@ def test_sampled_tree_walk_through_full_branching_replays_every_residual(with_q)
     logits = torch.randn(B, N, V, generator=g)
     logits[:, 0, 3] += 2.0  # most mass on a later sibling: the walk gets there after rejecting 0, 1, 2
     q = torch.softmax(torch.randn(B, N, V, generator=g), -1) if with_q else None
-    args = (tokens, parents, torch.full((B,), N), logits, q, torch.ones(B), torch.zeros(B, dtype=torch.long),
-            torch.ones(B), torch.arange(B, dtype=torch.long) * 31 + 3)
+    args = (
+        tokens,
+        parents,
+        torch.full((B,), N),
+        logits,
+        q,
+        torch.ones(B),
+        torch.zeros(B, dtype=torch.long),
+        torch.ones(B),
+        torch.arange(B, dtype=torch.long) * 31 + 3,
+    )
     got = launch.tree_accept(*args)
     _same(got, reference.tree_accept(*args))
     assert int((got[2][:, 1] > 1).sum()) > 0, "no row accepted a sibling after rejecting an earlier one"
@@ -159,8 +183,12 @@ def test_sampled_tree_edges_one_node_one_token_vocabulary_and_zeros_in_q():
         got = launch.tree_accept(*one_node, q, *sampled)
         _same(got, reference.tree_accept(*one_node, q, *sampled))
         assert got[0].tolist() == [0, 0] and got[2].tolist() == [[0], [0]]
-    v1 = (torch.zeros(2, 4, dtype=torch.long), torch.tensor([[-1, 0, 1, 1]] * 2), torch.tensor([4, 3]),
-          torch.randn(2, 4, 1))
+    v1 = (
+        torch.zeros(2, 4, dtype=torch.long),
+        torch.tensor([[-1, 0, 1, 1]] * 2),
+        torch.tensor([4, 3]),
+        torch.randn(2, 4, 1),
+    )
     for q in (None, torch.ones(2, 4, 1)):
         got = launch.tree_accept(*v1, q, *sampled)
         _same(got, reference.tree_accept(*v1, q, *sampled))
@@ -190,8 +218,11 @@ def test_tree_accept_over_several_vocabulary_blocks(monkeypatch):
 
 def test_compact_kv_equals_the_reference():
     cache = torch.randn(2, 3, 2, 12, 4)
-    start, path, num = torch.tensor([2, 0, 5]), torch.tensor([[0, 3, 5, -1], [0, 1, 2, 3], [0, -1, -1, -1]]), \
-        torch.tensor([2, 3, 0])
+    start, path, num = (
+        torch.tensor([2, 0, 5]),
+        torch.tensor([[0, 3, 5, -1], [0, 1, 2, 3], [0, -1, -1, -1]]),
+        torch.tensor([2, 3, 0]),
+    )
     want = cache.clone()
     reference.compact_kv(want, start, path, num)
     launch.compact_kv(cache, start, path, num)
@@ -201,14 +232,16 @@ def test_compact_kv_equals_the_reference():
 @pytest.mark.parametrize("D", [3, 80], ids=["small-head", "head-over-two-tiles"])
 def test_out_of_place_compact_kv_equals_the_reference_and_leaves_its_input(D):
     cache = torch.randn(2, 3, 2, 37, D)  # S spans several BLOCK_S tiles; D is not a power of two
-    start, path, num = torch.tensor([2, 0, 30]), torch.tensor([[0, 3, 5, -1], [0, 1, 2, 3], [0, 2, 3, -1]]), \
-        torch.tensor([2, 3, 2])
+    start, path, num = (
+        torch.tensor([2, 0, 30]),
+        torch.tensor([[0, 3, 5, -1], [0, 1, 2, 3], [0, 2, 3, -1]]),
+        torch.tensor([2, 3, 2]),
+    )
     before = cache.clone()
     want = cache.clone()
     reference.compact_kv(want, start, path, num)
     got = launch.compact_kv_out(cache, start, path, num)
     assert torch.equal(got, want) and torch.equal(cache, before)
-
 
 
 # ---- the kernels as the ahead-of-time build sizes them (plugins.aot) -------------------------------------------

@@ -15,8 +15,24 @@ ort = pytest.importorskip("onnxruntime")
 class Verify(torch.nn.Module):
     """Every op in one graph, as a target's verify graph would call them."""
 
-    def forward(self, drafts, num, logits, q, T, tk, tp, seeds, tokens, parents, num_nodes, tree_logits, cache,
-                start, confidence):
+    def forward(
+        self,
+        drafts,
+        num,
+        logits,
+        q,
+        T,
+        tk,
+        tp,
+        seeds,
+        tokens,
+        parents,
+        num_nodes,
+        tree_logits,
+        cache,
+        start,
+        confidence,
+    ):
         a, b = plugins.greedy_accept(drafts, num, logits)
         c, d = plugins.rejection_sample(drafts, num, logits, q, T, tk, tp, seeds)
         e, f = plugins.rejection_sample(drafts, num, logits, None, T, tk, tp, seeds)
@@ -42,9 +58,23 @@ def _inputs():
     tokens = torch.randint(V, (B, N), generator=g)
     tokens[:, 1] = tree_logits[:, 0].argmax(-1)
     cache = torch.randn(2, B, 2, 16, 4, generator=g)
-    return (drafts, torch.tensor([3, 3, 1, 0]), logits, q, T, tk, tp, seeds, tokens, parents,
-            torch.tensor([5, 3, 1, 5]), tree_logits, cache, torch.tensor([2, 0, 5, 11]),
-            torch.rand(B, k, generator=g))
+    return (
+        drafts,
+        torch.tensor([3, 3, 1, 0]),
+        logits,
+        q,
+        T,
+        tk,
+        tp,
+        seeds,
+        tokens,
+        parents,
+        torch.tensor([5, 3, 1, 5]),
+        tree_logits,
+        cache,
+        torch.tensor([2, 0, 5, 11]),
+        torch.rand(B, k, generator=g),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +95,9 @@ def test_every_op_is_one_custom_node_with_the_tensorrt_binding_attributes(export
             assert attrs["has_draft_probs"].i in (0, 1)
         if node.op_type == "confidence_truncate":
             assert attrs["threshold"].f == pytest.approx(0.4)
-    has_q = sorted(a.i for n in custom if n.op_type == "rejection_sample" for a in n.attribute
-                   if a.name == "has_draft_probs")
+    has_q = sorted(
+        a.i for n in custom if n.op_type == "rejection_sample" for a in n.attribute if a.name == "has_draft_probs"
+    )
     assert has_q == [0, 1]
 
 
@@ -74,11 +105,15 @@ def _tensorrt_registrations() -> dict[str, tuple[list[str], list[str]]]:
     """plugin id → (its tensor inputs, its attributes), as TensorRT's own frontend parsed plugins/tensorrt.py's
     `@trtp.register` functions (tests/plugins/trt_standin.py), for the plugins that also have an `aot_impl`."""
     with tensorrt_plugin():
-        import plugins.tensorrt  # noqa: F401 - registers every plugin
         from tensorrt.plugin._lib import QDP_REGISTRY
 
-        return {pid: (list(d.input_tensor_names), list(d.input_attrs)) for pid, d in QDP_REGISTRY.items()
-                if d.aot_impl_func is not None}
+        import plugins.tensorrt  # noqa: F401 - registers every plugin
+
+        return {
+            pid: (list(d.input_tensor_names), list(d.input_attrs))
+            for pid, d in QDP_REGISTRY.items()
+            if d.aot_impl_func is not None
+        }
 
 
 def test_every_exported_node_binds_to_a_tensorrt_plugin_with_its_inputs_and_attributes(exported):
@@ -97,14 +132,15 @@ def test_tensorrt_plugins_say_what_is_missing_without_tensorrt():
         import tensorrt  # noqa: F401
     except ImportError:
         with pytest.raises(ImportError, match=r"plugins.tensorrt needs TensorRT >= 10.9"):
-            import plugins.tensorrt  # noqa: F401
+            import plugins.tensorrt
     else:
         import plugins.tensorrt  # noqa: F401 - registers the plugins where TensorRT exists
 
 
 def test_onnx_runtime_runs_the_graph_and_equals_the_torch_ops(exported):
-    session = ort.InferenceSession(exported.SerializeToString(), onnx_ops.session_options(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        exported.SerializeToString(), onnx_ops.session_options(), providers=["CPUExecutionProvider"]
+    )
     args = _inputs()
     feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
     got = session.run(None, feeds)

@@ -28,13 +28,19 @@ def argmax_drafts_missing_at(B: int, k: int, V: int, misses: list[tuple[int, int
 
 
 def sampling(B, temperature=1.0, top_k=0, top_p=1.0, seed=0):
-    return (torch.full((B,), temperature), torch.full((B,), top_k, dtype=torch.long), torch.full((B,), top_p),
-            torch.arange(B, dtype=torch.long) + seed)
+    return (
+        torch.full((B,), temperature),
+        torch.full((B,), top_k, dtype=torch.long),
+        torch.full((B,), top_p),
+        torch.arange(B, dtype=torch.long) + seed,
+    )
 
 
 # ---- logits processing -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.9), (1.3, 50, 0.6),
-                                                     (1.0, 1, 1.0), (0.5, 0, 0.05), (1.0, 200, 0.999)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.9), (1.3, 50, 0.6), (1.0, 1, 1.0), (0.5, 0, 0.05), (1.0, 200, 0.999)],
+)
 def test_process_logits_matches_the_sort_based_filter(temperature, top_k, top_p):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 4, 200, generator=g) * 3
@@ -45,8 +51,9 @@ def test_process_logits_matches_the_sort_based_filter(temperature, top_k, top_p)
 
 def test_process_logits_rows_have_their_own_parameters_and_greedy_rows_are_one_hot():
     logits = torch.log(torch.tensor([[[0.5, 0.3, 0.15, 0.05]]])).expand(3, 1, 4).contiguous()
-    p = plugins.process_logits(logits, torch.tensor([1.0, 1.0, 0.0]), torch.tensor([2, 0, 0]),
-                               torch.tensor([1.0, 0.6, 1.0]))
+    p = plugins.process_logits(
+        logits, torch.tensor([1.0, 1.0, 0.0]), torch.tensor([2, 0, 0]), torch.tensor([1.0, 0.6, 1.0])
+    )
     torch.testing.assert_close(p[0, 0], torch.tensor([0.625, 0.375, 0.0, 0.0]))
     torch.testing.assert_close(p[1, 0], torch.tensor([0.625, 0.375, 0.0, 0.0]))  # 0.5 < 0.6: 0.3 crosses it
     assert p[2, 0].tolist() == [1.0, 0.0, 0.0, 0.0]
@@ -74,8 +81,9 @@ def test_greedy_accepts_the_longest_matching_prefix_per_row():
 
 
 def test_greedy_with_no_drafts_and_a_vocabulary_of_one():
-    num, nxt = plugins.greedy_accept(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, dtype=torch.long),
-                                     torch.randn(2, 1, 7))
+    num, nxt = plugins.greedy_accept(
+        torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, dtype=torch.long), torch.randn(2, 1, 7)
+    )
     assert num.tolist() == [0, 0]
     num, nxt = plugins.greedy_accept(torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 1]), torch.randn(2, 4, 1))
     assert num.tolist() == [3, 1] and nxt.tolist() == [0, 0]
@@ -104,8 +112,9 @@ def test_greedy_host_path_equals_the_torch_path():
         B, k, V = 1 + trial % 5, trial % 6, 3 + trial % 4  # a small vocabulary makes ties and matches common
         logits = torch.randint(0, 3, (B, k + 1, V), generator=gen).float()
         argmax = logits.argmax(-1)
-        drafts = torch.where(torch.rand(B, k, generator=gen) < 0.7, argmax[:, :k],
-                             torch.randint(0, V, (B, k), generator=gen))
+        drafts = torch.where(
+            torch.rand(B, k, generator=gen) < 0.7, argmax[:, :k], torch.randint(0, V, (B, k), generator=gen)
+        )
         num = torch.randint(0, k + 1, (B,), generator=gen)
         host, device = _greedy_accept_host(drafts, num, logits), _greedy_accept_torch(drafts, num, logits)
         assert [x.tolist() for x in host] == [x.tolist() for x in device], trial
@@ -119,7 +128,7 @@ def test_host_uniforms_are_the_tensor_paths_bits(monkeypatch):
 
     gen = torch.Generator().manual_seed(0)
     for B, n in ((1, 1), (3, 5), (8, 16), (2, 0)):
-        seeds = torch.randint(-2**63, 2**63 - 1, (B,), dtype=torch.int64, generator=gen)
+        seeds = torch.randint(-(2**63), 2**63 - 1, (B,), dtype=torch.int64, generator=gen)
         counters = torch.randint(0, 1 << 20, (B, n), generator=gen)
         host = rng.uniforms(seeds, counters)
         with monkeypatch.context() as m:
@@ -162,8 +171,7 @@ def test_rejection_sample_without_drafts_draws_what_a_row_with_no_drafts_in_a_bl
     tp = torch.tensor([1.0, 1.0, 1.0, 0.8, 0.5, 1.0])
     seeds = torch.randint(0, 2**62, (B,), generator=g)
     none = torch.zeros(B, dtype=torch.long)
-    short = reference.rejection_sample(torch.zeros(B, 0, dtype=torch.long), none, logits[:, :1], None, T, tk, tp,
-                                       seeds)
+    short = reference.rejection_sample(torch.zeros(B, 0, dtype=torch.long), none, logits[:, :1], None, T, tk, tp, seeds)
     general = reference.rejection_sample(torch.zeros(B, 1, dtype=torch.long), none, logits, None, T, tk, tp, seeds)
     assert short[0].tolist() == general[0].tolist() == [0] * B
     assert short[1].tolist() == general[1].tolist()
@@ -181,8 +189,9 @@ def test_the_recovered_token_never_is_the_rejected_draft():
     # the target never emits token 0 (top-k 2 cuts it): a draft of 0 is always rejected, the recovered token is 1 or 2
     logits = torch.log(torch.tensor([[[0.1, 0.3, 0.6], [1 / 3, 1 / 3, 1 / 3]]])).expand(50, 2, 3).contiguous()
     T, tk, tp, seeds = sampling(50, top_k=2)
-    num, nxt = plugins.rejection_sample(torch.zeros(50, 1, dtype=torch.long), torch.ones(50, dtype=torch.long),
-                                        logits, None, T, tk, tp, seeds)
+    num, nxt = plugins.rejection_sample(
+        torch.zeros(50, 1, dtype=torch.long), torch.ones(50, dtype=torch.long), logits, None, T, tk, tp, seeds
+    )
     assert num.tolist() == [0] * 50 and set(nxt.tolist()) == {1, 2}
 
 
@@ -219,14 +228,17 @@ def test_the_host_walk_draws_what_the_batched_path_draws():
         T = torch.where(torch.rand(B, generator=gen) < 0.2, 0.0, torch.rand(B, generator=gen) * 1.5 + 0.1)
         tk = torch.where(torch.rand(B, generator=gen) < 0.3, torch.randint(1, 20, (B,), generator=gen), 0)
         tp = torch.where(torch.rand(B, generator=gen) < 0.3, torch.rand(B, generator=gen) * 0.9 + 0.1, 1.0)
-        seeds = torch.randint(-2**62, 2**62, (B,), generator=gen)
+        seeds = torch.randint(-(2**62), 2**62, (B,), generator=gen)
         if trial % 2:  # drafts drawn from a q of their own
             q = torch.softmax(torch.randn(B, k, V, generator=gen) * 2, -1)
             drafts = torch.multinomial(q.view(-1, V), 1, generator=gen).view(B, k) if k else torch.zeros(B, 0).long()
         else:  # deterministic drafts, mostly the target's own argmax so that rows accept some
             q = None
-            drafts = torch.where(torch.rand(B, k, generator=gen) < 0.7, logits[:, :k].argmax(-1),
-                                 torch.randint(0, V, (B, k), generator=gen))
+            drafts = torch.where(
+                torch.rand(B, k, generator=gen) < 0.7,
+                logits[:, :k].argmax(-1),
+                torch.randint(0, V, (B, k), generator=gen),
+            )
         want = reference.rejection_sample(drafts, num, logits, q, T, tk, tp.float(), seeds)
         got = _walk(drafts, num, logits, q, T, tk, tp.float(), seeds)
         assert [x.tolist() for x in got] == [x.tolist() for x in want], trial
@@ -247,15 +259,18 @@ def test_confidence_truncate_cuts_before_the_first_weak_slot():
 
 
 # ---- bad inputs ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case,message", [
-    ("counts", r"num_draft_tokens must be in \[0, 2\]"),
-    ("shape", "k\\+1 = 3 positions"),
-    ("dtype", "draft_tokens must be torch.int64"),
-    ("token", r"token ids in \[0, 5\)"),
-    ("q", "draft_probs must be \\[B, k, V\\]"),
-    ("top_p", r"top_p must be in \(0, 1\]"),
-    ("batch", "batch sizes"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("counts", r"num_draft_tokens must be in \[0, 2\]"),
+        ("shape", "k\\+1 = 3 positions"),
+        ("dtype", "draft_tokens must be torch.int64"),
+        ("token", r"token ids in \[0, 5\)"),
+        ("q", "draft_probs must be \\[B, k, V\\]"),
+        ("top_p", r"top_p must be in \(0, 1\]"),
+        ("batch", "batch sizes"),
+    ],
+)
 def test_bad_inputs_fail_with_a_message_naming_the_input(case, message):
     drafts, num, logits = torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 1]), torch.randn(2, 3, 5)
     q = None

@@ -24,8 +24,9 @@ from tests.plugins.trt_standin import TensorIn, build_aot, tensorrt_plugin
 def trt_plugins():
     """(trt stand-in, the frontend's plugin registry, plugins.tensorrt) with every plugin registered."""
     with tensorrt_plugin() as (trt, trtp):
-        import plugins.tensorrt as ours
         from tensorrt.plugin._lib import QDP_REGISTRY
+
+        import plugins.tensorrt as ours
 
         yield SimpleNamespace(trt=trt, trtp=trtp, registry=QDP_REGISTRY, module=ours)
 
@@ -35,8 +36,10 @@ def _ptx(spec, hidden: int = 2) -> str:
     `hidden` scratch pointers its own launcher fills (third_party/nvidia/backend/compiler.py `make_llir`)."""
     n = sum(1 for kind in spec.signature.values() if kind != "constexpr") + hidden
     params = ",\n".join(f"\t.param .u64 {spec.kernel}_param_{i}" for i in range(n))
-    return (f"// {spec.stem}\n.visible .entry {spec.kernel}(\n{params}\n)\n{{\n\tld.param.u64 %rd1, "
-            f"[{spec.kernel}_param_0];\n\tret;\n}}\n")
+    return (
+        f"// {spec.stem}\n.visible .entry {spec.kernel}(\n{params}\n)\n{{\n\tld.param.u64 %rd1, "
+        f"[{spec.kernel}_param_0];\n\tret;\n}}\n"
+    )
 
 
 class _Compiled:
@@ -44,8 +47,9 @@ class _Compiled:
     scratch used)."""
 
     def __init__(self, spec):
-        self.metadata = SimpleNamespace(name=spec.kernel, num_warps=spec.num_warps, shared=96, global_scratch_size=0,
-                                        profile_scratch_size=0)
+        self.metadata = SimpleNamespace(
+            name=spec.kernel, num_warps=spec.num_warps, shared=96, global_scratch_size=0, profile_scratch_size=0
+        )
         self.asm = {"ptx": _ptx(spec)}
 
 
@@ -84,6 +88,7 @@ def test_every_op_registers_through_tensorrts_validation(trt_plugins):
 def test_tensorrts_validation_refuses_a_postponed_annotation(trt_plugins):
     """Negative control for the test above: the same registration with string annotations (what
     `from __future__ import annotations` makes of every one) fails in `_parse_register_inputs`."""
+
     def desc(logits: "trtp.TensorDesc") -> "trtp.TensorDesc":  # noqa: F821
         return logits.like()
 
@@ -116,20 +121,32 @@ def _cases():
     return {
         "greedy_accept": ([drafts, num, logits], {}, (B, 1, 1), [k, V]),
         "rejection_sample": ([drafts, num, logits, absent, *sampling], {"has_draft_probs": 0}, (B, 1, 1), [k, V]),
-        "rejection_sample q": ([drafts, num, logits, _f32(B, k, V), *sampling], {"has_draft_probs": 1}, (B, 1, 1),
-                               [k, V]),
+        "rejection_sample q": (
+            [drafts, num, logits, _f32(B, k, V), *sampling],
+            {"has_draft_probs": 1},
+            (B, 1, 1),
+            [k, V],
+        ),
         "process_logits": ([logits, *sampling[:3]], {}, (B * (k + 1), 1, 1), [k + 1, V]),
         "tree_accept": ([*tree, absent, *sampling], {"has_draft_probs": 0}, (B, 1, 1), [N, V]),
         "tree_accept q": ([*tree, _f32(B, N, V), *sampling], {"has_draft_probs": 1}, (B, 1, 1), [N, V]),
-        "compact_kv": ([_f32(L, B, H, S, D), _i64(B), torch.tensor([[0, 1, -1, -1, -1, -1]] * B), _i64(B)], {},
-                       (B, L * H, 1), [B, H, S, N, D]),
+        "compact_kv": (
+            [_f32(L, B, H, S, D), _i64(B), torch.tensor([[0, 1, -1, -1, -1, -1]] * B), _i64(B)],
+            {},
+            (B, L * H, 1),
+            [B, H, S, N, D],
+        ),
         "confidence_truncate": ([_f32(B, k), num], {"threshold": 0.25}, (B, 1, 1), [k]),
     }
 
 
 def _trt_dtype(trt, tensor):
-    return {torch.float32: trt.DataType.FLOAT, torch.int64: trt.DataType.INT64, torch.bfloat16: trt.DataType.BF16,
-            torch.float16: trt.DataType.HALF}[tensor.dtype]
+    return {
+        torch.float32: trt.DataType.FLOAT,
+        torch.int64: trt.DataType.INT64,
+        torch.bfloat16: trt.DataType.BF16,
+        torch.float16: trt.DataType.HALF,
+    }[tensor.dtype]
 
 
 def _build(trt, op, inputs, attrs, **dynamic):
@@ -182,8 +199,17 @@ def test_the_builder_gets_each_ops_shapes_launch_and_scalars(trt_plugins, compil
 
 # ---- the ahead-of-time tree and slot sizes -------------------------------------------------------------------
 def _tree_inputs(B, N, V=11):
-    return [_i64(B, N), torch.tensor([[-1] + list(range(N - 1))] * B), torch.full((B,), N), _f32(B, N, V),
-            torch.zeros(0), torch.ones(B), _i64(B), torch.ones(B), _i64(B)]
+    return [
+        _i64(B, N),
+        torch.tensor([[-1] + list(range(N - 1))] * B),
+        torch.full((B,), N),
+        _f32(B, N, V),
+        torch.zeros(0),
+        torch.ones(B),
+        _i64(B),
+        torch.ones(B),
+        _i64(B),
+    ]
 
 
 @pytest.mark.parametrize("num_nodes", [2, 16, 17, 33, 64, 65, max(AOT_NODE_BLOCKS)])
@@ -208,16 +234,20 @@ def test_tree_accept_with_a_dynamic_tree_size_is_built_for_the_profiles_largest(
 
 def test_a_tree_larger_than_every_compiled_size_is_refused(trt_plugins, compiled):
     too_many = max(AOT_NODE_BLOCKS) + 1
-    with pytest.raises(ValueError, match=rf"deepspec::tree_accept: {too_many} tree nodes .* more than the "
-                                         rf"{max(AOT_NODE_BLOCKS)} its ahead-of-time kernels are built for"):
+    with pytest.raises(
+        ValueError,
+        match=rf"deepspec::tree_accept: {too_many} tree nodes .* more than the "
+        rf"{max(AOT_NODE_BLOCKS)} its ahead-of-time kernels are built for",
+    ):
         _build(trt_plugins.trt, "tree_accept", _tree_inputs(1, too_many), {"has_draft_probs": 0})
     assert compiled == []
 
 
 @pytest.mark.parametrize("num_slots", [7, 32, 33, max(AOT_SLOT_BLOCKS)])
 def test_confidence_truncate_is_built_for_a_size_that_holds_its_slots(trt_plugins, compiled, num_slots):
-    _build(trt_plugins.trt, "confidence_truncate", [_f32(2, num_slots), torch.full((2,), num_slots)],
-           {"threshold": 0.5})
+    _build(
+        trt_plugins.trt, "confidence_truncate", [_f32(2, num_slots), torch.full((2,), num_slots)], {"threshold": 0.5}
+    )
     (spec,) = compiled
     assert spec.constexprs["BLOCK_K"] == min(b for b in AOT_SLOT_BLOCKS if b >= num_slots)
 
@@ -225,8 +255,12 @@ def test_confidence_truncate_is_built_for_a_size_that_holds_its_slots(trt_plugin
 def test_more_draft_slots_than_every_compiled_size_are_refused(trt_plugins, compiled):
     too_many = max(AOT_SLOT_BLOCKS) + 1
     with pytest.raises(ValueError, match=rf"deepspec::confidence_truncate: {too_many} draft slots"):
-        _build(trt_plugins.trt, "confidence_truncate", [_f32(1, too_many), torch.ones(1, dtype=torch.long)],
-               {"threshold": 0.5})
+        _build(
+            trt_plugins.trt,
+            "confidence_truncate",
+            [_f32(1, too_many), torch.ones(1, dtype=torch.long)],
+            {"threshold": 0.5},
+        )
     assert compiled == []
 
 
@@ -276,13 +310,22 @@ def test_the_ptx_takes_exactly_the_parameters_tensorrt_passes(tmp_path):
 
     repo_root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(tmp_path / "k.ptx")], cwd=repo_root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT, str(tmp_path / "k.ptx")],
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     raw, handed, ptxas = json.loads(done.stdout.strip().splitlines()[-1])
     assert handed == 7 <= raw
-    result = subprocess.run([ptxas, "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [ptxas, "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -290,11 +333,14 @@ def test_a_kernel_that_reads_its_scratch_pointer_is_refused():
     from plugins.aot import kernel_specs, tensorrt_ptx
 
     spec = next(s for s in kernel_specs() if s.kernel == "greedy_accept_kernel")
-    used = SimpleNamespace(metadata=SimpleNamespace(global_scratch_size=0, profile_scratch_size=0),
-                           asm={"ptx": _ptx(spec).replace("_param_0];", "_param_7];")})
+    used = SimpleNamespace(
+        metadata=SimpleNamespace(global_scratch_size=0, profile_scratch_size=0),
+        asm={"ptx": _ptx(spec).replace("_param_0];", "_param_7];")},
+    )
     with pytest.raises(ValueError, match="triton <= 3.2"):
         tensorrt_ptx(spec, used)
-    sized = SimpleNamespace(metadata=SimpleNamespace(global_scratch_size=256, profile_scratch_size=0),
-                            asm={"ptx": _ptx(spec)})
+    sized = SimpleNamespace(
+        metadata=SimpleNamespace(global_scratch_size=256, profile_scratch_size=0), asm={"ptx": _ptx(spec)}
+    )
     with pytest.raises(ValueError, match="takes 9 parameters, TensorRT launches it with 7"):
         tensorrt_ptx(spec, sized)

@@ -22,7 +22,9 @@ def test_a_chain_tree_is_greedy_accept():
     n, nxt, path = greedy_tree(tokens, parents, num + 1, logits)
     want = plugins.greedy_accept(drafts, num, logits)
     assert n.tolist() == want[0].tolist() and nxt.tolist() == want[1].tolist()
-    assert path[0].tolist() == [0, 1, 2, 3] and path[1].tolist() == [0, 1, 2, -1] and path[2].tolist() == [0, -1, -1, -1]
+    assert (
+        path[0].tolist() == [0, 1, 2, 3] and path[1].tolist() == [0, 1, 2, -1] and path[2].tolist() == [0, -1, -1, -1]
+    )
 
 
 def test_a_tree_of_one_node_commits_the_roots_argmax():

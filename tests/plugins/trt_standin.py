@@ -105,9 +105,19 @@ class PluginArgDataType(enum.Enum):
 
 
 #: the module-level dtype names (`trt.float32`, `trt.int64`, ...); `bool` would shadow the builtin here
-DTYPE_NAMES = {"float32": DataType.FLOAT, "float16": DataType.HALF, "bfloat16": DataType.BF16, "int8": DataType.INT8,
-               "int32": DataType.INT32, "int64": DataType.INT64, "uint8": DataType.UINT8, "bool": DataType.BOOL,
-               "fp8": DataType.FP8, "int4": DataType.INT4, "fp4": DataType.FP4}
+DTYPE_NAMES = {
+    "float32": DataType.FLOAT,
+    "float16": DataType.HALF,
+    "bfloat16": DataType.BF16,
+    "int8": DataType.INT8,
+    "int32": DataType.INT32,
+    "int64": DataType.INT64,
+    "uint8": DataType.UINT8,
+    "bool": DataType.BOOL,
+    "fp8": DataType.FP8,
+    "int4": DataType.INT4,
+    "fp4": DataType.FP4,
+}
 
 
 class Logger:
@@ -135,20 +145,39 @@ class _Interface:
 
 
 class IPluginV3(_Interface): ...
+
+
 class IPluginV3QuickCore(_Interface): ...
+
+
 class IPluginV3QuickBuild(_Interface): ...
+
+
 class IPluginV3QuickAOTBuild(_Interface): ...
+
+
 class IPluginV3QuickRuntime(_Interface): ...
+
+
 class IPluginCreatorV3Quick(_Interface): ...
+
+
 class ISymExpr(_Interface): ...
+
+
 class ITensor(_Interface): ...
 
 
 _EVALUATE = {
-    DimensionOperation.SUM: operator.add, DimensionOperation.PROD: operator.mul, DimensionOperation.MAX: max,
-    DimensionOperation.MIN: min, DimensionOperation.SUB: operator.sub,
-    DimensionOperation.EQUAL: lambda a, b: int(a == b), DimensionOperation.LESS: lambda a, b: int(a < b),
-    DimensionOperation.FLOOR_DIV: operator.floordiv, DimensionOperation.CEIL_DIV: lambda a, b: -(-a // b),
+    DimensionOperation.SUM: operator.add,
+    DimensionOperation.PROD: operator.mul,
+    DimensionOperation.MAX: max,
+    DimensionOperation.MIN: min,
+    DimensionOperation.SUB: operator.sub,
+    DimensionOperation.EQUAL: lambda a, b: int(a == b),
+    DimensionOperation.LESS: lambda a, b: int(a < b),
+    DimensionOperation.FLOOR_DIV: operator.floordiv,
+    DimensionOperation.CEIL_DIV: lambda a, b: -(-a // b),
 }
 
 
@@ -191,19 +220,19 @@ class Dims(list):
 
 
 class PluginTensorDesc:
-    def __init__(self, dims=(), type=DataType.FLOAT, format=TensorFormat.LINEAR, scale=1.0):  # noqa: A002
+    def __init__(self, dims=(), type=DataType.FLOAT, format=TensorFormat.LINEAR, scale=1.0):
         self.dims, self.type, self.format, self.scale = Dims(dims), type, format, scale
 
 
 class DynamicPluginTensorDesc:
     """One input or output as getLaunchParams sees it: dims with -1 where the profile leaves a size open."""
 
-    def __init__(self, desc: PluginTensorDesc, min=(), opt=(), max=()):  # noqa: A002
+    def __init__(self, desc: PluginTensorDesc, min=(), opt=(), max=()):
         self.desc, self.min, self.opt, self.max = desc, Dims(min), Dims(opt), Dims(max)
 
 
 class PluginField:
-    def __init__(self, name: str, data=None, type=PluginFieldType.UNKNOWN):  # noqa: A002
+    def __init__(self, name: str, data=None, type=PluginFieldType.UNKNOWN):
         self.name, self.data, self.type = name, data, type
 
 
@@ -245,11 +274,31 @@ class _PluginRegistry:
 
 #: what the stand-in `tensorrt` module holds: the C extension's names the plugin package reads
 C_EXTENSION_NAMES = (
-    "DataType", "PluginFieldType", "DimensionOperation", "TensorFormat", "QuickPluginCreationRequest",
-    "TensorRTPhase", "PluginArgType", "PluginArgDataType", "Logger", "IPluginV3", "IPluginV3QuickCore",
-    "IPluginV3QuickBuild", "IPluginV3QuickAOTBuild", "IPluginV3QuickRuntime", "IPluginCreatorV3Quick", "ISymExpr",
-    "ITensor", "IDimensionExpr", "IExprBuilder", "DimsExprs", "Dims", "PluginTensorDesc", "DynamicPluginTensorDesc",
-    "PluginField", "PluginFieldCollection",
+    "DataType",
+    "PluginFieldType",
+    "DimensionOperation",
+    "TensorFormat",
+    "QuickPluginCreationRequest",
+    "TensorRTPhase",
+    "PluginArgType",
+    "PluginArgDataType",
+    "Logger",
+    "IPluginV3",
+    "IPluginV3QuickCore",
+    "IPluginV3QuickBuild",
+    "IPluginV3QuickAOTBuild",
+    "IPluginV3QuickRuntime",
+    "IPluginCreatorV3Quick",
+    "ISymExpr",
+    "ITensor",
+    "IDimensionExpr",
+    "IExprBuilder",
+    "DimsExprs",
+    "Dims",
+    "PluginTensorDesc",
+    "DynamicPluginTensorDesc",
+    "PluginField",
+    "PluginFieldCollection",
 )
 
 
@@ -269,8 +318,10 @@ def tensorrt_plugin():
     imported inside it and is dropped again on exit."""
     spec = importlib.util.find_spec("tensorrt_bindings")  # finds the package without running its __init__
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"TensorRT's Python plugin package comes with the {WHEEL} wheel, which is not installed: "
-                           "pip install -e '.[test]' (make test does)")
+        raise RuntimeError(
+            f"TensorRT's Python plugin package comes with the {WHEEL} wheel, which is not installed: "
+            "pip install -e '.[test]' (make test does)"
+        )
     import plugins
 
     def ours(name: str) -> bool:
@@ -326,8 +377,9 @@ def _field(name: str, value) -> PluginField:
     return PluginField(name, np.array([value], np.int64), PluginFieldType.INT64)
 
 
-def build_aot(trt: types.ModuleType, plugin_id: str, inputs: list[TensorIn], attrs: dict,
-              tactic: int = 0) -> BuiltPlugin:
+def build_aot(
+    trt: types.ModuleType, plugin_id: str, inputs: list[TensorIn], attrs: dict, tactic: int = 0
+) -> BuiltPlugin:
     namespace, name = plugin_id.split("::")
     creator = trt.get_plugin_registry().get_creator(name, "1", namespace)
     assert creator is not None, f"{plugin_id} is not in TensorRT's plugin registry"
@@ -350,10 +402,17 @@ def build_aot(trt: types.ModuleType, plugin_id: str, inputs: list[TensorIn], att
     plugin.set_tactic(tactic)
     launch, scalars = IKernelLaunchParams(), ISymExprs()
     plugin.get_launch_params(in_exprs, in_out, len(inputs), launch, scalars, builder)
-    kernel_name, ptx = plugin.get_kernel([d.desc for d in in_out[:len(inputs)]], [d.desc for d in in_out[len(inputs):]])
+    kernel_name, ptx = plugin.get_kernel(
+        [d.desc for d in in_out[: len(inputs)]], [d.desc for d in in_out[len(inputs) :]]
+    )
     return BuiltPlugin(
-        output_dtypes=list(output_dtypes), output_shapes=output_shapes,
+        output_dtypes=list(output_dtypes),
+        output_shapes=output_shapes,
         grid=(launch.grid_x.expr.value, launch.grid_y.expr.value, launch.grid_z.expr.value),
         block=(launch.block_x.expr.value, launch.block_y.expr.value, launch.block_z.expr.value),
-        shared_mem=launch.shared_mem.expr.value, scalars=[s.expr.value for s in scalars],
-        scalar_types=[s.dtype for s in scalars], kernel_name=kernel_name, ptx=ptx)
+        shared_mem=launch.shared_mem.expr.value,
+        scalars=[s.expr.value for s in scalars],
+        scalar_types=[s.dtype for s in scalars],
+        kernel_name=kernel_name,
+        ptx=ptx,
+    )

@@ -13,8 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -35,8 +35,13 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "service", *self.args], cwd=REPO, env=self.env,
-                                     stdout=self._log, stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service", *self.args],
+            cwd=REPO,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         return self
 
     def log(self) -> str:
@@ -77,9 +82,23 @@ class Worker(ServerProcess):
         self.port = port or free_port()
         self.metrics_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
-        super().__init__(["worker", "--target", "stub", "--host", "127.0.0.1", "--port", str(self.port),
-                          "--metrics-port", str(self.metrics_port), "--drain-timeout-s", "2", *extra],
-                         tmp / f"{name}-{self.port}.log")  # fmt: skip
+        super().__init__(
+            [
+                "worker",
+                "--target",
+                "stub",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--metrics-port",
+                str(self.metrics_port),
+                "--drain-timeout-s",
+                "2",
+                *extra,
+            ],
+            tmp / f"{name}-{self.port}.log",
+        )
 
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Worker:
         import tritonclient.grpc as triton
@@ -97,9 +116,26 @@ class Gateway(ServerProcess):
     def __init__(self, tmp: Path, workers: str, *extra: str, env: dict | None = None):
         self.http_port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
-        super().__init__(["gateway", "--workers", workers, "--host", "127.0.0.1", "--http-port", str(self.http_port),
-                          "--grpc-port", str(self.grpc_port), "--drain-timeout-s", "5", "--health-interval-s", "0.3",
-                          *extra], tmp / f"gateway-{self.http_port}.log", env)  # fmt: skip
+        super().__init__(
+            [
+                "gateway",
+                "--workers",
+                workers,
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.http_port),
+                "--grpc-port",
+                str(self.grpc_port),
+                "--drain-timeout-s",
+                "5",
+                "--health-interval-s",
+                "0.3",
+                *extra,
+            ],
+            tmp / f"gateway-{self.http_port}.log",
+            env,
+        )
 
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Gateway:
         self.wait_until(lambda: httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200, timeout_s)
@@ -136,8 +172,9 @@ async def in_process_gateway(workers: str, what: str, client_timeout_s: float = 
             await asyncio.sleep(0.02)
         app = create_app(state=state)
         app.state.gateway = state  # what the lifespan sets; httpx's ASGI transport does not run it
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway",
-                                     timeout=client_timeout_s) as client:  # fmt: skip
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=client_timeout_s
+        ) as client:
             yield client, state
     finally:
         await state.pool.stop()

@@ -21,15 +21,19 @@ import json
 import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from deepspec_protocol import worker as p
 from deepspec_protocol import tensors
-from service.gateway.signature import DEEPSPEC_WORKER
+from deepspec_protocol import worker as p
 from deepspec_protocol.token_scores import TokenScore, add_scores
+from service.gateway.signature import DEEPSPEC_WORKER
 
 MODEL = "fake"
-_CONFIG_DATATYPES = {"BYTES": model_config_pb2.TYPE_STRING, "INT32": model_config_pb2.TYPE_INT32,
-                     "BOOL": model_config_pb2.TYPE_BOOL, "FP32": model_config_pb2.TYPE_FP32,
-                     "UINT64": model_config_pb2.TYPE_UINT64}  # fmt: skip
+_CONFIG_DATATYPES = {
+    "BYTES": model_config_pb2.TYPE_STRING,
+    "INT32": model_config_pb2.TYPE_INT32,
+    "BOOL": model_config_pb2.TYPE_BOOL,
+    "FP32": model_config_pb2.TYPE_FP32,
+    "UINT64": model_config_pb2.TYPE_UINT64,
+}
 
 
 def words(seed: int, max_tokens: int) -> list[str]:
@@ -69,12 +73,18 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request, context):
         config = model_config_pb2.ModelConfig(
-            name=MODEL, platform=p.WORKER_PLATFORM, max_batch_size=0,
+            name=MODEL,
+            platform=p.WORKER_PLATFORM,
+            max_batch_size=0,
             model_transaction_policy=model_config_pb2.ModelTransactionPolicy(decoupled=True),
-            input=[model_config_pb2.ModelInput(name=name, data_type=_CONFIG_DATATYPES[slot.datatype],
-                                               dims=slot.dims, optional=slot.optional)
-                   for name, slot in DEEPSPEC_WORKER.inputs.items()
-                   if self.takes_n or name != p.NUM_RETURN_SEQUENCES])  # fmt: skip
+            input=[
+                model_config_pb2.ModelInput(
+                    name=name, data_type=_CONFIG_DATATYPES[slot.datatype], dims=slot.dims, optional=slot.optional
+                )
+                for name, slot in DEEPSPEC_WORKER.inputs.items()
+                if self.takes_n or name != p.NUM_RETURN_SEQUENCES
+            ],
+        )
         config.parameters[p.MAX_SEQ_LEN_PARAM].string_value = "4096"
         return service_pb2.ModelConfigResponse(config=config)
 
@@ -105,16 +115,27 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
         for step in range(max(len(ws) for ws in sequences.values())):
             for index, ws in sequences.items():
                 if step < len(ws):
-                    responses.append(_response(request, inputs, index, ws[step: step + 1], step + 1,
-                                               step + 1 == len(ws), prompt=not responses))  # fmt: skip
+                    responses.append(
+                        _response(
+                            request,
+                            inputs,
+                            index,
+                            ws[step : step + 1],
+                            step + 1,
+                            step + 1 == len(ws),
+                            prompt=not responses,
+                        )
+                    )
         _set_final(responses)
         return responses
 
     def _whole(self, request, inputs) -> list[service_pb2.ModelInferResponse]:
         """One response per sequence, with its whole text, in the order the sequences finish (shortest first)."""
         sequences = sorted(_sequences(inputs).items(), key=lambda item: (len(item[1]), -item[0]))
-        responses = [_response(request, inputs, index, ws, len(ws), True, prompt=i == 0)
-                     for i, (index, ws) in enumerate(sequences)]  # fmt: skip
+        responses = [
+            _response(request, inputs, index, ws, len(ws), True, prompt=i == 0)
+            for i, (index, ws) in enumerate(sequences)
+        ]
         _set_final(responses)
         return responses
 
@@ -137,8 +158,9 @@ def _sequences(inputs: dict[str, list]) -> dict[int, list[str]]:
     return {index: words(_seed(inputs, index), max_tokens) for index in range(n)}
 
 
-def _response(request, inputs, index: int, ws: list[str], num_output_tokens: int, last: bool,
-              prompt: bool) -> service_pb2.ModelInferResponse:  # fmt: skip
+def _response(
+    request, inputs, index: int, ws: list[str], num_output_tokens: int, last: bool, prompt: bool
+) -> service_pb2.ModelInferResponse:
     """Sequence `index`'s response carrying the words `ws`; `prompt`: the request's first, with the prompt's table."""
     response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
     tensors.add_output(response, p.TEXT_OUTPUT, "".join(ws))
@@ -152,8 +174,9 @@ def _response(request, inputs, index: int, ws: list[str], num_output_tokens: int
         add_scores(response, p.OUTPUT_SCORES, [TokenScore(w, 7, -0.5) for w in ws])
     if prompt and p.EXTRA_PROMPT_LOGPROBS in inputs:
         text = _prompt(inputs)
-        add_scores(response, p.PROMPT_SCORES, [TokenScore(c, ord(c), None if i == 0 else -1.0)
-                                               for i, c in enumerate(text)])  # fmt: skip
+        add_scores(
+            response, p.PROMPT_SCORES, [TokenScore(c, ord(c), None if i == 0 else -1.0) for i, c in enumerate(text)]
+        )
     return response
 
 

@@ -66,8 +66,10 @@ def test_keys_of_one_class_share_the_tokens_by_their_weights():
 
     async def main():
         queue, served = _queue(), {"light": 0, "heavy": 0}
-        policies = {"light": KeyPolicy(service_class="batch", weight=1), "heavy": KeyPolicy(service_class="batch",
-                                                                                            weight=3)}
+        policies = {
+            "light": KeyPolicy(service_class="batch", weight=1),
+            "heavy": KeyPolicy(service_class="batch", weight=3),
+        }
 
         async def request(caller):
             ticket = queue.ticket(caller, policies[caller], 100)
@@ -195,8 +197,11 @@ def test_each_keys_class_reaches_the_worker_and_labels_its_acceptance_metrics(tm
         worker.wait_ready()
         gw.wait_ready()
         for key in ("sk-chat", "sk-bulk"):
-            response = httpx.post(f"{gw.url}/v1/completions", headers={"authorization": f"Bearer {key}"},
-                                  json={"prompt": "Hello", "max_tokens": 24, "temperature": 0})  # fmt: skip
+            response = httpx.post(
+                f"{gw.url}/v1/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json={"prompt": "Hello", "max_tokens": 24, "temperature": 0},
+            )
             assert response.status_code == 200, response.text
         assert httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x"}).status_code == 401  # keys are keys
         text = worker.metrics()

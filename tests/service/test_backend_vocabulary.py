@@ -27,8 +27,9 @@ def test_backend_is_the_flag_and_the_variable(monkeypatch):
 
 
 def test_the_old_engine_flag_still_works_and_names_the_new_one():
-    with pytest.warns(FutureWarning, match="--engine / DEEPSPEC_WORKER_ENGINE is deprecated: use --backend / "
-                                           "DEEPSPEC_WORKER_BACKEND"):
+    with pytest.warns(
+        FutureWarning, match="--engine / DEEPSPEC_WORKER_ENGINE is deprecated: use --backend / DEEPSPEC_WORKER_BACKEND"
+    ):
         worker = parse_config(["worker", "--engine", "pytorch"]).worker
     assert (worker.backend, worker.engine) == ("pytorch", None)
 
@@ -49,17 +50,22 @@ def test_old_and_new_names_that_disagree_are_refused(capsys):
 def test_the_old_engine_dir_flag_is_the_bundle_dir(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    (bundle / "manifest.json").write_text('{"format": "pytorch", "target": "stub", "draft": "none", '
-                                          '"dtype": "float32"}')
-    with pytest.warns(FutureWarning, match="--engine-dir / DEEPSPEC_WORKER_ENGINE_DIR is deprecated: use "
-                                           "--bundle-dir / DEEPSPEC_WORKER_BUNDLE_DIR"):
+    (bundle / "manifest.json").write_text(
+        '{"format": "pytorch", "target": "stub", "draft": "none", "dtype": "float32"}'
+    )
+    with pytest.warns(
+        FutureWarning,
+        match="--engine-dir / DEEPSPEC_WORKER_ENGINE_DIR is deprecated: use --bundle-dir / DEEPSPEC_WORKER_BUNDLE_DIR",
+    ):
         worker = parse_config(["worker", "--engine-dir", str(bundle)]).worker
     assert worker.bundle_dir == bundle and worker.target == "stub" and worker.engine_dir is None
     assert parse_config(["worker", "--bundle-dir", str(bundle)]).worker.draft == "none"
 
 
-@pytest.mark.parametrize("backend, weights", [("native", "none"), ("native", "gguf"), ("pytorch", "int8"),
-                                              ("pytorch", "int4"), ("onnx", "gguf")])
+@pytest.mark.parametrize(
+    "backend, weights",
+    [("native", "none"), ("native", "gguf"), ("pytorch", "int8"), ("pytorch", "int4"), ("onnx", "gguf")],
+)
 def test_a_weight_format_the_backend_does_not_take_is_refused(backend, weights, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_config(["worker", "--backend", backend, "--quantization", weights])
@@ -67,8 +73,17 @@ def test_a_weight_format_the_backend_does_not_take_is_refused(backend, weights, 
     assert f"weight format '{weights}' does not apply to the {backend} backend" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("backend, weights", [("native", "int8"), ("native", "int4"), ("pytorch", "gguf"),
-                                              ("pytorch", "none"), ("onnx", "int4"), ("onnx", "none")])
+@pytest.mark.parametrize(
+    "backend, weights",
+    [
+        ("native", "int8"),
+        ("native", "int4"),
+        ("pytorch", "gguf"),
+        ("pytorch", "none"),
+        ("onnx", "int4"),
+        ("onnx", "none"),
+    ],
+)
 def test_a_weight_format_the_backend_takes_is_kept(backend, weights):
     assert parse_config(["worker", "--backend", backend, "--quantization", weights]).worker.quantization == weights
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from service.worker.settings import WorkerSettings
 from service.worker.bundle import BundleError, BundleManifest, read_bundle
+from service.worker.settings import WorkerSettings
 from tests.service.conftest import REPO, Worker
 
 
@@ -25,8 +25,9 @@ def engine_dir(tmp_path, manifest: dict | str, *subdirs: str):
 
 
 def test_pytorch_engine_resolves_paths_against_the_dir(tmp_path):
-    d = engine_dir(tmp_path, {"format": "pytorch", "target": "target", "draft": "draft", "dtype": "bfloat16"},
-                   "target", "draft")  # fmt: skip
+    d = engine_dir(
+        tmp_path, {"format": "pytorch", "target": "target", "draft": "draft", "dtype": "bfloat16"}, "target", "draft"
+    )
     assert read_bundle(d) == BundleManifest("pytorch", str(d / "target"), str(d / "draft"), "bfloat16")
 
 
@@ -41,27 +42,36 @@ def test_aliases_keywords_and_absolute_paths_pass_through(tmp_path):
         assert read_bundle(d).draft == draft
 
 
-@pytest.mark.parametrize("fmt, says", [("vllm", "vllm serve"), ("sglang", "launch/sglang.sh"),
-                                       ("tensorrt-llm", "worker.runtime=triton"),
-                                       ("triton-repo", "tritonserver")])  # fmt: skip
+@pytest.mark.parametrize(
+    "fmt, says",
+    [
+        ("vllm", "vllm serve"),
+        ("sglang", "launch/sglang.sh"),
+        ("tensorrt-llm", "worker.runtime=triton"),
+        ("triton-repo", "tritonserver"),
+    ],
+)
 def test_engines_for_other_runtimes_are_refused_with_the_way_out(tmp_path, fmt, says):
     d = engine_dir(tmp_path, {"format": fmt, "target": "smollm2-135m", "draft": "none", "dtype": "float32"})
     with pytest.raises(BundleError, match=says):
         read_bundle(d)
 
 
-@pytest.mark.parametrize("manifest, says", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ({"target": "stub"}, "missing or empty format"),
-    ({"format": "pytorch", "target": ""}, "missing or empty target"),
-    ({"format": "gguf", "target": "stub"}, r"unknown format 'gguf' \(known: pytorch, deepspec, onnx"),
-    ({"format": "pytorch", "target": "stub", "dtype": "float16"}, "dtype 'float16'"),
-    ({"format": "pytorch", "target": "stub", "draft": 3}, "draft must be"),
-    ({"format": "pytorch", "target": "stub", "draft": "draft"}, "draft 'draft' does not exist"),
-    ({"format": "pytorch", "target": "./weights"}, "target './weights' does not exist"),
-    ({"format": "pytorch", "target": "/nowhere/model.gguf"}, "does not exist"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "manifest, says",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ({"target": "stub"}, "missing or empty format"),
+        ({"format": "pytorch", "target": ""}, "missing or empty target"),
+        ({"format": "gguf", "target": "stub"}, r"unknown format 'gguf' \(known: pytorch, deepspec, onnx"),
+        ({"format": "pytorch", "target": "stub", "dtype": "float16"}, "dtype 'float16'"),
+        ({"format": "pytorch", "target": "stub", "draft": 3}, "draft must be"),
+        ({"format": "pytorch", "target": "stub", "draft": "draft"}, "draft 'draft' does not exist"),
+        ({"format": "pytorch", "target": "./weights"}, "target './weights' does not exist"),
+        ({"format": "pytorch", "target": "/nowhere/model.gguf"}, "does not exist"),
+    ],
+)
 def test_malformed_manifests_name_the_problem(tmp_path, manifest, says):
     with pytest.raises(BundleError, match=says):
         read_bundle(engine_dir(tmp_path, manifest))
@@ -75,8 +85,9 @@ def test_missing_dir_or_manifest(tmp_path):
 
 
 def test_flags_win_over_the_manifest(tmp_path):
-    d = engine_dir(tmp_path, {"format": "pytorch", "target": "target", "draft": "prompt-lookup", "dtype": "bfloat16"},
-                   "target")  # fmt: skip
+    d = engine_dir(
+        tmp_path, {"format": "pytorch", "target": "target", "draft": "prompt-lookup", "dtype": "bfloat16"}, "target"
+    )
     s = WorkerSettings(bundle_dir=d)
     assert (s.target, s.draft, s.dtype) == (str(d / "target"), "prompt-lookup", "bfloat16")
     s = WorkerSettings(bundle_dir=d, draft="none", dtype="float32")
@@ -86,8 +97,9 @@ def test_flags_win_over_the_manifest(tmp_path):
 
 def test_cli_exits_non_zero_with_the_reason(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "service", "worker", *args], cwd=REPO, capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "service", "worker", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
 
     out = run("--bundle-dir", str(tmp_path / "absent"))
     assert out.returncode == 2 and "--bundle-dir" in out.stderr and "no such directory" in out.stderr

@@ -29,14 +29,30 @@ def _chat_inputs(max_tokens: int) -> list[triton.InferInput]:
         t.set_data_from_numpy(array)
         return t
 
-    return [tensor(p.TEXT_INPUT, np.array([[b""]], dtype=object), "BYTES"),
-            tensor(p.EXTRA_MESSAGES_JSON, np.array([[json.dumps(MESSAGES).encode()]], dtype=object), "BYTES"),
-            tensor(p.MAX_TOKENS, np.array([[max_tokens]], dtype=np.int32), "INT32")]
+    return [
+        tensor(p.TEXT_INPUT, np.array([[b""]], dtype=object), "BYTES"),
+        tensor(p.EXTRA_MESSAGES_JSON, np.array([[json.dumps(MESSAGES).encode()]], dtype=object), "BYTES"),
+        tensor(p.MAX_TOKENS, np.array([[max_tokens]], dtype=np.int32), "INT32"),
+    ]
 
 
 def _serve(tmp_path, *extra: str) -> Worker:
-    return Worker(tmp_path, "--target", MODEL, "--dtype", "float32", "--quantization", "none", "--draft", "none",
-                  "--max-seq-len", "256", "--max-batch-size", "1", *extra).start()
+    return Worker(
+        tmp_path,
+        "--target",
+        MODEL,
+        "--dtype",
+        "float32",
+        "--quantization",
+        "none",
+        "--draft",
+        "none",
+        "--max-seq-len",
+        "256",
+        "--max-batch-size",
+        "1",
+        *extra,
+    ).start()
 
 
 def test_gemma3_worker_answers_chat_with_the_builtin_template(tmp_path):
@@ -47,10 +63,12 @@ def test_gemma3_worker_answers_chat_with_the_builtin_template(tmp_path):
 
     _, path, _ = resolve_target_dir(MODEL)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False,
-                                         chat_template=resolve_chat_template("gemma3"))
-    assert text == ("<bos><start_of_turn>user\nAnswer with one number.\n\nWhat is 2 + 3?<end_of_turn>\n"
-                    "<start_of_turn>model\n")
+    text = tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=False, chat_template=resolve_chat_template("gemma3")
+    )
+    assert text == (
+        "<bos><start_of_turn>user\nAnswer with one number.\n\nWhat is 2 + 3?<end_of_turn>\n<start_of_turn>model\n"
+    )
     expected_prompt_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     worker = _serve(tmp_path, "--chat-template", "gemma3")
@@ -64,4 +82,3 @@ def test_gemma3_worker_answers_chat_with_the_builtin_template(tmp_path):
         client.close()
     finally:
         worker.terminate()
-

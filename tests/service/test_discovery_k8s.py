@@ -22,21 +22,24 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from service.gateway.discovery_k8s import SERVICE_NAME_LABEL, KubeAPI, ServiceRef, ready_addresses
 from service.gateway.routing import WorkerPool, discovery_for
-from service.metrics import GatewayMetrics
 from service.gateway.settings import GatewaySettings
+from service.metrics import GatewayMetrics
 from tests.ports import free_port
 from tests.service.conftest import Gateway, Worker
 
 NAMESPACE, SERVICE = "test-ns", "deepspec-worker"
 
 
-def endpoint_slice(name: str, ready: dict[str, bool | None], port: int = 8001, port_name: str = "grpc",
-                   address_type: str = "IPv4") -> dict:  # fmt: skip
+def endpoint_slice(
+    name: str, ready: dict[str, bool | None], port: int = 8001, port_name: str = "grpc", address_type: str = "IPv4"
+) -> dict:
     """An EndpointSlice of the worker Service; `ready` maps each pod IP to conditions.ready (None = absent)."""
-    return {"metadata": {"name": name, "namespace": NAMESPACE, "labels": {SERVICE_NAME_LABEL: SERVICE}},
-            "addressType": address_type, "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [ip], "conditions": {} if r is None else {"ready": r}}
-                          for ip, r in ready.items()]}  # fmt: skip
+    return {
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {SERVICE_NAME_LABEL: SERVICE}},
+        "addressType": address_type,
+        "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip], "conditions": {} if r is None else {"ready": r}} for ip, r in ready.items()],
+    }
 
 
 class FakeKubeAPI:
@@ -52,8 +55,9 @@ class FakeKubeAPI:
         self._loop: asyncio.AbstractEventLoop | None = None
         app = FastAPI()
         app.get("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices")(self._endpointslices)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=1))  # fmt: skip
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1)
+        )
         self._thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> FakeKubeAPI:
@@ -120,8 +124,10 @@ class FakeKubeAPI:
     def _compact(self, error_event: bool) -> None:
         self.oldest_rv = self.rv + 1
         self.history.clear()
-        gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
-                                            "message": "too old resource version"}}  # fmt: skip
+        gone = {
+            "type": "ERROR",
+            "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"},
+        }
         for queue in self._watches:
             if error_event:
                 queue.put_nowait(gone)
@@ -134,8 +140,11 @@ class FakeKubeAPI:
         if params.get("labelSelector") != f"{SERVICE_NAME_LABEL}={SERVICE}" or namespace != NAMESPACE:
             return {"kind": "EndpointSliceList", "metadata": {"resourceVersion": str(self.rv)}, "items": []}
         if params.get("watch") != "true":
-            return {"kind": "EndpointSliceList", "metadata": {"resourceVersion": str(self.rv)},
-                    "items": list(self.slices.values())}  # fmt: skip
+            return {
+                "kind": "EndpointSliceList",
+                "metadata": {"resourceVersion": str(self.rv)},
+                "items": list(self.slices.values()),
+            }
         since = int(params["resourceVersion"])
         if since < self.oldest_rv:
             return JSONResponse({"kind": "Status", "code": 410, "reason": "Expired"}, status_code=410)
@@ -237,8 +246,9 @@ def test_pool_follows_list_watch_resume_and_relist(kube: FakeKubeAPI):
     kube.emit("ADDED", endpoint_slice("w-a", {"127.0.0.2": True, "127.0.0.3": False}, port=1))
 
     async def main():
-        pool = WorkerPool(f"k8s://{SERVICE}.{NAMESPACE}:grpc", GatewayMetrics(), health_interval_s=60,
-                          k8s_api_url=kube.url)  # fmt: skip
+        pool = WorkerPool(
+            f"k8s://{SERVICE}.{NAMESPACE}:grpc", GatewayMetrics(), health_interval_s=60, k8s_api_url=kube.url
+        )
         await pool.start()
 
         def addresses(*want):
@@ -270,8 +280,10 @@ def test_pool_follows_list_watch_resume_and_relist(kube: FakeKubeAPI):
             assert len(kube.requests) - len(kube.watch_requests()) == 1  # still one list
 
             # 410 Gone as an ERROR event in the stream, then as the response: list again, both times.
-            for error_event, w_b_ready, want in ((True, False, ["127.0.0.5:1"]),
-                                                 (False, True, ["127.0.0.4:1", "127.0.0.5:1"])):  # fmt: skip
+            for error_event, w_b_ready, want in (
+                (True, False, ["127.0.0.5:1"]),
+                (False, True, ["127.0.0.4:1", "127.0.0.5:1"]),
+            ):
                 num_lists = len(kube.requests) - len(kube.watch_requests())
                 kube.compact(error_event=error_event)
                 kube.emit("MODIFIED", endpoint_slice("w-b", {"127.0.0.4": w_b_ready}, port=1))
@@ -285,8 +297,12 @@ def test_pool_follows_list_watch_resume_and_relist(kube: FakeKubeAPI):
 
 def test_watcher_survives_an_unreachable_api_and_keeps_its_workers():
     async def main():
-        pool = WorkerPool(f"k8s://{SERVICE}.{NAMESPACE}:grpc", GatewayMetrics(), health_interval_s=60,
-                          k8s_api_url=f"http://127.0.0.1:{free_port()}")  # fmt: skip
+        pool = WorkerPool(
+            f"k8s://{SERVICE}.{NAMESPACE}:grpc",
+            GatewayMetrics(),
+            health_interval_s=60,
+            k8s_api_url=f"http://127.0.0.1:{free_port()}",
+        )
         await pool.start()
         await asyncio.sleep(0.3)
         assert pool.endpoints == {} and not any(t.done() for t in pool._tasks)  # retrying with backoff
@@ -301,8 +317,9 @@ def test_watcher_survives_an_unreachable_api_and_keeps_its_workers():
 def test_gateway_routes_to_workers_from_endpointslices(tmp_path, kube: FakeKubeAPI):
     worker = Worker(tmp_path).start().wait_ready()
     kube.emit("ADDED", endpoint_slice("w-a", {"127.0.0.1": True}, port=worker.port))
-    gw = Gateway(tmp_path, f"{SERVICE}.{NAMESPACE}:grpc", "--discovery", "endpointslices",
-                 "--k8s-api-url", kube.url).start()  # fmt: skip
+    gw = Gateway(
+        tmp_path, f"{SERVICE}.{NAMESPACE}:grpc", "--discovery", "endpointslices", "--k8s-api-url", kube.url
+    ).start()
     try:
         gw.wait_ready()
         r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 3})

@@ -32,7 +32,7 @@ def _stream(url: str, max_tokens: int, out: dict, ended: dict, key: int) -> None
                 if line == "data: [DONE]":
                     record["done"] = True
                     continue
-                event = json.loads(line[len("data: "):])
+                event = json.loads(line[len("data: ") :])
                 if "error" in event:
                     record["error"] = event["error"]
                 for choice in event.get("choices", []):
@@ -82,8 +82,9 @@ def test_sigterm_finishes_every_stream_in_flight_inside_the_drain_budget(tmp_pat
         elapsed = time.monotonic() - t0
         assert min(ended.values()) > t0  # every stream was still in flight when SIGTERM came
         # Nothing cut: every stream ran to its max_tokens, sent its usage and [DONE], with no error event.
-        assert results == {i: {"status": 200, "finish": "length", "tokens": MAX_TOKENS, "done": True, "error": None}
-                           for i in range(4)}
+        assert results == {
+            i: {"status": 200, "finish": "length", "tokens": MAX_TOKENS, "done": True, "error": None} for i in range(4)
+        }
         assert elapsed < DRAIN_S  # the gateway left as soon as its streams were done, inside the budget
     finally:
         gw.terminate()

@@ -15,9 +15,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    server = ServerProcess(["--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                            "--metrics-port", str(metrics_port)],
-                           tmp_path_factory.mktemp("embedded") / "embedded.log").start()  # fmt: skip
+    server = ServerProcess(
+        [
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        tmp_path_factory.mktemp("embedded") / "embedded.log",
+    ).start()
     url = f"http://127.0.0.1:{http_port}"
     try:
         server.wait_until(lambda: httpx.get(f"{url}/health/ready", timeout=2).status_code == 200, 600)
@@ -32,8 +42,16 @@ def test_embedded_default_serves_the_default_target_with_a_draft(embedded):
     assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
     messages = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
     whole = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0)
-    chunks = list(client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2-135m",
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert whole.choices[0].message.content == streamed and streamed  # greedy: same text either way
     assert whole.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 10  # chat template tokens included
@@ -61,14 +79,20 @@ def test_embedded_greedy_output_is_the_same_with_speculation_on_capped_and_off(e
     messages = [{"role": "user", "content": "List the first five prime numbers, separated by commas."}]
 
     def drafted() -> float:
-        return metric_value(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text,
-                            "deepspec:spec_decode_num_draft_tokens_total")  # fmt: skip
+        return metric_value(
+            httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text, "deepspec:spec_decode_num_draft_tokens_total"
+        )
 
     texts, draft_tokens = {}, {}
     for mode, speculation in {"auto": {}, "capped": {"max_draft_tokens": 2}, "off": {"mode": "off"}}.items():
         before = drafted()
-        reply = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=32, temperature=0,
-                                               extra_body={"speculation": speculation})  # fmt: skip
+        reply = client.chat.completions.create(
+            model="smollm2-135m",
+            messages=messages,
+            max_tokens=32,
+            temperature=0,
+            extra_body={"speculation": speculation},
+        )
         texts[mode], draft_tokens[mode] = reply.choices[0].message.content, drafted() - before
     assert texts["auto"] and texts["auto"] == texts["capped"] == texts["off"]
     assert draft_tokens["auto"] > 0 and draft_tokens["capped"] > 0 and draft_tokens["off"] == 0

@@ -36,7 +36,8 @@ def test_each_kind_carries_its_statuses(kind, http, type_, grpc_status):
 
 def test_a_kind_must_name_all_three_statuses():
     with pytest.raises(TypeError):
-        class Incomplete(errors.ServiceError, http=418):  # noqa: F841
+
+        class Incomplete(errors.ServiceError, http=418):
             pass
 
 

@@ -10,14 +10,14 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from deepspec.decoding import SpecEngine  # noqa: E402
-from deepspec.decoding.verify_budget import modelled_tokens_per_second  # noqa: E402
-from export.onnx.auto_quantization import AUTO_CANDIDATES  # noqa: E402
-from service.worker import fastest_backend  # noqa: E402
-from service.worker.fastest_backend import CHOICE_FILE, choose_backend, describe_cached_choice  # noqa: E402
-from service.worker.settings import WorkerSettings  # noqa: E402
-from tests.export.conftest import write_hf_target  # noqa: E402
-from tests.neighbours import set_neighbours  # noqa: E402
+from deepspec.decoding import SpecEngine
+from deepspec.decoding.verify_budget import modelled_tokens_per_second
+from export.onnx.auto_quantization import AUTO_CANDIDATES
+from service.worker import fastest_backend
+from service.worker.fastest_backend import CHOICE_FILE, choose_backend, describe_cached_choice
+from service.worker.settings import WorkerSettings
+from tests.export.conftest import write_hf_target
+from tests.neighbours import set_neighbours
 
 HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 #: the engines auto weighs here: the PyTorch engine, the ONNX export and the native decoder (gcc is on CI's machine)
@@ -42,8 +42,9 @@ def cache(tmp_path, monkeypatch):
 
 
 def _settings(target_dir, **kw) -> WorkerSettings:
-    return WorkerSettings(**{"target": str(target_dir), "draft": "prompt-lookup", "dtype": "float32",
-                             "backend": "auto", **kw})
+    return WorkerSettings(
+        **{"target": str(target_dir), "draft": "prompt-lookup", "dtype": "float32", "backend": "auto", **kw}
+    )
 
 
 def test_the_modelled_throughput_is_the_best_depths_and_target_only_where_drafting_does_not_pay():
@@ -109,9 +110,11 @@ def test_a_choice_measured_beside_busy_neighbours_is_measured_again(target_dir, 
 
 #: made-up verify-step curves (seconds by T): the PyTorch engine's 1-token step cheaper, ONNX's verify pass flatter,
 #: the native decoder's dearer than both throughout (so it never wins here)
-FAKE_CURVES = {"pytorch": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
-               "onnx": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022},
-               "native": {1: 0.007, 2: 0.0075, 4: 0.0085, 8: 0.016, 16: 0.031, 32: 0.061}}
+FAKE_CURVES = {
+    "pytorch": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
+    "onnx": {1: 0.006, 2: 0.0062, 4: 0.0065, 8: 0.007, 16: 0.012, 32: 0.022},
+    "native": {1: 0.007, 2: 0.0075, 4: 0.0085, 8: 0.016, 16: 0.031, 32: 0.061},
+}
 
 
 @pytest.mark.parametrize("round_ms, winner", [(0.0, "onnx"), (4.0, "pytorch")])
@@ -146,11 +149,13 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     choice = choose_backend(_settings(tied, draft=str(draft)))
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
     assert record["version"] == fastest_backend.CHOICE_VERSION and choice.backend == record["backend"] == winner
-    assert {k: r["ms"] for k, r in record["draft_rounds"].items()} == {k: {"1": round_ms, "7": round_ms}
-                                                                        for k in ENGINE_KINDS}
+    assert {k: r["ms"] for k, r in record["draft_rounds"].items()} == {
+        k: {"1": round_ms, "7": round_ms} for k in ENGINE_KINDS
+    }
     cost = DraftTimeModel({(1, 1): round_ms / 1e3, (1, 7): round_ms / 1e3})
-    assert record["tokens_per_second"] == {k: round(modelled_tokens_per_second(c, 2.0, 7, cost), 1)
-                                           for k, c in FAKE_CURVES.items()}
+    assert record["tokens_per_second"] == {
+        k: round(modelled_tokens_per_second(c, 2.0, 7, cost), 1) for k, c in FAKE_CURVES.items()
+    }
     assert "ms a round" in record["reason"]
     # the ONNX draft was timed by the export's own choice, once per candidate format, and the worker reused it
     assert sorted(timed) == sorted(["onnx"] * len(AUTO_CANDIDATES) + ["pytorch", "native"])
@@ -168,8 +173,12 @@ def test_the_engine_that_decodes_fastest_is_chosen_over_the_best_modelled(target
 
     monkeypatch.setattr(decode_rate, "measure_served_rates", measured)
     choice = choose_backend(_settings(target_dir, num_speculative_tokens=2))
-    assert choice.backend == "onnx" and choice.reason.startswith("ONNX ") and "decoded calibration prompts at 90" in \
-        choice.reason and "PyTorch float32's 30 and native int8" in choice.reason
+    assert (
+        choice.backend == "onnx"
+        and choice.reason.startswith("ONNX ")
+        and "decoded calibration prompts at 90" in choice.reason
+        and "PyTorch float32's 30 and native int8" in choice.reason
+    )
 
 
 def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cache):
@@ -195,8 +204,9 @@ def test_engine_native_serves_the_native_decoder_through_the_worker(target_dir, 
     prompts = [[1, 40, 41, 42, 40, 41], [1, 50, 51]]
     drafted = loaded.engine.generate(prompts, SamplingParams(max_tokens=12))
     alone = SpecEngine(loaded.target, None, max_batch_size=1, max_seq_len=64)
-    assert [r.token_ids for r in drafted] == [alone.generate([p], SamplingParams(max_tokens=12))[0].token_ids
-                                              for p in prompts]  # speculation is exact on it, at batch 2 too
+    assert [r.token_ids for r in drafted] == [
+        alone.generate([p], SamplingParams(max_tokens=12))[0].token_ids for p in prompts
+    ]  # speculation is exact on it, at batch 2 too
     assert not list(cache.glob(f"engines/*/{CHOICE_FILE}"))
 
 
@@ -251,8 +261,9 @@ def test_an_upgrade_replaces_its_superseded_cache_entry_and_keeps_other_settings
     old_root = first.bundle_dir.parent
     other = choose_backend(_settings(target_dir, backend="onnx", num_speculative_tokens=3)).bundle_dir.parent
     real_key = fastest_backend.cache_key
-    monkeypatch.setattr(fastest_backend, "cache_key",
-                        lambda s: {**real_key(s), "versions": {"deepspec": "next release"}})
+    monkeypatch.setattr(
+        fastest_backend, "cache_key", lambda s: {**real_key(s), "versions": {"deepspec": "next release"}}
+    )
     upgraded = choose_backend(_settings(target_dir, backend="onnx")).bundle_dir.parent
     assert upgraded != old_root and not old_root.exists()  # the same settings after an upgrade: replaced
     assert other.exists()  # other settings are another entry, kept

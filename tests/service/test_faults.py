@@ -59,8 +59,15 @@ def test_worker_killed_mid_stream(tmp_path):
         for _ in range(4):
             assert client.completions.create(model="stub", prompt="x", max_tokens=3).choices[0].text == "The"
         wait_for(lambda: healthy(gw, victims) == 0)
-        assert metric_value(httpx.get(f"{gw.url}/metrics").text, "deepspec:request_success_total",
-                            worker=victims.address, status="length") == 0  # fmt: skip
+        assert (
+            metric_value(
+                httpx.get(f"{gw.url}/metrics").text,
+                "deepspec:request_success_total",
+                worker=victims.address,
+                status="length",
+            )
+            == 0
+        )
         # restarted on the same port: re-admitted
         restarted = Worker(tmp_path, "--stub-step-ms", "10", port=victims.port, name="restarted").start().wait_ready()
         try:
@@ -187,8 +194,9 @@ def test_request_timeout_is_504_or_an_error_event(tmp_path):
         response = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 1500}, timeout=10)
         assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
         assert time.monotonic() - t0 < 3
-        with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=10,
-                          json={"prompt": "x", "max_tokens": 1500, "stream": True}) as r:  # fmt: skip
+        with httpx.stream(
+            "POST", f"{gw.url}/v1/completions", timeout=10, json={"prompt": "x", "max_tokens": 1500, "stream": True}
+        ) as r:
             lines = [line for line in r.iter_lines() if line]
         assert '"timeout"' in lines[-2] and lines[-1] == "data: [DONE]"
         wait_for(lambda: running(worker) == 0, 5)
@@ -216,18 +224,21 @@ def test_drain_timeout_cuts_streams_with_the_worker_failure_error(tmp_path):
 
     import grpc
 
-    from service.gateway.dispatch import _to_service_error
-    from service.gateway.worker_client import WorkerError
     from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
     from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+    from service.gateway.dispatch import _to_service_error
+    from service.gateway.worker_client import WorkerError
 
     worker_failed = _to_service_error(WorkerError("UNAVAILABLE", "killed"), started=True)
     worker = Worker(tmp_path, "--stub-step-ms", "20").start().wait_ready()
     gw = Gateway(tmp_path, worker.address, "--drain-timeout-s", "1").start().wait_ready()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel, httpx.stream(
-            "POST", f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 2000, "stream": True}, timeout=30
-        ) as response:  # fmt: skip
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as channel,
+            httpx.stream(
+                "POST", f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 2000, "stream": True}, timeout=30
+            ) as response,
+        ):
             call = pb_grpc.CompletionsStub(channel).CompleteStream(pb.CompletionRequest(prompt="x", max_tokens=2000))
             next(call)
             lines = response.iter_lines()

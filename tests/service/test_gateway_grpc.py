@@ -63,7 +63,9 @@ def test_reflection_lists_the_service(channel):
 def test_health_is_serving(channel):
     stub = health_pb2_grpc.HealthStub(channel)
     for service in ("", "deepspec.v1.Completions"):
-        assert stub.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+        assert (
+            stub.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+        )
 
 
 def test_cancel_and_abort_free_the_worker_slot(tmp_path):
@@ -145,8 +147,11 @@ def test_grpc_refuses_what_http_refuses_with_the_same_message(channel, gateway, 
 
     import httpx
 
-    response = httpx.post(f"{gateway.url}/v1/completions", content=json.dumps({"prompt": "x", **fields}),
-                          headers={"content-type": "application/json"})  # fmt: skip
+    response = httpx.post(
+        f"{gateway.url}/v1/completions",
+        content=json.dumps({"prompt": "x", **fields}),
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 400, response.text
     with pytest.raises(grpc.RpcError) as info:
         pb_grpc.CompletionsStub(channel).Complete(pb.CompletionRequest(prompt="x", **fields), timeout=30)

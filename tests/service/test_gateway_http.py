@@ -37,8 +37,9 @@ def test_completion_whole(client):
 
 
 def test_completion_stream_with_usage(client):
-    stream = client.completions.create(model="stub", prompt="Hello", max_tokens=33, stream=True,
-                                       stream_options={"include_usage": True})  # fmt: skip
+    stream = client.completions.create(
+        model="stub", prompt="Hello", max_tokens=33, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == STUB_TEXT[:33]
@@ -58,8 +59,11 @@ def test_chat_whole_counts_the_chat_template(client):
 
 def test_chat_stream(client):
     messages = [{"role": "user", "content": "Hi"}]
-    chunks = list(client.chat.completions.create(model="stub", messages=messages, max_tokens=25, stream=True,
-                                                 stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="stub", messages=messages, max_tokens=25, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == STUB_TEXT[:25]
     assert chunks[-1].usage.prompt_tokens == chat_prompt_tokens(messages)
@@ -72,8 +76,9 @@ def test_stop_string(client):
 
 
 def test_raw_sse_ends_with_done(gateway):
-    with httpx.stream("POST", f"{gateway.url}/v1/completions",
-                      json={"prompt": "Hi", "max_tokens": 5, "stream": True}) as response:  # fmt: skip
+    with httpx.stream(
+        "POST", f"{gateway.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 5, "stream": True}
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
@@ -103,8 +108,12 @@ BAD_REQUESTS = [
     ("3.9 MB prompt", json.dumps({"prompt": "x" * 3_900_000, "max_tokens": 2}).encode(), 400, "3900000 characters"),
     # nothing is silently ignored: an unknown field, or a known one away from its neutral value, is a 400 naming it
     ("unknown field", json.dumps({"prompt": "x", "min_tokens": 4}).encode(), 400, "min_tokens: unrecognized"),
-    ("two output constraints", json.dumps({"prompt": "x", "response_format": {"type": "json_object"},
-                                            "guided_regex": "a"}).encode(), 400, "one output constraint"),
+    (
+        "two output constraints",
+        json.dumps({"prompt": "x", "response_format": {"type": "json_object"}, "guided_regex": "a"}).encode(),
+        400,
+        "one output constraint",
+    ),
     ("logit_bias", json.dumps({"prompt": "x", "logit_bias": {"42": 5}}).encode(), 400, "logit_bias is not supported"),
 ]
 
@@ -113,12 +122,18 @@ BAD_REQUESTS = [
 BAD_CHAT_REQUESTS = [
     ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools: tool calls"),
     ("tool_choice", {"tool_choice": "required"}, "tool_choice"),
-    ("json_schema without its schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
-     "response_format.json_schema.schema: Field required"),
+    (
+        "json_schema without its schema",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+        "response_format.json_schema.schema: Field required",
+    ),
     ("top_logprobs without logprobs", {"top_logprobs": 3}, "top_logprobs needs logprobs: true"),
     ("unknown field", {"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend: unrecognized request"),
-    ("unknown message field", {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
-     "messages.0.tool_calls: unrecognized"),
+    (
+        "unknown message field",
+        {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
+        "messages.0.tool_calls: unrecognized",
+    ),
 ]
 
 
@@ -132,7 +147,9 @@ def test_bad_input_gets_a_clear_4xx_and_the_next_request_works(gateway, client, 
     assert client.completions.create(model="stub", prompt="ok", max_tokens=3).choices[0].text == "The"
 
 
-@pytest.mark.parametrize(("extra", "message"), [b[1:] for b in BAD_CHAT_REQUESTS], ids=[b[0] for b in BAD_CHAT_REQUESTS])
+@pytest.mark.parametrize(
+    ("extra", "message"), [b[1:] for b in BAD_CHAT_REQUESTS], ids=[b[0] for b in BAD_CHAT_REQUESTS]
+)
 def test_chat_fields_the_server_cannot_honour_are_a_400_naming_them(gateway, extra, message):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
     response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body)
@@ -143,8 +160,17 @@ def test_chat_fields_the_server_cannot_honour_are_a_400_naming_them(gateway, ext
 def test_neutral_values_of_unimplemented_fields_are_accepted(client):
     """What clients send by default (no tools, text output, no logprobs) must not be refused."""
     reply = client.chat.completions.create(
-        model="stub", messages=[{"role": "user", "content": "hi"}], max_tokens=2, response_format={"type": "text"},
-        tools=[], tool_choice="none", logprobs=False, top_logprobs=0, logit_bias={}, n=1)
+        model="stub",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=2,
+        response_format={"type": "text"},
+        tools=[],
+        tool_choice="none",
+        logprobs=False,
+        top_logprobs=0,
+        logit_bias={},
+        n=1,
+    )
     assert reply.choices[0].message.content
 
 
@@ -160,8 +186,10 @@ def test_an_oversized_prompt_is_refused_by_its_length_before_any_tokenizing(gate
     """One character over context x MAX_CHARS_PER_TOKEN is the gateway's 400, counted in characters (the worker would
     count tokens); messages count together. One character under goes on to the worker, which counts tokens."""
     limit = 2048 * MAX_CHARS_PER_TOKEN
-    for path, body in [("/v1/completions", {"prompt": "x" * (limit + 1)}),
-                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * (limit // 2)}] * 3})]:
+    for path, body in [
+        ("/v1/completions", {"prompt": "x" * (limit + 1)}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * (limit // 2)}] * 3}),
+    ]:
         response = httpx.post(f"{gateway.url}{path}", json={**body, "max_tokens": 1})
         assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
         assert "characters" in response.json()["error"]["message"]
@@ -196,8 +224,11 @@ def test_health_and_metrics(gateway, client):
 def test_api_keys(stub_worker, tmp_path):
     keys_file = tmp_path / "keys"
     keys_file.write_text("# ops key\nfile-key\n")
-    gw = Gateway(tmp_path, stub_worker.address, "--api-keys-file", str(keys_file),
-                 env={"DEEPSPEC_API_KEYS": "env-key"}).start().wait_ready()  # fmt: skip
+    gw = (
+        Gateway(tmp_path, stub_worker.address, "--api-keys-file", str(keys_file), env={"DEEPSPEC_API_KEYS": "env-key"})
+        .start()
+        .wait_ready()
+    )
     try:
         for key in ("file-key", "env-key"):
             c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)

@@ -60,20 +60,33 @@ def fastapi_reads(monkeypatch):
 
 
 #: valid bodies, some at the edges where pydantic's JSON mode and `json` + python mode could part
-ACCEPTED = [b'{"prompt": "x"}', b'{"prompt": "x", "prompt": "y"}', b'{"prompt": "x", "max_tokens": 3.0}',
-            b'{"prompt": [1, 2.0], "seed": 18446744073709551615, "temperature": 1}', b' {"prompt": "x"}\n',
-            b'{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": '
-            b'{"type": "number", "maximum": 1e400}}}}']  # fmt: skip
+ACCEPTED = [
+    b'{"prompt": "x"}',
+    b'{"prompt": "x", "prompt": "y"}',
+    b'{"prompt": "x", "max_tokens": 3.0}',
+    b'{"prompt": [1, 2.0], "seed": 18446744073709551615, "temperature": 1}',
+    b' {"prompt": "x"}\n',
+    b'{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": '
+    b'{"type": "number", "maximum": 1e400}}}}',
+]
 #: bodies that FastAPI reads but pydantic's JSON parser does not: the fast path hands them over
 FASTAPI_READS = [b'\xef\xbb\xbf{"prompt": "x"}', b'{"prompt": "a\\ud800b"}']
-REFUSED = [b'{"prompt": ', b"", b'{"prompt": "x", "max_tokens": "5"}', b'{"prompt": "x", "bogus": 1}',
-           b'{"prompt": "x", "seed": 18446744073709551616}', b'{"prompt": "x", "presence_penalty": NaN}', b"[1]"]
+REFUSED = [
+    b'{"prompt": ',
+    b"",
+    b'{"prompt": "x", "max_tokens": "5"}',
+    b'{"prompt": "x", "bogus": 1}',
+    b'{"prompt": "x", "seed": 18446744073709551616}',
+    b'{"prompt": "x", "presence_penalty": NaN}',
+    b"[1]",
+]
 
 
 def answers(hot: bool, body: bytes, headers: dict | None = None):
     with TestClient(make_app(hot), raise_server_exceptions=False) as client:
-        response = client.post("/v1/completions", content=body, headers={"content-type": "application/json",
-                                                                         **(headers or {})})  # fmt: skip
+        response = client.post(
+            "/v1/completions", content=body, headers={"content-type": "application/json", **(headers or {})}
+        )
         return response.status_code, response.headers["content-type"], response.content
 
 

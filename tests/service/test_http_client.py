@@ -41,8 +41,14 @@ class Server:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 request = head + await reader.readexactly(length)
                 self.requests.append(request)
                 if await self.answer(request, reader, writer) is False:
@@ -105,6 +111,7 @@ def test_chunks_arrive_as_they_are_sent():
 def _fetch(answer_bytes: bytes, close: bool = False) -> tuple[bytes, int]:
     """GET / from a server that answers `answer_bytes` (then closes the connection, with `close`) -> (the body the
     pool read, its connections still open)."""
+
     async def answer(request, reader, writer):
         writer.write(answer_bytes)
         await writer.drain()
@@ -249,6 +256,7 @@ def test_the_connection_cap_makes_a_request_wait_for_a_free_connection():
 def test_released_before_the_end_the_connection_waits_for_it():
     """An SSE reader stops at `[DONE]` and releases; the stream's end-of-body chunk arrives after: the connection
     goes back to the pool then, and what came in between is dropped."""
+
     async def run():
         gate = asyncio.Event()
 

@@ -87,6 +87,7 @@ def test_cli_embedded_and_gateway_app_do_not_import_each_other_in_a_cycle():
 
 @pytest.mark.parametrize("module", ["service.cli", "service.embedded", "service.gateway.app"])
 def test_each_imports_first_in_a_fresh_interpreter(module):
-    result = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=REPO, capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr[-2000:]

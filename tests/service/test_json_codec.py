@@ -24,11 +24,17 @@ def test_loads_refuses_what_json_refuses_with_its_error():
         loads(b'{"model": ')
 
 
-@pytest.mark.parametrize("value", [
-    {"id": "cmpl-1", "choices": [{"index": 0, "text": "héllo \u2028 \"q\"", "logprobs": None}], "created": 1},
-    {"top_logprobs": [{"a": -0.5, "b": -9999.0}], "text_offset": [0, 3], "ok": True},
-    [], {}, "", 0,
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"id": "cmpl-1", "choices": [{"index": 0, "text": 'héllo \u2028 "q"', "logprobs": None}], "created": 1},
+        {"top_logprobs": [{"a": -0.5, "b": -9999.0}], "text_offset": [0, 3], "ok": True},
+        [],
+        {},
+        "",
+        0,
+    ],
+)
 def test_dumps_writes_the_bytes_json_writes(value):
     assert dumps(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 

@@ -48,8 +48,12 @@ ARITHMETIC = {
     "doc_to_target": "{{answer}}",
     "generation_kwargs": {"until": ["\n"], "max_gen_toks": MAX_GEN_TOKS, "do_sample": False, "temperature": 0},
     # the small model answers "2 + 3 = 5": score the last number it writes, as gsm8k's flexible-extract does
-    "filter_list": [{"name": "last-number", "filter": [{"function": "regex", "regex_pattern": NUMBER,
-                                                        "group_select": -1}, {"function": "take_first"}]}],
+    "filter_list": [
+        {
+            "name": "last-number",
+            "filter": [{"function": "regex", "regex_pattern": NUMBER, "group_select": -1}, {"function": "take_first"}],
+        }
+    ],
     "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
 }
 CAPITALS = {
@@ -77,8 +81,17 @@ def offline(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gateway(offline, tmp_path_factory):
     """fp32, so the worker's logprobs can be held to the reference's tolerance (the default bf16 would not be)."""
-    with served(tmp_path_factory.mktemp("servers"), "--target", MODEL, "--dtype", "float32", "--draft",
-                "prompt-lookup", "--max-seq-len", "512") as gw:
+    with served(
+        tmp_path_factory.mktemp("servers"),
+        "--target",
+        MODEL,
+        "--dtype",
+        "float32",
+        "--draft",
+        "prompt-lookup",
+        "--max-seq-len",
+        "512",
+    ) as gw:
         yield gw
 
 
@@ -97,9 +110,15 @@ def evaluate(task_manager, task: str, model: str, model_args: dict, **kwargs) ->
     gateway's message in lm-eval's log, rather than after lm-eval's backoff."""
     import lm_eval
 
-    results = lm_eval.simple_evaluate(model=model, model_args={"model": MODEL, "max_retries": 1, **model_args},
-                                      tasks=[task], task_manager=task_manager, log_samples=True,
-                                      bootstrap_iters=0, **kwargs)  # fmt: skip
+    results = lm_eval.simple_evaluate(
+        model=model,
+        model_args={"model": MODEL, "max_retries": 1, **model_args},
+        tasks=[task],
+        task_manager=task_manager,
+        log_samples=True,
+        bootstrap_iters=0,
+        **kwargs,
+    )
     assert results is not None
     return results
 
@@ -107,16 +126,24 @@ def evaluate(task_manager, task: str, model: str, model_args: dict, **kwargs) ->
 def test_a_generation_task_through_local_chat_completions(gateway, task_manager):
     """lm-eval's answers are the ones the gateway gives the same greedy chat requests, and its exact_match is
     theirs."""
-    results = evaluate(task_manager, ARITHMETIC["task"], "local-chat-completions",
-                       {"base_url": f"{gateway.url}/v1/chat/completions"}, apply_chat_template=True)
+    results = evaluate(
+        task_manager,
+        ARITHMETIC["task"],
+        "local-chat-completions",
+        {"base_url": f"{gateway.url}/v1/chat/completions"},
+        apply_chat_template=True,
+    )
     exact_match = results["results"][ARITHMETIC["task"]]["exact_match,last-number"]
     samples = results["samples"][ARITHMETIC["task"]]
     assert len(samples) == 3
     right = []
     for sample in samples:
         messages = [{"role": "user", "content": f"{sample['doc']['question']} Answer with the number only."}]
-        direct = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=120, json={
-            "model": MODEL, "messages": messages, "max_tokens": MAX_GEN_TOKS, "temperature": 0, "stop": ["\n"]})
+        direct = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            timeout=120,
+            json={"model": MODEL, "messages": messages, "max_tokens": MAX_GEN_TOKS, "temperature": 0, "stop": ["\n"]},
+        )
         assert direct.status_code == 200, direct.text
         answer = direct.json()["choices"][0]["message"]["content"]
         assert answer and sample["resps"] == [[answer]]
@@ -145,9 +172,18 @@ def test_a_multiple_choice_task_is_scored_by_prompt_scoring(gateway, task_manage
     token-id prompts per request."""
     tokenizer_dir = tmp_path / "tokenizer"
     smollm2.tokenizer.save_pretrained(tokenizer_dir)
-    results = evaluate(task_manager, CAPITALS["task"], "local-completions",
-                       {"base_url": f"{gateway.url}/v1/completions", "tokenizer_backend": "huggingface",
-                        "tokenizer": str(tokenizer_dir), "max_length": 512}, batch_size=4)  # fmt: skip
+    results = evaluate(
+        task_manager,
+        CAPITALS["task"],
+        "local-completions",
+        {
+            "base_url": f"{gateway.url}/v1/completions",
+            "tokenizer_backend": "huggingface",
+            "tokenizer": str(tokenizer_dir),
+            "max_length": 512,
+        },
+        batch_size=4,
+    )
     acc = results["results"][CAPITALS["task"]]["acc,none"]
     samples = results["samples"][CAPITALS["task"]]
     assert len(samples) == 4

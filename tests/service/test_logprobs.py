@@ -44,9 +44,18 @@ def write_byte_level_target(path: Path) -> Path:
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    config = LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
-                         eos_token_id=eos, bos_token_id=None, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=260,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT,
+        eos_token_id=eos,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # peaky enough that greedy decoding has no near-ties
@@ -65,8 +74,19 @@ def target_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gateway(target_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("servers")
-    worker = Worker(tmp, "--target", str(target_dir), "--dtype", "float32", "--draft", "prompt-lookup",
-                    "--chat-template", "smollm2", "--max-seq-len", str(CONTEXT)).start()
+    worker = Worker(
+        tmp,
+        "--target",
+        str(target_dir),
+        "--dtype",
+        "float32",
+        "--draft",
+        "prompt-lookup",
+        "--chat-template",
+        "smollm2",
+        "--max-seq-len",
+        str(CONTEXT),
+    ).start()
     try:
         worker.wait_ready()
         gw = Gateway(tmp, worker.address).start()
@@ -132,10 +152,18 @@ def test_chat_logprobs_are_the_targets_log_softmax(client, grpc_stub, hf):
     """OpenAI's chat shape (`choices[0].logprobs.content[i]`: token, logprob, bytes, top_logprobs), read by the
     openai client; the ids come from the gRPC API, which returns them, for the same greedy request."""
     messages = [{"role": "user", "content": "Write a café menu"}]
-    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
-                                           logprobs=True, top_logprobs=NUM_TOP)
-    same = grpc_stub.Complete(pb.CompletionRequest(messages=[pb.ChatMessage(**m) for m in messages], max_tokens=12,
-                                                   temperature=0, logprobs=True, top_logprobs=NUM_TOP))
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=NUM_TOP
+    )
+    same = grpc_stub.Complete(
+        pb.CompletionRequest(
+            messages=[pb.ChatMessage(**m) for m in messages],
+            max_tokens=12,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=NUM_TOP,
+        )
+    )
     content, ids = reply.choices[0].logprobs.content, [t.token_id for t in same.logprobs]
     assert [c.token for c in content] == [t.token for t in same.logprobs]
     assert "".join(c.token for c in content) == reply.choices[0].message.content == same.text
@@ -194,8 +222,15 @@ def test_log_likelihood_requests_as_lm_eval_sends_and_parses_them(gateway, hf):
     else:
         pytest.fail("no context ends in EOS: raise EOS_BOOST")
     requests = [(context, greedy), (context, random_continuation), (ends[:4], ends[4:])]
-    body = {"model": MODEL, "prompt": [c + x for c, x in requests], "temperature": 0, "max_tokens": 1, "logprobs": 1,
-            "seed": 1234, "echo": True}
+    body = {
+        "model": MODEL,
+        "prompt": [c + x for c, x in requests],
+        "temperature": 0,
+        "max_tokens": 1,
+        "logprobs": 1,
+        "seed": 1234,
+        "echo": True,
+    }
     response = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     out = response.json()
@@ -206,8 +241,10 @@ def test_log_likelihood_requests_as_lm_eval_sends_and_parses_them(gateway, hf):
         assert len(logprobs["token_logprobs"]) == len(ctx) + len(continuation) + 1
         ctxlen = len(ctx)
         loglikelihood = sum(logprobs["token_logprobs"][ctxlen:-1])
-        is_greedy = all(tok == max(top.values()) for tok, top in zip(logprobs["token_logprobs"][ctxlen:-1],
-                                                                     logprobs["top_logprobs"][ctxlen:-1]))
+        is_greedy = all(
+            tok == max(top.values())
+            for tok, top in zip(logprobs["token_logprobs"][ctxlen:-1], logprobs["top_logprobs"][ctxlen:-1])
+        )
         rows = reference(hf, ctx + continuation)[ctxlen - 1 : -1]
         expected = sum(float(row[token]) for row, token in zip(rows, continuation))
         assert abs(loglikelihood - expected) < TOLERANCE * len(continuation)
@@ -222,8 +259,17 @@ def test_streamed_chunks_carry_the_logprobs_of_their_own_text(gateway):
     completes it); with a stop string, whose text is cut, its tokens come with the last chunk. The echoed prompt is
     one event of its own, first. Sampled, seeded: the stop string is taken from a first run's text."""
     prompt = "Olá €"
-    body = {"model": MODEL, "prompt": prompt, "echo": True, "max_tokens": 30, "temperature": 1.0, "seed": 11,
-            "logprobs": 1, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "echo": True,
+        "max_tokens": 30,
+        "temperature": 1.0,
+        "seed": 11,
+        "logprobs": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     first = sse_events(gateway, "/v1/completions", body)
     text = "".join(e["choices"][0]["text"] for e in first[1:] if e["choices"])
     at = next(i for i in range(4, len(text) - 2) if "\ufffd" not in text[i : i + 2] and text.find(text[i : i + 2]) == i)
@@ -253,8 +299,9 @@ def test_streamed_chat_logprobs_are_those_of_the_whole_reply(client):
     streamed = [t for c in chunks[1:] for t in c.choices[0].logprobs.content]
     for c in chunks[1:]:
         assert "".join(t.token for t in c.choices[0].logprobs.content) == (c.choices[0].delta.content or "")
-    assert [(t.token, t.logprob, t.bytes) for t in streamed] == [(t.token, t.logprob, t.bytes)
-                                                                 for t in whole.choices[0].logprobs.content]
+    assert [(t.token, t.logprob, t.bytes) for t in streamed] == [
+        (t.token, t.logprob, t.bytes) for t in whole.choices[0].logprobs.content
+    ]
     assert b"".join(bytes(t.bytes) for t in streamed) == whole.choices[0].message.content.encode()
 
 
@@ -281,8 +328,12 @@ BAD_PROMPTS = [
     ("an id outside the vocabulary", {"prompt": [1, 2, 999]}, "prompt_token_invalid", "[0, 260)"),
     ("one bad prompt in a batch", {"prompt": [[1, 2], [5000]]}, "prompt_token_invalid", "[0, 260)"),
     ("token ids past the context", {"prompt": [1] * CONTEXT}, "context_length_exceeded", "maximum context length"),
-    ("ids + max_tokens past the context", {"prompt": [1] * 200, "max_tokens": 100}, "context_length_exceeded",
-     "lower max_tokens"),
+    (
+        "ids + max_tokens past the context",
+        {"prompt": [1] * 200, "max_tokens": 100},
+        "context_length_exceeded",
+        "lower max_tokens",
+    ),
     ("a negative id", {"prompt": [3, -1]}, None, "greater than or equal to 0"),
     ("an empty batch", {"prompt": []}, None, "at least 1"),
     ("an empty token list", {"prompt": [[]]}, None, "at least 1"),
@@ -303,16 +354,20 @@ def test_bad_token_prompts_get_the_same_typed_400s_as_text(gateway, body, code, 
 
 def test_bad_chat_logprobs_are_a_400(gateway):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    for extra, message in [({"logprobs": True, "top_logprobs": 21}, "less than or equal to 20"),
-                           ({"top_logprobs": 2}, "top_logprobs needs logprobs"), ({"logprobs": 1}, "logprobs")]:
+    for extra, message in [
+        ({"logprobs": True, "top_logprobs": 21}, "less than or equal to 20"),
+        ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+    ]:
         response = httpx.post(f"{gateway.url}/v1/chat/completions", json={**body, **extra}, timeout=30)
         assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
 
 
 def test_grpc_scores_prompts_and_streams_the_logprobs_of_each_chunk(grpc_stub, hf):
     ids = hf[1]("Naïve question")["input_ids"]
-    scored = grpc_stub.Complete(pb.CompletionRequest(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=True,
-                                                     top_logprobs=NUM_TOP))
+    scored = grpc_stub.Complete(
+        pb.CompletionRequest(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=True, top_logprobs=NUM_TOP)
+    )
     assert scored.text == "" and scored.usage.prompt_tokens == len(ids) and not scored.logprobs
     assert [t.token_id for t in scored.prompt_logprobs] == ids and not scored.prompt_logprobs[0].HasField("logprob")
     rows = reference(hf, ids)
@@ -320,8 +375,9 @@ def test_grpc_scores_prompts_and_streams_the_logprobs_of_each_chunk(grpc_stub, h
         assert abs(token.logprob - float(row[token.token_id])) < TOLERANCE
         check_alternatives(row, [a.token_id for a in token.top_logprobs], [a.logprob for a in token.top_logprobs])
 
-    request = pb.CompletionRequest(prompt_token_ids=ids, max_tokens=10, temperature=0, logprobs=True,
-                                   top_logprobs=NUM_TOP)
+    request = pb.CompletionRequest(
+        prompt_token_ids=ids, max_tokens=10, temperature=0, logprobs=True, top_logprobs=NUM_TOP
+    )
     whole = grpc_stub.Complete(request)
     chunks = list(grpc_stub.CompleteStream(request))
     assert [t for c in chunks for t in c.logprobs] == list(whole.logprobs) and not whole.prompt_logprobs
@@ -331,14 +387,19 @@ def test_grpc_scores_prompts_and_streams_the_logprobs_of_each_chunk(grpc_stub, h
         assert abs(token.logprob - float(row[token.token_id])) < TOLERANCE
 
 
-@pytest.mark.parametrize(("request_fields", "message"), [
-    (dict(messages=[pb.ChatMessage(role="user", content="x")], prompt_logprobs=True),
-     "prompt_logprobs scores a prompt"),
-    (dict(prompt="x", top_logprobs=2), "top_logprobs needs logprobs or prompt_logprobs"),
-    (dict(prompt="x", prompt_token_ids=[1]), "exactly one of prompt, prompt_token_ids or messages"),
-    (dict(prompt_token_ids=[1, 9999]), "prompt token ids must be integers"),
-    (dict(prompt="x", max_tokens=0), "max_tokens 0 generates nothing"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("request_fields", "message"),
+    [
+        (
+            dict(messages=[pb.ChatMessage(role="user", content="x")], prompt_logprobs=True),
+            "prompt_logprobs scores a prompt",
+        ),
+        (dict(prompt="x", top_logprobs=2), "top_logprobs needs logprobs or prompt_logprobs"),
+        (dict(prompt="x", prompt_token_ids=[1]), "exactly one of prompt, prompt_token_ids or messages"),
+        (dict(prompt_token_ids=[1, 9999]), "prompt token ids must be integers"),
+        (dict(prompt="x", max_tokens=0), "max_tokens 0 generates nothing"),
+    ],
+)
 def test_grpc_refuses_what_http_refuses(grpc_stub, request_fields, message):
     with pytest.raises(grpc.RpcError) as info:
         grpc_stub.Complete(pb.CompletionRequest(**request_fields))
@@ -361,15 +422,26 @@ def test_processed_logprobs_are_of_the_distribution_each_token_was_sampled_from(
     stays the model's own log_softmax, and the prompt's logprobs are raw in both modes (nothing samples them)."""
     ids = hf[1]("Naïve question")["input_ids"]
     temperature, top_k, num_top = 0.5, 5, 7
-    fields = dict(prompt_token_ids=ids, max_tokens=8, temperature=temperature, top_k=top_k, seed=3, logprobs=True,
-                  top_logprobs=num_top, prompt_logprobs=True)
+    fields = dict(
+        prompt_token_ids=ids,
+        max_tokens=8,
+        temperature=temperature,
+        top_k=top_k,
+        seed=3,
+        logprobs=True,
+        top_logprobs=num_top,
+        prompt_logprobs=True,
+    )
     for mode in ("processed_logprobs", "raw_logprobs"):
         out = grpc_stub.Complete(pb.CompletionRequest(**fields, logprobs_mode=mode))
         generated = [t.token_id for t in out.logprobs]
         assert generated, out
         raw_rows = reference(hf, ids + generated)[len(ids) - 1 :]
-        rows = processed_reference(hf, ids + generated, temperature, top_k)[len(ids) - 1 :] \
-            if mode == "processed_logprobs" else raw_rows  # fmt: skip
+        rows = (
+            processed_reference(hf, ids + generated, temperature, top_k)[len(ids) - 1 :]
+            if mode == "processed_logprobs"
+            else raw_rows
+        )
         for token, row, raw_row in zip(out.logprobs, rows, raw_rows):
             assert abs(token.logprob - float(row[token.token_id])) < TOLERANCE
             alternatives = [a.logprob for a in token.top_logprobs]
@@ -391,8 +463,15 @@ def test_processed_logprobs_are_of_the_distribution_each_token_was_sampled_from(
 def test_processed_alternatives_hold_all_the_mass_top_k_keeps(client):
     """Through the OpenAI shape: with top_logprobs = top_k, a processed position's alternatives are every token it
     could sample, so their probabilities sum to 1; the raw ones of the same request hold less."""
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Olá"}], max_tokens=6, temperature=0.7,
-                  top_logprobs=4, logprobs=True, seed=2)
+    kwargs = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Olá"}],
+        max_tokens=6,
+        temperature=0.7,
+        top_logprobs=4,
+        logprobs=True,
+        seed=2,
+    )
     for mode, check in (("processed_logprobs", lambda mass: abs(mass - 1) < 1e-4), ("raw_logprobs", lambda m: m < 1)):
         reply = client.chat.completions.create(**kwargs, extra_body={"top_k": 4, "logprobs_mode": mode})
         content = reply.choices[0].logprobs.content

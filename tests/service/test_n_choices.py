@@ -23,11 +23,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from deepspec_protocol import worker as p
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 from service.gateway.fanout import child_requests, fan_out
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError, total_stats
 from service.metrics import GENERATION_TOKENS_TOTAL, PROMPT_TOKENS_TOTAL, REQUEST_SUCCESS_TOTAL
-from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
-from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
 from tests.service.conftest import Gateway, Worker, in_process_gateway, metric_value
 from tests.service.fake_worker import MODEL, FakeWorker, finish_reason, words
 from tests.service.test_openai_client import _client, _collect, _sse
@@ -41,8 +41,10 @@ async def _gateway(worker: FakeWorker):
     address = await worker.start()
     try:
         async with in_process_gateway(address, "the fake worker") as (http, state):
-            yield openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="unused", max_retries=0,
-                                     http_client=http), state  # fmt: skip
+            yield (
+                openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="unused", max_retries=0, http_client=http),
+                state,
+            )
     finally:
         await worker.stop()
 
@@ -70,10 +72,12 @@ def _metric(state, name: str) -> float:
 def test_chat_n3_whole_answers_three_choices_and_counts_the_prompt_once(takes_n):
     """Native: one worker request with num_return_sequences 3 (the prompt prefilled once). Fanned out: three requests
     without it, seeded 10, 11, 12, ids of their own; both read the same, since the worker seeds sequence i seed + i."""
+
     async def scenario(client, state):
         completion = await client.chat.completions.create(model=MODEL, messages=CHAT, n=3, seed=10, max_tokens=4)
-        return completion, {name: _metric(state, name) for name in (PROMPT_TOKENS_TOTAL, GENERATION_TOKENS_TOTAL,
-                                                                    REQUEST_SUCCESS_TOTAL)}  # fmt: skip
+        return completion, {
+            name: _metric(state, name) for name in (PROMPT_TOKENS_TOTAL, GENERATION_TOKENS_TOTAL, REQUEST_SUCCESS_TOTAL)
+        }
 
     worker, (completion, metrics) = _run(scenario, takes_n)
     assert [c.index for c in completion.choices] == [0, 1, 2]  # the worker answered them shortest first
@@ -81,8 +85,11 @@ def test_chat_n3_whole_answers_three_choices_and_counts_the_prompt_once(takes_n)
     assert [c.finish_reason for c in completion.choices] == [finish_reason(10 + i) for i in range(3)]
     num_output = sum(len(words(10 + i, 4)) for i in range(3))
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (len("hello"), num_output)
-    assert metrics == {PROMPT_TOKENS_TOTAL: len("hello"), GENERATION_TOKENS_TOTAL: num_output,
-                       REQUEST_SUCCESS_TOTAL: 1}  # one request, whatever its n
+    assert metrics == {
+        PROMPT_TOKENS_TOTAL: len("hello"),
+        GENERATION_TOKENS_TOTAL: num_output,
+        REQUEST_SUCCESS_TOTAL: 1,
+    }  # one request, whatever its n
     if takes_n:
         (request,) = worker.requests
         assert request[p.NUM_RETURN_SEQUENCES] == [3] and request[p.SEED] == [10]
@@ -94,8 +101,9 @@ def test_chat_n3_whole_answers_three_choices_and_counts_the_prompt_once(takes_n)
 @pytest.mark.parametrize("takes_n", [True, False], ids=["forked", "fanned-out"])
 def test_completions_n2_streamed_interleave_and_each_choice_finishes(takes_n):
     async def scenario(client, state):
-        stream = await client.completions.create(model=MODEL, prompt="hi", n=2, seed=10, max_tokens=3, stream=True,
-                                                 stream_options={"include_usage": True})
+        stream = await client.completions.create(
+            model=MODEL, prompt="hi", n=2, seed=10, max_tokens=3, stream=True, stream_options={"include_usage": True}
+        )
         return [event async for event in stream]
 
     _, events = _run(scenario, takes_n)
@@ -112,8 +120,9 @@ def test_completions_n2_streamed_interleave_and_each_choice_finishes(takes_n):
 
 def test_chat_stream_opens_every_choice_with_its_role_and_carries_each_choices_logprobs():
     async def scenario(client, state):
-        stream = await client.chat.completions.create(model=MODEL, messages=CHAT, n=3, seed=1, max_tokens=3,
-                                                      stream=True, logprobs=True)  # fmt: skip
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=CHAT, n=3, seed=1, max_tokens=3, stream=True, logprobs=True
+        )
         return [event.choices[0] async for event in stream]
 
     _, choices = _run(scenario)
@@ -139,11 +148,14 @@ def test_a_batch_of_prompts_numbers_prompt_is_choice_j_i_times_n_plus_j():
 def test_echo_and_logprobs_per_choice_whole_and_streamed():
     """Each choice echoes the prompt and scores it, though the worker sends the prompt's table once; text_offset
     counts within each choice's own text."""
+
     async def scenario(client, state):
-        whole = await client.completions.create(model=MODEL, prompt="ab", n=2, seed=10, max_tokens=2, echo=True,
-                                                logprobs=1)  # fmt: skip
-        stream = await client.completions.create(model=MODEL, prompt="ab", n=2, seed=10, max_tokens=2, echo=True,
-                                                 logprobs=1, stream=True)  # fmt: skip
+        whole = await client.completions.create(
+            model=MODEL, prompt="ab", n=2, seed=10, max_tokens=2, echo=True, logprobs=1
+        )
+        stream = await client.completions.create(
+            model=MODEL, prompt="ab", n=2, seed=10, max_tokens=2, echo=True, logprobs=1, stream=True
+        )
         return whole, [event.choices[0] async for event in stream]
 
     _, (whole, streamed) = _run(scenario)
@@ -159,9 +171,13 @@ def test_echo_and_logprobs_per_choice_whole_and_streamed():
         assert offsets == whole.choices[index].logprobs.text_offset
 
 
-@pytest.mark.parametrize(("api", "fields", "named"), [
-    *((api, {"n": n}, "n") for api in ("chat", "completions") for n in (0, 129)),
-    ("completions", {"n": 2, "best_of": 3}, "best_of")])
+@pytest.mark.parametrize(
+    ("api", "fields", "named"),
+    [
+        *((api, {"n": n}, "n") for api in ("chat", "completions") for n in (0, 129)),
+        ("completions", {"n": 2, "best_of": 3}, "best_of"),
+    ],
+)
 def test_n_out_of_range_is_a_400_naming_it(api, fields, named):
     async def scenario(client, state):
         create = client.chat.completions.create if api == "chat" else client.completions.create
@@ -195,8 +211,9 @@ def test_grpc_api_takes_n_and_names_each_chunks_choice():
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = pb_grpc.CompletionsStub(channel)
                 whole = await stub.Complete(pb.CompletionRequest(prompt="hi", n=2, seed=10, max_tokens=3))
-                chunks = [c async for c in stub.CompleteStream(pb.CompletionRequest(prompt="hi", n=2, seed=10,
-                                                                                    max_tokens=3))]  # fmt: skip
+                chunks = [
+                    c async for c in stub.CompleteStream(pb.CompletionRequest(prompt="hi", n=2, seed=10, max_tokens=3))
+                ]
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await stub.Complete(pb.CompletionRequest(prompt="hi", n=0))
             return whole, chunks, info.value
@@ -205,7 +222,8 @@ def test_grpc_api_takes_n_and_names_each_chunks_choice():
 
     _, (whole, chunks, error) = _run(scenario)
     assert [(c.index, c.text, c.finish_reason) for c in whole.choices] == [
-        (i, _text(10 + i, 3), finish_reason(10 + i)) for i in range(2)]
+        (i, _text(10 + i, 3), finish_reason(10 + i)) for i in range(2)
+    ]
     assert whole.text == whole.choices[0].text and (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (2, 5)
     for index in (0, 1):
         mine = [c for c in chunks if c.index == index]
@@ -227,8 +245,17 @@ def test_the_real_worker_forks_four_greedy_choices_streamed(tmp_path):
         worker.wait_ready()
         client = openai.OpenAI(base_url=f"{gateway.wait_ready().url}/v1", api_key="unused", max_retries=0)
         one = client.chat.completions.create(model="stub", messages=CHAT, max_tokens=12, temperature=0)
-        events = list(client.chat.completions.create(model="stub", messages=CHAT, max_tokens=12, temperature=0, n=4,
-                                                     stream=True, stream_options={"include_usage": True}))
+        events = list(
+            client.chat.completions.create(
+                model="stub",
+                messages=CHAT,
+                max_tokens=12,
+                temperature=0,
+                n=4,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         worker_prompt_tokens = metric_value(worker.metrics(), PROMPT_TOKENS_TOTAL)
     finally:
         gateway.terminate()
@@ -251,8 +278,11 @@ def test_the_real_worker_forks_four_greedy_choices_streamed(tmp_path):
 def test_children_are_seeded_seed_plus_i_and_wrap_at_uint64():
     req = GenerationRequest("r", "m", prompt="x", n=3, seed=2**64 - 2)
     children = child_requests(req)
-    assert [(c.request_id, c.seed, c.n) for c in children] == [("r-0", 2**64 - 2, 1), ("r-1", 2**64 - 1, 1),
-                                                               ("r-2", 0, 1)]  # fmt: skip
+    assert [(c.request_id, c.seed, c.n) for c in children] == [
+        ("r-0", 2**64 - 2, 1),
+        ("r-1", 2**64 - 1, 1),
+        ("r-2", 0, 1),
+    ]
     assert [c.seed for c in child_requests(GenerationRequest("r", "m", prompt="x", n=2))] == [None, None]
 
 
@@ -292,15 +322,27 @@ def test_openai_upstream_gets_n_and_its_choices_come_back_by_index():
         body = json.loads(request.content)
         bodies.append(body)
         if not body["stream"]:
-            return httpx.Response(200, json={"choices": [{"index": 1, "text": "b", "finish_reason": "stop"},
-                                                         {"index": 0, "text": "a", "finish_reason": "length"}],
-                                             "usage": {"prompt_tokens": 3, "completion_tokens": 2}})  # fmt: skip
-        return httpx.Response(200, content=_sse(
-            {"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
-            {"choices": [{"index": 1, "text": "b", "finish_reason": None}]},
-            {"choices": [{"index": 1, "text": "B", "finish_reason": "stop"}]},
-            {"choices": [{"index": 0, "text": "A", "finish_reason": "length"}]},
-            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}, "[DONE]"))  # fmt: skip
+            return httpx.Response(
+                200,
+                json={
+                    "choices": [
+                        {"index": 1, "text": "b", "finish_reason": "stop"},
+                        {"index": 0, "text": "a", "finish_reason": "length"},
+                    ],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                },
+            )
+        return httpx.Response(
+            200,
+            content=_sse(
+                {"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
+                {"choices": [{"index": 1, "text": "b", "finish_reason": None}]},
+                {"choices": [{"index": 1, "text": "B", "finish_reason": "stop"}]},
+                {"choices": [{"index": 0, "text": "A", "finish_reason": "length"}]},
+                {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
+                "[DONE]",
+            ),
+        )
 
     client = _client(handler)
     req = GenerationRequest("r", "m", prompt="abc", max_tokens=2, n=2)
@@ -308,17 +350,26 @@ def test_openai_upstream_gets_n_and_its_choices_come_back_by_index():
     whole = asyncio.run(_collect(client, req, stream=False))
     assert [b["n"] for b in bodies] == [2, 2]
     assert [(c.index, c.text, c.finish_reason, c.final) for c in streamed] == [
-        (0, "a", None, False), (1, "b", None, False), (0, "A", "length", False), (1, "B", "stop", True)]
-    assert [(c.index, c.text, c.finish_reason, c.final) for c in whole] == [(0, "a", "length", False),
-                                                                            (1, "b", "stop", True)]  # fmt: skip
+        (0, "a", None, False),
+        (1, "b", None, False),
+        (0, "A", "length", False),
+        (1, "B", "stop", True),
+    ]
+    assert [(c.index, c.text, c.finish_reason, c.final) for c in whole] == [
+        (0, "a", "length", False),
+        (1, "b", "stop", True),
+    ]
     for chunks, num_output in ((streamed, 4), (whole, 2)):
         total = total_stats(c.stats for c in chunks if c.finish_reason)  # each choice's last chunk
         assert (total.num_prompt_tokens, total.num_output_tokens) == (3, num_output)
 
 
 def test_an_openai_upstream_that_ignores_n_is_refused():
-    client = _client(lambda request: httpx.Response(200, json={
-        "choices": [{"index": 0, "text": "a", "finish_reason": "stop"}], "usage": {}}))
+    client = _client(
+        lambda request: httpx.Response(
+            200, json={"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}], "usage": {}}
+        )
+    )
     with pytest.raises(WorkerError) as info:
         asyncio.run(_collect(client, GenerationRequest("r", "m", prompt="x", n=2), stream=False))
     assert info.value.status == "INVALID_ARGUMENT" and "choices [0] of the 2 asked" in info.value.message

@@ -18,13 +18,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.gateway.openai_client import (MAX_EVENT_BYTES, EventStream, OpenAIClient, error_message, request_body,
-                                           status_for_http)  # fmt: skip
+from deepspec_protocol.token_scores import TokenScore
+from deepspec_protocol.worker import Constraint
+from service.gateway.openai_client import (
+    MAX_EVENT_BYTES,
+    EventStream,
+    OpenAIClient,
+    error_message,
+    request_body,
+    status_for_http,
+)
 from service.gateway.settings import GatewaySettings
 from service.gateway.upstreams import client_for, parse_address
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
-from deepspec_protocol.worker import Constraint
-from deepspec_protocol.token_scores import TokenScore
 from tests.ports import free_port
 from tests.service.conftest import in_process_gateway
 
@@ -36,15 +42,23 @@ def _serve_handler(handler) -> int:
     from aiohttp import web
 
     async def answer(request: web.Request) -> web.StreamResponse:
-        asked = httpx.Request(request.method, f"http://upstream{request.path_qs}", content=await request.read(),
-                              headers=dict(request.headers))
+        asked = httpx.Request(
+            request.method,
+            f"http://upstream{request.path_qs}",
+            content=await request.read(),
+            headers=dict(request.headers),
+        )
         try:
             answered = handler(asked)
         except httpx.ConnectError:
             request.transport.close()
             return web.Response()
-        response = web.StreamResponse(status=answered.status_code, headers={
-            k: v for k, v in answered.headers.items() if k.lower() not in ("content-length", "transfer-encoding")})
+        response = web.StreamResponse(
+            status=answered.status_code,
+            headers={
+                k: v for k, v in answered.headers.items() if k.lower() not in ("content-length", "transfer-encoding")
+            },
+        )
         await response.prepare(request)
         with contextlib.suppress(ConnectionError):
             try:
@@ -89,9 +103,18 @@ async def _collect(client: OpenAIClient, req: GenerationRequest, stream: bool = 
 REQ = GenerationRequest(request_id="r1", model="m", prompt="hi", max_tokens=4)
 
 
-@pytest.mark.parametrize("status, expected", [(429, "RESOURCE_EXHAUSTED"), (503, "RESOURCE_EXHAUSTED"),
-                                              (400, "INVALID_ARGUMENT"), (422, "INVALID_ARGUMENT"),
-                                              (404, "NOT_FOUND"), (500, "INTERNAL"), (502, "UNAVAILABLE")])  # fmt: skip
+@pytest.mark.parametrize(
+    "status, expected",
+    [
+        (429, "RESOURCE_EXHAUSTED"),
+        (503, "RESOURCE_EXHAUSTED"),
+        (400, "INVALID_ARGUMENT"),
+        (422, "INVALID_ARGUMENT"),
+        (404, "NOT_FOUND"),
+        (500, "INTERNAL"),
+        (502, "UNAVAILABLE"),
+    ],
+)
 def test_upstream_status_becomes_the_dispatchers_status(status, expected):
     """429/503 are overload (retried elsewhere before the first token, 429 when every worker says so), 4xx the
     client's error, 5xx a failed worker. vLLM answers a full queue or a dead engine with 503 and bad input with 400
@@ -117,8 +140,11 @@ def test_stream_error_event_is_a_worker_error():
     """An engine that fails mid-stream sends `data: {"error": {..., "code": 500}}` and ends the stream
     (vllm-project/vllm vllm/entrypoints/openai/engine/serving.py OpenAIServing.create_streaming_error_response):
     the client must get an error, not a silently short completion."""
-    events = _sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
-                  {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}, "[DONE]")
+    events = _sse(
+        {"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
+        {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}},
+        "[DONE]",
+    )
     client = _client(lambda request: httpx.Response(200, content=events))
 
     async def run():
@@ -148,12 +174,16 @@ def test_chat_stream_skips_the_role_chunk_and_ends_with_finish_and_usage():
 
     def handler(request):
         seen_bodies.append((request.url.path, json.loads(request.content)))
-        return httpx.Response(200, content=_sse(
-            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
-            {"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]},
-            {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "length"}]},
-            {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}},
-            "[DONE]"))  # fmt: skip
+        return httpx.Response(
+            200,
+            content=_sse(
+                {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "length"}]},
+                {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}},
+                "[DONE]",
+            ),
+        )
 
     req = GenerationRequest(request_id="r2", model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     chunks = asyncio.run(_collect(_client(handler), req))
@@ -168,8 +198,13 @@ def test_chat_stream_skips_the_role_chunk_and_ends_with_finish_and_usage():
 def test_whole_completion():
     def handler(request):
         assert request.url.path == "/v1/completions" and json.loads(request.content)["stream"] is False
-        return httpx.Response(200, json={"choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}],
-                                         "usage": {"prompt_tokens": 3, "completion_tokens": 1}})  # fmt: skip
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            },
+        )
 
     (chunk,) = asyncio.run(_collect(_client(handler), REQ, stream=False))
     assert (chunk.text, chunk.finish_reason, chunk.final, chunk.stats.num_output_tokens) == ("abc", "stop", True, 1)
@@ -181,8 +216,7 @@ def test_request_body_leaves_unset_fields_to_the_engine():
     body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", max_tokens=None, top_k=0), True)
     assert "top_k" not in body and "max_tokens" not in body and "ignore_eos" not in body
     assert "min_tokens" not in body
-    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", top_k=5, seed=3, stop=["\n"]),
-                        False)  # fmt: skip
+    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", top_k=5, seed=3, stop=["\n"]), False)
     assert (body["top_k"], body["seed"], body["stop"]) == (5, 3, ["\n"])
     assert "stream_options" not in body and "ignore_eos" not in body and "min_tokens" not in body
 
@@ -195,8 +229,9 @@ def test_ignore_eos_is_also_min_tokens_for_engines_that_drop_it():
     are sent, so every engine generates max_tokens; with max_tokens unset (what fits) there is no count to ask for."""
     body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", max_tokens=40, ignore_eos=True), True)
     assert (body["ignore_eos"], body["min_tokens"], body["max_tokens"]) == (True, 40, 40)
-    body = request_body(GenerationRequest(request_id="r", model="m", prompt="p", max_tokens=None, ignore_eos=True),
-                        True)  # fmt: skip
+    body = request_body(
+        GenerationRequest(request_id="r", model="m", prompt="p", max_tokens=None, ignore_eos=True), True
+    )
     assert body["ignore_eos"] is True and "min_tokens" not in body
 
 
@@ -247,8 +282,9 @@ def test_health_is_the_engines_own_route():
     lock, abetlen/llama-cpp-python llama_cpp/server/app.py get_llama_proxy, so it stalls behind a generation and
     would read as down). A refused connection is UNAVAILABLE: the pool ejects at once."""
     answers = {"/health": 200}
-    client = _client(lambda request: httpx.Response(answers[request.url.path],
-                                                    json={"data": [{"id": "m", "max_model_len": 512}]}))  # fmt: skip
+    client = _client(
+        lambda request: httpx.Response(answers[request.url.path], json={"data": [{"id": "m", "max_model_len": 512}]})
+    )
     assert asyncio.run(client.is_ready(1.0))
     answers["/health"] = 503
     assert not asyncio.run(client.is_ready(1.0))
@@ -302,8 +338,12 @@ def test_pool_ejects_a_refusing_openai_worker_at_once_and_readmits_it():
         return httpx.Response(200, json={"data": [{"id": "m"}]})
 
     async def run():
-        pool = WorkerPool("openai+http://upstream:1", GatewayMetrics(), unhealthy_threshold=3,
-                          make_client=lambda address: _client(handler))  # fmt: skip
+        pool = WorkerPool(
+            "openai+http://upstream:1",
+            GatewayMetrics(),
+            unhealthy_threshold=3,
+            make_client=lambda address: _client(handler),
+        )
         pool._add("openai+http://upstream:1")
         (endpoint,) = pool.endpoints.values()
         await pool.probe_all()
@@ -323,9 +363,12 @@ def test_stream_without_usage_counts_its_text_chunks():
     """llama.cpp's Python server ignores `stream_options` (abetlen/llama-cpp-python llama_cpp/server/types.py
     CreateCompletionRequest has no such field) and streams one token per chunk: the completion tokens are the
     chunks that carried text, the prompt tokens stay unknown (0) rather than being made up."""
-    events = _sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
-                  {"choices": [{"index": 0, "text": "b", "finish_reason": None}]},
-                  {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}, "[DONE]")  # fmt: skip
+    events = _sse(
+        {"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
+        {"choices": [{"index": 0, "text": "b", "finish_reason": None}]},
+        {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+        "[DONE]",
+    )
     chunks = asyncio.run(_collect(_client(lambda request: httpx.Response(200, content=events)), REQ))
     assert [c.text for c in chunks] == ["a", "b", ""] and chunks[-1].finish_reason == "length"
     assert (chunks[-1].stats.num_output_tokens, chunks[-1].stats.num_prompt_tokens) == (2, 0)
@@ -339,13 +382,21 @@ def _fed(stream: EventStream, pieces: list[bytes]) -> list[tuple[str, str | None
 def test_an_event_stream_reads_the_same_chunks_however_its_bytes_arrive(cut):
     """Reads hand over whatever has arrived: part of a line, several events at once; lines end in \\n or \\r\\n (SSE
     allows both; sse-starlette, under llama.cpp's Python server, writes \\r\\n), comments are keep-alives."""
-    events = (_sse({"choices": [{"index": 0, "text": "é", "finish_reason": None}]}).replace(b"\n", b"\r\n")
-              + b": keep-alive\n\n" + _sse({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]},
-                                            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
-                                            "[DONE]", {"choices": [{"index": 0, "text": "after [DONE]"}]}))  # fmt: skip
+    events = (
+        _sse({"choices": [{"index": 0, "text": "é", "finish_reason": None}]}).replace(b"\n", b"\r\n")
+        + b": keep-alive\n\n"
+        + _sse(
+            {"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+            "[DONE]",
+            {"choices": [{"index": 0, "text": "after [DONE]"}]},
+        )
+    )
     stream = EventStream(REQ)
-    assert _fed(stream, [events[i:i + cut] for i in range(0, len(events), cut)]) == [("é", None, False),
-                                                                                    ("b", "stop", True)]
+    assert _fed(stream, [events[i : i + cut] for i in range(0, len(events), cut)]) == [
+        ("é", None, False),
+        ("b", "stop", True),
+    ]
     assert stream.done
 
 
@@ -374,16 +425,24 @@ CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 FIXTURE_MODEL = "Qwen/Qwen3-8B"
 #: engine -> route -> what the gateway must stream back: (text, finish_reason, prompt_tokens, completion_tokens)
 ENGINE_STREAMS = {
-    "vllm": {CHAT: ("Hello there! How can I help?", "stop", 14, 9),
-             COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8)},
-    "sglang": {CHAT: ("Hello there! How can I help?", "stop", 14, 9),
-               COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8)},
-    "trtllm-serve": {CHAT: ("Hello there! How can I help?", "stop", 14, 9),
-                     COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8)},
+    "vllm": {
+        CHAT: ("Hello there! How can I help?", "stop", 14, 9),
+        COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8),
+    },
+    "sglang": {
+        CHAT: ("Hello there! How can I help?", "stop", 14, 9),
+        COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8),
+    },
+    "trtllm-serve": {
+        CHAT: ("Hello there! How can I help?", "stop", 14, 9),
+        COMPLETIONS: (" Paris. It is the largest city in", "length", 5, 8),
+    },
     # no usage in the stream: the completion tokens are its text chunks (one token each), the prompt's unknown
-    "llama.cpp": {CHAT: ("Hello there, welcome to my world! I", "length", 0, 9),
-                  COMPLETIONS: (" Paris.\n- The United States has", "length", 0, 8)},
-}  # fmt: skip
+    "llama.cpp": {
+        CHAT: ("Hello there, welcome to my world! I", "length", 0, 9),
+        COMPLETIONS: (" Paris.\n- The United States has", "length", 0, 8),
+    },
+}
 #: llama.cpp's Python server has no /health route (404), which the gateway reads as "answers HTTP at all"
 HEALTH_STATUS = {"llama.cpp": 404}
 
@@ -424,7 +483,7 @@ async def _replaying_engine(bodies: dict[str, bytes], health_status: int, owned_
         await response.prepare(request)
         body = bodies[request.path]
         for start in range(0, len(body), 97):
-            await response.write(body[start:start + 97])
+            await response.write(body[start : start + 97])
         await response.write_eof()
         return response
 
@@ -500,8 +559,10 @@ def test_each_engines_stream_shape_through_the_gateway(engine, route):
     assert "".join(c["delta"].get("content") or "" if route == CHAT else c["text"] for c in choices) == text
     assert [c["finish_reason"] for c in choices if c["finish_reason"]] == [finish_reason]
     assert events[-2]["choices"] == [] and events[-2]["usage"] == {
-        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
     (body,) = sent
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
@@ -511,18 +572,35 @@ def test_each_engines_stream_shape_through_the_gateway(engine, route):
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 
-@pytest.mark.parametrize(("constraint", "vllm_extras", "fields"), [
-    (Constraint("json_object"), False, {"response_format": {"type": "json_object"}}),
-    (Constraint("json_schema", json.dumps(SCHEMA)), False,
-     {"response_format": {"type": "json_schema", "json_schema": {"name": "response", "schema": SCHEMA,
-                                                                 "strict": True}}}),
-    (Constraint("json_schema", json.dumps(SCHEMA)), True,
-     {"response_format": {"type": "json_schema", "json_schema": {"name": "response", "schema": SCHEMA,
-                                                                 "strict": True}}}),
-    (Constraint("regex", "[0-9]+"), True, {"structured_outputs": {"regex": "[0-9]+"}}),
-    (Constraint("grammar", 'root ::= "a"'), True, {"structured_outputs": {"grammar": 'root ::= "a"'}}),
-    (Constraint("choice", '["yes", "no"]'), True, {"structured_outputs": {"choice": ["yes", "no"]}}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("constraint", "vllm_extras", "fields"),
+    [
+        (Constraint("json_object"), False, {"response_format": {"type": "json_object"}}),
+        (
+            Constraint("json_schema", json.dumps(SCHEMA)),
+            False,
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "response", "schema": SCHEMA, "strict": True},
+                }
+            },
+        ),
+        (
+            Constraint("json_schema", json.dumps(SCHEMA)),
+            True,
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "response", "schema": SCHEMA, "strict": True},
+                }
+            },
+        ),
+        (Constraint("regex", "[0-9]+"), True, {"structured_outputs": {"regex": "[0-9]+"}}),
+        (Constraint("grammar", 'root ::= "a"'), True, {"structured_outputs": {"grammar": 'root ::= "a"'}}),
+        (Constraint("choice", '["yes", "no"]'), True, {"structured_outputs": {"choice": ["yes", "no"]}}),
+    ],
+)
 def test_a_constraint_goes_upstream_in_the_field_the_engine_reads(constraint, vllm_extras, fields):
     """OpenAI's response_format (json_object, json_schema with name and schema), which vLLM, SGLang and trtllm-serve
     all read (vllm-project/vllm vllm/entrypoints/openai/engine/protocol.py ResponseFormat; sgl-project/sglang
@@ -563,8 +641,9 @@ def _requests_through_gateway(owned_by: str | None, requests: list[tuple[str, di
             for route, extra in requests:
                 async with client.stream("POST", route, json=_stream_request(route, **extra)) as response:
                     raw = await response.aread()
-                    answers.append((response.status_code,
-                                    json.loads(raw)["error"] if response.status_code != 200 else None))
+                    answers.append(
+                        (response.status_code, json.loads(raw)["error"] if response.status_code != 200 else None)
+                    )
         return answers, sent
 
     return asyncio.run(main())
@@ -594,14 +673,17 @@ def test_a_vllm_upstream_is_sent_each_constraint_and_another_engine_only_the_jso
 CHAT_REQ = GenerationRequest("r", "m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
 
 
-@pytest.mark.parametrize(("req", "fields"), [
-    (dataclasses.replace(CHAT_REQ, logprobs=0), {"logprobs": True, "top_logprobs": 0}),
-    (dataclasses.replace(CHAT_REQ, logprobs=3), {"logprobs": True, "top_logprobs": 3}),
-    (dataclasses.replace(REQ, logprobs=2), {"logprobs": 2}),
-    (dataclasses.replace(REQ, logprobs=2, prompt_logprobs=2), {"logprobs": 2, "echo": True}),
-    (dataclasses.replace(REQ, prompt_logprobs=1), {"logprobs": 1, "echo": True}),
-    (REQ, {}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("req", "fields"),
+    [
+        (dataclasses.replace(CHAT_REQ, logprobs=0), {"logprobs": True, "top_logprobs": 0}),
+        (dataclasses.replace(CHAT_REQ, logprobs=3), {"logprobs": True, "top_logprobs": 3}),
+        (dataclasses.replace(REQ, logprobs=2), {"logprobs": 2}),
+        (dataclasses.replace(REQ, logprobs=2, prompt_logprobs=2), {"logprobs": 2, "echo": True}),
+        (dataclasses.replace(REQ, prompt_logprobs=1), {"logprobs": 1, "echo": True}),
+        (REQ, {}),
+    ],
+)
 def test_logprobs_go_upstream_in_openais_fields(req, fields):
     """Chat's `logprobs` + `top_logprobs`, completions' `logprobs` (one count for the prompt's and the completion's
     tokens) and `echo` for the prompt's, as OpenAI and vLLM read them (vllm/entrypoints/openai/chat_completion/
@@ -690,16 +772,44 @@ def test_whole_answers_keep_the_alternatives_asked_for_and_split_an_echoed_token
     def handler(request):
         body = json.loads(request.content)
         if request.url.path == CHAT:
-            content = [{"token": "Hi", "logprob": -0.5, "bytes": None, "top_logprobs": [
-                {"token": "Hello", "logprob": -0.2, "bytes": None}, {"token": "Hi", "logprob": -0.5, "bytes": None}]}]
-            return httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "Hi"}, "finish_reason":
-                                                          "stop", "logprobs": {"content": content}}]})  # fmt: skip
+            content = [
+                {
+                    "token": "Hi",
+                    "logprob": -0.5,
+                    "bytes": None,
+                    "top_logprobs": [
+                        {"token": "Hello", "logprob": -0.2, "bytes": None},
+                        {"token": "Hi", "logprob": -0.5, "bytes": None},
+                    ],
+                }
+            ]
+            return httpx.Response(
+                200,
+                json={
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"content": "Hi"},
+                            "finish_reason": "stop",
+                            "logprobs": {"content": content},
+                        }
+                    ]
+                },
+            )
         assert body["prompt"] == [11, 12] and body["echo"] is True and body["logprobs"] == 1
-        logprobs = {"tokens": ["a", "b", "c"], "token_logprobs": [None, -1.0, -2.0], "text_offset": [0, 1, 2],
-                    "top_logprobs": [None, {"b": -1.0, "x": -0.5}, {"c": -2.0, "y": -0.1}]}
-        return httpx.Response(200, json={"choices": [{"index": 0, "text": "abc", "finish_reason": "length",
-                                                      "logprobs": logprobs}],
-                                         "usage": {"prompt_tokens": 2, "completion_tokens": 1}})  # fmt: skip
+        logprobs = {
+            "tokens": ["a", "b", "c"],
+            "token_logprobs": [None, -1.0, -2.0],
+            "text_offset": [0, 1, 2],
+            "top_logprobs": [None, {"b": -1.0, "x": -0.5}, {"c": -2.0, "y": -0.1}],
+        }
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"index": 0, "text": "abc", "finish_reason": "length", "logprobs": logprobs}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+            },
+        )
 
     client = _client(handler)
     (chat,) = asyncio.run(_collect(client, dataclasses.replace(CHAT_REQ, logprobs=1), stream=False))
@@ -707,7 +817,9 @@ def test_whole_answers_keep_the_alternatives_asked_for_and_split_an_echoed_token
     req = GenerationRequest("r", "m", prompt_token_ids=[11, 12], max_tokens=1, logprobs=1, prompt_logprobs=1)
     (completion,) = asyncio.run(_collect(client, req, stream=False))
     assert completion.text == "c" and completion.prompt_logprobs == [
-        TokenScore("a", -1, None), TokenScore("b", -1, -1.0, ("x",), (-1,), (-0.5,))]
+        TokenScore("a", -1, None),
+        TokenScore("b", -1, -1.0, ("x",), (-1,), (-0.5,)),
+    ]
     assert completion.logprobs == [TokenScore("c", -1, -2.0, ("y",), (-1,), (-0.1,))]
 
 
@@ -728,15 +840,19 @@ def test_processed_logprobs_are_refused_naming_logprobs_mode_and_never_sent():
     """No OpenAI server takes a logprobs mode per request: vLLM sets it per engine (vllm/engine/arg_utils.py
     --logprobs-mode; ChatCompletionRequest has no such field and would drop it unread), so the gateway refuses it
     rather than answer raw numbers for processed ones. The default is sent as a plain logprobs request."""
+
     async def main():
         async with _gateway_over(_fixture_bodies("vllm-logprobs"), owned_by="vllm") as (client, sent):
-            answers = [await client.post(CHAT, json=_stream_request(CHAT, logprobs=True, logprobs_mode=mode))
-                       for mode in ("processed_logprobs", "raw_logprobs")]
+            answers = [
+                await client.post(CHAT, json=_stream_request(CHAT, logprobs=True, logprobs_mode=mode))
+                for mode in ("processed_logprobs", "raw_logprobs")
+            ]
         return answers, sent
 
     (refused, ok), sent = asyncio.run(main())
     assert refused.status_code == 400 and refused.json()["error"]["message"].startswith(
-        "processed logprobs (logprobs_mode) are not supported by this worker")
+        "processed logprobs (logprobs_mode) are not supported by this worker"
+    )
     assert ok.status_code == 200 and len(sent) == 1 and "logprobs_mode" not in sent[0]
 
 

@@ -26,8 +26,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.metrics import GATEWAY_NUM_REQUESTS_OUTSTANDING, GATEWAY_RETRIES_TOTAL, GATEWAY_WORKER_HEALTHY
-from service.metrics import REQUEST_SUCCESS_TOTAL
+from service.metrics import (
+    GATEWAY_NUM_REQUESTS_OUTSTANDING,
+    GATEWAY_RETRIES_TOTAL,
+    GATEWAY_WORKER_HEALTHY,
+    REQUEST_SUCCESS_TOTAL,
+)
 from tests.ports import free_port
 from tests.service.conftest import Gateway, ServerProcess, metric_value
 
@@ -62,11 +66,29 @@ class LlamaServer(ServerProcess):
 
     def start(self) -> LlamaServer:
         self._log = open(self.log_path, "ab")
-        args = ["--model", str(_gguf()), "--model_alias", MODEL, "--n_ctx", str(CONTEXT_TOKENS), "--n_threads", "1",
-                "--n_threads_batch", "1", "--host", "127.0.0.1", "--port", str(self.port),
-                "--interrupt_requests", "False", "--verbose", "False"]  # fmt: skip
-        self.proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", *args], env=self.env,
-                                     stdout=self._log, stderr=subprocess.STDOUT)  # fmt: skip
+        args = [
+            "--model",
+            str(_gguf()),
+            "--model_alias",
+            MODEL,
+            "--n_ctx",
+            str(CONTEXT_TOKENS),
+            "--n_threads",
+            "1",
+            "--n_threads_batch",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--interrupt_requests",
+            "False",
+            "--verbose",
+            "False",
+        ]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", *args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT
+        )
         return self
 
     def wait_ready(self) -> LlamaServer:
@@ -84,8 +106,11 @@ def _gateway_over_two_upstreams(tmp: Path, *gateway_args: str, env: dict | None 
         for server in upstreams:
             server.wait_ready()
         gw.wait_ready()
-        _wait_for(lambda: all(_gateway_metric(gw, GATEWAY_WORKER_HEALTHY, worker=s.address) == 1 for s in upstreams),
-                  10, "admitting both upstreams")  # fmt: skip
+        _wait_for(
+            lambda: all(_gateway_metric(gw, GATEWAY_WORKER_HEALTHY, worker=s.address) == 1 for s in upstreams),
+            10,
+            "admitting both upstreams",
+        )
         yield gw, upstreams
     finally:
         gw.terminate()
@@ -98,8 +123,9 @@ def shared(tmp_path_factory):
     """The gateway and upstreams the tests that leave both idle share. The gateway keeps at most one request in
     flight on each (`--openai-max-outstanding 1`), so two streams fill it (test_overload_is_429_with_retry_after),
     and holds no admission queue (max_waiting 0), so a full pool answers 429 at once."""
-    with _gateway_over_two_upstreams(tmp_path_factory.mktemp("llama"), "--openai-max-outstanding", "1",
-                                     env={"DEEPSPEC_GATEWAY_MAX_WAITING": "0"}) as shared:
+    with _gateway_over_two_upstreams(
+        tmp_path_factory.mktemp("llama"), "--openai-max-outstanding", "1", env={"DEEPSPEC_GATEWAY_MAX_WAITING": "0"}
+    ) as shared:
         yield shared
 
 
@@ -139,15 +165,21 @@ def _events(response: httpx.Response):
     """The JSON payloads of an SSE response, then the string "[DONE]"."""
     for line in response.iter_lines():
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             yield data if data == "[DONE]" else json.loads(data)
 
 
 @contextlib.contextmanager
 def _stream(client: httpx.Client, url: str, max_tokens: int = LONG_TOKENS):
     """A streamed completion that runs to `max_tokens` (`ignore_eos`): it cannot end before the test closes it."""
-    body = {"model": MODEL, "prompt": COUNTING, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "prompt": COUNTING,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         assert response.status_code == 200, response.read()
         yield response, _events(response)
@@ -181,16 +213,17 @@ def test_chat_whole_and_streamed(gateway):
     """Chat goes to the upstream's /v1/chat/completions (its template); streamed deltas add up to the whole
     answer, the finish reason comes last and the usage chunk (include_usage) has the completion tokens of the
     whole answer (llama.cpp streams no usage: one token per chunk, counted; its prompt tokens are unknown)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
-            "temperature": 0}  # fmt: skip
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
     whole = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=60)
     assert whole.status_code == 200, whole.text
     answer = whole.json()["choices"][0]["message"]["content"]
     assert answer and whole.json()["usage"]["completion_tokens"] > 0
 
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    with httpx.Client(timeout=60) as client, client.stream("POST", f"{gateway.url}/v1/chat/completions",
-                                                            json=stream_body) as response:  # fmt: skip
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", f"{gateway.url}/v1/chat/completions", json=stream_body) as response,
+    ):
         assert response.status_code == 200
         events = list(_events(response))
     assert events[-1] == "[DONE]"
@@ -219,8 +252,11 @@ def test_cancelling_closes_the_upstream_stream(gateway, upstreams):
     gateway_process = psutil.Process(gateway.proc.pid)
 
     def connections_to(port: int) -> set[tuple]:
-        return {c.laddr for c in gateway_process.net_connections(kind="tcp")
-                if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}  # fmt: skip
+        return {
+            c.laddr
+            for c in gateway_process.net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        }
 
     aborts = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, status="abort")
     with httpx.Client(timeout=60) as client, _stream(client, gateway.url) as (response, events):
@@ -240,8 +276,12 @@ def test_ignore_eos_runs_to_max_tokens(gateway):
     request holds that token back (llama.cpp honours `min_tokens`: abetlen/llama-cpp-python
     llama_cpp/server/app.py prepare_request_resources, MinTokensLogitsProcessor), so the answer runs to max_tokens.
     This is what keeps the long streams of the tests below alive until they close or kill them."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Reply with one word: yes or no?"}],
-            "max_tokens": 24, "temperature": 0}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Reply with one word: yes or no?"}],
+        "max_tokens": 24,
+        "temperature": 0,
+    }
     plain = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=60).json()
     assert plain["choices"][0]["finish_reason"] == "stop" and plain["usage"]["completion_tokens"] < 24, plain
     held = httpx.post(f"{gateway.url}/v1/chat/completions", json={**body, "ignore_eos": True}, timeout=60).json()
@@ -290,8 +330,7 @@ def test_kill9_mid_stream_rerouting_ejection_and_rejoin(tmp_path):
             assert answer.json()["choices"][0]["text"]
             assert _gateway_metric(gateway, GATEWAY_RETRIES_TOTAL, worker=victim.address) >= retries + 1
 
-        _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 0, 10,
-                  "ejected")  # fmt: skip
+        _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 0, 10, "ejected")
         served = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=survivor.address)
         for _ in range(3):
             assert _complete(gateway.url, max_tokens=2).status_code == 200
@@ -300,8 +339,7 @@ def test_kill9_mid_stream_rerouting_ejection_and_rejoin(tmp_path):
         restarted = LlamaServer(tmp_path, port=victim.port).start()
         upstreams[upstreams.index(victim)] = restarted  # killed with the others at the end
         restarted.wait_ready()
-        _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 1, 15,
-                  "rejoined")  # fmt: skip
+        _wait_for(lambda: _gateway_metric(gateway, GATEWAY_WORKER_HEALTHY, worker=victim.address) == 1, 15, "rejoined")
         served = _gateway_metric(gateway, REQUEST_SUCCESS_TOTAL, worker=victim.address, status="length")
         for _ in range(20):  # two idle upstreams: each request goes to either with probability 1/2
             assert _complete(gateway.url, max_tokens=1).status_code == 200
@@ -315,8 +353,12 @@ def test_overload_is_429_with_retry_after(gateway, upstreams):
     """With every upstream at its in-flight cap (`--openai-max-outstanding 1`: llama.cpp queues without bound and
     never says 429 itself) a new request is 429 + Retry-After, and is served again once a slot frees."""
     _wait_for(lambda: all(_idle(s) for s in upstreams), 30, "idle upstreams")
-    with httpx.Client(timeout=30) as a, httpx.Client(timeout=30) as b, _stream(a, gateway.url) as (_, first), \
-            _stream(b, gateway.url) as (_, second):  # fmt: skip
+    with (
+        httpx.Client(timeout=30) as a,
+        httpx.Client(timeout=30) as b,
+        _stream(a, gateway.url) as (_, first),
+        _stream(b, gateway.url) as (_, second),
+    ):
         assert next(first) and next(second)
         busy = _complete(gateway.url)
         assert busy.status_code == 429, busy.text
@@ -335,8 +377,12 @@ def _fresh(upstreams) -> None:
     little differently (a repeated greedy chat's first logprob moves by ~0.2), so every request compared here comes
     after another prompt."""
     for server in upstreams:
-        assert httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "Zebras", "max_tokens": 1},
-                          timeout=60).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "Zebras", "max_tokens": 1}, timeout=60
+            ).status_code
+            == 200
+        )
 
 
 def test_logprobs_through_the_gateway_are_the_upstreams_own(gateway, upstreams):
@@ -355,22 +401,37 @@ def test_logprobs_through_the_gateway_are_the_upstreams_own(gateway, upstreams):
     ours, theirs = answers
     assert len(ours["tokens"]) == 6 and ours["tokens"] == theirs["tokens"]
     assert ours["token_logprobs"] == pytest.approx(theirs["token_logprobs"], abs=1e-5)
-    assert [{k: pytest.approx(v, abs=1e-5) for k, v in d.items()} for d in ours["top_logprobs"]] == \
-        theirs["top_logprobs"]  # fmt: skip
+    assert [{k: pytest.approx(v, abs=1e-5) for k, v in d.items()} for d in ours["top_logprobs"]] == theirs[
+        "top_logprobs"
+    ]
     assert ours["text_offset"] == [len("".join(ours["tokens"][:i])) for i in range(6)]
 
-    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 3,
-            "stream": True}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "prompt": "The capital of France is",
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 3,
+        "stream": True,
+    }
     _fresh(upstreams)
-    with httpx.Client(timeout=60) as client, client.stream("POST", f"{gateway.url}/v1/completions",
-                                                            json=body) as response:  # fmt: skip
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", f"{gateway.url}/v1/completions", json=body) as response,
+    ):
         chunks = [e["choices"][0] for e in _events(response) if e != "[DONE]" and e["choices"]]
     assert [t for c in chunks for t in c["logprobs"]["tokens"]] == ours["tokens"]
     assert [lp for c in chunks for lp in c["logprobs"]["token_logprobs"]] == ours["token_logprobs"]
     assert [o for c in chunks for o in c["logprobs"]["text_offset"]] == ours["text_offset"]
 
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5,
-            "temperature": 0, "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     answers = []
     for url in (gateway.url, upstreams[0].url):
         _fresh(upstreams)
@@ -380,8 +441,9 @@ def test_logprobs_through_the_gateway_are_the_upstreams_own(gateway, upstreams):
     for mine, upstream in zip(ours["content"], theirs["content"]):
         assert mine["logprob"] == pytest.approx(upstream["logprob"], abs=1e-5)
         likeliest = sorted(upstream["top_logprobs"], key=lambda a: -a["logprob"])[:2]
-        assert [(a["token"], a["logprob"]) for a in mine["top_logprobs"]] == [(a["token"], a["logprob"])
-                                                                             for a in likeliest]
+        assert [(a["token"], a["logprob"]) for a in mine["top_logprobs"]] == [
+            (a["token"], a["logprob"]) for a in likeliest
+        ]
         assert mine["bytes"] == list(mine["token"].encode())
 
 

@@ -46,8 +46,9 @@ def within_the_model(case):
         for name in CONSTRAINTS:
             case.body.pop(name, None)
         response_format = case.body.get("response_format")
-        if isinstance(response_format, dict) and (response_format.get("json_schema")
-                                                  or response_format.get("type") == "json_schema"):
+        if isinstance(response_format, dict) and (
+            response_format.get("json_schema") or response_format.get("type") == "json_schema"
+        ):
             del case.body["response_format"]
         speculation = case.body.get("speculation")
         if isinstance(speculation, dict) and speculation.get("mode") == "off":
@@ -102,8 +103,13 @@ def test_the_gateway_answers_as_its_openapi_document_says(openapi_schema, mode):
         strategy = operation.as_strategy(generation_mode=mode)
 
         @given(case=strategy.map(within_the_model) if mode == GenerationMode.POSITIVE else strategy)
-        @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @settings(
+            max_examples=MAX_EXAMPLES,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
         def check(case):
             case.call_and_validate(timeout=30)
 

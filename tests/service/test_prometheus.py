@@ -28,10 +28,15 @@ scrape_configs:
     static_configs: [{{targets: ["127.0.0.1:{stub_worker.metrics_port}"]}}]
 """)
     proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"),
-    )  # fmt: skip
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "prometheus.log", "wb"),
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -71,6 +76,9 @@ def test_prometheus_scrapes_both_and_computes_ttft_quantiles(prometheus, gateway
         assert 0 < float(r["value"][1]) < 1.0
     up = {r["metric"]["job"]: r["value"][1] for r in query(prometheus, "up")}
     assert up == {"gateway": "1", "worker": "1"}
-    acceptance = query(prometheus, "1 + sum(deepspec:spec_decode_num_accepted_tokens_total{job='worker'}) "
-                                   "/ sum(deepspec:spec_decode_num_drafts_total{job='worker'})")  # fmt: skip
+    acceptance = query(
+        prometheus,
+        "1 + sum(deepspec:spec_decode_num_accepted_tokens_total{job='worker'}) "
+        "/ sum(deepspec:spec_decode_num_drafts_total{job='worker'})",
+    )
     assert float(acceptance[0]["value"][1]) > 1

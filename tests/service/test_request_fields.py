@@ -70,9 +70,15 @@ COMPLETION_REFUSED = REFUSED | {"suffix": "x", "best_of": 2}  # best_of is accep
 
 APIS = {
     "chat": (ChatCompletionRequest, CHAT_BASE, CHAT_GENERATION, RESPONSE, CHAT_NO_EFFECT, CHAT_REFUSED),
-    "completions": (CompletionRequest, COMPLETION_BASE, COMPLETION_GENERATION, COMPLETION_RESPONSE, NO_EFFECT,
-                    COMPLETION_REFUSED),
-}  # fmt: skip
+    "completions": (
+        CompletionRequest,
+        COMPLETION_BASE,
+        COMPLETION_GENERATION,
+        COMPLETION_RESPONSE,
+        NO_EFFECT,
+        COMPLETION_REFUSED,
+    ),
+}
 
 
 def _generation(model, body: dict) -> dict:

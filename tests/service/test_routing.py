@@ -8,10 +8,10 @@ import random
 import httpx
 import pytest
 
+from deepspec_protocol.worker import WorkerLoad
 from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.scoring import _step_cost, expected_tokens_per_s, prefix_key
-from service.metrics import GatewayMetrics, REQUEST_SUCCESS_TOTAL
-from deepspec_protocol.worker import WorkerLoad
+from service.metrics import REQUEST_SUCCESS_TOTAL, GatewayMetrics
 from tests.service.conftest import Gateway, Worker, metric_value
 
 FAST = WorkerLoad(num_running=2, num_waiting=0, num_slots=8, kv_utilization=0.1, row_tokens_per_s=100.0)
@@ -26,8 +26,14 @@ class Clock:
 
 
 def _pool(*loads: WorkerLoad | None, clock=None) -> WorkerPool:
-    pool = WorkerPool("", GatewayMetrics(), rng=random.Random(0), clock=clock or Clock(), load_max_age_s=5.0,
-                      make_client=lambda address: None)  # fmt: skip
+    pool = WorkerPool(
+        "",
+        GatewayMetrics(),
+        rng=random.Random(0),
+        clock=clock or Clock(),
+        load_max_age_s=5.0,
+        make_client=lambda address: None,
+    )
     for i, load in enumerate(loads):
         endpoint = pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", None, healthy=True, models={"m": 0})
         if load is not None:
@@ -104,14 +110,21 @@ def test_a_prompt_prefix_prefers_its_worker_unless_it_scores_far_below_the_best(
     assert key == prefix_key(None, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "?"}])
     pool.served(pool.endpoints["w1"], None, key)
     assert {pool.pick("m", prefix=key).address for _ in range(10)} == {"w1"}
-    pool.observe_load(pool.endpoints["w1"], WorkerLoad(num_running=8, num_waiting=16, num_slots=8,
-                                                       row_tokens_per_s=100.0))  # fmt: skip
+    pool.observe_load(
+        pool.endpoints["w1"], WorkerLoad(num_running=8, num_waiting=16, num_slots=8, row_tokens_per_s=100.0)
+    )
     assert pool.pick("m", prefix=key).address == "w0"
 
 
 def test_the_load_round_trips_through_response_parameters():
-    load = WorkerLoad(num_running=3, num_waiting=1, num_slots=8, kv_utilization=0.25, row_tokens_per_s=42.5,
-                      acceptance={"interactive": 2.5})  # fmt: skip
+    load = WorkerLoad(
+        num_running=3,
+        num_waiting=1,
+        num_slots=8,
+        kv_utilization=0.25,
+        row_tokens_per_s=42.5,
+        acceptance={"interactive": 2.5},
+    )
     back = WorkerLoad.from_params(load.to_params())
     assert back == load and WorkerLoad.from_params({}) is None
 
@@ -126,11 +139,18 @@ def test_a_session_header_keeps_every_turn_on_one_worker(tmp_path):
         with httpx.Client(timeout=30) as client:
             for turn in range(12):
                 for session in ("alpha", "beta", "gamma"):
-                    response = client.post(f"{gw.url}/v1/completions", headers={"x-session-id": session},
-                                           json={"prompt": f"turn {turn}", "max_tokens": 4})  # fmt: skip
+                    response = client.post(
+                        f"{gw.url}/v1/completions",
+                        headers={"x-session-id": session},
+                        json={"prompt": f"turn {turn}", "max_tokens": 4},
+                    )
                     assert response.status_code == 200, response.text
-            assert client.post(f"{gw.url}/v1/completions", headers={"x-session-id": "bad\x07"},
-                               json={"prompt": "x"}).status_code == 400  # fmt: skip
+            assert (
+                client.post(
+                    f"{gw.url}/v1/completions", headers={"x-session-id": "bad\x07"}, json={"prompt": "x"}
+                ).status_code
+                == 400
+            )
         text = httpx.get(f"{gw.url}/metrics").text
         per_worker = [metric_value(text, REQUEST_SUCCESS_TOTAL, worker=w.address) for w in workers]
         assert sum(per_worker) == 36 and all(n % 12 == 0 for n in per_worker)  # whole sessions, never split

@@ -18,10 +18,25 @@ GIB = 1024**3
 SMOLLM2_VALUES_PER_POSITION = 30 * 3 * 64 * 2
 
 
-def _context(declared=8192, requested=None, *, slots=8, slack=9, per_position=2 * SMOLLM2_VALUES_PER_POSITION,
-             available=16 * GIB, fraction=0.5):
-    return served_context(declared, requested, slots=slots, slack=slack, bytes_per_position=per_position,
-                          available_bytes=available, memory_fraction=fraction)
+def _context(
+    declared=8192,
+    requested=None,
+    *,
+    slots=8,
+    slack=9,
+    per_position=2 * SMOLLM2_VALUES_PER_POSITION,
+    available=16 * GIB,
+    fraction=0.5,
+):
+    return served_context(
+        declared,
+        requested,
+        slots=slots,
+        slack=slack,
+        bytes_per_position=per_position,
+        available_bytes=available,
+        memory_fraction=fraction,
+    )
 
 
 def test_the_declared_context_is_served_where_it_fits():
@@ -66,8 +81,15 @@ def test_the_cgroup_limit_bounds_the_memory(tmp_path, monkeypatch):
 # --- each backend, on a tiny target that declares 4,096 positions ---------------------------------------------------
 
 DECLARED = 4096
-HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=DECLARED)
+HD16 = dict(
+    hidden_size=64,
+    head_dim=16,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=DECLARED,
+)
 #: values a position takes in the tiny target's cache: 2 layers × 2 KV heads × 16 dims, K and V
 TINY_VALUES = 2 * 2 * 16 * 2
 

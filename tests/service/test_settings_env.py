@@ -39,8 +39,10 @@ GATEWAY_ENV = {
     "retry_after_s": ("3", 3),
     "metrics_port": ("9102", 9102),
     "ready_without_workers": ("true", True),
-    "service_classes": ('{"keys": {"sk-a": {"service_class": "batch"}}}',
-                        '{"keys": {"sk-a": {"service_class": "batch"}}}'),
+    "service_classes": (
+        '{"keys": {"sk-a": {"service_class": "batch"}}}',
+        '{"keys": {"sk-a": {"service_class": "batch"}}}',
+    ),
     "max_inflight_per_worker": ("4", 4),
     "interactive_reserve_per_worker": ("2", 2),
     "max_waiting": ("9", 9),
@@ -168,12 +170,18 @@ def test_help_shows_the_settings_defaults():
 def test_the_real_gateway_listens_on_the_port_its_variable_names(tmp_path):
     """The bug as a deployment meets it: a pod configured by environment only."""
     port, grpc = free_port(), free_port()
-    env = {**os.environ, "DEEPSPEC_GATEWAY_HTTP_PORT": str(port), "DEEPSPEC_GATEWAY_GRPC_PORT": str(grpc),
-           "DEEPSPEC_GATEWAY_WORKERS": "127.0.0.1:1", "DEEPSPEC_GATEWAY_READY_WITHOUT_WORKERS": "1"}
+    env = {
+        **os.environ,
+        "DEEPSPEC_GATEWAY_HTTP_PORT": str(port),
+        "DEEPSPEC_GATEWAY_GRPC_PORT": str(grpc),
+        "DEEPSPEC_GATEWAY_WORKERS": "127.0.0.1:1",
+        "DEEPSPEC_GATEWAY_READY_WITHOUT_WORKERS": "1",
+    }
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service", "gateway"], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "gateway"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -196,13 +204,36 @@ def test_the_real_gateway_listens_on_the_port_its_variable_names(tmp_path):
 def test_the_admission_and_routing_flags_reach_the_gateway(tmp_path):
     classes = tmp_path / "classes.yaml"
     classes.write_text("keys: {sk-agent: {service_class: interactive, session_memory: true}}\n")
-    gateway = parse_config(["gateway", "--workers", "127.0.0.1:1", "--service-classes-file", str(classes),
-                            "--max-inflight-per-worker", "4", "--interactive-reserve-per-worker", "2",
-                            "--max-waiting", "0", "--queue-timeout-s", "2.5", "--routing", "p2c",
-                            "--routing-load-max-age-s", "9"]).gateway
-    assert (gateway.service_classes_file, gateway.max_inflight_per_worker, gateway.interactive_reserve_per_worker,
-            gateway.max_waiting, gateway.queue_timeout_s, gateway.routing, gateway.routing_load_max_age_s) == (
-        classes, 4, 2, 0, 2.5, "p2c", 9.0)
+    gateway = parse_config(
+        [
+            "gateway",
+            "--workers",
+            "127.0.0.1:1",
+            "--service-classes-file",
+            str(classes),
+            "--max-inflight-per-worker",
+            "4",
+            "--interactive-reserve-per-worker",
+            "2",
+            "--max-waiting",
+            "0",
+            "--queue-timeout-s",
+            "2.5",
+            "--routing",
+            "p2c",
+            "--routing-load-max-age-s",
+            "9",
+        ]
+    ).gateway
+    assert (
+        gateway.service_classes_file,
+        gateway.max_inflight_per_worker,
+        gateway.interactive_reserve_per_worker,
+        gateway.max_waiting,
+        gateway.queue_timeout_s,
+        gateway.routing,
+        gateway.routing_load_max_age_s,
+    ) == (classes, 4, 2, 0, 2.5, "p2c", 9.0)
     assert gateway.load_service_classes().keys == frozenset({"sk-agent"})
     inline = parse_config(["gateway", "--workers", "127.0.0.1:1", "--service-classes", "default: {weight: 3}"])
     assert inline.gateway.load_service_classes().default.weight == 3

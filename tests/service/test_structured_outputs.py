@@ -45,8 +45,9 @@ CAPITAL_SCHEMA = Capital.model_json_schema()
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    with served(tmp_path_factory.mktemp("servers"), "--target", MODEL, "--draft", "prompt-lookup",
-                "--max-seq-len", "512") as gw:
+    with served(
+        tmp_path_factory.mktemp("servers"), "--target", MODEL, "--draft", "prompt-lookup", "--max-seq-len", "512"
+    ) as gw:
         yield gw
 
 
@@ -62,8 +63,9 @@ def post(gateway, path: str, body: dict) -> httpx.Response:
 def test_parse_with_a_pydantic_model_returns_the_parsed_object(client):
     """The openai client's `chat.completions.parse` sends the model's strict JSON schema as response_format
     json_schema and parses the reply into the model: the constraint makes that parse succeed."""
-    completion = client.chat.completions.parse(model=MODEL, messages=CAPITAL_QUESTION, response_format=Capital,
-                                               temperature=0, max_tokens=40)
+    completion = client.chat.completions.parse(
+        model=MODEL, messages=CAPITAL_QUESTION, response_format=Capital, temperature=0, max_tokens=40
+    )
     message = completion.choices[0].message
     assert completion.choices[0].finish_reason == "stop"
     assert message.parsed == Capital(city="Paris", country="France"), message.content
@@ -71,26 +73,42 @@ def test_parse_with_a_pydantic_model_returns_the_parsed_object(client):
 
 def test_json_object_output_parses(client):
     reply = client.chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=60, response_format={"type": "json_object"},
-        messages=[{"role": "user", "content": "Describe a cat as a JSON object with a name and an age."}])
+        model=MODEL,
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Describe a cat as a JSON object with a name and an age."}],
+    )
     assert reply.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
 
 
-@pytest.mark.parametrize("extra", [{"structured_outputs": {"regex": "[0-9]{5}"}}, {"guided_regex": "[0-9]{5}"}],
-                         ids=["structured_outputs", "guided_regex"])
+@pytest.mark.parametrize(
+    "extra",
+    [{"structured_outputs": {"regex": "[0-9]{5}"}}, {"guided_regex": "[0-9]{5}"}],
+    ids=["structured_outputs", "guided_regex"],
+)
 def test_regex_through_vllms_extras(client, extra):
-    reply = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=10, extra_body=extra,
-                                           messages=[{"role": "user", "content": "Give a US ZIP code."}])
+    reply = client.chat.completions.create(
+        model=MODEL,
+        temperature=0,
+        max_tokens=10,
+        extra_body=extra,
+        messages=[{"role": "user", "content": "Give a US ZIP code."}],
+    )
     assert re.fullmatch("[0-9]{5}", reply.choices[0].message.content)
     assert reply.choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("extra", [{"structured_outputs": {"choice": ["yes", "no"]}}, {"guided_choice": ["yes", "no"]}],
-                         ids=["structured_outputs", "guided_choice"])
+@pytest.mark.parametrize(
+    "extra",
+    [{"structured_outputs": {"choice": ["yes", "no"]}}, {"guided_choice": ["yes", "no"]}],
+    ids=["structured_outputs", "guided_choice"],
+)
 def test_choice_through_vllms_extras_on_completions(client, extra):
-    reply = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer yes or no:", temperature=0,
-                                      max_tokens=5, extra_body=extra)
+    reply = client.completions.create(
+        model=MODEL, prompt="Is the sky blue? Answer yes or no:", temperature=0, max_tokens=5, extra_body=extra
+    )
     assert reply.choices[0].text in ("yes", "no") and reply.choices[0].finish_reason == "stop"
 
 
@@ -102,10 +120,15 @@ def test_a_grammar_constrains_the_output(gateway):
 
 def test_a_streamed_constrained_reply_concatenates_to_valid_output(gateway):
     """Streaming changes nothing: the chunks' text is the constrained text, which validates against its schema."""
-    body = {"messages": CAPITAL_QUESTION, "max_tokens": 40, "stream": True,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL_SCHEMA}}}
-    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json={"model": MODEL, "temperature": 0, **body},
-                      timeout=120) as response:
+    body = {
+        "messages": CAPITAL_QUESTION,
+        "max_tokens": 40,
+        "stream": True,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL_SCHEMA}},
+    }
+    with httpx.stream(
+        "POST", f"{gateway.url}/v1/chat/completions", json={"model": MODEL, "temperature": 0, **body}, timeout=120
+    ) as response:
         assert response.status_code == 200, response.read()
         lines = [line.removeprefix("data: ") for line in response.iter_lines() if line]
     assert lines[-1] == "[DONE]"
@@ -116,36 +139,57 @@ def test_a_streamed_constrained_reply_concatenates_to_valid_output(gateway):
     assert choices[-1]["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize(("body", "param", "message"), [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema",
-     "Field required"),
-    ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "no spaces", "schema": {}}}},
-     "response_format.json_schema.name", "pattern"),
-    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, None,
-     "one output constraint, got response_format and guided_regex"),
-    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
-    ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern",
-     "unrecognized request argument"),
-    ({"guided_choice": []}, "guided_choice", "at least 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+            "Field required",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "no spaces", "schema": {}}}},
+            "response_format.json_schema.name",
+            "pattern",
+        ),
+        (
+            {"response_format": {"type": "json_object"}, "guided_regex": "a"},
+            None,
+            "one output constraint, got response_format and guided_regex",
+        ),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
+        (
+            {"structured_outputs": {"regex": "a", "whitespace_pattern": " "}},
+            "structured_outputs.whitespace_pattern",
+            "unrecognized request argument",
+        ),
+        ({"guided_choice": []}, "guided_choice", "at least 1"),
+    ],
+)
 def test_malformed_constraints_are_a_400_naming_the_field(gateway, body, param, message):
     response = post(gateway, "/v1/chat/completions", {"messages": CAPITAL_QUESTION, **body})
     error = response.json()["error"]
     assert response.status_code == 400 and message in error["message"] and error["param"] == param, response.text
 
 
-@pytest.mark.parametrize("body", [
-    {"structured_outputs": {"regex": "([0-9]"}},
-    {"guided_grammar": "root ::= "},
-    {"structured_outputs": {"json": "{not json"}},
-    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}},
-], ids=["regex", "grammar", "json-text", "schema"])  # fmt: skip
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"structured_outputs": {"regex": "([0-9]"}},
+        {"guided_grammar": "root ::= "},
+        {"structured_outputs": {"json": "{not json"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}},
+    ],
+    ids=["regex", "grammar", "json-text", "schema"],
+)
 def test_a_spec_that_does_not_compile_is_the_engines_400_with_its_code(gateway, body):
     """The worker's engine compiles the constraint (xgrammar) and refuses what does not compile with the code
     structured_output_invalid, which reaches the OpenAI error body; the worker keeps serving."""
     response = post(gateway, "/v1/completions", {"prompt": "x", "max_tokens": 2, **body})
-    assert response.status_code == 400 and response.json()["error"]["code"] == "structured_output_invalid", response.text
+    assert response.status_code == 400 and response.json()["error"]["code"] == "structured_output_invalid", (
+        response.text
+    )
     assert post(gateway, "/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
@@ -157,32 +201,45 @@ def grpc_stub(gateway):
 
 def test_grpc_structured_output_constrains_whole_and_streamed_replies(grpc_stub):
     schema = pb.StructuredOutput(kind="json_schema", spec=json.dumps(CAPITAL_SCHEMA))
-    request = pb.CompletionRequest(messages=[pb.ChatMessage(**m) for m in CAPITAL_QUESTION], max_tokens=40,
-                                   structured_output=schema)
+    request = pb.CompletionRequest(
+        messages=[pb.ChatMessage(**m) for m in CAPITAL_QUESTION], max_tokens=40, structured_output=schema
+    )
     whole = grpc_stub.Complete(request)
     assert Capital.model_validate_json(whole.text) and whole.finish_reason == "stop"
     assert "".join(chunk.text for chunk in grpc_stub.CompleteStream(request)) == whole.text
-    choice = grpc_stub.Complete(pb.CompletionRequest(prompt="Is the sky blue? Answer yes or no:", max_tokens=5,
-                                                     structured_output=pb.StructuredOutput(kind="choice",
-                                                                                           spec='["yes", "no"]')))
+    choice = grpc_stub.Complete(
+        pb.CompletionRequest(
+            prompt="Is the sky blue? Answer yes or no:",
+            max_tokens=5,
+            structured_output=pb.StructuredOutput(kind="choice", spec='["yes", "no"]'),
+        )
+    )
     assert choice.text in ("yes", "no")
 
 
-@pytest.mark.parametrize(("kind", "spec", "message"), [
-    ("xml", "<a/>", "kind must be one of"),
-    ("choice", "yes", "JSON list"),
-    ("regex", "", "at least 1"),
-    ("regex", "([0-9]", "invalid regex constraint"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "spec", "message"),
+    [
+        ("xml", "<a/>", "kind must be one of"),
+        ("choice", "yes", "JSON list"),
+        ("regex", "", "at least 1"),
+        ("regex", "([0-9]", "invalid regex constraint"),
+    ],
+)
 def test_grpc_refuses_bad_constraints_with_invalid_argument(grpc_stub, kind, spec, message):
     with pytest.raises(grpc.RpcError) as info:
-        grpc_stub.Complete(pb.CompletionRequest(prompt="x", max_tokens=2,
-                                                structured_output=pb.StructuredOutput(kind=kind, spec=spec)))
+        grpc_stub.Complete(
+            pb.CompletionRequest(prompt="x", max_tokens=2, structured_output=pb.StructuredOutput(kind=kind, spec=spec))
+        )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
 
 
 def test_a_constraint_no_output_can_match_is_the_engines_400(gateway):
     """A regex whose language is empty compiles, but no token is ever allowed: the request must be refused with the
     engine's code, not fail the batch it runs in. Last in the module: today it gets the worker ejected for a moment."""
-    response = post(gateway, "/v1/completions", {"prompt": "x", "max_tokens": 2, "guided_regex": "[^\\x00-\\U0010FFFF]"})
-    assert response.status_code == 400 and response.json()["error"]["code"] == "structured_output_invalid", response.text
+    response = post(
+        gateway, "/v1/completions", {"prompt": "x", "max_tokens": 2, "guided_regex": "[^\\x00-\\U0010FFFF]"}
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == "structured_output_invalid", (
+        response.text
+    )

@@ -32,13 +32,17 @@ def spans():
 
 
 async def _serve_and_ask(stream: bool, headers: dict) -> int:
-    worker = WorkerService(WorkerSettings(target="stub", host="127.0.0.1", port=0, metrics_port=-1,
-                                          drain_timeout_s=0, stub_step_ms=1))  # fmt: skip
+    worker = WorkerService(
+        WorkerSettings(target="stub", host="127.0.0.1", port=0, metrics_port=-1, drain_timeout_s=0, stub_step_ms=1)
+    )
     await worker.start()
     try:
         async with in_process_gateway(f"127.0.0.1:{worker.port}", "the stub worker") as (client, _):
-            response = await client.post("/v1/completions", headers=headers, json={
-                "model": "stub", "prompt": "Hello", "max_tokens": 8, "temperature": 0, "stream": stream})
+            response = await client.post(
+                "/v1/completions",
+                headers=headers,
+                json={"model": "stub", "prompt": "Hello", "max_tokens": 8, "temperature": 0, "stream": stream},
+            )
             await response.aread()
             return response.status_code
     finally:

@@ -24,8 +24,15 @@ from service.gateway.signature import ModelSignature
 from service.gateway.worker_client import GenerationRequest, WorkerClient, WorkerError
 from tests.export.conftest import run_export, write_hf_target
 from tests.export.scored_llm import score
-from tests.kserve_triton import (ACCEPTED_PER_STEP, DRAFTED_PER_STEP, WORDS, KServeTriton, ScriptedLLM,
-                                 fakes_installed, parse_config)
+from tests.kserve_triton import (
+    ACCEPTED_PER_STEP,
+    DRAFTED_PER_STEP,
+    WORDS,
+    KServeTriton,
+    ScriptedLLM,
+    fakes_installed,
+    parse_config,
+)
 from tests.service.conftest import in_process_gateway
 
 MODEL = "tensorrt_llm"
@@ -47,7 +54,9 @@ async def triton_and_gateway(repo):
         port = await triton.start()
         try:
             async with in_process_gateway(f"127.0.0.1:{port}", "the Triton worker", client_timeout_s=20) as (
-                    client, state):
+                client,
+                state,
+            ):
                 yield client, triton, state
         finally:
             await triton.stop()
@@ -62,22 +71,35 @@ def _run(repo, scenario):
 
 
 def _counter(state, name: str) -> float:
-    return sum(s.value for m in state.metrics.registry.collect() if m.name == name for s in m.samples
-               if s.name.endswith("_total"))
+    return sum(
+        s.value
+        for m in state.metrics.registry.collect()
+        if m.name == name
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 def test_non_streaming_completion_reaches_the_decoupled_model_with_usage_and_acceptance(repo):
     async def scenario(client, triton, state):
         response = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hello", "max_tokens": 3})
-        return response, triton.requests, _counter(state, "deepspec:spec_decode_num_draft_tokens"), \
-            _counter(state, "deepspec:spec_decode_num_accepted_tokens")
+        return (
+            response,
+            triton.requests,
+            _counter(state, "deepspec:spec_decode_num_draft_tokens"),
+            _counter(state, "deepspec:spec_decode_num_accepted_tokens"),
+        )
 
     response, requests, drafted, accepted = _run(repo, scenario)
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["choices"][0]["text"] == "".join(WORDS[:3]) and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": len("hello"), "completion_tokens": 3, "total_tokens": len("hello") + 3,
-                             "speculation": {"draft_tokens": drafted, "accepted_tokens": accepted}}  # no rounds
+    assert body["usage"] == {
+        "prompt_tokens": len("hello"),
+        "completion_tokens": 3,
+        "total_tokens": len("hello") + 3,
+        "speculation": {"draft_tokens": drafted, "accepted_tokens": accepted},
+    }  # no rounds
     assert (drafted, accepted) == (3 * DRAFTED_PER_STEP, 3 * ACCEPTED_PER_STEP)
     (request,) = requests
     assert request._inputs[c.LLMAPI_NAMES["stream"]].tolist() == [False]
@@ -85,8 +107,13 @@ def test_non_streaming_completion_reaches_the_decoupled_model_with_usage_and_acc
 
 def test_streaming_completion_sends_every_step_once(repo):
     async def scenario(client, triton, state):
-        payload = {"model": MODEL, "prompt": "hello", "max_tokens": 4, "stream": True,
-                   "stream_options": {"include_usage": True}}
+        payload = {
+            "model": MODEL,
+            "prompt": "hello",
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         async with client.stream("POST", "/v1/completions", json=payload) as response:
             lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
         return response.status_code, lines
@@ -100,8 +127,10 @@ def test_streaming_completion_sends_every_step_once(repo):
 
 def test_chat_messages_travel_as_messages_json_and_the_model_renders_them(repo):
     async def scenario(client, triton, state):
-        response = await client.post("/v1/chat/completions", json={
-            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": ["zz"]})
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop": ["zz"]},
+        )
         return response, triton.requests
 
     response, requests = _run(repo, scenario)
@@ -144,8 +173,10 @@ def test_the_fake_triton_refuses_what_triton_refuses(repo):
             await worker.stub.ModelInfer(_as_worker(req, stream=False))
         except grpc.aio.AioRpcError as e:
             errors.append(e.details())
-        for inputs in ([("text_input", [1]), ("stream", [1])],  # the ensemble's name for streaming
-                       [("text_input", [1, 1])]):  # the old [1, 1] shape on a model with max_batch_size 0
+        for inputs in (
+            [("text_input", [1]), ("stream", [1])],  # the ensemble's name for streaming
+            [("text_input", [1, 1])],
+        ):  # the old [1, 1] shape on a model with max_batch_size 0
             request = service_pb2.ModelInferRequest(model_name=MODEL, id="r2")
             for name, shape in inputs:
                 request.inputs.add(name=name, datatype="BYTES" if name == "text_input" else "BOOL", shape=shape)
@@ -192,9 +223,10 @@ def test_the_stock_llmapi_models_cumulative_text_reaches_clients_as_deltas(repo)
     triton_backend/all_models/llmapi/tensorrt_llm/1/model.py `_create_response` reads `CompletionOutput.text`,
     which tensorrt_llm/executor/result.py keeps cumulative; `text_diff` is the delta). The exported model says it
     sends deltas (config parameter TEXT_OUTPUT_MODE); a model without it has its text turned into deltas."""
-    from deepspec_protocol import worker as p
-    from deepspec_protocol import tensors
     from tritonclient.grpc import service_pb2
+
+    from deepspec_protocol import tensors
+    from deepspec_protocol import worker as p
 
     ours = parse_config(repo / MODEL / "config.pbtxt")
     stock = type(ours)()
@@ -213,8 +245,9 @@ def test_the_stock_llmapi_models_cumulative_text_reaches_clients_as_deltas(repo)
         """A streaming call of the stock model: four cumulative responses."""
 
         def __init__(self):
-            self.responses = iter(response(whole, final=i == 3)
-                                  for i, whole in enumerate(["He", "Hello", "Hello wor", "Hello world"]))
+            self.responses = iter(
+                response(whole, final=i == 3) for i, whole in enumerate(["He", "Hello", "Hello wor", "Hello world"])
+            )
 
         def __aiter__(self):
             return self
@@ -249,19 +282,34 @@ def test_prompt_logprobs_token_prompts_and_structured_outputs_on_the_llmapi_mode
     """The LLM-API model declares none of DeepSpec's prompt-logprobs, `input_ids` or `structured_output` inputs: the
     gateway refuses before sending (a model would drop an undeclared feature or Triton refuse the input), with a
     400 that says so, and the model keeps serving."""
-    cases = [("/v1/completions", {"prompt": "hello", "echo": True, "max_tokens": 0},
-              "prompt logprobs (echo) are not supported by this worker"),
-             ("/v1/completions", {"prompt": "hello", "echo": True, "logprobs": 1},
-              "prompt logprobs (echo) are not supported by this worker"),
-             ("/v1/completions", {"prompt": [1, 2, 3]}, "token-id prompts are not supported by this worker"),
-             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                       "response_format": {"type": "json_object"}},
-              "structured outputs are not supported by this worker"),
-             ("/v1/completions", {"prompt": "hello", "guided_regex": "[0-9]+"},
-              "structured outputs are not supported by this worker"),
-             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
-                                       "logprobs_mode": "processed_logprobs"},
-              "processed logprobs (logprobs_mode) are not supported by this worker")]
+    cases = [
+        (
+            "/v1/completions",
+            {"prompt": "hello", "echo": True, "max_tokens": 0},
+            "prompt logprobs (echo) are not supported by this worker",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hello", "echo": True, "logprobs": 1},
+            "prompt logprobs (echo) are not supported by this worker",
+        ),
+        ("/v1/completions", {"prompt": [1, 2, 3]}, "token-id prompts are not supported by this worker"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+            "structured outputs are not supported by this worker",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hello", "guided_regex": "[0-9]+"},
+            "structured outputs are not supported by this worker",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "logprobs_mode": "processed_logprobs"},
+            "processed logprobs (logprobs_mode) are not supported by this worker",
+        ),
+    ]
 
     async def scenario(client, triton, state):
         answers = [await client.post(path, json={"model": MODEL, "max_tokens": 2, **body}) for path, body, _ in cases]
@@ -309,16 +357,22 @@ def test_logprobs_from_the_exported_llmapi_model_reach_clients_in_openais_shapes
     `logprobs.content` (streamed per chunk, whole) and completions' legacy shape, as for DeepSpec's worker."""
     from tests.export.scored_llm import distribution, text_of
 
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True,
-            "top_logprobs": 1}  # fmt: skip
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "logprobs": True,
+        "top_logprobs": 1,
+    }
 
     async def scenario(client, triton, state):
         score(triton.models[MODEL].llm)
         whole = await client.post("/v1/chat/completions", json=chat)
         async with client.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as response:
             events = [json.loads(line[6:]) async for line in response.aiter_lines() if line.startswith("data: {")]
-        completion = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hello", "max_tokens": 2,
-                                                                 "logprobs": 2})  # fmt: skip
+        completion = await client.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "hello", "max_tokens": 2, "logprobs": 2}
+        )
         return whole, events, completion, triton.requests
 
     whole, events, completion, requests = _run(repo, scenario)
@@ -327,7 +381,8 @@ def test_logprobs_from_the_exported_llmapi_model_reach_clients_in_openais_shapes
     assert [t["token"] for t in content] == list(WORDS[:3])
     assert [t["logprob"] for t in content] == pytest.approx([distribution(i)[1][1] for i in range(3)])
     assert [[(a["token"], a["logprob"]) for a in t["top_logprobs"]] for t in content] == [
-        [(text_of(200 + i), pytest.approx(-0.05))] for i in range(3)]
+        [(text_of(200 + i), pytest.approx(-0.05))] for i in range(3)
+    ]
     streamed = [t for e in events for ch in e["choices"] if ch["logprobs"] for t in ch["logprobs"]["content"]]
     assert streamed == content
     assert completion.status_code == 200, completion.text

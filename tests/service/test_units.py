@@ -16,17 +16,19 @@ from tritonclient.grpc import service_pb2
 
 from deepspec.decoding import RequestError, RequestErrorCode, SpecEngine
 from deepspec.decoding.params import SamplingParams
+from deepspec_protocol import tensors
 from deepspec_protocol import worker as p
 from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.worker_client import GenerationRequest, build_infer_request, parse_response
 from service.metrics import GatewayMetrics, WorkerMetrics
-from deepspec_protocol import tensors
 from service.worker.scheduler import QueueFullError, Scheduler
 from service.worker.stub_target import STUB_TEXT, StubDrafter, StubTarget
 
 
 def test_gateway_request_reads_back_in_the_worker():
-    req = GenerationRequest("r1", "m", prompt="héllo", max_tokens=7, temperature=0.5, top_k=3, seed=2**63, stop=["a", "bc"])
+    req = GenerationRequest(
+        "r1", "m", prompt="héllo", max_tokens=7, temperature=0.5, top_k=3, seed=2**63, stop=["a", "bc"]
+    )
     values = tensors.read_inputs(build_infer_request(req))
     assert tensors.scalar(values, p.TEXT_INPUT, str) == "héllo"
     assert tensors.scalar(values, p.MAX_TOKENS, int) == 7
@@ -71,13 +73,22 @@ def test_gateway_reads_a_response_with_typed_contents():
 
 def test_one_codec_encodes_every_datatype_the_protocol_uses():
     request = service_pb2.ModelInferRequest()
-    for name, datatype, values in [("s", "BYTES", ["a", "€"]), ("i", "INT32", [-5]), ("b", "BOOL", [True]),
-                                   ("f", "FP32", [0.25]), ("u", "UINT64", [2**64 - 1])]:  # fmt: skip
+    for name, datatype, values in [
+        ("s", "BYTES", ["a", "€"]),
+        ("i", "INT32", [-5]),
+        ("b", "BOOL", [True]),
+        ("f", "FP32", [0.25]),
+        ("u", "UINT64", [2**64 - 1]),
+    ]:
         tensors.add_input(request, name, datatype, values)
     values = tensors.read_inputs(request)
     assert tensors.strings(values, "s") == ["a", "€"]
     assert [tensors.scalar(values, n, k) for n, k in [("i", int), ("b", bool), ("f", float), ("u", int)]] == [
-        -5, True, 0.25, 2**64 - 1]  # fmt: skip
+        -5,
+        True,
+        0.25,
+        2**64 - 1,
+    ]
     assert [list(t.shape) for t in request.inputs] == [[1, 2], [1, 1], [1, 1], [1, 1], [1, 1]]
 
 
@@ -87,7 +98,10 @@ def test_truncated_bytes_tensor_is_a_clear_error():
 
 
 def test_stream_error_prefix_round_trip():
-    assert p.decode_stream_error(p.encode_stream_error("RESOURCE_EXHAUSTED", "busy: x")) == ("RESOURCE_EXHAUSTED", "busy: x")
+    assert p.decode_stream_error(p.encode_stream_error("RESOURCE_EXHAUSTED", "busy: x")) == (
+        "RESOURCE_EXHAUSTED",
+        "busy: x",
+    )
     assert p.decode_stream_error("some Triton error") == ("INTERNAL", "some Triton error")
 
 
@@ -126,7 +140,9 @@ def test_scheduler_batches_requests_that_join_and_leave():
         scheduler = Scheduler(engine, metrics, max_queue=8)
         scheduler.start().wait()
         try:
-            results = await asyncio.gather(*(_collect(scheduler, [1, 2], SamplingParams(max_tokens=n)) for n in (5, 30, 12)))
+            results = await asyncio.gather(
+                *(_collect(scheduler, [1, 2], SamplingParams(max_tokens=n)) for n in (5, 30, 12))
+            )
         finally:
             scheduler.stop()
         for outputs, n in zip(results, (5, 30, 12)):
@@ -147,8 +163,10 @@ def test_scheduler_runs_n_sequences_on_one_prefill_and_counts_the_prompt_once():
         scheduler = Scheduler(engine, metrics, max_queue=8)
         scheduler.start().wait()
         try:
-            outputs = [o async for o in scheduler.generate([1, 2, 3], SamplingParams(max_tokens=9, temperature=1.0,
-                                                                                      seed=5), n=3)]
+            outputs = [
+                o
+                async for o in scheduler.generate([1, 2, 3], SamplingParams(max_tokens=9, temperature=1.0, seed=5), n=3)
+            ]
             with pytest.raises(ValueError, match="do not fit"):
                 await anext(scheduler.generate([1], SamplingParams(max_tokens=3), n=5))
         finally:
@@ -185,17 +203,23 @@ def test_scheduler_queue_bound_and_abort():
 
 
 def test_cli_help_is_instant_and_names_units():
-    out = subprocess.run([sys.executable, "-m", "service", "worker", "--help"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "worker", "--help"], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0 and "--max-queue" in out.stdout and "seconds" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "service", "gateway", "--workers", "nonsense"],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "service", "gateway", "--workers", "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2 and "host:port" in out.stderr
 
 
 def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
     import deepspec.models.target_loader
-    from service.worker.settings import WorkerSettings
     from service.worker.engine import load_engine
+    from service.worker.settings import WorkerSettings
 
     seen = {}
 
@@ -206,8 +230,15 @@ def test_worker_passes_its_weight_settings_to_the_target_loader(monkeypatch):
     monkeypatch.setattr(deepspec.models.target_loader, "load_target", fake_load_target)
     with pytest.raises(RuntimeError, match="stop here"):
         load_engine(WorkerSettings(target="smollm2-135m", dtype="bfloat16", quantization="gguf"))
-    assert seen == {"spec": "smollm2-135m", "dtype": "bfloat16", "device": "cpu", "quantization": "gguf",
-                    "chat_template": None, "max_seq_len": None, "for_chat": False}
+    assert seen == {
+        "spec": "smollm2-135m",
+        "dtype": "bfloat16",
+        "device": "cpu",
+        "quantization": "gguf",
+        "chat_template": None,
+        "max_seq_len": None,
+        "for_chat": False,
+    }
     assert WorkerSettings().quantization == "auto"
     with pytest.raises(ValueError, match="quantization"):
         WorkerSettings(quantization="int8")
@@ -227,9 +258,18 @@ def test_worker_and_gateway_settings_live_apart():
     assert issubclass(WorkerSettings, ServiceSettings) and issubclass(GatewaySettings, ServiceSettings)
     for cls in (WorkerSettings, GatewaySettings):  # declared once, in the base
         assert not set(ServiceSettings.model_fields) & set(cls.__annotations__), cls
-    result = subprocess.run([sys.executable, "-c", _NO_DEEPSPEC + "import service.gateway.settings, service.cli\n"
-                             "service.cli.build_parser(('gateway',)).parse_args(['gateway', '--workers', 'w:1'])"],
-                            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _NO_DEEPSPEC + "import service.gateway.settings, service.cli\n"
+            "service.cli.build_parser(('gateway',)).parse_args(['gateway', '--workers', 'w:1'])",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -271,8 +311,9 @@ def test_worker_response_stats_round_trip_through_the_protocol():
     from deepspec.decoding.params import StepOutput
     from service.worker.server import _response
 
-    stats = p.RequestStats(num_prompt_tokens=5, num_output_tokens=9, num_draft_tokens=14, num_accepted_tokens=6,
-                           num_spec_steps=3)
+    stats = p.RequestStats(
+        num_prompt_tokens=5, num_output_tokens=9, num_draft_tokens=14, num_accepted_tokens=6, num_spec_steps=3
+    )
     request = service_pb2.ModelInferRequest(model_name="m", id="r")
     chunk = parse_response(_response(request, "abc", StepOutput("r", [1], "abc", True, "length"), stats, 0, True))
     assert chunk.stats == stats and chunk.stats.acceptance_length == 3.0 and chunk.finish_reason == "length"
@@ -283,8 +324,11 @@ def test_scored_token_tables_round_trip_through_the_protocol():
     a padding row among the alternatives) and none at all (no tensors, read back as None)."""
     from deepspec_protocol.token_scores import TokenScore, add_scores, read_scores
 
-    scores = [TokenScore("é", 7, None), TokenScore("", 8, -0.5, ("a", "\ufffd"), (1, 2), (-0.25, -1.5)),
-              TokenScore("b", 9, -3.0, ("c", "d"), (3, 4), (-0.5, -2.0))]
+    scores = [
+        TokenScore("é", 7, None),
+        TokenScore("", 8, -0.5, ("a", "\ufffd"), (1, 2), (-0.25, -1.5)),
+        TokenScore("b", 9, -3.0, ("c", "d"), (3, 4), (-0.5, -2.0)),
+    ]
     response = service_pb2.ModelInferResponse()
     add_scores(response, p.PROMPT_SCORES, scores)
     add_scores(response, p.OUTPUT_SCORES, [TokenScore("x", 1, -2.0)])
@@ -346,20 +390,34 @@ def test_prompt_texts_split_characters_as_the_output_does_and_concatenate_to_the
 def test_openai_logprob_shapes():
     """service/gateway/logprobs.py: the legacy dict keeps the likelier of two tokens with one text and always has the
     chosen token; JSON has no -Infinity (vLLM's floor); the chat shape's bytes are each token's UTF-8."""
-    from service.gateway.logprobs import LOGPROB_FLOOR, chat_logprobs, completion_logprobs, concat
     from deepspec_protocol.token_scores import TokenScore
+    from service.gateway.logprobs import LOGPROB_FLOOR, chat_logprobs, completion_logprobs, concat
 
-    scores = [TokenScore("é", 5, None), TokenScore("x", 6, -2.0, ("\ufffd", "\ufffd"), (1, 2), (-0.5, -1.0)),
-              TokenScore("y", 7, float("-inf"), ("z",), (3,), (-0.1,))]
+    scores = [
+        TokenScore("é", 5, None),
+        TokenScore("x", 6, -2.0, ("\ufffd", "\ufffd"), (1, 2), (-0.5, -1.0)),
+        TokenScore("y", 7, float("-inf"), ("z",), (3,), (-0.1,)),
+    ]
     shape = completion_logprobs(scores, start=10)
-    assert shape == {"tokens": ["é", "x", "y"], "token_logprobs": [None, -2.0, LOGPROB_FLOOR],
-                     "top_logprobs": [None, {"\ufffd": -0.5, "x": -2.0}, {"z": -0.1, "y": LOGPROB_FLOOR}],
-                     "text_offset": [10, 11, 12]}
+    assert shape == {
+        "tokens": ["é", "x", "y"],
+        "token_logprobs": [None, -2.0, LOGPROB_FLOOR],
+        "top_logprobs": [None, {"\ufffd": -0.5, "x": -2.0}, {"z": -0.1, "y": LOGPROB_FLOOR}],
+        "text_offset": [10, 11, 12],
+    }
     assert concat(shape, completion_logprobs([])) == shape
     content = chat_logprobs(scores[1:2])["content"]
-    assert content == [{"token": "x", "logprob": -2.0, "bytes": [120], "top_logprobs": [
-        {"token": "\ufffd", "logprob": -0.5, "bytes": [239, 191, 189]},
-        {"token": "\ufffd", "logprob": -1.0, "bytes": [239, 191, 189]}]}]
+    assert content == [
+        {
+            "token": "x",
+            "logprob": -2.0,
+            "bytes": [120],
+            "top_logprobs": [
+                {"token": "\ufffd", "logprob": -0.5, "bytes": [239, 191, 189]},
+                {"token": "\ufffd", "logprob": -1.0, "bytes": [239, 191, 189]},
+            ],
+        }
+    ]
 
 
 def test_a_worker_that_cannot_forward_logprobs_is_not_sent_them():
@@ -371,7 +429,9 @@ def test_a_worker_that_cannot_forward_logprobs_is_not_sent_them():
     pool = _pool([0])
     pool.endpoints["w0"].client = object()
     dispatcher = Dispatcher(pool, GatewayMetrics())
-    for req, named in [(GenerationRequest("r1", "m", prompt="x", logprobs=0), "logprobs"),
-                       (GenerationRequest("r2", "m", prompt_token_ids=[1, 2]), "token-id prompts")]:
+    for req, named in [
+        (GenerationRequest("r1", "m", prompt="x", logprobs=0), "logprobs"),
+        (GenerationRequest("r2", "m", prompt_token_ids=[1, 2]), "token-id prompts"),
+    ]:
         with pytest.raises(BadRequestError, match=f"{named} are not supported by this worker"):
             asyncio.run(anext(dispatcher.generate(req, "completions")))

@@ -18,23 +18,34 @@ PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"  # t
 
 
 def test_usage_sums_the_draft_counts_of_every_prompt():
-    one = RequestStats(num_prompt_tokens=5, num_output_tokens=10, num_draft_tokens=12, num_accepted_tokens=6,
-                       num_spec_steps=3)  # fmt: skip
-    two = RequestStats(num_prompt_tokens=4, num_output_tokens=6, num_draft_tokens=4, num_accepted_tokens=4,
-                       num_spec_steps=1)  # fmt: skip
-    assert usage(one, two) == {"prompt_tokens": 9, "completion_tokens": 16, "total_tokens": 25, "speculation": {
-        "draft_tokens": 16, "accepted_tokens": 10, "drafted_rounds": 4, "acceptance_length": 3.5}}
+    one = RequestStats(
+        num_prompt_tokens=5, num_output_tokens=10, num_draft_tokens=12, num_accepted_tokens=6, num_spec_steps=3
+    )
+    two = RequestStats(
+        num_prompt_tokens=4, num_output_tokens=6, num_draft_tokens=4, num_accepted_tokens=4, num_spec_steps=1
+    )
+    assert usage(one, two) == {
+        "prompt_tokens": 9,
+        "completion_tokens": 16,
+        "total_tokens": 25,
+        "speculation": {"draft_tokens": 16, "accepted_tokens": 10, "drafted_rounds": 4, "acceptance_length": 3.5},
+    }
     # a Triton LLM-API model counts drafts but not rounds
-    assert usage(RequestStats(num_prompt_tokens=1, num_output_tokens=2, num_draft_tokens=3, num_accepted_tokens=2)
-                 )["speculation"] == {"draft_tokens": 3, "accepted_tokens": 2}
+    assert usage(RequestStats(num_prompt_tokens=1, num_output_tokens=2, num_draft_tokens=3, num_accepted_tokens=2))[
+        "speculation"
+    ] == {"draft_tokens": 3, "accepted_tokens": 2}
     # no drafts (speculation off, or an OpenAI upstream that reports none): OpenAI's usage, nothing more
     assert usage(RequestStats(num_prompt_tokens=3, num_output_tokens=2)) == {
-        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+    }
 
 
 async def _ask(bodies: list[dict]) -> list:
-    worker = WorkerService(WorkerSettings(target="stub", host="127.0.0.1", port=0, metrics_port=-1,
-                                          drain_timeout_s=0, stub_step_ms=1))  # fmt: skip
+    worker = WorkerService(
+        WorkerSettings(target="stub", host="127.0.0.1", port=0, metrics_port=-1, drain_timeout_s=0, stub_step_ms=1)
+    )
     await worker.start()
     try:
         async with in_process_gateway(f"127.0.0.1:{worker.port}", "the stub worker") as (client, _):
@@ -50,8 +61,7 @@ def _streamed_usage(text: str) -> dict:
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_the_gateway_reports_what_the_worker_drafted(mode):
-    base = {"model": "stub", "prompt": PROMPT, "max_tokens": 24, "temperature": 0,
-            "speculation": {"mode": mode}}  # fmt: skip
+    base = {"model": "stub", "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "speculation": {"mode": mode}}
     whole, streamed = asyncio.run(_ask([base, {**base, "stream": True, "stream_options": {"include_usage": True}}]))
     assert whole.status_code == streamed.status_code == 200
     for reported in (whole.json()["usage"], _streamed_usage(streamed.text)):
@@ -61,5 +71,6 @@ def test_the_gateway_reports_what_the_worker_drafted(mode):
             continue
         spec = reported["speculation"]
         assert spec["draft_tokens"] >= spec["accepted_tokens"] > 0 and spec["drafted_rounds"] > 0
-        assert spec["acceptance_length"] == round((spec["accepted_tokens"] + spec["drafted_rounds"])
-                                                  / spec["drafted_rounds"], 4)  # fmt: skip
+        assert spec["acceptance_length"] == round(
+            (spec["accepted_tokens"] + spec["drafted_rounds"]) / spec["drafted_rounds"], 4
+        )

@@ -26,8 +26,10 @@ def inputs(prompt: str | bytes = "Hello", max_tokens: int = 20, stream: bool | N
         return t
 
     raw = prompt if isinstance(prompt, bytes) else prompt.encode()
-    out = [tensor("text_input", np.array([[raw]], dtype=object), "BYTES"),
-           tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32")]  # fmt: skip
+    out = [
+        tensor("text_input", np.array([[raw]], dtype=object), "BYTES"),
+        tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+    ]
     if stream is not None:
         out.append(tensor("stream", np.array([[stream]], dtype=bool), "BOOL"))
     if "stop_words" in extra:
@@ -62,7 +64,17 @@ def test_metadata_and_config(client):
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("stub")
     meta = client.get_model_metadata("stub", as_json=True)
     names = {t["name"] for t in meta["inputs"]}
-    assert {"text_input", "max_tokens", "stream", "temperature", "top_k", "top_p", "seed", "stop_words", "end_id"} <= names
+    assert {
+        "text_input",
+        "max_tokens",
+        "stream",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "stop_words",
+        "end_id",
+    } <= names
     assert {"text_output", "num_draft_tokens", "num_accepted_tokens"} <= {t["name"] for t in meta["outputs"]}
     config = client.get_model_config("stub", as_json=True)["config"]
     assert config["model_transaction_policy"]["decoupled"] is True
@@ -173,9 +185,8 @@ def test_unreadable_input_is_invalid_argument_without_a_code(stub_worker):
     for t in inputs(prompt=b"\xff\xfe"):
         request.inputs.append(t._get_tensor())
         request.raw_input_contents.append(t._get_content())
-    with grpc.insecure_channel(stub_worker.address) as channel:
-        with pytest.raises(grpc.RpcError) as info:
-            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    with grpc.insecure_channel(stub_worker.address) as channel, pytest.raises(grpc.RpcError) as info:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in info.value.details()
     assert p.ERROR_CODE_METADATA not in dict(info.value.trailing_metadata() or ())
 
@@ -306,14 +317,17 @@ def test_logprobs_travel_as_tensors_tritonclient_reads(client):
     assert {p.INPUT_IDS, p.RETURN_LOG_PROBS, p.EXTRA_TOP_LOGPROBS, p.EXTRA_PROMPT_LOGPROBS} <= declared
     assert set(p.OUTPUT_SCORES.names()) | set(p.PROMPT_SCORES.names()) <= {t["name"] for t in config["output"]}
     prompt = list(b"The ")
-    result = client.infer("stub", [
-        _tensor(p.TEXT_INPUT, np.array([[b""]], dtype=object), "BYTES"),
-        _tensor(p.INPUT_IDS, np.array([prompt], dtype=np.int32), "INT32"),
-        _tensor(p.MAX_TOKENS, np.array([[5]], dtype=np.int32), "INT32"),
-        _tensor(p.RETURN_LOG_PROBS, np.array([[True]], dtype=bool), "BOOL"),
-        _tensor(p.EXTRA_TOP_LOGPROBS, np.array([[2]], dtype=np.int32), "INT32"),
-        _tensor(p.EXTRA_PROMPT_LOGPROBS, np.array([[1]], dtype=np.int32), "INT32"),
-    ])  # fmt: skip
+    result = client.infer(
+        "stub",
+        [
+            _tensor(p.TEXT_INPUT, np.array([[b""]], dtype=object), "BYTES"),
+            _tensor(p.INPUT_IDS, np.array([prompt], dtype=np.int32), "INT32"),
+            _tensor(p.MAX_TOKENS, np.array([[5]], dtype=np.int32), "INT32"),
+            _tensor(p.RETURN_LOG_PROBS, np.array([[True]], dtype=bool), "BOOL"),
+            _tensor(p.EXTRA_TOP_LOGPROBS, np.array([[2]], dtype=np.int32), "INT32"),
+            _tensor(p.EXTRA_PROMPT_LOGPROBS, np.array([[1]], dtype=np.int32), "INT32"),
+        ],
+    )
     assert result.as_numpy(p.TEXT_OUTPUT)[0][0] == b"quick"
     assert result.as_numpy(p.OUTPUT_SCORES.log_probs).tolist() == [[0.0] * 5]  # the stub is sure of every token
     assert result.as_numpy(p.OUTPUT_SCORES.tokens).tolist() == [[b"q", b"u", b"i", b"c", b"k"]]
@@ -324,13 +338,23 @@ def test_logprobs_travel_as_tensors_tritonclient_reads(client):
     assert result.as_numpy(p.PROMPT_SCORES.top_log_probs).shape == (len(prompt), 1)
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ([_tensor(p.EXTRA_TOP_LOGPROBS, np.array([[2]], dtype=np.int32), "INT32")], "top_logprobs needs return_log_probs"),
-    ([_tensor(p.INPUT_IDS, np.array([[1, 2]], dtype=np.int32), "INT32")], "send the prompt once"),
-    ([_tensor(p.RETURN_LOG_PROBS, np.array([[True]], dtype=bool), "BOOL"),
-      _tensor(p.EXTRA_TOP_LOGPROBS, np.array([[21]], dtype=np.int32), "INT32")],
-     "logprobs must be an integer in [0, 20]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            [_tensor(p.EXTRA_TOP_LOGPROBS, np.array([[2]], dtype=np.int32), "INT32")],
+            "top_logprobs needs return_log_probs",
+        ),
+        ([_tensor(p.INPUT_IDS, np.array([[1, 2]], dtype=np.int32), "INT32")], "send the prompt once"),
+        (
+            [
+                _tensor(p.RETURN_LOG_PROBS, np.array([[True]], dtype=bool), "BOOL"),
+                _tensor(p.EXTRA_TOP_LOGPROBS, np.array([[21]], dtype=np.int32), "INT32"),
+            ],
+            "logprobs must be an integer in [0, 20]",
+        ),
+    ],
+)
 def test_bad_logprob_inputs_are_invalid_argument(client, extra, message):
     with pytest.raises(InferenceServerException) as info:
         client.infer("stub", inputs("Hi", max_tokens=2) + extra)
@@ -352,14 +376,17 @@ def test_a_structured_output_input_constrains_the_engine(client):
     assert result.as_numpy(p.EXTRA_FINISH_REASON)[0][0] == b"stop"
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("not json", "is not valid JSON"),
-    ('["regex", "a"]', 'must be {"kind": str, "spec": str}'),
-    ('{"kind": "regex", "spec": 1}', 'must be {"kind": str, "spec": str}'),
-    ('{"kind": "xml", "spec": "<a/>"}', "kind must be one of"),
-    ('{"kind": "regex"}', "needs its spec"),
-    ('{"kind": "regex", "spec": "([0-9]"}', "invalid regex constraint"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("not json", "is not valid JSON"),
+        ('["regex", "a"]', 'must be {"kind": str, "spec": str}'),
+        ('{"kind": "regex", "spec": 1}', 'must be {"kind": str, "spec": str}'),
+        ('{"kind": "xml", "spec": "<a/>"}', "kind must be one of"),
+        ('{"kind": "regex"}', "needs its spec"),
+        ('{"kind": "regex", "spec": "([0-9]"}', "invalid regex constraint"),
+    ],
+)
 def test_a_malformed_structured_output_is_invalid_argument_with_the_code(stub_worker, value, message):
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -368,9 +395,8 @@ def test_a_malformed_structured_output_is_invalid_argument_with_the_code(stub_wo
     for t in inputs("Hi", max_tokens=2) + [_structured_output(value)]:
         request.inputs.append(t._get_tensor())
         request.raw_input_contents.append(t._get_content())
-    with grpc.insecure_channel(stub_worker.address) as channel:
-        with pytest.raises(grpc.RpcError) as info:
-            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    with grpc.insecure_channel(stub_worker.address) as channel, pytest.raises(grpc.RpcError) as info:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
     assert dict(info.value.trailing_metadata())[p.ERROR_CODE_METADATA] == "structured_output_invalid"
 
@@ -436,9 +462,12 @@ def test_logprobs_mode_processed_reaches_the_engine(client):
     """`logprobs_mode` processed_logprobs reaches the engine: the stub puts 0 on the next token and -1e9 elsewhere,
     so at temperature 0.5 the runner-up's processed logprob is twice its raw one (the exact numbers are
     tests/deepspec/decoding/test_logprobs.py's); an unknown mode is INVALID_ARGUMENT."""
+
     def runner_up(mode):
-        extra = [_tensor("return_log_probs", np.array([[True]]), "BOOL"),
-                 _tensor("top_logprobs", np.array([[2]], dtype=np.int32), "INT32")]
+        extra = [
+            _tensor("return_log_probs", np.array([[True]]), "BOOL"),
+            _tensor("top_logprobs", np.array([[2]], dtype=np.int32), "INT32"),
+        ]
         if mode is not None:
             extra.append(_tensor("logprobs_mode", np.array([[mode.encode()]], dtype=object), "BYTES"))
         result = client.infer("stub", inputs("Hello", max_tokens=4, temperature=0.5, seed=1) + extra)

@@ -14,8 +14,11 @@ from service.worker.settings import WorkerSettings
 
 async def _drain_with_an_rpc_open(rpc_done_after_s: float, drain_timeout_s: float) -> list[str]:
     """The order in which an RPC past its last engine step finishes sending and the drain stops the server."""
-    worker = WorkerService(WorkerSettings(target="stub", host="127.0.0.1", port=0, metrics_port=-1,
-                                          drain_timeout_s=drain_timeout_s, stub_step_ms=1))  # fmt: skip
+    worker = WorkerService(
+        WorkerSettings(
+            target="stub", host="127.0.0.1", port=0, metrics_port=-1, drain_timeout_s=drain_timeout_s, stub_step_ms=1
+        )
+    )
     await worker.start()
     events, stop = [], worker.stop
 
@@ -38,9 +41,13 @@ async def _drain_with_an_rpc_open(rpc_done_after_s: float, drain_timeout_s: floa
 
 def test_drain_waits_for_an_rpc_still_sending():
     assert asyncio.run(_drain_with_an_rpc_open(rpc_done_after_s=0.3, drain_timeout_s=30)) == [
-        "rpc done", "server stopped"]  # before: the server stopped at once, the scheduler being idle
+        "rpc done",
+        "server stopped",
+    ]  # before: the server stopped at once, the scheduler being idle
 
 
 def test_drain_still_ends_at_its_deadline():
     assert asyncio.run(_drain_with_an_rpc_open(rpc_done_after_s=2, drain_timeout_s=0.2)) == [
-        "server stopped", "rpc done"]
+        "server stopped",
+        "rpc done",
+    ]

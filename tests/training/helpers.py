@@ -14,8 +14,9 @@ class FingerprintedCharTokenizer(CharTokenizer):
 
 
 def tiny_target(vocab_size: int = 64, hidden: int = 32, layers: int = 4, seed: int = 0, temperature: float = 4.0):
-    target, _ = make_tiny_target(vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed, eos=False,
-                                 temperature=temperature)
+    target, _ = make_tiny_target(
+        vocab_size=vocab_size, hidden=hidden, layers=layers, seed=seed, eos=False, temperature=temperature
+    )
     target.tokenizer = FingerprintedCharTokenizer(vocab_size)
     return target
 
@@ -43,8 +44,10 @@ def target_sequences(target, num: int, length: int, seed: int = 0) -> list[list[
     return seqs
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def tiny_hf_target_dir(path, seed: int = 0, chat_template: str | None = CHAT_TEMPLATE):
@@ -61,13 +64,23 @@ def tiny_hf_target_dir(path, seed: int = 0, chat_template: str | None = CHAT_TEM
     specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
     vocab = {tok: i for i, tok in enumerate(specials + chars)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
-                                   additional_special_tokens=specials[1:])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", additional_special_tokens=specials[1:]
+    )
     fast.chat_template = chat_template
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False, eos_token_id=vocab["<|im_end|>"], bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=vocab["<|im_end|>"],
+        bos_token_id=None,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)  # a peaky target, so a few steps of training visibly help
@@ -85,6 +98,16 @@ def write_conversations(path, rows: int = 6, seed: int = 0):
     with open(path, "w") as f:
         for i in range(rows):
             answer = " ".join(rng.choice(words) for _ in range(8))
-            f.write(json.dumps({"id": f"t:{i}", "conversations": [
-                {"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": answer}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"t:{i}",
+                        "conversations": [
+                            {"role": "user", "content": f"question {i}?"},
+                            {"role": "assistant", "content": answer},
+                        ],
+                    }
+                )
+                + "\n"
+            )
     return path

@@ -7,10 +7,10 @@ import json
 
 import torch
 
+from tests.training.helpers import tiny_hf_target_dir, write_conversations
 from training.calibration import fit_slot_temperatures
 from training.config import TrainConfig
 from training.trainer import train
-from tests.training.helpers import tiny_hf_target_dir, write_conversations
 
 
 def test_fit_recovers_the_temperature_of_an_overconfident_head():
@@ -29,13 +29,22 @@ def test_fit_recovers_the_temperature_of_an_overconfident_head():
 def test_dspark_training_calibrates_on_held_out_rows(tmp_path):
     target_dir = tiny_hf_target_dir(tmp_path / "target")
     data = write_conversations(tmp_path / "data.jsonl", rows=30)
-    cfg = TrainConfig.model_validate({
-        "target": {"name": str(target_dir)},
-        "model": {"algo": "dspark", "block_size": 4, "draft_vocab_size": 32, "feature_layers": [0, 1, 2],
-                  "calibration_sequences": 3},
-        "data": {"paths": [str(data)], "max_len": 64, "num_anchors": 8},
-        "optim": {"max_steps": 3, "lr": 1e-3, "warmup_steps": 1},
-        "output_dir": str(tmp_path / "out"), "save_every": 0})
+    cfg = TrainConfig.model_validate(
+        {
+            "target": {"name": str(target_dir)},
+            "model": {
+                "algo": "dspark",
+                "block_size": 4,
+                "draft_vocab_size": 32,
+                "feature_layers": [0, 1, 2],
+                "calibration_sequences": 3,
+            },
+            "data": {"paths": [str(data)], "max_len": 64, "num_anchors": 8},
+            "optim": {"max_steps": 3, "lr": 1e-3, "warmup_steps": 1},
+            "output_dir": str(tmp_path / "out"),
+            "save_every": 0,
+        }
+    )
     summary = train(cfg, show_progress=False)
     assert summary["num_calibration_sequences"] == 3
     slots = summary["calibration"]

@@ -10,11 +10,13 @@ import json
 
 import pytest
 
-from training.__main__ import main
 from tests.training.helpers import tiny_hf_target_dir, write_conversations
+from training.__main__ import main
 
-REFUSAL = ("error: target bare ships no chat template; pass --chat-template with a built-in (smollm2, qwen, gemma3) "
-           "or a Jinja file")
+REFUSAL = (
+    "error: target bare ships no chat template; pass --chat-template with a built-in (smollm2, qwen, gemma3) "
+    "or a Jinja file"
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +38,34 @@ def _commands(root, target, conversations, prompts) -> dict[str, list[str]]:
     t = ["--target", str(target)]
     return {
         "prepare": ["prepare", *t, "--inputs", str(prompts), "--out", str(root / "regen.jsonl"), "--max-tokens", "4"],
-        "train": ["train", *t, "--labels", "target", "--data", str(prompts), "--out", str(root / "draft"),
-                  "optim.max_steps=1"],
+        "train": [
+            "train",
+            *t,
+            "--labels",
+            "target",
+            "--data",
+            str(prompts),
+            "--out",
+            str(root / "draft"),
+            "optim.max_steps=1",
+        ],
         "corpus": ["corpus", *t, "--data", str(conversations), "--out", str(root / "corpus")],
-        "eval": ["eval", *t, "--draft", "prompt-lookup", "--datasets", "toy", "--num-prompts", "1",
-                 "--max-tokens", "4", "--temperatures", "0", "--out", str(root / "eval")],
+        "eval": [
+            "eval",
+            *t,
+            "--draft",
+            "prompt-lookup",
+            "--datasets",
+            "toy",
+            "--num-prompts",
+            "1",
+            "--max-tokens",
+            "4",
+            "--temperatures",
+            "0",
+            "--out",
+            str(root / "eval"),
+        ],
         "curve": ["curve", *t, "--run", str(root / "run"), "--record", str(root / "curve.json"), "--datasets", "toy"],
     }
 
@@ -60,8 +85,19 @@ def test_a_target_without_a_template_is_refused_in_one_line(bare, command, capsy
 def test_prepare_renders_with_the_chosen_template(bare, capsys):
     root, target, conversations, prompts = bare
     out = root / "regen-qwen.jsonl"
-    argv = ["prepare", "--target", str(target), "--inputs", str(prompts), "--out", str(out), "--max-tokens", "4",
-            "--chat-template", "qwen"]
+    argv = [
+        "prepare",
+        "--target",
+        str(target),
+        "--inputs",
+        str(prompts),
+        "--out",
+        str(out),
+        "--max-tokens",
+        "4",
+        "--chat-template",
+        "qwen",
+    ]
     assert main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all(r["conversations"][-1]["role"] == "assistant" for r in rows)
@@ -72,8 +108,21 @@ def test_train_keeps_the_template_in_its_config_and_resume_renders_with_it(bare,
     --resume` (no flag) loads the target with the same template and continues."""
     root, target, conversations, prompts = bare
     out = root / "draft-qwen"
-    argv = ["train", "--target", str(target), "--labels", "target", "--data", str(prompts), "--out", str(out),
-            "--chat-template", "qwen", "optim.max_steps=1", "model.draft_vocab_size=32"]
+    argv = [
+        "train",
+        "--target",
+        str(target),
+        "--labels",
+        "target",
+        "--data",
+        str(prompts),
+        "--out",
+        str(out),
+        "--chat-template",
+        "qwen",
+        "optim.max_steps=1",
+        "model.draft_vocab_size=32",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     config = json.loads((out / "train_config.json").read_text())
     assert config["target"]["chat_template"] == "qwen"
@@ -85,8 +134,19 @@ def test_an_endpoint_renders_with_its_own_template(bare, capsys):
     """`prepare --endpoint` never renders here: the flag would be ignored, so it is refused."""
     root, target, conversations, prompts = bare
     with pytest.raises(SystemExit) as e:
-        main(["prepare", "--inputs", str(prompts), "--out", str(root / "x.jsonl"), "--endpoint", "http://127.0.0.1:9",
-              "--chat-template", "qwen"])
+        main(
+            [
+                "prepare",
+                "--inputs",
+                str(prompts),
+                "--out",
+                str(root / "x.jsonl"),
+                "--endpoint",
+                "http://127.0.0.1:9",
+                "--chat-template",
+                "qwen",
+            ]
+        )
     assert e.value.code == 2 and "--endpoint server renders with its own template" in capsys.readouterr().err
 
 
@@ -94,5 +154,6 @@ def test_an_unknown_template_is_one_line(bare, capsys):
     root, target, conversations, prompts = bare
     argv = _commands(*bare)["corpus"] + ["--chat-template", "nope"]
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip() == ("error: --chat-template 'nope' is neither a built-in (smollm2, qwen, "
-                                               "gemma3) nor a file")
+    assert capsys.readouterr().err.strip() == (
+        "error: --chat-template 'nope' is neither a built-in (smollm2, qwen, gemma3) nor a file"
+    )

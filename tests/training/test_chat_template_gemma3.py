@@ -18,8 +18,10 @@ from deepspec.paths import datasets_dir  # noqa: E402
 from training.__main__ import main  # noqa: E402
 from training.data import load_sequences, tokenize_conversation  # noqa: E402
 
-REFUSAL = ("error: target gemma3-270m ships no chat template; pass --chat-template gemma3 (built-ins: smollm2, qwen, "
-           "gemma3) or a Jinja file")
+REFUSAL = (
+    "error: target gemma3-270m ships no chat template; pass --chat-template gemma3 (built-ins: smollm2, qwen, "
+    "gemma3) or a Jinja file"
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +49,30 @@ def gemma3_tokenizer_target():
 
 
 def test_the_issues_train_command_stops_in_one_line(gsm8k_rows, tmp_path, capsys):
-    argv = ["train", "--target", "gemma3-270m", "--labels", "target", "--data", str(gsm8k_rows), "--out",
-            str(tmp_path / "draft"), "optim.max_steps=1"]
+    argv = [
+        "train",
+        "--target",
+        "gemma3-270m",
+        "--labels",
+        "target",
+        "--data",
+        str(gsm8k_rows),
+        "--out",
+        str(tmp_path / "draft"),
+        "optim.max_steps=1",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.rstrip("\n").splitlines()[-1] == REFUSAL and "Traceback" not in err
 
 
 def test_prepare_stops_before_loading_the_weights(gsm8k_rows, tmp_path, capsys):
-    assert main(["prepare", "--target", "gemma3-270m", "--inputs", str(gsm8k_rows), "--out",
-                 str(tmp_path / "regen.jsonl")]) == 2
+    assert (
+        main(
+            ["prepare", "--target", "gemma3-270m", "--inputs", str(gsm8k_rows), "--out", str(tmp_path / "regen.jsonl")]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.rstrip("\n").splitlines()[-1] == REFUSAL
 
 
@@ -77,9 +93,12 @@ def test_an_answer_is_learnt_with_its_end_of_turn(gemma3_tokenizer_target):
     """A regenerated conversation: the loss covers the `model` turn's answer and its `<end_of_turn>`, not the
     prompt or the `<start_of_turn>model` header."""
     tokenizer = gemma3_tokenizer_target.tokenizer
-    seq = tokenize_conversation(gemma3_tokenizer_target, [{"role": "user", "content": "1+1?"},
-                                                          {"role": "assistant", "content": "2"}], 64)
+    seq = tokenize_conversation(
+        gemma3_tokenizer_target, [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}], 64
+    )
     learnt = tokenizer.decode([t for t, m in zip(seq.input_ids, seq.loss_mask) if m])
     assert learnt == "2<end_of_turn>\n"
-    assert tokenizer.decode(seq.input_ids) == "<bos><start_of_turn>user\n1+1?<end_of_turn>\n<start_of_turn>model\n" \
-                                              "2<end_of_turn>\n"
+    assert (
+        tokenizer.decode(seq.input_ids) == "<bos><start_of_turn>user\n1+1?<end_of_turn>\n<start_of_turn>model\n"
+        "2<end_of_turn>\n"
+    )

@@ -14,10 +14,10 @@ from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
 from deepspec.decoding.drafters.suffix_index import SEPARATOR
 from deepspec.decoding.registry import build_drafter
 from deepspec.models import load_target
+from tests.training.helpers import tiny_hf_target_dir
 from training.__main__ import main
 from training.corpus import answer_spans
 from training.data import Sequence
-from tests.training.helpers import tiny_hf_target_dir
 
 
 def test_answer_spans_are_the_masked_runs():
@@ -64,13 +64,18 @@ def test_cli_builds_a_draft_the_engine_drafts_from(tmp_path, capsys):
     target_dir = tiny_hf_target_dir(tmp_path / "target")
     data = tmp_path / "regen.jsonl"
     answers = ["def add(a, b):\n    return a + b", "The answer is 42."]
-    rows = [{"id": f"r{i}", "conversations": [{"role": "user", "content": f"question {i}"},
-                                               {"role": "assistant", "content": a}]}
-            for i, a in enumerate(answers)]
+    rows = [
+        {
+            "id": f"r{i}",
+            "conversations": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": a}],
+        }
+        for i, a in enumerate(answers)
+    ]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n{broken\n")
     out = tmp_path / "corpus"
-    assert main(["corpus", "--data", str(data), "--out", str(out), "--target", str(target_dir),
-                 "--max-match", "8"]) == 0
+    assert (
+        main(["corpus", "--data", str(data), "--out", str(out), "--target", str(target_dir), "--max-match", "8"]) == 0
+    )
     captured = capsys.readouterr()
     assert "skipped 1 malformed rows" in captured.err
     summary = json.loads(captured.out.strip().splitlines()[-1])
@@ -95,8 +100,10 @@ def test_cli_builds_a_draft_the_engine_drafts_from(tmp_path, capsys):
     driver = DraftDriver(drafter, num_slots=1, max_tokens=len(history) + 8, target=target)
     driver.start(0, history)
     proposal = driver.propose([0], 4, DraftSampling(torch.zeros(1), [None]))
-    assert proposal.tokens[0, : int(proposal.num_tokens[0])].tolist() == \
-        target.tokenizer(" + b", add_special_tokens=False)["input_ids"]
+    assert (
+        proposal.tokens[0, : int(proposal.num_tokens[0])].tolist()
+        == target.tokenizer(" + b", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_cli_errors_are_clear(tmp_path, capsys):
@@ -105,6 +112,18 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     empty.write_text("\n")
     assert main(["corpus", "--data", str(empty), "--out", str(tmp_path / "o"), "--target", str(target_dir)]) == 2
     assert "no usable training rows" in capsys.readouterr().err
-    assert main(["corpus", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o"),
-                 "--target", str(target_dir)]) == 2
+    assert (
+        main(
+            [
+                "corpus",
+                "--data",
+                str(tmp_path / "missing.jsonl"),
+                "--out",
+                str(tmp_path / "o"),
+                "--target",
+                str(target_dir),
+            ]
+        )
+        == 2
+    )
     assert "training data not found" in capsys.readouterr().err

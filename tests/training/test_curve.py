@@ -10,11 +10,11 @@ import signal
 
 import pytest
 
+from tests.training.helpers import tiny_hf_target_dir, write_conversations
 from training.__main__ import main
 from training.config import TrainConfig
 from training.curve import Record, fit_log_tokens, parse_reference, tokens_at_step
 from training.trainer import Trainer, install_stop_handlers, latest_checkpoint, train
-from tests.training.helpers import tiny_hf_target_dir, write_conversations
 
 
 def test_fit_recovers_a_log_line_and_solves_for_the_goal():
@@ -53,7 +53,8 @@ def test_record_replaces_a_step_and_keeps_token_order(tmp_path):
 
 def test_tokens_at_step_reads_the_train_log(tmp_path):
     (tmp_path / "train_log.jsonl").write_text(
-        "\n".join(json.dumps({"step": s, "tokens": 100 * s}) for s in (1, 2, 3)) + "\n{partial")
+        "\n".join(json.dumps({"step": s, "tokens": 100 * s}) for s in (1, 2, 3)) + "\n{partial"
+    )
     assert tokens_at_step(tmp_path, 2) == 200
 
 
@@ -72,13 +73,18 @@ def run(tmp_path_factory):
     data = write_conversations(root / "data.jsonl", rows=6)
     (root / "ds" / "eval").mkdir(parents=True)
     (root / "ds" / "eval" / "toy.jsonl").write_text(
-        "\n".join(json.dumps({"turns": [q]}) for q in ["add 1 and 2", "say hi"]) + "\n")
-    cfg = TrainConfig.model_validate({
-        "target": {"name": str(target_dir)},
-        "model": {"algo": "eagle3", "block_size": 4, "draft_vocab_size": 32, "feature_layers": [0, 1, 2]},
-        "data": {"paths": [str(data)], "max_len": 64, "labels": "target", "label_top_k": 8},
-        "optim": {"max_steps": 4, "lr": 1e-3, "warmup_steps": 1, "grad_accum": 1},
-        "output_dir": str(root / "run"), "save_every": 2})
+        "\n".join(json.dumps({"turns": [q]}) for q in ["add 1 and 2", "say hi"]) + "\n"
+    )
+    cfg = TrainConfig.model_validate(
+        {
+            "target": {"name": str(target_dir)},
+            "model": {"algo": "eagle3", "block_size": 4, "draft_vocab_size": 32, "feature_layers": [0, 1, 2]},
+            "data": {"paths": [str(data)], "max_len": 64, "labels": "target", "label_top_k": 8},
+            "optim": {"max_steps": 4, "lr": 1e-3, "warmup_steps": 1, "grad_accum": 1},
+            "output_dir": str(root / "run"),
+            "save_every": 2,
+        }
+    )
     train(cfg, show_progress=False)
     return root, target_dir, cfg
 
@@ -87,8 +93,21 @@ def test_curve_measures_the_newest_checkpoint_once_and_plots(run, monkeypatch, c
     root, target_dir, _ = run
     monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(root / "ds"))
     record, png = root / "curve.json", root / "curve.png"
-    args = ["curve", "--run", str(root / "run"), "--record", str(record), "--target", str(target_dir),
-            "--datasets", "toy", "--num-prompts", "2", "--max-tokens", "8"]
+    args = [
+        "curve",
+        "--run",
+        str(root / "run"),
+        "--record",
+        str(record),
+        "--target",
+        str(target_dir),
+        "--datasets",
+        "toy",
+        "--num-prompts",
+        "2",
+        "--max-tokens",
+        "8",
+    ]
     assert main(args) == 0
     data = json.loads(record.read_text())
     (point,) = data["points"]
@@ -139,9 +158,18 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint(run, tmp_path):
 def test_history_series_are_fitted_and_drawn(tmp_path):
     from training.curve import plot_curve, summarize_fit
 
-    data = {"draft": "d", "points": [{"step": 1, "tokens_seen": 1000, "tau": {"a": 1.0, "b": 1.2}}],
-            "history": {"old": {"points": [{"tokens_seen": 1e4, "tau": {"a": 1.2, "b": 1.4}},
-                                           {"tokens_seen": 1e5, "tau": {"a": 1.4, "b": 1.6}}]}}}
+    data = {
+        "draft": "d",
+        "points": [{"step": 1, "tokens_seen": 1000, "tau": {"a": 1.0, "b": 1.2}}],
+        "history": {
+            "old": {
+                "points": [
+                    {"tokens_seen": 1e4, "tau": {"a": 1.2, "b": 1.4}},
+                    {"tokens_seen": 1e5, "tau": {"a": 1.4, "b": 1.6}},
+                ]
+            }
+        },
+    }
     fit = summarize_fit(data, {"a": 2.2, "b": 2.4})
     old = fit["history"]["old"]
     assert old["b_per_decade"] == pytest.approx(0.2) and old["tokens_to_goal"] == pytest.approx(1e9, rel=1e-2)
@@ -162,9 +190,11 @@ def test_points_without_tau_are_left_out_of_the_fit_and_shown_as_dashes(tmp_path
     """A checkpoint the verify budget never let draft has no τ (not 1.0): the fit skips it, the table says "-"."""
     from training.curve import markdown_table, plot_curve, summarize_fit
 
-    points = [{"step": 1, "tokens_seen": 1000, "tau": {"a": None, "b": None}},
-              {"step": 2, "tokens_seen": 10_000, "tau": {"a": 1.2, "b": 1.4}},
-              {"step": 3, "tokens_seen": 100_000, "tau": {"a": 1.4, "b": 1.6}}]
+    points = [
+        {"step": 1, "tokens_seen": 1000, "tau": {"a": None, "b": None}},
+        {"step": 2, "tokens_seen": 10_000, "tau": {"a": 1.2, "b": 1.4}},
+        {"step": 3, "tokens_seen": 100_000, "tau": {"a": 1.4, "b": 1.6}},
+    ]
     fit = summarize_fit({"points": points}, None)
     assert fit["num_points"] == 2 and fit["b_per_decade"] == pytest.approx(0.2)
     assert markdown_table({"points": points}).splitlines()[2] == "| 1 | 1,000 | - | - | - |"
@@ -175,7 +205,14 @@ def test_points_without_tau_are_left_out_of_the_fit_and_shown_as_dashes(tmp_path
 def test_greedy_tau_skips_sets_without_tau(tmp_path):
     from training.curve import greedy_tau
 
-    (tmp_path / "eval.json").write_text(json.dumps({"results": [
-        {"dataset": "humaneval", "temperature": 0.0, "acceptance_length": None},
-        {"dataset": "gsm8k", "temperature": 0.0, "acceptance_length": 2.5}]}))
+    (tmp_path / "eval.json").write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"dataset": "humaneval", "temperature": 0.0, "acceptance_length": None},
+                    {"dataset": "gsm8k", "temperature": 0.0, "acceptance_length": 2.5},
+                ]
+            }
+        )
+    )
     assert greedy_tau(tmp_path) == {"gsm8k": 2.5}

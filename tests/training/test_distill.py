@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.training.helpers import tiny_hf_target_dir
 from training.config import TrainConfig
 from training.distill import DistillFeatures, SoftLabels, kl_to_labels, l1_to_labels, soft_labels
 from training.trainer import train
-from tests.training.helpers import tiny_hf_target_dir
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,9 @@ def test_features_are_the_ones_the_regen_cache_stores(hf, tmp_path):
     online, _ = OnlineFeatures(target, (0, 2))([0], tokens)
     cache = OfflineFeatures(tmp_path / "cache", target, (0, 2))
     cache.build([Sequence(tokens[0].tolist(), [1] * 16)])
-    assert torch.equal(features, online) and torch.equal(features[0], load_file(tmp_path / "cache" / "0.safetensors")["features"])
+    assert torch.equal(features, online) and torch.equal(
+        features[0], load_file(tmp_path / "cache" / "0.safetensors")["features"]
+    )
     with torch.no_grad():
         hs = model(tokens, output_hidden_states=True).hidden_states
     assert torch.allclose(features, torch.cat([hs[1], hs[3]], dim=-1), atol=1e-5)
@@ -123,12 +125,16 @@ def _text_rows(path, rows: int = 6):
 def test_kl_loss_falls_on_text_rows(hf, tmp_path, algo):
     target_dir, _, _ = hf
     data = _text_rows(tmp_path / "text.jsonl")
-    cfg = TrainConfig.model_validate({
-        "target": {"name": str(target_dir)},
-        "model": {"algo": algo, "block_size": 3, "draft_vocab_size": 48, "feature_layers": [0, 1, 2]},
-        "data": {"paths": [str(data)], "max_len": 48, "labels": "target", "label_top_k": 8, "num_anchors": 8},
-        "optim": {"max_steps": 12, "lr": 3e-3, "warmup_steps": 1},
-        "output_dir": str(tmp_path / "out"), "save_every": 0})
+    cfg = TrainConfig.model_validate(
+        {
+            "target": {"name": str(target_dir)},
+            "model": {"algo": algo, "block_size": 3, "draft_vocab_size": 48, "feature_layers": [0, 1, 2]},
+            "data": {"paths": [str(data)], "max_len": 48, "labels": "target", "label_top_k": 8, "num_anchors": 8},
+            "optim": {"max_steps": 12, "lr": 3e-3, "warmup_steps": 1},
+            "output_dir": str(tmp_path / "out"),
+            "save_every": 0,
+        }
+    )
     lines = []
     summary = train(cfg, show_progress=False, log=lines.append)
     assert summary["labels"] == "target" and any("12 sequences" in line for line in lines)
@@ -145,11 +151,26 @@ def test_text_rows_need_labels_target_and_the_cli_flag_sets_them(hf, tmp_path, c
 
     target_dir, _, _ = hf
     data = _text_rows(tmp_path / "text.jsonl", rows=1)
-    code = main(["train", "--algo", "eagle3", "--target", str(target_dir), "--data", str(data),
-                 "--out", str(tmp_path / "o")])
+    code = main(
+        ["train", "--algo", "eagle3", "--target", str(target_dir), "--data", str(data), "--out", str(tmp_path / "o")]
+    )
     assert code == 2 and "train it with --labels target" in capsys.readouterr().err
-    code = main(["train", "--algo", "eagle3", "--labels", "target", "--target", str(target_dir), "--data",
-                 str(data), "--out", str(tmp_path / "o"), "--plan"])
+    code = main(
+        [
+            "train",
+            "--algo",
+            "eagle3",
+            "--labels",
+            "target",
+            "--target",
+            str(target_dir),
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "o"),
+            "--plan",
+        ]
+    )
     assert code == 0 and '"labels": "target"' in capsys.readouterr().err
 
 
@@ -158,12 +179,17 @@ def test_offline_label_cache_trains_like_online(hf, tmp_path):
     data = _text_rows(tmp_path / "text.jsonl", rows=2)
 
     def cfg(out, cache=None):
-        return TrainConfig.model_validate({
-            "target": {"name": str(target_dir)},
-            "model": {"algo": "eagle3", "block_size": 3, "draft_vocab_size": 48, "feature_layers": [0, 1, 2]},
-            "data": {"paths": [str(data)], "max_len": 48, "labels": "target", "label_top_k": 8},
-            "optim": {"max_steps": 3, "lr": 1e-3, "warmup_steps": 1},
-            "output_dir": str(out), "save_every": 0, "cache_dir": cache})
+        return TrainConfig.model_validate(
+            {
+                "target": {"name": str(target_dir)},
+                "model": {"algo": "eagle3", "block_size": 3, "draft_vocab_size": 48, "feature_layers": [0, 1, 2]},
+                "data": {"paths": [str(data)], "max_len": 48, "labels": "target", "label_top_k": 8},
+                "optim": {"max_steps": 3, "lr": 1e-3, "warmup_steps": 1},
+                "output_dir": str(out),
+                "save_every": 0,
+                "cache_dir": cache,
+            }
+        )
 
     online = train(cfg(tmp_path / "on"), show_progress=False)
     lines = []

@@ -16,8 +16,16 @@ from training.evaluate import summarize
 
 
 def test_summarize_counts_bonus_and_survival():
-    r = GenerationResult("a", [1], num_steps=4, num_drafted_steps=4, num_draft_tokens=12, num_accepted_tokens=6,
-                         accepted_per_position=[3, 2, 1], proposed_per_position=[4, 4, 4])
+    r = GenerationResult(
+        "a",
+        [1],
+        num_steps=4,
+        num_drafted_steps=4,
+        num_draft_tokens=12,
+        num_accepted_tokens=6,
+        accepted_per_position=[3, 2, 1],
+        proposed_per_position=[4, 4, 4],
+    )
     tau, verify_rate, survival = summarize([r])
     assert tau == (6 + 4) / 4 and verify_rate == 10 / 16
     assert survival == [0.75, 0.5, 0.25]
@@ -25,8 +33,16 @@ def test_summarize_counts_bonus_and_survival():
 
 def test_summarize_pools_requests_and_leaves_undrafted_rounds_out_of_tau():
     # a: 4 rounds, 2 drafted (3 drafts each, 4 accepted); b: 2 rounds, none drafted (the budget cut both)
-    a = GenerationResult("a", [1], num_steps=4, num_drafted_steps=2, num_draft_tokens=6, num_accepted_tokens=4,
-                         accepted_per_position=[2, 2], proposed_per_position=[2, 2, 2])
+    a = GenerationResult(
+        "a",
+        [1],
+        num_steps=4,
+        num_drafted_steps=2,
+        num_draft_tokens=6,
+        num_accepted_tokens=4,
+        accepted_per_position=[2, 2],
+        proposed_per_position=[2, 2, 2],
+    )
     b = GenerationResult("b", [1], num_steps=2)
     tau, verify_rate, survival = summarize([a, b])
     assert tau == (4 + 2) / 2  # a per-pass mean over all 6 rounds would say (4 + 6) / 6
@@ -37,14 +53,32 @@ def test_summarize_pools_requests_and_leaves_undrafted_rounds_out_of_tau():
 def test_eval_cli_writes_reports(tmp_path, monkeypatch):
     target_dir = tiny_hf_target_dir(tmp_path / "target")
     target = load_target(str(target_dir))
-    drafts = [save_draft(tiny_draft(target, algo, feature_layers=(0, 1, 2), block_size=4), tmp_path / algo)
-              for algo in ("eagle3", "dspark")]
+    drafts = [
+        save_draft(tiny_draft(target, algo, feature_layers=(0, 1, 2), block_size=4), tmp_path / algo)
+        for algo in ("eagle3", "dspark")
+    ]
     (tmp_path / "data" / "eval").mkdir(parents=True)
     (tmp_path / "data" / "eval" / "toy.jsonl").write_text(
-        "\n".join(json.dumps({"turns": [q]}) for q in ["add 1 and 2", "say hi"]) + "\n")
+        "\n".join(json.dumps({"turns": [q]}) for q in ["add 1 and 2", "say hi"]) + "\n"
+    )
     monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
-    code = main(["eval", "--target", str(target_dir), "--draft", *map(str, drafts), "--datasets", "toy",
-                 "--num-prompts", "2", "--max-tokens", "8", "--num-speculative-tokens", "4"])
+    code = main(
+        [
+            "eval",
+            "--target",
+            str(target_dir),
+            "--draft",
+            *map(str, drafts),
+            "--datasets",
+            "toy",
+            "--num-prompts",
+            "2",
+            "--max-tokens",
+            "8",
+            "--num-speculative-tokens",
+            "4",
+        ]
+    )
     assert code == 0
     for d in drafts:
         report = json.loads((d / "eval.json").read_text())
@@ -63,8 +97,19 @@ def test_eval_rejects_unknown_dataset(tmp_path, monkeypatch):
     (tmp_path / "eval").mkdir()
     target_dir = tiny_hf_target_dir(tmp_path / "target")
     with pytest.raises(FileNotFoundError, match="eval dataset 'nope' not found"):
-        main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup", "--datasets", "nope",
-              "--out", str(tmp_path / "o")])
+        main(
+            [
+                "eval",
+                "--target",
+                str(target_dir),
+                "--draft",
+                "prompt-lookup",
+                "--datasets",
+                "nope",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
 
 
 def test_verify_tokens_per_step_prefers_the_engines_count():
@@ -100,9 +145,26 @@ def test_eval_reports_option_variants_side_by_side(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)
     compare = tmp_path / "compare.md"
-    code = main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup", "prompt-lookup:max_ngram=2",
-                 "--datasets", "toy", "--num-prompts", "1", "--max-tokens", "8", "--temperatures", "0",
-                 "--compare", str(compare)])
+    code = main(
+        [
+            "eval",
+            "--target",
+            str(target_dir),
+            "--draft",
+            "prompt-lookup",
+            "prompt-lookup:max_ngram=2",
+            "--datasets",
+            "toy",
+            "--num-prompts",
+            "1",
+            "--max-tokens",
+            "8",
+            "--temperatures",
+            "0",
+            "--compare",
+            str(compare),
+        ]
+    )
     assert code == 0
     assert "[eval] 3/3 " in capsys.readouterr().err  # one prompt, decoded target-only and by each of the two drafts
     rows = [line for line in compare.read_text().splitlines() if line.startswith("| prompt-lookup")]
@@ -134,9 +196,26 @@ def test_eval_verify_all_turns_the_verify_budget_off(tmp_path, monkeypatch, veri
     (tmp_path / "data" / "eval" / "toy.jsonl").write_text(json.dumps({"turns": ["add 1 and 2 and 1 and 2"]}) + "\n")
     monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(tmp_path / "data"))
     out = tmp_path / "report"
-    code = main(["eval", "--target", str(target_dir), "--draft", "prompt-lookup", "--datasets", "toy",
-                 "--num-prompts", "1", "--max-tokens", "8", "--temperatures", "0", "--out", str(out),
-                 *(["--verify-all"] if verify_all else [])])
+    code = main(
+        [
+            "eval",
+            "--target",
+            str(target_dir),
+            "--draft",
+            "prompt-lookup",
+            "--datasets",
+            "toy",
+            "--num-prompts",
+            "1",
+            "--max-tokens",
+            "8",
+            "--temperatures",
+            "0",
+            "--out",
+            str(out),
+            *(["--verify-all"] if verify_all else []),
+        ]
+    )
     assert code == 0
     assert built == [not verify_all]
     assert json.loads((out / "eval.json").read_text())["settings"]["verify_budget"] is (not verify_all)

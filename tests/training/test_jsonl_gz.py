@@ -16,9 +16,15 @@ SHIPPED = repo_root() / "training" / "data" / "smollm2-135m-regen.jsonl.gz"
 
 
 def _conversations(n: int) -> list[str]:
-    return [json.dumps({"id": f"p:{i}", "conversations": [{"role": "user", "content": f"q{i}"},
-                                                         {"role": "assistant", "content": f"a{i} " * 3}]})
-            for i in range(n)]
+    return [
+        json.dumps(
+            {
+                "id": f"p:{i}",
+                "conversations": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i} " * 3}],
+            }
+        )
+        for i in range(n)
+    ]
 
 
 def test_gzip_and_plain_files_give_the_same_sequences(tmp_path):

@@ -82,8 +82,13 @@ def _train_losses(algo: str, steps: int) -> list[float]:
     seqs = torch.tensor(target_sequences(target, 4, 24))
     mask = torch.ones_like(seqs)
     mask[:, :3] = 0
-    out = target.forward(seqs, torch.zeros(4, dtype=torch.long), feature_layers=draft.cfg.feature_layers,
-                         logits="none", return_final_hidden=True)
+    out = target.forward(
+        seqs,
+        torch.zeros(4, dtype=torch.long),
+        feature_layers=draft.cfg.feature_layers,
+        logits="none",
+        return_final_hidden=True,
+    )
     opt = torch.optim.AdamW(draft.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(0)
     losses = []
@@ -119,8 +124,9 @@ def _dense_labels_case(algo: str):
     seqs = torch.tensor(target_sequences(target, 2, 16))
     mask = torch.ones_like(seqs)
     mask[:, :3] = 0
-    out = target.forward(seqs, torch.zeros(2, dtype=torch.long), feature_layers=(0, 1, 2), logits="all",
-                         return_final_hidden=True)
+    out = target.forward(
+        seqs, torch.zeros(2, dtype=torch.long), feature_layers=(0, 1, 2), logits="all", return_final_hidden=True
+    )
     return target, draft, seqs, mask, out, soft_labels(out.logits, draft.d2t, top_k=0)
 
 
@@ -147,8 +153,9 @@ def test_dspark_l1_and_acceptance_are_the_same_from_dense_labels():
     from training.losses import _dspark_terms
 
     target, draft, seqs, mask, out, labels = _dense_labels_case("dspark")
-    regen = _dspark_terms(draft, target, out.features, out.final_hidden, seqs, mask,
-                          torch.Generator().manual_seed(0), 6)
+    regen = _dspark_terms(
+        draft, target, out.features, out.final_hidden, seqs, mask, torch.Generator().manual_seed(0), 6
+    )
     distill = _dspark_terms(draft, target, out.features, labels, seqs, mask, torch.Generator().manual_seed(0), 6)
     assert torch.allclose(regen["l1"], distill["l1"], atol=1e-5)
     assert torch.allclose(regen["accept"], distill["accept"], atol=1e-5)

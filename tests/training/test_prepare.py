@@ -33,8 +33,9 @@ def test_resumable_and_failures_logged(tmp_path):
 
     def flaky(batch):
         calls.append(len(batch))
-        return [RuntimeError("boom") if m[-1]["content"] == "q2" else (f"answer to {m[-1]['content']}", 3)
-                for m in batch]
+        return [
+            RuntimeError("boom") if m[-1]["content"] == "q2" else (f"answer to {m[-1]['content']}", 3) for m in batch
+        ]
 
     out = tmp_path / "out.jsonl"
     stats = regenerate(rows, flaky, out, 2, PrepareStats())
@@ -47,11 +48,12 @@ def test_resumable_and_failures_logged(tmp_path):
 
 
 class _FakeOpenAI(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         text = "echo: " + body["messages"][-1]["content"]
-        payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}],
-                              "usage": {"completion_tokens": 2}}).encode()
+        payload = json.dumps(
+            {"choices": [{"message": {"role": "assistant", "content": text}}], "usage": {"completion_tokens": 2}}
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
@@ -67,8 +69,17 @@ def test_cli_with_endpoint(tmp_path, capsys):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         out = tmp_path / "regen.jsonl"
-        args = ["prepare", "--inputs", str(_prompts(tmp_path / "p.jsonl")), "--out", str(out), "--endpoint",
-                f"http://127.0.0.1:{server.server_port}", "--batch-size", "2"]
+        args = [
+            "prepare",
+            "--inputs",
+            str(_prompts(tmp_path / "p.jsonl")),
+            "--out",
+            str(out),
+            "--endpoint",
+            f"http://127.0.0.1:{server.server_port}",
+            "--batch-size",
+            "2",
+        ]
         assert main(args) == 0
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert rows[0]["conversations"][1]["content"] == "echo: q0"
@@ -93,8 +104,12 @@ def test_engine_backend_matches_target_greedy(tmp_path):
     stream_regenerate(rows, target, params, out, PrepareStats(), batch_size=2)
     got = [json.loads(line)["conversations"][1]["content"] for line in out.read_text().splitlines()]
     engine = SpecEngine(target, None, max_batch_size=1, max_seq_len=256)
-    want = [engine.generate([target.encode_chat([{"role": "user", "content": f"q{i}"}])],
-                            SamplingParams(max_tokens=6))[0].text for i in range(3)]
+    want = [
+        engine.generate([target.encode_chat([{"role": "user", "content": f"q{i}"}])], SamplingParams(max_tokens=6))[
+            0
+        ].text
+        for i in range(3)
+    ]
     assert got == want
 
     # a conversation longer than the engine's window is logged as a failure, not lost silently
@@ -118,9 +133,23 @@ def test_cli_native_backend(tmp_path, capsys):
     except NativeUnavailable as exc:
         pytest.skip(f"no native decoder here: {exc}")
     out = tmp_path / "regen.jsonl"
-    args = ["prepare", "--inputs", str(_prompts(tmp_path / "p.jsonl", n=3)), "--out", str(out), "--target",
-            str(tiny_hf_target_dir(tmp_path / "target")), "--backend", "native", "--threads", "1", "--max-tokens",
-            "4", "--max-seq-len", "64"]
+    args = [
+        "prepare",
+        "--inputs",
+        str(_prompts(tmp_path / "p.jsonl", n=3)),
+        "--out",
+        str(out),
+        "--target",
+        str(tiny_hf_target_dir(tmp_path / "target")),
+        "--backend",
+        "native",
+        "--threads",
+        "1",
+        "--max-tokens",
+        "4",
+        "--max-seq-len",
+        "64",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["backend"].startswith("native") and summary["done"] == 3 and summary["tokens_per_second"] > 0

@@ -17,8 +17,9 @@ def target():
 
 
 def _ttt_logits(draft, target, tokens):
-    out = target.forward(tokens, torch.zeros(1, dtype=torch.long), None, feature_layers=draft.cfg.feature_layers,
-                         logits="none")
+    out = target.forward(
+        tokens, torch.zeros(1, dtype=torch.long), None, feature_layers=draft.cfg.feature_layers, logits="none"
+    )
     return torch.stack(draft.ttt_forward(out.features, tokens, 3))
 
 

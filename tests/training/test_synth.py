@@ -38,8 +38,12 @@ def test_dedup_catches_exact_and_near_duplicates_only():
     dedup = Deduplicator(threshold=0.7)
     base = "Can you give me some tips on how to keep a sourdough starter alive while I travel for two weeks?"
     assert dedup.check_and_add(base) is None
-    assert dedup.check_and_add("  can you GIVE me some tips on how to keep a sourdough starter alive while I travel "
-                               "for two weeks?") == "exact_duplicate"
+    assert (
+        dedup.check_and_add(
+            "  can you GIVE me some tips on how to keep a sourdough starter alive while I travel for two weeks?"
+        )
+        == "exact_duplicate"
+    )
     assert dedup.check_and_add(base.replace("two weeks", "three weeks")) == "near_duplicate"
     assert dedup.check_and_add("Write a haiku about the first snow falling on a quiet mountain village.") is None
     assert len(dedup) == 2
@@ -83,9 +87,13 @@ def test_training_loaders_drop_the_heldout_split(tmp_path):
 
     target = load_target(str(tiny_hf_target_dir(tmp_path / "target")))
     held, kept = _heldout_text(True), _heldout_text(False)
-    rows = [{"source": "synth/default", "conversations": [{"role": "user", "content": t},
-                                                          {"role": "assistant", "content": "ok then"}]}
-            for t in (held, kept)]
+    rows = [
+        {
+            "source": "synth/default",
+            "conversations": [{"role": "user", "content": t}, {"role": "assistant", "content": "ok then"}],
+        }
+        for t in (held, kept)
+    ]
     rows.append({"source": "gsm8k", "conversations": rows[0]["conversations"]})  # only synthetic rows are split
     data = tmp_path / "conv.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -122,8 +130,12 @@ def _texts(path):
 
 
 def _attempts(files):
-    rows = [json.loads(line) for path in (files.prompts, files.heldout) if path.exists()
-            for line in path.read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for path in (files.prompts, files.heldout)
+        if path.exists()
+        for line in path.read_text().splitlines()
+    ]
     return sorted((r["attempt"], r["turns"][0]) for r in rows)
 
 
@@ -143,8 +155,9 @@ def test_synthesize_splits_and_resumes_where_it_stopped(tmp_path, tiny_target, b
             pytest.skip(f"no native decoder here: {exc}")
 
     def run(files, n, on_result=None):
-        return synthesize(target, files, SynthSettings(num_prompts=n, batch_size=batch, max_tokens=6),
-                          on_result=on_result)
+        return synthesize(
+            target, files, SynthSettings(num_prompts=n, batch_size=batch, max_tokens=6), on_result=on_result
+        )
 
     straight = SynthFiles(tmp_path / "a" / "p.jsonl")
     run(straight, 10)
@@ -182,9 +195,29 @@ def test_cli_synthesizes_answers_and_writes_a_card(tmp_path, tiny_target, capsys
     mix = tmp_path / "mix.jsonl"
     mix.write_text("".join(json.dumps({"turns": [f"q{i}"]}) + "\n" for i in range(3)))
     out, answers = tmp_path / "s" / "prompts.jsonl", tmp_path / "s" / "conv.jsonl"
-    args = ["synth", "--out", str(out), "--num-prompts", "6", "--answers", str(answers), "--mix", str(mix),
-            "--chunk", "3", "--target", str(target_dir), "--backend", "pytorch", "--max-user-tokens", "6",
-            "--max-tokens", "4", "--max-seq-len", "64"]
+    args = [
+        "synth",
+        "--out",
+        str(out),
+        "--num-prompts",
+        "6",
+        "--answers",
+        str(answers),
+        "--mix",
+        str(mix),
+        "--chunk",
+        "3",
+        "--target",
+        str(target_dir),
+        "--backend",
+        "pytorch",
+        "--max-user-tokens",
+        "6",
+        "--max-tokens",
+        "4",
+        "--max-seq-len",
+        "64",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["kept"] == 6 and summary["answer_tokens_per_second"] > 0
@@ -197,8 +230,19 @@ def test_cli_synthesizes_answers_and_writes_a_card(tmp_path, tiny_target, capsys
         main(args)
     capsys.readouterr()
     with pytest.raises(SystemExit):  # a long run appends: a gzip member torn by a kill would hide what follows
-        main(["synth", "--out", str(tmp_path / "fresh" / "p.jsonl"), "--num-prompts", "2", "--answers",
-              str(tmp_path / "fresh" / "conv.jsonl.gz"), "--target", str(target_dir)])
+        main(
+            [
+                "synth",
+                "--out",
+                str(tmp_path / "fresh" / "p.jsonl"),
+                "--num-prompts",
+                "2",
+                "--answers",
+                str(tmp_path / "fresh" / "conv.jsonl.gz"),
+                "--target",
+                str(target_dir),
+            ]
+        )
     assert "write plain .jsonl" in capsys.readouterr().err
     assert main([*args[:4], "8", *args[5:], "--resume"]) == 0
     assert len(_texts(out)) + len(_texts(out.with_name("prompts.heldout.jsonl"))) == 8

@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.ports import free_port
+from tests.training.helpers import tiny_hf_target_dir, write_conversations
 from training.__main__ import main
 from training.config import TrainConfig, load_config
 from training.trainer import train
-from tests.ports import free_port
-from tests.training.helpers import tiny_hf_target_dir, write_conversations
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +29,16 @@ def setup(tmp_path_factory):
 
 def _cfg(setup, out, algo="dspark", **optim) -> TrainConfig:
     root, target_dir, data = setup
-    return TrainConfig.model_validate({
-        "target": {"name": str(target_dir)},
-        "model": {"algo": algo, "block_size": 4, "draft_vocab_size": 32, "feature_layers": [0, 1, 2]},
-        "data": {"paths": [str(data)], "max_len": 64, "num_anchors": 8},
-        "optim": {"max_steps": 4, "lr": 1e-3, "warmup_steps": 1, "grad_accum": 2, **optim},
-        "output_dir": str(out), "save_every": 2})
+    return TrainConfig.model_validate(
+        {
+            "target": {"name": str(target_dir)},
+            "model": {"algo": algo, "block_size": 4, "draft_vocab_size": 32, "feature_layers": [0, 1, 2]},
+            "data": {"paths": [str(data)], "max_len": 64, "num_anchors": 8},
+            "optim": {"max_steps": 4, "lr": 1e-3, "warmup_steps": 1, "grad_accum": 2, **optim},
+            "output_dir": str(out),
+            "save_every": 2,
+        }
+    )
 
 
 def test_config_rejects_unknown_keys_and_merges_overrides(tmp_path):
@@ -58,8 +62,9 @@ def test_cli_errors_are_clear(setup, tmp_path, capsys):
     assert "section.key=value" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
-    code = main(["train", "--algo", "eagle3", "--target", str(target_dir), "--data", str(empty), "--out",
-                 str(tmp_path / "o")])
+    code = main(
+        ["train", "--algo", "eagle3", "--target", str(target_dir), "--data", str(empty), "--out", str(tmp_path / "o")]
+    )
     assert code == 2 and "no usable training rows" in capsys.readouterr().err
 
 
@@ -100,8 +105,10 @@ def test_init_from_fine_tunes_a_trained_draft(setup, tmp_path):
     assert any("starting from the weights and vocabulary of" in line for line in lines)
     more = load_file(tmp_path / "more" / "model.safetensors")
     assert more.keys() == first.keys() and all(torch.allclose(more[k], first[k]) for k in first)
-    assert torch.equal(load_file(tmp_path / "more" / "vocab_map.safetensors")["d2t"],
-                       load_file(tmp_path / "first" / "vocab_map.safetensors")["d2t"])
+    assert torch.equal(
+        load_file(tmp_path / "more" / "vocab_map.safetensors")["d2t"],
+        load_file(tmp_path / "first" / "vocab_map.safetensors")["d2t"],
+    )
     assert json.loads((tmp_path / "more" / "config.json").read_text())["block_size"] == 4
     wrong = _cfg(setup, tmp_path / "wrong", "eagle3", max_steps=1)
     wrong.init_from = tmp_path / "first"
@@ -148,9 +155,9 @@ def test_the_native_decoder_writes_the_offline_cache(setup, tmp_path):
 def test_offline_cache_recomputes_only_stale_files(setup, tmp_path):
     """Editing the data must never train on features of the old text: changed sequences are recomputed, the
     unchanged ones are kept, and the cache is complete only for the data it was built from."""
+    from deepspec.models import load_target
     from training.data import Sequence
     from training.features import OfflineFeatures
-    from deepspec.models import load_target
 
     target = load_target(str(setup[1]), dtype="float32")
     cache = OfflineFeatures(tmp_path / "cache", target, (0, 1))
@@ -172,12 +179,38 @@ def test_offline_cache_recomputes_only_stale_files(setup, tmp_path):
 
 def _torchrun(setup, out: Path, *overrides: str, resume: bool = False) -> dict:
     root, target_dir, data = setup
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), "-m", "training", "train", "--algo", "dflash", "--target", str(target_dir),
-           "--data", str(data), "--out", str(out), "model.block_size=4", "model.draft_vocab_size=32",
-           "model.feature_layers=[0,1,2]", "data.max_len=64", "data.num_anchors=8", "dist.backend=gloo",
-           # a constant learning rate, so a run stopped at step 2 and resumed to 3 follows the same schedule
-           "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", "save_every=1", *overrides, *(["--resume"] * resume)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "training",
+        "train",
+        "--algo",
+        "dflash",
+        "--target",
+        str(target_dir),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "model.block_size=4",
+        "model.draft_vocab_size=32",
+        "model.feature_layers=[0,1,2]",
+        "data.max_len=64",
+        "data.num_anchors=8",
+        "dist.backend=gloo",
+        # a constant learning rate, so a run stopped at step 2 and resumed to 3 follows the same schedule
+        "optim.warmup_steps=0",
+        "optim.min_lr_ratio=1.0",
+        "save_every=1",
+        *overrides,
+        *(["--resume"] * resume),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-8000:]

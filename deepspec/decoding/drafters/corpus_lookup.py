@@ -32,8 +32,7 @@ import torch
 
 from deepspec.decoding.batch_state import BatchView
 from deepspec.decoding.drafter import DraftSampling, Proposal, cumulative_counts
-from deepspec.decoding.drafters.corpus_tree import (PROMPT_LOOKUP_SOURCE, NodeAcceptance, TreeBuilder,
-                                                    corpus_source)
+from deepspec.decoding.drafters.corpus_tree import PROMPT_LOOKUP_SOURCE, NodeAcceptance, TreeBuilder, corpus_source
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.models.target import Target
@@ -54,10 +53,20 @@ class CorpusLookupDrafter(PromptLookupDrafter):
 
     name = ALGO
 
-    def __init__(self, index: SuffixIndex, min_ngram: int = 2, max_ngram: int = 4, min_corpus_match: int = 1,
-                 slot_acceptance: dict[str, list[float]] | None = None, node_acceptance: dict | None = None,
-                 tree: bool = False, sampled: bool = False, max_fallbacks: int = 1, min_freq: float = 0.0,
-                 vocab_size: int | None = None):
+    def __init__(
+        self,
+        index: SuffixIndex,
+        min_ngram: int = 2,
+        max_ngram: int = 4,
+        min_corpus_match: int = 1,
+        slot_acceptance: dict[str, list[float]] | None = None,
+        node_acceptance: dict | None = None,
+        tree: bool = False,
+        sampled: bool = False,
+        max_fallbacks: int = 1,
+        min_freq: float = 0.0,
+        vocab_size: int | None = None,
+    ):
         super().__init__(min_ngram, max_ngram)
         if min_corpus_match < 1:
             raise ValueError(f"min_corpus_match must be >= 1, got {min_corpus_match}")
@@ -87,12 +96,14 @@ class CorpusLookupDrafter(PromptLookupDrafter):
             return [], corpus_source(matched)
         return self.index.continuation(positions, k)[0], corpus_source(matched)
 
-    def draft_tree(self, view: BatchView, slot: int, k: int, sampled: bool = False,
-                   generator: torch.Generator | None = None) -> TreeBuilder:
+    def draft_tree(
+        self, view: BatchView, slot: int, k: int, sampled: bool = False, generator: torch.Generator | None = None
+    ) -> TreeBuilder:
         """A tree of up to k nodes for one sequence (corpus_tree.TreeBuilder, nodes in topological order)."""
         levels = self.index.matches(self._context(view, slot), self.min_corpus_match)[: 1 + self.max_fallbacks]
-        builder = TreeBuilder(self.index, self.acceptance, k, sampled=sampled, generator=generator,
-                              min_freq=self.min_freq)
+        builder = TreeBuilder(
+            self.index, self.acceptance, k, sampled=sampled, generator=generator, min_freq=self.min_freq
+        )
         return builder.build(self.lookup(view, slot, k), levels)
 
     def _context(self, view: BatchView, slot: int) -> list[int]:
@@ -114,8 +125,9 @@ class CorpusLookupDrafter(PromptLookupDrafter):
                     survival.append(torch.tensor(rates[: len(draft)]).cumprod(0))
         if survival is not None:
             survival = torch.cat(survival) if survival else torch.zeros(0)
-        return Proposal(torch.tensor([t for d in drafts for t in d], dtype=torch.long), cumulative_counts(drafts),
-                        None, survival)
+        return Proposal(
+            torch.tensor([t for d in drafts for t in d], dtype=torch.long), cumulative_counts(drafts), None, survival
+        )
 
     def _propose_trees(self, view: BatchView, slots: list[int], k: int, sampling: DraftSampling) -> Proposal:
         trees = []
@@ -128,9 +140,13 @@ class CorpusLookupDrafter(PromptLookupDrafter):
             # unbound (tests): wide enough for every id the corpus and these trees hold
             vocab = self.vocab_size or max([int(self.index.tokens.max()) + 1] + [int(tokens.max()) + 1])
             probs = _node_probs(trees, vocab)
-        return Proposal(tokens, cumulative_counts([tree.nodes for tree in trees]), probs,
-                        torch.tensor([s for tree in trees for s in tree.survival()], dtype=torch.float32),
-                        torch.tensor([p for tree in trees for p in tree.parents()], dtype=torch.long))
+        return Proposal(
+            tokens,
+            cumulative_counts([tree.nodes for tree in trees]),
+            probs,
+            torch.tensor([s for tree in trees for s in tree.survival()], dtype=torch.float32),
+            torch.tensor([p for tree in trees for p in tree.parents()], dtype=torch.long),
+        )
 
 
 def _node_probs(trees: list, vocab: int) -> torch.Tensor:
@@ -146,17 +162,30 @@ def _node_probs(trees: list, vocab: int) -> torch.Tensor:
     return torch.zeros(at, vocab).index_put_((nodes.long(), ids.long()), p.float())
 
 
-def save_corpus(path: str | Path, index: SuffixIndex, target_fingerprint: dict, *, min_corpus_match: int = 1,
-                slot_acceptance: dict[str, list[float]] | None = None, extra: dict | None = None) -> Path:
+def save_corpus(
+    path: str | Path,
+    index: SuffixIndex,
+    target_fingerprint: dict,
+    *,
+    min_corpus_match: int = 1,
+    slot_acceptance: dict[str, list[float]] | None = None,
+    extra: dict | None = None,
+) -> Path:
     """Write a corpus-lookup draft directory; `min_corpus_match` becomes the drafter's default."""
     from safetensors.numpy import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     save_file({"tokens": stored_tokens(index.tokens)}, str(path / CORPUS_FILE))
-    config = {"algo": ALGO, "max_match": index.max_match, "min_corpus_match": min_corpus_match,
-              "num_tokens": len(index), "target": target_fingerprint, "slot_acceptance": slot_acceptance or {},
-              **(extra or {})}
+    config = {
+        "algo": ALGO,
+        "max_match": index.max_match,
+        "min_corpus_match": min_corpus_match,
+        "num_tokens": len(index),
+        "target": target_fingerprint,
+        "slot_acceptance": slot_acceptance or {},
+        **(extra or {}),
+    }
     (path / "config.json").write_text(_dumps(config) + "\n")
     return path
 
@@ -183,8 +212,9 @@ def load_drafter(path: Path, header: dict, target: Target, **options) -> CorpusL
     try:
         NodeAcceptance(options["node_acceptance"])
     except (TypeError, ValueError) as exc:
-        raise DraftCheckpointError(f"{path / 'config.json'}: {exc}; rebuild it with `python -m training corpus`") \
-            from None
+        raise DraftCheckpointError(
+            f"{path / 'config.json'}: {exc}; rebuild it with `python -m training corpus`"
+        ) from None
     for key in ("tree", "sampled", "max_fallbacks"):
         if key in header.get("drafting", {}):
             options.setdefault(key, header["drafting"][key])
@@ -222,5 +252,6 @@ def load_corpus_index(path: str | Path, max_match: int) -> SuffixIndex:
             return SuffixIndex.build(tokens, max_match)
         return SuffixIndex(tokens, arrays["suffix_array"], max_match)
     except (SafetensorError, OSError, KeyError, ValueError) as exc:
-        raise ValueError(f"{file}: cannot read the corpus index ({exc}); rebuild it with "
-                         "`python -m training corpus`") from None
+        raise ValueError(
+            f"{file}: cannot read the corpus index ({exc}); rebuild it with `python -m training corpus`"
+        ) from None

@@ -81,8 +81,10 @@ class NodeAcceptance:
         self.tables = {key: np.asarray(value, dtype=np.float64) for key, value in (node_acceptance or {}).items()}
         for key, table in self.tables.items():
             if table.shape != (MAX_DEPTH_BUCKET, len(SUPPORT_EDGES), FREQ_BINS):
-                raise ValueError(f"node acceptance table {key} has shape {table.shape}, want "
-                                 f"{(MAX_DEPTH_BUCKET, len(SUPPORT_EDGES), FREQ_BINS)}")
+                raise ValueError(
+                    f"node acceptance table {key} has shape {table.shape}, want "
+                    f"{(MAX_DEPTH_BUCKET, len(SUPPORT_EDGES), FREQ_BINS)}"
+                )
         self.prompt_lookup = list((slot_acceptance or {}).get(PROMPT_LOOKUP_SOURCE) or [])
 
     def corpus(self, key: str, depth: int, support: int, f: float) -> float:
@@ -128,8 +130,16 @@ ROOT = -1
 class TreeBuilder:
     """One row's tree: nodes in creation order (parents before children, siblings in score order)."""
 
-    def __init__(self, index: SuffixIndex, acceptance: NodeAcceptance, budget: int, *, sampled: bool = False,
-                 generator: torch.Generator | None = None, min_freq: float = 0.0):
+    def __init__(
+        self,
+        index: SuffixIndex,
+        acceptance: NodeAcceptance,
+        budget: int,
+        *,
+        sampled: bool = False,
+        generator: torch.Generator | None = None,
+        min_freq: float = 0.0,
+    ):
         self.index, self.acceptance, self.budget = index, acceptance, budget
         self.sampled, self.generator, self.min_freq = sampled, generator, min_freq
         self.root = _Node(token=-1, parent=ROOT, depth=0, survival=1.0)
@@ -144,7 +154,7 @@ class TreeBuilder:
             return []
         return [_CorpusChildren(key, positions, tokens[:MAX_CHILDREN].tolist(), counts[:MAX_CHILDREN].tolist(), total)]
 
-    def build(self, in_context: list[int], levels: list[tuple[int, np.ndarray]]) -> "TreeBuilder":
+    def build(self, in_context: list[int], levels: list[tuple[int, np.ndarray]]) -> TreeBuilder:
         """in_context: the prompt-lookup chain ([] = none); levels: corpus matches, longest first."""
         self.root.in_context = list(in_context)
         for matched, positions in levels:

@@ -57,8 +57,9 @@ class DFlashDrafter(NeuralDrafter):
         num_ctx = int(self.ctx_len[slots].max())  # from the host copy: no device read
         block_pos = ctx_len[:, None] + torch.arange(γ, device=device)
         visible_ctx = torch.arange(num_ctx, device=device)[None, None, :] < ctx_len[:, None, None]  # [B, 1, K]
-        mask = torch.cat([visible_ctx.expand(-1, γ, -1),
-                          torch.ones(len(slots), γ, γ, dtype=torch.bool, device=device)], dim=-1)[:, None]
+        mask = torch.cat(
+            [visible_ctx.expand(-1, γ, -1), torch.ones(len(slots), γ, γ, dtype=torch.bool, device=device)], dim=-1
+        )[:, None]
         ctx_kv = [(ck[rows, :, :num_ctx], cv[rows, :, :num_ctx]) for ck, cv in self.caches]
         block_h = self.model.block_input(self.anchor[slots].to(device)[:, None])
         hidden = self.model.blocks(block_h, block_pos, ctx_kv, mask)

@@ -21,8 +21,9 @@ class DSparkDrafter(DFlashDrafter):
     def __init__(self, model, confidence_threshold: float | None = None, **tree_options):
         super().__init__(model, **tree_options)
         #: survival threshold of dynamic truncation; 0 = never truncate
-        self.confidence_threshold = model.cfg.confidence_threshold if confidence_threshold is None \
-            else confidence_threshold
+        self.confidence_threshold = (
+            model.cfg.confidence_threshold if confidence_threshold is None else confidence_threshold
+        )
 
     def _propose_chain(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         hidden, base = self._block_hidden(slots)
@@ -58,8 +59,17 @@ class DSparkDrafter(DFlashDrafter):
         def expand(depth, tokens, parent_slot):
             prev = anchor if tokens is None else tokens.to(hidden.device)
             w = prev.shape[1]
-            return self.model.step_logits(hidden[:, depth, None].expand(-1, w, -1),
-                                          base[:, depth, None].expand(-1, w, -1), prev)
+            return self.model.step_logits(
+                hidden[:, depth, None].expand(-1, w, -1), base[:, depth, None].expand(-1, w, -1), prev
+            )
 
-        return grow_tree(expand, min(self.cfg.block_size, k), k, self.tree, sampling, self.model,
-                         calibrate=self.model.calibrated, threshold=self.confidence_threshold)
+        return grow_tree(
+            expand,
+            min(self.cfg.block_size, k),
+            k,
+            self.tree,
+            sampling,
+            self.model,
+            calibrate=self.model.calibrated,
+            threshold=self.confidence_threshold,
+        )

@@ -26,8 +26,10 @@ class Eagle3Drafter(NeuralDrafter):
         if tree_depth < 1:
             raise ValueError(f"tree_depth must be >= 1, got {tree_depth}")
         if self.tree is not None and self.tree.width * tree_depth > CACHE_SLACK:
-            raise ValueError(f"an eagle3 tree of width {self.tree.width} and depth {tree_depth} needs "
-                             f"{self.tree.width * tree_depth} speculative cache entries; at most {CACHE_SLACK}")
+            raise ValueError(
+                f"an eagle3 tree of width {self.tree.width} and depth {tree_depth} needs "
+                f"{self.tree.width * tree_depth} speculative cache entries; at most {CACHE_SLACK}"
+            )
         self.tree_depth = tree_depth
 
     def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
@@ -49,9 +51,15 @@ class Eagle3Drafter(NeuralDrafter):
         m = tokens.shape[1]
         start = self.length[slots].to(device)
         positions = start[:, None] + torch.arange(m, device=device)
-        h = self.model.cached_step(self.model.fc(features[:, :m].to(device, self.last_h.dtype)),
-                                   tokens.to(device), positions, self.cache_k, self.cache_v, rows,
-                                   visible=_causal(positions, int(self.length[slots].max()) + m))
+        h = self.model.cached_step(
+            self.model.fc(features[:, :m].to(device, self.last_h.dtype)),
+            tokens.to(device),
+            positions,
+            self.cache_k,
+            self.cache_v,
+            rows,
+            visible=_causal(positions, int(self.length[slots].max()) + m),
+        )
         last = (num_tokens.to(device) - 1).clamp(min=0)
         self.last_h[rows] = h[torch.arange(len(slots), device=device), last]
         for row, slot in enumerate(slots):
@@ -73,8 +81,15 @@ class Eagle3Drafter(NeuralDrafter):
             if want_probs:
                 probs.append(p)
             if step + 1 < k:
-                h = self.model.cached_step(h, ids[:, None], position + step, self.cache_k, self.cache_v, rows,
-                                           visible=_causal(position + step, longest + step + 1))
+                h = self.model.cached_step(
+                    h,
+                    ids[:, None],
+                    position + step,
+                    self.cache_k,
+                    self.cache_v,
+                    rows,
+                    visible=_causal(position + step, longest + step + 1),
+                )
         num = torch.tensor([k if self.has_pair[s] else 0 for s in slots], dtype=torch.long)
         return pack(tokens, probs, k, num)
 
@@ -105,8 +120,16 @@ class Eagle3Drafter(NeuralDrafter):
             visible = torch.arange(num_keys, device=device)[None, None, :] < length[:, None, None]
             visible = visible.expand(-1, w, -1).clone().scatter_(2, entries[:, None, :].expand(-1, w, -1), ancestors)
             positions = (length + depth - 1)[:, None].expand(-1, w)
-            out = self.model.cached_step(h, tokens.to(device), positions, self.cache_k, self.cache_v, rows,
-                                         cache_index=entries[:, -w:], visible=visible)
+            out = self.model.cached_step(
+                h,
+                tokens.to(device),
+                positions,
+                self.cache_k,
+                self.cache_v,
+                rows,
+                cache_index=entries[:, -w:],
+                visible=visible,
+            )
             state["h"], state["ancestors"] = out, ancestors
             return self.model.logits(out), None
 

@@ -30,13 +30,13 @@ A hybrid is a draft directory whose config.json names its parts (paths relative 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal, Proposal
+from deepspec.decoding.drafter import Drafter, DraftSampling, KVDrafter, PaddedProposal, Proposal
 from deepspec.decoding.tree import chain_parents, live_nodes, merge_trees
 from deepspec.models.target import Target
 
@@ -138,8 +138,10 @@ class HybridDrafter(KVDrafter):
         # the rows are combined in the padded form (k wide) the tree functions take
         corpus = corpus.padded(k) if corpus is not None else None
         neural = _on_host(self.neural.propose(view, slots, k, sampling).padded(k))
-        merged = [not s and g and self.mode == "merge" and int(corpus.num_tokens[i]) > 0
-                  for i, (s, g) in enumerate(zip(strong, greedy))]
+        merged = [
+            not s and g and self.mode == "merge" and int(corpus.num_tokens[i]) > 0
+            for i, (s, g) in enumerate(zip(strong, greedy))
+        ]
         self.rows_drafted["corpus"] += sum(strong)
         self.rows_drafted["merged"] += sum(merged)
         self.rows_drafted["neural"] += len(slots) - sum(strong) - sum(merged)
@@ -156,15 +158,21 @@ class HybridDrafter(KVDrafter):
 
 def _on_host(p: PaddedProposal) -> PaddedProposal:
     """The proposal's tokens, parents and survival read back in one go: the rows are combined on the host."""
-    return PaddedProposal(p.tokens.cpu(), p.num_tokens, p.probs, None if p.survival is None else p.survival.cpu(),
-                          None if p.parents is None else p.parents.cpu())
+    return PaddedProposal(
+        p.tokens.cpu(),
+        p.num_tokens,
+        p.probs,
+        None if p.survival is None else p.survival.cpu(),
+        None if p.parents is None else p.parents.cpu(),
+    )
 
 
 def _as_tree(p: PaddedProposal) -> PaddedProposal:
     """A proposal with its parents spelled out (a chain's: -1, 0, 1, ...)."""
     B, k = p.tokens.shape
-    return PaddedProposal(p.tokens, p.num_tokens, p.probs, p.survival, p.parents if p.parents is not None
-                          else chain_parents(B, k))
+    return PaddedProposal(
+        p.tokens, p.num_tokens, p.probs, p.survival, p.parents if p.parents is not None else chain_parents(B, k)
+    )
 
 
 def _rows_of(parts: list[PaddedProposal | None], owner: torch.Tensor, k: int, vocab: int) -> PaddedProposal:
@@ -195,17 +203,32 @@ def _rows_of(parts: list[PaddedProposal | None], owner: torch.Tensor, k: int, vo
     return PaddedProposal(tokens, num, probs, survival, None if chain else parents)
 
 
-def save_hybrid(path: str | Path, corpus: str | Path, neural: str | Path, *, min_match: int = DEFAULT_MIN_MATCH,
-                mode: str = "switch", corpus_options: dict | None = None, neural_options: dict | None = None) -> Path:
+def save_hybrid(
+    path: str | Path,
+    corpus: str | Path,
+    neural: str | Path,
+    *,
+    min_match: int = DEFAULT_MIN_MATCH,
+    mode: str = "switch",
+    corpus_options: dict | None = None,
+    neural_options: dict | None = None,
+) -> Path:
     """Write a hybrid draft directory naming its two parts (stored relative to it); the target fingerprint is the
     neural part's, so `auto` and shipped_drafts see it like any draft for that target."""
     from deepspec.models.drafts import read_checkpoint_header
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = {"algo": ALGO, "corpus": _relative(corpus, path), "neural": _relative(neural, path),
-              "min_match": min_match, "mode": mode, "corpus_options": corpus_options or {},
-              "neural_options": neural_options or {}, "target": read_checkpoint_header(neural).get("target", {})}
+    config = {
+        "algo": ALGO,
+        "corpus": _relative(corpus, path),
+        "neural": _relative(neural, path),
+        "min_match": min_match,
+        "mode": mode,
+        "corpus_options": corpus_options or {},
+        "neural_options": neural_options or {},
+        "target": read_checkpoint_header(neural).get("target", {}),
+    }
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
 
@@ -226,8 +249,9 @@ def _relative(part: str | Path, hybrid_dir: Path) -> str:
     return str(part)
 
 
-def load_drafter(path: Path, header: dict, target: Target, *, load_part: Callable[..., Drafter],
-                 **options) -> HybridDrafter:
+def load_drafter(
+    path: Path, header: dict, target: Target, *, load_part: Callable[..., Drafter], **options
+) -> HybridDrafter:
     """The registry's loader for `hybrid` directories: load both parts (each checked against the target) with
     their options from config.json; `options` override min_match and mode, and `corpus_options` /
     `neural_options` (dicts) update the parts'. `load_part(directory, target, **options)` is the registry's

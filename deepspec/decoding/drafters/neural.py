@@ -6,14 +6,14 @@ device, pruned by tree.keep_best_nodes). Each drafter keeps its own KV cache row
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import DraftSampling, Drafter, KVDrafter, PaddedProposal, Proposal
+from deepspec.decoding.drafter import Drafter, DraftSampling, KVDrafter, PaddedProposal, Proposal
 from deepspec.decoding.tree import gather_nodes, keep_best_nodes, live_nodes
 from deepspec.models.target import Target
 
@@ -106,8 +106,13 @@ def pick_tokens(logits: torch.Tensor, sampling: DraftSampling, model, want_probs
     return model.to_target_ids(ids), probs
 
 
-def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, num: torch.Tensor,
-         survival: list[torch.Tensor] | None = None) -> PaddedProposal:
+def pack(
+    tokens: list[torch.Tensor],
+    probs: list[torch.Tensor] | None,
+    k: int,
+    num: torch.Tensor,
+    survival: list[torch.Tensor] | None = None,
+) -> PaddedProposal:
     """Stack per-slot columns into a PaddedProposal of width k (pad with the last column / zero probs / zero
     survival)."""
     cols = tokens[:k]
@@ -124,8 +129,9 @@ def pack(tokens: list[torch.Tensor], probs: list[torch.Tensor] | None, k: int, n
     num = num.clamp(max=k)
     if survival is not None:  # the verify budget reads them on the host: count and survival in one read
         width = min(len(survival), k)
-        both = torch.cat([num[:, None].to(survival[0].device, torch.float32),
-                          torch.stack(survival[:width], dim=1).float()], dim=1).cpu()
+        both = torch.cat(
+            [num[:, None].to(survival[0].device, torch.float32), torch.stack(survival[:width], dim=1).float()], dim=1
+        ).cpu()
         num = both[:, 0].long()
         out_survival = torch.zeros(len(num), k)
         out_survival[:, :width] = both[:, 1:]
@@ -152,9 +158,16 @@ class TreeShape:
             raise ValueError(f"tree branches and width must be >= 1, got {self.branches} and {self.width}")
 
 
-def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampling: DraftSampling, model,
-              calibrate: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
-              threshold: float = 0.0) -> PaddedProposal:
+def grow_tree(
+    expand: Expander,
+    max_depth: int,
+    k: int,
+    shape: TreeShape,
+    sampling: DraftSampling,
+    model,
+    calibrate: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    threshold: float = 0.0,
+) -> PaddedProposal:
     """Grow each row's tree depth by depth and keep its k best nodes.
 
     Every expanded node gets `branches` children: the top tokens of its draft distribution (softmax at the row's
@@ -185,8 +198,17 @@ def grow_tree(expand: Expander, max_depth: int, k: int, shape: TreeShape, sampli
         probs = torch.softmax(logits.float() / safe[:, None, None], dim=-1)  # [B, w, N]
         drawn = _draw(probs, sampled_rows, generators)
         confidence = calibrate(conf, depth - 1).float() if calibrate is not None and conf is not None else None
-        level = _Level.grow(probs, drawn, row_sampled, shape.branches, expanded, expanded_survival, confidence,
-                            q_offset=sum(lv.num_q for lv in levels), keep_q=bool(sampled_rows))
+        level = _Level.grow(
+            probs,
+            drawn,
+            row_sampled,
+            shape.branches,
+            expanded,
+            expanded_survival,
+            confidence,
+            q_offset=sum(lv.num_q for lv in levels),
+            keep_q=bool(sampled_rows),
+        )
         levels.append(level)
         if depth == max_depth:
             break
@@ -224,8 +246,10 @@ class _Level:
         top_p, top_i = probs.topk(min(branches + 1, N), dim=-1)  # one spare: a drawn token may be among them
         candidates = torch.cat([drawn[..., None], top_i], dim=-1)
         # sampled rows: the drawn token, then the top ones but it; greedy rows: the top ones
-        skip = torch.cat([~row_sampled[:, None, None].expand(B, w, 1),
-                          row_sampled[:, None, None] & (top_i == drawn[..., None])], dim=-1)
+        skip = torch.cat(
+            [~row_sampled[:, None, None].expand(B, w, 1), row_sampled[:, None, None] & (top_i == drawn[..., None])],
+            dim=-1,
+        )
         place = torch.argsort(skip.to(torch.int8), dim=-1, stable=True)[..., :c]
         tokens = candidates.gather(-1, place)  # [B, w, c]
         p = probs.gather(-1, tokens)
@@ -238,8 +262,15 @@ class _Level:
         parent = expanded_survival[..., None]
         survival = torch.minimum(parent * step, parent)
         q_slot = q_offset + torch.arange(w, device=probs.device).repeat_interleave(c)
-        return cls(tokens.flatten(1), expanded[..., None].expand(B, w, c).flatten(1), survival.flatten(1),
-                   is_drawn.flatten(1), q_slot, probs if keep_q else None, c)
+        return cls(
+            tokens.flatten(1),
+            expanded[..., None].expand(B, w, c).flatten(1),
+            survival.flatten(1),
+            is_drawn.flatten(1),
+            q_slot,
+            probs if keep_q else None,
+            c,
+        )
 
 
 def _draw(probs: torch.Tensor, rows: list[int], generators) -> torch.Tensor:
@@ -260,8 +291,9 @@ def _select(levels: list[_Level], k: int, threshold: float, model) -> PaddedProp
     """Keep each row's k best candidates (tree.keep_best_nodes) → a PaddedProposal in target ids: its tokens, parents,
     count and survival read to the host at once, its probs (when a row samples) left on the draft's device."""
     survival = _joined(levels, "survival")
-    index, parents, num = keep_best_nodes(survival, _joined(levels, "parents"),
-                                          torch.ones_like(survival, dtype=torch.bool), k, threshold)
+    index, parents, num = keep_best_nodes(
+        survival, _joined(levels, "parents"), torch.ones_like(survival, dtype=torch.bool), k, threshold
+    )
     live = live_nodes(num, k)
     tokens = model.to_target_ids(gather_nodes(_joined(levels, "tokens"), index).to(model.d2t.device)).to(index.device)
     survival = torch.where(live, gather_nodes(survival, index), 0.0)
@@ -274,5 +306,10 @@ def _select(levels: list[_Level], k: int, threshold: float, model) -> PaddedProp
         probs = torch.where(drawn[..., None], q, one_hot) * live.to(q.device)[..., None]
     # the one read of the round's tree: float64 holds every token id exactly
     host = torch.cat([num[:, None], tokens, parents, survival.double()], dim=1).double().cpu()
-    return PaddedProposal(host[:, 1 : 1 + k].long(), host[:, 0].long(), probs, host[:, 1 + 2 * k :].float(),
-                          host[:, 1 + k : 1 + 2 * k].long())
+    return PaddedProposal(
+        host[:, 1 : 1 + k].long(),
+        host[:, 0].long(),
+        probs,
+        host[:, 1 + 2 * k :].float(),
+        host[:, 1 + k : 1 + 2 * k].long(),
+    )

@@ -21,8 +21,8 @@ written with that very draft, and the PyTorch forward for any other draft or tar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -52,11 +52,16 @@ class OnnxDraftModel:
         names = graphs.files
         missing = [n for n in names if not (Path(graph_dir) / n).is_file()]
         if missing:
-            raise FileNotFoundError(f"{graph_dir}: missing {', '.join(missing)} (export again with python -m export "
-                                    "--format onnx)")
+            raise FileNotFoundError(
+                f"{graph_dir}: missing {', '.join(missing)} (export again with python -m export --format onnx)"
+            )
         options = session_options(num_threads or torch.get_num_threads(), spinning_mode())
-        self.sessions = {Path(n).stem: ort.InferenceSession(str(Path(graph_dir) / n), sess_options=options,
-                                                            providers=["CPUExecutionProvider"]) for n in names}
+        self.sessions = {
+            Path(n).stem: ort.InferenceSession(
+                str(Path(graph_dir) / n), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+            for n in names
+        }
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden, logits) of the last block run
 
     def __getattr__(self, name: str):  # config, vocabulary maps, calibrated, scatter_probs, parameters, ...
@@ -86,10 +91,18 @@ class OnnxDraftModel:
             num_keys = int(positions.max()) + 1
             visible = torch.arange(num_keys)[None, None, :] <= positions[:, :, None]
         num_keys = visible.shape[-1]
-        out, k, v = self._run("eagle3_step", {
-            "hidden": _np(h.float()), "input_ids": _np(tokens.long()), "positions": _np(positions.long()),
-            "cache_key": _np(cache_k[rows, :, :num_keys]), "cache_value": _np(cache_v[rows, :, :num_keys]),
-            "write_index": _np(where.long()), "visible": _np(visible.bool())})
+        out, k, v = self._run(
+            "eagle3_step",
+            {
+                "hidden": _np(h.float()),
+                "input_ids": _np(tokens.long()),
+                "positions": _np(positions.long()),
+                "cache_key": _np(cache_k[rows, :, :num_keys]),
+                "cache_value": _np(cache_v[rows, :, :num_keys]),
+                "write_index": _np(where.long()),
+                "visible": _np(visible.bool()),
+            },
+        )
         heads = torch.arange(self.cfg.num_kv_heads)[None, :, None]
         index = (rows[:, None, None], heads, where[:, None, :])
         cache_k.index_put_(index, k.to(cache_k.dtype))
@@ -131,9 +144,11 @@ class OnnxDraftModel:
     def step_logits(self, hidden: torch.Tensor, base_logits: torch.Tensor, prev_tokens: torch.Tensor):
         """DSparkDraft.step_logits through dspark_markov: (logits [.., N], confidence logit [..])."""
         lead = prev_tokens.shape
-        feeds = {"hidden": _np(hidden.float().reshape(1, -1, hidden.shape[-1])),
-                 "base_logits": _np(base_logits.float().reshape(1, -1, base_logits.shape[-1])),
-                 "prev_tokens": _np(prev_tokens.long().reshape(1, -1))}
+        feeds = {
+            "hidden": _np(hidden.float().reshape(1, -1, hidden.shape[-1])),
+            "base_logits": _np(base_logits.float().reshape(1, -1, base_logits.shape[-1])),
+            "prev_tokens": _np(prev_tokens.long().reshape(1, -1)),
+        }
         logits, conf = self._run("dspark_markov", feeds)
         return logits.reshape(*lead, -1), conf.reshape(lead)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal, cumulative_counts
+from deepspec.decoding.drafter import Drafter, DraftSampling, Proposal, cumulative_counts
 
 
 class NgramIndex:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.drafter import Drafter, DraftSampling, Proposal
 
 
 class RandomDrafter(Drafter):
@@ -42,6 +42,9 @@ class RandomDrafter(Drafter):
         if not self.sample_probs:
             return Proposal.from_rows(torch.randint(self.vocab_size, (B, k), generator=g), num, parents=parents)
         probs = torch.softmax(2.0 * torch.randn(B, k, self.vocab_size, generator=g), dim=-1)
-        tokens = torch.multinomial(probs.view(B * k, -1), 1, generator=g).view(B, k) if k else probs.new_zeros(
-            B, 0, dtype=torch.long)
+        tokens = (
+            torch.multinomial(probs.view(B * k, -1), 1, generator=g).view(B, k)
+            if k
+            else probs.new_zeros(B, 0, dtype=torch.long)
+        )
         return Proposal.from_rows(tokens, num, probs, parents=parents)

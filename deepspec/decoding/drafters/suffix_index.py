@@ -49,8 +49,9 @@ class SuffixIndex:
     def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray, max_match: int):
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if tokens.ndim != 1 or suffix_array.shape != tokens.shape:
-            raise ValueError(f"suffix array of shape {tuple(suffix_array.shape)} does not index "
-                             f"{tokens.shape[0]} tokens")
+            raise ValueError(
+                f"suffix array of shape {tuple(suffix_array.shape)} does not index {tokens.shape[0]} tokens"
+            )
         if max_match < 1:
             raise ValueError(f"max_match must be >= 1, got {max_match}")
         self.tokens = tokens
@@ -67,7 +68,7 @@ class SuffixIndex:
             raise ValueError("suffix array is not sorted for this corpus (corrupt or built from other tokens)")
 
     @classmethod
-    def build(cls, tokens: np.ndarray, max_match: int = 12) -> "SuffixIndex":
+    def build(cls, tokens: np.ndarray, max_match: int = 12) -> SuffixIndex:
         tokens = np.asarray(tokens, dtype=np.int32)
         return cls(tokens, build_suffix_array(tokens, max_match), max_match)
 

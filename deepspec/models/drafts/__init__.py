@@ -28,9 +28,21 @@ from deepspec.models.drafts.checkpoint import (
 from deepspec.models.drafts.config import DraftConfig
 
 __all__ = [
-    "STORAGE_DTYPES", "DraftCheckpointError", "DraftConfig", "DraftTargetMismatchError", "best_shipped_draft",
-    "build_draft", "check_target", "convert_draft_storage", "load_draft", "read_checkpoint_header",
-    "measured_acceptance_length", "read_draft_config", "read_draft_weights", "save_draft", "shipped_drafts",
+    "STORAGE_DTYPES",
+    "DraftCheckpointError",
+    "DraftConfig",
+    "DraftTargetMismatchError",
+    "best_shipped_draft",
+    "build_draft",
+    "check_target",
+    "convert_draft_storage",
+    "load_draft",
+    "read_checkpoint_header",
+    "measured_acceptance_length",
+    "read_draft_config",
+    "read_draft_weights",
+    "save_draft",
+    "shipped_drafts",
 ]
 
 
@@ -87,8 +99,11 @@ def ranked_shipped_drafts(target, root: Path | None = None, min_acceptance_lengt
     """The shipped drafts `best_shipped_draft` chooses among, best first: those reaching `min_acceptance_length`
     and not measured slower than target-only decoding, by measured greedy acceptance length (an export walks
     this list for the best one its engine can load)."""
-    found = [(path, score) for path, score in shipped_drafts(target, root)
-             if score >= min_acceptance_length and not _slows_down(path / "eval.json")]
+    found = [
+        (path, score)
+        for path, score in shipped_drafts(target, root)
+        if score >= min_acceptance_length and not _slows_down(path / "eval.json")
+    ]
     return [path for path, _ in sorted(found, key=lambda item: -item[1])]
 
 

@@ -66,8 +66,9 @@ def _storage_state(state: dict[str, torch.Tensor], storage_dtype: str) -> dict[s
             out[name] = tensor.contiguous()
         elif storage_dtype == "int8" and tensor.ndim == 2:
             if name + INT8_SCALE_SUFFIX in state:
-                raise ValueError(f"cannot store {name} as int8: the model already has a tensor named "
-                                 f"{name + INT8_SCALE_SUFFIX}")
+                raise ValueError(
+                    f"cannot store {name} as int8: the model already has a tensor named {name + INT8_SCALE_SUFFIX}"
+                )
             out[name], out[name + INT8_SCALE_SUFFIX] = quantize_int8(tensor)
         else:
             dtype = torch.float32 if storage_dtype == "float32" else torch.bfloat16
@@ -155,8 +156,9 @@ def read_draft_weights(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         stored = load_file(weights)
     except (SafetensorError, OSError) as exc:
-        raise DraftCheckpointError(f"{path}: cannot read the weights ({exc}); the file is corrupt or truncated") \
-            from None
+        raise DraftCheckpointError(
+            f"{path}: cannot read the weights ({exc}); the file is corrupt or truncated"
+        ) from None
     state = {}
     for name, tensor in stored.items():
         if name.endswith(INT8_SCALE_SUFFIX):
@@ -166,9 +168,11 @@ def read_draft_weights(path: str | Path) -> dict[str, torch.Tensor]:
         scale = stored.get(name + INT8_SCALE_SUFFIX)
         if tensor.dtype == torch.int8:
             if scale is None or tensor.ndim != 2 or scale.shape != tensor.shape[:1]:
-                raise DraftCheckpointError(f"{weights}: int8 tensor {name} {tuple(tensor.shape)} needs a "
-                                           f"[{tensor.shape[0]}] {name + INT8_SCALE_SUFFIX} beside it; re-save the "
-                                           "draft with save_draft(storage_dtype='int8')")
+                raise DraftCheckpointError(
+                    f"{weights}: int8 tensor {name} {tuple(tensor.shape)} needs a "
+                    f"[{tensor.shape[0]}] {name + INT8_SCALE_SUFFIX} beside it; re-save the "
+                    "draft with save_draft(storage_dtype='int8')"
+                )
             tensor = dequantize_int8(tensor, scale)
         elif scale is not None:
             raise DraftCheckpointError(f"{weights}: {name} is {tensor.dtype}, but a scale is stored for it")
@@ -180,12 +184,17 @@ def check_target(cfg: DraftConfig | dict, target, where: str = "draft") -> None:
     """Raise DraftTargetMismatchError naming every fingerprint field that differs (`cfg`: a DraftConfig or the
     fingerprint dict a corpus-lookup config.json holds)."""
     want, have = (cfg if isinstance(cfg, dict) else cfg.target), target.fingerprint()
-    diffs = [f"{k}: draft was trained on {want.get(k)!r}, target has {have.get(k)!r}"
-             for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
+    diffs = [
+        f"{k}: draft was trained on {want.get(k)!r}, target has {have.get(k)!r}"
+        for k in sorted(set(want) | set(have))
+        if want.get(k) != have.get(k)
+    ]
     if diffs:
         raise DraftTargetMismatchError(
-            f"{where} does not match target '{target.name}': " + "; ".join(diffs)
-            + ". Load it with the target it was trained on, or train a draft for this target.")
+            f"{where} does not match target '{target.name}': "
+            + "; ".join(diffs)
+            + ". Load it with the target it was trained on, or train a draft for this target."
+        )
 
 
 def load_draft(path: str | Path, target=None, *, device=None, dtype: torch.dtype | None = None):
@@ -203,18 +212,22 @@ def load_draft(path: str | Path, target=None, *, device=None, dtype: torch.dtype
         if cfg.draft_vocab_size:
             vocab_file = path / "vocab_map.safetensors"
             if not vocab_file.is_file():
-                raise DraftCheckpointError(f"{path}: config says draft_vocab_size={cfg.draft_vocab_size} "
-                                           "but vocab_map.safetensors is missing")
+                raise DraftCheckpointError(
+                    f"{path}: config says draft_vocab_size={cfg.draft_vocab_size} but vocab_map.safetensors is missing"
+                )
             model.set_vocab(load_file(vocab_file)["d2t"])
     except (SafetensorError, OSError, KeyError) as exc:
-        raise DraftCheckpointError(f"{path}: cannot read the weights ({exc}); the file is corrupt or truncated") \
-            from None
+        raise DraftCheckpointError(
+            f"{path}: cannot read the weights ({exc}); the file is corrupt or truncated"
+        ) from None
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     bad_shape = [k for k in expected if k in state and state[k].shape != expected[k].shape]
     if missing or unexpected or bad_shape:
-        raise DraftCheckpointError(f"{path}: weights do not fit the {cfg.algo} config (missing {missing[:5]}, "
-                                   f"unexpected {unexpected[:5]}, wrong shape {bad_shape[:5]})")
+        raise DraftCheckpointError(
+            f"{path}: weights do not fit the {cfg.algo} config (missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}, wrong shape {bad_shape[:5]})"
+        )
     target_dtype = dtype or (target.dtype if target is not None else torch.float32)
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
     model = model.to(device=device or (target.device if target is not None else "cpu"), dtype=target_dtype)

@@ -21,8 +21,10 @@ def canonical_feature_layers(num_target_layers: int) -> tuple[int, ...]:
     L = num_target_layers
     layers = (1, L // 2 - 1, L - 4)
     if L < 8:
-        raise ValueError(f"the engines' default EAGLE-3 layers need a target of >= 8 layers (this one has {L}); "
-                         "pass feature_layers explicitly")
+        raise ValueError(
+            f"the engines' default EAGLE-3 layers need a target of >= 8 layers (this one has {L}); "
+            "pass feature_layers explicitly"
+        )
     return layers
 
 
@@ -35,10 +37,12 @@ def check_feature_layer_order(feature_layers, name: str = "feature_layers") -> N
     order feeds the draft's `fc` its inputs permuted, and a repeat shrinks them: wrong drafts, no error."""
     layers = [int(i) for i in feature_layers]
     if any(b <= a for a, b in zip(layers, layers[1:])):
-        raise ValueError(f"{name} {layers} must be strictly ascending with no repeats: the engines capture target "
-                         "layers in layer order (TensorRT-LLM also sorts and de-duplicates them), so this order would "
-                         f"feed the draft's fc permuted inputs; list them as {sorted(set(layers))} and train the draft "
-                         "with that order")
+        raise ValueError(
+            f"{name} {layers} must be strictly ascending with no repeats: the engines capture target "
+            "layers in layer order (TensorRT-LLM also sorts and de-duplicates them), so this order would "
+            f"feed the draft's fc permuted inputs; list them as {sorted(set(layers))} and train the draft "
+            "with that order"
+        )
 
 
 @dataclass
@@ -95,7 +99,7 @@ class DraftConfig(AttentionWidths):
         return self.draft_vocab_size or self.vocab_size
 
     @classmethod
-    def for_target(cls, target, algo: str, **overrides) -> "DraftConfig":
+    def for_target(cls, target, algo: str, **overrides) -> DraftConfig:
         """A config of `algo` sized from the target, as the algorithm's config class; `overrides` set fields."""
         algorithm = _algorithm(algo)
         cls = load_part(algorithm.config)
@@ -104,8 +108,9 @@ class DraftConfig(AttentionWidths):
         canonical = overrides.get("layout") == "canonical"
         feature_layers = overrides.pop("feature_layers", None)
         if not feature_layers:  # the spacing repeats the last layer on a shallow target: keep each layer once
-            feature_layers = sorted(set(canonical_feature_layers(spec.num_layers) if canonical
-                                        else target.default_feature_layers(5)))
+            feature_layers = sorted(
+                set(canonical_feature_layers(spec.num_layers) if canonical else target.default_feature_layers(5))
+            )
         feature_layers = tuple(feature_layers)
         cfg = cls(
             algo=algo,
@@ -146,11 +151,15 @@ class DraftConfig(AttentionWidths):
         check_feature_layer_order(self.feature_layers)
         if self.layout == "canonical":
             if len(self.feature_layers) != 3:
-                raise ValueError(f"the canonical EAGLE-3 layout takes 3 captured layers (fc: 3*H -> H), got "
-                                 f"{list(self.feature_layers)}")
+                raise ValueError(
+                    f"the canonical EAGLE-3 layout takes 3 captured layers (fc: 3*H -> H), got "
+                    f"{list(self.feature_layers)}"
+                )
             if self.num_layers != 1 or self.qk_norm or self.qkv_bias or self.activation != "silu":
-                raise ValueError("the canonical EAGLE-3 layout is one Llama-style layer: num_layers 1, no q/k-norm, "
-                                 "no qkv bias, silu MLP")
+                raise ValueError(
+                    "the canonical EAGLE-3 layout is one Llama-style layer: num_layers 1, no q/k-norm, "
+                    "no qkv bias, silu MLP"
+                )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -159,7 +168,7 @@ class DraftConfig(AttentionWidths):
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DraftConfig":
+    def from_dict(cls, d: dict) -> DraftConfig:
         """config.json's keys (no storage metadata) → the config class of its `algo`; unknown keys are errors."""
         cls = config_class(d.get("algo", ""))
         known = {f.name for f in fields(cls)}

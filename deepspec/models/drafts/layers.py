@@ -73,8 +73,7 @@ class Attention(nn.Module):
         if not torch.is_grad_enabled():  # inference: the target's attention dtype rule (fp32 on CPU for bf16)
             math_dtype = attention_dtype_for(dtype, q.device)
             q, k, v = q.to(math_dtype), k.to(math_dtype), v.to(math_dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.cfg.head_dim**-0.5,
-                                             enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.cfg.head_dim**-0.5, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.cfg.q_size).to(dtype))
 
 
@@ -109,7 +108,7 @@ class DraftModel(nn.Module):
         self._embed_scale = 1.0
 
     # ---- the target's frozen parts ---------------------------------------------------------------------------
-    def attach(self, target) -> "DraftModel":
+    def attach(self, target) -> DraftModel:
         """Borrow the target's embedding and head (`Target.embeddings()`, on its device); call after set_vocab."""
         frozen = target.embeddings()
         self._embed = frozen.embed
@@ -166,8 +165,11 @@ class DraftModel(nn.Module):
         if self.cfg.draft_vocab_size == 0:
             return probs
         out = probs.new_zeros(*probs.shape[:-1], self.cfg.vocab_size)
-        return out.index_copy_(-1, self.d2t, probs) if probs.dim() == 1 else out.scatter_(
-            -1, self.d2t.expand_as(probs), probs)
+        return (
+            out.index_copy_(-1, self.d2t, probs)
+            if probs.dim() == 1
+            else out.scatter_(-1, self.d2t.expand_as(probs), probs)
+        )
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items()}

@@ -38,13 +38,17 @@ def compiler() -> str:
     named = os.environ.get("CC")
     if named:
         if not shutil.which(named):
-            raise NativeUnavailable(f"CC={named} is not an executable C compiler: the native CPU decoder is compiled "
-                                    "on first use (unset CC to use cc, gcc or clang from PATH)")
+            raise NativeUnavailable(
+                f"CC={named} is not an executable C compiler: the native CPU decoder is compiled "
+                "on first use (unset CC to use cc, gcc or clang from PATH)"
+            )
         return named
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
-        raise NativeUnavailable("the native CPU decoder is compiled on first use and needs a C compiler "
-                                "(apt-get install gcc, or set CC); none was found on PATH")
+        raise NativeUnavailable(
+            "the native CPU decoder is compiled on first use and needs a C compiler "
+            "(apt-get install gcc, or set CC); none was found on PATH"
+        )
     return cc
 
 
@@ -67,8 +71,9 @@ def _cpu_key() -> str:
 
 def library_path() -> Path:
     cc = compiler()
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), _compiler_version(cc), " ".join(FLAGS),
-                                    _cpu_key()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        "\n".join([SOURCE.read_text(), _compiler_version(cc), " ".join(FLAGS), _cpu_key()]).encode()
+    ).hexdigest()[:16]
     return cache_dir() / "native" / key / "libdeepspec_decoder.so"
 
 
@@ -80,13 +85,16 @@ def build(path: Path, flags: tuple[str, ...] = FLAGS) -> Path:
     os.close(fd)
     try:
         try:
-            done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
-                                  timeout=600)
+            done = subprocess.run(
+                [cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=600
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             raise NativeUnavailable(f"building the native CPU decoder with {cc} failed: {exc}") from exc
         if done.returncode:
-            raise NativeUnavailable(f"building the native CPU decoder with {cc} failed (it needs C11 atomics and "
-                                    f"POSIX threads):\n{done.stderr.strip()[-2000:]}")
+            raise NativeUnavailable(
+                f"building the native CPU decoder with {cc} failed (it needs C11 atomics and "
+                f"POSIX threads):\n{done.stderr.strip()[-2000:]}"
+            )
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -97,10 +105,23 @@ def build(path: Path, flags: tuple[str, ...] = FLAGS) -> Path:
 class Config(ctypes.Structure):
     """decoder.c's ds_config, field for field."""
 
-    _fields_ = [(name, ctypes.c_int) for name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter",
-                                                   "vocab", "max_positions", "threads", "qk_norm", "gelu",
-                                                   "sandwich")] + [
-        (name, ctypes.c_float) for name in ("eps", "attn_scale", "embed_scale")]
+    _fields_ = [
+        (name, ctypes.c_int)
+        for name in (
+            "hidden",
+            "layers",
+            "heads",
+            "kv_heads",
+            "head_dim",
+            "inter",
+            "vocab",
+            "max_positions",
+            "threads",
+            "qk_norm",
+            "gelu",
+            "sandwich",
+        )
+    ] + [(name, ctypes.c_float) for name in ("eps", "attn_scale", "embed_scale")]
 
 
 _LIBRARY: ctypes.CDLL | None = None

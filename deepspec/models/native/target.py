@@ -123,10 +123,14 @@ class NativeTarget(HFTextTarget):
         k, v = cache.k, cache.v  # [L, B, nkv, S, hd] views of the engine's slots
         longest = int(starts.max()) + T if B else T
         if longest > min(self.max_seq_len, k.shape[3]):
-            raise ValueError(f"sequence of {longest} tokens exceeds the context window of "
-                             f"{min(self.max_seq_len, k.shape[3])}")
-        if k.dtype != CACHE_DTYPE or k.stride() != v.stride() or k.stride()[2:] != (k.shape[3] * k.shape[4],
-                                                                                       k.shape[4], 1):
+            raise ValueError(
+                f"sequence of {longest} tokens exceeds the context window of {min(self.max_seq_len, k.shape[3])}"
+            )
+        if (
+            k.dtype != CACHE_DTYPE
+            or k.stride() != v.stride()
+            or k.stride()[2:] != (k.shape[3] * k.shape[4], k.shape[4], 1)
+        ):
             raise ValueError("the native target needs its own float16 KVCache (new_cache)")
         parents = None
         if tree_parents is not None:
@@ -141,12 +145,25 @@ class NativeTarget(HFTextTarget):
         wanted = (ctypes.c_int * len(layers))(*layers) if layers else None
         final = torch.empty(B, T, self.spec.hidden_size) if return_final_hidden else None
         status = self._model.lib.ds_forward(
-            self._model.handle, B, T, ids.ctypes.data, starts.ctypes.data,
-            parents.ctypes.data if parents is not None else None, k.data_ptr(), v.data_ptr(), k.stride(0),
-            k.stride(1), k.shape[3], index.ctypes.data if index is not None else None,
-            index.shape[1] if index is not None else 0, out_logits.data_ptr() if out_logits is not None else None,
-            wanted, len(layers), features.data_ptr() if features is not None else None,
-            final.data_ptr() if final is not None else None)
+            self._model.handle,
+            B,
+            T,
+            ids.ctypes.data,
+            starts.ctypes.data,
+            parents.ctypes.data if parents is not None else None,
+            k.data_ptr(),
+            v.data_ptr(),
+            k.stride(0),
+            k.stride(1),
+            k.shape[3],
+            index.ctypes.data if index is not None else None,
+            index.shape[1] if index is not None else 0,
+            out_logits.data_ptr() if out_logits is not None else None,
+            wanted,
+            len(layers),
+            features.data_ptr() if features is not None else None,
+            final.data_ptr() if final is not None else None,
+        )
         if status:
             raise MemoryError(f"the native decoder could not allocate scratch memory for {B} x {T} tokens")
         return DecoderOutput(out_logits, features, final)
@@ -158,16 +175,24 @@ class NativeTarget(HFTextTarget):
         return TargetEmbeddings(self._tables["embed"], self.embed_scale, self._head)
 
 
-def load_native_target(spec: str, *, max_seq_len: int | None = None, chat_template: str | None = None,
-                       for_chat: bool = False, num_threads: int | None = None, weights: str = "auto") -> NativeTarget:
+def load_native_target(
+    spec: str,
+    *,
+    max_seq_len: int | None = None,
+    chat_template: str | None = None,
+    for_chat: bool = False,
+    num_threads: int | None = None,
+    weights: str = "auto",
+) -> NativeTarget:
     """The target `spec` (alias, GGUF file or Hugging Face directory) on the native CPU decoder, its layers' weights
     in `weights` (native_target_from says what auto picks). The library is compiled for this machine on first use
     (build.py); NativeUnavailable when that cannot happen."""
     from deepspec.models.target_loader import load_target
 
     load_library()  # fail before loading weights when there is no compiler
-    reference = load_target(spec, dtype="float32", max_seq_len=max_seq_len, chat_template=chat_template,
-                            for_chat=for_chat)
+    reference = load_target(
+        spec, dtype="float32", max_seq_len=max_seq_len, chat_template=chat_template, for_chat=for_chat
+    )
     return native_target_from(reference, num_threads, weights=weights)
 
 
@@ -190,8 +215,9 @@ def layer_weights(decoder, weights: str = "auto") -> tuple[str, dict | None]:
     return "q4", blocks
 
 
-def native_target_from(reference, num_threads: int | None = None, library=None, *,
-                       weights: str = "auto") -> NativeTarget:
+def native_target_from(
+    reference, num_threads: int | None = None, library=None, *, weights: str = "auto"
+) -> NativeTarget:
     """The native decoder on the weights of a loaded PyTorch target (`DecoderTarget`, float32): its text half
     (tokenizer, end ids, context) carried over, its layers' matmul weights packed in `weights`'s format
     (layer_weights), the LM head in int8. `library`: a build other than this machine's own
@@ -203,11 +229,23 @@ def native_target_from(reference, num_threads: int | None = None, library=None, 
     layer_format, blocks = layer_weights(decoder, weights)
     arch = reference.spec
     threads = int(num_threads or torch.get_num_threads())
-    config = Config(hidden=arch.hidden_size, layers=arch.num_layers, heads=arch.num_heads, kv_heads=arch.num_kv_heads,
-                    head_dim=arch.head_dim, inter=arch.intermediate_size, vocab=arch.vocab_size,
-                    max_positions=decoder.max_positions, threads=threads, qk_norm=int(arch.qk_norm),
-                    gelu=int(arch.activation == "gelu_tanh"), sandwich=int(arch.sandwich_norms), eps=arch.rms_norm_eps,
-                    attn_scale=arch.attn_scale, embed_scale=float(decoder.embed_scale))
+    config = Config(
+        hidden=arch.hidden_size,
+        layers=arch.num_layers,
+        heads=arch.num_heads,
+        kv_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        inter=arch.intermediate_size,
+        vocab=arch.vocab_size,
+        max_positions=decoder.max_positions,
+        threads=threads,
+        qk_norm=int(arch.qk_norm),
+        gelu=int(arch.activation == "gelu_tanh"),
+        sandwich=int(arch.sandwich_norms),
+        eps=arch.rms_norm_eps,
+        attn_scale=arch.attn_scale,
+        embed_scale=float(decoder.embed_scale),
+    )
     handle = lib.ds_model_new(ctypes.byref(config))
     if not handle:
         raise MemoryError("the native decoder could not allocate its model")
@@ -223,12 +261,18 @@ def native_target_from(reference, num_threads: int | None = None, library=None, 
         bias_ptr = b.ctypes.data if b is not None else None
         if form == "q4":
             q, d, m = blocks.pop((layer, LINEARS[which])) if blocks is not None else quantize_q4(w)
-            check(lib.ds_set_linear_q4(handle, layer, which, q.ctypes.data, d.ctypes.data, m.ctypes.data, bias_ptr,
-                                       q.shape[0], q.shape[1]), "a weight matrix")
+            check(
+                lib.ds_set_linear_q4(
+                    handle, layer, which, q.ctypes.data, d.ctypes.data, m.ctypes.data, bias_ptr, q.shape[0], q.shape[1]
+                ),
+                "a weight matrix",
+            )
             return
         q, scale = quantize_int8(w)
-        check(lib.ds_set_linear(handle, layer, which, q.ctypes.data, scale.ctypes.data, bias_ptr, q.shape[0],
-                                q.shape[1]), "a weight matrix")
+        check(
+            lib.ds_set_linear(handle, layer, which, q.ctypes.data, scale.ctypes.data, bias_ptr, q.shape[0], q.shape[1]),
+            "a weight matrix",
+        )
 
     def set_norm(layer: int, which: int, weight: torch.Tensor) -> None:
         w = np.ascontiguousarray(weight.detach().float().numpy())
@@ -255,10 +299,26 @@ def native_target_from(reference, num_threads: int | None = None, library=None, 
     rope_halves(decoder.rope_cos, decoder.rope_sin, "")
     if arch.rope_local_theta:
         rope_halves(decoder.rope_cos_local, decoder.rope_sin_local, "local_")
-    lib.ds_set_tables(handle, tables["embed"].data_ptr(), tables["cos"].data_ptr(), tables["sin"].data_ptr(),
-                      tables["local_cos"].data_ptr() if "local_cos" in tables else None,
-                      tables["local_sin"].data_ptr() if "local_sin" in tables else None)
+    lib.ds_set_tables(
+        handle,
+        tables["embed"].data_ptr(),
+        tables["cos"].data_ptr(),
+        tables["sin"].data_ptr(),
+        tables["local_cos"].data_ptr() if "local_cos" in tables else None,
+        tables["local_sin"].data_ptr() if "local_sin" in tables else None,
+    )
     head = tables["embed"] if decoder.head is decoder.embed else decoder.head.detach().float().contiguous()
-    return NativeTarget(reference.name, reference.path, arch, reference.tokenizer, reference.max_seq_len,
-                        reference.eos_token_ids, threads, model, tables, head, float(decoder.embed_scale),
-                        quantization=layer_format)
+    return NativeTarget(
+        reference.name,
+        reference.path,
+        arch,
+        reference.tokenizer,
+        reference.max_seq_len,
+        reference.eos_token_ids,
+        threads,
+        model,
+        tables,
+        head,
+        float(decoder.embed_scale),
+        quantization=layer_format,
+    )

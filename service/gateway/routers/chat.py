@@ -9,20 +9,21 @@ import time
 
 from fastapi import APIRouter, Request
 
+from deepspec_protocol.worker import RequestStats
 from service.gateway.dependencies import CallerDep, DispatcherDep, SessionDep, json_response, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.logprobs import chat_logprobs
 from service.gateway.schemas import ChatCompletionRequest
 from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest, total_stats
-from deepspec_protocol.worker import RequestStats
 
 router = APIRouter()
 
 
 @router.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, dispatcher: DispatcherDep,
-                                 caller: CallerDep, session: SessionDep):  # fmt: skip
+async def create_chat_completion(
+    body: ChatCompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep, session: SessionDep
+):
     model, _ = dispatcher.resolve_model(body.model)
     req = GenerationRequest(request_id=new_request_id("chatcmpl"), model=model, **body.generation())
     req.session = session or req.session  # the header before `user`
@@ -33,22 +34,44 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
 
     if not body.stream:
         results = await until_disconnect(request, dispatcher.complete(req, "chat", caller))
-        return json_response({
-            "id": req.request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": result.index, "message": {"role": "assistant", "content": result.text},
-                         "logprobs": logprobs(result), "finish_reason": result.finish_reason} for result in results],
-            "usage": usage(total_stats(result.stats for result in results)),
-        })  # fmt: skip
+        return json_response(
+            {
+                "id": req.request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": result.index,
+                        "message": {"role": "assistant", "content": result.text},
+                        "logprobs": logprobs(result),
+                        "finish_reason": result.finish_reason,
+                    }
+                    for result in results
+                ],
+                "usage": usage(total_stats(result.stats for result in results)),
+            }
+        )
 
     chunks = dispatcher.generate(req, "chat", caller=caller)
     first = await until_disconnect(request, anext(chunks))
 
     def frame(index: int, delta: dict, chunk: Chunk | None = None) -> bytes:
         """One chunk event of choice `index`; `chunk` None for a role chunk, which carries no token."""
-        payload = {"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": index, "delta": delta,
-                                "logprobs": None if chunk is None else logprobs(chunk),
-                                "finish_reason": None if chunk is None else chunk.finish_reason}]}  # fmt: skip
+        payload = {
+            "id": req.request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": None if chunk is None else logprobs(chunk),
+                    "finish_reason": None if chunk is None else chunk.finish_reason,
+                }
+            ],
+        }
         if body.include_usage:
             payload["usage"] = None
         return sse(payload)
@@ -61,7 +84,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
         return frame(chunk.index, {"content": chunk.text} if chunk.text or not chunk.finish_reason else {}, chunk)
 
     def usage_event(total: RequestStats) -> bytes:
-        return sse({"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [], "usage": usage(total)})  # fmt: skip
+        return sse(
+            {
+                "id": req.request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage(total),
+            }
+        )
 
     return sse_response(first, chunks, opening, later, usage_event if body.include_usage else None)

@@ -10,14 +10,14 @@ import time
 
 from fastapi import APIRouter, Request
 
+from deepspec_protocol.token_scores import TokenScore
+from deepspec_protocol.worker import RequestStats
 from service.gateway.dependencies import CallerDep, DispatcherDep, SessionDep, json_response, sse, until_disconnect
 from service.gateway.dispatch import new_request_id
 from service.gateway.logprobs import completion_logprobs, concat
 from service.gateway.schemas import CompletionRequest
 from service.gateway.streaming import GENERATION_RESPONSES, sse_response, usage
 from service.gateway.worker_client import Chunk, GenerationRequest, total_stats
-from deepspec_protocol.worker import RequestStats
-from deepspec_protocol.token_scores import TokenScore
 
 router = APIRouter()
 
@@ -43,30 +43,53 @@ def choices_of(body: CompletionRequest, prompt: str | list[int], results: list[C
     for result in results:
         logprobs = None
         if body.logprobs is not None:
-            logprobs = concat(completion_logprobs((prompt_scores or []) if body.echo else []),
-                              completion_logprobs(result.logprobs or [], len(echo)))
-        choices.append({"index": first_index + result.index, "text": echo + result.text, "logprobs": logprobs,
-                        "finish_reason": result.finish_reason})
+            logprobs = concat(
+                completion_logprobs((prompt_scores or []) if body.echo else []),
+                completion_logprobs(result.logprobs or [], len(echo)),
+            )
+        choices.append(
+            {
+                "index": first_index + result.index,
+                "text": echo + result.text,
+                "logprobs": logprobs,
+                "finish_reason": result.finish_reason,
+            }
+        )
     return choices
 
 
 @router.post("/v1/completions", responses=GENERATION_RESPONSES)
-async def create_completion(body: CompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep,
-                            session: SessionDep):  # fmt: skip
+async def create_completion(
+    body: CompletionRequest, request: Request, dispatcher: DispatcherDep, caller: CallerDep, session: SessionDep
+):
     model, _ = dispatcher.resolve_model(body.model)
     request_id, prompts = new_request_id("cmpl"), body.prompts
-    reqs = [GenerationRequest(request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}", model=model,
-                              **body.generation(prompt)) for i, prompt in enumerate(prompts)]  # fmt: skip
+    reqs = [
+        GenerationRequest(
+            request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}", model=model, **body.generation(prompt)
+        )
+        for i, prompt in enumerate(prompts)
+    ]
     for req in reqs:
         req.session = session or req.session  # the header before `user`
     created = int(time.time())
     if not body.stream:
         results = await until_disconnect(request, dispatcher.complete_all(reqs, "completions", caller))
-        choices = [choice for i, (prompt, group) in enumerate(zip(prompts, results))
-                   for choice in choices_of(body, prompt, group, i * body.n)]  # fmt: skip
-        return json_response({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                              "choices": choices,
-                              "usage": usage(*(total_stats(c.stats for c in group) for group in results))})
+        choices = [
+            choice
+            for i, (prompt, group) in enumerate(zip(prompts, results))
+            for choice in choices_of(body, prompt, group, i * body.n)
+        ]
+        return json_response(
+            {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": usage(*(total_stats(c.stats for c in group) for group in results)),
+            }
+        )
 
     chunks = dispatcher.generate(reqs[0], "completions", caller=caller)
     # errors before the first token are plain HTTP errors (400, 429, 503), not stream events
@@ -77,22 +100,41 @@ async def create_completion(body: CompletionRequest, request: Request, dispatche
         offset = sent.get(index, 0)
         logprobs = None if body.logprobs is None else completion_logprobs(scores or [], offset)
         sent[index] = offset + len(text)
-        payload = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                   "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
+        payload = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        }
         if body.include_usage:
             payload["usage"] = None
         return sse(payload)
 
     def opening(first: Chunk) -> list[bytes]:
-        echo = [event(index, echoed(prompts[0], first.prompt_logprobs), first.prompt_logprobs, None)
-                for index in range(body.n)] if body.echo else []  # fmt: skip
+        echo = (
+            [
+                event(index, echoed(prompts[0], first.prompt_logprobs), first.prompt_logprobs, None)
+                for index in range(body.n)
+            ]
+            if body.echo
+            else []
+        )
         return [*echo, frame(first)]
 
     def frame(chunk: Chunk) -> bytes:
         return event(chunk.index, chunk.text, chunk.logprobs, chunk.finish_reason)
 
     def usage_event(total: RequestStats) -> bytes:
-        return sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [], "usage": usage(total)})  # fmt: skip
+        return sse(
+            {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage(total),
+            }
+        )
 
     return sse_response(first, chunks, opening, frame, usage_event if body.include_usage else None)

@@ -14,8 +14,10 @@ async def live():
     return {"status": "ok"}
 
 
-@router.get("/health/ready", responses={
-    503: {"description": "not ready: no worker admitted, or draining", "content": {"application/json": {}}}})
+@router.get(
+    "/health/ready",
+    responses={503: {"description": "not ready: no worker admitted, or draining", "content": {"application/json": {}}}},
+)
 async def ready(request: Request, dispatcher: DispatcherDep):
     """200 while at least one worker is admitted and the gateway is not draining; with `ready_without_workers`
     200 until draining, so clients get 503 + Retry-After from every gateway instead of no gateway at all."""
@@ -26,8 +28,13 @@ async def ready(request: Request, dispatcher: DispatcherDep):
     return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
 
 
-@router.get("/metrics", response_class=PlainTextResponse, responses={  # Prometheus' text format
-    404: {"description": "served on --metrics-port instead", "content": {"application/json": {}}}})
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={  # Prometheus' text format
+        404: {"description": "served on --metrics-port instead", "content": {"application/json": {}}}
+    },
+)
 async def metrics(request: Request):
     if request.app.state.gateway.settings.metrics_port >= 0:  # served on its own port, never next to the API
         return JSONResponse({"detail": "Not Found"}, status_code=404)

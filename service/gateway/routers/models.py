@@ -12,6 +12,8 @@ router = APIRouter()
 async def list_models(dispatcher: DispatcherDep):
     return {
         "object": "list",
-        "data": [{"id": name, "object": "model", "created": 0, "owned_by": "deepspec", "max_model_len": max_seq_len or None}
-                 for name, max_seq_len in sorted(dispatcher.pool.models().items())],
-    }  # fmt: skip
+        "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "deepspec", "max_model_len": max_seq_len or None}
+            for name, max_seq_len in sorted(dispatcher.pool.models().items())
+        ],
+    }

@@ -40,14 +40,17 @@ def test_every_part_a_builtin_names_exists_and_is_what_its_layer_expects(name):
     assert issubclass(load_part(algorithm.config), DraftConfig)
     assert callable(load_part(algorithm.loss))
     assert algorithm.calibrate is None or callable(load_part(algorithm.calibrate))
-    assert algorithm.export_writers and all(isinstance(load_part(w), DraftWriter)
-                                            for w in algorithm.export_writers.values())
+    assert algorithm.export_writers and all(
+        isinstance(load_part(w), DraftWriter) for w in algorithm.export_writers.values()
+    )
     assert algorithm.onnx is not None and callable(load_part(algorithm.onnx.build))
     assert all(f.endswith(".onnx") for f in algorithm.onnx.files)
 
 
 def test_unknown_names_list_the_registered_ones_and_duplicates_are_refused(monkeypatch):
-    with pytest.raises(KeyError, match=r"unknown draft algorithm 'medusa'; available: \['dflash', 'dspark', 'eagle3'\]"):
+    with pytest.raises(
+        KeyError, match=r"unknown draft algorithm 'medusa'; available: \['dflash', 'dspark', 'eagle3'\]"
+    ):
         resolve_algorithm("medusa")
     monkeypatch.setattr(registry, "_ALGORITHMS", dict(registry._ALGORITHMS))  # undone after the test
     with pytest.raises(ValueError, match="'eagle3' is already registered"):
@@ -74,9 +77,11 @@ def test_a_part_is_an_object_or_an_import_path():
 def test_the_registry_imports_no_layer_it_names():
     """Resolving the records loads neither torch nor any stage: the model layer below them never imports upward,
     and `python -m training train --help` lists the algorithms at once."""
-    code = ("import sys\nfrom deepspec.algorithms import available_algorithms, resolve_algorithm\n"
-            "[resolve_algorithm(a) for a in available_algorithms()]\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'training', 'export', 'service'}), "
-            "sorted(m for m in sys.modules if m.startswith('deepspec.') and not m.startswith('deepspec.algorithms')))")
+    code = (
+        "import sys\nfrom deepspec.algorithms import available_algorithms, resolve_algorithm\n"
+        "[resolve_algorithm(a) for a in available_algorithms()]\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'training', 'export', 'service'}), "
+        "sorted(m for m in sys.modules if m.startswith('deepspec.') and not m.startswith('deepspec.algorithms')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] []", out.stdout

@@ -29,19 +29,24 @@ def world(tmp_path_factory):
     target_dir = tiny_hf_target_dir(root / "target")
     (root / "datasets" / "eval").mkdir(parents=True)
     (root / "datasets" / "eval" / "toy.jsonl").write_text(
-        "\n".join(json.dumps({"turns": [q]}) for q in ["add 1 and 2", "say hi"]) + "\n")
+        "\n".join(json.dumps({"turns": [q]}) for q in ["add 1 and 2", "say hi"]) + "\n"
+    )
     return root, target_dir, write_conversations(root / "data.jsonl", rows=6)
 
 
 def _train_config(root, target_dir, data, out):
     from training.config import TrainConfig
 
-    return TrainConfig.model_validate({
-        "target": {"name": str(target_dir)},
-        "model": {"algo": "toy", "block_size": 4, "draft_vocab_size": 32, "feature_layers": [0, 1, 2]},
-        "data": {"paths": [str(data)], "max_len": 64},
-        "optim": {"max_steps": 3, "lr": 1e-2, "warmup_steps": 1},
-        "output_dir": str(out), "save_every": 0})
+    return TrainConfig.model_validate(
+        {
+            "target": {"name": str(target_dir)},
+            "model": {"algo": "toy", "block_size": 4, "draft_vocab_size": 32, "feature_layers": [0, 1, 2]},
+            "data": {"paths": [str(data)], "max_len": 64},
+            "optim": {"max_steps": 3, "lr": 1e-2, "warmup_steps": 1},
+            "output_dir": str(out),
+            "save_every": 0,
+        }
+    )
 
 
 def _generate(target, drafter):
@@ -68,8 +73,26 @@ def test_a_registered_toy_algorithm_trains_evaluates_serves_and_exports(toy_regi
     assert config["algo"] == "toy" and config["embedding_weight"] == 1.0  # written by the toy's own config class
 
     monkeypatch.setenv("DEEPSPEC_DATASETS_DIR", str(root / "datasets"))
-    assert training_main(["eval", "--target", str(target_dir), "--draft", str(draft), "--datasets", "toy",
-                          "--num-prompts", "2", "--max-tokens", "8", "--temperatures", "0"]) == 0
+    assert (
+        training_main(
+            [
+                "eval",
+                "--target",
+                str(target_dir),
+                "--draft",
+                str(draft),
+                "--datasets",
+                "toy",
+                "--num-prompts",
+                "2",
+                "--max-tokens",
+                "8",
+                "--temperatures",
+                "0",
+            ]
+        )
+        == 0
+    )
     report = json.loads((draft / "eval.json").read_text())
     [greedy] = report["results"]
     assert greedy["identical_to_target"] is True and greedy["acceptance_length"] >= 1.0
@@ -83,8 +106,9 @@ def test_a_registered_toy_algorithm_trains_evaluates_serves_and_exports(toy_regi
     assert sum(r.num_draft_tokens for r in served) > 0  # the toy drafter was asked, and verified
 
     out = root / "export"
-    assert export_main(["--target", str(target_dir), "--draft", str(draft), "--format", "pytorch",
-                        "--out", str(out)]) == 0
+    assert (
+        export_main(["--target", str(target_dir), "--draft", str(draft), "--format", "pytorch", "--out", str(out)]) == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["algorithm"], manifest["draft"]) == ("toy", "draft")
     assert isinstance(build_drafter(str(out / "draft"), target), ToyDrafter)
@@ -104,12 +128,26 @@ def test_without_its_registration_every_stage_refuses_the_toy_by_name(world, mon
     with monkeypatch.context() as m:
         m.setattr(registry, "_ALGORITHMS", dict(registry._ALGORITHMS))
         register_algorithm(TOY)
-        path = save_draft(build_draft(DraftConfig.for_target(target, "toy", feature_layers=(0, 1, 2))),
-                          root / "unregistered")
+        path = save_draft(
+            build_draft(DraftConfig.for_target(target, "toy", feature_layers=(0, 1, 2))), root / "unregistered"
+        )
     with pytest.raises(ValidationError, match="unknown draft algorithm 'toy'"):
         _train_config(root, target_dir, data, root / "never")
     with pytest.raises(DraftCheckpointError, match="unknown draft algorithm 'toy'"):
         build_drafter(str(path), target)
-    assert export_main(["--target", str(target_dir), "--draft", str(path), "--format", "pytorch",
-                        "--out", str(root / "never-exported")]) == 2
+    assert (
+        export_main(
+            [
+                "--target",
+                str(target_dir),
+                "--draft",
+                str(path),
+                "--format",
+                "pytorch",
+                "--out",
+                str(root / "never-exported"),
+            ]
+        )
+        == 2
+    )
     assert "algo 'toy' is not one this DeepSpec exports" in capsys.readouterr().err

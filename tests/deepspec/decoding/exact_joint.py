@@ -12,8 +12,9 @@ import torch
 from plugins import process_logits
 
 
-def exact_joint(target, prompt: list[int], vocab: int, temperature: float = 1.0, top_k: int = 0,
-                top_p: float = 1.0) -> dict[tuple[int, int, int], float]:
+def exact_joint(
+    target, prompt: list[int], vocab: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> dict[tuple[int, int, int], float]:
     """(a, b, c) → P(the next three tokens after `prompt` are a, b, c) under the processed target distribution."""
 
     def probs(ctx):

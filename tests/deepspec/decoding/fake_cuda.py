@@ -25,7 +25,7 @@ asynchronous execution, memory. It sees only where each tensor lives, which is w
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -39,8 +39,14 @@ _RealGenerator = torch.Generator
 #: ops that read one device and write another (a device-to-device copy)
 _CROSS_DEVICE_OPS = {_aten.copy_.default, _aten._to_copy.default, _aten.lift_fresh.default}
 #: ops whose index tensors may be CPU tensors for a CUDA `self`: (self, indices, [values, ...])
-_INDEX_OPS = {_aten.index.Tensor, _aten.index_put_.default, _aten.index_put.default,
-              _aten._index_put_impl_.default, _aten._unsafe_index.Tensor, _aten._unsafe_index_put.default}
+_INDEX_OPS = {
+    _aten.index.Tensor,
+    _aten.index_put_.default,
+    _aten.index_put.default,
+    _aten._index_put_impl_.default,
+    _aten._unsafe_index.Tensor,
+    _aten._unsafe_index_put.default,
+}
 
 
 class FakeCudaTensor(torch.Tensor):
@@ -51,9 +57,15 @@ class FakeCudaTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, inner: torch.Tensor):
         assert inner.device.type == "cpu" and not isinstance(inner, FakeCudaTensor)
-        return torch.Tensor._make_wrapper_subclass(cls, inner.size(), strides=inner.stride(),
-                                                   storage_offset=inner.storage_offset(), dtype=inner.dtype,
-                                                   device=CUDA, requires_grad=inner.requires_grad)
+        return torch.Tensor._make_wrapper_subclass(
+            cls,
+            inner.size(),
+            strides=inner.stride(),
+            storage_offset=inner.storage_offset(),
+            dtype=inner.dtype,
+            device=CUDA,
+            requires_grad=inner.requires_grad,
+        )
 
     def __init__(self, inner: torch.Tensor):
         self.cpu_value = inner
@@ -148,8 +160,10 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
 
 
 def _mismatch(func, a: torch.device, b: torch.device, what: str = "") -> RuntimeError:
-    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
-                        f"{b}! ({what or 'in'} {func})")
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {a} and "
+        f"{b}! ({what or 'in'} {func})"
+    )
 
 
 def _is_cpu_scalar(t: torch.Tensor) -> bool:
@@ -174,8 +188,10 @@ def _check_index_op(func, args) -> torch.device:
     device = device_of(self_)
     for index in args[1]:
         if isinstance(index, torch.Tensor) and device_of(index) not in (device, CPU):
-            raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
-                               f"({device}), got an index on {device_of(index)} ({func})")
+            raise RuntimeError(
+                f"indices should be either on cpu or on the same device as the indexed tensor "
+                f"({device}), got an index on {device_of(index)} ({func})"
+            )
     rest = [a for a in args[2:] if isinstance(a, torch.Tensor)]
     common_device(func, [self_, *rest])
     return device
@@ -238,8 +254,10 @@ def _check_indices(self_: torch.Tensor, index) -> None:
     device = device_of(self_)
     for t in _index_tensors(index):
         if device_of(t) not in (device, CPU):
-            raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
-                               f"({device}), got an index on {device_of(t)}")
+            raise RuntimeError(
+                f"indices should be either on cpu or on the same device as the indexed tensor "
+                f"({device}), got an index on {device_of(t)}"
+            )
 
 
 def _getitem(self_: FakeCudaTensor, index):
@@ -286,17 +304,41 @@ def _to(self_: torch.Tensor, *args, **kwargs) -> torch.Tensor:
 
 
 #: Tensor methods that read values to the host; on a subclass they would open a CUDA device guard
-_HOST_READS = {torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.__index__,
-               torch.Tensor.__complex__, torch.Tensor.item, torch.Tensor.tolist}
+_HOST_READS = {
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__bool__,
+    torch.Tensor.__index__,
+    torch.Tensor.__complex__,
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+}
 #: Tensor methods whose Python binding opens a CUDA device guard before dispatching: run on the CPU values
-_GUARDED = {torch.Tensor.__invert__, torch.Tensor.nonzero, torch.Tensor.split, torch.Tensor.new_tensor,
-            torch.Tensor.new, torch.Tensor.resize_as_, torch.Tensor.contiguous}
+_GUARDED = {
+    torch.Tensor.__invert__,
+    torch.Tensor.nonzero,
+    torch.Tensor.split,
+    torch.Tensor.new_tensor,
+    torch.Tensor.new,
+    torch.Tensor.resize_as_,
+    torch.Tensor.contiguous,
+}
 #: what CUDA refuses for a cuda tensor: a numpy view of device memory
 _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
 #: what the torch-function level handles itself; every other call goes straight on to the dispatcher
-_INTERCEPTED = _HOST_READS | _GUARDED | _TO_NUMPY | {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu,
-                                                     torch.Tensor.copy_, torch.Tensor.__getitem__,
-                                                     torch.Tensor.__setitem__}
+_INTERCEPTED = (
+    _HOST_READS
+    | _GUARDED
+    | _TO_NUMPY
+    | {
+        torch.Tensor.to,
+        torch.Tensor.cuda,
+        torch.Tensor.cpu,
+        torch.Tensor.copy_,
+        torch.Tensor.__getitem__,
+        torch.Tensor.__setitem__,
+    }
+)
 
 
 def _on_cpu_values(func, args, kwargs):
@@ -326,8 +368,10 @@ class _FakeCudaFunctions(TorchFunctionMode):
         if func in _HOST_READS and isinstance(args[0], FakeCudaTensor):  # a device-to-host read of real values
             return func(args[0].cpu_value, *args[1:], **kwargs)
         if func in _TO_NUMPY and isinstance(args[0], FakeCudaTensor):
-            raise TypeError(f"can't convert {CUDA} device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
-                            "to host memory first.")
+            raise TypeError(
+                f"can't convert {CUDA} device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                "to host memory first."
+            )
         if func in _GUARDED and isinstance(args[0], FakeCudaTensor):
             return _on_cpu_values(func, args, kwargs)
         if func is torch.Tensor.__getitem__ and isinstance(args[0], FakeCudaTensor):
@@ -340,8 +384,9 @@ class _FakeCudaFunctions(TorchFunctionMode):
         requested = kwargs.get("device")
         if requested is not None and torch.device(requested).type == "cuda" and func is not torch._C._nn._parse_to:
             out = func(*args, **{**kwargs, "device": CPU})
-            return _map(lambda o: _wrap(o) if isinstance(o, torch.Tensor) and
-                        not isinstance(o, FakeCudaTensor) else o, out)
+            return _map(
+                lambda o: _wrap(o) if isinstance(o, torch.Tensor) and not isinstance(o, FakeCudaTensor) else o, out
+            )
         return func(*args, **kwargs)
 
     @staticmethod
@@ -355,8 +400,10 @@ class _FakeCudaFunctions(TorchFunctionMode):
             device = CPU
         for g in generators:
             if g.device.type != device.type:
-                raise RuntimeError(f"Expected a '{device.type}' device type for generator but found "
-                                   f"'{g.device.type}' ({getattr(func, '__name__', func)})")
+                raise RuntimeError(
+                    f"Expected a '{device.type}' device type for generator but found "
+                    f"'{g.device.type}' ({getattr(func, '__name__', func)})"
+                )
 
 
 class _FakeCudaOps(TorchDispatchMode):
@@ -369,8 +416,11 @@ class _FakeCudaOps(TorchDispatchMode):
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
     """Make `cuda` a device of CPU tensors until exit (see the module docstring); not thread-safe."""
-    patches = [(torch, "Generator", _Generator), (torch.cuda, "_lazy_init", lambda: None),
-               (torch.cuda, "synchronize", lambda device=None: None)]
+    patches = [
+        (torch, "Generator", _Generator),
+        (torch.cuda, "_lazy_init", lambda: None),
+        (torch.cuda, "synchronize", lambda device=None: None),
+    ]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     for obj, name, value in patches:
         setattr(obj, name, value)

@@ -10,11 +10,15 @@ import pytest
 import torch
 
 from deepspec.decoding import SamplingParams, SpecEngine
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.drafter import Drafter, DraftSampling, Proposal
 from deepspec.decoding.params import AcceptanceStats
-from service.metrics import (SPEC_DECODE_ACCEPTANCE_LENGTH, SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL,
-                             SPEC_DECODE_NUM_FORWARDS_TOTAL, WorkerMetrics)
 from deepspec_protocol.worker import RequestStats
+from service.metrics import (
+    SPEC_DECODE_ACCEPTANCE_LENGTH,
+    SPEC_DECODE_NUM_FORWARD_TOKENS_TOTAL,
+    SPEC_DECODE_NUM_FORWARDS_TOTAL,
+    WorkerMetrics,
+)
 from tests.conftest import make_tiny_target
 from training.evaluate import summarize
 
@@ -47,10 +51,14 @@ def run():
     """One request through the engine: its GenerationResult and every StepOutput it streamed."""
     target = make_tiny_target(eos=False, temperature=4.0)[0]
     params = SamplingParams(max_tokens=MAX_TOKENS)
-    reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(
-        [PROMPT], SamplingParams(max_tokens=MAX_TOKENS + 8))[0].token_ids
-    engine = SpecEngine(target, _EveryOtherRound(reference, 16), max_batch_size=1, max_seq_len=128,
-                        num_speculative_tokens=3)
+    reference = (
+        SpecEngine(target, None, max_batch_size=1, max_seq_len=128)
+        .generate([PROMPT], SamplingParams(max_tokens=MAX_TOKENS + 8))[0]
+        .token_ids
+    )
+    engine = SpecEngine(
+        target, _EveryOtherRound(reference, 16), max_batch_size=1, max_seq_len=128, num_speculative_tokens=3
+    )
     outputs = []
     result = engine.generate([PROMPT], params, on_output=outputs.append)[0]
     assert result.token_ids == reference[:MAX_TOKENS]  # greedy verification stays lossless
@@ -68,16 +76,23 @@ def test_engine_eval_and_worker_agree_on_one_run(run):
     result, outputs = run
     stats, metrics = RequestStats(), WorkerMetrics("m")
     for out in outputs:  # as service/worker/scheduler.py folds each StepOutput into the request's stats
-        stats = replace(stats, num_output_tokens=stats.num_output_tokens + len(out.new_token_ids),
-                        num_draft_tokens=stats.num_draft_tokens + out.num_draft_tokens,
-                        num_accepted_tokens=stats.num_accepted_tokens + out.num_accepted_tokens,
-                        num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0))
+        stats = replace(
+            stats,
+            num_output_tokens=stats.num_output_tokens + len(out.new_token_ids),
+            num_draft_tokens=stats.num_draft_tokens + out.num_draft_tokens,
+            num_accepted_tokens=stats.num_accepted_tokens + out.num_accepted_tokens,
+            num_spec_steps=stats.num_spec_steps + int(out.num_draft_tokens > 0),
+        )
         if out.num_verify_tokens:  # as the scheduler: every decode round, drafted or not
             metrics.observe_decode_round(out.num_accepted_tokens)
         if out.num_draft_tokens > 0:
             metrics.observe_spec_round(out.num_draft_tokens, out.num_accepted_tokens)
-    histogram = {s.name.removeprefix(SPEC_DECODE_ACCEPTANCE_LENGTH): s.value for m in metrics.registry.collect()
-                 if m.name == SPEC_DECODE_ACCEPTANCE_LENGTH for s in m.samples}
+    histogram = {
+        s.name.removeprefix(SPEC_DECODE_ACCEPTANCE_LENGTH): s.value
+        for m in metrics.registry.collect()
+        if m.name == SPEC_DECODE_ACCEPTANCE_LENGTH
+        for s in m.samples
+    }
     tau, _, _ = summarize([result])
     mean_observed = histogram["_sum"] / histogram["_count"]
     assert result.acceptance_length == tau == stats.acceptance_length == mean_observed == 3.0

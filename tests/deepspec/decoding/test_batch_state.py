@@ -29,7 +29,8 @@ def _check_rows(engine: SpecEngine) -> None:
             assert view.last_token(seq.slot) == seq.pending
         p = seq.params
         assert (float(temperature[seq.slot]), int(top_k[seq.slot]), float(top_p[seq.slot])) == pytest.approx(
-            (p.temperature, p.top_k, p.top_p))
+            (p.temperature, p.top_k, p.top_p)
+        )
     for slot in set(range(engine.max_batch_size)) - held:
         assert view.sequence_id(slot) == NO_SEQUENCE and view.num_tokens(slot) == 0
 
@@ -37,9 +38,12 @@ def _check_rows(engine: SpecEngine) -> None:
 def test_the_batch_state_follows_every_row_through_finishes_and_moves():
     target = make_tiny_target()[0]
     engine = SpecEngine(target, PromptLookupDrafter(), max_batch_size=4, max_seq_len=96, num_speculative_tokens=3)
-    params = [SamplingParams(max_tokens=n, temperature=t, top_k=k, top_p=p, seed=i)
-              for i, (n, t, k, p) in enumerate([(3, 0.0, 0, 1.0), (20, 0.7, 5, 0.9), (9, 1.0, 0, 0.5),
-                                                 (14, 0.0, 0, 1.0), (6, 1.3, 3, 1.0)])]
+    params = [
+        SamplingParams(max_tokens=n, temperature=t, top_k=k, top_p=p, seed=i)
+        for i, (n, t, k, p) in enumerate(
+            [(3, 0.0, 0, 1.0), (20, 0.7, 5, 0.9), (9, 1.0, 0, 0.5), (14, 0.0, 0, 1.0), (6, 1.3, 3, 1.0)]
+        )
+    ]
     queue = [(str(i), p, q) for i, (p, q) in enumerate(zip(PROMPTS, params))]
     moves = 0
     engine_move = engine._move
@@ -93,7 +97,6 @@ def test_a_move_carries_tokens_id_and_sampling_and_frees_the_source():
     state.append(2, [4, 5, 6])
     state.move(2, 0)
     assert state.view.tokens(0).tolist() == [4, 5, 6] and state.view.sequence_id(0) == 11
-    assert torch.allclose(torch.stack([t[0].float() for t in state.sampling_params(3)]),
-                          torch.tensor([0.5, 4.0, 0.8]))
+    assert torch.allclose(torch.stack([t[0].float() for t in state.sampling_params(3)]), torch.tensor([0.5, 4.0, 0.8]))
     assert state.view.sequence_id(2) == NO_SEQUENCE and state.view.num_tokens(2) == 0
     assert state.view.live_sequence_ids() == {11}

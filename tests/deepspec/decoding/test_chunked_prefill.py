@@ -33,8 +33,15 @@ def eagle3_dir(target, tmp_path_factory):
 
 
 def _engine(target, drafter=None, chunk=CHUNK, batch=4):
-    return SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=128, num_speculative_tokens=3,
-                      prefill_chunk_size=512, prefill_tokens_per_step=chunk)
+    return SpecEngine(
+        target,
+        drafter,
+        max_batch_size=batch,
+        max_seq_len=128,
+        num_speculative_tokens=3,
+        prefill_chunk_size=512,
+        prefill_tokens_per_step=chunk,
+    )
 
 
 def _run_with_late_long_prompt(engine, long_params=GREEDY, short_params=GREEDY):
@@ -57,8 +64,9 @@ def test_running_streams_get_a_token_every_step_while_a_long_prompt_prefills(tar
     assert first_long == 2 + 5
     # ... and meanwhile every short stream got tokens in every step
     assert all({"s0", "s1", "s2"} <= got for got in steps[2:first_long])
-    whole = {i: r for i, r in zip(["s0", "s1", "s2", "long"],
-                                   _engine(target, chunk=512).generate(SHORT + [LONG], GREEDY))}
+    whole = {
+        i: r for i, r in zip(["s0", "s1", "s2", "long"], _engine(target, chunk=512).generate(SHORT + [LONG], GREEDY))
+    }
     assert {i: r.token_ids for i, r in results.items()} == {i: r.token_ids for i, r in whole.items()}
 
 
@@ -139,7 +147,12 @@ def test_finished_and_aborted_rows_keep_the_prefilled_rows_in_front(target):
         engine.step()
         prefilled = [s.prefilled for s in engine._running]
         assert prefilled == sorted(prefilled, reverse=True)  # the prefilled rows come first
-    alone = {name: _engine(target, chunk=512).generate([prompt], params)[0].token_ids
-             for name, prompt, params in (("s0", SHORT[0], SamplingParams(max_tokens=3, ignore_eos=True)),
-                                          ("s1", SHORT[1], GREEDY), ("long", LONG, GREEDY))}
+    alone = {
+        name: _engine(target, chunk=512).generate([prompt], params)[0].token_ids
+        for name, prompt, params in (
+            ("s0", SHORT[0], SamplingParams(max_tokens=3, ignore_eos=True)),
+            ("s1", SHORT[1], GREEDY),
+            ("long", LONG, GREEDY),
+        )
+    }
     assert {name: engine.pop_result(name).token_ids for name in alone} == alone

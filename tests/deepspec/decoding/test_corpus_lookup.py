@@ -68,8 +68,11 @@ def test_an_index_built_for_other_tokens_is_refused():
 
 def _driven(corpus: list[int], history: list[int]) -> DraftDriver:
     """A corpus-lookup drafter driven as the engine drives it, its slot 0 holding `history`."""
-    driver = DraftDriver(CorpusLookupDrafter(SuffixIndex.build(np.array(corpus), max_match=6), min_ngram=2,
-                                             max_ngram=3), num_slots=1, max_tokens=64)
+    driver = DraftDriver(
+        CorpusLookupDrafter(SuffixIndex.build(np.array(corpus), max_match=6), min_ngram=2, max_ngram=3),
+        num_slots=1,
+        max_tokens=64,
+    )
     driver.start(0, history)
     return driver
 
@@ -122,8 +125,11 @@ FINGERPRINT = {"architecture": "llama", "hidden_size": 8, "num_layers": 2, "voca
 
 
 def _eval_json(path, tau: float, speedup: float = 1.2) -> None:
-    (path / "eval.json").write_text(json.dumps({"results": [
-        {"dataset": "humaneval", "temperature": 0, "acceptance_length": tau, "speedup": speedup}]}))
+    (path / "eval.json").write_text(
+        json.dumps(
+            {"results": [{"dataset": "humaneval", "temperature": 0, "acceptance_length": tau, "speedup": speedup}]}
+        )
+    )
 
 
 def test_checkpoint_round_trip_mismatch_corruption_and_auto_choice(tmp_path):

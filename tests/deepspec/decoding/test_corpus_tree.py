@@ -22,8 +22,9 @@ CORPUS = [1, 2, 3, 6, S] * 4 + [1, 2, 3, 7, S] + [1, 2, 4, 8, S] * 3 + [1, 2, 5,
 
 def _driven(history: list[int], corpus=CORPUS, **options) -> DraftDriver:
     """A tree-drafting corpus lookup driven as the engine drives it, its slot 0 holding `history`."""
-    d = CorpusLookupDrafter(SuffixIndex.build(np.array(corpus), max_match=6), min_ngram=2, max_ngram=3,
-                            tree=True, **options)
+    d = CorpusLookupDrafter(
+        SuffixIndex.build(np.array(corpus), max_match=6), min_ngram=2, max_ngram=3, tree=True, **options
+    )
     driver = DraftDriver(d, num_slots=2, max_tokens=64)
     driver.start(0, history)
     return driver
@@ -114,8 +115,9 @@ def test_chain_mode_is_unchanged():
 
 
 def _sampled(seed: int, batch: int = 1, temperature: float = 1.0) -> DraftSampling:
-    return DraftSampling(torch.full((batch,), temperature),
-                         [torch.Generator().manual_seed(seed + i) for i in range(batch)])
+    return DraftSampling(
+        torch.full((batch,), temperature), [torch.Generator().manual_seed(seed + i) for i in range(batch)]
+    )
 
 
 def test_sampled_rows_draw_children_without_replacement_and_carry_q():
@@ -128,8 +130,9 @@ def test_sampled_rows_draw_children_without_replacement_and_carry_q():
     assert (greedy.max(-1).values == 1).all()  # the greedy row stays deterministic: one-hot rows
     n = int(p.num_tokens[0])
     roots = [i for i in range(n) if p.parents[0, i] == -1]
-    assert sorted(p.tokens[0, roots].tolist()) == [3, 4, 5][: len(roots)] or len(set(p.tokens[0, roots].tolist())) \
-        == len(roots)
+    assert sorted(p.tokens[0, roots].tolist()) == [3, 4, 5][: len(roots)] or len(
+        set(p.tokens[0, roots].tolist())
+    ) == len(roots)
     first = p.probs[0, roots[0]]
     assert first[[3, 4, 5]].tolist() == pytest.approx([0.5, 0.3, 0.2])
     if len(roots) > 1:  # the second draw's q leaves out the first child's token
@@ -183,8 +186,16 @@ def _first_committed(driver: DraftDriver, k: int, probs_override=None) -> tuple[
         probs = probs_override(probs, tokens, num_nodes)
     logits, p1, p2 = _target_logits(tokens, parents)
     num_accepted, next_token, path = plugins.tree_accept(
-        tokens, parents, num_nodes, logits, probs, torch.ones(N), torch.zeros(N, dtype=torch.long), torch.ones(N),
-        torch.arange(N, dtype=torch.long) * 7919 + 1)
+        tokens,
+        parents,
+        num_nodes,
+        logits,
+        probs,
+        torch.ones(N),
+        torch.zeros(N, dtype=torch.long),
+        torch.ones(N),
+        torch.arange(N, dtype=torch.long) * 7919 + 1,
+    )
     first = torch.where(num_accepted >= 1, tokens.gather(1, path[:, 1:2].clamp(min=0)).squeeze(1), next_token)
     return first.numpy(), p1.numpy()
 

@@ -32,13 +32,15 @@ def _drafter(sampled: bool) -> CorpusLookupDrafter:
     corpus = []
     for _ in range(60):
         corpus += rng.choice(VOCAB, size=int(rng.integers(3, 9)), p=[0.1, 0.2, 0.2, 0.3, 0.2]).tolist() + [SEPARATOR]
-    return CorpusLookupDrafter(SuffixIndex.build(np.array(corpus), max_match=4), tree=True, sampled=sampled,
-                               max_fallbacks=1)
+    return CorpusLookupDrafter(
+        SuffixIndex.build(np.array(corpus), max_match=4), tree=True, sampled=sampled, max_fallbacks=1
+    )
 
 
 def _p_value(target, drafter) -> float:
-    engine = SpecEngine(target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=6,
-                        max_verify_tokens=64 * 7)
+    engine = SpecEngine(
+        target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=6, max_verify_tokens=64 * 7
+    )
     results = engine.generate([PROMPT] * N, [SamplingParams(max_tokens=3, temperature=1.0, seed=i) for i in range(N)])
     assert sum(r.num_draft_tokens for r in results) > N // 4  # speculation really happened
     counts = {cell: 0 for cell in itertools.product(range(VOCAB), repeat=3)}

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import deepspec.decoding.engine as engine_module
-from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.registry import build_drafter
 from deepspec.decoding.verify_budget import DraftTimeModel, StepTimeModel
 from deepspec.models.drafts import save_draft
@@ -57,16 +57,18 @@ def _engine(target, path, draft_seconds: float):
     commits = []
     commit = drafter.commit
     drafter.commit = lambda slots, tokens, num, feats: commits.append(list(slots)) or commit(slots, tokens, num, feats)
-    engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2,
-                        planner=BudgetPlanner())
+    engine = SpecEngine(
+        target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2, planner=BudgetPlanner()
+    )
     commits.clear()  # the draft-time probe's, at start
     engine.planner.step_time = StepTimeModel([(1, 1e-3), (9, 1e-3)])  # verify tokens free: the draft's own time decides
     engine.planner.draft_time = DraftTimeModel({(r, w): draft_seconds * w for r in (1, 2) for w in (1, 2)})
     return engine, commits
 
 
-def test_a_drafter_never_asked_hears_nothing_past_the_prompt_and_one_asked_hears_every_round(target, draft_dirs,
-                                                                                           monkeypatch):
+def test_a_drafter_never_asked_hears_nothing_past_the_prompt_and_one_asked_hears_every_round(
+    target, draft_dirs, monkeypatch
+):
     prompts, params = [[1, 2, 3, 1, 2, 3]] * 2, SamplingParams(max_tokens=12, ignore_eos=True)
     reference = SpecEngine(target, None, max_batch_size=2, max_seq_len=64).generate(prompts, params)
     slow, slow_commits = _engine(target, draft_dirs["eagle3"], 1.0)

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.drafter import DraftSampling
-from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
+from deepspec.decoding.drafters.corpus_lookup import save_corpus
 from deepspec.decoding.drafters.hybrid import save_hybrid
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.registry import build_drafter, load_checkpoint_drafter
 from deepspec.models import pytorch_decoder
 from deepspec.models.drafts import save_draft
@@ -37,8 +37,12 @@ def _sampled(max_tokens: int, seed: int) -> SamplingParams:
 
 #: at batch 2, one run goes through all three kinds of batch: rows 0 and 1 all greedy; row 0 ends after 4 tokens
 #: and sampled row 2 joins greedy row 1 (mixed, slots move); row 1 ends and sampled row 3 joins row 2 (all sampled)
-MIXED = [SamplingParams(max_tokens=4, ignore_eos=True), SamplingParams(max_tokens=8, ignore_eos=True),
-         _sampled(10, seed=0), _sampled(6, seed=2)]
+MIXED = [
+    SamplingParams(max_tokens=4, ignore_eos=True),
+    SamplingParams(max_tokens=8, ignore_eos=True),
+    _sampled(10, seed=0),
+    _sampled(6, seed=2),
+]
 GREEDY_ROWS = (0, 1)
 
 
@@ -59,15 +63,22 @@ def draft_dirs(targets, tmp_path_factory):
     a corpus of the target's own greedy answers, and hybrids of the corpus with a DSpark tree."""
     cpu, _ = targets
     root = tmp_path_factory.mktemp("drafts")
-    dirs = {algo: save_draft(tiny_draft(cpu, algo, draft_vocab_size=48), root / algo)
-            for algo in ("eagle3", "dflash", "dspark")}
+    dirs = {
+        algo: save_draft(tiny_draft(cpu, algo, draft_vocab_size=48), root / algo)
+        for algo in ("eagle3", "dflash", "dspark")
+    }
     answers = sum((s + [SEPARATOR] for s in target_sequences(cpu, 6, 24, seed=4)), [])
-    answers += sum((p + s[len(p):] + [SEPARATOR] for p, s in zip(PROMPTS, target_sequences(cpu, 4, 20))), [])
-    dirs["corpus"] = save_corpus(root / "corpus", SuffixIndex.build(np.array(answers), max_match=8),
-                                 cpu.fingerprint())
+    answers += sum((p + s[len(p) :] + [SEPARATOR] for p, s in zip(PROMPTS, target_sequences(cpu, 4, 20))), [])
+    dirs["corpus"] = save_corpus(root / "corpus", SuffixIndex.build(np.array(answers), max_match=8), cpu.fingerprint())
     for mode in ("switch", "merge"):
-        dirs[f"hybrid-{mode}"] = save_hybrid(root / f"hybrid-{mode}", dirs["corpus"], dirs["dspark"], min_match=3,
-                                             mode=mode, neural_options={"tree_branches": 2})
+        dirs[f"hybrid-{mode}"] = save_hybrid(
+            root / f"hybrid-{mode}",
+            dirs["corpus"],
+            dirs["dspark"],
+            min_match=3,
+            mode=mode,
+            neural_options={"tree_branches": 2},
+        )
     return dirs
 
 
@@ -83,11 +94,16 @@ DRAFTERS = {
     "random-tree": lambda dirs, target: RandomDrafter(target.vocab_size, sample_probs=True, tree=True),
     "corpus-chain": lambda dirs, target: _corpus(dirs, target),
     "corpus-tree": lambda dirs, target: _corpus(dirs, target, tree=True, sampled=True),
-    **{f"{algo}-chain": (lambda algo: lambda dirs, target: load_checkpoint_drafter(dirs[algo], target))(algo)
-       for algo in ("eagle3", "dflash", "dspark")},
-    **{f"{algo}-tree": (lambda algo: lambda dirs, target: load_checkpoint_drafter(dirs[algo], target,
-                                                                                 tree_branches=2))(algo)
-       for algo in ("eagle3", "dflash", "dspark")},
+    **{
+        f"{algo}-chain": (lambda algo: lambda dirs, target: load_checkpoint_drafter(dirs[algo], target))(algo)
+        for algo in ("eagle3", "dflash", "dspark")
+    },
+    **{
+        f"{algo}-tree": (
+            lambda algo: lambda dirs, target: load_checkpoint_drafter(dirs[algo], target, tree_branches=2)
+        )(algo)
+        for algo in ("eagle3", "dflash", "dspark")
+    },
     "hybrid-switch": lambda dirs, target: build_drafter(str(dirs["hybrid-switch"]), target),
     "hybrid-merge": lambda dirs, target: build_drafter(str(dirs["hybrid-merge"]), target),
 }
@@ -95,8 +111,14 @@ DRAFTERS = {
 
 def _engine(target, drafter, verify_budget: bool = False) -> SpecEngine:
     # batch 2 < 4 prompts: requests finish and slots move while others run
-    return SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=5,
-                      planner=BudgetPlanner() if verify_budget else None)
+    return SpecEngine(
+        target,
+        drafter,
+        max_batch_size=2,
+        max_seq_len=64,
+        num_speculative_tokens=5,
+        planner=BudgetPlanner() if verify_budget else None,
+    )
 
 
 def _run(target, dirs, name, params, verify_budget=False):

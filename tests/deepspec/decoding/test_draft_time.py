@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding import draft_time
 from deepspec.decoding.draft_time import measure_draft_time, runs_a_model
 from deepspec.decoding.engine import SpecEngine
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.registry import build_drafter, load_checkpoint_drafter
 from deepspec.decoding.verify_budget import DraftTimeModel
 from deepspec.models.drafts import save_draft
@@ -42,11 +42,24 @@ def test_a_lookup_drafter_is_not_timed_and_a_neural_one_is_at_batch_1(target, ds
 def test_the_engine_prices_drafting_with_the_same_probe(target, dspark_dir, monkeypatch):
     probed = []
     fake = DraftTimeModel({(r, w): 0.001 * w for r in (1, 2) for w in (1, 4)})
-    monkeypatch.setattr(draft_time, "_time_rounds", lambda _t, _d, rows, widths, *rest: probed.append(
-        (rows, widths)) or fake)
-    engine = SpecEngine(target, load_checkpoint_drafter(dspark_dir, target), max_batch_size=2, max_seq_len=64,
-                        num_speculative_tokens=4, planner=BudgetPlanner())
+    monkeypatch.setattr(
+        draft_time, "_time_rounds", lambda _t, _d, rows, widths, *rest: probed.append((rows, widths)) or fake
+    )
+    engine = SpecEngine(
+        target,
+        load_checkpoint_drafter(dspark_dir, target),
+        max_batch_size=2,
+        max_seq_len=64,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(),
+    )
     assert probed == [((1, 2), (1, 4))] and engine.planner.draft_time is fake
-    SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=2, max_seq_len=64,
-               num_speculative_tokens=4, planner=BudgetPlanner())
+    SpecEngine(
+        target,
+        build_drafter("prompt-lookup", target),
+        max_batch_size=2,
+        max_seq_len=64,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(),
+    )
     assert len(probed) == 1  # prompt lookup: nothing timed

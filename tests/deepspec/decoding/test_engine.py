@@ -43,20 +43,24 @@ def test_uneven_acceptance_in_one_batch_is_counted_per_row(target):
 
 def test_verify_budget_shortens_blocks_of_large_batches(target):
     # the timed budget off: this checks the token cap alone (the timed one may decide not to draft on a busy CPU)
-    engine = SpecEngine(target, RandomDrafter(16), max_batch_size=6, max_seq_len=128, num_speculative_tokens=4,
-                        max_verify_tokens=12)
+    engine = SpecEngine(
+        target, RandomDrafter(16), max_batch_size=6, max_seq_len=128, num_speculative_tokens=4, max_verify_tokens=12
+    )
     outputs = []
     engine.generate(PROMPTS, SamplingParams(max_tokens=8), on_output=outputs.append)
     assert max(o.num_draft_tokens for o in outputs) <= 12 // 6 - 1
     assert sum(o.num_draft_tokens for o in outputs) > 0
 
 
-@pytest.mark.parametrize("lengths, runs", [
-    ([449] + [100] * 19, [(0, 1), (1, 20)]),  # one long prompt gets its own forward
-    ([100] * 5, [(0, 5)]),  # equal prompts stay one batch
-    ([40, 5, 40, 30], [(0, 4)]),  # padding 45 tokens is cheaper than another forward
-    ([], []),
-])
+@pytest.mark.parametrize(
+    "lengths, runs",
+    [
+        ([449] + [100] * 19, [(0, 1), (1, 20)]),  # one long prompt gets its own forward
+        ([100] * 5, [(0, 5)]),  # equal prompts stay one batch
+        ([40, 5, 40, 30], [(0, 4)]),  # padding 45 tokens is cheaper than another forward
+        ([], []),
+    ],
+)
 def test_prefill_batches_are_cut_where_padding_costs_more_than_a_forward(lengths, runs):
     assert split_padded_batch(lengths, forward_cost=32) == runs
 
@@ -78,8 +82,11 @@ def test_mixed_prompt_lengths_prefill_in_separate_forwards_with_unchanged_output
 def test_streamed_chunks_reassemble_the_result(target):
     chunks: dict[str, list[int]] = {}
     engine = SpecEngine(target, RandomDrafter(16), max_batch_size=2, max_seq_len=128, num_speculative_tokens=3)
-    results = engine.generate(PROMPTS[:3], SamplingParams(max_tokens=10),
-                              on_output=lambda o: chunks.setdefault(o.request_id, []).extend(o.new_token_ids))
+    results = engine.generate(
+        PROMPTS[:3],
+        SamplingParams(max_tokens=10),
+        on_output=lambda o: chunks.setdefault(o.request_id, []).extend(o.new_token_ids),
+    )
     for r in results:
         assert chunks[r.request_id] == r.token_ids
 
@@ -190,8 +197,9 @@ def test_a_target_with_its_own_thread_pool_steps_with_one_torch_thread_and_gets_
     torch.set_num_threads(2)
     try:
         plain = [r.token_ids for r in _run(target, None, PROMPTS[:2], 2, temperature=1.0, seed=3)]
-        engine = SpecEngine(own_pool, RandomDrafter(16, seed=1), max_batch_size=2, max_seq_len=128,
-                            num_speculative_tokens=4)
+        engine = SpecEngine(
+            own_pool, RandomDrafter(16, seed=1), max_batch_size=2, max_seq_len=128, num_speculative_tokens=4
+        )
         seen.clear()  # the engine's start-up timing probe runs outside a step, with torch's own threads
         got = [r.token_ids for r in engine.generate(PROMPTS[:2], SamplingParams(max_tokens=24))]
         assert seen and set(seen) == {1}

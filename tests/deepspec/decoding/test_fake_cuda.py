@@ -40,11 +40,16 @@ def test_cuda_tensors_hold_real_values():
 def test_mixing_a_cpu_tensor_into_a_cuda_op_is_refused():
     with fake_cuda():
         x = torch.ones(3, device="cuda")
-        for op in (lambda: x + torch.ones(3), lambda: x / torch.ones(3, 1, 1), lambda: torch.cat([x, torch.ones(3)]),
-                   lambda: torch.ones(3) * torch.tensor(2.0, device="cuda"),  # a cuda scalar is no cpu scalar
-                   lambda: torch.zeros(2, 4, device="cuda").scatter_(-1, torch.zeros(2, 1, dtype=torch.long),
-                                                                     torch.ones(2, 1, device="cuda")),
-                   lambda: torch.nn.functional.embedding(torch.tensor([0]), torch.ones(4, 3, device="cuda"))):
+        for op in (
+            lambda: x + torch.ones(3),
+            lambda: x / torch.ones(3, 1, 1),
+            lambda: torch.cat([x, torch.ones(3)]),
+            lambda: torch.ones(3) * torch.tensor(2.0, device="cuda"),  # a cuda scalar is no cpu scalar
+            lambda: torch.zeros(2, 4, device="cuda").scatter_(
+                -1, torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, device="cuda")
+            ),
+            lambda: torch.nn.functional.embedding(torch.tensor([0]), torch.ones(4, 3, device="cuda")),
+        ):
             with pytest.raises(RuntimeError, match=MIXED):
                 op()
         with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy"):
@@ -73,10 +78,12 @@ def test_a_generator_draws_only_for_its_own_device():
         assert isinstance(device, FakeCudaGenerator) and device.device == CUDA and isinstance(host, torch.Generator)
         assert torch.multinomial(probs, 1, generator=device).device == CUDA
         assert torch.randint(10, (1,), generator=host).device.type == "cpu"
-        for draw in (lambda: torch.multinomial(probs, 1, generator=host),
-                     lambda: torch.rand(2, generator=host, device="cuda"),
-                     lambda: torch.empty(3, device="cuda").exponential_(generator=host),
-                     lambda: torch.randint(10, (1,), generator=device)):
+        for draw in (
+            lambda: torch.multinomial(probs, 1, generator=host),
+            lambda: torch.rand(2, generator=host, device="cuda"),
+            lambda: torch.empty(3, device="cuda").exponential_(generator=host),
+            lambda: torch.randint(10, (1,), generator=device),
+        ):
             with pytest.raises(RuntimeError, match="device type for generator"):
                 draw()
     assert torch.Generator is torch._C.Generator  # restored on exit

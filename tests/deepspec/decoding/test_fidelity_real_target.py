@@ -12,11 +12,11 @@ listed before every right token, so every accepted path leaves the first childre
 import pytest
 import torch
 
-from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding import SamplingParams, SpecEngine, build_drafter
 from deepspec.decoding.drafter import Drafter, Proposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.verify_budget import StepTimeModel
 from deepspec.paths import repo_root
 from tests.conftest import eval_prompts
@@ -77,9 +77,15 @@ def test_greedy_output_identical_with_any_drafter(smollm2, prompt_ids, reference
     randomized = drafter_name.startswith("random")
     width = {"random": 3, "random-tree": 6}.get(drafter_name, 10 if tree else 5)
     max_tokens = MAX_TOKENS // 2 if randomized else MAX_TOKENS
-    engine = SpecEngine(smollm2, drafter, max_batch_size=BATCH, max_seq_len=1024, num_speculative_tokens=width,
-                        max_verify_tokens=BATCH * (width + 1),
-                        planner=None if tree else BudgetPlanner())
+    engine = SpecEngine(
+        smollm2,
+        drafter,
+        max_batch_size=BATCH,
+        max_seq_len=1024,
+        num_speculative_tokens=width,
+        max_verify_tokens=BATCH * (width + 1),
+        planner=None if tree else BudgetPlanner(),
+    )
     if engine.planner.step_time is not None:
         # the budget's code path, on a fixed, nearly flat step curve: the probe's timings on cores shared with the
         # rest of the suite can make every draft look too dear, and then no draft is ever verified

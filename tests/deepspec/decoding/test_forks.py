@@ -29,8 +29,15 @@ def eagle3_dir(target, tmp_path_factory):
 
 
 def _engine(target, drafter=None, batch=6, chunk=512):
-    return SpecEngine(target, drafter, max_batch_size=batch, max_seq_len=128, num_speculative_tokens=3,
-                      prefill_chunk_size=8, prefill_tokens_per_step=chunk)
+    return SpecEngine(
+        target,
+        drafter,
+        max_batch_size=batch,
+        max_seq_len=128,
+        num_speculative_tokens=3,
+        prefill_chunk_size=8,
+        prefill_tokens_per_step=chunk,
+    )
 
 
 def _sampled(seed: int) -> SamplingParams:
@@ -49,8 +56,11 @@ def _run(engine):
 @pytest.mark.parametrize("draft", ["none", "prompt_lookup", "eagle3"])
 def test_forks_cost_one_prefill_and_each_equals_its_request_alone(target, eagle3_dir, draft):
     def drafter():
-        return {"none": None, "prompt_lookup": PromptLookupDrafter(),
-                "eagle3": load_checkpoint_drafter(eagle3_dir, target) if draft == "eagle3" else None}[draft]
+        return {
+            "none": None,
+            "prompt_lookup": PromptLookupDrafter(),
+            "eagle3": load_checkpoint_drafter(eagle3_dir, target) if draft == "eagle3" else None,
+        }[draft]
 
     engine = _engine(target, drafter())
     engine.add_request("c0", PROMPT, _sampled(7), keep_result=True)

@@ -59,8 +59,9 @@ class DeviceReads(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if tensor is not None and tensor.device.type == "cuda":
-            to_cpu = name == "to" and any(isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu"
-                                          for a in args[1:])
+            to_cpu = name == "to" and any(
+                isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu" for a in args[1:]
+            )
             if name in _READS or to_cpu:
                 self.record(name)
         return func(*args, **(kwargs or {}))
@@ -78,8 +79,10 @@ def targets():
 def draft_dirs(targets, tmp_path_factory):
     cpu, _ = targets
     root = tmp_path_factory.mktemp("drafts")
-    return {algo: save_draft(tiny_draft(cpu, algo, draft_vocab_size=48), root / algo)
-            for algo in ("eagle3", "dflash", "dspark")}
+    return {
+        algo: save_draft(tiny_draft(cpu, algo, draft_vocab_size=48), root / algo)
+        for algo in ("eagle3", "dflash", "dspark")
+    }
 
 
 def _drafter(name, dirs, target):
@@ -99,8 +102,9 @@ def _count_rounds(engine, counter, monkeypatch, temperature, rounds=4) -> int:
         return fake_tolist(self)
 
     for i, prompt in enumerate(PROMPTS):
-        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=30, temperature=temperature, seed=i,
-                                                           ignore_eos=True))
+        engine.add_request(
+            f"r{i}", prompt, SamplingParams(max_tokens=30, temperature=temperature, seed=i, ignore_eos=True)
+        )
     engine.step()  # the prefill step (its reads are the prompt's, once per request)
     monkeypatch.setattr(fake.FakeCudaTensor, "tolist", counted_tolist)
     with counter:
@@ -117,8 +121,9 @@ def test_a_chain_round_reads_the_device_once(targets, draft_dirs, monkeypatch, n
     _, cuda = targets
     counter = DeviceReads()
     with fake.fake_cuda():
-        engine = SpecEngine(cuda, _drafter(name, draft_dirs, cuda), max_batch_size=4, max_seq_len=128,
-                            num_speculative_tokens=3)
+        engine = SpecEngine(
+            cuda, _drafter(name, draft_dirs, cuda), max_batch_size=4, max_seq_len=128, num_speculative_tokens=3
+        )
         rounds = _count_rounds(engine, counter, monkeypatch, temperature)
     per_round = sum(counter.reads.values()) / rounds
     assert per_round <= ALLOWED[name], dict(counter.reads)
@@ -126,8 +131,9 @@ def test_a_chain_round_reads_the_device_once(targets, draft_dirs, monkeypatch, n
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("name", ["eagle3", "dflash", "dspark"])
-def test_a_neural_tree_round_reads_the_device_a_bounded_number_of_times(targets, draft_dirs, monkeypatch, name,
-                                                                        temperature):
+def test_a_neural_tree_round_reads_the_device_a_bounded_number_of_times(
+    targets, draft_dirs, monkeypatch, name, temperature
+):
     """Trees of 2 branches, 6 nodes deep enough for several depths; no budget, so every round verifies its tree
     (the budget would cut an untrained draft's unlikely nodes and skip tree attention)."""
     _, cuda = targets

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from deepspec.decoding.draft_driver import DraftDriver
-from deepspec.decoding.drafter import DraftSampling, PaddedProposal, Proposal
-from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
 import deepspec.decoding.drafters.hybrid as hybrid_module
+from deepspec.decoding.draft_driver import DraftDriver
+from deepspec.decoding.drafter import DraftSampling, PaddedProposal
+from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
 from deepspec.decoding.drafters.hybrid import DEFAULT_MIN_MATCH, HybridDrafter, save_hybrid
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.decoding.engine import SpecEngine
@@ -150,9 +150,13 @@ def test_a_round_looks_each_row_up_in_the_corpus_once(target, parts, tmp_path):
 
 def _tree(tokens, survival=None, parents=None) -> PaddedProposal:
     n = len(tokens)
-    return PaddedProposal(torch.tensor([tokens]), torch.tensor([n]), None,
-                          None if survival is None else torch.tensor([survival]),
-                          None if parents is None else torch.tensor([parents]))
+    return PaddedProposal(
+        torch.tensor([tokens]),
+        torch.tensor([n]),
+        None,
+        None if survival is None else torch.tensor([survival]),
+        None if parents is None else torch.tensor([parents]),
+    )
 
 
 def test_merge_joins_both_trees_under_one_root():
@@ -177,10 +181,19 @@ def test_merge_joins_both_trees_under_one_root():
 def test_merge_keeps_rows_apart_and_ignores_padding():
     """Row by row: equal tokens of different rows never merge, and nodes past num_tokens never join (row 1's corpus
     padding spells 5→4, a neural node's path, with a survival that would show)."""
-    corpus = PaddedProposal(torch.tensor([[5, 6, 7], [5, 4, 1]]), torch.tensor([3, 1]), None,
-                            torch.tensor([[0.9, 0.8, 0.7], [0.9, 0.95, 0.0]]))
-    neural = PaddedProposal(torch.tensor([[5, 6, 3], [2, 5, 4]]), torch.tensor([2, 3]), None,
-                            torch.tensor([[0.5, 0.4, 0.0], [0.6, 0.5, 0.1]]), torch.tensor([[-1, 0, 0], [-1, -1, 1]]))
+    corpus = PaddedProposal(
+        torch.tensor([[5, 6, 7], [5, 4, 1]]),
+        torch.tensor([3, 1]),
+        None,
+        torch.tensor([[0.9, 0.8, 0.7], [0.9, 0.95, 0.0]]),
+    )
+    neural = PaddedProposal(
+        torch.tensor([[5, 6, 3], [2, 5, 4]]),
+        torch.tensor([2, 3]),
+        None,
+        torch.tensor([[0.5, 0.4, 0.0], [0.6, 0.5, 0.1]]),
+        torch.tensor([[-1, 0, 0], [-1, -1, 1]]),
+    )
     merged = merge_trees(corpus, neural, 4)
     assert merged.num_tokens.tolist() == [3, 3]
     assert merged.tokens[0, :3].tolist() == [5, 6, 7] and merged.parents[0, :3].tolist() == [-1, 0, 1]
@@ -202,8 +215,9 @@ def test_hybrid_greedy_output_identical_to_target_only(target, parts, tmp_path, 
 
 def test_hybrid_sampling_is_seeded(target, parts, tmp_path):
     path = _hybrid_dir(parts, tmp_path, min_match=3, neural_options={"tree_branches": 2})
-    engine = SpecEngine(target, build_drafter(str(path), target), max_batch_size=4, max_seq_len=128,
-                        num_speculative_tokens=6)
+    engine = SpecEngine(
+        target, build_drafter(str(path), target), max_batch_size=4, max_seq_len=128, num_speculative_tokens=6
+    )
     params = SamplingParams(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
     a = engine.generate(PROMPTS, params)
     b = engine.generate(PROMPTS, params)

@@ -77,8 +77,9 @@ def test_streamed_step_outputs_carry_logprobs_aligned_with_tokens(tiny):
     target, _ = tiny
     engine = SpecEngine(target, PromptLookupDrafter(1, 3), max_batch_size=2, max_seq_len=128)
     chunks = []
-    result = engine.generate(PROMPTS[:1], SamplingParams(max_tokens=10, ignore_eos=True, logprobs=0),
-                             on_output=chunks.append)[0]
+    result = engine.generate(
+        PROMPTS[:1], SamplingParams(max_tokens=10, ignore_eos=True, logprobs=0), on_output=chunks.append
+    )[0]
     assert all(len(c.logprobs) == len(c.new_token_ids) for c in chunks)
     assert [lp for c in chunks for lp in c.logprobs] == result.logprobs
 
@@ -89,8 +90,12 @@ def test_prompt_scoring_with_max_tokens_0_equals_hf(tiny, chunk_size):
     (None, as vLLM's prompt_logprobs), and nothing is generated. A chunk size of 3 splits the prompts' prefill."""
     target, hf = tiny
     engine = SpecEngine(target, None, max_batch_size=4, max_seq_len=128, prefill_chunk_size=chunk_size)
-    params = [SamplingParams(max_tokens=0, prompt_logprobs=2), SamplingParams(max_tokens=3, logprobs=1),
-              SamplingParams(max_tokens=0, prompt_logprobs=0), SamplingParams(max_tokens=2, prompt_logprobs=1, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=0, prompt_logprobs=2),
+        SamplingParams(max_tokens=3, logprobs=1),
+        SamplingParams(max_tokens=0, prompt_logprobs=0),
+        SamplingParams(max_tokens=2, prompt_logprobs=1, ignore_eos=True),
+    ]
     results = engine.generate(PROMPTS, params)
     assert results[0].token_ids == [] and results[0].finish_reason == "length" and results[0].text == ""
     assert results[1].prompt_logprobs is None and len(results[1].token_ids) > 0
@@ -126,12 +131,13 @@ def test_processed_logprobs_are_of_the_distribution_sampled_from(tiny, temperatu
     """logprobs_mode processed_logprobs (vLLM's name): the logprobs of the distribution each token was sampled from,
     at temperature 1 for greedy; tokens outside top-k / top-p are -inf; raw stays the model's."""
     target, hf = tiny
-    engine = SpecEngine(target, _drafter("prompt-lookup"), max_batch_size=4, max_seq_len=128,
-                        num_speculative_tokens=4)
-    common = dict(max_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3, ignore_eos=True,
-                  logprobs=NUM_TOP)
-    processed, raw = engine.generate([PROMPTS[0]] * 2, [SamplingParams(**common, logprobs_mode="processed_logprobs"),
-                                                        SamplingParams(**common)])
+    engine = SpecEngine(target, _drafter("prompt-lookup"), max_batch_size=4, max_seq_len=128, num_speculative_tokens=4)
+    common = dict(
+        max_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3, ignore_eos=True, logprobs=NUM_TOP
+    )
+    processed, raw = engine.generate(
+        [PROMPTS[0]] * 2, [SamplingParams(**common, logprobs_mode="processed_logprobs"), SamplingParams(**common)]
+    )
     assert processed.token_ids == raw.token_ids  # the mode changes what is reported, never what is sampled
     logits = hf(torch.tensor([PROMPTS[0] + processed.token_ids])).logits[0].detach()
     for j, (lp, raw_lp) in enumerate(zip(processed.logprobs, raw.logprobs)):
@@ -141,13 +147,22 @@ def test_processed_logprobs_are_of_the_distribution_sampled_from(tiny, temperatu
         assert abs(raw_lp.logprob - float(torch.log_softmax(row.float(), -1)[lp.token_id])) < TOLERANCE
         finite = reference[torch.isfinite(reference)]
         kept = min(NUM_TOP, finite.numel())
-        assert torch.allclose(torch.tensor(lp.top_logprobs[:kept]), finite.sort(descending=True).values[:kept],
-                              atol=TOLERANCE)
+        assert torch.allclose(
+            torch.tensor(lp.top_logprobs[:kept]), finite.sort(descending=True).values[:kept], atol=TOLERANCE
+        )
         assert all(v == float("-inf") for v in lp.top_logprobs[kept:])
 
 
-@pytest.mark.parametrize("kwargs", [dict(logprobs=MAX_TOP_LOGPROBS + 1), dict(logprobs=-1),
-                                    dict(prompt_logprobs=True), dict(max_tokens=0), dict(logprobs_mode="raw_logits")])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(logprobs=MAX_TOP_LOGPROBS + 1),
+        dict(logprobs=-1),
+        dict(prompt_logprobs=True),
+        dict(max_tokens=0),
+        dict(logprobs_mode="raw_logits"),
+    ],
+)
 def test_bad_logprob_requests_are_refused(kwargs):
     with pytest.raises(RequestError):
         SamplingParams(**kwargs)

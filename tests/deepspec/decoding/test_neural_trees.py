@@ -15,7 +15,7 @@ from deepspec.decoding.params import SamplingParams
 from plugins.reference.tree import tree_accept
 
 # the same tiny target, drafts and prompts as the chain tests (the `target` fixture comes with them)
-from tests.deepspec.decoding.test_trained_drafters import ALGOS, PROMPTS, _drafter, target  # noqa: E402, F401
+from tests.deepspec.decoding.test_trained_drafters import ALGOS, PROMPTS, _drafter, target  # noqa: F401
 
 
 def _bound(target, algo, tmp_path, slots=2, **kw) -> DraftDriver:
@@ -57,8 +57,11 @@ def _check_tree(prop, k):
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_greedy_tree_shape_parents_and_survival(target, algo, tmp_path):
-    driver = _bound(target, algo, tmp_path, tree_branches=3, confidence_threshold=0.0) if algo == "dspark" \
+    driver = (
+        _bound(target, algo, tmp_path, tree_branches=3, confidence_threshold=0.0)
+        if algo == "dspark"
         else _bound(target, algo, tmp_path, tree_branches=3)
+    )
     prop = driver.propose([0, 1], 10, DraftSampling(torch.tensor([0.0, 0.0]), [None, None]))
     assert prop.is_tree and prop.probs is None
     _check_tree(prop, 10)
@@ -76,8 +79,11 @@ def test_greedy_tree_shape_parents_and_survival(target, algo, tmp_path):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_greedy_tree_first_children_follow_the_draft_argmax(target, algo, tmp_path):
     """The root's first child is the chain's first draft; with branches = width = 1 the tree is the chain."""
-    chain = _bound(target, algo, tmp_path / "c", confidence_threshold=0.0) if algo == "dspark" \
+    chain = (
+        _bound(target, algo, tmp_path / "c", confidence_threshold=0.0)
+        if algo == "dspark"
         else _bound(target, algo, tmp_path / "c")
+    )
     kw = {"confidence_threshold": 0.0} if algo == "dspark" else {}
     line = _bound(target, algo, tmp_path / "t", tree_branches=1, **kw)
     greedy = DraftSampling(torch.tensor([0.0, 0.0]), [None, None])
@@ -131,7 +137,7 @@ def test_sampled_tree_carries_q_on_drawn_nodes_only(target, algo, tmp_path):
         rows = prop.probs[b, :n]
         assert torch.allclose(rows.sum(-1), torch.ones(n))
         assert (rows.gather(-1, prop.tokens[b, :n, None]) > 0).all()
-        one_hot = (rows.max(-1).values == 1.0)
+        one_hot = rows.max(-1).values == 1.0
         parents = prop.parents[b, :n].tolist()
         first_children = {parents.index(p) for p in set(parents)}
         if b == 1:  # greedy row: every node chosen, so every q is one-hot
@@ -172,9 +178,17 @@ def _first_token_counts(driver, target_logits, rounds: int, rows: int, honest: b
                 for i, par in enumerate(plist):
                     q[b, i] = q[b, plist.index(par)]
         probs = torch.cat([torch.zeros(rows, 1, V), q], dim=1)
-        num, nxt, path = tree_accept(tokens, parents, n + 1, target_logits.expand(rows, -1, -1), probs,
-                                     torch.ones(rows), torch.zeros(rows, dtype=torch.long), torch.ones(rows),
-                                     torch.arange(rows) + rows * t + (0 if honest else 7_777_777))
+        num, nxt, path = tree_accept(
+            tokens,
+            parents,
+            n + 1,
+            target_logits.expand(rows, -1, -1),
+            probs,
+            torch.ones(rows),
+            torch.zeros(rows, dtype=torch.long),
+            torch.ones(rows),
+            torch.arange(rows) + rows * t + (0 if honest else 7_777_777),
+        )
         first = torch.where(num >= 1, tokens.gather(1, path[:, 1:2].clamp(min=0))[:, 0], nxt)
         counts += torch.bincount(first, minlength=V).float()
     return counts

@@ -20,8 +20,9 @@ def target():
     return tiny_target()
 
 
-@pytest.mark.parametrize("drafter", [None, PromptLookupDrafter(), RandomDrafter(16, seed=1, tree=True)],
-                         ids=["none", "chain", "tree"])
+@pytest.mark.parametrize(
+    "drafter", [None, PromptLookupDrafter(), RandomDrafter(16, seed=1, tree=True)], ids=["none", "chain", "tree"]
+)
 def test_a_profiled_engine_bills_each_step_to_its_phases(target, drafter):
     engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=3)
     engine.generate(PROMPTS, SamplingParams(max_tokens=4, ignore_eos=True))
@@ -46,5 +47,6 @@ def test_profiling_one_engine_times_no_other(target):
     profiled = SpecEngine(target, PromptLookupDrafter(), max_batch_size=1, max_seq_len=64, num_speculative_tokens=3)
     timer = profiled.profile()
     SpecEngine(target, PromptLookupDrafter(), max_batch_size=1, max_seq_len=64).generate(
-        [PROMPTS[0]], SamplingParams(max_tokens=4))
+        [PROMPTS[0]], SamplingParams(max_tokens=4)
+    )
     assert not timer.calls

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from deepspec.decoding import planner as planner_module
 from deepspec.decoding import step_timing
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
-from deepspec.decoding import planner as planner_module
 from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.step_timing import ServedSteps, StepCurveCache
 from deepspec.decoding.verify_budget import StepTimeModel
@@ -59,8 +59,14 @@ def _prompts(target, n: int) -> list[list[int]]:
 def _start(fake_clock, probe_ms, **planner_options) -> tuple[SpecEngine, ClockedStub]:
     target = ClockedStub(fake_clock)
     target.ms = probe_ms
-    engine = SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
-                        planner=BudgetPlanner(**planner_options))
+    engine = SpecEngine(
+        target,
+        StubDrafter(),
+        max_batch_size=1,
+        max_seq_len=512,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(**planner_options),
+    )
     target.ms = TRUE_MS
     return engine, target
 
@@ -114,8 +120,9 @@ def test_a_probe_that_made_drafting_look_free_is_corrected_too(fake_clock):
     """The other way round: a single-token pass probed slow (a neighbour during the one-token probes) makes every
     drafted round look cheap; the exploring target-only rounds measure the real single-token step."""
     target = ClockedStub(fake_clock)
-    engine = SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
-                        planner=BudgetPlanner())
+    engine = SpecEngine(
+        target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4, planner=BudgetPlanner()
+    )
     planner = engine.planner
     planner.served = ServedSteps()
     target.ms = (1.0, 20.0)  # the truth: one token 1 ms, a drafted pass far dearer
@@ -135,8 +142,14 @@ def test_a_sampled_batch_keeps_the_curve_the_planner_started_with(fake_clock):
     assert engine.planner.step_time is not start_curve
     params = [SamplingParams(max_tokens=48, temperature=1.0, seed=7, ignore_eos=True)]
     first = engine.generate(_prompts(target, 1), params)[0]
-    again = SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
-                       planner=BudgetPlanner(start_curve, learn_online=False)).generate(_prompts(target, 1), params)[0]
+    again = SpecEngine(
+        target,
+        StubDrafter(),
+        max_batch_size=1,
+        max_seq_len=512,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(start_curve, learn_online=False),
+    ).generate(_prompts(target, 1), params)[0]
     assert first.token_ids == again.token_ids
     assert first.proposed_per_position == again.proposed_per_position
 
@@ -147,8 +160,14 @@ def test_the_curve_is_kept_per_machine_and_the_next_start_begins_from_it(fake_cl
     cache = StepCurveCache.for_target(target, ())
     assert cache.path.parent == tmp_path / "step_curves"
     target.ms = DISTURBED_MS
-    engine = SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
-                        planner=BudgetPlanner(curve_cache=cache))
+    engine = SpecEngine(
+        target,
+        StubDrafter(),
+        max_batch_size=1,
+        max_seq_len=512,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(curve_cache=cache),
+    )
     target.ms = TRUE_MS
     assert cache.load(False) is not None  # the probe is saved at once
     _drafted(engine, _prompts(target, 6))
@@ -157,8 +176,14 @@ def test_the_curve_is_kept_per_machine_and_the_next_start_begins_from_it(fake_cl
     # the next start reads it and probes nothing
     monkeypatch.setattr(step_timing, "_timed_pass", lambda *a: pytest.fail("probed although a curve was cached"))
     fresh = ClockedStub(fake_clock)
-    again = SpecEngine(fresh, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
-                       planner=BudgetPlanner(curve_cache=StepCurveCache.for_target(fresh, ())))
+    again = SpecEngine(
+        fresh,
+        StubDrafter(),
+        max_batch_size=1,
+        max_seq_len=512,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(curve_cache=StepCurveCache.for_target(fresh, ())),
+    )
     assert again.planner.step_time.predict(4) == pytest.approx(saved.predict(4))
     # another machine's file is not this machine's curve
     other = StepCurveCache(cache.path, {**cache.identity, "machine": {"cpu": "another"}})
@@ -169,14 +194,26 @@ def test_what_was_measured_beside_busy_neighbours_serves_its_start_but_is_not_ke
     target = ClockedStub(fake_clock)
     cache = StepCurveCache(tmp_path / "curve.json", StepCurveCache.for_target(target, ()).identity)
     neighbours.share = 0.6
-    engine = SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
-                        planner=BudgetPlanner(curve_cache=cache))
+    engine = SpecEngine(
+        target,
+        StubDrafter(),
+        max_batch_size=1,
+        max_seq_len=512,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(curve_cache=cache),
+    )
     assert engine.planner.step_time is not None and cache.load(False) is None
     _drafted(engine, _prompts(target, 6))  # served passes beside the same neighbours: corrected, not kept
     assert engine.planner._refits >= 16 and cache.load(False) is None
     neighbours.share = 0.1
-    SpecEngine(target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4,
-               planner=BudgetPlanner(curve_cache=cache))
+    SpecEngine(
+        target,
+        StubDrafter(),
+        max_batch_size=1,
+        max_seq_len=512,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(curve_cache=cache),
+    )
     assert cache.load(False) is not None
 
 
@@ -238,8 +275,9 @@ def test_exploring_at_eight_rows_costs_at_most_its_share_of_the_time_served(fake
         monkeypatch.setattr(planner_module, "EXPLORE_SHARE", share)
     target = CliffStub(fake_clock)
     target.ms = (5.0, 0.0)
-    engine = SpecEngine(target, StubDrafter(), max_batch_size=8, max_seq_len=512, num_speculative_tokens=4,
-                        planner=BudgetPlanner())
+    engine = SpecEngine(
+        target, StubDrafter(), max_batch_size=8, max_seq_len=512, num_speculative_tokens=4, planner=BudgetPlanner()
+    )
     engine.generate(_prompts(target, 16), SamplingParams(max_tokens=64, ignore_eos=True))
     planner = engine.planner
     spent, served = planner._explore_seconds, planner._served_seconds

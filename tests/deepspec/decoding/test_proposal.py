@@ -18,8 +18,9 @@ def _padded(num: list[int], k: int = 4, vocab: int = 6, tree: bool = False) -> P
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(vocab, (B, k), generator=g)
     parents = torch.tensor([[-1, 0, 0, 1][:k]] * B) if tree else None
-    return PaddedProposal(tokens, torch.tensor(num), torch.rand(B, k, vocab, generator=g), torch.rand(B, k, generator=g),
-                          parents)
+    return PaddedProposal(
+        tokens, torch.tensor(num), torch.rand(B, k, vocab, generator=g), torch.rand(B, k, generator=g), parents
+    )
 
 
 def test_ragged_rows_hold_each_rows_nodes_only_and_pad_back_exactly():

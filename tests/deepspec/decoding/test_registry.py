@@ -18,7 +18,12 @@ class _Target:
 
 def test_builtins_are_registered_explicitly():
     assert registry.available_drafters() == [
-        "none", "auto", "prompt-lookup", "random", "<draft dir: corpus-lookup|dflash|dspark|eagle3|hybrid>"]
+        "none",
+        "auto",
+        "prompt-lookup",
+        "random",
+        "<draft dir: corpus-lookup|dflash|dspark|eagle3|hybrid>",
+    ]
     assert registry.build_drafter("none", _Target()) is None
     assert isinstance(registry.build_drafter("prompt-lookup", _Target(), min_ngram=1), PromptLookupDrafter)
     assert registry.build_drafter("random", _Target()).vocab_size == 16

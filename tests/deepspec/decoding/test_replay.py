@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import pytest
 
-from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.planner import BudgetPlanner
 from tests.training.helpers import tiny_target
 
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
@@ -45,9 +45,15 @@ def target():
 
 
 def _engine(target, drafter: bool = True, verify_budget: bool = True) -> SpecEngine:
-    return SpecEngine(target, PromptLookupDrafter(min_ngram=1, max_ngram=3) if drafter else None, max_batch_size=5,
-                      max_seq_len=128, num_speculative_tokens=4, max_verify_tokens=MAX_VERIFY_TOKENS,
-                      planner=BudgetPlanner() if verify_budget else None)
+    return SpecEngine(
+        target,
+        PromptLookupDrafter(min_ngram=1, max_ngram=3) if drafter else None,
+        max_batch_size=5,
+        max_seq_len=128,
+        num_speculative_tokens=4,
+        max_verify_tokens=MAX_VERIFY_TOKENS,
+        planner=BudgetPlanner() if verify_budget else None,
+    )
 
 
 @pytest.mark.parametrize("batch", ["alone", "same co-runners"])
@@ -81,6 +87,7 @@ def test_co_runners_change_a_sampled_requests_rounds(target):
     """Why sampled replay is promised only for the same batch: beside co-runners the request verifies shallower
     blocks, so its rounds, and the draws made per round, are not those of its run alone."""
     alone = _engine(target, verify_budget=False).generate([PROMPT], _sampled(seed=1234))[0]
-    beside = _engine(target, verify_budget=False).generate([PROMPT] + CO_RUNNERS,
-                                                           [_sampled(seed=1234)] + SEEDED_CO_RUNNER_PARAMS)[0]
+    beside = _engine(target, verify_budget=False).generate(
+        [PROMPT] + CO_RUNNERS, [_sampled(seed=1234)] + SEEDED_CO_RUNNER_PARAMS
+    )[0]
     assert len(alone.proposed_per_position) > 1 and len(beside.proposed_per_position) <= 1

@@ -14,7 +14,6 @@ import torch
 from scipy.stats import chisquare
 
 import plugins
-
 from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding import engine as engine_module
 from deepspec.decoding.drafters.random import RandomDrafter
@@ -35,11 +34,14 @@ def _exact_joint(target, params: SamplingParams) -> dict[tuple, float]:
 
 def _p_value(target, drafter, params: SamplingParams) -> float:
     # the verification budget off: it could decide that drafting does not pay, and this test is about the drafts
-    engine = SpecEngine(target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=3,
-                        max_verify_tokens=64 * 4)
+    engine = SpecEngine(
+        target, drafter, max_batch_size=64, max_seq_len=32, num_speculative_tokens=3, max_verify_tokens=64 * 4
+    )
     # 5 tokens, of which the first 3 are counted: with max_tokens=3 the first round could verify one draft only
-    runs = [SamplingParams(max_tokens=5, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                           seed=i) for i in range(N)]
+    runs = [
+        SamplingParams(max_tokens=5, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=i)
+        for i in range(N)
+    ]
     results = engine.generate([PROMPT] * N, runs)
     assert sum(r.num_draft_tokens for r in results) > N // 4  # speculation really happened
     counts = {cell: 0 for cell in itertools.product(range(VOCAB), repeat=3)}

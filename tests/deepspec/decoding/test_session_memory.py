@@ -66,10 +66,18 @@ def _run(engine, session):
 
 
 def test_a_repeated_request_drafts_its_earlier_answer_only_within_its_session(target):
-    engine = SpecEngine(target, PromptLookupDrafter(min_ngram=2, max_ngram=3), max_batch_size=2, max_seq_len=128,
-                        num_speculative_tokens=4)
-    reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(
-        [PROMPT], SamplingParams(max_tokens=24, ignore_eos=True))[0].token_ids
+    engine = SpecEngine(
+        target,
+        PromptLookupDrafter(min_ngram=2, max_ngram=3),
+        max_batch_size=2,
+        max_seq_len=128,
+        num_speculative_tokens=4,
+    )
+    reference = (
+        SpecEngine(target, None, max_batch_size=1, max_seq_len=128)
+        .generate([PROMPT], SamplingParams(max_tokens=24, ignore_eos=True))[0]
+        .token_ids
+    )
     first = _run(engine, "key-a:s1")
     again = _run(engine, "key-a:s1")
     other_key = _run(engine, "key-b:s1")

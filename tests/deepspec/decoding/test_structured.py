@@ -17,7 +17,7 @@ import torch
 from scipy.stats import chisquare
 
 import deepspec.decoding.grammar_walks as grammar_walks
-from deepspec.decoding.drafter import DraftSampling, Drafter, Proposal
+from deepspec.decoding.drafter import Drafter, DraftSampling, Proposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
 from deepspec.decoding.engine import SpecEngine
@@ -78,8 +78,9 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 4, 5, 6], [7]]
 
 @pytest.fixture(scope="module")
 def greedy_without_a_draft(target):
-    return [r.token_ids for r in _engine(target, None).generate(PROMPTS, SamplingParams(max_tokens=12,
-                                                                                         structured=CODE))]
+    return [
+        r.token_ids for r in _engine(target, None).generate(PROMPTS, SamplingParams(max_tokens=12, structured=CODE))
+    ]
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
@@ -110,6 +111,7 @@ SKEWED = {"Z": 0.5, "D": 0.3, "E": 0.05, "F": 0.15}
 
 def _constrained_distribution(target, prompt: list[int]) -> list[float]:
     """P(outcome) under the target at temperature 1 with every position masked to the grammar, from its logits."""
+
     def allowed_probs(text: str) -> list[float]:
         ids = prompt + [_char(c) for c in text]
         logits = target.forward(torch.tensor([ids]), torch.zeros(1, dtype=torch.long), logits="last").logits[0, -1]
@@ -128,8 +130,10 @@ def _sample_counts(target, drafter, n: int, prompt: list[int]) -> list[int]:
     counts = dict.fromkeys(OUTCOMES, 0)
     accepted = 0
     for start in range(0, n, 8):
-        params = [SamplingParams(max_tokens=5, temperature=1.0, seed=1000 + s, structured=THREE)
-                  for s in range(start, min(start + 8, n))]
+        params = [
+            SamplingParams(max_tokens=5, temperature=1.0, seed=1000 + s, structured=THREE)
+            for s in range(start, min(start + 8, n))
+        ]
         for r in engine.generate([prompt] * len(params), params):
             counts[r.text] += 1
             accepted += r.num_accepted_tokens
@@ -164,24 +168,35 @@ def test_negative_control_verifying_with_the_raw_draft_q_skews_the_output(flat_t
 
 # ---- kinds and refusals ------------------------------------------------------------------------------------------
 def test_json_schema_and_choice_constrain_the_output(target):
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     engine = _engine(target, RandomDrafter(target.vocab_size, sample_probs=True))
     constraint = StructuredOutput("json_schema", json.dumps(schema))
     out = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=40, structured=constraint))[0]
     assert out.finish_reason == "stop" and isinstance(json.loads(out.text)["ok"], bool), out.text
-    picks = engine.generate([PROMPTS[1]] * 3, [SamplingParams(max_tokens=8, temperature=1.0, seed=s,
-                                                              structured=StructuredOutput.choice(["yes", "no"]))
-                                               for s in range(3)])
+    picks = engine.generate(
+        [PROMPTS[1]] * 3,
+        [
+            SamplingParams(max_tokens=8, temperature=1.0, seed=s, structured=StructuredOutput.choice(["yes", "no"]))
+            for s in range(3)
+        ],
+    )
     assert all(r.text in ("yes", "no") for r in picks)
 
 
-@pytest.mark.parametrize("constraint, message", [
-    (("regex", "(unclosed"), "invalid regex"),
-    (("json_schema", "{not json"), "invalid json_schema"),
-    (("grammar", "root ::= undefined_rule"), "invalid grammar"),
-    (("choice", "[]"), "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "constraint, message",
+    [
+        (("regex", "(unclosed"), "invalid regex"),
+        (("json_schema", "{not json"), "invalid json_schema"),
+        (("grammar", "root ::= undefined_rule"), "invalid grammar"),
+        (("choice", "[]"), "non-empty list"),
+    ],
+)
 def test_a_constraint_that_does_not_compile_is_refused_with_its_code(target, constraint, message):
     engine = _engine(target, None)
     params = SamplingParams(max_tokens=4, structured=StructuredOutput(*constraint))
@@ -213,8 +228,12 @@ def test_a_dead_end_mid_output_ends_that_request_alone(target, name):
     """'A' can start the choice, but no token of this vocabulary spells the 'é' after it: the request ends with
     finish reason "abort" after 'A', and the request beside it in the batch is untouched."""
     engine = _engine(target, DRAFTERS[name](target))
-    dead, fine = engine.generate([PROMPTS[0], PROMPTS[1]], [
-        SamplingParams(max_tokens=6, temperature=1.0, seed=3, structured=StructuredOutput.choice(["A\u00e9"])),
-        SamplingParams(max_tokens=12, structured=CODE)])
+    dead, fine = engine.generate(
+        [PROMPTS[0], PROMPTS[1]],
+        [
+            SamplingParams(max_tokens=6, temperature=1.0, seed=3, structured=StructuredOutput.choice(["A\u00e9"])),
+            SamplingParams(max_tokens=12, structured=CODE),
+        ],
+    )
     assert (dead.text, dead.finish_reason) == ("A", "abort")
     assert re.fullmatch("(A|B|C)(D|E)[0-9]{3}", fine.text) and fine.finish_reason == "stop"

@@ -34,8 +34,9 @@ def test_greedy_output_identical_to_target_only(target, algo, tmp_path):
     base = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(PROMPTS, params)
     # batch 2 < 4 prompts: requests finish and slots move while others run; the timed verify budget is off so every
     # round verifies drafts however loaded the CPU is (an untrained draft's record would otherwise stop drafting)
-    engine = SpecEngine(target, _drafter(target, algo, tmp_path), max_batch_size=2, max_seq_len=128,
-                        num_speculative_tokens=4)
+    engine = SpecEngine(
+        target, _drafter(target, algo, tmp_path), max_batch_size=2, max_seq_len=128, num_speculative_tokens=4
+    )
     spec = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in spec] == [r.token_ids for r in base]
     assert all(r.num_draft_tokens > 0 for r in spec)
@@ -43,8 +44,9 @@ def test_greedy_output_identical_to_target_only(target, algo, tmp_path):
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_sampling_is_seeded_and_returns_exact_probs(target, algo, tmp_path):
-    engine = SpecEngine(target, _drafter(target, algo, tmp_path), max_batch_size=4, max_seq_len=128,
-                        num_speculative_tokens=4)
+    engine = SpecEngine(
+        target, _drafter(target, algo, tmp_path), max_batch_size=4, max_seq_len=128, num_speculative_tokens=4
+    )
     params = SamplingParams(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
     a = engine.generate(PROMPTS, params)
     b = engine.generate(PROMPTS, params)

@@ -16,10 +16,14 @@ pytestmark = pytest.mark.slow
 
 def test_shipped_drafts_are_lossless_on_real_prompts(smollm2):
     drafts = shipped_drafts(smollm2)
-    assert drafts, ("no shipped draft under drafts/ matches the default target: "
-                    "the fingerprint check or a draft directory is broken")
-    prompts = [smollm2.encode_chat([{"role": "user", "content": p}])
-               for p in eval_prompts("humaneval", 1) + eval_prompts("gsm8k", 1)]
+    assert drafts, (
+        "no shipped draft under drafts/ matches the default target: "
+        "the fingerprint check or a draft directory is broken"
+    )
+    prompts = [
+        smollm2.encode_chat([{"role": "user", "content": p}])
+        for p in eval_prompts("humaneval", 1) + eval_prompts("gsm8k", 1)
+    ]
     params = SamplingParams(max_tokens=24)
     base = SpecEngine(smollm2, None, max_batch_size=2, max_seq_len=1024).generate(prompts, params)
     for path, _ in drafts:
@@ -36,8 +40,11 @@ def test_auto_uses_the_best_shipped_draft_or_prompt_lookup(smollm2):
     from deepspec.models.drafts import _slows_down, shipped_drafts
 
     best = best_shipped_draft(smollm2)
-    good_enough = [p for p, tau in shipped_drafts(smollm2) if tau >= AUTO_MIN_ACCEPTANCE_LENGTH
-                   and not _slows_down(p / "eval.json")]
+    good_enough = [
+        p
+        for p, tau in shipped_drafts(smollm2)
+        if tau >= AUTO_MIN_ACCEPTANCE_LENGTH and not _slows_down(p / "eval.json")
+    ]
     assert (best is None) == (not good_enough)
     expected = read_checkpoint_header(best)["algo"] if best else "prompt-lookup"
     assert build_drafter("auto", smollm2).name == expected

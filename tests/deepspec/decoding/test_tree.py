@@ -6,13 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding import SamplingParams, SpecEngine
-from deepspec.decoding.drafter import DraftSampling, Drafter, PaddedProposal, Proposal
+from deepspec.decoding.drafter import Drafter, DraftSampling, PaddedProposal, Proposal
 from deepspec.decoding.drafters.random import RandomDrafter
 from deepspec.decoding.params import AcceptanceStats, GenerationResult
-from deepspec.decoding.tree import (first_children, keep_best_nodes, keep_nodes, monotone_survival, node_depths,
-                                    top_nodes, tree_survival_from_record, with_root)
+from deepspec.decoding.planner import BudgetPlanner
+from deepspec.decoding.tree import (
+    first_children,
+    keep_best_nodes,
+    keep_nodes,
+    monotone_survival,
+    node_depths,
+    top_nodes,
+    tree_survival_from_record,
+    with_root,
+)
 from deepspec.decoding.verify_budget import StepTimeModel
 from tests.conftest import make_tiny_target
 from tests.deepspec.decoding.test_engine import PROMPTS
@@ -98,8 +106,9 @@ def test_keep_best_nodes_matches_the_rule_taken_node_by_node():
             step = 1.0 if torch.rand((), generator=g) < 0.2 else float(torch.rand((), generator=g))
             survival.append(round((1.0 if p < 0 else survival[p]) * step, 2))
         k, threshold = int(torch.randint(1, M + 2, (1,), generator=g)), float(torch.rand((), generator=g)) * 0.5
-        index, new_parents, num = keep_best_nodes(torch.tensor([survival]), torch.tensor([parents]),
-                                                  torch.ones(1, M, dtype=torch.bool), k, threshold)
+        index, new_parents, num = keep_best_nodes(
+            torch.tensor([survival]), torch.tensor([parents]), torch.ones(1, M, dtype=torch.bool), k, threshold
+        )
         want = _best_nodes_one_by_one(survival, parents, k, threshold)
         n = int(num[0])
         assert index[0, :n].tolist() == want, (survival, parents, k, threshold)
@@ -111,8 +120,10 @@ def test_the_pruning_is_top_k_by_survival_with_ties_to_the_earlier_node():
     live = torch.tensor([[True, True, True, True], [True, True, True, False]])
     assert top_nodes(survival, live, 2).tolist() == [[True, False, True, False], [True, True, False, False]]
     assert top_nodes(survival, live, 0).sum() == 0
-    assert top_nodes(survival, live, 9, threshold=0.4).tolist() == [[True, True, True, False],
-                                                                    [False, True, False, False]]
+    assert top_nodes(survival, live, 9, threshold=0.4).tolist() == [
+        [True, True, True, False],
+        [False, True, False, False],
+    ]
 
 
 def test_first_children_is_the_chain_a_chain_target_verifies():
@@ -132,8 +143,9 @@ def test_record_survival_is_shared_by_the_nodes_of_a_level():
     parents = torch.tensor([[-1, -1, 0, 0, 2]])
     s = tree_survival_from_record(record, parents, torch.tensor([5]))
     # level 1: nodes 0, 1 share 0.8 as 2:1; level 2: nodes 2, 3 share 0.4 as 2:1; level 3: node 4 gets 0.2
-    torch.testing.assert_close(s, torch.tensor([[0.8 * 2 / 3, 0.8 / 3, 0.4 * 2 / 3, 0.4 / 3, 0.2]],
-                                               dtype=torch.float64))
+    torch.testing.assert_close(
+        s, torch.tensor([[0.8 * 2 / 3, 0.8 / 3, 0.4 * 2 / 3, 0.4 / 3, 0.2]], dtype=torch.float64)
+    )
 
 
 def test_acceptance_stats_count_depth_for_trees():
@@ -190,8 +202,9 @@ def test_the_longest_accepted_path_is_committed_and_its_kv_compacted(target):
         for seq in engine._running:
             committed = seq.prompt + seq.output
             assert seq.cache_len == len(committed) - 1
-            cached = target.forward(torch.tensor([[seq.pending]]), torch.tensor([seq.cache_len]),
-                                    engine.cache.rows(seq.slot, 1)).logits[0, -1]
+            cached = target.forward(
+                torch.tensor([[seq.pending]]), torch.tensor([seq.cache_len]), engine.cache.rows(seq.slot, 1)
+            ).logits[0, -1]
             fresh = target.forward(torch.tensor([committed]), torch.tensor([0])).logits[0, -1]
             torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=1e-5)
     while engine.has_unfinished():
@@ -209,8 +222,14 @@ def test_greedy_tree_speculation_is_token_identical_to_target_only(target, budge
     for batch in (1, 3, 8):  # 3 < len(PROMPTS): requests join and leave mid-run (slot compaction)
         # budgeted: a fixed cost model (0.3 ms a token on a 10 ms pass), not this busy CPU's probe
         planner = BudgetPlanner(StepTimeModel([(1, 0.010), (64, 0.010 + 63 * 0.0003)])) if budget else None
-        engine = SpecEngine(target, RandomDrafter(16, seed=1, tree=True), max_batch_size=batch, max_seq_len=128,
-                            num_speculative_tokens=6, planner=planner)
+        engine = SpecEngine(
+            target,
+            RandomDrafter(16, seed=1, tree=True),
+            max_batch_size=batch,
+            max_seq_len=128,
+            num_speculative_tokens=6,
+            planner=planner,
+        )
         results = engine.generate(PROMPTS, SamplingParams(max_tokens=24))
         assert [r.token_ids for r in results] == reference, batch
         assert sum(r.num_accepted_tokens for r in results) > 0
@@ -221,8 +240,9 @@ def test_greedy_tree_speculation_is_token_identical_to_target_only(target, budge
 
 def test_a_target_without_tree_attention_verifies_first_child_chains(target, monkeypatch):
     reference = _reference(target)
-    engine = SpecEngine(target, RandomDrafter(16, seed=1, tree=True), max_batch_size=3, max_seq_len=128,
-                        num_speculative_tokens=6)
+    engine = SpecEngine(
+        target, RandomDrafter(16, seed=1, tree=True), max_batch_size=3, max_seq_len=128, num_speculative_tokens=6
+    )
     engine.tree_attention = False
     monkeypatch.setattr(target, "forward", _no_trees(target.forward))
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=24))
@@ -252,8 +272,14 @@ def test_a_tree_over_budget_is_cut_not_refused(target):
             return p.ragged()
 
     reference = _reference(target, PROMPTS[:2], 12)
-    engine = SpecEngine(target, _Confident(16, seed=3, tree=True), max_batch_size=2, max_seq_len=128,
-                        num_speculative_tokens=6, planner=BudgetPlanner())
+    engine = SpecEngine(
+        target,
+        _Confident(16, seed=3, tree=True),
+        max_batch_size=2,
+        max_seq_len=128,
+        num_speculative_tokens=6,
+        planner=BudgetPlanner(),
+    )
     engine.planner.step_time = StepTimeModel([(1, 0.010), (64, 0.010 + 63 * 0.003)])  # 3 ms a token on a 10 ms pass
     outputs = []
     cut = engine.generate(PROMPTS[:2], SamplingParams(max_tokens=12), on_output=outputs.append)

@@ -9,11 +9,18 @@ import torch
 from deepspec.decoding.drafter import Drafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
+from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.decoding.tree import monotone_survival
-from deepspec.decoding.planner import BudgetPlanner
-from deepspec.decoding.verify_budget import (AcceptanceHistory, DraftTimeModel, StepTimeModel, best_depth, best_nodes,
-                                             modelled_tokens_per_second, observed_survival)
+from deepspec.decoding.verify_budget import (
+    AcceptanceHistory,
+    DraftTimeModel,
+    StepTimeModel,
+    best_depth,
+    best_nodes,
+    modelled_tokens_per_second,
+    observed_survival,
+)
 from deepspec.models.drafts import save_draft
 from tests.training.helpers import tiny_draft, tiny_target
 
@@ -57,8 +64,9 @@ def test_a_target_that_runs_drafted_rows_one_by_one_prices_each_row_as_its_own_p
     serial = StepTimeModel(flat, rows_serial=True)
     assert best_depth(survival, serial) == 0  # 8 passes for 8 x 2.4 tokens < 1 pass for 8 tokens
     assert best_depth(survival[:1], serial) == 7  # one row: one pass either way
-    torch.testing.assert_close(serial.round_seconds(8, torch.tensor([0, 3])),
-                               torch.tensor([0.010, 0.080], dtype=torch.float64))
+    torch.testing.assert_close(
+        serial.round_seconds(8, torch.tensor([0, 3])), torch.tensor([0.010, 0.080], dtype=torch.float64)
+    )
 
 
 def test_best_nodes_keeps_each_rows_likeliest_ancestor_closed_nodes():
@@ -89,7 +97,9 @@ def _dspark_engine(target, tmp_path, **kw) -> SpecEngine:
     with torch.no_grad():  # c = σ(0) = 0.5 on every slot: survival 0.5, 0.25, ...
         drafter.model.confidence.weight.zero_()
         drafter.model.confidence.bias.zero_()
-    return SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=4, planner=BudgetPlanner(**kw))
+    return SpecEngine(
+        target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=4, planner=BudgetPlanner(**kw)
+    )
 
 
 def test_engine_verifies_only_as_deep_as_pays(target, tmp_path):
@@ -127,8 +137,9 @@ def test_a_drafts_own_round_cost_can_turn_the_choice_to_the_cheaper_single_token
     time), while on the flat one it still pays but loses: its best, 5 drafts, models 184 tokens/s."""
     free = {name: modelled_tokens_per_second(c, 2.0, 7) for name, c in (("steep", STEEP), ("flat", FLAT))}
     assert free["flat"] > free["steep"] > 200.0
-    priced = {name: modelled_tokens_per_second(c, 2.0, 7, _flat_draft(4)) for name, c in (("steep", STEEP),
-                                                                                         ("flat", FLAT))}
+    priced = {
+        name: modelled_tokens_per_second(c, 2.0, 7, _flat_draft(4)) for name, c in (("steep", STEEP), ("flat", FLAT))
+    }
     assert priced["steep"] == pytest.approx(1 / 0.005)
     assert 1 / 0.006 < priced["flat"] < priced["steep"]
     assert modelled_tokens_per_second(FLAT, 2.0, 7, _flat_draft(0)) == pytest.approx(free["flat"])
@@ -163,8 +174,14 @@ def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(tar
         calls = []
         propose = drafter.propose
         drafter.propose = lambda *a, **kw: calls.append(a[1]) or propose(*a, **kw)
-        engine = SpecEngine(target, drafter, max_batch_size=4, max_seq_len=64, num_speculative_tokens=2,
-                            planner=BudgetPlanner(StepTimeModel(curve, rows_serial=serial), price_drafting=False))
+        engine = SpecEngine(
+            target,
+            drafter,
+            max_batch_size=4,
+            max_seq_len=64,
+            num_speculative_tokens=2,
+            planner=BudgetPlanner(StepTimeModel(curve, rows_serial=serial), price_drafting=False),
+        )
         got = engine.generate(prompts, params)
         assert [r.token_ids for r in got] == [r.token_ids for r in reference]
         assert bool(calls) == asked
@@ -174,15 +191,17 @@ def test_draft_time_model_interpolates_rows_then_widths_and_is_zero_without_draf
     ms = 1e-3
     # rows 1 and 4, widths 1 and 4; a noisy probe (4 rows, 1 draft cheaper than 1 row) is lifted to the 1-row one
     m = DraftTimeModel({(1, 1): 1 * ms, (1, 4): 4 * ms, (4, 1): 0.5 * ms, (4, 4): 10 * ms})
-    torch.testing.assert_close(m.round_seconds(1, [0, 1, 2, 4, 8]) / ms,
-                               torch.tensor([0, 1, 2, 4, 8], dtype=torch.float64))  # linear past the last width
+    torch.testing.assert_close(
+        m.round_seconds(1, [0, 1, 2, 4, 8]) / ms, torch.tensor([0, 1, 2, 4, 8], dtype=torch.float64)
+    )  # linear past the last width
     torch.testing.assert_close(m.round_seconds(2, [1, 4]) / ms, torch.tensor([1, 6], dtype=torch.float64))
     torch.testing.assert_close(m.round_seconds(8, [4]) / ms, torch.tensor([10], dtype=torch.float64))  # flat past 4
     with pytest.raises(ValueError, match="every probed width for every probed row count"):
         DraftTimeModel({(1, 1): ms, (1, 4): ms, (4, 1): ms})
     one = DraftTimeModel({(1, 1): 2 * ms, (4, 1): 3 * ms})  # a draft of depth 1 probes one width
-    torch.testing.assert_close(one.round_seconds(2, [0, 1, 3]) / ms,
-                               torch.tensor([0, 7 / 3, 7 / 3], dtype=torch.float64))
+    torch.testing.assert_close(
+        one.round_seconds(2, [0, 1, 3]) / ms, torch.tensor([0, 7 / 3, 7 / 3], dtype=torch.float64)
+    )
     assert m.by_width(1) == pytest.approx({1: 1 * ms, 4: 4 * ms})  # what a choice records
 
 
@@ -211,8 +230,9 @@ def test_a_draft_slower_than_what_it_wins_is_not_run_and_output_stays_target_onl
     for seconds in (1.0, 0.0):
         asked = seconds == 0 or kind == "prompt-lookup"
         drafter = build_drafter(kind, target)
-        engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2,
-                            planner=BudgetPlanner())
+        engine = SpecEngine(
+            target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2, planner=BudgetPlanner()
+        )
         assert (engine.planner.draft_time is None) == (kind == "prompt-lookup")  # probed at start where it runs a model
         assert engine.batch_state.view.live_sequence_ids() == set()  # the probe's slots released
         engine.planner.step_time = _model(1, 0)
@@ -223,33 +243,55 @@ def test_a_draft_slower_than_what_it_wins_is_not_run_and_output_stays_target_onl
         got = engine.generate(prompts, params)
         assert [r.token_ids for r in got] == [r.token_ids for r in reference]
         assert bool(calls) == asked and (asked or sum(r.num_draft_tokens for r in got) == 0)
-    unpriced = SpecEngine(target, build_drafter(kind, target), max_batch_size=2, max_seq_len=64,
-                          num_speculative_tokens=2, planner=BudgetPlanner(price_drafting=False))
-    assert unpriced.planner.step_time is not None and unpriced.planner.draft_time is None  # verify passes budgeted, drafting free
+    unpriced = SpecEngine(
+        target,
+        build_drafter(kind, target),
+        max_batch_size=2,
+        max_seq_len=64,
+        num_speculative_tokens=2,
+        planner=BudgetPlanner(price_drafting=False),
+    )
+    assert (
+        unpriced.planner.step_time is not None and unpriced.planner.draft_time is None
+    )  # verify passes budgeted, drafting free
 
 
 def test_the_verify_pass_is_timed_once_per_target_and_shape(monkeypatch):
-    from deepspec.decoding.registry import build_drafter
-
     import deepspec.decoding.step_timing as step_timing
+    from deepspec.decoding.registry import build_drafter
 
     timed = []
     time_pass = step_timing._timed_pass
-    monkeypatch.setattr(step_timing, "_timed_pass", lambda target, cache, n, start, layers: timed.append(
-        (n, start)) or time_pass(target, cache, n, start, layers))
+    monkeypatch.setattr(
+        step_timing,
+        "_timed_pass",
+        lambda target, cache, n, start, layers: timed.append((n, start)) or time_pass(target, cache, n, start, layers),
+    )
     target = tiny_target()  # a fresh target: nothing measured on it yet
-    engines = [SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
-                          max_verify_tokens=m, planner=BudgetPlanner()) for m in (32, 32, 8)]
+    engines = [
+        SpecEngine(
+            target,
+            build_drafter("prompt-lookup", target),
+            max_batch_size=1,
+            max_seq_len=64,
+            max_verify_tokens=m,
+            planner=BudgetPlanner(),
+        )
+        for m in (32, 32, 8)
+    ]
     assert engines[0].planner.step_time is engines[1].planner.step_time is not engines[2].planner.step_time
     probes = [n for n, start in timed if start == 0]  # a warm-up pass, then PROBE_ROUNDS rounds over the sizes
-    assert probes == [32] + [1, 2, 4, 8, 16, 32] * step_timing.PROBE_ROUNDS + [8] + [1, 2, 4, 8] * step_timing.PROBE_ROUNDS
+    assert (
+        probes == [32] + [1, 2, 4, 8, 16, 32] * step_timing.PROBE_ROUNDS + [8] + [1, 2, 4, 8] * step_timing.PROBE_ROUNDS
+    )
 
 
 def test_budget_can_be_switched_off_and_covers_drafters_without_estimates(target):
     from deepspec.decoding.registry import build_drafter
 
-    pl = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64,
-                    planner=BudgetPlanner())
+    pl = SpecEngine(
+        target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64, planner=BudgetPlanner()
+    )
     assert pl.planner.step_time is not None
     off = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64)
     assert off.planner.step_time is None
@@ -277,8 +319,9 @@ def test_prompt_lookup_stops_drafting_where_its_record_says_it_does_not_pay(targ
 
     prompts, params = [[1, 2, 3, 1, 2, 3, 1, 2]], SamplingParams(max_tokens=24, ignore_eos=True)
     reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(prompts, params)
-    engine = SpecEngine(target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=128,
-                        planner=BudgetPlanner())
+    engine = SpecEngine(
+        target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=128, planner=BudgetPlanner()
+    )
     engine.planner.step_time = _model(1, 1000)
     costly = engine.generate(prompts, params)
     engine.planner.step_time = _model(1, 0)
@@ -311,8 +354,14 @@ def test_a_drafters_estimates_give_way_to_what_each_sequence_accepts(target):
 
     Drafter.register(_OverconfidentLookup)
     prompts = [[1, 2, 3, 4]]
-    engine = SpecEngine(target, _OverconfidentLookup(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=4,
-                        planner=BudgetPlanner())
+    engine = SpecEngine(
+        target,
+        _OverconfidentLookup(),
+        max_batch_size=1,
+        max_seq_len=128,
+        num_speculative_tokens=4,
+        planner=BudgetPlanner(),
+    )
     engine.planner.step_time = _model(1, 0.2)  # an extra verify token costs a fifth of a pass: pays only above ~0.2
     sampled = engine.generate(prompts, SamplingParams(max_tokens=40, temperature=1.0, seed=3, ignore_eos=True))[0]
     greedy = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))[0]
@@ -323,7 +372,12 @@ def test_a_drafters_estimates_give_way_to_what_each_sequence_accepts(target):
 
 
 def test_the_calibration_is_accepted_over_estimated_and_starts_from_the_history():
-    from deepspec.decoding.verify_budget import CALIBRATION_WEIGHT, EXPLORE_EVERY, AcceptanceHistory, EstimateCalibration
+    from deepspec.decoding.verify_budget import (
+        CALIBRATION_WEIGHT,
+        EXPLORE_EVERY,
+        AcceptanceHistory,
+        EstimateCalibration,
+    )
 
     calibration = EstimateCalibration()
     assert calibration.factor() == 1.0
@@ -402,8 +456,9 @@ def test_a_draft_the_first_sequence_found_useless_is_not_drafted_for_the_next(ta
     Drafter.register(_NeverAccepted)
     prompts, params = [[1, 2, 3, 4]], SamplingParams(max_tokens=24, ignore_eos=True)
     reference = SpecEngine(target, None, max_batch_size=1, max_seq_len=128).generate(prompts, params)[0]
-    engine = SpecEngine(target, _NeverAccepted(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=2,
-                        planner=BudgetPlanner())
+    engine = SpecEngine(
+        target, _NeverAccepted(), max_batch_size=1, max_seq_len=128, num_speculative_tokens=2, planner=BudgetPlanner()
+    )
     engine.planner.step_time = _model(1, 0.5)  # an extra verify token costs half a pass: depth 1 pays above 0.5
     first, second, third = (engine.generate(prompts, params)[0] for _ in range(3))
     assert first.token_ids == second.token_ids == third.token_ids == reference.token_ids

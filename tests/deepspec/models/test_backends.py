@@ -9,8 +9,18 @@ from pathlib import Path
 import pytest
 
 from deepspec.models import backends
-from deepspec.models.backends import (AUTO, NATIVE, ONNX, PYTORCH, InferenceBackend, available_backends,
-                                      backend_choices, check_backend_choice, register_backend, resolve_backend)
+from deepspec.models.backends import (
+    AUTO,
+    NATIVE,
+    ONNX,
+    PYTORCH,
+    InferenceBackend,
+    available_backends,
+    backend_choices,
+    check_backend_choice,
+    register_backend,
+    resolve_backend,
+)
 
 ROOT = Path(backends.__file__).resolve().parents[2]
 
@@ -23,8 +33,11 @@ def test_the_builtin_backends_and_the_choices_a_flag_offers():
 
 
 def test_an_unknown_name_lists_the_registered_ones():
-    with pytest.raises(KeyError, match=r"unknown inference backend 'tensorrt'; available: \['pytorch', 'onnx', "
-                                       r"'native'\] or auto"):
+    with pytest.raises(
+        KeyError,
+        match=r"unknown inference backend 'tensorrt'; available: \['pytorch', 'onnx', "
+        r"'native'\] or auto",
+    ):
         resolve_backend("tensorrt")
     with pytest.raises(ValueError, match="unknown backend 'gpu'; choose one of pytorch, onnx, native, auto"):
         check_backend_choice("gpu")
@@ -54,8 +67,9 @@ def test_without_a_compiler_the_native_backend_names_the_missing_compiler(monkey
     assert reason and "\n" not in reason
 
 
-@pytest.mark.parametrize("backend, refused", [(PYTORCH, "int8"), (PYTORCH, "int4"), (NATIVE, "none"),
-                                              (NATIVE, "gguf"), (ONNX, "gguf")])
+@pytest.mark.parametrize(
+    "backend, refused", [(PYTORCH, "int8"), (PYTORCH, "int4"), (NATIVE, "none"), (NATIVE, "gguf"), (ONNX, "gguf")]
+)
 def test_a_weight_format_that_does_not_apply_is_refused(backend, refused):
     with pytest.raises(ValueError, match=f"weight format '{refused}' does not apply to the {backend} backend"):
         resolve_backend(backend).check_weight_format(refused)
@@ -84,14 +98,19 @@ def _backend_name_tables(tree: ast.AST) -> list[int]:
 def test_the_backend_names_are_spelled_in_the_registry_only():
     """Was: Literal["auto", "pytorch", "onnx", "native"] in the worker, choices=[...] in the training and bench
     command lines, a tuple in training/prepare.py."""
-    offenders = [f"{path.relative_to(ROOT)}:{line}"
-                 for folder in ("deepspec", "service", "export", "training", "bench", "loadtest")
-                 for path in sorted((ROOT / folder).rglob("*.py")) if path != Path(backends.__file__).resolve()
-                 for line in _backend_name_tables(ast.parse(path.read_text(), str(path)))]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in ("deepspec", "service", "export", "training", "bench", "loadtest")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != Path(backends.__file__).resolve()
+        for line in _backend_name_tables(ast.parse(path.read_text(), str(path)))
+    ]
     assert not offenders, offenders
 
 
 def test_the_table_scan_sees_a_choices_list_and_a_literal():  # negative control
-    tree = ast.parse('choices=["auto", "native", "pytorch"]\nEngine = Literal["auto", "pytorch", "onnx"]\n'
-                     'x = ("pytorch",)\nformats = ("onnx", "vllm")\n')
+    tree = ast.parse(
+        'choices=["auto", "native", "pytorch"]\nEngine = Literal["auto", "pytorch", "onnx"]\n'
+        'x = ("pytorch",)\nformats = ("onnx", "vllm")\n'
+    )
     assert _backend_name_tables(tree) == [1, 2]

@@ -26,8 +26,12 @@ from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.target_loader import resolve_target_dir
 
 #: system + user + assistant + user, then the generation prompt: every part of a template in one render
-CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": " Hello! "}, {"role": "user", "content": "And?"}]
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": " Hello! "},
+    {"role": "user", "content": "And?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +48,15 @@ def bos_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<bos>": 1}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-                                   unk_token="<unk>", bos_token="<bos>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")), unk_token="<unk>", bos_token="<bos>"
+    )
 
 
 def render(tokenizer, name: str, messages=CONVERSATION) -> str:
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                         chat_template=BUILTIN_CHAT_TEMPLATES[name])
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, chat_template=BUILTIN_CHAT_TEMPLATES[name]
+    )
 
 
 def test_smollm2_builtin_is_the_gguf_template(smollm2_tokenizer):
@@ -61,7 +67,8 @@ def test_smollm2_builtin_is_the_gguf_template(smollm2_tokenizer):
         assert render(smollm2_tokenizer, "smollm2", messages) == own
     assert render(smollm2_tokenizer, "smollm2") == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\n Hello! <|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>assistant\n Hello! <|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_qwen_builtin_is_qwen25_instructs_text_template(bos_tokenizer):
@@ -70,10 +77,12 @@ def test_qwen_builtin_is_qwen25_instructs_text_template(bos_tokenizer):
     `{%- else %}` branch of `if tools`)."""
     assert render(bos_tokenizer, "qwen") == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\n Hello! <|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>assistant\n Hello! <|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert render(bos_tokenizer, "qwen", CONVERSATION[1:2]) == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_gemma3_builtin_is_gemma3_its_text_template(bos_tokenizer):
@@ -82,9 +91,11 @@ def test_gemma3_builtin_is_gemma3_its_text_template(bos_tokenizer):
     `<start_of_turn>model\\n`; roles that do not alternate raise, as Google's template does."""
     assert render(bos_tokenizer, "gemma3") == (
         "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
-        "<start_of_turn>user\nAnd?<end_of_turn>\n<start_of_turn>model\n")
+        "<start_of_turn>user\nAnd?<end_of_turn>\n<start_of_turn>model\n"
+    )
     assert render(bos_tokenizer, "gemma3", CONVERSATION[1:2]) == (
-        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    )
     with pytest.raises(Exception, match="alternate"):
         render(bos_tokenizer, "gemma3", [CONVERSATION[1], CONVERSATION[1]])
 
@@ -101,10 +112,15 @@ def test_no_template_refuses_in_one_line_naming_the_builtin_for_the_family(smoll
     tokenizer.chat_template = None
     with pytest.raises(MissingChatTemplateError) as e:
         _Target(tokenizer, "gemma3_text").encode_chat(CONVERSATION[1:2])
-    assert str(e.value) == ("target t ships no chat template; pass --chat-template gemma3 (built-ins: smollm2, "
-                            "qwen, gemma3) or a Jinja file")
-    with pytest.raises(MissingChatTemplateError, match=r"^target t ships no chat template; pass --chat-template "
-                                                       r"with a built-in \(smollm2, qwen, gemma3\) or a Jinja file$"):
+    assert str(e.value) == (
+        "target t ships no chat template; pass --chat-template gemma3 (built-ins: smollm2, "
+        "qwen, gemma3) or a Jinja file"
+    )
+    with pytest.raises(
+        MissingChatTemplateError,
+        match=r"^target t ships no chat template; pass --chat-template "
+        r"with a built-in \(smollm2, qwen, gemma3\) or a Jinja file$",
+    ):
         require_chat_template(tokenizer, "t", "llama")
     tokenizer.chat_template = resolve_chat_template("gemma3")
     assert _Target(tokenizer, "gemma3_text").encode_chat(CONVERSATION[1:2])
@@ -125,6 +141,8 @@ def test_saved_template_is_what_the_tokenizer_directory_loads(tmp_path, bos_toke
     bos_tokenizer.save_pretrained(tmp_path)
     save_chat_template(tmp_path, BUILTIN_CHAT_TEMPLATES["gemma3"])
     assert (tmp_path / CHAT_TEMPLATE_FILE).read_text() == BUILTIN_CHAT_TEMPLATES["gemma3"]
-    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"] == (
-        BUILTIN_CHAT_TEMPLATES["gemma3"])
+    assert (
+        json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"]
+        == (BUILTIN_CHAT_TEMPLATES["gemma3"])
+    )
     assert AutoTokenizer.from_pretrained(tmp_path).chat_template == BUILTIN_CHAT_TEMPLATES["gemma3"]

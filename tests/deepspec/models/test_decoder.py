@@ -81,8 +81,12 @@ def test_prepacked_bf16_weights_give_the_same_logits():
         pytest.skip("this torch build has no oneDNN bf16 linear")
     tokens = torch.randint(0, 16, (2, 9))
     with torch.inference_mode():
-        torch.testing.assert_close(packed(tokens, torch.zeros(2, dtype=torch.long)).logits,
-                                   plain(tokens, torch.zeros(2, dtype=torch.long)).logits, atol=0, rtol=0)
+        torch.testing.assert_close(
+            packed(tokens, torch.zeros(2, dtype=torch.long)).logits,
+            plain(tokens, torch.zeros(2, dtype=torch.long)).logits,
+            atol=0,
+            rtol=0,
+        )
 
 
 # ---- token trees (deepspec/models/tree_attention.py) ------------------------------------------------------------
@@ -108,12 +112,12 @@ def test_tree_mask_and_positions_on_a_hand_built_tree():
     visible = tree_visibility(anc, depth, torch.tensor([3]), num_keys=10)[0].int().tolist()
     assert visible == [
         # committed   tree nodes 0..5   unused
-        [1, 1, 1,     1, 0, 0, 0, 0, 0,  0],  # root sees the context and itself
-        [1, 1, 1,     1, 1, 0, 0, 0, 0,  0],  # 1: root, 1
-        [1, 1, 1,     1, 0, 1, 0, 0, 0,  0],  # 2: root, 2 (not its sibling 1)
-        [1, 1, 1,     1, 1, 0, 1, 0, 0,  0],  # 3: root, 1, 3
-        [1, 1, 1,     1, 1, 0, 1, 1, 0,  0],  # 4: root, 1, 3, 4
-        [1, 1, 1,     1, 0, 1, 0, 0, 1,  0],  # 5: root, 2, 5 (not 3 or 4 at lower indices)
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0],  # root sees the context and itself
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0],  # 1: root, 1
+        [1, 1, 1, 1, 0, 1, 0, 0, 0, 0],  # 2: root, 2 (not its sibling 1)
+        [1, 1, 1, 1, 1, 0, 1, 0, 0, 0],  # 3: root, 1, 3
+        [1, 1, 1, 1, 1, 0, 1, 1, 0, 0],  # 4: root, 1, 3, 4
+        [1, 1, 1, 1, 0, 1, 0, 0, 1, 0],  # 5: root, 2, 5 (not 3 or 4 at lower indices)
     ]
     # a sliding window of 2 positions counts RoPE positions (start + depth), not node indices: node 5 sits at 3 + 2
     # and sees positions 4 and 5 only, i.e. node 2 (position 4) and itself, although node 2 is 3 slots away
@@ -146,8 +150,9 @@ def test_tree_forward_scores_every_path_as_its_own_causal_sequence(tiny_target, 
                 # the node's key entry is the one a causal pass puts at its depth, written at start + i
                 ref_cache = KVCache(target.spec, 1, 64, torch.float32)
                 target.forward(seq, torch.tensor([0]), ref_cache.rows(0, 1))
-                torch.testing.assert_close(cache.k[:, b, :, len(ctx) + i], ref_cache.k[:, 0, :, seq.shape[1] - 1],
-                                           atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(
+                    cache.k[:, b, :, len(ctx) + i], ref_cache.k[:, 0, :, seq.shape[1] - 1], atol=1e-5, rtol=1e-5
+                )
 
 
 def test_a_chain_given_as_a_tree_equals_the_causal_forward(tiny_target):
@@ -160,8 +165,9 @@ def test_a_chain_given_as_a_tree_equals_the_causal_forward(tiny_target):
     torch.testing.assert_close(tree, plain, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("parents, message", [([[0, 0, 1]], "-1 at column 0"), ([[-1, 0, 2]], "parents"),
-                                              ([[-1, 1, 0]], "parents")])
+@pytest.mark.parametrize(
+    "parents, message", [([[0, 0, 1]], "-1 at column 0"), ([[-1, 0, 2]], "parents"), ([[-1, 1, 0]], "parents")]
+)
 def test_a_malformed_tree_is_refused(tiny_target, parents, message):
     target, _ = tiny_target
     with pytest.raises(ValueError, match=message):

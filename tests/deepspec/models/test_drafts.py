@@ -129,14 +129,22 @@ def test_corrupt_checkpoints_fail_clearly(target, tmp_path):
 def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
     for name, tau in [("a", 2.0), ("b", 3.5), ("c", 3.0)]:
         d = save_draft(tiny_draft(target, "eagle3"), tmp_path / name)
-        (d / "eval.json").write_text(json.dumps({"results": [
-            {"dataset": "x", "temperature": 0.0, "acceptance_length": tau},
-            {"dataset": "x", "temperature": 1.0, "acceptance_length": 9.0}]}))
+        (d / "eval.json").write_text(
+            json.dumps(
+                {
+                    "results": [
+                        {"dataset": "x", "temperature": 0.0, "acceptance_length": tau},
+                        {"dataset": "x", "temperature": 1.0, "acceptance_length": 9.0},
+                    ]
+                }
+            )
+        )
     assert best_shipped_draft(target, tmp_path).name == "b"
     assert best_shipped_draft(tiny_target(vocab_size=80), tmp_path) is None
     # a draft measured slower than target-only is never the default, whatever its τ
-    (tmp_path / "b" / "eval.json").write_text(json.dumps({"results": [
-        {"dataset": "x", "temperature": 0.0, "acceptance_length": 3.5, "speedup": 0.8}]}))
+    (tmp_path / "b" / "eval.json").write_text(
+        json.dumps({"results": [{"dataset": "x", "temperature": 0.0, "acceptance_length": 3.5, "speedup": 0.8}]})
+    )
     assert best_shipped_draft(target, tmp_path).name == "c"
     # `auto`'s floor on τ: below it no draft qualifies
     assert best_shipped_draft(target, tmp_path, min_acceptance_length=3.1) is None
@@ -146,13 +154,20 @@ def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
 def _canonical_keys(H, I, q, kv, N, V):
     return {
         "fc.weight": (H, 3 * H),
-        "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
-        "midlayer.self_attn.q_proj.weight": (q, 2 * H), "midlayer.self_attn.k_proj.weight": (kv, 2 * H),
-        "midlayer.self_attn.v_proj.weight": (kv, 2 * H), "midlayer.self_attn.o_proj.weight": (H, q),
+        "midlayer.input_layernorm.weight": (H,),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, q),
         "midlayer.post_attention_layernorm.weight": (H,),
-        "midlayer.mlp.gate_proj.weight": (I, H), "midlayer.mlp.up_proj.weight": (I, H),
+        "midlayer.mlp.gate_proj.weight": (I, H),
+        "midlayer.mlp.up_proj.weight": (I, H),
         "midlayer.mlp.down_proj.weight": (H, I),
-        "norm.weight": (H,), "lm_head.weight": (N, H), "d2t": (N,), "t2d": (V,),
+        "norm.weight": (H,),
+        "lm_head.weight": (N, H),
+        "d2t": (N,),
+        "t2d": (V,),
     }
 
 
@@ -221,10 +236,16 @@ def _as_canonical(target, ours):
     canon = tiny_draft(target, "eagle3", layout="canonical", draft_vocab_size=ours.cfg.draft_vocab_size)
     canon.set_vocab(ours.d2t)
     canon.attach(target).init_from_target()
-    rename = {"embed_norm": "midlayer.input_layernorm", "hidden_norm": "midlayer.hidden_norm",
-              "attn": "midlayer.self_attn", "mlp_norm": "midlayer.post_attention_layernorm", "mlp": "midlayer.mlp",
-              "final_norm": "norm", "fc": "fc"}
-    state = {rename[k.split(".")[0]] + k[len(k.split(".")[0]):]: v for k, v in ours.state_dict().items()}
+    rename = {
+        "embed_norm": "midlayer.input_layernorm",
+        "hidden_norm": "midlayer.hidden_norm",
+        "attn": "midlayer.self_attn",
+        "mlp_norm": "midlayer.post_attention_layernorm",
+        "mlp": "midlayer.mlp",
+        "final_norm": "norm",
+        "fc": "fc",
+    }
+    state = {rename[k.split(".")[0]] + k[len(k.split(".")[0]) :]: v for k, v in ours.state_dict().items()}
     canon.load_state_dict({**canon.state_dict(), **state})
     return canon
 
@@ -279,7 +300,9 @@ def test_int8_storage_is_within_half_a_step_of_each_weight(target, name, tmp_pat
             assert torch.equal(got, original), key
         elif original.ndim == 2:
             half_step = original.abs().amax(dim=1, keepdim=True) / 127 / 2
-            assert got.dtype == torch.float32 and bool(((got - original).abs() <= half_step * 1.0001 + 1e-12).all()), key
+            assert got.dtype == torch.float32 and bool(((got - original).abs() <= half_step * 1.0001 + 1e-12).all()), (
+                key
+            )
         else:
             assert torch.equal(got, original.to(torch.bfloat16).float()), key
 
@@ -313,8 +336,9 @@ def test_int8_eagle3_drafts_in_the_engine_like_its_dequantized_self(target, tmp_
     prompts, params = [[1, 2, 3], [4, 5, 6, 7, 8], [9]], SamplingParams(max_tokens=20, ignore_eos=True)
     results = []
     for path in (int8_dir, fp32_dir):
-        engine = SpecEngine(target, load_checkpoint_drafter(path, target), max_batch_size=2, max_seq_len=96,
-                            num_speculative_tokens=4)
+        engine = SpecEngine(
+            target, load_checkpoint_drafter(path, target), max_batch_size=2, max_seq_len=96, num_speculative_tokens=4
+        )
         results.append(engine.generate(prompts, params))
     assert [r.token_ids for r in results[0]] == [r.token_ids for r in results[1]]
     assert [r.num_accepted_tokens for r in results[0]] == [r.num_accepted_tokens for r in results[1]]
@@ -338,11 +362,12 @@ def test_int8_checkpoints_missing_a_scale_fail_clearly(target, tmp_path):
 def test_export_reads_int8_drafts_as_float_weights(target, tmp_path):
     """export/ converts a draft to each engine's dialect from DraftSource.weights: an int8-stored draft must come
     back as its dequantized float32 tensors, not as raw int8 codes beside stray scale tensors."""
-    from export.sources import DraftSource
     from deepspec.models.drafts import read_checkpoint_header, read_draft_config, read_draft_weights
+    from export.sources import DraftSource
 
-    path = save_draft(tiny_draft(target, "eagle3", draft_vocab_size=24, layout="canonical"), tmp_path / "d",
-                      storage_dtype="int8")
+    path = save_draft(
+        tiny_draft(target, "eagle3", draft_vocab_size=24, layout="canonical"), tmp_path / "d", storage_dtype="int8"
+    )
     weights = DraftSource(path, read_checkpoint_header(path), read_draft_config(path)).weights()
     want = read_draft_weights(path)
     assert set(weights) == set(want) and all(torch.equal(weights[k], want[k]) for k in want)

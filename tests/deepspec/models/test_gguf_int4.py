@@ -62,8 +62,11 @@ def test_weights_are_matched_by_content_through_row_permutations(tmp_path):
         "model.norm.weight": torch.ones(64),
     }
     found = int4_weights(gguf, state)
-    assert set(found) == {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight",
-                          "model.layers.0.mlp.down_proj.weight"}
+    assert set(found) == {
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+    }
     for name, blocks in found.items():
         torch.testing.assert_close(blocks.dequantize(), state[name], rtol=1e-5, atol=1e-7)
 
@@ -78,8 +81,9 @@ def test_weights_are_matched_by_content_through_row_permutations(tmp_path):
 
 def test_int4_matmul_equals_dense_matmul_on_the_dequantized_weight():
     torch.manual_seed(0)
-    blocks = Int4Blocks(torch.randint(0, 16, (48, 96), dtype=torch.uint8), torch.rand(48, 3) * 0.02,
-                        torch.randn(48, 3) * 0.01)
+    blocks = Int4Blocks(
+        torch.randint(0, 16, (48, 96), dtype=torch.uint8), torch.rand(48, 3) * 0.02, torch.randn(48, 3) * 0.01
+    )
     x, bias = torch.randn(2, 3, 96), torch.randn(48)
     out = Int4Weight(blocks, torch.float32)(x, bias)
     torch.testing.assert_close(out, F.linear(x, blocks.dequantize(), bias), rtol=1e-5, atol=1e-5)
@@ -124,12 +128,14 @@ def test_default_target_runs_its_own_4bit_weights(smollm2):
 
     q4 = load_target("smollm2-135m", dtype="bfloat16", quantization="gguf")
     assert q4.quantization == "gguf"
-    packed = [layer.packed[name] for layer in pytorch_decoder(q4).layers for name in ("wqkv", "wo", "w_gate_up", "w_down")]
+    packed = [
+        layer.packed[name] for layer in pytorch_decoder(q4).layers for name in ("wqkv", "wo", "w_gate_up", "w_down")
+    ]
     assert len(packed) == 120 and all(isinstance(w, Int4Weight) for w in packed)
     # the dense copy for wide passes exists exactly where this CPU's torch packs oneDNN bf16 (not on every EPYC)
     has_onednn = onednn_pack(torch.zeros(8, 8, dtype=torch.bfloat16)) is not None
     assert all((w.dense is not None) == has_onednn for w in packed)
-    ids = torch.tensor([smollm2.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")])
+    ids = torch.tensor([smollm2.encode('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')])
     start = torch.zeros(1, dtype=torch.long)
     with torch.no_grad():
         dense, quant = smollm2.forward(ids, start).logits, q4.forward(ids, start).logits

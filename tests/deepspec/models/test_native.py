@@ -28,8 +28,15 @@ def _tiny(family: str, seed: int = 0):
     from deepspec.models.decoder_target import DecoderTarget
 
     torch.manual_seed(seed)
-    sizes = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=128)
+    sizes = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     if family == "llama-hd64":  # SmolLM2's head size: the chain attention's register tiles of 4 vectors
         config = transformers.LlamaConfig(**{**sizes, "hidden_size": 256}, tie_word_embeddings=True)
         hf = transformers.LlamaForCausalLM(config)
@@ -46,8 +53,13 @@ def _tiny(family: str, seed: int = 0):
         config = transformers.Qwen3Config(**sizes, head_dim=32, tie_word_embeddings=False)
         hf = transformers.Qwen3ForCausalLM(config)
     else:  # gemma3: sliding windows with their own RoPE base, sandwich norms, GeGLU, scaled embeddings
-        config = transformers.Gemma3TextConfig(**sizes, head_dim=16, sliding_window=6, query_pre_attn_scalar=16,
-                                               layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+        config = transformers.Gemma3TextConfig(
+            **sizes,
+            head_dim=16,
+            sliding_window=6,
+            query_pre_attn_scalar=16,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        )
         hf = transformers.Gemma3ForCausalLM(config)
     with torch.no_grad():  # random norms, so a norm applied to the wrong tensor shows
         for name, p in hf.named_parameters():
@@ -56,8 +68,16 @@ def _tiny(family: str, seed: int = 0):
     spec = arch_spec_from_config(config)
     model = Decoder(spec, max_positions=128)
     model.load_hf_state_dict(hf.eval().state_dict(), torch.float32)
-    return DecoderTarget(family, config=config, path=None, spec=spec, _model=model.eval(),
-                         tokenizer=CharTokenizer(VOCAB), max_seq_len=128, eos_token_ids=(VOCAB - 1,))
+    return DecoderTarget(
+        family,
+        config=config,
+        path=None,
+        spec=spec,
+        _model=model.eval(),
+        tokenizer=CharTokenizer(VOCAB),
+        max_seq_len=128,
+        eos_token_ids=(VOCAB - 1,),
+    )
 
 
 def _quantized_linear(x, weight, bias, packed=None):
@@ -115,12 +135,17 @@ def libraries(tmp_path_factory):
 
 #: head sizes of 64 and 128 take the attention's register tiles: the chain path's on AVX-512 (this CPU's own build
 #: where it has AVX-512), the weighted sums' on AVX2
-WIDE_HEADS = [(f, k, w) for k in KERNELS if k != "x86-64" for f in ("llama-hd64", "qwen3-hd128")
-              for w in ("int8", "q4")]
+WIDE_HEADS = [
+    (f, k, w) for k in KERNELS if k != "x86-64" for f in ("llama-hd64", "qwen3-hd128") for w in ("int8", "q4")
+]
 
 
-@pytest.fixture(scope="module", params=[(f, k, w) for k in KERNELS for f in ("llama", "qwen2", "qwen3", "gemma3")
-                                        for w in ("int8", "q4")] + WIDE_HEADS, ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module",
+    params=[(f, k, w) for k in KERNELS for f in ("llama", "qwen2", "qwen3", "gemma3") for w in ("int8", "q4")]
+    + WIDE_HEADS,
+    ids=lambda p: "-".join(p),
+)
 def pair(request, libraries):
     family, kernels, weights = request.param
     reference = _tiny(family)
@@ -145,8 +170,9 @@ def test_it_computes_the_decoder_with_its_quantized_matmuls(pair, monkeypatch):
     reference, native = pair
     assert isinstance(native, NativeTarget)
     monkeypatch.setattr(decoder_module, "_linear", _q4_linear if native.quantization == "q4" else _quantized_linear)
-    monkeypatch.setattr(decoder_module._CacheAccess, "write_and_read",
-                        _half_entries(decoder_module._CacheAccess.write_and_read))
+    monkeypatch.setattr(
+        decoder_module._CacheAccess, "write_and_read", _half_entries(decoder_module._CacheAccess.write_and_read)
+    )
     B, layers = 3, (0, 2)
     want_cache, got_cache = KVCache(reference.spec, B, 64, torch.float32), native.new_cache(B, 64)
     tokens = torch.randint(0, VOCAB, (B, 20))
@@ -170,10 +196,12 @@ def test_it_computes_the_decoder_with_its_quantized_matmuls(pair, monkeypatch):
         assert (got - want).abs().mean() < 5e-3
 
     def check(x, begin, logits):
-        want = reference.forward(x, begin, want_cache.rows(0, B), feature_layers=layers, logits=logits,
-                                 return_final_hidden=True)
-        got = native.forward(x, begin, got_cache.rows(0, B), feature_layers=layers, logits=logits,
-                             return_final_hidden=True)
+        want = reference.forward(
+            x, begin, want_cache.rows(0, B), feature_layers=layers, logits=logits, return_final_hidden=True
+        )
+        got = native.forward(
+            x, begin, got_cache.rows(0, B), feature_layers=layers, logits=logits, return_final_hidden=True
+        )
         close(got.features, want.features)
         close(got.logits, want.logits)
         close(got.final_hidden, want.final_hidden, normalized=True)  # what a draft trained offline reads
@@ -198,8 +226,13 @@ def test_a_verify_pass_equals_one_token_steps_bit_for_bit(pair):
     together = native.forward(block, start, caches[0].rows(0, B), feature_layers=(1,), logits="all")
     for t in range(block.shape[1]):  # the same tokens one at a time, each row alone
         for b in range(B):
-            step = native.forward(block[b : b + 1, t : t + 1], start[b : b + 1] + t, caches[1].rows(b, 1),
-                                  feature_layers=(1,), logits="all")
+            step = native.forward(
+                block[b : b + 1, t : t + 1],
+                start[b : b + 1] + t,
+                caches[1].rows(b, 1),
+                feature_layers=(1,),
+                logits="all",
+            )
             assert torch.equal(step.logits[0, 0], together.logits[b, t])
             assert torch.equal(step.features[0, 0], together.features[b, t])
     assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
@@ -229,8 +262,9 @@ def test_thread_counts_share_one_pool_and_never_change_a_number(pair):
     tokens = torch.randint(0, VOCAB, (2, 11))
     outputs = []
     for threads in (2, 4, 1):
-        target = native_target_from(reference, num_threads=threads, library=native._model.lib,
-                                    weights=native.quantization)
+        target = native_target_from(
+            reference, num_threads=threads, library=native._model.lib, weights=native.quantization
+        )
         cache = target.new_cache(2, 32)
         target.forward(tokens[:, :6], torch.zeros(2, dtype=torch.long), cache.rows(0, 2), logits="none")
         outputs.append(target.forward(tokens[:, 6:], torch.full((2,), 6), cache.rows(0, 2)).logits)
@@ -251,8 +285,9 @@ def test_bad_inputs_are_refused_with_a_message(pair):
     with pytest.raises(ValueError, match="feature layers"):
         native.forward(torch.zeros(1, 2, dtype=torch.long), start, cache.rows(0, 1), feature_layers=(3,))
     with pytest.raises(ValueError, match="tree_parents"):
-        native.forward(torch.zeros(1, 3, dtype=torch.long), start, cache.rows(0, 1),
-                       tree_parents=torch.tensor([[-1, 0, 2]]))
+        native.forward(
+            torch.zeros(1, 3, dtype=torch.long), start, cache.rows(0, 1), tree_parents=torch.tensor([[-1, 0, 2]])
+        )
 
 
 def test_without_a_compiler_it_says_what_is_missing(monkeypatch, tmp_path):
@@ -315,11 +350,20 @@ def test_speculative_greedy_output_is_target_only_output_at_any_batch(tree, weig
     from tests.deepspec.decoding.test_engine import PROMPTS
 
     native = native_target_from(make_tiny_target(eos=False, temperature=4.0)[0], num_threads=2, weights=weights)
-    reference = [r.token_ids for r in SpecEngine(native, None, max_batch_size=1, max_seq_len=128).generate(
-        PROMPTS, SamplingParams(max_tokens=24))]
+    reference = [
+        r.token_ids
+        for r in SpecEngine(native, None, max_batch_size=1, max_seq_len=128).generate(
+            PROMPTS, SamplingParams(max_tokens=24)
+        )
+    ]
     for batch in (1, 3, 8):
-        engine = SpecEngine(native, RandomDrafter(16, seed=1, tree=tree), max_batch_size=batch, max_seq_len=128,
-                            num_speculative_tokens=6)
+        engine = SpecEngine(
+            native,
+            RandomDrafter(16, seed=1, tree=tree),
+            max_batch_size=batch,
+            max_seq_len=128,
+            num_speculative_tokens=6,
+        )
         results = engine.generate(PROMPTS, SamplingParams(max_tokens=24))
         assert [r.token_ids for r in results] == reference, batch
         assert sum(r.num_accepted_tokens for r in results) > 0

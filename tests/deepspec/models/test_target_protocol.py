@@ -38,8 +38,15 @@ def test_new_cache_is_a_slot_cache_in_the_attention_dtype(tiny_target):
 def test_forward_shapes_and_lm_head_match_the_contract(tiny_target):
     target, _ = tiny_target
     tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    out = target.forward(tokens, torch.zeros(2, dtype=torch.long), target.new_cache(2, 16).rows(0, 2),
-                         feature_layers=(0, 1), logits="all", return_final_hidden=True, max_start=0)
+    out = target.forward(
+        tokens,
+        torch.zeros(2, dtype=torch.long),
+        target.new_cache(2, 16).rows(0, 2),
+        feature_layers=(0, 1),
+        logits="all",
+        return_final_hidden=True,
+        max_start=0,
+    )
     H = target.spec.hidden_size
     assert out.logits.shape == (2, 3, target.vocab_size) and out.logits.dtype == torch.float32
     assert out.features.shape == (2, 3, 2 * H) and out.final_hidden.shape == (2, 3, H)
@@ -71,9 +78,13 @@ def _members_read(source: str, where: str) -> dict[str, str]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and base(node.value) in ("target", "_target", "tgt"):
             reads.setdefault(node.attr, f"{where}:{node.lineno}")
-        elif (isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr")
-              and len(node.args) >= 2 and base(node.args[0]) in ("target", "_target", "tgt")
-              and isinstance(node.args[1], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", "") in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and base(node.args[0]) in ("target", "_target", "tgt")
+            and isinstance(node.args[1], ast.Constant)
+        ):
             reads.setdefault(node.args[1].value, f"{where}:{node.lineno}")
     return reads
 
@@ -92,14 +103,19 @@ def _members_read_by_the_decoding_layer() -> dict[str, str]:
 def test_the_protocol_declares_every_member_the_engine_reads():
     """A target of one's own implements the protocol; the engine must read nothing the protocol does not promise."""
     declared = set(Target.__annotations__) | {name for name in vars(Target) if not name.startswith("_")}
-    undeclared = {m: where for m, where in _members_read_by_the_decoding_layer().items()
-                  if m not in declared and m not in CLASS_CHECKED}
+    undeclared = {
+        m: where
+        for m, where in _members_read_by_the_decoding_layer().items()
+        if m not in declared and m not in CLASS_CHECKED
+    }
     assert not undeclared, undeclared
     assert len(_members_read_by_the_decoding_layer()) > 10  # the scan sees the engine's reads
 
 
 def test_the_scan_sees_attribute_and_getattr_reads():  # negative control: the engine read these before they were
     # declared (engine.py, planner.py before 3d99990)
-    source = ("rows = getattr(self.target, 'multi_token_rows_serial', False)\nn = target.host_threads\n"
-              "if hasattr(target, 'recorded_step_curve'): pass\nx = drafter.model\n")
+    source = (
+        "rows = getattr(self.target, 'multi_token_rows_serial', False)\nn = target.host_threads\n"
+        "if hasattr(target, 'recorded_step_curve'): pass\nx = drafter.model\n"
+    )
     assert set(_members_read(source, "x.py")) == {"multi_token_rows_serial", "host_threads", "recorded_step_curve"}
