@@ -155,8 +155,10 @@ wheel: venv
 lock: venv
 	$(PY) docker/lock.py
 
-# The gateway and CPU worker images install the wheel and their lock from a build context of their own
-# (IMAGE_CONTEXT: dist/, wheels/, locks/, healthcheck.py, certs/), never the source tree. IMAGE_FIND_LINKS: a folder of
+# Every image installs the wheel from a build context of its own (IMAGE_CONTEXT: dist/, wheels/, locks/, gpu/,
+# healthcheck.py, certs/), never the source tree: the gateway and CPU worker with their locks, the GPU worker
+# (WHEEL_IMAGES=worker-gpu; not built by default: its NVIDIA base is tens of GB) with requirements constrained by the
+# TensorRT-LLM of its base (gpu/: pyproject.toml, docker/requirements.py, docker/trtllm_constraints.py). IMAGE_FIND_LINKS: a folder of
 # wheels to offer pip as well (a CPU torch wheel where download.pytorch.org is out of reach; then TORCH_INDEX_URL=);
 # IMAGE_CA_BUNDLE: a CA bundle for pip where a proxy re-signs TLS; PYTHON_IMAGE: another base than the Dockerfiles'
 # python:3.11 slim (LOCAL_BASE below, where no registry is reachable). docker/README.md has the measured builds.
@@ -175,6 +177,7 @@ images: wheel
 	  $(IMAGE_CONTEXT)/certs
 	cp $(DIST)/deepspec-*.whl $(IMAGE_CONTEXT)/dist/
 	cp docker/locks/*.txt $(IMAGE_CONTEXT)/locks/ && cp docker/healthcheck.py $(IMAGE_CONTEXT)/
+	mkdir -p $(IMAGE_CONTEXT)/gpu && cp pyproject.toml docker/requirements.py docker/trtllm_constraints.py $(IMAGE_CONTEXT)/gpu/
 	$(if $(IMAGE_FIND_LINKS),cp $(IMAGE_FIND_LINKS)/*.whl $(IMAGE_CONTEXT)/wheels/)
 	$(if $(IMAGE_CA_BUNDLE),cp $(IMAGE_CA_BUNDLE) $(IMAGE_CONTEXT)/certs/ca-bundle.crt)
 	@for image in $(WHEEL_IMAGES); do \
@@ -211,16 +214,3 @@ e2e: venv
 	  DEEPSPEC_E2E_WORKER_IMAGE=$(IMAGE_PREFIX)worker-cpu:$(IMAGE_TAG) DEEPSPEC_E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) \
 	  OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
-# The GPU worker image (its build context is the checkout, filtered by .dockerignore).
-#   make docker-build IMAGES=worker-gpu IMAGE_PREFIX=ghcr.io/deepspec/ IMAGE_TAG=0.1.0
-IMAGES       ?= worker-gpu
-.PHONY: docker-build
-docker-build:
-	@docker info >/dev/null 2>&1 || { echo "docker-build: no Docker engine reachable (docker info failed)" >&2; exit 1; }
-	@for image in $(IMAGES); do \
-	  echo "building $(IMAGE_PREFIX)$$image:$(IMAGE_TAG)"; \
-	  docker build -f docker/$$image.Dockerfile -t $(IMAGE_PREFIX)$$image:$(IMAGE_TAG) \
-	    --build-arg VERSION=$(IMAGE_TAG) \
-	    --build-arg REVISION=$$(git rev-parse HEAD) \
-	    --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) . || exit 1; \
-	done

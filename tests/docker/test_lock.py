@@ -108,12 +108,35 @@ def test_the_image_installs_the_wheel_and_its_lock_not_the_tree(image):
     assert "PYTHONPATH" not in env
 
 
+def test_the_gpu_image_installs_the_wheel_apart_from_the_venv_not_the_tree():
+    """Its dependencies cannot be locked here (they must fit the TensorRT-LLM of NVIDIA's base: see
+    test_trtllm_constraints), but the product is the same wheel, in a folder of its own for build.sh's TensorRT-LLM
+    interpreter."""
+    steps = instructions(REPO / "docker" / "worker-gpu.Dockerfile")
+    copies = [shlex.split(args) for keyword, args in steps if keyword == "COPY" and "--from=" not in args]
+    assert copies == [
+        ["gpu/", "/build/gpu/"],
+        ["certs/", "/build/certs/"],
+        ["dist/", "/build/dist/"],
+        ["healthcheck.py", "/build/"],
+    ], "dependencies before the wheel, nothing of the tree"
+    runs = [args for keyword, args in steps if keyword == "RUN"]
+    assert "deepspec" not in runs[1].replace("deepspec_requirements", ""), (
+        "the dependency layer must not change with the wheel"
+    )
+    assert "pip install --no-deps --no-index --target /opt/deepspec /build/dist/deepspec-*.whl" in runs[2]
+    assert "echo /opt/deepspec >" in runs[2] and ".pth" in runs[2]
+    env = " ".join(args for keyword, args in steps if keyword == "ENV")
+    assert "PYTHONPATH" not in env and "/app" not in " ".join(args for _, args in steps)
+
+
 def test_make_images_assembles_the_context_the_dockerfiles_copy():
     makefile = (REPO / "Makefile").read_text()
     for line in (
         "cp $(DIST)/deepspec-*.whl $(IMAGE_CONTEXT)/dist/",
         "cp docker/locks/*.txt $(IMAGE_CONTEXT)/locks/",
         "cp docker/healthcheck.py $(IMAGE_CONTEXT)/",
+        "cp pyproject.toml docker/requirements.py docker/trtllm_constraints.py $(IMAGE_CONTEXT)/gpu/",
     ):
         assert line in makefile, line
     assert "WHEEL_IMAGES     ?= gateway worker-cpu" in makefile

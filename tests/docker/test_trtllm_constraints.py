@@ -75,9 +75,11 @@ def test_the_gpu_image_installs_under_the_constraints_and_runs_tensorrt_llm_on_t
 
     builder, runtime = stages(REPO / "docker" / "worker-gpu.Dockerfile")[1:]
     run = " ".join(args for keyword, args in builder if keyword == "RUN")
-    assert '"$TRTLLM_PYTHON" docker/trtllm_constraints.py requirements.txt > constraints.txt' in run
+    assert '"$TRTLLM_PYTHON" trtllm_constraints.py requirements.txt > constraints.txt' in run
     assert "--requirement requirements.txt --constraint constraints.txt" in run
     assert "--verify /opt/venv/bin/python" in run
+    runtime_env = " ".join(args for keyword, args in runtime if keyword == "ENV")
+    assert "DEEPSPEC=/opt/deepspec" in runtime_env, "build.sh hands this folder to the TensorRT-LLM interpreter"
     for stage in (builder, runtime):
         env = " ".join(args for keyword, args in stage if keyword == "ENV")
         assert "TRTLLM_PYTHON=/usr/bin/python3" in env
