@@ -2,8 +2,8 @@
 loads: DeepSpec's worker, ONNX Runtime, vLLM, SGLang, TensorRT-LLM, Triton.
 
 Deliberately limited to parsing flags into an `ExportRequest` for `export_bundle` (export/api.py, the lifecycle);
-each format's work lives in export/formats/ (registry: export/registry.py). Bad input is one line on stderr and exit code 2, and
-nothing is left behind.
+each format's work lives in export/formats/ (registry: export/registry.py). Bad input is one line on stderr and exit
+code 2, and nothing is left behind.
 
     python -m export --format pytorch --out engines/cpu                         # default target + best shipped draft
     python -m export --draft drafts/smollm2-135m-eagle3 --format vllm --out engines/vllm

@@ -13,10 +13,16 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from deepspec.models.hf_text import HFTextTarget
 from export.errors import ExportError
+
+if TYPE_CHECKING:
+    from deepspec.models.arch import ArchSpec
+    from deepspec.models.drafts.config import DraftConfig
 
 
 @dataclass
@@ -27,7 +33,7 @@ class TargetSource:
     name: str
     #: Hugging Face directory: config.json, *.safetensors, tokenizer
     path: Path
-    arch: object  # deepspec.models.arch.ArchSpec
+    arch: ArchSpec
     config: dict
     _index: dict[str, Path] = field(default_factory=dict, repr=False)
 
@@ -49,9 +55,7 @@ class TargetSource:
 
     def fingerprint(self) -> dict:
         """The same dict `Target.fingerprint` gives for this target once loaded (drafts store and compare it)."""
-        from deepspec.models.decoder_target import DecoderTarget
-
-        return DecoderTarget.fingerprint(_FingerprintView(self.path, self.arch, self))
+        return _FingerprintView(self.path, self.arch, self).fingerprint()
 
     # ---- tensors, one at a time ---------------------------------------------------------------------------------
     def tensor_names(self) -> list[str]:
@@ -63,7 +67,7 @@ class TargetSource:
                 raise ExportError(f"target {self.spec}: {self.path} holds no *.safetensors weights")
             for f in files:
                 with safe_open(f, "pt") as st:
-                    for key in st.keys():
+                    for key in st.keys():  # noqa: SIM118 (safe_open has keys(), not __iter__)
                         self._index[key] = f
         return sorted(self._index)
 
@@ -85,9 +89,11 @@ class TargetSource:
 
 
 @dataclass
-class _FingerprintView:
+class _FingerprintView(HFTextTarget):
+    """What `HFTextTarget.fingerprint` reads of a target (directory, ArchSpec, tokenizer), without loading one."""
+
     path: Path
-    spec: object
+    spec: ArchSpec
     source: TargetSource
 
     @property
@@ -118,7 +124,7 @@ class DraftSource:
     #: config.json as written by training (algo, sizes, feature_layers, target fingerprint)
     header: dict
     #: the DraftConfig of a draft algorithm's directory (neural), None for a corpus-lookup index or a hybrid
-    cfg: object | None
+    cfg: DraftConfig | None
     #: a hybrid's parts ("corpus", "neural"), each opened and checked like a draft of its own
     parts: dict[str, DraftSource] = field(default_factory=dict)
 
@@ -151,6 +157,8 @@ class DraftSource:
 
     def d2t(self) -> torch.Tensor:
         """[draft_vocab] target id of each draft token (the identity without a reduced vocabulary)."""
+        if self.cfg is None:
+            raise ExportError(f"draft {self.path}: {self.kind} has no vocabulary of its own (only neural drafts do)")
         if not self.cfg.draft_vocab_size:
             return torch.arange(self.cfg.vocab_size)
         from safetensors.torch import load_file

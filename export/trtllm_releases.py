@@ -51,6 +51,14 @@ class LlmApiRelease:
     #: keys the one-model path needs so that sampled requests are sampled (`allow_advanced_sampling`)
     sampling_options: tuple[tuple[str, object], ...]
 
+    @property
+    def eagle3_decoding_type(self) -> str:
+        """The `decoding_type` among eagle3_selector's keys: the release's name of EAGLE-3."""
+        decoding_type = dict(self.eagle3_selector)["decoding_type"]
+        if not isinstance(decoding_type, str):
+            raise TypeError(f"TensorRT-LLM {self.version}: decoding_type {decoding_type!r} is not a string")
+        return decoding_type
+
     def eagle3_keys(self) -> dict:
         """The speculative_config keys that select EAGLE-3 plus those that keep sampling sampled."""
         return {**dict(self.eagle3_selector), **dict(self.sampling_options)}

@@ -226,7 +226,7 @@ VLLM = DraftWriter("eagle3", check, _convert_speculators, names_its_target=True)
 SGLANG = DraftWriter("EAGLE3", check, _convert_midlayer)
 #: `decoding_type` as the pinned TensorRT-LLM dispatches it (1.2.x has no `Eagle3`: `Invalid decoding type`)
 TENSORRT_LLM = DraftWriter(
-    dict(trtllm_releases.release().eagle3_selector)["decoding_type"],
+    trtllm_releases.release().eagle3_decoding_type,
     check,
     _convert_midlayer,
     speculative_options=_trtllm_options,

@@ -15,9 +15,17 @@ import torch
 
 from deepspec.algorithms import load_part, resolve_algorithm
 from export.errors import ExportError
-from export.job import DraftWriter
+from export.job import DraftWriter, ExportJob
+from export.sources import DraftSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def exported_draft(job: ExportJob) -> DraftSource:
+    """The draft a draft-only format writes (export/resolve.py refuses such a format without one first)."""
+    if job.draft is None:
+        raise ExportError(f"--draft {job.draft_spec} leaves no draft to export; pass a draft directory")
+    return job.draft
 
 
 def draft_writer(engine: str, draft) -> DraftWriter:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from export import snippets
-from export.drafts.writers import check_draft, write_draft_dir
+from export.drafts.writers import check_draft, exported_draft, write_draft_dir
 from export.job import ExportFormat, ExportJob
 
 ENGINE = "sglang"
@@ -21,13 +21,14 @@ def check(job: ExportJob) -> None:
 
 
 def write(job: ExportJob, out: Path, progress) -> dict:
+    draft = exported_draft(job)
     fields = write_draft_dir(ENGINE, job, out, progress)
     command = snippets.sglang_command(job, "draft")
     snippets.write_script(out / "launch" / "sglang.sh", command)
     snippets.write_readme(
         out,
-        f"{job.draft.algo} draft for SGLang",
-        f"Target `{job.target.spec}`, draft `{job.draft.path.name}`, weights in {job.dtype}.",
+        f"{draft.algo} draft for SGLang",
+        f"Target `{job.target.spec}`, draft `{draft.path.name}`, weights in {job.dtype}.",
         {
             "Serve with SGLang": f"```sh\n{command}\n```",
             "Captured layers": f"{fields['engine_layer_ids'][ENGINE]} in SGLang's numbering (`draft/config.json`).",

@@ -149,14 +149,27 @@ def ensemble_configs(job: ExportJob) -> dict[str, str]:
     """The <= 1.2 ensemble: model name -> config.pbtxt. Preprocessing and postprocessing are upstream's Python
     models: their config declares every parameter, input and output those model.py files read, and the ensemble
     maps `end_id` through preprocessing (which falls back to the tokenizer's) into the engine."""
-    tokenizer = "${tokenizer_dir}"
-    pre = (
+    return {
+        "preprocessing": _preprocessing_config(),
+        "tensorrt_llm": _engine_config(job),
+        "postprocessing": _postprocessing_config(),
+        "ensemble": _ensemble_config(),
+    }
+
+
+#: the placeholder of the tokenizer directory, filled in by TensorRT-LLM's fill_template.py (README of the format)
+_TOKENIZER_DIR = "${tokenizer_dir}"
+
+
+def _preprocessing_config() -> str:
+    """Upstream's preprocessing model: text and stop words → token ids, and the end id the engine stops at."""
+    return (
         f'name: "preprocessing"\nbackend: "python"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
         + _io("input", [_tensor(*t) for t in _PRE_INPUTS])
         + _io("output", [_tensor(*t) for t in _PRE_OUTPUTS])
         + _parameters(
             {
-                "tokenizer_dir": tokenizer,
+                "tokenizer_dir": _TOKENIZER_DIR,
                 "add_special_tokens": "true",
                 "multimodal_model_path": "",
                 "gpt_model_path": "${engine_dir}",
@@ -165,7 +178,11 @@ def ensemble_configs(job: ExportJob) -> dict[str, str]:
             }
         )
     )
-    engine = (
+
+
+def _engine_config(job: ExportJob) -> str:
+    """The TensorRT-LLM backend model: decoupled (it streams), drafting up to the job's speculative tokens."""
+    return (
         f'name: "tensorrt_llm"\nbackend: "tensorrtllm"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
         "model_transaction_policy {\n  decoupled: true\n}\n"
         + _io("input", [_tensor(*t) for t in _ENGINE_INPUTS])
@@ -179,16 +196,25 @@ def ensemble_configs(job: ExportJob) -> dict[str, str]:
             }
         )
     )
-    post = (
+
+
+def _postprocessing_config() -> str:
+    """Upstream's postprocessing model: output ids → text."""
+    return (
         f'name: "postprocessing"\nbackend: "python"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
         + _io(
             "input",
             [_tensor("TOKENS_BATCH", "TYPE_INT32", "[ -1, -1 ]"), _tensor("SEQUENCE_LENGTH", "TYPE_INT32", "[ -1 ]")],
         )
         + _io("output", [_tensor("OUTPUT", "TYPE_STRING", "[ -1 ]")])
-        + _parameters({"tokenizer_dir": tokenizer, "skip_special_tokens": "true"})
+        + _parameters({"tokenizer_dir": _TOKENIZER_DIR, "skip_special_tokens": "true"})
     )
-    ensemble = (
+
+
+def _ensemble_config() -> str:
+    """The ensemble the gateway calls: the contract's tensors through preprocessing, the engine and
+    postprocessing."""
+    return (
         f'name: "ensemble"\nplatform: "ensemble"\nmax_batch_size: {ENGINE_MAX_BATCH_SIZE}\n'
         + _io("input", [_spec(s) for s in contract.ENSEMBLE_INPUTS])
         + _io("output", [_spec(s, is_input=False) for s in contract.ENSEMBLE_OUTPUTS])
@@ -243,7 +269,6 @@ def ensemble_configs(job: ExportJob) -> dict[str, str]:
         )
         + "\n}\n"
     )
-    return {"preprocessing": pre, "tensorrt_llm": engine, "postprocessing": post, "ensemble": ensemble}
 
 
 def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:

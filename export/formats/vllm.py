@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from export import snippets
-from export.drafts.writers import check_draft, draft_writer, write_draft_dir
+from export.drafts.writers import check_draft, draft_writer, exported_draft, write_draft_dir
 from export.job import ExportFormat, ExportJob
 
 ENGINE = "vllm"
@@ -22,6 +22,7 @@ def check(job: ExportJob) -> None:
 
 
 def write(job: ExportJob, out: Path, progress) -> dict:
+    draft = exported_draft(job)
     fields = write_draft_dir(ENGINE, job, out, progress)
     spec = snippets.vllm_speculative_config(job, "draft")
     (out / "launch").mkdir()
@@ -30,7 +31,7 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     snippets.write_script(out / "launch" / "vllm.sh", command)
     launch = {"vllm": command}
     sections = {"Serve with vLLM": f"```sh\n{command}\n```"}
-    if draft_writer(ENGINE, job.draft).names_its_target:
+    if draft_writer(ENGINE, draft).names_its_target:
         launch["vllm_speculators"] = "vllm serve draft"
         sections["Serve with vLLM"] += (
             "\n\nThe draft is in the `speculators` format, which names its target "
@@ -43,8 +44,8 @@ def write(job: ExportJob, out: Path, progress) -> dict:
     )
     snippets.write_readme(
         out,
-        f"{job.draft.algo} draft for vLLM",
-        f"Target `{job.target.spec}`, draft `{job.draft.path.name}`, weights in {job.dtype}.",
+        f"{draft.algo} draft for vLLM",
+        f"Target `{job.target.spec}`, draft `{draft.path.name}`, weights in {job.dtype}.",
         sections,
     )
     return {"draft": "draft", "launch": launch, "engine_layer_ids": fields["engine_layer_ids"]}

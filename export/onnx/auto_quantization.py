@@ -55,6 +55,8 @@ def export_fastest_format(
             (staging / quant).mkdir(parents=True)
             metas[quant] = export_onnx(target, draft, staging / quant, "float32", quant, advance, chat_template)
             curve = recorded_curve(metas[quant]["step_curve"])
+            if curve is None:  # record_step_curve times several sizes; fewer means the measurement broke
+                raise RuntimeError(f"the {quant} export's verify-step curve holds fewer than two timed sizes")
             draft_time = _draft_time(staging / quant, SCORED_DEPTH) if draft_dir is not None else None
             draft_rounds[quant] = None if draft_time is None else curve_record(draft_time.by_width())
             modelled[quant] = modelled_tokens_per_second(curve, tau, SCORED_DEPTH, draft_time)

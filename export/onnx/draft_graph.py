@@ -27,8 +27,8 @@ its builder, `build_draft_graphs` looks it up):
 Attention here is plain ONNX ops with an explicit visibility mask (the draft caches are small, and DFlash's block
 attends bidirectionally, Eagle3's trees by ancestry: neither is the causal pattern of GroupQueryAttention). The
 dense layers and the head are float32, or int8 / int4 as `quantization` says (the export makes them int8 beside a
-quantized target: exporter.DRAFT_QUANTIZATION); the frozen embedding rows are the target's, copied in. Heads are grouped as PyTorch's
-`enable_gqa` groups them: query head h reads key/value head h // (nh / nkv).
+quantized target: exporter.DRAFT_QUANTIZATION); the frozen embedding rows are the target's, copied in. Heads are
+grouped as PyTorch's `enable_gqa` groups them: query head h reads key/value head h // (nh / nkv).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class _DraftBuilder(_Builder):
 
     def rope(self, x: str, cos: str, sin: str) -> str:
         """x [B, T, n, hd] rotated in halves (x1·cos − x2·sin, x2·cos + x1·sin)."""
-        x1, x2 = self.op("Split", [x, self.half], num_outputs=2, axis=-1)
+        x1, x2 = self.op_outputs("Split", [x, self.half], num_outputs=2, axis=-1)
         return self.op(
             "Concat",
             [

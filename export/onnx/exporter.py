@@ -121,15 +121,34 @@ def export_onnx(
     exist and be empty); returns what the manifest records about it (graph, quantization, draft, layers).
     `advance()` ticks once per decoder layer written; `chat_template` (template text) goes into the copied
     tokenizer files, so the worker serving the export renders chat with it."""
-    import numpy as np
-    import torch
-
-    from deepspec.decoding.registry import drafter_keywords
     from deepspec.models import pytorch_decoder
-    from deepspec.models.chat_templates import save_chat_template
-    from deepspec.models.drafts import check_target, read_checkpoint_header
     from export.onnx.graph import build_target_graph, build_verify_graph, check_supported
 
+    _check_formats(dtype, quant)
+    target = _float32_target(target)
+    decoder = pytorch_decoder(target)
+    check_supported(target.spec)
+    out = Path(out_dir)
+    draft_dir = resolve_draft_dir(draft, target)
+    draft_algo = _checked_draft_algo(draft_dir, target) if draft_dir is not None else None
+    layers = draft_feature_layers(draft_dir)
+    graph_name = "target.onnx"
+    build_target_graph(decoder, layers, out, quant, graph_name, advance)
+    build_verify_graph(out, graph_name, VERIFY_GRAPH)
+    _copy_target_files(target, out, chat_template)
+    meta = _target_meta(target, decoder, graph_name, quant, layers)
+    if quant != "none" and not meta["tied"]:  # the graph's head is quantized: the drafts' fp32 copy beside it
+        _save_head(decoder, out / HEAD_FILE)
+        meta["head_file"] = HEAD_FILE
+    meta["draft"] = _draft_meta(target, draft, draft_dir, draft_algo, quant, out)
+    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")  # what load_target opens to time it
+    meta["step_curve"] = record_step_curve(out)
+    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _check_formats(dtype: str, quant: str) -> None:
+    """The activation dtype and weight format export_onnx writes, refused with the way out before any work."""
     if dtype not in ("float32", "fp32"):
         raise ValueError(
             f"the ONNX graph runs float32 activations; --dtype {dtype} is not exported "
@@ -139,30 +158,45 @@ def export_onnx(
         raise ValueError(f"unknown ONNX quantization {quant!r}; choose one of {', '.join(QUANTIZATIONS)}")
     if quant == "auto":  # a choice among several exports, made above this one (auto_quantization.py)
         raise ValueError("export_onnx writes one weight format; export_fastest_format chooses one for 'auto'")
+
+
+def _float32_target(target):
+    """A target spec loaded in float32, or a loaded target checked to be float32 (the graph's weights are traced
+    from it)."""
     if isinstance(target, str):
         from deepspec.models import load_target
 
         target = load_target(target, dtype="float32")
     if target.dtype.is_floating_point and str(target.dtype) != "torch.float32":
         raise ValueError("export the ONNX graph from the float32 target (load_target(..., dtype='float32'))")
-    decoder = pytorch_decoder(target)
-    check_supported(target.spec)
-    out = Path(out_dir)
-    draft_dir = resolve_draft_dir(draft, target)
-    header = None
-    if draft_dir is not None:
-        header = read_checkpoint_header(draft_dir)
-        check_target(header.get("target", {}), target, where=f"draft {draft_dir}")
-    layers = draft_feature_layers(draft_dir)
-    graph_name = "target.onnx"
-    build_target_graph(decoder, layers, out, quant, graph_name, advance)
-    build_verify_graph(out, graph_name, VERIFY_GRAPH)
+    return target
+
+
+def _checked_draft_algo(draft_dir: Path, target) -> str:
+    """The draft's algorithm, once its header says it was trained for `target` (checked before the graph is
+    written, so a mismatched draft fails in a second, not after the export)."""
+    from deepspec.models.drafts import check_target, read_checkpoint_header
+
+    header = read_checkpoint_header(draft_dir)
+    check_target(header.get("target", {}), target, where=f"draft {draft_dir}")
+    return header["algo"]
+
+
+def _copy_target_files(target, out: Path, chat_template: str | None) -> None:
+    """The target's tokenizer and config files beside the graph (its fingerprint matches its drafts'), with
+    `chat_template` saved into them when given."""
+    from deepspec.models.chat_templates import save_chat_template
+
     for name in _TARGET_FILES:
         if (Path(target.path) / name).is_file():
             shutil.copy2(Path(target.path) / name, out / name)
     if chat_template is not None:
         save_chat_template(out, chat_template)
-    meta = {
+
+
+def _target_meta(target, decoder, graph_name: str, quant: str, layers: tuple[int, ...]) -> dict:
+    """What onnx.json records of the target graph."""
+    return {
         "graph": graph_name,
         "verify_graph": VERIFY_GRAPH,
         "target_name": target.name,
@@ -176,20 +210,25 @@ def export_onnx(
         "embed_scale": float(decoder.embed_scale),
         "fingerprint": target.fingerprint(),
     }
-    if quant != "none" and not meta["tied"]:  # the graph's head is quantized: the drafts' fp32 copy beside it
-        np.save(out / HEAD_FILE, decoder.head.detach().to(torch.float32).numpy())
-        meta["head_file"] = HEAD_FILE
-    if draft_dir is not None:
-        shutil.copytree(draft_dir, out / "draft", ignore=shutil.ignore_patterns("reports", "__pycache__"))
-        meta["draft"] = {"path": "draft", "algo": header["algo"]}
-        meta["draft"].update(_write_draft_graphs(target, draft_dir, header["algo"], quant, out))
-    else:
+
+
+def _save_head(decoder, path: Path) -> None:
+    import numpy as np
+    import torch
+
+    np.save(path, decoder.head.detach().to(torch.float32).numpy())
+
+
+def _draft_meta(target, draft, draft_dir: Path | None, algo: str | None, quant: str, out: Path) -> dict:
+    """onnx.json's `draft`: the copied draft directory and its graphs, or the drafter the worker builds by name."""
+    from deepspec.decoding.registry import drafter_keywords
+
+    if draft_dir is None:
         named = draft in drafter_keywords() and draft != "auto"  # a drafter the worker builds by name
-        meta["draft"] = {"path": draft if named else "none", "algo": None}
-    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")  # what load_target opens to time it
-    meta["step_curve"] = record_step_curve(out)
-    (out / "onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+        return {"path": draft if named else "none", "algo": None}
+    assert algo is not None  # read from draft_dir's header by _checked_draft_algo
+    shutil.copytree(draft_dir, out / "draft", ignore=shutil.ignore_patterns("reports", "__pycache__"))
+    return {"path": "draft", "algo": algo, **_write_draft_graphs(target, draft_dir, algo, quant, out)}
 
 
 def record_step_curve(out: Path) -> dict:

@@ -112,7 +112,12 @@ class _Builder:
         self._row_quantized: dict[str, tuple[str, str]] = {}
         self._zero_points: dict[str, str] = {}  # int8_linear's `rows` → its uint8 zero points
 
-    def op(
+    def op(self, op_type: str, inputs: list[str], outputs: list[str] | None = None, domain: str = "", **attrs) -> str:
+        """One node with one output (named by `outputs`, else numbered); → that output's name."""
+        (out,) = self.op_outputs(op_type, inputs, outputs=outputs, domain=domain, **attrs)
+        return out
+
+    def op_outputs(
         self,
         op_type: str,
         inputs: list[str],
@@ -120,13 +125,14 @@ class _Builder:
         outputs: list[str] | None = None,
         domain: str = "",
         **attrs,
-    ) -> str | list[str]:
+    ) -> list[str]:
+        """One node with several outputs (`outputs`, else `num_outputs` numbered ones); → their names in order."""
         self._count += 1
         outs = outputs or [f"{op_type.lower()}_{self._count}_{j}" for j in range(num_outputs)]
         self.nodes.append(
             helper.make_node(op_type, inputs, outs, name=f"{op_type}_{self._count}", domain=domain, **attrs)
         )
-        return outs[0] if len(outs) == 1 else outs
+        return outs
 
     def const(self, name: str, value) -> str:
         """A named constant, added once however often it is asked for."""
@@ -263,7 +269,8 @@ def quantize_int4(weight: np.ndarray, block_size: int = INT4_BLOCK) -> tuple[np.
     zero points leaves its int8 kernel for a path ~100x slower at batch 1 (measured: 26 ms vs 0.1 ms for a
     3072x576 matmul). Re-quantizing the dequantized file weights keeps the fast kernel; it adds a second rounding,
     at most half a step per weight."""
-    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+    # the compiled extension exports it (no stub): pyright cannot see the name
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits  # pyright: ignore[reportAttributeAccessIssue]
 
     if block_size not in INT4_BLOCKS:
         raise ValueError(f"int4 block size must be one of {INT4_BLOCKS}, got {block_size}")
@@ -366,7 +373,8 @@ class _ResidualStream:
 
     def __init__(self, g: _Builder, x: str, eps: float, fused: bool):
         self.g, self.eps, self.fused = g, eps, fused
-        self.residual, self.delta = x, None
+        self.residual: str = x
+        self.delta: str | None = None
 
     def norm(self, weight: np.ndarray, name: str) -> str:
         g, eps = self.g, self.eps
@@ -417,7 +425,7 @@ class _LayerWriter:
         if self.packed_qkv:
             q, k, v = qkv, "", ""
         else:
-            q, k, v = g.op("Split", [qkv, self.split_qkv], num_outputs=3, axis=-1)
+            q, k, v = g.op_outputs("Split", [qkv, self.split_qkv], num_outputs=3, axis=-1)
         if spec.qk_norm:  # per-head RMSNorm before RoPE (Qwen3)
             q_norm = g.simplified_norm if self.fused else g.rms_norm
             eps = spec.rms_norm_eps
@@ -433,7 +441,7 @@ class _LayerWriter:
                 ],
             )
         present = [f"present_key.{i}", f"present_value.{i}"]
-        attn = g.op(
+        attn = g.op_outputs(
             "GroupQueryAttention",
             [q, k, v, f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length", *rope],
             outputs=[f"{p}.attn", *present],
@@ -449,7 +457,7 @@ class _LayerWriter:
     def mlp(self, i: int, layer, h: str) -> str:
         g, p, quantization = self.g, f"layers.{i}", self.quantization
         gate_up = g.linear(h, _np(layer.w_gate_up), f"{p}.gate_up", quantization, rows="tokens")
-        gate, up = g.op("Split", [gate_up, self.split_mlp], num_outputs=2, axis=-1)
+        gate, up = g.op_outputs("Split", [gate_up, self.split_mlp], num_outputs=2, axis=-1)
         if self.spec.activation == "gelu_tanh":
             act = g.op("Gelu", [gate], approximate="tanh")
         else:

@@ -1,6 +1,7 @@
 """Files the Triton model repository ships (`--format triton-repo`): `llmapi_model.py` is the Python-backend
 `model.py` that serves TensorRT-LLM's LLM API (with `speculative_config`) behind Triton; the Triton contract
-(`deepspec_protocol/triton_contract.py`, the tensor names the gateway sends) goes next to it, where model.py reads it."""
+(`deepspec_protocol/triton_contract.py`, the tensor names the gateway sends) goes next to it, where model.py reads
+it."""
 
 from pathlib import Path
 

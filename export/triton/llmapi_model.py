@@ -65,6 +65,8 @@ def load_contract():
 
         return triton_contract
     spec = importlib.util.spec_from_file_location("triton_contract", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up while they are built
     spec.loader.exec_module(module)
@@ -96,7 +98,8 @@ def load_llm_args(model_yaml: Path) -> dict:
         args.pop(key, None)
     spec = args.get("speculative_config")
     if isinstance(spec, dict):
-        from tensorrt_llm.llmapi.llm_args import DecodingBaseConfig
+        # TensorRT-LLM is installed in the Triton image only, never in the checkout's venv
+        from tensorrt_llm.llmapi.llm_args import DecodingBaseConfig  # pyright: ignore[reportMissingImports]
 
         args["speculative_config"] = DecodingBaseConfig.from_dict(dict(spec))
     return args
@@ -146,7 +149,7 @@ def read_request(pb_utils, request) -> tuple[str | None, list | None, dict, bool
             raise BadRequest(f"{NAMES['messages']} must be a non-empty JSON list of messages")
     elif not prompt:
         raise BadRequest(f"{NAMES['prompt']} is empty")
-    sampling = {"max_tokens": DEFAULT_MAX_TOKENS}
+    sampling: dict[str, object] = {"max_tokens": DEFAULT_MAX_TOKENS}
     for role, (field, cast, valid) in SAMPLING_ROLES.items():
         value = _scalar(pb_utils, request, NAMES[role])
         if value is None:
@@ -308,8 +311,9 @@ class TritonPythonModel:
     """Triton's Python-backend entry points: initialize, execute (decoupled), finalize."""
 
     def initialize(self, args: dict) -> None:
-        import triton_python_backend_utils as pb_utils
-        from tensorrt_llm._utils import global_mpi_rank, global_mpi_size
+        # Triton's backend utilities, TensorRT-LLM and mpi4py exist in the Triton image only, not in the venv
+        import triton_python_backend_utils as pb_utils  # pyright: ignore[reportMissingImports]
+        from tensorrt_llm._utils import global_mpi_rank, global_mpi_size  # pyright: ignore[reportMissingImports]
 
         self.pb_utils = pb_utils
         self.llm = self.loop = None
@@ -319,8 +323,8 @@ class TritonPythonModel:
         model_yaml = Path(args["model_repository"]) / str(args["model_version"]) / "model.yaml"
         self.rank, num_ranks = global_mpi_rank(), global_mpi_size()
         if self.rank != 0:  # a follower: lend this rank to the leader's LLM until it shuts down
-            from mpi4py.futures import MPICommExecutor
-            from mpi4py.MPI import COMM_WORLD
+            from mpi4py.futures import MPICommExecutor  # pyright: ignore[reportMissingImports]
+            from mpi4py.MPI import COMM_WORLD  # pyright: ignore[reportMissingImports]
 
             with MPICommExecutor(COMM_WORLD) as executor:
                 if executor is not None:
@@ -333,15 +337,15 @@ class TritonPythonModel:
                     f"{model_yaml} asks for {world_size_of(llm_args)} ranks (tensor_parallel_size x "
                     f"pipeline_parallel_size), mpirun started {num_ranks}: make them agree"
                 )
-            from mpi4py.MPI import COMM_WORLD
-            from tensorrt_llm.llmapi import MpiCommSession
+            from mpi4py.MPI import COMM_WORLD  # pyright: ignore[reportMissingImports]
+            from tensorrt_llm.llmapi import MpiCommSession  # pyright: ignore[reportMissingImports]
 
             llm_args["_mpi_session"] = MpiCommSession(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())
         triton_config = read_model_yaml(model_yaml).get("triton_config") or {}
         self.cancellation_check_period_s = (
             float(triton_config.get("cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS)) / 1000.0
         )
-        from tensorrt_llm import LLM, SamplingParams
+        from tensorrt_llm import LLM, SamplingParams  # pyright: ignore[reportMissingImports]
 
         self.sampling_params = SamplingParams
         self.gauges = RequestGauges(pb_utils, str(args.get("model_name") or config.get("name") or "tensorrt_llm"))
@@ -353,12 +357,15 @@ class TritonPythonModel:
         self.thread.start()
 
     def execute(self, requests) -> None:
+        if self.loop is None:  # initialize returned early: this rank lends itself to the leader's LLM
+            raise RuntimeError(f"rank {self.rank} of the MPI world serves no requests; send them to rank 0")
         for request in requests:
             asyncio.run_coroutine_threadsafe(self._serve(request), self.loop)
         return None
 
     async def _serve(self, request) -> None:
-        pb = self.pb_utils
+        llm, pb = self.llm, self.pb_utils
+        assert llm is not None  # execute serves on rank 0 only, where initialize built the LLM
         sender = request.get_response_sender()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         request_id = request.request_id()
@@ -372,17 +379,17 @@ class TritonPythonModel:
                 return
             prompt, messages, sampling, streaming = read_request(pb, request)
             num_top = read_num_top_logprobs(pb, request)
-            scores = None if num_top is None else OutputScores(self.llm.tokenizer, num_top)
+            scores = None if num_top is None else OutputScores(llm.tokenizer, num_top)
             if scores is not None:
                 sampling["logprobs"] = scores.logprobs_asked
             if messages is not None:
-                prompt = self.llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                prompt = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
                 # the template already wrote BOS (Llama, Mistral): tokenizing it with special tokens adds a second.
                 # trtllm-serve's chat path does the same (tensorrt_llm/serve/openai_protocol.py
                 # ChatCompletionRequest.add_special_tokens defaults to False)
                 sampling["add_special_tokens"] = False
             params = self.sampling_params(**sampling, return_perf_metrics=True)
-            result = self.llm.generate_async(prompt, params, streaming=streaming)
+            result = llm.generate_async(prompt, params, streaming=streaming)
             self.running.setdefault(request_id, set()).add(result)
             watcher = asyncio.ensure_future(self._watch(request, result, cancelled, progress))
             if streaming:
