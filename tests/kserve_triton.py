@@ -30,12 +30,23 @@ import sys
 import threading
 import types
 from pathlib import Path
+from typing import Any, TypeAlias
 
 import grpc
 import numpy as np
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2 as _model_config_pb2
+from tritonclient.grpc import service_pb2 as _service_pb2
+from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
+
+# protobuf builds these modules' message classes at import time and tritonclient ships no stubs for them, so the
+# type checker sees none of their attributes: the modules, and the messages this server handles, are Any to it
+model_config_pb2: Any = _model_config_pb2
+service_pb2: Any = _service_pb2
+ModelConfig: TypeAlias = Any  # model_config_pb2.ModelConfig
+ModelInferRequest: TypeAlias = Any  # service_pb2.ModelInferRequest
+ModelInferResponse: TypeAlias = Any  # service_pb2.ModelInferResponse
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WORDS = ("alpha", " beta", " gamma", " delta", " epsilon", " zeta", " eta", " theta")
@@ -97,15 +108,25 @@ class Request:
         return self.cancelled.is_set()
 
 
+def stand_in_module(name: str, **attributes: object) -> types.ModuleType:
+    """A module named `name` holding `attributes`: what the code under test imports from the real one."""
+    module = types.ModuleType(name)
+    vars(module).update(attributes)
+    return module
+
+
 def pb_utils_module() -> types.ModuleType:
-    pb = types.ModuleType("triton_python_backend_utils")
-    pb.Tensor, pb.InferenceResponse, pb.TritonError = Tensor, InferenceResponse, TritonError
-    pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
-    pb.get_input_tensor_by_name = lambda request, name: next((t for t in request.inputs() if t.name() == name), None)
-    pb.using_decoupled_model_transaction_policy = lambda config: bool(
-        config.get("model_transaction_policy", {}).get("decoupled")
+    return stand_in_module(
+        "triton_python_backend_utils",
+        Tensor=Tensor,
+        InferenceResponse=InferenceResponse,
+        TritonError=TritonError,
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
+        get_input_tensor_by_name=lambda request, name: next((t for t in request.inputs() if t.name() == name), None),
+        using_decoupled_model_transaction_policy=lambda config: bool(
+            config.get("model_transaction_policy", {}).get("decoupled")
+        ),
     )
-    return pb
 
 
 # -- tensorrt_llm and mpi4py -------------------------------------------------------------------------------------
@@ -115,7 +136,8 @@ class Completion:
     """TensorRT-LLM's CompletionOutput: cumulative text and token ids; text_diff is what the last step added."""
 
     def __init__(self):
-        self.text, self.token_ids, self.finish_reason, self._last_text_len = "", [], None, 0
+        self.text, self.token_ids, self._last_text_len = "", [], 0
+        self.finish_reason: str | None = None
         self.request_perf_metrics = types.SimpleNamespace(
             speculative_decoding=types.SimpleNamespace(
                 acceptance_rate=0.0, total_accepted_draft_tokens=0, total_draft_tokens=0
@@ -214,53 +236,48 @@ class FakeMPI:
 
 def fake_modules(mpi: FakeMPI | None = None) -> dict[str, types.ModuleType]:
     """sys.modules entries for tensorrt_llm (scripted LLM), mpi4py (`mpi`) and triton_python_backend_utils."""
-    mpi = mpi or FakeMPI()
-    trt = types.ModuleType("tensorrt_llm")
-    trt.LLM, trt.SamplingParams = ScriptedLLM, lambda **kw: types.SimpleNamespace(**kw)
-    utils = types.ModuleType("tensorrt_llm._utils")
-    utils.global_mpi_rank, utils.global_mpi_size = lambda: mpi.rank, lambda: mpi.size
-    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+    fake_mpi = mpi or FakeMPI()
 
     def session(comm, n_workers):
-        mpi.sessions.append((comm, n_workers))
+        fake_mpi.sessions.append((comm, n_workers))
         return ("mpi-session", n_workers)
-
-    llmapi.MpiCommSession = session
-    llm_args = types.ModuleType("tensorrt_llm.llmapi.llm_args")
-    llm_args.DecodingBaseConfig = DecodingBaseConfig
-    mpi4py, mpi_mod, futures = (types.ModuleType(n) for n in ("mpi4py", "mpi4py.MPI", "mpi4py.futures"))
-    mpi_mod.COMM_WORLD = mpi
 
     @contextlib.contextmanager
     def executor(comm):
-        mpi.executors += 1
+        fake_mpi.executors += 1
         yield None if comm.Get_rank() != 0 else object()  # as mpi4py: the executor lives on the root only
 
-    futures.MPICommExecutor = executor
     return {
-        "tensorrt_llm": trt,
-        "tensorrt_llm._utils": utils,
-        "tensorrt_llm.llmapi": llmapi,
-        "tensorrt_llm.llmapi.llm_args": llm_args,
-        "mpi4py": mpi4py,
-        "mpi4py.MPI": mpi_mod,
-        "mpi4py.futures": futures,
+        "tensorrt_llm": stand_in_module(
+            "tensorrt_llm", LLM=ScriptedLLM, SamplingParams=lambda **kw: types.SimpleNamespace(**kw)
+        ),
+        "tensorrt_llm._utils": stand_in_module(
+            "tensorrt_llm._utils", global_mpi_rank=lambda: fake_mpi.rank, global_mpi_size=lambda: fake_mpi.size
+        ),
+        "tensorrt_llm.llmapi": stand_in_module("tensorrt_llm.llmapi", MpiCommSession=session),
+        "tensorrt_llm.llmapi.llm_args": stand_in_module(
+            "tensorrt_llm.llmapi.llm_args", DecodingBaseConfig=DecodingBaseConfig
+        ),
+        "mpi4py": stand_in_module("mpi4py"),
+        "mpi4py.MPI": stand_in_module("mpi4py.MPI", COMM_WORLD=fake_mpi),
+        "mpi4py.futures": stand_in_module("mpi4py.futures", MPICommExecutor=executor),
         "triton_python_backend_utils": pb_utils_module(),
     }
 
 
 def load_model_py(path: Path):
     spec = importlib.util.spec_from_file_location(f"triton_model_{abs(hash(str(path)))}", path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def parse_config(path: Path) -> model_config_pb2.ModelConfig:
+def parse_config(path: Path) -> ModelConfig:
     return text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
 
 
-def initialize(model_dir: Path, config: model_config_pb2.ModelConfig, version: str = "1"):
+def initialize(model_dir: Path, config: ModelConfig, version: str = "1"):
     """model.py's TritonPythonModel, initialized as the Python backend does (sys.modules must hold the fakes)."""
     model = load_model_py(model_dir / version / "model.py").TritonPythonModel()
     model.initialize(
@@ -288,9 +305,7 @@ def _datatype(data_type: int) -> str:
     return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
 
 
-def check_request(
-    config: model_config_pb2.ModelConfig, request: service_pb2.ModelInferRequest
-) -> dict[str, np.ndarray]:
+def check_request(config: ModelConfig, request: ModelInferRequest) -> dict[str, np.ndarray]:
     """The inputs of `request` as arrays, after Triton's checks against `config`; Refused when one fails."""
     model, declared = config.name, {i.name: i for i in config.input}
     sent = {}
@@ -342,9 +357,7 @@ def check_request(
     return arrays
 
 
-def to_kserve(
-    config: model_config_pb2.ModelConfig, request: service_pb2.ModelInferRequest, response: InferenceResponse
-) -> service_pb2.ModelInferResponse:
+def to_kserve(config: ModelConfig, request: ModelInferRequest, response: InferenceResponse) -> ModelInferResponse:
     """A Python-backend response as Triton sends it; Refused (INTERNAL) for an output the config does not declare."""
     declared = {o.name: _datatype(o.data_type) for o in config.output}
     out = service_pb2.ModelInferResponse(model_name=config.name, model_version="1", id=request.id)
@@ -396,6 +409,7 @@ class KServeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         return self.port
 
     async def stop(self) -> None:
+        assert self.server is not None, "stop() before start()"
         await self.server.stop(grace=0)
         for model in self.models.values():
             model.finalize()
@@ -417,7 +431,7 @@ class KServeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{request.name}'")
         return service_pb2.ModelConfigResponse(config=self.configs[request.name])
 
-    def _config(self, name: str) -> model_config_pb2.ModelConfig:
+    def _config(self, name: str) -> ModelConfig:
         if name not in self.configs:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         return self.configs[name]

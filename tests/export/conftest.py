@@ -6,16 +6,19 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
+#: sizes for write_hf_target where ONNX Runtime runs the target: its GroupQueryAttention wants head_dim % 16 == 0
+HD16: dict[str, Any] = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 
 
 def _config(family: str, vocab_size: int, eos: int):
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
@@ -141,7 +144,8 @@ def run_export(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
             code = main([str(a) for a in args], progress=quiet())
-        except SystemExit as e:  # argparse
+        except SystemExit as e:  # argparse exits with an int code
+            assert isinstance(e.code, int), e.code
             code = e.code
     return subprocess.CompletedProcess(
         ["python", "-m", "export", *map(str, args)], code, stdout.getvalue(), stderr.getvalue()

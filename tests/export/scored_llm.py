@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.kserve_triton import WORDS, GenerationResult
+from tests.kserve_triton import WORDS, Completion, GenerationResult
 
 
 @dataclass(frozen=True)
@@ -32,18 +32,31 @@ def text_of(token: int) -> str:
     return WORDS[(token - 100) % len(WORDS)] if 100 <= token < 200 else f"<alt{token}>"
 
 
+class ScoredCompletion(Completion):
+    """A CompletionOutput with its `logprobs` (empty until scored, as TensorRT-LLM's default)."""
+
+    def __init__(self):
+        super().__init__()
+        self.logprobs: list[dict[int, Logprob]] = []
+
+
 class ScoredResult(GenerationResult):
     """A GenerationResult whose CompletionOutput also carries `logprobs`, as TensorRT-LLM fills it."""
+
+    def __init__(self, prompt: str, params, prompt_token_ids: list[int]):
+        super().__init__(prompt, params, prompt_token_ids)
+        self.outputs = [ScoredCompletion()]
 
     def _step(self) -> None:
         super()._step()
         out, step = self.outputs[0], self.num_steps - 1
+        assert isinstance(out, ScoredCompletion)
         if getattr(self.params, "logprobs", None):
             ranked = distribution(step)
             scored = {token: Logprob(lp, rank + 1) for rank, (token, lp) in enumerate(ranked[: self.params.logprobs])}
             sampled = out.token_ids[-1]
             scored.setdefault(sampled, Logprob(dict(ranked)[sampled], [t for t, _ in ranked].index(sampled) + 1))
-            out.logprobs = [*getattr(out, "logprobs", []), scored]
+            out.logprobs = [*out.logprobs, scored]
 
 
 def score(llm) -> None:

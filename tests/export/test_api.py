@@ -30,7 +30,14 @@ def test_a_request_out_of_range_is_refused_before_anything_runs(tmp_path, fields
 def test_the_library_call_writes_what_the_cli_writes(tmp_path, targets):
     out = tmp_path / "bundle"
     result = export_bundle(
-        ExportRequest(format="pytorch", out=str(out), target=str(targets["llama"]), draft="prompt-lookup"), quiet()
+        # out as a str, as a library caller may give it: the request makes it a Path
+        ExportRequest(
+            format="pytorch",
+            out=str(out),  # pyright: ignore[reportArgumentType]
+            target=str(targets["llama"]),
+            draft="prompt-lookup",
+        ),
+        quiet(),
     )
     assert result.out == out and result.manifest == json.loads((out / "manifest.json").read_text())
     assert result.manifest["format"] == "pytorch" and result.manifest["draft"] == "prompt-lookup"

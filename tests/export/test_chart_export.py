@@ -83,7 +83,9 @@ def test_init_container_command_runs_here_and_the_worker_serves_its_output(tmp_p
         max_tokens = triton.InferInput("max_tokens", [1, 1], "INT32")
         max_tokens.set_data_from_numpy(np.array([[8]], dtype=np.int32))
         result = client.infer(config["DEEPSPEC_TARGET"], [text, max_tokens])
-        assert result.as_numpy("num_output_tokens")[0][0] > 0
+        assert result is not None
+        num_output_tokens = result.as_numpy("num_output_tokens")
+        assert num_output_tokens is not None and num_output_tokens[0][0] > 0
         client.close()
     finally:
         worker.terminate()

@@ -48,6 +48,8 @@ def test_triton_repo_tokenizer_carries_the_template(tmp_path, bare):
 def test_onnx_export_is_served_with_the_template(tmp_path):
     """The ONNX worker's target reads its tokenizer from the export directory (load_onnx_target)."""
     pytest.importorskip("onnxruntime")
+    from transformers import PreTrainedTokenizerBase
+
     from deepspec.models.onnx_target import load_onnx_target
 
     target_dir = write_hf_target(tmp_path / "bare16", "llama", chat_template=None, hidden_size=64, head_dim=16)
@@ -58,6 +60,7 @@ def test_onnx_export_is_served_with_the_template(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads((out / "manifest.json").read_text())["chat_template"] == "chat_template.jinja"
     target = load_onnx_target(str(out))
+    assert isinstance(target.tokenizer, PreTrainedTokenizerBase)
     assert target.tokenizer.chat_template == BUILTIN_CHAT_TEMPLATES["gemma3"]
     assert target.encode_chat(MESSAGES)
 

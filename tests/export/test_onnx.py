@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,13 @@ from export.onnx.exporter import export_onnx  # noqa: E402
 from export.onnx.graph import UnsupportedTarget, build_target_graph, check_supported  # noqa: E402
 from tests.conftest import CharTokenizer  # noqa: E402
 
+
+def _asked(output: torch.Tensor | None) -> torch.Tensor:
+    """A forward output the call asked for (logits or features), so present."""
+    assert output is not None
+    return output
+
+
 VOCAB = 64
 
 
@@ -34,7 +42,7 @@ def _tiny_decoder(family: str = "llama", seed: int = 0):
     from deepspec.models.decoder import Decoder
 
     torch.manual_seed(seed)
-    sizes = dict(
+    sizes: dict[str, Any] = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -149,6 +157,7 @@ def test_quantized_graphs_use_their_kernel_and_stay_close(tmp_path, quantization
     tokens = torch.randint(0, VOCAB, (1, 16))
     want = model(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
     got = target.forward(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
+    assert got is not None and want is not None
     cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert cos > 0.98
 
@@ -241,8 +250,8 @@ def test_batch_invariant_target_computes_a_verify_pass_as_one_token_steps(tmp_pa
         )
         for i in range(8)
     ]
-    assert torch.equal(torch.cat([g.logits for g in got], dim=1), want.logits)
-    assert torch.equal(torch.cat([g.features for g in got], dim=1), want.features)
+    assert torch.equal(torch.cat([_asked(g.logits) for g in got], dim=1), _asked(want.logits))
+    assert torch.equal(torch.cat([_asked(g.features) for g in got], dim=1), _asked(want.features))
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
@@ -316,6 +325,7 @@ def test_int4_block_sizes_pad_short_rows_and_stay_close(tmp_path, block_size):
     tokens = torch.randint(0, VOCAB, (1, 16))
     want = model(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
     got = target.forward(tokens, torch.zeros(1, dtype=torch.long), None, logits="all").logits
+    assert got is not None and want is not None
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.97
     from export.onnx.graph import quantize_int4
 

@@ -21,9 +21,8 @@ from deepspec.models import load_target
 from deepspec.models.step_curve import curve_record, machine_key
 from export.onnx.auto_quantization import AUTO_CANDIDATES, STAGING
 from export.onnx.graph import LINEAR_KERNELS
-from tests.export.conftest import run_export, write_draft, write_hf_target
+from tests.export.conftest import HD16, run_export, write_draft, write_hf_target
 
-HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 #: made-up curves (seconds by T): int4 has the cheaper 1-token step, int8 the flatter multi-token one
 FAKE_CURVES = {
     "int4": {1: 0.005, 2: 0.006, 4: 0.008, 8: 0.015, 16: 0.030, 32: 0.060},
@@ -202,7 +201,8 @@ def test_calibration_prompts_are_held_out_of_every_shipped_drafts_data_and_the_e
         )
     }  # training/data/README.md's command
     regen = Path(repo_root()) / "training" / "data" / "smollm2-135m-regen.jsonl.gz"
-    data = {json.loads(line)["id"] for line in gzip.open(regen, "rt")}
+    with gzip.open(regen, "rt") as lines:
+        data = {json.loads(line)["id"] for line in lines}
     assert not ids & drawn and not ids & data and data <= drawn
     eval_turns = set()
     for name in ("humaneval", "gsm8k", "mbpp", "lbpp", "math500"):
@@ -233,10 +233,10 @@ def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_di
         target, build_drafter("prompt-lookup", target), max_batch_size=1, max_seq_len=64, planner=BudgetPlanner()
     )
     assert not probed
-    assert engine.planner.step_time.sizes.tolist() == sorted(FAKE_CURVES["int8"])
-    assert engine.planner.step_time.times.tolist() == pytest.approx(
-        [FAKE_CURVES["int8"][n] for n in sorted(FAKE_CURVES["int8"])]
-    )
+    curve = engine.planner.step_time
+    assert curve is not None
+    assert curve.sizes.tolist() == sorted(FAKE_CURVES["int8"])
+    assert curve.times.tolist() == pytest.approx([FAKE_CURVES["int8"][n] for n in sorted(FAKE_CURVES["int8"])])
     target.meta["step_curve"]["machine"] = {**machine_key(), "cpu": "another CPU"}  # timed elsewhere: probe here
     assert target.recorded_step_curve() is None
     SpecEngine(

@@ -18,15 +18,15 @@ from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.dflash import DFlashDrafter
 from deepspec.decoding.drafters.dspark import DSparkDrafter
 from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
+from deepspec.decoding.drafters.neural import NeuralDrafter
 from deepspec.decoding.drafters.onnx_graphs import OnnxDraftModel, draft_graph_dir
 from deepspec.decoding.registry import build_drafter
 from export.onnx.draft_graph import build_draft_graphs
 from export.onnx.graph import LINEAR_KERNELS
-from tests.export.conftest import write_draft, write_hf_target
+from tests.deepspec.decoding.checked import drafter_of
+from tests.export.conftest import HD16, write_draft, write_hf_target
 
 DRAFTERS = {"eagle3": Eagle3Drafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}
-#: ONNX Runtime's GroupQueryAttention (the target graph) wants head_dim % 16 == 0
-HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,20 @@ def _pair(tmp_path: Path, target_dir: Path, algo: str, tree: int = 0, **draft_op
     graphs = tmp_path / "graphs"
     graphs.mkdir()
     written = build_draft_graphs(model, graphs)
-    assert [p.name for p in written] == list(resolve_algorithm(algo).onnx.files)
+    assert [p.name for p in written] == _graph_files(algo)
     options = {"tree_branches": tree} if tree else {}
     ref = DRAFTERS[algo](model, **options)
     ours = DRAFTERS[algo](
         OnnxDraftModel(load_draft(path, target, dtype=torch.float32), graphs, num_threads=1), **options
     )
     return target, *(DraftDriver(d, num_slots=3, max_tokens=64, target=target) for d in (ref, ours))
+
+
+def _graph_files(algo: str) -> list[str]:
+    """The ONNX graph files `algo` exports (every neural draft has them)."""
+    graphs = resolve_algorithm(algo).onnx
+    assert graphs is not None, f"{algo} exports no ONNX graphs"
+    return list(graphs.files)
 
 
 def _same(a, b, probs: bool = False) -> None:
@@ -62,6 +69,7 @@ def _same(a, b, probs: bool = False) -> None:
         x, y = getattr(a, name, None), getattr(b, name, None)
         assert (x is None) == (y is None), name
         if x is not None:
+            assert y is not None
             torch.testing.assert_close(x.float(), y.float(), atol=1e-4, rtol=1e-4)
 
 
@@ -83,7 +91,7 @@ def _drive(target, ref, ours, k: int = 4, sampled: bool = False) -> int:
         temps = torch.tensor([0.0, 1.0]) if sampled else torch.zeros(2)
         proposals = []
         for d in (ref, ours):
-            gens = [torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)]
+            gens: list[torch.Generator | None] = [torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)]
             proposals.append(d.propose(slots, k, DraftSampling(temps, gens)))
         _same(*proposals, probs=sampled)
         compared += 1
@@ -133,7 +141,7 @@ def test_missing_graph_files_name_the_fix(tmp_path, target_dir):
 def test_head_without_a_block_run_is_refused(tmp_path, target_dir):
     _, _, ours = _pair(tmp_path, target_dir, "dflash")
     with pytest.raises(RuntimeError, match="call blocks"):
-        ours.drafter.model.head(torch.zeros(1, 4, 64))
+        drafter_of(ours.drafter, NeuralDrafter).model.head(torch.zeros(1, 4, 64))
 
 
 @pytest.mark.parametrize("algo", ["dspark", "eagle3"])
@@ -150,14 +158,14 @@ def test_onnx_export_serves_its_neural_draft_through_the_graphs(tmp_path, target
     out = tmp_path / "onnx"
     out.mkdir()
     meta = export_onnx(load_target(str(target_dir), dtype="float32"), str(draft), out)
-    assert meta["draft"]["graphs"] == list(resolve_algorithm(algo).onnx.files)
+    assert meta["draft"]["graphs"] == _graph_files(algo)
     onnx_target = load_target(str(out))
     assert isinstance(onnx_target, OnnxTarget)
     assert draft_graph_dir(out / "draft", onnx_target) == out / "draft_onnx"
     assert draft_graph_dir(draft, onnx_target) is None  # another draft directory: its PyTorch drafter
-    drafter = build_drafter(str(out / "draft"), onnx_target)
+    drafter = drafter_of(build_drafter(str(out / "draft"), onnx_target), NeuralDrafter)
     assert isinstance(drafter.model, OnnxDraftModel)
-    assert not isinstance(build_drafter(str(draft), onnx_target).model, OnnxDraftModel)
+    assert not isinstance(drafter_of(build_drafter(str(draft), onnx_target), NeuralDrafter).model, OnnxDraftModel)
     assert build_drafter("none", onnx_target) is None
 
     reference = load_target(str(target_dir), dtype="float32")
@@ -195,7 +203,8 @@ def test_shipped_drafts_propose_the_same_through_their_graphs(tmp_path, smollm2,
     for done, cut in ((0, n - 4), (n - 4, n - 1), (n - 1, n)):  # commit in three chunks, proposing after each
         for d in drivers:
             d.commit([0], [ids[done:cut]], out.features[:, done:cut])
-        _same(*(d.propose([0], 5, greedy) for d in drivers))
+        ref_proposal, our_proposal = (d.propose([0], 5, greedy) for d in drivers)
+        _same(ref_proposal, our_proposal)
 
 
 @pytest.mark.parametrize("algo", ["eagle3", "dflash", "dspark"])
@@ -213,7 +222,7 @@ def test_int8_draft_graphs_quantize_every_dense_layer_and_stay_close_to_fp32(tmp
     for q, d in dirs.items():
         d.mkdir()
         build_draft_graphs(load_draft(path, target, dtype=torch.float32), d, q)
-    for name in resolve_algorithm(algo).onnx.files:
+    for name in _graph_files(algo):
         graph = onnx.load(dirs["int8"] / name, load_external_data=False).graph
         if name == "dspark_markov.onnx":
             continue
@@ -249,7 +258,7 @@ def test_a_quantized_export_serves_int8_draft_graphs_losslessly(tmp_path, target
     meta = export_onnx(load_target(str(target_dir), dtype="float32"), str(draft), out, quant="int4")
     assert meta["draft"]["quantization"] == "int8"
     target = load_target(str(out))
-    drafter = build_drafter(str(out / "draft"), target)
+    drafter = drafter_of(build_drafter(str(out / "draft"), target), NeuralDrafter)
     assert isinstance(drafter.model, OnnxDraftModel)
     prompts = [[1, 40, 41, 42, 43], [1, 50, 51]]
 

@@ -12,10 +12,7 @@ pytest.importorskip("onnxruntime")
 from deepspec.models import load_target
 from deepspec.models.chat_templates import BUILTIN_CHAT_TEMPLATES, MissingChatTemplateError
 from deepspec.models.onnx_target import OnnxTarget, load_onnx_target
-from tests.export.conftest import write_hf_target
-
-#: ONNX Runtime's GroupQueryAttention wants head_dim % 16 == 0
-HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
+from tests.export.conftest import HD16, write_hf_target
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +80,7 @@ def test_a_misspelt_spinning_mode_is_refused_naming_the_accepted_ones(monkeypatc
     with pytest.raises(ValueError, match="off, run, always"):
         load_target(str(exported[1]))
     with pytest.raises(ValueError, match="spinning must be one of"):
-        session_options(1, True)
+        session_options(1, True)  # pyright: ignore[reportArgumentType]  # the bad input under test
 
 
 def test_a_target_decodes_the_same_whatever_its_threads_do_between_kernels(monkeypatch, exported):

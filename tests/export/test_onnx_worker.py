@@ -28,7 +28,10 @@ def _complete(address: str, model: str, prompt: str, max_tokens: int) -> str:
     limit.set_data_from_numpy(np.array([[max_tokens]], dtype=np.int32))
     result = client.infer(model, [text, limit])
     client.close()
-    return result.as_numpy("text_output")[0][0].decode()
+    assert result is not None
+    text = result.as_numpy("text_output")
+    assert text is not None
+    return text[0][0].decode()
 
 
 def _serve(tmp_path, *args: str) -> Worker:

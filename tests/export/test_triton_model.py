@@ -6,6 +6,7 @@ an error while serving the others."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import time
@@ -207,7 +208,9 @@ def test_a_chat_prompt_gets_one_bos_and_a_plain_prompt_keeps_its_own(model, inpu
     assert response.error is None
     prompt, params, _ = llm.calls[-1]
     ids = tokenizer.encode(prompt, add_special_tokens=getattr(params, "add_special_tokens", True))
-    assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
+    bos = tokenizer.bos_token_id
+    assert isinstance(bos, int)
+    assert ids[0] == bos and ids.count(bos) == 1
     assert prompt.startswith("<s>") == bos_in_template
 
 
@@ -416,7 +419,7 @@ class _MetricFamily:
         return metric
 
 
-def test_the_model_exports_its_queue_as_gauges_the_autoscaler_reads(repo):
+def test_the_model_exports_its_queue_as_gauges_the_autoscaler_reads(repo, monkeypatch):
     """The series helm/tools/engine_metrics.py names for the triton runtime's queue exist only because this model
     emits them: waiting until a request's first token, running until it ends, both back to 0 after."""
     from export.triton.llmapi_model import RequestGauges
@@ -424,7 +427,7 @@ def test_the_model_exports_its_queue_as_gauges_the_autoscaler_reads(repo):
 
     sys.path.insert(0, str(REPO / "helm" / "tools"))
     try:
-        import engine_metrics
+        engine_metrics = importlib.import_module("engine_metrics")  # a script of helm/tools, not a package
     finally:
         sys.path.pop(0)
     triton = engine_metrics.RUNTIMES["triton"]
@@ -432,7 +435,7 @@ def test_the_model_exports_its_queue_as_gauges_the_autoscaler_reads(repo):
     assert triton["num_requests_running"].metric == RequestGauges.RUNNING
     _MetricFamily.families.clear()
     with fakes_installed(FakeMPI(rank=0, size=2)):
-        sys.modules["triton_python_backend_utils"].MetricFamily = _MetricFamily
+        monkeypatch.setattr(sys.modules["triton_python_backend_utils"], "MetricFamily", _MetricFamily, raising=False)
         m = initialize(repo / "tensorrt_llm", parse_config(repo / "tensorrt_llm" / "config.pbtxt"))
         try:
             waiting, running = (

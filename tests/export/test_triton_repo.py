@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from tests.export.conftest import run_export
+from tests.kserve_triton import model_config_pb2
+from tests.kserve_triton import parse_config as parse
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +32,6 @@ def repo(tmp_path_factory, targets, drafts):
     )
     assert result.returncode == 0, result.stderr
     return out
-
-
-def parse(path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
 
 
 def test_every_config_pbtxt_parses_into_model_config(repo):

@@ -51,7 +51,9 @@ def _launched(signature: dict) -> list[str]:
 
 
 def _ptx_params(ptx: str, entry: str) -> list[str]:
-    params = re.search(rf"\.entry {re.escape(entry)}\((.*?)\)", ptx, re.S).group(1)
+    match = re.search(rf"\.entry {re.escape(entry)}\((.*?)\)", ptx, re.S)
+    assert match is not None, f"no .entry {entry} in the PTX"
+    params = match.group(1)
     return ["b64" if width == "64" else "b32" for width in re.findall(r"\.param \.[ubs](64|32)", params)]
 
 

@@ -1,5 +1,7 @@
 """The ops as ONNX custom nodes: exported by torch.onnx, run by ONNX Runtime, equal to the torch ops."""
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -79,7 +81,9 @@ def _inputs():
 
 @pytest.fixture(scope="module")
 def exported():
-    return torch.onnx.export(Verify().eval(), _inputs(), dynamo=True, verbose=False).model_proto
+    program = torch.onnx.export(Verify().eval(), _inputs(), dynamo=True, verbose=False)
+    assert program is not None  # the dynamo exporter returns its ONNXProgram
+    return program.model_proto
 
 
 def test_every_op_is_one_custom_node_with_the_tensorrt_binding_attributes(exported):
@@ -105,7 +109,7 @@ def _tensorrt_registrations() -> dict[str, tuple[list[str], list[str]]]:
     """plugin id → (its tensor inputs, its attributes), as TensorRT's own frontend parsed plugins/tensorrt.py's
     `@trtp.register` functions (tests/plugins/trt_standin.py), for the plugins that also have an `aot_impl`."""
     with tensorrt_plugin():
-        from tensorrt.plugin._lib import QDP_REGISTRY
+        QDP_REGISTRY = importlib.import_module("tensorrt.plugin._lib").QDP_REGISTRY  # the stand-in's, at run time
 
         import plugins.tensorrt  # noqa: F401 - registers every plugin
 
@@ -129,7 +133,7 @@ def test_every_exported_node_binds_to_a_tensorrt_plugin_with_its_inputs_and_attr
 
 def test_tensorrt_plugins_say_what_is_missing_without_tensorrt():
     try:
-        import tensorrt  # noqa: F401
+        importlib.import_module("tensorrt")
     except ImportError:
         with pytest.raises(ImportError, match=r"plugins.tensorrt needs TensorRT >= 10.9"):
             import plugins.tensorrt

@@ -8,6 +8,7 @@ compilation is recorded instead of run, so the launch each plugin returns is che
 picked; tests/plugins/test_cli.py compiles every spec and checks its PTX parameters against the same signature.
 """
 
+import importlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +25,7 @@ from tests.plugins.trt_standin import TensorIn, build_aot, tensorrt_plugin
 def trt_plugins():
     """(trt stand-in, the frontend's plugin registry, plugins.tensorrt) with every plugin registered."""
     with tensorrt_plugin() as (trt, trtp):
-        from tensorrt.plugin._lib import QDP_REGISTRY
+        QDP_REGISTRY = importlib.import_module("tensorrt.plugin._lib").QDP_REGISTRY  # the stand-in's, at run time
 
         import plugins.tensorrt as ours
 
@@ -89,8 +90,10 @@ def test_tensorrts_validation_refuses_a_postponed_annotation(trt_plugins):
     """Negative control for the test above: the same registration with string annotations (what
     `from __future__ import annotations` makes of every one) fails in `_parse_register_inputs`."""
 
-    def desc(logits: "trtp.TensorDesc") -> "trtp.TensorDesc":  # noqa: F821
+    def desc(logits):
         return logits.like()
+
+    desc.__annotations__ = {"logits": "trtp.TensorDesc", "return": "trtp.TensorDesc"}  # as the future import writes
 
     with pytest.raises(TypeError, match="issubclass"):
         trt_plugins.trtp.register("deepspec_test::postponed")(desc)
@@ -161,10 +164,10 @@ def _build(trt, op, inputs, attrs, **dynamic):
 
 def _eager(op, inputs, attrs):
     """The torch op's outputs on the same inputs (compact_kv out of place, as the plugin is)."""
+    if op == "compact_kv":  # four tensors, none of them optional
+        cache, start, path, num_accepted = inputs
+        return (plugins.compact_kv(cache.clone(), start, path, num_accepted),)
     args = [None if t.numel() == 0 and t.ndim == 1 and t.is_floating_point() else t for t in inputs]
-    if op == "compact_kv":
-        cache = args[0].clone()
-        return (plugins.compact_kv(cache, *args[1:]),)
     out = getattr(plugins, op)(*args, *attrs.values()) if op == "confidence_truncate" else getattr(plugins, op)(*args)
     return out if isinstance(out, tuple) else (out,)
 

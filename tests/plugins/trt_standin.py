@@ -24,8 +24,10 @@ import importlib.util
 import operator
 import sys
 import types
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -153,7 +155,16 @@ class IPluginV3QuickCore(_Interface): ...
 class IPluginV3QuickBuild(_Interface): ...
 
 
-class IPluginV3QuickAOTBuild(_Interface): ...
+class IPluginV3QuickAOTBuild(_Interface):
+    """What TensorRT's builder calls on an AOT plugin (build_aot below): declared only, the plugin package's
+    plugin class (tensorrt.plugin._plugin_class) implements them."""
+
+    output_types: list[DataType]
+    get_output_data_types: Callable[[list[DataType], list[int]], list[DataType]]
+    get_output_shapes: Callable[[list[DimsExprs], list, IExprBuilder], list[DimsExprs]]
+    set_tactic: Callable[[int], None]
+    get_launch_params: Callable[..., None]
+    get_kernel: Callable[[list[PluginTensorDesc], list[PluginTensorDesc]], tuple[bytes | str, bytes]]
 
 
 class IPluginV3QuickRuntime(_Interface): ...
@@ -208,7 +219,7 @@ class IExprBuilder:
 
 
 class DimsExprs(list):
-    def __init__(self, length_or_exprs=0):
+    def __init__(self, length_or_exprs: int | list[IDimensionExpr] = 0):
         super().__init__([None] * length_or_exprs if isinstance(length_or_exprs, int) else length_or_exprs)
 
 
@@ -244,8 +255,14 @@ class IKernelLaunchParams:
     """What getLaunchParams fills: the grid, the block and the shared memory, each an IDimensionExpr."""
 
     def __init__(self):
-        self.grid_x = self.grid_y = self.grid_z = self.block_x = self.block_y = self.block_z = None
-        self.shared_mem = None
+        # each set by the plugin package to its own symbolic integer, whose `.expr` is the IDimensionExpr
+        self.grid_x: Any = None
+        self.grid_y: Any = None
+        self.grid_z: Any = None
+        self.block_x: Any = None
+        self.block_y: Any = None
+        self.block_z: Any = None
+        self.shared_mem: Any = None
 
 
 class ISymExprs(list):
@@ -306,9 +323,8 @@ def _standin(package_path: list[str]) -> types.ModuleType:
     module = types.ModuleType("tensorrt", __doc__)
     module.__dict__.update({name: globals()[name] for name in C_EXTENSION_NAMES}, **DTYPE_NAMES)
     registry = _PluginRegistry()
-    module.get_plugin_registry = lambda: registry
+    module.__dict__.update(get_plugin_registry=lambda: registry, __version__="10.14.1.48")
     module.__path__ = package_path
-    module.__version__ = "10.14.1.48"
     return module
 
 
@@ -340,7 +356,7 @@ def tensorrt_plugin():
         sys.modules.update(saved)
         plugins.__dict__.pop("tensorrt", None)
         if saved_attribute is not None:
-            plugins.tensorrt = saved_attribute
+            plugins.__dict__["tensorrt"] = saved_attribute
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,8 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint(run, tmp_path):
         for s, handler in saved.items():
             signal.signal(s, handler)
     assert summary["stopped"] == "signal" and summary["steps"] == 1
-    assert latest_checkpoint(tmp_path / "sig").name == "step_0000001"
+    checkpoint = latest_checkpoint(tmp_path / "sig")
+    assert checkpoint is not None and checkpoint.name == "step_0000001"
     resumed = train(cfg, resume=True, show_progress=False)
     assert resumed["steps"] == 4 and resumed["stopped"] == "max_steps"
 
@@ -171,6 +172,7 @@ def test_history_series_are_fitted_and_drawn(tmp_path):
         },
     }
     fit = summarize_fit(data, {"a": 2.2, "b": 2.4})
+    assert fit is not None
     old = fit["history"]["old"]
     assert old["b_per_decade"] == pytest.approx(0.2) and old["tokens_to_goal"] == pytest.approx(1e9, rel=1e-2)
     assert "a" not in fit  # one point of the run itself: no fit of its own yet
@@ -196,7 +198,7 @@ def test_points_without_tau_are_left_out_of_the_fit_and_shown_as_dashes(tmp_path
         {"step": 3, "tokens_seen": 100_000, "tau": {"a": 1.4, "b": 1.6}},
     ]
     fit = summarize_fit({"points": points}, None)
-    assert fit["num_points"] == 2 and fit["b_per_decade"] == pytest.approx(0.2)
+    assert fit is not None and fit["num_points"] == 2 and fit["b_per_decade"] == pytest.approx(0.2)
     assert markdown_table({"points": points}).splitlines()[2] == "| 1 | 1,000 | - | - | - |"
     plot_curve({"draft": "d", "points": points}, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 1000

@@ -91,6 +91,7 @@ def test_offline_cache_holds_top_k_labels_and_reads_back_the_online_ones(hf, tmp
     for i, s in enumerate(seqs):
         tokens[i, : len(s.input_ids)] = torch.tensor(s.input_ids)
     features, labels = cache([0, 1], tokens)
+    assert isinstance(labels, SoftLabels)  # a distilling cache stores soft labels, not final hidden states
     f1, l1 = distill([1], tokens[1:])
     assert torch.equal(features[1], f1[0]) and torch.equal(labels.probs[1], l1.probs[0])
     assert torch.equal(labels.ids[1], l1.ids[0]) and labels.ids.dtype == torch.int64

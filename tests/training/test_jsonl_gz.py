@@ -57,7 +57,8 @@ def test_prepare_appends_to_and_resumes_a_gzip_output(tmp_path):
     stats = regenerate(rows, lambda batch: [("second", 1)] * len(batch), out, 2, PrepareStats())
     assert stats.num_skipped == 2 and stats.num_done == 2
     assert finished_ids(out) == {r.id for r in rows}
-    answers = [json.loads(line)["conversations"][-1]["content"] for line in gzip.open(out, "rt")]
+    with gzip.open(out, "rt") as lines:
+        answers = [json.loads(line)["conversations"][-1]["content"] for line in lines]
     assert answers == ["first", "first", "second", "second"]
 
 

@@ -127,6 +127,7 @@ def _dense_labels_case(algo: str):
     out = target.forward(
         seqs, torch.zeros(2, dtype=torch.long), feature_layers=(0, 1, 2), logits="all", return_final_hidden=True
     )
+    assert out.logits is not None
     return target, draft, seqs, mask, out, soft_labels(out.logits, draft.d2t, top_k=0)
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import cast
 
 import pytest
 
 from training.__main__ import main
-from training.prepare import PrepareStats, read_prompts, regenerate
+from training.prepare import Generate, PrepareStats, read_prompts, regenerate
 
 
 def _prompts(path, n=4):
@@ -38,7 +39,8 @@ def test_resumable_and_failures_logged(tmp_path):
         ]
 
     out = tmp_path / "out.jsonl"
-    stats = regenerate(rows, flaky, out, 2, PrepareStats())
+    # regenerate takes an Exception in a batch's results as that row's failure, which Generate's type leaves out
+    stats = regenerate(rows, cast(Generate, flaky), out, 2, PrepareStats())
     assert stats.num_done == 3 and stats.num_failed == 1
     assert "boom" in (tmp_path / "out.jsonl.failures.jsonl").read_text()
     stats = regenerate(rows, lambda b: [("ok", 1)] * len(b), out, 2, PrepareStats())

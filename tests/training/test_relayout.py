@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepspec.models.drafts.layers import DraftModel
 from tests.training.helpers import target_sequences, tiny_draft, tiny_target
 from training.relayout import canonical_from_deepspec
 
@@ -36,6 +37,7 @@ def test_a_source_reading_only_the_engines_layers_is_reproduced_exactly(target):
                 source.fc.weight[:, block * H : (block + 1) * H] = 0
     rows = target_sequences(target, num=12, length=40)
     canon, fit = canonical_from_deepspec(source, target, rows)
+    assert isinstance(canon, DraftModel)
     assert canon.cfg.layout == "canonical" and canon.cfg.feature_layers == CANONICAL_LAYERS
     assert fit.num_tokens == 12 * 40 and fit.r_squared > 0.9999
     assert torch.equal(canon.d2t, source.d2t)

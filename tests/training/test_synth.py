@@ -266,7 +266,9 @@ def test_stream_regenerate_resumes_after_a_kill(tmp_path):
     rows = read_prompts([prompts], None, 0, PrepareStats())
     out, params = tmp_path / "out.jsonl", SamplingParams(max_tokens=4)
 
-    def killed_after_two(_tokens, seen=[]):
+    seen = []
+
+    def killed_after_two(_tokens):
         seen.append(1)
         if len(seen) == 2:
             raise KeyboardInterrupt

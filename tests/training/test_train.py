@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,6 +175,7 @@ def test_offline_cache_recomputes_only_stale_files(setup, tmp_path):
     fresh = OfflineFeatures(tmp_path / "fresh", target, (0, 1))
     fresh.build([edited[1]])
     expect, expect_final = fresh([0], torch.tensor([edited[1].input_ids]))
+    assert isinstance(final, torch.Tensor) and isinstance(expect_final, torch.Tensor)  # final hidden states
     assert torch.equal(features, expect) and torch.equal(final, expect_final)
 
 

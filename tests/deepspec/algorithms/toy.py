@@ -27,6 +27,8 @@ class ToyConfig(DraftConfig):
 
 
 class ToyDraft(DraftModel):
+    cfg: ToyConfig
+
     def __init__(self, cfg: ToyConfig):
         super().__init__(cfg)
         self.fc = nn.Linear(cfg.feature_size, cfg.hidden_size, bias=False)
@@ -70,6 +72,8 @@ class ToyDrafter(KVDrafter):
 
     @torch.inference_mode()
     def commit(self, slots, tokens, num_tokens, features) -> None:
+        if features is None:
+            raise ValueError("the toy drafter needs target features: the engine must capture feature_layers")
         last = (num_tokens - 1).clamp(min=0)
         rows = torch.arange(len(slots))
         index = torch.tensor(slots)

@@ -25,9 +25,11 @@ asynchronous execution, memory. It sees only where each tensor lives, which is w
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
+from torch._C._nn import _parse_to
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -70,7 +72,8 @@ class FakeCudaTensor(torch.Tensor):
     def __init__(self, inner: torch.Tensor):
         self.cpu_value = inner
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # PyTorch's documented opt-out for wrapper subclasses; torch's stub declares the slot as a classmethod
+    __torch_function__ = torch._C._disabled_torch_function_impl  # pyright: ignore[reportAssignmentType]
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -131,7 +134,7 @@ def _unwrap(x):
     return x.cpu_value if isinstance(x, FakeCudaTensor) else x
 
 
-def _map(fn, x):
+def _map(fn: Callable[[Any], Any], x: Any) -> Any:
     """fn over the leaves of an op's arguments or outputs: values, and lists / tuples / dicts of them (aten ops
     nest at most that deep; torch's pytree does the same, several times slower)."""
     kind = type(x)
@@ -286,13 +289,13 @@ def _generators(args, kwargs) -> list[torch.Generator]:
 
 def _to(self_: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """Tensor.to with its device moves done here: CPU → fake cuda wraps a copy, fake cuda → CPU unwraps one."""
-    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    device, dtype, non_blocking, memory_format = _parse_to(*args, **kwargs)
     src = device_of(self_)
     dst = src if device is None else torch.device(device)
     if dst.type == "cuda" and dst.index is None:
         dst = CUDA
     inner = _unwrap(self_)
-    kw = {"dtype": dtype} if dtype is not None else {}
+    kw: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
     if memory_format is not None:
         kw["memory_format"] = memory_format
     moved = inner.to(CPU, **kw)
@@ -382,7 +385,7 @@ class _FakeCudaFunctions(TorchFunctionMode):
             args[0].cpu_value.copy_(_unwrap(args[1]), *args[2:], **kwargs)
             return args[0]
         requested = kwargs.get("device")
-        if requested is not None and torch.device(requested).type == "cuda" and func is not torch._C._nn._parse_to:
+        if requested is not None and torch.device(requested).type == "cuda" and func is not _parse_to:
             out = func(*args, **{**kwargs, "device": CPU})
             return _map(
                 lambda o: _wrap(o) if isinstance(o, torch.Tensor) and not isinstance(o, FakeCudaTensor) else o, out

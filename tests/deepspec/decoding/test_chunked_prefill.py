@@ -14,6 +14,7 @@ from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.models.drafts import save_draft
+from tests.deepspec.decoding.checked import prompt_scores
 from tests.training.helpers import tiny_draft, tiny_target
 
 CHUNK = 8
@@ -80,6 +81,7 @@ class _Recorder(KVDrafter):
     """Wraps a KV drafter and keeps what each slot was told when its prefill completed (`reset` then `commit`)."""
 
     def __init__(self, inner: Drafter):
+        assert isinstance(inner, KVDrafter)
         self.inner, self.prefills, self._fresh = inner, [], set()
         self.name, self.feature_layers = inner.name, inner.feature_layers
 
@@ -124,10 +126,9 @@ def test_prompt_logprobs_and_sampled_rows_across_steps(target):
     scored = SamplingParams(max_tokens=3, ignore_eos=True, prompt_logprobs=2, logprobs=1)
     results, _ = _run_with_late_long_prompt(_engine(target, PromptLookupDrafter()), long_params=scored)
     whole = _engine(target, chunk=512).generate([LONG], scored)[0]
-    got = results["long"].prompt_logprobs
-    assert len(got) == len(LONG) and got[0] is None
-    assert [lp.token_id for lp in got[1:]] == LONG[1:]
-    for a, b in zip(got[1:], whole.prompt_logprobs[1:]):
+    got = prompt_scores(results["long"])
+    assert [lp.token_id for lp in got] == LONG[1:]
+    for a, b in zip(got, prompt_scores(whole)):
         assert a.top_token_ids == b.top_token_ids and abs(a.logprob - b.logprob) < 1e-4
     assert results["long"].token_ids == whole.token_ids
 

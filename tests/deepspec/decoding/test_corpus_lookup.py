@@ -13,6 +13,7 @@ from deepspec.decoding.drafters.corpus_lookup import CORPUS_FILE, CorpusLookupDr
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.decoding.registry import build_drafter
 from deepspec.models.drafts import DraftCheckpointError, DraftTargetMismatchError, best_shipped_draft
+from tests.deepspec.decoding.checked import drafter_of, survival_of
 
 GREEDY = DraftSampling(torch.zeros(1), [None])
 S = SEPARATOR
@@ -91,11 +92,12 @@ def test_prompt_lookup_comes_first_then_the_corpus():
 def test_survival_comes_from_the_measured_table_of_each_draft_source():
     corpus = [1, 2, 3, 40, 41, 42, S]
     d = _driven(corpus, [9, 8, 1, 2, 3])  # corpus match of 3 tokens
-    d.drafter.slot_acceptance = {"corpus_3": [0.5, 0.8, 0.5, 0.1], "prompt_lookup": [0.9] * 4}
+    drafter = drafter_of(d.drafter, CorpusLookupDrafter)
+    drafter.slot_acceptance = {"corpus_3": [0.5, 0.8, 0.5, 0.1], "prompt_lookup": [0.9] * 4}
     p = d.propose([0], 4, GREEDY)
     assert p.num_tokens.tolist() == [3]
-    assert p.survival[0].tolist() == pytest.approx([0.5, 0.4, 0.2, 0.0])
-    d.drafter.slot_acceptance = {"prompt_lookup": [0.9] * 4}  # never measured corpus_3: the engine's record decides
+    assert survival_of(p)[0].tolist() == pytest.approx([0.5, 0.4, 0.2, 0.0])
+    drafter.slot_acceptance = {"prompt_lookup": [0.9] * 4}  # never measured corpus_3: the engine's record decides
     assert d.propose([0], 4, GREEDY).survival is None
 
 
@@ -104,11 +106,11 @@ def test_min_corpus_match_skips_short_matches(tmp_path):
     history = [9, 8, 3]  # only "3" occurs in the corpus
     assert _driven(corpus, history).propose([0], 2, GREEDY).tokens[0].tolist() == [40, 41]
     strict = _driven(corpus, history)
-    strict.drafter.min_corpus_match = 2
+    drafter_of(strict.drafter, CorpusLookupDrafter).min_corpus_match = 2
     assert strict.propose([0], 2, GREEDY).num_tokens.tolist() == [0]
     # the shipped default travels in config.json
     path = save_corpus(tmp_path / "c", SuffixIndex.build(np.array(corpus), 4), FINGERPRINT, min_corpus_match=2)
-    assert build_drafter(str(path), StubTarget(FINGERPRINT)).min_corpus_match == 2
+    assert drafter_of(build_drafter(str(path), StubTarget(FINGERPRINT)), CorpusLookupDrafter).min_corpus_match == 2
 
 
 class StubTarget:
@@ -152,9 +154,9 @@ def test_checkpoint_round_trip_mismatch_corruption_and_auto_choice(tmp_path):
     table = np.full((8, 4, 10), 0.5).tolist()
     config.update(node_acceptance={"corpus_2": table}, drafting={"tree": True, "sampled": True})
     (path / "config.json").write_text(json.dumps(config))
-    drafter = build_drafter(str(path), StubTarget(FINGERPRINT))
+    drafter = drafter_of(build_drafter(str(path), StubTarget(FINGERPRINT)), CorpusLookupDrafter)
     assert drafter.tree and drafter.sampled and drafter.acceptance.corpus("corpus_2", 1, 5, 0.9) == 0.5
-    assert build_drafter(str(path), StubTarget(FINGERPRINT), tree=False).tree is False
+    assert drafter_of(build_drafter(str(path), StubTarget(FINGERPRINT), tree=False), CorpusLookupDrafter).tree is False
     config["node_acceptance"] = {"corpus_2": [[0.5]]}
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(DraftCheckpointError, match="node acceptance table corpus_2 has shape"):

@@ -13,6 +13,7 @@ from deepspec.decoding.drafters import corpus_tree
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
 from deepspec.decoding.drafters.corpus_tree import NodeAcceptance, corpus_source
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
+from tests.deepspec.decoding.checked import drafter_of, parents_of, probs_of, survival_of
 
 S = SEPARATOR
 GREEDY = DraftSampling(torch.zeros(1), [None])
@@ -35,20 +36,20 @@ def _check_tree(p, k):
     for row in range(p.tokens.shape[0]):
         n = int(p.num_tokens[row])
         assert 0 <= n <= k
-        parents, survival = p.parents[row, :n].tolist(), p.survival[row, :n].tolist()
+        parents, survival = parents_of(p)[row, :n].tolist(), survival_of(p)[row, :n].tolist()
         for i, parent in enumerate(parents):
             assert -1 <= parent < i
             assert 0 < survival[i] < (1.0 if parent < 0 else survival[parent])
         if p.probs is not None:
-            assert torch.allclose(p.probs[row, :n].sum(-1), torch.ones(n))
-            assert (p.probs[row, torch.arange(n), p.tokens[row, :n]] > 0).all()  # each token is in its q
+            assert torch.allclose(probs_of(p)[row, :n].sum(-1), torch.ones(n))
+            assert (probs_of(p)[row, torch.arange(n), p.tokens[row, :n]] > 0).all()  # each token is in its q
 
 
 def test_the_tree_branches_where_continuations_disagree_most_frequent_first():
     p = _driven([9, 1, 2]).propose([0], 8, GREEDY)
     _check_tree(p, 8)
     n = int(p.num_tokens[0])
-    nodes = list(zip(p.tokens[0, :n].tolist(), p.parents[0, :n].tolist()))
+    nodes = list(zip(p.tokens[0, :n].tolist(), parents_of(p)[0, :n].tolist()))
     # root children 3 (5/10), 4 (3/10), 5 (2/10) in that order; 6 after 3 and 8 after 4; 7 (1 in 5) after 3 too
     root_children = [t for t, parent in nodes if parent == -1]
     assert root_children == [3, 4, 5]
@@ -66,8 +67,8 @@ def test_the_node_budget_keeps_the_likeliest_nodes():
         _check_tree(p, k)
         n = int(p.num_tokens[0])
         assert n == k
-        top = full.survival[0].topk(k).values
-        assert torch.allclose(p.survival[0, :n].sort(descending=True).values, top)
+        top = survival_of(full)[0].topk(k).values
+        assert torch.allclose(survival_of(p)[0, :n].sort(descending=True).values, top)
     assert d.propose([0], 1, GREEDY).tokens[0, 0] == 3
 
 
@@ -76,9 +77,10 @@ def test_calibration_ranks_corpus_branches_against_prompt_lookup():
     assert d.propose([0], 1, GREEDY).tokens[0, 0] == 5  # in context (0.6) beats the corpus's raw 5/10
     table = np.full((corpus_tree.MAX_DEPTH_BUCKET, len(corpus_tree.SUPPORT_EDGES), corpus_tree.FREQ_BINS), 0.1)
     table[0, corpus_tree.support_bin(10), corpus_tree.freq_bin(0.5)] = 0.9  # measured: this continuation is safe
-    d.drafter.acceptance = NodeAcceptance({corpus_source(2): table.tolist()}, d.drafter.slot_acceptance)
+    drafter = drafter_of(d.drafter, CorpusLookupDrafter)
+    drafter.acceptance = NodeAcceptance({corpus_source(2): table.tolist()}, drafter.slot_acceptance)
     p = d.propose([0], 2, GREEDY)
-    assert p.tokens[0].tolist() == [3, 5] and p.survival[0].tolist() == pytest.approx([0.9, 0.6])
+    assert p.tokens[0].tolist() == [3, 5] and survival_of(p)[0].tolist() == pytest.approx([0.9, 0.6])
     with pytest.raises(ValueError, match="shape"):
         NodeAcceptance({"corpus_2": [[0.5]]})
 
@@ -89,7 +91,7 @@ def test_prompt_lookup_branch_comes_first_and_merges_with_the_corpus():
     p = d.propose([0], 9, GREEDY)
     _check_tree(p, 9)
     n = int(p.num_tokens[0])
-    nodes = list(zip(p.tokens[0, :n].tolist(), p.parents[0, :n].tolist()))
+    nodes = list(zip(p.tokens[0, :n].tolist(), parents_of(p)[0, :n].tolist()))
     # in context first, as deep as 0.9^j beats the corpus's 0.5: 5 9 0 1 2
     assert nodes[:5] == [(5, -1), (9, 0), (0, 1), (1, 2), (2, 3)]
     assert [t for t, parent in nodes if parent == -1] == [5, 3, 4]  # 5 is not drafted twice
@@ -102,14 +104,14 @@ def test_a_shorter_match_adds_continuations_the_longest_never_saw():
     assert [m for m, _ in levels] == [3, 2]  # "7 1 2" once, "1 2" three times ("2" alone: no more)
     d = _driven([7, 1, 2], corpus=corpus, max_fallbacks=1)
     p = d.propose([0], 2, GREEDY)
-    assert p.tokens[0].tolist() == [3, 4] and p.parents[0].tolist() == [-1, -1]
+    assert p.tokens[0].tolist() == [3, 4] and parents_of(p)[0].tolist() == [-1, -1]
     only_longest = _driven([7, 1, 2], corpus=corpus, max_fallbacks=0).propose([0], 2, GREEDY)
     assert only_longest.num_tokens.tolist() == [1]
 
 
 def test_chain_mode_is_unchanged():
     d = _driven([9, 1, 2])
-    d.drafter.tree = False
+    drafter_of(d.drafter, CorpusLookupDrafter).tree = False
     p = d.propose([0], 4, GREEDY)
     assert p.parents is None and p.tokens[0, : int(p.num_tokens[0])].tolist() == [3, 6]
 
@@ -126,17 +128,17 @@ def test_sampled_rows_draw_children_without_replacement_and_carry_q():
     d.start(1, [9, 1, 2])
     p = d.propose([0, 1], 6, sampling)
     _check_tree(p, 6)
-    greedy = p.probs[1, : int(p.num_tokens[1])]
+    greedy = probs_of(p)[1, : int(p.num_tokens[1])]
     assert (greedy.max(-1).values == 1).all()  # the greedy row stays deterministic: one-hot rows
     n = int(p.num_tokens[0])
-    roots = [i for i in range(n) if p.parents[0, i] == -1]
+    roots = [i for i in range(n) if parents_of(p)[0, i] == -1]
     assert sorted(p.tokens[0, roots].tolist()) == [3, 4, 5][: len(roots)] or len(
         set(p.tokens[0, roots].tolist())
     ) == len(roots)
-    first = p.probs[0, roots[0]]
+    first = probs_of(p)[0, roots[0]]
     assert first[[3, 4, 5]].tolist() == pytest.approx([0.5, 0.3, 0.2])
     if len(roots) > 1:  # the second draw's q leaves out the first child's token
-        second = p.probs[0, roots[1]]
+        second = probs_of(p)[0, roots[1]]
         assert second[p.tokens[0, roots[0]]] == 0 and second.sum() == pytest.approx(1.0)
     # the first root child is 3, 4, 5 in proportion 5 : 3 : 2
     counts = np.zeros(12)
@@ -151,8 +153,9 @@ VOCAB = 10
 N = 1500
 
 
-def _target_logits(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """A fixed 'target': after the root p1, after a first-level node x the distribution p2[x] (deeper: p2[0])."""
+def _target_logits(tokens: torch.Tensor, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fixed 'target': after the root p1, after a first-level node x the distribution p2[x] (deeper: p2[0]).
+    Returns the logits [N, width, VOCAB], p1 [VOCAB] and the normalised p2 [VOCAB, VOCAB]."""
     g = torch.Generator().manual_seed(11)
     p1 = torch.tensor([0.02, 0.05, 0.03, 0.30, 0.10, 0.05, 0.15, 0.05, 0.15, 0.10])
     p2 = torch.rand(VOCAB, VOCAB, generator=g) ** 3
@@ -164,7 +167,7 @@ def _target_logits(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     return logits, p1, p2 / p2.sum(-1, keepdim=True)
 
 
-def _first_committed(driver: DraftDriver, k: int, probs_override=None) -> tuple[np.ndarray, list]:
+def _first_committed(driver: DraftDriver, k: int, probs_override=None) -> tuple[np.ndarray, np.ndarray]:
     """Propose N seeded trees for the same context and verify them in one tree_accept batch → the first committed
     token of each trial (an accepted root child, or the token drawn after all were rejected) and the target's p1."""
     proposals = [driver.propose([0], k, _sampled(seed)) for seed in range(N)]
@@ -177,9 +180,9 @@ def _first_committed(driver: DraftDriver, k: int, probs_override=None) -> tuple[
         n = int(p.num_tokens[0])
         num_nodes[b] = n + 1
         tokens[b, 1 : n + 1] = p.tokens[0, :n]
-        parents[b, 1 : n + 1] = p.parents[0, :n] + 1
+        parents[b, 1 : n + 1] = parents_of(p)[0, :n] + 1
         if p.probs is not None:
-            probs[b, 1 : n + 1] = p.probs[0, :n]
+            probs[b, 1 : n + 1] = probs_of(p)[0, :n]
         else:
             probs[b, torch.arange(1, n + 1), p.tokens[0, :n]] = 1.0
     if probs_override is not None:

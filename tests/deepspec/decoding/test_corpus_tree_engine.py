@@ -43,9 +43,10 @@ def _p_value(target, drafter) -> float:
     )
     results = engine.generate([PROMPT] * N, [SamplingParams(max_tokens=3, temperature=1.0, seed=i) for i in range(N)])
     assert sum(r.num_draft_tokens for r in results) > N // 4  # speculation really happened
-    counts = {cell: 0 for cell in itertools.product(range(VOCAB), repeat=3)}
+    counts = {(a, b, c): 0 for a, b, c in itertools.product(range(VOCAB), repeat=3)}
     for r in results:
-        counts[tuple(r.token_ids)] += 1
+        a, b, c = r.token_ids
+        counts[a, b, c] += 1
     joint = exact_joint(target, PROMPT, VOCAB)
     cells = [c for c in counts if joint[c] * N >= 5]  # pool the rare cells into one
     observed = [counts[c] for c in cells] + [N - sum(counts[c] for c in cells)]

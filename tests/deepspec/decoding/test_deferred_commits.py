@@ -9,12 +9,14 @@ import torch
 
 import deepspec.decoding.engine as engine_module
 from deepspec.decoding.draft_driver import DraftDriver
+from deepspec.decoding.drafters.neural import NeuralDrafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.registry import build_drafter
 from deepspec.decoding.verify_budget import DraftTimeModel, StepTimeModel
 from deepspec.models.drafts import save_draft
+from tests.deepspec.decoding.checked import drafter_of
 from tests.training.helpers import tiny_draft, tiny_target
 
 ALGOS = ["eagle3", "dflash", "dspark"]
@@ -35,11 +37,16 @@ def draft_dirs(target, tmp_path_factory):
 def test_one_commit_of_several_rounds_equals_a_commit_per_round(target, draft_dirs, algo):
     torch.manual_seed(0)
     prompt, rounds = [1, 2, 3, 4, 5], [[6, 7], [8], [9, 10, 11]]
-    feature_size = build_drafter(draft_dirs[algo], target).model.cfg.feature_size
+    feature_size = drafter_of(build_drafter(draft_dirs[algo], target), NeuralDrafter).cfg.feature_size
     features = [torch.randn(1, len(prompt) - 1, feature_size)] + [torch.randn(1, len(r), feature_size) for r in rounds]
     proposals = []
     for together in (False, True):
-        driver = DraftDriver(build_drafter(draft_dirs[algo], target), num_slots=1, max_tokens=64, target=target)
+        driver = DraftDriver(
+            drafter_of(build_drafter(draft_dirs[algo], target), NeuralDrafter),
+            num_slots=1,
+            max_tokens=64,
+            target=target,
+        )
         driver.start(0, prompt, features[0])
         if together:
             driver.commit([0], [sum(rounds, [])], torch.cat(features[1:], dim=1))
@@ -53,10 +60,15 @@ def test_one_commit_of_several_rounds_equals_a_commit_per_round(target, draft_di
 
 
 def _engine(target, path, draft_seconds: float):
-    drafter = build_drafter(path, target)
+    drafter = drafter_of(build_drafter(path, target), NeuralDrafter)
     commits = []
     commit = drafter.commit
-    drafter.commit = lambda slots, tokens, num, feats: commits.append(list(slots)) or commit(slots, tokens, num, feats)
+
+    def recorded(slots, tokens, num_tokens, features):
+        commits.append(list(slots))
+        commit(slots, tokens, num_tokens, features)
+
+    drafter.commit = recorded
     engine = SpecEngine(
         target, drafter, max_batch_size=2, max_seq_len=64, num_speculative_tokens=2, planner=BudgetPlanner()
     )

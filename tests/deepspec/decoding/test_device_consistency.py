@@ -86,6 +86,11 @@ def _corpus(dirs, target, **options):
     return load_checkpoint_drafter(dirs["corpus"], target, **options)
 
 
+def _checkpoint(algo: str, **options):
+    """How to build the `algo` draft for a target from its directory (with `options`)."""
+    return lambda dirs, target: load_checkpoint_drafter(dirs[algo], target, **options)
+
+
 #: drafter name → how to build it for a target, given the draft directories
 DRAFTERS = {
     "none": lambda dirs, target: None,
@@ -94,16 +99,8 @@ DRAFTERS = {
     "random-tree": lambda dirs, target: RandomDrafter(target.vocab_size, sample_probs=True, tree=True),
     "corpus-chain": lambda dirs, target: _corpus(dirs, target),
     "corpus-tree": lambda dirs, target: _corpus(dirs, target, tree=True, sampled=True),
-    **{
-        f"{algo}-chain": (lambda algo: lambda dirs, target: load_checkpoint_drafter(dirs[algo], target))(algo)
-        for algo in ("eagle3", "dflash", "dspark")
-    },
-    **{
-        f"{algo}-tree": (
-            lambda algo: lambda dirs, target: load_checkpoint_drafter(dirs[algo], target, tree_branches=2)
-        )(algo)
-        for algo in ("eagle3", "dflash", "dspark")
-    },
+    **{f"{algo}-chain": _checkpoint(algo) for algo in ("eagle3", "dflash", "dspark")},
+    **{f"{algo}-tree": _checkpoint(algo, tree_branches=2) for algo in ("eagle3", "dflash", "dspark")},
     "hybrid-switch": lambda dirs, target: build_drafter(str(dirs["hybrid-switch"]), target),
     "hybrid-merge": lambda dirs, target: build_drafter(str(dirs["hybrid-merge"]), target),
 }

@@ -138,7 +138,11 @@ def test_abort_frees_the_slot(target):
         (lambda: SamplingParams(stop=("",)), RequestErrorCode.SAMPLING_INVALID, "stop"),
         (lambda: SamplingParams(seed=-1), RequestErrorCode.SAMPLING_INVALID, "seed"),
         (lambda: SamplingParams(seed=2**64), RequestErrorCode.SAMPLING_INVALID, "seed"),
-        (lambda: SamplingParams(seed=1.5), RequestErrorCode.SAMPLING_INVALID, "seed"),
+        (
+            lambda: SamplingParams(seed=1.5),  # pyright: ignore[reportArgumentType]  # the bad input under test
+            RequestErrorCode.SAMPLING_INVALID,
+            "seed",
+        ),
     ],
 )
 def test_bad_sampling_params_are_refused_with_a_code(make, code, message):

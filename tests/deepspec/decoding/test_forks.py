@@ -12,6 +12,7 @@ from deepspec.decoding.engine import EngineFullError, SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.models.drafts import save_draft
+from tests.deepspec.decoding.checked import logprobs_of, prompt_scores
 from tests.training.helpers import tiny_draft, tiny_target
 
 PROMPT = [(5 * i + 2) % 60 for i in range(20)]
@@ -74,8 +75,10 @@ def test_forks_cost_one_prefill_and_each_equals_its_request_alone(target, eagle3
     for i, result in enumerate(results):
         alone = _alone(target, drafter(), _sampled(7 + i))
         assert result.token_ids == alone.token_ids
-        assert [lp.token_id for lp in result.prompt_logprobs[1:]] == PROMPT[1:]
-        assert [round(lp.logprob, 4) for lp in result.logprobs] == [round(lp.logprob, 4) for lp in alone.logprobs]
+        assert [lp.token_id for lp in prompt_scores(result)] == PROMPT[1:]
+        assert [round(lp.logprob, 4) for lp in logprobs_of(result)] == [
+            round(lp.logprob, 4) for lp in logprobs_of(alone)
+        ]
 
 
 def test_forks_behind_a_chunked_prefill_and_between_waiting_requests_keep_every_request_exact(target):

@@ -14,6 +14,7 @@ from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling, PaddedProposal
 from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter, save_corpus
 from deepspec.decoding.drafters.hybrid import DEFAULT_MIN_MATCH, HybridDrafter, save_hybrid
+from deepspec.decoding.drafters.neural import NeuralDrafter
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
@@ -53,19 +54,38 @@ def _hybrid_dir(parts, tmp_path, **kw):
     return save_hybrid(corpus.parent / f"hybrid-{tmp_path.name}", corpus, neural, **kw)  # a sibling of its parts
 
 
+def _load_hybrid(path, target, **options) -> HybridDrafter:
+    """The drafter a hybrid directory loads to, checked to be a hybrid whose parts are a corpus and a neural draft."""
+    drafter = build_drafter(str(path), target, **options)
+    assert isinstance(drafter, HybridDrafter)
+    assert isinstance(drafter.corpus, CorpusLookupDrafter) and isinstance(drafter.neural, NeuralDrafter)
+    return drafter
+
+
+def _neural(drafter: HybridDrafter) -> NeuralDrafter:
+    assert isinstance(drafter.neural, NeuralDrafter)
+    return drafter.neural
+
+
+def _corpus(drafter: HybridDrafter) -> CorpusLookupDrafter:
+    assert isinstance(drafter.corpus, CorpusLookupDrafter)
+    return drafter.corpus
+
+
 def test_hybrid_directory_names_its_parts_and_loads_them(target, parts, tmp_path):
     path = _hybrid_dir(parts, tmp_path, min_match=3, neural_options={"tree_branches": 2})
     config = json.loads((path / "config.json").read_text())
     assert config["algo"] == "hybrid" and config["corpus"] == "../corpus" and config["neural"] == "../dspark"
     assert config["target"] == target.fingerprint()
-    drafter = build_drafter(str(path), target)
-    assert isinstance(drafter, HybridDrafter) and drafter.min_match == 3 and drafter.mode == "switch"
-    assert isinstance(drafter.corpus, CorpusLookupDrafter) and drafter.neural.name == "dspark"
-    assert drafter.neural.tree is not None and drafter.neural.tree.branches == 2
-    assert drafter.feature_layers == drafter.neural.feature_layers and drafter.tree
+    drafter = _load_hybrid(path, target)
+    assert drafter.min_match == 3 and drafter.mode == "switch"
+    neural = _neural(drafter)
+    assert neural.name == "dspark"
+    assert neural.tree is not None and neural.tree.branches == 2
+    assert drafter.feature_layers == neural.feature_layers and drafter.tree
     # build options override the directory's
-    other = build_drafter(str(path), target, mode="merge", neural_options={"tree_branches": 0})
-    assert other.mode == "merge" and other.neural.tree is None
+    other = _load_hybrid(path, target, mode="merge", neural_options={"tree_branches": 0})
+    assert other.mode == "merge" and _neural(other).tree is None
 
 
 def test_every_default_min_match_is_the_documented_one(target, parts, tmp_path):
@@ -75,8 +95,8 @@ def test_every_default_min_match_is_the_documented_one(target, parts, tmp_path):
     config = json.loads((path / "config.json").read_text())
     assert config["min_match"] == DEFAULT_MIN_MATCH == 4
     (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "min_match"}))
-    assert build_drafter(str(path), target).min_match == DEFAULT_MIN_MATCH
-    assert f"The default min_match {DEFAULT_MIN_MATCH} is the one" in hybrid_module.__doc__
+    assert _load_hybrid(path, target).min_match == DEFAULT_MIN_MATCH
+    assert f"The default min_match {DEFAULT_MIN_MATCH} is the one" in (hybrid_module.__doc__ or "")
 
 
 def test_hybrid_directory_errors_name_the_problem(target, parts, tmp_path):
@@ -97,17 +117,18 @@ def test_hybrid_directory_errors_name_the_problem(target, parts, tmp_path):
         build_drafter(str(path), target)
 
 
-def _fed(drafter, target, histories) -> DraftDriver:
+def _fed(drafter: HybridDrafter, target, histories) -> DraftDriver:
     """The drafter bound and driven as the engine would: slot s holds histories[s], its neural part fed features."""
     driver = DraftDriver(drafter, num_slots=len(histories), max_tokens=128, target=target)
     for s, h in enumerate(histories):
-        driver.start(s, h, torch.randn(1, len(h) - 1, drafter.neural.cfg.feature_size))
+        driver.start(s, h, torch.randn(1, len(h) - 1, _neural(drafter).cfg.feature_size))
     return driver
 
 
-def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(target, parts, tmp_path):
-    drafter = build_drafter(str(_hybrid_dir(parts, tmp_path, min_match=3)), target)
-    corpus_index = drafter.corpus.index
+def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(target, parts, tmp_path, monkeypatch):
+    drafter = _load_hybrid(_hybrid_dir(parts, tmp_path, min_match=3), target)
+    corpus, neural = _corpus(drafter), _neural(drafter)
+    corpus_index = corpus.index
     strong_history = corpus_index.tokens[:8].tolist()  # the first answer's opening: a long corpus match
     weak_history = [60, 61, 62, 63]  # never in the corpus
     driver = _fed(drafter, target, [strong_history, weak_history])
@@ -117,14 +138,14 @@ def test_switch_takes_the_corpus_on_strong_rows_and_skips_the_neural_forward(tar
     assert drafter.costly_rows(view, [0, 1]) == 1 and drafter.costly_rows(view, [0]) == 0
     greedy = DraftSampling(torch.zeros(2), [None, None])
     prop = driver.propose([0, 1], 4, greedy)
-    corpus_prop = drafter.corpus.propose(view, [0, 1], 4, greedy).padded(4)
-    neural_prop = drafter.neural.propose(view, [0, 1], 4, greedy).padded(4)
+    corpus_prop = corpus.propose(view, [0, 1], 4, greedy).padded(4)
+    neural_prop = neural.propose(view, [0, 1], 4, greedy).padded(4)
     n0, n1 = int(prop.num_tokens[0]), int(prop.num_tokens[1])
     assert prop.tokens[0, :n0].tolist() == corpus_prop.tokens[0, :n0].tolist() and n0 == int(corpus_prop.num_tokens[0])
     assert prop.tokens[1, :n1].tolist() == neural_prop.tokens[1, :n1].tolist() and n1 >= 1
     # every row strong: the neural draft is never asked
     calls = []
-    drafter.neural.propose = lambda *a, **k: calls.append(a)
+    monkeypatch.setattr(neural, "propose", lambda *a, **k: calls.append(a))
     driver.propose([0], 4, DraftSampling(torch.zeros(1), [None]))
     assert calls == [] and drafter.rows_drafted["corpus"] >= 2
 
@@ -133,17 +154,18 @@ def test_a_round_looks_each_row_up_in_the_corpus_once(target, parts, tmp_path):
     """The engine asks costly_rows (to price the round) and then propose: one strength lookup (the corpus asked for
     1 token) per row between them, and a fresh one once the row has committed more tokens. (The corpus's proposal
     itself asks for the round's k.)"""
-    drafter = build_drafter(str(_hybrid_dir(parts, tmp_path, min_match=3)), target)
-    history = drafter.corpus.index.tokens[:8].tolist()
+    drafter = _load_hybrid(_hybrid_dir(parts, tmp_path, min_match=3), target)
+    corpus = _corpus(drafter)
+    history = corpus.index.tokens[:8].tolist()
     driver = _fed(drafter, target, [history, [60, 61, 62, 63]])
     lookups = []
-    real_draft = drafter.corpus.draft
-    drafter.corpus.draft = lambda view, slot, k: lookups.append((slot, k)) or real_draft(view, slot, k)
+    real_draft = corpus.draft
+    corpus.draft = lambda view, slot, k: lookups.append((slot, k)) or real_draft(view, slot, k)
     greedy = DraftSampling(torch.zeros(2), [None, None])
     assert drafter.costly_rows(driver.view, [0, 1]) == 1
     driver.propose([0, 1], 4, greedy)
     assert lookups == [(0, 1), (1, 1), (0, 4), (1, 4)]
-    driver.commit([0, 1], [[history[-1]], [60]], torch.randn(2, 1, drafter.neural.cfg.feature_size))
+    driver.commit([0, 1], [[history[-1]], [60]], torch.randn(2, 1, _neural(drafter).cfg.feature_size))
     drafter.costly_rows(driver.view, [0, 1])
     assert lookups[4:] == [(0, 1), (1, 1)]
 
@@ -159,22 +181,28 @@ def _tree(tokens, survival=None, parents=None) -> PaddedProposal:
     )
 
 
+def _parents(proposal: PaddedProposal) -> list[list[int]]:
+    """Each row's parent indices: a merged proposal is a tree, so it has them."""
+    assert proposal.parents is not None
+    return proposal.parents.tolist()
+
+
 def test_merge_joins_both_trees_under_one_root():
     corpus = _tree([5, 6, 7], [0.9, 0.8, 0.4])  # a chain
     neural = _tree([5, 9, 8, 6], [0.5, 0.3, 0.2, 0.1], [-1, -1, 0, 0])  # 5 and 5→6 repeat the corpus
     merged = merge_trees(corpus, neural, 5)
     # numbered depth by depth, likelier first: 5 (0.9), 9 (0.3) | 5→6 (0.8), 5→8 (0.2) | 5→6→7 (0.4)
-    assert merged.tokens.tolist() == [[5, 9, 6, 8, 7]] and merged.parents.tolist() == [[-1, -1, 0, 0, 2]]
+    assert merged.tokens.tolist() == [[5, 9, 6, 8, 7]] and _parents(merged) == [[-1, -1, 0, 0, 2]]
     torch.testing.assert_close(merged.survival, torch.tensor([[0.9, 0.3, 0.8, 0.2, 0.4]]))
     assert merged.probs is None and merged.num_tokens.tolist() == [5]
     # a smaller budget keeps the likeliest nodes, parents first
     merged = merge_trees(corpus, neural, 3)
-    assert merged.tokens.tolist() == [[5, 6, 7]] and merged.parents.tolist() == [[-1, 0, 1]]
+    assert merged.tokens.tolist() == [[5, 6, 7]] and _parents(merged) == [[-1, 0, 1]]
     merged = merge_trees(_tree([5, 6], [0.9, 0.15]), neural, 3)
-    assert merged.tokens.tolist() == [[5, 9, 8]] and merged.parents.tolist() == [[-1, -1, 0]]  # 5→6 (0.15) loses
+    assert merged.tokens.tolist() == [[5, 9, 8]] and _parents(merged) == [[-1, -1, 0]]  # 5→6 (0.15) loses
     # without survival on one side the corpus's nodes rank first, then the neural ones in their order
     merged = merge_trees(_tree([5, 6, 7]), neural, 4)
-    assert merged.tokens.tolist() == [[5, 9, 6, 7]] and merged.parents.tolist() == [[-1, -1, 0, 2]]
+    assert merged.tokens.tolist() == [[5, 9, 6, 7]] and _parents(merged) == [[-1, -1, 0, 2]]
     assert merged.survival is None
 
 
@@ -196,8 +224,8 @@ def test_merge_keeps_rows_apart_and_ignores_padding():
     )
     merged = merge_trees(corpus, neural, 4)
     assert merged.num_tokens.tolist() == [3, 3]
-    assert merged.tokens[0, :3].tolist() == [5, 6, 7] and merged.parents[0, :3].tolist() == [-1, 0, 1]
-    assert merged.tokens[1, :3].tolist() == [5, 2, 4] and merged.parents[1].tolist() == [-1, -1, 0, -1]
+    assert merged.tokens[0, :3].tolist() == [5, 6, 7] and _parents(merged)[0][:3] == [-1, 0, 1]
+    assert merged.tokens[1, :3].tolist() == [5, 2, 4] and _parents(merged)[1] == [-1, -1, 0, -1]
     torch.testing.assert_close(merged.survival, torch.tensor([[0.9, 0.8, 0.7, 0.0], [0.9, 0.6, 0.1, 0.0]]))
 
 
@@ -206,7 +234,7 @@ def test_hybrid_greedy_output_identical_to_target_only(target, parts, tmp_path, 
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     base = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(PROMPTS, params)
     path = _hybrid_dir(parts, tmp_path, min_match=3, mode=mode, neural_options={"tree_branches": 2})
-    drafter = build_drafter(str(path), target)
+    drafter = _load_hybrid(path, target)
     engine = SpecEngine(target, drafter, max_batch_size=2, max_seq_len=128, num_speculative_tokens=6)
     spec = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in spec] == [r.token_ids for r in base]

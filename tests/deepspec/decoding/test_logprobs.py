@@ -7,6 +7,8 @@ chain, a random tree through tree attention), greedy and sampled, with a batch w
 of drafts in one pass.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
 from deepspec.decoding.logprobs import MAX_TOP_LOGPROBS
 from tests.conftest import make_tiny_target
+from tests.deepspec.decoding.checked import logprobs_of, prompt_scores
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7], [8, 9, 10, 11, 12, 8, 9, 10, 11], [3, 3, 3, 3]]
 NUM_TOP = 3
@@ -51,9 +54,9 @@ def test_emitted_logprobs_equal_hf_log_softmax(tiny, drafter_name, temperature):
     if drafter_name == "prompt-lookup":  # accepted drafts' logprobs come from inside the verify block
         assert sum(r.num_accepted_tokens for r in results) > 0
     for prompt, result in zip(PROMPTS, results):
-        assert len(result.logprobs) == len(result.token_ids) == 12
+        assert len(logprobs_of(result)) == len(result.token_ids) == 12
         reference = _hf_logprobs(hf, prompt + result.token_ids)
-        for j, (token, lp) in enumerate(zip(result.token_ids, result.logprobs)):
+        for j, (token, lp) in enumerate(zip(result.token_ids, logprobs_of(result))):
             row = reference[len(prompt) - 1 + j]
             assert lp.token_id == token
             assert abs(lp.logprob - float(row[token])) < TOLERANCE
@@ -68,9 +71,9 @@ def test_rows_without_logprobs_get_none_and_mixed_widths_are_cut(tiny):
     params = [SamplingParams(max_tokens=6, ignore_eos=True, logprobs=n) for n in (None, 0, 1, 5)]
     results = engine.generate(PROMPTS, params)
     assert results[0].logprobs is None
-    assert [len(lp.top_token_ids) for lp in results[1].logprobs] == [0] * 6
-    assert [len(lp.top_token_ids) for lp in results[2].logprobs] == [1] * 6
-    assert [len(lp.top_token_ids) for lp in results[3].logprobs] == [5] * 6
+    assert [len(lp.top_token_ids) for lp in logprobs_of(results[1])] == [0] * 6
+    assert [len(lp.top_token_ids) for lp in logprobs_of(results[2])] == [1] * 6
+    assert [len(lp.top_token_ids) for lp in logprobs_of(results[3])] == [5] * 6
 
 
 def test_streamed_step_outputs_carry_logprobs_aligned_with_tokens(tiny):
@@ -100,14 +103,16 @@ def test_prompt_scoring_with_max_tokens_0_equals_hf(tiny, chunk_size):
     assert results[0].token_ids == [] and results[0].finish_reason == "length" and results[0].text == ""
     assert results[1].prompt_logprobs is None and len(results[1].token_ids) > 0
     for i in (0, 2, 3):
-        prompt, scores = PROMPTS[i], results[i].prompt_logprobs
+        prompt, scores = PROMPTS[i], prompt_scores(results[i])  # scores[p - 1]: prompt position p
         reference = _hf_logprobs(hf, prompt)
-        assert len(scores) == len(prompt) and scores[0] is None
+        assert len(scores) == len(prompt) - 1
+        num_top = params[i].prompt_logprobs
+        assert num_top is not None
         for p in range(1, len(prompt)):
-            assert scores[p].token_id == prompt[p]
-            assert abs(scores[p].logprob - float(reference[p - 1, prompt[p]])) < TOLERANCE
-            top = reference[p - 1].topk(params[i].prompt_logprobs)
-            assert list(scores[p].top_token_ids) == top.indices.tolist()
+            assert scores[p - 1].token_id == prompt[p]
+            assert abs(scores[p - 1].logprob - float(reference[p - 1, prompt[p]])) < TOLERANCE
+            top = reference[p - 1].topk(num_top)
+            assert list(scores[p - 1].top_token_ids) == top.indices.tolist()
     assert len(results[3].token_ids) == 2
 
 
@@ -132,7 +137,7 @@ def test_processed_logprobs_are_of_the_distribution_sampled_from(tiny, temperatu
     at temperature 1 for greedy; tokens outside top-k / top-p are -inf; raw stays the model's."""
     target, hf = tiny
     engine = SpecEngine(target, _drafter("prompt-lookup"), max_batch_size=4, max_seq_len=128, num_speculative_tokens=4)
-    common = dict(
+    common: dict[str, Any] = dict(
         max_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3, ignore_eos=True, logprobs=NUM_TOP
     )
     processed, raw = engine.generate(
@@ -140,7 +145,7 @@ def test_processed_logprobs_are_of_the_distribution_sampled_from(tiny, temperatu
     )
     assert processed.token_ids == raw.token_ids  # the mode changes what is reported, never what is sampled
     logits = hf(torch.tensor([PROMPTS[0] + processed.token_ids])).logits[0].detach()
-    for j, (lp, raw_lp) in enumerate(zip(processed.logprobs, raw.logprobs)):
+    for j, (lp, raw_lp) in enumerate(zip(logprobs_of(processed), logprobs_of(raw))):
         row = logits[len(PROMPTS[0]) - 1 + j]
         reference = _processed_reference(row, temperature, top_k, top_p)
         assert abs(lp.logprob - float(reference[lp.token_id])) < TOLERANCE

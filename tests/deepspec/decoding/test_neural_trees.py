@@ -4,18 +4,28 @@ target-only, and a chi-square on the first token a sampled tree commits (with a 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling
-from deepspec.decoding.drafters.neural import TreeShape
+from deepspec.decoding.drafters.dflash import DFlashDrafter
+from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
+from deepspec.decoding.drafters.neural import NeuralDrafter, TreeShape
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from plugins.reference.tree import tree_accept
+from tests.deepspec.decoding.checked import drafter_of, parents_of, probs_of, survival_of
+from tests.deepspec.decoding.test_trained_drafters import ALGOS, PROMPTS, _drafter
+from tests.training.helpers import tiny_target
 
-# the same tiny target, drafts and prompts as the chain tests (the `target` fixture comes with them)
-from tests.deepspec.decoding.test_trained_drafters import ALGOS, PROMPTS, _drafter, target  # noqa: F401
+
+@pytest.fixture(scope="module")
+def target():
+    """The same tiny target as the chain tests (test_trained_drafters), with their drafts and prompts."""
+    return tiny_target()
 
 
 def _bound(target, algo, tmp_path, slots=2, **kw) -> DraftDriver:
@@ -30,12 +40,12 @@ def _bound(target, algo, tmp_path, slots=2, **kw) -> DraftDriver:
 
 def _check_tree(prop, k):
     B = prop.tokens.shape[0]
-    assert prop.tokens.shape == (B, k) and prop.parents.shape == (B, k) and prop.survival.shape == (B, k)
+    assert prop.tokens.shape == (B, k) and parents_of(prop).shape == (B, k) and survival_of(prop).shape == (B, k)
     for b in range(B):
         n = int(prop.num_tokens[b])
         assert 1 <= n <= k
-        parents = prop.parents[b, :n].tolist()
-        surv = prop.survival[b, :n]
+        parents = parents_of(prop)[b, :n].tolist()
+        surv = survival_of(prop)[b, :n]
         assert parents[0] == -1
         for i, p in enumerate(parents):
             assert -1 <= p < i  # topological
@@ -45,7 +55,7 @@ def _check_tree(prop, k):
         for p in set(parents):
             kids = [i for i, q in enumerate(parents) if q == p]
             assert float(surv[kids].sum()) <= (1.0 if p < 0 else float(surv[p])) + 1e-5
-        assert (prop.survival[b, n:] == 0).all()
+        assert (survival_of(prop)[b, n:] == 0).all()
         # numbered depth by depth, the likelier node first within a depth (tree.keep_best_nodes)
         depth = []
         for p in parents:
@@ -66,10 +76,10 @@ def test_greedy_tree_shape_parents_and_survival(target, algo, tmp_path):
     assert prop.is_tree and prop.probs is None
     _check_tree(prop, 10)
     assert prop.num_tokens.tolist() == [10, 10]
-    assert bool(torch.isin(prop.tokens, driver.drafter.model.d2t).all())
+    assert bool(torch.isin(prop.tokens, drafter_of(driver.drafter, NeuralDrafter).model.d2t).all())
     # siblings differ, and a branching of 3 gives the root 3 children
     for b in range(2):
-        parents = prop.parents[b].tolist()
+        parents = parents_of(prop)[b].tolist()
         assert parents.count(-1) == 3
         for p in set(parents):
             kids = [int(prop.tokens[b, i]) for i, q in enumerate(parents) if q == p]
@@ -84,26 +94,26 @@ def test_greedy_tree_first_children_follow_the_draft_argmax(target, algo, tmp_pa
         if algo == "dspark"
         else _bound(target, algo, tmp_path / "c")
     )
-    kw = {"confidence_threshold": 0.0} if algo == "dspark" else {}
+    kw: dict[str, Any] = {"confidence_threshold": 0.0} if algo == "dspark" else {}
     line = _bound(target, algo, tmp_path / "t", tree_branches=1, **kw)
     greedy = DraftSampling(torch.tensor([0.0, 0.0]), [None, None])
     a, b = chain.propose([0, 1], 4, greedy), line.propose([0, 1], 4, greedy)
     assert torch.equal(a.tokens, b.tokens)
-    assert b.parents.tolist() == [[-1, 0, 1, 2]] * 2
+    assert parents_of(b).tolist() == [[-1, 0, 1, 2]] * 2
 
 
 def test_eagle3_tree_attention_matches_a_chain_fed_the_same_path(target, tmp_path):
     """Every expanded node's first child must be the argmax after feeding its root path as a chain: the node's
     cache entry, RoPE position and ancestor mask are right (a sibling leaking into the mask changes it)."""
     driver = _bound(target, "eagle3", tmp_path, tree_branches=3, tree_depth=4)
-    drafter = driver.drafter
+    drafter = drafter_of(driver.drafter, Eagle3Drafter)
     cache = (drafter.cache_k.clone(), drafter.cache_v.clone())
     prop = driver.propose([0, 1], 16, DraftSampling(torch.tensor([0.0, 0.0]), [None, None]))
     model = drafter.model
     checked = 0
     for b in range(2):
         n = int(prop.num_tokens[b])
-        parents = prop.parents[b, :n].tolist()
+        parents = parents_of(prop)[b, :n].tolist()
         for node in range(n):
             kids = [i for i, p in enumerate(parents) if p == node]
             if not kids:
@@ -125,20 +135,20 @@ def test_eagle3_tree_attention_matches_a_chain_fed_the_same_path(target, tmp_pat
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_sampled_tree_carries_q_on_drawn_nodes_only(target, algo, tmp_path):
-    kw = {"confidence_threshold": 0.0} if algo == "dspark" else {}
+    kw: dict[str, Any] = {"confidence_threshold": 0.0} if algo == "dspark" else {}
     driver = _bound(target, algo, tmp_path, tree_branches=3, **kw)
     sampling = DraftSampling(torch.tensor([1.0, 0.0]), [torch.Generator().manual_seed(0), None])
     prop = driver.propose([0, 1], 10, sampling)
     _check_tree(prop, 10)
     V = target.vocab_size
-    assert prop.probs.shape == (2, 10, V)
+    assert probs_of(prop).shape == (2, 10, V)
     for b in range(2):
         n = int(prop.num_tokens[b])
-        rows = prop.probs[b, :n]
+        rows = probs_of(prop)[b, :n]
         assert torch.allclose(rows.sum(-1), torch.ones(n))
         assert (rows.gather(-1, prop.tokens[b, :n, None]) > 0).all()
         one_hot = rows.max(-1).values == 1.0
-        parents = prop.parents[b, :n].tolist()
+        parents = parents_of(prop)[b, :n].tolist()
         first_children = {parents.index(p) for p in set(parents)}
         if b == 1:  # greedy row: every node chosen, so every q is one-hot
             assert one_hot.all()
@@ -165,16 +175,17 @@ def _first_token_counts(driver, target_logits, rounds: int, rows: int, honest: b
     V = target_logits.shape[-1]
     counts = torch.zeros(V)
     slots = list(range(rows))
-    gens = [torch.Generator().manual_seed(10_000 + r) for r in slots]
+    gens: list[torch.Generator | None] = [torch.Generator().manual_seed(10_000 + r) for r in slots]
     for t in range(rounds):
         prop = driver.propose(slots, 6, DraftSampling(torch.ones(rows), gens))
         n = prop.num_tokens
         tokens = torch.cat([torch.zeros(rows, 1, dtype=torch.long), prop.tokens], dim=1)
-        parents = torch.cat([torch.full((rows, 1), -1), torch.where(prop.parents < 0, 0, prop.parents + 1)], 1)
-        q = prop.probs.clone()
+        tree_parents = parents_of(prop)
+        parents = torch.cat([torch.full((rows, 1), -1), torch.where(tree_parents < 0, 0, tree_parents + 1)], 1)
+        q = probs_of(prop).clone()
         if not honest:
             for b in range(rows):
-                plist = prop.parents[b, : int(n[b])].tolist()
+                plist = tree_parents[b, : int(n[b])].tolist()
                 for i, par in enumerate(plist):
                     q[b, i] = q[b, plist.index(par)]
         probs = torch.cat([torch.zeros(rows, 1, V), q], dim=1)
@@ -195,15 +206,20 @@ def _first_token_counts(driver, target_logits, rounds: int, rows: int, honest: b
 
 
 @pytest.mark.slow
-def test_sampled_neural_tree_is_lossless_chi_square(target, tmp_path):
+def test_sampled_neural_tree_is_lossless_chi_square(target, tmp_path, monkeypatch):
     """The first committed token of a sampled DFlash tree (drawn first child + deterministic siblings) follows the
     target's distribution; siblings chosen by top-k that claim their drawn sibling's q are caught."""
     rows = 500
-    drafter = _drafter(target, "dflash", tmp_path, tree_branches=3)
+    drafter = drafter_of(_drafter(target, "dflash", tmp_path, tree_branches=3), DFlashDrafter)
     driver = DraftDriver(drafter, num_slots=rows, max_tokens=64, target=target)
     block = drafter._block_hidden
+
     # an untrained draft is nearly uniform; sharpen it so q differs from one-hot and from the target alike
-    drafter._block_hidden = lambda slots: (lambda h, u: (h, 4.0 * u))(*block(slots))
+    def sharpened(slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, logits = block(slots)
+        return hidden, 4.0 * logits
+
+    monkeypatch.setattr(drafter, "_block_hidden", sharpened)
     features = torch.randn(1, 3, drafter.cfg.feature_size, generator=torch.Generator().manual_seed(1))
     for s in range(rows):
         driver.start(s, [1])  # reset only: the prompt's other tokens come in one batched commit, as before

@@ -6,6 +6,7 @@ import torch
 from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from tests.deepspec.decoding.checked import drafter_of
 
 GREEDY = DraftSampling(torch.zeros(1), [None])
 
@@ -41,7 +42,9 @@ def test_batch_state_move_keeps_the_proposal():
     d.move(0, 5)
     after = d.propose([5], 2, GREEDY)
     assert after.tokens[0].tolist() == before.tokens[0].tolist() and after.num_tokens.tolist() == [2]
-    assert list(d.drafter._indexes) == [d.view.sequence_id(5)]  # the same index, not a rebuilt one
+    assert list(drafter_of(d.drafter, PromptLookupDrafter)._indexes) == [
+        d.view.sequence_id(5)
+    ]  # the same index, not a rebuilt one
 
 
 def test_a_drafter_shared_by_two_batch_states_keeps_their_sequences_apart():
@@ -71,13 +74,13 @@ def test_indexes_of_sequences_gone_from_the_view_are_dropped_when_a_new_one_arri
     d = _driver_with([1, 2, 3, 1, 2])
     d.start(1, [4, 5, 6, 4, 5])
     d.propose([0, 1], 2, DraftSampling(torch.zeros(2), [None, None]))
-    assert len(d.drafter._indexes) == 2
+    assert len(drafter_of(d.drafter, PromptLookupDrafter)._indexes) == 2
     d.release(1)
     d.start(1, [7, 8, 9, 7, 8])
     assert _drafted(d.propose([1], 2, GREEDY)) == [9, 7]
-    assert set(d.drafter._indexes) == {d.view.sequence_id(0), d.view.sequence_id(1)}
+    assert set(drafter_of(d.drafter, PromptLookupDrafter)._indexes) == {d.view.sequence_id(0), d.view.sequence_id(1)}
     d.release(0)
     d.release(1)
     d.start(0, [3, 3, 3])
     assert _drafted(d.propose([0], 2, GREEDY)) == [3]
-    assert len(d.drafter._indexes) == 1
+    assert len(drafter_of(d.drafter, PromptLookupDrafter)._indexes) == 1

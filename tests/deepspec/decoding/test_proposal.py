@@ -11,6 +11,7 @@ from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import PaddedProposal, Proposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.drafters.random import RandomDrafter
+from tests.deepspec.decoding.checked import parents_of, probs_of
 
 
 def _padded(num: list[int], k: int = 4, vocab: int = 6, tree: bool = False) -> PaddedProposal:
@@ -28,14 +29,16 @@ def test_ragged_rows_hold_each_rows_nodes_only_and_pad_back_exactly():
     ragged = padded.ragged()
     assert ragged.cu_num_tokens.tolist() == [0, 2, 2, 6] and ragged.num_tokens.tolist() == [2, 0, 4]
     assert ragged.tokens.tolist() == padded.tokens[0, :2].tolist() + padded.tokens[2].tolist()
-    assert ragged.probs.shape == (6, 6)  # distributions for the six proposed tokens, none for padding
-    torch.testing.assert_close(ragged.probs[2:], padded.probs[2])
+    assert probs_of(ragged).shape == (6, 6)  # distributions for the six proposed tokens, none for padding
+    torch.testing.assert_close(probs_of(ragged)[2:], probs_of(padded)[2])
     back = ragged.padded(4)
     live = torch.arange(4)[None, :] < back.num_tokens[:, None]
     for field in ("tokens", "survival", "parents"):
         torch.testing.assert_close(getattr(back, field)[live], getattr(padded, field)[live])
-    torch.testing.assert_close(back.probs[live], padded.probs[live])
-    assert (back.probs[~live] == 0).all() and (back.parents[~live] == -1).all() and (back.tokens[~live] == 0).all()
+    torch.testing.assert_close(probs_of(back)[live], probs_of(padded)[live])
+    assert (
+        (probs_of(back)[~live] == 0).all() and (parents_of(back)[~live] == -1).all() and (back.tokens[~live] == 0).all()
+    )
 
 
 @pytest.mark.parametrize("num", [[4, 4, 4], [3]])
@@ -43,10 +46,10 @@ def test_full_rows_and_single_rows_convert_as_views(num):
     """A neural chain drafts alike in every row: no copy of its [B, k, V] probabilities either way."""
     padded = _padded(num)
     ragged = padded.ragged()
-    assert ragged.probs.data_ptr() == padded.probs.data_ptr()
+    assert probs_of(ragged).data_ptr() == probs_of(padded).data_ptr()
     assert ragged.tokens.data_ptr() == padded.tokens.data_ptr()
     if num == [4, 4, 4]:
-        assert ragged.padded(4).probs.data_ptr() == padded.probs.data_ptr()
+        assert probs_of(ragged.padded(4)).data_ptr() == probs_of(padded).data_ptr()
 
 
 def test_a_row_longer_than_the_width_is_refused():
@@ -78,7 +81,7 @@ def test_a_sampled_tree_carries_q_for_its_nodes_only():
         driver.start(slot, [1, 2])
     ragged = driver.propose_ragged([0, 1, 2], 5)
     n = int(ragged.cu_num_tokens[-1])
-    assert ragged.tokens.shape == (n,) and ragged.parents.shape == (n,) and ragged.probs.shape == (n, 8)
+    assert ragged.tokens.shape == (n,) and parents_of(ragged).shape == (n,) and probs_of(ragged).shape == (n, 8)
     for b in range(3):  # parents stay within their row, before the node
         a, e = ragged.cu_num_tokens[b], ragged.cu_num_tokens[b + 1]
-        assert all(-1 <= int(p) < i for i, p in enumerate(ragged.parents[a:e].tolist()))
+        assert all(-1 <= int(p) < i for i, p in enumerate(parents_of(ragged)[a:e].tolist()))

@@ -8,7 +8,9 @@ import pytest
 
 from deepspec.decoding import registry
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
+from deepspec.decoding.drafters.random import RandomDrafter
 from deepspec.models.drafts import DraftCheckpointError
+from tests.deepspec.decoding.checked import drafter_of
 
 
 class _Target:
@@ -26,7 +28,7 @@ def test_builtins_are_registered_explicitly():
     ]
     assert registry.build_drafter("none", _Target()) is None
     assert isinstance(registry.build_drafter("prompt-lookup", _Target(), min_ngram=1), PromptLookupDrafter)
-    assert registry.build_drafter("random", _Target()).vocab_size == 16
+    assert drafter_of(registry.build_drafter("random", _Target()), RandomDrafter).vocab_size == 16
 
 
 def test_unknown_names_list_the_valid_ones(tmp_path):
@@ -48,6 +50,6 @@ def test_register_and_resolve_a_new_drafter(monkeypatch):
     registry.register_drafter("ngram-3", lambda target, **kw: PromptLookupDrafter(3, 3))
     assert "ngram-3" in registry.available_drafters()
     assert "ngram-3" in registry.drafter_keywords()  # the one list the stages check a --draft value against
-    assert registry.build_drafter("ngram-3", _Target()).min_ngram == 3
+    assert drafter_of(registry.build_drafter("ngram-3", _Target()), PromptLookupDrafter).min_ngram == 3
     with pytest.raises(ValueError, match="reserved"):
-        registry.register_drafter("auto", lambda target: None)
+        registry.register_drafter("auto", lambda target, **kw: PromptLookupDrafter())

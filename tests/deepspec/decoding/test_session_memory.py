@@ -57,7 +57,7 @@ def test_a_session_key_is_validated():
     with pytest.raises(RequestError):
         SamplingParams(session="")
     with pytest.raises(RequestError):
-        SamplingParams(session=7)
+        SamplingParams(session=7)  # pyright: ignore[reportArgumentType]  # the bad input under test
 
 
 def _run(engine, session):

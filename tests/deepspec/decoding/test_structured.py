@@ -112,7 +112,8 @@ SKEWED = {"Z": 0.5, "D": 0.3, "E": 0.05, "F": 0.15}
 def _constrained_distribution(target, prompt: list[int]) -> list[float]:
     """P(outcome) under the target at temperature 1 with every position masked to the grammar, from its logits."""
 
-    def allowed_probs(text: str) -> list[float]:
+    def allowed_probs(text: str) -> dict[str, float]:
+        """Each character the grammar allows after `text` → its probability, renormalised over those characters."""
         ids = prompt + [_char(c) for c in text]
         logits = target.forward(torch.tensor([ids]), torch.zeros(1, dtype=torch.long), logits="last").logits[0, -1]
         allowed = torch.tensor([_char(c) for c in GROUPS[len(text)]])

@@ -8,10 +8,12 @@ import torch
 
 from deepspec.decoding.draft_driver import DraftDriver
 from deepspec.decoding.drafter import DraftSampling
+from deepspec.decoding.drafters.neural import NeuralDrafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.registry import build_drafter, load_checkpoint_drafter
 from deepspec.models.drafts import save_draft
+from tests.deepspec.decoding.checked import drafter_of, probs_of
 from tests.training.helpers import tiny_draft, tiny_target
 
 ALGOS = ["eagle3", "dflash", "dspark"]
@@ -23,9 +25,9 @@ def target():
     return tiny_target()
 
 
-def _drafter(target, algo, tmp_path, **kw):
+def _drafter(target, algo, tmp_path, **kw) -> NeuralDrafter:
     path = save_draft(tiny_draft(target, algo, draft_vocab_size=48), tmp_path / algo)
-    return load_checkpoint_drafter(path, target, **kw)
+    return drafter_of(load_checkpoint_drafter(path, target, **kw), NeuralDrafter)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -51,15 +53,15 @@ def test_sampling_is_seeded_and_returns_exact_probs(target, algo, tmp_path):
     a = engine.generate(PROMPTS, params)
     b = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
-    drafter = engine.drafter
+    drafter = drafter_of(engine.drafter, NeuralDrafter)
     driver = DraftDriver(drafter, num_slots=4, max_tokens=128)  # the engine has bound it
     driver.start(0, [1, 2, 3], torch.randn(1, 2, drafter.cfg.feature_size))
     prop = driver.propose([0], 4, DraftSampling(torch.tensor([1.0]), [torch.Generator().manual_seed(0)]))
-    n = int(prop.num_tokens[0])
-    assert prop.probs.shape == (1, 4, target.vocab_size) and n >= 1
-    assert torch.allclose(prop.probs[0, :n].sum(-1), torch.ones(n))
+    n, probs = int(prop.num_tokens[0]), probs_of(prop)
+    assert probs.shape == (1, 4, target.vocab_size) and n >= 1
+    assert torch.allclose(probs[0, :n].sum(-1), torch.ones(n))
     # every proposed token has positive probability under the q it was drawn from, and lies in the draft vocab
-    q = prop.probs[0, :n].gather(-1, prop.tokens[0, :n, None])
+    q = probs[0, :n].gather(-1, prop.tokens[0, :n, None])
     assert (q > 0).all() and bool(torch.isin(prop.tokens, drafter.model.d2t).all())
 
 
@@ -96,4 +98,4 @@ def test_dspark_truncation_uses_the_calibrated_slot_temperatures(target, tmp_pat
 def test_build_drafter_loads_checkpoint_dirs(target, tmp_path):
     path = save_draft(tiny_draft(target, "dflash"), tmp_path / "d")
     drafter = build_drafter(str(path), target)
-    assert drafter.name == "dflash" and drafter.feature_layers == (0, 1, 2)
+    assert drafter is not None and drafter.name == "dflash" and drafter.feature_layers == (0, 1, 2)

@@ -23,6 +23,7 @@ from deepspec.decoding.tree import (
 )
 from deepspec.decoding.verify_budget import StepTimeModel
 from tests.conftest import make_tiny_target
+from tests.deepspec.decoding.checked import parents_of, probs_of, survival_of
 from tests.deepspec.decoding.test_engine import PROMPTS
 
 
@@ -56,9 +57,9 @@ def test_keep_nodes_renumbers_the_kept_subtree():
     probs = torch.eye(16)[tokens]
     proposal = PaddedProposal(tokens, torch.tensor([6]), probs, torch.rand(1, 6), torch.tensor([[-1, -1, 1, 1, 3, 0]]))
     kept = keep_nodes(proposal, torch.tensor([[False, True, False, True, True, False]]))
-    assert kept.tokens.tolist() == [[11, 13, 14]] and kept.parents.tolist() == [[-1, 0, 1]]
-    assert kept.num_tokens.tolist() == [3] and kept.probs.argmax(-1).tolist() == [[11, 13, 14]]
-    torch.testing.assert_close(kept.survival, proposal.survival[:, [1, 3, 4]])
+    assert kept.tokens.tolist() == [[11, 13, 14]] and parents_of(kept).tolist() == [[-1, 0, 1]]
+    assert kept.num_tokens.tolist() == [3] and probs_of(kept).argmax(-1).tolist() == [[11, 13, 14]]
+    torch.testing.assert_close(kept.survival, survival_of(proposal)[:, [1, 3, 4]])
 
 
 def test_keep_best_nodes_keeps_the_likeliest_subtree_numbered_depth_by_depth():
@@ -268,7 +269,7 @@ def test_a_tree_over_budget_is_cut_not_refused(target):
             p.num_tokens = torch.full_like(p.num_tokens, k)
             p.survival = torch.tensor([[0.9, 0.8] + [0.01] * (k - 2)] * len(slots))[:, :k]
             p.parents = torch.arange(-1, k - 1).expand(len(slots), k).clone()
-            p.parents[:, 2:] = -1  # nodes 0 → 1 a chain, the rest siblings of node 0
+            parents_of(p)[:, 2:] = -1  # nodes 0 → 1 a chain, the rest siblings of node 0
             return p.ragged()
 
     reference = _reference(target, PROMPTS[:2], 12)

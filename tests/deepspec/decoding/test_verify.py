@@ -26,7 +26,7 @@ def test_mixed_batches_keep_greedy_rows_exact_and_seeded_rows_reproducible():
     params = [SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, seed=1), SamplingParams(temperature=0.7)]
 
     def run():
-        gens = [torch.Generator().manual_seed(7) for _ in params]
+        gens: list[torch.Generator | None] = [torch.Generator().manual_seed(7) for _ in params]
         return verify(drafts, torch.tensor([3, 3, 3]), logits, None, RowSampling.draw(params, gens))
 
     (num, nxt), (num2, nxt2) = run(), run()
@@ -37,6 +37,6 @@ def test_mixed_batches_keep_greedy_rows_exact_and_seeded_rows_reproducible():
 def test_sample_next_draws_only_tokens_the_filter_keeps():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(64, 4)
     params = [SamplingParams(temperature=1.0, top_k=2)] * 64
-    gens = [torch.Generator().manual_seed(i) for i in range(64)]
+    gens: list[torch.Generator | None] = [torch.Generator().manual_seed(i) for i in range(64)]
     tokens = sample_next(logits, RowSampling.draw(params, gens))
     assert set(tokens.tolist()) == {0, 1}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from deepspec.decoding.drafter import Drafter
+from deepspec.decoding.drafters.neural import NeuralDrafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.planner import BudgetPlanner
@@ -94,6 +95,7 @@ def target():
 def _dspark_engine(target, tmp_path, **kw) -> SpecEngine:
     path = save_draft(tiny_draft(target, "dspark", draft_vocab_size=48), tmp_path / "d")
     drafter = load_checkpoint_drafter(path, target, confidence_threshold=0.0)
+    assert isinstance(drafter, NeuralDrafter)
     with torch.no_grad():  # c = σ(0) = 0.5 on every slot: survival 0.5, 0.25, ...
         drafter.model.confidence.weight.zero_()
         drafter.model.confidence.bias.zero_()
@@ -157,6 +159,20 @@ def test_the_modelled_throughput_adds_the_draft_round_at_each_width_and_none_at_
     assert modelled_tokens_per_second(flat, 1.0, 7, _flat_draft(1)) == pytest.approx(100.0)  # τ 1: never drafts
 
 
+def _recorded_proposals(drafter: Drafter | None) -> list[list[int]]:
+    """The slots of each call to the drafter's propose from now on (the call itself goes through)."""
+    assert drafter is not None
+    calls: list[list[int]] = []
+    propose = drafter.propose
+
+    def recorded(view, slots, k, sampling):
+        calls.append(slots)
+        return propose(view, slots, k, sampling)
+
+    drafter.propose = recorded
+    return calls
+
+
 @pytest.mark.parametrize("kind", ["prompt-lookup", "eagle3"])  # a drafter reading the view, one with a KV cache
 def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(target, tmp_path, kind):
     """B rows verified one by one against one batched step: with a curve that rises after 1 token, no depth pays
@@ -171,9 +187,7 @@ def test_a_batch_where_no_depth_can_pay_skips_drafting_and_stays_target_only(tar
         kind = str(save_draft(tiny_draft(target, kind, draft_vocab_size=48), tmp_path / kind))
     for serial, asked in ((True, False), (False, True)):
         drafter = build_drafter(kind, target)
-        calls = []
-        propose = drafter.propose
-        drafter.propose = lambda *a, **kw: calls.append(a[1]) or propose(*a, **kw)
+        calls = _recorded_proposals(drafter)
         engine = SpecEngine(
             target,
             drafter,
@@ -237,9 +251,7 @@ def test_a_draft_slower_than_what_it_wins_is_not_run_and_output_stays_target_onl
         assert engine.batch_state.view.live_sequence_ids() == set()  # the probe's slots released
         engine.planner.step_time = _model(1, 0)
         engine.planner.draft_time = DraftTimeModel({(r, w): seconds * w for r in (1, 2) for w in (1, 2)})
-        calls = []
-        propose = drafter.propose
-        drafter.propose = lambda *a, **kw: calls.append(a[1]) or propose(*a, **kw)
+        calls = _recorded_proposals(drafter)
         got = engine.generate(prompts, params)
         assert [r.token_ids for r in got] == [r.token_ids for r in reference]
         assert bool(calls) == asked and (asked or sum(r.num_draft_tokens for r in got) == 0)
@@ -474,12 +486,14 @@ def test_the_acceptance_ops_own_cost_is_priced_with_every_drafted_depth(target, 
     prompts, params = [[1, 2, 3], [4, 5, 6, 7]], SamplingParams(max_tokens=12, ignore_eos=True)
     reference = SpecEngine(target, None, max_batch_size=2, max_seq_len=128).generate(prompts, params)
     engine = _dspark_engine(target, tmp_path)
-    assert set(engine.planner.verify_overhead) == {False, True} and min(engine.planner.verify_overhead.values()) >= 0
-    engine.planner.draft_time = None
-    engine.planner.step_time = _model(1, 0)  # extra verify tokens free: only the op's overhead can stop drafting
-    engine.planner.verify_overhead = {False: 0.0, True: 0.0}
+    planner = engine.planner
+    assert isinstance(planner, BudgetPlanner) and planner.verify_overhead is not None
+    assert set(planner.verify_overhead) == {False, True} and min(planner.verify_overhead.values()) >= 0
+    planner.draft_time = None
+    planner.step_time = _model(1, 0)  # extra verify tokens free: only the op's overhead can stop drafting
+    planner.verify_overhead = {False: 0.0, True: 0.0}
     free = engine.generate(prompts, params)
-    engine.planner.verify_overhead = {False: 10.0, True: 0.0}  # a drafted round's op costs 10 s more than a plain one
+    planner.verify_overhead = {False: 10.0, True: 0.0}  # a drafted round's op costs 10 s more than a plain one
     costly = engine.generate(prompts, params)
     assert all(r.num_draft_tokens >= r.num_steps for r in free)
     assert all(r.num_draft_tokens == 0 for r in costly)

@@ -88,8 +88,9 @@ def _backend_name_tables(tree: ast.AST) -> list[int]:
     names = set(available_backends())
     found = []
     for node in ast.walk(tree):
-        elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else []  # a Literal's too
-        spelled = {e.value for e in elements if isinstance(e, ast.Constant) and e.value in names}
+        if not isinstance(node, (ast.Tuple, ast.List, ast.Set)):  # a Literal's names are a Tuple too
+            continue
+        spelled = {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names}
         if len(spelled) >= 2:
             found.append(node.lineno)
     return found

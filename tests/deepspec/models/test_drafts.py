@@ -4,6 +4,7 @@ and clear errors for corrupt checkpoints."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,6 +127,12 @@ def test_corrupt_checkpoints_fail_clearly(target, tmp_path):
         load_draft(path, target)
 
 
+def _name(path: Path | None) -> str:
+    """The directory name of the draft chosen (one must be)."""
+    assert path is not None, "no draft chosen"
+    return path.name
+
+
 def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
     for name, tau in [("a", 2.0), ("b", 3.5), ("c", 3.0)]:
         d = save_draft(tiny_draft(target, "eagle3"), tmp_path / name)
@@ -139,19 +146,20 @@ def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
                 }
             )
         )
-    assert best_shipped_draft(target, tmp_path).name == "b"
+    assert _name(best_shipped_draft(target, tmp_path)) == "b"
     assert best_shipped_draft(tiny_target(vocab_size=80), tmp_path) is None
     # a draft measured slower than target-only is never the default, whatever its τ
     (tmp_path / "b" / "eval.json").write_text(
         json.dumps({"results": [{"dataset": "x", "temperature": 0.0, "acceptance_length": 3.5, "speedup": 0.8}]})
     )
-    assert best_shipped_draft(target, tmp_path).name == "c"
+    assert _name(best_shipped_draft(target, tmp_path)) == "c"
     # `auto`'s floor on τ: below it no draft qualifies
     assert best_shipped_draft(target, tmp_path, min_acceptance_length=3.1) is None
 
 
 # ---- the canonical EAGLE-3 layout (what SGLang, vLLM and TensorRT-LLM load) ------------------------------------
-def _canonical_keys(H, I, q, kv, N, V):
+def _canonical_keys(H, inter, q, kv, N, V):
+    """Each key → its shape: hidden H, MLP intermediate `inter`, q / kv projection widths, draft vocab N, vocab V."""
     return {
         "fc.weight": (H, 3 * H),
         "midlayer.input_layernorm.weight": (H,),
@@ -161,9 +169,9 @@ def _canonical_keys(H, I, q, kv, N, V):
         "midlayer.self_attn.v_proj.weight": (kv, 2 * H),
         "midlayer.self_attn.o_proj.weight": (H, q),
         "midlayer.post_attention_layernorm.weight": (H,),
-        "midlayer.mlp.gate_proj.weight": (I, H),
-        "midlayer.mlp.up_proj.weight": (I, H),
-        "midlayer.mlp.down_proj.weight": (H, I),
+        "midlayer.mlp.gate_proj.weight": (inter, H),
+        "midlayer.mlp.up_proj.weight": (inter, H),
+        "midlayer.mlp.down_proj.weight": (H, inter),
         "norm.weight": (H,),
         "lm_head.weight": (N, H),
         "d2t": (N,),

@@ -3,6 +3,8 @@ int4 matmul, and the real default target loaded with quantization="gguf"."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, GGUFWriter, dequantize, quantize
 
 from deepspec.models.gguf_int4 import Int4Blocks, cached_int4_weights, decode_tensor, int4_weights
-from deepspec.models.packed_linear import Int4Weight, onednn_pack
+from deepspec.models.packed_linear import Int4Weight, OneDNNWeight, onednn_pack
 
 
 def _random_q4_k(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -93,7 +95,9 @@ def test_int4_matmul_equals_dense_matmul_on_the_dequantized_weight():
 def test_wide_inputs_run_on_the_dense_copy():
     calls = []
     blocks = Int4Blocks(torch.zeros(16, 32, dtype=torch.uint8), torch.ones(16, 1), torch.zeros(16, 1))
-    weight = Int4Weight(blocks, torch.float32, dense=lambda x, bias: calls.append(x.shape) or x.new_zeros(1))
+    # a stand-in for the dense oneDNN weight (a CPU-only packing) that records the inputs it gets
+    dense = cast(OneDNNWeight, lambda x, bias: calls.append(x.shape) or x.new_zeros(1))
+    weight = Int4Weight(blocks, torch.float32, dense=dense)
     weight(torch.randn(1, Int4Weight.MAX_ROWS, 32))
     assert calls == []
     weight(torch.randn(1, Int4Weight.MAX_ROWS + 1, 32))

@@ -1,8 +1,12 @@
 """The native CPU decoder (deepspec/models/native): the same model as the PyTorch decoder with int8 weights and
-per-row int8 activations, or 4-bit block weights and per-block activations, and bit-exact row invariance (a verify pass = one-token steps, a row alone = the row in a
-batch, a tree path = its chain), which is what makes speculative output equal target-only output."""
+per-row int8 activations, or 4-bit block weights and per-block activations, and bit-exact row invariance (a verify
+pass = one-token steps, a row alone = the row in a batch, a tree path = its chain), which is what makes speculative
+output equal target-only output."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,7 +32,7 @@ def _tiny(family: str, seed: int = 0):
     from deepspec.models.decoder_target import DecoderTarget
 
     torch.manual_seed(seed)
-    sizes = dict(
+    sizes: dict[str, Any] = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
@@ -71,7 +75,7 @@ def _tiny(family: str, seed: int = 0):
     return DecoderTarget(
         family,
         config=config,
-        path=None,
+        path=Path("."),  # no directory: the model is built here, never loaded
         spec=spec,
         _model=model.eval(),
         tokenizer=CharTokenizer(VOCAB),
@@ -333,6 +337,7 @@ def test_auto_weights_take_4bit_blocks_only_for_a_model_already_on_them():
                 w = getattr(layer, name)
                 w.copy_(torch.from_numpy(dequantize_q4(*quantize_q4(w.numpy()))))
     form, blocks = layer_weights(decoder)
+    assert blocks is not None
     assert form == "q4" and len(blocks) == 4 * len(decoder.layers)  # the check's blocks, packed as they are
     assert layer_weights(decoder, "int8") == ("int8", None)
     with pytest.raises(ValueError, match="auto, int8, q4"):
