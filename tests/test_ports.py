@@ -31,6 +31,12 @@ def _child(env: dict, count: int, hold: bool = False) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=REPO, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
+def _ports_of(child: subprocess.Popen) -> list[int]:
+    """The ports a `_child` printed on its first line."""
+    assert child.stdout is not None  # _child pipes its stdout
+    return list(map(int, child.stdout.readline().split()))
+
+
 @pytest.fixture
 def registry_env(tmp_path, monkeypatch):
     """A private registry, so this test neither sees nor disturbs the ports the rest of the suite holds."""
@@ -55,7 +61,7 @@ def test_processes_never_share_a_port(registry_env):
         for worker in ("gw0", "gw1", "gw0", "gw1")
     ]
     try:
-        handed = [list(map(int, c.stdout.readline().split())) for c in children]
+        handed = [_ports_of(c) for c in children]
     finally:
         for c in children:
             c.communicate("\n", timeout=30)
@@ -66,7 +72,7 @@ def test_processes_never_share_a_port(registry_env):
 
 def test_a_live_holder_blocks_its_ports_and_a_dead_one_frees_them(registry_env, monkeypatch):
     holder = _child(registry_env, 5, hold=True)
-    held = set(map(int, holder.stdout.readline().split()))
+    held = set(_ports_of(holder))
     registry = Path(registry_env["DEEPSPEC_TEST_PORTS_DIR"]) / "ports.json"
     assert {int(p) for p in json.loads(registry.read_text())} == held
     # force this process to scan exactly where the holder's ports are: it must skip every one of them

@@ -12,15 +12,16 @@ from tests.training.helpers import tiny_hf_target_dir
 
 def test_shape_variants_add_only_the_other_shape(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"algo": "corpus-lookup"}))
-    built = []
+    built, made = [], []
 
     def build(base, target, **options):
         built.append(options)
-        return SimpleNamespace(tree=options["tree"])
+        made.append(SimpleNamespace(tree=options["tree"]))
+        return made[-1]
 
     rows = shape_variants(str(tmp_path), SimpleNamespace(tree=False), None, build)
     assert built == [{"tree": False}, {"tree": True}]
-    assert [(suffix, d.tree) for suffix, d in rows] == [("[tree]", True)]
+    assert rows == [("[tree]", made[1])] and made[1].tree is True
     rows = shape_variants(str(tmp_path), SimpleNamespace(tree=True), None, build)
     assert [suffix for suffix, _ in rows] == ["[chain]"]
 

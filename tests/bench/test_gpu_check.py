@@ -4,6 +4,7 @@ part); the offline wheel install; and the Makefile target that installs nothing 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -228,7 +229,7 @@ def test_wheels_install_offline_only_where_the_machine_lacks_the_package(tmp_pat
     assert install_wheels(wheels, site, log=lambda line: None) == ["gpu_check_probe-1.0-py3-none-any.whl"]
     assert sys.path[0] == str(site) and os.environ["PYTHONPATH"] == str(site)
     assert (site / "gpu_check_probe.py").is_file() and not (site / "numpy").exists()
-    import gpu_check_probe
+    gpu_check_probe = importlib.import_module("gpu_check_probe")  # the wheel just installed
 
     assert gpu_check_probe.VALUE == 42 and numpy.__file__ != str(site)
     monkeypatch.delitem(sys.modules, "gpu_check_probe")

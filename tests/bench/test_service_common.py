@@ -42,6 +42,7 @@ def test_sigterm_to_a_benchmark_stops_its_servers(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert bench.stdout is not None and bench.stderr is not None  # both piped above
     child = int(bench.stdout.readline())
     try:
         assert _alive(child)

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 def load_script(name: str, path: Path):
     """The module at `path` (a script of docker/ or helm/tools/), imported under `name`."""
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, f"{path} is not a Python file"
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

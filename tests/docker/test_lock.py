@@ -14,11 +14,11 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.docker import load_script
 from tests.docker.test_dockerfiles import instructions
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "docker"))
-import lock  # noqa: E402  (docker/lock.py: a script, not a package)
+lock = load_script("lock", REPO / "docker" / "lock.py")
 
 WHEEL_IMAGES = ("gateway", "worker-cpu")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import cast
 
 from tests.docker import load_script
 
@@ -86,6 +87,8 @@ def test_the_gpu_image_installs_under_the_constraints_and_runs_tensorrt_llm_on_t
     from types import SimpleNamespace
 
     from export.formats.tensorrt_llm import build_script
+    from export.job import ExportJob
 
-    script = build_script(SimpleNamespace(num_speculative_tokens=3, draft=None, dtype="bfloat16"))
+    # the three fields build_script reads; an ExportJob would need a real target
+    script = build_script(cast(ExportJob, SimpleNamespace(num_speculative_tokens=3, draft=None, dtype="bfloat16")))
     assert '"${TRTLLM_PYTHON:-python}" -c' in script

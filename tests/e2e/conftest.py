@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: starts the whole stack as Docker containers (make e2e)")
 
 
-def skip_reason(environ: dict) -> str | None:
+def skip_reason(environ: Mapping[str, str]) -> str | None:
     """Why the end-to-end test does not run here, or None when it must run (and pass or fail)."""
     if environ.get("DEEPSPEC_E2E") != "1":
         return "the container end-to-end test runs with `make e2e` (DEEPSPEC_E2E=1): minutes of Docker, not make test"
@@ -45,7 +46,7 @@ def skip_reason(environ: dict) -> str | None:
     return f"Docker is unavailable: {reason}" if reason else None
 
 
-def images(environ: dict) -> Images:
+def images(environ: Mapping[str, str]) -> Images:
     return Images(
         gateway=environ.get("DEEPSPEC_E2E_GATEWAY_IMAGE", f"ghcr.io/deepspec/gateway:{_VERSION}"),
         worker=environ.get("DEEPSPEC_E2E_WORKER_IMAGE", f"ghcr.io/deepspec/worker-cpu:{_VERSION}"),

@@ -26,7 +26,8 @@ def fake_docker(tmp_path, monkeypatch):
 
 
 def test_not_asked_for_it_is_skipped_with_the_command_that_runs_it():
-    assert "make e2e" in skip_reason({})
+    reason = skip_reason({})
+    assert reason is not None and "make e2e" in reason
 
 
 def test_without_the_docker_cli_it_is_skipped_saying_so(monkeypatch, tmp_path):
@@ -37,6 +38,7 @@ def test_without_the_docker_cli_it_is_skipped_saying_so(monkeypatch, tmp_path):
 def test_without_a_daemon_it_is_skipped_with_dockers_own_line(fake_docker):
     fake_docker("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?", 1)
     reason = skip_reason({"DEEPSPEC_E2E": "1"})
+    assert reason is not None
     assert reason.startswith("Docker is unavailable: no Docker daemon answers: Cannot connect") and "\n" not in reason
 
 

@@ -3,21 +3,16 @@ the metric names each one reads."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 
+from tests.docker import load_script
 from tests.helm.conftest import CHART_DIR, REPO, VALUE_SETS, one, render
 
 
 def tool(name: str):
     """A helm/tools module, loaded by path as the chart's generators run."""
-    spec = importlib.util.spec_from_file_location(f"helm_tools_{name}", REPO / "helm" / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"helm_tools_{name}", REPO / "helm" / "tools" / f"{name}.py")
 
 
 engine_metrics = tool("engine_metrics")

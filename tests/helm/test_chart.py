@@ -265,7 +265,7 @@ def test_gateway_pdb_never_blocks_node_drains():
     assert not find(render({"gateway": {"autoscaling": {"minReplicas": 1}}}), "PodDisruptionBudget", "gateway")
 
 
-def _api_keys_mount(docs) -> tuple[dict, dict]:
+def _api_keys_mount(docs) -> tuple[dict, str]:
     """(the gateway's API-key volume, its --api-keys-file path) — keys are a mounted file, never an env var."""
     spec = workload(docs, "gateway")["spec"]["template"]["spec"]
     gw = container(spec, "gateway")

@@ -64,7 +64,7 @@ with open(os.environ["FAKE_ENGINE_OUT"], "w") as f:
 """
 
 
-def _pod(values: dict) -> tuple[dict, dict, dict]:
+def _pod(values: dict) -> tuple[list[dict], dict, dict]:
     docs = render(values)
     spec = workload(docs, "worker")["spec"]["template"]["spec"]
     return docs, spec, one(docs, "ConfigMap", "model")["data"]

@@ -4,26 +4,17 @@ rendered for each runtime and every KEDA trigger, alert and recording-rule expre
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
 
 from service.metrics import ALL_METRIC_NAMES
+from tests.docker import load_script
 from tests.helm.conftest import REPO, VALUE_SETS, one, render
 from tests.helm.promql import EXTERNAL_METRICS, base_name, engine_metrics, metric_names
 
-
-def _load(name: str, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-engine_series = _load("engine_series", REPO / "helm" / "tools" / "engine_series.py")
-images = sys.modules.get("deepspec_images") or _load("deepspec_images", REPO / "docker" / "images.py")
+engine_series = load_script("engine_series", REPO / "helm" / "tools" / "engine_series.py")
+images = sys.modules.get("deepspec_images") or load_script("deepspec_images", REPO / "docker" / "images.py")
 
 #: worker.runtime -> a value set that selects it (tests/helm/conftest.py)
 RUNTIME_VALUES = {"triton": "triton", "trtllm-serve": "trtllm-serve", "vllm": "vllm", "sglang": "sglang"}

@@ -163,7 +163,11 @@ def _serve(registry=None, render=None) -> http.server.ThreadingHTTPServer:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            body = generate_latest(registry) if render is None else render().encode()
+            if render is not None:
+                body = render().encode()
+            else:
+                assert registry is not None, "_serve serves a registry or render()"
+                body = generate_latest(registry)
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(body)))
@@ -223,7 +227,8 @@ class LiveService:
         self.gateway_metrics_port = free_port()  # the chart serves the gateway's /metrics on its own port
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.log_dir = log_dir
-        self.logs = [open(log_dir / name, "w") for name in ("worker.log", "gateway.log")]
+        # the logs outlive __init__: the processes write them until close() closes them
+        self.logs = [open(log_dir / name, "w") for name in ("worker.log", "gateway.log")]  # noqa: SIM115 (see above)
         common = [sys.executable, "-m", "service"]
         self.processes = [
             subprocess.Popen(
@@ -392,45 +397,44 @@ def prometheus(tmp_path_factory):
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
-    log = open(tmp / "prometheus.log", "w")
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"prometheus exited with {process.returncode}: {(tmp / 'prometheus.log').read_text()}")
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("prometheus did not become ready in 30 s")
-            time.sleep(0.2)
-        yield Scrape(url, live, live_failure)
-    finally:
-        _stop(process)
-        log.close()
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=35)
-        if live is not None:
-            live.close()
-        for server in servers:
-            server.shutdown()
-            server.server_close()
+    with open(tmp / "prometheus.log", "w") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                if process.poll() is not None:
+                    pytest.fail(f"prometheus exited with {process.returncode}: {(tmp / 'prometheus.log').read_text()}")
+                try:
+                    with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
+                        if response.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail("prometheus did not become ready in 30 s")
+                time.sleep(0.2)
+            yield Scrape(url, live, live_failure)
+        finally:
+            _stop(process)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=35)
+            if live is not None:
+                live.close()
+            for server in servers:
+                server.shutdown()
+                server.server_close()
 
 
 def query(url: str, expr: str) -> dict:

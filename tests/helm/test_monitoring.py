@@ -176,7 +176,11 @@ def _alert_rules_without_annotations(values: dict | None = None) -> dict:
 
 
 def _firing(alert: str, eval_time: str, *labels: dict) -> dict:
-    return {"eval_time": eval_time, "alertname": alert, "exp_alerts": [{"exp_labels": dict(l)} for l in labels]}
+    return {
+        "eval_time": eval_time,
+        "alertname": alert,
+        "exp_alerts": [{"exp_labels": dict(label_set)} for label_set in labels],
+    }
 
 
 MODEL = {"model": "smollm2-135m"}

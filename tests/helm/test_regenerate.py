@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
+from tests.docker import load_script
 from tests.helm.conftest import REPO
 
 
 def _regenerate():
-    spec = importlib.util.spec_from_file_location("regenerate", REPO / "helm" / "tools" / "regenerate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.regenerate
+    return load_script("regenerate", REPO / "helm" / "tools" / "regenerate.py").regenerate
 
 
 def test_writes_then_checks_and_names_the_stale_files(tmp_path, capsys):

@@ -33,7 +33,10 @@ def test_help_is_instant_and_defines_the_metrics():
     ):
         assert needle in out.stdout
     # --help must not pull in the heavy libraries
-    probe = "import sys; from loadtest.cli import build_parser; build_parser(); print(sorted({'aiohttp','grpc','matplotlib','numpy'} & set(sys.modules)))"
+    probe = (
+        "import sys; from loadtest.cli import build_parser; build_parser(); "
+        "print(sorted({'aiohttp','grpc','matplotlib','numpy'} & set(sys.modules)))"
+    )
     assert (
         subprocess.run(
             [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True

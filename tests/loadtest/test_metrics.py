@@ -48,6 +48,7 @@ def test_percentile_interpolates_between_ranks_and_is_nan_when_empty():
 def test_bench_and_loadtest_share_one_percentile():
     """bench/ imports the load-test's percentile instead of keeping its own (a second one drifted before)."""
     import bench.loadtest_overhead
+    import bench.service_common
     import bench.service_throughput
 
     assert bench.service_throughput.percentile is percentile and bench.loadtest_overhead.percentile is percentile

@@ -2,10 +2,12 @@
 
 import asyncio
 import time
+from typing import cast
 
 import pytest
 
 from loadtest.arrivals import LoadPoint
+from loadtest.clients import Client
 from loadtest.clients.openai_http import OpenAIHttpClient
 from loadtest.fake_server import FakeOpenAIServer, FakeServerConfig
 from loadtest.runner import Progress, run_load, run_point
@@ -41,7 +43,7 @@ def test_closed_loop_keeps_exactly_n_in_flight_and_warmup_is_excluded():
     # 40 requests, 8 at a time, >= 20 ms each: at least 5 rounds (the upper bound allows for a busy machine).
     assert 0.1 <= res.run.duration_s < 2.0
     # warm-up happened before the first scrape: the diff covers the 40 measured requests only.
-    assert res.spec_decode.num_drafts == 40 * 4
+    assert res.spec_decode is not None and res.spec_decode.num_drafts == 40 * 4
 
 
 def test_open_loop_poisson_rate_and_request_count():
@@ -59,9 +61,11 @@ def test_open_loop_poisson_rate_and_request_count():
 
 def test_duration_bounds_sending_and_in_flight_requests_finish():
     async def go():
-        async with FakeOpenAIServer(FakeServerConfig(ttft_s=0.1)) as srv:
-            async with OpenAIHttpClient(srv.url, chat=False, model=None) as c:
-                return await run_load(c, reqs(), LoadPoint(request_rate=40.0), num_requests=None, duration_s=0.5)
+        async with (
+            FakeOpenAIServer(FakeServerConfig(ttft_s=0.1)) as srv,
+            OpenAIHttpClient(srv.url, chat=False, model=None) as c,
+        ):
+            return await run_load(c, reqs(), LoadPoint(request_rate=40.0), num_requests=None, duration_s=0.5)
 
     run = asyncio.run(go())
     assert 8 <= len(run.outputs) <= 40  # Poisson(20) sends
@@ -84,14 +88,16 @@ def test_stop_returns_a_partial_run_and_cancels_in_flight():
     async def go():
         stop = asyncio.Event()
         progress = Progress()
-        async with FakeOpenAIServer(FakeServerConfig(ttft_s=0.05, itl_s=0.05)) as srv:
-            async with OpenAIHttpClient(srv.url, chat=False, model=None) as c:
-                asyncio.get_running_loop().call_later(0.4, stop.set)
-                t = time.perf_counter()
-                run = await run_load(
-                    c, reqs(output_len=6), LoadPoint(max_concurrency=4), num_requests=1000, stop=stop, progress=progress
-                )
-                return run, time.perf_counter() - t, progress
+        async with (
+            FakeOpenAIServer(FakeServerConfig(ttft_s=0.05, itl_s=0.05)) as srv,
+            OpenAIHttpClient(srv.url, chat=False, model=None) as c,
+        ):
+            asyncio.get_running_loop().call_later(0.4, stop.set)
+            t = time.perf_counter()
+            run = await run_load(
+                c, reqs(output_len=6), LoadPoint(max_concurrency=4), num_requests=1000, stop=stop, progress=progress
+            )
+            return run, time.perf_counter() - t, progress
 
     run, wall, progress = asyncio.run(go())
     assert run.interrupted and wall < 3.0
@@ -122,6 +128,7 @@ def test_spec_decode_statistics_from_server_counters():
             )
 
     sd = asyncio.run(go()).spec_decode
+    assert sd is not None
     # 12 tokens in steps of 3 (2 accepted drafts + the bonus token) -> 4 steps per request, k = 4 drafted per step.
     assert (sd.num_drafts, sd.num_draft_tokens, sd.num_accepted_tokens) == (40, 160, 80)
     assert sd.acceptance_length == pytest.approx(3.0) and sd.acceptance_rate == pytest.approx(0.5)
@@ -140,9 +147,15 @@ def test_unreachable_metrics_url_is_a_note_not_a_failure():
             )
 
     res = asyncio.run(go())
-    assert res.spec_decode is None and "scrape" in res.spec_decode_note and len(res.run.outputs) == 2
+    assert (
+        res.spec_decode is None
+        and res.spec_decode_note is not None
+        and "scrape" in res.spec_decode_note
+        and len(res.run.outputs) == 2
+    )
 
 
 def test_unbounded_run_is_refused():
     with pytest.raises(ValueError, match="bound"):
-        asyncio.run(run_load(None, reqs(), LoadPoint(), num_requests=None))
+        # no client: the bound is checked before anything is sent
+        asyncio.run(run_load(cast(Client, None), reqs(), LoadPoint(), num_requests=None))

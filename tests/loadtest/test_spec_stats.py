@@ -51,10 +51,12 @@ def test_diff_gives_acceptance_rate_and_length():
     before = parse_counters(exposition(100, 400, 150, [60, 50, 30, 10]))
     after = parse_counters(exposition(300, 1200, 550, [260, 200, 80, 10]))
     s = diff(before, after)
+    assert s is not None
     assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (200, 800, 400)
     assert s.acceptance_rate == pytest.approx(0.5)  # 400 / 800
     assert s.acceptance_length == pytest.approx(3.0)  # 1 + 400 / 200
     assert s.per_position_acceptance_rate == pytest.approx([1.0, 0.75, 0.25, 0.0])
+    assert s.acceptance_length is not None
     assert sum(s.per_position_acceptance_rate) == pytest.approx(s.acceptance_length - 1)
 
 
@@ -62,11 +64,12 @@ def test_no_counters_means_none_and_no_drafts_means_no_rates():
     assert diff(SpecCounters(), parse_counters(OTHER)) is None
     same = parse_counters(exposition(10, 40, 20, [5]))
     s = diff(same, same)
-    assert s.num_drafts == 0 and s.acceptance_rate is None and s.acceptance_length is None
+    assert s is not None and s.num_drafts == 0 and s.acceptance_rate is None and s.acceptance_length is None
 
 
 def test_counter_reset_during_run_uses_the_after_value():
     before = parse_counters(exposition(1000, 4000, 2000, [1000]))
     after = parse_counters(exposition(10, 40, 20, [10]))  # server restarted
     s = diff(before, after)
+    assert s is not None
     assert (s.num_drafts, s.num_accepted_tokens) == (10, 20)

@@ -50,8 +50,10 @@ def test_random_requests_lengths_and_unique_prefixes():
     reqs = list(
         itertools.islice(random_requests(input_len=100, output_len=20, range_ratio=0.5, seed=0, ignore_eos=False), 200)
     )
-    assert all(50 <= r.prompt_len <= 150 and len(r.prompt.split()) == r.prompt_len for r in reqs)
-    assert all(10 <= r.max_tokens <= 30 for r in reqs)
+    assert all(
+        r.prompt_len is not None and 50 <= r.prompt_len <= 150 and len(r.prompt.split()) == r.prompt_len for r in reqs
+    )
+    assert all(r.max_tokens is not None and 10 <= r.max_tokens <= 30 for r in reqs)
     assert len({r.prompt.split()[0] for r in reqs}) == 200
     fixed = next(random_requests(input_len=8, output_len=4, range_ratio=0.0, seed=0, ignore_eos=True))
     assert (fixed.prompt_len, fixed.max_tokens, fixed.ignore_eos) == (8, 4, True)

@@ -1,7 +1,8 @@
 """Real servers for the service tests: `python -m service worker|gateway` processes on free ports.
 
 Like vLLM's `RemoteOpenAIServer`: pick a free port, start the process, poll its health, fail with its log if it
-dies, terminate it on exit. Most tests use the stub target under the real engine (`--target stub`), which starts in about a second.
+dies, terminate it on exit. Most tests use the stub target under the real engine (`--target stub`), which starts in
+about a second.
 """
 
 from __future__ import annotations
@@ -15,11 +16,21 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Self
 
 import httpx
 import pytest
 
 from tests.ports import free_port
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    from service.cli import ServiceConfig
+    from service.gateway.routing import WorkerPool
+    from service.gateway.settings import GatewaySettings
+    from service.worker.settings import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 #: how long a server may take to start: a stub worker is up in seconds on an idle machine, but its first import of
@@ -33,8 +44,8 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> ServerProcess:
-        self._log = open(self.log_path, "ab")
+    def start(self) -> Self:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (the server writes it until terminate() closes it)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service", *self.args],
             cwd=REPO,
@@ -44,14 +55,22 @@ class ServerProcess:
         )
         return self
 
+    @property
+    def process(self) -> subprocess.Popen:
+        """The server's process, once start() has run."""
+        if self.proc is None:
+            raise RuntimeError(f"{' '.join(self.args[:1])} server not started: call start() first")
+        return self.proc
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def wait_until(self, check, timeout_s: float = STARTUP_TIMEOUT_S, what: str = "ready") -> None:
+        proc = self.process
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"server exited with {self.proc.returncode} before {what}:\n{self.log()[-4000:]}")
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode} before {what}:\n{self.log()[-4000:]}")
             try:
                 if check():
                     return
@@ -66,15 +85,16 @@ class ServerProcess:
             self.proc.wait(10)
 
     def terminate(self, timeout_s: float = 15.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        proc = self.process
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout_s)
+                proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                proc.kill()
+                proc.wait(5)
         self._log.close()
-        return self.proc.returncode
+        return proc.returncode
 
 
 class Worker(ServerProcess):
@@ -100,7 +120,7 @@ class Worker(ServerProcess):
             tmp / f"{name}-{self.port}.log",
         )
 
-    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Worker:
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Self:
         import tritonclient.grpc as triton
 
         client = triton.InferenceServerClient(self.address)
@@ -137,7 +157,7 @@ class Gateway(ServerProcess):
             env,
         )
 
-    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Gateway:
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> Self:
         self.wait_until(lambda: httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200, timeout_s)
         return self
 
@@ -208,3 +228,34 @@ def gateway(stub_worker, tmp_path_factory):
         yield gw.wait_ready()
     finally:
         gw.terminate()
+
+
+def gateway_of(config: ServiceConfig) -> GatewaySettings:
+    """The gateway settings `parse_config` built for a command that runs a gateway."""
+    from service.gateway.settings import GatewaySettings
+
+    assert isinstance(config.gateway, GatewaySettings), f"the {config.command} command runs no gateway"
+    return config.gateway
+
+
+def worker_of(config: ServiceConfig) -> WorkerSettings:
+    """The worker settings `parse_config` built for a command that runs a worker."""
+    from service.worker.settings import WorkerSettings
+
+    assert isinstance(config.worker, WorkerSettings), f"the {config.command} command runs no worker"
+    return config.worker
+
+
+def output(result: triton.InferResult | None, name: str) -> np.ndarray:
+    """Output `name` of a tritonclient answer, failing where there is no answer or it lacks that output."""
+    assert result is not None, "no answer"
+    array = result.as_numpy(name)
+    assert array is not None, f"the answer has no {name!r} output"
+    return array
+
+
+def picked(pool: WorkerPool, model: str, **options) -> str:
+    """The address of the worker `pool.pick` chose, failing where it chose none."""
+    endpoint = pool.pick(model, **options)
+    assert endpoint is not None, f"no worker picked for {model!r} ({options})"
+    return endpoint.address

@@ -1,5 +1,5 @@
-"""A KServe v2 worker without an engine that answers as deepspec_protocol/worker.py says a worker answers, several choices
-(`num_return_sequences`, `sequence_index`) included: what the gateway's tests of `n` run against while the real
+"""A KServe v2 worker without an engine that answers as deepspec_protocol/worker.py says a worker answers, several
+choices (`num_return_sequences`, `sequence_index`) included: what the gateway's tests of `n` run against while the real
 worker's support lands, and the rules they hold it to.
 
 What it writes is a function of the request alone, so a test can say what each choice must read: sequence i of a
@@ -62,6 +62,7 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
         return f"127.0.0.1:{port}"
 
     async def stop(self) -> None:
+        assert self.server is not None, "stop() before start()"
         await self.server.stop(grace=0)
 
     async def ServerReady(self, request, context):
@@ -90,7 +91,7 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         inputs = self._read(request)
-        if tensors.scalar(inputs, p.NUM_RETURN_SEQUENCES, int, 1) > 1:
+        if _int(inputs, p.NUM_RETURN_SEQUENCES, 1) > 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_return_sequences > 1 needs ModelStreamInfer")
         (response,) = self._whole(request, inputs)
         return response
@@ -140,21 +141,33 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
         return responses
 
 
+def _int(inputs: dict[str, list], name: str, default: int) -> int:
+    value = tensors.scalar(inputs, name, int, default)
+    assert isinstance(value, int), name
+    return value
+
+
+def _text(inputs: dict[str, list], name: str) -> str | None:
+    value = tensors.scalar(inputs, name, str)
+    assert value is None or isinstance(value, str), name
+    return value
+
+
 def _prompt(inputs: dict[str, list]) -> str:
-    messages = tensors.scalar(inputs, p.EXTRA_MESSAGES_JSON, str)
+    messages = _text(inputs, p.EXTRA_MESSAGES_JSON)
     if messages is not None:
         return "".join(m["content"] for m in json.loads(messages))
-    return tensors.scalar(inputs, p.TEXT_INPUT, str, "")
+    return _text(inputs, p.TEXT_INPUT) or ""
 
 
 def _seed(inputs: dict[str, list], index: int) -> int:
-    return tensors.scalar(inputs, p.SEED, int, 0) + index
+    return _int(inputs, p.SEED, 0) + index
 
 
 def _sequences(inputs: dict[str, list]) -> dict[int, list[str]]:
     """Sequence index -> the words it writes."""
-    max_tokens = tensors.scalar(inputs, p.MAX_TOKENS, int, 8)
-    n = tensors.scalar(inputs, p.NUM_RETURN_SEQUENCES, int, 1)
+    max_tokens = _int(inputs, p.MAX_TOKENS, 8)
+    n = _int(inputs, p.NUM_RETURN_SEQUENCES, 1)
     return {index: words(_seed(inputs, index), max_tokens) for index in range(n)}
 
 

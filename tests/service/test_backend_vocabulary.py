@@ -11,6 +11,7 @@ import pytest
 
 from service.cli import parse_config
 from service.worker.settings import WorkerSettings
+from tests.service.conftest import worker_of
 
 
 @pytest.fixture(autouse=True)
@@ -21,23 +22,23 @@ def clean_env(monkeypatch):
 
 
 def test_backend_is_the_flag_and_the_variable(monkeypatch):
-    assert parse_config(["worker", "--backend", "native"]).worker.backend == "native"
+    assert worker_of(parse_config(["worker", "--backend", "native"])).backend == "native"
     monkeypatch.setenv("DEEPSPEC_WORKER_BACKEND", "onnx")
-    assert parse_config(["worker"]).worker.backend == "onnx"
+    assert worker_of(parse_config(["worker"])).backend == "onnx"
 
 
 def test_the_old_engine_flag_still_works_and_names_the_new_one():
     with pytest.warns(
         FutureWarning, match="--engine / DEEPSPEC_WORKER_ENGINE is deprecated: use --backend / DEEPSPEC_WORKER_BACKEND"
     ):
-        worker = parse_config(["worker", "--engine", "pytorch"]).worker
+        worker = worker_of(parse_config(["worker", "--engine", "pytorch"]))
     assert (worker.backend, worker.engine) == ("pytorch", None)
 
 
 def test_the_old_engine_variable_still_works(monkeypatch):
     monkeypatch.setenv("DEEPSPEC_WORKER_ENGINE", "native")
     with pytest.warns(FutureWarning, match="use --backend"):
-        assert parse_config(["worker"]).worker.backend == "native"
+        assert worker_of(parse_config(["worker"])).backend == "native"
 
 
 def test_old_and_new_names_that_disagree_are_refused(capsys):
@@ -57,9 +58,9 @@ def test_the_old_engine_dir_flag_is_the_bundle_dir(tmp_path):
         FutureWarning,
         match="--engine-dir / DEEPSPEC_WORKER_ENGINE_DIR is deprecated: use --bundle-dir / DEEPSPEC_WORKER_BUNDLE_DIR",
     ):
-        worker = parse_config(["worker", "--engine-dir", str(bundle)]).worker
+        worker = worker_of(parse_config(["worker", "--engine-dir", str(bundle)]))
     assert worker.bundle_dir == bundle and worker.target == "stub" and worker.engine_dir is None
-    assert parse_config(["worker", "--bundle-dir", str(bundle)]).worker.draft == "none"
+    assert worker_of(parse_config(["worker", "--bundle-dir", str(bundle)])).draft == "none"
 
 
 @pytest.mark.parametrize(
@@ -85,7 +86,7 @@ def test_a_weight_format_the_backend_does_not_take_is_refused(backend, weights, 
     ],
 )
 def test_a_weight_format_the_backend_takes_is_kept(backend, weights):
-    assert parse_config(["worker", "--backend", backend, "--quantization", weights]).worker.quantization == weights
+    assert worker_of(parse_config(["worker", "--backend", backend, "--quantization", weights])).quantization == weights
 
 
 def test_with_backend_auto_only_auto_weights_apply(capsys):

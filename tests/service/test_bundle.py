@@ -12,7 +12,7 @@ import tritonclient.grpc as triton
 
 from service.worker.bundle import BundleError, BundleManifest, read_bundle
 from service.worker.settings import WorkerSettings
-from tests.service.conftest import REPO, Worker
+from tests.service.conftest import REPO, Worker, output
 
 
 def engine_dir(tmp_path, manifest: dict | str, *subdirs: str):
@@ -120,8 +120,8 @@ def test_worker_serves_what_the_manifest_names(tmp_path):
         t = triton.InferInput("text_input", [1, 1], "BYTES")
         t.set_data_from_numpy(np.array([[b"Hello"]], dtype=object))
         result = client.infer("stub", [t])
-        assert result.as_numpy("num_output_tokens")[0][0] > 0
-        assert result.as_numpy("num_draft_tokens")[0][0] == 0  # draft "none": the target-only baseline
+        assert output(result, "num_output_tokens")[0][0] > 0
+        assert output(result, "num_draft_tokens")[0][0] == 0  # draft "none": the target-only baseline
         client.close()
     finally:
         worker.terminate()

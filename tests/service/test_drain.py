@@ -70,7 +70,7 @@ def test_sigterm_finishes_every_stream_in_flight_inside_the_drain_budget(tmp_pat
             t.start()
         _wait_for(lambda: _running(worker) == 4)  # all four are streaming from the worker
         t0 = time.monotonic()
-        gw.proc.send_signal(15)
+        gw.process.send_signal(15)
         # Draining: readiness drops (the Service stops sending new requests) and newcomers get 503 + Retry-After.
         _wait_for(lambda: httpx.get(f"{gw.url}/health/ready").status_code == 503, 5)
         refused = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
@@ -78,7 +78,7 @@ def test_sigterm_finishes_every_stream_in_flight_inside_the_drain_budget(tmp_pat
         assert refused.json()["error"]["type"] == "service_unavailable"
         for t in threads:
             t.join(DRAIN_S + 10)
-        assert gw.proc.wait(DRAIN_S + 10) == 0
+        assert gw.process.wait(DRAIN_S + 10) == 0
         elapsed = time.monotonic() - t0
         assert min(ended.values()) > t0  # every stream was still in flight when SIGTERM came
         # Nothing cut: every stream ran to its max_tokens, sent its usage and [DONE], with no error event.

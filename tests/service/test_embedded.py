@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.ports import free_port
 from tests.service.conftest import ServerProcess, metric_value
@@ -40,7 +41,9 @@ def test_embedded_default_serves_the_default_target_with_a_draft(embedded):
     server, url, metrics_port = embedded
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
-    messages = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Write a Python function that returns the square of x."}
+    ]
     whole = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0)
     chunks = list(
         client.chat.completions.create(
@@ -54,6 +57,7 @@ def test_embedded_default_serves_the_default_target_with_a_draft(embedded):
     )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert whole.choices[0].message.content == streamed and streamed  # greedy: same text either way
+    assert whole.usage is not None and chunks[-1].usage is not None
     assert whole.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 10  # chat template tokens included
     assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens <= 24
     log = server.log()
@@ -76,7 +80,9 @@ def test_embedded_greedy_output_is_the_same_with_speculation_on_capped_and_off(e
     never which; mode off drafts nothing (the worker's draft-token counter does not move)."""
     _, url, metrics_port = embedded
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-    messages = [{"role": "user", "content": "List the first five prime numbers, separated by commas."}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "List the first five prime numbers, separated by commas."}
+    ]
 
     def drafted() -> float:
         return metric_value(

@@ -36,8 +36,8 @@ def test_each_kind_carries_its_statuses(kind, http, type_, grpc_status):
 
 def test_a_kind_must_name_all_three_statuses():
     with pytest.raises(TypeError):
-
-        class Incomplete(errors.ServiceError, http=418):
+        # the statuses it leaves out are the point: the class statement itself must fail
+        class Incomplete(errors.ServiceError, http=418):  # pyright: ignore[reportCallIssue, reportGeneralTypeIssues]
             pass
 
 

@@ -5,6 +5,8 @@ reason says why; `--backend onnx` fails loudly instead of falling back. Real exp
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,7 @@ from service.worker.settings import WorkerSettings
 from tests.export.conftest import write_hf_target
 from tests.neighbours import set_neighbours
 
-HD16 = dict(hidden_size=64, head_dim=16, intermediate_size=128)
+HD16: dict[str, Any] = dict(hidden_size=64, head_dim=16, intermediate_size=128)
 #: the engines auto weighs here: the PyTorch engine, the ONNX export and the native decoder (gcc is on CI's machine)
 ENGINE_KINDS = ("pytorch", "onnx", "native")
 
@@ -67,7 +69,10 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
     assert first.backend == record["backend"] in ENGINE_KINDS
     measured = {k: r["tokens_per_second"] for k, r in record["decode_rates"].items()}  # the calibration decodes
     assert set(measured) == set(record["tokens_per_second"]) == set(ENGINE_KINDS)
-    assert first.backend == max(measured, key=measured.get) and "decoded calibration prompts" in first.reason
+    assert (
+        first.backend == max(measured, key=lambda kind: measured[kind])
+        and "decoded calibration prompts" in first.reason
+    )
     assert set(record["step_curves"]) == set(ENGINE_KINDS) and record["acceptance_length"] == 2.0
     assert record["draft_rounds"] == dict.fromkeys(ENGINE_KINDS)  # prompt lookup: drafting priced as free
     assert (first.bundle_dir is not None) == (first.backend == "onnx")
@@ -79,7 +84,8 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
     monkeypatch.setattr("export.api.export_bundle", no_work)
     again = choose_backend(settings)
     assert (again.backend, again.bundle_dir) == (first.backend, first.bundle_dir)
-    assert first.backend in describe_cached_choice(settings) and "cached in" in again.reason
+    described = describe_cached_choice(settings)
+    assert described is not None and first.backend in described and "cached in" in again.reason
     with pytest.raises(AssertionError):  # another draft depth is another choice: measured afresh
         choose_backend(_settings(target_dir, num_speculative_tokens=3))
 
@@ -92,7 +98,7 @@ def test_a_choice_measured_beside_busy_neighbours_is_measured_again(target_dir, 
     real = fastest_backend.measure_choice
     monkeypatch.setattr(fastest_backend, "measure_choice", lambda *a, **k: measured.append(1) or real(*a, **k))
     neighbours.share = 0.6
-    for start in range(fastest_backend.MAX_BUSY_ATTEMPTS + 1):
+    for _ in range(fastest_backend.MAX_BUSY_ATTEMPTS + 1):
         choose_backend(settings)
     record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
     assert len(measured) == fastest_backend.MAX_BUSY_ATTEMPTS  # the last start read the third busy record
@@ -256,14 +262,19 @@ def test_help_says_what_auto_serves_here(target_dir, cache, monkeypatch):
     assert _backend_choice_line().startswith(f"On this machine, for the default target and draft: {chosen.backend}:")
 
 
+def _cache_entry(choice) -> Path:
+    """The cache folder that holds an ONNX choice's bundle."""
+    assert choice.bundle_dir is not None, choice
+    return choice.bundle_dir.parent
+
+
 def test_an_upgrade_replaces_its_superseded_cache_entry_and_keeps_other_settings(target_dir, cache, monkeypatch):
-    first = choose_backend(_settings(target_dir, backend="onnx"))
-    old_root = first.bundle_dir.parent
-    other = choose_backend(_settings(target_dir, backend="onnx", num_speculative_tokens=3)).bundle_dir.parent
+    old_root = _cache_entry(choose_backend(_settings(target_dir, backend="onnx")))
+    other = _cache_entry(choose_backend(_settings(target_dir, backend="onnx", num_speculative_tokens=3)))
     real_key = fastest_backend.cache_key
     monkeypatch.setattr(
         fastest_backend, "cache_key", lambda s: {**real_key(s), "versions": {"deepspec": "next release"}}
     )
-    upgraded = choose_backend(_settings(target_dir, backend="onnx")).bundle_dir.parent
+    upgraded = _cache_entry(choose_backend(_settings(target_dir, backend="onnx")))
     assert upgraded != old_root and not old_root.exists()  # the same settings after an upgrade: replaced
     assert other.exists()  # other settings are another entry, kept

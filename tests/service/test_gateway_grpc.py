@@ -44,7 +44,7 @@ def test_errors_map_to_status_codes(channel):
     stub = pb_grpc.CompletionsStub(channel)
     with pytest.raises(grpc.RpcError) as info:
         stub.Complete(pb.CompletionRequest(prompt="x", max_tokens=100_000))
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "context length" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "context length" in (info.value.details() or "")
     with pytest.raises(grpc.RpcError) as info:
         stub.Complete(pb.CompletionRequest(prompt="x", model="nope"))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
@@ -55,7 +55,9 @@ def test_errors_map_to_status_codes(channel):
 
 def test_reflection_lists_the_service(channel):
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    # types-grpcio declares the stub's methods Incomplete; grpcio generates them callable
+    responses = stub.ServerReflectionInfo(iter([request]))  # pyright: ignore[reportCallIssue]
     names = {s.name for r in responses for s in r.list_services_response.service}
     assert {"deepspec.v1.Completions", "grpc.health.v1.Health"} <= names
 
@@ -63,9 +65,9 @@ def test_reflection_lists_the_service(channel):
 def test_health_is_serving(channel):
     stub = health_pb2_grpc.HealthStub(channel)
     for service in ("", "deepspec.v1.Completions"):
-        assert (
-            stub.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
-        )
+        request = health_pb2.HealthCheckRequest(service=service)
+        # types-grpcio's HealthStub declares no methods; grpcio generates Check
+        assert stub.Check(request).status == health_pb2.HealthCheckResponse.SERVING  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def test_cancel_and_abort_free_the_worker_slot(tmp_path):
@@ -99,7 +101,8 @@ def test_cancel_and_abort_free_the_worker_slot(tmp_path):
             call.cancel()
             assert stub.Abort(pb.AbortRequest(request_id="victim")).found
             thread.join(30)
-            assert victim_errors[0].code() == grpc.StatusCode.CANCELLED and "aborted" in victim_errors[0].details()
+            victim_error = victim_errors[0]
+            assert victim_error.code() == grpc.StatusCode.CANCELLED and "aborted" in (victim_error.details() or "")
             assert not stub.Abort(pb.AbortRequest(request_id="victim")).found
             deadline = time.monotonic() + 30
             while metric_value(worker.metrics(), "deepspec:num_requests_running") and time.monotonic() < deadline:
@@ -121,7 +124,7 @@ def test_taken_grpc_port_exits_non_zero_with_the_reason(stub_worker, tmp_path):
         gw = Gateway(tmp_path, stub_worker.address)
         gw.args[gw.args.index("--grpc-port") + 1] = str(taken.getsockname()[1])
         gw.start()
-        assert gw.proc.wait(60) == 1
+        assert gw.process.wait(60) == 1
     gw.terminate()
     assert "cannot bind the gateway's gRPC port" in gw.log()
 
@@ -170,7 +173,7 @@ def test_grpc_refuses_bad_request_ids_roles_and_text(channel):
     ]:
         with pytest.raises(grpc.RpcError) as info:
             stub.Complete(request, timeout=30)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in info.value.details(), words
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in (info.value.details() or ""), words
 
 
 def test_a_malformed_protobuf_is_invalid_argument(channel):
@@ -181,7 +184,7 @@ def test_a_malformed_protobuf_is_invalid_argument(channel):
             result = call(b"\x0a\xff\xff\xff", timeout=10)  # field 1, a length running past the end
             list(result) if method == "CompleteStream" else None
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
-        assert "not a valid deepspec.v1" in info.value.details()
+        assert "not a valid deepspec.v1" in (info.value.details() or "")
     assert pb_grpc.CompletionsStub(channel).Complete(pb.CompletionRequest(prompt="ok", max_tokens=2)).text == "Th"
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 import pytest
 import starlette.requests
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from service.gateway.dependencies import json_response
@@ -127,8 +128,10 @@ def test_a_route_with_more_than_a_body_and_request_dependencies_is_refused():
     async def with_query(body: CompletionRequest, limit: int = 3):
         return None
 
+    route = other.routes[0]
+    assert isinstance(route, APIRoute)
     with pytest.raises(ValueError, match="leave it to FastAPI"):
-        HotEndpoint.of(other.routes[0])
+        HotEndpoint.of(route)
 
 
 def test_the_gateway_app_answers_through_its_front():

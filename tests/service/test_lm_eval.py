@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -105,12 +106,12 @@ def task_manager(offline, tmp_path_factory):
     return TaskManager(include_path=str(tasks), include_defaults=False)
 
 
-def evaluate(task_manager, task: str, model: str, model_args: dict, **kwargs) -> dict:
+def evaluate(task_manager, task: str, model: str, model_args: dict, **kwargs) -> dict[str, Any]:
     """One attempt per request (`max_retries` 1): a request the gateway refuses fails the test at once, with the
     gateway's message in lm-eval's log, rather than after lm-eval's backoff."""
-    import lm_eval
+    from lm_eval.evaluator import simple_evaluate
 
-    results = lm_eval.simple_evaluate(
+    results = simple_evaluate(
         model=model,
         model_args={"model": MODEL, "max_retries": 1, **model_args},
         tasks=[task],
@@ -120,7 +121,7 @@ def evaluate(task_manager, task: str, model: str, model_args: dict, **kwargs) ->
         **kwargs,
     )
     assert results is not None
-    return results
+    return {**results}  # the JSON-like report, read by key
 
 
 def test_a_generation_task_through_local_chat_completions(gateway, task_manager):

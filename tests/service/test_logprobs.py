@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -403,7 +404,7 @@ def test_grpc_scores_prompts_and_streams_the_logprobs_of_each_chunk(grpc_stub, h
 def test_grpc_refuses_what_http_refuses(grpc_stub, request_fields, message):
     with pytest.raises(grpc.RpcError) as info:
         grpc_stub.Complete(pb.CompletionRequest(**request_fields))
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in (info.value.details() or "")
 
 
 def processed_reference(hf, ids: list[int], temperature: float, top_k: int) -> torch.Tensor:
@@ -422,7 +423,7 @@ def test_processed_logprobs_are_of_the_distribution_each_token_was_sampled_from(
     stays the model's own log_softmax, and the prompt's logprobs are raw in both modes (nothing samples them)."""
     ids = hf[1]("Naïve question")["input_ids"]
     temperature, top_k, num_top = 0.5, 5, 7
-    fields = dict(
+    fields: dict[str, Any] = dict(
         prompt_token_ids=ids,
         max_tokens=8,
         temperature=temperature,
@@ -489,4 +490,4 @@ def test_an_unknown_logprobs_mode_is_a_400_in_both_apis(gateway, grpc_stub):
     assert "'raw_logprobs' or 'processed_logprobs'" in response.json()["error"]["message"]
     with pytest.raises(grpc.RpcError) as info:
         grpc_stub.Complete(pb.CompletionRequest(prompt="hi", logprobs=True, logprobs_mode="processed"))
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "logprobs_mode" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "logprobs_mode" in (info.value.details() or "")

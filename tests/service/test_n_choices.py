@@ -1,6 +1,6 @@
 """`n` choices through the gateway (OpenAI's `n`): the real gateway, in this process, in front of a fake KServe worker
-(tests/service/fake_worker.py) that answers as deepspec_protocol/worker.py ("Several choices") says a worker does, and in
-front of a model that takes one sequence per request, which the dispatcher fans out (service/gateway/fanout.py).
+(tests/service/fake_worker.py) that answers as deepspec_protocol/worker.py ("Several choices") says a worker does, and
+in front of a model that takes one sequence per request, which the dispatcher fans out (service/gateway/fanout.py).
 
 The rules held are OpenAI's and vLLM's: a request's choices are numbered 0..n-1, and in a batch of prompts prompt i's
 choice j is i * n + j (vllm-project/vllm vllm/entrypoints/openai/serving_completion.py, `i * num_choices + output.
@@ -20,6 +20,7 @@ import grpc
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client import generate_latest
 
 from deepspec_protocol import worker as p
@@ -32,7 +33,7 @@ from tests.service.conftest import Gateway, Worker, in_process_gateway, metric_v
 from tests.service.fake_worker import MODEL, FakeWorker, finish_reason, words
 from tests.service.test_openai_client import _client, _collect, _sse
 
-CHAT = [{"role": "user", "content": "hello"}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 @contextlib.asynccontextmanager
@@ -42,7 +43,13 @@ async def _gateway(worker: FakeWorker):
     try:
         async with in_process_gateway(address, "the fake worker") as (http, state):
             yield (
-                openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="unused", max_retries=0, http_client=http),
+                # openai takes an httpx client as well as an httpx2 one (openai/_httpx2.py) but declares only httpx2's
+                openai.AsyncOpenAI(
+                    base_url="http://gateway/v1",
+                    api_key="unused",
+                    max_retries=0,
+                    http_client=http,  # pyright: ignore[reportArgumentType]
+                ),
                 state,
             )
     finally:
@@ -231,7 +238,7 @@ def test_grpc_api_takes_n_and_names_each_chunks_choice():
         assert [c.finish_reason for c in mine] == [""] * (len(mine) - 1) + [finish_reason(10 + index)]
     assert [c.HasField("usage") for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (2, 5)
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "n:" in error.details()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "n:" in (error.details() or "")
 
 
 @pytest.mark.integration
@@ -267,6 +274,7 @@ def test_the_real_worker_forks_four_greedy_choices_streamed(tmp_path):
         mine = [c for c in choices[4:] if c.index == index]
         assert "".join(c.delta.content or "" for c in mine) == one.choices[0].message.content
         assert [c.finish_reason for c in mine if c.finish_reason] == [one.choices[0].finish_reason]
+    assert last.usage is not None and one.usage is not None
     assert last.usage.prompt_tokens == one.usage.prompt_tokens
     assert last.usage.completion_tokens == 4 * one.usage.completion_tokens
     assert worker_prompt_tokens == 2 * one.usage.prompt_tokens  # the n = 1 request's and the forked one's

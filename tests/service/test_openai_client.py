@@ -2,8 +2,9 @@
 
 The real-server behaviour (streaming, kill -9, rejoin) is tested against llama.cpp in test_openai_upstream.py;
 most tests here cover the answers a llama.cpp server never gives (429, 503, an error event inside the stream) from
-a loopback server that answers with a test's handler, so each mapping rule runs without a network. The last ones replay each engine's own
-stream shape (tests/service/fixtures/sse/<engine>.txt) from a small HTTP server through the whole gateway.
+a loopback server that answers with a test's handler, so each mapping rule runs without a network. The last ones
+replay each engine's own stream shape (tests/service/fixtures/sse/<engine>.txt) from a small HTTP server through the
+whole gateway.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -51,6 +53,7 @@ def _serve_handler(handler) -> int:
         try:
             answered = handler(asked)
         except httpx.ConnectError:
+            assert request.transport is not None  # aiohttp's, while the handler runs
             request.transport.close()
             return web.Response()
         response = web.StreamResponse(
@@ -305,8 +308,8 @@ def test_worker_addresses_name_their_protocol():
     assert parse_address("openai+http://h:8000").protocol == "openai-http"
     assert parse_address("grpc://h:8001").protocol == "kserve-grpc"
     assert parse_address("h:8001", default="openai-http").protocol == "openai-http"
-    assert isinstance(client_for("openai+https://h:1"), OpenAIClient)
-    assert client_for("openai+https://h:1").base_url == "https://h:1"
+    openai_client = client_for("openai+https://h:1")
+    assert isinstance(openai_client, OpenAIClient) and openai_client.base_url == "https://h:1"
 
     async def grpc_client():  # a gRPC aio channel needs a running loop
         client = client_for("grpc://h:1")
@@ -506,9 +509,11 @@ async def _replaying_engine(bodies: dict[str, bytes], health_status: int, owned_
 async def _gateway_over(bodies: dict[str, bytes], health_status: int = 200, owned_by: str | None = None):
     """An in-process gateway whose one worker replays `bodies` (`_replaying_engine`), once it has admitted it;
     yields an HTTP client of the gateway and the bodies the engine was sent."""
-    async with _replaying_engine(bodies, health_status, owned_by) as (port, sent):
-        async with in_process_gateway(f"openai+http://127.0.0.1:{port}", "the replaying engine") as (client, _):
-            yield client, sent
+    async with (
+        _replaying_engine(bodies, health_status, owned_by) as (port, sent),
+        in_process_gateway(f"openai+http://127.0.0.1:{port}", "the replaying engine") as (client, _),
+    ):
+        yield client, sent
 
 
 def _stream_request(route: str, **extra) -> dict:
@@ -524,11 +529,15 @@ def _stream_through_gateway(bodies: dict[str, bytes], route: str, health_status:
     the gateway's events (JSON, then "[DONE]") and the body the engine was sent."""
 
     async def main():
-        async with _gateway_over(bodies, health_status) as (client, sent):
-            async with client.stream("POST", route, json=_stream_request(route)) as response:
-                assert response.status_code == 200, await response.aread()
-                lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
-        return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines], sent
+        async with (
+            _gateway_over(bodies, health_status) as (client, sent),
+            client.stream("POST", route, json=_stream_request(route)) as response,
+        ):
+            assert response.status_code == 200, await response.aread()
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        # JSON payloads (dicts, read as Any), then "[DONE]"
+        events: list[Any] = [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines]
+        return events, sent
 
     return asyncio.run(main())
 
@@ -720,10 +729,12 @@ def _stream_events(bodies, route: str, request: dict, owned_by: str | None = "vl
     """The gateway's streamed events for `request` over an engine replaying `bodies`, and what the engine was sent."""
 
     async def main():
-        async with _gateway_over(bodies, owned_by=owned_by) as (client, sent):
-            async with client.stream("POST", route, json=request) as response:
-                assert response.status_code == 200, await response.aread()
-                lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+        async with (
+            _gateway_over(bodies, owned_by=owned_by) as (client, sent),
+            client.stream("POST", route, json=request) as response,
+        ):
+            assert response.status_code == 200, await response.aread()
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
         return [json.loads(line[6:]) for line in lines], sent
 
     return asyncio.run(main())

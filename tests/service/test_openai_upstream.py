@@ -21,7 +21,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Self
 
 import httpx
 import pytest
@@ -64,8 +66,8 @@ class LlamaServer(ServerProcess):
         super().__init__([], tmp / f"llama-{self.port}.log", env={"OMP_NUM_THREADS": "1"})
         self.tmp = tmp
 
-    def start(self) -> LlamaServer:
-        self._log = open(self.log_path, "ab")
+    def start(self) -> Self:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (the server writes it until terminate() closes it)
         args = [
             "--model",
             str(_gguf()),
@@ -161,8 +163,8 @@ def _wait_for(check, timeout_s: float, what: str) -> None:
     pytest.fail(f"not {what} after {timeout_s} s")
 
 
-def _events(response: httpx.Response):
-    """The JSON payloads of an SSE response, then the string "[DONE]"."""
+def _events(response: httpx.Response) -> Iterator[Any]:
+    """The JSON payloads of an SSE response (dicts, read as Any), then the string "[DONE]"."""
     for line in response.iter_lines():
         if line.startswith("data: "):
             data = line[len("data: ") :]
@@ -249,7 +251,7 @@ def test_cancelling_closes_the_upstream_stream(gateway, upstreams):
     llama.cpp's server (and vLLM, SGLang) take as the signal to stop generating."""
     import psutil
 
-    gateway_process = psutil.Process(gateway.proc.pid)
+    gateway_process = psutil.Process(gateway.process.pid)
 
     def connections_to(port: int) -> set[tuple]:
         return {
@@ -317,8 +319,8 @@ def test_kill9_mid_stream_rerouting_ejection_and_rejoin(tmp_path):
             victim = next(s for s in upstreams if counts[s.address] == 2)
             survivor = next(s for s in upstreams if s is not victim)
             retries = _gateway_metric(gateway, GATEWAY_RETRIES_TOTAL, worker=victim.address)
-            victim.proc.kill()  # SIGKILL: no goodbye on any connection
-            victim.proc.wait(10)
+            victim.process.kill()  # SIGKILL: no goodbye on any connection
+            victim.process.wait(10)
 
             rest = list(streams[victim.address])  # every event the gateway sent, to the end: a hang fails the read
             assert rest[-1] == "[DONE]" and "error" in rest[-2], (len(rest), rest[-3:])

@@ -27,16 +27,17 @@ scrape_configs:
   - job_name: worker
     static_configs: [{{targets: ["127.0.0.1:{stub_worker.metrics_port}"]}}]
 """)
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "prometheus.log", "wb"),
-    )
+    with open(tmp_path / "prometheus.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

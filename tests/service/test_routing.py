@@ -4,6 +4,7 @@ prefix affinity, the fail-open to power of two choices, and the load a worker re
 from __future__ import annotations
 
 import random
+from typing import cast
 
 import httpx
 import pytest
@@ -11,8 +12,9 @@ import pytest
 from deepspec_protocol.worker import WorkerLoad
 from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.scoring import _step_cost, expected_tokens_per_s, prefix_key
+from service.gateway.worker_client import WorkerClient
 from service.metrics import REQUEST_SUCCESS_TOTAL, GatewayMetrics
-from tests.service.conftest import Gateway, Worker, metric_value
+from tests.service.conftest import Gateway, Worker, metric_value, picked
 
 FAST = WorkerLoad(num_running=2, num_waiting=0, num_slots=8, kv_utilization=0.1, row_tokens_per_s=100.0)
 
@@ -35,7 +37,8 @@ def _pool(*loads: WorkerLoad | None, clock=None) -> WorkerPool:
         make_client=lambda address: None,
     )
     for i, load in enumerate(loads):
-        endpoint = pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", None, healthy=True, models={"m": 0})
+        # no client: picking never calls a worker
+        endpoint = pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", cast(WorkerClient, None), healthy=True, models={"m": 0})
         if load is not None:
             pool.observe_load(endpoint, load)
     return pool
@@ -63,7 +66,7 @@ def test_a_burst_spreads_over_a_busy_and_an_idle_worker():
     pool = _pool(one_row, idle)
     picks = []
     for _ in range(12):  # each request still running when the next is picked, as in a burst
-        picks.append(pool.pick("m").address)
+        picks.append(picked(pool, "m"))
         pool.endpoints[picks[-1]].outstanding += 1
     assert picks[0] == "w1" and set(picks) == {"w0", "w1"}
     assert abs(picks.count("w0") + 1 - picks.count("w1")) <= 2  # w0 runs one row already
@@ -75,12 +78,12 @@ def test_the_pick_goes_where_the_request_gets_most_and_fails_open_when_a_report_
     slow = WorkerLoad(num_running=8, num_waiting=4, num_slots=8, row_tokens_per_s=100.0)
     clock = Clock()
     pool = _pool(slow, FAST, clock=clock)
-    assert {pool.pick("m").address for _ in range(20)} == {"w1"}
+    assert {picked(pool, "m") for _ in range(20)} == {"w1"}
     clock.now += 6  # both reports are stale now: power of two choices on outstanding requests
     pool.endpoints["w1"].outstanding = 3
-    assert {pool.pick("m").address for _ in range(20)} == {"w0"}
+    assert {picked(pool, "m") for _ in range(20)} == {"w0"}
     half_known = _pool(FAST, None)  # one never reported: power of two choices, ties either way
-    assert {half_known.pick("m").address for _ in range(40)} == {"w0", "w1"}
+    assert {picked(half_known, "m") for _ in range(40)} == {"w0", "w1"}
 
 
 def test_a_worker_back_at_an_ejected_address_reports_afresh():
@@ -88,19 +91,19 @@ def test_a_worker_back_at_an_ejected_address_reports_afresh():
     would never be picked while a prefix or a better score holds the other): ejection forgets the report."""
     busy = WorkerLoad(num_running=8, num_waiting=8, num_slots=8, row_tokens_per_s=100.0)
     pool = _pool(busy, FAST)
-    assert {pool.pick("m").address for _ in range(20)} == {"w1"}
+    assert {picked(pool, "m") for _ in range(20)} == {"w1"}
     pool.eject(pool.endpoints["w0"], "killed")
     pool.endpoints["w0"].healthy = True  # re-admitted by a probe
-    assert {pool.pick("m").address for _ in range(40)} == {"w0", "w1"}  # p2c until it reports
+    assert {picked(pool, "m") for _ in range(40)} == {"w0", "w1"}  # p2c until it reports
 
 
 def test_a_session_stays_on_its_worker_while_it_is_admitted():
     pool = _pool(FAST, FAST)
     pool.served(pool.endpoints["w0"], "s1", None)
     pool.endpoints["w0"].outstanding = 50  # even busy: its history is there
-    assert {pool.pick("m", session="s1").address for _ in range(20)} == {"w0"}
+    assert {picked(pool, "m", session="s1") for _ in range(20)} == {"w0"}
     pool.endpoints["w0"].healthy = False
-    assert pool.pick("m", session="s1").address == "w1"
+    assert picked(pool, "m", session="s1") == "w1"
     assert pool.pick("m", exclude={"w1"}, session="s1") is None
 
 
@@ -109,11 +112,11 @@ def test_a_prompt_prefix_prefers_its_worker_unless_it_scores_far_below_the_best(
     key = prefix_key(None, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}])
     assert key == prefix_key(None, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "?"}])
     pool.served(pool.endpoints["w1"], None, key)
-    assert {pool.pick("m", prefix=key).address for _ in range(10)} == {"w1"}
+    assert {picked(pool, "m", prefix=key) for _ in range(10)} == {"w1"}
     pool.observe_load(
         pool.endpoints["w1"], WorkerLoad(num_running=8, num_waiting=16, num_slots=8, row_tokens_per_s=100.0)
     )
-    assert pool.pick("m", prefix=key).address == "w0"
+    assert picked(pool, "m", prefix=key) == "w0"
 
 
 def test_the_load_round_trips_through_response_parameters():

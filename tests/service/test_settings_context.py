@@ -5,6 +5,7 @@ or the memory cannot hold is refused. Each backend's cache is sized from its own
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ def _context(
     slots=8,
     slack=9,
     per_position=2 * SMOLLM2_VALUES_PER_POSITION,
-    available=16 * GIB,
+    available: int | None = 16 * GIB,
     fraction=0.5,
 ):
     return served_context(
@@ -75,13 +76,14 @@ def test_the_cgroup_limit_bounds_the_memory(tmp_path, monkeypatch):
     assert ctx._cgroup_headroom(tmp_path) is None
     assert ctx._cgroup_headroom(tmp_path / "absent") is None
     monkeypatch.setattr(ctx, "_cgroup_headroom", lambda: GIB)
-    assert ctx.available_memory_bytes("cpu") <= GIB
+    available = ctx.available_memory_bytes("cpu")
+    assert available is not None and available <= GIB
 
 
 # --- each backend, on a tiny target that declares 4,096 positions ---------------------------------------------------
 
 DECLARED = 4096
-HD16 = dict(
+HD16: dict[str, Any] = dict(
     hidden_size=64,
     head_dim=16,
     intermediate_size=128,

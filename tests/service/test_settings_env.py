@@ -18,6 +18,7 @@ from service.cli import parse_config
 from service.gateway.settings import GatewaySettings
 from service.worker.settings import EmbeddedWorkerSettings, WorkerSettings
 from tests.ports import free_port
+from tests.service.conftest import gateway_of, worker_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,16 +95,16 @@ def test_the_tables_cover_every_field():
                 assert model.model_fields[name].default != value, name
 
 
-def test_every_gateway_variable_reaches_the_gateway(monkeypatch):
+def test_every_gateway_variable_reaches_thegateway_of(monkeypatch):
     _set(monkeypatch, "DEEPSPEC_GATEWAY_", GATEWAY_ENV)
-    gateway = parse_config(["gateway"]).gateway
+    gateway = gateway_of(parse_config(["gateway"]))
     for name, (_, value) in GATEWAY_ENV.items():
         assert getattr(gateway, name) == value, name
 
 
-def test_every_worker_variable_reaches_the_worker(monkeypatch):
+def test_every_worker_variable_reaches_theworker_of(monkeypatch):
     _set(monkeypatch, "DEEPSPEC_WORKER_", WORKER_ENV)
-    worker = parse_config(["worker"]).worker
+    worker = worker_of(parse_config(["worker"]))
     for name, (_, value) in WORKER_ENV.items():
         assert getattr(worker, name) == value, name
 
@@ -112,9 +113,10 @@ def test_the_embedded_default_reads_both_prefixes(monkeypatch):
     _set(monkeypatch, "DEEPSPEC_GATEWAY_", {k: GATEWAY_ENV[k] for k in ("http_port", "grpc_port", "max_body_bytes")})
     _set(monkeypatch, "DEEPSPEC_WORKER_", {k: WORKER_ENV[k] for k in ("max_batch_size", "port", "metrics_port")})
     config = parse_config([])
-    assert (config.gateway.http_port, config.gateway.grpc_port, config.gateway.max_body_bytes) == (9999, -1, 65536)
-    assert (config.worker.max_batch_size, config.worker.port, config.worker.metrics_port) == (3, 9101, -1)
-    assert isinstance(config.worker, EmbeddedWorkerSettings) and config.worker.host == "127.0.0.1"
+    gateway, worker = gateway_of(config), worker_of(config)
+    assert (gateway.http_port, gateway.grpc_port, gateway.max_body_bytes) == (9999, -1, 65536)
+    assert (worker.max_batch_size, worker.port, worker.metrics_port) == (3, 9101, -1)
+    assert isinstance(worker, EmbeddedWorkerSettings) and worker.host == "127.0.0.1"
 
 
 def test_the_embedded_worker_defaults_to_loopback_and_any_free_port(monkeypatch):
@@ -122,17 +124,18 @@ def test_the_embedded_worker_defaults_to_loopback_and_any_free_port(monkeypatch)
         if name.startswith(("DEEPSPEC_WORKER_", "DEEPSPEC_GATEWAY_")):
             monkeypatch.delenv(name)
     config = parse_config(["--host", "0.0.0.0", "--max-batch-size", "2"])
-    assert (config.worker.host, config.worker.port, config.worker.metrics_port) == ("127.0.0.1", 0, 8002)
-    assert config.gateway.host == "0.0.0.0" and config.worker.max_batch_size == 2
-    assert parse_config(["--worker-port", "9300", "--metrics-port", "-1"]).worker.port == 9300
+    gateway, worker = gateway_of(config), worker_of(config)
+    assert (worker.host, worker.port, worker.metrics_port) == ("127.0.0.1", 0, 8002)
+    assert gateway.host == "0.0.0.0" and worker.max_batch_size == 2
+    assert worker_of(parse_config(["--worker-port", "9300", "--metrics-port", "-1"])).port == 9300
 
 
 def test_a_flag_given_overrides_the_environment(monkeypatch):
     _set(monkeypatch, "DEEPSPEC_GATEWAY_", {k: GATEWAY_ENV[k] for k in ("http_port", "workers", "request_timeout_s")})
     _set(monkeypatch, "DEEPSPEC_WORKER_", {k: WORKER_ENV[k] for k in ("max_batch_size", "target", "port")})
-    gateway = parse_config(["gateway", "--http-port", "7000"]).gateway
+    gateway = gateway_of(parse_config(["gateway", "--http-port", "7000"]))
     assert (gateway.http_port, gateway.request_timeout_s, gateway.workers) == (7000, 12.5, "w1:7001,w2:7002")
-    worker = parse_config(["worker", "--max-batch-size", "6", "--port", "0"]).worker
+    worker = worker_of(parse_config(["worker", "--max-batch-size", "6", "--port", "0"]))
     assert (worker.max_batch_size, worker.port, worker.target) == (6, 0, "stub")
 
 
@@ -141,7 +144,7 @@ def test_keys_come_from_their_variables(monkeypatch, tmp_path):
     keys.write_text("k1\n# comment\nk2, k3\n")
     monkeypatch.setenv("DEEPSPEC_GATEWAY_API_KEYS_FILE", str(keys))
     monkeypatch.setenv("DEEPSPEC_API_KEYS", "k4")
-    gateway = parse_config(["gateway", "--workers", "w:1"]).gateway
+    gateway = gateway_of(parse_config(["gateway", "--workers", "w:1"]))
     assert gateway.load_api_keys() == {"k1", "k2", "k3", "k4"}
 
 
@@ -159,10 +162,12 @@ def test_a_bad_variable_is_a_usage_error_naming_the_field(monkeypatch, capsys):
     assert "--max-batch-size" in capsys.readouterr().err
 
 
-def test_help_shows_the_settings_defaults():
+def test_help_shows_the_settings_defaults(capsys):
     from service.cli import build_parser
 
-    text = build_parser(("gateway",))._subparsers._group_actions[0].choices["gateway"].format_help()
+    with pytest.raises(SystemExit):
+        build_parser(("gateway",)).parse_args(["gateway", "--help"])
+    text = capsys.readouterr().out
     assert "(default 8000)" in text and "(default 50051; -1 = off)" in text
 
 
@@ -201,30 +206,32 @@ def test_the_real_gateway_listens_on_the_port_its_variable_names(tmp_path):
         proc.wait(timeout=30)
 
 
-def test_the_admission_and_routing_flags_reach_the_gateway(tmp_path):
+def test_the_admission_and_routing_flags_reach_thegateway_of(tmp_path):
     classes = tmp_path / "classes.yaml"
     classes.write_text("keys: {sk-agent: {service_class: interactive, session_memory: true}}\n")
-    gateway = parse_config(
-        [
-            "gateway",
-            "--workers",
-            "127.0.0.1:1",
-            "--service-classes-file",
-            str(classes),
-            "--max-inflight-per-worker",
-            "4",
-            "--interactive-reserve-per-worker",
-            "2",
-            "--max-waiting",
-            "0",
-            "--queue-timeout-s",
-            "2.5",
-            "--routing",
-            "p2c",
-            "--routing-load-max-age-s",
-            "9",
-        ]
-    ).gateway
+    gateway = gateway_of(
+        parse_config(
+            [
+                "gateway",
+                "--workers",
+                "127.0.0.1:1",
+                "--service-classes-file",
+                str(classes),
+                "--max-inflight-per-worker",
+                "4",
+                "--interactive-reserve-per-worker",
+                "2",
+                "--max-waiting",
+                "0",
+                "--queue-timeout-s",
+                "2.5",
+                "--routing",
+                "p2c",
+                "--routing-load-max-age-s",
+                "9",
+            ]
+        )
+    )
     assert (
         gateway.service_classes_file,
         gateway.max_inflight_per_worker,
@@ -236,4 +243,4 @@ def test_the_admission_and_routing_flags_reach_the_gateway(tmp_path):
     ) == (classes, 4, 2, 0, 2.5, "p2c", 9.0)
     assert gateway.load_service_classes().keys == frozenset({"sk-agent"})
     inline = parse_config(["gateway", "--workers", "127.0.0.1:1", "--service-classes", "default: {weight: 3}"])
-    assert inline.gateway.load_service_classes().default.weight == 3
+    assert gateway_of(inline).load_service_classes().default.weight == 3

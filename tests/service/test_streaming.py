@@ -33,8 +33,9 @@ def server(disconnect_after_s: float | None):
 
     async def receive():
         if disconnect_after_s is None:
-            await asyncio.Event().wait()
-        await asyncio.sleep(disconnect_after_s)
+            await asyncio.Event().wait()  # never set
+        else:
+            await asyncio.sleep(disconnect_after_s)
         return {"type": "http.disconnect"}
 
     async def send(message):
@@ -49,7 +50,9 @@ def test_a_client_that_disconnects_ends_the_stream_quietly():
 
     async def run():
         await EventStreamResponse(body.events(), media_type="text/event-stream")({"type": "http"}, receive, send)
-        return asyncio.current_task().cancelling()
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
 
     assert asyncio.run(run()) == 0  # returned normally, nothing left pending on the task
     assert body.closed and body.sent > 1 and sent[0]["type"] == "http.response.start"

@@ -63,7 +63,8 @@ def test_engine_validation_under_the_stub_names_the_code():
 
 
 def test_protocol_error_codes_mirror_the_engines():
-    """The gateway image has no deepspec library: deepspec_protocol/worker.py keeps the code strings, which must agree."""
+    """The gateway image has no deepspec library: deepspec_protocol/worker.py keeps the code strings, which must
+    agree."""
     assert set(p.ERROR_CODES) == {c.value for c in EngineCodes}
 
 

@@ -15,9 +15,11 @@ import contextlib
 import dataclasses
 import json
 import time
+from typing import cast
 
 import grpc
 import pytest
+from tritonclient.grpc import service_pb2_grpc
 
 from deepspec_protocol import triton_contract as c
 from service.gateway.signature import ModelSignature
@@ -267,7 +269,9 @@ def test_the_stock_llmapi_models_cumulative_text_reaches_clients_as_deltas(repo)
 
     async def texts(signature, stream: bool):
         worker = WorkerClient("127.0.0.1:1")
-        worker.stub, worker.signatures[MODEL] = StockStub(), signature
+        # a stock Triton's stub: only the stream call the client makes
+        worker.stub = cast(service_pb2_grpc.GRPCInferenceServiceStub, StockStub())
+        worker.signatures[MODEL] = signature
         req = GenerationRequest("r", MODEL, prompt="x", max_tokens=4)
         chunks = [chunk.text async for chunk in (worker.generate(req, 5) if stream else worker.infer(req, 5))]
         await worker.close()

@@ -7,7 +7,9 @@ import asyncio
 import random
 import subprocess
 import sys
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
+from typing import cast, get_args
 
 import numpy as np
 import pytest
@@ -19,10 +21,11 @@ from deepspec.decoding.params import SamplingParams
 from deepspec_protocol import tensors
 from deepspec_protocol import worker as p
 from service.gateway.routing import Endpoint, WorkerPool
-from service.gateway.worker_client import GenerationRequest, build_infer_request, parse_response
+from service.gateway.worker_client import GenerationRequest, WorkerClient, build_infer_request, parse_response
 from service.metrics import GatewayMetrics, WorkerMetrics
 from service.worker.scheduler import QueueFullError, Scheduler
 from service.worker.stub_target import STUB_TEXT, StubDrafter, StubTarget
+from tests.service.conftest import output, picked
 
 
 def test_gateway_request_reads_back_in_the_worker():
@@ -55,8 +58,8 @@ def test_worker_response_parses_in_the_gateway_and_in_tritonclient():
     chunk = parse_response(response)
     assert (chunk.text, chunk.stats.num_output_tokens, chunk.finish_reason, chunk.final) == ("ab€", 3, "stop", True)
     result = triton.InferResult(response)
-    assert result.as_numpy(p.TEXT_OUTPUT)[0][0].decode() == "ab€"
-    assert result.as_numpy(p.EXTRA_NUM_OUTPUT_TOKENS).dtype == np.int32
+    assert output(result, p.TEXT_OUTPUT)[0][0].decode() == "ab€"
+    assert output(result, p.EXTRA_NUM_OUTPUT_TOKENS).dtype == np.int32
 
 
 def test_gateway_reads_a_response_with_typed_contents():
@@ -108,15 +111,18 @@ def test_stream_error_prefix_round_trip():
 def _pool(outstanding: list[int]) -> WorkerPool:
     pool = WorkerPool("", GatewayMetrics(), rng=random.Random(0))
     for i, n in enumerate(outstanding):
-        pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", client=None, outstanding=n, healthy=True, models={"m": 2048})
+        # no client: picking never calls a worker
+        pool.endpoints[f"w{i}"] = Endpoint(
+            f"w{i}", client=cast(WorkerClient, None), outstanding=n, healthy=True, models={"m": 2048}
+        )
     return pool
 
 
 def test_p2c_never_picks_the_busier_of_its_two_samples():
     """With loads 0 and 100 the idle worker always wins; with three workers the busiest is never chosen."""
-    assert {_pool([0, 100]).pick("m").address for _ in range(50)} == {"w0"}
+    assert {picked(_pool([0, 100]), "m") for _ in range(50)} == {"w0"}
     pool = _pool([0, 5, 100])
-    picks = [pool.pick("m").address for _ in range(300)]
+    picks = [picked(pool, "m") for _ in range(300)]
     assert "w2" not in picks and picks.count("w0") > picks.count("w1")
 
 
@@ -124,7 +130,7 @@ def test_pick_skips_ejected_tried_and_other_models():
     pool = _pool([0, 0, 0])
     pool.endpoints["w0"].healthy = False
     pool.endpoints["w1"].models = {"other": 0}
-    assert pool.pick("m").address == "w2"
+    assert picked(pool, "m") == "w2"
     assert pool.pick("m", exclude={"w2"}) is None
     assert pool.models() == {"m": 2048, "other": 0}
 
@@ -192,6 +198,7 @@ def test_scheduler_queue_bound_and_abort():
             await asyncio.sleep(0.05)
             with pytest.raises(QueueFullError):
                 await anext(scheduler.generate([1], SamplingParams(max_tokens=3)))
+            assert isinstance(first, AsyncGenerator)
             await first.aclose()  # abort frees the slot: the waiting one runs
             outputs = await asyncio.wait_for(second, 5)
             assert outputs[-1][1].num_output_tokens == 3
@@ -254,7 +261,7 @@ def test_worker_and_gateway_settings_live_apart():
     from service.worker.settings import WorkerSettings
 
     assert WorkerSettings().target == DEFAULT_TARGET
-    assert WorkerSettings.model_fields["quantization"].annotation.__args__ == WEIGHT_FORMATS
+    assert get_args(WorkerSettings.model_fields["quantization"].annotation) == WEIGHT_FORMATS
     assert issubclass(WorkerSettings, ServiceSettings) and issubclass(GatewaySettings, ServiceSettings)
     for cls in (WorkerSettings, GatewaySettings):  # declared once, in the base
         assert not set(ServiceSettings.model_fields) & set(cls.__annotations__), cls
@@ -320,8 +327,8 @@ def test_worker_response_stats_round_trip_through_the_protocol():
 
 
 def test_scored_token_tables_round_trip_through_the_protocol():
-    """deepspec_protocol/token_scores.py: rows of one table, a token without a logprob (the prompt's first: NaN on the wire,
-    a padding row among the alternatives) and none at all (no tensors, read back as None)."""
+    """deepspec_protocol/token_scores.py: rows of one table, a token without a logprob (the prompt's first: NaN on the
+    wire, a padding row among the alternatives) and none at all (no tensors, read back as None)."""
     from deepspec_protocol.token_scores import TokenScore, add_scores, read_scores
 
     scores = [
@@ -378,11 +385,13 @@ def test_the_stop_token_that_ends_a_request_is_scored_last_without_text():
 
 
 def test_prompt_texts_split_characters_as_the_output_does_and_concatenate_to_the_decoded_prompt():
+    from deepspec.decoding.logprobs import TokenLogprob
     from service.worker.token_texts import prompt_scores
 
     target = StubTarget()
     ids = target.encode("hé €") + [0xE2, 0x82]  # ends inside a character, as a token-id prompt may
-    scores = prompt_scores(ids, [None] + [None] * (len(ids) - 1), target.decode, chr)
+    no_logprobs: list[TokenLogprob | None] = [None] * len(ids)
+    scores = prompt_scores(ids, no_logprobs, target.decode, chr)
     assert [s.token for s in scores] == ["h", "", "é", " ", "", "", "€", "", "\ufffd"]
     assert "".join(s.token for s in scores) == target.decode(ids)
 
@@ -420,6 +429,10 @@ def test_openai_logprob_shapes():
     ]
 
 
+async def _first(chunks: AsyncIterator):
+    return await anext(chunks)
+
+
 def test_a_worker_that_cannot_forward_logprobs_is_not_sent_them():
     """An OpenAI-HTTP worker's client (gateway/openai_client.py) declares no `extensions`: a request that needs one
     is a 400 naming it, never a completion without it."""
@@ -427,11 +440,11 @@ def test_a_worker_that_cannot_forward_logprobs_is_not_sent_them():
     from service.gateway.errors import BadRequestError
 
     pool = _pool([0])
-    pool.endpoints["w0"].client = object()
+    pool.endpoints["w0"].client = cast(WorkerClient, object())  # a client that declares no extensions
     dispatcher = Dispatcher(pool, GatewayMetrics())
     for req, named in [
         (GenerationRequest("r1", "m", prompt="x", logprobs=0), "logprobs"),
         (GenerationRequest("r2", "m", prompt_token_ids=[1, 2]), "token-id prompts"),
     ]:
         with pytest.raises(BadRequestError, match=f"{named} are not supported by this worker"):
-            asyncio.run(anext(dispatcher.generate(req, "completions")))
+            asyncio.run(_first(dispatcher.generate(req, "completions")))

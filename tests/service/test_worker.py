@@ -7,6 +7,7 @@ import queue
 import re
 import time
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -14,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from deepspec_protocol import worker as p
 from service.worker.stub_target import STUB_TEXT
-from tests.service.conftest import Worker, metric_value
+from tests.service.conftest import Worker, metric_value, output
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +42,12 @@ def inputs(prompt: str | bytes = "Hello", max_tokens: int = 20, stream: bool | N
     if "num_return_sequences" in extra:
         out.append(tensor("num_return_sequences", np.array([[extra["num_return_sequences"]]], dtype=np.int32), "INT32"))
     return out
+
+
+def _trailers(error: grpc.RpcError) -> dict[str, str | bytes]:
+    """The trailing metadata of a failed call, by key."""
+    assert isinstance(error, grpc.Call), error  # what a failed grpc call raises
+    return {item.key: item.value for item in error.trailing_metadata() or ()}
 
 
 def stream_started(worker: Worker, max_tokens: int) -> tuple[triton.InferenceServerClient, queue.Queue]:
@@ -145,7 +152,6 @@ def test_bad_input_is_invalid_argument(client, args, message):
 )
 def test_engine_refusals_carry_their_code_in_unary_metadata_and_in_streams(stub_worker, args, code):
     """The engine's RequestErrorCode reaches the client in the structured fields deepspec_protocol/worker.py names."""
-    import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     assert code in p.ERROR_CODES
@@ -158,7 +164,7 @@ def test_engine_refusals_carry_their_code_in_unary_metadata_and_in_streams(stub_
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelInfer(request, timeout=10)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert dict(info.value.trailing_metadata())[p.ERROR_CODE_METADATA] == code
+        assert _trailers(info.value)[p.ERROR_CODE_METADATA] == code
         (response,) = list(stub.ModelStreamInfer(iter([request]), timeout=10))
         assert response.error_message.startswith("INVALID_ARGUMENT: ")
         assert response.infer_response.parameters[p.ERROR_CODE_PARAM].string_param == code
@@ -178,7 +184,6 @@ def test_a_prompt_too_long_to_fit_is_refused_by_its_length_before_tokenizing(cli
 
 
 def test_unreadable_input_is_invalid_argument_without_a_code(stub_worker):
-    import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     request = service_pb2.ModelInferRequest(model_name="stub", id="e2")
@@ -187,8 +192,8 @@ def test_unreadable_input_is_invalid_argument_without_a_code(stub_worker):
         request.raw_input_contents.append(t._get_content())
     with grpc.insecure_channel(stub_worker.address) as channel, pytest.raises(grpc.RpcError) as info:
         service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in info.value.details()
-    assert p.ERROR_CODE_METADATA not in dict(info.value.trailing_metadata() or ())
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in (info.value.details() or "")
+    assert p.ERROR_CODE_METADATA not in _trailers(info.value)
 
 
 def test_unknown_model_is_not_found(client):
@@ -211,7 +216,7 @@ def test_closed_stream_frees_the_slot(tmp_path):
         assert metric_value(text, "deepspec:num_requests_running") == 0
         assert metric_value(text, "deepspec:request_success_total", status="abort") == 1
         # the single slot is free again: a new request completes at once
-        assert client.infer("stub", inputs("x", max_tokens=2)).as_numpy("num_output_tokens")[0][0] == 2
+        assert output(client.infer("stub", inputs("x", max_tokens=2)), "num_output_tokens")[0][0] == 2
         client.close()
     finally:
         worker.terminate()
@@ -271,7 +276,7 @@ def test_sigterm_drains_the_worker(tmp_path):
     worker = Worker(tmp_path, "--stub-step-ms", "10").start().wait_ready()
     try:
         client, responses = stream_started(worker, 300)
-        worker.proc.send_signal(15)
+        worker.process.send_signal(15)
         deadline = time.monotonic() + 5
         while client.is_server_ready() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -286,7 +291,7 @@ def test_sigterm_drains_the_worker(tmp_path):
                 break
         assert result.as_numpy("num_output_tokens")[0][0] == 300
         client.stop_stream()
-        assert worker.proc.wait(10) == 0
+        assert worker.process.wait(10) == 0
     finally:
         worker.terminate()
 
@@ -309,9 +314,9 @@ def _tensor(name: str, array: np.ndarray, datatype: str):
 
 
 def test_logprobs_travel_as_tensors_tritonclient_reads(client):
-    """The worker's KServe contract for logprobs (deepspec_protocol/worker.py): TensorRT-LLM's `return_log_probs` input and
-    `output_log_probs` output, `input_ids` for a token-id prompt, DeepSpec's top_logprobs / prompt_logprobs inputs and
-    the [1, n] / [n, k] scored-token tables; all declared in the ModelConfig the gateway reads."""
+    """The worker's KServe contract for logprobs (deepspec_protocol/worker.py): TensorRT-LLM's `return_log_probs` input
+    and `output_log_probs` output, `input_ids` for a token-id prompt, DeepSpec's top_logprobs / prompt_logprobs inputs
+    and the [1, n] / [n, k] scored-token tables; all declared in the ModelConfig the gateway reads."""
     config = client.get_model_config("stub", as_json=True)["config"]
     declared = {t["name"] for t in config["input"]}
     assert {p.INPUT_IDS, p.RETURN_LOG_PROBS, p.EXTRA_TOP_LOGPROBS, p.EXTRA_PROMPT_LOGPROBS} <= declared
@@ -388,7 +393,6 @@ def test_a_structured_output_input_constrains_the_engine(client):
     ],
 )
 def test_a_malformed_structured_output_is_invalid_argument_with_the_code(stub_worker, value, message):
-    import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     request = service_pb2.ModelInferRequest(model_name="stub", id="s1")
@@ -397,11 +401,11 @@ def test_a_malformed_structured_output_is_invalid_argument_with_the_code(stub_wo
         request.raw_input_contents.append(t._get_content())
     with grpc.insecure_channel(stub_worker.address) as channel, pytest.raises(grpc.RpcError) as info:
         service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
-    assert dict(info.value.trailing_metadata())[p.ERROR_CODE_METADATA] == "structured_output_invalid"
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in (info.value.details() or "")
+    assert _trailers(info.value)[p.ERROR_CODE_METADATA] == "structured_output_invalid"
 
 
-def _stream_sequences(client, **args) -> tuple[dict[int, str], dict[int, object], list[bool]]:
+def _stream_sequences(client, **args) -> tuple[dict[int, str], dict[int, triton.InferResult], list[bool]]:
     """One streamed request → (text per sequence index, each sequence's last response, the final flags in order)."""
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
@@ -435,9 +439,9 @@ def test_num_return_sequences_streams_each_sequence_under_its_index(client, stre
         alone, _, _ = _stream_sequences(client, stream=True, **{**sampled, "seed": 11 + index})
         assert texts[index] == alone[0]
         result = last[index]
-        assert result.as_numpy("finish_reason")[0][0].decode() in ("stop", "length")
-        assert result.as_numpy("num_prompt_tokens")[0][0] == len("Hello")
-        assert result.as_numpy("num_output_tokens")[0][0] == len(texts[index].encode())
+        assert output(result, "finish_reason")[0][0].decode() in ("stop", "length")
+        assert output(result, "num_prompt_tokens")[0][0] == len("Hello")
+        assert output(result, "num_output_tokens")[0][0] == len(texts[index].encode())
 
 
 @pytest.mark.parametrize(("n", "message"), [(0, "ask for 1 to"), (9, "do not fit")])
