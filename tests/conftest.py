@@ -6,11 +6,15 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
 import torch
 
 from deepspec.paths import datasets_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Workers started by the tests (in process or as `python -m service worker` children, which inherit this) serve the
 # PyTorch backend: the tests pin what they check against it (tree attention, bf16 tolerances, float32 identity). The
@@ -58,7 +62,9 @@ def make_tiny_target(
     model.load_hf_state_dict(hf.state_dict(), torch.float32)
     tokenizer = CharTokenizer(vocab_size)
     eos_ids = (tokenizer.eos_token_id,) if eos else ()
-    return DecoderTarget("tiny", Path("."), config, spec, model.eval(), tokenizer, 256, eos_ids), hf
+    # a stand-in for a transformers tokenizer: the engine's detokenizer calls decode() and reads eos_token_id
+    hf_tokenizer = cast("PreTrainedTokenizerBase", tokenizer)
+    return DecoderTarget("tiny", Path("."), config, spec, model.eval(), hf_tokenizer, 256, eos_ids), hf
 
 
 def pytest_runtest_logreport(report):
