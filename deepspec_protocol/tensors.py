@@ -9,9 +9,14 @@ a 4-byte little-endian length, then the bytes; numbers as little-endian arrays. 
 from __future__ import annotations
 
 import struct
+from typing import TypeAlias
 
 import numpy as np
 from tritonclient.grpc import service_pb2
+
+# protoc builds these message classes at import time, and tritonclient ships no .pyi stubs that name them
+ModelInferRequest: TypeAlias = service_pb2.ModelInferRequest  # pyright: ignore[reportAttributeAccessIssue]
+ModelInferResponse: TypeAlias = service_pb2.ModelInferResponse  # pyright: ignore[reportAttributeAccessIssue]
 
 _NUMPY = {
     "BOOL": np.dtype("?"),
@@ -63,13 +68,13 @@ def encode(datatype: str, values: list) -> bytes:
     return np.asarray(values, dtype=_NUMPY[datatype]).tobytes()
 
 
-def add_input(request: service_pb2.ModelInferRequest, name: str, datatype: str, values: list) -> None:
+def add_input(request: ModelInferRequest, name: str, datatype: str, values: list) -> None:
     """Append one [1, len(values)] input, raw-encoded."""
     request.inputs.add(name=name, datatype=datatype, shape=[1, len(values)])
     request.raw_input_contents.append(encode(datatype, values))
 
 
-def add_output(response: service_pb2.ModelInferResponse, name: str, value) -> None:
+def add_output(response: ModelInferResponse, name: str, value) -> None:
     """Append one [1, 1] output: `str` as BYTES, `int` as INT32."""
     datatype = "BYTES" if isinstance(value, str) else "INT32"
     response.outputs.add(name=name, datatype=datatype, shape=[1, 1])
@@ -97,12 +102,12 @@ def _read(tensors, raw) -> dict[str, list]:
     return values
 
 
-def read_inputs(request: service_pb2.ModelInferRequest) -> dict[str, list]:
+def read_inputs(request: ModelInferRequest) -> dict[str, list]:
     """Every input as a flat Python list (BYTES stay `bytes`), keyed by tensor name."""
     return _read(request.inputs, request.raw_input_contents)
 
 
-def read_outputs(response: service_pb2.ModelInferResponse) -> dict[str, list]:
+def read_outputs(response: ModelInferResponse) -> dict[str, list]:
     """Every output as a flat Python list (BYTES stay `bytes`), keyed by tensor name."""
     return _read(response.outputs, response.raw_output_contents)
 
@@ -132,5 +137,5 @@ def strings(values: dict[str, list], name: str) -> list[str]:
         raise TensorError(f"tensor {name!r} is not valid UTF-8") from None
 
 
-def set_bool_param(response: service_pb2.ModelInferResponse, name: str, value: bool) -> None:
+def set_bool_param(response: ModelInferResponse, name: str, value: bool) -> None:
     response.parameters[name].bool_param = value

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tritonclient.grpc import service_pb2
-
 from deepspec_protocol import tensors
 from deepspec_protocol.worker import ScoreTensors
 
@@ -30,7 +28,7 @@ class TokenScore:
     top_logprobs: tuple[float, ...] = ()
 
 
-def add_scores(response: service_pb2.ModelInferResponse, names: ScoreTensors, scores: list[TokenScore]) -> None:
+def add_scores(response: tensors.ModelInferResponse, names: ScoreTensors, scores: list[TokenScore]) -> None:
     """Append `scores` as the table `names` (nothing for an empty list: the gateway reads absent as none)."""
     if not scores:
         return
@@ -50,7 +48,7 @@ def add_scores(response: service_pb2.ModelInferResponse, names: ScoreTensors, sc
 
 
 def read_scores(
-    response: service_pb2.ModelInferResponse, values: dict[str, list], names: ScoreTensors
+    response: tensors.ModelInferResponse, values: dict[str, list], names: ScoreTensors
 ) -> list[TokenScore] | None:
     """The table `names` of a response whose outputs read as `values` (`tensors.read_outputs`), or None when it has
     none; `tensors.TensorError` when it is malformed."""

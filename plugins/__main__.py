@@ -16,14 +16,14 @@ def _archs(text: str) -> list[int]:
     try:
         archs = [int(a) for a in text.split(",") if a.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--arch takes compute capabilities like 80,89,90, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--arch takes compute capabilities like 80,89,90, got {text!r}") from None
     if not archs or any(a < 70 for a in archs):
         raise argparse.ArgumentTypeError(f"--arch needs capabilities >= 70 (Volta), got {text!r}")
     return archs
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m plugins", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m plugins", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile every Triton kernel ahead of time (no GPU needed)")
     b.add_argument("--arch", type=_archs, default=[90], help="comma-separated SM versions, e.g. 80,89,90 (default 90)")

@@ -295,6 +295,8 @@ def tensorrt_ptx(spec: KernelSpec, compiled) -> str:
             "triton <= 3.2, whose entries take exactly the signature"
         )
     entry = re.search(r"(\.entry\s+[\w$]+\s*\()(.*?)(\))", ptx, re.S)
+    if entry is None:
+        raise ValueError(f"{spec.stem}: the compiled PTX has no .entry declaration to take the hidden parameters from")
     kept = [line for line in entry.group(2).split("\n") if not any(re.search(rf"\b{p}\b", line) for p in hidden)]
     body = "\n".join(kept).rstrip().rstrip(",")
     return ptx[: entry.start(2)] + body + "\n" + ptx[entry.end(2) :]

@@ -10,9 +10,13 @@ where float rounding moves a uniform across a boundary, so up to 1% of rows is t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+#: what an op returns: one tensor or several
+Outputs = torch.Tensor | tuple[torch.Tensor, ...]
 
 
 class NoCudaError(RuntimeError):
@@ -29,14 +33,15 @@ class CaseResult:
     reference_ms: float
 
 
-def _time(fn, device) -> tuple[object, float]:
-    out = fn()
+def _time(fn: Callable[..., Outputs], args: list, device: torch.device) -> tuple[tuple[torch.Tensor, ...], float]:
+    """(fn(*args)'s outputs as a tuple, milliseconds per call over 5 warm calls)."""
+    out = fn(*args)
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     for _ in range(5):
-        out = fn()
+        out = fn(*args)
     torch.cuda.synchronize(device)
-    return out, (time.perf_counter() - t0) / 5 * 1e3
+    return out if isinstance(out, tuple) else (out,), (time.perf_counter() - t0) / 5 * 1e3
 
 
 def _cases(device):
@@ -109,7 +114,7 @@ def _cases(device):
     yield "confidence_truncate", "B8 k7", to(torch.rand(8, 7, generator=g), torch.full((8,), 7)) + [0.3], True
 
 
-def _compacted(impl):
+def _compacted(impl: Callable[..., object]) -> Callable[..., torch.Tensor]:
     """An in-place compact_kv as a function of a copy of the cache (so repeated timing runs see the same input)."""
 
     def run(cache, start, path, num_accepted):
@@ -135,10 +140,10 @@ def run_checks(device: str = "cuda") -> list[CaseResult]:
     references = {"compact_kv": _compacted(reference.compact_kv), "compact_kv_out": _compacted(reference.compact_kv)}
     for op, case, args, exact in _cases(dev):
         kernel, ref = kernels.get(op, getattr(launch, op, None)), references.get(op, getattr(reference, op, None))
-        got, kernel_ms = _time(lambda: kernel(*args), dev)
-        want, reference_ms = _time(lambda: ref(*args), dev)
-        got = got if isinstance(got, tuple) else (got,)
-        want = want if isinstance(want, tuple) else (want,)
+        if kernel is None or ref is None:
+            raise KeyError(f"check case '{case}' names op '{op}', which has no Triton kernel or CPU reference")
+        got, kernel_ms = _time(kernel, args, dev)
+        want, reference_ms = _time(ref, args, dev)
         ok, detail = True, "equal"
         for g_, w_ in zip(got, want):
             if g_.is_floating_point():

@@ -15,6 +15,9 @@ ONNX graphs carry float32 logits and caches (the kernels are registered for floa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from plugins import reference
@@ -28,16 +31,29 @@ def absent() -> torch.Tensor:
     return torch.zeros(0, dtype=torch.float32)
 
 
-def symbolic(op: str, inputs: list[torch.Tensor], *, B=None, shape=None, dtype=None, attrs=None):
+def symbolic(
+    op: str,
+    inputs: list[torch.Tensor],
+    *,
+    B: int | None = None,
+    shape: Sequence[int] | None = None,
+    dtype: torch.dtype | None = None,
+    attrs: dict[str, int | float] | None = None,
+) -> Sequence[torch.Tensor]:
     """Emit the custom node of `op`; output shapes follow schema.OPS (ids [B], tensors like `shape`)."""
-    dtypes, shapes = [], []
+    dtypes: list[torch.dtype] = []
+    shapes: list[list[int]] = []
     for name in OPS[op]:
         if name in ("num_accepted", "next_token", "num_kept"):
-            dtypes.append(torch.int64), shapes.append([B])
-        elif name == "path":
-            dtypes.append(torch.int64), shapes.append(list(shape))
-        else:  # probs, survival, cache
-            dtypes.append(dtype or torch.float32), shapes.append(list(shape))
+            if B is None:
+                raise ValueError(f"symbolic('{op}'): output '{name}' has one entry per row: pass B=")
+            dtypes.append(torch.int64)
+            shapes.append([B])
+            continue
+        if shape is None:
+            raise ValueError(f"symbolic('{op}'): output '{name}' is shaped like an input: pass shape=")
+        dtypes.append(torch.int64 if name == "path" else dtype or torch.float32)  # else: probs, survival, cache
+        shapes.append(list(shape))
     return torch.onnx.ops.symbolic_multi_out(
         f"{ONNX_DOMAIN}::{op}",
         inputs,
@@ -57,9 +73,10 @@ def _q(x):
     return None if x.size == 0 else _t(x)
 
 
-def _np(*xs):
-    out = tuple(x.numpy() for x in xs)
-    return out if len(out) > 1 else out[0]
+def _np(*xs: torch.Tensor) -> np.ndarray | tuple[np.ndarray, ...]:
+    if len(xs) == 1:
+        return xs[0].numpy()
+    return tuple(x.numpy() for x in xs)
 
 
 def register_ort_kernels() -> None:
@@ -73,14 +90,14 @@ def register_ort_kernels() -> None:
         raise ImportError(
             "running deepspec custom ONNX nodes needs onnxruntime-extensions: pip install 'deepspec[plugins]'"
         ) from exc
-    F, I = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int64
-    sampling = [F, I, F, I]  # temperature, top_k, top_p, seeds
+    F32, I64 = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int64
+    sampling = [F32, I64, F32, I64]  # temperature, top_k, top_p, seeds
 
-    @onnx_op(op_type="greedy_accept", inputs=[I, I, F], outputs=[I, I])
+    @onnx_op(op_type="greedy_accept", inputs=[I64, I64, F32], outputs=[I64, I64])
     def greedy_accept(draft_tokens, num_draft_tokens, target_logits):
         return _np(*reference.greedy_accept(_t(draft_tokens), _t(num_draft_tokens), _t(target_logits)))
 
-    @onnx_op(op_type="rejection_sample", inputs=[I, I, F, F] + sampling, outputs=[I, I])
+    @onnx_op(op_type="rejection_sample", inputs=[I64, I64, F32, F32] + sampling, outputs=[I64, I64])
     def rejection_sample(draft_tokens, num, logits, q, temperature, top_k, top_p, seeds):
         return _np(
             *reference.rejection_sample(
@@ -88,11 +105,11 @@ def register_ort_kernels() -> None:
             )
         )
 
-    @onnx_op(op_type="process_logits", inputs=[F, F, I, F], outputs=[F])
+    @onnx_op(op_type="process_logits", inputs=[F32, F32, I64, F32], outputs=[F32])
     def process_logits(logits, temperature, top_k, top_p):
         return _np(reference.process_logits(_t(logits), _t(temperature), _t(top_k), _t(top_p)))
 
-    @onnx_op(op_type="tree_accept", inputs=[I, I, I, F, F] + sampling, outputs=[I, I, I])
+    @onnx_op(op_type="tree_accept", inputs=[I64, I64, I64, F32, F32] + sampling, outputs=[I64, I64, I64])
     def tree_accept(tokens, parents, num_nodes, logits, q, temperature, top_k, top_p, seeds):
         return _np(
             *reference.tree_accept(
@@ -108,13 +125,13 @@ def register_ort_kernels() -> None:
             )
         )
 
-    @onnx_op(op_type="compact_kv", inputs=[F, I, I, I], outputs=[F])
+    @onnx_op(op_type="compact_kv", inputs=[F32, I64, I64, I64], outputs=[F32])
     def compact_kv(cache, start, path, num_accepted):
         out = _t(cache)
         reference.compact_kv(out, _t(start), _t(path), _t(num_accepted))
         return _np(out)
 
-    @onnx_op(op_type="confidence_truncate", inputs=[F, I], outputs=[I, F], attrs={"threshold": F})
+    @onnx_op(op_type="confidence_truncate", inputs=[F32, I64], outputs=[I64, F32], attrs={"threshold": F32})
     def confidence_truncate(confidence, num_draft_tokens, threshold=0.0):
         return _np(*reference.confidence_truncate(_t(confidence), _t(num_draft_tokens), float(threshold)))
 

@@ -21,6 +21,7 @@ Semantics are documented on the reference implementations in plugins/reference/.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 import plugins.library  # noqa: F401 - registers torch.ops.deepspec.*
 from plugins import checks
@@ -33,11 +34,14 @@ def _exporting() -> bool:
     return torch.onnx.is_in_onnx_export()
 
 
-def greedy_accept(draft_tokens, num_draft_tokens, target_logits):
+def greedy_accept(draft_tokens: Tensor, num_draft_tokens: Tensor, target_logits: Tensor) -> tuple[Tensor, Tensor]:
     if _exporting():
         from plugins.onnx_ops import symbolic
 
-        return symbolic("greedy_accept", [draft_tokens, num_draft_tokens, target_logits], B=draft_tokens.shape[0])
+        num_accepted, next_token = symbolic(
+            "greedy_accept", [draft_tokens, num_draft_tokens, target_logits], B=draft_tokens.shape[0]
+        )
+        return num_accepted, next_token
     return _ops.greedy_accept(draft_tokens, num_draft_tokens, target_logits)
 
 
@@ -60,23 +64,33 @@ def rejection_sample_host(
     return rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds)
 
 
-def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds):
+def rejection_sample(
+    draft_tokens: Tensor,
+    num_draft_tokens: Tensor,
+    target_logits: Tensor,
+    draft_probs: Tensor | None,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+) -> tuple[Tensor, Tensor]:
     if _exporting():
         from plugins.onnx_ops import absent, symbolic
 
         q = absent() if draft_probs is None else draft_probs
-        return symbolic(
+        num_accepted, next_token = symbolic(
             "rejection_sample",
             [draft_tokens, num_draft_tokens, target_logits, q, temperature, top_k, top_p, seeds],
             B=draft_tokens.shape[0],
             attrs={"has_draft_probs": int(draft_probs is not None)},
         )
+        return num_accepted, next_token
     return _ops.rejection_sample(
         draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds
     )
 
 
-def process_logits(logits, temperature, top_k, top_p):
+def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     if _exporting():
         from plugins.onnx_ops import symbolic
 
@@ -84,24 +98,35 @@ def process_logits(logits, temperature, top_k, top_p):
     return _ops.process_logits(logits, temperature, top_k, top_p)
 
 
-def tree_accept(tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds):
+def tree_accept(
+    tree_tokens: Tensor,
+    parents: Tensor,
+    num_nodes: Tensor,
+    target_logits: Tensor,
+    draft_probs: Tensor | None,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seeds: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
     if _exporting():
         from plugins.onnx_ops import absent, symbolic
 
         q = absent() if draft_probs is None else draft_probs
-        return symbolic(
+        num_accepted, next_token, path = symbolic(
             "tree_accept",
             [tree_tokens, parents, num_nodes, target_logits, q, temperature, top_k, top_p, seeds],
             B=tree_tokens.shape[0],
             shape=tree_tokens.shape,
             attrs={"has_draft_probs": int(draft_probs is not None)},
         )
+        return num_accepted, next_token, path
     return _ops.tree_accept(
         tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds
     )
 
 
-def compact_kv(cache, start, path, num_accepted):
+def compact_kv(cache: Tensor, start: Tensor, path: Tensor, num_accepted: Tensor) -> Tensor:
     """In place in eager; an ONNX graph has no in-place update, so there the node returns the new cache."""
     if _exporting():
         from plugins.onnx_ops import symbolic
@@ -111,15 +136,16 @@ def compact_kv(cache, start, path, num_accepted):
     return cache
 
 
-def confidence_truncate(confidence, num_draft_tokens, threshold: float):
+def confidence_truncate(confidence: Tensor, num_draft_tokens: Tensor, threshold: float) -> tuple[Tensor, Tensor]:
     if _exporting():
         from plugins.onnx_ops import symbolic
 
-        return symbolic(
+        num_kept, survival = symbolic(
             "confidence_truncate",
             [confidence, num_draft_tokens],
             B=confidence.shape[0],
             shape=confidence.shape,
             attrs={"threshold": float(threshold)},
         )
+        return num_kept, survival
     return _ops.confidence_truncate(confidence, num_draft_tokens, float(threshold))

@@ -23,7 +23,9 @@ registrations through TensorRT's own frontend.
 
 try:
     import tensorrt as trt
-    import tensorrt.plugin as trtp
+
+    # TensorRT is installed on GPU machines only
+    import tensorrt.plugin as trtp  # pyright: ignore[reportMissingImports]
 except ImportError as exc:  # the one place that needs TensorRT: say what is missing and how to get it
     raise ImportError(
         "plugins.tensorrt needs TensorRT >= 10.9 with its Python plugin API (tensorrt.plugin), which is not "
@@ -45,7 +47,7 @@ from plugins.aot import (
 )
 from plugins.schema import TRT_NAMESPACE
 
-_I64 = trt.int64
+_I64 = trt.int64  # pyright: ignore[reportAttributeAccessIssue]  # the CPU venv's tensorrt stub lacks TensorRT's dtypes
 
 #: what an aot_impl returns, spelled as TensorRT's validation requires: (entry name, PTX, launch, integer scalars)
 AOTKernel = tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]
@@ -84,7 +86,8 @@ def _spec(kernel: str, variant: str = "", **constexprs) -> KernelSpec:
 
 
 #: the element types the kernels are compiled for (plugins.aot signatures), as TensorRT names them
-_KERNEL_DTYPES = {"*fp32": trt.float32, "*i64": trt.int64}
+# the CPU venv's tensorrt stub lacks TensorRT's dtypes
+_KERNEL_DTYPES = {"*fp32": trt.float32, "*i64": trt.int64}  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _check_input_dtypes(spec: KernelSpec, inputs) -> None:

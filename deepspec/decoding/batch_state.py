@@ -119,7 +119,8 @@ class BatchState:
     # ---- reads (the engine's) ---------------------------------------------------------------------------------
     def sampling_params(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(temperature, top_k, top_p) of rows 0..num_rows-1 on the target's device: views, no copy."""
-        return tuple(t[:num_rows] for t in self._device_sampling)
+        temperature, top_k, top_p = self._device_sampling
+        return temperature[:num_rows], top_k[:num_rows], top_p[:num_rows]
 
     def host_temperature(self, num_rows: int) -> torch.Tensor:
         return self.temperature[:num_rows]

@@ -1,12 +1,12 @@
 """What a drafted round costs the drafter, timed where it runs: the one probe behind every price put on drafting.
 
 Two kinds of callers need it. The engine prices each round's drafting with it before the drafter runs
-(planner.BudgetPlanner.draft_width: verify_budget.best_depth with the draft's seconds added), probing once at start for one
-to all of its slots. The choices made before serving score a neural draft with it, at batch 1, on each candidate:
+(planner.BudgetPlanner.draft_width: verify_budget.best_depth with the draft's seconds added), probing once at start for
+one to all of its slots. The choices made before serving score a neural draft with it, at batch 1, on each candidate:
 the worker's `--backend auto` (service/worker/fastest_backend.py) and the ONNX export's `--quantization auto`
-(export/onnx/auto_quantization.py), where the draft runs on the candidate's own kernels (the ONNX draft graphs of
-that format, or the PyTorch draft) and costs several milliseconds a round that differ per candidate. Both then
-price the round the same way (verify_budget.DraftTimeModel), so a choice scores what the engine will do.
+(export/onnx/auto_quantization.py), where the draft runs on the candidate's own kernels (the ONNX draft graphs of that
+format, or the PyTorch draft) and costs several milliseconds a round that differ per candidate. Both then price the
+round the same way (verify_budget.DraftTimeModel), so a choice scores what the engine will do.
 
 A drafter that runs no model of its own (`Drafter.costly_rows` not overridden: prompt or corpus lookup) is not
 timed: it costs next to nothing beside a verify pass, and drafting is priced as free for it.
@@ -64,7 +64,7 @@ def measure_draft_time(
     formats scores a draft with (verify_budget.modelled_tokens_per_second); None where there is nothing to time
     (no drafter, or one that runs no model of its own: `runs_a_model`). Binds the drafter for one slot: build it for
     this probe, or bind it again before serving with it."""
-    if not runs_a_model(drafter) or depth < 1:
+    if drafter is None or not runs_a_model(drafter) or depth < 1:
         return None
     max_seq_len = min(max_seq_len, target.max_seq_len)
     drafter.bind(target, 1, max_seq_len)

@@ -29,15 +29,15 @@ sequence leaves, the last one is moved into the hole and a KVDrafter hears `move
 just *before* `tokens[b, j]`, i.e. the hidden state whose logits predicted that token. Eagle3 pairs them exactly
 like that; prompt lookup ignores them.
 
-Chains and trees. A proposal is a token tree per row (below in its padded form, `PaddedProposal`; a drafter returns
-it ragged, `Proposal`, rows back to back): `tokens[b, i]` is node i, and `parents[b, i]` the node it follows
-(-1 = the row's last committed token, the root; otherwise an earlier node, `parents[b, i] < i`, so the nodes are in
-topological order). `parents=None` is the chain `[-1, 0, 1, ...]`, what every drafter proposed before trees. The
-target scores all nodes in one forward with tree attention (each node sees the committed context and its own
-ancestors; its position is the committed length + its depth), the longest accepted root-to-leaf path is
-committed, and the engine records it (and a KVDrafter hears it through `commit`) exactly as for a chain. Siblings are tried in index order,
-so put the likelier child first. `k` in `propose` is the node budget per row: a chain spends it on depth, a tree
-spreads it over branches. A target that cannot run tree attention gets the chain of first children.
+Chains and trees. A proposal is a token tree per row (below in its padded form, `PaddedProposal`; a drafter returns it
+ragged, `Proposal`, rows back to back): `tokens[b, i]` is node i, and `parents[b, i]` the node it follows (-1 = the
+row's last committed token, the root; otherwise an earlier node, `parents[b, i] < i`, so the nodes are in topological
+order). `parents=None` is the chain `[-1, 0, 1, ...]`, what every drafter proposed before trees. The target scores all
+nodes in one forward with tree attention (each node sees the committed context and its own ancestors; its position is
+the committed length + its depth), the longest accepted root-to-leaf path is committed, and the engine records it (and a
+KVDrafter hears it through `commit`) exactly as for a chain. Siblings are tried in index order, so put the likelier
+child first. `k` in `propose` is the node budget per row: a chain spends it on depth, a tree spreads it over branches. A
+target that cannot run tree attention gets the chain of first children.
 
 `probs[b, i]` is the distribution node i's token was drawn from, given its parent (siblings drawn from one
 distribution share it): sampled verification accepts node i by p/q. Only a token actually *sampled* from q may
@@ -51,6 +51,7 @@ renumbers it with tensor ops, for the drafters and the engine alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -103,17 +104,17 @@ class Proposal:
         B, k = tokens.shape
         num = num_tokens.cpu().long().clamp(0, k)
         cu = torch.cat([num.new_zeros(1), num.cumsum(0)])
-        if B == 1 or bool((num == k).all()):
+        full = B == 1 or bool((num == k).all())
+        # [N] flat positions of the real nodes; None = they are the first N
+        index = None if full else (torch.arange(k) + k * torch.arange(B)[:, None])[torch.arange(k) < num[:, None]]
 
-            def flat(x):
-                return None if x is None else x.reshape(B * k, *x.shape[2:])[: int(cu[-1])]
-        else:
-            index = (torch.arange(k)[None, :] + k * torch.arange(B)[:, None])[torch.arange(k)[None, :] < num[:, None]]
+        def flat(x: torch.Tensor) -> torch.Tensor:
+            x = x.reshape(B * k, *x.shape[2:])
+            return x[: int(cu[-1])] if index is None else x[index.to(x.device)]
 
-            def flat(x):
-                return None if x is None else x.reshape(B * k, *x.shape[2:])[index.to(x.device)]
-
-        return cls(flat(tokens), cu, flat(probs), flat(survival), flat(parents))
+        return cls(
+            flat(tokens), cu, _map_optional(flat, probs), _map_optional(flat, survival), _map_optional(flat, parents)
+        )
 
     def padded(self, width: int | None = None) -> PaddedProposal:
         """The row-padded form the engine and tree.py work on, `width` columns (default: the longest row's count):
@@ -124,23 +125,30 @@ class Proposal:
         if width < longest:
             raise ValueError(f"a proposal of {longest} nodes in a row does not fit {width} columns")
         if bool((num == width).all()):
-
-            def rows(x, fill):
-                return None if x is None else x.reshape(B, width, *x.shape[1:])
+            place = None  # every row is full: a reshape
         else:
             row = torch.repeat_interleave(torch.arange(B), num)
-            col = torch.arange(len(row)) - self.cu_num_tokens[:-1][row]
+            place = (row, torch.arange(len(row)) - self.cu_num_tokens[:-1][row])  # (row, column) of each node
 
-            def rows(x, fill):
-                if x is None:
-                    return None
-                out = torch.full((B, width, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
-                out[row.to(x.device), col.to(x.device)] = x
-                return out
+        def rows(x: torch.Tensor, fill: int) -> torch.Tensor:
+            if place is None:
+                return x.reshape(B, width, *x.shape[1:])
+            out = torch.full((B, width, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+            out[place[0].to(x.device), place[1].to(x.device)] = x
+            return out
 
         return PaddedProposal(
-            rows(self.tokens, 0), num, rows(self.probs, 0), rows(self.survival, 0), rows(self.parents, -1)
+            rows(self.tokens, 0),
+            num,
+            _map_optional(lambda x: rows(x, 0), self.probs),
+            _map_optional(lambda x: rows(x, 0), self.survival),
+            _map_optional(lambda x: rows(x, -1), self.parents),
         )
+
+
+def _map_optional(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor | None) -> torch.Tensor | None:
+    """fn(x) for a proposal field that is there, None for one that is not (probs, survival, parents)."""
+    return None if x is None else fn(x)
 
 
 def cumulative_counts(rows: list) -> torch.Tensor:
@@ -168,6 +176,12 @@ class PaddedProposal:
     @property
     def is_tree(self) -> bool:
         return self.parents is not None
+
+    def tree_parents(self) -> torch.Tensor:
+        """[B, k] `parents` of a tree proposal; a chain (is_tree False) has none, which is a caller's bug."""
+        if self.parents is None:
+            raise ValueError("a chain proposal has no tree parents")
+        return self.parents
 
     def ragged(self) -> Proposal:
         return Proposal.from_rows(self.tokens, self.num_tokens, self.probs, self.survival, self.parents)
@@ -213,7 +227,7 @@ class Drafter(ABC):
     #: registry name, reported in metrics and benchmark tables
     name: str = "drafter"
 
-    def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
+    def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:  # noqa: B027 - optional hook
         """Allocate what the drafter needs once, before the first request (called by the engine)."""
 
     @abstractmethod
@@ -221,15 +235,15 @@ class Drafter(ABC):
         """Guess up to k tokens (a chain, or a tree of k nodes) that follow each slot's last committed token;
         `view` holds every slot's committed tokens (read-only)."""
 
-    def use_session_memory(self, memory) -> None:
+    def use_session_memory(self, memory) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Draft from this engine's session memory too (session_memory.SessionMemory; called once by the engine).
         Ignored here: only drafters that match token sequences (prompt and corpus lookup) can use it."""
 
     def costly_rows(self, view: BatchView, slots: list[int]) -> int:
         """How many of these rows the next `propose` would run a model of its own for: what the engine prices with
-        the drafter's probed propose time before it drafts (planner.BudgetPlanner.draft_width). 0 here: a drafter that reads
-        tokens (prompt or corpus lookup) costs next to nothing beside a target pass; a neural draft counts every
-        row, a hybrid the rows its corpus leaves to the neural part."""
+        the drafter's probed propose time before it drafts (planner.BudgetPlanner.draft_width). 0 here: a drafter
+        that reads tokens (prompt or corpus lookup) costs next to nothing beside a target pass; a neural draft counts
+        every row, a hybrid the rows its corpus leaves to the neural part."""
         return 0
 
 

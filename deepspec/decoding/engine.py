@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Sequence
 
 import torch
 
@@ -34,7 +35,7 @@ from deepspec.decoding.structured import GrammarCompiler, mask_logits_
 from deepspec.decoding.tree import first_children, node_depths, with_root
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
 from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify_result, verify_tree
-from deepspec.models.target import Target
+from deepspec.models.target import Target, TreeSlotCache
 from deepspec.models.tree_attention import check_parents
 
 
@@ -318,9 +319,7 @@ class SpecEngine:
             for row in scored:  # position p predicts prompt token p + 1
                 stop = min(b, lengths[row] - 1)
                 if stop > a:
-                    seqs[row].prompt_logprobs += token_logprobs(
-                        out.logits[row, : stop - a], prompts[row, a + 1 : stop + 1], seqs[row].params.prompt_logprobs
-                    )
+                    self._score_prompt(seqs[row], out.logits, row, prompts[row, a + 1 : stop + 1])
             if out.features is not None:
                 for row, seq in enumerate(seqs):
                     seq.prefill_features.append(out.features[row : row + 1])
@@ -339,6 +338,14 @@ class SpecEngine:
                 self._place_fork(parent, fork)
                 outputs.append(self._finish_prefill(fork, parent_logits.clone(), features))
         return outputs
+
+    @staticmethod
+    def _score_prompt(seq: SequenceState, logits: torch.Tensor | None, row: int, targets: torch.Tensor) -> None:
+        """Append the logprobs of prompt tokens `targets` [N] to a scoring row's prompt_logprobs; `logits` is the
+        chunk's [B, >= N, V], there because a scored prefill asks for every position's."""
+        num_top = seq.params.prompt_logprobs
+        assert logits is not None and num_top is not None and seq.prompt_logprobs is not None
+        seq.prompt_logprobs += token_logprobs(logits[row, : len(targets)], targets, num_top)
 
     def _place_fork(self, parent: SequenceState, fork: SequenceState) -> None:
         """Give a fork the slot right after the prefilled rows (the waiting rows behind shift one slot, in order)
@@ -435,6 +442,7 @@ class SpecEngine:
                 else 0
             )
             if width:
+                assert self.drafter is not None and sampling is not None  # a width needs draft sampling
                 self._flush_unheard(slots)
                 # ragged from the drafter; padded once here to the round's width, for the batched ops
                 proposal = self.drafter.propose(self.batch_state.view, slots, width, sampling).padded(width)
@@ -459,8 +467,7 @@ class SpecEngine:
         inputs = torch.cat([pending.to(device), draft_tokens.to(device)], dim=1)
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
         with self._phase("target"):
-            out = self._verify_pass(inputs, start, k)
-        logits = out.logits  # [B, k+1, V]
+            logits, features = self._verify_pass(inputs, start, k)  # logits [B, k+1, V]
         if masks:
             draft_probs = mask_chains(masks, logits, num_drafts, draft_probs)
 
@@ -476,7 +483,7 @@ class SpecEngine:
             logprobs = emitted_logprobs(
                 logits, [s.params for s in seqs], [list(range(len(c))) for c in committed], committed
             )
-        return self._finish_round(committed, accepted, num_list, [None] * B, out.features, logprobs)
+        return self._finish_round(committed, accepted, num_list, [None] * B, features, logprobs)
 
     def _row_sampling(self) -> RowSampling | None:
         """The verify step's per-row sampling: the batch state's parameter tensors (already on the target's
@@ -490,25 +497,34 @@ class SpecEngine:
             torch.tensor(seeds, dtype=torch.int64, device=self.target.device),
         )
 
-    def _verify_pass(self, inputs: torch.Tensor, start: torch.Tensor, k: int, tree_parents=None):
-        """The target's verify pass over inputs [B, 1 + k] after each row's cache; timed for the planner where it
-        learns from served passes."""
+    def _verify_pass(
+        self, inputs: torch.Tensor, start: torch.Tensor, k: int, tree_parents: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target's verify pass over inputs [B, 1 + k] after each row's cache → (logits [B, 1 + k, V], features
+        or None); timed for the planner where it learns from served passes."""
         seqs = self._batch
         timed = self.planner.times_passes
         t0 = step_timing.clock() if timed else 0.0
-        tree = {} if tree_parents is None else {"tree_parents": tree_parents}  # only targets with tree attention
-        out = self.target.forward(
-            inputs,
-            start,
-            self.cache.rows(0, len(seqs)),
-            feature_layers=self.feature_layers,
-            logits="all",
-            max_start=max(s.cache_len for s in seqs),
-            **tree,
-        )
+        rows, max_start = self.cache.rows(0, len(seqs)), max(s.cache_len for s in seqs)
+        if tree_parents is None:  # tree_parents only to targets with tree attention
+            out = self.target.forward(
+                inputs, start, rows, feature_layers=self.feature_layers, logits="all", max_start=max_start
+            )
+        else:
+            out = self.target.forward(
+                inputs,
+                start,
+                rows,
+                feature_layers=self.feature_layers,
+                logits="all",
+                max_start=max_start,
+                tree_parents=tree_parents,
+            )
         if timed:
             self.planner.observe_pass(len(seqs), 1 + k, sum(s.cache_len for s in seqs), step_timing.clock() - t0)
-        return out
+        if out.logits is None:
+            raise RuntimeError(f"target '{self.target.name}' returned no logits for a verify pass (logits='all')")
+        return out.logits, out.features
 
     def _tree_round(self, proposal: PaddedProposal, caps: list[int], pending: torch.Tensor) -> list[StepOutput]:
         """One round over a token tree: the budget keeps each row's likeliest nodes, the target scores root +
@@ -519,11 +535,12 @@ class SpecEngine:
         device = self.target.device
         with self._phase("budget"):
             num = torch.minimum(proposal.num_tokens.cpu(), torch.tensor(caps))
-            parents = proposal.parents.cpu().long()
+            parents = proposal.tree_parents().cpu().long()
             try:
                 check_parents(with_root(parents, num))
             except ValueError as exc:
-                raise ValueError(f"drafter '{self.drafter.name}' proposed a malformed tree: {exc}") from None
+                drafter = self.drafter.name if self.drafter is not None else "?"
+                raise ValueError(f"drafter '{drafter}' proposed a malformed tree: {exc}") from None
             survival = proposal.survival.cpu() if proposal.survival is not None else None
             proposal = PaddedProposal(proposal.tokens.cpu(), num, proposal.probs, survival, parents)
             proposal = self.planner.keep_tree(seqs, proposal)
@@ -531,39 +548,46 @@ class SpecEngine:
             proposal, masks = cut_tree([seq.grammar for seq in seqs], proposal)
         num = proposal.num_tokens
         k = int(num.max())
-        tree_parents = with_root(proposal.parents[:, :k], num)  # [B, 1+k]
+        tree_parents = with_root(proposal.tree_parents()[:, :k], num)  # [B, 1+k]
         inputs = torch.cat([pending, proposal.tokens[:, :k]], dim=1)
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
         with self._phase("target"):  # host tree parents: checked free
-            out = self._verify_pass(inputs.to(device), start, k, tree_parents if k else None)
+            logits, features = self._verify_pass(inputs.to(device), start, k, tree_parents if k else None)
         sampling = self._row_sampling()
         q = None
         if proposal.probs is not None and k:
-            probs = proposal.probs[:, :k].to(out.logits.device)
+            probs = proposal.probs[:, :k].to(logits.device)
             q = torch.cat([probs.new_zeros(B, 1, probs.shape[2]), probs], dim=1)
         if masks:
-            mask_trees(masks, out.logits, num, q, tree_parents)
+            mask_trees(masks, logits, num, q, tree_parents)
         with self._phase("verify"):
-            num_accepted, next_token, path = verify_tree(inputs, tree_parents, num + 1, out.logits, q, sampling)
+            num_accepted, next_token, path = verify_tree(inputs, tree_parents, num + 1, logits, q, sampling)
             # the round's one read of its result: accepted count, next token and accepted path per row
             result = torch.cat([num_accepted[:, None], next_token[:, None], path], dim=1).tolist()
             accepted, next_tokens, paths = [r[0] for r in result], [r[1] for r in result], [r[2:] for r in result]
         with self._phase("kv"):
-            self.cache.keep_path(start, path, num_accepted)
+            self._tree_cache().keep_path(start, path, num_accepted)
         rows = inputs.tolist()
         committed = [[rows[i][node] for node in paths[i][1 : accepted[i] + 1]] + [next_tokens[i]] for i in range(B)]
         # committed token j was predicted at the path's node j (the root, then each accepted node)
         with self._phase("logprobs"):
             logprobs = emitted_logprobs(
-                out.logits, [s.params for s in seqs], [paths[i][: accepted[i] + 1] for i in range(B)], committed
+                logits, [s.params for s in seqs], [paths[i][: accepted[i] + 1] for i in range(B)], committed
             )
-        depth = node_depths(proposal.parents[:, :k], num) if k else torch.zeros(B, 0, dtype=torch.long)
+        depth = node_depths(proposal.tree_parents()[:, :k], num) if k else torch.zeros(B, 0, dtype=torch.long)
         live = torch.arange(k)[None, :] < num[:, None]
         max_depth = torch.where(live, depth, torch.zeros_like(depth)).amax(1).tolist() if k else [0] * B
-        features = out.features
         if features is not None:  # features[b, j] = the feature at the node before committed token j
             features = features.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, features.shape[2]))
         return self._finish_round(committed, accepted, num.tolist(), max_depth, features, logprobs)
+
+    def _tree_cache(self) -> TreeSlotCache:
+        """The cache, as one that compacts a verified tree's path: what a target with tree attention allocates."""
+        if not isinstance(self.cache, TreeSlotCache):
+            raise TypeError(
+                f"target '{self.target.name}' has supports_tree_attention but its cache has no keep_path (Target docs)"
+            )
+        return self.cache
 
     def forget_acceptance(self) -> None:
         """Start the acceptance prior afresh: after a warm-up request, which is not traffic (a few tokens of a
@@ -575,7 +599,7 @@ class SpecEngine:
         committed: list[list[int]],
         accepted: list[int],
         num_drafts: list[int],
-        depths: list[int | None],
+        depths: Sequence[int | None],
         features: torch.Tensor | None,
         logprobs: list[list[TokenLogprob] | None],
     ) -> list[StepOutput]:
@@ -619,6 +643,8 @@ class SpecEngine:
 
     def _flush_unheard(self, rows: list[int]) -> None:
         """The KV drafter hears what these rows committed since it last heard them, in one call."""
+        if self._kv_drafter is None:  # only a KV drafter is told (_tell_drafter)
+            return
         rows = [row for row in rows if self._batch[row].unheard]
         if rows:
             self._kv_drafter.commit_rows(rows, *take_unheard([self._batch[row] for row in rows]))

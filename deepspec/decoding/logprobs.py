@@ -10,9 +10,9 @@ vLLM's default `logprobs_mode=raw_logprobs`: a token's logprob does not depend o
 scoring (echo + logprobs) gives the same numbers as a log-likelihood evaluation of the model. A request may ask for
 `processed_logprobs` instead: the distribution its tokens were sampled from, the logits divided by the temperature
 (1 for a greedy request) with the tokens outside its top-k and top-p set at -inf (`processed_logits`, the sampling
-ops' own processing). Both are cheap: the processed mode adds one processing pass over the scored positions only. Prompt logprobs are always raw
-(nothing samples the prompt). A structured-output request's logits are masked by its grammar in both modes: what the
-target may emit there is only what the grammar allows.
+ops' own processing). Both are cheap: the processed mode adds one processing pass over the scored positions only.
+Prompt logprobs are always raw (nothing samples the prompt). A structured-output request's logits are masked by its
+grammar in both modes: what the target may emit there is only what the grammar allows.
 """
 
 from __future__ import annotations

@@ -40,11 +40,19 @@ def untimed(_name: str):
     return _UNTIMED
 
 
+class _Seconds(dict[str, float]):
+    """Seconds per phase: a phase never timed reads 0.0 without being added, as in a Counter (whose counts are
+    ints)."""
+
+    def __missing__(self, key: str) -> float:
+        return 0.0
+
+
 class PhaseTimer:
     """Accumulated seconds and entries per phase, and per whole step (`step`, which holds the others)."""
 
     def __init__(self, device: torch.device):
-        self.seconds: Counter[str] = Counter()
+        self.seconds = _Seconds()
         self.calls: Counter[str] = Counter()
         self._cuda = device.type == "cuda"
 

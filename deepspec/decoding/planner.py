@@ -260,15 +260,15 @@ class BudgetPlanner(RoundPlanner):
             return width
         if self._explore is not None:
             return min(width, max(self._explore, 1)) if self._explore else 0
-        drafter = self._shape.drafter
-        costly = drafter.costly_rows(view, list(range(len(caps)))) if self.draft_time else 0
+        drafter, draft_time = self._bound_shape().drafter, self.draft_time
+        costly = drafter.costly_rows(view, list(range(len(caps)))) if drafter is not None and draft_time else 0
         tree = getattr(drafter, "tree", None)
         if not costly and tree:
             return width if best_depth([[1.0] * width] * len(caps), self._model(rows)) > 0 else 0
         survival = _live(self._observed_survival(rows, width), caps)
-        if not costly:
+        if not costly or draft_time is None:
             return width if best_depth(survival, self._model(rows)) > 0 else 0
-        depth = best_depth(survival, self._model(rows), self.draft_time.round_seconds(costly, torch.arange(width + 1)))
+        depth = best_depth(survival, self._model(rows), draft_time.round_seconds(costly, torch.arange(width + 1)))
         return width if depth and tree else depth
 
     def chain_depth(self, rows: list, proposal: PaddedProposal, counts: list[int]) -> int:
@@ -317,7 +317,7 @@ class BudgetPlanner(RoundPlanner):
         (verify_budget.best_nodes); ancestor-closed because survival is made non-increasing along paths first."""
         if self._step_time is None:
             return proposal
-        parents, num = proposal.parents, proposal.num_tokens
+        parents, num = proposal.tree_parents(), proposal.num_tokens
         k = proposal.tokens.shape[1]
         survival = proposal.survival
         if survival is None:
@@ -335,30 +335,46 @@ class BudgetPlanner(RoundPlanner):
         """Learn from a served pass (step_timing.ServedSteps): its seconds less the modelled attention, at its size."""
         if not self._online:
             return
+        step_time, start_curve = self._curves()
         self._served_seconds += seconds
         if self._explore:
-            target_only = self._step_time.seconds(num_rows) + self._start_curve.per_key_query * context_keys
+            target_only = step_time.seconds(num_rows) + start_curve.per_key_query * context_keys
             self._explore_seconds += max(0.0, seconds - target_only)
-        seconds -= self._start_curve.per_key_query * tokens_per_row * context_keys
-        if self._start_curve.rows_serial and num_rows > 1 and tokens_per_row > 1:
+        seconds -= start_curve.per_key_query * tokens_per_row * context_keys
+        if start_curve.rows_serial and num_rows > 1 and tokens_per_row > 1:
             self.served.add(tokens_per_row, seconds / num_rows)
         else:
             self.served.add(num_rows * tokens_per_row, seconds)
         if self.served.due():
-            self._step_time = self.served.corrected(self._start_curve)
+            self._step_time = corrected = self.served.corrected(start_curve)
             self._refits += 1
             if self.curve_cache is not None and self._refits % SAVE_EVERY == 0:
-                self._neighbours.stop()
-                if not self._neighbours.busy:  # passes served beside busy neighbours correct this run only
-                    self.curve_cache.save(self._step_time)
+                neighbours = self._neighbours
+                assert neighbours is not None  # started by bind, as _online is
+                neighbours.stop()
+                if not neighbours.busy:  # passes served beside busy neighbours correct this run only
+                    self.curve_cache.save(corrected)
                 self._neighbours = NeighbourShare().start()
 
     # ---- helpers ---------------------------------------------------------------------------------------------
+    def _bound_shape(self) -> EngineShape:
+        """The engine's shape, which `bind` gave; a round before it is a caller's bug."""
+        if self._shape is None:
+            raise RuntimeError("BudgetPlanner used before SpecEngine bound it (bind)")
+        return self._shape
+
+    def _curves(self) -> tuple[StepTimeModel, StepTimeModel]:
+        """(the corrected curve, the starting one): only asked for once there is a curve (bind or step_time set
+        one, and both are set together)."""
+        if self._step_time is None or self._start_curve is None:
+            raise RuntimeError("BudgetPlanner has no step-time curve yet (bind, or set step_time)")
+        return self._step_time, self._start_curve
+
     def _model(self, rows: list):
         """The step-time model for this round: the corrected curve for a greedy batch, the starting one where a row
         samples, with the rows' context added (StepTimeModel.at_context)."""
-        greedy = all(s.params.greedy for s in rows)
-        model = self._step_time if greedy else self._start_curve
+        step_time, start_curve = self._curves()
+        model = step_time if all(s.params.greedy for s in rows) else start_curve
         return model.at_context(sum(s.cache_len for s in rows))
 
     def _exploring(self, rows: list) -> int | None:
@@ -375,12 +391,13 @@ class BudgetPlanner(RoundPlanner):
             return None
         if self._explore_seconds > EXPLORE_SHARE * self._served_seconds:
             return None
-        size = [self._pass_size(len(rows), d) for d in range(self._shape.num_speculative_tokens + 1)]
+        step_time = self._curves()[0]
+        size = [self._pass_size(len(rows), d) for d in range(self._bound_shape().num_speculative_tokens + 1)]
         top = 1
         while (
             top < len(size) - 1
             and self.served.count(size[top]) >= MIN_SERVED
-            and self._step_time.seconds(size[top]) < EXPLORE_MAX_COST * self._step_time.seconds(size[0])
+            and step_time.seconds(size[top]) < EXPLORE_MAX_COST * step_time.seconds(size[0])
         ):
             top += 1
         depths = range(min(top, len(size) - 1) + 1)
@@ -391,7 +408,7 @@ class BudgetPlanner(RoundPlanner):
 
     def _pass_size(self, num_rows: int, depth: int) -> int:
         """The size `ServedSteps` files a pass of `num_rows` rows verifying `depth` drafts each under."""
-        if self._start_curve.rows_serial and num_rows > 1 and depth > 0:
+        if self._curves()[1].rows_serial and num_rows > 1 and depth > 0:
             return depth + 1
         return num_rows * (depth + 1)
 

@@ -84,7 +84,7 @@ def resolve_checkpoint_algo(algo: str) -> CheckpointLoader:
     return _algorithm_loader(load_part(algorithm.drafter))
 
 
-def _algorithm_loader(cls: type[Drafter]) -> CheckpointLoader:
+def _algorithm_loader(cls: type[neural.NeuralDrafter]) -> CheckpointLoader:
     """A draft algorithm's directories → its drafter class around the trained weights; on the ONNX export written
     with that very draft, around its graphs."""
     return onnx_graphs.checkpoint_loader(cls, neural.checkpoint_loader(cls))

@@ -96,7 +96,7 @@ class SequenceState:
         if seq.logprobs is not None:
             kept_logprobs = list(logprobs or [])[: len(kept)]
             seq.logprobs.extend(kept_logprobs)
-            if stop_index is not None and stop_index == len(kept) and len(logprobs or ()) > stop_index:
+            if stop_index is not None and stop_index == len(kept) and logprobs and len(logprobs) > stop_index:
                 stop_logprob = logprobs[stop_index]  # the stop token right after what is kept
         return StepOutput(
             seq.request_id,

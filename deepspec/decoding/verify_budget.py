@@ -30,6 +30,7 @@ piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import Protocol
 
 import torch
 
@@ -91,10 +92,10 @@ class StepTimeModel:
         over rows * (d + 1) tokens, or, on a target whose multi-token rows run serially, rows passes of d + 1
         (a target-only step, d = 0, stays one batched pass)."""
         depths = torch.as_tensor(depths, dtype=torch.float64)
-        together = self.predict(rows * (depths + 1))
+        together = _interpolate(rows * (depths + 1), self.sizes, self.times)  # `predict`, kept a tensor
         if not self.rows_serial or rows == 1:
             return together
-        return torch.where(depths > 0, rows * self.predict(depths + 1), together)
+        return torch.where(depths > 0, rows * _interpolate(depths + 1, self.sizes, self.times), together)
 
     def rounds_upto(self, rows: int, depth: int) -> torch.Tensor:
         """round_seconds(rows, 0..depth), kept per (rows, depth): the budget asks it every round, and the model
@@ -111,7 +112,7 @@ class StepTimeModel:
             self._round_lists[key] = self.rounds_upto(rows, depth).tolist()
         return self._round_lists[key]
 
-    def at_context(self, keys: int) -> StepTimeModel:
+    def at_context(self, keys: int) -> RoundTimes:
         """This model for a round whose rows hold `keys` context positions between them: each verified token of a
         row attends that row's context, so a round of d + 1 tokens per row costs per_key_query * (d + 1) * keys more
         than the samples say. Why: the samples are passes after no context, and at 8 rows of ~250 positions each the
@@ -127,13 +128,24 @@ class StepTimeModel:
         return f"StepTimeModel(ms by tokens {{{points}}}{serial}{context})"
 
 
+class RoundTimes(Protocol):
+    """What the budget prices a round with (`best_depth`, `best_nodes`): a StepTimeModel, or one at a context."""
+
+    def round_seconds(self, rows: int, depths: torch.Tensor) -> torch.Tensor: ...
+
+    def rounds_upto(self, rows: int, depth: int) -> torch.Tensor: ...
+
+    def round_list(self, rows: int, depth: int) -> list[float]: ...
+
+
 class _AtContext:
-    """A StepTimeModel's round times with the attention over `keys` context positions added (StepTimeModel.at_context)."""
+    """A StepTimeModel's round times with the attention over `keys` context positions added
+    (StepTimeModel.at_context)."""
 
     def __init__(self, model: StepTimeModel, keys: int):
         self.model, self.keys = model, keys
 
-    def round_seconds(self, rows: int, depths) -> torch.Tensor:
+    def round_seconds(self, rows: int, depths: torch.Tensor) -> torch.Tensor:
         depths = torch.as_tensor(depths, dtype=torch.float64)
         return self.model.round_seconds(rows, depths) + self.model.per_key_query * (depths + 1) * self.keys
 
@@ -194,7 +206,7 @@ class DraftTimeModel:
 
 
 def modelled_throughput(
-    survival: torch.Tensor, model: StepTimeModel, draft_seconds: torch.Tensor | None = None
+    survival: torch.Tensor, model: RoundTimes, draft_seconds: torch.Tensor | None = None
 ) -> torch.Tensor:
     """survival [B, k] (P(slot j and all slots before it accepted); 0 where a row has no draft) → [k + 1] modelled
     tokens per second of a round verifying each depth 0..k: (B + Σ survival up to d) over the verify pass's
@@ -204,14 +216,14 @@ def modelled_throughput(
     return torch.tensor(_throughputs(survival, model, draft_seconds), dtype=torch.float64)
 
 
-def best_depth(survival, model: StepTimeModel, draft_seconds=None) -> int:
+def best_depth(survival, model: RoundTimes, draft_seconds=None) -> int:
     """The verify depth 0..k with the highest `modelled_throughput` (same arguments, tensors or lists of floats);
     the first of equal ones."""
     throughputs = _throughputs(survival, model, draft_seconds)
     return throughputs.index(max(throughputs))
 
 
-def _throughputs(survival, model: StepTimeModel, draft_seconds=None) -> list[float]:
+def _throughputs(survival, model: RoundTimes, draft_seconds=None) -> list[float]:
     """modelled_throughput in plain Python floats over [B][k] survival (a tensor or lists): the budget prices every
     round, and each small torch op costs tens of microseconds after a forward has streamed the weights through the
     caches (~0.5 ms of a ~8 ms batch-1 round on the native decoder went to the budget's torch ops)."""
@@ -269,7 +281,7 @@ def _per_token_acceptance(acceptance_length: float, depth: int) -> float:
     return (lo + hi) / 2
 
 
-def best_nodes(survival: torch.Tensor, model: StepTimeModel) -> torch.Tensor:
+def best_nodes(survival: torch.Tensor, model: RoundTimes) -> torch.Tensor:
     """The budget for token trees. survival [B, k] (P(node and all its ancestors accepted), non-increasing from
     parent to child, 0 past a row's nodes) → keep [B, k] bool: each row's w likeliest nodes (tree.top_nodes, the
     pruning every tree shares), w chosen like `best_depth` on the per-row sorted survival (a pass over B * (w + 1)

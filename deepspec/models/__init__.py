@@ -13,6 +13,14 @@ The names below load lazily, so the torch-free parts (aliases, quantization) can
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from deepspec.models.aliases import ALIASES, DEFAULT_TARGET
+    from deepspec.models.decoder_target import DecoderTarget, pytorch_decoder
+    from deepspec.models.quantization import QUANTIZATIONS
+    from deepspec.models.target import SlotCache, Target, TargetEmbeddings
+    from deepspec.models.target_loader import load_target, parse_dtype
 
 _LAZY = {
     "ALIASES": "deepspec.models.aliases",
@@ -27,7 +35,19 @@ _LAZY = {
     "parse_dtype": "deepspec.models.target_loader",
 }
 
-__all__ = list(_LAZY)
+__all__ = [
+    "ALIASES",
+    "DEFAULT_TARGET",
+    "QUANTIZATIONS",
+    "DecoderTarget",
+    "SlotCache",
+    "Target",
+    "TargetEmbeddings",
+    "load_target",
+    "pytorch_decoder",
+    "parse_dtype",
+]
+assert set(__all__) == set(_LAZY)  # one entry in each per lazy name
 
 
 def __getattr__(name: str):

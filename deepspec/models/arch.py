@@ -4,7 +4,7 @@ Derived once from a Hugging Face config, so the fast decoder below needs no per-
 does not describe is refused with the list of supported families rather than silently mis-run.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
@@ -82,7 +82,7 @@ def arch_spec_from_config(config) -> ArchSpec:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     theta, rope = _rope_params(config)
-    common = dict(
+    base = ArchSpec(
         family=family,
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
@@ -102,17 +102,18 @@ def arch_spec_from_config(config) -> ArchSpec:
         if kind not in (None, "default"):
             raise ValueError(f"RoPE scaling '{kind}' is not supported by the engine yet")
     if family == "qwen2":
-        return ArchSpec(**common, qkv_bias=True)
+        return replace(base, qkv_bias=True)
     if family == "qwen3":
-        return ArchSpec(**common, qk_norm=True)
+        return replace(base, qk_norm=True)
     if family == "gemma3_text":
         window = int(getattr(config, "sliding_window", 0) or 0)
         layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
         local = rope.get("sliding_attention", {}).get("rope_theta", getattr(config, "rope_local_base_freq", 10000.0))
         full = rope.get("full_attention", {})
         factor = float(full.get("factor", 1.0)) if full.get("rope_type") == "linear" else 1.0
-        return ArchSpec(
-            **{**common, "attn_scale": float(config.query_pre_attn_scalar) ** -0.5},
+        return replace(
+            base,
+            attn_scale=float(config.query_pre_attn_scalar) ** -0.5,
             qk_norm=True,
             activation="gelu_tanh",
             gemma_norms=True,
@@ -121,4 +122,4 @@ def arch_spec_from_config(config) -> ArchSpec:
             rope_local_theta=float(local),
             rope_scaling_factor=factor,
         )
-    return ArchSpec(**common)
+    return base

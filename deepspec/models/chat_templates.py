@@ -97,7 +97,7 @@ def require_chat_template(tokenizer, target: str, family: str | None = None) -> 
     if getattr(tokenizer, "chat_template", None):
         return
     builtins = ", ".join(BUILTIN_CHAT_TEMPLATES)
-    choice = FAMILY_BUILTINS.get(family)
+    choice = FAMILY_BUILTINS.get(family) if family is not None else None
     fix = (
         f"pass --chat-template {choice} (built-ins: {builtins}) or a Jinja file"
         if choice

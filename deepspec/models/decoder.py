@@ -99,8 +99,20 @@ def _rope_tables(theta: float, head_dim: int, max_len: int, scale: float) -> tup
     return emb.cos(), torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # sign of rotate_half folded into sin
 
 
+def _as_layer(module: nn.Module) -> _Layer:
+    assert isinstance(module, _Layer)  # Decoder.layers holds nothing else
+    return module
+
+
 class Decoder(nn.Module):
     """Embedding → N decoder layers → norm → head, with an external KV cache."""
+
+    #: RoPE tables [max_positions, hd] (buffers, registered in __init__); the local ones only where
+    #: spec.rope_local_theta is set (Gemma3's sliding-window layers)
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    rope_cos_local: torch.Tensor
+    rope_sin_local: torch.Tensor
 
     def __init__(self, spec: ArchSpec, max_positions: int):
         super().__init__()
@@ -122,11 +134,15 @@ class Decoder(nn.Module):
         self.embed_scale = math.sqrt(spec.hidden_size) if spec.gemma_norms else 1.0
         self.packed_head = None
 
+    def decoder_layers(self) -> list[_Layer]:
+        """`layers` as the _Layer modules they are (a ModuleList yields them typed as nn.Module)."""
+        return [_as_layer(module) for module in self.layers]
+
     def prepack(self) -> bool:
         """Reorder the dense matmul weights once for oneDNN where that pays (CPU, bf16); returns whether it did."""
         if not onednn_pays(self.head):
             return False
-        for layer in self.layers:
+        for layer in self.decoder_layers():
             for name in _LINEARS:
                 if name not in layer.packed:
                     layer.packed[name] = onednn_pack(getattr(layer, name).data)
@@ -143,7 +159,7 @@ class Decoder(nn.Module):
             )
         blocks = {_strip_prefix(k): v for k, v in blocks.items()}
         count = 0
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers()):
             for name, parts in _hf_linear_names(i).items():
                 if all(p in blocks for p in parts):
                     try:
@@ -307,7 +323,7 @@ class Decoder(nn.Module):
         key_pos = torch.arange(num_keys, device=device)
         masks: dict[int, torch.Tensor | str | None] = {}
         for window in set(self.spec.sliding_windows or (0,)):
-            if ancestry is not None:
+            if ancestry is not None and depth is not None:  # a token tree: both or neither
                 base = start if cached else torch.zeros_like(start)
                 masks[window] = tree_visibility(ancestry, depth, base, num_keys, window).unsqueeze(1)
             elif not cached and (window == 0 or window >= T):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +22,9 @@ from deepspec.models.decoder import Decoder, DecoderOutput
 from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.kv_cache import KVCache
 from deepspec.models.target import TargetEmbeddings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(eq=False)  # a target is compared and hashed by identity (engines key per-target measurements on it)
@@ -32,14 +35,14 @@ class DecoderTarget(HFTextTarget):
     config: object  # transformers.PretrainedConfig
     spec: ArchSpec
     _model: Decoder
-    tokenizer: object  # transformers.PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase
     max_seq_len: int
     eos_token_ids: tuple[int, ...]
     #: "none" (dense weights in `dtype`) or "gguf" (4-bit GGUF matmul weights; see target_loader.QUANTIZATIONS)
     quantization: str = "none"
     _hf_model: object = field(default=None, repr=False)
     #: the decoder scores token trees in one pass (tree_parents) and its KVCache compacts them (keep_path)
-    supports_tree_attention: ClassVar[bool] = True
+    supports_tree_attention = True
 
     @property
     def device(self) -> torch.device:
@@ -61,7 +64,7 @@ class DecoderTarget(HFTextTarget):
         cache=None,
         *,
         feature_layers: tuple[int, ...] = (),
-        logits: str = "all",
+        logits: str | torch.Tensor = "all",
         return_final_hidden: bool = False,
         max_start: int | None = None,
         tree_parents: torch.Tensor | None = None,

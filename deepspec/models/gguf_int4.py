@@ -35,7 +35,8 @@ class Int4Blocks:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.codes.shape)
+        rows, cols = self.codes.shape
+        return rows, cols
 
     def dequantize(self) -> torch.Tensor:
         expand = lambda t: t.repeat_interleave(GROUP_SIZE, dim=1)  # noqa: E731
@@ -105,7 +106,7 @@ def int4_weights(gguf_path: Path, state: dict[str, torch.Tensor]) -> dict[str, I
     by_shape: dict[tuple[int, int], list[str]] = {}
     for name, w in state.items():
         if w.dim() == 2 and w.dtype == torch.float32 and w.shape[1] % GROUP_SIZE == 0:
-            by_shape.setdefault(tuple(w.shape), []).append(name)
+            by_shape.setdefault((w.shape[0], w.shape[1]), []).append(name)
     found: dict[str, Int4Blocks] = {}
     for tensor in GGUFReader(gguf_path).tensors:
         type_name = tensor.tensor_type.name

@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from deepspec.models.arch import ArchSpec
 from deepspec.models.chat_templates import require_chat_template
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class HFTextTarget:
+    #: what the subclass provides (module docstring): the served name, the directory of tokenizer.json, the sizes
+    #: and the tokenizer
+    name: str
+    path: Path
+    spec: ArchSpec
+    tokenizer: PreTrainedTokenizerBase
     #: torch's intra-op threads while the engine steps this target; None = torch's own (target.py)
-    host_threads: ClassVar[int | None] = None
+    host_threads: int | None = None
     #: a multi-token pass over several rows runs one row at a time (target.py)
-    multi_token_rows_serial: ClassVar[bool] = False
+    multi_token_rows_serial: bool = False
 
     @property
     def vocab_size(self) -> int:
@@ -32,6 +43,7 @@ class HFTextTarget:
         """Render messages with the target's chat template (generation prompt added) and tokenize."""
         require_chat_template(self.tokenizer, self.name, self.spec.family)
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert isinstance(text, str)  # tokenize=False renders the text
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def recorded_step_curve(self) -> dict[int, float] | None:
@@ -40,7 +52,9 @@ class HFTextTarget:
         return None
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence of ids decodes to one string
+        return text
 
     def default_feature_layers(self, count: int = 5) -> tuple[int, ...]:
         """`count` layers from layer 1 at an even stride, never the last (a 36-layer Qwen3 → 1, 9, 17, 25, 33):

@@ -18,7 +18,9 @@ from deepspec.models.arch import ArchSpec
 class KVCache:
     """k, v: [num_layers, num_slots, num_kv_heads, max_seq_len, head_dim] in the target's attention dtype."""
 
-    def __init__(self, spec: ArchSpec, num_slots: int, max_seq_len: int, dtype: torch.dtype, device="cpu"):
+    def __init__(
+        self, spec: ArchSpec, num_slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ):
         shape = (spec.num_layers, num_slots, spec.num_kv_heads, max_seq_len, spec.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

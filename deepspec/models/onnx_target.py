@@ -35,7 +35,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -44,6 +44,10 @@ from deepspec.models.arch import ArchSpec, arch_spec_from_config
 from deepspec.models.decoder import DecoderOutput, logits_positions
 from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.target import TargetEmbeddings
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession, IOBinding
+    from transformers import PreTrainedTokenizerBase
 
 #: graph metadata beside the graph: which file, which captured layers, how the weights are stored
 META_FILE = "onnx.json"
@@ -83,8 +87,8 @@ class OnnxTarget(HFTextTarget):
     name: str
     path: Path
     spec: ArchSpec
-    tokenizer: object  # transformers.PreTrainedTokenizerBase
-    session: object  # onnxruntime.InferenceSession
+    tokenizer: PreTrainedTokenizerBase
+    session: InferenceSession
     meta: dict  # onnx.json
     max_seq_len: int
     eos_token_ids: tuple[int, ...]
@@ -94,13 +98,13 @@ class OnnxTarget(HFTextTarget):
     batch_invariant: bool = False
 
     #: the exported graph is causal over its T new tokens: token trees are verified as chains of first children
-    supports_tree_attention: ClassVar[bool] = False
+    supports_tree_attention = False
     #: a pass of several tokens after a past runs one row at a time (module docstring): the verification budget
     #: prices B drafted rows as B passes (verify_budget.StepTimeModel.round_seconds)
-    multi_token_rows_serial: ClassVar[bool] = True
-    #: torch's threads while the engine steps this target (deepspec/decoding/host_threads.py says why one): the forward runs in
-    #: ONNX Runtime's own pool, torch only does the engine's small ops around it
-    host_threads: ClassVar[int] = 1
+    multi_token_rows_serial = True
+    #: torch's threads while the engine steps this target (deepspec/decoding/host_threads.py says why one): the forward
+    #: runs in ONNX Runtime's own pool, torch only does the engine's small ops around it
+    host_threads = 1
 
     def __post_init__(self):
         self.quantization = self.meta.get("quantization", "none")
@@ -108,7 +112,7 @@ class OnnxTarget(HFTextTarget):
             self.max_seq_len = min(self.max_seq_len, self.meta["max_positions"] - 1)
         self.feature_layers = tuple(self.meta.get("feature_layers", ()))
         self._embeddings: TargetEmbeddings | None = None
-        self._bindings: dict[tuple, object] = {}  # see _binding
+        self._bindings: dict[tuple, IOBinding] = {}  # see _binding
 
     @property
     def device(self) -> torch.device:
@@ -145,7 +149,13 @@ class OnnxTarget(HFTextTarget):
         logits: str | torch.Tensor = "all",
         return_final_hidden: bool = False,
         max_start: int | None = None,
+        tree_parents: torch.Tensor | None = None,
     ) -> DecoderOutput:
+        if tree_parents is not None:
+            raise ValueError(
+                "the ONNX target has no tree attention (supports_tree_attention is False): verify token trees as "
+                "chains of first children"
+            )
         if return_final_hidden:
             raise NotImplementedError(
                 "the ONNX target returns logits and features, not the final hidden state; "
@@ -168,7 +178,9 @@ class OnnxTarget(HFTextTarget):
             return self._two_token_pass(tokens, starts, cache, feature_layers, index)
         return self._output(*self._pass(tokens, starts, cache, index), feature_layers)
 
-    def _pass(self, tokens: torch.Tensor, starts: list[int], cache, index: np.ndarray | None):
+    def _pass(
+        self, tokens: torch.Tensor, starts: list[int], cache, index: np.ndarray | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(logits, all captured features) of one pass; several tokens after a past run row by row."""
         B, T = tokens.shape
         if T > 1 and B > 1 and max(starts) > 0:  # see the module docstring
@@ -176,9 +188,10 @@ class OnnxTarget(HFTextTarget):
                 self._run(tokens[b : b + 1], starts[b : b + 1], cache, b, None if index is None else index[b : b + 1])
                 for b in range(B)
             ]
-            out_logits = torch.cat([p[0] for p in parts]) if index is not None else None
-            features = torch.cat([p[1] for p in parts]) if parts[0][1] is not None else None
-            return out_logits, features
+            # every row has logits where index is given, and features where the graph captures any
+            row_logits = [logits for logits, _ in parts if logits is not None]
+            row_features = [features for _, features in parts if features is not None]
+            return torch.cat(row_logits) if row_logits else None, torch.cat(row_features) if row_features else None
         return self._run(tokens, starts, cache, 0, index)
 
     def _two_token_pass(self, tokens: torch.Tensor, starts: list[int], cache, feature_layers, index):
@@ -189,11 +202,12 @@ class OnnxTarget(HFTextTarget):
         both = index is not None and (
             self.quantization == "int4" or (self.quantization == "none" and self.meta.get("tied", True))
         )
-        out_logits, features = self._pass(
-            tokens.repeat(1, 2), starts, cache, np.concatenate([index, index + 1], axis=1) if both else index
-        )
+        pass_index = np.concatenate([index, index + 1], axis=1) if both and index is not None else index
+        out_logits, features = self._pass(tokens.repeat(1, 2), starts, cache, pass_index)
         return self._output(
-            out_logits[:, :1] if both else out_logits, features[:, :1] if features is not None else None, feature_layers
+            out_logits[:, :1] if both and out_logits is not None else out_logits,
+            features[:, :1] if features is not None else None,
+            feature_layers,
         )
 
     def _output(self, out_logits, features, feature_layers) -> DecoderOutput:
@@ -207,7 +221,9 @@ class OnnxTarget(HFTextTarget):
             )
         return DecoderOutput(out_logits, features if feature_layers else None)
 
-    def _run(self, tokens: torch.Tensor, starts: list[int], cache, first_row: int, index: np.ndarray | None):
+    def _run(
+        self, tokens: torch.Tensor, starts: list[int], cache, first_row: int, index: np.ndarray | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One session run over rows first_row .. first_row+B-1 of `cache`; returns (logits, features) tensors."""
         B, T = tokens.shape
         binding = self._binding(cache, first_row, B)
@@ -232,7 +248,7 @@ class OnnxTarget(HFTextTarget):
         self.session.run_with_iobinding(binding)
         return logits, features
 
-    def _binding(self, cache, first_row: int, B: int):
+    def _binding(self, cache, first_row: int, B: int) -> IOBinding:
         """The IOBinding of rows first_row .. first_row+B-1 of `cache`: every layer's past/present K and V bound to
         the cache's own buffers (in place); _run binds logits and features to fresh tensors per run. Binding 4·L
         buffers through Python cost ~1.5 ms of a ~17 ms int4 decode step, and they are the same buffers step after
@@ -359,14 +375,14 @@ def load_onnx_target(
             f"{root} holds no {META_FILE}: not an ONNX target export (python -m export --format onnx)"
         )
     meta = json.loads(meta_file.read_text())
-    name = name or meta.get("target_name", root.name)
+    served_name: str = name or meta.get("target_name", root.name)
     config = AutoConfig.from_pretrained(root)
     spec = arch_spec_from_config(config)
     tokenizer = AutoTokenizer.from_pretrained(root)
     if chat_template is not None:
         tokenizer.chat_template = resolve_chat_template(chat_template)
     if for_chat:
-        require_chat_template(tokenizer, name, spec.family)
+        require_chat_template(tokenizer, served_name, spec.family)
     if batch_invariant is None:
         batch_invariant = _env_flag("DEEPSPEC_BATCH_INVARIANT")
     limit = min(max_seq_len or meta["max_positions"], meta["max_positions"])
@@ -377,7 +393,7 @@ def load_onnx_target(
         str(root / meta["graph"]), sess_options=session_options(threads, spinning), providers=["CPUExecutionProvider"]
     )
     return OnnxTarget(
-        name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]), threads, batch_invariant
+        served_name, root, spec, tokenizer, session, meta, limit, tuple(meta["eos_token_ids"]), threads, batch_invariant
     )
 
 

@@ -25,6 +25,11 @@ class OneDNNWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.data, bias, "none", [], "")
 
 
+# torch's int4 CPU kernels, bound as torch._* and so left out of the names its stubs export
+_int4_pack = torch._convert_weight_to_int4pack_for_cpu  # pyright: ignore[reportPrivateImportUsage]
+_int4_matmul = torch._weight_int4pack_mm_for_cpu  # pyright: ignore[reportPrivateImportUsage]
+
+
 class Int4Weight:
     """The int4 kernel reads 4x fewer bytes than bf16, but it dequantizes the weight again for every input row. On
     SmolLM2's 30 layers (2 cores, AVX2) it takes 4.1 / 5.0 / 6.8 / 11.8 / 25.9 ms at 1 / 2 / 4 / 8 / 16 rows,
@@ -36,7 +41,7 @@ class Int4Weight:
 
     def __init__(self, blocks: Int4Blocks, dtype: torch.dtype, dense: OneDNNWeight | None = None):
         self.out_features, self.in_features = blocks.shape
-        self.data = torch._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
+        self.data = _int4_pack(blocks.codes.to(torch.int32), 1)
         self.scales_zeros = torch.stack([blocks.scale.t(), blocks.zero.t()], dim=-1).to(dtype).contiguous()
         self.dense = dense
 
@@ -44,7 +49,7 @@ class Int4Weight:
         flat = x.reshape(-1, self.in_features)
         if self.dense is not None and flat.shape[0] > self.MAX_ROWS:
             return self.dense(x, bias)
-        y = torch._weight_int4pack_mm_for_cpu(flat, self.data, GROUP_SIZE, self.scales_zeros)
+        y = _int4_matmul(flat, self.data, GROUP_SIZE, self.scales_zeros)
         y = y.view(*x.shape[:-1], self.out_features)
         return y if bias is None else y + bias
 

@@ -82,7 +82,7 @@ import torch
 from deepspec.models.arch import ArchSpec
 from deepspec.models.decoder import DecoderOutput
 
-__all__ = ["DecoderOutput", "SlotCache", "Target", "TargetEmbeddings"]
+__all__ = ["DecoderOutput", "SlotCache", "Target", "TargetEmbeddings", "TreeSlotCache"]
 
 
 @runtime_checkable
@@ -94,6 +94,15 @@ class SlotCache(Protocol):
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy positions 0..length-1 of slot src into slot dst (the engine moved that sequence)."""
+
+
+@runtime_checkable
+class TreeSlotCache(SlotCache, Protocol):
+    """The cache of a target with `supports_tree_attention`: it also compacts a verified tree's accepted path."""
+
+    def keep_path(self, start: torch.Tensor, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """Move row b's accepted nodes path[b, 1 .. num_accepted[b]] (start [B], path [B, N], num_accepted [B]) to
+        positions start[b] + 1 .. start[b] + num_accepted[b], after its root."""
 
 
 @dataclass(frozen=True)
@@ -115,10 +124,20 @@ class Target(Protocol):
     max_seq_len: int
     eos_token_ids: tuple[int, ...]
     quantization: str
-    tokenizer: object
-    supports_tree_attention: bool
-    multi_token_rows_serial: bool
-    host_threads: int | None
+
+    # read-only: the engine only reads them (a backend sets them as plain class attributes, not ClassVars)
+
+    @property
+    def supports_tree_attention(self) -> bool: ...
+
+    @property
+    def multi_token_rows_serial(self) -> bool: ...
+
+    @property
+    def host_threads(self) -> int | None: ...
+
+    @property
+    def tokenizer(self) -> object: ...  # a transformers tokenizer
 
     @property
     def vocab_size(self) -> int: ...

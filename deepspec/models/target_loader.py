@@ -196,7 +196,7 @@ def load_target(
     state = _read_state_dict(path)
     model.load_hf_state_dict(state, torch_dtype)
     model = model.to(device).eval()
-    if quantization == "gguf" and model.use_int4(cached_int4_weights(gguf, path, state)) == 0:
+    if quantization == "gguf" and gguf is not None and model.use_int4(cached_int4_weights(gguf, path, state)) == 0:
         raise ValueError(f"{gguf.name} has no 4-bit (Q4_0, Q4_1, Q4_K) matmul weights; use --quantization none")
     del state
     model.prepack()

@@ -27,8 +27,10 @@ def greedy_accept_kernel(draft_ptr, num_ptr, logits_ptr, K, V, out_num_ptr, out_
             going = j < n
         else:
             going = j < 0
-    tl.store(out_num_ptr + b, j.to(tl.int64))
-    tl.store(out_next_ptr + b, argmax.to(tl.int64))
+    # a triton tensor at run time (triton.jit)
+    tl.store(out_num_ptr + b, j.to(tl.int64))  # pyright: ignore[reportAttributeAccessIssue]
+    # a triton tensor at run time (triton.jit)
+    tl.store(out_next_ptr + b, argmax.to(tl.int64))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 @triton.jit
@@ -96,8 +98,10 @@ def rejection_sample_kernel(
             HAS_Q,
             BLOCK_V,
         )
-    tl.store(out_num_ptr + b, j.to(tl.int64))
-    tl.store(out_next_ptr + b, next_token.to(tl.int64))
+    # a triton tensor at run time (triton.jit)
+    tl.store(out_num_ptr + b, j.to(tl.int64))  # pyright: ignore[reportAttributeAccessIssue]
+    # a triton tensor at run time (triton.jit)
+    tl.store(out_next_ptr + b, next_token.to(tl.int64))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 @triton.jit

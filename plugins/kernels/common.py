@@ -57,7 +57,7 @@ def row_max(ptr, T, V, BLOCK_V: tl.constexpr):
         z = tl.div_rn(tl.load(ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), T)
         m = tl.max(z, axis=0)
         i = tl.min(tl.where((z == m) & (offs < V), offs, V), axis=0)
-        better = m > best
+        better = m > best  # pyright: ignore[reportOperatorIssue]  # triton types tl.max/tl.sum as tensor | tuple
         best_idx = tl.where(better, i, best_idx)
         best = tl.where(better, m, best)
     return best, best_idx
@@ -69,7 +69,9 @@ def _count_at_least(ptr, T, V, key, BLOCK_V: tl.constexpr):
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         z = tl.div_rn(tl.load(ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), T)
-        n += tl.sum(((float_key(z) >= key) & (offs < V)).to(tl.int32), axis=0)
+        counted = ((float_key(z) >= key) & (offs < V)).to(tl.int32)
+        # triton types tl.max/tl.sum as tensor | tuple
+        n += tl.sum(counted, axis=0)  # pyright: ignore[reportOperatorIssue]
     return n
 
 
@@ -80,7 +82,8 @@ def _mass_at_least(ptr, T, V, zmax, key, BLOCK_V: tl.constexpr):
         offs = start + tl.arange(0, BLOCK_V)
         z = tl.div_rn(tl.load(ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), T)
         keep = (float_key(z) >= key) & (offs < V)
-        total += tl.sum(tl.where(keep, tl.exp(z - zmax), 0.0), axis=0)
+        # triton types tl.max/tl.sum as tensor | tuple
+        total += tl.sum(tl.where(keep, tl.exp(z - zmax), 0.0), axis=0)  # pyright: ignore[reportOperatorIssue]
     return total
 
 
@@ -145,13 +148,17 @@ def sample_slot(
     total = 0.0
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        total += tl.sum(_weights(ptr, q_ptr, offs, T, zmax, keep, mass, V, residual, drop_token, HAS_Q), axis=0)
+        w = _weights(ptr, q_ptr, offs, T, zmax, keep, mass, V, residual, drop_token, HAS_Q)
+        # triton types tl.max/tl.sum as tensor | tuple
+        total += tl.sum(w, axis=0)  # pyright: ignore[reportOperatorIssue]
     if total <= 0.0:
         residual = 0
         total = 0.0
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
-            total += tl.sum(_weights(ptr, q_ptr, offs, T, zmax, keep, mass, V, 0, drop_token, HAS_Q), axis=0)
+            w = _weights(ptr, q_ptr, offs, T, zmax, keep, mass, V, 0, drop_token, HAS_Q)
+            # triton types tl.max/tl.sum as tensor | tuple
+            total += tl.sum(w, axis=0)  # pyright: ignore[reportOperatorIssue]
     target = u * total
     running = 0.0
     found = V
@@ -163,5 +170,6 @@ def sample_slot(
         hit = tl.min(tl.where((cum > target) & (w > 0), offs, V), axis=0)
         found = tl.minimum(found, hit)
         last = tl.maximum(last, tl.max(tl.where(w > 0, offs, 0), axis=0))
-        running += tl.sum(w, axis=0)
+        # triton types tl.max/tl.sum as tensor | tuple
+        running += tl.sum(w, axis=0)  # pyright: ignore[reportOperatorIssue]
     return tl.where(found < V, found, last)

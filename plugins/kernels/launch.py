@@ -39,7 +39,8 @@ def greedy_accept(draft_tokens, num_draft_tokens, target_logits):
         out_num,
         out_next,
         BLOCK_V=block_v(V),
-        num_warps=warps(V),
+        # a launch option; triton types kernel[grid] as the kernel
+        num_warps=warps(V),  # pyright: ignore[reportCallIssue]
     )
     return out_num, out_next
 
@@ -65,7 +66,8 @@ def rejection_sample(draft_tokens, num_draft_tokens, target_logits, draft_probs,
         out_next,
         HAS_Q=draft_probs is not None,
         BLOCK_V=block_v(V),
-        num_warps=warps(V),
+        # a launch option; triton types kernel[grid] as the kernel
+        num_warps=warps(V),  # pyright: ignore[reportCallIssue]
     )
     return out_num, out_next
 
@@ -83,7 +85,8 @@ def process_logits(logits, temperature, top_k, top_p):
             V,
             out,
             BLOCK_V=block_v(V),
-            num_warps=warps(V),
+            # a launch option; triton types kernel[grid] as the kernel
+            num_warps=warps(V),  # pyright: ignore[reportCallIssue]
         )
     return out
 
@@ -127,7 +130,8 @@ def tree_accept(
         HAS_Q=draft_probs is not None,
         BLOCK_N=block_n or triton.next_power_of_2(N),
         BLOCK_V=block_v(V),
-        num_warps=warps(V),
+        # a launch option; triton types kernel[grid] as the kernel
+        num_warps=warps(V),  # pyright: ignore[reportCallIssue]
     )
     return out_num, out_next, out_path
 
@@ -148,7 +152,8 @@ def compact_kv(cache, start, path, num_accepted):
         cache.stride(2),
         cache.stride(3),
         D,
-        BLOCK_D=triton.next_power_of_2(D),
+        # a tl.constexpr parameter takes a plain value at launch
+        BLOCK_D=triton.next_power_of_2(D),  # pyright: ignore[reportArgumentType]
     )
 
 
@@ -169,8 +174,9 @@ def compact_kv_out(cache, start, path, num_accepted):
             path.shape[1],
             D,
             out,
-            BLOCK_S=16,
-            BLOCK_D=min(triton.next_power_of_2(D), 64),
+            BLOCK_S=16,  # pyright: ignore[reportArgumentType]  # a tl.constexpr parameter takes a plain value at launch
+            # a tl.constexpr parameter takes a plain value at launch
+            BLOCK_D=min(triton.next_power_of_2(D), 64),  # pyright: ignore[reportArgumentType]
         )
     return out
 
@@ -189,7 +195,9 @@ def confidence_truncate(confidence, num_draft_tokens, threshold, block_k: int | 
         k,
         out_num,
         out_surv,
-        THRESHOLD=float(threshold),
-        BLOCK_K=block_k or triton.next_power_of_2(k),
+        # a tl.constexpr parameter takes a plain value at launch
+        THRESHOLD=float(threshold),  # pyright: ignore[reportArgumentType]
+        # a tl.constexpr parameter takes a plain value at launch
+        BLOCK_K=block_k or triton.next_power_of_2(k),  # pyright: ignore[reportArgumentType]
     )
     return out_num, out_surv

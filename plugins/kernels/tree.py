@@ -108,17 +108,24 @@ def _greedy_walk(
     depth = tl.zeros([BLOCK_N], tl.int32)
     for i in range(1, nn):  # a parent always comes before its children, so it is settled here
         p = _pick(parent, idx, i)
-        ok = (_pick(token, idx, i) == _pick(argmax, idx, p)) & (_pick(accepted, idx, p) > 0)
+        # triton tensors at run time (triton.jit)
+        parent_accepted = _pick(accepted, idx, p) > 0  # pyright: ignore[reportOperatorIssue]
+        ok = (_pick(token, idx, i) == _pick(argmax, idx, p)) & parent_accepted
         accepted = tl.where(idx == i, ok.to(tl.int32), accepted)
         depth = tl.where(idx == i, _pick(depth, idx, p) + 1, depth)
     score = tl.where((accepted > 0) & live, depth, -1)
     best_depth = tl.max(score, axis=0)
     best = tl.min(tl.where(score == best_depth, idx, BLOCK_N), axis=0)
-    tl.store(out_num_ptr + b, best_depth.to(tl.int64))
+    # triton tensors at run time (triton.jit)
+    tl.store(out_num_ptr + b, best_depth.to(tl.int64))  # pyright: ignore[reportAttributeAccessIssue]
     tl.store(out_next_ptr + b, _pick(argmax, idx, best).to(tl.int64))
     cur = best
-    for d in range(0, best_depth + 1):
-        tl.store(out_path_ptr + b * N + (best_depth - d), cur.to(tl.int64))
+    # best_depth and cur are triton tensors at run time (triton.jit), not the tuples tl.max/tl.min are typed as
+    for d in range(0, best_depth + 1):  # pyright: ignore[reportArgumentType, reportOperatorIssue]
+        # triton tensors at run time (triton.jit)
+        position = out_path_ptr + b * N + (best_depth - d)  # pyright: ignore[reportOperatorIssue]
+        # triton tensors at run time (triton.jit)
+        tl.store(position, cur.to(tl.int64))  # pyright: ignore[reportAttributeAccessIssue]
         cur = _pick(parent, idx, cur)
 
 
@@ -132,7 +139,8 @@ def _residual(row, q_row, offs, T, zmax, keep, mass, V, parent, token, znorm, id
     r = tl.where((float_key(z) >= keep) & ok, tl.div_rn(tl.exp(z - zmax), mass), 0.0)
     for j in range(cur + 1, upto):
         zj = _pick(znorm, idx, j)
-        if (_pick(parent, idx, j) == cur) & (zj > 0.0):
+        # triton tensors at run time (triton.jit)
+        if (_pick(parent, idx, j) == cur) & (zj > 0.0):  # pyright: ignore[reportOperatorIssue]
             if HAS_Q:
                 qj = tl.load(q_row + j * V + offs, mask=ok, other=0.0).to(tl.float32)
                 r = tl.div_rn(tl.maximum(r - qj, 0.0), zj)
@@ -171,7 +179,8 @@ def _sampled_walk(
         i = step + tl.zeros((), tl.int32)
         if _pick(parent, idx, i) == cur:  # a child of the current node: try it
             t = _pick(token, idx, i)
-            in_vocab = (t >= 0) & (t < V)
+            # triton tensors at run time (triton.jit)
+            in_vocab = (t >= 0) & (t < V)  # pyright: ignore[reportOperatorIssue]
             t_safe = tl.minimum(tl.maximum(t, 0), V - 1)
             p_x = _residual(row, q_row, t_safe, T, zmax, keep, mass, V, parent, token, znorm, idx, cur, i, HAS_Q)
             q_x = 1.0
@@ -193,13 +202,14 @@ def _sampled_walk(
                         )
                     else:
                         left = tl.where(offs == t, 0.0, r)
-                    total += tl.sum(left, axis=0)
+                    # triton tensors at run time (triton.jit)
+                    total += tl.sum(left, axis=0)  # pyright: ignore[reportOperatorIssue]
                 znorm = tl.where(idx == i, tl.maximum(total, 0.0), znorm)
     # the next token: inverse CDF of the final residual (the first index whose running sum exceeds u * total)
     total = 0.0
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        total += tl.sum(
+        total += tl.sum(  # pyright: ignore[reportOperatorIssue]  # triton tensors at run time (triton.jit)
             _residual(row, q_row, offs, T, zmax, keep, mass, V, parent, token, znorm, idx, cur, nn, HAS_Q), axis=0
         )
     target = uniform(key, 2 * cur + 1) * total
@@ -212,7 +222,7 @@ def _sampled_walk(
         cum = tl.cumsum(w, axis=0) + running
         found = tl.minimum(found, tl.min(tl.where((cum > target) & (w > 0), offs, V), axis=0))
         last = tl.maximum(last, tl.max(tl.where(w > 0, offs, 0), axis=0))
-        running += tl.sum(w, axis=0)
+        running += tl.sum(w, axis=0)  # pyright: ignore[reportOperatorIssue]  # triton tensors at run time (triton.jit)
     tl.store(out_num_ptr + b, depth.to(tl.int64))
     tl.store(out_next_ptr + b, tl.where(found < V, found, last).to(tl.int64))
 

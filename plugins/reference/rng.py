@@ -11,6 +11,8 @@ sampled at slot j uses 2j + 1.
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -19,6 +21,10 @@ MIX_A, MIX_B = 0x7FEB352D, 0x846CA68B
 COUNTER_STEP, COUNTER_OFFSET = 0x9E3779B9, 0x632BE5AB
 
 
+@overload
+def mix32(x: int) -> int: ...
+@overload
+def mix32(x: torch.Tensor) -> torch.Tensor: ...
 def mix32(x: torch.Tensor | int) -> torch.Tensor | int:
     """lowbias32 on uint32 values held in int64 tensors or Python ints (products wrap; the low 32 bits stay
     exact)."""
@@ -29,6 +35,10 @@ def mix32(x: torch.Tensor | int) -> torch.Tensor | int:
     return x ^ (x >> 16)
 
 
+@overload
+def seed_key(seeds: int) -> int: ...
+@overload
+def seed_key(seeds: torch.Tensor) -> torch.Tensor: ...
 def seed_key(seeds: torch.Tensor | int) -> torch.Tensor | int:
     """[B] int64 seeds (or one, a Python int) → [B] 32-bit keys (both halves of the seed matter)."""
     return mix32(mix32(seeds & MASK32) ^ ((seeds >> 32) & MASK32))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -181,10 +182,10 @@ class TreeBuilder:
             push(len(self.nodes) - 1)
         return self
 
-    def _next_child(self, node: _Node):
+    def _next_child(self, node: _Node) -> tuple[float, Literal["context"] | int, tuple] | None:
         """(score, source, feature) of the node's best next child, decided before any token is drawn; None when
-        no source has a child left."""
-        best = None
+        no source has a child left. The source is "context" or the corpus level; the feature the acceptance key."""
+        best: tuple[float, Literal["context"] | int, tuple] | None = None
         if node.in_context and node.in_context[0] not in node.children:
             rate = self.acceptance.in_context(node.depth + 1)
             best = (node.survival * rate, "context", (PROMPT_LOOKUP_SOURCE, node.depth + 1))
@@ -199,7 +200,7 @@ class TreeBuilder:
         if best is None or best[0] <= 0:
             return None
         if self.sampled:
-            best = (min(best[0], node.last_child_score * SIBLING_DECAY), *best[1:])
+            best = (min(best[0], node.last_child_score * SIBLING_DECAY), best[1], best[2])
         return best
 
     @staticmethod
@@ -210,7 +211,7 @@ class TreeBuilder:
                 return count / children.total
         return None
 
-    def _add_child(self, i: int, parent: _Node, score: float, source, feature) -> None:
+    def _add_child(self, i: int, parent: _Node, score: float, source: Literal["context"] | int, feature: tuple) -> None:
         q = None
         if source == "context":
             token = parent.in_context[0]

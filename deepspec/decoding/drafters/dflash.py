@@ -72,7 +72,7 @@ class DFlashDrafter(NeuralDrafter):
         for j in range(min(k, self.cfg.block_size)):
             ids, p = pick_tokens(logits[:, j], sampling, self.model, want_probs)
             tokens.append(ids)
-            if want_probs:
+            if probs is not None:
                 probs.append(p)
         num = torch.full((len(slots),), len(tokens), dtype=torch.long)
         return pack(tokens, probs, k, num)
@@ -86,7 +86,7 @@ class DFlashDrafter(NeuralDrafter):
             width = 1 if tokens is None else tokens.shape[1]
             return logits[:, depth, None].expand(-1, width, -1), None
 
-        return grow_tree(expand, min(self.cfg.block_size, k), k, self.tree, sampling, self.model)
+        return grow_tree(expand, min(self.cfg.block_size, k), k, self.tree_shape, sampling, self.model)
 
     def move_slot(self, src: int, dst: int) -> None:
         n = int(self.ctx_len[src])

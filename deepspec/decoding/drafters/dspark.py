@@ -42,7 +42,7 @@ class DSparkDrafter(DFlashDrafter):
             num += alive.long()
             tokens.append(ids)
             survivals.append(survival)
-            if want_probs:
+            if probs is not None:
                 probs.append(p)
             prev = ids
         # no early exit once every row is truncated: asking the device whether any is alive would cost a read per
@@ -67,7 +67,7 @@ class DSparkDrafter(DFlashDrafter):
             expand,
             min(self.cfg.block_size, k),
             k,
-            self.tree,
+            self.tree_shape,
             sampling,
             self.model,
             calibrate=self.model.calibrated,

@@ -78,7 +78,7 @@ class Eagle3Drafter(NeuralDrafter):
             logits = self.model.logits(h[:, 0])
             ids, p = pick_tokens(logits, sampling, self.model, want_probs)
             tokens.append(ids)
-            if want_probs:
+            if probs is not None:
                 probs.append(p)
             if step + 1 < k:
                 h = self.model.cached_step(
@@ -133,7 +133,7 @@ class Eagle3Drafter(NeuralDrafter):
             state["h"], state["ancestors"] = out, ancestors
             return self.model.logits(out), None
 
-        proposal = grow_tree(expand, min(self.tree_depth, k), k, self.tree, sampling, self.model)
+        proposal = grow_tree(expand, min(self.tree_depth, k), k, self.tree_shape, sampling, self.model)
         proposal.num_tokens = proposal.num_tokens * torch.tensor([self.has_pair[s] for s in slots], dtype=torch.long)
         return proposal
 

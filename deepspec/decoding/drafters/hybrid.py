@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,6 +40,9 @@ from deepspec.decoding.batch_state import BatchView
 from deepspec.decoding.drafter import Drafter, DraftSampling, KVDrafter, PaddedProposal, Proposal
 from deepspec.decoding.tree import chain_parents, live_nodes, merge_trees
 from deepspec.models.target import Target
+
+if TYPE_CHECKING:
+    from deepspec.decoding.drafters.corpus_lookup import CorpusLookupDrafter
 
 #: `algo` in config.json of a hybrid draft directory
 ALGO = "hybrid"
@@ -52,7 +56,9 @@ DEFAULT_MIN_MATCH = 4
 class HybridDrafter(KVDrafter):
     name = ALGO
 
-    def __init__(self, corpus: Drafter, neural: Drafter, min_match: int = DEFAULT_MIN_MATCH, mode: str = "switch"):
+    def __init__(
+        self, corpus: CorpusLookupDrafter, neural: Drafter, min_match: int = DEFAULT_MIN_MATCH, mode: str = "switch"
+    ):
         """corpus: a drafter with `draft(view, slot, k) -> (tokens, source)` (CorpusLookupDrafter); neural: any
         drafter (its commit hooks are forwarded when it is a KVDrafter)."""
         if mode not in MODES:
@@ -132,22 +138,22 @@ class HybridDrafter(KVDrafter):
         greedy = (sampling.temperature <= 0).tolist()
         merging = self.mode == "merge" and any(greedy)
         corpus = self.corpus.propose(view, slots, k, sampling) if any(strong) or merging else None
-        if all(strong):
+        if all(strong) and corpus is not None:
             self.rows_drafted["corpus"] += len(slots)
             return corpus
         # the rows are combined in the padded form (k wide) the tree functions take
-        corpus = corpus.padded(k) if corpus is not None else None
+        padded = corpus.padded(k) if corpus is not None else None
         neural = _on_host(self.neural.propose(view, slots, k, sampling).padded(k))
         merged = [
-            not s and g and self.mode == "merge" and int(corpus.num_tokens[i]) > 0
+            not s and g and padded is not None and self.mode == "merge" and int(padded.num_tokens[i]) > 0
             for i, (s, g) in enumerate(zip(strong, greedy))
         ]
         self.rows_drafted["corpus"] += sum(strong)
         self.rows_drafted["merged"] += sum(merged)
         self.rows_drafted["neural"] += len(slots) - sum(strong) - sum(merged)
-        parts = [neural, corpus, merge_trees(_as_tree(corpus), _as_tree(neural), k) if any(merged) else None]
+        both = merge_trees(_as_tree(padded), _as_tree(neural), k) if any(merged) and padded is not None else None
         owner = torch.tensor([1 if s else 2 if m else 0 for s, m in zip(strong, merged)])
-        return _rows_of(parts, owner, k, self._vocab(corpus, neural)).ragged()
+        return _rows_of([neural, padded, both], owner, k, self._vocab(padded, neural)).ragged()
 
     def _vocab(self, *proposals: PaddedProposal | None) -> int:
         for p in proposals:
@@ -179,7 +185,7 @@ def _rows_of(parts: list[PaddedProposal | None], owner: torch.Tensor, k: int, vo
     """Row b of parts[owner[b]] for every row b, as one proposal of width k (host tensors but probs). Survival where
     every row's part has it; probs where some row's part has them, one-hot in the other rows (deterministic
     drafts); parents None when every row is a chain."""
-    used = [(p, owner == i) for i, p in enumerate(parts) if bool((owner == i).any())]
+    used = [(p, owner == i) for i, p in enumerate(parts) if p is not None and bool((owner == i).any())]
     B = len(owner)
     tokens, parents = torch.zeros(B, k, dtype=torch.long), chain_parents(B, k)
     num = torch.zeros(B, dtype=torch.long)
@@ -187,17 +193,17 @@ def _rows_of(parts: list[PaddedProposal | None], owner: torch.Tensor, k: int, vo
     for p, rows in used:
         tokens = torch.where(rows[:, None], p.tokens[:, :k], tokens)
         num = torch.where(rows, p.num_tokens, num)
-        parents = torch.where(rows[:, None], _as_tree(p).parents[:, :k], parents)
-        if survival is not None:
+        parents = torch.where(rows[:, None], _as_tree(p).tree_parents()[:, :k], parents)
+        if survival is not None and p.survival is not None:
             survival = torch.where(rows[:, None], p.survival[:, :k].float(), survival)
     live = live_nodes(num, k)
     probs = None
-    with_probs = [(p, rows) for p, rows in used if p.probs is not None]
+    with_probs = [(p.probs, rows) for p, rows in used if p.probs is not None]
     if with_probs:
-        device = with_probs[0][0].probs.device
+        device = with_probs[0][0].device
         probs = torch.zeros(B, k, vocab, device=device).scatter_(2, tokens[..., None].to(device), 1.0)
-        for p, rows in with_probs:
-            probs = torch.where(rows.to(device)[:, None, None], p.probs[:, :k].to(device), probs)
+        for part_probs, rows in with_probs:
+            probs = torch.where(rows.to(device)[:, None, None], part_probs[:, :k].to(device), probs)
         probs = probs * live.to(device)[..., None]
     chain = bool(((parents == chain_parents(B, k)) | ~live).all())
     return PaddedProposal(tokens, num, probs, survival, None if chain else parents)

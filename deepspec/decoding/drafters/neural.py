@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from deepspec.decoding.batch_state import BatchView
-from deepspec.decoding.drafter import Drafter, DraftSampling, KVDrafter, PaddedProposal, Proposal
+from deepspec.decoding.drafter import DraftSampling, KVDrafter, PaddedProposal, Proposal
 from deepspec.decoding.tree import gather_nodes, keep_best_nodes, live_nodes
 from deepspec.models.target import Target
 
@@ -61,6 +61,13 @@ class NeuralDrafter(KVDrafter):
             return self._propose_tree(slots, k, sampling).ragged()
         return self._propose_chain(slots, k, sampling).ragged()
 
+    @property
+    def tree_shape(self) -> TreeShape:
+        """The tree `_propose_tree` grows; `propose` calls it only for a draft built with tree_branches."""
+        if self.tree is None:
+            raise ValueError(f"the {self.name} drafter was built without tree_branches: it proposes chains")
+        return self.tree
+
     def _commit(self, slots: list[int], tokens: torch.Tensor, num_tokens: torch.Tensor, features: torch.Tensor) -> None:
         """Record the committed tokens and the target features before them (features is never None here)."""
         raise NotImplementedError
@@ -74,11 +81,11 @@ class NeuralDrafter(KVDrafter):
         raise NotImplementedError
 
 
-def checkpoint_loader(cls: type[Drafter]):
+def checkpoint_loader(cls: type[NeuralDrafter]) -> Callable[..., NeuralDrafter]:
     """The registry's loader for a draft algorithm's directories: read the weights (checked against the target's
     fingerprint, attached to its embedding and head), then wrap them in `cls` (the algorithm's drafter class)."""
 
-    def load(path: Path, header: dict, target: Target, **options) -> Drafter:
+    def load(path: Path, header: dict, target: Target, **options) -> NeuralDrafter:
         from deepspec.models.drafts import load_draft
 
         return cls(load_draft(path, target), **options)
@@ -300,7 +307,9 @@ def _select(levels: list[_Level], k: int, threshold: float, model) -> PaddedProp
     probs = None
     if levels[0].q is not None:
         q_slot = torch.cat([lv.q_slot for lv in levels])[None].expand(len(num), -1)
-        q = model.scatter_probs(gather_nodes(torch.cat([lv.q for lv in levels], dim=1), q_slot.gather(1, index)))
+        qs = [lv.q for lv in levels if lv.q is not None]
+        assert len(qs) == len(levels)  # a level samples (has q) when the first one does
+        q = model.scatter_probs(gather_nodes(torch.cat(qs, dim=1), q_slot.gather(1, index)))
         one_hot = torch.zeros_like(q).scatter_(2, tokens[..., None].to(q.device), 1.0)
         drawn = (gather_nodes(_joined(levels, "drawn"), index) & live).to(q.device)
         probs = torch.where(drawn[..., None], q, one_hot) * live.to(q.device)[..., None]

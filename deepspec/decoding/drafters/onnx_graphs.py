@@ -12,8 +12,9 @@ Two calls are fused in the graphs and so in this stand-in: DFlash's `context(F)`
 `blocks` embeds them inside the block graph, whose logits `head` then returns for that same hidden tensor.
 
 Which graph files a draft has is its algorithm's record (deepspec/algorithms: `onnx.files`). The drafter registry
-(deepspec/decoding/registry.py) loads every draft algorithm's directories through `checkpoint_loader` below, so `build_drafter` picks the graphs by itself when the target is the ONNX export that was
-written with that very draft, and the PyTorch forward for any other draft or target:
+(deepspec/decoding/registry.py) loads every draft algorithm's directories through `checkpoint_loader` below, so
+`build_drafter` picks the graphs by itself when the target is the ONNX export that was written with that very draft,
+and the PyTorch forward for any other draft or target:
 
     target = load_target(str(export_dir))                       # an OnnxTarget
     drafter = build_drafter(str(export_dir / "draft"), target)  # drafter.model is an OnnxDraftModel
@@ -29,6 +30,7 @@ import torch
 
 from deepspec.algorithms import resolve_algorithm
 from deepspec.decoding.drafters.neural import NeuralDrafter
+from deepspec.models.drafts.layers import DraftModel
 from deepspec.models.target import Target
 
 
@@ -39,7 +41,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 class OnnxDraftModel:
     """Stands in for a PyTorch draft module inside its drafter; the compute runs in ONNX Runtime sessions."""
 
-    def __init__(self, model: torch.nn.Module, graph_dir: Path, num_threads: int | None = None):
+    def __init__(self, model: DraftModel, graph_dir: Path, num_threads: int | None = None):
         import onnxruntime as ort
 
         from deepspec.models.onnx_target import session_options, spinning_mode

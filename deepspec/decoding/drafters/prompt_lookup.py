@@ -62,8 +62,9 @@ class PromptLookupDrafter(Drafter):
         # the tokens the new n-grams need: a window max_ngram back from the first one not yet indexed
         offset = max(0, index.num_tokens - self.max_ngram)
         index.catch_up(tokens[offset:].tolist(), offset)
-        session = view.session(slot) if self.session_memory is not None else None
-        remembered = self.session_memory.match(session, tokens, k) if session is not None else (0, [])
+        memory = self.session_memory
+        session = view.session(slot) if memory is not None else None
+        remembered = memory.match(session, tokens, k) if memory is not None and session is not None else (0, [])
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             end = index.index[n].get(tuple(tokens[-n:].tolist())) if len(tokens) >= n else None
             if end is not None and n >= remembered[0]:  # the longer match predicts better; a tie stays in context

@@ -63,7 +63,9 @@ class SuffixIndex:
         self._reversed = _reversed_padded(tokens, max_match)
         self._first = self._reversed[self._sa]  # the sorted first column: the first narrowing is a binary search
         # memoryviews read single entries as Python ints ~5x faster than numpy scalar indexing (see _narrow)
-        self._sa_view, self._reversed_view = memoryview(self._sa), memoryview(self._reversed)
+        # ndarray is a buffer; numpy's stubs declare __buffer__ only for Python >= 3.12
+        self._sa_view = memoryview(self._sa)  # pyright: ignore[reportArgumentType]
+        self._reversed_view = memoryview(self._reversed)  # pyright: ignore[reportArgumentType]
         if len(self._first) > 1 and np.any(self._first[1:] < self._first[:-1]):
             raise ValueError("suffix array is not sorted for this corpus (corrupt or built from other tokens)")
 
@@ -200,8 +202,8 @@ def _most_frequent(following: np.ndarray) -> tuple[int | None, int]:
             return None, 0
         best = max(counts.values())
         return min(t for t, c in counts.items() if c == best), best
-    counts = np.bincount(following[following != SEPARATOR])
-    if counts.size == 0:
+    histogram = np.bincount(following[following != SEPARATOR])
+    if histogram.size == 0:
         return None, 0
-    token = int(counts.argmax())
-    return token, int(counts[token])
+    token = int(histogram.argmax())
+    return token, int(histogram[token])

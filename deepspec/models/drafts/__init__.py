@@ -3,8 +3,9 @@
 Which algorithms exist and which module and config class each builds is their record (deepspec/algorithms:
 `resolve_algorithm(cfg.algo)`); this package reads and writes draft *directories*. Turning one into the engine's
 Drafter is the job of the drafter registry in deepspec.decoding (`build_drafter("<draft dir>" | "auto", target)`),
-which sits above this layer: nothing here imports deepspec.decoding. A draft directory may also hold a corpus-lookup index (no weights, the same
-config.json header: algo, target fingerprint), so `shipped_drafts` ranks it with the neural drafts by eval.json.
+which sits above this layer: nothing here imports deepspec.decoding. A draft directory may also hold a corpus-lookup
+index (no weights, the same config.json header: algo, target fingerprint), so `shipped_drafts` ranks it with the
+neural drafts by eval.json.
 """
 
 from __future__ import annotations

@@ -73,7 +73,8 @@ class DraftConfig(AttentionWidths):
     markov_rank: int = 64
     #: dspark: default survival threshold of dynamic truncation (stop where Π c < threshold)
     confidence_threshold: float = 0.1
-    #: dspark: per-position temperature of the confidence logits (1 = uncalibrated); fitted at the end of training on held-out rows (training/calibration.py)
+    #: dspark: per-position temperature of the confidence logits (1 = uncalibrated); fitted at the end of training on
+    #: held-out rows (training/calibration.py)
     confidence_temperature: tuple[float, ...] = ()
     #: dflash/dspark block layout: slot j predicts x[a+1+j] from [anchor, MASK × (γ-1)]
     block_layout: str = "anchor-first"

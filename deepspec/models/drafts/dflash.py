@@ -53,7 +53,11 @@ class DFlashDraft(DraftModel):
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """C [B, T, H] at positions [B, T] → per layer (k, v) [B, nkv, T, hd]; what the drafter caches."""
-        return [layer.attn.key_value(ctx, positions) for layer in self.layers]
+        kv = []
+        for layer in self.layers:
+            assert isinstance(layer, _BlockLayer)  # all `layers` are
+            kv.append(layer.attn.key_value(ctx, positions))
+        return kv
 
     def block_input(self, anchors: torch.Tensor) -> torch.Tensor:
         """anchor tokens [B, A] → [B, A*γ, H]: embed(anchor) then MASK × (γ-1) per block."""

@@ -143,6 +143,8 @@ class DraftModel(nn.Module):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Post-norm hidden [.., H] → logits over the draft vocabulary [.., N] (float32)."""
+        if self._head is None:
+            raise RuntimeError("draft is not attached to a target: call draft.attach(target) first")
         return linear(hidden.to(self._head.dtype), self._head, None, self._head_packed).float()
 
     def prepack(self) -> bool:
@@ -153,8 +155,7 @@ class DraftModel(nn.Module):
         self._head_packed = onednn_pack(self._head)
         for child in self.modules():
             if type(child) is nn.Linear:
-                child.packed = onednn_pack(child.weight.data)
-                child.__class__ = PackedLinear
+                PackedLinear.adopt(child, onednn_pack(child.weight.data))
         return self._head_packed is not None
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -179,6 +180,14 @@ class PackedLinear(nn.Linear):
     """An nn.Linear (same parameters, same state-dict keys) that runs inference on a oneDNN-reordered weight."""
 
     packed: OneDNNWeight | None
+
+    @classmethod
+    def adopt(cls, linear: nn.Linear, packed: OneDNNWeight | None) -> PackedLinear:
+        """Make `linear` a PackedLinear in place (its parameters and its place in the module tree unchanged)."""
+        linear.__class__ = cls
+        assert isinstance(linear, cls)
+        linear.packed = packed
+        return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)

@@ -62,7 +62,7 @@ def _compiler_version(cc: str) -> str:
 def _cpu_key() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return "|".join(next((l for l in lines if l.startswith(k)), "") for k in ("model name", "flags"))
+        return "|".join(next((line for line in lines if line.startswith(k)), "") for k in ("model name", "flags"))
     except OSError:
         import platform
 

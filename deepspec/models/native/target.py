@@ -18,13 +18,12 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import torch
 
 from deepspec.models.arch import ArchSpec
-from deepspec.models.decoder import DecoderOutput, logits_positions
+from deepspec.models.decoder import Decoder, DecoderOutput, logits_positions
 from deepspec.models.hf_text import HFTextTarget
 from deepspec.models.int8_weights import quantize_int8
 from deepspec.models.kv_cache import KVCache
@@ -75,11 +74,11 @@ class NativeTarget(HFTextTarget):
     quantization: str = "int8"
 
     #: forward takes tree_parents; KVCache.keep_path compacts the accepted path
-    supports_tree_attention: ClassVar[bool] = True
+    supports_tree_attention = True
     #: B rows of several tokens run as one pass (the verification budget prices them together)
-    multi_token_rows_serial: ClassVar[bool] = False
+    multi_token_rows_serial = False
     #: torch's threads while the engine steps this target: the forward runs on the library's own threads
-    host_threads: ClassVar[int] = 1
+    host_threads = 1
 
     @property
     def device(self) -> torch.device:
@@ -229,7 +228,32 @@ def native_target_from(
     layer_format, blocks = layer_weights(decoder, weights)
     arch = reference.spec
     threads = int(num_threads or torch.get_num_threads())
-    config = Config(
+    handle = lib.ds_model_new(ctypes.byref(_native_config(arch, decoder, threads)))
+    if not handle:
+        raise MemoryError("the native decoder could not allocate its model")
+    model = _Model(lib, handle)
+    _load_layers(lib, handle, decoder, arch, layer_format, blocks)
+    tables = _load_tables(lib, handle, decoder, arch)
+    head = tables["embed"] if decoder.head is decoder.embed else decoder.head.detach().float().contiguous()
+    return NativeTarget(
+        reference.name,
+        reference.path,
+        arch,
+        reference.tokenizer,
+        reference.max_seq_len,
+        reference.eos_token_ids,
+        threads,
+        model,
+        tables,
+        head,
+        float(decoder.embed_scale),
+        quantization=layer_format,
+    )
+
+
+def _native_config(arch: ArchSpec, decoder: Decoder, threads: int) -> Config:
+    """The library's model sizes and switches for `arch` (what ds_model_new allocates for)."""
+    return Config(
         hidden=arch.hidden_size,
         layers=arch.num_layers,
         heads=arch.num_heads,
@@ -246,10 +270,11 @@ def native_target_from(
         attn_scale=arch.attn_scale,
         embed_scale=float(decoder.embed_scale),
     )
-    handle = lib.ds_model_new(ctypes.byref(config))
-    if not handle:
-        raise MemoryError("the native decoder could not allocate its model")
-    model = _Model(lib, handle)
+
+
+def _load_layers(lib, handle, decoder: Decoder, arch: ArchSpec, layer_format: str, blocks) -> None:
+    """Copy every layer's matmul weights (packed in `layer_format`: int8, or q4 from `blocks` where the GGUF had
+    them) and norms into the library's model, then the int8 LM head and the final norm."""
 
     def check(status: int, what: str) -> None:
         if status:
@@ -278,7 +303,7 @@ def native_target_from(
         w = np.ascontiguousarray(weight.detach().float().numpy())
         check(lib.ds_set_norm(handle, layer, which, w.ctypes.data, w.size), "a norm")
 
-    for i, layer in enumerate(decoder.layers):
+    for i, layer in enumerate(decoder.decoder_layers()):
         for which, name in enumerate(LINEARS):
             set_linear(i, which, getattr(layer, name), layer.bqkv if name == "wqkv" else None, layer_format)
         for which, name in enumerate(NORMS):
@@ -288,6 +313,10 @@ def native_target_from(
     set_linear(-1, 0, decoder.head, None, "int8")
     set_norm(-1, 0, decoder.final_norm)
 
+
+def _load_tables(lib, handle, decoder: Decoder, arch: ArchSpec) -> dict[str, torch.Tensor]:
+    """Hand the library the float32 tables it reads in place (embedding, RoPE halves, local RoPE where Gemma3 has
+    one) → those tensors, which must outlive the model."""
     half = arch.head_dim // 2
     tables = {"embed": decoder.embed.detach().float().contiguous()}
 
@@ -307,18 +336,4 @@ def native_target_from(
         tables["local_cos"].data_ptr() if "local_cos" in tables else None,
         tables["local_sin"].data_ptr() if "local_sin" in tables else None,
     )
-    head = tables["embed"] if decoder.head is decoder.embed else decoder.head.detach().float().contiguous()
-    return NativeTarget(
-        reference.name,
-        reference.path,
-        arch,
-        reference.tokenizer,
-        reference.max_seq_len,
-        reference.eos_token_ids,
-        threads,
-        model,
-        tables,
-        head,
-        float(decoder.embed_scale),
-        quantization=layer_format,
-    )
+    return tables
