@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -19,20 +19,26 @@ import torch
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from transformers import PreTrainedTokenizerBase  # noqa: E402
+
 from deepspec.decoding import SamplingParams, SpecEngine, build_drafter  # noqa: E402
 from deepspec.models.onnx_target import OnnxTarget, load_onnx_target, session_options  # noqa: E402
 from export.onnx.exporter import export_onnx  # noqa: E402
 from export.onnx.graph import UnsupportedTarget, build_target_graph, check_supported  # noqa: E402
 from tests.conftest import CharTokenizer  # noqa: E402
 
+VOCAB = 64
+
+
+def _char_tokenizer() -> PreTrainedTokenizerBase:
+    """One character per token (tests/conftest.py): all of a tokenizer these targets read."""
+    return cast(PreTrainedTokenizerBase, CharTokenizer(VOCAB))
+
 
 def _asked(output: torch.Tensor | None) -> torch.Tensor:
     """A forward output the call asked for (logits or features), so present."""
     assert output is not None
     return output
-
-
-VOCAB = 64
 
 
 def _tiny_decoder(family: str = "llama", seed: int = 0):
@@ -75,7 +81,7 @@ def _onnx_target(tmp_path: Path, family: str = "llama", quantization: str = "non
         "tied": model.head is model.embed,
     }
     session = ort.InferenceSession(str(tmp_path / "target.onnx"), session_options(1))
-    target = OnnxTarget("tiny", tmp_path, model.spec, CharTokenizer(VOCAB), session, meta, 128, (VOCAB - 1,))
+    target = OnnxTarget("tiny", tmp_path, model.spec, _char_tokenizer(), session, meta, 128, (VOCAB - 1,))
     return target, model
 
 
@@ -132,7 +138,7 @@ def test_engine_on_onnx_target_decodes_what_the_pytorch_engine_decodes(tmp_path)
     target, model = _onnx_target(tmp_path)
     frozen = target.embeddings()  # read back from the graph's weights file, for neural drafts
     assert torch.equal(frozen.embed, model.embed) and frozen.head is frozen.embed
-    reference = DecoderTarget("tiny", tmp_path, None, model.spec, model, CharTokenizer(VOCAB), 128, (VOCAB - 1,))
+    reference = DecoderTarget("tiny", tmp_path, None, model.spec, model, _char_tokenizer(), 128, (VOCAB - 1,))
     prompts = [torch.randint(0, VOCAB, (n,)).tolist() for n in (5, 9, 3, 7)]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     for drafter in ("none", "random"):
@@ -291,7 +297,7 @@ def test_fused_graph_computes_the_plain_graph_with_fewer_nodes(tmp_path, family)
             "tiny",
             out,
             model.spec,
-            CharTokenizer(VOCAB),
+            _char_tokenizer(),
             ort.InferenceSession(str(out / "target.onnx"), session_options(1)),
             meta,
             128,
@@ -316,7 +322,7 @@ def test_int4_block_sizes_pad_short_rows_and_stay_close(tmp_path, block_size):
         "tiny",
         tmp_path,
         model.spec,
-        CharTokenizer(VOCAB),
+        _char_tokenizer(),
         ort.InferenceSession(str(tmp_path / "target.onnx"), session_options(1)),
         meta,
         128,

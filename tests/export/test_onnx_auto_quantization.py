@@ -18,6 +18,7 @@ from deepspec.decoding.verify_budget import (
     modelled_tokens_per_second,
 )
 from deepspec.models import load_target
+from deepspec.models.onnx_target import OnnxTarget
 from deepspec.models.step_curve import curve_record, machine_key
 from export.onnx.auto_quantization import AUTO_CANDIDATES, STAGING
 from export.onnx.graph import LINEAR_KERNELS
@@ -224,6 +225,7 @@ def test_the_engine_budgets_on_the_recorded_curve_of_this_machine_only(target_di
         == 0
     )
     target = load_target(str(out))
+    assert isinstance(target, OnnxTarget)
     probed = []
     import deepspec.decoding.planner as planner_module
     from deepspec.decoding.planner import BudgetPlanner
@@ -264,6 +266,7 @@ def test_a_quantized_export_of_an_untied_target_gives_its_drafts_the_fp32_head(t
         t.name for t in onnx.load(out / "target.onnx", load_external_data=False).graph.initializer
     }
     target = load_target(str(out))
+    assert isinstance(target, OnnxTarget)
     reference = pytorch_decoder(load_target(str(target_dir), dtype="float32"))
     assert target.meta["head_file"] == "lm_head.npy"
     assert torch.equal(target.embeddings().head, reference.head.detach())

@@ -2,6 +2,7 @@
 
 import json
 import random
+from typing import cast
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from deepspec.decoding.drafters.corpus_lookup import CORPUS_FILE, CorpusLookupDr
 from deepspec.decoding.drafters.suffix_index import SEPARATOR, SuffixIndex
 from deepspec.decoding.registry import build_drafter
 from deepspec.models.drafts import DraftCheckpointError, DraftTargetMismatchError, best_shipped_draft
+from deepspec.models.target import Target
 from tests.deepspec.decoding.checked import drafter_of, survival_of
 
 GREEDY = DraftSampling(torch.zeros(1), [None])
@@ -110,10 +112,10 @@ def test_min_corpus_match_skips_short_matches(tmp_path):
     assert strict.propose([0], 2, GREEDY).num_tokens.tolist() == [0]
     # the shipped default travels in config.json
     path = save_corpus(tmp_path / "c", SuffixIndex.build(np.array(corpus), 4), FINGERPRINT, min_corpus_match=2)
-    assert drafter_of(build_drafter(str(path), StubTarget(FINGERPRINT)), CorpusLookupDrafter).min_corpus_match == 2
+    assert drafter_of(build_drafter(str(path), stub_target(FINGERPRINT)), CorpusLookupDrafter).min_corpus_match == 2
 
 
-class StubTarget:
+class _FingerprintOnly:
     name = "stub"
 
     def __init__(self, fingerprint: dict):
@@ -121,6 +123,11 @@ class StubTarget:
 
     def fingerprint(self) -> dict:
         return dict(self._fingerprint)
+
+
+def stub_target(fingerprint: dict) -> Target:
+    """A target as far as loading a corpus draft reads one: its name and fingerprint, nothing it would run."""
+    return cast(Target, _FingerprintOnly(fingerprint))
 
 
 FINGERPRINT = {"architecture": "llama", "hidden_size": 8, "num_layers": 2, "vocab_size": 50, "tokenizer_hash": "x"}
@@ -137,16 +144,16 @@ def _eval_json(path, tau: float, speedup: float = 1.2) -> None:
 def test_checkpoint_round_trip_mismatch_corruption_and_auto_choice(tmp_path):
     index = SuffixIndex.build(np.array([1, 2, 3, 4, S, 1, 2, 5, S]), max_match=4)
     path = save_corpus(tmp_path / "drafts" / "tiny-corpus", index, FINGERPRINT)
-    drafter = build_drafter(str(path), StubTarget(FINGERPRINT))
+    drafter = build_drafter(str(path), stub_target(FINGERPRINT))
     assert isinstance(drafter, CorpusLookupDrafter) and len(drafter.index) == 9
 
     with pytest.raises(DraftTargetMismatchError, match="hidden_size: draft was trained on 8, target has 16"):
-        build_drafter(str(path), StubTarget({**FINGERPRINT, "hidden_size": 16}))
+        build_drafter(str(path), stub_target({**FINGERPRINT, "hidden_size": 16}))
 
     _eval_json(path, tau=2.4)
-    assert best_shipped_draft(StubTarget(FINGERPRINT), tmp_path / "drafts", min_acceptance_length=2.0) == path
+    assert best_shipped_draft(stub_target(FINGERPRINT), tmp_path / "drafts", min_acceptance_length=2.0) == path
     _eval_json(path, tau=2.4, speedup=0.9)  # measured slower than target-only: auto must not take it
-    assert best_shipped_draft(StubTarget(FINGERPRINT), tmp_path / "drafts", min_acceptance_length=2.0) is None
+    assert best_shipped_draft(stub_target(FINGERPRINT), tmp_path / "drafts", min_acceptance_length=2.0) is None
 
     # a directory from before trees (no node table, no drafting defaults) drafts chains; the defaults travel
     assert drafter.tree is False and drafter.acceptance.tables == {}
@@ -154,17 +161,17 @@ def test_checkpoint_round_trip_mismatch_corruption_and_auto_choice(tmp_path):
     table = np.full((8, 4, 10), 0.5).tolist()
     config.update(node_acceptance={"corpus_2": table}, drafting={"tree": True, "sampled": True})
     (path / "config.json").write_text(json.dumps(config))
-    drafter = drafter_of(build_drafter(str(path), StubTarget(FINGERPRINT)), CorpusLookupDrafter)
+    drafter = drafter_of(build_drafter(str(path), stub_target(FINGERPRINT)), CorpusLookupDrafter)
     assert drafter.tree and drafter.sampled and drafter.acceptance.corpus("corpus_2", 1, 5, 0.9) == 0.5
-    assert drafter_of(build_drafter(str(path), StubTarget(FINGERPRINT), tree=False), CorpusLookupDrafter).tree is False
+    assert drafter_of(build_drafter(str(path), stub_target(FINGERPRINT), tree=False), CorpusLookupDrafter).tree is False
     config["node_acceptance"] = {"corpus_2": [[0.5]]}
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(DraftCheckpointError, match="node acceptance table corpus_2 has shape"):
-        build_drafter(str(path), StubTarget(FINGERPRINT))
+        build_drafter(str(path), stub_target(FINGERPRINT))
     config.pop("node_acceptance")
     (path / "config.json").write_text(json.dumps(config))
 
     data = (path / CORPUS_FILE).read_bytes()
     (path / CORPUS_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(DraftCheckpointError, match="cannot read the corpus index"):
-        build_drafter(str(path), StubTarget(FINGERPRINT))
+        build_drafter(str(path), stub_target(FINGERPRINT))

@@ -132,16 +132,17 @@ def test_default_target_runs_its_own_4bit_weights(smollm2):
 
     q4 = load_target("smollm2-135m", dtype="bfloat16", quantization="gguf")
     assert q4.quantization == "gguf"
-    packed = [
-        layer.packed[name] for layer in pytorch_decoder(q4).layers for name in ("wqkv", "wo", "w_gate_up", "w_down")
-    ]
-    assert len(packed) == 120 and all(isinstance(w, Int4Weight) for w in packed)
+    names = ("wqkv", "wo", "w_gate_up", "w_down")
+    packed = [layer.packed[name] for layer in pytorch_decoder(q4).decoder_layers() for name in names]
+    int4 = [w for w in packed if isinstance(w, Int4Weight)]
+    assert len(packed) == 120 and len(int4) == len(packed)
     # the dense copy for wide passes exists exactly where this CPU's torch packs oneDNN bf16 (not on every EPYC)
     has_onednn = onednn_pack(torch.zeros(8, 8, dtype=torch.bfloat16)) is not None
-    assert all((w.dense is not None) == has_onednn for w in packed)
+    assert all((w.dense is not None) == has_onednn for w in int4)
     ids = torch.tensor([smollm2.encode('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')])
     start = torch.zeros(1, dtype=torch.long)
     with torch.no_grad():
         dense, quant = smollm2.forward(ids, start).logits, q4.forward(ids, start).logits
+    assert dense is not None and quant is not None
     agree = (dense.argmax(-1) == quant.argmax(-1)).float().mean().item()
     assert agree >= 0.9, agree

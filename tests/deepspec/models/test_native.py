@@ -6,11 +6,12 @@ output equal target-only output."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 import torch
+from transformers import PreTrainedTokenizerBase
 
 import deepspec.models.decoder as decoder_module
 from deepspec.models.int8_weights import quantize_int8
@@ -78,7 +79,7 @@ def _tiny(family: str, seed: int = 0):
         path=Path("."),  # no directory: the model is built here, never loaded
         spec=spec,
         _model=model.eval(),
-        tokenizer=CharTokenizer(VOCAB),
+        tokenizer=cast(PreTrainedTokenizerBase, CharTokenizer(VOCAB)),  # all of a tokenizer the decoder reads
         max_seq_len=128,
         eos_token_ids=(VOCAB - 1,),
     )

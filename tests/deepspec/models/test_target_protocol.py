@@ -3,6 +3,7 @@
 import torch
 
 from deepspec.models import DecoderTarget, SlotCache, Target, TargetEmbeddings
+from deepspec.models.kv_cache import KVCache
 from tests.conftest import make_tiny_target
 
 
@@ -31,7 +32,7 @@ def test_an_object_missing_a_member_is_not_a_target():
 def test_new_cache_is_a_slot_cache_in_the_attention_dtype(tiny_target):
     target, _ = tiny_target
     cache = target.new_cache(3, 32)
-    assert isinstance(cache, SlotCache)
+    assert isinstance(cache, SlotCache) and isinstance(cache, KVCache)  # the PyTorch target's: per-layer k and v
     assert cache.k.dtype == target.attention_dtype and cache.k.shape[1] == 3 and cache.k.shape[3] == 32
 
 
