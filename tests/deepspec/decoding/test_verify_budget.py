@@ -224,7 +224,11 @@ def test_a_costly_draft_drafts_only_as_deep_as_its_own_time_pays():
     1 draft gives 1.6 / 9 ms (0.178) against 1 / 6 ms target-only (0.167) and 2 drafts 1.96 / 12 ms (0.163);
     at 5 ms a draft token not even one pays (1.6 / 11 ms)."""
     survival, flat = torch.tensor([[0.6, 0.36, 0.216]]), _model(6, 0)
-    per_token = lambda ms: DraftTimeModel({(1, 1): ms / 1e3, (1, 2): 2 * ms / 1e3}).round_seconds(1, range(4))  # noqa: E731
+
+    def per_token(ms: float):
+        """A draft costing `ms` milliseconds a token, priced for rounds of 0..3 tokens at one row."""
+        return DraftTimeModel({(1, 1): ms / 1e3, (1, 2): 2 * ms / 1e3}).round_seconds(1, range(4))
+
     assert best_depth(survival, flat) == 3
     assert best_depth(survival, flat, per_token(3)) == 1
     assert best_depth(survival, flat, per_token(5)) == 0
