@@ -35,7 +35,8 @@ def healthy(gw: Gateway, worker: Worker) -> float:
 def test_worker_killed_mid_stream(tmp_path):
     a = Worker(tmp_path, "--stub-step-ms", "10", name="a").start()
     b = Worker(tmp_path, "--stub-step-ms", "10", name="b").start()
-    a.wait_ready(), b.wait_ready()
+    a.wait_ready()
+    b.wait_ready()
     gw = Gateway(tmp_path, f"{a.address},{b.address}").start().wait_ready()
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
     try:
