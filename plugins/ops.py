@@ -64,15 +64,9 @@ def rejection_sample_host(
     return rejection_walk(draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds)
 
 
+# the arguments' types are plugins.library's op schema (the module docstring lists them)
 def rejection_sample(
-    draft_tokens: Tensor,
-    num_draft_tokens: Tensor,
-    target_logits: Tensor,
-    draft_probs: Tensor | None,
-    temperature: Tensor,
-    top_k: Tensor,
-    top_p: Tensor,
-    seeds: Tensor,
+    draft_tokens, num_draft_tokens, target_logits, draft_probs, temperature, top_k, top_p, seeds
 ) -> tuple[Tensor, Tensor]:
     if _exporting():
         from plugins.onnx_ops import absent, symbolic
@@ -99,15 +93,7 @@ def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Te
 
 
 def tree_accept(
-    tree_tokens: Tensor,
-    parents: Tensor,
-    num_nodes: Tensor,
-    target_logits: Tensor,
-    draft_probs: Tensor | None,
-    temperature: Tensor,
-    top_k: Tensor,
-    top_p: Tensor,
-    seeds: Tensor,
+    tree_tokens, parents, num_nodes, target_logits, draft_probs, temperature, top_k, top_p, seeds
 ) -> tuple[Tensor, Tensor, Tensor]:
     if _exporting():
         from plugins.onnx_ops import absent, symbolic

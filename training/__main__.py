@@ -473,10 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_prepare(args, parser) -> int:
-    from training.prepare import PrepareStats, endpoint_backend, finished_ids, read_prompts, regenerate
-    from training.progress import Progress
-
+def _check_prepare_args(args, parser) -> None:
+    """A usage error for sizes below 1, a context that cannot hold the answer, or a template for an endpoint."""
     if args.max_tokens < 1 or args.batch_size < 1 or (args.threads is not None and args.threads < 1):
         parser.error("--max-tokens, --batch-size and --threads must be >= 1")
     if args.max_seq_len <= args.max_tokens:
@@ -486,6 +484,12 @@ def _run_prepare(args, parser) -> int:
             "--chat-template applies to the engine backend; the --endpoint server renders with its own "
             "template (vLLM, SGLang and our worker take --chat-template themselves)"
         )
+
+
+def _run_prepare(args, parser) -> int:
+    from training.prepare import PrepareStats, read_prompts
+
+    _check_prepare_args(args, parser)
     stats = PrepareStats()
     try:
         rows = read_prompts(args.inputs, args.limit_per_file, args.seed, stats)
@@ -522,6 +526,29 @@ def _run_prepare(args, parser) -> int:
     import time
 
     cpu_started = time.process_time()
+    tokens_per_second = _regenerate_rows(args, rows, target, stats)
+    summary = {
+        "backend": backend,
+        "done": stats.num_done,
+        "skipped_finished": stats.num_skipped,
+        "failed": stats.num_failed,
+        "malformed": stats.num_malformed,
+        "heldout": stats.num_heldout,
+        "generated_tokens": stats.num_tokens,
+        "tokens_per_second": round(tokens_per_second, 1),
+    }
+    if target is not None:  # wall time on a shared machine measures the neighbours too: this process's CPU time
+        summary["tokens_per_cpu_second"] = round(stats.num_tokens / max(time.process_time() - cpu_started, 1e-9), 1)
+    print(json.dumps(summary))
+    return 1 if stats.num_failed and not stats.num_done else 0
+
+
+def _regenerate_rows(args, rows: list, target, stats) -> float:
+    """Answer every row not yet in args.out, through the --endpoint server (target None) or the engine on
+    `target`, with a progress line → the tokens per second the progress measured."""
+    from training.prepare import endpoint_backend, finished_ids, regenerate
+    from training.progress import Progress
+
     with Progress(len(rows), "prepare") as progress:
         progress.resume_from(len({r.id for r in rows} & finished_ids(args.out)))
         if target is None:
@@ -549,20 +576,7 @@ def _run_prepare(args, parser) -> int:
                 max_seq_len=args.max_seq_len,
                 on_row=lambda tok: progress.advance(1, tokens=tok, failed=stats.num_failed),
             )
-    summary = {
-        "backend": backend,
-        "done": stats.num_done,
-        "skipped_finished": stats.num_skipped,
-        "failed": stats.num_failed,
-        "malformed": stats.num_malformed,
-        "heldout": stats.num_heldout,
-        "generated_tokens": stats.num_tokens,
-        "tokens_per_second": round(progress.tokens_per_second, 1),
-    }
-    if target is not None:  # wall time on a shared machine measures the neighbours too: this process's CPU time
-        summary["tokens_per_cpu_second"] = round(stats.num_tokens / max(time.process_time() - cpu_started, 1e-9), 1)
-    print(json.dumps(summary))
-    return 1 if stats.num_failed and not stats.num_done else 0
+    return progress.tokens_per_second
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ same validation (`python -m training train -c run.yaml optim.lr=1e-4`). Unknown 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -17,44 +18,66 @@ class StrictModel(BaseModel):
 
 
 class TargetSection(StrictModel):
-    name: str = Field("smollm2-135m", description="alias (smollm2-135m), .gguf file, or Hugging Face model directory")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="float32 on CPU; bfloat16 on GPU halves memory and feature bandwidth"
+    name: str = Field(
+        default="smollm2-135m", description="alias (smollm2-135m), .gguf file, or Hugging Face model directory"
     )
-    device: str = Field("cpu", description="cpu, cuda (with torchrun each rank takes cuda:<local_rank>)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="float32 on CPU; bfloat16 on GPU halves memory and feature bandwidth"
+    )
+    device: str = Field(default="cpu", description="cpu, cuda (with torchrun each rank takes cuda:<local_rank>)")
     chat_template: str | None = Field(
-        None,
-        description="chat template for a target that ships none (gemma3-270m): a built-in (smollm2, qwen, gemma3) or a Jinja file; None = the tokenizer's own",
+        default=None,
+        description=(
+            "chat template for a target that ships none (gemma3-270m): a built-in (smollm2, qwen, gemma3) or a Jinja "
+            "file; None = the tokenizer's own"
+        ),
     )
 
 
 class ModelSection(StrictModel):
     algo: str = Field(
-        "eagle3", description="a registered draft algorithm: eagle3 | dflash | dspark built in (deepspec/algorithms)"
+        default="eagle3",
+        description="a registered draft algorithm: eagle3 | dflash | dspark built in (deepspec/algorithms)",
     )
     num_layers: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=16,
-        description="draft decoder layers; None = the algorithm's default: 1 for eagle3, 2 for dflash/dspark (DeepSpec uses 5 on 4B targets)",
+        description=(
+            "draft decoder layers; None = the algorithm's default: 1 for eagle3, 2 for dflash/dspark (DeepSpec uses 5 "
+            "on 4B targets)"
+        ),
     )
-    block_size: int = Field(7, ge=1, le=32, description="block size / TTT unroll γ (7 = what serving verifies)")
+    block_size: int = Field(default=7, ge=1, le=32, description="block size / TTT unroll γ (7 = what serving verifies)")
     draft_vocab_size: int = Field(
-        8192, ge=0, description="reduced draft vocabulary: top-N tokens of the training answers (0 = full vocabulary)"
+        default=8192,
+        ge=0,
+        description="reduced draft vocabulary: top-N tokens of the training answers (0 = full vocabulary)",
     )
-    markov_rank: int = Field(64, ge=1, description="dspark Markov head rank r (DeepSpec 256; 64 for small targets)")
+    markov_rank: int = Field(
+        default=64, ge=1, description="dspark Markov head rank r (DeepSpec 256; 64 for small targets)"
+    )
     feature_layers: list[int] | None = Field(
-        None,
-        description="target layers feeding the draft, as 'output of layer i' ids (= HF hidden_states[i+1]); None = 5 evenly spaced, never the last (canonical layout: the engines' 3, {1, L//2-1, L-4})",
+        default=None,
+        description=(
+            "target layers feeding the draft, as 'output of layer i' ids (= HF hidden_states[i+1]); None = 5 evenly "
+            "spaced, never the last (canonical layout: the engines' 3, {1, L//2-1, L-4})"
+        ),
     )
     layout: str = Field(
-        "deepspec",
-        description="tensor layout, one of the algorithm's: deepspec (flat names, frozen target head) or canonical (the EAGLE-3 layout SGLang/vLLM/TensorRT-LLM load: Llama-style midlayer, 3 captured layers, own lm_head, d2t/t2d)",
+        default="deepspec",
+        description=(
+            "tensor layout, one of the algorithm's: deepspec (flat names, frozen target head) or canonical (the EAGLE-3"
+            " layout SGLang/vLLM/TensorRT-LLM load: Llama-style midlayer, 3 captured layers, own lm_head, d2t/t2d)"
+        ),
     )
     calibration_sequences: int = Field(
-        32,
+        default=32,
         ge=0,
-        description="dspark: last rows of the data held out of training to fit the per-slot confidence temperatures (at most 10% of the rows; 0 = uncalibrated)",
+        description=(
+            "dspark: last rows of the data held out of training to fit the per-slot confidence temperatures (at most "
+            "10% of the rows; 0 = uncalibrated)"
+        ),
     )
 
     @field_validator("feature_layers")
@@ -78,52 +101,67 @@ class ModelSection(StrictModel):
 
 class DataSection(StrictModel):
     paths: list[Path] = Field(
-        [],
-        description="regenerated conversations (`python -m training prepare`), or pre-tokenized {'input_ids', 'loss_mask'} rows; with labels=target also {'text'} and {'turns'} rows (datasets/train/*.jsonl)",
+        default=[],
+        description=(
+            "regenerated conversations (`python -m training prepare`), or pre-tokenized {'input_ids', 'loss_mask'} "
+            "rows; with labels=target also {'text'} and {'turns'} rows (datasets/train/*.jsonl)"
+        ),
     )
     labels: Literal["regen", "target"] = Field(
-        "regen",
-        description="regen: learn the target-written answers of `prepare` (soft target distribution for eagle3, next token for dflash/dspark CE); target: distil the target's own distribution over any text, labels and features from one prefill (KL per draft slot)",
+        default="regen",
+        description=(
+            "regen: learn the target-written answers of `prepare` (soft target distribution for eagle3, next token for "
+            "dflash/dspark CE); target: distil the target's own distribution over any text, labels and features from "
+            "one prefill (KL per draft slot)"
+        ),
     )
     label_top_k: int = Field(
-        32,
+        default=32,
         ge=0,
-        description="labels=target: keep the target's top-k draft-vocabulary probabilities per token (0 = the whole draft vocabulary; 32 keeps 256 bytes per token)",
+        description=(
+            "labels=target: keep the target's top-k draft-vocabulary probabilities per token (0 = the whole draft "
+            "vocabulary; 32 keeps 256 bytes per token)"
+        ),
     )
     max_len: int = Field(
-        1024, ge=8, description="tokens per training sequence (longer conversations are truncated); 512-2048"
+        default=1024, ge=8, description="tokens per training sequence (longer conversations are truncated); 512-2048"
     )
     num_anchors: int = Field(
-        64,
+        default=64,
         ge=1,
         description="dflash/dspark: anchors (blocks) packed per sequence and forward (DeepSpec 512; 32-128 on CPU)",
     )
-    batch_size: int = Field(1, ge=1, description="sequences per micro-batch (right-padded)")
+    batch_size: int = Field(default=1, ge=1, description="sequences per micro-batch (right-padded)")
 
 
 class OptimSection(StrictModel):
-    lr: float = Field(5e-4, gt=0, description="AdamW peak learning rate")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay (0-0.1)")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    lr: float = Field(default=5e-4, gt=0, description="AdamW peak learning rate")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay (0-0.1)")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW betas")
     warmup_steps: int = Field(
-        20, ge=0, description="linear warmup steps, then cosine decay to min_lr_ratio · lr at max_steps"
+        default=20, ge=0, description="linear warmup steps, then cosine decay to min_lr_ratio · lr at max_steps"
     )
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate as a fraction of lr")
-    max_steps: int = Field(1000, ge=1, description="optimizer steps (each = grad_accum micro-batches)")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    clip_norm: float = Field(1.0, ge=0, description="gradient clipping max norm (0 = off)")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="final learning rate as a fraction of lr")
+    max_steps: int = Field(default=1000, ge=1, description="optimizer steps (each = grad_accum micro-batches)")
+    grad_accum: int = Field(default=1, ge=1, description="micro-batches per optimizer step")
+    clip_norm: float = Field(default=1.0, ge=0, description="gradient clipping max norm (0 = off)")
     max_minutes: float | None = Field(
-        None, gt=0, description="stop early (and save) after this many minutes of training; None = run max_steps"
+        default=None,
+        gt=0,
+        description="stop early (and save) after this many minutes of training; None = run max_steps",
     )
 
 
 class DistSection(StrictModel):
     backend: Literal["auto", "gloo", "nccl"] = Field(
-        "auto", description="torch.distributed backend under torchrun: auto = nccl on GPU, gloo on CPU"
+        default="auto", description="torch.distributed backend under torchrun: auto = nccl on GPU, gloo on CPU"
     )
     fsdp: bool = Field(
-        False,
-        description="shard parameters and AdamW state with FSDP (fully_shard) instead of replicating them with DDP: drafts too large for one device; runs on gloo (CPU) and nccl",
+        default=False,
+        description=(
+            "shard parameters and AdamW state with FSDP (fully_shard) instead of replicating them with DDP: drafts too "
+            "large for one device; runs on gloo (CPU) and nccl"
+        ),
     )
 
 
@@ -134,30 +172,42 @@ class TrainConfig(StrictModel):
     optim: OptimSection = OptimSection()
     dist: DistSection = DistSection()
     output_dir: Path = Field(
-        Path("runs/draft"),
+        default=Path("runs/draft"),
         description="where checkpoints/ and the final draft (config.json, model.safetensors, ...) go",
     )
     init_from: Path | None = Field(
-        None,
-        description="fine-tune an existing draft checkpoint (e.g. drafts/smollm2-135m-dflash) instead of a fresh init: its weights, vocabulary and sizes replace model.num_layers/block_size/draft_vocab_size/...; model.algo must match",
+        default=None,
+        description=(
+            "fine-tune an existing draft checkpoint (e.g. drafts/smollm2-135m-dflash) instead of a fresh init: its "
+            "weights, vocabulary and sizes replace model.num_layers/block_size/draft_vocab_size/...; model.algo must "
+            "match"
+        ),
     )
     cache_dir: Path | None = Field(
-        None,
+        default=None,
         description="offline mode: cache only the needed target hidden states here; None = online (target in the loop)",
     )
     cache_writer: Literal["target", "native"] = Field(
-        "target",
-        description="what computes the offline cache: the training target (PyTorch, data.labels regen or target), or the native CPU decoder on the target's served weights (data.labels regen only; several times faster on a CPU, and the features a draft then learns are the ones the native backend serves it)",
+        default="target",
+        description=(
+            "what computes the offline cache: the training target (PyTorch, data.labels regen or target), or the native"
+            " CPU decoder on the target's served weights (data.labels regen only; several times faster on a CPU, and "
+            "the features a draft then learns are the ones the native backend serves it)"
+        ),
     )
-    seed: int = Field(0, description="seed of init, data order and anchor sampling")
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = fp32 on CPU, bf16 autocast on GPU")
+    seed: int = Field(default=0, description="seed of init, data order and anchor sampling")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto", description="auto = fp32 on CPU, bf16 autocast on GPU"
+    )
     save_every: int = Field(
-        100, ge=0, description="save a resumable checkpoint every N optimizer steps (0 = only at the end)"
+        default=100, ge=0, description="save a resumable checkpoint every N optimizer steps (0 = only at the end)"
     )
-    keep_checkpoints: int = Field(2, ge=1, description="keep only the newest N step checkpoints")
+    keep_checkpoints: int = Field(default=2, ge=1, description="keep only the newest N step checkpoints")
     save_dtype: Literal["float32", "bfloat16", "int8"] = Field(
-        "float32",
-        description="final draft weights storage: bfloat16 halves the shipped size, int8 (one scale per output row) quarters it",
+        default="float32",
+        description=(
+            "final draft weights storage: bfloat16 halves the shipped size, int8 (one scale per output row) quarters it"
+        ),
     )
 
     @model_validator(mode="after")
@@ -211,7 +261,7 @@ def apply_override(data: dict, item: str) -> dict:
     return _deep_merge(data, node)
 
 
-def load_config(files: list[Path] = (), flags: dict | None = None, overrides: list[str] = ()) -> TrainConfig:
+def load_config(files: Sequence[Path] = (), flags: dict | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """defaults < files (in order) < flags (dotted keys) < overrides; validated once at the end."""
     data: dict = {}
     for f in files:

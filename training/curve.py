@@ -74,8 +74,9 @@ def measure_tau(
     """Greedy engine τ of `drafter` per eval set (accepted drafts + 1 per round that verified drafts, as `eval`
     counts it); None for a set where no round verified drafts. No target-only baseline: the curve needs τ only, and
     the baseline would double the cost. Neither the verify budget nor the draft's own forward is priced
-    (the engine's default planner, no budget): τ is the draft's quality, so every round verifies the whole chain, whatever this
-    machine's step times (under load, the budget had cut a weak early checkpoint's every round, leaving no τ)."""
+    (the engine's default planner, no budget): τ is the draft's quality, so every round verifies the whole chain,
+    whatever this machine's step times (under load, the budget had cut a weak early checkpoint's every round, leaving
+    no τ)."""
     from deepspec.decoding.engine import SpecEngine
     from deepspec.decoding.params import SamplingParams
     from training.evaluate import load_eval_prompts, summarize
@@ -127,9 +128,16 @@ def mean_tau(point: dict) -> float | None:
     return None if None in taus else sum(taus) / len(taus)
 
 
-def with_mean_tau(points: list[dict]) -> list[dict]:
-    """The points a fit can use: those with a mean τ."""
-    return [p for p in points if mean_tau(p) is not None]
+def tau_series(points: list[dict]) -> tuple[list[float], list[float]]:
+    """(tokens seen, mean τ) of the points a fit can use, those with a mean τ: what a fit or a plot of the mean
+    takes."""
+    tokens, taus = [], []
+    for point in points:
+        tau = mean_tau(point)
+        if tau is not None:
+            tokens.append(point["tokens_seen"])
+            taus.append(tau)
+    return tokens, taus
 
 
 @dataclass
@@ -196,59 +204,11 @@ def plot_curve(
 
     points = data["points"]
     sets = list(points[0]["tau"]) if points else list(goal or {})
-    colors = dict(zip(sets, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    colors: dict[str, str] = dict(zip(sets, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
     fig, ax = plt.subplots(figsize=(9, 5))
-    xs = [p["tokens_seen"] for p in points]
-    for name in sets:  # a set without τ at a point leaves a gap
-        ax.plot(
-            xs,
-            [math.nan if p["tau"][name] is None else p["tau"][name] for p in points],
-            marker="o",
-            color=colors.get(name),
-            label=f"{name}",
-        )
-        if goal and name in goal:
-            ax.axhline(goal[name], color=colors.get(name), linestyle="--", linewidth=1)
-    fitted = with_mean_tau(points)
-    fit_xs = [p["tokens_seen"] for p in fitted]
-    if len(set(fit_xs)) >= 2:
-        fit = fit_log_tokens(fit_xs, [mean_tau(p) for p in fitted])
-        hi = max(xs) * 30
-        grid = [min(xs) * (hi / min(xs)) ** (i / 40) for i in range(41)]
-        ax.plot(
-            grid,
-            [fit.tau_at(x) for x in grid],
-            color="gray",
-            linestyle=":",
-            label=f"fit of the mean: τ = {fit.a:.2f} + {fit.b:.2f}·log10(tokens)",
-        )
-    markers = iter("sD^v<>")
+    _plot_sets(ax, points, sets, colors, goal)
     goal_mean = sum(goal.values()) / len(goal) if goal else None
-    for name, series in data.get("history", {}).items():  # earlier drafts measured at 2+ training lengths
-        hx = [p["tokens_seen"] for p in with_mean_tau(series["points"])]
-        mean = [mean_tau(p) for p in with_mean_tau(series["points"])]
-        ax.plot(
-            hx,
-            mean,
-            marker=next(markers, "s"),
-            color="black",
-            linestyle="-.",
-            linewidth=1,
-            alpha=0.6,
-            label=f"{name} (mean τ)",
-        )
-        if goal_mean is not None and len(set(hx)) >= 2:  # its log-line carried on to corpus lookup's mean
-            fit = fit_log_tokens(hx, mean)
-            end = min(fit.tokens_for(goal_mean), 1e10)
-            if end > max(hx):
-                ax.plot(
-                    [max(hx), end],
-                    [fit.tau_at(max(hx)), fit.tau_at(end)],
-                    color="black",
-                    linestyle=":",
-                    linewidth=0.8,
-                    alpha=0.5,
-                )
+    _plot_history(ax, data.get("history", {}), goal_mean)
     if goal_mean is not None:
         ax.axhline(
             goal_mean,
@@ -274,6 +234,64 @@ def plot_curve(
     Path(out_png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
+
+
+def _plot_sets(ax, points: list[dict], sets: list[str], colors: dict[str, str], goal: dict[str, float] | None) -> None:
+    """This run's τ per eval set (a set without τ at a point leaves a gap), each set's corpus-lookup τ as a dashed
+    line, and the log fit of the mean carried 30x past the last point."""
+    xs = [p["tokens_seen"] for p in points]
+    for name in sets:
+        ax.plot(
+            xs,
+            [math.nan if p["tau"][name] is None else p["tau"][name] for p in points],
+            marker="o",
+            color=colors.get(name),
+            label=f"{name}",
+        )
+        if goal and name in goal:
+            ax.axhline(goal[name], color=colors.get(name), linestyle="--", linewidth=1)
+    fit_xs, fit_taus = tau_series(points)
+    if len(set(fit_xs)) >= 2:
+        fit = fit_log_tokens(fit_xs, fit_taus)
+        hi = max(xs) * 30
+        grid = [min(xs) * (hi / min(xs)) ** (i / 40) for i in range(41)]
+        ax.plot(
+            grid,
+            [fit.tau_at(x) for x in grid],
+            color="gray",
+            linestyle=":",
+            label=f"fit of the mean: τ = {fit.a:.2f} + {fit.b:.2f}·log10(tokens)",
+        )
+
+
+def _plot_history(ax, history: dict, goal_mean: float | None) -> None:
+    """Earlier drafts measured at 2+ training lengths: their mean τ, and each one's log-line carried on to the
+    corpus lookup's mean τ."""
+    markers = iter("sD^v<>")
+    for name, series in history.items():
+        hx, mean = tau_series(series["points"])
+        ax.plot(
+            hx,
+            mean,
+            marker=next(markers, "s"),
+            color="black",
+            linestyle="-.",
+            linewidth=1,
+            alpha=0.6,
+            label=f"{name} (mean τ)",
+        )
+        if goal_mean is not None and len(set(hx)) >= 2:
+            fit = fit_log_tokens(hx, mean)
+            end = min(fit.tokens_for(goal_mean), 1e10)
+            if end > max(hx):
+                ax.plot(
+                    [max(hx), end],
+                    [fit.tau_at(max(hx)), fit.tau_at(end)],
+                    color="black",
+                    linestyle=":",
+                    linewidth=0.8,
+                    alpha=0.5,
+                )
 
 
 def measure_newest(
@@ -362,11 +380,10 @@ def summarize_fit(data: dict, goal_tau: dict[str, float] | None) -> dict | None:
 
 
 def _fit_points(points: list[dict], goal_tau: dict[str, float] | None) -> dict | None:
-    points = with_mean_tau(points)
-    xs = [p["tokens_seen"] for p in points]
-    if len(points) < 2 or len(set(xs)) < 2:
+    xs, taus = tau_series(points)
+    if len(xs) < 2 or len(set(xs)) < 2:
         return None
-    fit = fit_log_tokens(xs, [mean_tau(p) for p in points])
+    fit = fit_log_tokens(xs, taus)
     out = {
         "a": round(fit.a, 4),
         "b_per_decade": round(fit.b, 4),

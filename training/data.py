@@ -16,6 +16,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, TextIO
 
 import torch
 
@@ -42,7 +43,7 @@ class DataStats:
     problems: list[str] = field(default_factory=list)
 
 
-def open_jsonl(path: str | Path, mode: str = "rt"):
+def open_jsonl(path: str | Path, mode: Literal["rt", "wt", "at"] = "rt") -> TextIO:
     """A text handle on a JSON-lines file: gzip for a `.gz` name (appending adds a gzip member, which every
     reader of the format reads as one stream), plain otherwise."""
     path = Path(path)

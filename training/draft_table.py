@@ -62,7 +62,7 @@ def summary_table(drafts_dir: Path) -> str:
         size = sum(f.stat().st_size for f in draft_dir.rglob("*") if f.is_file()) / 1e6
         settings = meta.get("settings", {})
 
-        def per_set(cell) -> str:
+        def per_set(cell, greedy: dict = greedy) -> str:  # greedy bound here: this draft's rows
             return " / ".join(cell(greedy[s]) if s in greedy else "-" for s in sets)
 
         cells = [

@@ -8,6 +8,7 @@ target-only output (lossless verification in fp32).
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
@@ -314,24 +315,14 @@ def report_dir(spec, out: Path | None) -> Path:
     return Path("runs") / "eval" / safe
 
 
-def run_eval_cli(args, parser) -> int:
+def run_eval_cli(args, parser: argparse.ArgumentParser) -> int:
     import sys
 
-    from deepspec.decoding.registry import build_drafter
     from deepspec.models import load_target
-    from training.draft_specs import parse_draft_spec
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
-    except ValueError:
-        parser.error(f"--temperatures must be comma-separated numbers, got '{args.temperatures}'")
-    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    if not datasets or args.num_prompts < 1 or args.max_tokens < 1:
-        parser.error("need at least one dataset, --num-prompts >= 1 and --max-tokens >= 1")
-    if args.out is not None and len(args.draft) > 1:
-        parser.error("--out takes one draft; with several, each report goes into its draft directory")
+    temperatures, datasets = _eval_grid(args, parser)
     try:  # every eval prompt is chat: a target without a template stops here, in one line
         target = load_target(
             args.target,
@@ -341,36 +332,10 @@ def run_eval_cli(args, parser) -> int:
             chat_template=args.chat_template,
             for_chat=True,
         )
+        drafters, specs = _eval_drafters(args, parser, target)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    drafters, specs = {}, {}
-    for text in args.draft:
-        try:
-            spec = parse_draft_spec(text)
-            drafter = build_drafter(spec.base, target, **spec.options)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except TypeError as exc:  # an option this drafter does not take
-            print(f"error: {text}: {exc}", file=sys.stderr)
-            return 2
-        if drafter is None:
-            parser.error("--draft none has nothing to evaluate")
-        if spec.label in drafters:
-            parser.error(f"--draft {text} is given twice")
-        drafters[spec.label], specs[spec.label] = drafter, spec
-
-    def show(draft: str, r: EvalResult) -> None:
-        same = "" if r.identical_to_target is None else f" identical={r.identical_to_target}"
-        print(
-            f"{Path(draft).name:24s} {r.dataset:10s} T={r.temperature:g} τ={tau_text(r.acceptance_length)} "
-            f"verify={r.verify_rate:.2f} {r.tokens_per_second:.1f} vs {r.baseline_tokens_per_second:.1f} tok/s "
-            f"→ {r.speedup:.2f}x{same}",
-            file=sys.stderr,
-            flush=True,
-        )
-
     results = evaluate(
         target,
         drafters,
@@ -381,7 +346,7 @@ def run_eval_cli(args, parser) -> int:
         args.num_speculative_tokens,
         args.batch_size,
         not args.no_check_identical,
-        on_result=show,
+        on_result=_show_result,
         verify_budget=not args.verify_all,
     )
     settings = {
@@ -399,12 +364,76 @@ def run_eval_cli(args, parser) -> int:
         "machine": platform.machine(),
         "torch": torch.__version__,
     }
+    failed = _write_eval_reports(args, target.name, drafters, specs, results, settings)
+    table = comparison_table(results)
+    if len(drafters) > 1:
+        print(table)
+    if args.compare is not None:
+        args.compare.parent.mkdir(parents=True, exist_ok=True)
+        args.compare.write_text(f"# drafts on {target.name}\n\nSettings: {json.dumps(settings)}\n\n{table}")
+    return 1 if failed else 0
+
+
+def _eval_grid(args, parser: argparse.ArgumentParser) -> tuple[list[float], list[str]]:
+    """(temperatures, datasets) of the command line, checked with the other sizes (a usage error otherwise)."""
+    try:
+        temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
+    except ValueError:
+        parser.error(f"--temperatures must be comma-separated numbers, got '{args.temperatures}'")
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not datasets or args.num_prompts < 1 or args.max_tokens < 1:
+        parser.error("need at least one dataset, --num-prompts >= 1 and --max-tokens >= 1")
+    if args.out is not None and len(args.draft) > 1:
+        parser.error("--out takes one draft; with several, each report goes into its draft directory")
+    return temperatures, datasets
+
+
+def _eval_drafters(args, parser: argparse.ArgumentParser, target) -> tuple[dict, dict]:
+    """Each `--draft` built on `target` → ({label: drafter}, {label: its spec}); ValueError for a spec that does
+    not build (an option the drafter does not take included), a usage error for `none` or a repeat."""
+    from deepspec.decoding.registry import build_drafter
+    from training.draft_specs import parse_draft_spec
+
+    drafters, specs = {}, {}
+    for text in args.draft:
+        spec = parse_draft_spec(text)
+        try:
+            drafter = build_drafter(spec.base, target, **spec.options)
+        except TypeError as exc:  # an option this drafter does not take
+            raise ValueError(f"{text}: {exc}") from None
+        if drafter is None:
+            parser.error("--draft none has nothing to evaluate")
+        if spec.label in drafters:
+            parser.error(f"--draft {text} is given twice")
+        drafters[spec.label], specs[spec.label] = drafter, spec
+    return drafters, specs
+
+
+def _show_result(draft: str, r: EvalResult) -> None:
+    """One line per measured (draft, dataset, temperature) on stderr, as they come."""
+    import sys
+
+    same = "" if r.identical_to_target is None else f" identical={r.identical_to_target}"
+    print(
+        f"{Path(draft).name:24s} {r.dataset:10s} T={r.temperature:g} τ={tau_text(r.acceptance_length)} "
+        f"verify={r.verify_rate:.2f} {r.tokens_per_second:.1f} vs {r.baseline_tokens_per_second:.1f} tok/s "
+        f"→ {r.speedup:.2f}x{same}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _write_eval_reports(args, target_name: str, drafters: dict, specs: dict, results: dict, settings: dict) -> bool:
+    """Each draft's eval.json / eval.md into its report directory (printed too) → whether a draft's greedy output
+    differed from the target's own (said on stderr)."""
+    import sys
+
     failed = False
     for label, drafter in drafters.items():
         spec = specs[label]
         out_dir = report_dir(spec, args.out)
         meta = {
-            "target": target.name,
+            "target": target_name,
             "draft": label,
             "algo": getattr(drafter, "name", spec.base),
             "options": spec.options,
@@ -416,10 +445,4 @@ def run_eval_cli(args, parser) -> int:
         if bad:
             failed = True
             print(f"error: {label}: greedy output differs from target-only on {bad}", file=sys.stderr)
-    table = comparison_table(results)
-    if len(drafters) > 1:
-        print(table)
-    if args.compare is not None:
-        args.compare.parent.mkdir(parents=True, exist_ok=True)
-        args.compare.write_text(f"# drafts on {target.name}\n\nSettings: {json.dumps(settings)}\n\n{table}")
-    return 1 if failed else 0
+    return failed

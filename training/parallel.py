@@ -22,7 +22,8 @@ class Parallel:
             from torch.distributed.fsdp import fully_shard
 
             # the objective is the root whose forward runs: it gathers all draft weights once per micro-batch
-            self.wrapped = fully_shard(objective)
+            fully_shard(objective)  # in place: the module becomes its FSDP version
+            self.wrapped = objective
         elif world_size > 1:
             self.wrapped = nn.parallel.DistributedDataParallel(objective)
         else:

@@ -20,7 +20,7 @@ import json
 import random
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +92,8 @@ def finished_ids(output: Path) -> set[str]:
     return done
 
 
-# ---- backends: list of message lists → list of (answer text, num generated tokens) ----------------------------
-Generate = Callable[[list[list[dict]]], list[tuple[str, int]]]
+# ---- backends: list of message lists → list of (answer text, num generated tokens), or the error of each failed one
+Generate = Callable[[list[list[dict]]], list[tuple[str, int] | Exception]]
 
 
 def endpoint_backend(
@@ -247,7 +247,7 @@ def stream_regenerate(
     todo = iter(_todo(rows, output, stats))
     engine = SpecEngine(target, None, max_batch_size=batch_size, max_seq_len=max_seq_len)  # clamped to the target's
     stream = EngineStream(engine, batch_size)
-    open_rows: dict[str, tuple[PromptRow, list[dict], list[int]]] = {}  # id -> (row, conversation, tokens)
+    open_rows: dict[Hashable, tuple[PromptRow, list[dict], list[int]]] = {}  # id -> (row, conversation, tokens)
 
     def submit_turn(row: PromptRow, conversation: list[dict]) -> None:
         conversation.append({"role": "user", "content": row.turns[len(conversation) // 2]})

@@ -90,6 +90,8 @@ def fit_fc(
         sum_y += y.sum(0)
         sum_y2 += float((y * y).sum())
         num_tokens += len(row)
+    if gram is None or cross is None:
+        raise ValueError("no feature rows to fit the new fc layout on: give relayout some training rows")
     reg = ridge * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
     w_new_t = torch.linalg.solve(gram + reg, cross)  # [3H, H]
     # residual Σ||y - F w||² = Σ||y||² - 2 tr(wᵀ FᵀY) + tr(wᵀ FᵀF w), from the accumulated moments

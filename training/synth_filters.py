@@ -20,7 +20,9 @@ _MARKUP = re.compile(r"<\|[^|>]{1,30}\|>|</?s>|\[/?INST\]|<start_of_turn>|<end_o
 _WORD = re.compile(r"[A-Za-z']+|\d+")
 #: common English function words: a request in English has at least one of them
 _STOPWORDS = frozenset(
-    ["a", "an", "the", "to", "of", "in", "on", "for", "and", "or", "is", "are", "be", "can", "you", "your", "me", "my", "i", "it", "this", "that", "with", "what", "how", "why", "when", "where", "which", "who", "do", "does", "please", "write", "give", "make", "help", "explain", "about", "from", "as", "at", "by", "if"]
+    ["a", "an", "the", "to", "of", "in", "on", "for", "and", "or", "is", "are", "be", "can", "you", "your", "me"]
+    + ["my", "i", "it", "this", "that", "with", "what", "how", "why", "when", "where", "which", "who", "do", "does"]
+    + ["please", "write", "give", "make", "help", "explain", "about", "from", "as", "at", "by", "if"]
 )
 
 

@@ -98,6 +98,8 @@ def initial_draft(cfg: TrainConfig, target):
     it must be of the configured algorithm and trained for this target."""
     from deepspec.models.drafts import check_target, load_draft
 
+    if cfg.init_from is None:
+        raise ValueError("initial_draft needs init_from: the draft directory to fine-tune")
     path = Path(cfg.init_from)
     draft = load_draft(path, dtype=torch.float32)  # no target: attaching would also prepack it for inference
     if draft.cfg.algo != cfg.model.algo:
@@ -420,6 +422,7 @@ class Trainer:
         whole = self.whole_draft()  # collective under FSDP
         if not dist.is_main:
             return
+        assert whole is not None  # the main rank holds the whole draft
         path = self.out / "checkpoints" / f"step_{self.step:07d}"
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
