@@ -25,9 +25,22 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 from service.signals import install_stop_signals
+
+if TYPE_CHECKING:
+    from service.gateway.settings import GatewaySettings
+    from service.worker.settings import WorkerSettings
+
+#: the module docstring: --help's description and epilog ("" where python -OO strips docstrings)
+_USAGE = __doc__ or ""
+
+#: an argparse argument group (what add_argument_group returns)
+_Group = argparse._ArgumentGroup
 
 #: the subcommands; each one's settings (and, for a worker, the deepspec library) are imported only when it runs
 COMMANDS = ("worker", "gateway", "embedded")
@@ -41,12 +54,19 @@ def _default(model, name: str) -> str:
 
 
 def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
-    from service.worker.settings import BACKENDS, WEIGHT_FORMATS, WorkerSettings
+    from service.worker.settings import WorkerSettings
 
-    def d(name: str) -> str:
-        return _default(WorkerSettings, name)
+    d = partial(_default, WorkerSettings)
+    _add_model_flags(p.add_argument_group("model"), d)
+    _add_batching_flags(p.add_argument_group("batching"), d)
+    if not embedded:
+        _add_worker_serving_flags(p.add_argument_group("serving"), d)
 
-    g = p.add_argument_group("model")
+
+def _add_model_flags(g: _Group, d: Callable[[str], str]) -> None:
+    """What the worker serves: target, draft, backend and weights."""
+    from service.worker.settings import BACKENDS, WEIGHT_FORMATS
+
     g.add_argument(
         "--target",
         help=f"target alias, HF directory or GGUF file (default {d('target')}; 'stub' = weightless test target)",
@@ -90,7 +110,10 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
         help="chat template for a target that ships none (gemma3-270m): smollm2, qwen, gemma3 or a Jinja "
         "file (default: the tokenizer's own)",
     )
-    g = p.add_argument_group("batching")
+
+
+def _add_batching_flags(g: _Group, d: Callable[[str], str]) -> None:
+    """How many sequences, queued requests and prompt tokens an engine step takes."""
     g.add_argument("--max-batch-size", type=int, help=f"sequences per engine step (default {d('max_batch_size')})")
     g.add_argument(
         "--max-queue",
@@ -117,20 +140,22 @@ def _add_worker_flags(p: argparse.ArgumentParser, embedded: bool = False) -> Non
     g.add_argument(
         "--stub-step-ms", type=float, help=f"stub target only: sleep per forward, ms (default {d('stub_step_ms')})"
     )
-    if not embedded:
-        g = p.add_argument_group("serving")
-        g.add_argument("--host", help=f"bind address (default {d('host')})")
-        g.add_argument("--port", type=int, help=f"KServe v2 gRPC port (default {d('port')}; 0 = any free)")
-        g.add_argument(
-            "--metrics-port",
-            type=int,
-            help=f"Prometheus /metrics HTTP port (default {d('metrics_port')}; 0 = any free; -1 = off)",
-        )
-        g.add_argument(
-            "--drain-timeout-s",
-            type=float,
-            help=f"seconds to finish in-flight requests after SIGTERM (default {d('drain_timeout_s')})",
-        )
+
+
+def _add_worker_serving_flags(g: _Group, d: Callable[[str], str]) -> None:
+    """A standalone worker's address, ports and drain (an embedded worker's come from the gateway's flags)."""
+    g.add_argument("--host", help=f"bind address (default {d('host')})")
+    g.add_argument("--port", type=int, help=f"KServe v2 gRPC port (default {d('port')}; 0 = any free)")
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        help=f"Prometheus /metrics HTTP port (default {d('metrics_port')}; 0 = any free; -1 = off)",
+    )
+    g.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        help=f"seconds to finish in-flight requests after SIGTERM (default {d('drain_timeout_s')})",
+    )
 
 
 def _backend_choice_line() -> str:
@@ -153,42 +178,54 @@ def _backend_choice_line() -> str:
 def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
     from service.gateway.settings import GatewaySettings
 
-    def d(name: str) -> str:
-        return _default(GatewaySettings, name)
-
+    d = partial(_default, GatewaySettings)
     g = p.add_argument_group("gateway")
     if not embedded:
-        g.add_argument(
-            "--workers",
-            help="comma-separated host:port list, dns://<headless-service>:<port> (re-resolved every 5 s), "
-            "or k8s://<service>[.<namespace>]:<port-name|number> (its EndpointSlices, watched); a listed "
-            "worker may name its protocol: grpc://host:port or openai+http://host:port. Required, "
-            "here or as DEEPSPEC_GATEWAY_WORKERS",
-        )
-        g.add_argument(
-            "--worker-protocol",
-            choices=["kserve-grpc", "openai-http"],
-            help="what workers without a scheme speak: KServe v2 gRPC (default) or an OpenAI-compatible "
-            "HTTP server (vLLM, SGLang, trtllm-serve, llama.cpp), probed at its /health",
-        )
-        g.add_argument(
-            "--openai-max-outstanding",
-            type=int,
-            help="requests in flight on one OpenAI worker at most; past it the worker counts as saturated "
-            f"(429 when all are). Default {d('openai_max_outstanding')} = no cap",
-        )
-        g.add_argument(
-            "--discovery",
-            choices=["static", "dns", "endpointslices"],
-            help="how --workers is found (default: implied by its scheme; with this flag the scheme may be "
-            "left out). endpointslices watches the Kubernetes API from the pod: needs list/watch on "
-            "endpointslices; namespace from k8s://<service>.<namespace>, else $POD_NAMESPACE",
-        )
-        g.add_argument(
-            "--k8s-api-url",
-            help="Kubernetes API base URL for --discovery endpointslices "
-            "(default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
-        )
+        _add_worker_discovery_flags(g, d)
+    _add_gateway_serving_flags(g, d)
+    g = p.add_argument_group("admission and routing")
+    _add_admission_flags(g, d)
+    if not embedded:  # embedded's --metrics-port is its worker's
+        _add_standalone_gateway_flags(g)
+
+
+def _add_worker_discovery_flags(g: _Group, d: Callable[[str], str]) -> None:
+    """Where a standalone gateway finds its workers and what they speak."""
+    g.add_argument(
+        "--workers",
+        help="comma-separated host:port list, dns://<headless-service>:<port> (re-resolved every 5 s), "
+        "or k8s://<service>[.<namespace>]:<port-name|number> (its EndpointSlices, watched); a listed "
+        "worker may name its protocol: grpc://host:port or openai+http://host:port. Required, "
+        "here or as DEEPSPEC_GATEWAY_WORKERS",
+    )
+    g.add_argument(
+        "--worker-protocol",
+        choices=["kserve-grpc", "openai-http"],
+        help="what workers without a scheme speak: KServe v2 gRPC (default) or an OpenAI-compatible "
+        "HTTP server (vLLM, SGLang, trtllm-serve, llama.cpp), probed at its /health",
+    )
+    g.add_argument(
+        "--openai-max-outstanding",
+        type=int,
+        help="requests in flight on one OpenAI worker at most; past it the worker counts as saturated "
+        f"(429 when all are). Default {d('openai_max_outstanding')} = no cap",
+    )
+    g.add_argument(
+        "--discovery",
+        choices=["static", "dns", "endpointslices"],
+        help="how --workers is found (default: implied by its scheme; with this flag the scheme may be "
+        "left out). endpointslices watches the Kubernetes API from the pod: needs list/watch on "
+        "endpointslices; namespace from k8s://<service>.<namespace>, else $POD_NAMESPACE",
+    )
+    g.add_argument(
+        "--k8s-api-url",
+        help="Kubernetes API base URL for --discovery endpointslices "
+        "(default: in-cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+    )
+
+
+def _add_gateway_serving_flags(g: _Group, d: Callable[[str], str]) -> None:
+    """The gateway's address, ports, drain, keys and request limits."""
     g.add_argument("--host", help=f"bind address (default {d('host')})")
     g.add_argument("--http-port", type=int, help=f"OpenAI HTTP API + /health + /metrics (default {d('http_port')})")
     g.add_argument("--grpc-port", type=int, help=f"deepspec.v1 gRPC API (default {d('grpc_port')}; -1 = off)")
@@ -209,7 +246,10 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
         "--health-interval-s", type=float, help=f"seconds between worker probes (default {d('health_interval_s')})"
     )
     g.add_argument("--max-body-bytes", type=int, help=f"larger request bodies get 413 (default {d('max_body_bytes')})")
-    g = p.add_argument_group("admission and routing")
+
+
+def _add_admission_flags(g: _Group, d: Callable[[str], str]) -> None:
+    """Service classes, the admission queue and the routing policy."""
     g.add_argument(
         "--service-classes-file",
         help="YAML/JSON per API key: service_class (interactive|standard|batch), weight, tokens_per_minute, "
@@ -252,19 +292,22 @@ def _add_gateway_flags(p: argparse.ArgumentParser, embedded: bool = False) -> No
         help="seconds a worker's load report stays fresh; past it the pick falls back to p2c "
         f"(default {d('routing_load_max_age_s')})",
     )
-    if not embedded:  # embedded's --metrics-port is its worker's
-        g.add_argument(
-            "--metrics-port",
-            type=int,
-            help="serve /metrics on this port only, not on the HTTP API port (default: on --http-port)",
-        )
-        g.add_argument(
-            "--ready-without-workers",
-            action="store_true",
-            default=None,
-            help="keep /health/ready at 200 while no worker is admitted; completions then answer "
-            "503 + Retry-After (Kubernetes: a worker outage keeps the gateways in their Service)",
-        )
+
+
+def _add_standalone_gateway_flags(g: _Group) -> None:
+    """A standalone gateway's own metrics port and readiness without workers."""
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics on this port only, not on the HTTP API port (default: on --http-port)",
+    )
+    g.add_argument(
+        "--ready-without-workers",
+        action="store_true",
+        default=None,
+        help="keep /health/ready at 200 while no worker is admitted; completions then answer "
+        "503 + Retry-After (Kubernetes: a worker outage keeps the gateways in their Service)",
+    )
 
 
 def _add_embedded_flags(p: argparse.ArgumentParser) -> None:
@@ -289,12 +332,12 @@ def _add_embedded_flags(p: argparse.ArgumentParser) -> None:
 def build_parser(commands: tuple[str, ...] = COMMANDS) -> argparse.ArgumentParser:
     """Every subcommand, with the flags of those in `commands` (the gateway image, which has no deepspec library,
     builds only the gateway's)."""
-    epilog = __doc__
+    epilog = _USAGE
     if not set(commands) & set(COMMANDS):  # the top-level --help: say which backend `python -m service` serves here
         epilog += "\nBackend (worker --backend auto): " + _backend_choice_line() + "\n"
     parser = argparse.ArgumentParser(
         prog="python -m service",
-        description=__doc__.split("\n\n")[0],
+        description=_USAGE.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=epilog,
     )
@@ -322,9 +365,19 @@ class ServiceConfig:
     """What one command runs: a gateway's settings, a worker's, or both (embedded)."""
 
     command: str
-    gateway: object | None = None
-    worker: object | None = None
+    gateway: GatewaySettings | None = None
+    worker: WorkerSettings | None = None
     log_level: str = "INFO"
+
+    def gateway_settings(self) -> GatewaySettings:
+        if self.gateway is None:
+            raise ValueError(f"the {self.command} command runs no gateway")
+        return self.gateway
+
+    def worker_settings(self) -> WorkerSettings:
+        if self.worker is None:
+            raise ValueError(f"the {self.command} command runs no worker")
+        return self.worker
 
 
 def parse_config(argv: list[str] | None = None) -> ServiceConfig:
@@ -386,14 +439,14 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(config.log_level)
     if config.command == "worker":
-        return _run(_serve_worker(config.worker))
+        return _run(_serve_worker(config.worker_settings()))
     if config.command == "gateway":
         from service.gateway.app import serve_gateway
 
-        return _run(serve_gateway(config.gateway))
+        return _run(serve_gateway(config.gateway_settings()))
     from service.embedded import serve_embedded
 
-    return _run(serve_embedded(config.gateway, config.worker))
+    return _run(serve_embedded(config.gateway_settings(), config.worker_settings()))
 
 
 def _run(coro) -> int:
@@ -405,7 +458,7 @@ def _run(coro) -> int:
         return asyncio.run(coro)
 
 
-async def _serve_worker(settings) -> int:
+async def _serve_worker(settings: WorkerSettings) -> int:
     from service.worker.server import WorkerService
 
     worker = WorkerService(settings)

@@ -32,7 +32,8 @@ async def serve_embedded(gateway_settings: GatewaySettings, worker_settings: Wor
 
     def announce() -> None:
         """Log the URLs once both the gateway listens and the worker is warm (either may come first)."""
-        if urls and loading.done() and not loading.cancelled() and loading.exception() is None:
+        done = loading.done() and not loading.cancelled() and loading.exception() is None
+        if urls and done and worker.loaded is not None:  # loaded is set once load() succeeded
             logger.info(
                 "DeepSpec is serving %s (drafter %s): OpenAI API %s/v1 · gRPC %s · metrics %s/metrics (gateway), "
                 "http://%s:%s/metrics (worker)",

@@ -2,8 +2,8 @@
 
 Names follow vLLM's where one exists, with the `deepspec:` prefix. The Grafana dashboards and alert rules in
 `helm/deepspec` use exactly these names (a test checks it). Labels: `model` everywhere; `worker` on the
-gateway's copies; `class` (the request's service class, deepspec_protocol/worker.py SERVICE_CLASSES: three values at most)
-on the speculative-decoding metrics, so acceptance can be read per class. Useful PromQL:
+gateway's copies; `class` (the request's service class, deepspec_protocol/worker.py SERVICE_CLASSES: three values
+at most) on the speculative-decoding metrics, so acceptance can be read per class. Useful PromQL:
 
     mean acceptance length = 1 + rate(deepspec:spec_decode_num_accepted_tokens_total[5m])
                                / rate(deepspec:spec_decode_num_drafts_total[5m])
@@ -16,12 +16,18 @@ on the speculative-decoding metrics, so acceptance can be read per class. Useful
         (every decode round a request took part in, drafted or not, its accepted drafts + 1 over its rounds, as
         AcceptanceStats.tokens_per_forward and eval.json count it: 1.0 = speculation bought nothing, however high
         τ is on the few rounds that drafted; workers only)
-    p99 TTFT               = histogram_quantile(0.99, sum by (le) (rate(deepspec:time_to_first_token_seconds_bucket[5m])))
+    p99 TTFT               = histogram_quantile(0.99,
+                               sum by (le) (rate(deepspec:time_to_first_token_seconds_bucket[5m])))
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 # Latency histograms (seconds).
 TIME_TO_FIRST_TOKEN_SECONDS = "deepspec:time_to_first_token_seconds"
@@ -58,9 +64,10 @@ GATEWAY_WORKER_HEALTHY = "deepspec:gateway_worker_healthy"  # 1 = admitted, 0 = 
 GATEWAY_RETRIES_TOTAL = "deepspec:gateway_retries_total"  # a request moved to another worker before its first token
 
 # The Gateway API Inference Extension's model-server gauges, on the workers, under the names its model-server
-# protocol lists for vLLM (gateway-api-inference-extension docs/proposals/003-model-server-protocol: TotalQueuedRequests,
-# TotalRunningRequests, KVCacheUtilization), label `model_name` as vLLM's: an InferencePool's endpoint picker reads
-# a DeepSpec worker as it reads a vLLM pod, with its default flags. Not `deepspec:` names: the dashboards keep theirs.
+# protocol lists for vLLM (gateway-api-inference-extension docs/proposals/003-model-server-protocol:
+# TotalQueuedRequests, TotalRunningRequests, KVCacheUtilization), label `model_name` as vLLM's: an InferencePool's
+# endpoint picker reads a DeepSpec worker as it reads a vLLM pod, with its default flags. Not `deepspec:` names: the
+# dashboards keep theirs.
 INFERENCE_EXTENSION_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 INFERENCE_EXTENSION_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 INFERENCE_EXTENSION_KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"  # a fraction, 0..1, as vLLM's
@@ -197,14 +204,14 @@ class LabelledSeries:
 
     def __init__(self, metrics: _LatencyMetrics, labels: tuple[str, ...]):
         self._metrics, self.labels = metrics, labels
-        self._success_by_status: dict[str, object] = {}
+        self._success_by_status: dict[str, Counter] = {}
 
     def __getattr__(self, name: str):  # only for a child not looked up yet: later reads find the attribute
         child = getattr(self._metrics, name).labels(*self.labels)
         setattr(self, name, child)
         return child
 
-    def request_success(self, status: str):
+    def request_success(self, status: str) -> Counter:
         """deepspec:request_success_total's child for `status` (a finish reason or an error kind)."""
         child = self._success_by_status.get(status)
         if child is None:

@@ -20,4 +20,4 @@ class ServiceSettings(BaseSettings):
     #: bind address
     host: str = "0.0.0.0"
     #: seconds to finish in-flight requests after SIGTERM (readiness turns false first)
-    drain_timeout_s: float = Field(30.0, ge=0)
+    drain_timeout_s: float = Field(default=30.0, ge=0)

@@ -56,6 +56,13 @@ def exporter_from_env(environ=os.environ):
     return None
 
 
+def _batched(exporter):
+    """Spans exported in batches from a background thread (the request path never waits on the collector)."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    return BatchSpanProcessor(exporter)
+
+
 def configure(service_name: str, exporter=None, *, processor=None) -> bool:
     """Install a TracerProvider for this process (service.name `service_name`) exporting through `exporter` (batched)
     or `processor` (as given: tests pass a SimpleSpanProcessor over an in-memory exporter). With neither, the exporter
@@ -66,12 +73,12 @@ def configure(service_name: str, exporter=None, *, processor=None) -> bool:
         if exporter is None:
             shutdown()
             return False
+        processor = _batched(exporter)
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    provider.add_span_processor(processor if processor is not None else BatchSpanProcessor(exporter))
+    provider.add_span_processor(processor)
     shutdown()
     _provider, _enabled = provider, True
     logger.info("tracing on: %s spans as service %r", type(exporter or processor).__name__, service_name)

@@ -2,9 +2,9 @@
 
 A request is admitted at once while the pool has room: fewer requests in flight than `limit()` (the per-worker cap
 times the admitted workers; None = no cap of the gateway's own), plus `reserve()` more for the most urgent class
-(slots batch traffic can never fill, so an interactive request finds one free), and nobody waiting ahead of it. Otherwise it waits
-here, in a bounded queue, instead of being answered 429, and so does a request every worker refused as saturated
-(`readmit`): a finished request frees its slot to the best waiter. "Best" is:
+(slots batch traffic can never fill, so an interactive request finds one free), and nobody waiting ahead of it.
+Otherwise it waits here, in a bounded queue, instead of being answered 429, and so does a request every worker
+refused as saturated (`readmit`): a finished request frees its slot to the best waiter. "Best" is:
 
 1. the most urgent service class (interactive, then standard, then batch: service_classes.py);
 2. within a class, the caller that has been served the fewest weighted tokens: the Virtual Token Counter of Sheng et
@@ -220,6 +220,7 @@ class AdmissionQueue:
                 self.retry_after_s,
             )
         self.waiting.remove(worst)
+        assert worst.grant is not None  # a waiting ticket's future is made before it joins the queue
         worst.grant.set_exception(
             Shed(
                 f"a more urgent request took this one's place in the gateway's queue "
@@ -236,6 +237,7 @@ class AdmissionQueue:
     def _grant(self, ticket: Ticket) -> None:
         self.waiting.remove(ticket)
         self._take_slot(ticket)
+        assert ticket.grant is not None  # a waiting ticket's future is made before it joins the queue
         ticket.grant.set_result(None)
 
     def _best(self) -> Ticket:

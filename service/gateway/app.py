@@ -1,10 +1,10 @@
 """The gateway process: FastAPI app factory, the state it shares with the gRPC API, and the serving lifecycle.
 
 `create_app` only wires routers, error handlers and the app's front (`GatewayApp`: the guard, the generation
-routes' fast path, hot_routes.py); the state (metrics, worker pool, dispatcher) is built in `lifespan` unless the caller passes one in
-(`serve_gateway` does, to share it with the gRPC server). One process per gateway replica: the routing state
-(outstanding counts, health) must be shared by every request, so the gateway scales by replicas behind a Service,
-not by uvicorn workers — and Prometheus multiprocess mode is therefore not needed.
+routes' fast path, hot_routes.py); the state (metrics, worker pool, dispatcher) is built in `lifespan` unless the
+caller passes one in (`serve_gateway` does, to share it with the gRPC server). One process per gateway replica: the
+routing state (outstanding counts, health) must be shared by every request, so the gateway scales by replicas behind
+a Service, not by uvicorn workers — and Prometheus multiprocess mode is therefore not needed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.types import ASGIApp
 
 from service import tracing
 from service.gateway.admission import AdmissionQueue
@@ -184,7 +185,7 @@ class GatewayApp(FastAPI):
     tenth of the gateway's CPU time on a whole completion against a fast upstream; the fast path needs none of it.
     Lifespan events go straight to FastAPI."""
 
-    front = None  # set by create_app once the routes are in
+    front: ASGIApp | None = None  # set by create_app once the routes are in
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or self.front is None:
@@ -201,7 +202,7 @@ def create_app(settings: GatewaySettings | None = None, state: GatewayState | No
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         owned = state is None
-        app.state.gateway = GatewayState.build(settings or GatewaySettings()) if owned else state
+        app.state.gateway = GatewayState.build(settings or GatewaySettings()) if state is None else state
         if owned:
             await app.state.gateway.pool.start()
         yield
@@ -294,6 +295,7 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
             await state.pool.stop()
             return 1
         await asyncio.sleep(0.02)
+    metrics_port = http.port if metrics_server is None else metrics_server.server_port
     logger.info(
         "gateway listening",
         extra={
@@ -301,8 +303,7 @@ async def serve_gateway(settings: GatewaySettings, stop: asyncio.Event | None = 
                 "msg": "gateway listening",
                 "http": f"http://{_display(settings.host)}:{http.port}/v1",
                 "grpc": None if grpc_port is None else f"{_display(settings.host)}:{grpc_port}",
-                "metrics": f"http://{_display(settings.host)}:{http.port if metrics_server is None else metrics_server.server_port}"
-                "/metrics",
+                "metrics": f"http://{_display(settings.host)}:{metrics_port}/metrics",
                 "workers": settings.workers,
                 "auth": bool(state.api_keys),
             }

@@ -52,6 +52,7 @@ async def until_disconnect(request: Request, awaitable):
     completion against a fast upstream. The watcher cancels this task only while `awaitable` runs (`running`), and
     a cancellation it did not cause (the server's, the drain's) goes on as it came."""
     task = asyncio.current_task()
+    assert task is not None  # Starlette runs each request in a task
     watch = asyncio.ensure_future(_wait_for_disconnect(request))
     running, disconnected = True, False
 

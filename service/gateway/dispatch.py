@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from deepspec_protocol.worker import RequestStats
@@ -112,7 +112,7 @@ class Dispatcher:
 
     async def generate(
         self, req: GenerationRequest, api: str, unary: bool = False, caller: str | None = None
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream `req` from a worker for `caller` (None = auth off); `unary=True` (non-streaming APIs) uses one
         ModelInfer call instead. The request first takes a slot in the admission queue (its caller's service class
         decides its rank there and is sent to the worker); when every worker is saturated it waits there again."""
@@ -151,7 +151,7 @@ class Dispatcher:
             status = "abort"
             interrupted = self._interrupted.pop(key, None)
             if interrupted is not None:  # Abort or cut: end the call with that error, not a bare cancellation
-                asyncio.current_task().uncancel()
+                _running_task().uncancel()
                 error_text = interrupted.message
                 raise interrupted from None
             raise
@@ -167,7 +167,7 @@ class Dispatcher:
 
     async def _attempts(
         self, req: GenerationRequest, unary: bool, run: _Progress, key: tuple[str | None, str]
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """`req`'s chunks from the first of up to `max_attempts` workers that serves it; before its first token a
         request moves on from a worker that is saturated, unreachable or failing. Ends with `run.finish_reason` set
         (served), or without it: then `run.saturated` says whether every worker tried was only full."""
@@ -196,10 +196,11 @@ class Dispatcher:
                             run.first = now
                             series.time_to_first_token.observe(now - run.arrival)
                         else:
+                            assert run.last is not None  # set with run.first, a chunk before
                             series.inter_token_latency.observe(now - run.last)
                         run.last = now
                         yield chunk
-                        self.inflight[key] = asyncio.current_task()  # the consumer may change tasks
+                        self.inflight[key] = _running_task()  # the consumer may change tasks
                 run.finish_reason = chunk.finish_reason or "stop"
                 self.pool.served(endpoint, req.session, prefix)
                 return
@@ -215,7 +216,7 @@ class Dispatcher:
                     self.pool.eject(endpoint, e.message)
                 self.metrics.retries.labels(run.worker).inc()
 
-    async def _call(self, endpoint: Endpoint, req: GenerationRequest, unary: bool) -> AsyncIterator[Chunk]:
+    async def _call(self, endpoint: Endpoint, req: GenerationRequest, unary: bool) -> AsyncGenerator[Chunk, None]:
         """`req`'s chunks from `endpoint`, streamed or (`unary`) whole: one call, or one per sequence where the
         model takes one sequence per request (the prompt is then prefilled n times)."""
         call = endpoint.client.infer if unary else endpoint.client.generate
@@ -232,7 +233,7 @@ class Dispatcher:
         key = (caller, req.request_id)
         if key in self.inflight:
             raise errors.BadRequestError(f"request id {req.request_id!r} is already running", param="request_id")
-        self.inflight[key] = asyncio.current_task()
+        self.inflight[key] = _running_task()
         return key
 
     def _record(
@@ -348,3 +349,11 @@ def _to_service_error(e: WorkerError, started: bool) -> errors.ServiceError:
     if started:
         return errors.ServiceUnavailableError(f"the worker failed mid-generation: {e.message}", code="worker_failed")
     return errors.ServiceError(f"worker error: {e.message}", code="worker_error")
+
+
+def _running_task() -> asyncio.Task:
+    """The task running the caller: a request's generator is always driven by one (its HTTP or gRPC handler's)."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("the dispatcher runs inside an asyncio task")
+    return task

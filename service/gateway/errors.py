@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import grpc
 from fastapi import FastAPI, Request
@@ -123,7 +125,7 @@ _MEANING = {
 }
 
 
-def responses(*statuses: int) -> dict[int, dict]:
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI `responses` of a route that can answer these error statuses (500 always)."""
     return {status: {"model": ErrorBody, "description": _MEANING[status]} for status in sorted({*statuses, 500})}
 
@@ -135,7 +137,7 @@ def error_response(error: ServiceError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.http_status, headers=headers or None)
 
 
-def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
     """(message, param) for pydantic errors, HTTP's or gRPC's: the first five as `field: reason`, the first field as
     the param."""
     if not errors:
@@ -147,7 +149,7 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     return "; ".join(f"{_field(e) or 'body'}: {_reason(e)}" for e in errors[:5]), param
 
 
-def _reason(error: dict) -> str:
+def _reason(error: Mapping[str, Any]) -> str:
     if error.get("type") == "extra_forbidden":
         return "unrecognized request argument: DeepSpec does not implement this field (remove it)"
     if error.get("type") == "too_long" and _field(error) == "tools":
@@ -155,7 +157,7 @@ def _reason(error: dict) -> str:
     return str(error.get("msg"))
 
 
-def _field(error: dict) -> str | None:
+def _field(error: Mapping[str, Any]) -> str | None:
     """`messages.0.content` from a pydantic loc, without the union members' type tags (`function-after[...]`, `str`)."""
     loc = [str(part) for part in error.get("loc", ()) if part != "body"]
     return ".".join(part for part in loc if not _TYPE_TAG.search(part)) or None

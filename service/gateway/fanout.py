@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from service.gateway.worker_client import Chunk, GenerationRequest, WorkerError
 
 #: seeds travel as UINT64: seed + i wraps around rather than overflow the tensor
 _SEED_MODULUS = 2**64
 
-Call = Callable[[GenerationRequest, float], AsyncIterator[Chunk]]
+Call = Callable[[GenerationRequest, float], AsyncGenerator[Chunk, None]]
 
 
 def child_requests(req: GenerationRequest) -> list[GenerationRequest]:
@@ -36,7 +36,7 @@ def child_requests(req: GenerationRequest) -> list[GenerationRequest]:
     ]
 
 
-async def fan_out(call: Call, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+async def fan_out(call: Call, req: GenerationRequest, timeout_s: float) -> AsyncGenerator[Chunk, None]:
     """`req`'s sequences, each asked for with `call` (a client's `generate` or `infer`) as a request of its own, in
     the order their chunks arrive; closing the iterator cancels every child call."""
     arrived: asyncio.Queue[Chunk | Exception] = asyncio.Queue()

@@ -226,7 +226,7 @@ class CompletionsServicer:
         except ServiceError as e:
             await context.abort(e.grpc_status, e.message)
 
-    async def Abort(self, request, context):
+    async def Abort(self, request: pb.AbortRequest | _Malformed, context: grpc.aio.ServicerContext):
         """Cancel one of the caller's own running requests; `found` is false for anyone else's."""
         try:
             caller = self._caller(context)
@@ -283,7 +283,8 @@ async def start_grpc_server(state, host: str, port: int) -> tuple[GrpcGateway, i
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     handlers = _method_handlers(CompletionsServicer(state))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    # grpcio (1.85 here) has it; the grpcio stubs bundled with pyright predate it
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)  # pyright: ignore[reportAttributeAccessIssue]
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(

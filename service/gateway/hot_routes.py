@@ -18,12 +18,15 @@ every other route.
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,10 @@ class HotEndpoint:
         that are coroutine functions of the request alone (what `call` knows how to pass)."""
         dependant = route.dependant
         plain = [dependant, *dependant.dependencies]
+        body_model = dependant.body_params[0].field_info.annotation if len(dependant.body_params) == 1 else None
         if (
-            len(dependant.body_params) != 1
+            not (isinstance(body_model, type) and issubclass(body_model, BaseModel))
+            or not asyncio.iscoroutinefunction(dependant.call)
             or any(d.path_params or d.query_params or d.header_params or d.cookie_params for d in plain)
             or any(
                 d.body_params or d.dependencies or not asyncio.iscoroutinefunction(d.call)
@@ -48,17 +53,20 @@ class HotEndpoint:
             )
         ):
             raise ValueError(
-                f"{route.path} takes more than a JSON body, the request and async dependencies of the "
-                "request: leave it to FastAPI"
+                f"{route.path} takes more than a JSON body (a pydantic model), the request and async dependencies "
+                "of the request: leave it to FastAPI"
             )
-        return cls(route, dependant.body_params[0].field_info.annotation)
+        return cls(route, body_model)
 
     async def call(self, app: FastAPI, body: BaseModel, request: Request) -> Response:
         dependant = self.route.dependant
-        arguments = {dependant.body_params[0].name: body}
+        assert dependant.call is not None  # `of` checked it is a coroutine function
+        arguments: dict[str, object] = {dependant.body_params[0].name: body}
         if dependant.request_param_name:
             arguments[dependant.request_param_name] = request
         for dependency in dependant.dependencies:
+            # `of` checked each is a coroutine function; FastAPI names every dependency it solves
+            assert dependency.call is not None and dependency.name is not None
             call = app.dependency_overrides.get(dependency.call, dependency.call)
             arguments[dependency.name] = await call(
                 **{dependency.request_param_name: request} if dependency.request_param_name else {}
@@ -71,9 +79,11 @@ class HotEndpoint:
 class HotRoutes:
     """Pure ASGI: serves POST on `routes`' paths as the module docstring says, and hands everything else to `app`."""
 
-    def __init__(self, app, fastapi_app: FastAPI, routes: list[APIRoute]):
+    def __init__(self, app, fastapi_app: FastAPI, routes: Sequence[BaseRoute]):
         self.app, self.fastapi_app = app, fastapi_app
-        self.endpoints = {route.path: HotEndpoint.of(route) for route in routes if "POST" in route.methods}
+        self.endpoints = {
+            route.path: HotEndpoint.of(route) for route in _api_routes(routes) if "POST" in (route.methods or ())
+        }
 
     async def __call__(self, scope, receive, send):
         endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -97,7 +107,9 @@ class HotRoutes:
             handler = self._handler_for(exc)
             if handler is None:
                 raise
-            response = await handler(request, exc)
+            response = handler(request, exc)
+            if inspect.isawaitable(response):  # every handler of errors.py is a coroutine function
+                response = await response
         await response(scope, receive, send)
 
     def _handler_for(self, exc: Exception):
@@ -105,6 +117,16 @@ class HotRoutes:
         None for one only the server-error middleware handles (`Exception`)."""
         handlers = self.fastapi_app.exception_handlers
         return next((handlers[cls] for cls in type(exc).__mro__ if cls in handlers and cls is not Exception), None)
+
+
+def _api_routes(routes: Sequence[BaseRoute]) -> list[APIRoute]:
+    """`routes`, each a FastAPI route (a router's `routes` are typed as Starlette's); TypeError for another kind."""
+    api_routes = []
+    for route in routes:
+        if not isinstance(route, APIRoute):
+            raise TypeError(f"the fast path serves FastAPI routes only, not {type(route).__name__} {route}")
+        api_routes.append(route)
+    return api_routes
 
 
 def _replay(messages: list[dict], receive):

@@ -29,6 +29,7 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
+from typing import cast
 
 import httptools
 
@@ -194,8 +195,9 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # create_connection hands its protocol a stream Transport (asyncio's or uvloop's)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         response = self.response
@@ -220,27 +222,32 @@ class _Connection(asyncio.Protocol):
                 response._fail(UpstreamBroken(f"the upstream closed the connection before its answer ended{why}"))
         self.pool._forget(self)
 
-    # -- httptools callbacks ---------------------------------------------------------------------------------
+    # -- httptools callbacks: the parser runs only in data_received, which feeds it only while a response is read -
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.response is not None
         self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        assert self.response is not None
         headers = self.response.headers
         self._until_eof = "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message is complete
         self.response._headers(self.parser.get_status_code())
 
     def on_body(self, body: bytes) -> None:
+        assert self.response is not None
         self.response._feed(body)
 
     def on_message_complete(self) -> None:
+        assert self.response is not None
         self._until_eof = False
         self.response._finish()
 
-    # -- for the pool and the response -----------------------------------------------------------------------
+    # -- for the pool and the response: a connection is pooled once connected (connection_made ran) ------------
 
     def send(self, head: bytes, body: bytes, deadline: float | None) -> Response:
+        assert self.transport is not None
         self.response = Response(self, deadline)
         self.transport.write(head + body)
         return self.response
@@ -257,18 +264,21 @@ class _Connection(asyncio.Protocol):
 
     def pause(self) -> None:
         if not self._paused and not self.closed:
+            assert self.transport is not None
             self._paused = True
             self.transport.pause_reading()
 
     def resume(self) -> None:
         if self._paused and not self.closed:
+            assert self.transport is not None
             self._paused = False
             self.transport.resume_reading()
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.transport.close()
+            if self.transport is not None:  # None while connecting: the pool may close meanwhile (HttpPool.close)
+                self.transport.close()
             self.pool._forget(self)
 
 

@@ -24,6 +24,13 @@ def _finite(logprob: float) -> float:
     return max(logprob, LOGPROB_FLOOR)
 
 
+def _generated(logprob: float | None) -> float:
+    """A generated token's logprob, made finite: only the prompt's first token has none, and chat echoes no prompt."""
+    if logprob is None:
+        raise ValueError("a generated token came without its logprob")
+    return _finite(logprob)
+
+
 def _utf8(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
@@ -33,7 +40,7 @@ def chat_logprobs(scores: list[TokenScore]) -> dict:
         "content": [
             {
                 "token": s.token,
-                "logprob": _finite(s.logprob),
+                "logprob": _generated(s.logprob),
                 "bytes": _utf8(s.token),
                 "top_logprobs": [
                     {"token": t, "logprob": _finite(lp), "bytes": _utf8(t)}

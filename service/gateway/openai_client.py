@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 
 from deepspec_protocol import triton_contract as c
 from deepspec_protocol import worker as p
@@ -232,7 +232,8 @@ def parse_event(data: bytes) -> dict:
         text = data[:200].decode("utf-8", "replace")
         raise WorkerError("INTERNAL", f"the upstream sent an event that is not an object: {text!r}")
     if "error" in event or event.get("object") == "error":
-        inner = event.get("error") if isinstance(event.get("error"), dict) else event
+        error = event.get("error")
+        inner = error if isinstance(error, dict) else event
         code = inner.get("code")
         status = status_for_http(code) if isinstance(code, int) else "INTERNAL"
         raise WorkerError(status, error_message(event, "the upstream failed mid-stream"))
@@ -355,7 +356,7 @@ class OpenAIClient:
 
     # -- generation ---------------------------------------------------------------------------------------------
 
-    async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+    async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncGenerator[Chunk, None]:
         """Stream one request (`EventStream` says what becomes of the upstream's events). Reads take whatever has
         arrived, however many events that holds, rather than awaiting once per line."""
         with self._slot():
@@ -385,7 +386,7 @@ class OpenAIClient:
         """Every OpenAI server is sent `n` as it is (OpenAI's field); one that answers fewer choices is refused."""
         return True
 
-    async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+    async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncGenerator[Chunk, None]:
         """A whole completion, yielded as one chunk per choice, the last one final."""
         with self._slot():
             response = await self._send(req, stream=False, timeout_s=timeout_s)

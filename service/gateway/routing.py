@@ -23,6 +23,7 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -145,7 +146,7 @@ class WorkerPool:
     def pick(
         self,
         model: str,
-        exclude: set[str] = frozenset(),
+        exclude: AbstractSet[str] = frozenset(),
         session: str | None = None,
         prefix: str | None = None,
         service_class: str = DEFAULT_SERVICE_CLASS,
@@ -164,10 +165,15 @@ class WorkerPool:
             if endpoint is not None and endpoint in candidates:
                 return endpoint
         now = self.clock()
-        if any(e.load is None or now - e.load_observed_at > self.load_max_age_s for e in candidates):
+        fresh = {
+            e.address: e.load
+            for e in candidates
+            if e.load is not None and now - e.load_observed_at <= self.load_max_age_s
+        }
+        if len(fresh) < len(candidates):
             return self._two_choices(candidates)  # fail open: some signals are stale
         scores = {
-            e.address: expected_tokens_per_s(e.load, service_class, e.outstanding - e.outstanding_at_load)
+            e.address: expected_tokens_per_s(fresh[e.address], service_class, e.outstanding - e.outstanding_at_load)
             for e in candidates
         }
         best = max(candidates, key=lambda e: (scores[e.address], -e.outstanding, self._rng.random()))

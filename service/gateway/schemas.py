@@ -14,7 +14,7 @@ unread. Field types and limits come from `validation.py`; the gRPC API validates
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -151,9 +151,12 @@ class CompletionRequest(_SamplingFields):
     @property
     def prompts(self) -> list[str | list[int]]:
         """One entry per choice: a text or a list of token ids."""
-        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
-            return [self.prompt]
-        return list(self.prompt)
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if isinstance(prompt[0], int):  # validated as TokenIds: every item is a token id
+            return [cast("list[int]", prompt)]
+        return [*cast("list[str] | list[list[int]]", prompt)]
 
     def generation(self, prompt: str | list[int]) -> dict:
         """The GenerationRequest fields for one of `prompts`. Echo asks the worker for the prompt's scores when they

@@ -22,19 +22,23 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, SERVICE_CLASSES
 
+#: SERVICE_CLASSES as a type, for pydantic to check a key's class against
+ServiceClass = Literal["interactive", "standard", "batch"]
+assert get_args(ServiceClass) == SERVICE_CLASSES  # the protocol's tuple is the one list of the names
+
 
 class KeyPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     #: admission and shedding order (interactive first, batch shed first); labels the acceptance metrics
-    service_class: Literal[SERVICE_CLASSES] = DEFAULT_SERVICE_CLASS
+    service_class: ServiceClass = DEFAULT_SERVICE_CLASS
     #: share of the served tokens among the keys of one class that have requests waiting
     weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
     #: prompt + completion tokens a minute at most (a token bucket holding one minute's worth); 0 = no budget

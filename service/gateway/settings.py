@@ -14,6 +14,9 @@ from service.gateway.service_classes import ServiceClasses
 from service.gateway.upstreams import parse_address
 from service.settings import ServiceSettings
 
+#: how the gateway finds its workers (--discovery)
+Discovery = Literal["static", "dns", "endpointslices"]
+
 
 class GatewaySettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="DEEPSPEC_GATEWAY_", extra="forbid", populate_by_name=True)
@@ -27,32 +30,32 @@ class GatewaySettings(ServiceSettings):
     worker_protocol: Literal["kserve-grpc", "openai-http"] = "kserve-grpc"
     #: requests the gateway keeps in flight on one OpenAI worker at most (0 = no cap); past it the worker counts
     #: as saturated (retry elsewhere, 429 when all are): OpenAI engines queue without bound instead of refusing
-    openai_max_outstanding: int = Field(0, ge=0)
+    openai_max_outstanding: int = Field(default=0, ge=0)
     #: how `workers` is found; None = implied by its scheme (dns:// -> dns, k8s:// -> endpointslices, else static)
-    discovery: Literal["static", "dns", "endpointslices"] | None = None
+    discovery: Discovery | None = None
     #: Kubernetes API base URL for endpointslices discovery ("" = in-cluster: $KUBERNETES_SERVICE_HOST/_PORT)
     k8s_api_url: str = ""
-    http_port: int = Field(8000, ge=0, le=65535)
+    http_port: int = Field(default=8000, ge=0, le=65535)
     #: 0 = pick a free one, -1 = no gRPC API
-    grpc_port: int = Field(50051, ge=-1, le=65535)
+    grpc_port: int = Field(default=50051, ge=-1, le=65535)
     #: file with one API key per line; keys also come from $DEEPSPEC_API_KEYS (comma-separated)
     api_keys_file: Path | None = None
-    api_keys: str = Field("", validation_alias=AliasChoices("DEEPSPEC_API_KEYS", "api_keys"))
+    api_keys: str = Field(default="", validation_alias=AliasChoices("DEEPSPEC_API_KEYS", "api_keys"))
     #: whole-request limit, seconds (queueing + generation)
-    request_timeout_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(default=600.0, gt=0)
     #: seconds between ServerReady probes of each worker
-    health_interval_s: float = Field(2.0, gt=0)
+    health_interval_s: float = Field(default=2.0, gt=0)
     #: consecutive failed probes before a worker is ejected (a refused connection ejects at once)
-    unhealthy_threshold: int = Field(2, ge=1)
-    dns_refresh_s: float = Field(5.0, gt=0)
+    unhealthy_threshold: int = Field(default=2, ge=1)
+    dns_refresh_s: float = Field(default=5.0, gt=0)
     #: request bodies above this many bytes get 413
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     #: tries per request across workers (before the first token only)
-    max_attempts: int = Field(3, ge=1)
+    max_attempts: int = Field(default=3, ge=1)
     #: seconds a 429 asks the client to wait (Retry-After)
-    retry_after_s: int = Field(1, ge=1)
+    retry_after_s: int = Field(default=1, ge=1)
     #: Prometheus /metrics on its own port, away from the API and its Ingress (0 = any free; -1 = on the HTTP port)
-    metrics_port: int = Field(-1, ge=-1, le=65535)
+    metrics_port: int = Field(default=-1, ge=-1, le=65535)
     #: per API key: service class, fair-share weight, tokens-per-minute budget and latency objective, as a YAML / JSON
     #: file (service/gateway/service_classes.py); its keys are accepted API keys too
     service_classes_file: Path | None = None
@@ -60,20 +63,20 @@ class GatewaySettings(ServiceSettings):
     service_classes: str = ""
     #: requests the gateway keeps in flight per admitted worker (0 = no cap of its own: it sends until the workers
     #: say they are saturated); past it they wait in the gateway's admission queue, most urgent class first
-    max_inflight_per_worker: int = Field(0, ge=0)
+    max_inflight_per_worker: int = Field(default=0, ge=0)
     #: slots per worker past max_inflight_per_worker that only the interactive class may take (set the workers'
     #: --max-batch-size to the sum): batch traffic never fills them, so an interactive request starts at once
-    interactive_reserve_per_worker: int = Field(0, ge=0)
+    interactive_reserve_per_worker: int = Field(default=0, ge=0)
     #: requests the admission queue holds (0 = none: a saturated pool answers 429 at once); past it the lowest class
     #: is shed (429, Retry-After, x-deepspec-drop-reason)
-    max_waiting: int = Field(256, ge=0)
+    max_waiting: int = Field(default=256, ge=0)
     #: seconds a request may wait in the admission queue when its key sets no ttft_objective_s
-    queue_timeout_s: float = Field(30.0, gt=0)
+    queue_timeout_s: float = Field(default=30.0, gt=0)
     #: "goodput": score workers by the tokens/s a request would get (their reported load), keep sessions on their
     #: worker, prefer a prompt prefix's worker; "p2c": power of two choices on outstanding requests only
     routing: Literal["goodput", "p2c"] = "goodput"
     #: seconds a worker's load report stays fresh; past it the pick falls back to power of two choices
-    routing_load_max_age_s: float = Field(5.0, gt=0)
+    routing_load_max_age_s: float = Field(default=5.0, gt=0)
     #: keep /health/ready at 200 while no worker is admitted (completions answer 503 + Retry-After): a worker
     #: outage then leaves every gateway in its Service instead of taking the whole API off the network
     ready_without_workers: bool = False
@@ -81,8 +84,12 @@ class GatewaySettings(ServiceSettings):
     @model_validator(mode="after")
     def _check_workers(self):
         """`--discovery` and the `--workers` scheme must agree; an explicit discovery may leave the scheme out."""
-        schemes = {"dns": "dns://", "endpointslices": "k8s://"}
-        implied = next((d for d, scheme in schemes.items() if self.workers.startswith(scheme)), "static")
+        schemes: dict[Discovery, str] = {"dns": "dns://", "endpointslices": "k8s://"}
+        implied: Discovery = "static"
+        for discovery, scheme in schemes.items():
+            if self.workers.startswith(scheme):
+                implied = discovery
+                break
         if self.discovery is None:
             self.discovery = implied
         elif implied == "static" and self.discovery != "static":

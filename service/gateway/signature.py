@@ -10,8 +10,9 @@ the LLM-API model's `sampling_param_*` names, or the ensemble's, which DeepSpec'
 A request that needs an input the model does not declare (chat messages on a model without `messages_json`, stop
 strings, `ignore_eos`, logprobs, processed logprobs, a token-id prompt, a structured output) is refused with
 `SignatureError` naming the model and the input, instead of being sent and refused by Triton or silently changing
-meaning. Request flags that only ask for outputs are sent when declared. Several sequences (`n`) are sent as `num_return_sequences` only to a
-model that declares it (`ModelSignature.takes_n`); the dispatcher asks any other for them one request each.
+meaning. Request flags that only ask for outputs are sent when declared. Several sequences (`n`) are sent as
+`num_return_sequences` only to a model that declares it (`ModelSignature.takes_n`); the dispatcher asks any other
+for them one request each.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tritonclient.grpc import model_config_pb2, service_pb2
-
 from deepspec_protocol import tensors
 from deepspec_protocol import triton_contract as c
 from deepspec_protocol import worker as p
+from service.kserve_messages import ModelConfig, ModelInferRequest, model_config_pb2, service_pb2
 
 #: roles a model may leave out without changing what the request means
 _SKIPPABLE = frozenset(c.FLAGS) | {"stream", *c.ADVISORY}
@@ -55,7 +55,7 @@ class ModelSignature:
     cumulative_text: bool = False
 
     @classmethod
-    def from_config(cls, config: model_config_pb2.ModelConfig) -> ModelSignature:
+    def from_config(cls, config: ModelConfig) -> ModelSignature:
         def datatype(data_type: int) -> str:
             name = model_config_pb2.DataType.Name(data_type)
             return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
@@ -141,7 +141,7 @@ def request_values(req, stream: bool) -> dict[str, list | None]:
     }
 
 
-def build_request(req, stream: bool, signature: ModelSignature) -> service_pb2.ModelInferRequest:
+def build_request(req, stream: bool, signature: ModelSignature) -> ModelInferRequest:
     """The ModelInferRequest for `req` that `signature`'s model accepts; SignatureError when there is none."""
     request = service_pb2.ModelInferRequest(model_name=req.model, id=req.request_id)
     names, sent = signature.names, set()

@@ -15,7 +15,7 @@ and ignored).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -23,14 +23,15 @@ from service.gateway.validation import STRICT, Integer
 
 #: the deepest cap a request may ask for; the worker's own depth (num_speculative_tokens <= 32) bounds it anyway
 MAX_DRAFT_TOKENS = 64
-MODES = ("auto", "off")
+Mode = Literal["auto", "off"]
+MODES = get_args(Mode)
 
 
 class Speculation(BaseModel):
     model_config = STRICT
 
     #: "auto": the worker's depth control decides (capped by max_draft_tokens); "off": no draft for this request
-    mode: Literal[MODES] = "auto"
+    mode: Mode = "auto"
     #: draft tokens verified per round at most (0 = off); None = no cap of the request's own
     max_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS), Integer] | None = None
 

@@ -9,7 +9,8 @@ stream. The routers only say how a chunk is framed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
@@ -19,7 +20,7 @@ from service.gateway.errors import ServiceError, responses
 from service.gateway.worker_client import Chunk, total_stats
 
 #: OpenAPI responses of a route that answers JSON, or SSE when the body says `"stream": true`
-GENERATION_RESPONSES = {
+GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "the completion (JSON), or its chunks as server-sent events ending in `data: [DONE]`",
         "content": {
@@ -49,13 +50,18 @@ def usage(*totals: RequestStats) -> dict:
     `completion_tokens_details.accepted_prediction_tokens` is left alone: it counts a caller's Predicted Output."""
     prompt = sum(t.num_prompt_tokens for t in totals)
     completion = sum(t.num_output_tokens for t in totals)
-    body = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    body: dict[str, object] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
     drafted = sum(t.num_draft_tokens for t in totals)
     if drafted:
         accepted, rounds = sum(t.num_accepted_tokens for t in totals), sum(t.num_spec_steps for t in totals)
-        spec = body["speculation"] = {"draft_tokens": drafted, "accepted_tokens": accepted}
+        spec: dict[str, float] = {"draft_tokens": drafted, "accepted_tokens": accepted}
         if rounds:  # a Triton LLM-API model reports totals, not rounds
             spec |= {"drafted_rounds": rounds, "acceptance_length": round((accepted + rounds) / rounds, 4)}
+        body["speculation"] = spec
     return body
 
 
@@ -66,6 +72,7 @@ class EventStreamResponse(StreamingResponse):
 
     async def __call__(self, scope, receive, send) -> None:
         streaming, left = asyncio.current_task(), False
+        assert streaming is not None  # Starlette runs each request in a task
 
         async def watch():
             nonlocal left
@@ -87,7 +94,7 @@ class EventStreamResponse(StreamingResponse):
 
 def sse_response(
     first: Chunk,
-    chunks: AsyncIterator[Chunk],
+    chunks: AsyncGenerator[Chunk, None],
     opening: Callable[[Chunk], list[bytes]],  # the events for the first chunk
     frame: Callable[[Chunk], bytes],  # the event for every later chunk
     usage_event: Callable[[RequestStats], bytes] | None,  # the usage-only event (of total_stats), when asked for

@@ -64,6 +64,7 @@ class ResponseFormat(BaseModel):
         if self.type == "json_object":
             return Constraint("json_object")
         if self.type == "json_schema":
+            assert self.json_schema is not None  # _check_schema: present exactly with this type
             return Constraint("json_schema", json.dumps(self.json_schema.schema_))
         return None
 
@@ -72,7 +73,7 @@ class StructuredOutputs(BaseModel):
     """vLLM's structured_outputs: exactly one constraint."""
 
     model_config = STRICT
-    json_: Schema | None = Field(None, alias="json")
+    json_: Schema | None = Field(default=None, alias="json")
     regex: Spec | None = None
     choice: Choices | None = None
     grammar: Spec | None = None

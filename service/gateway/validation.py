@@ -9,7 +9,7 @@ tokenized: `check_prompt_size`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 
@@ -72,7 +72,8 @@ TokenIdBatch = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROM
 #: here, as vLLM does (its default max_logprobs)
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), Integer]
 #: the distribution logprobs are of, in vLLM's names (its --logprobs-mode, here per request too)
-LogprobsMode = Literal[LOGPROBS_MODES]
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+assert get_args(LogprobsMode) == LOGPROBS_MODES  # the protocol's tuple is the one list of the names
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS), Unicode]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), Unicode]
 StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]

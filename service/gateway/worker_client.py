@@ -11,16 +11,17 @@ response names its sequence (`sequence_index`, `Chunk.index`); the call ends on 
 `triton_final_response`, the request's very last (deepspec_protocol/worker.py, "Several choices"). A gRPC
 deadline bounds each call. Tensors are decoded by `deepspec_protocol.tensors`, the codec the worker uses too; the
 counts are read under DeepSpec's names or Triton's (`total_draft_tokens`, ...). Errors surface as
-`WorkerError(status, message)` with `status` a grpc.StatusCode name, whether they came as a stream `error_message` or as an RPC status.
+`WorkerError(status, message)` with `status` a grpc.StatusCode name, whether they came as a stream `error_message`
+or as an RPC status.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field, fields
 
 import grpc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2_grpc
 
 from deepspec_protocol import tensors
 from deepspec_protocol import triton_contract as c
@@ -28,6 +29,7 @@ from deepspec_protocol import worker as p
 from deepspec_protocol.token_scores import TokenScore, read_scores
 from service import tracing
 from service.gateway.signature import DEEPSPEC_WORKER, ModelSignature, SignatureError, build_request
+from service.kserve_messages import ModelInferRequest, ModelInferResponse, scalar, service_pb2
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -131,7 +133,7 @@ class WorkerError(Exception):
 
 def build_infer_request(
     req: GenerationRequest, stream: bool = True, signature: ModelSignature = DEEPSPEC_WORKER
-) -> service_pb2.ModelInferRequest:
+) -> ModelInferRequest:
     """The request `signature`'s model accepts (default: DeepSpec's worker, [1, n] tensors); `WorkerError`
     INVALID_ARGUMENT when the model cannot take it."""
     try:
@@ -158,11 +160,11 @@ _STATS_NAMES = {
 def _count(values: dict[str, list], names: tuple[str, ...]) -> int:
     for name in names:
         if values.get(name):
-            return tensors.scalar(values, name, int, 0)
+            return scalar(values, name, int, 0)
     return 0
 
 
-def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
+def parse_response(response: ModelInferResponse) -> Chunk:
     """A worker response as a Chunk; `tensors.TensorError` when it is malformed. Counts a model does not send read
     as 0."""
     values = tensors.read_outputs(response)
@@ -177,16 +179,16 @@ def parse_response(response: service_pb2.ModelInferResponse) -> Chunk:
     return Chunk(
         text=text[0].decode("utf-8", "replace"),
         stats=stats,
-        finish_reason=tensors.scalar(values, p.EXTRA_FINISH_REASON, str) or None,
+        finish_reason=scalar(values, p.EXTRA_FINISH_REASON, str) or None,
         final=final,
         logprobs=read_scores(response, values, p.OUTPUT_SCORES),
         prompt_logprobs=read_scores(response, values, p.PROMPT_SCORES),
-        index=tensors.scalar(values, p.SEQUENCE_INDEX, int, 0),
+        index=scalar(values, p.SEQUENCE_INDEX, int, 0),
         load=_load(response),
     )
 
 
-def _load(response: service_pb2.ModelInferResponse) -> p.WorkerLoad | None:
+def _load(response: ModelInferResponse) -> p.WorkerLoad | None:
     parameters = response.parameters
     if p.LOAD_PARAM_PREFIX + "num_slots" not in parameters:
         return None
@@ -232,7 +234,7 @@ def total_stats(stats: Iterable[p.RequestStats]) -> p.RequestStats:
     return p.RequestStats(**total)
 
 
-def _stream_error_code(response: service_pb2.ModelInferResponse) -> str | None:
+def _stream_error_code(response: ModelInferResponse) -> str | None:
     if p.ERROR_CODE_PARAM not in response.parameters:  # a stock Triton, or a refusal without a code
         return None
     return response.parameters[p.ERROR_CODE_PARAM].string_param or None
@@ -293,7 +295,7 @@ class WorkerClient:
         """Whether one request may ask `model` for several sequences (`ModelSignature.takes_n`)."""
         return (await self.signature(model, timeout_s)).takes_n
 
-    async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+    async def generate(self, req: GenerationRequest, timeout_s: float) -> AsyncGenerator[Chunk, None]:
         """Stream one request, its sequences' chunks interleaved; closing the iterator (or cancelling its task)
         cancels the call and the sequences."""
         signature = await self.signature(req.model, timeout_s)
@@ -302,7 +304,7 @@ class WorkerClient:
         ):
             yield chunk
 
-    async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncIterator[Chunk]:
+    async def infer(self, req: GenerationRequest, timeout_s: float) -> AsyncGenerator[Chunk, None]:
         """Non-streaming requests, yielded as one whole chunk per sequence, the last one final: one unary ModelInfer
         (cheaper than a stream) for one sequence, else the streaming RPC with streaming off, where the model is
         decoupled (Triton refuses ModelInfer there) or the request asks for several sequences (one response each,
@@ -326,8 +328,8 @@ class WorkerClient:
             yield chunk
 
     async def _stream(
-        self, request: service_pb2.ModelInferRequest, timeout_s: float, cumulative_text: bool = False
-    ) -> AsyncIterator[Chunk]:
+        self, request: ModelInferRequest, timeout_s: float, cumulative_text: bool = False
+    ) -> AsyncGenerator[Chunk, None]:
         """The worker's responses as chunks of new text; `cumulative_text` (the stock LLM-API model) says each
         response holds the whole text so far, so only what it adds to the previous one is passed on."""
         span, trace_metadata = tracing.client_span(

@@ -61,7 +61,7 @@ def load_served_model(settings):
     as it loads them (the benchmarks' `served` row reuses this)."""
     from deepspec.decoding import build_drafter
     from deepspec.models.backends import PYTORCH, available_backends, resolve_backend
-    from service.worker.fastest_backend import choose_backend
+    from service.worker.fastest_backend import choose_backend, load_with
 
     choice = choose_backend(settings)
     logger.info("backend: %s (%s)", choice.backend, choice.reason)
@@ -69,7 +69,8 @@ def load_served_model(settings):
     # a bundle (--bundle-dir) loads as its format says: the PyTorch loader opens an onnx bundle as its ONNX Runtime
     # graph, and its own neural draft through its graphs; the native decoder computes in its own weight formats
     backend = resolve_backend(choice.backend if choice.backend in available_backends() else PYTORCH)
-    target = backend.load(
+    target = load_with(
+        backend,
         settings.target,
         weights=settings.quantization,
         dtype=settings.dtype,

@@ -39,9 +39,14 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from deepspec.models.backends import AUTO, NATIVE, ONNX, PYTORCH, backend_choices, resolve_backend
 from deepspec.neighbours import NeighbourShare
+
+if TYPE_CHECKING:
+    from deepspec.models import Target
+    from deepspec.models.backends import InferenceBackend
 
 logger = logging.getLogger(__name__)
 
@@ -321,7 +326,7 @@ def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = F
     with NeighbourShare() as neighbours:
         measured = measure_served_rates(candidates.served, depth)
     rates = {k: r["tokens_per_second"] for k, r in measured.items()} if measured else scores
-    engine = max(rates, key=rates.get)
+    engine = max(rates, key=lambda k: rates[k])
     others = [k for k in rates if k != engine]
     labels, draft_times = candidates.labels, candidates.draft_times
     against = " and ".join(f"{labels[k]}'s {rates[k]:.0f}" for k in others)
@@ -371,6 +376,12 @@ class _Candidates:
     served: dict = field(default_factory=dict)
 
 
+def load_with(backend: InferenceBackend, spec: str, **options) -> Target:
+    """`backend.load(spec, **options)`: every backend's loader returns a Target, which the registry's field
+    declares only as `object` (deepspec/models/backends.py InferenceBackend.load)."""
+    return cast("Target", backend.load(spec, **options))
+
+
 def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) -> _Candidates:
     from deepspec.decoding import build_drafter
     from deepspec.decoding.draft_time import measure_draft_time
@@ -392,7 +403,8 @@ def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) 
         target, drafter = out.served[name]
         return measure_draft_time(target, drafter, depth) if draft_dir is not None else None
 
-    target = resolve_backend(PYTORCH).load(
+    target = load_with(
+        resolve_backend(PYTORCH),
         settings.target,
         weights=settings.quantization,
         dtype=settings.dtype,
@@ -403,11 +415,16 @@ def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) 
     out.draft_times[PYTORCH] = draft_time(PYTORCH)
     runs_a_model = out.draft_times[PYTORCH] is not None  # the same draft class on every engine
     if onnx_dir is not None and (onnx_curve := recorded_curve(onnx_meta.get("step_curve"))):
-        add(ONNX, resolve_backend(ONNX).load(str(onnx_dir)), f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
+        onnx_target = load_with(resolve_backend(ONNX), str(onnx_dir))
+        add(ONNX, onnx_target, f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
         out.draft_times[ONNX] = (_exported_draft_time(onnx_meta, depth) or draft_time(ONNX)) if runs_a_model else None
     if native:
-        target = resolve_backend(NATIVE).load(settings.target, chat_template=settings.chat_template)
-        add(NATIVE, target, f"native {target.quantization} ({target.isa})")
+        from deepspec.models.native.target import NativeTarget
+
+        native_target = resolve_backend(NATIVE).load(settings.target, chat_template=settings.chat_template)
+        if not isinstance(native_target, NativeTarget):
+            raise TypeError(f"the native backend loaded a {type(native_target).__name__}, not a NativeTarget")
+        add(NATIVE, native_target, f"native {native_target.quantization} ({native_target.isa})")
         out.draft_times[NATIVE] = draft_time(NATIVE) if runs_a_model else None
     return out
 

@@ -37,7 +37,7 @@ class LoadTracker:
         self.num_kv_used = 0
         self.row_tokens_per_s = 0.0
         self.rate_rows = 0.0
-        self.acceptance = dict.fromkeys(SERVICE_CLASSES, 0.0)
+        self.acceptance: dict[str, float] = dict.fromkeys(SERVICE_CLASSES, 0.0)
 
     def observe_step(self, num_rows: int, num_committed: int, step_s: float) -> None:
         """One engine step: `num_rows` rows committed `num_committed` tokens in `step_s` seconds."""

@@ -77,8 +77,11 @@ class Scheduler:
         self.metrics = metrics
         self.max_queue = max_queue
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._waiting: deque[_Request] = deque()
+        #: ("add" | "abort", a request's group of sequences) or ("wake", None), from the event loop to the engine
+        #: thread
+        self._commands: queue.SimpleQueue[tuple[str, list[_Request] | None]] = queue.SimpleQueue()
+        #: the groups (a request's n sequences) waiting for slots, first come first
+        self._waiting: deque[list[_Request]] = deque()
         self._running: dict[str, _Request] = {}
         self._num_waiting = 0  # submitted, not yet admitted; guarded by _lock (read by callers)
         self._lock = threading.Lock()
@@ -196,9 +199,9 @@ class Scheduler:
         except queue.Empty:
             return
         while True:
-            if command == "add":
+            if command == "add" and request is not None:
                 self._waiting.append(request)
-            elif command == "abort":
+            elif command == "abort" and request is not None:
                 self._abort(request)
             try:
                 command, request = self._commands.get_nowait()
@@ -285,6 +288,7 @@ class Scheduler:
                 request.first_token = now
                 m.time_to_first_token.labels(model).observe(now - request.arrival)
             else:
+                assert request.last_token is not None  # set with first_token, a step before
                 m.inter_token_latency.labels(model).observe(now - request.last_token)
             request.last_token = now
             stats = request.stats

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2_grpc
 
 from deepspec.decoding.params import SamplingParams, StepOutput
 from deepspec.decoding.structured import StructuredOutput
@@ -26,6 +26,7 @@ from deepspec_protocol import tensors
 from deepspec_protocol import worker as p
 from deepspec_protocol.token_scores import TokenScore, add_scores
 from service import tracing
+from service.kserve_messages import ModelInferResponse, model_config_pb2, scalar, service_pb2
 from service.metrics import WorkerMetrics, start_metrics_server
 from service.worker.engine import LoadedEngine, load_engine
 from service.worker.scheduler import QueueFullError, Scheduler, SchedulerClosedError
@@ -127,8 +128,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     "ModelStreamInfer (one response per sequence; ModelInfer answers one)",
                 )
             with tracing.server_span(DECODE_SPAN, context.invocation_metadata(), _span_attributes(request, False)):
-                async for response in self._responses(request, prompt_ids, params, False, arrival, 1, service_class):
-                    pass  # one response, the whole completion
+                async for whole in self._responses(request, prompt_ids, params, False, arrival, 1, service_class):
+                    response = whole  # one response, the whole completion
         except Exception as e:
             status, message, error_code = _status_of(e)
             if error_code is not None:
@@ -167,8 +168,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 item = getter.result()
                 if item is not None:
                     yield item
-            if reader.exception() is not None and not isinstance(reader.exception(), asyncio.CancelledError):
-                raise reader.exception()
+            error = reader.exception()
+            if error is not None and not isinstance(error, asyncio.CancelledError):
+                raise error
         finally:  # client cancelled or stream failed: abort everything still running (frees the slots)
             self.service.active_rpcs -= 1
             reader.cancel()
@@ -184,26 +186,26 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         arrival: float,
         n: int,
         service_class: str,
-    ) -> AsyncIterator[service_pb2.ModelInferResponse]:
+    ) -> AsyncIterator[ModelInferResponse]:
         """One request's responses, each for one of its n sequences: one per engine step when streaming (its new
         text and the scores of the tokens that text carries, the prompt's in the request's first), else one per
         sequence with everything, when it finishes. The request's last response is the final one."""
-        service = self.service
+        loaded, scheduler, token_text = self.service.loaded, self.service.scheduler, self.service.token_text
+        # parse() admitted the request, which it does only once load() has set all three
+        assert loaded is not None and scheduler is not None and token_text is not None
         scores = [
-            OutputScores(service.loaded.target.decode, service.token_text) if params.logprobs is not None else None
-            for _ in range(n)
+            OutputScores(loaded.target.decode, token_text) if params.logprobs is not None else None for _ in range(n)
         ]
         texts, scored = [[] for _ in range(n)], [[] for _ in range(n)]
         prompt, prompt_sent, unfinished, first = None, False, n, True
-        async for out, stats, index in service.scheduler.generate(prompt_ids, params, arrival, n, service_class):
-            step_scores = scores[index].step(out) if scores[index] is not None else None
+        async for out, stats, index in scheduler.generate(prompt_ids, params, arrival, n, service_class):
+            sequence_scores = scores[index]
+            step_scores = sequence_scores.step(out) if sequence_scores is not None else None
             unfinished -= out.finished
             if out.prompt_logprobs is not None and not prompt_sent:  # every sequence has them: send them once
                 prompt_sent = True
-                prompt = prompt_scores(
-                    prompt_ids, out.prompt_logprobs, service.loaded.target.decode, service.token_text
-                )
-            load = service.scheduler.load.snapshot() if first or out.finished else None
+                prompt = prompt_scores(prompt_ids, out.prompt_logprobs, loaded.target.decode, token_text)
+            load = scheduler.load.snapshot() if first or out.finished else None
             first = False
             if stream:
                 yield _response(request, out.new_text, out, stats, index, not unfinished, step_scores, prompt, load)
@@ -272,7 +274,7 @@ def _response(
     scores: list[TokenScore] | None = None,
     prompt: list[TokenScore] | None = None,
     load: p.WorkerLoad | None = None,
-) -> service_pb2.ModelInferResponse:
+) -> ModelInferResponse:
     """One response of sequence `index`; `final`: the request's last (every sequence has finished); `load` the
     worker's, on a request's first and last responses (service/protocol.py WorkerLoad)."""
     response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
@@ -418,7 +420,7 @@ class WorkerService:
         WorkerRefusal for unreadable input,
         RequestError (from SamplingParams) for out-of-range parameters. The prompt is checked against the context by
         the engine's validation when the scheduler takes the request."""
-        if not self.ready or self.scheduler is None or not self.scheduler.accepting:
+        if not self.ready or self.loaded is None or self.scheduler is None or not self.scheduler.accepting:
             raise WorkerRefusal(grpc.StatusCode.UNAVAILABLE, "the worker is not ready (loading or shutting down)")
         if request.model_name and request.model_name != self.model_name:
             raise WorkerRefusal(
@@ -426,8 +428,8 @@ class WorkerService:
             )
         try:
             values = tensors.read_inputs(request)
-            text = tensors.scalar(values, p.TEXT_INPUT, str, "")
-            messages_json = tensors.scalar(values, p.EXTRA_MESSAGES_JSON, str)
+            text = scalar(values, p.TEXT_INPUT, str, "")
+            messages_json = scalar(values, p.EXTRA_MESSAGES_JSON, str)
             input_ids = values.get(p.INPUT_IDS)
             if input_ids is not None and (text or messages_json is not None):
                 raise ValueError(
@@ -436,10 +438,10 @@ class WorkerService:
                 )
             if input_ids is not None and not all(isinstance(t, int) for t in input_ids):
                 raise ValueError(f"{p.INPUT_IDS} must be an integer tensor")
-            end_id = tensors.scalar(values, p.END_ID, int)
-            max_tokens = tensors.scalar(values, p.MAX_TOKENS, int)
-            stream = tensors.scalar(values, p.STREAM, bool, False)
-            n = tensors.scalar(values, p.NUM_RETURN_SEQUENCES, int, 1)
+            end_id = scalar(values, p.END_ID, int)
+            max_tokens = scalar(values, p.MAX_TOKENS, int)
+            stream = scalar(values, p.STREAM, bool, False)
+            n = scalar(values, p.NUM_RETURN_SEQUENCES, int, 1)
             service_class = _service_class(values)
             target = self.loaded.target
             num_chars = len(text) if messages_json is None else len(messages_json)
@@ -461,19 +463,19 @@ class WorkerService:
                 max_tokens = max(1, self.loaded.max_seq_len - len(prompt_ids))
             params = SamplingParams(
                 max_tokens=max_tokens,
-                temperature=tensors.scalar(values, p.TEMPERATURE, float, 0.0),
-                top_k=tensors.scalar(values, p.TOP_K, int, 0),
-                top_p=tensors.scalar(values, p.TOP_P, float, 1.0),
-                seed=tensors.scalar(values, p.SEED, int),
+                temperature=scalar(values, p.TEMPERATURE, float, 0.0),
+                top_k=scalar(values, p.TOP_K, int, 0),
+                top_p=scalar(values, p.TOP_P, float, 1.0),
+                seed=scalar(values, p.SEED, int),
                 stop=tuple(tensors.strings(values, p.STOP_WORDS)),
                 stop_token_ids=() if end_id is None or end_id < 0 else (end_id,),
-                ignore_eos=tensors.scalar(values, p.EXTRA_IGNORE_EOS, bool, False),
+                ignore_eos=scalar(values, p.EXTRA_IGNORE_EOS, bool, False),
                 logprobs=_logprobs(values),
-                logprobs_mode=tensors.scalar(values, p.EXTRA_LOGPROBS_MODE, str, "raw_logprobs"),
-                prompt_logprobs=tensors.scalar(values, p.EXTRA_PROMPT_LOGPROBS, int),
+                logprobs_mode=scalar(values, p.EXTRA_LOGPROBS_MODE, str, "raw_logprobs"),
+                prompt_logprobs=scalar(values, p.EXTRA_PROMPT_LOGPROBS, int),
                 structured=_structured(values),
-                max_draft_tokens=tensors.scalar(values, p.EXTRA_MAX_DRAFT_TOKENS, int),
-                session=tensors.scalar(values, p.EXTRA_SESSION, str) or None,
+                max_draft_tokens=scalar(values, p.EXTRA_MAX_DRAFT_TOKENS, int),
+                session=scalar(values, p.EXTRA_SESSION, str) or None,
             )
         except RequestError:
             raise
@@ -508,8 +510,8 @@ class WorkerService:
 
 def _logprobs(values: dict[str, list]) -> int | None:
     """SamplingParams.logprobs: top_logprobs alternatives when return_log_probs is set, else None (off)."""
-    top = tensors.scalar(values, p.EXTRA_TOP_LOGPROBS, int)
-    if not tensors.scalar(values, p.RETURN_LOG_PROBS, bool, False):
+    top = scalar(values, p.EXTRA_TOP_LOGPROBS, int)
+    if not scalar(values, p.RETURN_LOG_PROBS, bool, False):
         if top is not None:
             raise ValueError(f"{p.EXTRA_TOP_LOGPROBS} needs {p.RETURN_LOG_PROBS} true")
         return None
@@ -518,7 +520,7 @@ def _logprobs(values: dict[str, list]) -> int | None:
 
 def _service_class(values: dict[str, list]) -> str:
     """The request's service class (absent = the default); ValueError naming the known ones."""
-    service_class = tensors.scalar(values, p.EXTRA_SERVICE_CLASS, str, p.DEFAULT_SERVICE_CLASS)
+    service_class = scalar(values, p.EXTRA_SERVICE_CLASS, str, p.DEFAULT_SERVICE_CLASS)
     if service_class not in p.SERVICE_CLASSES:
         raise ValueError(
             f"{p.EXTRA_SERVICE_CLASS} must be one of {', '.join(p.SERVICE_CLASSES)}, got {service_class[:64]!r}"
@@ -530,7 +532,7 @@ def _structured(values: dict[str, list]) -> StructuredOutput | None:
     """SamplingParams.structured from the structured_output input (service/protocol.py Constraint); a value that is
     not one is the engine's code, structured_output_invalid, like a spec that does not compile."""
     try:
-        text = tensors.scalar(values, p.EXTRA_STRUCTURED_OUTPUT, str)
+        text = scalar(values, p.EXTRA_STRUCTURED_OUTPUT, str)
         constraint = None if text is None else p.Constraint.decode(text)
     except ValueError as e:  # not one UTF-8 element, or not a Constraint's JSON
         raise RequestError(RequestErrorCode.STRUCTURED_OUTPUT_INVALID, str(e)) from None

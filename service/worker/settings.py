@@ -42,9 +42,9 @@ class WorkerSettings(ServiceSettings):
     #: deprecated name of `bundle_dir` (DEEPSPEC_WORKER_ENGINE_DIR, --engine-dir)
     engine_dir: Path | None = None
     #: KServe v2 gRPC port (0 = pick a free one)
-    port: int = Field(8001, ge=0, le=65535)
+    port: int = Field(default=8001, ge=0, le=65535)
     #: Prometheus /metrics HTTP port (0 = pick a free one, -1 = off)
-    metrics_port: int = Field(8002, ge=-1, le=65535)
+    metrics_port: int = Field(default=8002, ge=-1, le=65535)
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 decodes ~2x faster on CPU (prepacked oneDNN matmuls)
     #: the weight format (deepspec/models/quantization.py): "auto" = the backend's own choice; "none" / "gguf"
@@ -54,22 +54,22 @@ class WorkerSettings(ServiceSettings):
     #: chat template for a target that ships none: a built-in (smollm2, qwen, gemma3) or a Jinja file
     chat_template: str | None = None
     #: sequences decoded together in one engine step
-    max_batch_size: int = Field(8, ge=1)
+    max_batch_size: int = Field(default=8, ge=1)
     #: requests waiting for a batch slot before new ones get RESOURCE_EXHAUSTED (the gateway's 429)
-    max_queue: int = Field(64, ge=0)
+    max_queue: int = Field(default=64, ge=0)
     #: prompt tokens prefilled per engine step at most (one request always fits): lower = smoother TTFT under bursts
-    max_prefill_tokens_per_step: int = Field(512, ge=1)
+    max_prefill_tokens_per_step: int = Field(default=512, ge=1)
     #: context length cap, tokens (prompt + max_tokens); None = the context the target declares (its config's
     #: max_position_embeddings, a GGUF's context_length), lowered where the KV cache for `max_batch_size` sequences
     #: would not fit in `kv_cache_memory_fraction` of the memory available at start (service/worker/context.py)
-    max_seq_len: int | None = Field(None, ge=16)
+    max_seq_len: int | None = Field(default=None, ge=16)
     #: share of the memory available after the weights load that the KV cache may take (vLLM's
     #: gpu_memory_utilization, for the host's memory); decides the served context where --max-seq-len is not given
-    kv_cache_memory_fraction: float = Field(0.5, gt=0, le=1)
+    kv_cache_memory_fraction: float = Field(default=0.5, gt=0, le=1)
     #: draft tokens proposed per verify round
-    num_speculative_tokens: int = Field(7, ge=1, le=32)
+    num_speculative_tokens: int = Field(default=7, ge=1, le=32)
     #: stub target only: simulated time per forward, milliseconds
-    stub_step_ms: float = Field(0.0, ge=0)
+    stub_step_ms: float = Field(default=0.0, ge=0)
 
     @field_validator("backend", "engine")
     @classmethod
@@ -131,4 +131,4 @@ class EmbeddedWorkerSettings(WorkerSettings):
     gateway talks to it; --worker-port or DEEPSPEC_WORKER_PORT picks a port."""
 
     host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)
+    port: int = Field(default=0, ge=0, le=65535)

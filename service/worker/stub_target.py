@@ -57,14 +57,14 @@ class StubCache:
 
 
 class StubTarget:
-    name = "stub"
-    eos_token_ids = (EOS_TOKEN_ID,)
-    quantization = "none"
-    tokenizer = None
+    name: str = "stub"
+    eos_token_ids: tuple[int, ...] = (EOS_TOKEN_ID,)
+    quantization: str = "none"
+    tokenizer: object = None
     #: forward is a chain automaton; token trees reach it as chains of first children
-    supports_tree_attention = False
-    host_threads = None
-    multi_token_rows_serial = False
+    supports_tree_attention: bool = False
+    host_threads: int | None = None
+    multi_token_rows_serial: bool = False
     device = torch.device("cpu")
     dtype = attention_dtype = torch.float32
     vocab_size = VOCAB_SIZE
@@ -118,14 +118,19 @@ class StubTarget:
         self,
         tokens: torch.Tensor,
         start: torch.Tensor,
-        cache: StubCache | None = None,
+        cache: object | None = None,
         *,
         feature_layers: tuple[int, ...] = (),
-        logits="all",
+        logits: str | torch.Tensor = "all",
         return_final_hidden: bool = False,
         max_start: int | None = None,
+        tree_parents: torch.Tensor | None = None,
     ) -> DecoderOutput:
         """tokens [B, T], start [B] → logits over the next token at each position (see the module docstring)."""
+        if cache is not None and not isinstance(cache, StubCache):
+            raise TypeError(f"the stub target reads its own StubCache, got {type(cache).__name__}")
+        if tree_parents is not None:
+            raise ValueError("the stub target verifies chains only (supports_tree_attention is False)")
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         B, T = tokens.shape
