@@ -82,6 +82,8 @@ def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, 
             proc.terminate()
             proc.join()
     probe = engine.planner.step_time
+    if probe is None:
+        raise RuntimeError("the budget planner took no step curve: nothing to measure the stability of")
     engine.generate([prompts[0]], SamplingParams(max_tokens=8))  # warm, untimed, not the budget's prior
     engine.forget_acceptance()
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -90,9 +92,13 @@ def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, 
     seconds = time.perf_counter() - start
     tokens = sum(len(r.token_ids) for r in results)
     rounds = sum(r.num_steps for r in results)
+    final = engine.planner.step_time
+    if final is None:
+        raise RuntimeError("the budget planner dropped its step curve while decoding")
     return {
-        "probe_ms": {n: round(probe.predict(n) * 1e3, 2) for n in (1, 8)},
-        "final_ms": {n: round(engine.planner.step_time.predict(n) * 1e3, 2) for n in (1, 8)},
+        # predict takes a count here, so it answers a float (a tensor only for a tensor of counts)
+        "probe_ms": {n: round(float(probe.predict(n)) * 1e3, 2) for n in (1, 8)},
+        "final_ms": {n: round(float(final.predict(n)) * 1e3, 2) for n in (1, 8)},
         "draft_tokens": sum(r.num_draft_tokens for r in results),
         "tokens_per_forward": round((sum(r.num_accepted_tokens for r in results) + rounds) / max(rounds, 1), 3),
         "tok_s": round(tokens / seconds, 1),

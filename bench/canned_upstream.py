@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from typing import cast
 
 MODEL = "stub"
 NUM_TOKENS = 16
@@ -43,8 +44,9 @@ def _answer(body: bytes, content_type: bytes = b"application/json") -> bytes:
 class _Connection(asyncio.Protocol):
     """HTTP/1.1 with keep-alive, as far as a gateway's requests need: a head, a content-length body."""
 
-    def connection_made(self, transport):
-        self.transport, self.buffer = transport, b""
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a server hands its protocol a stream Transport (asyncio's or uvloop's)
+        self.transport, self.buffer = cast(asyncio.Transport, transport), b""
 
     def data_received(self, data):
         self.buffer += data
@@ -84,7 +86,7 @@ async def serve(port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True, help="port to listen on (127.0.0.1)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="answer whole completions after this long")
     args = parser.parse_args(argv)

@@ -24,8 +24,9 @@ Runbook:
     python -m bench.decode --quantizations gguf --skip hf-prompt-lookup   # only the 4-bit engine rows
 
 Reports tokens/s per dataset (total tokens ÷ total time, and the median over prompts), mean acceptance length,
-the tokens each verify pass scored (1 + a chain's drafts or a tree's nodes) with the draft's shape, the ratio to hf-generate and to our target-only engine with the same weights, and how many outputs are
-token-identical to that engine. Writes bench/results/decode-<dtype>.json.
+the tokens each verify pass scored (1 + a chain's drafts or a tree's nodes) with the draft's shape, the ratio to
+hf-generate and to our target-only engine with the same weights, and how many outputs are token-identical to that
+engine. Writes bench/results/decode-<dtype>.json.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def hf_decoder(target, max_tokens, prompt_lookup: int | None, warmup_ids):
     import torch
 
     model = target.hf_model()
-    kwargs = dict(
+    kwargs: dict[str, object] = dict(
         max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=target.eos_token_ids[0]
     )
     if prompt_lookup:

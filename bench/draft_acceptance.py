@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -149,10 +150,11 @@ def modelled_speedup(
     under the served BudgetPlanner on `curve` (None: target-only)."""
     from deepspec.decoding import SamplingParams, SpecEngine
     from deepspec.decoding.planner import BudgetPlanner
+    from deepspec.models import Target
 
     priced = PricedTarget(target, curve)
     engine = SpecEngine(
-        priced,
+        cast(Target, priced),  # a proxy: every member but forward is the wrapped target's (__getattr__)
         drafter,
         max_batch_size=1,
         max_seq_len=2048,

@@ -43,7 +43,7 @@ class CountedGateway:
 
     def __init__(self, root: Path, upstream_url: str, out_dir: Path):
         self.port, self.out_dir = free_port(), out_dir
-        self.log = open(out_dir / "gateway.log", "wb")
+        self.log = open(out_dir / "gateway.log", "wb")  # noqa: SIM115 (the process writes it until stop() closes it)
         self.proc = subprocess.Popen(
             [
                 "valgrind",
@@ -97,7 +97,10 @@ class CountedGateway:
         self._control("-d")
         time.sleep(1)
         dump = max(self.out_dir.glob(f"callgrind.{self.proc.pid}*"), key=lambda p: p.stat().st_mtime)
-        return int(re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M).group(1))
+        total = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
+        if total is None:
+            raise RuntimeError(f"{dump} holds no instruction total (callgrind's summary or totals line)")
+        return int(total.group(1))
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -130,7 +133,7 @@ def stream_rounds(url: str, num: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="checkout whose gateway runs (default this one)")
     parser.add_argument("--requests", type=int, default=100, help="whole completions counted (default 100)")
     parser.add_argument("--rounds", type=int, default=3, help=f"rounds of {CONCURRENCY} streams counted (default 3)")

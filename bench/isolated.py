@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import signal
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 
 #: longest wait for a child to build its method (load a model, warm up) or to decode one prompt
 DEFAULT_TIMEOUT_S = 900.0
@@ -133,7 +134,7 @@ class MethodTable:
     """The decoders one benchmark compares, by row name. `add` builds and warms one up; a peer that dies while
     starting (`PeerFailed`) costs its row only, recorded in `failed_to_start` with the reason."""
 
-    def __init__(self, log: Callable[[str], None], skip: set[str] = frozenset()):
+    def __init__(self, log: Callable[[str], None], skip: AbstractSet[str] = frozenset()):
         self.log, self.skip = log, skip
         self.decoders: dict[str, object] = {}
         self.failed_to_start: dict[str, str] = {}

@@ -1,6 +1,7 @@
 """Is the load tester the bottleneck? Its client-side overhead and CPU cost per streamed request.
 
-    python -m bench.loadtest_overhead                 # ~1 min; prints a table, writes bench/results/loadtest_overhead.json
+    python -m bench.loadtest_overhead                 # ~1 min; prints a table
+                                                      # (writes bench/results/loadtest_overhead.json)
     python -m bench.loadtest_overhead --quick         # one repeat, shorter runs (a smoke check)
     python -m bench.loadtest_overhead --no-pin --only "poisson 500"   # one scenario, OS-placed processes
 
@@ -58,8 +59,9 @@ PIN = True
 
 
 def _pin(cpu: int) -> None:
-    if PIN and hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() > 1:
-        os.sched_setaffinity(0, {cpu % os.cpu_count()})
+    num_cpus = os.cpu_count() or 1
+    if PIN and hasattr(os, "sched_setaffinity") and num_cpus > 1:
+        os.sched_setaffinity(0, {cpu % num_cpus})
 
 
 def _runqueue_wait_s() -> float:
@@ -206,7 +208,7 @@ SCENARIOS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3, help="runs per scenario; the table shows medians (default: 3)")
     p.add_argument("--quick", action="store_true", help="1 repeat, a quarter of the requests")
     p.add_argument(

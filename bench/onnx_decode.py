@@ -31,11 +31,11 @@ Three parts, one run:
                             (--skip exact leaves them out)
 
 3. Verify-step curve: one forward of T = 1, 2, 4, 8, 16, 32 tokens after a 256-token context at batch 1, int4
-   and int8 graphs and the native decoder, median of repeats. Speculation on CPU needs the T-token step to stay close to the 1-token one (the weights
-   are read once per step either way): the aim is T=8 ≤ 1.3x and T=32 ≤ 1.6x. llama.cpp's own curve on the same
-   GGUF (one `llama_decode` of T tokens, logits at every position, in its own process) and our PyTorch engine's
-   (dense bf16, and the GGUF's 4-bit weights) sit beside them: whether any kernel on this CPU keeps a multi-token
-   step near a one-token one.
+   and int8 graphs and the native decoder, median of repeats. Speculation on CPU needs the T-token step to stay close
+   to the 1-token one (the weights are read once per step either way): the aim is T=8 ≤ 1.3x and T=32 ≤ 1.6x.
+   llama.cpp's own curve on the same GGUF (one `llama_decode` of T tokens, logits at every position, in its own
+   process) and our PyTorch engine's (dense bf16, and the GGUF's 4-bit weights) sit beside them: whether any kernel
+   on this CPU keeps a multi-token step near a one-token one.
 
 ONNX Runtime runs with intra-op threads = torch's thread count (set OMP_NUM_THREADS / --threads), sequential
 execution, all graph optimizations, threads spinning within a run (DEEPSPEC_ORT_SPINNING, default run).
@@ -469,6 +469,7 @@ def main(argv=None) -> int:
         draft_dir = work / name.removeprefix("onnx-").removesuffix(":exact") / "draft"
         if target is not None and draft_dir.is_dir():  # the export's draft (neural ones through their graphs)
             drafter = build_drafter(str(draft_dir), target)
+            assert drafter is not None  # a draft directory always builds one
             add(f"{name}+{drafter.name}", lambda target=target, drafter=drafter: ours(target, drafter))
     native = native_target(console, threads, args.target) if "native" not in skip else None
     native_int8 = None
@@ -477,11 +478,12 @@ def main(argv=None) -> int:
         natives = [("native", native)]
         if native.quantization != "int8" and "native-int8" not in skip:
             native_int8 = native_target(console, threads, args.target, weights="int8")
-            natives.append(("native-int8", native_int8))
+            if native_int8 is not None:  # None: it did not build (native_target logged why)
+                natives.append(("native-int8", native_int8))
         for name, target in natives:
             add(name, lambda target=target: ours(target, None))
-            if args.draft != "none":
-                drafter = build_drafter(args.draft, target)
+            drafter = build_drafter(args.draft, target) if args.draft != "none" else None
+            if drafter is not None:
                 add(f"{name}+{drafter.name}", lambda target=target, drafter=drafter: ours(target, drafter))
     served, reason = served_default(args)
     console.log(f"the worker's default engine here (--engine auto): {reason}")

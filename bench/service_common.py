@@ -41,8 +41,9 @@ class Proc:
     def __init__(self, args: list[str], name: str, cpus: set[int] | None = None):
         """`cpus`: the CPUs the process (and its threads) may run on, None for any."""
         _exit_on_sigterm()
+        self.args = args
         self.log_path = RESULTS / f"{name}.log"
-        self.log = open(self.log_path, "wb")
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 (the process writes it until stop() closes it)
         pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
         self.proc = subprocess.Popen(
             args,

@@ -1,6 +1,7 @@
 """Gateway overhead: added latency per request versus calling the worker directly, with the weightless stub target.
 
-    python -m bench.service_overhead                  # ~1 min; prints a table, writes bench/results/service_overhead.json
+    python -m bench.service_overhead                  # ~1 min; prints a table
+                                                      # (writes bench/results/service_overhead.json)
     python -m bench.service_overhead --requests 200   # shorter
 
 Setup: one stub worker (`--target stub`, no step delay, so the model costs ~nothing) and one gateway in front of it,
@@ -15,7 +16,8 @@ machine load:
   gRPC          deepspec.v1.Completions/Complete on the gateway
 
 added p50 = p50(path) - p50(direct of the same kind), likewise p99; percentiles are the median over --blocks
-blocks, so one burst of load from other processes does not decide the result. Target: HTTP p50 added <= 2 ms, p99 added <= 10 ms.
+blocks, so one burst of load from other processes does not decide the result. Target: HTTP p50 added <= 2 ms, p99
+added <= 10 ms.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ PROMPT = "def fibonacci(n):"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=600, help="requests per path (default 600)")
     parser.add_argument("--blocks", type=int, default=3, help="report the median of per-block percentiles (default 3)")
     args = parser.parse_args(argv)

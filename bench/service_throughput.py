@@ -144,7 +144,7 @@ def _number_option(option: str, expected: str, interval: str, inside: Callable[[
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{option} takes {expected}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{option} takes {expected}, got {text!r}") from None
         if not inside(value):
             raise argparse.ArgumentTypeError(f"{option} must be in {interval}, got {text!r}")
         return value
@@ -217,7 +217,7 @@ async def run_load(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--requests-per-client", type=int, default=2, help="prompts each client sends (default 2)")
     parser.add_argument(
         "--concurrency",

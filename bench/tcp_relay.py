@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import cast
 
 
 class _Side(asyncio.Protocol):
@@ -21,21 +22,27 @@ class _Side(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: _Side | None = None
 
-    def connection_made(self, transport):
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream's protocol is handed a Transport (asyncio's or uvloop's)
+        self.transport = cast(asyncio.Transport, transport)
+
+    def peer_transport(self) -> asyncio.Transport:
+        """The other side's transport: bytes flow only once the pair is joined, both sides connected."""
+        assert self.peer is not None and self.peer.transport is not None
+        return self.peer.transport
 
     def data_received(self, data):
-        self.peer.transport.write(data)
+        self.peer_transport().write(data)
 
     def pause_writing(self):  # this side's send buffer is full: stop reading what would fill it further
-        self.peer.transport.pause_reading()
+        self.peer_transport().pause_reading()
 
     def resume_writing(self):
-        self.peer.transport.resume_reading()
+        self.peer_transport().resume_reading()
 
     def connection_lost(self, exc):
         if self.peer is not None:
-            self.peer.transport.close()
+            self.peer_transport().close()
 
 
 class _Accepted(_Side):
@@ -54,20 +61,23 @@ class _Accepted(_Side):
         if self.peer is None:
             self._early.append(data)
         else:
-            self.peer.transport.write(data)
+            self.peer_transport().write(data)
 
     async def _connect(self):
+        assert self.transport is not None  # connection_made, which starts this, set it
         try:
-            _, upstream = await asyncio.get_running_loop().create_connection(_Side, self.host, self.port)
+            upstream_transport, upstream = await asyncio.get_running_loop().create_connection(
+                _Side, self.host, self.port
+            )
         except OSError:
             self.transport.close()
             return
         if self.transport.is_closing():  # the client left while the upstream connection opened
-            upstream.transport.close()
+            upstream_transport.close()
             return
         upstream.peer, self.peer = self, upstream
         for data in self._early:
-            upstream.transport.write(data)
+            upstream_transport.write(data)
         self._early.clear()
 
 
@@ -77,7 +87,7 @@ async def relay(port: int, host: str, upstream_port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True, help="port to listen on (127.0.0.1)")
     parser.add_argument("--to", required=True, help="host:port to relay to")
     args = parser.parse_args(argv)

@@ -103,7 +103,7 @@ MODES = {"greedy": (0.0, 1.0), "temperature 1": (1.0, 1.0), "temperature 1 + top
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--batch", type=int, default=8, help="rows (default 8)")
     parser.add_argument("--k", type=int, default=7, help="draft slots per row (default 7)")
     parser.add_argument("--vocab", type=int, default=49152, help="vocabulary size (default 49,152)")

@@ -29,7 +29,8 @@ def check_grpc(address: str) -> bool:
 
     with grpc.insecure_channel(address) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+            # the grpcio-health-checking stubs bundled with pyright declare none of HealthStub's methods
+            reply = health_pb2_grpc.HealthStub(channel).Check(  # pyright: ignore[reportAttributeAccessIssue]
                 health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT_S
             )
         except grpc.RpcError:

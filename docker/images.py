@@ -244,7 +244,8 @@ ENGINE_IMAGES: tuple[EngineImage, ...] = (
         "0.5.20",
         "0.5.16",
         "`--format sglang` writes `--speculative-algorithm DSPARK` drafts, which SGLang serves from 0.5.16 "
-        "(sgl-project/sglang PR #30261); EAGLE-3 as `LlamaForCausalLMEagle3` with `midlayer.*` and DFLASH load in earlier releases",
+        "(sgl-project/sglang PR #30261); EAGLE-3 as `LlamaForCausalLMEagle3` with `midlayer.*` and DFLASH load in "
+        "earlier releases",
         "13.0 (SGLang retired its CUDA 12 images after v0.5.19-cu129)",
     ),
     EngineImage(

@@ -163,7 +163,7 @@ def lock_texts() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed locks instead of writing")
     args = parser.parse_args(argv)
     stale = []

@@ -49,7 +49,7 @@ def requirements(pyproject: Path, extras: list[str], exclude: list[str], only: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--pyproject", type=Path, default=Path("pyproject.toml"), help="(default ./pyproject.toml)")
     parser.add_argument("--extras", nargs="*", default=[], help="optional-dependency groups to add")
     parser.add_argument("--exclude", nargs="*", default=[], help="package names to leave out")

@@ -87,7 +87,7 @@ def _requirement_lines(path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("requirements", help="our requirements.txt (docker/requirements.py's output)")
     parser.add_argument(
         "--verify",

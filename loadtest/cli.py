@@ -23,7 +23,8 @@ Runbook (the server is the embedded DeepSpec service, `python -m service`, unles
 
   # small CPU dry run with no model: a fake server in one shell, the load tester in another
   python -m loadtest --fake-server 127.0.0.1:8000 --fake-ttft-ms 20 --fake-itl-ms 5
-  python -m loadtest --dataset-name random --random-input-len 32 --random-output-len 16 --max-concurrency 8 --num-prompts 100
+  python -m loadtest --dataset-name random --random-input-len 32 --random-output-len 16 --max-concurrency 8 \
+      --num-prompts 100
 
 Ctrl-C stops sending, cancels the requests in flight and still prints and writes the partial report; a second
 Ctrl-C quits at once. Exit status: 0 when requests succeeded, 1 when every measured request failed, 2 for usage
@@ -370,9 +371,8 @@ def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     )
     target = args.grpc_address if args.backend == "grpc" else args.base_url
     if args.plan:
-        print(
-            f"backend {args.backend} at {target}; workload {args.dataset_name}; bound {bound}; warm-up {args.num_warmups}"
-        )
+        workload = f"workload {args.dataset_name}; bound {bound}; warm-up {args.num_warmups}"
+        print(f"backend {args.backend} at {target}; {workload}")
         for pt in points:
             print(f"  {pt.describe()}")
         print(f"spec-decode counters: {metrics_url or 'off'}")

@@ -232,9 +232,8 @@ class FakeOpenAIServer(AsyncResource):
             ]
         lines.append("# TYPE deepspec:spec_decode_num_accepted_tokens_per_pos counter")
         for pos in range(self.config.num_speculative_tokens):
-            lines.append(
-                f'deepspec:spec_decode_num_accepted_tokens_per_pos_total{{{lbl},position="{pos}"}} {c.per_pos.get(pos, 0)}'
-            )
+            series = f'deepspec:spec_decode_num_accepted_tokens_per_pos_total{{{lbl},position="{pos}"}}'
+            lines.append(f"{series} {c.per_pos.get(pos, 0)}")
         return "\n".join(lines) + "\n"
 
 
@@ -255,7 +254,7 @@ def _chunk(w: asyncio.StreamWriter, data: bytes) -> None:
 
 
 async def serve_forever(config: FakeServerConfig, host: str, port: int, ready: asyncio.Event | None = None) -> None:
-    async with FakeOpenAIServer(config, host, port) as srv:
+    async with FakeOpenAIServer(config, host, port):
         if ready is not None:
             ready.set()
         await asyncio.Event().wait()

@@ -58,12 +58,10 @@ def meets_slo(out: RequestOutput, slo: dict[str, float]) -> bool:
     if "e2e" in slo and out.e2e_s * 1000 > slo["e2e"]:
         return False
     tpot = out.tpot_s
-    if "tpot" in slo and tpot is not None and tpot * 1000 > slo["tpot"]:
-        return False
-    return True
+    return not ("tpot" in slo and tpot is not None and tpot * 1000 > slo["tpot"])
 
 
-def percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
     """The `q`-th percentile (0 <= q <= 100) of `values`, NaN when there are none.
 
     Linear interpolation between the closest ranks (numpy's default, as `vllm bench serve`). The one percentile of

@@ -131,7 +131,7 @@ async def run_load(
     else:
         sem = asyncio.Semaphore(point.max_concurrency) if point.max_concurrency else None
 
-        async def capped(req: RequestInput) -> None:
+        async def capped(req: RequestInput, sem: asyncio.Semaphore) -> None:
             async with sem:
                 if stop.is_set():
                     return
@@ -152,7 +152,7 @@ async def run_load(
                 if not may_send():
                     break
             count += 1
-            task = asyncio.create_task(capped(next(requests)) if sem else one(next(requests)))
+            task = asyncio.create_task(capped(next(requests), sem) if sem else one(next(requests)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
     await _wait_or_stop(tasks, stop)

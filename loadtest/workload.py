@@ -28,10 +28,20 @@ from loadtest.records import RequestInput
 #: the load tester's own prompt sets, found from the package so it works from any working directory
 DEFAULT_EVAL_DIR = Path(__file__).resolve().parent / "prompts"
 
-_WORDS = ["the", "of", "and", "to", "in", "is", "that", "it", "was", "for", "on", "are", "as", "with", "his", "they", "at", "be", "this", "from", "have", "or", "by", "one", "had", "not", "but", "what", "all", "were", "when", "we", "there", "can", "an", "your", "which", "their", "said", "if", "do", "will", "each", "about", "how", "up", "out", "them", "then", "she", "many", "some", "so", "these", "would", "other", "into", "has", "more", "her", "two", "like", "him", "see", "time", "could", "no", "make", "than", "first", "been", "its", "who", "now", "people", "my", "made", "over", "did", "down", "only", "way", "find", "use", "may", "water", "long", "little", "very", "after", "words", "called", "just", "where", "most", "know", "get", "through", "back", "much", "before", "go", "good", "new", "write", "our", "used", "me", "man", "too", "any", "day", "same", "right", "look", "think", "also", "around", "another", "came", "come", "work", "three", "word", "must", "because", "does", "part", "even", "place", "well", "such", "here", "take", "why", "things", "help", "put", "years", "different", "away", "again", "off", "went", "old", "number", "great", "tell", "men", "say", "small", "every", "found", "still", "between", "name", "should", "home", "big", "give", "air", "line", "set", "own", "under", "read", "last", "never", "us", "left", "end", "along", "while", "might", "next", "sound", "below", "saw", "something", "thought", "both", "few", "those", "always", "looked", "show", "large", "often", "together", "asked", "house", "world", "going", "want", "school"]
+_WORDS = """
+the of and to in is that it was for on are as with his they at be this from have or by one had not but what all
+were when we there can an your which their said if do will each about how up out them then she many some so
+these would other into has more her two like him see time could no make than first been its who now people my
+made over did down only way find use may water long little very after words called just where most know get
+through back much before go good new write our used me man too any day same right look think also around another
+came come work three word must because does part even place well such here take why things help put years
+different away again off went old number great tell men say small every found still between name should home big
+give air line set own under read last never us left end along while might next sound below saw something thought
+both few those always looked show large often together asked house world going want school
+""".split()  # noqa: SIM905 (a list literal is formatted one word per line: 195 lines)
 
 
-def load_turns(path: Path) -> list[str]:
+def load_turns(path: str | Path) -> list[str]:
     """First turns of every record in `path` (a .jsonl file, or a directory of them, sorted by name)."""
     path = Path(path)
     if path.is_dir():

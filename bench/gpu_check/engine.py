@@ -133,11 +133,13 @@ class EngineRun:
         rows = []
         with torch.inference_mode():
             hf = AutoModelForCausalLM.from_pretrained(self.context.target_dir, dtype=torch.float32).to(device).eval()
+            # transformers types generate's self as a Protocol its own auto-model class does not satisfy
+            generate = hf.generate  # pyright: ignore[reportAttributeAccessIssue]
             n = sizes.max_new_tokens
             # no min_new_tokens here: it would mask EOS where our reference (ignore_eos) emits it; HF stops after
             # an EOS instead, so its answer is compared with the reference's prefix of the same length
             got = [
-                hf.generate(torch.tensor([p], device=device), max_new_tokens=n, do_sample=False, pad_token_id=pad)[
+                generate(torch.tensor([p], device=device), max_new_tokens=n, do_sample=False, pad_token_id=pad)[
                     0, len(p) :
                 ].tolist()
                 for p in prompts
@@ -151,15 +153,16 @@ class EngineRun:
                     "identical to our target-only" if same else _first_difference(got, want),
                 )
             )
-            del hf
+            del hf, generate  # the bound method holds the model too
             hf = AutoModelForCausalLM.from_pretrained(self.context.target_dir, dtype=torch.bfloat16).to(device).eval()
+            generate = hf.generate  # pyright: ignore[reportAttributeAccessIssue] (as above)
             m = sizes.max_speed_tokens
-            hf.generate(torch.tensor([prompts[0]], device=device), max_new_tokens=8, do_sample=False, pad_token_id=pad)
+            generate(torch.tensor([prompts[0]], device=device), max_new_tokens=8, do_sample=False, pad_token_id=pad)
             self.context.synchronize()
             t0 = time.perf_counter()
             num_tokens = 0
             for p in prompts:
-                out = hf.generate(
+                out = generate(
                     torch.tensor([p], device=device),
                     max_new_tokens=m,
                     min_new_tokens=m,

@@ -318,7 +318,7 @@ def render() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return regenerate(render, argv, __doc__.splitlines()[0], "helm/tools/engine_metrics.py")
+    return regenerate(render, argv, (__doc__ or "").partition("\n")[0], "helm/tools/engine_metrics.py")
 
 
 if __name__ == "__main__":

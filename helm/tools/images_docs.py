@@ -25,6 +25,8 @@ def load_images():
     """docker/images.py as a module (loaded by path: `docker` is not a package, and the name would shadow the
     Docker SDK)."""
     spec = importlib.util.spec_from_file_location("deepspec_images", REPO / "docker" / "images.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{REPO / 'docker' / 'images.py'} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
     spec.loader.exec_module(module)
@@ -99,7 +101,7 @@ def render() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return regenerate(render, argv, __doc__.splitlines()[0], "helm/tools/images_docs.py")
+    return regenerate(render, argv, (__doc__ or "").partition("\n")[0], "helm/tools/images_docs.py")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def schema_for(value: Any, path: list[str], comments: dict[str, dict]) -> dict:
             schema["properties"] = {k: schema_for(v, path + [k], comments) for k, v in value.items()}
             schema["additionalProperties"] = False
     if "type" in hints:  # a hinted type replaces the inferred one with its bounds
-        schema.pop("minimum", None), schema.pop("maximum", None)
+        schema.pop("minimum", None)
+        schema.pop("maximum", None)
     schema.update(hints)
     return schema
 
@@ -154,7 +155,7 @@ def render() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return regenerate(render, argv, __doc__.splitlines()[0], "helm/tools/values_docs.py")
+    return regenerate(render, argv, (__doc__ or "").partition("\n")[0], "helm/tools/values_docs.py")
 
 
 if __name__ == "__main__":

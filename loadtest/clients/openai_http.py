@@ -204,8 +204,10 @@ def _apply_usage(out: RequestOutput, usage: dict) -> None:
 async def fetch_model_ids(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[str]:
     """The ids from `GET /v1/models`, for picking a default `--model`."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-        async with s.get(base_url.rstrip("/") + "/v1/models", headers=headers) as resp:
-            resp.raise_for_status()
-            data = await resp.json(content_type=None)
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s,
+        s.get(base_url.rstrip("/") + "/v1/models", headers=headers) as resp,
+    ):
+        resp.raise_for_status()
+        data = await resp.json(content_type=None)
     return [m["id"] for m in data.get("data", []) if "id" in m]
