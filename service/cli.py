@@ -138,6 +138,12 @@ def _add_batching_flags(g: _Group, d: Callable[[str], str]) -> None:
         help=f"draft tokens per verify round (default {d('num_speculative_tokens')})",
     )
     g.add_argument(
+        "--planner",
+        choices=["budget", "verify-all"],
+        help="budget: verify only the depths this machine's step curve says pay; verify-all: every proposed "
+        f"token, however full the batch (default {d('planner')})",
+    )
+    g.add_argument(
         "--stub-step-ms", type=float, help=f"stub target only: sleep per forward, ms (default {d('stub_step_ms')})"
     )
 

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from deepspec.decoding import SpecEngine
-from deepspec.decoding.planner import BudgetPlanner
+from deepspec.decoding.planner import BudgetPlanner, RoundPlanner
 from deepspec.models import Target
 from service.worker.context import decide_context
 
@@ -37,7 +37,7 @@ def load_engine(settings) -> LoadedEngine:
         max_batch_size=settings.max_batch_size,
         max_seq_len=max_seq_len,
         num_speculative_tokens=settings.num_speculative_tokens,
-        planner=BudgetPlanner.kept_per_machine(target, drafter),
+        planner=BudgetPlanner.kept_per_machine(target, drafter) if settings.planner == "budget" else RoundPlanner(),
     )
     drafter_name = "none" if drafter is None else getattr(drafter, "name", type(drafter).__name__)
     logger.info(

@@ -68,6 +68,10 @@ class WorkerSettings(ServiceSettings):
     kv_cache_memory_fraction: float = Field(default=0.5, gt=0, le=1)
     #: draft tokens proposed per verify round
     num_speculative_tokens: int = Field(default=7, ge=1, le=32)
+    #: how deep a round verifies: `budget` prices each depth on this machine's step curve and drafts only what pays
+    #: (deepspec/decoding/planner.py BudgetPlanner); `verify-all` verifies every proposed token up to
+    #: num_speculative_tokens, however full the batch (vLLM's fixed depth; the baseline the budget is measured against)
+    planner: Literal["budget", "verify-all"] = "budget"
     #: stub target only: simulated time per forward, milliseconds
     stub_step_ms: float = Field(default=0.0, ge=0)
 

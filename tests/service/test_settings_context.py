@@ -126,6 +126,20 @@ def test_each_backend_serves_the_declared_context_and_a_prompt_past_2048(target_
     assert len(out.token_ids) == 4
 
 
+def test_the_planner_setting_picks_how_deep_rounds_verify(target_dir, cache):
+    """`--planner verify-all` verifies every proposed token (bench.qps_ladder's "always on" row); the default prices
+    depths on the step curve."""
+    from deepspec.decoding.planner import BudgetPlanner, RoundPlanner
+    from service.worker.engine import load_engine
+
+    served = load_engine(_settings(target_dir, "pytorch"))
+    verify_all = load_engine(_settings(target_dir, "pytorch", planner="verify-all"))
+    assert isinstance(served.engine.planner, BudgetPlanner)
+    assert type(verify_all.engine.planner) is RoundPlanner
+    with pytest.raises(ValueError, match="planner"):
+        _settings(target_dir, "pytorch", planner="always")
+
+
 def test_a_worker_short_of_memory_serves_less_and_says_why(target_dir, cache, monkeypatch, caplog):
     from service.worker.engine import load_engine
 

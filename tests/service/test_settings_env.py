@@ -69,6 +69,7 @@ WORKER_ENV = {
     "max_seq_len": ("1024", 1024),
     "kv_cache_memory_fraction": ("0.25", 0.25),
     "num_speculative_tokens": ("4", 4),
+    "planner": ("verify-all", "verify-all"),
     "stub_step_ms": ("1.5", 1.5),
     "host": ("127.0.0.3", "127.0.0.3"),
     "drain_timeout_s": ("6", 6.0),
