@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-EXTRAS ?= serve,train,loadtest,test,gemma,plugins,export
+EXTRAS ?= serve,train,loadtest,test,gemma,plugins,export,lint
 
-.PHONY: protos venv serve test test-fast bench bench-decode bench-service bench-loadtest bench-onnx bench-features bench-overhead bench-deps llama-cpp system-deps clean
+.PHONY: protos venv serve lint test test-fast bench bench-decode bench-service bench-loadtest bench-onnx bench-features bench-overhead bench-deps llama-cpp system-deps clean
 
 venv: $(VENV)/.installed
 
@@ -36,12 +36,19 @@ system-deps:
 serve: venv
 	$(PY) -m service
 
+# ruff (lint and format, pyproject.toml [tool.ruff]) and pyright (basic, [tool.pyright]) on the whole tree: no
+# findings is the rule, so `make test` runs it first. `ruff format .` and `ruff check --fix .` repair most of it.
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(VENV)/bin/pyright --pythonpath $(PY)
+
 # One intra-op thread per process: the suite runs servers and clients side by side on 2 cores, where
 # OpenMP's spinning worker threads would slow every forward ~10x. Benchmarks keep torch's default.
 # TEST_WORKERS processes (pytest-xdist) share the tests, a whole file each (--dist loadfile) so a module's fixtures
 # (a loaded model, a started server) are built once; TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
-test: venv system-deps llama-cpp
+test: venv system-deps llama-cpp lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: venv system-deps
