@@ -1,7 +1,7 @@
 """The speculative decoding engine: prefill → (propose → verify → accept → stream) until each request stops.
 
-`SpecEngine.step()` is one scheduler iteration: new requests are prefilled, then every running row takes one batched
-round (propose, verify in one forward, accept, commit). How deep a round verifies is the planner's call
+`SpecEngine.step()` is one scheduler iteration: new requests are prefilled (prefill.py), then every running row takes
+one batched round (propose, verify in one forward, accept, commit). How deep a round verifies is the planner's call
 (planner.py); the round, token trees, state, devices, forks and sessions are described in DESIGN.md beside this file.
 
 Requests may join (`add_request`) and leave (finish, `abort`) between steps: continuous batching. The engine is
@@ -24,17 +24,17 @@ from deepspec.decoding.detokenizer import IncrementalDetokenizer
 from deepspec.decoding.drafter import Drafter, DraftSampling, KVDrafter, PaddedProposal
 from deepspec.decoding.grammar_walks import cut_chains, cut_tree, mask_chains, mask_trees, walk_rows
 from deepspec.decoding.host_threads import torch_threads
-from deepspec.decoding.logprobs import TokenLogprob, emitted_logprobs, scored_logits, token_logprobs
+from deepspec.decoding.logprobs import TokenLogprob, emitted_logprobs
 from deepspec.decoding.params import GenerationResult, SamplingParams, StepOutput
 from deepspec.decoding.phases import PhaseTimer, untimed
 from deepspec.decoding.planner import EngineShape, RoundPlanner
-from deepspec.decoding.prefill_plan import prefill_runs
+from deepspec.decoding.prefill import PrefillRunner
 from deepspec.decoding.sequence import SequenceState, fork_parent, take_unheard
 from deepspec.decoding.session_memory import SessionMemory
-from deepspec.decoding.structured import GrammarCompiler, mask_logits_
+from deepspec.decoding.structured import GrammarCompiler
 from deepspec.decoding.tree import first_children, node_depths, with_root
 from deepspec.decoding.validation import RequestError, RequestErrorCode, validate_request
-from deepspec.decoding.verify import RowSampling, fresh_seed, sample_next, verify_result, verify_tree
+from deepspec.decoding.verify import RowSampling, fresh_seed, verify_result, verify_tree
 from deepspec.models.target import Target, TreeSlotCache
 from deepspec.models.tree_attention import check_parents
 
@@ -70,7 +70,6 @@ class SpecEngine:
         self.max_seq_len = min(max_seq_len, target.max_seq_len)
         #: drafts verified per row and round at most: chain slots, or tree nodes (the cache slack below fits them)
         self.num_speculative_tokens = num_speculative_tokens if drafter is not None else 0
-        self.prefill_chunk_size = prefill_chunk_size
         #: tokens one verify pass may score across all rows; past it a batched forward stops being memory-bound on
         #: CPU and every extra draft slot costs real time, so large batches draft shorter blocks
         self.max_verify_tokens = max_verify_tokens
@@ -91,20 +90,18 @@ class SpecEngine:
         self.batch_state = BatchState(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 2, target.device)
         #: the drafter's commit and slot-move hooks, for drafters with state of their own (None = it reads the view)
         self._kv_drafter = drafter if isinstance(drafter, KVDrafter) else None
-        #: how deep each round verifies (deepspec/decoding/planner.py); by default what the drafter proposes
-        self.planner = planner if planner is not None else RoundPlanner()
-        self.planner.bind(
-            EngineShape(
-                target,
-                drafter,
-                max_batch_size,
-                self.max_seq_len,
-                self.num_speculative_tokens,
-                max_verify_tokens,
-                self.feature_layers,
-                self.cache,
-            )
+        #: runs each prefill group through the target and starts its sequences (prefill.py)
+        self._prefill_runner = PrefillRunner(
+            target,
+            self.cache,
+            self.batch_state,
+            self._kv_drafter,
+            chunk_size=prefill_chunk_size,
+            feature_layers=self.feature_layers,
+            max_seq_len=self.max_seq_len,
         )
+        #: how deep each round verifies (deepspec/decoding/planner.py); by default what the drafter proposes
+        self.planner = self._bind_planner(planner)
         self._rng = torch.Generator().manual_seed(seed)
         self._eos = frozenset(target.eos_token_ids)
         self._running: list[SequenceState] = []  # index == slot
@@ -113,17 +110,42 @@ class SpecEngine:
         self._by_id: dict[str, SequenceState] = {}
         #: waiting request id -> the sequences forked from its prompt, placed in slots when its prefill completes
         self._forks: dict[str, list[SequenceState]] = {}
-        #: prompt tokens run through the target so far (forks share their parent's)
-        self.prompt_tokens_computed = 0
         self._finished: dict[str, SequenceState] = {}  # only requests added with keep_result=True
         #: the context each step phase runs in: untimed unless `profile` is on (deepspec/decoding/phases.py)
         self._phase = untimed
+
+    def _bind_planner(self, planner: RoundPlanner | None) -> RoundPlanner:
+        """The round planner (by default one that verifies what the drafter proposes), bound once to this engine."""
+        planner = planner if planner is not None else RoundPlanner()
+        planner.bind(
+            EngineShape(
+                self.target,
+                self.drafter,
+                self.max_batch_size,
+                self.max_seq_len,
+                self.num_speculative_tokens,
+                self.max_verify_tokens,
+                self.feature_layers,
+                self.cache,
+            )
+        )
+        return planner
 
     # ---- admission ---------------------------------------------------------------------------------------------
     @property
     def num_running(self) -> int:
         """Sequences holding a slot, forks waiting on their parent's prefill included."""
         return len(self._running) + sum(len(forks) for forks in self._forks.values())
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens run through the target so far (forks share their parent's)."""
+        return self._prefill_runner.tokens_computed
+
+    @property
+    def prefill_chunk_size(self) -> int:
+        """The longest prefill forward, in prompt positions (the prefill runner's chunk)."""
+        return self._prefill_runner.chunk_size
 
     @property
     def num_free_slots(self) -> int:
@@ -227,7 +249,8 @@ class SpecEngine:
         one is waiting."""
         outputs: dict[str, StepOutput] = {}
         with self._phase("prefill"):
-            for out in self._prefill_step(budgeted=self._num_decoding() > 0):
+            budget = self.prefill_tokens_per_step if self._num_decoding() > 0 else None
+            for out in self._prefill_runner.step(self._running, budget, self._forks, self._place_forks):
                 outputs[out.request_id] = out
         with self._phase("release"):
             self._release([s for s in self._running if s.finish_reason])
@@ -248,147 +271,24 @@ class SpecEngine:
         `_release` keeps the prefilled rows in front), so a decode round reads its cache rows as one view."""
         return next((i for i, s in enumerate(self._running) if not s.prefilled), len(self._running))
 
-    def _prefill_step(self, budgeted: bool) -> list[StepOutput]:
-        """Prefill waiting prompts in slot order, grouped (`_prefill_groups`). Budgeted: at most
-        prefill_tokens_per_step padded tokens this step; a group that does not fit goes on with its first row only, in
-        chunks across steps, and the rows behind it wait, so rows complete in slot order."""
-        outputs: list[StepOutput] = []
-        budget = self.prefill_tokens_per_step
-        for group in self._prefill_groups():
-            if not budgeted:
-                outputs += self._prefill(group, None)
-                continue
-            if budget <= 0:
-                break
-            width = max(len(s.prompt) - s.prefill_pos for s in group)
-            cut = width * len(group) > budget and len(group) > 1
-            if cut:
-                group = group[:1]
-                width = len(group[0].prompt) - group[0].prefill_pos
-            outputs += self._prefill(group, budget)
-            budget -= min(width, budget) * len(group)
-            if cut or not group[0].prefilled:
-                break
-        return outputs
-
-    def _prefill_groups(self) -> list[list[SequenceState]]:
-        """Waiting sequences grouped for prefill forwards (prefill_plan.prefill_runs)."""
-        waiting = [s for s in self._running if not s.prefilled]
-        runs = prefill_runs([(s.slot, s.prefill_pos, len(s.prompt) - s.prefill_pos) for s in waiting])
-        return [[waiting[i] for i in run] for run in runs]
-
-    def _prefill(self, seqs: list[SequenceState], max_tokens: int | None) -> list[StepOutput]:
-        """Prefill sequences of adjacent slots at one prefill position in one batch (right-padded, chunked), up to
-        `max_tokens` positions further (None: to the end), and sample the first token of each one that completes.
-        What a sequence needs across steps (its draft features, its prompt's logprobs) waits on the sequence."""
-        device = self.target.device
-        lengths = [len(s.prompt) for s in seqs]
-        start, width = seqs[0].prefill_pos, max(lengths)
-        end = width if max_tokens is None else min(width, start + max_tokens)
-        prompts = torch.tensor(
-            [s.prompt + [0] * (width - len(s.prompt)) for s in seqs], dtype=torch.long, device=device
-        )
-        last = torch.tensor(lengths, device=device) - 1
-        view = self.cache.rows(seqs[0].slot, len(seqs))
-        logits = torch.empty(len(seqs), self.target.vocab_size, device=device)
-        #: rows that score their prompt need every position's logits; the others only their last one's
-        scored = [row for row, s in enumerate(seqs) if s.params.prompt_logprobs is not None]
-        for row in scored:
-            if seqs[row].prompt_logprobs is None:
-                seqs[row].prompt_logprobs = [None]  # nothing predicts the first prompt token
-        for a in range(start, end, self.prefill_chunk_size):
-            b = min(a + self.prefill_chunk_size, end)
-            ends_here = (last >= a) & (last < b)
-            at_last = (last - a).clamp(0, b - a - 1)
-            wanted = "all" if scored else (at_last if bool(ends_here.any()) else "none")
-            out = self.target.forward(
-                prompts[:, a:b],
-                torch.full((len(seqs),), a, device=device),
-                view,
-                feature_layers=self.feature_layers,
-                logits=wanted,
-                max_start=a,
-            )
-            if out.logits is not None:
-                chunk_logits = (
-                    out.logits
-                    if not scored
-                    else out.logits.gather(1, at_last[:, None, None].expand(-1, 1, out.logits.shape[2]))
-                )
-                logits[ends_here] = chunk_logits[ends_here, 0]
-            for row in scored:  # position p predicts prompt token p + 1
-                stop = min(b, lengths[row] - 1)
-                if stop > a:
-                    self._score_prompt(seqs[row], out.logits, row, prompts[row, a + 1 : stop + 1])
-            if out.features is not None:
-                for row, seq in enumerate(seqs):
-                    seq.prefill_features.append(out.features[row : row + 1])
-        outputs, forked = [], []
-        for row, seq in enumerate(seqs):
-            self.prompt_tokens_computed += max(0, min(end, lengths[row]) - seq.prefill_pos)
-            seq.prefill_pos = seq.cache_len = min(end, lengths[row])
-            if seq.prefill_pos == lengths[row]:
-                features = torch.cat(seq.prefill_features, 1)[:, : lengths[row]] if seq.prefill_features else None
-                seq.prefill_features = []
-                if seq.request_id in self._forks:
-                    forked.append((seq, logits[row : row + 1].clone(), features))
-                outputs.append(self._finish_prefill(seq, logits[row : row + 1], features))
-        for parent, parent_logits, features in forked:  # after the whole group: its rows are the prefilled prefix
-            for fork in self._forks.pop(parent.request_id):
-                self._place_fork(parent, fork)
-                outputs.append(self._finish_prefill(fork, parent_logits.clone(), features))
-        return outputs
-
-    @staticmethod
-    def _score_prompt(seq: SequenceState, logits: torch.Tensor | None, row: int, targets: torch.Tensor) -> None:
-        """Append the logprobs of prompt tokens `targets` [N] to a scoring row's prompt_logprobs; `logits` is the
-        chunk's [B, >= N, V], there because a scored prefill asks for every position's."""
-        num_top = seq.params.prompt_logprobs
-        assert logits is not None and num_top is not None and seq.prompt_logprobs is not None
-        seq.prompt_logprobs += token_logprobs(logits[row, : len(targets)], targets, num_top)
-
-    def _place_fork(self, parent: SequenceState, fork: SequenceState) -> None:
-        """Give a fork the slot right after the prefilled rows (the waiting rows behind shift one slot, in order)
-        and a copy of its parent's prompt KV: it is then prefilled too, with nothing computed."""
-        at = self._num_decoding()
-        self._running.append(fork)  # a placeholder at the end, overwritten by the shift
-        for src in range(len(self._running) - 2, at - 1, -1):
-            self._move(src, src + 1)
-        self._running[at], fork.slot = fork, at
-        self.batch_state.admit(at, fork.sequence_id, fork.params)
-        n = len(parent.prompt)
-        self.cache.move_slot(parent.slot, fork.slot, n)
-        fork.prefill_pos = fork.cache_len = n
-        if parent.prompt_logprobs is not None and fork.params.prompt_logprobs is not None:
-            fork.prompt_logprobs = list(parent.prompt_logprobs)
-
-    def _finish_prefill(self, seq: SequenceState, logits: torch.Tensor, feats: torch.Tensor | None) -> StepOutput:
-        """The prompt is in the cache: sample its first token from the last position's logits [1, V], give the
-        drafter the prompt and its features [1, n, F] (None without), and commit."""
-        if seq.grammar is not None:
-            mask_logits_(logits, seq.grammar.root_mask())
-        first = self._first_token(seq, logits[0])
-        first_logprobs = None
-        if seq.params.logprobs is not None:
-            first_logprobs = token_logprobs(
-                scored_logits(logits, [seq.params]), torch.tensor([first]), seq.params.logprobs
-            )
-        seq.prefilled, seq.pending = True, first
-        self.batch_state.append(seq.slot, seq.prompt + [first])
-        if self._kv_drafter is not None:
-            self._kv_drafter.start(seq.slot, seq.prompt + [first], feats)
-        if seq.params.max_tokens == 0:  # prompt scoring only: nothing is generated
-            seq.finish_reason = "length"
-        out = seq.commit([first] if seq.params.max_tokens else [], first_logprobs, self.max_seq_len)
-        if seq.prompt_logprobs is not None:
-            out.prompt_logprobs = seq.prompt_logprobs
-        return out
-
-    def _first_token(self, seq: SequenceState, logits: torch.Tensor) -> int:
-        p = seq.params
-        if p.greedy:
-            return int(logits.argmax())
-        return int(sample_next(logits[None], RowSampling.draw([p], [seq.generator], logits.device))[0])
+    def _place_forks(self, parent: SequenceState) -> list[SequenceState]:
+        """Give each fork of a parent whose prefill completed the slot right after the prefilled rows (the waiting
+        rows behind shift one slot, in order) and a copy of its parent's prompt KV: it is then prefilled too, with
+        nothing computed (the prefill runner starts it). → the forks, placed."""
+        forks = self._forks.pop(parent.request_id)
+        for fork in forks:
+            at = self._num_decoding()
+            self._running.append(fork)  # a placeholder at the end, overwritten by the shift
+            for src in range(len(self._running) - 2, at - 1, -1):
+                self._move(src, src + 1)
+            self._running[at], fork.slot = fork, at
+            self.batch_state.admit(at, fork.sequence_id, fork.params)
+            n = len(parent.prompt)
+            self.cache.move_slot(parent.slot, fork.slot, n)
+            fork.prefill_pos = fork.cache_len = n
+            if parent.prompt_logprobs is not None and fork.params.prompt_logprobs is not None:
+                fork.prompt_logprobs = list(parent.prompt_logprobs)
+        return forks
 
     def _draft_caps(self) -> list[int]:
         """Per row, how many drafts are worth verifying: within the row's budget and the step's token budget."""
