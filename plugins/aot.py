@@ -68,142 +68,111 @@ def _ptrs(**names) -> dict:
     return {n: f"*{t}" for n, t in names.items()}
 
 
+#: the modules the kernels live in, and the vocabulary tile every kernel that streams logits is built with
+_CHAIN, _TREE = "plugins.kernels.chain", "plugins.kernels.tree"
+_BLOCK_V = {"BLOCK_V": AOT_BLOCK_V}
+#: what both KV compactions read: the cache, each row's start, its accepted path and the path's length
+_KV_PATH_PTRS = _ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64")
+#: the sampling parameters and seeds a sampled acceptance kernel reads, after its draft pointers
+_SAMPLING_PTRS = _ptrs(q_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32", seed_ptr="i64")
+
+
 def kernel_specs() -> list[KernelSpec]:
-    chain, tree = "plugins.kernels.chain", "plugins.kernels.tree"
-    bv = {"BLOCK_V": AOT_BLOCK_V}
-    specs = [
-        KernelSpec(
-            "greedy_accept_kernel",
-            chain,
-            "",
-            {
-                **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32"),
-                "K": "i32",
-                "V": "i32",
-                **_ptrs(out_num_ptr="i64", out_next_ptr="i64"),
-                "BLOCK_V": "constexpr",
-            },
-            bv,
-        ),
-        KernelSpec(
-            "process_logits_kernel",
-            chain,
-            "",
-            {
-                **_ptrs(logits_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32"),
-                "T_LEN": "i32",
-                "V": "i32",
-                **_ptrs(out_ptr="fp32"),
-                "BLOCK_V": "constexpr",
-            },
-            bv,
-        ),
-        KernelSpec(
-            "compact_kv_kernel",
-            tree,
-            "",
-            {
-                **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
-                "H": "i32",
-                "N": "i32",
-                "stride_l": "i64",
-                "stride_b": "i64",
-                "stride_h": "i64",
-                "stride_s": "i64",
-                "D": "i32",
-                "BLOCK_D": "constexpr",
-            },
-            {"BLOCK_D": 128},
-        ),
-        KernelSpec(
-            "compact_kv_out_kernel",
-            tree,
-            "",
-            {
-                **_ptrs(cache_ptr="fp32", start_ptr="i64", path_ptr="i64", num_ptr="i64"),
-                "B": "i32",
-                "H": "i32",
-                "S": "i32",
-                "N": "i32",
-                "D": "i32",
-                **_ptrs(out_ptr="fp32"),
-                "BLOCK_S": "constexpr",
-                "BLOCK_D": "constexpr",
-            },
-            {"BLOCK_S": AOT_BLOCK_S, "BLOCK_D": AOT_BLOCK_D},
-        ),
-    ]
-    for block_k in AOT_SLOT_BLOCKS:
-        specs.append(
-            KernelSpec(
-                "confidence_truncate_kernel",
-                chain,
-                f"k{block_k}",
-                {
-                    **_ptrs(conf_ptr="fp32", num_ptr="i64"),
-                    "K": "i32",
-                    **_ptrs(out_num_ptr="i64", out_surv_ptr="fp32"),
-                    "THRESHOLD": "constexpr",
-                    "BLOCK_K": "constexpr",
-                },
-                {"THRESHOLD": AOT_THRESHOLD, "BLOCK_K": block_k},
-            )
-        )
+    """Every kernel variant the build compiles, in index order: the greedy and logits-processing chain kernels, the
+    two KV compactions, confidence_truncate per slot block, then for each draft-probability mode (q given, or
+    one-hot) rejection sampling and tree acceptance per node block."""
+    specs = [_greedy_accept_spec(), _process_logits_spec(), _compact_kv_spec(), _compact_kv_out_spec()]
+    specs += [_confidence_truncate_spec(block_k) for block_k in AOT_SLOT_BLOCKS]
     for has_q in (False, True):
-        specs.append(
-            KernelSpec(
-                "rejection_sample_kernel",
-                chain,
-                "q" if has_q else "one_hot_q",
-                {
-                    **_ptrs(
-                        draft_ptr="i64",
-                        num_ptr="i64",
-                        logits_ptr="fp32",
-                        q_ptr="fp32",
-                        temp_ptr="fp32",
-                        topk_ptr="i64",
-                        topp_ptr="fp32",
-                        seed_ptr="i64",
-                    ),
-                    "K": "i32",
-                    "V": "i32",
-                    **_ptrs(out_num_ptr="i64", out_next_ptr="i64"),
-                    "HAS_Q": "constexpr",
-                    "BLOCK_V": "constexpr",
-                },
-                {"HAS_Q": has_q, **bv},
-            )
-        )
-        for block_n in AOT_NODE_BLOCKS:
-            specs.append(
-                KernelSpec(
-                    "tree_accept_kernel",
-                    tree,
-                    ("q" if has_q else "one_hot_q") + f"-n{block_n}",
-                    {
-                        **_ptrs(
-                            tokens_ptr="i64",
-                            parents_ptr="i64",
-                            num_ptr="i64",
-                            logits_ptr="fp32",
-                            q_ptr="fp32",
-                            temp_ptr="fp32",
-                            topk_ptr="i64",
-                            topp_ptr="fp32",
-                            seed_ptr="i64",
-                        ),
-                        "N": "i32",
-                        "V": "i32",
-                        **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
-                        "HAS_Q": "constexpr",
-                        "BLOCK_N": "constexpr",
-                        "BLOCK_V": "constexpr",
-                    },
-                    {"HAS_Q": has_q, "BLOCK_N": block_n, **bv},
-                )
-            )
+        specs.append(_rejection_sample_spec(has_q))
+        specs += [_tree_accept_spec(has_q, block_n) for block_n in AOT_NODE_BLOCKS]
     return specs
+
+
+def _greedy_accept_spec() -> KernelSpec:
+    inputs = _ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32")
+    return _vocab_streaming_spec("greedy_accept_kernel", inputs, "K", _ptrs(out_num_ptr="i64", out_next_ptr="i64"))
+
+
+def _process_logits_spec() -> KernelSpec:
+    inputs = _ptrs(logits_ptr="fp32", temp_ptr="fp32", topk_ptr="i64", topp_ptr="fp32")
+    return _vocab_streaming_spec("process_logits_kernel", inputs, "T_LEN", _ptrs(out_ptr="fp32"))
+
+
+def _vocab_streaming_spec(kernel: str, inputs: dict, length: str, outputs: dict) -> KernelSpec:
+    """A chain kernel that streams each row's vocabulary in BLOCK_V tiles: its input pointers, the row's length
+    (`length`) and V, its output pointers."""
+    signature = {**inputs, length: "i32", "V": "i32", **outputs, "BLOCK_V": "constexpr"}
+    return KernelSpec(kernel, _CHAIN, "", signature, _BLOCK_V)
+
+
+def _compact_kv_spec() -> KernelSpec:
+    """In place, over a cache's strides."""
+    strides = _scalars("i64", "stride_l", "stride_b", "stride_h", "stride_s")
+    signature = {**_KV_PATH_PTRS, **_scalars("i32", "H", "N"), **strides, "D": "i32", "BLOCK_D": "constexpr"}
+    return KernelSpec("compact_kv_kernel", _TREE, "", signature, {"BLOCK_D": 128})
+
+
+def _compact_kv_out_spec() -> KernelSpec:
+    """Out of place, into a contiguous output (what a TensorRT plugin can write)."""
+    signature = {
+        **_KV_PATH_PTRS,
+        **_scalars("i32", "B", "H", "S", "N", "D"),
+        **_ptrs(out_ptr="fp32"),
+        **_scalars("constexpr", "BLOCK_S", "BLOCK_D"),
+    }
+    return KernelSpec("compact_kv_out_kernel", _TREE, "", signature, {"BLOCK_S": AOT_BLOCK_S, "BLOCK_D": AOT_BLOCK_D})
+
+
+def _scalars(kind: str, *names: str) -> dict:
+    """Signature entries of one kind (an integer type, or constexpr), in order."""
+    return dict.fromkeys(names, kind)
+
+
+def _confidence_truncate_spec(block_k: int) -> KernelSpec:
+    signature = {
+        **_ptrs(conf_ptr="fp32", num_ptr="i64"),
+        "K": "i32",
+        **_ptrs(out_num_ptr="i64", out_surv_ptr="fp32"),
+        "THRESHOLD": "constexpr",
+        "BLOCK_K": "constexpr",
+    }
+    constexprs = {"THRESHOLD": AOT_THRESHOLD, "BLOCK_K": block_k}
+    return KernelSpec("confidence_truncate_kernel", _CHAIN, f"k{block_k}", signature, constexprs)
+
+
+def _rejection_sample_spec(has_q: bool) -> KernelSpec:
+    signature = {
+        **_ptrs(draft_ptr="i64", num_ptr="i64", logits_ptr="fp32"),
+        **_SAMPLING_PTRS,
+        "K": "i32",
+        "V": "i32",
+        **_ptrs(out_num_ptr="i64", out_next_ptr="i64"),
+        "HAS_Q": "constexpr",
+        "BLOCK_V": "constexpr",
+    }
+    return KernelSpec("rejection_sample_kernel", _CHAIN, _q_variant(has_q), signature, {"HAS_Q": has_q, **_BLOCK_V})
+
+
+def _tree_accept_spec(has_q: bool, block_n: int) -> KernelSpec:
+    signature = {
+        **_ptrs(tokens_ptr="i64", parents_ptr="i64", num_ptr="i64", logits_ptr="fp32"),
+        **_SAMPLING_PTRS,
+        "N": "i32",
+        "V": "i32",
+        **_ptrs(out_num_ptr="i64", out_next_ptr="i64", out_path_ptr="i64"),
+        "HAS_Q": "constexpr",
+        "BLOCK_N": "constexpr",
+        "BLOCK_V": "constexpr",
+    }
+    constexprs = {"HAS_Q": has_q, "BLOCK_N": block_n, **_BLOCK_V}
+    return KernelSpec("tree_accept_kernel", _TREE, f"{_q_variant(has_q)}-n{block_n}", signature, constexprs)
+
+
+def _q_variant(has_q: bool) -> str:
+    """The variant name of a sampled acceptance kernel: built for the draft's probabilities q, or for one-hot q
+    (a draft that gives none)."""
+    return "q" if has_q else "one_hot_q"
 
 
 def compile_kernel(spec: KernelSpec, arch: int):

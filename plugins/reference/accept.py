@@ -7,6 +7,8 @@ Words (after vLLM's rejection sampler, arXiv 2211.17192): *accepted* drafts surv
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -127,48 +129,94 @@ def rejection_sample(
     top_p: torch.Tensor,  # [B] float32, 1 = off
     seeds: torch.Tensor,  # [B] int64
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """→ (num_accepted [B], next_token [B]), next_token being the recovered or the bonus token."""
-    B, k = draft_tokens.shape
+    """→ (num_accepted [B], next_token [B]), next_token being the recovered or the bonus token: each row walks its
+    drafts until one is rejected (`_walk_drafts`), a row that rejected none takes p at the bonus slot
+    (`_take_bonus_slot`), and the next token is drawn from the residual or p (`_next_token_weights`)."""
     greedy = temperature <= 0
-    scale_by = torch.where(greedy, torch.ones_like(temperature), temperature)
-    if k == 0:  # target-only sampling, every step of it: the bonus draw alone, as the general path below draws it
-        z = scale(target_logits[:, 0], scale_by)
-        bonus = sample_index(
-            process(z, top_k, top_p).weights(),
-            uniforms(seeds, torch.ones(B, 1, dtype=torch.long, device=z.device)).squeeze(1),
-        )
-        if bool(greedy.any()):
-            bonus = torch.where(greedy, z.argmax(dim=-1), bonus)
-        return torch.zeros(B, dtype=torch.long, device=z.device), bonus
-    u = uniforms(seeds, (2 * torch.arange(k, device=draft_tokens.device))[None, :].expand(B, k))
+    rows = _RowSampling(greedy, torch.where(greedy, torch.ones_like(temperature), temperature), top_k, top_p, seeds)
+    if draft_tokens.shape[1] == 0:
+        return _sample_bonus_only(target_logits, rows)
+    stop = _walk_drafts(draft_tokens, num_draft_tokens, target_logits, draft_probs, rows)
+    _take_bonus_slot(stop, target_logits, rows)
+    weights = _next_token_weights(stop, draft_tokens, draft_probs)
+    next_token = sample_index(weights, uniforms(seeds, (2 * stop.num_accepted + 1)[:, None]).squeeze(1))
+    if bool(greedy.any()):
+        next_token = torch.where(greedy, stop.argmax, next_token)
+    return stop.num_accepted, next_token
+
+
+class _RowSampling(NamedTuple):
+    """Each row's sampling: greedy [B] bool, the temperature logits are divided by [B] (1 for greedy rows), top-k,
+    top-p and the seed its uniforms are drawn from."""
+
+    greedy: torch.Tensor
+    scale_by: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seeds: torch.Tensor
+
+
+class _Stop(NamedTuple):
+    """Where each row's walk through its drafts stopped, and the target's distribution there (filled in place)."""
+
+    num_accepted: torch.Tensor  # [B] int64
+    rejected: torch.Tensor  # [B] bool: stopped at a rejected draft (else: at the bonus slot after its drafts)
+    weights: torch.Tensor  # [B, V] the processed p there, unnormalized
+    mass: torch.Tensor  # [B] that p's total weight
+    argmax: torch.Tensor  # [B] int64 the argmax there (read for greedy rows)
+
+
+def _sample_bonus_only(target_logits: torch.Tensor, rows: _RowSampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-only sampling (no drafts), every step of it: the bonus draw alone, as the general path draws it."""
+    B = target_logits.shape[0]
+    z = scale(target_logits[:, 0], rows.scale_by)
+    bonus = sample_index(
+        process(z, rows.top_k, rows.top_p).weights(),
+        uniforms(rows.seeds, torch.ones(B, 1, dtype=torch.long, device=z.device)).squeeze(1),
+    )
+    if bool(rows.greedy.any()):
+        bonus = torch.where(rows.greedy, z.argmax(dim=-1), bonus)
+    return torch.zeros(B, dtype=torch.long, device=z.device), bonus
+
+
+def _walk_drafts(
+    draft_tokens: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    rows: _RowSampling,
+) -> _Stop:
+    """Accept drafts slot by slot over the rows still accepting: a row's distribution is processed only up to its
+    first rejection, so a step costs (accepted + 1) passes over the vocabulary per row, not k + 1; a rejected row
+    keeps the distribution it was rejected on, which is the one its recovered token is drawn from."""
+    B, k = draft_tokens.shape
+    dev, V = draft_tokens.device, target_logits.shape[-1]
+    u = uniforms(rows.seeds, (2 * torch.arange(k, device=dev))[None, :].expand(B, k))
     if draft_probs is None:
-        q_draft = torch.ones(B, k, device=draft_tokens.device)
+        q_draft = torch.ones(B, k, device=dev)
     else:
         q_draft = draft_probs.gather(2, draft_tokens[..., None]).squeeze(2).to(torch.float32)
-
-    # slot by slot over the rows still accepting: a row's distribution is processed only up to its first
-    # rejection, so a step costs (accepted + 1) passes over the vocabulary per row, not k + 1; a rejected row keeps
-    # the distribution it was rejected on, which is the one its recovered token is drawn from
-    dev, V = draft_tokens.device, target_logits.shape[-1]
-    num_accepted = torch.zeros(B, dtype=torch.long, device=dev)
-    settled = torch.zeros(B, dtype=torch.bool, device=dev)
-    w_at = torch.ones(B, V, device=dev)  # unnormalized p at each row's last slot
-    mass_at = torch.ones(B, device=dev)
-    argmax_at = torch.zeros(B, dtype=torch.long, device=dev)
+    stop = _Stop(
+        torch.zeros(B, dtype=torch.long, device=dev),
+        torch.zeros(B, dtype=torch.bool, device=dev),
+        torch.ones(B, V, device=dev),
+        torch.ones(B, device=dev),
+        torch.zeros(B, dtype=torch.long, device=dev),
+    )
     alive = (num_draft_tokens > 0).nonzero().squeeze(1)
     for j in range(k):
         if not alive.numel():
             break
-        z = scale(_slot(target_logits, alive, j), scale_by[alive])
+        z = scale(_slot(target_logits, alive, j), rows.scale_by[alive])
         token = draft_tokens[alive, j]
-        row_greedy = greedy[alive]
+        row_greedy = rows.greedy[alive]
         proc, argmax = None, None
         if bool(row_greedy.any()):
             argmax = z.argmax(dim=-1)
         if bool(row_greedy.all()):
             ok = token == argmax
         else:
-            proc = process(z, top_k[alive], top_p[alive])
+            proc = process(z, rows.top_k[alive], rows.top_p[alive])
             p = proc.probs_at(token[:, None]).squeeze(1)
             q = q_draft[alive, j]
             # accept with probability min(1, p / q); a q of 0 never accepts
@@ -176,44 +224,51 @@ def rejection_sample(
             ok = u[alive, j] < ratio
             if argmax is not None:
                 ok = torch.where(row_greedy, token == argmax, ok)
-        num_accepted[alive] += ok.long()
+        stop.num_accepted[alive] += ok.long()
         if not bool(ok.all()):
-            rows = alive[~ok]
-            settled[rows] = True
+            stopped = alive[~ok]
+            stop.rejected[stopped] = True
             if argmax is not None:
-                argmax_at[rows] = argmax[~ok]
+                stop.argmax[stopped] = argmax[~ok]
             if proc is not None:
-                w_at[rows], mass_at[rows] = proc.weights()[~ok], proc.mass[~ok]
+                stop.weights[stopped], stop.mass[stopped] = proc.weights()[~ok], proc.mass[~ok]
         alive = alive[ok & (num_draft_tokens[alive] > j + 1)]
-    rest = (~settled).nonzero().squeeze(1)  # no drafts or all accepted: the bonus slot after the block
-    if rest.numel():
-        z = scale(target_logits[rest, num_accepted[rest]], scale_by[rest])
-        proc = process(z, top_k[rest], top_p[rest])
-        w_at[rest], mass_at[rest] = proc.weights(), proc.mass
-        if bool(greedy.any()):
-            argmax_at[rest] = z.argmax(dim=-1)
+    return stop
 
-    rejected = settled
-    slot = num_accepted.clamp(max=max(k - 1, 0))
+
+def _take_bonus_slot(stop: _Stop, target_logits: torch.Tensor, rows: _RowSampling) -> None:
+    """Rows with no drafts or every draft accepted stop at the bonus slot after their block: its p, into `stop`."""
+    rest = (~stop.rejected).nonzero().squeeze(1)
+    if rest.numel():
+        z = scale(target_logits[rest, stop.num_accepted[rest]], rows.scale_by[rest])
+        proc = process(z, rows.top_k[rest], rows.top_p[rest])
+        stop.weights[rest], stop.mass[rest] = proc.weights(), proc.mass
+        if bool(rows.greedy.any()):
+            stop.argmax[rest] = z.argmax(dim=-1)
+
+
+def _next_token_weights(stop: _Stop, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    """[B, V] what each row's next token is drawn from: p at the bonus slot, or after a rejection the residual
+    normalize(max(0, p - q)) (unnormalized where the draw does not need it)."""
+    B, k = draft_tokens.shape
+    rejected = stop.rejected
+    slot = stop.num_accepted.clamp(max=max(k - 1, 0))
     if draft_probs is None or not bool(rejected.any()):
         # sampling needs no normalization; with a one-hot q the residual is p without the rejected draft (never
         # empty: a draft holding all of p's mass is always accepted)
-        weights = w_at
+        weights = stop.weights
         if k and bool(rejected.any()):
             rows = rejected.nonzero().squeeze(1)
             weights[rows, draft_tokens[rows, slot[rows]]] = 0.0
-    else:
-        p_at = w_at / mass_at[:, None]
-        residual = (p_at - draft_probs[torch.arange(B, device=dev), slot].to(torch.float32)).clamp_(min=0.0)
-        # p == q exactly leaves no residual; rejection then had probability 0, so p itself is the fallback
-        usable = rejected & (residual.sum(dim=-1) > 0)
-        # a row that was not rejected keeps its unnormalized p, as where no row was rejected: a row's draw does not
-        # depend on the other rows
-        weights = torch.where(usable[:, None], residual, torch.where(rejected[:, None], p_at, w_at))
-    next_token = sample_index(weights, uniforms(seeds, (2 * num_accepted + 1)[:, None]).squeeze(1))
-    if bool(greedy.any()):
-        next_token = torch.where(greedy, argmax_at, next_token)
-    return num_accepted, next_token
+        return weights
+    p_at = stop.weights / stop.mass[:, None]
+    dev = draft_tokens.device
+    residual = (p_at - draft_probs[torch.arange(B, device=dev), slot].to(torch.float32)).clamp_(min=0.0)
+    # p == q exactly leaves no residual; rejection then had probability 0, so p itself is the fallback
+    usable = rejected & (residual.sum(dim=-1) > 0)
+    # a row that was not rejected keeps its unnormalized p, as where no row was rejected: a row's draw does not
+    # depend on the other rows
+    return torch.where(usable[:, None], residual, torch.where(rejected[:, None], p_at, stop.weights))
 
 
 def rejection_walk(
