@@ -40,6 +40,11 @@ import argparse
 import math
 import os
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from loadtest.arrivals import LoadPoint
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_GRPC_ADDRESS = "127.0.0.1:50051"
@@ -84,14 +89,22 @@ def _int_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from loadtest.workload import DEFAULT_EVAL_DIR
-
     p = argparse.ArgumentParser(
         prog="python -m loadtest",
         description=(__doc__ or "").split("\n\nThis module")[0],
         epilog=METRICS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_endpoint_args(p)
+    _add_load_args(p)
+    _add_workload_args(p)
+    _add_results_args(p)
+    _add_other_mode_args(p)
+    return p
+
+
+def _add_endpoint_args(p: argparse.ArgumentParser) -> None:
+    """Where the requests go and how each one is sent."""
     g = p.add_argument_group("endpoint")
     g.add_argument(
         "--backend",
@@ -127,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Prometheus text for spec-decode counters (default: BASE_URL/metrics; 'off' to skip)",
     )
 
+
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    """How many requests, how fast and how many at once; a comma list makes a sweep."""
     g = p.add_argument_group("load (a comma list in one of --request-rate / --max-concurrency makes a sweep)")
     g.add_argument(
         "--request-rate",
@@ -173,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--seed", type=int, default=0, help="seed for arrivals, prompt order and random prompts")
 
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    """Which prompts are sent and how long their answers may be."""
+    from loadtest.workload import DEFAULT_EVAL_DIR
+
     g = p.add_argument_group("workload")
     g.add_argument(
         "--dataset-name",
@@ -205,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
 
+
+def _add_results_args(p: argparse.ArgumentParser) -> None:
+    """What is reported and where it is written."""
     g = p.add_argument_group("results")
     g.add_argument(
         "--slo",
@@ -226,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--plan", action="store_true", help="print the load points and workload, send nothing")
 
+
+def _add_other_mode_args(p: argparse.ArgumentParser) -> None:
+    """Modes that send no load: comparing two reports, serving a fake endpoint."""
     g = p.add_argument_group("other modes")
     g.add_argument(
         "--compare", nargs=2, metavar=("A.json", "B.json"), help="print A and B side by side with B/A ratios"
@@ -244,7 +271,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="fake server: tokens per chunk (>1 imitates speculative decoding)",
     )
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,7 +356,57 @@ def _event_loop_runner():
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The validated load: what `--plan` prints and what the run sends."""
+
+    points: list[LoadPoint]
+    num_prompts: int | None
+    slo: dict[str, float] | None
+    percentiles: list[float]
+    #: the option a sweep varies ("request_rate" / "max_concurrency"), None for a single load point.
+    sweep_over: str | None
+
+
 def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    plan = _validated_plan(args, parser)
+    try:
+        requests = _workload(args)
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
+    metrics_url = _metrics_url(args)
+    target = args.grpc_address if args.backend == "grpc" else args.base_url
+    if args.plan:
+        _print_plan(args, plan, target, metrics_url)
+        return 0
+
+    from loadtest.report import format_summary, format_sweep_table, point_report
+
+    model = _served_model(args)
+    meta = _report_meta(args, target, model, plan.num_prompts)
+    results, interrupted = _event_loop_runner()(
+        _run_points(args, plan.points, requests, model, plan.num_prompts, metrics_url)
+    )
+    reports = [
+        point_report(r, meta=meta, slo=plan.slo, percentiles=plan.percentiles, detailed=args.save_detailed)
+        for r in results
+    ]
+    for r in reports:
+        print(format_summary(r, plan.percentiles))
+    if plan.sweep_over and len(reports) > 1:
+        print(f"Sweep over {plan.sweep_over}:")
+        print(format_sweep_table(reports, plan.sweep_over))
+    if args.result_file and reports:
+        _write_report(args.result_file, reports, plan.sweep_over)
+    if args.plot and results:
+        _write_plots(args.plot, results, reports, plan.sweep_over)
+    if interrupted:
+        return 130
+    return 0 if any(r["completed"] for r in reports) else 1
+
+
+def _validated_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> _Plan:
+    """Check the options that argparse cannot check alone; a bad one exits with a usage error (status 2)."""
     from loadtest.arrivals import LoadPoint
     from loadtest.metrics import parse_slo
 
@@ -353,49 +429,55 @@ def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     except ValueError as e:
         parser.error(str(e))
     sweep_over = "request_rate" if len(rates) > 1 else "max_concurrency" if len(concs) > 1 else None
+    return _Plan(points, num_prompts, slo, percentiles, sweep_over)
 
-    try:
-        requests = _workload(args)
-    except (OSError, ValueError) as e:
-        parser.error(str(e))
 
-    metrics_url = (
-        None
-        if (args.metrics_url or "").lower() == "off"
-        else args.metrics_url or args.base_url.rstrip("/") + "/metrics"
-    )
+def _metrics_url(args: argparse.Namespace) -> str | None:
+    """The spec-decode counters' URL: --metrics-url, else the server's /metrics; None when 'off'."""
+    if (args.metrics_url or "").lower() == "off":
+        return None
+    return args.metrics_url or args.base_url.rstrip("/") + "/metrics"
+
+
+def _print_plan(args: argparse.Namespace, plan: _Plan, target: str, metrics_url: str | None) -> None:
     bound = " and ".join(
         x
-        for x in (f"{num_prompts} requests" if num_prompts else "", f"{args.duration:g} s" if args.duration else "")
+        for x in (
+            f"{plan.num_prompts} requests" if plan.num_prompts else "",
+            f"{args.duration:g} s" if args.duration else "",
+        )
         if x
     )
-    target = args.grpc_address if args.backend == "grpc" else args.base_url
-    if args.plan:
-        workload = f"workload {args.dataset_name}; bound {bound}; warm-up {args.num_warmups}"
-        print(f"backend {args.backend} at {target}; {workload}")
-        for pt in points:
-            print(f"  {pt.describe()}")
-        print(f"spec-decode counters: {metrics_url or 'off'}")
-        return 0
+    workload = f"workload {args.dataset_name}; bound {bound}; warm-up {args.num_warmups}"
+    print(f"backend {args.backend} at {target}; {workload}")
+    for pt in plan.points:
+        print(f"  {pt.describe()}")
+    print(f"spec-decode counters: {metrics_url or 'off'}")
 
+
+def _served_model(args: argparse.Namespace) -> str | None:
+    """--model, else the first id the HTTP server lists; a server that cannot list gets no 'model' field (a warning)."""
+    if args.model is not None or args.backend == "grpc":
+        return args.model
     import asyncio
 
-    from loadtest.report import format_summary, format_sweep_table, point_report, sweep_report
+    from loadtest.clients.openai_http import fetch_model_ids
 
-    model = args.model
-    if model is None and args.backend != "grpc":
-        from loadtest.clients.openai_http import fetch_model_ids
+    try:
+        ids = asyncio.run(fetch_model_ids(args.base_url, api_key=args.api_key))
+    except Exception as e:
+        print(
+            f"warning: could not list models at {args.base_url}/v1/models ({type(e).__name__}: {e}); "
+            "sending no 'model' field; pass --model NAME",
+            file=sys.stderr,
+        )
+        return None
+    return ids[0] if ids else None
 
-        try:
-            ids = asyncio.run(fetch_model_ids(args.base_url, api_key=args.api_key))
-            model = ids[0] if ids else None
-        except Exception as e:
-            print(
-                f"warning: could not list models at {args.base_url}/v1/models ({type(e).__name__}: {e}); "
-                "sending no 'model' field; pass --model NAME",
-                file=sys.stderr,
-            )
-    meta = {
+
+def _report_meta(args: argparse.Namespace, target: str, model: str | None, num_prompts: int | None) -> dict:
+    """The run's settings, copied into every point's report."""
+    return {
         "backend": args.backend,
         "endpoint": {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}.get(
             args.backend, "deepspec.v1.Completions"
@@ -410,35 +492,30 @@ def _benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         "stream": not args.no_stream,
     }
 
-    results, interrupted = _event_loop_runner()(_run_points(args, points, requests, model, num_prompts, metrics_url))
-    reports = [
-        point_report(r, meta=meta, slo=slo, percentiles=percentiles, detailed=args.save_detailed) for r in results
-    ]
-    for r in reports:
-        print(format_summary(r, percentiles))
+
+def _write_report(result_file: str, reports: list[dict], sweep_over: str | None) -> None:
+    """One point's report, or a sweep report holding every point's, as JSON at `result_file`."""
+    import json
+    from pathlib import Path
+
+    from loadtest.report import sweep_report
+
+    doc = sweep_report(reports, sweep_over) if sweep_over else reports[0]
+    path = Path(result_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"report: {path}")
+
+
+def _write_plots(plot_dir: str, results: list, reports: list[dict], sweep_over: str | None) -> None:
+    """Latency CDFs of every point, and throughput against load when a sweep ran more than one point."""
+    from loadtest import plots
+
+    labels = [r.point.describe() for r in results]
+    written = [plots.plot_latency_cdfs(list(zip(labels, (r.run.outputs for r in results))), plot_dir)]
     if sweep_over and len(reports) > 1:
-        print(f"Sweep over {sweep_over}:")
-        print(format_sweep_table(reports, sweep_over))
-    if args.result_file and reports:
-        import json
-        from pathlib import Path
-
-        doc = sweep_report(reports, sweep_over) if sweep_over else reports[0]
-        path = Path(args.result_file)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"report: {path}")
-    if args.plot and results:
-        from loadtest import plots
-
-        labels = [r.point.describe() for r in results]
-        written = [plots.plot_latency_cdfs(list(zip(labels, (r.run.outputs for r in results))), args.plot)]
-        if sweep_over and len(reports) > 1:
-            written += plots.plot_sweep(reports, sweep_over, args.plot)
-        print("plots: " + ", ".join(str(p) for p in written))
-    if interrupted:
-        return 130
-    return 0 if any(r["completed"] for r in reports) else 1
+        written += plots.plot_sweep(reports, sweep_over, plot_dir)
+    print("plots: " + ", ".join(str(p) for p in written))
 
 
 def _workload(args: argparse.Namespace):

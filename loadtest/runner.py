@@ -87,84 +87,117 @@ async def run_load(
         raise ValueError("bound the run: give num_requests and/or duration_s")
     stop = stop or asyncio.Event()
     progress = progress or Progress()
-    outputs: list[RequestOutput] = []
-    state = {"in_flight": 0, "max_in_flight": 0, "cancelled": 0, "last_done": 0.0}
     t0 = time.perf_counter()
     deadline = t0 + duration_s if duration_s is not None else math.inf
-    count = 0
+    sender = _Sender(client, requests, stop, progress, num_requests, t0, deadline)
+    if math.isinf(point.request_rate) and point.max_concurrency:
+        sender.start_closed_loop(point.max_concurrency)
+    else:
+        await sender.open_loop(point, seed)
+    await _wait_or_stop(sender.tasks, stop)
+    interrupted = stop.is_set()
+    end = time.perf_counter() if interrupted or not sender.outputs else sender.last_done
+    return RunResult(
+        outputs=sender.outputs,
+        duration_s=end - t0,
+        interrupted=interrupted,
+        num_cancelled=sender.cancelled,
+        max_concurrent_requests=sender.max_in_flight,
+    )
 
-    def may_send() -> bool:
-        return not stop.is_set() and (num_requests is None or count < num_requests) and time.perf_counter() < deadline
 
-    async def one(req: RequestInput) -> None:
-        state["in_flight"] += 1
-        progress.in_flight += 1
-        progress.sent += 1
-        if state["in_flight"] > state["max_in_flight"]:
-            state["max_in_flight"] = state["in_flight"]
+@dataclass(slots=True)
+class _Sender:
+    """One run's sending: its bounds, the requests in flight and the outputs, shared by the open and closed loops."""
+
+    client: Client
+    requests: Iterator[RequestInput]
+    stop: asyncio.Event
+    progress: Progress
+    num_requests: int | None
+    t0: float
+    #: no request is sent at or after this perf_counter time (inf without a duration bound).
+    deadline: float
+    outputs: list[RequestOutput] = field(default_factory=list)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    #: requests sent so far (the bound `num_requests` counts these).
+    count: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    cancelled: int = 0
+    #: perf_counter time the last request finished; the run's end when it was not interrupted.
+    last_done: float = 0.0
+
+    def may_send(self) -> bool:
+        return (
+            not self.stop.is_set()
+            and (self.num_requests is None or self.count < self.num_requests)
+            and time.perf_counter() < self.deadline
+        )
+
+    async def send(self, req: RequestInput) -> None:
+        """Send one request and record its output; a cancelled one is counted apart and leaves no output."""
+        self.in_flight += 1
+        self.progress.in_flight += 1
+        self.progress.sent += 1
+        if self.in_flight > self.max_in_flight:
+            self.max_in_flight = self.in_flight
         try:
-            out = await client.send(req)
+            out = await self.client.send(req)
         except asyncio.CancelledError:
-            state["cancelled"] += 1
+            self.cancelled += 1
             raise
         finally:
-            state["in_flight"] -= 1
-            progress.in_flight -= 1
-        state["last_done"] = time.perf_counter()
-        outputs.append(out)
+            self.in_flight -= 1
+            self.progress.in_flight -= 1
+        self.last_done = time.perf_counter()
+        self.outputs.append(out)
         if out.success:
-            progress.completed += 1
-            progress.output_tokens += out.output_tokens
+            self.progress.completed += 1
+            self.progress.output_tokens += out.output_tokens
         else:
-            progress.failed += 1
+            self.progress.failed += 1
 
-    tasks: set[asyncio.Task] = set()
-    if math.isinf(point.request_rate) and point.max_concurrency:
-        # closed loop: N workers, each sends its next request as soon as its last one ends.
-        async def worker() -> None:
-            nonlocal count
-            while may_send():
-                count += 1
-                await one(next(requests))
+    def start_closed_loop(self, workers: int) -> None:
+        """Closed loop: `workers` tasks, each sends its next request as soon as its last one ends."""
+        self.tasks = {asyncio.create_task(self._closed_loop_worker()) for _ in range(workers)}
 
-        tasks = {asyncio.create_task(worker()) for _ in range(point.max_concurrency)}
-    else:
+    async def _closed_loop_worker(self) -> None:
+        while self.may_send():
+            self.count += 1
+            await self.send(next(self.requests))
+
+    async def open_loop(self, point: LoadPoint, seed: int) -> None:
+        """Open loop: send each request at its arrival time (capped at `point.max_concurrency` in flight, if set)."""
         sem = asyncio.Semaphore(point.max_concurrency) if point.max_concurrency else None
-
-        async def capped(req: RequestInput, sem: asyncio.Semaphore) -> None:
-            async with sem:
-                if stop.is_set():
-                    return
-                await one(req)
-
         offsets = arrival_offsets(point.request_rate, point.burstiness, random.Random(seed))
-        while may_send():
-            send_at = t0 + next(offsets)
-            if send_at >= deadline:
+        while self.may_send():
+            send_at = self.t0 + next(offsets)
+            if send_at >= self.deadline:
                 break
             delay = send_at - time.perf_counter()
             if delay > 0:
-                if delay < _SHORT_SLEEP_S:
-                    await asyncio.sleep(delay)  # a plain timer: a stop waits at most this long
-                else:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), delay)
-                if not may_send():
+                await self._sleep_unless_stopped(delay)
+                if not self.may_send():
                     break
-            count += 1
-            task = asyncio.create_task(capped(next(requests), sem) if sem else one(next(requests)))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-    await _wait_or_stop(tasks, stop)
-    interrupted = stop.is_set()
-    end = time.perf_counter() if interrupted or not outputs else state["last_done"]
-    return RunResult(
-        outputs=outputs,
-        duration_s=end - t0,
-        interrupted=interrupted,
-        num_cancelled=state["cancelled"],
-        max_concurrent_requests=state["max_in_flight"],
-    )
+            self.count += 1
+            req = next(self.requests)
+            task = asyncio.create_task(self._send_capped(req, sem) if sem else self.send(req))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _sleep_unless_stopped(self, delay: float) -> None:
+        if delay < _SHORT_SLEEP_S:
+            await asyncio.sleep(delay)  # a plain timer: a stop waits at most this long
+        else:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+
+    async def _send_capped(self, req: RequestInput, sem: asyncio.Semaphore) -> None:
+        async with sem:
+            if self.stop.is_set():
+                return
+            await self.send(req)
 
 
 async def _wait_or_stop(tasks: set[asyncio.Task], stop: asyncio.Event) -> None:
