@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 
 import grpc
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2_grpc
 
 from deepspec_protocol import tensors
 from deepspec_protocol import worker as p
 from deepspec_protocol.token_scores import TokenScore, add_scores
 from service.gateway.signature import DEEPSPEC_WORKER
+from service.kserve_messages import ModelInferResponse, model_config_pb2, scalar, service_pb2
 
 MODEL = "fake"
 _CONFIG_DATATYPES = {
@@ -91,7 +92,7 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         inputs = self._read(request)
-        if _int(inputs, p.NUM_RETURN_SEQUENCES, 1) > 1:
+        if scalar(inputs, p.NUM_RETURN_SEQUENCES, int, 1) > 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_return_sequences > 1 needs ModelStreamInfer")
         (response,) = self._whole(request, inputs)
         return response
@@ -99,7 +100,7 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):
         async for request in request_iterator:
             inputs = self._read(request)
-            streamed = tensors.scalar(inputs, p.STREAM, bool, False)
+            streamed = scalar(inputs, p.STREAM, bool, False)
             responses = self._steps(request, inputs) if streamed else self._whole(request, inputs)
             for response in responses:
                 yield service_pb2.ModelStreamInferResponse(infer_response=response)
@@ -109,7 +110,7 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.requests.append(inputs)
         return inputs
 
-    def _steps(self, request, inputs) -> list[service_pb2.ModelInferResponse]:
+    def _steps(self, request, inputs) -> list[ModelInferResponse]:
         """One response per word of each sequence, the sequences' interleaved step by step."""
         sequences = _sequences(inputs)
         responses = []
@@ -130,7 +131,7 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
         _set_final(responses)
         return responses
 
-    def _whole(self, request, inputs) -> list[service_pb2.ModelInferResponse]:
+    def _whole(self, request, inputs) -> list[ModelInferResponse]:
         """One response per sequence, with its whole text, in the order the sequences finish (shortest first)."""
         sequences = sorted(_sequences(inputs).items(), key=lambda item: (len(item[1]), -item[0]))
         responses = [
@@ -141,39 +142,27 @@ class FakeWorker(service_pb2_grpc.GRPCInferenceServiceServicer):
         return responses
 
 
-def _int(inputs: dict[str, list], name: str, default: int) -> int:
-    value = tensors.scalar(inputs, name, int, default)
-    assert isinstance(value, int), name
-    return value
-
-
-def _text(inputs: dict[str, list], name: str) -> str | None:
-    value = tensors.scalar(inputs, name, str)
-    assert value is None or isinstance(value, str), name
-    return value
-
-
 def _prompt(inputs: dict[str, list]) -> str:
-    messages = _text(inputs, p.EXTRA_MESSAGES_JSON)
+    messages = scalar(inputs, p.EXTRA_MESSAGES_JSON, str)
     if messages is not None:
         return "".join(m["content"] for m in json.loads(messages))
-    return _text(inputs, p.TEXT_INPUT) or ""
+    return scalar(inputs, p.TEXT_INPUT, str, "")
 
 
 def _seed(inputs: dict[str, list], index: int) -> int:
-    return _int(inputs, p.SEED, 0) + index
+    return scalar(inputs, p.SEED, int, 0) + index
 
 
 def _sequences(inputs: dict[str, list]) -> dict[int, list[str]]:
     """Sequence index -> the words it writes."""
-    max_tokens = _int(inputs, p.MAX_TOKENS, 8)
-    n = _int(inputs, p.NUM_RETURN_SEQUENCES, 1)
+    max_tokens = scalar(inputs, p.MAX_TOKENS, int, 8)
+    n = scalar(inputs, p.NUM_RETURN_SEQUENCES, int, 1)
     return {index: words(_seed(inputs, index), max_tokens) for index in range(n)}
 
 
 def _response(
     request, inputs, index: int, ws: list[str], num_output_tokens: int, last: bool, prompt: bool
-) -> service_pb2.ModelInferResponse:
+) -> ModelInferResponse:
     """Sequence `index`'s response carrying the words `ws`; `prompt`: the request's first, with the prompt's table."""
     response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
     tensors.add_output(response, p.TEXT_OUTPUT, "".join(ws))
@@ -183,7 +172,7 @@ def _response(
     tensors.add_output(response, p.SEQUENCE_INDEX, index)
     if last:
         tensors.add_output(response, p.EXTRA_FINISH_REASON, finish_reason(_seed(inputs, index)))
-    if tensors.scalar(inputs, p.RETURN_LOG_PROBS, bool, False):
+    if scalar(inputs, p.RETURN_LOG_PROBS, bool, False):
         add_scores(response, p.OUTPUT_SCORES, [TokenScore(w, 7, -0.5) for w in ws])
     if prompt and p.EXTRA_PROMPT_LOGPROBS in inputs:
         text = _prompt(inputs)
@@ -193,6 +182,6 @@ def _response(
     return response
 
 
-def _set_final(responses: list[service_pb2.ModelInferResponse]) -> None:
+def _set_final(responses: list[ModelInferResponse]) -> None:
     for response in responses:
         tensors.set_bool_param(response, p.FINAL_RESPONSE_PARAM, response is responses[-1])

@@ -163,9 +163,8 @@ def test_a_client_that_disconnects_cancels_the_request_in_the_model(repo):
 
 def test_the_fake_triton_refuses_what_triton_refuses(repo):
     """Negative controls: the rules the gateway is tested against do bite."""
-    from tritonclient.grpc import service_pb2
-
     from service.gateway.signature import DEEPSPEC_WORKER
+    from service.kserve_messages import service_pb2
 
     async def scenario(client, triton, state):
         worker = WorkerClient(f"127.0.0.1:{triton.port}")
@@ -225,10 +224,9 @@ def test_the_stock_llmapi_models_cumulative_text_reaches_clients_as_deltas(repo)
     triton_backend/all_models/llmapi/tensorrt_llm/1/model.py `_create_response` reads `CompletionOutput.text`,
     which tensorrt_llm/executor/result.py keeps cumulative; `text_diff` is the delta). The exported model says it
     sends deltas (config parameter TEXT_OUTPUT_MODE); a model without it has its text turned into deltas."""
-    from tritonclient.grpc import service_pb2
-
     from deepspec_protocol import tensors
     from deepspec_protocol import worker as p
+    from service.kserve_messages import service_pb2
 
     ours = parse_config(repo / MODEL / "config.pbtxt")
     stock = type(ours)()

@@ -14,7 +14,6 @@ from typing import cast, get_args
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from tritonclient.grpc import service_pb2
 
 from deepspec.decoding import RequestError, RequestErrorCode, SpecEngine
 from deepspec.decoding.params import SamplingParams
@@ -22,6 +21,7 @@ from deepspec_protocol import tensors
 from deepspec_protocol import worker as p
 from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.worker_client import GenerationRequest, WorkerClient, build_infer_request, parse_response
+from service.kserve_messages import service_pb2
 from service.metrics import GatewayMetrics, WorkerMetrics
 from service.worker.scheduler import QueueFullError, Scheduler
 from service.worker.stub_target import STUB_TEXT, StubDrafter, StubTarget

@@ -152,7 +152,9 @@ def test_bad_input_is_invalid_argument(client, args, message):
 )
 def test_engine_refusals_carry_their_code_in_unary_metadata_and_in_streams(stub_worker, args, code):
     """The engine's RequestErrorCode reaches the client in the structured fields deepspec_protocol/worker.py names."""
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    from service.kserve_messages import service_pb2
 
     assert code in p.ERROR_CODES
     request = service_pb2.ModelInferRequest(model_name="stub", id="e1")
@@ -184,7 +186,9 @@ def test_a_prompt_too_long_to_fit_is_refused_by_its_length_before_tokenizing(cli
 
 
 def test_unreadable_input_is_invalid_argument_without_a_code(stub_worker):
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    from service.kserve_messages import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name="stub", id="e2")
     for t in inputs(prompt=b"\xff\xfe"):
@@ -393,7 +397,9 @@ def test_a_structured_output_input_constrains_the_engine(client):
     ],
 )
 def test_a_malformed_structured_output_is_invalid_argument_with_the_code(stub_worker, value, message):
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    from service.kserve_messages import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name="stub", id="s1")
     for t in inputs("Hi", max_tokens=2) + [_structured_output(value)]:
