@@ -47,8 +47,8 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 deepspec \
     && useradd --system --uid 10001 --gid deepspec --home-dir /cache --no-create-home --shell /usr/sbin/nologin deepspec \
-    && mkdir -p /cache /engines \
-    && chown deepspec:deepspec /cache /engines
+    && mkdir -p /cache /bundles \
+    && chown deepspec:deepspec /cache /bundles
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /build/healthcheck.py /usr/local/bin/deepspec-healthcheck
 ENV PATH=/opt/venv/bin:$PATH \

@@ -60,8 +60,8 @@ LABEL org.opencontainers.image.title="deepspec-worker-gpu" \
       org.opencontainers.image.base.name="${TRITON_IMAGE}"
 RUN groupadd --system --gid 10001 deepspec \
     && useradd --system --uid 10001 --gid deepspec --home-dir /cache --no-create-home --shell /usr/sbin/nologin deepspec \
-    && mkdir -p /cache /engines \
-    && chown deepspec:deepspec /cache /engines
+    && mkdir -p /cache /bundles \
+    && chown deepspec:deepspec /cache /bundles
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /opt/deepspec /opt/deepspec
 COPY --from=builder /build/healthcheck.py /usr/local/bin/deepspec-healthcheck

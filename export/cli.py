@@ -5,13 +5,13 @@ Deliberately limited to parsing flags into an `ExportRequest` for `export_bundle
 each format's work lives in export/formats/ (registry: export/registry.py). Bad input is one line on stderr and exit
 code 2, and nothing is left behind.
 
-    python -m export --format pytorch --out engines/cpu                         # default target + best shipped draft
-    python -m export --draft drafts/smollm2-135m-eagle3 --format vllm --out engines/vllm
-    python -m export --draft drafts/my-eagle3 --format sglang --out engines/sglang
-    python -m export --target ./Qwen3-8B --draft drafts/qwen3-8b-eagle3 --format tensorrt-llm --tp 2 --out engines/trt
-    python -m export --target ./Qwen3-8B --draft drafts/qwen3-8b-eagle3 --format triton-repo --out engines/triton
-    python -m export --format onnx --quantization int4 --out engines/onnx    # ONNX Runtime graph, 4-bit weights
-    python -m export --format onnx --quantization auto --out engines/onnx    # the weight format fastest on this CPU
+    python -m export --format pytorch --out bundles/cpu                         # default target + best shipped draft
+    python -m export --draft drafts/smollm2-135m-eagle3 --format vllm --out bundles/vllm
+    python -m export --draft drafts/my-eagle3 --format sglang --out bundles/sglang
+    python -m export --target ./Qwen3-8B --draft drafts/qwen3-8b-eagle3 --format tensorrt-llm --tp 2 --out bundles/trt
+    python -m export --target ./Qwen3-8B --draft drafts/qwen3-8b-eagle3 --format triton-repo --out bundles/triton
+    python -m export --format onnx --quantization int4 --out bundles/onnx    # ONNX Runtime graph, 4-bit weights
+    python -m export --format onnx --quantization auto --out bundles/onnx    # the weight format fastest on this CPU
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """`--format onnx`: the target as an ONNX Runtime graph (fp32, or 4-bit MatMulNBits weights) plus its draft, served
 by DeepSpec's worker through ONNX Runtime (`python -m service worker --bundle-dir DIR`).
 
-    python -m export --format onnx --out engines/onnx                       # fp32 graph + the best shipped draft
-    python -m export --format onnx --quantization int4 --out engines/onnx4  # 4-bit weights (block 32)
-    python -m export --format onnx --quantization int8 --out engines/onnx8  # int8 weights per channel
-    python -m export --format onnx --quantization auto --out engines/onnx   # whichever of int8 / int4 runs faster here
+    python -m export --format onnx --out bundles/onnx                       # fp32 graph + the best shipped draft
+    python -m export --format onnx --quantization int4 --out bundles/onnx4  # 4-bit weights (block 32)
+    python -m export --format onnx --quantization int8 --out bundles/onnx8  # int8 weights per channel
+    python -m export --format onnx --quantization auto --out bundles/onnx   # whichever of int8 / int4 runs faster here
 
 `export_onnx` (export/onnx/exporter.py) does the work and is callable without the CLI; the graph itself is
 described in export/onnx/graph.py, a neural draft's graphs in export/onnx/draft_graph.py, the runtime side in

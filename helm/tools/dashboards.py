@@ -49,7 +49,7 @@ SERVER_ERRORS = "internal_error|worker_error|worker_failed|no_worker|service_una
 ERRORS = f'status=~"{SERVER_ERRORS}"'
 # What a client sees as "come back later": 429 (every worker saturated) and 503 (no worker, shutting down).
 REJECTED = {"429": "server_busy", "503": "no_worker|service_unavailable|worker_failed"}
-CONTAINERS = 'namespace=~"$namespace", container=~"gateway|worker|export-engine"'  # kube-state-metrics
+CONTAINERS = 'namespace=~"$namespace", container=~"gateway|worker|export-bundle"'  # kube-state-metrics
 GPU_PODS = 'namespace=~"$namespace", pod=~".+-worker-.+"'  # DCGM exporter, with its pod mapping on
 QUANTILES = (0.5, 0.9, 0.99)
 EN = 'namespace=~"$namespace", model=~"$model"'  # the engine's recorded copies

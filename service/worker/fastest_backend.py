@@ -6,8 +6,8 @@ CPU runs faster), and the native CPU decoder (deepspec/models/native: a GGUF Q4_
 int8 weights, compiled for this CPU on first use, one call a step). Which one wins depends on the CPU (int8 dot
 products, AVX-512), so it is measured, not assumed:
 
-1. On the first start for a (target, draft, settings, machine) the worker exports the ONNX engine into the cache
-   (`~/.cache/deepspec/engines/<key>/onnx`, a progress bar on a terminal; ~10-60 s for the default target), builds
+1. On the first start for a (target, draft, settings, machine) the worker exports an ONNX bundle into the cache
+   (`~/.cache/deepspec/bundles/<key>/onnx`, a progress bar on a terminal; ~10-60 s for the default target), builds
    the native decoder, and times every engine's verify-step curve (deepspec/models/step_curve.py).
 2. Each candidate then decodes the calibration prompts (four training prompts held out of every shipped draft's
    data, export/onnx/decode_rate.py) with its draft, as the worker would serve it, and the fastest is served. The
@@ -111,14 +111,14 @@ def choose_backend(settings) -> BackendChoice:
     if blocker and native:
         return BackendChoice(PYTORCH, f"the ONNX engine does not apply: {blocker}; the native one: {native}")
     try:
-        root = engine_cache_dir(settings)
+        root = bundle_cache_dir(settings)
         root.mkdir(parents=True, exist_ok=True)
         with _locked(root):  # two workers starting together on one machine export once
             if not (root / "key.json").is_file():  # a new entry: the ones an upgrade superseded go
                 key = cache_key(settings)
                 (root / "key.json").write_text(json.dumps(key, indent=2) + "\n")
                 for old in prune_superseded(root, key):
-                    logger.info("removed the superseded engine cache %s", old)
+                    logger.info("removed the superseded bundle cache %s", old)
             onnx_dir = None
             if not blocker:
                 try:
@@ -167,15 +167,15 @@ def native_blocker(settings) -> str | None:
     return resolve_backend(NATIVE).unavailable(settings.device)
 
 
-def engine_cache_dir(settings) -> Path:
-    """`<cache>/engines/<target>-<draft>-<digest of cache_key>`: one folder per target, draft, the settings the
+def bundle_cache_dir(settings) -> Path:
+    """`<cache>/bundles/<target>-<draft>-<digest of cache_key>`: one folder per target, draft, the settings the
     export depends on, machine and library versions (a cache made on another CPU, or by another release, is not
-    reused)."""
+    reused; `<cache>/engines/`, where releases before the bundle vocabulary kept theirs, is never read)."""
     from deepspec.paths import cache_dir
 
     key = cache_key(settings)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return cache_dir() / "engines" / f"{Path(key['target']).name}-{Path(key['draft']).name}-{digest}"
+    return cache_dir() / "bundles" / f"{Path(key['target']).name}-{Path(key['draft']).name}-{digest}"
 
 
 #: the parts of a cache key that an upgrade changes: an entry differing from a new one only there is superseded
@@ -460,6 +460,6 @@ def describe_cached_choice(settings) -> str | None:
     start (reads choice.json only; measures nothing)."""
     if settings.backend != AUTO or settings.bundle_dir is not None or settings.target == "stub":
         return None
-    root = engine_cache_dir(settings)
+    root = bundle_cache_dir(settings)
     choice = cached_choice(root, root / "onnx")
     return f"{choice.backend}: {choice.reason}" if choice else None

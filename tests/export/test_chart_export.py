@@ -1,6 +1,6 @@
 """The chart's export init container, really run: render helm/deepspec, take the init container's command and
 arguments, expand them as Kubernetes would, run them here against the default target, then start the worker on
-the engine directory they wrote. Also: the triton runtime serves exactly the repository the export writes."""
+the bundle they wrote. Also: the triton runtime serves exactly the repository the export writes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from export.manifest import verify_files
 from tests.helm.conftest import VALUE_SETS, container, one, render, workload
 
 REPO = Path(__file__).resolve().parents[2]
-CPU_EXPORT = {"worker": {"device": "cpu", "engines": {"source": "export"}}}
+CPU_EXPORT = {"worker": {"device": "cpu", "bundles": {"source": "export"}}}
 
 
 def _pod(values):
@@ -40,7 +40,7 @@ def test_default_cpu_export_is_the_format_the_worker_serves():
 def test_triton_runtime_serves_the_repository_the_export_writes():
     spec, config = _pod(VALUE_SETS["triton"])
     assert config["DEEPSPEC_EXPORT_FORMAT"] == "triton-repo"
-    script = _expand(container(spec, "export-engine")["args"][0], config)
+    script = _expand(container(spec, "export-bundle")["args"][0], config)
     assert f'out="{config["DEEPSPEC_TRITON_MODEL_REPOSITORY"]}"' in script and '--out "$out"' in script
     server = container(spec, "worker")
     assert server["command"] == ["tritonserver"]
@@ -56,9 +56,9 @@ def test_init_container_command_runs_here_and_the_worker_serves_its_output(tmp_p
     from tests.service.conftest import Worker
 
     spec, config = _pod(CPU_EXPORT)
-    init = container(spec, "export-engine")
-    engine_dir = tmp_path / "engines" / "engine"
-    env = {**config, "DEEPSPEC_ENGINE_DIR": str(engine_dir)}
+    init = container(spec, "export-bundle")
+    bundle_dir = tmp_path / "bundles" / "bundle"
+    env = {**config, "DEEPSPEC_BUNDLE_DIR": str(bundle_dir)}
     argv = [_expand(a, env) for a in init["command"] + init["args"]]
     run_env = {
         **os.environ,
@@ -68,11 +68,11 @@ def test_init_container_command_runs_here_and_the_worker_serves_its_output(tmp_p
     }
     result = subprocess.run(argv, cwd=REPO, env=run_env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (engine_dir / "manifest.json").is_file() and verify_files(engine_dir) == []
+    assert (bundle_dir / "manifest.json").is_file() and verify_files(bundle_dir) == []
     again = subprocess.run(argv, cwd=REPO, env=run_env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "already exported" in again.stdout  # a restarted pod skips the export
 
-    worker = Worker(tmp_path, "--bundle-dir", str(engine_dir), "--max-batch-size", "1")
+    worker = Worker(tmp_path, "--bundle-dir", str(bundle_dir), "--max-batch-size", "1")
     i = worker.args.index("--target")
     del worker.args[i : i + 2]  # target and draft come from the manifest
     worker.start().wait_ready(timeout_s=300)

@@ -36,23 +36,23 @@ VALUE_SETS: dict[str, dict] = {
         },
     },
     "cpu": {**_CRDS, "worker": {"device": "cpu"}},
-    "cpu-export-onnx": {**_CRDS, "worker": {"device": "cpu", "engines": {"source": "export"}}},
+    "cpu-export-onnx": {**_CRDS, "worker": {"device": "cpu", "bundles": {"source": "export"}}},
     "triton": {
         **_CRDS,
         "worker": {
             "runtime": "triton",
-            "engines": {"source": "export"},
+            "bundles": {"source": "export"},
             "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd"},
         },
     },
-    "triton-pvc": {**_CRDS, "worker": {"runtime": "triton", "engines": {"source": "pvc"}, "pdb": {"enabled": True}}},
-    "engines-in-image": {**_CRDS, "worker": {"engines": {"source": "image"}}},
+    "triton-pvc": {**_CRDS, "worker": {"runtime": "triton", "bundles": {"source": "pvc"}, "pdb": {"enabled": True}}},
+    "bundle-in-image": {**_CRDS, "worker": {"bundles": {"source": "image"}}},
     # The engines' own OpenAI servers, each on the launch script its export wrote (tests/helm/test_engine_runtimes.py).
     "vllm": {
         **_CRDS,
         "worker": {
             "runtime": "vllm",
-            "engines": {"source": "export"},
+            "bundles": {"source": "export"},
             "gpu": {"count": 2},
             "openai": {"tensorParallel": 2},
         },
@@ -61,13 +61,13 @@ VALUE_SETS: dict[str, dict] = {
         **_CRDS,
         "worker": {
             "runtime": "sglang",
-            "engines": {"source": "export"},
+            "bundles": {"source": "export"},
             "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd"},
         },
     },
     "trtllm-serve": {
         **_CRDS,
-        "worker": {"runtime": "trtllm-serve", "engines": {"source": "export"}},
+        "worker": {"runtime": "trtllm-serve", "bundles": {"source": "export"}},
         "gateway": {"discovery": "endpointslices"},
     },
     "ingress": {
@@ -99,7 +99,7 @@ VALUE_SETS: dict[str, dict] = {
         "worker": {
             "runtime": "triton",
             "device": "cuda",
-            "engines": {"source": "pvc"},
+            "bundles": {"source": "pvc"},
             "gpu": {"count": 2, "architectures": ["hopper"]},
             "triton": {"tensorParallel": 2},
             "modelCache": {"type": "pvc", "size": "200Gi"},
@@ -113,7 +113,7 @@ VALUE_SETS: dict[str, dict] = {
         "apiKeys": {"generate": False, "keys": ["sk-prod-1", "sk-prod-2"]},
         "worker": {
             "device": "cuda",
-            "engines": {"source": "export"},
+            "bundles": {"source": "export"},
             "perReplicaVolume": {"enabled": True, "storageClass": "fast-ssd", "size": "100Gi"},
             "extraEnv": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}],
             "autoscaling": {"enabled": True},

@@ -77,7 +77,8 @@ def test_every_manifest_validates_against_kubernetes_schema(name, kube_version):
         ({"apiKeys": {"keys": "sk-1,sk-2"}}, "/apiKeys/keys"),
         ({"ingress": {"enabled": "yes"}}, "/ingress/enabled"),
         ({"monitoring": {"prometheusRule": {"errorRatio": "high"}}}, "/monitoring/prometheusRule/errorRatio"),
-        ({"worker": {"engines": {"source": "s3"}}}, "/worker/engines/source"),
+        ({"worker": {"bundles": {"source": "s3"}}}, "/worker/bundles/source"),
+        ({"worker": {"engines": {"source": "s3"}}}, "/worker/engines"),  # the deprecated name is checked too
         ({"worker": {"gpus": 2}}, "/worker"),  # a typo of worker.gpu is an unknown key, not a silent no-op
         ({"replicas": 3}, "additional properties"),
     ],
@@ -91,9 +92,9 @@ def test_schema_rejects_wrong_values(bad, where):
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"worker": {"runtime": "triton"}}, "worker.engines.source"),
-        ({"worker": {"runtime": "triton", "device": "cpu", "engines": {"source": "image"}}}, "worker.device=cuda"),
-        ({"worker": {"engines": {"source": "pvc"}, "perReplicaVolume": {"enabled": True}}}, "perReplicaVolume"),
+        ({"worker": {"runtime": "triton"}}, "worker.bundles.source"),
+        ({"worker": {"runtime": "triton", "device": "cpu", "bundles": {"source": "image"}}}, "worker.device=cuda"),
+        ({"worker": {"bundles": {"source": "pvc"}, "perReplicaVolume": {"enabled": True}}}, "perReplicaVolume"),
         ({"gateway": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas"),
         ({"serviceAccount": {"create": False}}, "serviceAccount.name"),
     ],
@@ -374,7 +375,7 @@ def test_deepspec_worker_flags_come_from_the_configmap():
     ):
         assert f"{flag}=$({key})" in args and key in config
     assert "--port=8001" in args and "--metrics-port=8002" in args
-    assert not any(a.startswith("--bundle-dir") for a in args)  # engines.source=none
+    assert not any(a.startswith("--bundle-dir") for a in args)  # bundles.source=none
     assert worker["envFrom"] == [{"configMapRef": {"name": one(docs, "ConfigMap", "model")["metadata"]["name"]}}]
     # Editing model settings rolls the workers.
     before = workload(docs, "worker")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
@@ -402,17 +403,18 @@ def test_cpu_worker_requests_no_gpu():
     assert config["DEEPSPEC_DEVICE"] == "cpu" and config["DEEPSPEC_DTYPE"] == "bfloat16"
 
 
-def test_export_init_container_builds_the_engine_before_the_worker():
+def test_export_init_container_builds_the_bundle_before_the_worker():
     docs, spec, worker, config = _worker(VALUE_SETS["cpu-export-onnx"])
-    init = container(spec, "export-engine")
+    init = container(spec, "export-bundle")
     script = init["args"][0]
     assert "python -m export" in script and '--format "$DEEPSPEC_EXPORT_FORMAT"' in script
     assert config["DEEPSPEC_EXPORT_FORMAT"] == "pytorch"  # what the deepspec worker serves
-    assert "--bundle-dir=$(DEEPSPEC_ENGINE_DIR)" in worker["args"]
-    engines = next(v for v in spec["volumes"] if v["name"] == "engines")
-    assert "emptyDir" in engines
-    assert {"name": "engines", "mountPath": "/engines"} in init["volumeMounts"]
-    assert {"name": "engines", "mountPath": "/engines", "readOnly": True} in worker["volumeMounts"]
+    assert "--bundle-dir=$(DEEPSPEC_BUNDLE_DIR)" in worker["args"]
+    bundles = next(v for v in spec["volumes"] if v["name"] == "bundles")
+    assert "emptyDir" in bundles
+    assert {"name": "bundles", "mountPath": "/bundles"} in init["volumeMounts"]
+    assert {"name": "bundles", "mountPath": "/bundles", "readOnly": True} in worker["volumeMounts"]
+    assert config["DEEPSPEC_BUNDLE_DIR"] == "/bundles/bundle" and config["DEEPSPEC_BUNDLE_SOURCE"] == "export"
     # Skips a finished export, never trusts a partial one.
     assert "manifest.json" in script and ".partial" in script
 
@@ -423,41 +425,42 @@ def test_triton_runtime_runs_stock_tritonserver_on_the_exported_repository():
     assert sts["kind"] == "StatefulSet" and not find(docs, "Deployment", "worker")
     assert sts["spec"]["serviceName"] == WORKER_SVC
     claim = sts["spec"]["volumeClaimTemplates"][0]
-    assert claim["metadata"]["name"] == "engines" and claim["spec"]["storageClassName"] == "fast-ssd"
+    assert claim["metadata"]["name"] == "bundles" and claim["spec"]["storageClassName"] == "fast-ssd"
     assert worker["image"].startswith("nvcr.io/nvidia/tritonserver:") and "trtllm" in worker["image"]
     assert worker["command"] == ["tritonserver"]
     assert "--model-repository=$(DEEPSPEC_TRITON_MODEL_REPOSITORY)" in worker["args"]
     assert {"--grpc-port=8001", "--metrics-port=8002", "--http-port=8000"} <= set(worker["args"])
-    assert config["DEEPSPEC_TRITON_MODEL_REPOSITORY"] == "/engines/triton-repo"
+    assert config["DEEPSPEC_TRITON_MODEL_REPOSITORY"] == "/bundles/triton-repo"
     assert config["DEEPSPEC_EXPORT_FORMAT"] == "triton-repo"
     assert worker["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert worker["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    init = container(spec, "export-engine")
+    init = container(spec, "export-bundle")
     assert init["image"].startswith("ghcr.io/deepspec/worker-gpu:")  # our export, Triton's server
     assert init["resources"]["limits"]["nvidia.com/gpu"] == 1  # trtllm-build needs the GPU
-    assert "engines" not in {v["name"] for v in spec["volumes"]}  # it is the per-replica claim
+    assert "bundles" not in {v["name"] for v in spec["volumes"]}  # it is the per-replica claim
 
 
-def test_engines_from_a_pvc_are_mounted_read_only_and_kept_on_uninstall():
+def test_bundles_from_a_pvc_are_mounted_read_only_and_kept_on_uninstall():
     docs, spec, worker, _ = _worker(VALUE_SETS["triton-pvc"])
     pvc = one(docs, "PersistentVolumeClaim")
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    volume = next(v for v in spec["volumes"] if v["name"] == "engines")
+    assert pvc["metadata"]["name"].endswith("-bundles")
+    volume = next(v for v in spec["volumes"] if v["name"] == "bundles")
     assert volume["persistentVolumeClaim"] == {"claimName": pvc["metadata"]["name"], "readOnly": True}
     assert "initContainers" not in spec
-    docs = render({"worker": {"engines": {"source": "pvc", "pvc": {"existingClaim": "engines-v3"}}}})
+    docs = render({"worker": {"bundles": {"source": "pvc", "pvc": {"existingClaim": "bundles-v3"}}}})
     assert not find(docs, "PersistentVolumeClaim")
     spec = workload(docs, "worker")["spec"]["template"]["spec"]
     assert (
-        next(v for v in spec["volumes"] if v["name"] == "engines")["persistentVolumeClaim"]["claimName"] == "engines-v3"
+        next(v for v in spec["volumes"] if v["name"] == "bundles")["persistentVolumeClaim"]["claimName"] == "bundles-v3"
     )
 
 
-def test_engines_baked_into_the_image_need_no_volume():
-    _, spec, worker, _ = _worker(VALUE_SETS["engines-in-image"])
-    assert "--bundle-dir=$(DEEPSPEC_ENGINE_DIR)" in worker["args"]
+def test_a_bundle_baked_into_the_image_needs_no_volume():
+    _, spec, worker, _ = _worker(VALUE_SETS["bundle-in-image"])
+    assert "--bundle-dir=$(DEEPSPEC_BUNDLE_DIR)" in worker["args"]
     assert not any(a.startswith(("--target", "--draft")) for a in worker["args"])  # the manifest names them
-    assert "engines" not in {v["name"] for v in spec["volumes"]} and "initContainers" not in spec
+    assert "bundles" not in {v["name"] for v in spec["volumes"]} and "initContainers" not in spec
 
 
 def test_network_policy_lets_only_the_gateway_reach_worker_grpc():

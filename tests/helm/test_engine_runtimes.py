@@ -93,7 +93,7 @@ def _pod_env(config: dict, tmp: Path, target: Path, draft: Path) -> dict:
         **config,
         "DEEPSPEC_TARGET": str(target),
         "DEEPSPEC_DRAFT": str(draft),
-        "DEEPSPEC_ENGINE_DIR": str(tmp / "engines" / "engine"),
+        "DEEPSPEC_BUNDLE_DIR": str(tmp / "bundles" / "bundle"),
         "DEEPSPEC_CACHE_DIR": str(tmp / "cache"),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": str(REPO),
@@ -102,7 +102,7 @@ def _pod_env(config: dict, tmp: Path, target: Path, draft: Path) -> dict:
 
 
 def _run_init(spec: dict, env: dict) -> subprocess.CompletedProcess:
-    init = container(spec, "export-engine")
+    init = container(spec, "export-bundle")
     assert init["command"] == ["/bin/sh", "-ec"]
     return subprocess.run(
         ["/bin/sh", "-ec", _expand(init["args"][0], env)],
@@ -129,7 +129,7 @@ def exports(tiny, tmp_path_factory) -> dict:
     done = {}
     for name, (spec, env) in pods.items():
         assert results[name].returncode == 0, results[name].stderr[-3000:]
-        done[name] = VALUE_SETS[name]["worker"]["runtime"], spec, env, Path(env["DEEPSPEC_ENGINE_DIR"])
+        done[name] = VALUE_SETS[name]["worker"]["runtime"], spec, env, Path(env["DEEPSPEC_BUNDLE_DIR"])
     return done
 
 
@@ -280,7 +280,7 @@ def test_engine_pods_get_gpus_shm_and_a_user_name(name):
     env = {e["name"]: e.get("value") for e in worker["env"]}
     # UID 10001 has no passwd entry in the engine images; getpass.getuser() reads $USER before the lookup
     assert env["USER"] and env["HOME"] == "/cache"
-    assert {"name": "engines", "mountPath": "/engines", "readOnly": True} in worker["volumeMounts"]
+    assert {"name": "bundles", "mountPath": "/bundles", "readOnly": True} in worker["volumeMounts"]
 
 
 @pytest.mark.parametrize("name", RUNTIME_PROFILES)
@@ -318,13 +318,13 @@ def test_the_gateway_settings_accept_the_rendered_worker_address():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"worker": {"runtime": "vllm"}}, "worker.engines.source to export"),
-        ({"worker": {"runtime": "sglang", "device": "cpu", "engines": {"source": "export"}}}, "worker.device=cuda"),
+        ({"worker": {"runtime": "vllm"}}, "worker.bundles.source to export"),
+        ({"worker": {"runtime": "sglang", "device": "cpu", "bundles": {"source": "export"}}}, "worker.device=cuda"),
         (
             {
                 "worker": {
                     "runtime": "vllm",
-                    "engines": {"source": "export"},
+                    "bundles": {"source": "export"},
                     "openai": {"tensorParallel": 4},
                     "gpu": {"count": 2},
                 }
@@ -332,7 +332,7 @@ def test_the_gateway_settings_accept_the_rendered_worker_address():
             "raise worker.gpu.count (2) to 4",
         ),
         (
-            {"worker": {"runtime": "trtllm-serve", "engines": {"source": "export", "export": {"format": "vllm"}}}},
+            {"worker": {"runtime": "trtllm-serve", "bundles": {"source": "export", "export": {"format": "vllm"}}}},
             "runs the launch script of --format tensorrt-llm",
         ),
     ],
@@ -356,6 +356,6 @@ def test_the_deepspec_worker_keeps_its_grpc_ports():
 def test_scrape_annotations_point_at_the_engines_metrics():
     """Without the Prometheus Operator the pod annotations are the scrape path: the engine's HTTP port and its
     metrics path (trtllm-serve's Prometheus text is under /prometheus/metrics)."""
-    values = {"worker": {"runtime": "trtllm-serve", "engines": {"source": "export"}}}
+    values = {"worker": {"runtime": "trtllm-serve", "bundles": {"source": "export"}}}
     annotations = workload(render(values), "worker")["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "8000" and annotations["prometheus.io/path"] == "/prometheus/metrics"

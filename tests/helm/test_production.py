@@ -282,7 +282,7 @@ def test_sizes_in_other_units_fail_with_the_unit_to_use():
 
 def test_extra_env_reaches_the_export_init_container():
     spec = _pod(render(VALUE_SETS["prod-export-sts"]), "worker")["spec"]
-    for name in ("worker", "export-engine"):
+    for name in ("worker", "export-bundle"):
         env = {e["name"]: e for e in container(spec, name)["env"]}
         assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}, name
 
@@ -333,7 +333,7 @@ def test_multi_gpu_triton_gets_one_gpu_per_rank():
             {
                 "worker": {
                     "runtime": "triton",
-                    "engines": {"source": "pvc"},
+                    "bundles": {"source": "pvc"},
                     "triton": {"tensorParallel": 2, "pipelineParallel": 2},
                 }
             }

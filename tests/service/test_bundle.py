@@ -15,8 +15,8 @@ from service.worker.settings import WorkerSettings
 from tests.service.conftest import REPO, Worker, output
 
 
-def engine_dir(tmp_path, manifest: dict | str, *subdirs: str):
-    d = tmp_path / "engine"
+def bundle_at(tmp_path, manifest: dict | str, *subdirs: str):
+    d = tmp_path / "bundle"
     d.mkdir()
     (d / "manifest.json").write_text(manifest if isinstance(manifest, str) else json.dumps(manifest))
     for sub in subdirs:
@@ -24,8 +24,8 @@ def engine_dir(tmp_path, manifest: dict | str, *subdirs: str):
     return d
 
 
-def test_pytorch_engine_resolves_paths_against_the_dir(tmp_path):
-    d = engine_dir(
+def test_a_pytorch_bundle_resolves_paths_against_the_dir(tmp_path):
+    d = bundle_at(
         tmp_path, {"format": "pytorch", "target": "target", "draft": "draft", "dtype": "bfloat16"}, "target", "draft"
     )
     assert read_bundle(d) == BundleManifest("pytorch", str(d / "target"), str(d / "draft"), "bfloat16")
@@ -34,7 +34,7 @@ def test_pytorch_engine_resolves_paths_against_the_dir(tmp_path):
 def test_aliases_keywords_and_absolute_paths_pass_through(tmp_path):
     elsewhere = tmp_path / "drafts" / "eagle3"
     elsewhere.mkdir(parents=True)
-    d = engine_dir(tmp_path, {"format": "deepspec", "target": "smollm2-135m", "draft": str(elsewhere)})
+    d = bundle_at(tmp_path, {"format": "deepspec", "target": "smollm2-135m", "draft": str(elsewhere)})
     m = read_bundle(d)
     assert (m.target, m.draft, m.dtype) == ("smollm2-135m", str(elsewhere), "float32")  # dtype defaults to float32
     for draft in ("none", "prompt-lookup", "auto"):
@@ -51,8 +51,8 @@ def test_aliases_keywords_and_absolute_paths_pass_through(tmp_path):
         ("triton-repo", "tritonserver"),
     ],
 )
-def test_engines_for_other_runtimes_are_refused_with_the_way_out(tmp_path, fmt, says):
-    d = engine_dir(tmp_path, {"format": fmt, "target": "smollm2-135m", "draft": "none", "dtype": "float32"})
+def test_bundles_for_other_runtimes_are_refused_with_the_way_out(tmp_path, fmt, says):
+    d = bundle_at(tmp_path, {"format": fmt, "target": "smollm2-135m", "draft": "none", "dtype": "float32"})
     with pytest.raises(BundleError, match=says):
         read_bundle(d)
 
@@ -74,7 +74,7 @@ def test_engines_for_other_runtimes_are_refused_with_the_way_out(tmp_path, fmt, 
 )
 def test_malformed_manifests_name_the_problem(tmp_path, manifest, says):
     with pytest.raises(BundleError, match=says):
-        read_bundle(engine_dir(tmp_path, manifest))
+        read_bundle(bundle_at(tmp_path, manifest))
 
 
 def test_missing_dir_or_manifest(tmp_path):
@@ -85,14 +85,14 @@ def test_missing_dir_or_manifest(tmp_path):
 
 
 def test_flags_win_over_the_manifest(tmp_path):
-    d = engine_dir(
+    d = bundle_at(
         tmp_path, {"format": "pytorch", "target": "target", "draft": "prompt-lookup", "dtype": "bfloat16"}, "target"
     )
     s = WorkerSettings(bundle_dir=d)
     assert (s.target, s.draft, s.dtype) == (str(d / "target"), "prompt-lookup", "bfloat16")
     s = WorkerSettings(bundle_dir=d, draft="none", dtype="float32")
     assert (s.target, s.draft, s.dtype) == (str(d / "target"), "none", "float32")
-    assert WorkerSettings().target == "smollm2-135m"  # no engine dir: the defaults
+    assert WorkerSettings().target == "smollm2-135m"  # no bundle: the defaults
 
 
 def test_cli_exits_non_zero_with_the_reason(tmp_path):
@@ -103,14 +103,14 @@ def test_cli_exits_non_zero_with_the_reason(tmp_path):
 
     out = run("--bundle-dir", str(tmp_path / "absent"))
     assert out.returncode == 2 and "--bundle-dir" in out.stderr and "no such directory" in out.stderr
-    d = engine_dir(tmp_path, {"format": "tensorrt-llm", "target": "smollm2-135m"})
+    d = bundle_at(tmp_path, {"format": "tensorrt-llm", "target": "smollm2-135m"})
     out = run("--bundle-dir", str(d))
     assert out.returncode == 2 and "TensorRT-LLM engine" in out.stderr and "worker.runtime=triton" in out.stderr
 
 
 @pytest.mark.integration
 def test_worker_serves_what_the_manifest_names(tmp_path):
-    d = engine_dir(tmp_path, {"format": "pytorch", "target": "stub", "draft": "none", "dtype": "float32"})
+    d = bundle_at(tmp_path, {"format": "pytorch", "target": "stub", "draft": "none", "dtype": "float32"})
     worker = Worker(tmp_path, "--bundle-dir", str(d))
     i = worker.args.index("--target")
     del worker.args[i : i + 2]  # the manifest names the target

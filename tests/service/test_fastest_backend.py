@@ -1,4 +1,4 @@
-"""`--backend auto`, the worker's default: the first start exports the ONNX engine into the cache, times both engines
+"""`--backend auto`, the worker's default: the first start exports an ONNX bundle into the cache, times the backends
 and records the faster; later starts read the record; where ONNX cannot run, the PyTorch engine serves and the
 reason says why; `--backend onnx` fails loudly instead of falling back. Real exports and timings of a tiny target."""
 
@@ -65,7 +65,7 @@ def test_the_first_start_measures_and_records_later_starts_read_the_record(targe
     settings = _settings(target_dir)
     assert describe_cached_choice(settings) is None
     first = choose_backend(settings)
-    record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
+    record = json.loads(next(cache.glob(f"bundles/*/{CHOICE_FILE}")).read_text())
     assert first.backend == record["backend"] in ENGINE_KINDS
     measured = {k: r["tokens_per_second"] for k, r in record["decode_rates"].items()}  # the calibration decodes
     assert set(measured) == set(record["tokens_per_second"]) == set(ENGINE_KINDS)
@@ -100,18 +100,18 @@ def test_a_choice_measured_beside_busy_neighbours_is_measured_again(target_dir, 
     neighbours.share = 0.6
     for _ in range(fastest_backend.MAX_BUSY_ATTEMPTS + 1):
         choose_backend(settings)
-    record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
+    record = json.loads(next(cache.glob(f"bundles/*/{CHOICE_FILE}")).read_text())
     assert len(measured) == fastest_backend.MAX_BUSY_ATTEMPTS  # the last start read the third busy record
     assert record["provisional"] and record["attempts"] == fastest_backend.MAX_BUSY_ATTEMPTS
     assert record["neighbour_share"] == 0.6
-    (next(cache.glob(f"engines/*/{CHOICE_FILE}"))).unlink()
+    (next(cache.glob(f"bundles/*/{CHOICE_FILE}"))).unlink()
     neighbours.share = 0.6
     choose_backend(settings)  # busy: provisional
     neighbours.share = 0.05
     choose_backend(settings)  # quiet: measured again, and settled
     choose_backend(settings)
     assert len(measured) == fastest_backend.MAX_BUSY_ATTEMPTS + 2
-    assert json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())["provisional"] is False
+    assert json.loads(next(cache.glob(f"bundles/*/{CHOICE_FILE}")).read_text())["provisional"] is False
 
 
 #: made-up verify-step curves (seconds by T): the PyTorch engine's 1-token step cheaper, ONNX's verify pass flatter,
@@ -153,7 +153,7 @@ def test_a_neural_drafts_round_on_each_engine_is_recorded_and_scored(tmp_path, c
     tied = write_hf_target(tmp_path / "llama", "llama", tied=True, **HD16)  # a draft reads the fp32 embedding
     draft = write_draft(tmp_path / "dspark", tied, "dspark")
     choice = choose_backend(_settings(tied, draft=str(draft)))
-    record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
+    record = json.loads(next(cache.glob(f"bundles/*/{CHOICE_FILE}")).read_text())
     assert record["version"] == fastest_backend.CHOICE_VERSION and choice.backend == record["backend"] == winner
     assert {k: r["ms"] for k, r in record["draft_rounds"].items()} == {
         k: {"1": round_ms, "7": round_ms} for k in ENGINE_KINDS
@@ -197,7 +197,7 @@ def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cac
     assert loaded.drafter_name == "prompt-lookup"
     out = loaded.engine.generate([[1, 40, 41, 42]], SamplingParams(max_tokens=4))[0]
     assert len(out.token_ids) == 4
-    assert not list(cache.glob(f"engines/*/{CHOICE_FILE}"))  # nothing was measured for an explicit choice
+    assert not list(cache.glob(f"bundles/*/{CHOICE_FILE}"))  # nothing was measured for an explicit choice
 
 
 def test_engine_native_serves_the_native_decoder_through_the_worker(target_dir, cache):
@@ -213,7 +213,7 @@ def test_engine_native_serves_the_native_decoder_through_the_worker(target_dir, 
     assert [r.token_ids for r in drafted] == [
         alone.generate([p], SamplingParams(max_tokens=12))[0].token_ids for p in prompts
     ]  # speculation is exact on it, at batch 2 too
-    assert not list(cache.glob(f"engines/*/{CHOICE_FILE}"))
+    assert not list(cache.glob(f"bundles/*/{CHOICE_FILE}"))
 
 
 def test_without_a_compiler_auto_leaves_native_out_and_native_refuses(target_dir, cache, monkeypatch, tmp_path):
@@ -224,7 +224,7 @@ def test_without_a_compiler_auto_leaves_native_out_and_native_refuses(target_dir
     with pytest.raises(ValueError, match="--backend native: CC=.*no-such-cc is not an executable C compiler"):
         choose_backend(_settings(target_dir, backend="native"))
     choose_backend(_settings(target_dir))
-    record = json.loads(next(cache.glob(f"engines/*/{CHOICE_FILE}")).read_text())
+    record = json.loads(next(cache.glob(f"bundles/*/{CHOICE_FILE}")).read_text())
     assert set(record["step_curves"]) == {"pytorch", "onnx"}
 
 
@@ -236,7 +236,7 @@ def test_where_onnx_cannot_run_auto_keeps_pytorch_and_onnx_refuses(target_dir, c
     with pytest.raises(ValueError, match="--backend native: it runs on CPU only"):
         choose_backend(_settings(target_dir, backend="native", device="cuda"))
     assert choose_backend(_settings(target_dir, backend="pytorch")).reason == "--backend pytorch"
-    assert not cache.exists() or not list(cache.glob("engines/*"))
+    assert not cache.exists() or not list(cache.glob("bundles/*"))
 
 
 def test_a_failed_export_falls_back_to_pytorch_and_leaves_no_half_export(target_dir, cache, monkeypatch, tmp_path):
@@ -245,7 +245,7 @@ def test_a_failed_export_falls_back_to_pytorch_and_leaves_no_half_export(target_
     (bad / "config.json").write_text('{"algo": "no-such-algorithm"}')
     choice = choose_backend(_settings(target_dir, draft=str(bad)))
     assert choice.backend == "pytorch" and "could not be prepared" in choice.reason
-    assert not list(cache.glob("engines/*/onnx/manifest.json")) and not list(cache.glob(f"engines/*/{CHOICE_FILE}"))
+    assert not list(cache.glob("bundles/*/onnx/manifest.json")) and not list(cache.glob(f"bundles/*/{CHOICE_FILE}"))
     with pytest.raises(RuntimeError, match="the ONNX export for .* failed: draft .* does not match target"):
         choose_backend(_settings(target_dir, draft=str(bad), backend="onnx"))
 
@@ -278,3 +278,18 @@ def test_an_upgrade_replaces_its_superseded_cache_entry_and_keeps_other_settings
     upgraded = _cache_entry(choose_backend(_settings(target_dir, backend="onnx")))
     assert upgraded != old_root and not old_root.exists()  # the same settings after an upgrade: replaced
     assert other.exists()  # other settings are another entry, kept
+
+
+def test_an_older_releases_engines_folder_is_neither_read_nor_touched(target_dir, cache):
+    """Releases before the bundle vocabulary cached their exports under `<cache>/engines/`: a worker reuses nothing
+    there (the CHANGELOG says it can be deleted) and exports again under `<cache>/bundles/`."""
+    settings = _settings(target_dir, backend="onnx")
+    root = fastest_backend.bundle_cache_dir(settings)
+    assert root.parent == cache / "bundles"
+    stale = cache / "engines" / root.name
+    (stale / "onnx").mkdir(parents=True)
+    (stale / "onnx" / "manifest.json").write_text("{}")
+    (stale / "key.json").write_text(json.dumps(fastest_backend.cache_key(settings)))
+    choice = choose_backend(settings)
+    assert choice.bundle_dir is not None and choice.bundle_dir.is_relative_to(cache / "bundles")
+    assert (stale / "onnx" / "manifest.json").read_text() == "{}"

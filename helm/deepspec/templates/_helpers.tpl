@@ -111,19 +111,78 @@ Usage: {{ include "deepspec.backend" . }}
 {{- $backend := .Values.model.engine | default .Values.model.backend -}}
 {{- $takes := dict "auto" (list "auto") "pytorch" (list "auto" "none" "gguf") "onnx" (list "auto" "none" "int8" "int4") "native" (list "auto" "int8" "int4") -}}
 {{- $q := .Values.model.quantization -}}
-{{- if and (eq .Values.worker.runtime "deepspec") (eq .Values.worker.engines.source "none") (not (has $q (get $takes $backend))) -}}
+{{- $b := include "deepspec.worker.bundles" . | fromYaml -}}
+{{- if and (eq .Values.worker.runtime "deepspec") (eq $b.source "none") (not (has $q (get $takes $backend))) -}}
 {{- fail (printf "model.quantization=%s does not apply to model.backend=%s: it takes %s" $q $backend (join ", " (get $takes $backend))) -}}
 {{- end -}}
 {{- $backend -}}
 {{- end }}
 
 {{/*
-Export format for the init container: `worker.engines.export.format`, or triton-repo (triton runtime) / pytorch.
+Where the worker's bundle (`python -m export` output) comes from: `worker.bundles`, with the deprecated
+`worker.engines` of an older values file merged in for one release. An old key is read where its `worker.bundles`
+twin is left at the chart's default (the defaults below; tests/helm/test_bundle_values.py keeps them equal to
+values.yaml), so an old file renders what the same keys under `worker.bundles` render. Maps (`resources`) merge into
+the default as Helm merges a values file.
+Usage: {{- $b := include "deepspec.worker.bundles" . | fromYaml }}
+*/}}
+{{- define "deepspec.worker.bundles" -}}
+{{- $new := deepCopy .Values.worker.bundles }}
+{{- $default := include "deepspec.worker.bundleDefaults" . | fromYaml }}
+{{- range $key, $old := .Values.worker.engines | default dict }}
+{{- $defaultValue := get $default $key }}
+{{- if and (kindIs "map" $old) (kindIs "map" $defaultValue) }}
+{{- $section := get $new $key }}
+{{- range $sub, $oldSub := $old }}
+{{- $defaultSub := get $defaultValue $sub }}
+{{- if eq (toJson (get $section $sub)) (toJson $defaultSub) }}
+{{- if and (kindIs "map" $oldSub) (kindIs "map" $defaultSub) }}
+{{- $_ := set $section $sub (mergeOverwrite (deepCopy $defaultSub) $oldSub) }}
+{{- else }}
+{{- $_ := set $section $sub $oldSub }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- else if eq (toJson (get $new $key)) (toJson $defaultValue) }}
+{{- $_ := set $new $key $old }}
+{{- end }}
+{{- end }}
+{{- toYaml $new }}
+{{- end }}
+
+{{/*
+values.yaml's `worker.bundles`, the defaults "deepspec.worker.bundles" compares against (a template cannot read the
+chart's own defaults apart from the user's values).
+*/}}
+{{- define "deepspec.worker.bundleDefaults" -}}
+source: none
+mountPath: /bundles
+subPath: bundle
+pvc:
+  existingClaim: ""
+  size: 50Gi
+  storageClass: ""
+  accessModes: [ReadOnlyMany]
+export:
+  format: ""
+  extraArgs: []
+  resources:
+    requests:
+      cpu: "2"
+      memory: 16Gi
+    limits:
+      memory: 16Gi
+emptyDirSizeLimit: 50Gi
+{{- end }}
+
+{{/*
+Export format for the init container: `worker.bundles.export.format`, or triton-repo (triton runtime) / pytorch.
 Usage: {{ include "deepspec.exportFormat" . }}
 */}}
 {{- define "deepspec.exportFormat" -}}
 {{- $byRuntime := dict "triton" "triton-repo" "vllm" "vllm" "sglang" "sglang" "trtllm-serve" "tensorrt-llm" }}
-{{- .Values.worker.engines.export.format | default (get $byRuntime .Values.worker.runtime) | default "pytorch" }}
+{{- $b := include "deepspec.worker.bundles" . | fromYaml }}
+{{- $b.export.format | default (get $byRuntime .Values.worker.runtime) | default "pytorch" }}
 {{- end }}
 
 {{/*

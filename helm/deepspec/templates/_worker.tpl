@@ -4,17 +4,18 @@ Usage: {{- include "deepspec.worker.validate" . }}
 */}}
 {{- define "deepspec.worker.validate" -}}
 {{- $w := .Values.worker }}
+{{- $b := include "deepspec.worker.bundles" . | fromYaml }}
 {{- if eq $w.runtime "triton" }}
-{{- if eq $w.engines.source "none" }}
-{{- fail "worker.runtime=triton serves an exported model repository: set worker.engines.source to image, pvc or export (python -m export --format triton-repo)" }}
+{{- if eq $b.source "none" }}
+{{- fail "worker.runtime=triton serves an exported model repository: set worker.bundles.source to image, pvc or export (python -m export --format triton-repo)" }}
 {{- end }}
 {{- if ne $w.device "cuda" }}
 {{- fail "worker.runtime=triton runs the TensorRT-LLM backend and needs worker.device=cuda; use worker.runtime=deepspec on CPU" }}
 {{- end }}
 {{- end }}
 {{- if include "deepspec.openaiRuntime" . }}
-{{- if eq $w.engines.source "none" }}
-{{- fail (printf "worker.runtime=%s runs the launch script python -m export --format %s writes: set worker.engines.source to export (or image/pvc holding that export)" $w.runtime (include "deepspec.exportFormat" .)) }}
+{{- if eq $b.source "none" }}
+{{- fail (printf "worker.runtime=%s runs the launch script python -m export --format %s writes: set worker.bundles.source to export (or image/pvc holding that export)" $w.runtime (include "deepspec.exportFormat" .)) }}
 {{- end }}
 {{- if ne $w.device "cuda" }}
 {{- fail (printf "worker.runtime=%s runs the engine's CUDA image and needs worker.device=cuda; use worker.runtime=deepspec on CPU" $w.runtime) }}
@@ -24,14 +25,14 @@ Usage: {{- include "deepspec.worker.validate" . }}
 {{- end }}
 {{- $own := get (dict "vllm" "vllm" "sglang" "sglang" "trtllm-serve" "tensorrt-llm") $w.runtime }}
 {{- if ne (include "deepspec.exportFormat" .) $own }}
-{{- fail (printf "worker.runtime=%s runs the launch script of --format %s: worker.engines.export.format=%s writes another; leave it empty" $w.runtime $own (include "deepspec.exportFormat" .)) }}
+{{- fail (printf "worker.runtime=%s runs the launch script of --format %s: worker.bundles.export.format=%s writes another; leave it empty" $w.runtime $own (include "deepspec.exportFormat" .)) }}
 {{- end }}
 {{- end }}
-{{- if and (eq $w.engines.source "pvc") $w.perReplicaVolume.enabled }}
-{{- fail "worker.engines.source=pvc mounts one shared claim; use worker.engines.source=export with worker.perReplicaVolume.enabled for a claim per replica" }}
+{{- if and (eq $b.source "pvc") $w.perReplicaVolume.enabled }}
+{{- fail "worker.bundles.source=pvc mounts one shared claim; use worker.bundles.source=export with worker.perReplicaVolume.enabled for a claim per replica" }}
 {{- end }}
-{{- if and (eq $w.modelCache.type "pvc") $w.perReplicaVolume.enabled (ne $w.engines.source "export") }}
-{{- fail "worker.perReplicaVolume.enabled already puts /cache on each replica's own claim: drop worker.modelCache.type=pvc, or use worker.engines.source=export" }}
+{{- if and (eq $w.modelCache.type "pvc") $w.perReplicaVolume.enabled (ne $b.source "export") }}
+{{- fail "worker.perReplicaVolume.enabled already puts /cache on each replica's own claim: drop worker.modelCache.type=pvc, or use worker.bundles.source=export" }}
 {{- end }}
 {{- $world := int (mul (int $w.triton.tensorParallel) (int $w.triton.pipelineParallel)) }}
 {{- if and (eq $w.runtime "triton") (gt $world (int $w.gpu.count)) }}
@@ -65,18 +66,19 @@ Usage: {{ include "deepspec.worker.progressDeadline" . }}
 
 {{/*
 Ephemeral storage a worker pod's emptyDir volumes may fill, in Mi: /tmp, the model cache when it is an emptyDir,
-and exported engines when they land in an emptyDir (/dev/shm is memory, not disk).
+and exported bundles when they land in an emptyDir (/dev/shm is memory, not disk).
 Usage: {{ include "deepspec.worker.ephemeralStorage" . }}
 */}}
 {{- define "deepspec.worker.ephemeralStorage" -}}
 {{- $w := .Values.worker }}
+{{- $b := include "deepspec.worker.bundles" . | fromYaml }}
 {{- $perReplica := $w.perReplicaVolume.enabled }}
 {{- $mi := 1024 }}
-{{- if and (eq $w.modelCache.type "emptyDir") (not (and $perReplica (ne $w.engines.source "export"))) }}
+{{- if and (eq $w.modelCache.type "emptyDir") (not (and $perReplica (ne $b.source "export"))) }}
 {{- $mi = add $mi (include "deepspec.mebibytes" $w.modelCache.size) }}
 {{- end }}
-{{- if and (eq $w.engines.source "export") (not $perReplica) }}
-{{- $mi = add $mi (include "deepspec.mebibytes" $w.engines.emptyDirSizeLimit) }}
+{{- if and (eq $b.source "export") (not $perReplica) }}
+{{- $mi = add $mi (include "deepspec.mebibytes" $b.emptyDirSizeLimit) }}
 {{- end }}
 {{- printf "%dMi" (int $mi) }}
 {{- end }}
@@ -99,11 +101,11 @@ Usage: {{- include "deepspec.worker.resources" (dict "ctx" . "resources" .Values
 {{- end }}
 
 {{/*
-Name of the volume holding engines, or "" when nothing is mounted (engines baked into the image, or none).
-Usage: {{ include "deepspec.worker.enginesVolume" . }}
+Name of the volume holding the bundle, or "" when nothing is mounted (a bundle baked into the image, or none).
+Usage: {{ include "deepspec.worker.bundlesVolume" . }}
 */}}
-{{- define "deepspec.worker.enginesVolume" -}}
-{{- if has .Values.worker.engines.source (list "pvc" "export") }}engines{{ end }}
+{{- define "deepspec.worker.bundlesVolume" -}}
+{{- if has (include "deepspec.worker.bundles" . | fromYaml).source (list "pvc" "export") }}bundles{{ end }}
 {{- end }}
 
 {{/*
@@ -185,7 +187,8 @@ Usage: {{- include "deepspec.worker.podTemplate" . | nindent 4 }}
 {{- $engine := include "deepspec.worker.engine" . | fromYaml }}
 {{- $scrape := include "deepspec.worker.scrape" . | fromYaml }}
 {{- $cuda := eq $w.device "cuda" }}
-{{- $enginesVolume := include "deepspec.worker.enginesVolume" . }}
+{{- $bundlesVolume := include "deepspec.worker.bundlesVolume" . }}
+{{- $b := include "deepspec.worker.bundles" . | fromYaml }}
 {{- $perReplica := $w.perReplicaVolume.enabled }}
 {{- $configMap := include "deepspec.componentName" (dict "ctx" . "component" "model") -}}
 metadata:
@@ -221,20 +224,20 @@ spec:
   terminationGracePeriodSeconds: {{ include "deepspec.gracePeriod" (dict "preStop" $w.preStopSleepSeconds "drain" $w.drainTimeoutSeconds) }}
   securityContext:
     {{- toYaml .Values.podSecurityContext | nindent 4 }}
-  {{- if eq $w.engines.source "export" }}
+  {{- if eq $b.source "export" }}
   initContainers:
-    # Exports the engine once; with a per-replica volume a restarted pod finds the manifest and skips it.
+    # Exports the bundle once; with a per-replica volume a restarted pod finds the manifest and skips it.
     # python -m export writes a scratch dir beside --out and renames it at the end, so an interrupted export is
     # never mistaken for a done one (--force replaces a directory without a manifest; *.partial is an older chart's).
-    - name: export-engine
+    - name: export-bundle
       image: {{ include "deepspec.workerImage" . }}
       imagePullPolicy: {{ $w.image.pullPolicy }}
       command: ["/bin/sh", "-ec"]
       args:
         - |
-          out="{{ ternary "$(DEEPSPEC_TRITON_MODEL_REPOSITORY)" "$(DEEPSPEC_ENGINE_DIR)" $triton }}"
+          out="{{ ternary "$(DEEPSPEC_TRITON_MODEL_REPOSITORY)" "$(DEEPSPEC_BUNDLE_DIR)" $triton }}"
           if [ -f "$out/manifest.json" ]; then
-            echo "engine already exported at $out"
+            echo "bundle already exported at $out"
             {{- if $openai }}
             # The launch script names the target's directory; an alias or GGUF target is dequantized into /cache,
             # which a new pod starts without: put it back where the script expects it.
@@ -246,7 +249,7 @@ spec:
           python -m export --target "$DEEPSPEC_TARGET" --draft "$DEEPSPEC_DRAFT" \
             --format "$DEEPSPEC_EXPORT_FORMAT" --out "$out" --force {{- if $openai }} \
             --tp {{ int $w.openai.tensorParallel }} --num-speculative-tokens "$DEEPSPEC_NUM_SPECULATIVE_TOKENS" --dtype "$DEEPSPEC_DTYPE"
-            {{- end }} {{- range $w.engines.export.extraArgs }} {{ . | quote }}{{ end }}
+            {{- end }} {{- range $b.export.extraArgs }} {{ . | quote }}{{ end }}
       envFrom:
         - configMapRef:
             name: {{ $configMap }}
@@ -256,12 +259,12 @@ spec:
         {{- toYaml . | nindent 8 }}
         {{- end }}
       resources:
-        {{- include "deepspec.worker.resources" (dict "ctx" . "resources" $w.engines.export.resources) | nindent 8 }}
+        {{- include "deepspec.worker.resources" (dict "ctx" . "resources" $b.export.resources) | nindent 8 }}
       securityContext:
         {{- toYaml .Values.securityContext | nindent 8 }}
       volumeMounts:
-        - name: engines
-          mountPath: {{ $w.engines.mountPath }}
+        - name: bundles
+          mountPath: {{ $b.mountPath }}
         {{- include "deepspec.scratchMounts" . | nindent 8 }}
         {{- if $w.shm.enabled }}
         - name: shm
@@ -317,7 +320,7 @@ spec:
       imagePullPolicy: {{ $engine.image.pullPolicy }}
       # The launch script python -m export wrote: it execs the engine with the target, the draft, tensor parallelism
       # and the speculative flags; the chart appends the pod's own flags (its "$@").
-      command: ["sh", "$(DEEPSPEC_ENGINE_DIR)/launch/{{ $engine.script }}"]
+      command: ["sh", "$(DEEPSPEC_BUNDLE_DIR)/launch/{{ $engine.script }}"]
       args:
         {{- toYaml $engine.args | nindent 8 }}
         {{- with $w.extraArgs }}
@@ -329,7 +332,7 @@ spec:
       command: ["python", "-m", "service", "worker"]
       # $(VAR) is expanded by Kubernetes from the ConfigMap below.
       args:
-        {{- if eq $w.engines.source "none" }}
+        {{- if eq $b.source "none" }}
         - --target=$(DEEPSPEC_TARGET)
         - --draft=$(DEEPSPEC_DRAFT)
         - --backend=$(DEEPSPEC_BACKEND)
@@ -346,9 +349,9 @@ spec:
         {{- end }}
         - --max-queue=$(DEEPSPEC_MAX_QUEUE)
         - --drain-timeout-s={{ $w.drainTimeoutSeconds }}
-        {{- if ne $w.engines.source "none" }}
+        {{- if ne $b.source "none" }}
         # Target and draft come from the bundle's manifest.json (flags would override it).
-        - --bundle-dir=$(DEEPSPEC_ENGINE_DIR)
+        - --bundle-dir=$(DEEPSPEC_BUNDLE_DIR)
         {{- end }}
         {{- with $w.extraArgs }}
         {{- toYaml . | nindent 8 }}
@@ -451,14 +454,14 @@ spec:
       securityContext:
         {{- toYaml .Values.securityContext | nindent 8 }}
       volumeMounts:
-        {{- if $enginesVolume }}
-        - name: engines
-          mountPath: {{ $w.engines.mountPath }}
+        {{- if $bundlesVolume }}
+        - name: bundles
+          mountPath: {{ $b.mountPath }}
           readOnly: true
         {{- end }}
         - name: tmp
           mountPath: /tmp
-        - name: {{ ternary "data" "cache" (and $perReplica (ne $w.engines.source "export")) }}
+        - name: {{ ternary "data" "cache" (and $perReplica (ne $b.source "export")) }}
           mountPath: /cache
         {{- if $w.shm.enabled }}
         - name: shm
@@ -468,7 +471,7 @@ spec:
     - name: tmp
       emptyDir:
         sizeLimit: 1Gi
-    {{- if not (and $perReplica (ne $w.engines.source "export")) }}
+    {{- if not (and $perReplica (ne $b.source "export")) }}
     - name: cache
       {{- if eq $w.modelCache.type "pvc" }}
       persistentVolumeClaim:
@@ -484,15 +487,15 @@ spec:
         medium: Memory
         sizeLimit: {{ $w.shm.sizeLimit }}
     {{- end }}
-    {{- if eq $w.engines.source "pvc" }}
-    - name: engines
+    {{- if eq $b.source "pvc" }}
+    - name: bundles
       persistentVolumeClaim:
-        claimName: {{ $w.engines.pvc.existingClaim | default (include "deepspec.componentName" (dict "ctx" . "component" "engines")) }}
+        claimName: {{ $b.pvc.existingClaim | default (include "deepspec.componentName" (dict "ctx" . "component" "bundles")) }}
         readOnly: true
-    {{- else if and (eq $w.engines.source "export") (not $perReplica) }}
-    - name: engines
+    {{- else if and (eq $b.source "export") (not $perReplica) }}
+    - name: bundles
       emptyDir:
-        sizeLimit: {{ $w.engines.emptyDirSizeLimit }}
+        sizeLimit: {{ $b.emptyDirSizeLimit }}
     {{- end }}
   {{- with $w.nodeSelector }}
   nodeSelector:
