@@ -146,6 +146,10 @@ def summarize(results: list[dict], sent: int, cancelled: int, wall_s: float, tpo
         "tpot_p50_ms": 1000 * percentile([r["tpot_s"] for r in ok], 50) if ok else None,
         "ttft_p99_ms": 1000 * percentile([r["ttft_s"] for r in ok], 99) if ok else None,
         "wall_s": wall_s,
+        "tpot_p50_ms_by_kind": {
+            kind: 1000 * percentile([r["tpot_s"] for r in ok if r["kind"] == kind], 50)
+            for kind in sorted({r["kind"] for r in ok})
+        },
     }
 
 
