@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.isolated import IsolatedDecoder, PeerFailed  # noqa: E402
+from bench.isolated import IsolatedDecoder, PeerFailed
 
 ROWS = 8
 

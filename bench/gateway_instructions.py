@@ -30,10 +30,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench.openai_upstream import MAX_TOKENS, PROMPT, stream_round  # noqa: E402
-from bench.service_common import RESULTS, Proc, free_port  # noqa: E402
+from bench.openai_upstream import MAX_TOKENS, PROMPT, stream_round
+from bench.service_common import RESULTS, Proc, free_port
 
 CONCURRENCY = 32
 

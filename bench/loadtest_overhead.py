@@ -43,13 +43,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from loadtest.arrivals import LoadPoint  # noqa: E402
-from loadtest.clients.openai_http import OpenAIHttpClient  # noqa: E402
-from loadtest.fake_server import FakeOpenAIServer, FakeServerConfig  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
-from loadtest.records import RequestInput, RequestOutput  # noqa: E402
-from loadtest.runner import run_load  # noqa: E402
-from loadtest.workload import random_requests  # noqa: E402
+from loadtest.arrivals import LoadPoint
+from loadtest.clients.openai_http import OpenAIHttpClient
+from loadtest.fake_server import FakeOpenAIServer, FakeServerConfig
+from loadtest.metrics import percentile
+from loadtest.records import RequestInput, RequestOutput
+from loadtest.runner import run_load
+from loadtest.workload import random_requests
 
 OUT_JSON = REPO / "bench" / "results" / "loadtest_overhead.json"
 OUTPUT_TOKENS = 16

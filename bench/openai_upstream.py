@@ -99,12 +99,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import httpx  # noqa: E402
-import psutil  # noqa: E402
+import httpx
+import psutil
 
-from bench.machine import cpu_flags  # noqa: E402
-from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
+from bench.machine import cpu_flags
+from bench.service_common import RESULTS, Proc, free_port, service, table
+from loadtest.metrics import percentile
 
 MAX_TOKENS = 16
 #: how long the "canned, idle" upstream waits before it answers: about what the stub upstream takes

@@ -35,11 +35,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import httpx  # noqa: E402  (after the path set-up, as every bench module)
+import httpx
 
-from bench.machine import cpu_flags, write_results  # noqa: E402
-from bench.service_common import RESULTS, free_port, service, table  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
+from bench.machine import cpu_flags, write_results
+from bench.service_common import RESULTS, free_port, service, table
+from loadtest.metrics import percentile
 
 POLICIES = ("auto", "on", "off")
 JSON_ASK = " Answer with a JSON object whose keys are 'answer' and 'reasons'."

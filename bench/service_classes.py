@@ -41,10 +41,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
+from bench.service_common import RESULTS, Proc, free_port, service, table
+from loadtest.metrics import percentile
 
 KEYS = {
     "sk-chat": {"service_class": "interactive", "ttft_objective_s": 5.0},

@@ -34,14 +34,14 @@ REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import grpc  # noqa: E402
-from tritonclient.grpc import service_pb2_grpc  # noqa: E402
+import grpc
+from tritonclient.grpc import service_pb2_grpc
 
-from bench.service_common import RESULTS, free_port, service, table  # noqa: E402
-from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb  # noqa: E402
-from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
-from service.gateway.worker_client import GenerationRequest, build_infer_request  # noqa: E402
+from bench.service_common import RESULTS, free_port, service, table
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2 as pb
+from deepspec_protocol.protos.deepspec.v1 import completions_pb2_grpc as pb_grpc
+from loadtest.metrics import percentile
+from service.gateway.worker_client import GenerationRequest, build_infer_request
 
 MAX_TOKENS = 16
 PROMPT = "def fibonacci(n):"

@@ -43,12 +43,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench.isolated import describe_exit  # noqa: E402
-from bench.service_common import RESULTS, Proc, free_port, service, table  # noqa: E402
-from deepspec.paths import eval_dataset  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
+from bench.isolated import describe_exit
+from bench.service_common import RESULTS, Proc, free_port, service, table
+from deepspec.paths import eval_dataset
+from loadtest.metrics import percentile
 
 DATASET = eval_dataset("humaneval")
 CONCURRENCY = 8

@@ -29,9 +29,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import torch  # noqa: E402
+import torch
 
-import plugins  # noqa: E402
+import plugins
 
 RESULTS = REPO_ROOT / "bench" / "results"
 

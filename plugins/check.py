@@ -58,7 +58,7 @@ def _cases(device):
         top_k = torch.where(torch.rand(B, generator=g) < 0.5, torch.randint(1, 64, (B,), generator=g), 0)
         top_p = torch.where(torch.rand(B, generator=g) < 0.5, torch.rand(B, generator=g) * 0.9 + 0.05, 1.0)
         seeds = torch.randint(2**62, (B,), generator=g)
-        to = lambda *xs: [x.to(device) for x in xs]  # noqa: E731
+        to = lambda *xs: [x.to(device) for x in xs]  # noqa: E731  (a one-line local helper)
         name = f"B{B} k{k} V{V}"
         yield "greedy_accept", name, to(drafts, num, logits), True
         yield "rejection_sample", name, to(drafts, num, logits) + [None] + to(temp, top_k, top_p, seeds), False

@@ -39,7 +39,7 @@ class Int4Blocks:
         return rows, cols
 
     def dequantize(self) -> torch.Tensor:
-        expand = lambda t: t.repeat_interleave(GROUP_SIZE, dim=1)  # noqa: E731
+        expand = lambda t: t.repeat_interleave(GROUP_SIZE, dim=1)  # noqa: E731  (a one-line local helper)
         return (self.codes.float() - 8) * expand(self.scale) + expand(self.zero)
 
     def rows(self, index: torch.Tensor) -> Int4Blocks:

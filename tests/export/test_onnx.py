@@ -19,13 +19,13 @@ import torch
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from transformers import PreTrainedTokenizerBase  # noqa: E402
+from transformers import PreTrainedTokenizerBase  # noqa: E402  (after importorskip)
 
-from deepspec.decoding import SamplingParams, SpecEngine, build_drafter  # noqa: E402
-from deepspec.models.onnx_target import OnnxTarget, load_onnx_target, session_options  # noqa: E402
-from export.onnx.exporter import export_onnx  # noqa: E402
-from export.onnx.graph import UnsupportedTarget, build_target_graph, check_supported  # noqa: E402
-from tests.conftest import CharTokenizer  # noqa: E402
+from deepspec.decoding import SamplingParams, SpecEngine, build_drafter  # noqa: E402  (after importorskip)
+from deepspec.models.onnx_target import OnnxTarget, load_onnx_target, session_options  # noqa: E402  (after importorskip)
+from export.onnx.exporter import export_onnx  # noqa: E402  (after importorskip)
+from export.onnx.graph import UnsupportedTarget, build_target_graph, check_supported  # noqa: E402  (after importorskip)
+from tests.conftest import CharTokenizer  # noqa: E402  (after importorskip)
 
 VOCAB = 64
 

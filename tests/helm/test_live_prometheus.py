@@ -571,10 +571,10 @@ def test_a_service_that_did_not_start_fails_on_ci_and_skips_elsewhere(monkeypatc
     scrape = Scrape("http://127.0.0.1:9", None, "--- gateway.log\nthe HTTP server did not start")
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="did not start"):
-        scrape.live  # noqa: B018
+        scrape.live  # noqa: B018  (reading the property is the test)
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception):
-        scrape.live  # noqa: B018
+        scrape.live  # noqa: B018  (reading the property is the test)
 
 
 ENGINE_BOARD = "deepspec-engine"

