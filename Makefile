@@ -41,7 +41,7 @@ serve: venv
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(VENV)/bin/pyright --pythonpath $(PY)
+	$(VENV)/bin/pyright --project pyproject.toml --pythonpath $(PY)
 
 # One intra-op thread per process: the suite runs servers and clients side by side on 2 cores, where
 # OpenMP's spinning worker threads would slow every forward ~10x. Benchmarks keep torch's default.

@@ -78,7 +78,9 @@ def llama_cpp_step_timer(gguf: str, threads: int, longest: int):
     """Built in a child process: `[position]` → ([], seconds of one batch-1 `llama_decode` of one token after
     `position` tokens of context, None)."""
     import numpy as np
-    from llama_cpp import Llama
+
+    # llama-cpp-python comes with the bench extra (make bench-deps); make lint runs without it
+    from llama_cpp import Llama  # pyright: ignore[reportMissingImports]
 
     llm = Llama(model_path=gguf, n_ctx=longest + 16, n_batch=512, n_threads=threads, verbose=False)
     rng = np.random.default_rng(0)

@@ -172,11 +172,13 @@ def llama_cpp_decoder(gguf: str, max_tokens, warmup_ids, n_threads: int, prompt_
     (`LlamaPromptLookupDecoding`, prompt_lookup > 0 draft tokens per step) for the second peer row. Built in a
     child process (`IsolatedDecoder`): llama.cpp is native code, and a build for the wrong CPU dies with SIGILL,
     which must cost this row only."""
-    from llama_cpp import Llama
+    # llama-cpp-python comes with the bench extra (make bench-deps); make lint runs without it
+    from llama_cpp import Llama  # pyright: ignore[reportMissingImports]
 
     draft = None
     if prompt_lookup:
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        # llama-cpp-python comes with the bench extra (make bench-deps); make lint runs without it
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding  # pyright: ignore[reportMissingImports]
 
         draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
     llm = Llama(model_path=gguf, n_ctx=2048, n_threads=n_threads, verbose=False, draft_model=draft)

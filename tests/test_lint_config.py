@@ -33,7 +33,8 @@ def test_the_pre_commit_hooks_run_the_pinned_ruff_and_the_projects_pyright():
     assert ruff["rev"] == "v" + lint_pins()["ruff"]
     assert {hook["id"] for hook in ruff["hooks"]} == {"ruff-check", "ruff-format"}
     [pyright] = repos["local"]["hooks"]
-    assert pyright["entry"] == ".venv/bin/pyright" and pyright["pass_filenames"] is False
+    # --project: a pyrightconfig.json in a folder above the checkout must not replace pyproject.toml's settings
+    assert pyright["entry"] == ".venv/bin/pyright --project pyproject.toml" and pyright["pass_filenames"] is False
 
 
 def test_make_test_runs_make_lint_and_lint_runs_both_tools():
@@ -43,7 +44,9 @@ def test_make_test_runs_make_lint_and_lint_runs_both_tools():
     lint_recipe = re.search(r"^lint:.*\n((?:\t.*\n)+)", makefile, re.M)
     assert lint_recipe
     recipe = lint_recipe.group(1)
-    assert "ruff check ." in recipe and "ruff format --check ." in recipe and "pyright" in recipe
+    assert (
+        "ruff check ." in recipe and "ruff format --check ." in recipe and "pyright --project pyproject.toml" in recipe
+    )
     extras = re.search(r"^EXTRAS \?= (.*)$", makefile, re.M)
     assert extras and "lint" in extras.group(1).split(",")
 
