@@ -38,6 +38,7 @@ if str(REPO_ROOT) not in sys.path:
 import httpx
 
 from bench.machine import cpu_flags, write_results
+from bench.service_classes import stream_one
 from bench.service_common import RESULTS, free_port, service, table
 from loadtest.metrics import percentile
 
@@ -80,39 +81,24 @@ def arrivals(rate: float, duration_s: float, seed: int) -> list[float]:
     return out
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, body: dict, args, off: bool) -> dict:
-    payload = {k: v for k, v in body.items() if k != "kind"}
-    payload |= {
-        "model": model,
-        "max_tokens": args.max_tokens,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, args, off: bool) -> dict:
+    """One streamed request of the workload (bench.service_classes.stream_one reads the stream)."""
+    extra = {k: v for k, v in body.items() if k not in ("kind", "messages")}
     if off:
-        payload["speculation"] = {"mode": "off"}
-    sent = time.perf_counter()
-    first = None
-    tokens = 0
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=payload) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return {"kind": body["kind"], "status": response.status_code, "tokens": 0}
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            if first is None and any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
-                first = time.perf_counter()
-    done = time.perf_counter()
-    first = first or done
-    tpot = (done - first) / (tokens - 1) if tokens > 1 else 0.0
-    return {"kind": body["kind"], "status": 200, "tokens": tokens, "ttft_s": first - sent, "tpot_s": tpot}
+        extra["speculation"] = {"mode": "off"}
+    result = await stream_one(client, url, "none", args.max_tokens, body["messages"], extra=extra)
+    if result["status"] != 200:
+        return {"kind": body["kind"], "status": result["status"], "tokens": 0}
+    return {
+        "kind": body["kind"],
+        "status": 200,
+        "tokens": result["completion_tokens"],
+        "ttft_s": result["ttft"],
+        "tpot_s": result["tpot"] or 0.0,
+    }
 
 
-async def run_rate(url: str, model: str, rate: float, args, off: bool) -> dict:
+async def run_rate(url: str, rate: float, args, off: bool) -> dict:
     offsets = arrivals(rate, args.duration_s, args.seed)
     bodies = workload(len(offsets), args.seed)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
@@ -121,7 +107,7 @@ async def run_rate(url: str, model: str, rate: float, args, off: bool) -> dict:
 
         async def fire(offset: float, body: dict) -> dict:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-            return await one_request(client, url, model, body, args, off)
+            return await one_request(client, url, body, args, off)
 
         tasks = [asyncio.create_task(fire(o, b)) for o, b in zip(offsets, bodies)]
         done, pending = await asyncio.wait(tasks, timeout=args.duration_s + args.drain_s)
@@ -154,19 +140,20 @@ def summarize(results: list[dict], sent: int, cancelled: int, wall_s: float, tpo
 
 
 def run_policy(policy: str, rates: list[float], args) -> dict[float, dict]:
-    port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    port, grpc_port = free_port(), free_port()
+    while grpc_port == port:  # a port just closed may be handed out again
+        grpc_port = free_port()
     flags = ["--draft", args.draft, "--http-port", str(port), "--grpc-port", str(grpc_port)]
-    flags += ["--metrics-port", str(metrics_port), "--log-level", "warning"]
+    flags += ["--metrics-port", "-1", "--log-level", "warning"]
     flags += ["--planner", "verify-all"] if policy == "on" else []
     proc = service(*flags, name=f"qps-ladder-{policy}")
     try:
         proc.wait_http(f"http://127.0.0.1:{port}/health/ready", 900)
         url = f"http://127.0.0.1:{port}"
-        model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        asyncio.run(run_rate(url, model, 0.5, argparse.Namespace(**{**vars(args), "duration_s": 4}), False))  # warm
+        asyncio.run(run_rate(url, 0.5, argparse.Namespace(**{**vars(args), "duration_s": 4}), False))  # warm
         out = {}
         for rate in rates:
-            out[rate] = asyncio.run(run_rate(url, model, rate, args, off=policy == "off"))
+            out[rate] = asyncio.run(run_rate(url, rate, args, off=policy == "off"))
             row = out[rate]
             print(
                 f"  {policy} @ {rate:g} req/s: goodput {row['goodput_tok_s']:.1f} tok/s, "

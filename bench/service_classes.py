@@ -109,12 +109,20 @@ def start(args, routing: str = "goodput", step_ms: float | None = None, tag: str
 
 
 async def stream_one(
-    client: httpx.AsyncClient, url: str, key: str, max_tokens: int, messages=None, session: str | None = None
+    client: httpx.AsyncClient,
+    url: str,
+    key: str,
+    max_tokens: int,
+    messages=None,
+    session: str | None = None,
+    extra: dict | None = None,
 ) -> dict:
-    """One streamed request: status, TTFT, TPOT (s), tokens (prompt + completion) and the response id."""
+    """One streamed request: status, TTFT, TPOT (s), tokens (prompt + completion), completion tokens and the
+    response id. `extra`: more body fields (response_format, speculation, ...)."""
     body = {"max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     path = "/v1/chat/completions" if messages else "/v1/completions"
     body.update({"messages": messages} if messages else {"prompt": PROMPT})
+    body.update(extra or {})
     headers = {"authorization": f"Bearer {key}", **({"x-session-id": session} if session else {})}
     t0, first, last, usage, rid, text = time.perf_counter(), None, None, None, None, []
     async with client.stream("POST", url + path, json=body, headers=headers) as response:
@@ -140,6 +148,7 @@ async def stream_one(
         "ttft": (first or t0) - t0,
         "tpot": (last - first) / (n - 1) if n > 1 and first is not None and last is not None else None,
         "tokens": usage["total_tokens"] if usage else 0,
+        "completion_tokens": n,
         "id": rid,
         "text": "".join(text),
         "finished": time.perf_counter(),
