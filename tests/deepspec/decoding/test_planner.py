@@ -56,17 +56,17 @@ def _prompts(target, n: int) -> list[list[int]]:
     return [target.encode(f"Tell me about fox number {i}. ") for i in range(n)]
 
 
+def _engine(target, planner: BudgetPlanner, max_batch_size: int = 1) -> SpecEngine:
+    """The engine these tests time: the stub drafter proposing 4 tokens a round."""
+    return SpecEngine(
+        target, StubDrafter(), max_batch_size=max_batch_size, max_seq_len=512, num_speculative_tokens=4, planner=planner
+    )
+
+
 def _start(fake_clock, probe_ms, **planner_options) -> tuple[SpecEngine, ClockedStub]:
     target = ClockedStub(fake_clock)
     target.ms = probe_ms
-    engine = SpecEngine(
-        target,
-        StubDrafter(),
-        max_batch_size=1,
-        max_seq_len=512,
-        num_speculative_tokens=4,
-        planner=BudgetPlanner(**planner_options),
-    )
+    engine = _engine(target, BudgetPlanner(**planner_options))
     target.ms = TRUE_MS
     return engine, target
 
@@ -132,9 +132,7 @@ def test_a_probe_that_made_drafting_look_free_is_corrected_too(fake_clock):
     """The other way round: a single-token pass probed slow (a neighbour during the one-token probes) makes every
     drafted round look cheap; the exploring target-only rounds measure the real single-token step."""
     target = ClockedStub(fake_clock)
-    engine = SpecEngine(
-        target, StubDrafter(), max_batch_size=1, max_seq_len=512, num_speculative_tokens=4, planner=BudgetPlanner()
-    )
+    engine = _engine(target, BudgetPlanner())
     planner = _budget(engine)
     planner.served = ServedSteps()
     target.ms = (1.0, 20.0)  # the truth: one token 1 ms, a drafted pass far dearer
@@ -154,14 +152,7 @@ def test_a_sampled_batch_keeps_the_curve_the_planner_started_with(fake_clock):
     assert engine.planner.step_time is not start_curve
     params = [SamplingParams(max_tokens=48, temperature=1.0, seed=7, ignore_eos=True)]
     first = engine.generate(_prompts(target, 1), params)[0]
-    again = SpecEngine(
-        target,
-        StubDrafter(),
-        max_batch_size=1,
-        max_seq_len=512,
-        num_speculative_tokens=4,
-        planner=BudgetPlanner(start_curve, learn_online=False),
-    ).generate(_prompts(target, 1), params)[0]
+    again = _engine(target, BudgetPlanner(start_curve, learn_online=False)).generate(_prompts(target, 1), params)[0]
     assert first.token_ids == again.token_ids
     assert first.proposed_per_position == again.proposed_per_position
 
@@ -172,14 +163,7 @@ def test_the_curve_is_kept_per_machine_and_the_next_start_begins_from_it(fake_cl
     cache = StepCurveCache.for_target(target, ())
     assert cache.path.parent == tmp_path / "step_curves"
     target.ms = DISTURBED_MS
-    engine = SpecEngine(
-        target,
-        StubDrafter(),
-        max_batch_size=1,
-        max_seq_len=512,
-        num_speculative_tokens=4,
-        planner=BudgetPlanner(curve_cache=cache),
-    )
+    engine = _engine(target, BudgetPlanner(curve_cache=cache))
     target.ms = TRUE_MS
     assert cache.load(False) is not None  # the probe is saved at once
     _drafted(engine, _prompts(target, 6))
@@ -189,14 +173,7 @@ def test_the_curve_is_kept_per_machine_and_the_next_start_begins_from_it(fake_cl
     # the next start reads it and probes nothing
     monkeypatch.setattr(step_timing, "_timed_pass", lambda *a: pytest.fail("probed although a curve was cached"))
     fresh = ClockedStub(fake_clock)
-    again = SpecEngine(
-        fresh,
-        StubDrafter(),
-        max_batch_size=1,
-        max_seq_len=512,
-        num_speculative_tokens=4,
-        planner=BudgetPlanner(curve_cache=StepCurveCache.for_target(fresh, ())),
-    )
+    again = _engine(fresh, BudgetPlanner(curve_cache=StepCurveCache.for_target(fresh, ())))
     assert _curve(again).predict(4) == pytest.approx(saved.predict(4))
     # another machine's file is not this machine's curve
     other = StepCurveCache(cache.path, {**cache.identity, "machine": {"cpu": "another"}})
@@ -207,26 +184,12 @@ def test_what_was_measured_beside_busy_neighbours_serves_its_start_but_is_not_ke
     target = ClockedStub(fake_clock)
     cache = StepCurveCache(tmp_path / "curve.json", StepCurveCache.for_target(target, ()).identity)
     neighbours.share = 0.6
-    engine = SpecEngine(
-        target,
-        StubDrafter(),
-        max_batch_size=1,
-        max_seq_len=512,
-        num_speculative_tokens=4,
-        planner=BudgetPlanner(curve_cache=cache),
-    )
+    engine = _engine(target, BudgetPlanner(curve_cache=cache))
     assert engine.planner.step_time is not None and cache.load(False) is None
     _drafted(engine, _prompts(target, 6))  # served passes beside the same neighbours: corrected, not kept
     assert _budget(engine)._refits >= 16 and cache.load(False) is None
     neighbours.share = 0.1
-    SpecEngine(
-        target,
-        StubDrafter(),
-        max_batch_size=1,
-        max_seq_len=512,
-        num_speculative_tokens=4,
-        planner=BudgetPlanner(curve_cache=cache),
-    )
+    _engine(target, BudgetPlanner(curve_cache=cache))
     assert cache.load(False) is not None
 
 
@@ -289,9 +252,7 @@ def test_exploring_at_eight_rows_costs_at_most_its_share_of_the_time_served(fake
         monkeypatch.setattr(planner_module, "EXPLORE_SHARE", share)
     target = CliffStub(fake_clock)
     target.ms = (5.0, 0.0)
-    engine = SpecEngine(
-        target, StubDrafter(), max_batch_size=8, max_seq_len=512, num_speculative_tokens=4, planner=BudgetPlanner()
-    )
+    engine = _engine(target, BudgetPlanner(), max_batch_size=8)
     engine.generate(_prompts(target, 16), SamplingParams(max_tokens=64, ignore_eos=True))
     planner = _budget(engine)
     spent, served = planner._explore_seconds, planner._served_seconds
