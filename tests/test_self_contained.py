@@ -60,7 +60,7 @@ def test_the_patterns_catch_what_they_guard_against():
     """The two tests above pass on a clean tree; this shows they would fail on the lines that broke clones."""
     assert OUTSIDE.search('return repo_root().parent / "shared" / "datasets"')
     parent = ".."  # spelled apart so this file does not itself hold the path it guards against
-    assert OUTSIDE.search(f"python -m training prepare --inputs {parent}/shared/datasets/train/gsm8k_train.jsonl")
+    assert OUTSIDE.search(f"python -m training prepare --inputs {parent}/shared/datasets/train/gsm8k_train.jsonl.gz")
     assert not OUTSIDE.search("one KV cache shared by every sequence; datasets/eval")
     assert [m.group(1) for m in DESIGN_DOC.finditer("the losses of ALGORITHMS.md; see docs/ALGORITHMS.md")] == [
         None,

@@ -8,14 +8,14 @@ evaluate.py.
 Runbook (default target SmolLM2-135M-Instruct, CPU):
 
     # 1. regenerate answers with the target (our engine; or --endpoint http://127.0.0.1:8081 for llama.cpp/vLLM)
-    python -m training prepare --inputs datasets/train/gsm8k_train.jsonl \\
-        datasets/train/codealpaca.jsonl --limit-per-file 300 --out training/data/smollm2-regen.jsonl
+    python -m training prepare --inputs datasets/train/gsm8k_train.jsonl.gz \\
+        datasets/train/codealpaca.jsonl.gz --limit-per-file 300 --out training/data/smollm2-regen.jsonl
     # 2. train (online target features; tiny CPU run shown — see training/configs/ for the shipped recipes)
     python -m training train --algo eagle3 --data training/data/smollm2-regen.jsonl --out runs/eagle3 \\
         optim.max_steps=200
     python -m training train -c training/configs/smollm2-135m-dspark-offline.yaml --resume
     # 2a. or distil from the target over any text: no prepare step (features + soft labels in one prefill)
-    python -m training train --algo eagle3 --labels target --data datasets/train/gsm8k_train.jsonl \
+    python -m training train --algo eagle3 --labels target --data datasets/train/gsm8k_train.jsonl.gz \
         --out runs/eagle3-distill optim.max_steps=200
     torchrun --nproc-per-node 2 -m training train --algo dflash ... dist.backend=gloo
     # the Eagle3 layout SGLang / vLLM / TensorRT-LLM load (then python -m export)
@@ -67,7 +67,7 @@ def _add_prepare(sub) -> None:
         required=True,
         type=Path,
         help="prompt files, one JSON object per line with a 'turns' list of user messages "
-        "(e.g. datasets/train/gsm8k_train.jsonl); never the eval sets",
+        "(e.g. datasets/train/gsm8k_train.jsonl.gz); never the eval sets",
     )
     p.add_argument("--out", required=True, type=Path, help="output jsonl (appended to; rows keyed by file:line)")
     p.add_argument(
@@ -162,7 +162,7 @@ def _add_train(sub) -> None:
         nargs="+",
         type=Path,
         help="regenerated conversations jsonl (data.paths); with --labels target any text rows too, "
-        "e.g. datasets/train/gsm8k_train.jsonl",
+        "e.g. datasets/train/gsm8k_train.jsonl.gz",
     )
     p.add_argument(
         "--labels",
@@ -487,9 +487,11 @@ def _check_prepare_args(args, parser) -> None:
 
 
 def _run_prepare(args, parser) -> int:
+    from training.data import recover_torn_gzip
     from training.prepare import PrepareStats, read_prompts
 
     _check_prepare_args(args, parser)
+    recover_torn_gzip(args.out)  # a .gz output a killed run left cut short: resume after its whole lines
     stats = PrepareStats()
     try:
         rows = read_prompts(args.inputs, args.limit_per_file, args.seed, stats)

@@ -104,7 +104,7 @@ class DataSection(StrictModel):
         default=[],
         description=(
             "regenerated conversations (`python -m training prepare`), or pre-tokenized {'input_ids', 'loss_mask'} "
-            "rows; with labels=target also {'text'} and {'turns'} rows (datasets/train/*.jsonl)"
+            "rows; with labels=target also {'text'} and {'turns'} rows (datasets/train/*.jsonl.gz)"
         ),
     )
     labels: Literal["regen", "target"] = Field(

@@ -23,12 +23,13 @@ its median over the prompts.
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 import time
 from pathlib import Path
 
-#: datasets/train/<name>.jsonl -> the 1-based lines whose prompts calibrate the choice: the first two of each set
+#: datasets/train/<name>.jsonl.gz -> the 1-based lines whose prompts calibrate the choice: the first two of each set
 #: outside the training data's seeded draw (module docstring; a test checks it against the draw and the data)
 CALIBRATION_LINES = {"codealpaca": (8, 11), "gsm8k_train": (8, 15)}
 #: new tokens per prompt: ~10 s per candidate on 2 cores for SmolLM2-135M
@@ -44,10 +45,11 @@ def calibration_turns() -> list[str]:
 
     turns = []
     for name, line_numbers in CALIBRATION_LINES.items():
-        path = datasets_dir() / "train" / f"{name}.jsonl"
+        path = datasets_dir() / "train" / f"{name}.jsonl.gz"
         if not path.is_file():
             continue
-        lines = path.read_text().splitlines()
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = f.read().splitlines()
         turns += [json.loads(lines[n - 1])["turns"][0] for n in line_numbers if n <= len(lines)]
     return turns
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from deepspec.paths import datasets_dir, eval_dataset, repo_root
+from training.data import read_jsonl_lines
 
 #: every shipped prompt set and its record count (datasets/README.md lists the same)
 SHIPPED = {
@@ -14,8 +15,8 @@ SHIPPED = {
     "eval/mbpp.jsonl": 257,
     "eval/lbpp.jsonl": 162,
     "eval/chat.jsonl": 40,
-    "train/gsm8k_train.jsonl": 7473,
-    "train/codealpaca.jsonl": 6552,
+    "train/gsm8k_train.jsonl.gz": 7473,
+    "train/codealpaca.jsonl.gz": 6552,
 }
 
 
@@ -23,10 +24,10 @@ def test_the_prompt_sets_ship_in_the_checkout_and_every_record_has_a_first_turn(
     monkeypatch.delenv("DEEPSPEC_DATASETS_DIR", raising=False)
     assert datasets_dir() == repo_root() / "datasets"
     readme = (datasets_dir() / "README.md").read_text()
-    assert sorted(str(p.relative_to(datasets_dir())) for p in datasets_dir().glob("*/*.jsonl")) == sorted(SHIPPED)
+    shipped = [*datasets_dir().glob("*/*.jsonl"), *datasets_dir().glob("*/*.jsonl.gz")]
+    assert sorted(str(p.relative_to(datasets_dir())) for p in shipped) == sorted(SHIPPED)
     for name, count in SHIPPED.items():
-        with (datasets_dir() / name).open(encoding="utf-8") as f:
-            records = [json.loads(line) for line in f]
+        records = [json.loads(line) for line in read_jsonl_lines(datasets_dir() / name)]
         assert len(records) == count, name
         assert all(isinstance(r["turns"][0], str) and r["turns"][0].strip() for r in records), name
         assert f"`{name.split('/')[1]}` | {count:,} |" in readme, f"datasets/README.md does not describe {name}"

@@ -198,7 +198,7 @@ def test_calibration_prompts_are_held_out_of_every_shipped_drafts_data_and_the_e
     drawn = {
         row.id
         for row in read_prompts(
-            [datasets_dir() / "train" / f"{name}.jsonl" for name in CALIBRATION_LINES], 4000, 0, PrepareStats()
+            [datasets_dir() / "train" / f"{name}.jsonl.gz" for name in CALIBRATION_LINES], 4000, 0, PrepareStats()
         )
     }  # training/data/README.md's command
     regen = Path(repo_root()) / "training" / "data" / "smollm2-135m-regen.jsonl.gz"

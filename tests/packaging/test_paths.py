@@ -22,7 +22,7 @@ def test_the_shipped_drafts_and_datasets_are_the_packages(monkeypatch):
     monkeypatch.delenv("DEEPSPEC_DATASETS_DIR", raising=False)
     assert paths.drafts_dir() == (paths.SHIPPED / "drafts").resolve()
     assert (paths.drafts_dir() / "smollm2-135m-corpus" / "config.json").is_file()
-    assert (paths.datasets_dir() / "train" / "codealpaca.jsonl").is_file()
+    assert (paths.datasets_dir() / "train" / "codealpaca.jsonl.gz").is_file()
     # in a checkout the package's folders are the checkout's own (links), so nothing is kept twice
     assert paths.drafts_dir() == paths.repo_root() / "drafts"
 

@@ -31,8 +31,8 @@ MUST_SHIP = (
     "deepspec/models/native/decoder.c",
     "deepspec/_shipped/drafts/smollm2-135m-corpus/config.json",
     "deepspec/_shipped/drafts/smollm2-135m-corpus/eval.json",
-    "deepspec/_shipped/datasets/train/codealpaca.jsonl",  # the engine choice's calibration prompts
-    "deepspec/_shipped/datasets/train/gsm8k_train.jsonl",
+    "deepspec/_shipped/datasets/train/codealpaca.jsonl.gz",  # the engine choice's calibration prompts
+    "deepspec/_shipped/datasets/train/gsm8k_train.jsonl.gz",
     "deepspec_protocol/protos/deepspec/v1/completions.proto",
     "deepspec_protocol/protos/deepspec/v1/completions_pb2.py",
     "loadtest/prompts/humaneval.jsonl",

@@ -1,5 +1,5 @@
 """The target the option is for: the gemma3-270m GGUF ships no `tokenizer.chat_template`. The issue's command
-(`train --target gemma3-270m --labels target --data datasets/train/gsm8k_train.jsonl`) stopped with transformers'
+(`train --target gemma3-270m --labels target --data datasets/train/gsm8k_train.jsonl.gz`) stopped with transformers'
 raw error; now it stops on one line naming `--chat-template gemma3`, and with the built-in the gsm8k rows render as
 Gemma 3 turns through the real tokenizer. The weights load once in this module (the train refusal); everything
 else needs the tokenizer only."""
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 from deepspec.models.chat_templates import resolve_chat_template  # noqa: E402  (after importorskip)
 from deepspec.paths import datasets_dir  # noqa: E402  (after importorskip)
 from training.__main__ import main  # noqa: E402  (after importorskip)
-from training.data import load_sequences, tokenize_conversation  # noqa: E402  (after importorskip)
+from training.data import load_sequences, read_jsonl_lines, tokenize_conversation  # noqa: E402  (after importorskip)
 
 REFUSAL = (
     "error: target gemma3-270m ships no chat template; pass --chat-template gemma3 (built-ins: smollm2, qwen, "
@@ -28,7 +28,7 @@ REFUSAL = (
 def gsm8k_rows(tmp_path_factory):
     """The first 2 rows of the issue's data file."""
     path = tmp_path_factory.mktemp("gemma3") / "gsm8k_2.jsonl"
-    lines = (datasets_dir() / "train" / "gsm8k_train.jsonl").read_text().splitlines()[:2]
+    lines = read_jsonl_lines(datasets_dir() / "train" / "gsm8k_train.jsonl.gz")[:2]
     path.write_text("\n".join(lines) + "\n")
     return path
 
