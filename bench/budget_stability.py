@@ -11,7 +11,7 @@ differ by at most 10%. Per start the table gives the probed t(1) and t(8), draft
 over every round, and tok/s.
 
     python -m bench.budget_stability                       # 4 starts, 8 prompts x 96 tokens
-    python -m bench.budget_stability --prompts training/data/synth/prompts.heldout.jsonl
+    python -m bench.budget_stability --prompts training/data/synth/prompts.heldout.jsonl.gz
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from training.data import read_jsonl_lines
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HELD_OUT_CHAT = REPO_ROOT / "training" / "data" / "synth" / "prompts.heldout.jsonl"
+HELD_OUT_CHAT = REPO_ROOT / "training" / "data" / "synth" / "prompts.heldout.jsonl.gz"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,7 +57,7 @@ def _burn() -> None:
 
 
 def load_chat_prompts(target, path: Path, count: int) -> list[list[int]]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:count]
+    rows = [json.loads(line) for line in read_jsonl_lines(path) if line.strip()][:count]
     return [target.encode_chat([{"role": "user", "content": row["turns"][0]}]) for row in rows]
 
 

@@ -32,7 +32,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-HELDOUT_SYNTH = REPO_ROOT / "training" / "data" / "synth" / "prompts.heldout.jsonl"
+from training.data import read_jsonl_lines
+
+HELDOUT_SYNTH = REPO_ROOT / "training" / "data" / "synth" / "prompts.heldout.jsonl.gz"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -77,14 +79,13 @@ def set_turns(spec: str, n: int) -> list[str]:
     """The first user turns of the first `n` prompts of a set: an eval name or a JSONL file."""
     from deepspec.paths import eval_dataset
 
-    path = Path(spec) if spec.endswith(".jsonl") else eval_dataset(spec)
+    path = Path(spec) if spec.endswith((".jsonl", ".jsonl.gz")) else eval_dataset(spec)
     if not path.is_file():
         raise SystemExit(
             f"no prompt set {spec!r} (looked for {path}); the synthetic split is made by "
             f"`python -m training synth` (training/data/README.md)"
         )
-    with path.open() as f:
-        return [json.loads(line)["turns"][0] for _, line in zip(range(n), f)]
+    return [json.loads(line)["turns"][0] for line in read_jsonl_lines(path)[:n]]
 
 
 def count_row(

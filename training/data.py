@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import sys
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +62,46 @@ def read_jsonl_lines(path: str | Path) -> list[str]:
             return f.read().splitlines()
     except (EOFError, gzip.BadGzipFile) as exc:
         raise ValueError(f"{path}: not a readable gzip file ({exc}); re-compress it with `gzip -k`") from None
+
+
+def recover_torn_gzip(path: str | Path) -> int | None:
+    """Mend a `.jsonl.gz` that an appending writer (synth, prepare) left cut short when it was killed: its last gzip
+    member has no end, so every reader would refuse the whole file. The file is rewritten with every whole line that
+    decompresses (the writers flush every few rows, so that is all but the last seconds of work) and the next run
+    appends after them. Returns the lines kept, or None where the file is whole, plain or absent. Readers stay strict
+    (`read_jsonl_lines`): only the tool that owns a file mends it, at its own start."""
+    path = Path(path)
+    if path.suffix != ".gz" or not path.is_file():
+        return None
+    try:
+        read_jsonl_lines(path)
+        return None
+    except ValueError:
+        pass
+    text = _decompressed_prefix(path.read_bytes()).decode("utf-8", errors="replace")
+    whole = text[: text.rfind("\n") + 1]
+    mended = path.with_name(path.name + ".mending")
+    with gzip.open(mended, "wt", encoding="utf-8") as f:
+        f.write(whole)
+    os.replace(mended, path)
+    kept = whole.count("\n")
+    print(f"{path}: cut short by a killed writer; kept its {kept} whole lines", file=sys.stderr)
+    return kept
+
+
+def _decompressed_prefix(data: bytes) -> bytes:
+    """What a run of gzip members decompresses to, up to where the data stops making sense."""
+    out = []
+    while data:
+        member = zlib.decompressobj(wbits=31)
+        try:
+            out.append(member.decompress(data))
+        except zlib.error:
+            break
+        if not member.eof:
+            break
+        data = member.unused_data
+    return b"".join(out)
 
 
 def jsonl_stem(path: str | Path) -> str:

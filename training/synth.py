@@ -114,8 +114,7 @@ class SynthFiles:
 
     @property
     def rejected(self) -> Path:
-        name = heldout_path(self.prompts).name.replace(".heldout.", ".rejected.")
-        return self.prompts.with_name(name.removesuffix(".gz"))
+        return self.prompts.with_name(heldout_path(self.prompts).name.replace(".heldout.", ".rejected."))
 
     def existing(self) -> list[Path]:
         return [p for p in (self.prompts, self.heldout, self.rejected) if p.is_file() and p.stat().st_size]

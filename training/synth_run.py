@@ -38,14 +38,14 @@ def add_synth_parser(sub, add_chat_template) -> None:
         "--answers",
         type=Path,
         default=None,
-        help="conversations jsonl to write the answers to (plain: appended while running)",
+        help="conversations jsonl to write the answers to (.jsonl or .jsonl.gz: appended while running)",
     )
     p.add_argument(
         "--mix",
         nargs="*",
         type=Path,
         default=[],
-        help="prompt files answered alongside (e.g. datasets/train/*.jsonl); never the eval sets",
+        help="prompt files answered alongside (e.g. datasets/train/*.jsonl.gz); never the eval sets",
     )
     p.add_argument("--mix-limit-per-file", type=int, default=None, help="rows drawn per --mix file (default all)")
     p.add_argument(
@@ -111,12 +111,6 @@ def _check(args, parser) -> None:
         parser.error("user turns are sampled: need --temperature > 0 and 0 < --top-p <= 1")
     if args.max_seq_len <= args.max_tokens:
         parser.error("--max-seq-len must exceed --max-tokens (it holds the prompt and the answer)")
-    for path in (args.out, args.answers):
-        if path is not None and path.suffix == ".gz":
-            parser.error(
-                f"{path}: write plain .jsonl (gzip it when the run is done): a gzip member cut short by a "
-                f"killed run leaves the file unreadable past that point, and a long run gets killed"
-            )
     existing = SynthFiles(args.out).existing() + ([args.answers] if args.answers and args.answers.is_file() else [])
     if existing and not args.resume:
         parser.error(f"{existing[0]} exists: pass --resume to continue it, or choose another --out")
@@ -127,6 +121,7 @@ def run_synth_cli(args, parser) -> int:
     from training.prepare import load_engine_target
 
     _check(args, parser)
+    _mend_torn_files(args)
     try:
         target, backend = load_engine_target(
             args.target, args.backend, dtype=args.dtype, chat_template=args.chat_template, num_threads=args.threads
@@ -174,6 +169,18 @@ def run_synth_cli(args, parser) -> int:
     }
     print(json.dumps(summary))
     return 0
+
+
+def _mend_torn_files(args) -> None:
+    """.jsonl.gz outputs a killed run left cut short (training.data.recover_torn_gzip), mended before anything reads
+    them: the tracked synthetic data (training/data/synth) is written compressed and appended to across runs."""
+    from training.data import recover_torn_gzip
+    from training.synth import SynthFiles
+
+    files = SynthFiles(args.out)
+    for path in (files.prompts, files.heldout, files.rejected, args.answers):
+        if path is not None:
+            recover_torn_gzip(path)
 
 
 def _kept_so_far(out: Path) -> int:

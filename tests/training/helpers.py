@@ -114,3 +114,17 @@ def write_conversations(path, rows: int = 6, seed: int = 0):
                 + "\n"
             )
     return path
+
+
+def tear_gzip(path, partial_line: str) -> None:
+    """Leave `path` (.jsonl.gz) as a writer killed mid-member does: `partial_line` appended in a new gzip member that
+    was flushed but never closed (no end of stream, no trailer)."""
+    import gzip
+    from pathlib import Path
+
+    path = Path(path)
+    with gzip.open(path, "at", encoding="utf-8") as f:
+        f.write(partial_line)
+        f.flush()
+        torn = path.read_bytes()
+    path.write_bytes(torn)

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from deepspec.paths import repo_root
-from training.data import load_sequences, read_jsonl_lines
+from tests.training.helpers import tear_gzip
+from training.data import load_sequences, read_jsonl_lines, recover_torn_gzip
 from training.prepare import PrepareStats, finished_ids, read_prompts, regenerate
 
 SHIPPED = repo_root() / "training" / "data" / "smollm2-135m-regen.jsonl.gz"
@@ -68,6 +69,27 @@ def test_a_truncated_gzip_file_names_itself(tmp_path):
     packed.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="c.jsonl.gz: not a readable gzip file"):
         read_jsonl_lines(packed)
+
+
+def test_a_file_a_killed_writer_cut_short_is_mended_to_its_whole_lines(tmp_path):
+    """Appending writers flush every few rows; killed, they leave a last member without its end, which every reader
+    refuses. The owner mends it at its next start: the whole lines stay, the cut one goes, and appending goes on."""
+    packed = tmp_path / "c.jsonl.gz"
+    rows = _conversations(5)
+    with gzip.open(packed, "wt", encoding="utf-8") as f:
+        f.write("\n".join(rows[:3]) + "\n")
+    tear_gzip(packed, rows[3] + "\n" + rows[4][:20])
+    with pytest.raises(ValueError, match="not a readable gzip file"):
+        read_jsonl_lines(packed)
+    assert recover_torn_gzip(packed) == 4
+    assert read_jsonl_lines(packed) == rows[:4]
+    with gzip.open(packed, "at", encoding="utf-8") as f:
+        f.write(rows[4] + "\n")
+    assert read_jsonl_lines(packed) == rows
+    assert recover_torn_gzip(packed) is None  # a whole file is left as it is
+    plain = tmp_path / "c.jsonl"
+    plain.write_text(rows[0][:10])
+    assert recover_torn_gzip(plain) is None and plain.read_text() == rows[0][:10]
 
 
 def test_the_shipped_regenerated_data_reads_as_its_documented_rows():

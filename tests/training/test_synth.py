@@ -9,7 +9,9 @@ import string
 
 import pytest
 
+from tests.training.helpers import tear_gzip
 from training import heldout
+from training.data import read_jsonl_lines
 from training.synth_filters import Deduplicator, distinct_n, reject_reason, topic_of
 
 SPECIALS = frozenset({1, 2})
@@ -229,21 +231,18 @@ def test_cli_synthesizes_answers_and_writes_a_card(tmp_path, tiny_target, capsys
     with pytest.raises(SystemExit):  # existing files are only extended on purpose
         main(args)
     capsys.readouterr()
-    with pytest.raises(SystemExit):  # a long run appends: a gzip member torn by a kill would hide what follows
-        main(
-            [
-                "synth",
-                "--out",
-                str(tmp_path / "fresh" / "p.jsonl"),
-                "--num-prompts",
-                "2",
-                "--answers",
-                str(tmp_path / "fresh" / "conv.jsonl.gz"),
-                "--target",
-                str(target_dir),
-            ]
-        )
-    assert "write plain .jsonl" in capsys.readouterr().err
+    # compressed outputs (the tracked data is): a run killed mid-member is mended by the next, which goes on
+    packed = tmp_path / "packed" / "p.jsonl.gz"
+    packed_answers = packed.with_name("c.jsonl.gz")
+    packed_args = [*args[:2], str(packed), args[3], "2", args[5], str(packed_answers), *args[7:]]
+    assert main(packed_args) == 0
+    answered = read_jsonl_lines(packed_answers)
+    for path in (packed, packed_answers):
+        tear_gzip(path, '{"id": "cut mid-li')
+    assert main([*packed_args[:4], "4", *packed_args[5:], "--resume"]) == 0
+    assert len(read_jsonl_lines(packed)) + len(read_jsonl_lines(packed.with_name("p.heldout.jsonl.gz"))) == 4
+    mended = read_jsonl_lines(packed_answers)
+    assert mended[: len(answered)] == answered and all(json.loads(line)["id"] for line in mended)
     assert main([*args[:4], "8", *args[5:], "--resume"]) == 0
     assert len(_texts(out)) + len(_texts(out.with_name("prompts.heldout.jsonl"))) == 8
 
