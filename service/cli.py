@@ -102,8 +102,9 @@ def _add_model_flags(g: _Group, d: Callable[[str], str]) -> None:
         choices=WEIGHT_FORMATS,
         help=f"weight format (default {d('quantization')}: each backend's own). pytorch: none (dense in "
         "--dtype) or gguf (a GGUF target's own 4-bit weights; CPU, bf16); onnx: none, int8 or int4 "
-        "(the first start's export); native: int8 or int4. Refused where the backend does not "
-        "take it; with --backend auto only auto applies",
+        "(the first start's export); native: int8 or int4. Refused where --backend names one that "
+        "does not take it; with --backend auto only the backends that take it are weighed, each in "
+        "it (gguf: pytorch, not measured; int8/int4: onnx and native; none: pytorch and onnx)",
     )
     g.add_argument(
         "--chat-template",

@@ -15,7 +15,8 @@ the benchmarks' `--backend` choices, the settings' validation and the loaders al
 - `auto` (a choice, not a backend): the one measured fastest on this machine (service/worker/fastest_backend.py).
 
 Each record says which values of the one weight-format option (deepspec/models/quantization.py WEIGHT_FORMATS)
-apply to it, so a value that does not is refused instead of ignored. Torch-free at import: command lines read the
+apply to it, so a value that does not is refused instead of ignored, and `auto` weighs only the backends that
+honour the value given (`backends_honouring`). Torch-free at import: command lines read the
 choices before anything loads.
 """
 
@@ -181,6 +182,12 @@ def backend_choices(without: tuple[str, ...] = ()) -> tuple[str, ...]:
     """What a `--backend` flag offers: every backend but those `without` (a stage that has no use for them), then
     auto."""
     return (*(name for name in _BACKENDS if name not in without), AUTO)
+
+
+def backends_honouring(weights: str) -> tuple[str, ...]:
+    """The registered backends that honour weight format `weights`, in registration order: every one for auto,
+    those whose `weight_formats` name it otherwise (what `--backend auto --quantization X` weighs)."""
+    return tuple(name for name, backend in _BACKENDS.items() if weights in backend.weight_formats)
 
 
 def resolve_backend(name: str) -> InferenceBackend:

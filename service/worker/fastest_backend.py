@@ -24,6 +24,11 @@ products, AVX-512), so it is measured, not assumed:
    entry made by an older release for the same settings is deleted when its successor is created (`key.json` says
    what each entry was made for).
 
+`--quantization X` (other than auto) narrows the candidates to the backends that honour X (deepspec/models/backends.py
+`weight_formats`), each loaded in it: `gguf` leaves the PyTorch decoder alone, served without measuring; `int8` and
+`int4` the ONNX export (made in X) and the native decoder, measured as above; `none` the PyTorch decoder and the
+fp32 export. The cache key holds X, so each format's choice is cached apart.
+
 `--backend pytorch`, `--backend onnx` or `--backend native` skips the measurement. Auto leaves out, without measuring,
 an engine that cannot run: ONNX on a CUDA device, without onnxruntime, for a target its graph does not describe, or
 when the export fails; native on a CUDA device or without a C compiler (each logged; naming the engine raises
@@ -41,7 +46,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from deepspec.models.backends import AUTO, NATIVE, ONNX, PYTORCH, backend_choices, resolve_backend
+from deepspec.models.backends import (
+    AUTO,
+    NATIVE,
+    ONNX,
+    PYTORCH,
+    backend_choices,
+    backends_honouring,
+    resolve_backend,
+)
 from deepspec.neighbours import NeighbourShare
 
 if TYPE_CHECKING:
@@ -93,50 +106,91 @@ class BackendChoice:
 
 
 def choose_backend(settings) -> BackendChoice:
-    """The engine these worker settings run: measured and cached for `auto` (module docstring)."""
+    """The backend these worker settings run: named by --backend, the one backend that honours --quantization, or
+    measured among those that do (all for `--quantization auto`) and cached (module docstring)."""
     if settings.bundle_dir is not None:
         return BackendChoice("bundle", f"as exported in {settings.bundle_dir}")
     if settings.target == "stub":
         return BackendChoice(PYTORCH, "the stub target")
-    if settings.backend == PYTORCH:
-        return BackendChoice(PYTORCH, "--backend pytorch")
-    native = native_blocker(settings)
-    if settings.backend == NATIVE:
-        if native:
-            raise ValueError(f"--backend native: {native}")
-        return BackendChoice(NATIVE, "--backend native")
-    blocker = onnx_blocker(settings)
-    if blocker and settings.backend == ONNX:
-        raise ValueError(f"--backend onnx: {blocker}")
-    if blocker and native:
-        return BackendChoice(PYTORCH, f"the ONNX engine does not apply: {blocker}; the native one: {native}")
+    if settings.backend != AUTO:
+        return _named_choice(settings, settings.backend, f"--backend {settings.backend}")
+    honouring = backends_honouring(settings.quantization)
+    if len(honouring) == 1:
+        return _named_choice(settings, honouring[0], _sole_reason(settings.quantization))
+    blockers = {name: _blocker(settings, name) for name in honouring}
+    runnable = [name for name in honouring if blockers[name] is None]
+    why_not = "; ".join(f"{name}: {reason}" for name, reason in blockers.items() if reason)
+    if len(runnable) < 2:
+        weights = "" if settings.quantization == AUTO else f" that honour --quantization {settings.quantization}"
+        if not runnable:
+            raise ValueError(f"none of the backends{weights} can run here ({why_not})")
+        return _named_choice(settings, runnable[0], f"the other backends{weights} cannot run here ({why_not})")
+    return _measured_choice(settings, runnable)
+
+
+def _sole_reason(weights: str) -> str:
+    return f"--quantization {weights}: the only backend that honours it, served without measuring"
+
+
+def _blocker(settings, backend: str) -> str | None:
+    """Why `backend` cannot serve these settings, or None (the native decoder is built here if it is not built
+    yet; the PyTorch decoder is assumed to run anywhere)."""
+    if backend == PYTORCH:
+        return None
+    return onnx_blocker(settings) if backend == ONNX else resolve_backend(backend).unavailable(settings.device)
+
+
+def _named_choice(settings, backend: str, why: str) -> BackendChoice:
+    """`backend`, the one to serve for the reason `why`, measuring nothing: ValueError saying why it cannot run here;
+    the ONNX backend's bundle is exported into the cache on the first start."""
+    if backend == PYTORCH:
+        return BackendChoice(PYTORCH, why)
+    if reason := _blocker(settings, backend):
+        raise ValueError(f"{why}: {reason}")
+    if backend != ONNX:
+        return BackendChoice(backend, why)
+    with _cache_entry(settings) as root:
+        return BackendChoice(ONNX, why, ensure_onnx_export(settings, root / "onnx"))
+
+
+def _measured_choice(settings, runnable: list[str]) -> BackendChoice:
+    """The fastest of the `runnable` backends (two or more), measured on the first start and cached; where the ONNX
+    export or the measurement fails, the PyTorch decoder (or, where the weight format rules it out, the next
+    backend that honours it) serves instead."""
+    others = [name for name in runnable if name != ONNX]
     try:
-        root = bundle_cache_dir(settings)
-        root.mkdir(parents=True, exist_ok=True)
-        with _locked(root):  # two workers starting together on one machine export once
-            if not (root / "key.json").is_file():  # a new entry: the ones an upgrade superseded go
-                key = cache_key(settings)
-                (root / "key.json").write_text(json.dumps(key, indent=2) + "\n")
-                for old in prune_superseded(root, key):
-                    logger.info("removed the superseded bundle cache %s", old)
+        with _cache_entry(settings) as root:
             onnx_dir = None
-            if not blocker:
+            if ONNX in runnable:
                 try:
                     onnx_dir = ensure_onnx_export(settings, root / "onnx")
                 except (RuntimeError, OSError) as e:
-                    if settings.backend == ONNX or native:
+                    if len(others) < 2:  # one backend left: the fallback below serves it, saying why
                         raise
                     logger.warning("the ONNX engine could not be prepared (%s): weighing the others", e)
-            if settings.backend == ONNX:
-                return BackendChoice(ONNX, "--backend onnx", onnx_dir)
-            return cached_choice(root, onnx_dir, native is None) or measure_choice(
-                settings, root, onnx_dir, native is None
-            )
+            native, pytorch = NATIVE in runnable, PYTORCH in runnable
+            return cached_choice(root, onnx_dir, native, pytorch) or measure_choice(settings, root, onnx_dir, native)
     except (RuntimeError, OSError, ValueError) as e:  # an export or a measurement that failed (a broken draft, ...)
-        if settings.backend == ONNX:
+        if not others:
             raise
-        logger.warning("serving the PyTorch engine: the other engines could not be prepared (%s)", e)
-        return BackendChoice(PYTORCH, f"the other engines could not be prepared ({e})")
+        logger.warning("serving the %s backend: the other backends could not be prepared (%s)", others[0], e)
+        return BackendChoice(others[0], f"the other engines could not be prepared ({e})")
+
+
+@contextlib.contextmanager
+def _cache_entry(settings):
+    """The settings' cache folder (bundle_cache_dir), created with its key.json on first use (pruning the entries an
+    upgrade superseded), locked while the export and the measurement run: two workers starting together on one
+    machine export once."""
+    root = bundle_cache_dir(settings)
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root):
+        if not (root / "key.json").is_file():  # a new entry: the ones an upgrade superseded go
+            key = cache_key(settings)
+            (root / "key.json").write_text(json.dumps(key, indent=2) + "\n")
+            for old in prune_superseded(root, key):
+                logger.info("removed the superseded bundle cache %s", old)
+        yield root
 
 
 @contextlib.contextmanager
@@ -160,11 +214,6 @@ def onnx_blocker(settings) -> str | None:
     from export.api import onnx_unsupported_reason
 
     return onnx_unsupported_reason(settings.target)
-
-
-def native_blocker(settings) -> str | None:
-    """Why these settings cannot run on the native CPU decoder, or None (building it here if it is not built)."""
-    return resolve_backend(NATIVE).unavailable(settings.device)
 
 
 def bundle_cache_dir(settings) -> Path:
@@ -260,16 +309,16 @@ def ensure_onnx_export(settings, out: Path) -> Path:
     return out
 
 
-def cached_choice(root: Path, onnx_dir: Path | None, native: bool = True) -> BackendChoice | None:
+def cached_choice(root: Path, onnx_dir: Path | None, native: bool = True, pytorch: bool = True) -> BackendChoice | None:
     """The choice recorded by an earlier start, or None when there is none, it is unreadable, or the engine it chose
-    cannot run now."""
+    cannot run now (`native`, `pytorch`: whether those are candidates; the ONNX engine is where `onnx_dir` is)."""
     try:
         record = json.loads((root / CHOICE_FILE).read_text())
         # "engine": the key of records written before the backends had their name
         engine, reason = record.get("backend", record.get("engine")), record["reason"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    runnable = {PYTORCH, *([ONNX] if onnx_dir is not None else []), *([NATIVE] if native else [])}
+    runnable = {name for name, runs in ((PYTORCH, pytorch), (ONNX, onnx_dir is not None), (NATIVE, native)) if runs}
     if engine not in runnable or record.get("version") != CHOICE_VERSION:
         return None
     if record.get("provisional") and record.get("attempts", 1) < MAX_BUSY_ATTEMPTS:
@@ -306,8 +355,9 @@ def measure_choice(settings, root: Path, onnx_dir: Path | None, native: bool = F
     """Time each candidate's verify-step curve (the ONNX export's was recorded when it was exported) and score it
     with its draft's round cost on that engine where the draft runs a model (the model); then decode the calibration
     prompts on each as it would serve them (export/onnx/decode_rate.py) and keep the fastest measured, or, without
-    calibration prompts, the best modelled. Candidates: the PyTorch engine always, the ONNX export when there is
-    one, the native decoder when `native`. Writes choice.json."""
+    calibration prompts, the best modelled. Candidates, each in the settings' weight format: the PyTorch engine where
+    it honours that format, the ONNX export when there is one, the native decoder when `native`. Writes
+    choice.json."""
     import time
 
     from deepspec.decoding.verify_budget import modelled_tokens_per_second
@@ -384,7 +434,7 @@ def load_with(backend: InferenceBackend, spec: str, **options) -> Target:
 
 def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) -> _Candidates:
     from deepspec.decoding import build_drafter
-    from deepspec.decoding.draft_time import measure_draft_time
+    from deepspec.decoding.draft_time import measure_draft_time, runs_a_model
     from deepspec.models.step_curve import measure_recorded_curve, recorded_curve
     from export.api import exported_draft_dir, served_drafter
 
@@ -396,36 +446,41 @@ def _candidates(settings, onnx_dir: Path | None, onnx_meta: dict, native: bool) 
         out.curves[name] = curve or measure_recorded_curve(target)
         out.labels[name] = label
         out.served[name] = (target, served_drafter(target) if name == ONNX else build_drafter(draft, target))
+        out.draft_times[name] = draft_time(name)
 
     def draft_time(name: str):
         """The draft's batch-1 round on candidate `name`, timed on the drafter it would serve with (the engine binds
-        it again); None without a draft directory or for a draft that runs no model."""
+        it again; the ONNX export's own timing where it recorded one); None without a draft directory or for a
+        draft that runs no model."""
         target, drafter = out.served[name]
-        return measure_draft_time(target, drafter, depth) if draft_dir is not None else None
+        if draft_dir is None or not runs_a_model(drafter):
+            return None
+        exported = _exported_draft_time(onnx_meta, depth) if name == ONNX else None
+        return exported or measure_draft_time(target, drafter, depth)
 
-    target = load_with(
-        resolve_backend(PYTORCH),
-        settings.target,
-        weights=settings.quantization,
-        dtype=settings.dtype,
-        device=settings.device,
-        chat_template=settings.chat_template,
-    )
-    add(PYTORCH, target, f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}")
-    out.draft_times[PYTORCH] = draft_time(PYTORCH)
-    runs_a_model = out.draft_times[PYTORCH] is not None  # the same draft class on every engine
+    weights = settings.quantization
+    if PYTORCH in backends_honouring(weights):  # int8 / int4 are the ONNX export's and the native decoder's only
+        target = load_with(
+            resolve_backend(PYTORCH),
+            settings.target,
+            weights=weights,
+            dtype=settings.dtype,
+            device=settings.device,
+            chat_template=settings.chat_template,
+        )
+        add(PYTORCH, target, f"PyTorch {'GGUF 4-bit' if target.quantization == 'gguf' else settings.dtype}")
     if onnx_dir is not None and (onnx_curve := recorded_curve(onnx_meta.get("step_curve"))):
         onnx_target = load_with(resolve_backend(ONNX), str(onnx_dir))
         add(ONNX, onnx_target, f"ONNX {onnx_meta.get('quantization', '?')}", onnx_curve)
-        out.draft_times[ONNX] = (_exported_draft_time(onnx_meta, depth) or draft_time(ONNX)) if runs_a_model else None
     if native:
         from deepspec.models.native.target import NativeTarget
 
-        native_target = resolve_backend(NATIVE).load(settings.target, chat_template=settings.chat_template)
+        native_target = load_with(
+            resolve_backend(NATIVE), settings.target, weights=weights, chat_template=settings.chat_template
+        )
         if not isinstance(native_target, NativeTarget):
             raise TypeError(f"the native backend loaded a {type(native_target).__name__}, not a NativeTarget")
         add(NATIVE, native_target, f"native {native_target.quantization} ({native_target.isa})")
-        out.draft_times[NATIVE] = draft_time(NATIVE) if runs_a_model else None
     return out
 
 
@@ -456,10 +511,12 @@ def _exported_draft_time(onnx_meta: dict, depth: int):
 
 
 def describe_cached_choice(settings) -> str | None:
-    """One line for --help: the choice recorded for these settings on this machine, or None before the first
-    start (reads choice.json only; measures nothing)."""
+    """One line for --help: the choice recorded for these settings on this machine (or the one backend that honours
+    their weight format), or None before the first start (reads choice.json only; measures nothing)."""
     if settings.backend != AUTO or settings.bundle_dir is not None or settings.target == "stub":
         return None
+    if len(honouring := backends_honouring(settings.quantization)) == 1:
+        return f"{honouring[0]}: {_sole_reason(settings.quantization)}"
     root = bundle_cache_dir(settings)
     choice = cached_choice(root, root / "onnx")
     return f"{choice.backend}: {choice.reason}" if choice else None

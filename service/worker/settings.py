@@ -49,7 +49,8 @@ class WorkerSettings(ServiceSettings):
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 decodes ~2x faster on CPU (prepacked oneDNN matmuls)
     #: the weight format (deepspec/models/quantization.py): "auto" = the backend's own choice; "none" / "gguf"
     #: (pytorch: dense in `dtype`, a GGUF target's 4-bit weights), "int8" / "int4" (onnx: the first start's export;
-    #: native). A value the backend does not honour is refused; with backend auto only "auto" applies
+    #: native). A value the backend does not honour is refused; backend auto weighs only the backends that honour
+    #: it (gguf: pytorch alone, not measured; int8 / int4: onnx and native, measured; none: pytorch and onnx)
     quantization: WeightFormat = "auto"
     #: chat template for a target that ships none: a built-in (smollm2, qwen, gemma3) or a Jinja file
     chat_template: str | None = None
@@ -106,16 +107,11 @@ class WorkerSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _weight_format_applies(self):
-        """A weight format the chosen backend does not honour is refused, never ignored; with backend auto each
-        candidate runs its own, so only "auto" applies (a bundle and the stub target carry their own weights)."""
-        if self.quantization == AUTO or self.bundle_dir is not None or self.target == "stub":
+        """A weight format the chosen backend does not honour is refused, never ignored; with backend auto the
+        choice weighs only the backends that honour it, each loaded in it (fastest_backend.choose_backend), so
+        every value applies there (a bundle and the stub target carry their own weights)."""
+        if self.quantization == AUTO or self.backend == AUTO or self.bundle_dir is not None or self.target == "stub":
             return self
-        if self.backend == AUTO:
-            takes = [b for b in BACKENDS if b != AUTO and self.quantization in resolve_backend(b).weight_formats]
-            raise ValueError(
-                f"--quantization {self.quantization} names one backend's weights, and --backend auto "
-                f"weighs each candidate in its own: give --backend {' or '.join(takes)} as well"
-            )
         resolve_backend(self.backend).check_weight_format(self.quantization)
         return self
 

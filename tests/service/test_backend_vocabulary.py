@@ -1,7 +1,7 @@
 """One vocabulary (issue 43 item 3): the worker's inference backend is `--backend` (DEEPSPEC_WORKER_BACKEND) and an
 export's folder a bundle (`--bundle-dir`); the old `--engine` / `--engine-dir` and their variables still work, with
 a FutureWarning naming the new name. The one weight-format option (`--quantization`) is refused where the backend
-does not take it instead of being ignored (the native backend ignored it)."""
+named does not take it instead of being ignored (the native backend ignored it); with `--backend auto` it applies."""
 
 from __future__ import annotations
 
@@ -89,8 +89,9 @@ def test_a_weight_format_the_backend_takes_is_kept(backend, weights):
     assert worker_of(parse_config(["worker", "--backend", backend, "--quantization", weights])).quantization == weights
 
 
-def test_with_backend_auto_only_auto_weights_apply(capsys):
-    with pytest.raises(SystemExit):
-        parse_config(["worker", "--quantization", "int8"])
-    assert "give --backend onnx or native as well" in capsys.readouterr().err
+@pytest.mark.parametrize("weights", ["none", "gguf", "int8", "int4"])
+def test_with_backend_auto_every_weight_format_applies(weights):
+    """Auto weighs only the backends that honour the format (tests/service/test_fastest_backend.py)."""
+    worker = worker_of(parse_config(["worker", "--quantization", weights]))
+    assert (worker.backend, worker.quantization) == ("auto", weights)
     assert WorkerSettings().quantization == "auto" and WorkerSettings(target="stub", quantization="int8")

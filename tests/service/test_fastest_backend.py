@@ -187,6 +187,70 @@ def test_the_engine_that_decodes_fastest_is_chosen_over_the_best_modelled(target
     )
 
 
+def _no_work(*args, **kwargs):
+    raise AssertionError("measured or exported where nothing was to be")
+
+
+def test_a_weight_format_only_pytorch_honours_is_served_unmeasured(target_dir, cache, monkeypatch):
+    """--quantization gguf with --backend auto: the PyTorch decoder is the only backend that takes it, so it is
+    served without a measurement, an export or a cache entry, and the reason (and --help's line) says why."""
+    monkeypatch.setattr(fastest_backend, "measure_choice", _no_work)
+    monkeypatch.setattr("export.api.export_bundle", _no_work)
+    settings = _settings(target_dir, quantization="gguf")
+    choice = choose_backend(settings)
+    assert choice.backend == "pytorch"
+    assert choice.reason == "--quantization gguf: the only backend that honours it, served without measuring"
+    assert describe_cached_choice(settings) == f"pytorch: {choice.reason}"
+    assert not cache.exists() or not list(cache.glob("bundles/*"))
+
+
+@pytest.mark.parametrize("weights, native_layers", [("int8", "int8"), ("int4", "q4")])
+def test_auto_weighs_only_the_backends_that_honour_the_weight_format_each_in_it(
+    target_dir, cache, monkeypatch, weights, native_layers
+):
+    """--quantization int8 / int4 with --backend auto: the ONNX export (made in that format) and the native decoder
+    (its layers in it: int4 = its 4-bit blocks, where its auto keeps this float target on int8) are measured; the
+    PyTorch decoder, which takes neither, is not even loaded. The choice is cached under the format."""
+    import export.onnx.decode_rate as decode_rate
+    from deepspec.models.native import NativeTarget
+    from deepspec.models.onnx_target import OnnxTarget
+
+    weighed = {}
+
+    def measured(candidates, depth, *rest):
+        weighed.update({name: target for name, (target, _) in candidates.items()})
+        rates = {"onnx": 50.0, "native": 70.0}
+        return {name: {"tokens_per_second": rates[name], "acceptance_length": None} for name in candidates}
+
+    monkeypatch.setattr(decode_rate, "measure_served_rates", measured)
+    settings = _settings(target_dir, quantization=weights, num_speculative_tokens=2)
+    choice = choose_backend(settings)
+    assert set(weighed) == {"onnx", "native"}
+    assert isinstance(weighed["onnx"], OnnxTarget) and isinstance(weighed["native"], NativeTarget)
+    assert weighed["native"].quantization == native_layers
+    record = json.loads((fastest_backend.bundle_cache_dir(settings) / CHOICE_FILE).read_text())
+    assert record["onnx_quantization"] == weights and set(record["step_curves"]) == {"onnx", "native"}
+    assert choice.backend == "native" and f"against ONNX {weights}'s 50" in choice.reason
+    assert fastest_backend.cache_key(settings)["quantization"] == weights
+    monkeypatch.setattr(fastest_backend, "measure_choice", _no_work)
+    again = choose_backend(settings)
+    assert again.backend == "native" and "cached in" in again.reason
+
+
+def test_a_weight_format_whose_backends_cannot_run_is_refused_or_served_by_the_one_that_can(
+    target_dir, cache, monkeypatch
+):
+    with pytest.raises(ValueError, match=r"none of the backends that honour --quantization int8 can run here \(onnx"):
+        choose_backend(_settings(target_dir, quantization="int8", device="cuda"))
+    monkeypatch.setattr(fastest_backend, "onnx_blocker", lambda settings: "onnxruntime is not installed")
+    monkeypatch.setattr(fastest_backend, "measure_choice", _no_work)
+    choice = choose_backend(_settings(target_dir, quantization="int4"))
+    assert choice.backend == "native"
+    assert choice.reason == (
+        "the other backends that honour --quantization int4 cannot run here (onnx: onnxruntime is not installed)"
+    )
+
+
 def test_engine_onnx_serves_the_cached_export_through_the_worker(target_dir, cache):
     from deepspec.decoding import SamplingParams
     from deepspec.models.onnx_target import OnnxTarget

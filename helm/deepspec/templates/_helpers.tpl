@@ -103,13 +103,14 @@ Usage: {{ include "deepspec.dtype" . }}
 
 {{/*
 Inference backend of a DeepSpec worker: `model.backend`, or its deprecated name `model.engine` where set. A weight
-format (`model.quantization`) the backend does not take fails the render, as the worker would refuse it at start;
-the table mirrors deepspec/models/backends.py (tests/helm/test_backend_values.py keeps the two equal).
+format (`model.quantization`) the backend does not take fails the render, as the worker would refuse it at start
+(`auto` takes every one: it weighs the backends that honour it); the table mirrors deepspec/models/backends.py
+(tests/helm/test_backend_values.py keeps the two equal).
 Usage: {{ include "deepspec.backend" . }}
 */}}
 {{- define "deepspec.backend" -}}
 {{- $backend := .Values.model.engine | default .Values.model.backend -}}
-{{- $takes := dict "auto" (list "auto") "pytorch" (list "auto" "none" "gguf") "onnx" (list "auto" "none" "int8" "int4") "native" (list "auto" "int8" "int4") -}}
+{{- $takes := dict "auto" (list "auto" "none" "gguf" "int8" "int4") "pytorch" (list "auto" "none" "gguf") "onnx" (list "auto" "none" "int8" "int4") "native" (list "auto" "int8" "int4") -}}
 {{- $q := .Values.model.quantization -}}
 {{- $b := include "deepspec.worker.bundles" . | fromYaml -}}
 {{- if and (eq .Values.worker.runtime "deepspec") (eq $b.source "none") (not (has $q (get $takes $backend))) -}}
