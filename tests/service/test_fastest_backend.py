@@ -237,6 +237,24 @@ def test_auto_weighs_only_the_backends_that_honour_the_weight_format_each_in_it(
     assert again.backend == "native" and "cached in" in again.reason
 
 
+def test_the_worker_serves_an_auto_choice_in_the_weight_format_given(target_dir, cache, monkeypatch):
+    """--quantization int8 with --backend auto, the ONNX export measured fastest: the worker loads that bundle
+    (exported in int8, which its loader checks against the format asked for) and decodes with it."""
+    import export.onnx.decode_rate as decode_rate
+    from deepspec.decoding import SamplingParams
+    from deepspec.models.onnx_target import OnnxTarget
+    from service.worker.engine import load_engine
+
+    def measured(candidates, depth, *rest):
+        rates = {"onnx": 90.0, "native": 10.0}
+        return {name: {"tokens_per_second": rates[name], "acceptance_length": None} for name in candidates}
+
+    monkeypatch.setattr(decode_rate, "measure_served_rates", measured)
+    loaded = load_engine(_settings(target_dir, quantization="int8", max_seq_len=64, max_batch_size=1))
+    assert isinstance(loaded.target, OnnxTarget) and loaded.backend_choice.startswith("onnx: ONNX int8 decoded")
+    assert len(loaded.engine.generate([[1, 40, 41, 42]], SamplingParams(max_tokens=4))[0].token_ids) == 4
+
+
 def test_a_weight_format_whose_backends_cannot_run_is_refused_or_served_by_the_one_that_can(
     target_dir, cache, monkeypatch
 ):
