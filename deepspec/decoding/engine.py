@@ -79,6 +79,8 @@ class SpecEngine:
         self.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         #: token trees are verified in one pass with tree attention; otherwise as each tree's chain of first children
         self.tree_attention = target.supports_tree_attention
+        #: the target scores each row's own number of tokens in a pass: the planner picks a depth per row
+        self.ragged_rows = getattr(target, "ragged_rows", False)  # TODO(ragged): protocol
         # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
         self.cache = target.new_cache(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1)
         #: the answers served to each session, for requests that name one (SamplingParams.session)
@@ -353,8 +355,11 @@ class SpecEngine:
         if proposal is not None:
             with self._phase("budget"):
                 counts = [min(n, cap) for n, cap in zip(proposal.num_tokens.tolist(), caps)]
-                depth = self.planner.chain_depth(seqs, proposal, counts)
-                counts = [min(n, depth) for n in counts]
+                if self.ragged_rows:
+                    counts = [min(n, d) for n, d in zip(counts, self.planner.row_depths(seqs, proposal, counts))]
+                else:
+                    depth = self.planner.chain_depth(seqs, proposal, counts)
+                    counts = [min(n, depth) for n in counts]
                 num_drafts = torch.tensor(counts, dtype=torch.long)
                 k = max(counts)
                 draft_tokens = proposal.tokens[:, :k]  # on the drafter's device: read back with the round's result
@@ -366,8 +371,10 @@ class SpecEngine:
         k = draft_tokens.shape[1]
         inputs = torch.cat([pending.to(device), draft_tokens.to(device)], dim=1)
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
+        # a ragged pass where rows verify different depths: each row scores its own 1 + drafts tokens, no padding
+        lengths = num_drafts + 1 if self.ragged_rows and k and int(num_drafts.min()) < k else None
         with self._phase("target"):
-            logits, features = self._verify_pass(inputs, start, k)  # logits [B, k+1, V]
+            logits, features = self._verify_pass(inputs, start, k, row_lengths=lengths)  # logits [B, k+1, V]
         if masks:
             draft_probs = mask_chains(masks, logits, num_drafts, draft_probs)
 
@@ -398,30 +405,31 @@ class SpecEngine:
         )
 
     def _verify_pass(
-        self, inputs: torch.Tensor, start: torch.Tensor, k: int, tree_parents: torch.Tensor | None = None
+        self,
+        inputs: torch.Tensor,
+        start: torch.Tensor,
+        k: int,
+        tree_parents: torch.Tensor | None = None,
+        row_lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target's verify pass over inputs [B, 1 + k] after each row's cache → (logits [B, 1 + k, V], features
-        or None); timed for the planner where it learns from served passes."""
+        or None; row b's positions past row_lengths[b] zero where given); timed for the planner where it learns from
+        served passes."""
         seqs = self._batch
         timed = self.planner.times_passes
         t0 = step_timing.clock() if timed else 0.0
         rows, max_start = self.cache.rows(0, len(seqs)), max(s.cache_len for s in seqs)
-        if tree_parents is None:  # tree_parents only to targets with tree attention
-            out = self.target.forward(
-                inputs, start, rows, feature_layers=self.feature_layers, logits="all", max_start=max_start
-            )
-        else:
-            out = self.target.forward(
-                inputs,
-                start,
-                rows,
-                feature_layers=self.feature_layers,
-                logits="all",
-                max_start=max_start,
-                tree_parents=tree_parents,
-            )
+        shape = {}  # tree_parents only to targets with tree attention, row_lengths to those with ragged rows
+        if tree_parents is not None:
+            shape["tree_parents"] = tree_parents
+        if row_lengths is not None:
+            shape["row_lengths"] = row_lengths
+        out = self.target.forward(
+            inputs, start, rows, feature_layers=self.feature_layers, logits="all", max_start=max_start, **shape
+        )
         if timed:
-            self.planner.observe_pass(len(seqs), 1 + k, sum(s.cache_len for s in seqs), step_timing.clock() - t0)
+            tokens = row_lengths.tolist() if row_lengths is not None else [1 + k] * len(seqs)
+            self.planner.observe_pass(tokens, [s.cache_len for s in seqs], step_timing.clock() - t0)
         if out.logits is None:
             raise RuntimeError(f"target '{self.target.name}' returned no logits for a verify pass (logits='all')")
         return out.logits, out.features

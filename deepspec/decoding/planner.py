@@ -43,6 +43,7 @@ from deepspec.decoding.verify_budget import (
     StepTimeModel,
     best_depth,
     best_nodes,
+    best_row_depths,
     observed_survival,
 )
 from deepspec.neighbours import NeighbourShare
@@ -114,12 +115,17 @@ class RoundPlanner:
         """The depth the round verifies the proposed chains to; `counts` [B] are each row's capped draft counts."""
         return max(counts, default=0)
 
+    def row_depths(self, rows: list, proposal: PaddedProposal, counts: list[int]) -> list[int]:
+        """Each row's own verify depth, asked instead of `chain_depth` where the target verifies ragged rows
+        (Target.ragged_rows); at most `counts`."""
+        return list(counts)
+
     def keep_tree(self, rows: list, proposal: PaddedProposal) -> PaddedProposal:
         """The proposed trees (node counts already capped) with the nodes that are not worth verifying cut."""
         return proposal
 
-    def observe_pass(self, num_rows: int, tokens_per_row: int, context_keys: int, seconds: float) -> None:
-        """A verify pass ran: `num_rows` rows of `tokens_per_row` tokens after `context_keys` positions in all."""
+    def observe_pass(self, row_tokens: list[int], row_keys: list[int], seconds: float) -> None:
+        """A verify pass ran: row b scored row_tokens[b] tokens after row_keys[b] cached positions."""
 
     def round_done(self, rows: list, accepted: list[int]) -> None:
         """The round committed; `accepted` [B] drafts per row."""
@@ -155,6 +161,8 @@ class BudgetPlanner(RoundPlanner):
         self.acceptance_history = AcceptanceHistory()
         self.served = ServedSteps()
         self._shape: EngineShape | None = None
+        #: the target verifies ragged rows: depths are chosen per row (`row_depths`) and drafting priced that way
+        self._ragged = False
         self._online = False
         self._refits = 0
         #: other processes' CPU share since the curve was last kept (bind, observe_pass)
@@ -180,6 +188,7 @@ class BudgetPlanner(RoundPlanner):
 
     def bind(self, shape: EngineShape) -> None:
         self._shape = shape
+        self._ragged = getattr(shape.target, "ragged_rows", False)  # TODO(ragged): protocol
         if shape.drafter is None or not shape.num_speculative_tokens:
             return
         target = shape.target
@@ -267,50 +276,96 @@ class BudgetPlanner(RoundPlanner):
             return width if best_depth([[1.0] * width] * len(caps), self._model(rows)) > 0 else 0
         survival = _live(self._observed_survival(rows, width), caps)
         if not costly or draft_time is None:
+            if self._ragged:
+                return width if any(best_row_depths(survival, self._ragged_seconds(rows))) else 0
             return width if best_depth(survival, self._model(rows)) > 0 else 0
         depth = best_depth(survival, self._model(rows), draft_time.round_seconds(costly, torch.arange(width + 1)))
         return width if depth and tree else depth
 
     def chain_depth(self, rows: list, proposal: PaddedProposal, counts: list[int]) -> int:
         """The depth the budget pays for on the proposal's own survival estimates or, where it has none, on each
-        sequence's acceptance record.
+        sequence's acceptance record (`_chain_survival`), one depth for the whole padded batch."""
+        if self._step_time is None:
+            return max(counts, default=0)
+        if self._explore is not None:
+            return self._explore
+        survival, estimates = self._chain_survival(rows, proposal, counts)
+        depth = best_depth(survival, self._model(rows), self._verify_extra(rows, proposal.tokens.shape[1]))
+        self._expect(rows, estimates, [depth] * len(rows))
+        return depth
+
+    def row_depths(self, rows: list, proposal: PaddedProposal, counts: list[int]) -> list[int]:
+        """Each row's own depth on a target that verifies ragged rows: the same survival as `chain_depth`, slots
+        ranked across the batch (verify_budget.best_row_depths) and priced as the pass they make, Σ (d_b + 1)
+        tokens, so a row drafts as deep as its own survival pays for at the batch's step cost."""
+        if self._step_time is None:
+            return list(counts)
+        if self._explore is not None:
+            return [min(n, self._explore) for n in counts]
+        survival, estimates = self._chain_survival(rows, proposal, counts)
+        depths = best_row_depths(survival, self._ragged_seconds(rows))
+        self._expect(rows, estimates, depths)
+        return depths
+
+    def _chain_survival(
+        self, rows: list, proposal: PaddedProposal, counts: list[int]
+    ) -> tuple[list[list[float]], list[list[float]] | None]:
+        """([B][width] survival the round's depths are priced on, the drafter's own estimates or None).
 
         A greedy row's estimates are scaled by how far they have held for it (verify_budget.EstimateCalibration),
         and in a batch of several rows also capped by its record: at 8 rows an extra verify token costs ~6% of a
         pass. A deterministic draft (no q: corpus lookup's tables) is accepted by a sampled row only with the
         target's probability of it, so a sampled row's estimate is capped by its own record: once drafting stops
         paying for it, it stops drafting."""
-        if self._step_time is None:
-            return max(counts, default=0)
-        if self._explore is not None:
-            return self._explore
         width = proposal.tokens.shape[1]
         sampled = [not s.params.greedy for s in rows]
         estimates = None if proposal.survival is None else _live(proposal.survival.tolist(), counts)
         if estimates is None:
-            survival = _live(self._observed_survival(rows, width), counts)
-        else:
-            all_greedy = not any(sampled)
+            return _live(self._observed_survival(rows, width), counts), None
+        all_greedy = not any(sampled)
+        survival = [
+            [min(v * factor, 1.0) for v in row]
+            for row, factor in zip(estimates, (s.calibration.factor(all_greedy) for s in rows))
+        ]
+        if proposal.probs is None and (len(rows) > 1 or any(sampled)):
             survival = [
-                [min(v * factor, 1.0) for v in row]
-                for row, factor in zip(estimates, (s.calibration.factor(all_greedy) for s in rows))
+                [min(e if is_sampled else v, o) for e, v, o in zip(estimated, calibrated, observed)]
+                for estimated, calibrated, observed, is_sampled in zip(
+                    estimates, survival, self._observed_survival(rows, width), sampled
+                )
             ]
-            if proposal.probs is None and (len(rows) > 1 or any(sampled)):
-                survival = [
-                    [min(e if is_sampled else v, o) for e, v, o in zip(estimated, calibrated, observed)]
-                    for estimated, calibrated, observed, is_sampled in zip(
-                        estimates, survival, self._observed_survival(rows, width), sampled
-                    )
-                ]
-        extra = None
-        if self.verify_overhead is not None:  # a target-only round pays the op's short path, which all rounds share
-            extra = [0.0] + [self.verify_overhead[any(sampled)]] * width
-        depth = best_depth(survival, self._model(rows), extra)
-        if estimates is not None and depth:
-            for seq, row in zip(rows, estimates):
-                if seq.params.greedy:
-                    seq.calibration.expect(sum(row[:depth]))
-        return depth
+        return survival, estimates
+
+    def _verify_extra(self, rows: list, width: int) -> list[float] | None:
+        """[width + 1] seconds the acceptance op adds to a round verifying each depth (a target-only round pays its
+        short path, which all rounds share), or None where it was not probed."""
+        if self.verify_overhead is None:
+            return None
+        return [0.0] + [self.verify_overhead[any(not s.params.greedy for s in rows)]] * width
+
+    def _ragged_seconds(self, rows: list):
+        """depths [B] -> seconds of a ragged verify pass: the curve at Σ (d_b + 1) tokens, each row's attention over
+        its own context (StepTimeModel.per_key_query), and the acceptance op where any row drafts."""
+        step_time, start_curve = self._curves()
+        model = step_time if all(s.params.greedy for s in rows) else start_curve
+        keys = [s.cache_len for s in rows]
+        extra = self._verify_extra(rows, 1)
+        drafted = extra[1] if extra is not None else 0.0
+
+        def seconds(depths: list[int]) -> float:
+            tokens = sum(depths) + len(depths)
+            attention = model.per_key_query * sum((d + 1) * k for d, k in zip(depths, keys))
+            return model.seconds(tokens) + attention + (drafted if any(depths) else 0.0)
+
+        return seconds
+
+    def _expect(self, rows: list, estimates: list[list[float]] | None, depths: list[int]) -> None:
+        """Tell each greedy row's calibration what its drafts at `depths` are expected to win."""
+        if estimates is None:
+            return
+        for seq, row, depth in zip(rows, estimates, depths):
+            if depth and seq.params.greedy:
+                seq.calibration.expect(sum(row[:depth]))
 
     def keep_tree(self, rows: list, proposal: PaddedProposal) -> PaddedProposal:
         """Each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens pay best
@@ -331,20 +386,21 @@ class BudgetPlanner(RoundPlanner):
         keep = best_nodes(monotone_survival(survival, parents, num), self._model(rows))
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
 
-    def observe_pass(self, num_rows: int, tokens_per_row: int, context_keys: int, seconds: float) -> None:
+    def observe_pass(self, row_tokens: list[int], row_keys: list[int], seconds: float) -> None:
         """Learn from a served pass (step_timing.ServedSteps): its seconds less the modelled attention, at its size."""
         if not self._online:
             return
         step_time, start_curve = self._curves()
+        num_rows, tokens = len(row_tokens), sum(row_tokens)
         self._served_seconds += seconds
         if self._explore:
-            target_only = step_time.seconds(num_rows) + start_curve.per_key_query * context_keys
+            target_only = step_time.seconds(num_rows) + start_curve.per_key_query * sum(row_keys)
             self._explore_seconds += max(0.0, seconds - target_only)
-        seconds -= start_curve.per_key_query * tokens_per_row * context_keys
-        if start_curve.rows_serial and num_rows > 1 and tokens_per_row > 1:
-            self.served.add(tokens_per_row, seconds / num_rows)
+        seconds -= start_curve.per_key_query * sum(n * k for n, k in zip(row_tokens, row_keys))
+        if start_curve.rows_serial and num_rows > 1 and max(row_tokens) > 1:
+            self.served.add(max(row_tokens), seconds / num_rows)
         else:
-            self.served.add(num_rows * tokens_per_row, seconds)
+            self.served.add(tokens, seconds)
         if self.served.due():
             self._step_time = corrected = self.served.corrected(start_curve)
             self._refits += 1

@@ -30,6 +30,8 @@ piecewise-linearly, not with one fitted line: with 4-bit weights a pass switches
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
+from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 import torch
@@ -221,6 +223,33 @@ def best_depth(survival, model: RoundTimes, draft_seconds=None) -> int:
     the first of equal ones."""
     throughputs = _throughputs(survival, model, draft_seconds)
     return throughputs.index(max(throughputs))
+
+
+def best_row_depths(survival: list[list[float]], pass_seconds: Callable[[list[int]], float]) -> list[int]:
+    """Each row's own verify depth, for a target that verifies ragged rows (Target.ragged_rows: a pass costs the
+    tokens its rows hold, not B times the longest). survival [B][k] as `best_depth` reads it; `pass_seconds(depths)`
+    prices a pass where row b verifies depths[b] drafts. Draft slots are taken best first across the batch (each
+    row's next slot, by its survival, held non-increasing along the row so a row's slots come in order), and the
+    depths kept are those of the highest modelled tokens per second, (B + Σ_b Σ_{j<d_b} survival[b][j]) /
+    pass_seconds(depths): `best_depth`'s rule without the padding, so one row's confident draft is verified without
+    every other row verifying as deep (vLLM's adaptive verification ranks draft slots across the batch alike). Ties
+    keep the shallower depths."""
+    depths = [0] * len(survival)
+    best, gain = list(depths), float(len(survival))
+    best_rate = gain / pass_seconds(depths)
+    heap = [(-row[0], b, 0) for b, row in enumerate(survival) if row and row[0] > 0]
+    heapify(heap)
+    while heap:
+        negative, b, j = heappop(heap)
+        gain -= negative
+        depths[b] = j + 1
+        rate = gain / pass_seconds(depths)
+        if rate > best_rate:
+            best_rate, best = rate, list(depths)
+        row = survival[b]
+        if j + 1 < len(row) and row[j + 1] > 0:
+            heappush(heap, (max(-row[j + 1], negative), b, j + 1))
+    return best
 
 
 def _throughputs(survival, model: RoundTimes, draft_seconds=None) -> list[float]:
