@@ -355,7 +355,8 @@ def _add_eval_workload(p, *, num_prompts: int, datasets_note: str = "") -> None:
     p.add_argument(
         "--datasets",
         default="humaneval,gsm8k,mbpp",
-        help=f"comma-separated eval sets from datasets/eval (default humaneval,gsm8k,mbpp){datasets_note}",
+        help=f'comma-separated eval sets from datasets/eval, or {{"turns"}} .jsonl(.gz) files such as '
+        f"training/data/synth/prompts.heldout.jsonl.gz (default humaneval,gsm8k,mbpp){datasets_note}",
     )
     p.add_argument(
         "--num-prompts", type=int, default=num_prompts, help=f"first N prompts of each dataset (default {num_prompts})"

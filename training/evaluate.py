@@ -54,19 +54,23 @@ class EvalResult:
 
 
 def load_eval_prompts(name: str, count: int) -> list[str]:
+    """The first `count` first turns of an eval set: a name under datasets/eval, or a `{"turns"}` JSON-lines file
+    (plain or .gz) such as the synthetic held-out split, which no draft trains on."""
     from deepspec.paths import datasets_dir
+    from training.data import read_jsonl_lines
 
-    path = datasets_dir() / "eval" / f"{name}.jsonl"
+    path = Path(name) if name.endswith((".jsonl", ".jsonl.gz")) else datasets_dir() / "eval" / f"{name}.jsonl"
     if not path.is_file():
         available = sorted(p.stem for p in (datasets_dir() / "eval").glob("*.jsonl"))
-        raise FileNotFoundError(f"eval dataset '{name}' not found at {path}; available: {available}")
-    prompts = []
-    with path.open() as f:
-        for line in f:
-            if len(prompts) >= count:
-                break
-            prompts.append(json.loads(line)["turns"][0])
-    return prompts
+        raise FileNotFoundError(f"eval dataset '{name}' not found at {path}; available: {available} or a .jsonl file")
+    return [json.loads(line)["turns"][0] for line in read_jsonl_lines(path)[:count]]
+
+
+def eval_set_name(name: str) -> str:
+    """What results call a set: a datasets/eval name as it is, a file by its stem (`prompts.heldout`)."""
+    from training.data import jsonl_stem
+
+    return jsonl_stem(name) if name.endswith((".jsonl", ".jsonl.gz")) else name
 
 
 def _run(engine, prompts, params, progress=None, **fields) -> tuple[list, float]:
@@ -173,7 +177,9 @@ def evaluate(
         engine.forget_acceptance()  # and out of the budget's prior
     out: dict[str, list[EvalResult]] = {name: [] for name in drafters}
     sets = {
-        name: [target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)]
+        eval_set_name(name): [
+            target.encode_chat([{"role": "user", "content": p}]) for p in load_eval_prompts(name, num_prompts)
+        ]
         for name in datasets
     }
     total = sum(len(p) for p in sets.values()) * len(temperatures) * (1 + len(engines))

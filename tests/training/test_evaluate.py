@@ -219,3 +219,18 @@ def test_eval_verify_all_turns_the_verify_budget_off(tmp_path, monkeypatch, veri
     assert code == 0
     assert built == [not verify_all]
     assert json.loads((out / "eval.json").read_text())["settings"]["verify_budget"] is (not verify_all)
+
+
+def test_a_prompt_file_is_an_eval_set_named_by_its_stem(tmp_path):
+    """The synthetic held-out split is evaluated from its (gzip) file, and its results are called `prompts.heldout`,
+    the name `--draft auto`'s ranking reads chat results under (deepspec.models.drafts.CHAT_SETS)."""
+    import gzip
+
+    from deepspec.models.drafts import CHAT_SETS
+    from training.evaluate import eval_set_name, load_eval_prompts
+
+    path = tmp_path / "prompts.heldout.jsonl.gz"
+    path.write_bytes(gzip.compress(b"".join(json.dumps({"turns": [f"q{i}"]}).encode() + b"\n" for i in range(5))))
+    assert load_eval_prompts(str(path), 3) == ["q0", "q1", "q2"]
+    assert eval_set_name(str(path)) == "prompts.heldout" in CHAT_SETS
+    assert eval_set_name("chat") == "chat" in CHAT_SETS

@@ -16,6 +16,7 @@ from deepspec.models.drafts import (
     best_shipped_draft,
     build_draft,
     load_draft,
+    ranked_shipped_drafts,
     save_draft,
 )
 from tests.training.helpers import tiny_draft, tiny_target
@@ -155,6 +156,32 @@ def test_best_shipped_draft_picks_highest_greedy_tau(target, tmp_path):
     assert _name(best_shipped_draft(target, tmp_path)) == "c"
     # `auto`'s floor on τ: below it no draft qualifies
     assert best_shipped_draft(target, tmp_path, min_acceptance_length=3.1) is None
+
+
+def test_a_draft_measured_faster_on_chat_is_preferred_to_a_higher_tau_on_the_shipped_sets(target, tmp_path):
+    """Most served traffic is chat: `auto` ranks drafts measured on chat by their speedup there before τ elsewhere."""
+    rows = {
+        "code-expert": [("humaneval", 3.5, 1.6), ("chat", 1.2, 1.02)],
+        "generalist": [("humaneval", 2.4, 1.3), ("chat", 1.6, 1.25), ("prompts.heldout", 1.7, 1.3)],
+        "unmeasured-on-chat": [("humaneval", 3.9, 1.8)],
+    }
+    for name, results in rows.items():
+        d = save_draft(tiny_draft(target, "eagle3"), tmp_path / name)
+        (d / "eval.json").write_text(
+            json.dumps(
+                {
+                    "results": [
+                        {"dataset": s, "temperature": 0.0, "acceptance_length": tau, "speedup": speed}
+                        for s, tau, speed in results
+                    ]
+                }
+            )
+        )
+    assert [p.name for p in ranked_shipped_drafts(target, tmp_path)] == [
+        "generalist",
+        "code-expert",
+        "unmeasured-on-chat",
+    ]
 
 
 # ---- the canonical EAGLE-3 layout (what SGLang, vLLM and TensorRT-LLM load) ------------------------------------
