@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dataset",
         default=DATASET.stem,
-        help="eval set of datasets/eval to send (default %(default)s; chat = the held-out chat set)",
+        help="eval set of datasets/eval to send (default %(default)s; chat = the held-out chat set), or a {turns} "
+        ".jsonl(.gz) file such as training/data/synth/prompts.heldout.jsonl.gz",
     )
     parser.add_argument(
         "--only",
@@ -267,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m bench.service_throughput: warning: --engine is deprecated: use --backend", file=sys.stderr)
     temperatures = list(dict.fromkeys(args.temperature or [0.0, 1.0]))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    lines = eval_dataset(args.dataset).read_text().splitlines()
+    from training.data import read_jsonl_lines
+
+    named = args.dataset.endswith((".jsonl", ".jsonl.gz"))
+    lines = read_jsonl_lines(args.dataset if named else eval_dataset(args.dataset))
     prompts = [json.loads(line)["turns"][0] for line in lines[: args.concurrency * args.requests_per_client]]
 
     report = {
