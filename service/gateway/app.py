@@ -14,7 +14,7 @@ import contextlib
 import functools
 import hmac
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from starlette.middleware.errors import ServerErrorMiddleware
@@ -52,6 +52,11 @@ class GatewayState:
     pool: WorkerPool
     dispatcher: Dispatcher
     api_keys: frozenset[str]
+    #: each key (UTF-8) -> the caller identity it stands for: digested once here, not on every request
+    _callers: dict[bytes, str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._callers = {key.encode(): caller_id(key) for key in self.api_keys}
 
     @classmethod
     def build(cls, settings: GatewaySettings) -> GatewayState:
@@ -99,10 +104,11 @@ class GatewayState:
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        matches = [key for key in self.api_keys if hmac.compare_digest(token.strip().encode(), key.encode())]
+        sent = token.strip().encode()
+        matches = [caller for key, caller in self._callers.items() if hmac.compare_digest(sent, key)]
         if not matches:
             raise AuthenticationError("incorrect API key provided", code="invalid_api_key")
-        return caller_id(matches[0])
+        return matches[0]
 
 
 def _inflight_limit(pool: WorkerPool, per_worker: int) -> int | None:

@@ -190,6 +190,24 @@ def test_service_classes_load_from_yaml_and_refuse_unknown_classes(tmp_path):
         ServiceClasses.load(inline='{"keys": {"sk-a": {"service_class": "gold"}}}')
 
 
+def test_the_gateway_digests_each_key_once_not_on_every_request(monkeypatch):
+    """A key's caller identity (its digest) is worked out when the gateway starts; each request only compares."""
+    import service.gateway.app as app
+    from service.gateway.errors import AuthenticationError
+    from service.gateway.settings import GatewaySettings
+
+    state = app.GatewayState.build(
+        GatewaySettings(workers="127.0.0.1:1", grpc_port=-1, api_keys="sk-a", service_classes='{"keys": {"sk-b": {}}}')
+    )
+    digests = []
+    monkeypatch.setattr(app, "caller_id", lambda key: digests.append(key) or "digest")
+    assert state.check_api_key("Bearer sk-b") == caller_id("sk-b")
+    assert state.check_api_key("bearer  sk-a ") == caller_id("sk-a")
+    with pytest.raises(AuthenticationError, match="incorrect API key"):
+        state.check_api_key("Bearer sk-c")
+    assert digests == []
+
+
 def test_each_keys_class_reaches_the_worker_and_labels_its_acceptance_metrics(tmp_path):
     classes = '{"keys": {"sk-chat": {"service_class": "interactive"}, "sk-bulk": {"service_class": "batch"}}}'
     worker = Worker(tmp_path, "--stub-step-ms", "1").start()
