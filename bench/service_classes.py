@@ -18,8 +18,9 @@ DEEPSPEC_GATEWAY_* variables). Every request streams a completion and reads the 
    busy at its capacity; the worker of each turn is read from the gateway's request log (the response id names the
    line). Target: >= 95% of a session's turns on one worker.
 5. routing cost: sequential whole completions (no step delay) to a gateway scoring by goodput and to one using
-   P2C over the same two workers, and to a worker directly: added p50 / p99 (target: p99 added <= 2 ms with the
-   scorer on).
+   P2C over the same two workers (the two gateways alike in all else: keys, classes, cap, request log), and to a
+   worker directly: added p50 / p99 (target: p99 added <= 2 ms with the scorer on), and each gateway's CPU time
+   per request (its threads' run time, Linux), which runnable-queue waits on a loaded machine do not move.
 
 Numbers come from the stub target: its step time does not grow with the batch, so TPOT isolates the gateway's and
 the scheduler's doing; a real target's step grows with the batch, which the admission cap bounds.
@@ -43,7 +44,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import httpx
 
-from bench.service_common import RESULTS, Proc, free_port, service, table
+from bench.service_common import RESULTS, Proc, cpu_seconds, free_port, service, table
 from loadtest.metrics import percentile
 
 KEYS = {
@@ -79,6 +80,18 @@ def start(args, routing: str = "goodput", step_ms: float | None = None, tag: str
         )
         for i, port in enumerate(ports)
     ]
+    try:
+        gateway, url = start_gateway(args, ports, routing, tag)
+    except BaseException:
+        for worker in workers:
+            worker.stop()
+        raise
+    return [gateway, *workers], url
+
+
+def start_gateway(args, worker_ports: list[int], routing: str, tag: str = "") -> tuple[Proc, str]:
+    """A gateway over the workers at `worker_ports` with the benchmark's keys, classes and cap, routing by
+    `routing`, once it is ready; (process, URL)."""
     http_port = free_port()
     env = {
         "DEEPSPEC_GATEWAY_SERVICE_CLASSES": json.dumps({"keys": KEYS}),
@@ -91,7 +104,7 @@ def start(args, routing: str = "goodput", step_ms: float | None = None, tag: str
         gateway = service(
             "gateway",
             "--workers",
-            ",".join(f"127.0.0.1:{p}" for p in ports),
+            ",".join(f"127.0.0.1:{p}" for p in worker_ports),
             "--host",
             "127.0.0.1",
             "--http-port",
@@ -104,8 +117,12 @@ def start(args, routing: str = "goodput", step_ms: float | None = None, tag: str
         for name in env:
             del os.environ[name]
     url = f"http://127.0.0.1:{http_port}"
-    gateway.wait_http(f"{url}/health/ready", 300)
-    return [gateway, *workers], url
+    try:
+        gateway.wait_http(f"{url}/health/ready", 300)
+    except BaseException:
+        gateway.stop()
+        raise
+    return gateway, url
 
 
 async def stream_one(
@@ -319,34 +336,20 @@ def pick_cost_us(num_workers: int, num_picks: int = 20000) -> float:
 
 
 def routing_cost(args) -> dict:
-    """Added latency of a gateway scoring by goodput and of one using P2C, over the same two idle stub workers."""
+    """Added latency of a gateway scoring by goodput and of one using P2C, over the same two idle stub workers, the
+    two alike in everything else (keys, service classes, admission cap, request log)."""
     import grpc
     from tritonclient.grpc import service_pb2_grpc
 
     from service.gateway.worker_client import GenerationRequest, build_infer_request
 
     procs, goodput_url = start(args, "goodput", step_ms=0, tag="-cost")
-    workers = procs[1:]
-    worker_address = workers[0].args[workers[0].args.index("--port") + 1]
-    p2c_port = free_port()
-    p2c = service(
-        "gateway",
-        "--workers",
-        ",".join("127.0.0.1:" + w.args[w.args.index("--port") + 1] for w in workers),
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(p2c_port),
-        "--grpc-port",
-        "-1",
-        "--log-level",
-        "WARNING",
-        name="classes-gateway-p2c",
-    )
+    worker_ports = [int(w.args[w.args.index("--port") + 1]) for w in procs[1:]]
     samples: dict[str, list[float]] = {"direct": [], "goodput": [], "p2c": []}
     try:
-        p2c.wait_http(f"http://127.0.0.1:{p2c_port}/health/ready", 300)
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{worker_address}"))
+        p2c, p2c_url = start_gateway(args, worker_ports, "p2c", tag="-p2c")
+        procs.append(p2c)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{worker_ports[0]}"))
         request = build_infer_request(
             GenerationRequest("b", "stub", prompt=PROMPT, max_tokens=16, temperature=0), stream=False
         )
@@ -356,16 +359,23 @@ def routing_cost(args) -> dict:
             calls = {
                 "direct": lambda: stub.ModelInfer(request),
                 "goodput": lambda: client.post(goodput_url + "/v1/completions", json=body, headers=headers),
-                "p2c": lambda: client.post(f"http://127.0.0.1:{p2c_port}/v1/completions", json=body),
+                "p2c": lambda: client.post(p2c_url + "/v1/completions", json=body, headers=headers),
             }
+            gateways = {"goodput": procs[0].proc.pid, "p2c": p2c.proc.pid}
+            cpu_before: dict[str, float | None] = {}
             for i in range(args.cost_requests + 30):
+                if i == 30:  # warm-up done
+                    cpu_before = {name: cpu_seconds(pid) for name, pid in gateways.items()}
                 for name, call in calls.items():
                     t0 = time.perf_counter()
                     call()
-                    if i >= 30:  # warm-up
+                    if i >= 30:
                         samples[name].append((time.perf_counter() - t0) * 1e3)
+            cpu_ms = {}
+            for name, pid in gateways.items():
+                before, after = cpu_before.get(name), cpu_seconds(pid)
+                cpu_ms[name] = None if before is None or after is None else (after - before) * 1e3 / args.cost_requests
     finally:
-        p2c.stop()
         for proc in procs:
             proc.stop()
     direct = {q: percentile(samples["direct"], q) for q in (50, 99)}
@@ -375,6 +385,7 @@ def routing_cost(args) -> dict:
             "p99_ms": percentile(s, 99),
             "added_p50_ms": percentile(s, 50) - direct[50],
             "added_p99_ms": percentile(s, 99) - direct[99],
+            **({"gateway_cpu_ms_per_request": cpu_ms[name]} if name in cpu_ms else {}),
         }
         for name, s in samples.items()
     }
@@ -458,7 +469,10 @@ def summary(report: dict) -> str:
     for name in ("goodput", "p2c"):
         cost = report["routing_cost"][name]
         added = f"{cost['added_p50_ms']:.2f} / {cost['added_p99_ms']:.2f}"
-        rows.append([f"gateway ({name}) added p50 / p99 (ms)", added, "", "p99 <= 2 ms" if name == "goodput" else ""])
+        cpu = cost.get("gateway_cpu_ms_per_request")
+        detail = "" if cpu is None else f"gateway CPU {cpu:.3f} ms a request"
+        target = "p99 <= 2 ms" if name == "goodput" else ""
+        rows.append([f"gateway ({name}) added p50 / p99 (ms)", added, detail, target])
     picks = ", ".join(f"{n} workers {us:.1f} us" for n, us in report["pick_us"].items())
     rows.append(["scored pick, in-process", picks, "", ""])
     return (

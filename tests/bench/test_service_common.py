@@ -58,3 +58,16 @@ def test_sigterm_to_a_benchmark_stops_its_servers(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_cpu_seconds_reads_a_processs_run_time_and_none_for_one_that_is_gone():
+    from bench.service_common import cpu_seconds
+
+    first = cpu_seconds(os.getpid())
+    assert first is not None and first > 0
+    sum(range(2_000_000))  # some CPU work of this process
+    second = cpu_seconds(os.getpid())
+    assert second is not None and second > first
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    assert cpu_seconds(finished.pid) is None
