@@ -31,6 +31,8 @@ class HFTextTarget:
     host_threads: int | None = None
     #: a multi-token pass over several rows runs one row at a time (target.py)
     multi_token_rows_serial: bool = False
+    #: forward takes row_lengths, each row computing only its own first tokens (target.py)
+    ragged_rows: bool = False
 
     @property
     def vocab_size(self) -> int:

@@ -60,6 +60,12 @@ Model
   positions after its root (the compact_kv op). False: the engine verifies the chain of each tree's first children.
 - `multi_token_rows_serial: bool` — whether a pass of several tokens over several rows runs one row at a time (ONNX
   Runtime's attention after a past), so B rows of d + 1 tokens cost B passes: the verification budget prices it so.
+- `ragged_rows: bool` — whether `forward` also takes `row_lengths` [B] long (each in [1, T]): row b computes only its
+  first row_lengths[b] tokens, bit for bit as a forward of those tokens alone would, and the pass costs the sum of
+  the lengths, not B·T; its logits, features and final hidden states past them are zeros and its cache entries past
+  them are not written. So a verify pass can give each row its own draft depth. Only such a target is passed
+  `row_lengths` (it is not part of `forward`'s signature below, which every target takes); False: every row of a pass
+  computes its T tokens.
 - `host_threads: int | None` — torch's intra-op threads while the engine steps this target (a target whose forward
   runs in a thread pool of its own asks for 1: deepspec/decoding/host_threads.py); None = torch's own count.
 - `recorded_step_curve() -> dict[int, float] | None` — {T: seconds} of a batch-1 verify pass measured for this target
@@ -132,6 +138,9 @@ class Target(Protocol):
 
     @property
     def multi_token_rows_serial(self) -> bool: ...
+
+    @property
+    def ragged_rows(self) -> bool: ...
 
     @property
     def host_threads(self) -> int | None: ...

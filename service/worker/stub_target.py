@@ -65,6 +65,8 @@ class StubTarget:
     supports_tree_attention: bool = False
     host_threads: int | None = None
     multi_token_rows_serial: bool = False
+    #: forward takes no row_lengths: every row of a pass has its T tokens
+    ragged_rows: bool = False
     device = torch.device("cpu")
     dtype = attention_dtype = torch.float32
     vocab_size = VOCAB_SIZE

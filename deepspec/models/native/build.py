@@ -25,7 +25,7 @@ from deepspec.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("decoder.c")
 #: the ABI version decoder.c reports (ds_abi): bumped with any change to a function's signature
-ABI = 4
+ABI = 5
 FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c11")
 
 
@@ -168,5 +168,5 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ds_set_norm.argtypes, lib.ds_set_norm.restype = [p, i, i, p, i], i
     lib.ds_set_window.argtypes, lib.ds_set_window.restype = [p, i, i, i], None
     lib.ds_set_tables.argtypes, lib.ds_set_tables.restype = [p, p, p, p, p, p], None
-    lib.ds_forward.argtypes = [p, i, i, p, p, p, p, p, i64, i64, i64, p, i, p, p, i, p, p]
+    lib.ds_forward.argtypes = [p, i, i, p, p, p, p, p, p, i64, i64, i64, p, i, p, p, i, p, p]
     lib.ds_forward.restype = i

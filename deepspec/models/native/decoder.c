@@ -51,7 +51,7 @@
 #define DS_LANES 8
 #endif
 
-#define DS_ABI 4
+#define DS_ABI 5
 #define MAX_TILE_ROWS 8
 #define ALIGN 64
 
@@ -989,8 +989,14 @@ static void axpy_half(float p, const kv_t *v, float *out, int n) {
 /* ---- the forward -------------------------------------------------------------------------------------------- */
 
 typedef struct {
-    /* the rows of this forward: rows = B * T, row r = (b, t) = (r / T, r % T) */
-    int B, T;
+    /* the tokens of this forward: B rows of T, of which row b computes its first length[b] (ragged rows: T for
+       every row unless the caller gives lengths). The computed tokens are packed, row by row: packed row r < rows
+       is token cell[r] = b * T + t, and row_of[b * T + t] is its packed row, or -1 past its row's length. Every
+       per-token buffer (residual, matmul inputs and outputs, attention) holds packed rows only. */
+    int B, T, rows;
+    const int *length; /* [B] */
+    const int *cell;   /* [rows] */
+    const int *row_of; /* [B * T] */
     const int64_t *tokens;   /* [B, T] */
     const int64_t *start;    /* [B] first position of each row's block (its committed length) */
     const int64_t *parents;  /* [B, T] token tree (column 0 = -1), or NULL for chains */
@@ -1031,6 +1037,9 @@ static int visible_keys(const step_t *st, const int *depth, int window, int b, i
     }
     return n;
 }
+
+/* the packed row of token (b, t), which must be within its row's length */
+static inline size_t packed_row(const step_t *st, int b, int t) { return (size_t)st->row_of[(size_t)b * st->T + t]; }
 
 static int64_t position_of(const step_t *st, const int *depth, int b, int t) {
     return st->start[b] + (st->parents ? depth[(size_t)b * st->T + t] : t);
@@ -1165,13 +1174,14 @@ typedef struct {
     int64_t max_keys;
 } attn_t;
 
-/* item = (row, head): a one-token step still has a head for every thread */
+/* item = (packed row, head): a one-token step still has a head for every thread */
 static void attend(void *ctx, int it, int tid) {
     const attn_t *a = ctx;
     const ds_config *c = a->c;
     const step_t *st = a->st;
     const int hd = c->head_dim, group = c->heads / c->kv_heads;
-    const int r = it / c->heads, head = it % c->heads, g = head / group, b = r / st->T, t = r % st->T;
+    const int r = it / c->heads, head = it % c->heads, g = head / group;
+    const int b = st->cell[r] / st->T, t = st->cell[r] % st->T;
     float *sc = a->scratch + (size_t)tid * a->scratch_per_thread;
     int64_t *keys = (int64_t *)(sc + a->max_keys);
     const int nkeys = visible_keys(st, a->depth, a->L->window, b, t, keys);
@@ -1281,7 +1291,9 @@ static void attend_chain(void *ctx, int it, int tid) {
     const int hd = c->head_dim, group = c->heads / c->kv_heads, splits = group / ch->heads_per_item;
     const int per_row = c->kv_heads * splits * ch->tiles;
     const int b = it / per_row, g = it % per_row / (splits * ch->tiles), split = it % (splits * ch->tiles) / ch->tiles;
-    const int t0 = it % ch->tiles * CHAIN_TOKENS, t1 = t0 + CHAIN_TOKENS < st->T ? t0 + CHAIN_TOKENS : st->T;
+    const int t0 = it % ch->tiles * CHAIN_TOKENS, length = st->length[b];
+    if (t0 >= length) return; /* every token of the tile past its row's length: nothing computed, no key read */
+    const int t1 = t0 + CHAIN_TOKENS < length ? t0 + CHAIN_TOKENS : length;
     const int h0 = split * ch->heads_per_item, nh = ch->heads_per_item, nq = (t1 - t0) * nh;
     const int64_t committed = st->start[b], last = committed + t1 - 1;
     int64_t lo[CHAIN_QUERIES];
@@ -1298,7 +1310,7 @@ static void attend_chain(void *ctx, int it, int tid) {
     const float *qrow[CHAIN_QUERIES];
     for (int i = 0; i < nq; i++) {
         const int t = t0 + i / nh, head = g * group + h0 + i % nh;
-        qrow[i] = a->q + (size_t)(b * st->T + t) * c->heads * hd + (size_t)head * hd;
+        qrow[i] = a->q + packed_row(st, b, t) * c->heads * hd + (size_t)head * hd;
     }
     const int nv = hd / 16, tiled = nv == 4 || nv == 8;
     /* scores, 16 keys at a time: each key row loaded once for every query */
@@ -1344,7 +1356,7 @@ static void attend_chain(void *ctx, int it, int tid) {
         float *outs[CHAIN_QUERIES];
         for (int q = 0; q < nq; q++) {
             const int t = t0 + q / nh, head = g * group + h0 + q % nh;
-            outs[q] = a->out + (size_t)(b * st->T + t) * c->heads * hd + (size_t)head * hd;
+            outs[q] = a->out + packed_row(st, b, t) * c->heads * hd + (size_t)head * hd;
         }
         CHAIN_GROUPS(CHAIN_VALUES)
         return;
@@ -1364,7 +1376,7 @@ static void attend_chain(void *ctx, int it, int tid) {
         }
         for (int q = 0; q < nt; q++) {
             const int t = t0 + (q0 + q) / nh, head = g * group + h0 + (q0 + q) % nh;
-            float *o = a->out + (size_t)(b * st->T + t) * c->heads * hd + (size_t)head * hd;
+            float *o = a->out + packed_row(st, b, t) * c->heads * hd + (size_t)head * hd;
             for (int i = 0; i < nv; i++) _mm512_storeu_ps(o + 16 * i, _mm512_mul_ps(acc[q][i], _mm512_set1_ps(inv[q0 + q])));
         }
     }
@@ -1377,7 +1389,6 @@ static void attend_chain(void *ctx, int it, int tid) {
 static void attention(const attn_t *a) {
     const ds_config *c = a->c;
     const step_t *st = a->st;
-    const int rows = st->B * st->T;
 #if DS_LANES == 16
     const int group = c->heads / c->kv_heads;
     if (!st->parents && c->head_dim % 16 == 0 && c->head_dim <= 256 && group * CHAIN_TOKENS <= CHAIN_QUERIES) {
@@ -1387,7 +1398,7 @@ static void attention(const attn_t *a) {
         return;
     }
 #endif
-    pool_for(threads_now, rows * c->heads, attend, (void *)a);
+    pool_for(threads_now, st->rows * c->heads, attend, (void *)a);
 }
 
 /* one forward's state: what its row phases read and write */
@@ -1417,7 +1428,8 @@ static void row_qkv_out(void *ctx, int r, int tid) {
     const fwd_t *f = ctx;
     const ds_config *c = &f->m->cfg;
     const step_t *st = f->st;
-    const int hd = c->head_dim, qw = c->heads * hd, kvw = c->kv_heads * hd, b = r / st->T, t = r % st->T;
+    const int hd = c->head_dim, qw = c->heads * hd, kvw = c->kv_heads * hd, b = st->cell[r] / st->T;
+    const int t = st->cell[r] % st->T;
     const float *cos = f->L->local_rope ? f->m->cos_local : f->m->cos, *sin = f->L->local_rope ? f->m->sin_local : f->m->sin;
     float *row = f->wide + (size_t)r * (qw + 2 * kvw);
     const int64_t pos = position_of(st, f->depth, b, t);
@@ -1478,7 +1490,8 @@ static void row_mlp_out(void *ctx, int r, int tid) {
     if (c->sandwich) rms_norm(d, f->L->norm[NORM_POST_MLP], H, c->eps, d);
     for (int j = 0; j < H; j++) x[j] += d[j];
     for (int i = 0; i < f->nfeat; i++)
-        if (f->feature_layers[i] == f->li) memcpy(f->features + ((size_t)r * f->nfeat + i) * H, x, sizeof(float) * H);
+        if (f->feature_layers[i] == f->li)
+            memcpy(f->features + ((size_t)f->st->cell[r] * f->nfeat + i) * H, x, sizeof(float) * H);
 }
 
 /* rows spread over the threads only when there are several */
@@ -1487,7 +1500,7 @@ static void rows_for(int rows, item_fn fn, fwd_t *f) { pool_for(rows > 1 ? threa
 static void layer(fwd_t *f, int li, size_t scratch_per_thread, int64_t max_keys, float *scratch) {
     const ds_model *m = f->m;
     const ds_config *c = &m->cfg;
-    const int rows = f->st->B * f->st->T, H = c->hidden, qkvw = (c->heads + 2 * c->kv_heads) * c->head_dim;
+    const int rows = f->st->rows, H = c->hidden, qkvw = (c->heads + 2 * c->kv_heads) * c->head_dim;
     f->li = li;
     f->L = &m->layer[li];
     rows_for(rows, row_attn_in, f);
@@ -1504,17 +1517,79 @@ static void layer(fwd_t *f, int li, size_t scratch_per_thread, int64_t max_keys,
     rows_for(rows, row_mlp_out, f);
 }
 
+/* Ragged rows: row b of a forward computes only its first row_lengths[b] tokens, so a verify pass where rows
+   drafted different depths costs the tokens it has, not B times the deepest row's. The tokens are packed (step_t);
+   a packed token is computed by the same code in the same order as in a full block (every output row depends on
+   its own input row only, and a token's keys are its row's earlier tokens, all computed), so its outputs are the
+   bits a forward of its row alone would give. Fills the packed lists (length [B], cell [B * T], row_of [B * T]) and
+   returns the packed count, or -1 when a length is outside [1, T]. NULL = every row has T tokens. */
+static int pack_rows(int B, int T, const int64_t *row_lengths, int *length, int *cell, int *row_of) {
+    int rows = 0;
+    for (int b = 0; b < B; b++) {
+        if (row_lengths && (row_lengths[b] < 1 || row_lengths[b] > T)) return -1;
+        length[b] = row_lengths ? (int)row_lengths[b] : T;
+        for (int t = 0; t < T; t++) row_of[(size_t)b * T + t] = t < length[b] ? (cell[rows] = b * T + t, rows++) : -1;
+    }
+    return rows;
+}
+
+/* zeros in a [B * T, width] output at the tokens past their rows' lengths */
+static void zero_inactive(const step_t *st, float *out, size_t width) {
+    if (!out || st->rows == st->B * st->T) return;
+    for (int i = 0; i < st->B * st->T; i++)
+        if (st->row_of[i] < 0) memset(out + (size_t)i * width, 0, sizeof(float) * width);
+}
+
+/* logits [B, N, vocab] at logits_index [B, N]: the final norm and the head for the picked positions within their
+   rows' lengths, packed for one matmul into the first rows of `logits`, then moved to their places (from the last,
+   so a row is moved before it is overwritten: the i-th picked goes to a place >= i); zeros at the others */
+static void head_logits(const ds_model *m, const step_t *st, const float *x, const int64_t *logits_index, int N,
+                        float *logits, float *h, uint8_t *q8, float *qs) {
+    const int H = m->cfg.hidden, vocab = m->cfg.vocab, wanted = st->B * N;
+    int picked = 0;
+    for (int i = 0; i < wanted; i++) {
+        const int b = i / N;
+        const int64_t t = logits_index[i];
+        if (t >= st->length[b]) continue;
+        rms_norm(x + packed_row(st, b, (int)t) * H, m->final_norm, H, m->cfg.eps, h + (size_t)picked * H);
+        quantize_input(&m->head, h + (size_t)picked * H, q8, qs, picked);
+        picked++;
+    }
+    if (picked) mat_mul(&m->head, q8, qs, picked, logits, vocab);
+    if (picked == wanted) return;
+    for (int i = wanted - 1, p = picked - 1; i >= 0; i--) {
+        float *dst = logits + (size_t)i * vocab;
+        if (logits_index[i] < st->length[i / N]) {
+            if (p != i) memmove(dst, logits + (size_t)p * vocab, sizeof(float) * vocab);
+            p--;
+        } else {
+            memset(dst, 0, sizeof(float) * vocab);
+        }
+    }
+}
+
 /* One forward. logits_index [B, N] (positions 0..T-1 whose logits to return, N may be 0) → logits [B, N, vocab];
-   features [B, T, nfeat * hidden] the residual after each of feature_layers (or NULL). Returns 0, or -1 when a
-   scratch allocation fails. */
+   features [B, T, nfeat * hidden] the residual after each of feature_layers (or NULL); final_hidden [B, T, hidden]
+   (or NULL). row_lengths [B] (or NULL: T each): row b computes its first row_lengths[b] tokens only (pack_rows);
+   its outputs past them are zeros and its cache entries past them are not written. Returns 0, -1 when a scratch
+   allocation fails, or -2 when a row length is outside [1, T]. */
 int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int64_t *start, const int64_t *parents,
-               kv_t *k_cache, kv_t *v_cache, int64_t layer_stride, int64_t slot_stride, int64_t seq_len,
-               const int64_t *logits_index, int N, float *logits, const int *feature_layers, int nfeat,
-               float *features, float *final_hidden) {
+               const int64_t *row_lengths, kv_t *k_cache, kv_t *v_cache, int64_t layer_stride, int64_t slot_stride,
+               int64_t seq_len, const int64_t *logits_index, int N, float *logits, const int *feature_layers,
+               int nfeat, float *features, float *final_hidden) {
     const ds_config *c = &m->cfg;
-    const int H = c->hidden, hd = c->head_dim, rows = B * T;
+    const int H = c->hidden, hd = c->head_dim;
     const int qw = c->heads * hd, kvw = c->kv_heads * hd, qkvw = qw + 2 * kvw, inter = c->inter;
-    step_t st = {B, T, tokens, start, parents, k_cache, v_cache, layer_stride, slot_stride, seq_len};
+    int *lists = aligned(sizeof(int) * ((size_t)B + 2 * (size_t)B * T)); /* length, cell, row_of */
+    if (!lists) return -1;
+    const int rows = pack_rows(B, T, row_lengths, lists, lists + B, lists + B + (size_t)B * T);
+    if (rows < 0) {
+        free(lists);
+        return -2;
+    }
+    step_t st = {B, T, rows, lists, lists + B, lists + B + (size_t)B * T, tokens, start, parents, k_cache, v_cache,
+                 layer_stride, slot_stride, seq_len};
+    const int span = rows > B * N ? rows : B * N; /* the packed tokens, or the head's rows where more */
 
     int64_t max_keys = 0;
     for (int b = 0; b < B; b++) max_keys = start[b] + T > max_keys ? start[b] + T : max_keys;
@@ -1526,14 +1601,14 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
                                                                                   : chain_scratch;
     const int nthreads = c->threads > 0 ? (c->threads < MAX_THREADS ? c->threads : MAX_THREADS) : 1;
     float *x = aligned(sizeof(float) * rows * H);
-    float *h = aligned(sizeof(float) * rows * kmax); /* kmax covers the attention output's width too */
+    float *h = aligned(sizeof(float) * span * kmax); /* kmax covers the attention output's width too */
     float *wide = aligned(sizeof(float) * rows * widest);
     float *attn = aligned(sizeof(float) * rows * (qw > H ? qw : H));
-    uint8_t *q8 = aligned((size_t)rows * kmax);
+    uint8_t *q8 = aligned((size_t)span * kmax);
     const int scales_per_row = 2 * (kmax / Q4_BLOCK) + 1; /* quantize_input's: 1 (int8), or 2 per 4-bit block */
-    float *qs = aligned(sizeof(float) * (size_t)(rows > N * B ? rows : N * B + 1) * scales_per_row);
+    float *qs = aligned(sizeof(float) * (size_t)(span + 1) * scales_per_row);
     float *scratch = aligned(sizeof(float) * scratch_per_thread * nthreads);
-    int *depth = parents ? aligned(sizeof(int) * rows) : NULL;
+    int *depth = parents ? aligned(sizeof(int) * B * T) : NULL;
     int ok = x && h && wide && attn && q8 && qs && scratch && (!parents || depth);
     if (!ok) goto done;
 
@@ -1545,9 +1620,11 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
             }
     }
     for (int r = 0; r < rows; r++) {
-        const float *e = m->embed + (size_t)tokens[r] * H;
+        const float *e = m->embed + (size_t)tokens[st.cell[r]] * H;
         for (int j = 0; j < H; j++) x[(size_t)r * H + j] = e[j] * c->embed_scale;
     }
+    zero_inactive(&st, features, (size_t)nfeat * H);
+    zero_inactive(&st, final_hidden, (size_t)H);
 
     pthread_mutex_lock(&pool_lock);
     const int pooled = pool_ensure(nthreads); /* the pool may be larger: another model asked for more threads */
@@ -1557,17 +1634,8 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
     for (int li = 0; li < c->layers; li++) layer(&f, li, scratch_per_thread, max_keys, scratch);
     if (final_hidden) /* every position's post-norm state: what the head reads, for training a draft offline */
         for (int r = 0; r < rows; r++)
-            rms_norm(x + (size_t)r * H, m->final_norm, H, c->eps, final_hidden + (size_t)r * H);
-    if (N > 0) {
-        const int picked = B * N;
-        for (int i = 0; i < picked; i++) {
-            const int b = i / N;
-            const int64_t t = logits_index[i];
-            rms_norm(x + ((size_t)b * T + t) * H, m->final_norm, H, c->eps, h + (size_t)i * H);
-            quantize_input(&m->head, h + (size_t)i * H, q8, qs, i);
-        }
-        mat_mul(&m->head, q8, qs, picked, logits, c->vocab);
-    }
+            rms_norm(x + (size_t)r * H, m->final_norm, H, c->eps, final_hidden + (size_t)st.cell[r] * H);
+    if (N > 0) head_logits(m, &st, x, logits_index, N, logits, h, q8, qs);
     pool_spin(0);
     pthread_mutex_unlock(&pool_lock);
 
@@ -1580,5 +1648,6 @@ done:
     free(qs);
     free(scratch);
     free(depth);
+    free(lists);
     return ok ? 0 : -1;
 }

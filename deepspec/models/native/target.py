@@ -39,6 +39,8 @@ CACHE_DTYPE = torch.float16
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
 #: the layers' weight formats: int8 per output channel (int8_weights.py), or 4-bit blocks (q4_weights.py)
 WEIGHT_FORMATS = ("auto", "int8", "q4")
+#: ds_forward's status for a row length outside [1, T]
+BAD_ROW_LENGTH = -2
 NORMS = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm")
 
 
@@ -77,6 +79,8 @@ class NativeTarget(HFTextTarget):
     supports_tree_attention = True
     #: B rows of several tokens run as one pass (the verification budget prices them together)
     multi_token_rows_serial = False
+    #: forward takes row_lengths: row b computes only its first row_lengths[b] tokens (decoder.c's pack_rows)
+    ragged_rows = True
     #: torch's threads while the engine steps this target: the forward runs on the library's own threads
     host_threads = 1
 
@@ -111,7 +115,11 @@ class NativeTarget(HFTextTarget):
         return_final_hidden: bool = False,
         max_start: int | None = None,
         tree_parents: torch.Tensor | None = None,
+        row_lengths: torch.Tensor | None = None,  # [B] long, each in [1, T]
     ) -> DecoderOutput:
+        """The Target contract's forward; `row_lengths` (ragged rows): row b computes only its first row_lengths[b]
+        tokens, each bit for bit as in a forward of those tokens alone, and the pass costs their sum. Its logits,
+        features and final hidden states past them are zeros, its cache entries past them are not written."""
         B, T = tokens.shape
         ids = np.ascontiguousarray(tokens.cpu().numpy(), dtype=np.int64)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.spec.vocab_size):
@@ -135,6 +143,7 @@ class NativeTarget(HFTextTarget):
         if tree_parents is not None:
             check_parents(tree_parents)
             parents = np.ascontiguousarray(tree_parents.cpu().numpy(), dtype=np.int64)
+        lengths = _row_lengths(row_lengths, B)
         index = logits_positions(logits, B, T)
         out_logits = torch.empty(B, index.shape[1], self.spec.vocab_size) if index is not None else None
         layers = tuple(int(i) for i in feature_layers)
@@ -150,6 +159,7 @@ class NativeTarget(HFTextTarget):
             ids.ctypes.data,
             starts.ctypes.data,
             parents.ctypes.data if parents is not None else None,
+            lengths.ctypes.data if lengths is not None else None,
             k.data_ptr(),
             v.data_ptr(),
             k.stride(0),
@@ -163,6 +173,8 @@ class NativeTarget(HFTextTarget):
             features.data_ptr() if features is not None else None,
             final.data_ptr() if final is not None else None,
         )
+        if status == BAD_ROW_LENGTH and lengths is not None:
+            raise ValueError(f"row_lengths must each be in [1, {T}] (the tokens of a row), got {lengths.tolist()}")
         if status:
             raise MemoryError(f"the native decoder could not allocate scratch memory for {B} x {T} tokens")
         return DecoderOutput(out_logits, features, final)
@@ -172,6 +184,16 @@ class NativeTarget(HFTextTarget):
 
     def embeddings(self) -> TargetEmbeddings:
         return TargetEmbeddings(self._tables["embed"], self.embed_scale, self._head)
+
+
+def _row_lengths(row_lengths: torch.Tensor | None, rows: int) -> np.ndarray | None:
+    """The library's [rows] int64 lengths (None: every row full); decoder.c checks each is in [1, T]."""
+    if row_lengths is None:
+        return None
+    lengths = np.ascontiguousarray(row_lengths.cpu().numpy(), dtype=np.int64)
+    if lengths.shape != (rows,):
+        raise ValueError(f"row_lengths must have one length per row, shape ({rows},), got {tuple(lengths.shape)}")
+    return lengths
 
 
 def load_native_target(

@@ -260,6 +260,106 @@ def test_each_tree_path_is_scored_as_its_own_chain_bit_for_bit(pair):
             assert torch.equal(chain.logits[0, depth], scored.logits[0, node]), (path, node)
 
 
+def _primed_caches(native, prompts, context, count):
+    """`count` caches holding each row's context, every other entry NaN: an entry a forward should neither write nor
+    read stays NaN, and a read of one turns the outputs that read it into NaN."""
+    caches = []
+    for _ in range(count):
+        cache = native.new_cache(len(context), 32)
+        cache.k.fill_(float("nan"))
+        cache.v.fill_(float("nan"))
+        for b, n in enumerate(context):
+            native.forward(prompts[b : b + 1, :n], torch.zeros(1, dtype=torch.long), cache.rows(b, 1), logits="none")
+        caches.append(cache)
+    return caches
+
+
+OUTPUTS = ("logits", "features", "final_hidden")
+
+
+def test_ragged_rows_compute_each_row_as_its_own_forward_bit_for_bit(pair):
+    """Row b of a ragged pass computes its first lengths[b] tokens as a forward of those tokens alone and as the
+    padded pass does, bit for bit; zeros past them, and its cache entries past them neither written nor read."""
+    _, native = pair
+    B, T, lengths, context = 3, 4, [1, 4, 2], [7, 5, 9]
+    prompts, block = torch.randint(0, VOCAB, (B, 9)), torch.randint(0, VOCAB, (B, T))
+    start = torch.tensor(context)
+    ragged_cache, padded_cache, alone_cache = _primed_caches(native, prompts, context, 3)
+    options: dict[str, Any] = dict(feature_layers=(0, 2), logits="all", return_final_hidden=True)
+    ragged = native.forward(block, start, ragged_cache.rows(0, B), row_lengths=torch.tensor(lengths), **options)
+    padded = native.forward(block, start, padded_cache.rows(0, B), **options)
+    for b, n in enumerate(lengths):
+        alone = native.forward(block[b : b + 1, :n], start[b : b + 1], alone_cache.rows(b, 1), **options)
+        for name in OUTPUTS:
+            got, want, full = getattr(ragged, name)[b], getattr(alone, name)[0], getattr(padded, name)[b]
+            assert torch.equal(got[:n], want) and torch.equal(got[:n], full[:n]), (name, b)
+            assert torch.equal(got[n:], torch.zeros_like(got[n:])), (name, b)
+        end = context[b] + n
+        for got, want in ((ragged_cache.k, alone_cache.k), (ragged_cache.v, alone_cache.v)):
+            assert torch.equal(got[:, b, :, :end], want[:, b, :, :end])
+            assert got[:, b, :, end:].isnan().all()  # past the row's length: never written
+    picked = native.forward(  # logits at one position a row: past its row's length, zeros
+        block,
+        start,
+        _primed_caches(native, prompts, context, 1)[0].rows(0, B),
+        logits=torch.tensor([0, 3, 1]),
+        row_lengths=torch.tensor(lengths),
+    ).logits
+    assert picked is not None and torch.equal(picked[:, 0], ragged.logits[torch.arange(B), torch.tensor([0, 3, 1])])
+    late = native.forward(
+        block,
+        start,
+        _primed_caches(native, prompts, context, 1)[0].rows(0, B),
+        logits=torch.tensor([3, 3, 3]),
+        row_lengths=torch.tensor(lengths),
+    ).logits
+    assert late is not None and not late[[0, 2]].any() and torch.equal(late[1, 0], ragged.logits[1, 3])
+
+
+def test_full_row_lengths_are_the_padded_forward(pair):
+    _, native = pair
+    prompts, block, context = torch.randint(0, VOCAB, (2, 9)), torch.randint(0, VOCAB, (2, 3)), [4, 6]
+    caches = _primed_caches(native, prompts, context, 2)
+    options: dict[str, Any] = dict(feature_layers=(1,), return_final_hidden=True)
+    start = torch.tensor(context)
+    full = native.forward(block, start, caches[0].rows(0, 2), row_lengths=torch.tensor([3, 3]), **options)
+    padded = native.forward(block, start, caches[1].rows(0, 2), **options)
+    assert all(torch.equal(getattr(full, name), getattr(padded, name)) for name in OUTPUTS)
+    for got, want in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):  # bits: the untouched entries are NaN
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_a_ragged_tree_scores_each_row_as_its_first_nodes_alone(pair):
+    """Trees with row_lengths: nodes past a row's length are left out (a node's ancestors come before it, so the
+    nodes kept are a tree), and the nodes kept score as the tree of them alone does, bit for bit."""
+    _, native = pair
+    #                          root  a   b   a1  a2  b1
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 0, 3, 3]])
+    prompts, tree, context, lengths = torch.randint(0, VOCAB, (2, 9)), torch.randint(0, VOCAB, (2, 6)), [9, 6], [4, 6]
+    ragged_cache, alone_cache = _primed_caches(native, prompts, context, 2)
+    start = torch.tensor(context)
+    ragged = native.forward(
+        tree, start, ragged_cache.rows(0, 2), logits="all", tree_parents=parents, row_lengths=torch.tensor(lengths)
+    ).logits
+    assert ragged is not None
+    for b, n in enumerate(lengths):
+        alone = native.forward(
+            tree[b : b + 1, :n], start[b : b + 1], alone_cache.rows(b, 1), tree_parents=parents[b : b + 1, :n]
+        ).logits
+        assert alone is not None and torch.equal(ragged[b, :n], alone[0]) and not ragged[b, n:].any()
+
+
+def test_row_lengths_outside_the_block_are_refused(pair):
+    _, native = pair
+    cache = native.new_cache(2, 16)
+    tokens, start = torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+    for wrong in ([0, 3], [1, 4], [-1, 2]):
+        with pytest.raises(ValueError, match=r"row_lengths must each be in \[1, 3\]"):
+            native.forward(tokens, start, cache.rows(0, 2), row_lengths=torch.tensor(wrong))
+    with pytest.raises(ValueError, match="one length per row"):
+        native.forward(tokens, start, cache.rows(0, 2), row_lengths=torch.tensor([3]))
+
+
 def test_thread_counts_share_one_pool_and_never_change_a_number(pair):
     """One thread and four threads (the pool grows to the most any model asks for; a model asking for fewer uses
     only as many as it has scratch for) compute what two threads do, bit for bit."""
