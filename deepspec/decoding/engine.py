@@ -80,7 +80,7 @@ class SpecEngine:
         #: token trees are verified in one pass with tree attention; otherwise as each tree's chain of first children
         self.tree_attention = target.supports_tree_attention
         #: the target scores each row's own number of tokens in a pass: the planner picks a depth per row
-        self.ragged_rows = getattr(target, "ragged_rows", False)  # TODO(ragged): protocol
+        self.ragged_rows = target.ragged_rows
         # slack past max_seq_len: padded draft slots of a row near its limit still have somewhere to go
         self.cache = target.new_cache(max_batch_size, self.max_seq_len + self.num_speculative_tokens + 1)
         #: the answers served to each session, for requests that name one (SamplingParams.session)

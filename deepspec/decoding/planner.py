@@ -188,7 +188,7 @@ class BudgetPlanner(RoundPlanner):
 
     def bind(self, shape: EngineShape) -> None:
         self._shape = shape
-        self._ragged = getattr(shape.target, "ragged_rows", False)  # TODO(ragged): protocol
+        self._ragged = shape.target.ragged_rows
         if shape.drafter is None or not shape.num_speculative_tokens:
             return
         target = shape.target

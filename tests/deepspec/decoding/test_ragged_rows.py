@@ -133,3 +133,25 @@ def test_the_budget_gives_each_row_its_own_depth():
     assert planner.chain_depth(rows, proposal, [4, 2, 1]) == 0
     assert planner.row_depths(rows, proposal, [4, 2, 1]) == [1, 0, 0]
     assert rows[0].calibration._pending == pytest.approx(0.95)  # what row 0's drafter expects of its verified slot
+
+
+@pytest.mark.parametrize("planner", [None, "budget"])
+def test_the_native_decoder_verifies_ragged_rows_with_the_target_only_output(target, planner):
+    """The real thing: the native decoder's ragged passes (deepspec/models/native/DESIGN.md, "Ragged rows") under
+    the engine, every row's output its own target-only one, and passes that really were ragged."""
+    from deepspec.models.native.target import native_target_from
+
+    native = native_target_from(target, num_threads=2, weights="int8")
+    reference = _run(native, max_batch_size=1)
+    seen: list[list[int]] = []
+    forward = native.forward
+
+    def spy(tokens, start, cache=None, *, row_lengths=None, **options):
+        if row_lengths is not None:
+            seen.append(row_lengths.tolist())
+        return forward(tokens, start, cache, row_lengths=row_lengths, **options)
+
+    native.forward = spy  # type: ignore[method-assign]  # a spy on this instance only
+    budget = BudgetPlanner(StepTimeModel([(1, 4e-3), (64, 67e-3)]), learn_online=False) if planner else None
+    assert _run(native, planner=budget, max_batch_size=8) == reference
+    assert any(len(set(lengths)) > 1 for lengths in seen)
