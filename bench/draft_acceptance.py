@@ -32,7 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from training.data import read_jsonl_lines
+from training.data import jsonl_stem, read_jsonl_lines
+from training.draft_specs import parse_draft_spec
 
 HELDOUT_SYNTH = REPO_ROOT / "training" / "data" / "synth" / "prompts.heldout.jsonl.gz"
 
@@ -86,6 +87,14 @@ def set_turns(spec: str, n: int) -> list[str]:
             f"`python -m training synth` (training/data/README.md)"
         )
     return [json.loads(line)["turns"][0] for line in read_jsonl_lines(path)[:n]]
+
+
+def _drafter(spec: str, target):
+    """A drafter from a spec with options after a colon (`drafts/smollm2-135m-corpus:tree=true`)."""
+    from deepspec.decoding.registry import build_drafter
+
+    parsed = parse_draft_spec(spec)
+    return build_drafter(parsed.base, target, **parsed.options)
 
 
 def count_row(
@@ -187,7 +196,6 @@ def kept_curve(target, path: Path | None = None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from bench.machine import cpu_flags, write_results
-    from deepspec.decoding import build_drafter
     from deepspec.models.native import load_native_target
 
     target = load_native_target(args.target)
@@ -196,12 +204,12 @@ def main(argv=None) -> int:
     for spec in args.sets.split(","):
         prompts = [target.encode_chat([{"role": "user", "content": t}]) for t in set_turns(spec, args.num_prompts)]
         _, reference = count_row(target, None, prompts, args.max_tokens, args.depth, None)
-        name = Path(spec).stem if spec.endswith(".jsonl") else spec
+        name = jsonl_stem(spec) if spec.endswith((".jsonl", ".jsonl.gz")) else spec
         base = modelled_speedup(target, curve, None, prompts, args.max_tokens, args.depth)[0] if curve else None
         for draft in args.drafts.split(","):
             rows.setdefault(draft, {})[name], _ = count_row(
                 target,
-                build_drafter(draft, target),
+                _drafter(draft, target),
                 prompts,
                 args.max_tokens,
                 args.depth,
@@ -211,7 +219,7 @@ def main(argv=None) -> int:
             if curve is not None:
                 rows[draft][name]["modelled_speedup"] = round(
                     modelled_speedup(
-                        target, curve, build_drafter(draft, target), prompts, args.max_tokens, args.depth, base
+                        target, curve, _drafter(draft, target), prompts, args.max_tokens, args.depth, base
                     )[1],
                     3,
                 )
