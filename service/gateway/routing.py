@@ -30,7 +30,7 @@ from typing import Literal
 import grpc
 
 from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, WorkerLoad
-from service.gateway.scoring import PREFIX_AFFINITY_SLACK, AffinityTable, expected_tokens_per_s
+from service.gateway.scoring import PREFIX_AFFINITY_SLACK, AffinityTable, LoadScore
 from service.gateway.upstreams import client_for
 from service.gateway.worker_client import WorkerClient, WorkerError
 
@@ -58,9 +58,9 @@ class Endpoint:
     consecutive_failures: int = 0
     #: model name -> context length (0 = unknown)
     models: dict[str, int] = field(default_factory=dict)
-    #: the load the worker last reported (with a response), when (time.monotonic) and how many requests this
-    #: gateway had outstanding there then
-    load: WorkerLoad | None = None
+    #: the load the worker last reported (with a response), ready to score; when (time.monotonic) and how many
+    #: requests this gateway had outstanding there then
+    load: LoadScore | None = None
     load_observed_at: float = 0.0
     outstanding_at_load: int = 0
 
@@ -165,17 +165,11 @@ class WorkerPool:
             if endpoint is not None and endpoint in candidates:
                 return endpoint
         now = self.clock()
-        fresh = {
-            e.address: e.load
-            for e in candidates
-            if e.load is not None and now - e.load_observed_at <= self.load_max_age_s
-        }
-        if len(fresh) < len(candidates):
-            return self._two_choices(candidates)  # fail open: some signals are stale
-        scores = {
-            e.address: expected_tokens_per_s(fresh[e.address], service_class, e.outstanding - e.outstanding_at_load)
-            for e in candidates
-        }
+        scores = {}
+        for e in candidates:
+            if e.load is None or now - e.load_observed_at > self.load_max_age_s:
+                return self._two_choices(candidates)  # fail open: some signals are stale
+            scores[e.address] = e.load.tokens_per_s(service_class, e.outstanding - e.outstanding_at_load)
         best = max(candidates, key=lambda e: (scores[e.address], -e.outstanding, self._rng.random()))
         preferred = self.endpoints.get(self.prefixes.get(prefix) or "")
         if preferred in candidates and scores[preferred.address] >= PREFIX_AFFINITY_SLACK * scores[best.address]:
@@ -193,7 +187,7 @@ class WorkerPool:
 
     def observe_load(self, endpoint: Endpoint, load: WorkerLoad) -> None:
         """A load report that came with one of `endpoint`'s responses."""
-        endpoint.load, endpoint.load_observed_at = load, self.clock()
+        endpoint.load, endpoint.load_observed_at = LoadScore.of(load), self.clock()
         endpoint.outstanding_at_load = endpoint.outstanding
 
     def served(self, endpoint: Endpoint, session: str | None, prefix: str | None) -> None:

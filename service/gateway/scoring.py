@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from deepspec_protocol.worker import WorkerLoad
 
@@ -56,18 +57,42 @@ PREFIX_CHARS = 512
 def expected_tokens_per_s(load: WorkerLoad, service_class: str, sent_since: int) -> float:
     """The tokens per second a request of `service_class` would get from a worker with `load`, this gateway having
     sent it `sent_since` more requests than were running or waiting there when it reported `load`."""
-    if load.row_tokens_per_s <= 0 or load.num_slots <= 0:
-        return 0.0
-    mean_tau = sum(load.acceptance.values()) / len(load.acceptance) if load.acceptance else 0.0
-    tau = load.acceptance.get(service_class)
-    ratio = tau / mean_tau if tau and mean_tau else 1.0
-    rows = load.num_running + max(0, sent_since) + 1
-    rows_ahead = load.num_waiting + max(0, rows - load.num_slots)
-    slot_share = load.num_slots / (load.num_slots + rows_ahead)
-    headroom = 1.0 if load.kv_utilization <= KV_HIGH else max(0.0, (1 - load.kv_utilization) / (1 - KV_HIGH))
-    measured_rows = load.rate_rows or max(load.num_running, 1)  # a worker that does not say: its batch now
-    row_rate = load.row_tokens_per_s * _step_cost(measured_rows) / _step_cost(min(rows, load.num_slots))
-    return row_rate * ratio * slot_share * headroom
+    return LoadScore.of(load).tokens_per_s(service_class, sent_since)
+
+
+@dataclass(frozen=True)
+class LoadScore:
+    """A load report with the parts of its score that no request changes worked out once, when it arrives: a pick
+    scores every candidate worker for every request, and the report changes far less often."""
+
+    load: WorkerLoad
+    #: the measured row rate in one-row steps (row rate x its step's cost); 0 where the worker cannot serve
+    one_row_rate: float
+    #: KV headroom: 1 until KV_HIGH, falling to 0 at full
+    headroom: float
+    #: service class -> its τ over the worker's mean τ; a class not listed gets 1
+    ratios: dict[str, float]
+
+    @classmethod
+    def of(cls, load: WorkerLoad) -> LoadScore:
+        if load.row_tokens_per_s <= 0 or load.num_slots <= 0:
+            return cls(load, 0.0, 0.0, {})
+        mean_tau = sum(load.acceptance.values()) / len(load.acceptance) if load.acceptance else 0.0
+        ratios = {c: tau / mean_tau for c, tau in load.acceptance.items() if tau and mean_tau}
+        headroom = 1.0 if load.kv_utilization <= KV_HIGH else max(0.0, (1 - load.kv_utilization) / (1 - KV_HIGH))
+        measured_rows = load.rate_rows or max(load.num_running, 1)  # a worker that does not say: its batch now
+        return cls(load, load.row_tokens_per_s * _step_cost(measured_rows), headroom, ratios)
+
+    def tokens_per_s(self, service_class: str, sent_since: int) -> float:
+        """`expected_tokens_per_s` of this report."""
+        load = self.load
+        if not self.one_row_rate:
+            return 0.0
+        rows = load.num_running + max(0, sent_since) + 1
+        rows_ahead = load.num_waiting + max(0, rows - load.num_slots)
+        slot_share = load.num_slots / (load.num_slots + rows_ahead)
+        row_rate = self.one_row_rate / _step_cost(min(rows, load.num_slots))
+        return row_rate * self.ratios.get(service_class, 1.0) * slot_share * self.headroom
 
 
 def _step_cost(rows: float) -> float:

@@ -11,7 +11,7 @@ import pytest
 
 from deepspec_protocol.worker import WorkerLoad
 from service.gateway.routing import Endpoint, WorkerPool
-from service.gateway.scoring import _step_cost, expected_tokens_per_s, prefix_key
+from service.gateway.scoring import LoadScore, _step_cost, expected_tokens_per_s, prefix_key
 from service.gateway.worker_client import WorkerClient
 from service.metrics import REQUEST_SUCCESS_TOTAL, GatewayMetrics
 from tests.service.conftest import Gateway, Worker, metric_value, picked
@@ -53,6 +53,23 @@ def test_the_score_is_the_tokens_per_second_a_request_would_get():
     tau = WorkerLoad(num_slots=8, row_tokens_per_s=100.0, acceptance={"interactive": 3.0, "batch": 1.0})
     assert expected_tokens_per_s(tau, "interactive", 0) == 150.0 and expected_tokens_per_s(tau, "batch", 0) == 50.0
     assert expected_tokens_per_s(WorkerLoad(num_slots=8, row_tokens_per_s=100.0, kv_utilization=1.0), "batch", 0) == 0
+
+
+def test_a_report_is_made_ready_to_score_when_it_arrives_not_on_every_pick(monkeypatch):
+    """What a report's score needs beyond the request (the row rate in one-row steps, the class ratios, the KV
+    headroom) is worked out once per report: a pick over n workers would otherwise redo it n times a request."""
+    kv_full = WorkerLoad(
+        num_running=1, num_slots=8, row_tokens_per_s=80.0, kv_utilization=0.95, acceptance={"batch": 2.0}
+    )
+    pool = _pool(FAST, kv_full)
+    for endpoint, load in zip(pool.endpoints.values(), (FAST, kv_full)):
+        assert endpoint.load is not None
+        for service_class, sent in (("standard", 0), ("batch", 3)):
+            assert endpoint.load.tokens_per_s(service_class, sent) == expected_tokens_per_s(load, service_class, sent)
+    made = []
+    monkeypatch.setattr(LoadScore, "of", lambda load: made.append(load))
+    assert {picked(pool, "m") for _ in range(10)} == {"w0"}
+    assert made == []
 
 
 def test_a_burst_spreads_over_a_busy_and_an_idle_worker():
