@@ -1,23 +1,30 @@
-"""Session affinity through the gateway: agent-style sessions over two real workers, each session's turns kept on
-one worker (the gateway's goodput routing) against spread over both (`routing: p2c`, which ignores sessions).
+"""Session affinity through the gateway: agent-style sessions over real workers, each session's turns kept on one
+worker (the gateway's goodput routing) against spread over them (`routing: p2c`, which ignores sessions).
 
     python -m bench.session_affinity                   # 6 sessions x 4 turns x 128 tokens; ~10 min on 2 cores
     python -m bench.session_affinity --sessions 2 --turns 3 --max-tokens 64     # a quick look
+    python -m bench.session_affinity --kind repeat     # each step re-sent unchanged: where memory drafts the most
+    python -m bench.session_affinity --workers 4       # P2C then puts fewer later turns where the session was
 
 Why it matters: session memory (deepspec/decoding/session_memory.py) lets a worker's drafter draft from the answers
-it served earlier in the same session, and only the worker that served them holds them. Setup: two workers as
-served (native decoder, `--draft auto`) and two gateways over them, one per mode, with one API key whose policy opts
-into session memory (`session_memory: true`). The sessions are bench.session_replay's conversations (a coding task,
-then the task re-issued after a tool result), sent as chat completions at temperature 0 with `x-session-id` set, one
-request at a time; each session is replayed through both gateways in turn (distinct session ids, so neither mode
-drafts from the other's answers), so both see the same worker state.
+it served earlier in the same session, and only the worker that served them holds them. Setup: two workers
+(`--workers`) as served (native decoder, `--draft auto`) and two gateways over them, one per routing, with two API
+keys: one whose policy opts into session memory (`session_memory: true`), one without. Three modes: affinity on
+(goodput routing, the memory key), affinity off (P2C, the memory key) and no session memory (goodput routing, the
+other key). The sessions are bench.session_replay's conversations (a coding task, then by default the task re-issued
+after a tool result), sent as chat completions at temperature 0 with `x-session-id` set, one request at a time;
+each session is replayed through every mode in turn (distinct session ids, so no mode drafts from another's
+answers), so all see the same worker state.
 
 Reported per mode, over the turns after each session's first (nothing is remembered before it): the share of each
 session's turns on its most used worker, the share of those later turns whose worker had served an earlier turn of
 the session (memory was there to draft from), τ (tokens committed per drafted round, from the responses'
 `usage.speculation`), tokens per target forward (completion tokens / (completion - accepted): prefill and every
 verify round commit one token of their own), and tok/s. τ and tokens per forward are counts: machine load does not
-move them. The issue's rule: τ with affinity >= 1.5x without.
+move them. The issue's rule: τ with affinity >= 1.5x without. Affinity can add at most what memory adds (the
+`no session memory` row: affinity on, the key without memory), less what the turns that P2C happens to put on a
+worker already holding the session get without it (turn t finds one with probability 1 - (1 - 1/workers)^t: about
+two thirds of the later turns of 4 over two workers, two fifths over four).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import httpx
 from bench.machine import cpu_flags, write_results
 from bench.service_classes import workers_by_id
 from bench.service_common import RESULTS, Proc, free_port, service, table
-from bench.session_replay import conversations
+from bench.session_replay import KINDS, conversations
 
 #: per mode: the gateway's routing and the API key sent (its policy: session memory or not)
 MODES = {
@@ -56,7 +63,7 @@ POLICY = {
 
 def start_workers(args) -> list[Proc]:
     workers = []
-    for i in range(2):
+    for i in range(args.workers):
         port = free_port()
         flags = ["--target", args.target, "--draft", args.draft, "--backend", "native", "--host", "127.0.0.1"]
         flags += ["--port", str(port), "--metrics-port", "-1", "--log-level", "warning"]
@@ -181,14 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--target", default="smollm2-135m", help="the workers' --target (default: %(default)s)")
     parser.add_argument("--draft", default="auto", help="the workers' --draft (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=2, help="workers behind the gateways (default 2)")
     parser.add_argument("--sessions", type=int, default=6, help="sessions, one coding task each (default 6)")
     parser.add_argument("--turns", type=int, default=4, help="requests per session (default 4)")
-    parser.add_argument("--kind", choices=["retry", "rewrite"], default="retry", help="bench.session_replay's --kind")
+    parser.add_argument("--kind", choices=KINDS, default="retry", help="bench.session_replay's --kind (default retry)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
     parser.add_argument("--out", type=Path, default=RESULTS / "session_affinity.json")
     args = parser.parse_args(argv)
-    if args.sessions < 1 or args.turns < 2 or args.max_tokens < 1:
-        parser.error("--sessions >= 1, --turns >= 2 and --max-tokens >= 1")
+    if args.workers < 2 or args.sessions < 1 or args.turns < 2 or args.max_tokens < 1:
+        parser.error("--workers >= 2, --sessions >= 1, --turns >= 2 and --max-tokens >= 1")
     load_before = os.getloadavg()[0]
     modes = replay(args)
     taus = {mode: m["tau"] for mode, m in modes.items()}
@@ -209,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     load = (load_before, os.getloadavg()[0])
     print(
-        f"{args.sessions} sessions x {args.turns} turns ({args.kind}) x {args.max_tokens} tokens, two workers "
-        f"({args.target}, --draft {args.draft}, native); load average {load[0]:.1f} -> {load[1]:.1f}; "
+        f"{args.sessions} sessions x {args.turns} turns ({args.kind}) x {args.max_tokens} tokens, "
+        f"{args.workers} workers ({args.target}, --draft {args.draft}, native); "
+        f"load average {load[0]:.1f} -> {load[1]:.1f}; "
         f"CPU flags: {cpu_flags()}\n"
         + table(headers, rows)
         + f"\ntau affinity on / off: {ratio and f'{ratio:.2f}x'} (target >= 1.5x); "

@@ -3,7 +3,9 @@ session memory (deepspec/decoding/session_memory.py).
 
 Each conversation starts from a coding task; every later turn sends the same task again after a tool result, as an
 agent loop re-issues a step (`--kind retry`, the default: the target's answer then shares much with the one it wrote
-before), or with one more change request (`--kind rewrite`: the target rewrites its code, often differently). Rows,
+before), or with one more change request (`--kind rewrite`: the target rewrites its code, often differently), or the
+same request unchanged (`--kind repeat`: a step re-sent whose answer the client lost; greedy, the target writes its
+answer again, the case where memory drafts the most). Rows,
 at batch 1 and greedy on the native decoder with the served planner (BudgetPlanner):
 
 - `--draft none`: the target alone;
@@ -39,6 +41,8 @@ EDITS = (
 #: `--turns retry`: each later turn is the task again after a tool result, as an agent loop re-issues a step (the
 #: target's answer is then mostly, not always, the one it wrote before)
 RETRY = "Tool result: attempt {turn} did not finish. Do the same step again."
+#: what `--kind` may be (`conversations`)
+KINDS = ("retry", "rewrite", "repeat")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,9 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=4, help="requests per session, the first untimed")
     p.add_argument(
         "--kind",
-        choices=["retry", "rewrite"],
+        choices=KINDS,
         default="retry",
-        help="later turns: the task re-issued after a tool result, or with more change requests",
+        help="later turns: the task re-issued after a tool result, with more change requests, or unchanged",
     )
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (default: %(default)s)")
     p.add_argument("--num-speculative-tokens", type=int, default=7, help="draft tokens a round at most")
@@ -63,10 +67,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def conversations(count: int, turns: int, kind: str = "retry") -> list[list[str]]:
     """Per conversation, the user message of each turn: a task from datasets/eval/mbpp.jsonl, then the task again
-    after a tool result (`retry`) or with more change requests (`rewrite`)."""
+    after a tool result (`retry`), with more change requests (`rewrite`) or unchanged (`repeat`)."""
     from deepspec.paths import eval_dataset
 
     tasks = [json.loads(line)["turns"][0] for line in eval_dataset("mbpp").read_text().splitlines()[:count]]
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind == "repeat":
+        return [[task] * turns for task in tasks]
     if kind == "retry":
         return [[task] + [f"{task}\n\n{RETRY.format(turn=t)}" for t in range(1, turns)] for task in tasks]
     return [[task] + [f"{task}\n\n{' '.join(EDITS[:t])}" for t in range(1, turns)] for task in tasks]
