@@ -459,8 +459,9 @@ class SpecEngine:
         tree_parents = with_root(proposal.tree_parents()[:, :k], num)  # [B, 1+k]
         inputs = torch.cat([pending, proposal.tokens[:, :k]], dim=1)
         start = torch.tensor([s.cache_len for s in seqs], dtype=torch.long, device=device)
+        lengths = num + 1 if self.ragged_rows and k and int(num.min()) < k else None  # trees of different sizes
         with self._phase("target"):  # host tree parents: checked free
-            logits, features = self._verify_pass(inputs.to(device), start, k, tree_parents if k else None)
+            logits, features = self._verify_pass(inputs.to(device), start, k, tree_parents if k else None, lengths)
         sampling = self._row_sampling()
         q = None
         if proposal.probs is not None and k:

@@ -36,7 +36,7 @@ from deepspec.decoding.step_timing import (
     probe_step_curve,
     probe_verify_overhead,
 )
-from deepspec.decoding.tree import keep_nodes, monotone_survival, tree_survival_from_record
+from deepspec.decoding.tree import keep_nodes, monotone_survival, top_nodes, tree_survival_from_record
 from deepspec.decoding.verify_budget import (
     AcceptanceHistory,
     DraftTimeModel,
@@ -369,7 +369,9 @@ class BudgetPlanner(RoundPlanner):
 
     def keep_tree(self, rows: list, proposal: PaddedProposal) -> PaddedProposal:
         """Each row's top-w nodes by survival, w the width whose B * (w + 1) verify tokens pay best
-        (verify_budget.best_nodes); ancestor-closed because survival is made non-increasing along paths first."""
+        (verify_budget.best_nodes) or, on a target with ragged rows, each row's own w from its nodes ranked across
+        the batch (verify_budget.best_row_depths over each row's sorted survival); ancestor-closed because survival
+        is made non-increasing along paths first."""
         if self._step_time is None:
             return proposal
         parents, num = proposal.tree_parents(), proposal.num_tokens
@@ -383,7 +385,13 @@ class BudgetPlanner(RoundPlanner):
                 parents,
                 num,
             )
-        keep = best_nodes(monotone_survival(survival, parents, num), self._model(rows))
+        survival = monotone_survival(survival, parents, num)
+        if self._ragged:
+            ranked = survival.sort(dim=1, descending=True, stable=True).values.tolist()
+            widths = torch.tensor(best_row_depths(ranked, self._ragged_seconds(rows)))[:, None]
+            keep = top_nodes(survival, survival > 0, widths)
+        else:
+            keep = best_nodes(survival, self._model(rows))
         return keep_nodes(proposal, keep & (torch.arange(k)[None, :] < num[:, None]))
 
     def observe_pass(self, row_tokens: list[int], row_keys: list[int], seconds: float) -> None:

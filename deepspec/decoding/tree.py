@@ -71,9 +71,12 @@ def _survival_rank(survival: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).scatter_(1, order, torch.arange(k, device=order.device).expand(B, k))
 
 
-def top_nodes(survival: torch.Tensor, live: torch.Tensor, width: int, threshold: float = 0.0) -> torch.Tensor:
+def top_nodes(
+    survival: torch.Tensor, live: torch.Tensor, width: int | torch.Tensor, threshold: float = 0.0
+) -> torch.Tensor:
     """The pruning. survival [B, k], live [B, k] bool → keep [B, k] bool: each row's `width` live nodes of highest
-    survival (ties: the earlier node), those under `threshold` dropped except the row's best.
+    survival (ties: the earlier node; `width` one count, or [B, 1] counts row by row), those under `threshold`
+    dropped except the row's best.
 
     Ancestor-closed when survival never grows from parent to child (monotone_survival makes any estimate so) and
     parents are numbered before their children: a parent then always ranks before its child."""

@@ -155,3 +155,32 @@ def test_the_native_decoder_verifies_ragged_rows_with_the_target_only_output(tar
     budget = BudgetPlanner(StepTimeModel([(1, 4e-3), (64, 67e-3)]), learn_online=False) if planner else None
     assert _run(native, planner=budget, max_batch_size=8) == reference
     assert any(len(set(lengths)) > 1 for lengths in seen)
+
+
+def test_token_trees_of_different_sizes_verify_in_one_ragged_pass_with_the_target_only_output(target):
+    """Trees cut to each row's own node budget (BudgetPlanner.keep_tree ranks nodes across the batch) are verified
+    as ragged rows: node counts differ per row, outputs stay the target's own."""
+    from deepspec.decoding.drafters.random import RandomDrafter
+    from deepspec.models.native.target import native_target_from
+
+    native = native_target_from(target, num_threads=2, weights="int8")
+    reference = _run(native, max_batch_size=1)
+    seen: list[list[int]] = []
+    forward = native.forward
+
+    def spy(tokens, start, cache=None, *, row_lengths=None, **options):
+        if row_lengths is not None and options.get("tree_parents") is not None:
+            seen.append(row_lengths.tolist())
+        return forward(tokens, start, cache, row_lengths=row_lengths, **options)
+
+    native.forward = spy  # type: ignore[method-assign]  # a spy on this instance only
+    engine = SpecEngine(
+        native,
+        RandomDrafter(16, seed=1, tree=True),
+        max_batch_size=8,
+        max_seq_len=128,
+        num_speculative_tokens=6,
+        planner=BudgetPlanner(StepTimeModel([(1, 4e-3), (64, 67e-3)]), learn_online=False),
+    )
+    assert [r.token_ids for r in engine.generate(PROMPTS, SamplingParams(max_tokens=24))] == reference
+    assert any(len(set(lengths)) > 1 for lengths in seen)
