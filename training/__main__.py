@@ -202,6 +202,13 @@ def _add_train(sub) -> None:
     )
     p.add_argument("--plan", action="store_true", help="print the resolved config and sizes, train nothing")
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice, one per core); 1 on a machine another job keeps busy, "
+        "where threads that wait on each other for a parked core run slower than one thread alone",
+    )
+    p.add_argument(
         "overrides",
         nargs="*",
         metavar="key=value",

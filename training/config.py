@@ -197,7 +197,11 @@ class TrainConfig(StrictModel):
     )
     seed: int = Field(default=0, description="seed of init, data order and anchor sampling")
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        default="auto", description="auto = fp32 on CPU, bf16 autocast on GPU"
+        default="auto",
+        description=(
+            "auto = fp32 on CPU, bf16 autocast on GPU; bf16 = autocast on CPU too (bf16 matmuls, the loss's target "
+            "distributions stay fp32)"
+        ),
     )
     save_every: int = Field(
         default=100, ge=0, description="save a resumable checkpoint every N optimizer steps (0 = only at the end)"

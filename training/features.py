@@ -1,9 +1,12 @@
 """Where the target's hidden states come from during training.
 
 - Online (default): the frozen target runs inside the loop on each batch — nothing on disk, any dataset size.
-- Offline (`--cache-dir`): one pass writes only what the draft needs per token (the feature layers and the
-  final post-norm hidden state; target logits are recomputed from the latter by the frozen head), then every epoch
-  and every algorithm with the same feature layers reads it back. `estimate_cache_bytes` is printed first.
+- Offline (`--cache-dir`): one pass writes only what the draft needs per token (the feature layers, the final
+  post-norm hidden state and the log-sum-exp of the target's full-vocabulary logits, 4 bytes: the loss then
+  recomputes the target's probabilities from the head's draft-vocabulary rows alone, `losses.FinalHidden`), then
+  every epoch and every algorithm with the same feature layers reads it back. `estimate_cache_bytes` is printed
+  first. A cache written before the log-sum-exp existed gets it added from its stored hidden states (no target
+  forward).
   Under `--labels target` the final hidden state is replaced by the top-k soft labels (training/distill.py).
 """
 
@@ -76,6 +79,8 @@ class OfflineFeatures:
             "data": data,
             "writer": self._writer_name(),
         }
+        if self.distill is None:
+            meta["final_lse"] = True  # files without it are completed by build()
         if self.distill is not None:
             meta["labels"] = self.meta_labels()
         return meta
@@ -104,13 +109,35 @@ class OfflineFeatures:
             writer = self.writer if self.writer is not None else self.target
             features, final = OnlineFeatures(writer, self.feature_layers)([index], torch.tensor([input_ids]))
             dtype = self.target.dtype  # what the training target's own features would be, whoever wrote them
-            return {"features": features[0].to(dtype).contiguous(), "final_hidden": final[0].to(dtype).contiguous()}
+            final = final[0].to(dtype).contiguous()
+            return {"features": features[0].to(dtype).contiguous(), "final_hidden": final, **self._lse(final)}
         features, labels = self.distill([index], torch.tensor([input_ids]))
         return {
             "features": features[0].contiguous(),
             "label_probs": labels.probs[0].contiguous(),
             "label_ids": labels.ids[0].to(torch.int32).contiguous(),
         }  # int32: N < 2^31, half the bytes
+
+    def _lse(self, final_hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The file entry of the full-vocabulary log-sum-exp of a final hidden state [T, H] → {"final_lse": [T]}."""
+        from training.losses import full_vocab_lse
+
+        return {"final_lse": full_vocab_lse(self.target, final_hidden).contiguous()}
+
+    def _add_lse(self, path: Path) -> None:
+        """Give a regen file written without the log-sum-exp its entry, from its own final hidden states."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file, save_file
+
+        with safe_open(path, "pt") as f:
+            names = set(f.keys())
+            if "final_lse" in names or "final_hidden" not in names:
+                return
+            metadata = f.metadata()
+        tensors = load_file(path)
+        tmp = path.with_suffix(".tmp")
+        save_file({**tensors, **self._lse(tensors["final_hidden"])}, tmp, metadata=metadata)
+        tmp.rename(path)
 
     def is_complete(self, sequences) -> bool:
         meta = self.dir / "meta.json"
@@ -142,25 +169,34 @@ class OfflineFeatures:
                 tmp = path.with_suffix(".tmp")
                 save_file(self._tensors(i, seq.input_ids), tmp, metadata={"tokens": digest})
                 tmp.rename(path)
+            elif self.distill is None:
+                self._add_lse(path)
             if on_sequence is not None:
                 on_sequence(len(seq.input_ids))
         (self.dir / "meta.json").write_text(json.dumps(self.meta(sequences)))
 
     def __call__(self, indices: list[int], tokens: torch.Tensor):
-        """tokens [B, T] → features [B, T, nH] and final_hidden [B, T, H] or SoftLabels [B, T, k], right-padded."""
+        """tokens [B, T] → features [B, T, nH] and FinalHidden ([B, T, H] + [B, T]; a bare final_hidden tensor
+        from a file without the log-sum-exp) or SoftLabels [B, T, k], right-padded."""
         from safetensors.torch import load_file
 
         from training.distill import SoftLabels
+        from training.losses import FinalHidden
 
         B, T = tokens.shape
         rows = [load_file(self.dir / f"{i}.safetensors") for i in indices]
 
         def stacked(key: str) -> torch.Tensor:
-            pad = [T - d[key].shape[0] for d in rows]
-            return torch.stack([torch.nn.functional.pad(d[key], (0, 0, 0, n)) for d, n in zip(rows, pad)])
+            def padded(x: torch.Tensor) -> torch.Tensor:  # the time axis (the first) to T
+                return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, T - x.shape[0]))
+
+            return torch.stack([padded(d[key]) for d in rows])
 
         device = self.target.device
         if self.distill is None:
-            return stacked("features").to(device), stacked("final_hidden").to(device)
+            final = stacked("final_hidden")
+            if all("final_lse" in d for d in rows):
+                return stacked("features").to(device), FinalHidden(final, stacked("final_lse")).to(device)
+            return stacked("features").to(device), final.to(device)
         labels = SoftLabels(stacked("label_probs"), stacked("label_ids").long())
         return stacked("features").to(device), labels.to(device)

@@ -3,8 +3,9 @@ small functions the tests check on hand-built examples.
 
 Two label sources (`train --labels`):
 - regen (default): target distributions are never stored: they are `lm_head(final_hidden)` of the frozen target,
-  computed here over the full vocabulary and gathered onto the draft vocabulary (mass outside it counts as
-  unmatchable); DFlash's and DSpark's CE read the (target-written) next tokens.
+  the full-vocabulary softmax gathered onto the draft vocabulary (mass outside it counts as unmatchable), computed
+  here from the draft rows of the head and the cached log-sum-exp (`FinalHidden`), or from the whole head without
+  it; DFlash's and DSpark's CE read the (target-written) next tokens.
 - target: top-k `SoftLabels` from the target's forward over any text (training/distill.py); every draft slot
   trains on the KL to the target's distribution at its position (`*_distill_loss`, DSpark's terms).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -35,11 +37,42 @@ DSPARK_WEIGHTS = (0.1, 0.9, 1.0)
 Objective = Callable[..., tuple[torch.Tensor, dict]]
 
 
-def target_probs(target, final_hidden: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
-    """final_hidden [.., H] → the target's softmax over the full vocabulary, gathered at d2t: [.., N]."""
-    with torch.no_grad():
+@dataclass
+class FinalHidden:
+    """The target's final hidden state [B, T, H] and the log-sum-exp of its full-vocabulary logits [B, T], as the
+    offline cache stores them (`--labels regen`).
+
+    Why the log-sum-exp: the target's probability of draft token i is exp(head[d2t[i]] · h − lse), so with lse
+    known only the N draft rows of the head run in the loop instead of all V (49,152 on SmolLM2, 12x the rows of a
+    4,096-token draft vocabulary), and the distribution is the same full-vocabulary softmax, not a renormalised
+    one."""
+
+    hidden: torch.Tensor
+    lse: torch.Tensor
+
+    def __getitem__(self, index) -> FinalHidden:
+        return FinalHidden(self.hidden[index], self.lse[index])
+
+    def to(self, device) -> FinalHidden:
+        return FinalHidden(self.hidden.to(device), self.lse.to(device))
+
+
+def full_vocab_lse(target, final_hidden: torch.Tensor) -> torch.Tensor:
+    """final_hidden [.., H] → log Σ_v exp(logit_v) over the target's full vocabulary [..], in float32."""
+    with torch.no_grad(), torch.autocast(final_hidden.device.type, enabled=False):
+        return torch.logsumexp(target.lm_head(final_hidden).float(), dim=-1)
+
+
+def target_probs(target, final_hidden: torch.Tensor | FinalHidden, d2t: torch.Tensor) -> torch.Tensor:
+    """final_hidden [.., H] (or FinalHidden) → the target's softmax over the full vocabulary, gathered at d2t:
+    [.., N], in float32 whatever autocast is on (labels are never rounded to bf16)."""
+    with torch.no_grad(), torch.autocast(d2t.device.type, enabled=False):
+        if isinstance(final_hidden, FinalHidden):
+            head = target.embeddings().head.index_select(0, d2t)
+            logits = torch.nn.functional.linear(final_hidden.hidden.to(head.dtype), head).float()
+            return torch.exp(logits - final_hidden.lse.float()[..., None])
         logits = target.lm_head(final_hidden)
-        return torch.softmax(logits, dim=-1).index_select(-1, d2t)
+        return torch.softmax(logits.float(), dim=-1).index_select(-1, d2t)
 
 
 # ---- Eagle3 ---------------------------------------------------------------------------------------------------
@@ -215,10 +248,22 @@ def _block_positions(anchors: torch.Tensor, block_size: int, T: int) -> torch.Te
     return (anchors[:, :, None] + torch.arange(block_size, device=anchors.device)).clamp(max=T - 1)
 
 
+def _at_positions(final: torch.Tensor | FinalHidden, pos: torch.Tensor) -> torch.Tensor | FinalHidden:
+    """final [B, T, H] (or FinalHidden), positions [B, *P] → [B, *P, H] at those positions of each row."""
+    if isinstance(final, FinalHidden):
+        lse = final.lse.gather(1, pos.flatten(1)).view(pos.shape)
+        hidden = _at_positions(final.hidden, pos)
+        assert isinstance(hidden, torch.Tensor)
+        return FinalHidden(hidden, lse)
+    hidden = final.gather(1, pos.flatten(1)[..., None].expand(-1, -1, final.shape[-1]))
+    return hidden.view(*pos.shape, -1)
+
+
 def _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, generator, num_anchors) -> dict:
     """Everything DSpark's loss and its confidence calibration read, over the valid slots of sampled blocks.
 
-    `final_hidden` is the target's final hidden state [B, T, H] (regen) or its SoftLabels [B, T, k] (target)."""
+    `final_hidden` is the target's final hidden state [B, T, H] or FinalHidden (regen), or its SoftLabels [B, T, k]
+    (target)."""
     anchors, labels, prev, valid, hidden, weights = _block_common(
         model, features, tokens, loss_mask, generator, num_anchors
     )
@@ -233,9 +278,7 @@ def _dspark_terms(model, target, features, final_hidden, tokens, loss_mask, gene
         soft = final_hidden.gather_positions(pos)[sel]  # [n, k]
         l1 = l1_to_labels(soft, p_d)
     else:
-        q_hidden = final_hidden.gather(1, pos.flatten(1)[..., None].expand(-1, -1, final_hidden.shape[-1]))
-        q_hidden = q_hidden.view(*pos.shape, -1)[sel]  # [n, H]
-        p_t = target_probs(target, q_hidden, model.d2t)  # [n, N]
+        p_t = target_probs(target, _at_positions(final_hidden, pos)[sel], model.d2t)  # [n, N]
         outside = (1 - p_t.sum(-1)).clamp(min=0)  # target mass the draft vocabulary cannot cover
         l1 = (p_d - p_t).abs().sum(-1) + outside  # ‖p_d − p_t‖₁ over the full vocabulary
     slot = torch.arange(γ, device=anchors.device).expand_as(valid)[sel]

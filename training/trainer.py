@@ -339,7 +339,7 @@ class Trainer:
             sync = micro == accum - 1 or dist.world_size == 1
             with (
                 self.parallel.sync_gradients(sync),
-                torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.use_bf16),
+                torch.autocast(torch.device(dist.device).type, dtype=torch.bfloat16, enabled=self.use_bf16),
             ):
                 loss, metrics = self.parallel(features if self.use_bf16 else features.float(), labels, tokens, mask)
                 (loss / accum).backward()
@@ -557,6 +557,10 @@ def run_train_cli(args, parser) -> int:
         return 0
     if not cfg.data.paths:
         parser.error("no training data: pass --data FILE.jsonl or data.paths=[...]")
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
 
     def log(line: str) -> None:
         if rank0:

@@ -67,6 +67,9 @@ def test_cli_errors_are_clear(setup, tmp_path, capsys):
         ["train", "--algo", "eagle3", "--target", str(target_dir), "--data", str(empty), "--out", str(tmp_path / "o")]
     )
     assert code == 2 and "no usable training rows" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--algo", "eagle3", "--data", str(data), "--threads", "0", "--out", str(tmp_path / "o")])
+    assert "--threads must be >= 1" in capsys.readouterr().err
 
 
 def test_malformed_lines_are_skipped_with_a_count(setup, tmp_path):
@@ -117,6 +120,17 @@ def test_init_from_fine_tunes_a_trained_draft(setup, tmp_path):
         train(wrong, show_progress=False)
 
 
+def test_bf16_precision_autocasts_on_cpu(setup, tmp_path):
+    """precision=bf16 runs the draft's matmuls in bf16 on CPU too (it used to autocast on CUDA only): the same run
+    lands near the fp32 one, not on it."""
+    fp32 = train(_cfg(setup, tmp_path / "fp32", "eagle3", max_steps=2), show_progress=False)
+    cfg = _cfg(setup, tmp_path / "bf16", "eagle3", max_steps=2)
+    cfg.precision = "bf16"
+    bf16 = train(cfg, show_progress=False)
+    assert bf16["last"]["loss"] != fp32["last"]["loss"]
+    assert abs(bf16["last"]["loss"] - fp32["last"]["loss"]) < 0.05 * abs(fp32["last"]["loss"])
+
+
 def test_offline_cache_matches_online(setup, tmp_path):
     online = train(_cfg(setup, tmp_path / "on", "eagle3", max_steps=2), show_progress=False)
     cfg = _cfg(setup, tmp_path / "off", "eagle3", max_steps=2)
@@ -159,6 +173,7 @@ def test_offline_cache_recomputes_only_stale_files(setup, tmp_path):
     from deepspec.models import load_target
     from training.data import Sequence
     from training.features import OfflineFeatures
+    from training.losses import FinalHidden
 
     target = load_target(str(setup[1]), dtype="float32")
     cache = OfflineFeatures(tmp_path / "cache", target, (0, 1))
@@ -175,8 +190,9 @@ def test_offline_cache_recomputes_only_stale_files(setup, tmp_path):
     fresh = OfflineFeatures(tmp_path / "fresh", target, (0, 1))
     fresh.build([edited[1]])
     expect, expect_final = fresh([0], torch.tensor([edited[1].input_ids]))
-    assert isinstance(final, torch.Tensor) and isinstance(expect_final, torch.Tensor)  # final hidden states
-    assert torch.equal(features, expect) and torch.equal(final, expect_final)
+    assert isinstance(final, FinalHidden) and isinstance(expect_final, FinalHidden)  # final hidden states + lse
+    assert torch.equal(features, expect) and torch.equal(final.hidden, expect_final.hidden)
+    assert torch.equal(final.lse, expect_final.lse)
 
 
 def _torchrun(setup, out: Path, *overrides: str, resume: bool = False) -> dict:
