@@ -183,7 +183,7 @@ class SpecEngine:
         waiting request with the same prompt: this sequence then shares its prefill (the module docstring)."""
         if request_id in self._by_id:
             raise RequestError(RequestErrorCode.REQUEST_ID_IN_USE, f"request id '{request_id}' is already running")
-        prompt = list(prompt_token_ids)
+        prompt, priority = list(prompt_token_ids), params.priority
         self.validate(prompt, params)
         if self.num_free_slots == 0:
             raise EngineFullError(f"all {self.max_batch_size} slots are busy")
@@ -212,9 +212,9 @@ class SpecEngine:
         if parent is not None:
             seq.slot = -1  # placed when the parent's prefill completes
             self._forks.setdefault(parent.request_id, []).append(seq)
-        else:
-            self._running.append(seq)
-            self.batch_state.admit(seq.slot, seq.sequence_id, params)
+        else:  # before the waiting prompts of a larger priority: prefill goes in slot order
+            later = (i for i in range(self._num_decoding(), seq.slot) if self._running[i].params.priority > priority)
+            self._insert(seq, next(later, seq.slot))
         self._by_id[request_id] = seq
 
     def abort(self, request_id: str) -> bool:
@@ -279,18 +279,21 @@ class SpecEngine:
         nothing computed (the prefill runner starts it). → the forks, placed."""
         forks = self._forks.pop(parent.request_id)
         for fork in forks:
-            at = self._num_decoding()
-            self._running.append(fork)  # a placeholder at the end, overwritten by the shift
-            for src in range(len(self._running) - 2, at - 1, -1):
-                self._move(src, src + 1)
-            self._running[at], fork.slot = fork, at
-            self.batch_state.admit(at, fork.sequence_id, fork.params)
+            self._insert(fork, self._num_decoding())
             n = len(parent.prompt)
             self.cache.move_slot(parent.slot, fork.slot, n)
             fork.prefill_pos = fork.cache_len = n
             if parent.prompt_logprobs is not None and fork.params.prompt_logprobs is not None:
                 fork.prompt_logprobs = list(parent.prompt_logprobs)
         return forks
+
+    def _insert(self, seq: SequenceState, at: int) -> None:
+        """Give `seq` slot `at`; the rows from `at` on move one slot back, in order."""
+        self._running.append(seq)  # a placeholder at the end, overwritten by the shift
+        for src in range(len(self._running) - 2, at - 1, -1):
+            self._move(src, src + 1)
+        self._running[at], seq.slot = seq, at
+        self.batch_state.admit(at, seq.sequence_id, seq.params)
 
     def _draft_caps(self) -> list[int]:
         """Per row, how many drafts are worth verifying: within the row's budget and the step's token budget."""

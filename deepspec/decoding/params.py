@@ -47,6 +47,9 @@ class SamplingParams:
     #: the session whose earlier answers may draft this one, and which remembers it (session_memory.py): an opaque
     #: key the server derives from the API key and the client's session id, so sessions never cross keys; None = off
     session: str | None = None
+    #: scheduling order (vLLM's rule: lower first): a waiting prompt is prefilled before waiting prompts of a larger
+    #: priority, so an interactive request is not stuck behind a batch flood's prompts; output never depends on it
+    priority: int = 0
 
     def __post_init__(self) -> None:
         min_tokens = 0 if self.prompt_logprobs is not None else 1
@@ -64,6 +67,8 @@ class SamplingParams:
                 raise _sampling_error(
                     f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (None = off), got {value!r}"
                 )
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise _sampling_error(f"priority must be an integer (lower is scheduled first), got {self.priority!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise _sampling_error(
                 f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}"

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from deepspec.decoding.params import SamplingParams, StepOutput
-from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, RequestStats
+from deepspec_protocol.worker import DEFAULT_SERVICE_CLASS, SERVICE_CLASSES, RequestStats
 from service.worker.load import LoadTracker
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,12 @@ class _Request:
     #: the service class the gateway admitted it under (deepspec_protocol/worker.py SERVICE_CLASSES): labels its
     #: acceptance metrics
     service_class: str = DEFAULT_SERVICE_CLASS
+
+
+def class_priority(service_class: str) -> int:
+    """The engine's scheduling priority of a service class (SamplingParams.priority: lower first), by its place in
+    SERVICE_CLASSES; an unknown class is scheduled as the default one."""
+    return SERVICE_CLASSES.index(service_class if service_class in SERVICE_CLASSES else DEFAULT_SERVICE_CLASS)
 
 
 def _sequence_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -113,6 +119,7 @@ class Scheduler:
         if not self.accepting:
             raise SchedulerClosedError("the worker is shutting down")
         self.engine.validate(prompt_token_ids, params)
+        params = replace(params, priority=class_priority(service_class))
         if not 1 <= n <= self.engine.max_batch_size:
             raise ValueError(
                 f"n = {n} sequences do not fit this worker's batch of {self.engine.max_batch_size} "
@@ -200,13 +207,20 @@ class Scheduler:
             return
         while True:
             if command == "add" and request is not None:
-                self._waiting.append(request)
+                self._enqueue(request)
             elif command == "abort" and request is not None:
                 self._abort(request)
             try:
                 command, request = self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _enqueue(self, group: list[_Request]) -> None:
+        """Queue a request's group behind every waiting one of its priority or a lower one (its service class's:
+        interactive before standard before batch), so a flood of batch requests never holds an interactive one."""
+        priority = group[0].params.priority
+        later = (i for i, waiting in enumerate(self._waiting) if waiting[0].params.priority > priority)
+        self._waiting.insert(next(later, len(self._waiting)), group)
 
     def _abort(self, group: list[_Request]) -> None:
         if any(waiting is group for waiting in self._waiting):

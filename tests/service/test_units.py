@@ -23,7 +23,7 @@ from service.gateway.routing import Endpoint, WorkerPool
 from service.gateway.worker_client import GenerationRequest, WorkerClient, build_infer_request, parse_response
 from service.kserve_messages import service_pb2
 from service.metrics import GatewayMetrics, WorkerMetrics
-from service.worker.scheduler import QueueFullError, Scheduler
+from service.worker.scheduler import QueueFullError, Scheduler, class_priority
 from service.worker.stub_target import STUB_TEXT, StubDrafter, StubTarget
 from tests.service.conftest import output, picked
 
@@ -205,6 +205,40 @@ def test_scheduler_queue_bound_and_abort():
             assert engine.num_running == 0
         finally:
             scheduler.stop()
+
+    asyncio.run(main())
+
+
+def test_the_queue_lets_an_interactive_request_pass_waiting_batch_requests():
+    """Service classes reach the engine as priorities (interactive first): a request of the interactive class that
+    arrives behind queued batch requests runs before them, and the batch ones keep their order."""
+    assert class_priority("interactive") < class_priority("standard") < class_priority("batch")
+    assert class_priority("unknown") == class_priority("standard")
+
+    async def main():
+        engine = SpecEngine(StubTarget(step_delay_s=0.002), None, max_batch_size=1)
+        scheduler = Scheduler(engine, WorkerMetrics("stub"), max_queue=8)
+        scheduler.start().wait()
+        order: list[str] = []
+
+        async def run(name: str, service_class: str) -> None:
+            async for _ in scheduler.generate([1], SamplingParams(max_tokens=3), service_class=service_class):
+                pass
+            order.append(name)
+
+        try:
+            first = scheduler.generate([1], SamplingParams(max_tokens=1000))
+            await anext(first)  # holds the only slot
+            tasks = []
+            for name, service_class in (("batch-1", "batch"), ("batch-2", "batch"), ("interactive", "interactive")):
+                tasks.append(asyncio.ensure_future(run(name, service_class)))
+                await asyncio.sleep(0.02)  # queued in this order
+            assert isinstance(first, AsyncGenerator)
+            await first.aclose()
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        finally:
+            scheduler.stop()
+        assert order == ["interactive", "batch-1", "batch-2"]
 
     asyncio.run(main())
 
