@@ -277,7 +277,7 @@ class BudgetPlanner(RoundPlanner):
         survival = _live(self._observed_survival(rows, width), caps)
         if not costly or draft_time is None:
             if self._ragged:
-                return width if any(best_row_depths(survival, self._ragged_seconds(rows))) else 0
+                return width if any(best_row_depths(survival, self._ragged_seconds(rows), _class_weights(rows))) else 0
             return width if best_depth(survival, self._model(rows)) > 0 else 0
         depth = best_depth(survival, self._model(rows), draft_time.round_seconds(costly, torch.arange(width + 1)))
         return width if depth and tree else depth
@@ -303,7 +303,7 @@ class BudgetPlanner(RoundPlanner):
         if self._explore is not None:
             return [min(n, self._explore) for n in counts]
         survival, estimates = self._chain_survival(rows, proposal, counts)
-        depths = best_row_depths(survival, self._ragged_seconds(rows))
+        depths = best_row_depths(survival, self._ragged_seconds(rows), _class_weights(rows))
         self._expect(rows, estimates, depths)
         return depths
 
@@ -388,7 +388,7 @@ class BudgetPlanner(RoundPlanner):
         survival = monotone_survival(survival, parents, num)
         if self._ragged:
             ranked = survival.sort(dim=1, descending=True, stable=True).values.tolist()
-            widths = torch.tensor(best_row_depths(ranked, self._ragged_seconds(rows)))[:, None]
+            widths = torch.tensor(best_row_depths(ranked, self._ragged_seconds(rows), _class_weights(rows)))[:, None]
             keep = top_nodes(survival, survival > 0, widths)
         else:
             keep = best_nodes(survival, self._model(rows))
@@ -492,6 +492,15 @@ class BudgetPlanner(RoundPlanner):
             ]
             self._round_survival[width] = observed_survival(records, width, prior)
         return self._round_survival[width]
+
+
+def _class_weights(rows: list) -> list[float] | None:
+    """What each row's tokens are worth to the ragged budget: halved per step of priority below the batch's most
+    urgent (SamplingParams.priority, a service class's place), so under load a batch row's drafts are dropped before an
+    interactive row's; None where every row has one priority (then the weights change nothing)."""
+    priorities = [s.params.priority for s in rows]
+    top = min(priorities, default=0)
+    return None if all(p == top for p in priorities) else [0.5 ** (p - top) for p in priorities]
 
 
 def _live(rows: list[list[float]], counts: list[int]) -> list[list[float]]:

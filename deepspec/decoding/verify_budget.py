@@ -225,7 +225,9 @@ def best_depth(survival, model: RoundTimes, draft_seconds=None) -> int:
     return throughputs.index(max(throughputs))
 
 
-def best_row_depths(survival: list[list[float]], pass_seconds: Callable[[list[int]], float]) -> list[int]:
+def best_row_depths(
+    survival: list[list[float]], pass_seconds: Callable[[list[int]], float], weights: list[float] | None = None
+) -> list[int]:
     """Each row's own verify depth, for a target that verifies ragged rows (Target.ragged_rows: a pass costs the
     tokens its rows hold, not B times the longest). survival [B][k] as `best_depth` reads it; `pass_seconds(depths)`
     prices a pass where row b verifies depths[b] drafts. Draft slots are taken best first across the batch (each
@@ -233,11 +235,13 @@ def best_row_depths(survival: list[list[float]], pass_seconds: Callable[[list[in
     depths kept are those of the highest modelled tokens per second, (B + Σ_b Σ_{j<d_b} survival[b][j]) /
     pass_seconds(depths): `best_depth`'s rule without the padding, so one row's confident draft is verified without
     every other row verifying as deep (vLLM's adaptive verification ranks draft slots across the batch alike). Ties
-    keep the shallower depths."""
+    keep the shallower depths. `weights` [B] (default all 1) values each row's tokens: a row of a latency-bound
+    class weighs more, so under load its slots keep their place and a batch row's are dropped first."""
+    weights = weights or [1.0] * len(survival)
     depths = [0] * len(survival)
-    best, gain = list(depths), float(len(survival))
+    best, gain = list(depths), float(sum(weights))
     best_rate = gain / pass_seconds(depths)
-    heap = [(-row[0], b, 0) for b, row in enumerate(survival) if row and row[0] > 0]
+    heap = [(-row[0] * w, b, 0) for b, (row, w) in enumerate(zip(survival, weights)) if row and row[0] > 0]
     heapify(heap)
     while heap:
         negative, b, j = heappop(heap)
@@ -248,7 +252,7 @@ def best_row_depths(survival: list[list[float]], pass_seconds: Callable[[list[in
             best_rate, best = rate, list(depths)
         row = survival[b]
         if j + 1 < len(row) and row[j + 1] > 0:
-            heappush(heap, (max(-row[j + 1], negative), b, j + 1))
+            heappush(heap, (max(-row[j + 1] * weights[b], negative), b, j + 1))
     return best
 
 

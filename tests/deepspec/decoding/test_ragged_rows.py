@@ -184,3 +184,20 @@ def test_token_trees_of_different_sizes_verify_in_one_ragged_pass_with_the_targe
     )
     assert [r.token_ids for r in engine.generate(PROMPTS, SamplingParams(max_tokens=24))] == reference
     assert any(len(set(lengths)) > 1 for lengths in seen)
+
+
+def test_under_load_a_batch_rows_drafts_are_dropped_before_an_interactive_rows():
+    """Two rows, the same draft, a curve where one verified slot pays and two do not: the slot goes to the row of the
+    more urgent class (SamplingParams.priority, the worker's service class), whichever row it is."""
+    rows = _rows(2)
+    survival = torch.tensor([[0.6, 0.0], [0.6, 0.0]])
+    proposal = PaddedProposal(torch.ones(2, 2, dtype=torch.long), torch.tensor([1, 1]), survival=survival)
+    planner = BudgetPlanner(learn_online=False)
+    # rows worth 1 and 0.25 (two priority steps apart): 1.25 in 10 ms; the interactive slot, + 0.6 in 12 ms, pays
+    # (0.154 a ms against 0.125); the batch row's, + 0.15 in 14 ms (0.143), does not; unweighted, the tie goes to row 0
+    planner.step_time = StepTimeModel([(1, 8e-3), (64, 134e-3)])
+    for interactive in (0, 1):
+        for b, seq in enumerate(rows):
+            seq.params = SamplingParams(priority=0 if b == interactive else 2)
+        depths = planner.row_depths(rows, proposal, [1, 1])
+        assert depths[interactive] == 1 and depths[1 - interactive] == 0
