@@ -61,7 +61,11 @@ def read_jsonl_lines(path: str | Path) -> list[str]:
         with open_jsonl(path) as f:
             return f.read().splitlines()
     except (EOFError, gzip.BadGzipFile) as exc:
-        raise ValueError(f"{path}: not a readable gzip file ({exc}); re-compress it with `gzip -k`") from None
+        raise ValueError(
+            f"{path}: not a readable gzip file ({exc}): a writer may still be appending to it (python -m training "
+            f"synth / prepare; read it when the run is done), a killed one left it cut short (its next run mends "
+            f"it: training.data.recover_torn_gzip), or it is damaged (re-compress it with `gzip -k`)"
+        ) from None
 
 
 def recover_torn_gzip(path: str | Path) -> int | None:
