@@ -90,18 +90,24 @@ def eagle3_valid(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
 def _eagle3_unrolled_loss(model, features, tokens, loss_mask, step_loss) -> tuple[torch.Tensor, dict]:
     """Σ_k 0.8^k · step_loss over the valid indices of TTT step k, and the per-step top-1 agreement.
 
-    `step_loss(k, valid [B, T-1-k], log_q [n, N])` → (mean loss, the target's most likely draft token [n]) for the
-    distribution at position t+1+k of each valid index t."""
-    T = tokens.shape[1]
-    logits = model.ttt_forward(features, tokens, model.cfg.block_size)
+    The TTT steps run only at the indices some row trains at some step (`ttt_forward`'s queries): the same loss
+    and gradients as unrolling every index, without the γ steps over prompts. `step_loss(at [n], valid [B, n],
+    log_q [m, N])` → (mean loss, the target's most likely draft token [m]) for the distribution at position at[i]
+    (= t+1+k) of each valid query index t."""
+    T, num_steps = tokens.shape[1], model.cfg.block_size
+    valid = torch.stack([eagle3_valid(loss_mask, k) for k in range(num_steps)])  # [γ, B, T]
+    cols = valid.flatten(0, 1).any(0).nonzero().flatten()  # ascending
     total = features.new_zeros((), dtype=torch.float32)
     metrics = {}
+    if cols.numel() == 0:
+        return total, metrics
+    logits = model.ttt_forward(features, tokens, num_steps, queries=cols[None].expand(tokens.shape[0], -1))
     for k, step_logits in enumerate(logits):
-        valid = eagle3_valid(loss_mask, k)[:, : T - 1 - k]
-        if not bool(valid.any()):
+        valid_k = valid[k][:, cols]
+        if not bool(valid_k.any()):
             continue
-        log_q = F.log_softmax(step_logits[:, : T - 1 - k][valid], dim=-1)
-        loss, best = step_loss(k, valid, log_q)
+        log_q = F.log_softmax(step_logits[valid_k], dim=-1)
+        loss, best = step_loss((cols + 1 + k).clamp(max=T - 1), valid_k, log_q)
         total = total + EAGLE3_STEP_DECAY**k * loss
         metrics[f"acc{k}"] = float((log_q.argmax(-1) == best).float().mean())
     return total, metrics
@@ -117,8 +123,8 @@ def eagle3_loss(model, target, features, final_hidden, tokens, loss_mask) -> tup
     p_all = torch.zeros(*tokens.shape, model.cfg.out_vocab_size, device=features.device)
     p_all[needed] = target_probs(target, final_hidden[needed], model.d2t)
 
-    def soft_ce(k, valid, log_q):
-        p_t = p_all[:, 1 + k :][valid]  # position t+1+k for index t
+    def soft_ce(at, valid, log_q):
+        p_t = p_all[:, at][valid]  # position t+1+k for index t
         return -(p_t * log_q).sum(-1).mean(), p_t.argmax(-1)
 
     return _eagle3_unrolled_loss(model, features, tokens, loss_mask, soft_ce)
@@ -128,8 +134,8 @@ def eagle3_distill_loss(model, labels: SoftLabels, features, tokens, loss_mask) 
     """Σ_k 0.8^k · KL(target distribution at t+1+k ‖ draft step-k at t), mean over the same valid indices as
     `eagle3_loss`; labels [B, T, k] hold the target's distribution at each position."""
 
-    def kl(k, valid, log_q):
-        p_t = labels[:, 1 + k :][valid]  # the distribution at position t+1+k for index t
+    def kl(at, valid, log_q):
+        p_t = labels[:, at][valid]  # the distribution at position t+1+k for index t
         return kl_to_labels(p_t, log_q).mean(), p_t.ids.gather(-1, p_t.probs.argmax(-1, keepdim=True))[:, 0]
 
     return _eagle3_unrolled_loss(model, features, tokens, loss_mask, kl)

@@ -160,3 +160,51 @@ def test_dspark_l1_and_acceptance_are_the_same_from_dense_labels():
     distill = _dspark_terms(draft, target, out.features, labels, seqs, mask, torch.Generator().manual_seed(0), 6)
     assert torch.allclose(regen["l1"], distill["l1"], atol=1e-5)
     assert torch.allclose(regen["accept"], distill["accept"], atol=1e-5)
+
+
+def test_eagle3_queries_give_the_rows_and_gradients_of_the_full_unroll():
+    """The loss unrolls TTT only at the indices it trains: their logits, and the gradients of a loss on them, are
+    those of unrolling every index (prompt indices still supply the step-0 keys)."""
+    target = tiny_target()
+    draft = tiny_draft(target, "eagle3")
+    torch.manual_seed(0)
+    F = torch.randn(2, 12, draft.cfg.feature_size)
+    tokens = torch.randint(64, (2, 12))
+    cols = torch.tensor([4, 5, 6, 9])
+    full = draft.ttt_forward(F, tokens, 3)
+    some = draft.ttt_forward(F, tokens, 3, queries=cols[None].expand(2, -1))
+    for k in range(3):
+        assert torch.allclose(full[k][:, cols], some[k], atol=1e-5)
+
+    def grads(logits):
+        draft.zero_grad()
+        torch.stack([(step * (k + 1)).sum() for k, step in enumerate(logits)]).sum().backward()
+        return [p.grad.clone() for p in draft.parameters() if p.grad is not None]
+
+    a = grads([step[:, cols] for step in draft.ttt_forward(F, tokens, 3)])
+    b = grads(draft.ttt_forward(F, tokens, 3, queries=cols[None].expand(2, -1)))
+    assert len(a) == len(b) > 0 and all(torch.allclose(x, y, atol=1e-4) for x, y in zip(a, b))
+
+
+def test_eagle3_loss_is_the_full_unrolls_loss():
+    """The soft CE over the trained indices, written out on the full unroll, equals eagle3_loss."""
+    from training.losses import EAGLE3_STEP_DECAY, eagle3_loss, target_probs
+
+    target = tiny_target()
+    draft = tiny_draft(target, "eagle3")
+    seqs = torch.tensor(target_sequences(target, 2, 14))
+    mask = torch.zeros_like(seqs)
+    mask[:, 5:] = 1
+    mask[1, 9:] = 0
+    out = target.forward(
+        seqs, torch.zeros(2, dtype=torch.long), feature_layers=(0, 1, 2), logits="none", return_final_hidden=True
+    )
+    assert out.final_hidden is not None
+    loss, _ = eagle3_loss(draft, target, out.features, out.final_hidden, seqs, mask)
+    p = target_probs(target, out.final_hidden, draft.d2t)
+    T, expect = seqs.shape[1], torch.zeros(())
+    for k, logits in enumerate(draft.ttt_forward(out.features, seqs, draft.cfg.block_size)):
+        valid = eagle3_valid(mask, k)[:, : T - 1 - k]
+        log_q = torch.log_softmax(logits[:, : T - 1 - k][valid], dim=-1)
+        expect = expect + EAGLE3_STEP_DECAY**k * -(p[:, 1 + k :][valid] * log_q).sum(-1).mean()
+    assert torch.allclose(loss, expect, atol=1e-5)

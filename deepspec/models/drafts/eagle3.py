@@ -122,39 +122,50 @@ class Eagle3Draft(DraftModel):
         return h + mlp(mlp_norm(h))
 
     # ---- training: γ unrolled steps ----------------------------------------------------------------------------
-    def ttt_forward(self, features: torch.Tensor, tokens: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
-        """features [B, T, nH] (F[t]), tokens [B, T] → per step k: logits [B, T, N] at index t predicting the
-        target distribution at position t+1+k (the token after x[t+1+k]).
+    def ttt_forward(
+        self, features: torch.Tensor, tokens: torch.Tensor, num_steps: int, queries: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """features [B, T, nH] (F[t]), tokens [B, T] → per step k: logits [B, n, N] at index t predicting the
+        target distribution at position t+1+k (the token after x[t+1+k]), for the n indices `queries` [B, n]
+        (ascending; None = every index, n = T).
 
         Step k feeds token x[t+1+k] (0 past the end; masked by the loss), the previous step's output as h and RoPE
         position t+k. Attention at step k: causal over step-0 keys plus the same index t of steps 1..k (the
-        diagonal) — exactly what the chain sees when drafting (`ttt_mask` documents it, tests check it).
+        diagonal) — exactly what the chain sees when drafting (`ttt_mask` documents it, tests check it). Step-0
+        keys are computed at every index; everything else only at `queries`, since no other index reads it: the
+        loss names the indices it trains (the assistant answers), and the rest of the sequence costs one
+        projection instead of γ steps forward and backward.
         """
         B, T, _ = features.shape
-        h = self.fc(features)
-        base = torch.arange(T, device=features.device)[None].expand(B, T)
-        keys, values, out = [], [], []
-        causal = torch.ones(T, T, dtype=torch.bool, device=features.device).tril()
+        attn_mod = self._parts[2]
         scale = self.cfg.head_dim**-0.5
         group = self.cfg.num_heads // self.cfg.num_kv_heads
-        attn_mod = self._parts[2]
+        h = self.fc(features)
+        next_tokens = torch.cat([tokens, tokens.new_zeros(B, num_steps + 1)], dim=1)  # x[t+1+k], 0 past the end
+        base = torch.arange(T, device=features.device)[None].expand(B, T)
+        x = self._layer_input(h, next_tokens[:, 1 : T + 1])
+        k0, v0 = attn_mod.key_value(x, base)
+        keys, values = [k0.repeat_interleave(group, dim=1)], [v0.repeat_interleave(group, dim=1)]
+        idx = base if queries is None else queries
+        if queries is not None:
+            h, x = _rows(h, idx), _rows(x, idx)
+        causal = torch.arange(T, device=features.device)[None, None, :] <= idx[:, :, None]  # [B, n, T]
+        out = []
         for k in range(num_steps):
-            shifted = torch.zeros_like(tokens)
-            if k + 1 < T:
-                shifted[:, : T - 1 - k] = tokens[:, k + 1 :]
-            x = self._layer_input(h, shifted)
-            q = attn_mod.query(x, base + k)  # [B, nh, T, hd]
-            kk, vv = attn_mod.key_value(x, base + k)
-            keys.append(kk.repeat_interleave(group, dim=1))
-            values.append(vv.repeat_interleave(group, dim=1))
-            scores0 = torch.matmul(q, keys[0].transpose(-1, -2)) * scale  # [B, nh, T, T]
-            scores0 = scores0.masked_fill(~causal, float("-inf"))
-            diag = [(q * keys[j]).sum(-1, keepdim=True) * scale for j in range(1, k + 1)]  # [B, nh, T, 1] each
+            if k > 0:
+                x = self._layer_input(h, next_tokens.gather(1, idx + 1 + k))
+                kk, vv = attn_mod.key_value(x, idx + k)
+                keys.append(kk.repeat_interleave(group, dim=1))
+                values.append(vv.repeat_interleave(group, dim=1))
+            q = attn_mod.query(x, idx + k)  # [B, nh, n, hd]
+            scores0 = torch.matmul(q, keys[0].transpose(-1, -2)) * scale  # [B, nh, n, T]
+            scores0 = scores0.masked_fill(~causal[:, None], float("-inf"))
+            diag = [(q * keys[j]).sum(-1, keepdim=True) * scale for j in range(1, k + 1)]  # [B, nh, n, 1] each
             probs = torch.softmax(torch.cat([scores0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
             attn = torch.matmul(probs[..., :T], values[0])
             for j in range(1, k + 1):
                 attn = attn + probs[..., T + j - 1 : T + j] * values[j]
-            attn = attn_mod.o_proj(attn.transpose(1, 2).reshape(B, T, self.cfg.q_size))
+            attn = attn_mod.o_proj(attn.transpose(1, 2).reshape(B, idx.shape[1], self.cfg.q_size))
             h = self._finish(h, attn)
             out.append(self.logits(h))
         return out
@@ -191,6 +202,11 @@ class Eagle3Draft(DraftModel):
         num_keys = visible.shape[-1]
         keys, vals = cache_k[rows, :, :num_keys], cache_v[rows, :, :num_keys]
         return self._finish(h, attn_mod.attend(q, keys, vals, visible[:, None]))
+
+
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [B, T, D], index [B, n] → x at those indices of each row [B, n, D]."""
+    return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
 
 
 def ttt_mask(num_positions: int, step: int) -> torch.Tensor:
