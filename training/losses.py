@@ -91,10 +91,10 @@ def _eagle3_unrolled_loss(model, features, tokens, loss_mask, step_loss) -> tupl
     """Σ_k 0.8^k · step_loss over the valid indices of TTT step k, and the per-step top-1 agreement.
 
     The TTT steps run only at the indices some row trains at some step (`ttt_forward`'s queries): the same loss
-    and gradients as unrolling every index, without the γ steps over prompts. `step_loss(at [n], valid [B, n],
-    log_q [m, N])` → (mean loss, the target's most likely draft token [m]) for the distribution at position at[i]
-    (= t+1+k) of each valid query index t."""
-    T, num_steps = tokens.shape[1], model.cfg.block_size
+    and gradients as unrolling every index, without the γ steps over prompts. `step_loss((rows [m], positions
+    [m]), log_q [m, N])` → (mean loss, the target's most likely draft token [m]) for the distribution at
+    position t+1+k of each valid query index t."""
+    num_steps = model.cfg.block_size
     valid = torch.stack([eagle3_valid(loss_mask, k) for k in range(num_steps)])  # [γ, B, T]
     cols = valid.flatten(0, 1).any(0).nonzero().flatten()  # ascending
     total = features.new_zeros((), dtype=torch.float32)
@@ -107,7 +107,8 @@ def _eagle3_unrolled_loss(model, features, tokens, loss_mask, step_loss) -> tupl
         if not bool(valid_k.any()):
             continue
         log_q = F.log_softmax(step_logits[valid_k], dim=-1)
-        loss, best = step_loss((cols + 1 + k).clamp(max=T - 1), valid_k, log_q)
+        rows, i = valid_k.nonzero(as_tuple=True)  # row-major, as log_q's rows
+        loss, best = step_loss((rows, cols[i] + 1 + k), log_q)
         total = total + EAGLE3_STEP_DECAY**k * loss
         metrics[f"acc{k}"] = float((log_q.argmax(-1) == best).float().mean())
     return total, metrics
@@ -123,8 +124,8 @@ def eagle3_loss(model, target, features, final_hidden, tokens, loss_mask) -> tup
     p_all = torch.zeros(*tokens.shape, model.cfg.out_vocab_size, device=features.device)
     p_all[needed] = target_probs(target, final_hidden[needed], model.d2t)
 
-    def soft_ce(at, valid, log_q):
-        p_t = p_all[:, at][valid]  # position t+1+k for index t
+    def soft_ce(at, log_q):
+        p_t = p_all[at]  # position t+1+k for index t
         return -(p_t * log_q).sum(-1).mean(), p_t.argmax(-1)
 
     return _eagle3_unrolled_loss(model, features, tokens, loss_mask, soft_ce)
@@ -134,8 +135,8 @@ def eagle3_distill_loss(model, labels: SoftLabels, features, tokens, loss_mask) 
     """Σ_k 0.8^k · KL(target distribution at t+1+k ‖ draft step-k at t), mean over the same valid indices as
     `eagle3_loss`; labels [B, T, k] hold the target's distribution at each position."""
 
-    def kl(at, valid, log_q):
-        p_t = labels[:, at][valid]  # the distribution at position t+1+k for index t
+    def kl(at, log_q):
+        p_t = labels[at]  # the distribution at position t+1+k for index t
         return kl_to_labels(p_t, log_q).mean(), p_t.ids.gather(-1, p_t.probs.argmax(-1, keepdim=True))[:, 0]
 
     return _eagle3_unrolled_loss(model, features, tokens, loss_mask, kl)
