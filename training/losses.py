@@ -118,7 +118,7 @@ def eagle3_loss(model, target, features, final_hidden, tokens, loss_mask) -> tup
     """Σ_k 0.8^k · soft-CE(target probs at t+1+k, draft step-k logits at t), mean over valid positions.
 
     The target distribution at each position is computed once and shared by all steps (step k reads it shifted
-    by k): the frozen head over the full vocabulary is the most expensive matmul of the whole loss."""
+    by k); from a FinalHidden only the head's draft-vocabulary rows run (`target_probs`)."""
     needed = torch.zeros_like(loss_mask, dtype=torch.bool)
     needed[:, 1:-1] = loss_mask[:, 2:].bool()  # position q is used iff x[q+1] is an assistant token
     p_all = torch.zeros(*tokens.shape, model.cfg.out_vocab_size, device=features.device)
