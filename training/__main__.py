@@ -173,6 +173,31 @@ def _add_train(sub) -> None:
         "features and top-k soft labels; KL per draft slot; no regeneration)",
     )
     p.add_argument("--out", type=Path, help="output directory: checkpoints + final draft (output_dir)")
+    _add_train_cache(p)
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="fine-tune this draft checkpoint (init_from) instead of starting from random weights: "
+        "more data for a shipped draft without training it again from scratch",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --out bit-for-bit (optimizer, scheduler, RNG, data position)",
+    )
+    p.add_argument("--plan", action="store_true", help="print the resolved config and sizes, train nothing")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides, e.g. optim.max_steps=500 optim.lr=5e-4 data.max_len=512 "
+        "model.draft_vocab_size=8192 precision=bf16",
+    )
+
+
+def _add_train_cache(p) -> None:
+    """train's offline-cache and CPU options: where the target's features are kept, who writes them, and threads."""
     p.add_argument(
         "--cache-dir",
         type=Path,
@@ -189,31 +214,11 @@ def _add_train(sub) -> None:
         "on a CPU)",
     )
     p.add_argument(
-        "--init-from",
-        type=Path,
-        default=None,
-        help="fine-tune this draft checkpoint (init_from) instead of starting from random weights: "
-        "more data for a shipped draft without training it again from scratch",
-    )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the latest checkpoint in --out bit-for-bit (optimizer, scheduler, RNG, data position)",
-    )
-    p.add_argument("--plan", action="store_true", help="print the resolved config and sizes, train nothing")
-    p.add_argument(
         "--threads",
         type=int,
         default=None,
         help="torch CPU threads (default: torch's choice, one per core); 1 on a machine another job keeps busy, "
         "where threads that wait on each other for a parked core run slower than one thread alone",
-    )
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="dotted overrides, e.g. optim.max_steps=500 optim.lr=5e-4 data.max_len=512 "
-        "model.draft_vocab_size=8192 precision=bf16",
     )
 
 

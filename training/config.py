@@ -199,8 +199,8 @@ class TrainConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
         description=(
-            "auto = fp32 on CPU, bf16 autocast on GPU; bf16 = autocast on CPU too (bf16 matmuls, the loss's target "
-            "distributions stay fp32)"
+            "auto = bf16 autocast on GPU and on a CPU with native bf16 (AVX512-BF16, AMX), fp32 on other CPUs; "
+            "bf16 = autocast everywhere (bf16 matmuls, the loss's target distributions stay fp32)"
         ),
     )
     save_every: int = Field(

@@ -30,6 +30,20 @@ from training.data import DataStats, SequenceOrder, build_draft_vocab, collate, 
 from training.parallel import Parallel
 
 
+def autocast_bf16(precision: str, device: str) -> bool:
+    """Whether training runs under bf16 autocast: as asked, or for `auto` on a GPU and on a CPU with native bf16
+    matmuls (AVX512-BF16 or AMX), where a step costs about half of fp32's for the same loss (training/DESIGN.md);
+    fp32 on other CPUs, which emulate bf16 and run it slower. The loss's target distributions stay fp32 either way."""
+    if precision != "auto":
+        return precision == "bf16"
+    if device.startswith("cuda"):
+        return True
+    from deepspec.models.step_curve import cpu_flags
+
+    flags = cpu_flags().split()
+    return "avx512_bf16" in flags or "amx_tile" in flags
+
+
 class DraftObjective(nn.Module):
     """draft + its algorithm's objective (training/losses.py `Objective`) as one module, so DDP/FSDP see a single
     forward per micro-batch."""
@@ -277,7 +291,7 @@ class Trainer:
             self.draft.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.dist.device.startswith("cuda"))
+        self.use_bf16 = autocast_bf16(cfg.precision, self.dist.device)
 
     def restore(self, state: dict) -> None:
         """Optimizer, scheduler, data position and RNGs of a checkpoint (each rank its own, or rank 0's)."""

@@ -123,12 +123,31 @@ def test_init_from_fine_tunes_a_trained_draft(setup, tmp_path):
 def test_bf16_precision_autocasts_on_cpu(setup, tmp_path):
     """precision=bf16 runs the draft's matmuls in bf16 on CPU too (it used to autocast on CUDA only): the same run
     lands near the fp32 one, not on it."""
-    fp32 = train(_cfg(setup, tmp_path / "fp32", "eagle3", max_steps=2), show_progress=False)
+    exact = _cfg(setup, tmp_path / "fp32", "eagle3", max_steps=2)
+    exact.precision = "fp32"
+    fp32 = train(exact, show_progress=False)
     cfg = _cfg(setup, tmp_path / "bf16", "eagle3", max_steps=2)
     cfg.precision = "bf16"
     bf16 = train(cfg, show_progress=False)
     assert bf16["last"]["loss"] != fp32["last"]["loss"]
     assert abs(bf16["last"]["loss"] - fp32["last"]["loss"]) < 0.05 * abs(fp32["last"]["loss"])
+
+
+@pytest.mark.parametrize(
+    "flags, device, bf16",
+    [
+        ("avx2 fma f16c avx512f avx512_vnni avx512_bf16", "cpu", True),  # Zen 4: native bf16 matmuls
+        ("avx2 fma f16c amx_tile amx_int8", "cpu", True),  # a Xeon with AMX
+        ("avx2 fma f16c", "cpu", False),  # bf16 emulated: slower than fp32
+        ("avx2 fma f16c", "cuda:0", True),
+    ],
+)
+def test_auto_precision_is_bf16_where_the_hardware_multiplies_bf16(monkeypatch, flags, device, bf16):
+    from training.trainer import autocast_bf16
+
+    monkeypatch.setattr("deepspec.models.step_curve.cpu_flags", lambda: flags)
+    assert autocast_bf16("auto", device) is bf16
+    assert autocast_bf16("fp32", device) is False and autocast_bf16("bf16", device) is True
 
 
 def test_offline_cache_matches_online(setup, tmp_path):
