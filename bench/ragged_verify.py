@@ -7,7 +7,9 @@ The served engine (native decoder, `--draft auto`, the verification budget with 
 decodes the same prompts greedily, `--batch` rows at a time, twice per round in alternating order:
 
   ragged   the native decoder's ragged passes (Target.ragged_rows): each row verifies its own depth, chosen by
-           ranking draft slots across the batch (verify_budget.best_row_depths);
+           ranking draft slots across the batch (verify_budget.best_row_depths; BudgetPlanner.per_row_depths);
+  uniform  ragged passes with one depth for the batch, each row cut to its own draft count (what the worker serves:
+           per-row depths are opt-in);
   padded   the same target told it has no ragged rows: one depth for the whole batch (verify_budget.best_depth),
            every row padded to it;
   none     target-only (`--draft none`), the baseline both divide by.
@@ -31,7 +33,7 @@ if str(REPO_ROOT) not in sys.path:
 from bench.draft_acceptance import set_turns
 from bench.machine import cpu_flags, write_results
 
-ENGINES = ("ragged", "padded", "none")
+ENGINES = ("ragged", "uniform", "padded", "none")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -52,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_engines(args) -> dict:
-    """The three engines, each on its own target instance (the padded one's says it has no ragged rows)."""
+    """The engines, each on its own target instance (the padded one's says it has no ragged rows)."""
     from deepspec.decoding import SpecEngine, build_drafter
     from deepspec.decoding.planner import BudgetPlanner
     from deepspec.models.native import load_native_target
@@ -64,6 +66,8 @@ def build_engines(args) -> dict:
             target.ragged_rows = False  # type: ignore[misc]  # this instance pads, as a target without them would
         drafter = build_drafter(args.draft, target) if name != "none" else None
         planner = BudgetPlanner.kept_per_machine(target, drafter) if drafter is not None else None
+        if planner is not None:
+            planner.per_row_depths = name == "ragged"  # the ranked depths under test (opt-in in the worker)
         engines[name] = SpecEngine(target, drafter, max_batch_size=args.batch, max_seq_len=2048, planner=planner)
     return engines
 

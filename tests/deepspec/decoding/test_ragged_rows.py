@@ -79,7 +79,7 @@ def test_rows_verifying_their_own_depths_give_the_target_only_output(target, bat
 def test_the_budget_on_a_ragged_target_keeps_the_output(target):
     reference = _run(target)
     ragged = RaggedTarget(target)
-    assert _run(ragged, planner=BudgetPlanner(STEEP, learn_online=False)) == reference
+    assert _run(ragged, planner=BudgetPlanner(STEEP, learn_online=False, per_row_depths=True)) == reference
 
 
 def test_slots_are_ranked_across_the_batch():
@@ -122,7 +122,7 @@ def _rows(n: int) -> list:
 
 
 def test_the_budget_gives_each_row_its_own_depth():
-    planner = BudgetPlanner(learn_online=False)
+    planner = BudgetPlanner(learn_online=False, per_row_depths=True)
     planner.step_time = StepTimeModel([(1, 4e-3), (64, 67e-3)])  # 3 ms + 1 ms a token
     survival = torch.tensor([[0.95, 0.9, 0.85, 0.8], [0.1, 0.01, 0.0, 0.0], [0.05, 0.0, 0.0, 0.0]])
     proposal = PaddedProposal(torch.ones(3, 4, dtype=torch.long), torch.tensor([4, 2, 1]), survival=survival)
@@ -152,7 +152,8 @@ def test_the_native_decoder_verifies_ragged_rows_with_the_target_only_output(tar
         return forward(tokens, start, cache, row_lengths=row_lengths, **options)
 
     native.forward = spy  # type: ignore[method-assign]  # a spy on this instance only
-    budget = BudgetPlanner(StepTimeModel([(1, 4e-3), (64, 67e-3)]), learn_online=False) if planner else None
+    linear = StepTimeModel([(1, 4e-3), (64, 67e-3)])
+    budget = BudgetPlanner(linear, learn_online=False, per_row_depths=True) if planner else None
     assert _run(native, planner=budget, max_batch_size=8) == reference
     assert any(len(set(lengths)) > 1 for lengths in seen)
 
@@ -180,7 +181,7 @@ def test_token_trees_of_different_sizes_verify_in_one_ragged_pass_with_the_targe
         max_batch_size=8,
         max_seq_len=128,
         num_speculative_tokens=6,
-        planner=BudgetPlanner(StepTimeModel([(1, 4e-3), (64, 67e-3)]), learn_online=False),
+        planner=BudgetPlanner(StepTimeModel([(1, 4e-3), (64, 67e-3)]), learn_online=False, per_row_depths=True),
     )
     assert [r.token_ids for r in engine.generate(PROMPTS, SamplingParams(max_tokens=24))] == reference
     assert any(len(set(lengths)) > 1 for lengths in seen)
@@ -192,7 +193,7 @@ def test_under_load_a_batch_rows_drafts_are_dropped_before_an_interactive_rows()
     rows = _rows(2)
     survival = torch.tensor([[0.6, 0.0], [0.6, 0.0]])
     proposal = PaddedProposal(torch.ones(2, 2, dtype=torch.long), torch.tensor([1, 1]), survival=survival)
-    planner = BudgetPlanner(learn_online=False)
+    planner = BudgetPlanner(learn_online=False, per_row_depths=True)
     # rows worth 1 and 0.25 (two priority steps apart): 1.25 in 10 ms; the interactive slot, + 0.6 in 12 ms, pays
     # (0.154 a ms against 0.125); the batch row's, + 0.15 in 14 ms (0.143), does not; unweighted, the tie goes to row 0
     planner.step_time = StepTimeModel([(1, 8e-3), (64, 134e-3)])
@@ -201,3 +202,15 @@ def test_under_load_a_batch_rows_drafts_are_dropped_before_an_interactive_rows()
             seq.params = SamplingParams(priority=0 if b == interactive else 2)
         depths = planner.row_depths(rows, proposal, [1, 1])
         assert depths[interactive] == 1 and depths[1 - interactive] == 0
+
+
+def test_by_default_the_budget_keeps_one_depth_for_the_batch_on_a_ragged_target():
+    """Per-row depths are opt-in (BudgetPlanner.per_row_depths): by default a ragged target gets the padded rule's
+    one depth, each row cut to its own draft count."""
+    planner = BudgetPlanner(learn_online=False)
+    planner.step_time = StepTimeModel([(1, 4e-3), (64, 67e-3)])
+    survival = torch.tensor([[0.95, 0.9, 0.85, 0.8], [0.1, 0.01, 0.0, 0.0], [0.05, 0.0, 0.0, 0.0]])
+    proposal = PaddedProposal(torch.ones(3, 4, dtype=torch.long), torch.tensor([4, 2, 1]), survival=survival)
+    rows = _rows(3)
+    depth = planner.chain_depth(rows, proposal, [4, 2, 1])
+    assert planner.row_depths(_rows(3), proposal, [4, 2, 1]) == [min(n, depth) for n in (4, 2, 1)]
