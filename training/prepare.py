@@ -48,11 +48,16 @@ class PrepareStats:
     num_heldout: int = 0
 
 
-def read_prompts(paths: Iterable[Path], limit_per_file: int | None, seed: int, stats: PrepareStats) -> list[PromptRow]:
+def read_prompts(
+    paths: Iterable[Path], limit_per_file: int | None | list[int | None], seed: int, stats: PrepareStats
+) -> list[PromptRow]:
     """`{"turns": [...]}` lines of each file; malformed lines are counted and skipped; `limit_per_file` rows
-    are drawn at random (fixed `seed`) so a small run still covers each source evenly."""
+    are drawn at random (fixed `seed`) so a small run still covers each source evenly (one limit for every file, or
+    a list with each file's own, None = all of it)."""
+    paths = list(paths)
+    limits = limit_per_file if isinstance(limit_per_file, list) else [limit_per_file] * len(paths)
     per_file: list[list[PromptRow]] = []
-    for path in paths:
+    for path, limit in zip(paths, limits):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"prompt file not found: {path}")
@@ -74,8 +79,8 @@ def read_prompts(paths: Iterable[Path], limit_per_file: int | None, seed: int, s
                 continue
             stem = jsonl_stem(path)
             found.append(PromptRow(f"{stem}:{line_no}", str(obj.get("source", stem)), turns))
-        if limit_per_file is not None and len(found) > limit_per_file:
-            found = random.Random(seed).sample(found, limit_per_file)
+        if limit is not None and len(found) > limit:
+            found = random.Random(seed).sample(found, limit)
         per_file.append(found)
     # round-robin across files, so an interrupted run still holds every source in proportion
     return [row for group in itertools.zip_longest(*per_file) for row in group if row is not None]

@@ -237,7 +237,8 @@ def _answer_round(target, args, totals: dict, final: bool) -> None:
     from training.progress import Progress
 
     stats = PrepareStats()
-    rows = read_prompts([args.out, *args.mix], args.mix_limit_per_file, args.seed, stats)
+    limits: list[int | None] = [None, *[args.mix_limit_per_file] * len(args.mix)]  # the limit is the mix's
+    rows = read_prompts([args.out, *args.mix], limits, args.seed, stats)
     if not final:
         synthetic = [i for i, r in enumerate(rows) if r.source.startswith(SYNTH_SOURCE_PREFIX)]
         rows = rows[: synthetic[-1] + 1] if synthetic else []

@@ -96,3 +96,14 @@ def test_the_shipped_regenerated_data_reads_as_its_documented_rows():
     """training/data/README.md: 4,856 conversations, the first 1,976 of them the neural drafts' data."""
     rows = [json.loads(line) for line in read_jsonl_lines(SHIPPED)]
     assert len(rows) == 4856 and all(row["conversations"][-1]["role"] == "assistant" for row in rows)
+
+
+def test_each_prompt_file_may_have_its_own_limit(tmp_path):
+    """synth answers every synthetic prompt and only `--mix-limit-per-file` rows of each mix file: a limit per file
+    (None = all of it). One limit for every file had capped the synthetic prompts at the mix's limit too."""
+    for name, n in (("synth", 6), ("mix", 6)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"turns": [f"{name}{i}"]}) + "\n" for i in range(n)))
+    paths = [tmp_path / "synth.jsonl", tmp_path / "mix.jsonl"]
+    rows = read_prompts(paths, [None, 2], 0, PrepareStats())
+    assert sum(r.id.startswith("synth:") for r in rows) == 6 and sum(r.id.startswith("mix:") for r in rows) == 2
+    assert len(read_prompts(paths, 2, 0, PrepareStats())) == 4  # one limit for every file, as before
