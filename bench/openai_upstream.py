@@ -103,7 +103,7 @@ import httpx
 import psutil
 
 from bench.machine import cpu_flags
-from bench.service_common import RESULTS, Proc, free_port, service, table
+from bench.service_common import RESULTS, Proc, free_port, local_gateway, service, table
 from loadtest.metrics import percentile
 
 MAX_TOKENS = 16
@@ -129,20 +129,8 @@ def start_stub_upstream(cpus: set[int] | None = None) -> tuple[list[Proc], str, 
         name="openai-upstream-worker",
         cpus=cpus,
     )
-    upstream = service(
-        "gateway",
-        "--workers",
-        f"127.0.0.1:{worker_port}",
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(http_port),
-        "--grpc-port",
-        "-1",
-        "--log-level",
-        "WARNING",
-        name="openai-upstream",
-        cpus=cpus,
+    upstream = local_gateway(
+        [worker_port], http_port, name="openai-upstream", extra=("--log-level", "WARNING"), cpus=cpus
     )
     upstream.wait_http(f"http://127.0.0.1:{http_port}/health/ready", 300)
     return [worker, upstream], f"http://127.0.0.1:{http_port}", "stub"

@@ -44,7 +44,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import httpx
 
-from bench.service_common import RESULTS, Proc, cpu_seconds, free_port, service, table
+from bench.service_common import RESULTS, Proc, cpu_seconds, free_port, local_gateway, service, table
 from loadtest.metrics import percentile
 
 KEYS = {
@@ -99,23 +99,7 @@ def start_gateway(args, worker_ports: list[int], routing: str, tag: str = "") ->
         "DEEPSPEC_GATEWAY_INTERACTIVE_RESERVE_PER_WORKER": str(args.reserve),
         "DEEPSPEC_GATEWAY_ROUTING": routing,
     }
-    os.environ.update(env)
-    try:
-        gateway = service(
-            "gateway",
-            "--workers",
-            ",".join(f"127.0.0.1:{p}" for p in worker_ports),
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            str(http_port),
-            "--grpc-port",
-            "-1",
-            name=f"classes-gateway{tag}",
-        )
-    finally:
-        for name in env:
-            del os.environ[name]
+    gateway = local_gateway(worker_ports, http_port, name=f"classes-gateway{tag}", env=env)
     url = f"http://127.0.0.1:{http_port}"
     try:
         gateway.wait_http(f"{url}/health/ready", 300)

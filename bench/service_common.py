@@ -95,6 +95,43 @@ def service(*args: str, name: str, cpus: set[int] | None = None) -> Proc:
     return Proc([sys.executable, "-m", "service", *args], name, cpus)
 
 
+def local_gateway(
+    worker_ports: list[int] | list[str],
+    http_port: int,
+    *,
+    name: str,
+    env: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
+    cpus: set[int] | None = None,
+) -> Proc:
+    """A gateway on 127.0.0.1:`http_port` (no gRPC port) over the workers at `worker_ports`, started with `env` (its
+    DEEPSPEC_GATEWAY_* settings) added to this process's environment for the start only."""
+    saved = {key: os.environ.get(key) for key in env or {}}
+    os.environ.update(env or {})
+    try:
+        workers = ",".join(f"127.0.0.1:{port}" for port in worker_ports)
+        return service(
+            "gateway",
+            "--workers",
+            workers,
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            "-1",
+            *extra,
+            name=name,
+            cpus=cpus,
+        )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def table(headers: list[str], rows: list[list]) -> str:
     cells = [[str(h) for h in headers]] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

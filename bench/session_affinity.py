@@ -44,7 +44,7 @@ import httpx
 
 from bench.machine import cpu_flags, write_results
 from bench.service_classes import workers_by_id
-from bench.service_common import RESULTS, Proc, free_port, service, table
+from bench.service_common import RESULTS, Proc, free_port, local_gateway, service, table
 from bench.session_replay import KINDS, conversations
 
 #: per mode: the gateway's routing and the API key sent (its policy: session memory or not)
@@ -90,23 +90,7 @@ def start_gateway(workers: list[Proc], routing: str) -> tuple[Proc, str]:
     """A gateway over `workers` routing by `routing`, its request log at INFO (the worker of each response)."""
     http_port = free_port()
     env = {"DEEPSPEC_GATEWAY_SERVICE_CLASSES": json.dumps(POLICY), "DEEPSPEC_GATEWAY_ROUTING": routing}
-    os.environ.update(env)
-    try:
-        gateway = service(
-            "gateway",
-            "--workers",
-            ",".join(f"127.0.0.1:{worker_port(w)}" for w in workers),
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            str(http_port),
-            "--grpc-port",
-            "-1",
-            name=f"affinity-gateway-{routing}",
-        )
-    finally:
-        for name in env:
-            del os.environ[name]
+    gateway = local_gateway([worker_port(w) for w in workers], http_port, name=f"affinity-gateway-{routing}", env=env)
     return gateway, f"http://127.0.0.1:{http_port}"
 
 
