@@ -128,3 +128,20 @@ def tear_gzip(path, partial_line: str) -> None:
         f.flush()
         torn = path.read_bytes()
     path.write_bytes(torn)
+
+
+def attached_draft_case(algo: str, logits: str):
+    """A tiny target, a draft of `algo` over a 40-token vocabulary attached to it, two of its sequences with the
+    first 3 positions masked out, and its forward over them (features of layers 0-2, final hidden, `logits`):
+    → (target, draft, seqs, mask, out)."""
+    target = tiny_target()
+    draft = tiny_draft(target, algo, draft_vocab_size=40)
+    draft.set_vocab(torch.arange(3, 43))
+    draft.attach(target)
+    seqs = torch.tensor(target_sequences(target, 2, 16))
+    mask = torch.ones_like(seqs)
+    mask[:, :3] = 0
+    out = target.forward(
+        seqs, torch.zeros(2, dtype=torch.long), feature_layers=(0, 1, 2), logits=logits, return_final_hidden=True
+    )
+    return target, draft, seqs, mask, out

@@ -6,21 +6,12 @@ import json
 
 import torch
 
-from tests.training.helpers import target_sequences, tiny_draft, tiny_target
+from tests.training.helpers import attached_draft_case, tiny_target
 from training.losses import FinalHidden, eagle3_loss, full_vocab_lse, target_probs
 
 
 def _case(algo: str = "eagle3"):
-    target = tiny_target()
-    draft = tiny_draft(target, algo, draft_vocab_size=40)
-    draft.set_vocab(torch.arange(3, 43))
-    draft.attach(target)
-    seqs = torch.tensor(target_sequences(target, 2, 16))
-    mask = torch.ones_like(seqs)
-    mask[:, :3] = 0
-    out = target.forward(
-        seqs, torch.zeros(2, dtype=torch.long), feature_layers=(0, 1, 2), logits="none", return_final_hidden=True
-    )
+    target, draft, seqs, mask, out = attached_draft_case(algo, logits="none")
     assert out.final_hidden is not None
     final = FinalHidden(out.final_hidden, full_vocab_lse(target, out.final_hidden))
     return target, draft, seqs, mask, out, final

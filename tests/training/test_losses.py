@@ -6,7 +6,7 @@ import torch
 
 from deepspec.models.drafts.dflash import block_mask
 from deepspec.models.drafts.eagle3 import ttt_mask
-from tests.training.helpers import target_sequences, tiny_draft, tiny_target
+from tests.training.helpers import attached_draft_case, target_sequences, tiny_draft, tiny_target
 from training.losses import block_targets, eagle3_valid, sample_anchors
 
 X = torch.arange(100, 110)[None]  # x[i] = 100 + i: a label's value names its position
@@ -117,16 +117,7 @@ def _dense_labels_case(algo: str):
     SoftLabels over the whole draft vocabulary (what --labels target computes with label_top_k = 0)."""
     from training.distill import soft_labels
 
-    target = tiny_target()
-    draft = tiny_draft(target, algo, draft_vocab_size=40)
-    draft.set_vocab(torch.arange(3, 43))
-    draft.attach(target)
-    seqs = torch.tensor(target_sequences(target, 2, 16))
-    mask = torch.ones_like(seqs)
-    mask[:, :3] = 0
-    out = target.forward(
-        seqs, torch.zeros(2, dtype=torch.long), feature_layers=(0, 1, 2), logits="all", return_final_hidden=True
-    )
+    target, draft, seqs, mask, out = attached_draft_case(algo, logits="all")
     assert out.logits is not None
     return target, draft, seqs, mask, out, soft_labels(out.logits, draft.d2t, top_k=0)
 
