@@ -168,7 +168,7 @@ class BudgetPlanner(RoundPlanner):
         self.acceptance_history = AcceptanceHistory()
         self.served = ServedSteps()
         self._shape: EngineShape | None = None
-        #: the target verifies ragged rows: depths are chosen per row (`row_depths`) and drafting priced that way
+        #: the target verifies ragged rows (bound from the engine's target)
         self._ragged = False
         self._online = False
         self._refits = 0
@@ -283,7 +283,7 @@ class BudgetPlanner(RoundPlanner):
             return width if best_depth([[1.0] * width] * len(caps), self._model(rows)) > 0 else 0
         survival = _live(self._observed_survival(rows, width), caps)
         if not costly or draft_time is None:
-            if self._ragged and self.per_row_depths:
+            if self._ranks_rows:
                 return width if any(best_row_depths(survival, self._ragged_seconds(rows), _class_weights(rows))) else 0
             return width if best_depth(survival, self._model(rows)) > 0 else 0
         depth = best_depth(survival, self._model(rows), draft_time.round_seconds(costly, torch.arange(width + 1)))
@@ -302,9 +302,9 @@ class BudgetPlanner(RoundPlanner):
         return depth
 
     def row_depths(self, rows: list, proposal: PaddedProposal, counts: list[int]) -> list[int]:
-        """Each row's own depth on a target that verifies ragged rows: the same survival as `chain_depth`, slots
-        ranked across the batch (verify_budget.best_row_depths) and priced as the pass they make, Σ (d_b + 1)
-        tokens, so a row drafts as deep as its own survival pays for at the batch's step cost."""
+        """Each row's depth on a target that verifies ragged rows. With per_row_depths, its own: the same survival as
+        `chain_depth`, slots ranked across the batch (verify_budget.best_row_depths) and priced as the pass they make,
+        Σ (d_b + 1) tokens; else `chain_depth`'s one depth, each row cut to its own draft count."""
         if self._step_time is None:
             return list(counts)
         if self._explore is not None:
@@ -316,6 +316,11 @@ class BudgetPlanner(RoundPlanner):
         depths = best_row_depths(survival, self._ragged_seconds(rows), _class_weights(rows))
         self._expect(rows, estimates, depths)
         return depths
+
+    @property
+    def _ranks_rows(self) -> bool:
+        """Whether rows get their own depths: asked for (per_row_depths) and the target verifies ragged rows."""
+        return self.per_row_depths and self._ragged
 
     def _chain_survival(
         self, rows: list, proposal: PaddedProposal, counts: list[int]
@@ -356,8 +361,7 @@ class BudgetPlanner(RoundPlanner):
     def _ragged_seconds(self, rows: list):
         """depths [B] -> seconds of a ragged verify pass: the curve at Σ (d_b + 1) tokens, each row's attention over
         its own context (StepTimeModel.per_key_query), and the acceptance op where any row drafts."""
-        step_time, start_curve = self._curves()
-        model = step_time if all(s.params.greedy for s in rows) else start_curve
+        model = self._curve(rows)
         keys = [s.cache_len for s in rows]
         extra = self._verify_extra(rows, 1)
         drafted = extra[1] if extra is not None else 0.0
@@ -396,7 +400,7 @@ class BudgetPlanner(RoundPlanner):
                 num,
             )
         survival = monotone_survival(survival, parents, num)
-        if self._ragged and self.per_row_depths:
+        if self._ranks_rows:
             ranked = survival.sort(dim=1, descending=True, stable=True).values.tolist()
             widths = torch.tensor(best_row_depths(ranked, self._ragged_seconds(rows), _class_weights(rows)))[:, None]
             keep = top_nodes(survival, survival > 0, widths)
@@ -444,12 +448,15 @@ class BudgetPlanner(RoundPlanner):
             raise RuntimeError("BudgetPlanner has no step-time curve yet (bind, or set step_time)")
         return self._step_time, self._start_curve
 
-    def _model(self, rows: list):
-        """The step-time model for this round: the corrected curve for a greedy batch, the starting one where a row
-        samples, with the rows' context added (StepTimeModel.at_context)."""
+    def _curve(self, rows: list) -> StepTimeModel:
+        """The step curve for this round: the corrected one for a greedy batch, the starting one where a row
+        samples."""
         step_time, start_curve = self._curves()
-        model = step_time if all(s.params.greedy for s in rows) else start_curve
-        return model.at_context(sum(s.cache_len for s in rows))
+        return step_time if all(s.params.greedy for s in rows) else start_curve
+
+    def _model(self, rows: list):
+        """The step-time model for this round (`_curve`) with the rows' context added (StepTimeModel.at_context)."""
+        return self._curve(rows).at_context(sum(s.cache_len for s in rows))
 
     def _exploring(self, rows: list) -> int | None:
         """The depth this round verifies whatever the budget says, or None: every EXPLORE_ROUNDS rounds of a greedy
