@@ -91,10 +91,7 @@ def set_turns(spec: str, n: int) -> list[str]:
 
 def _drafter(spec: str, target):
     """A drafter from a spec with options after a colon (`drafts/smollm2-135m-corpus:tree=true`)."""
-    from deepspec.decoding.registry import build_drafter
-
-    parsed = parse_draft_spec(spec)
-    return build_drafter(parsed.base, target, **parsed.options)
+    return parse_draft_spec(spec).build(target)
 
 
 def count_row(

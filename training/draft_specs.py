@@ -28,6 +28,12 @@ class DraftSpec:
     base: str
     options: dict = field(default_factory=dict)
 
+    def build(self, target):
+        """The drafter this spec names, for `target` (deepspec.decoding.registry.build_drafter with its options)."""
+        from deepspec.decoding.registry import build_drafter
+
+        return build_drafter(self.base, target, **self.options)
+
     @property
     def label(self) -> str:
         name = Path(self.base).name if Path(self.base).is_dir() else self.base

@@ -397,14 +397,13 @@ def _eval_grid(args, parser: argparse.ArgumentParser) -> tuple[list[float], list
 def _eval_drafters(args, parser: argparse.ArgumentParser, target) -> tuple[dict, dict]:
     """Each `--draft` built on `target` → ({label: drafter}, {label: its spec}); ValueError for a spec that does
     not build (an option the drafter does not take included), a usage error for `none` or a repeat."""
-    from deepspec.decoding.registry import build_drafter
     from training.draft_specs import parse_draft_spec
 
     drafters, specs = {}, {}
     for text in args.draft:
         spec = parse_draft_spec(text)
         try:
-            drafter = build_drafter(spec.base, target, **spec.options)
+            drafter = spec.build(target)
         except TypeError as exc:  # an option this drafter does not take
             raise ValueError(f"{text}: {exc}") from None
         if drafter is None:
