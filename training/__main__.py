@@ -22,8 +22,8 @@ Runbook (default target SmolLM2-135M-Instruct, CPU):
     python -m training train -c training/configs/smollm2-135m-eagle3-canonical.yaml
     # 2b. or index the answers for corpus lookup (no training step; drafts what the target wrote elsewhere)
     python -m training corpus --data training/data/smollm2-regen.jsonl --out runs/corpus
-    # 2c. store the shipped weights in int8 (a quarter of float32; re-measure afterwards)
-    python -m training store --draft runs/eagle3 --storage-dtype int8
+    # 2c. store the shipped weights in 4-bit blocks (q4, ~a sixth of float32) or int8 (a quarter); re-measure after
+    python -m training store --draft runs/eagle3 --storage-dtype q4
     # 3. evaluate: τ, verify rate, per-position survival, speedup vs target-only; eval.json + eval.md + PNG
     python -m training eval --draft drafts/smollm2-135m-eagle3 --datasets humaneval,gsm8k,mbpp --num-prompts 10
 """
@@ -336,11 +336,13 @@ def _add_store(sub) -> None:
 
     p = sub.add_parser(
         "store",
-        help="rewrite a trained draft's weights in another storage dtype (e.g. int8)",
+        help="rewrite a trained draft's weights in another storage dtype (e.g. int8, q4)",
         description="Re-stores model.safetensors of a neural draft directory in place: float32, "
-        "bfloat16, or int8 (one float32 scale per output row; a quarter of float32). Loading "
-        "dequantizes to the compute dtype. Re-run `python -m training eval` afterwards: the "
-        "measured τ belongs to the stored weights.",
+        "bfloat16, int8 (one float32 scale per output row; a quarter of float32) or q4 (GGUF Q4_1 "
+        "blocks of 32 inputs, float16 scale and minimum, 4-bit levels; matrices whose input size is "
+        "not a multiple of 32 stay int8). Loading dequantizes to the compute dtype. Convert from the "
+        "highest-precision copy there is (float32 or bf16): from int8 the weights are rounded twice. "
+        "Re-run `python -m training eval` afterwards: the measured τ belongs to the stored weights.",
     )
     p.add_argument("--draft", required=True, nargs="+", type=Path, help="neural draft directories")
     p.add_argument("--storage-dtype", required=True, choices=STORAGE_DTYPES)

@@ -143,11 +143,15 @@ def cached_int4_weights(gguf_path: Path, target_dir: Path, state: dict[str, torc
     if file.is_file():
         flat = load_file(file)
         names = {key.rsplit(".", 1)[0] for key in flat}
-        return {n: Int4Blocks(_unpack(flat[n + ".codes"]), flat[n + ".scale"], flat[n + ".zero"]) for n in names}
+        return {n: Int4Blocks(unpack_nibbles(flat[n + ".codes"]), flat[n + ".scale"], flat[n + ".zero"]) for n in names}
     found = int4_weights(gguf_path, state)
     flat = {}
     for name, blocks in found.items():
-        flat |= {name + ".codes": _pack(blocks.codes), name + ".scale": blocks.scale, name + ".zero": blocks.zero}
+        flat |= {
+            name + ".codes": pack_nibbles(blocks.codes),
+            name + ".scale": blocks.scale,
+            name + ".zero": blocks.zero,
+        }
     tmp = file.with_suffix(f".tmp-{id(flat):x}")
     try:
         save_file(flat, tmp)
@@ -157,9 +161,12 @@ def cached_int4_weights(gguf_path: Path, target_dir: Path, state: dict[str, torc
     return found
 
 
-def _pack(codes: torch.Tensor) -> torch.Tensor:
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes [N, K] uint8 (K even) → [N, K/2] bytes: code 2i in the low nibble of byte i, 2i + 1 in the high
+    one (the int4 cache here and 4-bit-stored drafts, deepspec/models/drafts/storage.py, share it)."""
     return codes[:, 0::2] | (codes[:, 1::2] << 4)
 
 
-def _unpack(packed: torch.Tensor) -> torch.Tensor:
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """pack_nibbles undone: [N, K/2] bytes → [N, K] codes."""
     return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)

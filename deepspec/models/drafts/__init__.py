@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 from deepspec.models.drafts.checkpoint import (
-    STORAGE_DTYPES,
     DraftCheckpointError,
     DraftTargetMismatchError,
     build_draft,
@@ -27,6 +26,7 @@ from deepspec.models.drafts.checkpoint import (
     save_draft,
 )
 from deepspec.models.drafts.config import DraftConfig
+from deepspec.models.drafts.storage import STORAGE_DTYPES
 
 __all__ = [
     "STORAGE_DTYPES",

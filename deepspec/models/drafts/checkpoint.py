@@ -2,11 +2,10 @@
 
 Only trained weights are stored; the embedding and head are borrowed from the target at load time, which is why
 config.json records the target fingerprint and loading against another target is refused with the mismatch
-named. `storage_dtype` sets how the weights sit on disk, and every one is cast to the compute dtype on load:
-float32, bfloat16 (half the size), or int8 — each matrix as int8 with one float32 scale per output row
-(`<name>` + `<name>.int8_scale`, symmetric, |w - q·scale| <= scale/2), vectors in bf16: about a quarter of the
-float32 size, which is what lets the shipped drafts travel with the repository. Read the weights through
-`read_draft_weights`, never model.safetensors directly, so every storage dtype comes back as float tensors.
+named. `storage_dtype` sets how the weights sit on disk — float32, bfloat16, int8 (per-row scales) or q4 (4-bit
+blocks), deepspec/models/drafts/storage.py — and every one is cast to the compute dtype on load; the quantized
+forms are what let the shipped drafts travel with the repository. Read the weights through `read_draft_weights`,
+never model.safetensors directly, so every storage dtype comes back as float tensors.
 """
 
 from __future__ import annotations
@@ -18,13 +17,10 @@ import torch
 
 from deepspec.algorithms import available_algorithms, load_part, resolve_algorithm
 from deepspec.models.drafts.config import DraftConfig
+from deepspec.models.drafts.storage import StoredWeightsError, restored_tensors, stored_tensors
 
 FORMAT_VERSION = 1
 _META_KEYS = ("format_version", "storage_dtype")
-#: how save_draft may store the weights (config.json `storage_dtype`)
-STORAGE_DTYPES = ("float32", "bfloat16", "int8")
-#: suffix of the per-output-row scale beside each int8 matrix in model.safetensors
-INT8_SCALE_SUFFIX = ".int8_scale"
 
 
 class DraftCheckpointError(ValueError):
@@ -40,48 +36,13 @@ def build_draft(cfg: DraftConfig):
     return load_part(resolve_algorithm(cfg.algo).module)(cfg)
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([out, in] int8, [out] float32 scale): symmetric per output row, scale = max|row| / 127 (an all-zero row
-    gets scale 1, so it dequantizes to zeros)."""
-    w = weight.detach().float()
-    amax = w.abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q.contiguous(), scale.contiguous()
-
-
-def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """[out, in] float32 from quantize_int8's pair."""
-    return q.float() * scale.float()[:, None]
-
-
-def _storage_state(state: dict[str, torch.Tensor], storage_dtype: str) -> dict[str, torch.Tensor]:
-    """The tensors model.safetensors holds for `storage_dtype` (integer buffers are kept as they are)."""
-    if storage_dtype not in STORAGE_DTYPES:
-        raise ValueError(f"unknown storage_dtype '{storage_dtype}'; available: {list(STORAGE_DTYPES)}")
-    out = {}
-    for name, tensor in state.items():
-        tensor = tensor.detach().to("cpu")
-        if not tensor.is_floating_point():
-            out[name] = tensor.contiguous()
-        elif storage_dtype == "int8" and tensor.ndim == 2:
-            if name + INT8_SCALE_SUFFIX in state:
-                raise ValueError(
-                    f"cannot store {name} as int8: the model already has a tensor named {name + INT8_SCALE_SUFFIX}"
-                )
-            out[name], out[name + INT8_SCALE_SUFFIX] = quantize_int8(tensor)
-        else:
-            dtype = torch.float32 if storage_dtype == "float32" else torch.bfloat16
-            out[name] = tensor.to(dtype).contiguous()
-    return out
-
-
 def save_draft(model, path: str | Path, storage_dtype: str = "float32", extra: dict | None = None) -> Path:
-    """Write model (a DraftModel) to `path` with its weights stored as `storage_dtype` (STORAGE_DTYPES); returns
+    """Write model (a DraftModel) to `path` with its weights stored as `storage_dtype` (storage.STORAGE_DTYPES);
+    returns
     the directory."""
     from safetensors.torch import save_file
 
-    state = _storage_state(model.state_dict(), storage_dtype)
+    state = stored_tensors(model.state_dict(), storage_dtype)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     save_file(state, path / "model.safetensors", metadata={"format": "pt"})
@@ -104,7 +65,7 @@ def convert_draft_storage(path: str | Path, storage_dtype: str) -> dict:
     read_draft_config(path)  # a config this DeepSpec can load, before anything is rewritten
     weights = path / "model.safetensors"
     bytes_before = weights.stat().st_size if weights.is_file() else 0
-    state = _storage_state(read_draft_weights(path), storage_dtype)
+    state = stored_tensors(read_draft_weights(path), storage_dtype)
     tmp = weights.with_suffix(".tmp")
     save_file(state, tmp, metadata={"format": "pt"})
     tmp.replace(weights)
@@ -144,8 +105,8 @@ def read_draft_config(path: str | Path) -> DraftConfig:
 
 
 def read_draft_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """model.safetensors of a draft directory as its model's state dict: int8 matrices dequantized to float32,
-    bf16 and float32 tensors as stored. DraftCheckpointError for a missing, corrupt or inconsistent file."""
+    """model.safetensors of a draft directory as its model's state dict: int8 and q4 matrices dequantized to
+    float32, bf16 and float32 tensors as stored. DraftCheckpointError for a missing, corrupt or inconsistent file."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -159,25 +120,10 @@ def read_draft_weights(path: str | Path) -> dict[str, torch.Tensor]:
         raise DraftCheckpointError(
             f"{path}: cannot read the weights ({exc}); the file is corrupt or truncated"
         ) from None
-    state = {}
-    for name, tensor in stored.items():
-        if name.endswith(INT8_SCALE_SUFFIX):
-            if name[: -len(INT8_SCALE_SUFFIX)] not in stored:
-                raise DraftCheckpointError(f"{weights}: scale {name} has no int8 matrix beside it")
-            continue
-        scale = stored.get(name + INT8_SCALE_SUFFIX)
-        if tensor.dtype == torch.int8:
-            if scale is None or tensor.ndim != 2 or scale.shape != tensor.shape[:1]:
-                raise DraftCheckpointError(
-                    f"{weights}: int8 tensor {name} {tuple(tensor.shape)} needs a "
-                    f"[{tensor.shape[0]}] {name + INT8_SCALE_SUFFIX} beside it; re-save the "
-                    "draft with save_draft(storage_dtype='int8')"
-                )
-            tensor = dequantize_int8(tensor, scale)
-        elif scale is not None:
-            raise DraftCheckpointError(f"{weights}: {name} is {tensor.dtype}, but a scale is stored for it")
-        state[name] = tensor
-    return state
+    try:
+        return restored_tensors(stored, str(weights))
+    except StoredWeightsError as exc:
+        raise DraftCheckpointError(str(exc)) from None
 
 
 def check_target(cfg: DraftConfig | dict, target, where: str = "draft") -> None:
