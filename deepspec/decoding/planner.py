@@ -32,9 +32,11 @@ from deepspec.decoding.step_timing import (
     SAVE_EVERY,
     ServedSteps,
     StepCurveCache,
+    probe_rows,
     probe_sizes,
     probe_step_curve,
     probe_verify_overhead,
+    row_probe_sizes,
 )
 from deepspec.decoding.tree import keep_nodes, monotone_survival, top_nodes, tree_survival_from_record
 from deepspec.decoding.verify_budget import (
@@ -203,6 +205,10 @@ class BudgetPlanner(RoundPlanner):
         if curve is None and self.curve_cache is not None:
             curve = self.curve_cache.load(target.multi_token_rows_serial)
         if curve is None:
+            rows = probe_rows(shape.max_batch_size, shape.max_verify_tokens, target.multi_token_rows_serial)
+            row_sizes = {
+                r: row_probe_sizes(r, shape.max_verify_tokens, shape.num_speculative_tokens, self._ragged) for r in rows
+            }
             with NeighbourShare() as neighbours:
                 curve = probe_step_curve(
                     target,
@@ -210,6 +216,7 @@ class BudgetPlanner(RoundPlanner):
                     probe_sizes(shape.max_verify_tokens, shape.max_seq_len),
                     shape.feature_layers,
                     shape.max_seq_len,
+                    row_sizes,
                 )
             if self.curve_cache is not None and not neighbours.busy:  # a disturbed probe serves this start only
                 self.curve_cache.save(curve)
@@ -359,7 +366,8 @@ class BudgetPlanner(RoundPlanner):
         return [0.0] + [self.verify_overhead[any(not s.params.greedy for s in rows)]] * width
 
     def _ragged_seconds(self, rows: list):
-        """depths [B] -> seconds of a ragged verify pass: the curve at Σ (d_b + 1) tokens, each row's attention over
+        """depths [B] -> seconds of a ragged verify pass: the curve at B rows and Σ (d_b + 1) tokens
+        (StepTimeModel.pass_seconds), each row's attention over
         its own context (StepTimeModel.per_key_query), and the acceptance op where any row drafts."""
         model = self._curve(rows)
         keys = [s.cache_len for s in rows]
@@ -369,7 +377,7 @@ class BudgetPlanner(RoundPlanner):
         def seconds(depths: list[int]) -> float:
             tokens = sum(depths) + len(depths)
             attention = model.per_key_query * sum((d + 1) * k for d, k in zip(depths, keys))
-            return model.seconds(tokens) + attention + (drafted if any(depths) else 0.0)
+            return model.pass_seconds(len(depths), tokens) + attention + (drafted if any(depths) else 0.0)
 
         return seconds
 
@@ -416,13 +424,13 @@ class BudgetPlanner(RoundPlanner):
         num_rows, tokens = len(row_tokens), sum(row_tokens)
         self._served_seconds += seconds
         if self._explore:
-            target_only = step_time.seconds(num_rows) + start_curve.per_key_query * sum(row_keys)
+            target_only = step_time.pass_seconds(num_rows, num_rows) + start_curve.per_key_query * sum(row_keys)
             self._explore_seconds += max(0.0, seconds - target_only)
         seconds -= start_curve.per_key_query * sum(n * k for n, k in zip(row_tokens, row_keys))
         if start_curve.rows_serial and num_rows > 1 and max(row_tokens) > 1:
             self.served.add(max(row_tokens), seconds / num_rows)
         else:
-            self.served.add(tokens, seconds)
+            self.served.add(tokens, seconds, num_rows)
         if self.served.due():
             self._step_time = corrected = self.served.corrected(start_curve)
             self._refits += 1
@@ -474,24 +482,25 @@ class BudgetPlanner(RoundPlanner):
             return None
         step_time = self._curves()[0]
         size = [self._pass_size(len(rows), d) for d in range(self._bound_shape().num_speculative_tokens + 1)]
+        served = [self.served.count(n, num_rows) for num_rows, n in size]
         top = 1
         while (
             top < len(size) - 1
-            and self.served.count(size[top]) >= MIN_SERVED
-            and step_time.seconds(size[top]) < EXPLORE_MAX_COST * step_time.seconds(size[0])
+            and served[top] >= MIN_SERVED
+            and step_time.pass_seconds(*size[top]) < EXPLORE_MAX_COST * step_time.pass_seconds(*size[0])
         ):
             top += 1
         depths = range(min(top, len(size) - 1) + 1)
-        counts = {d: self.served.count(size[d]) for d in depths}
+        counts = {d: served[d] for d in depths}
         least = min(depths, key=lambda d: (counts[d], d))
         every = EXPLORE_ROUNDS if counts[least] < MIN_SERVED else EXPLORE_ROUNDS_SETTLED
         return least if self._rounds % every == 0 else None
 
-    def _pass_size(self, num_rows: int, depth: int) -> int:
-        """The size `ServedSteps` files a pass of `num_rows` rows verifying `depth` drafts each under."""
+    def _pass_size(self, num_rows: int, depth: int) -> tuple[int, int]:
+        """(rows, tokens) `ServedSteps` files a pass of `num_rows` rows verifying `depth` drafts each under."""
         if self._curves()[1].rows_serial and num_rows > 1 and depth > 0:
-            return depth + 1
-        return num_rows * (depth + 1)
+            return 1, depth + 1
+        return num_rows, num_rows * (depth + 1)
 
     def _observed_survival(self, rows: list, width: int) -> list[list[float]]:
         """[B][width] survival from the batch's own acceptance records, each shrunk toward the prior the finished

@@ -52,6 +52,8 @@ PROBE_WEIGHT = 1
 REFIT_EVERY = 8
 #: refits between two writes of the cache file
 SAVE_EVERY = 16
+#: the cache file's layout (StepCurveCache): 2 since it holds multi-row curves
+CACHE_FORMAT = 2
 #: target -> {(verify sizes, captured layers): its probed StepTimeModel}; dropped with the target
 _PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: target -> {draft width: probe_verify_overhead's seconds by sampling mode}; dropped with the target
@@ -69,23 +71,78 @@ def probe_sizes(max_verify_tokens: int, max_seq_len: int) -> tuple[int, ...]:
     return tuple(sorted({n for n in (1, 2, 4, 8, 16, 32, max_verify_tokens) if n <= limit} | {1, 2}))
 
 
+def probe_rows(max_batch_size: int, max_verify_tokens: int, rows_serial: bool) -> tuple[int, ...]:
+    """The row counts beyond one a probe times: powers of two up to the most rows that can still draft a token each
+    (max_verify_tokens // 2) or the batch's size where smaller, and that limit itself; none on a target whose rows
+    run serially (a pass of B rows is B one-row passes there, StepTimeModel.rows_serial)."""
+    limit = min(max_batch_size, max_verify_tokens // 2)
+    if rows_serial or limit < 2:
+        return ()
+    return tuple(sorted({r for r in (2, 4, 8, 16, 32) if r <= limit} | {limit}))
+
+
+def row_probe_sizes(rows: int, max_verify_tokens: int, num_speculative_tokens: int, ragged: bool) -> tuple[int, ...]:
+    """The total token counts a probe times a pass of `rows` rows at: one, two and four tokens a row and the most a
+    round verifies there (the engine's per-row budget, engine._draft_caps), and, on a target that verifies ragged
+    rows, one draft more than a token a row: the first draft of a batch is where a multi-row pass's cost jumps."""
+    cap = rows * max(1, min(max_verify_tokens // rows, num_speculative_tokens + 1))
+    sizes = {rows * per_row for per_row in (1, 2, 4)} | {cap} | ({rows + 1} if ragged else set())
+    return tuple(sorted(n for n in sizes if rows <= n <= cap))
+
+
 def probe_step_curve(
-    target, cache, sizes: tuple[int, ...], feature_layers: tuple[int, ...], max_seq_len: int
+    target,
+    cache,
+    sizes: tuple[int, ...],
+    feature_layers: tuple[int, ...],
+    max_seq_len: int,
+    row_sizes: dict[int, tuple[int, ...]] | None = None,
 ) -> StepTimeModel:
     """t(n) at `sizes` from verify-shaped passes on row 0 of `cache` (what they write there is overwritten by the first
-    prefill), and the attention per (token, context key); cached per target, sizes and captured layers."""
+    prefill), the attention per (token, context key), and t(rows, n) at `row_sizes` ({rows: total tokens}) from passes
+    over rows 0 .. rows - 1 (`_row_curves`); cached per target, sizes and captured layers."""
     measured = _PROBED.setdefault(target, {})
-    key = (sizes, feature_layers)
+    row_sizes = {r: n for r, n in (row_sizes or {}).items() if n and r > 1}
+    key = (sizes, feature_layers, tuple(sorted(row_sizes.items())))
     if key not in measured:
         with torch.inference_mode():
             _timed_pass(target, cache, sizes[-1], 0, feature_layers)  # one-time kernel setup stays out
-            fastest = {n: float("inf") for n in sizes}
-            for _ in range(PROBE_ROUNDS):  # interleaved: a slow spell of the machine spreads over every size
-                for n in sizes:
-                    fastest[n] = min(fastest[n], _timed_pass(target, cache, n, 0, feature_layers))
-            per_key = _attention_per_key_query(target, cache, fastest, feature_layers, max_seq_len)
-        measured[key] = StepTimeModel(sorted(fastest.items()), target.multi_token_rows_serial, per_key)
+            one_row = {n: t for (_, n), t in _fastest_passes(target, cache, [(1, n) for n in sizes], 0, feature_layers)}
+            per_key = _attention_per_key_query(target, cache, one_row, feature_layers, max_seq_len)
+            by_rows = _row_curves(target, cache, row_sizes, feature_layers, max_seq_len, per_key)
+        measured[key] = StepTimeModel(sorted(one_row.items()), target.multi_token_rows_serial, per_key, by_rows)
     return measured[key]
+
+
+def _fastest_passes(
+    target, cache, shapes: list[tuple[int, int]], start: int, feature_layers: tuple[int, ...]
+) -> list[tuple[tuple[int, int], float]]:
+    """[((rows, tokens), the fastest of PROBE_ROUNDS passes of that shape after `start` positions)], in shape order;
+    the rounds interleave the shapes, so a slow spell of the machine spreads over every one of them."""
+    fastest = {shape: float("inf") for shape in shapes}
+    for _ in range(PROBE_ROUNDS):
+        for rows, n in shapes:
+            fastest[rows, n] = min(fastest[rows, n], _timed_pass(target, cache, n, start, feature_layers, rows))
+    return [(shape, fastest[shape]) for shape in shapes]
+
+
+def _row_curves(
+    target, cache, row_sizes: dict[int, tuple[int, ...]], feature_layers: tuple[int, ...], max_seq_len: int, per_key
+) -> dict[int, list[tuple[int, float]]]:
+    """{rows: [(tokens, seconds)]} of passes over several rows after CONTEXT_PROBE positions each, less the attention
+    the model adds per (token, context key) (StepTimeModel.at_context). Why after a context: each row streams its own
+    keys and values, which a one-row pass of as many tokens reads once. On this project's 2-core AVX2 EPYC, 8 rows of
+    one token after 200 positions cost 2.4x the same pass after none, where one row of 8 tokens cost 1.2x: the part
+    that grows with rows stays in these curves, timed at a context a served row typically has."""
+    if not row_sizes:
+        return {}
+    deepest = max(-(-n // r) for r, sizes in row_sizes.items() for n in sizes)
+    context = max(0, min(CONTEXT_PROBE, max_seq_len - deepest - 1))
+    shapes = [(r, n) for r, sizes in sorted(row_sizes.items()) for n in sizes]
+    curves: dict[int, list[tuple[int, float]]] = {}
+    for (rows, n), t in _fastest_passes(target, cache, shapes, context, feature_layers):
+        curves.setdefault(rows, []).append((n, max(t - per_key * n * context, 1e-6)))
+    return curves
 
 
 def _attention_per_key_query(
@@ -102,20 +159,28 @@ def _attention_per_key_query(
     return max(0.0, (after - after_nothing[n]) / (n * context))
 
 
-def _timed_pass(target, cache, n: int, start: int, feature_layers: tuple[int, ...]) -> float:
-    """Seconds of one verify-shaped pass of n tokens at position `start` of the cache's row 0."""
+def _timed_pass(target, cache, n: int, start: int, feature_layers: tuple[int, ...], rows: int = 1) -> float:
+    """Seconds of one verify-shaped pass of n tokens in all over the cache's rows 0 .. rows - 1 at position `start`:
+    n // rows tokens a row, one more in the first n % rows rows (a ragged pass: Target.ragged_rows)."""
     device = target.device
-    tokens = torch.zeros(1, n, dtype=torch.long, device=device)
+    per_row, extra = divmod(n, rows)
+    width = per_row + (1 if extra else 0)
+    tokens = torch.zeros(rows, width, dtype=torch.long, device=device)
+    shape = {}
+    if extra:
+        lengths = [per_row + 1] * extra + [per_row] * (rows - extra)
+        shape["row_lengths"] = torch.tensor(lengths, dtype=torch.long, device=device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = clock()
     target.forward(
         tokens,
-        torch.full((1,), start, dtype=torch.long, device=device),
-        cache.rows(0, 1),
+        torch.full((rows,), start, dtype=torch.long, device=device),
+        cache.rows(0, rows),
         feature_layers=feature_layers,
         logits="all",
         max_start=start,
+        **shape,
     )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -161,50 +226,86 @@ def _time_verify_overhead(vocab: int, k: int, device: torch.device) -> dict[bool
 
 
 class ServedSteps:
-    """The verify passes an engine served, by token count: what corrects a probed or cached curve (module docstring).
+    """The verify passes an engine served, by row count and token count: what corrects a probed or cached curve
+    (module docstring).
 
     `add` takes a pass's seconds with its attention over the context already taken off (the curve's own
-    per-key price), so passes at different context lengths measure the same t(n)."""
+    per-key price), so passes at different context lengths measure the same t(rows, n)."""
 
     def __init__(self, window: int = SERVED_WINDOW):
         self.window = window
-        self._passes: dict[int, deque[float]] = {}
+        self._passes: dict[tuple[int, int], deque[float]] = {}
         #: passes added since the last refit (`due`)
         self.num_new = 0
 
-    def add(self, num_tokens: int, seconds: float) -> None:
-        self._passes.setdefault(int(num_tokens), deque(maxlen=self.window)).append(max(seconds, 1e-6))
+    def add(self, num_tokens: int, seconds: float, rows: int = 1) -> None:
+        key = (int(rows), int(num_tokens))
+        self._passes.setdefault(key, deque(maxlen=self.window)).append(max(seconds, 1e-6))
         self.num_new += 1
 
-    def count(self, num_tokens: int) -> int:
-        return len(self._passes.get(int(num_tokens), ()))
+    def count(self, num_tokens: int, rows: int = 1) -> int:
+        return len(self._passes.get((int(rows), int(num_tokens)), ()))
 
     def due(self) -> bool:
         """Whether enough passes came in since the last refit to refit the curve."""
         return self.num_new >= REFIT_EVERY
 
     def corrected(self, base: StepTimeModel) -> StepTimeModel:
-        """`base` corrected by the served passes: per served size the median of its passes with base's value there
-        counted PROBE_WEIGHT times; each size of `base` no pass has measured, scaled by the served/base ratio of the
-        served sizes around it (interpolated in n, the nearest one's beyond them): a machine slower or faster than
-        the probe saw is so at the neighbouring sizes too."""
+        """`base` corrected by the served passes, row count by row count: per served (rows, size) the median of its
+        passes with base's value there counted PROBE_WEIGHT times; each point of `base` no pass has measured, scaled
+        by how the served sizes compare with base at its row count, or at the nearest row count served where its own
+        was not (`_served_ratio`): a machine slower or faster than the probe saw is so at the neighbouring sizes too.
+        A row count served that `base` has no curve for gets one: base's price there, so scaled, and its served
+        points."""
         self.num_new = 0
         served = {
-            n: statistics.median(list(passes) + [base.seconds(n)] * PROBE_WEIGHT)
-            for n, passes in sorted(self._passes.items())
+            key: statistics.median(list(passes) + [base.pass_seconds(*key)] * PROBE_WEIGHT)
+            for key, passes in sorted(self._passes.items())
         }
         if not served:
             return base
-        sizes = [float(n) for n in served]
-        ratios = [t / base.seconds(n) for n, t in served.items()]
-        points = {}
-        for n, t in zip(base.sizes.tolist(), base.times.tolist()):
-            if len(sizes) == 1:
-                points[int(n)] = t * ratios[0]
-            else:
-                points[int(n)] = t * _interpolate_float(min(max(n, sizes[0]), sizes[-1]), sizes, ratios)
-        points.update(served)
-        return StepTimeModel(sorted(points.items()), base.rows_serial, base.per_key_query)
+        measured: dict[int, list[tuple[float, float, float]]] = {}  # rows -> [(drafts, base's seconds, served)]
+        for (rows, n), t in served.items():
+            measured.setdefault(rows, []).append((float(n - rows), base.pass_seconds(rows, n), t))
+
+        def ratio(rows: int, n: int) -> float:
+            nearest = min(measured, key=lambda r: (abs(r - rows), r))
+            return _served_ratio(measured[nearest], n - rows, base.pass_seconds(nearest, nearest + n - rows))
+
+        def curve(rows: int, sizes: list[int]) -> list[tuple[int, float]]:
+            points = {n: base.pass_seconds(rows, n) * ratio(rows, n) for n in sizes}
+            points.update({n: t for (r, n), t in served.items() if r == rows})
+            return sorted(points.items())
+
+        base_rows = base.row_points()
+        pattern = [n - r for r, points in base_rows.items() for n, _ in points] or [int(n) - 1 for n in base.sizes]
+        multi = {
+            rows: curve(rows, [n for n, _ in base_rows[rows]] if rows in base_rows else [rows + e for e in pattern])
+            for rows in sorted(set(base_rows) | {r for r, _ in served if r > 1})
+        }
+        return StepTimeModel(
+            curve(1, [int(n) for n in base.sizes.tolist()]), base.rows_serial, base.per_key_query, multi
+        )
+
+
+#: the most a served curve's slope beyond its last two served sizes is taken to exceed base's there (`_served_ratio`)
+MAX_SLOPE_RATIO = 4.0
+
+
+def _served_ratio(points: list[tuple[float, float, float]], drafts: int, base_there: float) -> float:
+    """served / base at `drafts` drafts beyond a token a row, from one row count's served points [(drafts, base's
+    seconds, served seconds)] by increasing drafts (`base_there`: base's seconds at `drafts`). Within the served
+    sizes, their ratios interpolated (the nearest one's below them); beyond the last two, the line through them in
+    base's seconds: served there plus base's extra seconds times the served slope over base's (within 0 ..
+    MAX_SLOPE_RATIO). Why not the last ratio: a probe that priced drafts too dear (a busy neighbour slowed every
+    multi-token pass) overstates what each further draft costs by more than the ratio at the first drafted size
+    says; a line through what was served recovers the truth where base's error grows with the drafts."""
+    if len(points) == 1 or drafts <= points[-1][0]:
+        xs, ys = [p[0] for p in points], [p[2] / p[1] for p in points]
+        return ys[0] if len(xs) == 1 else _interpolate_float(min(max(drafts, xs[0]), xs[-1]), xs, ys)
+    (_, b0, t0), (_, b1, t1) = points[-2], points[-1]
+    slope = min(max((t1 - t0) / (b1 - b0), 0.0), MAX_SLOPE_RATIO) if b1 > b0 else t1 / b1
+    return (t1 + (base_there - b1) * slope) / base_there
 
 
 class StepCurveCache:
@@ -229,6 +330,8 @@ class StepCurveCache:
             "quantization": str(target.quantization),
             "feature_layers": list(feature_layers),
             "machine": machine_key(threads),
+            #: 2: curves by row count as well (a file from before them is not read: the next start probes rows)
+            "format": CACHE_FORMAT,
         }
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         return cls(cache_dir() / "step_curves" / f"{digest}.json", identity)
@@ -245,7 +348,11 @@ class StepCurveCache:
             return None
         try:
             points = sorted((int(n), float(ms) / 1e3) for n, ms in record["ms"].items())
-            return StepTimeModel(points, rows_serial, float(record.get("per_key_query_ns", 0.0)) / 1e9)
+            rows = {
+                int(r): sorted((int(n), float(ms) / 1e3) for n, ms in curve.items())
+                for r, curve in record.get("rows_ms", {}).items()
+            }
+            return StepTimeModel(points, rows_serial, float(record.get("per_key_query_ns", 0.0)) / 1e9, rows)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             logger.warning("ignoring the malformed step-curve cache %s: %s", self.path, e)
             return None
@@ -257,6 +364,9 @@ class StepCurveCache:
             "identity": self.identity,
             "ms": {str(int(n)): round(t * 1e3, 4) for n, t in zip(model.sizes.tolist(), model.times.tolist())},
             "per_key_query_ns": model.per_key_query * 1e9,
+            "rows_ms": {
+                str(r): {str(n): round(t * 1e3, 4) for n, t in points} for r, points in model.row_points().items()
+            },
         }
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

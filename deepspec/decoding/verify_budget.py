@@ -58,27 +58,74 @@ def _interpolate_float(x: float, xs: list[float], ys: list[float]) -> float:
 
 
 class StepTimeModel:
-    """t(n) seconds for a verify pass over n tokens: the probe timings joined piecewise-linearly, made
-    non-decreasing (a wider pass never costs less; a noisy probe must not make extra tokens look free), held flat
-    below the first probe and extended along the last segment's slope beyond the last one."""
+    """t(rows, n) seconds for a verify pass of `rows` rows over n tokens in all. One row's curve t(n) is the probe
+    timings joined piecewise-linearly, made non-decreasing (a wider pass never costs less; a noisy probe must not
+    make extra tokens look free), held flat below the first probe and extended along the last segment's slope beyond
+    the last one. `rows` adds the same kind of curve for passes over several rows ({row count: [(total tokens,
+    seconds)]}), keyed inside by the drafts a pass verifies beyond one token per row (n - rows), and joined linearly
+    across row counts (`pass_seconds`).
 
-    def __init__(self, samples: list[tuple[int, float]], rows_serial: bool = False, per_key_query: float = 0.0):
+    Why by rows: a pass of 8 rows is not a pass of one row with as many tokens. On the native decoder at context 200,
+    8 rows of one token took 13.7 ms, and one more draft token +2.5 ms, where the one-row curve said t(8) = 9.2 and
+    t(9) = 9.4 ms: priced by total tokens alone, extra drafts at 8 rows looked nearly free and the budget over-drafted
+    (0.84x target-only at concurrency 8). A model without multi-row curves prices every pass by its total tokens."""
+
+    def __init__(
+        self,
+        samples: list[tuple[int, float]],
+        rows_serial: bool = False,
+        per_key_query: float = 0.0,
+        rows: dict[int, list[tuple[int, float]]] | None = None,
+    ):
         #: the target runs a multi-token pass over several rows one row at a time (ONNX Runtime's attention after a
         #: past: deepspec/models/onnx_target.py), so B rows of d + 1 tokens cost B passes of d + 1, not one of B(d + 1)
         self.rows_serial = rows_serial
         #: seconds of attention per (verified token, context key) beyond what `samples` hold (`at_context`)
         self.per_key_query = float(per_key_query)
-        fastest: dict[int, float] = {}
-        for n, t in samples:
-            fastest[int(n)] = min(t, fastest.get(int(n), float("inf")))
+        fastest = _fastest(samples)
         if len(fastest) < 2:
             raise ValueError("a step-time model needs timings at two or more token counts")
         sizes = sorted(fastest)
         self.sizes = torch.tensor(sizes, dtype=torch.float64)
         self.times = torch.tensor([fastest[n] for n in sizes], dtype=torch.float64).clamp(min=1e-6).cummax(0).values
         self._size_list, self._time_list = self.sizes.tolist(), self.times.tolist()  # see `seconds`
+        #: row count -> (drafts beyond one token per row, seconds), non-decreasing; row 1 is the one-row curve
+        self._by_rows: dict[int, tuple[list[float], list[float]]] = {
+            1: ([n - 1 for n in self._size_list], self._time_list)
+        }
+        for count, points in sorted((rows or {}).items()):
+            self._by_rows[int(count)] = _row_curve(int(count), points)
+        self._row_counts = sorted(self._by_rows)
         self._rounds: dict[tuple[int, int], torch.Tensor] = {}  # see rounds_upto
         self._round_lists: dict[tuple[int, int], list[float]] = {}  # see round_list
+
+    @property
+    def by_rows(self) -> bool:
+        """Whether the model holds multi-row curves (else a pass is priced by its total tokens alone)."""
+        return len(self._row_counts) > 1
+
+    def row_points(self) -> dict[int, list[tuple[int, float]]]:
+        """{row count >= 2: [(total tokens, seconds)]}: the multi-row curves as `rows` takes them (a cache file's)."""
+        return {
+            count: [(int(count + e), t) for e, t in zip(*self._by_rows[count])]
+            for count in self._row_counts
+            if count > 1
+        }
+
+    def pass_seconds(self, rows: int, num_tokens: int) -> float:
+        """Seconds of one pass over `rows` rows holding num_tokens tokens in all (each row at least one): the curve of
+        that row count at num_tokens - rows drafts, joined linearly between the row counts around it (along the
+        last two beyond the largest, never below it); `seconds(num_tokens)` on a model without multi-row curves."""
+        if not self.by_rows or rows <= 1:
+            return self.seconds(num_tokens)
+        drafts = float(max(num_tokens - rows, 0))
+        counts = self._row_counts
+        if rows in self._by_rows:
+            return _curve_at(drafts, *self._by_rows[rows])
+        above = min(bisect_right(counts, rows), len(counts) - 1)
+        low, high = counts[above - 1], counts[above]
+        t_low, t_high = _curve_at(drafts, *self._by_rows[low]), _curve_at(drafts, *self._by_rows[high])
+        return max(t_low + (t_high - t_low) * (rows - low) / (high - low), t_high if rows > high else t_low)
 
     def predict(self, num_tokens):
         """Seconds for a pass over num_tokens (an int, or a tensor of counts)."""
@@ -91,9 +138,12 @@ class StepTimeModel:
 
     def round_seconds(self, rows: int, depths: torch.Tensor) -> torch.Tensor:
         """Seconds of a verify pass over `rows` rows each verifying d + 1 tokens, for every d in `depths`: one pass
-        over rows * (d + 1) tokens, or, on a target whose multi-token rows run serially, rows passes of d + 1
-        (a target-only step, d = 0, stays one batched pass)."""
+        over rows * (d + 1) tokens (`pass_seconds` where the model has multi-row curves), or, on a target whose
+        multi-token rows run serially, rows passes of d + 1 (a target-only step, d = 0, stays one batched pass)."""
         depths = torch.as_tensor(depths, dtype=torch.float64)
+        if self.by_rows and rows > 1:
+            seconds = [self.pass_seconds(rows, int(rows * (d + 1))) for d in depths.reshape(-1).tolist()]
+            return torch.tensor(seconds, dtype=torch.float64).reshape(depths.shape)
         together = _interpolate(rows * (depths + 1), self.sizes, self.times)  # `predict`, kept a tensor
         if not self.rows_serial or rows == 1:
             return together
@@ -125,9 +175,39 @@ class StepTimeModel:
 
     def __repr__(self) -> str:
         points = ", ".join(f"{int(n)}: {t * 1e3:.1f}" for n, t in zip(self.sizes.tolist(), self.times.tolist()))
+        rows = "".join(
+            f"; {count} rows: {{" + ", ".join(f"{n}: {t * 1e3:.1f}" for n, t in curve) + "}"
+            for count, curve in self.row_points().items()
+        )
         serial = ", rows serial" if self.rows_serial else ""
         context = f", {self.per_key_query * 1e9:.1f} ns per token and context key" if self.per_key_query else ""
-        return f"StepTimeModel(ms by tokens {{{points}}}{serial}{context})"
+        return f"StepTimeModel(ms by tokens {{{points}}}{rows}{serial}{context})"
+
+
+def _fastest(samples) -> dict[int, float]:
+    """{size: the fastest of its timings} (load only ever slows a pass)."""
+    fastest: dict[int, float] = {}
+    for n, t in samples:
+        fastest[int(n)] = min(float(t), fastest.get(int(n), float("inf")))
+    return fastest
+
+
+def _row_curve(rows: int, points: list[tuple[int, float]]) -> tuple[list[float], list[float]]:
+    """A multi-row curve: (drafts beyond one token per row, seconds) by increasing drafts, non-decreasing."""
+    fastest = _fastest(points)
+    if not fastest or min(fastest) < rows:
+        raise ValueError(f"a {rows}-row curve needs timings at {rows} or more tokens, got {sorted(fastest)}")
+    drafts, times, slowest = [], [], 1e-6
+    for n in sorted(fastest):
+        slowest = max(slowest, fastest[n])
+        drafts.append(float(n - rows))
+        times.append(slowest)
+    return drafts, times
+
+
+def _curve_at(x: float, xs: list[float], ys: list[float]) -> float:
+    """`_interpolate_float`, and a curve of one point held flat."""
+    return ys[0] if len(xs) == 1 else _interpolate_float(x, xs, ys)
 
 
 class RoundTimes(Protocol):

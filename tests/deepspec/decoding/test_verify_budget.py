@@ -281,7 +281,9 @@ def test_the_verify_pass_is_timed_once_per_target_and_shape(monkeypatch):
     monkeypatch.setattr(
         step_timing,
         "_timed_pass",
-        lambda target, cache, n, start, layers: timed.append((n, start)) or time_pass(target, cache, n, start, layers),
+        lambda target, cache, n, start, layers, rows=1: (
+            timed.append((n, start)) or time_pass(target, cache, n, start, layers, rows)
+        ),
     )
     target = tiny_target()  # a fresh target: nothing measured on it yet
     engines = [
