@@ -132,6 +132,14 @@ class DataSection(StrictModel):
         description="dflash/dspark: anchors (blocks) packed per sequence and forward (DeepSpec 512; 32-128 on CPU)",
     )
     batch_size: int = Field(default=1, ge=1, description="sequences per micro-batch (right-padded)")
+    max_sequences: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "train on the first N sequences of the data only (file order; None = all): an offline cache is written "
+            "for every sequence before the first step, so a run that has hours, not days, caches what it can train"
+        ),
+    )
 
 
 class OptimSection(StrictModel):

@@ -177,6 +177,10 @@ class Trainer:
         self.sequences = load_sequences(
             cfg.data.paths, self.target, cfg.data.max_len, self.stats, text_rows=cfg.data.labels == "target"
         )
+        if cfg.data.max_sequences is not None and len(self.sequences) > cfg.data.max_sequences:
+            self.sequences = self.sequences[: cfg.data.max_sequences]
+            self.stats.num_tokens = sum(len(s.input_ids) for s in self.sequences)
+            self.stats.num_loss_tokens = sum(sum(s.loss_mask) for s in self.sequences)
         if self.stats.num_malformed:
             self.log(f"skipped {self.stats.num_malformed} malformed rows (first: {self.stats.problems[0]})")
         self.log(
@@ -252,7 +256,7 @@ class Trainer:
                 )
             from deepspec.models.native import load_native_target
 
-            writer = load_native_target(cfg.target.name)
+            writer = load_native_target(cfg.target.name, num_threads=torch.get_num_threads())
         self.source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers, distill=distill, writer=writer)
         if not self.source.is_complete(self.sequences):
             top_k = (cfg.data.label_top_k or dcfg.out_vocab_size) if distill is not None else None

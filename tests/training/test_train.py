@@ -83,6 +83,18 @@ def test_malformed_lines_are_skipped_with_a_count(setup, tmp_path):
     assert any("skipped 2 malformed rows" in line for line in lines)
 
 
+def test_max_sequences_trains_on_the_first_rows_only(setup, tmp_path):
+    cfg = _cfg(setup, tmp_path / "out", "eagle3", max_steps=1)
+    cfg.data.max_sequences = 2
+    lines = []
+    train(cfg, show_progress=False, log=lines.append)
+    assert any(line.startswith("2 sequences, ") for line in lines), lines
+    full = _cfg(setup, tmp_path / "all", "eagle3", max_steps=1)
+    lines = []
+    train(full, show_progress=False, log=lines.append)
+    assert any(line.startswith("6 sequences, ") for line in lines), lines
+
+
 def test_losses_fall_and_resume_is_bit_for_bit(setup, tmp_path):
     full = train(_cfg(setup, tmp_path / "full"), show_progress=False)
     assert full["steps"] == 4
