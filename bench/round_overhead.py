@@ -19,6 +19,14 @@ reading its result back), kv (tree KV compaction), logprobs, commit (stop checks
 draft_update (the drafter hearing the committed tokens), release (slot moves), prefill and other (Python glue
 between phases); and the share of a decode round (a step less its prefill) spent outside the target's forward: the
 engine's own overhead (issue 24: less work outside the graph per round).
+
+Then the cost of a draft token beside a one-token target step (issue 45: drafting one token should cost <= 5% of
+one), for each Eagle3 draft of --draft-cost on each backend (torch: the PyTorch module; native: the draft in the
+native decoder's library, int8 and q4 weights; native only on --backend native): the first prompt prefilled into
+every row at once, its features committed to the drafter, then the median of --cost-repeats chains of
+--cost-tokens draft tokens for all rows (`propose`, everything drafting does: the draft's steps, picking tokens,
+packing the proposal) per draft token, against the median one-token target step of those rows (a forward with the
+draft's feature layers, logits at the token).
 """
 
 from __future__ import annotations
@@ -64,6 +72,16 @@ def parse_args(argv):
         help="comma list of sampling temperatures, each its own rows (top-p 1; default: %(default)s)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--draft-cost",
+        default=str(REPO_ROOT / "drafts" / "smollm2-135m-eagle3"),
+        help="comma list of Eagle3 draft directories whose cost per draft token to measure ('' = none; "
+        "default: the shipped one)",
+    )
+    p.add_argument("--cost-tokens", type=int, default=4, help="draft tokens per measured chain (default: %(default)s)")
+    p.add_argument(
+        "--cost-repeats", type=int, default=30, help="chains (and target steps) timed (default: %(default)s)"
+    )
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "round_overhead.json"))
     args = p.parse_args(argv)
     if "--engine" in (sys.argv[1:] if argv is None else argv):
@@ -114,6 +132,67 @@ def profile_row(
     }
 
 
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm: caches, allocator pools, the pool's threads
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def draft_cost(target, drafter, prompt: list[int], batch: int, k: int, repeats: int) -> dict:
+    """ms per draft token of a k-token chain for `batch` rows (`drafter.propose`), and of a one-token target step
+    of those rows, after `prompt` is prefilled into every row and its features committed (module docstring)."""
+    import torch
+
+    from deepspec.decoding.draft_driver import DraftDriver
+    from deepspec.decoding.host_threads import torch_threads
+
+    layers = tuple(drafter.feature_layers)
+    cache = target.new_cache(batch, 2048)
+    start = torch.zeros(batch, dtype=torch.long)
+    tokens = torch.tensor([prompt] * batch)
+    out = target.forward(tokens, start, cache.rows(0, batch), feature_layers=layers, logits="last")
+    first = out.logits[:, -1].argmax(-1)
+    driver = DraftDriver(drafter, num_slots=batch, max_tokens=2048, target=target)
+    for b in range(batch):
+        driver.start(b, [*prompt, int(first[b])], out.features[b : b + 1])
+    slots = list(range(batch))
+    step = start + len(prompt)
+    with torch_threads(target.host_threads):  # torch's threads as the engine sets them while it steps this target
+        draft_ms = _median_ms(lambda: driver.propose(slots, k), repeats) / k
+        target_ms = _median_ms(
+            lambda: target.forward(first[:, None], step, cache.rows(0, batch), feature_layers=layers, logits="all"),
+            repeats,
+        )
+    return {"draft_ms_per_token": draft_ms, "target_step_ms": target_ms, "share": draft_ms / target_ms}
+
+
+def draft_cost_rows(target, args, prompt: list[int], native: bool) -> dict:
+    """draft_cost for each draft of --draft-cost, backend (torch; native int8 and q4 on a native target) and batch."""
+    from deepspec.decoding import build_drafter
+
+    variants = [("torch", {"backend": "torch"})]
+    if native:
+        variants += [("native int8", {"backend": "native"}), ("native q4", {"backend": "native", "weights": "q4"})]
+    rows = {}
+    for path in filter(None, args.draft_cost.split(",")):
+        for label, options in variants:
+            for batch in map(int, args.batch_sizes.split(",")):
+                name = f"{Path(path).name}[{label}] B={batch}"
+                drafter = build_drafter(path, target, **options)
+                rows[name] = draft_cost(target, drafter, prompt, batch, args.cost_tokens, args.cost_repeats)
+                r = rows[name]
+                print(
+                    f"{name}: {r['draft_ms_per_token']:.3f} ms a draft token, target step {r['target_step_ms']:.2f} "
+                    f"ms ({r['share']:.1%})",
+                    file=sys.stderr,
+                )
+    return rows
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -147,6 +226,7 @@ def main(argv=None) -> int:
                     f"{name}: {rows[name]['tok_s']:.1f} tok/s, {rows[name]['tokens_per_step']:.2f} tokens/step/row",
                     file=sys.stderr,
                 )
+    costs = draft_cost_rows(target, args, prompts[0], args.backend == NATIVE)
     columns = [c for c in (*PHASES, "other") if any(r["phases_ms"].get(c, 0) >= 0.05 for r in rows.values())]
     weights = f"native {target.quantization}" if args.backend == NATIVE else args.dtype
     print(
@@ -163,9 +243,15 @@ def main(argv=None) -> int:
     for name, r in rows.items():
         phases = " ".join(f"{r['phases_ms'].get(c, 0.0):8.2f}" for c in columns)
         print(f"{name:26s} {r['tok_s']:6.1f} {r['step_ms']:7.2f} {phases}  {r['outside_target']:.1%}")
+    if costs:
+        print(f"draft cost: {args.cost_tokens}-token chains, median of {args.cost_repeats}")
+        print(f"{'draft[backend] batch':40s} {'ms/draft token':>14s} {'target step ms':>14s} {'share':>7s}")
+        for name, r in costs.items():
+            print(f"{name:40s} {r['draft_ms_per_token']:14.3f} {r['target_step_ms']:14.2f} {r['share']:7.1%}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "cpu_flags": cpu_flags(), "rows": rows}, indent=1))
+    report = {"args": vars(args), "cpu_flags": cpu_flags(), "rows": rows, "draft_cost": costs}
+    out.write_text(json.dumps(report, indent=1))
     print(f"wrote {out}")
     return 0
 

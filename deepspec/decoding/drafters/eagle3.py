@@ -6,6 +6,13 @@ tokens with the *target's* features from the verify pass (crop to the committed 
 
 With `tree_branches` set it proposes EAGLE-2's dynamic tree instead (`_propose_tree`, neural.grow_tree): one
 forward per depth over that depth's expanded nodes, with tree attention inside this same cache.
+
+`backend` picks what runs the draft's forward: `native` drafts in the native decoder's library beside the target
+(deepspec/models/native/eagle3.py: the same kernels, int8 or q4 `weights`, a float16 draft cache, the target's
+features read where its forward wrote them), `torch` the PyTorch module (any target, and what training runs);
+`auto` (the default) is native when the target is the native decoder, torch otherwise. The drafting is the same
+either way: the native model answers the module's `cached_step` and `logits`, and `step` adds fc and the head to one
+call where the chain wants both.
 """
 
 from __future__ import annotations
@@ -16,15 +23,29 @@ from deepspec.decoding.drafter import DraftSampling, PaddedProposal
 from deepspec.decoding.drafters.neural import CACHE_SLACK, NeuralDrafter, grow_tree, pack, pick_tokens
 from deepspec.models.target import Target
 
+#: what runs the draft's forward (see the module docstring)
+BACKENDS = ("auto", "native", "torch")
+
 
 class Eagle3Drafter(NeuralDrafter):
     name = "eagle3"
 
-    def __init__(self, model, tree_depth: int = 6, **tree_options):
-        """tree_depth: how deep a tree grows (one draft forward per depth); chains grow k deep."""
+    def __init__(self, model, tree_depth: int = 6, backend: str = "auto", weights: str = "int8", **tree_options):
+        """tree_depth: how deep a tree grows (one draft forward per depth); chains grow k deep. backend: auto, native
+        or torch (module docstring); weights: the native draft's matrices, int8 or q4."""
         super().__init__(model, **tree_options)
         if tree_depth < 1:
             raise ValueError(f"tree_depth must be >= 1, got {tree_depth}")
+        if backend not in BACKENDS:
+            raise ValueError(f"eagle3 backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        from deepspec.models.native.eagle3 import DRAFT_WEIGHTS
+
+        if weights not in DRAFT_WEIGHTS:
+            raise ValueError(f"eagle3 native weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {weights!r}")
+        self.backend, self.weights = backend, weights
+        #: the PyTorch draft; `model` becomes its native stand-in when bind picks the native backend
+        self.torch_model = model
+        self._native = None  # (target, NativeEagle3): built once per target
         if self.tree is not None and self.tree.width * tree_depth > CACHE_SLACK:
             raise ValueError(
                 f"an eagle3 tree of width {self.tree.width} and depth {tree_depth} needs "
@@ -34,12 +55,42 @@ class Eagle3Drafter(NeuralDrafter):
 
     def bind(self, target: Target, max_batch_size: int, max_seq_len: int) -> None:
         self._check_target(target)
-        self.cache_k, self.cache_v = self._new_cache(max_batch_size, max_seq_len)
         H = self.cfg.hidden_size
-        p = next(self.model.parameters())
+        self.model = self._drafting_model(target, max_seq_len + CACHE_SLACK)
+        if self.native:
+            self.cache_k, self.cache_v = self.model.new_cache(max_batch_size, max_seq_len + CACHE_SLACK)
+            dtype, device = torch.float32, torch.device("cpu")
+        else:
+            self.cache_k, self.cache_v = self._new_cache(max_batch_size, max_seq_len)
+            p = next(self.model.parameters())
+            dtype, device = p.dtype, p.device
         self.length = torch.zeros(max_batch_size, dtype=torch.long)  # committed pairs per slot
-        self.last_h = torch.zeros(max_batch_size, H, dtype=p.dtype, device=p.device)
+        self.last_h = torch.zeros(max_batch_size, H, dtype=dtype, device=device)
         self.has_pair = [False] * max_batch_size
+
+    @property
+    def native(self) -> bool:
+        """Whether the draft's forward runs in the native library (bind decides)."""
+        from deepspec.models.native.eagle3 import NativeEagle3
+
+        return isinstance(self.model, NativeEagle3)
+
+    def _drafting_model(self, target: Target, max_positions: int):
+        """The PyTorch draft, or its native stand-in (`backend`): built once per target, on the target's threads."""
+        from deepspec.models.native.target import NativeTarget
+
+        if self.backend == "torch" or (self.backend == "auto" and not isinstance(target, NativeTarget)):
+            return self.torch_model
+        if self._native is not None and self._native[0] is target and self._native[1].max_positions >= max_positions:
+            return self._native[1]
+        from deepspec.models.native.eagle3 import native_eagle3
+
+        if next(self.torch_model.parameters()).device.type != "cpu":
+            raise ValueError("the native eagle3 backend drafts on the CPU: load the draft there or use backend=torch")
+        threads = getattr(target, "num_threads", None)
+        model = native_eagle3(self.torch_model, weights=self.weights, num_threads=threads, max_positions=max_positions)
+        self._native = (target, model)
+        return model
 
     def reset(self, slot: int, first_token: int) -> None:
         self.length[slot] = 0
@@ -51,15 +102,18 @@ class Eagle3Drafter(NeuralDrafter):
         m = tokens.shape[1]
         start = self.length[slots].to(device)
         positions = start[:, None] + torch.arange(m, device=device)
-        h = self.model.cached_step(
-            self.model.fc(features[:, :m].to(device, self.last_h.dtype)),
-            tokens.to(device),
-            positions,
-            self.cache_k,
-            self.cache_v,
-            rows,
-            visible=_causal(positions, int(self.length[slots].max()) + m),
-        )
+        if self.native:  # fc inside the step, reading the features where the target's forward wrote them
+            h, _ = self.model.step(None, tokens, positions, self.cache_k, self.cache_v, rows, features=features)
+        else:
+            h = self.model.cached_step(
+                self.model.fc(features[:, :m].to(device, self.last_h.dtype)),
+                tokens.to(device),
+                positions,
+                self.cache_k,
+                self.cache_v,
+                rows,
+                visible=_causal(positions, int(self.length[slots].max()) + m),
+            )
         last = (num_tokens.to(device) - 1).clamp(min=0)
         self.last_h[rows] = h[torch.arange(len(slots), device=device), last]
         for row, slot in enumerate(slots):
@@ -74,24 +128,28 @@ class Eagle3Drafter(NeuralDrafter):
         position = self.length[slots].to(device)[:, None]
         longest = int(self.length[slots].max())  # the lengths live on the host: no device read per step
         tokens, probs = [], [] if want_probs else None
+        logits = self.model.logits(h[:, 0])
         for step in range(k):
-            logits = self.model.logits(h[:, 0])
             ids, p = pick_tokens(logits, sampling, self.model, want_probs)
             tokens.append(ids)
             if probs is not None:
                 probs.append(p)
             if step + 1 < k:
-                h = self.model.cached_step(
-                    h,
-                    ids[:, None],
-                    position + step,
-                    self.cache_k,
-                    self.cache_v,
-                    rows,
-                    visible=_causal(position + step, longest + step + 1),
-                )
+                h, logits = self._chain_step(h, ids[:, None], position + step, rows, longest + step + 1)
         num = torch.tensor([k if self.has_pair[s] else 0 for s in slots], dtype=torch.long)
         return pack(tokens, probs, k, num)
+
+    def _chain_step(self, h, ids, positions, rows, num_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chain step → (h' [B, 1, H], its logits [B, N]): one native call (layer and head), or the module's
+        cached_step then its head."""
+        if self.native:  # keys up to each position: the library's own causal rule, no mask built
+            h, logits = self.model.step(h, ids, positions, self.cache_k, self.cache_v, rows, logits=True)
+            assert logits is not None
+            return h, logits[:, 0]
+        h = self.model.cached_step(
+            h, ids, positions, self.cache_k, self.cache_v, rows, visible=_causal(positions, num_keys)
+        )
+        return h, self.model.logits(h[:, 0])
 
     def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         """EAGLE-2's tree: each depth feeds its `width` expanded nodes in one forward. Node j of depth d pairs its

@@ -25,7 +25,7 @@ from deepspec.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("decoder.c")
 #: the ABI version decoder.c reports (ds_abi): bumped with any change to a function's signature
-ABI = 5
+ABI = 6
 FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c11")
 
 
@@ -170,3 +170,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ds_set_tables.argtypes, lib.ds_set_tables.restype = [p, p, p, p, p, p], None
     lib.ds_forward.argtypes = [p, i, i, p, p, p, p, p, p, i64, i64, i64, p, i, p, p, i, p, p]
     lib.ds_forward.restype = i
+    lib.ds_set_draft.argtypes, lib.ds_set_draft.restype = [p, i], None
+    lib.ds_draft_step.argtypes = [p, i, i, p, i64, i64, p, p, p, p, p, p, i, p, p, i64, i64, p, p]
+    lib.ds_draft_step.restype = i
+    lib.ds_draft_logits.argtypes, lib.ds_draft_logits.restype = [p, i, p, p], i

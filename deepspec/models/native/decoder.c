@@ -51,7 +51,7 @@
 #define DS_LANES 8
 #endif
 
-#define DS_ABI 5
+#define DS_ABI 6
 #define MAX_TILE_ROWS 8
 #define ALIGN 64
 
@@ -334,6 +334,20 @@ static int column_tile(int blocks, int widest, int threads) {
 
 static int threads_now = 1; /* the running forward's threads (set under pool_lock) */
 
+/* a forward (of the target or the draft) takes the pool: up to `nthreads` threads, never more than it has scratch
+   for (the pool may be larger: another model asked for more), the workers spinning until pool_end */
+static void pool_begin(int nthreads) {
+    pthread_mutex_lock(&pool_lock);
+    const int pooled = pool_ensure(nthreads);
+    threads_now = pooled < nthreads ? pooled : nthreads;
+    pool_spin(1);
+}
+
+static void pool_end(void) {
+    pool_spin(0);
+    pthread_mutex_unlock(&pool_lock);
+}
+
 /* a weight format's tiles: `rows` rows of q (and their scales s) x `cols` lane-blocks from c0 into y */
 typedef void (*tiles_fn)(const qmat *m, const uint8_t *q, const float *s, int rows, int c0, int cols, float *y,
                          int ldy);
@@ -399,6 +413,11 @@ typedef struct {
     layer_t *layer;
     qmat head;
     float *final_norm;
+    /* an Eagle3 draft's own parts (the draft section below): fc fuses the target's features into h, hidden_norm
+       normalizes h beside the embedding's norm (NORM_ATTN); unset in a target */
+    qmat fc;
+    float *hidden_norm;
+    int norm_before_residual;
     const float *embed;                 /* [vocab, hidden], owned by the caller */
     const float *cos, *sin;             /* [max_positions, head_dim / 2], owned by the caller */
     const float *cos_local, *sin_local; /* sliding-window layers' tables (Gemma3), or the same */
@@ -424,14 +443,20 @@ void ds_model_free(ds_model *m) {
     }
     qmat_free(&m->head);
     free(m->final_norm);
+    qmat_free(&m->fc);
+    free(m->hidden_norm);
     free(m->layer);
     free(m);
 }
 
-/* layer -1 = the LM head */
+/* the matrix ds_set_linear* writes: layer -1 = the LM head, -2 = a draft's fc */
+static qmat *linear_at(ds_model *m, int layer, int which) {
+    return layer == -2 ? &m->fc : layer < 0 ? &m->head : &m->layer[layer].lin[which];
+}
+
 int ds_set_linear(ds_model *m, int layer, int which, const int8_t *w, const float *scale, const float *bias, int n,
                   int k) {
-    qmat *dst = layer < 0 ? &m->head : &m->layer[layer].lin[which];
+    qmat *dst = linear_at(m, layer, which);
     qmat_free(dst);
     return qmat_init(dst, w, scale, bias, n, k);
 }
@@ -440,7 +465,7 @@ int ds_set_linear(ds_model *m, int layer, int which, const int8_t *w, const floa
    32 (keep that matrix int8) */
 int ds_set_linear_q4(ds_model *m, int layer, int which, const uint8_t *q, const uint16_t *d, const uint16_t *mn,
                      const float *bias, int n, int k) {
-    qmat *dst = layer < 0 ? &m->head : &m->layer[layer].lin[which];
+    qmat *dst = linear_at(m, layer, which);
     qmat_free(dst);
     return qmat_init_q4(dst, q, d, mn, bias, n, k);
 }
@@ -451,9 +476,9 @@ static float *copy_floats(const float *src, size_t count) {
     return p;
 }
 
-/* layer -1 = the final norm */
+/* layer -1 = the final norm, -2 = a draft's hidden norm */
 int ds_set_norm(ds_model *m, int layer, int which, const float *w, int count) {
-    float **dst = layer < 0 ? &m->final_norm : &m->layer[layer].norm[which];
+    float **dst = layer == -2 ? &m->hidden_norm : layer < 0 ? &m->final_norm : &m->layer[layer].norm[which];
     free(*dst);
     *dst = copy_floats(w, (size_t)count);
     return *dst ? 0 : -1;
@@ -1626,18 +1651,14 @@ int ds_forward(const ds_model *m, int B, int T, const int64_t *tokens, const int
     zero_inactive(&st, features, (size_t)nfeat * H);
     zero_inactive(&st, final_hidden, (size_t)H);
 
-    pthread_mutex_lock(&pool_lock);
-    const int pooled = pool_ensure(nthreads); /* the pool may be larger: another model asked for more threads */
-    threads_now = pooled < nthreads ? pooled : nthreads; /* never more threads than this forward has scratch for */
-    pool_spin(1);
+    pool_begin(nthreads);
     fwd_t f = {m, &st, depth, NULL, 0, nfeat, feature_layers, x, h, wide, attn, features, q8, qs};
     for (int li = 0; li < c->layers; li++) layer(&f, li, scratch_per_thread, max_keys, scratch);
     if (final_hidden) /* every position's post-norm state: what the head reads, for training a draft offline */
         for (int r = 0; r < rows; r++)
             rms_norm(x + (size_t)r * H, m->final_norm, H, c->eps, final_hidden + (size_t)st.cell[r] * H);
     if (N > 0) head_logits(m, &st, x, logits_index, N, logits, h, q8, qs);
-    pool_spin(0);
-    pthread_mutex_unlock(&pool_lock);
+    pool_end();
 
 done:
     free(x);
@@ -1651,3 +1672,288 @@ done:
     free(lists);
     return ok ? 0 : -1;
 }
+
+/* ---- the Eagle3 draft ---------------------------------------------------------------------------------------- */
+/* Why here: drafting a token with the Eagle3 head through PyTorch cost a large fraction of a native target step
+   (an op launch per norm, RoPE, cache write and matmul), so speculation could not pay on a CPU. The draft is one
+   decoder layer of the target's family, run as a second ds_model (layers = 1, vocab = the draft vocabulary) on the
+   same packed matmuls, norms, RoPE, float16 cache entries, attention reductions and thread pool as the target:
+
+     h  = fc(F)                 F = the target's captured layers of the pair's token (ds_forward's features,
+                                read where they lie: row b, pair i at features + b * fb + i * fm), or h given
+     x  = [norm_e(embed(token)), norm_h(h)]      (2H: NORM_ATTN is the embedding's norm, hidden_norm h's)
+     q, k, v = wqkv x; q/k norms; RoPE at the pair's position; k, v into the draft's cache at cache_index
+     a  = attention over the cache entries the pair sees (`visible`, or every entry up to its position)
+     h' = (norm_before_residual ? norm_h(h) : h) + wo a;  h' += down(act(gate h'') * up h''), h'' = norm_mlp(h')
+     logits = head(final_norm(h'))                the draft vocabulary's rows only
+
+   The draft's KV cache is [slots, kv heads, entries, head dim] float16, owned by the caller (the drafter's own, one
+   row per engine slot). Every pair's output depends on its own inputs and the cache entries it sees only. */
+
+typedef struct {
+    const ds_model *m;
+    int M, rows; /* pair r = (b = r / M, i = r % M) */
+    const float *features;
+    int64_t feature_b, feature_m; /* strides of the features, in floats */
+    const float *h;               /* [rows, H] each pair's hidden state: the caller's, or fc's output */
+    const int64_t *tokens, *positions, *cache_index, *slots;
+    const uint8_t *visible; /* [rows, K] or NULL */
+    int K;
+    kv_t *k_cache, *v_cache;
+    int64_t slot_stride, seq_len, max_keys;
+    float *x2, *wide, *q, *attn, *res, *tmp, *h_out, *scratch;
+    size_t scratch_per_thread;
+    uint8_t *q8;
+    float *qs;
+} draft_t;
+
+/* a pair's features, quantized for fc */
+static void draft_features_in(void *ctx, int r, int tid) {
+    const draft_t *d = ctx;
+    (void)tid;
+    const float *f = d->features + (r / d->M) * d->feature_b + (r % d->M) * d->feature_m;
+    quantize_input(&d->m->fc, f, d->q8, d->qs, r);
+}
+
+/* [norm_e(embed(token)), norm_h(h)], quantized for q|k|v */
+static void draft_layer_in(void *ctx, int r, int tid) {
+    const draft_t *d = ctx;
+    const ds_model *m = d->m;
+    const int H = m->cfg.hidden;
+    float *x = d->x2 + (size_t)r * 2 * H, *e = d->tmp + (size_t)r * H;
+    (void)tid;
+    const float *row = m->embed + (size_t)d->tokens[r] * H;
+    for (int j = 0; j < H; j++) e[j] = row[j] * m->cfg.embed_scale;
+    rms_norm(e, m->layer[0].norm[NORM_ATTN], H, m->cfg.eps, x);
+    rms_norm(d->h + (size_t)r * H, m->hidden_norm, H, m->cfg.eps, x + H);
+    quantize_input(&m->layer[0].lin[LIN_QKV], x, d->q8, d->qs, r);
+}
+
+/* q/k norms and RoPE at the pair's position, k and v into its cache entry, q to the attention */
+static void draft_qkv_out(void *ctx, int r, int tid) {
+    const draft_t *d = ctx;
+    const ds_model *m = d->m;
+    const ds_config *c = &m->cfg;
+    const int hd = c->head_dim, qw = c->heads * hd, kvw = c->kv_heads * hd;
+    float *row = d->wide + (size_t)r * (qw + 2 * kvw);
+    const int64_t pos = d->positions[r], entry = d->cache_index ? d->cache_index[r] : pos;
+    (void)tid;
+    for (int head = 0; head < c->heads + c->kv_heads; head++) {
+        float *v = row + (size_t)head * hd;
+        if (c->qk_norm) rms_norm(v, m->layer[0].norm[head < c->heads ? NORM_Q : NORM_K], hd, c->eps, v);
+        rope(v, m->cos + pos * (hd / 2), m->sin + pos * (hd / 2), hd);
+    }
+    for (int g = 0; g < c->kv_heads; g++) {
+        const int64_t at = d->slots[r / d->M] * d->slot_stride + ((int64_t)g * d->seq_len + entry) * hd;
+        store_half(row + qw + (size_t)g * hd, d->k_cache + at, hd);
+        store_half(row + qw + kvw + (size_t)g * hd, d->v_cache + at, hd);
+    }
+    memcpy(d->q + (size_t)r * qw, row, sizeof(float) * qw);
+}
+
+/* item = (pair, head): the target's key scores, softmax and weighted sums over the entries the pair sees */
+static void draft_attend(void *ctx, int it, int tid) {
+    const draft_t *d = ctx;
+    const ds_config *c = &d->m->cfg;
+    const int hd = c->head_dim, qw = c->heads * hd, r = it / c->heads, head = it % c->heads;
+    const int g = head / (c->heads / c->kv_heads);
+    float *sc = d->scratch + (size_t)tid * d->scratch_per_thread;
+    int64_t *keys = (int64_t *)(sc + d->max_keys); /* max_keys is even: 8-byte aligned */
+    int n = 0;
+    if (d->visible) {
+        const uint8_t *seen = d->visible + (size_t)r * d->K;
+        for (int j = 0; j < d->K; j++)
+            if (seen[j]) keys[n++] = j;
+    } else {
+        for (int64_t j = 0; j <= d->positions[r]; j++) keys[n++] = j;
+    }
+    float *o = d->attn + (size_t)r * qw + (size_t)head * hd;
+    if (!n) { /* a pair that sees nothing attends to nothing */
+        memset(o, 0, sizeof(float) * hd);
+        return;
+    }
+    const int64_t at = d->slots[r / d->M] * d->slot_stride + (int64_t)g * d->seq_len * hd;
+    key_scores(d->q + (size_t)r * qw + (size_t)head * hd, d->k_cache + at, keys, n, hd, c->attn_scale, sc);
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+    const float inv = 1.0f / exp_shifted(sc, mx, n, sc);
+    weighted_values(sc, d->v_cache + at, keys, n, hd, inv, o);
+}
+
+static void draft_attn_out(void *ctx, int r, int tid) {
+    const draft_t *d = ctx;
+    (void)tid;
+    quantize_input(&d->m->layer[0].lin[LIN_O], d->attn + (size_t)r * d->m->cfg.heads * d->m->cfg.head_dim, d->q8,
+                   d->qs, r);
+}
+
+/* the residual (h, or norm_h(h)) plus the projected attention; its MLP norm quantized for gate|up */
+static void draft_mlp_in(void *ctx, int r, int tid) {
+    const draft_t *d = ctx;
+    const ds_model *m = d->m;
+    const int H = m->cfg.hidden;
+    float *res = d->res + (size_t)r * H, *o = d->tmp + (size_t)r * H;
+    (void)tid;
+    if (m->norm_before_residual)
+        rms_norm(d->h + (size_t)r * H, m->hidden_norm, H, m->cfg.eps, res);
+    else
+        memcpy(res, d->h + (size_t)r * H, sizeof(float) * H);
+    for (int j = 0; j < H; j++) res[j] += o[j];
+    rms_norm(res, m->layer[0].norm[NORM_MLP], H, m->cfg.eps, o);
+    quantize_input(&m->layer[0].lin[LIN_GATE_UP], o, d->q8, d->qs, r);
+}
+
+static void draft_mlp_act(void *ctx, int r, int tid) {
+    const draft_t *d = ctx;
+    const int inter = d->m->cfg.inter;
+    float *gu = d->wide + (size_t)r * 2 * inter, *a = d->tmp + (size_t)r * inter;
+    (void)tid;
+    gated_activation(gu, gu + inter, inter, d->m->cfg.gelu, a);
+    quantize_input(&d->m->layer[0].lin[LIN_DOWN], a, d->q8, d->qs, r);
+}
+
+static void draft_out(void *ctx, int r, int tid) {
+    const draft_t *d = ctx;
+    const int H = d->m->cfg.hidden;
+    const float *res = d->res + (size_t)r * H, *down = d->tmp + (size_t)r * H;
+    float *out = d->h_out + (size_t)r * H;
+    (void)tid;
+    for (int j = 0; j < H; j++) out[j] = res[j] + down[j];
+}
+
+/* the final norm of a pair's h', quantized for the head */
+typedef struct {
+    const ds_model *m;
+    const float *h;
+    float *normed;
+    uint8_t *q8;
+    float *qs;
+} head_in_t;
+
+static void draft_head_in(void *ctx, int r, int tid) {
+    const head_in_t *a = ctx;
+    const int H = a->m->cfg.hidden;
+    (void)tid;
+    rms_norm(a->h + (size_t)r * H, a->m->final_norm, H, a->m->cfg.eps, a->normed + (size_t)r * H);
+    quantize_input(&a->m->head, a->normed + (size_t)r * H, a->q8, a->qs, r);
+}
+
+/* logits [rows, vocab] of pre-norm states h [rows, H]: the final norm and the head over the draft vocabulary (call
+   with the pool taken) */
+static void draft_head(const ds_model *m, int rows, const float *h, float *normed, uint8_t *q8, float *qs,
+                       float *logits) {
+    head_in_t a = {m, h, normed, q8, qs};
+    pool_for(rows > 1 ? threads_now : 1, rows, draft_head_in, &a);
+    mat_mul(&m->head, q8, qs, rows, logits, m->cfg.vocab);
+}
+
+/* the weights a draft step reads are all loaded (fc only when it is fed features) */
+static int draft_ready(const ds_model *m, int with_fc) {
+    const layer_t *L = &m->layer[0];
+    for (int j = 0; j < LINEARS; j++)
+        if (!L->lin[j].n) return 0;
+    if (!L->norm[NORM_ATTN] || !L->norm[NORM_MLP] || (m->cfg.qk_norm && (!L->norm[NORM_Q] || !L->norm[NORM_K])))
+        return 0;
+    return m->head.n && m->final_norm && m->hidden_norm && m->embed && m->cos && (!with_fc || m->fc.n);
+}
+
+/* One draft step for M pairs of each of B rows. Inputs [B, M]: features (F = fc's input width, rows at the two
+   strides, floats) or h [B, M, H] pre-norm states, token ids (target vocabulary), RoPE positions, cache entries to
+   write (cache_index, or NULL: the positions); slots [B] the cache rows; visible [B, M, K] (or NULL: every entry up
+   to the pair's position). Writes h_out [B, M, H] and, when logits is not NULL, the draft vocabulary's logits of
+   h_out [B, M, vocab]. Returns 0; -1 when scratch cannot be allocated; -2 for a position past the RoPE tables or
+   an entry or K past seq_len; -3 when a weight it needs was never loaded. */
+int ds_draft_step(const ds_model *m, int B, int M, const float *features, int64_t feature_b, int64_t feature_m,
+                  const float *h, const int64_t *tokens, const int64_t *positions, const int64_t *cache_index,
+                  const int64_t *slots, const uint8_t *visible, int K, kv_t *k_cache, kv_t *v_cache,
+                  int64_t slot_stride, int64_t seq_len, float *h_out, float *logits) {
+    const ds_config *c = &m->cfg;
+    const int rows = B * M, H = c->hidden, hd = c->head_dim, qw = c->heads * hd, qkvw = qw + 2 * c->kv_heads * hd;
+    if (!draft_ready(m, features != NULL) || (!features && !h)) return -3;
+    if (visible && (K < 1 || K > seq_len)) return -2;
+    int64_t max_keys = visible ? K : 0;
+    for (int r = 0; r < rows; r++) {
+        const int64_t entry = cache_index ? cache_index[r] : positions[r];
+        if (positions[r] < 0 || positions[r] >= c->max_positions || entry < 0 || entry >= seq_len) return -2;
+        if (!visible && positions[r] + 1 > max_keys) max_keys = positions[r] + 1;
+    }
+    max_keys += max_keys & 1;
+    const int inter = c->inter, widest = 2 * inter > qkvw ? 2 * inter : qkvw;
+    const int feat = features ? m->fc.kp : 0;
+    int kmax = 2 * H > inter ? 2 * H : inter;
+    kmax = (kmax > qw ? kmax : qw) > feat ? (kmax > qw ? kmax : qw) : feat;
+    const int nthreads = c->threads > 0 ? (c->threads < MAX_THREADS ? c->threads : MAX_THREADS) : 1;
+    const size_t scratch_per_thread = 3 * (size_t)max_keys + 16;
+    draft_t d = {m, M, rows, features, feature_b, feature_m, h, tokens, positions, cache_index, slots, visible, K,
+                 k_cache, v_cache, slot_stride, seq_len, max_keys};
+    const int tmp_width = inter > H ? inter : H;
+    float *own_h = features ? aligned(sizeof(float) * rows * H) : NULL;
+    d.x2 = aligned(sizeof(float) * rows * 2 * H);
+    d.wide = aligned(sizeof(float) * rows * widest);
+    d.q = aligned(sizeof(float) * rows * qw);
+    d.attn = aligned(sizeof(float) * rows * qw);
+    d.res = aligned(sizeof(float) * rows * H);
+    d.tmp = aligned(sizeof(float) * rows * tmp_width);
+    d.q8 = aligned((size_t)rows * (kmax + 4));
+    d.qs = aligned(sizeof(float) * ((size_t)rows + 1) * (2 * ((kmax + 4) / Q4_BLOCK) + 1));
+    d.scratch = aligned(sizeof(float) * scratch_per_thread * nthreads);
+    d.scratch_per_thread = scratch_per_thread;
+    d.h_out = h_out;
+    const int ok = d.x2 && d.wide && d.q && d.attn && d.res && d.tmp && d.q8 && d.qs && d.scratch &&
+                   (!features || own_h);
+    if (ok) {
+        pool_begin(nthreads);
+        const int spread = rows > 1 ? threads_now : 1;
+        const layer_t *L = &m->layer[0];
+        if (features) { /* h = fc(F), read where the target's forward wrote it */
+            pool_for(spread, rows, draft_features_in, &d);
+            mat_mul(&m->fc, d.q8, d.qs, rows, own_h, H);
+            d.h = own_h;
+        }
+        pool_for(spread, rows, draft_layer_in, &d);
+        mat_mul(&L->lin[LIN_QKV], d.q8, d.qs, rows, d.wide, qkvw);
+        pool_for(spread, rows, draft_qkv_out, &d);
+        pool_for(threads_now, rows * c->heads, draft_attend, &d);
+        pool_for(spread, rows, draft_attn_out, &d);
+        mat_mul(&L->lin[LIN_O], d.q8, d.qs, rows, d.tmp, H);
+        pool_for(spread, rows, draft_mlp_in, &d);
+        mat_mul(&L->lin[LIN_GATE_UP], d.q8, d.qs, rows, d.wide, 2 * inter);
+        pool_for(spread, rows, draft_mlp_act, &d);
+        mat_mul(&L->lin[LIN_DOWN], d.q8, d.qs, rows, d.tmp, H);
+        pool_for(spread, rows, draft_out, &d);
+        if (logits) draft_head(m, rows, h_out, d.x2, d.q8, d.qs, logits);
+        pool_end();
+    }
+    free(own_h);
+    free(d.x2);
+    free(d.wide);
+    free(d.q);
+    free(d.attn);
+    free(d.res);
+    free(d.tmp);
+    free(d.q8);
+    free(d.qs);
+    free(d.scratch);
+    return ok ? 0 : -1;
+}
+
+/* logits [rows, vocab] of the draft vocabulary for pre-norm states h [rows, H]; 0, -1 (scratch) or -3 (weights) */
+int ds_draft_logits(const ds_model *m, int rows, const float *h, float *logits) {
+    const int H = m->cfg.hidden;
+    if (!m->head.n || !m->final_norm) return -3;
+    float *normed = aligned(sizeof(float) * rows * H);
+    uint8_t *q8 = aligned((size_t)rows * (m->head.kp + 4));
+    float *qs = aligned(sizeof(float) * ((size_t)rows + 1) * (2 * (m->head.kp / Q4_BLOCK + 1) + 1));
+    const int ok = normed && q8 && qs;
+    if (ok) {
+        pool_begin(m->cfg.threads > 0 ? (m->cfg.threads < MAX_THREADS ? m->cfg.threads : MAX_THREADS) : 1);
+        draft_head(m, rows, h, normed, q8, qs, logits);
+        pool_end();
+    }
+    free(normed);
+    free(q8);
+    free(qs);
+    return ok ? 0 : -1;
+}
+
+void ds_set_draft(ds_model *m, int norm_before_residual) { m->norm_before_residual = norm_before_residual; }

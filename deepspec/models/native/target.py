@@ -44,7 +44,7 @@ BAD_ROW_LENGTH = -2
 NORMS = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm")
 
 
-class _Model:
+class ModelHandle:
     """The library's model handle: freed with this object."""
 
     def __init__(self, lib, handle: int):
@@ -67,7 +67,7 @@ class NativeTarget(HFTextTarget):
     eos_token_ids: tuple[int, ...]
     #: the library's threads (a recorded step curve applies at this count only)
     num_threads: int
-    _model: _Model = field(repr=False)
+    _model: ModelHandle = field(repr=False)
     #: float32 tensors the library reads in place (embedding, RoPE tables): kept alive with it
     _tables: dict = field(repr=False)
     _head: torch.Tensor = field(repr=False)
@@ -253,7 +253,7 @@ def native_target_from(
     handle = lib.ds_model_new(ctypes.byref(_native_config(arch, decoder, threads)))
     if not handle:
         raise MemoryError("the native decoder could not allocate its model")
-    model = _Model(lib, handle)
+    model = ModelHandle(lib, handle)
     _load_layers(lib, handle, decoder, arch, layer_format, blocks)
     tables = _load_tables(lib, handle, decoder, arch)
     head = tables["embed"] if decoder.head is decoder.embed else decoder.head.detach().float().contiguous()
@@ -297,43 +297,50 @@ def _native_config(arch: ArchSpec, decoder: Decoder, threads: int) -> Config:
 def _load_layers(lib, handle, decoder: Decoder, arch: ArchSpec, layer_format: str, blocks) -> None:
     """Copy every layer's matmul weights (packed in `layer_format`: int8, or q4 from `blocks` where the GGUF had
     them) and norms into the library's model, then the int8 LM head and the final norm."""
-
-    def check(status: int, what: str) -> None:
-        if status:
-            raise MemoryError(f"the native decoder could not allocate {what}")
-
-    def set_linear(layer: int, which: int, weight: torch.Tensor, bias: torch.Tensor | None, form: str) -> None:
-        w = weight.detach().float().numpy()
-        b = np.ascontiguousarray(bias.detach().float().numpy()) if bias is not None else None
-        bias_ptr = b.ctypes.data if b is not None else None
-        if form == "q4":
-            q, d, m = blocks.pop((layer, LINEARS[which])) if blocks is not None else quantize_q4(w)
-            check(
-                lib.ds_set_linear_q4(
-                    handle, layer, which, q.ctypes.data, d.ctypes.data, m.ctypes.data, bias_ptr, q.shape[0], q.shape[1]
-                ),
-                "a weight matrix",
-            )
-            return
-        q, scale = quantize_int8(w)
-        check(
-            lib.ds_set_linear(handle, layer, which, q.ctypes.data, scale.ctypes.data, bias_ptr, q.shape[0], q.shape[1]),
-            "a weight matrix",
-        )
-
-    def set_norm(layer: int, which: int, weight: torch.Tensor) -> None:
-        w = np.ascontiguousarray(weight.detach().float().numpy())
-        check(lib.ds_set_norm(handle, layer, which, w.ctypes.data, w.size), "a norm")
-
     for i, layer in enumerate(decoder.decoder_layers()):
         for which, name in enumerate(LINEARS):
-            set_linear(i, which, getattr(layer, name), layer.bqkv if name == "wqkv" else None, layer_format)
+            block = blocks.pop((i, name)) if blocks is not None and layer_format == "q4" else None
+            bias = layer.bqkv if name == "wqkv" else None
+            set_linear(lib, handle, i, which, getattr(layer, name), bias, layer_format, block)
         for which, name in enumerate(NORMS):
             if hasattr(layer, name):
-                set_norm(i, which, getattr(layer, name))
+                set_norm(lib, handle, i, which, getattr(layer, name))
         lib.ds_set_window(handle, i, int(layer.window), int(bool(layer.window and arch.rope_local_theta)))
-    set_linear(-1, 0, decoder.head, None, "int8")
-    set_norm(-1, 0, decoder.final_norm)
+    set_linear(lib, handle, -1, 0, decoder.head, None, "int8")
+    set_norm(lib, handle, -1, 0, decoder.final_norm)
+
+
+def _check(status: int, what: str) -> None:
+    if status:
+        raise MemoryError(f"the native decoder could not allocate {what}")
+
+
+def set_linear(lib, handle, layer: int, which: int, weight, bias, form: str, blocks=None) -> None:
+    """Pack one matrix into the library's model (`layer` -1: the LM head, -2: a draft's fc) in `form`: int8 per
+    output channel, or q4 — from `blocks` (q, d, m) where they are the model's own, else quantized here."""
+    w = weight.detach().float().numpy()
+    b = np.ascontiguousarray(bias.detach().float().numpy()) if bias is not None else None
+    bias_ptr = b.ctypes.data if b is not None else None
+    if form == "q4":
+        q, d, m = blocks if blocks is not None else quantize_q4(w)
+        _check(
+            lib.ds_set_linear_q4(
+                handle, layer, which, q.ctypes.data, d.ctypes.data, m.ctypes.data, bias_ptr, q.shape[0], q.shape[1]
+            ),
+            "a weight matrix",
+        )
+        return
+    q, scale = quantize_int8(w)
+    _check(
+        lib.ds_set_linear(handle, layer, which, q.ctypes.data, scale.ctypes.data, bias_ptr, q.shape[0], q.shape[1]),
+        "a weight matrix",
+    )
+
+
+def set_norm(lib, handle, layer: int, which: int, weight) -> None:
+    """Copy one norm's weights into the library's model (`layer` -1: the final norm, -2: a draft's hidden norm)."""
+    w = np.ascontiguousarray(weight.detach().float().numpy())
+    _check(lib.ds_set_norm(handle, layer, which, w.ctypes.data, w.size), "a norm")
 
 
 def _load_tables(lib, handle, decoder: Decoder, arch: ArchSpec) -> dict[str, torch.Tensor]:
