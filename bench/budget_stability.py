@@ -7,10 +7,12 @@ probe (the per-process probe memo is cleared; no cache file), and two planners a
 - `served passes`: the same probe, corrected by every verify pass served (deepspec/decoding/step_timing.py).
 
 The rule (issue: a budget that decides the same way on every start): within a planner, the starts' draft counts
-differ by at most 10%. Per start the table gives the probed t(1) and t(8), draft tokens, tokens per target forward
-over every round, and tok/s.
+differ by at most 10%. Per start the table gives the probed t(1) and t(8) (with `--batch` B > 1: the B-row passes of
+one and two tokens a row, t(B rows, B) and t(B rows, 2B), StepTimeModel.pass_seconds), draft tokens, tokens per target
+forward over every round, and tok/s.
 
     python -m bench.budget_stability                       # 4 starts, 8 prompts x 96 tokens
+    python -m bench.budget_stability --batch 8 --num-prompts 16    # the prompts 8 at a time
     python -m bench.budget_stability --prompts training/data/synth/prompts.heldout.jsonl.gz
 """
 
@@ -47,6 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--starts", type=int, default=4, help="starts per planner, every other one disturbed")
     p.add_argument("--burners", type=int, default=2, help="busy processes beside a disturbed probe")
+    p.add_argument("--batch", type=int, default=1, help="rows decoding together (default: %(default)s)")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "budget_stability.json"))
     return p.parse_args(argv)
 
@@ -61,8 +64,8 @@ def load_chat_prompts(target, path: Path, count: int) -> list[list[int]]:
     return [target.encode_chat([{"role": "user", "content": row["turns"][0]}]) for row in rows]
 
 
-def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, burners: int) -> dict:
-    """Build the engine (its probe beside `burners` busy processes) and decode the prompts one at a time."""
+def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, burners: int, batch: int = 1) -> dict:
+    """Build the engine (its probe beside `burners` busy processes) and decode the prompts `batch` at a time."""
     from deepspec.decoding import SamplingParams, SpecEngine, build_drafter, step_timing
     from deepspec.decoding.planner import BudgetPlanner
 
@@ -75,7 +78,7 @@ def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, 
         engine = SpecEngine(
             target,
             build_drafter(draft, target),
-            max_batch_size=1,
+            max_batch_size=batch,
             max_seq_len=2048,
             planner=BudgetPlanner(learn_online=learn_online),
         )
@@ -90,7 +93,7 @@ def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, 
     engine.forget_acceptance()
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     start = time.perf_counter()
-    results = [engine.generate([p], params)[0] for p in prompts]
+    results = engine.generate(prompts, params) if batch > 1 else [engine.generate([p], params)[0] for p in prompts]
     seconds = time.perf_counter() - start
     tokens = sum(len(r.token_ids) for r in results)
     rounds = sum(r.num_steps for r in results)
@@ -99,13 +102,20 @@ def one_start(target, draft: str, prompts, max_tokens: int, learn_online: bool, 
         raise RuntimeError("the budget planner dropped its step curve while decoding")
     return {
         # predict takes a count here, so it answers a float (a tensor only for a tensor of counts)
-        "probe_ms": {n: round(float(probe.predict(n)) * 1e3, 2) for n in (1, 8)},
-        "final_ms": {n: round(float(final.predict(n)) * 1e3, 2) for n in (1, 8)},
+        "probe_ms": _points(probe, batch),
+        "final_ms": _points(final, batch),
         "draft_tokens": sum(r.num_draft_tokens for r in results),
         "tokens_per_forward": round((sum(r.num_accepted_tokens for r in results) + rounds) / max(rounds, 1), 3),
         "tok_s": round(tokens / seconds, 1),
         "disturbed": bool(burners),
     }
+
+
+def _points(curve, batch: int) -> list[float]:
+    """The two step times a start reports, in ms: t(1) and t(8) at batch 1, else B-row passes of 1 and 2 tokens
+    a row."""
+    passes = ((1, 1), (1, 8)) if batch == 1 else ((batch, batch), (batch, 2 * batch))
+    return [round(curve.pass_seconds(rows, n) * 1e3, 2) for rows, n in passes]
 
 
 def main(argv=None) -> int:
@@ -123,24 +133,25 @@ def main(argv=None) -> int:
     rows = {}
     for name, online in (("probe only", False), ("served passes", True)):
         rows[name] = [
-            one_start(target, args.draft, prompts, args.max_tokens, online, args.burners * (i % 2))
+            one_start(target, args.draft, prompts, args.max_tokens, online, args.burners * (i % 2), args.batch)
             for i in range(args.starts)
         ]
         for i, r in enumerate(rows[name]):
             print(f"{name} start {i}: {r}", file=sys.stderr)
     print(
         f"target {args.target} (native {target.quantization}), draft {args.draft}, prompts {path.name} "
-        f"({len(prompts)} x {args.max_tokens} tokens, batch 1, greedy); CPU flags: {cpu_flags()}"
+        f"({len(prompts)} x {args.max_tokens} tokens, batch {args.batch}, greedy); CPU flags: {cpu_flags()}"
     )
-    print("| planner | start | probe t(1) / t(8) ms | after serving | draft tokens | tokens per forward | tok/s |")
+    sizes = "t(1) / t(8)" if args.batch == 1 else f"t({args.batch} rows: {args.batch} / {2 * args.batch} tokens)"
+    print(f"| planner | start | probe {sizes} ms | after serving | draft tokens | tokens per forward | tok/s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     summary = {}
     for name, starts in rows.items():
         for i, r in enumerate(starts):
             label = f"{i}{' (disturbed)' if r['disturbed'] else ''}"
             print(
-                f"| {name} | {label} | {r['probe_ms'][1]} / {r['probe_ms'][8]} | {r['final_ms'][1]} / "
-                f"{r['final_ms'][8]} | {r['draft_tokens']} | {r['tokens_per_forward']} | {r['tok_s']} |"
+                f"| {name} | {label} | {r['probe_ms'][0]} / {r['probe_ms'][1]} | {r['final_ms'][0]} / "
+                f"{r['final_ms'][1]} | {r['draft_tokens']} | {r['tokens_per_forward']} | {r['tok_s']} |"
             )
         drafts = [r["draft_tokens"] for r in starts]
         spread = (max(drafts) - min(drafts)) / max(max(drafts), 1)

@@ -3,24 +3,27 @@
     python -m bench.ragged_verify                    # chat + lbpp, 16 prompts x 96 tokens each, 3 rounds, ~10 min
     python -m bench.ragged_verify --sets chat --rounds 1 --num-prompts 8
 
-The served engine (native decoder, `--draft auto`, the verification budget with this machine's kept step curve)
-decodes the same prompts greedily, `--batch` rows at a time, twice per round in alternating order:
+The served engine (native decoder, `--draft auto`, the verification budget with this machine's kept step curve, which
+prices a pass by its rows and tokens: deepspec/decoding/DESIGN.md, "The budget's step model") decodes the same prompts
+greedily, `--batch` rows at a time, once per engine per round, the engines' order alternating between rounds:
 
   ragged   the native decoder's ragged passes (Target.ragged_rows): each row verifies its own depth, chosen by
            ranking draft slots across the batch (verify_budget.best_row_depths; BudgetPlanner.per_row_depths);
-  uniform  ragged passes with one depth for the batch, each row cut to its own draft count (what the worker serves:
-           per-row depths are opt-in);
+  uniform  ragged passes with one depth for the batch, each row cut to its own draft count
+           (BudgetPlanner(per_row_depths=False));
   padded   the same target told it has no ragged rows: one depth for the whole batch (verify_budget.best_depth),
            every row padded to it;
   none     target-only (`--draft none`), the baseline both divide by.
 
-Reported per set and engine: tok/s (median over rounds), tokens per target forward, verify tokens per pass, and
-whether every output is the target-only one. Outputs must be identical everywhere; only speed may differ.
+Reported per set and engine: tok/s (median over rounds), tokens per target forward, verify tokens per row and pass,
+draft tokens verified (the last round's), and whether every output is the target-only one. Outputs must be identical
+everywhere; only speed may differ. Timings on a shared machine are noisy: the load average is printed beside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -88,6 +91,7 @@ def decode(engine, prompts, max_tokens: int) -> tuple[list[list[int]], dict]:
         "tok_s": tokens / seconds,
         "tokens_per_forward": (accepted + rounds) / max(rounds, 1),
         "verify_tokens_per_row_pass": (drafts + rounds) / max(rounds, 1),
+        "draft_tokens": drafts,
     }
 
 
@@ -117,20 +121,27 @@ def main(argv=None) -> int:
                 "vs_none": round(statistics.median(s["tok_s"] for s in runs[name]) / base, 3),
                 "tokens_per_forward": round(runs[name][-1]["tokens_per_forward"], 3),
                 "verify_tokens_per_row_pass": round(runs[name][-1]["verify_tokens_per_row_pass"], 3),
+                "draft_tokens": runs[name][-1]["draft_tokens"],
                 "identical": outputs[name] == outputs["none"],
             }
             for name in ENGINES
         }
-    print(f"CPU flags: {cpu_flags()}; batch {args.batch}, {args.num_prompts} prompts x {args.max_tokens} tokens")
-    print("| set | engine | tok/s | vs none | tokens/forward | verify tokens/row/pass | identical |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        f"CPU flags: {cpu_flags()}; batch {args.batch}, {args.num_prompts} prompts x {args.max_tokens} tokens; "
+        f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min)"
+    )
+    print("| set | engine | tok/s | vs none | tokens/forward | verify tokens/row/pass | draft tokens | identical |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for spec, rows in table.items():
         for name, row in rows.items():
             print(
                 f"| {spec} | {name} | {row['tok_s']} | {row['vs_none']}x | {row['tokens_per_forward']} | "
-                f"{row['verify_tokens_per_row_pass']} | {row['identical']} |"
+                f"{row['verify_tokens_per_row_pass']} | {row['draft_tokens']} | {row['identical']} |"
             )
-    write_results(args.out, args, results=table)
+    curves = {name: repr(e.planner.step_time) for name, e in engines.items() if e.planner.step_time is not None}
+    for name, curve in curves.items():
+        print(f"{name}: {curve}")
+    write_results(args.out, args, results=table, step_curves=curves)
     return 0 if all(row["identical"] for rows in table.values() for row in rows.values()) else 1
 
 
