@@ -206,12 +206,12 @@ def _add_train_cache(p) -> None:
         "default: online features (the frozen target runs inside the loop, nothing on disk)",
     )
     p.add_argument(
-        "--cache-writer",
+        "--features-from",
         choices=["target", "native"],
         default=None,
-        help="cache_writer: what writes the offline cache (--cache-dir): the training target (default) or "
-        "the native CPU decoder on the target's served weights (--labels regen; several times faster "
-        "on a CPU)",
+        help="features_from: what computes the target's features, online or into the offline cache (--cache-dir): "
+        "the training target (default) or the native CPU decoder on the target's served weights (--labels regen; "
+        "several times faster on a CPU; online, no cache to write before the first step)",
     )
     p.add_argument(
         "--threads",

@@ -195,12 +195,13 @@ class TrainConfig(StrictModel):
         default=None,
         description="offline mode: cache only the needed target hidden states here; None = online (target in the loop)",
     )
-    cache_writer: Literal["target", "native"] = Field(
+    features_from: Literal["target", "native"] = Field(
         default="target",
         description=(
-            "what computes the offline cache: the training target (PyTorch, data.labels regen or target), or the native"
-            " CPU decoder on the target's served weights (data.labels regen only; several times faster on a CPU, and "
-            "the features a draft then learns are the ones the native backend serves it)"
+            "what computes the target's features and final hidden states, online or into the offline cache: the "
+            "training target (PyTorch, data.labels regen or target), or the native CPU decoder on the target's served "
+            "weights (data.labels regen only; several times faster on a CPU, and the features a draft then learns "
+            "are the ones the native backend serves it)"
         ),
     )
     seed: int = Field(default=0, description="seed of init, data order and anchor sampling")

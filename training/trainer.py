@@ -244,19 +244,19 @@ class Trainer:
             if cfg.data.labels == "target"
             else None
         )
-        if cfg.cache_dir is None:
-            self.source = distill or OnlineFeatures(target, dcfg.feature_layers)
-            return
         writer = None
-        if cfg.cache_writer == "native":
+        if cfg.features_from == "native":
             if distill is not None:
                 raise ValueError(
-                    "cache_writer native writes features and final hidden states, not soft labels: "
-                    "use it with data.labels regen, or cache_writer target with labels target"
+                    "features_from native computes features and final hidden states, not soft labels: "
+                    "use it with data.labels regen, or features_from target with labels target"
                 )
             from deepspec.models.native import load_native_target
 
             writer = load_native_target(cfg.target.name, num_threads=torch.get_num_threads())
+        if cfg.cache_dir is None:
+            self.source = distill or OnlineFeatures(writer or target, dcfg.feature_layers)
+            return
         self.source = OfflineFeatures(cfg.cache_dir, target, dcfg.feature_layers, distill=distill, writer=writer)
         if not self.source.is_complete(self.sequences):
             top_k = (cfg.data.label_top_k or dcfg.out_vocab_size) if distill is not None else None
@@ -559,7 +559,7 @@ def run_train_cli(args, parser) -> int:
         "data.labels": args.labels,
         "output_dir": str(args.out) if args.out else None,
         "cache_dir": str(args.cache_dir) if args.cache_dir else None,
-        "cache_writer": args.cache_writer,
+        "features_from": args.features_from,
         "init_from": str(args.init_from) if args.init_from else None,
     }
     try:

@@ -174,28 +174,42 @@ def test_offline_cache_matches_online(setup, tmp_path):
 
 
 def test_the_native_decoder_writes_the_offline_cache(setup, tmp_path):
-    """cache_writer native: the native CPU decoder on the target's served weights (int8 here, a float target)
+    """features_from native: the native CPU decoder on the target's served weights (int8 here, a float target)
     computes the features and final hidden states the draft trains on; they are the PyTorch target's within the
     weights' rounding, so training on them lands where training on the target's own does. Its files are tagged with
     their writer, so switching writers recomputes them; soft labels it cannot write are refused."""
     pytest.importorskip("deepspec.models.native")
     reference = train(_cfg(setup, tmp_path / "ref", "eagle3", max_steps=2), show_progress=False)
     cfg = _cfg(setup, tmp_path / "nat", "eagle3", max_steps=2)
-    cfg.cache_dir, cfg.cache_writer = tmp_path / "cache", "native"
+    cfg.cache_dir, cfg.features_from = tmp_path / "cache", "native"
     native = train(cfg, show_progress=False)
     meta = json.loads((tmp_path / "cache" / "meta.json").read_text())
     assert meta["writer"].startswith("NativeTarget/")
     assert abs(native["last"]["loss"] - reference["last"]["loss"]) < 0.05 * abs(reference["last"]["loss"])
     assert native["last"]["loss"] != reference["last"]["loss"]  # computed by the other decoder, not read back
     written = {p.name: load_file(p)["features"] for p in (tmp_path / "cache").glob("*.safetensors")}
-    cfg.cache_writer = "target"
+    cfg.features_from = "target"
     train(cfg, show_progress=False)  # the target's files replace the native ones
     assert json.loads((tmp_path / "cache" / "meta.json").read_text())["writer"] == "target"
     rewritten = {p.name: load_file(p)["features"] for p in (tmp_path / "cache").glob("*.safetensors")}
     assert written.keys() == rewritten.keys() and not all(torch.equal(written[k], rewritten[k]) for k in written)
-    cfg.cache_writer, cfg.data.labels = "native", "target"
+    cfg.features_from, cfg.data.labels = "native", "target"
     with pytest.raises(ValueError, match="soft labels"):
         train(cfg, show_progress=False)
+
+
+def test_the_native_decoder_computes_online_features(setup, tmp_path):
+    """features_from native without a cache: the native decoder runs inside the loop (nothing written before the
+    first step), and training lands where the PyTorch target's features take it, within the weights' rounding."""
+    pytest.importorskip("deepspec.models.native")
+    reference = train(_cfg(setup, tmp_path / "ref", "eagle3", max_steps=2), show_progress=False)
+    cfg = _cfg(setup, tmp_path / "nat", "eagle3", max_steps=2)
+    cfg.features_from = "native"
+    lines = []
+    native = train(cfg, show_progress=False, log=lines.append)
+    assert not any("offline cache" in line for line in lines)
+    assert abs(native["last"]["loss"] - reference["last"]["loss"]) < 0.05 * abs(reference["last"]["loss"])
+    assert native["last"]["loss"] != reference["last"]["loss"]  # the native decoder's features, not the target's
 
 
 def test_offline_cache_recomputes_only_stale_files(setup, tmp_path):
