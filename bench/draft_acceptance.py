@@ -9,8 +9,9 @@ Each set's prompts (a datasets/eval name, or a `{"turns": [...]}` JSONL file suc
 target (the native decoder) with every draft verified in full, `--depth` tokens a round (vLLM's fixed
 num_speculative_tokens). Reported per draft and set: tokens per target forward over all rounds (what speculation
 can buy at most, before the verification budget keeps only the depths that pay on this machine), τ over the rounds
-that drafted, the share of rounds that drafted, and the acceptance rate of draft tokens. Outputs are checked token
-for token against target-only decoding.
+that drafted, the share of rounds that drafted, the acceptance rate and number of accepted draft tokens. Outputs
+are checked token for token against target-only decoding. `--fp32` decodes on the PyTorch target in float32 (what
+the drafts were trained against) instead: how drafts/README.md compares one draft's storage forms (int8, q4).
 
 Counts do not depend on what else the machine runs, so this runs beside other work; the speed that a count buys is
 `bench.service_throughput`'s to measure, on a quiet machine. Between the two, `--modelled`: each draft is decoded
@@ -54,6 +55,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=12, help="first N prompts of each set (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--depth", type=int, default=7, help="draft tokens verified a round (default: %(default)s)")
+    p.add_argument(
+        "--fp32",
+        action="store_true",
+        help="decode on the PyTorch target in float32 instead of the served native decoder: the reference the "
+        "drafts were trained against (drafts/README.md's fixed-depth comparisons of one draft's storage forms)",
+    )
     p.add_argument(
         "--one-session",
         action="store_true",
@@ -126,6 +133,7 @@ def count_row(
             )
     return {
         "rounds": rounds,
+        "accepted": accepted,
         "tokens_per_forward": round((accepted + rounds) / max(rounds, 1), 3),
         "tau": round((accepted + drafted) / drafted, 3) if drafted else None,
         "drafted_share": round(drafted / max(rounds, 1), 3),
@@ -193,9 +201,11 @@ def kept_curve(target, path: Path | None = None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from bench.machine import cpu_flags, write_results
+    from deepspec.models import load_target
     from deepspec.models.native import load_native_target
 
-    target = load_native_target(args.target)
+    target = load_target(args.target) if args.fp32 else load_native_target(args.target)
+    backend = "float32" if args.fp32 else f"native {getattr(target, 'quantization', '')}"
     curve = kept_curve(target, args.curve) if args.modelled else None
     rows: dict[str, dict[str, dict]] = {}
     for spec in args.sets.split(","):
@@ -223,7 +233,7 @@ def main(argv=None) -> int:
             print(f"{draft} on {name}: {rows[draft][name]}", file=sys.stderr)
     sets = list(next(iter(rows.values())))
     print(
-        f"target {args.target} (native {target.quantization}), greedy, batch 1, every draft verified "
+        f"target {args.target} ({backend}), greedy, batch 1, every draft verified "
         f"({args.depth} a round), {args.num_prompts} prompts x {args.max_tokens} tokens per set; CPU flags: "
         f"{cpu_flags()}"
     )

@@ -177,3 +177,42 @@ def test_export_reads_q4_drafts_as_float_weights(target, tmp_path):
     want = read_draft_weights(path)
     assert set(weights) == set(want) and all(torch.equal(weights[k], want[k]) for k in want)
     assert weights["lm_head.weight"].dtype == torch.float32
+
+
+def test_the_store_command_converts_to_q4_and_names_bad_drafts(target, tmp_path, capsys):
+    """`python -m training store --storage-dtype q4`: one JSON line per draft with the bytes before and after; a
+    directory that is not a neural draft is an error with exit status 2, not a traceback."""
+    from training.__main__ import main
+
+    path = save_draft(_draft(target, "dflash"), tmp_path / "d", storage_dtype="int8")
+    assert main(["store", "--draft", str(path), "--storage-dtype", "q4"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["storage_dtype"] == "q4" and report["bytes_after"] < report["bytes_before"]
+    assert json.loads((path / "config.json").read_text())["storage_dtype"] == "q4"
+    assert main(["store", "--draft", str(tmp_path / "nothing"), "--storage-dtype", "q4"]) == 2
+    assert "config.json is missing" in capsys.readouterr().err
+
+
+def _shipped_neural_drafts() -> list:
+    from deepspec.models.drafts import shipped_drafts_dir
+
+    return sorted(
+        p
+        for p in shipped_drafts_dir().iterdir()
+        if (p / "model.safetensors").is_file() and json.loads((p / "config.json").read_text()).get("algo") != "hybrid"
+    )
+
+
+@pytest.mark.parametrize("path", _shipped_neural_drafts(), ids=lambda p: p.name)
+def test_shipped_drafts_are_stored_as_their_config_says(path):
+    """Each shipped neural draft holds what its config.json's storage_dtype promises: for q4 every block-sized
+    matrix in 4-bit blocks (the rest int8), and it reads back as float32 matrices."""
+    stored, restored = _stored(path), read_draft_weights(path)
+    storage = json.loads((path / "config.json").read_text())["storage_dtype"]
+    matrices = {k: v for k, v in restored.items() if v.is_floating_point() and v.ndim == 2}
+    assert matrices and all(v.dtype == torch.float32 for v in matrices.values())
+    for key, w in matrices.items():
+        if storage == "q4" and w.shape[1] % BLOCK == 0:
+            assert stored[key].dtype == torch.uint8 and key + Q4_SCALE_SUFFIX in stored, key
+        elif storage in ("q4", "int8"):
+            assert stored[key].dtype == torch.int8, key
