@@ -30,9 +30,18 @@ BACKENDS = ("auto", "native", "torch")
 class Eagle3Drafter(NeuralDrafter):
     name = "eagle3"
 
-    def __init__(self, model, tree_depth: int = 6, backend: str = "auto", weights: str = "int8", **tree_options):
+    def __init__(
+        self,
+        model,
+        tree_depth: int = 6,
+        backend: str = "auto",
+        weights: str = "int8",
+        threads: int | None = None,
+        **tree_options,
+    ):
         """tree_depth: how deep a tree grows (one draft forward per depth); chains grow k deep. backend: auto, native
-        or torch (module docstring); weights: the native draft's matrices, int8 or q4."""
+        or torch (module docstring); weights: the native draft's matrices, int8 or q4; threads: the native draft's
+        (default: the target's)."""
         super().__init__(model, **tree_options)
         if tree_depth < 1:
             raise ValueError(f"tree_depth must be >= 1, got {tree_depth}")
@@ -42,7 +51,9 @@ class Eagle3Drafter(NeuralDrafter):
 
         if weights not in DRAFT_WEIGHTS:
             raise ValueError(f"eagle3 native weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {weights!r}")
-        self.backend, self.weights = backend, weights
+        if threads is not None and threads < 1:
+            raise ValueError(f"eagle3 native threads must be >= 1, got {threads}")
+        self.backend, self.weights, self.threads = backend, weights, threads
         #: the PyTorch draft; `model` becomes its native stand-in when bind picks the native backend
         self.torch_model = model
         self._native = None  # (target, NativeEagle3): built once per target
@@ -87,7 +98,7 @@ class Eagle3Drafter(NeuralDrafter):
 
         if next(self.torch_model.parameters()).device.type != "cpu":
             raise ValueError("the native eagle3 backend drafts on the CPU: load the draft there or use backend=torch")
-        threads = getattr(target, "num_threads", None)
+        threads = self.threads or getattr(target, "num_threads", None)
         model = native_eagle3(self.torch_model, weights=self.weights, num_threads=threads, max_positions=max_positions)
         self._native = (target, model)
         return model
@@ -127,6 +138,10 @@ class Eagle3Drafter(NeuralDrafter):
         h = self.last_h[rows][:, None]  # [B, 1, H]
         position = self.length[slots].to(device)[:, None]
         longest = int(self.length[slots].max())  # the lengths live on the host: no device read per step
+        num = torch.tensor([k if self.has_pair[s] else 0 for s in slots], dtype=torch.long)
+        if self.native and not want_probs:  # greedy rows: the whole chain in one native call
+            ids = self.model.greedy_chain(h[:, 0], position[:, 0], self.cache_k, self.cache_v, rows, k)
+            return pack(list(ids.unbind(1)), None, k, num)
         tokens, probs = [], [] if want_probs else None
         logits = self.model.logits(h[:, 0])
         for step in range(k):
@@ -136,7 +151,6 @@ class Eagle3Drafter(NeuralDrafter):
                 probs.append(p)
             if step + 1 < k:
                 h, logits = self._chain_step(h, ids[:, None], position + step, rows, longest + step + 1)
-        num = torch.tensor([k if self.has_pair[s] else 0 for s in slots], dtype=torch.long)
         return pack(tokens, probs, k, num)
 
     def _chain_step(self, h, ids, positions, rows, num_keys: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -174,3 +174,5 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ds_draft_step.argtypes = [p, i, i, p, i64, i64, p, p, p, p, p, p, i, p, p, i64, i64, p, p]
     lib.ds_draft_step.restype = i
     lib.ds_draft_logits.argtypes, lib.ds_draft_logits.restype = [p, i, p, p], i
+    lib.ds_draft_chain.argtypes = [p, i, i, p, p, p, p, p, p, i64, i64, p]
+    lib.ds_draft_chain.restype = i

@@ -1857,16 +1857,21 @@ static int draft_ready(const ds_model *m, int with_fc) {
     return m->head.n && m->final_norm && m->hidden_norm && m->embed && m->cos && (!with_fc || m->fc.n);
 }
 
-/* One draft step for M pairs of each of B rows. Inputs [B, M]: features (F = fc's input width, rows at the two
+static int model_threads(const ds_model *m) {
+    return m->cfg.threads > 0 ? (m->cfg.threads < MAX_THREADS ? m->cfg.threads : MAX_THREADS) : 1;
+}
+
+/* One draft step for M pairs of each of B rows (ds_draft_step; with the pool taken). Inputs [B, M]: features (F = fc's input width, rows at the two
    strides, floats) or h [B, M, H] pre-norm states, token ids (target vocabulary), RoPE positions, cache entries to
    write (cache_index, or NULL: the positions); slots [B] the cache rows; visible [B, M, K] (or NULL: every entry up
    to the pair's position). Writes h_out [B, M, H] and, when logits is not NULL, the draft vocabulary's logits of
    h_out [B, M, vocab]. Returns 0; -1 when scratch cannot be allocated; -2 for a position past the RoPE tables or
    an entry or K past seq_len; -3 when a weight it needs was never loaded. */
-int ds_draft_step(const ds_model *m, int B, int M, const float *features, int64_t feature_b, int64_t feature_m,
-                  const float *h, const int64_t *tokens, const int64_t *positions, const int64_t *cache_index,
-                  const int64_t *slots, const uint8_t *visible, int K, kv_t *k_cache, kv_t *v_cache,
-                  int64_t slot_stride, int64_t seq_len, float *h_out, float *logits) {
+static int draft_forward(const ds_model *m, int B, int M, const float *features, int64_t feature_b,
+                         int64_t feature_m, const float *h, const int64_t *tokens, const int64_t *positions,
+                         const int64_t *cache_index, const int64_t *slots, const uint8_t *visible, int K,
+                         kv_t *k_cache, kv_t *v_cache, int64_t slot_stride, int64_t seq_len, float *h_out,
+                         float *logits) {
     const ds_config *c = &m->cfg;
     const int rows = B * M, H = c->hidden, hd = c->head_dim, qw = c->heads * hd, qkvw = qw + 2 * c->kv_heads * hd;
     if (!draft_ready(m, features != NULL) || (!features && !h)) return -3;
@@ -1882,7 +1887,7 @@ int ds_draft_step(const ds_model *m, int B, int M, const float *features, int64_
     const int feat = features ? m->fc.kp : 0;
     int kmax = 2 * H > inter ? 2 * H : inter;
     kmax = (kmax > qw ? kmax : qw) > feat ? (kmax > qw ? kmax : qw) : feat;
-    const int nthreads = c->threads > 0 ? (c->threads < MAX_THREADS ? c->threads : MAX_THREADS) : 1;
+    const int nthreads = model_threads(m);
     const size_t scratch_per_thread = 3 * (size_t)max_keys + 16;
     draft_t d = {m, M, rows, features, feature_b, feature_m, h, tokens, positions, cache_index, slots, visible, K,
                  k_cache, v_cache, slot_stride, seq_len, max_keys};
@@ -1902,7 +1907,6 @@ int ds_draft_step(const ds_model *m, int B, int M, const float *features, int64_
     const int ok = d.x2 && d.wide && d.q && d.attn && d.res && d.tmp && d.q8 && d.qs && d.scratch &&
                    (!features || own_h);
     if (ok) {
-        pool_begin(nthreads);
         const int spread = rows > 1 ? threads_now : 1;
         const layer_t *L = &m->layer[0];
         if (features) { /* h = fc(F), read where the target's forward wrote it */
@@ -1922,7 +1926,6 @@ int ds_draft_step(const ds_model *m, int B, int M, const float *features, int64_
         mat_mul(&L->lin[LIN_DOWN], d.q8, d.qs, rows, d.tmp, H);
         pool_for(spread, rows, draft_out, &d);
         if (logits) draft_head(m, rows, h_out, d.x2, d.q8, d.qs, logits);
-        pool_end();
     }
     free(own_h);
     free(d.x2);
@@ -1937,6 +1940,72 @@ int ds_draft_step(const ds_model *m, int B, int M, const float *features, int64_
     return ok ? 0 : -1;
 }
 
+int ds_draft_step(const ds_model *m, int B, int M, const float *features, int64_t feature_b, int64_t feature_m,
+                  const float *h, const int64_t *tokens, const int64_t *positions, const int64_t *cache_index,
+                  const int64_t *slots, const uint8_t *visible, int K, kv_t *k_cache, kv_t *v_cache,
+                  int64_t slot_stride, int64_t seq_len, float *h_out, float *logits) {
+    pool_begin(model_threads(m));
+    const int status = draft_forward(m, B, M, features, feature_b, feature_m, h, tokens, positions, cache_index, slots,
+                                     visible, K, k_cache, v_cache, slot_stride, seq_len, h_out, logits);
+    pool_end();
+    return status;
+}
+
+/* each row's first largest logit (torch.argmax's pick), as a target id through d2t */
+static void pick_greedy(const float *logits, int B, int vocab, const int64_t *d2t, int64_t *out, int stride) {
+    for (int b = 0; b < B; b++) {
+        const float *row = logits + (size_t)b * vocab;
+        int best = 0;
+        for (int j = 1; j < vocab; j++)
+            if (row[j] > row[best]) best = j;
+        out[(size_t)b * stride] = d2t[best];
+    }
+}
+
+/* A greedy chain of k draft tokens for B rows in one call: one hold of the pool and no Python between steps, where
+   the step-by-step path paid an interpreter round trip and a wake of the pool's workers per token. Token 0 is the
+   argmax of head(h [B, H]); token s the argmax after a step on token s - 1 at position positions[b] + s - 1 (its
+   cache entry the same, every earlier entry visible): Eagle3Drafter's chain, on the same step and head, so the same
+   ids as drafting it step by step. d2t [vocab] maps draft ids to target ids; out [B, k] target ids. Returns 0, -1
+   (scratch), -2 (a position past the tables or the cache) or -3 (weights). */
+int ds_draft_chain(const ds_model *m, int B, int k, const float *h, const int64_t *positions, const int64_t *slots,
+                   const int64_t *d2t, kv_t *k_cache, kv_t *v_cache, int64_t slot_stride, int64_t seq_len,
+                   int64_t *out) {
+    const int H = m->cfg.hidden, vocab = m->cfg.vocab;
+    if (!draft_ready(m, 0)) return -3;
+    for (int b = 0; b < B; b++)
+        if (positions[b] < 0 || positions[b] + k - 1 > m->cfg.max_positions || positions[b] + k - 1 > seq_len)
+            return -2;
+    float *logits = aligned(sizeof(float) * (size_t)B * vocab), *states = aligned(sizeof(float) * 2 * (size_t)B * H);
+    float *normed = aligned(sizeof(float) * (size_t)B * H);
+    uint8_t *q8 = aligned((size_t)B * (m->head.kp + 4));
+    float *qs = aligned(sizeof(float) * ((size_t)B + 1) * (2 * (m->head.kp / Q4_BLOCK + 1) + 1));
+    int64_t *tokens = aligned(sizeof(int64_t) * 2 * (size_t)B), *at = tokens + B;
+    int status = logits && states && normed && q8 && qs && tokens ? 0 : -1;
+    if (!status) {
+        pool_begin(model_threads(m));
+        draft_head(m, B, h, normed, q8, qs, logits);
+        pick_greedy(logits, B, vocab, d2t, out, k);
+        const float *now = h;
+        for (int s = 1; s < k && !status; s++) {
+            float *next = states + (size_t)(s % 2) * B * H;
+            for (int b = 0; b < B; b++) tokens[b] = out[(size_t)b * k + s - 1], at[b] = positions[b] + s - 1;
+            status = draft_forward(m, B, 1, NULL, 0, 0, now, tokens, at, NULL, slots, NULL, 0, k_cache, v_cache,
+                                   slot_stride, seq_len, next, logits);
+            pick_greedy(logits, B, vocab, d2t, out + s, k);
+            now = next;
+        }
+        pool_end();
+    }
+    free(logits);
+    free(states);
+    free(normed);
+    free(q8);
+    free(qs);
+    free(tokens);
+    return status;
+}
+
 /* logits [rows, vocab] of the draft vocabulary for pre-norm states h [rows, H]; 0, -1 (scratch) or -3 (weights) */
 int ds_draft_logits(const ds_model *m, int rows, const float *h, float *logits) {
     const int H = m->cfg.hidden;
@@ -1946,7 +2015,7 @@ int ds_draft_logits(const ds_model *m, int rows, const float *h, float *logits) 
     float *qs = aligned(sizeof(float) * ((size_t)rows + 1) * (2 * (m->head.kp / Q4_BLOCK + 1) + 1));
     const int ok = normed && q8 && qs;
     if (ok) {
-        pool_begin(m->cfg.threads > 0 ? (m->cfg.threads < MAX_THREADS ? m->cfg.threads : MAX_THREADS) : 1);
+        pool_begin(model_threads(m));
         draft_head(m, rows, h, normed, q8, qs, logits);
         pool_end();
     }

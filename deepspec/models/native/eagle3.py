@@ -77,6 +77,37 @@ class NativeEagle3:
         )
         return out
 
+    def greedy_chain(
+        self, h: torch.Tensor, positions: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows, k: int
+    ) -> torch.Tensor:
+        """Eagle3Drafter's greedy chain in one call (decoder.c's ds_draft_chain): from the last committed pairs'
+        outputs h [B, H] at `positions` [B] (the next entry of each row), k draft tokens per row → [B, k] target ids,
+        the ids the step-by-step chain (`logits`, then `step` per token) picks."""
+        B, H = h.shape[0], self.cfg.hidden_size
+        if h.shape != (B, H) or k < 1:
+            raise ValueError(f"h must be [B, {H}] and k >= 1, got {tuple(h.shape)} and k={k}")
+        state = h.detach().float().contiguous()
+        pos = self._ints(positions, (B,), "positions", min(self.max_positions, cache_k.shape[2]) - k + 2)
+        self._check_cache(cache_k, cache_v)
+        slot_ids = self._ints(rows, (B,), "rows", cache_k.shape[0])
+        out = np.empty((B, k), dtype=np.int64)
+        status = self._handle.lib.ds_draft_chain(
+            self._handle.handle,
+            B,
+            k,
+            state.data_ptr(),
+            pos.ctypes.data,
+            slot_ids.ctypes.data,
+            self._tables["d2t"].data_ptr(),
+            cache_k.data_ptr(),
+            cache_v.data_ptr(),
+            cache_k.stride(0),
+            cache_k.shape[2],
+            out.ctypes.data,
+        )
+        self._status(status)
+        return torch.from_numpy(out)
+
     def cached_step(self, h, tokens, positions, cache_k, cache_v, rows, cache_index=None, visible=None):
         """Eagle3Draft.cached_step's contract: write the m pairs' k/v, attend over the cache, return h' [B, m, H]."""
         return self.step(h, tokens, positions, cache_k, cache_v, rows, cache_index, visible)[0]
@@ -257,13 +288,15 @@ def _load_draft(lib, raw, draft, weights: str) -> None:
 
 
 def _draft_tables(draft, max_positions: int) -> dict[str, torch.Tensor]:
-    """The float32 tables the library reads in place: the target's embedding (the draft borrows it) and the draft's
-    RoPE halves, computed as layers.rope computes them (float32 angles), so a position rotates by the same numbers."""
+    """The tables the library reads in place: the target's embedding (the draft borrows it), the draft's RoPE halves,
+    computed as layers.rope computes them (float32 angles) so a position rotates by the same numbers, and the
+    vocabulary map."""
     hd = draft.cfg.head_dim
     inv_freq = 1.0 / (draft.cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
     angles = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq
     return {
         "embed": draft._embed.detach().float().cpu().contiguous(),
+        "d2t": draft.d2t.detach().cpu().long().contiguous(),  # draft id -> target id, for ds_draft_chain's picks
         "cos": angles.cos().contiguous(),
         "sin": angles.sin().contiguous(),
     }

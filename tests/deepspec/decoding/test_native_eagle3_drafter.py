@@ -52,6 +52,16 @@ def test_greedy_output_is_target_only_output(target, draft_dir, batch, options):
     assert [r.token_ids for r in again] == [r.token_ids for r in base[:2]]
 
 
+def test_sampled_rows_draft_step_by_step_and_replay_their_seeds(target, draft_dir):
+    drafter = _drafter(draft_dir, target)
+    engine = SpecEngine(target, drafter, max_batch_size=4, max_seq_len=128, num_speculative_tokens=4)
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
+    first, second = engine.generate(PROMPTS[:4], params), engine.generate(PROMPTS[:4], params)
+    assert isinstance(drafter.model, NativeEagle3)
+    assert [r.token_ids for r in first] == [r.token_ids for r in second]
+    assert sum(r.num_draft_tokens for r in first) > 0
+
+
 def test_the_backend_follows_the_target_unless_named(reference, target, draft_dir):
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     on_torch = _drafter(draft_dir, target, backend="torch")

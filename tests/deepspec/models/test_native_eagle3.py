@@ -163,6 +163,31 @@ def test_each_pair_is_computed_from_its_own_inputs_bit_for_bit(target):
     assert torch.equal(a, c) and la is not None and lc is not None and torch.equal(la, lc)
 
 
+def test_the_greedy_chain_in_one_call_is_the_step_by_step_chain(target):
+    draft = _draft(target)
+    native = native_eagle3(draft, num_threads=2, max_positions=64)
+    cfg = draft.cfg
+    caches = native.new_cache(3, 32), native.new_cache(3, 32)
+    rows, tokens = torch.tensor([2, 0]), torch.randint(0, cfg.vocab_size, (2, 5))
+    features = torch.randn(2, 5, cfg.feature_size)
+    for k, v in caches:
+        h, _ = native.step(None, tokens, torch.arange(5)[None].expand(2, 5), k, v, rows, features=features)
+    at = torch.tensor([5, 5])
+    chain = native.greedy_chain(h[:, -1], at, *caches[0], rows, 4)
+    state, ids = h[:, -1:], []
+    logits = native.logits(state[:, 0])
+    for step in range(4):
+        ids.append(draft.d2t[logits.argmax(-1)])
+        if step < 3:
+            state, out = native.step(state, ids[-1][:, None], at[:, None] + step, *caches[1], rows, logits=True)
+            assert out is not None
+            logits = out[:, 0]
+    assert torch.equal(chain, torch.stack(ids, dim=1))
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    with pytest.raises(ValueError, match="positions must be in"):
+        native.greedy_chain(h[:, -1], torch.tensor([30, 5]), *caches[0], rows, 4)
+
+
 def test_bad_input_is_a_clear_error(target):
     draft = _draft(target)
     native = native_eagle3(draft, num_threads=1, max_positions=16)
