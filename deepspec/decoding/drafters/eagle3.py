@@ -150,20 +150,23 @@ class Eagle3Drafter(NeuralDrafter):
             if probs is not None:
                 probs.append(p)
             if step + 1 < k:
-                h, logits = self._chain_step(h, ids[:, None], position + step, rows, longest + step + 1)
+                # native: keys up to each position, the library's own causal rule (no mask built)
+                visible = None if self.native else _causal(position + step, longest + step + 1)
+                h, logits = self._step_logits(h, ids[:, None], position + step, rows, visible=visible)
+                logits = logits[:, 0]
         return pack(tokens, probs, k, num)
 
-    def _chain_step(self, h, ids, positions, rows, num_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chain step → (h' [B, 1, H], its logits [B, N]): one native call (layer and head), or the module's
-        cached_step then its head."""
-        if self.native:  # keys up to each position: the library's own causal rule, no mask built
-            h, logits = self.model.step(h, ids, positions, self.cache_k, self.cache_v, rows, logits=True)
+    def _step_logits(self, h, tokens, positions, rows, cache_index=None, visible=None):
+        """One draft step → (h' [B, m, H], its logits [B, m, N]): one native call (the layer and the head), or the
+        module's cached_step then its head."""
+        if self.native:
+            h, logits = self.model.step(
+                h, tokens, positions, self.cache_k, self.cache_v, rows, cache_index, visible, logits=True
+            )
             assert logits is not None
-            return h, logits[:, 0]
-        h = self.model.cached_step(
-            h, ids, positions, self.cache_k, self.cache_v, rows, visible=_causal(positions, num_keys)
-        )
-        return h, self.model.logits(h[:, 0])
+            return h, logits
+        h = self.model.cached_step(h, tokens, positions, self.cache_k, self.cache_v, rows, cache_index, visible)
+        return h, self.model.logits(h)
 
     def _propose_tree(self, slots: list[int], k: int, sampling: DraftSampling) -> PaddedProposal:
         """EAGLE-2's tree: each depth feeds its `width` expanded nodes in one forward. Node j of depth d pairs its
@@ -192,18 +195,11 @@ class Eagle3Drafter(NeuralDrafter):
             visible = torch.arange(num_keys, device=device)[None, None, :] < length[:, None, None]
             visible = visible.expand(-1, w, -1).clone().scatter_(2, entries[:, None, :].expand(-1, w, -1), ancestors)
             positions = (length + depth - 1)[:, None].expand(-1, w)
-            out = self.model.cached_step(
-                h,
-                tokens.to(device),
-                positions,
-                self.cache_k,
-                self.cache_v,
-                rows,
-                cache_index=entries[:, -w:],
-                visible=visible,
+            out, logits = self._step_logits(
+                h, tokens.to(device), positions, rows, cache_index=entries[:, -w:], visible=visible
             )
             state["h"], state["ancestors"] = out, ancestors
-            return self.model.logits(out), None
+            return logits, None
 
         proposal = grow_tree(expand, min(self.tree_depth, k), k, self.tree_shape, sampling, self.model)
         proposal.num_tokens = proposal.num_tokens * torch.tensor([self.has_pair[s] for s in slots], dtype=torch.long)
