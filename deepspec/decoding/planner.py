@@ -152,10 +152,12 @@ class BudgetPlanner(RoundPlanner):
     ):
         self._given = step_time
         #: on a target with ragged rows, rank draft slots across the batch and give each row its own depth (and tree
-        #: size). Off by default: the step curve prices a pass by its total tokens, timed on one row, and on the native
-        #: decoder a pass of 8 rows with context costs far more per extra token than that (8 -> 9 tokens: +2.5 ms
-        #: measured against +0.1 ms modelled), so ranked depths over-draft; off, one depth serves the batch as on a
-        #: padded target and only rows whose drafts are shorter pass fewer tokens
+        #: size), priced on the step model by rows (StepTimeModel.pass_seconds). Off by default: ranked on the one-row
+        #: curve they over-drafted (chat 0.84x of target-only against 0.89x padded); priced by rows, ranked, uniform
+        #: and padded depths all verify ~1.01-1.03 tokens a row and pass at 8 rows on chat and lbpp
+        #: (bench.ragged_verify on a 2-core AVX2 EPYC at load 6-8), too little drafting for a timing to tell them
+        #: apart there. Off, one depth serves the batch as on a padded target and only rows whose drafts are shorter
+        #: pass fewer tokens
         self.per_row_depths = per_row_depths
         self.price_drafting = price_drafting
         self.curve_cache = curve_cache
