@@ -216,3 +216,13 @@ def test_shipped_drafts_are_stored_as_their_config_says(path):
             assert stored[key].dtype == torch.uint8 and key + Q4_SCALE_SUFFIX in stored, key
         elif storage in ("q4", "int8"):
             assert stored[key].dtype == torch.int8, key
+
+
+def test_training_saves_in_every_storage_dtype():
+    """`save_dtype` in a training config takes exactly the storage dtypes save_draft knows, q4 included."""
+    from typing import get_args
+
+    from deepspec.models.drafts import STORAGE_DTYPES
+    from training.config import TrainConfig
+
+    assert get_args(TrainConfig.model_fields["save_dtype"].annotation) == STORAGE_DTYPES
