@@ -58,7 +58,11 @@ def parse_args(argv):
         help="pytorch: the lean PyTorch decoder (or an ONNX export's graph, --target <dir>); native: the "
         "native CPU decoder on its own choice of weights (default: %(default)s)",
     )
-    p.add_argument("--drafters", default="none,auto,prompt-lookup", help="comma list of drafter specs")
+    p.add_argument(
+        "--drafters",
+        default="none,auto,prompt-lookup",
+        help="comma list of drafter specs, each with options after a colon (drafts/smollm2-135m-eagle3:backend=torch)",
+    )
     p.add_argument("--batch-sizes", default="1,8", help="comma list (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=2, help="prompts per dataset (default: %(default)s)")
     p.add_argument("--datasets", default="humaneval,gsm8k,mbpp", help="comma list of datasets/eval sets")
@@ -215,9 +219,9 @@ def main(argv=None) -> int:
 
     from bench.decode import load_prompts
     from bench.machine import cpu_flags
-    from deepspec.decoding import build_drafter
     from deepspec.decoding.phases import PHASES
     from deepspec.models import load_target
+    from training.draft_specs import parse_draft_spec
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -235,9 +239,8 @@ def main(argv=None) -> int:
                 name = f"engine{'' if spec == 'none' else '+' + spec} B={batch}" + (
                     f" t={temperature:g}" if temperature else ""
                 )
-                rows[name] = profile_row(
-                    target, build_drafter(spec, target), prompts, batch, args.max_tokens, temperature, args.distinct
-                )
+                drafter = parse_draft_spec(spec).build(target)
+                rows[name] = profile_row(target, drafter, prompts, batch, args.max_tokens, temperature, args.distinct)
                 print(
                     f"{name}: {rows[name]['tok_s']:.1f} tok/s, {rows[name]['tokens_per_step']:.2f} tokens/step/row",
                     file=sys.stderr,

@@ -1,5 +1,6 @@
 """The Eagle3 drafter on the native backend (the draft drafted in the native library beside the native target): which
-backend it picks, and greedy output identical to target-only at batch 1 and 8, chains and trees, int8 and q4."""
+backend it picks, and greedy output identical to target-only at batch 1, 3 (slots moving) and 8, chains and trees, int8
+and q4; sampled rows replaying their seeds."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def _drafter(draft_dir, target, **options) -> Eagle3Drafter:
     return drafter_of(load_checkpoint_drafter(draft_dir, target, **options), Eagle3Drafter)
 
 
-@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("batch", [1, 3, 8])  # 3 < 8 prompts: requests finish and slots move while others run
 @pytest.mark.parametrize("options", [{}, {"weights": "q4"}, {"tree_branches": 2, "tree_depth": 3}], ids=str)
 def test_greedy_output_is_target_only_output(target, draft_dir, batch, options):
     params = SamplingParams(max_tokens=20, ignore_eos=True)
