@@ -206,7 +206,10 @@ def _shipped_neural_drafts() -> list:
 @pytest.mark.parametrize("path", _shipped_neural_drafts(), ids=lambda p: p.name)
 def test_shipped_drafts_are_stored_as_their_config_says(path):
     """Each shipped neural draft holds what its config.json's storage_dtype promises: for q4 every block-sized
-    matrix in 4-bit blocks (the rest int8), and it reads back as float32 matrices."""
+    matrix in 4-bit blocks (the rest int8), and it reads back as float32 matrices; dequantized q4 matrices are the
+    native decoder's q4 blocks exactly (q4_weights.exact_q4), so running them natively in q4 rounds nothing again."""
+    from deepspec.models.q4_weights import exact_q4
+
     stored, restored = _stored(path), read_draft_weights(path)
     storage = json.loads((path / "config.json").read_text())["storage_dtype"]
     matrices = {k: v for k, v in restored.items() if v.is_floating_point() and v.ndim == 2}
@@ -214,6 +217,7 @@ def test_shipped_drafts_are_stored_as_their_config_says(path):
     for key, w in matrices.items():
         if storage == "q4" and w.shape[1] % BLOCK == 0:
             assert stored[key].dtype == torch.uint8 and key + Q4_SCALE_SUFFIX in stored, key
+            assert exact_q4(w.numpy()) is not None, key
         elif storage in ("q4", "int8"):
             assert stored[key].dtype == torch.int8, key
 
