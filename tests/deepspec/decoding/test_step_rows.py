@@ -166,6 +166,24 @@ def test_served_passes_correct_each_row_count_and_ignore_an_outlier():
     assert curve.pass_seconds(5, 5) == pytest.approx(0.0121, rel=0.01) and 5 in curve.row_points()
 
 
+def test_beyond_the_served_sizes_the_correction_follows_the_served_slope():
+    """A probe that priced each draft token on 8 rows at 2.1 ms where it costs 0.6: served passes at 8 and 16 tokens
+    give the line, and 32 tokens is priced on it (a ratio from 16 tokens alone would leave it 37% too dear). A
+    served slope far steeper than the probe's is taken at most MAX_SLOPE_RATIO times the probe's."""
+    base = StepTimeModel(ONE_ROW, rows={8: [(8, 0.013), (16, 0.030), (32, 0.064)]})
+    served = ServedSteps()
+    for _ in range(3):
+        served.add(8, 0.013, rows=8)
+        served.add(16, 0.018, rows=8)
+    assert served.corrected(base).pass_seconds(8, 32) == pytest.approx(0.018 + 0.034 * 5 / 17, rel=1e-6)
+    steep = ServedSteps()
+    for _ in range(3):
+        steep.add(8, 0.013, rows=8)
+        steep.add(16, 0.130, rows=8)  # 7x the probe's slope
+    limit = step_timing.MAX_SLOPE_RATIO
+    assert steep.corrected(base).pass_seconds(8, 32) == pytest.approx(0.130 + 0.034 * limit, rel=1e-6)
+
+
 def test_the_cache_file_keeps_the_curves_by_rows(tmp_path):
     cache = StepCurveCache(tmp_path / "c.json", {"target": "t"})
     cache.save(StepTimeModel(ONE_ROW, rows={8: EIGHT_ROWS}))
