@@ -1,20 +1,23 @@
 """Where the verification budget's step curve comes from: a probe, the passes actually served, and a file per machine.
 
-The budget (deepspec/decoding/planner.py) prices each round with t(n), the seconds of a verify pass over n tokens.
-A curve timed once at start decides for the worker's whole life, and one probe is at the mercy of whatever else the
-machine does in those milliseconds: the same worker probed {1: 10.3, 2: 16.4, 8: 16.4 ms} once and {1: 4.8, 2: 5.2,
-8: 11.6 ms} on a quiet start, and served a different product each time. So the curve has three sources, each
-correcting the one before:
+The budget (deepspec/decoding/planner.py) prices each round with t(rows, n), the seconds of a verify pass over `rows`
+rows holding n tokens in all (verify_budget.StepTimeModel: a curve per row count; deepspec/decoding/DESIGN.md, "The
+budget's step model"). A curve timed once at start decides for the worker's whole life, and one probe is at the
+mercy of whatever else the machine does in those milliseconds: the same worker probed {1: 10.3, 2: 16.4, 8: 16.4 ms}
+once and {1: 4.8, 2: 5.2, 8: 11.6 ms} on a quiet start, and served a different product each time. So the curves have
+three sources, each correcting the one before:
 
-1. `probe_step_curve`: passes of 1 .. max_verify_tokens tokens timed before any request, sizes interleaved over
-   PROBE_ROUNDS rounds and the fastest of each kept (load only ever slows a pass), plus the attention a token pays
-   per context key. Run once per target and shape in a process.
-2. `ServedSteps`: every verify pass the engine serves on a CPU target is a measurement of t at its size. Each size
-   keeps its last SERVED_WINDOW passes; the corrected curve takes, per served size, the median of those passes with the
-   probe's value counted PROBE_WEIGHT times (two passes outvote it), and scales the sizes not served yet by the
-   served/probed ratio of the served sizes around them.
-   A median ignores the odd slow pass (a neighbour's burst), and a few passes outvote a disturbed probe.
-3. `StepCurveCache`: the corrected curve saved in the cache directory under the target and this machine's key, so
+1. `probe_step_curve`: one-row passes of 1 .. max_verify_tokens tokens and passes over 2, 4, .. up to the batch's rows
+   (`probe_rows`, `row_probe_sizes`; after a context) timed before any request, shapes interleaved over PROBE_ROUNDS
+   rounds and the fastest of each kept (load only ever slows a pass), plus the attention a token pays per context
+   key. Run once per target and shape in a process.
+2. `ServedSteps`: every verify pass the engine serves on a CPU target is a measurement of t at its rows and size.
+   Each (rows, size) keeps its last SERVED_WINDOW passes; the corrected curves take, per served cell, the median of
+   those passes with the probe's value counted PROBE_WEIGHT times (two passes outvote it), scale the sizes not served
+   yet by how the served ones compare at that row count, and past the last served size follow the served slope
+   (`_served_ratio`). A median ignores the odd slow pass (a neighbour's burst), and a few passes outvote a disturbed
+   probe.
+3. `StepCurveCache`: the corrected curves saved in the cache directory under the target and this machine's key, so
    the next start on this machine begins from what the last one served, not from a new probe.
 
 Passes on a GPU are asynchronous (the forward returns before the kernels finish), so only CPU targets feed
