@@ -13,7 +13,9 @@ greedily, `--batch` rows at a time, once per engine per round, the engines' orde
            (BudgetPlanner(per_row_depths=False));
   padded   the same target told it has no ragged rows: one depth for the whole batch (verify_budget.best_depth),
            every row padded to it;
-  none     target-only (`--draft none`), the baseline both divide by.
+  onerow   `ragged` priced as before the step model by rows: the probe's one-row curve at the pass's total tokens,
+           frozen (what over-drafted at 8 rows; the count of draft tokens is the comparison, not its tok/s alone);
+  none     target-only (`--draft none`), the baseline the others divide by.
 
 Reported per set and engine: tok/s (median over rounds), tokens per target forward, verify tokens per row and pass,
 draft tokens verified (the last round's), and whether every output is the target-only one. Outputs must be identical
@@ -36,7 +38,7 @@ if str(REPO_ROOT) not in sys.path:
 from bench.draft_acceptance import set_turns
 from bench.machine import cpu_flags, write_results
 
-ENGINES = ("ragged", "uniform", "padded", "none")
+ENGINES = ("ragged", "uniform", "padded", "onerow", "none")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,9 +72,19 @@ def build_engines(args) -> dict:
         drafter = build_drafter(args.draft, target) if name != "none" else None
         planner = BudgetPlanner.kept_per_machine(target, drafter) if drafter is not None else None
         if planner is not None:
-            planner.per_row_depths = name == "ragged"  # the ranked depths under test (opt-in in the worker)
+            planner.per_row_depths = name in ("ragged", "onerow")  # the ranked depths under test (opt-in)
         engines[name] = SpecEngine(target, drafter, max_batch_size=args.batch, max_seq_len=2048, planner=planner)
+        if name == "onerow" and planner is not None and planner.step_time is not None:
+            planner.step_time = _one_row(planner.step_time)
     return engines
+
+
+def _one_row(curve):
+    """`curve` without its multi-row curves: every pass priced by its total tokens on the one-row curve."""
+    from deepspec.decoding.verify_budget import StepTimeModel
+
+    points = list(zip(curve.sizes.tolist(), curve.times.tolist()))
+    return StepTimeModel(points, curve.rows_serial, curve.per_key_query)
 
 
 def decode(engine, prompts, max_tokens: int) -> tuple[list[list[int]], dict]:

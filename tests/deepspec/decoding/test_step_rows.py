@@ -184,6 +184,30 @@ def test_beyond_the_served_sizes_the_correction_follows_the_served_slope():
     assert steep.corrected(base).pass_seconds(8, 32) == pytest.approx(0.130 + 0.034 * limit, rel=1e-6)
 
 
+def test_the_attention_price_takes_the_median_pair_and_at_most_doubles_a_pass(monkeypatch):
+    """The per-key price is never corrected by served passes, so one burst must not set it: passes after none and
+    after CONTEXT_PROBE positions are timed in pairs and the median difference kept, at most the pass's own time."""
+
+    def scripted(passes):
+        script = iter(passes)
+
+        def timed(target, cache, n, start, layers, rows=1):
+            expected_start, seconds = next(script)
+            assert (n, start) == (8, expected_start)
+            return seconds
+
+        return timed
+
+    target, context = SimpleNamespace(multi_token_rows_serial=False), step_timing.CONTEXT_PROBE
+    burst = [(0, 0.010), (context, 0.012), (0, 0.010), (context, 0.200), (0, 0.010), (context, 0.0125)]
+    monkeypatch.setattr(step_timing, "_timed_pass", scripted(burst))
+    price = step_timing._attention_per_key_query(target, None, {1: 0.005, 8: 0.010}, (), 2048)
+    assert price == pytest.approx(0.0025 / (8 * context))  # the median of 2, 190 and 2.5 ms
+    monkeypatch.setattr(step_timing, "_timed_pass", scripted([(0, 0.010), (context, 0.100)] * 3))
+    price = step_timing._attention_per_key_query(target, None, {1: 0.005, 8: 0.010}, (), 2048)
+    assert price == pytest.approx(0.010 / (8 * context))  # a context at most doubles the 8-token pass
+
+
 def test_the_cache_file_keeps_the_curves_by_rows(tmp_path):
     cache = StepCurveCache(tmp_path / "c.json", {"target": "t"})
     cache.save(StepTimeModel(ONE_ROW, rows={8: EIGHT_ROWS}))
