@@ -139,9 +139,8 @@ class Eagle3Drafter(NeuralDrafter):
         position = self.length[slots].to(device)[:, None]
         longest = int(self.length[slots].max())  # the lengths live on the host: no device read per step
         num = torch.tensor([k if self.has_pair[s] else 0 for s in slots], dtype=torch.long)
-        if self.native and not want_probs:  # greedy rows: the whole chain in one native call
-            ids = self.model.greedy_chain(h[:, 0], position[:, 0], self.cache_k, self.cache_v, rows, k)
-            return pack(list(ids.unbind(1)), None, k, num)
+        if self.native:  # the whole chain in one native call
+            return self._native_chain(h[:, 0], position[:, 0], rows, k, sampling, want_probs, num)
         tokens, probs = [], [] if want_probs else None
         logits = self.model.logits(h[:, 0])
         for step in range(k):
@@ -155,6 +154,23 @@ class Eagle3Drafter(NeuralDrafter):
                 h, logits = self._step_logits(h, ids[:, None], position + step, rows, visible=visible)
                 logits = logits[:, 0]
         return pack(tokens, probs, k, num)
+
+    def _native_chain(
+        self, h, position, rows, k: int, sampling: DraftSampling, want_probs: bool, num
+    ) -> PaddedProposal:
+        """The chain in one call of the native draft: greedy rows its argmax, sampled rows a draw per token from
+        their own generator's uniforms (k per row, drawn up front) by inverse CDF, with the distributions as q."""
+        temperature = uniform = None
+        if want_probs:
+            temperature = sampling.temperature.float().cpu()
+            uniform = torch.zeros(len(rows), k)
+            generators = sampling.generators_on(torch.device("cpu"))
+            for row, t in enumerate(temperature.tolist()):
+                if t > 0:
+                    uniform[row] = torch.rand(k, generator=generators[row])
+        ids, q = self.model.chain(h, position, self.cache_k, self.cache_v, rows, k, temperature, uniform)
+        probs = list(self.model.scatter_probs(q).unbind(1)) if q is not None else None
+        return pack(list(ids.unbind(1)), probs, k, num)
 
     def _step_logits(self, h, tokens, positions, rows, cache_index=None, visible=None):
         """One draft step → (h' [B, m, H], its logits [B, m, N]): one native call (the layer and the head), or the

@@ -25,7 +25,7 @@ from deepspec.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("decoder.c")
 #: the ABI version decoder.c reports (ds_abi): bumped with any change to a function's signature
-ABI = 6
+ABI = 7
 FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c11")
 
 
@@ -174,5 +174,5 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ds_draft_step.argtypes = [p, i, i, p, i64, i64, p, p, p, p, p, p, i, p, p, i64, i64, p, p]
     lib.ds_draft_step.restype = i
     lib.ds_draft_logits.argtypes, lib.ds_draft_logits.restype = [p, i, p, p], i
-    lib.ds_draft_chain.argtypes = [p, i, i, p, p, p, p, p, p, i64, i64, p]
+    lib.ds_draft_chain.argtypes = [p, i, i, p, p, p, p, p, p, i64, i64, p, p, p, p]
     lib.ds_draft_chain.restype = i

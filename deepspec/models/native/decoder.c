@@ -51,7 +51,7 @@
 #define DS_LANES 8
 #endif
 
-#define DS_ABI 6
+#define DS_ABI 7
 #define MAX_TILE_ROWS 8
 #define ALIGN 64
 
@@ -1951,26 +1951,52 @@ int ds_draft_step(const ds_model *m, int B, int M, const float *features, int64_
     return status;
 }
 
-/* each row's first largest logit (torch.argmax's pick), as a target id through d2t */
-static void pick_greedy(const float *logits, int B, int vocab, const int64_t *d2t, int64_t *out, int stride) {
+/* Draft token s of each row, as a target id through d2t into out[b * k + s]. Greedy rows (temperature NULL or <= 0)
+   take the first largest logit (torch.argmax's pick). With probs, each row's distribution softmax(logits / t) (t =
+   its temperature, 1 for a greedy row, as pick_tokens) goes to probs[(b * k + s) * vocab ...], and a sampled row
+   takes the first token whose running sum of it passes uniform[b * k + s] * the sum (inverse CDF: a draw from that
+   very distribution, the q rejection sampling reads). */
+static void pick_chain_tokens(const float *logits, int B, int vocab, const int64_t *d2t, const float *temperature,
+                              const float *uniform, float *probs, int k, int s, int64_t *out) {
     for (int b = 0; b < B; b++) {
         const float *row = logits + (size_t)b * vocab;
-        int best = 0;
+        const float t = temperature ? temperature[b] : 0.0f;
+        int pick = 0;
         for (int j = 1; j < vocab; j++)
-            if (row[j] > row[best]) best = j;
-        out[(size_t)b * stride] = d2t[best];
+            if (row[j] > row[pick]) pick = j;
+        if (probs) {
+            float *q = probs + ((size_t)b * k + s) * vocab;
+            const float safe = t > 0.0f ? t : 1.0f;
+            for (int j = 0; j < vocab; j++) q[j] = row[j] / safe;
+            const float inv = 1.0f / exp_shifted(q, row[pick] / safe, vocab, q);
+            for (int j = 0; j < vocab; j++) q[j] *= inv;
+            if (t > 0.0f) {
+                const float u = uniform[(size_t)b * k + s];
+                float run = 0.0f;
+                int drawn = -1;
+                for (int j = 0; j < vocab && drawn < 0; j++)
+                    if (q[j] > 0.0f && (run += q[j]) > u) drawn = j;
+                if (drawn < 0) /* u at the very top of the rounded sum: the last token it can be */
+                    for (int j = vocab - 1; j >= 0 && drawn < 0; j--)
+                        if (q[j] > 0.0f) drawn = j;
+                pick = drawn;
+            }
+        }
+        out[(size_t)b * k + s] = d2t[pick];
     }
 }
 
-/* A greedy chain of k draft tokens for B rows in one call: one hold of the pool and no Python between steps, where
-   the step-by-step path paid an interpreter round trip and a wake of the pool's workers per token. Token 0 is the
-   argmax of head(h [B, H]); token s the argmax after a step on token s - 1 at position positions[b] + s - 1 (its
-   cache entry the same, every earlier entry visible): Eagle3Drafter's chain, on the same step and head, so the same
-   ids as drafting it step by step. d2t [vocab] maps draft ids to target ids; out [B, k] target ids. Returns 0, -1
+/* A chain of k draft tokens for B rows in one call: one hold of the pool and no Python between steps, where the
+   step-by-step path paid an interpreter round trip and a wake of the pool's workers per token. Token 0 is picked
+   from head(h [B, H]); token s after a step on token s - 1 at position positions[b] + s - 1 (its cache entry the
+   same, every earlier entry visible): Eagle3Drafter's chain, on the same step and head, so a greedy row's ids are
+   those of drafting it step by step. Each row's pick (pick_chain_tokens): the argmax, or with temperature [B] (or
+   NULL: every row greedy) and uniform [B, k] a draw from softmax(logits / t), the distributions written to probs
+   [B, k, vocab] when it is not NULL. d2t [vocab] maps draft ids to target ids; out [B, k] target ids. Returns 0, -1
    (scratch), -2 (a position past the tables or the cache) or -3 (weights). */
 int ds_draft_chain(const ds_model *m, int B, int k, const float *h, const int64_t *positions, const int64_t *slots,
                    const int64_t *d2t, kv_t *k_cache, kv_t *v_cache, int64_t slot_stride, int64_t seq_len,
-                   int64_t *out) {
+                   const float *temperature, const float *uniform, float *probs, int64_t *out) {
     const int H = m->cfg.hidden, vocab = m->cfg.vocab;
     if (!draft_ready(m, 0)) return -3;
     for (int b = 0; b < B; b++)
@@ -1985,14 +2011,14 @@ int ds_draft_chain(const ds_model *m, int B, int k, const float *h, const int64_
     if (!status) {
         pool_begin(model_threads(m));
         draft_head(m, B, h, normed, q8, qs, logits);
-        pick_greedy(logits, B, vocab, d2t, out, k);
+        pick_chain_tokens(logits, B, vocab, d2t, temperature, uniform, probs, k, 0, out);
         const float *now = h;
         for (int s = 1; s < k && !status; s++) {
             float *next = states + (size_t)(s % 2) * B * H;
             for (int b = 0; b < B; b++) tokens[b] = out[(size_t)b * k + s - 1], at[b] = positions[b] + s - 1;
             status = draft_forward(m, B, 1, NULL, 0, 0, now, tokens, at, NULL, slots, NULL, 0, k_cache, v_cache,
                                    slot_stride, seq_len, next, logits);
-            pick_greedy(logits, B, vocab, d2t, out + s, k);
+            pick_chain_tokens(logits, B, vocab, d2t, temperature, uniform, probs, k, s, out);
             now = next;
         }
         pool_end();

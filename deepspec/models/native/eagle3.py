@@ -77,15 +77,35 @@ class NativeEagle3:
         )
         return out
 
-    def greedy_chain(
-        self, h: torch.Tensor, positions: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows, k: int
-    ) -> torch.Tensor:
-        """Eagle3Drafter's greedy chain in one call (decoder.c's ds_draft_chain): from the last committed pairs'
-        outputs h [B, H] at `positions` [B] (the next entry of each row), k draft tokens per row → [B, k] target ids,
-        the ids the step-by-step chain (`logits`, then `step` per token) picks."""
+    def chain(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        rows,
+        k: int,
+        temperature: torch.Tensor | None = None,
+        uniform: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Eagle3Drafter's chain in one call (decoder.c's ds_draft_chain): from the last committed pairs' outputs h
+        [B, H] at `positions` [B] (the next entry of each row), k draft tokens per row → (target ids [B, k], draft
+        distributions [B, k, N] or None). Without `temperature` every row is greedy: the ids the step-by-step chain
+        (`logits`, then `step` per token) picks. With temperature [B] and uniform [B, k] (a row's draws in [0, 1),
+        from its own generator), a row above 0 draws each token from softmax(logits / t) by inverse CDF at its
+        uniform, and the distributions come back (a greedy row's at t = 1, as pick_tokens gives)."""
         B, H = h.shape[0], self.cfg.hidden_size
         if h.shape != (B, H) or k < 1:
             raise ValueError(f"h must be [B, {H}] and k >= 1, got {tuple(h.shape)} and k={k}")
+        if (temperature is None) != (uniform is None):
+            raise ValueError("a sampled chain needs both temperature [B] and uniform [B, k]")
+        temps = draws = probs = None
+        if temperature is not None and uniform is not None:
+            temps = temperature.detach().float().cpu().contiguous()
+            draws = uniform.detach().float().cpu().contiguous()
+            if temps.shape != (B,) or draws.shape != (B, k):
+                raise ValueError(f"temperature must be [{B}] and uniform [{B}, {k}]")
+            probs = torch.empty(B, k, self.cfg.out_vocab_size)
         state = h.detach().float().contiguous()
         pos = self._ints(positions, (B,), "positions", min(self.max_positions, cache_k.shape[2]) - k + 2)
         self._check_cache(cache_k, cache_v)
@@ -103,10 +123,13 @@ class NativeEagle3:
             cache_v.data_ptr(),
             cache_k.stride(0),
             cache_k.shape[2],
+            temps.data_ptr() if temps is not None else None,
+            draws.data_ptr() if draws is not None else None,
+            probs.data_ptr() if probs is not None else None,
             out.ctypes.data,
         )
         self._status(status)
-        return torch.from_numpy(out)
+        return torch.from_numpy(out), probs
 
     def cached_step(self, h, tokens, positions, cache_k, cache_v, rows, cache_index=None, visible=None):
         """Eagle3Draft.cached_step's contract: write the m pairs' k/v, attend over the cache, return h' [B, m, H]."""

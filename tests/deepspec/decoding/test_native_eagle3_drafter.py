@@ -5,7 +5,10 @@ and q4; sampled rows replaying their seeds."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from deepspec.decoding.draft_driver import DraftDriver
+from deepspec.decoding.drafter import DraftSampling
 from deepspec.decoding.drafters.eagle3 import Eagle3Drafter
 from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
@@ -13,7 +16,7 @@ from deepspec.decoding.registry import load_checkpoint_drafter
 from deepspec.models.drafts import save_draft
 from deepspec.models.native import native_target_from
 from deepspec.models.native.eagle3 import NativeEagle3
-from tests.deepspec.decoding.checked import drafter_of
+from tests.deepspec.decoding.checked import drafter_of, probs_of
 from tests.training.helpers import tiny_draft, tiny_target
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15], [16, 17, 18], [19], [20, 21, 22, 23, 24]]
@@ -61,6 +64,18 @@ def test_sampled_rows_draft_step_by_step_and_replay_their_seeds(target, draft_di
     assert isinstance(drafter.model, NativeEagle3)
     assert [r.token_ids for r in first] == [r.token_ids for r in second]
     assert sum(r.num_draft_tokens for r in first) > 0
+    # a proposal's q: distributions over the target vocabulary, each drawn token inside the draft vocabulary with
+    # positive probability under the q it was drawn from
+    driver = DraftDriver(drafter, num_slots=4, max_tokens=128)  # the engine has bound it
+    driver.start(0, [1, 2, 3], torch.randn(1, 2, drafter.cfg.feature_size))
+    driver.start(1, [4, 5], torch.randn(1, 1, drafter.cfg.feature_size))
+    sampling = DraftSampling(torch.tensor([1.0, 0.0]), [torch.Generator().manual_seed(0), None])
+    prop = driver.propose([0, 1], 4, sampling)
+    probs = probs_of(prop)
+    assert probs.shape == (2, 4, target.vocab_size)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4))
+    assert (probs[0].gather(-1, prop.tokens[0, :, None]) > 0).all()
+    assert bool(torch.isin(prop.tokens, drafter.model.d2t).all())
 
 
 def test_the_backend_follows_the_target_unless_named(reference, target, draft_dir):

@@ -173,7 +173,8 @@ def test_the_greedy_chain_in_one_call_is_the_step_by_step_chain(target):
     for k, v in caches:
         h, _ = native.step(None, tokens, torch.arange(5)[None].expand(2, 5), k, v, rows, features=features)
     at = torch.tensor([5, 5])
-    chain = native.greedy_chain(h[:, -1], at, *caches[0], rows, 4)
+    chain, no_probs = native.chain(h[:, -1], at, *caches[0], rows, 4)
+    assert no_probs is None
     state, ids = h[:, -1:], []
     logits = native.logits(state[:, 0])
     for step in range(4):
@@ -185,7 +186,35 @@ def test_the_greedy_chain_in_one_call_is_the_step_by_step_chain(target):
     assert torch.equal(chain, torch.stack(ids, dim=1))
     assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
     with pytest.raises(ValueError, match="positions must be in"):
-        native.greedy_chain(h[:, -1], torch.tensor([30, 5]), *caches[0], rows, 4)
+        native.chain(h[:, -1], torch.tensor([30, 5]), *caches[0], rows, 4)
+
+
+def test_a_sampled_chain_draws_each_token_from_the_distribution_it_returns(target):
+    """Row 0 greedy, row 1 at temperature 0.7: row 0's ids are the greedy chain's; each of row 1's is the token at its
+    uniform in the running sum of the distribution returned for it, the first one softmax(head(h) / 0.7)."""
+    draft = _draft(target)
+    native = native_eagle3(draft, num_threads=2, max_positions=64)
+    cfg = draft.cfg
+    rows, tokens = torch.tensor([1, 0]), torch.randint(0, cfg.vocab_size, (2, 4))
+    features = torch.randn(2, 4, cfg.feature_size)
+    caches = native.new_cache(2, 32), native.new_cache(2, 32)
+    for k, v in caches:
+        h, _ = native.step(None, tokens, torch.arange(4)[None].expand(2, 4), k, v, rows, features=features)
+    at, temperature, uniform = torch.tensor([4, 4]), torch.tensor([0.0, 0.7]), torch.rand(2, 5)
+    greedy, _ = native.chain(h[:, -1], at, *caches[0], rows, 5)
+    ids, q = native.chain(h[:, -1], at, *caches[1], rows, 5, temperature, uniform)
+    assert q is not None and q.shape == (2, 5, N)
+    assert torch.equal(ids[0], greedy[0])
+    torch.testing.assert_close(q.sum(-1), torch.ones(2, 5))
+    torch.testing.assert_close(q[1, 0], torch.softmax(native.logits(h[1, -1]) / 0.7, -1), atol=1e-6, rtol=1e-4)
+    for s in range(5):
+        j = int(draft.t2d[ids[1, s]])
+        below, through = q[1, s, :j].sum(), q[1, s, : j + 1].sum()
+        assert q[1, s, j] > 0 and below <= uniform[1, s] + 1e-5 and uniform[1, s] <= through + 1e-5
+    again, _ = native.chain(h[:, -1], at, *caches[1], rows, 5, temperature, uniform)
+    assert torch.equal(again, ids)
+    with pytest.raises(ValueError, match="needs both"):
+        native.chain(h[:, -1], at, *caches[1], rows, 5, temperature)
 
 
 def test_bad_input_is_a_clear_error(target):
