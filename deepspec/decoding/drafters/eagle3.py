@@ -11,8 +11,8 @@ forward per depth over that depth's expanded nodes, with tree attention inside t
 (deepspec/models/native/eagle3.py: the same kernels, int8 or q4 `weights`, a float16 draft cache, the target's
 features read where its forward wrote them), `torch` the PyTorch module (any target, and what training runs);
 `auto` (the default) is native when the target is the native decoder, torch otherwise. The drafting is the same
-either way: the native model answers the module's `cached_step` and `logits`, and `step` adds fc and the head to one
-call where the chain wants both.
+either way: the native model answers the module's `cached_step` and `logits`; its `step` also takes fc (a commit)
+or the head (a tree depth) into the same call, and its `chain` drafts a whole chain, greedy or sampled, in one call.
 """
 
 from __future__ import annotations
