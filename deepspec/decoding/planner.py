@@ -154,10 +154,11 @@ class BudgetPlanner(RoundPlanner):
         #: on a target with ragged rows, rank draft slots across the batch and give each row its own depth (and tree
         #: size), priced on the step model by rows (StepTimeModel.pass_seconds). Off by default: ranked on the one-row
         #: curve they over-drafted (chat 0.84x of target-only against 0.89x padded); priced by rows, ranked, uniform
-        #: and padded depths all verify ~1.01-1.03 tokens a row and pass at 8 rows on chat and lbpp
-        #: (bench.ragged_verify on a 2-core AVX2 EPYC at load 6-8), too little drafting for a timing to tell them
-        #: apart there. Off, one depth serves the batch as on a padded target and only rows whose drafts are shorter
-        #: pass fewer tokens
+        #: and padded depths all verify 1.00-1.04 tokens a row and pass at 8 rows on chat and lbpp, and their tok/s
+        #: differ by less than the noise (bench.ragged_verify on a 2-core AVX2 EPYC at load 4-6: chat 1.11x / 1.05x /
+        #: 1.07x of target-only, lbpp 0.95x / 1.03x / 1.05x, where an engine that drafted nothing read 1.06x and 0.95x).
+        #: Off, one depth serves the batch as on a padded target and only rows whose drafts are shorter pass fewer
+        #: tokens
         self.per_row_depths = per_row_depths
         self.price_drafting = price_drafting
         self.curve_cache = curve_cache
