@@ -22,7 +22,8 @@ engine's own overhead (issue 24: less work outside the graph per round).
 
 Then the cost of a draft token beside a one-token target step (issue 45: drafting one token should cost <= 5% of
 one), for each Eagle3 draft of --draft-cost on each backend (torch: the PyTorch module; native: the draft in the
-native decoder's library, int8 and q4 weights; native only on --backend native): the first prompt prefilled into
+native decoder's library on its default weights — the draft's own 4-bit blocks where it ships in them — and on int8;
+native only on --backend native): the first prompt prefilled into
 every row at once, its features committed to the drafter, then the median of --cost-repeats chains of
 --cost-tokens draft tokens for all rows (`propose`, everything drafting does: the draft's steps, picking tokens,
 packing the proposal) per draft token, against the median one-token target step of those rows (a forward with the
@@ -196,7 +197,7 @@ def draft_cost_rows(target, args, prompt: list[int], native: bool) -> dict:
 
     variants = [("torch", {"backend": "torch"})]
     if native:
-        variants += [("native int8", {"backend": "native"}), ("native q4", {"backend": "native", "weights": "q4"})]
+        variants += [("native", {"backend": "native"}), ("native int8", {"backend": "native", "weights": "int8"})]
     rows = {}
     for path in filter(None, args.draft_cost.split(",")):
         for label, options in variants:

@@ -8,7 +8,7 @@ With `tree_branches` set it proposes EAGLE-2's dynamic tree instead (`_propose_t
 forward per depth over that depth's expanded nodes, with tree attention inside this same cache.
 
 `backend` picks what runs the draft's forward: `native` drafts in the native decoder's library beside the target
-(deepspec/models/native/eagle3.py: the same kernels, int8 or q4 `weights`, a float16 draft cache, the target's
+(deepspec/models/native/eagle3.py: the same kernels, auto, int8 or q4 `weights`, a float16 draft cache, the target's
 features read where its forward wrote them), `torch` the PyTorch module (any target, and what training runs);
 `auto` (the default) is native when the target is the native decoder, torch otherwise. The drafting is the same
 either way: the native model answers the module's `cached_step` and `logits`; its `step` also takes fc (a commit)
@@ -35,13 +35,13 @@ class Eagle3Drafter(NeuralDrafter):
         model,
         tree_depth: int = 6,
         backend: str = "auto",
-        weights: str = "int8",
+        weights: str = "auto",
         threads: int | None = None,
         **tree_options,
     ):
         """tree_depth: how deep a tree grows (one draft forward per depth); chains grow k deep. backend: auto, native
-        or torch (module docstring); weights: the native draft's matrices, int8 or q4; threads: the native draft's
-        (default: the target's)."""
+        or torch (module docstring); weights: the native draft's matrices, auto (its own 4-bit blocks where it was
+        shipped in them, else int8), int8 or q4; threads: the native draft's (default: the target's)."""
         super().__init__(model, **tree_options)
         if tree_depth < 1:
             raise ValueError(f"tree_depth must be >= 1, got {tree_depth}")

@@ -11,8 +11,9 @@ It stands in for the PyTorch module inside `Eagle3Drafter` (as OnnxDraftModel do
 is the PyTorch draft's, whose weights it was built from. The target's captured features go in where the target's
 forward wrote them (a pointer and two strides: no copy, no torch op).
 
-Numbers: the weights are the PyTorch draft's, re-quantized as the target's are (int8 per output channel on 7 bits, or
-4-bit blocks); activations per row (int8) or per block (q4); the cache float16; the rest float32.
+Numbers: the weights are the PyTorch draft's: its own 4-bit blocks where it was shipped in them (weights=auto), else
+re-quantized as the target's are (int8 per output channel on 7 bits, or 4-bit blocks); activations per row (int8) or
+per block (q4); the cache float16; the rest float32.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import torch
 
 from deepspec.models.native.build import Config, load_library
 from deepspec.models.native.target import ModelHandle, set_linear, set_norm
+from deepspec.models.q4_weights import exact_q4
 
-#: the draft's matrix formats: int8 per output channel (finer), or 4-bit blocks (fewer bytes a step)
-DRAFT_WEIGHTS = ("int8", "q4")
+#: the draft's matrix formats: int8 per output channel (finer), 4-bit blocks (fewer bytes a step), or auto: the
+#: draft's own 4-bit blocks where every matrix is on them (a draft shipped in q4), else int8 (draft_matrices)
+DRAFT_WEIGHTS = ("auto", "int8", "q4")
 #: ds_draft_step's statuses
 _ERRORS = {
     -1: "the native draft could not allocate scratch memory",
@@ -245,10 +248,11 @@ class NativeEagle3:
 
 
 def native_eagle3(
-    draft, *, weights: str = "int8", num_threads: int | None = None, max_positions: int = 4096, library=None
+    draft, *, weights: str = "auto", num_threads: int | None = None, max_positions: int = 4096, library=None
 ) -> NativeEagle3:
-    """The attached PyTorch Eagle3 draft `draft` on the native library: its matrices packed in `weights` (int8 or
-    q4), the head the draft vocabulary's rows (its own lm_head, or the target's rows it borrows), RoPE tables for
+    """The attached PyTorch Eagle3 draft `draft` on the native library: its matrices packed in `weights` (auto, int8
+    or q4: draft_matrices), the head the draft vocabulary's rows (its own lm_head, or the target's rows it borrows),
+    RoPE tables for
     `max_positions` positions, `num_threads` threads (the target's). `library`: another build (build.library_for)."""
     if weights not in DRAFT_WEIGHTS:
         raise ValueError(f"native draft weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {weights!r}")
@@ -281,25 +285,54 @@ def native_eagle3(
         raise MemoryError("the native decoder could not allocate the draft's model")
     handle = ModelHandle(lib, raw)
     with torch.no_grad():
-        _load_draft(lib, raw, draft, weights)
+        matrices = draft_matrices(draft)
+        form, blocks = _matrix_format(matrices, weights)
+        _load_draft(lib, raw, draft, matrices, form, blocks)
     tables = _draft_tables(draft, max_positions)
     lib.ds_set_tables(raw, tables["embed"].data_ptr(), tables["cos"].data_ptr(), tables["sin"].data_ptr(), None, None)
-    return NativeEagle3(draft, handle, tables, weights)
+    return NativeEagle3(draft, handle, tables, form)
 
 
-def _load_draft(lib, raw, draft, weights: str) -> None:
-    """The layer's matrices (q|k|v fused, o, gate|up fused, down) and fc in `weights`, the head in int8 (as the
-    target's head), and the norms."""
-    embed_norm, hidden_norm, attn, mlp_norm, mlp = draft._parts
-    qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+def draft_matrices(draft) -> dict[tuple[int, int], torch.Tensor]:
+    """{(layer, which): float32 matrix} as the library holds them: q|k|v and gate|up fused, o, down, fc (layer -2)
+    and the head (layer -1: its own lm_head, or the target's rows of the draft vocabulary it borrows)."""
+    _, _, attn, _, mlp = draft._parts
+    head = draft.lm_head.weight if draft.cfg.layout == "canonical" else draft._head
+    return {
+        (0, _QKV): torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+        (0, _O): attn.o_proj.weight,
+        (0, _GATE_UP): torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+        (0, _DOWN): mlp.down_proj.weight,
+        (-2, 0): draft.fc.weight,
+        (-1, 0): head,
+    }
+
+
+def _matrix_format(matrices: dict, weights: str) -> tuple[str, dict | None]:
+    """(format, blocks): `weights` as asked; auto = q4 with the draft's own blocks where every matrix round-trips
+    through them bit for bit (a draft shipped in q4: the native draft then computes with the weights as shipped,
+    head included, where int8 would round them a second time), int8 otherwise. Asked for q4, a draft off the blocks
+    is quantized onto them, its head kept int8 (as the target's)."""
+    if weights != "auto":
+        return weights, None
+    blocks = {}
+    for key, matrix in matrices.items():
+        exact = exact_q4(matrix.detach().float().cpu().numpy())
+        if exact is None:  # the first matrix off the blocks decides: a float draft is checked no further
+            return "int8", None
+        blocks[key] = exact
+    return "q4", blocks
+
+
+def _load_draft(lib, raw, draft, matrices: dict, form: str, blocks: dict | None) -> None:
+    """The matrices in `form` (the head int8 unless its own blocks are given), the norms, the residual's rule."""
+    embed_norm, hidden_norm, attn, mlp_norm, _ = draft._parts
     bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]) if attn.q_proj.bias is not None else None
-    set_linear(lib, raw, 0, _QKV, qkv, bias, weights)
-    set_linear(lib, raw, 0, _O, attn.o_proj.weight, None, weights)
-    set_linear(lib, raw, 0, _GATE_UP, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None, weights)
-    set_linear(lib, raw, 0, _DOWN, mlp.down_proj.weight, None, weights)
-    set_linear(lib, raw, -2, 0, draft.fc.weight, None, weights)
+    for (layer, which), matrix in matrices.items():
+        own = blocks.get((layer, which)) if blocks is not None else None
+        matrix_form = "int8" if layer == -1 and own is None else form
+        set_linear(lib, raw, layer, which, matrix, bias if (layer, which) == (0, _QKV) else None, matrix_form, own)
     canonical = draft.cfg.layout == "canonical"
-    set_linear(lib, raw, -1, 0, draft.lm_head.weight if canonical else draft._head, None, "int8")
     set_norm(lib, raw, 0, _EMBED_NORM, embed_norm.weight)
     set_norm(lib, raw, 0, _MLP_NORM, mlp_norm.weight)
     if attn.q_norm is not None and attn.k_norm is not None:

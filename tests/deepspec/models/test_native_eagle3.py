@@ -17,6 +17,7 @@ from deepspec.models.native import native_target_from
 from deepspec.models.native.build import Config
 from deepspec.models.native.eagle3 import NativeEagle3, _draft_tables, native_eagle3
 from deepspec.models.native.target import ModelHandle
+from deepspec.models.q4_weights import dequantize_q4, quantize_q4
 from tests.deepspec.models.test_native import KERNELS, _q4_linear, _quantized_linear
 from tests.training.helpers import tiny_draft, tiny_target
 
@@ -117,6 +118,31 @@ def test_a_draft_step_is_the_pytorch_step_with_its_quantized_matmuls(
         got = native.cached_step(h2, sib, sib_at, got_k, got_v, rows, cache_index=index, visible=visible)
         close(got, want)
         close(native.logits(got), draft.logits(want))
+
+
+def test_auto_takes_a_q4_drafts_own_blocks_head_included(target, monkeypatch):
+    """A draft whose every matrix is on 4-bit blocks (shipped in q4) runs on those blocks, its head too; a float draft
+    keeps int8."""
+    draft = _draft(target)
+    assert native_eagle3(draft, num_threads=1, max_positions=16).weights == "int8"
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.from_numpy(dequantize_q4(*quantize_q4(p.numpy()))))
+    native = native_eagle3(draft, num_threads=1, max_positions=16)
+    assert native.weights == "q4"
+    monkeypatch.setattr(F, "linear", _q4_linear)  # every matrix, the head (48 rows here) included
+    monkeypatch.setattr(Attention, "key_value", _half_key_value(Attention.key_value))
+    cfg = draft.cfg
+    features, tokens = torch.randn(1, 4, cfg.feature_size), torch.randint(0, cfg.vocab_size, (1, 4))
+    positions, rows = torch.arange(4)[None], torch.tensor([0])
+    want_k = torch.zeros(1, cfg.num_kv_heads, 8, cfg.head_dim)
+    got_k, got_v = native.new_cache(1, 8)
+    with torch.no_grad():
+        want = draft.cached_step(draft.fc(features), tokens, positions, want_k, want_k.clone(), rows)
+        got, logits = native.step(None, tokens, positions, got_k, got_v, rows, features=features, logits=True)
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=2e-3)
+        torch.testing.assert_close(logits, draft.logits(want), atol=1e-2, rtol=2e-3)
 
 
 def test_each_pair_is_computed_from_its_own_inputs_bit_for_bit(target):
@@ -288,7 +314,8 @@ def test_the_shipped_draft_picks_the_pytorch_drafts_tokens_on_real_features(smol
     got, got_logits = native.step(
         None, next_tokens, positions, got_k, got_v, torch.tensor([0]), features=out.features, logits=True
     )
-    monkeypatch.setattr(F, "linear", _simulated("int8"))
+    # the draft as shipped in 4-bit blocks runs on them, head included (auto); a draft off them on int8
+    monkeypatch.setattr(F, "linear", _q4_linear if native.weights == "q4" else _simulated("int8"))
     monkeypatch.setattr(Attention, "key_value", _half_key_value(Attention.key_value))
     want_k = torch.zeros(1, draft.cfg.num_kv_heads, T, draft.cfg.head_dim)
     with torch.no_grad():
