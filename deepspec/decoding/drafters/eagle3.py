@@ -98,7 +98,7 @@ class Eagle3Drafter(NeuralDrafter):
 
         if next(self.torch_model.parameters()).device.type != "cpu":
             raise ValueError("the native eagle3 backend drafts on the CPU: load the draft there or use backend=torch")
-        threads = self.threads or getattr(target, "num_threads", None)
+        threads = self.threads or (target.num_threads if isinstance(target, NativeTarget) else None)
         model = native_eagle3(self.torch_model, weights=self.weights, num_threads=threads, max_positions=max_positions)
         self._native = (target, model)
         return model

@@ -64,7 +64,9 @@ def test_embeddings_are_the_decoders_frozen_tensors():
 
 
 #: members the engine reads only from a target it has checked the class of (isinstance), not through the protocol
-CLASS_CHECKED = {"exported_draft_graphs"}  # OnnxTarget's: deepspec/decoding/drafters/onnx_graphs.py
+#: members of one target class, read after an isinstance check: OnnxTarget's (deepspec/decoding/drafters/onnx_graphs.py)
+#: and NativeTarget's thread count (deepspec/decoding/drafters/eagle3.py: the native draft runs on the target's pool)
+CLASS_CHECKED = {"exported_draft_graphs", "num_threads"}
 
 
 def _members_read(source: str, where: str) -> dict[str, str]:
