@@ -66,8 +66,9 @@ def peer_status(proc: Proc, error: Exception) -> str:
     return describe_exit(code) if code is not None else f"failed: {type(error).__name__}: {str(error)[:200]}"
 
 
-def start(kind: str, port: int, extra: list[str]) -> tuple[Proc, str, str]:
-    """Start a server → (process, model name, readiness URL); the caller waits for it."""
+def start(kind: str, port: int, extra: list[str], draft: str = "auto") -> tuple[Proc, str, str]:
+    """Start a server → (process, model name, readiness URL); the caller waits for it. `draft`: the
+    deepspec-draft server's --draft."""
     if kind == "llama-cpp":
         from deepspec.models.aliases import ALIASES  # the same GGUF file our engine dequantizes
 
@@ -91,7 +92,7 @@ def start(kind: str, port: int, extra: list[str]) -> tuple[Proc, str, str]:
             "throughput-llama-cpp",
         )
         return proc, "SmolLM2-135M-Instruct", f"http://127.0.0.1:{port}/v1/models"
-    draft = "auto" if kind == "deepspec-draft" else "none"
+    draft = draft if kind == "deepspec-draft" else "none"
     proc = service(
         "--host",
         "127.0.0.1",
@@ -241,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=2, help="times each server runs the workload, in alternating order (default 2)"
     )
     parser.add_argument(
+        "--draft",
+        default="auto",
+        help="the deepspec-draft server's --draft (default auto = the best shipped draft), e.g. "
+        "drafts/smollm2-135m-hybrid",
+    )
+    parser.add_argument(
         "--num-speculative-tokens",
         type=int,
         default=0,
@@ -299,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["--num-speculative-tokens", str(args.num_speculative_tokens)] if args.num_speculative_tokens else []
             )
             extra += ["--backend", args.backend] if args.backend else []
-            proc, model, ready_url = start(kind, port, extra)
+            proc, model, ready_url = start(kind, port, extra, args.draft)
             try:
                 proc.wait_http(ready_url, 600)
                 measured = {

@@ -80,9 +80,17 @@ def test_the_report_puts_greedy_and_temperature_1_rows_side_by_side(tmp_path, mo
         return [{"sent": 0.0, "done": 1.0, "ttft_s": 0.1, "tokens": tokens}]
 
     monkeypatch.setattr(st, "RESULTS", tmp_path)
-    monkeypatch.setattr(st, "start", lambda kind, port, extra: (FakeProc(), "m", "http://x"))
+    drafts = []
+
+    def fake_start(kind, port, extra, draft="auto"):
+        drafts.append((kind, draft))
+        return FakeProc(), "m", "http://x"
+
+    monkeypatch.setattr(st, "start", fake_start)
     monkeypatch.setattr(st, "run_load", fake_load)
-    assert st.main(["--rounds", "2", "--only", "deepspec-draft", "--only", "llama-cpp"]) == 0
+    argv = ["--rounds", "2", "--only", "deepspec-draft", "--only", "llama-cpp", "--draft", "drafts/x"]
+    assert st.main(argv) == 0
+    assert ("deepspec-draft", "drafts/x") in drafts  # --draft reaches the draft server
     out = capsys.readouterr().out
     assert "deepspec-draft T=1 vs deepspec-draft: 0.80x of greedy tok/s (target >= 0.85x)" in out
     report = json.loads((tmp_path / "service_throughput.json").read_text())
