@@ -17,6 +17,7 @@ from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.step_timing import ServedSteps, StepCurveCache
 from deepspec.decoding.verify_budget import StepTimeModel
 from service.worker.stub_target import StubDrafter, StubTarget
+from tests.deepspec.decoding.planner_rows import pin_step_clock
 from tests.neighbours import set_neighbours
 
 #: the machine's real step curve: 5 ms a pass and 0.1 ms a token (drafting deep pays)
@@ -47,9 +48,7 @@ def neighbours(monkeypatch):
 
 @pytest.fixture
 def fake_clock(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(step_timing, "clock", lambda: now[0])
-    return now
+    return pin_step_clock(monkeypatch)
 
 
 def _prompts(target, n: int) -> list[list[int]]:

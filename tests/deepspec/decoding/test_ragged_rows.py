@@ -5,8 +5,6 @@ alone where the padded budget could not afford to draft at all."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -14,8 +12,9 @@ from deepspec.decoding import SamplingParams, SpecEngine
 from deepspec.decoding.drafter import PaddedProposal
 from deepspec.decoding.drafters.prompt_lookup import PromptLookupDrafter
 from deepspec.decoding.planner import BudgetPlanner
-from deepspec.decoding.verify_budget import EstimateCalibration, StepTimeModel, best_depth, best_row_depths
+from deepspec.decoding.verify_budget import StepTimeModel, best_depth, best_row_depths
 from tests.conftest import make_tiny_target
+from tests.deepspec.decoding.planner_rows import greedy_rows
 
 #: prompts whose repeats give prompt lookup long matches in some rows and none in others
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8, 9, 10, 4, 5], [3], [7, 7, 7, 7, 7, 7], [2, 11, 2, 11, 2], [9, 8, 7]]
@@ -107,26 +106,12 @@ def test_a_flat_curve_drafts_every_slot_that_may_survive_and_ties_stay_shallow()
     assert best_row_depths([[0.1, 0.9]], lambda depths: 1.0 + 0.5 * sum(depths)) == [0]
 
 
-def _rows(n: int) -> list:
-    """Duck-typed greedy sequences as the planner reads them (planner module docstring)."""
-    return [
-        SimpleNamespace(
-            params=SamplingParams(),
-            stats=SimpleNamespace(proposed_per_position=[], accepted_per_position=[]),
-            calibration=EstimateCalibration(),
-            cache_len=16,
-            sequence_id=i + 1,
-        )
-        for i in range(n)
-    ]
-
-
 def test_the_budget_gives_each_row_its_own_depth():
     planner = BudgetPlanner(learn_online=False, per_row_depths=True)
     planner.step_time = StepTimeModel([(1, 4e-3), (64, 67e-3)])  # 3 ms + 1 ms a token
     survival = torch.tensor([[0.95, 0.9, 0.85, 0.8], [0.1, 0.01, 0.0, 0.0], [0.05, 0.0, 0.0, 0.0]])
     proposal = PaddedProposal(torch.ones(3, 4, dtype=torch.long), torch.tensor([4, 2, 1]), survival=survival)
-    rows = _rows(3)
+    rows = greedy_rows(3, cache_len=16)
     # several rows: a deterministic draft's estimates are capped by each row's record, here the prior's 0.7 a slot,
     # so row 0's slots are worth 0.7, 0.49, ...: 3 tokens in 6 ms (0.5 a ms); + 0.7 in 7 ms (0.53) pays, + 0.49 in
     # 8 ms (0.524) does not; padded, depth 1 verifies 6 tokens for 0.85 (3.85 in 9 ms: 0.43) and loses
@@ -190,7 +175,7 @@ def test_token_trees_of_different_sizes_verify_in_one_ragged_pass_with_the_targe
 def test_under_load_a_batch_rows_drafts_are_dropped_before_an_interactive_rows():
     """Two rows, the same draft, a curve where one verified slot pays and two do not: the slot goes to the row of the
     more urgent class (SamplingParams.priority, the worker's service class), whichever row it is."""
-    rows = _rows(2)
+    rows = greedy_rows(2, cache_len=16)
     survival = torch.tensor([[0.6, 0.0], [0.6, 0.0]])
     proposal = PaddedProposal(torch.ones(2, 2, dtype=torch.long), torch.tensor([1, 1]), survival=survival)
     planner = BudgetPlanner(learn_online=False, per_row_depths=True)
@@ -211,6 +196,6 @@ def test_by_default_the_budget_keeps_one_depth_for_the_batch_on_a_ragged_target(
     planner.step_time = StepTimeModel([(1, 4e-3), (64, 67e-3)])
     survival = torch.tensor([[0.95, 0.9, 0.85, 0.8], [0.1, 0.01, 0.0, 0.0], [0.05, 0.0, 0.0, 0.0]])
     proposal = PaddedProposal(torch.ones(3, 4, dtype=torch.long), torch.tensor([4, 2, 1]), survival=survival)
-    rows = _rows(3)
+    rows = greedy_rows(3, cache_len=16)
     depth = planner.chain_depth(rows, proposal, [4, 2, 1])
-    assert planner.row_depths(_rows(3), proposal, [4, 2, 1]) == [min(n, depth) for n in (4, 2, 1)]
+    assert planner.row_depths(greedy_rows(3, cache_len=16), proposal, [4, 2, 1]) == [min(n, depth) for n in (4, 2, 1)]

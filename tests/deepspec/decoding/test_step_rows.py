@@ -20,8 +20,9 @@ from deepspec.decoding.engine import SpecEngine
 from deepspec.decoding.params import SamplingParams
 from deepspec.decoding.planner import BudgetPlanner
 from deepspec.decoding.step_timing import ServedSteps, StepCurveCache, row_probe_sizes
-from deepspec.decoding.verify_budget import EstimateCalibration, StepTimeModel, best_depth, best_row_depths
+from deepspec.decoding.verify_budget import StepTimeModel, best_depth, best_row_depths
 from service.worker.stub_target import StubDrafter, StubTarget
+from tests.deepspec.decoding.planner_rows import greedy_rows, pin_step_clock
 from tests.neighbours import set_neighbours
 
 #: the one-row curve the native decoder's probe gave on a Zen 4 (ms by tokens): extra tokens nearly free
@@ -59,23 +60,7 @@ def neighbours(monkeypatch):
 
 @pytest.fixture
 def fake_clock(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(step_timing, "clock", lambda: now[0])
-    return now
-
-
-def _rows(n: int) -> list:
-    """Duck-typed greedy sequences as the planner reads them (planner module docstring)."""
-    return [
-        SimpleNamespace(
-            params=SamplingParams(),
-            stats=SimpleNamespace(proposed_per_position=[], accepted_per_position=[]),
-            calibration=EstimateCalibration(),
-            cache_len=0,
-            sequence_id=i + 1,
-        )
-        for i in range(n)
-    ]
+    return pin_step_clock(monkeypatch)
 
 
 def test_a_model_by_rows_fits_synthetic_timings_and_joins_row_counts_linearly():
@@ -116,10 +101,10 @@ def test_at_8_rows_a_steep_multi_row_curve_drafts_less_than_one_row_does():
     for per_row in (False, True):
         planner = BudgetPlanner(learn_online=False, per_row_depths=per_row)
         planner.step_time = by_rows
-        assert sum(planner.row_depths(_rows(8), proposal, [3] * 8)) == 0
-        assert planner.row_depths(_rows(1), one, [3])[0] >= 1
+        assert sum(planner.row_depths(greedy_rows(8), proposal, [3] * 8)) == 0
+        assert planner.row_depths(greedy_rows(1), one, [3])[0] >= 1
         planner.step_time = blind
-        assert sum(planner.row_depths(_rows(8), proposal, [3] * 8)) > 0  # the test fails on one-row pricing
+        assert sum(planner.row_depths(greedy_rows(8), proposal, [3] * 8)) > 0  # the test fails on one-row pricing
 
 
 def test_ranked_depths_on_8_rows_take_only_the_slots_that_pay_there():
